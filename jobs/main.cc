@@ -1,0 +1,73 @@
+// aerie: trains EAGLE-3 draft models. One MPI program with a subcommand per batch job.
+#include <mpi.h>
+
+#include <cstdlib>
+#include <functional>
+#include <iostream>
+#include <map>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "jobs/jobs.h"
+
+namespace {
+
+const std::map<std::string, std::pair<std::function<int(const std::vector<std::string>&)>, const char*>>&
+subcommands() {
+  using namespace aerie::jobs;
+  static const std::map<std::string, std::pair<std::function<int(const std::vector<std::string>&)>, const char*>>
+      m = {
+          {"prepare", {prepare, "conversations -> tokens + loss masks (one HDF5 file)"}},
+          {"extract", {extract, "target forward, hidden states to HDF5 shards"}},
+          {"vocab", {vocab, "draft vocabulary (d2t/t2d) from the loss-masked token counts"}},
+          {"train", {train, "train the EAGLE-3 draft with training-time test"}},
+          {"export", {export_draft, "write the draft as a directory vLLM and SGLang load"}},
+          {"eval", {eval, "acceptance length: teacher-forced and real speculative decoding"}},
+          {"generate", {generate, "greedy generation with the target (no draft)"}},
+      };
+  return m;
+}
+
+void usage() {
+  std::cerr << "usage: mpirun -np N aerie <subcommand> [options]   (aerie <subcommand> --help)\n\nsubcommands:\n";
+  for (auto& [name, v] : subcommands()) std::cerr << "  " << name << std::string(10 - name.size(), ' ') << v.second << "\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty() || args[0] == "--help" || args[0] == "-h") {
+    if (rank == 0) usage();
+    MPI_Finalize();
+    return args.empty() ? 2 : 0;
+  }
+  auto it = subcommands().find(args[0]);
+  if (it == subcommands().end()) {
+    if (rank == 0) {
+      std::cerr << "aerie: unknown subcommand '" << args[0] << "'\n";
+      usage();
+    }
+    MPI_Finalize();
+    return 2;
+  }
+  std::string level = "info";
+  for (size_t i = 1; i + 1 < args.size(); ++i)
+    if (args[i] == "--log-level") level = args[i + 1];
+  int rc = 0;
+  try {
+    aerie::init_logging(rank, level);
+    rc = it->second.first(std::vector<std::string>(args.begin() + 1, args.end()));
+  } catch (const std::exception& e) {
+    // Log, then abort the whole job so that no peer waits forever in a collective.
+    AERIE_LOG(error) << "aerie " << args[0] << " failed: " << e.what();
+    std::cerr.flush();
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    return 1;
+  }
+  MPI_Finalize();
+  return rc;
+}

@@ -1,0 +1,45 @@
+#include <fstream>
+#include <iostream>
+
+#include <mpi.h>
+
+#include "core/error.h"
+#include "jobs/jobs.h"
+
+namespace aerie::jobs {
+
+bool parse_options(const std::string& job, const std::vector<std::string>& args, po::options_description& desc,
+                   po::variables_map& vm) {
+  po::options_description common("Common options");
+  common.add_options()("help,h", "show this help")(
+      "config", po::value<std::string>(), "INI file with options of this job (command line overrides it)")(
+      "log-level", po::value<std::string>()->default_value("info"), "trace, debug, info, warning, error");
+  po::options_description all;
+  all.add(desc).add(common);
+  try {
+    po::store(po::command_line_parser(args).options(all).run(), vm);
+    if (vm.count("config")) {
+      std::string path = vm["config"].as<std::string>();
+      std::ifstream in(path);
+      AERIE_CHECK(in, "cannot open config file " << path);
+      try {
+        // allow_unregistered = false: a typo in a config file is an error, not a silent default.
+        po::store(po::parse_config_file(in, all, false), vm);
+      } catch (const po::error& e) {
+        AERIE_THROW("config file " << path << ": " << e.what());
+      }
+    }
+    if (vm.count("help")) {
+      int rank = 0;
+      MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+      if (rank == 0) std::cout << "usage: aerie " << job << " [options]\n" << all << "\n";
+      return false;
+    }
+    po::notify(vm);
+  } catch (const po::error& e) {
+    AERIE_THROW("aerie " << job << ": " << e.what() << " (see aerie " << job << " --help)");
+  }
+  return true;
+}
+
+}  // namespace aerie::jobs

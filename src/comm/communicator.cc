@@ -1,0 +1,126 @@
+#include "comm/communicator.h"
+
+#include <string>
+
+namespace aerie {
+
+void check_mpi(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  AERIE_THROW("MPI call " << what << " failed: " << std::string(msg, static_cast<size_t>(len)));
+}
+
+namespace {
+MPI_Datatype mpi_type(DType dt) {
+  switch (dt) {
+    case DType::F32: return MPI_FLOAT;
+    case DType::I32: return MPI_INT32_T;
+    case DType::I64: return MPI_INT64_T;
+    case DType::U8: return MPI_UINT8_T;
+    case DType::BF16: return MPI_UINT16_T;
+  }
+  return MPI_BYTE;
+}
+void check_host(const Tensor& t, const char* what) {
+  AERIE_CHECK(t.device() == Device::CPU, what << ": MpiCommunicator needs host tensors, got "
+                                              << device_name(t.device()));
+}
+}  // namespace
+
+std::unique_ptr<MpiCommunicator> MpiCommunicator::world() {
+  return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, false);
+}
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, bool owned) : comm_(comm), owned_(owned) {
+  check_mpi(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank");
+  check_mpi(MPI_Comm_size(comm_, &size_), "MPI_Comm_size");
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (owned_ && !finalized) MPI_Comm_free(&comm_);
+}
+
+std::unique_ptr<MpiCommunicator> MpiCommunicator::split(int color, int key) const {
+  MPI_Comm out;
+  check_mpi(MPI_Comm_split(comm_, color, key, &out), "MPI_Comm_split");
+  return std::make_unique<MpiCommunicator>(out, true);
+}
+
+void MpiCommunicator::all_reduce_sum(Tensor& t) {
+  check_host(t, "all_reduce_sum");
+  if (t.dtype() == DType::BF16) {
+    Tensor f = t.to(DType::F32);
+    all_reduce_sum(f);
+    t.copy_from(f.to(DType::BF16));
+    return;
+  }
+  AERIE_CHECK(t.dtype() != DType::U8, "all_reduce_sum: U8 is not supported");
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, t.raw(), static_cast<int>(t.numel()), mpi_type(t.dtype()),
+                          MPI_SUM, comm_),
+            "MPI_Allreduce(sum)");
+}
+
+void MpiCommunicator::all_reduce_max(Tensor& t) {
+  check_host(t, "all_reduce_max");
+  AERIE_CHECK(t.dtype() == DType::F32 || t.dtype() == DType::I32 || t.dtype() == DType::I64,
+              "all_reduce_max: unsupported dtype " << dtype_name(t.dtype()));
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, t.raw(), static_cast<int>(t.numel()), mpi_type(t.dtype()),
+                          MPI_MAX, comm_),
+            "MPI_Allreduce(max)");
+}
+
+void MpiCommunicator::all_gather(const Tensor& in, Tensor& out) {
+  check_host(in, "all_gather");
+  AERIE_CHECK(out.numel() == in.numel() * size_ && out.dtype() == in.dtype(),
+              "all_gather: output " << shape_str(out.shape()) << " does not hold " << size_ << " x "
+                                    << shape_str(in.shape()));
+  check_mpi(MPI_Allgather(in.raw(), static_cast<int>(in.numel()), mpi_type(in.dtype()), out.raw(),
+                          static_cast<int>(in.numel()), mpi_type(in.dtype()), comm_),
+            "MPI_Allgather");
+}
+
+void MpiCommunicator::broadcast(Tensor& t, int root) {
+  check_host(t, "broadcast");
+  check_mpi(MPI_Bcast(t.raw(), static_cast<int>(t.numel()), mpi_type(t.dtype()), root, comm_), "MPI_Bcast");
+}
+
+void MpiCommunicator::barrier() { check_mpi(MPI_Barrier(comm_), "MPI_Barrier"); }
+
+void MpiCommunicator::send(const std::vector<int64_t>& v, int dest, int tag) {
+  check_mpi(MPI_Send(v.data(), static_cast<int>(v.size()), MPI_INT64_T, dest, tag, comm_), "MPI_Send");
+}
+
+std::vector<int64_t> MpiCommunicator::recv(int src, int tag, int* actual_src) {
+  MPI_Status st;
+  check_mpi(MPI_Probe(src, tag, comm_, &st), "MPI_Probe");
+  int n = 0;
+  MPI_Get_count(&st, MPI_INT64_T, &n);
+  std::vector<int64_t> v(static_cast<size_t>(n));
+  check_mpi(MPI_Recv(v.data(), n, MPI_INT64_T, st.MPI_SOURCE, tag, comm_, MPI_STATUS_IGNORE), "MPI_Recv");
+  if (actual_src) *actual_src = st.MPI_SOURCE;
+  return v;
+}
+
+Mapping::Mapping(int world_rank_, int world_size_, int tp_)
+    : world_rank(world_rank_), world_size(world_size_), tp(tp_) {
+  AERIE_CHECK(tp >= 1, "--tp must be >= 1, got " << tp);
+  AERIE_CHECK(world_size % tp == 0, "the number of ranks (" << world_size << ") is not a multiple of --tp "
+                                                             << tp);
+  tp_rank = world_rank % tp;
+  dp = world_size / tp;
+  dp_rank = world_rank / tp;
+}
+
+ParallelGroups ParallelGroups::create(int tp) {
+  auto world = MpiCommunicator::world();
+  Mapping map(world->rank(), world->size(), tp);
+  auto tpc = world->split(map.dp_rank, map.tp_rank);
+  auto dpc = world->split(map.tp_rank, map.dp_rank);
+  return ParallelGroups{map, std::move(world), std::move(tpc), std::move(dpc)};
+}
+
+}  // namespace aerie

@@ -1,0 +1,88 @@
+// Communicators: the interface every backend implements (MPI on host buffers here; NCCL on device
+// buffers in the CUDA build), and the tensor/data-parallel mapping of world ranks.
+// Model after TensorRT-LLM's mpiUtils: an RAII, movable MPI communicator with split(color, key).
+#pragma once
+#include <mpi.h>
+
+#include <memory>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace aerie {
+
+/// Collective operations over a group of ranks. Every rank of the group must call the same
+/// collectives in the same order. Errors of the transport throw aerie::Error naming the call.
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  /// In-place sum over the group. F32, BF16 (summed in fp32, rounded once), I32, I64.
+  virtual void all_reduce_sum(Tensor& t) = 0;
+  /// In-place max over the group (F32, I32, I64).
+  virtual void all_reduce_max(Tensor& t) = 0;
+  /// out[r * in.numel() + i] = in_r[i]: the inputs of all ranks concatenated along dim 0 in rank
+  /// order. `out` has size() * in.numel() elements and in's dtype.
+  virtual void all_gather(const Tensor& in, Tensor& out) = 0;
+  /// Copies root's tensor into every rank's `t` (same shape and dtype everywhere).
+  virtual void broadcast(Tensor& t, int root) = 0;
+  virtual void barrier() = 0;
+};
+
+/// MPI communicator on host (CPU) buffers. Owns its MPI_Comm (freed on destruction) unless it wraps
+/// MPI_COMM_WORLD.
+class MpiCommunicator : public Communicator {
+ public:
+  /// The world communicator (MPI must be initialised).
+  static std::unique_ptr<MpiCommunicator> world();
+  explicit MpiCommunicator(MPI_Comm comm, bool owned);
+  ~MpiCommunicator() override;
+  MpiCommunicator(const MpiCommunicator&) = delete;
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
+
+  /// MPI_Comm_split: ranks with the same color form a group, ordered by key.
+  std::unique_ptr<MpiCommunicator> split(int color, int key) const;
+  MPI_Comm handle() const { return comm_; }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void all_reduce_sum(Tensor& t) override;
+  void all_reduce_max(Tensor& t) override;
+  void all_gather(const Tensor& in, Tensor& out) override;
+  void broadcast(Tensor& t, int root) override;
+  void barrier() override;
+
+  /// Point-to-point helpers for work queues (rank 0 handing out chunks): a vector of int64.
+  void send(const std::vector<int64_t>& v, int dest, int tag);
+  std::vector<int64_t> recv(int src, int tag, int* actual_src = nullptr);
+
+ private:
+  MPI_Comm comm_;
+  bool owned_;
+  int rank_ = 0, size_ = 1;
+};
+
+/// Throws aerie::Error with the MPI error string when `rc` != MPI_SUCCESS.
+void check_mpi(int rc, const char* what);
+
+/// How world ranks map onto tensor-parallel (tp) groups and data-parallel (dp) replicas.
+/// World rank w: tp_rank = w % tp, dp_rank = w / tp (consecutive ranks, i.e. the GPUs of one node,
+/// share a tp group). world_size must be a multiple of tp.
+struct Mapping {
+  int world_rank = 0, world_size = 1;
+  int tp = 1, tp_rank = 0;
+  int dp = 1, dp_rank = 0;
+  /// Throws aerie::Error if tp < 1 or world_size % tp != 0.
+  Mapping(int world_rank, int world_size, int tp);
+};
+
+/// The communicators of one rank: world, its tp group and its dp group (same tp_rank across replicas).
+struct ParallelGroups {
+  Mapping map;
+  std::unique_ptr<MpiCommunicator> world, tp, dp;
+  /// Splits MPI_COMM_WORLD by `tp` (collective over the world).
+  static ParallelGroups create(int tp);
+};
+
+}  // namespace aerie

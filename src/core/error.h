@@ -1,0 +1,34 @@
+// aerie errors: library code throws aerie::Error with context (what, which file/tensor/rank);
+// only main() catches, logs and calls MPI_Abort so that no peer hangs in a collective.
+#pragma once
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace aerie {
+
+/// The one exception type of aerie. The message names the file, line, tensor or rank involved.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+namespace detail {
+[[noreturn]] void throw_error(const std::string& msg, const char* file, int line);
+}  // namespace detail
+
+}  // namespace aerie
+
+/// AERIE_CHECK(cond, "tensor " << name << " has " << n << " rows"): throws aerie::Error
+/// with the message and the source location when cond is false.
+#define AERIE_CHECK(cond, msg)                                          \
+  do {                                                                  \
+    if (!(cond)) {                                                      \
+      std::ostringstream aerie_check_os_;                               \
+      aerie_check_os_ << msg;                                           \
+      ::aerie::detail::throw_error(aerie_check_os_.str(), __FILE__, __LINE__); \
+    }                                                                   \
+  } while (0)
+
+/// AERIE_THROW("message " << x): unconditional aerie::Error.
+#define AERIE_THROW(msg) AERIE_CHECK(false, msg)

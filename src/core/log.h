@@ -1,0 +1,21 @@
+// Logging through Boost.Log: every record carries the MPI world rank ("[r3]") and a severity.
+// Usage: AERIE_LOG(info) << "wrote shard " << path;   Rank-0-only progress: see core/progress.h.
+#pragma once
+#include <boost/log/sources/global_logger_storage.hpp>
+#include <boost/log/sources/record_ostream.hpp>
+#include <boost/log/sources/severity_logger.hpp>
+#include <boost/log/trivial.hpp>
+
+namespace aerie {
+
+/// Sets up the console sink: "<time> [r<rank>] <severity> <message>" on stderr, records below
+/// `min_level` ("trace", "debug", "info", "warning", "error") dropped. Call once per process;
+/// safe to call again (tests) - later calls only change the rank and level.
+void init_logging(int rank, const std::string& min_level = "info");
+
+/// The world rank logged with each record (0 before init_logging).
+int log_rank();
+
+}  // namespace aerie
+
+#define AERIE_LOG(sev) BOOST_LOG_TRIVIAL(sev)

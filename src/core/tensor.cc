@@ -1,0 +1,190 @@
+#include "core/tensor.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+namespace aerie {
+
+size_t dtype_size(DType dt) {
+  switch (dt) {
+    case DType::F32: return 4;
+    case DType::BF16: return 2;
+    case DType::I32: return 4;
+    case DType::I64: return 8;
+    case DType::U8: return 1;
+  }
+  return 0;
+}
+
+const char* dtype_name(DType dt) {
+  switch (dt) {
+    case DType::F32: return "F32";
+    case DType::BF16: return "BF16";
+    case DType::I32: return "I32";
+    case DType::I64: return "I64";
+    case DType::U8: return "U8";
+  }
+  return "?";
+}
+
+DType dtype_from_name(const std::string& n) {
+  if (n == "F32" || n == "float32") return DType::F32;
+  if (n == "BF16" || n == "bfloat16") return DType::BF16;
+  if (n == "I32" || n == "int32") return DType::I32;
+  if (n == "I64" || n == "int64") return DType::I64;
+  if (n == "U8" || n == "uint8" || n == "BOOL" || n == "bool") return DType::U8;
+  AERIE_THROW("unsupported dtype '" << n << "'");
+}
+
+const char* device_name(Device d) { return d == Device::CPU ? "cpu" : "cuda"; }
+
+std::string shape_str(const Shape& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+static int64_t shape_numel(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) {
+    AERIE_CHECK(d >= 0, "negative dimension in shape " << shape_str(s));
+    n *= d;
+  }
+  return n;
+}
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  AERIE_CHECK(device == Device::CPU, "Tensor::empty: device " << device_name(device)
+                                         << " is not available in this build");
+  Tensor t;
+  t.shape_ = shape;
+  t.dtype_ = dtype;
+  t.device_ = device;
+  size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
+  // 64-byte aligned so that SIMD loads and a later CUDA pinned copy are happy.
+  void* p = std::aligned_alloc(64, std::max<size_t>(64, (bytes + 63) / 64 * 64));
+  AERIE_CHECK(p != nullptr, "out of host memory allocating " << bytes << " bytes");
+  t.storage_ = std::shared_ptr<void>(p, std::free);
+  t.data_ = p;
+  return t;
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
+  Tensor t = empty(shape, dtype, device);
+  t.fill_zero();
+  return t;
+}
+
+Tensor Tensor::wrap(void* data, const Shape& shape, DType dtype, Device device) {
+  Tensor t;
+  t.data_ = data;
+  t.shape_ = shape;
+  t.dtype_ = dtype;
+  t.device_ = device;
+  return t;
+}
+
+int64_t Tensor::dim(int64_t i) const {
+  int64_t n = ndim();
+  if (i < 0) i += n;
+  AERIE_CHECK(i >= 0 && i < n, "dim " << i << " out of range for shape " << shape_str(shape_));
+  return shape_[static_cast<size_t>(i)];
+}
+
+int64_t Tensor::numel() const { return shape_numel(shape_); }
+
+Tensor Tensor::slice(int64_t begin, int64_t end) const {
+  AERIE_CHECK(ndim() >= 1, "slice of a 0-d tensor");
+  AERIE_CHECK(0 <= begin && begin <= end && end <= shape_[0],
+              "slice [" << begin << ", " << end << ") out of range for shape " << shape_str(shape_));
+  Tensor t = *this;
+  int64_t row = numel() / std::max<int64_t>(1, shape_[0]);
+  if (shape_[0] == 0) row = 0;
+  t.data_ = static_cast<char*>(data_) + static_cast<size_t>(begin * row) * dtype_size(dtype_);
+  t.shape_[0] = end - begin;
+  return t;
+}
+
+Tensor Tensor::reshape(const Shape& shape) const {
+  AERIE_CHECK(shape_numel(shape) == numel(),
+              "reshape " << shape_str(shape_) << " -> " << shape_str(shape) << " changes numel");
+  Tensor t = *this;
+  t.shape_ = shape;
+  return t;
+}
+
+Tensor Tensor::clone() const {
+  Tensor t = empty(shape_, dtype_, device_);
+  if (nbytes()) std::memcpy(t.data_, data_, nbytes());
+  return t;
+}
+
+void Tensor::copy_from(const Tensor& src) {
+  AERIE_CHECK(src.numel() == numel() && src.dtype() == dtype_,
+              "copy_from: " << shape_str(src.shape()) << " " << dtype_name(src.dtype()) << " into "
+                            << shape_str(shape_) << " " << dtype_name(dtype_));
+  if (nbytes()) std::memmove(data_, src.data_, nbytes());
+}
+
+void Tensor::fill_zero() {
+  if (nbytes()) std::memset(data_, 0, nbytes());
+}
+
+namespace {
+template <typename T>
+float as_float(T v) { return static_cast<float>(v); }
+template <typename Dst, typename Src>
+void convert(const Src* s, Dst* d, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    if constexpr (std::is_same_v<Dst, bf16>) d[i] = bf16(static_cast<float>(s[i]));
+    else if constexpr (std::is_same_v<Src, bf16>) d[i] = static_cast<Dst>(static_cast<float>(s[i]));
+    else d[i] = static_cast<Dst>(s[i]);
+  }
+}
+template <typename Src>
+void convert_from(const Src* s, Tensor& out, int64_t n) {
+  switch (out.dtype()) {
+    case DType::F32: convert(s, out.data<float>(), n); break;
+    case DType::BF16: convert(s, out.data<bf16>(), n); break;
+    case DType::I32: convert(s, out.data<int32_t>(), n); break;
+    case DType::I64: convert(s, out.data<int64_t>(), n); break;
+    case DType::U8: convert(s, out.data<uint8_t>(), n); break;
+  }
+}
+}  // namespace
+
+Tensor Tensor::to(DType dtype) const {
+  AERIE_CHECK(device_ == Device::CPU, "Tensor::to(dtype) is implemented for CPU tensors");
+  if (dtype == dtype_) return clone();
+  Tensor out = empty(shape_, dtype, device_);
+  int64_t n = numel();
+  switch (dtype_) {
+    case DType::F32: convert_from(data<float>(), out, n); break;
+    case DType::BF16: convert_from(data<bf16>(), out, n); break;
+    case DType::I32: convert_from(data<int32_t>(), out, n); break;
+    case DType::I64: convert_from(data<int64_t>(), out, n); break;
+    case DType::U8: convert_from(data<uint8_t>(), out, n); break;
+  }
+  return out;
+}
+
+std::vector<float> Tensor::to_float_vector() const {
+  Tensor f = dtype_ == DType::F32 ? *this : to(DType::F32);
+  const float* p = f.data<float>();
+  return std::vector<float>(p, p + numel());
+}
+
+void Tensor::check_shape(const Shape& expected, const std::string& what) const {
+  bool ok = expected.size() == shape_.size();
+  for (size_t i = 0; ok && i < expected.size(); ++i)
+    ok = expected[i] < 0 || expected[i] == shape_[i];
+  AERIE_CHECK(ok, what << ": expected shape " << shape_str(expected) << ", got " << shape_str(shape_));
+}
+
+void Tensor::check_dtype(DType expected, const std::string& what) const {
+  AERIE_CHECK(dtype_ == expected, what << ": expected dtype " << dtype_name(expected) << ", got "
+                                       << dtype_name(dtype_));
+}
+
+}  // namespace aerie

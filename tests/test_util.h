@@ -1,0 +1,37 @@
+// Helpers shared by the tests: paths of the real data and of a scratch folder, tolerance checks.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace aerie::testing {
+
+/// ../shared/data beside the checkout (read-only), or $AERIE_DATA when set.
+inline std::string data_dir() {
+  const char* env = std::getenv("AERIE_DATA");
+  return env ? std::string(env) : std::string(AERIE_SHARED_DATA);
+}
+/// A fresh, empty folder under the build folder for one test.
+inline std::string scratch_dir(const std::string& name) {
+  auto p = std::filesystem::path(AERIE_BINARY_DIR) / "test-scratch" / name;
+  std::filesystem::remove_all(p);
+  std::filesystem::create_directories(p);
+  return p.string();
+}
+/// EXPECTs |got - ref| <= atol + rtol |ref| elementwise, reporting the first few failures by index.
+inline void expect_close(const std::vector<float>& got, const std::vector<float>& ref, float atol, float rtol,
+                         const std::string& what = "") {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  int bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!(std::fabs(got[i] - ref[i]) <= atol + rtol * std::fabs(ref[i]))) {
+      if (++bad <= 5) ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << ", want " << ref[i];
+    }
+  }
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << got.size() << " elements out of tolerance";
+}
+
+}  // namespace aerie::testing
