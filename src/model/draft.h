@@ -1,0 +1,96 @@
+// The EAGLE-3 draft (eagle3.md section 3): fc 3H -> H, one Llama decoder layer whose attention reads
+// 2H (embedding, hidden), lm_head over the draft vocabulary. Training-time test (section 4) forward
+// and backward on the CPU, and a decoder with a KV cache for speculative decoding (section 6).
+// Sources: EAGLE-3 (Li et al. 2025, arXiv 2503.01840) section 3; SpecForge llama3_eagle.py;
+// vLLM/SGLang llama_eagle3.py.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/tensor.h"
+#include "model/llama_config.h"
+
+namespace aerie {
+
+struct DraftConfig {
+  int64_t hidden_size = 0;         // H of the draft (= the target's)
+  int64_t target_hidden_size = 0;  // H of the target (fc reads 3 * this)
+  int64_t num_attention_heads = 0, num_key_value_heads = 0, head_dim = 0, intermediate_size = 0;
+  int64_t vocab_size = 0;        // V (target vocabulary)
+  int64_t draft_vocab_size = 0;  // K
+  int64_t max_position_embeddings = 0;
+  double rms_norm_eps = 1e-5;
+  RopeParams rope;
+  nlohmann::json rope_scaling;  // copied verbatim from the target's config.json (null if absent)
+  std::vector<int> aux_layers;  // aerie convention: input of layer k (vLLM's)
+
+  /// Copies width, heads, MLP width, eps, RoPE and max positions from the target (eagle3.md 3).
+  static DraftConfig from_target(const LlamaConfig& target, int64_t draft_vocab_size, std::vector<int> aux_layers);
+  nlohmann::json to_json() const;
+  static DraftConfig from_json(const nlohmann::json& j);
+};
+
+/// Trainable draft parameters, F32 (master weights; also used for gradients and AdamW moments).
+struct DraftWeights {
+  Tensor fc;                          // [H, 3 H_t]
+  Tensor q_proj;                      // [n_h d, 2H]
+  Tensor k_proj, v_proj;              // [n_kv d, 2H]
+  Tensor o_proj;                      // [H, n_h d]
+  Tensor gate_proj, up_proj;          // [I, H]
+  Tensor down_proj;                   // [H, I]
+  Tensor input_layernorm, hidden_norm, post_attention_layernorm, norm;  // [H]
+  Tensor lm_head;                     // [K, H]
+
+  /// (export name, tensor) in a fixed order, names as eagle3.md section 5 ("fc.weight",
+  /// "midlayer.self_attn.q_proj.weight", ..., "norm.weight", "lm_head.weight").
+  std::vector<std::pair<std::string, Tensor*>> named();
+  std::vector<std::pair<std::string, const Tensor*>> named() const;
+  static DraftWeights zeros(const DraftConfig& cfg);
+};
+
+/// Initial weights: linears ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)) from a seeded std::mt19937_64
+/// (nn.Linear's default bound), norms = 1, lm_head = rows `selected` (s_0..s_{K-1}) of the target's
+/// W_lm [V, H]. Deterministic for a given seed.
+DraftWeights init_draft_weights(const DraftConfig& cfg, const Tensor& target_lm_head,
+                                const std::vector<int64_t>& selected, uint64_t seed);
+
+/// One training sample, prepared from an extraction shard (no packing: one sample per row block).
+struct TTTSample {
+  std::vector<int32_t> ids;        // x_0..x_{T-1}
+  std::vector<uint8_t> loss_mask;  // m_0..m_{T-1}
+  Tensor aux_hidden;               // [T, 3 H_t] F32: f_t
+  Tensor target_probs;             // [T, K] F32: row p = softmax(l_p restricted to s_0..s_{K-1})
+  std::vector<int64_t> target_argmax;  // [T]: argmax over all V of l_p
+};
+
+/// Builds a TTTSample from the stored final hidden states z [T, H] (F32): l_p = W_lm z_p with the
+/// target's lm_head [V, H] (eagle3.md section 1: logits AFTER the final norm).
+TTTSample make_ttt_sample(std::vector<int32_t> ids, std::vector<uint8_t> loss_mask, Tensor aux_hidden,
+                          const Tensor& final_hidden, const Tensor& target_lm_head,
+                          const std::vector<int64_t>& selected);
+
+/// Per-step statistics of one TTT pass (sums, so that they add over samples and ranks).
+struct TTTStats {
+  std::vector<double> loss_sum;     // [S] sum_t valid * CE
+  std::vector<int64_t> valid;       // [S] number of valid rows (loss denominator)
+  std::vector<int64_t> correct;     // [S] rows counted by acc_k whose prediction is right
+  std::vector<int64_t> acc_rows;    // [S] rows counted by acc_k (m_{t+k+2} = 1, t+k+2 <= T-1)
+};
+
+/// valid_k counts of eagle3.md section 4 for one sample (a cheap pass over the data only), so that a
+/// data-parallel step can all-reduce the denominators before the backward.
+std::vector<int64_t> ttt_valid_counts(const TTTSample& s, const std::vector<uint8_t>& t2d, int num_steps);
+
+/// The S-step training-time test on one sample: forward, loss and metrics; when `grads` is non-null
+/// also the backward, ADDING d(sum_k step_weight[k] * loss_sum_k)/dw into *grads
+/// (step_weight[k] = 0.8^k / global valid_k for the eagle3.md loss). embed_tokens: the target's
+/// [V, H] (frozen). Attention: step-0 causal + the diagonal, never a T x T matrix.
+TTTStats ttt_forward_backward(const DraftConfig& cfg, const DraftWeights& w, const Tensor& embed_tokens,
+                              const TTTSample& s, const std::vector<int64_t>& d2t, const std::vector<uint8_t>& t2d,
+                              int num_steps, const std::vector<double>& step_weight, DraftWeights* grads);
+
+}  // namespace aerie
