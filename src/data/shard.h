@@ -1,0 +1,113 @@
+// Hidden-state shards: the output of `aerie extract` and the input of `aerie train`.
+// One HDF5 file per chunk of prepared samples, format "aerie.hidden_states" version 1 (docs/formats.md):
+//   aux_hidden_states   [T_total, 3H] uint16 (bf16 bits; dataset attribute dtype="bfloat16"): f_t
+//   final_hidden_states [T_total, H]  uint16 (bf16 bits): z_t = final_norm(r^N_t)
+//   input_ids [T_total] I32, loss_mask [T_total] U8, sample_offsets [n+1] I64, sample_index [n] I64
+// plus file attributes (format, format_version, target_model, aux_layers, hidden_size, ...).
+// Notation and the meaning of f_t and z_t: /work/shared/docs/eagle3.md section 1.
+// Files are written to "<path>.tmp" and renamed on close, so a shard-*.h5 file is always complete, and
+// written without timestamps and without compression, so equal inputs give bitwise-equal files.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace aerie {
+
+/// Format name and version stored in (and checked on reading) every shard file.
+inline constexpr const char* kShardFormat = "aerie.hidden_states";
+inline constexpr int64_t kShardFormatVersion = 1;
+/// The value of the aux_layer_convention attribute.
+inline constexpr const char* kAuxLayerConvention =
+    "input of decoder layer k (vLLM); SpecForge's output-of-layer ids are these minus 1";
+
+/// What a shard holds, from its file attributes.
+struct ShardInfo {
+  std::string path;
+  int64_t num_samples = 0, num_tokens = 0, hidden_size = 0;
+  std::vector<int> aux_layers;   // aerie's (vLLM's) "input of decoder layer k" convention
+  std::string target_model;      // the --model path extract was given
+  int64_t num_hidden_layers = 0; // N of the target
+  int64_t chunk = -1;            // chunk index c: samples [c*S, (c+1)*S) of the prepared file
+};
+
+/// One sample of a shard, hidden states converted from bf16 to fp32.
+struct HiddenSample {
+  int64_t sample_index = -1;      // index of the sample in prepared.h5
+  std::vector<int32_t> ids;       // [T] x_t
+  std::vector<uint8_t> loss_mask; // [T] m_t (0/1)
+  Tensor aux_hidden;              // [T, 3H] F32 (from bf16): f_t = concat(r^{a1}, r^{a2}, r^{a3})
+  Tensor final_hidden;            // [T, H] F32 (from bf16): z_t = final_norm(r^N_t)
+};
+
+/// Reads one shard file. Opening reads the attributes and the small index datasets (ids, masks,
+/// offsets); read(i) reads sample i's hidden-state rows. The file stays open (read-only) for the
+/// reader's lifetime; a reader is not thread-safe.
+class ShardReader {
+ public:
+  /// Opens `path` and checks format == "aerie.hidden_states", format_version == 1 and the dataset
+  /// shapes. Throws aerie::Error naming the file on a missing file, another format or version, a
+  /// missing dataset/attribute or inconsistent shapes.
+  explicit ShardReader(const std::string& path);
+  ~ShardReader();
+  ShardReader(ShardReader&&) noexcept;
+  ShardReader& operator=(ShardReader&&) noexcept;
+
+  const ShardInfo& info() const { return info_; }
+  int64_t num_samples() const { return info_.num_samples; }
+  /// Number of tokens of sample i (no hidden-state I/O).
+  int64_t sample_length(int64_t i) const;
+  /// Sample i (0 <= i < num_samples). Throws aerie::Error naming the file and the sample on a bad
+  /// index or a read failure.
+  HiddenSample read(int64_t i) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  ShardInfo info_;
+};
+
+/// Complete shard files "shard-*.h5" in `dir` (full paths), sorted by name; "*.tmp" files are
+/// ignored. Throws aerie::Error if `dir` is not a directory.
+std::vector<std::string> list_shards(const std::string& dir);
+
+/// The shard file name of chunk c: "shard-%05d.h5".
+std::string shard_file_name(int64_t chunk);
+
+/// Metadata a ShardWriter stores as file attributes.
+struct ShardMeta {
+  std::string target_model;
+  std::vector<int> aux_layers;
+  int64_t hidden_size = 0, num_hidden_layers = 0;
+  int64_t chunk = -1;
+};
+
+/// Writes one shard: samples are appended in memory (as bf16) and the file is written by close()
+/// to "<path>.tmp" (a stale one is overwritten), then renamed to `path`. Serial HDF5, one writer per
+/// shard. Deterministic bytes: no object timestamps, contiguous layout, no compression.
+class ShardWriter {
+ public:
+  ShardWriter(std::string path, ShardMeta meta);
+  /// Appends a sample. ids/loss_mask [T]; aux_hidden [T, 3H] and final_hidden [T, H] F32 (rounded to
+  /// bf16, nearest even) or BF16. Throws aerie::Error on mismatched shapes or dtypes.
+  void add(int64_t sample_index, const std::vector<int32_t>& ids, const std::vector<uint8_t>& loss_mask,
+           const Tensor& aux_hidden, const Tensor& final_hidden);
+  /// Writes "<path>.tmp", closes it and renames it to `path`. Throws aerie::Error on I/O failure.
+  void close();
+  int64_t num_samples() const { return static_cast<int64_t>(sample_index_.size()); }
+  int64_t num_tokens() const { return static_cast<int64_t>(ids_.size()); }
+
+ private:
+  std::string path_;
+  ShardMeta meta_;
+  std::vector<int64_t> sample_index_, offsets_{0};
+  std::vector<int32_t> ids_;
+  std::vector<uint8_t> mask_;
+  std::vector<uint16_t> aux_, final_;  // bf16 bits, row-major
+  bool closed_ = false;
+};
+
+}  // namespace aerie
