@@ -1,0 +1,71 @@
+// Collectives on exact inputs (integers in fp32), so results can be required to be equal
+// (the nccl-tests approach). Run with 1 rank by CTest and with 2 and 3 ranks under mpirun
+// (tests/mpi/comm.cmake).
+#include "comm/communicator.h"
+
+#include <gtest/gtest.h>
+
+namespace aerie {
+
+TEST(Communicator, AllReduceSumIsExact) {
+  auto world = MpiCommunicator::world();
+  int n = world->size(), r = world->rank();
+  Tensor t = Tensor::from_vector<float>({float(r), float(r + 1), 2.0f}, {3});
+  world->all_reduce_sum(t);
+  float s = n * (n - 1) / 2.0f;
+  EXPECT_EQ(t.to_float_vector(), (std::vector<float>{s, s + n, 2.0f * n}));
+  Tensor b = Tensor::from_vector<float>({1.0f}, {1}).to(DType::BF16);
+  world->all_reduce_sum(b);
+  EXPECT_EQ(b.to_float_vector()[0], float(n));
+}
+
+TEST(Communicator, AllGatherConcatenatesInRankOrder) {
+  auto world = MpiCommunicator::world();
+  int n = world->size(), r = world->rank();
+  Tensor in = Tensor::from_vector<int64_t>({r * 10, r * 10 + 1}, {2});
+  Tensor out = Tensor::empty({2 * n}, DType::I64);
+  world->all_gather(in, out);
+  for (int i = 0; i < n; ++i) {
+    EXPECT_EQ(out.data<int64_t>()[2 * i], i * 10);
+    EXPECT_EQ(out.data<int64_t>()[2 * i + 1], i * 10 + 1);
+  }
+  Tensor bad = Tensor::empty({2 * n + 1}, DType::I64);
+  EXPECT_THROW(world->all_gather(in, bad), Error);
+}
+
+TEST(Communicator, BroadcastAndMax) {
+  auto world = MpiCommunicator::world();
+  Tensor t = Tensor::from_vector<int32_t>({world->rank() == 0 ? 7 : -1}, {1});
+  world->broadcast(t, 0);
+  EXPECT_EQ(t.data<int32_t>()[0], 7);
+  Tensor m = Tensor::from_vector<float>({float(world->rank())}, {1});
+  world->all_reduce_max(m);
+  EXPECT_EQ(m.data<float>()[0], float(world->size() - 1));
+}
+
+TEST(Mapping, TensorAndDataParallelRanks) {
+  Mapping m(5, 8, 2);
+  EXPECT_EQ(m.tp_rank, 1);
+  EXPECT_EQ(m.dp_rank, 2);
+  EXPECT_EQ(m.dp, 4);
+  EXPECT_THROW(Mapping(0, 6, 4), Error);
+  EXPECT_THROW(Mapping(0, 4, 0), Error);
+}
+
+TEST(ParallelGroups, SplitsWorldIntoTpAndDpGroups) {
+  auto world = MpiCommunicator::world();
+  int tp = world->size() % 2 == 0 ? 2 : 1;
+  ParallelGroups g = ParallelGroups::create(tp);
+  EXPECT_EQ(g.tp->size(), tp);
+  EXPECT_EQ(g.dp->size(), world->size() / tp);
+  EXPECT_EQ(g.tp->rank(), g.map.tp_rank);
+  EXPECT_EQ(g.dp->rank(), g.map.dp_rank);
+  // Sum of world ranks inside the tp group: consecutive ranks dp_rank*tp .. +tp-1.
+  Tensor t = Tensor::from_vector<int64_t>({world->rank()}, {1});
+  g.tp->all_reduce_sum(t);
+  int64_t first = int64_t(g.map.dp_rank) * tp, want = 0;
+  for (int i = 0; i < tp; ++i) want += first + i;
+  EXPECT_EQ(t.data<int64_t>()[0], want);
+}
+
+}  // namespace aerie
