@@ -51,6 +51,11 @@ class LlamaModel {
   const Tensor& embed_tokens() const;
   const Tensor& lm_head() const;
 
+  /// The tp group the model was built on (it must outlive the model).
+  Communicator& tp() const;
+  /// An empty KV cache of `max_len` positions for this rank's kv heads.
+  KVCache make_cache(int64_t max_len) const;
+
  private:
   struct Impl;
   std::shared_ptr<Impl> impl_;

@@ -1,0 +1,194 @@
+// The target's forward (transformers' modeling_llama.py, LlamaForCausalLM), tensor parallel over
+// the ranks of a tp group, with the captures of eagle3.md section 1 and a KV cache.
+//
+// Per layer l (residual stream r = r^l, [n, H] F32, identical on every tp rank):
+//   h = input_layernorm(r); q, k, v = h Wq^T, h Wk^T, h Wv^T   (this rank's heads)
+//   q, k = RoPE(q, k) at positions p0 .. p0+n-1 (p0 = cache length)
+//   r += all_reduce_sum(attention(q, [cache k; k], [cache v; v]) Wo^T)      (Wo: this rank's columns)
+//   h = post_attention_layernorm(r)
+//   r += all_reduce_sum((silu(h Wg^T) * h Wu^T) Wd^T)                         (this rank's I slice)
+// then z = norm(r^N), logits = z W_lm^T.
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "kernels/activation.h"
+#include "kernels/attention.h"
+#include "kernels/embedding.h"
+#include "kernels/gemm.h"
+#include "kernels/norm.h"
+#include "kernels/optim.h"
+#include "kernels/rope.h"
+#include "model/llama.h"
+#include "model/llama_weights.h"
+
+namespace aerie {
+
+struct LlamaModel::Impl {
+  Communicator* tp = nullptr;
+  LlamaWeights w;
+  std::vector<float> inv_freq;
+  int64_t nh = 0, nkv = 0, inter = 0;  // this rank's heads, kv heads, MLP width
+};
+
+namespace {
+
+/// y = x W^T: x [n, K], W [M, K] -> [n, M].
+Tensor linear(const Tensor& x, const Tensor& W) {
+  Tensor y = Tensor::empty({x.dim(0), W.dim(0)}, DType::F32);
+  matmul(x, W, y, false, true);
+  return y;
+}
+
+Tensor rmsnorm(const Tensor& x, const Tensor& w, float eps) {
+  Tensor y = Tensor::empty(x.shape(), DType::F32);
+  Tensor rstd = Tensor::empty({x.dim(0)}, DType::F32);
+  rmsnorm_forward(x, w, eps, y, &rstd);
+  return y;
+}
+
+/// dst[:, col : col + src.cols] = src (row-major 2-D F32).
+void copy_columns(Tensor& dst, int64_t col, const Tensor& src) {
+  const int64_t n = src.dim(0), c = src.dim(1), C = dst.dim(1);
+  const float* s = src.data<float>();
+  float* d = dst.data<float>();
+  for (int64_t i = 0; i < n; ++i) std::memcpy(d + i * C + col, s + i * c, sizeof(float) * c);
+}
+
+}  // namespace
+
+KVCache::KVCache(const LlamaConfig& cfg, int64_t max_len, int tp_size) {
+  AERIE_CHECK(max_len >= 0, "KVCache: negative max_len " << max_len);
+  AERIE_CHECK(tp_size >= 1 && cfg.num_key_value_heads % tp_size == 0,
+              "KVCache: tp " << tp_size << " does not divide num_key_value_heads " << cfg.num_key_value_heads);
+  const int64_t nkv = cfg.num_key_value_heads / tp_size;
+  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+    k.push_back(Tensor::zeros({max_len, nkv, cfg.head_dim}, DType::F32));
+    v.push_back(Tensor::zeros({max_len, nkv, cfg.head_dim}, DType::F32));
+  }
+  max_len_ = max_len;
+}
+
+void KVCache::truncate(int64_t len) {
+  AERIE_CHECK(len >= 0 && len <= length_, "KVCache::truncate(" << len << "): cache holds " << length_);
+  length_ = len;
+}
+
+LlamaModel::LlamaModel(const std::string& dir, Communicator& tp) : impl_(std::make_shared<Impl>()) {
+  cfg_ = load_llama_config(dir);
+  check_tp_divisible(cfg_, tp.size());
+  impl_->tp = &tp;
+  impl_->w = load_llama_weights(dir, cfg_, tp.rank(), tp.size());
+  impl_->inv_freq = rope_inv_freq(cfg_.rope, cfg_.head_dim);
+  impl_->nh = cfg_.num_attention_heads / tp.size();
+  impl_->nkv = cfg_.num_key_value_heads / tp.size();
+  impl_->inter = cfg_.intermediate_size / tp.size();
+}
+
+const Tensor& LlamaModel::embed_tokens() const { return impl_->w.embed_tokens; }
+const Tensor& LlamaModel::lm_head() const { return impl_->w.lm_head; }
+Communicator& LlamaModel::tp() const { return *impl_->tp; }
+KVCache LlamaModel::make_cache(int64_t max_len) const { return KVCache(cfg_, max_len, impl_->tp->size()); }
+
+TargetOutput LlamaModel::forward(const std::vector<int32_t>& ids, KVCache* cache,
+                                 const std::vector<int>& aux_layers, bool want_logits) {
+  const Impl& m = *impl_;
+  const int64_t n = static_cast<int64_t>(ids.size());
+  const int64_t H = cfg_.hidden_size, d = cfg_.head_dim, N = cfg_.num_hidden_layers;
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  AERIE_CHECK(n > 0, "LlamaModel::forward: empty ids");
+  for (int a : aux_layers)
+    AERIE_CHECK(a >= 0 && a <= N, "LlamaModel::forward: aux layer " << a << " outside [0, " << N << "]");
+  const int64_t p0 = cache ? cache->length() : 0;
+  if (cache) {
+    AERIE_CHECK(static_cast<int64_t>(cache->k.size()) == N && cache->k[0].dim(1) == m.nkv && cache->k[0].dim(2) == d,
+                "LlamaModel::forward: KV cache was made for another model or tp size");
+    AERIE_CHECK(p0 + n <= cache->capacity(), "LlamaModel::forward: KV cache holds " << cache->capacity()
+                                                 << " positions, " << p0 << " used, " << n << " more asked");
+  }
+
+  Tensor ids_t = Tensor::from_vector(ids, {n});
+  std::vector<int32_t> pos(n);
+  for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(p0 + i);
+  Tensor positions = Tensor::from_vector(pos, {n});
+
+  TargetOutput out;
+  if (!aux_layers.empty())
+    out.aux_hidden = Tensor::empty({n, H * static_cast<int64_t>(aux_layers.size())}, DType::F32);
+  auto capture = [&](int64_t layer, const Tensor& r) {
+    for (size_t j = 0; j < aux_layers.size(); ++j)
+      if (aux_layers[j] == layer) copy_columns(out.aux_hidden, static_cast<int64_t>(j) * H, r);
+  };
+
+  Tensor r = Tensor::empty({n, H}, DType::F32);  // the residual stream r^l
+  embedding_forward(ids_t, m.w.embed_tokens, r);
+  Tensor attn = Tensor::empty({n, m.nh, d}, DType::F32);
+  for (int64_t l = 0; l < N; ++l) {
+    capture(l, r);
+    const LlamaLayerWeights& L = m.w.layers[l];
+    Tensor h = rmsnorm(r, L.input_layernorm, eps);
+    Tensor q = linear(h, L.q_proj).reshape({n, m.nh, d});
+    Tensor k = linear(h, L.k_proj).reshape({n, m.nkv, d});
+    Tensor v = linear(h, L.v_proj).reshape({n, m.nkv, d});
+    rope_apply(q, positions, m.inv_freq);
+    rope_apply(k, positions, m.inv_freq);
+    Tensor k_all = k, v_all = v;
+    if (cache) {
+      cache->k[l].slice(p0, p0 + n).copy_from(k);
+      cache->v[l].slice(p0, p0 + n).copy_from(v);
+      k_all = cache->k[l].slice(0, p0 + n);
+      v_all = cache->v[l].slice(0, p0 + n);
+    }
+    attention_forward(q, k_all, v_all, p0, scale, attn, nullptr);
+    Tensor o = linear(attn.reshape({n, m.nh * d}), L.o_proj);  // [n, H], partial sum over tp ranks
+    if (m.tp->size() > 1) m.tp->all_reduce_sum(o);
+    add_inplace(r, o);
+
+    h = rmsnorm(r, L.post_attention_layernorm, eps);
+    Tensor g = linear(h, L.gate_proj), u = linear(h, L.up_proj);  // [n, I/tp]
+    swiglu_forward(g, u, g);
+    Tensor dn = linear(g, L.down_proj);  // [n, H], partial sum over tp ranks
+    if (m.tp->size() > 1) m.tp->all_reduce_sum(dn);
+    add_inplace(r, dn);
+  }
+  capture(N, r);
+  out.final_hidden = rmsnorm(r, m.w.norm, eps);
+  if (want_logits) out.logits = linear(out.final_hidden, m.w.lm_head);
+  if (cache) cache->length_ = p0 + n;
+  return out;
+}
+
+std::vector<int32_t> greedy_generate(LlamaModel& model, const std::vector<int32_t>& prompt, int64_t max_new,
+                                     int32_t stop_id) {
+  AERIE_CHECK(!prompt.empty(), "greedy_generate: empty prompt");
+  std::vector<int32_t> out = prompt;
+  if (max_new <= 0) return out;
+  KVCache cache = model.make_cache(static_cast<int64_t>(prompt.size()) + max_new);
+  Communicator& tp = model.tp();
+  // argmax of the last logits row (ties: the smaller id, as llama2.c's argmax), agreed on by the tp
+  // group: rank 0's choice is broadcast, so that ranks never diverge even if their all-reduced
+  // logits differed in the last bit.
+  auto pick = [&](const Tensor& logits) {
+    const int64_t V = logits.dim(1);
+    const float* row = logits.data<float>() + (logits.dim(0) - 1) * V;
+    int32_t best = 0;
+    for (int64_t i = 1; i < V; ++i)
+      if (row[i] > row[best]) best = static_cast<int32_t>(i);
+    if (tp.size() > 1) {
+      Tensor t = Tensor::from_vector(std::vector<int32_t>{best}, {1});
+      tp.broadcast(t, 0);
+      best = t.data<int32_t>()[0];
+    }
+    return best;
+  };
+  int32_t next = pick(model.forward(prompt, &cache, {}, true).logits);
+  for (int64_t i = 0; i < max_new; ++i) {
+    out.push_back(next);
+    if (next == stop_id || i + 1 == max_new) break;
+    next = pick(model.forward({next}, &cache, {}, true).logits);
+  }
+  return out;
+}
+
+}  // namespace aerie
