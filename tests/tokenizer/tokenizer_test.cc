@@ -1,0 +1,48 @@
+// Tokenizer tests on the converted stories260K tokenizer (tok512).
+#include "tokenizer/tokenizer.h"
+
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "test_util.h"
+
+namespace aerie {
+
+namespace {
+std::unique_ptr<Tokenizer> tok512() { return Tokenizer::load(testing::model_dir()); }
+}  // namespace
+
+TEST(Tok512, LoadsWithSpecialIds) {
+  if (!testing::have_model()) GTEST_SKIP() << "no converted model in " << testing::model_dir();
+  auto t = tok512();
+  EXPECT_EQ(t->vocab_size(), 512);
+  EXPECT_EQ(t->bos_id(), 1);
+  EXPECT_EQ(t->eos_id(), 2);
+  EXPECT_EQ(t->token_to_id("<unk>"), 0);
+  EXPECT_EQ(t->token_to_id("<0x0A>"), 3 + 0x0A);
+  EXPECT_EQ(t->token_to_id("\u2581the"), 265);
+  EXPECT_EQ(t->token_to_id("no such piece"), -1);
+}
+
+TEST(Tok512, EncodeDecodeBasics) {
+  if (!testing::have_model()) GTEST_SKIP() << "no converted model in " << testing::model_dir();
+  auto t = tok512();
+  EXPECT_TRUE(t->encode("").empty());
+  // " the" is one piece (id 265): the dummy prefix space makes "the" at the start "\u2581the".
+  EXPECT_EQ(t->encode("the"), (std::vector<int32_t>{265}));
+  // "\n" is not a piece: byte fallback to <0x0A> (id 13), after the "\u2581" piece.
+  const auto nl = t->encode("\n");
+  ASSERT_FALSE(nl.empty());
+  EXPECT_EQ(nl.back(), 13);
+  for (const std::string s : {"Once upon a time, there was a little girl named Lily.", "a\nb", "  two  spaces",
+                              "caf\xC3\xA9 \xF0\x9F\x98\x80 \xE4\xB8\xAD\xE6\x96\x87 123", "<s>x</s>"}) {
+    EXPECT_EQ(t->decode(t->encode(s)), s == std::string("<s>x</s>") ? std::string("x") : s) << s;
+  }
+  // Special tokens in the text are split out (as Hugging Face tokenizers does) and dropped by decode.
+  const auto sp = t->encode("<s>x</s>");
+  ASSERT_GE(sp.size(), 3u);
+  EXPECT_EQ(sp.front(), 1);
+  EXPECT_EQ(sp.back(), 2);
+}
+
+}  // namespace aerie
