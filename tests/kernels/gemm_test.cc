@@ -1,0 +1,86 @@
+// matmul against a double-precision reference over every transpose combination, bf16 inputs, and errors.
+#include "kernels/gemm.h"
+
+#include <tuple>
+
+#include "kernel_test_util.h"
+
+namespace aerie {
+namespace {
+
+using testing::random_tensor;
+
+/// c = alpha op(a) op(b) + beta c0 in double.
+std::vector<float> ref_gemm(const Tensor& a, const Tensor& b, const Tensor& c0, bool ta, bool tb, double alpha,
+                            double beta) {
+  const auto av = a.to_float_vector(), bv = b.to_float_vector(), cv = c0.to_float_vector();
+  const int64_t m = c0.dim(0), n = c0.dim(1), k = ta ? a.dim(0) : a.dim(1);
+  std::vector<float> out(static_cast<size_t>(m * n));
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0.0;
+      for (int64_t p = 0; p < k; ++p) {
+        const double x = ta ? av[p * m + i] : av[i * k + p];
+        const double y = tb ? bv[j * k + p] : bv[p * n + j];
+        s += x * y;
+      }
+      out[i * n + j] = static_cast<float>(alpha * s + beta * cv[i * n + j]);
+    }
+  return out;
+}
+
+class MatmulTest : public ::testing::TestWithParam<std::tuple<bool, bool, DType>> {};
+
+TEST_P(MatmulTest, MatchesDoubleReference) {
+  const auto [ta, tb, dtype] = GetParam();
+  const int64_t m = 5, n = 7, k = 33;
+  Tensor a = random_tensor(ta ? Shape{k, m} : Shape{m, k}, 1);
+  Tensor b = random_tensor(tb ? Shape{n, k} : Shape{k, n}, 2);
+  if (dtype == DType::BF16) {  // the reference gets the same bf16-rounded inputs
+    a = a.to(DType::BF16);
+    b = b.to(DType::BF16);
+  }
+  for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{0.5f, 2.0f}}) {
+    Tensor c = random_tensor({m, n}, 3);
+    const auto ref = ref_gemm(a, b, c, ta, tb, alpha, beta);
+    matmul(a, b, c, ta, tb, alpha, beta);
+    // fp32 accumulation over K = 33 terms of size <= 1: error ~ 33 * 6e-8
+    testing::expect_close(c.to_float_vector(), ref, 1e-5f, 1e-5f, "c");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTransposes, MatmulTest,
+                         ::testing::Combine(::testing::Bool(), ::testing::Bool(),
+                                            ::testing::Values(DType::F32, DType::BF16)));
+
+TEST(Matmul, LinearLayerAndDeterminism) {
+  // y = x W^T, the linear-layer form, twice with the same inputs: bitwise equal.
+  Tensor x = random_tensor({64, 48}, 4), w = random_tensor({40, 48}, 5);
+  Tensor y1 = Tensor::empty({64, 40}, DType::F32), y2 = Tensor::empty({64, 40}, DType::F32);
+  matmul(x, w, y1, false, true);
+  matmul(x, w, y2, false, true);
+  EXPECT_EQ(y1.to_float_vector(), y2.to_float_vector());
+  testing::expect_close(y1.to_float_vector(), ref_gemm(x, w, y1, false, true, 1.0, 0.0), 1e-5f, 1e-5f, "y");
+}
+
+TEST(Matmul, EmptyInnerDimensionScalesC) {
+  Tensor a = Tensor::empty({3, 0}, DType::F32), b = Tensor::empty({0, 2}, DType::F32);
+  Tensor c = Tensor::from_vector<float>({1, 2, 3, 4, 5, 6}, {3, 2});
+  matmul(a, b, c, false, false, 1.0f, 0.5f);
+  EXPECT_EQ(c.to_float_vector(), (std::vector<float>{0.5f, 1, 1.5f, 2, 2.5f, 3}));
+}
+
+TEST(Matmul, ErrorsNameTheTensor) {
+  Tensor a = random_tensor({4, 3}, 1), b = random_tensor({3, 5}, 2);
+  Tensor bad_c = Tensor::empty({4, 6}, DType::F32);
+  testing::expect_error([&] { matmul(a, b, bad_c, false, false); }, "matmul: c");
+  Tensor c = Tensor::empty({4, 5}, DType::F32);
+  testing::expect_error([&] { matmul(a, b, c, true, false); }, "inner dimensions");
+  Tensor b16 = b.to(DType::BF16);
+  testing::expect_error([&] { matmul(a, b16, c, false, false); }, "BF16");
+  Tensor a3 = Tensor::empty({2, 2, 3}, DType::F32);
+  testing::expect_error([&] { matmul(a3, b, c, false, false); }, "2-D");
+}
+
+}  // namespace
+}  // namespace aerie
