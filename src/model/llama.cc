@@ -8,6 +8,7 @@
 //   h = post_attention_layernorm(r)
 //   r += all_reduce_sum((silu(h Wg^T) * h Wu^T) Wd^T)                         (this rank's I slice)
 // then z = norm(r^N), logits = z W_lm^T.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -161,6 +162,11 @@ TargetOutput LlamaModel::forward(const std::vector<int32_t>& ids, KVCache* cache
 
 std::vector<int32_t> greedy_generate(LlamaModel& model, const std::vector<int32_t>& prompt, int64_t max_new,
                                      int32_t stop_id) {
+  return greedy_generate(model, prompt, max_new, stop_id >= 0 ? std::vector<int32_t>{stop_id} : std::vector<int32_t>{});
+}
+
+std::vector<int32_t> greedy_generate(LlamaModel& model, const std::vector<int32_t>& prompt, int64_t max_new,
+                                     const std::vector<int32_t>& stop_ids) {
   AERIE_CHECK(!prompt.empty(), "greedy_generate: empty prompt");
   std::vector<int32_t> out = prompt;
   if (max_new <= 0) return out;
@@ -185,7 +191,7 @@ std::vector<int32_t> greedy_generate(LlamaModel& model, const std::vector<int32_
   int32_t next = pick(model.forward(prompt, &cache, {}, true).logits);
   for (int64_t i = 0; i < max_new; ++i) {
     out.push_back(next);
-    if (next == stop_id || i + 1 == max_new) break;
+    if (std::find(stop_ids.begin(), stop_ids.end(), next) != stop_ids.end() || i + 1 == max_new) break;
     next = pick(model.forward({next}, &cache, {}, true).logits);
   }
   return out;

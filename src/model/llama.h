@@ -66,5 +66,9 @@ class LlamaModel {
 /// `stop_id` (when >= 0). Returns prompt + generated ids.
 std::vector<int32_t> greedy_generate(LlamaModel& model, const std::vector<int32_t>& prompt, int64_t max_new,
                                      int32_t stop_id);
+/// The same, stopping after the first generated id that is in `stop_ids`. Collective over the model's
+/// tp group (tp rank 0's argmax is broadcast, so all ranks return the same ids).
+std::vector<int32_t> greedy_generate(LlamaModel& model, const std::vector<int32_t>& prompt, int64_t max_new,
+                                     const std::vector<int32_t>& stop_ids);
 
 }  // namespace aerie

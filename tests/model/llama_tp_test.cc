@@ -1,0 +1,87 @@
+// Tensor parallelism of the target: a model split over all world ranks (tp = world size) gives the
+// same logits, aux hidden states and final hidden states as the unsplit model (tp = 1, built on a
+// single-rank communicator on every rank). Run under mpirun (tests/mpi/model.cmake, -np 2); skipped on
+// one rank.
+#include <filesystem>
+
+#include "comm/communicator.h"
+#include "core/error.h"
+#include "model/llama.h"
+#include "model/llama_testing.h"
+#include "test_util.h"
+
+namespace aerie {
+namespace {
+
+using testing::expect_close;
+
+/// A scratch folder shared by all ranks: rank 0 empties it, the others wait.
+std::string shared_scratch(Communicator& world, const std::string& name) {
+  std::string dir = (std::filesystem::path(AERIE_BINARY_DIR) / "test-scratch" / name).string();
+  if (world.rank() == 0) testing::scratch_dir(name);
+  world.barrier();
+  return dir;
+}
+
+/// tp = world vs tp = 1 on `ids`: the sum of o_proj/down_proj partial products over ranks changes the
+/// fp32 summation order only, so 1e-5 absolute + relative is ample (values are O(1..10)).
+void compare_tp(const std::string& dir, MpiCommunicator& world, const std::vector<int32_t>& ids) {
+  auto self = world.split(world.rank(), 0);
+  LlamaModel one(dir, *self), split(dir, world);
+  const int N = static_cast<int>(one.config().num_hidden_layers);
+  std::vector<int> aux = {0, 2, N};
+  TargetOutput a = one.forward(ids, nullptr, aux, true);
+  TargetOutput b = split.forward(ids, nullptr, aux, true);
+  expect_close(b.logits.to_float_vector(), a.logits.to_float_vector(), 1e-5f, 1e-5f, "logits");
+  expect_close(b.aux_hidden.to_float_vector(), a.aux_hidden.to_float_vector(), 1e-5f, 1e-5f, "aux_hidden");
+  expect_close(b.final_hidden.to_float_vector(), a.final_hidden.to_float_vector(), 1e-5f, 1e-5f, "final_hidden");
+
+  // With a KV cache: prefill half, decode the rest token by token.
+  KVCache cache = split.make_cache(static_cast<int64_t>(ids.size()));
+  const size_t h = ids.size() / 2;
+  split.forward(std::vector<int32_t>(ids.begin(), ids.begin() + h), &cache, {}, false);
+  for (size_t t = h; t < ids.size(); ++t) {
+    TargetOutput o = split.forward({ids[t]}, &cache, {}, true);
+    expect_close(o.logits.to_float_vector(), a.logits.slice(t, t + 1).to_float_vector(), 2e-5f, 2e-5f,
+                 "cached logits at " + std::to_string(t));
+  }
+  EXPECT_EQ(greedy_generate(split, {1}, 20, -1), greedy_generate(one, {1}, 20, -1));
+}
+
+TEST(TpTest, Stories260KMatchesUnsplit) {
+  auto world = MpiCommunicator::world();
+  if (world->size() < 2) GTEST_SKIP() << "needs mpirun -np 2 (or more)";
+  if (!testing::have_model()) GTEST_SKIP() << "no converted stories260K at " << testing::model_dir();
+  if (8 % world->size() != 0 || 4 % world->size() != 0 || 172 % world->size() != 0)
+    GTEST_SKIP() << "stories260K does not split over " << world->size() << " ranks";
+  compare_tp(testing::model_dir(), *world, {1, 403, 407, 261, 378, 410, 261, 285, 374, 264, 275, 401, 353, 46});
+}
+
+TEST(TpTest, RandomUntiedModelMatchesUnsplit) {
+  auto world = MpiCommunicator::world();
+  if (world->size() < 2) GTEST_SKIP() << "needs mpirun -np 2 (or more)";
+  const int p = world->size();
+  testing::TinyLlama m;
+  m.n_heads = 2 * p;
+  m.n_kv = p;
+  m.I = 12 * p;
+  std::string dir = shared_scratch(*world, "llama_tp_random");
+  if (world->rank() == 0) testing::write_tiny_llama(dir, m);
+  world->barrier();
+  compare_tp(dir, *world, {1, 5, 9, 33, 60, 2, 17, 41, 8, 63, 12});
+}
+
+TEST(TpTest, RejectsIndivisibleSplits) {
+  auto world = MpiCommunicator::world();
+  if (world->size() < 2) GTEST_SKIP() << "needs mpirun -np 2 (or more)";
+  testing::TinyLlama m;
+  m.n_heads = 4 * world->size() - 1;  // not divisible by the world size (nor is 1 kv head)
+  m.n_kv = 1;
+  std::string dir = shared_scratch(*world, "llama_tp_indivisible");
+  if (world->rank() == 0) testing::write_tiny_llama(dir, m);
+  world->barrier();
+  EXPECT_THROW(LlamaModel(dir, *world), Error);  // thrown before any collective: no rank hangs
+}
+
+}  // namespace
+}  // namespace aerie
