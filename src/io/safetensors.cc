@@ -1,0 +1,185 @@
+// safetensors reader/writer. Format (https://github.com/huggingface/safetensors README): u64 LE header
+// size N, N bytes of UTF-8 JSON {name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__":
+// {str: str}} (padded with spaces), then the data buffer; offsets are relative to the buffer start.
+#include "io/safetensors.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace aerie {
+
+namespace {
+
+// The reference implementation refuses headers above 100 MB; so do we (a corrupt size field would
+// otherwise make us allocate garbage).
+constexpr uint64_t kMaxHeader = 100u << 20;
+
+uint64_t read_u64_le(const unsigned char* b) {
+  uint64_t v = 0;
+  for (int i = 7; i >= 0; --i) v = (v << 8) | b[i];
+  return v;
+}
+
+// Returns the dtype of a safetensors dtype string; throws for dtypes aerie does not hold.
+DType parse_dtype(const std::string& s, const std::string& path, const std::string& name) {
+  if (s == "F32") return DType::F32;
+  if (s == "BF16") return DType::BF16;
+  if (s == "I32") return DType::I32;
+  if (s == "I64") return DType::I64;
+  if (s == "U8" || s == "BOOL") return DType::U8;
+  AERIE_THROW(path << ": tensor '" << name << "' has dtype " << s
+                   << ", not supported (F32, BF16, I32, I64, U8, BOOL)");
+}
+
+void write_all(int fd, const void* data, size_t n, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, std::min<size_t>(n, size_t{1} << 30));
+    if (w < 0 && errno == EINTR) continue;
+    AERIE_CHECK(w > 0, "writing " << path << ": " << std::strerror(errno));
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+}  // namespace
+
+SafetensorsFile load_safetensors(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  AERIE_CHECK(f, "cannot open safetensors file " << path << ": " << std::strerror(errno));
+  f.seekg(0, std::ios::end);
+  const auto file_size = static_cast<uint64_t>(f.tellg());
+  f.seekg(0);
+  AERIE_CHECK(file_size >= 8, path << ": truncated safetensors file (" << file_size << " bytes, no header size)");
+  unsigned char b8[8];
+  f.read(reinterpret_cast<char*>(b8), 8);
+  const uint64_t header_len = read_u64_le(b8);
+  AERIE_CHECK(header_len <= kMaxHeader, path << ": header size " << header_len << " exceeds the 100 MB limit");
+  AERIE_CHECK(8 + header_len <= file_size, path << ": truncated safetensors file: header of " << header_len
+                                                << " bytes but the file has " << file_size);
+  std::string header(header_len, '\0');
+  f.read(header.data(), static_cast<std::streamsize>(header_len));
+  AERIE_CHECK(f, path << ": read error in the header");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(header);
+  } catch (const nlohmann::json::exception& e) {
+    AERIE_THROW(path << ": bad JSON header: " << e.what());
+  }
+  AERIE_CHECK(j.is_object(), path << ": the header is not a JSON object");
+  const uint64_t data_size = file_size - 8 - header_len;
+  const uint64_t data_start = 8 + header_len;
+
+  SafetensorsFile out;
+  for (const auto& [name, v] : j.items()) {
+    if (name == "__metadata__") {
+      if (v.is_null()) continue;
+      AERIE_CHECK(v.is_object(), path << ": __metadata__ is not an object");
+      for (const auto& [k, s] : v.items()) {
+        AERIE_CHECK(s.is_string(), path << ": __metadata__ value of '" << k << "' is not a string");
+        out.metadata[k] = s.get<std::string>();
+      }
+      continue;
+    }
+    AERIE_CHECK(v.is_object() && v.contains("dtype") && v["dtype"].is_string() && v.contains("shape") &&
+                    v["shape"].is_array() && v.contains("data_offsets") && v["data_offsets"].is_array() &&
+                    v["data_offsets"].size() == 2,
+                path << ": tensor '" << name << "': entry needs dtype, shape and data_offsets: " << v.dump());
+    const DType dt = parse_dtype(v["dtype"].get<std::string>(), path, name);
+    Shape shape;
+    uint64_t numel = 1;
+    for (const auto& d : v["shape"]) {
+      AERIE_CHECK(d.is_number_unsigned(), path << ": tensor '" << name << "': bad dimension " << d.dump());
+      const uint64_t n = d.get<uint64_t>();
+      AERIE_CHECK(n == 0 || numel <= (uint64_t{1} << 62) / n, path << ": tensor '" << name << "': shape overflows");
+      numel *= n;
+      shape.push_back(static_cast<int64_t>(n));
+    }
+    const auto& offs = v["data_offsets"];
+    AERIE_CHECK(offs[0].is_number_unsigned() && offs[1].is_number_unsigned(),
+                path << ": tensor '" << name << "': data_offsets are not non-negative integers");
+    const uint64_t begin = offs[0].get<uint64_t>(), end = offs[1].get<uint64_t>();
+    const uint64_t nbytes = numel * dtype_size(dt);
+    AERIE_CHECK(begin <= end && end <= data_size,
+                path << ": tensor '" << name << "': data_offsets [" << begin << ", " << end
+                     << ") outside the data buffer of " << data_size << " bytes (truncated file?)");
+    AERIE_CHECK(end - begin == nbytes, path << ": tensor '" << name << "': data_offsets span " << end - begin
+                                            << " bytes, but " << v["dtype"].get<std::string>() << " "
+                                            << shape_str(shape) << " needs " << nbytes);
+    Tensor t = Tensor::empty(shape, dt);
+    if (nbytes > 0) {
+      f.seekg(static_cast<std::streamoff>(data_start + begin));
+      f.read(static_cast<char*>(t.raw()), static_cast<std::streamsize>(nbytes));
+      AERIE_CHECK(f, path << ": tensor '" << name << "': read error");
+    }
+    out.tensors.emplace(name, std::move(t));
+  }
+  return out;
+}
+
+void save_safetensors(const std::string& path, const SafetensorsFile& file,
+                      const std::vector<std::string>& bool_tensors) {
+  const std::set<std::string> bools(bool_tensors.begin(), bool_tensors.end());
+  for (const auto& b : bools) {
+    auto it = file.tensors.find(b);
+    AERIE_CHECK(it != file.tensors.end(), path << ": BOOL tensor '" << b << "' is not in the file");
+    AERIE_CHECK(it->second.dtype() == DType::U8, path << ": BOOL tensor '" << b << "' must hold U8 data, not "
+                                                       << dtype_name(it->second.dtype()));
+  }
+  nlohmann::json j = nlohmann::json::object();
+  if (!file.metadata.empty()) j["__metadata__"] = file.metadata;
+  uint64_t off = 0;
+  for (const auto& [name, t] : file.tensors) {
+    AERIE_CHECK(name != "__metadata__", path << ": a tensor cannot be named __metadata__");
+    AERIE_CHECK(t.device() == Device::CPU, path << ": tensor '" << name << "' is not on the CPU");
+    nlohmann::json e;
+    e["dtype"] = bools.count(name) ? "BOOL" : dtype_name(t.dtype());
+    e["shape"] = t.shape();
+    e["data_offsets"] = {off, off + t.nbytes()};
+    off += t.nbytes();
+    j[name] = std::move(e);
+  }
+  std::string header = j.dump();
+  header.append((8 - header.size() % 8) % 8, ' ');  // data buffer 8-byte aligned, as the reference writer
+  unsigned char b8[8];
+  for (int i = 0; i < 8; ++i) b8[i] = static_cast<unsigned char>((uint64_t{header.size()} >> (8 * i)) & 0xFF);
+
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  AERIE_CHECK(fd >= 0, "cannot create " << tmp << ": " << std::strerror(errno));
+  try {
+    write_all(fd, b8, 8, tmp);
+    write_all(fd, header.data(), header.size(), tmp);
+    for (const auto& [name, t] : file.tensors) write_all(fd, t.raw(), t.nbytes(), tmp);
+    AERIE_CHECK(::fsync(fd) == 0, "fsync " << tmp << ": " << std::strerror(errno));
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  AERIE_CHECK(::close(fd) == 0, "closing " << tmp << ": " << std::strerror(errno));
+  AERIE_CHECK(::rename(tmp.c_str(), path.c_str()) == 0,
+              "renaming " << tmp << " to " << path << ": " << std::strerror(errno));
+  // Make the rename itself durable.
+  std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  if (dir.empty()) dir = std::filesystem::path(".");
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+}  // namespace aerie
