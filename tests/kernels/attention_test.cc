@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <limits>
+#include <string>
 
 #include "kernel_test_util.h"
 
@@ -96,7 +97,33 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{5, 5, 4, 2, 8, 0},    // prefill, GQA (2 query heads per kv head)
                       Case{3, 7, 4, 2, 8, 4},    // decode with a KV cache: q_offset = Tk - Tq
                       Case{1, 6, 2, 2, 4, 5},    // one decoded token, plain multi-head
-                      Case{4, 4, 4, 1, 6, 0}));  // multi-query (one kv head)
+                      Case{4, 4, 4, 1, 6, 0}),   // multi-query (one kv head)
+    [](const ::testing::TestParamInfo<Case>& info) {
+      const Case& c = info.param;
+      return "Tq" + std::to_string(c.tq) + "_Tk" + std::to_string(c.tk) + "_nh" + std::to_string(c.nh) + "_nkv" +
+             std::to_string(c.nkv) + "_d" + std::to_string(c.d) + "_off" + std::to_string(c.q_offset);
+    });
+
+// q_offset < 0: row 0 attends no key (the empty softmax): out 0, lse -inf, no gradient anywhere from it.
+TEST(Attention, RowWithoutKeysGivesZeroAndMinusInfinity) {
+  const int64_t tq = 2, tk = 2, nh = 2, d = 4;
+  Tensor q = random_tensor({tq, nh, d}, 1), k = random_tensor({tk, 1, d}, 2), v = random_tensor({tk, 1, d}, 3);
+  Tensor out = Tensor::empty({tq, nh, d}, DType::F32), lse = Tensor::empty({tq, nh}, DType::F32);
+  attention_forward(q, k, v, -1, 0.5f, out, &lse);
+  for (int64_t e = 0; e < nh * d; ++e) EXPECT_EQ(out.data<float>()[e], 0.0f);
+  EXPECT_TRUE(std::isinf(lse.data<float>()[0]) && lse.data<float>()[0] < 0);
+  // Row 1 attends key 0 only: out = v_0 exactly, lse = 0.5 q_1 . k_0.
+  for (int64_t h = 0; h < nh; ++h)
+    for (int64_t e = 0; e < d; ++e) EXPECT_FLOAT_EQ(out.data<float>()[(nh + h) * d + e], v.data<float>()[e]);
+  Tensor dq = random_tensor(q.shape(), 4), dk = Tensor::zeros(k.shape(), DType::F32);
+  Tensor dv = Tensor::zeros(v.shape(), DType::F32);
+  Tensor dout = Tensor::zeros(q.shape(), DType::F32);
+  for (int64_t e = 0; e < nh * d; ++e) dout.data<float>()[e] = 1.0f;  // gradient only on the empty row
+  attention_backward(dout, q, k, v, out, lse, -1, 0.5f, dq, dk, dv);
+  for (float x : dq.to_float_vector()) EXPECT_EQ(x, 0.0f);
+  for (float x : dk.to_float_vector()) EXPECT_EQ(x, 0.0f);
+  for (float x : dv.to_float_vector()) EXPECT_EQ(x, 0.0f);
+}
 
 // TTT step k (eagle3.md section 3): row i attends the causal step-0 keys k[0..i] and one extra key kd_i
 // of its own. The causal part runs through attention_forward; the test merges the diagonal in double:
