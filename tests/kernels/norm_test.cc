@@ -58,6 +58,11 @@ TEST(RmsNorm, BackwardMatchesFiniteDifferences) {
   Tensor dx2 = Tensor::empty({n, h}, DType::F32);
   rmsnorm_backward(r, x, w, rstd, dx2, nullptr);  // frozen weight
   EXPECT_EQ(dx2.to_float_vector(), dx.to_float_vector());
+
+  Tensor dy_inplace = r.clone(), dw2 = Tensor::from_vector(std::vector<float>(h, 0.25f), {h});
+  rmsnorm_backward(dy_inplace, x, w, rstd, dy_inplace, &dw2);  // dx aliases dy
+  EXPECT_EQ(dy_inplace.to_float_vector(), dx.to_float_vector());
+  EXPECT_EQ(dw2.to_float_vector(), dw.to_float_vector());
 }
 
 TEST(RmsNorm, ErrorsNameTheTensor) {

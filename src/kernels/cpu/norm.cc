@@ -29,9 +29,9 @@ void rmsnorm_backward(const float* dy, const float* x, const float* w, const flo
     float dot = 0.0f;
     for (int64_t j = 0; j < h; ++j) dot += dyr[j] * w[j] * xr[j];
     const float c = rs * rs * rs * dot / static_cast<float>(h);
-    for (int64_t j = 0; j < h; ++j) dxr[j] = rs * w[j] * dyr[j] - c * xr[j];
-    if (dw)
+    if (dw)  // before dx, so that dx may alias dy or x
       for (int64_t j = 0; j < h; ++j) dw[j] += dyr[j] * xr[j] * rs;
+    for (int64_t j = 0; j < h; ++j) dxr[j] = rs * w[j] * dyr[j] - c * xr[j];
   }
 }
 
