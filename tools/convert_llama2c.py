@@ -2,7 +2,7 @@
 """Convert a llama2.c checkpoint + tokenizer to the Hugging Face layout (Python 3 stdlib only).
 
     convert_llama2c.py MODEL.bin TOKENIZER.bin OUT_DIR     # config.json, model.safetensors, tokenizer files
-    convert_llama2c.py --tokenizer-only TOKENIZER.bin OUT_DIR
+    convert_llama2c.py --tokenizer-only TOKENIZER.bin|TOKENIZER.model OUT_DIR  # tokenizer files only
 
 Writes OUT_DIR/config.json (LlamaForCausalLM), OUT_DIR/model.safetensors (F32, Hugging Face tensor
 names), OUT_DIR/tokenizer.json (sentencepiece-style BPE with byte fallback) and tokenizer_config.json.
@@ -76,6 +76,65 @@ def read_tokenizer_bin(path, vocab_size=None):
     return out
 
 
+def _varint(data, off):
+    v = shift = 0
+    while True:
+        b = data[off]
+        off += 1
+        v |= (b & 0x7F) << shift
+        shift += 7
+        if b < 0x80:
+            return v, off
+
+
+def _proto_fields(data):
+    """Yields (field number, wire type, value) of one protobuf message (value: int or bytes)."""
+    off = 0
+    while off < len(data):
+        key, off = _varint(data, off)
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            v, off = _varint(data, off)
+        elif wire == 1:
+            v, off = data[off:off + 8], off + 8
+        elif wire == 2:
+            n, off = _varint(data, off)
+            v, off = data[off:off + n], off + n
+        elif wire == 5:
+            v, off = data[off:off + 4], off + 4
+        else:
+            raise SystemExit(f"unsupported protobuf wire type {wire}")
+        yield field, wire, v
+
+
+def read_sentencepiece_model(path):
+    """Returns [(piece, score, type)] of a sentencepiece ModelProto (sentencepiece_model.proto:
+    ModelProto.pieces = 1; SentencePiece.piece = 1, score = 2, type = 3 with NORMAL 1, UNKNOWN 2,
+    CONTROL 3, USER_DEFINED 4, UNUSED 5, BYTE 6). Only BPE models (trainer_spec.model_type 2)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    pieces = []
+    model_type = 1
+    for field, wire, v in _proto_fields(data):
+        if field == 1 and wire == 2:
+            piece, score, typ = "", 0.0, 1
+            for f2, w2, v2 in _proto_fields(v):
+                if f2 == 1:
+                    piece = v2.decode("utf-8")
+                elif f2 == 2:
+                    score = struct.unpack("<f", v2)[0]
+                elif f2 == 3:
+                    typ = v2
+            pieces.append((piece, score, typ))
+        elif field == 2 and wire == 2:  # trainer_spec
+            for f2, w2, v2 in _proto_fields(v):
+                if f2 == 3:
+                    model_type = v2
+    if model_type != 2:
+        raise SystemExit(f"{path}: sentencepiece model type {model_type} is not BPE (2)")
+    return pieces
+
+
 def generate_merges(pieces):
     """transformers' SentencePieceExtractor.extract / generate_merges with vocab_scores given."""
     vocab = {}
@@ -94,15 +153,17 @@ def generate_merges(pieces):
     return [[m[0], m[1]] for m in merges]
 
 
-def tokenizer_json(pieces):
-    special = [(i, p) for i, (p, _) in enumerate(pieces) if p in ("<unk>", "<s>", "</s>")]
+def tokenizer_json(pieces, added=None):
+    """pieces: [(piece, score)]; added: [(id, content, special)], by default <unk>, <s>, </s>."""
+    if added is None:
+        added = [(i, p, True) for i, (p, _) in enumerate(pieces) if p in ("<unk>", "<s>", "</s>")]
     return {
         "version": "1.0",
         "truncation": None,
         "padding": None,
         "added_tokens": [
             {"id": i, "content": p, "single_word": False, "lstrip": False, "rstrip": False,
-             "normalized": False, "special": True} for i, p in special],
+             "normalized": False, "special": sp} for i, p, sp in added],
         "normalizer": {"type": "Sequence", "normalizers": [
             {"type": "Prepend", "prepend": SPIECE_SPACE},
             {"type": "Replace", "pattern": {"String": " "}, "content": SPIECE_SPACE}]},
@@ -143,8 +204,16 @@ def write_json(path, obj):
 
 
 def write_tokenizer(tok_path, out_dir, vocab_size=None, max_len=None):
-    pieces = read_tokenizer_bin(tok_path, vocab_size)
-    write_json(os.path.join(out_dir, "tokenizer.json"), tokenizer_json(pieces))
+    """Converts a llama2.c tokenizer.bin, or a sentencepiece BPE *.model (control pieces become special
+    added tokens, user-defined pieces plain added tokens, as transformers' converter does)."""
+    if tok_path.endswith(".model") or ".model." in os.path.basename(tok_path):
+        spm = read_sentencepiece_model(tok_path)
+        pieces = [(p, s) for p, s, _ in spm]
+        added = [(i, p, t == 3 or t == 2) for i, (p, _, t) in enumerate(spm) if t in (2, 3, 4)]
+        write_json(os.path.join(out_dir, "tokenizer.json"), tokenizer_json(pieces, added))
+    else:
+        pieces = read_tokenizer_bin(tok_path, vocab_size)
+        write_json(os.path.join(out_dir, "tokenizer.json"), tokenizer_json(pieces))
     write_json(os.path.join(out_dir, "tokenizer_config.json"), tokenizer_config(max_len or 4096))
     return pieces
 
