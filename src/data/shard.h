@@ -85,29 +85,37 @@ struct ShardMeta {
   int64_t chunk = -1;
 };
 
-/// Writes one shard: samples are appended in memory (as bf16) and the file is written by close()
-/// to "<path>.tmp" (a stale one is overwritten), then renamed to `path`. Serial HDF5, one writer per
-/// shard. Deterministic bytes: no object timestamps, contiguous layout, no compression.
+/// Writes one shard. The constructor creates "<path>.tmp" (a stale one is overwritten) with every
+/// dataset sized from `sample_lengths` (the token count of each sample, in order); add() writes one
+/// sample's rows (as bf16) straight to the file, so memory stays at one sample; close() writes the index
+/// datasets, closes the file and renames it to `path`. Serial HDF5, one writer per shard.
+/// Deterministic bytes: no object timestamps, contiguous layout, no compression, no fill values.
+/// A writer destroyed without close() removes its .tmp file.
 class ShardWriter {
  public:
-  ShardWriter(std::string path, ShardMeta meta);
-  /// Appends a sample. ids/loss_mask [T]; aux_hidden [T, 3H] and final_hidden [T, H] F32 (rounded to
-  /// bf16, nearest even) or BF16. Throws aerie::Error on mismatched shapes or dtypes.
+  ShardWriter(std::string path, ShardMeta meta, std::vector<int64_t> sample_lengths);
+  ~ShardWriter();
+  ShardWriter(const ShardWriter&) = delete;
+  ShardWriter& operator=(const ShardWriter&) = delete;
+
+  /// Appends the next sample (the k-th call writes sample k of sample_lengths). ids/loss_mask [T];
+  /// aux_hidden [T, 3H] and final_hidden [T, H], F32 (rounded to bf16, nearest even) or BF16.
+  /// Throws aerie::Error on mismatched lengths, shapes or dtypes, or too many samples.
   void add(int64_t sample_index, const std::vector<int32_t>& ids, const std::vector<uint8_t>& loss_mask,
            const Tensor& aux_hidden, const Tensor& final_hidden);
-  /// Writes "<path>.tmp", closes it and renames it to `path`. Throws aerie::Error on I/O failure.
+  /// Writes the index datasets, closes "<path>.tmp" and renames it to `path`. Throws aerie::Error if
+  /// fewer samples than announced were added, or on I/O failure.
   void close();
-  int64_t num_samples() const { return static_cast<int64_t>(sample_index_.size()); }
-  int64_t num_tokens() const { return static_cast<int64_t>(ids_.size()); }
+  int64_t num_samples_added() const { return static_cast<int64_t>(sample_index_.size()); }
 
  private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
   std::string path_;
   ShardMeta meta_;
-  std::vector<int64_t> sample_index_, offsets_{0};
+  std::vector<int64_t> lengths_, offsets_, sample_index_;
   std::vector<int32_t> ids_;
   std::vector<uint8_t> mask_;
-  std::vector<uint16_t> aux_, final_;  // bf16 bits, row-major
-  bool closed_ = false;
 };
 
 }  // namespace aerie

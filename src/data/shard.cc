@@ -1,0 +1,256 @@
+// Hidden-state shard files (format "aerie.hidden_states" v1): writer and reader. See shard.h and
+// docs/formats.md.
+#include "data/shard.h"
+
+#include <fcntl.h>
+#include <hdf5.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+
+#include "core/error.h"
+#include "io/h5.h"
+
+namespace aerie {
+
+namespace fs = std::filesystem;
+
+std::string shard_file_name(int64_t chunk) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "shard-%05lld.h5", static_cast<long long>(chunk));
+  return buf;
+}
+
+std::vector<std::string> list_shards(const std::string& dir) {
+  AERIE_CHECK(fs::is_directory(dir), "list_shards: " << dir << " is not a directory");
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (!e.is_regular_file()) continue;
+    std::string name = e.path().filename().string();
+    if (name.rfind("shard-", 0) == 0 && name.size() > 9 && name.substr(name.size() - 3) == ".h5")
+      out.push_back(e.path().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------- writer
+
+namespace {
+// A new contiguous dataset of `shape` in `f`, created WITHOUT object timestamps
+// (H5Pset_obj_track_times(false)) and without fill values (every row gets written), so that equal
+// content gives equal file bytes. io/h5's create_dataset keeps HDF5's default (timestamps on), so the
+// dataset is created here and opened through io/h5 for the writes. BF16 is uint16 + dtype="bfloat16".
+h5::Dataset create_untimed(h5::File& f, const std::string& name, DType dtype, const Shape& shape) {
+  hid_t type = -1;
+  switch (dtype) {
+    case DType::BF16: type = H5T_STD_U16LE; break;
+    case DType::I32: type = H5T_STD_I32LE; break;
+    case DType::I64: type = H5T_STD_I64LE; break;
+    case DType::U8: type = H5T_STD_U8LE; break;
+    case DType::F32: type = H5T_IEEE_F32LE; break;
+  }
+  std::vector<hsize_t> dims(shape.begin(), shape.end());
+  hid_t space = H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr);
+  hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+  bool ok = space >= 0 && dcpl >= 0 && H5Pset_obj_track_times(dcpl, false) >= 0 &&
+            H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER) >= 0;
+  hid_t d = ok ? H5Dcreate2(f.id(), name.c_str(), type, space, H5P_DEFAULT, dcpl, H5P_DEFAULT) : -1;
+  if (d >= 0) H5Dclose(d);
+  if (dcpl >= 0) H5Pclose(dcpl);
+  if (space >= 0) H5Sclose(space);
+  AERIE_CHECK(d >= 0, "HDF5: cannot create dataset " << f.file_path() << ":/" << name << " " << shape_str(shape));
+  h5::Dataset ds = f.open_dataset(name);
+  if (dtype == DType::BF16) ds.set_string_attr("dtype", "bfloat16");
+  return ds;
+}
+
+// `t` ([rows, cols], F32 or BF16) as a BF16 tensor (F32 rounded to nearest even).
+Tensor as_bf16(const Tensor& t, int64_t rows, int64_t cols, const std::string& what) {
+  t.check_shape({rows, cols}, what);
+  if (t.dtype() == DType::BF16) return t;
+  AERIE_CHECK(t.dtype() == DType::F32, what << ": F32 or BF16 expected, got " << dtype_name(t.dtype()));
+  return t.to(DType::BF16);
+}
+
+// Flushes a closed file's data to disk, so that after the rename a crash cannot leave a shard-*.h5 name
+// pointing at incomplete data.
+void fsync_file(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  AERIE_CHECK(fd >= 0, "cannot open " << path << " for fsync");
+  int rc = ::fsync(fd);
+  ::close(fd);
+  AERIE_CHECK(rc == 0, "fsync of " << path << " failed");
+}
+}  // namespace
+
+struct ShardWriter::Impl {
+  h5::File file;
+  h5::Dataset aux, fin;
+  int64_t H = 0;
+};
+
+ShardWriter::ShardWriter(std::string path, ShardMeta meta, std::vector<int64_t> sample_lengths)
+    : impl_(std::make_unique<Impl>()), path_(std::move(path)), meta_(std::move(meta)),
+      lengths_(std::move(sample_lengths)) {
+  AERIE_CHECK(meta_.hidden_size > 0, "ShardWriter " << path_ << ": hidden_size must be > 0");
+  AERIE_CHECK(meta_.aux_layers.size() == 3, "ShardWriter " << path_ << ": 3 aux layers expected, got "
+                                                           << meta_.aux_layers.size());
+  offsets_.push_back(0);
+  for (int64_t n : lengths_) {
+    AERIE_CHECK(n > 0, "ShardWriter " << path_ << ": empty sample");
+    offsets_.push_back(offsets_.back() + n);
+  }
+  const int64_t T = offsets_.back(), H = meta_.hidden_size;
+  impl_->H = H;
+  // Serial file (one writer per shard). Objects are created in a fixed order, contiguous, without
+  // compression: the same calls give the same bytes.
+  impl_->file = h5::File::create(path_ + ".tmp");
+  impl_->aux = create_untimed(impl_->file, "aux_hidden_states", DType::BF16, {T, 3 * H});
+  impl_->fin = create_untimed(impl_->file, "final_hidden_states", DType::BF16, {T, H});
+  ids_.reserve(static_cast<size_t>(T));
+  mask_.reserve(static_cast<size_t>(T));
+}
+
+ShardWriter::~ShardWriter() {
+  if (impl_ && impl_->file.valid()) {  // not closed: an exception unwound past the writer
+    impl_->aux = h5::Dataset();
+    impl_->fin = h5::Dataset();
+    impl_->file = h5::File();
+    std::error_code ec;
+    fs::remove(path_ + ".tmp", ec);
+  }
+}
+
+void ShardWriter::add(int64_t sample_index, const std::vector<int32_t>& ids, const std::vector<uint8_t>& loss_mask,
+                      const Tensor& aux_hidden, const Tensor& final_hidden) {
+  const size_t k = sample_index_.size();
+  AERIE_CHECK(impl_->file.valid(), "ShardWriter " << path_ << ": add after close");
+  AERIE_CHECK(k < lengths_.size(), "ShardWriter " << path_ << ": more than the announced " << lengths_.size()
+                                                  << " samples");
+  const int64_t T = lengths_[k], H = impl_->H;
+  AERIE_CHECK(static_cast<int64_t>(ids.size()) == T && static_cast<int64_t>(loss_mask.size()) == T,
+              "ShardWriter " << path_ << ": sample " << sample_index << " has " << ids.size() << " ids and "
+                             << loss_mask.size() << " mask values, announced " << T);
+  std::string what = path_ + " sample " + std::to_string(sample_index);
+  impl_->aux.write_rows(offsets_[k], as_bf16(aux_hidden, T, 3 * H, what + " aux_hidden"));
+  impl_->fin.write_rows(offsets_[k], as_bf16(final_hidden, T, H, what + " final_hidden"));
+  sample_index_.push_back(sample_index);
+  ids_.insert(ids_.end(), ids.begin(), ids.end());
+  mask_.insert(mask_.end(), loss_mask.begin(), loss_mask.end());
+}
+
+void ShardWriter::close() {
+  AERIE_CHECK(impl_->file.valid(), "ShardWriter " << path_ << ": closed twice");
+  AERIE_CHECK(sample_index_.size() == lengths_.size(), "ShardWriter " << path_ << ": " << sample_index_.size()
+                                                                      << " of " << lengths_.size()
+                                                                      << " samples added before close");
+  h5::File& f = impl_->file;
+  const int64_t T = offsets_.back(), n = static_cast<int64_t>(lengths_.size());
+  auto put = [&](const char* name, const Tensor& t) { create_untimed(f, name, t.dtype(), t.shape()).write(t); };
+  put("input_ids", Tensor::from_vector(ids_, {T}));
+  put("loss_mask", Tensor::from_vector(mask_, {T}));
+  put("sample_offsets", Tensor::from_vector(offsets_, {n + 1}));
+  put("sample_index", Tensor::from_vector(sample_index_, {n}));
+  f.set_string_attr("format", kShardFormat);
+  f.set_int_attr("format_version", kShardFormatVersion);
+  f.set_string_attr("target_model", meta_.target_model);
+  f.set_ints_attr("aux_layers", std::vector<int64_t>(meta_.aux_layers.begin(), meta_.aux_layers.end()));
+  f.set_string_attr("aux_layer_convention", kAuxLayerConvention);
+  f.set_int_attr("hidden_size", meta_.hidden_size);
+  f.set_int_attr("num_hidden_layers", meta_.num_hidden_layers);
+  f.set_string_attr("dtype", "bfloat16");
+  f.set_int_attr("num_samples", n);
+  f.set_int_attr("num_tokens", T);
+  f.set_int_attr("chunk", meta_.chunk);
+  impl_->aux = h5::Dataset();
+  impl_->fin = h5::Dataset();
+  f.close();
+  impl_->file = h5::File();
+  fsync_file(path_ + ".tmp");
+  std::error_code ec;
+  fs::rename(path_ + ".tmp", path_, ec);
+  AERIE_CHECK(!ec, "ShardWriter: cannot rename " << path_ << ".tmp to " << path_ << ": " << ec.message());
+}
+
+// ---------------------------------------------------------------------------------------------- reader
+
+struct ShardReader::Impl {
+  h5::File file;
+  h5::Dataset aux, fin;
+  std::vector<int64_t> offsets, sample_index;
+  std::vector<int32_t> ids;
+  std::vector<uint8_t> mask;
+};
+
+ShardReader::ShardReader(const std::string& path) : impl_(std::make_unique<Impl>()) {
+  info_.path = path;
+  AERIE_CHECK(fs::is_regular_file(path), "shard " << path << ": no such file");
+  Impl& m = *impl_;
+  m.file = h5::File::open(path);
+  std::string format = m.file.has_attr("format") ? m.file.string_attr("format") : "(none)";
+  AERIE_CHECK(format == kShardFormat, "shard " << path << ": format is '" << format << "', expected '"
+                                               << kShardFormat << "'");
+  int64_t version = m.file.int_attr("format_version");
+  AERIE_CHECK(version == kShardFormatVersion, "shard " << path << ": format_version " << version
+                                                       << ", this build reads " << kShardFormatVersion);
+  info_.num_samples = m.file.int_attr("num_samples");
+  info_.num_tokens = m.file.int_attr("num_tokens");
+  info_.hidden_size = m.file.int_attr("hidden_size");
+  info_.num_hidden_layers = m.file.int_attr("num_hidden_layers");
+  info_.chunk = m.file.int_attr("chunk");
+  info_.target_model = m.file.string_attr("target_model");
+  for (int64_t a : m.file.ints_attr("aux_layers")) info_.aux_layers.push_back(static_cast<int>(a));
+  const int64_t n = info_.num_samples, T = info_.num_tokens, H = info_.hidden_size;
+
+  auto small = [&](const char* name, const Shape& want) {
+    h5::Dataset d = m.file.open_dataset(name);
+    AERIE_CHECK(d.shape() == want, "shard " << path << ": dataset " << name << " has shape "
+                                            << shape_str(d.shape()) << ", expected " << shape_str(want));
+    return d;
+  };
+  m.offsets = small("sample_offsets", {n + 1}).read_vector<int64_t>();
+  m.sample_index = small("sample_index", {n}).read_vector<int64_t>();
+  m.ids = small("input_ids", {T}).read_vector<int32_t>();
+  m.mask = small("loss_mask", {T}).read_vector<uint8_t>();
+  AERIE_CHECK(m.offsets.front() == 0 && m.offsets.back() == T,
+              "shard " << path << ": sample_offsets run from " << m.offsets.front() << " to " << m.offsets.back()
+                       << ", expected 0 to num_tokens " << T);
+  for (int64_t i = 0; i < n; ++i)
+    AERIE_CHECK(m.offsets[i] <= m.offsets[i + 1], "shard " << path << ": sample_offsets decrease at " << i);
+  m.aux = small("aux_hidden_states", {T, 3 * H});
+  m.fin = small("final_hidden_states", {T, H});
+  AERIE_CHECK(m.aux.dtype() == DType::BF16 && m.fin.dtype() == DType::BF16,
+              "shard " << path << ": hidden states are not bfloat16 (uint16 with attribute dtype=\"bfloat16\")");
+}
+
+ShardReader::~ShardReader() = default;
+ShardReader::ShardReader(ShardReader&&) noexcept = default;
+ShardReader& ShardReader::operator=(ShardReader&&) noexcept = default;
+
+int64_t ShardReader::sample_length(int64_t i) const {
+  AERIE_CHECK(i >= 0 && i < info_.num_samples, "shard " << info_.path << ": sample " << i << " out of range [0, "
+                                                        << info_.num_samples << ")");
+  return impl_->offsets[i + 1] - impl_->offsets[i];
+}
+
+HiddenSample ShardReader::read(int64_t i) const {
+  const int64_t T = sample_length(i);
+  const Impl& m = *impl_;
+  const int64_t b = m.offsets[i];
+  HiddenSample s;
+  s.sample_index = m.sample_index[i];
+  s.ids.assign(m.ids.begin() + b, m.ids.begin() + b + T);
+  s.loss_mask.assign(m.mask.begin() + b, m.mask.begin() + b + T);
+  try {
+    s.aux_hidden = m.aux.read_rows(b, b + T).to(DType::F32);
+    s.final_hidden = m.fin.read_rows(b, b + T).to(DType::F32);
+  } catch (const Error& e) {
+    AERIE_THROW("shard " << info_.path << " sample " << i << ": " << e.what());
+  }
+  return s;
+}
+
+}  // namespace aerie

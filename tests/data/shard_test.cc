@@ -1,0 +1,224 @@
+// Shard files: write/read round trip, bf16 rounding, format checks, list_shards, deterministic bytes.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <thread>
+
+#include "data/shard.h"
+#include "io/h5.h"
+#include "test_util.h"
+
+namespace aerie {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A value pattern that is not exactly representable in bf16 (so rounding is exercised), with a
+// range of magnitudes as in real hidden states.
+float pattern(int64_t sample, int64_t t, int64_t j) {
+  return std::sin(0.37f * static_cast<float>(sample * 1000 + t * 31 + j)) * std::pow(10.0f, (j % 5) - 2.0f) +
+         1e-3f * static_cast<float>(j);
+}
+
+struct Sample {
+  int64_t index;
+  std::vector<int32_t> ids;
+  std::vector<uint8_t> mask;
+  Tensor aux, fin;
+};
+
+Sample make_sample(int64_t index, int64_t T, int64_t H) {
+  Sample s{index, {}, {}, Tensor::empty({T, 3 * H}, DType::F32), Tensor::empty({T, H}, DType::F32)};
+  for (int64_t t = 0; t < T; ++t) {
+    s.ids.push_back(static_cast<int32_t>((index * 7 + t * 3) % 500));
+    s.mask.push_back(static_cast<uint8_t>((t + index) % 3 != 0));
+    for (int64_t j = 0; j < 3 * H; ++j) s.aux.data<float>()[t * 3 * H + j] = pattern(index, t, j);
+    for (int64_t j = 0; j < H; ++j) s.fin.data<float>()[t * H + j] = pattern(index + 100, t, j);
+  }
+  return s;
+}
+
+ShardMeta test_meta(int64_t H, int64_t chunk) {
+  ShardMeta m;
+  m.target_model = "/models/test-target";
+  m.aux_layers = {1, 2, 4};
+  m.hidden_size = H;
+  m.num_hidden_layers = 5;
+  m.chunk = chunk;
+  return m;
+}
+
+std::vector<Sample> write_shard(const std::string& path, int64_t H, int64_t chunk,
+                                const std::vector<int64_t>& lengths, int64_t first_index) {
+  std::vector<Sample> samples;
+  ShardWriter w(path, test_meta(H, chunk), lengths);
+  for (size_t k = 0; k < lengths.size(); ++k) {
+    samples.push_back(make_sample(first_index + static_cast<int64_t>(k), lengths[k], H));
+    const Sample& s = samples.back();
+    w.add(s.index, s.ids, s.mask, s.aux, s.fin);
+  }
+  w.close();
+  return samples;
+}
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+TEST(Shard, RoundTripRoundsToBf16) {
+  const std::string dir = testing::scratch_dir("shard_round_trip");
+  const std::string path = dir + "/" + shard_file_name(3);
+  EXPECT_EQ(shard_file_name(3), "shard-00003.h5");
+  const int64_t H = 8;
+  auto samples = write_shard(path, H, 3, {5, 1, 7}, 192);
+  EXPECT_FALSE(fs::exists(path + ".tmp"));
+
+  ShardReader r(path);
+  const ShardInfo& info = r.info();
+  EXPECT_EQ(info.path, path);
+  EXPECT_EQ(info.num_samples, 3);
+  EXPECT_EQ(info.num_tokens, 13);
+  EXPECT_EQ(info.hidden_size, H);
+  EXPECT_EQ(info.num_hidden_layers, 5);
+  EXPECT_EQ(info.chunk, 3);
+  EXPECT_EQ(info.aux_layers, (std::vector<int>{1, 2, 4}));
+  EXPECT_EQ(info.target_model, "/models/test-target");
+  EXPECT_EQ(r.sample_length(2), 7);
+  for (int64_t i = 0; i < 3; ++i) {
+    HiddenSample h = r.read(i);
+    const Sample& s = samples[static_cast<size_t>(i)];
+    EXPECT_EQ(h.sample_index, s.index);
+    EXPECT_EQ(h.ids, s.ids);
+    EXPECT_EQ(h.loss_mask, s.mask);
+    ASSERT_EQ(h.aux_hidden.dtype(), DType::F32);
+    ASSERT_EQ(h.aux_hidden.shape(), (Shape{s.aux.dim(0), 3 * H}));
+    ASSERT_EQ(h.final_hidden.shape(), (Shape{s.fin.dim(0), H}));
+    // Stored as bf16: the read values are exactly the round-to-nearest-even bf16 of the written fp32.
+    auto aux = h.aux_hidden.to_float_vector(), fin = h.final_hidden.to_float_vector();
+    auto aux_ref = s.aux.to_float_vector(), fin_ref = s.fin.to_float_vector();
+    int changed = 0;
+    for (size_t j = 0; j < aux.size(); ++j) {
+      ASSERT_EQ(aux[j], round_bf16(aux_ref[j])) << "sample " << i << " aux[" << j << "]";
+      changed += aux[j] != aux_ref[j];
+      // bf16 keeps 8 significant bits: rounding to nearest changes a value by at most 2^-8 of it.
+      ASSERT_LE(std::fabs(aux[j] - aux_ref[j]), std::ldexp(std::fabs(aux_ref[j]), -8));
+    }
+    for (size_t j = 0; j < fin.size(); ++j) ASSERT_EQ(fin[j], round_bf16(fin_ref[j])) << "final[" << j << "]";
+    EXPECT_GT(changed, 0);  // the pattern really is not bf16-exact
+  }
+  EXPECT_THROW(r.read(3), Error);
+  EXPECT_THROW(r.read(-1), Error);
+}
+
+TEST(Shard, Bf16InputStoredAsIs) {
+  const std::string path = testing::scratch_dir("shard_bf16_in") + "/shard-00000.h5";
+  const int64_t H = 4, T = 3;
+  Sample s = make_sample(0, T, H);
+  ShardWriter w(path, test_meta(H, 0), {T});
+  w.add(0, s.ids, s.mask, s.aux.to(DType::BF16), s.fin.to(DType::BF16));
+  w.close();
+  HiddenSample h = ShardReader(path).read(0);
+  EXPECT_EQ(h.aux_hidden.to_float_vector(), s.aux.to(DType::BF16).to_float_vector());
+}
+
+TEST(Shard, StoredLayoutIsTheDocumentedOne) {
+  // What docs/formats.md promises to h5py users: uint16 bits with dtype="bfloat16", attributes.
+  const std::string path = testing::scratch_dir("shard_layout") + "/shard-00001.h5";
+  const int64_t H = 4;
+  auto samples = write_shard(path, H, 1, {2, 3}, 64);
+  h5::File f = h5::File::open(path);
+  EXPECT_EQ(f.string_attr("format"), "aerie.hidden_states");
+  EXPECT_EQ(f.int_attr("format_version"), 1);
+  EXPECT_EQ(f.string_attr("dtype"), "bfloat16");
+  EXPECT_EQ(f.string_attr("aux_layer_convention"), kAuxLayerConvention);
+  EXPECT_EQ(f.int_attr("num_tokens"), 5);
+  h5::Dataset aux = f.open_dataset("aux_hidden_states");
+  EXPECT_EQ(aux.string_attr("dtype"), "bfloat16");
+  EXPECT_EQ(aux.shape(), (Shape{5, 3 * H}));
+  EXPECT_EQ(f.open_dataset("sample_offsets").read_vector<int64_t>(), (std::vector<int64_t>{0, 2, 5}));
+  EXPECT_EQ(f.open_dataset("sample_index").read_vector<int64_t>(), (std::vector<int64_t>{64, 65}));
+  // Row 2 of the file is row 0 of the second sample.
+  Tensor row = aux.read_rows(2, 3);
+  EXPECT_EQ(row.dtype(), DType::BF16);
+  EXPECT_EQ(row.data<bf16>()[5].bits, bf16::from_float(samples[1].aux.data<float>()[5]));
+}
+
+TEST(Shard, SameInputGivesSameBytes) {
+  const std::string dir = testing::scratch_dir("shard_bytes");
+  write_shard(dir + "/a.h5", 8, 0, {4, 6}, 0);
+  // HDF5 stores object times in whole seconds: write the second file in another second.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  write_shard(dir + "/b.h5", 8, 0, {4, 6}, 0);
+  std::string a = read_bytes(dir + "/a.h5"), b = read_bytes(dir + "/b.h5");
+  ASSERT_FALSE(a.empty());
+  EXPECT_TRUE(a == b) << "two writes of the same shard differ (timestamps?)";
+}
+
+TEST(Shard, WrongFormatOrVersionNamesTheFile) {
+  const std::string dir = testing::scratch_dir("shard_format");
+  {
+    h5::File f = h5::File::create(dir + "/other.h5");
+    f.set_string_attr("format", "aerie.prepared");
+    f.set_int_attr("format_version", 1);
+  }
+  try {
+    ShardReader r(dir + "/other.h5");
+    FAIL() << "no error for another format";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(dir + "/other.h5"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("aerie.prepared"), std::string::npos) << e.what();
+  }
+  write_shard(dir + "/v2.h5", 4, 0, {2}, 0);
+  {
+    h5::File f = h5::File::open(dir + "/v2.h5", h5::Access::ReadWrite);
+    f.set_int_attr("format_version", 2);
+  }
+  try {
+    ShardReader r(dir + "/v2.h5");
+    FAIL() << "no error for version 2";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(dir + "/v2.h5"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("format_version 2"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(ShardReader(dir + "/missing.h5"), Error);
+}
+
+TEST(Shard, WriterChecksShapesAndCount) {
+  const std::string dir = testing::scratch_dir("shard_writer_checks");
+  const int64_t H = 4;
+  Sample s = make_sample(0, 3, H);
+  {
+    ShardWriter w(dir + "/shard-00000.h5", test_meta(H, 0), {3, 2});
+    EXPECT_THROW(w.add(0, s.ids, s.mask, s.aux.reshape({3 * H * 3 / H, H}), s.fin), Error);  // aux [9, H]
+    EXPECT_THROW(w.add(0, s.ids, s.mask, s.aux, s.aux), Error);                              // final 3H wide
+    w.add(0, s.ids, s.mask, s.aux, s.fin);
+    EXPECT_THROW(w.add(1, s.ids, s.mask, s.aux, s.fin), Error);  // announced 2 tokens, got 3
+    EXPECT_THROW(w.close(), Error);                              // 1 of 2 samples
+    EXPECT_TRUE(fs::exists(dir + "/shard-00000.h5.tmp"));
+  }
+  // A writer destroyed before close leaves neither the shard nor its .tmp.
+  EXPECT_FALSE(fs::exists(dir + "/shard-00000.h5.tmp"));
+  EXPECT_FALSE(fs::exists(dir + "/shard-00000.h5"));
+}
+
+TEST(Shard, ListShardsIgnoresTmpAndOtherFiles) {
+  const std::string dir = testing::scratch_dir("shard_list");
+  write_shard(dir + "/shard-00002.h5", 4, 2, {1}, 2);
+  write_shard(dir + "/shard-00000.h5", 4, 0, {1}, 0);
+  std::ofstream(dir + "/shard-00001.h5.tmp") << "partial";
+  std::ofstream(dir + "/notes.txt") << "x";
+  std::ofstream(dir + "/prepared.h5") << "x";
+  fs::create_directories(dir + "/shard-00009.h5.d");
+  auto shards = list_shards(dir);
+  ASSERT_EQ(shards.size(), 2u);
+  EXPECT_EQ(shards[0], dir + "/shard-00000.h5");
+  EXPECT_EQ(shards[1], dir + "/shard-00002.h5");
+  EXPECT_THROW(list_shards(dir + "/nope"), Error);
+}
+
+}  // namespace
+}  // namespace aerie
