@@ -27,10 +27,19 @@ struct DraftConfig {
   RopeParams rope;
   nlohmann::json rope_scaling;  // copied verbatim from the target's config.json (null if absent)
   std::vector<int> aux_layers;  // aerie convention: input of layer k (vLLM's)
+  int64_t target_num_hidden_layers = 0;  // N of the target (0 if unknown): decides whether aux_layers is default
 
   /// Copies width, heads, MLP width, eps, RoPE and max positions from the target (eagle3.md 3).
+  /// Throws aerie::Error unless 0 < draft_vocab_size <= V and aux_layers has 3 ids in [0, N].
   static DraftConfig from_target(const LlamaConfig& target, int64_t draft_vocab_size, std::vector<int> aux_layers);
+  /// The export config.json of eagle3.md section 5 (LlamaForCausalLMEagle3, torch_dtype bfloat16,
+  /// target_hidden_size only when it differs, eagle_config.eagle_aux_hidden_state_layer_ids only when
+  /// aux_layers is not the default of target_num_hidden_layers) plus an "aerie" object holding
+  /// aux_layers (aerie's input-of-layer-k convention), its convention and target_num_hidden_layers,
+  /// so that from_json restores every field exactly.
   nlohmann::json to_json() const;
+  /// Reads to_json's output, or a plain LlamaForCausalLMEagle3 config.json (aux layers then from
+  /// eagle_config, else empty). Throws aerie::Error naming the missing/malformed field.
   static DraftConfig from_json(const nlohmann::json& j);
 };
 
@@ -89,8 +98,17 @@ std::vector<int64_t> ttt_valid_counts(const TTTSample& s, const std::vector<uint
 /// also the backward, ADDING d(sum_k step_weight[k] * loss_sum_k)/dw into *grads
 /// (step_weight[k] = 0.8^k / global valid_k for the eagle3.md loss). embed_tokens: the target's
 /// [V, H] (frozen). Attention: step-0 causal + the diagonal, never a T x T matrix.
+/// Rows: step k computes rows t = 0 .. T-2-k only (those whose input token x_{t+k+1} exists). The
+/// others are exactly dead: they are never valid nor counted by acc_k (both need t+k+2 <= T-1), later
+/// steps read only rows t' < T-2-k of step k (their own row through h and the diagonal), and the
+/// step-0 keys of a row t are attended only by rows >= t. So skipping them changes nothing.
+/// The hidden passed to step k+1 is NOT detached (SpecForge llama3_eagle: hidden_states = the layer
+/// output, gradients flow back through all steps). step_logits (optional): receives per step the
+/// draft logits [T-1-k, K] F32 (an empty [0, K] tensor when the step has no row). Throws aerie::Error
+/// on inconsistent shapes (sample vs config, d2t/t2d sizes, step_weight shorter than num_steps).
 TTTStats ttt_forward_backward(const DraftConfig& cfg, const DraftWeights& w, const Tensor& embed_tokens,
                               const TTTSample& s, const std::vector<int64_t>& d2t, const std::vector<uint8_t>& t2d,
-                              int num_steps, const std::vector<double>& step_weight, DraftWeights* grads);
+                              int num_steps, const std::vector<double>& step_weight, DraftWeights* grads,
+                              std::vector<Tensor>* step_logits = nullptr);
 
 }  // namespace aerie

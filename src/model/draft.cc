@@ -1,0 +1,260 @@
+// DraftConfig (from the target, to/from the export config.json), DraftWeights (names, zeros, init),
+// the TTT sample (target distribution from the stored final hidden states) and the valid counts.
+// Math: /work/shared/docs/eagle3.md sections 2-5.
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "kernels/gemm.h"
+#include "kernels/loss.h"
+#include "model/draft.h"
+
+namespace aerie {
+
+namespace {
+
+RopeParams rope_from_json(const nlohmann::json& j) {
+  RopeParams r;
+  r.theta = j.value("rope_theta", 10000.0);
+  auto it = j.find("rope_scaling");
+  if (it == j.end() || it->is_null()) return r;
+  const auto& s = *it;
+  AERIE_CHECK(s.is_object(), "draft config: rope_scaling must be an object or null");
+  std::string type = s.value("rope_type", s.value("type", std::string("default")));
+  r.type = type;
+  if (type == "llama3") {
+    r.factor = s.at("factor").get<double>();
+    r.low_freq_factor = s.value("low_freq_factor", 1.0);
+    r.high_freq_factor = s.value("high_freq_factor", 4.0);
+    r.original_max_position_embeddings = s.value("original_max_position_embeddings", int64_t{8192});
+  } else {
+    AERIE_CHECK(type == "default", "draft config: rope_scaling type '" << type << "' is not supported");
+  }
+  return r;
+}
+
+int64_t get_int(const nlohmann::json& j, const char* key) {
+  auto it = j.find(key);
+  AERIE_CHECK(it != j.end() && it->is_number_integer(), "draft config: missing or non-integer field '" << key << "'");
+  return it->get<int64_t>();
+}
+
+// Deterministic U(-bound, bound) from mt19937_64, independent of the standard library's distributions
+// (std::uniform_real_distribution is implementation-defined): 53 random bits -> [0, 1).
+void fill_uniform(Tensor& t, double bound, std::mt19937_64& rng) {
+  float* p = t.data<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    double u = static_cast<double>(rng() >> 11) * 0x1.0p-53;
+    p[i] = static_cast<float>(bound * (2.0 * u - 1.0));
+  }
+}
+
+}  // namespace
+
+DraftConfig DraftConfig::from_target(const LlamaConfig& t, int64_t K, std::vector<int> aux_layers) {
+  AERIE_CHECK(K > 0 && K <= t.vocab_size, "draft_vocab_size " << K << " must be in (0, V = " << t.vocab_size << "]");
+  AERIE_CHECK(aux_layers.size() == 3, "draft config: need 3 aux layers, got " << aux_layers.size());
+  for (int a : aux_layers)
+    AERIE_CHECK(a >= 0 && a <= t.num_hidden_layers,
+                "draft config: aux layer " << a << " outside [0, " << t.num_hidden_layers << "]");
+  DraftConfig c;
+  c.hidden_size = t.hidden_size;
+  c.target_hidden_size = t.hidden_size;
+  c.num_attention_heads = t.num_attention_heads;
+  c.num_key_value_heads = t.num_key_value_heads;
+  c.head_dim = t.head_dim;
+  c.intermediate_size = t.intermediate_size;
+  c.vocab_size = t.vocab_size;
+  c.draft_vocab_size = K;
+  c.max_position_embeddings = t.max_position_embeddings;
+  c.rms_norm_eps = t.rms_norm_eps;
+  c.rope = t.rope;
+  c.rope_scaling = t.raw.is_object() && t.raw.contains("rope_scaling") ? t.raw["rope_scaling"] : nlohmann::json();
+  c.aux_layers = std::move(aux_layers);
+  c.target_num_hidden_layers = t.num_hidden_layers;
+  return c;
+}
+
+nlohmann::json DraftConfig::to_json() const {
+  nlohmann::json j;
+  j["architectures"] = {"LlamaForCausalLMEagle3"};
+  j["model_type"] = "llama";
+  j["hidden_size"] = hidden_size;
+  j["num_attention_heads"] = num_attention_heads;
+  j["num_key_value_heads"] = num_key_value_heads;
+  j["head_dim"] = head_dim;
+  j["intermediate_size"] = intermediate_size;
+  j["num_hidden_layers"] = 1;
+  j["rms_norm_eps"] = rms_norm_eps;
+  j["vocab_size"] = vocab_size;
+  j["draft_vocab_size"] = draft_vocab_size;
+  j["max_position_embeddings"] = max_position_embeddings;
+  j["rope_theta"] = rope.theta;
+  j["rope_scaling"] = rope_scaling;
+  j["tie_word_embeddings"] = false;
+  j["torch_dtype"] = "bfloat16";
+  j["hidden_act"] = "silu";
+  if (target_hidden_size != hidden_size) j["target_hidden_size"] = target_hidden_size;
+  bool is_default = target_num_hidden_layers > 0 && aux_layers == default_aux_layers(target_num_hidden_layers);
+  if (!aux_layers.empty() && !is_default) j["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = aux_layers;
+  j["aerie"] = {{"aux_layers", aux_layers},
+                {"aux_layer_convention", "input of decoder layer k (vLLM); SpecForge's ids are these minus 1"},
+                {"target_num_hidden_layers", target_num_hidden_layers}};
+  return j;
+}
+
+DraftConfig DraftConfig::from_json(const nlohmann::json& j) {
+  DraftConfig c;
+  c.hidden_size = get_int(j, "hidden_size");
+  c.target_hidden_size = j.contains("target_hidden_size") ? get_int(j, "target_hidden_size") : c.hidden_size;
+  c.num_attention_heads = get_int(j, "num_attention_heads");
+  c.num_key_value_heads =
+      j.contains("num_key_value_heads") ? get_int(j, "num_key_value_heads") : c.num_attention_heads;
+  c.head_dim = j.contains("head_dim") && !j["head_dim"].is_null() ? get_int(j, "head_dim")
+                                                                  : c.hidden_size / c.num_attention_heads;
+  c.intermediate_size = get_int(j, "intermediate_size");
+  c.vocab_size = get_int(j, "vocab_size");
+  c.draft_vocab_size = j.contains("draft_vocab_size") ? get_int(j, "draft_vocab_size") : c.vocab_size;
+  c.max_position_embeddings = get_int(j, "max_position_embeddings");
+  c.rms_norm_eps = j.value("rms_norm_eps", 1e-5);
+  c.rope = rope_from_json(j);
+  c.rope_scaling = j.contains("rope_scaling") ? j["rope_scaling"] : nlohmann::json();
+  if (j.contains("aerie")) {
+    const auto& a = j["aerie"];
+    c.aux_layers = a.value("aux_layers", std::vector<int>{});
+    c.target_num_hidden_layers = a.value("target_num_hidden_layers", int64_t{0});
+  } else if (j.contains("eagle_config") && j["eagle_config"].contains("eagle_aux_hidden_state_layer_ids")) {
+    c.aux_layers = j["eagle_config"]["eagle_aux_hidden_state_layer_ids"].get<std::vector<int>>();
+  }
+  AERIE_CHECK(c.num_key_value_heads > 0 && c.num_attention_heads % c.num_key_value_heads == 0,
+              "draft config: num_attention_heads " << c.num_attention_heads << " not a multiple of num_key_value_heads "
+                                                   << c.num_key_value_heads);
+  AERIE_CHECK(c.draft_vocab_size > 0 && c.draft_vocab_size <= c.vocab_size,
+              "draft config: draft_vocab_size " << c.draft_vocab_size << " outside (0, " << c.vocab_size << "]");
+  return c;
+}
+
+std::vector<std::pair<std::string, Tensor*>> DraftWeights::named() {
+  return {{"fc.weight", &fc},
+          {"midlayer.self_attn.q_proj.weight", &q_proj},
+          {"midlayer.self_attn.k_proj.weight", &k_proj},
+          {"midlayer.self_attn.v_proj.weight", &v_proj},
+          {"midlayer.self_attn.o_proj.weight", &o_proj},
+          {"midlayer.mlp.gate_proj.weight", &gate_proj},
+          {"midlayer.mlp.up_proj.weight", &up_proj},
+          {"midlayer.mlp.down_proj.weight", &down_proj},
+          {"midlayer.input_layernorm.weight", &input_layernorm},
+          {"midlayer.hidden_norm.weight", &hidden_norm},
+          {"midlayer.post_attention_layernorm.weight", &post_attention_layernorm},
+          {"norm.weight", &norm},
+          {"lm_head.weight", &lm_head}};
+}
+
+std::vector<std::pair<std::string, const Tensor*>> DraftWeights::named() const {
+  std::vector<std::pair<std::string, const Tensor*>> out;
+  for (auto& [n, t] : const_cast<DraftWeights*>(this)->named()) out.emplace_back(n, t);
+  return out;
+}
+
+DraftWeights DraftWeights::zeros(const DraftConfig& c) {
+  const int64_t H = c.hidden_size, Ht = c.target_hidden_size, qd = c.num_attention_heads * c.head_dim,
+                kvd = c.num_key_value_heads * c.head_dim, I = c.intermediate_size, K = c.draft_vocab_size;
+  AERIE_CHECK(H > 0 && Ht > 0 && qd > 0 && kvd > 0 && I > 0 && K > 0,
+              "DraftWeights::zeros: config has a non-positive size (H " << H << ", H_t " << Ht << ", heads*d " << qd
+                                                                        << ", kv*d " << kvd << ", I " << I << ", K " << K
+                                                                        << ")");
+  DraftWeights w;
+  auto z = [](Shape s) { return Tensor::zeros(s, DType::F32); };
+  w.fc = z({H, 3 * Ht});
+  w.q_proj = z({qd, 2 * H});
+  w.k_proj = z({kvd, 2 * H});
+  w.v_proj = z({kvd, 2 * H});
+  w.o_proj = z({H, qd});
+  w.gate_proj = z({I, H});
+  w.up_proj = z({I, H});
+  w.down_proj = z({H, I});
+  w.input_layernorm = z({H});
+  w.hidden_norm = z({H});
+  w.post_attention_layernorm = z({H});
+  w.norm = z({H});
+  w.lm_head = z({K, H});
+  return w;
+}
+
+DraftWeights init_draft_weights(const DraftConfig& cfg, const Tensor& target_lm_head,
+                                const std::vector<int64_t>& selected, uint64_t seed) {
+  DraftWeights w = DraftWeights::zeros(cfg);
+  const int64_t H = cfg.hidden_size, V = cfg.vocab_size, K = cfg.draft_vocab_size;
+  target_lm_head.check_shape({V, H}, "init_draft_weights: target lm_head");
+  AERIE_CHECK(static_cast<int64_t>(selected.size()) == K,
+              "init_draft_weights: " << selected.size() << " selected ids for K = " << K);
+  std::mt19937_64 rng(seed);
+  // Linears in the order of named(), each U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (torch nn.Linear's bound).
+  for (Tensor* t : {&w.fc, &w.q_proj, &w.k_proj, &w.v_proj, &w.o_proj, &w.gate_proj, &w.up_proj, &w.down_proj})
+    fill_uniform(*t, 1.0 / std::sqrt(static_cast<double>(t->dim(1))), rng);
+  for (Tensor* t : {&w.input_layernorm, &w.hidden_norm, &w.post_attention_layernorm, &w.norm})
+    std::fill(t->data<float>(), t->data<float>() + H, 1.0f);
+  Tensor lm = target_lm_head.dtype() == DType::F32 ? target_lm_head : target_lm_head.to(DType::F32);
+  for (int64_t i = 0; i < K; ++i) {
+    AERIE_CHECK(selected[i] >= 0 && selected[i] < V && (i == 0 || selected[i] > selected[i - 1]),
+                "init_draft_weights: selected ids must ascend inside [0, " << V << "), bad at " << i);
+    std::copy_n(lm.data<float>() + selected[i] * H, H, w.lm_head.data<float>() + i * H);
+  }
+  return w;
+}
+
+TTTSample make_ttt_sample(std::vector<int32_t> ids, std::vector<uint8_t> loss_mask, Tensor aux_hidden,
+                          const Tensor& final_hidden, const Tensor& target_lm_head,
+                          const std::vector<int64_t>& selected) {
+  const int64_t T = static_cast<int64_t>(ids.size());
+  AERIE_CHECK(static_cast<int64_t>(loss_mask.size()) == T, "make_ttt_sample: " << loss_mask.size()
+                                                                                << " loss-mask entries for " << T << " ids");
+  AERIE_CHECK(aux_hidden.ndim() == 2 && aux_hidden.dim(0) == T,
+              "make_ttt_sample: aux_hidden " << shape_str(aux_hidden.shape()) << " for " << T << " ids");
+  const int64_t V = target_lm_head.dim(0), H = target_lm_head.dim(1), K = static_cast<int64_t>(selected.size());
+  final_hidden.check_shape({T, H}, "make_ttt_sample: final_hidden");
+  for (int64_t s : selected) AERIE_CHECK(s >= 0 && s < V, "make_ttt_sample: selected id " << s << " outside [0, " << V << ")");
+  TTTSample out;
+  out.ids = std::move(ids);
+  out.loss_mask = std::move(loss_mask);
+  out.aux_hidden = aux_hidden.dtype() == DType::F32 ? std::move(aux_hidden) : aux_hidden.to(DType::F32);
+  out.target_probs = Tensor::empty({T, K}, DType::F32);
+  out.target_argmax.assign(T, 0);
+  Tensor z = final_hidden.dtype() == DType::F32 ? final_hidden : final_hidden.to(DType::F32);
+  Tensor lm = target_lm_head.dtype() == DType::F32 ? target_lm_head : target_lm_head.to(DType::F32);
+  // Rows in chunks so that the [rows, V] logits stay small for a 128K vocabulary.
+  const int64_t chunk = 64;
+  Tensor logits = Tensor::empty({std::min(chunk, std::max<int64_t>(T, 1)), V}, DType::F32);
+  for (int64_t r0 = 0; r0 < T; r0 += chunk) {
+    const int64_t r1 = std::min(T, r0 + chunk);
+    Tensor l = logits.slice(0, r1 - r0);
+    matmul(z.slice(r0, r1), lm, l, false, true);  // l = z W_lm^T
+    std::vector<int64_t> am = argmax_rows(l);
+    for (int64_t r = r0; r < r1; ++r) {
+      out.target_argmax[r] = am[r - r0];
+      const float* lr = l.data<float>() + (r - r0) * V;
+      float* q = out.target_probs.data<float>() + r * K;
+      for (int64_t i = 0; i < K; ++i) q[i] = lr[selected[i]];
+    }
+    Tensor q = out.target_probs.slice(r0, r1);
+    softmax_rows(q, q);
+  }
+  return out;
+}
+
+std::vector<int64_t> ttt_valid_counts(const TTTSample& s, const std::vector<uint8_t>& t2d, int num_steps) {
+  const int64_t T = static_cast<int64_t>(s.ids.size());
+  AERIE_CHECK(static_cast<int64_t>(s.loss_mask.size()) == T && static_cast<int64_t>(s.target_argmax.size()) == T,
+              "ttt_valid_counts: ids/loss_mask/target_argmax sizes differ");
+  std::vector<int64_t> v(num_steps, 0);
+  for (int k = 0; k < num_steps; ++k)
+    for (int64_t t = 0; t + k + 2 <= T - 1; ++t) {
+      const int64_t am = s.target_argmax[t + k + 1];
+      AERIE_CHECK(am >= 0 && am < static_cast<int64_t>(t2d.size()), "ttt_valid_counts: target argmax " << am
+                                                                                                         << " outside t2d");
+      if (s.loss_mask[t + k + 2] && t2d[am]) ++v[k];
+    }
+  return v;
+}
+
+}  // namespace aerie

@@ -1,0 +1,67 @@
+// Internal to the draft (src/model/draft*.cc): one application of the draft's decoder layer to n rows
+// at consecutive positions, split around the attention so that the TTT trainer and the decoder can
+// plug in their own key/value sets, plus the TTT attention (causal step-0 part + diagonal, merged by
+// log-sum-exp). Math: /work/shared/docs/eagle3.md sections 3-4.
+#pragma once
+#include <vector>
+
+#include "core/tensor.h"
+#include "model/draft.h"
+
+namespace aerie::draft_detail {
+
+/// Everything the backward needs from one layer application (n rows, positions pos0 .. pos0+n-1).
+struct LayerActs {
+  int64_t n = 0, pos0 = 0;
+  Tensor positions;         // [n] I32
+  Tensor e_raw, rstd_e, e;  // [n, H] embed_tokens[u], [n], input_layernorm(e_raw)
+  Tensor h, rstd_h, hn;     // [n, H] input hidden, [n], hidden_norm(h)
+  Tensor a;                 // [n, 2H] concat(e, hn)
+  Tensor q, k, v;           // [n, n_h, d], [n, n_kv, d], [n, n_kv, d]; q and k after RoPE
+  Tensor attn, lse;         // [n, n_h, d] attention output, [n, n_h] its log-sum-exp
+  Tensor y, rstd_y, n2;     // [n, H] h + o_proj(attn), [n], post_attention_layernorm(y)
+  Tensor gate, up, act;     // [n, I]
+  Tensor o, rstd_o, no;     // [n, H] layer output (the next step's hidden), [n], norm(o)
+  Tensor logits;            // [n, K]
+};
+
+/// Shared constants of a layer application.
+struct LayerCtx {
+  const DraftConfig& cfg;
+  const DraftWeights& w;
+  const Tensor& embed;          // [V, H] F32 or BF16, frozen
+  std::vector<float> inv_freq;  // RoPE inverse frequencies [d/2]
+  float scale;                  // 1/sqrt(d)
+  LayerCtx(const DraftConfig& c, const DraftWeights& w, const Tensor& embed);
+};
+
+/// Up to the attention: e, hn, a, q, k, v (RoPE at positions pos0 + i). ids: n input tokens u; h: [n, H].
+void layer_qkv(const LayerCtx& c, const int32_t* ids, int64_t n, const Tensor& h, int64_t pos0, LayerActs& a);
+/// After the attention (a.attn filled): y, MLP, o, logits.
+void layer_out(const LayerCtx& c, LayerActs& a);
+
+/// Backward of layer_out. dlogits: [n, K]; do_extra: gradient into the first do_extra.dim(0) rows of
+/// o from elsewhere (the next TTT step), or an undefined tensor. Adds weight gradients to g. Returns
+/// dattn [n, n_h, d] and dh [n, H] (the residual path only).
+void layer_out_backward(const LayerCtx& c, const LayerActs& a, const Tensor& dlogits, const Tensor& do_extra,
+                        DraftWeights& g, Tensor& dattn, Tensor& dh);
+/// Backward of layer_qkv from the gradients w.r.t. the post-RoPE q, k and v (dq, dk modified in place
+/// by the inverse rotation). Adds weight gradients to g (embed_tokens is frozen) and dL/dh to dh.
+void layer_qkv_backward(const LayerCtx& c, const LayerActs& a, Tensor& dq, Tensor& dk, const Tensor& dv,
+                        DraftWeights& g, Tensor& dh);
+
+/// TTT attention of n query rows: row i attends to the keys j <= i + q_offset of k0/v0 (causal,
+/// attention_forward) and to row i of every diag_k[j]/diag_v[j] (the diagonal: its own keys of the
+/// earlier TTT steps / its own earlier guesses), merged by log-sum-exp. q: [n, n_h, d]; k0, v0:
+/// [Tk, n_kv, d]; diag tensors [>= n, n_kv, d]. out: [n, n_h, d], lse: [n, n_h].
+void ttt_attention_forward(const Tensor& q, const Tensor& k0, const Tensor& v0, const std::vector<const Tensor*>& diag_k,
+                           const std::vector<const Tensor*>& diag_v, int64_t q_offset, float scale, Tensor& out,
+                           Tensor& lse);
+/// Its backward (q_offset 0) from the merged out/lse: dq OVERWRITTEN; dk0, dv0 and the diagonal
+/// gradients (rows 0..n-1 of ddiag_k/ddiag_v) ADDED to.
+void ttt_attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k0, const Tensor& v0,
+                            const std::vector<const Tensor*>& diag_k, const std::vector<const Tensor*>& diag_v,
+                            const Tensor& out, const Tensor& lse, float scale, Tensor& dq, Tensor& dk0, Tensor& dv0,
+                            const std::vector<Tensor*>& ddiag_k, const std::vector<Tensor*>& ddiag_v);
+
+}  // namespace aerie::draft_detail

@@ -1,0 +1,158 @@
+// Training-time test (eagle3.md section 4): S unrolled steps of the draft on one sample, the loss, the
+// acc_k metrics and the backward through all steps (the hidden passed from step k to k+1 is not
+// detached, as in SpecForge's OnlineEagle3Model/OfflineEagle3Model: hidden_states = hidden_states_out).
+//
+// Rows: step k computes rows t = 0 .. n_k - 1, n_k = T - 1 - k (those whose input token x_{t+k+1}
+// exists). Row t of step k reads row t of step k-1 (its hidden and, through the diagonal, its own
+// keys of steps 1..k) and the step-0 keys of rows 0..t; since n_k < n_{k-1}, every row it reads was
+// computed. The skipped rows t >= n_k would be dead: never valid nor counted by acc_k (both need
+// t + k + 2 <= T - 1, i.e. t <= n_k - 2), never read by a later step (n_{k+1} < n_k), and their
+// step-0 keys are attended only by rows >= t, themselves skipped or dead.
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/gemm.h"
+#include "kernels/loss.h"
+#include "model/draft.h"
+#include "model/draft_layer.h"
+
+namespace aerie {
+
+using draft_detail::LayerActs;
+using draft_detail::LayerCtx;
+
+namespace {
+
+void check_inputs(const DraftConfig& cfg, const DraftWeights& w, const TTTSample& s, const std::vector<int64_t>& d2t,
+                  const std::vector<uint8_t>& t2d, int num_steps, const std::vector<double>& step_weight) {
+  const int64_t T = static_cast<int64_t>(s.ids.size()), K = cfg.draft_vocab_size;
+  AERIE_CHECK(num_steps >= 1, "ttt: num_steps " << num_steps << " must be >= 1");
+  AERIE_CHECK(static_cast<int>(step_weight.size()) >= num_steps,
+              "ttt: " << step_weight.size() << " step weights for " << num_steps << " steps");
+  AERIE_CHECK(static_cast<int64_t>(s.loss_mask.size()) == T && static_cast<int64_t>(s.target_argmax.size()) == T,
+              "ttt: sample has " << T << " ids, " << s.loss_mask.size() << " mask entries, " << s.target_argmax.size()
+                                 << " target argmaxes");
+  s.aux_hidden.check_shape({T, 3 * cfg.target_hidden_size}, "ttt: aux_hidden");
+  s.aux_hidden.check_dtype(DType::F32, "ttt: aux_hidden");
+  s.target_probs.check_shape({T, K}, "ttt: target_probs");
+  AERIE_CHECK(static_cast<int64_t>(d2t.size()) == K, "ttt: d2t has " << d2t.size() << " entries, K = " << K);
+  AERIE_CHECK(static_cast<int64_t>(t2d.size()) == cfg.vocab_size,
+              "ttt: t2d has " << t2d.size() << " entries, V = " << cfg.vocab_size);
+  w.lm_head.check_shape({K, cfg.hidden_size}, "ttt: lm_head");
+  w.fc.check_shape({cfg.hidden_size, 3 * cfg.target_hidden_size}, "ttt: fc");
+  for (int64_t t = 0; t < T; ++t)
+    AERIE_CHECK(s.target_argmax[t] >= 0 && s.target_argmax[t] < cfg.vocab_size,
+                "ttt: target_argmax[" << t << "] = " << s.target_argmax[t] << " outside [0, " << cfg.vocab_size << ")");
+}
+
+}  // namespace
+
+TTTStats ttt_forward_backward(const DraftConfig& cfg, const DraftWeights& w, const Tensor& embed_tokens,
+                              const TTTSample& s, const std::vector<int64_t>& d2t, const std::vector<uint8_t>& t2d,
+                              int num_steps, const std::vector<double>& step_weight, DraftWeights* grads,
+                              std::vector<Tensor>* step_logits) {
+  check_inputs(cfg, w, s, d2t, t2d, num_steps, step_weight);
+  const int64_t T = static_cast<int64_t>(s.ids.size()), H = cfg.hidden_size, K = cfg.draft_vocab_size;
+  const int S = num_steps;
+  TTTStats st;
+  st.loss_sum.assign(S, 0.0);
+  st.valid.assign(S, 0);
+  st.correct.assign(S, 0);
+  st.acc_rows.assign(S, 0);
+  if (step_logits) step_logits->assign(S, Tensor::zeros({0, K}, DType::F32));
+  auto rows = [&](int k) { return std::max<int64_t>(0, T - 1 - k); };  // n_k
+  int steps = 0;                                                      // steps with at least one row
+  while (steps < S && rows(steps) > 0) ++steps;
+  if (steps == 0) return st;
+
+  LayerCtx ctx(cfg, w, embed_tokens);
+  std::vector<LayerActs> acts(steps);
+  std::vector<Tensor> dlogits(steps);
+
+  // g = fc(f) on the rows that step 0 computes.
+  const int64_t n0 = rows(0);
+  Tensor g = Tensor::empty({n0, H}, DType::F32);
+  matmul(s.aux_hidden.slice(0, n0), w.fc, g, false, true);
+
+  for (int k = 0; k < steps; ++k) {
+    const int64_t n = rows(k);
+    LayerActs& a = acts[k];
+    const Tensor h = k == 0 ? g : acts[k - 1].o.slice(0, n);
+    draft_detail::layer_qkv(ctx, s.ids.data() + k + 1, n, h, k, a);  // u_{t,k} = x_{t+k+1}, position t+k
+    std::vector<const Tensor*> dk, dv;
+    for (int j = 1; j <= k; ++j) {
+      dk.push_back(&acts[j].k);
+      dv.push_back(&acts[j].v);
+    }
+    a.attn = Tensor::empty({n, cfg.num_attention_heads, cfg.head_dim}, DType::F32);
+    a.lse = Tensor::empty({n, cfg.num_attention_heads}, DType::F32);
+    draft_detail::ttt_attention_forward(a.q, acts[0].k.slice(0, n), acts[0].v.slice(0, n), dk, dv, 0, ctx.scale,
+                                        a.attn, a.lse);
+    draft_detail::layer_out(ctx, a);
+
+    // Loss and metrics. Row t: target q = target_probs[t+k+1]; valid iff t+k+2 <= T-1, m_{t+k+2} = 1 and
+    // argmax l_{t+k+1} is selected; acc rows: t+k+2 <= T-1 and m_{t+k+2} = 1.
+    Tensor weight = Tensor::zeros({n}, DType::F32);
+    std::vector<int64_t> am = argmax_rows(a.logits);
+    for (int64_t t = 0; t < n; ++t) {
+      if (t + k + 2 > T - 1 || !s.loss_mask[t + k + 2]) continue;
+      const int64_t want = s.target_argmax[t + k + 1];
+      ++st.acc_rows[k];
+      if (am[t] + d2t[am[t]] == want) ++st.correct[k];
+      if (t2d[want]) {
+        weight.data<float>()[t] = 1.0f;
+        ++st.valid[k];
+      }
+    }
+    Tensor target = s.target_probs.slice(k + 1, k + 1 + n);
+    if (grads) dlogits[k] = Tensor::empty({n, K}, DType::F32);
+    st.loss_sum[k] = soft_cross_entropy(a.logits, target, weight, grads ? &dlogits[k] : nullptr);
+    if (grads && step_weight[k] != 1.0) {
+      float* p = dlogits[k].data<float>();
+      const float sw = static_cast<float>(step_weight[k]);
+      for (int64_t i = 0; i < n * K; ++i) p[i] *= sw;
+    }
+    if (step_logits) (*step_logits)[k] = a.logits;
+    if (grads) a.logits = Tensor();  // no longer needed
+  }
+  if (!grads) return st;
+
+  // Backward, last step first. dO: gradient into o of step k from step k+1's hidden input.
+  const int64_t nkv = cfg.num_key_value_heads, d = cfg.head_dim;
+  Tensor dk0 = Tensor::zeros({n0, nkv, d}, DType::F32), dv0 = Tensor::zeros({n0, nkv, d}, DType::F32);
+  std::vector<Tensor> ddk(steps), ddv(steps);  // diagonal keys/values of steps >= 1: accumulated over later steps
+  for (int j = 1; j < steps; ++j) {
+    ddk[j] = Tensor::zeros({rows(j), nkv, d}, DType::F32);
+    ddv[j] = Tensor::zeros({rows(j), nkv, d}, DType::F32);
+  }
+  Tensor dO;  // undefined for the last step
+  for (int k = steps - 1; k >= 0; --k) {
+    const int64_t n = rows(k);
+    const LayerActs& a = acts[k];
+    Tensor dattn, dh;
+    draft_detail::layer_out_backward(ctx, a, dlogits[k], dO, *grads, dattn, dh);
+    std::vector<const Tensor*> dk, dv;
+    std::vector<Tensor*> gdk, gdv;
+    for (int j = 1; j <= k; ++j) {
+      dk.push_back(&acts[j].k);
+      dv.push_back(&acts[j].v);
+      gdk.push_back(&ddk[j]);
+      gdv.push_back(&ddv[j]);
+    }
+    Tensor dq = Tensor::empty({n, cfg.num_attention_heads, d}, DType::F32);
+    Tensor dk0s = dk0.slice(0, n), dv0s = dv0.slice(0, n);
+    draft_detail::ttt_attention_backward(dattn, a.q, acts[0].k.slice(0, n), acts[0].v.slice(0, n), dk, dv, a.attn,
+                                         a.lse, ctx.scale, dq, dk0s, dv0s, gdk, gdv);
+    // Step k's own keys/values are complete now: step 0's are dk0/dv0 (all steps added to them),
+    // step k's diagonal ones got their last contribution (from step k itself) just above.
+    Tensor& own_dk = k == 0 ? dk0 : ddk[k];
+    Tensor& own_dv = k == 0 ? dv0 : ddv[k];
+    draft_detail::layer_qkv_backward(ctx, a, dq, own_dk, own_dv, *grads, dh);
+    dO = dh;  // h_{t,k} = o_{t,k-1} (rows 0..n_k-1), or g for k = 0
+  }
+  // g = fc(f): dfc += dg^T f
+  matmul(dO, s.aux_hidden.slice(0, n0), grads->fc, true, false, 1.0f, 1.0f);
+  return st;
+}
+
+}  // namespace aerie

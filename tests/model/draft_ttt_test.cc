@@ -1,0 +1,310 @@
+// TTT forward/backward (eagle3.md sections 3-4) against an independent double reference with
+// materialised masks, finite-difference gradients of every weight tensor, the TTT attention against an
+// explicit masked softmax, causality at the sample end, and the traps of section 4.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "draft_testing.h"
+#include "model/draft.h"
+#include "model/draft_layer.h"
+#include "test_util.h"
+
+namespace aerie {
+namespace {
+
+using testing::make_tiny_draft;
+using testing::make_tiny_sample;
+using testing::reference_ttt;
+using testing::to_double;
+
+constexpr int kSteps = 3;
+const std::vector<double> kWeights = {1.0, 0.8, 0.64};
+
+double total_loss(const TTTStats& st, const std::vector<double>& sw) {
+  double l = 0;
+  for (size_t k = 0; k < st.loss_sum.size(); ++k) l += sw[k] * st.loss_sum[k];
+  return l;
+}
+
+TEST(DraftTTT, ForwardMatchesDoubleReference) {
+  auto m = make_tiny_draft(1);
+  auto s = make_tiny_sample(m, 9, 2);
+  std::vector<Tensor> logits;
+  TTTStats st = ttt_forward_backward(m.cfg, m.w, m.embed, s, m.d2t, m.t2d, kSteps, kWeights, nullptr, &logits);
+  auto ref = reference_ttt(m.cfg, to_double(m.w), m.embed, s, m.t2d, kSteps, kWeights);
+  ASSERT_EQ(logits.size(), 3u);
+  for (int k = 0; k < kSteps; ++k) {
+    ASSERT_EQ(logits[k].dim(0), 9 - 1 - k) << "step " << k << " computes the rows whose input token exists";
+    ASSERT_EQ(ref.logits[k].size(), static_cast<size_t>(9 - 1 - k));
+    std::vector<float> want;
+    for (auto& row : ref.logits[k]) want.insert(want.end(), row.begin(), row.end());
+    // fp32 forward vs double reference: a few ulps of accumulated rounding.
+    testing::expect_close(logits[k].to_float_vector(), want, 2e-5f, 2e-5f, "logits step " + std::to_string(k));
+    EXPECT_NEAR(st.loss_sum[k], ref.loss_sum[k], 1e-5 * (1 + std::fabs(ref.loss_sum[k]))) << "step " << k;
+    // Metrics by the formulas of section 4, counted here from the reference logits.
+    int64_t valid = 0, acc_rows = 0, correct = 0;
+    for (int64_t t = 0; t + k + 2 <= 8; ++t) {
+      if (!s.loss_mask[t + k + 2]) continue;
+      ++acc_rows;
+      if (m.t2d[s.target_argmax[t + k + 1]]) ++valid;
+      auto& row = ref.logits[k][t];
+      int64_t am = std::max_element(row.begin(), row.end()) - row.begin();
+      if (m.selected[am] == s.target_argmax[t + k + 1]) ++correct;
+    }
+    EXPECT_EQ(st.valid[k], valid);
+    EXPECT_EQ(st.acc_rows[k], acc_rows);
+    EXPECT_EQ(st.correct[k], correct);
+  }
+  EXPECT_EQ(ttt_valid_counts(s, m.t2d, kSteps), st.valid);
+  // The sample must exercise every branch of valid: masked rows and unselected target argmaxes.
+  int unselected = 0;
+  for (int64_t t = 1; t < 8; ++t) unselected += !m.t2d[s.target_argmax[t]];
+  EXPECT_GT(unselected, 0);
+  EXPECT_GT(st.valid[0], 0);
+}
+
+// Every weight tensor: analytic gradient (fp32) vs central finite differences of the double reference
+// loss sum_k w_k loss_sum_k (eps 1e-5; truncation error ~1e-10), on a random subset of entries.
+TEST(DraftTTT, GradientMatchesFiniteDifferencesOfReference) {
+  auto m = make_tiny_draft(3);
+  auto s = make_tiny_sample(m, 9, 4);
+  DraftWeights g = DraftWeights::zeros(m.cfg);
+  ttt_forward_backward(m.cfg, m.w, m.embed, s, m.d2t, m.t2d, kSteps, kWeights, &g);
+  auto W = to_double(m.w);
+  auto named_g = g.named();
+  std::mt19937_64 rng(5);
+  for (size_t ti = 0; ti < W.size(); ++ti) {
+    const std::string& name = named_g[ti].first;
+    std::vector<float> ga = named_g[ti].second->to_float_vector();
+    double max_abs = 0;
+    for (float v : ga) max_abs = std::max(max_abs, static_cast<double>(std::fabs(v)));
+    EXPECT_GT(max_abs, 1e-4) << name << ": gradient is all zero";
+    const int picks = std::min<int>(10, static_cast<int>(W[ti].size()));
+    for (int p = 0; p < picks; ++p) {
+      const size_t i = rng() % W[ti].size();
+      const double e = 1e-5, orig = W[ti][i];
+      W[ti][i] = orig + e;
+      double lp = reference_ttt(m.cfg, W, m.embed, s, m.t2d, kSteps, kWeights).total;
+      W[ti][i] = orig - e;
+      double lm = reference_ttt(m.cfg, W, m.embed, s, m.t2d, kSteps, kWeights).total;
+      W[ti][i] = orig;
+      const double fd = (lp - lm) / (2 * e);
+      // fp32 backward vs double FD: 1e-4 relative to the tensor's scale covers fp32 rounding.
+      EXPECT_NEAR(ga[i], fd, 1e-4 * (1 + max_abs) + 1e-3 * std::fabs(fd)) << name << "[" << i << "]";
+    }
+  }
+}
+
+// The same in fp32 through ttt_forward_backward itself (the whole TTT loss), eps 1e-2 relative to
+// the entry (min 1e-3): central differences in fp32 carry ~1e-7 * |L| / eps of rounding noise.
+TEST(DraftTTT, GradientMatchesFiniteDifferencesFp32) {
+  auto m = make_tiny_draft(7);
+  auto s = make_tiny_sample(m, 9, 8);
+  DraftWeights g = DraftWeights::zeros(m.cfg);
+  TTTStats st0 = ttt_forward_backward(m.cfg, m.w, m.embed, s, m.d2t, m.t2d, kSteps, kWeights, &g);
+  const double L = total_loss(st0, kWeights);
+  auto named_w = m.w.named();
+  auto named_g = g.named();
+  std::mt19937_64 rng(9);
+  for (size_t ti = 0; ti < named_w.size(); ++ti) {
+    Tensor& w = *named_w[ti].second;
+    std::vector<float> ga = named_g[ti].second->to_float_vector();
+    for (int p = 0; p < 4; ++p) {
+      const int64_t i = static_cast<int64_t>(rng() % w.numel());
+      float* x = w.data<float>() + i;
+      const float orig = *x, e = std::max(1e-3f, 1e-2f * std::fabs(orig));
+      *x = orig + e;
+      double lp = total_loss(ttt_forward_backward(m.cfg, m.w, m.embed, s, m.d2t, m.t2d, kSteps, kWeights, nullptr),
+                             kWeights);
+      *x = orig - e;
+      double lm = total_loss(ttt_forward_backward(m.cfg, m.w, m.embed, s, m.d2t, m.t2d, kSteps, kWeights, nullptr),
+                             kWeights);
+      *x = orig;
+      const double fd = (lp - lm) / (2.0 * (static_cast<double>(orig + e) - orig));
+      const double noise = 1e-6 * (1 + std::fabs(L)) / e;  // fp32 rounding of L over the step
+      EXPECT_NEAR(ga[i], fd, 3 * noise + 2e-3 + 2e-2 * std::fabs(fd)) << named_w[ti].first << "[" << i << "]";
+    }
+  }
+}
+
+// Gradients ADD into *grads (so a trainer can accumulate over samples).
+TEST(DraftTTT, GradientsAccumulate) {
+  auto m = make_tiny_draft(11);
+  auto s = make_tiny_sample(m, 7, 12);
+  DraftWeights g1 = DraftWeights::zeros(m.cfg), g2 = DraftWeights::zeros(m.cfg);
+  ttt_forward_backward(m.cfg, m.w, m.embed, s, m.d2t, m.t2d, kSteps, kWeights, &g1);
+  ttt_forward_backward(m.cfg, m.w, m.embed, s, m.d2t, m.t2d, kSteps, kWeights, &g2);
+  ttt_forward_backward(m.cfg, m.w, m.embed, s, m.d2t, m.t2d, kSteps, kWeights, &g2);
+  auto a = g1.named(), b = g2.named();
+  for (size_t i = 0; i < a.size(); ++i) {
+    std::vector<float> x = a[i].second->to_float_vector(), y = b[i].second->to_float_vector();
+    for (float& v : x) v *= 2;
+    testing::expect_close(y, x, 1e-6f, 1e-5f, a[i].first);
+  }
+}
+
+// The TTT attention against an explicit masked softmax (a materialised [rows, keys] mask).
+TEST(DraftTTT, AttentionEqualsExplicitMaskedSoftmax) {
+  std::mt19937_64 rng(13);
+  const int64_t n = 6, nh = 4, nkv = 2, d = 8, J = 3;
+  const float scale = 1.0f / std::sqrt(8.0f);
+  Tensor q = testing::random_tensor({n, nh, d}, rng, 1.0), k0 = testing::random_tensor({n, nkv, d}, rng, 1.0),
+         v0 = testing::random_tensor({n, nkv, d}, rng, 1.0);
+  std::vector<Tensor> dk, dv;
+  std::vector<const Tensor*> pk, pv;
+  for (int j = 0; j < J; ++j) {
+    dk.push_back(testing::random_tensor({n + 2, nkv, d}, rng, 1.0));  // more rows than queries: must be ignored
+    dv.push_back(testing::random_tensor({n + 2, nkv, d}, rng, 1.0));
+  }
+  for (int j = 0; j < J; ++j) {
+    pk.push_back(&dk[j]);
+    pv.push_back(&dv[j]);
+  }
+  Tensor out = Tensor::empty({n, nh, d}, DType::F32), lse = Tensor::empty({n, nh}, DType::F32);
+  draft_detail::ttt_attention_forward(q, k0, v0, pk, pv, 0, scale, out, lse);
+  // All keys in one list: index c < n is step-0 row c, index n + j*(n+2) + r is diagonal j row r.
+  std::vector<float> want_out, want_lse;
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t h = 0; h < nh; ++h) {
+      const int64_t kh = h / (nh / nkv);
+      std::vector<double> sc;
+      std::vector<const float*> vs;
+      for (int64_t c = 0; c < n + J * (n + 2); ++c) {
+        const bool step0 = c < n;
+        const int64_t j = step0 ? -1 : (c - n) / (n + 2), r = step0 ? c : (c - n) % (n + 2);
+        const bool mask = step0 ? r <= i : r == i;
+        if (!mask) continue;
+        const float* kp = (step0 ? k0 : dk[j]).data<float>() + (r * nkv + kh) * d;
+        double dd = 0;
+        for (int64_t x = 0; x < d; ++x) dd += q.data<float>()[(i * nh + h) * d + x] * kp[x];
+        sc.push_back(scale * dd);
+        vs.push_back((step0 ? v0 : dv[j]).data<float>() + (r * nkv + kh) * d);
+      }
+      double mx = -1e300, z = 0;
+      for (double v : sc) mx = std::max(mx, v);
+      for (double v : sc) z += std::exp(v - mx);
+      for (int64_t x = 0; x < d; ++x) {
+        double o = 0;
+        for (size_t c = 0; c < sc.size(); ++c) o += std::exp(sc[c] - mx) / z * vs[c][x];
+        want_out.push_back(static_cast<float>(o));
+      }
+      want_lse.push_back(static_cast<float>(mx + std::log(z)));
+    }
+  testing::expect_close(out.to_float_vector(), want_out, 1e-5f, 1e-5f, "ttt attention out");
+  testing::expect_close(lse.to_float_vector(), want_lse, 1e-5f, 1e-5f, "ttt attention lse");
+}
+
+// Rows never look past their own position: a sample extended by more tokens gives the same logits
+// for every (step, row) of the shorter one, and the short sample's step k has exactly T-1-k rows.
+TEST(DraftTTT, RowsNeverLookPastTheSample) {
+  auto m = make_tiny_draft(17);
+  auto lng = make_tiny_sample(m, 12, 18);
+  const int64_t T = 8;
+  std::vector<int32_t> ids(lng.ids.begin(), lng.ids.begin() + T);
+  std::vector<uint8_t> mask(lng.loss_mask.begin(), lng.loss_mask.begin() + T);
+  TTTSample sh;
+  sh.ids = ids;
+  sh.loss_mask = mask;
+  sh.aux_hidden = lng.aux_hidden.slice(0, T).clone();
+  sh.target_probs = lng.target_probs.slice(0, T).clone();
+  sh.target_argmax.assign(lng.target_argmax.begin(), lng.target_argmax.begin() + T);
+  std::vector<Tensor> ls, ll;
+  ttt_forward_backward(m.cfg, m.w, m.embed, sh, m.d2t, m.t2d, 4, {1, 1, 1, 1}, nullptr, &ls);
+  ttt_forward_backward(m.cfg, m.w, m.embed, lng, m.d2t, m.t2d, 4, {1, 1, 1, 1}, nullptr, &ll);
+  for (int k = 0; k < 4; ++k) {
+    ASSERT_EQ(ls[k].dim(0), T - 1 - k);
+    std::vector<float> a = ls[k].to_float_vector(), b = ll[k].slice(0, T - 1 - k).to_float_vector();
+    testing::expect_close(a, b, 1e-6f, 1e-6f, "step " + std::to_string(k));
+  }
+}
+
+// Trap (SpecForge #885): the loss mask shifts with the tokens. With m = 1 only at position p, step k
+// supervises exactly row t = p - k - 2 against target_probs[p - 1]; no other target row matters.
+TEST(DraftTTT, LossMaskShiftsWithTheTokens) {
+  auto m = make_tiny_draft(19);
+  auto s = make_tiny_sample(m, 9, 20);
+  const int64_t p = 6;
+  for (int64_t t = 0; t < 9; ++t) {
+    s.loss_mask[t] = t == p;
+    s.target_argmax[t] = m.selected[t % 10];  // every argmax selected
+  }
+  auto st = ttt_forward_backward(m.cfg, m.w, m.embed, s, m.d2t, m.t2d, kSteps, kWeights, nullptr);
+  for (int k = 0; k < kSteps; ++k) {
+    EXPECT_EQ(st.valid[k], 1) << "step " << k;
+    EXPECT_EQ(st.acc_rows[k], 1) << "step " << k;
+  }
+  auto st_other = st;
+  TTTSample s2 = s;
+  s2.target_probs = s.target_probs.clone();
+  for (int64_t r = 0; r < 9; ++r) {
+    if (r == p - 1) continue;
+    float* q = s2.target_probs.data<float>() + r * 10;
+    std::fill(q, q + 10, 0.0f);
+    q[r % 10] = 1.0f;
+  }
+  st_other = ttt_forward_backward(m.cfg, m.w, m.embed, s2, m.d2t, m.t2d, kSteps, kWeights, nullptr);
+  for (int k = 0; k < kSteps; ++k) EXPECT_EQ(st_other.loss_sum[k], st.loss_sum[k]) << "step " << k;
+  float* q = s2.target_probs.data<float>() + (p - 1) * 10;
+  std::fill(q, q + 10, 0.0f);
+  q[3] = 1.0f;
+  auto st_changed = ttt_forward_backward(m.cfg, m.w, m.embed, s2, m.d2t, m.t2d, kSteps, kWeights, nullptr);
+  for (int k = 0; k < kSteps; ++k) EXPECT_NE(st_changed.loss_sum[k], st.loss_sum[k]) << "step " << k;
+}
+
+// Trap (EAGLE #317): the last position is never supervised against padding. With every mask 1 and
+// every argmax selected, step k has T-1-k computed rows but only T-2-k valid ones (t+k+2 <= T-1).
+TEST(DraftTTT, LastPositionNeverSupervisedAgainstPadding) {
+  auto m = make_tiny_draft(23);
+  const int64_t T = 9;
+  auto s = make_tiny_sample(m, T, 24);
+  for (int64_t t = 0; t < T; ++t) {
+    s.loss_mask[t] = 1;
+    s.target_argmax[t] = m.selected[(t * 3) % 10];
+  }
+  std::vector<Tensor> logits;
+  auto st = ttt_forward_backward(m.cfg, m.w, m.embed, s, m.d2t, m.t2d, kSteps, kWeights, nullptr, &logits);
+  for (int k = 0; k < kSteps; ++k) {
+    EXPECT_EQ(logits[k].dim(0), T - 1 - k);
+    EXPECT_EQ(st.valid[k], T - 2 - k) << "step " << k;
+    EXPECT_EQ(st.acc_rows[k], T - 2 - k) << "step " << k;
+  }
+  EXPECT_EQ(ttt_valid_counts(s, m.t2d, kSteps), st.valid);
+  // An unselected target argmax drops the row from the loss but not from acc_k.
+  s.target_argmax[4] = 3;  // id 3 is not in the draft vocabulary
+  auto st2 = ttt_forward_backward(m.cfg, m.w, m.embed, s, m.d2t, m.t2d, kSteps, kWeights, nullptr);
+  for (int k = 0; k < kSteps; ++k) {
+    EXPECT_EQ(st2.valid[k], T - 3 - k) << "step " << k;
+    EXPECT_EQ(st2.acc_rows[k], T - 2 - k) << "step " << k;
+  }
+}
+
+// Short samples: steps without any row contribute nothing; T <= 1 is an empty pass.
+TEST(DraftTTT, ShortSamples) {
+  auto m = make_tiny_draft(29);
+  for (int64_t T : {1, 2, 3, 4}) {
+    auto s = make_tiny_sample(m, T, 30 + T);
+    DraftWeights g = DraftWeights::zeros(m.cfg);
+    std::vector<Tensor> logits;
+    auto st = ttt_forward_backward(m.cfg, m.w, m.embed, s, m.d2t, m.t2d, 7, std::vector<double>(7, 1.0), &g, &logits);
+    for (int k = 0; k < 7; ++k) {
+      EXPECT_EQ(logits[k].dim(0), std::max<int64_t>(0, T - 1 - k));
+      EXPECT_EQ(st.acc_rows[k] <= std::max<int64_t>(0, T - 2 - k), true);
+    }
+  }
+}
+
+TEST(DraftTTT, RejectsInconsistentInputs) {
+  auto m = make_tiny_draft(31);
+  auto s = make_tiny_sample(m, 6, 32);
+  EXPECT_THROW(ttt_forward_backward(m.cfg, m.w, m.embed, s, m.d2t, m.t2d, 3, {1.0, 1.0}, nullptr), Error);
+  auto bad = m.d2t;
+  bad.pop_back();
+  EXPECT_THROW(ttt_forward_backward(m.cfg, m.w, m.embed, s, bad, m.t2d, 3, kWeights, nullptr), Error);
+  s.ids[2] = 99;  // outside V
+  EXPECT_THROW(ttt_forward_backward(m.cfg, m.w, m.embed, s, m.d2t, m.t2d, 3, kWeights, nullptr), Error);
+}
+
+}  // namespace
+}  // namespace aerie
