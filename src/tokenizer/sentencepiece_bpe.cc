@@ -105,18 +105,26 @@ void SentencePieceBpe::parse_decoder(const nlohmann::json& d, const std::string&
   if (type == "Sequence") {
     for (const auto& s : d.at("decoders")) parse_decoder(s, file);
   } else if (type == "Strip") {
+    AERIE_CHECK(!metaspace_decoder_, file << ": Strip after a Metaspace decoder is not supported");
     AERIE_CHECK(d.value("content", " ") == " " && d.value("stop", 0) == 0,
                 file << ": only Strip(' ', start, 0) is supported: " << d.dump());
     strip_leading_spaces_ = d.value("start", 0);
   } else if (type == "Metaspace") {
+    AERIE_CHECK(!byte_fallback_decoder_ && !replace_decoder_,
+                file << ": a Metaspace decoder after ByteFallback/Replace is not supported");
+    ms_replacement_ = d.value("replacement", std::string(kSpace));
     const std::string scheme = d.contains("prepend_scheme")
                                    ? d["prepend_scheme"].get<std::string>()
                                    : (d.value("add_prefix_space", true) ? "always" : "never");
-    metaspace_decoder_ = scheme != "never";
+    metaspace_decoder_ = true;
+    ms_drop_first_ = scheme != "never";
   } else if (type == "Replace") {
     AERIE_CHECK(string_pattern(d, file) == kSpace && d.value("content", "") == " ",
                 file << ": only the Replace('\u2581', ' ') decoder is supported: " << d.dump());
-  } else if (type != "ByteFallback" && type != "Fuse") {
+    replace_decoder_ = true;
+  } else if (type == "ByteFallback") {
+    byte_fallback_decoder_ = true;
+  } else if (type != "Fuse") {
     AERIE_THROW(file << ": decoder type '" << type << "' is not supported by the sentencepiece BPE tokenizer");
   }
 }
@@ -206,8 +214,10 @@ void SentencePieceBpe::encode_word(const std::string& w, std::vector<int32_t>& o
 }
 
 std::string SentencePieceBpe::decode(const std::vector<int32_t>& ids) const {
-  // tokenizers' decoders: Replace("\u2581", " ") per token, ByteFallback (a run of <0xNN> pieces becomes
-  // its UTF-8 text, or one U+FFFD per byte if invalid), Fuse, Strip / Metaspace.
+  // tokenizers' decoders, on the pieces of the non-special ids: Replace("\u2581", " ") per piece;
+  // ByteFallback: a run of <0xNN> pieces becomes its bytes if they are valid UTF-8, else one U+FFFD per
+  // piece; Fuse; Strip(' ', n, 0) on the fused text. Metaspace instead: "\u2581" -> " " except in the
+  // first piece, where every "\u2581" is dropped (decoders/metaspace.rs).
   std::string text, bytes;
   auto flush = [&]() {
     if (bytes.empty()) return;
@@ -230,16 +240,18 @@ std::string SentencePieceBpe::decode(const std::vector<int32_t>& ids) const {
     if (a && a->special) continue;
     std::string p = a ? a->content : model_.piece(id);
     if (p.empty()) continue;  // id outside the vocabulary
-    if (first && metaspace_decoder_ && p.compare(0, ms_replacement_.size(), ms_replacement_) == 0)
-      p.erase(0, ms_replacement_.size());
+    if (metaspace_decoder_) {
+      replace_all(p, ms_replacement_, first && ms_drop_first_ ? "" : " ");
+    } else if (replace_decoder_) {
+      replace_all(p, kSpace, " ");
+    }
     first = false;
-    const int b = byte_piece(p);
+    const int b = byte_fallback_decoder_ ? byte_piece(p) : -1;
     if (b >= 0) {
       bytes.push_back(static_cast<char>(b));
       continue;
     }
     flush();
-    replace_all(p, metaspace_decoder_ ? ms_replacement_ : std::string(kSpace), " ");
     text += p;
   }
   flush();

@@ -55,7 +55,10 @@ class SentencePieceBpe : public Tokenizer {
   bool ms_split_ = false;
   // decoder
   int strip_leading_spaces_ = 0;     // Strip decoder: spaces removed from the start of the text
-  bool metaspace_decoder_ = false;   // Metaspace decoder: strip the first token's leading "\u2581"
+  bool metaspace_decoder_ = false;   // Metaspace decoder: "\u2581" -> " "
+  bool ms_drop_first_ = false;       // ... and the first piece's "\u2581"s dropped (prepend_scheme != never)
+  bool byte_fallback_decoder_ = false;  // ByteFallback decoder: <0xNN> pieces -> bytes
+  bool replace_decoder_ = false;        // Replace("\u2581", " ") decoder
   bool byte_fallback_ = false;
   bool fuse_unk_ = false;
   int32_t unk_ = -1;

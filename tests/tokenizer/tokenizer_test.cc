@@ -45,4 +45,17 @@ TEST(Tok512, EncodeDecodeBasics) {
   EXPECT_EQ(sp.back(), 2);
 }
 
+TEST(Tok512, InvalidUtf8GoesThroughByteFallback) {
+  if (!testing::have_model()) GTEST_SKIP() << "no converted model in " << testing::model_dir();
+  auto t = tok512();
+  // A stray continuation byte and a truncated 3-byte sequence: each byte becomes its <0xNN> piece
+  // (id = 3 + byte); decode turns the invalid run into U+FFFD per byte, as tokenizers' ByteFallback.
+  const auto ids = t->encode("a\x80\xE4\xB8");
+  ASSERT_GE(ids.size(), 3u);
+  EXPECT_EQ((std::vector<int32_t>(ids.end() - 3, ids.end())), (std::vector<int32_t>{3 + 0x80, 3 + 0xE4, 3 + 0xB8}));
+  EXPECT_EQ(t->decode(ids), "a\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");
+  // Ids outside the vocabulary are ignored by decode.
+  EXPECT_EQ(t->decode({-5, 100000, t->token_to_id("\u2581the")}), "the");
+}
+
 }  // namespace aerie

@@ -110,6 +110,37 @@ def llamacpp_cases(data, name):
     return [(t, [int(x) for x in l.split()]) for t, l in zip(texts, lines)]
 
 
+# Variants of the converted Llama-2 tokenizer.json in the other form Hugging Face writes sentencepiece
+# tokenizers in (transformers' LlamaConverter with legacy=False: no normalizer, a Metaspace
+# pre-tokenizer). tests/tokenizer/golden_test.cc applies the same edits.
+METASPACE_VARIANTS = {
+    "llama2_metaspace_first": {
+        "normalizer": None,
+        "pre_tokenizer": {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first", "split": False}},
+    "llama2_metaspace_split": {
+        "normalizer": None,
+        "pre_tokenizer": {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always", "split": True},
+        "decoder": {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always", "split": True}},
+}
+
+
+def write_fixture(out_dir, name, rel, tok, strings):
+    cases = []
+    for s in strings:
+        ids = tok.encode(s, add_special_tokens=False).ids
+        cases.append({"text": s, "ids": ids, "decoded": tok.decode(ids, skip_special_tokens=True)})
+    fixture = {"tokenizer": name, "source": rel,
+               "generator": "tools/reference/tokenizer_golden.py (HF tokenizers on tools/convert_llama2c.py output)",
+               "cases": cases}
+    path = os.path.join(out_dir, f"{name}.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(fixture, f, ensure_ascii=False, indent=0)
+        f.write("\n")
+    bad_rt = [c["text"] for c in cases if c["decoded"] != c["text"]]
+    print(f"{name}: wrote {path} ({len(cases)} cases); HF decode(encode(s)) != s for {len(bad_rt)}: "
+          f"{[t[:20] for t in bad_rt]}")
+
+
 def main():
     from tokenizers import Tokenizer
     data = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(REPO, "..", "shared", "data"))
@@ -130,20 +161,12 @@ def main():
         os.makedirs(d)
         conv.write_tokenizer(src, d)
         tok = Tokenizer.from_file(os.path.join(d, "tokenizer.json"))
-        cases = []
-        for s in strings:
-            ids = tok.encode(s, add_special_tokens=False).ids
-            cases.append({"text": s, "ids": ids, "decoded": tok.decode(ids, skip_special_tokens=True)})
-        fixture = {"tokenizer": name, "source": rel,
-                   "generator": "tools/reference/tokenizer_golden.py (HF tokenizers on tools/convert_llama2c.py output)",
-                   "cases": cases}
-        path = os.path.join(out_dir, f"{name}.json")
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(fixture, f, ensure_ascii=False, indent=0)
-            f.write("\n")
-        bad_rt = [c["text"] for c in cases if c["decoded"] != c["text"]]
-        print(f"{name}: wrote {path} ({len(cases)} cases); HF decode(encode(s)) != s for {len(bad_rt)}: "
-              f"{[t[:20] for t in bad_rt]}")
+        write_fixture(out_dir, name, rel, tok, strings)
+        if name == "llama2":
+            base = json.load(open(os.path.join(d, "tokenizer.json"), encoding="utf-8"))
+            for vname, edits in METASPACE_VARIANTS.items():
+                vt = Tokenizer.from_str(json.dumps(dict(base, **edits)))
+                write_fixture(out_dir, vname, rel + " + " + json.dumps(edits, ensure_ascii=False), vt, strings)
 
         if rel.endswith(".model") or ".model." in rel:
             import sentencepiece as spm
