@@ -1,0 +1,138 @@
+// DraftConfig (from the target, export config.json round trip), init_draft_weights, make_ttt_sample.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "draft_testing.h"
+#include "model/draft.h"
+#include "test_util.h"
+
+namespace aerie {
+namespace {
+
+LlamaConfig fake_target() {
+  LlamaConfig t;
+  t.hidden_size = 64;
+  t.intermediate_size = 172;
+  t.num_hidden_layers = 8;
+  t.num_attention_heads = 8;
+  t.num_key_value_heads = 4;
+  t.head_dim = 8;
+  t.vocab_size = 512;
+  t.max_position_embeddings = 131072;
+  t.rms_norm_eps = 1e-5;
+  t.rope.theta = 500000.0;
+  t.rope.type = "llama3";
+  t.rope.factor = 8.0;
+  t.rope.low_freq_factor = 1.0;
+  t.rope.high_freq_factor = 4.0;
+  t.rope.original_max_position_embeddings = 8192;
+  t.raw = {{"rope_theta", 500000.0},
+           {"rope_scaling",
+            {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+             {"original_max_position_embeddings", 8192}}}};
+  return t;
+}
+
+TEST(DraftConfig, FromTargetCopiesRopeAndMaxPositions) {
+  // Trap (SGLang #6783, SpecForge #249): max positions and RoPE scaling must come from the target.
+  auto c = DraftConfig::from_target(fake_target(), 100, default_aux_layers(8));
+  EXPECT_EQ(c.max_position_embeddings, 131072);
+  EXPECT_EQ(c.rope.type, "llama3");
+  EXPECT_EQ(c.rope.theta, 500000.0);
+  EXPECT_EQ(c.rope_scaling["factor"], 8.0);
+  EXPECT_EQ(c.target_num_hidden_layers, 8);
+  EXPECT_THROW(DraftConfig::from_target(fake_target(), 513, default_aux_layers(8)), Error);
+  EXPECT_THROW(DraftConfig::from_target(fake_target(), 100, {2, 4}), Error);
+  EXPECT_THROW(DraftConfig::from_target(fake_target(), 100, {2, 4, 9}), Error);
+}
+
+TEST(DraftConfig, JsonIsTheExportConfigAndRoundTrips) {
+  auto c = DraftConfig::from_target(fake_target(), 100, default_aux_layers(8));
+  auto j = c.to_json();
+  EXPECT_EQ(j["architectures"][0], "LlamaForCausalLMEagle3");
+  EXPECT_EQ(j["num_hidden_layers"], 1);
+  EXPECT_EQ(j["draft_vocab_size"], 100);
+  EXPECT_EQ(j["vocab_size"], 512);
+  EXPECT_EQ(j["tie_word_embeddings"], false);
+  EXPECT_EQ(j["torch_dtype"], "bfloat16");
+  EXPECT_EQ(j["rope_theta"], 500000.0);
+  EXPECT_EQ(j["rope_scaling"]["rope_type"], "llama3");
+  EXPECT_FALSE(j.contains("target_hidden_size")) << "only when it differs";
+  EXPECT_FALSE(j.contains("eagle_config")) << "default aux layers need no ids";
+  auto back = DraftConfig::from_json(nlohmann::json::parse(j.dump()));
+  EXPECT_EQ(back.to_json(), j);
+  EXPECT_EQ(back.aux_layers, c.aux_layers);
+  EXPECT_EQ(back.rope.factor, 8.0);
+  EXPECT_EQ(back.rope.original_max_position_embeddings, 8192);
+  EXPECT_EQ(back.head_dim, 8);
+
+  c.aux_layers = {1, 3, 6};
+  c.target_hidden_size = 96;
+  auto j2 = c.to_json();
+  EXPECT_EQ(j2["eagle_config"]["eagle_aux_hidden_state_layer_ids"], nlohmann::json({1, 3, 6}));
+  EXPECT_EQ(j2["target_hidden_size"], 96);
+  auto back2 = DraftConfig::from_json(j2);
+  EXPECT_EQ(back2.aux_layers, (std::vector<int>{1, 3, 6}));
+  EXPECT_EQ(back2.target_hidden_size, 96);
+  j2.erase("hidden_size");
+  EXPECT_THROW(DraftConfig::from_json(j2), Error);
+}
+
+TEST(DraftInit, DeterministicBoundedAndLmHeadFromSelectedRows) {
+  auto m = testing::make_tiny_draft(1);
+  auto a = init_draft_weights(m.cfg, m.target_lm, m.selected, 42);
+  auto b = init_draft_weights(m.cfg, m.target_lm, m.selected, 42);
+  auto c = init_draft_weights(m.cfg, m.target_lm, m.selected, 43);
+  auto na = a.named(), nb = b.named(), nc = c.named();
+  ASSERT_EQ(na.size(), 13u);
+  EXPECT_EQ(na[0].first, "fc.weight");
+  EXPECT_EQ(na[12].first, "lm_head.weight");
+  for (size_t i = 0; i < na.size(); ++i) {
+    EXPECT_EQ(na[i].second->to_float_vector(), nb[i].second->to_float_vector()) << na[i].first;
+    if (i < 8) {
+      EXPECT_NE(na[i].second->to_float_vector(), nc[i].second->to_float_vector()) << na[i].first;
+      const double bound = 1.0 / std::sqrt(static_cast<double>(na[i].second->dim(1)));
+      double mx = 0;
+      for (float v : na[i].second->to_float_vector()) mx = std::max(mx, std::fabs(static_cast<double>(v)));
+      EXPECT_LE(mx, bound) << na[i].first;
+      EXPECT_GT(mx, 0.5 * bound) << na[i].first;
+    }
+  }
+  for (float v : a.norm.to_float_vector()) EXPECT_EQ(v, 1.0f);
+  for (size_t i = 0; i < m.selected.size(); ++i)
+    for (int64_t h = 0; h < 8; ++h)
+      EXPECT_EQ(a.lm_head.data<float>()[i * 8 + h], m.target_lm.data<float>()[m.selected[i] * 8 + h]);
+}
+
+TEST(DraftSample, TargetIsSoftmaxOverSelectedColumnsAndArgmaxOverAll) {
+  auto m = testing::make_tiny_draft(2);
+  std::mt19937_64 rng(3);
+  const int64_t T = 70;  // crosses the 64-row chunk of make_ttt_sample
+  Tensor z = testing::random_tensor({T, 8}, rng, 1.0), aux = testing::random_tensor({T, 18}, rng, 1.0);
+  std::vector<int32_t> ids(T, 1);
+  std::vector<uint8_t> mask(T, 1);
+  auto s = make_ttt_sample(ids, mask, aux, z, m.target_lm, m.selected);
+  ASSERT_EQ(s.target_probs.dim(0), T);
+  ASSERT_EQ(s.target_probs.dim(1), 10);
+  int unselected = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<double> l(16);
+    for (int v = 0; v < 16; ++v)
+      for (int h = 0; h < 8; ++h) l[v] += static_cast<double>(z.data<float>()[t * 8 + h]) * m.target_lm.data<float>()[v * 8 + h];
+    EXPECT_EQ(s.target_argmax[t], std::max_element(l.begin(), l.end()) - l.begin()) << "row " << t;
+    unselected += !m.t2d[s.target_argmax[t]];
+    double mx = -1e300, zs = 0;
+    for (int64_t i : m.selected) mx = std::max(mx, l[i]);
+    for (int64_t i : m.selected) zs += std::exp(l[i] - mx);
+    std::vector<float> want;
+    for (int64_t i : m.selected) want.push_back(static_cast<float>(std::exp(l[i] - mx) / zs));
+    testing::expect_close(s.target_probs.slice(t, t + 1).to_float_vector(), want, 1e-6f, 1e-5f, "probs");
+  }
+  EXPECT_GT(unselected, 0) << "some argmaxes should fall outside the draft vocabulary";
+  EXPECT_THROW(make_ttt_sample(std::vector<int32_t>(T - 1, 1), mask, aux, z, m.target_lm, m.selected), Error);
+}
+
+}  // namespace
+}  // namespace aerie
