@@ -1,7 +1,89 @@
-// Placeholder until the job is built.
+// aerie extract: the target's hidden states of every prepared sample, to HDF5 shards.
+//   mpirun -np R aerie extract --model DIR --prepared prepared.h5 --output SHARD_DIR [--tp 1]
+//          [--samples-per-shard 64] [--aux-layers 2,5,8]
+// R/tp groups of tp consecutive ranks each run the target (tensor parallel) over chunks handed out by
+// rank 0; each group's leader writes its shards. Rerunning after a kill redoes only missing shards.
+// The work and the dispatch protocol: src/data/extract.h. The shard format: src/data/shard.h,
+// docs/formats.md.
+#include <sstream>
+
+#include "comm/communicator.h"
 #include "core/error.h"
+#include "core/log.h"
+#include "data/extract.h"
 #include "jobs/jobs.h"
+#include "model/llama.h"
 
 namespace aerie::jobs {
-int extract(const std::vector<std::string>&) { AERIE_THROW("extract: not implemented yet"); }
+
+namespace {
+
+// "2,5,8" -> {2, 5, 8}; empty -> the default of eagle3.md section 1. Checks 3 ascending ids in [0, N].
+std::vector<int> parse_aux_layers(const std::string& s, int64_t num_layers) {
+  if (s.empty()) return default_aux_layers(num_layers);
+  std::vector<int> out;
+  std::stringstream in(s);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    try {
+      size_t pos = 0;
+      int v = std::stoi(item, &pos);
+      AERIE_CHECK(pos == item.size(), "");
+      out.push_back(v);
+    } catch (const std::exception&) {
+      AERIE_THROW("extract: --aux-layers '" << s << "': '" << item << "' is not an integer");
+    }
+  }
+  AERIE_CHECK(out.size() == 3, "extract: --aux-layers '" << s << "' must name 3 layers, got " << out.size());
+  for (size_t i = 0; i < out.size(); ++i) {
+    AERIE_CHECK(out[i] >= 0 && out[i] <= num_layers,
+                "extract: --aux-layers " << out[i] << " outside 0.." << num_layers << " (input of decoder layer k)");
+    AERIE_CHECK(i == 0 || out[i - 1] <= out[i], "extract: --aux-layers '" << s << "' must be ascending");
+  }
+  return out;
+}
+
+}  // namespace
+
+int extract(const std::vector<std::string>& args) {
+  po::options_description desc("aerie extract: target hidden states to HDF5 shards");
+  desc.add_options()("model", po::value<std::string>()->required(), "target model directory (config.json, model.safetensors)")(
+      "prepared", po::value<std::string>()->required(), "prepared.h5 written by aerie prepare")(
+      "output", po::value<std::string>()->required(), "shard folder (shard-%05d.h5; created)")(
+      "tp", po::value<int>()->default_value(1), "tensor-parallel ranks per target replica")(
+      "samples-per-shard", po::value<int64_t>()->default_value(64), "prepared samples per shard (chunk size)")(
+      "aux-layers", po::value<std::string>()->default_value(""),
+      "3 ascending layer ids k, 'input of decoder layer k' (vLLM's convention); default 2,N/2,N-3");
+  po::variables_map vm;
+  if (!parse_options("extract", args, desc, vm)) return 0;
+
+  ParallelGroups groups = ParallelGroups::create(vm["tp"].as<int>());
+  const std::string model_dir = vm["model"].as<std::string>();
+  LlamaModel model(model_dir, *groups.tp);
+  const LlamaConfig& cfg = model.config();
+
+  ExtractOptions opt;
+  opt.prepared = vm["prepared"].as<std::string>();
+  opt.output = vm["output"].as<std::string>();
+  opt.samples_per_shard = vm["samples-per-shard"].as<int64_t>();
+  opt.meta.target_model = model_dir;
+  opt.meta.aux_layers = parse_aux_layers(vm["aux-layers"].as<std::string>(), cfg.num_hidden_layers);
+  opt.meta.hidden_size = cfg.hidden_size;
+  opt.meta.num_hidden_layers = cfg.num_hidden_layers;
+  if (groups.map.world_rank == 0) {
+    AERIE_LOG(info) << "extract: target " << model_dir << " (" << cfg.num_hidden_layers << " layers, hidden "
+                    << cfg.hidden_size << "), aux layers " << opt.meta.aux_layers[0] << ","
+                    << opt.meta.aux_layers[1] << "," << opt.meta.aux_layers[2];
+  }
+
+  const std::vector<int> aux_layers = opt.meta.aux_layers;
+  TargetForward forward = [&](const std::vector<int32_t>& ids, Tensor& aux, Tensor& fin) {
+    TargetOutput out = model.forward(ids, nullptr, aux_layers, false);
+    aux = out.aux_hidden;
+    fin = out.final_hidden;
+  };
+  run_extract(opt, groups, forward);
+  return 0;
+}
+
 }  // namespace aerie::jobs

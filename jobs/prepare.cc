@@ -1,7 +1,45 @@
-// Placeholder until the job is built.
+// aerie prepare: conversations -> tokens + loss masks, one HDF5 file ("aerie.prepared" v1, src/data/prepare.h).
+//   mpirun -np R aerie prepare --input FILE.jsonl|FILE.txt --tokenizer DIR --output prepared.h5
+//          [--format auto|sharegpt|openai|tokenized|text] [--template plain] [--max-length 2048]
+//          [--overlong truncate|drop] [--max-samples N]
+// Every rank reads and tokenizes its own byte range of the input; all ranks write the one output file
+// collectively (MPI-IO), as "<output>.tmp" renamed when complete.
+#include <mpi.h>
+
 #include "core/error.h"
+#include "data/prepare.h"
 #include "jobs/jobs.h"
 
 namespace aerie::jobs {
-int prepare(const std::vector<std::string>&) { AERIE_THROW("prepare: not implemented yet"); }
+
+int prepare(const std::vector<std::string>& args) {
+  po::options_description desc("aerie prepare: conversations -> tokens + loss masks (one HDF5 file)");
+  desc.add_options()("input", po::value<std::string>()->required(),
+                     "input: JSONL (ShareGPT, OpenAI messages or pre-tokenized) or plain text (.txt)")(
+      "format", po::value<std::string>()->default_value("auto"),
+      "auto, sharegpt, openai, tokenized, text (auto: text for .txt, else detected per JSONL line)")(
+      "tokenizer", po::value<std::string>()->required(), "directory with tokenizer.json (or the file)")(
+      "template", po::value<std::string>()->default_value("plain"),
+      "chat template: plain = BOS + turn texts, EOS after each assistant turn")(
+      "output", po::value<std::string>()->required(), "output prepared.h5")(
+      "max-length", po::value<int64_t>()->default_value(2048), "maximum tokens per sample")(
+      "overlong", po::value<std::string>()->default_value("truncate"),
+      "samples longer than --max-length: truncate (keep the first max-length tokens) or drop")(
+      "max-samples", po::value<int64_t>()->default_value(-1), "keep the first N usable samples (-1: all)");
+  po::variables_map vm;
+  if (!parse_options("prepare", args, desc, vm)) return 0;
+
+  PrepareOptions opt;
+  opt.input = vm["input"].as<std::string>();
+  opt.format = input_format_from_name(vm["format"].as<std::string>());
+  opt.tokenizer = vm["tokenizer"].as<std::string>();
+  opt.chat_template = vm["template"].as<std::string>();
+  opt.output = vm["output"].as<std::string>();
+  opt.max_length = vm["max-length"].as<int64_t>();
+  opt.overlong = overlong_from_name(vm["overlong"].as<std::string>());
+  opt.max_samples = vm["max-samples"].as<int64_t>();
+  run_prepare(opt, MPI_COMM_WORLD);
+  return 0;
+}
+
 }  // namespace aerie::jobs

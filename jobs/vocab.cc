@@ -1,7 +1,81 @@
-// Placeholder until the job is built.
+// aerie vocab: the draft vocabulary (d2t/t2d, eagle3.md section 2) from the loss-masked token counts of a
+// prepared file.
+//   aerie vocab --prepared prepared.h5 --output DIR/draft_vocab.safetensors [--draft-vocab-size 32000]
+//               [--model DIR | --vocab-size V] [--force]
+// V (the length of t2d) is the target model's vocab_size (config.json of --model), else --vocab-size, else
+// the tokenizer's vocabulary recorded in the prepared file. The mapping belongs to the draft: an existing
+// output is never overwritten without --force. Rank 0 does the work; the other ranks wait.
+#include <mpi.h>
+
+#include <algorithm>
+#include <filesystem>
+
 #include "core/error.h"
+#include "core/log.h"
+#include "data/vocab.h"
+#include "io/h5.h"
 #include "jobs/jobs.h"
+#include "model/llama_config.h"
 
 namespace aerie::jobs {
-int vocab(const std::vector<std::string>&) { AERIE_THROW("vocab: not implemented yet"); }
+
+int vocab(const std::vector<std::string>& args) {
+  po::options_description desc("aerie vocab: draft vocabulary (d2t/t2d) from the loss-masked token counts");
+  desc.add_options()("prepared", po::value<std::string>()->required(), "prepared.h5 written by aerie prepare")(
+      "output", po::value<std::string>()->required(), "output draft_vocab.safetensors")(
+      "draft-vocab-size", po::value<int64_t>()->default_value(32000), "K (K = V when V is smaller)")(
+      "model", po::value<std::string>(), "target model directory: V = vocab_size of its config.json")(
+      "vocab-size", po::value<int64_t>(), "V, when no --model is given")(
+      "tokenizer-vocab-size", po::value<int64_t>(), "same as --vocab-size")(
+      "force", po::bool_switch(), "overwrite an existing output (the mapping belongs to the draft trained with it)");
+  po::variables_map vm;
+  if (!parse_options("vocab", args, desc, vm)) return 0;
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 0) {
+    const std::string prepared = vm["prepared"].as<std::string>(), output = vm["output"].as<std::string>();
+    AERIE_CHECK(!std::filesystem::exists(output) || vm["force"].as<bool>(),
+                "vocab: " << output << " exists; the draft vocabulary belongs to the draft trained with it "
+                          << "(eagle3.md 2). Use --force to replace it.");
+    int64_t V = -1;
+    std::string source;
+    if (vm.count("model")) {
+      V = load_llama_config(vm["model"].as<std::string>()).vocab_size;
+      source = vm["model"].as<std::string>() + "/config.json";
+    } else if (vm.count("vocab-size") || vm.count("tokenizer-vocab-size")) {
+      V = vm.count("vocab-size") ? vm["vocab-size"].as<int64_t>() : vm["tokenizer-vocab-size"].as<int64_t>();
+      source = "--vocab-size";
+    } else {
+      h5::File f = h5::File::open(prepared);
+      AERIE_CHECK(f.has_attr("vocab_size"), "vocab: " << prepared << " records no vocab_size; pass --model or --vocab-size");
+      V = f.int_attr("vocab_size");
+      source = prepared + " (the tokenizer's vocabulary; pass --model when the model's is larger)";
+      AERIE_LOG(warning) << "vocab: no --model or --vocab-size; V = " << V << " from " << source;
+    }
+    AERIE_CHECK(V > 0, "vocab: vocabulary size " << V << " from " << source);
+    const int64_t K_asked = vm["draft-vocab-size"].as<int64_t>();
+    std::vector<int64_t> counts = count_loss_tokens(prepared, V);
+    DraftVocab dv = build_draft_vocab(counts, K_asked);
+    const int64_t K = dv.draft_vocab_size();
+    int64_t total = 0, distinct = 0, covered = 0;
+    for (int64_t j = 0; j < V; ++j) {
+      total += counts[static_cast<size_t>(j)];
+      distinct += counts[static_cast<size_t>(j)] > 0;
+      if (dv.t2d[static_cast<size_t>(j)]) covered += counts[static_cast<size_t>(j)];
+    }
+    if (K < K_asked) AERIE_LOG(info) << "vocab: draft vocab size " << K_asked << " > V = " << V << ", using K = V";
+    if (distinct < K)
+      AERIE_LOG(warning) << "vocab: only " << distinct << " distinct loss-masked ids for K = " << K
+                         << "; the rest are filled with the smallest unused ids (SpecForge #76)";
+    std::filesystem::path parent = std::filesystem::path(output).parent_path();
+    if (!parent.empty()) std::filesystem::create_directories(parent);
+    save_draft_vocab(output, dv, counts);
+    AERIE_LOG(info) << "vocab: wrote " << output << ": K = " << K << " of V = " << V << " (from " << source << "), "
+                    << total << " loss-masked tokens, " << distinct << " distinct ids, the draft vocabulary covers "
+                    << (total ? 100.0 * static_cast<double>(covered) / static_cast<double>(total) : 100.0) << "% of them";
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  return 0;
+}
+
 }  // namespace aerie::jobs

@@ -1,0 +1,85 @@
+// The work of `aerie extract`: run the target over every prepared sample and store its hidden states in
+// shards (data/shard.h). Chunk c = prepared samples [c*S, (c+1)*S) -> "<output>/shard-%05d.h5".
+//
+// Parallelism: the world is split into tp groups (ParallelGroups, consecutive ranks); each group runs the
+// target's forward together (tensor parallel) and its leader (tp rank 0) writes the group's shards with
+// serial HDF5, so different groups write different shards at the same time. Chunks are handed out
+// dynamically by world rank 0, which also works in group 0 (no extra thread: MPI is initialised without
+// MPI_THREAD_MULTIPLE):
+//   - the leader of group g > 0 sends rank 0 a request [g, finished chunk or -1, its samples, its tokens]
+//     (tag kExtractRequestTag) and waits for the reply [next chunk or -1] (tag kExtractReplyTag);
+//   - rank 0 answers every pending request (MPI_Iprobe) before each chunk of its own and between the
+//     samples of that chunk, so a request waits at most one forward of group 0; when the queue is empty it
+//     answers -1 and, after its own last chunk, keeps answering until every leader got its -1;
+//   - each leader broadcasts the chunk index (or -1 = stop) to its tp group.
+// Rank 0 counts the completions it is told about and logs progress (samples/s, tokens/s, ETA).
+//
+// Restart: shard files are written as "*.tmp" and renamed when complete. At start rank 0 deletes stale
+// "shard-*.h5.tmp" files and skips every chunk whose shard exists (after checking that it holds the
+// chunk's samples and the same aux layers / hidden size, so shards of another run are never mixed in).
+// A shard's bytes depend only on the chunk's samples and the forward (not on which group wrote it), so a
+// killed and rerun job gives the same files as an uninterrupted one.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "core/tensor.h"
+#include "data/shard.h"
+
+namespace aerie {
+
+inline constexpr int kExtractRequestTag = 7101;
+inline constexpr int kExtractReplyTag = 7102;
+
+/// The target's forward over one sample: ids [T] -> aux_hidden [T, 3H] F32 (f_t, eagle3.md section 1)
+/// and final_hidden [T, H] F32 (z_t). Collective over the caller's tp group: every rank of the group calls
+/// it with the same ids; the group leader's outputs are stored.
+using TargetForward = std::function<void(const std::vector<int32_t>& ids, Tensor& aux_hidden, Tensor& final_hidden)>;
+
+/// The token index of a prepared file ("aerie.prepared" v1, docs/formats.md): sample_offsets only.
+/// Tokens are read per range with read_tokens().
+class PreparedFile {
+ public:
+  /// Opens `path` read-only (serial HDF5) and checks format/version and dataset shapes. Throws
+  /// aerie::Error naming the file otherwise.
+  explicit PreparedFile(const std::string& path);
+  ~PreparedFile();
+  PreparedFile(PreparedFile&&) noexcept;
+  int64_t num_samples() const { return static_cast<int64_t>(offsets_.size()) - 1; }
+  const std::vector<int64_t>& sample_offsets() const { return offsets_; }  // [N+1]
+  /// input_ids [end-begin tokens] and loss_mask of samples [begin, end) (flattened, tokens of
+  /// samples begin..end-1 in order).
+  void read_tokens(int64_t begin, int64_t end, std::vector<int32_t>& ids, std::vector<uint8_t>& mask) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  std::string path_;
+  std::vector<int64_t> offsets_;
+};
+
+struct ExtractOptions {
+  std::string prepared;          // prepared.h5
+  std::string output;            // shard folder (created)
+  int64_t samples_per_shard = 64;
+  ShardMeta meta;                // target_model, aux_layers, hidden_size, num_hidden_layers (chunk set per shard)
+};
+
+/// What run_extract did: totals over the world, the same on every rank.
+struct ExtractStats {
+  int64_t chunks = 0;          // chunks of the prepared file
+  int64_t chunks_skipped = 0;  // already complete at start
+  int64_t chunks_done = 0;     // written by this run
+  int64_t samples = 0, tokens = 0;  // extracted by this run
+  double seconds = 0;
+};
+
+/// Extracts every missing shard. Collective over groups.world (all ranks call it with the same options);
+/// `forward` is collective over groups.tp. Throws aerie::Error on unreadable input, a shard of another run
+/// in the output folder, or I/O failure (the caller aborts the job: peers may be waiting).
+ExtractStats run_extract(const ExtractOptions& options, ParallelGroups& groups, const TargetForward& forward);
+
+}  // namespace aerie

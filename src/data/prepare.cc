@@ -1,0 +1,305 @@
+#include "data/prepare.h"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <sstream>
+
+#include "comm/communicator.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/progress.h"
+#include "io/h5.h"
+
+namespace aerie {
+
+namespace fs = std::filesystem;
+
+Overlong overlong_from_name(const std::string& name) {
+  if (name == "truncate") return Overlong::Truncate;
+  if (name == "drop") return Overlong::Drop;
+  AERIE_THROW("unknown overlong policy '" << name << "' (truncate, drop)");
+}
+
+const char* overlong_name(Overlong o) { return o == Overlong::Truncate ? "truncate" : "drop"; }
+
+bool apply_overlong(TokenizedSample& s, int64_t max_length, Overlong policy, bool* truncated) {
+  if (truncated) *truncated = false;
+  if (max_length <= 0 || static_cast<int64_t>(s.input_ids.size()) <= max_length) return true;
+  if (policy == Overlong::Drop) return false;
+  s.input_ids.resize(static_cast<size_t>(max_length));
+  s.loss_mask.resize(static_cast<size_t>(max_length));
+  if (truncated) *truncated = true;
+  return true;
+}
+
+namespace {
+
+// This rank's samples, concatenated.
+struct LocalSamples {
+  std::vector<int32_t> ids;
+  std::vector<uint8_t> mask;
+  std::vector<int64_t> lengths;
+  std::vector<uint8_t> truncated;
+  int64_t records = 0;
+  std::array<int64_t, static_cast<size_t>(SkipReason::Count_)> skipped_by{};
+  std::vector<std::string> examples;  // "file:line: reason (detail)"
+
+  // Keeps the first n samples.
+  void keep_first(int64_t n) {
+    if (n >= static_cast<int64_t>(lengths.size())) return;
+    int64_t tokens = 0;
+    for (int64_t i = 0; i < n; ++i) tokens += lengths[static_cast<size_t>(i)];
+    lengths.resize(static_cast<size_t>(n));
+    truncated.resize(static_cast<size_t>(n));
+    ids.resize(static_cast<size_t>(tokens));
+    mask.resize(static_cast<size_t>(tokens));
+  }
+};
+
+int64_t exscan(int64_t v, MPI_Comm comm) {
+  int64_t out = 0;
+  check_mpi(MPI_Exscan(&v, &out, 1, MPI_INT64_T, MPI_SUM, comm), "MPI_Exscan");
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  return rank == 0 ? 0 : out;
+}
+
+int64_t allsum(int64_t v, MPI_Comm comm) {
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_INT64_T, MPI_SUM, comm), "MPI_Allreduce");
+  return v;
+}
+
+// Concatenates the strings of all ranks on rank 0, in rank order (others get an empty vector).
+std::vector<std::string> gather_strings(const std::vector<std::string>& mine, MPI_Comm comm) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  std::string buf;
+  for (const auto& s : mine) buf += s + '\0';
+  int n = static_cast<int>(buf.size());
+  std::vector<int> counts(static_cast<size_t>(size)), displs(static_cast<size_t>(size));
+  check_mpi(MPI_Gather(&n, 1, MPI_INT, counts.data(), 1, MPI_INT, 0, comm), "MPI_Gather");
+  std::string all;
+  if (rank == 0) {
+    int total = 0;
+    for (int r = 0; r < size; ++r) {
+      displs[static_cast<size_t>(r)] = total;
+      total += counts[static_cast<size_t>(r)];
+    }
+    all.resize(static_cast<size_t>(total));
+  }
+  check_mpi(MPI_Gatherv(buf.data(), n, MPI_CHAR, all.data(), counts.data(), displs.data(), MPI_CHAR, 0, comm),
+            "MPI_Gatherv");
+  std::vector<std::string> out;
+  size_t p = 0;
+  while (p < all.size()) {
+    size_t e = all.find('\0', p);
+    out.push_back(all.substr(p, e - p));
+    p = e + 1;
+  }
+  return out;
+}
+
+bool is_text_input(const PrepareOptions& opt) {
+  if (opt.format == InputFormat::Text) return true;
+  if (opt.format != InputFormat::Auto) return false;
+  return fs::path(opt.input).extension() == ".txt";
+}
+
+// Reads and tokenizes this rank's part of the input.
+LocalSamples read_local(const PrepareOptions& opt, const Tokenizer& tok, const ChatTemplate& tmpl, bool text,
+                        int rank, int size, MPI_Comm comm) {
+  InputRange range = input_range(opt.input, text, rank, size);
+  int64_t line0 = exscan(range.lines, comm);
+  LocalSamples out;
+  int64_t vocab = tok.vocab_size();
+  Progress progress("prepare", "MiB", static_cast<double>(range.end - range.begin) / (1 << 20), rank);
+  int64_t last_bytes = 0;
+  std::string file_name = fs::path(opt.input).filename().string();
+  for_each_record(opt.input, range, text, [&](const std::string& rec, int64_t line, int64_t bytes) {
+    progress.add(static_cast<double>(bytes - last_bytes) / (1 << 20));
+    last_bytes = bytes;
+    // No rank ever needs more than max_samples of its own samples.
+    if (opt.max_samples >= 0 && static_cast<int64_t>(out.lengths.size()) >= opt.max_samples) return;
+    ++out.records;
+    InputRecord r = text ? parse_story(rec) : parse_json_record(rec, opt.format, vocab);
+    TokenizedSample s;
+    bool truncated = false;
+    if (r.skip == SkipReason::None) {
+      if (r.tokenized) {
+        s.input_ids = std::move(r.input_ids);
+        s.loss_mask = std::move(r.loss_mask);
+      } else {
+        try {
+          s = tmpl.apply(r.conversation, tok);
+        } catch (const Error& e) {
+          r.skip = SkipReason::WrongTypes;
+          r.detail = e.what();
+        }
+      }
+    }
+    if (r.skip == SkipReason::None) {
+      if (!apply_overlong(s, opt.max_length, opt.overlong, &truncated)) {
+        r.skip = SkipReason::Overlong;
+        r.detail = std::to_string(s.input_ids.size()) + " tokens > max_length " + std::to_string(opt.max_length);
+      } else if (s.loss_tokens() == 0) {
+        r.skip = SkipReason::ZeroLoss;
+        r.detail = truncated ? "no assistant token within the first " + std::to_string(opt.max_length) + " tokens"
+                             : "no assistant token";
+      } else if (s.input_ids.empty()) {
+        r.skip = SkipReason::Empty;
+        r.detail = "no tokens";
+      }
+    }
+    if (r.skip != SkipReason::None) {
+      ++out.skipped_by[static_cast<size_t>(r.skip)];
+      if (static_cast<int>(out.examples.size()) < opt.max_reported) {
+        std::ostringstream os;
+        os << file_name << ":" << (line0 + line + 1) << ": " << skip_name(r.skip);
+        if (!r.detail.empty()) os << " (" << r.detail << ")";
+        out.examples.push_back(os.str());
+      }
+      return;
+    }
+    out.ids.insert(out.ids.end(), s.input_ids.begin(), s.input_ids.end());
+    out.mask.insert(out.mask.end(), s.loss_mask.begin(), s.loss_mask.end());
+    out.lengths.push_back(static_cast<int64_t>(s.input_ids.size()));
+    out.truncated.push_back(truncated);
+  });
+  progress.finish();
+  return out;
+}
+
+}  // namespace
+
+PrepareStats run_prepare(const PrepareOptions& opt, MPI_Comm comm) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  AERIE_CHECK(fs::is_regular_file(opt.input), "prepare: input " << opt.input << " is not a readable file");
+  AERIE_CHECK(!opt.output.empty(), "prepare: no output path");
+  AERIE_CHECK(opt.max_length > 0, "prepare: max_length must be positive, got " << opt.max_length);
+  bool text = is_text_input(opt);
+  AERIE_CHECK(!(text && opt.format == InputFormat::Tokenized), "prepare: tokenized input must be JSONL");
+  std::unique_ptr<Tokenizer> tok = Tokenizer::load(opt.tokenizer);
+  std::unique_ptr<ChatTemplate> tmpl = make_chat_template(opt.chat_template, *tok);
+  if (rank == 0) {
+    AERIE_LOG(info) << "prepare: input " << opt.input << " (format "
+                    << (text ? "text" : input_format_name(opt.format)) << ", " << fs::file_size(opt.input)
+                    << " bytes, " << size << " rank(s)), tokenizer " << opt.tokenizer << " (vocab "
+                    << tok->vocab_size() << ", bos " << tok->bos_id() << ", eos " << tok->eos_id()
+                    << "), template " << tmpl->name() << ", max_length " << opt.max_length << ", overlong "
+                    << overlong_name(opt.overlong)
+                    << (opt.overlong == Overlong::Truncate ? " (keep the first max_length tokens)"
+                                                           : " (drop longer samples)")
+                    << (opt.max_samples >= 0 ? ", max_samples " + std::to_string(opt.max_samples) : "");
+  }
+
+  LocalSamples local = read_local(opt, *tok, *tmpl, text, rank, size, comm);
+
+  // Input order: rank r's samples follow those of ranks < r. --max-samples keeps the first N overall.
+  int64_t n_local = static_cast<int64_t>(local.lengths.size());
+  int64_t sample_off = exscan(n_local, comm);
+  if (opt.max_samples >= 0) local.keep_first(std::clamp<int64_t>(opt.max_samples - sample_off, 0, n_local));
+  n_local = static_cast<int64_t>(local.lengths.size());
+  int64_t tok_local = static_cast<int64_t>(local.ids.size());
+  int64_t tok_off = exscan(tok_local, comm);
+
+  PrepareStats st;
+  st.samples = allsum(n_local, comm);
+  st.tokens = allsum(tok_local, comm);
+  int64_t loss_local = 0, trunc_local = 0;
+  for (uint8_t m : local.mask) loss_local += m != 0;
+  for (uint8_t t : local.truncated) trunc_local += t;
+  st.loss_tokens = allsum(loss_local, comm);
+  st.truncated = allsum(trunc_local, comm);
+  st.records = allsum(local.records, comm);
+  check_mpi(MPI_Allreduce(local.skipped_by.data(), st.skipped_by.data(), static_cast<int>(st.skipped_by.size()),
+                          MPI_INT64_T, MPI_SUM, comm),
+            "MPI_Allreduce");
+  for (int64_t n : st.skipped_by) st.skipped += n;
+  std::vector<std::string> examples = gather_strings(local.examples, comm);
+  if (rank == 0) {
+    if (static_cast<int>(examples.size()) > opt.max_reported) examples.resize(static_cast<size_t>(opt.max_reported));
+    st.examples = examples;
+    std::ostringstream why;
+    for (size_t i = 1; i < st.skipped_by.size(); ++i)
+      if (st.skipped_by[i]) why << (why.tellp() > 0 ? ", " : "") << skip_name(static_cast<SkipReason>(i)) << " " << st.skipped_by[i];
+    AERIE_LOG(info) << "prepare: " << st.records << " records read, " << st.samples << " samples kept, "
+                    << st.skipped << " skipped" << (st.skipped ? " (" + why.str() + ")" : "") << ", " << st.truncated
+                    << " truncated to " << opt.max_length << " tokens";
+    for (const auto& e : st.examples) AERIE_LOG(warning) << "prepare: skipped " << e;
+    if (st.skipped > static_cast<int64_t>(st.examples.size()))
+      AERIE_LOG(warning) << "prepare: ... and " << st.skipped - static_cast<int64_t>(st.examples.size())
+                         << " more skipped records";
+  }
+  AERIE_CHECK(st.samples > 0, "prepare: no usable sample in " << opt.input << " (" << st.records << " records, "
+                                                              << st.skipped << " skipped; see the log)");
+
+  // Write "<output>.tmp" collectively, then rename it on rank 0.
+  std::string tmp = opt.output + ".tmp";
+  if (rank == 0) {
+    fs::path parent = fs::path(opt.output).parent_path();
+    if (!parent.empty()) fs::create_directories(parent);
+  }
+  MPI_Barrier(comm);
+  {
+    h5::File f = h5::File::create(tmp, comm);
+    std::vector<int64_t> offsets(static_cast<size_t>(n_local));
+    int64_t acc = tok_off;
+    for (int64_t i = 0; i < n_local; ++i) {
+      offsets[static_cast<size_t>(i)] = acc;
+      acc += local.lengths[static_cast<size_t>(i)];
+    }
+    if (rank == size - 1) offsets.push_back(st.tokens);  // off[N] = N_tok
+    {
+      h5::Dataset ids = f.create_dataset("input_ids", DType::I32, {st.tokens});
+      ids.write_rows(tok_off, Tensor::wrap(local.ids.data(), {tok_local}, DType::I32));
+      h5::Dataset mask = f.create_dataset("loss_mask", DType::U8, {st.tokens});
+      mask.write_rows(tok_off, Tensor::wrap(local.mask.data(), {tok_local}, DType::U8));
+      h5::Dataset off = f.create_dataset("sample_offsets", DType::I64, {st.samples + 1});
+      off.write_rows(sample_off, Tensor::wrap(offsets.data(), {static_cast<int64_t>(offsets.size())}, DType::I64));
+    }
+    f.set_string_attr("format", kPreparedFormat);
+    f.set_int_attr("format_version", kPreparedVersion);
+    f.set_string_attr("tokenizer", opt.tokenizer);
+    f.set_string_attr("template", tmpl->name());
+    f.set_int_attr("max_length", opt.max_length);
+    f.set_string_attr("overlong", overlong_name(opt.overlong));
+    f.set_int_attr("num_samples", st.samples);
+    f.set_int_attr("num_tokens", st.tokens);
+    f.set_int_attr("num_loss_tokens", st.loss_tokens);
+    f.set_string_attr("source", opt.input);
+    f.set_string_attr("input_format", text ? "text" : input_format_name(opt.format));
+    f.set_int_attr("bos_id", tok->bos_id());
+    f.set_int_attr("eos_id", tok->eos_id());
+    f.set_int_attr("vocab_size", tok->vocab_size());
+    f.set_int_attr("num_skipped", st.skipped);
+    f.set_int_attr("num_truncated", st.truncated);
+    f.close();
+  }
+  MPI_Barrier(comm);
+  int ok = 1;
+  std::string err;
+  if (rank == 0) {
+    std::error_code ec;
+    fs::rename(tmp, opt.output, ec);
+    if (ec) {
+      ok = 0;
+      err = ec.message();
+    }
+  }
+  check_mpi(MPI_Bcast(&ok, 1, MPI_INT, 0, comm), "MPI_Bcast");
+  AERIE_CHECK(ok, "prepare: cannot rename " << tmp << " to " << opt.output << (err.empty() ? "" : ": " + err));
+  if (rank == 0) {
+    AERIE_LOG(info) << "prepare: wrote " << opt.output << ": " << st.samples << " samples, " << st.tokens
+                    << " tokens (mean " << st.tokens / std::max<int64_t>(1, st.samples) << " per sample), "
+                    << st.loss_tokens << " loss-masked tokens ("
+                    << (st.tokens ? 100.0 * static_cast<double>(st.loss_tokens) / static_cast<double>(st.tokens) : 0.0)
+                    << "%)";
+  }
+  return st;
+}
+
+}  // namespace aerie

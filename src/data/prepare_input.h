@@ -1,0 +1,89 @@
+// Input records of `aerie prepare`: one conversation (or one pre-tokenized sample) per JSONL line, or one
+// story per blank-line-separated block of a plain text file. Parsing never throws on bad input: a record
+// that cannot be used comes back with a SkipReason, counted and reported by the job.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace aerie {
+
+enum class ChatRole : uint8_t { System, User, Assistant, Tool };
+const char* role_name(ChatRole r);
+
+struct ChatTurn {
+  ChatRole role;
+  std::string text;
+};
+
+/// One conversation: turns in order.
+struct Conversation {
+  std::vector<ChatTurn> turns;
+};
+
+/// Input forms (--format). Auto: ".txt" files are Text; JSONL lines are recognised by their keys
+/// ("conversations" -> ShareGPT, "messages" -> OpenAI, "input_ids" -> Tokenized).
+enum class InputFormat : uint8_t { Auto, ShareGPT, OpenAI, Tokenized, Text };
+/// Parses "auto", "sharegpt", "openai", "tokenized", "text". Throws aerie::Error on anything else.
+InputFormat input_format_from_name(const std::string& name);
+const char* input_format_name(InputFormat f);
+
+/// Why a record was not used (counted per reason, the first few reported with file:line).
+enum class SkipReason : uint8_t {
+  None = 0,
+  Empty,          // blank JSONL line or an empty conversation/text
+  BadJson,        // not a JSON object
+  WrongTypes,     // missing keys, wrong types, unknown roles, mismatched array lengths, ids out of range
+  NoAssistant,    // no assistant turn (nothing to train on)
+  NoRest,         // text form: the story is a single sentence (no answer after the prompt)
+  ZeroLoss,       // no loss-masked token after tokenization/truncation (e.g. empty assistant turns)
+  Overlong,       // longer than max_length under --overlong drop
+  Count_
+};
+const char* skip_name(SkipReason s);
+
+/// One parsed record: a conversation, or (form Tokenized) tokens and loss mask, or a skip reason.
+struct InputRecord {
+  SkipReason skip = SkipReason::None;
+  std::string detail;              // what was wrong, for the log
+  bool tokenized = false;
+  Conversation conversation;       // if !tokenized
+  std::vector<int32_t> input_ids;  // if tokenized
+  std::vector<uint8_t> loss_mask;  // if tokenized
+};
+
+/// Parses one JSONL line of `format` (Auto detects per line; Text is not a JSONL format).
+/// ShareGPT: {"conversations": [{"from": "human"|"user"|"gpt"|"assistant"|"system"|"function_call"|
+/// "observation"|"tool", "value": str}], optional top-level "system": str}. "function_call" is model output
+/// (assistant); "observation"/"tool" are tool results (never trained on).
+/// OpenAI: {"messages": [{"role": "system"|"developer"|"user"|"assistant"|"tool", "content": str or
+/// [{"type": "text", "text": str}, ...]}]}.
+/// Tokenized: {"input_ids": [int], "loss_mask": [0|1]} of equal length; ids must lie in [0, vocab_size).
+/// A conversation without an assistant turn is NoAssistant.
+InputRecord parse_json_record(const std::string& line, InputFormat format, int64_t vocab_size);
+
+/// Text form: splits one story (a block of non-blank lines, joined by '\n') into prompt and answer. The
+/// prompt is the first sentence: up to and including the first '.', '!' or '?' that is followed by a space
+/// or newline; the answer is the rest with leading whitespace removed. A story without a rest is NoRest.
+InputRecord parse_story(const std::string& story);
+
+/// A contiguous part of an input file read by one rank: records whose first byte lies in [begin, end).
+/// Text files: the boundaries are moved to the start of a blank line so that no story is split; JSONL:
+/// to the start of a line.
+struct InputRange {
+  int64_t begin = 0, end = 0;  // byte offsets, boundaries adjusted
+  int64_t lines = 0;           // '\n'-terminated lines in [begin, end) (plus a last unterminated one)
+};
+/// Range of part `part` of `parts` equal byte ranges of `path`, boundaries adjusted. Throws aerie::Error if
+/// the file cannot be read.
+InputRange input_range(const std::string& path, bool text, int part, int parts);
+
+/// Calls `fn(record_text, first_line, bytes_done)` for each record of `range` in file order: each line
+/// for JSONL (blank ones included; without the '\n'), each story (its non-blank lines joined by '\n') for
+/// text. first_line is 0-based within the range; bytes_done counts the bytes of the range read so far.
+/// Throws aerie::Error naming the file on a read error.
+void for_each_record(const std::string& path, const InputRange& range, bool text,
+                     const std::function<void(const std::string&, int64_t, int64_t)>& fn);
+
+}  // namespace aerie

@@ -1,0 +1,239 @@
+// run_extract: shards hold exactly the forward's outputs (bf16-rounded), chunks are skipped on rerun,
+// stale .tmp files are removed, shards of another run are refused; the real stories260K target matches
+// LlamaModel::forward; under mpirun (tests/mpi/extract.cmake) several groups and tp=2 give the same shards.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "comm/communicator.h"
+#include "data/extract.h"
+#include "data/shard.h"
+#include "io/h5.h"
+#include "model/llama.h"
+#include "test_util.h"
+
+namespace aerie {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Prepared {
+  std::vector<std::vector<int32_t>> ids;
+  std::vector<std::vector<uint8_t>> mask;
+};
+
+// Deterministic samples of lengths 3..3+len_spread-1 with ids in [0, vocab).
+Prepared make_prepared(int64_t n, int64_t vocab, int64_t len_spread = 9) {
+  Prepared p;
+  uint64_t x = 12345;
+  auto next = [&] { return (x = x * 6364136223846793005ull + 1442695040888963407ull) >> 33; };
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t T = 3 + static_cast<int64_t>(next() % static_cast<uint64_t>(len_spread));
+    std::vector<int32_t> ids;
+    std::vector<uint8_t> mask;
+    for (int64_t t = 0; t < T; ++t) {
+      ids.push_back(static_cast<int32_t>(next() % static_cast<uint64_t>(vocab)));
+      mask.push_back(static_cast<uint8_t>(t >= T / 2));
+    }
+    p.ids.push_back(ids);
+    p.mask.push_back(mask);
+  }
+  return p;
+}
+
+// Writes a prepared file ("aerie.prepared" v1, docs/formats.md) directly, without the prepare job.
+void write_prepared(const std::string& path, const Prepared& p) {
+  std::vector<int32_t> ids;
+  std::vector<uint8_t> mask;
+  std::vector<int64_t> offsets{0};
+  for (size_t i = 0; i < p.ids.size(); ++i) {
+    ids.insert(ids.end(), p.ids[i].begin(), p.ids[i].end());
+    mask.insert(mask.end(), p.mask[i].begin(), p.mask[i].end());
+    offsets.push_back(static_cast<int64_t>(ids.size()));
+  }
+  h5::File f = h5::File::create(path);
+  const int64_t T = static_cast<int64_t>(ids.size()), N = static_cast<int64_t>(p.ids.size());
+  f.write_dataset("input_ids", Tensor::from_vector(ids, {T}));
+  f.write_dataset("loss_mask", Tensor::from_vector(mask, {T}));
+  f.write_dataset("sample_offsets", Tensor::from_vector(offsets, {N + 1}));
+  f.set_string_attr("format", "aerie.prepared");
+  f.set_int_attr("format_version", 1);
+  f.close();
+}
+
+// A stand-in target: values that depend on the token, its position and the column, not bf16-exact.
+constexpr int64_t kFakeH = 4;
+void fake_forward(const std::vector<int32_t>& ids, Tensor& aux, Tensor& fin) {
+  const int64_t T = static_cast<int64_t>(ids.size()), H = kFakeH;
+  aux = Tensor::empty({T, 3 * H}, DType::F32);
+  fin = Tensor::empty({T, H}, DType::F32);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t j = 0; j < 3 * H; ++j)
+      aux.data<float>()[t * 3 * H + j] = std::sin(0.1f * static_cast<float>(ids[t]) + 0.013f * t + j) * (1 + j);
+    for (int64_t j = 0; j < H; ++j)
+      fin.data<float>()[t * H + j] = std::cos(0.1f * static_cast<float>(ids[t]) - 0.017f * t + j);
+  }
+}
+
+ExtractOptions fake_options(const std::string& dir, int64_t samples_per_shard) {
+  ExtractOptions o;
+  o.prepared = dir + "/prepared.h5";
+  o.output = dir + "/shards";
+  o.samples_per_shard = samples_per_shard;
+  o.meta.target_model = "fake";
+  o.meta.aux_layers = {1, 2, 3};
+  o.meta.hidden_size = kFakeH;
+  o.meta.num_hidden_layers = 4;
+  return o;
+}
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+std::vector<float> rounded(const Tensor& t) {
+  std::vector<float> v = t.to_float_vector();
+  for (float& x : v) x = round_bf16(x);
+  return v;
+}
+
+// Every sample of the prepared data is in the shards, in order, with the forward's values in bf16.
+void expect_shards_hold(const std::string& shard_dir, const Prepared& p, int64_t samples_per_shard,
+                        const TargetForward& forward) {
+  auto shards = list_shards(shard_dir);
+  const int64_t N = static_cast<int64_t>(p.ids.size());
+  ASSERT_EQ(static_cast<int64_t>(shards.size()), (N + samples_per_shard - 1) / samples_per_shard);
+  int64_t next = 0;
+  for (size_t c = 0; c < shards.size(); ++c) {
+    EXPECT_EQ(fs::path(shards[c]).filename().string(), shard_file_name(static_cast<int64_t>(c)));
+    ShardReader r(shards[c]);
+    EXPECT_EQ(r.info().chunk, static_cast<int64_t>(c));
+    for (int64_t i = 0; i < r.num_samples(); ++i, ++next) {
+      HiddenSample s = r.read(i);
+      ASSERT_EQ(s.sample_index, next);
+      EXPECT_EQ(s.ids, p.ids[next]);
+      EXPECT_EQ(s.loss_mask, p.mask[next]);
+      Tensor aux, fin;
+      forward(s.ids, aux, fin);
+      // Same forward, same inputs: the stored values are exactly the bf16 rounding of its output.
+      EXPECT_EQ(s.aux_hidden.to_float_vector(), rounded(aux)) << shards[c] << " sample " << i;
+      EXPECT_EQ(s.final_hidden.to_float_vector(), rounded(fin)) << shards[c] << " sample " << i;
+    }
+  }
+  EXPECT_EQ(next, N);
+}
+
+TEST(Extract, ShardsHoldEverySampleAndRerunSkipsThem) {
+  const std::string dir = testing::scratch_dir("extract_fake");
+  Prepared p = make_prepared(10, 100);
+  write_prepared(dir + "/prepared.h5", p);
+  ParallelGroups g = ParallelGroups::create(1);
+  if (g.map.world_size != 1) GTEST_SKIP() << "single-rank test";
+  ExtractOptions o = fake_options(dir, 4);
+
+  ExtractStats st = run_extract(o, g, fake_forward);
+  EXPECT_EQ(st.chunks, 3);
+  EXPECT_EQ(st.chunks_done, 3);
+  EXPECT_EQ(st.chunks_skipped, 0);
+  EXPECT_EQ(st.samples, 10);
+  expect_shards_hold(o.output, p, 4, fake_forward);
+  ShardReader last(o.output + "/shard-00002.h5");
+  EXPECT_EQ(last.num_samples(), 2);  // 10 = 4 + 4 + 2
+  EXPECT_EQ(last.info().aux_layers, (std::vector<int>{1, 2, 3}));
+  const std::string shard1 = read_bytes(o.output + "/shard-00001.h5");
+
+  // Rerun: nothing to do.
+  st = run_extract(o, g, fake_forward);
+  EXPECT_EQ(st.chunks_skipped, 3);
+  EXPECT_EQ(st.chunks_done, 0);
+
+  // A killed run: shard 1 missing, its .tmp half written. The rerun redoes exactly shard 1, byte for byte.
+  fs::remove(o.output + "/shard-00001.h5");
+  std::ofstream(o.output + "/shard-00001.h5.tmp") << "half a shard";
+  std::ofstream(o.output + "/shard-00007.h5.tmp") << "stale";
+  st = run_extract(o, g, fake_forward);
+  EXPECT_EQ(st.chunks_skipped, 2);
+  EXPECT_EQ(st.chunks_done, 1);
+  EXPECT_EQ(st.samples, 4);
+  EXPECT_FALSE(fs::exists(o.output + "/shard-00001.h5.tmp"));
+  EXPECT_FALSE(fs::exists(o.output + "/shard-00007.h5.tmp"));
+  EXPECT_TRUE(read_bytes(o.output + "/shard-00001.h5") == shard1);
+}
+
+TEST(Extract, RefusesShardsOfAnotherRun) {
+  const std::string dir = testing::scratch_dir("extract_other_run");
+  Prepared p = make_prepared(6, 100);
+  write_prepared(dir + "/prepared.h5", p);
+  ParallelGroups g = ParallelGroups::create(1);
+  if (g.map.world_size != 1) GTEST_SKIP() << "single-rank test";
+  run_extract(fake_options(dir, 3), g, fake_forward);
+  // Same folder, another chunk size: shard-00000.h5 holds 3 samples, this run wants 2.
+  try {
+    run_extract(fake_options(dir, 2), g, fake_forward);
+    FAIL() << "mixed shards of two runs";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("shard-00000.h5"), std::string::npos) << e.what();
+  }
+  ExtractOptions o = fake_options(dir, 3);
+  o.meta.aux_layers = {0, 1, 2};
+  EXPECT_THROW(run_extract(o, g, fake_forward), Error);
+}
+
+TEST(Extract, BadPreparedFileNamesIt) {
+  const std::string dir = testing::scratch_dir("extract_bad_prepared");
+  {
+    h5::File f = h5::File::create(dir + "/prepared.h5");
+    f.set_string_attr("format", "something.else");
+    f.set_int_attr("format_version", 1);
+  }
+  try {
+    PreparedFile pf(dir + "/prepared.h5");
+    FAIL() << "accepted another format";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(dir + "/prepared.h5"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(PreparedFile(dir + "/missing.h5"), Error);
+}
+
+// The real target: what the shards hold is LlamaModel::forward of each sample, rounded to bf16.
+TEST(Extract, Stories260KMatchesForward) {
+  if (!testing::have_model()) GTEST_SKIP() << "no converted stories260K at " << testing::model_dir();
+  const std::string dir = testing::scratch_dir("extract_stories");
+  ParallelGroups g = ParallelGroups::create(1);
+  if (g.map.world_size != 1) GTEST_SKIP() << "single-rank test";
+  LlamaModel model(testing::model_dir(), *g.tp);
+  Prepared p = make_prepared(5, model.config().vocab_size, 40);
+  write_prepared(dir + "/prepared.h5", p);
+  ExtractOptions o;
+  o.prepared = dir + "/prepared.h5";
+  o.output = dir + "/shards";
+  o.samples_per_shard = 2;
+  o.meta.target_model = testing::model_dir();
+  o.meta.aux_layers = {1, 2, 4};
+  o.meta.hidden_size = model.config().hidden_size;
+  o.meta.num_hidden_layers = model.config().num_hidden_layers;
+  TargetForward fwd = [&](const std::vector<int32_t>& ids, Tensor& aux, Tensor& fin) {
+    TargetOutput out = model.forward(ids, nullptr, o.meta.aux_layers, false);
+    aux = out.aux_hidden;
+    fin = out.final_hidden;
+  };
+  ExtractStats st = run_extract(o, g, fwd);
+  EXPECT_EQ(st.chunks_done, 3);
+  expect_shards_hold(o.output, p, 2, fwd);
+  ShardReader r(o.output + "/shard-00001.h5");
+  EXPECT_EQ(r.info().hidden_size, 64);
+  EXPECT_EQ(r.info().target_model, testing::model_dir());
+  // Sanity of the stored features themselves: z_t is RMS-normalised times final_norm's weight, so not 0.
+  HiddenSample s = r.read(0);
+  double sq = 0;
+  for (float v : s.final_hidden.to_float_vector()) sq += v * v;
+  EXPECT_GT(sq, 0.0);
+}
+
+}  // namespace
+}  // namespace aerie
