@@ -5,6 +5,7 @@
 // vLLM/SGLang llama_eagle3.py.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -110,5 +111,38 @@ TTTStats ttt_forward_backward(const DraftConfig& cfg, const DraftWeights& w, con
                               const TTTSample& s, const std::vector<int64_t>& d2t, const std::vector<uint8_t>& t2d,
                               int num_steps, const std::vector<double>& step_weight, DraftWeights* grads,
                               std::vector<Tensor>* step_logits = nullptr);
+
+/// The draft at inference (eagle3.md section 6), one sequence, greedy chain. It keeps the
+/// target-conditioned cache: the step-0 keys/values (and outputs o) of every verified position p,
+/// computed from the target's aux hidden state f_p and the next token u_p = x_{p+1}. propose() runs
+/// the chain from the last cached position: guess 1 comes from that position's step-0 logits; guess j+1
+/// from a step-j query at position p+j (input: guess j, hidden: the previous step's o) that attends to
+/// the cache 0..p plus the chain's own keys of steps 1..j - exactly the TTT attention of section 4 (the
+/// "diagonal"), so training sees what inference sees. The chain's keys are never added to the cache.
+class DraftDecoder {
+ public:
+  /// cfg/weights/embed_tokens [V, H] are referenced, not copied (keep them alive). d2t: [K] offsets.
+  /// max_len: cache capacity in positions. Throws aerie::Error on inconsistent sizes.
+  DraftDecoder(const DraftConfig& cfg, const DraftWeights& weights, const Tensor& embed_tokens,
+               std::vector<int64_t> d2t, int64_t max_len);
+  ~DraftDecoder();
+  DraftDecoder(DraftDecoder&&) noexcept;
+  DraftDecoder& operator=(DraftDecoder&&) noexcept;
+
+  /// Runs step 0 for positions length() .. length()+n-1 and caches their keys/values and outputs.
+  /// aux_hidden: [n, 3 H_t] F32 (f_p of those positions, from the target); next_tokens: [n] target ids,
+  /// next_tokens[i] = x_{p+1} for p = length()+i. Throws if the cache would exceed max_len.
+  void append_verified(const Tensor& aux_hidden, const std::vector<int32_t>& next_tokens);
+  /// Drops cached positions >= len. Throws if len > length() or len < 0.
+  void truncate(int64_t len);
+  int64_t length() const;
+  /// n >= 1 greedy guesses (target ids, via d2t) for positions length()+1 .. length()+n, i.e. the tokens
+  /// after next_tokens.back(). Needs length() >= 1. logits (optional): the n draft logit rows [K].
+  std::vector<int32_t> propose(int n, std::vector<std::vector<float>>* logits = nullptr);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace aerie

@@ -1,0 +1,114 @@
+// DraftDecoder: the draft at inference with a target-conditioned KV cache (eagle3.md section 6), using
+// the same layer and TTT attention code as training (draft_layer.h), so that the chain it proposes is
+// the TTT argmax chain whenever the teacher-forced tokens equal its own guesses.
+#include <cstring>
+
+#include "kernels/gemm.h"
+#include "kernels/loss.h"
+#include "kernels/norm.h"
+#include "model/draft.h"
+#include "model/draft_layer.h"
+
+namespace aerie {
+
+using draft_detail::LayerActs;
+using draft_detail::LayerCtx;
+
+struct DraftDecoder::Impl {
+  LayerCtx ctx;
+  std::vector<int64_t> d2t;
+  int64_t max_len = 0, len = 0;
+  Tensor kc, vc;  // [max_len, n_kv, d] step-0 keys (after RoPE) and values
+  Tensor oc;      // [max_len, H] step-0 layer outputs o (the hidden of step 1 of a chain starting there)
+
+  Impl(const DraftConfig& c, const DraftWeights& w, const Tensor& e, std::vector<int64_t> d, int64_t m)
+      : ctx(c, w, e), d2t(std::move(d)), max_len(m) {}
+
+  int32_t to_target(const Tensor& logits_row, std::vector<std::vector<float>>* out) const {
+    const int64_t i = argmax_rows(logits_row)[0];
+    if (out) out->push_back(logits_row.to_float_vector());
+    return static_cast<int32_t>(i + d2t[i]);
+  }
+};
+
+DraftDecoder::DraftDecoder(const DraftConfig& cfg, const DraftWeights& w, const Tensor& embed_tokens,
+                           std::vector<int64_t> d2t, int64_t max_len)
+    : impl_(std::make_unique<Impl>(cfg, w, embed_tokens, std::move(d2t), max_len)) {
+  AERIE_CHECK(static_cast<int64_t>(impl_->d2t.size()) == cfg.draft_vocab_size,
+              "DraftDecoder: d2t has " << impl_->d2t.size() << " entries, K = " << cfg.draft_vocab_size);
+  AERIE_CHECK(max_len > 0, "DraftDecoder: max_len " << max_len << " must be positive");
+  const int64_t nkv = cfg.num_key_value_heads, d = cfg.head_dim;
+  impl_->kc = Tensor::zeros({max_len, nkv, d}, DType::F32);
+  impl_->vc = Tensor::zeros({max_len, nkv, d}, DType::F32);
+  impl_->oc = Tensor::zeros({max_len, cfg.hidden_size}, DType::F32);
+}
+
+DraftDecoder::~DraftDecoder() = default;
+DraftDecoder::DraftDecoder(DraftDecoder&&) noexcept = default;
+DraftDecoder& DraftDecoder::operator=(DraftDecoder&&) noexcept = default;
+
+int64_t DraftDecoder::length() const { return impl_->len; }
+
+void DraftDecoder::truncate(int64_t len) {
+  AERIE_CHECK(len >= 0 && len <= impl_->len, "DraftDecoder::truncate(" << len << "): cache holds " << impl_->len);
+  impl_->len = len;
+}
+
+void DraftDecoder::append_verified(const Tensor& aux_hidden, const std::vector<int32_t>& next_tokens) {
+  Impl& m = *impl_;
+  const DraftConfig& c = m.ctx.cfg;
+  const int64_t n = static_cast<int64_t>(next_tokens.size()), p0 = m.len;
+  if (n == 0) return;
+  aux_hidden.check_shape({n, 3 * c.target_hidden_size}, "DraftDecoder::append_verified: aux_hidden");
+  AERIE_CHECK(p0 + n <= m.max_len, "DraftDecoder::append_verified: " << p0 << " + " << n << " positions exceed max_len "
+                                                                    << m.max_len);
+  Tensor aux = aux_hidden.dtype() == DType::F32 ? aux_hidden : aux_hidden.to(DType::F32);
+  Tensor g = Tensor::empty({n, c.hidden_size}, DType::F32);
+  matmul(aux, m.ctx.w.fc, g, false, true);
+  LayerActs a;
+  draft_detail::layer_qkv(m.ctx, next_tokens.data(), n, g, p0, a);
+  m.kc.slice(p0, p0 + n).copy_from(a.k);
+  m.vc.slice(p0, p0 + n).copy_from(a.v);
+  a.attn = Tensor::empty({n, c.num_attention_heads, c.head_dim}, DType::F32);
+  a.lse = Tensor::empty({n, c.num_attention_heads}, DType::F32);
+  // Row i (position p0+i) attends to the cached keys 0 .. p0+i: TTT step 0.
+  draft_detail::ttt_attention_forward(a.q, m.kc.slice(0, p0 + n), m.vc.slice(0, p0 + n), {}, {}, p0, m.ctx.scale,
+                                      a.attn, a.lse);
+  draft_detail::layer_out(m.ctx, a);
+  m.oc.slice(p0, p0 + n).copy_from(a.o);
+  m.len = p0 + n;
+}
+
+std::vector<int32_t> DraftDecoder::propose(int n, std::vector<std::vector<float>>* logits) {
+  Impl& m = *impl_;
+  const DraftConfig& c = m.ctx.cfg;
+  AERIE_CHECK(n >= 1, "DraftDecoder::propose: n = " << n);
+  AERIE_CHECK(m.len >= 1, "DraftDecoder::propose: the cache is empty (append_verified first)");
+  const int64_t p = m.len - 1, H = c.hidden_size;
+  if (logits) logits->clear();
+  // Guess 1: the step-0 logits of the last cached position.
+  Tensor h = m.oc.slice(p, p + 1).clone();
+  Tensor hn = Tensor::empty({1, H}, DType::F32), l = Tensor::empty({1, c.draft_vocab_size}, DType::F32);
+  rmsnorm_forward(h, m.ctx.w.norm, static_cast<float>(c.rms_norm_eps), hn, nullptr);
+  matmul(hn, m.ctx.w.lm_head, l, false, true);
+  std::vector<int32_t> out{m.to_target(l, logits)};
+  // Guess j+1 from step j at position p+j: the cache 0..p plus the chain's own keys of steps 1..j.
+  std::vector<LayerActs> chain(n);
+  std::vector<const Tensor*> dk, dv;
+  const Tensor kc = m.kc.slice(0, m.len), vc = m.vc.slice(0, m.len);
+  for (int j = 1; j < n; ++j) {
+    LayerActs& a = chain[j];
+    draft_detail::layer_qkv(m.ctx, &out.back(), 1, h, p + j, a);
+    dk.push_back(&a.k);
+    dv.push_back(&a.v);
+    a.attn = Tensor::empty({1, c.num_attention_heads, c.head_dim}, DType::F32);
+    a.lse = Tensor::empty({1, c.num_attention_heads}, DType::F32);
+    draft_detail::ttt_attention_forward(a.q, kc, vc, dk, dv, p, m.ctx.scale, a.attn, a.lse);
+    draft_detail::layer_out(m.ctx, a);
+    out.push_back(m.to_target(a.logits, logits));
+    h = a.o;
+  }
+  return out;
+}
+
+}  // namespace aerie

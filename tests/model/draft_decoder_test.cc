@@ -1,0 +1,84 @@
+// DraftDecoder: the chain it proposes equals the TTT argmax chain on the same data ("training sees what
+// inference sees", eagle3.md section 4), with the cache built in pieces and after a truncation.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "draft_testing.h"
+#include "model/draft.h"
+#include "test_util.h"
+
+namespace aerie {
+namespace {
+
+std::vector<int32_t> ids_slice(const std::vector<int32_t>& x, int64_t b, int64_t e) {
+  return std::vector<int32_t>(x.begin() + b, x.begin() + e);
+}
+
+TEST(DraftDecoder, ProposeEqualsTTTArgmaxChain) {
+  for (uint64_t seed : {1u, 2u, 3u}) {
+    auto m = testing::make_tiny_draft(100 + seed);
+    const int n = 5;
+    const int64_t p = 6, T = p + n + 1;
+    auto s = testing::make_tiny_sample(m, T, 200 + seed);
+    DraftDecoder dec(m.cfg, m.w, m.embed, m.d2t, 32);
+    // Positions 0..2, then 3..5 with wrong next tokens (a rejected draft), dropped again, then 3..p.
+    dec.append_verified(s.aux_hidden.slice(0, 3), ids_slice(s.ids, 1, 4));
+    dec.append_verified(s.aux_hidden.slice(3, 6), {7, 7, 7});
+    ASSERT_EQ(dec.length(), 6);
+    dec.truncate(3);
+    dec.append_verified(s.aux_hidden.slice(3, p + 1), ids_slice(s.ids, 4, p + 2));
+    ASSERT_EQ(dec.length(), p + 1);
+    std::vector<std::vector<float>> dl;
+    std::vector<int32_t> guess = dec.propose(n, &dl);
+    ASSERT_EQ(guess.size(), static_cast<size_t>(n));
+    ASSERT_EQ(dl.size(), static_cast<size_t>(n));
+    // Teacher-force the draft's own guesses: x_{p+1+j} = guess j (j = 1..n-1; guess n needs no input).
+    std::vector<int32_t> ids = s.ids;
+    for (int j = 1; j < n; ++j) ids[p + 1 + j] = guess[j - 1];
+    std::mt19937_64 rng(seed);
+    Tensor z = testing::random_tensor({T, 8}, rng, 1.0);
+    auto s2 = make_ttt_sample(ids, s.loss_mask, s.aux_hidden, z, m.target_lm, m.selected);
+    std::vector<Tensor> logits;
+    ttt_forward_backward(m.cfg, m.w, m.embed, s2, m.d2t, m.t2d, n, std::vector<double>(n, 1.0), nullptr, &logits);
+    for (int k = 0; k < n; ++k) {
+      ASSERT_GT(logits[k].dim(0), p) << "row p exists at step " << k;
+      std::vector<float> row = logits[k].slice(p, p + 1).to_float_vector();
+      testing::expect_close(dl[k], row, 1e-5f, 1e-5f, "step " + std::to_string(k));
+      const int64_t am = std::max_element(row.begin(), row.end()) - row.begin();
+      EXPECT_EQ(guess[k], am + m.d2t[am]) << "seed " << seed << " step " << k;
+    }
+  }
+}
+
+// The chain's keys stay out of the cache: proposing twice gives the same guesses, and a shorter chain
+// is a prefix of a longer one.
+TEST(DraftDecoder, ProposeLeavesTheCacheAlone) {
+  auto m = testing::make_tiny_draft(7);
+  auto s = testing::make_tiny_sample(m, 10, 8);
+  DraftDecoder dec(m.cfg, m.w, m.embed, m.d2t, 16);
+  dec.append_verified(s.aux_hidden.slice(0, 5), ids_slice(s.ids, 1, 6));
+  auto a = dec.propose(4);
+  auto b = dec.propose(4);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(dec.length(), 5);
+  EXPECT_EQ(dec.propose(2), std::vector<int32_t>(a.begin(), a.begin() + 2));
+}
+
+TEST(DraftDecoder, RejectsMisuse) {
+  auto m = testing::make_tiny_draft(9);
+  auto s = testing::make_tiny_sample(m, 10, 10);
+  DraftDecoder dec(m.cfg, m.w, m.embed, m.d2t, 4);
+  EXPECT_THROW(dec.propose(2), Error);
+  EXPECT_THROW(dec.append_verified(s.aux_hidden.slice(0, 5), ids_slice(s.ids, 1, 6)), Error);  // > max_len
+  EXPECT_THROW(dec.append_verified(s.aux_hidden.slice(0, 3), ids_slice(s.ids, 1, 3)), Error);  // 3 rows, 2 ids
+  dec.append_verified(s.aux_hidden.slice(0, 2), ids_slice(s.ids, 1, 3));
+  EXPECT_THROW(dec.truncate(3), Error);
+  EXPECT_THROW(dec.propose(0), Error);
+  auto bad = m.d2t;
+  bad.pop_back();
+  EXPECT_THROW(DraftDecoder(m.cfg, m.w, m.embed, bad, 4), Error);
+}
+
+}  // namespace
+}  // namespace aerie
