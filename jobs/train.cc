@@ -1,7 +1,49 @@
-// Placeholder until the job is built.
+// aerie train: data-parallel training of the EAGLE-3 draft (eagle3.md section 4) on the hidden-state
+// shards of `aerie extract`, with the draft vocabulary of `aerie vocab`. Every rank is a dp replica.
+//
+//   mpirun -np 2 aerie train --model TARGET_DIR --shards SHARD_DIR --vocab draft_vocab.safetensors \
+//       --output RUN_DIR --epochs 2 --batch-size 8
+//
+// Writes RUN_DIR/checkpoints/step-%08d/ (every --checkpoint-every steps and at the end), RUN_DIR/metrics.jsonl
+// and RUN_DIR/data_split.json (the held-out samples). Rerunning the same command resumes from the newest
+// complete checkpoint (also with another number of ranks).
+#include "comm/communicator.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "jobs/jobs.h"
+#include "train/trainer.h"
 
 namespace aerie::jobs {
-int train(const std::vector<std::string>&) { AERIE_THROW("train: not implemented yet"); }
+
+int train(const std::vector<std::string>& args) {
+  po::options_description desc("aerie train: train the EAGLE-3 draft with training-time test");
+  TrainOptions o;
+  desc.add_options()("model", po::value<std::string>(&o.model_dir)->required(), "target model directory (config.json, model.safetensors)")(
+      "shards", po::value<std::string>(&o.shards_dir)->required(), "folder of shard-*.h5 files from aerie extract")(
+      "vocab", po::value<std::string>(&o.vocab_path)->default_value(""),
+      "draft_vocab.safetensors from aerie vocab (required unless resuming)")(
+      "output", po::value<std::string>(&o.output_dir)->required(), "run folder (checkpoints/, metrics.jsonl)")(
+      "steps", po::value<int64_t>(&o.steps)->default_value(0), "total optimizer steps (0: --epochs)")(
+      "epochs", po::value<int64_t>(&o.epochs)->default_value(1), "epochs, when --steps is 0")(
+      "batch-size", po::value<int64_t>(&o.batch_size)->default_value(8), "samples per global step")(
+      "lr", po::value<double>(&o.lr)->default_value(1e-4), "peak learning rate")(
+      "warmup-ratio", po::value<double>(&o.warmup_ratio)->default_value(0.015), "linear warmup, fraction of the steps")(
+      "max-grad-norm", po::value<double>(&o.max_grad_norm)->default_value(0.5), "global gradient norm clip (0: off)")(
+      "ttt-steps", po::value<int>(&o.ttt_steps)->default_value(7), "training-time test steps S")(
+      "checkpoint-every", po::value<int64_t>(&o.checkpoint_every)->default_value(0),
+      "steps between checkpoints (0: only at the end)")(
+      "log-every", po::value<int64_t>(&o.log_every)->default_value(10), "steps between metric lines")(
+      "seed", po::value<uint64_t>(&o.seed)->default_value(0), "seed of the initial weights and the data order")(
+      "eval-fraction", po::value<double>(&o.eval_fraction)->default_value(0.05),
+      "fraction of the samples (the last ones) held out for eval");
+  po::variables_map vm;
+  if (!parse_options("train", args, desc, vm)) return 0;
+  AERIE_CHECK(o.steps >= 0 && o.epochs >= 0, "aerie train: --steps and --epochs must be >= 0");
+  AERIE_CHECK(o.checkpoint_every >= 0, "aerie train: --checkpoint-every must be >= 0");
+  auto world = MpiCommunicator::world();
+  const std::string dir = run_training(o, *world);
+  if (world->rank() == 0) AERIE_LOG(info) << "train: done, final checkpoint " << dir;
+  return 0;
+}
+
 }  // namespace aerie::jobs

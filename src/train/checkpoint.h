@@ -1,0 +1,83 @@
+// Training checkpoints: RUN_DIR/checkpoints/step-%08d/ holding
+//   draft.safetensors       F32 master weights, export names (DraftWeights::named())
+//   optimizer.safetensors   AdamW moments "m.<name>", "v.<name>" (F32)
+//   draft_vocab.safetensors the d2t/t2d file, copied byte for byte (the mapping belongs to the draft and is
+//                           never recomputed on resume: SpecForge #534)
+//   config.json             {"draft": DraftConfig::to_json(), "train": the training options}
+//   state.json              TrainState (step, epoch, position, seed, the data split with the held-out list)
+//   DONE                    written last
+// Protocol (llm.c's): rank 0 writes everything into "step-%08d.tmp", all ranks meet at a barrier, rank 0
+// writes DONE, renames the folder to its final name and syncs the parent. A folder without DONE, or with
+// the .tmp suffix, is never read. The state is global (weights are replicated over dp), so a run resumes
+// on any number of ranks.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "comm/communicator.h"
+#include "data/vocab.h"
+#include "model/draft.h"
+#include "train/data_order.h"
+
+namespace aerie {
+
+inline constexpr const char* kCheckpointFormat = "aerie.train_checkpoint";
+inline constexpr int64_t kCheckpointFormatVersion = 1;
+
+/// Where training stands; with the checkpoint's weights and moments it fully determines the rest of the run.
+struct TrainState {
+  int64_t step = 0;             // optimizer updates done (the next update is number step + 1)
+  int64_t total_steps = 0;
+  int64_t batch_size = 0;       // samples per global step
+  int64_t steps_per_epoch = 0;
+  int64_t epoch = 0;            // epoch of the next step
+  int64_t position = 0;         // index in that epoch's permutation of the next step's first sample
+  uint64_t seed = 0;            // epoch e's order: Fisher-Yates with std::mt19937_64(seed + e)
+  DataSplit split;              // the sample list and the held-out samples (eval reads them)
+
+  nlohmann::json to_json() const;
+  /// Throws aerie::Error on a wrong format name/version or a missing field.
+  static TrainState from_json(const nlohmann::json& j);
+};
+
+/// The content of one checkpoint.
+struct Checkpoint {
+  DraftConfig config;
+  nlohmann::json train_options;  // as given to the run (the schedule-relevant ones are checked on resume)
+  DraftWeights weights;          // F32 master weights
+  DraftWeights adam_m, adam_v;   // AdamW first and second moments (F32)
+  DraftVocab vocab;              // read from draft_vocab.safetensors (load only)
+  TrainState state;
+};
+
+/// RUN_DIR/checkpoints/step-%08d.
+std::string checkpoint_dir(const std::string& run_dir, int64_t step);
+
+/// Collective over `comm`: rank 0 writes `ck` (config, weights, moments, state; ck.vocab is not used) and a
+/// byte copy of `vocab_file` as checkpoint_dir(run_dir, ck.state.step), by the protocol above; the
+/// others only join the barriers. A stale .tmp or DONE-less folder of the same step is replaced.
+/// Returns the final folder. Throws aerie::Error on I/O failure (naming the file).
+std::string save_checkpoint(const std::string& run_dir, const Checkpoint& ck, const std::string& vocab_file,
+                            Communicator& comm);
+
+/// The newest complete checkpoint of RUN_DIR (the step-%08d folder with DONE and the largest step), or
+/// nullopt if there is none. Incomplete folders (no DONE, ".tmp") are skipped.
+std::optional<std::string> latest_checkpoint(const std::string& run_dir);
+
+/// `path` itself if it is a complete checkpoint folder, else the latest checkpoint of `path` taken as
+/// a RUN_DIR. Throws aerie::Error if neither holds.
+std::string resolve_checkpoint(const std::string& path);
+
+/// Reads a complete checkpoint folder. Throws aerie::Error naming the file on a missing DONE, wrong
+/// format/version, a missing tensor or a shape that disagrees with the config.
+Checkpoint load_checkpoint(const std::string& dir);
+
+/// Writes `text` to `path` atomically (path.tmp, fsync, rename). Throws aerie::Error on failure.
+void write_file_atomic(const std::string& path, const std::string& text);
+/// The whole file as a string. Throws aerie::Error naming the file.
+std::string read_file(const std::string& path);
+
+}  // namespace aerie

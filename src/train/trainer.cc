@@ -1,0 +1,172 @@
+#include "train/trainer.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "core/log.h"
+#include "core/progress.h"
+#include "data/shard.h"
+#include "kernels/optim.h"
+#include "model/llama_config.h"
+#include "train/checkpoint.h"
+#include "train/data_order.h"
+#include "train/schedule.h"
+#include "train/target_head.h"
+
+namespace aerie {
+
+namespace fs = std::filesystem;
+
+nlohmann::json TrainOptions::to_json() const {
+  return {{"model", model_dir},       {"shards", shards_dir},
+          {"vocab", vocab_path},      {"output", output_dir},
+          {"steps", steps},           {"epochs", epochs},
+          {"batch_size", batch_size}, {"lr", lr},
+          {"warmup_ratio", warmup_ratio}, {"max_grad_norm", max_grad_norm},
+          {"ttt_steps", ttt_steps},   {"checkpoint_every", checkpoint_every},
+          {"log_every", log_every},   {"seed", seed},
+          {"eval_fraction", eval_fraction}};
+}
+
+void TrainOptions::check_resumable(const nlohmann::json& c) const {
+  const nlohmann::json mine = to_json();
+  for (const char* key : {"steps", "epochs", "batch_size", "lr", "warmup_ratio", "max_grad_norm", "ttt_steps", "seed",
+                          "eval_fraction"}) {
+    AERIE_CHECK(c.contains(key), "resume: the checkpoint's options lack '" << key << "'");
+    AERIE_CHECK(c[key] == mine[key], "resume: --" << key << " is " << mine[key].dump() << " but the checkpoint was "
+                                                  << "trained with " << c[key].dump()
+                                                  << "; rerun with the same options or use another --output");
+  }
+}
+
+AdamState AdamState::zeros(const DraftConfig& cfg) {
+  return AdamState{DraftWeights::zeros(cfg), DraftWeights::zeros(cfg), 0};
+}
+
+StepScratch StepScratch::zeros(const DraftConfig& cfg) {
+  return StepScratch{DraftWeights::zeros(cfg), DraftWeights::zeros(cfg)};
+}
+
+void StepMetrics::add(const StepMetrics& o) {
+  if (loss_sum.empty()) {
+    loss_sum.assign(o.loss_sum.size(), 0.0);
+    valid.assign(o.valid.size(), 0);
+    correct.assign(o.correct.size(), 0);
+    acc_rows.assign(o.acc_rows.size(), 0);
+  }
+  for (size_t k = 0; k < o.loss_sum.size(); ++k) {
+    loss_sum[k] += o.loss_sum[k];
+    valid[k] += o.valid[k];
+    correct[k] += o.correct[k];
+    acc_rows[k] += o.acc_rows[k];
+  }
+  tokens += o.tokens;
+  grad_norm = o.grad_norm;
+}
+
+std::vector<double> StepMetrics::loss_k() const {
+  std::vector<double> l(loss_sum.size());
+  for (size_t k = 0; k < l.size(); ++k) l[k] = loss_sum[k] / static_cast<double>(std::max<int64_t>(1, valid[k]));
+  return l;
+}
+
+double StepMetrics::loss() const {
+  double l = 0, w = 1;
+  for (double lk : loss_k()) {
+    l += w * lk;
+    w *= 0.8;
+  }
+  return l;
+}
+
+std::vector<double> StepMetrics::acc_k() const {
+  std::vector<double> a(correct.size());
+  for (size_t k = 0; k < a.size(); ++k)
+    a[k] = acc_rows[k] > 0 ? static_cast<double>(correct[k]) / static_cast<double>(acc_rows[k]) : 0.0;
+  return a;
+}
+
+double StepMetrics::tau_sim() const {
+  double tau = 1, prod = 1;
+  for (double a : acc_k()) {
+    prod *= a;
+    tau += prod;
+  }
+  return tau;
+}
+
+StepMetrics train_step(const DraftConfig& cfg, DraftWeights& w, AdamState& opt, const Tensor& embed_tokens,
+                       const std::vector<TTTSample>& local, const DraftVocab& vocab, int ttt_steps, double lr,
+                       double max_grad_norm, Communicator& dp, StepScratch& scratch) {
+  const int S = ttt_steps;
+  AERIE_CHECK(S >= 1, "train_step: ttt_steps must be >= 1, got " << S);
+  // 1. The loss denominators: valid_k summed over the whole global batch.
+  Tensor valid = Tensor::zeros({S}, DType::I64);
+  for (const TTTSample& s : local) {
+    std::vector<int64_t> v = ttt_valid_counts(s, vocab.t2d, S);
+    for (int k = 0; k < S; ++k) valid.data<int64_t>()[k] += v[static_cast<size_t>(k)];
+  }
+  dp.all_reduce_sum(valid);
+  std::vector<double> step_weight(static_cast<size_t>(S));
+  for (int k = 0; k < S; ++k)
+    step_weight[static_cast<size_t>(k)] =
+        std::pow(0.8, k) / static_cast<double>(std::max<int64_t>(1, valid.data<int64_t>()[k]));
+
+  // 2. Gradients: each sample's alone, added in sample order, then summed over dp.
+  auto grads = scratch.grads.named();
+  auto sample = scratch.sample.named();
+  for (auto& [n, t] : grads) t->fill_zero();
+  std::vector<double> loss_sum(static_cast<size_t>(S), 0.0);
+  Tensor counts = Tensor::zeros({2 * S + 1}, DType::I64);  // correct [S], acc_rows [S], tokens
+  int64_t* c = counts.data<int64_t>();
+  for (size_t i = 0; i < local.size(); ++i) {
+    // The first sample writes straight into the zeroed sum (0 + g == g exactly).
+    DraftWeights* into = i == 0 ? &scratch.grads : &scratch.sample;
+    if (i > 0)
+      for (auto& [n, t] : sample) t->fill_zero();
+    TTTStats st = ttt_forward_backward(cfg, w, embed_tokens, local[i], vocab.d2t, vocab.t2d, S, step_weight, into);
+    if (i > 0)
+      for (size_t j = 0; j < grads.size(); ++j) add_inplace(*grads[j].second, *sample[j].second);
+    for (int k = 0; k < S; ++k) {
+      loss_sum[static_cast<size_t>(k)] += st.loss_sum[static_cast<size_t>(k)];
+      c[k] += st.correct[static_cast<size_t>(k)];
+      c[S + k] += st.acc_rows[static_cast<size_t>(k)];
+    }
+    c[2 * S] += static_cast<int64_t>(local[i].ids.size());
+  }
+  for (auto& [n, t] : grads) dp.all_reduce_sum(*t);
+
+  // 3. Clipping and AdamW.
+  std::vector<Tensor*> gs;
+  for (auto& [n, t] : grads) gs.push_back(t);
+  StepMetrics m;
+  m.grad_norm = clip_grad_norm(gs, max_grad_norm);
+  AdamWParams p;  // beta (0.9, 0.95), eps 1e-8, weight decay 0
+  p.lr = static_cast<float>(lr);
+  opt.step += 1;
+  auto ws = w.named();
+  auto ms = opt.m.named();
+  auto vs = opt.v.named();
+  for (size_t j = 0; j < ws.size(); ++j) adamw_step(*ws[j].second, *grads[j].second, *ms[j].second, *vs[j].second, p, opt.step);
+
+  // Metrics over the global batch (the loss sums in fp32: only logged).
+  dp.all_reduce_sum(counts);
+  Tensor ls = Tensor::empty({S}, DType::F32);
+  for (int k = 0; k < S; ++k) ls.data<float>()[k] = static_cast<float>(loss_sum[static_cast<size_t>(k)]);
+  dp.all_reduce_sum(ls);
+  for (int k = 0; k < S; ++k) {
+    m.loss_sum.push_back(ls.data<float>()[k]);
+    m.valid.push_back(valid.data<int64_t>()[k]);
+    m.correct.push_back(c[k]);
+    m.acc_rows.push_back(c[S + k]);
+  }
+  m.tokens = c[2 * S];
+  return m;
+}
+
+}  // namespace aerie

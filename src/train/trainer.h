@@ -1,0 +1,90 @@
+// Data-parallel training of the EAGLE-3 draft (eagle3.md section 4): training-time test over S steps,
+// AdamW on fp32 master weights, linear warmup + cosine lr, global gradient clipping, checkpoints and
+// resume. Every dp rank holds the whole draft; a global step of B samples gives rank r the batch entries
+// r, r + dp, ...; the per-step valid counts and the gradients are summed over dp, so all ranks apply the
+// same update.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "comm/communicator.h"
+#include "data/vocab.h"
+#include "model/draft.h"
+
+namespace aerie {
+
+/// The options of `aerie train` (defaults: eagle3.md section 4, SpecForge's).
+struct TrainOptions {
+  std::string model_dir, shards_dir, vocab_path, output_dir;
+  int64_t steps = 0;           // total optimizer steps; 0: from epochs
+  int64_t epochs = 0;          // used when steps == 0 (1 when both are 0)
+  int64_t batch_size = 8;      // samples per global step
+  double lr = 1e-4, warmup_ratio = 0.015, max_grad_norm = 0.5;
+  int ttt_steps = 7;
+  int64_t checkpoint_every = 0;  // 0: only at the end
+  int64_t log_every = 10;
+  uint64_t seed = 0;
+  double eval_fraction = 0.05;
+
+  nlohmann::json to_json() const;
+  /// The options that decide the weights (steps, epochs, batch size, lr, warmup, clipping, TTT steps,
+  /// seed, eval fraction): a resumed run must give the same ones. Throws aerie::Error naming the first
+  /// option that differs from `checkpoint_options` (a checkpoint's config.json "train").
+  void check_resumable(const nlohmann::json& checkpoint_options) const;
+};
+
+/// AdamW moments and the number of updates made.
+struct AdamState {
+  DraftWeights m, v;
+  int64_t step = 0;
+  static AdamState zeros(const DraftConfig& cfg);
+};
+
+/// Global sums of one or more steps (over samples and dp ranks).
+struct StepMetrics {
+  std::vector<double> loss_sum;    // [S] sum of valid * CE
+  std::vector<int64_t> valid, correct, acc_rows;  // [S]
+  int64_t tokens = 0;              // tokens of the samples
+  double grad_norm = 0;            // before clipping (last step)
+  void add(const StepMetrics& o);
+  /// loss_k = loss_sum_k / max(1, valid_k); loss = sum_k 0.8^k loss_k (eagle3.md section 4).
+  std::vector<double> loss_k() const;
+  double loss() const;
+  /// acc_k = correct_k / acc_rows_k (0 when no row); tau_sim = 1 + sum_k prod_{j<=k} acc_j.
+  std::vector<double> acc_k() const;
+  double tau_sim() const;
+};
+
+/// Gradient buffers of a step: the rank's sum and one sample's gradient (DraftWeights::zeros shapes).
+struct StepScratch {
+  DraftWeights grads, sample;
+  static StepScratch zeros(const DraftConfig& cfg);
+};
+
+/// One global optimizer step on this rank's samples `local` (the other dp ranks call it with theirs):
+///  1. valid_k of every local sample (ttt_valid_counts), summed over dp;
+///     step_weight[k] = 0.8^k / max(1, global valid_k);
+///  2. grads = sum over local samples of d(sum_k step_weight[k] loss_sum_k)/dw (ttt_forward_backward
+///     into a zeroed per-sample buffer, then added in sample order), all-reduced (sum) over dp;
+///  3. global norm clipping at max_grad_norm, AdamW (beta 0.9/0.95, eps 1e-8, wd 0) with `lr`,
+///     update number opt.step + 1.
+/// Returns the global metrics. All ranks end with the same weights. Another dp sums the same per-sample
+/// gradients in another order ((g0+g1)+(g2+g3) instead of ((g0+g1)+g2)+g3), so the weights agree up to
+/// fp32 rounding; they are bitwise equal when every rank has at most one sample (B <= dp), because
+/// each sample's gradient is computed alone and x + y is commutative in IEEE arithmetic.
+StepMetrics train_step(const DraftConfig& cfg, DraftWeights& w, AdamState& opt, const Tensor& embed_tokens,
+                       const std::vector<TTTSample>& local, const DraftVocab& vocab, int ttt_steps, double lr,
+                       double max_grad_norm, Communicator& dp, StepScratch& scratch);
+
+/// `aerie train`: collective over `dp` (every rank a dp replica). Resumes from the latest complete
+/// checkpoint of opts.output_dir if there is one (the vocabulary then comes from the checkpoint, not
+/// from --vocab), writes checkpoints every opts.checkpoint_every steps and at the end, logs metrics on
+/// rank 0 every opts.log_every steps (also appended to output_dir/metrics.jsonl), and writes
+/// output_dir/data_split.json (the held-out samples eval uses). Returns the final checkpoint folder.
+/// Throws aerie::Error on bad options, data that disagrees with the target or the checkpoint, I/O errors.
+std::string run_training(const TrainOptions& opts, Communicator& dp);
+
+}  // namespace aerie

@@ -1,0 +1,238 @@
+// run_training: the `aerie train` loop (data, resume, schedule, logging, checkpoints) around train_step.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+
+#include "core/log.h"
+#include "core/progress.h"
+#include "data/shard.h"
+#include "model/llama_config.h"
+#include "train/checkpoint.h"
+#include "train/data_order.h"
+#include "train/schedule.h"
+#include "train/target_head.h"
+#include "train/trainer.h"
+
+namespace aerie {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string join(const std::vector<double>& v, int precision) {
+  std::ostringstream os;
+  os.precision(precision);
+  for (size_t i = 0; i < v.size(); ++i) os << (i ? " " : "") << v[i];
+  return os.str();
+}
+
+// The shards of `dir` with their sample counts, and what they agree on.
+struct ShardSet {
+  std::vector<std::string> paths;
+  std::vector<int64_t> sizes;
+  std::vector<int> aux_layers;
+  int64_t hidden_size = 0, num_hidden_layers = 0;
+};
+
+ShardSet scan_shards(const std::string& dir, const LlamaConfig& target) {
+  ShardSet s;
+  for (const std::string& p : list_shards(dir)) {
+    ShardReader r(p);
+    const ShardInfo& info = r.info();
+    if (s.paths.empty()) {
+      s.aux_layers = info.aux_layers;
+      s.hidden_size = info.hidden_size;
+      s.num_hidden_layers = info.num_hidden_layers;
+    }
+    AERIE_CHECK(info.aux_layers == s.aux_layers && info.hidden_size == s.hidden_size,
+                p << ": aux layers / hidden size differ from " << s.paths.front() << "'s");
+    s.paths.push_back(fs::absolute(p).lexically_normal().string());
+    s.sizes.push_back(info.num_samples);
+  }
+  AERIE_CHECK(!s.paths.empty(), "train: no shard-*.h5 files in " << dir);
+  AERIE_CHECK(s.hidden_size == target.hidden_size,
+              "train: shards hold hidden size " << s.hidden_size << ", the target's is " << target.hidden_size);
+  AERIE_CHECK(s.num_hidden_layers == 0 || s.num_hidden_layers == target.num_hidden_layers,
+              "train: shards come from a target with " << s.num_hidden_layers << " layers, --model has "
+                                                       << target.num_hidden_layers);
+  return s;
+}
+
+// The shards must be the ones the checkpoint was trained on (names and sample counts; the folder may move).
+void check_same_shards(const ShardSet& now, const DataSplit& was) {
+  AERIE_CHECK(now.paths.size() == was.shards.size(), "resume: " << now.paths.size() << " shards now, the checkpoint "
+                                                                << "used " << was.shards.size());
+  for (size_t i = 0; i < now.paths.size(); ++i) {
+    AERIE_CHECK(fs::path(now.paths[i]).filename() == fs::path(was.shards[i]).filename() &&
+                    now.sizes[i] == was.shard_sizes[i],
+                "resume: shard " << now.paths[i] << " (" << now.sizes[i] << " samples) differs from the checkpoint's "
+                                 << was.shards[i] << " (" << was.shard_sizes[i] << " samples)");
+  }
+}
+
+// Keeps the metrics lines of steps <= `step` (a killed run may have logged past its last checkpoint).
+void truncate_metrics(const std::string& path, int64_t step) {
+  if (!fs::exists(path)) return;
+  std::ifstream in(path);
+  std::string line, kept;
+  while (std::getline(in, line)) {
+    try {
+      if (nlohmann::json::parse(line).value("step", int64_t{0}) <= step) kept += line + "\n";
+    } catch (const nlohmann::json::exception&) {
+      // a torn last line of a killed run
+    }
+  }
+  write_file_atomic(path, kept);
+}
+
+}  // namespace
+
+std::string run_training(const TrainOptions& opts, Communicator& dp) {
+  const int rank = dp.rank();
+  AERIE_CHECK(!opts.output_dir.empty(), "train: --output is required");
+  AERIE_CHECK(opts.log_every >= 1, "train: --log-every must be >= 1");
+  AERIE_CHECK(opts.ttt_steps >= 1, "train: --ttt-steps must be >= 1");
+  const LlamaConfig target = load_llama_config(opts.model_dir);
+  const TargetHead head = load_target_head(opts.model_dir, target);
+  const ShardSet shards = scan_shards(opts.shards_dir, target);
+  if (rank == 0) fs::create_directories(opts.output_dir);
+  dp.barrier();
+
+  // Fresh start or resume.
+  Checkpoint ck;
+  std::string vocab_file;
+  const auto latest = latest_checkpoint(opts.output_dir);
+  if (latest) {
+    if (rank == 0) AERIE_LOG(info) << "train: resuming from " << *latest;
+    ck = load_checkpoint(*latest);
+    opts.check_resumable(ck.train_options);
+    check_same_shards(shards, ck.state.split);
+    ck.state.split.shards = shards.paths;
+    vocab_file = *latest + "/draft_vocab.safetensors";
+    if (!opts.vocab_path.empty() && fs::exists(opts.vocab_path)) {
+      DraftVocab given = load_draft_vocab(opts.vocab_path);
+      if ((given.d2t != ck.vocab.d2t || given.t2d != ck.vocab.t2d) && rank == 0)
+        AERIE_LOG(warning) << "train: " << opts.vocab_path << " differs from the checkpoint's draft vocabulary; "
+                           << "the checkpoint's is kept (it belongs to the draft)";
+    }
+    AERIE_CHECK(ck.config.vocab_size == target.vocab_size && ck.config.hidden_size == target.hidden_size,
+                "resume: the checkpoint's draft (V " << ck.config.vocab_size << ", H " << ck.config.hidden_size
+                                                    << ") does not fit the target in " << opts.model_dir);
+  } else {
+    AERIE_CHECK(!opts.vocab_path.empty(), "train: --vocab is required for a fresh run");
+    vocab_file = opts.vocab_path;
+    ck.vocab = load_draft_vocab(vocab_file);
+    AERIE_CHECK(ck.vocab.vocab_size() == target.vocab_size,
+                vocab_file << ": t2d has V = " << ck.vocab.vocab_size() << ", the target's V is " << target.vocab_size);
+    ck.config = DraftConfig::from_target(target, ck.vocab.draft_vocab_size(), shards.aux_layers);
+    ck.weights = init_draft_weights(ck.config, head.lm_head, ck.vocab.selected(), opts.seed);
+    ck.adam_m = DraftWeights::zeros(ck.config);
+    ck.adam_v = DraftWeights::zeros(ck.config);
+    ck.state.split = make_data_split(shards.paths, shards.sizes, opts.eval_fraction);
+    ck.state.seed = opts.seed;
+    ck.state.batch_size = opts.batch_size;
+  }
+  ck.train_options = opts.to_json();
+  TrainState& st = ck.state;
+  BatchOrder order(st.split, opts.batch_size, opts.seed);
+  st.steps_per_epoch = order.steps_per_epoch();
+  const int64_t total = opts.steps > 0 ? opts.steps : std::max<int64_t>(1, opts.epochs) * order.steps_per_epoch();
+  AERIE_CHECK(!latest || st.total_steps == total,
+              "resume: " << total << " total steps now, the checkpoint planned " << st.total_steps);
+  st.total_steps = total;
+  const LrSchedule sched = LrSchedule::make(opts.lr, total, opts.warmup_ratio);
+  const std::string metrics_path = opts.output_dir + "/metrics.jsonl";
+  if (rank == 0) {
+    write_file_atomic(opts.output_dir + "/data_split.json", st.split.to_json().dump(1) + "\n");
+    if (latest) truncate_metrics(metrics_path, st.step);
+    AERIE_LOG(info) << "train: " << st.split.train.size() << " training samples (" << st.split.eval.size()
+                    << " held out) in " << shards.paths.size() << " shards, " << total << " steps of "
+                    << opts.batch_size << " samples on " << dp.size() << " dp ranks, "
+                    << order.steps_per_epoch() << " steps per epoch, warmup " << sched.warmup_steps
+                    << " steps, K = " << ck.config.draft_vocab_size << ", aux layers " << ck.config.aux_layers[0] << ","
+                    << ck.config.aux_layers[1] << "," << ck.config.aux_layers[2];
+  }
+  if (st.step >= total) {
+    if (rank == 0) AERIE_LOG(info) << "train: the checkpoint is already at step " << st.step << " of " << total;
+    return *latest;
+  }
+
+  AdamState opt{std::move(ck.adam_m), std::move(ck.adam_v), st.step};
+  DraftWeights& w = ck.weights;
+  StepScratch scratch = StepScratch::zeros(ck.config);
+  const std::vector<int64_t> selected = ck.vocab.selected();
+  std::map<int64_t, std::unique_ptr<ShardReader>> readers;
+  auto reader = [&](int64_t shard) -> ShardReader& {
+    auto& r = readers[shard];
+    if (!r) r = std::make_unique<ShardReader>(st.split.shards[static_cast<size_t>(shard)]);
+    return *r;
+  };
+  auto save = [&]() {
+    ck.adam_m = opt.m;  // shares storage: no copy
+    ck.adam_v = opt.v;
+    st.epoch = order.epoch_of(st.step);
+    st.position = order.position_of(st.step);
+    std::string dir = save_checkpoint(opts.output_dir, ck, vocab_file, dp);
+    if (rank == 0) AERIE_LOG(info) << "train: checkpoint " << dir;
+    return dir;
+  };
+
+  Progress progress("train", "steps", static_cast<double>(total - st.step), rank, 0.0);
+  StepMetrics interval;
+  auto t0 = std::chrono::steady_clock::now();
+  int64_t steps_in_interval = 0;
+  std::string last_dir;
+  while (st.step < total) {
+    const int64_t step = st.step;
+    const std::vector<int64_t> mine = BatchOrder::rank_share(order.batch(step), rank, dp.size());
+    std::vector<TTTSample> local;
+    for (int64_t g : mine) {
+      const SampleRef ref = st.split.locate(g);
+      HiddenSample hs = reader(ref.shard).read(ref.index);
+      local.push_back(make_ttt_sample(std::move(hs.ids), std::move(hs.loss_mask), std::move(hs.aux_hidden),
+                                      hs.final_hidden, head.lm_head, selected));
+    }
+    const double lr = sched.at(step);
+    StepMetrics m = train_step(ck.config, w, opt, head.embed_tokens, local, ck.vocab, opts.ttt_steps, lr,
+                               opts.max_grad_norm, dp, scratch);
+    AERIE_CHECK(std::isfinite(m.grad_norm), "train: non-finite gradient norm at step " << step + 1);
+    interval.add(m);
+    ++steps_in_interval;
+    st.step = step + 1;
+    if (st.step % opts.log_every == 0 || st.step == total) {
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double tps = secs > 0 ? static_cast<double>(interval.tokens) / secs : 0.0;
+      if (rank == 0) {
+        char buf[256];
+        std::snprintf(buf, sizeof buf, "train: step %lld/%lld epoch %lld loss %.4f tau_sim %.3f lr %.3e grad_norm %.3f %.0f tokens/s",
+                      static_cast<long long>(st.step), static_cast<long long>(total),
+                      static_cast<long long>(order.epoch_of(step)), interval.loss(), interval.tau_sim(), lr,
+                      interval.grad_norm, tps);
+        AERIE_LOG(info) << buf << " | loss_k " << join(interval.loss_k(), 4) << " | acc_k " << join(interval.acc_k(), 3);
+        nlohmann::json j = {{"step", st.step},           {"epoch", order.epoch_of(step)},
+                            {"loss", interval.loss()},   {"loss_k", interval.loss_k()},
+                            {"acc_k", interval.acc_k()}, {"tau_sim", interval.tau_sim()},
+                            {"lr", lr},                  {"grad_norm", interval.grad_norm},
+                            {"tokens", interval.tokens}, {"tokens_per_s", tps},
+                            {"seconds", secs}};
+        std::ofstream out(metrics_path, std::ios::app);
+        out << j.dump() << "\n";
+        AERIE_CHECK(out.good(), "train: cannot append to " << metrics_path);
+      }
+      progress.add(static_cast<double>(steps_in_interval));
+      interval = StepMetrics();
+      steps_in_interval = 0;
+      t0 = std::chrono::steady_clock::now();
+    }
+    if ((opts.checkpoint_every > 0 && st.step % opts.checkpoint_every == 0) || st.step == total) last_dir = save();
+  }
+  progress.finish();
+  return last_dir;
+}
+
+}  // namespace aerie
