@@ -1,7 +1,37 @@
-// Placeholder until the job is built.
+// aerie export: a training checkpoint -> the draft directory vLLM and SGLang load (eagle3.md section 5).
+//
+//   aerie export --checkpoint RUN_DIR[/checkpoints/step-X] --model TARGET_DIR --output EXPORT_DIR
+//
+// A run folder means its newest complete checkpoint. Rank 0 writes; the other ranks wait.
+#include "comm/communicator.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "jobs/jobs.h"
+#include "model/llama_config.h"
+#include "train/checkpoint.h"
+#include "train/export.h"
 
 namespace aerie::jobs {
-int export_draft(const std::vector<std::string>&) { AERIE_THROW("export: not implemented yet"); }
+
+int export_draft(const std::vector<std::string>& args) {
+  po::options_description desc("aerie export: write the draft as a directory vLLM and SGLang load");
+  desc.add_options()("checkpoint", po::value<std::string>()->required(),
+                     "checkpoint folder (step-X with DONE) or run folder (its newest checkpoint)")(
+      "model", po::value<std::string>()->required(), "target model directory (config.json): rope and positions")(
+      "output", po::value<std::string>()->required(), "export directory (config.json, model.safetensors)");
+  po::variables_map vm;
+  if (!parse_options("export", args, desc, vm)) return 0;
+  auto world = MpiCommunicator::world();
+  if (world->rank() == 0) {
+    const std::string dir = resolve_checkpoint(vm["checkpoint"].as<std::string>());
+    Checkpoint ck = load_checkpoint(dir);
+    const LlamaConfig target = load_llama_config(vm["model"].as<std::string>());
+    const std::string out = vm["output"].as<std::string>();
+    write_export(out, ck.config, ck.weights, ck.vocab, target);
+    AERIE_LOG(info) << "export: " << dir << " (step " << ck.state.step << ") -> " << out;
+  }
+  world->barrier();
+  return 0;
+}
+
 }  // namespace aerie::jobs

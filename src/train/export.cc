@@ -1,0 +1,128 @@
+#include "train/export.h"
+
+#include <filesystem>
+
+#include "core/log.h"
+#include "io/safetensors.h"
+#include "train/checkpoint.h"
+
+namespace aerie {
+
+namespace fs = std::filesystem;
+
+nlohmann::json export_config(const DraftConfig& cfg, const LlamaConfig& target) {
+  AERIE_CHECK(cfg.vocab_size == target.vocab_size && cfg.target_hidden_size == target.hidden_size,
+              "export: the draft (V " << cfg.vocab_size << ", target H " << cfg.target_hidden_size
+                                      << ") does not fit the target (V " << target.vocab_size << ", H "
+                                      << target.hidden_size << ")");
+  AERIE_CHECK(cfg.aux_layers.size() == 3, "export: the draft config has " << cfg.aux_layers.size() << " aux layers");
+  for (int a : cfg.aux_layers)
+    AERIE_CHECK(a >= 0 && a <= target.num_hidden_layers,
+                "export: aux layer " << a << " outside [0, " << target.num_hidden_layers << "]");
+  nlohmann::json j = cfg.to_json();
+  j.erase("aerie");  // aerie's private copy of the aux layers: not part of the format
+  // Copied from the target as it wrote them (eagle3.md section 4 traps: 2048 positions, lost rope).
+  const nlohmann::json& raw = target.raw;
+  j["max_position_embeddings"] = target.max_position_embeddings;
+  j["rope_theta"] = raw.is_object() && raw.contains("rope_theta") ? raw["rope_theta"] : nlohmann::json(target.rope.theta);
+  j["rope_scaling"] = raw.is_object() && raw.contains("rope_scaling") ? raw["rope_scaling"] : nlohmann::json();
+  j["num_hidden_layers"] = 1;
+  j["tie_word_embeddings"] = false;
+  j["torch_dtype"] = "bfloat16";
+  if (cfg.target_hidden_size != cfg.hidden_size)
+    j["target_hidden_size"] = cfg.target_hidden_size;
+  else
+    j.erase("target_hidden_size");
+  if (cfg.aux_layers != default_aux_layers(target.num_hidden_layers))
+    j["eagle_config"] = {{"eagle_aux_hidden_state_layer_ids", cfg.aux_layers}};
+  else
+    j.erase("eagle_config");
+  return j;
+}
+
+void write_export(const std::string& out_dir, const DraftConfig& cfg, const DraftWeights& weights,
+                  const DraftVocab& vocab, const LlamaConfig& target) {
+  AERIE_CHECK(vocab.draft_vocab_size() == cfg.draft_vocab_size && vocab.vocab_size() == cfg.vocab_size,
+              "export: d2t/t2d sizes (K " << vocab.draft_vocab_size() << ", V " << vocab.vocab_size()
+                                          << ") differ from the config's (K " << cfg.draft_vocab_size << ", V "
+                                          << cfg.vocab_size << ")");
+  const nlohmann::json config = export_config(cfg, target);
+  const DraftWeights shapes = DraftWeights::zeros(cfg);
+  SafetensorsFile f;
+  f.metadata = {{"format", "pt"}};
+  auto want = shapes.named();
+  auto have = weights.named();
+  for (size_t i = 0; i < have.size(); ++i) {
+    have[i].second->check_shape(want[i].second->shape(), "export: " + have[i].first);
+    f.tensors[have[i].first] = have[i].second->to(DType::BF16);
+  }
+  f.tensors["d2t"] = Tensor::from_vector(vocab.d2t, {cfg.draft_vocab_size});
+  f.tensors["t2d"] = Tensor::from_vector(vocab.t2d, {cfg.vocab_size});
+
+  const fs::path out = fs::path(out_dir).lexically_normal();
+  const fs::path tmp = out.string() + ".tmp";
+  fs::remove_all(tmp);
+  fs::create_directories(tmp);
+  save_safetensors((tmp / "model.safetensors").string(), f, {"t2d"});
+  write_file_atomic((tmp / "config.json").string(), config.dump(2) + "\n");
+  const fs::path old = out.string() + ".old";
+  fs::remove_all(old);
+  if (fs::exists(out)) fs::rename(out, old);
+  fs::rename(tmp, out);
+  fs::remove_all(old);
+}
+
+ExportedDraft load_export(const std::string& dir, int64_t target_num_hidden_layers) {
+  const std::string cfg_path = dir + "/config.json", st_path = dir + "/model.safetensors";
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_file(cfg_path));
+  } catch (const nlohmann::json::exception& e) {
+    AERIE_THROW(cfg_path << ": " << e.what());
+  }
+  ExportedDraft d;
+  try {
+    d.config = DraftConfig::from_json(j);
+  } catch (const Error& e) {
+    AERIE_THROW(cfg_path << ": " << e.what());
+  }
+  if (d.config.aux_layers.empty() && target_num_hidden_layers > 0)
+    d.config.aux_layers = default_aux_layers(target_num_hidden_layers);
+  if (target_num_hidden_layers > 0) d.config.target_num_hidden_layers = target_num_hidden_layers;
+
+  SafetensorsFile f = load_safetensors(st_path);
+  d.weights = DraftWeights::zeros(d.config);
+  for (auto& [name, t] : d.weights.named()) {
+    auto it = f.tensors.find(name);
+    AERIE_CHECK(it != f.tensors.end(), st_path << ": tensor " << name << " missing");
+    it->second.check_shape(t->shape(), st_path + ": " + name);
+    AERIE_CHECK(it->second.dtype() == DType::BF16 || it->second.dtype() == DType::F32,
+                st_path << ": " << name << " is " << dtype_name(it->second.dtype()) << ", expected BF16 or F32");
+    *t = it->second.to(DType::F32);
+  }
+  const int64_t K = d.config.draft_vocab_size, V = d.config.vocab_size;
+  auto d2t = f.tensors.find("d2t");
+  auto t2d = f.tensors.find("t2d");
+  AERIE_CHECK(d2t != f.tensors.end() && t2d != f.tensors.end(), st_path << ": d2t or t2d missing");
+  d2t->second.check_dtype(DType::I64, st_path + ": d2t");
+  d2t->second.check_shape({K}, st_path + ": d2t");
+  t2d->second.check_dtype(DType::U8, st_path + ": t2d");
+  t2d->second.check_shape({V}, st_path + ": t2d");
+  d.vocab.d2t.assign(d2t->second.data<int64_t>(), d2t->second.data<int64_t>() + K);
+  d.vocab.t2d.assign(t2d->second.data<uint8_t>(), t2d->second.data<uint8_t>() + V);
+  // d2t and t2d must describe the same ascending id set.
+  std::vector<uint8_t> from_d2t(static_cast<size_t>(V), 0);
+  int64_t prev = -1;
+  for (int64_t i = 0; i < K; ++i) {
+    const int64_t s = i + d.vocab.d2t[static_cast<size_t>(i)];
+    AERIE_CHECK(s > prev && s < V, st_path << ": d2t[" << i << "] gives target id " << s << ", not ascending in [0, " << V << ")");
+    from_d2t[static_cast<size_t>(s)] = 1;
+    prev = s;
+  }
+  for (int64_t v = 0; v < V; ++v)
+    AERIE_CHECK((d.vocab.t2d[static_cast<size_t>(v)] != 0) == (from_d2t[static_cast<size_t>(v)] != 0),
+                st_path << ": t2d[" << v << "] disagrees with d2t");
+  return d;
+}
+
+}  // namespace aerie

@@ -1,0 +1,48 @@
+// The export of a trained draft: the directory vLLM and SGLang load as an EAGLE-3 draft
+// (eagle3.md section 5; LlamaForCausalLMEagle3 in vllm/sglang llama_eagle3.py):
+//   config.json        architectures ["LlamaForCausalLMEagle3"], model_type "llama", the layer shapes,
+//                      num_hidden_layers 1, vocab_size V, draft_vocab_size K, max_position_embeddings,
+//                      rope_theta and rope_scaling copied from the target, tie_word_embeddings false,
+//                      torch_dtype "bfloat16", target_hidden_size only when it differs from hidden_size,
+//                      eagle_config.eagle_aux_hidden_state_layer_ids only when the aux layers are not the
+//                      default (2, N/2, N-3) (aerie's = vLLM's input-of-layer-k convention)
+//   model.safetensors  bf16 weights under DraftWeights::named() (fc.weight, midlayer.*, norm.weight,
+//                      lm_head.weight), d2t I64 [K], t2d BOOL [V]; no embed_tokens (servers share the
+//                      target's); metadata {"format": "pt"} as transformers expects
+// and load_export, which reads such a directory back (eval uses it).
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "data/vocab.h"
+#include "model/draft.h"
+#include "model/llama_config.h"
+
+namespace aerie {
+
+/// The config.json of the export for draft `cfg` of `target`. Throws aerie::Error if the draft does
+/// not fit the target (V, H or aux layer range differ).
+nlohmann::json export_config(const DraftConfig& cfg, const LlamaConfig& target);
+
+/// Writes the export directory `out_dir`: into "<out_dir>.tmp" first (a stale one is removed), then
+/// renamed to out_dir (an existing out_dir is replaced). Weights are rounded to bf16 (nearest even).
+/// Throws aerie::Error on inconsistent shapes or I/O failure.
+void write_export(const std::string& out_dir, const DraftConfig& cfg, const DraftWeights& weights,
+                  const DraftVocab& vocab, const LlamaConfig& target);
+
+/// A draft read back from an export directory: weights converted to F32.
+struct ExportedDraft {
+  DraftConfig config;
+  DraftWeights weights;
+  DraftVocab vocab;
+};
+
+/// Reads an export directory (aerie's or any LlamaForCausalLMEagle3 one with d2t/t2d). Aux layers come
+/// from eagle_config.eagle_aux_hidden_state_layer_ids, else default_aux_layers(target_num_hidden_layers)
+/// when that is > 0, else stay empty (the config does not name the target's depth). Throws aerie::Error
+/// naming the file and tensor on a missing tensor, a wrong shape or dtype, or d2t/t2d that disagree.
+ExportedDraft load_export(const std::string& dir, int64_t target_num_hidden_layers = 0);
+
+}  // namespace aerie
