@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <iterator>
 
 #include "comm/communicator.h"
@@ -233,6 +234,130 @@ TEST(Extract, Stories260KMatchesForward) {
   double sq = 0;
   for (float v : s.final_hidden.to_float_vector()) sq += v * v;
   EXPECT_GT(sq, 0.0);
+}
+
+// The input of tests/mpi/extract_resume.sh: with $AERIE_EXTRACT_PREPARED set, writes a prepared file of
+// 48 samples of 64..319 tokens there (ids < 512, stories260K's vocabulary); otherwise into scratch.
+TEST(ExtractFixture, WritePrepared) {
+  const char* env = std::getenv("AERIE_EXTRACT_PREPARED");
+  std::string path = env ? std::string(env) : testing::scratch_dir("extract_fixture") + "/prepared.h5";
+  Prepared p = make_prepared(48, 512, 256);
+  for (auto& ids : p.ids) ids.insert(ids.end(), 61, 7);  // lengths 64..319
+  for (auto& m : p.mask) m.insert(m.end(), 61, 1);
+  write_prepared(path, p);
+  PreparedFile f(path);
+  EXPECT_EQ(f.num_samples(), 48);
+  EXPECT_EQ(f.sample_offsets()[1], static_cast<int64_t>(p.ids[0].size()));
+}
+
+// ---------------------------------------------------------------- multi-rank (mpirun -np 2, tests/mpi)
+
+// A scratch folder made once by rank 0 and then used by every rank.
+std::string shared_scratch(const std::string& name) {
+  auto world = MpiCommunicator::world();
+  std::string dir = std::string(AERIE_BINARY_DIR) + "/test-scratch/" + name;
+  if (world->rank() == 0) testing::scratch_dir(name);
+  world->barrier();
+  return dir;
+}
+
+int world_size() {
+  int n = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+// Two groups of one rank: rank 0 hands out chunks and works; the shards are those of one process.
+TEST(ExtractMpi, GroupsShareTheChunks) {
+  if (world_size() < 2) GTEST_SKIP() << "run under mpirun -np 2 (tests/mpi/extract.cmake)";
+  const std::string dir = shared_scratch("extract_mpi_groups");
+  ParallelGroups g = ParallelGroups::create(1);
+  Prepared p = make_prepared(21, 100);
+  if (g.map.world_rank == 0) write_prepared(dir + "/prepared.h5", p);
+  g.world->barrier();
+  ExtractOptions o = fake_options(dir, 2);
+  ExtractStats st = run_extract(o, g, fake_forward);
+  EXPECT_EQ(st.chunks, 11);
+  EXPECT_EQ(st.chunks_done, 11);  // world totals, on every rank
+  EXPECT_EQ(st.samples, 21);
+  if (g.map.world_rank == 0) expect_shards_hold(o.output, p, 2, fake_forward);
+  // Rerun with a missing shard: done once, by whichever group asks first.
+  g.world->barrier();
+  if (g.map.world_rank == 0) fs::remove(o.output + "/shard-00004.h5");
+  g.world->barrier();
+  st = run_extract(o, g, fake_forward);
+  EXPECT_EQ(st.chunks_done, 1);
+  EXPECT_EQ(st.chunks_skipped, 10);
+  if (g.map.world_rank == 0) expect_shards_hold(o.output, p, 2, fake_forward);
+}
+
+// stories260K split over a tp group of 2 against the same target on one rank.
+TEST(ExtractMpi, Tp2MatchesTp1) {
+  if (world_size() != 2) GTEST_SKIP() << "run under mpirun -np 2 (tests/mpi/extract.cmake)";
+  if (!testing::have_model()) GTEST_SKIP() << "no converted stories260K at " << testing::model_dir();
+  const std::string dir = shared_scratch("extract_mpi_tp");
+  std::unique_ptr<LlamaModel> one;  // rank 0's single-rank reference
+  MpiCommunicator self(MPI_COMM_SELF, false);
+  Prepared p = make_prepared(7, 512, 40);
+  auto world = MpiCommunicator::world();
+  if (world->rank() == 0) write_prepared(dir + "/prepared.h5", p);
+  world->barrier();
+
+  auto run = [&](int tp, const std::string& out) {
+    ParallelGroups g = ParallelGroups::create(tp);
+    LlamaModel model(testing::model_dir(), *g.tp);
+    ExtractOptions o;
+    o.prepared = dir + "/prepared.h5";
+    o.output = out;
+    o.samples_per_shard = 3;
+    o.meta.target_model = testing::model_dir();
+    o.meta.aux_layers = {1, 2, 4};
+    o.meta.hidden_size = model.config().hidden_size;
+    o.meta.num_hidden_layers = model.config().num_hidden_layers;
+    return run_extract(o, g, [&](const std::vector<int32_t>& ids, Tensor& aux, Tensor& fin) {
+      TargetOutput r = model.forward(ids, nullptr, o.meta.aux_layers, false);
+      aux = r.aux_hidden;
+      fin = r.final_hidden;
+    });
+  };
+  EXPECT_EQ(run(2, dir + "/tp2").chunks_done, 3);
+  EXPECT_EQ(run(1, dir + "/tp1").chunks_done, 3);
+  if (world->rank() != 0) return;
+
+  // tp=1 groups compute exactly what one process computes.
+  LlamaModel ref(testing::model_dir(), self);
+  TargetForward ref_fwd = [&](const std::vector<int32_t>& ids, Tensor& aux, Tensor& fin) {
+    TargetOutput r = ref.forward(ids, nullptr, {1, 2, 4}, false);
+    aux = r.aux_hidden;
+    fin = r.final_hidden;
+  };
+  expect_shards_hold(dir + "/tp1", p, 3, ref_fwd);
+
+  // tp=2 sums partial products in another order (all-reduce after o_proj/down_proj), so its fp32 values
+  // differ from tp=1 by rounding (~1e-6 relative); after rounding both to bf16 a value next to a rounding
+  // boundary lands on the neighbouring bf16: |diff| <= 1 bf16 ulp <= 2^-7 |x| (rtol), plus a small atol
+  // for values near 0, where an fp32 difference of ~1e-6 absolute spans many tiny bf16 ulps.
+  auto a = list_shards(dir + "/tp2"), b = list_shards(dir + "/tp1");
+  ASSERT_EQ(a.size(), b.size());
+  int64_t differing = 0, total = 0;
+  for (size_t c = 0; c < a.size(); ++c) {
+    ShardReader ra(a[c]), rb(b[c]);
+    ASSERT_EQ(ra.num_samples(), rb.num_samples());
+    for (int64_t i = 0; i < ra.num_samples(); ++i) {
+      HiddenSample x = ra.read(i), y = rb.read(i);
+      EXPECT_EQ(x.ids, y.ids);
+      EXPECT_EQ(x.sample_index, y.sample_index);
+      auto xa = x.aux_hidden.to_float_vector(), ya = y.aux_hidden.to_float_vector();
+      auto xf = x.final_hidden.to_float_vector(), yf = y.final_hidden.to_float_vector();
+      testing::expect_close(xa, ya, 1e-4f, 1.0f / 128, a[c] + " aux");
+      testing::expect_close(xf, yf, 1e-4f, 1.0f / 128, a[c] + " final");
+      for (size_t j = 0; j < xa.size(); ++j) differing += xa[j] != ya[j];
+      total += static_cast<int64_t>(xa.size());
+    }
+  }
+  std::cout << "[   info   ] tp=2 vs tp=1: " << differing << " of " << total << " aux values differ (by 1 bf16 ulp)\n";
+  // Almost all values are equal after bf16 rounding; a wrong split (e.g. a missing all-reduce) is not.
+  EXPECT_LT(differing, total / 20) << differing << " of " << total << " aux values differ";
 }
 
 }  // namespace
