@@ -68,7 +68,13 @@ int generate(const std::vector<std::string>& args) {
   if (!generated.empty() && std::find(stop.begin(), stop.end(), generated.back()) != stop.end())
     generated.pop_back();  // the stop token is not text
   if (groups.map.world_rank == 0) {
-    std::cout << tok->decode(generated) << std::endl;
+    // Decode prompt + continuation and print what follows the prompt's text, so that the first
+    // generated piece keeps its leading space (decode strips it from the first piece of a text).
+    std::vector<int32_t> prompt_text(prompt.begin() + (bos >= 0 ? 1 : 0), prompt.end());
+    std::vector<int32_t> all = prompt_text;
+    all.insert(all.end(), generated.begin(), generated.end());
+    const std::string full = tok->decode(all), head = tok->decode(prompt_text);
+    std::cout << (full.rfind(head, 0) == 0 ? full.substr(head.size()) : tok->decode(generated)) << std::endl;
     AERIE_LOG(info) << "generate: " << n_new << " tokens in " << secs << " s ("
                     << (secs > 0 ? n_new / secs : 0.0) << " tokens/s)";
   }

@@ -1,8 +1,19 @@
 # Tensor parallelism of the target (tests/model/llama_tp_test.cc): tp = 2 must give what tp = 1 gives.
-# The aerie generate job under tp = 2 must print what it prints under tp = 1.
+set(_aerie_model_env "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
 if(TARGET test_model)
   add_test(NAME model_tp2
            COMMAND ${MPIEXEC_EXECUTABLE} --oversubscribe -np 2 $<TARGET_FILE:test_model> --gtest_filter=TpTest.*)
-  set_tests_properties(model_tp2 PROPERTIES
-    ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1" LABELS mpi)
+  set_tests_properties(model_tp2 PROPERTIES ENVIRONMENT "${_aerie_model_env}" LABELS mpi)
+endif()
+# The aerie generate job on stories260K, tp = 1 and tp = 2: from BOS, 256 greedy tokens end with the
+# last sentence of llama2.c's greedy sample (stories260K.md; the whole text is checked by
+# LlamaGenerate.MatchesLlama2cGreedySample).
+if(TARGET stories260K_model)
+  foreach(tp 1 2)
+    add_test(NAME generate_stories260K_tp${tp}
+             COMMAND ${MPIEXEC_EXECUTABLE} --oversubscribe -np ${tp} $<TARGET_FILE:aerie> generate
+                     --model ${AERIE_MODEL_DIR} --max-new 256 --tp ${tp})
+    set_tests_properties(generate_stories260K_tp${tp} PROPERTIES ENVIRONMENT "${_aerie_model_env}" LABELS mpi
+                         PASS_REGULAR_EXPRESSION "Her mom said, .Don't worry, Lily[.] We can help you[.]")
+  endforeach()
 endif()
