@@ -1,0 +1,142 @@
+// The export directory (eagle3.md section 5): config keys and values copied from the target, tensor names,
+// dtypes and shapes, no embed_tokens, BOOL t2d, and load_export's round trip (bf16 rounding).
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "core/error.h"
+#include "io/safetensors.h"
+#include "train/checkpoint.h"
+#include "train/export.h"
+#include "train/train_testing.h"
+
+namespace aerie {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The safetensors JSON header, to see dtypes as written (load_safetensors reads BOOL as U8).
+nlohmann::json safetensors_header(const std::string& path) {
+  std::string bytes = read_file(path);
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  return nlohmann::json::parse(bytes.substr(8, n));
+}
+
+TEST(ExportTest, ConfigIsSection5WithTheTargetsRopeAndPositions) {
+  const std::string dir = testing::scratch_dir("train_export_config");
+  auto s = testing::make_tiny_setup(dir, default_aux_layers(6));
+  nlohmann::json j = export_config(s.cfg, s.target);
+  std::set<std::string> keys;
+  for (auto& [k, v] : j.items()) keys.insert(k);
+  // Exactly the keys of section 5 (hidden_act "silu" is the Llama default, stated for older loaders).
+  EXPECT_EQ(keys, (std::set<std::string>{"architectures", "model_type", "hidden_size", "num_attention_heads",
+                                         "num_key_value_heads", "head_dim", "intermediate_size", "num_hidden_layers",
+                                         "rms_norm_eps", "vocab_size", "draft_vocab_size", "max_position_embeddings",
+                                         "rope_theta", "rope_scaling", "tie_word_embeddings", "torch_dtype",
+                                         "hidden_act"}));
+  EXPECT_EQ(j["architectures"], nlohmann::json::array({"LlamaForCausalLMEagle3"}));
+  EXPECT_EQ(j["model_type"], "llama");
+  EXPECT_EQ(j["hidden_size"], 8);
+  EXPECT_EQ(j["num_attention_heads"], 2);
+  EXPECT_EQ(j["num_key_value_heads"], 1);
+  EXPECT_EQ(j["head_dim"], 4);
+  EXPECT_EQ(j["intermediate_size"], 12);
+  EXPECT_EQ(j["num_hidden_layers"], 1);
+  EXPECT_EQ(j["vocab_size"], 16);
+  EXPECT_EQ(j["draft_vocab_size"], 10);
+  EXPECT_EQ(j["tie_word_embeddings"], false);
+  EXPECT_EQ(j["torch_dtype"], "bfloat16");
+  // Copied from the target (SGLang #6783, SpecForge #249: not 2048, not without rope_scaling).
+  EXPECT_EQ(j["max_position_embeddings"], 131072);
+  EXPECT_EQ(j["rope_theta"], s.target.raw["rope_theta"]);
+  EXPECT_EQ(j["rope_scaling"], s.target.raw["rope_scaling"]);
+  EXPECT_EQ(j["rms_norm_eps"], 1e-5);
+
+  // Non-default aux layers are named (aerie's input-of-layer-k ids).
+  auto other = testing::make_tiny_setup(dir, {1, 3, 5});
+  nlohmann::json jo = export_config(other.cfg, other.target);
+  EXPECT_EQ(jo["eagle_config"]["eagle_aux_hidden_state_layer_ids"], nlohmann::json::array({1, 3, 5}));
+  EXPECT_FALSE(jo.contains("target_hidden_size"));  // equal to hidden_size
+  EXPECT_FALSE(jo.contains("aerie"));
+  // A draft of another target is refused.
+  DraftConfig bad = s.cfg;
+  bad.vocab_size = 32;
+  EXPECT_THROW(export_config(bad, s.target), Error);
+}
+
+TEST(ExportTest, TensorsAndLoadExportRoundTrip) {
+  const std::string dir = testing::scratch_dir("train_export_tensors");
+  auto s = testing::make_tiny_setup(dir, {1, 3, 5});
+  const std::string out = dir + "/export";
+  write_export(out, s.cfg, s.w, s.vocab, s.target);
+  write_export(out, s.cfg, s.w, s.vocab, s.target);  // replaces the previous export
+  EXPECT_FALSE(fs::exists(out + ".tmp"));
+  EXPECT_FALSE(fs::exists(out + ".old"));
+  nlohmann::json h = safetensors_header(out + "/model.safetensors");
+  EXPECT_EQ(h["__metadata__"]["format"], "pt");
+  const DraftWeights shapes = DraftWeights::zeros(s.cfg);
+  std::set<std::string> names;
+  for (auto& [k, v] : h.items())
+    if (k != "__metadata__") names.insert(k);
+  std::set<std::string> want = {"d2t", "t2d"};
+  for (auto& [n, t] : shapes.named()) {
+    want.insert(n);
+    EXPECT_EQ(h[n]["dtype"], "BF16") << n;
+    EXPECT_EQ(h[n]["shape"].get<Shape>(), t->shape()) << n;
+  }
+  EXPECT_EQ(names, want);
+  EXPECT_TRUE(names.count("midlayer.self_attn.q_proj.weight"));
+  EXPECT_TRUE(names.count("midlayer.hidden_norm.weight"));
+  for (const auto& n : names) EXPECT_EQ(n.find("embed_tokens"), std::string::npos) << n;
+  EXPECT_EQ(h["d2t"]["dtype"], "I64");
+  EXPECT_EQ(h["d2t"]["shape"], nlohmann::json::array({10}));
+  EXPECT_EQ(h["t2d"]["dtype"], "BOOL");
+  EXPECT_EQ(h["t2d"]["shape"], nlohmann::json::array({16}));
+  EXPECT_EQ(h["fc.weight"]["shape"], nlohmann::json::array({8, 24}));  // [H, 3H]
+  EXPECT_EQ(h["midlayer.self_attn.q_proj.weight"]["shape"], nlohmann::json::array({8, 16}));  // reads 2H
+
+  ExportedDraft d = load_export(out, 6);
+  EXPECT_EQ(d.vocab.d2t, s.vocab.d2t);
+  EXPECT_EQ(d.vocab.t2d, s.vocab.t2d);
+  EXPECT_EQ(d.config.aux_layers, (std::vector<int>{1, 3, 5}));
+  EXPECT_EQ(d.config.max_position_embeddings, 131072);
+  EXPECT_EQ(d.config.rope.type, "llama3");
+  EXPECT_EQ(d.config.rope.factor, 8.0);
+  EXPECT_EQ(d.config.rope.theta, 500000.0);
+  EXPECT_EQ(d.config.draft_vocab_size, 10);
+  auto got = d.weights.named();
+  auto ref = s.w.named();
+  for (size_t i = 0; i < got.size(); ++i) {
+    std::vector<float> g = got[i].second->to_float_vector(), r = ref[i].second->to_float_vector();
+    ASSERT_EQ(g.size(), r.size());
+    int bad = 0;
+    for (size_t k = 0; k < g.size(); ++k) bad += g[k] != round_bf16(r[k]);  // exactly the bf16 rounding
+    EXPECT_EQ(bad, 0) << got[i].first;
+  }
+
+  // Default aux layers: not named in the config; restored from the target's depth when it is given.
+  auto def = testing::make_tiny_setup(dir, default_aux_layers(6));
+  write_export(out, def.cfg, def.w, def.vocab, def.target);
+  EXPECT_FALSE(nlohmann::json::parse(read_file(out + "/config.json")).contains("eagle_config"));
+  EXPECT_EQ(load_export(out, 6).config.aux_layers, default_aux_layers(6));
+  EXPECT_TRUE(load_export(out).config.aux_layers.empty());
+}
+
+TEST(ExportTest, LoadExportRejectsInconsistentVocab) {
+  const std::string dir = testing::scratch_dir("train_export_bad");
+  auto s = testing::make_tiny_setup(dir);
+  const std::string out = dir + "/export";
+  write_export(out, s.cfg, s.w, s.vocab, s.target);
+  SafetensorsFile f = load_safetensors(out + "/model.safetensors");
+  f.tensors["t2d"].data<uint8_t>()[3] = 1;  // id 3 is not in d2t
+  save_safetensors(out + "/model.safetensors", f, {"t2d"});
+  EXPECT_THROW(load_export(out), Error);
+  f.tensors.erase("t2d");
+  save_safetensors(out + "/model.safetensors", f);
+  EXPECT_THROW(load_export(out), Error);
+}
+
+}  // namespace
+}  // namespace aerie
