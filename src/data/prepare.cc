@@ -107,65 +107,82 @@ bool is_text_input(const PrepareOptions& opt) {
   return fs::path(opt.input).extension() == ".txt";
 }
 
-// Reads and tokenizes this rank's part of the input.
+// Tokenizes one parsed record and appends it to `out`, or counts it as skipped (`where`: "file:line").
+void add_record(InputRecord r, const std::function<std::string()>& where, const PrepareOptions& opt,
+              const Tokenizer& tok, const ChatTemplate& tmpl, LocalSamples& out) {
+  // No rank ever needs more than max_samples of its own samples.
+  if (opt.max_samples >= 0 && static_cast<int64_t>(out.lengths.size()) >= opt.max_samples) return;
+  ++out.records;
+  TokenizedSample s;
+  bool truncated = false;
+  if (r.skip == SkipReason::None) {
+    if (r.tokenized) {
+      s.input_ids = std::move(r.input_ids);
+      s.loss_mask = std::move(r.loss_mask);
+    } else {
+      try {
+        s = tmpl.apply(r.conversation, tok);
+      } catch (const Error& e) {
+        r.skip = SkipReason::WrongTypes;
+        r.detail = e.what();
+      }
+    }
+  }
+  if (r.skip == SkipReason::None) {
+    if (!apply_overlong(s, opt.max_length, opt.overlong, &truncated)) {
+      r.skip = SkipReason::Overlong;
+      r.detail = std::to_string(s.input_ids.size()) + " tokens > max_length " + std::to_string(opt.max_length);
+    } else if (s.loss_tokens() == 0) {
+      r.skip = SkipReason::ZeroLoss;
+      r.detail = truncated ? "no assistant token within the first " + std::to_string(opt.max_length) + " tokens"
+                           : "no assistant token";
+    } else if (s.input_ids.empty()) {
+      r.skip = SkipReason::Empty;
+      r.detail = "no tokens";
+    }
+  }
+  if (r.skip != SkipReason::None) {
+    ++out.skipped_by[static_cast<size_t>(r.skip)];
+    if (static_cast<int>(out.examples.size()) < opt.max_reported) {
+      std::ostringstream os;
+      os << where() << ": " << skip_name(r.skip);
+      if (!r.detail.empty()) os << " (" << r.detail << ")";
+      out.examples.push_back(os.str());
+    }
+    return;
+  }
+  out.ids.insert(out.ids.end(), s.input_ids.begin(), s.input_ids.end());
+  out.mask.insert(out.mask.end(), s.loss_mask.begin(), s.loss_mask.end());
+  out.lengths.push_back(static_cast<int64_t>(s.input_ids.size()));
+  out.truncated.push_back(truncated);
+}
+
+// Reads and tokenizes this rank's part of the input: a byte range of JSONL lines or text stories, or a
+// range of the elements of a JSON array file.
 LocalSamples read_local(const PrepareOptions& opt, const Tokenizer& tok, const ChatTemplate& tmpl, bool text,
-                        int rank, int size, MPI_Comm comm) {
-  InputRange range = input_range(opt.input, text, rank, size);
-  int64_t line0 = exscan(range.lines, comm);
+                        bool array, int rank, int size, MPI_Comm comm) {
   LocalSamples out;
-  int64_t vocab = tok.vocab_size();
+  const int64_t vocab = tok.vocab_size();
+  const std::string file_name = fs::path(opt.input).filename().string();
+  if (array) {
+    Progress progress("prepare", "records", 0, rank);
+    for_each_array_record(opt.input, opt.format, vocab, rank, size, [&](InputRecord&& r, int64_t index) {
+      progress.add(1);
+      add_record(std::move(r), [&] { return file_name + "[" + std::to_string(index) + "]"; }, opt, tok, tmpl, out);
+    });
+    progress.finish();
+    return out;
+  }
+  InputRange range = input_range(opt.input, text, rank, size);
+  const int64_t line0 = exscan(range.lines, comm);
   Progress progress("prepare", "MiB", static_cast<double>(range.end - range.begin) / (1 << 20), rank);
   int64_t last_bytes = 0;
-  std::string file_name = fs::path(opt.input).filename().string();
   for_each_record(opt.input, range, text, [&](const std::string& rec, int64_t line, int64_t bytes) {
     progress.add(static_cast<double>(bytes - last_bytes) / (1 << 20));
     last_bytes = bytes;
-    // No rank ever needs more than max_samples of its own samples.
-    if (opt.max_samples >= 0 && static_cast<int64_t>(out.lengths.size()) >= opt.max_samples) return;
-    ++out.records;
+    if (opt.max_samples >= 0 && static_cast<int64_t>(out.lengths.size()) >= opt.max_samples) return;  // no parsing
     InputRecord r = text ? parse_story(rec) : parse_json_record(rec, opt.format, vocab);
-    TokenizedSample s;
-    bool truncated = false;
-    if (r.skip == SkipReason::None) {
-      if (r.tokenized) {
-        s.input_ids = std::move(r.input_ids);
-        s.loss_mask = std::move(r.loss_mask);
-      } else {
-        try {
-          s = tmpl.apply(r.conversation, tok);
-        } catch (const Error& e) {
-          r.skip = SkipReason::WrongTypes;
-          r.detail = e.what();
-        }
-      }
-    }
-    if (r.skip == SkipReason::None) {
-      if (!apply_overlong(s, opt.max_length, opt.overlong, &truncated)) {
-        r.skip = SkipReason::Overlong;
-        r.detail = std::to_string(s.input_ids.size()) + " tokens > max_length " + std::to_string(opt.max_length);
-      } else if (s.loss_tokens() == 0) {
-        r.skip = SkipReason::ZeroLoss;
-        r.detail = truncated ? "no assistant token within the first " + std::to_string(opt.max_length) + " tokens"
-                             : "no assistant token";
-      } else if (s.input_ids.empty()) {
-        r.skip = SkipReason::Empty;
-        r.detail = "no tokens";
-      }
-    }
-    if (r.skip != SkipReason::None) {
-      ++out.skipped_by[static_cast<size_t>(r.skip)];
-      if (static_cast<int>(out.examples.size()) < opt.max_reported) {
-        std::ostringstream os;
-        os << file_name << ":" << (line0 + line + 1) << ": " << skip_name(r.skip);
-        if (!r.detail.empty()) os << " (" << r.detail << ")";
-        out.examples.push_back(os.str());
-      }
-      return;
-    }
-    out.ids.insert(out.ids.end(), s.input_ids.begin(), s.input_ids.end());
-    out.mask.insert(out.mask.end(), s.loss_mask.begin(), s.loss_mask.end());
-    out.lengths.push_back(static_cast<int64_t>(s.input_ids.size()));
-    out.truncated.push_back(truncated);
+    add_record(std::move(r), [&] { return file_name + ":" + std::to_string(line0 + line + 1); }, opt, tok, tmpl, out);
   });
   progress.finish();
   return out;
@@ -196,7 +213,8 @@ PrepareStats run_prepare(const PrepareOptions& opt, MPI_Comm comm) {
                     << (opt.max_samples >= 0 ? ", max_samples " + std::to_string(opt.max_samples) : "");
   }
 
-  LocalSamples local = read_local(opt, *tok, *tmpl, text, rank, size, comm);
+  const bool array = !text && is_json_array_file(opt.input);
+  LocalSamples local = read_local(opt, *tok, *tmpl, text, array, rank, size, comm);
 
   // Input order: rank r's samples follow those of ranks < r. --max-samples keeps the first N overall.
   int64_t n_local = static_cast<int64_t>(local.lengths.size());

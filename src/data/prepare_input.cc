@@ -70,7 +70,7 @@ InputRecord skip(SkipReason why, std::string detail) {
 InputRecord conversation_record(Conversation c) {
   if (c.turns.empty()) return skip(SkipReason::Empty, "no turns");
   bool any = std::any_of(c.turns.begin(), c.turns.end(), [](const ChatTurn& t) { return t.role == ChatRole::Assistant; });
-  if (!any) return skip(SkipReason::NoAssistant, "no assistant turn");
+  if (!any) return skip(SkipReason::NoAssistant, "");
   InputRecord r;
   r.conversation = std::move(c);
   return r;
@@ -172,10 +172,9 @@ bool is_blank(const std::string& line) {
 
 }  // namespace
 
-InputRecord parse_json_record(const std::string& line, InputFormat format, int64_t vocab_size) {
-  if (is_blank(line)) return skip(SkipReason::Empty, "blank line");
-  json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return skip(SkipReason::BadJson, "not valid JSON");
+namespace {
+
+InputRecord parse_json_value(const json& j, InputFormat format, int64_t vocab_size) {
   if (!j.is_object()) return skip(SkipReason::BadJson, "not a JSON object");
   if (format == InputFormat::Auto) {
     if (j.contains("conversations")) format = InputFormat::ShareGPT;
@@ -195,7 +194,40 @@ InputRecord parse_json_record(const std::string& line, InputFormat format, int64
       return parse_tokenized(j, vocab_size);
     default: break;
   }
-  AERIE_THROW("parse_json_record: format " << input_format_name(format) << " is not a JSONL format");
+  AERIE_THROW("prepare: format " << input_format_name(format) << " is not a JSON format");
+}
+
+}  // namespace
+
+InputRecord parse_json_record(const std::string& line, InputFormat format, int64_t vocab_size) {
+  if (is_blank(line)) return skip(SkipReason::Empty, "blank line");
+  json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return skip(SkipReason::BadJson, "not valid JSON");
+  return parse_json_value(j, format, vocab_size);
+}
+
+bool is_json_array_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  AERIE_CHECK(in, "prepare: cannot open input " << path);
+  char c;
+  while (in.get(c)) {
+    if (c == ' ' || c == '\t' || c == '\r' || c == '\n') continue;
+    return c == '[';
+  }
+  return false;
+}
+
+int64_t for_each_array_record(const std::string& path, InputFormat format, int64_t vocab_size, int part, int parts,
+                              const std::function<void(InputRecord&&, int64_t)>& fn) {
+  std::ifstream in(path, std::ios::binary);
+  AERIE_CHECK(in, "prepare: cannot open input " << path);
+  json all = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  AERIE_CHECK(!all.is_discarded() && all.is_array(), "prepare: " << path << " starts with '[' but is not one valid "
+                                                                 << "JSON array (use JSONL: one record per line)");
+  const int64_t n = static_cast<int64_t>(all.size());
+  const int64_t b = n * part / parts, e = n * (part + 1) / parts;
+  for (int64_t i = b; i < e; ++i) fn(parse_json_value(all[static_cast<size_t>(i)], format, vocab_size), i);
+  return n;
 }
 
 InputRecord parse_story(const std::string& story) {

@@ -63,6 +63,17 @@ struct InputRecord {
 /// A conversation without an assistant turn is NoAssistant.
 InputRecord parse_json_record(const std::string& line, InputFormat format, int64_t vocab_size);
 
+/// Whether `path` holds one JSON array of records (its first non-blank byte is '[', as in FastChat's and
+/// LLaMA-Factory's .json files) rather than JSONL.
+bool is_json_array_file(const std::string& path);
+
+/// JSON array files: parses the whole file (every rank; use JSONL for large data) and calls
+/// `fn(record, index)` for the elements [n*part/parts, n*(part+1)/parts) of the n elements, each parsed as
+/// parse_json_record parses a line. Returns n. Throws aerie::Error naming the file if it is not one valid
+/// JSON array.
+int64_t for_each_array_record(const std::string& path, InputFormat format, int64_t vocab_size, int part, int parts,
+                              const std::function<void(InputRecord&&, int64_t)>& fn);
+
 /// Text form: splits one story (a block of non-blank lines, joined by '\n') into prompt and answer. The
 /// prompt is the first sentence: up to and including the first '.', '!' or '?' that is followed by a space
 /// or newline; the answer is the rest with leading whitespace removed. A story without a rest is NoRest.

@@ -158,6 +158,26 @@ TEST_F(PrepareTest, OpenAiAndTokenizedForms) {
   EXPECT_EQ(c.sample_mask(2), a.mask);
 }
 
+// A file holding one JSON array of records (FastChat's, LLaMA-Factory's .json) reads like the JSONL of
+// its elements; skipped elements are reported by index.
+TEST_F(PrepareTest, JsonArrayFile) {
+  std::string good = R"({"conversations": [{"from": "human", "value": "Hi."}, {"from": "gpt", "value": "Hello there."}]})";
+  std::string other = R"({"messages": [{"role": "user", "content": "Who?"}, {"role": "assistant", "content": "Me."}]})";
+  std::string none = R"({"conversations": [{"from": "human", "value": "Anyone?"}]})";
+  run("a.jsonl", good + "\n" + none + "\n" + other + "\n", InputFormat::Auto);
+  Prepared a = read_prepared(dir_ + "/prepared.h5");
+  PrepareStats st = run("a.json", "  [\n" + good + ",\n" + none + ",\n" + other + "\n]\n", InputFormat::Auto);
+  Prepared b = read_prepared(dir_ + "/prepared.h5");
+  EXPECT_EQ(st.samples, 2);
+  EXPECT_EQ(st.records, 3);
+  ASSERT_EQ(st.examples.size(), 1u);
+  EXPECT_EQ(st.examples[0], "a.json[1]: no assistant turn");
+  EXPECT_EQ(a.ids, b.ids);
+  EXPECT_EQ(a.mask, b.mask);
+  EXPECT_EQ(a.offsets, b.offsets);
+  EXPECT_THROW(run("broken.json", "[" + good + ",", InputFormat::Auto), Error);
+}
+
 // Bad records are skipped with a count per reason and file:line examples; good ones keep input order.
 TEST_F(PrepareTest, BadLinesSkippedWithCounts) {
   std::string good = R"({"conversations": [{"from": "human", "value": "Hi."}, {"from": "gpt", "value": "Hello there."}]})";
@@ -329,13 +349,24 @@ TEST(PrepareParallelTest, WorldEqualsOneRank) {
           << answer << R"("}]})" << "\n";
     }
     out.close();
+    // The same records as one JSON array (split by element index).
+    std::ifstream lines(dir + "/in.jsonl");
+    std::ofstream arr(dir + "/in.json");
+    std::string l;
+    arr << "[";
+    for (bool first = true; std::getline(lines, l); first = false) {
+      if (l.rfind("{broken", 0) == 0) l = R"({"conversations": []})";
+      arr << (first ? "\n" : ",\n") << l;
+    }
+    arr << "\n]\n";
+    arr.close();
     std::ifstream in(testing::data_dir() + "/tinystories/tinystories_val.txt");
     std::ofstream txt(dir + "/in.txt");
     std::string line;
     for (int i = 0; i < 120 && std::getline(in, line); ++i) txt << line << "\n";
   }
   MPI_Barrier(MPI_COMM_WORLD);
-  for (std::string input : {"in.jsonl", "in.txt"}) {
+  for (std::string input : {"in.jsonl", "in.json", "in.txt"}) {
     PrepareOptions o;
     o.input = dir + "/" + input;
     o.tokenizer = testing::model_dir();
