@@ -14,3 +14,25 @@ if(TARGET test_data)
     set_tests_properties(data_prepare_np${np} PROPERTIES ENVIRONMENT "${_aerie_mpi_env}" LABELS mpi)
   endforeach()
 endif()
+
+# The jobs end to end on the real data: prepare (2 ranks) -> vocab; vocab refuses to overwrite without --force.
+if(TARGET stories260K_model AND EXISTS "${AERIE_SHARED_DATA}/tinystories/tinystories_val.txt")
+  set(_d "${CMAKE_BINARY_DIR}/test-scratch/jobs_prepare_vocab")
+  add_test(NAME jobs_prepare_np2
+           COMMAND ${MPIEXEC_EXECUTABLE} --oversubscribe -np 2 $<TARGET_FILE:aerie> prepare
+                   --input "${AERIE_SHARED_DATA}/tinystories/tinystories_val.txt" --tokenizer "${AERIE_MODEL_DIR}"
+                   --output "${_d}/prepared.h5" --max-length 256 --overlong drop)
+  add_test(NAME jobs_vocab
+           COMMAND $<TARGET_FILE:aerie> vocab --prepared "${_d}/prepared.h5" --model "${AERIE_MODEL_DIR}"
+                   --draft-vocab-size 128 --output "${_d}/draft_vocab.safetensors" --force)
+  add_test(NAME jobs_vocab_refuses_overwrite
+           COMMAND $<TARGET_FILE:aerie> vocab --prepared "${_d}/prepared.h5" --model "${AERIE_MODEL_DIR}"
+                   --draft-vocab-size 128 --output "${_d}/draft_vocab.safetensors")
+  set_tests_properties(jobs_prepare_np2 PROPERTIES ENVIRONMENT "${_aerie_mpi_env}" LABELS mpi
+                       FIXTURES_SETUP prepared_tinystories)
+  set_tests_properties(jobs_vocab PROPERTIES ENVIRONMENT "${_aerie_mpi_env}" LABELS mpi
+                       FIXTURES_REQUIRED prepared_tinystories FIXTURES_SETUP draft_vocab_tinystories)
+  set_tests_properties(jobs_vocab_refuses_overwrite PROPERTIES ENVIRONMENT "${_aerie_mpi_env}" LABELS mpi
+                       FIXTURES_REQUIRED draft_vocab_tinystories
+                       PASS_REGULAR_EXPRESSION "exists; the draft vocabulary belongs to the draft")
+endif()
