@@ -119,10 +119,12 @@ LlamaConfig load_llama_config(const std::string& dir) {
 
 std::vector<int> default_aux_layers(int64_t num_hidden_layers) {
   const int64_t n = num_hidden_layers;
-  // (2, N/2, N-3) is non-decreasing only from N = 5 on. N = 5 gives (2, 2, 2): the same residual
-  // stream three times; that is what the contract's default means there (vLLM computes the same).
-  AERIE_CHECK(n >= 5, "default aux layers (2, N/2, N-3) need N >= 5 decoder layers, the model has "
-                          << n << "; pass the aux layers explicitly");
+  // vLLM's and SGLang's formula, verbatim: a server given no explicit ids computes exactly this, so the
+  // default must not be "corrected". It is ascending from N = 6 on; N = 5 gives (2, 2, 2) (the same
+  // residual stream three times, stories260K), N = 3, 4 give (2, 1, 0), (2, 2, 1): valid layer ids,
+  // not ascending. Below N = 3 it names layers that do not exist.
+  AERIE_CHECK(n >= 3, "default aux layers (2, N/2, N-3) need N >= 3 decoder layers, the model has " << n
+                          << "; pass the aux layers explicitly");
   return {2, static_cast<int>(n / 2), static_cast<int>(n - 3)};
 }
 

@@ -23,7 +23,8 @@ struct LlamaConfig {
 /// num_key_value_heads to num_attention_heads. Throws aerie::Error naming the file and field.
 LlamaConfig load_llama_config(const std::string& dir);
 
-/// The default aux layers of eagle3.md section 1: (2, N/2, N-3), vLLM's "input to layer k" convention.
+/// The default aux layers of eagle3.md section 1: (2, N/2, N-3), vLLM's "input to layer k" convention,
+/// verbatim (N = 5 gives (2, 2, 2); below N = 6 the ids are not ascending). Throws aerie::Error if N < 3.
 std::vector<int> default_aux_layers(int64_t num_hidden_layers);
 
 }  // namespace aerie

@@ -115,7 +115,8 @@ TEST(LlamaConfig, RejectsBadConfigs) {
 TEST(LlamaConfig, DefaultAuxLayers) {
   EXPECT_EQ(default_aux_layers(32), (std::vector<int>{2, 16, 29}));
   EXPECT_EQ(default_aux_layers(5), (std::vector<int>{2, 2, 2}));  // stories260K: the contract's default
-  EXPECT_THROW(default_aux_layers(4), Error);
+  EXPECT_EQ(default_aux_layers(4), (std::vector<int>{2, 2, 1}));  // vLLM's formula, verbatim
+  EXPECT_THROW(default_aux_layers(2), Error);                      // would name layer -1
 }
 
 // The forward of a random BF16 model with an untied lm_head against the naive reference: every
