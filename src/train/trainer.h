@@ -73,8 +73,9 @@ struct StepScratch {
 ///     update number opt.step + 1.
 /// Returns the global metrics. All ranks end with the same weights. Another dp sums the same per-sample
 /// gradients in another order ((g0+g1)+(g2+g3) instead of ((g0+g1)+g2)+g3), so the weights agree up to
-/// fp32 rounding; they are bitwise equal when every rank has at most one sample (B <= dp), because
-/// each sample's gradient is computed alone and x + y is commutative in IEEE arithmetic.
+/// fp32 rounding. With B = dp = 2 they are bitwise equal: each sample's gradient is computed alone, so
+/// both runs compute g0 + g1 (x + y is commutative in IEEE arithmetic); with more ranks that also needs
+/// MPI to sum in rank order, which MPI does not promise.
 StepMetrics train_step(const DraftConfig& cfg, DraftWeights& w, AdamState& opt, const Tensor& embed_tokens,
                        const std::vector<TTTSample>& local, const DraftVocab& vocab, int ttt_steps, double lr,
                        double max_grad_norm, Communicator& dp, StepScratch& scratch);

@@ -1,0 +1,125 @@
+// One whole draft training step (train_step): finite metrics, the loss falls over a few steps, lr 0 leaves
+// the weights alone, and data parallelism: a dp step equals the dp = 1 step on the same global batch
+// (run under mpirun -np 2 by tests/mpi/train.cmake; on one rank the dp side is trivially dp = 1).
+#include <cmath>
+
+#include "comm/communicator.h"
+#include "train/data_order.h"
+#include "train/train_testing.h"
+#include "train/trainer.h"
+
+namespace aerie {
+namespace {
+
+std::vector<TTTSample> make_batch(const testing::TinyTrainSetup& s, int n, uint64_t seed) {
+  std::vector<TTTSample> b;
+  for (int i = 0; i < n; ++i) b.push_back(testing::make_random_sample(s, 9 + 3 * i, seed + static_cast<uint64_t>(i)));
+  return b;
+}
+
+std::string rank_scratch(const std::string& name) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return testing::scratch_dir(name + "_r" + std::to_string(rank));
+}
+
+TEST(TrainStepTest, OneStepIsFiniteAndTheLossFalls) {
+  auto s = testing::make_tiny_setup(rank_scratch("train_step_finite"));
+  auto world = MpiCommunicator::world();
+  auto self = world->split(world->rank(), 0);
+  std::vector<TTTSample> batch = make_batch(s, 3, 100);
+  DraftWeights w = testing::clone_weights(s.w);
+  AdamState opt = AdamState::zeros(s.cfg);
+  StepScratch scratch = StepScratch::zeros(s.cfg);
+  StepMetrics first = train_step(s.cfg, w, opt, s.embed, batch, s.vocab, 3, 1e-2, 0.5, *self, scratch);
+  EXPECT_EQ(opt.step, 1);
+  EXPECT_TRUE(std::isfinite(first.loss()) && first.loss() > 0) << first.loss();
+  EXPECT_TRUE(std::isfinite(first.grad_norm) && first.grad_norm > 0);
+  EXPECT_GT(first.tokens, 0);
+  for (auto& [n, t] : w.named())
+    for (float v : t->to_float_vector()) ASSERT_TRUE(std::isfinite(v)) << n;
+  EXPECT_GT(testing::count_bit_differences(w, s.w), 0);
+  // valid_k of the batch = the sum of ttt_valid_counts.
+  for (int k = 0; k < 3; ++k) {
+    int64_t v = 0;
+    for (const auto& b : batch) v += ttt_valid_counts(b, s.vocab.t2d, 3)[static_cast<size_t>(k)];
+    EXPECT_EQ(first.valid[static_cast<size_t>(k)], v);
+  }
+  StepMetrics last;
+  for (int i = 0; i < 15; ++i) last = train_step(s.cfg, w, opt, s.embed, batch, s.vocab, 3, 1e-2, 0.5, *self, scratch);
+  EXPECT_LT(last.loss(), 0.9 * first.loss()) << "16 AdamW steps on one batch should fit it";
+  EXPECT_GE(last.tau_sim(), 1.0);
+
+  // lr 0: AdamW moves nothing (the moments still update).
+  DraftWeights before = testing::clone_weights(w);
+  train_step(s.cfg, w, opt, s.embed, batch, s.vocab, 3, 0.0, 0.5, *self, scratch);
+  EXPECT_EQ(testing::count_bit_differences(w, before), 0);
+}
+
+TEST(TrainStepTest, MetricsFormulas) {
+  StepMetrics m;
+  m.loss_sum = {4.0, 3.0, 0.0};
+  m.valid = {2, 1, 0};
+  m.correct = {1, 1, 0};
+  m.acc_rows = {2, 4, 0};
+  EXPECT_DOUBLE_EQ(m.loss(), 2.0 + 0.8 * 3.0);  // L_k / max(1, valid_k), weights 0.8^k
+  EXPECT_EQ(m.acc_k(), (std::vector<double>{0.5, 0.25, 0.0}));
+  EXPECT_DOUBLE_EQ(m.tau_sim(), 1.0 + 0.5 + 0.5 * 0.25);
+}
+
+// Two steps of a global batch of B on the world's dp ranks (rank r gets entries r, r + dp, ...) against
+// the same two steps on one rank with the whole batch.
+void dp_matches_single_rank(int B, bool bitwise) {
+  auto s = testing::make_tiny_setup(rank_scratch("train_step_dp_B" + std::to_string(B)));
+  auto world = MpiCommunicator::world();
+  auto self = world->split(world->rank(), 0);
+  std::vector<TTTSample> batch = make_batch(s, B, 7);
+  std::vector<TTTSample> mine;
+  for (size_t i = static_cast<size_t>(world->rank()); i < batch.size(); i += static_cast<size_t>(world->size()))
+    mine.push_back(batch[i]);
+
+  DraftWeights wd = testing::clone_weights(s.w), w1 = testing::clone_weights(s.w);
+  AdamState od = AdamState::zeros(s.cfg), o1 = AdamState::zeros(s.cfg);
+  StepScratch sd = StepScratch::zeros(s.cfg), s1 = StepScratch::zeros(s.cfg);
+  for (int step = 0; step < 2; ++step) {
+    StepMetrics md = train_step(s.cfg, wd, od, s.embed, mine, s.vocab, 4, 1e-3, 0.5, *world, sd);
+    StepMetrics m1 = train_step(s.cfg, w1, o1, s.embed, batch, s.vocab, 4, 1e-3, 0.5, *self, s1);
+    EXPECT_EQ(md.valid, m1.valid);
+    EXPECT_EQ(md.correct, m1.correct);
+    EXPECT_EQ(md.tokens, m1.tokens);
+    EXPECT_NEAR(md.loss(), m1.loss(), 1e-4 * m1.loss());  // loss sums travel in fp32 (logging only)
+  }
+  if (bitwise) {
+    EXPECT_EQ(testing::count_bit_differences(wd, w1), 0);
+    EXPECT_EQ(testing::count_bit_differences(od.m, o1.m), 0);
+    EXPECT_EQ(testing::count_bit_differences(od.v, o1.v), 0);
+  } else {
+    // Other summation order of the per-sample gradients: fp32 rounding (~1e-7 relative) in the gradient;
+    // AdamW's update is lr * m_hat / (sqrt(v_hat) + eps), bounded by ~lr per element, and moves by a tiny
+    // fraction of lr under such a perturbation. 1e-3 * lr is far above that and far below one update.
+    auto a = wd.named();
+    auto b = w1.named();
+    for (size_t i = 0; i < a.size(); ++i)
+      testing::expect_close(a[i].second->to_float_vector(), b[i].second->to_float_vector(), 1e-6f, 0.0f, a[i].first);
+  }
+  // Every rank holds the same weights.
+  Tensor sum = wd.fc.clone();
+  world->all_reduce_sum(sum);
+  std::vector<float> f = wd.fc.to_float_vector(), g = sum.to_float_vector();
+  for (size_t i = 0; i < f.size(); ++i) ASSERT_EQ(g[i], f[i] * static_cast<float>(world->size())) << i;
+}
+
+TEST(TrainStepDpTest, OneSamplePerRankIsBitwiseEqualToOneRank) {
+  auto world = MpiCommunicator::world();
+  // B = dp: each rank has one sample. With 2 ranks both runs compute g0 + g1 (commutative); with more,
+  // MPI's summation order is not promised, so only the tolerance holds.
+  dp_matches_single_rank(world->size(), world->size() <= 2);
+}
+
+TEST(TrainStepDpTest, SeveralSamplesPerRankMatchOneRankWithinFp32Rounding) {
+  auto world = MpiCommunicator::world();
+  dp_matches_single_rank(2 * world->size() + 1, world->size() == 1);
+}
+
+}  // namespace
+}  // namespace aerie
