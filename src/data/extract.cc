@@ -245,13 +245,17 @@ ExtractStats run_extract(const ExtractOptions& opt, ParallelGroups& groups, cons
     c = cmd.data<int64_t>()[0];
     if (c < 0) break;
     auto [ns, nt] = process(c);
-    if (dispatcher) dispatcher->completed(ns, nt);
+    if (dispatcher) {
+      dispatcher->completed(ns, nt);
+      AERIE_LOG(debug) << "extract: group 0 finished chunk " << c;
+    }
     done_chunk = c;
     done_samples = ns;
     done_tokens = nt;
   }
   if (dispatcher) dispatcher->drain();
   // World totals (only leaders count their group's work); the all-reduce also waits for every group.
+  stats.chunks_this_group = stats.chunks_done;
   Tensor totals = Tensor::from_vector<int64_t>({leader ? stats.chunks_done : 0, leader ? stats.samples : 0,
                                                 leader ? stats.tokens : 0, stats.chunks_skipped},
                                                {4});

@@ -68,12 +68,13 @@ struct ExtractOptions {
   ShardMeta meta;                // target_model, aux_layers, hidden_size, num_hidden_layers (chunk set per shard)
 };
 
-/// What run_extract did: totals over the world, the same on every rank.
+/// What run_extract did: totals over the world, the same on every rank, except chunks_this_group.
 struct ExtractStats {
   int64_t chunks = 0;          // chunks of the prepared file
   int64_t chunks_skipped = 0;  // already complete at start
   int64_t chunks_done = 0;     // written by this run
   int64_t samples = 0, tokens = 0;  // extracted by this run
+  int64_t chunks_this_group = 0;    // written by this rank's tp group (the same on its ranks)
   double seconds = 0;
 };
 

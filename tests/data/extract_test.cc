@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <thread>
 
 #include "comm/communicator.h"
 #include "data/extract.h"
@@ -276,7 +277,16 @@ TEST(ExtractMpi, GroupsShareTheChunks) {
   if (g.map.world_rank == 0) write_prepared(dir + "/prepared.h5", p);
   g.world->barrier();
   ExtractOptions o = fake_options(dir, 2);
-  ExtractStats st = run_extract(o, g, fake_forward);
+  // Rank 0 is slowed down (20 ms a sample, 0.4 s for all) so that group 1 surely asks for work meanwhile.
+  TargetForward slow0 = [&](const std::vector<int32_t>& ids, Tensor& aux, Tensor& fin) {
+    if (g.map.world_rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    fake_forward(ids, aux, fin);
+  };
+  ExtractStats st = run_extract(o, g, slow0);
+  EXPECT_GT(st.chunks_this_group, 0) << "group " << g.map.dp_rank << " got no chunk";
+  Tensor mine = Tensor::from_vector<int64_t>({st.chunks_this_group}, {1});
+  g.world->all_reduce_sum(mine);
+  EXPECT_EQ(mine.data<int64_t>()[0], 11);  // every chunk written by exactly one group
   EXPECT_EQ(st.chunks, 11);
   EXPECT_EQ(st.chunks_done, 11);  // world totals, on every rank
   EXPECT_EQ(st.samples, 21);
