@@ -1,6 +1,10 @@
 #include "data/prepare.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <sstream>
@@ -99,6 +103,15 @@ std::vector<std::string> gather_strings(const std::vector<std::string>& mine, MP
     p = e + 1;
   }
   return out;
+}
+
+// fsync of a file or folder; false on failure (errno set).
+bool sync_path(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return false;
+  bool ok = ::fsync(fd) == 0;
+  ::close(fd);
+  return ok;
 }
 
 bool is_text_input(const PrepareOptions& opt) {
@@ -272,11 +285,13 @@ PrepareStats run_prepare(const PrepareOptions& opt, MPI_Comm comm) {
     }
     if (rank == size - 1) offsets.push_back(st.tokens);  // off[N] = N_tok
     {
-      h5::Dataset ids = f.create_dataset("input_ids", DType::I32, {st.tokens});
+      // Every element gets written: no fill pass; no object times, so equal runs give equal bytes.
+      const h5::DatasetOptions o{.track_times = false, .fill = false};
+      h5::Dataset ids = f.create_dataset("input_ids", DType::I32, {st.tokens}, o);
       ids.write_rows(tok_off, Tensor::wrap(local.ids.data(), {tok_local}, DType::I32));
-      h5::Dataset mask = f.create_dataset("loss_mask", DType::U8, {st.tokens});
+      h5::Dataset mask = f.create_dataset("loss_mask", DType::U8, {st.tokens}, o);
       mask.write_rows(tok_off, Tensor::wrap(local.mask.data(), {tok_local}, DType::U8));
-      h5::Dataset off = f.create_dataset("sample_offsets", DType::I64, {st.samples + 1});
+      h5::Dataset off = f.create_dataset("sample_offsets", DType::I64, {st.samples + 1}, o);
       off.write_rows(sample_off, Tensor::wrap(offsets.data(), {static_cast<int64_t>(offsets.size())}, DType::I64));
     }
     f.set_string_attr("format", kPreparedFormat);
@@ -301,12 +316,19 @@ PrepareStats run_prepare(const PrepareOptions& opt, MPI_Comm comm) {
   int ok = 1;
   std::string err;
   if (rank == 0) {
+    // Durable before visible: sync the data, rename, sync the folder.
+    if (!sync_path(tmp)) {
+      ok = 0;
+      err = std::string("fsync failed: ") + std::strerror(errno);
+    }
     std::error_code ec;
-    fs::rename(tmp, opt.output, ec);
+    if (ok) fs::rename(tmp, opt.output, ec);
     if (ec) {
       ok = 0;
       err = ec.message();
     }
+    fs::path parent = fs::path(opt.output).parent_path();
+    if (ok) sync_path(parent.empty() ? "." : parent.string());
   }
   check_mpi(MPI_Bcast(&ok, 1, MPI_INT, 0, comm), "MPI_Bcast");
   AERIE_CHECK(ok, "prepare: cannot rename " << tmp << " to " << opt.output << (err.empty() ? "" : ": " + err));

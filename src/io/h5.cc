@@ -319,6 +319,8 @@ Dataset Location::create_dataset(const std::string& path, DType dtype, const Sha
     H5_CHECK(H5Pset_chunk(dcpl, static_cast<int>(chunk.size()), chunk.data()),
              "HDF5: bad chunk shape for " << file_ << ":" << full);
   }
+  if (!options.track_times) H5_CHECK(H5Pset_obj_track_times(dcpl, false), "HDF5: dataset options of " << file_ << ":" << full);
+  if (!options.fill) H5_CHECK(H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER), "HDF5: dataset options of " << file_ << ":" << full);
   Id space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), maxdims.data()), H5Sclose);
   H5_CHECK(space.id, "HDF5: bad shape " << shape_str(shape) << " for " << file_ << ":" << full);
   Id lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);

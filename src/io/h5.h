@@ -74,6 +74,11 @@ struct DatasetOptions {
   int64_t chunk_rows = 0;
   /// Dim 0 unlimited (Dataset::extend grows it); needs chunk_rows > 0 (1024 rows if left 0).
   bool extendable = false;
+  /// Record object modification times (HDF5's default). Off: equal content gives equal bytes.
+  bool track_times = true;
+  /// Write fill values when the storage is allocated (HDF5's default). Off (H5D_FILL_TIME_NEVER) when every
+  /// element will be written anyway: saves a pass over the file in parallel files (early allocation).
+  bool fill = true;
 };
 
 class Dataset;

@@ -387,6 +387,12 @@ TEST(PrepareParallelTest, WorldEqualsOneRank) {
       EXPECT_EQ(a.mask, b.mask) << input;
       EXPECT_EQ(a.offsets, b.offsets) << input;
       EXPECT_FALSE(std::filesystem::exists(dir + "/world.h5.tmp"));
+      // Stronger: the files are byte-identical (no object times, fixed creation order).
+      auto bytes = [](const std::string& path) {
+        std::ifstream in(path, std::ios::binary);
+        return std::string(std::istreambuf_iterator<char>(in), {});
+      };
+      EXPECT_TRUE(bytes(dir + "/world.h5") == bytes(dir + "/one.h5")) << input;
     }
     MPI_Barrier(MPI_COMM_WORLD);
   }

@@ -2,7 +2,9 @@
 // dataset, and collective parallel writes (H5Test.ParallelRows also runs with 2 ranks, tests/mpi/data.cmake).
 #include <mpi.h>
 
+#include <chrono>
 #include <fstream>
+#include <thread>
 #include <functional>
 
 #include "io/h5.h"
@@ -149,6 +151,26 @@ TEST(H5Test, RowsChunkedAndExtendable) {
   std::vector<float> v = part.to_float_vector();
   std::vector<float> want = {3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, -1, -1, -1};
   EXPECT_EQ(v, want);
+}
+
+// Without object times and fill values, equal content gives byte-identical files (written a second apart).
+TEST(H5Test, UntimedDatasetsAreByteIdentical) {
+  std::string dir = testing::scratch_dir("h5_untimed");
+  auto write = [&](const std::string& name) {
+    h5::File f = h5::File::create(dir + "/" + name);
+    f.set_int_attr("version", 1);
+    h5::Dataset d = f.create_dataset("x", DType::I32, {4}, {.track_times = false, .fill = false});
+    d.write(Tensor::from_vector(std::vector<int32_t>{1, 2, 3, 4}, {4}));
+  };
+  write("a.h5");
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));
+  write("b.h5");
+  auto bytes = [&](const std::string& name) {
+    std::ifstream in(dir + "/" + name, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  EXPECT_FALSE(bytes("a.h5").empty());
+  EXPECT_EQ(bytes("a.h5"), bytes("b.h5"));
 }
 
 // Each rank writes its own block of rows (of different lengths) collectively into one parallel file; rank 0
