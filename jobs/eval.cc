@@ -1,7 +1,48 @@
-// Placeholder until the job is built.
-#include "core/error.h"
+// aerie eval: how good a draft is (eagle3.md section 6). Real speculative decoding with the target (greedy,
+// chain of n draft tokens, verified in one target forward per cycle), checked token for token against
+// plain greedy decoding (lossless), plus the teacher-forced acc_k / tau_sim of section 4.
+//
+//   mpirun -np 1 aerie eval --model build/models/stories260K --draft runs/demo/export \
+//       --prompts ../shared/data/tinystories/tinystories_val.txt --num-prompts 16 --max-new-tokens 64 \
+//       --num-draft-tokens 7 --untrained --output eval.json
+//
+// --draft: an export directory (config.json + model.safetensors) or a training checkpoint / run directory.
+// --untrained: the same figures for the draft training started from (init_draft_weights, --seed).
+// Teacher-forced metrics: on --data-split's held-out samples (RUN_DIR/data_split.json), or on all samples
+// of --shards, or (neither given) on the target's greedy continuations of the prompts.
 #include "jobs/jobs.h"
+#include "train/eval.h"
 
 namespace aerie::jobs {
-int eval(const std::vector<std::string>&) { AERIE_THROW("eval: not implemented yet"); }
+
+int eval(const std::vector<std::string>& args) {
+  EvalOptions o;
+  po::options_description desc("aerie eval: acceptance length of a draft");
+  desc.add_options()("model", po::value<std::string>(&o.model_dir)->required(), "target model directory (Hugging Face)")(
+      "draft", po::value<std::string>(&o.draft_path)->required(),
+      "draft export directory, or a training checkpoint / run directory")(
+      "prompts", po::value<std::string>(&o.prompts_path)->required(),
+      "prompts: .txt stories (first sentence) or JSONL (turns[0], prompt, text, ShareGPT/OpenAI first user turn)")(
+      "num-prompts", po::value<int64_t>(&o.num_prompts)->default_value(16), "number of prompts (0: all)")(
+      "max-new-tokens", po::value<int64_t>(&o.max_new_tokens)->default_value(64), "new tokens per prompt")(
+      "max-prompt-tokens", po::value<int64_t>(&o.max_prompt_tokens)->default_value(0),
+      "cut prompts to their first N tokens (0: whole)")(
+      "num-draft-tokens", po::value<int>(&o.num_draft_tokens)->default_value(7), "draft chain length n per cycle")(
+      "untrained", po::bool_switch(&o.untrained), "also evaluate the untrained draft (init weights, --seed)")(
+      "seed", po::value<uint64_t>(&o.seed)->default_value(0), "init seed of the untrained draft (train's --seed)")(
+      "shards", po::value<std::string>(&o.shards_dir)->default_value(""),
+      "extraction shards for the teacher-forced metrics")(
+      "data-split", po::value<std::string>(&o.data_split_path)->default_value(""),
+      "RUN_DIR/data_split.json of training: teacher-forced metrics on its held-out samples")(
+      "num-eval-samples", po::value<int64_t>(&o.num_eval_samples)->default_value(64),
+      "at most this many teacher-forced samples (0: all)")(
+      "ttt-steps", po::value<int>(&o.ttt_steps)->default_value(7), "TTT steps of the teacher-forced metrics")(
+      "tp", po::value<int>(&o.tp)->default_value(1), "tensor parallel size of the target")(
+      "output", po::value<std::string>(&o.output_path)->default_value("eval.json"), "eval.json path");
+  po::variables_map vm;
+  if (!parse_options("eval", args, desc, vm)) return 0;
+  run_eval(o);
+  return 0;
+}
+
 }  // namespace aerie::jobs

@@ -1,0 +1,102 @@
+// Evaluation of an EAGLE-3 draft (eagle3.md section 6): real speculative decoding with the target
+// (greedy, chain of n draft tokens, lossless check against plain greedy decoding), and the teacher-forced
+// acc_k / tau_sim of section 4 on held-out extraction shards.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "comm/communicator.h"
+#include "data/vocab.h"
+#include "model/draft.h"
+#include "model/llama.h"
+
+namespace aerie {
+
+/// A draft ready to run: config, F32 weights, vocabulary mapping.
+struct LoadedDraft {
+  DraftConfig cfg;
+  DraftWeights weights;
+  DraftVocab vocab;
+};
+
+/// Reads a draft from an export directory (eagle3.md section 5: config.json + model.safetensors, bf16
+/// weights under the export names, d2t I64, t2d BOOL) or from a training checkpoint (a step-%08d folder or
+/// a run directory: its latest complete checkpoint). Throws aerie::Error naming the file and tensor on a
+/// missing/mis-shaped tensor or an inconsistent d2t/t2d.
+LoadedDraft load_draft(const std::string& path);
+
+/// One speculative-decoding run of a prompt.
+struct SpecDecodeResult {
+  std::vector<int32_t> tokens;        // prompt + generated ids (same stopping rule as greedy_generate)
+  int64_t generated = 0;              // new tokens, including the one of the prefill
+  int64_t verify_passes = 0;          // target forwards after the prefill
+  int64_t verify_tokens = 0;          // new tokens those passes yielded (accepted + 1 each, cut at the end)
+  std::vector<int64_t> accepted_at;   // [n]: passes in which draft position i (0-based) was accepted
+};
+
+/// Greedy chain speculative decoding (eagle3.md section 6). Prefill: the target's forward of the prompt
+/// (aux hidden states of cfg.aux_layers, logits) gives x_P; the draft caches positions 0..P-1. Each cycle:
+/// the draft proposes n tokens, the target verifies [last token, guesses] in one forward with its KV
+/// cache, the longest prefix of guesses equal to the target's argmaxes is accepted plus one target token,
+/// both caches are truncated to the verified positions and the draft appends them with the target's aux
+/// hidden states. Stops after max_new new tokens or after a token of stop_ids (like greedy_generate).
+/// Collective over the target's tp group (tp rank 0's tokens are broadcast). prompt must be non-empty and
+/// prompt + max_new + n + 1 must fit in the target's max_position_embeddings (aerie::Error otherwise).
+SpecDecodeResult speculative_generate(LlamaModel& target, const LoadedDraft& draft, const std::vector<int32_t>& prompt,
+                                      int num_draft_tokens, int64_t max_new, const std::vector<int32_t>& stop_ids);
+
+/// What speculative decoding needs from a draft (DraftDecoder for a real one; tests plug in oracles).
+class Proposer {
+ public:
+  virtual ~Proposer() = default;
+  /// The next n positions were verified: the target's aux hidden states [n, 3H] F32 of their tokens and
+  /// the token that follows each (x_{p+1}).
+  virtual void append_verified(const Tensor& aux_hidden, const std::vector<int32_t>& next_tokens) = 0;
+  /// n guesses for the tokens after the last next_token.
+  virtual std::vector<int32_t> propose(int n) = 0;
+};
+
+/// The same loop with any proposer; aux_layers: the target layers whose inputs the proposer reads.
+SpecDecodeResult speculative_generate(LlamaModel& target, Proposer& proposer, const std::vector<int>& aux_layers,
+                                      const std::vector<int32_t>& prompt, int num_draft_tokens, int64_t max_new,
+                                      const std::vector<int32_t>& stop_ids);
+
+/// Sums of the teacher-forced TTT metrics (ttt_forward_backward without gradients).
+struct TeacherForced {
+  std::vector<int64_t> correct, acc_rows;  // [S]
+  int64_t samples = 0;
+  void add(const TTTStats& st);
+  std::vector<double> acc_k() const;  // correct_k / acc_rows_k (0 without rows)
+  double tau_sim() const;             // 1 + sum_k prod_{j<=k} acc_j
+};
+
+/// Options of `aerie eval` (jobs/eval.cc).
+struct EvalOptions {
+  std::string model_dir, draft_path, prompts_path, output_path;
+  int64_t num_prompts = 16, max_new_tokens = 64, max_prompt_tokens = 0;  // 0: whole prompts
+  int num_draft_tokens = 7;
+  bool untrained = false;
+  uint64_t seed = 0;                    // init_draft_weights seed of the untrained draft (train's --seed)
+  std::string shards_dir, data_split_path;  // teacher-forced eval; empty shards: on the generated texts
+  int64_t num_eval_samples = 64;
+  int ttt_steps = 7;
+  int tp = 1;
+};
+
+/// Reads prompts: a ".txt" file is blank-line-separated stories, each prompt its first sentence (the user
+/// turn of data/prepare_input.h's parse_story); JSONL lines give "turns"[0] (MT-Bench, Spec-Bench),
+/// "prompt", "text", "question", or the first user turn of a ShareGPT/OpenAI conversation. At most
+/// `max_prompts` prompts (0: all). Throws aerie::Error naming the file when it cannot be read or holds none.
+std::vector<std::string> read_prompts(const std::string& path, int64_t max_prompts);
+
+/// `aerie eval`: collective over the world (tp groups of opts.tp ranks; prompts spread over dp
+/// replicas). Returns the eval.json object (written to opts.output_path by world rank 0 when set):
+/// acceptance_length, acceptance_rate_per_position, (conditional_)acceptance_rate_per_position, lossless,
+/// num_prompts, tokens_generated, verify_passes, speedup, tau_sim, acc_k, teacher_forced_source, and with
+/// opts.untrained the same figures of the untrained draft (acceptance_length_untrained, ...).
+nlohmann::json run_eval(const EvalOptions& opts);
+
+}  // namespace aerie

@@ -1,0 +1,316 @@
+// `aerie eval`: prompts, speculative decoding against plain greedy decoding, teacher-forced metrics,
+// eval.json. eagle3.md sections 4 and 6.
+#include <chrono>
+#include <cmath>
+#include <fstream>
+
+#include "core/log.h"
+#include "data/prepare_input.h"
+#include "data/shard.h"
+#include "tokenizer/tokenizer.h"
+#include "train/checkpoint.h"
+#include "train/data_order.h"
+#include "train/eval.h"
+
+namespace aerie {
+
+void TeacherForced::add(const TTTStats& st) {
+  if (correct.size() < st.correct.size()) {
+    correct.resize(st.correct.size(), 0);
+    acc_rows.resize(st.acc_rows.size(), 0);
+  }
+  for (size_t k = 0; k < st.correct.size(); ++k) {
+    correct[k] += st.correct[k];
+    acc_rows[k] += st.acc_rows[k];
+  }
+  ++samples;
+}
+
+std::vector<double> TeacherForced::acc_k() const {
+  std::vector<double> a(correct.size(), 0.0);
+  for (size_t k = 0; k < a.size(); ++k) a[k] = acc_rows[k] > 0 ? static_cast<double>(correct[k]) / acc_rows[k] : 0.0;
+  return a;
+}
+
+double TeacherForced::tau_sim() const {
+  double tau = 1.0, prod = 1.0;
+  for (double a : acc_k()) {
+    prod *= a;
+    tau += prod;
+  }
+  return tau;
+}
+
+std::vector<std::string> read_prompts(const std::string& path, int64_t max_prompts) {
+  std::vector<std::string> out;
+  auto full = [&] { return max_prompts > 0 && static_cast<int64_t>(out.size()) >= max_prompts; };
+  const bool text = path.size() >= 4 && path.compare(path.size() - 4, 4, ".txt") == 0;
+  InputRange range = input_range(path, text, 0, 1);
+  for_each_record(path, range, text, [&](const std::string& rec, int64_t line, int64_t) {
+    if (full()) return;
+    if (text) {
+      InputRecord r = parse_story(rec);
+      if (r.skip == SkipReason::None && !r.conversation.turns.empty()) out.push_back(r.conversation.turns[0].text);
+      return;
+    }
+    if (rec.find_first_not_of(" \t\r") == std::string::npos) return;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(rec);
+    } catch (const nlohmann::json::exception& e) {
+      AERIE_THROW(path << ":" << line + 1 << ": not JSON: " << e.what());
+    }
+    if (j.contains("turns") && j["turns"].is_array() && !j["turns"].empty() && j["turns"][0].is_string()) {
+      out.push_back(j["turns"][0].get<std::string>());
+      return;
+    }
+    for (const char* key : {"prompt", "text", "question", "instruction"})
+      if (j.contains(key) && j[key].is_string()) {
+        out.push_back(j[key].get<std::string>());
+        return;
+      }
+    InputRecord r = parse_json_record(rec, InputFormat::Auto, 1 << 30);
+    for (const auto& t : r.conversation.turns)
+      if (t.role == ChatRole::User) {
+        out.push_back(t.text);
+        return;
+      }
+  });
+  AERIE_CHECK(!out.empty(), "read_prompts: no prompt in " << path);
+  return out;
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+std::vector<int32_t> default_stop_ids(const LlamaConfig& cfg, const Tokenizer& tok) {
+  std::vector<int32_t> stop;
+  if (cfg.raw.contains("eos_token_id") && cfg.raw["eos_token_id"].is_array()) {
+    for (auto& e : cfg.raw["eos_token_id"]) stop.push_back(e.get<int32_t>());
+  } else if (cfg.eos_token_id >= 0) {
+    stop.push_back(static_cast<int32_t>(cfg.eos_token_id));
+  }
+  if (tok.eos_id() >= 0) stop.push_back(tok.eos_id());
+  // A BOS inside a text starts a new document (llama2.c); the same rule as `aerie generate`.
+  int32_t bos = tok.bos_id() >= 0 ? tok.bos_id() : static_cast<int32_t>(cfg.bos_token_id);
+  if (bos >= 0) stop.push_back(bos);
+  return stop;
+}
+
+/// Sums of the speculative decoding runs of one draft.
+struct SpecSums {
+  int64_t prompts = 0, generated = 0, passes = 0, verify_tokens = 0, lossless_failures = 0;
+  std::vector<int64_t> accepted_at;
+  double spec_seconds = 0;
+
+  void add(const SpecDecodeResult& r, bool lossless, double secs) {
+    if (accepted_at.empty()) accepted_at.assign(r.accepted_at.size(), 0);
+    ++prompts;
+    generated += r.generated;
+    passes += r.verify_passes;
+    verify_tokens += r.verify_tokens;
+    lossless_failures += !lossless;
+    for (size_t i = 0; i < r.accepted_at.size(); ++i) accepted_at[i] += r.accepted_at[i];
+    spec_seconds += secs;
+  }
+  void all_reduce(Communicator& c, int n) {
+    accepted_at.resize(n, 0);
+    std::vector<int64_t> v{prompts, generated, passes, verify_tokens, lossless_failures};
+    v.insert(v.end(), accepted_at.begin(), accepted_at.end());
+    Tensor t = Tensor::from_vector(v, {static_cast<int64_t>(v.size())});
+    c.all_reduce_sum(t);
+    const int64_t* p = t.data<int64_t>();
+    prompts = p[0], generated = p[1], passes = p[2], verify_tokens = p[3], lossless_failures = p[4];
+    accepted_at.assign(p + 5, p + 5 + n);
+    Tensor s = Tensor::from_vector(std::vector<float>{static_cast<float>(spec_seconds)}, {1});
+    c.all_reduce_sum(s);
+    spec_seconds = s.data<float>()[0];
+  }
+  void to_json(nlohmann::json& j, const std::string& suffix) const {
+    const double tau = passes > 0 ? static_cast<double>(verify_tokens) / passes : 0.0;
+    std::vector<double> rate, cond;
+    for (size_t i = 0; i < accepted_at.size(); ++i) {
+      rate.push_back(passes > 0 ? static_cast<double>(accepted_at[i]) / passes : 0.0);
+      const int64_t reached = i == 0 ? passes : accepted_at[i - 1];
+      cond.push_back(reached > 0 ? static_cast<double>(accepted_at[i]) / reached : 0.0);
+    }
+    j["acceptance_length" + suffix] = tau;
+    j["acceptance_rate_per_position" + suffix] = rate;
+    j["conditional_acceptance_rate_per_position" + suffix] = cond;
+    j["lossless" + suffix] = lossless_failures == 0;
+    j["lossless_failures" + suffix] = lossless_failures;
+    j["verify_passes" + suffix] = passes;
+    j["tokens_generated" + suffix] = generated;
+    j["spec_seconds" + suffix] = spec_seconds;
+  }
+};
+
+void reduce_teacher_forced(TeacherForced& tf, Communicator& c, int S) {
+  tf.correct.resize(S, 0);
+  tf.acc_rows.resize(S, 0);
+  std::vector<int64_t> v = tf.correct;
+  v.insert(v.end(), tf.acc_rows.begin(), tf.acc_rows.end());
+  v.push_back(tf.samples);
+  Tensor t = Tensor::from_vector(v, {static_cast<int64_t>(v.size())});
+  c.all_reduce_sum(t);
+  const int64_t* p = t.data<int64_t>();
+  tf.correct.assign(p, p + S);
+  tf.acc_rows.assign(p + S, p + 2 * S);
+  tf.samples = p[2 * S];
+}
+
+}  // namespace
+
+nlohmann::json run_eval(const EvalOptions& o) {
+  AERIE_CHECK(o.num_draft_tokens >= 1, "eval: --num-draft-tokens must be >= 1, got " << o.num_draft_tokens);
+  AERIE_CHECK(o.max_new_tokens >= 1, "eval: --max-new-tokens must be >= 1, got " << o.max_new_tokens);
+  AERIE_CHECK(o.ttt_steps >= 1, "eval: --ttt-steps must be >= 1");
+  ParallelGroups groups = ParallelGroups::create(o.tp);
+  LlamaModel model(o.model_dir, *groups.tp);
+  const LlamaConfig& tc = model.config();
+  auto tok = Tokenizer::load(o.model_dir);
+  LoadedDraft draft = load_draft(o.draft_path);
+  AERIE_CHECK(draft.cfg.target_hidden_size == tc.hidden_size && draft.cfg.vocab_size == tc.vocab_size &&
+                  draft.cfg.hidden_size == tc.hidden_size,
+              "eval: draft " << o.draft_path << " (H " << draft.cfg.hidden_size << ", H_t " << draft.cfg.target_hidden_size
+                             << ", V " << draft.cfg.vocab_size << ") does not fit the target " << o.model_dir);
+  std::vector<LoadedDraft> drafts{draft};
+  if (o.untrained) {
+    // The draft training started from: init_draft_weights with the same config, vocabulary and seed.
+    LoadedDraft u{draft.cfg, init_draft_weights(draft.cfg, model.lm_head(), draft.vocab.selected(), o.seed), draft.vocab};
+    drafts.push_back(std::move(u));
+  }
+  const int n = o.num_draft_tokens;
+  const int dp = groups.map.dp, dp_rank = groups.map.dp_rank;
+
+  // Prompts: BOS + text, cut to max_prompt_tokens.
+  std::vector<std::string> texts = read_prompts(o.prompts_path, o.num_prompts);
+  const int32_t bos = tok->bos_id() >= 0 ? tok->bos_id() : static_cast<int32_t>(tc.bos_token_id);
+  const std::vector<int32_t> stop = default_stop_ids(tc, *tok);
+  std::vector<SpecSums> sums(drafts.size());
+  double greedy_seconds = 0;
+  int64_t greedy_tokens = 0;
+  std::vector<std::vector<int32_t>> outputs;  // this replica's greedy outputs (teacher-forced fallback)
+  std::vector<int64_t> prompt_lens;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    if (static_cast<int>(i % dp) != dp_rank) continue;
+    std::vector<int32_t> prompt;
+    if (bos >= 0) prompt.push_back(bos);
+    for (int32_t id : tok->encode(texts[i])) prompt.push_back(id);
+    if (o.max_prompt_tokens > 0 && static_cast<int64_t>(prompt.size()) > o.max_prompt_tokens)
+      prompt.resize(o.max_prompt_tokens);
+    auto t0 = Clock::now();
+    std::vector<int32_t> greedy = greedy_generate(model, prompt, o.max_new_tokens, stop);
+    greedy_seconds += seconds_since(t0);
+    greedy_tokens += static_cast<int64_t>(greedy.size() - prompt.size());
+    for (size_t d = 0; d < drafts.size(); ++d) {
+      t0 = Clock::now();
+      SpecDecodeResult r = speculative_generate(model, drafts[d], prompt, n, o.max_new_tokens, stop);
+      const double secs = seconds_since(t0);
+      const bool same = r.tokens == greedy;
+      if (!same)
+        AERIE_LOG(warning) << "eval: prompt " << i << (d ? " (untrained draft)" : "")
+                           << ": speculative output differs from greedy decoding";
+      sums[d].add(r, same, secs);
+    }
+    outputs.push_back(greedy);
+    prompt_lens.push_back(static_cast<int64_t>(prompt.size()));
+  }
+  for (auto& s : sums) s.all_reduce(*groups.dp, n);
+  {
+    Tensor t = Tensor::from_vector(std::vector<float>{static_cast<float>(greedy_seconds)}, {1});
+    groups.dp->all_reduce_sum(t);
+    greedy_seconds = t.data<float>()[0];
+    Tensor g = Tensor::from_vector(std::vector<int64_t>{greedy_tokens}, {1});
+    groups.dp->all_reduce_sum(g);
+    greedy_tokens = g.data<int64_t>()[0];
+  }
+
+  // Teacher-forced acc_k / tau_sim (eagle3.md section 4) with ttt_forward_backward, no gradients.
+  const int S = o.ttt_steps;
+  const std::vector<double> ones(S, 1.0);
+  std::vector<TeacherForced> tf(drafts.size());
+  std::string tf_source;
+  std::vector<int> aux = draft.cfg.aux_layers.empty() ? default_aux_layers(tc.num_hidden_layers) : draft.cfg.aux_layers;
+  auto score = [&](TTTSample&& s) {
+    for (size_t d = 0; d < drafts.size(); ++d)
+      tf[d].add(ttt_forward_backward(drafts[d].cfg, drafts[d].weights, model.embed_tokens(), s, drafts[d].vocab.d2t,
+                                     drafts[d].vocab.t2d, S, ones, nullptr));
+  };
+  const std::vector<int64_t> selected = draft.vocab.selected();
+  if (!o.shards_dir.empty() || !o.data_split_path.empty()) {
+    std::vector<std::pair<std::string, int64_t>> refs;  // (shard path, sample index)
+    if (!o.data_split_path.empty()) {
+      DataSplit split = DataSplit::from_json(nlohmann::json::parse(read_file(o.data_split_path)));
+      for (int64_t g : split.eval) {
+        SampleRef r = split.locate(g);
+        refs.emplace_back(split.shards[r.shard], r.index);
+      }
+      tf_source = "held-out samples of " + o.data_split_path;
+    } else {
+      for (const std::string& path : list_shards(o.shards_dir)) {
+        ShardReader rd(path);
+        for (int64_t i = 0; i < rd.num_samples(); ++i) refs.emplace_back(path, i);
+      }
+      tf_source = "all samples of " + o.shards_dir;
+    }
+    if (o.num_eval_samples > 0 && static_cast<int64_t>(refs.size()) > o.num_eval_samples) refs.resize(o.num_eval_samples);
+    std::string open_path;
+    std::unique_ptr<ShardReader> rd;
+    for (size_t i = 0; i < refs.size(); ++i) {
+      if (static_cast<int>(i % dp) != dp_rank) continue;
+      if (refs[i].first != open_path) {
+        rd = std::make_unique<ShardReader>(refs[i].first);
+        open_path = refs[i].first;
+        AERIE_CHECK(rd->info().hidden_size == tc.hidden_size && rd->info().aux_layers == aux,
+                    "eval: shard " << open_path << " (H " << rd->info().hidden_size
+                                   << ") was not extracted with this target and the draft's aux layers");
+      }
+      HiddenSample h = rd->read(refs[i].second);
+      score(make_ttt_sample(std::move(h.ids), std::move(h.loss_mask), std::move(h.aux_hidden), h.final_hidden,
+                            model.lm_head(), selected));
+    }
+  } else {
+    // No shards: the target's own greedy continuations, loss mask on the generated tokens.
+    tf_source = "greedy continuations of the prompts (loss mask on generated tokens)";
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      TargetOutput out = model.forward(outputs[i], nullptr, aux, false);
+      std::vector<uint8_t> mask(outputs[i].size(), 0);
+      for (size_t t = static_cast<size_t>(prompt_lens[i]); t < mask.size(); ++t) mask[t] = 1;
+      score(make_ttt_sample(outputs[i], mask, out.aux_hidden, out.final_hidden, model.lm_head(), selected));
+    }
+  }
+  for (auto& t : tf) reduce_teacher_forced(t, *groups.dp, S);
+
+  nlohmann::json j;
+  j["model"] = o.model_dir;
+  j["draft"] = o.draft_path;
+  j["num_prompts"] = sums[0].prompts;
+  j["num_draft_tokens"] = n;
+  j["max_new_tokens"] = o.max_new_tokens;
+  sums[0].to_json(j, "");
+  j["greedy_seconds"] = greedy_seconds;
+  j["greedy_tokens"] = greedy_tokens;
+  j["speedup"] = sums[0].spec_seconds > 0 ? greedy_seconds / sums[0].spec_seconds : 0.0;
+  j["acc_k"] = tf[0].acc_k();
+  j["tau_sim"] = tf[0].tau_sim();
+  j["teacher_forced_samples"] = tf[0].samples;
+  j["teacher_forced_source"] = tf_source;
+  j["ttt_steps"] = S;
+  if (o.untrained) {
+    sums[1].to_json(j, "_untrained");
+    j["acc_k_untrained"] = tf[1].acc_k();
+    j["tau_sim_untrained"] = tf[1].tau_sim();
+    j["lossless"] = j["lossless"].get<bool>() && sums[1].lossless_failures == 0;
+  }
+  if (groups.map.world_rank == 0) {
+    AERIE_LOG(info) << "eval: acceptance length " << j["acceptance_length"] << " over " << j["verify_passes"]
+                    << " verification passes, lossless " << j["lossless"] << ", tau_sim " << j["tau_sim"];
+    if (!o.output_path.empty()) write_file_atomic(o.output_path, j.dump(2) + "\n");
+  }
+  return j;
+}
+
+}  // namespace aerie

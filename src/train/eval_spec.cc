@@ -1,0 +1,173 @@
+// Loading a draft (export directory or training checkpoint) and greedy chain speculative decoding
+// (eagle3.md sections 5-6).
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "core/log.h"
+#include "io/safetensors.h"
+#include "kernels/loss.h"
+#include "train/checkpoint.h"
+#include "train/eval.h"
+
+namespace aerie {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+void check_vocab(const DraftVocab& v, int64_t K, int64_t V, const std::string& where) {
+  AERIE_CHECK(v.draft_vocab_size() == K && v.vocab_size() == V,
+              where << ": d2t has " << v.draft_vocab_size() << " entries (K = " << K << "), t2d " << v.vocab_size()
+                    << " (V = " << V << ")");
+  int64_t prev = -1, ones = 0;
+  for (int64_t i = 0; i < K; ++i) {
+    const int64_t s = i + v.d2t[i];
+    AERIE_CHECK(s > prev && s < V && v.t2d[s], where << ": d2t[" << i << "] = " << v.d2t[i] << " gives target id " << s
+                                                     << ", not ascending/inside V/selected in t2d");
+    prev = s;
+  }
+  for (uint8_t b : v.t2d) ones += b != 0;
+  AERIE_CHECK(ones == K, where << ": t2d selects " << ones << " ids, K = " << K);
+}
+
+LoadedDraft load_export(const std::string& dir) {
+  const std::string cfg_path = dir + "/config.json", st_path = dir + "/model.safetensors";
+  LoadedDraft d;
+  try {
+    d.cfg = DraftConfig::from_json(nlohmann::json::parse(read_file(cfg_path)));
+  } catch (const nlohmann::json::exception& e) {
+    AERIE_THROW(cfg_path << ": " << e.what());
+  }
+  SafetensorsFile f = load_safetensors(st_path);
+  d.weights = DraftWeights::zeros(d.cfg);
+  for (auto& [name, t] : d.weights.named()) {
+    auto it = f.tensors.find(name);
+    AERIE_CHECK(it != f.tensors.end(), st_path << ": missing tensor " << name);
+    it->second.check_shape(t->shape(), st_path + ": " + name);
+    t->copy_from(it->second.dtype() == DType::F32 ? it->second : it->second.to(DType::F32));
+  }
+  auto d2t = f.tensors.find("d2t"), t2d = f.tensors.find("t2d");
+  AERIE_CHECK(d2t != f.tensors.end() && t2d != f.tensors.end(), st_path << ": missing d2t or t2d");
+  d2t->second.check_dtype(DType::I64, st_path + ": d2t");
+  t2d->second.check_dtype(DType::U8, st_path + ": t2d");
+  const int64_t* p = d2t->second.data<int64_t>();
+  d.vocab.d2t.assign(p, p + d2t->second.numel());
+  const uint8_t* q = t2d->second.data<uint8_t>();
+  d.vocab.t2d.assign(q, q + t2d->second.numel());
+  check_vocab(d.vocab, d.cfg.draft_vocab_size, d.cfg.vocab_size, st_path);
+  return d;
+}
+
+int32_t broadcast_token(Communicator& tp, int32_t v) {
+  if (tp.size() == 1) return v;
+  Tensor t = Tensor::from_vector(std::vector<int32_t>{v}, {1});
+  tp.broadcast(t, 0);
+  return t.data<int32_t>()[0];
+}
+
+std::vector<int32_t> broadcast_tokens(Communicator& tp, std::vector<int32_t> v) {
+  if (tp.size() == 1 || v.empty()) return v;
+  Tensor t = Tensor::from_vector(v, {static_cast<int64_t>(v.size())});
+  tp.broadcast(t, 0);
+  return std::vector<int32_t>(t.data<int32_t>(), t.data<int32_t>() + v.size());
+}
+
+}  // namespace
+
+LoadedDraft load_draft(const std::string& path) {
+  if (fs::exists(fs::path(path) / "model.safetensors") && fs::exists(fs::path(path) / "config.json"))
+    return load_export(path);
+  Checkpoint ck = load_checkpoint(resolve_checkpoint(path));
+  LoadedDraft d{ck.config, std::move(ck.weights), ck.vocab};
+  check_vocab(d.vocab, d.cfg.draft_vocab_size, d.cfg.vocab_size, path);
+  return d;
+}
+
+namespace {
+
+class DecoderProposer : public Proposer {
+ public:
+  DecoderProposer(const LoadedDraft& d, const Tensor& embed, int64_t capacity)
+      : dec_(d.cfg, d.weights, embed, d.vocab.d2t, capacity) {}
+  void append_verified(const Tensor& aux, const std::vector<int32_t>& next) override { dec_.append_verified(aux, next); }
+  std::vector<int32_t> propose(int n) override { return dec_.propose(n); }
+
+ private:
+  DraftDecoder dec_;
+};
+
+}  // namespace
+
+SpecDecodeResult speculative_generate(LlamaModel& target, const LoadedDraft& draft, const std::vector<int32_t>& prompt,
+                                      int n, int64_t max_new, const std::vector<int32_t>& stop_ids) {
+  const LlamaConfig& tc = target.config();
+  const DraftConfig& dc = draft.cfg;
+  AERIE_CHECK(dc.target_hidden_size == tc.hidden_size && dc.vocab_size == tc.vocab_size,
+              "speculative_generate: draft for H_t " << dc.target_hidden_size << ", V " << dc.vocab_size
+                                                     << "; target has H " << tc.hidden_size << ", V " << tc.vocab_size);
+  std::vector<int> aux = dc.aux_layers.empty() ? default_aux_layers(tc.num_hidden_layers) : dc.aux_layers;
+  DecoderProposer prop(draft, target.embed_tokens(), static_cast<int64_t>(prompt.size()) + std::max<int64_t>(max_new, 0) + n + 1);
+  return speculative_generate(target, prop, aux, prompt, n, max_new, stop_ids);
+}
+
+SpecDecodeResult speculative_generate(LlamaModel& target, Proposer& prop, const std::vector<int>& aux,
+                                      const std::vector<int32_t>& prompt, int n, int64_t max_new,
+                                      const std::vector<int32_t>& stop_ids) {
+  const LlamaConfig& tc = target.config();
+  AERIE_CHECK(!prompt.empty(), "speculative_generate: empty prompt");
+  AERIE_CHECK(n >= 1, "speculative_generate: num_draft_tokens " << n << " must be >= 1");
+  const int64_t P = static_cast<int64_t>(prompt.size()), capacity = P + max_new + n + 1;
+  AERIE_CHECK(tc.max_position_embeddings <= 0 || capacity <= tc.max_position_embeddings,
+              "speculative_generate: prompt " << P << " + max_new " << max_new << " + " << n + 1
+                                              << " verification positions exceed max_position_embeddings "
+                                              << tc.max_position_embeddings);
+  Communicator& tp = target.tp();
+  auto is_stop = [&](int32_t t) { return std::find(stop_ids.begin(), stop_ids.end(), t) != stop_ids.end(); };
+
+  SpecDecodeResult r;
+  r.tokens = prompt;
+  r.accepted_at.assign(n, 0);
+  if (max_new <= 0) return r;
+  KVCache cache = target.make_cache(capacity);
+  TargetOutput pre = target.forward(prompt, &cache, aux, true);
+  const int32_t first = broadcast_token(tp, static_cast<int32_t>(argmax_rows(pre.logits.slice(P - 1, P))[0]));
+  r.tokens.push_back(first);
+  r.generated = 1;
+  if (is_stop(first) || max_new == 1) return r;
+
+  prop.append_verified(pre.aux_hidden, std::vector<int32_t>(r.tokens.begin() + 1, r.tokens.end()));
+  bool done = false;
+  while (!done) {
+    // Invariant: the target cache and the draft hold positions 0 .. L-1, L = tokens.size() - 1.
+    const int64_t L = static_cast<int64_t>(r.tokens.size()) - 1;
+    std::vector<int32_t> guess = broadcast_tokens(tp, prop.propose(n));
+    AERIE_CHECK(static_cast<int>(guess.size()) == n, "speculative_generate: proposer gave " << guess.size()
+                                                                                            << " tokens, asked " << n);
+    std::vector<int32_t> in{r.tokens.back()};
+    in.insert(in.end(), guess.begin(), guess.end());
+    TargetOutput v = target.forward(in, &cache, aux, true);  // positions L .. L+n
+    std::vector<int64_t> am = argmax_rows(v.logits);
+    std::vector<int32_t> y = broadcast_tokens(tp, std::vector<int32_t>(am.begin(), am.end()));
+    int a = 0;
+    while (a < n && guess[a] == y[a]) ++a;
+    ++r.verify_passes;
+    for (int i = 0; i < a; ++i) ++r.accepted_at[i];
+    // The new tokens g_1..g_a, y_a, cut after a stop token or at max_new.
+    for (int i = 0; i <= a && !done; ++i) {
+      const int32_t t = i < a ? guess[i] : y[a];
+      r.tokens.push_back(t);
+      ++r.generated;
+      ++r.verify_tokens;
+      done = is_stop(t) || r.generated >= max_new;
+    }
+    if (done) break;
+    cache.truncate(L + a + 1);  // x_L and the accepted guesses are verified; y_a is the next input
+    prop.append_verified(v.aux_hidden.slice(0, a + 1),
+                         std::vector<int32_t>(r.tokens.begin() + L + 1, r.tokens.begin() + L + a + 2));
+  }
+  return r;
+}
+
+}  // namespace aerie

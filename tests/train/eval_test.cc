@@ -1,0 +1,203 @@
+// Speculative decoding on the real stories260K target (eagle3.md section 6): lossless for any draft, even
+// an untrained one; the export format read back; the eval job's eval.json.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "comm/communicator.h"
+#include "io/safetensors.h"
+#include "test_util.h"
+#include "tokenizer/tokenizer.h"
+#include "train/eval.h"
+
+namespace aerie {
+namespace {
+
+/// An untrained draft for the target: K = 200 selected ids (every other id of 0..399, so d2t is a real
+/// offset map), lm_head from the target's rows.
+LoadedDraft untrained_draft(const LlamaModel& model, uint64_t seed) {
+  LoadedDraft d;
+  const int64_t V = model.config().vocab_size, K = 200;
+  d.vocab.t2d.assign(V, 0);
+  for (int64_t i = 0; i < K; ++i) {
+    d.vocab.d2t.push_back(2 * i - i);
+    d.vocab.t2d[2 * i] = 1;
+  }
+  d.cfg = DraftConfig::from_target(model.config(), K, default_aux_layers(model.config().num_hidden_layers));
+  d.weights = init_draft_weights(d.cfg, model.lm_head(), d.vocab.selected(), seed);
+  return d;
+}
+
+/// A draft whose guesses are often right: the untrained draft with the vocabulary = all V ids (K = V).
+LoadedDraft full_vocab_draft(const LlamaModel& model, uint64_t seed) {
+  LoadedDraft d;
+  const int64_t V = model.config().vocab_size;
+  d.vocab.t2d.assign(V, 1);
+  d.vocab.d2t.assign(V, 0);
+  d.cfg = DraftConfig::from_target(model.config(), V, default_aux_layers(model.config().num_hidden_layers));
+  d.weights = init_draft_weights(d.cfg, model.lm_head(), d.vocab.selected(), seed);
+  return d;
+}
+
+class EvalTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!testing::have_model()) GTEST_SKIP() << "no converted stories260K at " << testing::model_dir();
+    world_ = MpiCommunicator::world();
+    self_ = world_->split(world_->rank(), 0);
+    model_ = std::make_unique<LlamaModel>(testing::model_dir(), *self_);
+    tok_ = Tokenizer::load(testing::model_dir());
+  }
+  std::vector<int32_t> prompt(const std::string& text) {
+    std::vector<int32_t> p{tok_->bos_id()};
+    for (int32_t id : tok_->encode(text)) p.push_back(id);
+    return p;
+  }
+  std::unique_ptr<MpiCommunicator> world_, self_;
+  std::unique_ptr<LlamaModel> model_;
+  std::unique_ptr<Tokenizer> tok_;
+};
+
+TEST_F(EvalTest, SpeculativeDecodingIsLosslessEvenUntrained) {
+  const std::vector<int32_t> stop{tok_->bos_id(), tok_->eos_id()};
+  for (auto make : {untrained_draft, full_vocab_draft}) {
+    LoadedDraft d = make(*model_, 0);
+    for (const char* text : {"Once upon a time", "Lily and Tom went to the park.", "The cat"}) {
+      auto p = prompt(text);
+      auto greedy = greedy_generate(*model_, p, 48, stop);
+      for (int n : {1, 3, 7}) {
+        SpecDecodeResult r = speculative_generate(*model_, d, p, n, 48, stop);
+        EXPECT_EQ(r.tokens, greedy) << "'" << text << "' n = " << n;
+        EXPECT_EQ(r.generated, static_cast<int64_t>(greedy.size() - p.size()));
+        // The prefill gives one token; every verification pass at least one more.
+        EXPECT_EQ(r.verify_tokens, r.generated - 1);
+        EXPECT_GE(r.verify_tokens, r.verify_passes);
+        EXPECT_LE(r.verify_tokens, r.verify_passes * (n + 1));
+        int64_t accepted = 0;
+        for (int i = 0; i < n; ++i) {
+          accepted += r.accepted_at[i];
+          if (i > 0) EXPECT_LE(r.accepted_at[i], r.accepted_at[i - 1]) << "position " << i << " needs position " << i - 1;
+        }
+        // Tokens = accepted guesses + one target token per pass (the last pass may be cut at max_new).
+        EXPECT_LE(r.verify_tokens, accepted + r.verify_passes);
+        EXPECT_GE(r.verify_tokens, accepted + r.verify_passes - n);
+      }
+    }
+  }
+}
+
+/// Guesses from the known greedy output, wrong from chain position `wrong_at` on (-1: never): exercises
+/// the accept/truncate/append bookkeeping with long accepted prefixes, which an untrained draft never has.
+class OracleProposer : public Proposer {
+ public:
+  OracleProposer(std::vector<int32_t> greedy, int wrong_at) : greedy_(std::move(greedy)), wrong_at_(wrong_at) {}
+  void append_verified(const Tensor& aux, const std::vector<int32_t>& next) override {
+    EXPECT_EQ(aux.dim(0), static_cast<int64_t>(next.size()));
+    for (size_t i = 0; i < next.size(); ++i) {
+      // next token of position p must be the greedy token p+1: the caches only ever hold verified tokens.
+      EXPECT_EQ(next[i], greedy_.at(len_ + i + 1)) << "position " << len_ + i;
+    }
+    len_ += static_cast<int64_t>(next.size());
+  }
+  std::vector<int32_t> propose(int n) override {
+    std::vector<int32_t> g;
+    for (int j = 0; j < n; ++j) {
+      const size_t pos = static_cast<size_t>(len_ + 1 + j);
+      int32_t t = pos < greedy_.size() ? greedy_[pos] : 0;
+      if (j == wrong_at_) t = (t + 1) % 512;
+      g.push_back(t);
+    }
+    return g;
+  }
+
+ private:
+  std::vector<int32_t> greedy_;
+  int wrong_at_;
+  int64_t len_ = 0;
+};
+
+TEST_F(EvalTest, AcceptanceBookkeepingWithOracleDrafts) {
+  auto p = prompt("Once upon a time");
+  const int64_t max_new = 61;
+  // The oracle knows the greedy continuation past max_new, so that the last pass's guesses are right too.
+  auto longer = greedy_generate(*model_, p, max_new + 8, std::vector<int32_t>{});
+  ASSERT_EQ(longer.size(), p.size() + max_new + 8);
+  const std::vector<int32_t> greedy(longer.begin(), longer.end() - 8);
+  const std::vector<int> aux = default_aux_layers(model_->config().num_hidden_layers);
+  for (int n : {1, 4, 7})
+    for (int wrong_at : {-1, 0, 2}) {
+      OracleProposer oracle(longer, wrong_at);
+      SpecDecodeResult r = speculative_generate(*model_, oracle, aux, p, n, max_new, {});
+      EXPECT_EQ(r.tokens, greedy) << "n " << n << " wrong_at " << wrong_at;
+      const int acc = wrong_at < 0 || wrong_at >= n ? n : wrong_at;  // accepted guesses per full pass
+      // Each pass yields acc + 1 tokens; the last one may be cut at max_new.
+      const int64_t passes = (max_new - 1 + acc) / (acc + 1);
+      EXPECT_EQ(r.verify_passes, passes) << "n " << n << " wrong_at " << wrong_at;
+      for (int i = 0; i < n; ++i) EXPECT_EQ(r.accepted_at[i], i < acc ? passes : 0) << "position " << i;
+    }
+}
+
+TEST_F(EvalTest, StopsLikeGreedy) {
+  LoadedDraft d = untrained_draft(*model_, 1);
+  const std::vector<int32_t> p{tok_->bos_id()};  // llama2.c's greedy sample: a story that ends with BOS
+  auto greedy = greedy_generate(*model_, p, 400, std::vector<int32_t>{tok_->bos_id(), tok_->eos_id()});
+  ASSERT_LT(greedy.size(), p.size() + 400) << "the greedy story should end with a stop token";
+  auto r = speculative_generate(*model_, d, p, 5, 400, {tok_->bos_id(), tok_->eos_id()});
+  EXPECT_EQ(r.tokens, greedy);
+  auto one = speculative_generate(*model_, d, p, 5, 1, {});
+  EXPECT_EQ(one.tokens.size(), p.size() + 1);
+  EXPECT_EQ(one.verify_passes, 0);
+  EXPECT_THROW(speculative_generate(*model_, d, p, 5, 600, {}), Error) << "past max_position_embeddings";
+}
+
+// The export format of eagle3.md section 5 read back (bf16 weights, d2t I64, t2d BOOL), then eval.json
+// from run_eval on real TinyStories prompts.
+TEST_F(EvalTest, ExportRoundTripAndEvalJson) {
+  LoadedDraft d = untrained_draft(*model_, 7);
+  const std::string dir = testing::scratch_dir("eval_export");
+  {
+    std::ofstream(dir + "/config.json") << d.cfg.to_json().dump(2);
+    SafetensorsFile f;
+    for (auto& [name, t] : d.weights.named()) f.tensors[name] = t->to(DType::BF16);
+    f.tensors["d2t"] = Tensor::from_vector(d.vocab.d2t, {static_cast<int64_t>(d.vocab.d2t.size())});
+    f.tensors["t2d"] = Tensor::from_vector(d.vocab.t2d, {static_cast<int64_t>(d.vocab.t2d.size())});
+    save_safetensors(dir + "/model.safetensors", f, {"t2d"});
+  }
+  LoadedDraft back = load_draft(dir);
+  EXPECT_EQ(back.vocab.d2t, d.vocab.d2t);
+  EXPECT_EQ(back.vocab.t2d, d.vocab.t2d);
+  EXPECT_EQ(back.cfg.to_json(), d.cfg.to_json());
+  auto a = back.weights.named();
+  auto b = d.weights.named();
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_EQ(a[i].second->to_float_vector(), b[i].second->to(DType::BF16).to_float_vector()) << a[i].first;
+
+  EvalOptions o;
+  o.model_dir = testing::model_dir();
+  o.draft_path = dir;
+  o.prompts_path = testing::data_dir() + "/tinystories/tinystories_val.txt";
+  o.output_path = dir + "/eval.json";
+  o.num_prompts = 3;
+  o.max_new_tokens = 32;
+  o.num_draft_tokens = 4;
+  o.untrained = true;
+  o.seed = 7;
+  o.ttt_steps = 3;
+  nlohmann::json j = run_eval(o);
+  EXPECT_TRUE(j["lossless"].get<bool>());
+  EXPECT_EQ(j["num_prompts"], 3);
+  EXPECT_GE(j["acceptance_length"].get<double>(), 1.0);
+  EXPECT_LE(j["acceptance_length"].get<double>(), 5.0);
+  // Same seed and vocabulary: the "untrained" draft is this very draft (up to bf16 rounding of the export).
+  EXPECT_NEAR(j["acceptance_length_untrained"].get<double>(), j["acceptance_length"].get<double>(), 0.5);
+  EXPECT_EQ(j["acceptance_rate_per_position"].size(), 4u);
+  EXPECT_EQ(j["acc_k"].size(), 3u);
+  EXPECT_GE(j["tau_sim"].get<double>(), 1.0);
+  EXPECT_GT(j["teacher_forced_samples"].get<int64_t>(), 0);
+  EXPECT_GT(j["tokens_generated"].get<int64_t>(), 3);
+  EXPECT_TRUE(std::filesystem::exists(o.output_path));
+}
+
+}  // namespace
+}  // namespace aerie
