@@ -238,16 +238,16 @@ TEST(Extract, Stories260KMatchesForward) {
 }
 
 // The input of tests/mpi/extract_resume.sh: with $AERIE_EXTRACT_PREPARED set, writes a prepared file of
-// 48 samples of 64..319 tokens there (ids < 512, stories260K's vocabulary); otherwise into scratch.
+// 36 samples of 32..159 tokens there (ids < 512, stories260K's vocabulary); otherwise into scratch.
 TEST(ExtractFixture, WritePrepared) {
   const char* env = std::getenv("AERIE_EXTRACT_PREPARED");
   std::string path = env ? std::string(env) : testing::scratch_dir("extract_fixture") + "/prepared.h5";
-  Prepared p = make_prepared(48, 512, 256);
-  for (auto& ids : p.ids) ids.insert(ids.end(), 61, 7);  // lengths 64..319
-  for (auto& m : p.mask) m.insert(m.end(), 61, 1);
+  Prepared p = make_prepared(36, 512, 128);
+  for (auto& ids : p.ids) ids.insert(ids.end(), 29, 7);  // lengths 32..159
+  for (auto& m : p.mask) m.insert(m.end(), 29, 1);
   write_prepared(path, p);
   PreparedFile f(path);
-  EXPECT_EQ(f.num_samples(), 48);
+  EXPECT_EQ(f.num_samples(), 36);
   EXPECT_EQ(f.sample_offsets()[1], static_cast<int64_t>(p.ids[0].size()));
 }
 

@@ -21,7 +21,7 @@ extract "$work/ref" >"$work/ref.log" 2>&1 || { cat "$work/ref.log"; echo "FAIL: 
 n_ref=$(shards "$work/ref" | wc -l)
 
 # The run to kill: SIGKILL its ranks (by pid, children of this mpirun) and mpirun itself, at a random
-# moment 0-0.9 s after its first shard appeared.
+# moment 0-0.45 s after its first shard appeared.
 "${cmd[@]}" "$work/run" >"$work/killed.log" 2>&1 &
 pid=$!  # mpirun itself (not a subshell), so its children are the ranks
 for _ in $(seq 600); do
@@ -29,7 +29,7 @@ for _ in $(seq 600); do
   kill -0 "$pid" 2>/dev/null || break
   sleep 0.1
 done
-sleep "0.$((RANDOM % 10))"
+sleep "$(printf '0.%02d' $((RANDOM % 46)))"
 ranks=$(pgrep -P "$pid" || true)
 [ -n "$ranks" ] && kill -KILL $ranks 2>/dev/null || true
 kill -KILL "$pid" 2>/dev/null || true
