@@ -13,6 +13,7 @@
 namespace aerie {
 
 /// KV cache of one sequence for this rank's heads: per layer K and V [max_len, n_kv_local, d] F32.
+/// Keys are stored after RoPE. A copy shares the storage (Tensor semantics): copy the tensors to fork.
 class KVCache {
  public:
   KVCache(const LlamaConfig& cfg, int64_t max_len, int tp_size);

@@ -169,7 +169,7 @@ TEST(LlamaModel, RejectsForeignTensorsAndBadShapes) {
   EXPECT_THROW(LlamaModel(dir, *self), Error);
 }
 
-class Stories : public ::testing::Test {
+class LlamaStories : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!testing::have_model()) GTEST_SKIP() << "no converted stories260K at " << testing::model_dir();
@@ -181,7 +181,7 @@ class Stories : public ::testing::Test {
   std::unique_ptr<LlamaModel> model_;
 };
 
-TEST_F(Stories, Config) {
+TEST_F(LlamaStories, Config) {
   const LlamaConfig& c = model_->config();
   EXPECT_EQ(c.hidden_size, 64);
   EXPECT_EQ(c.num_hidden_layers, 5);
@@ -194,7 +194,7 @@ TEST_F(Stories, Config) {
 }
 
 // Captures (eagle3.md section 1): shapes, r^0 = embeddings, z = final_norm(r^N), logits = z W_lm^T.
-TEST_F(Stories, Captures) {
+TEST_F(LlamaStories, Captures) {
   const int64_t H = 64, N = 5, V = 512, n = 9;
   std::vector<int32_t> ids = some_ids(n, V, 5);
   std::vector<int> aux = default_aux_layers(N);
@@ -237,7 +237,7 @@ TEST_F(Stories, Captures) {
 
 // A prefill of T tokens equals token-by-token decoding with the KV cache, and a chunked prefill
 // (cache positions continue from the cache length). Same fp32 math in a different grouping: 2e-5.
-TEST_F(Stories, PrefillEqualsCachedDecoding) {
+TEST_F(LlamaStories, PrefillEqualsCachedDecoding) {
   const int64_t T = 24, V = 512;
   std::vector<int32_t> ids = some_ids(T, V, 11);
   TargetOutput full = model_->forward(ids, nullptr, {1, 3, 5}, true);
@@ -261,7 +261,7 @@ TEST_F(Stories, PrefillEqualsCachedDecoding) {
 
 // Rejected draft tokens: truncate() drops them, and decoding other tokens gives what a fresh prefill of
 // the accepted prefix + the other tokens gives.
-TEST_F(Stories, TruncateDropsRejectedTokens) {
+TEST_F(LlamaStories, TruncateDropsRejectedTokens) {
   std::vector<int32_t> prefix = some_ids(12, 512, 21), a = {40, 41, 42, 43}, b = {300, 301, 302};
   KVCache cache = model_->make_cache(20);
   model_->forward(prefix, &cache, {}, false);
