@@ -24,9 +24,10 @@ struct LoadedDraft {
 
 /// Reads a draft from an export directory (eagle3.md section 5: config.json + model.safetensors, bf16
 /// weights under the export names, d2t I64, t2d BOOL) or from a training checkpoint (a step-%08d folder or
-/// a run directory: its latest complete checkpoint). Throws aerie::Error naming the file and tensor on a
-/// missing/mis-shaped tensor or an inconsistent d2t/t2d.
-LoadedDraft load_draft(const std::string& path);
+/// a run directory: its latest complete checkpoint), the export through train/export.h's load_export
+/// (target_num_hidden_layers: for the default aux layers, which an export does not name). Throws
+/// aerie::Error naming the file and tensor on a missing/mis-shaped tensor or an inconsistent d2t/t2d.
+LoadedDraft load_draft(const std::string& path, int64_t target_num_hidden_layers = 0);
 
 /// One speculative-decoding run of a prompt.
 struct SpecDecodeResult {

@@ -171,7 +171,7 @@ nlohmann::json run_eval(const EvalOptions& o) {
   LlamaModel model(o.model_dir, *groups.tp);
   const LlamaConfig& tc = model.config();
   auto tok = Tokenizer::load(o.model_dir);
-  LoadedDraft draft = load_draft(o.draft_path);
+  LoadedDraft draft = load_draft(o.draft_path, tc.num_hidden_layers);
   AERIE_CHECK(draft.cfg.target_hidden_size == tc.hidden_size && draft.cfg.vocab_size == tc.vocab_size &&
                   draft.cfg.hidden_size == tc.hidden_size,
               "eval: draft " << o.draft_path << " (H " << draft.cfg.hidden_size << ", H_t " << draft.cfg.target_hidden_size

@@ -2,14 +2,12 @@
 // (eagle3.md sections 5-6).
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "core/log.h"
-#include "io/safetensors.h"
 #include "kernels/loss.h"
 #include "train/checkpoint.h"
 #include "train/eval.h"
+#include "train/export.h"
 
 namespace aerie {
 
@@ -32,34 +30,6 @@ void check_vocab(const DraftVocab& v, int64_t K, int64_t V, const std::string& w
   AERIE_CHECK(ones == K, where << ": t2d selects " << ones << " ids, K = " << K);
 }
 
-LoadedDraft load_export(const std::string& dir) {
-  const std::string cfg_path = dir + "/config.json", st_path = dir + "/model.safetensors";
-  LoadedDraft d;
-  try {
-    d.cfg = DraftConfig::from_json(nlohmann::json::parse(read_file(cfg_path)));
-  } catch (const nlohmann::json::exception& e) {
-    AERIE_THROW(cfg_path << ": " << e.what());
-  }
-  SafetensorsFile f = load_safetensors(st_path);
-  d.weights = DraftWeights::zeros(d.cfg);
-  for (auto& [name, t] : d.weights.named()) {
-    auto it = f.tensors.find(name);
-    AERIE_CHECK(it != f.tensors.end(), st_path << ": missing tensor " << name);
-    it->second.check_shape(t->shape(), st_path + ": " + name);
-    t->copy_from(it->second.dtype() == DType::F32 ? it->second : it->second.to(DType::F32));
-  }
-  auto d2t = f.tensors.find("d2t"), t2d = f.tensors.find("t2d");
-  AERIE_CHECK(d2t != f.tensors.end() && t2d != f.tensors.end(), st_path << ": missing d2t or t2d");
-  d2t->second.check_dtype(DType::I64, st_path + ": d2t");
-  t2d->second.check_dtype(DType::U8, st_path + ": t2d");
-  const int64_t* p = d2t->second.data<int64_t>();
-  d.vocab.d2t.assign(p, p + d2t->second.numel());
-  const uint8_t* q = t2d->second.data<uint8_t>();
-  d.vocab.t2d.assign(q, q + t2d->second.numel());
-  check_vocab(d.vocab, d.cfg.draft_vocab_size, d.cfg.vocab_size, st_path);
-  return d;
-}
-
 int32_t broadcast_token(Communicator& tp, int32_t v) {
   if (tp.size() == 1) return v;
   Tensor t = Tensor::from_vector(std::vector<int32_t>{v}, {1});
@@ -76,9 +46,13 @@ std::vector<int32_t> broadcast_tokens(Communicator& tp, std::vector<int32_t> v) 
 
 }  // namespace
 
-LoadedDraft load_draft(const std::string& path) {
-  if (fs::exists(fs::path(path) / "model.safetensors") && fs::exists(fs::path(path) / "config.json"))
-    return load_export(path);
+LoadedDraft load_draft(const std::string& path, int64_t target_num_hidden_layers) {
+  if (fs::exists(fs::path(path) / "model.safetensors") && fs::exists(fs::path(path) / "config.json")) {
+    ExportedDraft e = load_export(path, target_num_hidden_layers);
+    LoadedDraft d{e.config, std::move(e.weights), e.vocab};
+    check_vocab(d.vocab, d.cfg.draft_vocab_size, d.cfg.vocab_size, path);
+    return d;
+  }
   Checkpoint ck = load_checkpoint(resolve_checkpoint(path));
   LoadedDraft d{ck.config, std::move(ck.weights), ck.vocab};
   check_vocab(d.vocab, d.cfg.draft_vocab_size, d.cfg.vocab_size, path);

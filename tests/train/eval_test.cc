@@ -3,13 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <fstream>
 
 #include "comm/communicator.h"
-#include "io/safetensors.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
+#include "data/shard.h"
 #include "train/eval.h"
+#include "train/export.h"
 
 namespace aerie {
 namespace {
@@ -156,15 +156,8 @@ TEST_F(EvalTest, StopsLikeGreedy) {
 TEST_F(EvalTest, ExportRoundTripAndEvalJson) {
   LoadedDraft d = untrained_draft(*model_, 7);
   const std::string dir = testing::scratch_dir("eval_export");
-  {
-    std::ofstream(dir + "/config.json") << d.cfg.to_json().dump(2);
-    SafetensorsFile f;
-    for (auto& [name, t] : d.weights.named()) f.tensors[name] = t->to(DType::BF16);
-    f.tensors["d2t"] = Tensor::from_vector(d.vocab.d2t, {static_cast<int64_t>(d.vocab.d2t.size())});
-    f.tensors["t2d"] = Tensor::from_vector(d.vocab.t2d, {static_cast<int64_t>(d.vocab.t2d.size())});
-    save_safetensors(dir + "/model.safetensors", f, {"t2d"});
-  }
-  LoadedDraft back = load_draft(dir);
+  write_export(dir, d.cfg, d.weights, d.vocab, model_->config());  // helper d2's writer (train/export.h)
+  LoadedDraft back = load_draft(dir, model_->config().num_hidden_layers);
   EXPECT_EQ(back.vocab.d2t, d.vocab.d2t);
   EXPECT_EQ(back.vocab.t2d, d.vocab.t2d);
   EXPECT_EQ(back.cfg.to_json(), d.cfg.to_json());
@@ -197,6 +190,58 @@ TEST_F(EvalTest, ExportRoundTripAndEvalJson) {
   EXPECT_GT(j["teacher_forced_samples"].get<int64_t>(), 0);
   EXPECT_GT(j["tokens_generated"].get<int64_t>(), 3);
   EXPECT_TRUE(std::filesystem::exists(o.output_path));
+}
+
+// Teacher-forced metrics on extraction shards (the format `aerie extract` writes), and the aux-layer
+// trap: a shard extracted with other aux layers is refused.
+TEST_F(EvalTest, TeacherForcedOnShards) {
+  LoadedDraft d = full_vocab_draft(*model_, 3);
+  const std::string dir = testing::scratch_dir("eval_shards");
+  write_export(dir + "/export", d.cfg, d.weights, d.vocab, model_->config());
+  const std::vector<int> aux = default_aux_layers(model_->config().num_hidden_layers);
+  std::vector<std::vector<int32_t>> seqs;
+  std::vector<int64_t> lens;
+  for (const char* text : {"The dog", "Tim had a ball.", "Sue"}) {
+    seqs.push_back(greedy_generate(*model_, prompt(text), 40, std::vector<int32_t>{}));
+    lens.push_back(static_cast<int64_t>(seqs.back().size()));
+  }
+  auto write_shard = [&](const std::string& sub, std::vector<int> layers) {
+    std::filesystem::create_directories(dir + "/" + sub);
+    ShardMeta meta{testing::model_dir(), layers, model_->config().hidden_size, model_->config().num_hidden_layers, 0};
+    ShardWriter w(dir + "/" + sub + "/" + shard_file_name(0), meta, lens);
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      TargetOutput out = model_->forward(seqs[i], nullptr, aux, false);
+      std::vector<uint8_t> mask(seqs[i].size(), 1);
+      mask[0] = 0;
+      w.add(static_cast<int64_t>(i), seqs[i], mask, out.aux_hidden, out.final_hidden);
+    }
+    w.close();
+  };
+  write_shard("shards", aux);
+  write_shard("shards_other_aux", {1, 2, 3});
+  EvalOptions o;
+  o.model_dir = testing::model_dir();
+  o.draft_path = dir + "/export";
+  o.prompts_path = testing::data_dir() + "/tinystories/tinystories_val.txt";
+  o.num_prompts = 1;
+  o.max_new_tokens = 8;
+  o.num_draft_tokens = 2;
+  o.ttt_steps = 4;
+  o.output_path = "";
+  o.shards_dir = dir + "/shards";
+  nlohmann::json j = run_eval(o);
+  EXPECT_EQ(j["teacher_forced_samples"], 3);
+  ASSERT_EQ(j["acc_k"].size(), 4u);
+  double tau = 1, prod = 1;
+  for (auto& a : j["acc_k"]) {
+    EXPECT_GE(a.get<double>(), 0.0);
+    EXPECT_LE(a.get<double>(), 1.0);
+    prod *= a.get<double>();
+    tau += prod;
+  }
+  EXPECT_NEAR(j["tau_sim"].get<double>(), tau, 1e-12);
+  o.shards_dir = dir + "/shards_other_aux";
+  EXPECT_THROW(run_eval(o), Error);
 }
 
 }  // namespace
