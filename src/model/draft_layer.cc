@@ -94,14 +94,19 @@ void layer_out(const LayerCtx& c, LayerActs& a) {
   linear(a.no, c.w.lm_head, a.logits);
 }
 
-void layer_out_backward(const LayerCtx& c, const LayerActs& a, const Tensor& dlogits, const Tensor& do_extra,
+Tensor layer_head_backward(const LayerCtx& c, const LayerActs& a, const Tensor& dlogits, DraftWeights& g) {
+  dlogits.check_shape({a.n, c.cfg.draft_vocab_size}, "draft layer backward: dlogits");
+  Tensor dno = f32({a.n, c.cfg.hidden_size});
+  matmul(dlogits, c.w.lm_head, dno, false, false);
+  add_weight_grad(dlogits, a.no, g.lm_head);
+  return dno;
+}
+
+void layer_out_backward(const LayerCtx& c, const LayerActs& a, const Tensor& dno, const Tensor& do_extra,
                         DraftWeights& g, Tensor& dattn, Tensor& dh) {
   const int64_t n = a.n, H = c.cfg.hidden_size, I = c.cfg.intermediate_size;
   const int64_t qd = c.cfg.num_attention_heads * c.cfg.head_dim;
-  dlogits.check_shape({n, c.cfg.draft_vocab_size}, "draft layer backward: dlogits");
-  Tensor dno = f32({n, H});
-  matmul(dlogits, c.w.lm_head, dno, false, false);
-  add_weight_grad(dlogits, a.no, g.lm_head);
+  dno.check_shape({n, H}, "draft layer backward: dno");
   Tensor dout = f32({n, H});
   rmsnorm_backward(dno, a.o, c.w.norm, a.rstd_o, dout, &g.norm);
   if (do_extra.defined() && do_extra.numel() > 0) {

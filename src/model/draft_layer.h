@@ -40,10 +40,13 @@ void layer_qkv(const LayerCtx& c, const int32_t* ids, int64_t n, const Tensor& h
 /// After the attention (a.attn filled): y, MLP, o, logits.
 void layer_out(const LayerCtx& c, LayerActs& a);
 
-/// Backward of layer_out. dlogits: [n, K]; do_extra: gradient into the first do_extra.dim(0) rows of
-/// o from elsewhere (the next TTT step), or an undefined tensor. Adds weight gradients to g. Returns
-/// dattn [n, n_h, d] and dh [n, H] (the residual path only).
-void layer_out_backward(const LayerCtx& c, const LayerActs& a, const Tensor& dlogits, const Tensor& do_extra,
+/// Backward of lm_head only (logits = lm_head(no)): dlogits [n, K] -> returns dno [n, H], adds to
+/// g.lm_head. Done right after the loss so that no [n, K] tensor outlives its step.
+Tensor layer_head_backward(const LayerCtx& c, const LayerActs& a, const Tensor& dlogits, DraftWeights& g);
+/// Backward of the rest of layer_out from dno (layer_head_backward). do_extra: gradient into the first
+/// do_extra.dim(0) rows of o from elsewhere (the next TTT step), or an undefined tensor. Adds weight
+/// gradients to g. Returns dattn [n, n_h, d] and dh [n, H] (the residual path only).
+void layer_out_backward(const LayerCtx& c, const LayerActs& a, const Tensor& dno, const Tensor& do_extra,
                         DraftWeights& g, Tensor& dattn, Tensor& dh);
 /// Backward of layer_qkv from the gradients w.r.t. the post-RoPE q, k and v (dq, dk modified in place
 /// by the inverse rotation). Adds weight gradients to g (embed_tokens is frozen) and dL/dh to dh.

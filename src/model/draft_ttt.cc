@@ -67,7 +67,7 @@ TTTStats ttt_forward_backward(const DraftConfig& cfg, const DraftWeights& w, con
 
   LayerCtx ctx(cfg, w, embed_tokens);
   std::vector<LayerActs> acts(steps);
-  std::vector<Tensor> dlogits(steps);
+  std::vector<Tensor> dno(steps);  // gradient w.r.t. norm(o) of each step ([n_k, H]; the [n_k, K] ones never outlive their step)
 
   // g = fc(f) on the rows that step 0 computes.
   const int64_t n0 = rows(0);
@@ -105,15 +105,20 @@ TTTStats ttt_forward_backward(const DraftConfig& cfg, const DraftWeights& w, con
       }
     }
     Tensor target = s.target_probs.slice(k + 1, k + 1 + n);
-    if (grads) dlogits[k] = Tensor::empty({n, K}, DType::F32);
-    st.loss_sum[k] = soft_cross_entropy(a.logits, target, weight, grads ? &dlogits[k] : nullptr);
-    if (grads && step_weight[k] != 1.0) {
-      float* p = dlogits[k].data<float>();
-      const float sw = static_cast<float>(step_weight[k]);
-      for (int64_t i = 0; i < n * K; ++i) p[i] *= sw;
-    }
+    Tensor dlogits = grads ? Tensor::empty({n, K}, DType::F32) : Tensor();
+    st.loss_sum[k] = soft_cross_entropy(a.logits, target, weight, grads ? &dlogits : nullptr);
     if (step_logits) (*step_logits)[k] = a.logits;
-    if (grads) a.logits = Tensor();  // no longer needed
+    a.logits = Tensor();  // [n, K]: dropped as soon as possible
+    if (grads) {
+      if (step_weight[k] != 1.0) {
+        float* p = dlogits.data<float>();
+        const float sw = static_cast<float>(step_weight[k]);
+        for (int64_t i = 0; i < n * K; ++i) p[i] *= sw;
+      }
+      // lm_head's backward needs nothing from later steps: do it now, keep only dno [n, H].
+      dno[k] = draft_detail::layer_head_backward(ctx, a, dlogits, *grads);
+      a.no = Tensor();
+    }
   }
   if (!grads) return st;
 
@@ -130,7 +135,8 @@ TTTStats ttt_forward_backward(const DraftConfig& cfg, const DraftWeights& w, con
     const int64_t n = rows(k);
     const LayerActs& a = acts[k];
     Tensor dattn, dh;
-    draft_detail::layer_out_backward(ctx, a, dlogits[k], dO, *grads, dattn, dh);
+    draft_detail::layer_out_backward(ctx, a, dno[k], dO, *grads, dattn, dh);
+    dno[k] = Tensor();
     std::vector<const Tensor*> dk, dv;
     std::vector<Tensor*> gdk, gdv;
     for (int j = 1; j <= k; ++j) {
