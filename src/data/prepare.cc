@@ -39,25 +39,35 @@ bool apply_overlong(TokenizedSample& s, int64_t max_length, Overlong policy, boo
 
 namespace {
 
-// This rank's samples, concatenated.
+// This rank's samples, concatenated, and what happened to each record read.
 struct LocalSamples {
   std::vector<int32_t> ids;
   std::vector<uint8_t> mask;
   std::vector<int64_t> lengths;
   std::vector<uint8_t> truncated;
-  int64_t records = 0;
-  std::array<int64_t, static_cast<size_t>(SkipReason::Count_)> skipped_by{};
-  std::vector<std::string> examples;  // "file:line: reason (detail)"
+  std::vector<uint8_t> record_skip;   // SkipReason of each record read (None: became a sample)
+  std::vector<std::pair<int64_t, std::string>> examples;  // (record index, "file:line: reason (detail)")
 
-  // Keeps the first n samples.
+  int64_t records() const { return static_cast<int64_t>(record_skip.size()); }
+  std::array<int64_t, static_cast<size_t>(SkipReason::Count_)> skipped_by() const {
+    std::array<int64_t, static_cast<size_t>(SkipReason::Count_)> n{};
+    for (uint8_t r : record_skip) n[r] += r != 0;
+    return n;
+  }
+  // Keeps the first n samples and forgets the records after the n-th sample, as a single reader that
+  // stops after n samples would (so that --max-samples gives equal counts on any number of ranks).
   void keep_first(int64_t n) {
-    if (n >= static_cast<int64_t>(lengths.size())) return;
     int64_t tokens = 0;
     for (int64_t i = 0; i < n; ++i) tokens += lengths[static_cast<size_t>(i)];
     lengths.resize(static_cast<size_t>(n));
     truncated.resize(static_cast<size_t>(n));
     ids.resize(static_cast<size_t>(tokens));
     mask.resize(static_cast<size_t>(tokens));
+    int64_t kept = 0, last = -1;  // last: index of the record that became sample n-1
+    for (int64_t r = 0; r < records() && kept < n; ++r)
+      if (record_skip[static_cast<size_t>(r)] == 0 && ++kept == n) last = r;
+    record_skip.resize(static_cast<size_t>(last + 1));
+    std::erase_if(examples, [&](const auto& e) { return e.first > last; });
   }
 };
 
@@ -125,7 +135,6 @@ void add_record(InputRecord r, const std::function<std::string()>& where, const 
               const Tokenizer& tok, const ChatTemplate& tmpl, LocalSamples& out) {
   // No rank ever needs more than max_samples of its own samples.
   if (opt.max_samples >= 0 && static_cast<int64_t>(out.lengths.size()) >= opt.max_samples) return;
-  ++out.records;
   TokenizedSample s;
   bool truncated = false;
   if (r.skip == SkipReason::None) {
@@ -154,13 +163,13 @@ void add_record(InputRecord r, const std::function<std::string()>& where, const 
       r.detail = "no tokens";
     }
   }
+  out.record_skip.push_back(static_cast<uint8_t>(r.skip));
   if (r.skip != SkipReason::None) {
-    ++out.skipped_by[static_cast<size_t>(r.skip)];
     if (static_cast<int>(out.examples.size()) < opt.max_reported) {
       std::ostringstream os;
       os << where() << ": " << skip_name(r.skip);
       if (!r.detail.empty()) os << " (" << r.detail << ")";
-      out.examples.push_back(os.str());
+      out.examples.emplace_back(out.records() - 1, os.str());
     }
     return;
   }
@@ -231,9 +240,11 @@ PrepareStats run_prepare(const PrepareOptions& opt, MPI_Comm comm) {
 
   // Input order: rank r's samples follow those of ranks < r. --max-samples keeps the first N overall.
   int64_t n_local = static_cast<int64_t>(local.lengths.size());
-  int64_t sample_off = exscan(n_local, comm);
-  if (opt.max_samples >= 0) local.keep_first(std::clamp<int64_t>(opt.max_samples - sample_off, 0, n_local));
+  int64_t sample_off = exscan(n_local, comm);  // before the --max-samples cut
+  if (opt.max_samples >= 0 && sample_off + n_local >= opt.max_samples)
+    local.keep_first(std::clamp<int64_t>(opt.max_samples - sample_off, 0, n_local));
   n_local = static_cast<int64_t>(local.lengths.size());
+  sample_off = exscan(n_local, comm);  // after the cut
   int64_t tok_local = static_cast<int64_t>(local.ids.size());
   int64_t tok_off = exscan(tok_local, comm);
 
@@ -245,12 +256,15 @@ PrepareStats run_prepare(const PrepareOptions& opt, MPI_Comm comm) {
   for (uint8_t t : local.truncated) trunc_local += t;
   st.loss_tokens = allsum(loss_local, comm);
   st.truncated = allsum(trunc_local, comm);
-  st.records = allsum(local.records, comm);
-  check_mpi(MPI_Allreduce(local.skipped_by.data(), st.skipped_by.data(), static_cast<int>(st.skipped_by.size()),
+  st.records = allsum(local.records(), comm);
+  const auto skipped_local = local.skipped_by();
+  check_mpi(MPI_Allreduce(skipped_local.data(), st.skipped_by.data(), static_cast<int>(st.skipped_by.size()),
                           MPI_INT64_T, MPI_SUM, comm),
             "MPI_Allreduce");
   for (int64_t n : st.skipped_by) st.skipped += n;
-  std::vector<std::string> examples = gather_strings(local.examples, comm);
+  std::vector<std::string> mine;
+  for (const auto& e : local.examples) mine.push_back(e.second);
+  std::vector<std::string> examples = gather_strings(mine, comm);
   if (rank == 0) {
     if (static_cast<int>(examples.size()) > opt.max_reported) examples.resize(static_cast<size_t>(opt.max_reported));
     st.examples = examples;

@@ -366,9 +366,13 @@ TEST(PrepareParallelTest, WorldEqualsOneRank) {
     for (int i = 0; i < 120 && std::getline(in, line); ++i) txt << line << "\n";
   }
   MPI_Barrier(MPI_COMM_WORLD);
-  for (std::string input : {"in.jsonl", "in.json", "in.txt"}) {
+  // (input, --max-samples): with a limit, the counts must also equal a single reader's that stops early.
+  const std::vector<std::pair<std::string, int64_t>> runs = {
+      {"in.jsonl", -1}, {"in.json", -1}, {"in.txt", -1}, {"in.jsonl", 9}, {"in.txt", 4}, {"in.json", 1}};
+  for (const auto& [input, max_samples] : runs) {
     PrepareOptions o;
     o.input = dir + "/" + input;
+    o.max_samples = max_samples;
     o.tokenizer = testing::model_dir();
     o.max_length = 40;
     o.output = dir + "/world.h5";
@@ -376,13 +380,15 @@ TEST(PrepareParallelTest, WorldEqualsOneRank) {
     if (rank == 0) {
       o.output = dir + "/one.h5";
       PrepareStats one = run_prepare(o, MPI_COMM_SELF);
+      if (max_samples >= 0) EXPECT_EQ(one.samples, max_samples) << input;
       EXPECT_EQ(world.records, one.records) << input;
       EXPECT_EQ(world.samples, one.samples) << input;
       EXPECT_EQ(world.skipped, one.skipped) << input;
       EXPECT_EQ(world.truncated, one.truncated) << input;
       EXPECT_EQ(world.examples, one.examples) << input;
+      EXPECT_EQ(world.skipped_by, one.skipped_by) << input;
       Prepared a = read_prepared(dir + "/world.h5"), b = read_prepared(dir + "/one.h5");
-      EXPECT_GT(a.samples(), 5) << input;
+      EXPECT_GT(a.samples(), max_samples >= 0 ? max_samples - 1 : 5) << input;
       EXPECT_EQ(a.ids, b.ids) << input;
       EXPECT_EQ(a.mask, b.mask) << input;
       EXPECT_EQ(a.offsets, b.offsets) << input;
