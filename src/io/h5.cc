@@ -381,6 +381,12 @@ Id make_fapl(MPI_Comm comm, const std::string& path, MPI_Comm* dup) {
   }
   return Id(std::exchange(fapl.id, -1), H5Pclose);
 }
+// File systems without flock (some NFS/Lustre mounts) make HDF5 1.10+ fail to open any file.
+std::string lock_hint(const std::string& msg) {
+  return msg.find("lock") == std::string::npos
+             ? std::string()
+             : "; if the file system has no file locking, set HDF5_USE_FILE_LOCKING=FALSE";
+}
 }  // namespace
 
 File File::create(const std::string& path, MPI_Comm comm) {
@@ -391,7 +397,7 @@ File File::create(const std::string& path, MPI_Comm comm) {
   if (f < 0) {
     std::string msg = hdf5_message();
     if (dup != MPI_COMM_NULL) MPI_Comm_free(&dup);
-    AERIE_THROW("HDF5: cannot create " << path << msg);
+    AERIE_THROW("HDF5: cannot create " << path << msg << lock_hint(msg));
   }
   return File(f, path, dup);
 }
@@ -404,7 +410,7 @@ File File::open(const std::string& path, Access access, MPI_Comm comm) {
   if (f < 0) {
     std::string msg = hdf5_message();
     if (dup != MPI_COMM_NULL) MPI_Comm_free(&dup);
-    AERIE_THROW("HDF5: cannot open " << path << " (missing, unreadable or not an HDF5 file)" << msg);
+    AERIE_THROW("HDF5: cannot open " << path << " (missing, unreadable or not an HDF5 file)" << msg << lock_hint(msg));
   }
   return File(f, path, dup);
 }
