@@ -27,6 +27,8 @@ int eval(const std::vector<std::string>& args) {
       "max-new-tokens", po::value<int64_t>(&o.max_new_tokens)->default_value(64), "new tokens per prompt")(
       "max-prompt-tokens", po::value<int64_t>(&o.max_prompt_tokens)->default_value(0),
       "cut prompts to their first N tokens (0: whole)")(
+      "chat-template", po::value<std::string>(&o.chat_template)->default_value("plain"),
+      "how a prompt (one user turn) becomes token ids, as in aerie prepare")(
       "num-draft-tokens", po::value<int>(&o.num_draft_tokens)->default_value(7), "draft chain length n per cycle")(
       "untrained", po::bool_switch(&o.untrained), "also evaluate the untrained draft (init weights, --seed)")(
       "seed", po::value<uint64_t>(&o.seed)->default_value(0), "init seed of the untrained draft (train's --seed)")(

@@ -82,6 +82,7 @@ struct EvalOptions {
   bool untrained = false;
   uint64_t seed = 0;                    // init_draft_weights seed of the untrained draft (train's --seed)
   std::string shards_dir, data_split_path;  // teacher-forced eval; empty shards: on the generated texts
+  std::string chat_template = "plain";  // data/prepare_template.h: how a prompt (one user turn) becomes ids
   int64_t num_eval_samples = 64;
   int ttt_steps = 7;
   int tp = 1;

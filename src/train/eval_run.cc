@@ -6,6 +6,7 @@
 
 #include "core/log.h"
 #include "data/prepare_input.h"
+#include "data/prepare_template.h"
 #include "data/shard.h"
 #include "tokenizer/tokenizer.h"
 #include "train/checkpoint.h"
@@ -185,9 +186,10 @@ nlohmann::json run_eval(const EvalOptions& o) {
   const int n = o.num_draft_tokens;
   const int dp = groups.map.dp, dp_rank = groups.map.dp_rank;
 
-  // Prompts: BOS + text, cut to max_prompt_tokens.
+  // Prompts: one user turn through the chat template of training data (plain: BOS + text), cut to
+  // max_prompt_tokens.
   std::vector<std::string> texts = read_prompts(o.prompts_path, o.num_prompts);
-  const int32_t bos = tok->bos_id() >= 0 ? tok->bos_id() : static_cast<int32_t>(tc.bos_token_id);
+  auto tmpl = make_chat_template(o.chat_template, *tok);
   const std::vector<int32_t> stop = default_stop_ids(tc, *tok);
   std::vector<SpecSums> sums(drafts.size());
   double greedy_seconds = 0;
@@ -196,9 +198,10 @@ nlohmann::json run_eval(const EvalOptions& o) {
   std::vector<int64_t> prompt_lens;
   for (size_t i = 0; i < texts.size(); ++i) {
     if (static_cast<int>(i % dp) != dp_rank) continue;
-    std::vector<int32_t> prompt;
-    if (bos >= 0) prompt.push_back(bos);
-    for (int32_t id : tok->encode(texts[i])) prompt.push_back(id);
+    Conversation conv;
+    conv.turns.push_back({ChatRole::User, texts[i]});
+    std::vector<int32_t> prompt = tmpl->apply(conv, *tok).input_ids;
+    AERIE_CHECK(!prompt.empty(), "eval: prompt " << i << " of " << o.prompts_path << " has no tokens");
     if (o.max_prompt_tokens > 0 && static_cast<int64_t>(prompt.size()) > o.max_prompt_tokens)
       prompt.resize(o.max_prompt_tokens);
     auto t0 = Clock::now();
