@@ -192,6 +192,48 @@ TEST_F(EvalTest, ExportRoundTripAndEvalJson) {
   EXPECT_TRUE(std::filesystem::exists(o.output_path));
 }
 
+// Under mpirun -np 2 (tests/mpi/eval.cmake): tp = 2 and dp = 2 give the single-rank eval.json figures.
+TEST_F(EvalTest, ParallelMatchesSingleRank) {
+  if (world_->size() != 2) GTEST_SKIP() << "needs 2 ranks";
+  const std::string dir = std::string(AERIE_BINARY_DIR) + "/test-scratch/eval_mpi";
+  if (world_->rank() == 0) {  // one writer; the other rank waits at the barrier
+    testing::scratch_dir("eval_mpi");
+    LoadedDraft d = full_vocab_draft(*model_, 5);
+    write_export(dir + "/export", d.cfg, d.weights, d.vocab, model_->config());
+  }
+  world_->barrier();
+  EvalOptions o;
+  o.model_dir = testing::model_dir();
+  o.draft_path = dir + "/export";
+  o.prompts_path = testing::data_dir() + "/tinystories/tinystories_val.txt";
+  o.output_path = "";
+  o.num_prompts = 4;
+  o.max_new_tokens = 24;
+  o.num_draft_tokens = 3;
+  o.ttt_steps = 3;
+  o.tp = 1;  // dp = 2: prompts split over the replicas
+  nlohmann::json dp2 = run_eval(o);
+  o.tp = 2;  // one tp group of 2
+  nlohmann::json tp2 = run_eval(o);
+  // Single rank: every rank alone (a 1-rank world is not available inside mpirun; the figures come from
+  // speculative_generate directly).
+  LoadedDraft d = load_draft(dir + "/export", model_->config().num_hidden_layers);
+  auto texts = read_prompts(o.prompts_path, 4);
+  int64_t passes = 0, tokens = 0;
+  for (const auto& t : texts) {
+    auto r = speculative_generate(*model_, d, prompt(t), 3, 24, {tok_->bos_id(), tok_->eos_id()});
+    passes += r.verify_passes;
+    tokens += r.verify_tokens;
+  }
+  for (const auto& j : {dp2, tp2}) {
+    EXPECT_TRUE(j["lossless"].get<bool>());
+    EXPECT_EQ(j["num_prompts"], 4);
+    EXPECT_EQ(j["verify_passes"], passes);
+    EXPECT_DOUBLE_EQ(j["acceptance_length"].get<double>(), static_cast<double>(tokens) / passes);
+  }
+  EXPECT_EQ(dp2["acc_k"], tp2["acc_k"]);
+}
+
 // Teacher-forced metrics on extraction shards (the format `aerie extract` writes), and the aux-layer
 // trap: a shard extracted with other aux layers is refused.
 TEST_F(EvalTest, TeacherForcedOnShards) {
