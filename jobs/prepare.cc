@@ -1,5 +1,5 @@
 // aerie prepare: conversations -> tokens + loss masks, one HDF5 file ("aerie.prepared" v1, src/data/prepare.h).
-//   mpirun -np R aerie prepare --input FILE.jsonl|FILE.txt --tokenizer DIR --output prepared.h5
+//   mpirun -np R aerie prepare --input FILE.jsonl|FILE.json|FILE.txt --tokenizer DIR --output prepared.h5
 //          [--format auto|sharegpt|openai|tokenized|text] [--template plain] [--max-length 2048]
 //          [--overlong truncate|drop] [--max-samples N]
 // Every rank reads and tokenizes its own byte range of the input; all ranks write the one output file
@@ -15,7 +15,7 @@ namespace aerie::jobs {
 int prepare(const std::vector<std::string>& args) {
   po::options_description desc("aerie prepare: conversations -> tokens + loss masks (one HDF5 file)");
   desc.add_options()("input", po::value<std::string>()->required(),
-                     "input: JSONL (ShareGPT, OpenAI messages or pre-tokenized) or plain text (.txt)")(
+                     "input: JSONL (ShareGPT, OpenAI messages or pre-tokenized), a JSON array of such records, or plain text (.txt)")(
       "format", po::value<std::string>()->default_value("auto"),
       "auto, sharegpt, openai, tokenized, text (auto: text for .txt, else detected per JSONL line)")(
       "tokenizer", po::value<std::string>()->required(), "directory with tokenizer.json (or the file)")(
