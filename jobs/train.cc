@@ -32,6 +32,8 @@ int train(const std::vector<std::string>& args) {
       "ttt-steps", po::value<int>(&o.ttt_steps)->default_value(7), "training-time test steps S")(
       "checkpoint-every", po::value<int64_t>(&o.checkpoint_every)->default_value(0),
       "steps between checkpoints (0: only at the end)")(
+      "keep-checkpoints", po::value<int>(&o.keep_checkpoints)->default_value(0),
+      "keep only the newest N complete checkpoints (0: all)")(
       "log-every", po::value<int64_t>(&o.log_every)->default_value(10), "steps between metric lines")(
       "seed", po::value<uint64_t>(&o.seed)->default_value(0), "seed of the initial weights and the data order")(
       "eval-fraction", po::value<double>(&o.eval_fraction)->default_value(0.05),

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <sstream>
 
@@ -158,12 +159,13 @@ std::string save_checkpoint(const std::string& run_dir, const Checkpoint& ck, co
   return final_dir;
 }
 
-std::optional<std::string> latest_checkpoint(const std::string& run_dir) {
+namespace {
+// Complete checkpoints of RUN_DIR by step (ascending).
+std::map<int64_t, std::string> complete_checkpoints(const std::string& run_dir) {
+  std::map<int64_t, std::string> out;
   const fs::path dir = fs::path(run_dir) / "checkpoints";
-  if (!fs::is_directory(dir)) return std::nullopt;
+  if (!fs::is_directory(dir)) return out;
   static const std::regex name_re("step-([0-9]{8,})");
-  int64_t best = -1;
-  std::string best_path;
   for (const auto& e : fs::directory_iterator(dir)) {
     std::smatch m;
     const std::string name = e.path().filename().string();
@@ -172,14 +174,30 @@ std::optional<std::string> latest_checkpoint(const std::string& run_dir) {
       AERIE_LOG(debug) << "checkpoint " << e.path().string() << " has no DONE marker; ignored";
       continue;
     }
-    const int64_t step = std::stoll(m[1].str());
-    if (step > best) {
-      best = step;
-      best_path = e.path().string();
-    }
+    out[std::stoll(m[1].str())] = e.path().string();
   }
-  if (best < 0) return std::nullopt;
-  return best_path;
+  return out;
+}
+}  // namespace
+
+std::optional<std::string> latest_checkpoint(const std::string& run_dir) {
+  const auto all = complete_checkpoints(run_dir);
+  if (all.empty()) return std::nullopt;
+  return all.rbegin()->second;
+}
+
+int remove_old_checkpoints(const std::string& run_dir, int keep) {
+  if (keep <= 0) return 0;
+  auto all = complete_checkpoints(run_dir);
+  int removed = 0;
+  while (static_cast<int>(all.size()) > keep) {
+    // DONE first: a deletion cut short leaves an incomplete folder, never a damaged "complete" one.
+    fs::remove(fs::path(all.begin()->second) / "DONE");
+    fs::remove_all(all.begin()->second);
+    all.erase(all.begin());
+    ++removed;
+  }
+  return removed;
 }
 
 std::string resolve_checkpoint(const std::string& path) {

@@ -67,6 +67,10 @@ std::string save_checkpoint(const std::string& run_dir, const Checkpoint& ck, co
 /// nullopt if there is none. Incomplete folders (no DONE, ".tmp") are skipped.
 std::optional<std::string> latest_checkpoint(const std::string& run_dir);
 
+/// Deletes all but the newest `keep` complete checkpoints of RUN_DIR (keep <= 0: deletes nothing).
+/// Incomplete folders are left alone (the next save of their step replaces them). Returns the number deleted.
+int remove_old_checkpoints(const std::string& run_dir, int keep);
+
 /// `path` itself if it is a complete checkpoint folder, else the latest checkpoint of `path` taken as
 /// a RUN_DIR. Throws aerie::Error if neither holds.
 std::string resolve_checkpoint(const std::string& path);

@@ -1,26 +1,12 @@
 #include "train/trainer.h"
 
-#include <chrono>
+// TrainOptions, the metrics of a step and train_step (one data-parallel optimizer step).
 #include <cmath>
-#include <cstdio>
-#include <filesystem>
-#include <fstream>
-#include <map>
-#include <sstream>
 
-#include "core/log.h"
-#include "core/progress.h"
-#include "data/shard.h"
 #include "kernels/optim.h"
-#include "model/llama_config.h"
-#include "train/checkpoint.h"
-#include "train/data_order.h"
 #include "train/schedule.h"
-#include "train/target_head.h"
 
 namespace aerie {
-
-namespace fs = std::filesystem;
 
 nlohmann::json TrainOptions::to_json() const {
   return {{"model", model_dir},       {"shards", shards_dir},
@@ -29,6 +15,7 @@ nlohmann::json TrainOptions::to_json() const {
           {"batch_size", batch_size}, {"lr", lr},
           {"warmup_ratio", warmup_ratio}, {"max_grad_norm", max_grad_norm},
           {"ttt_steps", ttt_steps},   {"checkpoint_every", checkpoint_every},
+          {"keep_checkpoints", keep_checkpoints},
           {"log_every", log_every},   {"seed", seed},
           {"eval_fraction", eval_fraction}};
 }

@@ -25,6 +25,7 @@ struct TrainOptions {
   double lr = 1e-4, warmup_ratio = 0.015, max_grad_norm = 0.5;
   int ttt_steps = 7;
   int64_t checkpoint_every = 0;  // 0: only at the end
+  int keep_checkpoints = 0;      // complete checkpoints kept (the newest); 0: all
   int64_t log_every = 10;
   uint64_t seed = 0;
   double eval_fraction = 0.05;

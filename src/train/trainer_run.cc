@@ -154,8 +154,8 @@ std::string run_training(const TrainOptions& opts, Communicator& dp) {
                     << " held out) in " << shards.paths.size() << " shards, " << total << " steps of "
                     << opts.batch_size << " samples on " << dp.size() << " dp ranks, "
                     << order.steps_per_epoch() << " steps per epoch, warmup " << sched.warmup_steps
-                    << " steps, K = " << ck.config.draft_vocab_size << ", aux layers " << ck.config.aux_layers[0] << ","
-                    << ck.config.aux_layers[1] << "," << ck.config.aux_layers[2];
+                    << " steps, K = " << ck.config.draft_vocab_size << ", aux layers "
+                    << nlohmann::json(ck.config.aux_layers).dump();
   }
   if (st.step >= total) {
     if (rank == 0) AERIE_LOG(info) << "train: the checkpoint is already at step " << st.step << " of " << total;
@@ -178,7 +178,10 @@ std::string run_training(const TrainOptions& opts, Communicator& dp) {
     st.epoch = order.epoch_of(st.step);
     st.position = order.position_of(st.step);
     std::string dir = save_checkpoint(opts.output_dir, ck, vocab_file, dp);
-    if (rank == 0) AERIE_LOG(info) << "train: checkpoint " << dir;
+    if (rank == 0) {
+      AERIE_LOG(info) << "train: checkpoint " << dir;
+      remove_old_checkpoints(opts.output_dir, opts.keep_checkpoints);
+    }
     return dir;
   };
 

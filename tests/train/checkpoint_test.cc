@@ -86,6 +86,14 @@ TEST(CheckpointTest, LatestSkipsIncompleteAndTmpFolders) {
   // Saving step 20 again replaces the DONE-less folder.
   save_checkpoint(run, make_checkpoint(s, 20), dir + "/draft_vocab.safetensors", *self);
   EXPECT_EQ(latest_checkpoint(run).value(), checkpoint_dir(run, 20));
+  // Retention: the newest two complete ones stay; incomplete folders are not touched.
+  EXPECT_EQ(remove_old_checkpoints(run, 0), 0);
+  EXPECT_EQ(remove_old_checkpoints(run, 2), 2);
+  EXPECT_FALSE(fs::exists(checkpoint_dir(run, 5)));
+  EXPECT_FALSE(fs::exists(checkpoint_dir(run, 7)));
+  EXPECT_TRUE(fs::exists(checkpoint_dir(run, 9) + "/DONE"));
+  EXPECT_TRUE(fs::exists(checkpoint_dir(run, 20) + "/DONE"));
+  EXPECT_TRUE(fs::exists(checkpoint_dir(run, 30) + ".tmp"));
 }
 
 TEST(CheckpointTest, DamagedStateIsRejected) {
