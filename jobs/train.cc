@@ -6,7 +6,8 @@
 //
 // Writes RUN_DIR/checkpoints/step-%08d/ (every --checkpoint-every steps and at the end), RUN_DIR/metrics.jsonl
 // and RUN_DIR/data_split.json (the held-out samples). Rerunning the same command resumes from the newest
-// complete checkpoint (also with another number of ranks).
+// complete checkpoint (also with another number of ranks). SIGTERM/SIGINT/SIGUSR1 (Slurm preemption)
+// stop the run after the current step with a checkpoint; the exit status is then 3.
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -43,8 +44,9 @@ int train(const std::vector<std::string>& args) {
   AERIE_CHECK(o.steps >= 0 && o.epochs >= 0, "aerie train: --steps and --epochs must be >= 0");
   AERIE_CHECK(o.checkpoint_every >= 0, "aerie train: --checkpoint-every must be >= 0");
   auto world = MpiCommunicator::world();
-  const std::string dir = run_training(o, *world);
-  if (world->rank() == 0) AERIE_LOG(info) << "train: done, final checkpoint " << dir;
+  const TrainResult r = run_training(o, *world);
+  if (r.stop_signal != 0) return 3;  // stopped early, checkpoint written (logged): not a completed run
+  if (world->rank() == 0) AERIE_LOG(info) << "train: done, final checkpoint " << r.checkpoint;
   return 0;
 }
 

@@ -81,12 +81,22 @@ StepMetrics train_step(const DraftConfig& cfg, DraftWeights& w, AdamState& opt, 
                        const std::vector<TTTSample>& local, const DraftVocab& vocab, int ttt_steps, double lr,
                        double max_grad_norm, Communicator& dp, StepScratch& scratch);
 
+struct TrainResult {
+  std::string checkpoint;         // the last checkpoint folder written (or resumed from)
+  int64_t step = 0, total_steps = 0;
+  int stop_signal = 0;            // the signal that stopped the run early (0: ran to the end)
+};
+
 /// `aerie train`: collective over `dp` (every rank a dp replica). Resumes from the latest complete
 /// checkpoint of opts.output_dir if there is one (the vocabulary then comes from the checkpoint, not
 /// from --vocab), writes checkpoints every opts.checkpoint_every steps and at the end, logs metrics on
 /// rank 0 every opts.log_every steps (also appended to output_dir/metrics.jsonl), and writes
-/// output_dir/data_split.json (the held-out samples eval uses). Returns the final checkpoint folder.
-/// Throws aerie::Error on bad options, data that disagrees with the target or the checkpoint, I/O errors.
-std::string run_training(const TrainOptions& opts, Communicator& dp);
+/// output_dir/data_split.json (the held-out samples eval uses).
+/// Preemption: SIGTERM, SIGINT or SIGUSR1 on any rank (Slurm sends SIGTERM before killing a job, or
+/// USR1 with --signal) makes every rank finish the current step, write a checkpoint and return (the flag
+/// is max-reduced over dp after each step); a second signal kills as usual. The previous handlers are
+/// restored on return. Throws aerie::Error on bad options, data that disagrees with the target or the
+/// checkpoint, I/O errors.
+TrainResult run_training(const TrainOptions& opts, Communicator& dp);
 
 }  // namespace aerie

@@ -1,5 +1,9 @@
 // run_training: the `aerie train` loop (data, resume, schedule, logging, checkpoints) around train_step.
+#include <signal.h>
+
+#include <array>
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -23,6 +27,46 @@ namespace aerie {
 namespace fs = std::filesystem;
 
 namespace {
+
+// The signal that asked the run to stop (0: none). Set by the handler, read between steps.
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+extern "C" void on_stop_signal(int sig) {
+  if (g_stop_signal != 0) {  // second signal: die as the default action would
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
+    return;
+  }
+  g_stop_signal = sig;
+}
+
+// Installs on_stop_signal for SIGTERM, SIGINT, SIGUSR1 and restores the previous handlers on destruction.
+class StopSignals {
+ public:
+  StopSignals() {
+    g_stop_signal = 0;
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sa.sa_flags = SA_RESTART;  // I/O and MPI calls in flight continue instead of failing with EINTR
+    sigemptyset(&sa.sa_mask);
+    for (size_t i = 0; i < kSignals.size(); ++i) sigaction(kSignals[i], &sa, &old_[i]);
+  }
+  ~StopSignals() {
+    for (size_t i = 0; i < kSignals.size(); ++i) sigaction(kSignals[i], &old_[i], nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+  /// The signal received by any rank of `dp` (collective), 0 if none.
+  static int any(Communicator& dp) {
+    Tensor f = Tensor::from_vector<int32_t>({static_cast<int32_t>(g_stop_signal)}, {1});
+    dp.all_reduce_max(f);
+    return f.data<int32_t>()[0];
+  }
+
+ private:
+  static constexpr std::array<int, 3> kSignals = {SIGTERM, SIGINT, SIGUSR1};
+  std::array<struct sigaction, 3> old_{};
+};
 
 std::string join(const std::vector<double>& v, int precision) {
   std::ostringstream os;
@@ -92,7 +136,7 @@ void truncate_metrics(const std::string& path, int64_t step) {
 
 }  // namespace
 
-std::string run_training(const TrainOptions& opts, Communicator& dp) {
+TrainResult run_training(const TrainOptions& opts, Communicator& dp) {
   const int rank = dp.rank();
   AERIE_CHECK(!opts.output_dir.empty(), "train: --output is required");
   AERIE_CHECK(opts.log_every >= 1, "train: --log-every must be >= 1");
@@ -157,10 +201,16 @@ std::string run_training(const TrainOptions& opts, Communicator& dp) {
                     << " steps, K = " << ck.config.draft_vocab_size << ", aux layers "
                     << nlohmann::json(ck.config.aux_layers).dump();
   }
+  TrainResult result;
+  result.total_steps = total;
   if (st.step >= total) {
     if (rank == 0) AERIE_LOG(info) << "train: the checkpoint is already at step " << st.step << " of " << total;
-    return *latest;
+    result.checkpoint = *latest;
+    result.step = st.step;
+    return result;
   }
+  if (latest) result.checkpoint = *latest;
+  StopSignals stop_signals;
 
   AdamState opt{std::move(ck.adam_m), std::move(ck.adam_v), st.step};
   DraftWeights& w = ck.weights;
@@ -189,7 +239,6 @@ std::string run_training(const TrainOptions& opts, Communicator& dp) {
   StepMetrics interval;
   auto t0 = std::chrono::steady_clock::now();
   int64_t steps_in_interval = 0;
-  std::string last_dir;
   while (st.step < total) {
     const int64_t step = st.step;
     const std::vector<int64_t> mine = BatchOrder::rank_share(order.batch(step), rank, dp.size());
@@ -232,10 +281,19 @@ std::string run_training(const TrainOptions& opts, Communicator& dp) {
       steps_in_interval = 0;
       t0 = std::chrono::steady_clock::now();
     }
-    if ((opts.checkpoint_every > 0 && st.step % opts.checkpoint_every == 0) || st.step == total) last_dir = save();
+    const bool due = (opts.checkpoint_every > 0 && st.step % opts.checkpoint_every == 0) || st.step == total;
+    if (due) result.checkpoint = save();
+    if (st.step < total && (result.stop_signal = StopSignals::any(dp)) != 0) {
+      if (!due) result.checkpoint = save();
+      if (rank == 0)
+        AERIE_LOG(warning) << "train: stopped by signal " << result.stop_signal << " after step " << st.step << " of "
+                           << total << "; rerun the same command to resume from " << result.checkpoint;
+      break;
+    }
   }
-  progress.finish();
-  return last_dir;
+  if (result.stop_signal == 0) progress.finish();
+  result.step = st.step;
+  return result;
 }
 
 }  // namespace aerie

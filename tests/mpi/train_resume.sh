@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Resume is bitwise: `aerie train` on 2 ranks, killed at a random moment after its first checkpoint and
-# rerun with the same command, must end with a draft.safetensors (and optimizer state) bitwise equal to
-# an uninterrupted run's; the draft vocabulary of every checkpoint is the file the run started with.
+# Resume is bitwise: `aerie train` on 2 ranks, killed (SIGKILL) or stopped by SIGTERM at a random moment
+# after its first checkpoint and rerun with the same command, must end with a draft.safetensors (and
+# optimizer state) bitwise equal to an uninterrupted run's; the draft vocabulary of every checkpoint is
+# the file the run started with.
 # Then a checkpoint of 2 ranks resumes on 1 rank (the state is global) and keeps its vocabulary even when
 # --vocab names another file; the result exports.
 # usage: train_resume.sh AERIE_BINARY MODEL_DIR STORIES_TXT WORK_DIR
@@ -23,21 +24,28 @@ train_args() {  # the train command line of run folder $1
   echo train --model "$model" --shards "$work/shards" --vocab "$work/vocab.safetensors" --output "$1" \
     --steps "$steps" --batch-size 4 --lr 1e-3 --checkpoint-every 4 --log-every 4 --seed 3
 }
-# Starts mpirun in the background and kills it (SIGTERM: mpirun ends its ranks) at a random moment after
-# the first checkpoint is complete. Returns 0 if the kill landed before the run finished.
-train_and_kill() {  # NP OUTPUT MAX_DELAY_MS
-  local np="$1" out="$2" max_ms="$3"
+# Starts mpirun in the background and stops it at a random moment after the first checkpoint is complete:
+# "crash" kills the ranks (SIGKILL, by the pids of mpirun's children), "signal" sends SIGTERM to mpirun
+# (forwarded to the ranks, which checkpoint after the current step and exit, as on Slurm preemption).
+# Returns 0 if the stop landed before the run finished.
+train_and_stop() {  # HOW NP OUTPUT MAX_DELAY_MS
+  local how="$1" np="$2" out="$3" max_ms="$4"
   # shellcheck disable=SC2046
   mpirun --oversubscribe -np "$np" "$aerie" $(train_args "$out") >>"$log" 2>&1 &
   local pid=$!
   while [ ! -f "$out/checkpoints/step-00000004/DONE" ] && kill -0 "$pid" 2>/dev/null; do sleep 0.02; done
   local ms=$(( RANDOM % (max_ms + 1) ))
   sleep "$(printf '%d.%03d' $((ms / 1000)) $((ms % 1000)))"
-  kill -TERM "$pid" 2>/dev/null || true
+  if [ "$how" = crash ]; then
+    local kids; kids=$(pgrep -P "$pid" || true)
+    [ -n "$kids" ] && kill -KILL $kids 2>/dev/null || true
+  else
+    kill -TERM "$pid" 2>/dev/null || true
+  fi
   wait "$pid" 2>/dev/null || true
-  # No rank of the killed run may survive (it would write into the folder the rerun uses).
-  if pgrep -f -- "--output $out " >/dev/null; then fail "ranks of the killed run are still alive"; fi
-  echo "killed after $ms ms past the first checkpoint" >>"$log"
+  # No rank of the stopped run may survive (it would write into the folder the rerun uses).
+  if pgrep -f -- "--output $out " >/dev/null; then fail "ranks of the stopped run are still alive"; fi
+  echo "$how after $ms ms past the first checkpoint" >>"$log"
   [ ! -f "$out/checkpoints/$final/DONE" ]
 }
 
@@ -46,24 +54,30 @@ train_and_kill() {  # NP OUTPUT MAX_DELAY_MS
 run 2 $(train_args "$work/a") || fail "uninterrupted run"
 [ -f "$work/a/checkpoints/$final/DONE" ] || fail "no final checkpoint in run a"
 
-# B: killed at a random moment, then the same command again. A kill that came too late (run finished)
-# proves nothing: retry with a shorter delay.
-killed=0
-for max_ms in 1000 300 0; do
-  rm -rf "$work/b"
-  if train_and_kill 2 "$work/b" "$max_ms"; then killed=1; break; fi
-done
-[ "$killed" = 1 ] || fail "could not kill the run before it finished"
-# shellcheck disable=SC2046
-run 2 $(train_args "$work/b") || fail "resumed run"
-grep -q "resuming from $work/b/" "$log" || fail "the rerun did not resume"
-cmp "$work/a/checkpoints/$final/draft.safetensors" "$work/b/checkpoints/$final/draft.safetensors" \
-  || fail "resumed draft.safetensors differs from the uninterrupted run's"
-cmp "$work/a/checkpoints/$final/optimizer.safetensors" "$work/b/checkpoints/$final/optimizer.safetensors" \
-  || fail "resumed optimizer state differs"
-for d in "$work"/b/checkpoints/step-*; do
-  [ -f "$d/DONE" ] || continue
-  cmp "$work/vocab.safetensors" "$d/draft_vocab.safetensors" || fail "$d: draft vocabulary changed"
+# B (crash) and D (signal): stopped at a random moment, then the same command again, must end bitwise
+# equal to A. A stop that came too late (run finished) proves nothing: retry with a shorter delay.
+for how in crash signal; do
+  out="$work/$how"
+  stopped=0
+  for max_ms in 1000 300 0; do
+    rm -rf "$out"
+    if train_and_stop "$how" 2 "$out" "$max_ms"; then stopped=1; break; fi
+  done
+  [ "$stopped" = 1 ] || fail "$how: could not stop the run before it finished"
+  if [ "$how" = signal ]; then
+    grep -q "stopped by signal 15" "$log" || fail "SIGTERM did not stop the run with a checkpoint"
+  fi
+  # shellcheck disable=SC2046
+  run 2 $(train_args "$out") || fail "$how: resumed run"
+  grep -q "resuming from $out/" "$log" || fail "$how: the rerun did not resume"
+  cmp "$work/a/checkpoints/$final/draft.safetensors" "$out/checkpoints/$final/draft.safetensors" \
+    || fail "$how: resumed draft.safetensors differs from the uninterrupted run's"
+  cmp "$work/a/checkpoints/$final/optimizer.safetensors" "$out/checkpoints/$final/optimizer.safetensors" \
+    || fail "$how: resumed optimizer state differs"
+  for d in "$out"/checkpoints/step-*; do
+    [ -f "$d/DONE" ] || continue
+    cmp "$work/vocab.safetensors" "$d/draft_vocab.safetensors" || fail "$d: draft vocabulary changed"
+  done
 done
 
 # C: run a's step-8 checkpoint resumed on 1 rank with another --vocab: the checkpoint's vocabulary is kept,
@@ -79,6 +93,6 @@ grep -q "resuming from $work/c/checkpoints/step-00000008" "$log" || fail "run c 
 cmp "$work/vocab.safetensors" "$work/c/checkpoints/$final/draft_vocab.safetensors" \
   || fail "resume with another --vocab changed the draft vocabulary"
 
-run 1 export --checkpoint "$work/b" --model "$model" --output "$work/export" || fail "export"
+run 1 export --checkpoint "$work/crash" --model "$model" --output "$work/export" || fail "export"
 [ -f "$work/export/config.json" ] && [ -f "$work/export/model.safetensors" ] || fail "export files missing"
-echo "PASS: resumed run bitwise equal to the uninterrupted one; vocabulary kept; resume on 1 rank; export"
+echo "PASS: runs resumed after a crash and after SIGTERM bitwise equal to the uninterrupted one; vocabulary kept; resume on 1 rank; export"
