@@ -216,11 +216,24 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp) {
   DraftWeights& w = ck.weights;
   StepScratch scratch = StepScratch::zeros(ck.config);
   const std::vector<int64_t> selected = ck.vocab.selected();
-  std::map<int64_t, std::unique_ptr<ShardReader>> readers;
+  // Open shard readers, at most kMaxOpenShards (samples come from random shards; a large run has
+  // thousands of files): the least recently used one is closed first.
+  constexpr size_t kMaxOpenShards = 32;
+  std::map<int64_t, std::pair<std::unique_ptr<ShardReader>, int64_t>> readers;  // shard -> (reader, last use)
+  int64_t uses = 0;
   auto reader = [&](int64_t shard) -> ShardReader& {
-    auto& r = readers[shard];
-    if (!r) r = std::make_unique<ShardReader>(st.split.shards[static_cast<size_t>(shard)]);
-    return *r;
+    auto it = readers.find(shard);
+    if (it == readers.end()) {
+      if (readers.size() >= kMaxOpenShards) {
+        auto lru = readers.begin();
+        for (auto j = readers.begin(); j != readers.end(); ++j)
+          if (j->second.second < lru->second.second) lru = j;
+        readers.erase(lru);
+      }
+      it = readers.emplace(shard, std::make_pair(std::make_unique<ShardReader>(st.split.shards[static_cast<size_t>(shard)]), 0)).first;
+    }
+    it->second.second = ++uses;
+    return *it->second.first;
   };
   auto save = [&]() {
     ck.adam_m = opt.m;  // shares storage: no copy
