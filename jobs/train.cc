@@ -27,8 +27,8 @@ int train(const std::vector<std::string>& args) {
       "steps", po::value<int64_t>(&o.steps)->default_value(0), "total optimizer steps (0: --epochs)")(
       "epochs", po::value<int64_t>(&o.epochs)->default_value(1), "epochs, when --steps is 0")(
       "batch-size", po::value<int64_t>(&o.batch_size)->default_value(8), "samples per global step")(
-      "lr", po::value<double>(&o.lr)->default_value(1e-4), "peak learning rate")(
-      "warmup-ratio", po::value<double>(&o.warmup_ratio)->default_value(0.015), "linear warmup, fraction of the steps")(
+      "lr", po::value<double>(&o.lr)->default_value(1e-4, "1e-4"), "peak learning rate")(
+      "warmup-ratio", po::value<double>(&o.warmup_ratio)->default_value(0.015, "0.015"), "linear warmup, fraction of the steps")(
       "max-grad-norm", po::value<double>(&o.max_grad_norm)->default_value(0.5), "global gradient norm clip (0: off)")(
       "ttt-steps", po::value<int>(&o.ttt_steps)->default_value(7), "training-time test steps S")(
       "checkpoint-every", po::value<int64_t>(&o.checkpoint_every)->default_value(0),
@@ -37,7 +37,7 @@ int train(const std::vector<std::string>& args) {
       "keep only the newest N complete checkpoints (0: all)")(
       "log-every", po::value<int64_t>(&o.log_every)->default_value(10), "steps between metric lines")(
       "seed", po::value<uint64_t>(&o.seed)->default_value(0), "seed of the initial weights and the data order")(
-      "eval-fraction", po::value<double>(&o.eval_fraction)->default_value(0.05),
+      "eval-fraction", po::value<double>(&o.eval_fraction)->default_value(0.05, "0.05"),
       "fraction of the samples (the last ones) held out for eval");
   po::variables_map vm;
   if (!parse_options("train", args, desc, vm)) return 0;
