@@ -3,8 +3,13 @@
 //          [--samples-per-shard 64] [--aux-layers 2,5,8]
 // R/tp groups of tp consecutive ranks each run the target (tensor parallel) over chunks handed out by
 // rank 0; each group's leader writes its shards. Rerunning after a kill redoes only missing shards.
+// SIGTERM/SIGINT/SIGUSR1 (Slurm preemption) stop the run after the shards in hand are closed; the exit
+// status is then 3 (as for train), and a rerun does the rest. A second signal kills as usual.
 // The work and the dispatch protocol: src/data/extract.h. The shard format: src/data/shard.h,
 // docs/formats.md.
+#include <signal.h>
+
+#include <csignal>
 #include <sstream>
 
 #include "comm/communicator.h"
@@ -17,6 +22,40 @@
 namespace aerie::jobs {
 
 namespace {
+
+// The signal that asked the run to stop (0: none); read between chunks.
+volatile std::sig_atomic_t g_extract_stop = 0;
+
+extern "C" void on_extract_stop(int sig) {
+  if (g_extract_stop != 0) {  // second signal: die as the default action would
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
+    return;
+  }
+  g_extract_stop = sig;
+}
+
+// Installs on_extract_stop for SIGTERM, SIGINT and SIGUSR1; restores the previous handlers on destruction.
+class ExtractStopSignals {
+ public:
+  ExtractStopSignals() {
+    g_extract_stop = 0;
+    struct sigaction sa {};
+    sa.sa_handler = on_extract_stop;
+    sa.sa_flags = SA_RESTART;  // I/O and MPI calls in flight continue instead of failing with EINTR
+    sigemptyset(&sa.sa_mask);
+    for (int i = 0; i < 3; ++i) sigaction(kSignals[i], &sa, &old_[i]);
+  }
+  ~ExtractStopSignals() {
+    for (int i = 0; i < 3; ++i) sigaction(kSignals[i], &old_[i], nullptr);
+  }
+  ExtractStopSignals(const ExtractStopSignals&) = delete;
+  ExtractStopSignals& operator=(const ExtractStopSignals&) = delete;
+
+ private:
+  static constexpr int kSignals[3] = {SIGTERM, SIGINT, SIGUSR1};
+  struct sigaction old_[3] {};
+};
 
 // "2,5,8" -> {2, 5, 8}; empty -> the default of eagle3.md section 1. Checks 3 ascending ids in [0, N].
 std::vector<int> parse_aux_layers(const std::string& s, int64_t num_layers) {
@@ -82,7 +121,16 @@ int extract(const std::vector<std::string>& args) {
     aux = out.aux_hidden;
     fin = out.final_hidden;
   };
-  run_extract(opt, groups, forward);
+  ExtractStopSignals stop_signals;
+  opt.stop_requested = [] { return g_extract_stop != 0; };
+  ExtractStats stats = run_extract(opt, groups, forward);
+  if (stats.stopped && stats.chunks_skipped + stats.chunks_done < stats.chunks) {
+    if (groups.map.world_rank == 0) {
+      AERIE_LOG(warning) << "extract: stopped by a signal with " << stats.chunks_skipped + stats.chunks_done
+                         << " of " << stats.chunks << " shards complete; rerun the same command to finish";
+    }
+    return 3;  // preempted: the batch script requeues the job (slurm/)
+  }
   return 0;
 }
 

@@ -100,6 +100,13 @@ class Dispatcher {
   void drain() {
     while (stopped_ < others_) answer(MPI_ANY_SOURCE);
   }
+  // Preemption: hands out no more chunks (groups finish the chunk in hand).
+  void stop() {
+    if (!todo_.empty()) AERIE_LOG(warning) << "extract: stopping, " << todo_.size() << " chunk(s) left for a rerun";
+    todo_.clear();
+    stopped_any_ = true;
+  }
+  bool stopped_any() const { return stopped_any_; }
   void completed(int64_t samples, int64_t tokens) {
     samples_.add(static_cast<double>(samples));
     tokens_.add(static_cast<double>(tokens));
@@ -113,7 +120,8 @@ class Dispatcher {
   void answer(int src) {
     int from = -1;
     std::vector<int64_t> req = world_.recv(src, kExtractRequestTag, &from);
-    AERIE_CHECK(req.size() == 4, "extract: malformed request from rank " << from);
+    AERIE_CHECK(req.size() == 5, "extract: malformed request from rank " << from);
+    if (req[4] != 0) stop();  // that group was asked to stop: stop everyone
     if (req[1] >= 0) {
       completed(req[2], req[3]);
       AERIE_LOG(debug) << "extract: group " << req[0] << " finished chunk " << req[1];
@@ -125,6 +133,7 @@ class Dispatcher {
 
   MpiCommunicator& world_;
   int others_, stopped_ = 0;
+  bool stopped_any_ = false;
   std::deque<int64_t> todo_;
   Progress samples_, tokens_;
 };
@@ -229,14 +238,18 @@ ExtractStats run_extract(const ExtractOptions& opt, ParallelGroups& groups, cons
 
   Tensor cmd = Tensor::zeros({1}, DType::I64);
   int64_t done_chunk = -1, done_samples = 0, done_tokens = 0;
+  bool stop_seen = false;  // this rank was asked to stop (between chunks; only leaders act on it)
   for (;;) {
     int64_t c = -1;
+    if (opt.stop_requested && opt.stop_requested()) stop_seen = true;
     if (leader) {
       if (dispatcher) {
+        if (stop_seen) dispatcher->stop();
         dispatcher->serve_pending();
         c = dispatcher->next();
       } else {
-        world.send({groups.map.dp_rank, done_chunk, done_samples, done_tokens}, 0, kExtractRequestTag);
+        world.send({groups.map.dp_rank, done_chunk, done_samples, done_tokens, stop_seen ? 1 : 0}, 0,
+                   kExtractRequestTag);
         c = world.recv(0, kExtractReplyTag).at(0);
       }
       cmd.data<int64_t>()[0] = c;
@@ -256,14 +269,17 @@ ExtractStats run_extract(const ExtractOptions& opt, ParallelGroups& groups, cons
   if (dispatcher) dispatcher->drain();
   // World totals (only leaders count their group's work); the all-reduce also waits for every group.
   stats.chunks_this_group = stats.chunks_done;
+  const bool stopped_here = stop_seen || (dispatcher && dispatcher->stopped_any());
   Tensor totals = Tensor::from_vector<int64_t>({leader ? stats.chunks_done : 0, leader ? stats.samples : 0,
-                                                leader ? stats.tokens : 0, stats.chunks_skipped},
-                                               {4});
+                                                leader ? stats.tokens : 0, stats.chunks_skipped,
+                                                stopped_here ? 1 : 0},
+                                               {5});
   world.all_reduce_sum(totals);
   stats.chunks_done = totals.data<int64_t>()[0];
   stats.samples = totals.data<int64_t>()[1];
   stats.tokens = totals.data<int64_t>()[2];
   stats.chunks_skipped = totals.data<int64_t>()[3];
+  stats.stopped = totals.data<int64_t>()[4] != 0;
   stats.seconds = now_s() - t0;
   if (dispatcher) {
     dispatcher->finish();

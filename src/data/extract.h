@@ -6,8 +6,9 @@
 // serial HDF5, so different groups write different shards at the same time. Chunks are handed out
 // dynamically by world rank 0, which also works in group 0 (no extra thread: MPI is initialised without
 // MPI_THREAD_MULTIPLE):
-//   - the leader of group g > 0 sends rank 0 a request [g, finished chunk or -1, its samples, its tokens]
-//     (tag kExtractRequestTag) and waits for the reply [next chunk or -1] (tag kExtractReplyTag);
+//   - the leader of group g > 0 sends rank 0 a request [g, finished chunk or -1, its samples, its tokens,
+//     stop] (tag kExtractRequestTag) and waits for the reply [next chunk or -1] (tag kExtractReplyTag);
+//     stop = 1 (the leader was asked to stop, preemption) makes rank 0 hand out no more chunks to anyone;
 //   - rank 0 answers every pending request (MPI_Iprobe) before each chunk of its own and between the
 //     samples of that chunk, so a request waits at most one forward of group 0; when the queue is empty it
 //     answers -1 and, after its own last chunk, keeps answering until every leader got its -1;
@@ -66,6 +67,10 @@ struct ExtractOptions {
   std::string output;            // shard folder (created)
   int64_t samples_per_shard = 64;
   ShardMeta meta;                // target_model, aux_layers, hidden_size, num_hidden_layers (chunk set per shard)
+  /// Preemption: polled by every rank before it takes its next chunk (null: never stop). When it returns
+  /// true on any rank, every group finishes and closes the shard in hand, no new chunk is handed out, and
+  /// run_extract returns with stats.stopped (a rerun does the missing chunks).
+  std::function<bool()> stop_requested;
 };
 
 /// What run_extract did: totals over the world, the same on every rank, except chunks_this_group.
@@ -76,9 +81,10 @@ struct ExtractStats {
   int64_t samples = 0, tokens = 0;  // extracted by this run
   int64_t chunks_this_group = 0;    // written by this rank's tp group (the same on its ranks)
   double seconds = 0;
+  bool stopped = false;             // stop_requested was true on some rank (the same on every rank)
 };
 
-/// Extracts every missing shard. Collective over groups.world (all ranks call it with the same options);
+/// Extracts every missing shard (or stops early, see ExtractOptions::stop_requested). Collective over groups.world (all ranks call it with the same options);
 /// `forward` is collective over groups.tp. Throws aerie::Error on unreadable input, a shard of another run
 /// in the output folder, or I/O failure (the caller aborts the job: peers may be waiting).
 ExtractStats run_extract(const ExtractOptions& options, ParallelGroups& groups, const TargetForward& forward);
