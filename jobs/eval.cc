@@ -2,8 +2,8 @@
 // chain of n draft tokens, verified in one target forward per cycle), checked token for token against
 // plain greedy decoding (lossless), plus the teacher-forced acc_k / tau_sim of section 4.
 //
-//   mpirun -np 1 aerie eval --model build/models/stories260K --draft runs/demo/export \
-//       --prompts ../shared/data/tinystories/tinystories_val.txt --num-prompts 16 --max-new-tokens 64 \
+//   mpirun -np 1 aerie eval --model build/models/stories260K --draft runs/demo/export ...
+//       --prompts ../shared/data/tinystories/tinystories_val.txt --num-prompts 16 --max-new-tokens 64 ...
 //       --num-draft-tokens 7 --untrained --output eval.json
 //
 // --draft: an export directory (config.json + model.safetensors) or a training checkpoint / run directory.

@@ -61,6 +61,11 @@ int main(int argc, char** argv) {
   try {
     aerie::init_logging(rank, level);
     rc = it->second.first(std::vector<std::string>(args.begin() + 1, args.end()));
+  } catch (const aerie::UsageError& e) {
+    // Every rank parsed the same arguments and failed the same way: no peer waits in a collective.
+    if (rank == 0) std::cerr << e.what() << "\n";
+    MPI_Finalize();
+    return 2;
   } catch (const std::exception& e) {
     // Log, then abort the whole job so that no peer waits forever in a collective.
     AERIE_LOG(error) << "aerie " << args[0] << " failed: " << e.what();

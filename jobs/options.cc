@@ -21,12 +21,12 @@ bool parse_options(const std::string& job, const std::vector<std::string>& args,
     if (vm.count("config")) {
       std::string path = vm["config"].as<std::string>();
       std::ifstream in(path);
-      AERIE_CHECK(in, "cannot open config file " << path);
+      if (!in) throw UsageError("cannot open config file " + path);
       try {
         // allow_unregistered = false: a typo in a config file is an error, not a silent default.
         po::store(po::parse_config_file(in, all, false), vm);
       } catch (const po::error& e) {
-        AERIE_THROW("config file " << path << ": " << e.what());
+        throw UsageError("config file " + path + ": " + e.what());
       }
     }
     if (vm.count("help")) {
@@ -37,7 +37,7 @@ bool parse_options(const std::string& job, const std::vector<std::string>& args,
     }
     po::notify(vm);
   } catch (const po::error& e) {
-    AERIE_THROW("aerie " << job << ": " << e.what() << " (see aerie " << job << " --help)");
+    throw UsageError("aerie " + job + ": " + e.what() + " (see aerie " + job + " --help)");
   }
   return true;
 }

@@ -1,7 +1,7 @@
 // aerie train: data-parallel training of the EAGLE-3 draft (eagle3.md section 4) on the hidden-state
 // shards of `aerie extract`, with the draft vocabulary of `aerie vocab`. Every rank is a dp replica.
 //
-//   mpirun -np 2 aerie train --model TARGET_DIR --shards SHARD_DIR --vocab draft_vocab.safetensors \
+//   mpirun -np 2 aerie train --model TARGET_DIR --shards SHARD_DIR --vocab draft_vocab.safetensors ...
 //       --output RUN_DIR --epochs 2 --batch-size 8
 //
 // Writes RUN_DIR/checkpoints/step-%08d/ (every --checkpoint-every steps and at the end), RUN_DIR/metrics.jsonl

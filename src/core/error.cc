@@ -4,8 +4,14 @@ namespace aerie::detail {
 
 void throw_error(const std::string& msg, const char* file, int line) {
   std::string f(file);
-  auto pos = f.rfind("/src/");
-  if (pos != std::string::npos) f = f.substr(pos + 1);
+  // Repository-relative location (src/..., jobs/...), whatever the checkout's absolute path.
+  for (const char* top : {"/src/", "/jobs/", "/tests/"}) {
+    auto pos = f.rfind(top);
+    if (pos != std::string::npos) {
+      f = f.substr(pos + 1);
+      break;
+    }
+  }
   throw Error(msg + " [" + f + ":" + std::to_string(line) + "]");
 }
 

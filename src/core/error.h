@@ -13,6 +13,13 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// A bad command line or config file: the same on every rank (all ranks parse the same arguments),
+/// so main() ends the job normally with exit status 2 instead of aborting it.
+class UsageError : public Error {
+ public:
+  using Error::Error;
+};
+
 namespace detail {
 [[noreturn]] void throw_error(const std::string& msg, const char* file, int line);
 }  // namespace detail

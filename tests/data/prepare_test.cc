@@ -380,7 +380,9 @@ TEST(PrepareParallelTest, WorldEqualsOneRank) {
     if (rank == 0) {
       o.output = dir + "/one.h5";
       PrepareStats one = run_prepare(o, MPI_COMM_SELF);
-      if (max_samples >= 0) EXPECT_EQ(one.samples, max_samples) << input;
+      if (max_samples >= 0) {
+        EXPECT_EQ(one.samples, max_samples) << input;
+      }
       EXPECT_EQ(world.records, one.records) << input;
       EXPECT_EQ(world.samples, one.samples) << input;
       EXPECT_EQ(world.skipped, one.skipped) << input;

@@ -77,7 +77,9 @@ TEST_F(EvalTest, SpeculativeDecodingIsLosslessEvenUntrained) {
         int64_t accepted = 0;
         for (int i = 0; i < n; ++i) {
           accepted += r.accepted_at[i];
-          if (i > 0) EXPECT_LE(r.accepted_at[i], r.accepted_at[i - 1]) << "position " << i << " needs position " << i - 1;
+          if (i > 0) {
+            EXPECT_LE(r.accepted_at[i], r.accepted_at[i - 1]) << "position " << i << " needs position " << i - 1;
+          }
         }
         // Tokens = accepted guesses + one target token per pass (the last pass may be cut at max_new).
         EXPECT_LE(r.verify_tokens, accepted + r.verify_passes);

@@ -1,0 +1,14 @@
+# The command line: a usage error ends every rank normally (exit 2, message once, no MPI_Abort banner),
+# and an unknown subcommand prints the list of subcommands.
+set(_aerie_cli_env "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1")
+add_test(NAME cli_usage_error_np2
+         COMMAND ${MPIEXEC_EXECUTABLE} --oversubscribe -np 2 $<TARGET_FILE:aerie> train --no-such-option 1)
+set_tests_properties(cli_usage_error_np2 PROPERTIES ENVIRONMENT "${_aerie_cli_env}" LABELS mpi
+  PASS_REGULAR_EXPRESSION "aerie train: unrecognised option '--no-such-option' \\(see aerie train --help\\)"
+  FAIL_REGULAR_EXPRESSION "MPI_ABORT")
+add_test(NAME cli_missing_config COMMAND $<TARGET_FILE:aerie> vocab --config /nonexistent/vocab.ini)
+set_tests_properties(cli_missing_config PROPERTIES ENVIRONMENT "${_aerie_cli_env}"
+  PASS_REGULAR_EXPRESSION "cannot open config file /nonexistent/vocab.ini" FAIL_REGULAR_EXPRESSION "MPI_ABORT")
+add_test(NAME cli_unknown_subcommand COMMAND $<TARGET_FILE:aerie> trian)
+set_tests_properties(cli_unknown_subcommand PROPERTIES ENVIRONMENT "${_aerie_cli_env}"
+  PASS_REGULAR_EXPRESSION "unknown subcommand 'trian'.*extract")
