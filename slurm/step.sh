@@ -27,7 +27,7 @@ aerie_step() {
   echo "aerie_step: $(date -u +%FT%TZ) job ${SLURM_JOB_ID:-?} ($job) start $((${SLURM_RESTART_COUNT:-0} + 1))," \
        "${SLURM_NTASKS:-?} task(s) on ${SLURM_JOB_NODELIST:-?}: aerie $job $*"
   local rc=0
-  srun --mpi=pmix --distribution=block --kill-on-bad-exit=1 "$bin" "$job" "$@" || rc=$?
+  srun --mpi=pmix --distribution=block --kill-on-bad-exit=0 "$bin" "$job" "$@" || rc=$?
   if [ "$rc" -eq "$preempted" ]; then
     echo "aerie_step: $(date -u +%FT%TZ) aerie $job stopped by a signal (status $rc), state saved; requeueing" \
          "job $SLURM_JOB_ID"

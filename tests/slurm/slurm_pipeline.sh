@@ -16,6 +16,9 @@ set -euo pipefail
 aerie="$(realpath "$1")"; model="$(realpath "$2")"; text="$(realpath "$3")"; work="$4"
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 command -v slurmctld >/dev/null || { echo "slurmctld not installed: skipped"; exit 77; }
+[ "$(id -u)" = 0 ] || { echo "slurmd needs root (SlurmUser=root): skipped"; exit 77; }
+# Nothing of an outer Slurm job (when the test itself runs under Slurm) may leak into this cluster.
+while read -r v; do unset "$v"; done < <(compgen -e | grep '^SLURM_' || true)
 [ -f "$model/config.json" ] || { echo "no converted model at $model: skipped"; exit 77; }
 rm -rf "$work"; mkdir -p "$work"; work="$(cd "$work" && pwd)"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
@@ -49,9 +52,12 @@ mp 1 export --checkpoint "$ref/train" --model "$model" --output "$ref/export"
 say "reference run done"
 
 # --- 2. cluster and submission ----------------------------------------------------------------------------
+# The cluster's state and spool live under a short /tmp path: slurmd's spool holds UNIX sockets, whose
+# path must stay under 108 bytes. Stopped and removed on any exit.
 source "$root/tests/slurm/cluster.sh"
-trap 'slurm_cluster_stop "$work/slurm"' EXIT
-slurm_cluster_start "$work/slurm" 2 || fail "could not start slurmctld/slurmd (logs in $work/slurm/log)"
+cluster="$(mktemp -d /tmp/aerie-slurm.XXXXXX)"
+trap 'slurm_cluster_stop "$cluster"; cp -r "$cluster/log" "$work/slurm-log" 2>/dev/null; rm -rf "$cluster"' EXIT
+slurm_cluster_start "$cluster" 2 || fail "could not start slurmctld/slurmd (logs in $work/slurm-log)"
 say "cluster up: $(sinfo -h -o '%N %T %c CPUs')"
 
 run="$work/run"
@@ -73,10 +79,13 @@ wait_for() {  # DESCRIPTION SECONDS COMMAND...: polls COMMAND every 0.1 s
 has_shard() { compgen -G "$run/shards/shard-*.h5" >/dev/null; }
 has_ckpt() { [ -f "$run/train/checkpoints/step-00000020/DONE" ]; }
 running() { [ "$(state "$1")" = RUNNING ]; }
-requeued() { [ "$(field "$1" Restarts)" -ge 1 ] && [ "$(state "$1")" = PENDING ]; }
+requeued() { [ "$(field "$1" Restarts)" -ge 1 ] && [[ "$(state "$1")" =~ ^(PENDING|RUNNING|COMPLETED)$ ]]; }
 finished() { case "$(state "$1")" in COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY) return 0 ;; esac; return 1; }
 # A requeued job waits for a begin time Slurm sets a little in the future; start it now.
-restart() { wait_for "job $1 to be requeued" 60 requeued "$1"; scontrol update jobid="$1" starttime=now; }
+restart() {
+  wait_for "job $1 to be requeued" 60 requeued "$1"
+  [ "$(state "$1")" != PENDING ] || scontrol update jobid="$1" starttime=now || fail "could not release job $1"
+}
 
 # --- 3. extract: warning signal, the batch script requeues --------------------------------------------------
 wait_for "the first shard" 120 has_shard
