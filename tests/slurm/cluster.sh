@@ -5,11 +5,11 @@
 
 slurm_cluster_start() {  # DIR [CPUS]
   local dir="$1" cpus="${2:-$(nproc)}" host
-  host="$(hostname)"
+  host="$(hostname -s)"  # slurmd finds its NodeName by the short host name
   mkdir -p "$dir/state" "$dir/spool" "$dir/log"
   cat >"$dir/slurm.conf" <<CONF
 ClusterName=aerietest
-SlurmctldHost=$host
+SlurmctldHost=$host(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/none
@@ -36,7 +36,7 @@ KillWait=30
 MinJobAge=600
 InactiveLimit=0
 SchedulerParameters=defer_batch
-NodeName=$host CPUs=$cpus State=UNKNOWN
+NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus State=UNKNOWN
 PartitionName=test Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
 CONF
   export SLURM_CONF="$dir/slurm.conf"

@@ -81,9 +81,12 @@ has_ckpt() { [ -f "$run/train/checkpoints/step-00000020/DONE" ]; }
 running() { [ "$(state "$1")" = RUNNING ]; }
 requeued() { [ "$(field "$1" Restarts)" -ge 1 ] && [[ "$(state "$1")" =~ ^(PENDING|RUNNING|COMPLETED)$ ]]; }
 finished() { case "$(state "$1")" in COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY) return 0 ;; esac; return 1; }
-# A requeued job waits for a begin time Slurm sets a little in the future; start it now.
+# A requeued job waits for a begin time Slurm sets ~2 minutes in the future; start it sooner, but not
+# within the second of the requeue: slurmd refuses to launch a job whose credential is not newer than the
+# revocation of the previous run's ("Job credential revoked", the job then ends FAILED).
 restart() {
   wait_for "job $1 to be requeued" 60 requeued "$1"
+  sleep 3
   [ "$(state "$1")" != PENDING ] || scontrol update jobid="$1" starttime=now || fail "could not release job $1"
 }
 
