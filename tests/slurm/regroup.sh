@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# Moving a training run to another number of GPUs: a checkpoint written by `aerie train` on 2 data-parallel
-# ranks resumes on 1 and on 4 ranks, and the run continues where it stopped.
+# Moving a run to another number of GPUs.
+# extract: a shard folder half done by 2 ranks (tp 1) is finished by 4 ranks with tp 2 and by 1 rank; the
+# shards written by the resumed run equal (cmp) those of an uninterrupted run with the same tp (a shard's
+# bytes depend on tp, through the fp32 order of the tensor-parallel sums, but not on the number of groups).
+# train: a checkpoint written by `aerie train` on 2 data-parallel ranks resumes on 1 and on 4 ranks, and
+# the run continues where it stopped.
 # How "continues" is checked: run A trains 24 steps on 2 ranks (checkpoints every 4, metrics every step);
 # runs B1 and B4 start from a copy of A's folder cut back to its step-12 checkpoint and train steps 13-24 on
 # 1 and 4 ranks. For every step 13..24, B's metrics must show
@@ -8,7 +12,7 @@
 #     none skipped or repeated (the data position is kept in global samples);
 #   - the same loss within |b - a| <= 1e-4 |a| + 1e-5: another dp sums the per-sample gradients in another
 #     order (fp32 rounding; trainer.h), which stays far below the step-to-step change of the loss.
-# usage: train_regroup.sh AERIE_BINARY MODEL_DIR STORIES_TXT WORK_DIR   (exit 77: no converted model)
+# usage: regroup.sh AERIE_BINARY MODEL_DIR STORIES_TXT WORK_DIR   (exit 77: no converted model)
 set -euo pipefail
 aerie="$1"; model="$2"; text="$3"; work="$4"
 [ -f "$model/config.json" ] || { echo "no converted model at $model: skipped"; exit 77; }
@@ -22,6 +26,24 @@ run() { local np="$1"; shift; mpirun --oversubscribe -np "$np" "$aerie" "$@" >>"
 run 2 prepare --input "$text" --tokenizer "$model" --output "$work/prepared.h5" --format text --template plain \
   --max-length 160 --overlong truncate --max-samples 96
 run 2 extract --model "$model" --prepared "$work/prepared.h5" --output "$work/shards" --samples-per-shard 16
+shards() { (cd "$1" && ls | grep -E '^shard-[0-9]+\.h5$'); }
+n=$(shards "$work/shards" | wc -l)
+[ "$n" -ge 4 ] || fail "expected at least 4 shards, got $n"
+run 2 extract --model "$model" --prepared "$work/prepared.h5" --output "$work/shards_tp2" --samples-per-shard 16 --tp 2
+for np_tp in "4 2" "1 1"; do
+  read -r np tp <<<"$np_tp"
+  part="$work/shards_np${np}_tp${tp}"
+  mkdir -p "$part"
+  for f in $(shards "$work/shards" | head -n $((n / 2))); do cp "$work/shards/$f" "$part/"; done
+  run "$np" extract --model "$model" --prepared "$work/prepared.h5" --output "$part" --samples-per-shard 16 --tp "$tp"
+  grep -q "$((n / 2)) already done" "$log" || fail "extract np $np tp $tp did not skip the $((n / 2)) complete shards"
+  [ "$(shards "$work/shards")" = "$(shards "$part")" ] || fail "extract np $np tp $tp: shard lists differ"
+  ref="$work/shards"; [ "$tp" = 1 ] || ref="$work/shards_tp$tp"
+  for f in $(shards "$work/shards" | tail -n +$((n / 2 + 1))); do
+    cmp "$ref/$f" "$part/$f" || fail "extract np $np tp $tp: $f differs from the uninterrupted tp $tp run's"
+  done
+  echo "extract: half of $n shards by 2 ranks (tp 1), finished by $np rank(s) with tp $tp: the rest equal a tp $tp run's"
+done
 run 1 vocab --prepared "$work/prepared.h5" --model "$model" --output "$work/vocab.safetensors" --draft-vocab-size 256
 train() {  # NP OUTPUT
   run "$1" train --model "$model" --shards "$work/shards" --vocab "$work/vocab.safetensors" --output "$2" \
@@ -58,4 +80,4 @@ d = max(abs(b[s]["loss"] - a[s]["loss"]) for s in range(13, 25))
 print(f"np {np}: steps 13-24 continue the 2-rank run: same tokens per step, max |loss diff| {d:.2e}")
 PY
 done
-echo "PASS: a 2-rank checkpoint resumed on 1 and 4 ranks"
+echo "PASS: extract finished on 4 ranks (tp 2) and 1 rank, a 2-rank train checkpoint resumed on 1 and 4 ranks"
