@@ -15,6 +15,7 @@
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/stop_signals.h"
 #include "data/extract.h"
 #include "jobs/jobs.h"
 #include "model/llama.h"
@@ -22,40 +23,6 @@
 namespace aerie::jobs {
 
 namespace {
-
-// The signal that asked the run to stop (0: none); read between chunks.
-volatile std::sig_atomic_t g_extract_stop = 0;
-
-extern "C" void on_extract_stop(int sig) {
-  if (g_extract_stop != 0) {  // second signal: die as the default action would
-    std::signal(sig, SIG_DFL);
-    std::raise(sig);
-    return;
-  }
-  g_extract_stop = sig;
-}
-
-// Installs on_extract_stop for SIGTERM, SIGINT and SIGUSR1; restores the previous handlers on destruction.
-class ExtractStopSignals {
- public:
-  ExtractStopSignals() {
-    g_extract_stop = 0;
-    struct sigaction sa {};
-    sa.sa_handler = on_extract_stop;
-    sa.sa_flags = SA_RESTART;  // I/O and MPI calls in flight continue instead of failing with EINTR
-    sigemptyset(&sa.sa_mask);
-    for (int i = 0; i < 3; ++i) sigaction(kSignals[i], &sa, &old_[i]);
-  }
-  ~ExtractStopSignals() {
-    for (int i = 0; i < 3; ++i) sigaction(kSignals[i], &old_[i], nullptr);
-  }
-  ExtractStopSignals(const ExtractStopSignals&) = delete;
-  ExtractStopSignals& operator=(const ExtractStopSignals&) = delete;
-
- private:
-  static constexpr int kSignals[3] = {SIGTERM, SIGINT, SIGUSR1};
-  struct sigaction old_[3] {};
-};
 
 // "2,5,8" -> {2, 5, 8}; empty -> the default of eagle3.md section 1. Checks 3 ascending ids in [0, N].
 std::vector<int> parse_aux_layers(const std::string& s, int64_t num_layers) {
@@ -121,15 +88,15 @@ int extract(const std::vector<std::string>& args) {
     aux = out.aux_hidden;
     fin = out.final_hidden;
   };
-  ExtractStopSignals stop_signals;
-  opt.stop_requested = [] { return g_extract_stop != 0; };
+  StopSignals stop_signals;
+  opt.stop_requested = [] { return StopSignals::received() != 0; };
   ExtractStats stats = run_extract(opt, groups, forward);
   if (stats.stopped && stats.chunks_skipped + stats.chunks_done < stats.chunks) {
     if (groups.map.world_rank == 0) {
       AERIE_LOG(warning) << "extract: stopped by a signal with " << stats.chunks_skipped + stats.chunks_done
                          << " of " << stats.chunks << " shards complete; rerun the same command to finish";
     }
-    return 3;  // preempted: the batch script requeues the job (slurm/)
+    return kPreemptedExitCode;  // the batch script requeues the job (slurm/)
   }
   return 0;
 }

@@ -11,6 +11,7 @@
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/stop_signals.h"
 #include "jobs/jobs.h"
 #include "train/trainer.h"
 
@@ -45,7 +46,7 @@ int train(const std::vector<std::string>& args) {
   AERIE_CHECK(o.checkpoint_every >= 0, "aerie train: --checkpoint-every must be >= 0");
   auto world = MpiCommunicator::world();
   const TrainResult r = run_training(o, *world);
-  if (r.stop_signal != 0) return 3;  // stopped early, checkpoint written (logged): not a completed run
+  if (r.stop_signal != 0) return kPreemptedExitCode;  // stopped early, checkpoint written (logged): not a completed run
   if (world->rank() == 0) AERIE_LOG(info) << "train: done, final checkpoint " << r.checkpoint;
   return 0;
 }

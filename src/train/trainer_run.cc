@@ -14,6 +14,7 @@
 
 #include "core/log.h"
 #include "core/progress.h"
+#include "core/stop_signals.h"
 #include "data/shard.h"
 #include "model/llama_config.h"
 #include "train/checkpoint.h"
@@ -28,45 +29,12 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The signal that asked the run to stop (0: none). Set by the handler, read between steps.
-volatile std::sig_atomic_t g_stop_signal = 0;
-
-extern "C" void on_stop_signal(int sig) {
-  if (g_stop_signal != 0) {  // second signal: die as the default action would
-    std::signal(sig, SIG_DFL);
-    std::raise(sig);
-    return;
-  }
-  g_stop_signal = sig;
+// The signal received by any rank of `dp` (collective), 0 if none.
+int any_stop_signal(Communicator& dp) {
+  Tensor f = Tensor::from_vector<int32_t>({static_cast<int32_t>(StopSignals::received())}, {1});
+  dp.all_reduce_max(f);
+  return f.data<int32_t>()[0];
 }
-
-// Installs on_stop_signal for SIGTERM, SIGINT, SIGUSR1 and restores the previous handlers on destruction.
-class StopSignals {
- public:
-  StopSignals() {
-    g_stop_signal = 0;
-    struct sigaction sa {};
-    sa.sa_handler = on_stop_signal;
-    sa.sa_flags = SA_RESTART;  // I/O and MPI calls in flight continue instead of failing with EINTR
-    sigemptyset(&sa.sa_mask);
-    for (size_t i = 0; i < kSignals.size(); ++i) sigaction(kSignals[i], &sa, &old_[i]);
-  }
-  ~StopSignals() {
-    for (size_t i = 0; i < kSignals.size(); ++i) sigaction(kSignals[i], &old_[i], nullptr);
-  }
-  StopSignals(const StopSignals&) = delete;
-  StopSignals& operator=(const StopSignals&) = delete;
-  /// The signal received by any rank of `dp` (collective), 0 if none.
-  static int any(Communicator& dp) {
-    Tensor f = Tensor::from_vector<int32_t>({static_cast<int32_t>(g_stop_signal)}, {1});
-    dp.all_reduce_max(f);
-    return f.data<int32_t>()[0];
-  }
-
- private:
-  static constexpr std::array<int, 3> kSignals = {SIGTERM, SIGINT, SIGUSR1};
-  std::array<struct sigaction, 3> old_{};
-};
 
 std::string join(const std::vector<double>& v, int precision) {
   std::ostringstream os;
@@ -296,7 +264,7 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp) {
     }
     const bool due = (opts.checkpoint_every > 0 && st.step % opts.checkpoint_every == 0) || st.step == total;
     if (due) result.checkpoint = save();
-    if (st.step < total && (result.stop_signal = StopSignals::any(dp)) != 0) {
+    if (st.step < total && (result.stop_signal = any_stop_signal(dp)) != 0) {
       if (!due) result.checkpoint = save();
       if (rank == 0)
         AERIE_LOG(warning) << "train: stopped by signal " << result.stop_signal << " after step " << st.step << " of "

@@ -18,7 +18,7 @@ run 2 extract --model "$model" --prepared "$work/prepared.h5" --output "$work/sh
 run 1 vocab --prepared "$work/prepared.h5" --model "$model" --output "$work/vocab.safetensors" --draft-vocab-size 200
 run 1 vocab --prepared "$work/prepared.h5" --model "$model" --output "$work/other_vocab.safetensors" --draft-vocab-size 100
 
-steps=24
+steps=120  # long enough (about 4 s at 30 steps/s) that a stop after the first checkpoint lands before the end
 final=$(printf 'step-%08d' "$steps")
 train_args() {  # the train command line of run folder $1
   echo train --model "$model" --shards "$work/shards" --vocab "$work/vocab.safetensors" --output "$1" \
