@@ -4,8 +4,11 @@
 
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
+
+#include "core/error.h"
 
 namespace aerie::testing {
 
@@ -41,4 +44,17 @@ namespace aerie::testing {
 /// build from ../shared/data; tests that need it GTEST_SKIP when it is absent.
 inline std::string model_dir() { return AERIE_MODEL_DIR; }
 inline bool have_model() { return std::filesystem::exists(model_dir() + "/config.json"); }
+}  // namespace aerie::testing
+
+namespace aerie::testing {
+/// The message of the aerie::Error that f throws, "" when it throws none (for checks that an error
+/// names its file, tensor or option).
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
 }  // namespace aerie::testing

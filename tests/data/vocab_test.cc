@@ -10,15 +10,6 @@
 namespace aerie {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 TEST(DraftVocabTest, MostFrequentSortedWithOffsets) {
   //                          id: 0  1  2  3  4  5  6  7
   std::vector<int64_t> counts = {0, 9, 1, 7, 0, 8, 2, 0};
@@ -94,24 +85,24 @@ TEST(DraftVocabTest, DamagedFilesAreErrors) {
   };
   std::map<std::string, std::string> good = {{"format", "aerie.draft_vocab"}, {"format_version", "1"}};
   EXPECT_NO_THROW(load_draft_vocab(write("ok.safetensors", v.d2t, v.t2d, good)));
-  std::string e = error_of([&] { load_draft_vocab(write("fmt.safetensors", v.d2t, v.t2d, {{"format", "other"}})); });
+  std::string e = testing::error_of([&] { load_draft_vocab(write("fmt.safetensors", v.d2t, v.t2d, {{"format", "other"}})); });
   EXPECT_NE(e.find("fmt.safetensors"), std::string::npos) << e;
   EXPECT_NE(e.find("format"), std::string::npos) << e;
-  e = error_of([&] {
+  e = testing::error_of([&] {
     load_draft_vocab(write("ver.safetensors", v.d2t, v.t2d, {{"format", "aerie.draft_vocab"}, {"format_version", "2"}}));
   });
   EXPECT_NE(e.find("format_version"), std::string::npos) << e;
   // d2t pointing at an id that t2d does not flag.
-  e = error_of([&] { load_draft_vocab(write("mismatch.safetensors", {0, 1, 2}, v.t2d, good)); });
+  e = testing::error_of([&] { load_draft_vocab(write("mismatch.safetensors", {0, 1, 2}, v.t2d, good)); });
   EXPECT_NE(e.find("t2d"), std::string::npos) << e;
   // Not ascending (target ids 2, 1).
-  e = error_of([&] { load_draft_vocab(write("order.safetensors", {2, 0}, {0, 1, 1, 0, 0, 0}, good)); });
+  e = testing::error_of([&] { load_draft_vocab(write("order.safetensors", {2, 0}, {0, 1, 1, 0, 0, 0}, good)); });
   EXPECT_NE(e.find("ascend"), std::string::npos) << e;
   // Beyond V.
-  e = error_of([&] { load_draft_vocab(write("range.safetensors", {0, 9}, {1, 0, 0}, good)); });
+  e = testing::error_of([&] { load_draft_vocab(write("range.safetensors", {0, 9}, {1, 0, 0}, good)); });
   EXPECT_NE(e.find("below V"), std::string::npos) << e;
   // t2d flags more ids than d2t has.
-  e = error_of([&] { load_draft_vocab(write("extra.safetensors", v.d2t, {1, 1, 1, 0, 0, 1}, good)); });
+  e = testing::error_of([&] { load_draft_vocab(write("extra.safetensors", v.d2t, {1, 1, 1, 0, 0, 1}, good)); });
   EXPECT_NE(e.find("flags 4"), std::string::npos) << e;
   EXPECT_THROW(load_draft_vocab(dir + "/missing.safetensors"), Error);
 }
@@ -128,13 +119,13 @@ TEST(DraftVocabTest, CountLossTokensOfPreparedFile) {
     f.write_dataset("sample_offsets", Tensor::from_vector(std::vector<int64_t>{0, 4, 8}, {3}));
   }
   EXPECT_EQ(count_loss_tokens(path, 6), (std::vector<int64_t>{0, 0, 2, 1, 2, 0}));
-  std::string e = error_of([&] { count_loss_tokens(path, 4); });  // id 4 outside V = 4
+  std::string e = testing::error_of([&] { count_loss_tokens(path, 4); });  // id 4 outside V = 4
   EXPECT_NE(e.find("prepared.h5"), std::string::npos) << e;
   {
     h5::File f = h5::File::create(dir + "/other.h5");
     f.set_string_attr("format", "aerie.hidden_states");
   }
-  e = error_of([&] { count_loss_tokens(dir + "/other.h5", 6); });
+  e = testing::error_of([&] { count_loss_tokens(dir + "/other.h5", 6); });
   EXPECT_NE(e.find("not an aerie.prepared"), std::string::npos) << e;
 }
 

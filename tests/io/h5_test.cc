@@ -13,15 +13,6 @@
 namespace aerie {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 TEST(H5Test, DatasetRoundTripAllDtypes) {
   std::string path = testing::scratch_dir("h5_roundtrip") + "/a.h5";
   std::vector<float> f = {1.5f, -2.25f, 3.0f, 1e-8f, 7.0f, -0.0f};
@@ -62,7 +53,7 @@ TEST(H5Test, DatasetRoundTripAllDtypes) {
   for (int i = 0; i < 4; ++i) EXPECT_EQ(tb.data<bf16>()[i].bits, b16[i].bits) << i;
   // bf16 never converts silently to float.
   Tensor wrong = Tensor::empty({2, 2}, DType::F32);
-  EXPECT_NE(error_of([&] { db.read_rows_into(0, wrong); }).find("bf16"), std::string::npos);
+  EXPECT_NE(testing::error_of([&] { db.read_rows_into(0, wrong); }).find("bf16"), std::string::npos);
 }
 
 TEST(H5Test, Attributes) {
@@ -92,42 +83,42 @@ TEST(H5Test, Attributes) {
   EXPECT_TRUE(file.has_attr("format"));
   EXPECT_FALSE(file.has_attr("missing"));
   EXPECT_EQ(file.open_dataset("x").string_attr("unit"), "tokens");
-  std::string e = error_of([&] { file.int_attr("missing"); });
+  std::string e = testing::error_of([&] { file.int_attr("missing"); });
   EXPECT_NE(e.find("a.h5"), std::string::npos) << e;
   EXPECT_NE(e.find("missing"), std::string::npos) << e;
-  e = error_of([&] { file.int_attr("format"); });
+  e = testing::error_of([&] { file.int_attr("format"); });
   EXPECT_NE(e.find("not an integer"), std::string::npos) << e;
-  e = error_of([&] { file.string_attr("version"); });
+  e = testing::error_of([&] { file.string_attr("version"); });
   EXPECT_NE(e.find("not a string"), std::string::npos) << e;
 }
 
 TEST(H5Test, ErrorsNameFileAndDataset) {
   std::string dir = testing::scratch_dir("h5_errors");
-  std::string e = error_of([&] { h5::File::open(dir + "/missing.h5"); });
+  std::string e = testing::error_of([&] { h5::File::open(dir + "/missing.h5"); });
   EXPECT_NE(e.find("missing.h5"), std::string::npos) << e;
   {
     std::ofstream(dir + "/text.h5") << "not hdf5";
   }
-  e = error_of([&] { h5::File::open(dir + "/text.h5"); });
+  e = testing::error_of([&] { h5::File::open(dir + "/text.h5"); });
   EXPECT_NE(e.find("text.h5"), std::string::npos) << e;
   h5::File file = h5::File::create(dir + "/a.h5");
   file.write_dataset("ids", Tensor::from_vector(std::vector<int32_t>{1, 2, 3}, {3}));
-  e = error_of([&] { file.open_dataset("nope"); });
+  e = testing::error_of([&] { file.open_dataset("nope"); });
   EXPECT_NE(e.find("a.h5"), std::string::npos) << e;
   EXPECT_NE(e.find("/nope"), std::string::npos) << e;
-  e = error_of([&] { file.create_dataset("ids", DType::I32, {3}); });
+  e = testing::error_of([&] { file.create_dataset("ids", DType::I32, {3}); });
   EXPECT_NE(e.find("exists already"), std::string::npos) << e;
-  e = error_of([&] { file.open_dataset("ids").read_rows(2, 5); });
+  e = testing::error_of([&] { file.open_dataset("ids").read_rows(2, 5); });
   EXPECT_NE(e.find("/ids"), std::string::npos) << e;
-  e = error_of([&] { file.open_dataset("ids").write_rows(2, Tensor::from_vector(std::vector<int32_t>{7, 8}, {2})); });
+  e = testing::error_of([&] { file.open_dataset("ids").write_rows(2, Tensor::from_vector(std::vector<int32_t>{7, 8}, {2})); });
   EXPECT_NE(e.find("outside"), std::string::npos) << e;
-  e = error_of([&] { file.open_dataset("ids").write_rows(0, Tensor::from_vector(std::vector<int32_t>{7, 8}, {1, 2})); });
+  e = testing::error_of([&] { file.open_dataset("ids").write_rows(0, Tensor::from_vector(std::vector<int32_t>{7, 8}, {1, 2})); });
   EXPECT_NE(e.find("shape"), std::string::npos) << e;
-  e = error_of([&] { file.open_dataset("ids").extend(10); });
+  e = testing::error_of([&] { file.open_dataset("ids").extend(10); });
   EXPECT_NE(e.find("/ids"), std::string::npos) << e;
   // File::close refuses while a dataset is open, naming it.
   h5::Dataset open_ds = file.open_dataset("ids");
-  e = error_of([&] { file.close(); });
+  e = testing::error_of([&] { file.close(); });
   EXPECT_NE(e.find("/ids"), std::string::npos) << e;
 }
 
