@@ -58,3 +58,12 @@ inline std::string error_of(const std::function<void()>& f) {
   return "";
 }
 }  // namespace aerie::testing
+
+#include "core/device.h"
+/// Skips the current test, with the reason printed, when no CUDA device can run it (no GPU, or a build
+/// without the CUDA backend). Use as the first statement of every CUDA test.
+#define AERIE_REQUIRE_CUDA()                                                         \
+  do {                                                                               \
+    if (!::aerie::cuda::available())                                                 \
+      GTEST_SKIP() << "CUDA test skipped: " << ::aerie::cuda::unavailable_reason();  \
+  } while (0)

@@ -1,5 +1,7 @@
 #include "core/tensor.h"
 
+#include "core/device.h"
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -55,13 +57,18 @@ static int64_t shape_numel(const Shape& s) {
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
-  AERIE_CHECK(device == Device::CPU, "Tensor::empty: device " << device_name(device)
-                                         << " is not available in this build");
   Tensor t;
   t.shape_ = shape;
   t.dtype_ = dtype;
   t.device_ = device;
   size_t bytes = static_cast<size_t>(shape_numel(shape)) * dtype_size(dtype);
+  if (device == Device::CUDA) {
+    cuda::Stream s = cuda::current_stream();
+    void* p = cuda::alloc(bytes, s);
+    t.storage_ = std::shared_ptr<void>(p, [s](void* q) { cuda::free(q, s); });
+    t.data_ = p;
+    return t;
+  }
   // 64-byte aligned so that SIMD loads and a later CUDA pinned copy are happy.
   void* p = std::aligned_alloc(64, std::max<size_t>(64, (bytes + 63) / 64 * 64));
   AERIE_CHECK(p != nullptr, "out of host memory allocating " << bytes << " bytes");
@@ -116,7 +123,13 @@ Tensor Tensor::reshape(const Shape& shape) const {
 
 Tensor Tensor::clone() const {
   Tensor t = empty(shape_, dtype_, device_);
-  if (nbytes()) std::memcpy(t.data_, data_, nbytes());
+  t.copy_from(*this);
+  return t;
+}
+
+Tensor Tensor::to_device(Device device) const {
+  Tensor t = empty(shape_, dtype_, device);
+  t.copy_from(*this);
   return t;
 }
 
@@ -124,11 +137,19 @@ void Tensor::copy_from(const Tensor& src) {
   AERIE_CHECK(src.numel() == numel() && src.dtype() == dtype_,
               "copy_from: " << shape_str(src.shape()) << " " << dtype_name(src.dtype()) << " into "
                             << shape_str(shape_) << " " << dtype_name(dtype_));
-  if (nbytes()) std::memmove(data_, src.data_, nbytes());
+  if (!nbytes()) return;
+  if (device_ == Device::CPU && src.device_ == Device::CPU)
+    std::memmove(data_, src.data_, nbytes());
+  else
+    cuda::memcpy(data_, src.data_, nbytes());
 }
 
 void Tensor::fill_zero() {
-  if (nbytes()) std::memset(data_, 0, nbytes());
+  if (!nbytes()) return;
+  if (device_ == Device::CPU)
+    std::memset(data_, 0, nbytes());
+  else
+    cuda::memset_zero(data_, nbytes());
 }
 
 namespace {
@@ -170,6 +191,7 @@ Tensor Tensor::to(DType dtype) const {
 }
 
 std::vector<float> Tensor::to_float_vector() const {
+  if (device_ != Device::CPU) return to_device(Device::CPU).to_float_vector();
   Tensor f = dtype_ == DType::F32 ? *this : to(DType::F32);
   const float* p = f.data<float>();
   return std::vector<float>(p, p + numel());

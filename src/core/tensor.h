@@ -38,7 +38,8 @@ class Tensor {
  public:
   Tensor() = default;
 
-  /// Uninitialised owning tensor. Only Device::CPU is implemented by the CPU build.
+  /// Uninitialised owning tensor. Device::CUDA memory comes from cuda::alloc on the current stream
+  /// (core/device.h); without the CUDA backend it throws aerie::Error.
   static Tensor empty(const Shape& shape, DType dtype, Device device = Device::CPU);
   static Tensor zeros(const Shape& shape, DType dtype, Device device = Device::CPU);
   /// Owning CPU tensor holding a copy of `values`.
@@ -69,12 +70,14 @@ class Tensor {
   Tensor reshape(const Shape& shape) const;
   /// Deep copy (same dtype and device).
   Tensor clone() const;
+  /// Copy on another device (same dtype and shape); host<->GPU copies return when done.
+  Tensor to_device(Device device) const;
   /// Copy converted to another dtype (CPU): F32<->BF16 round to nearest even; ints via static_cast.
   Tensor to(DType dtype) const;
-  /// Copies the values of src (same numel and dtype) into this tensor's storage.
+  /// Copies the values of src (same numel and dtype, any devices) into this tensor's storage.
   void copy_from(const Tensor& src);
   void fill_zero();
-  /// Values as fp32 (CPU, any dtype), for tests and small checks.
+  /// Values as fp32 (any dtype, any device: GPU tensors are copied to the host), for tests and checks.
   std::vector<float> to_float_vector() const;
 
   /// Throws aerie::Error naming `what` if the shape differs from `expected` (-1 matches any size).

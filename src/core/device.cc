@@ -1,0 +1,151 @@
+#include "core/device.h"
+
+#include "core/error.h"
+#include "core/log.h"
+
+#ifdef AERIE_WITH_CUDA
+#include <cuda_runtime.h>
+
+#define AERIE_CUDART(call, what)                                                                    \
+  do {                                                                                              \
+    cudaError_t err_ = (call);                                                                      \
+    AERIE_CHECK(err_ == cudaSuccess, what << ": " << cudaGetErrorName(err_) << " ("                 \
+                                          << cudaGetErrorString(err_) << ")");                      \
+  } while (0)
+#endif
+
+namespace aerie::cuda {
+
+#ifdef AERIE_WITH_CUDA
+namespace {
+int g_device = 0;
+thread_local cudaStream_t t_stream = nullptr;
+thread_local bool t_stream_set = false;
+
+cudaStream_t thread_default_stream() {
+  // One non-blocking stream per host thread, created on first use and kept for the thread's life.
+  thread_local struct Owned {
+    cudaStream_t s = nullptr;
+    ~Owned() {
+      if (s) cudaStreamDestroy(s);
+    }
+  } owned;
+  if (!owned.s) {
+    AERIE_CUDART(cudaSetDevice(g_device), "cudaSetDevice(" << g_device << ")");
+    AERIE_CUDART(cudaStreamCreateWithFlags(&owned.s, cudaStreamNonBlocking), "cudaStreamCreate");
+  }
+  return owned.s;
+}
+}  // namespace
+
+bool built() { return true; }
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no driver" error
+    return 0;
+  }
+  return n;
+}
+bool available() { return device_count() > 0; }
+std::string unavailable_reason() {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return std::string("no CUDA device: ") + cudaGetErrorString(e);
+  }
+  return n > 0 ? "" : "no CUDA device visible";
+}
+void select_device(int local_rank) {
+  const int n = device_count();
+  AERIE_CHECK(n > 0, "select_device: " << unavailable_reason());
+  g_device = local_rank % n;
+  AERIE_CUDART(cudaSetDevice(g_device), "cudaSetDevice(" << g_device << ")");
+  // Freed blocks stay in the pool (no release threshold): the pool is aerie's caching allocator.
+  cudaMemPool_t pool;
+  AERIE_CUDART(cudaDeviceGetDefaultMemPool(&pool, g_device), "cudaDeviceGetDefaultMemPool");
+  uint64_t threshold = UINT64_MAX;
+  AERIE_CUDART(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold),
+               "cudaMemPoolSetAttribute");
+  cudaDeviceProp prop{};
+  AERIE_CUDART(cudaGetDeviceProperties(&prop, g_device), "cudaGetDeviceProperties");
+  AERIE_LOG(info) << "GPU " << g_device << " of " << n << ": " << prop.name << ", compute capability "
+                  << prop.major << "." << prop.minor << ", " << (prop.totalGlobalMem >> 30) << " GiB";
+}
+int current_device() { return g_device; }
+
+Stream current_stream() { return t_stream_set ? t_stream : thread_default_stream(); }
+Stream create_stream() {
+  cudaStream_t s = nullptr;
+  AERIE_CUDART(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+  return s;
+}
+void destroy_stream(Stream s) {
+  if (s) cudaStreamDestroy(static_cast<cudaStream_t>(s));
+}
+void synchronize(Stream s) {
+  AERIE_CUDART(cudaStreamSynchronize(static_cast<cudaStream_t>(s)), "cudaStreamSynchronize");
+}
+StreamGuard::StreamGuard(Stream s) : prev_(t_stream_set ? t_stream : nullptr) {
+  t_stream = static_cast<cudaStream_t>(s);
+  t_stream_set = true;
+}
+StreamGuard::~StreamGuard() {
+  t_stream = static_cast<cudaStream_t>(prev_);
+  t_stream_set = prev_ != nullptr;
+}
+
+void* alloc(size_t bytes, Stream s) {
+  void* p = nullptr;
+  AERIE_CUDART(cudaMallocAsync(&p, bytes ? bytes : 1, static_cast<cudaStream_t>(s)),
+               "out of GPU memory allocating " << bytes << " bytes");
+  return p;
+}
+void free(void* p, Stream s) {
+  if (p) cudaFreeAsync(p, static_cast<cudaStream_t>(s));
+}
+void memcpy(void* dst, const void* src, size_t bytes) {
+  if (!bytes) return;
+  cudaStream_t s = static_cast<cudaStream_t>(current_stream());
+  AERIE_CUDART(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s), "cudaMemcpyAsync of " << bytes << " bytes");
+  cudaPointerAttributes a{}, b{};
+  AERIE_CUDART(cudaPointerGetAttributes(&a, dst), "cudaPointerGetAttributes");
+  AERIE_CUDART(cudaPointerGetAttributes(&b, src), "cudaPointerGetAttributes");
+  if (a.type != cudaMemoryTypeDevice || b.type != cudaMemoryTypeDevice)
+    AERIE_CUDART(cudaStreamSynchronize(s), "cudaStreamSynchronize after a host copy");
+}
+void memset_zero(void* p, size_t bytes) {
+  if (!bytes) return;
+  AERIE_CUDART(cudaMemsetAsync(p, 0, bytes, static_cast<cudaStream_t>(current_stream())), "cudaMemsetAsync");
+}
+void check_last_error(const char* what) { AERIE_CUDART(cudaGetLastError(), what); }
+
+#else  // CPU-only build
+
+namespace {
+[[noreturn]] void no_backend(const char* f) {
+  AERIE_THROW(f << ": aerie was built without the CUDA backend (configure with -DAERIE_CUDA=ON where nvcc exists)");
+}
+}  // namespace
+bool built() { return false; }
+int device_count() { return 0; }
+bool available() { return false; }
+std::string unavailable_reason() { return "aerie was built without the CUDA backend"; }
+void select_device(int) { no_backend("select_device"); }
+int current_device() { return 0; }
+Stream current_stream() { no_backend("current_stream"); }
+Stream create_stream() { no_backend("create_stream"); }
+void destroy_stream(Stream) {}
+void synchronize(Stream) { no_backend("synchronize"); }
+StreamGuard::StreamGuard(Stream) : prev_(nullptr) { no_backend("StreamGuard"); }
+StreamGuard::~StreamGuard() = default;
+void* alloc(size_t, Stream) { no_backend("alloc"); }
+void free(void*, Stream) {}
+void memcpy(void*, const void*, size_t) { no_backend("memcpy"); }
+void memset_zero(void*, size_t) { no_backend("memset_zero"); }
+void check_last_error(const char*) {}
+
+#endif
+
+}  // namespace aerie::cuda

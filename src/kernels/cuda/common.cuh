@@ -1,0 +1,62 @@
+// Shared by the CUDA kernels (src/kernels/cuda/*.cu): error checks, the current stream, launch sizes,
+// bf16/fp32 loads and warp/block reductions. Internal to src/kernels.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/device.h"
+#include "core/error.h"
+
+/// Throws aerie::Error naming `what` when a CUDA runtime call fails.
+#define AERIE_CUDA_CHECK(call, what)                                                                 \
+  do {                                                                                               \
+    cudaError_t err_ = (call);                                                                       \
+    AERIE_CHECK(err_ == cudaSuccess, what << ": " << cudaGetErrorName(err_) << " ("                  \
+                                          << cudaGetErrorString(err_) << ")");                       \
+  } while (0)
+/// After a <<<>>> launch: throws aerie::Error naming the kernel if the launch failed.
+#define AERIE_CUDA_LAUNCHED(name) AERIE_CUDA_CHECK(cudaGetLastError(), "launch of " name)
+
+namespace aerie::cuda {
+
+inline cudaStream_t stream() { return static_cast<cudaStream_t>(current_stream()); }
+inline unsigned blocks_for(int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+/// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+/// `scratch` is __shared__ float[32].
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < nwarps ? scratch[lane] : 0.0f;
+  return warp_sum(v);
+}
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < nwarps ? scratch[lane] : -INFINITY;
+  return warp_max(v);
+}
+
+}  // namespace aerie::cuda
