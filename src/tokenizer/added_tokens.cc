@@ -23,6 +23,7 @@ AddedTokens::AddedTokens(const nlohmann::json& added, const std::string& file) :
     t.special = a.value("special", false);
     t.lstrip = a.value("lstrip", false);
     t.rstrip = a.value("rstrip", false);
+    t.normalized = a.value("normalized", !t.special);  // tokenizers' AddedToken default
     AERIE_CHECK(!t.content.empty(), file << ": added token " << t.id << " is empty");
     by_id_[t.id] = tokens_.size();
     by_content_[t.content] = tokens_.size();
@@ -45,10 +46,10 @@ int32_t AddedTokens::id(const std::string& content) const {
   return it == by_content_.end() ? -1 : tokens_[it->second].id;
 }
 
-std::vector<Segment> AddedTokens::split(const std::string& text) const {
+std::vector<Segment> AddedTokens::split(const std::string& text, AddedMatch which) const {
   std::vector<Segment> out;
   if (tokens_.empty()) {
-    if (!text.empty()) out.push_back({text, -1});
+    if (!text.empty()) out.push_back({text, -1, 0, text.size()});
     return out;
   }
   size_t start = 0;  // start of the pending plain text
@@ -57,6 +58,7 @@ std::vector<Segment> AddedTokens::split(const std::string& text) const {
     const AddedToken* match = nullptr;
     for (size_t k : by_first_byte_[static_cast<unsigned char>(text[i])]) {
       const std::string& c = tokens_[k].content;
+      if (which != AddedMatch::all && tokens_[k].normalized != (which == AddedMatch::normalized)) continue;
       if (text.compare(i, c.size(), c) == 0) {
         match = &tokens_[k];
         break;  // longest first
@@ -71,11 +73,11 @@ std::vector<Segment> AddedTokens::split(const std::string& text) const {
       while (b > start && is_space(text[b - 1])) --b;
     if (match->rstrip)
       while (e < text.size() && is_space(text[e])) ++e;
-    if (b > start) out.push_back({text.substr(start, b - start), -1});
-    out.push_back({"", match->id});
+    if (b > start) out.push_back({text.substr(start, b - start), -1, start, b});
+    out.push_back({"", match->id, b, e});
     start = i = e;
   }
-  if (start < text.size()) out.push_back({text.substr(start), -1});
+  if (start < text.size()) out.push_back({text.substr(start), -1, start, text.size()});
   return out;
 }
 

@@ -16,6 +16,7 @@ struct AddedToken {
   bool special = false;
   bool lstrip = false;  // the match swallows whitespace on its left
   bool rstrip = false;  // ... and on its right
+  bool normalized = false;  // matched in the normalized text (after the normalizer), not the raw input
 };
 
 /// One piece of the input: either plain text (token == -1) to normalize and run through the model, or
@@ -23,20 +24,27 @@ struct AddedToken {
 struct Segment {
   std::string text;
   int32_t token = -1;
+  size_t begin = 0, end = 0;  // byte range in the split text (an added token's includes stripped spaces)
 };
+
+/// Which added tokens AddedTokens::split looks for: all of them, those with normalized=false (matched in
+/// the raw input, first) or those with normalized=true (matched after the normalizer), as tokenizers'
+/// AddedVocabulary does in two passes.
+enum class AddedMatch { all, raw, normalized };
 
 /// As tokenizers' AddedVocabulary::split_with_indices: the text is cut at every occurrence of an added
 /// token, matched literally in the raw text, leftmost-longest; these become their id whatever the
 /// model would make of them (so "<s>" in user text is BOS, as Hugging Face tokenizers does).
-/// Simplifications (none matters for the tokenizers aerie reads): tokens with normalized=true are also
-/// matched in the raw text, single_word is ignored, lstrip/rstrip strip ASCII whitespace only.
+/// Simplifications (none matters for the tokenizers aerie reads): single_word is ignored, lstrip/rstrip
+/// strip ASCII whitespace only, the content of a normalized token is not itself normalized; with
+/// AddedMatch::all (the sentencepiece BPE) normalized tokens are matched in the raw text too.
 class AddedTokens {
  public:
   AddedTokens() = default;
   /// Parses the "added_tokens" array (may be null). Throws aerie::Error naming `file` if malformed.
   AddedTokens(const nlohmann::json& added, const std::string& file);
 
-  std::vector<Segment> split(const std::string& text) const;
+  std::vector<Segment> split(const std::string& text, AddedMatch which = AddedMatch::all) const;
   const std::vector<AddedToken>& tokens() const { return tokens_; }
   /// The token with `id`, nullptr if `id` is not an added token.
   const AddedToken* find(int32_t id) const;

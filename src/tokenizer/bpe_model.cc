@@ -51,10 +51,12 @@ const std::string& BpeModel::piece(int32_t id) const {
   return pieces_[id];
 }
 
-void BpeModel::merge(std::vector<int32_t>& ids, std::vector<int32_t>& out) const {
+void BpeModel::merge(std::vector<int32_t>& ids, std::vector<int32_t>& out, std::vector<uint32_t>* lens,
+                     std::vector<uint32_t>* out_lens) const {
   const int n = static_cast<int>(ids.size());
   if (n <= 1) {
     out.insert(out.end(), ids.begin(), ids.end());
+    if (lens) out_lens->insert(out_lens->end(), lens->begin(), lens->end());
     return;
   }
   // Doubly linked list of symbols; a min-heap of candidate merges keyed by (rank, position).
@@ -90,13 +92,17 @@ void BpeModel::merge(std::vector<int32_t>& ids, std::vector<int32_t>& out) const
     auto it = merges_.find(key);
     if (it == merges_.end() || it->second.second != c.merged) continue;
     ids[i] = c.merged;
+    if (lens) (*lens)[i] += (*lens)[j];
     dead[j] = true;
     next[i] = next[j];
     if (next[j] >= 0) prev[next[j]] = i;
     if (prev[i] >= 0) push(prev[i]);
     push(i);
   }
-  for (int i = 0; i >= 0; i = next[i]) out.push_back(ids[i]);
+  for (int i = 0; i >= 0; i = next[i]) {
+    out.push_back(ids[i]);
+    if (lens) out_lens->push_back((*lens)[i]);
+  }
 }
 
 size_t utf8_valid_len(const std::string& s, size_t i) {

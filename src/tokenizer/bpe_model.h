@@ -31,8 +31,11 @@ class BpeModel {
   /// 1 + the largest id of the vocabulary.
   int64_t size() const { return static_cast<int64_t>(pieces_.size()); }
 
-  /// Merges the symbols `ids` (initial pieces, in order) and appends the result to `out`.
-  void merge(std::vector<int32_t>& ids, std::vector<int32_t>& out) const;
+  /// Merges the symbols `ids` (initial pieces, in order) and appends the result to `out`. With `lens`
+  /// (one length per initial symbol, e.g. its bytes of normalized text), the lengths of the merged
+  /// symbols (sums of their parts) are appended to `out_lens`.
+  void merge(std::vector<int32_t>& ids, std::vector<int32_t>& out, std::vector<uint32_t>* lens = nullptr,
+             std::vector<uint32_t>* out_lens = nullptr) const;
 
  private:
   std::unordered_map<std::string, int32_t> vocab_;

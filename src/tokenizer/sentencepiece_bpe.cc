@@ -136,53 +136,129 @@ int32_t SentencePieceBpe::token_to_id(const std::string& token) const {
 
 std::vector<int32_t> SentencePieceBpe::encode(const std::string& text) const {
   std::vector<int32_t> out;
+  encode_impl(text, out, nullptr);
+  return out;
+}
+
+Encoding SentencePieceBpe::encode_with_offsets(const std::string& text) const {
+  Encoding e;
+  encode_impl(text, e.ids, &e.offsets);
+  return e;
+}
+
+void SentencePieceBpe::encode_impl(const std::string& text, std::vector<int32_t>& out,
+                                   std::vector<std::pair<size_t, size_t>>* offsets) const {
   bool at_start = true;
   for (const Segment& s : added_.split(text)) {
     if (s.token >= 0) {
       out.push_back(s.token);
+      if (offsets) offsets->push_back({s.begin, s.end});
     } else {
-      encode_segment(s.text, at_start, out);
+      encode_segment(s.text, at_start, s.begin, out, offsets);
     }
     at_start = false;
   }
-  return out;
 }
 
-void SentencePieceBpe::encode_segment(const std::string& seg, bool at_start, std::vector<int32_t>& out) const {
-  std::string s = seg;
+namespace {
+
+// Aligned-text edits: the bytes of an inserted string stand for the empty input range at `at`, those
+// of a replacement for the input range of what they replace.
+void aligned_prepend(std::string& s, std::vector<uint32_t>& b, std::vector<uint32_t>& e, const std::string& p) {
+  const uint32_t at = b.empty() ? 0 : b.front();
+  s.insert(0, p);
+  b.insert(b.begin(), p.size(), at);
+  e.insert(e.begin(), p.size(), at);
+}
+
+void aligned_replace(std::string& s, std::vector<uint32_t>& b, std::vector<uint32_t>& e, const std::string& from,
+                     const std::string& to) {
+  if (from.empty() || s.find(from) == std::string::npos) return;
+  std::string ns;
+  std::vector<uint32_t> nb, ne;
+  ns.reserve(s.size() + s.size() / 2);
+  nb.reserve(ns.capacity());
+  ne.reserve(ns.capacity());
+  size_t i = 0;
+  for (size_t j; (j = s.find(from, i)) != std::string::npos; i = j + from.size()) {
+    ns.append(s, i, j - i);
+    nb.insert(nb.end(), b.begin() + i, b.begin() + j);
+    ne.insert(ne.end(), e.begin() + i, e.begin() + j);
+    ns += to;
+    nb.insert(nb.end(), to.size(), b[j]);
+    ne.insert(ne.end(), to.size(), e[j + from.size() - 1]);
+  }
+  ns.append(s, i, std::string::npos);
+  nb.insert(nb.end(), b.begin() + i, b.end());
+  ne.insert(ne.end(), e.begin() + i, e.end());
+  s.swap(ns);
+  b.swap(nb);
+  e.swap(ne);
+}
+
+}  // namespace
+
+void SentencePieceBpe::encode_segment(const std::string& seg, bool at_start, size_t base, std::vector<int32_t>& out,
+                                      std::vector<std::pair<size_t, size_t>>* offsets) const {
+  Aligned a;
+  a.s = seg;
+  a.b.resize(seg.size());
+  a.e.resize(seg.size());
+  for (size_t k = 0; k < seg.size(); ++k) {
+    a.b[k] = static_cast<uint32_t>(k);
+    a.e[k] = static_cast<uint32_t>(k + 1);
+  }
   for (const NormStep& n : norm_) {
     if (n.prepend) {
-      if (!s.empty()) s = n.a + s;  // tokenizers' Prepend leaves an empty string empty
+      if (!a.s.empty()) aligned_prepend(a.s, a.b, a.e, n.a);  // tokenizers' Prepend leaves "" empty
     } else {
-      replace_all(s, n.a, n.b);
+      aligned_replace(a.s, a.b, a.e, n.a, n.b);
     }
   }
+  std::vector<uint32_t> lens;
+  auto word = [&](size_t begin, size_t end) {
+    const size_t first = out.size();
+    lens.clear();
+    encode_word(a, begin, end, out, lens);
+    if (!offsets) return;
+    size_t pos = begin;
+    for (size_t k = 0; k < out.size() - first; ++k) {
+      const size_t l = lens[k];
+      offsets->push_back({base + a.b[pos], base + (l > 0 ? a.e[pos + l - 1] : a.b[pos])});
+      pos += l;
+    }
+  };
   if (!metaspace_) {
-    encode_word(s, out);
+    word(0, a.s.size());
     return;
   }
   // tokenizers' pre_tokenizers/metaspace.rs
-  replace_all(s, " ", ms_replacement_);
+  aligned_replace(a.s, a.b, a.e, " ", ms_replacement_);
   const bool prepend = ms_prepend_ == "always" || (ms_prepend_ == "first" && at_start);
-  if (prepend && s.compare(0, ms_replacement_.size(), ms_replacement_) != 0) s = ms_replacement_ + s;
+  if (prepend && a.s.compare(0, ms_replacement_.size(), ms_replacement_) != 0)
+    aligned_prepend(a.s, a.b, a.e, ms_replacement_);
   if (!ms_split_) {
-    encode_word(s, out);
+    word(0, a.s.size());
     return;
   }
   // Split with MergedWithNext: every replacement character starts a new word.
   size_t begin = 0;
-  for (size_t i = s.find(ms_replacement_, 1); i != std::string::npos; i = s.find(ms_replacement_, i + 1)) {
-    encode_word(s.substr(begin, i - begin), out);
+  for (size_t i = a.s.find(ms_replacement_, 1); i != std::string::npos; i = a.s.find(ms_replacement_, i + 1)) {
+    word(begin, i);
     begin = i;
   }
-  encode_word(s.substr(begin), out);
+  word(begin, a.s.size());
 }
 
-void SentencePieceBpe::encode_word(const std::string& w, std::vector<int32_t>& out) const {
-  if (w.empty()) return;
+void SentencePieceBpe::encode_word(const Aligned& a, size_t begin, size_t end, std::vector<int32_t>& out,
+                                   std::vector<uint32_t>& out_lens) const {
+  if (end <= begin) return;
+  const std::string w = a.s.substr(begin, end - begin);
   // Initial symbols as in tokenizers' BPE::merge_word: one per character, else its bytes, else <unk>.
   std::vector<int32_t> syms;
+  std::vector<uint32_t> lens;  // bytes of `w` per symbol
   syms.reserve(w.size());
+  lens.reserve(w.size());
   bool last_unk = false;
   for (size_t i = 0; i < w.size();) {
     size_t len = utf8_valid_len(w, i);
@@ -191,12 +267,16 @@ void SentencePieceBpe::encode_word(const std::string& w, std::vector<int32_t>& o
     bool done = false;
     if (id >= 0) {
       syms.push_back(id);
+      lens.push_back(static_cast<uint32_t>(len));
       done = true;
     } else if (byte_fallback_) {
       bool all = true;
       for (size_t k = 0; k < len; ++k) all = all && byte_ids_[static_cast<unsigned char>(w[i + k])] >= 0;
       if (all) {
-        for (size_t k = 0; k < len; ++k) syms.push_back(byte_ids_[static_cast<unsigned char>(w[i + k])]);
+        for (size_t k = 0; k < len; ++k) {
+          syms.push_back(byte_ids_[static_cast<unsigned char>(w[i + k])]);
+          lens.push_back(1);
+        }
         done = true;
       }
     }
@@ -205,12 +285,17 @@ void SentencePieceBpe::encode_word(const std::string& w, std::vector<int32_t>& o
     } else {
       AERIE_CHECK(unk_ >= 0, "tokenizer: character '" << w.substr(i, len)
                                                        << "' is not in the vocabulary and there is no unk token");
-      if (!(fuse_unk_ && last_unk)) syms.push_back(unk_);
+      if (fuse_unk_ && last_unk) {
+        lens.back() += static_cast<uint32_t>(len);
+      } else {
+        syms.push_back(unk_);
+        lens.push_back(static_cast<uint32_t>(len));
+      }
       last_unk = true;
     }
     i += len;
   }
-  model_.merge(syms, out);
+  model_.merge(syms, out, &lens, &out_lens);
 }
 
 std::string SentencePieceBpe::decode(const std::vector<int32_t>& ids) const {

@@ -22,6 +22,9 @@ class SentencePieceBpe : public Tokenizer {
   SentencePieceBpe(const nlohmann::json& tj, const std::string& file);
 
   std::vector<int32_t> encode(const std::string& text) const override;
+  /// Offsets follow the normalizer: an inserted "\u2581" stands for no input byte, one that replaced a
+  /// space for that space.
+  Encoding encode_with_offsets(const std::string& text) const override;
   std::string decode(const std::vector<int32_t>& ids) const override;
   int64_t vocab_size() const override { return vocab_size_; }
   int32_t bos_id() const override { return bos_; }
@@ -41,9 +44,20 @@ class SentencePieceBpe : public Tokenizer {
   void parse_normalizer(const nlohmann::json& n, const std::string& file);
   void parse_pre_tokenizer(const nlohmann::json& p, const std::string& file);
   void parse_decoder(const nlohmann::json& d, const std::string& file);
-  // Normalizes one plain segment (`at_start`: it begins the text) and appends its ids to `out`.
-  void encode_segment(const std::string& seg, bool at_start, std::vector<int32_t>& out) const;
-  void encode_word(const std::string& word, std::vector<int32_t>& out) const;
+  // Normalized text with, per byte, the input byte range [b, e) it stands for (relative to the segment).
+  struct Aligned {
+    std::string s;
+    std::vector<uint32_t> b, e;
+  };
+  void encode_impl(const std::string& text, std::vector<int32_t>& ids,
+                   std::vector<std::pair<size_t, size_t>>* offsets) const;
+  // Normalizes one plain segment (`at_start`: it begins the text) and appends its ids to `out` and,
+  // with `offsets`, their input ranges shifted by `base`.
+  void encode_segment(const std::string& seg, bool at_start, size_t base, std::vector<int32_t>& out,
+                      std::vector<std::pair<size_t, size_t>>* offsets) const;
+  // BPE of a.s[begin, end); appends the ids and their lengths in bytes of a.s.
+  void encode_word(const Aligned& a, size_t begin, size_t end, std::vector<int32_t>& out,
+                   std::vector<uint32_t>& lens) const;
 
   BpeModel model_;
   AddedTokens added_;

@@ -1,6 +1,6 @@
 // Tokenizer::load: reads a Hugging Face tokenizer.json (+ tokenizer_config.json) and picks the
-// implementation from the model type and pre-tokenizer. Adding a kind (the byte-level BPE of Llama-3 /
-// Qwen) = another class beside SentencePieceBpe and one more branch in make().
+// implementation from the model type and pre-tokenizer: BPE with a ByteLevel pre-tokenizer is
+// ByteLevelBpe (GPT-2, Llama-3, Qwen, DeepSeek-V3), any other BPE SentencePieceBpe (Llama-2, Mistral).
 #include "tokenizer/tokenizer.h"
 
 #include <filesystem>
@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "tokenizer/byte_level.h"
 #include "tokenizer/sentencepiece_bpe.h"
 
 namespace aerie {
@@ -47,7 +48,29 @@ std::string config_token(const nlohmann::json& cfg, const char* key) {
   return "";
 }
 
+// BOS/EOS: tokenizer_config.json's bos_token/eos_token, else `bos_fallback` / "</s>" when in the
+// vocabulary (an explicit null in the config means none).
+template <class T>
+void set_special_ids(T& t, const nlohmann::json& cfg, const std::string& cfg_path, const std::string& fname,
+                     int32_t bos_fallback) {
+  auto special = [&](const char* key, int32_t fallback) {
+    const std::string name = config_token(cfg, key);
+    if (!name.empty()) {
+      const int32_t id = t.token_to_id(name);
+      AERIE_CHECK(id >= 0, cfg_path << ": " << key << " '" << name << "' is not in " << fname);
+      return id;
+    }
+    if (cfg.is_object() && cfg.contains(key)) return -1;  // explicitly null
+    return fallback;
+  };
+  t.set_special_ids(special("bos_token", bos_fallback), special("eos_token", t.token_to_id("</s>")));
+}
+
 }  // namespace
+
+Encoding Tokenizer::encode_with_offsets(const std::string& text) const {
+  AERIE_THROW("this tokenizer does not track byte offsets (encode_with_offsets)");
+}
 
 std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& path) {
   fs::path file = path;
@@ -63,27 +86,23 @@ std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& path) {
 
   const std::string type = tj["model"].value("type", "");
   const nlohmann::json pre = tj.value("pre_tokenizer", nlohmann::json());
-  std::unique_ptr<tok::SentencePieceBpe> t;
+  std::unique_ptr<Tokenizer> t;
   if (type == "BPE" && !has_pre_tokenizer(pre, "ByteLevel")) {
-    t = std::make_unique<tok::SentencePieceBpe>(tj, fname);
+    auto sp = std::make_unique<tok::SentencePieceBpe>(tj, fname);
+    set_special_ids(*sp, cfg, cfg_path.string(), fname, sp->token_to_id("<s>"));
+    t = std::move(sp);
   } else if (type == "BPE") {
-    AERIE_THROW(fname << ": byte-level BPE tokenizers (Llama-3, Qwen) are not implemented yet");
+    auto bl = std::make_unique<tok::ByteLevelBpe>(tj, fname);
+    // BOS: the config's bos_token, else the special token TemplateProcessing puts first (Llama-3).
+    const int32_t tmpl = bl->template_prefix().empty() ? -1 : bl->template_prefix().front();
+    set_special_ids(*bl, cfg, cfg_path.string(), fname, tmpl >= 0 ? tmpl : bl->token_to_id("<s>"));
+    if (tmpl >= 0 && bl->bos_id() != tmpl)
+      AERIE_LOG(warning) << fname << ": the post_processor starts with token " << tmpl << " but BOS is "
+                         << bl->bos_id() << " (" << cfg_path.string() << ")";
+    t = std::move(bl);
   } else {
     AERIE_THROW(fname << ": tokenizer model type '" << type << "' is not supported (only BPE)");
   }
-
-  // BOS/EOS: tokenizer_config.json's bos_token/eos_token, else "<s>"/"</s>" when in the vocabulary.
-  auto special = [&](const char* key, const char* fallback) {
-    const std::string name = config_token(cfg, key);
-    if (!name.empty()) {
-      const int32_t id = t->token_to_id(name);
-      AERIE_CHECK(id >= 0, cfg_path.string() << ": " << key << " '" << name << "' is not in " << fname);
-      return id;
-    }
-    if (cfg.is_object() && cfg.contains(key)) return -1;  // explicitly null
-    return t->token_to_id(fallback);
-  };
-  t->set_special_ids(special("bos_token", "<s>"), special("eos_token", "</s>"));
   AERIE_LOG(debug) << "tokenizer " << fname << ": " << type << ", vocab " << t->vocab_size() << ", bos "
                    << t->bos_id() << ", eos " << t->eos_id();
   return t;

@@ -142,8 +142,17 @@ TEST(TokenizerLoad, ErrorsNameTheFile) {
   std::ofstream(dir + "/badmerge.json")
       << R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": ["a b"]}})";
   expect_error(dir + "/badmerge.json", "ab");
-  const std::string llama3 = testing::data_dir() + "/tokenizers/llama3/tokenizer.json";
-  if (std::filesystem::exists(llama3)) expect_error(llama3, "byte-level");
+  // Byte-level BPE: a vocabulary without the 256 byte pieces, an unsupported pre-tokenizer, a bad regex.
+  std::ofstream(dir + "/nobytes.json")
+      << R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}, "pre_tokenizer": {"type": "ByteLevel"}})";
+  expect_error(dir + "/nobytes.json", "no piece for byte");
+  std::ofstream(dir + "/punct.json") << R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
+      "pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "Punctuation"}, {"type": "ByteLevel"}]}})";
+  expect_error(dir + "/punct.json", "Punctuation");
+  std::ofstream(dir + "/regex.json") << R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
+      "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": "(a"}, "behavior": "Isolated"}, {"type": "ByteLevel"}]}})";
+  expect_error(dir + "/regex.json", "(a");
 }
 
 TEST(TokenizerLoad, SpecialIdsFromConfigAndAddedTokens) {
