@@ -3,33 +3,85 @@
 
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/dispatch.h"
+#ifdef AERIE_WITH_CUDA
+#include "kernels/cuda/embedding.h"
+#endif
 
 namespace aerie {
 
 using kernels::what;
+
+namespace {
+
+/// Checks ids ([N] I32, any device: GPU ids are copied to the host) against the table's v rows.
+void check_ids(const char* op, const Tensor& ids, int64_t v, int64_t row_offset) {
+  const Tensor host = ids.device() == Device::CPU ? ids : ids.to_device(Device::CPU);
+  const int32_t* id = host.data<int32_t>();
+  for (int64_t i = 0; i < host.numel(); ++i) {
+    const int64_t row = static_cast<int64_t>(id[i]) - row_offset;
+    AERIE_CHECK(row >= 0 && row < v, op << ": ids[" << i << "] = " << id[i] << " (row offset " << row_offset
+                                        << ") is outside the table's " << v << " rows");
+  }
+}
+
+void check_float(const Tensor& t, const char* op, const char* name) {
+  AERIE_CHECK(t.dtype() == DType::F32 || t.dtype() == DType::BF16,
+              op << ": " << name << " must be F32 or BF16, got " << dtype_name(t.dtype()));
+}
+
+}  // namespace
 
 void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out, int64_t row_offset) {
   constexpr const char* op = "embedding_forward";
   AERIE_CHECK(ids.ndim() == 1, op << ": ids must be [N], got " << shape_str(ids.shape()));
   ids.check_dtype(DType::I32, what(op, "ids"));
   AERIE_CHECK(table.ndim() == 2, op << ": table must be [V, H], got " << shape_str(table.shape()));
-  AERIE_CHECK(table.dtype() == DType::F32 || table.dtype() == DType::BF16,
-              op << ": table must be F32 or BF16, got " << dtype_name(table.dtype()));
+  check_float(table, op, "table");
   const int64_t n = ids.dim(0), v = table.dim(0), h = table.dim(1);
   out.check_shape({n, h}, what(op, "out"));
-  out.check_dtype(DType::F32, what(op, "out"));
+  check_float(out, op, "out");
   const Device dev = kernels::common_device(op, {{"ids", &ids}, {"table", &table}, {"out", &out}});
-  if (dev != Device::CPU) kernels::throw_no_backend(op, dev);
-  const int32_t* id = ids.data<int32_t>();
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t row = static_cast<int64_t>(id[i]) - row_offset;
-    AERIE_CHECK(row >= 0 && row < v, op << ": ids[" << i << "] = " << id[i] << " (row offset " << row_offset
-                                        << ") is outside the table's " << v << " rows");
+  if (dev == Device::CUDA) {
+#ifdef AERIE_WITH_CUDA
+    check_ids(op, ids, v, row_offset);
+    cuda::embedding_forward(ids, table, out, row_offset);
+    return;
+#else
+    kernels::throw_no_backend(op, dev);
+#endif
   }
+  check_ids(op, ids, v, row_offset);
+  const int32_t* id = ids.data<int32_t>();
+  Tensor of = out.dtype() == DType::F32 ? out : Tensor::empty({n, h}, DType::F32);
   if (table.dtype() == DType::F32)
-    cpu::embedding_forward(id, table.data<float>(), out.data<float>(), n, h, row_offset);
+    cpu::embedding_forward(id, table.data<float>(), of.data<float>(), n, h, row_offset);
   else
-    cpu::embedding_forward(id, table.data<bf16>(), out.data<float>(), n, h, row_offset);
+    cpu::embedding_forward(id, table.data<bf16>(), of.data<float>(), n, h, row_offset);
+  if (out.dtype() != DType::F32) out.copy_from(of.to(out.dtype()));
+}
+
+void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable, int64_t row_offset) {
+  constexpr const char* op = "embedding_backward";
+  AERIE_CHECK(ids.ndim() == 1, op << ": ids must be [N], got " << shape_str(ids.shape()));
+  ids.check_dtype(DType::I32, what(op, "ids"));
+  AERIE_CHECK(dtable.ndim() == 2, op << ": dtable must be [V, H], got " << shape_str(dtable.shape()));
+  dtable.check_dtype(DType::F32, what(op, "dtable"));
+  const int64_t n = ids.dim(0), v = dtable.dim(0), h = dtable.dim(1);
+  dout.check_shape({n, h}, what(op, "dout"));
+  check_float(dout, op, "dout");
+  const Device dev = kernels::common_device(op, {{"ids", &ids}, {"dout", &dout}, {"dtable", &dtable}});
+  if (dev == Device::CUDA) {
+#ifdef AERIE_WITH_CUDA
+    check_ids(op, ids, v, row_offset);
+    cuda::embedding_backward(ids, dout, dtable, row_offset);
+    return;
+#else
+    kernels::throw_no_backend(op, dev);
+#endif
+  }
+  check_ids(op, ids, v, row_offset);
+  const Tensor df = dout.dtype() == DType::F32 ? dout : dout.to(DType::F32);
+  cpu::embedding_backward(ids.data<int32_t>(), df.data<float>(), dtable.data<float>(), n, h, row_offset);
 }
 
 }  // namespace aerie

@@ -1,12 +1,19 @@
-// Embedding lookup: out[i] = table[ids[i]].
+// Embedding lookup: out[i] = table[ids[i]], and its backward (a scatter-add of rows).
 #pragma once
 #include "core/tensor.h"
 
 namespace aerie {
 
-/// ids: [N] I32, table: [V, H] (F32 or BF16) -> out: [N, H] F32. `row_offset` is subtracted from
-/// every id first (vocabulary-parallel shards). Throws aerie::Error naming the id when it is out of
-/// [0, V).
+/// ids: [N] I32, table: [V, H] (F32 or BF16) -> out: [N, H] F32 or BF16 (rows converted to out's dtype;
+/// exact for F32 out or a BF16 table). `row_offset` is subtracted from every id first
+/// (vocabulary-parallel shards). Throws aerie::Error naming the id when it is out of [0, V). On CUDA
+/// the ids are copied to the host for that check (a synchronisation of the current stream).
 void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out, int64_t row_offset = 0);
+
+/// The backward of embedding_forward: dtable[ids[i] - row_offset] += dout[i] for every i, in fp32.
+/// ids: [N] I32, dout: [N, H] F32 or BF16, dtable: [V, H] F32 (ADDED to, so gradients accumulate).
+/// Repeated ids accumulate every row: in order on the CPU, with fp32 atomics on CUDA (so there the
+/// summation order, and the last bits, vary between runs). Throws like embedding_forward.
+void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable, int64_t row_offset = 0);
 
 }  // namespace aerie

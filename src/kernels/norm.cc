@@ -1,22 +1,42 @@
-// RMSNorm: checks and device dispatch (see norm.h).
+// RMSNorm: checks and device dispatch (see norm.h). The CPU reference is fp32 only: BF16 tensors are
+// widened here first and BF16 outputs rounded from an fp32 result.
 #include "kernels/norm.h"
 
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/dispatch.h"
+#ifdef AERIE_WITH_CUDA
+#include "kernels/cuda/norm.h"
+#endif
 
 namespace aerie {
 
 using kernels::what;
 
+namespace {
+
+void check_float(const Tensor& t, const char* op, const char* name) {
+  AERIE_CHECK(t.dtype() == DType::F32 || t.dtype() == DType::BF16,
+              op << ": " << name << " must be F32 or BF16, got " << dtype_name(t.dtype()));
+}
+/// t as F32 (t itself when it already is; a widened CPU copy for BF16).
+Tensor as_f32(const Tensor& t) { return t.dtype() == DType::F32 ? t : t.to(DType::F32); }
+/// Where to compute `out` in fp32: out itself when F32, else a new tensor (then store_f32).
+Tensor f32_out(const Tensor& out) { return out.dtype() == DType::F32 ? out : Tensor::empty(out.shape(), DType::F32); }
+void store_f32(Tensor& out, const Tensor& f) {
+  if (out.dtype() != DType::F32) out.copy_from(f.to(out.dtype()));
+}
+
+}  // namespace
+
 void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, Tensor& y, Tensor* rstd) {
   constexpr const char* op = "rmsnorm_forward";
   AERIE_CHECK(x.ndim() == 2, op << ": x must be [N, H], got " << shape_str(x.shape()));
   const int64_t n = x.dim(0), h = x.dim(1);
-  x.check_dtype(DType::F32, what(op, "x"));
+  check_float(x, op, "x");
   w.check_shape({h}, what(op, "w"));
-  w.check_dtype(DType::F32, what(op, "w"));
+  check_float(w, op, "w");
   y.check_shape({n, h}, what(op, "y"));
-  y.check_dtype(DType::F32, what(op, "y"));
+  check_float(y, op, "y");
   const bool want_rstd = rstd && rstd->defined();
   if (want_rstd) {
     rstd->check_shape({n}, what(op, "rstd"));
@@ -24,9 +44,19 @@ void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, Tensor& y, Ten
   }
   const Device dev = kernels::common_device(op, {{"x", &x}, {"w", &w}, {"y", &y}});
   if (want_rstd) kernels::common_device(op, {{"x", &x}, {"rstd", rstd}});
-  if (dev != Device::CPU) kernels::throw_no_backend(op, dev);
-  cpu::rmsnorm_forward(x.data<float>(), w.data<float>(), eps, n, h, y.data<float>(),
+  if (dev == Device::CUDA) {
+#ifdef AERIE_WITH_CUDA
+    cuda::rmsnorm_forward(x, w, eps, y, want_rstd ? rstd : nullptr);
+    return;
+#else
+    kernels::throw_no_backend(op, dev);
+#endif
+  }
+  const Tensor xf = as_f32(x), wf = as_f32(w);
+  Tensor yf = f32_out(y);
+  cpu::rmsnorm_forward(xf.data<float>(), wf.data<float>(), eps, n, h, yf.data<float>(),
                        want_rstd ? rstd->data<float>() : nullptr);
+  store_f32(y, yf);
 }
 
 void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd, Tensor& dx,
@@ -36,10 +66,10 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const 
   const int64_t n = x.dim(0), h = x.dim(1);
   for (auto [name, t] : {std::pair<const char*, const Tensor*>{"dy", &dy}, {"x", &x}, {"dx", &dx}}) {
     t->check_shape({n, h}, what(op, name));
-    t->check_dtype(DType::F32, what(op, name));
+    check_float(*t, op, name);
   }
   w.check_shape({h}, what(op, "w"));
-  w.check_dtype(DType::F32, what(op, "w"));
+  check_float(w, op, "w");
   rstd.check_shape({n}, what(op, "rstd"));
   rstd.check_dtype(DType::F32, what(op, "rstd"));
   if (dw) {
@@ -49,9 +79,19 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const 
   const Device dev =
       kernels::common_device(op, {{"dy", &dy}, {"x", &x}, {"w", &w}, {"rstd", &rstd}, {"dx", &dx}});
   if (dw) kernels::common_device(op, {{"x", &x}, {"dw", dw}});
-  if (dev != Device::CPU) kernels::throw_no_backend(op, dev);
-  cpu::rmsnorm_backward(dy.data<float>(), x.data<float>(), w.data<float>(), rstd.data<float>(), n, h,
-                        dx.data<float>(), dw ? dw->data<float>() : nullptr);
+  if (dev == Device::CUDA) {
+#ifdef AERIE_WITH_CUDA
+    cuda::rmsnorm_backward(dy, x, w, rstd, dx, dw);
+    return;
+#else
+    kernels::throw_no_backend(op, dev);
+#endif
+  }
+  const Tensor dyf = as_f32(dy), xf = as_f32(x), wf = as_f32(w);
+  Tensor dxf = f32_out(dx);
+  cpu::rmsnorm_backward(dyf.data<float>(), xf.data<float>(), wf.data<float>(), rstd.data<float>(), n, h,
+                        dxf.data<float>(), dw ? dw->data<float>() : nullptr);
+  store_f32(dx, dxf);
 }
 
 }  // namespace aerie

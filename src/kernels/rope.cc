@@ -3,6 +3,9 @@
 
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/dispatch.h"
+#ifdef AERIE_WITH_CUDA
+#include "kernels/cuda/rope.h"
+#endif
 
 namespace aerie {
 
@@ -12,6 +15,8 @@ std::vector<float> rope_inv_freq(const RopeParams& p, int64_t head_dim) {
   AERIE_CHECK(head_dim > 0 && head_dim % 2 == 0, "rope_inv_freq: head_dim must be even and positive, got "
                                                      << head_dim);
   AERIE_CHECK(p.theta > 0.0, "rope_inv_freq: rope_theta must be positive, got " << p.theta);
+  if (p.type == "linear" || p.type == "llama3")
+    AERIE_CHECK(p.factor > 0.0, "rope_inv_freq: rope_scaling factor must be positive, got " << p.factor);
   if (p.type == "llama3")
     AERIE_CHECK(p.factor > 0.0 && p.low_freq_factor > 0.0 && p.high_freq_factor > p.low_freq_factor &&
                     p.original_max_position_embeddings > 0,
@@ -25,14 +30,28 @@ void rope_apply(Tensor& x, const Tensor& positions, const std::vector<float>& in
   constexpr const char* op = "rope_apply";
   AERIE_CHECK(x.ndim() == 3, op << ": x must be [T, n_heads, head_dim], got " << shape_str(x.shape()));
   const int64_t t = x.dim(0), nh = x.dim(1), d = x.dim(2);
-  x.check_dtype(DType::F32, what(op, "x"));
+  AERIE_CHECK(x.dtype() == DType::F32 || x.dtype() == DType::BF16,
+              op << ": x must be F32 or BF16, got " << dtype_name(x.dtype()));
   positions.check_shape({t}, what(op, "positions"));
   positions.check_dtype(DType::I32, what(op, "positions"));
   AERIE_CHECK(static_cast<int64_t>(inv_freq.size()) * 2 == d,
               op << ": inv_freq has " << inv_freq.size() << " entries, head_dim " << d << " needs " << d / 2);
   const Device dev = kernels::common_device(op, {{"x", &x}, {"positions", &positions}});
-  if (dev != Device::CPU) kernels::throw_no_backend(op, dev);
-  cpu::rope_apply(x.data<float>(), positions.data<int32_t>(), inv_freq.data(), t, nh, d, inverse);
+  if (dev == Device::CUDA) {
+#ifdef AERIE_WITH_CUDA
+    cuda::rope_apply(x, positions, inv_freq, inverse);
+    return;
+#else
+    kernels::throw_no_backend(op, dev);
+#endif
+  }
+  if (x.dtype() == DType::F32) {
+    cpu::rope_apply(x.data<float>(), positions.data<int32_t>(), inv_freq.data(), t, nh, d, inverse);
+    return;
+  }
+  Tensor xf = x.to(DType::F32);  // BF16: rotate an fp32 copy, round back
+  cpu::rope_apply(xf.data<float>(), positions.data<int32_t>(), inv_freq.data(), t, nh, d, inverse);
+  x.copy_from(xf.to(x.dtype()));
 }
 
 }  // namespace aerie

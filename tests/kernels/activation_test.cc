@@ -37,8 +37,25 @@ TEST(Swiglu, BackwardMatchesFiniteDifferences) {
 TEST(Swiglu, ErrorsNameTheTensor) {
   Tensor g = random_tensor({2, 4}, 1), u = random_tensor({2, 5}, 2), out = Tensor::empty({2, 4}, DType::F32);
   testing::expect_error([&] { swiglu_forward(g, u, out); }, "swiglu_forward: up");
-  Tensor u4 = random_tensor({2, 4}, 2), dg = Tensor::empty({2, 4}, DType::BF16);
+  Tensor u4 = random_tensor({2, 4}, 2), dg = Tensor::empty({2, 4}, DType::I32);
   testing::expect_error([&] { swiglu_backward(out, g, u4, dg, out); }, "swiglu_backward: dgate");
+}
+
+// BF16 inputs and outputs: widened to fp32, computed as F32, each output rounded once.
+TEST(Swiglu, Bf16IsWidenedAndRounded) {
+  const Shape s{3, 7};
+  Tensor g = testing::random_tensor(s, 11, -4.0f, 4.0f).to(DType::BF16), u = testing::random_tensor(s, 12);
+  Tensor of = Tensor::empty(s, DType::F32), o = Tensor::empty(s, DType::BF16);
+  swiglu_forward(g.to(DType::F32), u, of);
+  swiglu_forward(g, u, o);  // BF16 gate, F32 up -> BF16 out
+  EXPECT_EQ(o.to_float_vector(), of.to(DType::BF16).to_float_vector());
+  Tensor d = testing::random_tensor(s, 13).to(DType::BF16);
+  Tensor dgf = Tensor::empty(s, DType::F32), duf = Tensor::empty(s, DType::F32);
+  swiglu_backward(d.to(DType::F32), g.to(DType::F32), u, dgf, duf);
+  Tensor dg = Tensor::empty(s, DType::BF16), du = Tensor::empty(s, DType::F32);
+  swiglu_backward(d, g, u, dg, du);
+  EXPECT_EQ(dg.to_float_vector(), dgf.to(DType::BF16).to_float_vector());
+  EXPECT_EQ(du.to_float_vector(), duf.to_float_vector());
 }
 
 }  // namespace

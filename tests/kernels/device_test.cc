@@ -26,6 +26,7 @@ class DeviceDispatch : public ::testing::Test {
 };
 
 TEST_F(DeviceDispatch, CudaTensorsThrowNotBuilt) {
+  if (cuda::built()) GTEST_SKIP() << "the CUDA backend is built: the ops dispatch to it (tests/kernels/*_cuda_test.cc)";
   Tensor a = cuda({2, 3}), b = cuda({3, 4}), c = cuda({2, 4});
   testing::expect_error([&] { matmul(a, b, c, false, false); }, "not built");
   Tensor x = cuda({2, 3}), w = cuda({3}), y = cuda({2, 3}), rstd = cuda({2});

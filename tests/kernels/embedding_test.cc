@@ -43,5 +43,54 @@ TEST(Embedding, ErrorsNameTheIdAndTensor) {
   testing::expect_error([&] { embedding_forward(ids64, table, out); }, "embedding_forward: ids");
 }
 
+TEST(Embedding, Bf16OutputIsTheRoundedRow) {
+  Tensor table = testing::random_tensor({3, 4}, 2);
+  Tensor ids = Tensor::from_vector<int32_t>({2, 2, 0}, {3});
+  Tensor out = Tensor::empty({3, 4}, DType::BF16), ref = Tensor::empty({3, 4}, DType::F32);
+  embedding_forward(ids, table, out);
+  embedding_forward(ids, table, ref);
+  EXPECT_EQ(out.to_float_vector(), ref.to(DType::BF16).to_float_vector());
+}
+
+// The backward by hand: repeated ids add up, other rows keep their values, BF16 dout is widened.
+TEST(Embedding, BackwardAddsRowsPerId) {
+  const int64_t h = 2;
+  Tensor ids = Tensor::from_vector<int32_t>({12, 10, 12, 12}, {4});  // row offset 10: rows 2, 0, 2, 2
+  Tensor dout = Tensor::from_vector<float>({1, 2, 3, 4, 0.5f, 0.25f, -1, 8}, {4, h});
+  Tensor dtable = Tensor::from_vector<float>({100, 200, 300, 400, 500, 600}, {3, h});
+  embedding_backward(ids, dout, dtable, 10);
+  EXPECT_EQ(dtable.to_float_vector(), (std::vector<float>{103, 204, 300, 400, 500.5f, 610.25f}));
+  Tensor dout_bf = dout.to(DType::BF16);  // these values are exact in bf16
+  embedding_backward(ids, dout_bf, dtable, 10);
+  EXPECT_EQ(dtable.to_float_vector(), (std::vector<float>{106, 208, 300, 400, 501, 620.5f}));
+}
+
+// The backward is the adjoint of the forward: <forward(table), R> has gradient backward(R) wrt table.
+TEST(Embedding, BackwardMatchesFiniteDifferences) {
+  Tensor table = testing::random_tensor({5, 3}, 3);
+  Tensor ids = Tensor::from_vector<int32_t>({4, 1, 4, 0}, {4});
+  Tensor r = testing::random_tensor({4, 3}, 4);
+  Tensor out = Tensor::empty({4, 3}, DType::F32);
+  auto loss = [&] {
+    embedding_forward(ids, table, out);
+    return testing::dot_double(out, r);
+  };
+  const auto g = testing::numeric_grad(table, loss);
+  Tensor dtable = Tensor::zeros({5, 3}, DType::F32);
+  embedding_backward(ids, r, dtable);
+  testing::expect_close(dtable.to_float_vector(), g, testing::kFdAtol, testing::kFdRtol, "dtable");
+}
+
+TEST(Embedding, BackwardErrorsNameTheIdAndTensor) {
+  Tensor dtable = Tensor::zeros({4, 3}, DType::F32), dout = Tensor::zeros({2, 3}, DType::F32);
+  Tensor ids = Tensor::from_vector<int32_t>({1, 4}, {2});
+  testing::expect_error([&] { embedding_backward(ids, dout, dtable); }, "ids[1] = 4");
+  Tensor ok = Tensor::from_vector<int32_t>({1, 2}, {2});
+  Tensor dtable_bf = Tensor::zeros({4, 3}, DType::BF16);
+  testing::expect_error([&] { embedding_backward(ok, dout, dtable_bf); }, "embedding_backward: dtable");
+  Tensor dout_bad = Tensor::zeros({2, 4}, DType::F32);
+  testing::expect_error([&] { embedding_backward(ok, dout_bad, dtable); }, "embedding_backward: dout");
+}
+
 }  // namespace
 }  // namespace aerie

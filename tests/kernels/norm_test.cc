@@ -75,5 +75,29 @@ TEST(RmsNorm, ErrorsNameTheTensor) {
   testing::expect_error([&] { rmsnorm_backward(x, x, w, rstd, dx_bad, nullptr); }, "rmsnorm_backward: dx");
 }
 
+// BF16 activations and weights: widened to fp32, computed as F32, the outputs rounded once.
+TEST(RmsNorm, Bf16IsWidenedAndRounded) {
+  const int64_t n = 3, h = 10;
+  Tensor x = testing::random_tensor({n, h}, 7, -2.0f, 2.0f).to(DType::BF16);
+  Tensor w = testing::random_tensor({h}, 8, 0.5f, 1.5f).to(DType::BF16);
+  Tensor xf = x.to(DType::F32), wf = w.to(DType::F32);
+  Tensor yf = Tensor::empty({n, h}, DType::F32), rf = Tensor::empty({n}, DType::F32);
+  rmsnorm_forward(xf, wf, 1e-5f, yf, &rf);
+  Tensor y = Tensor::empty({n, h}, DType::BF16), r = Tensor::empty({n}, DType::F32);
+  rmsnorm_forward(x, w, 1e-5f, y, &r);
+  EXPECT_EQ(y.to_float_vector(), yf.to(DType::BF16).to_float_vector());
+  EXPECT_EQ(r.to_float_vector(), rf.to_float_vector());
+  rmsnorm_forward(x, w, 1e-5f, x, nullptr);  // in place, BF16
+  EXPECT_EQ(x.to_float_vector(), y.to_float_vector());
+
+  Tensor dy = testing::random_tensor({n, h}, 9).to(DType::BF16);
+  Tensor dxf = Tensor::empty({n, h}, DType::F32), dwf = Tensor::zeros({h}, DType::F32);
+  rmsnorm_backward(dy.to(DType::F32), xf, wf, rf, dxf, &dwf);
+  Tensor dx = Tensor::empty({n, h}, DType::BF16), dw = Tensor::zeros({h}, DType::F32);
+  rmsnorm_backward(dy, xf.to(DType::BF16), w, r, dx, &dw);
+  EXPECT_EQ(dx.to_float_vector(), dxf.to(DType::BF16).to_float_vector());
+  EXPECT_EQ(dw.to_float_vector(), dwf.to_float_vector());
+}
+
 }  // namespace
 }  // namespace aerie

@@ -64,5 +64,88 @@ TEST(GradHelpers, SumSquaresScaleAdd) {
   testing::expect_error([&] { add_inplace(z, x); }, "numel");
 }
 
+// adamw_step_clipped on the CPU is exactly train/schedule.cc's clip_grad_norm (sum_squares, then
+// scale_inplace when the clip factor is < 1) followed by adamw_step on every tensor.
+TEST(AdamWClipped, EqualsComposedOps) {
+  const std::vector<int64_t> sizes = {37, 1, 0, 500, 64};
+  AdamWParams hp;
+  hp.lr = 1e-2f;
+  hp.weight_decay = 0.05f;
+  for (double max_norm : {0.5, 1e6, 0.0}) {  // clip active, inactive, disabled
+    std::vector<Tensor> p, m, v, p2, m2, v2;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      p.push_back(testing::random_tensor({sizes[i]}, 10 + i));
+      m.push_back(Tensor::zeros({sizes[i]}, DType::F32));
+      v.push_back(Tensor::zeros({sizes[i]}, DType::F32));
+      p2.push_back(p.back().clone());
+      m2.push_back(m.back().clone());
+      v2.push_back(v.back().clone());
+    }
+    for (int step = 1; step <= 3; ++step) {
+      std::vector<Tensor> g, g2;
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        g.push_back(testing::random_tensor({sizes[i]}, 20 + 10 * step + i, -0.5f, 0.5f));
+        g2.push_back(g.back().clone());
+      }
+      double ss = 0;
+      for (auto& t : g) ss += sum_squares(t);
+      const double norm = std::sqrt(ss);
+      const bool clips = max_norm > 0 && max_norm / (norm + 1e-6) < 1.0;
+      if (clips)
+        for (auto& t : g) scale_inplace(t, static_cast<float>(max_norm / (norm + 1e-6)));
+      for (size_t i = 0; i < sizes.size(); ++i) adamw_step(p[i], g[i], m[i], v[i], hp, step);
+
+      std::vector<Tensor*> ps, ms, vs;
+      std::vector<const Tensor*> gs;
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        ps.push_back(&p2[i]);
+        gs.push_back(&g2[i]);
+        ms.push_back(&m2[i]);
+        vs.push_back(&v2[i]);
+      }
+      const std::vector<float> g0 = g2[0].to_float_vector();
+      EXPECT_EQ(adamw_step_clipped(ps, gs, ms, vs, hp, step, max_norm), norm);
+      EXPECT_EQ(clips, max_norm == 0.5) << "norm " << norm;
+      EXPECT_EQ(g2[0].to_float_vector(), g0) << "gradients are left unchanged";
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        EXPECT_EQ(p2[i].to_float_vector(), p[i].to_float_vector()) << "param " << i << " step " << step;
+        EXPECT_EQ(m2[i].to_float_vector(), m[i].to_float_vector()) << "m " << i << " step " << step;
+        EXPECT_EQ(v2[i].to_float_vector(), v[i].to_float_vector()) << "v " << i << " step " << step;
+      }
+    }
+  }
+}
+
+TEST(AdamWClipped, ErrorsNameTheTensor) {
+  Tensor p = Tensor::zeros({3}, DType::F32), g = Tensor::zeros({3}, DType::F32), g4 = Tensor::zeros({4}, DType::F32);
+  Tensor m = Tensor::zeros({3}, DType::F32), v = Tensor::zeros({3}, DType::F32);
+  Tensor p2 = Tensor::zeros({4}, DType::F32), m2 = Tensor::zeros({4}, DType::F32), v2 = Tensor::zeros({4}, DType::F32);
+  testing::expect_error([&] { adamw_step_clipped({&p, &p2}, {&g, &g}, {&m, &m2}, {&v, &v2}, AdamWParams{}, 1, 1.0); },
+                        "adamw_step_clipped: grads[1]");
+  testing::expect_error([&] { adamw_step_clipped({&p}, {&g4}, {&m}, {&v}, AdamWParams{}, 1, 1.0); },
+                        "adamw_step_clipped: grads[0]");
+  testing::expect_error([&] { adamw_step_clipped({&p}, {}, {&m}, {&v}, AdamWParams{}, 1, 1.0); }, "0 grads");
+  testing::expect_error([&] { adamw_step_clipped({&p}, {&g}, {&m}, {&v}, AdamWParams{}, 0, 1.0); },
+                        "step counts from 1");
+  EXPECT_EQ(adamw_step_clipped({}, {}, {}, {}, AdamWParams{}, 1, 1.0), 0.0);
+}
+
+TEST(GradHelpers, Bf16IsWidenedAndRounded) {
+  Tensor x = Tensor::from_vector<float>({1, -2, 3}, {3}).to(DType::BF16);
+  EXPECT_EQ(sum_squares(x), 14.0);
+  scale_inplace(x, 1.0f / 3.0f);
+  EXPECT_EQ(x.to_float_vector(), (std::vector<float>{round_bf16(1.0f / 3.0f), round_bf16(-2.0f / 3.0f), 1.0f}));
+  Tensor y = Tensor::from_vector<float>({0.25f, 0.5f, 1}, {3});  // F32 y += BF16 x
+  add_inplace(y, x);
+  EXPECT_EQ(y.to_float_vector(), (std::vector<float>{0.25f + round_bf16(1.0f / 3.0f),
+                                                     0.5f + round_bf16(-2.0f / 3.0f), 2.0f}));
+  Tensor yb = Tensor::from_vector<float>({1, 1, 1}, {3}).to(DType::BF16);  // BF16 y += BF16 x
+  add_inplace(yb, x);
+  EXPECT_EQ(yb.to_float_vector(), (std::vector<float>{round_bf16(1.0f + round_bf16(1.0f / 3.0f)),
+                                                      round_bf16(1.0f + round_bf16(-2.0f / 3.0f)), 2.0f}));
+  Tensor i32 = Tensor::zeros({3}, DType::I32);
+  testing::expect_error([&] { sum_squares(i32); }, "sum_squares: x must be F32 or BF16");
+}
+
 }  // namespace
 }  // namespace aerie

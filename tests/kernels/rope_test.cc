@@ -116,5 +116,30 @@ TEST(Rope, Errors) {
   testing::expect_error([&] { rope_apply(x, pos_bad, rope_inv_freq(RopeParams{}, 8)); }, "rope_apply: positions");
 }
 
+// transformers _compute_linear_scaling_rope_parameters: the default inv_freq divided by factor.
+TEST(Rope, LinearInvFreqIsDefaultOverFactor) {
+  RopeParams p;
+  p.theta = 10000.0;
+  const auto def = rope_inv_freq(p, 64);
+  p.type = "linear";
+  p.factor = 4.0;
+  const auto lin = rope_inv_freq(p, 64);
+  ASSERT_EQ(lin.size(), def.size());
+  for (size_t i = 0; i < def.size(); ++i) EXPECT_EQ(lin[i], def[i] / 4.0f) << i;
+  p.factor = 0.0;
+  testing::expect_error([&] { rope_inv_freq(p, 64); }, "factor");
+}
+
+TEST(Rope, Bf16RotatesInFp32AndRounds) {
+  const auto inv = rope_inv_freq(RopeParams{}, 8);
+  Tensor x = random_tensor({3, 2, 8}, 4).to(DType::BF16);
+  Tensor pos = Tensor::from_vector<int32_t>({5, 0, 99}, {3});
+  Tensor ref = x.to(DType::F32);
+  rope_apply(ref, pos, inv);
+  rope_apply(x, pos, inv);
+  EXPECT_EQ(x.dtype(), DType::BF16);
+  EXPECT_EQ(x.to_float_vector(), ref.to(DType::BF16).to_float_vector());
+}
+
 }  // namespace
 }  // namespace aerie

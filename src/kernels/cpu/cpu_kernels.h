@@ -37,6 +37,9 @@ void swiglu_backward(const float* dout, const float* gate, const float* up, floa
 // embedding.cc: out (N, H) = table (V, H) [ids - row_offset]; ids already range-checked.
 template <typename T>
 void embedding_forward(const int32_t* ids, const T* table, float* out, int64_t n, int64_t h, int64_t row_offset);
+// dtable (V, H) [ids - row_offset] += dout (N, H), in id order; ids already range-checked.
+void embedding_backward(const int32_t* ids, const float* dout, float* dtable, int64_t n, int64_t h,
+                        int64_t row_offset);
 
 // attention.cc: q (Tq, nh, d), k, v (Tk, nkv, d), out (Tq, nh, d), lse (Tq, nh) or nullptr.
 struct AttentionDims {
@@ -55,8 +58,10 @@ void softmax_rows(const float* x, float* y, int64_t n, int64_t k);
 void argmax_rows(const float* x, int64_t n, int64_t k, int64_t* out);
 
 // optim.cc
+/// grad_scale multiplies every gradient element first (fp32; the clip coefficient of
+/// adamw_step_clipped, 1 = unscaled, exactly).
 void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, const AdamWParams& p,
-                int64_t step);
+                int64_t step, float grad_scale = 1.0f);
 double sum_squares(const float* x, int64_t n);
 void scale_inplace(float* x, int64_t n, float s);
 void add_inplace(float* y, const float* x, int64_t n);

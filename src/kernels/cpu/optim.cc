@@ -10,7 +10,7 @@
 namespace aerie::cpu {
 
 void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, const AdamWParams& p,
-                int64_t step) {
+                int64_t step, float grad_scale) {
   const double lr = p.lr, b1 = p.beta1, b2 = p.beta2;
   const float decay = static_cast<float>(1.0 - lr * p.weight_decay);
   const float w1 = static_cast<float>(1.0 - b1);  // lerp weight
@@ -21,7 +21,7 @@ void adamw_step(float* param, const float* grad, float* m, float* v, int64_t n, 
   const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
   const float eps = p.eps;
   for (int64_t i = 0; i < n; ++i) {
-    const float g = grad[i];
+    const float g = grad[i] * grad_scale;  // exact when grad_scale = 1
     if (p.weight_decay != 0.0f) param[i] *= decay;
     // torch lerp: weight < 0.5 ? self + w (end - self) : end - (end - self) (1 - w)
     m[i] = w1 < 0.5f ? m[i] + w1 * (g - m[i]) : g - (g - m[i]) * (1.0f - w1);

@@ -1,10 +1,11 @@
 // CPU rotary position embedding (Hugging Face rotate_half layout) and the inv_freq of transformers'
-// modeling_rope_utils ("default" and "llama3").
+// modeling_rope_utils ("default", "linear" and "llama3").
 //
 // Precision choice: transformers computes inv_freq on fp32 tensors with Python-float (double) scalars,
 // and PyTorch casts such a scalar to fp32 before the elementwise op. We reproduce that op by op in fp32:
 //   default: inv_freq = reciprocal(float(theta) ** (float(2i) / float(d)))       (Tensor.__rtruediv__ is
 //            reciprocal(x) * scalar)
+//   linear:  inv_freq = default / float(factor)
 //   llama3:  wavelen = reciprocal(inv_freq) * float(2 pi); the thresholds old_ctx / low_ff and old_ctx /
 //            high_ff are computed in double (Python) and compared in fp32; smooth = (reciprocal(wavelen) *
 //            float(old_ctx) - float(low_ff)) / float(high_ff - low_ff); smoothed = (1 - smooth) * inv / factor
@@ -28,7 +29,12 @@ std::vector<float> rope_inv_freq(const RopeParams& p, int64_t head_dim) {
     inv[i] = (1.0f / std::pow(base, e)) * 1.0f;
   }
   if (p.type == "default") return inv;
-  AERIE_CHECK(p.type == "llama3", "rope_inv_freq: unknown rope type '" << p.type << "' (default, llama3)");
+  if (p.type == "linear") {  // _compute_linear_scaling_rope_parameters: inv_freq /= factor
+    const float factor = static_cast<float>(p.factor);
+    for (auto& f : inv) f = f / factor;
+    return inv;
+  }
+  AERIE_CHECK(p.type == "llama3", "rope_inv_freq: unknown rope type '" << p.type << "' (default, linear, llama3)");
   const float factor = static_cast<float>(p.factor);
   const float low_ff = static_cast<float>(p.low_freq_factor);
   const float high_minus_low = static_cast<float>(p.high_freq_factor - p.low_freq_factor);

@@ -1,0 +1,48 @@
+// CUDA RoPE, the math of cpu/rope.cc in fp32: for i < d/2, c = cos(pos inv_freq[i]), s = sin(...)
+// (s negated for the inverse), y_i = x_i c - x_{i+d/2} s, y_{i+d/2} = x_{i+d/2} c + x_i s.
+// cosf/sinf are the accurate CUDA versions (no fast math): within 2 ulp of glibc's.
+#include <algorithm>
+
+#include "kernels/cuda/float_io.cuh"
+#include "kernels/cuda/rope.h"
+
+namespace aerie::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kMaxHalf = 512;  // 2 KiB of kernel arguments
+
+struct InvFreq {
+  float v[kMaxHalf];
+};
+
+// One thread per (row t, head, pair i): idx = ((t nh + head) half + i).
+__global__ void rope_kernel(Floats x, const int32_t* positions, const __grid_constant__ InvFreq inv, int64_t nh,
+                            int64_t half, int64_t total, bool inverse) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= total) return;
+  const int64_t i = idx % half, row = idx / half;  // row = t nh + head
+  const float ang = static_cast<float>(positions[row / nh]) * inv.v[i];
+  const float c = cosf(ang), s = inverse ? -sinf(ang) : sinf(ang);
+  const int64_t base = row * 2 * half;
+  const float a = x[base + i], b = x[base + i + half];
+  x.set(base + i, a * c - b * s);
+  x.set(base + i + half, b * c + a * s);
+}
+
+}  // namespace
+
+void rope_apply(Tensor& x, const Tensor& positions, const std::vector<float>& inv_freq, bool inverse) {
+  const int64_t t = x.dim(0), nh = x.dim(1), half = x.dim(2) / 2;
+  AERIE_CHECK(half <= kMaxHalf, "rope_apply: head_dim " << 2 * half << " exceeds the CUDA kernel's limit of "
+                                                        << 2 * kMaxHalf);
+  const int64_t total = t * nh * half;
+  if (total == 0) return;
+  InvFreq inv{};
+  std::copy(inv_freq.begin(), inv_freq.end(), inv.v);
+  rope_kernel<<<grid_x(blocks_for(total, kThreads), "rope_apply"), kThreads, 0, stream()>>>(
+      floats(x), positions.data<int32_t>(), inv, nh, half, total, inverse);
+  AERIE_CUDA_LAUNCHED("rope_kernel");
+}
+
+}  // namespace aerie::cuda
