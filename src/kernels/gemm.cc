@@ -1,8 +1,13 @@
 // matmul: checks and device dispatch (see gemm.h).
 #include "kernels/gemm.h"
 
+#include <vector>
+
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/dispatch.h"
+#ifdef AERIE_WITH_CUDA
+#include "kernels/cuda/gemm.h"
+#endif
 
 namespace aerie {
 
@@ -20,9 +25,26 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& c, bool trans_a, bool tran
                                          << dtype_name(b.dtype()));
   AERIE_CHECK(a.dtype() == DType::F32 || a.dtype() == DType::BF16,
               op << ": a, b must be F32 or BF16, got " << dtype_name(a.dtype()));
-  c.check_dtype(DType::F32, kernels::what(op, "c"));
+  if (a.dtype() == DType::F32) c.check_dtype(DType::F32, kernels::what(op, "c (a, b are F32)"));
+  AERIE_CHECK(c.dtype() == DType::F32 || c.dtype() == DType::BF16,
+              op << ": c must be F32 or BF16, got " << dtype_name(c.dtype()));
   const Device dev = kernels::common_device(op, {{"a", &a}, {"b", &b}, {"c", &c}});
-  if (dev != Device::CPU) kernels::throw_no_backend(op, dev);
+  if (dev == Device::CUDA) {
+#ifdef AERIE_WITH_CUDA
+    cuda::matmul(a, b, c, m, n, k, trans_a, trans_b, alpha, beta);
+    return;
+#else
+    kernels::throw_no_backend(op, dev);
+#endif
+  }
+  if (c.dtype() == DType::BF16) {  // fp32 result, rounded to bf16 once (bf16 a, b checked above)
+    bf16* cb = c.data<bf16>();
+    std::vector<float> cf(static_cast<size_t>(m * n));
+    for (size_t i = 0; i < cf.size(); ++i) cf[i] = beta == 0.0f ? 0.0f : static_cast<float>(cb[i]);
+    cpu::bgemm(a.data<bf16>(), b.data<bf16>(), cf.data(), m, n, k, trans_a, trans_b, alpha, beta);
+    for (size_t i = 0; i < cf.size(); ++i) cb[i] = bf16(cf[i]);
+    return;
+  }
   if (a.dtype() == DType::F32)
     cpu::sgemm(a.data<float>(), b.data<float>(), c.data<float>(), m, n, k, trans_a, trans_b, alpha, beta);
   else

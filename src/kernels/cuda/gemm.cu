@@ -1,0 +1,188 @@
+// CUDA GEMM through cuBLASLt. Row-major c (M, N) = op(a) op(b) is column-major c^T (N, M) =
+// op(b)^T op(a)^T, and a row-major buffer read column-major is its transpose, so cuBLASLt gets our b as
+// its A and our a as its B with the same transpose flags and no copies.
+//
+// One cuBLASLt handle per host thread and device, created on first use; a 32 MiB workspace per
+// (thread, device, stream), allocated once, so that matmuls on two streams never share one; a plan cache
+// (descriptors + the heuristic's algorithm) keyed by shape, dtypes, transposes and pointer alignments.
+// All of it is kept for the life of the process on purpose (destroying cuBLASLt handles from
+// thread_local destructors at exit races the CUDA runtime's own teardown).
+#include "kernels/cuda/gemm.h"
+
+#include <cublasLt.h>
+
+#include <algorithm>
+#include <memory>
+#include <sstream>
+#include <unordered_map>
+
+#include "kernels/cuda/common.cuh"
+
+/// Throws aerie::Error naming `what` when a cuBLAS(Lt) call fails.
+#define AERIE_CUBLAS_CHECK(call, what)                                                               \
+  do {                                                                                               \
+    cublasStatus_t st_ = (call);                                                                     \
+    AERIE_CHECK(st_ == CUBLAS_STATUS_SUCCESS, what << ": " << cublasLtGetStatusName(st_) << " ("     \
+                                                   << cublasLtGetStatusString(st_) << ")");          \
+  } while (0)
+
+namespace aerie::cuda {
+namespace {
+
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
+struct PlanKey {
+  int64_t m, n, k;
+  DType ab, c;
+  bool ta, tb;
+  uint32_t align_a, align_b, align_c;
+  bool operator==(const PlanKey&) const = default;
+};
+struct PlanKeyHash {
+  size_t operator()(const PlanKey& p) const {
+    size_t h = std::hash<int64_t>()(p.m);
+    auto mix = [&h](uint64_t v) { h ^= std::hash<uint64_t>()(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
+    mix(static_cast<uint64_t>(p.n));
+    mix(static_cast<uint64_t>(p.k));
+    mix((static_cast<uint64_t>(p.ab) << 8) | (static_cast<uint64_t>(p.c) << 4) | (p.ta << 1) | p.tb);
+    mix((static_cast<uint64_t>(p.align_a) << 40) | (static_cast<uint64_t>(p.align_b) << 20) | p.align_c);
+    return h;
+  }
+};
+
+/// The descriptors and algorithm of one matmul configuration.
+struct Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;  // cuBLASLt's A (our b), B (our a), C = D
+  cublasLtMatmulAlgo_t algo{};
+};
+
+struct Context {
+  cublasLtHandle_t handle = nullptr;
+  std::unordered_map<cudaStream_t, void*> workspaces;
+  std::unordered_map<PlanKey, Plan, PlanKeyHash> plans;
+};
+
+/// The calling thread's context for its current device.
+Context& context() {
+  thread_local std::unordered_map<int, Context*> contexts;
+  int dev = 0;
+  AERIE_CUDA_CHECK(cudaGetDevice(&dev), "matmul: cudaGetDevice");
+  Context*& ctx = contexts[dev];
+  if (!ctx) {
+    auto fresh = std::make_unique<Context>();
+    AERIE_CUBLAS_CHECK(cublasLtCreate(&fresh->handle), "matmul: cublasLtCreate on GPU " << dev);
+    ctx = fresh.release();
+  }
+  return *ctx;
+}
+
+void* workspace(Context& ctx, cudaStream_t s) {
+  void*& ws = ctx.workspaces[s];
+  if (!ws) AERIE_CUDA_CHECK(cudaMalloc(&ws, kWorkspaceBytes), "matmul: cudaMalloc of the 32 MiB cuBLASLt workspace");
+  return ws;
+}
+
+/// Largest power of two <= 256 dividing the address (cuBLASLt's alignment preferences default to 256).
+uint32_t alignment_of(const void* p) {
+  const auto addr = reinterpret_cast<uintptr_t>(p);
+  uint32_t a = 256;
+  while (a > 1 && addr % a != 0) a >>= 1;
+  return a;
+}
+
+cudaDataType_t cuda_type(DType d) { return d == DType::F32 ? CUDA_R_32F : CUDA_R_16BF; }
+
+const Plan& plan_for(Context& ctx, const PlanKey& key) {
+  auto it = ctx.plans.find(key);
+  if (it != ctx.plans.end()) return it->second;
+  const auto shapes = [&key] {
+    std::ostringstream os;
+    os << "matmul M=" << key.m << " N=" << key.n << " K=" << key.k << " " << dtype_name(key.ab) << "->"
+       << dtype_name(key.c) << " trans_a=" << key.ta << " trans_b=" << key.tb;
+    return os.str();
+  };
+  Plan p;
+  const cublasOperation_t op_a = key.tb ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = key.ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  AERIE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+                     shapes() << ": cublasLtMatmulDescCreate");
+  AERIE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a),
+                     shapes() << ": TRANSA");
+  AERIE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b),
+                     shapes() << ": TRANSB");
+  const auto m = static_cast<uint64_t>(key.m), n = static_cast<uint64_t>(key.n), k = static_cast<uint64_t>(key.k);
+  // Stored (pre-op) column-major shapes: our b is (N, K) ld N, or (K, N) ld K when trans_b; our a is
+  // (K, M) ld K, or (M, K) ld M when trans_a; c is (N, M) ld N.
+  AERIE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, cuda_type(key.ab), key.tb ? k : n, key.tb ? n : k,
+                                                key.tb ? key.k : key.n),
+                     shapes() << ": layout of b");
+  AERIE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, cuda_type(key.ab), key.ta ? m : k, key.ta ? k : m,
+                                                key.ta ? key.m : key.k),
+                     shapes() << ": layout of a");
+  AERIE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, cuda_type(key.c), n, m, key.n), shapes() << ": layout of c");
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  AERIE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref), shapes() << ": cublasLtMatmulPreferenceCreate");
+  const uint64_t ws = kWorkspaceBytes;
+  const uint32_t al_a = key.align_b, al_b = key.align_a, al_c = key.align_c;  // cuBLASLt's A is our b
+  cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a);
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b);
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c);
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c);
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulAlgoGetHeuristic(ctx.handle, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  AERIE_CUBLAS_CHECK(st, shapes() << ": cublasLtMatmulAlgoGetHeuristic");
+  AERIE_CHECK(found > 0, shapes() << ": cuBLASLt has no algorithm (pointer alignments a " << key.align_a << ", b "
+                                  << key.align_b << ", c " << key.align_c << " bytes)");
+  p.algo = result.algo;
+  return ctx.plans.emplace(key, p).first->second;
+}
+
+template <typename T>
+__global__ void scale_kernel(T* c, int64_t n, float beta) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    c[i] = from_f32<T>(beta * to_f32(c[i]));
+}
+
+}  // namespace
+
+void matmul(const Tensor& a, const Tensor& b, Tensor& c, int64_t m, int64_t n, int64_t k, bool trans_a,
+            bool trans_b, float alpha, float beta) {
+  if (m == 0 || n == 0) return;
+  const cudaStream_t s = stream();
+  if (k == 0) {  // c = beta c (as the CPU defines it; BLAS would not touch c)
+    if (beta == 0.0f) {
+      AERIE_CUDA_CHECK(cudaMemsetAsync(c.raw(), 0, c.nbytes(), s), "matmul (K = 0): cudaMemsetAsync of c");
+      return;
+    }
+    constexpr int threads = 256;
+    const unsigned blocks = std::min(blocks_for(m * n, threads), 65535u);
+    if (c.dtype() == DType::F32) {
+      scale_kernel<<<blocks, threads, 0, s>>>(static_cast<float*>(c.raw()), m * n, beta);
+    } else {
+      scale_kernel<<<blocks, threads, 0, s>>>(static_cast<__nv_bfloat16*>(c.raw()), m * n, beta);
+    }
+    AERIE_CUDA_LAUNCHED("matmul scale_kernel (K = 0)");
+    return;
+  }
+  Context& ctx = context();
+  const PlanKey key{m, n, k, a.dtype(), c.dtype(), trans_a, trans_b,
+                    alignment_of(a.raw()), alignment_of(b.raw()), alignment_of(c.raw())};
+  const Plan& p = plan_for(ctx, key);
+  AERIE_CUBLAS_CHECK(cublasLtMatmul(ctx.handle, p.desc, &alpha, b.raw(), p.a, a.raw(), p.b, &beta, c.raw(), p.c,
+                                    c.raw(), p.c, &p.algo, workspace(ctx, s), kWorkspaceBytes, s),
+                     "matmul M=" << m << " N=" << n << " K=" << k << " (a " << shape_str(a.shape()) << " "
+                                 << dtype_name(a.dtype()) << (trans_a ? "^T" : "") << ", b "
+                                 << shape_str(b.shape()) << (trans_b ? "^T" : "") << ", c "
+                                 << dtype_name(c.dtype()) << "): cublasLtMatmul");
+}
+
+}  // namespace aerie::cuda

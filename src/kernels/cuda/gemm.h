@@ -1,0 +1,17 @@
+// The CUDA matmul of kernels/gemm.h (cuBLASLt). Plain C++ (no CUDA headers) so that the dispatch in
+// kernels/gemm.cc compiles with g++. Internal to src/kernels.
+#pragma once
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace aerie::cuda {
+
+/// c (M, N) = alpha op(a) op(b) + beta c on the current stream, row-major, as kernels/gemm.h documents;
+/// a, b, c are CUDA tensors already checked there (a, b: F32 or BF16 alike; c: F32, or BF16 for BF16
+/// a, b). fp32 compute (CUBLAS_COMPUTE_32F, no TF32). Returns once queued. Throws aerie::Error on a
+/// cuBLASLt failure, naming the status and the shapes.
+void matmul(const Tensor& a, const Tensor& b, Tensor& c, int64_t m, int64_t n, int64_t k, bool trans_a,
+            bool trans_b, float alpha, float beta);
+
+}  // namespace aerie::cuda

@@ -1,0 +1,166 @@
+// matmul on CUDA (cuBLASLt) against the CPU matmul on the same inputs, over shapes with odd sizes, every
+// transpose combination, F32 and BF16 inputs, F32 and BF16 outputs, and alpha/beta; plus the CPU's BF16
+// output (the reference of the CUDA one).
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <sstream>
+
+#include "kernel_test_util.h"
+#include "kernels/gemm.h"
+
+namespace aerie {
+namespace {
+
+using testing::random_tensor;
+
+Tensor abs_of(const Tensor& t) {
+  Tensor r = Tensor::empty(t.shape(), DType::F32);
+  const auto v = t.to_float_vector();
+  for (size_t i = 0; i < v.size(); ++i) r.data<float>()[i] = std::fabs(v[i]);
+  return r;
+}
+
+/// EXPECTs |got - ref| <= tol_i elementwise, reporting the first few failures.
+void expect_within(const std::vector<float>& got, const std::vector<float>& ref, const std::vector<float>& tol,
+                   const std::string& what) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  int bad = 0;
+  for (size_t i = 0; i < got.size(); ++i)
+    if (!(std::fabs(got[i] - ref[i]) <= tol[i]) && ++bad <= 5)
+      ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << ", want " << ref[i] << " +- " << tol[i];
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << got.size() << " elements out of tolerance";
+}
+
+struct Dims {
+  int64_t m, n, k;
+};
+
+// Tolerance. Both devices get the same inputs (bf16 inputs are the same bf16 values), and a product of two
+// bf16 values is exact in fp32, so CPU and GPU differ only by the order and blocking of the fp32 sums
+// (and FMA contraction). Any summation order of K terms errs by at most (K - 1) u S with
+// S = sum_p |a_ip b_pj| and u = 2^-24; tensor cores may truncate instead of round inside an MMA step
+// (error up to 2u per addition), so the two results differ by at most ~3 K u S, plus a few roundings of
+// alpha * acc + beta * c: tol = (3 K + 8) u (|alpha| S + |beta c0|). A real bug (a wrong transpose, a
+// missing K block, a dropped alpha or beta) moves results by O(S / K) or more, i.e. ~K^2 / 3 times this
+// (>= 100x for K >= 17). A BF16 c adds one bf16 ulp (<= 2^-7 |ref|): the two fp32 results may sit on
+// either side of a rounding boundary. For K = 1 the only difference is the final rounding.
+std::vector<float> tolerance(const Tensor& a, const Tensor& b, const Tensor& c0, bool ta, bool tb, float alpha,
+                             float beta, int64_t k) {
+  Tensor s = Tensor::zeros(c0.shape(), DType::F32);
+  matmul(abs_of(a), abs_of(b), s, ta, tb);  // S = |a| |b| in fp32 (its own error is ~K u S, negligible)
+  const auto sv = s.to_float_vector(), cv = c0.to_float_vector();
+  constexpr double u = 1.0 / (1 << 24);
+  std::vector<float> tol(sv.size());
+  for (size_t i = 0; i < sv.size(); ++i) {
+    const double scale = std::fabs(alpha) * sv[i] + std::fabs(beta) * std::fabs(cv[i]);
+    tol[i] = static_cast<float>((3.0 * k + 8.0) * u * scale);
+  }
+  return tol;
+}
+
+TEST(MatmulCuda, MatchesCpuOverShapesTransposesDtypes) {
+  AERIE_REQUIRE_CUDA();
+  const Dims shapes[] = {{1, 1, 1}, {17, 33, 65}, {256, 512, 384}, {1000, 37, 129}};
+  struct Types {
+    DType ab, c;
+  };
+  const Types types[] = {{DType::F32, DType::F32}, {DType::BF16, DType::F32}, {DType::BF16, DType::BF16}};
+  uint32_t seed = 100;
+  for (const Dims& d : shapes)
+    for (const Types& ty : types)
+      for (int t = 0; t < 4; ++t)
+        for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{0.75f, -1.5f}}) {
+          const bool ta = t & 1, tb = t & 2;
+          std::ostringstream name;
+          name << "M=" << d.m << " N=" << d.n << " K=" << d.k << " " << dtype_name(ty.ab) << "->"
+               << dtype_name(ty.c) << " trans_a=" << ta << " trans_b=" << tb << " alpha=" << alpha
+               << " beta=" << beta;
+          SCOPED_TRACE(name.str());
+          Tensor a = random_tensor(ta ? Shape{d.k, d.m} : Shape{d.m, d.k}, ++seed).to(ty.ab);
+          Tensor b = random_tensor(tb ? Shape{d.n, d.k} : Shape{d.k, d.n}, ++seed).to(ty.ab);
+          Tensor c0 = random_tensor({d.m, d.n}, ++seed, -2.0f, 2.0f).to(ty.c);
+          Tensor ref = c0.clone();
+          matmul(a, b, ref, ta, tb, alpha, beta);
+          Tensor c = c0.to_device(Device::CUDA);
+          matmul(a.to_device(Device::CUDA), b.to_device(Device::CUDA), c, ta, tb, alpha, beta);
+          ASSERT_EQ(c.device(), Device::CUDA);
+          auto tol = tolerance(a, b, c0, ta, tb, alpha, beta, d.k);
+          const auto refv = ref.to_float_vector();
+          if (ty.c == DType::BF16)
+            for (size_t i = 0; i < tol.size(); ++i) tol[i] += 0x1p-7f * std::fabs(refv[i]);
+          expect_within(c.to_float_vector(), refv, tol, name.str());
+        }
+}
+
+TEST(MatmulCuda, LinearLayerIsDeterministic) {
+  AERIE_REQUIRE_CUDA();
+  Tensor x = random_tensor({300, 192}, 1).to(DType::BF16).to_device(Device::CUDA);
+  Tensor w = random_tensor({130, 192}, 2).to(DType::BF16).to_device(Device::CUDA);
+  Tensor y1 = Tensor::empty({300, 130}, DType::BF16, Device::CUDA), y2 = Tensor::empty({300, 130}, DType::BF16, Device::CUDA);
+  matmul(x, w, y1, false, true);
+  matmul(x, w, y2, false, true);
+  const Tensor h1 = y1.to_device(Device::CPU), h2 = y2.to_device(Device::CPU);
+  EXPECT_EQ(std::memcmp(h1.raw(), h2.raw(), h1.nbytes()), 0);
+}
+
+TEST(MatmulCuda, BetaZeroDoesNotReadC) {
+  AERIE_REQUIRE_CUDA();
+  // BLAS semantics: with beta = 0, c is written, never read (NaN garbage in c must not leak).
+  Tensor a = random_tensor({9, 5}, 3), b = random_tensor({5, 7}, 4);
+  Tensor ref = Tensor::zeros({9, 7}, DType::F32);
+  matmul(a, b, ref, false, false);
+  std::vector<float> nan(63, std::numeric_limits<float>::quiet_NaN());
+  Tensor c = Tensor::from_vector(nan, {9, 7}).to_device(Device::CUDA);
+  matmul(a.to_device(Device::CUDA), b.to_device(Device::CUDA), c, false, false, 1.0f, 0.0f);
+  testing::expect_close(c.to_float_vector(), ref.to_float_vector(), 1e-5f, 1e-5f, "c");  // K = 5: ~5 u
+}
+
+TEST(MatmulCuda, UnalignedViewsAndEmptyInnerDimension) {
+  AERIE_REQUIRE_CUDA();
+  // Row slices start at odd element offsets (pointers only 2- or 4-byte aligned): the plan must not
+  // assume cuBLASLt's default 256-byte alignment.
+  for (DType dt : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    Tensor a = random_tensor({12, 7}, 5).to(dt), b = random_tensor({8, 7}, 6).to(dt);
+    Tensor ad = a.to_device(Device::CUDA), bd = b.to_device(Device::CUDA);
+    Tensor cbig = Tensor::zeros({12, 5}, DType::F32, Device::CUDA);
+    Tensor c = cbig.slice(1, 12);  // (11, 5) starting at element 5
+    matmul(ad.slice(1, 12), bd.slice(3, 8), c, false, true);
+    Tensor ref = Tensor::zeros({11, 5}, DType::F32);
+    matmul(a.slice(1, 12), b.slice(3, 8), ref, false, true);
+    testing::expect_close(c.to_float_vector(), ref.to_float_vector(), 1e-5f, 1e-5f, "c");  // K = 7
+  }
+  // K = 0: c = beta c, on both dtypes of c.
+  Tensor a = Tensor::empty({3, 0}, DType::BF16, Device::CUDA), b = Tensor::empty({0, 2}, DType::BF16, Device::CUDA);
+  for (DType dt : {DType::F32, DType::BF16}) {
+    Tensor c = Tensor::from_vector<float>({1, 2, 3, 4, 5, 6}, {3, 2}).to(dt).to_device(Device::CUDA);
+    matmul(a, b, c, false, false, 1.0f, 0.5f);
+    EXPECT_EQ(c.to_float_vector(), (std::vector<float>{0.5f, 1, 1.5f, 2, 2.5f, 3}));
+    matmul(a, b, c, false, false, 1.0f, 0.0f);
+    EXPECT_EQ(c.to_float_vector(), std::vector<float>(6, 0.0f));
+  }
+}
+
+// The CPU BF16 output (the reference of the CUDA one, and of a CPU-only build).
+TEST(MatmulBf16Output, CpuRoundsTheFp32ResultOnce) {
+  const int64_t m = 6, n = 5, k = 40;
+  Tensor a = random_tensor({m, k}, 7).to(DType::BF16), b = random_tensor({n, k}, 8).to(DType::BF16);
+  for (float beta : {0.0f, 0.5f}) {
+    Tensor c0 = random_tensor({m, n}, 9).to(DType::BF16);
+    Tensor f = c0.to(DType::F32);  // fp32 c with the same (bf16) values
+    matmul(a, b, f, false, true, 2.0f, beta);
+    Tensor c = c0.clone();
+    matmul(a, b, c, false, true, 2.0f, beta);
+    ASSERT_EQ(c.dtype(), DType::BF16);
+    const Tensor want = f.to(DType::BF16);
+    EXPECT_EQ(std::memcmp(c.raw(), want.raw(), c.nbytes()), 0) << "beta " << beta;
+  }
+  // F32 inputs need an F32 c.
+  Tensor af = random_tensor({m, k}, 7), bf = random_tensor({k, n}, 8);
+  Tensor cb = Tensor::zeros({m, n}, DType::BF16);
+  testing::expect_error([&] { matmul(af, bf, cb, false, false); }, "matmul: c");
+}
+
+}  // namespace
+}  // namespace aerie
