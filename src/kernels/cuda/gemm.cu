@@ -55,6 +55,7 @@ struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;  // cuBLASLt's A (our b), B (our a), C = D
   cublasLtMatmulAlgo_t algo{};
+  bool found = false;  // false: the heuristic had no algorithm (e.g. for these pointer alignments)
 };
 
 struct Context {
@@ -93,9 +94,10 @@ uint32_t alignment_of(const void* p) {
 
 cudaDataType_t cuda_type(DType d) { return d == DType::F32 ? CUDA_R_32F : CUDA_R_16BF; }
 
-const Plan& plan_for(Context& ctx, const PlanKey& key) {
+/// The cached plan of `key`, made on first use; nullptr when cuBLASLt has no algorithm for it.
+const Plan* plan_for(Context& ctx, const PlanKey& key) {
   auto it = ctx.plans.find(key);
-  if (it != ctx.plans.end()) return it->second;
+  if (it != ctx.plans.end()) return it->second.found ? &it->second : nullptr;
   const auto shapes = [&key] {
     std::ostringstream os;
     os << "matmul M=" << key.m << " N=" << key.n << " K=" << key.k << " " << dtype_name(key.ab) << "->"
@@ -140,10 +142,10 @@ const Plan& plan_for(Context& ctx, const PlanKey& key) {
     st = cublasLtMatmulAlgoGetHeuristic(ctx.handle, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   AERIE_CUBLAS_CHECK(st, shapes() << ": cublasLtMatmulAlgoGetHeuristic");
-  AERIE_CHECK(found > 0, shapes() << ": cuBLASLt has no algorithm (pointer alignments a " << key.align_a << ", b "
-                                  << key.align_b << ", c " << key.align_c << " bytes)");
+  p.found = found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
   p.algo = result.algo;
-  return ctx.plans.emplace(key, p).first->second;
+  const Plan& stored = ctx.plans.emplace(key, p).first->second;
+  return stored.found ? &stored : nullptr;
 }
 
 template <typename T>
@@ -176,9 +178,24 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& c, int64_t m, int64_t n, i
   Context& ctx = context();
   const PlanKey key{m, n, k, a.dtype(), c.dtype(), trans_a, trans_b,
                     alignment_of(a.raw()), alignment_of(b.raw()), alignment_of(c.raw())};
-  const Plan& p = plan_for(ctx, key);
-  AERIE_CUBLAS_CHECK(cublasLtMatmul(ctx.handle, p.desc, &alpha, b.raw(), p.a, a.raw(), p.b, &beta, c.raw(), p.c,
-                                    c.raw(), p.c, &p.algo, workspace(ctx, s), kWorkspaceBytes, s),
+  const Plan* p = plan_for(ctx, key);
+  if (!p) {
+    const bool aligned = key.align_a == 256 && key.align_b == 256 && key.align_c == 256;
+    AERIE_CHECK(!aligned, "matmul M=" << m << " N=" << n << " K=" << k << " " << dtype_name(a.dtype()) << "->"
+                                      << dtype_name(c.dtype()) << ": cuBLASLt has no algorithm");
+    // No algorithm for these pointer alignments (views at odd offsets): run on fresh, 256-byte aligned
+    // copies from the pool, then copy c back. All stream-ordered on s.
+    const Tensor a2 = key.align_a < 256 ? a.clone() : a, b2 = key.align_b < 256 ? b.clone() : b;
+    Tensor c2 = key.align_c < 256 ? c.clone() : c;
+    AERIE_CHECK(alignment_of(a2.raw()) == 256 && alignment_of(b2.raw()) == 256 && alignment_of(c2.raw()) == 256,
+                "matmul: no cuBLASLt algorithm for pointer alignments a " << key.align_a << ", b " << key.align_b
+                                                                          << ", c " << key.align_c << " bytes");
+    matmul(a2, b2, c2, m, n, k, trans_a, trans_b, alpha, beta);
+    if (c2.raw() != c.raw()) c.copy_from(c2);
+    return;
+  }
+  AERIE_CUBLAS_CHECK(cublasLtMatmul(ctx.handle, p->desc, &alpha, b.raw(), p->a, a.raw(), p->b, &beta, c.raw(), p->c,
+                                    c.raw(), p->c, &p->algo, workspace(ctx, s), kWorkspaceBytes, s),
                      "matmul M=" << m << " N=" << n << " K=" << k << " (a " << shape_str(a.shape()) << " "
                                  << dtype_name(a.dtype()) << (trans_a ? "^T" : "") << ", b "
                                  << shape_str(b.shape()) << (trans_b ? "^T" : "") << ", c "
