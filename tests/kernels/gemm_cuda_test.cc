@@ -97,7 +97,8 @@ TEST(MatmulCuda, LinearLayerIsDeterministic) {
   AERIE_REQUIRE_CUDA();
   Tensor x = random_tensor({300, 192}, 1).to(DType::BF16).to_device(Device::CUDA);
   Tensor w = random_tensor({130, 192}, 2).to(DType::BF16).to_device(Device::CUDA);
-  Tensor y1 = Tensor::empty({300, 130}, DType::BF16, Device::CUDA), y2 = Tensor::empty({300, 130}, DType::BF16, Device::CUDA);
+  Tensor y1 = Tensor::empty({300, 130}, DType::BF16, Device::CUDA);
+  Tensor y2 = Tensor::empty({300, 130}, DType::BF16, Device::CUDA);
   matmul(x, w, y1, false, true);
   matmul(x, w, y2, false, true);
   const Tensor h1 = y1.to_device(Device::CPU), h2 = y2.to_device(Device::CPU);
@@ -132,7 +133,8 @@ TEST(MatmulCuda, UnalignedViewsAndEmptyInnerDimension) {
     testing::expect_close(c.to_float_vector(), ref.to_float_vector(), 1e-5f, 1e-5f, "c");  // K = 7
   }
   // K = 0: c = beta c, on both dtypes of c.
-  Tensor a = Tensor::empty({3, 0}, DType::BF16, Device::CUDA), b = Tensor::empty({0, 2}, DType::BF16, Device::CUDA);
+  Tensor a = Tensor::empty({3, 0}, DType::BF16, Device::CUDA);
+  Tensor b = Tensor::empty({0, 2}, DType::BF16, Device::CUDA);
   for (DType dt : {DType::F32, DType::BF16}) {
     Tensor c = Tensor::from_vector<float>({1, 2, 3, 4, 5, 6}, {3, 2}).to(dt).to_device(Device::CUDA);
     matmul(a, b, c, false, false, 1.0f, 0.5f);

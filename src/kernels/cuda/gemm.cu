@@ -127,7 +127,8 @@ const Plan* plan_for(Context& ctx, const PlanKey& key) {
   AERIE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref), shapes() << ": cublasLtMatmulPreferenceCreate");
   const uint64_t ws = kWorkspaceBytes;
   const uint32_t al_a = key.align_b, al_b = key.align_a, al_c = key.align_c;  // cuBLASLt's A is our b
-  cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+  cublasStatus_t st =
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
   if (st == CUBLAS_STATUS_SUCCESS)
     st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a);
   if (st == CUBLAS_STATUS_SUCCESS)
