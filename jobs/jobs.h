@@ -23,5 +23,6 @@ int train(const std::vector<std::string>& args);
 int export_draft(const std::vector<std::string>& args);
 int eval(const std::vector<std::string>& args);
 int generate(const std::vector<std::string>& args);
+int tokenize(const std::vector<std::string>& args);
 
 }  // namespace aerie::jobs

@@ -24,6 +24,7 @@ subcommands() {
           {"export", {export_draft, "write the draft as a directory vLLM and SGLang load"}},
           {"eval", {eval, "acceptance length: teacher-forced and real speculative decoding"}},
           {"generate", {generate, "greedy generation with the target (no draft)"}},
+          {"tokenize", {tokenize, "text on stdin -> token ids (and byte offsets) of a tokenizer.json"}},
       };
   return m;
 }

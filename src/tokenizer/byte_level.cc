@@ -243,7 +243,7 @@ void ByteLevelBpe::encode_word(const std::string& word, std::vector<int32_t>& id
   lens.insert(lens.end(), c.lens.begin(), c.lens.end());
   if (cacheable) {
     std::lock_guard<std::mutex> lock(cache_mu_);
-    if (cache_.size() >= (1u << 20)) cache_.clear();  // bound the memory on endless distinct input
+    if (cache_.size() >= (1u << 18)) cache_.clear();  // bound the memory on endless distinct input
     cache_.emplace(word, std::move(c));
   }
 }

@@ -4,6 +4,10 @@
 // byte of a pre-token becomes one character of GPT-2's byte -> unicode map, and BPE merges those by
 // rank (with ignore_merges, a pre-token that is itself in the vocabulary is one token). Internal to
 // src/tokenizer; use Tokenizer::load.
+// Not implemented (throws on load): BPE dropout, byte_fallback, continuing_subword_prefix /
+// end_of_word_suffix other than "", post-processors other than ByteLevel / TemplateProcessing / Sequence.
+// The ByteLevel post-processor's trim_offsets is not applied: offsets keep a token's leading space, as
+// Llama-3, Qwen2/3 and DeepSeek-V3 (trim_offsets false) have it.
 #pragma once
 #include <array>
 #include <mutex>

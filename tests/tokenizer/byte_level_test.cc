@@ -90,6 +90,37 @@ INSTANTIATE_TEST_SUITE_P(Tokenizers, LlamaCppByteLevel,
                          ::testing::Values(std::make_pair(std::string("llama-bpe"), std::string("llama3")),
                                            std::make_pair(std::string("qwen2"), std::string("qwen3"))));
 
+// GPT-2 (vocab.json + merges.txt of ../shared/data/tokenizers/gpt2-cs336-fixtures, made into a
+// tokenizer.json here as transformers' GPT2TokenizerFast has it: ByteLevel pre-tokenizer with the GPT-2
+// regex, no prefix space) against llama.cpp's gpt-2 goldens.
+TEST(Gpt2, MatchesLlamaCppGpt2) {
+  const std::string src = testing::data_dir() + "/tokenizers/gpt2-cs336-fixtures";
+  const auto cases = testing::llamacpp_cases("gpt-2");
+  if (!std::filesystem::exists(src + "/gpt2_vocab.json") || cases.empty()) GTEST_SKIP() << "no GPT-2 data";
+  nlohmann::json merges = nlohmann::json::array();
+  std::istringstream ms(read_file_text(src + "/gpt2_merges.txt"));
+  for (std::string line; std::getline(ms, line);)
+    if (!line.empty() && line.rfind("#version", 0) != 0) merges.push_back(line);
+  const nlohmann::json bl = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true},
+                             {"use_regex", true}};
+  const nlohmann::json tj = {
+      {"added_tokens", {{{"id", 50256}, {"content", "<|endoftext|>"}, {"special", true}, {"normalized", true}}}},
+      {"normalizer", nullptr}, {"pre_tokenizer", bl}, {"post_processor", bl}, {"decoder", bl},
+      {"model", {{"type", "BPE"}, {"vocab", nlohmann::json::parse(read_file_text(src + "/gpt2_vocab.json"))},
+                 {"merges", merges}}}};
+  const std::string dir = testing::scratch_dir("gpt2_tokenizer");
+  std::ofstream(dir + "/tokenizer.json") << tj.dump();
+  auto tok = Tokenizer::load(dir);
+  EXPECT_EQ(tok->vocab_size(), 50257);
+  EXPECT_EQ(merges.size(), 50000u);
+  EXPECT_EQ(cases.size(), 46u);
+  for (const auto& [text, want] : cases) {
+    const auto ids = tok->encode(text);
+    EXPECT_EQ(ids, want) << "gpt-2 '" << shown(text) << "'";
+    EXPECT_EQ(tok->decode(ids), text);
+  }
+}
+
 // llama.cpp has goldens for DeepSeek's first vocabulary (deepseek-llm), not V3's: V3's tokenizer.json
 // gives other ids (1 of 46 strings agrees, the empty one). Its goldens on the same strings are in
 // tests/fixtures/tokenizer/deepseek_v3_llamacpp.json, made with Hugging Face tokenizers.
