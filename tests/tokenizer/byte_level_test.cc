@@ -327,6 +327,10 @@ TEST(TokenizerRegex, OnigurumaClassesAndConstructs) {
       "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
   EXPECT_EQ(matches(llama3, "I'm 12345 \xF0\x9F\xA6\x99  ok\n\n"),
             (std::vector<std::string>{"I", "'m", " ", "123", "45", " \xF0\x9F\xA6\x99", " ", " ok", "\n\n"}));
+  // Possessive and atomic forms (no backtracking into the group), and \h (Oniguruma: a hex digit).
+  EXPECT_EQ(matches("\\p{L}++a|b", "aab"), (std::vector<std::string>{"b"}));
+  EXPECT_EQ(matches("(?>\\p{N}+)5|x", "1235x"), (std::vector<std::string>{"x"}));
+  EXPECT_EQ(matches("\\h+", "zz0fAz"), (std::vector<std::string>{"0fA"}));
   EXPECT_THROW(Regex("(unclosed", "file.json"), Error);
   EXPECT_NE(testing::error_of([] { Regex("(unclosed", "file.json"); }).find("file.json"), std::string::npos);
 }
