@@ -3,6 +3,7 @@
 #include "core/device.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -15,6 +16,7 @@ size_t dtype_size(DType dt) {
     case DType::I32: return 4;
     case DType::I64: return 8;
     case DType::U8: return 1;
+    case DType::F16: return 2;
   }
   return 0;
 }
@@ -26,6 +28,7 @@ const char* dtype_name(DType dt) {
     case DType::I32: return "I32";
     case DType::I64: return "I64";
     case DType::U8: return "U8";
+    case DType::F16: return "F16";
   }
   return "?";
 }
@@ -36,6 +39,7 @@ DType dtype_from_name(const std::string& n) {
   if (n == "I32" || n == "int32") return DType::I32;
   if (n == "I64" || n == "int64") return DType::I64;
   if (n == "U8" || n == "uint8" || n == "BOOL" || n == "bool") return DType::U8;
+  if (n == "F16" || n == "float16") return DType::F16;
   AERIE_THROW("unsupported dtype '" << n << "'");
 }
 
@@ -171,21 +175,76 @@ void convert_from(const Src* s, Tensor& out, int64_t n) {
     case DType::I32: convert(s, out.data<int32_t>(), n); break;
     case DType::I64: convert(s, out.data<int64_t>(), n); break;
     case DType::U8: convert(s, out.data<uint8_t>(), n); break;
+    case DType::F16: break;  // Tensor::to goes through F32 for F16
   }
+}
+
+// IEEE binary16 <-> binary32 (the layout of torch.float16 and safetensors "F16").
+float f16_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  uint32_t u;
+  if (e == 0) {  // zero or subnormal: m * 2^-24, exact in fp32
+    const float f = static_cast<float>(m) * 0x1.0p-24f;
+    std::memcpy(&u, &f, 4);
+    u |= sign;
+  } else if (e == 31) {
+    u = sign | 0x7f800000u | (m << 13) | (m ? 0x400000u : 0u);  // inf, or a quiet NaN
+  } else {
+    u = sign | ((e + 112u) << 23) | (m << 13);  // rebias 15 -> 127
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Round to nearest even, as torch's float -> float16 cast; |f| >= 65520 (the tie above 65504) gives inf.
+uint16_t float_to_f16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+  const uint32_t ax = x & 0x7fffffffu;
+  if (ax > 0x7f800000u) return sign | 0x7e00u;   // NaN
+  if (ax >= 0x477ff000u) return sign | 0x7c00u;  // inf
+  if (ax < 0x38800000u) {                        // below 2^-14: subnormal half, units of 2^-24
+    float a;
+    std::memcpy(&a, &ax, 4);
+    return sign | static_cast<uint16_t>(std::nearbyint(a * 0x1.0p24f));  // 1024 encodes 2^-14 exactly
+  }
+  const uint32_t mant = ax & 0x7fffffu;
+  uint32_t h = (((ax >> 23) - 112u) << 10) | (mant >> 13);
+  const uint32_t rem = mant & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;  // a carry into the exponent is right
+  return sign | static_cast<uint16_t>(h);
 }
 }  // namespace
 
 Tensor Tensor::to(DType dtype) const {
   AERIE_CHECK(device_ == Device::CPU, "Tensor::to(dtype) is implemented for CPU tensors");
   if (dtype == dtype_) return clone();
-  Tensor out = empty(shape_, dtype, device_);
   int64_t n = numel();
+  if (dtype_ == DType::F16) {
+    Tensor f = empty(shape_, DType::F32, device_);
+    const uint16_t* s = static_cast<const uint16_t*>(data_);
+    float* d = f.data<float>();
+    for (int64_t i = 0; i < n; ++i) d[i] = f16_to_float(s[i]);
+    return dtype == DType::F32 ? f : f.to(dtype);
+  }
+  if (dtype == DType::F16) {
+    const Tensor f = dtype_ == DType::F32 ? *this : to(DType::F32);
+    Tensor out = empty(shape_, DType::F16, device_);
+    const float* s = f.data<float>();
+    uint16_t* d = static_cast<uint16_t*>(out.raw());
+    for (int64_t i = 0; i < n; ++i) d[i] = float_to_f16(s[i]);
+    return out;
+  }
+  Tensor out = empty(shape_, dtype, device_);
   switch (dtype_) {
     case DType::F32: convert_from(data<float>(), out, n); break;
     case DType::BF16: convert_from(data<bf16>(), out, n); break;
     case DType::I32: convert_from(data<int32_t>(), out, n); break;
     case DType::I64: convert_from(data<int64_t>(), out, n); break;
     case DType::U8: convert_from(data<uint8_t>(), out, n); break;
+    case DType::F16: break;  // handled above
   }
   return out;
 }

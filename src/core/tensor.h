@@ -14,13 +14,14 @@
 
 namespace aerie {
 
-enum class DType : uint8_t { F32, BF16, I32, I64, U8 };
+// F16 (IEEE binary16) is a storage dtype only: checkpoints hold it; Tensor::to converts it, no kernel takes it.
+enum class DType : uint8_t { F32, BF16, I32, I64, U8, F16 };
 enum class Device : uint8_t { CPU, CUDA };
 
 size_t dtype_size(DType dt);
 const char* dtype_name(DType dt);
-/// Parses "F32"/"float32", "BF16"/"bfloat16", "I32"/"int32", "I64"/"int64", "U8"/"uint8"/"BOOL"
-/// (the safetensors and h5py spellings). Throws aerie::Error on anything else.
+/// Parses "F32"/"float32", "BF16"/"bfloat16", "I32"/"int32", "I64"/"int64", "U8"/"uint8"/"BOOL",
+/// "F16"/"float16" (the safetensors and h5py spellings). Throws aerie::Error on anything else.
 DType dtype_from_name(const std::string& name);
 const char* device_name(Device d);
 
@@ -72,7 +73,9 @@ class Tensor {
   Tensor clone() const;
   /// Copy on another device (same dtype and shape); host<->GPU copies return when done.
   Tensor to_device(Device device) const;
-  /// Copy converted to another dtype (CPU): F32<->BF16 round to nearest even; ints via static_cast.
+  /// Copy converted to another dtype (CPU): F32<->BF16 and F32->F16 round to nearest even (F16 overflow
+  /// gives inf, as IEEE); F16->F32 is exact; ints via static_cast. F16 converts to and from the other
+  /// dtypes through F32.
   Tensor to(DType dtype) const;
   /// Copies the values of src (same numel and dtype, any devices) into this tensor's storage.
   void copy_from(const Tensor& src);

@@ -36,11 +36,12 @@ uint64_t read_u64_le(const unsigned char* b) {
 DType parse_dtype(const std::string& s, const std::string& path, const std::string& name) {
   if (s == "F32") return DType::F32;
   if (s == "BF16") return DType::BF16;
+  if (s == "F16") return DType::F16;
   if (s == "I32") return DType::I32;
   if (s == "I64") return DType::I64;
   if (s == "U8" || s == "BOOL") return DType::U8;
   AERIE_THROW(path << ": tensor '" << name << "' has dtype " << s
-                   << ", not supported (F32, BF16, I32, I64, U8, BOOL)");
+                   << ", not supported (F32, BF16, F16, I32, I64, U8, BOOL)");
 }
 
 void write_all(int fd, const void* data, size_t n, const std::string& path) {
@@ -56,7 +57,7 @@ void write_all(int fd, const void* data, size_t n, const std::string& path) {
 
 }  // namespace
 
-SafetensorsFile load_safetensors(const std::string& path) {
+SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
   std::ifstream f(path, std::ios::binary);
   AERIE_CHECK(f, "cannot open safetensors file " << path << ": " << std::strerror(errno));
   f.seekg(0, std::ios::end);
@@ -82,14 +83,13 @@ SafetensorsFile load_safetensors(const std::string& path) {
   const uint64_t data_size = file_size - 8 - header_len;
   const uint64_t data_start = 8 + header_len;
 
-  SafetensorsFile out;
   for (const auto& [name, v] : j.items()) {
     if (name == "__metadata__") {
       if (v.is_null()) continue;
       AERIE_CHECK(v.is_object(), path << ": __metadata__ is not an object");
       for (const auto& [k, s] : v.items()) {
         AERIE_CHECK(s.is_string(), path << ": __metadata__ value of '" << k << "' is not a string");
-        out.metadata[k] = s.get<std::string>();
+        metadata_[k] = s.get<std::string>();
       }
       continue;
     }
@@ -97,35 +97,72 @@ SafetensorsFile load_safetensors(const std::string& path) {
                     v["shape"].is_array() && v.contains("data_offsets") && v["data_offsets"].is_array() &&
                     v["data_offsets"].size() == 2,
                 path << ": tensor '" << name << "': entry needs dtype, shape and data_offsets: " << v.dump());
-    const DType dt = parse_dtype(v["dtype"].get<std::string>(), path, name);
-    Shape shape;
+    SafetensorsEntry e;
+    e.dtype = parse_dtype(v["dtype"].get<std::string>(), path, name);
     uint64_t numel = 1;
     for (const auto& d : v["shape"]) {
       AERIE_CHECK(d.is_number_unsigned(), path << ": tensor '" << name << "': bad dimension " << d.dump());
       const uint64_t n = d.get<uint64_t>();
       AERIE_CHECK(n == 0 || numel <= (uint64_t{1} << 62) / n, path << ": tensor '" << name << "': shape overflows");
       numel *= n;
-      shape.push_back(static_cast<int64_t>(n));
+      e.shape.push_back(static_cast<int64_t>(n));
     }
     const auto& offs = v["data_offsets"];
     AERIE_CHECK(offs[0].is_number_unsigned() && offs[1].is_number_unsigned(),
                 path << ": tensor '" << name << "': data_offsets are not non-negative integers");
     const uint64_t begin = offs[0].get<uint64_t>(), end = offs[1].get<uint64_t>();
-    const uint64_t nbytes = numel * dtype_size(dt);
+    e.nbytes = numel * dtype_size(e.dtype);
     AERIE_CHECK(begin <= end && end <= data_size,
                 path << ": tensor '" << name << "': data_offsets [" << begin << ", " << end
                      << ") outside the data buffer of " << data_size << " bytes (truncated file?)");
-    AERIE_CHECK(end - begin == nbytes, path << ": tensor '" << name << "': data_offsets span " << end - begin
-                                            << " bytes, but " << v["dtype"].get<std::string>() << " "
-                                            << shape_str(shape) << " needs " << nbytes);
-    Tensor t = Tensor::empty(shape, dt);
-    if (nbytes > 0) {
-      f.seekg(static_cast<std::streamoff>(data_start + begin));
-      f.read(static_cast<char*>(t.raw()), static_cast<std::streamsize>(nbytes));
-      AERIE_CHECK(f, path << ": tensor '" << name << "': read error");
-    }
-    out.tensors.emplace(name, std::move(t));
+    AERIE_CHECK(end - begin == e.nbytes, path << ": tensor '" << name << "': data_offsets span " << end - begin
+                                              << " bytes, but " << v["dtype"].get<std::string>() << " "
+                                              << shape_str(e.shape) << " needs " << e.nbytes);
+    e.offset = data_start + begin;
+    entries_.emplace(name, std::move(e));
   }
+}
+
+Tensor SafetensorsReader::read(const std::string& name) const {
+  auto it = entries_.find(name);
+  AERIE_CHECK(it != entries_.end(), path_ << ": no tensor '" << name << "'");
+  if (it->second.shape.empty()) {  // a scalar: no dim 0 to slice
+    Tensor t = Tensor::empty({}, it->second.dtype);
+    std::ifstream f(path_, std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(it->second.offset));
+    f.read(static_cast<char*>(t.raw()), static_cast<std::streamsize>(it->second.nbytes));
+    AERIE_CHECK(f, path_ << ": tensor '" << name << "': read error");
+    return t;
+  }
+  return read_rows(name, 0, it->second.shape[0]);
+}
+
+Tensor SafetensorsReader::read_rows(const std::string& name, int64_t begin, int64_t end) const {
+  auto it = entries_.find(name);
+  AERIE_CHECK(it != entries_.end(), path_ << ": no tensor '" << name << "'");
+  const SafetensorsEntry& e = it->second;
+  AERIE_CHECK(!e.shape.empty() && 0 <= begin && begin <= end && end <= e.shape[0],
+              path_ << ": tensor '" << name << "' " << shape_str(e.shape) << ": rows [" << begin << ", " << end
+                    << ") out of range");
+  Shape shape = e.shape;
+  shape[0] = end - begin;
+  Tensor t = Tensor::empty(shape, e.dtype);
+  const uint64_t row_bytes = e.shape[0] ? e.nbytes / static_cast<uint64_t>(e.shape[0]) : 0;
+  if (t.nbytes() > 0) {
+    std::ifstream f(path_, std::ios::binary);
+    AERIE_CHECK(f, "cannot open safetensors file " << path_ << ": " << std::strerror(errno));
+    f.seekg(static_cast<std::streamoff>(e.offset + static_cast<uint64_t>(begin) * row_bytes));
+    f.read(static_cast<char*>(t.raw()), static_cast<std::streamsize>(t.nbytes()));
+    AERIE_CHECK(f, path_ << ": tensor '" << name << "': read error");
+  }
+  return t;
+}
+
+SafetensorsFile load_safetensors(const std::string& path) {
+  SafetensorsReader r(path);
+  SafetensorsFile out;
+  out.metadata = r.metadata();
+  for (const auto& [name, e] : r.entries()) out.tensors.emplace(name, r.read(name));
   return out;
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 #include <map>
 #include <string>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -14,9 +15,38 @@ struct SafetensorsFile {
   std::map<std::string, std::string> metadata;     // "__metadata__"
 };
 
-/// Reads a whole file. Supports F32, BF16, I32, I64, U8, BOOL (read as U8). Throws aerie::Error
+/// Reads a whole file. Supports F32, BF16, F16, I32, I64, U8, BOOL (read as U8). Throws aerie::Error
 /// naming the file and the tensor on a truncated file, bad JSON, unsupported dtype or bad offsets.
 SafetensorsFile load_safetensors(const std::string& path);
+
+/// Where one tensor lies in a safetensors file.
+struct SafetensorsEntry {
+  DType dtype = DType::F32;
+  Shape shape;
+  uint64_t offset = 0;  // absolute byte offset of the data in the file
+  uint64_t nbytes = 0;
+};
+
+/// A safetensors file whose header is read (and checked, as load_safetensors does) at construction
+/// and whose tensors are read one at a time: a checkpoint shard of many GB need not be held in memory
+/// whole. Throws aerie::Error naming the file and the tensor, as load_safetensors.
+class SafetensorsReader {
+ public:
+  explicit SafetensorsReader(const std::string& path);
+  const std::string& path() const { return path_; }
+  const std::map<std::string, SafetensorsEntry>& entries() const { return entries_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  bool contains(const std::string& name) const { return entries_.count(name) > 0; }
+  /// The whole tensor, dtype as stored. Throws naming the file if `name` is absent.
+  Tensor read(const std::string& name) const;
+  /// Rows [begin, end) along dim 0 (a tensor-parallel shard of a weight), dtype as stored.
+  Tensor read_rows(const std::string& name, int64_t begin, int64_t end) const;
+
+ private:
+  std::string path_;
+  std::map<std::string, SafetensorsEntry> entries_;
+  std::map<std::string, std::string> metadata_;
+};
 
 /// Writes `file` atomically: to "<path>.tmp", fsync, then rename. BOOL is written for tensors named
 /// in `bool_tensors` (U8 data), e.g. t2d. Throws aerie::Error on I/O failure.

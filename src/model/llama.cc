@@ -1,13 +1,17 @@
-// The target's forward (transformers' modeling_llama.py, LlamaForCausalLM), tensor parallel over
-// the ranks of a tp group, with the captures of eagle3.md section 1 and a KV cache.
+// The target's forward (transformers' modeling_{llama,mistral,qwen2,qwen3}.py, *ForCausalLM), tensor
+// parallel over the ranks of a tp group, with the captures of eagle3.md section 1 and a KV cache.
 //
 // Per layer l (residual stream r = r^l, [n, H] F32, identical on every tp rank):
-//   h = input_layernorm(r); q, k, v = h Wq^T, h Wk^T, h Wv^T   (this rank's heads)
+//   h = input_layernorm(r); q, k, v = h Wq^T + bq, h Wk^T + bk, h Wv^T + bv   (this rank's heads;
+//                                                                  biases: Qwen2, Llama attention_bias)
+//   q, k = q_norm(q), k_norm(k) per head over head_dim                      (Qwen3 only)
 //   q, k = RoPE(q, k) at positions p0 .. p0+n-1 (p0 = cache length)
-//   r += all_reduce_sum(attention(q, [cache k; k], [cache v; v]) Wo^T)      (Wo: this rank's columns)
+//   r += all_reduce_sum(attention(q, [cache k; k], [cache v; v]) Wo^T) + bo (Wo: this rank's columns;
+//        a sliding-window layer's query at p attends keys (p - W, p] only)
 //   h = post_attention_layernorm(r)
-//   r += all_reduce_sum((silu(h Wg^T) * h Wu^T) Wd^T)                         (this rank's I slice)
-// then z = norm(r^N), logits = z W_lm^T.
+//   r += all_reduce_sum((silu(h Wg^T + bg) * (h Wu^T + bu)) Wd^T) + bd       (this rank's I slice)
+// then z = norm(r^N), logits = z W_lm^T. Every step is a kernels op on the weights' device; the
+// tensors built here (ids, positions, a ones column for the bias GEMM) are moved to that device.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -27,6 +31,7 @@ namespace aerie {
 
 struct LlamaModel::Impl {
   Communicator* tp = nullptr;
+  Device device = Device::CPU;
   LlamaWeights w;
   std::vector<float> inv_freq;
   int64_t nh = 0, nkv = 0, inter = 0;  // this rank's heads, kv heads, MLP width
@@ -34,38 +39,75 @@ struct LlamaModel::Impl {
 
 namespace {
 
-/// y = x W^T: x [n, K], W [M, K] -> [n, M].
-Tensor linear(const Tensor& x, const Tensor& W) {
-  Tensor y = Tensor::empty({x.dim(0), W.dim(0)}, DType::F32);
+/// y = x W^T (+ b): x [n, K], W [M, K], b [M] or undefined, ones [n, 1] (all 1) -> [n, M]. The bias
+/// is a K = 1 GEMM with beta 1 (y += ones b^T): one fp32 rounding per element, as a direct add.
+Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& ones) {
+  Tensor y = Tensor::empty({x.dim(0), W.dim(0)}, DType::F32, x.device());
   matmul(x, W, y, false, true);
+  if (b.defined()) matmul(ones, b.reshape({1, b.dim(0)}), y, false, false, 1.0f, 1.0f);
   return y;
 }
 
+/// y += b broadcast over rows: y [n, M], b [M] or undefined (nothing to add).
+void add_bias(Tensor& y, const Tensor& b, const Tensor& ones) {
+  if (b.defined()) matmul(ones, b.reshape({1, b.dim(0)}), y, false, false, 1.0f, 1.0f);
+}
+
 Tensor rmsnorm(const Tensor& x, const Tensor& w, float eps) {
-  Tensor y = Tensor::empty(x.shape(), DType::F32);
-  Tensor rstd = Tensor::empty({x.dim(0)}, DType::F32);
+  Tensor y = Tensor::empty(x.shape(), DType::F32, x.device());
+  Tensor rstd = Tensor::empty({x.dim(0)}, DType::F32, x.device());
   rmsnorm_forward(x, w, eps, y, &rstd);
   return y;
 }
 
-/// dst[:, col : col + src.cols] = src (row-major 2-D F32).
+/// dst[:, col : col + src.cols] = src (row-major 2-D F32; dst.cols and col multiples of src.cols).
 void copy_columns(Tensor& dst, int64_t col, const Tensor& src) {
   const int64_t n = src.dim(0), c = src.dim(1), C = dst.dim(1);
-  const float* s = src.data<float>();
-  float* d = dst.data<float>();
-  for (int64_t i = 0; i < n; ++i) std::memcpy(d + i * C + col, s + i * c, sizeof(float) * c);
+  if (dst.device() == Device::CPU && src.device() == Device::CPU) {
+    const float* s = src.data<float>();
+    float* d = dst.data<float>();
+    for (int64_t i = 0; i < n; ++i) std::memcpy(d + i * C + col, s + i * c, sizeof(float) * c);
+    return;
+  }
+  const int64_t per_row = C / c, j = col / c;
+  Tensor blocks = dst.reshape({n * per_row, c});  // block j of row i is row i * per_row + j
+  for (int64_t i = 0; i < n; ++i) blocks.slice(i * per_row + j, i * per_row + j + 1).copy_from(src.slice(i, i + 1));
+}
+
+/// Causal attention of q [n, nh, d] (positions p0 .. p0+n-1) over k_all, v_all [p0+n, nkv, d]; with
+/// window W > 0 the query at position p attends keys p-W < j <= p only (transformers'
+/// sliding_window_overlay). Rows whose window starts at key 0 go in one call, later rows one by one
+/// over their W keys (a window longer than the sequence costs nothing).
+void attend(const Tensor& q, const Tensor& k_all, const Tensor& v_all, int64_t p0, int64_t window, float scale,
+            Tensor& out) {
+  const int64_t n = q.dim(0);
+  if (window <= 0 || p0 + n <= window) {
+    attention_forward(q, k_all, v_all, p0, scale, out, nullptr);
+    return;
+  }
+  const int64_t head = std::clamp<int64_t>(window - p0, 0, n);  // rows with p < W see keys 0..p
+  if (head > 0) {
+    Tensor o = out.slice(0, head);
+    attention_forward(q.slice(0, head), k_all.slice(0, p0 + head), v_all.slice(0, p0 + head), p0, scale, o, nullptr);
+  }
+  for (int64_t t = head; t < n; ++t) {
+    const int64_t p = p0 + t, lo = p - window + 1;
+    Tensor o = out.slice(t, t + 1);
+    attention_forward(q.slice(t, t + 1), k_all.slice(lo, p + 1), v_all.slice(lo, p + 1), window - 1, scale, o,
+                      nullptr);
+  }
 }
 
 }  // namespace
 
-KVCache::KVCache(const LlamaConfig& cfg, int64_t max_len, int tp_size) {
+KVCache::KVCache(const LlamaConfig& cfg, int64_t max_len, int tp_size, Device device) {
   AERIE_CHECK(max_len >= 0, "KVCache: negative max_len " << max_len);
   AERIE_CHECK(tp_size >= 1 && cfg.num_key_value_heads % tp_size == 0,
               "KVCache: tp " << tp_size << " does not divide num_key_value_heads " << cfg.num_key_value_heads);
   const int64_t nkv = cfg.num_key_value_heads / tp_size;
   for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
-    k.push_back(Tensor::zeros({max_len, nkv, cfg.head_dim}, DType::F32));
-    v.push_back(Tensor::zeros({max_len, nkv, cfg.head_dim}, DType::F32));
+    k.push_back(Tensor::zeros({max_len, nkv, cfg.head_dim}, DType::F32, device));
+    v.push_back(Tensor::zeros({max_len, nkv, cfg.head_dim}, DType::F32, device));
   }
   max_len_ = max_len;
 }
@@ -80,7 +122,8 @@ LlamaModel::LlamaModel(const std::string& dir, Communicator& tp) : impl_(std::ma
   check_tp_divisible(cfg_, tp.size());
   impl_->tp = &tp;
   impl_->w = load_llama_weights(dir, cfg_, tp.rank(), tp.size());
-  impl_->inv_freq = rope_inv_freq(cfg_.rope, cfg_.head_dim);
+  impl_->inv_freq = llama_rope_inv_freq(cfg_.rope, cfg_.head_dim);
+  impl_->device = impl_->w.embed_tokens.device();
   impl_->nh = cfg_.num_attention_heads / tp.size();
   impl_->nkv = cfg_.num_key_value_heads / tp.size();
   impl_->inter = cfg_.intermediate_size / tp.size();
@@ -89,7 +132,9 @@ LlamaModel::LlamaModel(const std::string& dir, Communicator& tp) : impl_(std::ma
 const Tensor& LlamaModel::embed_tokens() const { return impl_->w.embed_tokens; }
 const Tensor& LlamaModel::lm_head() const { return impl_->w.lm_head; }
 Communicator& LlamaModel::tp() const { return *impl_->tp; }
-KVCache LlamaModel::make_cache(int64_t max_len) const { return KVCache(cfg_, max_len, impl_->tp->size()); }
+KVCache LlamaModel::make_cache(int64_t max_len) const {
+  return KVCache(cfg_, max_len, impl_->tp->size(), impl_->device);
+}
 
 TargetOutput LlamaModel::forward(const std::vector<int32_t>& ids, KVCache* cache,
                                  const std::vector<int>& aux_layers, bool want_logits) {
@@ -109,29 +154,36 @@ TargetOutput LlamaModel::forward(const std::vector<int32_t>& ids, KVCache* cache
                                                  << " positions, " << p0 << " used, " << n << " more asked");
   }
 
-  Tensor ids_t = Tensor::from_vector(ids, {n});
+  const Device dev = m.device;
+  auto on_device = [dev](Tensor t) { return dev == Device::CPU ? t : t.to_device(dev); };
+  Tensor ids_t = on_device(Tensor::from_vector(ids, {n}));
   std::vector<int32_t> pos(n);
   for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(p0 + i);
-  Tensor positions = Tensor::from_vector(pos, {n});
+  Tensor positions = on_device(Tensor::from_vector(pos, {n}));
+  Tensor ones = on_device(Tensor::from_vector(std::vector<float>(static_cast<size_t>(n), 1.0f), {n, 1}));
 
   TargetOutput out;
   if (!aux_layers.empty())
-    out.aux_hidden = Tensor::empty({n, H * static_cast<int64_t>(aux_layers.size())}, DType::F32);
+    out.aux_hidden = Tensor::empty({n, H * static_cast<int64_t>(aux_layers.size())}, DType::F32, dev);
   auto capture = [&](int64_t layer, const Tensor& r) {
     for (size_t j = 0; j < aux_layers.size(); ++j)
       if (aux_layers[j] == layer) copy_columns(out.aux_hidden, static_cast<int64_t>(j) * H, r);
   };
 
-  Tensor r = Tensor::empty({n, H}, DType::F32);  // the residual stream r^l
+  Tensor r = Tensor::empty({n, H}, DType::F32, dev);  // the residual stream r^l
   embedding_forward(ids_t, m.w.embed_tokens, r);
-  Tensor attn = Tensor::empty({n, m.nh, d}, DType::F32);
+  Tensor attn = Tensor::empty({n, m.nh, d}, DType::F32, dev);
   for (int64_t l = 0; l < N; ++l) {
     capture(l, r);
     const LlamaLayerWeights& L = m.w.layers[l];
     Tensor h = rmsnorm(r, L.input_layernorm, eps);
-    Tensor q = linear(h, L.q_proj).reshape({n, m.nh, d});
-    Tensor k = linear(h, L.k_proj).reshape({n, m.nkv, d});
-    Tensor v = linear(h, L.v_proj).reshape({n, m.nkv, d});
+    Tensor q = linear(h, L.q_proj, L.q_bias, ones).reshape({n, m.nh, d});
+    Tensor k = linear(h, L.k_proj, L.k_bias, ones).reshape({n, m.nkv, d});
+    Tensor v = linear(h, L.v_proj, L.v_bias, ones).reshape({n, m.nkv, d});
+    if (cfg_.qk_norm) {  // Qwen3: RMSNorm of every head vector, before RoPE
+      q = rmsnorm(q.reshape({n * m.nh, d}), L.q_norm, eps).reshape({n, m.nh, d});
+      k = rmsnorm(k.reshape({n * m.nkv, d}), L.k_norm, eps).reshape({n, m.nkv, d});
+    }
     rope_apply(q, positions, m.inv_freq);
     rope_apply(k, positions, m.inv_freq);
     Tensor k_all = k, v_all = v;
@@ -141,21 +193,23 @@ TargetOutput LlamaModel::forward(const std::vector<int32_t>& ids, KVCache* cache
       k_all = cache->k[l].slice(0, p0 + n);
       v_all = cache->v[l].slice(0, p0 + n);
     }
-    attention_forward(q, k_all, v_all, p0, scale, attn, nullptr);
-    Tensor o = linear(attn.reshape({n, m.nh * d}), L.o_proj);  // [n, H], partial sum over tp ranks
+    attend(q, k_all, v_all, p0, cfg_.sliding_layers[l] ? cfg_.sliding_window : 0, scale, attn);
+    Tensor o = linear(attn.reshape({n, m.nh * d}), L.o_proj, Tensor(), ones);  // [n, H], partial sum over tp ranks
     if (m.tp->size() > 1) m.tp->all_reduce_sum(o);
+    add_bias(o, L.o_bias, ones);  // once, after the reduction
     add_inplace(r, o);
 
     h = rmsnorm(r, L.post_attention_layernorm, eps);
-    Tensor g = linear(h, L.gate_proj), u = linear(h, L.up_proj);  // [n, I/tp]
+    Tensor g = linear(h, L.gate_proj, L.gate_bias, ones), u = linear(h, L.up_proj, L.up_bias, ones);  // [n, I/tp]
     swiglu_forward(g, u, g);
-    Tensor dn = linear(g, L.down_proj);  // [n, H], partial sum over tp ranks
+    Tensor dn = linear(g, L.down_proj, Tensor(), ones);  // [n, H], partial sum over tp ranks
     if (m.tp->size() > 1) m.tp->all_reduce_sum(dn);
+    add_bias(dn, L.down_bias, ones);
     add_inplace(r, dn);
   }
   capture(N, r);
   out.final_hidden = rmsnorm(r, m.w.norm, eps);
-  if (want_logits) out.logits = linear(out.final_hidden, m.w.lm_head);
+  if (want_logits) out.logits = linear(out.final_hidden, m.w.lm_head, Tensor(), ones);
   if (cache) cache->length_ = p0 + n;
   return out;
 }

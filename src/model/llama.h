@@ -1,7 +1,9 @@
-// The target: a Llama-family decoder (RMSNorm, RoPE, GQA attention, SwiGLU, tied or untied lm_head),
-// read from a Hugging Face directory (config.json + model.safetensors) and split by tensor parallelism
-// over the ranks of a tp group (Megatron-LM column/row parallel linears, one all-reduce after o_proj
-// and one after down_proj). Reference: transformers' modeling_llama.py.
+// The target: a Llama-family decoder (RMSNorm, RoPE, GQA attention, SwiGLU, tied or untied lm_head) of
+// the Llama 2/3.x, Mistral, Qwen2/2.5 (q/k/v biases) and Qwen3 (q/k RMSNorm) families, read from a
+// Hugging Face directory (config.json + model.safetensors or sharded safetensors, F32/BF16/F16) and
+// split by tensor parallelism over the ranks of a tp group (Megatron-LM column/row parallel linears,
+// one all-reduce after o_proj and one after down_proj). Reference: transformers'
+// modeling_{llama,mistral,qwen2,qwen3}.py.
 #pragma once
 #include <memory>
 #include <string>
@@ -12,11 +14,12 @@
 
 namespace aerie {
 
-/// KV cache of one sequence for this rank's heads: per layer K and V [max_len, n_kv_local, d] F32.
-/// Keys are stored after RoPE. A copy shares the storage (Tensor semantics): copy the tensors to fork.
+/// KV cache of one sequence for this rank's heads: per layer K and V [max_len, n_kv_local, d] F32 on
+/// `device` (the model's). Keys are stored after RoPE (and Qwen3's k_norm). A copy shares the storage
+/// (Tensor semantics): copy the tensors to fork. A sliding-window layer keeps every position too.
 class KVCache {
  public:
-  KVCache(const LlamaConfig& cfg, int64_t max_len, int tp_size);
+  KVCache(const LlamaConfig& cfg, int64_t max_len, int tp_size, Device device = Device::CPU);
   int64_t length() const { return length_; }
   int64_t capacity() const { return max_len_; }
   /// Drops positions >= len (rejected draft tokens). Throws if len > length().
@@ -35,8 +38,8 @@ struct TargetOutput {
 
 class LlamaModel {
  public:
-  /// Loads <dir>/config.json and <dir>/model.safetensors (weights converted to F32), keeping this
-  /// tp rank's shard of every linear. Throws aerie::Error naming the file/tensor on missing or
+  /// Loads <dir>/config.json and <dir>/model.safetensors or the shards of model.safetensors.index.json
+  /// (weights converted to F32; see load_llama_weights), keeping this tp rank's shard of every linear. Throws aerie::Error naming the file/tensor on missing or
   /// mis-shaped weights, or when heads/kv heads/intermediate size are not divisible by tp.
   LlamaModel(const std::string& dir, Communicator& tp);
   const LlamaConfig& config() const { return cfg_; }

@@ -3,6 +3,13 @@
 // num_key_value_heads = num_attention_heads, rms_norm_eps = 1e-6, rope_theta = 10000,
 // max_position_embeddings = 2048, tie_word_embeddings = false. RoPE parameters are read from
 // rope_theta + rope_scaling (transformers 4.x) or from rope_parameters (transformers 5.x).
+// Per family (transformers' modeling_{llama,mistral,qwen2,qwen3}.py):
+//   llama    attention_bias -> q/k/v/o biases, mlp_bias -> gate/up/down biases
+//   mistral  no biases; sliding_window (null = none) on every layer
+//   qwen2    q/k/v biases always, no o bias; sliding window on the layers of layer_types (or, without
+//            it, layers >= max_window_layers when use_sliding_window)
+//   qwen3    attention_bias -> q/k/v/o biases; q_norm/k_norm; sliding window as qwen2
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -54,14 +61,58 @@ void read_rope_scaling(const nlohmann::json& s, RopeParams& rope, const std::str
   if (s.contains("rope_type") && s["rope_type"].is_string()) type = s["rope_type"].get<std::string>();
   else if (s.contains("type") && s["type"].is_string()) type = s["type"].get<std::string>();
   if (type == "default") return;
+  if (type == "linear") {  // position interpolation (Chen et al. 2023): inv_freq / factor
+    rope.type = "linear";
+    rope.factor = optional_double(s, "factor", 0.0, path);
+    AERIE_CHECK(rope.factor > 0, path << ": " << field << " type \"linear\" needs a positive factor");
+    return;
+  }
   AERIE_CHECK(type == "llama3", path << ": " << field << " type \"" << type
-                                     << "\" is not supported (aerie implements \"default\" and \"llama3\")");
+                                     << "\" is not supported (aerie implements \"default\", \"linear\" and \"llama3\")");
   rope.type = "llama3";
   rope.factor = optional_double(s, "factor", rope.factor, path);
   rope.low_freq_factor = optional_double(s, "low_freq_factor", rope.low_freq_factor, path);
   rope.high_freq_factor = optional_double(s, "high_freq_factor", rope.high_freq_factor, path);
   rope.original_max_position_embeddings =
       optional_int(s, "original_max_position_embeddings", rope.original_max_position_embeddings, path);
+}
+
+bool optional_bool(const nlohmann::json& j, const char* key, bool fallback, const std::string& path) {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  AERIE_CHECK(j[key].is_boolean(), path << ": field \"" << key << "\" is not a boolean");
+  return j[key].get<bool>();
+}
+
+/// sliding_window and sliding_layers as transformers 5 reads them (Mistral-, Qwen2- and Qwen3Config).
+void read_sliding_window(const nlohmann::json& j, LlamaConfig& c, const std::string& path) {
+  const int64_t N = c.num_hidden_layers;
+  c.sliding_layers.assign(static_cast<size_t>(N), false);
+  if (c.model_type == "llama") return;  // LlamaConfig has no sliding window
+  int64_t w = optional_int(j, "sliding_window", 0, path);
+  AERIE_CHECK(w >= 0, path << ": sliding_window must be positive or null, got " << w);
+  if (c.model_type == "mistral") {  // every layer; MistralConfig ignores layer_types
+    if (w > 0) c.sliding_layers.assign(static_cast<size_t>(N), true);
+  } else {
+    if (!optional_bool(j, "use_sliding_window", false, path)) w = 0;  // Qwen: sliding_window is then None
+    if (w == 0) return;
+    if (j.contains("layer_types") && j["layer_types"].is_array()) {
+      const auto& lt = j["layer_types"];
+      AERIE_CHECK(static_cast<int64_t>(lt.size()) == N,
+                  path << ": layer_types has " << lt.size() << " entries for " << N << " layers");
+      for (int64_t l = 0; l < N; ++l) {
+        AERIE_CHECK(lt[l].is_string(), path << ": layer_types[" << l << "] is not a string");
+        const std::string t = lt[l].get<std::string>();
+        AERIE_CHECK(t == "full_attention" || t == "sliding_attention",
+                    path << ": layer_types[" << l << "] \"" << t << "\" is not supported");
+        c.sliding_layers[l] = t == "sliding_attention";
+      }
+    } else {
+      const int64_t first = optional_int(j, "max_window_layers", 28, path);
+      for (int64_t l = std::max<int64_t>(first, 0); l < N; ++l) c.sliding_layers[l] = true;
+    }
+  }
+  for (bool b : c.sliding_layers)
+    if (b) c.sliding_window = w;
 }
 
 }  // namespace
@@ -77,8 +128,23 @@ LlamaConfig load_llama_config(const std::string& dir) {
   } catch (const nlohmann::json::exception& e) {
     AERIE_THROW(path << ": bad JSON: " << e.what());
   }
+  AERIE_CHECK(c.raw.is_object(), path << ": not a JSON object");
+  if (!c.raw.contains("hidden_size") && c.raw.contains("text_config") && c.raw["text_config"].is_object()) {
+    // A multimodal wrapper (Llava, Mistral3, ...): the language model's fields are its text_config.
+    nlohmann::json merged = c.raw, text = c.raw["text_config"];
+    merged.erase("text_config");
+    merged.erase("model_type");  // the wrapper's ("llava"): the text model's type or none
+    for (auto& [k, v] : text.items()) merged[k] = v;
+    c.raw = std::move(merged);
+  }
   const auto& j = c.raw;
-  AERIE_CHECK(j.is_object(), path << ": not a JSON object");
+  if (j.contains("model_type") && !j["model_type"].is_null()) {
+    AERIE_CHECK(j["model_type"].is_string(), path << ": field \"model_type\" is not a string");
+    c.model_type = j["model_type"].get<std::string>();
+  }
+  AERIE_CHECK(c.model_type == "llama" || c.model_type == "mistral" || c.model_type == "qwen2" ||
+                  c.model_type == "qwen3",
+              path << ": model_type \"" << c.model_type << "\" is not supported (llama, mistral, qwen2, qwen3)");
   c.hidden_size = required_int(j, "hidden_size", path);
   c.intermediate_size = required_int(j, "intermediate_size", path);
   c.num_hidden_layers = required_int(j, "num_hidden_layers", path);
@@ -101,6 +167,18 @@ LlamaConfig load_llama_config(const std::string& dir) {
   c.tie_word_embeddings = j.contains("tie_word_embeddings") && j["tie_word_embeddings"].is_boolean()
                               ? j["tie_word_embeddings"].get<bool>()
                               : false;
+  if (j.contains("hidden_act") && !j["hidden_act"].is_null()) {
+    AERIE_CHECK(j["hidden_act"] == "silu", path << ": hidden_act " << j["hidden_act"].dump()
+                                                << " is not supported (the MLP is SwiGLU: silu)");
+  }
+  if (c.model_type == "qwen2") {
+    c.qkv_bias = true;  // hard-wired in Qwen2Attention
+  } else if (c.model_type == "llama" || c.model_type == "qwen3") {
+    c.qkv_bias = c.o_bias = optional_bool(j, "attention_bias", false, path);
+  }
+  c.mlp_bias = c.model_type == "llama" && optional_bool(j, "mlp_bias", false, path);
+  c.qk_norm = c.model_type == "qwen3";
+  read_sliding_window(j, c, path);
   c.bos_token_id = token_id(j, "bos_token_id", path);
   c.eos_token_id = token_id(j, "eos_token_id", path);
 
@@ -115,6 +193,16 @@ LlamaConfig load_llama_config(const std::string& dir) {
   }
   AERIE_CHECK(c.rope.theta > 0, path << ": rope_theta must be positive");
   return c;
+}
+
+std::vector<float> llama_rope_inv_freq(const RopeParams& rope, int64_t head_dim) {
+  if (rope.type != "linear") return rope_inv_freq(rope, head_dim);
+  AERIE_CHECK(rope.factor > 0, "linear rope scaling needs a positive factor, got " << rope.factor);
+  RopeParams base = rope;
+  base.type = "default";
+  std::vector<float> inv = rope_inv_freq(base, head_dim);
+  for (auto& f : inv) f /= static_cast<float>(rope.factor);  // fp32, as transformers' inv_freq /= factor
+  return inv;
 }
 
 std::vector<int> default_aux_layers(int64_t num_hidden_layers) {

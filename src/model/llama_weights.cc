@@ -1,86 +1,135 @@
 // Loading and tensor-parallel sharding of the target's weights (Megatron-LM, Shoeybi et al. 2019,
-// section 3: column-parallel q/k/v/gate/up, row-parallel o/down). Embedding, lm_head and norms are
-// replicated on every tp rank: the simplest layout, and what the EAGLE-3 pipeline needs (the draft
-// reads the full embedding and lm_head); a vocabulary-parallel lm_head is a later optimisation.
+// section 3: column-parallel q/k/v/gate/up with their biases, row-parallel o/down whose biases are
+// added once after the all-reduce). Embedding, lm_head and norms (incl. Qwen3's q_norm/k_norm over
+// head_dim) are replicated on every tp rank: the simplest layout, and what the EAGLE-3 pipeline needs
+// (the draft reads the full embedding and lm_head); a vocabulary-parallel lm_head is a later optimisation.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
-#include <map>
-#include <set>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/log.h"
-#include "io/safetensors.h"
 #include "model/llama_weights.h"
 
 namespace aerie {
-namespace {
 
 namespace fs = std::filesystem;
 
-/// All tensors of the checkpoint by name, with the file each came from (for error messages).
-struct Checkpoint {
-  std::map<std::string, Tensor> tensors;
-  std::map<std::string, std::string> file_of;
-  std::set<std::string> used;
+namespace {
 
-  const Tensor& get(const std::string& name, const Shape& shape) {
-    auto it = tensors.find(name);
-    AERIE_CHECK(it != tensors.end(), "checkpoint has no tensor \"" << name << "\"");
-    it->second.check_shape(shape, file_of[name] + ": " + name);
-    used.insert(name);
-    return it->second;
-  }
-};
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
 
-Checkpoint read_checkpoint(const std::string& dir) {
-  Checkpoint ck;
-  fs::path single = fs::path(dir) / "model.safetensors";
-  fs::path index = fs::path(dir) / "model.safetensors.index.json";
-  std::vector<std::string> files;
+}  // namespace
+
+HfCheckpoint::HfCheckpoint(const std::string& dir) : dir_(dir) {
+  const fs::path single = fs::path(dir) / "model.safetensors";
+  const fs::path index = fs::path(dir) / "model.safetensors.index.json";
   if (fs::exists(single)) {
-    files.push_back(single.string());
+    files_.push_back(std::make_unique<SafetensorsReader>(single.string()));
+    for (const auto& [name, e] : files_.back()->entries()) where_[name] = files_.back().get();
   } else if (fs::exists(index)) {
+    index_path_ = index.string();
     std::ifstream in(index);
-    AERIE_CHECK(in, "cannot open " << index.string());
+    AERIE_CHECK(in, "cannot open " << index_path_);
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(in);
     } catch (const nlohmann::json::exception& e) {
-      AERIE_THROW(index.string() << ": bad JSON: " << e.what());
+      AERIE_THROW(index_path_ << ": bad JSON: " << e.what());
     }
-    AERIE_CHECK(j.contains("weight_map") && j["weight_map"].is_object(), index.string() << ": no weight_map");
-    std::set<std::string> names;
-    for (auto& [k, v] : j["weight_map"].items()) names.insert(v.get<std::string>());
-    for (auto& n : names) files.push_back((fs::path(dir) / n).string());
+    AERIE_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(),
+                index_path_ << ": no weight_map object");
+    std::map<std::string, std::vector<std::string>> names_of;  // shard -> tensors the index puts there
+    for (const auto& [name, file] : j["weight_map"].items()) {
+      AERIE_CHECK(file.is_string(), index_path_ << ": weight_map[\"" << name << "\"] is not a file name");
+      names_of[file.get<std::string>()].push_back(name);
+    }
+    for (const auto& [file, names] : names_of) {
+      const fs::path p = fs::path(dir) / file;
+      AERIE_CHECK(fs::exists(p), index_path_ << " names shard " << file << " (for \"" << names.front()
+                                             << "\"), which does not exist in " << dir);
+      files_.push_back(std::make_unique<SafetensorsReader>(p.string()));
+      const SafetensorsReader* r = files_.back().get();
+      for (const auto& n : names)
+        AERIE_CHECK(r->contains(n), index_path_ << " puts tensor \"" << n << "\" in " << r->path()
+                                                << ", which has no such tensor");
+      for (const auto& [name, e] : r->entries()) {
+        auto it = where_.find(name);
+        AERIE_CHECK(it == where_.end(), "tensor \"" << name << "\" appears in both " << it->second->path()
+                                                    << " and " << r->path());
+        where_[name] = r;
+      }
+    }
   } else {
     AERIE_THROW("no model.safetensors or model.safetensors.index.json in " << dir);
   }
-  for (auto& f : files) {
-    SafetensorsFile sf = load_safetensors(f);
-    for (auto& [name, t] : sf.tensors) {
-      AERIE_CHECK(!ck.tensors.count(name), "tensor \"" << name << "\" appears in both " << ck.file_of[name]
-                                                       << " and " << f);
-      ck.tensors[name] = t;
-      ck.file_of[name] = f;
+  for (const char* p : {"model.", "model.language_model.", "language_model.model."}) {
+    if (contains(std::string(p) + "embed_tokens.weight")) {
+      prefix_ = p;
+      break;
     }
   }
-  return ck;
+  AERIE_CHECK(!prefix_.empty(), file_of("model.embed_tokens.weight")
+                                    << ": no tensor \"model.embed_tokens.weight\" (nor under a multimodal "
+                                       "wrapper's model.language_model. or language_model.model.)");
+  for (const char* n : {"lm_head.weight", "language_model.lm_head.weight"}) {
+    if (contains(n)) {
+      lm_head_ = n;
+      break;
+    }
+  }
+  if (prefix_ != "model.") AERIE_LOG(info) << dir << ": language model found under \"" << prefix_ << "\"";
 }
 
-Tensor to_f32(const Tensor& t) { return t.dtype() == DType::F32 ? t.clone() : t.to(DType::F32); }
-
-/// Rows [r R/tp, (r+1) R/tp) of a [R, C] weight (column-parallel linear), as F32.
-Tensor shard_rows(const Tensor& t, int rank, int size) {
-  int64_t rows = t.dim(0) / size;
-  return to_f32(t.slice(rank * rows, (rank + 1) * rows));
+std::string HfCheckpoint::file_of(const std::string& name) const {
+  auto it = where_.find(name);
+  if (it != where_.end()) return it->second->path();
+  if (!index_path_.empty()) return index_path_ + " (and its shards)";
+  return files_.empty() ? dir_ : files_.front()->path();
 }
 
-/// Columns [r C/tp, (r+1) C/tp) of a [R, C] weight (row-parallel linear), as F32.
-Tensor shard_cols(const Tensor& t, int rank, int size) {
-  Tensor full = t.dtype() == DType::F32 ? t : t.to(DType::F32);
-  const int64_t R = t.dim(0), C = t.dim(1), c = C / size;
+Shape HfCheckpoint::shape_of(const std::string& name) const {
+  auto it = where_.find(name);
+  AERIE_CHECK(it != where_.end(), file_of(name) << ": no tensor \"" << name << "\"");
+  return it->second->entries().at(name).shape;
+}
+
+Tensor HfCheckpoint::get(const std::string& name, const Shape& shape, int64_t begin, int64_t end) {
+  auto it = where_.find(name);
+  AERIE_CHECK(it != where_.end(), file_of(name) << ": no tensor \"" << name << "\"");
+  const SafetensorsReader& r = *it->second;
+  const SafetensorsEntry& e = r.entries().at(name);
+  bool ok = e.shape.size() == shape.size();
+  for (size_t i = 0; ok && i < shape.size(); ++i) ok = e.shape[i] == shape[i];
+  AERIE_CHECK(ok, r.path() << ": tensor \"" << name << "\": expected shape " << shape_str(shape) << ", got "
+                           << shape_str(e.shape));
+  AERIE_CHECK(e.dtype == DType::F32 || e.dtype == DType::BF16 || e.dtype == DType::F16,
+              r.path() << ": tensor \"" << name << "\" is " << dtype_name(e.dtype) << ", not F32, BF16 or F16");
+  read_.insert(name);
+  Tensor t = end >= 0 ? r.read_rows(name, begin, end) : r.read(name);
+  return t.dtype() == DType::F32 ? t : t.to(DType::F32);
+}
+
+std::vector<std::string> HfCheckpoint::unread_language_model_tensors() const {
+  std::vector<std::string> out;
+  for (const auto& [name, r] : where_) {
+    if (read_.count(name) || ends_with(name, "rotary_emb.inv_freq")) continue;
+    const bool lm = name.compare(0, prefix_.size(), prefix_) == 0 || name == "lm_head.weight" ||
+                    name == "language_model.lm_head.weight" || prefix_ == "model.";
+    if (lm) out.push_back(name);
+  }
+  return out;
+}
+
+namespace {
+
+/// Columns [r C/tp, (r+1) C/tp) of a [R, C] F32 weight (row-parallel linear).
+Tensor shard_cols(const Tensor& full, int rank, int size) {
+  const int64_t R = full.dim(0), C = full.dim(1), c = C / size;
   Tensor out = Tensor::empty({R, c}, DType::F32);
   const float* src = full.data<float>();
   float* dst = out.data<float>();
@@ -104,44 +153,67 @@ void check_tp_divisible(const LlamaConfig& cfg, int tp_size) {
 
 LlamaWeights load_llama_weights(const std::string& dir, const LlamaConfig& cfg, int tp_rank, int tp_size) {
   check_tp_divisible(cfg, tp_size);
-  Checkpoint ck = read_checkpoint(dir);
+  HfCheckpoint ck(dir);
+  const std::string& P = ck.decoder_prefix();
   const int64_t H = cfg.hidden_size, V = cfg.vocab_size, d = cfg.head_dim, I = cfg.intermediate_size;
   const int64_t nh = cfg.num_attention_heads, nkv = cfg.num_key_value_heads;
+  const int r = tp_rank, s = tp_size;
+  // Rows of this rank's shard of a column-parallel weight or bias of `rows` rows.
+  auto rows = [&](const std::string& name, const Shape& shape) {
+    const int64_t n = shape[0] / s;
+    return ck.get(name, shape, r * n, (r + 1) * n);
+  };
 
   LlamaWeights w;
-  w.embed_tokens = to_f32(ck.get("model.embed_tokens.weight", {V, H}));
-  w.norm = to_f32(ck.get("model.norm.weight", {H}));
+  w.embed_tokens = ck.get(P + "embed_tokens.weight", {V, H});
+  w.norm = ck.get(P + "norm.weight", {H});
   if (cfg.tie_word_embeddings) {
     w.lm_head = w.embed_tokens;
     // Some tied checkpoints still carry a copy; transformers ignores it, and so does aerie.
-    if (ck.tensors.count("lm_head.weight")) ck.get("lm_head.weight", {V, H});
+    if (!ck.lm_head_name().empty()) ck.get(ck.lm_head_name(), {V, H});
   } else {
-    w.lm_head = to_f32(ck.get("lm_head.weight", {V, H}));
+    AERIE_CHECK(!ck.lm_head_name().empty(), ck.file_of("lm_head.weight")
+                                                << ": no tensor \"lm_head.weight\" and tie_word_embeddings is false");
+    w.lm_head = ck.get(ck.lm_head_name(), {V, H});
   }
   for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
+    const std::string p = P + "layers." + std::to_string(l) + ".";
+    const std::string a = p + "self_attn.", m = p + "mlp.";
     LlamaLayerWeights L;
-    L.input_layernorm = to_f32(ck.get(p + "input_layernorm.weight", {H}));
-    L.post_attention_layernorm = to_f32(ck.get(p + "post_attention_layernorm.weight", {H}));
-    L.q_proj = shard_rows(ck.get(p + "self_attn.q_proj.weight", {nh * d, H}), tp_rank, tp_size);
-    L.k_proj = shard_rows(ck.get(p + "self_attn.k_proj.weight", {nkv * d, H}), tp_rank, tp_size);
-    L.v_proj = shard_rows(ck.get(p + "self_attn.v_proj.weight", {nkv * d, H}), tp_rank, tp_size);
-    L.o_proj = shard_cols(ck.get(p + "self_attn.o_proj.weight", {H, nh * d}), tp_rank, tp_size);
-    L.gate_proj = shard_rows(ck.get(p + "mlp.gate_proj.weight", {I, H}), tp_rank, tp_size);
-    L.up_proj = shard_rows(ck.get(p + "mlp.up_proj.weight", {I, H}), tp_rank, tp_size);
-    L.down_proj = shard_cols(ck.get(p + "mlp.down_proj.weight", {H, I}), tp_rank, tp_size);
+    L.input_layernorm = ck.get(p + "input_layernorm.weight", {H});
+    L.post_attention_layernorm = ck.get(p + "post_attention_layernorm.weight", {H});
+    L.q_proj = rows(a + "q_proj.weight", {nh * d, H});
+    L.k_proj = rows(a + "k_proj.weight", {nkv * d, H});
+    L.v_proj = rows(a + "v_proj.weight", {nkv * d, H});
+    L.o_proj = shard_cols(ck.get(a + "o_proj.weight", {H, nh * d}), r, s);
+    L.gate_proj = rows(m + "gate_proj.weight", {I, H});
+    L.up_proj = rows(m + "up_proj.weight", {I, H});
+    L.down_proj = shard_cols(ck.get(m + "down_proj.weight", {H, I}), r, s);
+    if (cfg.qkv_bias) {
+      L.q_bias = rows(a + "q_proj.bias", {nh * d});
+      L.k_bias = rows(a + "k_proj.bias", {nkv * d});
+      L.v_bias = rows(a + "v_proj.bias", {nkv * d});
+    }
+    if (cfg.o_bias) L.o_bias = ck.get(a + "o_proj.bias", {H});
+    if (cfg.mlp_bias) {
+      L.gate_bias = rows(m + "gate_proj.bias", {I});
+      L.up_bias = rows(m + "up_proj.bias", {I});
+      L.down_bias = ck.get(m + "down_proj.bias", {H});
+    }
+    if (cfg.qk_norm) {
+      L.q_norm = ck.get(a + "q_norm.weight", {d});
+      L.k_norm = ck.get(a + "k_norm.weight", {d});
+    }
     w.layers.push_back(std::move(L));
   }
-  // A tensor this implementation does not read (attention biases, q_norm/k_norm, extra layers) means
-  // another architecture: computing without it would be silently wrong.
-  for (auto& [name, t] : ck.tensors) {
-    if (ck.used.count(name)) continue;
-    if (name.size() >= 19 && name.compare(name.size() - 19, 19, "rotary_emb.inv_freq") == 0) continue;
-    AERIE_THROW(ck.file_of[name] << ": tensor \"" << name << "\" " << shape_str(t.shape())
-                                 << " is not part of a Llama decoder of this config (another architecture?)");
-  }
-  AERIE_LOG(debug) << "loaded " << ck.tensors.size() << " tensors from " << dir << " (tp rank " << tp_rank
-                   << " of " << tp_size << ")";
+  // A language-model tensor this implementation does not read (a bias or q_norm the config does not
+  // announce, extra layers) means another architecture: computing without it would be silently wrong.
+  for (const auto& name : ck.unread_language_model_tensors())
+    AERIE_THROW(ck.file_of(name) << ": tensor \"" << name << "\" " << shape_str(ck.shape_of(name))
+                                 << " is not part of a " << cfg.model_type
+                                 << " decoder of this config (another architecture, or a config field missing?)");
+  AERIE_LOG(debug) << "loaded the " << cfg.model_type << " weights of " << dir << " (tp rank " << tp_rank << " of "
+                   << tp_size << ")";
   return w;
 }
 

@@ -1,16 +1,56 @@
-// Internal to the model layer: the target's weights as this tp rank holds them, and their loading
-// from a Hugging Face checkpoint (model.safetensors, or shards listed in model.safetensors.index.json).
+// Internal to the model layer (and train/target_head): a Hugging Face checkpoint directory read tensor
+// by tensor, and the target's weights as this tp rank holds them.
 #pragma once
+#include <map>
+#include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "core/tensor.h"
+#include "io/safetensors.h"
 #include "model/llama_config.h"
 
 namespace aerie {
 
+/// The tensors of a Hugging Face checkpoint directory: <dir>/model.safetensors, or the shards named by
+/// <dir>/model.safetensors.index.json's weight_map. Only headers are read at construction; tensor data
+/// is read on demand. The decoder's names are found under "model." (CausalLM), or under a multimodal
+/// wrapper's "model.language_model." (transformers 5) or "language_model.model." (transformers 4).
+class HfCheckpoint {
+ public:
+  /// Throws aerie::Error naming the file on a missing checkpoint, a bad index (no weight_map, a shard
+  /// that does not exist, a tensor the index puts in a shard that lacks it, a tensor in two shards) or
+  /// when no embed_tokens.weight is found under any known prefix.
+  explicit HfCheckpoint(const std::string& dir);
+  const std::string& dir() const { return dir_; }
+  /// "model.", "model.language_model." or "language_model.model.": the prefix of embed_tokens.weight,
+  /// layers.{i}.* and norm.weight.
+  const std::string& decoder_prefix() const { return prefix_; }
+  /// "lm_head.weight" or "language_model.lm_head.weight"; empty when the checkpoint has none.
+  const std::string& lm_head_name() const { return lm_head_; }
+  bool contains(const std::string& name) const { return where_.count(name) > 0; }
+  /// The file holding `name`, or, for a name the checkpoint lacks, the file(s) that were searched.
+  std::string file_of(const std::string& name) const;
+  /// Tensor `name` converted to F32 (from F32, BF16 or F16) after checking its full shape against
+  /// `shape`; rows [begin, end) of dim 0 only when end >= 0 (a tensor-parallel shard, read alone).
+  /// Throws aerie::Error naming the tensor and its file when it is missing or misshapen.
+  Tensor get(const std::string& name, const Shape& shape, int64_t begin = 0, int64_t end = -1);
+  /// Tensors of the language model (under the decoder prefix, and the lm_head) that get() has not
+  /// read; other tensors of a multimodal wrapper (vision tower, projector) are not listed.
+  std::vector<std::string> unread_language_model_tensors() const;
+  Shape shape_of(const std::string& name) const;
+
+ private:
+  std::string dir_, prefix_, lm_head_, index_path_;
+  std::vector<std::unique_ptr<SafetensorsReader>> files_;
+  std::map<std::string, const SafetensorsReader*> where_;
+  std::set<std::string> read_;
+};
+
 /// One decoder layer, this rank's shard, all F32. nh = n_heads / tp, nkv = n_kv_heads / tp,
 /// I_l = intermediate_size / tp (Megatron-LM: q/k/v/gate/up column-parallel, o/down row-parallel).
+/// Optional tensors are undefined when the config has none.
 struct LlamaLayerWeights {
   Tensor input_layernorm, post_attention_layernorm;  // [H] (replicated)
   Tensor q_proj;                                     // [nh d, H]   rows of this rank's heads
@@ -18,6 +58,12 @@ struct LlamaLayerWeights {
   Tensor o_proj;                                     // [H, nh d]   columns of this rank's heads
   Tensor gate_proj, up_proj;                         // [I_l, H]
   Tensor down_proj;                                  // [H, I_l]
+  Tensor q_bias;                                     // [nh d]   optional (cfg.qkv_bias)
+  Tensor k_bias, v_bias;                             // [nkv d]  optional (cfg.qkv_bias)
+  Tensor o_bias;                                     // [H] replicated, added after the all-reduce (cfg.o_bias)
+  Tensor gate_bias, up_bias;                         // [I_l]    optional (cfg.mlp_bias)
+  Tensor down_bias;                                  // [H] replicated, added after the all-reduce (cfg.mlp_bias)
+  Tensor q_norm, k_norm;                             // [d] replicated, optional (cfg.qk_norm)
 };
 
 struct LlamaWeights {
@@ -27,12 +73,13 @@ struct LlamaWeights {
   std::vector<LlamaLayerWeights> layers;
 };
 
-/// Loads `dir`'s weights (Hugging Face names: model.embed_tokens.weight, model.layers.{i}.self_attn.
-/// {q,k,v,o}_proj.weight, model.layers.{i}.mlp.{gate,up,down}_proj.weight, model.layers.{i}.
-/// {input,post_attention}_layernorm.weight, model.norm.weight, lm_head.weight unless tied), converted
-/// to F32 and sharded for tp rank `tp_rank` of `tp_size`. Throws aerie::Error naming the file and tensor
-/// on a missing or mis-shaped weight, on a tensor this Llama implementation would ignore (biases,
-/// q_norm/k_norm: another architecture), and when heads, kv heads or intermediate_size are not
+/// Loads `dir`'s weights (Hugging Face names under the decoder prefix P of HfCheckpoint: P
+/// embed_tokens.weight, P layers.{i}.self_attn.{q,k,v,o}_proj.{weight,bias}, P layers.{i}.self_attn.
+/// {q,k}_norm.weight, P layers.{i}.mlp.{gate,up,down}_proj.{weight,bias}, P layers.{i}.{input,
+/// post_attention}_layernorm.weight, P norm.weight, lm_head.weight unless tied; biases and norms as the
+/// config says), converted to F32 and sharded for tp rank `tp_rank` of `tp_size`. Throws aerie::Error
+/// naming the file and tensor on a missing or mis-shaped weight, on a language-model tensor the config
+/// does not account for (another architecture), and when heads, kv heads or intermediate_size are not
 /// divisible by tp_size.
 LlamaWeights load_llama_weights(const std::string& dir, const LlamaConfig& cfg, int tp_rank, int tp_size);
 

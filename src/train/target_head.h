@@ -14,9 +14,11 @@ struct TargetHead {
   Tensor lm_head;       // [V, H] F32: lm_head.weight, or the same storage as embed_tokens when tied
 };
 
-/// Reads model.embed_tokens.weight and lm_head.weight (unless cfg.tie_word_embeddings) from
-/// `dir`/model.safetensors, or from the files model.safetensors.index.json's weight_map names for them;
-/// converted to F32. Throws aerie::Error naming the file and tensor if one is missing or not [V, H].
+/// Reads <P>embed_tokens.weight and the lm_head (unless cfg.tie_word_embeddings) from `dir`'s
+/// model.safetensors or the shards of model.safetensors.index.json, converted to F32 from F32, BF16 or
+/// F16; P is "model." or a multimodal wrapper's prefix (HfCheckpoint in model/llama_weights.h), and
+/// only these two tensors are read. Throws aerie::Error naming the file and tensor if one is missing
+/// or not [V, H].
 TargetHead load_target_head(const std::string& dir, const LlamaConfig& cfg);
 
 }  // namespace aerie
