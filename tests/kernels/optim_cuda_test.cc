@@ -81,7 +81,7 @@ TEST(OptimCuda, AdamWStepClippedMatchesComposedCpu) {
       // fp32 block partials vs a double sum: ~1e-7 relative typically
       EXPECT_NEAR(got, norm, 1e-5 * norm) << "step " << step << " max_norm " << max_norm;
       EXPECT_EQ(gg[0].to_float_vector(), g0) << "the gradients are left unchanged";
-      EXPECT_EQ(max_norm / (norm + 1e-6) < 1.0, max_norm == 0.5) << "the clip is active in the 0.5 case only";
+      EXPECT_EQ(max_norm > 0 && max_norm / (norm + 1e-6) < 1.0, max_norm == 0.5) << "the clip is active in the 0.5 case only";
       for (size_t i = 0; i < sizes.size(); ++i) {
         const std::string what = "tensor " + std::to_string(i) + " step " + std::to_string(step) + " max_norm " +
                                  std::to_string(max_norm);
