@@ -7,10 +7,12 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "data/chat_templates_json.h"
 
 namespace aerie {
 
-using json = nlohmann::json;
+// ordered_json: tool arguments and tool definitions keep their key order (chat templates print them).
+using json = nlohmann::ordered_json;
 
 const char* role_name(ChatRole r) {
   switch (r) {
@@ -76,10 +78,28 @@ InputRecord conversation_record(Conversation c) {
   return r;
 }
 
+// The record's "tools" (an array, or a string holding a JSON array) into c.tools_json; false if malformed.
+bool read_tools(const json& j, Conversation& c, std::string& why) {
+  if (!j.contains("tools") || j["tools"].is_null()) return true;
+  json tools = j["tools"];
+  if (tools.is_string()) {
+    if (tools.get<std::string>().empty()) return true;
+    tools = json::parse(tools.get<std::string>(), nullptr, /*allow_exceptions=*/false);
+  }
+  if (!tools.is_array()) {
+    why = "'tools' is not an array (or a string holding one)";
+    return false;
+  }
+  if (!tools.empty()) c.tools_json = chat::python_json(tools);
+  return true;
+}
+
 InputRecord parse_sharegpt(const json& j) {
   const json& conv = j.at("conversations");
   if (!conv.is_array()) return skip(SkipReason::WrongTypes, "'conversations' is not an array");
   Conversation c;
+  std::string why;
+  if (!read_tools(j, c, why)) return skip(SkipReason::WrongTypes, why);
   if (j.contains("system")) {
     if (!j["system"].is_string()) return skip(SkipReason::WrongTypes, "'system' is not a string");
     if (!j["system"].get<std::string>().empty()) c.turns.push_back({ChatRole::System, j["system"].get<std::string>()});
@@ -105,6 +125,8 @@ InputRecord parse_openai(const json& j) {
   const json& msgs = j.at("messages");
   if (!msgs.is_array()) return skip(SkipReason::WrongTypes, "'messages' is not an array");
   Conversation c;
+  std::string why;
+  if (!read_tools(j, c, why)) return skip(SkipReason::WrongTypes, why);
   for (size_t i = 0; i < msgs.size(); ++i) {
     const json& m = msgs[i];
     std::string where = "message " + std::to_string(i);
@@ -117,7 +139,49 @@ InputRecord parse_openai(const json& j) {
     else if (r == "system" || r == "developer") role = ChatRole::System;
     else if (r == "tool") role = ChatRole::Tool;
     else return skip(SkipReason::WrongTypes, where + ": unknown role '" + r + "'");
-    if (!m.contains("content")) return skip(SkipReason::WrongTypes, where + " has no 'content'");
+    ChatTurn turn{role, ""};
+    if (role == ChatRole::Assistant && m.contains("tool_calls") && !m["tool_calls"].is_null()) {
+      const json& calls = m["tool_calls"];
+      if (!calls.is_array()) return skip(SkipReason::WrongTypes, where + ": 'tool_calls' is not an array");
+      for (size_t k = 0; k < calls.size(); ++k) {
+        const json& tc = calls[k];
+        const std::string cw = where + " tool_calls[" + std::to_string(k) + "]";
+        // {"id", "type", "function": {"name", "arguments"}}, or the function object itself
+        const json& fn = tc.is_object() && tc.contains("function") ? tc["function"] : tc;
+        if (!fn.is_object() || !fn.contains("name") || !fn["name"].is_string())
+          return skip(SkipReason::WrongTypes, cw + " needs a string function 'name'");
+        ToolCall call;
+        call.name = fn["name"].get<std::string>();
+        if (tc.contains("id") && tc["id"].is_string()) call.id = tc["id"].get<std::string>();
+        const json args = fn.contains("arguments") ? fn["arguments"] : json::object();
+        if (args.is_string()) {
+          call.arguments = args.get<std::string>();
+          call.arguments_is_string = true;
+        } else if (args.is_object() || args.is_null()) {
+          call.arguments = chat::python_json(args.is_null() ? json::object() : args);
+        } else {
+          return skip(SkipReason::WrongTypes, cw + ": 'arguments' is neither a string nor an object");
+        }
+        turn.tool_calls.push_back(std::move(call));
+      }
+    }
+    for (const char* key : {"reasoning_content", "reasoning", "thinking"}) {
+      if (!m.contains(key) || m[key].is_null()) continue;
+      if (!m[key].is_string()) return skip(SkipReason::WrongTypes, where + ": '" + key + "' is not a string");
+      turn.reasoning = m[key].get<std::string>();
+      turn.has_reasoning = true;
+      break;
+    }
+    if (role == ChatRole::Tool) {
+      if (m.contains("tool_call_id") && m["tool_call_id"].is_string()) turn.tool_call_id = m["tool_call_id"].get<std::string>();
+      if (m.contains("name") && m["name"].is_string()) turn.name = m["name"].get<std::string>();
+    }
+    if (!m.contains("content") || m["content"].is_null()) {
+      if (turn.tool_calls.empty()) return skip(SkipReason::WrongTypes, where + " has no 'content'");
+      turn.content_null = true;
+      c.turns.push_back(std::move(turn));
+      continue;
+    }
     const json& content = m["content"];
     std::string text;
     if (content.is_string()) {
@@ -131,7 +195,8 @@ InputRecord parse_openai(const json& j) {
     } else {
       return skip(SkipReason::WrongTypes, where + ": 'content' is neither a string nor a list of text parts");
     }
-    c.turns.push_back({role, std::move(text)});
+    turn.text = std::move(text);
+    c.turns.push_back(std::move(turn));
   }
   return conversation_record(std::move(c));
 }

@@ -12,14 +12,37 @@ namespace aerie {
 enum class ChatRole : uint8_t { System, User, Assistant, Tool };
 const char* role_name(ChatRole r);
 
-struct ChatTurn {
-  ChatRole role;
-  std::string text;
+/// One tool call of an assistant turn (OpenAI "tool_calls": [{"id", "type": "function", "function": {"name",
+/// "arguments"}}]).
+struct ToolCall {
+  std::string id;
+  std::string name;
+  /// The arguments as JSON text: verbatim when the record gives a string (OpenAI's form), else the object
+  /// written as Python's json.dumps writes it (chat::python_json, key order kept).
+  std::string arguments;
+  bool arguments_is_string = false;
 };
 
-/// One conversation: turns in order.
+/// One message. `text` is the content ("" when absent or null). Assistant turns may carry `reasoning`
+/// (reasoning_content) and `tool_calls`; tool turns (results) `tool_call_id` and `name`.
+struct ChatTurn {
+  ChatTurn() = default;
+  ChatTurn(ChatRole r, std::string t) : role(r), text(std::move(t)) {}
+  ChatRole role = ChatRole::User;
+  std::string text;
+  std::string reasoning;              // reasoning_content (or "reasoning" / "thinking"); see has_reasoning
+  bool has_reasoning = false;         // the record has a non-null reasoning field (even an empty one)
+  bool content_null = false;          // "content" absent or null (an assistant turn of tool calls only)
+  std::vector<ToolCall> tool_calls;   // assistant
+  std::string tool_call_id;           // tool result: the id of the call it answers
+  std::string name;                   // tool result: the function's name
+};
+
+/// One conversation: turns in order, and the tool definitions offered to the model (OpenAI "tools": a JSON
+/// array of {"type": "function", "function": {...}}, kept as JSON text with its key order; "" if none).
 struct Conversation {
   std::vector<ChatTurn> turns;
+  std::string tools_json;
 };
 
 /// Input forms (--format). Auto: ".txt" files are Text; JSONL lines are recognised by their keys
@@ -58,7 +81,11 @@ struct InputRecord {
 /// "observation"|"tool", "value": str}], optional top-level "system": str}. "function_call" is model output
 /// (assistant); "observation"/"tool" are tool results (never trained on).
 /// OpenAI: {"messages": [{"role": "system"|"developer"|"user"|"assistant"|"tool", "content": str or
-/// [{"type": "text", "text": str}, ...]}]}.
+/// [{"type": "text", "text": str}, ...] or null}], optional "tools": [...]}. Assistant messages may have
+/// "tool_calls" ([{"id", "type", "function": {"name", "arguments": str or object}}]) and "reasoning_content"
+/// (also read as "reasoning" or "thinking"); tool messages "tool_call_id" and "name". content may be null
+/// or absent only in an assistant message with tool calls.
+/// ShareGPT and OpenAI records may carry "tools" (an array, or a string holding one, as LLaMA-Factory writes).
 /// Tokenized: {"input_ids": [int], "loss_mask": [0|1]} of equal length; ids must lie in [0, vocab_size).
 /// A conversation without an assistant turn is NoAssistant.
 InputRecord parse_json_record(const std::string& line, InputFormat format, int64_t vocab_size);

@@ -3,6 +3,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "data/chat_templates.h"
 
 namespace aerie {
 
@@ -15,7 +16,7 @@ int64_t TokenizedSample::loss_tokens() const {
 TokenizedSample ChatTemplate::apply(const Conversation& conversation, const Tokenizer& tokenizer) const {
   TokenizedSample s;
   for (const TemplateSegment& seg : render(conversation)) {
-    std::vector<int32_t> ids = seg.ids.empty() ? tokenizer.encode(seg.text) : seg.ids;
+    std::vector<int32_t> ids = seg.ids.empty() ? encode_text(seg.text, tokenizer) : seg.ids;
     s.input_ids.insert(s.input_ids.end(), ids.begin(), ids.end());
     s.loss_mask.insert(s.loss_mask.end(), ids.size(), seg.trained ? 1 : 0);
   }
@@ -39,8 +40,7 @@ std::vector<TemplateSegment> PlainTemplate::render(const Conversation& conversat
 
 std::unique_ptr<ChatTemplate> make_chat_template(const std::string& name, const Tokenizer& tokenizer) {
   if (name == "plain") return std::make_unique<PlainTemplate>(tokenizer.bos_id(), tokenizer.eos_id());
-  AERIE_THROW("unknown chat template '" << name << "' (built in: plain; Jinja chat templates are not "
-                                        << "implemented yet)");
+  return std::make_unique<ConfigChatTemplate>(ChatTemplateSpec::load(find_chat_template(name)), &tokenizer);
 }
 
 }  // namespace aerie

@@ -5,9 +5,9 @@
 // loss mask lines up with the tokens exactly (eagle3.md section 1: m_t = 1 on assistant content and the
 // end-of-turn token that closes it; never on role headers, system, user or tool text).
 //
-// Built in now: "plain" (documented at PlainTemplate). The Jinja chat templates of real chat models
-// (tokenizer_config.json "chat_template") are another issue; they implement the same ChatTemplate
-// interface, rendering their text into segments at the assistant content boundaries.
+// Built in: "plain" (documented at PlainTemplate). The templates of real chat models (llama3, llama3.1,
+// mistral, qwen2.5, qwen3, qwen3-nothink, deepseek-v3, chatml, ...) are INI files in configs/templates/,
+// rendered by ConfigChatTemplate (data/chat_templates.h) and checked against the models' Jinja templates.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -40,7 +40,14 @@ class ChatTemplate {
   virtual std::string name() const = 0;
   /// The segments of `conversation` in order. Throws aerie::Error if the template cannot render it.
   virtual std::vector<TemplateSegment> render(const Conversation& conversation) const = 0;
-  /// render, then tokenize each segment and concatenate (TokenizedSample of all segments in order).
+  /// The segments of a generation prompt for `conversation` (which ends with a user or tool turn): render
+  /// plus the template's generation prompt (the assistant header). Default: render.
+  virtual std::vector<TemplateSegment> render_prompt(const Conversation& conversation) const { return render(conversation); }
+  /// The ids of one text segment. Default: tokenizer.encode(text).
+  virtual std::vector<int32_t> encode_text(const std::string& text, const Tokenizer& tokenizer) const {
+    return tokenizer.encode(text);
+  }
+  /// render, then tokenize each segment (encode_text) and concatenate (TokenizedSample of all segments).
   TokenizedSample apply(const Conversation& conversation, const Tokenizer& tokenizer) const;
 };
 
@@ -59,7 +66,9 @@ class PlainTemplate : public ChatTemplate {
   int32_t bos_, eos_;
 };
 
-/// The template named `name` ("plain") for `tokenizer`. Throws aerie::Error on an unknown name.
+/// The template named `name` for `tokenizer`: "plain", or an INI template (a name of configs/templates/ or
+/// the path of an .ini file; see find_chat_template). Throws aerie::Error on an unknown name, a bad file, or
+/// a special token of the template that the tokenizer lacks.
 std::unique_ptr<ChatTemplate> make_chat_template(const std::string& name, const Tokenizer& tokenizer);
 
 }  // namespace aerie
