@@ -39,18 +39,18 @@ struct LlamaModel::Impl {
 
 namespace {
 
-/// y = x W^T (+ b): x [n, K], W [M, K], b [M] or undefined, ones [n, 1] (all 1) -> [n, M]. The bias
-/// is a K = 1 GEMM with beta 1 (y += ones b^T): one fp32 rounding per element, as a direct add.
+/// y += b broadcast over rows: y [n, M], b [M] or undefined (nothing to add), ones [n, 1] (all 1). A
+/// K = 1 GEMM with beta 1 (y += ones b^T): one fp32 rounding per element, as a direct add, on any device.
+void add_bias(Tensor& y, const Tensor& b, const Tensor& ones) {
+  if (b.defined()) matmul(ones, b.reshape({1, b.dim(0)}), y, false, false, 1.0f, 1.0f);
+}
+
+/// y = x W^T + b: x [n, K], W [M, K], b [M] or undefined -> [n, M].
 Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& ones) {
   Tensor y = Tensor::empty({x.dim(0), W.dim(0)}, DType::F32, x.device());
   matmul(x, W, y, false, true);
-  if (b.defined()) matmul(ones, b.reshape({1, b.dim(0)}), y, false, false, 1.0f, 1.0f);
+  add_bias(y, b, ones);
   return y;
-}
-
-/// y += b broadcast over rows: y [n, M], b [M] or undefined (nothing to add).
-void add_bias(Tensor& y, const Tensor& b, const Tensor& ones) {
-  if (b.defined()) matmul(ones, b.reshape({1, b.dim(0)}), y, false, false, 1.0f, 1.0f);
 }
 
 Tensor rmsnorm(const Tensor& x, const Tensor& w, float eps) {

@@ -341,6 +341,13 @@ TEST(LlamaHfFamilies, F16Conversion) {
   EXPECT_EQ(h.to_float_vector(), want);
   EXPECT_EQ(static_cast<const uint16_t*>(h.raw())[0], 0x3c00);  // 1.0 in IEEE binary16
   EXPECT_EQ(dtype_from_name("F16"), DType::F16);
+  const std::string path = testing::scratch_dir("f16_safetensors") + "/h.safetensors";
+  SafetensorsFile f;
+  f.tensors["h"] = h;
+  save_safetensors(path, f);
+  SafetensorsReader reader(path);
+  EXPECT_EQ(reader.entries().at("h").dtype, DType::F16);
+  EXPECT_EQ(reader.read_rows("h", 3, 6).to_float_vector(), std::vector<float>(want.begin() + 3, want.begin() + 6));
   EXPECT_EQ(h.to(DType::BF16).to_float_vector(), (std::vector<float>{1.0f, -2.5f, 65536.0f, 1.0f, 1.0f, INFINITY,
                                                                      0x1.0p-24f, 0x1.0p-23f, 0x1.0p-14f, -0.0f}));
 }
