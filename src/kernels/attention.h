@@ -1,16 +1,25 @@
 // Causal grouped-query attention with the row log-sum-exp, forward and flash-style backward
-// (Dao et al. 2022, FlashAttention, Algorithm 2 for the backward). No T x T matrix is stored: each
-// query row's scores are computed, used and dropped.
+// (Dao et al. 2022, FlashAttention, Algorithm 2 for the backward; Dao 2023, FlashAttention-2), the packed
+// variable-length prefill, and the log-sum-exp merge of the TTT "diagonal" keys (eagle3.md section 4).
+// No T x T matrix is stored: scores are computed per key tile, used and dropped.
+//
+// Dtypes: q, k, v (and the diagonal keys/values) are all F32 or all BF16; out, dout, dq have q's dtype;
+// lse is F32; the key/value gradients (dk, dv, ddiag_k, ddiag_v) are F32 or q's dtype. Arithmetic is
+// fp32 with fp32 accumulation (CPU: BF16 tensors are widened to fp32 copies, results rounded back).
+// Devices: CPU (the reference) and CUDA (kernels/cuda/attention.cu; head dim <= 128 there).
 #pragma once
+#include <vector>
+
 #include "core/tensor.h"
 
 namespace aerie {
 
-/// q: [Tq, n_heads, d], k, v: [Tk, n_kv, d] (F32; n_heads % n_kv == 0, head h reads kv head
+/// q: [Tq, n_heads, d], k, v: [Tk, n_kv, d] (n_heads % n_kv == 0, head h reads kv head
 /// h / (n_heads / n_kv)). Query row i attends key j iff j <= i + q_offset (q_offset = Tk - Tq for
 /// decoding with a KV cache, 0 for a prefill). scale multiplies q.k (usually 1/sqrt(d)).
 /// out: [Tq, n_heads, d]; lse: [Tq, n_heads] F32, natural-log sum of exp(scale q.k) over the
-/// attended keys (pass nullptr when not needed).
+/// attended keys (pass nullptr when not needed). A row that attends no key gets out 0, lse -inf.
+/// Throws aerie::Error on mismatched shapes/dtypes/devices.
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_offset, float scale,
                        Tensor& out, Tensor* lse);
 
@@ -22,5 +31,32 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, int64_
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& out, const Tensor& lse, int64_t q_offset, float scale, Tensor& dq,
                         Tensor& dk, Tensor& dv);
+
+/// Packed variable-length causal prefill: B samples concatenated along dim 0. q: [N, n_heads, d],
+/// k, v: [N, n_kv, d], cu_seqlens: [B+1] I32 on q's device, cu_seqlens[0] = 0 <= ... <= cu_seqlens[B] = N;
+/// rows cu_seqlens[b] .. cu_seqlens[b+1]-1 form sample b, and each row attends only the keys of its own
+/// sample up to itself (attention_forward with q_offset 0 per sample). out: [N, n_heads, d]; lse: [N,
+/// n_heads] F32 or nullptr. The CPU checks cu_seqlens and throws; CUDA does not read it back to the host
+/// (the kernel clamps each boundary into [0, N], so a bad table gives wrong rows, never a bad access).
+void attention_forward_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens,
+                              float scale, Tensor& out, Tensor* lse);
+
+/// TTT diagonal merge (eagle3.md section 4), in place on the causal result: row i of q ([n, n_heads, d])
+/// also attends row i of every diag_k[j] / diag_v[j] ([>= n, n_kv, d]; head h reads kv head
+/// h / (n_heads / n_kv)): with s_j = scale q_i . kd_j,i and lse_c, out_c the causal values on entry,
+///   lse = log(exp(lse_c) + sum_j exp(s_j)),  out = exp(lse_c - lse) out_c + sum_j exp(s_j - lse) vd_j,i.
+/// out: [n, n_heads, d], lse: [n, n_heads] F32, both updated. No diagonal: nothing changes.
+void attention_merge_diagonal_forward(const Tensor& q, const std::vector<const Tensor*>& diag_k,
+                                      const std::vector<const Tensor*>& diag_v, float scale, Tensor& out,
+                                      Tensor& lse);
+
+/// Its backward from the MERGED out/lse: with P_j = exp(s_j - lse), D = dout . out,
+/// dS_j = P_j (dout . vd_j - D): dq += scale sum_j dS_j kd_j (ADDED to: attention_backward wrote the
+/// causal part first), ddiag_k[j] += scale dS_j q, ddiag_v[j] += P_j dout (rows 0..n-1, ADDED to; each
+/// gradient has its diagonal tensor's shape).
+void attention_merge_diagonal_backward(const Tensor& dout, const Tensor& q, const std::vector<const Tensor*>& diag_k,
+                                       const std::vector<const Tensor*>& diag_v, const Tensor& out,
+                                       const Tensor& lse, float scale, Tensor& dq,
+                                       const std::vector<Tensor*>& ddiag_k, const std::vector<Tensor*>& ddiag_v);
 
 }  // namespace aerie

@@ -56,7 +56,8 @@ void layer_qkv_backward(const LayerCtx& c, const LayerActs& a, Tensor& dq, Tenso
 /// TTT attention of n query rows: row i attends to the keys j <= i + q_offset of k0/v0 (causal,
 /// attention_forward) and to row i of every diag_k[j]/diag_v[j] (the diagonal: its own keys of the
 /// earlier TTT steps / its own earlier guesses), merged by log-sum-exp. q: [n, n_h, d]; k0, v0:
-/// [Tk, n_kv, d]; diag tensors [>= n, n_kv, d]. out: [n, n_h, d], lse: [n, n_h].
+/// [Tk, n_kv, d]; diag tensors [>= n, n_kv, d]. out: [n, n_h, d], lse: [n, n_h]. Any device and dtype that
+/// kernels/attention.h takes (attention_forward + attention_merge_diagonal_forward).
 void ttt_attention_forward(const Tensor& q, const Tensor& k0, const Tensor& v0, const std::vector<const Tensor*>& diag_k,
                            const std::vector<const Tensor*>& diag_v, int64_t q_offset, float scale, Tensor& out,
                            Tensor& lse);

@@ -50,6 +50,15 @@ void attention_forward(const float* q, const float* k, const float* v, const Att
                        float* lse);
 void attention_backward(const float* dout, const float* q, const float* k, const float* v, const float* out,
                         const float* lse, const AttentionDims& a, float* dq, float* dk, float* dv);
+// TTT diagonal merge (double precision): q, out, dout, dq (tq, nh, d), lse (tq, nh); diag_k[j], diag_v[j],
+// ddiag_k[j], ddiag_v[j] (>= tq, nkv, d). a.tk and a.q_offset are unused.
+void attention_merge_diagonal_forward(const float* q, const std::vector<const float*>& diag_k,
+                                      const std::vector<const float*>& diag_v, const AttentionDims& a, float* out,
+                                      float* lse);
+void attention_merge_diagonal_backward(const float* dout, const float* q, const std::vector<const float*>& diag_k,
+                                       const std::vector<const float*>& diag_v, const float* out, const float* lse,
+                                       const AttentionDims& a, float* dq, const std::vector<float*>& ddiag_k,
+                                       const std::vector<float*>& ddiag_v);
 
 // loss.cc: logits, target, dlogits (N, K), weight (N).
 double soft_cross_entropy(const float* logits, const float* target, const float* weight, int64_t n, int64_t k,

@@ -1,0 +1,67 @@
+// Internal to the CUDA attention kernels (attention.cu, attention_backward.cu, attention_merge.cu):
+// block shape constants and the launch helpers they share.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/cuda/common.cuh"
+
+namespace aerie::cuda::attn {
+
+using bf16_t = __nv_bfloat16;
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kTile = 32;     // keys per tile (forward, dq), query rows per tile (dk/dv)
+/// Row stride (floats) of the shared-memory tiles that a lane reads along a row: DP + 4 keeps the rows
+/// 16-byte aligned for float4 loads, and the 8 lanes of each float4 phase on distinct banks.
+template <int DP>
+__host__ __device__ constexpr int padded() { return DP + 4; }
+
+/// a . b over 4 floats (16-byte aligned shared memory).
+__device__ __forceinline__ float dot4(const float* a, const float* b) {
+  const float4 x = *reinterpret_cast<const float4*>(a), y = *reinterpret_cast<const float4*>(b);
+  return x.x * y.x + x.y * y.y + x.z * y.z + x.w * y.w;
+}
+
+inline int sm_count() {
+  int dev = 0, n = 0;
+  AERIE_CUDA_CHECK(cudaGetDevice(&dev), "attention: cudaGetDevice");
+  AERIE_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev), "attention: SM count");
+  return n;
+}
+
+/// Allows `bytes` of dynamic shared memory for `kernel` (needed above the default 48 KiB).
+template <typename Kernel>
+void allow_smem(Kernel kernel, size_t bytes) {
+  if (bytes > 48 * 1024)
+    AERIE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
+                     "attention: cudaFuncSetAttribute(MaxDynamicSharedMemorySize, " << bytes << ")");
+}
+
+/// Calls f.template run<DP>() with DP the smallest of 8, 16, 32, 64, 128 that holds the head dim d.
+template <typename F>
+void by_head_dim(int64_t d, const char* op, F& f) {
+  if (d <= 8)
+    f.template run<8>();
+  else if (d <= 16)
+    f.template run<16>();
+  else if (d <= 32)
+    f.template run<32>();
+  else if (d <= 64)
+    f.template run<64>();
+  else if (d <= 128)
+    f.template run<128>();
+  else
+    AERIE_THROW(op << ": head dim " << d << " is not supported by the CUDA backend (at most 128)");
+}
+
+/// Rows per warp of the forward / dq kernels: 1 when a kv head has few packed query rows (decoding: a
+/// block of 4 rows then holds one token's group of heads), else 8.
+inline bool few_rows(int64_t packed_rows) { return packed_rows <= 64; }
+
+inline void check_grid(const char* op, int64_t x, int64_t y, int64_t z) {
+  AERIE_CHECK(x >= 1 && x <= 0x7fffffff && y >= 1 && y <= 65535 && z >= 1 && z <= 65535,
+              op << ": grid " << x << " x " << y << " x " << z << " is out of CUDA's range");
+}
+
+}  // namespace aerie::cuda::attn

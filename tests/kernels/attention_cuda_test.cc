@@ -1,0 +1,294 @@
+// CUDA attention against the CPU reference on the same random inputs: forward (prefill, q_offset,
+// decoding with the key split, rows without keys), backward (dq, dk, dv added to non-zero values), the
+// packed variable-length prefill and the TTT diagonal merge, for F32 and BF16 inputs and head dims 8..128.
+// BF16 cases give the CPU reference the bf16-rounded values as F32, so both sides see equal inputs.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kernel_test_util.h"
+#include "kernels/attention.h"
+
+namespace aerie {
+namespace {
+
+using testing::random_tensor;
+
+/// The F32 tensor as the given dtype would hold it (bf16-rounded values, still F32).
+Tensor rounded(const Tensor& f32, DType dt) { return dt == DType::F32 ? f32.clone() : f32.to(dt).to(DType::F32); }
+/// The F32 tensor converted to dt on the GPU.
+Tensor on_gpu(const Tensor& f32, DType dt) { return (dt == DType::F32 ? f32 : f32.to(dt)).to_device(Device::CUDA); }
+/// Values with -inf (the lse of a row without keys) replaced by -1e30, so that expect_close can compare them.
+std::vector<float> finite(std::vector<float> x) {
+  for (auto& e : x)
+    if (std::isinf(e) && e < 0) e = -1e30f;
+  return x;
+}
+
+// Tolerances (style.md: |got - ref| <= atol + rtol |ref|). F32: the same fp32 formulas summed in another
+// order over up to 1000 keys (tiles, online rescaling, key splits), so a few 1e-6 relative; 1e-4 absolute
+// for gradients, which sum up to 1000 products with cancellation. BF16 outputs: one bf16 rounding on each
+// side of equal fp32 values that differ in the last fp32 bits, i.e. up to one bf16 step (2^-8 relative).
+constexpr float kF32Atol = 2e-5f, kF32Rtol = 1e-4f, kF32GradAtol = 1e-4f, kF32GradRtol = 1e-3f;
+constexpr float kBf16Atol = 1e-2f, kBf16Rtol = 1e-2f;
+float atol_of(DType dt, bool grad) { return dt == DType::BF16 ? kBf16Atol : grad ? kF32GradAtol : kF32Atol; }
+float rtol_of(DType dt, bool grad) { return dt == DType::BF16 ? kBf16Rtol : grad ? kF32GradRtol : kF32Rtol; }
+
+struct Case {
+  int64_t tq, tk, nh, nkv, d, q_offset;
+  DType dt;
+  DType grad_dt;  // dk/dv dtype in the backward
+};
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  const Case& c = info.param;
+  std::string s = "Tq" + std::to_string(c.tq) + "_Tk" + std::to_string(c.tk) + "_nh" + std::to_string(c.nh) + "_nkv" +
+                  std::to_string(c.nkv) + "_d" + std::to_string(c.d) + "_off" +
+                  (c.q_offset < 0 ? "m" + std::to_string(-c.q_offset) : std::to_string(c.q_offset)) + "_" +
+                  dtype_name(c.dt);
+  if (c.grad_dt != c.dt) s += std::string("_grad") + dtype_name(c.grad_dt);
+  return s;
+}
+
+class AttentionCudaTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(AttentionCudaTest, ForwardMatchesCpu) {
+  AERIE_REQUIRE_CUDA();
+  const Case c = GetParam();
+  const float scale = 1.0f / std::sqrt(float(c.d));
+  const Tensor q = rounded(random_tensor({c.tq, c.nh, c.d}, 1, -2.0f, 2.0f), c.dt);
+  const Tensor k = rounded(random_tensor({c.tk, c.nkv, c.d}, 2, -2.0f, 2.0f), c.dt);
+  const Tensor v = rounded(random_tensor({c.tk, c.nkv, c.d}, 3), c.dt);
+  Tensor out = Tensor::empty(q.shape(), DType::F32), lse = Tensor::empty({c.tq, c.nh}, DType::F32);
+  attention_forward(q, k, v, c.q_offset, scale, out, &lse);
+
+  const Tensor gq = on_gpu(q, c.dt), gk = on_gpu(k, c.dt), gv = on_gpu(v, c.dt);
+  Tensor gout = Tensor::empty(q.shape(), c.dt, Device::CUDA);
+  Tensor glse = Tensor::empty({c.tq, c.nh}, DType::F32, Device::CUDA);
+  attention_forward(gq, gk, gv, c.q_offset, scale, gout, &glse);
+  testing::expect_close(gout.to_float_vector(), rounded(out, c.dt).to_float_vector(), atol_of(c.dt, false),
+                        rtol_of(c.dt, false), "out");
+  testing::expect_close(finite(glse.to_float_vector()), finite(lse.to_float_vector()), kF32Atol, kF32Rtol, "lse");
+  Tensor gout2 = Tensor::empty(q.shape(), c.dt, Device::CUDA);
+  attention_forward(gq, gk, gv, c.q_offset, scale, gout2, nullptr);  // no lse wanted: the same out
+  EXPECT_EQ(gout2.to_float_vector(), gout.to_float_vector());
+}
+
+TEST_P(AttentionCudaTest, BackwardMatchesCpu) {
+  AERIE_REQUIRE_CUDA();
+  const Case c = GetParam();
+  const float scale = 1.0f / std::sqrt(float(c.d));
+  const Tensor q = rounded(random_tensor({c.tq, c.nh, c.d}, 4, -2.0f, 2.0f), c.dt);
+  const Tensor k = rounded(random_tensor({c.tk, c.nkv, c.d}, 5, -2.0f, 2.0f), c.dt);
+  const Tensor v = rounded(random_tensor({c.tk, c.nkv, c.d}, 6), c.dt);
+  const Tensor dout = rounded(random_tensor({c.tq, c.nh, c.d}, 7), c.dt);
+  Tensor out = Tensor::empty(q.shape(), DType::F32), lse = Tensor::empty({c.tq, c.nh}, DType::F32);
+  attention_forward(q, k, v, c.q_offset, scale, out, &lse);
+  out = rounded(out, c.dt);  // the out the GPU side is given
+  const Tensor dk0 = rounded(random_tensor(k.shape(), 8), c.grad_dt);  // added to
+  const Tensor dv0 = rounded(random_tensor(v.shape(), 9), c.grad_dt);
+
+  Tensor dq = random_tensor(q.shape(), 10), dk = dk0.clone(), dv = dv0.clone();  // dq overwritten
+  attention_backward(dout, q, k, v, out, lse, c.q_offset, scale, dq, dk, dv);
+
+  Tensor gdq = on_gpu(random_tensor(q.shape(), 11), c.dt), gdk = on_gpu(dk0, c.grad_dt), gdv = on_gpu(dv0, c.grad_dt);
+  attention_backward(on_gpu(dout, c.dt), on_gpu(q, c.dt), on_gpu(k, c.dt), on_gpu(v, c.dt), on_gpu(out, c.dt),
+                     lse.to_device(Device::CUDA), c.q_offset, scale, gdq, gdk, gdv);
+  testing::expect_close(gdq.to_float_vector(), rounded(dq, c.dt).to_float_vector(), atol_of(c.dt, true),
+                        rtol_of(c.dt, true), "dq");
+  testing::expect_close(gdk.to_float_vector(), rounded(dk, c.grad_dt).to_float_vector(), atol_of(c.grad_dt, true),
+                        rtol_of(c.grad_dt, true), "dk");
+  testing::expect_close(gdv.to_float_vector(), rounded(dv, c.grad_dt).to_float_vector(), atol_of(c.grad_dt, true),
+                        rtol_of(c.grad_dt, true), "dv");
+}
+
+constexpr DType F32 = DType::F32, BF16 = DType::BF16;
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, AttentionCudaTest,
+    ::testing::Values(Case{300, 300, 8, 2, 64, 0, F32, F32},       // prefill, GQA, key split on a small grid
+                      Case{300, 300, 8, 2, 64, 0, BF16, F32},
+                      Case{200, 200, 4, 4, 128, 0, BF16, BF16},    // plain multi-head, d 128
+                      Case{1000, 1000, 8, 2, 128, 0, F32, F32},    // long prefill
+                      Case{37, 500, 8, 2, 128, 463, F32, F32},     // chunked prefill after a cache
+                      Case{37, 500, 8, 2, 128, 463, BF16, BF16},
+                      Case{1, 1000, 8, 2, 128, 999, F32, F32},     // decoding: one token, key split
+                      Case{1, 1000, 8, 2, 128, 999, BF16, F32},
+                      Case{3, 777, 4, 4, 64, 774, BF16, BF16},     // a few tokens, odd Tk
+                      Case{65, 65, 4, 4, 16, 0, F32, F32},         // small head dim
+                      Case{70, 70, 6, 3, 40, 0, F32, F32},         // head dim padded to 64
+                      Case{33, 40, 4, 1, 8, 7, BF16, F32},         // multi-query, d 8
+                      Case{20, 20, 4, 2, 32, -3, F32, F32}),       // rows 0..2 attend no key
+    case_name);
+
+// ------------------------------------------------------------------------------------------------
+
+class AttentionVarlenCudaTest : public ::testing::TestWithParam<DType> {};
+
+TEST_P(AttentionVarlenCudaTest, MatchesCpu) {
+  AERIE_REQUIRE_CUDA();
+  const DType dt = GetParam();
+  struct Heads {
+    int64_t nh, nkv, d;
+  };
+  for (const auto& [nh, nkv, d] : std::vector<Heads>{{8, 2, 64}, {4, 4, 128}, {4, 2, 16}}) {
+    SCOPED_TRACE("nh " + std::to_string(nh) + " nkv " + std::to_string(nkv) + " d " + std::to_string(d));
+    const std::vector<int32_t> cu{0, 1, 38, 38, 238};  // lengths 1, 37, 0, 200
+    const int64_t n = cu.back();
+    const float scale = 1.0f / std::sqrt(float(d));
+    const Tensor q = rounded(random_tensor({n, nh, d}, 21, -2.0f, 2.0f), dt);
+    const Tensor k = rounded(random_tensor({n, nkv, d}, 22, -2.0f, 2.0f), dt);
+    const Tensor v = rounded(random_tensor({n, nkv, d}, 23), dt);
+    const Tensor cs = Tensor::from_vector(cu, {static_cast<int64_t>(cu.size())});
+    Tensor out = Tensor::empty(q.shape(), DType::F32), lse = Tensor::empty({n, nh}, DType::F32);
+    attention_forward_varlen(q, k, v, cs, scale, out, &lse);
+    Tensor gout = Tensor::empty(q.shape(), dt, Device::CUDA), glse = Tensor::empty({n, nh}, DType::F32, Device::CUDA);
+    const Tensor gq = on_gpu(q, dt), gk = on_gpu(k, dt), gv = on_gpu(v, dt), gcs = cs.to_device(Device::CUDA);
+    attention_forward_varlen(gq, gk, gv, gcs, scale, gout, &glse);
+    testing::expect_close(gout.to_float_vector(), rounded(out, dt).to_float_vector(), atol_of(dt, false),
+                          rtol_of(dt, false), "out");
+    testing::expect_close(glse.to_float_vector(), lse.to_float_vector(), kF32Atol, kF32Rtol, "lse");
+    Tensor gout2 = Tensor::empty(q.shape(), dt, Device::CUDA);
+    attention_forward_varlen(gq, gk, gv, gcs, scale, gout2, nullptr);
+    EXPECT_EQ(gout2.to_float_vector(), gout.to_float_vector());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, AttentionVarlenCudaTest, ::testing::Values(F32, BF16),
+                         [](const ::testing::TestParamInfo<DType>& info) {
+                           return std::string(dtype_name(info.param));
+                         });
+
+// ------------------------------------------------------------------------------------------------
+
+struct MergeCase {
+  int64_t n, nh, nkv, d;
+  int J;
+  DType dt, grad_dt;
+};
+
+class AttentionMergeCudaTest : public ::testing::TestWithParam<MergeCase> {};
+
+TEST_P(AttentionMergeCudaTest, ForwardAndBackwardMatchCpu) {
+  AERIE_REQUIRE_CUDA();
+  const MergeCase c = GetParam();
+  const DType dt = c.dt;
+  const float scale = 1.0f / std::sqrt(float(c.d));
+  const int64_t rows = c.n + 3;  // the diagonal tensors may be longer than q (TTT: earlier steps have more rows)
+  const Tensor q = rounded(random_tensor({c.n, c.nh, c.d}, 31, -2.0f, 2.0f), dt);
+  const Tensor k0 = rounded(random_tensor({c.n, c.nkv, c.d}, 32, -2.0f, 2.0f), dt);
+  const Tensor v0 = rounded(random_tensor({c.n, c.nkv, c.d}, 33), dt);
+  std::vector<Tensor> dk, dv, gdk, gdv;
+  for (int j = 0; j < c.J; ++j) {
+    dk.push_back(rounded(random_tensor({rows, c.nkv, c.d}, 40 + j, -2.0f, 2.0f), dt));
+    dv.push_back(rounded(random_tensor({rows, c.nkv, c.d}, 60 + j), dt));
+    gdk.push_back(on_gpu(dk.back(), dt));
+    gdv.push_back(on_gpu(dv.back(), dt));
+  }
+  std::vector<const Tensor*> pk, pv, gpk, gpv;
+  for (int j = 0; j < c.J; ++j) {
+    pk.push_back(&dk[j]);
+    pv.push_back(&dv[j]);
+    gpk.push_back(&gdk[j]);
+    gpv.push_back(&gdv[j]);
+  }
+  // Forward: the causal result (CPU), then the merge on each device from the same values.
+  Tensor out = Tensor::empty(q.shape(), DType::F32), lse = Tensor::empty({c.n, c.nh}, DType::F32);
+  attention_forward(q, k0, v0, 0, scale, out, &lse);
+  out = rounded(out, dt);
+  Tensor gout = on_gpu(out, dt), glse = lse.to_device(Device::CUDA);
+  attention_merge_diagonal_forward(q, pk, pv, scale, out, lse);
+  attention_merge_diagonal_forward(on_gpu(q, dt), gpk, gpv, scale, gout, glse);
+  testing::expect_close(gout.to_float_vector(), rounded(out, dt).to_float_vector(), atol_of(dt, false),
+                        rtol_of(dt, false), "merged out");
+  testing::expect_close(glse.to_float_vector(), lse.to_float_vector(), kF32Atol, kF32Rtol, "merged lse");
+
+  // Backward from the merged values (CPU's, so both sides start equal): dq and the gradients added to.
+  out = rounded(out, dt);
+  const Tensor dout = rounded(random_tensor(q.shape(), 34), dt);
+  Tensor dq = rounded(random_tensor(q.shape(), 35), dt);
+  Tensor gdq = on_gpu(dq, dt);
+  std::vector<Tensor> gk, gv, ggk, ggv;
+  for (int j = 0; j < c.J; ++j) {
+    gk.push_back(rounded(random_tensor({rows, c.nkv, c.d}, 80 + j), c.grad_dt));
+    gv.push_back(rounded(random_tensor({rows, c.nkv, c.d}, 90 + j), c.grad_dt));
+    ggk.push_back(on_gpu(gk.back(), c.grad_dt));
+    ggv.push_back(on_gpu(gv.back(), c.grad_dt));
+  }
+  std::vector<Tensor*> pgk, pgv, gpgk, gpgv;
+  for (int j = 0; j < c.J; ++j) {
+    pgk.push_back(&gk[j]);
+    pgv.push_back(&gv[j]);
+    gpgk.push_back(&ggk[j]);
+    gpgv.push_back(&ggv[j]);
+  }
+  attention_merge_diagonal_backward(dout, q, pk, pv, out, lse, scale, dq, pgk, pgv);
+  attention_merge_diagonal_backward(on_gpu(dout, dt), on_gpu(q, dt), gpk, gpv, on_gpu(out, dt),
+                                    lse.to_device(Device::CUDA), scale, gdq, gpgk, gpgv);
+  testing::expect_close(gdq.to_float_vector(), rounded(dq, dt).to_float_vector(), atol_of(dt, true),
+                        rtol_of(dt, true), "dq");
+  for (int j = 0; j < c.J; ++j) {
+    testing::expect_close(ggk[j].to_float_vector(), rounded(gk[j], c.grad_dt).to_float_vector(),
+                          atol_of(c.grad_dt, true), rtol_of(c.grad_dt, true), "ddiag_k " + std::to_string(j));
+    testing::expect_close(ggv[j].to_float_vector(), rounded(gv[j], c.grad_dt).to_float_vector(),
+                          atol_of(c.grad_dt, true), rtol_of(c.grad_dt, true), "ddiag_v " + std::to_string(j));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, AttentionMergeCudaTest,
+    ::testing::Values(MergeCase{50, 8, 2, 64, 0, F32, F32}, MergeCase{50, 8, 2, 64, 1, F32, F32},
+                      MergeCase{50, 8, 2, 64, 3, BF16, F32}, MergeCase{50, 8, 2, 128, 6, F32, F32},
+                      MergeCase{50, 4, 4, 128, 6, BF16, BF16}, MergeCase{31, 4, 2, 16, 3, F32, F32},
+                      MergeCase{20, 8, 2, 40, 11, F32, F32}),  // 11 > 8: two launches
+    [](const ::testing::TestParamInfo<MergeCase>& info) {
+      const MergeCase& c = info.param;
+      return "n" + std::to_string(c.n) + "_nh" + std::to_string(c.nh) + "_nkv" + std::to_string(c.nkv) + "_d" +
+             std::to_string(c.d) + "_J" + std::to_string(c.J) + "_" + dtype_name(c.dt) + "_grad" +
+             dtype_name(c.grad_dt);
+    });
+
+// Throughput on a Llama-3-8B-shaped layer (32 heads, 8 kv heads, d 128, bf16), printed for the record;
+// asserts only that the results are finite (the tests above check the values).
+TEST(AttentionCudaPerf, ReportsThroughput) {
+  AERIE_REQUIRE_CUDA();
+  const int64_t t = 2048, nh = 32, nkv = 8, d = 128;
+  const float scale = 1.0f / std::sqrt(float(d));
+  auto gpu_rand = [](const Shape& s, uint32_t seed) {
+    return random_tensor(s, seed).to(DType::BF16).to_device(Device::CUDA);
+  };
+  const Tensor q = gpu_rand({t, nh, d}, 1), k = gpu_rand({t, nkv, d}, 2), v = gpu_rand({t, nkv, d}, 3);
+  const Tensor dout = gpu_rand({t, nh, d}, 4);
+  Tensor out = Tensor::empty({t, nh, d}, DType::BF16, Device::CUDA);
+  Tensor lse = Tensor::empty({t, nh}, DType::F32, Device::CUDA);
+  Tensor dq = Tensor::empty({t, nh, d}, DType::BF16, Device::CUDA);
+  Tensor dk = Tensor::zeros({t, nkv, d}, DType::F32, Device::CUDA);
+  Tensor dv = Tensor::zeros({t, nkv, d}, DType::F32, Device::CUDA);
+  auto time_ms = [](const std::function<void()>& f) {
+    f();  // warm-up
+    cuda::synchronize();
+    const int reps = 5;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < reps; ++i) f();
+    cuda::synchronize();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / reps;
+  };
+  const double flop = 2.0 * 2.0 * double(t) * double(t) / 2.0 * double(nh) * double(d);  // causal QK^T and PV
+  const double fwd = time_ms([&] { attention_forward(q, k, v, 0, scale, out, &lse); });
+  const double bwd = time_ms([&] { attention_backward(dout, q, k, v, out, lse, 0, scale, dq, dk, dv); });
+  const Tensor q1 = gpu_rand({1, nh, d}, 5);
+  Tensor out1 = Tensor::empty({1, nh, d}, DType::BF16, Device::CUDA);
+  const double dec = time_ms([&] { attention_forward(q1, k, v, t - 1, scale, out1, nullptr); });
+  std::printf("[ perf ] attention T=%lld nh=%lld nkv=%lld d=%lld bf16: forward %.3f ms (%.1f TFLOP/s), "
+              "backward %.3f ms (%.1f TFLOP/s), decode 1 x %lld keys %.3f ms\n",
+              (long long)t, (long long)nh, (long long)nkv, (long long)d, fwd, flop / fwd * 1e-9, bwd,
+              2.5 * flop / bwd * 1e-9, (long long)t, dec);
+  for (float x : out.to_float_vector()) ASSERT_TRUE(std::isfinite(x));
+  for (float x : dq.to_float_vector()) ASSERT_TRUE(std::isfinite(x));
+  for (float x : out1.to_float_vector()) ASSERT_TRUE(std::isfinite(x));
+}
+
+}  // namespace
+}  // namespace aerie
