@@ -63,6 +63,14 @@ ChatTemplateSpec ChatTemplateSpec::load(const std::string& path) {
   str("template.special_tokens", specials);
   std::istringstream ss(specials);
   for (std::string t; ss >> t;) s.special_tokens.push_back(t);
+  std::string roles;
+  str("template.roles", roles);
+  std::istringstream rs(roles);
+  for (std::string r; rs >> r;) {
+    AERIE_CHECK(r == "system" || r == "user" || r == "assistant" || r == "tool",
+                path << ": template.roles: unknown role '" << r << "' (system, user, assistant, tool)");
+    s.roles.push_back(r);
+  }
   flag("template.dummy_prefix", s.dummy_prefix);
   flag("template.merge_consecutive", s.merge_consecutive);
   str("template.generation_prompt", s.generation_prompt);
@@ -240,6 +248,8 @@ std::vector<TemplatePiece> ConfigChatTemplate::render_pieces(const Conversation&
   // Messages: consecutive user / assistant messages merged where the template does (Mistral).
   std::vector<ChatTurn> turns;
   for (const ChatTurn& t : conversation.turns) {
+    AERIE_CHECK(s.roles.empty() || std::find(s.roles.begin(), s.roles.end(), role_name(t.role)) != s.roles.end(),
+                "chat template " << s.name << " does not render " << role_name(t.role) << " messages");
     if (s.merge_consecutive && !turns.empty() && turns.back().role == t.role &&
         (t.role == ChatRole::User || t.role == ChatRole::Assistant)) {
       ChatTurn& b = turns.back();

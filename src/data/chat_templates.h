@@ -34,6 +34,8 @@ struct ChatTemplateSpec {
   bool merge_consecutive = false;       // [template] merge_consecutive: consecutive user (or assistant) messages
                                         // become one, texts joined by "\n\n" (Mistral)
   std::string generation_prompt;        // [template] generation_prompt: appended by render_prompt
+  std::vector<std::string> roles;       // [template] roles: the roles the template renders (blank-separated;
+                                        // empty: all); a message of another role is an error (Mistral v1: tool)
   Role system, user, assistant, tool;
   // [system]
   std::string system_mode = "turn";     // mode: turn (every system message is a turn where it stands) | first

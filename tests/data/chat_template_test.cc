@@ -13,7 +13,9 @@
 
 #include "data/chat_templates.h"
 #include "data/chat_templates_json.h"
+#include "data/prepare.h"
 #include "data/prepare_template.h"
+#include "io/h5.h"
 #include "test_util.h"
 
 namespace aerie {
@@ -176,6 +178,38 @@ TEST(MistralCommon, IdsMatchSamples) {
   if (checked == 0) GTEST_SKIP() << "no converted Mistral tokenizer";
 }
 
+// `aerie prepare --template qwen3` end to end: the golden conversations as one JSONL file give the golden ids
+// and masks in prepared.h5, sample by sample.
+TEST(ChatTemplate, PrepareWithQwen3MatchesGoldens) {
+  const json fx = fixture("qwen3");
+  const std::string tokdir = testing::data_dir() + "/" + fx["tokenizer"].get<std::string>();
+  if (!fs::exists(tokdir + "/tokenizer.json")) GTEST_SKIP() << "no " << tokdir;
+  const std::string dir = testing::scratch_dir("chat_template_prepare_qwen3");
+  std::vector<int32_t> want_ids;
+  std::vector<uint8_t> want_mask;
+  {
+    std::ofstream in(dir + "/convs.jsonl");
+    for (const auto& [cname, c] : fx["cases"].items()) {
+      in << c["record"].get<std::string>() << "\n";
+      for (int32_t id : c["ids"].get<std::vector<int32_t>>()) want_ids.push_back(id);
+      for (uint8_t m : c["mask"].get<std::vector<uint8_t>>()) want_mask.push_back(m);
+    }
+  }
+  PrepareOptions o;
+  o.input = dir + "/convs.jsonl";
+  o.tokenizer = tokdir;
+  o.chat_template = "qwen3";
+  o.output = dir + "/prepared.h5";
+  o.max_length = 4096;
+  const PrepareStats st = run_prepare(o, MPI_COMM_SELF);
+  EXPECT_EQ(st.samples, static_cast<int64_t>(fx["cases"].size()));
+  EXPECT_EQ(st.skipped, 0);
+  h5::File f = h5::File::open(o.output);
+  EXPECT_EQ(f.string_attr("template"), "qwen3");
+  EXPECT_EQ(f.open_dataset("input_ids").read_vector<int32_t>(), want_ids);
+  EXPECT_EQ(f.open_dataset("loss_mask").read_vector<uint8_t>(), want_mask);
+}
+
 // Qwen3 thinking vs non-thinking: the same text, but the empty think block of the last turn is trained only
 // when the model writes it itself (thinking mode).
 TEST(ChatTemplate, Qwen3EmptyThinkBlockIsPromptWithoutThinking) {
@@ -261,6 +295,11 @@ TEST(ChatTemplate, RegistryAndErrors) {
       R"({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "",
           "tool_calls": [{"function": {"name": "a", "arguments": {}}}, {"function": {"name": "b", "arguments": {}}}]}]})");
   EXPECT_NE(testing::error_of([&] { l31.render_pieces(two); }).find("tool calls"), std::string::npos);
+  // Mistral v1 has no tool messages (its Jinja raises).
+  ConfigChatTemplate m1(ChatTemplateSpec::load(template_file("mistral-v1")), nullptr);
+  const Conversation tool = conversation_of(
+      R"({"messages": [{"role": "user", "content": "x"}, {"role": "tool", "content": "1"}, {"role": "assistant", "content": "y"}]})");
+  EXPECT_NE(testing::error_of([&] { m1.render_pieces(tool); }).find("tool messages"), std::string::npos);
 }
 
 // A template's special token missing from the tokenizer is an error naming the file and the token.
