@@ -1,5 +1,7 @@
 // Soft-target softmax cross-entropy (eagle3.md section 4): per row, CE = -sum_i q_i log softmax(z)_i,
-// the forward KL to the target distribution q up to a constant.
+// the forward KL to the target distribution q up to a constant; softmax and argmax over rows; and the
+// TTT target distribution q = softmax(l restricted to the draft vocabulary) with the full-vocabulary
+// argmax of l = W_lm z (eagle3.md sections 1 and 4). CPU and CUDA (same semantics; CUDA notes below).
 #pragma once
 #include <vector>
 
@@ -7,15 +9,35 @@
 
 namespace aerie {
 
-/// logits: [N, K] F32, target: [N, K] F32 (rows sum to 1), weight: [N] F32 (0 drops a row).
+/// logits: [N, K] F32 or BF16, target: [N, K] F32 (rows sum to 1), weight: [N] F32 (0 drops a row).
 /// Returns sum_n weight_n * CE_n (double accumulation). When dlogits is non-null it receives
-/// weight_n * (softmax(logits_n) - target_n) ([N, K], overwritten).
+/// weight_n * (softmax(logits_n) - target_n) ([N, K], same dtype as logits, overwritten; a row of
+/// weight 0 gets 0; may be `&logits` itself, in place). All on one device. CPU: per-row double sums. CUDA: one block per row, fp32
+/// exponentials with double partial sums, rows reduced in a fixed order (deterministic); the call
+/// returns after the work on the current stream is done (it returns the loss to the host).
+/// Throws aerie::Error on shape/dtype/device mismatch.
 double soft_cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& weight, Tensor* dlogits);
 
-/// softmax over each row of x: [N, K] F32 -> y (may alias x).
+/// softmax over each row of x: [N, K] F32 or BF16 -> y (same shape and dtype, may alias x); fp32 math.
 void softmax_rows(const Tensor& x, Tensor& y);
 
-/// argmax of each row of x: [N, K] F32 -> [N] (ties: the smaller index).
+/// argmax of each row of x: [N, K] F32 or BF16, K > 0 -> [N] on the host (ties: the smaller index;
+/// rows holding NaN: unspecified). CUDA: waits for the current stream.
 std::vector<int64_t> argmax_rows(const Tensor& x);
+
+/// The TTT target of every position p of a sample (what make_ttt_sample stores):
+///   l_p = W_lm z_p (logits over the full vocabulary V, fp32 accumulation),
+///   target_probs[p]  = softmax(l_p[s_0], ..., l_p[s_{K-1}])  (renormalised over the draft vocabulary),
+///   target_argmax[p] = argmax_v l_p[v] over all V (ties: the smaller id).
+/// final_hidden: [T, H] F32/BF16 (z, after the final norm), lm_head: [V, H] F32/BF16 (W_lm),
+/// selected: [K] I64 (ascending ids in [0, V)), target_probs: [T, K] F32 and target_argmax: [T] I64
+/// (outputs, overwritten). All on one device. The logits are made `row_chunk` rows at a time
+/// (a [row_chunk, V] fp32 buffer, reused; never [T, V]). CPU: both inputs widened to fp32, sgemm,
+/// then argmax/gather/softmax per row. CUDA: matmul (cuBLASLt, fp32 accumulate) in lm_head's dtype
+/// (a final_hidden of the other dtype is converted first), then one fused kernel per chunk.
+/// Throws aerie::Error on bad shapes/dtypes/devices, row_chunk < 1, or selected ids outside [0, V)
+/// (CPU also: not ascending; CUDA checks the range on the device and reports it at the end of the call).
+void target_distribution(const Tensor& final_hidden, const Tensor& lm_head, const Tensor& selected,
+                         Tensor& target_probs, Tensor& target_argmax, int64_t row_chunk);
 
 }  // namespace aerie

@@ -218,27 +218,17 @@ TTTSample make_ttt_sample(std::vector<int32_t> ids, std::vector<uint8_t> loss_ma
   out.ids = std::move(ids);
   out.loss_mask = std::move(loss_mask);
   out.aux_hidden = aux_hidden.dtype() == DType::F32 ? std::move(aux_hidden) : aux_hidden.to(DType::F32);
-  out.target_probs = Tensor::empty({T, K}, DType::F32);
-  out.target_argmax.assign(T, 0);
-  Tensor z = final_hidden.dtype() == DType::F32 ? final_hidden : final_hidden.to(DType::F32);
-  Tensor lm = target_lm_head.dtype() == DType::F32 ? target_lm_head : target_lm_head.to(DType::F32);
-  // Rows in chunks so that the [rows, V] logits stay small for a 128K vocabulary.
-  const int64_t chunk = 64;
-  Tensor logits = Tensor::empty({std::min(chunk, std::max<int64_t>(T, 1)), V}, DType::F32);
-  for (int64_t r0 = 0; r0 < T; r0 += chunk) {
-    const int64_t r1 = std::min(T, r0 + chunk);
-    Tensor l = logits.slice(0, r1 - r0);
-    matmul(z.slice(r0, r1), lm, l, false, true);  // l = z W_lm^T
-    std::vector<int64_t> am = argmax_rows(l);
-    for (int64_t r = r0; r < r1; ++r) {
-      out.target_argmax[r] = am[r - r0];
-      const float* lr = l.data<float>() + (r - r0) * V;
-      float* q = out.target_probs.data<float>() + r * K;
-      for (int64_t i = 0; i < K; ++i) q[i] = lr[selected[i]];
-    }
-    Tensor q = out.target_probs.slice(r0, r1);
-    softmax_rows(q, q);
-  }
+  // Computed where W_lm lives (target_probs stays there; the argmax comes to the host). 64 rows at a time
+  // on the CPU (a [64, V] fp32 buffer for a 128K vocabulary), 512 on a GPU (fewer, larger GEMMs).
+  const Device dev = target_lm_head.device();
+  out.target_probs = Tensor::empty({T, K}, DType::F32, dev);
+  Tensor argmax = Tensor::empty({T}, DType::I64, dev);
+  Tensor sel = Tensor::from_vector(selected, {K});
+  if (dev != Device::CPU) sel = sel.to_device(dev);
+  target_distribution(final_hidden.device() == dev ? final_hidden : final_hidden.to_device(dev), target_lm_head, sel,
+                      out.target_probs, argmax, dev == Device::CPU ? 64 : 512);
+  if (dev != Device::CPU) argmax = argmax.to_device(Device::CPU);
+  out.target_argmax.assign(argmax.data<int64_t>(), argmax.data<int64_t>() + T);
   return out;
 }
 

@@ -65,6 +65,10 @@ double soft_cross_entropy(const float* logits, const float* target, const float*
                           float* dlogits);
 void softmax_rows(const float* x, float* y, int64_t n, int64_t k);
 void argmax_rows(const float* x, int64_t n, int64_t k, int64_t* out);
+/// One row chunk of target_distribution: logits (N, V) -> argmax (N) over all V (ties: smaller id),
+/// probs (N, K) = softmax of the columns selected (K ids, in range).
+void target_rows(const float* logits, const int64_t* selected, int64_t n, int64_t v, int64_t k, float* probs,
+                 int64_t* argmax);
 
 // optim.cc
 /// grad_scale multiplies every gradient element first (fp32; the clip coefficient of

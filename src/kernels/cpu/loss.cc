@@ -64,4 +64,17 @@ void argmax_rows(const float* x, int64_t n, int64_t k, int64_t* out) {
   }
 }
 
+// Exactly the steps make_ttt_sample took before the op existed (argmax_rows, gather, softmax_rows), so
+// that its results stay bit-identical.
+void target_rows(const float* logits, const int64_t* selected, int64_t n, int64_t v, int64_t k, float* probs,
+                 int64_t* argmax) {
+  argmax_rows(logits, n, v, argmax);
+  for (int64_t r = 0; r < n; ++r) {
+    const float* lr = logits + r * v;
+    float* q = probs + r * k;
+    for (int64_t i = 0; i < k; ++i) q[i] = lr[selected[i]];
+  }
+  softmax_rows(probs, probs, n, k);
+}
+
 }  // namespace aerie::cpu
