@@ -407,6 +407,7 @@ std::vector<TemplatePiece> ConfigChatTemplate::render_pieces(const Conversation&
         }
         content = role_text(s.assistant, content);
         std::vector<ToolCall> calls = s.call_format.empty() ? std::vector<ToolCall>{} : t.tool_calls;
+        if (t.text_is_tool_calls && !calls.empty()) content.clear();  // the calls in the template's syntax
         if (!calls.empty() && !content.empty()) {
           if (s.call_with_content == "drop_content") content.clear();
           else if (s.call_with_content == "drop_calls") calls.clear();

@@ -94,6 +94,30 @@ bool read_tools(const json& j, Conversation& c, std::string& why) {
   return true;
 }
 
+// ShareGPT "function_call" value {"name", "arguments"|"parameters"} (or an array of them) -> tool_calls;
+// anything else stays plain assistant text.
+void read_function_call(ChatTurn& turn) {
+  json v = json::parse(turn.text, nullptr, /*allow_exceptions=*/false);
+  if (v.is_object()) v = json::array({v});
+  if (!v.is_array() || v.empty()) return;
+  std::vector<ToolCall> calls;
+  for (const json& f : v) {
+    if (!f.is_object() || !f.contains("name") || !f["name"].is_string()) return;
+    ToolCall call;
+    call.name = f["name"].get<std::string>();
+    const json args = f.contains("arguments") ? f["arguments"] : f.contains("parameters") ? f["parameters"] : json::object();
+    if (args.is_string()) {
+      call.arguments = args.get<std::string>();
+      call.arguments_is_string = true;
+    } else {
+      call.arguments = chat::python_json(args);
+    }
+    calls.push_back(std::move(call));
+  }
+  turn.tool_calls = std::move(calls);
+  turn.text_is_tool_calls = true;
+}
+
 InputRecord parse_sharegpt(const json& j) {
   const json& conv = j.at("conversations");
   if (!conv.is_array()) return skip(SkipReason::WrongTypes, "'conversations' is not an array");
@@ -116,7 +140,9 @@ InputRecord parse_sharegpt(const json& j) {
     else if (from == "system") role = ChatRole::System;
     else if (from == "observation" || from == "tool") role = ChatRole::Tool;
     else return skip(SkipReason::WrongTypes, "turn " + std::to_string(i) + ": unknown role '" + from + "'");
-    c.turns.push_back({role, t["value"].get<std::string>()});
+    ChatTurn turn{role, t["value"].get<std::string>()};
+    if (from == "function_call") read_function_call(turn);
+    c.turns.push_back(std::move(turn));
   }
   return conversation_record(std::move(c));
 }

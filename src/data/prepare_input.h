@@ -34,6 +34,8 @@ struct ChatTurn {
   bool has_reasoning = false;         // the record has a non-null reasoning field (even an empty one)
   bool content_null = false;          // "content" absent or null (an assistant turn of tool calls only)
   std::vector<ToolCall> tool_calls;   // assistant
+  bool text_is_tool_calls = false;    // ShareGPT "function_call": `text` is the JSON the calls were read from
+                                      // (templates without a tool-call syntax render it as the content)
   std::string tool_call_id;           // tool result: the id of the call it answers
   std::string name;                   // tool result: the function's name
 };
@@ -79,6 +81,8 @@ struct InputRecord {
 /// Parses one JSONL line of `format` (Auto detects per line; Text is not a JSONL format).
 /// ShareGPT: {"conversations": [{"from": "human"|"user"|"gpt"|"assistant"|"system"|"function_call"|
 /// "observation"|"tool", "value": str}], optional top-level "system": str}. "function_call" is model output
+/// (an assistant turn; a value that is a JSON {"name", "arguments"} object, or an array of them, also gives
+/// its tool_calls, as LLaMA-Factory writes them)
 /// (assistant); "observation"/"tool" are tool results (never trained on).
 /// OpenAI: {"messages": [{"role": "system"|"developer"|"user"|"assistant"|"tool", "content": str or
 /// [{"type": "text", "text": str}, ...] or null}], optional "tools": [...]}. Assistant messages may have

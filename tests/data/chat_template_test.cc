@@ -265,6 +265,32 @@ TEST(ChatTemplate, OpenAIRecordWithToolsAndReasoning) {
             SkipReason::WrongTypes);
 }
 
+// LLaMA-Factory's ShareGPT tool format: a function_call turn becomes tool calls in the template's syntax;
+// templates without one keep the JSON text as the assistant's content.
+TEST(ChatTemplate, ShareGPTFunctionCallBecomesToolCalls) {
+  const InputRecord r = parse_json_record(
+      R"({"conversations": [{"from": "human", "value": "Weather in Oslo?"},
+          {"from": "function_call", "value": "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}"},
+          {"from": "observation", "value": "{\"temp\": -3}"}, {"from": "gpt", "value": "It is -3."},
+          {"from": "function_call", "value": "not json"}]})",
+      InputFormat::Auto, 100);
+  ASSERT_EQ(r.skip, SkipReason::None) << r.detail;
+  const ChatTurn& call = r.conversation.turns[1];
+  ASSERT_EQ(call.tool_calls.size(), 1u);
+  EXPECT_EQ(call.tool_calls[0].name, "get_weather");
+  EXPECT_EQ(call.tool_calls[0].arguments, R"({"city": "Oslo"})");
+  EXPECT_TRUE(call.text_is_tool_calls);
+  EXPECT_TRUE(r.conversation.turns[4].tool_calls.empty());  // not JSON: plain assistant text
+  ConfigChatTemplate qwen(ChatTemplateSpec::load(template_file("qwen2.5")), nullptr);
+  const std::string q = pieces_text(qwen.render_pieces(r.conversation));
+  EXPECT_NE(q.find("<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call><|im_end|>"),
+            std::string::npos) << q;
+  ConfigChatTemplate chatml(ChatTemplateSpec::load(template_file("chatml")), nullptr);
+  const std::string c = pieces_text(chatml.render_pieces(r.conversation));
+  EXPECT_NE(c.find("<|im_start|>assistant\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}<|im_end|>"),
+            std::string::npos) << c;
+}
+
 TEST(ChatTemplate, PythonJsonAndStrip) {
   using oj = nlohmann::ordered_json;
   EXPECT_EQ(chat::python_json(oj::parse(R"({"b": [1, 2.5, 1e-7, 1e16, true, null, "a\"\n\u0001"], "a": {}})")),
