@@ -1,69 +1,197 @@
-// aerie generate: greedy decoding with the target alone (no draft), tensor parallel over --tp ranks.
-// The baseline that speculative decoding must reproduce token for token (eagle3.md section 6).
+// aerie generate: decoding with the target alone (no draft), tensor parallel over --tp ranks. Two modes:
 //
+// One prompt (the baseline that speculative decoding must reproduce token for token, eagle3.md section 6):
 //   mpirun -np 1 aerie generate --model build/models/stories260K --prompt "" --max-new 256
-//
 // prints, on world rank 0, the decoded continuation (the prompt is not repeated). Every data-parallel
-// replica (world size / tp of them) computes the same thing; only rank 0 prints.
+// replica (world size / tp of them) computes the same thing; only rank 0 prints. Greedy unless --temperature.
+//
+// Regeneration (--input): the assistant turns of a conversation set (ShareGPT / OpenAI messages, JSONL or a
+// JSON array) replaced by the target's own responses, written as JSONL in the input's format:
+//   mpirun -np R aerie generate --model DIR --input convs.jsonl --output regen.jsonl --template chatml
+//          [--temperature 0.7 --top-p 0.9 --max-new-tokens 512 --seed 0 --tp 1]
+// R/tp groups take chunks of conversations from rank 0 (data parallel, like extract); a rerun after a kill
+// or a signal (SIGTERM/SIGINT/SIGUSR1: exit 3 after the chunk in hand) does only the missing chunks. The
+// work, the output and the resume rules: src/data/regenerate.h. Sampling: src/model/sampling.h (the RNG of
+// response k of conversation i is seeded by (seed, i, k), so the output does not depend on R). Sequences are
+// decoded one at a time (the KV cache holds one sequence).
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
+
+#include <nlohmann/json.hpp>
 
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/stop_signals.h"
+#include "data/prepare_template.h"
+#include "data/regenerate.h"
 #include "jobs/jobs.h"
 #include "model/llama.h"
+#include "model/sampling.h"
 #include "tokenizer/tokenizer.h"
 
 namespace aerie::jobs {
 
+namespace {
+
+void add_ids(const nlohmann::json& j, std::vector<int32_t>& out) {
+  if (j.is_array()) {
+    for (auto& e : j)
+      if (e.is_number_integer()) out.push_back(e.get<int32_t>());
+  } else if (j.is_number_integer()) {
+    out.push_back(j.get<int32_t>());
+  }
+}
+
+// The ids that end a response: --stop-id if given; else the eos_token_id(s) of config.json and
+// generation_config.json, the tokenizer's EOS, and BOS (a BOS inside a text starts a new document, as in
+// llama2.c's run.c). Plus the ids of --stop-token strings.
+std::vector<int32_t> stop_ids(const po::variables_map& vm, const std::string& dir, const LlamaConfig& cfg,
+                              const Tokenizer& tok, int32_t bos) {
+  std::vector<int32_t> stop;
+  if (vm.count("stop-id")) {
+    stop = vm["stop-id"].as<std::vector<int32_t>>();
+  } else {
+    if (cfg.raw.contains("eos_token_id")) add_ids(cfg.raw["eos_token_id"], stop);
+    else if (cfg.eos_token_id >= 0) stop.push_back(static_cast<int32_t>(cfg.eos_token_id));
+    const auto gen_path = std::filesystem::path(dir) / "generation_config.json";
+    if (std::filesystem::exists(gen_path)) {
+      std::ifstream in(gen_path);
+      nlohmann::json g = nlohmann::json::parse(in, nullptr, false);
+      if (!g.is_discarded() && g.contains("eos_token_id")) add_ids(g["eos_token_id"], stop);
+    }
+    if (tok.eos_id() >= 0) stop.push_back(tok.eos_id());
+    if (bos >= 0) stop.push_back(bos);
+  }
+  if (vm.count("stop-token")) {
+    for (const std::string& s : vm["stop-token"].as<std::vector<std::string>>()) {
+      int32_t id = tok.token_to_id(s);
+      AERIE_CHECK(id >= 0, "aerie generate: --stop-token '" << s << "' is not a token of " << dir);
+      stop.push_back(id);
+    }
+  }
+  std::sort(stop.begin(), stop.end());
+  stop.erase(std::unique(stop.begin(), stop.end()), stop.end());
+  return stop;
+}
+
+int regenerate(const po::variables_map& vm, ParallelGroups& groups, LlamaModel& model, const Tokenizer& tok,
+               const std::string& dir, const std::vector<int32_t>& stop, const SamplingParams& sp, int64_t max_new) {
+  AERIE_CHECK(vm.count("output"), "aerie generate: --input needs --output (a JSONL file)");
+  const LlamaConfig& cfg = model.config();
+  RegenerateOptions opt;
+  opt.input = vm["input"].as<std::string>();
+  opt.output = vm["output"].as<std::string>();
+  opt.format = input_format_from_name(vm["format"].as<std::string>());
+  opt.params.max_new_tokens = max_new;
+  int64_t max_length = vm["max-length"].as<int64_t>();
+  if (max_length <= 0) max_length = cfg.max_position_embeddings > 0 ? cfg.max_position_embeddings : 2048;
+  AERIE_CHECK(cfg.max_position_embeddings <= 0 || max_length <= cfg.max_position_embeddings,
+              "aerie generate: --max-length " << max_length << " exceeds the model's max_position_embeddings "
+                                              << cfg.max_position_embeddings);
+  opt.params.max_length = max_length;
+  opt.params.stop_ids = stop;
+  opt.conversations_per_chunk = vm["conversations-per-chunk"].as<int64_t>();
+  opt.max_conversations = vm["max-conversations"].as<int64_t>();
+  const std::string template_name = vm["template"].as<std::string>();
+  const uint64_t seed = vm["seed"].as<uint64_t>();
+  opt.run_signature = nlohmann::json{{"model", std::filesystem::weakly_canonical(dir).string()},
+                                     {"template", template_name},
+                                     {"temperature", sp.temperature},
+                                     {"top_p", sp.top_p},
+                                     {"seed", seed}}
+                          .dump();
+  std::unique_ptr<ChatTemplate> tmpl = make_chat_template(template_name, tok);
+  if (groups.map.world_rank == 0) {
+    AERIE_LOG(info) << "generate: regenerating " << opt.input << " -> " << opt.output << " with " << dir
+                    << ", template " << template_name << ", temperature " << sp.temperature << ", top-p "
+                    << sp.top_p << ", seed " << seed << ", up to " << max_new << " new tokens per turn, max length "
+                    << max_length << ", " << stop.size() << " stop id(s), tp " << groups.map.tp;
+  }
+  ResponseGenerator gen = [&](const std::vector<int32_t>& prompt, int64_t n, int64_t conversation, int64_t turn) {
+    SampleRng rng(sequence_seed(sequence_seed(seed, static_cast<uint64_t>(conversation)), static_cast<uint64_t>(turn)));
+    return sample_generate(model, prompt, n, stop, sp, rng);
+  };
+  StopSignals stop_signals;
+  opt.stop_requested = [] { return StopSignals::received() != 0; };
+  RegenerateStats stats = run_regenerate(opt, groups, *tmpl, tok, gen);
+  if (!stats.complete) {
+    if (groups.map.world_rank == 0) {
+      AERIE_LOG(warning) << "generate: stopped with " << stats.chunks_skipped + stats.chunks_done << " of "
+                         << stats.chunks << " chunks complete; rerun the same command to finish";
+    }
+    return kPreemptedExitCode;
+  }
+  return 0;
+}
+
+}  // namespace
+
 int generate(const std::vector<std::string>& args) {
-  po::options_description desc("aerie generate: greedy generation with the target");
+  po::options_description desc("aerie generate: generation with the target (one prompt, or regeneration of a "
+                               "conversation set with --input)");
   desc.add_options()("model", po::value<std::string>()->required(),
                      "Hugging Face model directory (config.json, model.safetensors, tokenizer.json)")(
-      "prompt", po::value<std::string>()->default_value(""), "prompt text (BOS is prepended)")(
-      "max-new", po::value<int64_t>()->default_value(256), "maximum number of new tokens")(
+      "prompt", po::value<std::string>()->default_value(""), "one-prompt mode: prompt text (BOS is prepended)")(
+      "max-new", po::value<int64_t>()->default_value(256), "maximum number of new tokens (per response)")(
+      "max-new-tokens", po::value<int64_t>(), "the same as --max-new")(
       "tp", po::value<int>()->default_value(1), "tensor parallel size (divides the world size)")(
+      "temperature", po::value<double>()->default_value(0.0), "sampling temperature; 0 = greedy")(
+      "top-p", po::value<double>()->default_value(1.0), "nucleus sampling mass in (0, 1]")(
+      "seed", po::value<uint64_t>()->default_value(0), "sampling seed (response k of conversation i: seed, i, k)")(
       "stop-id", po::value<std::vector<int32_t>>()->multitoken(),
-      "token ids that end the generation (default: the config's eos_token_id and the BOS id; a BOS "
-      "inside a text starts a new document, as in llama2.c's run.c)");
+      "token ids that end the generation (default: the eos_token_id of config.json and generation_config.json, "
+      "the tokenizer's EOS, and BOS: a BOS inside a text starts a new document, as in llama2.c's run.c)")(
+      "stop-token", po::value<std::vector<std::string>>()->multitoken(),
+      "token strings that also end it (e.g. \"<|eot_id|>\")")(
+      "input", po::value<std::string>(),
+      "regeneration mode: conversations (ShareGPT / OpenAI messages; JSONL or a JSON array)")(
+      "output", po::value<std::string>(), "regeneration mode: output JSONL (chunks in OUTPUT.parts/)")(
+      "format", po::value<std::string>()->default_value("auto"), "input format: auto, sharegpt, openai")(
+      "template", po::value<std::string>()->default_value("plain"), "chat template that renders the prompts")(
+      "max-length", po::value<int64_t>()->default_value(0),
+      "prompt + response tokens of one turn (0: the model's max_position_embeddings); a turn whose prompt "
+      "leaves no room ends the conversation after the previous answer")(
+      "conversations-per-chunk", po::value<int64_t>()->default_value(16), "input records per chunk (unit of work)")(
+      "max-conversations", po::value<int64_t>()->default_value(-1), "use only the first N input records");
   po::variables_map vm;
   if (!parse_options("generate", args, desc, vm)) return 0;
   const std::string dir = vm["model"].as<std::string>();
-  const int64_t max_new = vm["max-new"].as<int64_t>();
+  AERIE_CHECK(!(vm.count("max-new-tokens") && !vm["max-new"].defaulted()),
+              "aerie generate: give --max-new or --max-new-tokens, not both");
+  const int64_t max_new = vm.count("max-new-tokens") ? vm["max-new-tokens"].as<int64_t>() : vm["max-new"].as<int64_t>();
   AERIE_CHECK(max_new >= 0, "aerie generate: --max-new must be >= 0, got " << max_new);
+  SamplingParams sp{vm["temperature"].as<double>(), vm["top-p"].as<double>()};
+  check_sampling_params(sp);
 
   ParallelGroups groups = ParallelGroups::create(vm["tp"].as<int>());
   LlamaModel model(dir, *groups.tp);
   auto tok = Tokenizer::load(dir);
   const LlamaConfig& cfg = model.config();
+  int32_t bos = tok->bos_id() >= 0 ? tok->bos_id() : static_cast<int32_t>(cfg.bos_token_id);
+  const std::vector<int32_t> stop = stop_ids(vm, dir, cfg, *tok, bos);
+  if (vm.count("input")) return regenerate(vm, groups, model, *tok, dir, stop, sp, max_new);
 
   std::vector<int32_t> prompt;
-  int32_t bos = tok->bos_id() >= 0 ? tok->bos_id() : static_cast<int32_t>(cfg.bos_token_id);
   if (bos >= 0) prompt.push_back(bos);
   for (int32_t id : tok->encode(vm["prompt"].as<std::string>())) prompt.push_back(id);
   AERIE_CHECK(!prompt.empty(), "aerie generate: empty prompt and the tokenizer has no BOS");
 
-  std::vector<int32_t> stop;
-  if (vm.count("stop-id")) {
-    stop = vm["stop-id"].as<std::vector<int32_t>>();
-  } else {
-    if (cfg.raw.contains("eos_token_id") && cfg.raw["eos_token_id"].is_array()) {
-      for (auto& e : cfg.raw["eos_token_id"]) stop.push_back(e.get<int32_t>());
-    } else if (cfg.eos_token_id >= 0) {
-      stop.push_back(static_cast<int32_t>(cfg.eos_token_id));
-    }
-    if (tok->eos_id() >= 0) stop.push_back(tok->eos_id());
-    if (bos >= 0) stop.push_back(bos);
-  }
-
   AERIE_LOG(info) << "generate: " << prompt.size() << " prompt tokens, up to " << max_new << " new, tp "
                   << groups.map.tp << ", model " << dir;
   auto t0 = std::chrono::steady_clock::now();
-  std::vector<int32_t> ids = greedy_generate(model, prompt, max_new, stop);
+  std::vector<int32_t> generated;
+  if (sp.temperature == 0) {
+    std::vector<int32_t> ids = greedy_generate(model, prompt, max_new, stop);
+    generated.assign(ids.begin() + static_cast<int64_t>(prompt.size()), ids.end());
+  } else {
+    SampleRng rng(sequence_seed(vm["seed"].as<uint64_t>(), 0));
+    generated = sample_generate(model, prompt, max_new, stop, sp, rng);
+  }
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::vector<int32_t> generated(ids.begin() + static_cast<int64_t>(prompt.size()), ids.end());
   const int64_t n_new = static_cast<int64_t>(generated.size());
   if (!generated.empty() && std::find(stop.begin(), stop.end(), generated.back()) != stop.end())
     generated.pop_back();  // the stop token is not text

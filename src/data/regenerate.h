@@ -1,0 +1,109 @@
+// The work of `aerie generate --input`: regenerate the assistant turns of a conversation set with the target,
+// so that the draft trains on the target's own responses (EAGLE-3 section 4; SpecForge's and Medusa's
+// self-distillation data).
+//
+// Per conversation (ShareGPT or OpenAI messages, the prepare job's formats, data/prepare_input.h): every
+// system, user and tool turn is kept verbatim; every assistant turn is replaced by the target's response to
+// the conversation so far (already regenerated turns included), rendered by the chat template with its
+// generation prompt (generation_prompt); when the conversation ends with a user or tool turn, a response is
+// appended (prompt-only sets such as ShareGPT first turns). Assistant turns that carry tool calls (OpenAI
+// "tool_calls", ShareGPT "function_call") are kept verbatim: their structure is not text the target writes.
+// A turn whose prompt leaves no room under max_length ends the conversation after the previous answer; a
+// conversation with no response at all is dropped (counted as overlong). The output record is the input
+// record (same keys, same order, JSONL) with the assistant texts replaced.
+//
+// Chunk c = input records [c*S, (c+1)*S) (JSONL lines, blank ones included, or JSON array elements) ->
+// "<output>.parts/chunk-%05d.jsonl", written as "*.tmp" and renamed when complete; when every chunk exists,
+// world rank 0 concatenates them in order into <output> (tmp + rename). A rerun skips the chunks that exist
+// (after checking "<output>.parts/run.json", which records the input, the chunking and the caller's run
+// signature: model, template, sampling), so a killed run continues where it stopped and gives the same
+// output as an uninterrupted one.
+//
+// Parallelism: the tp groups of `groups` take chunks from world rank 0 (which also works in group 0), with
+// the request/reply protocol of data/extract.h (tags kRegenerateRequestTag / kRegenerateReplyTag): rank 0
+// answers pending requests between conversations. The response to conversation i, assistant turn k, depends
+// only on (seed, i, k) and the prompt, so the output does not depend on the number of groups.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "data/prepare_input.h"
+#include "data/prepare_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace aerie {
+
+inline constexpr int kRegenerateRequestTag = 7201;
+inline constexpr int kRegenerateReplyTag = 7202;
+
+/// Generates one response: prompt ids -> generated ids, at most max_new, the stop token (end of turn / EOS)
+/// last when one ended it. conversation: the record index in the input, turn: the index of the response
+/// within it (0, 1, ...), for the caller's RNG seed. Collective over the caller's tp group: every rank calls
+/// it with the same arguments and must return the same ids.
+using ResponseGenerator = std::function<std::vector<int32_t>(const std::vector<int32_t>& prompt, int64_t max_new,
+                                                             int64_t conversation, int64_t turn)>;
+
+/// The prompt of the next assistant turn of `so_far`: the tokens of ChatTemplate::render_prompt (the
+/// conversation and the template's generation prompt, e.g. ChatML's "<|im_start|>assistant\n"; "plain": none),
+/// each text segment tokenized by ChatTemplate::encode_text, as ChatTemplate::apply tokenizes for prepare.
+std::vector<int32_t> generation_prompt(const ChatTemplate& tmpl, const Conversation& so_far, const Tokenizer& tok);
+
+struct RegenerateParams {
+  int64_t max_new_tokens = 512;  // per response
+  int64_t max_length = 2048;     // prompt + response tokens of one turn (at most the model's positions)
+  std::vector<int32_t> stop_ids;  // generated ids that end a response (dropped from the text)
+};
+
+/// One input record regenerated. ok = false: dropped (skip says why; detail for the log).
+struct RegeneratedRecord {
+  bool ok = false;
+  SkipReason skip = SkipReason::None;
+  std::string detail;
+  std::string json;               // the output record, one line without '\n'
+  int64_t responses = 0;          // assistant turns generated
+  int64_t prompt_tokens = 0, new_tokens = 0;  // summed over the responses (new: stop tokens included)
+  bool truncated = false;         // a turn did not fit under max_length: the rest of the record was dropped
+};
+
+/// Regenerates record `index` (one JSON object as text). format: Auto (by key), ShareGPT or OpenAI; other
+/// formats are an error (aerie::Error). Unusable records come back with ok = false, as parse_json_record
+/// reports them (prompt-only conversations are fine). `generate` is called once per response.
+RegeneratedRecord regenerate_record(const std::string& record, InputFormat format, int64_t index,
+                                    const ChatTemplate& tmpl, const Tokenizer& tok, const RegenerateParams& params,
+                                    const ResponseGenerator& generate);
+
+struct RegenerateOptions {
+  std::string input;             // JSONL, or a .json file holding one array of records
+  InputFormat format = InputFormat::Auto;
+  std::string output;            // JSONL file; chunks under "<output>.parts/"
+  RegenerateParams params;
+  int64_t conversations_per_chunk = 16;
+  int64_t max_conversations = -1;  // use only the first N records (< 0: all)
+  /// Whatever else must match for a rerun to reuse existing chunks (model, template, sampling, seed), as a
+  /// JSON object; stored in run.json.
+  std::string run_signature = "{}";
+  /// Preemption, polled by every group leader before it takes a chunk (as ExtractOptions::stop_requested).
+  std::function<bool()> stop_requested;
+};
+
+/// World totals, the same on every rank.
+struct RegenerateStats {
+  int64_t records = 0;           // input records considered (after max_conversations)
+  int64_t chunks = 0, chunks_skipped = 0, chunks_done = 0;
+  int64_t conversations = 0, dropped = 0, truncated = 0;  // by this run: written, dropped, cut short
+  int64_t responses = 0, prompt_tokens = 0, new_tokens = 0;
+  double seconds = 0;
+  bool stopped = false;          // a stop was requested: some chunks may be missing, <output> not written
+  bool complete = false;         // every chunk exists and <output> was written
+};
+
+/// Regenerates every missing chunk and, when all exist, writes <output>. Collective over groups.world;
+/// `generate` is collective over groups.tp. Throws aerie::Error on an unreadable input, a non-conversation
+/// format, a parts folder of another run, or I/O failure (the caller aborts: peers may be waiting).
+RegenerateStats run_regenerate(const RegenerateOptions& options, ParallelGroups& groups, const ChatTemplate& tmpl,
+                               const Tokenizer& tok, const ResponseGenerator& generate);
+
+}  // namespace aerie

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# aerie generate --input (regeneration) on stories260K with sampling: 1 rank and 2 ranks (two data-parallel
+# groups) write byte-identical JSONL, and a 2-rank run stopped by SIGTERM after its first chunk, then rerun,
+# writes it too (no .tmp left). Also checks the JSON array input and --max-conversations.
+# usage: generate_regen.sh AERIE MODEL_DIR WORK_DIR     (exit 77 = skipped: no converted model)
+set -euo pipefail
+aerie=$1 model=$2 work=$3
+[ -f "$model/config.json" ] || { echo "no converted model at $model: skipped"; exit 77; }
+export OPENBLAS_NUM_THREADS=1
+rm -rf "$work"
+mkdir -p "$work"
+starts=("Once upon a time, there was a little girl." "Tom had a red ball." "The sun was hot." "Lily saw a big dog."
+        "Ben and Sue went to the park." "The cat sat on the mat." "One day, a bird flew by.")
+for i in $(seq 0 23); do
+  s=${starts[$((i % 7))]}
+  if (( i % 4 == 1 )); then
+    echo "{\"id\": $i, \"conversations\": [{\"from\": \"human\", \"value\": \"$s\"}, {\"from\": \"gpt\", \"value\": \"x\"}, {\"from\": \"human\", \"value\": \"Then?\"}]}"
+  elif (( i % 4 == 2 )); then
+    echo "{\"id\": $i, \"messages\": [{\"role\": \"system\", \"content\": \"Story.\"}, {\"role\": \"user\", \"content\": \"$s\"}, {\"role\": \"assistant\", \"content\": \"y\"}]}"
+  else
+    echo "{\"id\": $i, \"conversations\": [{\"from\": \"human\", \"value\": \"$s\"}]}"
+  fi
+done >"$work/in.jsonl"
+
+gen() { local np=$1 out=$2; shift 2
+  mpirun --oversubscribe -np "$np" "$aerie" generate --model "$model" --input "$work/in.jsonl" --output "$out" \
+    --temperature 0.8 --top-p 0.9 --seed 5 --max-new-tokens 150 --conversations-per-chunk 2 "$@"; }
+
+gen 1 "$work/ref.jsonl" >"$work/ref.log" 2>&1 || { cat "$work/ref.log"; echo "FAIL: 1-rank run"; exit 1; }
+[ "$(wc -l <"$work/ref.jsonl")" -eq 24 ] || { echo "FAIL: $(wc -l <"$work/ref.jsonl") output lines, want 24"; exit 1; }
+gen 2 "$work/np2.jsonl" >"$work/np2.log" 2>&1 || { cat "$work/np2.log"; echo "FAIL: 2-rank run"; exit 1; }
+cmp "$work/ref.jsonl" "$work/np2.jsonl" || { echo "FAIL: 2 ranks differ from 1 rank"; exit 1; }
+
+# SIGTERM to the ranks once the first chunk exists: exit 3 (or 0 if it finished first), then a rerun.
+gen 2 "$work/run.jsonl" >"$work/killed.log" 2>&1 &
+pid=$!
+for _ in $(seq 600); do
+  ls "$work/run.jsonl.parts" 2>/dev/null | grep -q '^chunk-.*\.jsonl$' && break
+  kill -0 "$pid" 2>/dev/null || break
+  sleep 0.05
+done
+ranks=$(pgrep -P "$pid" || true)
+[ -n "$ranks" ] && kill -TERM $ranks 2>/dev/null || true
+rc=0; wait "$pid" || rc=$?
+n_done=$(ls "$work/run.jsonl.parts" | grep -c '^chunk-.*\.jsonl$' || true)
+echo "stopped run: exit $rc, $n_done of 12 chunks"
+gen 2 "$work/run.jsonl" >"$work/rerun.log" 2>&1 || { cat "$work/rerun.log"; echo "FAIL: rerun"; exit 1; }
+grep -q "$n_done already done" "$work/rerun.log" || { cat "$work/rerun.log"; echo "FAIL: rerun did not skip $n_done chunks"; exit 1; }
+cmp "$work/ref.jsonl" "$work/run.jsonl" || { echo "FAIL: stopped + rerun differs from an uninterrupted run"; exit 1; }
+if ls "$work/run.jsonl.parts" | grep -q '\.tmp$'; then echo "FAIL: .tmp files left"; exit 1; fi
+
+# A JSON array of the same records (the prompt-only ones), first 5 only: the same lines as the JSONL run.
+python3 - "$work/in.jsonl" "$work/in.json" <<'PY' 2>/dev/null || { echo "OK (no python3: array check skipped)"; exit 0; }
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+json.dump(recs, open(sys.argv[2], "w"))
+PY
+mpirun --oversubscribe -np 2 "$aerie" generate --model "$model" --input "$work/in.json" --output "$work/arr.jsonl" \
+  --temperature 0.8 --top-p 0.9 --seed 5 --max-new-tokens 150 --conversations-per-chunk 2 --max-conversations 5 \
+  >"$work/arr.log" 2>&1 || { cat "$work/arr.log"; echo "FAIL: array run"; exit 1; }
+cmp <(head -n 5 "$work/ref.jsonl") "$work/arr.jsonl" || { echo "FAIL: JSON array input differs"; exit 1; }
+echo "OK: 1 rank = 2 ranks = stopped ($rc after $n_done chunks) + rerun; JSON array input"
