@@ -12,13 +12,19 @@
 //   r += all_reduce_sum((silu(h Wg^T + bg) * (h Wu^T + bu)) Wd^T) + bd       (this rank's I slice)
 // then z = norm(r^N), logits = z W_lm^T. Every step is a kernels op on the weights' device; the
 // tensors built here (ids, positions, a ones column for the bias GEMM) are moved to that device.
+// Precision (LlamaModelOptions): in the BF16 mode r stays F32, h, q, k, v, the attention output, g and u
+// are bf16 (GEMM inputs), and o_proj / down_proj write F32 into the residual add; every op accumulates
+// in fp32. The F32 mode computes everything in fp32.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
+#include "core/device.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "kernels/activation.h"
 #include "kernels/attention.h"
+#include "kernels/convert.h"
 #include "kernels/embedding.h"
 #include "kernels/gemm.h"
 #include "kernels/norm.h"
@@ -27,11 +33,16 @@
 #include "model/llama.h"
 #include "model/llama_weights.h"
 
+#ifdef AERIE_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
 namespace aerie {
 
 struct LlamaModel::Impl {
   Communicator* tp = nullptr;
   Device device = Device::CPU;
+  DType dtype = DType::F32;  // compute dtype (weights, KV cache, GEMM inputs)
   LlamaWeights w;
   std::vector<float> inv_freq;
   int64_t nh = 0, nkv = 0, inter = 0;  // this rank's heads, kv heads, MLP width
@@ -45,33 +56,41 @@ void add_bias(Tensor& y, const Tensor& b, const Tensor& ones) {
   if (b.defined()) matmul(ones, b.reshape({1, b.dim(0)}), y, false, false, 1.0f, 1.0f);
 }
 
-/// y = x W^T + b: x [n, K], W [M, K], b [M] or undefined -> [n, M].
-Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& ones) {
-  Tensor y = Tensor::empty({x.dim(0), W.dim(0)}, DType::F32, x.device());
+/// y = x W^T + b: x [n, K], W [M, K], b [M] or undefined -> [n, M] of dtype `out` (x, W, b, ones: one dtype).
+Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& ones, DType out) {
+  Tensor y = Tensor::empty({x.dim(0), W.dim(0)}, out, x.device());
   matmul(x, W, y, false, true);
   add_bias(y, b, ones);
   return y;
 }
 
-Tensor rmsnorm(const Tensor& x, const Tensor& w, float eps) {
-  Tensor y = Tensor::empty(x.shape(), DType::F32, x.device());
+Tensor rmsnorm(const Tensor& x, const Tensor& w, float eps, DType out) {
+  Tensor y = Tensor::empty(x.shape(), out, x.device());
   Tensor rstd = Tensor::empty({x.dim(0)}, DType::F32, x.device());
   rmsnorm_forward(x, w, eps, y, &rstd);
   return y;
 }
 
-/// dst[:, col : col + src.cols] = src (row-major 2-D F32; dst.cols and col multiples of src.cols).
+/// dst[:, col : col + src.cols] = src (row-major 2-D, one dtype and device).
 void copy_columns(Tensor& dst, int64_t col, const Tensor& src) {
+  AERIE_CHECK(dst.dtype() == src.dtype() && dst.device() == src.device() && dst.dim(0) == src.dim(0) &&
+                  col + src.dim(1) <= dst.dim(1),
+              "llama copy_columns: " << shape_str(src.shape()) << " into " << shape_str(dst.shape()) << " at " << col);
   const int64_t n = src.dim(0), c = src.dim(1), C = dst.dim(1);
-  if (dst.device() == Device::CPU && src.device() == Device::CPU) {
-    const float* s = src.data<float>();
-    float* d = dst.data<float>();
-    for (int64_t i = 0; i < n; ++i) std::memcpy(d + i * C + col, s + i * c, sizeof(float) * c);
+  const size_t es = dtype_size(src.dtype());
+  if (src.device() == Device::CPU) {
+    const char* s = static_cast<const char*>(src.raw());
+    char* d = static_cast<char*>(dst.raw());
+    for (int64_t i = 0; i < n; ++i) std::memcpy(d + (i * C + col) * es, s + i * c * es, es * c);
     return;
   }
-  const int64_t per_row = C / c, j = col / c;
-  Tensor blocks = dst.reshape({n * per_row, c});  // block j of row i is row i * per_row + j
-  for (int64_t i = 0; i < n; ++i) blocks.slice(i * per_row + j, i * per_row + j + 1).copy_from(src.slice(i, i + 1));
+#ifdef AERIE_WITH_CUDA
+  const cudaError_t e = cudaMemcpy2DAsync(static_cast<char*>(dst.raw()) + col * es, C * es, src.raw(), c * es, c * es,
+                                          n, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(cuda::current_stream()));
+  AERIE_CHECK(e == cudaSuccess, "llama copy_columns: cudaMemcpy2DAsync: " << cudaGetErrorString(e));
+#else
+  AERIE_THROW("llama copy_columns: a CUDA tensor in a build without the CUDA backend");
+#endif
 }
 
 /// Causal attention of q [n, nh, d] (positions p0 .. p0+n-1) over k_all, v_all [p0+n, nkv, d]; with
@@ -100,14 +119,14 @@ void attend(const Tensor& q, const Tensor& k_all, const Tensor& v_all, int64_t p
 
 }  // namespace
 
-KVCache::KVCache(const LlamaConfig& cfg, int64_t max_len, int tp_size, Device device) {
+KVCache::KVCache(const LlamaConfig& cfg, int64_t max_len, int tp_size, Device device, DType dtype) {
   AERIE_CHECK(max_len >= 0, "KVCache: negative max_len " << max_len);
   AERIE_CHECK(tp_size >= 1 && cfg.num_key_value_heads % tp_size == 0,
               "KVCache: tp " << tp_size << " does not divide num_key_value_heads " << cfg.num_key_value_heads);
   const int64_t nkv = cfg.num_key_value_heads / tp_size;
   for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
-    k.push_back(Tensor::zeros({max_len, nkv, cfg.head_dim}, DType::F32, device));
-    v.push_back(Tensor::zeros({max_len, nkv, cfg.head_dim}, DType::F32, device));
+    k.push_back(Tensor::zeros({max_len, nkv, cfg.head_dim}, dtype, device));
+    v.push_back(Tensor::zeros({max_len, nkv, cfg.head_dim}, dtype, device));
   }
   max_len_ = max_len;
 }
@@ -117,23 +136,50 @@ void KVCache::truncate(int64_t len) {
   length_ = len;
 }
 
-LlamaModel::LlamaModel(const std::string& dir, Communicator& tp) : impl_(std::make_shared<Impl>()) {
+LlamaModel::LlamaModel(const std::string& dir, Communicator& tp) : LlamaModel(dir, tp, LlamaModelOptions{}) {}
+
+LlamaModel::LlamaModel(const std::string& dir, Communicator& tp, const LlamaModelOptions& options)
+    : impl_(std::make_shared<Impl>()) {
+  AERIE_CHECK(options.dtype == DType::F32 || options.dtype == DType::BF16,
+              "LlamaModel: compute dtype must be F32 or BF16, got " << dtype_name(options.dtype));
   cfg_ = load_llama_config(dir);
   check_tp_divisible(cfg_, tp.size());
-  impl_->tp = &tp;
   impl_->w = load_llama_weights(dir, cfg_, tp.rank(), tp.size());
+  if (options.device != Device::CPU || options.dtype != DType::F32)
+    impl_->w = llama_weights_to(std::move(impl_->w), options.device, options.dtype);
+  init(tp, options);
+}
+
+LlamaModel LlamaModel::random(const LlamaConfig& cfg, Communicator& tp, const LlamaModelOptions& options,
+                              uint64_t seed) {
+  AERIE_CHECK(options.dtype == DType::F32 || options.dtype == DType::BF16,
+              "LlamaModel::random: compute dtype must be F32 or BF16, got " << dtype_name(options.dtype));
+  LlamaModel m;
+  m.impl_ = std::make_shared<Impl>();
+  m.cfg_ = cfg;
+  check_tp_divisible(cfg, tp.size());
+  m.impl_->w = random_llama_weights(cfg, tp.rank(), tp.size(), options.device, options.dtype, seed);
+  m.init(tp, options);
+  return m;
+}
+
+void LlamaModel::init(Communicator& tp, const LlamaModelOptions& options) {
+  impl_->tp = &tp;
   impl_->inv_freq = llama_rope_inv_freq(cfg_.rope, cfg_.head_dim);
-  impl_->device = impl_->w.embed_tokens.device();
+  impl_->device = options.device;
+  impl_->dtype = options.dtype;
   impl_->nh = cfg_.num_attention_heads / tp.size();
   impl_->nkv = cfg_.num_key_value_heads / tp.size();
   impl_->inter = cfg_.intermediate_size / tp.size();
 }
 
+Device LlamaModel::device() const { return impl_->device; }
+DType LlamaModel::dtype() const { return impl_->dtype; }
 const Tensor& LlamaModel::embed_tokens() const { return impl_->w.embed_tokens; }
 const Tensor& LlamaModel::lm_head() const { return impl_->w.lm_head; }
 Communicator& LlamaModel::tp() const { return *impl_->tp; }
 KVCache LlamaModel::make_cache(int64_t max_len) const {
-  return KVCache(cfg_, max_len, impl_->tp->size(), impl_->device);
+  return KVCache(cfg_, max_len, impl_->tp->size(), impl_->device, impl_->dtype);
 }
 
 TargetOutput LlamaModel::forward(const std::vector<int32_t>& ids, KVCache* cache,
@@ -148,41 +194,51 @@ TargetOutput LlamaModel::forward(const std::vector<int32_t>& ids, KVCache* cache
     AERIE_CHECK(a >= 0 && a <= N, "LlamaModel::forward: aux layer " << a << " outside [0, " << N << "]");
   const int64_t p0 = cache ? cache->length() : 0;
   if (cache) {
-    AERIE_CHECK(static_cast<int64_t>(cache->k.size()) == N && cache->k[0].dim(1) == m.nkv && cache->k[0].dim(2) == d,
-                "LlamaModel::forward: KV cache was made for another model or tp size");
+    AERIE_CHECK(static_cast<int64_t>(cache->k.size()) == N && cache->k[0].dim(1) == m.nkv && cache->k[0].dim(2) == d &&
+                    cache->k[0].dtype() == m.dtype && cache->k[0].device() == m.device,
+                "LlamaModel::forward: KV cache was made for another model, tp size, device or dtype");
     AERIE_CHECK(p0 + n <= cache->capacity(), "LlamaModel::forward: KV cache holds " << cache->capacity()
                                                  << " positions, " << p0 << " used, " << n << " more asked");
   }
 
   const Device dev = m.device;
+  const DType ct = m.dtype;  // compute dtype: GEMM inputs, KV cache, captured outputs
   auto on_device = [dev](Tensor t) { return dev == Device::CPU ? t : t.to_device(dev); };
   Tensor ids_t = on_device(Tensor::from_vector(ids, {n}));
   std::vector<int32_t> pos(n);
   for (int64_t i = 0; i < n; ++i) pos[i] = static_cast<int32_t>(p0 + i);
   Tensor positions = on_device(Tensor::from_vector(pos, {n}));
-  Tensor ones = on_device(Tensor::from_vector(std::vector<float>(static_cast<size_t>(n), 1.0f), {n, 1}));
+  Tensor ones_f = Tensor::from_vector(std::vector<float>(static_cast<size_t>(n), 1.0f), {n, 1});
+  Tensor ones = on_device(ct == DType::F32 ? ones_f : ones_f.to(ct));
 
   TargetOutput out;
   if (!aux_layers.empty())
-    out.aux_hidden = Tensor::empty({n, H * static_cast<int64_t>(aux_layers.size())}, DType::F32, dev);
+    out.aux_hidden = Tensor::empty({n, H * static_cast<int64_t>(aux_layers.size())}, ct, dev);
   auto capture = [&](int64_t layer, const Tensor& r) {
-    for (size_t j = 0; j < aux_layers.size(); ++j)
-      if (aux_layers[j] == layer) copy_columns(out.aux_hidden, static_cast<int64_t>(j) * H, r);
+    Tensor rc;  // r in the compute dtype, converted once per captured layer
+    for (size_t j = 0; j < aux_layers.size(); ++j) {
+      if (aux_layers[j] != layer) continue;
+      if (!rc.defined()) {
+        rc = ct == DType::F32 ? r : Tensor::empty(r.shape(), ct, dev);
+        if (ct != DType::F32) convert(r, rc);
+      }
+      copy_columns(out.aux_hidden, static_cast<int64_t>(j) * H, rc);
+    }
   };
 
   Tensor r = Tensor::empty({n, H}, DType::F32, dev);  // the residual stream r^l
   embedding_forward(ids_t, m.w.embed_tokens, r);
-  Tensor attn = Tensor::empty({n, m.nh, d}, DType::F32, dev);
+  Tensor attn = Tensor::empty({n, m.nh, d}, ct, dev);
   for (int64_t l = 0; l < N; ++l) {
     capture(l, r);
     const LlamaLayerWeights& L = m.w.layers[l];
-    Tensor h = rmsnorm(r, L.input_layernorm, eps);
-    Tensor q = linear(h, L.q_proj, L.q_bias, ones).reshape({n, m.nh, d});
-    Tensor k = linear(h, L.k_proj, L.k_bias, ones).reshape({n, m.nkv, d});
-    Tensor v = linear(h, L.v_proj, L.v_bias, ones).reshape({n, m.nkv, d});
+    Tensor h = rmsnorm(r, L.input_layernorm, eps, ct);
+    Tensor q = linear(h, L.q_proj, L.q_bias, ones, ct).reshape({n, m.nh, d});
+    Tensor k = linear(h, L.k_proj, L.k_bias, ones, ct).reshape({n, m.nkv, d});
+    Tensor v = linear(h, L.v_proj, L.v_bias, ones, ct).reshape({n, m.nkv, d});
     if (cfg_.qk_norm) {  // Qwen3: RMSNorm of every head vector, before RoPE
-      q = rmsnorm(q.reshape({n * m.nh, d}), L.q_norm, eps).reshape({n, m.nh, d});
-      k = rmsnorm(k.reshape({n * m.nkv, d}), L.k_norm, eps).reshape({n, m.nkv, d});
+      q = rmsnorm(q.reshape({n * m.nh, d}), L.q_norm, eps, ct).reshape({n, m.nh, d});
+      k = rmsnorm(k.reshape({n * m.nkv, d}), L.k_norm, eps, ct).reshape({n, m.nkv, d});
     }
     rope_apply(q, positions, m.inv_freq);
     rope_apply(k, positions, m.inv_freq);
@@ -194,22 +250,22 @@ TargetOutput LlamaModel::forward(const std::vector<int32_t>& ids, KVCache* cache
       v_all = cache->v[l].slice(0, p0 + n);
     }
     attend(q, k_all, v_all, p0, cfg_.sliding_layers[l] ? cfg_.sliding_window : 0, scale, attn);
-    Tensor o = linear(attn.reshape({n, m.nh * d}), L.o_proj, Tensor(), ones);  // [n, H], partial sum over tp ranks
+    Tensor o = linear(attn.reshape({n, m.nh * d}), L.o_proj, Tensor(), ones, DType::F32);  // [n, H], partial sum over tp ranks
     if (m.tp->size() > 1) m.tp->all_reduce_sum(o);
     add_bias(o, L.o_bias, ones);  // once, after the reduction
     add_inplace(r, o);
 
-    h = rmsnorm(r, L.post_attention_layernorm, eps);
-    Tensor g = linear(h, L.gate_proj, L.gate_bias, ones), u = linear(h, L.up_proj, L.up_bias, ones);  // [n, I/tp]
+    h = rmsnorm(r, L.post_attention_layernorm, eps, ct);
+    Tensor g = linear(h, L.gate_proj, L.gate_bias, ones, ct), u = linear(h, L.up_proj, L.up_bias, ones, ct);  // [n, I/tp]
     swiglu_forward(g, u, g);
-    Tensor dn = linear(g, L.down_proj, Tensor(), ones);  // [n, H], partial sum over tp ranks
+    Tensor dn = linear(g, L.down_proj, Tensor(), ones, DType::F32);  // [n, H], partial sum over tp ranks
     if (m.tp->size() > 1) m.tp->all_reduce_sum(dn);
     add_bias(dn, L.down_bias, ones);
     add_inplace(r, dn);
   }
   capture(N, r);
-  out.final_hidden = rmsnorm(r, m.w.norm, eps);
-  if (want_logits) out.logits = linear(out.final_hidden, m.w.lm_head, Tensor(), ones);
+  out.final_hidden = rmsnorm(r, m.w.norm, eps, ct);
+  if (want_logits) out.logits = linear(out.final_hidden, m.w.lm_head, Tensor(), ones, DType::F32);
   if (cache) cache->length_ = p0 + n;
   return out;
 }
@@ -229,15 +285,19 @@ std::vector<int32_t> greedy_generate(LlamaModel& model, const std::vector<int32_
   // argmax of the last logits row (ties: the smaller id, as llama2.c's argmax), agreed on by the tp
   // group: rank 0's choice is broadcast, so that ranks never diverge even if their all-reduced
   // logits differed in the last bit.
-  auto pick = [&](const Tensor& logits) {
-    const int64_t V = logits.dim(1);
-    const float* row = logits.data<float>() + (logits.dim(0) - 1) * V;
+  auto pick = [&](const Tensor& all_logits) {
+    const int64_t V = all_logits.dim(1);
+    Tensor last = all_logits.slice(all_logits.dim(0) - 1, all_logits.dim(0));
+    if (last.device() != Device::CPU) last = last.to_device(Device::CPU);
+    const float* row = last.data<float>();
     int32_t best = 0;
     for (int64_t i = 1; i < V; ++i)
       if (row[i] > row[best]) best = static_cast<int32_t>(i);
     if (tp.size() > 1) {
       Tensor t = Tensor::from_vector(std::vector<int32_t>{best}, {1});
+      if (model.device() != Device::CPU) t = t.to_device(model.device());  // a device communicator (NCCL)
       tp.broadcast(t, 0);
+      if (t.device() != Device::CPU) t = t.to_device(Device::CPU);
       best = t.data<int32_t>()[0];
     }
     return best;

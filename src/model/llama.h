@@ -14,12 +14,13 @@
 
 namespace aerie {
 
-/// KV cache of one sequence for this rank's heads: per layer K and V [max_len, n_kv_local, d] F32 on
-/// `device` (the model's). Keys are stored after RoPE (and Qwen3's k_norm). A copy shares the storage
+/// KV cache of one sequence for this rank's heads: per layer K and V [max_len, n_kv_local, d] of
+/// `dtype` (the model's compute dtype, F32 or BF16) on `device` (the model's). Keys are stored after RoPE (and Qwen3's k_norm). A copy shares the storage
 /// (Tensor semantics): copy the tensors to fork. A sliding-window layer keeps every position too.
 class KVCache {
  public:
-  KVCache(const LlamaConfig& cfg, int64_t max_len, int tp_size, Device device = Device::CPU);
+  KVCache(const LlamaConfig& cfg, int64_t max_len, int tp_size, Device device = Device::CPU,
+          DType dtype = DType::F32);
   int64_t length() const { return length_; }
   int64_t capacity() const { return max_len_; }
   /// Drops positions >= len (rejected draft tokens). Throws if len > length().
@@ -30,10 +31,26 @@ class KVCache {
   int64_t length_ = 0, max_len_ = 0;
 };
 
+/// Outputs on the model's device. aux_hidden and final_hidden have the model's compute dtype (F32, or
+/// BF16: the F32 residual stream rounded once to bf16); logits are F32 in both modes.
 struct TargetOutput {
   Tensor logits;        // [n, V] F32, undefined unless asked for
-  Tensor aux_hidden;    // [n, 3H] F32: concat of r^{a_1}, r^{a_2}, r^{a_3} (eagle3.md section 1)
-  Tensor final_hidden;  // [n, H] F32: z = final_norm(r^N)
+  Tensor aux_hidden;    // [n, 3H] F32|BF16: concat of r^{a_1}, r^{a_2}, r^{a_3} (eagle3.md section 1)
+  Tensor final_hidden;  // [n, H] F32|BF16: z = final_norm(r^N)
+};
+
+/// Where the target runs and in which precision.
+///  - F32: every weight and activation F32 (the reference; on CUDA the GEMMs are true fp32, no TF32).
+///  - BF16: weights (except the RMSNorm weights, kept F32: exact for a bf16 checkpoint) and the KV cache
+///    in bf16; the residual stream r stays F32; the RMSNorm outputs, q/k/v, attention output and the MLP
+///    activations are bf16 (inputs of the GEMMs); o_proj and down_proj write F32 for the residual add
+///    (and the tp all-reduce). Every GEMM and kernel accumulates in fp32. This is the precision of
+///    transformers' bf16 forward except that aerie's residual stream is not rounded to bf16 per layer.
+/// On CUDA the caller has selected the rank's GPU (cuda::select_device) and passes a tp communicator
+/// that reduces device tensors (NcclCommunicator) when tp > 1.
+struct LlamaModelOptions {
+  Device device = Device::CPU;
+  DType dtype = DType::F32;  // F32 or BF16
 };
 
 class LlamaModel {
@@ -42,6 +59,18 @@ class LlamaModel {
   /// (weights converted to F32; see load_llama_weights), keeping this tp rank's shard of every linear. Throws aerie::Error naming the file/tensor on missing or
   /// mis-shaped weights, or when heads/kv heads/intermediate size are not divisible by tp.
   LlamaModel(const std::string& dir, Communicator& tp);
+  /// The same, with the weights converted to options.dtype and uploaded to options.device (read and
+  /// converted on the host, tensor by tensor uploaded). Throws as above, or aerie::Error when the
+  /// device is CUDA and the backend/GPU is missing or the weights do not fit.
+  LlamaModel(const std::string& dir, Communicator& tp, const LlamaModelOptions& options);
+  /// A model of `cfg`'s shape with random weights, for benchmarks (no checkpoint file): every linear and
+  /// the embedding ~ N(0, 0.02^2) (values drawn once on the host from a splitmix64/Box-Muller stream of
+  /// `seed` into a pool of ~4M values, then tiled into each tensor from a seed-dependent offset by
+  /// device-to-device copies, so an 8B model is made in seconds), RMSNorm weights 1, biases 0.
+  static LlamaModel random(const LlamaConfig& cfg, Communicator& tp, const LlamaModelOptions& options,
+                           uint64_t seed);
+  Device device() const;
+  DType dtype() const;
   const LlamaConfig& config() const { return cfg_; }
 
   /// Forward of `ids` (I32) at positions cache->length() .. +n (0.. without a cache), appending to
@@ -51,16 +80,19 @@ class LlamaModel {
   TargetOutput forward(const std::vector<int32_t>& ids, KVCache* cache, const std::vector<int>& aux_layers,
                        bool want_logits);
 
-  /// The full embedding table [V, H] F32 and lm_head [V, H] F32 (tied: the same tensor).
+  /// The full embedding table [V, H] and lm_head [V, H] (tied: the same tensor), in the compute dtype
+  /// on the model's device (F32 on the CPU for the default constructor).
   const Tensor& embed_tokens() const;
   const Tensor& lm_head() const;
 
   /// The tp group the model was built on (it must outlive the model).
   Communicator& tp() const;
-  /// An empty KV cache of `max_len` positions for this rank's kv heads.
+  /// An empty KV cache of `max_len` positions for this rank's kv heads (model's device and dtype).
   KVCache make_cache(int64_t max_len) const;
 
  private:
+  LlamaModel() = default;
+  void init(Communicator& tp, const LlamaModelOptions& options);
   struct Impl;
   std::shared_ptr<Impl> impl_;
   LlamaConfig cfg_;

@@ -4,11 +4,13 @@
 // head_dim) are replicated on every tp rank: the simplest layout, and what the EAGLE-3 pipeline needs
 // (the draft reads the full embedding and lm_head); a vocabulary-parallel lm_head is a later optimisation.
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
 
+#include "core/device.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "model/llama_weights.h"
@@ -214,6 +216,142 @@ LlamaWeights load_llama_weights(const std::string& dir, const LlamaConfig& cfg, 
                                  << " decoder of this config (another architecture, or a config field missing?)");
   AERIE_LOG(debug) << "loaded the " << cfg.model_type << " weights of " << dir << " (tp rank " << tp_rank << " of "
                    << tp_size << ")";
+  return w;
+}
+
+namespace {
+
+// Every tensor of a LlamaWeights with its role: f(tensor, is_norm). Order fixed (used for seeds).
+template <typename F>
+void for_each_weight(LlamaWeights& w, F&& f) {
+  f(w.embed_tokens, false);
+  f(w.norm, true);
+  for (auto& L : w.layers) {
+    f(L.input_layernorm, true);
+    f(L.post_attention_layernorm, true);
+    for (Tensor* t : {&L.q_proj, &L.k_proj, &L.v_proj, &L.o_proj, &L.gate_proj, &L.up_proj, &L.down_proj,
+                      &L.q_bias, &L.k_bias, &L.v_bias, &L.o_bias, &L.gate_bias, &L.up_bias, &L.down_bias})
+      f(*t, false);
+    f(L.q_norm, true);
+    f(L.k_norm, true);
+  }
+}
+
+uint64_t splitmix64(uint64_t& s) {
+  uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+LlamaWeights llama_weights_to(LlamaWeights w, Device device, DType dtype) {
+  AERIE_CHECK(dtype == DType::F32 || dtype == DType::BF16,
+              "llama_weights_to: compute dtype must be F32 or BF16, got " << dtype_name(dtype));
+  const bool tied = w.lm_head.raw() == w.embed_tokens.raw();
+  if (tied) w.lm_head = Tensor();
+  auto move = [&](Tensor& t, bool is_norm) {
+    if (!t.defined()) return;
+    Tensor c = (!is_norm && t.dtype() != dtype) ? t.to(dtype) : t;
+    t = Tensor();  // release the host F32 copy before the next tensor
+    t = c.device() == device ? c : c.to_device(device);
+  };
+  for_each_weight(w, move);
+  if (tied) {
+    w.lm_head = w.embed_tokens;
+  } else {
+    move(w.lm_head, false);
+  }
+  return w;
+}
+
+LlamaWeights random_llama_weights(const LlamaConfig& cfg, int tp_rank, int tp_size, Device device, DType dtype,
+                                  uint64_t seed, float std) {
+  check_tp_divisible(cfg, tp_size);
+  AERIE_CHECK(dtype == DType::F32 || dtype == DType::BF16,
+              "random_llama_weights: compute dtype must be F32 or BF16, got " << dtype_name(dtype));
+  const int64_t H = cfg.hidden_size, V = cfg.vocab_size, d = cfg.head_dim;
+  const int64_t nh = cfg.num_attention_heads / tp_size, nkv = cfg.num_key_value_heads / tp_size;
+  const int64_t I = cfg.intermediate_size / tp_size;
+  LlamaWeights w;
+  auto mk = [&](const Shape& s) { return Tensor::empty(s, dtype, device); };
+  auto norm = [&](int64_t n) { return Tensor::empty({n}, DType::F32, device); };
+  w.embed_tokens = mk({V, H});
+  w.norm = norm(H);
+  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+    LlamaLayerWeights L;
+    L.input_layernorm = norm(H);
+    L.post_attention_layernorm = norm(H);
+    L.q_proj = mk({nh * d, H});
+    L.k_proj = mk({nkv * d, H});
+    L.v_proj = mk({nkv * d, H});
+    L.o_proj = mk({H, nh * d});
+    L.gate_proj = mk({I, H});
+    L.up_proj = mk({I, H});
+    L.down_proj = mk({H, I});
+    if (cfg.qkv_bias) {
+      L.q_bias = mk({nh * d});
+      L.k_bias = mk({nkv * d});
+      L.v_bias = mk({nkv * d});
+    }
+    if (cfg.o_bias) L.o_bias = mk({H});
+    if (cfg.mlp_bias) {
+      L.gate_bias = mk({I});
+      L.up_bias = mk({I});
+      L.down_bias = mk({H});
+    }
+    if (cfg.qk_norm) {
+      L.q_norm = norm(d);
+      L.k_norm = norm(d);
+    }
+    w.layers.push_back(std::move(L));
+  }
+
+  // The pool: 2P normal values (P odd-sized so that rows of a tensor do not repeat in step), uploaded
+  // once; a tensor of n values is the windows [o, o + P) of the pool repeated, o per tensor.
+  constexpr int64_t P = (int64_t{1} << 22) + 4099;
+  uint64_t s = seed * 0x2545F4914F6CDD1Dull + 1;
+  std::vector<float> pool(2 * P);
+  for (int64_t i = 0; i < 2 * P; i += 2) {  // Box-Muller: two normals from two uniforms in (0, 1]
+    const double u1 = (static_cast<double>(splitmix64(s) >> 11) + 1.0) * 0x1.0p-53;
+    const double u2 = static_cast<double>(splitmix64(s) >> 11) * 0x1.0p-53;
+    const double r = std::sqrt(-2.0 * std::log(u1)) * std;
+    pool[i] = static_cast<float>(r * std::cos(2.0 * M_PI * u2));
+    pool[i + 1] = static_cast<float>(r * std::sin(2.0 * M_PI * u2));
+  }
+  Tensor pool_t = Tensor::from_vector(pool, {2 * P});
+  if (dtype != DType::F32) pool_t = pool_t.to(dtype);
+  if (device != Device::CPU) pool_t = pool_t.to_device(device);
+  Tensor ones_h = Tensor::from_vector(std::vector<float>(static_cast<size_t>(std::max(H, d)), 1.0f), {std::max(H, d)});
+  Tensor ones = device == Device::CPU ? ones_h : ones_h.to_device(device);
+
+  auto fill = [&](Tensor& t, bool is_norm) {
+    if (!t.defined()) return;
+    Tensor flat = t.reshape({t.numel()});
+    if (is_norm) {
+      flat.copy_from(ones.slice(0, t.numel()));
+      return;
+    }
+    if (t.ndim() == 1) {  // a bias
+      flat.fill_zero();
+      return;
+    }
+    int64_t o = static_cast<int64_t>(splitmix64(s) % static_cast<uint64_t>(P));
+    for (int64_t i = 0; i < t.numel(); i += P) {
+      const int64_t n = std::min(P, t.numel() - i);
+      flat.slice(i, i + n).copy_from(pool_t.slice(o, o + n));
+      o = (o + 7919) % P;  // the next window starts elsewhere
+    }
+  };
+  for_each_weight(w, fill);
+  if (cfg.tie_word_embeddings) {
+    w.lm_head = w.embed_tokens;
+  } else {
+    w.lm_head = mk({V, H});
+    fill(w.lm_head, false);
+  }
+  if (device != Device::CPU) cuda::synchronize();  // the pool is freed when this returns
   return w;
 }
 

@@ -83,6 +83,20 @@ struct LlamaWeights {
 /// divisible by tp_size.
 LlamaWeights load_llama_weights(const std::string& dir, const LlamaConfig& cfg, int tp_rank, int tp_size);
 
+/// `w` with every linear, bias and the embedding/lm_head converted to `dtype` (F32 or BF16, round to
+/// nearest even) and everything moved to `device`; the RMSNorm weights (norm, layer norms, q/k norms)
+/// stay F32. A tied lm_head keeps sharing the embedding's storage. The host copies are released tensor
+/// by tensor (w is consumed).
+LlamaWeights llama_weights_to(LlamaWeights w, Device device, DType dtype);
+
+/// Random weights of this tp rank's shard shapes (as load_llama_weights would give), made directly on
+/// `device` in `dtype`: linears and embedding ~ N(0, std^2) tiled from a pool of ~4M values drawn on
+/// the host (splitmix64 + Box-Muller of `seed`; each tensor starts at its own seed-dependent offset),
+/// RMSNorm weights 1 (F32), biases 0. For benchmarks: the values are normal but repeat with the pool's
+/// period, which does not matter for speed.
+LlamaWeights random_llama_weights(const LlamaConfig& cfg, int tp_rank, int tp_size, Device device, DType dtype,
+                                  uint64_t seed, float std = 0.02f);
+
 /// Throws aerie::Error unless n_heads, n_kv_heads and intermediate_size divide by tp_size.
 void check_tp_divisible(const LlamaConfig& cfg, int tp_size);
 

@@ -1,0 +1,269 @@
+// The target on a device and in bf16 (LlamaModelOptions): the CUDA forward against the CPU forward on
+// stories260K and the Hugging Face family fixtures (F32 mode: fp32 tolerance; BF16 mode: a relative
+// L2 bound), KV-cache decoding against the prefill, and the random-weights constructor. The BF16 mode
+// and the random weights also run on the CPU (widened kernels), so those tests run without a GPU.
+//
+// Tolerances:
+//  - F32 CUDA vs F32 CPU: both compute in fp32 (cuBLASLt with CUBLAS_COMPUTE_32F, no TF32); they differ
+//    by summation order only: ~1e-6 relative per op, grown through the layers to a few 1e-6 of the
+//    values' scale. atol 1e-4 / rtol 1e-4 (the bound tests/model/llama_hf_families_test.cc uses against
+//    transformers, which differs from aerie in the same way) leaves a wide margin.
+//  - BF16 vs F32: the bf16 mode rounds 7 GEMM inputs per layer (h, q, k, v, attention out, g*u, and h
+//    again) to 8 significant bits, unit roundoff u = 2^-9 = 2e-3. Rounding errors of independent
+//    elements add like a random walk, so after N layers the relative error of a hidden state is about
+//    sqrt(7 N) u ~ 1e-2 for N = 5 (measured on the CPU, worst of r^k, z, logits: stories260K 0.8e-2, the HF fixtures 0.9e-2 to 1.7e-2). We bound
+//    the relative L2 error ||got - ref|| / ||ref|| of each output by kBf16RelL2 = 4e-2; elementwise
+//    bounds would fail on the elements near zero, whose relative error is unbounded.
+//  - BF16 CUDA vs BF16 CPU: the same rounding points, different fp32 summation orders, so an element
+//    differs only when the order flips a bf16 rounding (one ulp, 2^-8 relative) and that propagates:
+//    relative L2 below 2e-2.
+#include <cmath>
+#include <random>
+
+#include "comm/communicator.h"
+#include "comm/nccl_communicator.h"
+#include "core/device.h"
+#include "io/safetensors.h"
+#include "model/llama.h"
+#include "test_util.h"
+
+namespace aerie {
+namespace {
+
+constexpr float kAtol = 1e-4f, kRtol = 1e-4f;
+constexpr double kBf16RelL2 = 4e-2, kBf16DeviceRelL2 = 2e-2;
+
+std::unique_ptr<Communicator> self_comm() {
+  auto world = MpiCommunicator::world();
+  return world->split(world->rank(), 0);
+}
+
+std::string hf_fixture(const std::string& name) {
+  return std::string(AERIE_SOURCE_DIR) + "/tests/model/fixtures/hf/" + name;
+}
+
+std::vector<int32_t> some_ids(int64_t n, int64_t V, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> ids(n);
+  for (auto& x : ids) x = static_cast<int32_t>(rng() % V);
+  return ids;
+}
+
+double rel_l2(const std::vector<float>& got, const std::vector<float>& ref) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    num += (static_cast<double>(got[i]) - ref[i]) * (static_cast<double>(got[i]) - ref[i]);
+    den += static_cast<double>(ref[i]) * ref[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+bool all_finite(const std::vector<float>& v) {
+  for (float x : v)
+    if (!std::isfinite(x)) return false;
+  return true;
+}
+
+/// Every r^k (k = 0..N), z and the logits of one prefill.
+TargetOutput run_all(LlamaModel& m, const std::vector<int32_t>& ids) {
+  std::vector<int> aux;
+  for (int k = 0; k <= m.config().num_hidden_layers; ++k) aux.push_back(k);
+  return m.forward(ids, nullptr, aux, true);
+}
+
+void expect_outputs_close(const TargetOutput& got, const TargetOutput& ref, const std::string& what) {
+  testing::expect_close(got.aux_hidden.to_float_vector(), ref.aux_hidden.to_float_vector(), kAtol, kRtol,
+                        what + ": r^k");
+  testing::expect_close(got.final_hidden.to_float_vector(), ref.final_hidden.to_float_vector(), kAtol, kRtol,
+                        what + ": z");
+  testing::expect_close(got.logits.to_float_vector(), ref.logits.to_float_vector(), kAtol, kRtol, what + ": logits");
+}
+
+/// Relative L2 errors of aux, final and logits; EXPECTs each <= bound. Returns the largest.
+double expect_rel_l2(const TargetOutput& got, const TargetOutput& ref, double bound, const std::string& what) {
+  double worst = 0;
+  for (auto [g, r, name] : {std::tuple{&got.aux_hidden, &ref.aux_hidden, "r^k"},
+                            std::tuple{&got.final_hidden, &ref.final_hidden, "z"},
+                            std::tuple{&got.logits, &ref.logits, "logits"}}) {
+    std::vector<float> gv = g->to_float_vector(), rv = r->to_float_vector();
+    EXPECT_TRUE(all_finite(gv)) << what << ": " << name << " has non-finite values";
+    double e = rel_l2(gv, rv);
+    EXPECT_LE(e, bound) << what << ": " << name << " relative L2 error";
+    worst = std::max(worst, e);
+  }
+  return worst;
+}
+
+/// KV-cache decoding (a prefill of `split` ids, then one id at a time) gives the prefill's z and logits.
+void expect_cache_matches_prefill(LlamaModel& m, const std::vector<int32_t>& ids, int64_t split, float atol,
+                                  float rtol, const std::string& what) {
+  TargetOutput full = m.forward(ids, nullptr, {}, true);
+  const int64_t T = static_cast<int64_t>(ids.size());
+  KVCache cache = m.make_cache(T);
+  EXPECT_EQ(cache.k[0].device(), m.device());
+  EXPECT_EQ(cache.k[0].dtype(), m.dtype());
+  TargetOutput pre = m.forward(std::vector<int32_t>(ids.begin(), ids.begin() + split), &cache, {}, true);
+  testing::expect_close(pre.logits.to_float_vector(), full.logits.slice(0, split).to_float_vector(), atol, rtol,
+                        what + ": cached prefill logits");
+  for (int64_t t = split; t < T; ++t) {
+    TargetOutput o = m.forward({ids[t]}, &cache, {}, true);
+    testing::expect_close(o.final_hidden.to_float_vector(), full.final_hidden.slice(t, t + 1).to_float_vector(), atol,
+                          rtol, what + ": cached z at " + std::to_string(t));
+    testing::expect_close(o.logits.to_float_vector(), full.logits.slice(t, t + 1).to_float_vector(), atol, rtol,
+                          what + ": cached logits at " + std::to_string(t));
+  }
+  EXPECT_EQ(cache.length(), T);
+}
+
+const std::vector<std::string> kFamilies = {"llama3_tied", "llama2_linear", "mistral_swa", "qwen2", "qwen3"};
+
+// ---- CPU: the BF16 mode and the random weights (run everywhere) ----
+
+TEST(LlamaBf16, CpuBf16ModeNearF32OnStories260K) {
+  if (!testing::have_model()) GTEST_SKIP() << "no converted stories260K at " << testing::model_dir();
+  auto self = self_comm();
+  LlamaModel f32(testing::model_dir(), *self);
+  LlamaModel b16(testing::model_dir(), *self, {Device::CPU, DType::BF16});
+  EXPECT_EQ(b16.dtype(), DType::BF16);
+  EXPECT_EQ(b16.embed_tokens().dtype(), DType::BF16);
+  auto ids = some_ids(40, f32.config().vocab_size, 3);
+  TargetOutput ref = run_all(f32, ids), got = run_all(b16, ids);
+  EXPECT_EQ(got.aux_hidden.dtype(), DType::BF16);
+  EXPECT_EQ(got.final_hidden.dtype(), DType::BF16);
+  EXPECT_EQ(got.logits.dtype(), DType::F32);
+  const double worst = expect_rel_l2(got, ref, kBf16RelL2, "stories260K bf16 (cpu)");
+  std::printf("stories260K: bf16 mode vs f32, worst relative L2 error %.3g\n", worst);
+  EXPECT_GT(worst, 0.0);  // the mode really rounds
+}
+
+TEST(LlamaBf16, CpuBf16ModeNearF32OnHfFamilies) {
+  auto self = self_comm();
+  for (const auto& name : kFamilies) {
+    LlamaModel f32(hf_fixture(name), *self);
+    LlamaModel b16(hf_fixture(name), *self, {Device::CPU, DType::BF16});
+    auto ids = some_ids(24, f32.config().vocab_size, 5);
+    const double worst = expect_rel_l2(run_all(b16, ids), run_all(f32, ids), kBf16RelL2, name + " bf16 (cpu)");
+    std::printf("%s: bf16 mode vs f32, worst relative L2 error %.3g\n", name.c_str(), worst);
+  }
+}
+
+TEST(LlamaBf16, CpuBf16KvCacheMatchesPrefill) {
+  auto self = self_comm();
+  LlamaModel m(hf_fixture("qwen3"), *self, {Device::CPU, DType::BF16});
+  // Same rounding points in both paths (the cache holds the same bf16 k/v); only fp32 summation order
+  // differs between a prefill row and a decode step: a few bf16 ulps on z.
+  expect_cache_matches_prefill(m, some_ids(20, m.config().vocab_size, 9), 7, 3e-2f, 2e-2f, "qwen3 bf16 (cpu)");
+}
+
+TEST(LlamaRandom, SeededShapesAndDeterminism) {
+  auto self = self_comm();
+  LlamaConfig cfg = load_llama_config(hf_fixture("qwen2"));  // q/k/v biases
+  LlamaModel a = LlamaModel::random(cfg, *self, {Device::CPU, DType::F32}, 11);
+  LlamaModel b = LlamaModel::random(cfg, *self, {Device::CPU, DType::F32}, 11);
+  LlamaModel c = LlamaModel::random(cfg, *self, {Device::CPU, DType::F32}, 12);
+  EXPECT_EQ(a.embed_tokens().shape(), (Shape{cfg.vocab_size, cfg.hidden_size}));
+  std::vector<float> e = a.embed_tokens().to_float_vector();
+  double mean = 0, sq = 0;
+  for (float x : e) mean += x, sq += static_cast<double>(x) * x;
+  mean /= static_cast<double>(e.size());
+  EXPECT_NEAR(mean, 0.0, 2e-3);
+  EXPECT_NEAR(std::sqrt(sq / static_cast<double>(e.size()) - mean * mean), 0.02, 2e-3);  // std 0.02
+  auto ids = some_ids(16, cfg.vocab_size, 1);
+  TargetOutput oa = run_all(a, ids), ob = run_all(b, ids), oc = run_all(c, ids);
+  EXPECT_EQ(oa.final_hidden.to_float_vector(), ob.final_hidden.to_float_vector());
+  EXPECT_NE(oa.final_hidden.to_float_vector(), oc.final_hidden.to_float_vector());
+  EXPECT_TRUE(all_finite(oa.logits.to_float_vector()));
+  LlamaModel bf = LlamaModel::random(cfg, *self, {Device::CPU, DType::BF16}, 11);
+  EXPECT_EQ(bf.embed_tokens().dtype(), DType::BF16);
+  // The bf16 weights are the f32 ones rounded: the forwards agree to the bf16 bound.
+  expect_rel_l2(run_all(bf, ids), oa, kBf16RelL2, "random qwen2 bf16 vs f32");
+}
+
+// ---- CUDA (skipped without a GPU) ----
+
+TEST(LlamaCuda, F32EqualsCpuOnStories260K) {
+  AERIE_REQUIRE_CUDA();
+  if (!testing::have_model()) GTEST_SKIP() << "no converted stories260K at " << testing::model_dir();
+  auto self = self_comm();
+  LlamaModel cpu(testing::model_dir(), *self);
+  LlamaModel gpu(testing::model_dir(), *self, {Device::CUDA, DType::F32});
+  EXPECT_EQ(gpu.embed_tokens().device(), Device::CUDA);
+  for (int64_t T : {1, 37, 300}) {
+    auto ids = some_ids(T, cpu.config().vocab_size, static_cast<uint32_t>(T));
+    TargetOutput g = run_all(gpu, ids);
+    EXPECT_EQ(g.aux_hidden.device(), Device::CUDA);
+    EXPECT_EQ(g.final_hidden.dtype(), DType::F32);
+    expect_outputs_close(g, run_all(cpu, ids), "stories260K cuda f32 T=" + std::to_string(T));
+  }
+}
+
+TEST(LlamaCuda, F32EqualsCpuOnHfFamilies) {
+  AERIE_REQUIRE_CUDA();
+  auto self = self_comm();
+  for (const auto& name : kFamilies) {
+    LlamaModel cpu(hf_fixture(name), *self);
+    LlamaModel gpu(hf_fixture(name), *self, {Device::CUDA, DType::F32});
+    auto ids = some_ids(40, cpu.config().vocab_size, 7);  // longer than mistral_swa's window
+    expect_outputs_close(run_all(gpu, ids), run_all(cpu, ids), name + " cuda f32");
+  }
+}
+
+TEST(LlamaCuda, Bf16NearCpu) {
+  AERIE_REQUIRE_CUDA();
+  auto self = self_comm();
+  std::vector<std::string> dirs;
+  if (testing::have_model()) dirs.push_back(testing::model_dir());
+  for (const auto& name : kFamilies) dirs.push_back(hf_fixture(name));
+  for (const auto& dir : dirs) {
+    LlamaModel cpu(dir, *self), cpu_b16(dir, *self, {Device::CPU, DType::BF16});
+    LlamaModel gpu(dir, *self, {Device::CUDA, DType::BF16});
+    auto ids = some_ids(64, cpu.config().vocab_size, 13);
+    TargetOutput g = run_all(gpu, ids);
+    EXPECT_EQ(g.aux_hidden.dtype(), DType::BF16);
+    EXPECT_EQ(g.final_hidden.dtype(), DType::BF16);
+    EXPECT_EQ(g.aux_hidden.device(), Device::CUDA);
+    const double e32 = expect_rel_l2(g, run_all(cpu, ids), kBf16RelL2, dir + " cuda bf16 vs cpu f32");
+    const double e16 = expect_rel_l2(g, run_all(cpu_b16, ids), kBf16DeviceRelL2, dir + " cuda bf16 vs cpu bf16");
+    std::printf("%s: cuda bf16 vs cpu f32 %.3g, vs cpu bf16 %.3g (relative L2)\n", dir.c_str(), e32, e16);
+  }
+}
+
+TEST(LlamaCuda, KvCacheDecodingEqualsPrefill) {
+  AERIE_REQUIRE_CUDA();
+  auto self = self_comm();
+  for (const auto& name : {std::string("llama3_tied"), std::string("qwen3"), std::string("mistral_swa")}) {
+    LlamaModel f32(hf_fixture(name), *self, {Device::CUDA, DType::F32});
+    expect_cache_matches_prefill(f32, some_ids(30, f32.config().vocab_size, 2), 9, kAtol, kRtol, name + " cuda f32");
+    LlamaModel b16(hf_fixture(name), *self, {Device::CUDA, DType::BF16});
+    // bf16: see CpuBf16KvCacheMatchesPrefill.
+    expect_cache_matches_prefill(b16, some_ids(30, b16.config().vocab_size, 2), 9, 3e-2f, 2e-2f, name + " cuda bf16");
+  }
+}
+
+TEST(LlamaCuda, GreedyGenerateEqualsCpu) {
+  AERIE_REQUIRE_CUDA();
+  if (!testing::have_model()) GTEST_SKIP() << "no converted stories260K at " << testing::model_dir();
+  auto self = self_comm();
+  LlamaModel cpu(testing::model_dir(), *self);
+  LlamaModel gpu(testing::model_dir(), *self, {Device::CUDA, DType::F32});
+  std::vector<int32_t> prompt = {1, 403, 407, 261};
+  EXPECT_EQ(greedy_generate(gpu, prompt, 20, -1), greedy_generate(cpu, prompt, 20, -1));
+}
+
+TEST(LlamaCuda, RandomWeightsEqualCpu) {
+  AERIE_REQUIRE_CUDA();
+  auto self = self_comm();
+  LlamaConfig cfg = load_llama_config(hf_fixture("qwen3"));
+  LlamaModel cpu = LlamaModel::random(cfg, *self, {Device::CPU, DType::F32}, 5);
+  LlamaModel gpu = LlamaModel::random(cfg, *self, {Device::CUDA, DType::F32}, 5);
+  EXPECT_EQ(gpu.embed_tokens().to_float_vector(), cpu.embed_tokens().to_float_vector());
+  auto ids = some_ids(33, cfg.vocab_size, 4);
+  expect_outputs_close(run_all(gpu, ids), run_all(cpu, ids), "random qwen3 cuda f32");
+  LlamaModel gpu_b16 = LlamaModel::random(cfg, *self, {Device::CUDA, DType::BF16}, 5);
+  LlamaModel cpu_b16 = LlamaModel::random(cfg, *self, {Device::CPU, DType::BF16}, 5);
+  EXPECT_EQ(gpu_b16.embed_tokens().to_float_vector(), cpu_b16.embed_tokens().to_float_vector());
+  expect_rel_l2(run_all(gpu_b16, ids), run_all(cpu_b16, ids), kBf16DeviceRelL2, "random qwen3 cuda bf16");
+}
+
+}  // namespace
+}  // namespace aerie
