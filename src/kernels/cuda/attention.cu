@@ -1,6 +1,7 @@
-// CUDA causal GQA attention (contracts in kernels/attention.h; launch shapes in cuda/attention.h).
-// Flash-style SIMT kernels with fp32 arithmetic and accumulation (no tensor cores yet), after Dao et al.
-// 2022/2023 (FlashAttention, FlashAttention-2): no Tq x Tk matrix in memory.
+// CUDA causal GQA attention forward (contracts in kernels/attention.h; launch shapes in cuda/attention.h).
+// Flash-style SIMT kernel with fp32 arithmetic and accumulation, after Dao et al. 2022/2023
+// (FlashAttention, FlashAttention-2): no Tq x Tk matrix in memory. BF16 prefill-sized work with head dim
+// 64 or 128 goes to the tensor-core kernel of attention_tc.cu instead.
 //
 // Rows of a block: the query rows of ONE kv head g are packed as R = i * group + (h - g * group), so a
 // block's rows share the key/value tiles of their kv head (decoding with GQA fills a block from one
@@ -12,6 +13,7 @@
 #include "kernels/cuda/attention.h"
 
 #include <algorithm>
+#include <type_traits>
 
 #include "kernels/cuda/attention_common.cuh"
 
@@ -19,50 +21,6 @@ namespace aerie::cuda {
 namespace {
 
 using namespace attn;
-
-struct FwdParams {
-  const void* q;  // [rows, nh, d] T
-  const void* k;  // [rows_k, nkv, d] T
-  const void* v;
-  void* out;              // [rows, nh, d] T
-  float* lse;             // [rows, nh] or null
-  float* part_out;        // key splits > 1: [splits, tq, nh, d] fp32 (normalised per split), else null
-  float* part_lse;        // [splits, tq, nh]
-  const int32_t* cu;      // varlen: cu_seqlens [nseq + 1] (null: one sequence)
-  int64_t nseq;
-  int64_t tq, tk, q_offset;  // one sequence; varlen: tq = tk = N (total rows), q_offset 0
-  int nh, nkv, group, d;
-  float scale;
-  int64_t split_len;  // keys per split
-};
-
-/// The sequence a block works on: its first row in q/k/v/out/lse, its lengths, and the block's query
-/// tile inside it.
-struct Seq {
-  int64_t row0, tq, tk, q_offset, tile;
-};
-
-/// Varlen: walks the samples, each taking ceil(len * group / BR) tiles, to find blockIdx.x's one.
-/// Boundaries are clamped into [0, N]. False when the block has no tile (the grid is an upper bound).
-template <int BR>
-__device__ bool find_seq(const FwdParams& p, Seq& s) {
-  if (p.cu == nullptr) {
-    s = Seq{0, p.tq, p.tk, p.q_offset, static_cast<int64_t>(blockIdx.x)};
-    return true;
-  }
-  int64_t b = blockIdx.x;
-  for (int64_t n = 0; n < p.nseq; ++n) {
-    const int64_t c0 = min(max(static_cast<int64_t>(p.cu[n]), int64_t{0}), p.tq);
-    const int64_t c1 = min(max(static_cast<int64_t>(p.cu[n + 1]), c0), p.tq);
-    const int64_t tiles = ((c1 - c0) * p.group + BR - 1) / BR;
-    if (b < tiles) {
-      s = Seq{c0, c1 - c0, c1 - c0, 0, b};
-      return true;
-    }
-    b -= tiles;
-  }
-  return false;
-}
 
 template <int DP, int RPW, typename T>
 __global__ void __launch_bounds__(kThreads) attn_fwd_kernel(FwdParams p) {
@@ -215,15 +173,31 @@ struct Forward {
 
   template <int DP>
   void run() {
-    if (few_rows(p.tq * p.group))
+    if (few_rows(p.tq * p.group)) {
       go<DP, 1>();
-    else
+    } else if constexpr (std::is_same_v<T, bf16_t> && (DP == 64 || DP == 128)) {
+      plan_and_launch(kTcBlockRows, [&](int64_t tiles, int64_t splits) { launch_fwd_tc<DP>(p, tiles, splits); });
+    } else {
       go<DP, 8>();
+    }
   }
 
   template <int DP, int RPW>
   void go() {
     constexpr int BR = kWarps * RPW;
+    plan_and_launch(BR, [&](int64_t tiles, int64_t splits) {
+      const size_t smem = sizeof(float) * (BR * DP + kTile * padded<DP>() + kTile * DP);
+      auto kernel = attn_fwd_kernel<DP, RPW, T>;
+      allow_smem(kernel, smem);
+      kernel<<<dim3(static_cast<unsigned>(tiles), p.nkv, static_cast<unsigned>(splits)), kThreads, smem, stream()>>>(p);
+      AERIE_CUDA_LAUNCHED("attn_fwd_kernel");
+    });
+  }
+
+  /// Sizes the grid for blocks of BR packed rows, splits the keys when the grid is small, runs
+  /// launch(tiles, splits) with the split outputs in p, and merges the splits.
+  template <typename Launch>
+  void plan_and_launch(int BR, const Launch& launch) {
     const int64_t rows = p.tq * p.group;  // packed rows per kv head (varlen: of all samples)
     const int64_t tiles = (rows + BR - 1) / BR + (varlen ? p.nseq : 0);
     // Few blocks (decoding, short prefill) against many keys: split the keys over blocks (flash-decoding)
@@ -245,12 +219,8 @@ struct Forward {
       p.part_out = part_out.data<float>();
       p.part_lse = part_lse.data<float>();
     }
-    const size_t smem = sizeof(float) * (BR * DP + kTile * padded<DP>() + kTile * DP);
-    auto kernel = attn_fwd_kernel<DP, RPW, T>;
-    allow_smem(kernel, smem);
     check_grid(op, tiles, p.nkv, splits);
-    kernel<<<dim3(static_cast<unsigned>(tiles), p.nkv, static_cast<unsigned>(splits)), kThreads, smem, stream()>>>(p);
-    AERIE_CUDA_LAUNCHED("attn_fwd_kernel");
+    launch(tiles, splits);
     if (splits > 1) {
       const int64_t out_rows = p.tq * p.nh;
       attn_combine_kernel<T><<<blocks_for(out_rows, kWarps), kThreads, 0, stream()>>>(

@@ -10,8 +10,9 @@
 namespace aerie::cuda {
 
 /// Flash-style forward: one block per (tile of query rows of one kv-head group, kv head[, key split]);
-/// keys/values streamed through shared memory in tiles of 32 with an online softmax; decoding-sized
-/// grids split the keys over blocks and merge the partial results by log-sum-exp.
+/// keys/values streamed through shared memory in tiles of 32 with an online softmax (BF16 with head dim
+/// 64/128 and more than 64 packed rows: WMMA tensor cores, 64-key tiles); decoding-sized grids split the
+/// keys over blocks and merge the partial results by log-sum-exp.
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_offset, float scale,
                        Tensor& out, Tensor* lse);
 /// Packed samples (cu_seqlens [B+1] I32 on the device): block -> (sample, query tile).

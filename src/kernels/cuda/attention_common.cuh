@@ -64,4 +64,59 @@ inline void check_grid(const char* op, int64_t x, int64_t y, int64_t z) {
               op << ": grid " << x << " x " << y << " x " << z << " is out of CUDA's range");
 }
 
+// ------------------------------------------------------------------------------------------------
+// The forward's parameters, shared by the SIMT kernel (attention.cu) and the tensor-core one
+// (attention_tc.cu).
+
+struct FwdParams {
+  const void* q;  // [rows, nh, d] T
+  const void* k;  // [rows_k, nkv, d] T
+  const void* v;
+  void* out;              // [rows, nh, d] T
+  float* lse;             // [rows, nh] or null
+  float* part_out;        // key splits > 1: [splits, tq, nh, d] fp32 (normalised per split), else null
+  float* part_lse;        // [splits, tq, nh]
+  const int32_t* cu;      // varlen: cu_seqlens [nseq + 1] (null: one sequence)
+  int64_t nseq;
+  int64_t tq, tk, q_offset;  // one sequence; varlen: tq = tk = N (total rows), q_offset 0
+  int nh, nkv, group, d;
+  float scale;
+  int64_t split_len;  // keys per split
+};
+
+/// The sequence a block works on: its first row in q/k/v/out/lse, its lengths, and the block's query
+/// tile inside it.
+struct Seq {
+  int64_t row0, tq, tk, q_offset, tile;
+};
+
+/// Varlen: walks the samples, each taking ceil(len * group / BR) tiles, to find blockIdx.x's one.
+/// Boundaries are clamped into [0, N]. False when the block has no tile (the grid is an upper bound).
+template <int BR>
+__device__ bool find_seq(const FwdParams& p, Seq& s) {
+  if (p.cu == nullptr) {
+    s = Seq{0, p.tq, p.tk, p.q_offset, static_cast<int64_t>(blockIdx.x)};
+    return true;
+  }
+  int64_t b = blockIdx.x;
+  for (int64_t n = 0; n < p.nseq; ++n) {
+    const int64_t c0 = min(max(static_cast<int64_t>(p.cu[n]), int64_t{0}), p.tq);
+    const int64_t c1 = min(max(static_cast<int64_t>(p.cu[n + 1]), c0), p.tq);
+    const int64_t tiles = ((c1 - c0) * p.group + BR - 1) / BR;
+    if (b < tiles) {
+      s = Seq{c0, c1 - c0, c1 - c0, 0, b};
+      return true;
+    }
+    b -= tiles;
+  }
+  return false;
+}
+
+/// Packed query rows per block of the tensor-core forward (4 warps x 16 rows).
+constexpr int kTcBlockRows = 64;
+/// The BF16 tensor-core forward (attention_tc.cu, DP = 64 or 128): grid tiles x nkv x splits, with the
+/// same row packing, key splits and outputs as the SIMT attn_fwd_kernel.
+template <int DP>
+void launch_fwd_tc(const FwdParams& p, int64_t tiles, int64_t splits);
+
 }  // namespace aerie::cuda::attn
