@@ -74,6 +74,7 @@ ChatTemplateSpec ChatTemplateSpec::load(const std::string& path) {
   flag("template.dummy_prefix", s.dummy_prefix);
   flag("template.merge_consecutive", s.merge_consecutive);
   str("template.generation_prompt", s.generation_prompt);
+  flag("template.no_generation_prompt_after_tool", s.no_generation_prompt_after_tool);
   for (auto [sec, role] : {std::pair<std::string, Role*>{"system", &s.system}, {"user", &s.user},
                            {"assistant", &s.assistant}, {"tool", &s.tool}}) {
     str((sec + ".prefix").c_str(), role->prefix);
@@ -444,7 +445,8 @@ std::vector<TemplatePiece> ConfigChatTemplate::render_pieces(const Conversation&
       }
     }
   }
-  if (generation_prompt) out.tpl(s.generation_prompt);
+  if (generation_prompt && !(s.no_generation_prompt_after_tool && n > 0 && loop[n - 1].role == ChatRole::Tool))
+    out.tpl(s.generation_prompt);
   return out.pieces;
 }
 

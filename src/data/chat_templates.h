@@ -34,6 +34,8 @@ struct ChatTemplateSpec {
   bool merge_consecutive = false;       // [template] merge_consecutive: consecutive user (or assistant) messages
                                         // become one, texts joined by "\n\n" (Mistral)
   std::string generation_prompt;        // [template] generation_prompt: appended by render_prompt
+  bool no_generation_prompt_after_tool = false;  // [template] no_generation_prompt_after_tool: none when the
+                                                 // conversation ends with tool results (DeepSeek-V3)
   std::vector<std::string> roles;       // [template] roles: the roles the template renders (blank-separated;
                                         // empty: all); a message of another role is an error (Mistral v1: tool)
   Role system, user, assistant, tool;

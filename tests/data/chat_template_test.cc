@@ -87,13 +87,14 @@ class Golden : public ::testing::TestWithParam<const char*> {};
 
 }  // namespace
 
-// Text and mask spans at the byte level: needs no tokenizer.
+// Text and mask spans at the byte level, and the generation prompts: needs no tokenizer.
 TEST_P(Golden, TextAndMaskSpansMatchJinja) {
   const std::string name = GetParam();
   const json fx = fixture(name);
   ConfigChatTemplate tmpl(ChatTemplateSpec::load(template_file(name)), nullptr);
   EXPECT_EQ(tmpl.name(), name);
   ASSERT_GE(fx["cases"].size(), 7u);
+  int prompts = 0;
   for (const auto& [cname, c] : fx["cases"].items()) {
     SCOPED_TRACE(name + " / " + cname);
     const Conversation conv = conversation_of(c["record"].get<std::string>());
@@ -102,7 +103,16 @@ TEST_P(Golden, TextAndMaskSpansMatchJinja) {
     std::vector<std::pair<size_t, size_t>> want;
     for (const auto& s : c["spans"]) want.emplace_back(s[0].get<size_t>(), s[1].get<size_t>());
     EXPECT_EQ(trained_spans(pieces), want);
+    // The generation prompt of the last assistant turn (what aerie generate feeds the model).
+    if (c.contains("prompt_record")) {
+      Conversation prompt = conv;  // = prompt_record (which prepare would skip: it has no assistant turn)
+      prompt.turns.pop_back();
+      EXPECT_EQ(printable(pieces_text(tmpl.render_pieces(prompt, true))), printable(c["prompt_text"].get<std::string>()))
+          << "generation prompt";
+      ++prompts;
+    }
   }
+  EXPECT_GE(prompts, 7);
 }
 
 // Ids and token mask against transformers, for the byte-level tokenizers (Llama 3, Qwen, DeepSeek-V3; SmolLM2

@@ -23,6 +23,8 @@ documentation), and writes per case:
           belongs to the prompt (the server puts it into the generation prompt), so it is skipped.
   ids     (byte-level templates only) apply_chat_template(tokenize=True) with the model's tokenizer.json
   mask    (with ids) 1 on every token whose character range meets a span, from the tokenizer's offsets
+  prompt_record, prompt_text   the conversation without its last assistant message, rendered with
+          add_generation_prompt=True (the prompt a server gives the model for that turn)
 Cases a template refuses (its Jinja raises, e.g. Llama 3.1 with two tool calls) are listed under "refused".
 
 Deliberate differences from the Jinja (not rendered here, documented in docs/preparing-data.md):
@@ -263,6 +265,15 @@ def render_case(name, spec, tok, template, conv):
     spans = spans_of(text, conv, spec)
     case = {"record": json.dumps(conv, ensure_ascii=False), "text": text,
             "spans": [[byte_offset(text, a), byte_offset(text, b)] for a, b in spans]}
+    # The generation prompt of the last assistant turn: the conversation before it, add_generation_prompt=True
+    # (what a server, and aerie generate, feed the model).
+    if conv["messages"][-1]["role"] == "assistant":
+        pconv = dict(conv, messages=conv["messages"][:-1])
+        try:
+            case["prompt_record"] = json.dumps(pconv, ensure_ascii=False)
+            case["prompt_text"] = render_text(spec, tok, template, pconv, dict(args, add_generation_prompt=True))
+        except Exception:
+            case.pop("prompt_record", None)
     if spec.get("tokenizer"):
         enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
         ids = list(enc["input_ids"])
