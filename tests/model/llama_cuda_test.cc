@@ -11,9 +11,10 @@
 //  - BF16 vs F32: the bf16 mode rounds 7 GEMM inputs per layer (h, q, k, v, attention out, g*u, and h
 //    again) to 8 significant bits, unit roundoff u = 2^-9 = 2e-3. Rounding errors of independent
 //    elements add like a random walk, so after N layers the relative error of a hidden state is about
-//    sqrt(7 N) u ~ 1e-2 for N = 5 (measured on the CPU, worst of r^k, z, logits: stories260K 0.8e-2, the HF fixtures 0.9e-2 to 1.7e-2). We bound
-//    the relative L2 error ||got - ref|| / ||ref|| of each output by kBf16RelL2 = 4e-2; elementwise
-//    bounds would fail on the elements near zero, whose relative error is unbounded.
+//    sqrt(7 N) u ~ 1e-2 for N = 5 (measured on the CPU, worst of r^k, z, logits: stories260K 0.8e-2,
+//    the HF fixtures 0.9e-2 to 1.7e-2). We bound the relative L2 error ||got - ref|| / ||ref|| of each
+//    output by kBf16RelL2 = 4e-2; elementwise bounds would fail on the elements near zero, whose
+//    relative error is unbounded.
 //  - BF16 CUDA vs BF16 CPU: the same rounding points, different fp32 summation orders, so an element
 //    differs only when the order flips a bf16 rounding (one ulp, 2^-8 relative) and that propagates:
 //    relative L2 below 2e-2.
@@ -263,6 +264,33 @@ TEST(LlamaCuda, RandomWeightsEqualCpu) {
   LlamaModel cpu_b16 = LlamaModel::random(cfg, *self, {Device::CPU, DType::BF16}, 5);
   EXPECT_EQ(gpu_b16.embed_tokens().to_float_vector(), cpu_b16.embed_tokens().to_float_vector());
   expect_rel_l2(run_all(gpu_b16, ids), run_all(cpu_b16, ids), kBf16DeviceRelL2, "random qwen3 cuda bf16");
+}
+
+// Tensor parallelism on GPUs: `mpirun -np 2 test_model --gtest_filter=LlamaCudaTp.*` on a machine with
+// two GPUs. The tp = 2 model (NCCL all-reduce of o_proj / down_proj partial sums) equals the tp = 1 model
+// on each rank's GPU: F32 within the fp32 tolerance, BF16 within kBf16DeviceRelL2 (the partial sums are
+// F32, so the only difference is the split of the fp32 sums).
+TEST(LlamaCudaTp, Tp2EqualsTp1) {
+  AERIE_REQUIRE_CUDA();
+  auto world = MpiCommunicator::world();
+  if (world->size() != 2) GTEST_SKIP() << "needs mpirun -np 2 (got " << world->size() << " rank(s))";
+  if (cuda::device_count() < 2) GTEST_SKIP() << "needs 2 GPUs (NCCL runs one rank per GPU)";
+  NcclCommunicator nccl(*world);  // selects GPU local_rank()
+  auto self = self_comm();
+  std::vector<std::string> dirs = {hf_fixture("llama3_tied"), hf_fixture("qwen2")};
+  if (testing::have_model()) dirs.push_back(testing::model_dir());
+  for (const auto& dir : dirs) {
+    for (DType dt : {DType::F32, DType::BF16}) {
+      LlamaModel one(dir, *self, {Device::CUDA, dt}), two(dir, nccl, {Device::CUDA, dt});
+      auto ids = some_ids(50, one.config().vocab_size, 21);
+      TargetOutput a = run_all(two, ids), b = run_all(one, ids);
+      const std::string what = dir + (dt == DType::F32 ? " f32" : " bf16") + " tp2 vs tp1";
+      if (dt == DType::F32)
+        expect_outputs_close(a, b, what);
+      else
+        expect_rel_l2(a, b, kBf16DeviceRelL2, what);
+    }
+  }
 }
 
 }  // namespace
