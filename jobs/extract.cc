@@ -1,8 +1,10 @@
 // aerie extract: the target's hidden states of every prepared sample, to HDF5 shards.
 //   mpirun -np R aerie extract --model DIR --prepared prepared.h5 --output SHARD_DIR [--tp 1]
-//          [--samples-per-shard 64] [--aux-layers 2,5,8]
+//          [--samples-per-shard 64] [--aux-layers 2,5,8] [--device auto|cpu|cuda] [--dtype auto|f32|bf16]
+//          [--random-weights SEED]
 // R/tp groups of tp consecutive ranks each run the target (tensor parallel) over chunks handed out by
-// rank 0; each group's leader writes its shards. Rerunning after a kill redoes only missing shards.
+// rank 0; each group's leader writes its shards. On CUDA each rank uses GPU local_rank() and the tp
+// group reduces over NCCL (the MPI communicators still hand out the chunks). Rerunning after a kill redoes only missing shards.
 // SIGTERM/SIGINT/SIGUSR1 (Slurm preemption) stop the run after the shards in hand are closed; the exit
 // status is then 3 (as for train), and a rerun does the rest. A second signal kills as usual.
 // The work and the dispatch protocol: src/data/extract.h. The shard format: src/data/shard.h,
@@ -13,12 +15,18 @@
 #include <sstream>
 
 #include "comm/communicator.h"
+#include "comm/nccl_communicator.h"
+#include "core/device.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/stop_signals.h"
 #include "data/extract.h"
 #include "jobs/jobs.h"
 #include "model/llama.h"
+
+#ifdef AERIE_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
 
 namespace aerie::jobs {
 
@@ -49,6 +57,29 @@ std::vector<int> parse_aux_layers(const std::string& s, int64_t num_layers) {
   return out;
 }
 
+/// Logs this rank's GPU memory: the stream-ordered pool's high-water mark (every Tensor of aerie comes
+/// from it) and cudaMemGetInfo's used/total.
+void log_gpu_memory(int world_rank) {
+#ifdef AERIE_WITH_CUDA
+  size_t free_b = 0, total_b = 0;
+  cudaMemPool_t pool = nullptr;
+  unsigned long long high = 0;  // NOLINT(runtime/int): the CUDA API's type
+  if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess ||
+      cudaDeviceGetDefaultMemPool(&pool, cuda::current_device()) != cudaSuccess ||
+      cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high) != cudaSuccess) {
+    AERIE_LOG(warning) << "extract: could not query GPU memory";
+    return;
+  }
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  AERIE_LOG(info) << "extract: rank " << world_rank << " GPU " << cuda::current_device()
+                  << " peak memory " << static_cast<double>(high) / gib << " GiB (pool high-water), "
+                  << static_cast<double>(total_b - free_b) / gib << " of " << static_cast<double>(total_b) / gib
+                  << " GiB in use (cudaMemGetInfo)";
+#else
+  (void)world_rank;
+#endif
+}
+
 }  // namespace
 
 int extract(const std::vector<std::string>& args) {
@@ -59,13 +90,46 @@ int extract(const std::vector<std::string>& args) {
       "tp", po::value<int>()->default_value(1), "tensor-parallel ranks per target replica")(
       "samples-per-shard", po::value<int64_t>()->default_value(64), "prepared samples per shard (chunk size)")(
       "aux-layers", po::value<std::string>()->default_value(""),
-      "3 ascending layer ids k, 'input of decoder layer k' (vLLM's convention); default 2,N/2,N-3");
+      "3 ascending layer ids k, 'input of decoder layer k' (vLLM's convention); default 2,N/2,N-3")(
+      "device", po::value<std::string>()->default_value("auto"), "auto (cuda when a GPU is visible), cpu or cuda")(
+      "dtype", po::value<std::string>()->default_value("auto"),
+      "compute dtype of the target: auto (bf16 on cuda, f32 on cpu), f32 or bf16 (model/llama.h)")(
+      "random-weights", po::value<int64_t>()->default_value(-1),
+      "benchmarks: random N(0, 0.02^2) weights from this seed (>= 0) instead of the checkpoint; --model "
+      "then needs only config.json");
   po::variables_map vm;
   if (!parse_options("extract", args, desc, vm)) return 0;
 
+  const std::string device_opt = vm["device"].as<std::string>(), dtype_name_opt = vm["dtype"].as<std::string>();
+  AERIE_CHECK(device_opt == "auto" || device_opt == "cpu" || device_opt == "cuda",
+              "extract: --device '" << device_opt << "' is not auto, cpu or cuda");
+  AERIE_CHECK(dtype_name_opt == "auto" || dtype_name_opt == "f32" || dtype_name_opt == "bf16",
+              "extract: --dtype '" << dtype_name_opt << "' is not auto, f32 or bf16");
   ParallelGroups groups = ParallelGroups::create(vm["tp"].as<int>());
+  LlamaModelOptions mopt;
+  // auto: CUDA when there is a GPU for every rank of the node (NCCL does not run two ranks on one GPU).
+  bool use_cuda = device_opt == "cuda";
+  if (device_opt == "auto" && cuda::available()) {
+    use_cuda = local_size() <= cuda::device_count();  // collective over the world (first call)
+    if (!use_cuda && groups.map.world_rank == 0)
+      AERIE_LOG(info) << "extract: " << local_size() << " ranks per node but " << cuda::device_count()
+                      << " GPU(s): running on the CPU (--device cuda to insist)";
+  }
+  mopt.device = use_cuda ? Device::CUDA : Device::CPU;
+  mopt.dtype = dtype_name_opt == "bf16" || (dtype_name_opt == "auto" && mopt.device == Device::CUDA) ? DType::BF16
+                                                                                                   : DType::F32;
+  std::unique_ptr<NcclCommunicator> nccl;  // the tp group's collectives on device tensors
+  if (mopt.device == Device::CUDA) {
+    AERIE_CHECK(cuda::available(), "extract: --device cuda: " << cuda::unavailable_reason());
+    cuda::select_device(local_rank());  // collective over the world on first use
+    nccl = std::make_unique<NcclCommunicator>(*groups.tp);
+  }
+  Communicator& model_tp = nccl ? static_cast<Communicator&>(*nccl) : *groups.tp;
   const std::string model_dir = vm["model"].as<std::string>();
-  LlamaModel model(model_dir, *groups.tp);
+  const int64_t random_seed = vm["random-weights"].as<int64_t>();
+  LlamaModel model = random_seed >= 0
+                         ? LlamaModel::random(load_llama_config(model_dir), model_tp, mopt, static_cast<uint64_t>(random_seed))
+                         : LlamaModel(model_dir, model_tp, mopt);
   const LlamaConfig& cfg = model.config();
 
   ExtractOptions opt;
@@ -79,7 +143,8 @@ int extract(const std::vector<std::string>& args) {
   if (groups.map.world_rank == 0) {
     AERIE_LOG(info) << "extract: target " << model_dir << " (" << cfg.num_hidden_layers << " layers, hidden "
                     << cfg.hidden_size << "), aux layers " << opt.meta.aux_layers[0] << ","
-                    << opt.meta.aux_layers[1] << "," << opt.meta.aux_layers[2];
+                    << opt.meta.aux_layers[1] << "," << opt.meta.aux_layers[2] << ", on " << device_name(mopt.device)
+                    << " in " << aerie::dtype_name(mopt.dtype) << (random_seed >= 0 ? ", random weights" : "");
   }
 
   const std::vector<int> aux_layers = opt.meta.aux_layers;
@@ -91,6 +156,7 @@ int extract(const std::vector<std::string>& args) {
   StopSignals stop_signals;
   opt.stop_requested = [] { return StopSignals::received() != 0; };
   ExtractStats stats = run_extract(opt, groups, forward);
+  if (mopt.device == Device::CUDA) log_gpu_memory(groups.map.world_rank);
   if (stats.stopped && stats.chunks_skipped + stats.chunks_done < stats.chunks) {
     if (groups.map.world_rank == 0) {
       AERIE_LOG(warning) << "extract: stopped by a signal with " << stats.chunks_skipped + stats.chunks_done
