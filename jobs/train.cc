@@ -8,6 +8,9 @@
 // and RUN_DIR/data_split.json (the held-out samples). Rerunning the same command resumes from the newest
 // complete checkpoint (also with another number of ranks). SIGTERM/SIGINT/SIGUSR1 (Slurm preemption)
 // stop the run after the current step with a checkpoint; the exit status is then 3.
+// --device cuda (the default `auto` when a GPU is usable) trains on the GPU of each rank (local rank %
+// GPUs): weights, AdamW moments, activations and the TTT forward/backward there, gradients summed over
+// NCCL; checkpoints are the same files as on the CPU (a run may resume on the other device).
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -39,7 +42,9 @@ int train(const std::vector<std::string>& args) {
       "log-every", po::value<int64_t>(&o.log_every)->default_value(10), "steps between metric lines")(
       "seed", po::value<uint64_t>(&o.seed)->default_value(0), "seed of the initial weights and the data order")(
       "eval-fraction", po::value<double>(&o.eval_fraction)->default_value(0.05, "0.05"),
-      "fraction of the samples (the last ones) held out for eval");
+      "fraction of the samples (the last ones) held out for eval")(
+      "device", po::value<std::string>(&o.device)->default_value("auto"),
+      "cpu, cuda (one GPU per rank: local rank % GPUs) or auto (cuda when a GPU is usable)");
   po::variables_map vm;
   if (!parse_options("train", args, desc, vm)) return 0;
   AERIE_CHECK(o.steps >= 0 && o.epochs >= 0, "aerie train: --steps and --epochs must be >= 0");

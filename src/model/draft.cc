@@ -156,7 +156,15 @@ std::vector<std::pair<std::string, const Tensor*>> DraftWeights::named() const {
   return out;
 }
 
-DraftWeights DraftWeights::zeros(const DraftConfig& c) {
+DraftWeights DraftWeights::to_device(Device device) const {
+  DraftWeights out;
+  auto dst = out.named();
+  auto src = named();
+  for (size_t i = 0; i < src.size(); ++i) *dst[i].second = src[i].second->to_device(device);
+  return out;
+}
+
+DraftWeights DraftWeights::zeros(const DraftConfig& c, Device device) {
   const int64_t H = c.hidden_size, Ht = c.target_hidden_size, qd = c.num_attention_heads * c.head_dim,
                 kvd = c.num_key_value_heads * c.head_dim, I = c.intermediate_size, K = c.draft_vocab_size;
   AERIE_CHECK(H > 0 && Ht > 0 && qd > 0 && kvd > 0 && I > 0 && K > 0,
@@ -164,7 +172,7 @@ DraftWeights DraftWeights::zeros(const DraftConfig& c) {
                                                                         << ", kv*d " << kvd << ", I " << I << ", K " << K
                                                                         << ")");
   DraftWeights w;
-  auto z = [](Shape s) { return Tensor::zeros(s, DType::F32); };
+  auto z = [device](Shape s) { return Tensor::zeros(s, DType::F32, device); };
   w.fc = z({H, 3 * Ht});
   w.q_proj = z({qd, 2 * H});
   w.k_proj = z({kvd, 2 * H});

@@ -59,7 +59,13 @@ struct DraftWeights {
   /// "midlayer.self_attn.q_proj.weight", ..., "norm.weight", "lm_head.weight").
   std::vector<std::pair<std::string, Tensor*>> named();
   std::vector<std::pair<std::string, const Tensor*>> named() const;
-  static DraftWeights zeros(const DraftConfig& cfg);
+  /// Zero F32 tensors of the config's shapes on `device` (CPU or CUDA).
+  static DraftWeights zeros(const DraftConfig& cfg, Device device = Device::CPU);
+  /// A deep copy of every tensor on `device` (same dtypes and shapes): weights go to the GPU with it and
+  /// come back to the host for a checkpoint. Copies between host and GPU return when done.
+  DraftWeights to_device(Device device) const;
+  /// The device of the tensors (fc's; all of them live on one device).
+  Device device() const { return fc.device(); }
 };
 
 /// Initial weights: linears ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)) from a seeded std::mt19937_64

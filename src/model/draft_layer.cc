@@ -1,6 +1,7 @@
 // One application of the draft decoder layer (eagle3.md section 3), forward and backward, split
 // around the attention. Linear y = x W^T is matmul(x, W, y, false, true); its backward is
-// dx = dy W and dW += dy^T x.
+// dx = dy W and dW += dy^T x. Device-agnostic: every tensor lives on the weights' device (LayerCtx::device)
+// and all work is kernel ops (no host loops over activations), so the same code runs on CPU and CUDA.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -9,14 +10,16 @@
 #include "kernels/embedding.h"
 #include "kernels/gemm.h"
 #include "kernels/norm.h"
+#include "kernels/optim.h"
 #include "kernels/rope.h"
+#include "kernels/tensor_ops.h"
 #include "model/draft_layer.h"
 
 namespace aerie::draft_detail {
 
 namespace {
 
-Tensor f32(const Shape& s) { return Tensor::empty(s, DType::F32); }
+Tensor f32(const LayerCtx& c, const Shape& s) { return Tensor::empty(s, DType::F32, c.device); }
 
 // y = x W^T
 void linear(const Tensor& x, const Tensor& w, Tensor& y) { matmul(x, w, y, false, true); }
@@ -30,37 +33,49 @@ LayerCtx::LayerCtx(const DraftConfig& c, const DraftWeights& w_, const Tensor& e
       w(w_),
       embed(embed_),
       inv_freq(rope_inv_freq(c.rope, c.head_dim)),
-      scale(static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)))) {
+      scale(static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)))),
+      device(w_.fc.device()) {
   embed.check_shape({c.vocab_size, c.hidden_size}, "draft: embed_tokens");
+  AERIE_CHECK(embed.device() == device, "draft: embed_tokens is on " << device_name(embed.device())
+                                                                      << ", the draft weights on " << device_name(device));
 }
 
 void layer_qkv(const LayerCtx& c, const int32_t* ids, int64_t n, const Tensor& h, int64_t pos0, LayerActs& a) {
+  Tensor id_t = Tensor::wrap(const_cast<int32_t*>(ids), {n}, DType::I32);
+  if (c.device != Device::CPU) id_t = id_t.to_device(c.device);
+  layer_qkv(c, id_t, h, pos0, a);
+}
+
+void layer_qkv(const LayerCtx& c, const Tensor& id_t, const Tensor& h, int64_t pos0, LayerActs& a) {
+  const int64_t n = id_t.numel();
   const int64_t H = c.cfg.hidden_size, nh = c.cfg.num_attention_heads, nkv = c.cfg.num_key_value_heads,
                 d = c.cfg.head_dim;
   h.check_shape({n, H}, "draft layer: input hidden");
   a.n = n;
   a.pos0 = pos0;
-  a.positions = Tensor::empty({n}, DType::I32);
-  for (int64_t i = 0; i < n; ++i) a.positions.data<int32_t>()[i] = static_cast<int32_t>(pos0 + i);
-  Tensor id_t = Tensor::wrap(const_cast<int32_t*>(ids), {n}, DType::I32);
-  a.e_raw = f32({n, H});
+  if (c.arange.defined() && c.arange.numel() >= pos0 + n) {
+    a.positions = c.arange.slice(pos0, pos0 + n);
+  } else {
+    a.positions = Tensor::empty({n}, DType::I32);
+    for (int64_t i = 0; i < n; ++i) a.positions.data<int32_t>()[i] = static_cast<int32_t>(pos0 + i);
+    if (c.device != Device::CPU) a.positions = a.positions.to_device(c.device);
+  }
+  a.e_raw = f32(c, {n, H});
   embedding_forward(id_t, c.embed, a.e_raw);
-  a.e = f32({n, H});
-  a.rstd_e = f32({n});
+  a.e = f32(c, {n, H});
+  a.rstd_e = f32(c, {n});
   rmsnorm_forward(a.e_raw, c.w.input_layernorm, static_cast<float>(c.cfg.rms_norm_eps), a.e, &a.rstd_e);
   a.h = h;
-  a.hn = f32({n, H});
-  a.rstd_h = f32({n});
+  a.hn = f32(c, {n, H});
+  a.rstd_h = f32(c, {n});
   rmsnorm_forward(h, c.w.hidden_norm, static_cast<float>(c.cfg.rms_norm_eps), a.hn, &a.rstd_h);
   // a = concat(e, hn): embedding first, hidden second (eagle3.md section 3).
-  a.a = f32({n, 2 * H});
-  for (int64_t i = 0; i < n; ++i) {
-    std::memcpy(a.a.data<float>() + i * 2 * H, a.e.data<float>() + i * H, H * sizeof(float));
-    std::memcpy(a.a.data<float>() + i * 2 * H + H, a.hn.data<float>() + i * H, H * sizeof(float));
-  }
-  a.q = f32({n, nh, d});
-  a.k = f32({n, nkv, d});
-  a.v = f32({n, nkv, d});
+  a.a = f32(c, {n, 2 * H});
+  copy_columns(a.e, 0, a.a, 0, H);
+  copy_columns(a.hn, 0, a.a, H, H);
+  a.q = f32(c, {n, nh, d});
+  a.k = f32(c, {n, nkv, d});
+  a.v = f32(c, {n, nkv, d});
   Tensor q2 = a.q.reshape({n, nh * d}), k2 = a.k.reshape({n, nkv * d}), v2 = a.v.reshape({n, nkv * d});
   linear(a.a, c.w.q_proj, q2);
   linear(a.a, c.w.k_proj, k2);
@@ -76,27 +91,27 @@ void layer_out(const LayerCtx& c, LayerActs& a) {
   a.attn.check_shape({n, c.cfg.num_attention_heads, c.cfg.head_dim}, "draft layer: attention output");
   a.y = a.h.clone();
   matmul(a.attn.reshape({n, qd}), c.w.o_proj, a.y, false, true, 1.0f, 1.0f);  // y = h + o_proj(attn)
-  a.n2 = f32({n, H});
-  a.rstd_y = f32({n});
+  a.n2 = f32(c, {n, H});
+  a.rstd_y = f32(c, {n});
   rmsnorm_forward(a.y, c.w.post_attention_layernorm, eps, a.n2, &a.rstd_y);
-  a.gate = f32({n, I});
-  a.up = f32({n, I});
-  a.act = f32({n, I});
+  a.gate = f32(c, {n, I});
+  a.up = f32(c, {n, I});
+  a.act = f32(c, {n, I});
   linear(a.n2, c.w.gate_proj, a.gate);
   linear(a.n2, c.w.up_proj, a.up);
   swiglu_forward(a.gate, a.up, a.act);
   a.o = a.y.clone();
   matmul(a.act, c.w.down_proj, a.o, false, true, 1.0f, 1.0f);  // o = y + down_proj(act)
-  a.no = f32({n, H});
-  a.rstd_o = f32({n});
+  a.no = f32(c, {n, H});
+  a.rstd_o = f32(c, {n});
   rmsnorm_forward(a.o, c.w.norm, eps, a.no, &a.rstd_o);
-  a.logits = f32({n, K});
+  a.logits = f32(c, {n, K});
   linear(a.no, c.w.lm_head, a.logits);
 }
 
 Tensor layer_head_backward(const LayerCtx& c, const LayerActs& a, const Tensor& dlogits, DraftWeights& g) {
   dlogits.check_shape({a.n, c.cfg.draft_vocab_size}, "draft layer backward: dlogits");
-  Tensor dno = f32({a.n, c.cfg.hidden_size});
+  Tensor dno = f32(c, {a.n, c.cfg.hidden_size});
   matmul(dlogits, c.w.lm_head, dno, false, false);
   add_weight_grad(dlogits, a.no, g.lm_head);
   return dno;
@@ -107,36 +122,31 @@ void layer_out_backward(const LayerCtx& c, const LayerActs& a, const Tensor& dno
   const int64_t n = a.n, H = c.cfg.hidden_size, I = c.cfg.intermediate_size;
   const int64_t qd = c.cfg.num_attention_heads * c.cfg.head_dim;
   dno.check_shape({n, H}, "draft layer backward: dno");
-  Tensor dout = f32({n, H});
+  Tensor dout = f32(c, {n, H});
   rmsnorm_backward(dno, a.o, c.w.norm, a.rstd_o, dout, &g.norm);
   if (do_extra.defined() && do_extra.numel() > 0) {
     const int64_t m = do_extra.dim(0);
     AERIE_CHECK(m <= n && do_extra.dim(1) == H, "draft layer backward: do_extra " << shape_str(do_extra.shape())
                                                                                   << " for " << n << " rows");
-    float* p = dout.data<float>();
-    const float* q = do_extra.data<float>();
-    for (int64_t i = 0; i < m * H; ++i) p[i] += q[i];
+    Tensor rows = dout.slice(0, m);
+    add_inplace(rows, do_extra);
   }
   // MLP: o = y + down(silu(gate n2) * up n2)
-  Tensor dact = f32({n, I});
+  Tensor dact = f32(c, {n, I});
   matmul(dout, c.w.down_proj, dact, false, false);
   add_weight_grad(dout, a.act, g.down_proj);
-  Tensor dgate = f32({n, I}), dup = f32({n, I});
+  Tensor dgate = f32(c, {n, I}), dup = f32(c, {n, I});
   swiglu_backward(dact, a.gate, a.up, dgate, dup);
   add_weight_grad(dgate, a.n2, g.gate_proj);
   add_weight_grad(dup, a.n2, g.up_proj);
-  Tensor dn2 = f32({n, H});
+  Tensor dn2 = f32(c, {n, H});
   matmul(dgate, c.w.gate_proj, dn2, false, false);
   matmul(dup, c.w.up_proj, dn2, false, false, 1.0f, 1.0f);
-  Tensor dy = f32({n, H});
+  Tensor dy = f32(c, {n, H});
   rmsnorm_backward(dn2, a.y, c.w.post_attention_layernorm, a.rstd_y, dy, &g.post_attention_layernorm);
-  {
-    float* p = dy.data<float>();
-    const float* q = dout.data<float>();
-    for (int64_t i = 0; i < n * H; ++i) p[i] += q[i];
-  }
+  add_inplace(dy, dout);
   // y = h + o_proj(attn)
-  dattn = f32({n, c.cfg.num_attention_heads, c.cfg.head_dim});
+  dattn = f32(c, {n, c.cfg.num_attention_heads, c.cfg.head_dim});
   Tensor dattn2 = dattn.reshape({n, qd});
   matmul(dy, c.w.o_proj, dattn2, false, false);
   add_weight_grad(dy, a.attn.reshape({n, qd}), g.o_proj);
@@ -158,22 +168,18 @@ void layer_qkv_backward(const LayerCtx& c, const LayerActs& a, Tensor& dq, Tenso
   add_weight_grad(dq2, a.a, g.q_proj);
   add_weight_grad(dk2, a.a, g.k_proj);
   add_weight_grad(dv2, a.a, g.v_proj);
-  Tensor da = f32({n, 2 * H});
+  Tensor da = f32(c, {n, 2 * H});
   matmul(dq2, c.w.q_proj, da, false, false);
   matmul(dk2, c.w.k_proj, da, false, false, 1.0f, 1.0f);
   matmul(dv2, c.w.v_proj, da, false, false, 1.0f, 1.0f);
-  Tensor de = f32({n, H}), dhn = f32({n, H});
-  for (int64_t i = 0; i < n; ++i) {
-    std::memcpy(de.data<float>() + i * H, da.data<float>() + i * 2 * H, H * sizeof(float));
-    std::memcpy(dhn.data<float>() + i * H, da.data<float>() + i * 2 * H + H, H * sizeof(float));
-  }
-  Tensor scratch = f32({n, H});
+  Tensor de = f32(c, {n, H}), dhn = f32(c, {n, H});
+  copy_columns(da, 0, de, 0, H);
+  copy_columns(da, H, dhn, 0, H);
+  Tensor scratch = f32(c, {n, H});
   // The embedding is frozen: only input_layernorm's weight gets a gradient.
   rmsnorm_backward(de, a.e_raw, c.w.input_layernorm, a.rstd_e, scratch, &g.input_layernorm);
   rmsnorm_backward(dhn, a.h, c.w.hidden_norm, a.rstd_h, scratch, &g.hidden_norm);
-  float* p = dh.data<float>();
-  const float* q = scratch.data<float>();
-  for (int64_t i = 0; i < n * H; ++i) p[i] += q[i];
+  add_inplace(dh, scratch);
 }
 
 }  // namespace aerie::draft_detail

@@ -32,11 +32,19 @@ struct LayerCtx {
   const Tensor& embed;          // [V, H] F32 or BF16, frozen
   std::vector<float> inv_freq;  // RoPE inverse frequencies [d/2]
   float scale;                  // 1/sqrt(d)
+  Device device;                // where the weights (and so every activation) live: w.fc's device
+  /// Optional [>= max position + 1] I32 table 0, 1, 2, ... on `device` (the TTT pass sets it once per
+  /// sample): layer_qkv then slices its positions from it instead of building them on the host.
+  Tensor arange;
+  /// Throws aerie::Error when embed is not [V, H] or lives on another device than the weights.
   LayerCtx(const DraftConfig& c, const DraftWeights& w, const Tensor& embed);
 };
 
 /// Up to the attention: e, hn, a, q, k, v (RoPE at positions pos0 + i). ids: n input tokens u; h: [n, H].
+/// Host ids (copied to the weights' device when that is not the CPU).
 void layer_qkv(const LayerCtx& c, const int32_t* ids, int64_t n, const Tensor& h, int64_t pos0, LayerActs& a);
+/// The same with ids: [n] I32 already on the weights' device (no host work on CUDA besides launches).
+void layer_qkv(const LayerCtx& c, const Tensor& ids, const Tensor& h, int64_t pos0, LayerActs& a);
 /// After the attention (a.attn filled): y, MLP, o, logits.
 void layer_out(const LayerCtx& c, LayerActs& a);
 

@@ -8,11 +8,17 @@
 // computed. The skipped rows t >= n_k would be dead: never valid nor counted by acc_k (both need
 // t + k + 2 <= T - 1, i.e. t <= n_k - 2), never read by a later step (n_{k+1} < n_k), and their
 // step-0 keys are attended only by rows >= t, themselves skipped or dead.
+//
+// Devices: everything runs where the weights live (w.fc's device: CPU or CUDA) through kernel ops. The
+// sample's host parts (ids, the per-row loss weights, positions) and, when they are elsewhere, its
+// aux_hidden / target_probs are copied there once per call; per step only the argmax of the draft logits
+// (for acc_k) and the loss come back to the host.
 #include <algorithm>
 #include <cmath>
 
 #include "kernels/gemm.h"
 #include "kernels/loss.h"
+#include "kernels/optim.h"
 #include "model/draft.h"
 #include "model/draft_layer.h"
 
@@ -59,62 +65,69 @@ TTTStats ttt_forward_backward(const DraftConfig& cfg, const DraftWeights& w, con
   st.valid.assign(S, 0);
   st.correct.assign(S, 0);
   st.acc_rows.assign(S, 0);
-  if (step_logits) step_logits->assign(S, Tensor::zeros({0, K}, DType::F32));
+  const Device dev = w.fc.device();
+  if (step_logits) step_logits->assign(S, Tensor::zeros({0, K}, DType::F32, dev));
   auto rows = [&](int k) { return std::max<int64_t>(0, T - 1 - k); };  // n_k
   int steps = 0;                                                      // steps with at least one row
   while (steps < S && rows(steps) > 0) ++steps;
   if (steps == 0) return st;
 
   LayerCtx ctx(cfg, w, embed_tokens);
+  // The sample on the weights' device, once: ids, positions 0..T-1, f, the targets and the loss weights.
+  // loss_w[p] = 1 iff position p's target counts: p+1 <= T-1, m_{p+1} = 1 and argmax l_p is selected
+  // (row t of step k reads p = t+k+1).
+  std::vector<float> loss_w(static_cast<size_t>(T), 0.0f);
+  for (int64_t p = 0; p + 1 <= T - 1; ++p)
+    if (s.loss_mask[p + 1] && t2d[s.target_argmax[p]]) loss_w[p] = 1.0f;
+  std::vector<int32_t> positions(static_cast<size_t>(T));
+  for (int64_t p = 0; p < T; ++p) positions[p] = static_cast<int32_t>(p);
+  auto on_dev = [&](const Tensor& t) { return t.device() == dev ? t : t.to_device(dev); };
+  const Tensor ids = on_dev(Tensor::from_vector(s.ids, {T}));
+  const Tensor weights = on_dev(Tensor::from_vector(loss_w, {T}));
+  const Tensor aux = on_dev(s.aux_hidden), probs = on_dev(s.target_probs);
+  ctx.arange = on_dev(Tensor::from_vector(positions, {T}));
   std::vector<LayerActs> acts(steps);
   std::vector<Tensor> dno(steps);  // gradient w.r.t. norm(o) of each step ([n_k, H]; the [n_k, K] ones never outlive their step)
 
   // g = fc(f) on the rows that step 0 computes.
   const int64_t n0 = rows(0);
-  Tensor g = Tensor::empty({n0, H}, DType::F32);
-  matmul(s.aux_hidden.slice(0, n0), w.fc, g, false, true);
+  Tensor g = Tensor::empty({n0, H}, DType::F32, dev);
+  matmul(aux.slice(0, n0), w.fc, g, false, true);
 
   for (int k = 0; k < steps; ++k) {
     const int64_t n = rows(k);
     LayerActs& a = acts[k];
     const Tensor h = k == 0 ? g : acts[k - 1].o.slice(0, n);
-    draft_detail::layer_qkv(ctx, s.ids.data() + k + 1, n, h, k, a);  // u_{t,k} = x_{t+k+1}, position t+k
+    draft_detail::layer_qkv(ctx, ids.slice(k + 1, k + 1 + n), h, k, a);  // u_{t,k} = x_{t+k+1}, position t+k
     std::vector<const Tensor*> dk, dv;
     for (int j = 1; j <= k; ++j) {
       dk.push_back(&acts[j].k);
       dv.push_back(&acts[j].v);
     }
-    a.attn = Tensor::empty({n, cfg.num_attention_heads, cfg.head_dim}, DType::F32);
-    a.lse = Tensor::empty({n, cfg.num_attention_heads}, DType::F32);
+    a.attn = Tensor::empty({n, cfg.num_attention_heads, cfg.head_dim}, DType::F32, dev);
+    a.lse = Tensor::empty({n, cfg.num_attention_heads}, DType::F32, dev);
     draft_detail::ttt_attention_forward(a.q, acts[0].k.slice(0, n), acts[0].v.slice(0, n), dk, dv, 0, ctx.scale,
                                         a.attn, a.lse);
     draft_detail::layer_out(ctx, a);
 
     // Loss and metrics. Row t: target q = target_probs[t+k+1]; valid iff t+k+2 <= T-1, m_{t+k+2} = 1 and
     // argmax l_{t+k+1} is selected; acc rows: t+k+2 <= T-1 and m_{t+k+2} = 1.
-    Tensor weight = Tensor::zeros({n}, DType::F32);
     std::vector<int64_t> am = argmax_rows(a.logits);
     for (int64_t t = 0; t < n; ++t) {
       if (t + k + 2 > T - 1 || !s.loss_mask[t + k + 2]) continue;
       const int64_t want = s.target_argmax[t + k + 1];
       ++st.acc_rows[k];
       if (am[t] + d2t[am[t]] == want) ++st.correct[k];
-      if (t2d[want]) {
-        weight.data<float>()[t] = 1.0f;
-        ++st.valid[k];
-      }
+      if (loss_w[t + k + 1] != 0.0f) ++st.valid[k];
     }
-    Tensor target = s.target_probs.slice(k + 1, k + 1 + n);
-    Tensor dlogits = grads ? Tensor::empty({n, K}, DType::F32) : Tensor();
+    const Tensor weight = weights.slice(k + 1, k + 1 + n);
+    Tensor target = probs.slice(k + 1, k + 1 + n);
+    Tensor dlogits = grads ? Tensor::empty({n, K}, DType::F32, dev) : Tensor();
     st.loss_sum[k] = soft_cross_entropy(a.logits, target, weight, grads ? &dlogits : nullptr);
     if (step_logits) (*step_logits)[k] = a.logits;
     a.logits = Tensor();  // [n, K]: dropped as soon as possible
     if (grads) {
-      if (step_weight[k] != 1.0) {
-        float* p = dlogits.data<float>();
-        const float sw = static_cast<float>(step_weight[k]);
-        for (int64_t i = 0; i < n * K; ++i) p[i] *= sw;
-      }
+      if (step_weight[k] != 1.0) scale_inplace(dlogits, static_cast<float>(step_weight[k]));
       // lm_head's backward needs nothing from later steps: do it now, keep only dno [n, H].
       dno[k] = draft_detail::layer_head_backward(ctx, a, dlogits, *grads);
       a.no = Tensor();
@@ -124,11 +137,11 @@ TTTStats ttt_forward_backward(const DraftConfig& cfg, const DraftWeights& w, con
 
   // Backward, last step first. dO: gradient into o of step k from step k+1's hidden input.
   const int64_t nkv = cfg.num_key_value_heads, d = cfg.head_dim;
-  Tensor dk0 = Tensor::zeros({n0, nkv, d}, DType::F32), dv0 = Tensor::zeros({n0, nkv, d}, DType::F32);
+  Tensor dk0 = Tensor::zeros({n0, nkv, d}, DType::F32, dev), dv0 = Tensor::zeros({n0, nkv, d}, DType::F32, dev);
   std::vector<Tensor> ddk(steps), ddv(steps);  // diagonal keys/values of steps >= 1: accumulated over later steps
   for (int j = 1; j < steps; ++j) {
-    ddk[j] = Tensor::zeros({rows(j), nkv, d}, DType::F32);
-    ddv[j] = Tensor::zeros({rows(j), nkv, d}, DType::F32);
+    ddk[j] = Tensor::zeros({rows(j), nkv, d}, DType::F32, dev);
+    ddv[j] = Tensor::zeros({rows(j), nkv, d}, DType::F32, dev);
   }
   Tensor dO;  // undefined for the last step
   for (int k = steps - 1; k >= 0; --k) {
@@ -145,7 +158,7 @@ TTTStats ttt_forward_backward(const DraftConfig& cfg, const DraftWeights& w, con
       gdk.push_back(&ddk[j]);
       gdv.push_back(&ddv[j]);
     }
-    Tensor dq = Tensor::empty({n, cfg.num_attention_heads, d}, DType::F32);
+    Tensor dq = Tensor::empty({n, cfg.num_attention_heads, d}, DType::F32, dev);
     Tensor dk0s = dk0.slice(0, n), dv0s = dv0.slice(0, n);
     draft_detail::ttt_attention_backward(dattn, a.q, acts[0].k.slice(0, n), acts[0].v.slice(0, n), dk, dv, a.attn,
                                          a.lse, ctx.scale, dq, dk0s, dv0s, gdk, gdv);
@@ -157,7 +170,7 @@ TTTStats ttt_forward_backward(const DraftConfig& cfg, const DraftWeights& w, con
     dO = dh;  // h_{t,k} = o_{t,k-1} (rows 0..n_k-1), or g for k = 0
   }
   // g = fc(f): dfc += dg^T f
-  matmul(dO, s.aux_hidden.slice(0, n0), grads->fc, true, false, 1.0f, 1.0f);
+  matmul(dO, aux.slice(0, n0), grads->fc, true, false, 1.0f, 1.0f);
   return st;
 }
 

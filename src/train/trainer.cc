@@ -3,6 +3,7 @@
 // TrainOptions, the metrics of a step and train_step (one data-parallel optimizer step).
 #include <cmath>
 
+#include "core/device.h"
 #include "kernels/optim.h"
 #include "train/schedule.h"
 
@@ -17,7 +18,7 @@ nlohmann::json TrainOptions::to_json() const {
           {"ttt_steps", ttt_steps},   {"checkpoint_every", checkpoint_every},
           {"keep_checkpoints", keep_checkpoints},
           {"log_every", log_every},   {"seed", seed},
-          {"eval_fraction", eval_fraction}};
+          {"eval_fraction", eval_fraction}, {"device", device}};
 }
 
 void TrainOptions::check_resumable(const nlohmann::json& c) const {
@@ -31,12 +32,20 @@ void TrainOptions::check_resumable(const nlohmann::json& c) const {
   }
 }
 
-AdamState AdamState::zeros(const DraftConfig& cfg) {
-  return AdamState{DraftWeights::zeros(cfg), DraftWeights::zeros(cfg), 0};
+AdamState AdamState::zeros(const DraftConfig& cfg, Device device) {
+  return AdamState{DraftWeights::zeros(cfg, device), DraftWeights::zeros(cfg, device), 0};
 }
 
-StepScratch StepScratch::zeros(const DraftConfig& cfg) {
-  return StepScratch{DraftWeights::zeros(cfg), DraftWeights::zeros(cfg)};
+StepScratch StepScratch::zeros(const DraftConfig& cfg, Device device) {
+  return StepScratch{DraftWeights::zeros(cfg, device), DraftWeights::zeros(cfg, device)};
+}
+
+Device resolve_train_device(const std::string& name) {
+  if (name == "cpu") return Device::CPU;
+  if (name == "auto") return cuda::available() ? Device::CUDA : Device::CPU;
+  AERIE_CHECK(name == "cuda", "train: --device must be cpu, cuda or auto, got '" << name << "'");
+  AERIE_CHECK(cuda::available(), "train: --device cuda but no GPU is usable: " << cuda::unavailable_reason());
+  return Device::CUDA;
 }
 
 void StepMetrics::add(const StepMetrics& o) {
@@ -89,7 +98,7 @@ double StepMetrics::tau_sim() const {
 
 StepMetrics train_step(const DraftConfig& cfg, DraftWeights& w, AdamState& opt, const Tensor& embed_tokens,
                        const std::vector<TTTSample>& local, const DraftVocab& vocab, int ttt_steps, double lr,
-                       double max_grad_norm, Communicator& dp, StepScratch& scratch) {
+                       double max_grad_norm, Communicator& dp, StepScratch& scratch, Communicator* grad_comm) {
   const int S = ttt_steps;
   AERIE_CHECK(S >= 1, "train_step: ttt_steps must be >= 1, got " << S);
   // 1. The loss denominators: valid_k summed over the whole global batch.
@@ -126,20 +135,27 @@ StepMetrics train_step(const DraftConfig& cfg, DraftWeights& w, AdamState& opt, 
     }
     c[2 * S] += static_cast<int64_t>(local[i].ids.size());
   }
-  for (auto& [n, t] : grads) dp.all_reduce_sum(*t);
+  Communicator& gc = grad_comm ? *grad_comm : dp;
+  if (gc.size() > 1)
+    for (auto& [n, t] : grads) gc.all_reduce_sum(*t);
 
-  // 3. Clipping and AdamW.
-  std::vector<Tensor*> gs;
-  for (auto& [n, t] : grads) gs.push_back(t);
+  // 3. Clipping and AdamW in one call (the grads are scaled as they are read, not in place).
   StepMetrics m;
-  m.grad_norm = clip_grad_norm(gs, max_grad_norm);
   AdamWParams p;  // beta (0.9, 0.95), eps 1e-8, weight decay 0
   p.lr = static_cast<float>(lr);
   opt.step += 1;
   auto ws = w.named();
   auto ms = opt.m.named();
   auto vs = opt.v.named();
-  for (size_t j = 0; j < ws.size(); ++j) adamw_step(*ws[j].second, *grads[j].second, *ms[j].second, *vs[j].second, p, opt.step);
+  std::vector<Tensor*> pw, pm, pv;
+  std::vector<const Tensor*> pg;
+  for (size_t j = 0; j < ws.size(); ++j) {
+    pw.push_back(ws[j].second);
+    pg.push_back(grads[j].second);
+    pm.push_back(ms[j].second);
+    pv.push_back(vs[j].second);
+  }
+  m.grad_norm = adamw_step_clipped(pw, pg, pm, pv, p, opt.step, max_grad_norm);
 
   // Metrics over the global batch (the loss sums in fp32: only logged).
   dp.all_reduce_sum(counts);

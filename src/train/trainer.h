@@ -29,6 +29,11 @@ struct TrainOptions {
   int64_t log_every = 10;
   uint64_t seed = 0;
   double eval_fraction = 0.05;
+  /// Where the draft trains: "cpu", "cuda" (rank r uses GPU local_rank() % count; throws without one, or
+  /// with more ranks on a node than GPUs) or "auto" (cuda when cuda::available() and the node has no
+  /// more ranks than GPUs, else cpu). Not a resume option: a run may resume on another device
+  /// (checkpoints are written from host copies in one format).
+  std::string device = "cpu";  // `aerie train --device` defaults to "auto"
 
   nlohmann::json to_json() const;
   /// The options that decide the weights (steps, epochs, batch size, lr, warmup, clipping, TTT steps,
@@ -41,8 +46,13 @@ struct TrainOptions {
 struct AdamState {
   DraftWeights m, v;
   int64_t step = 0;
-  static AdamState zeros(const DraftConfig& cfg);
+  static AdamState zeros(const DraftConfig& cfg, Device device = Device::CPU);
 };
+
+/// TrainOptions::device resolved: "cpu" -> CPU, "cuda" -> CUDA (throws aerie::Error naming
+/// cuda::unavailable_reason() when there is no usable GPU), "auto" -> CUDA when cuda::available(), else
+/// CPU. Throws on any other name.
+Device resolve_train_device(const std::string& name);
 
 /// Global sums of one or more steps (over samples and dp ranks).
 struct StepMetrics {
@@ -62,7 +72,7 @@ struct StepMetrics {
 /// Gradient buffers of a step: the rank's sum and one sample's gradient (DraftWeights::zeros shapes).
 struct StepScratch {
   DraftWeights grads, sample;
-  static StepScratch zeros(const DraftConfig& cfg);
+  static StepScratch zeros(const DraftConfig& cfg, Device device = Device::CPU);
 };
 
 /// One global optimizer step on this rank's samples `local` (the other dp ranks call it with theirs):
@@ -72,6 +82,12 @@ struct StepScratch {
 ///     into a zeroed per-sample buffer, then added in sample order), all-reduced (sum) over dp;
 ///  3. global norm clipping at max_grad_norm, AdamW (beta 0.9/0.95, eps 1e-8, wd 0) with `lr`,
 ///     update number opt.step + 1.
+/// Device: the weights, moments and scratch (and embed_tokens) all on one device, CPU or CUDA; the samples'
+/// tensors may be on the host or there (ttt_forward_backward copies them). `grad_comm` (optional, default
+/// `dp`): the communicator of the gradient all-reduce, e.g. an NcclCommunicator over the same ranks when
+/// the gradients are on a GPU; `dp` itself then only reduces host tensors (counts, losses). With one
+/// rank no gradient all-reduce is made. Steps 3 is adamw_step_clipped (the norm in double; on CUDA one
+/// synchronisation).
 /// Returns the global metrics. All ranks end with the same weights. Another dp sums the same per-sample
 /// gradients in another order ((g0+g1)+(g2+g3) instead of ((g0+g1)+g2)+g3), so the weights agree up to
 /// fp32 rounding. With B = dp = 2 they are bitwise equal: each sample's gradient is computed alone, so
@@ -79,7 +95,8 @@ struct StepScratch {
 /// MPI to sum in rank order, which MPI does not promise.
 StepMetrics train_step(const DraftConfig& cfg, DraftWeights& w, AdamState& opt, const Tensor& embed_tokens,
                        const std::vector<TTTSample>& local, const DraftVocab& vocab, int ttt_steps, double lr,
-                       double max_grad_norm, Communicator& dp, StepScratch& scratch);
+                       double max_grad_norm, Communicator& dp, StepScratch& scratch,
+                       Communicator* grad_comm = nullptr);
 
 struct TrainResult {
   std::string checkpoint;         // the last checkpoint folder written (or resumed from)

@@ -12,6 +12,8 @@
 #include <memory>
 #include <sstream>
 
+#include "comm/nccl_communicator.h"
+#include "core/device.h"
 #include "core/log.h"
 #include "core/progress.h"
 #include "core/stop_signals.h"
@@ -109,8 +111,26 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp) {
   AERIE_CHECK(!opts.output_dir.empty(), "train: --output is required");
   AERIE_CHECK(opts.log_every >= 1, "train: --log-every must be >= 1");
   AERIE_CHECK(opts.ttt_steps >= 1, "train: --ttt-steps must be >= 1");
+  Device dev = resolve_train_device(opts.device);
+  // Every rank of dp resolves the same device (the same option); local_rank() is collective on first use.
+  // One GPU per rank (NCCL refuses two ranks on one GPU): "auto" falls back to the CPU when the node has
+  // more ranks than GPUs, "cuda" fails.
+  if (dev == Device::CUDA && local_size() > cuda::device_count()) {
+    AERIE_CHECK(opts.device == "auto", "train: --device cuda with " << local_size() << " ranks on a node of "
+                                                                   << cuda::device_count() << " GPUs (one GPU per rank)");
+    if (rank == 0)
+      AERIE_LOG(warning) << "train: " << local_size() << " ranks on a node of " << cuda::device_count()
+                         << " GPUs: training on the CPU (--device auto)";
+    dev = Device::CPU;
+  }
+  if (dev == Device::CUDA) cuda::select_device(local_rank());
   const LlamaConfig target = load_llama_config(opts.model_dir);
-  const TargetHead head = load_target_head(opts.model_dir, target);
+  TargetHead head = load_target_head(opts.model_dir, target);
+  if (dev != Device::CPU) {  // frozen, uploaded once (a tied lm_head stays one tensor)
+    const bool tied = head.lm_head.raw() == head.embed_tokens.raw();
+    head.embed_tokens = head.embed_tokens.to_device(dev);
+    head.lm_head = tied ? head.embed_tokens : head.lm_head.to_device(dev);
+  }
   const ShardSet shards = scan_shards(opts.shards_dir, target);
   if (rank == 0) fs::create_directories(opts.output_dir);
   dp.barrier();
@@ -167,7 +187,7 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp) {
                     << opts.batch_size << " samples on " << dp.size() << " dp ranks, "
                     << order.steps_per_epoch() << " steps per epoch, warmup " << sched.warmup_steps
                     << " steps, K = " << ck.config.draft_vocab_size << ", aux layers "
-                    << nlohmann::json(ck.config.aux_layers).dump();
+                    << nlohmann::json(ck.config.aux_layers).dump() << ", device " << device_name(dev);
   }
   TrainResult result;
   result.total_steps = total;
@@ -180,9 +200,20 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp) {
   if (latest) result.checkpoint = *latest;
   StopSignals stop_signals;
 
-  AdamState opt{std::move(ck.adam_m), std::move(ck.adam_v), st.step};
-  DraftWeights& w = ck.weights;
-  StepScratch scratch = StepScratch::zeros(ck.config);
+  // On a GPU the weights and moments live there for the whole run; ck keeps the host copies a checkpoint
+  // is written from (the file format does not depend on the device). On the CPU they share storage.
+  AdamState opt = dev == Device::CPU ? AdamState{std::move(ck.adam_m), std::move(ck.adam_v), st.step}
+                                     : AdamState{ck.adam_m.to_device(dev), ck.adam_v.to_device(dev), st.step};
+  DraftWeights w_dev = dev == Device::CPU ? DraftWeights() : ck.weights.to_device(dev);
+  DraftWeights& w = dev == Device::CPU ? ck.weights : w_dev;
+  StepScratch scratch = StepScratch::zeros(ck.config, dev);
+  // Gradients on GPUs are summed by NCCL over the same ranks as dp (MPI keeps the host-side counts).
+  std::unique_ptr<NcclCommunicator> nccl;
+  if (dev == Device::CUDA && dp.size() > 1) {
+    auto* mpi = dynamic_cast<MpiCommunicator*>(&dp);
+    AERIE_CHECK(mpi != nullptr, "train: --device cuda with several ranks needs an MPI communicator for NCCL");
+    nccl = std::make_unique<NcclCommunicator>(*mpi);
+  }
   const std::vector<int64_t> selected = ck.vocab.selected();
   // Open shard readers, at most kMaxOpenShards (samples come from random shards; a large run has
   // thousands of files): the least recently used one is closed first.
@@ -204,8 +235,14 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp) {
     return *it->second.first;
   };
   auto save = [&]() {
-    ck.adam_m = opt.m;  // shares storage: no copy
-    ck.adam_v = opt.v;
+    if (dev == Device::CPU) {
+      ck.adam_m = opt.m;  // shares storage: no copy
+      ck.adam_v = opt.v;
+    } else {
+      ck.weights = w.to_device(Device::CPU);
+      ck.adam_m = opt.m.to_device(Device::CPU);
+      ck.adam_v = opt.v.to_device(Device::CPU);
+    }
     st.epoch = order.epoch_of(st.step);
     st.position = order.position_of(st.step);
     std::string dir = save_checkpoint(opts.output_dir, ck, vocab_file, dp);
@@ -227,12 +264,14 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp) {
     for (int64_t g : mine) {
       const SampleRef ref = st.split.locate(g);
       HiddenSample hs = reader(ref.shard).read(ref.index);
+      // The targets are made where W_lm lives (final_hidden goes there); f goes to the device once.
       local.push_back(make_ttt_sample(std::move(hs.ids), std::move(hs.loss_mask), std::move(hs.aux_hidden),
                                       hs.final_hidden, head.lm_head, selected));
+      if (dev != Device::CPU) local.back().aux_hidden = local.back().aux_hidden.to_device(dev);
     }
     const double lr = sched.at(step);
     StepMetrics m = train_step(ck.config, w, opt, head.embed_tokens, local, ck.vocab, opts.ttt_steps, lr,
-                               opts.max_grad_norm, dp, scratch);
+                               opts.max_grad_norm, dp, scratch, nccl.get());
     AERIE_CHECK(std::isfinite(m.grad_norm), "train: non-finite gradient norm at step " << step + 1);
     interval.add(m);
     ++steps_in_interval;

@@ -1,0 +1,141 @@
+// The TTT forward/backward (ttt_forward_backward) on CUDA against the CPU run of the same draft and
+// sample: loss sums, valid/acc counts, the step logits and every weight gradient. Both compute in fp32
+// (cuBLASLt without TF32, fp32 kernels); they differ only in the order of fp32 sums, which changes
+// results by a few ulp per op. Through a few TTT steps (each feeding the next), softmax and the
+// backward, that stays well below 1e-4 relative (measured in kernels tests: ~1e-6 per op), so:
+//  - loss sums: 1e-4 relative;
+//  - a gradient tensor: elementwise |g_gpu - g_cpu| <= 1e-4 max|g_cpu| + 1e-3 |g_cpu| (small entries
+//    are sums of cancelling terms whose rounding scales with the tensor's magnitude, not their own).
+// Skipped without a GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "draft_testing.h"
+#include "model/draft.h"
+#include "test_util.h"
+
+namespace aerie {
+namespace {
+
+// A draft larger than make_tiny_draft's (several heads per kv head, d 16, widths that are not powers of
+// two) with a sample of T tokens.
+testing::TinyDraft make_medium_draft(uint64_t seed) {
+  testing::TinyDraft m;
+  DraftConfig& c = m.cfg;
+  c.hidden_size = 48;
+  c.target_hidden_size = 40;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 16;
+  c.intermediate_size = 72;
+  c.vocab_size = 97;
+  c.draft_vocab_size = 37;
+  c.max_position_embeddings = 256;
+  c.rms_norm_eps = 1e-5;
+  c.rope.theta = 10000.0;
+  m.t2d.assign(97, 0);
+  for (int64_t i = 0; i < 37; ++i) m.selected.push_back(i * 97 / 37);
+  for (size_t i = 0; i < m.selected.size(); ++i) {
+    m.d2t.push_back(m.selected[i] - static_cast<int64_t>(i));
+    m.t2d[m.selected[i]] = 1;
+  }
+  std::mt19937_64 rng(seed);
+  m.embed = testing::random_tensor({97, 48}, rng, 1.0);
+  m.target_lm = testing::random_tensor({97, 48}, rng, 1.0);
+  m.w = init_draft_weights(c, m.target_lm, m.selected, seed + 1);
+  return m;
+}
+
+TTTSample make_sample(const testing::TinyDraft& m, int64_t T, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> ids(T);
+  std::vector<uint8_t> mask(T);
+  for (int64_t t = 0; t < T; ++t) {
+    ids[t] = static_cast<int32_t>(rng() % static_cast<uint64_t>(m.cfg.vocab_size));
+    mask[t] = (rng() % 4) != 0;
+  }
+  Tensor aux = testing::random_tensor({T, 3 * m.cfg.target_hidden_size}, rng, 1.0);
+  Tensor z = testing::random_tensor({T, m.cfg.hidden_size}, rng, 1.0);
+  return make_ttt_sample(ids, mask, aux, z, m.target_lm, m.selected);
+}
+
+void expect_grad_close(const Tensor& got, const Tensor& ref, const std::string& what) {
+  const std::vector<float> g = got.to_float_vector(), r = ref.to_float_vector();
+  float mx = 0;
+  for (float v : r) mx = std::max(mx, std::fabs(v));
+  EXPECT_GT(mx, 0.0f) << what << ": the CPU gradient is all zero (the test would check nothing)";
+  testing::expect_close(g, r, 1e-4f * mx, 1e-3f, what);
+}
+
+void compare(const testing::TinyDraft& m, const TTTSample& s, int steps, const std::string& what) {
+  std::vector<double> sw(static_cast<size_t>(steps));
+  for (int k = 0; k < steps; ++k) sw[k] = std::pow(0.8, k) / 7.0;
+  DraftWeights g_cpu = DraftWeights::zeros(m.cfg);
+  std::vector<Tensor> logits_cpu, logits_gpu;
+  TTTStats cpu = ttt_forward_backward(m.cfg, m.w, m.embed, s, m.d2t, m.t2d, steps, sw, &g_cpu, &logits_cpu);
+
+  const DraftWeights w_gpu = m.w.to_device(Device::CUDA);
+  const Tensor embed_gpu = m.embed.to_device(Device::CUDA);
+  DraftWeights g_gpu = DraftWeights::zeros(m.cfg, Device::CUDA);
+  TTTStats gpu = ttt_forward_backward(m.cfg, w_gpu, embed_gpu, s, m.d2t, m.t2d, steps, sw, &g_gpu, &logits_gpu);
+
+  for (int k = 0; k < steps; ++k) {
+    EXPECT_NEAR(gpu.loss_sum[k], cpu.loss_sum[k], 1e-4 * std::fabs(cpu.loss_sum[k]) + 1e-6) << what << " step " << k;
+    EXPECT_EQ(gpu.valid[k], cpu.valid[k]) << what << " step " << k;
+    EXPECT_EQ(gpu.acc_rows[k], cpu.acc_rows[k]) << what << " step " << k;
+    EXPECT_EQ(gpu.correct[k], cpu.correct[k]) << what << " step " << k;
+    ASSERT_EQ(logits_gpu[k].shape(), logits_cpu[k].shape()) << what << " step " << k;
+    EXPECT_EQ(logits_gpu[k].device(), Device::CUDA);
+    testing::expect_close(logits_gpu[k].to_float_vector(), logits_cpu[k].to_float_vector(), 1e-4f, 1e-4f,
+                          what + " logits step " + std::to_string(k));
+  }
+  auto gc = g_cpu.named();
+  auto gg = g_gpu.named();
+  for (size_t i = 0; i < gc.size(); ++i) {
+    EXPECT_EQ(gg[i].second->device(), Device::CUDA);
+    expect_grad_close(*gg[i].second, *gc[i].second, what + " d" + gc[i].first);
+  }
+}
+
+TEST(DraftCuda, TTTForwardBackwardMatchesCpuTiny) {
+  AERIE_REQUIRE_CUDA();
+  testing::TinyDraft m = testing::make_tiny_draft(3);
+  compare(m, testing::make_tiny_sample(m, 13, 4), 4, "tiny T 13 S 4");
+  compare(m, testing::make_tiny_sample(m, 5, 5), 7, "tiny T 5 S 7 (steps without rows)");
+}
+
+TEST(DraftCuda, TTTForwardBackwardMatchesCpuMedium) {
+  AERIE_REQUIRE_CUDA();
+  testing::TinyDraft m = make_medium_draft(8);
+  compare(m, make_sample(m, 67, 9), 7, "medium T 67 S 7");
+  compare(m, make_sample(m, 2, 10), 3, "medium T 2 S 3");
+}
+
+// Gradients are ADDED to: a second call doubles them on CUDA as on the CPU; no gradient: the same loss.
+TEST(DraftCuda, GradientsAccumulateAndForwardOnly) {
+  AERIE_REQUIRE_CUDA();
+  testing::TinyDraft m = make_medium_draft(12);
+  TTTSample s = make_sample(m, 20, 13);
+  const std::vector<double> sw(3, 0.1);
+  const DraftWeights w_gpu = m.w.to_device(Device::CUDA);
+  const Tensor embed_gpu = m.embed.to_device(Device::CUDA);
+  DraftWeights g1 = DraftWeights::zeros(m.cfg, Device::CUDA), g2 = DraftWeights::zeros(m.cfg, Device::CUDA);
+  TTTStats a = ttt_forward_backward(m.cfg, w_gpu, embed_gpu, s, m.d2t, m.t2d, 3, sw, &g1);
+  ttt_forward_backward(m.cfg, w_gpu, embed_gpu, s, m.d2t, m.t2d, 3, sw, &g2);
+  ttt_forward_backward(m.cfg, w_gpu, embed_gpu, s, m.d2t, m.t2d, 3, sw, &g2);
+  auto n1 = g1.named();
+  auto n2 = g2.named();
+  for (size_t i = 0; i < n1.size(); ++i) {
+    std::vector<float> twice = n1[i].second->to_float_vector();
+    for (float& v : twice) v *= 2;
+    testing::expect_close(n2[i].second->to_float_vector(), twice, 1e-6f, 1e-5f, n1[i].first);
+  }
+  TTTStats b = ttt_forward_backward(m.cfg, w_gpu, embed_gpu, s, m.d2t, m.t2d, 3, sw, nullptr);
+  for (int k = 0; k < 3; ++k) EXPECT_NEAR(a.loss_sum[k], b.loss_sum[k], 1e-6 * std::fabs(a.loss_sum[k]));
+}
+
+}  // namespace
+}  // namespace aerie
