@@ -26,6 +26,16 @@ nlohmann::json export_config(const DraftConfig& cfg, const LlamaConfig& target) 
   j["max_position_embeddings"] = target.max_position_embeddings;
   j["rope_theta"] = raw.is_object() && raw.contains("rope_theta") ? raw["rope_theta"] : nlohmann::json(target.rope.theta);
   j["rope_scaling"] = raw.is_object() && raw.contains("rope_scaling") ? raw["rope_scaling"] : nlohmann::json();
+  // transformers 5.x writes both as one "rope_parameters" object: export them in the 4.x spelling that
+  // vLLM and SGLang read (rope_theta + rope_scaling, the latter null for the default rope).
+  if (raw.is_object() && !raw.contains("rope_scaling") && raw.contains("rope_parameters") &&
+      raw["rope_parameters"].is_object()) {
+    nlohmann::json rp = raw["rope_parameters"];
+    if (rp.contains("rope_theta")) j["rope_theta"] = rp["rope_theta"];
+    rp.erase("rope_theta");
+    const std::string type = rp.value("rope_type", rp.value("type", std::string("default")));
+    j["rope_scaling"] = type == "default" ? nlohmann::json() : rp;
+  }
   j["num_hidden_layers"] = 1;
   j["tie_word_embeddings"] = false;
   j["torch_dtype"] = "bfloat16";

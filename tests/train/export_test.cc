@@ -66,6 +66,27 @@ TEST(ExportTest, ConfigIsSection5WithTheTargetsRopeAndPositions) {
   EXPECT_THROW(export_config(bad, s.target), Error);
 }
 
+// A transformers 5.x target config holds rope_theta and the scaling in one "rope_parameters" object: the
+// export writes them in the 4.x spelling servers read (found with the Llama-3 family fixtures).
+TEST(ExportTest, RopeParametersOfTransformers5AreExportedAsRopeScaling) {
+  const std::string dir = testing::scratch_dir("train_export_rope_parameters");
+  auto s = testing::make_tiny_setup(dir, default_aux_layers(6));
+  nlohmann::json scaling = s.target.raw["rope_scaling"];
+  ASSERT_TRUE(scaling.is_object());
+  nlohmann::json rp = scaling;
+  rp["rope_theta"] = 250000.0;
+  s.target.raw.erase("rope_scaling");
+  s.target.raw.erase("rope_theta");
+  s.target.raw["rope_parameters"] = rp;
+  nlohmann::json j = export_config(s.cfg, s.target);
+  EXPECT_EQ(j["rope_theta"], 250000.0);
+  EXPECT_EQ(j["rope_scaling"], scaling);
+  s.target.raw["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 10000.0}};
+  j = export_config(s.cfg, s.target);
+  EXPECT_EQ(j["rope_theta"], 10000.0);
+  EXPECT_TRUE(j["rope_scaling"].is_null());
+}
+
 TEST(ExportTest, TensorsAndLoadExportRoundTrip) {
   const std::string dir = testing::scratch_dir("train_export_tensors");
   auto s = testing::make_tiny_setup(dir, {1, 3, 5});
