@@ -1,0 +1,226 @@
+#include "data/shard_pipeline.h"
+
+#include "core/device.h"
+#include "core/error.h"
+
+#include <algorithm>
+
+#ifdef AERIE_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace aerie {
+
+#ifdef AERIE_WITH_CUDA
+namespace {
+
+void check_cuda(cudaError_t e, const char* what) {
+  AERIE_CHECK(e == cudaSuccess, "ShardPipeline: " << what << ": " << cudaGetErrorString(e));
+}
+
+/// Page-locked host buffers, reused. Shared with the buffers' deleters so that a buffer held by a
+/// queued task returns here whenever the task is dropped.
+struct PinnedPool {
+  std::mutex mu;
+  std::vector<std::pair<void*, size_t>> free;
+  ~PinnedPool() {
+    for (auto& b : free) cudaFreeHost(b.first);
+  }
+};
+
+/// A host tensor of `shape`/`dtype` on a pinned buffer of `pool`; `owner` returns the buffer to the pool
+/// when its last copy is dropped (the tensor itself is a non-owning view: keep `owner` with it).
+Tensor pinned_tensor(const std::shared_ptr<PinnedPool>& pool, const Shape& shape, DType dtype,
+                     std::shared_ptr<void>& owner) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  const size_t bytes = std::max<size_t>(1, static_cast<size_t>(n) * dtype_size(dtype));
+  std::pair<void*, size_t> buf{nullptr, 0};
+  {
+    std::lock_guard<std::mutex> lk(pool->mu);
+    for (size_t i = 0; i < pool->free.size(); ++i) {
+      if (pool->free[i].second >= bytes) {
+        buf = pool->free[i];
+        pool->free.erase(pool->free.begin() + static_cast<std::ptrdiff_t>(i));
+        break;
+      }
+    }
+  }
+  if (!buf.first) {
+    check_cuda(cudaHostAlloc(&buf.first, bytes, cudaHostAllocPortable), "cudaHostAlloc");
+    buf.second = bytes;
+  }
+  owner = std::shared_ptr<void>(buf.first, [pool, size = buf.second](void* p) {
+    std::lock_guard<std::mutex> lk(pool->mu);
+    pool->free.emplace_back(p, size);
+  });
+  return Tensor::wrap(buf.first, shape, dtype);
+}
+
+}  // namespace
+
+struct ShardPipeline::DeviceCopies {
+  struct InFlight {
+    std::shared_ptr<CUevent_st> done;  // recorded on `stream` after the sample's copies
+    Tensor aux, fin;                   // the device tensors, alive until their copy is done
+  };
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  std::shared_ptr<PinnedPool> pool = std::make_shared<PinnedPool>();
+  std::deque<InFlight> in_flight;
+
+  DeviceCopies() {
+    device = cuda::current_device();
+    check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  }
+  ~DeviceCopies() {
+    cudaStreamSynchronize(stream);
+    in_flight.clear();
+    cudaStreamDestroy(stream);
+  }
+  /// Drops the device tensors whose copy is done (all of them when `wait`).
+  void release(bool wait) {
+    while (!in_flight.empty() &&
+           (wait ? cudaEventSynchronize(in_flight.front().done.get()) : cudaEventQuery(in_flight.front().done.get())) ==
+               cudaSuccess)
+      in_flight.pop_front();
+  }
+};
+#else
+struct ShardPipeline::DeviceCopies {};
+#endif
+
+std::mutex& hdf5_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+ShardPipeline::ShardPipeline(int max_pending) : max_pending_(max_pending) {
+  AERIE_CHECK(max_pending >= 1, "ShardPipeline: max_pending must be >= 1, got " << max_pending);
+  thread_ = std::thread([this] { run(); });
+}
+
+ShardPipeline::~ShardPipeline() {
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait(lk, [&] { return tasks_.empty() && !busy_; });
+    quit_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void ShardPipeline::run() {
+  for (;;) {
+    std::pair<std::function<void()>, bool> task;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_.wait(lk, [&] { return quit_ || !tasks_.empty(); });
+      if (tasks_.empty()) return;
+      task = std::move(tasks_.front());
+      tasks_.pop_front();
+      busy_ = true;
+    }
+    std::exception_ptr err;
+    if (!error_) {  // error_ is written by this thread only
+      try {
+        std::lock_guard<std::mutex> h5(hdf5_mutex());
+        task.first();
+      } catch (...) {
+        err = std::current_exception();
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (err && !error_) error_ = err;
+      if (task.second) --pending_samples_;
+      busy_ = false;
+    }
+    cv_.notify_all();
+  }
+}
+
+void ShardPipeline::push(std::function<void()> task, bool is_sample) {
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    if (is_sample) cv_.wait(lk, [&] { return pending_samples_ < max_pending_ || error_; });
+    if (error_) std::rethrow_exception(error_);
+    tasks_.emplace_back(std::move(task), is_sample);
+    if (is_sample) ++pending_samples_;
+  }
+  cv_.notify_all();
+}
+
+void ShardPipeline::open(const std::string& path, const ShardMeta& meta, const std::vector<int64_t>& sample_lengths) {
+  push([this, path, meta, sample_lengths] { writer_ = std::make_unique<ShardWriter>(path, meta, sample_lengths); },
+       false);
+}
+
+void ShardPipeline::add(int64_t sample_index, std::vector<int32_t> ids, std::vector<uint8_t> loss_mask,
+                        const Tensor& aux_hidden, const Tensor& final_hidden) {
+#ifdef AERIE_WITH_CUDA
+  if (aux_hidden.device() == Device::CUDA && final_hidden.device() == Device::CUDA) {
+    if (!dev_) dev_ = std::make_unique<DeviceCopies>();
+    DeviceCopies& d = *dev_;
+    d.release(false);
+    cudaEvent_t ready = nullptr, done = nullptr;
+    check_cuda(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");
+    check_cuda(cudaEventRecord(ready, static_cast<cudaStream_t>(cuda::current_stream())), "cudaEventRecord");
+    check_cuda(cudaStreamWaitEvent(d.stream, ready, 0), "cudaStreamWaitEvent");
+    cudaEventDestroy(ready);  // released once it has completed
+    check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
+    std::shared_ptr<CUevent_st> done_p(done, [](cudaEvent_t e) { cudaEventDestroy(e); });
+    // Pinned host buffers (from the pool) and their owners.
+    auto host_copy = [&](const Tensor& src, std::shared_ptr<void>& owner) {
+      Tensor h = pinned_tensor(d.pool, src.shape(), src.dtype(), owner);
+      check_cuda(cudaMemcpyAsync(h.raw(), src.raw(), src.nbytes(), cudaMemcpyDeviceToHost, d.stream),
+                 "cudaMemcpyAsync (device to host)");
+      return h;
+    };
+    std::shared_ptr<void> aux_owner, fin_owner;
+    Tensor aux = host_copy(aux_hidden, aux_owner), fin = host_copy(final_hidden, fin_owner);
+    check_cuda(cudaEventRecord(done, d.stream), "cudaEventRecord");
+    d.in_flight.push_back({done_p, aux_hidden, final_hidden});
+    const int device = d.device;
+    push(
+        [this, sample_index, ids = std::move(ids), mask = std::move(loss_mask), aux, fin, aux_owner, fin_owner,
+         done_p, device] {
+          AERIE_CHECK(writer_, "ShardPipeline: add without an open shard");
+          check_cuda(cudaSetDevice(device), "cudaSetDevice");  // no context on GPU 0 for this thread
+          check_cuda(cudaEventSynchronize(done_p.get()), "device-to-host copy of the hidden states");
+          writer_->add(sample_index, ids, mask, aux, fin);
+        },
+        true);
+    return;
+  }
+#endif
+  Tensor aux = aux_hidden.device() == Device::CPU ? aux_hidden : aux_hidden.to_device(Device::CPU);
+  Tensor fin = final_hidden.device() == Device::CPU ? final_hidden : final_hidden.to_device(Device::CPU);
+  push(
+      [this, sample_index, ids = std::move(ids), mask = std::move(loss_mask), aux, fin] {
+        AERIE_CHECK(writer_, "ShardPipeline: add without an open shard");
+        writer_->add(sample_index, ids, mask, aux, fin);
+      },
+      true);
+}
+
+void ShardPipeline::close() {
+  push(
+      [this] {
+        AERIE_CHECK(writer_, "ShardPipeline: close without an open shard");
+        writer_->close();
+        writer_.reset();
+      },
+      false);
+}
+
+void ShardPipeline::finish() {
+  std::unique_lock<std::mutex> lk(mu_);
+  cv_.wait(lk, [&] { return tasks_.empty() && !busy_; });
+#ifdef AERIE_WITH_CUDA
+  if (dev_) dev_->release(true);  // every copy is done: free the device tensors
+#endif
+  if (error_) std::rethrow_exception(error_);
+}
+
+}  // namespace aerie
