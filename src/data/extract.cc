@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/progress.h"
+#include "data/shard_pipeline.h"
 #include "io/h5.h"
 
 namespace aerie {
@@ -201,35 +202,38 @@ ExtractStats run_extract(const ExtractOptions& opt, ParallelGroups& groups, cons
     dispatcher = std::make_unique<Dispatcher>(world, num_groups, std::move(todo), samples, tokens);
   }
 
+  // The leader's shard writes run on a background thread, overlapping the next forward (shard_pipeline.h).
+  std::unique_ptr<ShardPipeline> pipeline;
+  if (leader) pipeline = std::make_unique<ShardPipeline>(2);
+
   // One chunk: forward of every sample, the leader writes the shard. Rank 0 serves requests in between.
   auto process = [&](int64_t c) {
     auto [b, e] = chunk_range(c);
     std::vector<int32_t> ids;
     std::vector<uint8_t> mask;
-    prepared.read_tokens(b, e, ids, mask);
+    {
+      std::lock_guard<std::mutex> h5(hdf5_mutex());  // the writer thread may be writing the last shard
+      prepared.read_tokens(b, e, ids, mask);
+    }
     std::vector<int64_t> lengths;
     for (int64_t i = b; i < e; ++i) {
       lengths.push_back(off[i + 1] - off[i]);
       AERIE_CHECK(lengths.back() > 0, "prepared file " << opt.prepared << ": sample " << i << " is empty");
     }
-    std::unique_ptr<ShardWriter> writer;
     if (leader) {
       ShardMeta meta = opt.meta;
       meta.chunk = c;
-      writer = std::make_unique<ShardWriter>(shard_path(c), meta, lengths);
+      pipeline->open(shard_path(c), meta, lengths);
     }
     for (int64_t i = b; i < e; ++i) {
       const int64_t s = off[i] - off[b], T = off[i + 1] - off[i];
       std::vector<int32_t> x(ids.begin() + s, ids.begin() + s + T);
       Tensor aux, fin;
       forward(x, aux, fin);
-      if (leader) {
-        std::vector<uint8_t> m(mask.begin() + s, mask.begin() + s + T);
-        writer->add(i, x, m, aux, fin);
-      }
+      if (leader) pipeline->add(i, x, std::vector<uint8_t>(mask.begin() + s, mask.begin() + s + T), aux, fin);
       if (dispatcher) dispatcher->serve_pending();
     }
-    if (leader) writer->close();
+    if (leader) pipeline->close();
     ++stats.chunks_done;
     stats.samples += e - b;
     stats.tokens += off[e] - off[b];
@@ -266,6 +270,7 @@ ExtractStats run_extract(const ExtractOptions& opt, ParallelGroups& groups, cons
     done_samples = ns;
     done_tokens = nt;
   }
+  if (pipeline) pipeline->finish();  // every shard of this group renamed (or its error thrown)
   if (dispatcher) dispatcher->drain();
   // World totals (only leaders count their group's work); the all-reduce also waits for every group.
   stats.chunks_this_group = stats.chunks_done;

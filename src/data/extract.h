@@ -35,9 +35,11 @@ namespace aerie {
 inline constexpr int kExtractRequestTag = 7101;
 inline constexpr int kExtractReplyTag = 7102;
 
-/// The target's forward over one sample: ids [T] -> aux_hidden [T, 3H] F32 (f_t, eagle3.md section 1)
-/// and final_hidden [T, H] F32 (z_t). Collective over the caller's tp group: every rank of the group calls
-/// it with the same ids; the group leader's outputs are stored.
+/// The target's forward over one sample: ids [T] -> aux_hidden [T, 3H] (f_t, eagle3.md section 1)
+/// and final_hidden [T, H] (z_t), F32 or BF16, on the host or the GPU (stored as bf16). Collective over the
+/// caller's tp group: every rank of the group calls it with the same ids; the group leader's outputs are
+/// stored, by a writer thread while the next forward runs (data/shard_pipeline.h), so the forward must
+/// return new tensors on each call rather than overwrite the previous ones.
 using TargetForward = std::function<void(const std::vector<int32_t>& ids, Tensor& aux_hidden, Tensor& final_hidden)>;
 
 /// The token index of a prepared file ("aerie.prepared" v1, docs/formats.md): sample_offsets only.
