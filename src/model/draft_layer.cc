@@ -36,8 +36,9 @@ LayerCtx::LayerCtx(const DraftConfig& c, const DraftWeights& w_, const Tensor& e
       scale(static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)))),
       device(w_.fc.device()) {
   embed.check_shape({c.vocab_size, c.hidden_size}, "draft: embed_tokens");
-  AERIE_CHECK(embed.device() == device, "draft: embed_tokens is on " << device_name(embed.device())
-                                                                      << ", the draft weights on " << device_name(device));
+  AERIE_CHECK(embed.device() == device,
+              "draft: embed_tokens is on " << device_name(embed.device()) << ", the draft weights on "
+                                           << device_name(device));
 }
 
 void layer_qkv(const LayerCtx& c, const int32_t* ids, int64_t n, const Tensor& h, int64_t pos0, LayerActs& a) {

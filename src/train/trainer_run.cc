@@ -117,7 +117,8 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp) {
   // more ranks than GPUs, "cuda" fails.
   if (dev == Device::CUDA && local_size() > cuda::device_count()) {
     AERIE_CHECK(opts.device == "auto", "train: --device cuda with " << local_size() << " ranks on a node of "
-                                                                   << cuda::device_count() << " GPUs (one GPU per rank)");
+                                                                   << cuda::device_count()
+                                                                   << " GPUs (one GPU per rank)");
     if (rank == 0)
       AERIE_LOG(warning) << "train: " << local_size() << " ranks on a node of " << cuda::device_count()
                          << " GPUs: training on the CPU (--device auto)";
