@@ -103,13 +103,17 @@ ByteLevelBpe::ByteLevelBpe(const nlohmann::json& tj, const std::string& file)
   ignore_merges_ = m.value("ignore_merges", false);
   const auto map = gpt2_byte_to_unicode();
   char_byte_.assign(512, -1);
+  int known_bytes = 0;
   for (int b = 0; b < 256; ++b) {
     append_utf8(map[b], byte_char_[b]);
+    // -1: a byte the vocabulary lacks (SmolLM2 has no piece for 21 bytes that never occur in UTF-8
+    // text, e.g. 0xC0, 0xF5-0xFF). tokenizers' BPE (no unk_token) drops such a byte; so does encode().
     byte_id_[b] = model_.id(byte_char_[b]);
-    AERIE_CHECK(byte_id_[b] >= 0, file << ": the vocabulary has no piece for byte " << b << " ('" << byte_char_[b]
-                                       << "'): not a byte-level BPE vocabulary");
+    if (byte_id_[b] >= 0) ++known_bytes;
     char_byte_[map[b]] = static_cast<int16_t>(b);
   }
+  AERIE_CHECK(known_bytes >= 128, file << ": the vocabulary has pieces for only " << known_bytes
+                                       << " of the 256 byte characters: not a byte-level BPE vocabulary");
   vocab_size_ = model_.size();
   for (const auto& t : added_.tokens()) vocab_size_ = std::max<int64_t>(vocab_size_, t.id + 1);
   parse_post_processor(tj.value("post_processor", nlohmann::json()), file);
@@ -234,10 +238,21 @@ void ByteLevelBpe::encode_word(const std::string& word, std::vector<int32_t>& id
     c.ids.push_back(whole);
     c.lens.push_back(static_cast<uint32_t>(word.size()));
   } else {
-    std::vector<int32_t> syms(word.size());
-    std::vector<uint32_t> ones(word.size(), 1);
-    for (size_t i = 0; i < word.size(); ++i) syms[i] = byte_id_[static_cast<unsigned char>(word[i])];
-    model_.merge(syms, c.ids, &ones, &c.lens);
+    std::vector<int32_t> syms;
+    std::vector<uint32_t> ones;
+    uint32_t dropped = 0;  // bytes without a piece: dropped, their length joins the next symbol's
+    for (size_t i = 0; i < word.size(); ++i) {
+      const int32_t id = byte_id_[static_cast<unsigned char>(word[i])];
+      if (id < 0) {
+        ++dropped;
+        continue;
+      }
+      syms.push_back(id);
+      ones.push_back(1 + dropped);
+      dropped = 0;
+    }
+    if (dropped && !ones.empty()) ones.back() += dropped;
+    if (!syms.empty()) model_.merge(syms, c.ids, &ones, &c.lens);
   }
   ids.insert(ids.end(), c.ids.begin(), c.ids.end());
   lens.insert(lens.end(), c.lens.begin(), c.lens.end());
