@@ -194,6 +194,7 @@ DraftWeights init_draft_weights(const DraftConfig& cfg, const Tensor& target_lm_
   DraftWeights w = DraftWeights::zeros(cfg);
   const int64_t H = cfg.hidden_size, V = cfg.vocab_size, K = cfg.draft_vocab_size;
   target_lm_head.check_shape({V, H}, "init_draft_weights: target lm_head");
+  AERIE_CHECK(target_lm_head.device() == Device::CPU, "init_draft_weights: the target lm_head must be on the host");
   AERIE_CHECK(static_cast<int64_t>(selected.size()) == K,
               "init_draft_weights: " << selected.size() << " selected ids for K = " << K);
   std::mt19937_64 rng(seed);

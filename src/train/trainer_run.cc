@@ -163,7 +163,9 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp) {
     AERIE_CHECK(ck.vocab.vocab_size() == target.vocab_size,
                 vocab_file << ": t2d has V = " << ck.vocab.vocab_size() << ", the target's V is " << target.vocab_size);
     ck.config = DraftConfig::from_target(target, ck.vocab.draft_vocab_size(), shards.aux_layers);
-    ck.weights = init_draft_weights(ck.config, head.lm_head, ck.vocab.selected(), opts.seed);
+    // Initialised on the host (the checkpoint's copy); the device copy is made below.
+    const Tensor lm_host = head.lm_head.device() == Device::CPU ? head.lm_head : head.lm_head.to_device(Device::CPU);
+    ck.weights = init_draft_weights(ck.config, lm_host, ck.vocab.selected(), opts.seed);
     ck.adam_m = DraftWeights::zeros(ck.config);
     ck.adam_v = DraftWeights::zeros(ck.config);
     ck.state.split = make_data_split(shards.paths, shards.sizes, opts.eval_fraction);
