@@ -1,6 +1,6 @@
 // aerie prepare: conversations -> tokens + loss masks, one HDF5 file ("aerie.prepared" v1, src/data/prepare.h).
 //   mpirun -np R aerie prepare --input FILE.jsonl|FILE.json|FILE.txt --tokenizer DIR --output prepared.h5
-//          [--format auto|sharegpt|openai|tokenized|text] [--template plain] [--max-length 2048]
+//          [--format auto|sharegpt|openai|tokenized|text] [--template plain|llama3|qwen3|...] [--max-length 2048]
 //          [--overlong truncate|drop] [--max-samples N]
 // Every rank reads and tokenizes its own byte range of the input; all ranks write the one output file
 // collectively (MPI-IO), as "<output>.tmp" renamed when complete.
@@ -20,7 +20,9 @@ int prepare(const std::vector<std::string>& args) {
       "auto, sharegpt, openai, tokenized, text (auto: text for .txt, else detected per JSONL line)")(
       "tokenizer", po::value<std::string>()->required(), "directory with tokenizer.json (or the file)")(
       "template", po::value<std::string>()->default_value("plain"),
-      "chat template: plain = BOS + turn texts, EOS after each assistant turn")(
+      "chat template: a name of configs/templates (llama3, llama3.1, mistral, mistral-v1, mistral-v3, qwen2.5, "
+      "qwen3, qwen3-nothink, deepseek-v3, chatml, smollm2) or a path to such an INI file; plain = BOS + turn "
+      "texts, EOS after each assistant turn (base models). See docs/preparing-data.md")(
       "output", po::value<std::string>()->required(), "output prepared.h5")(
       "max-length", po::value<int64_t>()->default_value(2048), "maximum tokens per sample")(
       "overlong", po::value<std::string>()->default_value("truncate"),
