@@ -27,6 +27,8 @@ RopeParams rope_from_json(const nlohmann::json& j) {
     r.low_freq_factor = s.value("low_freq_factor", 1.0);
     r.high_freq_factor = s.value("high_freq_factor", 4.0);
     r.original_max_position_embeddings = s.value("original_max_position_embeddings", int64_t{8192});
+  } else if (type == "linear") {
+    r.factor = s.at("factor").get<double>();
   } else {
     AERIE_CHECK(type == "default", "draft config: rope_scaling type '" << type << "' is not supported");
   }

@@ -48,6 +48,19 @@ TEST(DraftConfig, FromTargetCopiesRopeAndMaxPositions) {
   EXPECT_THROW(DraftConfig::from_target(fake_target(), 100, {2, 4, 9}), Error);
 }
 
+// A linear-scaled target (Llama-2 long-context style): its draft config round-trips (it was rejected).
+TEST(DraftConfig, LinearRopeScalingRoundTrips) {
+  LlamaConfig t = fake_target();
+  t.rope.type = "linear";
+  t.rope.factor = 4.0;
+  t.raw["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 4.0}};
+  auto c = DraftConfig::from_target(t, 100, default_aux_layers(8));
+  auto back = DraftConfig::from_json(nlohmann::json::parse(c.to_json().dump()));
+  EXPECT_EQ(back.rope.type, "linear");
+  EXPECT_EQ(back.rope.factor, 4.0);
+  EXPECT_EQ(back.rope.theta, 500000.0);
+}
+
 TEST(DraftConfig, JsonIsTheExportConfigAndRoundTrips) {
   auto c = DraftConfig::from_target(fake_target(), 100, default_aux_layers(8));
   auto j = c.to_json();
