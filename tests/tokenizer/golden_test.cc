@@ -145,7 +145,7 @@ TEST(TokenizerLoad, ErrorsNameTheFile) {
   // Byte-level BPE: a vocabulary without the 256 byte pieces, an unsupported pre-tokenizer, a bad regex.
   std::ofstream(dir + "/nobytes.json")
       << R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}, "pre_tokenizer": {"type": "ByteLevel"}})";
-  expect_error(dir + "/nobytes.json", "no piece for byte");
+  expect_error(dir + "/nobytes.json", "not a byte-level BPE vocabulary");
   std::ofstream(dir + "/punct.json") << R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
       "pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "Punctuation"}, {"type": "ByteLevel"}]}})";
   expect_error(dir + "/punct.json", "Punctuation");
