@@ -80,20 +80,24 @@ class F32Out {
   Tensor buf_;
 };
 
+/// out: q's shape and dtype; lse (optional): [Tq, n_heads] F32 on q's device.
+void check_out_lse(const char* op, const Tensor& q, const Tensor& out, const Tensor* lse, const cpu::AttentionDims& a) {
+  out.check_shape(q.shape(), what(op, "out"));
+  out.check_dtype(q.dtype(), what(op, "out (q's dtype)"));
+  if (!lse) return;
+  lse->check_shape({a.tq, a.nh}, what(op, "lse"));
+  lse->check_dtype(DType::F32, what(op, "lse"));
+  kernels::common_device(op, {{"q", &q}, {"lse", lse}});
+}
+
 }  // namespace
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_offset, float scale,
                        Tensor& out, Tensor* lse) {
   constexpr const char* op = "attention_forward";
   const cpu::AttentionDims a = check_qkv(op, q, k, v, q_offset, scale);
-  out.check_shape(q.shape(), what(op, "out"));
-  out.check_dtype(q.dtype(), what(op, "out (q's dtype)"));
-  if (lse) {
-    lse->check_shape({a.tq, a.nh}, what(op, "lse"));
-    lse->check_dtype(DType::F32, what(op, "lse"));
-  }
+  check_out_lse(op, q, out, lse, a);
   const Device dev = kernels::common_device(op, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}});
-  if (lse) kernels::common_device(op, {{"q", &q}, {"lse", lse}});
   if (dev == Device::CUDA) {
 #ifdef AERIE_WITH_CUDA
     cuda::attention_forward(q, k, v, q_offset, scale, out, lse);
@@ -154,15 +158,9 @@ void attention_forward_varlen(const Tensor& q, const Tensor& k, const Tensor& v,
   AERIE_CHECK(cu_seqlens.ndim() == 1 && cu_seqlens.dim(0) >= 1,
               op << ": cu_seqlens must be [B+1], got " << shape_str(cu_seqlens.shape()));
   cu_seqlens.check_dtype(DType::I32, what(op, "cu_seqlens"));
-  out.check_shape(q.shape(), what(op, "out"));
-  out.check_dtype(q.dtype(), what(op, "out (q's dtype)"));
-  if (lse) {
-    lse->check_shape({a.tq, a.nh}, what(op, "lse"));
-    lse->check_dtype(DType::F32, what(op, "lse"));
-  }
+  check_out_lse(op, q, out, lse, a);
   const Device dev = kernels::common_device(
       op, {{"q", &q}, {"k", &k}, {"v", &v}, {"cu_seqlens", &cu_seqlens}, {"out", &out}});
-  if (lse) kernels::common_device(op, {{"q", &q}, {"lse", lse}});
   if (dev == Device::CUDA) {
 #ifdef AERIE_WITH_CUDA
     cuda::attention_forward_varlen(q, k, v, cu_seqlens, scale, out, lse);
