@@ -105,11 +105,13 @@ void BpeModel::merge(std::vector<int32_t>& ids, std::vector<int32_t>& out, std::
   }
 }
 
-size_t utf8_valid_len(const std::string& s, size_t i) {
+size_t decode_utf8(std::string_view s, size_t i, uint32_t& cp) {
   const auto c = static_cast<unsigned char>(s[i]);
   size_t len;
-  uint32_t cp;
-  if (c < 0x80) return 1;
+  if (c < 0x80) {
+    cp = c;
+    return 1;
+  }
   if ((c >> 5) == 0x6) { len = 2; cp = c & 0x1F; }
   else if ((c >> 4) == 0xE) { len = 3; cp = c & 0x0F; }
   else if ((c >> 3) == 0x1E) { len = 4; cp = c & 0x07; }

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -53,7 +54,13 @@ inline size_t utf8_len(unsigned char c) {
   return 1;
 }
 
+/// Code point of the valid UTF-8 sequence at s[i] and its length (1..4), or length 0 if the bytes there
+/// are not valid UTF-8 (overlong forms, surrogates and values above U+10FFFF are invalid).
+size_t decode_utf8(std::string_view s, size_t i, uint32_t& cp);
 /// Length of the valid UTF-8 sequence at s[i] (1..4), or 0 if the bytes there are not valid UTF-8.
-size_t utf8_valid_len(const std::string& s, size_t i);
+inline size_t utf8_valid_len(const std::string& s, size_t i) {
+  uint32_t cp;
+  return decode_utf8(s, i, cp);
+}
 
 }  // namespace aerie::tok

@@ -6,36 +6,13 @@
 #include <unicode/unistr.h>
 
 #include "core/error.h"
+#include "tokenizer/bpe_model.h"
 
 namespace aerie::tok {
 
 const char* const kGpt2Regex = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
 namespace {
-
-// Code point of the valid UTF-8 sequence at s[i] and its length, or length 0 if the bytes there are not
-// valid UTF-8 (overlong forms, surrogates and values above U+10FFFF are invalid).
-size_t decode_utf8(std::string_view s, size_t i, uint32_t& cp) {
-  const auto c = static_cast<unsigned char>(s[i]);
-  size_t len;
-  if (c < 0x80) {
-    cp = c;
-    return 1;
-  }
-  if ((c >> 5) == 0x6) { len = 2; cp = c & 0x1F; }
-  else if ((c >> 4) == 0xE) { len = 3; cp = c & 0x0F; }
-  else if ((c >> 3) == 0x1E) { len = 4; cp = c & 0x07; }
-  else return 0;
-  if (i + len > s.size()) return 0;
-  for (size_t k = 1; k < len; ++k) {
-    const auto d = static_cast<unsigned char>(s[i + k]);
-    if ((d >> 6) != 0x2) return 0;
-    cp = (cp << 6) | (d & 0x3F);
-  }
-  if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000)) return 0;
-  if ((cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF) return 0;
-  return len;
-}
 
 // UTF-16 copy of `s` for ICU, with at[k] = byte offset of UTF-16 unit k (at[size] = s.size()).
 void to_utf16(std::string_view s, icu::UnicodeString& u, std::vector<uint32_t>& at) {
