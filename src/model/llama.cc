@@ -270,6 +270,42 @@ TargetOutput LlamaModel::forward(const std::vector<int32_t>& ids, KVCache* cache
   return out;
 }
 
+// First version: one forward per sequence, outputs concatenated (same results as forward() by
+// construction); the batched layer body replaces it.
+TargetOutput LlamaModel::forward_batch(const std::vector<std::vector<int32_t>>& ids,
+                                       const std::vector<KVCache*>& caches, const std::vector<int>& aux_layers,
+                                       Logits logits) {
+  AERIE_CHECK(!ids.empty(), "LlamaModel::forward_batch: empty batch");
+  AERIE_CHECK(caches.empty() || caches.size() == ids.size(),
+              "LlamaModel::forward_batch: " << caches.size() << " caches for " << ids.size() << " sequences");
+  int64_t rows = 0;
+  for (size_t b = 0; b < ids.size(); ++b) {
+    AERIE_CHECK(!ids[b].empty(), "LlamaModel::forward_batch: sequence " << b << " is empty");
+    rows += static_cast<int64_t>(ids[b].size());
+  }
+  std::vector<TargetOutput> parts;
+  for (size_t b = 0; b < ids.size(); ++b)
+    parts.push_back(forward(ids[b], caches.empty() ? nullptr : caches[b], aux_layers, logits != Logits::None));
+  auto concat = [&](auto field, bool last_only) {
+    const Tensor& t0 = parts[0].*field;
+    if (!t0.defined()) return Tensor();
+    Tensor out = Tensor::empty({last_only ? static_cast<int64_t>(ids.size()) : rows, t0.dim(1)}, t0.dtype(), t0.device());
+    int64_t r = 0;
+    for (const TargetOutput& p : parts) {
+      const Tensor& t = p.*field;
+      Tensor src = last_only ? t.slice(t.dim(0) - 1, t.dim(0)) : t;
+      out.slice(r, r + src.dim(0)).copy_from(src);
+      r += src.dim(0);
+    }
+    return out;
+  };
+  TargetOutput out;
+  out.aux_hidden = concat(&TargetOutput::aux_hidden, false);
+  out.final_hidden = concat(&TargetOutput::final_hidden, false);
+  if (logits != Logits::None) out.logits = concat(&TargetOutput::logits, logits == Logits::Last);
+  return out;
+}
+
 std::vector<int32_t> greedy_generate(LlamaModel& model, const std::vector<int32_t>& prompt, int64_t max_new,
                                      int32_t stop_id) {
   return greedy_generate(model, prompt, max_new, stop_id >= 0 ? std::vector<int32_t>{stop_id} : std::vector<int32_t>{});

@@ -80,6 +80,20 @@ class LlamaModel {
   TargetOutput forward(const std::vector<int32_t>& ids, KVCache* cache, const std::vector<int>& aux_layers,
                        bool want_logits);
 
+  /// Which logits rows forward_batch computes: none, the last row of each sequence ([B, V]), or all
+  /// rows ([sum n_b, V]).
+  enum class Logits { None, Last, All };
+  /// Forward of B sequences at once (batched decoding, several samples per extraction forward): sequence
+  /// b's `ids[b]` (non-empty) continue `caches[b]` (positions cache length .. +n_b, appended to it) or,
+  /// with `caches` empty or caches[b] null, start at position 0. Each sequence attends only its own
+  /// keys; the linears run once over all rows. aux_hidden / final_hidden hold the rows of sequence 0,
+  /// then 1, ... ([sum n_b, 3H] / [sum n_b, H]); logits as `logits` says (F32). Every result equals
+  /// forward() of each sequence alone up to fp32 summation order. Collective over the tp group; throws
+  /// aerie::Error on an empty batch or sequence, a caches vector of another length than ids, or a cache
+  /// that cannot hold its new rows.
+  TargetOutput forward_batch(const std::vector<std::vector<int32_t>>& ids, const std::vector<KVCache*>& caches,
+                             const std::vector<int>& aux_layers, Logits logits);
+
   /// The full embedding table [V, H] and lm_head [V, H] (tied: the same tensor), in the compute dtype
   /// on the model's device (F32 on the CPU for the default constructor).
   const Tensor& embed_tokens() const;
