@@ -20,6 +20,7 @@ MPI_Datatype mpi_type(DType dt) {
     case DType::I64: return MPI_INT64_T;
     case DType::U8: return MPI_UINT8_T;
     case DType::BF16: return MPI_UINT16_T;
+    case DType::F16: return MPI_UINT16_T;  // moved as bits only (no F16 sum: the reductions reject it)
   }
   return MPI_BYTE;
 }

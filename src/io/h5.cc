@@ -52,6 +52,7 @@ hid_t file_type(DType dt) {
     case DType::I64: return H5T_STD_I64LE;
     case DType::U8: return H5T_STD_U8LE;
     case DType::BF16: return H5T_STD_U16LE;
+    case DType::F16: break;  // storage of checkpoints only: no HDF5 file holds it
   }
   return -1;
 }
@@ -62,6 +63,7 @@ hid_t mem_type(DType dt) {
     case DType::I64: return H5T_NATIVE_INT64;
     case DType::U8: return H5T_NATIVE_UINT8;
     case DType::BF16: return H5T_NATIVE_UINT16;
+    case DType::F16: break;
   }
   return -1;
 }
