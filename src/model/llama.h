@@ -101,12 +101,20 @@ class LlamaModel {
 
   /// The tp group the model was built on (it must outlive the model).
   Communicator& tp() const;
+  /// With the environment variable AERIE_PROFILE=1: the time of every forward's ops per category (gemm,
+  /// attention, norm, rope, activation, other, all-reduce) summed over this model's forward calls so far,
+  /// one line (model/op_profile.h); empty otherwise.
+  std::string profile_summary() const;
   /// An empty KV cache of `max_len` positions for this rank's kv heads (model's device and dtype).
   KVCache make_cache(int64_t max_len) const;
 
  private:
   LlamaModel() = default;
   void init(Communicator& tp, const LlamaModelOptions& options);
+  /// The one layer body behind forward() and forward_batch() (llama_forward.cc); `who` names the caller
+  /// in error messages.
+  TargetOutput run(const std::vector<std::vector<int32_t>>& ids, const std::vector<KVCache*>& caches,
+                   const std::vector<int>& aux_layers, Logits logits, const char* who);
   struct Impl;
   std::shared_ptr<Impl> impl_;
   LlamaConfig cfg_;
