@@ -64,6 +64,7 @@ void LlamaModel::init(Communicator& tp, const LlamaModelOptions& options) {
   impl_->nkv = cfg_.num_key_value_heads / tp.size();
   impl_->inter = cfg_.intermediate_size / tp.size();
   impl_->profile.enable(OpProfile::enabled_by_env());
+  fuse_llama_projections(impl_->w);  // one q/k/v GEMM and one gate/up GEMM per layer
 }
 
 Device LlamaModel::device() const { return impl_->device; }

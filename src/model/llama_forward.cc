@@ -15,27 +15,31 @@
 // then z = norm(r^N), logits = z W_lm^T (all rows, or the last row of each sequence). Every step is a
 // kernels op on the weights' device; the tensors built here (ids, positions, sequence boundaries, a
 // ones column for the bias GEMM) are moved to that device.
+// Fused ops (kernels/fused.h; weights packed by fuse_llama_projections at load): one GEMM for q/k/v
+// ([n, (nh + 2 nkv) d]) and qkv_rope_forward for the split, q/k norm and RoPE (k and v written into the
+// KV cache's slots directly for a single cached sequence); one GEMM for gate/up ([n, 2 I]) and
+// swiglu_packed_forward; every residual add fused with the RMSNorm that follows it (add_rmsnorm_forward:
+// post_attention_layernorm, the next layer's input_layernorm, after the last layer final_norm).
 // Precision (LlamaModelOptions): in the BF16 mode r stays F32, h, q, k, v, the attention output, g and u
 // are bf16 (GEMM inputs), and o_proj / down_proj write F32 into the residual add; every op accumulates
-// in fp32. The F32 mode computes everything in fp32.
+// in fp32. The F32 mode computes everything in fp32 (the fused ops give the unfused ops' fp32 results
+// on the CPU). Profiling: every op is timed by category when AERIE_PROFILE=1 (model/op_profile.h).
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <set>
 
 #include "core/device.h"
 #include "core/error.h"
-#include "kernels/activation.h"
 #include "kernels/attention.h"
 #include "kernels/convert.h"
 #include "kernels/embedding.h"
+#include "kernels/fused.h"
 #include "kernels/gemm.h"
 #include "kernels/norm.h"
-#include "kernels/optim.h"
-#include "kernels/rope.h"
 #include "kernels/tensor_ops.h"
 #include "model/llama.h"
 #include "model/llama_impl.h"
+#include "model/op_profile.h"
 
 namespace aerie {
 
@@ -45,20 +49,6 @@ namespace {
 /// K = 1 GEMM with beta 1 (y += ones b^T): one fp32 rounding per element, as a direct add, on any device.
 void add_bias(Tensor& y, const Tensor& b, const Tensor& ones) {
   if (b.defined()) matmul(ones, b.reshape({1, b.dim(0)}), y, false, false, 1.0f, 1.0f);
-}
-
-/// y = x W^T + b: x [n, K], W [M, K], b [M] or undefined -> [n, M] of dtype `out` (x, W, b, ones: one dtype).
-Tensor linear(const Tensor& x, const Tensor& W, const Tensor& b, const Tensor& ones, DType out) {
-  Tensor y = Tensor::empty({x.dim(0), W.dim(0)}, out, x.device());
-  matmul(x, W, y, false, true);
-  add_bias(y, b, ones);
-  return y;
-}
-
-Tensor rmsnorm(const Tensor& x, const Tensor& w, float eps, DType out) {
-  Tensor y = Tensor::empty(x.shape(), out, x.device());
-  rmsnorm_forward(x, w, eps, y, nullptr);
-  return y;
 }
 
 /// Causal attention of q [n, nh, d] (positions p0 .. p0+n-1) over k_all, v_all [p0+n, nkv, d]; with
@@ -100,7 +90,8 @@ TargetOutput LlamaModel::forward_batch(const std::vector<std::vector<int32_t>>& 
 
 TargetOutput LlamaModel::run(const std::vector<std::vector<int32_t>>& ids, const std::vector<KVCache*>& caches,
                              const std::vector<int>& aux_layers, Logits logits, const char* who) {
-  const Impl& m = *impl_;
+  Impl& m = *impl_;
+  OpProfile& prof = m.profile;
   const int64_t B = static_cast<int64_t>(ids.size());
   const int64_t H = cfg_.hidden_size, d = cfg_.head_dim, N = cfg_.num_hidden_layers;
   const float eps = static_cast<float>(cfg_.rms_norm_eps);
@@ -147,8 +138,11 @@ TargetOutput LlamaModel::run(const std::vector<std::vector<int32_t>>& ids, const
   }
   Tensor ids_t = on_device(Tensor::from_vector(all_ids, {n}));
   Tensor positions = on_device(Tensor::from_vector(pos, {n}));
-  Tensor ones_f = Tensor::from_vector(std::vector<float>(static_cast<size_t>(n), 1.0f), {n, 1});
-  Tensor ones = on_device(ct == DType::F32 ? ones_f : ones_f.to(ct));
+  Tensor ones;  // [n, 1] of 1 in the compute dtype, for the bias GEMMs (models with biases only)
+  if (cfg_.qkv_bias || cfg_.o_bias || cfg_.mlp_bias) {
+    Tensor ones_f = Tensor::from_vector(std::vector<float>(static_cast<size_t>(n), 1.0f), {n, 1});
+    ones = on_device(ct == DType::F32 ? ones_f : ones_f.to(ct));
+  }
   // Packed prefill: every sequence at position 0 and more than one of them -> one varlen attention
   // call per layer over the batch's own rows (a sliding layer too when no sequence exceeds its window).
   Tensor cu_seqlens;
@@ -172,67 +166,105 @@ TargetOutput LlamaModel::run(const std::vector<std::vector<int32_t>>& ids, const
     }
   };
 
-  Tensor r = Tensor::empty({n, H}, DType::F32, dev);  // the residual stream r^l
-  embedding_forward(ids_t, m.w.embed_tokens, r);
+  // Per-forward buffers, reused by every layer (shapes in the comments).
+  Tensor r = Tensor::empty({n, H}, DType::F32, dev);                // r^l, the residual stream
+  Tensor h = Tensor::empty({n, H}, ct, dev);                        // the RMSNorm output feeding a GEMM
+  Tensor qkv = Tensor::empty({n, (m.nh + 2 * m.nkv) * d}, ct, dev);  // packed q/k/v GEMM output
+  Tensor q = Tensor::empty({n, m.nh, d}, ct, dev);
+  Tensor k_rows = Tensor::empty({n, m.nkv, d}, ct, dev), v_rows = Tensor::empty({n, m.nkv, d}, ct, dev);
   Tensor attn = Tensor::empty({n, m.nh, d}, ct, dev);
+  Tensor o = Tensor::empty({n, H}, DType::F32, dev);     // o_proj / down_proj output (partial sum over tp)
+  Tensor gu = Tensor::empty({n, 2 * m.inter}, ct, dev);  // packed gate/up GEMM output
+  Tensor act = Tensor::empty({n, m.inter}, ct, dev);     // silu(g) * u
+  // One sequence with a cache: q/k/v_rope writes k and v straight into the cache's slots.
+  const bool direct_cache = B == 1 && cache[0] != nullptr;
+
+  auto gemm = [&](const Tensor& x, const Tensor& W, Tensor& y) {
+    prof.time(OpKind::Gemm, dev, [&] { matmul(x, W, y, false, true); });
+  };
+  auto bias = [&](Tensor& y, const Tensor& b) {
+    if (b.defined()) prof.time(OpKind::Other, dev, [&] { add_bias(y, b, ones); });
+  };
+  auto reduce = [&](Tensor& y) {
+    if (m.tp->size() > 1) prof.time(OpKind::AllReduce, dev, [&] { m.tp->all_reduce_sum(y); });
+  };
+
+  prof.time(OpKind::Other, dev, [&] { embedding_forward(ids_t, m.w.embed_tokens, r); });
+  prof.time(OpKind::Norm, dev, [&] {
+    rmsnorm_forward(r, N > 0 ? m.w.layers[0].input_layernorm : m.w.norm, eps, h, nullptr);
+  });
   for (int64_t l = 0; l < N; ++l) {
-    capture(l, r);
+    prof.time(OpKind::Other, dev, [&] { capture(l, r); });
     const LlamaLayerWeights& L = m.w.layers[l];
-    Tensor h = rmsnorm(r, L.input_layernorm, eps, ct);
-    Tensor q = linear(h, L.q_proj, L.q_bias, ones, ct).reshape({n, m.nh, d});
-    Tensor k = linear(h, L.k_proj, L.k_bias, ones, ct).reshape({n, m.nkv, d});
-    Tensor v = linear(h, L.v_proj, L.v_bias, ones, ct).reshape({n, m.nkv, d});
-    if (cfg_.qk_norm) {  // Qwen3: RMSNorm of every head vector, before RoPE
-      q = rmsnorm(q.reshape({n * m.nh, d}), L.q_norm, eps, ct).reshape({n, m.nh, d});
-      k = rmsnorm(k.reshape({n * m.nkv, d}), L.k_norm, eps, ct).reshape({n, m.nkv, d});
+    gemm(h, L.qkv_proj, qkv);
+    bias(qkv, L.qkv_bias);
+    Tensor k = k_rows, v = v_rows;
+    if (direct_cache) {
+      k = cache[0]->k[l].slice(p0[0], p0[0] + n);
+      v = cache[0]->v[l].slice(p0[0], p0[0] + n);
     }
-    rope_apply(q, positions, m.inv_freq);
-    rope_apply(k, positions, m.inv_freq);
+    prof.time(OpKind::Rope, dev, [&] {
+      qkv_rope_forward(qkv, positions, m.inv_freq, cfg_.qk_norm ? L.q_norm : Tensor(),
+                       cfg_.qk_norm ? L.k_norm : Tensor(), eps, q, k, v);
+    });
     const int64_t window = cfg_.sliding_layers[l] ? cfg_.sliding_window : 0;
-    for (int64_t b = 0; b < B; ++b) {
-      if (!cache[b]) continue;
-      const int64_t s = start[b], e = start[b + 1];
-      cache[b]->k[l].slice(p0[b], p0[b] + e - s).copy_from(k.slice(s, e));
-      cache[b]->v[l].slice(p0[b], p0[b] + e - s).copy_from(v.slice(s, e));
+    if (!direct_cache) {
+      prof.time(OpKind::Other, dev, [&] {
+        for (int64_t b = 0; b < B; ++b) {
+          if (!cache[b]) continue;
+          const int64_t s = start[b], e = start[b + 1];
+          cache[b]->k[l].slice(p0[b], p0[b] + e - s).copy_from(k.slice(s, e));
+          cache[b]->v[l].slice(p0[b], p0[b] + e - s).copy_from(v.slice(s, e));
+        }
+      });
     }
-    if (cu_seqlens.defined() && (window <= 0 || longest <= window)) {
-      attention_forward_varlen(q, k, v, cu_seqlens, scale, attn, nullptr);
-    } else {
+    prof.time(OpKind::Attention, dev, [&] {
+      if (cu_seqlens.defined() && (window <= 0 || longest <= window)) {
+        attention_forward_varlen(q, k, v, cu_seqlens, scale, attn, nullptr);
+        return;
+      }
       for (int64_t b = 0; b < B; ++b) {
         const int64_t s = start[b], e = start[b + 1];
-        Tensor k_all = k.slice(s, e), v_all = v.slice(s, e), o = attn.slice(s, e);
+        Tensor k_all = k.slice(s, e), v_all = v.slice(s, e), out_b = attn.slice(s, e);
         if (cache[b]) {
           k_all = cache[b]->k[l].slice(0, p0[b] + e - s);
           v_all = cache[b]->v[l].slice(0, p0[b] + e - s);
         }
-        attend(q.slice(s, e), k_all, v_all, p0[b], window, scale, o);
+        attend(q.slice(s, e), k_all, v_all, p0[b], window, scale, out_b);
       }
-    }
-    Tensor o = linear(attn.reshape({n, m.nh * d}), L.o_proj, Tensor(), ones, DType::F32);  // [n, H], partial sum over tp ranks
-    if (m.tp->size() > 1) m.tp->all_reduce_sum(o);
-    add_bias(o, L.o_bias, ones);  // once, after the reduction
-    add_inplace(r, o);
+    });
+    gemm(attn.reshape({n, m.nh * d}), L.o_proj, o);  // [n, H], partial sum over tp ranks
+    reduce(o);
+    bias(o, L.o_bias);  // once, after the reduction
+    prof.time(OpKind::Norm, dev, [&] { add_rmsnorm_forward(r, o, L.post_attention_layernorm, eps, h); });
 
-    h = rmsnorm(r, L.post_attention_layernorm, eps, ct);
-    Tensor g = linear(h, L.gate_proj, L.gate_bias, ones, ct), u = linear(h, L.up_proj, L.up_bias, ones, ct);  // [n, I/tp]
-    swiglu_forward(g, u, g);
-    Tensor dn = linear(g, L.down_proj, Tensor(), ones, DType::F32);  // [n, H], partial sum over tp ranks
-    if (m.tp->size() > 1) m.tp->all_reduce_sum(dn);
-    add_bias(dn, L.down_bias, ones);
-    add_inplace(r, dn);
+    gemm(h, L.gate_up_proj, gu);  // [n, 2 I/tp]
+    bias(gu, L.gate_up_bias);
+    prof.time(OpKind::Activation, dev, [&] { swiglu_packed_forward(gu, act); });
+    gemm(act, L.down_proj, o);  // [n, H], partial sum over tp ranks
+    reduce(o);
+    bias(o, L.down_bias);
+    // r^{l+1} = r + o, and h = the next layer's input_layernorm of it (after the last layer: final_norm).
+    const Tensor& next_norm = l + 1 < N ? m.w.layers[l + 1].input_layernorm : m.w.norm;
+    prof.time(OpKind::Norm, dev, [&] { add_rmsnorm_forward(r, o, next_norm, eps, h); });
   }
-  capture(N, r);
-  out.final_hidden = rmsnorm(r, m.w.norm, eps, ct);
+  prof.time(OpKind::Other, dev, [&] { capture(N, r); });
+  out.final_hidden = h;  // z = final_norm(r^N)
   if (logits == Logits::All) {
-    out.logits = linear(out.final_hidden, m.w.lm_head, Tensor(), ones, DType::F32);
+    out.logits = Tensor::empty({n, m.w.lm_head.dim(0)}, DType::F32, dev);
+    gemm(out.final_hidden, m.w.lm_head, out.logits);
   } else if (logits == Logits::Last) {
     // The last row of each sequence gathered first ([B, H]), then one lm_head GEMM.
     std::vector<int32_t> last(B);
     for (int64_t b = 0; b < B; ++b) last[b] = static_cast<int32_t>(start[b + 1] - 1);
     Tensor z_last = Tensor::empty({B, H}, ct, dev);
-    embedding_forward(on_device(Tensor::from_vector(last, {B})), out.final_hidden, z_last);
-    out.logits = linear(z_last, m.w.lm_head, Tensor(), ones.slice(0, B), DType::F32);
+    prof.time(OpKind::Other, dev, [&] {
+      embedding_forward(on_device(Tensor::from_vector(last, {B})), out.final_hidden, z_last);
+    });
+    out.logits = Tensor::empty({B, m.w.lm_head.dim(0)}, DType::F32, dev);
+    gemm(z_last, m.w.lm_head, out.logits);
   }
+  prof.count_forward(n);
   for (int64_t b = 0; b < B; ++b)
     if (cache[b]) cache[b]->length_ = p0[b] + start[b + 1] - start[b];
   return out;

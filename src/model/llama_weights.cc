@@ -355,4 +355,38 @@ LlamaWeights random_llama_weights(const LlamaConfig& cfg, int tp_rank, int tp_si
   return w;
 }
 
+namespace {
+
+/// The rows of `parts` (2-D [r_i, C] or 1-D [r_i], one dtype and device) stacked into one tensor;
+/// each part is replaced by a view of its rows in it. Undefined parts: nothing is packed.
+Tensor pack_rows(const std::vector<Tensor*>& parts) {
+  for (const Tensor* p : parts)
+    if (!p->defined()) return Tensor();
+  Shape shape = parts[0]->shape();
+  int64_t rows = 0;
+  for (const Tensor* p : parts) rows += p->dim(0);
+  shape[0] = rows;
+  Tensor packed = Tensor::empty(shape, parts[0]->dtype(), parts[0]->device());
+  int64_t r = 0;
+  for (Tensor* p : parts) {
+    Tensor view = packed.slice(r, r + p->dim(0));
+    view.copy_from(*p);
+    r += p->dim(0);
+    *p = view;
+  }
+  return packed;
+}
+
+}  // namespace
+
+void fuse_llama_projections(LlamaWeights& w) {
+  for (LlamaLayerWeights& L : w.layers) {
+    if (L.qkv_proj.defined()) continue;
+    L.qkv_proj = pack_rows({&L.q_proj, &L.k_proj, &L.v_proj});
+    L.qkv_bias = pack_rows({&L.q_bias, &L.k_bias, &L.v_bias});
+    L.gate_up_proj = pack_rows({&L.gate_proj, &L.up_proj});
+    L.gate_up_bias = pack_rows({&L.gate_bias, &L.up_bias});
+  }
+}
+
 }  // namespace aerie

@@ -64,6 +64,12 @@ struct LlamaLayerWeights {
   Tensor gate_bias, up_bias;                         // [I_l]    optional (cfg.mlp_bias)
   Tensor down_bias;                                  // [H] replicated, added after the all-reduce (cfg.mlp_bias)
   Tensor q_norm, k_norm;                             // [d] replicated, optional (cfg.qk_norm)
+  // After fuse_llama_projections (LlamaModel does it at load): the packed weights of one GEMM each;
+  // q/k/v_proj, gate/up_proj and their biases are then views of these tensors' rows.
+  Tensor qkv_proj;      // [(nh + 2 nkv) d, H] rows: q_proj, k_proj, v_proj
+  Tensor qkv_bias;      // [(nh + 2 nkv) d] optional (cfg.qkv_bias)
+  Tensor gate_up_proj;  // [2 I_l, H] rows: gate_proj, up_proj
+  Tensor gate_up_bias;  // [2 I_l] optional (cfg.mlp_bias)
 };
 
 struct LlamaWeights {
@@ -96,6 +102,12 @@ LlamaWeights llama_weights_to(LlamaWeights w, Device device, DType dtype);
 /// period, which does not matter for speed.
 LlamaWeights random_llama_weights(const LlamaConfig& cfg, int tp_rank, int tp_size, Device device, DType dtype,
                                   uint64_t seed, float std = 0.02f);
+
+/// Packs each layer's q/k/v projections (and biases) into qkv_proj / qkv_bias and gate/up into
+/// gate_up_proj / gate_up_bias (this rank's rows, in that order: the tp split is unchanged), on the
+/// weights' device and dtype, and makes q/k/v_proj, gate/up_proj and their biases views of the packed
+/// rows, so no weight is held twice. Does nothing for a layer already packed.
+void fuse_llama_projections(LlamaWeights& w);
 
 /// Throws aerie::Error unless n_heads, n_kv_heads and intermediate_size divide by tp_size.
 void check_tp_divisible(const LlamaConfig& cfg, int tp_size);
