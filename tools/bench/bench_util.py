@@ -11,6 +11,11 @@
                                    per-step seconds, mean step seconds over the steps after the first WARM
   loss-diff A.json B.json          max relative difference of the per-step losses of two train-metrics
                                    outputs on their common steps
+  scaling RTOL DP1 A1.json DP2 A2.json ...
+                                   the dp scaling of train-metrics outputs on one global batch, against
+                                   the first (dp_ref, t_ref): per dp speedup t_ref / t_dp, efficiency
+                                   (dp_ref t_ref) / (dp t_dp) and the loss difference; losses_equal when
+                                   every max relative loss difference is <= RTOL
   train-log LOG                    the preemption facts of an `aerie train` log: "stopped by signal S after
                                    step N of T", "resuming from .../step-K", "done"
 """
@@ -92,6 +97,22 @@ def loss_diff(pa, pb):
     return {"common_steps": len(common), "max_rel_diff": worst}
 
 
+def scaling(rtol, pairs):
+    (ref_dp, ref_path), rest = pairs[0], pairs[1:]
+    ref = json.load(open(ref_path))
+    t_ref = ref["mean_step_s"]
+    per, equal = [], True
+    for dp, path in rest:
+        m = json.load(open(path))
+        t = m["mean_step_s"]
+        d = loss_diff(ref_path, path)["max_rel_diff"]
+        ok = d is not None and d <= rtol
+        equal = equal and ok
+        per.append({"dp": dp, "mean_step_s": t, "speedup": t_ref / t, "efficiency": ref_dp * t_ref / (dp * t),
+                    "loss_max_rel_diff": d, "loss_equal": ok})
+    return {"ref_dp": ref_dp, "ref_mean_step_s": t_ref, "per_dp": per, "losses_equal": equal, "loss_rtol": rtol}
+
+
 def train_log(path):
     log = open(path, errors="replace").read()
     out = {"stopped_signal": None, "stopped_after": None, "resumed_from_step": None, "done": "train: done" in log}
@@ -117,6 +138,8 @@ def main():
         r = train_metrics(args[0], int(args[1]))
     elif cmd == "loss-diff":
         r = loss_diff(args[0], args[1])
+    elif cmd == "scaling":
+        r = scaling(float(args[0]), [(int(args[i]), args[i + 1]) for i in range(1, len(args), 2)])
     elif cmd == "train-log":
         r = train_log(args[0])
     else:
