@@ -22,11 +22,8 @@
 #include "core/stop_signals.h"
 #include "data/extract.h"
 #include "jobs/jobs.h"
+#include "jobs/target_device.h"
 #include "model/llama.h"
-
-#ifdef AERIE_WITH_CUDA
-#include <cuda_runtime.h>
-#endif
 
 namespace aerie::jobs {
 
@@ -57,29 +54,6 @@ std::vector<int> parse_aux_layers(const std::string& s, int64_t num_layers) {
   return out;
 }
 
-/// Logs this rank's GPU memory: the stream-ordered pool's high-water mark (every Tensor of aerie comes
-/// from it) and cudaMemGetInfo's used/total.
-void log_gpu_memory(int world_rank) {
-#ifdef AERIE_WITH_CUDA
-  size_t free_b = 0, total_b = 0;
-  cudaMemPool_t pool = nullptr;
-  unsigned long long high = 0;  // NOLINT(runtime/int): the CUDA API's type
-  if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess ||
-      cudaDeviceGetDefaultMemPool(&pool, cuda::current_device()) != cudaSuccess ||
-      cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high) != cudaSuccess) {
-    AERIE_LOG(warning) << "extract: could not query GPU memory";
-    return;
-  }
-  const double gib = 1024.0 * 1024.0 * 1024.0;
-  AERIE_LOG(info) << "extract: rank " << world_rank << " GPU " << cuda::current_device()
-                  << " peak memory " << static_cast<double>(high) / gib << " GiB (pool high-water), "
-                  << static_cast<double>(total_b - free_b) / gib << " of " << static_cast<double>(total_b) / gib
-                  << " GiB in use (cudaMemGetInfo)";
-#else
-  (void)world_rank;
-#endif
-}
-
 }  // namespace
 
 int extract(const std::vector<std::string>& args) {
@@ -91,40 +65,17 @@ int extract(const std::vector<std::string>& args) {
       "samples-per-shard", po::value<int64_t>()->default_value(64), "prepared samples per shard (chunk size)")(
       "aux-layers", po::value<std::string>()->default_value(""),
       "3 ascending layer ids k, 'input of decoder layer k' (vLLM's convention); default 2,N/2,N-3")(
-      "device", po::value<std::string>()->default_value("auto"), "auto (cuda when a GPU is visible), cpu or cuda")(
-      "dtype", po::value<std::string>()->default_value("auto"),
-      "compute dtype of the target: auto (bf16 on cuda, f32 on cpu), f32 or bf16 (model/llama.h)")(
       "random-weights", po::value<int64_t>()->default_value(-1),
       "benchmarks: random N(0, 0.02^2) weights from this seed (>= 0) instead of the checkpoint; --model "
       "then needs only config.json");
+  add_target_device_options(desc);
   po::variables_map vm;
   if (!parse_options("extract", args, desc, vm)) return 0;
 
-  const std::string device_opt = vm["device"].as<std::string>(), dtype_name_opt = vm["dtype"].as<std::string>();
-  AERIE_CHECK(device_opt == "auto" || device_opt == "cpu" || device_opt == "cuda",
-              "extract: --device '" << device_opt << "' is not auto, cpu or cuda");
-  AERIE_CHECK(dtype_name_opt == "auto" || dtype_name_opt == "f32" || dtype_name_opt == "bf16",
-              "extract: --dtype '" << dtype_name_opt << "' is not auto, f32 or bf16");
   ParallelGroups groups = ParallelGroups::create(vm["tp"].as<int>());
-  LlamaModelOptions mopt;
-  // auto: CUDA when there is a GPU for every rank of the node (NCCL does not run two ranks on one GPU).
-  bool use_cuda = device_opt == "cuda";
-  if (device_opt == "auto" && cuda::available()) {
-    use_cuda = local_size() <= cuda::device_count();  // collective over the world (first call)
-    if (!use_cuda && groups.map.world_rank == 0)
-      AERIE_LOG(info) << "extract: " << local_size() << " ranks per node but " << cuda::device_count()
-                      << " GPU(s): running on the CPU (--device cuda to insist)";
-  }
-  mopt.device = use_cuda ? Device::CUDA : Device::CPU;
-  mopt.dtype = dtype_name_opt == "bf16" || (dtype_name_opt == "auto" && mopt.device == Device::CUDA) ? DType::BF16
-                                                                                                   : DType::F32;
-  std::unique_ptr<NcclCommunicator> nccl;  // the tp group's collectives on device tensors
-  if (mopt.device == Device::CUDA) {
-    AERIE_CHECK(cuda::available(), "extract: --device cuda: " << cuda::unavailable_reason());
-    cuda::select_device(local_rank());  // collective over the world on first use
-    nccl = std::make_unique<NcclCommunicator>(*groups.tp);
-  }
-  Communicator& model_tp = nccl ? static_cast<Communicator&>(*nccl) : *groups.tp;
+  TargetDevice target = resolve_target_device(vm, groups, "extract");
+  const LlamaModelOptions& mopt = target.options;
+  Communicator& model_tp = *target.tp;
   const std::string model_dir = vm["model"].as<std::string>();
   const int64_t random_seed = vm["random-weights"].as<int64_t>();
   LlamaModel model = random_seed >= 0
@@ -153,10 +104,20 @@ int extract(const std::vector<std::string>& args) {
     aux = out.aux_hidden;
     fin = out.final_hidden;
   };
+  // On a GPU consecutive samples share a forward (up to opt.batch_tokens rows): larger GEMMs.
+  if (mopt.device == Device::CUDA) {
+    opt.forward_batch = [&](const std::vector<std::vector<int32_t>>& ids, Tensor& aux, Tensor& fin) {
+      TargetOutput out = model.forward_batch(ids, {}, aux_layers, LlamaModel::Logits::None);
+      aux = out.aux_hidden;
+      fin = out.final_hidden;
+    };
+  }
   StopSignals stop_signals;
   opt.stop_requested = [] { return StopSignals::received() != 0; };
   ExtractStats stats = run_extract(opt, groups, forward);
-  if (mopt.device == Device::CUDA) log_gpu_memory(groups.map.world_rank);
+  if (groups.map.world_rank == 0 && !model.profile_summary().empty())
+    AERIE_LOG(info) << "extract: op times (AERIE_PROFILE=1), rank 0: " << model.profile_summary();
+  if (mopt.device == Device::CUDA) log_gpu_memory("extract", groups.map.world_rank);
   if (stats.stopped && stats.chunks_skipped + stats.chunks_done < stats.chunks) {
     if (groups.map.world_rank == 0) {
       AERIE_LOG(warning) << "extract: stopped by a signal with " << stats.chunks_skipped + stats.chunks_done

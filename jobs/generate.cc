@@ -10,10 +10,13 @@
 //   mpirun -np R aerie generate --model DIR --input convs.jsonl --output regen.jsonl --template chatml
 //          [--temperature 0.7 --top-p 0.9 --max-new-tokens 512 --seed 0 --tp 1]
 // R/tp groups take chunks of conversations from rank 0 (data parallel, like extract); a rerun after a kill
-// or a signal (SIGTERM/SIGINT/SIGUSR1: exit 3 after the chunk in hand) does only the missing chunks. The
-// work, the output and the resume rules: src/data/regenerate.h. Sampling: src/model/sampling.h (the RNG of
-// response k of conversation i is seeded by (seed, i, k), so the output does not depend on R). Sequences are
-// decoded one at a time (the KV cache holds one sequence).
+// or a signal (SIGTERM/SIGINT/SIGUSR1: exit 3 after the chunks in hand) does only the missing chunks. The
+// work, the output and the resume rules: src/data/regenerate.h. Each group decodes up to --batch-size
+// responses at once (model/sampling.h BatchDecoder: one KV cache per sequence, continuous batching: a
+// finished sequence's slot is refilled at the next step). Sampling: src/model/sampling.h (the RNG of
+// response k of conversation i is seeded by (seed, i, k), so the output depends neither on R nor on the
+// batch size). --device / --dtype as for extract (jobs/target_device.h): on CUDA one GPU per rank, tp
+// over NCCL.
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
@@ -29,6 +32,7 @@
 #include "data/prepare_template.h"
 #include "data/regenerate.h"
 #include "jobs/jobs.h"
+#include "jobs/target_device.h"
 #include "model/llama.h"
 #include "model/sampling.h"
 #include "tokenizer/tokenizer.h"
@@ -109,15 +113,27 @@ int regenerate(const po::variables_map& vm, ParallelGroups& groups, LlamaModel& 
     AERIE_LOG(info) << "generate: regenerating " << opt.input << " -> " << opt.output << " with " << dir
                     << ", template " << template_name << ", temperature " << sp.temperature << ", top-p "
                     << sp.top_p << ", seed " << seed << ", up to " << max_new << " new tokens per turn, max length "
-                    << max_length << ", " << stop.size() << " stop id(s), tp " << groups.map.tp;
+                    << max_length << ", " << stop.size() << " stop id(s), tp " << groups.map.tp << ", batch "
+                    << vm["batch-size"].as<int64_t>() << " on " << device_name(model.device()) << " in "
+                    << dtype_name(model.dtype());
   }
-  ResponseGenerator gen = [&](const std::vector<int32_t>& prompt, int64_t n, int64_t conversation, int64_t turn) {
-    SampleRng rng(sequence_seed(sequence_seed(seed, static_cast<uint64_t>(conversation)), static_cast<uint64_t>(turn)));
-    return sample_generate(model, prompt, n, stop, sp, rng);
+  const int64_t batch_size = vm["batch-size"].as<int64_t>();
+  AERIE_CHECK(batch_size >= 1, "aerie generate: --batch-size must be >= 1, got " << batch_size);
+  BatchDecoder decoder(model, batch_size, stop, sp);
+  ResponseEngine engine;
+  engine.batch_size = batch_size;
+  engine.submit = [&](int64_t key, const ResponseRequest& r) {
+    SampleRng rng(sequence_seed(sequence_seed(seed, static_cast<uint64_t>(r.conversation)), static_cast<uint64_t>(r.turn)));
+    decoder.submit(key, r.prompt, r.max_new, rng);
+  };
+  engine.step = [&] {
+    std::vector<ResponseResult> out;
+    for (BatchDecoder::Finished& f : decoder.step()) out.push_back({f.key, std::move(f.ids)});
+    return out;
   };
   StopSignals stop_signals;
   opt.stop_requested = [] { return StopSignals::received() != 0; };
-  RegenerateStats stats = run_regenerate(opt, groups, *tmpl, tok, gen);
+  RegenerateStats stats = run_regenerate(opt, groups, *tmpl, tok, engine);
   if (!stats.complete) {
     if (groups.map.world_rank == 0) {
       AERIE_LOG(warning) << "generate: stopped with " << stats.chunks_skipped + stats.chunks_done << " of "
@@ -156,7 +172,11 @@ int generate(const std::vector<std::string>& args) {
       "prompt + response tokens of one turn (0: the model's max_position_embeddings); a turn whose prompt "
       "leaves no room ends the conversation after the previous answer")(
       "conversations-per-chunk", po::value<int64_t>()->default_value(16), "input records per chunk (unit of work)")(
-      "max-conversations", po::value<int64_t>()->default_value(-1), "use only the first N input records");
+      "max-conversations", po::value<int64_t>()->default_value(-1), "use only the first N input records")(
+      "batch-size", po::value<int64_t>()->default_value(16),
+      "regeneration mode: responses decoded together per tp group (continuous batching; the output does "
+      "not depend on it)");
+  add_target_device_options(desc);
   po::variables_map vm;
   if (!parse_options("generate", args, desc, vm)) return 0;
   const std::string dir = vm["model"].as<std::string>();
@@ -168,12 +188,17 @@ int generate(const std::vector<std::string>& args) {
   check_sampling_params(sp);
 
   ParallelGroups groups = ParallelGroups::create(vm["tp"].as<int>());
-  LlamaModel model(dir, *groups.tp);
+  TargetDevice target = resolve_target_device(vm, groups, "generate");
+  LlamaModel model(dir, *target.tp, target.options);
   auto tok = Tokenizer::load(dir);
   const LlamaConfig& cfg = model.config();
   int32_t bos = tok->bos_id() >= 0 ? tok->bos_id() : static_cast<int32_t>(cfg.bos_token_id);
   const std::vector<int32_t> stop = stop_ids(vm, dir, cfg, *tok, bos);
-  if (vm.count("input")) return regenerate(vm, groups, model, *tok, dir, stop, sp, max_new);
+  if (vm.count("input")) {
+    const int rc = regenerate(vm, groups, model, *tok, dir, stop, sp, max_new);
+    if (model.device() == Device::CUDA) log_gpu_memory("generate", groups.map.world_rank);
+    return rc;
+  }
 
   std::vector<int32_t> prompt;
   if (bos >= 0) prompt.push_back(bos);

@@ -8,7 +8,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
-#include "core/progress.h"
+#include "data/chunk_dispatcher.h"
 #include "data/shard_pipeline.h"
 #include "io/h5.h"
 
@@ -72,73 +72,6 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// Rank 0's side of the work queue: pending chunks, requests of other group leaders, progress.
-class Dispatcher {
- public:
-  Dispatcher(MpiCommunicator& world, int num_leaders, std::deque<int64_t> todo, double total_samples,
-             double total_tokens)
-      : world_(world), others_(num_leaders - 1), todo_(std::move(todo)),
-        samples_("extract", "samples", total_samples, 0), tokens_("extract", "tokens", total_tokens, 0) {}
-
-  // Next chunk for group 0, or -1.
-  int64_t next() {
-    if (todo_.empty()) return -1;
-    int64_t c = todo_.front();
-    todo_.pop_front();
-    return c;
-  }
-  // Answers every request that has arrived, without blocking.
-  void serve_pending() {
-    for (;;) {
-      int flag = 0;
-      MPI_Status st;
-      check_mpi(MPI_Iprobe(MPI_ANY_SOURCE, kExtractRequestTag, world_.handle(), &flag, &st), "MPI_Iprobe");
-      if (!flag) return;
-      answer(st.MPI_SOURCE);
-    }
-  }
-  // After group 0's last chunk: answers until every other leader was told to stop.
-  void drain() {
-    while (stopped_ < others_) answer(MPI_ANY_SOURCE);
-  }
-  // Preemption: hands out no more chunks (groups finish the chunk in hand).
-  void stop() {
-    if (!todo_.empty()) AERIE_LOG(warning) << "extract: stopping, " << todo_.size() << " chunk(s) left for a rerun";
-    todo_.clear();
-    stopped_any_ = true;
-  }
-  bool stopped_any() const { return stopped_any_; }
-  void completed(int64_t samples, int64_t tokens) {
-    samples_.add(static_cast<double>(samples));
-    tokens_.add(static_cast<double>(tokens));
-  }
-  void finish() {
-    samples_.finish();
-    tokens_.finish();
-  }
-
- private:
-  void answer(int src) {
-    int from = -1;
-    std::vector<int64_t> req = world_.recv(src, kExtractRequestTag, &from);
-    AERIE_CHECK(req.size() == 5, "extract: malformed request from rank " << from);
-    if (req[4] != 0) stop();  // that group was asked to stop: stop everyone
-    if (req[1] >= 0) {
-      completed(req[2], req[3]);
-      AERIE_LOG(debug) << "extract: group " << req[0] << " finished chunk " << req[1];
-    }
-    int64_t c = next();
-    if (c < 0) ++stopped_;
-    world_.send({c}, from, kExtractReplyTag);
-  }
-
-  MpiCommunicator& world_;
-  int others_, stopped_ = 0;
-  bool stopped_any_ = false;
-  std::deque<int64_t> todo_;
-  Progress samples_, tokens_;
-};
-
 // Checks that an existing shard holds chunk c as this run would write it.
 void check_existing_shard(const std::string& path, int64_t c, int64_t num_samples, int64_t num_tokens,
                           const ShardMeta& meta) {
@@ -172,7 +105,7 @@ ExtractStats run_extract(const ExtractOptions& opt, ParallelGroups& groups, cons
   auto shard_path = [&](int64_t c) { return (fs::path(opt.output) / shard_file_name(c)).string(); };
 
   // Rank 0: clean up after a killed run and find the chunks still to do.
-  std::unique_ptr<Dispatcher> dispatcher;
+  std::unique_ptr<ChunkDispatcher> dispatcher;
   if (world.rank() == 0) {
     fs::create_directories(opt.output);
     for (const auto& e : fs::directory_iterator(opt.output)) {
@@ -199,7 +132,10 @@ ExtractStats run_extract(const ExtractOptions& opt, ParallelGroups& groups, cons
     AERIE_LOG(info) << "extract: " << N << " samples in " << stats.chunks << " chunks of " << S << "; "
                     << stats.chunks_skipped << " already done, " << todo.size() << " to do by " << num_groups
                     << " group(s) of " << groups.map.tp << " rank(s)";
-    dispatcher = std::make_unique<Dispatcher>(world, num_groups, std::move(todo), samples, tokens);
+    dispatcher = std::make_unique<ChunkDispatcher>(
+        world, num_groups, std::move(todo), "extract",
+        std::vector<ChunkDispatcher::Counter>{{"samples", samples}, {"tokens", tokens}}, kExtractRequestTag,
+        kExtractReplyTag);
   }
 
   // The leader's shard writes run on a background thread, overlapping the next forward (shard_pipeline.h).
@@ -225,12 +161,30 @@ ExtractStats run_extract(const ExtractOptions& opt, ParallelGroups& groups, cons
       meta.chunk = c;
       pipeline->open(shard_path(c), meta, lengths);
     }
-    for (int64_t i = b; i < e; ++i) {
-      const int64_t s = off[i] - off[b], T = off[i + 1] - off[i];
-      std::vector<int32_t> x(ids.begin() + s, ids.begin() + s + T);
+    // Samples i .. j-1 in one forward: one sample, or with opt.forward_batch as many consecutive samples
+    // as fit in opt.batch_tokens rows (at least one); the outputs are split back per sample.
+    for (int64_t i = b, j; i < e; i = j) {
+      j = i + 1;
+      if (opt.forward_batch)
+        while (j < e && off[j + 1] - off[i] <= opt.batch_tokens) ++j;
+      std::vector<std::vector<int32_t>> xs;
+      for (int64_t k = i; k < j; ++k)
+        xs.emplace_back(ids.begin() + (off[k] - off[b]), ids.begin() + (off[k + 1] - off[b]));
       Tensor aux, fin;
-      forward(x, aux, fin);
-      if (leader) pipeline->add(i, x, std::vector<uint8_t>(mask.begin() + s, mask.begin() + s + T), aux, fin);
+      if (opt.forward_batch)
+        opt.forward_batch(xs, aux, fin);
+      else
+        forward(xs[0], aux, fin);
+      AERIE_CHECK(aux.dim(0) == off[j] - off[i] && fin.dim(0) == off[j] - off[i],
+                  "extract: the forward of samples " << i << ".." << j - 1 << " returned " << aux.dim(0) << " and "
+                                                     << fin.dim(0) << " rows for " << off[j] - off[i] << " tokens");
+      for (int64_t k = i, row = 0; k < j; ++k) {
+        const int64_t s = off[k] - off[b], T = off[k + 1] - off[k];
+        if (leader)
+          pipeline->add(k, xs[k - i], std::vector<uint8_t>(mask.begin() + s, mask.begin() + s + T),
+                        aux.slice(row, row + T), fin.slice(row, row + T));
+        row += T;
+      }
       if (dispatcher) dispatcher->serve_pending();
     }
     if (leader) pipeline->close();
@@ -252,9 +206,8 @@ ExtractStats run_extract(const ExtractOptions& opt, ParallelGroups& groups, cons
         dispatcher->serve_pending();
         c = dispatcher->next();
       } else {
-        world.send({groups.map.dp_rank, done_chunk, done_samples, done_tokens, stop_seen ? 1 : 0}, 0,
-                   kExtractRequestTag);
-        c = world.recv(0, kExtractReplyTag).at(0);
+        c = ChunkDispatcher::request(world, groups.map.dp_rank, done_chunk, {done_samples, done_tokens}, stop_seen,
+                                     kExtractRequestTag, kExtractReplyTag);
       }
       cmd.data<int64_t>()[0] = c;
     }
@@ -263,7 +216,7 @@ ExtractStats run_extract(const ExtractOptions& opt, ParallelGroups& groups, cons
     if (c < 0) break;
     auto [ns, nt] = process(c);
     if (dispatcher) {
-      dispatcher->completed(ns, nt);
+      dispatcher->completed({ns, nt});
       AERIE_LOG(debug) << "extract: group 0 finished chunk " << c;
     }
     done_chunk = c;

@@ -9,11 +9,12 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 
 #include "core/error.h"
 #include "core/log.h"
-#include "core/progress.h"
+#include "data/chunk_dispatcher.h"
 
 namespace aerie {
 
@@ -52,104 +53,191 @@ bool has_tool_call(const ojson& m, InputFormat f) {
 
 }  // namespace
 
-RegeneratedRecord regenerate_record(const std::string& record, InputFormat format, int64_t index,
-                                    const ChatTemplate& tmpl, const Tokenizer& tok, const RegenerateParams& params,
-                                    const ResponseGenerator& generate) {
-  if (is_blank(record)) return dropped(SkipReason::Empty, "blank line");
-  ojson j = ojson::parse(record, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return dropped(SkipReason::BadJson, "not a JSON object");
-  InputFormat f = format;
+struct RecordRegeneration::State {
+  const ChatTemplate& tmpl;
+  const Tokenizer& tok;
+  const RegenerateParams& params;
+  int64_t index = 0;
+  ojson j;                        // the input record
+  std::string key;                // "conversations" or "messages"
+  InputFormat format = InputFormat::Auto;
+  std::vector<ChatTurn> turns;    // parsed (a ShareGPT top-level "system" is turn 0)
+  size_t offset = 0;              // turns.size() - messages
+  Conversation so_far;            // the conversation up to the next response (regenerated answers included)
+  ojson new_msgs = ojson::array();
+  size_t answered = 0;            // new_msgs up to and including the last assistant message
+  size_t i = 0;                   // the next turn to look at
+  bool open_end = false;          // the response asked for is appended (the record ends with a user/tool turn)
+  bool finished = false;
+  ResponseRequest request;        // valid while !finished
+  RegeneratedRecord out;
+
+  State(const ChatTemplate& t, const Tokenizer& k, const RegenerateParams& p) : tmpl(t), tok(k), params(p) {}
+  void start(const std::string& record, InputFormat f);
+
+  void drop(SkipReason why, std::string detail) {
+    out = dropped(why, std::move(detail));
+    finished = true;
+  }
+  // Sets `request` to the response to so_far; false when the prompt leaves no room under max_length.
+  bool ask() {
+    std::vector<int32_t> prompt = generation_prompt(tmpl, so_far, tok);
+    const int64_t room = std::min(params.max_new_tokens, params.max_length - static_cast<int64_t>(prompt.size()));
+    if (room < 1 || prompt.empty()) return false;
+    request.prompt = std::move(prompt);
+    request.max_new = room;
+    request.conversation = index;
+    request.turn = out.responses;
+    return true;
+  }
+  // Walks the turns up to the next response to ask for, or to the end (then the record is finished).
+  void advance() {
+    const ojson& msgs = j[key];
+    for (; i < turns.size(); ++i) {
+      const ojson* src = i >= offset ? &msgs[i - offset] : nullptr;
+      if (turns[i].role == ChatRole::Assistant && src && !has_tool_call(*src, format)) {
+        if (ask()) return;
+        out.truncated = true;
+        // Cut short: the record ends with its last answer (no unanswered user turn left at the end).
+        new_msgs.erase(new_msgs.begin() + static_cast<std::ptrdiff_t>(answered), new_msgs.end());
+        return finish();
+      }
+      so_far.turns.push_back(turns[i]);
+      if (src) new_msgs.push_back(*src);
+      if (turns[i].role == ChatRole::Assistant) answered = new_msgs.size();
+    }
+    if (!open_end && !turns.empty() &&
+        (turns.back().role == ChatRole::User || turns.back().role == ChatRole::Tool)) {
+      open_end = true;
+      if (ask()) return;
+      out.truncated = true;
+      new_msgs.erase(new_msgs.begin() + static_cast<std::ptrdiff_t>(answered), new_msgs.end());
+    }
+    finish();
+  }
+  void answer(std::vector<int32_t> ids) {
+    out.responses += 1;
+    out.prompt_tokens += static_cast<int64_t>(request.prompt.size());
+    out.new_tokens += static_cast<int64_t>(ids.size());
+    if (!ids.empty() &&
+        std::find(params.stop_ids.begin(), params.stop_ids.end(), ids.back()) != params.stop_ids.end())
+      ids.pop_back();
+    const std::string text = tok.decode(ids);
+    ChatTurn turn{};
+    turn.role = ChatRole::Assistant;
+    turn.text = text;
+    so_far.turns.push_back(std::move(turn));
+    const bool sharegpt = format == InputFormat::ShareGPT;
+    if (open_end) {
+      new_msgs.push_back(sharegpt ? ojson{{"from", "gpt"}, {"value", text}} : ojson{{"role", "assistant"}, {"content", text}});
+      return finish();
+    }
+    ojson m = j[key][i - offset];
+    if (sharegpt) {
+      m["value"] = text;
+    } else {
+      m["content"] = text;
+      for (const char* k : {"reasoning_content", "reasoning", "thinking"}) m.erase(k);  // not the target's
+    }
+    new_msgs.push_back(std::move(m));
+    answered = new_msgs.size();
+    ++i;
+    advance();
+  }
+  void finish() {
+    finished = true;
+    request = ResponseRequest{};
+    if (out.responses == 0) {
+      const bool truncated = out.truncated;
+      out = truncated ? dropped(SkipReason::Overlong, "the first prompt leaves no room under max_length")
+                      : dropped(SkipReason::NoAssistant, "no turn to answer");
+      out.truncated = truncated;
+      return;
+    }
+    j[key] = std::move(new_msgs);
+    out.json = j.dump(-1, ' ', false, ojson::error_handler_t::replace);  // a response cut mid-character: U+FFFD
+    out.ok = true;
+  }
+};
+
+// Parses the record and walks to its first response (or drops it).
+void RecordRegeneration::State::start(const std::string& record, InputFormat f) {
+  if (is_blank(record)) return drop(SkipReason::Empty, "blank line");
+  j = ojson::parse(record, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return drop(SkipReason::BadJson, "not a JSON object");
   if (f == InputFormat::Auto) {
     if (j.contains("conversations")) f = InputFormat::ShareGPT;
     else if (j.contains("messages")) f = InputFormat::OpenAI;
-    else return dropped(SkipReason::WrongTypes, "none of the keys 'conversations', 'messages'");
+    else return drop(SkipReason::WrongTypes, "none of the keys 'conversations', 'messages'");
   }
   AERIE_CHECK(f == InputFormat::ShareGPT || f == InputFormat::OpenAI,
               "generate: input format " << input_format_name(f) << " has no conversations to regenerate "
                                         << "(use sharegpt, openai or auto)");
+  format = f;
   const bool sharegpt = f == InputFormat::ShareGPT;
-  const char* key = sharegpt ? "conversations" : "messages";
-  if (!j.contains(key) || !j[key].is_array()) return dropped(SkipReason::WrongTypes, std::string("no '") + key + "' array");
+  key = sharegpt ? "conversations" : "messages";
+  if (!j.contains(key) || !j[key].is_array()) return drop(SkipReason::WrongTypes, "no '" + key + "' array");
 
   // prepare's reader, with an empty assistant turn appended so that prompt-only records parse too.
   ojson probe = j;
   probe[key].push_back(sharegpt ? ojson{{"from", "gpt"}, {"value", ""}} : ojson{{"role", "assistant"}, {"content", ""}});
   InputRecord rec = parse_json_record(probe.dump(-1, ' ', false, ojson::error_handler_t::replace), f, tok.vocab_size());
-  if (rec.skip != SkipReason::None) return dropped(rec.skip, rec.detail);
-  std::vector<ChatTurn> turns = std::move(rec.conversation.turns);
+  if (rec.skip != SkipReason::None) return drop(rec.skip, rec.detail);
+  turns = std::move(rec.conversation.turns);
   turns.pop_back();
-  const ojson& msgs = j[key];
-  const size_t offset = turns.size() - msgs.size();  // a ShareGPT top-level "system" is turn 0
-  AERIE_CHECK(turns.size() >= msgs.size() && offset <= 1, "generate: record " << index << ": " << turns.size()
-                                                          << " parsed turns for " << msgs.size() << " messages");
-
-  RegeneratedRecord out;
-  Conversation so_far = rec.conversation;  // keeps whatever else the reader stores (tools)
+  const size_t n_msgs = j[key].size();
+  AERIE_CHECK(turns.size() >= n_msgs && turns.size() - n_msgs <= 1,
+              "generate: record " << index << ": " << turns.size() << " parsed turns for " << n_msgs << " messages");
+  offset = turns.size() - n_msgs;
+  so_far = rec.conversation;  // keeps whatever else the reader stores (tools)
   so_far.turns.clear();
-  ojson new_msgs = ojson::array();
-  size_t answered = 0;  // messages up to and including the last assistant message
-  // The target's response to so_far, or false when the prompt leaves no room under max_length.
-  auto respond = [&](std::string& text) {
-    std::vector<int32_t> prompt = generation_prompt(tmpl, so_far, tok);
-    const int64_t room = std::min(params.max_new_tokens, params.max_length - static_cast<int64_t>(prompt.size()));
-    if (room < 1 || prompt.empty()) return false;
-    std::vector<int32_t> ids = generate(prompt, room, index, out.responses);
-    out.responses += 1;
-    out.prompt_tokens += static_cast<int64_t>(prompt.size());
-    out.new_tokens += static_cast<int64_t>(ids.size());
-    if (!ids.empty() && std::find(params.stop_ids.begin(), params.stop_ids.end(), ids.back()) != params.stop_ids.end())
-      ids.pop_back();
-    text = tok.decode(ids);
-    ChatTurn turn{};
-    turn.role = ChatRole::Assistant;
-    turn.text = text;
-    so_far.turns.push_back(std::move(turn));
-    return true;
+  advance();
+}
+
+RecordRegeneration::RecordRegeneration(const std::string& record, InputFormat format, int64_t index,
+                                       const ChatTemplate& tmpl, const Tokenizer& tok, const RegenerateParams& params)
+    : s_(std::make_unique<State>(tmpl, tok, params)) {
+  s_->index = index;
+  s_->start(record, format);
+}
+
+RecordRegeneration::~RecordRegeneration() = default;
+RecordRegeneration::RecordRegeneration(RecordRegeneration&&) noexcept = default;
+
+bool RecordRegeneration::done() const { return s_->finished; }
+const ResponseRequest* RecordRegeneration::pending() const { return s_->finished ? nullptr : &s_->request; }
+const RegeneratedRecord& RecordRegeneration::result() const { return s_->out; }
+
+void RecordRegeneration::answer(std::vector<int32_t> ids) {
+  AERIE_CHECK(!s_->finished, "generate: record " << s_->index << " got an answer after it was done");
+  s_->answer(std::move(ids));
+}
+
+RegeneratedRecord regenerate_record(const std::string& record, InputFormat format, int64_t index,
+                                    const ChatTemplate& tmpl, const Tokenizer& tok, const RegenerateParams& params,
+                                    const ResponseGenerator& generate) {
+  RecordRegeneration r(record, format, index, tmpl, tok, params);
+  while (const ResponseRequest* q = r.pending()) r.answer(generate(q->prompt, q->max_new, q->conversation, q->turn));
+  return r.result();
+}
+
+ResponseEngine serial_engine(ResponseGenerator generate) {
+  struct Queue {
+    std::deque<std::pair<int64_t, ResponseRequest>> q;
   };
-  for (size_t i = 0; i < turns.size(); ++i) {
-    const ojson* src = i >= offset ? &msgs[i - offset] : nullptr;
-    if (turns[i].role == ChatRole::Assistant && src && !has_tool_call(*src, f)) {
-      std::string text;
-      if (!respond(text)) {
-        out.truncated = true;
-        break;
-      }
-      ojson m = *src;
-      if (sharegpt) {
-        m["value"] = text;
-      } else {
-        m["content"] = text;
-        for (const char* k : {"reasoning_content", "reasoning", "thinking"}) m.erase(k);  // not the target's
-      }
-      new_msgs.push_back(std::move(m));
-      answered = new_msgs.size();
-    } else {
-      so_far.turns.push_back(turns[i]);
-      if (src) new_msgs.push_back(*src);
-      if (turns[i].role == ChatRole::Assistant) answered = new_msgs.size();
-    }
-  }
-  // Cut short: the record ends with its last answer (no unanswered user turn left at the end).
-  if (out.truncated) new_msgs.erase(new_msgs.begin() + static_cast<std::ptrdiff_t>(answered), new_msgs.end());
-  const bool open_end = !turns.empty() && (turns.back().role == ChatRole::User || turns.back().role == ChatRole::Tool);
-  if (!out.truncated && open_end) {
-    std::string text;
-    if (respond(text)) {
-      new_msgs.push_back(sharegpt ? ojson{{"from", "gpt"}, {"value", text}} : ojson{{"role", "assistant"}, {"content", text}});
-    } else {
-      out.truncated = true;
-    }
-  }
-  if (out.responses == 0) {
-    RegeneratedRecord d = out.truncated ? dropped(SkipReason::Overlong, "the first prompt leaves no room under max_length")
-                                        : dropped(SkipReason::NoAssistant, "no turn to answer");
-    d.truncated = out.truncated;
-    return d;
-  }
-  j[key] = std::move(new_msgs);
-  out.json = j.dump(-1, ' ', false, ojson::error_handler_t::replace);  // a response cut mid-character: U+FFFD
-  out.ok = true;
-  return out;
+  auto queue = std::make_shared<Queue>();
+  ResponseEngine e;
+  e.batch_size = 1;
+  e.submit = [queue](int64_t key, const ResponseRequest& r) { queue->q.emplace_back(key, r); };
+  e.step = [queue, generate = std::move(generate)]() {
+    std::vector<ResponseResult> out;
+    if (queue->q.empty()) return out;
+    auto [key, r] = std::move(queue->q.front());
+    queue->q.pop_front();
+    out.push_back({key, generate(r.prompt, r.max_new, r.conversation, r.turn)});
+    return out;
+  };
+  return e;
 }
 
 // ------------------------------------------------------------------------------------------------ the run
@@ -208,54 +296,6 @@ class InputIndex {
   int64_t size_ = 0;
 };
 
-// Rank 0's side of the work queue (the protocol of data/extract.h).
-class Dispatcher {
- public:
-  Dispatcher(MpiCommunicator& world, int num_leaders, std::deque<int64_t> todo, double total)
-      : world_(world), others_(num_leaders - 1), todo_(std::move(todo)), progress_("generate", "conversations", total, 0) {}
-  int64_t next() {
-    if (todo_.empty()) return -1;
-    int64_t c = todo_.front();
-    todo_.pop_front();
-    return c;
-  }
-  void serve_pending() {
-    for (;;) {
-      int flag = 0;
-      MPI_Status st;
-      check_mpi(MPI_Iprobe(MPI_ANY_SOURCE, kRegenerateRequestTag, world_.handle(), &flag, &st), "MPI_Iprobe");
-      if (!flag) return;
-      answer(st.MPI_SOURCE);
-    }
-  }
-  void drain() {
-    while (stopped_ < others_) answer(MPI_ANY_SOURCE);
-  }
-  void stop() {
-    if (!todo_.empty()) AERIE_LOG(warning) << "generate: stopping, " << todo_.size() << " chunk(s) left for a rerun";
-    todo_.clear();
-  }
-  void completed(int64_t records) { progress_.add(static_cast<double>(records)); }
-  void finish() { progress_.finish(); }
-
- private:
-  void answer(int src) {
-    int from = -1;
-    std::vector<int64_t> req = world_.recv(src, kRegenerateRequestTag, &from);
-    AERIE_CHECK(req.size() == 3, "generate: malformed request from rank " << from);
-    if (req[2] != 0) stop();
-    if (req[1] > 0) completed(req[1]);
-    int64_t c = next();
-    if (c < 0) ++stopped_;
-    world_.send({c}, from, kRegenerateReplyTag);
-  }
-
-  MpiCommunicator& world_;
-  int others_, stopped_ = 0;
-  std::deque<int64_t> todo_;
-  Progress progress_;
-};
-
 std::string chunk_name(int64_t c) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "chunk-%05lld.jsonl", static_cast<long long>(c));
@@ -301,14 +341,22 @@ void open_parts(const std::string& parts, const ojson& run) {
   }
 }
 
+// The chunks a group holds: their records' state machines, until every record is done.
+struct OpenChunk {
+  int64_t chunk = 0, first = 0;  // records [first, first + records.size())
+  std::vector<RecordRegeneration> records;
+  int64_t waiting = 0;           // records not done
+};
+
 }  // namespace
 
 RegenerateStats run_regenerate(const RegenerateOptions& opt, ParallelGroups& groups, const ChatTemplate& tmpl,
-                               const Tokenizer& tok, const ResponseGenerator& generate) {
+                               const Tokenizer& tok, const ResponseEngine& engine) {
   const double t0 = now_s();
   const int64_t S = opt.conversations_per_chunk;
   AERIE_CHECK(S > 0, "generate: --conversations-per-chunk must be > 0, got " << S);
   AERIE_CHECK(opt.params.max_new_tokens > 0, "generate: --max-new-tokens must be > 0");
+  AERIE_CHECK(engine.batch_size >= 1 && engine.submit && engine.step, "generate: invalid response engine");
   MpiCommunicator& world = *groups.world;
   MpiCommunicator& tp = *groups.tp;
   const bool leader = tp.rank() == 0;
@@ -320,7 +368,7 @@ RegenerateStats run_regenerate(const RegenerateOptions& opt, ParallelGroups& gro
   const std::string parts = opt.output + ".parts";
   auto chunk_path = [&](int64_t c) { return (fs::path(parts) / chunk_name(c)).string(); };
 
-  std::unique_ptr<Dispatcher> dispatcher;
+  std::unique_ptr<ChunkDispatcher> dispatcher;
   if (world.rank() == 0) {
     ojson sig = ojson::parse(opt.run_signature, nullptr, false);
     AERIE_CHECK(!sig.is_discarded(), "generate: run signature is not JSON: " << opt.run_signature);
@@ -347,69 +395,145 @@ RegenerateStats run_regenerate(const RegenerateOptions& opt, ParallelGroups& gro
     }
     AERIE_LOG(info) << "generate: " << stats.records << " records in " << stats.chunks << " chunks of " << S << "; "
                     << stats.chunks_skipped << " already done, " << todo.size() << " to do by " << groups.map.dp
-                    << " group(s) of " << groups.map.tp << " rank(s)";
-    dispatcher = std::make_unique<Dispatcher>(world, groups.map.dp, std::move(todo), todo_records);
+                    << " group(s) of " << groups.map.tp << " rank(s), " << engine.batch_size
+                    << " sequence(s) decoded at once per group";
+    dispatcher = std::make_unique<ChunkDispatcher>(
+        world, groups.map.dp, std::move(todo), "generate",
+        std::vector<ChunkDispatcher::Counter>{{"conversations", todo_records}, {"responses", 0}, {"new tokens", 0}},
+        kRegenerateRequestTag, kRegenerateReplyTag);
   }
 
+  // This group's work: the chunks it holds (by chunk index) and the record of each submitted response (its
+  // key is the record's input index: a record waits for one response at a time).
+  std::map<int64_t, OpenChunk> open;
+  std::map<int64_t, int64_t> chunk_of;  // record index -> chunk
+  int64_t in_flight = 0;                // responses submitted, not returned
   int64_t skip_counts[static_cast<int>(SkipReason::Count_)] = {};
-  auto process = [&](int64_t c) {
-    const int64_t b = c * S, e = std::min(stats.records, (c + 1) * S);
-    std::vector<std::string> records = input.read(b, e);
-    std::string text;
-    for (int64_t i = b; i < e; ++i) {
-      RegeneratedRecord r = regenerate_record(records[i - b], opt.format, i, tmpl, tok, opt.params, generate);
-      stats.responses += r.responses;
-      stats.prompt_tokens += r.prompt_tokens;
-      stats.new_tokens += r.new_tokens;
-      stats.truncated += r.truncated ? 1 : 0;
-      if (r.ok) {
-        text += r.json;
-        text += '\n';
-        ++stats.conversations;
-      } else {
-        ++stats.dropped;
-        ++skip_counts[static_cast<int>(r.skip)];
-        if (leader && r.skip != SkipReason::Empty)
-          AERIE_LOG(debug) << "generate: " << opt.input << " record " << i << " dropped: " << skip_name(r.skip)
-                           << (r.detail.empty() ? "" : " (" + r.detail + ")");
-      }
-      if (dispatcher) dispatcher->serve_pending();
+  // Work finished since the last report to rank 0 (records, responses, new tokens), the last chunk written.
+  std::vector<int64_t> unreported(3, 0);
+  int64_t last_written = -1;
+
+  auto submit = [&](int64_t index, const RecordRegeneration& r) {
+    engine.submit(index, *r.pending());
+    ++in_flight;
+  };
+  // A record is done: count it; its chunk complete -> the leader writes it.
+  auto record_done = [&](OpenChunk& oc, int64_t index) {
+    const RegeneratedRecord& r = oc.records[index - oc.first].result();
+    stats.responses += r.responses;
+    stats.prompt_tokens += r.prompt_tokens;
+    stats.new_tokens += r.new_tokens;
+    stats.truncated += r.truncated ? 1 : 0;
+    unreported[0] += 1;
+    unreported[1] += r.responses;
+    unreported[2] += r.new_tokens;
+    if (r.ok) {
+      ++stats.conversations;
+    } else {
+      ++stats.dropped;
+      ++skip_counts[static_cast<int>(r.skip)];
+      if (leader && r.skip != SkipReason::Empty)
+        AERIE_LOG(debug) << "generate: " << opt.input << " record " << index << " dropped: " << skip_name(r.skip)
+                         << (r.detail.empty() ? "" : " (" + r.detail + ")");
     }
-    if (leader) write_file(chunk_path(c), text);
+    if (--oc.waiting > 0) return;
+    if (leader) {
+      std::string text;
+      for (const RecordRegeneration& rec : oc.records) {
+        if (!rec.result().ok) continue;
+        text += rec.result().json;
+        text += '\n';
+      }
+      write_file(chunk_path(oc.chunk), text);
+    }
     ++stats.chunks_done;
-    return e - b;
+    last_written = oc.chunk;
+    open.erase(oc.chunk);
+  };
+  auto start_chunk = [&](int64_t c) {
+    const int64_t b = c * S, e = std::min(stats.records, (c + 1) * S);
+    OpenChunk& oc = open[c];
+    oc.chunk = c;
+    oc.first = b;
+    std::vector<std::string> records = input.read(b, e);
+    for (int64_t i = b; i < e; ++i)
+      oc.records.emplace_back(records[i - b], opt.format, i, tmpl, tok, opt.params);
+    oc.waiting = e - b;  // > 0: chunks are non-empty ranges
+    for (int64_t i = b; i < e; ++i) {
+      if (oc.records[i - b].done()) {
+        record_done(oc, i);  // may erase the chunk: the last record
+        if (!open.count(c)) return;
+      } else {
+        chunk_of[i] = c;
+        submit(i, oc.records[i - b]);
+      }
+    }
   };
 
   Tensor cmd = Tensor::zeros({1}, DType::I64);
-  int64_t done_records = 0;
-  bool stop_seen = false;
+  bool stop_seen = false, exhausted = false;
   for (;;) {
-    int64_t c = -1;
-    if (opt.stop_requested && opt.stop_requested()) stop_seen = true;
-    if (leader) {
-      if (dispatcher) {
-        if (stop_seen) dispatcher->stop();
-        dispatcher->serve_pending();
-        c = dispatcher->next();
-      } else {
-        world.send({groups.map.dp_rank, done_records, stop_seen ? 1 : 0}, 0, kRegenerateRequestTag);
-        c = world.recv(0, kRegenerateReplyTag).at(0);
+    // Take chunks while fewer responses wait than the engine decodes at once (the same decision on every
+    // rank of the group: the state is the same).
+    while (!exhausted && in_flight < engine.batch_size) {
+      int64_t c = -1;
+      if (opt.stop_requested && opt.stop_requested()) stop_seen = true;
+      if (leader) {
+        if (dispatcher) {
+          if (stop_seen) dispatcher->stop();
+          dispatcher->completed(unreported);
+          dispatcher->serve_pending();
+          c = dispatcher->next();
+        } else {
+          c = ChunkDispatcher::request(world, groups.map.dp_rank, last_written, unreported, stop_seen,
+                                       kRegenerateRequestTag, kRegenerateReplyTag);
+        }
+        std::fill(unreported.begin(), unreported.end(), 0);
+        last_written = -1;
+        cmd.data<int64_t>()[0] = c;
       }
-      cmd.data<int64_t>()[0] = c;
+      tp.broadcast(cmd, 0);
+      c = cmd.data<int64_t>()[0];
+      if (c < 0) {
+        exhausted = true;
+        break;
+      }
+      start_chunk(c);
     }
-    tp.broadcast(cmd, 0);
-    c = cmd.data<int64_t>()[0];
-    if (c < 0) break;
-    done_records = process(c);
-    if (dispatcher) dispatcher->completed(done_records);
+    if (in_flight == 0) {
+      if (exhausted) break;
+      continue;
+    }
+    for (ResponseResult& res : engine.step()) {
+      --in_flight;
+      auto it = chunk_of.find(res.key);
+      AERIE_CHECK(it != chunk_of.end(), "generate: the engine returned a response for record " << res.key
+                                                                                              << ", which waits for none");
+      OpenChunk& oc = open.at(it->second);
+      RecordRegeneration& rec = oc.records[res.key - oc.first];
+      rec.answer(std::move(res.ids));
+      if (rec.done()) {
+        chunk_of.erase(it);
+        record_done(oc, res.key);
+      } else {
+        submit(res.key, rec);
+      }
+    }
+    if (dispatcher) {
+      dispatcher->completed(unreported);
+      std::fill(unreported.begin(), unreported.end(), 0);
+      dispatcher->serve_pending();
+    }
   }
+  AERIE_CHECK(open.empty(), "generate: " << open.size() << " chunk(s) left open at the end");
   if (dispatcher) dispatcher->drain();
 
   // World totals (leaders count their group's work); the all-reduce also waits for every group's files.
   auto own = [&](int64_t v) { return leader ? v : 0; };
+  const bool stopped_here = stop_seen || (dispatcher && dispatcher->stopped_any());
   std::vector<int64_t> local = {own(stats.chunks_done), own(stats.conversations), own(stats.dropped),
                                 own(stats.truncated), own(stats.responses),     own(stats.prompt_tokens),
-                                own(stats.new_tokens), stop_seen ? 1 : 0};
+                                own(stats.new_tokens), stopped_here ? 1 : 0};
   for (int64_t n : skip_counts) local.push_back(own(n));
   Tensor totals = Tensor::from_vector<int64_t>(local, {static_cast<int64_t>(local.size())});
   world.all_reduce_sum(totals);
@@ -438,8 +562,7 @@ RegenerateStats run_regenerate(const RegenerateOptions& opt, ParallelGroups& gro
   world.all_reduce_sum(complete);
   stats.complete = complete.data<int64_t>()[0] != 0;
   stats.seconds = now_s() - t0;
-  if (dispatcher) {
-    dispatcher->finish();
+  if (dispatcher) {  // (no Progress::finish: other groups' last work is not reported to rank 0)
     std::string why;
     for (int s = 1; s < static_cast<int>(SkipReason::Count_); ++s)
       if (t[8 + s] > 0) why += std::string(why.empty() ? "" : ", ") + skip_name(static_cast<SkipReason>(s)) + " " +
@@ -452,6 +575,11 @@ RegenerateStats run_regenerate(const RegenerateOptions& opt, ParallelGroups& gro
     if (stats.complete) AERIE_LOG(info) << "generate: wrote " << opt.output;
   }
   return stats;
+}
+
+RegenerateStats run_regenerate(const RegenerateOptions& options, ParallelGroups& groups, const ChatTemplate& tmpl,
+                               const Tokenizer& tok, const ResponseGenerator& generate) {
+  return run_regenerate(options, groups, tmpl, tok, serial_engine(generate));
 }
 
 }  // namespace aerie

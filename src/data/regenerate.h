@@ -19,13 +19,22 @@
 // signature: model, template, sampling), so a killed run continues where it stopped and gives the same
 // output as an uninterrupted one.
 //
+// Decoding: the responses of many conversations are decoded together by a ResponseEngine (the job's is
+// model/sampling.h's BatchDecoder: continuous batching of up to --batch-size sequences). Each record is a
+// small state machine (RecordRegeneration) that asks for one response at a time (turn k+1's prompt holds
+// answer k); every record of every chunk the group holds asks in parallel, and a group takes its next chunk
+// as soon as fewer responses are waiting than the engine decodes at once, so the batch stays full across
+// chunk boundaries. A chunk is written when all of its records are done (in record order).
+//
 // Parallelism: the tp groups of `groups` take chunks from world rank 0 (which also works in group 0), with
-// the request/reply protocol of data/extract.h (tags kRegenerateRequestTag / kRegenerateReplyTag): rank 0
-// answers pending requests between conversations. The response to conversation i, assistant turn k, depends
-// only on (seed, i, k) and the prompt, so the output does not depend on the number of groups.
+// data/chunk_dispatcher.h (tags kRegenerateRequestTag / kRegenerateReplyTag; counters conversations,
+// responses, new tokens: rank 0 logs their rates and the ETA): rank 0 answers pending requests between
+// decoding steps. The response to conversation i, assistant turn k, depends only on (seed, i, k) and the
+// prompt, so the output depends neither on the number of groups nor on the batch size.
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -45,6 +54,35 @@ inline constexpr int kRegenerateReplyTag = 7202;
 /// it with the same arguments and must return the same ids.
 using ResponseGenerator = std::function<std::vector<int32_t>(const std::vector<int32_t>& prompt, int64_t max_new,
                                                              int64_t conversation, int64_t turn)>;
+
+/// One response to generate: the prompt ids, at most max_new (>= 1) new ids; conversation and turn as for
+/// ResponseGenerator (the RNG seed of the response).
+struct ResponseRequest {
+  std::vector<int32_t> prompt;
+  int64_t max_new = 0;
+  int64_t conversation = 0, turn = 0;
+};
+
+/// A generated response: the key it was submitted under and its ids (as ResponseGenerator returns them).
+struct ResponseResult {
+  int64_t key = 0;
+  std::vector<int32_t> ids;
+};
+
+/// The target as run_regenerate drives it: submit() queues requests, step() decodes (one batched forward,
+/// typically) and returns the responses that finished. Collective over the caller's tp group: every rank
+/// submits the same requests in the same order and calls step() together, and gets the same results.
+/// jobs/generate.cc wraps model/sampling.h's BatchDecoder; serial_engine() wraps a ResponseGenerator.
+struct ResponseEngine {
+  int64_t batch_size = 1;  // responses decoded at once: run_regenerate keeps at least this many waiting
+  std::function<void(int64_t key, const ResponseRequest& r)> submit;
+  /// Called only while some submitted response has not been returned yet.
+  std::function<std::vector<ResponseResult>()> step;
+};
+
+/// An engine that generates each submitted response alone with `generate` (step() returns the oldest
+/// waiting one).
+ResponseEngine serial_engine(ResponseGenerator generate);
 
 /// The prompt of the next assistant turn of `so_far`: the tokens of ChatTemplate::render_prompt (the
 /// conversation and the template's generation prompt, e.g. ChatML's "<|im_start|>assistant\n"; "plain": none),
@@ -68,9 +106,32 @@ struct RegeneratedRecord {
   bool truncated = false;         // a turn did not fit under max_length: the rest of the record was dropped
 };
 
-/// Regenerates record `index` (one JSON object as text). format: Auto (by key), ShareGPT or OpenAI; other
-/// formats are an error (aerie::Error). Unusable records come back with ok = false, as parse_json_record
-/// reports them (prompt-only conversations are fine). `generate` is called once per response.
+/// The regeneration of record `index` (one JSON object as text) as a state machine: pending() is the next
+/// response it needs (the conversation so far with the template's generation prompt, the regenerated
+/// answers included), answer() gives it, and when done() result() holds the record. format: Auto (by key),
+/// ShareGPT or OpenAI; other formats are an error (aerie::Error, from the constructor). Unusable records
+/// are done at once with ok = false, as parse_json_record reports them (prompt-only conversations are fine).
+class RecordRegeneration {
+ public:
+  RecordRegeneration(const std::string& record, InputFormat format, int64_t index, const ChatTemplate& tmpl,
+                     const Tokenizer& tok, const RegenerateParams& params);
+  ~RecordRegeneration();
+  RecordRegeneration(RecordRegeneration&&) noexcept;
+  bool done() const;
+  /// The response needed next; null when done().
+  const ResponseRequest* pending() const;
+  /// The generated ids of pending() (the stop id last when one ended it). Throws aerie::Error when done().
+  void answer(std::vector<int32_t> ids);
+  /// The record (valid once done()).
+  const RegeneratedRecord& result() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+/// Regenerates record `index` with one call of `generate` per response (RecordRegeneration driven to the
+/// end).
 RegeneratedRecord regenerate_record(const std::string& record, InputFormat format, int64_t index,
                                     const ChatTemplate& tmpl, const Tokenizer& tok, const RegenerateParams& params,
                                     const ResponseGenerator& generate);
@@ -101,8 +162,11 @@ struct RegenerateStats {
 };
 
 /// Regenerates every missing chunk and, when all exist, writes <output>. Collective over groups.world;
-/// `generate` is collective over groups.tp. Throws aerie::Error on an unreadable input, a non-conversation
+/// `engine` is collective over groups.tp. Throws aerie::Error on an unreadable input, a non-conversation
 /// format, a parts folder of another run, or I/O failure (the caller aborts: peers may be waiting).
+RegenerateStats run_regenerate(const RegenerateOptions& options, ParallelGroups& groups, const ChatTemplate& tmpl,
+                               const Tokenizer& tok, const ResponseEngine& engine);
+/// The same with serial_engine(generate).
 RegenerateStats run_regenerate(const RegenerateOptions& options, ParallelGroups& groups, const ChatTemplate& tmpl,
                                const Tokenizer& tok, const ResponseGenerator& generate);
 

@@ -52,14 +52,24 @@ void nucleus(const float* logits, int64_t V, const SamplingParams& p, std::vecto
   ids.resize(static_cast<size_t>(V));
   std::iota(ids.begin(), ids.end(), 0);
   if (p.top_p < 1) {
+    // Smallest prefix, in order of decreasing probability (ties by id: a total order), whose mass reaches
+    // top_p (the token that crosses it is kept). Only the first k ids are sorted (partial_sort, k grown
+    // 8x until the prefix is inside them): the same prefix and the same sums as a full sort, for O(V log k).
     auto by_prob = [&](int32_t a, int32_t b) { return e[a] != e[b] ? e[a] > e[b] : a < b; };
-    std::sort(ids.begin(), ids.end(), by_prob);
-    // Smallest prefix whose mass reaches top_p (the token that crosses it is kept).
-    double mass = 0;
     size_t keep = 0;
-    while (keep < ids.size()) {
-      mass += e[ids[keep++]] / sum;
-      if (mass >= p.top_p) break;
+    for (size_t k = std::min<size_t>(ids.size(), 256);; k = std::min(ids.size(), 8 * k)) {
+      std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(k), ids.end(), by_prob);
+      double mass = 0;
+      keep = 0;
+      bool reached = false;
+      while (keep < k) {
+        mass += e[ids[keep++]] / sum;
+        if (mass >= p.top_p) {
+          reached = true;
+          break;
+        }
+      }
+      if (reached || k == ids.size()) break;
     }
     ids.resize(keep);
     sum = 0;
@@ -102,34 +112,104 @@ int32_t sample_token(const float* logits, int64_t V, const SamplingParams& p, Sa
   return ids.back();  // u within rounding of 1
 }
 
+// ------------------------------------------------------------------------------------------ batch decoding
+
+struct BatchDecoder::Sequence {
+  int64_t key = 0;
+  std::vector<int32_t> feed;  // the rows of the next forward: the prompt, then the last drawn token
+  int64_t max_new = 0;
+  SampleRng rng{0};
+  std::unique_ptr<KVCache> cache;  // allocated when the sequence starts
+  std::vector<int32_t> out;
+};
+
+BatchDecoder::BatchDecoder(LlamaModel& model, int64_t batch_size, std::vector<int32_t> stop_ids,
+                           const SamplingParams& p)
+    : model_(model), batch_size_(batch_size), stop_ids_(std::move(stop_ids)), params_(p) {
+  AERIE_CHECK(batch_size >= 1, "BatchDecoder: batch size must be >= 1, got " << batch_size);
+  check_sampling_params(p);
+  std::sort(stop_ids_.begin(), stop_ids_.end());
+}
+
+BatchDecoder::~BatchDecoder() = default;
+
+void BatchDecoder::submit(int64_t key, std::vector<int32_t> prompt, int64_t max_new, const SampleRng& rng) {
+  AERIE_CHECK(!prompt.empty(), "BatchDecoder::submit: sequence " << key << " has an empty prompt");
+  AERIE_CHECK(max_new >= 1, "BatchDecoder::submit: sequence " << key << ": max_new must be >= 1, got " << max_new);
+  auto s = std::make_unique<Sequence>();
+  s->key = key;
+  s->feed = std::move(prompt);
+  s->max_new = max_new;
+  s->rng = rng;
+  queue_.push_back(std::move(s));
+}
+
+bool BatchDecoder::idle() const { return running_.empty() && queue_.empty(); }
+int64_t BatchDecoder::running() const { return static_cast<int64_t>(running_.size()); }
+int64_t BatchDecoder::queued() const { return static_cast<int64_t>(queue_.size()); }
+
+std::vector<BatchDecoder::Finished> BatchDecoder::step() {
+  while (static_cast<int64_t>(running_.size()) < batch_size_ && !queue_.empty()) {
+    std::unique_ptr<Sequence> s = std::move(queue_.front());
+    queue_.pop_front();
+    s->cache = std::make_unique<KVCache>(model_.make_cache(static_cast<int64_t>(s->feed.size()) + s->max_new));
+    running_.push_back(std::move(s));
+  }
+  std::vector<Finished> done;
+  if (running_.empty()) return done;
+  const int64_t B = static_cast<int64_t>(running_.size());
+  std::vector<std::vector<int32_t>> ids;
+  std::vector<KVCache*> caches;
+  for (const auto& s : running_) {
+    ids.push_back(s->feed);
+    caches.push_back(s->cache.get());
+    rows_ += static_cast<int64_t>(s->feed.size());
+  }
+  Tensor logits = model_.forward_batch(ids, caches, {}, LlamaModel::Logits::Last).logits;  // [B, V] F32
+  if (logits.device() != Device::CPU) logits = logits.to_device(Device::CPU);
+  AERIE_CHECK(logits.dim(0) == B, "BatchDecoder: forward_batch returned " << logits.dim(0) << " logits rows for "
+                                                                          << B << " sequences");
+  const int64_t V = logits.dim(1);
+  std::vector<int32_t> next(static_cast<size_t>(B));
+  for (int64_t b = 0; b < B; ++b) next[b] = sample_token(logits.data<float>() + b * V, V, params_, running_[b]->rng);
+  Communicator& tp = model_.tp();
+  if (tp.size() > 1) {  // tp rank 0's draws for everyone
+    Tensor t = Tensor::from_vector(next, {B});
+    if (model_.device() != Device::CPU) t = t.to_device(model_.device());  // a device communicator (NCCL)
+    tp.broadcast(t, 0);
+    if (t.device() != Device::CPU) t = t.to_device(Device::CPU);
+    std::copy(t.data<int32_t>(), t.data<int32_t>() + B, next.begin());
+  }
+  std::vector<std::unique_ptr<Sequence>> still;
+  for (int64_t b = 0; b < B; ++b) {
+    std::unique_ptr<Sequence>& s = running_[b];
+    s->out.push_back(next[b]);
+    const bool stop = std::binary_search(stop_ids_.begin(), stop_ids_.end(), next[b]);
+    if (stop || static_cast<int64_t>(s->out.size()) >= s->max_new) {
+      done.push_back({s->key, std::move(s->out), s->rng});
+    } else {
+      s->feed.assign(1, next[b]);
+      still.push_back(std::move(s));
+    }
+  }
+  running_ = std::move(still);
+  return done;
+}
+
 std::vector<int32_t> sample_generate(LlamaModel& model, const std::vector<int32_t>& prompt, int64_t max_new,
                                      const std::vector<int32_t>& stop_ids, const SamplingParams& p, SampleRng& rng) {
   AERIE_CHECK(!prompt.empty(), "sample_generate: empty prompt");
   check_sampling_params(p);
-  std::vector<int32_t> out;
-  if (max_new <= 0) return out;
-  const int64_t n = static_cast<int64_t>(prompt.size());
-  KVCache cache = model.make_cache(n + max_new);
-  Communicator& tp = model.tp();
-  auto pick = [&](Tensor logits) {
-    if (logits.device() != Device::CPU) logits = logits.to_device(Device::CPU);
-    const int64_t V = logits.dim(1);
-    int32_t id = sample_token(logits.data<float>() + (logits.dim(0) - 1) * V, V, p, rng);
-    if (tp.size() > 1) {
-      Tensor t = Tensor::from_vector(std::vector<int32_t>{id}, {1});
-      tp.broadcast(t, 0);
-      id = t.data<int32_t>()[0];
+  if (max_new <= 0) return {};
+  BatchDecoder dec(model, 1, stop_ids, p);
+  dec.submit(0, prompt, max_new, rng);
+  for (;;) {
+    std::vector<BatchDecoder::Finished> f = dec.step();
+    if (!f.empty()) {
+      rng = f[0].rng;
+      return std::move(f[0].ids);
     }
-    return id;
-  };
-  if (n > 1) model.forward(std::vector<int32_t>(prompt.begin(), prompt.end() - 1), &cache, {}, false);
-  int32_t next = pick(model.forward({prompt.back()}, &cache, {}, true).logits);
-  for (int64_t i = 0; i < max_new; ++i) {
-    out.push_back(next);
-    if (std::find(stop_ids.begin(), stop_ids.end(), next) != stop_ids.end() || i + 1 == max_new) break;
-    next = pick(model.forward({next}, &cache, {}, true).logits);
   }
-  return out;
 }
 
 }  // namespace aerie

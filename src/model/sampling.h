@@ -6,6 +6,8 @@
 // operations is transformers' (TemperatureLogitsWarper, then TopPLogitsWarper): p_i = softmax(logits / T).
 #pragma once
 #include <cstdint>
+#include <deque>
+#include <memory>
 #include <vector>
 
 namespace aerie {
@@ -48,12 +50,67 @@ std::vector<double> sampling_distribution(const float* logits, int64_t V, const 
 /// aerie::Error on V <= 0 or invalid params.
 int32_t sample_token(const float* logits, int64_t V, const SamplingParams& p, SampleRng& rng);
 
-/// Decodes one sequence with a KV cache: the prompt (all but its last token without logits, then the last),
-/// then one token at a time, each drawn by sample_token, until a token of `stop_ids` (kept, last) or max_new
-/// tokens. Returns the generated ids only. One sequence at a time (KVCache holds one). Collective over the
-/// model's tp group: tp rank 0 draws and broadcasts its token, so every rank returns the same ids (rank 0's
-/// rng is the one that counts; keep the ranks' rngs equal anyway). Greedy (temperature 0) equals
-/// greedy_generate. Throws aerie::Error on an empty prompt or invalid params.
+/// Batched decoding with a KV cache per sequence (continuous batching): sequences are queued with submit()
+/// and decoded together, up to `batch_size` at a time, by step(), each with its own KVCache (prompt +
+/// max_new positions, allocated when it starts), its own SampleRng and its own stop rule.
+///
+/// One step() is one LlamaModel::forward_batch (Logits::Last): free slots are first refilled from the queue
+/// (FIFO), and a sequence that starts is prefilled in that same forward (its whole prompt; the last row's
+/// logits give its first token), while every running sequence feeds its last token. Each sequence then
+/// draws its next token from its own logits row with sample_token and its own rng; it finishes after a
+/// token of `stop_ids` (kept, last) or after max_new tokens, and its slot is free for the next step. So a
+/// sequence's tokens depend only on its prompt, max_new, rng and the model (not on the batch size nor on
+/// the other sequences of the batch), as long as forward_batch computes each row as forward() would: exact
+/// on the CPU (row-independent GEMMs); on CUDA equal up to fp32 summation order, so a near tie of two
+/// tokens may go either way there.
+///
+/// Tensor parallel: collective over the model's tp group. Every rank must submit the same sequences in the
+/// same order and call step() together; every rank draws (its rng advances as rank 0's), and tp rank 0's
+/// tokens of the step ([B] I32, one broadcast on the model's device) are the ones every rank keeps, so all
+/// ranks return the same ids even if their all-reduced logits differed in the last bit.
+class BatchDecoder {
+ public:
+  /// Throws aerie::Error unless batch_size >= 1 and `p` is valid (check_sampling_params).
+  BatchDecoder(LlamaModel& model, int64_t batch_size, std::vector<int32_t> stop_ids, const SamplingParams& p);
+  ~BatchDecoder();
+  BatchDecoder(const BatchDecoder&) = delete;
+  BatchDecoder& operator=(const BatchDecoder&) = delete;
+
+  /// Queues a sequence under the caller's `key`. Throws aerie::Error on an empty prompt or max_new < 1.
+  void submit(int64_t key, std::vector<int32_t> prompt, int64_t max_new, const SampleRng& rng);
+
+  struct Finished {
+    int64_t key;
+    std::vector<int32_t> ids;  // generated ids, the stop id last when one ended it
+    SampleRng rng;             // the sequence's rng after its last draw
+  };
+  /// One decoding step (see above); returns the sequences that finished in it, in slot order. Nothing to
+  /// do (idle()): returns nothing and calls nothing. Throws what forward_batch throws.
+  std::vector<Finished> step();
+
+  bool idle() const;
+  int64_t running() const;  // sequences in the batch
+  int64_t queued() const;   // submitted, not started
+  int64_t batch_size() const { return batch_size_; }
+  /// Tokens fed to the model so far (prompt rows + decoded rows), for throughput logs.
+  int64_t rows() const { return rows_; }
+
+ private:
+  struct Sequence;
+  LlamaModel& model_;
+  int64_t batch_size_;
+  std::vector<int32_t> stop_ids_;
+  SamplingParams params_;
+  std::vector<std::unique_ptr<Sequence>> running_;
+  std::deque<std::unique_ptr<Sequence>> queue_;
+  int64_t rows_ = 0;
+};
+
+/// Decodes one sequence (a BatchDecoder of batch size 1): the prompt, then one token at a time drawn by
+/// sample_token, until a token of `stop_ids` (kept, last) or max_new tokens. Returns the generated ids
+/// only (none when max_new <= 0); `rng` is advanced by the draws. Collective over the model's tp group
+/// (see BatchDecoder). Greedy (temperature 0) equals greedy_generate. Throws aerie::Error on an empty
+/// prompt or invalid params.
 std::vector<int32_t> sample_generate(LlamaModel& model, const std::vector<int32_t>& prompt, int64_t max_new,
                                      const std::vector<int32_t>& stop_ids, const SamplingParams& p, SampleRng& rng);
 

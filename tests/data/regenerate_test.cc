@@ -1,6 +1,7 @@
 // Regeneration (data/regenerate.h): the generation prompt of a template, one record (turns kept / replaced /
 // appended, keys kept, tool calls kept, drops and truncation), and run_regenerate with the real stories260K
-// target: chunks, resume after a partial output, refusal of another run's parts, stop requests; under
+// target decoded in batches (model/sampling.h BatchDecoder): chunks, resume after a partial output, refusal
+// of another run's parts, stop requests, the same output for every batch size; under
 // mpirun -np 2 (tests/mpi/generate.cmake) two data-parallel groups write what one rank writes.
 #include <gtest/gtest.h>
 
@@ -227,11 +228,30 @@ struct Target {
     tmpl = make_chat_template("plain", *tok);
     stop = {tok->bos_id(), tok->eos_id()};
   }
+  static SampleRng rng_of(int64_t conv, int64_t turn) {
+    return SampleRng(sequence_seed(sequence_seed(9, static_cast<uint64_t>(conv)), static_cast<uint64_t>(turn)));
+  }
+  // One response at a time (sample_generate): the reference.
   ResponseGenerator gen() {
     return [this](const std::vector<int32_t>& prompt, int64_t max_new, int64_t conv, int64_t turn) {
-      SampleRng rng(sequence_seed(sequence_seed(9, static_cast<uint64_t>(conv)), static_cast<uint64_t>(turn)));
+      SampleRng rng = rng_of(conv, turn);
       return sample_generate(*model, prompt, max_new, stop, sp, rng);
     };
+  }
+  // Batched decoding as aerie generate does it (a BatchDecoder of `batch` sequences).
+  ResponseEngine engine(int64_t batch) {
+    auto dec = std::make_shared<BatchDecoder>(*model, batch, stop, sp);
+    ResponseEngine e;
+    e.batch_size = batch;
+    e.submit = [dec](int64_t key, const ResponseRequest& r) {
+      dec->submit(key, r.prompt, r.max_new, rng_of(r.conversation, r.turn));
+    };
+    e.step = [dec] {
+      std::vector<ResponseResult> out;
+      for (BatchDecoder::Finished& f : dec->step()) out.push_back({f.key, std::move(f.ids)});
+      return out;
+    };
+    return e;
   }
   RegenerateOptions options(const std::string& dir) const {
     RegenerateOptions o;
@@ -264,7 +284,7 @@ TEST(RegenerateRun, ChunksResumeAndRefuseAnotherRun) {
   write_input(dir + "/in.jsonl", 11);
   Target t(*g.tp);
   RegenerateOptions o = t.options(dir);
-  RegenerateStats s = run_regenerate(o, g, *t.tmpl, *t.tok, t.gen());
+  RegenerateStats s = run_regenerate(o, g, *t.tmpl, *t.tok, t.engine(4));
   EXPECT_TRUE(s.complete);
   EXPECT_EQ(s.records, 11);
   EXPECT_EQ(s.chunks, 4);
@@ -292,7 +312,7 @@ TEST(RegenerateRun, ChunksResumeAndRefuseAnotherRun) {
   fs::remove(dir + "/out.jsonl.parts/chunk-00002.jsonl");
   fs::remove(o.output);
   std::ofstream(dir + "/out.jsonl.parts/chunk-00002.jsonl.tmp") << "garbage";
-  RegenerateStats r = run_regenerate(o, g, *t.tmpl, *t.tok, t.gen());
+  RegenerateStats r = run_regenerate(o, g, *t.tmpl, *t.tok, t.engine(2));
   EXPECT_TRUE(r.complete);
   EXPECT_EQ(r.chunks_skipped, 3);
   EXPECT_EQ(r.chunks_done, 1);
@@ -347,6 +367,30 @@ TEST(RegenerateRun, JsonArrayInput) {
   EXPECT_EQ(ids, (std::vector<std::string>{"a", "b"}));
 }
 
+// The output does not depend on the batch size nor on which responses share a batch: batch 1 and 4, greedy
+// and sampled, equal the responses generated one at a time (sample_generate).
+TEST(RegenerateRun, BatchSizeDoesNotChangeTheOutput) {
+  if (!testing::have_model()) GTEST_SKIP() << "no converted stories260K at " << testing::model_dir();
+  ParallelGroups g = ParallelGroups::create(1);
+  if (g.map.world_size != 1) GTEST_SKIP() << "single-rank test";
+  Target t(*g.tp);
+  for (double temperature : {0.0, 0.9}) {
+    t.sp = {temperature, 0.95};
+    std::string want;
+    for (int64_t batch : {1, 4}) {
+      const std::string dir = testing::scratch_dir("regenerate_batch_" + std::to_string(batch));
+      write_input(dir + "/in.jsonl", 9);
+      RegenerateOptions o = t.options(dir);
+      o.conversations_per_chunk = 2;  // the batch spans chunks: 4 sequences of up to 3 chunks at once
+      if (want.empty()) want = t.expected(o, 9);
+      RegenerateStats s = run_regenerate(o, g, *t.tmpl, *t.tok, t.engine(batch));
+      EXPECT_TRUE(s.complete);
+      EXPECT_EQ(read(o.output), want) << "batch " << batch << ", temperature " << temperature;
+      EXPECT_EQ(s.conversations, 7);
+    }
+  }
+}
+
 // Under mpirun -np 2: two data-parallel groups write the file that one rank computes record by record.
 TEST(RegenerateMpi, TwoGroupsEqualOneRank) {
   if (!testing::have_model()) GTEST_SKIP() << "no converted stories260K at " << testing::model_dir();
@@ -363,7 +407,7 @@ TEST(RegenerateMpi, TwoGroupsEqualOneRank) {
   Target t(*g.tp);
   RegenerateOptions o = t.options(dir);
   o.conversations_per_chunk = 2;
-  RegenerateStats s = run_regenerate(o, g, *t.tmpl, *t.tok, t.gen());
+  RegenerateStats s = run_regenerate(o, g, *t.tmpl, *t.tok, t.engine(3));
   EXPECT_TRUE(s.complete);
   EXPECT_EQ(s.chunks_done, 7);
   EXPECT_EQ(s.conversations + s.dropped, 13);

@@ -1,0 +1,70 @@
+// --device / --dtype of the target (see target_device.h).
+#include "jobs/target_device.h"
+
+#include "core/device.h"
+#include "core/error.h"
+#include "core/log.h"
+
+#ifdef AERIE_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace aerie::jobs {
+
+void add_target_device_options(po::options_description& desc) {
+  desc.add_options()("device", po::value<std::string>()->default_value("auto"),
+                     "auto (cuda when a GPU is visible for every rank of the node), cpu or cuda")(
+      "dtype", po::value<std::string>()->default_value("auto"),
+      "compute dtype of the target: auto (bf16 on cuda, f32 on cpu), f32 or bf16 (model/llama.h)");
+}
+
+TargetDevice resolve_target_device(const po::variables_map& vm, ParallelGroups& groups, const std::string& job) {
+  const std::string device = vm["device"].as<std::string>(), dtype = vm["dtype"].as<std::string>();
+  AERIE_CHECK(device == "auto" || device == "cpu" || device == "cuda",
+              job << ": --device '" << device << "' is not auto, cpu or cuda");
+  AERIE_CHECK(dtype == "auto" || dtype == "f32" || dtype == "bf16",
+              job << ": --dtype '" << dtype << "' is not auto, f32 or bf16");
+  TargetDevice t;
+  bool use_cuda = device == "cuda";
+  if (device == "auto" && cuda::available()) {
+    use_cuda = local_size() <= cuda::device_count();  // collective over the world (first call)
+    if (!use_cuda && groups.map.world_rank == 0)
+      AERIE_LOG(info) << job << ": " << local_size() << " ranks per node but " << cuda::device_count()
+                      << " GPU(s): running on the CPU (--device cuda to insist)";
+  }
+  t.options.device = use_cuda ? Device::CUDA : Device::CPU;
+  t.options.dtype = dtype == "bf16" || (dtype == "auto" && use_cuda) ? DType::BF16 : DType::F32;
+  if (use_cuda) {
+    AERIE_CHECK(cuda::available(), job << ": --device cuda: " << cuda::unavailable_reason());
+    cuda::select_device(local_rank());  // collective over the world on first use
+    t.nccl = std::make_unique<NcclCommunicator>(*groups.tp);
+    t.tp = t.nccl.get();
+  } else {
+    t.tp = groups.tp.get();
+  }
+  return t;
+}
+
+void log_gpu_memory(const std::string& job, int world_rank) {
+#ifdef AERIE_WITH_CUDA
+  size_t free_b = 0, total_b = 0;
+  cudaMemPool_t pool = nullptr;
+  unsigned long long high = 0;  // NOLINT(runtime/int): the CUDA API's type
+  if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess ||
+      cudaDeviceGetDefaultMemPool(&pool, cuda::current_device()) != cudaSuccess ||
+      cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high) != cudaSuccess) {
+    AERIE_LOG(warning) << job << ": could not query GPU memory";
+    return;
+  }
+  const double gib = 1024.0 * 1024.0 * 1024.0;
+  AERIE_LOG(info) << job << ": rank " << world_rank << " GPU " << cuda::current_device() << " peak memory "
+                  << static_cast<double>(high) / gib << " GiB (pool high-water), "
+                  << static_cast<double>(total_b - free_b) / gib << " of " << static_cast<double>(total_b) / gib
+                  << " GiB in use (cudaMemGetInfo)";
+#else
+  (void)job;
+  (void)world_rank;
+#endif
+}
+
+}  // namespace aerie::jobs

@@ -1,0 +1,125 @@
+// Batched decoding (model/sampling.h BatchDecoder) on stories260K: each sequence's tokens do not depend on
+// the batch size nor on its neighbours (greedy and sampled), stop ids end a sequence (kept, last), max_new
+// caps it, slots are refilled from the queue, and greedy decoding equals greedy_generate.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "comm/communicator.h"
+#include "model/llama.h"
+#include "model/sampling.h"
+#include "test_util.h"
+
+namespace aerie {
+namespace {
+
+struct Seq {
+  std::vector<int32_t> prompt;
+  int64_t max_new;
+};
+
+// Prompts of different lengths (BOS = 1 first) and budgets.
+std::vector<Seq> sequences() {
+  return {{{1, 403, 407, 261, 378}, 40}, {{1, 73}, 25},  {{1, 403, 407, 261, 378, 292, 300, 350}, 60},
+          {{1, 300}, 1},                 {{1, 261}, 33}, {{1, 407, 378}, 50},
+          {{1, 350, 351, 352}, 12}};
+}
+
+// Decodes every sequence with a BatchDecoder of `batch`; results by key, and the largest batch seen.
+std::map<int64_t, std::vector<int32_t>> decode(LlamaModel& model, int64_t batch, const SamplingParams& sp,
+                                               const std::vector<int32_t>& stop, int64_t* max_running = nullptr) {
+  BatchDecoder dec(model, batch, stop, sp);
+  std::vector<Seq> seqs = sequences();
+  for (size_t i = 0; i < seqs.size(); ++i)
+    dec.submit(static_cast<int64_t>(i), seqs[i].prompt, seqs[i].max_new, SampleRng(sequence_seed(7, i)));
+  std::map<int64_t, std::vector<int32_t>> out;
+  int64_t steps = 0;
+  while (!dec.idle()) {
+    for (BatchDecoder::Finished& f : dec.step()) {
+      EXPECT_EQ(out.count(f.key), 0u) << "sequence " << f.key << " finished twice";
+      out[f.key] = std::move(f.ids);
+    }
+    if (max_running) *max_running = std::max(*max_running, dec.running());
+    EXPECT_LT(++steps, 1000) << "decoder does not finish";
+    if (steps >= 1000) break;
+  }
+  return out;
+}
+
+class BatchDecoderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!testing::have_model()) GTEST_SKIP() << "no converted stories260K at " << testing::model_dir();
+    world = MpiCommunicator::world();
+    self = world->split(world->rank(), 0);
+    model = std::make_unique<LlamaModel>(testing::model_dir(), *self);
+  }
+  std::unique_ptr<MpiCommunicator> world, self;
+  std::unique_ptr<LlamaModel> model;
+};
+
+TEST_F(BatchDecoderTest, BatchSizeDoesNotChangeTheTokens) {
+  const std::vector<int32_t> stop = {1, 2};
+  for (SamplingParams sp : {SamplingParams{0.0, 1.0}, SamplingParams{1.0, 0.9}, SamplingParams{0.8, 1.0}}) {
+    auto one = decode(*model, 1, sp, stop);
+    ASSERT_EQ(one.size(), sequences().size());
+    int64_t max_running = 0;
+    EXPECT_EQ(decode(*model, 4, sp, stop, &max_running), one) << "temperature " << sp.temperature;
+    EXPECT_EQ(max_running, 4);
+    EXPECT_EQ(decode(*model, 16, sp, stop), one) << "temperature " << sp.temperature;
+    // One at a time through sample_generate (the job's one-prompt mode) too.
+    std::vector<Seq> seqs = sequences();
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      SampleRng rng(sequence_seed(7, i));
+      EXPECT_EQ(sample_generate(*model, seqs[i].prompt, seqs[i].max_new, stop, sp, rng), one[i]) << "sequence " << i;
+    }
+  }
+}
+
+TEST_F(BatchDecoderTest, GreedyEqualsGreedyGenerate) {
+  const std::vector<int32_t> stop = {1, 2};
+  auto got = decode(*model, 3, {0.0, 1.0}, stop);
+  std::vector<Seq> seqs = sequences();
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    std::vector<int32_t> ref = greedy_generate(*model, seqs[i].prompt, seqs[i].max_new, stop);
+    EXPECT_EQ(got[i], std::vector<int32_t>(ref.begin() + static_cast<int64_t>(seqs[i].prompt.size()), ref.end()))
+        << "sequence " << i;
+  }
+}
+
+TEST_F(BatchDecoderTest, StopIdsAndMaxNew) {
+  std::vector<Seq> seqs = sequences();
+  // Without stop ids every sequence runs to max_new.
+  auto full = decode(*model, 4, {0.9, 1.0}, {});
+  for (size_t i = 0; i < seqs.size(); ++i) EXPECT_EQ(static_cast<int64_t>(full[i].size()), seqs[i].max_new);
+  // Stop at a frequent token: each sequence ends at its first occurrence (kept), or at max_new without one.
+  std::map<int32_t, int> freq;
+  for (auto& [k, ids] : full)
+    for (int32_t id : ids) ++freq[id];
+  int32_t common = -1;
+  for (auto& [id, n] : freq)
+    if (common < 0 || n > freq[common]) common = id;
+  auto stopped = decode(*model, 4, {0.9, 1.0}, {common});
+  int ended_by_stop = 0;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const std::vector<int32_t>& f = full[i];
+    auto it = std::find(f.begin(), f.end(), common);
+    // The same draws up to the stop (a sequence's rng does not depend on the stop ids).
+    std::vector<int32_t> want(f.begin(), it == f.end() ? f.end() : it + 1);
+    EXPECT_EQ(stopped[i], want) << "sequence " << i;
+    ended_by_stop += it != f.end();
+  }
+  EXPECT_GT(ended_by_stop, 0) << "token " << common << " stopped no sequence: the test checks nothing";
+}
+
+TEST_F(BatchDecoderTest, RejectsBadInput) {
+  EXPECT_NE(testing::error_of([&] { BatchDecoder(*model, 0, {}, {0.0, 1.0}); }).find("batch size"), std::string::npos);
+  BatchDecoder dec(*model, 2, {}, {0.0, 1.0});
+  EXPECT_NE(testing::error_of([&] { dec.submit(0, {}, 5, SampleRng(0)); }).find("empty prompt"), std::string::npos);
+  EXPECT_NE(testing::error_of([&] { dec.submit(0, {1}, 0, SampleRng(0)); }).find("max_new"), std::string::npos);
+  EXPECT_TRUE(dec.idle());
+  EXPECT_TRUE(dec.step().empty());
+}
+
+}  // namespace
+}  // namespace aerie
