@@ -104,9 +104,19 @@ int extract(const std::vector<std::string>& args) {
     aux = out.aux_hidden;
     fin = out.final_hidden;
   };
+  // On a GPU consecutive samples share a forward (up to opt.batch_tokens rows): larger GEMMs.
+  if (mopt.device == Device::CUDA) {
+    opt.forward_batch = [&](const std::vector<std::vector<int32_t>>& ids, Tensor& aux, Tensor& fin) {
+      TargetOutput out = model.forward_batch(ids, {}, aux_layers, LlamaModel::Logits::None);
+      aux = out.aux_hidden;
+      fin = out.final_hidden;
+    };
+  }
   StopSignals stop_signals;
   opt.stop_requested = [] { return StopSignals::received() != 0; };
   ExtractStats stats = run_extract(opt, groups, forward);
+  if (groups.map.world_rank == 0 && !model.profile_summary().empty())
+    AERIE_LOG(info) << "extract: op times (AERIE_PROFILE=1), rank 0: " << model.profile_summary();
   if (mopt.device == Device::CUDA) log_gpu_memory("extract", groups.map.world_rank);
   if (stats.stopped && stats.chunks_skipped + stats.chunks_done < stats.chunks) {
     if (groups.map.world_rank == 0) {

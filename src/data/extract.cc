@@ -161,12 +161,30 @@ ExtractStats run_extract(const ExtractOptions& opt, ParallelGroups& groups, cons
       meta.chunk = c;
       pipeline->open(shard_path(c), meta, lengths);
     }
-    for (int64_t i = b; i < e; ++i) {
-      const int64_t s = off[i] - off[b], T = off[i + 1] - off[i];
-      std::vector<int32_t> x(ids.begin() + s, ids.begin() + s + T);
+    // Samples i .. j-1 in one forward: one sample, or with opt.forward_batch as many consecutive samples
+    // as fit in opt.batch_tokens rows (at least one); the outputs are split back per sample.
+    for (int64_t i = b, j; i < e; i = j) {
+      j = i + 1;
+      if (opt.forward_batch)
+        while (j < e && off[j + 1] - off[i] <= opt.batch_tokens) ++j;
+      std::vector<std::vector<int32_t>> xs;
+      for (int64_t k = i; k < j; ++k)
+        xs.emplace_back(ids.begin() + (off[k] - off[b]), ids.begin() + (off[k + 1] - off[b]));
       Tensor aux, fin;
-      forward(x, aux, fin);
-      if (leader) pipeline->add(i, x, std::vector<uint8_t>(mask.begin() + s, mask.begin() + s + T), aux, fin);
+      if (opt.forward_batch)
+        opt.forward_batch(xs, aux, fin);
+      else
+        forward(xs[0], aux, fin);
+      AERIE_CHECK(aux.dim(0) == off[j] - off[i] && fin.dim(0) == off[j] - off[i],
+                  "extract: the forward of samples " << i << ".." << j - 1 << " returned " << aux.dim(0) << " and "
+                                                     << fin.dim(0) << " rows for " << off[j] - off[i] << " tokens");
+      for (int64_t k = i, row = 0; k < j; ++k) {
+        const int64_t s = off[k] - off[b], T = off[k + 1] - off[k];
+        if (leader)
+          pipeline->add(k, xs[k - i], std::vector<uint8_t>(mask.begin() + s, mask.begin() + s + T),
+                        aux.slice(row, row + T), fin.slice(row, row + T));
+        row += T;
+      }
       if (dispatcher) dispatcher->serve_pending();
     }
     if (leader) pipeline->close();

@@ -41,6 +41,11 @@ inline constexpr int kExtractReplyTag = 7102;
 /// stored, by a writer thread while the next forward runs (data/shard_pipeline.h), so the forward must
 /// return new tensors on each call rather than overwrite the previous ones.
 using TargetForward = std::function<void(const std::vector<int32_t>& ids, Tensor& aux_hidden, Tensor& final_hidden)>;
+/// The target's forward over several samples at once (LlamaModel::forward_batch): ids[b] = sample b's
+/// ids [T_b]; aux_hidden [sum T_b, 3H] and final_hidden [sum T_b, H] hold the rows of sample 0, then 1, ...
+/// Otherwise as TargetForward (collective, new tensors on each call).
+using TargetForwardBatch = std::function<void(const std::vector<std::vector<int32_t>>& ids, Tensor& aux_hidden,
+                                              Tensor& final_hidden)>;
 
 /// The token index of a prepared file ("aerie.prepared" v1, docs/formats.md): sample_offsets only.
 /// Tokens are read per range with read_tokens().
@@ -73,6 +78,12 @@ struct ExtractOptions {
   /// true on any rank, every group finishes and closes the shard in hand, no new chunk is handed out, and
   /// run_extract returns with stats.stopped (a rerun does the missing chunks).
   std::function<bool()> stop_requested;
+  /// When set, run_extract gives consecutive samples of a chunk to forward_batch in groups of at most
+  /// batch_tokens rows (a longer sample goes alone) instead of calling the per-sample forward, and splits
+  /// the outputs back per sample (views of the batch's rows). The grouping depends only on the chunk's
+  /// samples, so shards stay reproducible.
+  TargetForwardBatch forward_batch;
+  int64_t batch_tokens = 8192;
 };
 
 /// What run_extract did: totals over the world, the same on every rank, except chunks_this_group.

@@ -237,6 +237,104 @@ TEST(Extract, Stories260KMatchesForward) {
   EXPECT_GT(sq, 0.0);
 }
 
+// Several samples per forward (ExtractOptions::forward_batch): groups of consecutive samples up to the
+// token budget, split back per sample; the shards are byte for byte those of one forward per sample.
+TEST(Extract, BatchedForwardGivesTheSameShards) {
+  const std::string dir = testing::scratch_dir("extract_batched");
+  Prepared p = make_prepared(11, 100);
+  write_prepared(dir + "/prepared.h5", p);
+  ParallelGroups g = ParallelGroups::create(1);
+  if (g.map.world_size != 1) GTEST_SKIP() << "single-rank test";
+  ExtractOptions single = fake_options(dir, 5);
+  single.output = dir + "/single";
+  run_extract(single, g, fake_forward);
+
+  ExtractOptions batched = fake_options(dir, 5);
+  batched.output = dir + "/batched";
+  batched.batch_tokens = 20;
+  std::vector<std::pair<size_t, int64_t>> calls;  // (samples, rows) per call
+  batched.forward_batch = [&](const std::vector<std::vector<int32_t>>& ids, Tensor& aux, Tensor& fin) {
+    int64_t rows = 0;
+    for (const auto& x : ids) rows += static_cast<int64_t>(x.size());
+    calls.emplace_back(ids.size(), rows);
+    aux = Tensor::empty({rows, 3 * kFakeH}, DType::F32);
+    fin = Tensor::empty({rows, kFakeH}, DType::F32);
+    int64_t r = 0;
+    for (const auto& x : ids) {
+      Tensor a, f;
+      fake_forward(x, a, f);
+      const int64_t T = static_cast<int64_t>(x.size());
+      aux.slice(r, r + T).copy_from(a);
+      fin.slice(r, r + T).copy_from(f);
+      r += T;
+    }
+  };
+  TargetForward unused = [](const std::vector<int32_t>&, Tensor&, Tensor&) { FAIL() << "per-sample forward called"; };
+  ExtractStats st = run_extract(batched, g, unused);
+  EXPECT_EQ(st.samples, 11);
+  size_t samples = 0, multi = 0;
+  for (auto [n, rows] : calls) {
+    samples += n;
+    if (n > 1) {
+      ++multi;
+      EXPECT_LE(rows, 20);
+    }
+  }
+  EXPECT_EQ(samples, 11u);
+  EXPECT_GT(multi, 0u);       // the budget did group samples
+  EXPECT_LT(calls.size(), 11u);
+  for (int64_t c = 0; c < 3; ++c)
+    EXPECT_TRUE(read_bytes(single.output + "/" + shard_file_name(c)) ==
+                read_bytes(batched.output + "/" + shard_file_name(c)))
+        << shard_file_name(c);
+}
+
+// The same with the real target's batched forward (LlamaModel::forward_batch on the Qwen3 fixture): the
+// stored bf16 values equal the one-sample forwards' up to fp32 summation order, i.e. a flipped bf16
+// rounding at most (one bf16 ulp, 2^-8 relative).
+TEST(Extract, ModelForwardBatchMatchesOneSampleForwards) {
+  const std::string dir = testing::scratch_dir("extract_model_batched");
+  ParallelGroups g = ParallelGroups::create(1);
+  if (g.map.world_size != 1) GTEST_SKIP() << "single-rank test";
+  LlamaModel model(std::string(AERIE_SOURCE_DIR) + "/tests/model/fixtures/hf/qwen3", *g.tp);
+  Prepared p = make_prepared(7, model.config().vocab_size, 12);
+  write_prepared(dir + "/prepared.h5", p);
+  ExtractOptions o;
+  o.prepared = dir + "/prepared.h5";
+  o.samples_per_shard = 4;
+  o.meta.target_model = "qwen3";
+  o.meta.aux_layers = {0, 1, 2};
+  o.meta.hidden_size = model.config().hidden_size;
+  o.meta.num_hidden_layers = model.config().num_hidden_layers;
+  TargetForward fwd = [&](const std::vector<int32_t>& ids, Tensor& aux, Tensor& fin) {
+    TargetOutput out = model.forward(ids, nullptr, o.meta.aux_layers, false);
+    aux = out.aux_hidden;
+    fin = out.final_hidden;
+  };
+  o.output = dir + "/single";
+  run_extract(o, g, fwd);
+  o.output = dir + "/batched";
+  o.batch_tokens = 30;
+  o.forward_batch = [&](const std::vector<std::vector<int32_t>>& ids, Tensor& aux, Tensor& fin) {
+    TargetOutput out = model.forward_batch(ids, {}, o.meta.aux_layers, LlamaModel::Logits::None);
+    aux = out.aux_hidden;
+    fin = out.final_hidden;
+  };
+  run_extract(o, g, fwd);
+  for (int64_t c = 0; c < 2; ++c) {
+    ShardReader a(dir + "/single/" + shard_file_name(c)), b(dir + "/batched/" + shard_file_name(c));
+    ASSERT_EQ(a.num_samples(), b.num_samples());
+    for (int64_t i = 0; i < a.num_samples(); ++i) {
+      HiddenSample sa = a.read(i), sb = b.read(i);
+      EXPECT_EQ(sa.ids, sb.ids);
+      testing::expect_close(sb.aux_hidden.to_float_vector(), sa.aux_hidden.to_float_vector(), 1e-3f, 8e-3f,
+                            "aux, shard " + std::to_string(c) + " sample " + std::to_string(i));
+      testing::expect_close(sb.final_hidden.to_float_vector(), sa.final_hidden.to_float_vector(), 1e-3f, 8e-3f,
+                            "final, shard " + std::to_string(c) + " sample " + std::to_string(i));
+    }
+  }
+}
+
 // The input of tests/mpi/extract_resume.sh: with $AERIE_EXTRACT_PREPARED set, writes a prepared file of
 // 36 samples of 32..159 tokens there (ids < 512, stories260K's vocabulary); otherwise into scratch.
 TEST(ExtractFixture, WritePrepared) {
