@@ -99,10 +99,14 @@ TEST_P(AttentionCudaTest, BackwardMatchesCpu) {
                      lse.to_device(Device::CUDA), c.q_offset, scale, gdq, gdk, gdv);
   testing::expect_close(gdq.to_float_vector(), rounded(dq, c.dt).to_float_vector(), atol_of(c.dt, true),
                         rtol_of(c.dt, true), "dq");
-  testing::expect_close(gdk.to_float_vector(), rounded(dk, c.grad_dt).to_float_vector(), atol_of(c.grad_dt, true),
-                        rtol_of(c.grad_dt, true), "dk");
-  testing::expect_close(gdv.to_float_vector(), rounded(dv, c.grad_dt).to_float_vector(), atol_of(c.grad_dt, true),
-                        rtol_of(c.grad_dt, true), "dv");
+  // F32 dk/dv of BF16 inputs get the bf16 tolerance: the tensor-core backward rounds P and dS to bf16 as
+  // the A operands of dV = P^T dout and dK = dS^T Q (as FlashAttention-2 does), a 2^-9 relative error
+  // per term (seen: up to 2e-3 absolute on values of about 0.5, against 1e-4 + 1e-3 |ref| for F32).
+  const DType gtol = c.dt == DType::BF16 ? DType::BF16 : c.grad_dt;
+  testing::expect_close(gdk.to_float_vector(), rounded(dk, c.grad_dt).to_float_vector(), atol_of(gtol, true),
+                        rtol_of(gtol, true), "dk");
+  testing::expect_close(gdv.to_float_vector(), rounded(dv, c.grad_dt).to_float_vector(), atol_of(gtol, true),
+                        rtol_of(gtol, true), "dv");
 }
 
 constexpr DType F32 = DType::F32, BF16 = DType::BF16;
@@ -111,6 +115,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{300, 300, 8, 2, 64, 0, F32, F32},       // prefill, GQA, key split on a small grid
                       Case{300, 300, 8, 2, 64, 0, BF16, F32},
                       Case{200, 200, 4, 4, 128, 0, BF16, BF16},    // plain multi-head, d 128
+                      Case{129, 129, 8, 2, 128, 0, BF16, F32},     // tensor-core paths: GQA, partial tiles
+                      Case{515, 515, 4, 1, 64, 0, BF16, BF16},     // multi-query, 9 key tiles
                       Case{1000, 1000, 8, 2, 128, 0, F32, F32},    // long prefill
                       Case{37, 500, 8, 2, 128, 463, F32, F32},     // chunked prefill after a cache
                       Case{37, 500, 8, 2, 128, 463, BF16, BF16},

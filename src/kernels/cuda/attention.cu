@@ -175,11 +175,17 @@ struct Forward {
   void run() {
     if (few_rows(p.tq * p.group)) {
       go<DP, 1>();
-    } else if constexpr (std::is_same_v<T, bf16_t> && (DP == 64 || DP == 128)) {
-      plan_and_launch(kTcBlockRows, [&](int64_t tiles, int64_t splits) { launch_fwd_tc<DP>(p, tiles, splits); });
-    } else {
-      go<DP, 8>();
+      return;
     }
+    if constexpr (std::is_same_v<T, bf16_t> && (DP == 64 || DP == 128)) {
+      // The tensor-core kernel reads whole 16-byte chunks of rows of exactly DP values.
+      auto aligned = [](const void* ptr, uintptr_t a) { return reinterpret_cast<uintptr_t>(ptr) % a == 0; };
+      if (p.d == DP && aligned(p.q, 16) && aligned(p.k, 16) && aligned(p.v, 16) && aligned(p.out, 4)) {
+        plan_and_launch(kTcBlockRows, [&](int64_t tiles, int64_t splits) { launch_fwd_tc<DP>(p, tiles, splits); });
+        return;
+      }
+    }
+    go<DP, 8>();
   }
 
   template <int DP, int RPW>

@@ -3,7 +3,9 @@
 // looping over the 32-row tiles of packed query rows that attend them (lane = query row); dq per tile of
 // packed query rows, looping over 32-key tiles (lane = key), as the forward. Both recompute
 // P = exp(scale q.k - lse) from the saved lse. Row packing and head-dim padding as in attention.cu.
+// BF16 work with head dim 64 or 128 goes to the tensor-core passes of attention_backward_tc.cu.
 #include <algorithm>
+#include <type_traits>
 
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_common.cuh"
@@ -15,20 +17,6 @@ using namespace attn;
 
 constexpr int kKpw = 8;  // keys per warp in the dk/dv pass (kWarps * kKpw keys per block)
 
-struct BwdParams {
-  const void* dout;  // [tq, nh, d] T
-  const void* q;
-  const void* k;  // [tk, nkv, d] T
-  const void* v;
-  const float* lse;  // [tq, nh]
-  const float* D;    // [tq, nh]: dout . out
-  void* dq;          // [tq, nh, d] T, overwritten
-  void* dk;          // [tk, nkv, d] G, added to
-  void* dv;
-  int64_t tq, tk, q_offset;
-  int nh, nkv, group, d;
-  float scale;
-};
 
 /// D_i = dout_i . out_i, one warp per (row, head).
 template <typename T>
@@ -275,6 +263,16 @@ struct Backward {
 
   template <int DP>
   void run() {
+    if constexpr (std::is_same_v<T, bf16_t> && (DP == 64 || DP == 128)) {
+      // The tensor-core passes read whole 16-byte chunks of rows of exactly DP values.
+      auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+      if (p.d == DP && !few_rows(p.tq * p.group) && aligned(p.q) && aligned(p.k) && aligned(p.v) &&
+          aligned(p.dout) && aligned(p.dq) && aligned(p.dk) && aligned(p.dv)) {
+        if (p.tk > 0) launch_bwd_dkdv_tc<DP, G>(p);
+        launch_bwd_dq_tc<DP>(p);
+        return;
+      }
+    }
     if (p.tk > 0) {
       constexpr int BK = kWarps * kKpw;
       const size_t smem = sizeof(float) * (2 * BK * DP + 2 * kTile * padded<DP>());

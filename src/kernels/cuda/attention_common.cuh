@@ -114,9 +114,36 @@ __device__ bool find_seq(const FwdParams& p, Seq& s) {
 
 /// Packed query rows per block of the tensor-core forward (4 warps x 16 rows).
 constexpr int kTcBlockRows = 64;
-/// The BF16 tensor-core forward (attention_tc.cu, DP = 64 or 128): grid tiles x nkv x splits, with the
+/// The BF16 tensor-core forward (attention_tc.cu, head dim d == DP = 64 or 128, q/k/v 16-byte aligned,
+/// out 4-byte aligned): grid tiles x nkv x splits, with the
 /// same row packing, key splits and outputs as the SIMT attn_fwd_kernel.
 template <int DP>
 void launch_fwd_tc(const FwdParams& p, int64_t tiles, int64_t splits);
+
+// ------------------------------------------------------------------------------------------------
+// The backward's parameters, shared by the SIMT kernels (attention_backward.cu) and the tensor-core
+// ones (attention_backward_tc.cu).
+
+struct BwdParams {
+  const void* dout;  // [tq, nh, d] T
+  const void* q;
+  const void* k;  // [tk, nkv, d] T
+  const void* v;
+  const float* lse;  // [tq, nh]
+  const float* D;    // [tq, nh]: dout . out
+  void* dq;          // [tq, nh, d] T, overwritten
+  void* dk;          // [tk, nkv, d] G, added to
+  void* dv;
+  int64_t tq, tk, q_offset;
+  int nh, nkv, group, d;
+  float scale;
+};
+
+/// The BF16 tensor-core backward passes (attention_backward_tc.cu, head dim d == DP = 64 or 128, every
+/// tensor 16-byte aligned): dq (overwritten, bf16) and dk/dv (added to, G = float or bf16).
+template <int DP>
+void launch_bwd_dq_tc(const BwdParams& p);
+template <int DP, typename G>
+void launch_bwd_dkdv_tc(const BwdParams& p);
 
 }  // namespace aerie::cuda::attn

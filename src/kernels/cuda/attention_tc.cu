@@ -1,176 +1,220 @@
-// BF16 tensor-core forward of the causal GQA attention (head dims 64 and 128), used for prefill-sized
-// work; the SIMT kernel of attention.cu does the rest (F32, other head dims, decoding). Same contract,
-// row packing (R = i * group + head in group), key splits and outputs as attn_fwd_kernel.
+// BF16 tensor-core forward of the causal GQA attention (head dims exactly 64 or 128, 16-byte aligned
+// q/k/v), used for prefill-sized work; the SIMT kernel of attention.cu does the rest (F32, other head
+// dims, decoding). Same contract, row packing (R = i * group + head in group), key splits and outputs
+// as attn_fwd_kernel.
 //
-// A block holds 64 packed query rows (4 warps x 16) and streams 64-key tiles of K and V through shared
-// memory as bf16. Per tile and warp: S = Q K^T with WMMA 16x16x16 bf16 -> fp32 (FlashAttention-2, Dao
-// 2023), the online softmax row by row in fp32 (lanes over the 64 keys), P rounded to bf16 (as
-// FlashAttention does) and O += P V with WMMA, O kept in fp32 in shared memory and rescaled by
-// exp(m_old - m_new) before each tile. The row sum l adds the fp32 probabilities.
-#include <mma.h>
-
-#include "kernels/cuda/attention_common.cuh"
+// FlashAttention-2 (Dao 2023, Algorithm 1) with the register layout of its CUDA implementation: a
+// block holds 64 packed query rows (4 warps x 16) and streams 64-key tiles of K and V through shared
+// memory, double-buffered with cp.async (the next tile loads while this one is used). Per warp and
+// tile: S = Q K^T with mma.sync m16n8k16 (bf16 in, fp32 accumulate; Q's fragments stay in registers
+// for the whole kernel, K's come by ldmatrix), the online softmax on the fp32 accumulators in
+// registers (base-2 exponentials of scale * log2(e) * s, row max and sum over the 4 lanes that share a
+// row), P rounded to bf16 and reused as the A operand of O += P V (V by ldmatrix.trans), O in fp32
+// registers rescaled by exp2(m_old - m_new). The row sum l adds the fp32 probabilities (as
+// FlashAttention does). Shared-memory rows are XOR-swizzled in 16-byte chunks (chunk ^ row % 8) so
+// that ldmatrix's 8 row reads hit 8 distinct bank groups.
+#include "kernels/cuda/attention_mma.cuh"
 
 namespace aerie::cuda::attn {
 namespace {
 
-using namespace nvcuda;
+constexpr int kKeys = 64;  // keys per tile
+constexpr int kRowsPerWarp = 16;
+static_assert(kTcBlockRows == kWarps * kRowsPerWarp);
 
-constexpr int kTcRows = 16;  // packed query rows per warp (one WMMA tile)
-constexpr int kTcKeys = 64;  // keys per tile
-static_assert(kTcBlockRows == kWarps * kTcRows);
-
-/// Shared-memory layout (byte offsets, every region and WMMA pointer 32-byte aligned): bf16 Q [64][LD],
-/// K [64][LD], V [64][LD]; per warp fp32 S [16][LDS], bf16 P [16][LDP], fp32 O [16][LDO].
 template <int DP>
-struct TcLayout {
-  static constexpr int LD = DP + 8, LDS = kTcKeys + 4, LDP = kTcKeys + 8, LDO = DP + 4;
-  static constexpr size_t q = 0;
-  static constexpr size_t k = q + sizeof(bf16_t) * kTcBlockRows * LD;
-  static constexpr size_t v = k + sizeof(bf16_t) * kTcKeys * LD;
-  static constexpr size_t s = v + sizeof(bf16_t) * kTcKeys * LD;
-  static constexpr size_t pb = s + sizeof(float) * kWarps * kTcRows * LDS;
-  static constexpr size_t o = pb + sizeof(bf16_t) * kWarps * kTcRows * LDP;
-  static constexpr size_t bytes = o + sizeof(float) * kWarps * kTcRows * LDO;
-  static_assert(k % 32 == 0 && v % 32 == 0 && s % 32 == 0 && pb % 32 == 0 && o % 32 == 0);
-  static_assert((kTcRows * LD * 2) % 32 == 0 && (kTcRows * LDS * 4) % 32 == 0 && (kTcRows * LDP * 2) % 32 == 0 &&
-                (kTcRows * LDO * 4) % 32 == 0);
+struct MmaSmem {
+  static constexpr size_t q_bytes = sizeof(bf16_t) * kTcBlockRows * DP;
+  static constexpr size_t kv_bytes = sizeof(bf16_t) * kKeys * DP;  // one K or V tile
+  static constexpr size_t bytes = q_bytes + 4 * kv_bytes;          // Q, K[2], V[2]
 };
 
-using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major>;
-using FragBCol = wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major>;
-using FragBRow = wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major>;
-using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
-
 template <int DP>
-__global__ void __launch_bounds__(kThreads) attn_fwd_tc_kernel(FwdParams p) {
-  static_assert(DP % 16 == 0);
-  using L = TcLayout<DP>;
-  extern __shared__ __align__(128) unsigned char tc_smem[];
-  bf16_t* Qs = reinterpret_cast<bf16_t*>(tc_smem + L::q);
-  bf16_t* Ks = reinterpret_cast<bf16_t*>(tc_smem + L::k);
-  bf16_t* Vs = reinterpret_cast<bf16_t*>(tc_smem + L::v);
+__global__ void __launch_bounds__(kThreads, 2) attn_fwd_mma_kernel(FwdParams p) {
+  static_assert(DP == 64 || DP == 128);
+  constexpr int NC = DP / 8;       // 16-byte chunks per row
+  constexpr int KD = DP / 16;      // k16 steps of Q K^T over the head dim
+  constexpr int NB = kKeys / 8;    // n8 score blocks per tile
+  constexpr int KK = kKeys / 16;   // k16 steps of P V over the keys
+  constexpr int ND = DP / 8;       // n8 output blocks
+  using L = MmaSmem<DP>;
+  extern __shared__ __align__(128) unsigned char mma_smem[];
+  const uint32_t sQ = static_cast<uint32_t>(__cvta_generic_to_shared(mma_smem));
+  const uint32_t sK = sQ + L::q_bytes, sV = sK + 2 * L::kv_bytes;
+
   Seq s;
   if (!find_seq<kTcBlockRows>(p, s)) return;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  float* Sw = reinterpret_cast<float*>(tc_smem + L::s) + warp * kTcRows * L::LDS;
-  bf16_t* Pw = reinterpret_cast<bf16_t*>(tc_smem + L::pb) + warp * kTcRows * L::LDP;
-  float* Ow = reinterpret_cast<float*>(tc_smem + L::o) + warp * kTcRows * L::LDO;
+  // One sequence: the last query tiles have the most keys; start them first.
+  if (p.cu == nullptr) s.tile = gridDim.x - 1 - blockIdx.x;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, quad = lane >> 2, tq4 = lane & 3;
   const bf16_t* q = static_cast<const bf16_t*>(p.q);
   const bf16_t* k = static_cast<const bf16_t*>(p.k);
   const bf16_t* v = static_cast<const bf16_t*>(p.v);
   const int g = blockIdx.y, split = blockIdx.z;
   const int64_t r0 = s.tile * kTcBlockRows;  // first packed row of the block
-  const bf16_t zero = __float2bfloat16_rn(0.0f);
 
-  for (int idx = threadIdx.x; idx < kTcBlockRows * DP; idx += kThreads) {
-    const int r = idx / DP, c = idx % DP;
+  // Q tile (rows past the sequence are zeros).
+  for (int idx = threadIdx.x; idx < kTcBlockRows * NC; idx += kThreads) {
+    const int r = idx / NC, c = idx % NC;
     const int64_t R = r0 + r, i = R / p.group;
     const int h = g * p.group + static_cast<int>(R % p.group);
-    Qs[r * L::LD + c] = i < s.tq && c < p.d ? q[((s.row0 + i) * p.nh + h) * p.d + c] : zero;
+    const bool ok = i < s.tq;
+    cp_async16(sQ + swz<DP>(r, c), ok ? q + ((s.row0 + i) * p.nh + h) * DP + c * 8 : q, ok);
   }
-  for (int idx = lane; idx < kTcRows * L::LDO; idx += 32) Ow[idx] = 0.0f;
-  int64_t klim[kTcRows];  // row attends key j iff j <= klim (-1: padding row)
-  float m[kTcRows], l[kTcRows];
-#pragma unroll
-  for (int r = 0; r < kTcRows; ++r) {
-    const int64_t i = (r0 + warp * kTcRows + r) / p.group;
-    klim[r] = i < s.tq ? i + s.q_offset : -1;
-    m[r] = -INFINITY;
-    l[r] = 0.0f;
-  }
+  cp_async_commit();
+
+  const int64_t i_first = r0 / p.group;
   const int64_t i_last = min(s.tq - 1, (r0 + kTcBlockRows - 1) / p.group);
   const int64_t kend_block = max(int64_t{0}, min(s.tk, i_last + s.q_offset + 1));
   const int64_t kbeg = split * p.split_len, kend = min(kend_block, kbeg + p.split_len);
+  const int ntiles = kend > kbeg ? static_cast<int>((kend - kbeg + kKeys - 1) / kKeys) : 0;
+  const int64_t klim_min = i_first + s.q_offset;  // every row of the block attends keys <= klim_min
 
-  for (int64_t j0 = kbeg; j0 < kend; j0 += kTcKeys) {
-    __syncthreads();  // the previous tile is used up (and Qs, Ow are written before the first)
-    for (int idx = threadIdx.x; idx < kTcKeys * DP; idx += kThreads) {
-      const int jj = idx / DP, c = idx % DP;
+  auto load_kv = [&](int t, int buf) {
+    const int64_t j0 = kbeg + static_cast<int64_t>(t) * kKeys;
+    for (int idx = threadIdx.x; idx < kKeys * NC; idx += kThreads) {
+      const int jj = idx / NC, c = idx % NC;
       const int64_t j = j0 + jj;
-      const bool ok = j < kend && c < p.d;
-      const int64_t off = ((s.row0 + j) * p.nkv + g) * p.d + c;
-      Ks[jj * L::LD + c] = ok ? k[off] : zero;
-      Vs[jj * L::LD + c] = ok ? v[off] : zero;
+      const bool ok = j < kend;
+      const int64_t off = ok ? ((s.row0 + j) * p.nkv + g) * DP + c * 8 : 0;
+      cp_async16(sK + buf * L::kv_bytes + swz<DP>(jj, c), k + off, ok);
+      cp_async16(sV + buf * L::kv_bytes + swz<DP>(jj, c), v + off, ok);
     }
-    __syncthreads();
-    // S [16 rows][64 keys] = Q_w K^T: K row-major [key][d] is K^T column-major.
+  };
+  if (ntiles > 0) load_kv(0, 0);
+  cp_async_commit();
+
+  // This lane's two rows: quad and quad + 8 of the warp's 16.
+  int64_t klim[2];
 #pragma unroll
-    for (int nb = 0; nb < kTcKeys / 16; ++nb) {
-      FragC acc;
-      wmma::fill_fragment(acc, 0.0f);
-#pragma unroll
-      for (int kk = 0; kk < DP; kk += 16) {
-        FragA a;
-        FragBCol b;
-        wmma::load_matrix_sync(a, Qs + warp * kTcRows * L::LD + kk, L::LD);
-        wmma::load_matrix_sync(b, Ks + nb * 16 * L::LD + kk, L::LD);
-        wmma::mma_sync(acc, a, b, acc);
-      }
-      wmma::store_matrix_sync(Sw + nb * 16, acc, L::LDS, wmma::mem_row_major);
-    }
-    __syncwarp();
-    // Online softmax, one row at a time: lane owns keys lane and lane + 32 of the tile.
-#pragma unroll
-    for (int r = 0; r < kTcRows; ++r) {
-      float sv[2], mx = -INFINITY;
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int col = lane + 32 * e;
-        const int64_t j = j0 + col;
-        const bool ok = j < kend && j <= klim[r];
-        sv[e] = ok ? Sw[r * L::LDS + col] * p.scale : -INFINITY;
-        mx = fmaxf(mx, sv[e]);
-      }
-      const float mnew = fmaxf(m[r], warp_max(mx));
-      const float corr = m[r] == -INFINITY ? 0.0f : expf(m[r] - mnew);  // O, l are 0 while m is -inf
-      float sum = 0.0f;
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float pe = sv[e] == -INFINITY ? 0.0f : expf(sv[e] - mnew);
-        Pw[r * L::LDP + lane + 32 * e] = __float2bfloat16_rn(pe);
-        sum += pe;
-      }
-      l[r] = l[r] * corr + warp_sum(sum);
-      m[r] = mnew;
-      for (int c = lane; c < DP; c += 32) Ow[r * L::LDO + c] *= corr;
-    }
-    __syncwarp();
-    // O [16][DP] += P [16][64] V [64][DP].
-#pragma unroll
-    for (int n0 = 0; n0 < DP; n0 += 16) {
-      FragC acc;
-      wmma::load_matrix_sync(acc, Ow + n0, L::LDO, wmma::mem_row_major);
-#pragma unroll
-      for (int kk = 0; kk < kTcKeys; kk += 16) {
-        FragA a;
-        FragBRow b;
-        wmma::load_matrix_sync(a, Pw + kk, L::LDP);
-        wmma::load_matrix_sync(b, Vs + kk * L::LD + n0, L::LD);
-        wmma::mma_sync(acc, a, b, acc);
-      }
-      wmma::store_matrix_sync(Ow + n0, acc, L::LDO, wmma::mem_row_major);
-    }
-    __syncwarp();
+  for (int e = 0; e < 2; ++e) {
+    const int64_t i = (r0 + warp * kRowsPerWarp + quad + 8 * e) / p.group;
+    klim[e] = i < s.tq ? i + s.q_offset : -1;
   }
-  __syncwarp();
+  const float sl2 = p.scale * 1.4426950408889634f;  // scores in base-2 units
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float o[ND][4];
+#pragma unroll
+  for (int nd = 0; nd < ND; ++nd) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.0f;
+
+  cp_async_wait<1>();  // Q has landed (the first K/V tile may still be in flight)
+  __syncthreads();
+  uint32_t qf[KD][4];
+#pragma unroll
+  for (int kd = 0; kd < KD; ++kd)
+    ldsm_x4(sQ + swz<DP>(warp * kRowsPerWarp + (lane & 15), kd * 2 + (lane >> 4)), qf[kd][0], qf[kd][1], qf[kd][2],
+            qf[kd][3]);
+
+  for (int t = 0; t < ntiles; ++t) {
+    const int buf = t & 1;
+    if (t + 1 < ntiles) load_kv(t + 1, buf ^ 1);  // the buffer tile t-1 used: freed by the sync below
+    cp_async_commit();
+    cp_async_wait<1>();  // tile t has landed
+    __syncthreads();
+    const uint32_t kb = sK + buf * L::kv_bytes, vb = sV + buf * L::kv_bytes;
+    const int64_t j0 = kbeg + static_cast<int64_t>(t) * kKeys;
+
+    // S [16 rows][64 keys] = Q K^T. x4 matrices: keys +0 / +8 of the pair of n8 blocks, d chunks 2kd / 2kd+1.
+    float sc[NB][4];
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) sc[nb][0] = sc[nb][1] = sc[nb][2] = sc[nb][3] = 0.0f;
+#pragma unroll
+    for (int kd = 0; kd < KD; ++kd) {
+#pragma unroll
+      for (int nb = 0; nb < NB; nb += 2) {
+        const int mi = lane >> 3;
+        uint32_t b0, b1, b2, b3;
+        ldsm_x4(kb + swz<DP>(nb * 8 + (mi >> 1) * 8 + (lane & 7), kd * 2 + (mi & 1)), b0, b1, b2, b3);
+        mma16816(sc[nb], qf[kd], b0, b1);
+        mma16816(sc[nb + 1], qf[kd], b2, b3);
+      }
+    }
+
+    // Online softmax. Element e of block nb: row quad + 8 (e >> 1), key j0 + nb * 8 + 2 tq4 + (e & 1).
+    const bool masked = j0 + kKeys > kend || j0 + kKeys - 1 > klim_min;
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = sc[nb][e] * sl2;
+        if (masked) {
+          const int64_t j = j0 + nb * 8 + 2 * tq4 + (e & 1);
+          if (j >= kend || j > klim[e >> 1]) x = -INFINITY;
+        }
+        sc[nb][e] = x;
+        mx[e >> 1] = fmaxf(mx[e >> 1], x);
+      }
+    }
+    float base[2], corr[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = quad_max(mx[r]);
+      corr[r] = m[r] == -INFINITY ? 0.0f : exp2f(m[r] - mx[r]);  // O and l are 0 while m is -inf
+      m[r] = mx[r];
+      base[r] = mx[r] == -INFINITY ? 0.0f : mx[r];  // a row without keys yet: every p is exp2(-inf) = 0
+    }
+    float rs[2] = {0.0f, 0.0f};
+    uint32_t pf[KK][4];
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+      const float p0 = exp2f(sc[nb][0] - base[0]), p1 = exp2f(sc[nb][1] - base[0]);
+      const float p2 = exp2f(sc[nb][2] - base[1]), p3 = exp2f(sc[nb][3] - base[1]);
+      rs[0] += p0 + p1;
+      rs[1] += p2 + p3;
+      // The accumulator of n8 block nb is half of the A fragment of k16 step nb / 2.
+      pf[nb >> 1][(nb & 1) * 2 + 0] = pack_bf16(p0, p1);
+      pf[nb >> 1][(nb & 1) * 2 + 1] = pack_bf16(p2, p3);
+    }
+    l[0] = l[0] * corr[0] + rs[0];
+    l[1] = l[1] * corr[1] + rs[1];
+#pragma unroll
+    for (int nd = 0; nd < ND; ++nd) {
+      o[nd][0] *= corr[0];
+      o[nd][1] *= corr[0];
+      o[nd][2] *= corr[1];
+      o[nd][3] *= corr[1];
+    }
+
+    // O [16][DP] += P [16][64] V [64][DP]. x4.trans matrices: keys +0 / +8 of the k16 step, d chunks nd / nd+1.
+#pragma unroll
+    for (int kk = 0; kk < KK; ++kk) {
+#pragma unroll
+      for (int nd = 0; nd < ND; nd += 2) {
+        const int mi = lane >> 3;
+        uint32_t b0, b1, b2, b3;
+        ldsm_x4_t(vb + swz<DP>(kk * 16 + (mi & 1) * 8 + (lane & 7), nd + (mi >> 1)), b0, b1, b2, b3);
+        mma16816(o[nd], pf[kk], b0, b1);
+        mma16816(o[nd + 1], pf[kk], b2, b3);
+      }
+    }
+    __syncthreads();  // every warp is done with this buffer before the next iteration refills it
+  }
+  cp_async_wait<0>();
 
   bf16_t* out = static_cast<bf16_t*>(p.out);
 #pragma unroll
-  for (int r = 0; r < kTcRows; ++r) {
-    const int64_t R = r0 + warp * kTcRows + r, i = R / p.group;
+  for (int e = 0; e < 2; ++e) {
+    const float lsum = quad_sum(l[e]);
+    const int64_t R = r0 + warp * kRowsPerWarp + quad + 8 * e, i = R / p.group;
     if (i >= s.tq) continue;
     const int h = g * p.group + static_cast<int>(R % p.group);
     const int64_t row = (s.row0 + i) * p.nh + h;
-    const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-    const float lse = l[r] > 0.0f ? m[r] + logf(l[r]) : -INFINITY;
+    const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
+    const float lse = lsum > 0.0f ? (m[e] + log2f(lsum)) * 0.6931471805599453f : -INFINITY;
     if (p.part_out) {
       const int64_t prow = split * p.tq * p.nh + row;
-      for (int c = lane; c < p.d; c += 32) p.part_out[prow * p.d + c] = Ow[r * L::LDO + c] * inv;
-      if (lane == 0) p.part_lse[prow] = lse;
+#pragma unroll
+      for (int nd = 0; nd < ND; ++nd)
+        *reinterpret_cast<float2*>(p.part_out + prow * DP + nd * 8 + 2 * tq4) =
+            make_float2(o[nd][2 * e] * inv, o[nd][2 * e + 1] * inv);
+      if (tq4 == 0) p.part_lse[prow] = lse;
     } else {
-      for (int c = lane; c < p.d; c += 32) out[row * p.d + c] = __float2bfloat16_rn(Ow[r * L::LDO + c] * inv);
-      if (lane == 0 && p.lse) p.lse[row] = lse;
+#pragma unroll
+      for (int nd = 0; nd < ND; ++nd)
+        *reinterpret_cast<uint32_t*>(out + row * DP + nd * 8 + 2 * tq4) =
+            pack_bf16(o[nd][2 * e] * inv, o[nd][2 * e + 1] * inv);
+      if (tq4 == 0 && p.lse) p.lse[row] = lse;
     }
   }
 }
@@ -179,11 +223,11 @@ __global__ void __launch_bounds__(kThreads) attn_fwd_tc_kernel(FwdParams p) {
 
 template <int DP>
 void launch_fwd_tc(const FwdParams& p, int64_t tiles, int64_t splits) {
-  constexpr size_t smem = TcLayout<DP>::bytes;
-  auto kernel = attn_fwd_tc_kernel<DP>;
+  constexpr size_t smem = MmaSmem<DP>::bytes;
+  auto kernel = attn_fwd_mma_kernel<DP>;
   allow_smem(kernel, smem);
   kernel<<<dim3(static_cast<unsigned>(tiles), p.nkv, static_cast<unsigned>(splits)), kThreads, smem, stream()>>>(p);
-  AERIE_CUDA_LAUNCHED("attn_fwd_tc_kernel");
+  AERIE_CUDA_LAUNCHED("attn_fwd_mma_kernel");
 }
 
 template void launch_fwd_tc<64>(const FwdParams& p, int64_t tiles, int64_t splits);

@@ -1,0 +1,317 @@
+// BF16 tensor-core backward of the causal GQA attention (head dims exactly 64 or 128): the two passes of
+// attention_backward.cu (dq per tile of packed query rows; dk/dv per tile of keys, no atomics) with
+// mma.sync m16n8k16 (bf16 in, fp32 accumulate) instead of SIMT dot products. FlashAttention-2 (Dao
+// 2023) Algorithm 2: P = exp(scale q.k - lse) is recomputed from the saved lse, dP = dout v^T,
+// dS = P (dP - D); dq = scale dS K, dk += scale dS^T Q, dv += P^T dout. P and dS are rounded to bf16 as
+// the A operands of the second products (as FlashAttention-2 does); everything else is fp32.
+//
+// dq pass: 4 warps x 16 packed query rows; Q and dout stay in shared memory, 64-key tiles of K and V
+// stream through a double buffer (cp.async). dk/dv pass: 4 warps x 16 keys of one kv head; K and V stay
+// in shared memory, 64-row tiles of packed query rows (Q, dout, their lse and D) stream through a
+// double buffer. Register layouts and shared-memory swizzle: attention_mma.cuh.
+#include "kernels/cuda/attention_mma.cuh"
+
+namespace aerie::cuda::attn {
+namespace {
+
+constexpr int kBlk = 64;  // rows (dq) or keys (dk/dv) per block, keys or rows per streamed tile
+constexpr float kLog2e = 1.4426950408889634f;
+
+template <int DP>
+constexpr size_t tile_bytes() {
+  return sizeof(bf16_t) * kBlk * DP;
+}
+
+/// Loads a [64][DP] tile of packed query rows R0 .. R0+63 (row R = i * group + head in group of kv head
+/// g) of a [tq, nh, DP] tensor into swizzled shared memory; rows past tq are zeros.
+template <int DP>
+__device__ __forceinline__ void load_rows(uint32_t dst, const bf16_t* src, const BwdParams& p, int g, int64_t R0) {
+  constexpr int NC = DP / 8;
+  for (int idx = threadIdx.x; idx < kBlk * NC; idx += kThreads) {
+    const int r = idx / NC, c = idx % NC;
+    const int64_t R = R0 + r, i = R / p.group;
+    const int h = g * p.group + static_cast<int>(R % p.group);
+    const bool ok = i < p.tq;
+    cp_async16(dst + swz<DP>(r, c), ok ? src + (i * p.nh + h) * DP + c * 8 : src, ok);
+  }
+}
+
+/// Loads keys j0 .. j0+63 of kv head g of a [tk, nkv, DP] tensor; keys past tk are zeros.
+template <int DP>
+__device__ __forceinline__ void load_keys(uint32_t dst, const bf16_t* src, const BwdParams& p, int g, int64_t j0) {
+  constexpr int NC = DP / 8;
+  for (int idx = threadIdx.x; idx < kBlk * NC; idx += kThreads) {
+    const int jj = idx / NC, c = idx % NC;
+    const int64_t j = j0 + jj;
+    const bool ok = j < p.tk;
+    cp_async16(dst + swz<DP>(jj, c), ok ? src + (j * p.nkv + g) * DP + c * 8 : src, ok);
+  }
+}
+
+/// acc[nb] (16 rows x 64 columns, n8 blocks) = A B^T over the head dim: A rows a_row0 .. +15 of the tile
+/// at `a`, B = the 64 rows of the tile at `b` (both swizzled [64][DP]).
+template <int DP>
+__device__ __forceinline__ void rows_dot_rows(float (&acc)[kBlk / 8][4], uint32_t a, int a_row0, uint32_t b) {
+  const int lane = threadIdx.x & 31, mi = lane >> 3;
+#pragma unroll
+  for (int nb = 0; nb < kBlk / 8; ++nb) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.0f;
+#pragma unroll
+  for (int kd = 0; kd < DP / 16; ++kd) {
+    uint32_t af[4];
+    ldsm_x4(a + swz<DP>(a_row0 + (lane & 15), kd * 2 + (lane >> 4)), af[0], af[1], af[2], af[3]);
+#pragma unroll
+    for (int nb = 0; nb < kBlk / 8; nb += 2) {
+      uint32_t b0, b1, b2, b3;
+      ldsm_x4(b + swz<DP>(nb * 8 + (mi >> 1) * 8 + (lane & 7), kd * 2 + (mi & 1)), b0, b1, b2, b3);
+      mma16816(acc[nb], af, b0, b1);
+      mma16816(acc[nb + 1], af, b2, b3);
+    }
+  }
+}
+
+/// acc[nd] (16 x DP) += A [16][64] (bf16 fragments, k = the tile's 64 rows) times the tile at `b`
+/// ([64][DP], read transposed).
+template <int DP>
+__device__ __forceinline__ void frags_times_tile(float (&acc)[DP / 8][4], const uint32_t (&af)[kBlk / 16][4],
+                                                 uint32_t b) {
+  const int lane = threadIdx.x & 31, mi = lane >> 3;
+#pragma unroll
+  for (int kk = 0; kk < kBlk / 16; ++kk) {
+#pragma unroll
+    for (int nd = 0; nd < DP / 8; nd += 2) {
+      uint32_t b0, b1, b2, b3;
+      ldsm_x4_t(b + swz<DP>(kk * 16 + (mi & 1) * 8 + (lane & 7), nd + (mi >> 1)), b0, b1, b2, b3);
+      mma16816(acc[nd], af[kk], b0, b1);
+      mma16816(acc[nd + 1], af[kk], b2, b3);
+    }
+  }
+}
+
+template <int DP>
+__global__ void __launch_bounds__(kThreads, 2) attn_bwd_dq_mma_kernel(BwdParams p) {
+  static_assert(DP == 64 || DP == 128);
+  constexpr int NB = kBlk / 8, ND = DP / 8;
+  extern __shared__ __align__(128) unsigned char bwd_smem[];
+  const uint32_t sQ = static_cast<uint32_t>(__cvta_generic_to_shared(bwd_smem));
+  const uint32_t sO = sQ + tile_bytes<DP>(), sK = sO + tile_bytes<DP>(), sV = sK + 2 * tile_bytes<DP>();
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, quad = lane >> 2, tq4 = lane & 3;
+  const int g = blockIdx.y;
+  const int64_t r0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kBlk;  // longest rows first
+  const bf16_t* k = static_cast<const bf16_t*>(p.k);
+  const bf16_t* v = static_cast<const bf16_t*>(p.v);
+
+  load_rows<DP>(sQ, static_cast<const bf16_t*>(p.q), p, g, r0);
+  load_rows<DP>(sO, static_cast<const bf16_t*>(p.dout), p, g, r0);
+  const int64_t i_last = min(p.tq - 1, (r0 + kBlk - 1) / p.group);
+  const int64_t kend = max(int64_t{0}, min(p.tk, i_last + p.q_offset + 1));
+  const int ntiles = static_cast<int>((kend + kBlk - 1) / kBlk);
+  if (ntiles > 0) {
+    load_keys<DP>(sK, k, p, g, 0);
+    load_keys<DP>(sV, v, p, g, 0);
+  }
+  cp_async_commit();
+
+  int64_t klim[2];  // key j is attended iff j <= klim (and j < kend)
+  float lse2[2], Dr[2];
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const int64_t R = r0 + warp * 16 + quad + 8 * e, i = R / p.group;
+    const int h = g * p.group + static_cast<int>(R % p.group);
+    const float lse = i < p.tq ? p.lse[i * p.nh + h] : -INFINITY;
+    klim[e] = i < p.tq && lse != -INFINITY ? i + p.q_offset : -1;  // a row without keys has no gradient
+    lse2[e] = klim[e] >= 0 ? lse * kLog2e : 0.0f;
+    Dr[e] = klim[e] >= 0 ? p.D[i * p.nh + h] : 0.0f;
+  }
+  const float sl2 = p.scale * kLog2e;
+  float acc[ND][4];
+#pragma unroll
+  for (int nd = 0; nd < ND; ++nd) acc[nd][0] = acc[nd][1] = acc[nd][2] = acc[nd][3] = 0.0f;
+
+  for (int t = 0; t < ntiles; ++t) {
+    const int buf = t & 1;
+    if (t + 1 < ntiles) {
+      load_keys<DP>(sK + (buf ^ 1) * tile_bytes<DP>(), k, p, g, static_cast<int64_t>(t + 1) * kBlk);
+      load_keys<DP>(sV + (buf ^ 1) * tile_bytes<DP>(), v, p, g, static_cast<int64_t>(t + 1) * kBlk);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    const uint32_t kb = sK + buf * tile_bytes<DP>(), vb = sV + buf * tile_bytes<DP>();
+    const int64_t j0 = static_cast<int64_t>(t) * kBlk;
+    float s[NB][4], dp[NB][4];
+    rows_dot_rows<DP>(s, sQ, warp * 16, kb);   // q . k
+    rows_dot_rows<DP>(dp, sO, warp * 16, vb);  // dout . v
+    uint32_t dsf[kBlk / 16][4];
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+      float ds[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t j = j0 + nb * 8 + 2 * tq4 + (e & 1);
+        const int r = e >> 1;
+        const float pr = j < kend && j <= klim[r] ? exp2f(s[nb][e] * sl2 - lse2[r]) : 0.0f;
+        ds[e] = pr * (dp[nb][e] - Dr[r]);
+      }
+      dsf[nb >> 1][(nb & 1) * 2 + 0] = pack_bf16(ds[0], ds[1]);
+      dsf[nb >> 1][(nb & 1) * 2 + 1] = pack_bf16(ds[2], ds[3]);
+    }
+    frags_times_tile<DP>(acc, dsf, kb);  // dS K
+    __syncthreads();
+  }
+  cp_async_wait<0>();
+
+  bf16_t* dq = static_cast<bf16_t*>(p.dq);
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const int64_t R = r0 + warp * 16 + quad + 8 * e, i = R / p.group;
+    if (i >= p.tq) continue;
+    const int h = g * p.group + static_cast<int>(R % p.group);
+    bf16_t* row = dq + (i * p.nh + h) * DP;
+#pragma unroll
+    for (int nd = 0; nd < ND; ++nd)
+      *reinterpret_cast<uint32_t*>(row + nd * 8 + 2 * tq4) =
+          pack_bf16(acc[nd][2 * e] * p.scale, acc[nd][2 * e + 1] * p.scale);
+  }
+}
+
+template <int DP, typename G>
+__global__ void __launch_bounds__(kThreads, 1) attn_bwd_dkdv_mma_kernel(BwdParams p) {
+  static_assert(DP == 64 || DP == 128);
+  constexpr int NB = kBlk / 8, ND = DP / 8;
+  extern __shared__ __align__(128) unsigned char bwd_smem[];
+  const uint32_t sK = static_cast<uint32_t>(__cvta_generic_to_shared(bwd_smem));
+  const uint32_t sV = sK + tile_bytes<DP>(), sQ = sV + tile_bytes<DP>(), sO = sQ + 2 * tile_bytes<DP>();
+  float* lse2s = reinterpret_cast<float*>(bwd_smem + 6 * tile_bytes<DP>());  // [2][64]
+  float* Ds = lse2s + 2 * kBlk;                                               // [2][64]
+  int* ilims = reinterpret_cast<int*>(Ds + 2 * kBlk);                         // [2][64]
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, quad = lane >> 2, tq4 = lane & 3;
+  const int g = blockIdx.y;
+  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kBlk;
+  const bf16_t* q = static_cast<const bf16_t*>(p.q);
+  const bf16_t* dout = static_cast<const bf16_t*>(p.dout);
+
+  load_keys<DP>(sK, static_cast<const bf16_t*>(p.k), p, g, j0);
+  load_keys<DP>(sV, static_cast<const bf16_t*>(p.v), p, g, j0);
+  // Query row i attends key j iff j <= i + q_offset: the first row that sees any key of the block.
+  const int64_t R0 = max(int64_t{0}, j0 - p.q_offset) * p.group, rows = p.tq * p.group;
+  const int ntiles = R0 < rows ? static_cast<int>((rows - R0 + kBlk - 1) / kBlk) : 0;
+  auto load_tile = [&](int t, int buf) {
+    const int64_t Rt = R0 + static_cast<int64_t>(t) * kBlk;
+    load_rows<DP>(sQ + buf * tile_bytes<DP>(), q, p, g, Rt);
+    load_rows<DP>(sO + buf * tile_bytes<DP>(), dout, p, g, Rt);
+    if (threadIdx.x < kBlk) {
+      const int64_t R = Rt + threadIdx.x, i = R / p.group;
+      const int h = g * p.group + static_cast<int>(R % p.group);
+      const float lse = i < p.tq ? p.lse[i * p.nh + h] : -INFINITY;
+      const bool ok = i < p.tq && lse != -INFINITY;  // a row without keys has no gradient
+      lse2s[buf * kBlk + threadIdx.x] = ok ? lse * kLog2e : 0.0f;
+      Ds[buf * kBlk + threadIdx.x] = ok ? p.D[i * p.nh + h] : 0.0f;
+      ilims[buf * kBlk + threadIdx.x] = ok ? static_cast<int>(i + p.q_offset) : -1;
+    }
+  };
+  if (ntiles > 0) load_tile(0, 0);
+  cp_async_commit();
+
+  const float sl2 = p.scale * kLog2e;
+  int64_t jk[2];  // this lane's two keys
+#pragma unroll
+  for (int e = 0; e < 2; ++e) jk[e] = j0 + warp * 16 + quad + 8 * e;
+  float dk[ND][4], dv[ND][4];
+#pragma unroll
+  for (int nd = 0; nd < ND; ++nd)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[nd][e] = dv[nd][e] = 0.0f;
+
+  for (int t = 0; t < ntiles; ++t) {
+    const int buf = t & 1;
+    if (t + 1 < ntiles) load_tile(t + 1, buf ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    const uint32_t qb = sQ + buf * tile_bytes<DP>(), ob = sO + buf * tile_bytes<DP>();
+    const float* lt = lse2s + buf * kBlk;
+    const float* dt = Ds + buf * kBlk;
+    const int* it = ilims + buf * kBlk;
+    // P^T [16 keys][64 rows] and dV += P^T dout.
+    float pt[NB][4];
+    rows_dot_rows<DP>(pt, sK, warp * 16, qb);  // k . q
+    uint32_t af[kBlk / 16][4];
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int c = nb * 8 + 2 * tq4 + (e & 1);
+        const int64_t j = jk[e >> 1];
+        pt[nb][e] = j < p.tk && j <= it[c] ? exp2f(pt[nb][e] * sl2 - lt[c]) : 0.0f;
+      }
+      af[nb >> 1][(nb & 1) * 2 + 0] = pack_bf16(pt[nb][0], pt[nb][1]);
+      af[nb >> 1][(nb & 1) * 2 + 1] = pack_bf16(pt[nb][2], pt[nb][3]);
+    }
+    frags_times_tile<DP>(dv, af, ob);
+    // dS^T = P^T (dP^T - D) and dK += dS^T Q.
+    float dpt[NB][4];
+    rows_dot_rows<DP>(dpt, sV, warp * 16, ob);  // v . dout
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) {
+      float ds[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) ds[e] = pt[nb][e] * (dpt[nb][e] - dt[nb * 8 + 2 * tq4 + (e & 1)]);
+      af[nb >> 1][(nb & 1) * 2 + 0] = pack_bf16(ds[0], ds[1]);
+      af[nb >> 1][(nb & 1) * 2 + 1] = pack_bf16(ds[2], ds[3]);
+    }
+    frags_times_tile<DP>(dk, af, qb);
+    __syncthreads();
+  }
+  cp_async_wait<0>();
+
+  G* gk = static_cast<G*>(p.dk);
+  G* gv = static_cast<G*>(p.dv);
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const int64_t j = jk[e];
+    if (j >= p.tk) continue;
+    const int64_t base = (j * p.nkv + g) * DP + 2 * tq4;
+#pragma unroll
+    for (int nd = 0; nd < ND; ++nd) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        const int64_t off = base + nd * 8 + c;
+        gk[off] = from_f32<G>(to_f32(gk[off]) + p.scale * dk[nd][2 * e + c]);
+        gv[off] = from_f32<G>(to_f32(gv[off]) + dv[nd][2 * e + c]);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+template <int DP>
+void launch_bwd_dq_tc(const BwdParams& p) {
+  const size_t smem = 6 * tile_bytes<DP>();  // Q, dout, K[2], V[2]
+  auto kernel = attn_bwd_dq_mma_kernel<DP>;
+  allow_smem(kernel, smem);
+  const int64_t blocks = (p.tq * p.group + kBlk - 1) / kBlk;
+  check_grid("attention_backward (CUDA) dq", blocks, p.nkv, 1);
+  kernel<<<dim3(static_cast<unsigned>(blocks), p.nkv), kThreads, smem, stream()>>>(p);
+  AERIE_CUDA_LAUNCHED("attn_bwd_dq_mma_kernel");
+}
+
+template <int DP, typename G>
+void launch_bwd_dkdv_tc(const BwdParams& p) {
+  const size_t smem = 6 * tile_bytes<DP>() + 2 * kBlk * (2 * sizeof(float) + sizeof(int));  // K, V, Q[2], dout[2]
+  auto kernel = attn_bwd_dkdv_mma_kernel<DP, G>;
+  allow_smem(kernel, smem);
+  const int64_t blocks = (p.tk + kBlk - 1) / kBlk;
+  check_grid("attention_backward (CUDA) dk/dv", blocks, p.nkv, 1);
+  kernel<<<dim3(static_cast<unsigned>(blocks), p.nkv), kThreads, smem, stream()>>>(p);
+  AERIE_CUDA_LAUNCHED("attn_bwd_dkdv_mma_kernel");
+}
+
+template void launch_bwd_dq_tc<64>(const BwdParams& p);
+template void launch_bwd_dq_tc<128>(const BwdParams& p);
+template void launch_bwd_dkdv_tc<64, float>(const BwdParams& p);
+template void launch_bwd_dkdv_tc<128, float>(const BwdParams& p);
+template void launch_bwd_dkdv_tc<64, bf16_t>(const BwdParams& p);
+template void launch_bwd_dkdv_tc<128, bf16_t>(const BwdParams& p);
+
+}  // namespace aerie::cuda::attn
