@@ -29,6 +29,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/stop_signals.h"
+#include "data/chat_templates.h"
 #include "data/prepare_template.h"
 #include "data/regenerate.h"
 #include "jobs/jobs.h"
@@ -83,7 +84,8 @@ std::vector<int32_t> stop_ids(const po::variables_map& vm, const std::string& di
 }
 
 int regenerate(const po::variables_map& vm, ParallelGroups& groups, LlamaModel& model, const Tokenizer& tok,
-               const std::string& dir, const std::vector<int32_t>& stop, const SamplingParams& sp, int64_t max_new) {
+               const std::string& dir, const std::vector<int32_t>& stop_default, const SamplingParams& sp,
+               int64_t max_new) {
   AERIE_CHECK(vm.count("output"), "aerie generate: --input needs --output (a JSONL file)");
   const LlamaConfig& cfg = model.config();
   RegenerateOptions opt;
@@ -97,7 +99,6 @@ int regenerate(const po::variables_map& vm, ParallelGroups& groups, LlamaModel& 
               "aerie generate: --max-length " << max_length << " exceeds the model's max_position_embeddings "
                                               << cfg.max_position_embeddings);
   opt.params.max_length = max_length;
-  opt.params.stop_ids = stop;
   opt.conversations_per_chunk = vm["conversations-per-chunk"].as<int64_t>();
   opt.max_conversations = vm["max-conversations"].as<int64_t>();
   const std::string template_name = vm["template"].as<std::string>();
@@ -109,6 +110,13 @@ int regenerate(const po::variables_map& vm, ParallelGroups& groups, LlamaModel& 
                                      {"seed", seed}}
                           .dump();
   std::unique_ptr<ChatTemplate> tmpl = make_chat_template(template_name, tok);
+  // The template's end of turn (e.g. <|im_end|>) ends a response too, unless --stop-id replaced the defaults.
+  std::vector<int32_t> stop = stop_default;
+  if (const auto* ct = dynamic_cast<const ConfigChatTemplate*>(tmpl.get()); ct && !vm.count("stop-id")) {
+    const int32_t eot = ct->spec().eot.empty() ? -1 : tok.token_to_id(ct->spec().eot);
+    if (eot >= 0 && std::find(stop.begin(), stop.end(), eot) == stop.end()) stop.push_back(eot);
+  }
+  opt.params.stop_ids = stop;
   if (groups.map.world_rank == 0) {
     AERIE_LOG(info) << "generate: regenerating " << opt.input << " -> " << opt.output << " with " << dir
                     << ", template " << template_name << ", temperature " << sp.temperature << ", top-p "

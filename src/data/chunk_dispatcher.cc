@@ -1,17 +1,22 @@
 // ChunkDispatcher: rank 0's work queue and the leaders' requests (see chunk_dispatcher.h).
 #include "data/chunk_dispatcher.h"
 
+#include <algorithm>
+#include <iomanip>
+#include <sstream>
+
 #include "core/error.h"
 #include "core/log.h"
 
 namespace aerie {
 
 ChunkDispatcher::ChunkDispatcher(MpiCommunicator& world, int num_groups, std::deque<int64_t> todo, std::string what,
-                                 std::vector<Counter> counters, int request_tag, int reply_tag)
+                                 std::vector<Counter> counters, int request_tag, int reply_tag, double interval_s)
     : world_(world), others_(num_groups - 1), todo_(std::move(todo)), what_(std::move(what)),
-      request_tag_(request_tag), reply_tag_(reply_tag) {
+      request_tag_(request_tag), reply_tag_(reply_tag), counters_(std::move(counters)),
+      done_(counters_.size(), 0.0), interval_s_(interval_s), start_(std::chrono::steady_clock::now()),
+      last_(start_) {
   AERIE_CHECK(num_groups >= 1, what_ << ": ChunkDispatcher needs at least one group, got " << num_groups);
-  for (const Counter& c : counters) progress_.push_back(std::make_unique<Progress>(what_, c.unit, c.total, 0));
 }
 
 int64_t ChunkDispatcher::request(MpiCommunicator& world, int group, int64_t finished_chunk,
@@ -51,20 +56,42 @@ void ChunkDispatcher::stop() {
 }
 
 void ChunkDispatcher::completed(const std::vector<int64_t>& counts) {
-  AERIE_CHECK(counts.size() == progress_.size(), what_ << ": " << counts.size() << " counts for "
-                                                       << progress_.size() << " progress counters");
-  for (size_t k = 0; k < counts.size(); ++k)
-    if (counts[k] != 0) progress_[k]->add(static_cast<double>(counts[k]));
+  AERIE_CHECK(counts.size() == counters_.size(), what_ << ": " << counts.size() << " counts for "
+                                                       << counters_.size() << " progress counters");
+  bool any = false;
+  for (size_t k = 0; k < counts.size(); ++k) {
+    done_[k] += static_cast<double>(counts[k]);
+    any = any || counts[k] != 0;
+  }
+  if (any && std::chrono::duration<double>(std::chrono::steady_clock::now() - last_).count() >= interval_s_) log(false);
 }
 
-void ChunkDispatcher::finish() {
-  for (auto& p : progress_) p->finish();
+void ChunkDispatcher::finish() { log(true); }
+
+void ChunkDispatcher::log(bool final) {
+  last_ = std::chrono::steady_clock::now();
+  const double s = std::chrono::duration<double>(last_ - start_).count();
+  std::ostringstream line;
+  line << std::fixed << what_ << ": " << (final ? "done, " : "");
+  double eta = -1;
+  for (size_t k = 0; k < counters_.size(); ++k) {
+    const Counter& c = counters_[k];
+    const double rate = s > 0 ? done_[k] / s : 0.0;
+    line << (k ? "; " : "") << std::setprecision(0) << done_[k];
+    if (c.total > 0 && !final) line << "/" << c.total << " " << c.unit << " (" << std::setprecision(1) << 100.0 * done_[k] / c.total << "%)";
+    else line << " " << c.unit;
+    line << ", " << std::setprecision(1) << rate << " " << c.unit << "/s";
+    if (eta < 0 && c.total > 0 && rate > 0) eta = std::max(0.0, (c.total - done_[k]) / rate);
+  }
+  if (final) line << " in " << std::setprecision(1) << s << " s";
+  else if (eta >= 0) line << "; ETA " << std::setprecision(0) << eta << " s";
+  AERIE_LOG(info) << line.str();
 }
 
 void ChunkDispatcher::answer(int src) {
   int from = -1;
   std::vector<int64_t> req = world_.recv(src, request_tag_, &from);
-  const size_t K = progress_.size();
+  const size_t K = counters_.size();
   AERIE_CHECK(req.size() == K + 3, what_ << ": malformed request from rank " << from << " (" << req.size()
                                          << " values, expected " << K + 3 << ")");
   if (req[K + 2] != 0) stop();  // that group was asked to stop: stop everyone

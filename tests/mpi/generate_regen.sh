@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# aerie generate --input (regeneration) on stories260K with sampling: 1 rank and 2 ranks (two data-parallel
-# groups) write byte-identical JSONL, and a 2-rank run stopped by SIGTERM after its first chunk, then rerun,
-# writes it too (no .tmp left). Also checks the JSON array input and --max-conversations.
+# aerie generate --input (regeneration) on stories260K with sampling: 1 rank (batch 16) and 2 ranks (two
+# data-parallel groups, batch 3) write byte-identical JSONL, tp 2 writes the same file with batch 5 and
+# batch 1, and a 2-rank run stopped by SIGTERM after its first chunk, then rerun, writes the 1-rank file
+# too (no .tmp left). Also checks the JSON array input and --max-conversations.
 # usage: generate_regen.sh AERIE MODEL_DIR WORK_DIR     (exit 77 = skipped: no converted model)
 set -euo pipefail
 aerie=$1 model=$2 work=$3
@@ -28,8 +29,13 @@ gen() { local np=$1 out=$2; shift 2
 
 gen 1 "$work/ref.jsonl" >"$work/ref.log" 2>&1 || { cat "$work/ref.log"; echo "FAIL: 1-rank run"; exit 1; }
 [ "$(wc -l <"$work/ref.jsonl")" -eq 24 ] || { echo "FAIL: $(wc -l <"$work/ref.jsonl") output lines, want 24"; exit 1; }
-gen 2 "$work/np2.jsonl" >"$work/np2.log" 2>&1 || { cat "$work/np2.log"; echo "FAIL: 2-rank run"; exit 1; }
-cmp "$work/ref.jsonl" "$work/np2.jsonl" || { echo "FAIL: 2 ranks differ from 1 rank"; exit 1; }
+gen 2 "$work/np2.jsonl" --batch-size 3 >"$work/np2.log" 2>&1 || { cat "$work/np2.log"; echo "FAIL: 2-rank run"; exit 1; }
+cmp "$work/ref.jsonl" "$work/np2.jsonl" || { echo "FAIL: 2 ranks (batch 3) differ from 1 rank (batch 16)"; exit 1; }
+# Tensor parallel (tp 2: rank 0's draws broadcast): batch 5 and batch 1 write the same file.
+gen 2 "$work/tp2.jsonl" --tp 2 --batch-size 5 --max-conversations 8 >"$work/tp2.log" 2>&1 || { cat "$work/tp2.log"; echo "FAIL: tp 2 run"; exit 1; }
+gen 2 "$work/tp2b1.jsonl" --tp 2 --batch-size 1 --max-conversations 8 >"$work/tp2b1.log" 2>&1 ||
+  { cat "$work/tp2b1.log"; echo "FAIL: tp 2 batch 1 run"; exit 1; }
+cmp "$work/tp2.jsonl" "$work/tp2b1.jsonl" || { echo "FAIL: tp 2, batch 1 differs from batch 5"; exit 1; }
 
 # SIGTERM to the ranks once the first chunk exists: exit 3 (or 0 if it finished first), then a rerun.
 gen 2 "$work/run.jsonl" >"$work/killed.log" 2>&1 &
@@ -59,4 +65,4 @@ mpirun --oversubscribe -np 2 "$aerie" generate --model "$model" --input "$work/i
   --temperature 0.8 --top-p 0.9 --seed 5 --max-new-tokens 150 --conversations-per-chunk 2 --max-conversations 5 \
   >"$work/arr.log" 2>&1 || { cat "$work/arr.log"; echo "FAIL: array run"; exit 1; }
 cmp <(head -n 5 "$work/ref.jsonl") "$work/arr.jsonl" || { echo "FAIL: JSON array input differs"; exit 1; }
-echo "OK: 1 rank = 2 ranks = stopped ($rc after $n_done chunks) + rerun; JSON array input"
+echo "OK: 1 rank = 2 ranks = stopped ($rc after $n_done chunks) + rerun; tp 2 batch 5 = batch 1; JSON array input"

@@ -33,13 +33,13 @@
 #   dry (or PRINT_ONLY=1): print the commands, run nothing.
 # Environment (defaults in brackets):
 #   shape     HIDDEN [8192] LAYERS [80] HEADS [64] KV_HEADS [8] MLP [28672] VOCAB [128256] HEAD_DIM [128]
-#   data      SEQ [2048] SAMPLES [8] SAMPLES_PER_SHARD [4] TOKENIZER [BUILD_DIR/models/stories260K; ids are
+#   data      SEQ [2048] SAMPLES [16] SAMPLES_PER_SHARD [4] TOKENIZER [BUILD_DIR/models/stories260K; ids are
 #             random below min(512, VOCAB), validated by its 512-token vocabulary]
 #   extract   DEVICE [cuda] DTYPE [bf16] NP [2] TP [2] NP_B, TP_B [unset: no second run] WEIGHTS [random|file]
 #             SEED [0] AUX_LAYERS [unset: aerie's default 2,N/2,N-3; e.g. 0,1,2 for LAYERS 2]
 #             CMP_TOL [1e-2, relative L2; tp 2 vs tp 1 in bf16 measured 1.7e-3 aux / 2.7e-3 final]
-#   train     DPS ["1 2"] BATCH [4] STEPS [5] TTT [7] DRAFT_VOCAB [32000] LR [1e-4] WARM [1] LOSS_RTOL [1e-3]
-#   preempt   PRE_NP_A [2] PRE_NP_B [1] PRE_STEPS [STEPS] PRE_CKPT_EVERY [3] PRE_SIGNAL [TERM] PRE_REF [1]
+#   train     DPS ["1 2"] BATCH [4] STEPS [4] TTT [7] DRAFT_VOCAB [32000] LR [1e-4] WARM [1] LOSS_RTOL [1e-3]
+#   preempt   PRE_NP_A [2] PRE_NP_B [1] PRE_STEPS [STEPS] PRE_CKPT_EVERY [2] PRE_SIGNAL [TERM] PRE_REF [1]
 #             PRE_WAIT [900: seconds to wait for the first checkpoint] PRE_KEEP [0: --keep-checkpoints N
 #             when > 0; N = 1 fails at the second checkpoint after a resume, see the note below]
 #   PHASES ["extract train preempt"], WORK [a new /tmp/aerie-bench-scaling.XXXXXX], CLEAN [1: delete the
@@ -64,12 +64,12 @@ if [ "${1:-}" = dry ]; then PRINT_ONLY=1; shift; fi
 BUILD=${1:-build}
 HIDDEN=${HIDDEN:-8192}; LAYERS=${LAYERS:-80}; HEADS=${HEADS:-64}; KV_HEADS=${KV_HEADS:-8}
 MLP=${MLP:-28672}; VOCAB=${VOCAB:-128256}; HEAD_DIM=${HEAD_DIM:-128}
-SEQ=${SEQ:-2048}; SAMPLES=${SAMPLES:-8}; SAMPLES_PER_SHARD=${SAMPLES_PER_SHARD:-4}
+SEQ=${SEQ:-2048}; SAMPLES=${SAMPLES:-16}; SAMPLES_PER_SHARD=${SAMPLES_PER_SHARD:-4}
 DEVICE=${DEVICE:-cuda}; DTYPE=${DTYPE:-bf16}; NP=${NP:-2}; TP=${TP:-2}; NP_B=${NP_B:-}; TP_B=${TP_B:-}
 WEIGHTS=${WEIGHTS:-random}; SEED=${SEED:-0}; AUX_LAYERS=${AUX_LAYERS:-}; CMP_TOL=${CMP_TOL:-1e-2}
-DPS=${DPS:-"1 2"}; BATCH=${BATCH:-4}; STEPS=${STEPS:-5}; TTT=${TTT:-7}; DRAFT_VOCAB=${DRAFT_VOCAB:-32000}
+DPS=${DPS:-"1 2"}; BATCH=${BATCH:-4}; STEPS=${STEPS:-4}; TTT=${TTT:-7}; DRAFT_VOCAB=${DRAFT_VOCAB:-32000}
 LR=${LR:-1e-4}; WARM=${WARM:-1}; LOSS_RTOL=${LOSS_RTOL:-1e-3}
-PRE_NP_A=${PRE_NP_A:-2}; PRE_NP_B=${PRE_NP_B:-1}; PRE_STEPS=${PRE_STEPS:-$STEPS}; PRE_CKPT_EVERY=${PRE_CKPT_EVERY:-3}; PRE_KEEP=${PRE_KEEP:-0}
+PRE_NP_A=${PRE_NP_A:-2}; PRE_NP_B=${PRE_NP_B:-1}; PRE_STEPS=${PRE_STEPS:-$STEPS}; PRE_CKPT_EVERY=${PRE_CKPT_EVERY:-2}; PRE_KEEP=${PRE_KEEP:-0}
 PRE_SIGNAL=${PRE_SIGNAL:-TERM}; PRE_REF=${PRE_REF:-1}; PRE_WAIT=${PRE_WAIT:-900}
 PHASES=${PHASES:-"extract train preempt"}
 CLEAN=${CLEAN:-1}
