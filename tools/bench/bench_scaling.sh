@@ -51,6 +51,7 @@
 # draft_vocab.safetensors"), so the preempt phase keeps every checkpoint by default; a target of fewer than
 # 3 layers fails at the first draft checkpoint (src/model/draft.cc asks default_aux_layers(N)): train needs
 # LAYERS >= 3 (and AUX_LAYERS unless aerie's default 2,N/2,N-3 ascends, N >= 6).
+# shellcheck disable=SC2317  # the phase_* functions are called as "phase_$p"
 set -euo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -273,7 +274,7 @@ phase_preempt() {
     signalled_at_step=$(basename "$(dirname "$first")" | sed 's/step-0*//')
     local ranks; ranks=$(pgrep -P "$pid" || true)
     # shellcheck disable=SC2086
-    [ -n "$ranks" ] && kill -"$PRE_SIGNAL" $ranks 2>/dev/null || true
+    if [ -n "$ranks" ]; then kill -"$PRE_SIGNAL" $ranks 2>/dev/null || true; fi
   fi
   wait "$pid" || rc_a=$?
   local la lb newest

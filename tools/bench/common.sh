@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared pieces of the benchmark scripts (tools/bench/bench_extract.sh, tools/bench/bench_scaling.sh).
 # Source it: `source "$(dirname "$0")/common.sh"`. Needs bash, python3 (json, random, re: standard library).
 # Functions (all print errors to stderr and return non-zero on failure; the callers run with set -e):
@@ -16,7 +17,6 @@
 #                                    peak_gib (the largest per-rank pool high-water mark, null on the CPU)
 # BENCH_TAG (default "bench") prefixes the messages.
 
-BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 BENCH_TAG=${BENCH_TAG:-bench}
 
 bench_mpi_env() {
