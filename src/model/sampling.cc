@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <numeric>
+#include <thread>
 
 #include "core/error.h"
+#include "kernels/loss.h"
 #include "model/llama.h"
 
 namespace aerie {
@@ -166,12 +169,42 @@ std::vector<BatchDecoder::Finished> BatchDecoder::step() {
     rows_ += static_cast<int64_t>(s->feed.size());
   }
   Tensor logits = model_.forward_batch(ids, caches, {}, LlamaModel::Logits::Last).logits;  // [B, V] F32
-  if (logits.device() != Device::CPU) logits = logits.to_device(Device::CPU);
   AERIE_CHECK(logits.dim(0) == B, "BatchDecoder: forward_batch returned " << logits.dim(0) << " logits rows for "
                                                                           << B << " sequences");
-  const int64_t V = logits.dim(1);
   std::vector<int32_t> next(static_cast<size_t>(B));
-  for (int64_t b = 0; b < B; ++b) next[b] = sample_token(logits.data<float>() + b * V, V, params_, running_[b]->rng);
+  if (params_.temperature == 0 && logits.device() != Device::CPU) {
+    // Greedy on a device: argmax_rows there (ties: the smaller id, as sample_token); B ids come back.
+    std::vector<int64_t> best = argmax_rows(logits);
+    for (int64_t b = 0; b < B; ++b) next[b] = static_cast<int32_t>(best[b]);
+  } else {
+    const bool from_device = logits.device() != Device::CPU;
+    if (from_device) logits = logits.to_device(Device::CPU);
+    const int64_t V = logits.dim(1);
+    const float* rows = logits.data<float>();
+    auto draw = [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) next[b] = sample_token(rows + b * V, V, params_, running_[b]->rng);
+    };
+    // Beside a GPU the host's draws (softmax and top-p over V per sequence) would dominate a step: up to 8
+    // threads, each drawing for its own sequences with their own rngs (the same tokens as one thread).
+    const int64_t threads = from_device ? std::min<int64_t>({B, 8, std::max(1u, std::thread::hardware_concurrency())}) : 1;
+    if (threads <= 1) {
+      draw(0, B);
+    } else {
+      std::vector<std::thread> pool;
+      std::vector<std::exception_ptr> errors(static_cast<size_t>(threads));
+      for (int64_t t = 0; t < threads; ++t)
+        pool.emplace_back([&, t] {
+          try {
+            draw(B * t / threads, B * (t + 1) / threads);
+          } catch (...) {
+            errors[t] = std::current_exception();
+          }
+        });
+      for (std::thread& th : pool) th.join();
+      for (const std::exception_ptr& e : errors)
+        if (e) std::rethrow_exception(e);
+    }
+  }
   Communicator& tp = model_.tp();
   if (tp.size() > 1) {  // tp rank 0's draws for everyone
     Tensor t = Tensor::from_vector(next, {B});
