@@ -5,6 +5,7 @@
 #include <cmath>
 #include <random>
 
+#include "kernels/convert.h"
 #include "kernels/gemm.h"
 #include "kernels/loss.h"
 #include "model/draft.h"
@@ -166,6 +167,39 @@ DraftWeights DraftWeights::to_device(Device device) const {
   return out;
 }
 
+namespace {
+// The nine matrices of a DraftWeights (the GEMM weights), in named() order.
+std::vector<Tensor*> matrices(DraftWeights& w) {
+  return {&w.fc, &w.q_proj, &w.k_proj, &w.v_proj, &w.o_proj, &w.gate_proj, &w.up_proj, &w.down_proj, &w.lm_head};
+}
+}  // namespace
+
+DraftWeights DraftWeights::compute_copy(DType dtype) const {
+  AERIE_CHECK(dtype == DType::F32 || dtype == DType::BF16,
+              "DraftWeights::compute_copy: dtype must be F32 or BF16, got " << dtype_name(dtype));
+  DraftWeights c = *this;  // shares every tensor (the norm weights stay shared)
+  if (dtype == DType::F32) return c;
+  for (Tensor* m : matrices(c)) {
+    m->check_dtype(DType::F32, "DraftWeights::compute_copy: master weight");
+    *m = Tensor::empty(m->shape(), dtype, m->device());
+  }
+  refresh_compute_copy(c);
+  return c;
+}
+
+void DraftWeights::refresh_compute_copy(DraftWeights& compute) const {
+  compute.input_layernorm = input_layernorm;  // shared F32 storage (whatever compute held before)
+  compute.hidden_norm = hidden_norm;
+  compute.post_attention_layernorm = post_attention_layernorm;
+  compute.norm = norm;
+  std::vector<Tensor*> src = matrices(const_cast<DraftWeights&>(*this)), dst = matrices(compute);
+  for (size_t i = 0; i < src.size(); ++i) {
+    if (dst[i]->raw() == src[i]->raw()) continue;  // an F32 copy shares the masters
+    dst[i]->check_shape(src[i]->shape(), "DraftWeights::refresh_compute_copy: matrix " + std::to_string(i));
+    convert(*src[i], *dst[i]);
+  }
+}
+
 DraftWeights DraftWeights::zeros(const DraftConfig& c, Device device) {
   const int64_t H = c.hidden_size, Ht = c.target_hidden_size, qd = c.num_attention_heads * c.head_dim,
                 kvd = c.num_key_value_heads * c.head_dim, I = c.intermediate_size, K = c.draft_vocab_size;
@@ -228,7 +262,9 @@ TTTSample make_ttt_sample(std::vector<int32_t> ids, std::vector<uint8_t> loss_ma
   TTTSample out;
   out.ids = std::move(ids);
   out.loss_mask = std::move(loss_mask);
-  out.aux_hidden = aux_hidden.dtype() == DType::F32 ? std::move(aux_hidden) : aux_hidden.to(DType::F32);
+  AERIE_CHECK(aux_hidden.dtype() == DType::F32 || aux_hidden.dtype() == DType::BF16,
+              "make_ttt_sample: aux_hidden must be F32 or BF16, got " << dtype_name(aux_hidden.dtype()));
+  out.aux_hidden = std::move(aux_hidden);  // F32 or BF16, kept (ttt_forward_backward converts it where needed)
   // Computed where W_lm lives (target_probs stays there; the argmax comes to the host). 64 rows at a time
   // on the CPU (a [64, V] fp32 buffer for a 128K vocabulary), 512 on a GPU (fewer, larger GEMMs).
   const Device dev = target_lm_head.device();

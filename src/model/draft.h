@@ -5,6 +5,7 @@
 // vLLM/SGLang llama_eagle3.py.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -44,7 +45,8 @@ struct DraftConfig {
   static DraftConfig from_json(const nlohmann::json& j);
 };
 
-/// Trainable draft parameters, F32 (master weights; also used for gradients and AdamW moments).
+/// Trainable draft parameters, F32 (master weights; also used for gradients and AdamW moments), or a
+/// compute copy (compute_copy: the nine matrices BF16, the four norm weights shared F32) for bf16 compute.
 struct DraftWeights {
   Tensor fc;                          // [H, 3 H_t]
   Tensor q_proj;                      // [n_h d, 2H]
@@ -66,6 +68,19 @@ struct DraftWeights {
   DraftWeights to_device(Device device) const;
   /// The device of the tensors (fc's; all of them live on one device).
   Device device() const { return fc.device(); }
+  /// The compute copy of mixed-precision training (eagle3.md section 4: fp32 master weights, bf16
+  /// compute): the nine matrices (fc, q/k/v/o_proj, gate/up/down_proj, lm_head) converted to `dtype` (F32
+  /// or BF16, round to nearest even) on the same device, the four RMSNorm weights SHARED with these
+  /// weights (the same F32 storage, so updates of the masters reach them at once). dtype F32 returns a
+  /// copy that shares every tensor. Throws aerie::Error for another dtype or non-F32 masters.
+  DraftWeights compute_copy(DType dtype) const;
+  /// Rewrites the matrices of `compute` (made by compute_copy of weights of this shape) from these
+  /// masters: one convert per matrix (queued on the current stream on CUDA); matrices that share storage
+  /// with the masters (an F32 copy) are left alone; compute's norm weights are pointed at these masters'
+  /// (shared storage). Throws aerie::Error on mismatched shapes.
+  void refresh_compute_copy(DraftWeights& compute) const;
+  /// The dtype of the matrices: F32 (masters, gradients), or BF16 for a bf16 compute copy.
+  DType compute_dtype() const { return fc.dtype(); }
 };
 
 /// Initial weights: linears ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)) from a seeded std::mt19937_64
@@ -78,13 +93,15 @@ DraftWeights init_draft_weights(const DraftConfig& cfg, const Tensor& target_lm_
 struct TTTSample {
   std::vector<int32_t> ids;        // x_0..x_{T-1}
   std::vector<uint8_t> loss_mask;  // m_0..m_{T-1}
-  Tensor aux_hidden;               // [T, 3 H_t] F32: f_t
+  Tensor aux_hidden;               // [T, 3 H_t] F32 or BF16 (as stored by extraction): f_t
   Tensor target_probs;             // [T, K] F32: row p = softmax(l_p restricted to s_0..s_{K-1})
   std::vector<int64_t> target_argmax;  // [T]: argmax over all V of l_p
 };
 
-/// Builds a TTTSample from the stored final hidden states z [T, H] (F32): l_p = W_lm z_p with the
-/// target's lm_head [V, H] (eagle3.md section 1: logits AFTER the final norm).
+/// Builds a TTTSample from the stored final hidden states z [T, H] (F32 or BF16): l_p = W_lm z_p with
+/// the target's lm_head [V, H] (eagle3.md section 1: logits AFTER the final norm), computed where W_lm
+/// lives. aux_hidden is kept as given: F32, or BF16 (not widened: ttt_forward_backward converts it to
+/// its compute dtype on the weights' device).
 TTTSample make_ttt_sample(std::vector<int32_t> ids, std::vector<uint8_t> loss_mask, Tensor aux_hidden,
                           const Tensor& final_hidden, const Tensor& target_lm_head,
                           const std::vector<int64_t>& selected);
@@ -101,6 +118,17 @@ struct TTTStats {
 /// data-parallel step can all-reduce the denominators before the backward.
 std::vector<int64_t> ttt_valid_counts(const TTTSample& s, const std::vector<uint8_t>& t2d, int num_steps);
 
+/// Called by ttt_forward_backward with the index (in DraftWeights::named() order) of a parameter whose
+/// gradient in *grads receives no further term in that call, so that a data-parallel trainer can start
+/// its all-reduce while the backward goes on.
+using GradReadyFn = std::function<void(int param_index)>;
+
+/// The order in which ttt_forward_backward reports gradients final (every parameter once, always this
+/// order): lm_head (all its terms come from the forward), norm, down/gate/up_proj,
+/// post_attention_layernorm, o_proj (the step-0 MLP backward), q/k/v_proj, input_layernorm, hidden_norm
+/// (the step-0 attention backward), fc (last).
+const std::vector<int>& ttt_gradient_ready_order();
+
 /// The S-step training-time test on one sample: forward, loss and metrics; when `grads` is non-null
 /// also the backward, ADDING d(sum_k step_weight[k] * loss_sum_k)/dw into *grads
 /// (step_weight[k] = 0.8^k / global valid_k for the eagle3.md loss). embed_tokens: the target's
@@ -113,10 +141,19 @@ std::vector<int64_t> ttt_valid_counts(const TTTSample& s, const std::vector<uint
 /// output, gradients flow back through all steps). step_logits (optional): receives per step the
 /// draft logits [T-1-k, K] F32 (an empty [0, K] tensor when the step has no row). Throws aerie::Error
 /// on inconsistent shapes (sample vs config, d2t/t2d sizes, step_weight shorter than num_steps).
+/// Precision: the dtype of w's matrices decides. F32 weights: everything fp32 (the reference; on CUDA
+/// true fp32 GEMMs). A BF16 compute copy (DraftWeights::compute_copy): the GEMM inputs are bf16 (the
+/// matrices; f; the norm outputs, q/k/v, the attention output and the MLP activations, made in bf16 by
+/// the op that produces them; the gradients dlogits, d(o), d(y), dq/dk/dv and d(g), rounded to bf16
+/// once before their GEMMs), every GEMM accumulates in fp32, and F32 stays: the residual stream h, y, o
+/// (the GEMMs adding into it write F32), the logits, softmax and cross-entropy, the RMSNorm arithmetic,
+/// the attention softmax (q/k/v bf16: the tensor-core forward), the key/value gradient sums over steps,
+/// and the weight gradients (grads: F32, the GEMMs add into them in fp32). grads must be F32.
+/// on_grad_ready (optional, only with grads): see GradReadyFn and ttt_gradient_ready_order.
 TTTStats ttt_forward_backward(const DraftConfig& cfg, const DraftWeights& w, const Tensor& embed_tokens,
                               const TTTSample& s, const std::vector<int64_t>& d2t, const std::vector<uint8_t>& t2d,
                               int num_steps, const std::vector<double>& step_weight, DraftWeights* grads,
-                              std::vector<Tensor>* step_logits = nullptr);
+                              std::vector<Tensor>* step_logits = nullptr, const GradReadyFn& on_grad_ready = {});
 
 /// The draft at inference (eagle3.md section 6), one sequence, greedy chain. It keeps the
 /// target-conditioned cache: the step-0 keys/values (and outputs o) of every verified position p,

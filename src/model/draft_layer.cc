@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "kernels/activation.h"
+#include "kernels/convert.h"
 #include "kernels/embedding.h"
 #include "kernels/gemm.h"
 #include "kernels/norm.h"
@@ -20,10 +21,20 @@ namespace aerie::draft_detail {
 namespace {
 
 Tensor f32(const LayerCtx& c, const Shape& s) { return Tensor::empty(s, DType::F32, c.device); }
+// A GEMM input: the compute dtype (F32, or BF16 under bf16 compute).
+Tensor cmp(const LayerCtx& c, const Shape& s) { return Tensor::empty(s, c.compute, c.device); }
+// x as a GEMM input: x itself when it has the compute dtype, else a converted copy (an F32 gradient
+// rounded to bf16 once before it enters a bf16 GEMM).
+Tensor as_compute(const LayerCtx& c, const Tensor& x) {
+  if (x.dtype() == c.compute) return x;
+  Tensor y = Tensor::empty(x.shape(), c.compute, x.device());
+  convert(x, y);
+  return y;
+}
 
 // y = x W^T
 void linear(const Tensor& x, const Tensor& w, Tensor& y) { matmul(x, w, y, false, true); }
-// dW += dy^T x
+// dW += dy^T x (dW F32: the gradients accumulate in fp32 whatever the compute dtype)
 void add_weight_grad(const Tensor& dy, const Tensor& x, Tensor& dw) { matmul(dy, x, dw, true, false, 1.0f, 1.0f); }
 
 }  // namespace
@@ -34,11 +45,20 @@ LayerCtx::LayerCtx(const DraftConfig& c, const DraftWeights& w_, const Tensor& e
       embed(embed_),
       inv_freq(rope_inv_freq(c.rope, c.head_dim)),
       scale(static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)))),
-      device(w_.fc.device()) {
+      device(w_.fc.device()),
+      compute(w_.fc.dtype()) {
   embed.check_shape({c.vocab_size, c.hidden_size}, "draft: embed_tokens");
   AERIE_CHECK(embed.device() == device,
               "draft: embed_tokens is on " << device_name(embed.device()) << ", the draft weights on "
                                            << device_name(device));
+  AERIE_CHECK(compute == DType::F32 || compute == DType::BF16,
+              "draft: the weight matrices must be F32 or BF16, fc.weight is " << dtype_name(compute));
+  for (const Tensor* m : {&w.q_proj, &w.k_proj, &w.v_proj, &w.o_proj, &w.gate_proj, &w.up_proj, &w.down_proj,
+                          &w.lm_head})
+    AERIE_CHECK(m->dtype() == compute && m->device() == device,
+                "draft: a weight matrix is " << dtype_name(m->dtype()) << " on " << device_name(m->device())
+                                             << ", fc.weight " << dtype_name(compute) << " on " << device_name(device)
+                                             << " (all nine matrices share dtype and device)");
 }
 
 void layer_qkv(const LayerCtx& c, const int32_t* ids, int64_t n, const Tensor& h, int64_t pos0, LayerActs& a) {
@@ -61,22 +81,22 @@ void layer_qkv(const LayerCtx& c, const Tensor& id_t, const Tensor& h, int64_t p
     for (int64_t i = 0; i < n; ++i) a.positions.data<int32_t>()[i] = static_cast<int32_t>(pos0 + i);
     if (c.device != Device::CPU) a.positions = a.positions.to_device(c.device);
   }
-  a.e_raw = f32(c, {n, H});
+  const float eps = static_cast<float>(c.cfg.rms_norm_eps);
+  a.e_raw = cmp(c, {n, H});
   embedding_forward(id_t, c.embed, a.e_raw);
-  a.e = f32(c, {n, H});
+  Tensor e = cmp(c, {n, H}), hn = cmp(c, {n, H});
   a.rstd_e = f32(c, {n});
-  rmsnorm_forward(a.e_raw, c.w.input_layernorm, static_cast<float>(c.cfg.rms_norm_eps), a.e, &a.rstd_e);
+  rmsnorm_forward(a.e_raw, c.w.input_layernorm, eps, e, &a.rstd_e);
   a.h = h;
-  a.hn = f32(c, {n, H});
   a.rstd_h = f32(c, {n});
-  rmsnorm_forward(h, c.w.hidden_norm, static_cast<float>(c.cfg.rms_norm_eps), a.hn, &a.rstd_h);
+  rmsnorm_forward(h, c.w.hidden_norm, eps, hn, &a.rstd_h);
   // a = concat(e, hn): embedding first, hidden second (eagle3.md section 3).
-  a.a = f32(c, {n, 2 * H});
-  copy_columns(a.e, 0, a.a, 0, H);
-  copy_columns(a.hn, 0, a.a, H, H);
-  a.q = f32(c, {n, nh, d});
-  a.k = f32(c, {n, nkv, d});
-  a.v = f32(c, {n, nkv, d});
+  a.a = cmp(c, {n, 2 * H});
+  copy_columns(e, 0, a.a, 0, H);
+  copy_columns(hn, 0, a.a, H, H);
+  a.q = cmp(c, {n, nh, d});
+  a.k = cmp(c, {n, nkv, d});
+  a.v = cmp(c, {n, nkv, d});
   Tensor q2 = a.q.reshape({n, nh * d}), k2 = a.k.reshape({n, nkv * d}), v2 = a.v.reshape({n, nkv * d});
   linear(a.a, c.w.q_proj, q2);
   linear(a.a, c.w.k_proj, k2);
@@ -90,31 +110,33 @@ void layer_out(const LayerCtx& c, LayerActs& a) {
   const float eps = static_cast<float>(c.cfg.rms_norm_eps);
   const int64_t qd = c.cfg.num_attention_heads * c.cfg.head_dim;
   a.attn.check_shape({n, c.cfg.num_attention_heads, c.cfg.head_dim}, "draft layer: attention output");
+  // The residual stream (y, o) stays F32: the GEMMs that add into it write F32 (beta 1).
   a.y = a.h.clone();
   matmul(a.attn.reshape({n, qd}), c.w.o_proj, a.y, false, true, 1.0f, 1.0f);  // y = h + o_proj(attn)
-  a.n2 = f32(c, {n, H});
+  a.n2 = cmp(c, {n, H});
   a.rstd_y = f32(c, {n});
   rmsnorm_forward(a.y, c.w.post_attention_layernorm, eps, a.n2, &a.rstd_y);
-  a.gate = f32(c, {n, I});
-  a.up = f32(c, {n, I});
-  a.act = f32(c, {n, I});
+  a.gate = cmp(c, {n, I});
+  a.up = cmp(c, {n, I});
+  a.act = cmp(c, {n, I});
   linear(a.n2, c.w.gate_proj, a.gate);
   linear(a.n2, c.w.up_proj, a.up);
   swiglu_forward(a.gate, a.up, a.act);
   a.o = a.y.clone();
   matmul(a.act, c.w.down_proj, a.o, false, true, 1.0f, 1.0f);  // o = y + down_proj(act)
-  a.no = f32(c, {n, H});
+  a.no = cmp(c, {n, H});
   a.rstd_o = f32(c, {n});
   rmsnorm_forward(a.o, c.w.norm, eps, a.no, &a.rstd_o);
-  a.logits = f32(c, {n, K});
+  a.logits = f32(c, {n, K});  // F32 output (fp32 accumulation) for the fp32 softmax / cross-entropy
   linear(a.no, c.w.lm_head, a.logits);
 }
 
 Tensor layer_head_backward(const LayerCtx& c, const LayerActs& a, const Tensor& dlogits, DraftWeights& g) {
   dlogits.check_shape({a.n, c.cfg.draft_vocab_size}, "draft layer backward: dlogits");
+  const Tensor dl = as_compute(c, dlogits);
   Tensor dno = f32(c, {a.n, c.cfg.hidden_size});
-  matmul(dlogits, c.w.lm_head, dno, false, false);
-  add_weight_grad(dlogits, a.no, g.lm_head);
+  matmul(dl, c.w.lm_head, dno, false, false);
+  add_weight_grad(dl, a.no, g.lm_head);
   return dno;
 }
 
@@ -132,25 +154,31 @@ void layer_out_backward(const LayerCtx& c, const LayerActs& a, const Tensor& dno
     Tensor rows = dout.slice(0, m);
     add_inplace(rows, do_extra);
   }
-  // MLP: o = y + down(silu(gate n2) * up n2)
-  Tensor dact = f32(c, {n, I});
-  matmul(dout, c.w.down_proj, dact, false, false);
-  add_weight_grad(dout, a.act, g.down_proj);
-  Tensor dgate = f32(c, {n, I}), dup = f32(c, {n, I});
+  // MLP: o = y + down(silu(gate n2) * up n2). dout is F32 (a residual gradient sum); its GEMMs read it in
+  // the compute dtype.
+  const Tensor dout_c = as_compute(c, dout);
+  Tensor dact = cmp(c, {n, I});
+  matmul(dout_c, c.w.down_proj, dact, false, false);
+  add_weight_grad(dout_c, a.act, g.down_proj);
+  Tensor dgate = cmp(c, {n, I}), dup = cmp(c, {n, I});
   swiglu_backward(dact, a.gate, a.up, dgate, dup);
+  dact = Tensor();
   add_weight_grad(dgate, a.n2, g.gate_proj);
   add_weight_grad(dup, a.n2, g.up_proj);
-  Tensor dn2 = f32(c, {n, H});
+  Tensor dn2 = f32(c, {n, H});  // a sum of two GEMMs: F32
   matmul(dgate, c.w.gate_proj, dn2, false, false);
   matmul(dup, c.w.up_proj, dn2, false, false, 1.0f, 1.0f);
+  dgate = Tensor();
+  dup = Tensor();
   Tensor dy = f32(c, {n, H});
   rmsnorm_backward(dn2, a.y, c.w.post_attention_layernorm, a.rstd_y, dy, &g.post_attention_layernorm);
   add_inplace(dy, dout);
   // y = h + o_proj(attn)
-  dattn = f32(c, {n, c.cfg.num_attention_heads, c.cfg.head_dim});
+  const Tensor dy_c = as_compute(c, dy);
+  dattn = cmp(c, {n, c.cfg.num_attention_heads, c.cfg.head_dim});
   Tensor dattn2 = dattn.reshape({n, qd});
-  matmul(dy, c.w.o_proj, dattn2, false, false);
-  add_weight_grad(dy, a.attn.reshape({n, qd}), g.o_proj);
+  matmul(dy_c, c.w.o_proj, dattn2, false, false);
+  add_weight_grad(dy_c, a.attn.reshape({n, qd}), g.o_proj);
   dh = dy;
 }
 
@@ -162,14 +190,15 @@ void layer_qkv_backward(const LayerCtx& c, const LayerActs& a, Tensor& dq, Tenso
   dk.check_shape({n, nkv, d}, "draft layer backward: dk");
   dv.check_shape({n, nkv, d}, "draft layer backward: dv");
   dh.check_shape({n, H}, "draft layer backward: dh");
-  // RoPE is a rotation: its backward is the inverse rotation.
+  // RoPE is a rotation: its backward is the inverse rotation (in each tensor's own dtype).
   rope_apply(dq, a.positions, c.inv_freq, true);
   rope_apply(dk, a.positions, c.inv_freq, true);
-  Tensor dq2 = dq.reshape({n, nh * d}), dk2 = dk.reshape({n, nkv * d}), dv2 = dv.reshape({n, nkv * d});
+  const Tensor dq2 = as_compute(c, dq.reshape({n, nh * d})), dk2 = as_compute(c, dk.reshape({n, nkv * d})),
+               dv2 = as_compute(c, dv.reshape({n, nkv * d}));
   add_weight_grad(dq2, a.a, g.q_proj);
   add_weight_grad(dk2, a.a, g.k_proj);
   add_weight_grad(dv2, a.a, g.v_proj);
-  Tensor da = f32(c, {n, 2 * H});
+  Tensor da = f32(c, {n, 2 * H});  // a sum of three GEMMs: F32
   matmul(dq2, c.w.q_proj, da, false, false);
   matmul(dk2, c.w.k_proj, da, false, false, 1.0f, 1.0f);
   matmul(dv2, c.w.v_proj, da, false, false, 1.0f, 1.0f);

@@ -11,18 +11,20 @@
 namespace aerie::draft_detail {
 
 /// Everything the backward needs from one layer application (n rows, positions pos0 .. pos0+n-1).
+/// Dtypes: C = the compute dtype (LayerCtx::compute: F32, or BF16 under bf16 compute); the residual
+/// stream (h, y, o), the rstd's, lse and the logits are F32 in both modes.
 struct LayerActs {
   int64_t n = 0, pos0 = 0;
   Tensor positions;         // [n] I32
-  Tensor e_raw, rstd_e, e;  // [n, H] embed_tokens[u], [n], input_layernorm(e_raw)
-  Tensor h, rstd_h, hn;     // [n, H] input hidden, [n], hidden_norm(h)
-  Tensor a;                 // [n, 2H] concat(e, hn)
-  Tensor q, k, v;           // [n, n_h, d], [n, n_kv, d], [n, n_kv, d]; q and k after RoPE
-  Tensor attn, lse;         // [n, n_h, d] attention output, [n, n_h] its log-sum-exp
-  Tensor y, rstd_y, n2;     // [n, H] h + o_proj(attn), [n], post_attention_layernorm(y)
-  Tensor gate, up, act;     // [n, I]
-  Tensor o, rstd_o, no;     // [n, H] layer output (the next step's hidden), [n], norm(o)
-  Tensor logits;            // [n, K]
+  Tensor e_raw, rstd_e;     // [n, H] C embed_tokens[u], [n] F32 (input_layernorm(e_raw) lives only in a)
+  Tensor h, rstd_h;         // [n, H] F32 input hidden, [n] F32 (hidden_norm(h) lives only in a)
+  Tensor a;                 // [n, 2H] C concat(input_layernorm(e_raw), hidden_norm(h))
+  Tensor q, k, v;           // [n, n_h, d], [n, n_kv, d], [n, n_kv, d] C; q and k after RoPE
+  Tensor attn, lse;         // [n, n_h, d] C attention output, [n, n_h] F32 its log-sum-exp
+  Tensor y, rstd_y, n2;     // [n, H] F32 h + o_proj(attn), [n], [n, H] C post_attention_layernorm(y)
+  Tensor gate, up, act;     // [n, I] C
+  Tensor o, rstd_o, no;     // [n, H] F32 layer output (the next step's hidden), [n], [n, H] C norm(o)
+  Tensor logits;            // [n, K] F32
 };
 
 /// Shared constants of a layer application.
@@ -33,10 +35,15 @@ struct LayerCtx {
   std::vector<float> inv_freq;  // RoPE inverse frequencies [d/2]
   float scale;                  // 1/sqrt(d)
   Device device;                // where the weights (and so every activation) live: w.fc's device
+  /// The GEMM input dtype: the matrices' dtype (all nine agree), F32, or BF16 for a compute copy
+  /// (DraftWeights::compute_copy): then the activations that feed a GEMM are bf16 and every GEMM
+  /// accumulates in fp32 (see ttt_forward_backward in draft.h).
+  DType compute;
   /// Optional [>= max position + 1] I32 table 0, 1, 2, ... on `device` (the TTT pass sets it once per
   /// sample): layer_qkv then slices its positions from it instead of building them on the host.
   Tensor arange;
-  /// Throws aerie::Error when embed is not [V, H] or lives on another device than the weights.
+  /// Throws aerie::Error when embed is not [V, H] or lives on another device than the weights, or when
+  /// the nine matrices do not share one dtype (F32 or BF16).
   LayerCtx(const DraftConfig& c, const DraftWeights& w, const Tensor& embed);
 };
 
@@ -48,16 +55,19 @@ void layer_qkv(const LayerCtx& c, const Tensor& ids, const Tensor& h, int64_t po
 /// After the attention (a.attn filled): y, MLP, o, logits.
 void layer_out(const LayerCtx& c, LayerActs& a);
 
-/// Backward of lm_head only (logits = lm_head(no)): dlogits [n, K] -> returns dno [n, H], adds to
-/// g.lm_head. Done right after the loss so that no [n, K] tensor outlives its step.
+/// Backward of lm_head only (logits = lm_head(no)): dlogits [n, K] F32 -> returns dno [n, H] F32, adds to
+/// g.lm_head (F32). Done right after the loss so that no [n, K] tensor outlives its step. Under bf16
+/// compute dlogits is rounded to a bf16 copy for the two GEMMs (fp32 accumulation).
 Tensor layer_head_backward(const LayerCtx& c, const LayerActs& a, const Tensor& dlogits, DraftWeights& g);
 /// Backward of the rest of layer_out from dno (layer_head_backward). do_extra: gradient into the first
 /// do_extra.dim(0) rows of o from elsewhere (the next TTT step), or an undefined tensor. Adds weight
-/// gradients to g. Returns dattn [n, n_h, d] and dh [n, H] (the residual path only).
+/// gradients to g. Returns dattn [n, n_h, d] (compute dtype: attention_backward's dout) and dh [n, H] F32
+/// (the residual path only). dno, do_extra: F32.
 void layer_out_backward(const LayerCtx& c, const LayerActs& a, const Tensor& dno, const Tensor& do_extra,
                         DraftWeights& g, Tensor& dattn, Tensor& dh);
 /// Backward of layer_qkv from the gradients w.r.t. the post-RoPE q, k and v (dq, dk modified in place
-/// by the inverse rotation). Adds weight gradients to g (embed_tokens is frozen) and dL/dh to dh.
+/// by the inverse rotation). Adds weight gradients to g (embed_tokens is frozen) and dL/dh to dh (F32).
+/// dq: compute dtype (attention_backward's); dk, dv: F32 or the compute dtype.
 void layer_qkv_backward(const LayerCtx& c, const LayerActs& a, Tensor& dq, Tensor& dk, const Tensor& dv,
                         DraftWeights& g, Tensor& dh);
 

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/convert.h"
 #include "kernels/gemm.h"
 #include "kernels/loss.h"
 #include "kernels/optim.h"
@@ -39,7 +40,8 @@ void check_inputs(const DraftConfig& cfg, const DraftWeights& w, const TTTSample
               "ttt: sample has " << T << " ids, " << s.loss_mask.size() << " mask entries, " << s.target_argmax.size()
                                  << " target argmaxes");
   s.aux_hidden.check_shape({T, 3 * cfg.target_hidden_size}, "ttt: aux_hidden");
-  s.aux_hidden.check_dtype(DType::F32, "ttt: aux_hidden");
+  AERIE_CHECK(s.aux_hidden.dtype() == DType::F32 || s.aux_hidden.dtype() == DType::BF16,
+              "ttt: aux_hidden must be F32 or BF16, got " << dtype_name(s.aux_hidden.dtype()));
   s.target_probs.check_shape({T, K}, "ttt: target_probs");
   AERIE_CHECK(static_cast<int64_t>(d2t.size()) == K, "ttt: d2t has " << d2t.size() << " entries, K = " << K);
   AERIE_CHECK(static_cast<int64_t>(t2d.size()) == cfg.vocab_size,
@@ -51,13 +53,37 @@ void check_inputs(const DraftConfig& cfg, const DraftWeights& w, const TTTSample
                 "ttt: target_argmax[" << t << "] = " << s.target_argmax[t] << " outside [0, " << cfg.vocab_size << ")");
 }
 
+// Index of each parameter in DraftWeights::named() order.
+enum Param { kFc, kQ, kK, kV, kO, kGate, kUp, kDown, kInNorm, kHiddenNorm, kPostNorm, kNorm, kLmHead, kNumParams };
+
 }  // namespace
+
+const std::vector<int>& ttt_gradient_ready_order() {
+  // lm_head: all its terms come from the forward (layer_head_backward per step); then the step-0
+  // layer_out_backward finishes norm and the MLP and o_proj, the step-0 layer_qkv_backward q/k/v and the
+  // two input norms, and the last GEMM fc.
+  static const std::vector<int> order = {kLmHead, kNorm, kDown, kGate, kUp, kPostNorm, kO,
+                                         kQ,      kK,    kV,    kInNorm, kHiddenNorm, kFc};
+  return order;
+}
 
 TTTStats ttt_forward_backward(const DraftConfig& cfg, const DraftWeights& w, const Tensor& embed_tokens,
                               const TTTSample& s, const std::vector<int64_t>& d2t, const std::vector<uint8_t>& t2d,
                               int num_steps, const std::vector<double>& step_weight, DraftWeights* grads,
-                              std::vector<Tensor>* step_logits) {
+                              std::vector<Tensor>* step_logits, const GradReadyFn& on_grad_ready) {
   check_inputs(cfg, w, s, d2t, t2d, num_steps, step_weight);
+  if (grads)
+    for (auto& [name, t] : grads->named())
+      AERIE_CHECK(t->dtype() == DType::F32 && t->device() == w.fc.device(),
+                  "ttt: gradient " << name << " must be F32 on the weights' device, got " << dtype_name(t->dtype())
+                                   << " on " << device_name(t->device()));
+  // Tells the caller that parameters' gradients are final, in ttt_gradient_ready_order().
+  size_t ready = 0;
+  auto mark_ready = [&](size_t upto) {
+    if (!grads || !on_grad_ready) return;
+    const std::vector<int>& order = ttt_gradient_ready_order();
+    for (; ready < upto && ready < order.size(); ++ready) on_grad_ready(order[ready]);
+  };
   const int64_t T = static_cast<int64_t>(s.ids.size()), H = cfg.hidden_size, K = cfg.draft_vocab_size;
   const int S = num_steps;
   TTTStats st;
@@ -70,7 +96,10 @@ TTTStats ttt_forward_backward(const DraftConfig& cfg, const DraftWeights& w, con
   auto rows = [&](int k) { return std::max<int64_t>(0, T - 1 - k); };  // n_k
   int steps = 0;                                                      // steps with at least one row
   while (steps < S && rows(steps) > 0) ++steps;
-  if (steps == 0) return st;
+  if (steps == 0) {
+    mark_ready(kNumParams);  // no term at all
+    return st;
+  }
 
   LayerCtx ctx(cfg, w, embed_tokens);
   // The sample on the weights' device, once: ids, positions 0..T-1, f, the targets and the loss weights.
@@ -84,7 +113,14 @@ TTTStats ttt_forward_backward(const DraftConfig& cfg, const DraftWeights& w, con
   auto on_dev = [&](const Tensor& t) { return t.device() == dev ? t : t.to_device(dev); };
   const Tensor ids = on_dev(Tensor::from_vector(s.ids, {T}));
   const Tensor weights = on_dev(Tensor::from_vector(loss_w, {T}));
-  const Tensor aux = on_dev(s.aux_hidden), probs = on_dev(s.target_probs);
+  const Tensor probs = on_dev(s.target_probs);
+  // f in the compute dtype (the fc GEMM's input): converted once per call when the sample's differs.
+  Tensor aux = on_dev(s.aux_hidden);
+  if (aux.dtype() != ctx.compute) {
+    Tensor c = Tensor::empty(aux.shape(), ctx.compute, dev);
+    convert(aux, c);
+    aux = c;
+  }
   ctx.arange = on_dev(Tensor::from_vector(positions, {T}));
   std::vector<LayerActs> acts(steps);
   std::vector<Tensor> dno(steps);  // gradient w.r.t. norm(o) of each step ([n_k, H]; the [n_k, K] ones never outlive their step)
@@ -104,7 +140,7 @@ TTTStats ttt_forward_backward(const DraftConfig& cfg, const DraftWeights& w, con
       dk.push_back(&acts[j].k);
       dv.push_back(&acts[j].v);
     }
-    a.attn = Tensor::empty({n, cfg.num_attention_heads, cfg.head_dim}, DType::F32, dev);
+    a.attn = Tensor::empty({n, cfg.num_attention_heads, cfg.head_dim}, ctx.compute, dev);
     a.lse = Tensor::empty({n, cfg.num_attention_heads}, DType::F32, dev);
     draft_detail::ttt_attention_forward(a.q, acts[0].k.slice(0, n), acts[0].v.slice(0, n), dk, dv, 0, ctx.scale,
                                         a.attn, a.lse);
@@ -122,7 +158,8 @@ TTTStats ttt_forward_backward(const DraftConfig& cfg, const DraftWeights& w, con
     }
     const Tensor weight = weights.slice(k + 1, k + 1 + n);
     Tensor target = probs.slice(k + 1, k + 1 + n);
-    Tensor dlogits = grads ? Tensor::empty({n, K}, DType::F32, dev) : Tensor();
+    // dlogits overwrites the logits in place unless the caller wants them back.
+    Tensor dlogits = !grads ? Tensor() : step_logits ? Tensor::empty({n, K}, DType::F32, dev) : a.logits;
     st.loss_sum[k] = soft_cross_entropy(a.logits, target, weight, grads ? &dlogits : nullptr);
     if (step_logits) (*step_logits)[k] = a.logits;
     a.logits = Tensor();  // [n, K]: dropped as soon as possible
@@ -134,6 +171,7 @@ TTTStats ttt_forward_backward(const DraftConfig& cfg, const DraftWeights& w, con
     }
   }
   if (!grads) return st;
+  mark_ready(1);  // lm_head: every term came from the forward loop
 
   // Backward, last step first. dO: gradient into o of step k from step k+1's hidden input.
   const int64_t nkv = cfg.num_key_value_heads, d = cfg.head_dim;
@@ -150,6 +188,7 @@ TTTStats ttt_forward_backward(const DraftConfig& cfg, const DraftWeights& w, con
     Tensor dattn, dh;
     draft_detail::layer_out_backward(ctx, a, dno[k], dO, *grads, dattn, dh);
     dno[k] = Tensor();
+    if (k == 0) mark_ready(7);  // norm, down, gate, up, post_attention_layernorm, o_proj
     std::vector<const Tensor*> dk, dv;
     std::vector<Tensor*> gdk, gdv;
     for (int j = 1; j <= k; ++j) {
@@ -158,7 +197,7 @@ TTTStats ttt_forward_backward(const DraftConfig& cfg, const DraftWeights& w, con
       gdk.push_back(&ddk[j]);
       gdv.push_back(&ddv[j]);
     }
-    Tensor dq = Tensor::empty({n, cfg.num_attention_heads, d}, DType::F32, dev);
+    Tensor dq = Tensor::empty({n, cfg.num_attention_heads, d}, ctx.compute, dev);  // attention_backward: q's dtype
     Tensor dk0s = dk0.slice(0, n), dv0s = dv0.slice(0, n);
     draft_detail::ttt_attention_backward(dattn, a.q, acts[0].k.slice(0, n), acts[0].v.slice(0, n), dk, dv, a.attn,
                                          a.lse, ctx.scale, dq, dk0s, dv0s, gdk, gdv);
@@ -167,10 +206,17 @@ TTTStats ttt_forward_backward(const DraftConfig& cfg, const DraftWeights& w, con
     Tensor& own_dk = k == 0 ? dk0 : ddk[k];
     Tensor& own_dv = k == 0 ? dv0 : ddv[k];
     draft_detail::layer_qkv_backward(ctx, a, dq, own_dk, own_dv, *grads, dh);
+    if (k == 0) mark_ready(12);  // q, k, v, input_layernorm, hidden_norm
     dO = dh;  // h_{t,k} = o_{t,k-1} (rows 0..n_k-1), or g for k = 0
   }
-  // g = fc(f): dfc += dg^T f
-  matmul(dO, aux.slice(0, n0), grads->fc, true, false, 1.0f, 1.0f);
+  // g = fc(f): dfc += dg^T f (dg F32, read by the GEMM in the compute dtype)
+  Tensor dg = dO;
+  if (dg.dtype() != ctx.compute) {
+    dg = Tensor::empty(dO.shape(), ctx.compute, dev);
+    convert(dO, dg);
+  }
+  matmul(dg, aux.slice(0, n0), grads->fc, true, false, 1.0f, 1.0f);
+  mark_ready(kNumParams);
   return st;
 }
 

@@ -3,6 +3,7 @@
 // TrainOptions, the metrics of a step and train_step (one data-parallel optimizer step).
 #include <cmath>
 
+#include "comm/nccl_communicator.h"
 #include "core/device.h"
 #include "kernels/optim.h"
 #include "train/schedule.h"
@@ -18,7 +19,8 @@ nlohmann::json TrainOptions::to_json() const {
           {"ttt_steps", ttt_steps},   {"checkpoint_every", checkpoint_every},
           {"keep_checkpoints", keep_checkpoints},
           {"log_every", log_every},   {"seed", seed},
-          {"eval_fraction", eval_fraction}, {"device", device}};
+          {"eval_fraction", eval_fraction}, {"device", device},
+          {"precision", precision}};
 }
 
 void TrainOptions::check_resumable(const nlohmann::json& c) const {
@@ -36,8 +38,26 @@ AdamState AdamState::zeros(const DraftConfig& cfg, Device device) {
   return AdamState{DraftWeights::zeros(cfg, device), DraftWeights::zeros(cfg, device), 0};
 }
 
+StepScratch StepScratch::zeros(const DraftConfig& cfg, Device device, DType compute) {
+  AERIE_CHECK(compute == DType::F32 || compute == DType::BF16,
+              "StepScratch: compute dtype must be F32 or BF16, got " << dtype_name(compute));
+  StepScratch s;
+  s.grads = DraftWeights::zeros(cfg, device);
+  s.sample = DraftWeights::zeros(cfg, device);
+  s.compute_dtype = compute;
+  if (compute != DType::F32) s.compute = s.grads.compute_copy(compute);  // buffers; refreshed by train_step
+  return s;
+}
+
 StepScratch StepScratch::zeros(const DraftConfig& cfg, Device device) {
-  return StepScratch{DraftWeights::zeros(cfg, device), DraftWeights::zeros(cfg, device)};
+  return zeros(cfg, device, resolve_compute_dtype("auto", device));
+}
+
+DType resolve_compute_dtype(const std::string& precision, Device device) {
+  if (precision == "f32") return DType::F32;
+  if (precision == "bf16") return DType::BF16;
+  AERIE_CHECK(precision == "auto", "train: --precision must be auto, bf16 or f32, got '" << precision << "'");
+  return device == Device::CUDA ? DType::BF16 : DType::F32;
 }
 
 Device resolve_train_device(const std::string& name) {
@@ -117,6 +137,28 @@ StepMetrics train_step(const DraftConfig& cfg, DraftWeights& w, AdamState& opt, 
   auto grads = scratch.grads.named();
   auto sample = scratch.sample.named();
   for (auto& [n, t] : grads) t->fill_zero();
+  // The weights the forward/backward reads: w itself, or its bf16 compute copy made current.
+  const DraftWeights* wc = &w;
+  if (scratch.compute_dtype != DType::F32) {
+    AERIE_CHECK(scratch.compute.fc.defined() && scratch.compute.fc.device() == w.device(),
+                "train_step: the scratch's compute copy is missing or on another device than the weights");
+    w.refresh_compute_copy(scratch.compute);
+    wc = &scratch.compute;
+  }
+  // Overlapped gradient all-reduce (NCCL on a side stream) during the last local sample's backward.
+  Communicator& gc = grad_comm ? *grad_comm : dp;
+  auto* nccl = dynamic_cast<NcclCommunicator*>(&gc);
+  const bool overlap = nccl != nullptr && gc.size() > 1 && w.device() == Device::CUDA;
+  cuda::Stream comm_stream = nullptr;
+  if (overlap) {
+    if (!scratch.comm_stream) {
+      cuda::Stream cs = cuda::create_stream();
+      scratch.comm_stream = std::shared_ptr<void>(cs, [](void* p) { cuda::destroy_stream(p); });
+    }
+    comm_stream = scratch.comm_stream.get();
+  }
+  size_t launched = 0;  // all-reduces queued, in ttt_gradient_ready_order()
+  const std::vector<int>& ready_order = ttt_gradient_ready_order();
   std::vector<double> loss_sum(static_cast<size_t>(S), 0.0);
   Tensor counts = Tensor::zeros({2 * S + 1}, DType::I64);  // correct [S], acc_rows [S], tokens
   int64_t* c = counts.data<int64_t>();
@@ -125,8 +167,19 @@ StepMetrics train_step(const DraftConfig& cfg, DraftWeights& w, AdamState& opt, 
     DraftWeights* into = i == 0 ? &scratch.grads : &scratch.sample;
     if (i > 0)
       for (auto& [n, t] : sample) t->fill_zero();
-    TTTStats st = ttt_forward_backward(cfg, w, embed_tokens, local[i], vocab.d2t, vocab.t2d, S, step_weight, into);
-    if (i > 0)
+    const bool last_overlapped = overlap && i + 1 == local.size();
+    GradReadyFn on_ready;
+    if (last_overlapped)
+      on_ready = [&, i](int j) {
+        AERIE_CHECK(launched < ready_order.size() && ready_order[launched] == j,
+                    "train_step: gradient " << j << " reported final out of ttt_gradient_ready_order()");
+        if (i > 0) add_inplace(*grads[static_cast<size_t>(j)].second, *sample[static_cast<size_t>(j)].second);
+        nccl->all_reduce_sum_async(*grads[static_cast<size_t>(j)].second, comm_stream);
+        ++launched;
+      };
+    TTTStats st = ttt_forward_backward(cfg, *wc, embed_tokens, local[i], vocab.d2t, vocab.t2d, S, step_weight, into,
+                                       nullptr, on_ready);
+    if (i > 0 && !last_overlapped)
       for (size_t j = 0; j < grads.size(); ++j) add_inplace(*grads[j].second, *sample[j].second);
     for (int k = 0; k < S; ++k) {
       loss_sum[static_cast<size_t>(k)] += st.loss_sum[static_cast<size_t>(k)];
@@ -135,9 +188,14 @@ StepMetrics train_step(const DraftConfig& cfg, DraftWeights& w, AdamState& opt, 
     }
     c[2 * S] += static_cast<int64_t>(local[i].ids.size());
   }
-  Communicator& gc = grad_comm ? *grad_comm : dp;
-  if (gc.size() > 1)
+  if (overlap) {
+    // Every gradient queued (a rank without samples queues them all now, in the same order), then waited for.
+    for (; launched < ready_order.size(); ++launched)
+      nccl->all_reduce_sum_async(*grads[static_cast<size_t>(ready_order[launched])].second, comm_stream);
+    cuda::synchronize(comm_stream);
+  } else if (gc.size() > 1) {
     for (auto& [n, t] : grads) gc.all_reduce_sum(*t);
+  }
 
   // 3. Clipping and AdamW in one call (the grads are scaled as they are read, not in place).
   StepMetrics m;

@@ -5,6 +5,7 @@
 // same update.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,10 @@ struct TrainOptions {
   /// more ranks than GPUs, else cpu). Not a resume option: a run may resume on another device
   /// (checkpoints are written from host copies in one format).
   std::string device = "cpu";  // `aerie train --device` defaults to "auto"
+  /// The compute precision (eagle3.md section 4): "auto" (bf16 on CUDA, f32 on the CPU), "bf16" (fp32
+  /// master weights, gradients and AdamW moments; bf16 GEMM inputs with fp32 accumulation: see
+  /// ttt_forward_backward) or "f32" (everything fp32, the reference). Not a resume option.
+  std::string precision = "auto";
 
   nlohmann::json to_json() const;
   /// The options that decide the weights (steps, epochs, batch size, lr, warmup, clipping, TTT steps,
@@ -54,6 +59,10 @@ struct AdamState {
 /// CPU. Throws on any other name.
 Device resolve_train_device(const std::string& name);
 
+/// TrainOptions::precision resolved for `device`: "f32" -> F32, "bf16" -> BF16, "auto" -> BF16 on CUDA,
+/// F32 on the CPU. Throws aerie::Error on any other name.
+DType resolve_compute_dtype(const std::string& precision, Device device);
+
 /// Global sums of one or more steps (over samples and dp ranks).
 struct StepMetrics {
   std::vector<double> loss_sum;    // [S] sum of valid * CE
@@ -69,9 +78,18 @@ struct StepMetrics {
   double tau_sim() const;
 };
 
-/// Gradient buffers of a step: the rank's sum and one sample's gradient (DraftWeights::zeros shapes).
+/// Buffers of a step: the rank's gradient sum and one sample's gradient (DraftWeights::zeros shapes, F32),
+/// and for bf16 compute the BF16 compute copy of the weights, refreshed from the masters at the start of
+/// every train_step (so it always matches them, whoever changed them). `comm_stream`: the stream of the
+/// overlapped gradient all-reduce (made on first use, destroyed with the scratch).
 struct StepScratch {
   DraftWeights grads, sample;
+  DType compute_dtype = DType::F32;
+  DraftWeights compute;  // BF16 matrices when compute_dtype is BF16 (else empty)
+  std::shared_ptr<void> comm_stream;
+  /// compute: DType::F32 or DType::BF16. The two-argument form picks resolve_compute_dtype("auto", device):
+  /// bf16 on CUDA, fp32 on the CPU.
+  static StepScratch zeros(const DraftConfig& cfg, Device device, DType compute);
   static StepScratch zeros(const DraftConfig& cfg, Device device = Device::CPU);
 };
 
@@ -79,14 +97,20 @@ struct StepScratch {
 ///  1. valid_k of every local sample (ttt_valid_counts), summed over dp;
 ///     step_weight[k] = 0.8^k / max(1, global valid_k);
 ///  2. grads = sum over local samples of d(sum_k step_weight[k] loss_sum_k)/dw (ttt_forward_backward
-///     into a zeroed per-sample buffer, then added in sample order), all-reduced (sum) over dp;
+///     into a zeroed per-sample buffer, then added in sample order), all-reduced (sum) over dp; under
+///     bf16 compute (scratch.compute_dtype) the forward/backward runs on scratch.compute, refreshed from
+///     w first, and the gradients stay F32;
 ///  3. global norm clipping at max_grad_norm, AdamW (beta 0.9/0.95, eps 1e-8, wd 0) with `lr`,
 ///     update number opt.step + 1.
 /// Device: the weights, moments and scratch (and embed_tokens) all on one device, CPU or CUDA; the samples'
 /// tensors may be on the host or there (ttt_forward_backward copies them). `grad_comm` (optional, default
 /// `dp`): the communicator of the gradient all-reduce, e.g. an NcclCommunicator over the same ranks when
 /// the gradients are on a GPU; `dp` itself then only reduces host tensors (counts, losses). With one
-/// rank no gradient all-reduce is made. Steps 3 is adamw_step_clipped (the norm in double; on CUDA one
+/// rank no gradient all-reduce is made. Overlap: when grad_comm is an NcclCommunicator of several ranks,
+/// each parameter's all-reduce is queued on scratch's comm stream (all_reduce_sum_async) as soon as its
+/// gradient is final in the backward of the LAST local sample (ttt_forward_backward's on_grad_ready,
+/// in ttt_gradient_ready_order(), the same order on every rank), and the comm stream is synchronised
+/// before step 3; a rank without samples queues them all in that order. Steps 3 is adamw_step_clipped (the norm in double; on CUDA one
 /// synchronisation).
 /// Returns the global metrics. All ranks end with the same weights. Another dp sums the same per-sample
 /// gradients in another order ((g0+g1)+(g2+g3) instead of ((g0+g1)+g2)+g3), so the weights agree up to

@@ -190,7 +190,8 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp) {
                     << opts.batch_size << " samples on " << dp.size() << " dp ranks, "
                     << order.steps_per_epoch() << " steps per epoch, warmup " << sched.warmup_steps
                     << " steps, K = " << ck.config.draft_vocab_size << ", aux layers "
-                    << nlohmann::json(ck.config.aux_layers).dump() << ", device " << device_name(dev);
+                    << nlohmann::json(ck.config.aux_layers).dump() << ", device " << device_name(dev) << ", compute "
+                    << (resolve_compute_dtype(opts.precision, dev) == DType::BF16 ? "bf16 (fp32 master weights)" : "fp32");
   }
   TrainResult result;
   result.total_steps = total;
@@ -209,7 +210,8 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp) {
                                      : AdamState{ck.adam_m.to_device(dev), ck.adam_v.to_device(dev), st.step};
   DraftWeights w_dev = dev == Device::CPU ? DraftWeights() : ck.weights.to_device(dev);
   DraftWeights& w = dev == Device::CPU ? ck.weights : w_dev;
-  StepScratch scratch = StepScratch::zeros(ck.config, dev);
+  const DType compute = resolve_compute_dtype(opts.precision, dev);
+  StepScratch scratch = StepScratch::zeros(ck.config, dev, compute);
   // Gradients on GPUs are summed by NCCL over the same ranks as dp (MPI keeps the host-side counts).
   std::unique_ptr<NcclCommunicator> nccl;
   if (dev == Device::CUDA && dp.size() > 1) {

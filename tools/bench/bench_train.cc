@@ -1,0 +1,312 @@
+// bench_train: one draft training step (train_step: TTT forward + backward + clipped AdamW) on a
+// Llama-3.1-8B-shaped target with random weights, on one GPU (issue: the CUDA backend, item 5).
+//
+// Shapes (as tools/bench/hf_reference.py train): H 4096, 32 heads / 8 kv heads of 128, MLP 14336,
+// target vocabulary 128256, draft vocabulary 32000, one sample of --seq tokens (loss mask all ones),
+// --ttt-steps TTT steps. Draft weights random on the GPU (F32 masters; linears U(-1/sqrt(fan_in),
+// 1/sqrt(fan_in)), norms 1); the frozen embed_tokens [V, H], the target's lm_head [V, H] (for the target
+// distribution, made once by make_ttt_sample as aerie train does per sample), the aux hidden states
+// f [T, 3H] and the final hidden states z [T, H] random bf16 on the GPU.
+//
+// Prints JSON lines:
+//   {"bench": "train", seq, ttt_steps, precision, step_s, tokens_per_s, peak_gib (the stream-ordered
+//    pool's high-water mark: every aerie tensor comes from it), device_used_gib (cudaMemGetInfo), mfu}
+//   {"bench": "train_breakdown", ...}: forward-only and forward+backward time of ttt_forward_backward,
+//    the rest of the step (gradient zeroing, compute-copy refresh, clipping + AdamW), and one causal
+//    attention forward / backward call of the step-0 shape, for finding what dominates the step.
+// MFU: model FLOPs as hf_reference.py counts them (3 x forward; per step the layer and lm_head on T
+// tokens, fc once, causal attention over T/2 + S keys per row) / step time / --peak-tflops.
+// A run that does not fit prints {"bench": "train", ..., "error": "..."} and exits with status 1.
+//
+// Usage: bench_train [--seq 2048] [--ttt-steps 7] [--iters 5] [--warmup 2] [--precision bf16|f32]
+//                    [--draft-vocab 32000] [--peak-tflops 989] [--no-breakdown]
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "core/device.h"
+#include "data/vocab.h"
+#include "kernels/attention.h"
+#include "kernels/convert.h"
+#include "kernels/optim.h"
+#include "model/draft.h"
+#include "train/trainer.h"
+
+namespace aerie {
+namespace {
+
+constexpr int64_t kH = 4096, kHeads = 32, kKv = 8, kHeadDim = 128, kMlp = 14336, kVocab = 128256;
+
+/// A communicator of one rank (no MPI needed): every collective is the identity.
+class SoloComm : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  void all_reduce_sum(Tensor&) override {}
+  void all_reduce_max(Tensor&) override {}
+  void all_gather(const Tensor& in, Tensor& out) override { out.copy_from(in); }
+  void broadcast(Tensor&, int) override {}
+  void barrier() override {}
+};
+
+struct Args {
+  int64_t seq = 2048, draft_vocab = 32000;
+  int ttt_steps = 7, iters = 5, warmup = 2;
+  std::string precision = "bf16";
+  double peak_tflops = 989.0;
+  bool breakdown = true;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    auto next = [&]() -> std::string {
+      AERIE_CHECK(i + 1 < argc, "bench_train: " << k << " needs a value");
+      return argv[++i];
+    };
+    if (k == "--seq") a.seq = std::stoll(next());
+    else if (k == "--ttt-steps") a.ttt_steps = std::stoi(next());
+    else if (k == "--iters") a.iters = std::stoi(next());
+    else if (k == "--warmup") a.warmup = std::stoi(next());
+    else if (k == "--precision") a.precision = next();
+    else if (k == "--draft-vocab") a.draft_vocab = std::stoll(next());
+    else if (k == "--peak-tflops") a.peak_tflops = std::stod(next());
+    else if (k == "--no-breakdown") a.breakdown = false;
+    else AERIE_THROW("bench_train: unknown argument " << k << " (see the header of tools/bench/bench_train.cc)");
+  }
+  AERIE_CHECK(a.seq >= 3 && a.ttt_steps >= 1 && a.iters >= 1 && a.warmup >= 0, "bench_train: bad sizes");
+  AERIE_CHECK(a.precision == "bf16" || a.precision == "f32", "bench_train: --precision bf16 or f32");
+  return a;
+}
+
+/// Random values on the GPU, fast: a pool of 4M U(-1, 1) values (splitmix64) uploaded once per dtype and
+/// tiled into each tensor from a varying offset by device-to-device copies, then scaled.
+class RandomFill {
+ public:
+  RandomFill() {
+    std::vector<float> host(kPool);
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (float& v : host) {
+      x += 0x9e3779b97f4a7c15ull;
+      uint64_t z = x;
+      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+      z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+      z ^= z >> 31;
+      v = static_cast<float>(static_cast<double>(z >> 11) * 0x1.0p-53 * 2.0 - 1.0);
+    }
+    f32_ = Tensor::from_vector(host, {kPool}).to_device(Device::CUDA);
+    bf16_ = Tensor::empty({kPool}, DType::BF16, Device::CUDA);
+    convert(f32_, bf16_);
+  }
+  /// t (F32 or BF16, on the GPU) = U(-scale, scale)-like values.
+  void fill(Tensor& t, float scale) {
+    const Tensor& pool = t.dtype() == DType::BF16 ? bf16_ : f32_;
+    Tensor flat = t.reshape({t.numel()});
+    int64_t src = (offset_ += 7919) % (kPool / 2);
+    for (int64_t i = 0; i < t.numel();) {
+      const int64_t n = std::min(t.numel() - i, kPool - src);
+      flat.slice(i, i + n).copy_from(pool.slice(src, src + n));
+      i += n;
+      src = 0;
+    }
+    scale_inplace(t, scale);
+  }
+
+ private:
+  static constexpr int64_t kPool = int64_t{1} << 22;
+  Tensor f32_, bf16_;
+  int64_t offset_ = 0;
+};
+
+double pool_high_gib() {
+  cudaMemPool_t pool = nullptr;
+  unsigned long long high = 0;  // NOLINT(runtime/int): the CUDA API's type
+  if (cudaDeviceGetDefaultMemPool(&pool, cuda::current_device()) != cudaSuccess ||
+      cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high) != cudaSuccess)
+    return -1;
+  return static_cast<double>(high) / (1024.0 * 1024.0 * 1024.0);
+}
+
+double device_used_gib() {
+  size_t free_b = 0, total_b = 0;
+  if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) return -1;
+  return static_cast<double>(total_b - free_b) / (1024.0 * 1024.0 * 1024.0);
+}
+
+void sync() {
+  const cudaError_t e = cudaDeviceSynchronize();
+  AERIE_CHECK(e == cudaSuccess, "bench_train: cudaDeviceSynchronize: " << cudaGetErrorString(e));
+}
+
+/// Mean seconds of `iters` calls of f after `warmup` calls (the device synchronised around the timed ones).
+template <typename F>
+double timed(int warmup, int iters, F&& f) {
+  for (int i = 0; i < warmup; ++i) f();
+  sync();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) f();
+  sync();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
+}
+
+std::string json_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\';
+    if (c == '\n') {
+      o += "\\n";
+      continue;
+    }
+    o += c;
+  }
+  return o;
+}
+
+int run(const Args& a) {
+  AERIE_CHECK(cuda::available(), "bench_train: no usable GPU: " << cuda::unavailable_reason());
+  cuda::select_device(0);
+  const int64_t T = a.seq, K = a.draft_vocab;
+  const int S = a.ttt_steps;
+  DraftConfig cfg;
+  cfg.hidden_size = cfg.target_hidden_size = kH;
+  cfg.num_attention_heads = kHeads;
+  cfg.num_key_value_heads = kKv;
+  cfg.head_dim = kHeadDim;
+  cfg.intermediate_size = kMlp;
+  cfg.vocab_size = kVocab;
+  cfg.draft_vocab_size = K;
+  cfg.max_position_embeddings = 131072;
+  cfg.rms_norm_eps = 1e-5;
+  cfg.rope.theta = 500000.0;
+  cfg.rope.type = "llama3";
+  cfg.rope.factor = 8.0;
+  cfg.rope.low_freq_factor = 1.0;
+  cfg.rope.high_freq_factor = 4.0;
+  cfg.rope.original_max_position_embeddings = 8192;
+  cfg.aux_layers = {2, 16, 29};
+  cfg.target_num_hidden_layers = 32;
+
+  // The draft vocabulary: K ids spread over V.
+  DraftVocab vocab;
+  vocab.t2d.assign(static_cast<size_t>(kVocab), 0);
+  std::vector<int64_t> selected;
+  for (int64_t i = 0; i < K; ++i) {
+    const int64_t id = i * kVocab / K;
+    selected.push_back(id);
+    vocab.d2t.push_back(id - i);
+    vocab.t2d[static_cast<size_t>(id)] = 1;
+  }
+
+  RandomFill rnd;
+  DraftWeights w = DraftWeights::zeros(cfg, Device::CUDA);
+  for (auto& [name, t] : w.named()) {
+    if (t->ndim() == 2) {
+      rnd.fill(*t, static_cast<float>(1.0 / std::sqrt(static_cast<double>(t->dim(1)))));
+    } else {
+      t->copy_from(Tensor::from_vector(std::vector<float>(static_cast<size_t>(t->numel()), 1.0f), t->shape()));
+    }
+  }
+  Tensor embed = Tensor::empty({kVocab, kH}, DType::BF16, Device::CUDA);
+  rnd.fill(embed, 0.02f * 1.7f);  // ~N(0, 0.02^2)-sized (U(-b, b) has std b / sqrt(3))
+  std::vector<TTTSample> local;
+  {
+    Tensor target_lm = Tensor::empty({kVocab, kH}, DType::BF16, Device::CUDA);
+    rnd.fill(target_lm, 0.02f * 1.7f);
+    Tensor aux = Tensor::empty({T, 3 * kH}, DType::BF16, Device::CUDA);
+    rnd.fill(aux, 1.7f);
+    Tensor z = Tensor::empty({T, kH}, DType::BF16, Device::CUDA);
+    rnd.fill(z, 1.7f);
+    std::vector<int32_t> ids(static_cast<size_t>(T));
+    uint64_t x = 12345;
+    for (auto& id : ids) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      id = static_cast<int32_t>((x >> 33) % static_cast<uint64_t>(kVocab));
+    }
+    local.push_back(make_ttt_sample(ids, std::vector<uint8_t>(static_cast<size_t>(T), 1), aux, z, target_lm, selected));
+  }  // the target's lm_head [V, H] is freed: aerie train keeps it, but it is not part of the step
+  AdamState opt = AdamState::zeros(cfg, Device::CUDA);
+  const DType compute = a.precision == "bf16" ? DType::BF16 : DType::F32;
+  StepScratch scratch = StepScratch::zeros(cfg, Device::CUDA, compute);
+  SoloComm solo;
+  sync();
+
+  StepMetrics m;
+  const double step_s = timed(a.warmup, a.iters, [&] {
+    m = train_step(cfg, w, opt, embed, local, vocab, S, 1e-4, 0.5, solo, scratch);
+  });
+  const double peak = pool_high_gib(), used = device_used_gib();
+
+  // Model FLOPs as hf_reference.py train counts them.
+  int64_t params = 0;
+  for (auto& [name, t] : w.named()) params += t->numel();
+  const double fc = 3.0 * static_cast<double>(kH) * kH, lm = static_cast<double>(K) * kH;
+  const double layer = static_cast<double>(params) - fc - lm, Td = static_cast<double>(T);
+  const double flops =
+      3.0 * (2.0 * fc * Td + S * (2.0 * (layer + lm) * Td + 2.0 * 2.0 * kHeads * kHeadDim * Td * (Td / 2.0 + S)));
+  std::printf(
+      "{\"bench\": \"train\", \"impl\": \"aerie (%s compute, fp32 master weights)\", \"seq\": %lld, \"ttt_steps\": %d, "
+      "\"draft_vocab\": %lld, \"precision\": \"%s\", \"step_s\": %.5f, \"tokens_per_s\": %.1f, \"peak_gib\": %.3f, "
+      "\"device_used_gib\": %.3f, \"mfu\": %.4f, \"loss\": %.5f, \"grad_norm\": %.4g}\n",
+      a.precision.c_str(), static_cast<long long>(T), S, static_cast<long long>(K), a.precision.c_str(), step_s,
+      static_cast<double>(T) / step_s, peak, used, flops / step_s / (a.peak_tflops * 1e12), m.loss(), m.grad_norm);
+  std::fflush(stdout);
+  if (!a.breakdown) return 0;
+
+  // Breakdown: the TTT pass without / with the backward (on the compute copy the step used), and one
+  // causal attention call of the step-0 shape (bf16 or f32 q/k/v as the step has them).
+  const DraftWeights& wc = compute == DType::F32 ? w : scratch.compute;
+  std::vector<double> sw(static_cast<size_t>(S));
+  for (int k = 0; k < S; ++k) sw[static_cast<size_t>(k)] = std::pow(0.8, k) / static_cast<double>(T);
+  const int it = std::max(1, a.iters / 2);
+  const double fwd_s = timed(1, it, [&] {
+    ttt_forward_backward(cfg, wc, embed, local[0], vocab.d2t, vocab.t2d, S, sw, nullptr);
+  });
+  const double fwdbwd_s = timed(1, it, [&] {
+    for (auto& [n, t] : scratch.grads.named()) t->fill_zero();
+    ttt_forward_backward(cfg, wc, embed, local[0], vocab.d2t, vocab.t2d, S, sw, &scratch.grads);
+  });
+  Tensor q = Tensor::empty({T - 1, kHeads, kHeadDim}, compute, Device::CUDA);
+  Tensor k = Tensor::empty({T - 1, kKv, kHeadDim}, compute, Device::CUDA);
+  Tensor v = Tensor::empty({T - 1, kKv, kHeadDim}, compute, Device::CUDA);
+  Tensor out = Tensor::empty(q.shape(), compute, Device::CUDA), dout = Tensor::empty(q.shape(), compute, Device::CUDA);
+  Tensor dq = Tensor::empty(q.shape(), compute, Device::CUDA);
+  Tensor dk = Tensor::zeros(k.shape(), DType::F32, Device::CUDA), dv = Tensor::zeros(k.shape(), DType::F32, Device::CUDA);
+  Tensor lse = Tensor::empty({T - 1, kHeads}, DType::F32, Device::CUDA);
+  for (Tensor* t : {&q, &k, &v, &dout}) rnd.fill(*t, 1.0f);
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(kHeadDim)));
+  const double attn_fwd_s = timed(1, a.iters, [&] { attention_forward(q, k, v, 0, scale, out, &lse); });
+  const double attn_bwd_s =
+      timed(1, a.iters, [&] { attention_backward(dout, q, k, v, out, lse, 0, scale, dq, dk, dv); });
+  std::printf(
+      "{\"bench\": \"train_breakdown\", \"seq\": %lld, \"ttt_steps\": %d, \"precision\": \"%s\", \"step_s\": %.5f, "
+      "\"ttt_forward_s\": %.5f, \"ttt_forward_backward_s\": %.5f, \"rest_of_step_s\": %.5f, "
+      "\"attention_forward_call_s\": %.5f, \"attention_backward_call_s\": %.5f, "
+      "\"attention_calls_per_step\": %d, \"attention_share_of_step\": %.3f}\n",
+      static_cast<long long>(T), S, a.precision.c_str(), step_s, fwd_s, fwdbwd_s, step_s - fwdbwd_s, attn_fwd_s,
+      attn_bwd_s, S, S * (attn_fwd_s + attn_bwd_s) / step_s);
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace
+}  // namespace aerie
+
+int main(int argc, char** argv) {
+  aerie::Args a;
+  try {
+    a = aerie::parse(argc, argv);
+    return aerie::run(a);
+  } catch (const std::exception& e) {
+    std::printf("{\"bench\": \"train\", \"seq\": %lld, \"ttt_steps\": %d, \"precision\": \"%s\", \"error\": \"%s\"}\n",
+                static_cast<long long>(a.seq), a.ttt_steps, a.precision.c_str(), aerie::json_escape(e.what()).c_str());
+    return 1;
+  }
+}
