@@ -127,9 +127,11 @@ struct BatchDecoder::Sequence {
 };
 
 BatchDecoder::BatchDecoder(LlamaModel& model, int64_t batch_size, std::vector<int32_t> stop_ids,
-                           const SamplingParams& p)
-    : model_(model), batch_size_(batch_size), stop_ids_(std::move(stop_ids)), params_(p) {
+                           const SamplingParams& p, int64_t max_step_rows)
+    : model_(model), batch_size_(batch_size), max_step_rows_(max_step_rows), stop_ids_(std::move(stop_ids)),
+      params_(p) {
   AERIE_CHECK(batch_size >= 1, "BatchDecoder: batch size must be >= 1, got " << batch_size);
+  AERIE_CHECK(max_step_rows >= 1, "BatchDecoder: max_step_rows must be >= 1, got " << max_step_rows);
   check_sampling_params(p);
   std::sort(stop_ids_.begin(), stop_ids_.end());
 }
@@ -152,7 +154,11 @@ int64_t BatchDecoder::running() const { return static_cast<int64_t>(running_.siz
 int64_t BatchDecoder::queued() const { return static_cast<int64_t>(queue_.size()); }
 
 std::vector<BatchDecoder::Finished> BatchDecoder::step() {
+  int64_t step_rows = static_cast<int64_t>(running_.size());  // one row per running sequence
   while (static_cast<int64_t>(running_.size()) < batch_size_ && !queue_.empty()) {
+    const int64_t n = static_cast<int64_t>(queue_.front()->feed.size());
+    if (!running_.empty() && step_rows + n > max_step_rows_) break;  // starts at a later step
+    step_rows += n;
     std::unique_ptr<Sequence> s = std::move(queue_.front());
     queue_.pop_front();
     s->cache = std::make_unique<KVCache>(model_.make_cache(static_cast<int64_t>(s->feed.size()) + s->max_new));

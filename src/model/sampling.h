@@ -55,7 +55,7 @@ int32_t sample_token(const float* logits, int64_t V, const SamplingParams& p, Sa
 /// max_new positions, allocated when it starts), its own SampleRng and its own stop rule.
 ///
 /// One step() is one LlamaModel::forward_batch (Logits::Last): free slots are first refilled from the queue
-/// (FIFO), and a sequence that starts is prefilled in that same forward (its whole prompt; the last row's
+/// (FIFO, within max_step_rows), and a sequence that starts is prefilled in that same forward (its whole prompt; the last row's
 /// logits give its first token), while every running sequence feeds its last token. Each sequence then
 /// draws its next token from its own logits row with sample_token and its own rng; it finishes after a
 /// token of `stop_ids` (kept, last) or after max_new tokens, and its slot is free for the next step. So a
@@ -70,8 +70,13 @@ int32_t sample_token(const float* logits, int64_t V, const SamplingParams& p, Sa
 /// ranks return the same ids even if their all-reduced logits differed in the last bit.
 class BatchDecoder {
  public:
-  /// Throws aerie::Error unless batch_size >= 1 and `p` is valid (check_sampling_params).
-  BatchDecoder(LlamaModel& model, int64_t batch_size, std::vector<int32_t> stop_ids, const SamplingParams& p);
+  /// max_step_rows: the rows of one forward (prefill rows + running sequences) above which no further
+  /// sequence starts in that step (one always may, when none is running), so that admitting many long
+  /// prompts at once does not make one huge forward (activations grow with the rows); it does not change
+  /// any sequence's tokens. Throws aerie::Error unless batch_size >= 1, max_step_rows >= 1 and `p` is valid
+  /// (check_sampling_params).
+  BatchDecoder(LlamaModel& model, int64_t batch_size, std::vector<int32_t> stop_ids, const SamplingParams& p,
+               int64_t max_step_rows = 8192);
   ~BatchDecoder();
   BatchDecoder(const BatchDecoder&) = delete;
   BatchDecoder& operator=(const BatchDecoder&) = delete;
@@ -98,7 +103,7 @@ class BatchDecoder {
  private:
   struct Sequence;
   LlamaModel& model_;
-  int64_t batch_size_;
+  int64_t batch_size_, max_step_rows_;
   std::vector<int32_t> stop_ids_;
   SamplingParams params_;
   std::vector<std::unique_ptr<Sequence>> running_;

@@ -29,8 +29,9 @@ std::vector<Seq> sequences() {
 
 // Decodes every sequence with a BatchDecoder of `batch`; results by key, and the largest batch seen.
 std::map<int64_t, std::vector<int32_t>> decode(LlamaModel& model, int64_t batch, const SamplingParams& sp,
-                                               const std::vector<int32_t>& stop, int64_t* max_running = nullptr) {
-  BatchDecoder dec(model, batch, stop, sp);
+                                               const std::vector<int32_t>& stop, int64_t* max_running = nullptr,
+                                               int64_t max_step_rows = 8192) {
+  BatchDecoder dec(model, batch, stop, sp, max_step_rows);
   std::vector<Seq> seqs = sequences();
   for (size_t i = 0; i < seqs.size(); ++i)
     dec.submit(static_cast<int64_t>(i), seqs[i].prompt, seqs[i].max_new, SampleRng(sequence_seed(7, i)));
@@ -109,6 +110,8 @@ TEST_F(BatchDecoderTest, BatchSizeDoesNotChangeTheTokens) {
     EXPECT_EQ(decode(*model, 4, sp, stop, &max_running), one) << "temperature " << sp.temperature;
     EXPECT_EQ(max_running, 4);
     EXPECT_EQ(decode(*model, 16, sp, stop), one) << "temperature " << sp.temperature;
+    // A row budget of 6 per step: long prompts wait for a step of their own, the tokens stay the same.
+    EXPECT_EQ(decode(*model, 16, sp, stop, nullptr, 6), one) << "temperature " << sp.temperature;
     // One at a time through sample_generate (the job's one-prompt mode) too.
     std::vector<Seq> seqs = sequences();
     for (size_t i = 0; i < seqs.size(); ++i) {
