@@ -43,7 +43,8 @@ StepScratch StepScratch::zeros(const DraftConfig& cfg, Device device, DType comp
               "StepScratch: compute dtype must be F32 or BF16, got " << dtype_name(compute));
   StepScratch s;
   s.grads = DraftWeights::zeros(cfg, device);
-  s.sample = DraftWeights::zeros(cfg, device);
+  // s.sample is made by the first train_step with more than one local sample (a 8B-sized draft's
+  // gradient is 1.7 GB that a rank of one sample per step never needs).
   s.compute_dtype = compute;
   if (compute != DType::F32) s.compute = s.grads.compute_copy(compute);  // buffers; refreshed by train_step
   return s;
@@ -134,6 +135,7 @@ StepMetrics train_step(const DraftConfig& cfg, DraftWeights& w, AdamState& opt, 
         std::pow(0.8, k) / static_cast<double>(std::max<int64_t>(1, valid.data<int64_t>()[k]));
 
   // 2. Gradients: each sample's alone, added in sample order, then summed over dp.
+  if (local.size() > 1 && !scratch.sample.fc.defined()) scratch.sample = DraftWeights::zeros(cfg, w.device());
   auto grads = scratch.grads.named();
   auto sample = scratch.sample.named();
   for (auto& [n, t] : grads) t->fill_zero();

@@ -78,7 +78,8 @@ struct StepMetrics {
   double tau_sim() const;
 };
 
-/// Buffers of a step: the rank's gradient sum and one sample's gradient (DraftWeights::zeros shapes, F32),
+/// Buffers of a step: the rank's gradient sum and one sample's gradient (DraftWeights::zeros shapes, F32;
+/// `sample` is made by the first train_step that has more than one local sample),
 /// and for bf16 compute the BF16 compute copy of the weights, refreshed from the masters at the start of
 /// every train_step (so it always matches them, whoever changed them). `comm_stream`: the stream of the
 /// overlapped gradient all-reduce (made on first use, destroyed with the scratch).
