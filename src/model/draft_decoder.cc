@@ -3,6 +3,7 @@
 // the TTT argmax chain whenever the teacher-forced tokens equal its own guesses.
 #include <cstring>
 
+#include "kernels/convert.h"
 #include "kernels/gemm.h"
 #include "kernels/loss.h"
 #include "kernels/norm.h"
@@ -38,9 +39,11 @@ DraftDecoder::DraftDecoder(const DraftConfig& cfg, const DraftWeights& w, const 
               "DraftDecoder: d2t has " << impl_->d2t.size() << " entries, K = " << cfg.draft_vocab_size);
   AERIE_CHECK(max_len > 0, "DraftDecoder: max_len " << max_len << " must be positive");
   const int64_t nkv = cfg.num_key_value_heads, d = cfg.head_dim;
-  impl_->kc = Tensor::zeros({max_len, nkv, d}, DType::F32);
-  impl_->vc = Tensor::zeros({max_len, nkv, d}, DType::F32);
-  impl_->oc = Tensor::zeros({max_len, cfg.hidden_size}, DType::F32);
+  // The caches live with the weights (CPU or CUDA).
+  const Device dev = impl_->ctx.device;
+  impl_->kc = Tensor::zeros({max_len, nkv, d}, DType::F32, dev);
+  impl_->vc = Tensor::zeros({max_len, nkv, d}, DType::F32, dev);
+  impl_->oc = Tensor::zeros({max_len, cfg.hidden_size}, DType::F32, dev);
 }
 
 DraftDecoder::~DraftDecoder() = default;
@@ -62,8 +65,14 @@ void DraftDecoder::append_verified(const Tensor& aux_hidden, const std::vector<i
   aux_hidden.check_shape({n, 3 * c.target_hidden_size}, "DraftDecoder::append_verified: aux_hidden");
   AERIE_CHECK(p0 + n <= m.max_len, "DraftDecoder::append_verified: " << p0 << " + " << n << " positions exceed max_len "
                                                                     << m.max_len);
-  Tensor aux = aux_hidden.dtype() == DType::F32 ? aux_hidden : aux_hidden.to(DType::F32);
-  Tensor g = Tensor::empty({n, c.hidden_size}, DType::F32);
+  const Device dev = m.ctx.device;
+  Tensor aux = aux_hidden.device() == dev ? aux_hidden : aux_hidden.to_device(dev);
+  if (aux.dtype() != DType::F32) {  // a BF16 target's aux hidden states: widened exactly
+    Tensor f = Tensor::empty(aux.shape(), DType::F32, dev);
+    convert(aux, f);
+    aux = f;
+  }
+  Tensor g = Tensor::empty({n, c.hidden_size}, DType::F32, dev);
   matmul(aux, m.ctx.w.fc, g, false, true);
   LayerActs a;
   draft_detail::layer_qkv(m.ctx, next_tokens.data(), n, g, p0, a);
@@ -88,7 +97,8 @@ std::vector<int32_t> DraftDecoder::propose(int n, std::vector<std::vector<float>
   if (logits) logits->clear();
   // Guess 1: the step-0 logits of the last cached position.
   Tensor h = m.oc.slice(p, p + 1).clone();
-  Tensor hn = Tensor::empty({1, H}, DType::F32), l = Tensor::empty({1, c.draft_vocab_size}, DType::F32);
+  Tensor hn = Tensor::empty({1, H}, DType::F32, m.ctx.device);
+  Tensor l = Tensor::empty({1, c.draft_vocab_size}, DType::F32, m.ctx.device);
   rmsnorm_forward(h, m.ctx.w.norm, static_cast<float>(c.rms_norm_eps), hn, nullptr);
   matmul(hn, m.ctx.w.lm_head, l, false, true);
   std::vector<int32_t> out{m.to_target(l, logits)};

@@ -9,9 +9,11 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/communicator.h"
+#include "data/prepare_template.h"
 #include "data/vocab.h"
 #include "model/draft.h"
 #include "model/llama.h"
+#include "tokenizer/tokenizer.h"
 
 namespace aerie {
 
@@ -44,6 +46,8 @@ struct SpecDecodeResult {
 /// cache, the longest prefix of guesses equal to the target's argmaxes is accepted plus one target token,
 /// both caches are truncated to the verified positions and the draft appends them with the target's aux
 /// hidden states. Stops after max_new new tokens or after a token of stop_ids (like greedy_generate).
+/// The draft runs on the target's device (CPU, or the target's GPU: its weights are copied there when they
+/// live elsewhere); the target's aux hidden states (F32 or BF16) are widened to F32 for it.
 /// Collective over the target's tp group (tp rank 0's tokens are broadcast). prompt must be non-empty and
 /// prompt + max_new + n + 1 must fit in the target's max_position_embeddings (aerie::Error otherwise).
 SpecDecodeResult speculative_generate(LlamaModel& target, const LoadedDraft& draft, const std::vector<int32_t>& prompt,
@@ -83,6 +87,8 @@ struct EvalOptions {
   uint64_t seed = 0;                    // init_draft_weights seed of the untrained draft (train's --seed)
   std::string shards_dir, data_split_path;  // teacher-forced eval; empty shards: on the generated texts
   std::string chat_template = "plain";  // data/prepare_template.h: how a prompt (one user turn) becomes ids
+  std::string device = "auto";  // auto (cuda when every rank of the node has a GPU), cpu or cuda
+  std::string dtype = "f32";    // the target's compute dtype (LlamaModelOptions): f32, bf16 or auto (bf16 on cuda)
   int64_t num_eval_samples = 64;
   int ttt_steps = 7;
   int tp = 1;
@@ -94,10 +100,21 @@ struct EvalOptions {
 /// `max_prompts` prompts (0: all). Throws aerie::Error naming the file when it cannot be read or holds none.
 std::vector<std::string> read_prompts(const std::string& path, int64_t max_prompts);
 
+/// The ids of an eval prompt: one user turn `text` rendered by tmpl.render_prompt, i.e. with the template's
+/// generation prompt (the assistant header, e.g. ChatML's "<|im_start|>assistant\n"), so that the target
+/// answers as it does when served; each text segment tokenized by tmpl.encode_text (as `aerie generate`
+/// builds its prompts). "plain": BOS + text.
+std::vector<int32_t> eval_prompt_ids(const ChatTemplate& tmpl, const std::string& text, const Tokenizer& tok);
+
 /// `aerie eval`: collective over the world (tp groups of opts.tp ranks; prompts spread over dp
-/// replicas). Returns the eval.json object (written to opts.output_path by world rank 0 when set):
-/// acceptance_length, acceptance_rate_per_position, (conditional_)acceptance_rate_per_position, lossless,
-/// num_prompts, tokens_generated, verify_passes, speedup, tau_sim, acc_k, teacher_forced_source, and with
+/// replicas). The target and the draft run on opts.device: on CUDA each rank uses GPU local_rank() and the
+/// tp group reduces over NCCL; the draft computes in F32, the target in opts.dtype. Prompts are rendered by
+/// eval_prompt_ids with opts.chat_template; with max_prompt_tokens a longer plain prompt is cut, a longer
+/// chat prompt skipped (prompts_too_long). Answers stop at the template's end-of-turn token, the config's
+/// and tokenizer's EOS, or BOS. Returns the eval.json object (written to opts.output_path by world rank 0
+/// when set): acceptance_length, acceptance_rate_per_position, (conditional_)acceptance_rate_per_position,
+/// lossless, num_prompts, tokens_generated, verify_passes, speedup, tau_sim, acc_k, teacher_forced_source,
+/// device, dtype, chat_template, example (prompt 0 and its greedy answer as text), and with
 /// opts.untrained the same figures of the untrained draft (acceptance_length_untrained, ...).
 nlohmann::json run_eval(const EvalOptions& opts);
 

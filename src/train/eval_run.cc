@@ -4,7 +4,10 @@
 #include <cmath>
 #include <fstream>
 
+#include "comm/nccl_communicator.h"
+#include "core/device.h"
 #include "core/log.h"
+#include "data/chat_templates.h"
 #include "data/prepare_input.h"
 #include "data/prepare_template.h"
 #include "data/shard.h"
@@ -81,13 +84,44 @@ std::vector<std::string> read_prompts(const std::string& path, int64_t max_promp
   return out;
 }
 
+std::vector<int32_t> eval_prompt_ids(const ChatTemplate& tmpl, const std::string& text, const Tokenizer& tok) {
+  Conversation conv;
+  conv.turns.push_back({ChatRole::User, text});
+  // As data/regenerate.h's generation_prompt (what `aerie generate` decodes from): render_prompt, each text
+  // segment through encode_text, special segments as their ids.
+  std::vector<int32_t> ids;
+  for (const TemplateSegment& seg : tmpl.render_prompt(conv)) {
+    std::vector<int32_t> part = seg.ids.empty() ? tmpl.encode_text(seg.text, tok) : seg.ids;
+    ids.insert(ids.end(), part.begin(), part.end());
+  }
+  return ids;
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-std::vector<int32_t> default_stop_ids(const LlamaConfig& cfg, const Tokenizer& tok) {
+// The rendered text of an eval prompt, special tokens included (an INI template's pieces; "plain": the
+// decoded ids, which drop BOS), for eval.json's example.
+std::string eval_prompt_text(const ChatTemplate& tmpl, const std::string& text, const std::vector<int32_t>& ids,
+                             const Tokenizer& tok) {
+  const auto* ct = dynamic_cast<const ConfigChatTemplate*>(&tmpl);
+  if (!ct) return tok.decode(ids);
+  Conversation conv;
+  conv.turns.push_back({ChatRole::User, text});
+  std::string out;
+  for (const TemplatePiece& p : ct->render_pieces(conv, true)) out += p.text;
+  return out;
+}
+
+std::vector<int32_t> default_stop_ids(const LlamaConfig& cfg, const Tokenizer& tok, const ChatTemplate& tmpl) {
   std::vector<int32_t> stop;
+  // A chat template's end-of-turn token ends the answer (ChatML's <|im_end|>, Llama 3's <|eot_id|>).
+  if (const auto* ct = dynamic_cast<const ConfigChatTemplate*>(&tmpl); ct && !ct->spec().eot.empty()) {
+    const int32_t eot = tok.token_to_id(ct->spec().eot);
+    if (eot >= 0) stop.push_back(eot);
+  }
   if (cfg.raw.contains("eos_token_id") && cfg.raw["eos_token_id"].is_array()) {
     for (auto& e : cfg.raw["eos_token_id"]) stop.push_back(e.get<int32_t>());
   } else if (cfg.eos_token_id >= 0) {
@@ -168,8 +202,32 @@ nlohmann::json run_eval(const EvalOptions& o) {
   AERIE_CHECK(o.num_draft_tokens >= 1, "eval: --num-draft-tokens must be >= 1, got " << o.num_draft_tokens);
   AERIE_CHECK(o.max_new_tokens >= 1, "eval: --max-new-tokens must be >= 1, got " << o.max_new_tokens);
   AERIE_CHECK(o.ttt_steps >= 1, "eval: --ttt-steps must be >= 1");
+  AERIE_CHECK(o.device == "auto" || o.device == "cpu" || o.device == "cuda",
+              "eval: --device '" << o.device << "' is not auto, cpu or cuda");
+  AERIE_CHECK(o.dtype == "auto" || o.dtype == "f32" || o.dtype == "bf16",
+              "eval: --dtype '" << o.dtype << "' is not auto, f32 or bf16");
   ParallelGroups groups = ParallelGroups::create(o.tp);
-  LlamaModel model(o.model_dir, *groups.tp);
+  // The device as `aerie extract` picks it: auto is CUDA when every rank of the node has a GPU of its own.
+  bool use_cuda = o.device == "cuda";
+  if (o.device == "auto" && cuda::available()) {
+    use_cuda = local_size() <= cuda::device_count();  // collective over the world (first call)
+    if (!use_cuda && groups.map.world_rank == 0)
+      AERIE_LOG(info) << "eval: " << local_size() << " ranks per node but " << cuda::device_count()
+                      << " GPU(s): running on the CPU (--device cuda to insist)";
+  }
+  LlamaModelOptions mopt;
+  mopt.device = use_cuda ? Device::CUDA : Device::CPU;
+  // auto as for extract and generate: bf16 on a GPU, f32 on the CPU.
+  mopt.dtype = o.dtype == "bf16" || (o.dtype == "auto" && use_cuda) ? DType::BF16 : DType::F32;
+  const Device dev = mopt.device;
+  std::unique_ptr<NcclCommunicator> nccl;  // the tp group's collectives on device tensors
+  if (dev == Device::CUDA) {
+    AERIE_CHECK(cuda::available(), "eval: --device cuda: " << cuda::unavailable_reason());
+    cuda::select_device(local_rank());  // collective over the world on first use
+    nccl = std::make_unique<NcclCommunicator>(*groups.tp);
+  }
+  Communicator& model_tp = nccl ? static_cast<Communicator&>(*nccl) : *groups.tp;
+  LlamaModel model(o.model_dir, model_tp, mopt);
   const LlamaConfig& tc = model.config();
   auto tok = Tokenizer::load(o.model_dir);
   LoadedDraft draft = load_draft(o.draft_path, tc.num_hidden_layers);
@@ -179,18 +237,27 @@ nlohmann::json run_eval(const EvalOptions& o) {
                              << ", V " << draft.cfg.vocab_size << ") does not fit the target " << o.model_dir);
   std::vector<LoadedDraft> drafts{draft};
   if (o.untrained) {
-    // The draft training started from: init_draft_weights with the same config, vocabulary and seed.
-    LoadedDraft u{draft.cfg, init_draft_weights(draft.cfg, model.lm_head(), draft.vocab.selected(), o.seed), draft.vocab};
+    // The draft training started from: init_draft_weights with the same config, vocabulary and seed (from
+    // a host F32 copy of the target's lm_head, as train does).
+    Tensor lm = model.lm_head().device() == Device::CPU ? model.lm_head() : model.lm_head().to_device(Device::CPU);
+    if (lm.dtype() != DType::F32) lm = lm.to(DType::F32);
+    LoadedDraft u{draft.cfg, init_draft_weights(draft.cfg, lm, draft.vocab.selected(), o.seed), draft.vocab};
     drafts.push_back(std::move(u));
   }
+  // The draft runs beside the target (F32 weights; the target's embedding table, in its dtype).
+  if (dev != Device::CPU)
+    for (LoadedDraft& d : drafts) d.weights = d.weights.to_device(dev);
   const int n = o.num_draft_tokens;
   const int dp = groups.map.dp, dp_rank = groups.map.dp_rank;
 
-  // Prompts: one user turn through the chat template of training data (plain: BOS + text), cut to
-  // max_prompt_tokens.
+  // Prompts: one user turn through the chat template of training data with its generation prompt (the
+  // assistant header the served model answers after; plain: BOS + text).
   std::vector<std::string> texts = read_prompts(o.prompts_path, o.num_prompts);
   auto tmpl = make_chat_template(o.chat_template, *tok);
-  const std::vector<int32_t> stop = default_stop_ids(tc, *tok);
+  const bool plain = o.chat_template == "plain";
+  const std::vector<int32_t> stop = default_stop_ids(tc, *tok, *tmpl);
+  int64_t too_long = 0;
+  nlohmann::json example;  // the first prompt of world rank 0 and its answer, as text
   std::vector<SpecSums> sums(drafts.size());
   double greedy_seconds = 0;
   int64_t greedy_tokens = 0;
@@ -198,12 +265,16 @@ nlohmann::json run_eval(const EvalOptions& o) {
   std::vector<int64_t> prompt_lens;
   for (size_t i = 0; i < texts.size(); ++i) {
     if (static_cast<int>(i % dp) != dp_rank) continue;
-    Conversation conv;
-    conv.turns.push_back({ChatRole::User, texts[i]});
-    std::vector<int32_t> prompt = tmpl->apply(conv, *tok).input_ids;
+    std::vector<int32_t> prompt = eval_prompt_ids(*tmpl, texts[i], *tok);
     AERIE_CHECK(!prompt.empty(), "eval: prompt " << i << " of " << o.prompts_path << " has no tokens");
-    if (o.max_prompt_tokens > 0 && static_cast<int64_t>(prompt.size()) > o.max_prompt_tokens)
+    if (o.max_prompt_tokens > 0 && static_cast<int64_t>(prompt.size()) > o.max_prompt_tokens) {
+      // A plain prompt is a text prefix: cut it. A chat prompt cut would lose its assistant header: skip it.
+      if (!plain) {
+        ++too_long;
+        continue;
+      }
       prompt.resize(o.max_prompt_tokens);
+    }
     auto t0 = Clock::now();
     std::vector<int32_t> greedy = greedy_generate(model, prompt, o.max_new_tokens, stop);
     greedy_seconds += seconds_since(t0);
@@ -218,8 +289,18 @@ nlohmann::json run_eval(const EvalOptions& o) {
                            << ": speculative output differs from greedy decoding";
       sums[d].add(r, same, secs);
     }
+    if (example.is_null()) {
+      example["prompt"] = eval_prompt_text(*tmpl, texts[i], prompt, *tok);
+      example["output"] = tok->decode(std::vector<int32_t>(greedy.begin() + static_cast<int64_t>(prompt.size()),
+                                                           greedy.end()));
+    }
     outputs.push_back(greedy);
     prompt_lens.push_back(static_cast<int64_t>(prompt.size()));
+  }
+  {
+    Tensor t = Tensor::from_vector(std::vector<int64_t>{too_long}, {1});
+    groups.dp->all_reduce_sum(t);
+    too_long = t.data<int64_t>()[0];
   }
   for (auto& s : sums) s.all_reduce(*groups.dp, n);
   {
@@ -282,7 +363,9 @@ nlohmann::json run_eval(const EvalOptions& o) {
       TargetOutput out = model.forward(outputs[i], nullptr, aux, false);
       std::vector<uint8_t> mask(outputs[i].size(), 0);
       for (size_t t = static_cast<size_t>(prompt_lens[i]); t < mask.size(); ++t) mask[t] = 1;
-      score(make_ttt_sample(outputs[i], mask, out.aux_hidden, out.final_hidden, model.lm_head(), selected));
+      // f goes through the host (make_ttt_sample widens a BF16 copy there); z stays where W_lm is.
+      Tensor f = out.aux_hidden.device() == Device::CPU ? out.aux_hidden : out.aux_hidden.to_device(Device::CPU);
+      score(make_ttt_sample(outputs[i], mask, f, out.final_hidden, model.lm_head(), selected));
     }
   }
   for (auto& t : tf) reduce_teacher_forced(t, *groups.dp, S);
@@ -290,7 +373,12 @@ nlohmann::json run_eval(const EvalOptions& o) {
   nlohmann::json j;
   j["model"] = o.model_dir;
   j["draft"] = o.draft_path;
+  j["prompts"] = o.prompts_path;
+  j["chat_template"] = o.chat_template;
+  j["device"] = device_name(dev);
+  j["dtype"] = mopt.dtype == DType::BF16 ? "bf16" : "f32";
   j["num_prompts"] = sums[0].prompts;
+  j["prompts_too_long"] = too_long;
   j["num_draft_tokens"] = n;
   j["max_new_tokens"] = o.max_new_tokens;
   sums[0].to_json(j, "");
@@ -308,6 +396,7 @@ nlohmann::json run_eval(const EvalOptions& o) {
     j["tau_sim_untrained"] = tf[1].tau_sim();
     j["lossless"] = j["lossless"].get<bool>() && sums[1].lossless_failures == 0;
   }
+  if (!example.is_null()) j["example"] = example;  // world rank 0 holds prompt 0
   if (groups.map.world_rank == 0) {
     AERIE_LOG(info) << "eval: acceptance length " << j["acceptance_length"] << " over " << j["verify_passes"]
                     << " verification passes, lossless " << j["lossless"] << ", tau_sim " << j["tau_sim"];

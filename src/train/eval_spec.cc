@@ -30,19 +30,18 @@ void check_vocab(const DraftVocab& v, int64_t K, int64_t V, const std::string& w
   AERIE_CHECK(ones == K, where << ": t2d selects " << ones << " ids, K = " << K);
 }
 
-int32_t broadcast_token(Communicator& tp, int32_t v) {
-  if (tp.size() == 1) return v;
-  Tensor t = Tensor::from_vector(std::vector<int32_t>{v}, {1});
-  tp.broadcast(t, 0);
-  return t.data<int32_t>()[0];
-}
-
-std::vector<int32_t> broadcast_tokens(Communicator& tp, std::vector<int32_t> v) {
+// Tp rank 0's ids to every rank of the group, through the model's device (a GPU model's tp group is an
+// NCCL communicator, which takes device tensors).
+std::vector<int32_t> broadcast_tokens(Communicator& tp, Device dev, std::vector<int32_t> v) {
   if (tp.size() == 1 || v.empty()) return v;
   Tensor t = Tensor::from_vector(v, {static_cast<int64_t>(v.size())});
+  if (dev != Device::CPU) t = t.to_device(dev);
   tp.broadcast(t, 0);
+  if (t.device() != Device::CPU) t = t.to_device(Device::CPU);
   return std::vector<int32_t>(t.data<int32_t>(), t.data<int32_t>() + v.size());
 }
+
+int32_t broadcast_token(Communicator& tp, Device dev, int32_t v) { return broadcast_tokens(tp, dev, {v})[0]; }
 
 }  // namespace
 
@@ -63,12 +62,15 @@ namespace {
 
 class DecoderProposer : public Proposer {
  public:
+  /// The draft runs where `embed` (the target's table) lives: its weights are copied there when needed.
   DecoderProposer(const LoadedDraft& d, const Tensor& embed, int64_t capacity)
-      : dec_(d.cfg, d.weights, embed, d.vocab.d2t, capacity) {}
+      : moved_(d.weights.device() == embed.device() ? DraftWeights() : d.weights.to_device(embed.device())),
+        dec_(d.cfg, d.weights.device() == embed.device() ? d.weights : moved_, embed, d.vocab.d2t, capacity) {}
   void append_verified(const Tensor& aux, const std::vector<int32_t>& next) override { dec_.append_verified(aux, next); }
   std::vector<int32_t> propose(int n) override { return dec_.propose(n); }
 
  private:
+  DraftWeights moved_;  // declared before dec_, which references it
   DraftDecoder dec_;
 };
 
@@ -106,7 +108,8 @@ SpecDecodeResult speculative_generate(LlamaModel& target, Proposer& prop, const 
   if (max_new <= 0) return r;
   KVCache cache = target.make_cache(capacity);
   TargetOutput pre = target.forward(prompt, &cache, aux, true);
-  const int32_t first = broadcast_token(tp, static_cast<int32_t>(argmax_rows(pre.logits.slice(P - 1, P))[0]));
+  const int32_t first =
+      broadcast_token(tp, target.device(), static_cast<int32_t>(argmax_rows(pre.logits.slice(P - 1, P))[0]));
   r.tokens.push_back(first);
   r.generated = 1;
   if (is_stop(first) || max_new == 1) return r;
@@ -116,14 +119,14 @@ SpecDecodeResult speculative_generate(LlamaModel& target, Proposer& prop, const 
   while (!done) {
     // Invariant: the target cache and the draft hold positions 0 .. L-1, L = tokens.size() - 1.
     const int64_t L = static_cast<int64_t>(r.tokens.size()) - 1;
-    std::vector<int32_t> guess = broadcast_tokens(tp, prop.propose(n));
+    std::vector<int32_t> guess = broadcast_tokens(tp, target.device(), prop.propose(n));
     AERIE_CHECK(static_cast<int>(guess.size()) == n, "speculative_generate: proposer gave " << guess.size()
                                                                                             << " tokens, asked " << n);
     std::vector<int32_t> in{r.tokens.back()};
     in.insert(in.end(), guess.begin(), guess.end());
     TargetOutput v = target.forward(in, &cache, aux, true);  // positions L .. L+n
     std::vector<int64_t> am = argmax_rows(v.logits);
-    std::vector<int32_t> y = broadcast_tokens(tp, std::vector<int32_t>(am.begin(), am.end()));
+    std::vector<int32_t> y = broadcast_tokens(tp, target.device(), std::vector<int32_t>(am.begin(), am.end()));
     int a = 0;
     while (a < n && guess[a] == y[a]) ++a;
     ++r.verify_passes;

@@ -288,5 +288,88 @@ TEST_F(EvalTest, TeacherForcedOnShards) {
   EXPECT_THROW(run_eval(o), Error);
 }
 
+// Eval prompts of a chat model end with the assistant header of the template's generation prompt, as the
+// served model sees them (the bug this guards against: a prompt rendered as the bare user turn, ending
+// with "<|im_end|>\n", which the target answers by opening a new turn rather than with an answer).
+TEST(EvalPrompt, ChatPromptEndsWithTheAssistantHeader) {
+  const std::string dir = testing::data_dir() + "/tokenizers/qwen3";  // has ChatML's special tokens
+  if (!std::filesystem::exists(dir + "/tokenizer.json")) GTEST_SKIP() << "no tokenizer at " << dir;
+  auto tok = Tokenizer::load(dir);
+  const int32_t im_start = tok->token_to_id("<|im_start|>"), im_end = tok->token_to_id("<|im_end|>");
+  ASSERT_GE(im_start, 0);
+  ASSERT_GE(im_end, 0);
+  std::vector<int32_t> header{im_start};
+  for (int32_t id : tok->encode("assistant\n")) header.push_back(id);
+  const std::string q = "Compose an engaging travel blog post about a recent trip to Hawaii.";
+  for (const char* name : {"chatml", "smollm2", "qwen2.5"}) {
+    SCOPED_TRACE(name);
+    auto tmpl = make_chat_template(name, *tok);
+    std::vector<int32_t> ids = eval_prompt_ids(*tmpl, q, *tok);
+    ASSERT_GT(ids.size(), header.size());
+    EXPECT_EQ(std::vector<int32_t>(ids.end() - static_cast<int64_t>(header.size()), ids.end()), header);
+    // decode drops the special tokens (<|im_start|>, <|im_end|>): the text between them is what is left.
+    const std::string text = tok->decode(ids);
+    const std::string want_end = q + "\nassistant\n";
+    ASSERT_GE(text.size(), want_end.size());
+    EXPECT_EQ(text.substr(text.size() - want_end.size()), want_end) << text;
+    // Nothing of the answer is in the prompt: no token is trained, and apply's tokens are a prefix.
+    Conversation conv;
+    conv.turns.push_back({ChatRole::User, q});
+    TokenizedSample user_turn = tmpl->apply(conv, *tok);
+    ASSERT_LT(user_turn.input_ids.size(), ids.size());
+    EXPECT_EQ(std::vector<int32_t>(ids.begin(), ids.begin() + static_cast<int64_t>(user_turn.input_ids.size())),
+              user_turn.input_ids);
+  }
+  // SmolLM2's default system prompt comes first; the special tokens are where ChatML puts them.
+  auto smol = make_chat_template("smollm2", *tok);
+  const std::vector<int32_t> ids = eval_prompt_ids(*smol, "Hi", *tok);
+  EXPECT_EQ(tok->decode(ids), "system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face\n"
+                              "user\nHi\nassistant\n");
+  std::vector<int32_t> specials;
+  for (int32_t id : ids)
+    if (id == im_start || id == im_end) specials.push_back(id);
+  EXPECT_EQ(specials, (std::vector<int32_t>{im_start, im_end, im_start, im_end, im_start}));
+  EXPECT_EQ(ids.front(), im_start);
+}
+
+// "plain" (base models such as stories260K): BOS + the text, as before.
+TEST_F(EvalTest, PlainPromptIsBosAndText) {
+  auto tmpl = make_chat_template("plain", *tok_);
+  EXPECT_EQ(eval_prompt_ids(*tmpl, "Once upon a time", *tok_), prompt("Once upon a time"));
+}
+
+// The target in bf16 (LlamaModelOptions, here on the CPU): the draft reads its BF16 aux hidden states
+// (widened to F32 by DraftDecoder). Greedy equality is required for all but at most one prompt: the
+// (n+1)-row verification forward and the 1-row greedy forward may sum a GEMM in other orders, and a flipped
+// bf16 rounding can flip an argmax where the two top logits nearly tie (tests/train/eval_cuda_test.cc).
+TEST_F(EvalTest, Bf16TargetKeepsGreedyOutputs) {
+  LoadedDraft d = full_vocab_draft(*model_, 5);
+  const std::string dir = testing::scratch_dir("eval_bf16");
+  write_export(dir + "/export", d.cfg, d.weights, d.vocab, model_->config());
+  EvalOptions o;
+  o.model_dir = testing::model_dir();
+  o.draft_path = dir + "/export";
+  o.prompts_path = testing::data_dir() + "/tinystories/tinystories_val.txt";
+  o.output_path = "";
+  o.num_prompts = 4;
+  o.max_new_tokens = 32;
+  o.num_draft_tokens = 4;
+  o.ttt_steps = 3;
+  o.device = "cpu";
+  const nlohmann::json f32 = run_eval(o);
+  o.dtype = "bf16";
+  const nlohmann::json b16 = run_eval(o);
+  EXPECT_EQ(f32["dtype"], "f32");
+  EXPECT_EQ(b16["dtype"], "bf16");
+  EXPECT_TRUE(f32["lossless"].get<bool>());
+  EXPECT_LE(b16["lossless_failures"].get<int64_t>(), 1);
+  EXPECT_GE(b16["acceptance_length"].get<double>(), 1.0);
+  EXPECT_EQ(b16["verify_passes"].get<int64_t>() > 0, true);
+  EXPECT_NEAR(b16["acceptance_length"].get<double>(), f32["acceptance_length"].get<double>(), 0.5);
+  EXPECT_EQ(b16["example"]["prompt"].get<std::string>().empty(), false);
+  o.dtype = "f16";
+  EXPECT_NE(testing::error_of([&] { run_eval(o); }).find("--dtype 'f16'"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace aerie
