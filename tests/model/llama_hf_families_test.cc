@@ -15,6 +15,8 @@
 // 9.8e-6 on the logits, 1.9e-5 on r^k. atol 1e-4 + rtol 2e-5, as tests/model/llama_hf_test.cc, leaves
 // 5x room for other BLAS builds and summation orders, and is far below what a wrong bias, norm, RoPE
 // scaling or window changes (O(1) on these random weights).
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -363,6 +365,105 @@ TEST(TpTest, HfFamiliesMatchTransformers) {
     SCOPED_TRACE(name);
     LlamaModel model(fixture(name), *world);
     compare_with_reference(model, fixture(name) + "/reference.safetensors");
+  }
+}
+
+// ------------------------------------------------------------------------------------------ on the GPU
+// The same fixtures and references with the model on CUDA (LlamaModelOptions), skipped without a GPU.
+//  - F32 mode: every GEMM is true fp32 on cuBLASLt (CUBLAS_COMPUTE_32F, no TF32) and the kernels
+//    accumulate in fp32, so the GPU differs from transformers' float64 by fp32 rounding only, as the CPU
+//    does (summation orders differ, magnitudes do not): the CPU tolerance above, kAtol / kRtol.
+//  - BF16 mode: weights and the GEMM inputs are rounded to bf16 (8 significant bits, u = 2^-9), about 7
+//    roundings per layer (h, q, k, v, attention out, g*u, h again; model/llama.h LlamaModelOptions) plus
+//    the weights of the F16 fixture (llama2_linear: 11 -> 8 bits). Independent rounding errors add like a
+//    random walk, so a hidden state after N layers is off by about sqrt(7 N) u ~ 1e-2 relative for these
+//    2-4 layer models. Measured with the CPU's BF16 mode against these references (Bf16CpuNearTransformers):
+//    z and logits 0.7e-2 (qwen3) to 2.1e-2 (qwen2), r^k below that. Elementwise bounds would fail on
+//    elements near zero, whose relative error is unbounded, so each output is bounded in relative L2 norm,
+//    ||got - ref|| / ||ref|| <= kBf16RelL2 = 4e-2 (the bound of tests/model/llama_cuda_test.cc: 2x the
+//    worst measured, for the GPU's other fp32 summation orders); a wrong bias, norm, rope or window is O(1).
+
+constexpr double kBf16RelL2 = 4e-2;
+
+double rel_l2(const std::vector<float>& got, const std::vector<float>& ref) {
+  EXPECT_EQ(got.size(), ref.size());
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size() && i < got.size(); ++i) {
+    const double d = static_cast<double>(got[i]) - ref[i];
+    num += d * d;
+    den += static_cast<double>(ref[i]) * ref[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+/// compare_with_reference for a BF16 model: every r^k, z, the prefill logits and the logits of KV-cache
+/// decoding (prefill of `split` ids, then one token at a time) within kBf16RelL2 of transformers.
+void compare_with_reference_bf16(LlamaModel& model, const std::string& reference, int64_t split = 5) {
+  SafetensorsFile ref = load_safetensors(reference);
+  const Tensor& ids_t = ref.tensors.at("ids");
+  std::vector<int32_t> ids(ids_t.data<int32_t>(), ids_t.data<int32_t>() + ids_t.numel());
+  const int N = static_cast<int>(model.config().num_hidden_layers);
+  const int64_t H = model.config().hidden_size, V = model.config().vocab_size, T = static_cast<int64_t>(ids.size());
+  std::vector<int> aux;
+  for (int k = 0; k <= N; ++k) aux.push_back(k);
+  TargetOutput out = model.forward(ids, nullptr, aux, true);
+  EXPECT_EQ(out.aux_hidden.dtype(), DType::BF16);
+  const Tensor& r = ref.tensors.at("r");
+  ASSERT_EQ(r.shape(), (Shape{N + 1, T, H}));
+  for (int k = 0; k <= N; ++k)
+    EXPECT_LE(rel_l2(cols(out.aux_hidden, k * H, (k + 1) * H), r.slice(k, k + 1).to_float_vector()), kBf16RelL2)
+        << reference << ": r^" << k;
+  EXPECT_LE(rel_l2(out.final_hidden.to_float_vector(), ref.tensors.at("z").to_float_vector()), kBf16RelL2)
+      << reference << ": z";
+  const std::vector<float> logits = ref.tensors.at("logits").to_float_vector();
+  EXPECT_LE(rel_l2(out.logits.to_float_vector(), logits), kBf16RelL2) << reference << ": logits";
+
+  KVCache cache = model.make_cache(T);
+  std::vector<float> cached =
+      model.forward(std::vector<int32_t>(ids.begin(), ids.begin() + split), &cache, {}, true).logits.to_float_vector();
+  for (int64_t t = split; t < T; ++t) {
+    std::vector<float> row = model.forward({ids[t]}, &cache, {}, true).logits.to_float_vector();
+    ASSERT_EQ(static_cast<int64_t>(row.size()), V);
+    cached.insert(cached.end(), row.begin(), row.end());
+  }
+  EXPECT_LE(rel_l2(cached, logits), kBf16RelL2) << reference << ": KV-cache logits (split " << split << ")";
+}
+
+const std::vector<std::string> kCudaFamilies = {"llama3_tied", "llama2_linear", "mistral_swa", "qwen2", "qwen3"};
+
+// The BF16 mode on the CPU (widened kernels, the same rounding points as on CUDA) against transformers:
+// runs without a GPU, so the bound and the helper are checked here too.
+TEST(LlamaHfFamilies, Bf16CpuNearTransformers) {
+  auto self = self_comm();
+  for (const std::string& name : kCudaFamilies) {
+    SCOPED_TRACE(name);
+    LlamaModel model(fixture(name), *self, {Device::CPU, DType::BF16});
+    compare_with_reference_bf16(model, fixture(name) + "/reference.safetensors");
+  }
+}
+
+TEST(LlamaHfFamiliesCuda, F32MatchesTransformers) {
+  AERIE_REQUIRE_CUDA();
+  auto self = self_comm();
+  for (const std::string& name : kCudaFamilies) {
+    SCOPED_TRACE(name);
+    LlamaModel model(fixture(name), *self, {Device::CUDA, DType::F32});
+    ASSERT_EQ(model.device(), Device::CUDA);
+    compare_with_reference(model, fixture(name) + "/reference.safetensors");
+    // Mistral: a split after the window too (both paths of the windowed attention).
+    if (name == "mistral_swa") compare_with_reference(model, fixture(name) + "/reference.safetensors", 13);
+  }
+}
+
+TEST(LlamaHfFamiliesCuda, Bf16NearTransformers) {
+  AERIE_REQUIRE_CUDA();
+  auto self = self_comm();
+  for (const std::string& name : kCudaFamilies) {
+    SCOPED_TRACE(name);
+    LlamaModel model(fixture(name), *self, {Device::CUDA, DType::BF16});
+    ASSERT_EQ(model.dtype(), DType::BF16);
+    compare_with_reference_bf16(model, fixture(name) + "/reference.safetensors");
+    if (name == "mistral_swa") compare_with_reference_bf16(model, fixture(name) + "/reference.safetensors", 13);
   }
 }
 
