@@ -13,6 +13,7 @@
 #include "core/device.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "kernels/tensor_ops.h"
 #include "model/llama_weights.h"
 
 namespace aerie {
@@ -344,7 +345,39 @@ LlamaWeights random_llama_weights(const LlamaConfig& cfg, int tp_rank, int tp_si
       o = (o + 7919) % P;  // the next window starts elsewhere
     }
   };
-  for_each_weight(w, fill);
+  // Tensor parallel: every rank draws the FULL tensor (same offsets in the same order on every rank)
+  // and keeps its shard, so that tp ranks together hold the one model a tp-1 run makes from `seed`
+  // (tp runs can be compared). split: 0 rows (column-parallel q/k/v/gate/up), 1 columns (row-parallel
+  // o/down), -1 none.
+  const int64_t r = tp_rank;
+  auto fill_split = [&](Tensor& t, int split) {
+    if (!t.defined() || t.ndim() != 2 || split < 0 || tp_size == 1) {
+      fill(t, false);
+      return;
+    }
+    Shape full_shape = t.shape();
+    full_shape[split] *= tp_size;
+    Tensor full = Tensor::empty(full_shape, t.dtype(), t.device());
+    fill(full, false);
+    if (split == 0)
+      t.copy_from(full.slice(r * t.dim(0), (r + 1) * t.dim(0)));
+    else
+      copy_columns(full, r * t.dim(1), t, 0, t.dim(1));
+  };
+  fill(w.embed_tokens, false);
+  fill(w.norm, true);
+  for (auto& L : w.layers) {
+    fill(L.input_layernorm, true);
+    fill(L.post_attention_layernorm, true);
+    for (Tensor* t : {&L.q_proj, &L.k_proj, &L.v_proj}) fill_split(*t, 0);
+    fill_split(L.o_proj, 1);
+    for (Tensor* t : {&L.gate_proj, &L.up_proj}) fill_split(*t, 0);
+    fill_split(L.down_proj, 1);
+    for (Tensor* t : {&L.q_bias, &L.k_bias, &L.v_bias, &L.o_bias, &L.gate_bias, &L.up_bias, &L.down_bias})
+      fill(*t, false);  // zeros
+    fill(L.q_norm, true);
+    fill(L.k_norm, true);
+  }
   if (cfg.tie_word_embeddings) {
     w.lm_head = w.embed_tokens;
   } else {

@@ -99,7 +99,8 @@ LlamaWeights llama_weights_to(LlamaWeights w, Device device, DType dtype);
 /// `device` in `dtype`: linears and embedding ~ N(0, std^2) tiled from a pool of ~4M values drawn on
 /// the host (splitmix64 + Box-Muller of `seed`; each tensor starts at its own seed-dependent offset),
 /// RMSNorm weights 1 (F32), biases 0. For benchmarks: the values are normal but repeat with the pool's
-/// period, which does not matter for speed.
+/// period, which does not matter for speed. Every tp rank draws each full tensor and keeps its shard, so
+/// the ranks of any tp size hold the same model as tp 1 with this seed (tp runs compare).
 LlamaWeights random_llama_weights(const LlamaConfig& cfg, int tp_rank, int tp_size, Device device, DType dtype,
                                   uint64_t seed, float std = 0.02f);
 

@@ -25,7 +25,9 @@
 #include "comm/nccl_communicator.h"
 #include "core/device.h"
 #include "io/safetensors.h"
+#include "kernels/tensor_ops.h"
 #include "model/llama.h"
+#include "model/llama_weights.h"
 #include "test_util.h"
 
 namespace aerie {
@@ -178,6 +180,32 @@ TEST(LlamaRandom, SeededShapesAndDeterminism) {
   EXPECT_EQ(bf.embed_tokens().dtype(), DType::BF16);
   // The bf16 weights are the f32 ones rounded: the forwards agree to the bf16 bound.
   expect_rel_l2(run_all(bf, ids), oa, kBf16RelL2, "random qwen2 bf16 vs f32");
+}
+
+TEST(LlamaRandom, TpShardsAreSlicesOfTheTp1Model) {
+  // Random weights do not depend on the tp size: rank r of tp 2 holds rows (q/k/v/gate/up) or columns
+  // (o/down) r of the tensors tp 1 makes from the same seed, so tp runs of --random-weights compare.
+  LlamaConfig cfg = load_llama_config(hf_fixture("qwen2"));
+  const LlamaWeights one = random_llama_weights(cfg, 0, 1, Device::CPU, DType::F32, 7);
+  for (int r = 0; r < 2; ++r) {
+    const LlamaWeights part = random_llama_weights(cfg, r, 2, Device::CPU, DType::F32, 7);
+    EXPECT_EQ(part.embed_tokens.to_float_vector(), one.embed_tokens.to_float_vector());
+    for (size_t l = 0; l < one.layers.size(); ++l) {
+      const LlamaLayerWeights &a = one.layers[l], &b = part.layers[l];
+      auto rows = [&](const Tensor& full, const Tensor& shard) {
+        const int64_t n = shard.dim(0);
+        return full.slice(r * n, (r + 1) * n).to_float_vector() == shard.to_float_vector();
+      };
+      auto cols = [&](const Tensor& full, const Tensor& shard) {
+        Tensor t = Tensor::empty(shard.shape(), DType::F32);
+        copy_columns(full, r * shard.dim(1), t, 0, shard.dim(1));
+        return t.to_float_vector() == shard.to_float_vector();
+      };
+      EXPECT_TRUE(rows(a.q_proj, b.q_proj) && rows(a.k_proj, b.k_proj) && rows(a.v_proj, b.v_proj)) << "layer " << l;
+      EXPECT_TRUE(rows(a.gate_proj, b.gate_proj) && rows(a.up_proj, b.up_proj)) << "layer " << l;
+      EXPECT_TRUE(cols(a.o_proj, b.o_proj) && cols(a.down_proj, b.down_proj)) << "layer " << l;
+    }
+  }
 }
 
 // ---- CUDA (skipped without a GPU) ----
