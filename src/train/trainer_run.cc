@@ -251,6 +251,9 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp) {
     st.epoch = order.epoch_of(st.step);
     st.position = order.position_of(st.step);
     std::string dir = save_checkpoint(opts.output_dir, ck, vocab_file, dp);
+    // The next checkpoint copies the vocabulary from this one: the one resumed from (or --vocab) may be
+    // gone by then (--keep-checkpoints removes old checkpoints; found by the scaling-script helper).
+    vocab_file = dir + "/draft_vocab.safetensors";
     if (rank == 0) {
       AERIE_LOG(info) << "train: checkpoint " << dir;
       remove_old_checkpoints(opts.output_dir, opts.keep_checkpoints);

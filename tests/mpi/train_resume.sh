@@ -81,17 +81,20 @@ for how in crash signal; do
 done
 
 # C: run a's step-8 checkpoint resumed on 1 rank with another --vocab: the checkpoint's vocabulary is kept,
-# and an incomplete later checkpoint (no DONE) is ignored.
+# and an incomplete later checkpoint (no DONE) is ignored. --keep-checkpoints 1 deletes the checkpoint
+# resumed from at the first save: later saves must still find the vocabulary (they copy it from the newest).
 mkdir -p "$work/c/checkpoints"
 cp -r "$work/a/checkpoints/step-00000008" "$work/c/checkpoints/"
 cp -r "$work/a/checkpoints/step-00000012" "$work/c/checkpoints/"
 rm "$work/c/checkpoints/step-00000012/DONE"
 # shellcheck disable=SC2046
-run 1 $(train_args "$work/c" | sed "s#$work/vocab.safetensors#$work/other_vocab.safetensors#") || fail "resume on 1 rank"
+run 1 $(train_args "$work/c" | sed "s#$work/vocab.safetensors#$work/other_vocab.safetensors#") --keep-checkpoints 1 \
+  || fail "resume on 1 rank"
 grep -q "resuming from $work/c/checkpoints/step-00000008" "$log" || fail "run c did not resume from step 8"
 [ -f "$work/c/checkpoints/$final/DONE" ] || fail "no final checkpoint in run c"
 cmp "$work/vocab.safetensors" "$work/c/checkpoints/$final/draft_vocab.safetensors" \
   || fail "resume with another --vocab changed the draft vocabulary"
+[ ! -d "$work/c/checkpoints/step-00000008" ] || fail "--keep-checkpoints 1 kept the checkpoint resumed from"
 
 run 1 export --checkpoint "$work/crash" --model "$model" --output "$work/export" || fail "export"
 [ -f "$work/export/config.json" ] && [ -f "$work/export/model.safetensors" ] || fail "export files missing"
