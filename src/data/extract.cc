@@ -140,7 +140,9 @@ ExtractStats run_extract(const ExtractOptions& opt, ParallelGroups& groups, cons
 
   // The leader's shard writes run on a background thread, overlapping the next forward (shard_pipeline.h).
   std::unique_ptr<ShardPipeline> pipeline;
-  if (leader) pipeline = std::make_unique<ShardPipeline>(2);
+  // Queue room for the samples of two forwards: with several samples per forward (forward_batch) a
+  // queue of 2 made the next forward wait for the writer (26.8k instead of 33k tokens/s on an H200).
+  if (leader) pipeline = std::make_unique<ShardPipeline>(opt.forward_batch ? 16 : 2);
 
   // One chunk: forward of every sample, the leader writes the shard. Rank 0 serves requests in between.
   auto process = [&](int64_t c) {

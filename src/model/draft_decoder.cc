@@ -78,8 +78,8 @@ void DraftDecoder::append_verified(const Tensor& aux_hidden, const std::vector<i
   draft_detail::layer_qkv(m.ctx, next_tokens.data(), n, g, p0, a);
   m.kc.slice(p0, p0 + n).copy_from(a.k);
   m.vc.slice(p0, p0 + n).copy_from(a.v);
-  a.attn = Tensor::empty({n, c.num_attention_heads, c.head_dim}, DType::F32);
-  a.lse = Tensor::empty({n, c.num_attention_heads}, DType::F32);
+  a.attn = Tensor::empty({n, c.num_attention_heads, c.head_dim}, DType::F32, dev);
+  a.lse = Tensor::empty({n, c.num_attention_heads}, DType::F32, dev);
   // Row i (position p0+i) attends to the cached keys 0 .. p0+i: TTT step 0.
   draft_detail::ttt_attention_forward(a.q, m.kc.slice(0, p0 + n), m.vc.slice(0, p0 + n), {}, {}, p0, m.ctx.scale,
                                       a.attn, a.lse);
@@ -111,8 +111,8 @@ std::vector<int32_t> DraftDecoder::propose(int n, std::vector<std::vector<float>
     draft_detail::layer_qkv(m.ctx, &out.back(), 1, h, p + j, a);
     dk.push_back(&a.k);
     dv.push_back(&a.v);
-    a.attn = Tensor::empty({1, c.num_attention_heads, c.head_dim}, DType::F32);
-    a.lse = Tensor::empty({1, c.num_attention_heads}, DType::F32);
+    a.attn = Tensor::empty({1, c.num_attention_heads, c.head_dim}, DType::F32, m.ctx.device);
+    a.lse = Tensor::empty({1, c.num_attention_heads}, DType::F32, m.ctx.device);
     draft_detail::ttt_attention_forward(a.q, kc, vc, dk, dv, p, m.ctx.scale, a.attn, a.lse);
     draft_detail::layer_out(m.ctx, a);
     out.push_back(m.to_target(a.logits, logits));
