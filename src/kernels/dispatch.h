@@ -27,4 +27,20 @@ inline Device common_device(const char* op, std::initializer_list<std::pair<cons
 /// "op: name" for Tensor::check_shape / check_dtype messages.
 inline std::string what(const char* op, const char* name) { return std::string(op) + ": " + name; }
 
+/// Throws aerie::Error naming `op` and the tensor `name` unless t is F32 or BF16.
+inline void check_float(const Tensor& t, const char* op, const char* name) {
+  AERIE_CHECK(t.dtype() == DType::F32 || t.dtype() == DType::BF16,
+              op << ": " << name << " must be F32 or BF16, got " << dtype_name(t.dtype()));
+}
+/// t as F32 (t itself when it already is; a widened CPU copy for BF16): the fp32-only CPU references.
+inline Tensor as_f32(const Tensor& t) { return t.dtype() == DType::F32 ? t : t.to(DType::F32); }
+/// Where to compute `out` in fp32: out itself when F32, else a new F32 tensor (then store_f32).
+inline Tensor f32_out(const Tensor& out) {
+  return out.dtype() == DType::F32 ? out : Tensor::empty(out.shape(), DType::F32);
+}
+/// Rounds the fp32 result f into a non-F32 `out` (nothing when f_out gave out itself).
+inline void store_f32(Tensor& out, const Tensor& f) {
+  if (out.dtype() != DType::F32) out.copy_from(f.to(out.dtype()));
+}
+
 }  // namespace aerie::kernels

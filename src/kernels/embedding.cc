@@ -10,6 +10,7 @@
 namespace aerie {
 
 using kernels::what;
+using kernels::check_float;
 
 namespace {
 
@@ -22,11 +23,6 @@ void check_ids(const char* op, const Tensor& ids, int64_t v, int64_t row_offset)
     AERIE_CHECK(row >= 0 && row < v, op << ": ids[" << i << "] = " << id[i] << " (row offset " << row_offset
                                         << ") is outside the table's " << v << " rows");
   }
-}
-
-void check_float(const Tensor& t, const char* op, const char* name) {
-  AERIE_CHECK(t.dtype() == DType::F32 || t.dtype() == DType::BF16,
-              op << ": " << name << " must be F32 or BF16, got " << dtype_name(t.dtype()));
 }
 
 }  // namespace

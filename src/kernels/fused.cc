@@ -11,20 +11,10 @@
 namespace aerie {
 
 using kernels::what;
-
-namespace {
-
-void check_float(const Tensor& t, const char* op, const char* name) {
-  AERIE_CHECK(t.dtype() == DType::F32 || t.dtype() == DType::BF16,
-              op << ": " << name << " must be F32 or BF16, got " << dtype_name(t.dtype()));
-}
-Tensor as_f32(const Tensor& t) { return t.dtype() == DType::F32 ? t : t.to(DType::F32); }
-Tensor f32_out(const Tensor& out) { return out.dtype() == DType::F32 ? out : Tensor::empty(out.shape(), DType::F32); }
-void store_f32(Tensor& out, const Tensor& f) {
-  if (out.dtype() != DType::F32) out.copy_from(f.to(out.dtype()));
-}
-
-}  // namespace
+using kernels::check_float;
+using kernels::as_f32;
+using kernels::f32_out;
+using kernels::store_f32;
 
 void qkv_rope_forward(const Tensor& qkv, const Tensor& positions, const std::vector<float>& inv_freq,
                       const Tensor& q_norm, const Tensor& k_norm, float eps, Tensor& q, Tensor& k, Tensor& v) {

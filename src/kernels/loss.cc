@@ -15,18 +15,8 @@
 namespace aerie {
 
 using kernels::what;
-
-namespace {
-
-void check_float(const Tensor& t, const char* op, const char* name) {
-  AERIE_CHECK(t.dtype() == DType::F32 || t.dtype() == DType::BF16,
-              op << ": " << name << " must be F32 or BF16, got " << dtype_name(t.dtype()));
-}
-
-/// t as F32 (t itself when it already is; a widened CPU copy for BF16).
-Tensor as_f32(const Tensor& t) { return t.dtype() == DType::F32 ? t : t.to(DType::F32); }
-
-}  // namespace
+using kernels::check_float;
+using kernels::as_f32;
 
 double soft_cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& weight, Tensor* dlogits) {
   constexpr const char* op = "soft_cross_entropy";

@@ -14,16 +14,8 @@
 namespace aerie {
 
 using kernels::what;
-
-namespace {
-
-void check_float(const Tensor& t, const char* op, const char* name) {
-  AERIE_CHECK(t.dtype() == DType::F32 || t.dtype() == DType::BF16,
-              op << ": " << name << " must be F32 or BF16, got " << dtype_name(t.dtype()));
-}
-Tensor as_f32(const Tensor& t) { return t.dtype() == DType::F32 ? t : t.to(DType::F32); }
-
-}  // namespace
+using kernels::check_float;
+using kernels::as_f32;
 
 void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const AdamWParams& p, int64_t step) {
   constexpr const char* op = "adamw_step";
