@@ -24,53 +24,33 @@
 #include "tokenizer/tokenizer.h"
 #include "train/eval.h"
 #include "train/export.h"
+#include "eval_testing.h"
 
 namespace aerie {
 namespace {
 
-/// A draft that often guesses right: the untrained draft with the whole vocabulary (K = V).
-LoadedDraft full_vocab_draft(const LlamaModel& cpu_model, uint64_t seed) {
-  LoadedDraft d;
-  const int64_t V = cpu_model.config().vocab_size;
-  d.vocab.t2d.assign(V, 1);
-  d.vocab.d2t.assign(V, 0);
-  d.cfg = DraftConfig::from_target(cpu_model.config(), V, default_aux_layers(cpu_model.config().num_hidden_layers));
-  d.weights = init_draft_weights(d.cfg, cpu_model.lm_head(), d.vocab.selected(), seed);
-  return d;
-}
+using testing::full_vocab_draft;
 
-class EvalCuda : public ::testing::Test {
+class EvalCuda : public testing::StoriesTargetTest {
  protected:
   void SetUp() override {
     AERIE_REQUIRE_CUDA();
-    if (!testing::have_model()) GTEST_SKIP() << "no converted stories260K at " << testing::model_dir();
-    world_ = MpiCommunicator::world();
-    self_ = world_->split(world_->rank(), 0);
-    cpu_ = std::make_unique<LlamaModel>(testing::model_dir(), *self_);
-    tok_ = Tokenizer::load(testing::model_dir());
+    StoriesTargetTest::SetUp();
   }
-  std::vector<int32_t> prompt(const std::string& text) {
-    std::vector<int32_t> p{tok_->bos_id()};
-    for (int32_t id : tok_->encode(text)) p.push_back(id);
-    return p;
-  }
-  std::unique_ptr<MpiCommunicator> world_, self_;
-  std::unique_ptr<LlamaModel> cpu_;
-  std::unique_ptr<Tokenizer> tok_;
 };
 
 TEST_F(EvalCuda, SpeculativeDecodingOnGpuEqualsCpuGreedy) {
   LlamaModel gpu(testing::model_dir(), *self_, {Device::CUDA, DType::F32});
   ASSERT_EQ(gpu.device(), Device::CUDA);
   const std::vector<int32_t> stop{tok_->bos_id(), tok_->eos_id()};
-  LoadedDraft host = full_vocab_draft(*cpu_, 3);
+  LoadedDraft host = full_vocab_draft(*model_, 3);
   LoadedDraft dev{host.cfg, host.weights.to_device(Device::CUDA), host.vocab};
   for (const char* text : {"Once upon a time", "Lily and Tom went to the park.", "The cat"}) {
     const auto p = prompt(text);
-    const auto greedy_cpu = greedy_generate(*cpu_, p, 48, stop);
+    const auto greedy_cpu = greedy_generate(*model_, p, 48, stop);
     EXPECT_EQ(greedy_generate(gpu, p, 48, stop), greedy_cpu) << "'" << text << "': GPU greedy";
     for (int n : {1, 3, 7}) {
-      SpecDecodeResult cpu_r = speculative_generate(*cpu_, host, p, n, 48, stop);
+      SpecDecodeResult cpu_r = speculative_generate(*model_, host, p, n, 48, stop);
       // Draft weights on the GPU, and on the host (speculative_generate copies them to the target's GPU).
       for (const LoadedDraft* d : {&dev, &host}) {
         SpecDecodeResult r = speculative_generate(gpu, *d, p, n, 48, stop);
@@ -85,8 +65,8 @@ TEST_F(EvalCuda, SpeculativeDecodingOnGpuEqualsCpuGreedy) {
 
 TEST_F(EvalCuda, RunEvalOnGpuMatchesCpu) {
   const std::string dir = testing::scratch_dir("eval_cuda");
-  LoadedDraft d = full_vocab_draft(*cpu_, 5);
-  write_export(dir + "/export", d.cfg, d.weights, d.vocab, cpu_->config());
+  LoadedDraft d = full_vocab_draft(*model_, 5);
+  write_export(dir + "/export", d.cfg, d.weights, d.vocab, model_->config());
   EvalOptions o;
   o.model_dir = testing::model_dir();
   o.draft_path = dir + "/export";

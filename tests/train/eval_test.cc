@@ -10,9 +10,12 @@
 #include "data/shard.h"
 #include "train/eval.h"
 #include "train/export.h"
+#include "eval_testing.h"
 
 namespace aerie {
 namespace {
+
+using testing::full_vocab_draft;
 
 /// An untrained draft for the target: K = 200 selected ids (every other id of 0..399, so d2t is a real
 /// offset map), lm_head from the target's rows.
@@ -29,35 +32,7 @@ LoadedDraft untrained_draft(const LlamaModel& model, uint64_t seed) {
   return d;
 }
 
-/// A draft whose guesses are often right: the untrained draft with the vocabulary = all V ids (K = V).
-LoadedDraft full_vocab_draft(const LlamaModel& model, uint64_t seed) {
-  LoadedDraft d;
-  const int64_t V = model.config().vocab_size;
-  d.vocab.t2d.assign(V, 1);
-  d.vocab.d2t.assign(V, 0);
-  d.cfg = DraftConfig::from_target(model.config(), V, default_aux_layers(model.config().num_hidden_layers));
-  d.weights = init_draft_weights(d.cfg, model.lm_head(), d.vocab.selected(), seed);
-  return d;
-}
-
-class EvalTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!testing::have_model()) GTEST_SKIP() << "no converted stories260K at " << testing::model_dir();
-    world_ = MpiCommunicator::world();
-    self_ = world_->split(world_->rank(), 0);
-    model_ = std::make_unique<LlamaModel>(testing::model_dir(), *self_);
-    tok_ = Tokenizer::load(testing::model_dir());
-  }
-  std::vector<int32_t> prompt(const std::string& text) {
-    std::vector<int32_t> p{tok_->bos_id()};
-    for (int32_t id : tok_->encode(text)) p.push_back(id);
-    return p;
-  }
-  std::unique_ptr<MpiCommunicator> world_, self_;
-  std::unique_ptr<LlamaModel> model_;
-  std::unique_ptr<Tokenizer> tok_;
-};
+class EvalTest : public testing::StoriesTargetTest {};
 
 TEST_F(EvalTest, SpeculativeDecodingIsLosslessEvenUntrained) {
   const std::vector<int32_t> stop{tok_->bos_id(), tok_->eos_id()};

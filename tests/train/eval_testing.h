@@ -1,0 +1,49 @@
+// Shared by the eval tests (eval_test.cc, eval_cuda_test.cc): drafts for the stories260K target and a
+// fixture that loads the target (CPU, F32) and its tokenizer.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "test_util.h"
+#include "tokenizer/tokenizer.h"
+#include "train/eval.h"
+
+namespace aerie::testing {
+
+/// A draft whose guesses are often right: the untrained draft with the vocabulary = all V ids (K = V).
+inline LoadedDraft full_vocab_draft(const LlamaModel& model, uint64_t seed) {
+  LoadedDraft d;
+  const int64_t V = model.config().vocab_size;
+  d.vocab.t2d.assign(V, 1);
+  d.vocab.d2t.assign(V, 0);
+  d.cfg = DraftConfig::from_target(model.config(), V, default_aux_layers(model.config().num_hidden_layers));
+  d.weights = init_draft_weights(d.cfg, model.lm_head(), d.vocab.selected(), seed);
+  return d;
+}
+
+/// The stories260K target on the CPU in F32 (model_) and its tokenizer; skips without the converted model.
+class StoriesTargetTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!have_model()) GTEST_SKIP() << "no converted stories260K at " << model_dir();
+    world_ = MpiCommunicator::world();
+    self_ = world_->split(world_->rank(), 0);
+    model_ = std::make_unique<LlamaModel>(model_dir(), *self_);
+    tok_ = Tokenizer::load(model_dir());
+  }
+  /// BOS + the ids of `text`.
+  std::vector<int32_t> prompt(const std::string& text) {
+    std::vector<int32_t> p{tok_->bos_id()};
+    for (int32_t id : tok_->encode(text)) p.push_back(id);
+    return p;
+  }
+  std::unique_ptr<MpiCommunicator> world_, self_;
+  std::unique_ptr<LlamaModel> model_;
+  std::unique_ptr<Tokenizer> tok_;
+};
+
+}  // namespace aerie::testing
