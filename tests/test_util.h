@@ -40,9 +40,13 @@ inline void expect_close(const std::vector<float>& got, const std::vector<float>
 }  // namespace aerie::testing
 
 namespace aerie::testing {
-/// The converted stories260K model (config.json, model.safetensors, tokenizer.json), made by the
-/// build from ../shared/data; tests that need it GTEST_SKIP when it is absent.
-inline std::string model_dir() { return AERIE_MODEL_DIR; }
+/// The converted stories260K model (config.json, model.safetensors, tokenizer.json): $AERIE_TEST_MODEL (a
+/// staged copy, e.g. on a GPU machine that ran no build), else the one the build makes from ../shared/data
+/// in models/stories260K; tests that need it GTEST_SKIP when it is absent.
+inline std::string model_dir() {
+  const char* env = std::getenv("AERIE_TEST_MODEL");
+  return env && *env ? env : AERIE_MODEL_DIR;
+}
 inline bool have_model() { return std::filesystem::exists(model_dir() + "/config.json"); }
 }  // namespace aerie::testing
 
