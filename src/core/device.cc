@@ -53,6 +53,10 @@ std::string unavailable_reason() {
   cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess) {
     cudaGetLastError();
+    // Without a GPU the runtime reports an old driver or no device: say what it means for the user.
+    if (e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice)
+      return std::string("no NVIDIA GPU or driver found on this machine (CUDA runtime: ") + cudaGetErrorString(e) +
+             "); use --device cpu or auto";
     return std::string("no CUDA device: ") + cudaGetErrorString(e);
   }
   return n > 0 ? "" : "no CUDA device visible";
