@@ -98,7 +98,8 @@ nlohmann::json DraftConfig::to_json() const {
   j["torch_dtype"] = "bfloat16";
   j["hidden_act"] = "silu";
   if (target_hidden_size != hidden_size) j["target_hidden_size"] = target_hidden_size;
-  bool is_default = target_num_hidden_layers > 0 && aux_layers == default_aux_layers(target_num_hidden_layers);
+  // vLLM's default ids exist from N = 3 layers on; a smaller target always gets its ids written.
+  bool is_default = target_num_hidden_layers >= 3 && aux_layers == default_aux_layers(target_num_hidden_layers);
   if (!aux_layers.empty() && !is_default) j["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = aux_layers;
   j["aerie"] = {{"aux_layers", aux_layers},
                 {"aux_layer_convention", "input of decoder layer k (vLLM); SpecForge's ids are these minus 1"},

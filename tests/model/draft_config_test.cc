@@ -91,6 +91,12 @@ TEST(DraftConfig, JsonIsTheExportConfigAndRoundTrips) {
   EXPECT_EQ(back2.target_hidden_size, 96);
   j2.erase("hidden_size");
   EXPECT_THROW(DraftConfig::from_json(j2), Error);
+
+  // A target of fewer than 3 layers has no default ids (default_aux_layers throws): the config names them.
+  c.target_num_hidden_layers = 2;
+  c.aux_layers = {0, 1, 2};
+  auto j3 = c.to_json();
+  EXPECT_EQ(j3["eagle_config"]["eagle_aux_hidden_state_layer_ids"], nlohmann::json({0, 1, 2}));
 }
 
 TEST(DraftInit, DeterministicBoundedAndLmHeadFromSelectedRows) {
