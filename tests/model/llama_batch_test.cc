@@ -15,44 +15,25 @@
 #include "comm/communicator.h"
 #include "core/device.h"
 #include "model/llama.h"
+#include "model_testing.h"
 #include "test_util.h"
 
 namespace aerie {
 namespace {
 
+using testing::self_comm;
+using testing::hf_fixture;
+using testing::some_ids;
+using testing::rel_l2;
+
 constexpr float kAtol = 1e-4f, kRtol = 1e-4f;
 constexpr double kBf16RelL2 = 2e-2;
 const std::vector<std::string> kFamilies = {"llama3_tied", "llama2_linear", "mistral_swa", "qwen2", "qwen3"};
-
-std::unique_ptr<Communicator> self_comm() {
-  auto world = MpiCommunicator::world();
-  return world->split(world->rank(), 0);
-}
-
-std::string hf_fixture(const std::string& name) {
-  return std::string(AERIE_SOURCE_DIR) + "/tests/model/fixtures/hf/" + name;
-}
-
-std::vector<int32_t> some_ids(int64_t n, int64_t V, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> ids(n);
-  for (auto& x : ids) x = static_cast<int32_t>(rng() % V);
-  return ids;
-}
 
 std::vector<int> all_layers(const LlamaModel& m) {
   std::vector<int> aux;
   for (int k = 0; k <= m.config().num_hidden_layers; ++k) aux.push_back(k);
   return aux;
-}
-
-double rel_l2(const std::vector<float>& got, const std::vector<float>& ref) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    num += (static_cast<double>(got[i]) - ref[i]) * (static_cast<double>(got[i]) - ref[i]);
-    den += static_cast<double>(ref[i]) * ref[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
 }
 
 /// `got` rows [r0, r0 + ref rows) against `ref`: elementwise (bf16 == false) or relative L2 (bf16).

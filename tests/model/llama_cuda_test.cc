@@ -28,38 +28,19 @@
 #include "kernels/tensor_ops.h"
 #include "model/llama.h"
 #include "model/llama_weights.h"
+#include "model_testing.h"
 #include "test_util.h"
 
 namespace aerie {
 namespace {
 
+using testing::self_comm;
+using testing::hf_fixture;
+using testing::some_ids;
+using testing::rel_l2;
+
 constexpr float kAtol = 1e-4f, kRtol = 1e-4f;
 constexpr double kBf16RelL2 = 4e-2, kBf16DeviceRelL2 = 2e-2;
-
-std::unique_ptr<Communicator> self_comm() {
-  auto world = MpiCommunicator::world();
-  return world->split(world->rank(), 0);
-}
-
-std::string hf_fixture(const std::string& name) {
-  return std::string(AERIE_SOURCE_DIR) + "/tests/model/fixtures/hf/" + name;
-}
-
-std::vector<int32_t> some_ids(int64_t n, int64_t V, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> ids(n);
-  for (auto& x : ids) x = static_cast<int32_t>(rng() % V);
-  return ids;
-}
-
-double rel_l2(const std::vector<float>& got, const std::vector<float>& ref) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    num += (static_cast<double>(got[i]) - ref[i]) * (static_cast<double>(got[i]) - ref[i]);
-    den += static_cast<double>(ref[i]) * ref[i];
-  }
-  return std::sqrt(num / std::max(den, 1e-30));
-}
 
 bool all_finite(const std::vector<float>& v) {
   for (float x : v)

@@ -24,10 +24,13 @@
 #include "io/safetensors.h"
 #include "model/llama.h"
 #include "model/llama_weights.h"
+#include "model_testing.h"
 #include "test_util.h"
 
 namespace aerie {
 namespace {
+
+using testing::self_comm;
 
 namespace fs = std::filesystem;
 constexpr float kAtol = 1e-4f, kRtol = 2e-5f;
@@ -42,11 +45,6 @@ std::vector<float> cols(const Tensor& t, int64_t c0, int64_t c1) {
   for (int64_t i = 0; i < t.dim(0); ++i)
     out.insert(out.end(), all.begin() + i * t.dim(1) + c0, all.begin() + i * t.dim(1) + c1);
   return out;
-}
-
-std::unique_ptr<Communicator> self_comm() {
-  auto world = MpiCommunicator::world();
-  return world->split(world->rank(), 0);
 }
 
 /// Every r^k, z and the logits of `model` on the reference ids, in one prefill; then the logits again
