@@ -64,18 +64,7 @@ TEST_F(EvalCuda, SpeculativeDecodingOnGpuEqualsCpuGreedy) {
 }
 
 TEST_F(EvalCuda, RunEvalOnGpuMatchesCpu) {
-  const std::string dir = testing::scratch_dir("eval_cuda");
-  LoadedDraft d = full_vocab_draft(*model_, 5);
-  write_export(dir + "/export", d.cfg, d.weights, d.vocab, model_->config());
-  EvalOptions o;
-  o.model_dir = testing::model_dir();
-  o.draft_path = dir + "/export";
-  o.prompts_path = testing::data_dir() + "/tinystories/tinystories_val.txt";
-  o.output_path = "";
-  o.num_prompts = 4;
-  o.max_new_tokens = 32;
-  o.num_draft_tokens = 4;
-  o.ttt_steps = 3;
+  EvalOptions o = small_eval("eval_cuda", 5);
   o.untrained = true;
   o.seed = 5;
   o.device = "cpu";

@@ -318,18 +318,7 @@ TEST_F(EvalTest, PlainPromptIsBosAndText) {
 // (n+1)-row verification forward and the 1-row greedy forward may sum a GEMM in other orders, and a flipped
 // bf16 rounding can flip an argmax where the two top logits nearly tie (tests/train/eval_cuda_test.cc).
 TEST_F(EvalTest, Bf16TargetKeepsGreedyOutputs) {
-  LoadedDraft d = full_vocab_draft(*model_, 5);
-  const std::string dir = testing::scratch_dir("eval_bf16");
-  write_export(dir + "/export", d.cfg, d.weights, d.vocab, model_->config());
-  EvalOptions o;
-  o.model_dir = testing::model_dir();
-  o.draft_path = dir + "/export";
-  o.prompts_path = testing::data_dir() + "/tinystories/tinystories_val.txt";
-  o.output_path = "";
-  o.num_prompts = 4;
-  o.max_new_tokens = 32;
-  o.num_draft_tokens = 4;
-  o.ttt_steps = 3;
+  EvalOptions o = small_eval("eval_bf16", 5);
   o.device = "cpu";
   const nlohmann::json f32 = run_eval(o);
   o.dtype = "bf16";

@@ -11,6 +11,7 @@
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 #include "train/eval.h"
+#include "train/export.h"
 
 namespace aerie::testing {
 
@@ -40,6 +41,23 @@ class StoriesTargetTest : public ::testing::Test {
     std::vector<int32_t> p{tok_->bos_id()};
     for (int32_t id : tok_->encode(text)) p.push_back(id);
     return p;
+  }
+  /// full_vocab_draft(seed) exported to scratch_dir(name)/export, and eval options on it: 4 tinystories
+  /// prompts, 32 new tokens, chains of 4, 3 TTT steps, no output file.
+  EvalOptions small_eval(const std::string& name, uint64_t seed) {
+    const std::string dir = scratch_dir(name);
+    LoadedDraft d = full_vocab_draft(*model_, seed);
+    write_export(dir + "/export", d.cfg, d.weights, d.vocab, model_->config());
+    EvalOptions o;
+    o.model_dir = model_dir();
+    o.draft_path = dir + "/export";
+    o.prompts_path = data_dir() + "/tinystories/tinystories_val.txt";
+    o.output_path = "";
+    o.num_prompts = 4;
+    o.max_new_tokens = 32;
+    o.num_draft_tokens = 4;
+    o.ttt_steps = 3;
+    return o;
   }
   std::unique_ptr<MpiCommunicator> world_, self_;
   std::unique_ptr<LlamaModel> model_;
