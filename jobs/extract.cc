@@ -63,6 +63,9 @@ int extract(const std::vector<std::string>& args) {
       "output", po::value<std::string>()->required(), "shard folder (shard-%05d.h5; created)")(
       "tp", po::value<int>()->default_value(1), "tensor-parallel ranks per target replica")(
       "samples-per-shard", po::value<int64_t>()->default_value(64), "prepared samples per shard (chunk size)")(
+      "batch-tokens", po::value<int64_t>()->default_value(8192),
+      "GPU: consecutive samples share one forward up to this many tokens (a longer sample goes alone); 0: "
+      "one sample per forward")(
       "aux-layers", po::value<std::string>()->default_value(""),
       "3 ascending layer ids k, 'input of decoder layer k' (vLLM's convention); default 2,N/2,N-3")(
       "random-weights", po::value<int64_t>()->default_value(-1),
@@ -87,6 +90,8 @@ int extract(const std::vector<std::string>& args) {
   opt.prepared = vm["prepared"].as<std::string>();
   opt.output = vm["output"].as<std::string>();
   opt.samples_per_shard = vm["samples-per-shard"].as<int64_t>();
+  opt.batch_tokens = vm["batch-tokens"].as<int64_t>();
+  AERIE_CHECK(opt.batch_tokens >= 0, "extract: --batch-tokens " << opt.batch_tokens << " is negative");
   opt.meta.target_model = model_dir;
   opt.meta.aux_layers = parse_aux_layers(vm["aux-layers"].as<std::string>(), cfg.num_hidden_layers);
   opt.meta.hidden_size = cfg.hidden_size;
@@ -105,7 +110,7 @@ int extract(const std::vector<std::string>& args) {
     fin = out.final_hidden;
   };
   // On a GPU consecutive samples share a forward (up to opt.batch_tokens rows): larger GEMMs.
-  if (mopt.device == Device::CUDA) {
+  if (mopt.device == Device::CUDA && opt.batch_tokens > 0) {
     opt.forward_batch = [&](const std::vector<std::vector<int32_t>>& ids, Tensor& aux, Tensor& fin) {
       TargetOutput out = model.forward_batch(ids, {}, aux_layers, LlamaModel::Logits::None);
       aux = out.aux_hidden;

@@ -39,7 +39,9 @@ void expect_bits_equal(const Tensor& got, const Tensor& ref, const std::string& 
 struct QkvCase {
   int64_t n, nq, nkv, d;
 };
-const QkvCase kQkvCases[] = {{1, 1, 1, 2}, {7, 4, 2, 8}, {13, 6, 3, 30}, {33, 8, 2, 128}, {3, 2, 1, 1024}};
+// d 2..64, 128, 256, 512 and 1024 take the kernel's 1, 2, 4, 8 and 16 pairs per lane.
+const QkvCase kQkvCases[] = {{1, 1, 1, 2},     {7, 4, 2, 8},     {13, 6, 3, 30},  {33, 8, 2, 128},
+                            {5, 4, 1, 256},   {2, 2, 2, 512},   {3, 2, 1, 1024}};
 
 TEST(FusedQkvRope, CpuEqualsUnfusedOps) {
   const auto inv = rope_inv_freq(RopeParams{}, 30);
@@ -182,8 +184,9 @@ TEST(FusedCuda, QkvRopeWritesIntoCacheViews) {
 
 TEST(FusedCuda, SwigluPackedMatchesCpu) {
   AERIE_REQUIRE_CUDA();
+  // I % 8 == 0 with BF16 takes the 16-byte-vector kernel, the other sizes the one-element kernel.
   for (int64_t n : {1, 7, 130})
-    for (int64_t I : {1, 37, 1000})
+    for (int64_t I : {1, 37, 1000, 1024})
       for (DType dt : {DType::F32, DType::BF16}) {
         const std::string what = "n " + std::to_string(n) + " I " + std::to_string(I) + " " + dtype_name(dt);
         Tensor gu = random_as({n, 2 * I}, dt, 15, -6.0f, 6.0f);
@@ -196,8 +199,9 @@ TEST(FusedCuda, SwigluPackedMatchesCpu) {
 
 TEST(FusedCuda, AddRmsnormMatchesCpu) {
   AERIE_REQUIRE_CUDA();
+  // H % 4 == 0 up to 8192 takes the vector kernel (1, 2, 4 or 8 passes), the other sizes the scalar one.
   for (int64_t n : {1, 5, 67})
-    for (int64_t H : {1, 45, 4096})
+    for (int64_t H : {1, 45, 1028, 3000, 4096, 8192, 8196})
       for (DType xt : {DType::F32, DType::BF16})
         for (DType yt : {DType::F32, DType::BF16}) {
           const std::string what = "n " + std::to_string(n) + " H " + std::to_string(H) + " x " + dtype_name(xt) +

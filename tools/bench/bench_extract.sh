@@ -14,7 +14,8 @@
 # only used to validate the random ids: speed does not depend on the ids).
 # Environment: SAMPLES (64), SEQ (2048), LAYERS (32), SAMPLES_PER_SHARD (16), HF_BATCH (16),
 #   PEAK_TFLOPS (989, the dense bf16 peak of an H100/H200 SXM), WORK (a scratch folder), SKIP_HF (1 to
-#   skip the transformers run), NP (ranks, 1), TP (1).
+#   skip the transformers run), NP (ranks, 1), TP (1), EXTRACT_ARGS (more `aerie extract` options, e.g.
+#   "--batch-tokens 0" for one sample per forward).
 set -euo pipefail
 
 BUILD=${1:-build}
@@ -45,13 +46,15 @@ bench_random_samples "$WORK/samples.jsonl" "$SAMPLES" "$SEQ"
 bench_prepare "$AERIE" "$TOKENIZER" "$WORK/samples.jsonl" "$WORK/prepared.h5" "$SEQ" "$WORK/prepare.log"
 
 rm -rf "$WORK/shards"
+# shellcheck disable=SC2086  # EXTRACT_ARGS: several words
 BENCH_NO_MPIRUN_FOR_ONE=1 bench_mpi_cmd "$NP" "$AERIE" extract --model "$WORK/model" --random-weights 0 --device cuda \
-  --dtype bf16 --prepared "$WORK/prepared.h5" --output "$WORK/shards" --samples-per-shard "$SAMPLES_PER_SHARD" --tp "$TP"
+  --dtype bf16 --prepared "$WORK/prepared.h5" --output "$WORK/shards" --samples-per-shard "$SAMPLES_PER_SHARD" --tp "$TP" \
+  ${EXTRACT_ARGS:-}
 BENCH_VERBOSE=1 bench_run "$WORK/extract.log"
 
 # The job's own numbers -> one JSON line.
 STATS=$(bench_extract_stats "$WORK/extract.log")
-python3 - "$STATS" "$SEQ" "$LAYERS" "$PEAK_TFLOPS" "$NP" "$TP" <<'EOF'
+python3 - "$STATS" "$SEQ" "$LAYERS" "$PEAK_TFLOPS" "$NP" "$TP" "${EXTRACT_ARGS:-}" <<'EOF'
 import json, sys
 st, seq, layers, peak, np_, tp = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
 samples, tokens, secs = st["samples"], st["tokens"], st["seconds"]
@@ -59,6 +62,7 @@ H, HEADS, KV, MLP, D = 4096, 32, 8, 14336, 128
 params = layers * (H * HEADS * D + 2 * H * KV * D + HEADS * D * H + 3 * H * MLP + 2 * H) + H  # no embedding/lm_head
 flops = 2 * params * tokens + layers * 2 * 2 * samples * seq * seq / 2 * HEADS * D  # causal QK^T + PV
 print(json.dumps({"bench": "extract", "impl": "aerie (incl. D2H copy + HDF5 write)", "gpus": np_,
+                  "extract_args": sys.argv[7],
                   "tp": tp, "samples": samples, "seq": seq, "layers": layers,
                   "tokens_per_s": tokens / secs, "seconds": secs,
                   "peak_gib": st["peak_gib"], "mfu": flops / secs / (peak * 1e12) / np_}))
