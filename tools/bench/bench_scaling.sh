@@ -9,11 +9,11 @@
 #            the whole command, the peak GPU memory. With NP_B/TP_B set, a second extraction (its own
 #            line) and a comparison of the two shard sets (line "extract_compare": max abs difference and
 #            relative L2 of aux/final hidden states, ok = relative L2 <= CMP_TOL for both).
-#            NOTE: --random-weights makes a different model for every tp (src/model/llama_weights.cc
-#            random_llama_weights fills each rank's slice from the same pool offsets, whatever its rank), so
-#            the comparison is only meaningful with WEIGHTS=file: then tools/bench/make_target_head.py --full
-#            writes a random checkpoint (model.safetensors, bf16) that every tp slices the same way, and
-#            extract runs without --random-weights. The compare line says "comparable": false otherwise.
+#            --random-weights SEED gives every tp size the same model (src/model/llama_weights.cc
+#            random_llama_weights: each rank draws the full tensors and keeps its shard, since 404cd5a), so
+#            WEIGHTS=random runs of different tp compare; WEIGHTS=file instead writes a random checkpoint
+#            (tools/bench/make_target_head.py --full: model.safetensors, bf16) that extract loads and slices
+#            (the checkpoint loader's tp path; the file is as large as the model).
 #   train    `aerie train` on the shards of run a with dp = each of DPS ranks, the same global batch BATCH
 #            and STEPS steps: the mean step time (metrics.jsonl with --log-every 1: seconds per step, the
 #            first WARM steps left out), per dp a line, then a "train_scaling" line with
@@ -30,7 +30,8 @@
 #            run when PRE_REF=1).
 #
 # Usage: tools/bench/bench_scaling.sh [dry] [BUILD_DIR]   (BUILD_DIR default build: BUILD_DIR/aerie)
-#   dry (or PRINT_ONLY=1): print the commands, run nothing.
+#   dry (or PRINT_ONLY=1): print the commands, run nothing and create nothing: the commands name the work
+#   folder WORK (default /tmp/aerie-bench-scaling.DRY-RUN) and files in it that do not exist.
 # Environment (defaults in brackets):
 #   shape     HIDDEN [8192] LAYERS [80] HEADS [64] KV_HEADS [8] MLP [28672] VOCAB [128256] HEAD_DIM [128]
 #   data      SEQ [2048] SAMPLES [16] SAMPLES_PER_SHARD [4] TOKENIZER [BUILD_DIR/models/stories260K; ids are
@@ -40,17 +41,14 @@
 #             CMP_TOL [1e-2, relative L2; tp 2 vs tp 1 in bf16 measured 1.7e-3 aux / 2.7e-3 final]
 #   train     DPS ["1 2"] BATCH [4] STEPS [4] TTT [7] DRAFT_VOCAB [32000] LR [1e-4] WARM [1] LOSS_RTOL [1e-3]
 #   preempt   PRE_NP_A [2] PRE_NP_B [1] PRE_STEPS [STEPS] PRE_CKPT_EVERY [2] PRE_SIGNAL [TERM] PRE_REF [1]
-#             PRE_WAIT [900: seconds to wait for the first checkpoint] PRE_KEEP [0: --keep-checkpoints N
-#             when > 0; N = 1 fails at the second checkpoint after a resume, see the note below]
+#             PRE_WAIT [900: seconds to wait for the first checkpoint] PRE_KEEP [0: keep every checkpoint;
+#             N > 0: --keep-checkpoints N (N = 1 after a resume works since 45206ed)]
 #   PHASES ["extract train preempt"], WORK [a new /tmp/aerie-bench-scaling.XXXXXX], CLEAN [1: delete the
 #   checkpoints of finished runs (17 GB each for a 70B-shaped draft), keep logs and metrics],
 #   AERIE [BUILD_DIR/aerie], BENCH_VERBOSE [0: 1 echoes the job logs to stderr].
 # Exit status: 0 when every phase ran and its checks held, 1 when a check failed, 2 on a usage error.
-# Known limits of aerie met here: `aerie train --keep-checkpoints 1` after a resume removes the resumed
-# checkpoint, whose draft_vocab.safetensors the next save copies ("cannot open .../step-K/
-# draft_vocab.safetensors"), so the preempt phase keeps every checkpoint by default; a target of fewer than
-# 3 layers fails at the first draft checkpoint (src/model/draft.cc asks default_aux_layers(N)): train needs
-# LAYERS >= 3 (and AUX_LAYERS unless aerie's default 2,N/2,N-3 ascends, N >= 6).
+# Aux layers: aerie's default 2,N/2,N-3 needs LAYERS >= 3 and ascends from N = 6 on; set AUX_LAYERS for
+# fewer layers (e.g. 0,1,2 for LAYERS 2: extract, train and the draft checkpoints then work, since 126b169).
 # shellcheck disable=SC2317  # the phase_* functions are called as "phase_$p"
 set -euo pipefail
 
@@ -76,7 +74,7 @@ PHASES=${PHASES:-"extract train preempt"}
 CLEAN=${CLEAN:-1}
 AERIE=${AERIE:-$BUILD/aerie}
 TOKENIZER=${TOKENIZER:-$BUILD/models/stories260K}
-if [ "$PRINT_ONLY" = 1 ]; then WORK=${WORK:-/tmp/aerie-bench-scaling}; else WORK=${WORK:-$(mktemp -d /tmp/aerie-bench-scaling.XXXXXX)}; fi
+if [ "$PRINT_ONLY" = 1 ]; then WORK=${WORK:-/tmp/aerie-bench-scaling.DRY-RUN}; else WORK=${WORK:-$(mktemp -d /tmp/aerie-bench-scaling.XXXXXX)}; fi
 MODEL=$WORK/model; PREPARED=$WORK/prepared.h5; VOCAB_FILE=$WORK/draft_vocab.safetensors; SHARDS=$WORK/shards_a
 MAX_ID=$(( VOCAB < 512 ? VOCAB : 512 ))
 
@@ -89,7 +87,12 @@ if [ "$PRINT_ONLY" != 1 ]; then
   [ -f "$TOKENIZER/tokenizer.json" ] || { echo "$BENCH_TAG: no $TOKENIZER/tokenizer.json (set TOKENIZER)" >&2; exit 2; }
   mkdir -p "$WORK"
 fi
-echo "$BENCH_TAG: work folder $WORK" >&2
+if [ "$PRINT_ONLY" = 1 ]; then
+  echo "$BENCH_TAG: dry run: the commands below name the work folder $WORK, which is NOT created (nor are" \
+       "the files in it); a real run uses WORK or a new mktemp folder" >&2
+else
+  echo "$BENCH_TAG: work folder $WORK" >&2
+fi
 STATUS=0
 fail() { echo "$BENCH_TAG: CHECK FAILED: $*" >&2; STATUS=1; }
 
@@ -172,17 +175,16 @@ phase_extract() {
   local npb=${NP_B:-$NP} tpb=${TP_B:-$TP}
   extract_run b "$npb" "$tpb" || return 0
   [ "$PRINT_ONLY" = 1 ] && return 0
-  local comparable=true note="same weights on both runs"
-  if [ "$WEIGHTS" = random ] && [ "$TP" != "$tpb" ]; then
-    comparable=false
-    note="--random-weights builds a different model for every tp (random_llama_weights ignores the tp rank): run with WEIGHTS=file to compare"
-  fi
+  # Both WEIGHTS give every tp size the same model: --random-weights SEED (since 404cd5a every rank draws
+  # the full tensors and keeps its shard) or one checkpoint file.
+  local note="same weights on both runs (--random-weights $SEED)"
+  if [ "$WEIGHTS" = file ]; then note="same weights on both runs ($MODEL/model.safetensors)"; fi
   local cmp
   cmp=$(python3 "$HERE/bench_util.py" compare-shards "$WORK/shards_a" "$WORK/shards_b" "$CMP_TOL")
   emit phase=extract_compare a="$(emit np="$NP" tp="$TP")" b="$(emit np="$npb" tp="$tpb")" weights="$WEIGHTS" \
-    comparable="$comparable" note="$note" "+=$cmp" \
+    comparable=true note="$note" "+=$cmp" \
     command="python3 $HERE/bench_util.py compare-shards $WORK/shards_a $WORK/shards_b $CMP_TOL"
-  if [ "$comparable" = true ] && ! python3 -c "import json,sys; sys.exit(0 if json.loads(sys.argv[1])['ok'] else 1)" "$cmp"; then
+  if ! python3 -c "import json,sys; sys.exit(0 if json.loads(sys.argv[1])['ok'] else 1)" "$cmp"; then
     fail "extract: shards of tp $TP and tp $tpb differ beyond relative L2 $CMP_TOL"
   fi
 }
