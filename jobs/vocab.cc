@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <sstream>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -64,9 +65,18 @@ int vocab(const std::vector<std::string>& args) {
       if (dv.t2d[static_cast<size_t>(j)]) covered += counts[static_cast<size_t>(j)];
     }
     if (K < K_asked) AERIE_LOG(info) << "vocab: draft vocab size " << K_asked << " > V = " << V << ", using K = V";
-    if (distinct < K)
-      AERIE_LOG(warning) << "vocab: only " << distinct << " distinct loss-masked ids for K = " << K
-                         << "; the rest are filled with the smallest unused ids (SpecForge #76)";
+    // Fewer distinct ids than K: the draft vocabulary holds every id the data has, and the other slots get
+    // the smallest unused ids (SpecForge #76). Normal for a small data set or vocabulary (the demo: 230 of
+    // K = 256); a warning only when most slots are filler (too little data, or the wrong prepared file?).
+    if (distinct < K) {
+      std::ostringstream msg;
+      msg << "vocab: " << distinct << " distinct loss-masked ids for K = " << K << ": all of them are in the draft "
+          << "vocabulary, the other " << K - distinct << " slots get the smallest unused ids (SpecForge #76)";
+      if (2 * distinct < K)
+        AERIE_LOG(warning) << msg.str() << "; fewer than half of K: is the data this small?";
+      else
+        AERIE_LOG(info) << msg.str();
+    }
     std::filesystem::path parent = std::filesystem::path(output).parent_path();
     if (!parent.empty()) std::filesystem::create_directories(parent);
     save_draft_vocab(output, dv, counts);

@@ -262,11 +262,18 @@ PrepareStats run_prepare(const PrepareOptions& opt, MPI_Comm comm) {
                           MPI_INT64_T, MPI_SUM, comm),
             "MPI_Allreduce");
   for (int64_t n : st.skipped_by) st.skipped += n;
+  // Each example travels with its SkipReason as a leading byte, taken off again on rank 0.
   std::vector<std::string> mine;
-  for (const auto& e : local.examples) mine.push_back(e.second);
+  for (const auto& e : local.examples)
+    mine.push_back(static_cast<char>('0' + local.record_skip[static_cast<size_t>(e.first)]) + e.second);
   std::vector<std::string> examples = gather_strings(mine, comm);
   if (rank == 0) {
     if (static_cast<int>(examples.size()) > opt.max_reported) examples.resize(static_cast<size_t>(opt.max_reported));
+    std::vector<SkipReason> reasons;
+    for (auto& e : examples) {
+      reasons.push_back(static_cast<SkipReason>(e[0] - '0'));
+      e.erase(0, 1);
+    }
     st.examples = examples;
     std::ostringstream why;
     for (size_t i = 1; i < st.skipped_by.size(); ++i)
@@ -274,10 +281,28 @@ PrepareStats run_prepare(const PrepareOptions& opt, MPI_Comm comm) {
     AERIE_LOG(info) << "prepare: " << st.records << " records read, " << st.samples << " samples kept, "
                     << st.skipped << " skipped" << (st.skipped ? " (" + why.str() + ")" : "") << ", " << st.truncated
                     << " truncated to " << opt.max_length << " tokens";
-    for (const auto& e : st.examples) AERIE_LOG(warning) << "prepare: skipped " << e;
-    if (st.skipped > static_cast<int64_t>(st.examples.size()))
-      AERIE_LOG(warning) << "prepare: ... and " << st.skipped - static_cast<int64_t>(st.examples.size())
-                         << " more skipped records";
+    // Text input: a paragraph of one sentence is the prompt with nothing to answer; skipping it is the
+    // normal case (about one TinyStories paragraph in ten), so those skips get one info line. Every other
+    // skip stays a warning with its file:line.
+    const int64_t expected = text ? st.skipped_by[static_cast<size_t>(SkipReason::NoRest)] : 0;
+    std::string where_expected;
+    int64_t warned = 0, listed = 0;
+    for (size_t i = 0; i < st.examples.size(); ++i) {
+      if (text && reasons[i] == SkipReason::NoRest) {
+        const std::string& e = st.examples[i];  // "file:line: single sentence (...)"
+        const std::string where = e.substr(0, e.rfind(std::string(": ") + skip_name(SkipReason::NoRest)));
+        if (listed++ < 3) where_expected += (where_expected.empty() ? "" : ", ") + where;
+      } else {
+        AERIE_LOG(warning) << "prepare: skipped " << st.examples[i];
+        ++warned;
+      }
+    }
+    if (expected > 0)
+      AERIE_LOG(info) << "prepare: " << expected << " single-sentence paragraph(s) skipped, as expected for text "
+                      << "input (the first sentence is the prompt, nothing is left to answer)"
+                      << (where_expected.empty() ? "" : "; e.g. " + where_expected);
+    if (st.skipped - expected > warned)
+      AERIE_LOG(warning) << "prepare: ... and " << st.skipped - expected - warned << " more skipped records";
   }
   AERIE_CHECK(st.samples > 0, "prepare: no usable sample in " << opt.input << " (" << st.records << " records, "
                                                               << st.skipped << " skipped; see the log)");
