@@ -63,7 +63,7 @@ int extract(const std::vector<std::string>& args) {
       "output", po::value<std::string>()->required(), "shard folder (shard-%05d.h5; created)")(
       "tp", po::value<int>()->default_value(1), "tensor-parallel ranks per target replica")(
       "samples-per-shard", po::value<int64_t>()->default_value(64), "prepared samples per shard (chunk size)")(
-      "batch-tokens", po::value<int64_t>()->default_value(8192),
+      "batch-tokens", po::value<int64_t>()->default_value(2048),
       "GPU: consecutive samples share one forward up to this many tokens (a longer sample goes alone); 0: "
       "one sample per forward")(
       "aux-layers", po::value<std::string>()->default_value(""),

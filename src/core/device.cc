@@ -116,8 +116,10 @@ void memcpy(void* dst, const void* src, size_t bytes) {
   cudaPointerAttributes a{}, b{};
   AERIE_CUDART(cudaPointerGetAttributes(&a, dst), "cudaPointerGetAttributes");
   AERIE_CUDART(cudaPointerGetAttributes(&b, src), "cudaPointerGetAttributes");
-  if (a.type != cudaMemoryTypeDevice || b.type != cudaMemoryTypeDevice)
-    AERIE_CUDART(cudaStreamSynchronize(s), "cudaStreamSynchronize after a host copy");
+  const bool to_device = a.type == cudaMemoryTypeDevice;
+  const bool pageable_source = b.type == cudaMemoryTypeUnregistered;
+  if (to_device && (b.type == cudaMemoryTypeDevice || pageable_source)) return;  // staged or device-side
+  AERIE_CUDART(cudaStreamSynchronize(s), "cudaStreamSynchronize after a host copy");
 }
 void memset_zero(void* p, size_t bytes) {
   if (!bytes) return;

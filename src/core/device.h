@@ -55,8 +55,12 @@ class StreamGuard {
 void* alloc(size_t bytes, Stream s);
 void free(void* p, Stream s);
 /// Copy of `bytes` between any two of host/device (unified addressing decides the direction), queued
-/// on the current stream; returns after the copy when either side is host memory (so pageable host
-/// buffers are safe to reuse), at once for device-to-device.
+/// on the current stream. Returns after the copy when the destination is host memory (the data is
+/// there) or either side is page-locked host memory; at once for device-to-device, and for pageable
+/// host to device, where cudaMemcpyAsync has staged the source before it returns (CUDA runtime API,
+/// "API synchronization behavior"), so the host buffer is free to reuse while the device still works
+/// on earlier kernels (the target's forward uploads its ids and positions this way without waiting
+/// for the previous forward).
 void memcpy(void* dst, const void* src, size_t bytes);
 void memset_zero(void* p, size_t bytes);
 /// Throws aerie::Error with `what` and the CUDA error string if the last kernel launch failed.

@@ -81,9 +81,11 @@ struct ExtractOptions {
   /// When set, run_extract gives consecutive samples of a chunk to forward_batch in groups of at most
   /// batch_tokens rows (a longer sample goes alone) instead of calling the per-sample forward, and splits
   /// the outputs back per sample (views of the batch's rows). The grouping depends only on the chunk's
-  /// samples, so shards stay reproducible.
+  /// samples, so shards stay reproducible. 2048 rows already fill an H200 (GEMMs of 2048 x 4096 x 4096
+  /// and more); larger groups were slower on one H200 for an 8B target (docs/performance.md: 33.0k
+  /// tokens/s at 8192 and 30.3k at 16384 against 34.7k for one 2048-token sample per forward).
   TargetForwardBatch forward_batch;
-  int64_t batch_tokens = 8192;
+  int64_t batch_tokens = 2048;
 };
 
 /// What run_extract did: totals over the world, the same on every rank, except chunks_this_group.

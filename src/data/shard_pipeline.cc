@@ -38,12 +38,15 @@ Tensor pinned_tensor(const std::shared_ptr<PinnedPool>& pool, const Shape& shape
   std::pair<void*, size_t> buf{nullptr, 0};
   {
     std::lock_guard<std::mutex> lk(pool->mu);
-    for (size_t i = 0; i < pool->free.size(); ++i) {
-      if (pool->free[i].second >= bytes) {
-        buf = pool->free[i];
-        pool->free.erase(pool->free.begin() + static_cast<std::ptrdiff_t>(i));
-        break;
-      }
+    // Best fit: the smallest free buffer that holds `bytes`, so that a small final-hidden-state copy
+    // does not take a large aux buffer and make the next aux copy allocate (cudaHostAlloc is slow).
+    size_t best = pool->free.size();
+    for (size_t i = 0; i < pool->free.size(); ++i)
+      if (pool->free[i].second >= bytes && (best == pool->free.size() || pool->free[i].second < pool->free[best].second))
+        best = i;
+    if (best < pool->free.size()) {
+      buf = pool->free[best];
+      pool->free.erase(pool->free.begin() + static_cast<std::ptrdiff_t>(best));
     }
   }
   if (!buf.first) {
