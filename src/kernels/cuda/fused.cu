@@ -92,6 +92,53 @@ __global__ void __launch_bounds__(kThreads) qkv_rope_kernel(CFloats qkv, const i
   }
 }
 
+// BF16 q/k/v rows without q/k norms, half a multiple of 8, 16-byte aligned buffers: one block per row
+// t. Every rotated head of the row has the same angles, so cos/sin of the half frequencies are computed
+// once per row into shared memory (sincosf, as above: the same bits as the warp kernel), then each
+// thread moves 8 + 8 elements (x_i..x_{i+7} and x_{i+half}..x_{i+half+7} of one head) with 16-byte
+// loads and stores.
+__global__ void __launch_bounds__(kThreads) qkv_rope_bf16_row_kernel(const __nv_bfloat16* qkv,
+                                                                     const int32_t* positions,
+                                                                     const __grid_constant__ InvFreq inv, int nq,
+                                                                     int nkv, int half, __nv_bfloat16* q,
+                                                                     __nv_bfloat16* k, __nv_bfloat16* v) {
+  __shared__ float s_cos[kMaxHalf], s_sin[kMaxHalf];
+  const int64_t t = blockIdx.x;
+  const float p = static_cast<float>(positions[t]);
+  for (int i = threadIdx.x; i < half; i += blockDim.x) sincosf(p * inv.v[i], &s_sin[i], &s_cos[i]);
+  __syncthreads();
+  const int heads = nq + 2 * nkv, groups = half / 8, d = 2 * half;
+  const __nv_bfloat16* row = qkv + t * heads * d;
+  for (int c = threadIdx.x; c < heads * groups; c += blockDim.x) {
+    const int h = c / groups, i0 = (c - h * groups) * 8;
+    const uint4 a4 = *reinterpret_cast<const uint4*>(row + h * d + i0);
+    const uint4 b4 = *reinterpret_cast<const uint4*>(row + h * d + half + i0);
+    __nv_bfloat16* dst = h < nq        ? q + (t * nq + h) * d
+                         : h < nq + nkv ? k + (t * nkv + (h - nq)) * d
+                                        : v + (t * nkv + (h - nq - nkv)) * d;
+    if (h >= nq + nkv) {  // a v head: copied
+      *reinterpret_cast<uint4*>(dst + i0) = a4;
+      *reinterpret_cast<uint4*>(dst + half + i0) = b4;
+      continue;
+    }
+    const __nv_bfloat162* a2 = reinterpret_cast<const __nv_bfloat162*>(&a4);
+    const __nv_bfloat162* b2 = reinterpret_cast<const __nv_bfloat162*>(&b4);
+    uint4 y4, z4;
+    __nv_bfloat162* y2 = reinterpret_cast<__nv_bfloat162*>(&y4);
+    __nv_bfloat162* z2 = reinterpret_cast<__nv_bfloat162*>(&z4);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float2 a = __bfloat1622float2(a2[e]), b = __bfloat1622float2(b2[e]);
+      const int i = i0 + 2 * e;
+      const float c0 = s_cos[i], s0 = s_sin[i], c1 = s_cos[i + 1], s1 = s_sin[i + 1];
+      y2[e] = __floats2bfloat162_rn(a.x * c0 - b.x * s0, a.y * c1 - b.y * s1);
+      z2[e] = __floats2bfloat162_rn(b.x * c0 + a.x * s0, b.y * c1 + a.y * s1);
+    }
+    *reinterpret_cast<uint4*>(dst + i0) = y4;
+    *reinterpret_cast<uint4*>(dst + half + i0) = z4;
+  }
+}
+
 // Any dtypes and sizes: one thread per output element.
 __global__ void swiglu_packed_kernel(CFloats gu, int64_t inter, int64_t total, Floats out) {
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -201,6 +248,17 @@ void qkv_rope_forward(const Tensor& qkv, const Tensor& positions, const std::vec
   std::copy(inv_freq.begin(), inv_freq.end(), inv.v);
   const bool norm = q_norm.defined();
   const CFloats none{nullptr, false};
+  const bool all_bf16 = qkv.dtype() == DType::BF16 && q.dtype() == DType::BF16 && k.dtype() == DType::BF16 &&
+                        v.dtype() == DType::BF16;
+  if (!norm && all_bf16 && half % 8 == 0 && aligned_to(qkv.raw(), 16) && aligned_to(q.raw(), 16) &&
+      aligned_to(k.raw(), 16) && aligned_to(v.raw(), 16)) {
+    qkv_rope_bf16_row_kernel<<<grid_x(n, "qkv_rope_forward"), kThreads, 0, stream()>>>(
+        static_cast<const __nv_bfloat16*>(qkv.raw()), positions.data<int32_t>(), inv, static_cast<int>(nq),
+        static_cast<int>(nkv), static_cast<int>(half), static_cast<__nv_bfloat16*>(q.raw()),
+        static_cast<__nv_bfloat16*>(k.raw()), static_cast<__nv_bfloat16*>(v.raw()));
+    AERIE_CUDA_LAUNCHED("qkv_rope_bf16_row_kernel");
+    return;
+  }
   const int64_t items = n * (nq + 2 * nkv);
   const unsigned blocks = grid_x((items + kWarpsPerBlock - 1) / kWarpsPerBlock, "qkv_rope_forward");
   auto launch = [&](auto kernel) {
