@@ -12,14 +12,14 @@
 # Usage: tools/bench/bench_extract.sh [BUILD_DIR] (default build; needs BUILD_DIR/aerie and the
 # stories260K tokenizer the build makes in BUILD_DIR/models/stories260K, whose 512-token vocabulary is
 # only used to validate the random ids: speed does not depend on the ids).
-# Environment: SAMPLES (64), SEQ (2048), LAYERS (32), SAMPLES_PER_SHARD (16), HF_BATCH (16),
+# Environment: SAMPLES (128), SEQ (2048), LAYERS (32), SAMPLES_PER_SHARD (16), HF_BATCH (16),
 #   PEAK_TFLOPS (989, the dense bf16 peak of an H100/H200 SXM), WORK (a scratch folder), SKIP_HF (1 to
 #   skip the transformers run), NP (ranks, 1), TP (1), EXTRACT_ARGS (more `aerie extract` options, e.g.
 #   "--batch-tokens 0" for one sample per forward).
 set -euo pipefail
 
 BUILD=${1:-build}
-SAMPLES=${SAMPLES:-64}
+SAMPLES=${SAMPLES:-128}
 SEQ=${SEQ:-2048}
 LAYERS=${LAYERS:-32}
 SAMPLES_PER_SHARD=${SAMPLES_PER_SHARD:-16}
