@@ -74,6 +74,8 @@ int extract(const std::vector<std::string>& args) {
   add_target_device_options(desc);
   po::variables_map vm;
   if (!parse_options("extract", args, desc, vm)) return 0;
+  const int64_t batch_tokens = vm["batch-tokens"].as<int64_t>();  // checked before the model loads
+  AERIE_CHECK(batch_tokens >= 0, "extract: --batch-tokens " << batch_tokens << " is negative (0: one sample per forward)");
 
   ParallelGroups groups = ParallelGroups::create(vm["tp"].as<int>());
   TargetDevice target = resolve_target_device(vm, groups, "extract");
@@ -90,8 +92,7 @@ int extract(const std::vector<std::string>& args) {
   opt.prepared = vm["prepared"].as<std::string>();
   opt.output = vm["output"].as<std::string>();
   opt.samples_per_shard = vm["samples-per-shard"].as<int64_t>();
-  opt.batch_tokens = vm["batch-tokens"].as<int64_t>();
-  AERIE_CHECK(opt.batch_tokens >= 0, "extract: --batch-tokens " << opt.batch_tokens << " is negative");
+  opt.batch_tokens = batch_tokens;
   opt.meta.target_model = model_dir;
   opt.meta.aux_layers = parse_aux_layers(vm["aux-layers"].as<std::string>(), cfg.num_hidden_layers);
   opt.meta.hidden_size = cfg.hidden_size;

@@ -12,3 +12,9 @@ set_tests_properties(cli_missing_config PROPERTIES ENVIRONMENT "${_aerie_cli_env
 add_test(NAME cli_unknown_subcommand COMMAND $<TARGET_FILE:aerie> trian)
 set_tests_properties(cli_unknown_subcommand PROPERTIES ENVIRONMENT "${_aerie_cli_env}"
   PASS_REGULAR_EXPRESSION "unknown subcommand 'trian'.*extract")
+# A bad option value is reported before the target model is loaded (the model directory does not exist).
+add_test(NAME cli_extract_bad_batch_tokens
+         COMMAND $<TARGET_FILE:aerie> extract --model /nonexistent --prepared /nonexistent/p.h5 --output /nonexistent/o
+                 --batch-tokens -3)
+set_tests_properties(cli_extract_bad_batch_tokens PROPERTIES ENVIRONMENT "${_aerie_cli_env}"
+  PASS_REGULAR_EXPRESSION "--batch-tokens -3 is negative")
