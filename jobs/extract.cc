@@ -74,8 +74,15 @@ int extract(const std::vector<std::string>& args) {
   add_target_device_options(desc);
   po::variables_map vm;
   if (!parse_options("extract", args, desc, vm)) return 0;
-  const int64_t batch_tokens = vm["batch-tokens"].as<int64_t>();  // checked before the model loads
+  // Bad input is reported before the target loads (minutes for a large checkpoint).
+  const int64_t batch_tokens = vm["batch-tokens"].as<int64_t>();
   AERIE_CHECK(batch_tokens >= 0, "extract: --batch-tokens " << batch_tokens << " is negative (0: one sample per forward)");
+  ExtractOptions opt;
+  opt.prepared = vm["prepared"].as<std::string>();
+  opt.output = vm["output"].as<std::string>();
+  opt.samples_per_shard = vm["samples-per-shard"].as<int64_t>();
+  opt.batch_tokens = batch_tokens;
+  check_extract_inputs(opt);
 
   ParallelGroups groups = ParallelGroups::create(vm["tp"].as<int>());
   TargetDevice target = resolve_target_device(vm, groups, "extract");
@@ -83,18 +90,15 @@ int extract(const std::vector<std::string>& args) {
   Communicator& model_tp = *target.tp;
   const std::string model_dir = vm["model"].as<std::string>();
   const int64_t random_seed = vm["random-weights"].as<int64_t>();
+  // config.json alone first: a bad --aux-layers is reported before the weights load.
+  opt.meta.aux_layers =
+      parse_aux_layers(vm["aux-layers"].as<std::string>(), load_llama_config(model_dir).num_hidden_layers);
   LlamaModel model = random_seed >= 0
                          ? LlamaModel::random(load_llama_config(model_dir), model_tp, mopt, static_cast<uint64_t>(random_seed))
                          : LlamaModel(model_dir, model_tp, mopt);
   const LlamaConfig& cfg = model.config();
 
-  ExtractOptions opt;
-  opt.prepared = vm["prepared"].as<std::string>();
-  opt.output = vm["output"].as<std::string>();
-  opt.samples_per_shard = vm["samples-per-shard"].as<int64_t>();
-  opt.batch_tokens = batch_tokens;
   opt.meta.target_model = model_dir;
-  opt.meta.aux_layers = parse_aux_layers(vm["aux-layers"].as<std::string>(), cfg.num_hidden_layers);
   opt.meta.hidden_size = cfg.hidden_size;
   opt.meta.num_hidden_layers = cfg.num_hidden_layers;
   if (groups.map.world_rank == 0) {
@@ -105,6 +109,15 @@ int extract(const std::vector<std::string>& args) {
   }
 
   const std::vector<int> aux_layers = opt.meta.aux_layers;
+  if (groups.map.world_rank == 0 && (aux_layers[0] == aux_layers[1] || aux_layers[1] == aux_layers[2])) {
+    AERIE_LOG(warning) << "extract: aux layers " << aux_layers[0] << "," << aux_layers[1] << "," << aux_layers[2]
+                       << " name one layer more than once"
+                       << (vm["aux-layers"].as<std::string>().empty()
+                               ? " (the default 2, N/2, N-3 of a " + std::to_string(cfg.num_hidden_layers) +
+                                     "-layer target)"
+                               : std::string())
+                       << ": the draft gets the same hidden state twice; --aux-layers picks distinct ones";
+  }
   TargetForward forward = [&](const std::vector<int32_t>& ids, Tensor& aux, Tensor& fin) {
     TargetOutput out = model.forward(ids, nullptr, aux_layers, false);
     aux = out.aux_hidden;

@@ -23,15 +23,16 @@ subcommands() {
           {"train", {train, "train the EAGLE-3 draft with training-time test"}},
           {"export", {export_draft, "write the draft as a directory vLLM and SGLang load"}},
           {"eval", {eval, "acceptance length: teacher-forced and real speculative decoding"}},
-          {"generate", {generate, "greedy generation with the target (no draft)"}},
+          {"generate", {generate, "target generation (greedy or sampled): regenerate a conversation set"}},
           {"tokenize", {tokenize, "text on stdin -> token ids (and byte offsets) of a tokenizer.json"}},
       };
   return m;
 }
 
-void usage() {
-  std::cerr << "usage: mpirun -np N aerie <subcommand> [options]   (aerie <subcommand> --help)\n\nsubcommands:\n";
-  for (auto& [name, v] : subcommands()) std::cerr << "  " << name << std::string(10 - name.size(), ' ') << v.second << "\n";
+/// The subcommand list: to stdout for --help, to stderr after a usage error.
+void usage(std::ostream& os) {
+  os << "usage: mpirun -np N aerie <subcommand> [options]   (aerie <subcommand> --help)\n\nsubcommands:\n";
+  for (auto& [name, v] : subcommands()) os << "  " << name << std::string(10 - name.size(), ' ') << v.second << "\n";
 }
 
 }  // namespace
@@ -42,7 +43,7 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
-    if (rank == 0) usage();
+    if (rank == 0) usage(args.empty() ? std::cerr : std::cout);
     MPI_Finalize();
     return args.empty() ? 2 : 0;
   }
@@ -50,7 +51,7 @@ int main(int argc, char** argv) {
   if (it == subcommands().end()) {
     if (rank == 0) {
       std::cerr << "aerie: unknown subcommand '" << args[0] << "'\n";
-      usage();
+      usage(std::cerr);
     }
     MPI_Finalize();
     return 2;

@@ -44,7 +44,7 @@ int train(const std::vector<std::string>& args) {
       "eval-fraction", po::value<double>(&o.eval_fraction)->default_value(0.05, "0.05"),
       "fraction of the samples (the last ones) held out for eval")(
       "device", po::value<std::string>(&o.device)->default_value("auto"),
-      "cpu, cuda (one GPU per rank: local rank % GPUs) or auto (cuda when a GPU is usable)")(
+      "auto (cuda when every rank of the node has a GPU), cpu or cuda (one GPU per rank: local rank % GPUs)")(
       "precision", po::value<std::string>(&o.precision)->default_value("auto"),
       "auto (bf16 on cuda, f32 on cpu), bf16 (fp32 master weights, bf16 GEMM inputs) or f32");
   po::variables_map vm;

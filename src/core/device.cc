@@ -55,8 +55,9 @@ std::string unavailable_reason() {
     cudaGetLastError();
     // Without a GPU the runtime reports an old driver or no device: say what it means for the user.
     if (e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice)
-      return std::string("no NVIDIA GPU or driver found on this machine (CUDA runtime: ") + cudaGetErrorString(e) +
-             "); use --device cpu or auto";
+      return std::string("no NVIDIA GPU or driver found on this machine; use --device cpu or auto (the CUDA "
+                         "runtime reports: ") +
+             cudaGetErrorString(e) + ")";
     return std::string("no CUDA device: ") + cudaGetErrorString(e);
   }
   return n > 0 ? "" : "no CUDA device visible";

@@ -88,9 +88,16 @@ void check_existing_shard(const std::string& path, int64_t c, int64_t num_sample
 
 }  // namespace
 
+void check_extract_inputs(const ExtractOptions& opt) {
+  AERIE_CHECK(opt.samples_per_shard > 0, "extract: --samples-per-shard must be > 0, got " << opt.samples_per_shard);
+  AERIE_CHECK(!fs::exists(opt.output) || fs::is_directory(opt.output),
+              "extract: --output " << opt.output << " exists and is not a folder");
+  PreparedFile prepared(opt.prepared);  // throws naming the file when it is missing or not a prepared file
+}
+
 ExtractStats run_extract(const ExtractOptions& opt, ParallelGroups& groups, const TargetForward& forward) {
   const double t0 = now_s();
-  AERIE_CHECK(opt.samples_per_shard > 0, "extract: --samples-per-shard must be > 0, got " << opt.samples_per_shard);
+  check_extract_inputs(opt);
   MpiCommunicator& world = *groups.world;
   MpiCommunicator& tp = *groups.tp;
   const bool leader = tp.rank() == 0;

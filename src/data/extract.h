@@ -99,6 +99,11 @@ struct ExtractStats {
   bool stopped = false;             // stop_requested was true on some rank (the same on every rank)
 };
 
+/// The checks of run_extract that need no model: samples_per_shard > 0, the prepared file opens as an
+/// aerie prepared file, and the output path is a folder or does not exist yet. Jobs call it before
+/// loading the target (minutes for a large checkpoint). Throws aerie::Error naming the option or file.
+void check_extract_inputs(const ExtractOptions& options);
+
 /// Extracts every missing shard (or stops early, see ExtractOptions::stop_requested). Collective over groups.world (all ranks call it with the same options);
 /// `forward` is collective over groups.tp. Throws aerie::Error on unreadable input, a shard of another run
 /// in the output folder, or I/O failure (the caller aborts the job: peers may be waiting).

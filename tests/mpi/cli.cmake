@@ -18,3 +18,8 @@ add_test(NAME cli_extract_bad_batch_tokens
                  --batch-tokens -3)
 set_tests_properties(cli_extract_bad_batch_tokens PROPERTIES ENVIRONMENT "${_aerie_cli_env}"
   PASS_REGULAR_EXPRESSION "--batch-tokens -3 is negative")
+# A missing prepared file is named before the target model is read (the model directory does not exist).
+add_test(NAME cli_extract_missing_prepared
+         COMMAND $<TARGET_FILE:aerie> extract --model /nonexistent --prepared /nonexistent/p.h5 --output /nonexistent/o)
+set_tests_properties(cli_extract_missing_prepared PROPERTIES ENVIRONMENT "${_aerie_cli_env}"
+  PASS_REGULAR_EXPRESSION "prepared file /nonexistent/p.h5: no such file")

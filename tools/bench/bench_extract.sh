@@ -18,6 +18,10 @@
 #   "--batch-tokens 0" for one sample per forward).
 set -euo pipefail
 
+case "${1:-}" in -h | --help)
+  sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+  exit 0 ;;
+esac
 BUILD=${1:-build}
 SAMPLES=${SAMPLES:-128}
 SEQ=${SEQ:-2048}
@@ -27,7 +31,6 @@ HF_BATCH=${HF_BATCH:-16}
 PEAK_TFLOPS=${PEAK_TFLOPS:-989}
 NP=${NP:-1}
 TP=${TP:-1}
-WORK=${WORK:-$(mktemp -d /tmp/aerie-bench-extract.XXXXXX)}
 TOKENIZER=${TOKENIZER:-$BUILD/models/stories260K}
 AERIE=$BUILD/aerie
 BENCH_TAG=bench_extract
@@ -36,7 +39,11 @@ source "$(dirname "$0")/common.sh"
 bench_mpi_env
 
 [ -x "$AERIE" ] || { echo "bench_extract: no $AERIE (build aerie first)" >&2; exit 2; }
-[ -f "$TOKENIZER/tokenizer.json" ] || { echo "bench_extract: no $TOKENIZER/tokenizer.json" >&2; exit 2; }
+[ -f "$TOKENIZER/tokenizer.json" ] || {
+  echo "bench_extract: no $TOKENIZER/tokenizer.json (make -C $BUILD stories260K_model, or set TOKENIZER)" >&2
+  exit 2
+}
+WORK=${WORK:-$(mktemp -d /tmp/aerie-bench-extract.XXXXXX)}
 mkdir -p "$WORK/model"
 
 # The target's config (Llama-3.1-8B: meta-llama/Llama-3.1-8B config.json's shape fields).

@@ -340,5 +340,9 @@ EOF
 
 T_START=$(now)
 for p in $PHASES; do "phase_$p"; done
-echo "$BENCH_TAG: phases '$PHASES' took $(elapsed "$T_START" "$(now)") s; files in $WORK" >&2
+if [ "$PRINT_ONLY" = 1 ]; then
+  echo "$BENCH_TAG: dry run: nothing ran, $WORK was not created" >&2
+else
+  echo "$BENCH_TAG: phases '$PHASES' took $(elapsed "$T_START" "$(now)") s; files in $WORK" >&2
+fi
 exit "$STATUS"
