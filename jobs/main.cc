@@ -72,6 +72,12 @@ int main(int argc, char** argv) {
     // Log, then abort the whole job so that no peer waits forever in a collective.
     AERIE_LOG(error) << "aerie " << args[0] << " failed: " << e.what();
     std::cerr.flush();
+    int size = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (size == 1) {  // no peer to release: a normal exit (MPI_Abort of a lone process adds Open MPI noise)
+      MPI_Finalize();
+      return 1;
+    }
     MPI_Abort(MPI_COMM_WORLD, 1);
     return 1;
   }
