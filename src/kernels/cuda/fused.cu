@@ -1,9 +1,12 @@
 // CUDA fused forward ops, the math of cpu/fused.cc in fp32 (contract in kernels/fused.h):
-//  - qkv_rope: x = a head vector of the packed q/k/v row; optional RMSNorm over the head (block sum of
+//  - qkv_rope: x = a head vector of the packed q/k/v row; optional RMSNorm over the head (warp sum of
 //    squares), then y_i = x_i c - x_{i+d/2} s, y_{i+d/2} = x_{i+d/2} c + x_i s (q and k heads), v copied.
 //    sincosf is the accurate version (no fast math; the same results as cosf/sinf in cuda/rope.cu).
 //  - swiglu_packed: out = (g sigmoid(g)) u with g, u the two halves of a packed row (accurate expf).
 //  - add_rmsnorm: r += x, y = w (r rs), rs = 1 / sqrt(mean(r^2) + eps), as cuda/norm.cu.
+// Each op has a general kernel (any dtypes and sizes) and a 16-byte-vector kernel for the common case
+// (BF16 activations, sizes a multiple of 4 or 8, aligned buffers), chosen at launch; both compute the same
+// fp32 values and round once at the store.
 #include <algorithm>
 
 #include "kernels/cuda/float_io.cuh"
