@@ -16,10 +16,101 @@
 // --untrained: the same figures for the draft training started from (init_draft_weights, --seed).
 // Teacher-forced metrics: on --data-split's held-out samples (RUN_DIR/data_split.json), or on all samples
 // of --shards, or (neither given) on the target's greedy continuations of the prompts.
+#include <filesystem>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "data/chat_templates.h"
+#include "data/shard.h"
 #include "jobs/jobs.h"
+#include "train/checkpoint.h"
+#include "train/data_order.h"
 #include "train/eval.h"
 
 namespace aerie::jobs {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+/// A bad option value: the same on every rank, exit status 2 (no MPI_Abort).
+#define EVAL_REQUIRE(cond, msg)                                                  \
+  do {                                                                           \
+    if (!(cond)) {                                                               \
+      std::ostringstream os_;                                                    \
+      os_ << "aerie eval: " << msg;                                              \
+      throw UsageError(os_.str());                                               \
+    }                                                                            \
+  } while (0)
+
+/// The checks that need no model, before run_eval loads the target (minutes for a large checkpoint) and
+/// decodes every prompt: option values (UsageError, exit 2), then the files (aerie::Error naming the
+/// option and path): --prompts readable with a prompt, --draft an export or a checkpoint, --chat-template
+/// found, --data-split a file, --shards a folder with shards, --output not a folder.
+void check_eval_inputs(const EvalOptions& o) {
+  EVAL_REQUIRE(o.num_prompts >= 0, "--num-prompts " << o.num_prompts << " is negative (0: all)");
+  EVAL_REQUIRE(o.max_new_tokens >= 1, "--max-new-tokens must be >= 1, got " << o.max_new_tokens);
+  EVAL_REQUIRE(o.max_prompt_tokens >= 0, "--max-prompt-tokens " << o.max_prompt_tokens << " is negative (0: whole)");
+  EVAL_REQUIRE(o.num_draft_tokens >= 1, "--num-draft-tokens must be >= 1, got " << o.num_draft_tokens);
+  EVAL_REQUIRE(o.num_eval_samples >= 0, "--num-eval-samples " << o.num_eval_samples << " is negative (0: all)");
+  EVAL_REQUIRE(o.ttt_steps >= 1, "--ttt-steps must be >= 1, got " << o.ttt_steps);
+  EVAL_REQUIRE(o.tp >= 1, "--tp must be >= 1, got " << o.tp);
+  EVAL_REQUIRE(o.device == "auto" || o.device == "cpu" || o.device == "cuda",
+               "--device '" << o.device << "' is not auto, cpu or cuda");
+  EVAL_REQUIRE(o.dtype == "auto" || o.dtype == "f32" || o.dtype == "bf16",
+               "--dtype '" << o.dtype << "' is not auto, f32 or bf16");
+  AERIE_CHECK(fs::is_regular_file(o.prompts_path),
+              "eval: --prompts " << o.prompts_path << (fs::exists(o.prompts_path) ? " is not a file" : ": no such file"));
+  try {
+    read_prompts(o.prompts_path, o.num_prompts);  // names the line of a bad JSONL line, or no prompt at all
+  } catch (const Error& e) {
+    AERIE_THROW("eval: --prompts " << o.prompts_path << ": " << e.what());
+  }
+  AERIE_CHECK(fs::exists(o.draft_path), "eval: --draft " << o.draft_path << ": no such file or folder");
+  const bool is_export = fs::exists(fs::path(o.draft_path) / "model.safetensors") &&
+                         fs::exists(fs::path(o.draft_path) / "config.json");
+  if (!is_export) {
+    try {
+      resolve_checkpoint(o.draft_path);
+    } catch (const Error& e) {
+      AERIE_THROW("eval: --draft " << o.draft_path << " is neither an export folder (config.json and "
+                                   << "model.safetensors of aerie export) nor a complete checkpoint or run folder of "
+                                   << "aerie train");
+    }
+  }
+  if (o.chat_template != "plain") {
+    try {
+      find_chat_template(o.chat_template);
+    } catch (const Error& e) {
+      AERIE_THROW("eval: --chat-template " << o.chat_template << ": " << e.what());
+    }
+  }
+  if (!o.data_split_path.empty()) {
+    AERIE_CHECK(fs::is_regular_file(o.data_split_path),
+                "eval: --data-split " << o.data_split_path
+                                      << (fs::exists(o.data_split_path) ? " is not a file" : ": no such file")
+                                      << " (RUN_DIR/data_split.json of aerie train)");
+    try {  // small: the held-out sample ids and the shard names
+      DataSplit::from_json(nlohmann::json::parse(read_file(o.data_split_path)));
+    } catch (const std::exception& e) {
+      AERIE_THROW("eval: --data-split " << o.data_split_path << " is not a data_split.json of aerie train: "
+                                        << e.what());
+    }
+  } else if (!o.shards_dir.empty())
+    AERIE_CHECK(fs::is_directory(o.shards_dir) && !list_shards(o.shards_dir).empty(),
+                "eval: --shards " << o.shards_dir
+                                  << (fs::is_directory(o.shards_dir) ? " holds no shard-*.h5 files" : ": no such folder")
+                                  << " (the --output folder of aerie extract)");
+  AERIE_CHECK(!fs::is_directory(o.output_path),
+              "eval: --output " << o.output_path << " is a folder (a .json file is written)");
+  const fs::path parent = fs::path(o.output_path).parent_path();
+  AERIE_CHECK(parent.empty() || fs::is_directory(parent),
+              "eval: --output " << o.output_path << ": the folder " << parent.string() << " does not exist");
+}
+
+}  // namespace
 
 int eval(const std::vector<std::string>& args) {
   EvalOptions o;
@@ -55,6 +146,7 @@ int eval(const std::vector<std::string>& args) {
       "output", po::value<std::string>(&o.output_path)->default_value("eval.json"), "eval.json path");
   po::variables_map vm;
   if (!parse_options("eval", args, desc, vm)) return 0;
+  check_eval_inputs(o);
   run_eval(o);
   return 0;
 }

@@ -3,6 +3,8 @@
 //   aerie export --checkpoint RUN_DIR[/checkpoints/step-X] --model TARGET_DIR --output EXPORT_DIR
 //
 // A run folder means its newest complete checkpoint. Rank 0 writes; the other ranks wait.
+#include <filesystem>
+
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -23,10 +25,24 @@ int export_draft(const std::vector<std::string>& args) {
   if (!parse_options("export", args, desc, vm)) return 0;
   auto world = MpiCommunicator::world();
   if (world->rank() == 0) {
-    const std::string dir = resolve_checkpoint(vm["checkpoint"].as<std::string>());
-    Checkpoint ck = load_checkpoint(dir);
+    // The cheap checks first (the output path, the checkpoint folder, config.json), then the weights.
+    const std::string out = vm["output"].as<std::string>(), given = vm["checkpoint"].as<std::string>();
+    AERIE_CHECK(!std::filesystem::exists(out) || std::filesystem::is_directory(out),
+                "export: --output " << out << " exists and is not a folder");
+    AERIE_CHECK(std::filesystem::exists(given), "export: --checkpoint " << given << ": no such folder");
+    std::string dir;
+    try {
+      dir = resolve_checkpoint(given);
+    } catch (const Error& e) {
+      const bool is_export = std::filesystem::exists(std::filesystem::path(given) / "model.safetensors");
+      AERIE_THROW("export: --checkpoint " << given
+                                          << (is_export ? " holds model.safetensors (an export, not a checkpoint): it is"
+                                                        : " is")
+                                          << " neither a complete checkpoint folder (step-X with DONE) "
+                                          << "nor a run folder of aerie train with one under checkpoints/");
+    }
     const LlamaConfig target = load_llama_config(vm["model"].as<std::string>());
-    const std::string out = vm["output"].as<std::string>();
+    Checkpoint ck = load_checkpoint(dir);
     write_export(out, ck.config, ck.weights, ck.vocab, target);
     AERIE_LOG(info) << "export: " << dir << " (step " << ck.state.step << ") -> " << out;
   }

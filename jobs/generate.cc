@@ -18,10 +18,12 @@
 // batch size). --device / --dtype as for extract (jobs/target_device.h): on CUDA one GPU per rank, tp
 // over NCCL.
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -152,6 +154,48 @@ int regenerate(const po::variables_map& vm, ParallelGroups& groups, LlamaModel& 
   return 0;
 }
 
+/// A bad option value: the same on every rank, exit status 2 (no MPI_Abort).
+#define GENERATE_REQUIRE(cond, msg)                                              \
+  do {                                                                           \
+    if (!(cond)) {                                                               \
+      std::ostringstream os_;                                                    \
+      os_ << "aerie generate: " << msg;                                          \
+      throw UsageError(os_.str());                                               \
+    }                                                                            \
+  } while (0)
+
+/// The checks of the regeneration mode that need no model, before the target loads (minutes for a large
+/// checkpoint): option values (UsageError, exit 2), the --input file, an --output that is not a folder, and
+/// the --template file (aerie::Error naming the option and path).
+void check_regenerate_inputs(const po::variables_map& vm) {
+  namespace fs = std::filesystem;
+  GENERATE_REQUIRE(vm.count("output"), "--input needs --output (a JSONL file)");
+  const int64_t batch_size = vm["batch-size"].as<int64_t>();
+  GENERATE_REQUIRE(batch_size >= 1, "--batch-size must be >= 1, got " << batch_size);
+  const int64_t per_chunk = vm["conversations-per-chunk"].as<int64_t>();
+  GENERATE_REQUIRE(per_chunk >= 1, "--conversations-per-chunk must be >= 1, got " << per_chunk);
+  const int64_t max_length = vm["max-length"].as<int64_t>();
+  GENERATE_REQUIRE(max_length >= 0, "--max-length " << max_length << " is negative (0: the model's maximum)");
+  const int64_t max_conv = vm["max-conversations"].as<int64_t>();
+  GENERATE_REQUIRE(max_conv >= -1, "--max-conversations " << max_conv << " is negative (-1: all)");
+  const std::string format = vm["format"].as<std::string>();
+  GENERATE_REQUIRE(format == "auto" || format == "sharegpt" || format == "openai",
+                   "--format '" << format << "' is not auto, sharegpt or openai");
+  const std::string input = vm["input"].as<std::string>(), output = vm["output"].as<std::string>();
+  AERIE_CHECK(fs::is_regular_file(input),
+              "aerie generate: --input " << input << (fs::exists(input) ? " is not a file" : ": no such file"));
+  AERIE_CHECK(!fs::is_directory(output),
+              "aerie generate: --output " << output << " is a folder (a JSONL file is written)");
+  const std::string template_name = vm["template"].as<std::string>();
+  if (template_name != "plain") {
+    try {
+      find_chat_template(template_name);
+    } catch (const Error& e) {
+      AERIE_THROW("aerie generate: --template " << template_name << ": " << e.what());
+    }
+  }
+}
+
 }  // namespace
 
 int generate(const std::vector<std::string>& args) {
@@ -193,15 +237,24 @@ int generate(const std::vector<std::string>& args) {
   const int64_t max_new = vm.count("max-new-tokens") ? vm["max-new-tokens"].as<int64_t>() : vm["max-new"].as<int64_t>();
   AERIE_CHECK(max_new >= 0, "aerie generate: --max-new must be >= 0, got " << max_new);
   SamplingParams sp{vm["temperature"].as<double>(), vm["top-p"].as<double>()};
+  GENERATE_REQUIRE(std::isfinite(sp.temperature) && sp.temperature >= 0,
+                   "--temperature must be >= 0 (0: greedy), got " << sp.temperature);
+  GENERATE_REQUIRE(sp.top_p > 0 && sp.top_p <= 1, "--top-p must lie in (0, 1], got " << sp.top_p);
   check_sampling_params(sp);
+  if (vm.count("input")) check_regenerate_inputs(vm);
 
   ParallelGroups groups = ParallelGroups::create(vm["tp"].as<int>());
   TargetDevice target = resolve_target_device(vm, groups, "generate");
-  LlamaModel model(dir, *target.tp, target.options);
+  // config.json and the tokenizer first: a bad --stop-token is reported before the weights load.
   auto tok = Tokenizer::load(dir);
-  const LlamaConfig& cfg = model.config();
-  int32_t bos = tok->bos_id() >= 0 ? tok->bos_id() : static_cast<int32_t>(cfg.bos_token_id);
-  const std::vector<int32_t> stop = stop_ids(vm, dir, cfg, *tok, bos);
+  std::vector<int32_t> stop;
+  int32_t bos = -1;
+  {
+    const LlamaConfig cfg = load_llama_config(dir);
+    bos = tok->bos_id() >= 0 ? tok->bos_id() : static_cast<int32_t>(cfg.bos_token_id);
+    stop = stop_ids(vm, dir, cfg, *tok, bos);
+  }
+  LlamaModel model(dir, *target.tp, target.options);
   if (vm.count("input")) {
     const int rc = regenerate(vm, groups, model, *tok, dir, stop, sp, max_new);
     if (model.device() == Device::CUDA) log_gpu_memory("generate", groups.map.world_rank);

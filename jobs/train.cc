@@ -11,14 +11,79 @@
 // --device cuda (the default `auto` when a GPU is usable) trains on the GPU of each rank (local rank %
 // GPUs): weights, AdamW moments, activations and the TTT forward/backward there, gradients summed over
 // NCCL; checkpoints are the same files as on the CPU (a run may resume on the other device).
+#include <cmath>
+#include <filesystem>
+#include <sstream>
+
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/stop_signals.h"
 #include "jobs/jobs.h"
+#include "data/shard.h"
+#include "data/vocab.h"
+#include "train/checkpoint.h"
 #include "train/trainer.h"
 
 namespace aerie::jobs {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+/// A bad option value: the same on every rank, exit status 2 (no MPI_Abort).
+#define TRAIN_REQUIRE(cond, msg)                                                 \
+  do {                                                                           \
+    if (!(cond)) {                                                               \
+      std::ostringstream os_;                                                    \
+      os_ << "aerie train: " << msg;                                             \
+      throw UsageError(os_.str());                                               \
+    }                                                                            \
+  } while (0)
+
+/// The checks that need neither the target nor the shards' contents, so that a bad command line is
+/// reported before run_training reads the target's embedding (GiBs for a large model) and every shard.
+/// Option values: UsageError (exit 2); missing or wrong files: aerie::Error naming the option and path.
+void check_train_inputs(const TrainOptions& o) {
+  TRAIN_REQUIRE(o.steps >= 0, "--steps " << o.steps << " is negative (0: --epochs)");
+  TRAIN_REQUIRE(o.epochs >= 0, "--epochs " << o.epochs << " is negative");
+  TRAIN_REQUIRE(o.batch_size >= 1, "--batch-size must be >= 1, got " << o.batch_size);
+  TRAIN_REQUIRE(std::isfinite(o.lr) && o.lr >= 0, "--lr must be >= 0, got " << o.lr);
+  TRAIN_REQUIRE(o.warmup_ratio >= 0 && o.warmup_ratio <= 1,
+          "--warmup-ratio must lie in [0, 1], got " << o.warmup_ratio);
+  TRAIN_REQUIRE(o.max_grad_norm >= 0, "--max-grad-norm must be >= 0 (0: off), got " << o.max_grad_norm);
+  TRAIN_REQUIRE(o.ttt_steps >= 1, "--ttt-steps must be >= 1, got " << o.ttt_steps);
+  TRAIN_REQUIRE(o.checkpoint_every >= 0, "--checkpoint-every " << o.checkpoint_every <<
+                                       " is negative (0: only at the end)");
+  TRAIN_REQUIRE(o.keep_checkpoints >= 0, "--keep-checkpoints " << o.keep_checkpoints << " is negative (0: all)");
+  TRAIN_REQUIRE(o.log_every >= 1, "--log-every must be >= 1, got " << o.log_every);
+  TRAIN_REQUIRE(o.eval_fraction >= 0 && o.eval_fraction < 1,
+          "--eval-fraction must lie in [0, 1), got " << o.eval_fraction);
+  TRAIN_REQUIRE(o.device == "auto" || o.device == "cpu" || o.device == "cuda",
+          "--device '" << o.device << "' is not auto, cpu or cuda");
+  TRAIN_REQUIRE(o.precision == "auto" || o.precision == "bf16" || o.precision == "f32",
+          "--precision '" << o.precision << "' is not auto, bf16 or f32");
+  AERIE_CHECK(fs::is_directory(o.shards_dir), "train: --shards " << o.shards_dir
+                                                  << (fs::exists(o.shards_dir) ? " is not a folder" : ": no such folder")
+                                                  << " (the --output folder of aerie extract)");
+  AERIE_CHECK(!list_shards(o.shards_dir).empty(),
+              "train: --shards " << o.shards_dir << " holds no shard-*.h5 files (the --output folder of aerie extract)");
+  AERIE_CHECK(!fs::exists(o.output_dir) || fs::is_directory(o.output_dir),
+              "train: --output " << o.output_dir << " exists and is not a folder");
+  if (!latest_checkpoint(o.output_dir)) {  // a fresh run (a resume keeps the checkpoint's vocabulary)
+    AERIE_CHECK(!o.vocab_path.empty(), "train: --vocab is required for a fresh run (no checkpoint in --output "
+                                           << o.output_dir << "): the draft_vocab.safetensors of aerie vocab");
+    AERIE_CHECK(fs::is_regular_file(o.vocab_path),
+                "train: --vocab " << o.vocab_path << (fs::exists(o.vocab_path) ? " is not a file" : ": no such file"));
+    try {
+      load_draft_vocab(o.vocab_path);  // small: d2t [K] and t2d [V]
+    } catch (const Error& e) {
+      AERIE_THROW("train: --vocab " << o.vocab_path << " is not a draft vocabulary of aerie vocab: " << e.what());
+    }
+  }
+}
+
+}  // namespace
 
 int train(const std::vector<std::string>& args) {
   po::options_description desc("aerie train: train the EAGLE-3 draft with training-time test");
@@ -49,8 +114,7 @@ int train(const std::vector<std::string>& args) {
       "auto (bf16 on cuda, f32 on cpu), bf16 (fp32 master weights, bf16 GEMM inputs) or f32");
   po::variables_map vm;
   if (!parse_options("train", args, desc, vm)) return 0;
-  AERIE_CHECK(o.steps >= 0 && o.epochs >= 0, "aerie train: --steps and --epochs must be >= 0");
-  AERIE_CHECK(o.checkpoint_every >= 0, "aerie train: --checkpoint-every must be >= 0");
+  check_train_inputs(o);
   auto world = MpiCommunicator::world();
   const TrainResult r = run_training(o, *world);
   if (r.stop_signal != 0) return kPreemptedExitCode;  // stopped early, checkpoint written (logged): not a completed run

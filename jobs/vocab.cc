@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "data/extract.h"
 #include "data/vocab.h"
 #include "io/h5.h"
 #include "jobs/jobs.h"
@@ -31,10 +32,29 @@ int vocab(const std::vector<std::string>& args) {
       "force", po::bool_switch(), "overwrite an existing output (the mapping belongs to the draft trained with it)");
   po::variables_map vm;
   if (!parse_options("vocab", args, desc, vm)) return 0;
+  // Option values first, on every rank (exit 2, no abort), before the prepared file is counted.
+  const int64_t K_asked = vm["draft-vocab-size"].as<int64_t>();
+  if (K_asked < 1) throw UsageError("aerie vocab: --draft-vocab-size must be >= 1, got " + std::to_string(K_asked));
+  for (const char* name : {"vocab-size", "tokenizer-vocab-size"})
+    if (vm.count(name) && vm[name].as<int64_t>() < 1)
+      throw UsageError(std::string("aerie vocab: --") + name + " must be >= 1, got " +
+                       std::to_string(vm[name].as<int64_t>()));
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (rank == 0) {
     const std::string prepared = vm["prepared"].as<std::string>(), output = vm["output"].as<std::string>();
+    AERIE_CHECK(!std::filesystem::is_directory(output),
+                "vocab: --output " << output << " is a folder; give the file to write, e.g. " << output
+                                   << "/draft_vocab.safetensors");
+    AERIE_CHECK(std::filesystem::is_regular_file(prepared),
+                "vocab: --prepared " << prepared
+                                     << (std::filesystem::exists(prepared) ? " is not a file" : ": no such file")
+                                     << " (the --output of aerie prepare)");
+    try {
+      PreparedFile check(prepared);  // the header and sample offsets only
+    } catch (const Error& e) {
+      AERIE_THROW("vocab: --prepared " << prepared << " is not a prepared file of aerie prepare: " << e.what());
+    }
     AERIE_CHECK(!std::filesystem::exists(output) || vm["force"].as<bool>(),
                 "vocab: " << output << " exists; the draft vocabulary belongs to the draft trained with it "
                           << "(eagle3.md 2). Use --force to replace it.");
@@ -54,7 +74,6 @@ int vocab(const std::vector<std::string>& args) {
       AERIE_LOG(warning) << "vocab: no --model or --vocab-size; V = " << V << " from " << source;
     }
     AERIE_CHECK(V > 0, "vocab: vocabulary size " << V << " from " << source);
-    const int64_t K_asked = vm["draft-vocab-size"].as<int64_t>();
     std::vector<int64_t> counts = count_loss_tokens(prepared, V);
     DraftVocab dv = build_draft_vocab(counts, K_asked);
     const int64_t K = dv.draft_vocab_size();

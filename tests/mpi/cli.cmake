@@ -23,3 +23,24 @@ add_test(NAME cli_extract_missing_prepared
          COMMAND $<TARGET_FILE:aerie> extract --model /nonexistent --prepared /nonexistent/p.h5 --output /nonexistent/o)
 set_tests_properties(cli_extract_missing_prepared PROPERTIES ENVIRONMENT "${_aerie_cli_env}"
   PASS_REGULAR_EXPRESSION "prepared file /nonexistent/p.h5: no such file")
+# train, eval and generate check their option values and input paths before the target model is read (the
+# model directory does not exist: a late check would report its config.json instead).
+add_test(NAME cli_train_bad_precision
+         COMMAND $<TARGET_FILE:aerie> train --model /nonexistent --shards /nonexistent/s --output /nonexistent/o
+                 --precision f16)
+set_tests_properties(cli_train_bad_precision PROPERTIES ENVIRONMENT "${_aerie_cli_env}"
+  PASS_REGULAR_EXPRESSION "aerie train: --precision 'f16' is not auto, bf16 or f32")
+add_test(NAME cli_train_missing_shards
+         COMMAND $<TARGET_FILE:aerie> train --model /nonexistent --shards /nonexistent/s --output /nonexistent/o
+                 --vocab /nonexistent/v.safetensors)
+set_tests_properties(cli_train_missing_shards PROPERTIES ENVIRONMENT "${_aerie_cli_env}"
+  PASS_REGULAR_EXPRESSION "train: --shards /nonexistent/s: no such folder")
+add_test(NAME cli_eval_missing_prompts
+         COMMAND $<TARGET_FILE:aerie> eval --model /nonexistent --draft /nonexistent/d --prompts /nonexistent/p.txt)
+set_tests_properties(cli_eval_missing_prompts PROPERTIES ENVIRONMENT "${_aerie_cli_env}"
+  PASS_REGULAR_EXPRESSION "eval: --prompts /nonexistent/p.txt: no such file")
+add_test(NAME cli_generate_missing_input
+         COMMAND $<TARGET_FILE:aerie> generate --model /nonexistent --input /nonexistent/c.jsonl
+                 --output /nonexistent/o.jsonl)
+set_tests_properties(cli_generate_missing_input PROPERTIES ENVIRONMENT "${_aerie_cli_env}"
+  PASS_REGULAR_EXPRESSION "generate: --input /nonexistent/c.jsonl: no such file")
