@@ -35,15 +35,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-/// A bad option value: the same on every rank, exit status 2 (no MPI_Abort).
-#define EVAL_REQUIRE(cond, msg)                                                  \
-  do {                                                                           \
-    if (!(cond)) {                                                               \
-      std::ostringstream os_;                                                    \
-      os_ << "aerie eval: " << msg;                                              \
-      throw UsageError(os_.str());                                               \
-    }                                                                            \
-  } while (0)
+/// A bad option value: aerie::UsageError (exit status 2) prefixed with the job.
+#define EVAL_REQUIRE(cond, msg) AERIE_USAGE_CHECK(cond, "aerie eval: " << msg)
 
 /// The checks that need no model, before run_eval loads the target (minutes for a large checkpoint) and
 /// decodes every prompt: option values (UsageError, exit 2), then the files (aerie::Error naming the

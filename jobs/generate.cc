@@ -154,15 +154,8 @@ int regenerate(const po::variables_map& vm, ParallelGroups& groups, LlamaModel& 
   return 0;
 }
 
-/// A bad option value: the same on every rank, exit status 2 (no MPI_Abort).
-#define GENERATE_REQUIRE(cond, msg)                                              \
-  do {                                                                           \
-    if (!(cond)) {                                                               \
-      std::ostringstream os_;                                                    \
-      os_ << "aerie generate: " << msg;                                          \
-      throw UsageError(os_.str());                                               \
-    }                                                                            \
-  } while (0)
+/// A bad option value: aerie::UsageError (exit status 2) prefixed with the job.
+#define GENERATE_REQUIRE(cond, msg) AERIE_USAGE_CHECK(cond, "aerie generate: " << msg)
 
 /// The checks of the regeneration mode that need no model, before the target loads (minutes for a large
 /// checkpoint): option values (UsageError, exit 2), the --input file, an --output that is not a folder, and

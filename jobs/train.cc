@@ -31,15 +31,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-/// A bad option value: the same on every rank, exit status 2 (no MPI_Abort).
-#define TRAIN_REQUIRE(cond, msg)                                                 \
-  do {                                                                           \
-    if (!(cond)) {                                                               \
-      std::ostringstream os_;                                                    \
-      os_ << "aerie train: " << msg;                                             \
-      throw UsageError(os_.str());                                               \
-    }                                                                            \
-  } while (0)
+/// A bad option value: aerie::UsageError (exit status 2) prefixed with the job.
+#define TRAIN_REQUIRE(cond, msg) AERIE_USAGE_CHECK(cond, "aerie train: " << msg)
 
 /// The checks that need neither the target nor the shards' contents, so that a bad command line is
 /// reported before run_training reads the target's embedding (GiBs for a large model) and every shard.

@@ -39,3 +39,14 @@ namespace detail {
 
 /// AERIE_THROW("message " << x): unconditional aerie::Error.
 #define AERIE_THROW(msg) AERIE_CHECK(false, msg)
+
+/// AERIE_USAGE_CHECK(cond, "aerie train: --batch-size must be >= 1, got " << n): throws aerie::UsageError
+/// (a bad option value, the same on every rank: exit status 2, no MPI_Abort) with the message alone.
+#define AERIE_USAGE_CHECK(cond, msg)                                    \
+  do {                                                                  \
+    if (!(cond)) {                                                      \
+      std::ostringstream aerie_usage_os_;                               \
+      aerie_usage_os_ << msg;                                           \
+      throw ::aerie::UsageError(aerie_usage_os_.str());                 \
+    }                                                                   \
+  } while (0)
