@@ -151,6 +151,13 @@ int regenerate(const po::variables_map& vm, ParallelGroups& groups, LlamaModel& 
     }
     return kPreemptedExitCode;
   }
+  if (stats.conversations == 0 && stats.dropped > 0) {  // every record of this run was dropped
+    if (groups.map.world_rank == 0) {
+      AERIE_LOG(error) << "generate: all " << stats.dropped << " records of --input " << opt.input
+                       << " were dropped (reasons in the line above); " << opt.output << " holds no conversation";
+    }
+    return 1;
+  }
   return 0;
 }
 

@@ -2,7 +2,8 @@
 # aerie generate --input (regeneration) on stories260K with sampling: 1 rank (batch 16) and 2 ranks (two
 # data-parallel groups, batch 3) write byte-identical JSONL, tp 2 writes the same file with batch 5 and
 # batch 1, and a 2-rank run stopped by SIGTERM after its first chunk, then rerun, writes the 1-rank file
-# too (no .tmp left). Also checks the JSON array input and --max-conversations.
+# too (no .tmp left). Also checks the JSON array input, --max-conversations, and that an input whose
+# every record is dropped exits 1 naming the file.
 # usage: generate_regen.sh AERIE MODEL_DIR WORK_DIR     (exit 77 = skipped: no converted model)
 set -euo pipefail
 aerie=$1 model=$2 work=$3
@@ -65,4 +66,14 @@ mpirun --oversubscribe -np 2 "$aerie" generate --model "$model" --input "$work/i
   --temperature 0.8 --top-p 0.9 --seed 5 --max-new-tokens 150 --conversations-per-chunk 2 --max-conversations 5 \
   >"$work/arr.log" 2>&1 || { cat "$work/arr.log"; echo "FAIL: array run"; exit 1; }
 cmp <(head -n 5 "$work/ref.jsonl") "$work/arr.jsonl" || { echo "FAIL: JSON array input differs"; exit 1; }
-echo "OK: 1 rank = 2 ranks = stopped ($rc after $n_done chunks) + rerun; tp 2 batch 5 = batch 1; JSON array input"
+
+# An input whose every record is dropped (not JSON, no conversation): exit 1 with an error naming --input.
+printf 'not json\n{"id": 1}\n' >"$work/bad.jsonl"
+if "$aerie" generate --model "$model" --input "$work/bad.jsonl" --output "$work/bad_out.jsonl" --max-new-tokens 4 \
+  >"$work/bad.log" 2>&1; then
+  cat "$work/bad.log"; echo "FAIL: an input of only dropped records exited 0"; exit 1
+fi
+grep -q "all 2 records of --input $work/bad.jsonl were dropped" "$work/bad.log" ||
+  { cat "$work/bad.log"; echo "FAIL: no error naming the input"; exit 1; }
+echo "OK: 1 rank = 2 ranks = stopped ($rc after $n_done chunks) + rerun; tp 2 batch 5 = batch 1; JSON array input;"\
+  "all-dropped input exits 1"
