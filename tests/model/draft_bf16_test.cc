@@ -29,47 +29,13 @@ namespace {
 constexpr double kLossRtol = 2e-2;
 constexpr double kGradRelL2 = 5e-2;
 
-// A draft of several heads per kv head and widths that are not powers of two (head_dim `d`).
-testing::TinyDraft make_draft(uint64_t seed, int64_t d) {
-  testing::TinyDraft m;
-  DraftConfig& c = m.cfg;
-  c.hidden_size = 48;
-  c.target_hidden_size = 40;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = d;
-  c.intermediate_size = 72;
-  c.vocab_size = 97;
-  c.draft_vocab_size = 37;
-  c.max_position_embeddings = 512;
-  c.rms_norm_eps = 1e-5;
-  c.rope.theta = 10000.0;
-  m.t2d.assign(97, 0);
-  for (int64_t i = 0; i < 37; ++i) m.selected.push_back(i * 97 / 37);
-  for (size_t i = 0; i < m.selected.size(); ++i) {
-    m.d2t.push_back(m.selected[i] - static_cast<int64_t>(i));
-    m.t2d[m.selected[i]] = 1;
-  }
-  std::mt19937_64 rng(seed);
-  // The embedding table rounded to bf16 (as a bf16 checkpoint's is): both paths see the same values.
-  m.embed = testing::random_tensor({97, 48}, rng, 1.0).to(DType::BF16).to(DType::F32);
-  m.target_lm = testing::random_tensor({97, 48}, rng, 1.0);
-  m.w = init_draft_weights(c, m.target_lm, m.selected, seed + 1);
-  return m;
-}
+// A draft of several heads per kv head and widths that are not powers of two (head_dim `d`), its
+// embedding table rounded to bf16 so that both paths see the same values.
+testing::TinyDraft make_draft(uint64_t seed, int64_t d) { return testing::make_medium_draft(seed, d, 512, true); }
 
+// f as extraction stores it: bf16; z of scale 3.
 TTTSample make_sample(const testing::TinyDraft& m, int64_t T, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<int32_t> ids(T);
-  std::vector<uint8_t> mask(T);
-  for (int64_t t = 0; t < T; ++t) {
-    ids[t] = static_cast<int32_t>(rng() % static_cast<uint64_t>(m.cfg.vocab_size));
-    mask[t] = (rng() % 4) != 0;
-  }
-  // f as extraction stores it: bf16.
-  Tensor aux = testing::random_tensor({T, 3 * m.cfg.target_hidden_size}, rng, 1.0).to(DType::BF16);
-  Tensor z = testing::random_tensor({T, m.cfg.hidden_size}, rng, 3.0);
-  return make_ttt_sample(ids, mask, aux, z, m.target_lm, m.selected);
+  return testing::make_random_sample(m, T, seed, 3.0, true);
 }
 
 double rel_l2(const std::vector<float>& got, const std::vector<float>& ref) {

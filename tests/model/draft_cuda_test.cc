@@ -20,46 +20,8 @@
 namespace aerie {
 namespace {
 
-// A draft larger than make_tiny_draft's (several heads per kv head, d 16, widths that are not powers of
-// two) with a sample of T tokens.
-testing::TinyDraft make_medium_draft(uint64_t seed) {
-  testing::TinyDraft m;
-  DraftConfig& c = m.cfg;
-  c.hidden_size = 48;
-  c.target_hidden_size = 40;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 16;
-  c.intermediate_size = 72;
-  c.vocab_size = 97;
-  c.draft_vocab_size = 37;
-  c.max_position_embeddings = 256;
-  c.rms_norm_eps = 1e-5;
-  c.rope.theta = 10000.0;
-  m.t2d.assign(97, 0);
-  for (int64_t i = 0; i < 37; ++i) m.selected.push_back(i * 97 / 37);
-  for (size_t i = 0; i < m.selected.size(); ++i) {
-    m.d2t.push_back(m.selected[i] - static_cast<int64_t>(i));
-    m.t2d[m.selected[i]] = 1;
-  }
-  std::mt19937_64 rng(seed);
-  m.embed = testing::random_tensor({97, 48}, rng, 1.0);
-  m.target_lm = testing::random_tensor({97, 48}, rng, 1.0);
-  m.w = init_draft_weights(c, m.target_lm, m.selected, seed + 1);
-  return m;
-}
-
 TTTSample make_sample(const testing::TinyDraft& m, int64_t T, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<int32_t> ids(T);
-  std::vector<uint8_t> mask(T);
-  for (int64_t t = 0; t < T; ++t) {
-    ids[t] = static_cast<int32_t>(rng() % static_cast<uint64_t>(m.cfg.vocab_size));
-    mask[t] = (rng() % 4) != 0;
-  }
-  Tensor aux = testing::random_tensor({T, 3 * m.cfg.target_hidden_size}, rng, 1.0);
-  Tensor z = testing::random_tensor({T, m.cfg.hidden_size}, rng, 1.0);
-  return make_ttt_sample(ids, mask, aux, z, m.target_lm, m.selected);
+  return testing::make_random_sample(m, T, seed, 1.0, false);
 }
 
 // any_valid: the sample has valid rows, so the gradients are non-zero; without any (T = 2: no row has
@@ -118,7 +80,7 @@ TEST(DraftCuda, TTTForwardBackwardMatchesCpuTiny) {
 
 TEST(DraftCuda, TTTForwardBackwardMatchesCpuMedium) {
   AERIE_REQUIRE_CUDA();
-  testing::TinyDraft m = make_medium_draft(8);
+  testing::TinyDraft m = testing::make_medium_draft(8, 16, 256, false);
   compare(m, make_sample(m, 67, 9), 7, "medium T 67 S 7");
   compare(m, make_sample(m, 2, 10), 3, "medium T 2 S 3");
 }
@@ -126,7 +88,7 @@ TEST(DraftCuda, TTTForwardBackwardMatchesCpuMedium) {
 // Gradients are ADDED to: a second call doubles them on CUDA as on the CPU; no gradient: the same loss.
 TEST(DraftCuda, GradientsAccumulateAndForwardOnly) {
   AERIE_REQUIRE_CUDA();
-  testing::TinyDraft m = make_medium_draft(12);
+  testing::TinyDraft m = testing::make_medium_draft(12, 16, 256, false);
   TTTSample s = make_sample(m, 20, 13);
   const std::vector<double> sw(3, 0.1);
   const DraftWeights w_gpu = m.w.to_device(Device::CUDA);

@@ -59,6 +59,55 @@ inline TinyDraft make_tiny_draft(uint64_t seed) {
   return m;
 }
 
+/// A draft larger than make_tiny_draft's: H=48, n_h=4, n_kv=2 (several heads per kv head), head dim
+/// `head_dim`, I=72, V=97, K=37 (ids i * 97 / 37), H_t=40, widths that are not powers of two.
+/// `bf16_embed`: the embedding table rounded to bf16 (as a bf16 checkpoint's is), so that an F32 and a
+/// BF16 path see the same values.
+inline TinyDraft make_medium_draft(uint64_t seed, int64_t head_dim, int64_t max_positions, bool bf16_embed) {
+  TinyDraft m;
+  DraftConfig& c = m.cfg;
+  c.hidden_size = 48;
+  c.target_hidden_size = 40;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = head_dim;
+  c.intermediate_size = 72;
+  c.vocab_size = 97;
+  c.draft_vocab_size = 37;
+  c.max_position_embeddings = max_positions;
+  c.rms_norm_eps = 1e-5;
+  c.rope.theta = 10000.0;
+  m.t2d.assign(97, 0);
+  for (int64_t i = 0; i < 37; ++i) m.selected.push_back(i * 97 / 37);
+  for (size_t i = 0; i < m.selected.size(); ++i) {
+    m.d2t.push_back(m.selected[i] - static_cast<int64_t>(i));
+    m.t2d[m.selected[i]] = 1;
+  }
+  std::mt19937_64 rng(seed);
+  m.embed = random_tensor({97, 48}, rng, 1.0);
+  if (bf16_embed) m.embed = m.embed.to(DType::BF16).to(DType::F32);
+  m.target_lm = random_tensor({97, 48}, rng, 1.0);
+  m.w = init_draft_weights(c, m.target_lm, m.selected, seed + 1);
+  return m;
+}
+
+/// A random sample of length T for any draft (ids below its V, a quarter of the rows out of the loss):
+/// aux ~ N(0, 1) [T, 3 H_t] (rounded to bf16 when `bf16_aux`, as extraction stores it), final hidden
+/// states ~ N(0, z_scale^2) [T, H] through make_ttt_sample.
+inline TTTSample make_random_sample(const TinyDraft& m, int64_t T, uint64_t seed, double z_scale, bool bf16_aux) {
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> ids(T);
+  std::vector<uint8_t> mask(T);
+  for (int64_t t = 0; t < T; ++t) {
+    ids[t] = static_cast<int32_t>(rng() % static_cast<uint64_t>(m.cfg.vocab_size));
+    mask[t] = (rng() % 4) != 0;
+  }
+  Tensor aux = random_tensor({T, 3 * m.cfg.target_hidden_size}, rng, 1.0);
+  if (bf16_aux) aux = aux.to(DType::BF16);
+  Tensor z = random_tensor({T, m.cfg.hidden_size}, rng, z_scale);
+  return make_ttt_sample(ids, mask, aux, z, m.target_lm, m.selected);
+}
+
 /// A random sample of length T with the draft's H_t; target from random final hidden states through
 /// make_ttt_sample (so some argmaxes fall outside the draft vocabulary).
 inline TTTSample make_tiny_sample(const TinyDraft& m, int64_t T, uint64_t seed) {
