@@ -2,6 +2,7 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <functional>
@@ -35,6 +36,18 @@ inline void expect_close(const std::vector<float>& got, const std::vector<float>
     }
   }
   EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << got.size() << " elements out of tolerance";
+}
+
+/// EXPECTs |got - ref| <= tol (max_i |ref_i|) + tol |ref| elementwise: a tolerance relative to the
+/// tensor's scale as well as to each element. A reordered fp32 sum (tp's partial products, another
+/// OpenBLAS kernel family such as SkylakeX vs Haswell, another CPU) moves every element by a few ulps of
+/// the largest terms it sums, not of itself, so a pure per-element bound fails on small elements (a
+/// logit of 1e-2 among logits of 10).
+inline void expect_close_scaled(const std::vector<float>& got, const std::vector<float>& ref, float tol,
+                                const std::string& what = "") {
+  float scale = 0.0f;
+  for (float x : ref) scale = std::max(scale, std::fabs(x));
+  expect_close(got, ref, tol * scale, tol, what);
 }
 
 }  // namespace aerie::testing
