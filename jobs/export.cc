@@ -9,7 +9,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "jobs/jobs.h"
-#include "model/llama_config.h"
+#include "model/target_config.h"
 #include "train/checkpoint.h"
 #include "train/export.h"
 
@@ -41,7 +41,7 @@ int export_draft(const std::vector<std::string>& args) {
                                           << " neither a complete checkpoint folder (step-X with DONE) "
                                           << "nor a run folder of aerie train with one under checkpoints/");
     }
-    const LlamaConfig target = load_llama_config(vm["model"].as<std::string>());
+    const TargetConfig target = load_target_config(vm["model"].as<std::string>());
     Checkpoint ck = load_checkpoint(dir);
     write_export(out, ck.config, ck.weights, ck.vocab, target);
     AERIE_LOG(info) << "export: " << dir << " (step " << ck.state.step << ") -> " << out;

@@ -23,7 +23,7 @@
 #include "data/extract.h"
 #include "jobs/jobs.h"
 #include "jobs/target_device.h"
-#include "model/llama.h"
+#include "model/target.h"
 
 namespace aerie::jobs {
 
@@ -86,17 +86,17 @@ int extract(const std::vector<std::string>& args) {
 
   ParallelGroups groups = ParallelGroups::create(vm["tp"].as<int>());
   TargetDevice target = resolve_target_device(vm, groups, "extract");
-  const LlamaModelOptions& mopt = target.options;
+  const TargetModelOptions& mopt = target.options;
   Communicator& model_tp = *target.tp;
   const std::string model_dir = vm["model"].as<std::string>();
   const int64_t random_seed = vm["random-weights"].as<int64_t>();
   // config.json alone first: a bad --aux-layers is reported before the weights load.
   opt.meta.aux_layers =
-      parse_aux_layers(vm["aux-layers"].as<std::string>(), load_llama_config(model_dir).num_hidden_layers);
-  LlamaModel model = random_seed >= 0
-                         ? LlamaModel::random(load_llama_config(model_dir), model_tp, mopt, static_cast<uint64_t>(random_seed))
-                         : LlamaModel(model_dir, model_tp, mopt);
-  const LlamaConfig& cfg = model.config();
+      parse_aux_layers(vm["aux-layers"].as<std::string>(), load_target_config(model_dir).num_hidden_layers);
+  TargetModel model = random_seed >= 0
+                         ? TargetModel::random(load_target_config(model_dir), model_tp, mopt, static_cast<uint64_t>(random_seed))
+                         : TargetModel(model_dir, model_tp, mopt);
+  const TargetConfig& cfg = model.config();
 
   opt.meta.target_model = model_dir;
   opt.meta.hidden_size = cfg.hidden_size;
@@ -126,7 +126,7 @@ int extract(const std::vector<std::string>& args) {
   // On a GPU consecutive samples share a forward (up to opt.batch_tokens rows): larger GEMMs.
   if (mopt.device == Device::CUDA && opt.batch_tokens > 0) {
     opt.forward_batch = [&](const std::vector<std::vector<int32_t>>& ids, Tensor& aux, Tensor& fin) {
-      TargetOutput out = model.forward_batch(ids, {}, aux_layers, LlamaModel::Logits::None);
+      TargetOutput out = model.forward_batch(ids, {}, aux_layers, TargetModel::Logits::None);
       aux = out.aux_hidden;
       fin = out.final_hidden;
     };

@@ -36,7 +36,7 @@
 #include "data/regenerate.h"
 #include "jobs/jobs.h"
 #include "jobs/target_device.h"
-#include "model/llama.h"
+#include "model/target.h"
 #include "model/sampling.h"
 #include "tokenizer/tokenizer.h"
 
@@ -56,7 +56,7 @@ void add_ids(const nlohmann::json& j, std::vector<int32_t>& out) {
 // The ids that end a response: --stop-id if given; else the eos_token_id(s) of config.json and
 // generation_config.json, the tokenizer's EOS, and BOS (a BOS inside a text starts a new document, as in
 // llama2.c's run.c). Plus the ids of --stop-token strings.
-std::vector<int32_t> stop_ids(const po::variables_map& vm, const std::string& dir, const LlamaConfig& cfg,
+std::vector<int32_t> stop_ids(const po::variables_map& vm, const std::string& dir, const TargetConfig& cfg,
                               const Tokenizer& tok, int32_t bos) {
   std::vector<int32_t> stop;
   if (vm.count("stop-id")) {
@@ -85,11 +85,11 @@ std::vector<int32_t> stop_ids(const po::variables_map& vm, const std::string& di
   return stop;
 }
 
-int regenerate(const po::variables_map& vm, ParallelGroups& groups, LlamaModel& model, const Tokenizer& tok,
+int regenerate(const po::variables_map& vm, ParallelGroups& groups, TargetModel& model, const Tokenizer& tok,
                const std::string& dir, const std::vector<int32_t>& stop_default, const SamplingParams& sp,
                int64_t max_new) {
   AERIE_CHECK(vm.count("output"), "aerie generate: --input needs --output (a JSONL file)");
-  const LlamaConfig& cfg = model.config();
+  const TargetConfig& cfg = model.config();
   RegenerateOptions opt;
   opt.input = vm["input"].as<std::string>();
   opt.output = vm["output"].as<std::string>();
@@ -250,11 +250,11 @@ int generate(const std::vector<std::string>& args) {
   std::vector<int32_t> stop;
   int32_t bos = -1;
   {
-    const LlamaConfig cfg = load_llama_config(dir);
+    const TargetConfig cfg = load_target_config(dir);
     bos = tok->bos_id() >= 0 ? tok->bos_id() : static_cast<int32_t>(cfg.bos_token_id);
     stop = stop_ids(vm, dir, cfg, *tok, bos);
   }
-  LlamaModel model(dir, *target.tp, target.options);
+  TargetModel model(dir, *target.tp, target.options);
   if (vm.count("input")) {
     const int rc = regenerate(vm, groups, model, *tok, dir, stop, sp, max_new);
     if (model.device() == Device::CUDA) log_gpu_memory("generate", groups.map.world_rank);

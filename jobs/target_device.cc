@@ -15,7 +15,7 @@ void add_target_device_options(po::options_description& desc) {
   desc.add_options()("device", po::value<std::string>()->default_value("auto"),
                      "auto (cuda when a GPU is visible for every rank of the node), cpu or cuda")(
       "dtype", po::value<std::string>()->default_value("auto"),
-      "compute dtype of the target: auto (bf16 on cuda, f32 on cpu), f32 or bf16 (model/llama.h)");
+      "compute dtype of the target: auto (bf16 on cuda, f32 on cpu), f32 or bf16 (model/target.h)");
 }
 
 TargetDevice resolve_target_device(const po::variables_map& vm, ParallelGroups& groups, const std::string& job) {

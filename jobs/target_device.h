@@ -8,7 +8,7 @@
 #include "comm/communicator.h"
 #include "comm/nccl_communicator.h"
 #include "jobs/jobs.h"
-#include "model/llama.h"
+#include "model/target.h"
 
 namespace aerie::jobs {
 
@@ -18,9 +18,9 @@ void add_target_device_options(po::options_description& desc);
 /// The resolved options: where and in which precision the target runs, and the communicator its tensor
 /// parallel collectives use (groups.tp on the CPU, an NcclCommunicator over it on CUDA).
 struct TargetDevice {
-  LlamaModelOptions options;
+  TargetModelOptions options;
   std::unique_ptr<NcclCommunicator> nccl;  // CUDA only
-  Communicator* tp = nullptr;              // *nccl or *groups.tp: pass it to LlamaModel
+  Communicator* tp = nullptr;              // *nccl or *groups.tp: pass it to TargetModel
 };
 
 /// Resolves --device / --dtype of `vm` (added by add_target_device_options). auto: CUDA when the backend

@@ -41,7 +41,7 @@ inline constexpr int kExtractReplyTag = 7102;
 /// stored, by a writer thread while the next forward runs (data/shard_pipeline.h), so the forward must
 /// return new tensors on each call rather than overwrite the previous ones.
 using TargetForward = std::function<void(const std::vector<int32_t>& ids, Tensor& aux_hidden, Tensor& final_hidden)>;
-/// The target's forward over several samples at once (LlamaModel::forward_batch): ids[b] = sample b's
+/// The target's forward over several samples at once (TargetModel::forward_batch): ids[b] = sample b's
 /// ids [T_b]; aux_hidden [sum T_b, 3H] and final_hidden [sum T_b, H] hold the rows of sample 0, then 1, ...
 /// Otherwise as TargetForward (collective, new tensors on each call).
 using TargetForwardBatch = std::function<void(const std::vector<std::vector<int32_t>>& ids, Tensor& aux_hidden,

@@ -158,6 +158,30 @@ Tensor SafetensorsReader::read_rows(const std::string& name, int64_t begin, int6
   return t;
 }
 
+Tensor SafetensorsReader::read_cols(const std::string& name, int64_t begin, int64_t end) const {
+  auto it = entries_.find(name);
+  AERIE_CHECK(it != entries_.end(), path_ << ": no tensor '" << name << "'");
+  const SafetensorsEntry& e = it->second;
+  AERIE_CHECK(e.shape.size() == 2 && 0 <= begin && begin <= end && end <= e.shape[1],
+              path_ << ": tensor '" << name << "' " << shape_str(e.shape) << ": columns [" << begin << ", " << end
+                    << ") of a 2-D tensor out of range");
+  const int64_t R = e.shape[0], C = e.shape[1];
+  Tensor t = Tensor::empty({R, end - begin}, e.dtype);
+  if (t.nbytes() == 0) return t;
+  const uint64_t elem = dtype_size(e.dtype), row_bytes = static_cast<uint64_t>(C) * elem;
+  const uint64_t part = static_cast<uint64_t>(end - begin) * elem;
+  std::ifstream f(path_, std::ios::binary);
+  AERIE_CHECK(f, "cannot open safetensors file " << path_ << ": " << std::strerror(errno));
+  char* dst = static_cast<char*>(t.raw());
+  for (int64_t i = 0; i < R; ++i) {
+    f.seekg(static_cast<std::streamoff>(e.offset + static_cast<uint64_t>(i) * row_bytes +
+                                        static_cast<uint64_t>(begin) * elem));
+    f.read(dst + static_cast<uint64_t>(i) * part, static_cast<std::streamsize>(part));
+    AERIE_CHECK(f, path_ << ": tensor '" << name << "': read error at row " << i);
+  }
+  return t;
+}
+
 SafetensorsFile load_safetensors(const std::string& path) {
   SafetensorsReader r(path);
   SafetensorsFile out;

@@ -41,6 +41,10 @@ class SafetensorsReader {
   Tensor read(const std::string& name) const;
   /// Rows [begin, end) along dim 0 (a tensor-parallel shard of a weight), dtype as stored.
   Tensor read_rows(const std::string& name, int64_t begin, int64_t end) const;
+  /// Columns [begin, end) along dim 1 of a 2-D tensor (a row-parallel linear's shard), dtype as
+  /// stored: one read per row of (end - begin) elements, so only the slice's bytes are read. Throws
+  /// naming the file and tensor if `name` is absent, not 2-D, or the range is out of bounds.
+  Tensor read_cols(const std::string& name, int64_t begin, int64_t end) const;
 
  private:
   std::string path_;

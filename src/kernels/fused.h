@@ -1,5 +1,5 @@
-// Fused ops of the target's forward (model/llama_forward.cc), each one pass over memory instead of
-// several: the q/k/v split with Qwen3's q/k RMSNorm and RoPE, SwiGLU on the packed gate/up GEMM output,
+// Fused ops of the target's forward (model/gqa_attention.cc, dense_ffn.cc, decoder.cc), each one pass
+// over memory instead of several: the q/k/v split with Qwen3's q/k RMSNorm and RoPE, SwiGLU on the packed gate/up GEMM output,
 // and the residual add followed by the next RMSNorm. The math is transformers' modeling_llama.py /
 // modeling_qwen3.py (LlamaRMSNorm, apply_rotary_pos_emb with rotate_half, LlamaMLP act_fn(gate) * up,
 // the decoder layer's residual adds), written as the unfused ops of norm.h, rope.h and activation.h

@@ -54,7 +54,7 @@ void fill_uniform(Tensor& t, double bound, std::mt19937_64& rng) {
 
 }  // namespace
 
-DraftConfig DraftConfig::from_target(const LlamaConfig& t, int64_t K, std::vector<int> aux_layers) {
+DraftConfig DraftConfig::from_target(const TargetConfig& t, int64_t K, std::vector<int> aux_layers) {
   AERIE_CHECK(K > 0 && K <= t.vocab_size, "draft_vocab_size " << K << " must be in (0, V = " << t.vocab_size << "]");
   AERIE_CHECK(aux_layers.size() == 3, "draft config: need 3 aux layers, got " << aux_layers.size());
   for (int a : aux_layers)

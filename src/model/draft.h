@@ -14,7 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/tensor.h"
-#include "model/llama_config.h"
+#include "model/target_config.h"
 
 namespace aerie {
 
@@ -33,7 +33,7 @@ struct DraftConfig {
 
   /// Copies width, heads, MLP width, eps, RoPE and max positions from the target (eagle3.md 3).
   /// Throws aerie::Error unless 0 < draft_vocab_size <= V and aux_layers has 3 ids in [0, N].
-  static DraftConfig from_target(const LlamaConfig& target, int64_t draft_vocab_size, std::vector<int> aux_layers);
+  static DraftConfig from_target(const TargetConfig& target, int64_t draft_vocab_size, std::vector<int> aux_layers);
   /// The export config.json of eagle3.md section 5 (LlamaForCausalLMEagle3, torch_dtype bfloat16,
   /// target_hidden_size only when it differs, eagle_config.eagle_aux_hidden_state_layer_ids only when
   /// aux_layers is not the default of target_num_hidden_layers) plus an "aerie" object holding

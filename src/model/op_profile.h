@@ -1,7 +1,7 @@
 // Opt-in timing of the target forward's ops by category: with the environment variable AERIE_PROFILE=1,
-// LlamaModel times every op of its forward (CUDA: an event recorded before and after the op on the
+// TargetModel times every op of its forward (CUDA: an event recorded before and after the op on the
 // current stream, then a synchronisation on the second one; CPU: steady_clock) and sums the times per
-// category; LlamaModel::profile_summary() formats them. Synchronising after every op makes the run
+// category; TargetModel::profile_summary() formats them. Synchronising after every op makes the run
 // slower than without profiling (no overlap between ops and the host), so the numbers are each op's
 // own device time, for finding where a forward spends it, not the forward's wall time.
 #pragma once

@@ -8,7 +8,7 @@
 
 #include "core/error.h"
 #include "kernels/loss.h"
-#include "model/llama.h"
+#include "model/target.h"
 
 namespace aerie {
 
@@ -126,7 +126,7 @@ struct BatchDecoder::Sequence {
   std::vector<int32_t> out;
 };
 
-BatchDecoder::BatchDecoder(LlamaModel& model, int64_t batch_size, std::vector<int32_t> stop_ids,
+BatchDecoder::BatchDecoder(TargetModel& model, int64_t batch_size, std::vector<int32_t> stop_ids,
                            const SamplingParams& p, int64_t max_step_rows)
     : model_(model), batch_size_(batch_size), max_step_rows_(max_step_rows), stop_ids_(std::move(stop_ids)),
       params_(p) {
@@ -174,7 +174,7 @@ std::vector<BatchDecoder::Finished> BatchDecoder::step() {
     caches.push_back(s->cache.get());
     rows_ += static_cast<int64_t>(s->feed.size());
   }
-  Tensor logits = model_.forward_batch(ids, caches, {}, LlamaModel::Logits::Last).logits;  // [B, V] F32
+  Tensor logits = model_.forward_batch(ids, caches, {}, TargetModel::Logits::Last).logits;  // [B, V] F32
   AERIE_CHECK(logits.dim(0) == B, "BatchDecoder: forward_batch returned " << logits.dim(0) << " logits rows for "
                                                                           << B << " sequences");
   std::vector<int32_t> next(static_cast<size_t>(B));
@@ -235,7 +235,7 @@ std::vector<BatchDecoder::Finished> BatchDecoder::step() {
   return done;
 }
 
-std::vector<int32_t> sample_generate(LlamaModel& model, const std::vector<int32_t>& prompt, int64_t max_new,
+std::vector<int32_t> sample_generate(TargetModel& model, const std::vector<int32_t>& prompt, int64_t max_new,
                                      const std::vector<int32_t>& stop_ids, const SamplingParams& p, SampleRng& rng) {
   AERIE_CHECK(!prompt.empty(), "sample_generate: empty prompt");
   check_sampling_params(p);

@@ -12,7 +12,7 @@
 
 namespace aerie {
 
-class LlamaModel;
+class TargetModel;
 
 struct SamplingParams {
   double temperature = 0.0;  // 0: greedy (argmax); > 0: softmax(logits / temperature)
@@ -54,7 +54,7 @@ int32_t sample_token(const float* logits, int64_t V, const SamplingParams& p, Sa
 /// and decoded together, up to `batch_size` at a time, by step(), each with its own KVCache (prompt +
 /// max_new positions, allocated when it starts), its own SampleRng and its own stop rule.
 ///
-/// One step() is one LlamaModel::forward_batch (Logits::Last): free slots are first refilled from the queue
+/// One step() is one TargetModel::forward_batch (Logits::Last): free slots are first refilled from the queue
 /// (FIFO, within max_step_rows), and a sequence that starts is prefilled in that same forward (its whole prompt; the last row's
 /// logits give its first token), while every running sequence feeds its last token. Each sequence then
 /// draws its next token from its own logits row with sample_token and its own rng; it finishes after a
@@ -75,7 +75,7 @@ class BatchDecoder {
   /// prompts at once does not make one huge forward (activations grow with the rows); it does not change
   /// any sequence's tokens. Throws aerie::Error unless batch_size >= 1, max_step_rows >= 1 and `p` is valid
   /// (check_sampling_params).
-  BatchDecoder(LlamaModel& model, int64_t batch_size, std::vector<int32_t> stop_ids, const SamplingParams& p,
+  BatchDecoder(TargetModel& model, int64_t batch_size, std::vector<int32_t> stop_ids, const SamplingParams& p,
                int64_t max_step_rows = 8192);
   ~BatchDecoder();
   BatchDecoder(const BatchDecoder&) = delete;
@@ -102,7 +102,7 @@ class BatchDecoder {
 
  private:
   struct Sequence;
-  LlamaModel& model_;
+  TargetModel& model_;
   int64_t batch_size_, max_step_rows_;
   std::vector<int32_t> stop_ids_;
   SamplingParams params_;
@@ -116,7 +116,7 @@ class BatchDecoder {
 /// only (none when max_new <= 0); `rng` is advanced by the draws. Collective over the model's tp group
 /// (see BatchDecoder). Greedy (temperature 0) equals greedy_generate. Throws aerie::Error on an empty
 /// prompt or invalid params.
-std::vector<int32_t> sample_generate(LlamaModel& model, const std::vector<int32_t>& prompt, int64_t max_new,
+std::vector<int32_t> sample_generate(TargetModel& model, const std::vector<int32_t>& prompt, int64_t max_new,
                                      const std::vector<int32_t>& stop_ids, const SamplingParams& p, SampleRng& rng);
 
 }  // namespace aerie

@@ -12,7 +12,7 @@
 #include "data/prepare_template.h"
 #include "data/vocab.h"
 #include "model/draft.h"
-#include "model/llama.h"
+#include "model/target.h"
 #include "tokenizer/tokenizer.h"
 
 namespace aerie {
@@ -50,7 +50,7 @@ struct SpecDecodeResult {
 /// live elsewhere); the target's aux hidden states (F32 or BF16) are widened to F32 for it.
 /// Collective over the target's tp group (tp rank 0's tokens are broadcast). prompt must be non-empty and
 /// prompt + max_new + n + 1 must fit in the target's max_position_embeddings (aerie::Error otherwise).
-SpecDecodeResult speculative_generate(LlamaModel& target, const LoadedDraft& draft, const std::vector<int32_t>& prompt,
+SpecDecodeResult speculative_generate(TargetModel& target, const LoadedDraft& draft, const std::vector<int32_t>& prompt,
                                       int num_draft_tokens, int64_t max_new, const std::vector<int32_t>& stop_ids);
 
 /// What speculative decoding needs from a draft (DraftDecoder for a real one; tests plug in oracles).
@@ -65,7 +65,7 @@ class Proposer {
 };
 
 /// The same loop with any proposer; aux_layers: the target layers whose inputs the proposer reads.
-SpecDecodeResult speculative_generate(LlamaModel& target, Proposer& proposer, const std::vector<int>& aux_layers,
+SpecDecodeResult speculative_generate(TargetModel& target, Proposer& proposer, const std::vector<int>& aux_layers,
                                       const std::vector<int32_t>& prompt, int num_draft_tokens, int64_t max_new,
                                       const std::vector<int32_t>& stop_ids);
 
@@ -88,7 +88,7 @@ struct EvalOptions {
   std::string shards_dir, data_split_path;  // teacher-forced eval; empty shards: on the generated texts
   std::string chat_template = "plain";  // data/prepare_template.h: how a prompt (one user turn) becomes ids
   std::string device = "auto";  // auto (cuda when every rank of the node has a GPU), cpu or cuda
-  std::string dtype = "f32";    // the target's compute dtype (LlamaModelOptions): f32, bf16 or auto (bf16 on cuda)
+  std::string dtype = "f32";    // the target's compute dtype (TargetModelOptions): f32, bf16 or auto (bf16 on cuda)
   int64_t num_eval_samples = 64;
   int ttt_steps = 7;
   int tp = 1;

@@ -115,7 +115,7 @@ std::string eval_prompt_text(const ChatTemplate& tmpl, const std::string& text, 
   return out;
 }
 
-std::vector<int32_t> default_stop_ids(const LlamaConfig& cfg, const Tokenizer& tok, const ChatTemplate& tmpl) {
+std::vector<int32_t> default_stop_ids(const TargetConfig& cfg, const Tokenizer& tok, const ChatTemplate& tmpl) {
   std::vector<int32_t> stop;
   // A chat template's end-of-turn token ends the answer (ChatML's <|im_end|>, Llama 3's <|eot_id|>).
   if (const auto* ct = dynamic_cast<const ConfigChatTemplate*>(&tmpl); ct && !ct->spec().eot.empty()) {
@@ -215,7 +215,7 @@ nlohmann::json run_eval(const EvalOptions& o) {
       AERIE_LOG(info) << "eval: " << local_size() << " ranks per node but " << cuda::device_count()
                       << " GPU(s): running on the CPU (--device cuda to insist)";
   }
-  LlamaModelOptions mopt;
+  TargetModelOptions mopt;
   mopt.device = use_cuda ? Device::CUDA : Device::CPU;
   // auto as for extract and generate: bf16 on a GPU, f32 on the CPU.
   mopt.dtype = o.dtype == "bf16" || (o.dtype == "auto" && use_cuda) ? DType::BF16 : DType::F32;
@@ -227,8 +227,8 @@ nlohmann::json run_eval(const EvalOptions& o) {
     nccl = std::make_unique<NcclCommunicator>(*groups.tp);
   }
   Communicator& model_tp = nccl ? static_cast<Communicator&>(*nccl) : *groups.tp;
-  LlamaModel model(o.model_dir, model_tp, mopt);
-  const LlamaConfig& tc = model.config();
+  TargetModel model(o.model_dir, model_tp, mopt);
+  const TargetConfig& tc = model.config();
   auto tok = Tokenizer::load(o.model_dir);
   LoadedDraft draft = load_draft(o.draft_path, tc.num_hidden_layers);
   AERIE_CHECK(draft.cfg.target_hidden_size == tc.hidden_size && draft.cfg.vocab_size == tc.vocab_size &&

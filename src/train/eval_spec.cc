@@ -76,9 +76,9 @@ class DecoderProposer : public Proposer {
 
 }  // namespace
 
-SpecDecodeResult speculative_generate(LlamaModel& target, const LoadedDraft& draft, const std::vector<int32_t>& prompt,
+SpecDecodeResult speculative_generate(TargetModel& target, const LoadedDraft& draft, const std::vector<int32_t>& prompt,
                                       int n, int64_t max_new, const std::vector<int32_t>& stop_ids) {
-  const LlamaConfig& tc = target.config();
+  const TargetConfig& tc = target.config();
   const DraftConfig& dc = draft.cfg;
   AERIE_CHECK(dc.target_hidden_size == tc.hidden_size && dc.vocab_size == tc.vocab_size,
               "speculative_generate: draft for H_t " << dc.target_hidden_size << ", V " << dc.vocab_size
@@ -88,10 +88,10 @@ SpecDecodeResult speculative_generate(LlamaModel& target, const LoadedDraft& dra
   return speculative_generate(target, prop, aux, prompt, n, max_new, stop_ids);
 }
 
-SpecDecodeResult speculative_generate(LlamaModel& target, Proposer& prop, const std::vector<int>& aux,
+SpecDecodeResult speculative_generate(TargetModel& target, Proposer& prop, const std::vector<int>& aux,
                                       const std::vector<int32_t>& prompt, int n, int64_t max_new,
                                       const std::vector<int32_t>& stop_ids) {
-  const LlamaConfig& tc = target.config();
+  const TargetConfig& tc = target.config();
   AERIE_CHECK(!prompt.empty(), "speculative_generate: empty prompt");
   AERIE_CHECK(n >= 1, "speculative_generate: num_draft_tokens " << n << " must be >= 1");
   const int64_t P = static_cast<int64_t>(prompt.size()), capacity = P + max_new + n + 1;

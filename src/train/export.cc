@@ -10,7 +10,7 @@ namespace aerie {
 
 namespace fs = std::filesystem;
 
-nlohmann::json export_config(const DraftConfig& cfg, const LlamaConfig& target) {
+nlohmann::json export_config(const DraftConfig& cfg, const TargetConfig& target) {
   AERIE_CHECK(cfg.vocab_size == target.vocab_size && cfg.target_hidden_size == target.hidden_size,
               "export: the draft (V " << cfg.vocab_size << ", target H " << cfg.target_hidden_size
                                       << ") does not fit the target (V " << target.vocab_size << ", H "
@@ -51,7 +51,7 @@ nlohmann::json export_config(const DraftConfig& cfg, const LlamaConfig& target) 
 }
 
 void write_export(const std::string& out_dir, const DraftConfig& cfg, const DraftWeights& weights,
-                  const DraftVocab& vocab, const LlamaConfig& target) {
+                  const DraftVocab& vocab, const TargetConfig& target) {
   AERIE_CHECK(vocab.draft_vocab_size() == cfg.draft_vocab_size && vocab.vocab_size() == cfg.vocab_size,
               "export: d2t/t2d sizes (K " << vocab.draft_vocab_size() << ", V " << vocab.vocab_size()
                                           << ") differ from the config's (K " << cfg.draft_vocab_size << ", V "

@@ -18,19 +18,19 @@
 
 #include "data/vocab.h"
 #include "model/draft.h"
-#include "model/llama_config.h"
+#include "model/target_config.h"
 
 namespace aerie {
 
 /// The config.json of the export for draft `cfg` of `target`. Throws aerie::Error if the draft does
 /// not fit the target (V, H or aux layer range differ).
-nlohmann::json export_config(const DraftConfig& cfg, const LlamaConfig& target);
+nlohmann::json export_config(const DraftConfig& cfg, const TargetConfig& target);
 
 /// Writes the export directory `out_dir`: into "<out_dir>.tmp" first (a stale one is removed), then
 /// renamed to out_dir (an existing out_dir is replaced). Weights are rounded to bf16 (nearest even).
 /// Throws aerie::Error on inconsistent shapes or I/O failure.
 void write_export(const std::string& out_dir, const DraftConfig& cfg, const DraftWeights& weights,
-                  const DraftVocab& vocab, const LlamaConfig& target);
+                  const DraftVocab& vocab, const TargetConfig& target);
 
 /// A draft read back from an export directory: weights converted to F32.
 struct ExportedDraft {

@@ -1,10 +1,10 @@
 #include "train/target_head.h"
 
-#include "model/llama_weights.h"
+#include "model/hf_checkpoint.h"
 
 namespace aerie {
 
-TargetHead load_target_head(const std::string& dir, const LlamaConfig& cfg) {
+TargetHead load_target_head(const std::string& dir, const TargetConfig& cfg) {
   HfCheckpoint ck(dir);
   const Shape shape = {cfg.vocab_size, cfg.hidden_size};
   TargetHead h;

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "core/tensor.h"
-#include "model/llama_config.h"
+#include "model/target_config.h"
 
 namespace aerie {
 
@@ -16,9 +16,9 @@ struct TargetHead {
 
 /// Reads <P>embed_tokens.weight and the lm_head (unless cfg.tie_word_embeddings) from `dir`'s
 /// model.safetensors or the shards of model.safetensors.index.json, converted to F32 from F32, BF16 or
-/// F16; P is "model." or a multimodal wrapper's prefix (HfCheckpoint in model/llama_weights.h), and
+/// F16; P is "model." or a multimodal wrapper's prefix (HfCheckpoint in model/hf_checkpoint.h), and
 /// only these two tensors are read. Throws aerie::Error naming the file and tensor if one is missing
 /// or not [V, H].
-TargetHead load_target_head(const std::string& dir, const LlamaConfig& cfg);
+TargetHead load_target_head(const std::string& dir, const TargetConfig& cfg);
 
 }  // namespace aerie

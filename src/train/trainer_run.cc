@@ -18,7 +18,7 @@
 #include "core/progress.h"
 #include "core/stop_signals.h"
 #include "data/shard.h"
-#include "model/llama_config.h"
+#include "model/target_config.h"
 #include "train/checkpoint.h"
 #include "train/data_order.h"
 #include "train/schedule.h"
@@ -53,7 +53,7 @@ struct ShardSet {
   int64_t hidden_size = 0, num_hidden_layers = 0;
 };
 
-ShardSet scan_shards(const std::string& dir, const LlamaConfig& target) {
+ShardSet scan_shards(const std::string& dir, const TargetConfig& target) {
   ShardSet s;
   for (const std::string& p : list_shards(dir)) {
     ShardReader r(p);
@@ -125,7 +125,7 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp) {
     dev = Device::CPU;
   }
   if (dev == Device::CUDA) cuda::select_device(local_rank());
-  const LlamaConfig target = load_llama_config(opts.model_dir);
+  const TargetConfig target = load_target_config(opts.model_dir);
   TargetHead head = load_target_head(opts.model_dir, target);
   if (dev != Device::CPU) {  // frozen, uploaded once (a tied lm_head stays one tensor)
     const bool tied = head.lm_head.raw() == head.embed_tokens.raw();

@@ -1,6 +1,6 @@
 // run_extract: shards hold exactly the forward's outputs (bf16-rounded), chunks are skipped on rerun,
 // stale .tmp files are removed, shards of another run are refused; the real stories260K target matches
-// LlamaModel::forward; under mpirun (tests/mpi/extract.cmake) several groups and tp=2 give the same shards.
+// TargetModel::forward; under mpirun (tests/mpi/extract.cmake) several groups and tp=2 give the same shards.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,7 +15,7 @@
 #include "data/extract.h"
 #include "data/shard.h"
 #include "io/h5.h"
-#include "model/llama.h"
+#include "model/target.h"
 #include "test_util.h"
 
 namespace aerie {
@@ -202,13 +202,13 @@ TEST(Extract, BadPreparedFileNamesIt) {
   EXPECT_THROW(PreparedFile(dir + "/missing.h5"), Error);
 }
 
-// The real target: what the shards hold is LlamaModel::forward of each sample, rounded to bf16.
+// The real target: what the shards hold is TargetModel::forward of each sample, rounded to bf16.
 TEST(Extract, Stories260KMatchesForward) {
   if (!testing::have_model()) GTEST_SKIP() << "no converted stories260K at " << testing::model_dir();
   const std::string dir = testing::scratch_dir("extract_stories");
   ParallelGroups g = ParallelGroups::create(1);
   if (g.map.world_size != 1) GTEST_SKIP() << "single-rank test";
-  LlamaModel model(testing::model_dir(), *g.tp);
+  TargetModel model(testing::model_dir(), *g.tp);
   Prepared p = make_prepared(5, model.config().vocab_size, 40);
   write_prepared(dir + "/prepared.h5", p);
   ExtractOptions o;
@@ -289,14 +289,14 @@ TEST(Extract, BatchedForwardGivesTheSameShards) {
         << shard_file_name(c);
 }
 
-// The same with the real target's batched forward (LlamaModel::forward_batch on the Qwen3 fixture): the
+// The same with the real target's batched forward (TargetModel::forward_batch on the Qwen3 fixture): the
 // stored bf16 values equal the one-sample forwards' up to fp32 summation order, i.e. a flipped bf16
 // rounding at most (one bf16 ulp, 2^-8 relative).
 TEST(Extract, ModelForwardBatchMatchesOneSampleForwards) {
   const std::string dir = testing::scratch_dir("extract_model_batched");
   ParallelGroups g = ParallelGroups::create(1);
   if (g.map.world_size != 1) GTEST_SKIP() << "single-rank test";
-  LlamaModel model(std::string(AERIE_SOURCE_DIR) + "/tests/model/fixtures/hf/qwen3", *g.tp);
+  TargetModel model(std::string(AERIE_SOURCE_DIR) + "/tests/model/fixtures/hf/qwen3", *g.tp);
   Prepared p = make_prepared(7, model.config().vocab_size, 12);
   write_prepared(dir + "/prepared.h5", p);
   ExtractOptions o;
@@ -316,7 +316,7 @@ TEST(Extract, ModelForwardBatchMatchesOneSampleForwards) {
   o.output = dir + "/batched";
   o.batch_tokens = 30;
   o.forward_batch = [&](const std::vector<std::vector<int32_t>>& ids, Tensor& aux, Tensor& fin) {
-    TargetOutput out = model.forward_batch(ids, {}, o.meta.aux_layers, LlamaModel::Logits::None);
+    TargetOutput out = model.forward_batch(ids, {}, o.meta.aux_layers, TargetModel::Logits::None);
     aux = out.aux_hidden;
     fin = out.final_hidden;
   };
@@ -404,7 +404,7 @@ TEST(ExtractMpi, Tp2MatchesTp1) {
   if (world_size() != 2) GTEST_SKIP() << "run under mpirun -np 2 (tests/mpi/extract.cmake)";
   if (!testing::have_model()) GTEST_SKIP() << "no converted stories260K at " << testing::model_dir();
   const std::string dir = shared_scratch("extract_mpi_tp");
-  std::unique_ptr<LlamaModel> one;  // rank 0's single-rank reference
+  std::unique_ptr<TargetModel> one;  // rank 0's single-rank reference
   MpiCommunicator self(MPI_COMM_SELF, false);
   Prepared p = make_prepared(7, 512, 40);
   auto world = MpiCommunicator::world();
@@ -413,7 +413,7 @@ TEST(ExtractMpi, Tp2MatchesTp1) {
 
   auto run = [&](int tp, const std::string& out) {
     ParallelGroups g = ParallelGroups::create(tp);
-    LlamaModel model(testing::model_dir(), *g.tp);
+    TargetModel model(testing::model_dir(), *g.tp);
     ExtractOptions o;
     o.prepared = dir + "/prepared.h5";
     o.output = out;
@@ -433,7 +433,7 @@ TEST(ExtractMpi, Tp2MatchesTp1) {
   if (world->rank() != 0) return;
 
   // tp=1 groups compute exactly what one process computes.
-  LlamaModel ref(testing::model_dir(), self);
+  TargetModel ref(testing::model_dir(), self);
   TargetForward ref_fwd = [&](const std::vector<int32_t>& ids, Tensor& aux, Tensor& fin) {
     TargetOutput r = ref.forward(ids, nullptr, {1, 2, 4}, false);
     aux = r.aux_hidden;

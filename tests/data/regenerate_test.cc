@@ -13,7 +13,7 @@
 
 #include "comm/communicator.h"
 #include "data/regenerate.h"
-#include "model/llama.h"
+#include "model/target.h"
 #include "model/sampling.h"
 #include "test_util.h"
 
@@ -217,13 +217,13 @@ void write_input(const std::string& path, int n) {
 
 struct Target {
   std::unique_ptr<MpiCommunicator> self;
-  std::unique_ptr<LlamaModel> model;
+  std::unique_ptr<TargetModel> model;
   std::unique_ptr<Tokenizer> tok;
   std::unique_ptr<ChatTemplate> tmpl;
   SamplingParams sp{0.9, 0.95};
   std::vector<int32_t> stop;
   explicit Target(Communicator& tp) {
-    model = std::make_unique<LlamaModel>(testing::model_dir(), tp);
+    model = std::make_unique<TargetModel>(testing::model_dir(), tp);
     tok = Tokenizer::load(testing::model_dir());
     tmpl = make_chat_template("plain", *tok);
     stop = {tok->bos_id(), tok->eos_id()};

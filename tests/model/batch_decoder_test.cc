@@ -8,7 +8,7 @@
 #include <map>
 
 #include "comm/communicator.h"
-#include "model/llama.h"
+#include "model/target.h"
 #include "model/sampling.h"
 #include "test_util.h"
 
@@ -28,7 +28,7 @@ std::vector<Seq> sequences() {
 }
 
 // Decodes every sequence with a BatchDecoder of `batch`; results by key, and the largest batch seen.
-std::map<int64_t, std::vector<int32_t>> decode(LlamaModel& model, int64_t batch, const SamplingParams& sp,
+std::map<int64_t, std::vector<int32_t>> decode(TargetModel& model, int64_t batch, const SamplingParams& sp,
                                                const std::vector<int32_t>& stop, int64_t* max_running = nullptr,
                                                int64_t max_step_rows = 8192) {
   BatchDecoder dec(model, batch, stop, sp, max_step_rows);
@@ -95,10 +95,10 @@ class BatchDecoderTest : public ::testing::Test {
     if (!testing::have_model()) GTEST_SKIP() << "no converted stories260K at " << testing::model_dir();
     world = MpiCommunicator::world();
     self = world->split(world->rank(), 0);
-    model = std::make_unique<LlamaModel>(testing::model_dir(), *self);
+    model = std::make_unique<TargetModel>(testing::model_dir(), *self);
   }
   std::unique_ptr<MpiCommunicator> world, self;
-  std::unique_ptr<LlamaModel> model;
+  std::unique_ptr<TargetModel> model;
 };
 
 TEST_F(BatchDecoderTest, BatchSizeDoesNotChangeTheTokens) {
@@ -174,11 +174,11 @@ TEST_F(BatchDecoderTest, RejectsBadInput) {
 // rules, and batch 4 agrees with batch 1 on most sequences (batched bf16 GEMMs may round differently).
 TEST_F(BatchDecoderTest, CudaMatchesCpu) {
   AERIE_REQUIRE_CUDA();
-  LlamaModel gpu(testing::model_dir(), *self, {Device::CUDA, DType::F32});
+  TargetModel gpu(testing::model_dir(), *self, {Device::CUDA, DType::F32});
   const std::vector<int32_t> stop = {1, 2};
   EXPECT_EQ(decode(gpu, 4, {0.0, 1.0}, stop), decode(*model, 4, {0.0, 1.0}, stop));
   EXPECT_EQ(decode(gpu, 4, {1.0, 0.9}, stop), decode(gpu, 1, {1.0, 0.9}, stop));
-  LlamaModel b16(testing::model_dir(), *self, {Device::CUDA, DType::BF16});
+  TargetModel b16(testing::model_dir(), *self, {Device::CUDA, DType::BF16});
   auto one = decode(b16, 1, {0.0, 1.0}, stop), four = decode(b16, 4, {0.0, 1.0}, stop);
   std::vector<Seq> seqs = sequences();
   int same = 0;

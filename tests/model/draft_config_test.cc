@@ -11,8 +11,8 @@
 namespace aerie {
 namespace {
 
-LlamaConfig fake_target() {
-  LlamaConfig t;
+TargetConfig fake_target() {
+  TargetConfig t;
   t.hidden_size = 64;
   t.intermediate_size = 172;
   t.num_hidden_layers = 8;
@@ -50,7 +50,7 @@ TEST(DraftConfig, FromTargetCopiesRopeAndMaxPositions) {
 
 // A linear-scaled target (Llama-2 long-context style): its draft config round-trips (it was rejected).
 TEST(DraftConfig, LinearRopeScalingRoundTrips) {
-  LlamaConfig t = fake_target();
+  TargetConfig t = fake_target();
   t.rope.type = "linear";
   t.rope.factor = 4.0;
   t.raw["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 4.0}};

@@ -1,4 +1,4 @@
-// LlamaModel::forward_batch against forward() of each sequence alone, on the Hugging Face family
+// TargetModel::forward_batch against forward() of each sequence alone, on the Hugging Face family
 // fixtures (Llama 3 tied, Llama 2 with biases, Mistral sliding window 8, Qwen2 biases, Qwen3 q/k norm):
 // a packed prefill without caches, a continuation of caches of different lengths (one sequence without
 // a cache), batched one-token decoding with last-row logits, and the errors. CPU always; the same on
@@ -14,7 +14,7 @@
 
 #include "comm/communicator.h"
 #include "core/device.h"
-#include "model/llama.h"
+#include "model/target.h"
 #include "model_testing.h"
 #include "test_util.h"
 
@@ -30,7 +30,7 @@ constexpr float kAtol = 1e-4f, kRtol = 1e-4f;
 constexpr double kBf16RelL2 = 2e-2;
 const std::vector<std::string> kFamilies = {"llama3_tied", "llama2_linear", "mistral_swa", "qwen2", "qwen3"};
 
-std::vector<int> all_layers(const LlamaModel& m) {
+std::vector<int> all_layers(const TargetModel& m) {
   std::vector<int> aux;
   for (int k = 0; k <= m.config().num_hidden_layers; ++k) aux.push_back(k);
   return aux;
@@ -50,13 +50,13 @@ void expect_rows(const Tensor& got, int64_t r0, const Tensor& ref, bool bf16, co
 }
 
 /// Packed prefill of 3 sequences (lengths 13, 1, 10: over Mistral's window 8) vs forward() of each.
-void check_prefill(LlamaModel& m, bool bf16, const std::string& what) {
+void check_prefill(TargetModel& m, bool bf16, const std::string& what) {
   const int64_t V = m.config().vocab_size;
   std::vector<std::vector<int32_t>> seqs = {some_ids(13, V, 1), some_ids(1, V, 2), some_ids(10, V, 3)};
   const std::vector<int> aux = {0, 1, static_cast<int>(m.config().num_hidden_layers)};
-  TargetOutput all = m.forward_batch(seqs, {}, aux, LlamaModel::Logits::All);
-  TargetOutput last = m.forward_batch(seqs, {}, aux, LlamaModel::Logits::Last);
-  TargetOutput none = m.forward_batch(seqs, {}, {}, LlamaModel::Logits::None);
+  TargetOutput all = m.forward_batch(seqs, {}, aux, TargetModel::Logits::All);
+  TargetOutput last = m.forward_batch(seqs, {}, aux, TargetModel::Logits::Last);
+  TargetOutput none = m.forward_batch(seqs, {}, {}, TargetModel::Logits::None);
   ASSERT_EQ(all.aux_hidden.dim(0), 24);
   ASSERT_EQ(last.logits.dim(0), 3);
   EXPECT_FALSE(none.logits.defined());
@@ -78,14 +78,14 @@ void check_prefill(LlamaModel& m, bool bf16, const std::string& what) {
 
 /// Caches of lengths 6, 0 and none (sequence 1 has no cache) continued by 4, 2, 9 ids in one batch, then
 /// three one-token decoding steps of the two cached sequences: each vs forward() of the whole sequence.
-void check_caches(LlamaModel& m, bool bf16, const std::string& what) {
+void check_caches(TargetModel& m, bool bf16, const std::string& what) {
   const int64_t V = m.config().vocab_size;
   std::vector<int32_t> a = some_ids(13, V, 4), c = some_ids(5, V, 5), nb = some_ids(9, V, 6);
   KVCache ca = m.make_cache(13), cc = m.make_cache(5);
   m.forward(std::vector<int32_t>(a.begin(), a.begin() + 6), &ca, {}, false);
   TargetOutput out = m.forward_batch({std::vector<int32_t>(a.begin() + 6, a.begin() + 10), nb,
                                       std::vector<int32_t>(c.begin(), c.begin() + 2)},
-                                     {&ca, nullptr, &cc}, all_layers(m), LlamaModel::Logits::All);
+                                     {&ca, nullptr, &cc}, all_layers(m), TargetModel::Logits::All);
   EXPECT_EQ(ca.length(), 10);
   EXPECT_EQ(cc.length(), 2);
   ASSERT_EQ(out.final_hidden.dim(0), 15);
@@ -98,7 +98,7 @@ void check_caches(LlamaModel& m, bool bf16, const std::string& what) {
   expect_rows(out.final_hidden, 13, fc.final_hidden.slice(0, 2), bf16, what + " cached seq 2 z");
   expect_rows(out.logits, 13, fc.logits.slice(0, 2), bf16, what + " cached seq 2 logits");
   for (int64_t t = 0; t < 3; ++t) {
-    TargetOutput step = m.forward_batch({{a[10 + t]}, {c[2 + t]}}, {&ca, &cc}, {}, LlamaModel::Logits::Last);
+    TargetOutput step = m.forward_batch({{a[10 + t]}, {c[2 + t]}}, {&ca, &cc}, {}, TargetModel::Logits::Last);
     const std::string w = what + " decode step " + std::to_string(t);
     ASSERT_EQ(step.logits.dim(0), 2) << w;
     expect_rows(step.logits, 0, fa.logits.slice(10 + t, 11 + t), bf16, w + " seq 0");
@@ -112,7 +112,7 @@ void check_caches(LlamaModel& m, bool bf16, const std::string& what) {
 TEST(LlamaBatch, PrefillEqualsSingleForwardsCpu) {
   auto self = self_comm();
   for (const auto& name : kFamilies) {
-    LlamaModel m(hf_fixture(name), *self);
+    TargetModel m(hf_fixture(name), *self);
     check_prefill(m, false, name);
   }
 }
@@ -120,7 +120,7 @@ TEST(LlamaBatch, PrefillEqualsSingleForwardsCpu) {
 TEST(LlamaBatch, CachesEqualSingleForwardsCpu) {
   auto self = self_comm();
   for (const auto& name : kFamilies) {
-    LlamaModel m(hf_fixture(name), *self);
+    TargetModel m(hf_fixture(name), *self);
     check_caches(m, false, name);
   }
 }
@@ -129,33 +129,33 @@ TEST(LlamaBatch, PrefillWithFreshCachesFillsThem) {
   // Every sequence at position 0 with a cache: the packed attention runs and the caches are filled, so
   // that a decoding step afterwards matches forward() of the whole sequence.
   auto self = self_comm();
-  LlamaModel m(hf_fixture("qwen3"), *self);
+  TargetModel m(hf_fixture("qwen3"), *self);
   const int64_t V = m.config().vocab_size;
   std::vector<int32_t> a = some_ids(8, V, 7), b = some_ids(4, V, 8);
   KVCache ca = m.make_cache(8), cb = m.make_cache(4);
   m.forward_batch({std::vector<int32_t>(a.begin(), a.end() - 1), std::vector<int32_t>(b.begin(), b.end() - 1)},
-                  {&ca, &cb}, {}, LlamaModel::Logits::None);
-  TargetOutput step = m.forward_batch({{a.back()}, {b.back()}}, {&ca, &cb}, {}, LlamaModel::Logits::Last);
+                  {&ca, &cb}, {}, TargetModel::Logits::None);
+  TargetOutput step = m.forward_batch({{a.back()}, {b.back()}}, {&ca, &cb}, {}, TargetModel::Logits::Last);
   expect_rows(step.logits, 0, m.forward(a, nullptr, {}, true).logits.slice(7, 8), false, "qwen3 seq 0");
   expect_rows(step.logits, 1, m.forward(b, nullptr, {}, true).logits.slice(3, 4), false, "qwen3 seq 1");
 }
 
 TEST(LlamaBatch, RejectsMisuse) {
   auto self = self_comm();
-  LlamaModel m(hf_fixture("llama3_tied"), *self);
+  TargetModel m(hf_fixture("llama3_tied"), *self);
   KVCache c = m.make_cache(4), small = m.make_cache(1);
-  EXPECT_NE(testing::error_of([&] { m.forward_batch({}, {}, {}, LlamaModel::Logits::None); }).find("empty batch"),
+  EXPECT_NE(testing::error_of([&] { m.forward_batch({}, {}, {}, TargetModel::Logits::None); }).find("empty batch"),
             std::string::npos);
-  EXPECT_NE(testing::error_of([&] { m.forward_batch({{1}, {}}, {}, {}, LlamaModel::Logits::None); })
+  EXPECT_NE(testing::error_of([&] { m.forward_batch({{1}, {}}, {}, {}, TargetModel::Logits::None); })
                 .find("sequence 1 has no ids"),
             std::string::npos);
-  EXPECT_NE(testing::error_of([&] { m.forward_batch({{1}, {2}}, {&c}, {}, LlamaModel::Logits::None); })
+  EXPECT_NE(testing::error_of([&] { m.forward_batch({{1}, {2}}, {&c}, {}, TargetModel::Logits::None); })
                 .find("1 caches for 2 sequences"),
             std::string::npos);
-  EXPECT_NE(testing::error_of([&] { m.forward_batch({{1}, {2}}, {&c, &c}, {}, LlamaModel::Logits::None); })
+  EXPECT_NE(testing::error_of([&] { m.forward_batch({{1}, {2}}, {&c, &c}, {}, TargetModel::Logits::None); })
                 .find("also another sequence's"),
             std::string::npos);
-  EXPECT_NE(testing::error_of([&] { m.forward_batch({{1}, {2, 3}}, {&c, &small}, {}, LlamaModel::Logits::None); })
+  EXPECT_NE(testing::error_of([&] { m.forward_batch({{1}, {2, 3}}, {&c, &small}, {}, TargetModel::Logits::None); })
                 .find("KV cache of sequence 1 holds 1 positions"),
             std::string::npos);
   EXPECT_EQ(c.length(), 0);  // checks run before anything is written
@@ -165,7 +165,7 @@ TEST(LlamaBatchCuda, F32EqualsSingleForwards) {
   AERIE_REQUIRE_CUDA();
   auto self = self_comm();
   for (const auto& name : kFamilies) {
-    LlamaModel m(hf_fixture(name), *self, {Device::CUDA, DType::F32});
+    TargetModel m(hf_fixture(name), *self, {Device::CUDA, DType::F32});
     check_prefill(m, false, name + " cuda f32");
     check_caches(m, false, name + " cuda f32");
   }
@@ -175,7 +175,7 @@ TEST(LlamaBatchCuda, Bf16EqualsSingleForwards) {
   AERIE_REQUIRE_CUDA();
   auto self = self_comm();
   for (const auto& name : kFamilies) {
-    LlamaModel m(hf_fixture(name), *self, {Device::CUDA, DType::BF16});
+    TargetModel m(hf_fixture(name), *self, {Device::CUDA, DType::BF16});
     check_prefill(m, true, name + " cuda bf16");
     check_caches(m, true, name + " cuda bf16");
   }

@@ -1,4 +1,4 @@
-// The target on a device and in bf16 (LlamaModelOptions): the CUDA forward against the CPU forward on
+// The target on a device and in bf16 (TargetModelOptions): the CUDA forward against the CPU forward on
 // stories260K and the Hugging Face family fixtures (F32 mode: fp32 tolerance; BF16 mode: a relative
 // L2 bound), KV-cache decoding against the prefill, and the random-weights constructor. The BF16 mode
 // and the random weights also run on the CPU (widened kernels), so those tests run without a GPU.
@@ -26,8 +26,8 @@
 #include "core/device.h"
 #include "io/safetensors.h"
 #include "kernels/tensor_ops.h"
-#include "model/llama.h"
-#include "model/llama_weights.h"
+#include "model/target.h"
+#include "model/weight_source.h"
 #include "model_testing.h"
 #include "test_util.h"
 
@@ -49,7 +49,7 @@ bool all_finite(const std::vector<float>& v) {
 }
 
 /// Every r^k (k = 0..N), z and the logits of one prefill.
-TargetOutput run_all(LlamaModel& m, const std::vector<int32_t>& ids) {
+TargetOutput run_all(TargetModel& m, const std::vector<int32_t>& ids) {
   std::vector<int> aux;
   for (int k = 0; k <= m.config().num_hidden_layers; ++k) aux.push_back(k);
   return m.forward(ids, nullptr, aux, true);
@@ -79,7 +79,7 @@ double expect_rel_l2(const TargetOutput& got, const TargetOutput& ref, double bo
 }
 
 /// KV-cache decoding (a prefill of `split` ids, then one id at a time) gives the prefill's z and logits.
-void expect_cache_matches_prefill(LlamaModel& m, const std::vector<int32_t>& ids, int64_t split, float atol,
+void expect_cache_matches_prefill(TargetModel& m, const std::vector<int32_t>& ids, int64_t split, float atol,
                                   float rtol, const std::string& what) {
   TargetOutput full = m.forward(ids, nullptr, {}, true);
   const int64_t T = static_cast<int64_t>(ids.size());
@@ -106,8 +106,8 @@ const std::vector<std::string> kFamilies = {"llama3_tied", "llama2_linear", "mis
 TEST(LlamaBf16, CpuBf16ModeNearF32OnStories260K) {
   if (!testing::have_model()) GTEST_SKIP() << "no converted stories260K at " << testing::model_dir();
   auto self = self_comm();
-  LlamaModel f32(testing::model_dir(), *self);
-  LlamaModel b16(testing::model_dir(), *self, {Device::CPU, DType::BF16});
+  TargetModel f32(testing::model_dir(), *self);
+  TargetModel b16(testing::model_dir(), *self, {Device::CPU, DType::BF16});
   EXPECT_EQ(b16.dtype(), DType::BF16);
   EXPECT_EQ(b16.embed_tokens().dtype(), DType::BF16);
   auto ids = some_ids(40, f32.config().vocab_size, 3);
@@ -123,8 +123,8 @@ TEST(LlamaBf16, CpuBf16ModeNearF32OnStories260K) {
 TEST(LlamaBf16, CpuBf16ModeNearF32OnHfFamilies) {
   auto self = self_comm();
   for (const auto& name : kFamilies) {
-    LlamaModel f32(hf_fixture(name), *self);
-    LlamaModel b16(hf_fixture(name), *self, {Device::CPU, DType::BF16});
+    TargetModel f32(hf_fixture(name), *self);
+    TargetModel b16(hf_fixture(name), *self, {Device::CPU, DType::BF16});
     auto ids = some_ids(24, f32.config().vocab_size, 5);
     const double worst = expect_rel_l2(run_all(b16, ids), run_all(f32, ids), kBf16RelL2, name + " bf16 (cpu)");
     std::printf("%s: bf16 mode vs f32, worst relative L2 error %.3g\n", name.c_str(), worst);
@@ -133,7 +133,7 @@ TEST(LlamaBf16, CpuBf16ModeNearF32OnHfFamilies) {
 
 TEST(LlamaBf16, CpuBf16KvCacheMatchesPrefill) {
   auto self = self_comm();
-  LlamaModel m(hf_fixture("qwen3"), *self, {Device::CPU, DType::BF16});
+  TargetModel m(hf_fixture("qwen3"), *self, {Device::CPU, DType::BF16});
   // Same rounding points in both paths (the cache holds the same bf16 k/v); only fp32 summation order
   // differs between a prefill row and a decode step: a few bf16 ulps on z.
   expect_cache_matches_prefill(m, some_ids(20, m.config().vocab_size, 9), 7, 3e-2f, 2e-2f, "qwen3 bf16 (cpu)");
@@ -141,10 +141,10 @@ TEST(LlamaBf16, CpuBf16KvCacheMatchesPrefill) {
 
 TEST(LlamaRandom, SeededShapesAndDeterminism) {
   auto self = self_comm();
-  LlamaConfig cfg = load_llama_config(hf_fixture("qwen2"));  // q/k/v biases
-  LlamaModel a = LlamaModel::random(cfg, *self, {Device::CPU, DType::F32}, 11);
-  LlamaModel b = LlamaModel::random(cfg, *self, {Device::CPU, DType::F32}, 11);
-  LlamaModel c = LlamaModel::random(cfg, *self, {Device::CPU, DType::F32}, 12);
+  TargetConfig cfg = load_target_config(hf_fixture("qwen2"));  // q/k/v biases
+  TargetModel a = TargetModel::random(cfg, *self, {Device::CPU, DType::F32}, 11);
+  TargetModel b = TargetModel::random(cfg, *self, {Device::CPU, DType::F32}, 11);
+  TargetModel c = TargetModel::random(cfg, *self, {Device::CPU, DType::F32}, 12);
   EXPECT_EQ(a.embed_tokens().shape(), (Shape{cfg.vocab_size, cfg.hidden_size}));
   std::vector<float> e = a.embed_tokens().to_float_vector();
   double mean = 0, sq = 0;
@@ -157,7 +157,7 @@ TEST(LlamaRandom, SeededShapesAndDeterminism) {
   EXPECT_EQ(oa.final_hidden.to_float_vector(), ob.final_hidden.to_float_vector());
   EXPECT_NE(oa.final_hidden.to_float_vector(), oc.final_hidden.to_float_vector());
   EXPECT_TRUE(all_finite(oa.logits.to_float_vector()));
-  LlamaModel bf = LlamaModel::random(cfg, *self, {Device::CPU, DType::BF16}, 11);
+  TargetModel bf = TargetModel::random(cfg, *self, {Device::CPU, DType::BF16}, 11);
   EXPECT_EQ(bf.embed_tokens().dtype(), DType::BF16);
   // The bf16 weights are the f32 ones rounded: the forwards agree to the bf16 bound.
   expect_rel_l2(run_all(bf, ids), oa, kBf16RelL2, "random qwen2 bf16 vs f32");
@@ -165,26 +165,32 @@ TEST(LlamaRandom, SeededShapesAndDeterminism) {
 
 TEST(LlamaRandom, TpShardsAreSlicesOfTheTp1Model) {
   // Random weights do not depend on the tp size: rank r of tp 2 holds rows (q/k/v/gate/up) or columns
-  // (o/down) r of the tensors tp 1 makes from the same seed, so tp runs of --random-weights compare.
-  LlamaConfig cfg = load_llama_config(hf_fixture("qwen2"));
-  const LlamaWeights one = random_llama_weights(cfg, 0, 1, Device::CPU, DType::F32, 7);
+  // (o/down) r of the tensors tp 1 makes from the same seed, asked for in the same order, so tp runs of
+  // --random-weights compare.
+  TargetConfig cfg = load_target_config(hf_fixture("qwen2"));
+  const int64_t H = cfg.hidden_size, V = cfg.vocab_size, I = cfg.intermediate_size;
+  const int64_t qd = cfg.num_attention_heads * cfg.head_dim;
+  const std::vector<std::pair<Shape, TpSplit>> asks = {
+      {{V, H}, TpSplit::None}, {{qd, H}, TpSplit::Rows}, {{H, qd}, TpSplit::Cols},
+      {{I, H}, TpSplit::Rows}, {{H, I}, TpSplit::Cols},  {{V, H}, TpSplit::None}};
+  auto draw = [&](int rank, int size) {
+    auto src = random_weights(7, rank, size, Device::CPU, DType::F32);
+    std::vector<Tensor> out;
+    for (const auto& [shape, split] : asks) out.push_back(src->load("w", shape, split, ParamRole::Linear));
+    return out;
+  };
+  const std::vector<Tensor> one = draw(0, 1);
   for (int r = 0; r < 2; ++r) {
-    const LlamaWeights part = random_llama_weights(cfg, r, 2, Device::CPU, DType::F32, 7);
-    EXPECT_EQ(part.embed_tokens.to_float_vector(), one.embed_tokens.to_float_vector());
-    for (size_t l = 0; l < one.layers.size(); ++l) {
-      const LlamaLayerWeights &a = one.layers[l], &b = part.layers[l];
-      auto rows = [&](const Tensor& full, const Tensor& shard) {
-        const int64_t n = shard.dim(0);
-        return full.slice(r * n, (r + 1) * n).to_float_vector() == shard.to_float_vector();
-      };
-      auto cols = [&](const Tensor& full, const Tensor& shard) {
-        Tensor t = Tensor::empty(shard.shape(), DType::F32);
-        copy_columns(full, r * shard.dim(1), t, 0, shard.dim(1));
-        return t.to_float_vector() == shard.to_float_vector();
-      };
-      EXPECT_TRUE(rows(a.q_proj, b.q_proj) && rows(a.k_proj, b.k_proj) && rows(a.v_proj, b.v_proj)) << "layer " << l;
-      EXPECT_TRUE(rows(a.gate_proj, b.gate_proj) && rows(a.up_proj, b.up_proj)) << "layer " << l;
-      EXPECT_TRUE(cols(a.o_proj, b.o_proj) && cols(a.down_proj, b.down_proj)) << "layer " << l;
+    const std::vector<Tensor> part = draw(r, 2);
+    for (size_t i = 0; i < asks.size(); ++i) {
+      const Tensor &full = one[i], &shard = part[i];
+      Tensor want = full;
+      if (asks[i].second == TpSplit::Rows) want = full.slice(r * shard.dim(0), (r + 1) * shard.dim(0));
+      if (asks[i].second == TpSplit::Cols) {
+        want = Tensor::empty(shard.shape(), DType::F32);
+        copy_columns(full, r * shard.dim(1), want, 0, shard.dim(1));
+      }
+      EXPECT_EQ(shard.to_float_vector(), want.to_float_vector()) << "tensor " << i << ", rank " << r;
     }
   }
 }
@@ -195,8 +201,8 @@ TEST(LlamaCuda, F32EqualsCpuOnStories260K) {
   AERIE_REQUIRE_CUDA();
   if (!testing::have_model()) GTEST_SKIP() << "no converted stories260K at " << testing::model_dir();
   auto self = self_comm();
-  LlamaModel cpu(testing::model_dir(), *self);
-  LlamaModel gpu(testing::model_dir(), *self, {Device::CUDA, DType::F32});
+  TargetModel cpu(testing::model_dir(), *self);
+  TargetModel gpu(testing::model_dir(), *self, {Device::CUDA, DType::F32});
   EXPECT_EQ(gpu.embed_tokens().device(), Device::CUDA);
   for (int64_t T : {1, 37, 300}) {
     auto ids = some_ids(T, cpu.config().vocab_size, static_cast<uint32_t>(T));
@@ -211,8 +217,8 @@ TEST(LlamaCuda, F32EqualsCpuOnHfFamilies) {
   AERIE_REQUIRE_CUDA();
   auto self = self_comm();
   for (const auto& name : kFamilies) {
-    LlamaModel cpu(hf_fixture(name), *self);
-    LlamaModel gpu(hf_fixture(name), *self, {Device::CUDA, DType::F32});
+    TargetModel cpu(hf_fixture(name), *self);
+    TargetModel gpu(hf_fixture(name), *self, {Device::CUDA, DType::F32});
     auto ids = some_ids(40, cpu.config().vocab_size, 7);  // longer than mistral_swa's window
     expect_outputs_close(run_all(gpu, ids), run_all(cpu, ids), name + " cuda f32");
   }
@@ -225,8 +231,8 @@ TEST(LlamaCuda, Bf16NearCpu) {
   if (testing::have_model()) dirs.push_back(testing::model_dir());
   for (const auto& name : kFamilies) dirs.push_back(hf_fixture(name));
   for (const auto& dir : dirs) {
-    LlamaModel cpu(dir, *self), cpu_b16(dir, *self, {Device::CPU, DType::BF16});
-    LlamaModel gpu(dir, *self, {Device::CUDA, DType::BF16});
+    TargetModel cpu(dir, *self), cpu_b16(dir, *self, {Device::CPU, DType::BF16});
+    TargetModel gpu(dir, *self, {Device::CUDA, DType::BF16});
     auto ids = some_ids(64, cpu.config().vocab_size, 13);
     TargetOutput g = run_all(gpu, ids);
     EXPECT_EQ(g.aux_hidden.dtype(), DType::BF16);
@@ -242,9 +248,9 @@ TEST(LlamaCuda, KvCacheDecodingEqualsPrefill) {
   AERIE_REQUIRE_CUDA();
   auto self = self_comm();
   for (const auto& name : {std::string("llama3_tied"), std::string("qwen3"), std::string("mistral_swa")}) {
-    LlamaModel f32(hf_fixture(name), *self, {Device::CUDA, DType::F32});
+    TargetModel f32(hf_fixture(name), *self, {Device::CUDA, DType::F32});
     expect_cache_matches_prefill(f32, some_ids(30, f32.config().vocab_size, 2), 9, kAtol, kRtol, name + " cuda f32");
-    LlamaModel b16(hf_fixture(name), *self, {Device::CUDA, DType::BF16});
+    TargetModel b16(hf_fixture(name), *self, {Device::CUDA, DType::BF16});
     // bf16: see CpuBf16KvCacheMatchesPrefill.
     expect_cache_matches_prefill(b16, some_ids(30, b16.config().vocab_size, 2), 9, 3e-2f, 2e-2f, name + " cuda bf16");
   }
@@ -254,8 +260,8 @@ TEST(LlamaCuda, GreedyGenerateEqualsCpu) {
   AERIE_REQUIRE_CUDA();
   if (!testing::have_model()) GTEST_SKIP() << "no converted stories260K at " << testing::model_dir();
   auto self = self_comm();
-  LlamaModel cpu(testing::model_dir(), *self);
-  LlamaModel gpu(testing::model_dir(), *self, {Device::CUDA, DType::F32});
+  TargetModel cpu(testing::model_dir(), *self);
+  TargetModel gpu(testing::model_dir(), *self, {Device::CUDA, DType::F32});
   std::vector<int32_t> prompt = {1, 403, 407, 261};
   EXPECT_EQ(greedy_generate(gpu, prompt, 20, -1), greedy_generate(cpu, prompt, 20, -1));
 }
@@ -263,14 +269,14 @@ TEST(LlamaCuda, GreedyGenerateEqualsCpu) {
 TEST(LlamaCuda, RandomWeightsEqualCpu) {
   AERIE_REQUIRE_CUDA();
   auto self = self_comm();
-  LlamaConfig cfg = load_llama_config(hf_fixture("qwen3"));
-  LlamaModel cpu = LlamaModel::random(cfg, *self, {Device::CPU, DType::F32}, 5);
-  LlamaModel gpu = LlamaModel::random(cfg, *self, {Device::CUDA, DType::F32}, 5);
+  TargetConfig cfg = load_target_config(hf_fixture("qwen3"));
+  TargetModel cpu = TargetModel::random(cfg, *self, {Device::CPU, DType::F32}, 5);
+  TargetModel gpu = TargetModel::random(cfg, *self, {Device::CUDA, DType::F32}, 5);
   EXPECT_EQ(gpu.embed_tokens().to_float_vector(), cpu.embed_tokens().to_float_vector());
   auto ids = some_ids(33, cfg.vocab_size, 4);
   expect_outputs_close(run_all(gpu, ids), run_all(cpu, ids), "random qwen3 cuda f32");
-  LlamaModel gpu_b16 = LlamaModel::random(cfg, *self, {Device::CUDA, DType::BF16}, 5);
-  LlamaModel cpu_b16 = LlamaModel::random(cfg, *self, {Device::CPU, DType::BF16}, 5);
+  TargetModel gpu_b16 = TargetModel::random(cfg, *self, {Device::CUDA, DType::BF16}, 5);
+  TargetModel cpu_b16 = TargetModel::random(cfg, *self, {Device::CPU, DType::BF16}, 5);
   EXPECT_EQ(gpu_b16.embed_tokens().to_float_vector(), cpu_b16.embed_tokens().to_float_vector());
   expect_rel_l2(run_all(gpu_b16, ids), run_all(cpu_b16, ids), kBf16DeviceRelL2, "random qwen3 cuda bf16");
 }
@@ -290,7 +296,7 @@ TEST(LlamaCudaTp, Tp2EqualsTp1) {
   if (testing::have_model()) dirs.push_back(testing::model_dir());
   for (const auto& dir : dirs) {
     for (DType dt : {DType::F32, DType::BF16}) {
-      LlamaModel one(dir, *self, {Device::CUDA, dt}), two(dir, nccl, {Device::CUDA, dt});
+      TargetModel one(dir, *self, {Device::CUDA, dt}), two(dir, nccl, {Device::CUDA, dt});
       auto ids = some_ids(50, one.config().vocab_size, 21);
       TargetOutput a = run_all(two, ids), b = run_all(one, ids);
       const std::string what = dir + (dt == DType::F32 ? " f32" : " bf16") + " tp2 vs tp1";

@@ -4,7 +4,7 @@
 #include <sstream>
 
 #include "comm/communicator.h"
-#include "model/llama.h"
+#include "model/target.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
@@ -42,7 +42,7 @@ TEST(LlamaGenerate, MatchesLlama2cGreedySample) {
   ASSERT_GT(expected.size(), 500u) << "greedy sample not found in stories260K.md";
   auto world = MpiCommunicator::world();
   auto self = world->split(world->rank(), 0);
-  LlamaModel model(testing::model_dir(), *self);
+  TargetModel model(testing::model_dir(), *self);
   auto tok = Tokenizer::load(testing::model_dir());
   const int32_t bos = 1;
   std::vector<int32_t> ids = greedy_generate(model, {bos}, 256, /*stop_id=*/bos);
@@ -61,7 +61,7 @@ TEST(LlamaGenerate, StopsAtStopIdAndMaxNew) {
   if (!testing::have_model()) GTEST_SKIP() << "no converted stories260K at " << testing::model_dir();
   auto world = MpiCommunicator::world();
   auto self = world->split(world->rank(), 0);
-  LlamaModel model(testing::model_dir(), *self);
+  TargetModel model(testing::model_dir(), *self);
   std::vector<int32_t> ten = greedy_generate(model, {1}, 10, -1);
   ASSERT_EQ(ten.size(), 11u);
   // Stop at the 5th generated token's id: the output ends at its first occurrence.

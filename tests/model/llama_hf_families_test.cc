@@ -1,4 +1,4 @@
-// LlamaModel against Hugging Face transformers on one small random model per supported family, made and
+// TargetModel against Hugging Face transformers on one small random model per supported family, made and
 // saved by transformers itself (tools/reference/make_hf_fixtures.py; the models and what each exercises
 // are listed there), with the float64 forward of transformers as the reference:
 //   hf/llama3_tied    F32, llama3 rope_scaling, head_dim != H/heads, tied embeddings
@@ -22,8 +22,8 @@
 
 #include "comm/communicator.h"
 #include "io/safetensors.h"
-#include "model/llama.h"
-#include "model/llama_weights.h"
+#include "model/target.h"
+#include "model/hf_checkpoint.h"
 #include "model_testing.h"
 #include "test_util.h"
 
@@ -49,7 +49,7 @@ std::vector<float> cols(const Tensor& t, int64_t c0, int64_t c1) {
 
 /// Every r^k, z and the logits of `model` on the reference ids, in one prefill; then the logits again
 /// through the KV cache: a prefill of the first `split` ids and the rest one token at a time.
-void compare_with_reference(LlamaModel& model, const std::string& reference, int64_t split = 5) {
+void compare_with_reference(TargetModel& model, const std::string& reference, int64_t split = 5) {
   SafetensorsFile ref = load_safetensors(reference);
   const Tensor& ids_t = ref.tensors.at("ids");
   std::vector<int32_t> ids(ids_t.data<int32_t>(), ids_t.data<int32_t>() + ids_t.numel());
@@ -82,12 +82,12 @@ void compare_with_reference(LlamaModel& model, const std::string& reference, int
 
 void compare_fixture(const std::string& name) {
   auto self = self_comm();
-  LlamaModel model(fixture(name), *self);
+  TargetModel model(fixture(name), *self);
   compare_with_reference(model, fixture(name) + "/reference.safetensors");
 }
 
 TEST(LlamaHfFamilies, Llama3TiedF32) {
-  LlamaConfig c = load_llama_config(fixture("llama3_tied"));
+  TargetConfig c = load_target_config(fixture("llama3_tied"));
   EXPECT_EQ(c.rope.type, "llama3");
   EXPECT_TRUE(c.tie_word_embeddings);
   EXPECT_EQ(c.head_dim, 32);  // != hidden 64 / 4 heads
@@ -96,7 +96,7 @@ TEST(LlamaHfFamilies, Llama3TiedF32) {
 }
 
 TEST(LlamaHfFamilies, Llama2LinearRopeF16ShardedWithBiases) {
-  LlamaConfig c = load_llama_config(fixture("llama2_linear"));
+  TargetConfig c = load_target_config(fixture("llama2_linear"));
   EXPECT_EQ(c.rope.type, "linear");  // from the transformers 4.x "rope_scaling": {"type": "linear"}
   EXPECT_DOUBLE_EQ(c.rope.factor, 2.0);
   EXPECT_TRUE(c.qkv_bias && c.o_bias && c.mlp_bias);
@@ -105,18 +105,18 @@ TEST(LlamaHfFamilies, Llama2LinearRopeF16ShardedWithBiases) {
 }
 
 TEST(LlamaHfFamilies, MistralSlidingWindow) {
-  LlamaConfig c = load_llama_config(fixture("mistral_swa"));
+  TargetConfig c = load_target_config(fixture("mistral_swa"));
   EXPECT_EQ(c.sliding_window, 8);
   EXPECT_EQ(c.sliding_layers, std::vector<bool>(2, true));
   auto self = self_comm();
-  LlamaModel model(fixture("mistral_swa"), *self);
+  TargetModel model(fixture("mistral_swa"), *self);
   // Prefill splits before (5) and after (13) the window: both paths of the windowed attention.
   compare_with_reference(model, fixture("mistral_swa") + "/reference.safetensors", 5);
   compare_with_reference(model, fixture("mistral_swa") + "/reference.safetensors", 13);
 }
 
 TEST(LlamaHfFamilies, Qwen2AttentionBiases) {
-  LlamaConfig c = load_llama_config(fixture("qwen2"));
+  TargetConfig c = load_target_config(fixture("qwen2"));
   EXPECT_TRUE(c.qkv_bias);
   EXPECT_FALSE(c.o_bias || c.mlp_bias || c.qk_norm);
   EXPECT_EQ(c.sliding_window, 0);  // use_sliding_window false
@@ -124,26 +124,26 @@ TEST(LlamaHfFamilies, Qwen2AttentionBiases) {
 }
 
 TEST(LlamaHfFamilies, Qwen3QkNorm) {
-  LlamaConfig c = load_llama_config(fixture("qwen3"));
+  TargetConfig c = load_target_config(fixture("qwen3"));
   EXPECT_TRUE(c.qk_norm);
   EXPECT_EQ(c.head_dim, 32);
   EXPECT_TRUE(c.tie_word_embeddings);
   compare_fixture("qwen3");
 }
 
-/// load_llama_config of `extra` merged over a minimal config.
-LlamaConfig config_with(const nlohmann::json& extra) {
+/// load_target_config of `extra` merged over a minimal config.
+TargetConfig config_with(const nlohmann::json& extra) {
   nlohmann::json j = {{"hidden_size", 64}, {"intermediate_size", 96}, {"num_hidden_layers", 4},
                       {"num_attention_heads", 4}, {"vocab_size", 300}};
   for (auto& [k, v] : extra.items()) j[k] = v;
   const std::string dir = testing::scratch_dir("hf_config");
   std::ofstream(dir + "/config.json") << j.dump();
-  return load_llama_config(dir);
+  return load_target_config(dir);
 }
 
 TEST(LlamaHfFamilies, ConfigFieldsPerFamily) {
   // Qwen2 as transformers 4.x wrote it: a sliding_window that use_sliding_window false switches off.
-  LlamaConfig c = config_with({{"model_type", "qwen2"}, {"sliding_window", 4096}, {"use_sliding_window", false},
+  TargetConfig c = config_with({{"model_type", "qwen2"}, {"sliding_window", 4096}, {"use_sliding_window", false},
                                {"max_window_layers", 2}});
   EXPECT_EQ(c.sliding_window, 0);
   EXPECT_TRUE(c.qkv_bias);
@@ -167,7 +167,7 @@ TEST(LlamaHfFamilies, ConfigFieldsPerFamily) {
   EXPECT_TRUE(c.qkv_bias && c.o_bias && c.mlp_bias);
   EXPECT_EQ(c.rope.type, "linear");
   EXPECT_DOUBLE_EQ(c.rope.theta, 5e5);
-  std::vector<float> inv = llama_rope_inv_freq(c.rope, 16);
+  std::vector<float> inv = target_rope_inv_freq(c.rope, 16);
   RopeParams plain;
   plain.theta = 5e5;
   std::vector<float> base = rope_inv_freq(plain, 16);
@@ -178,7 +178,7 @@ TEST(LlamaHfFamilies, ConfigFieldsPerFamily) {
   const std::string dir = testing::scratch_dir("hf_config_wrapper");
   std::ofstream(dir + "/config.json")
       << nlohmann::json{{"model_type", "mistral3"}, {"text_config", text}, {"eos_token_id", 7}}.dump();
-  c = load_llama_config(dir);
+  c = load_target_config(dir);
   EXPECT_EQ(c.model_type, "mistral");
   EXPECT_EQ(c.hidden_size, 32);
   EXPECT_EQ(c.eos_token_id, 7);
@@ -213,12 +213,12 @@ TEST(LlamaHfFamilies, MultimodalWrapperPrefixes) {
     SCOPED_TRACE(prefix);
     const std::string dir = testing::scratch_dir("hf_wrapper");
     write_wrapped_qwen2(dir, prefix, head);
-    LlamaConfig c = load_llama_config(dir);
+    TargetConfig c = load_target_config(dir);
     EXPECT_EQ(c.model_type, "qwen2");
     EXPECT_TRUE(c.qkv_bias);
     EXPECT_EQ(c.hidden_size, 64);
     auto self = self_comm();
-    LlamaModel model(dir, *self);
+    TargetModel model(dir, *self);
     compare_with_reference(model, fixture("qwen2") + "/reference.safetensors");
   }
 }
@@ -237,11 +237,11 @@ void edit_file(const std::string& file, const std::function<void(SafetensorsFile
   save_safetensors(file, f);
 }
 
-/// The error message of building a LlamaModel on `dir` (empty if none).
+/// The error message of building a TargetModel on `dir` (empty if none).
 std::string load_error(const std::string& dir) {
   return testing::error_of([&] {
     auto self = self_comm();
-    LlamaModel m(dir, *self);
+    TargetModel m(dir, *self);
   });
 }
 
@@ -361,18 +361,18 @@ TEST(TpTest, HfFamiliesMatchTransformers) {
   if (2 % world->size() != 0) GTEST_SKIP() << "the fixtures' 2 kv heads do not split over " << world->size();
   for (const char* name : {"llama2_linear", "mistral_swa", "qwen2", "qwen3"}) {
     SCOPED_TRACE(name);
-    LlamaModel model(fixture(name), *world);
+    TargetModel model(fixture(name), *world);
     compare_with_reference(model, fixture(name) + "/reference.safetensors");
   }
 }
 
 // ------------------------------------------------------------------------------------------ on the GPU
-// The same fixtures and references with the model on CUDA (LlamaModelOptions), skipped without a GPU.
+// The same fixtures and references with the model on CUDA (TargetModelOptions), skipped without a GPU.
 //  - F32 mode: every GEMM is true fp32 on cuBLASLt (CUBLAS_COMPUTE_32F, no TF32) and the kernels
 //    accumulate in fp32, so the GPU differs from transformers' float64 by fp32 rounding only, as the CPU
 //    does (summation orders differ, magnitudes do not): the CPU tolerance above, kAtol / kRtol.
 //  - BF16 mode: weights and the GEMM inputs are rounded to bf16 (8 significant bits, u = 2^-9), about 7
-//    roundings per layer (h, q, k, v, attention out, g*u, h again; model/llama.h LlamaModelOptions) plus
+//    roundings per layer (h, q, k, v, attention out, g*u, h again; model/target.h TargetModelOptions) plus
 //    the weights of the F16 fixture (llama2_linear: 11 -> 8 bits). Independent rounding errors add like a
 //    random walk, so a hidden state after N layers is off by about sqrt(7 N) u ~ 1e-2 relative for these
 //    2-4 layer models. Measured with the CPU's BF16 mode against these references (Bf16CpuNearTransformers):
@@ -396,7 +396,7 @@ double rel_l2(const std::vector<float>& got, const std::vector<float>& ref) {
 
 /// compare_with_reference for a BF16 model: every r^k, z, the prefill logits and the logits of KV-cache
 /// decoding (prefill of `split` ids, then one token at a time) within kBf16RelL2 of transformers.
-void compare_with_reference_bf16(LlamaModel& model, const std::string& reference, int64_t split = 5) {
+void compare_with_reference_bf16(TargetModel& model, const std::string& reference, int64_t split = 5) {
   SafetensorsFile ref = load_safetensors(reference);
   const Tensor& ids_t = ref.tensors.at("ids");
   std::vector<int32_t> ids(ids_t.data<int32_t>(), ids_t.data<int32_t>() + ids_t.numel());
@@ -435,7 +435,7 @@ TEST(LlamaHfFamilies, Bf16CpuNearTransformers) {
   auto self = self_comm();
   for (const std::string& name : kCudaFamilies) {
     SCOPED_TRACE(name);
-    LlamaModel model(fixture(name), *self, {Device::CPU, DType::BF16});
+    TargetModel model(fixture(name), *self, {Device::CPU, DType::BF16});
     compare_with_reference_bf16(model, fixture(name) + "/reference.safetensors");
   }
 }
@@ -445,7 +445,7 @@ TEST(LlamaHfFamiliesCuda, F32MatchesTransformers) {
   auto self = self_comm();
   for (const std::string& name : kCudaFamilies) {
     SCOPED_TRACE(name);
-    LlamaModel model(fixture(name), *self, {Device::CUDA, DType::F32});
+    TargetModel model(fixture(name), *self, {Device::CUDA, DType::F32});
     ASSERT_EQ(model.device(), Device::CUDA);
     compare_with_reference(model, fixture(name) + "/reference.safetensors");
     // Mistral: a split after the window too (both paths of the windowed attention).
@@ -458,7 +458,7 @@ TEST(LlamaHfFamiliesCuda, Bf16NearTransformers) {
   auto self = self_comm();
   for (const std::string& name : kCudaFamilies) {
     SCOPED_TRACE(name);
-    LlamaModel model(fixture(name), *self, {Device::CUDA, DType::BF16});
+    TargetModel model(fixture(name), *self, {Device::CUDA, DType::BF16});
     ASSERT_EQ(model.dtype(), DType::BF16);
     compare_with_reference_bf16(model, fixture(name) + "/reference.safetensors");
     if (name == "mistral_swa") compare_with_reference_bf16(model, fixture(name) + "/reference.safetensors", 13);

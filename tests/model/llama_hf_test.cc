@@ -1,4 +1,4 @@
-// LlamaModel against Hugging Face transformers (LlamaForCausalLM, float64, eager attention): golden
+// TargetModel against Hugging Face transformers (LlamaForCausalLM, float64, eager attention): golden
 // values made by tools/reference/llama_reference.py (transformers 5.17, torch 2.11) and committed under
 // tests/model/fixtures/:
 //   stories260K_hf.safetensors  the converted stories260K (build/models/stories260K), 16 ids
@@ -10,7 +10,7 @@
 // script: `python3 tools/reference/llama_reference.py build/models/stories260K tests/model/fixtures/...`.
 #include "comm/communicator.h"
 #include "io/safetensors.h"
-#include "model/llama.h"
+#include "model/target.h"
 #include "test_util.h"
 
 namespace aerie {
@@ -36,7 +36,7 @@ void compare_with_hf(const std::string& model_dir, const std::string& golden, fl
   std::vector<int32_t> ids(ids_t.data<int32_t>(), ids_t.data<int32_t>() + ids_t.numel());
   auto world = MpiCommunicator::world();
   auto self = world->split(world->rank(), 0);
-  LlamaModel model(model_dir, *self);
+  TargetModel model(model_dir, *self);
   const int N = static_cast<int>(model.config().num_hidden_layers);
   const int64_t H = model.config().hidden_size, T = static_cast<int64_t>(ids.size());
   std::vector<int> aux;
@@ -69,7 +69,7 @@ TEST(LlamaHf, Stories260KMatchesTransformers) {
 
 TEST(LlamaHf, TinyLlama3RopeBf16MatchesTransformers) {
   const std::string dir = fixture("tiny_llama3");
-  LlamaConfig cfg = load_llama_config(dir);
+  TargetConfig cfg = load_target_config(dir);
   ASSERT_EQ(cfg.rope.type, "llama3");  // read from transformers 5's rope_parameters
   ASSERT_FALSE(cfg.tie_word_embeddings);
   compare_with_hf(dir, fixture("tiny_llama3_hf.safetensors"), 1e-4f, 2e-5f);

@@ -1,4 +1,4 @@
-// LlamaConfig and LlamaModel on one rank: config parsing, the forward against a naive double-precision
+// TargetConfig and TargetModel on one rank: config parsing, the forward against a naive double-precision
 // reference (llama_testing.h), the captures of eagle3.md section 1, and the KV cache.
 #include <filesystem>
 #include <fstream>
@@ -6,7 +6,7 @@
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "io/safetensors.h"
-#include "model/llama.h"
+#include "model/target.h"
 #include "model/llama_testing.h"
 #include "test_util.h"
 
@@ -42,10 +42,10 @@ nlohmann::json base_config() {
           {"num_attention_heads", 8}, {"vocab_size", 100}};
 }
 
-TEST(LlamaConfig, DefaultsFollowTransformers) {
+TEST(TargetConfig, DefaultsFollowTransformers) {
   std::string dir = testing::scratch_dir("llama_config_defaults");
   write_json(dir, base_config());
-  LlamaConfig c = load_llama_config(dir);
+  TargetConfig c = load_target_config(dir);
   EXPECT_EQ(c.head_dim, 8);
   EXPECT_EQ(c.num_key_value_heads, 8);
   EXPECT_EQ(c.max_position_embeddings, 2048);
@@ -57,7 +57,7 @@ TEST(LlamaConfig, DefaultsFollowTransformers) {
   EXPECT_EQ(c.eos_token_id, -1);
 }
 
-TEST(LlamaConfig, Llama3RopeScalingAndEosList) {
+TEST(TargetConfig, Llama3RopeScalingAndEosList) {
   std::string dir = testing::scratch_dir("llama_config_llama31");
   nlohmann::json j = base_config();
   j["num_key_value_heads"] = 2;
@@ -69,7 +69,7 @@ TEST(LlamaConfig, Llama3RopeScalingAndEosList) {
   j["bos_token_id"] = 128000;
   j["tie_word_embeddings"] = true;
   write_json(dir, j);
-  LlamaConfig c = load_llama_config(dir);
+  TargetConfig c = load_target_config(dir);
   EXPECT_EQ(c.head_dim, 16);
   EXPECT_EQ(c.num_key_value_heads, 2);
   EXPECT_EQ(c.rope.type, "llama3");
@@ -82,37 +82,37 @@ TEST(LlamaConfig, Llama3RopeScalingAndEosList) {
   EXPECT_TRUE(c.tie_word_embeddings);
 }
 
-TEST(LlamaConfig, TransformersV5RopeParameters) {
+TEST(TargetConfig, TransformersV5RopeParameters) {
   std::string dir = testing::scratch_dir("llama_config_v5");
   nlohmann::json j = base_config();
   j["rope_parameters"] = {{"rope_type", "llama3"}, {"rope_theta", 500000.0}, {"factor", 32.0},
                           {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
                           {"original_max_position_embeddings", 8192}};
   write_json(dir, j);
-  LlamaConfig c = load_llama_config(dir);
+  TargetConfig c = load_target_config(dir);
   EXPECT_EQ(c.rope.type, "llama3");
   EXPECT_DOUBLE_EQ(c.rope.theta, 500000.0);
   EXPECT_DOUBLE_EQ(c.rope.factor, 32.0);
 }
 
-TEST(LlamaConfig, RejectsBadConfigs) {
+TEST(TargetConfig, RejectsBadConfigs) {
   std::string dir = testing::scratch_dir("llama_config_bad");
-  EXPECT_THROW(load_llama_config(dir), Error);  // no config.json
+  EXPECT_THROW(load_target_config(dir), Error);  // no config.json
   nlohmann::json j = base_config();
   j.erase("hidden_size");
   write_json(dir, j);
-  EXPECT_THROW(load_llama_config(dir), Error);
+  EXPECT_THROW(load_target_config(dir), Error);
   j = base_config();
   j["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}};
   write_json(dir, j);
-  EXPECT_THROW(load_llama_config(dir), Error);
+  EXPECT_THROW(load_target_config(dir), Error);
   j = base_config();
   j["num_key_value_heads"] = 3;  // 8 heads are not a multiple of 3 kv heads
   write_json(dir, j);
-  EXPECT_THROW(load_llama_config(dir), Error);
+  EXPECT_THROW(load_target_config(dir), Error);
 }
 
-TEST(LlamaConfig, DefaultAuxLayers) {
+TEST(TargetConfig, DefaultAuxLayers) {
   EXPECT_EQ(default_aux_layers(32), (std::vector<int>{2, 16, 29}));
   EXPECT_EQ(default_aux_layers(5), (std::vector<int>{2, 2, 2}));  // stories260K: the contract's default
   EXPECT_EQ(default_aux_layers(4), (std::vector<int>{2, 2, 1}));  // vLLM's formula, verbatim
@@ -122,7 +122,7 @@ TEST(LlamaConfig, DefaultAuxLayers) {
 // The forward of a random BF16 model with an untied lm_head against the naive reference: every
 // residual stream r^k (k = 0..N), z and the logits. fp32 vs double on values of size ~1-10:
 // atol 1e-4 + rtol 1e-4 covers fp32 accumulation over H = 32..48 terms and 3 layers.
-TEST(LlamaModel, MatchesNaiveReference) {
+TEST(TargetModel, MatchesNaiveReference) {
   for (bool tied : {false, true}) {
     std::string dir = testing::scratch_dir(tied ? "llama_ref_tied" : "llama_ref_untied");
     testing::TinyLlama m;
@@ -131,7 +131,7 @@ TEST(LlamaModel, MatchesNaiveReference) {
     testing::write_tiny_llama(dir, m);
     auto world = MpiCommunicator::world();
     auto self = world->split(world->rank(), 0);
-    LlamaModel model(dir, *self);
+    TargetModel model(dir, *self);
     EXPECT_EQ(model.config().eos_token_id, 2);
     std::vector<int32_t> ids = some_ids(11, m.V, 3);
     TargetOutput out = model.forward(ids, nullptr, {0, 1, 2, 3}, true);
@@ -148,7 +148,7 @@ TEST(LlamaModel, MatchesNaiveReference) {
   }
 }
 
-TEST(LlamaModel, RejectsForeignTensorsAndBadShapes) {
+TEST(TargetModel, RejectsForeignTensorsAndBadShapes) {
   std::string dir = testing::scratch_dir("llama_bad_weights");
   testing::TinyLlama m;
   testing::write_tiny_llama(dir, m);
@@ -158,15 +158,15 @@ TEST(LlamaModel, RejectsForeignTensorsAndBadShapes) {
   SafetensorsFile g = f;
   g.tensors["model.layers.0.self_attn.q_proj.bias"] = Tensor::zeros({m.n_heads * m.d}, DType::F32);  // Qwen2
   save_safetensors(dir + "/model.safetensors", g);
-  EXPECT_THROW(LlamaModel(dir, *self), Error);
+  EXPECT_THROW(TargetModel(dir, *self), Error);
   g = f;
   g.tensors.erase("model.layers.2.mlp.up_proj.weight");
   save_safetensors(dir + "/model.safetensors", g);
-  EXPECT_THROW(LlamaModel(dir, *self), Error);
+  EXPECT_THROW(TargetModel(dir, *self), Error);
   g = f;
   g.tensors["model.norm.weight"] = Tensor::zeros({m.H + 1}, DType::F32);
   save_safetensors(dir + "/model.safetensors", g);
-  EXPECT_THROW(LlamaModel(dir, *self), Error);
+  EXPECT_THROW(TargetModel(dir, *self), Error);
 }
 
 class LlamaStories : public ::testing::Test {
@@ -175,14 +175,14 @@ class LlamaStories : public ::testing::Test {
     if (!testing::have_model()) GTEST_SKIP() << "no converted stories260K at " << testing::model_dir();
     world_ = MpiCommunicator::world();
     self_ = world_->split(world_->rank(), 0);
-    model_ = std::make_unique<LlamaModel>(testing::model_dir(), *self_);
+    model_ = std::make_unique<TargetModel>(testing::model_dir(), *self_);
   }
   std::unique_ptr<MpiCommunicator> world_, self_;
-  std::unique_ptr<LlamaModel> model_;
+  std::unique_ptr<TargetModel> model_;
 };
 
 TEST_F(LlamaStories, Config) {
-  const LlamaConfig& c = model_->config();
+  const TargetConfig& c = model_->config();
   EXPECT_EQ(c.hidden_size, 64);
   EXPECT_EQ(c.num_hidden_layers, 5);
   EXPECT_EQ(c.num_attention_heads, 8);

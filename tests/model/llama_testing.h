@@ -1,6 +1,6 @@
 // Test helpers for the target model: a small random Llama checkpoint in the Hugging Face layout, and a
 // naive double-precision reference forward written from transformers' modeling_llama.py (loops, no
-// aerie kernels), so that LlamaModel is checked against an independent implementation.
+// aerie kernels), so that TargetModel is checked against an independent implementation.
 #pragma once
 #include <cmath>
 #include <fstream>

@@ -6,7 +6,7 @@
 
 #include "comm/communicator.h"
 #include "core/error.h"
-#include "model/llama.h"
+#include "model/target.h"
 #include "model/llama_testing.h"
 #include "test_util.h"
 
@@ -29,7 +29,7 @@ std::string shared_scratch(Communicator& world, const std::string& name) {
 /// 0.01756 moved by 1.9e-5), so the bound is 1e-5 of the tensor's largest magnitude plus 1e-5 relative.
 void compare_tp(const std::string& dir, MpiCommunicator& world, const std::vector<int32_t>& ids) {
   auto self = world.split(world.rank(), 0);
-  LlamaModel one(dir, *self), split(dir, world);
+  TargetModel one(dir, *self), split(dir, world);
   const int N = static_cast<int>(one.config().num_hidden_layers);
   std::vector<int> aux = {0, 2, N};
   TargetOutput a = one.forward(ids, nullptr, aux, true);
@@ -83,7 +83,7 @@ TEST(TpTest, RejectsIndivisibleSplits) {
   std::string dir = shared_scratch(*world, "llama_tp_indivisible");
   if (world->rank() == 0) testing::write_tiny_llama(dir, m);
   world->barrier();
-  EXPECT_THROW(LlamaModel(dir, *world), Error);  // thrown before any collective: no rank hangs
+  EXPECT_THROW(TargetModel(dir, *world), Error);  // thrown before any collective: no rank hangs
 }
 
 }  // namespace

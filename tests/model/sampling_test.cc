@@ -7,7 +7,7 @@
 #include <set>
 
 #include "comm/communicator.h"
-#include "model/llama.h"
+#include "model/target.h"
 #include "model/sampling.h"
 #include "test_util.h"
 
@@ -110,7 +110,7 @@ TEST(Sampling, GenerateGreedyEqualsGreedyGenerateAndSamplingIsSeeded) {
   if (!testing::have_model()) GTEST_SKIP() << "no converted stories260K at " << testing::model_dir();
   auto world = MpiCommunicator::world();
   auto self = world->split(world->rank(), 0);
-  LlamaModel model(testing::model_dir(), *self);
+  TargetModel model(testing::model_dir(), *self);
   const std::vector<int32_t> prompt = {1, 403, 407, 261, 378};
   const std::vector<int32_t> stop = {1, 2};
   std::vector<int32_t> greedy = greedy_generate(model, prompt, 60, stop);

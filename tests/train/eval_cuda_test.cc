@@ -1,4 +1,4 @@
-// aerie eval on the GPU (skipped without one): the target (LlamaModelOptions) and the draft on CUDA,
+// aerie eval on the GPU (skipped without one): the target (TargetModelOptions) and the draft on CUDA,
 // against the CPU on the stories260K fixture.
 //
 // What must hold exactly, and what within a tolerance:
@@ -40,7 +40,7 @@ class EvalCuda : public testing::StoriesTargetTest {
 };
 
 TEST_F(EvalCuda, SpeculativeDecodingOnGpuEqualsCpuGreedy) {
-  LlamaModel gpu(testing::model_dir(), *self_, {Device::CUDA, DType::F32});
+  TargetModel gpu(testing::model_dir(), *self_, {Device::CUDA, DType::F32});
   ASSERT_EQ(gpu.device(), Device::CUDA);
   const std::vector<int32_t> stop{tok_->bos_id(), tok_->eos_id()};
   LoadedDraft host = full_vocab_draft(*model_, 3);

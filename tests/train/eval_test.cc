@@ -19,7 +19,7 @@ using testing::full_vocab_draft;
 
 /// An untrained draft for the target: K = 200 selected ids (every other id of 0..399, so d2t is a real
 /// offset map), lm_head from the target's rows.
-LoadedDraft untrained_draft(const LlamaModel& model, uint64_t seed) {
+LoadedDraft untrained_draft(const TargetModel& model, uint64_t seed) {
   LoadedDraft d;
   const int64_t V = model.config().vocab_size, K = 200;
   d.vocab.t2d.assign(V, 0);
@@ -313,7 +313,7 @@ TEST_F(EvalTest, PlainPromptIsBosAndText) {
   EXPECT_EQ(eval_prompt_ids(*tmpl, "Once upon a time", *tok_), prompt("Once upon a time"));
 }
 
-// The target in bf16 (LlamaModelOptions, here on the CPU): the draft reads its BF16 aux hidden states
+// The target in bf16 (TargetModelOptions, here on the CPU): the draft reads its BF16 aux hidden states
 // (widened to F32 by DraftDecoder). Greedy equality is required for all but at most one prompt: the
 // (n+1)-row verification forward and the 1-row greedy forward may sum a GEMM in other orders, and a flipped
 // bf16 rounding can flip an argmax where the two top logits nearly tie (tests/train/eval_cuda_test.cc).

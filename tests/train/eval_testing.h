@@ -16,7 +16,7 @@
 namespace aerie::testing {
 
 /// A draft whose guesses are often right: the untrained draft with the vocabulary = all V ids (K = V).
-inline LoadedDraft full_vocab_draft(const LlamaModel& model, uint64_t seed) {
+inline LoadedDraft full_vocab_draft(const TargetModel& model, uint64_t seed) {
   LoadedDraft d;
   const int64_t V = model.config().vocab_size;
   d.vocab.t2d.assign(V, 1);
@@ -33,7 +33,7 @@ class StoriesTargetTest : public ::testing::Test {
     if (!have_model()) GTEST_SKIP() << "no converted stories260K at " << model_dir();
     world_ = MpiCommunicator::world();
     self_ = world_->split(world_->rank(), 0);
-    model_ = std::make_unique<LlamaModel>(model_dir(), *self_);
+    model_ = std::make_unique<TargetModel>(model_dir(), *self_);
     tok_ = Tokenizer::load(model_dir());
   }
   /// BOS + the ids of `text`.
@@ -60,7 +60,7 @@ class StoriesTargetTest : public ::testing::Test {
     return o;
   }
   std::unique_ptr<MpiCommunicator> world_, self_;
-  std::unique_ptr<LlamaModel> model_;
+  std::unique_ptr<TargetModel> model_;
   std::unique_ptr<Tokenizer> tok_;
 };
 

@@ -23,7 +23,7 @@ std::vector<float> stored(const std::string& dir, const std::string& name) {
 
 TEST(TargetHeadHf, ShardedF16) {
   const std::string dir = fixture("llama2_linear");
-  LlamaConfig c = load_llama_config(dir);
+  TargetConfig c = load_target_config(dir);
   TargetHead h = load_target_head(dir, c);
   EXPECT_EQ(h.embed_tokens.dtype(), DType::F32);
   EXPECT_EQ(h.embed_tokens.to_float_vector(), stored(dir, "model.embed_tokens.weight"));
@@ -32,7 +32,7 @@ TEST(TargetHeadHf, ShardedF16) {
 }
 
 TEST(TargetHeadHf, TiedSharesStorage) {
-  LlamaConfig c = load_llama_config(fixture("qwen3"));
+  TargetConfig c = load_target_config(fixture("qwen3"));
   TargetHead h = load_target_head(fixture("qwen3"), c);
   EXPECT_EQ(h.lm_head.raw(), h.embed_tokens.raw());
   EXPECT_EQ(h.embed_tokens.shape(), (Shape{300, 64}));
@@ -48,7 +48,7 @@ TEST(TargetHeadHf, MultimodalWrapperAndMissingHead) {
   nlohmann::json text;
   std::ifstream(fixture("qwen2") + "/config.json") >> text;
   std::ofstream(dir + "/config.json") << nlohmann::json{{"model_type", "llava"}, {"text_config", text}}.dump();
-  LlamaConfig c = load_llama_config(dir);
+  TargetConfig c = load_target_config(dir);
   TargetHead h = load_target_head(dir, c);
   EXPECT_EQ(h.lm_head.to_float_vector(), f.tensors.at("lm_head.weight").to_float_vector());
   EXPECT_EQ(h.embed_tokens.to_float_vector(), f.tensors.at("model.embed_tokens.weight").to_float_vector());

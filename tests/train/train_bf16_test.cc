@@ -15,7 +15,7 @@
 #include <sstream>
 
 #include "comm/communicator.h"
-#include "model/llama.h"
+#include "model/target.h"
 #include "tokenizer/tokenizer.h"
 #include "train/train_testing.h"
 #include "train/trainer.h"
@@ -79,7 +79,7 @@ TEST(TrainBf16, PrecisionOption) {
 /// 80), the target's aux and final hidden states, all tokens but the first in the loss.
 struct StoriesData {
   std::unique_ptr<MpiCommunicator> world, self;
-  std::unique_ptr<LlamaModel> model;
+  std::unique_ptr<TargetModel> model;
   DraftConfig cfg;
   DraftVocab vocab;
   std::vector<TTTSample> samples;
@@ -89,7 +89,7 @@ StoriesData stories_data(int n_samples) {
   StoriesData d;
   d.world = MpiCommunicator::world();
   d.self = d.world->split(d.world->rank(), 0);
-  d.model = std::make_unique<LlamaModel>(testing::model_dir(), *d.self);
+  d.model = std::make_unique<TargetModel>(testing::model_dir(), *d.self);
   auto tok = Tokenizer::load(testing::model_dir());
   std::ifstream in(testing::data_dir() + "/tinystories/tinystories_val.txt");
   EXPECT_TRUE(in.good()) << "no tinystories_val.txt under " << testing::data_dir();

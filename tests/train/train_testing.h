@@ -10,14 +10,14 @@
 
 #include "data/vocab.h"
 #include "model/draft.h"
-#include "model/llama_config.h"
+#include "model/target_config.h"
 #include "test_util.h"
 
 namespace aerie::testing {
 
 struct TinyTrainSetup {
   std::string target_dir;
-  LlamaConfig target;
+  TargetConfig target;
   DraftConfig cfg;
   DraftVocab vocab;
   Tensor embed, lm_head;  // [V, H] F32
@@ -56,7 +56,7 @@ inline TinyTrainSetup make_tiny_setup(const std::string& dir, std::vector<int> a
                         {"rope_type", "llama3"}}},
                       {"tie_word_embeddings", false}};
   std::ofstream(dir + "/config.json") << c.dump(2);
-  s.target = load_llama_config(dir);
+  s.target = load_target_config(dir);
   std::vector<int64_t> selected = {0, 1, 2, 4, 5, 7, 9, 10, 12, 15};
   s.vocab.t2d.assign(16, 0);
   for (size_t i = 0; i < selected.size(); ++i) {

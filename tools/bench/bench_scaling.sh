@@ -9,8 +9,8 @@
 #            the whole command, the peak GPU memory. With NP_B/TP_B set, a second extraction (its own
 #            line) and a comparison of the two shard sets (line "extract_compare": max abs difference and
 #            relative L2 of aux/final hidden states, ok = relative L2 <= CMP_TOL for both).
-#            --random-weights SEED gives every tp size the same model (src/model/llama_weights.cc
-#            random_llama_weights: each rank draws the full tensors and keeps its shard, since 404cd5a), so
+#            --random-weights SEED gives every tp size the same model (src/model/weight_source.cc
+#            random_weights: each rank draws the full tensors and keeps its shard, since 404cd5a), so
 #            WEIGHTS=random runs of different tp compare; WEIGHTS=file instead writes a random checkpoint
 #            (tools/bench/make_target_head.py --full: model.safetensors, bf16) that extract loads and slices
 #            (the checkpoint loader's tp path; the file is as large as the model).

@@ -9,7 +9,7 @@ projections, the final norm, lm_head), so that `aerie extract` without --random-
 model at every tp (its --random-weights model depends on tp: see bench_scaling.sh).
 
 Values: N(0, std^2) (std 0.02), rounded to bf16 (nearest even); a pool of about 16M values drawn once with
-numpy (seeded) is tiled into each tensor from a tensor-dependent offset (as aerie's random_llama_weights
+numpy (seeded) is tiled into each tensor from a tensor-dependent offset (as aerie's random_weights
 does), so a 70B-shaped head (2 x 128256 x 8192 values, 4.2 GB) is written at disk speed. RMSNorm weights
 are 1. The file is written tensor by tensor (memory: the pool plus one window), with a hand-written
 safetensors header (8-byte little-endian header length, JSON header, data), so only numpy is needed.

@@ -1,32 +1,39 @@
-// The target: a Llama-family decoder (RMSNorm, RoPE, GQA attention, SwiGLU, tied or untied lm_head) of
-// the Llama 2/3.x, Mistral, Qwen2/2.5 (q/k/v biases) and Qwen3 (q/k RMSNorm) families, read from a
-// Hugging Face directory (config.json + model.safetensors or sharded safetensors, F32/BF16/F16) and
-// split by tensor parallelism over the ranks of a tp group (Megatron-LM column/row parallel linears,
-// one all-reduce after o_proj and one after down_proj). Reference: transformers'
-// modeling_{llama,mistral,qwen2,qwen3}.py.
+// The target: a decoder-only language model read from a Hugging Face directory (config.json +
+// model.safetensors or sharded safetensors, F32/BF16/F16), a sequence of decoder layers built from
+// blocks (attention, FFN; model/blocks.h) that the architecture table (model/arch.h) picks by the
+// config's model_type: today the Llama 2/3.x, Mistral, Qwen2/2.5 (q/k/v biases) and Qwen3 (q/k
+// RMSNorm) families (GQA attention, SwiGLU, tied or untied lm_head). Split by tensor parallelism over
+// the ranks of a tp group (Megatron-LM column/row parallel linears, one all-reduce per block).
+// Reference: transformers' modeling_{llama,mistral,qwen2,qwen3}.py.
 #pragma once
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "comm/communicator.h"
-#include "model/llama_config.h"
+#include "model/target_config.h"
 
 namespace aerie {
 
-/// KV cache of one sequence for this rank's heads: per layer K and V [max_len, n_kv_local, d] of
-/// `dtype` (the model's compute dtype, F32 or BF16) on `device` (the model's). Keys are stored after RoPE (and Qwen3's k_norm). A copy shares the storage
-/// (Tensor semantics): copy the tensors to fork. A sliding-window layer keeps every position too.
+class WeightSource;
+
+/// KV cache of one sequence for this rank's part of each layer's attention block: per layer K and V
+/// [max_len, row...] of `dtype` (the model's compute dtype, F32 or BF16) on `device` (the model's); for
+/// GQA the rows are [n_kv_local, d], keys stored after RoPE (and Qwen3's k_norm). Made by
+/// TargetModel::make_cache. A copy shares the storage (Tensor semantics): copy the tensors to fork. A
+/// sliding-window layer keeps every position too.
 class KVCache {
  public:
-  KVCache(const LlamaConfig& cfg, int64_t max_len, int tp_size, Device device = Device::CPU,
-          DType dtype = DType::F32);
+  /// Zeroed K and V of max_len positions per layer, layer l's rows k_rows[l] / v_rows[l]. Throws
+  /// aerie::Error on a negative max_len or lists of different lengths.
+  KVCache(const std::vector<Shape>& k_rows, const std::vector<Shape>& v_rows, int64_t max_len,
+          Device device = Device::CPU, DType dtype = DType::F32);
   int64_t length() const { return length_; }
   int64_t capacity() const { return max_len_; }
   /// Drops positions >= len (rejected draft tokens). Throws if len > length().
   void truncate(int64_t len);
 
-  // Used by LlamaModel.
+  // Used by TargetModel.
   std::vector<Tensor> k, v;
   int64_t length_ = 0, max_len_ = 0;
 };
@@ -48,30 +55,32 @@ struct TargetOutput {
 ///    transformers' bf16 forward except that aerie's residual stream is not rounded to bf16 per layer.
 /// On CUDA the caller has selected the rank's GPU (cuda::select_device) and passes a tp communicator
 /// that reduces device tensors (NcclCommunicator) when tp > 1.
-struct LlamaModelOptions {
+struct TargetModelOptions {
   Device device = Device::CPU;
   DType dtype = DType::F32;  // F32 or BF16
 };
 
-class LlamaModel {
+class TargetModel {
  public:
   /// Loads <dir>/config.json and <dir>/model.safetensors or the shards of model.safetensors.index.json
-  /// (weights converted to F32; see load_llama_weights), keeping this tp rank's shard of every linear. Throws aerie::Error naming the file/tensor on missing or
-  /// mis-shaped weights, or when heads/kv heads/intermediate size are not divisible by tp.
-  LlamaModel(const std::string& dir, Communicator& tp);
-  /// The same, with the weights converted to options.dtype and uploaded to options.device (read and
-  /// converted on the host, tensor by tensor uploaded). Throws as above, or aerie::Error when the
-  /// device is CUDA and the backend/GPU is missing or the weights do not fit.
-  LlamaModel(const std::string& dir, Communicator& tp, const LlamaModelOptions& options);
+  /// on the CPU in F32, keeping this tp rank's shard of every linear. Throws aerie::Error naming the
+  /// file/tensor on missing or mis-shaped weights, on a language-model tensor no block reads (another
+  /// architecture), or when heads/kv heads/intermediate size are not divisible by tp.
+  TargetModel(const std::string& dir, Communicator& tp);
+  /// The same on options.device in options.dtype: every tensor is read alone (only this rank's rows
+  /// or columns of it), converted on the host to its dtype (RMSNorm weights F32, the rest the compute
+  /// dtype) and copied to the device before the next is read (checkpoint_weights). Throws as above, or
+  /// aerie::Error when the device is CUDA and the backend/GPU is missing or the weights do not fit.
+  TargetModel(const std::string& dir, Communicator& tp, const TargetModelOptions& options);
   /// A model of `cfg`'s shape with random weights, for benchmarks (no checkpoint file): every linear and
   /// the embedding ~ N(0, 0.02^2) (values drawn once on the host from a splitmix64/Box-Muller stream of
   /// `seed` into a pool of ~4M values, then tiled into each tensor from a seed-dependent offset by
   /// device-to-device copies, so an 8B model is made in seconds), RMSNorm weights 1, biases 0.
-  static LlamaModel random(const LlamaConfig& cfg, Communicator& tp, const LlamaModelOptions& options,
+  static TargetModel random(const TargetConfig& cfg, Communicator& tp, const TargetModelOptions& options,
                            uint64_t seed);
   Device device() const;
   DType dtype() const;
-  const LlamaConfig& config() const { return cfg_; }
+  const TargetConfig& config() const { return cfg_; }
 
   /// Forward of `ids` (I32) at positions cache->length() .. +n (0.. without a cache), appending to
   /// the cache when given. aux_layers: the layer indices k whose INPUT r^k is captured (0..N; N means
@@ -109,24 +118,25 @@ class LlamaModel {
   KVCache make_cache(int64_t max_len) const;
 
  private:
-  LlamaModel() = default;
-  void init(Communicator& tp, const LlamaModelOptions& options);
-  /// The one layer body behind forward() and forward_batch() (llama_forward.cc); `who` names the caller
-  /// in error messages.
+  TargetModel() = default;
+  /// Builds the embedding, the decoder layers (by the architecture table) and lm_head from `src`.
+  void build(WeightSource& src, Communicator& tp, const TargetModelOptions& options);
+  /// The decoder-layer scaffold behind forward() and forward_batch() (decoder.cc); `who` names the
+  /// caller in error messages.
   TargetOutput run(const std::vector<std::vector<int32_t>>& ids, const std::vector<KVCache*>& caches,
                    const std::vector<int>& aux_layers, Logits logits, const char* who);
   struct Impl;
   std::shared_ptr<Impl> impl_;
-  LlamaConfig cfg_;
+  TargetConfig cfg_;
 };
 
 /// Greedy decoding without a draft: appends up to max_new tokens to `prompt`, stopping after
 /// `stop_id` (when >= 0). Returns prompt + generated ids.
-std::vector<int32_t> greedy_generate(LlamaModel& model, const std::vector<int32_t>& prompt, int64_t max_new,
+std::vector<int32_t> greedy_generate(TargetModel& model, const std::vector<int32_t>& prompt, int64_t max_new,
                                      int32_t stop_id);
 /// The same, stopping after the first generated id that is in `stop_ids`. Collective over the model's
 /// tp group (tp rank 0's argmax is broadcast, so all ranks return the same ids).
-std::vector<int32_t> greedy_generate(LlamaModel& model, const std::vector<int32_t>& prompt, int64_t max_new,
+std::vector<int32_t> greedy_generate(TargetModel& model, const std::vector<int32_t>& prompt, int64_t max_new,
                                      const std::vector<int32_t>& stop_ids);
 
 }  // namespace aerie

@@ -1,4 +1,4 @@
-// LlamaConfig from a Hugging Face config.json. Field names and defaults follow transformers'
+// TargetConfig from a Hugging Face config.json. Field names and defaults follow transformers'
 // LlamaConfig (configuration_llama.py): head_dim = hidden_size / num_attention_heads,
 // num_key_value_heads = num_attention_heads, rms_norm_eps = 1e-6, rope_theta = 10000,
 // max_position_embeddings = 2048, tie_word_embeddings = false. RoPE parameters are read from
@@ -14,7 +14,8 @@
 #include <fstream>
 
 #include "core/error.h"
-#include "model/llama_config.h"
+#include "model/arch.h"
+#include "model/target_config.h"
 
 namespace aerie {
 namespace {
@@ -84,10 +85,10 @@ bool optional_bool(const nlohmann::json& j, const char* key, bool fallback, cons
 }
 
 /// sliding_window and sliding_layers as transformers 5 reads them (Mistral-, Qwen2- and Qwen3Config).
-void read_sliding_window(const nlohmann::json& j, LlamaConfig& c, const std::string& path) {
+void read_sliding_window(const nlohmann::json& j, TargetConfig& c, const std::string& path) {
   const int64_t N = c.num_hidden_layers;
   c.sliding_layers.assign(static_cast<size_t>(N), false);
-  if (c.model_type == "llama") return;  // LlamaConfig has no sliding window
+  if (c.model_type == "llama") return;  // TargetConfig has no sliding window
   int64_t w = optional_int(j, "sliding_window", 0, path);
   AERIE_CHECK(w >= 0, path << ": sliding_window must be positive or null, got " << w);
   if (c.model_type == "mistral") {  // every layer; MistralConfig ignores layer_types
@@ -117,12 +118,12 @@ void read_sliding_window(const nlohmann::json& j, LlamaConfig& c, const std::str
 
 }  // namespace
 
-LlamaConfig load_llama_config(const std::string& dir) {
+TargetConfig load_target_config(const std::string& dir) {
   std::filesystem::path p = std::filesystem::path(dir) / "config.json";
   const std::string path = p.string();
   std::ifstream in(p);
   AERIE_CHECK(in, "cannot open " << path);
-  LlamaConfig c;
+  TargetConfig c;
   try {
     c.raw = nlohmann::json::parse(in);
   } catch (const nlohmann::json::exception& e) {
@@ -142,9 +143,7 @@ LlamaConfig load_llama_config(const std::string& dir) {
     AERIE_CHECK(j["model_type"].is_string(), path << ": field \"model_type\" is not a string");
     c.model_type = j["model_type"].get<std::string>();
   }
-  AERIE_CHECK(c.model_type == "llama" || c.model_type == "mistral" || c.model_type == "qwen2" ||
-                  c.model_type == "qwen3",
-              path << ": model_type \"" << c.model_type << "\" is not supported (llama, mistral, qwen2, qwen3)");
+  find_architecture(c.model_type, path);  // throws for an unknown or not yet built architecture
   c.hidden_size = required_int(j, "hidden_size", path);
   c.intermediate_size = required_int(j, "intermediate_size", path);
   c.num_hidden_layers = required_int(j, "num_hidden_layers", path);
@@ -195,7 +194,7 @@ LlamaConfig load_llama_config(const std::string& dir) {
   return c;
 }
 
-std::vector<float> llama_rope_inv_freq(const RopeParams& rope, int64_t head_dim) {
+std::vector<float> target_rope_inv_freq(const RopeParams& rope, int64_t head_dim) {
   if (rope.type != "linear") return rope_inv_freq(rope, head_dim);
   AERIE_CHECK(rope.factor > 0, "linear rope scaling needs a positive factor, got " << rope.factor);
   RopeParams base = rope;

@@ -1,6 +1,7 @@
 // The target model's configuration, read from a Hugging Face config.json: LlamaForCausalLM (Llama 2,
 // 3.x), MistralForCausalLM, Qwen2ForCausalLM (Qwen2, Qwen2.5) and Qwen3ForCausalLM, also as the
-// text_config of a multimodal wrapper. The four differ only in the fields below.
+// text_config of a multimodal wrapper. The four differ only in the fields below; model_type picks the
+// row of the architecture table (model/arch.h) whose blocks the layers are built from.
 #pragma once
 #include <nlohmann/json.hpp>
 #include <string>
@@ -10,13 +11,13 @@
 
 namespace aerie {
 
-struct LlamaConfig {
-  std::string model_type = "llama";  // "llama", "mistral", "qwen2" or "qwen3"
+struct TargetConfig {
+  std::string model_type = "llama";  // a built row of model/arch.h: "llama", "mistral", "qwen2", "qwen3"
   int64_t hidden_size = 0, intermediate_size = 0, num_hidden_layers = 0;
   int64_t num_attention_heads = 0, num_key_value_heads = 0, head_dim = 0;
   int64_t vocab_size = 0, max_position_embeddings = 0;
   double rms_norm_eps = 1e-5;
-  RopeParams rope;  // rope.type "default", "llama3" or "linear" (use llama_rope_inv_freq, not rope_inv_freq)
+  RopeParams rope;  // rope.type "default", "llama3" or "linear" (use target_rope_inv_freq, not rope_inv_freq)
   bool tie_word_embeddings = false;
   // Biases (transformers: Llama/Qwen3 attention_bias -> q, k, v and o; Qwen2 -> q, k, v always;
   // Llama mlp_bias -> gate, up, down).
@@ -35,12 +36,12 @@ struct LlamaConfig {
 /// Reads "<dir>/config.json" (for a multimodal wrapper without top-level hidden_size, its
 /// "text_config"). head_dim defaults to hidden_size / num_attention_heads, num_key_value_heads to
 /// num_attention_heads. Throws aerie::Error naming the file and field on a missing/bad field, an
-/// unsupported model_type or rope type.
-LlamaConfig load_llama_config(const std::string& dir);
+/// unsupported model_type (or one whose blocks are not built yet: find_architecture) or rope type.
+TargetConfig load_target_config(const std::string& dir);
 
 /// RoPE inverse frequencies of the config [head_dim / 2]: rope_inv_freq for "default" and "llama3";
 /// "linear" (transformers' _compute_linear_scaling_rope_parameters) divides the default ones by factor.
-std::vector<float> llama_rope_inv_freq(const RopeParams& rope, int64_t head_dim);
+std::vector<float> target_rope_inv_freq(const RopeParams& rope, int64_t head_dim);
 
 /// The default aux layers of eagle3.md section 1: (2, N/2, N-3), vLLM's "input to layer k" convention,
 /// verbatim (N = 5 gives (2, 2, 2); below N = 6 the ids are not ascending). Throws aerie::Error if N < 3.

@@ -1,0 +1,139 @@
+// The building blocks of the target's decoder layers (llama.cpp's build_attn / build_ffn in aerie's
+// terms): a forward context shared by every block of one forward, a Linear that knows its weight
+// format, and the two block interfaces (attention, FFN) that architecture files combine into
+// DecoderLayers. The scaffold around them (capture, residual, norms) is written once, in decoder.cc.
+#pragma once
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "core/tensor.h"
+#include "model/op_profile.h"
+#include "model/target.h"
+#include "model/weight_source.h"
+
+namespace aerie {
+
+/// The rows of one forward: B sequences whose rows are concatenated (n = sum n_b); sequence b's rows
+/// are start[b] .. start[b+1]-1 at positions p0[b] .. (p0[b] = its cache length, 0 without a cache).
+struct ForwardBatch {
+  int64_t B = 0, n = 0, longest = 0;
+  std::vector<int64_t> start, p0;  // [B + 1], [B]
+  std::vector<KVCache*> cache;     // [B], null: no cache
+  Tensor positions;                // [n] I32 on the model's device
+  Tensor cu_seqlens;               // [B + 1] I32: defined when every sequence starts at 0 and B > 1
+  bool direct_cache = false;       // B == 1 with a cache: k/v may be written into its slots directly
+};
+
+/// What every block of one forward shares: device, compute dtype, tp group, op profile, the batch, and
+/// a workspace of per-forward buffers reused by every layer (one allocation per forward, as the layers
+/// of one target have one shape).
+class ForwardContext {
+ public:
+  ForwardContext(Device device, DType dtype, Communicator& tp, OpProfile& prof, const ForwardBatch& batch)
+      : device(device), dtype(dtype), tp(tp), prof(prof), batch(batch) {}
+  const Device device;
+  const DType dtype;  // compute dtype: GEMM inputs, KV cache, captured outputs
+  Communicator& tp;
+  OpProfile& prof;
+  const ForwardBatch& batch;
+
+  /// The workspace buffer `name` of `shape` and `dtype` on the device (contents undefined): the same
+  /// storage for every layer that asks with the same shape and dtype during this forward.
+  Tensor buffer(const std::string& name, const Shape& shape, DType dtype);
+  /// y = x W^T (matmul), timed as a GEMM.
+  void gemm(const Tensor& x, const Tensor& W, Tensor& y);
+  /// y += b broadcast over rows (y [n, M], b [M]; nothing when b is undefined), timed as Other: a K = 1
+  /// GEMM with beta 1 against a ones column (one fp32 rounding per element, as a direct add).
+  void add_bias(Tensor& y, const Tensor& b);
+  /// Sums y over the tp group (nothing at tp 1), timed as AllReduce.
+  void all_reduce(Tensor& y);
+
+ private:
+  std::map<std::string, Tensor> buffers_;
+  Tensor ones_;  // [n, 1] of 1 in the compute dtype, made at the first bias
+};
+
+/// The weight formats a Linear can hold. Dense: [out, in] in the compute dtype (F32 or BF16).
+/// Block-FP8 and INT4-group formats join here (DeepSeek-V3, Kimi-K2.5), dequantized inside the layer.
+enum class WeightFormat { Dense };
+
+/// One linear layer y = x W^T (+ b), this tp rank's part: W [out, in], b [out] or undefined.
+/// Column-parallel linears hold rows of W (and of b); row-parallel ones hold columns of W, and their
+/// bias is replicated and added once after the all-reduce (add_bias).
+struct Linear {
+  WeightFormat format = WeightFormat::Dense;
+  Tensor weight;  // [out, in] (Dense: compute dtype)
+  Tensor bias;    // [out] compute dtype, or undefined
+  int64_t out_features() const { return weight.dim(0); }
+  int64_t in_features() const { return weight.dim(1); }
+  /// y [n, out] (F32 or the compute dtype) = x [n, in] (compute dtype) W^T, without the bias.
+  void matmul(ForwardContext& ctx, const Tensor& x, Tensor& y) const;
+  /// y += b (nothing without a bias).
+  void add_bias(ForwardContext& ctx, Tensor& y) const;
+  /// matmul then add_bias.
+  void forward(ForwardContext& ctx, const Tensor& x, Tensor& y) const {
+    matmul(ctx, x, y);
+    add_bias(ctx, y);
+  }
+};
+
+/// An attention block: from h = input_layernorm(r) [n, H] (compute dtype) to the residual update
+/// out [n, H] F32, summed over the tp group (every rank returns the full sum), bias included. Appends
+/// the batch's keys/values (or whatever it caches) to the KV caches of its layer.
+class AttentionBlock {
+ public:
+  virtual ~AttentionBlock() = default;
+  virtual void forward(ForwardContext& ctx, int64_t layer, const Tensor& h, Tensor& out) = 0;
+  /// The shape of one cached position of this block for this rank: the K and V rows (e.g. [nkv, d]).
+  virtual Shape cache_k_row() const = 0;
+  virtual Shape cache_v_row() const = 0;
+};
+
+/// A feed-forward block: from h = post_attention_layernorm(r) [n, H] (compute dtype) to the residual
+/// update out [n, H] F32, summed over the tp group, bias included.
+class FfnBlock {
+ public:
+  virtual ~FfnBlock() = default;
+  virtual void forward(ForwardContext& ctx, const Tensor& h, Tensor& out) = 0;
+};
+
+/// One decoder layer: r += attn(input_norm(r)); r += ffn(post_norm(r)) (pre-norm, RMSNorm weights F32).
+struct DecoderLayer {
+  Tensor input_norm, post_norm;  // [H] F32, replicated
+  std::unique_ptr<AttentionBlock> attn;
+  std::unique_ptr<FfnBlock> ffn;
+};
+
+}  // namespace aerie
+
+namespace aerie {
+
+/// Grouped-query attention (Llama, Mistral, Qwen2/3; transformers' LlamaAttention): q/k/v projections
+/// in one packed GEMM, optional biases, optional q/k RMSNorm over head_dim (Qwen3), RoPE of inv_freq,
+/// causal softmax(q k^T * d^-0.5) v with an optional sliding window, o_proj (row-parallel).
+struct GqaSpec {
+  int64_t hidden = 0, heads = 0, kv_heads = 0, head_dim = 0;  // full sizes (heads split over tp)
+  bool qkv_bias = false, o_bias = false, qk_norm = false;
+  int64_t window = 0;           // sliding window W (0 = full attention)
+  std::vector<float> inv_freq;  // [head_dim / 2]
+  float eps = 1e-6f;            // the q/k norms' epsilon
+};
+/// Loads `prefix` {q,k,v,o}_proj.{weight,bias} and {q,k}_norm.weight (as the spec says) from `src`:
+/// q/k/v rows of this rank's heads, o_proj's columns. Throws aerie::Error when tp does not divide the
+/// heads or kv heads, or a tensor is missing or misshapen.
+std::unique_ptr<AttentionBlock> make_gqa_attention(WeightSource& src, const GqaSpec& spec, const std::string& prefix);
+
+/// The SwiGLU MLP (transformers' LlamaMLP): down(silu(x Wg^T + bg) * (x Wu^T + bu)) + bd, gate/up
+/// packed into one GEMM (column-parallel rows of this rank's intermediate slice), down row-parallel.
+struct DenseFfnSpec {
+  int64_t hidden = 0, intermediate = 0;
+  bool bias = false;
+};
+/// Loads `prefix` {gate,up,down}_proj.{weight,bias}. Throws aerie::Error when tp does not divide the
+/// intermediate size, or a tensor is missing or misshapen.
+std::unique_ptr<FfnBlock> make_dense_ffn(WeightSource& src, const DenseFfnSpec& spec, const std::string& prefix);
+
+}  // namespace aerie

@@ -1,0 +1,161 @@
+// The target's forward: the decoder-layer scaffold, written once for every architecture, over a batch
+// of B sequences whose rows are concatenated (n = sum n_b rows; forward() is B = 1), tensor parallel
+// over the ranks of a tp group, with the captures of eagle3.md section 1 and a KV cache.
+//
+// Per layer l (residual stream r = r^l, [n, H] F32, identical on every tp rank):
+//   capture r^l if l is an aux layer
+//   h = input_norm(r);  r += attn(h)   (the block's all-reduced update, model/blocks.h)
+//   h = post_norm(r);   r += ffn(h)
+// then z = norm(r^N), logits = z W_lm^T (all rows, or the last row of each sequence). Every residual
+// add is fused with the RMSNorm that follows it (add_rmsnorm_forward: post_norm, the next layer's
+// input_norm, after the last layer final_norm). The tensors built here (ids, positions, sequence
+// boundaries) are moved to the weights' device.
+// Precision (TargetModelOptions): in the BF16 mode r stays F32 and the blocks' GEMM inputs are bf16;
+// the blocks write F32 into the residual add; every op accumulates in fp32. The F32 mode computes
+// everything in fp32. Profiling: every op is timed by category when AERIE_PROFILE=1 (model/op_profile.h).
+#include <algorithm>
+#include <set>
+
+#include "core/error.h"
+#include "kernels/convert.h"
+#include "kernels/embedding.h"
+#include "kernels/fused.h"
+#include "kernels/norm.h"
+#include "kernels/tensor_ops.h"
+#include "model/blocks.h"
+#include "model/target.h"
+#include "model/target_impl.h"
+
+namespace aerie {
+
+TargetOutput TargetModel::forward(const std::vector<int32_t>& ids, KVCache* cache,
+                                  const std::vector<int>& aux_layers, bool want_logits) {
+  return run({ids}, {cache}, aux_layers, want_logits ? Logits::All : Logits::None, "TargetModel::forward");
+}
+
+TargetOutput TargetModel::forward_batch(const std::vector<std::vector<int32_t>>& ids,
+                                        const std::vector<KVCache*>& caches, const std::vector<int>& aux_layers,
+                                        Logits logits) {
+  return run(ids, caches, aux_layers, logits, "TargetModel::forward_batch");
+}
+
+TargetOutput TargetModel::run(const std::vector<std::vector<int32_t>>& ids, const std::vector<KVCache*>& caches,
+                              const std::vector<int>& aux_layers, Logits logits, const char* who) {
+  Impl& m = *impl_;
+  OpProfile& prof = m.profile;
+  const int64_t B = static_cast<int64_t>(ids.size());
+  const int64_t H = cfg_.hidden_size, N = cfg_.num_hidden_layers;
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  AERIE_CHECK(B > 0, who << ": empty batch");
+  AERIE_CHECK(caches.empty() || static_cast<int64_t>(caches.size()) == B,
+              who << ": " << caches.size() << " caches for " << B << " sequences");
+  for (int a : aux_layers) AERIE_CHECK(a >= 0 && a <= N, who << ": aux layer " << a << " outside [0, " << N << "]");
+
+  ForwardBatch batch;
+  batch.B = B;
+  batch.start.assign(B + 1, 0);
+  batch.p0.assign(B, 0);
+  batch.cache.assign(B, nullptr);
+  std::set<const KVCache*> seen;
+  bool all_at_zero = true;  // every sequence starts at position 0 (its keys are its new rows only)
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t n_b = static_cast<int64_t>(ids[b].size());
+    AERIE_CHECK(n_b > 0, who << ": sequence " << b << " has no ids");
+    batch.start[b + 1] = batch.start[b] + n_b;
+    batch.longest = std::max(batch.longest, n_b);
+    KVCache* c = caches.empty() ? nullptr : caches[b];
+    batch.cache[b] = c;
+    if (!c) continue;
+    AERIE_CHECK(seen.insert(c).second, who << ": sequence " << b << "'s KV cache is also another sequence's");
+    bool fits = static_cast<int64_t>(c->k.size()) == N && static_cast<int64_t>(c->v.size()) == N;
+    for (int64_t l = 0; fits && l < N; ++l) {
+      const Shape kr(c->k[l].shape().begin() + 1, c->k[l].shape().end());
+      const Shape vr(c->v[l].shape().begin() + 1, c->v[l].shape().end());
+      fits = kr == m.layers[l].attn->cache_k_row() && vr == m.layers[l].attn->cache_v_row() &&
+             c->k[l].dtype() == m.dtype && c->k[l].device() == m.device;
+    }
+    AERIE_CHECK(fits, who << ": KV cache of sequence " << b << " was made for another model, tp size, device or dtype");
+    batch.p0[b] = c->length();
+    AERIE_CHECK(batch.p0[b] + n_b <= c->capacity(), who << ": KV cache of sequence " << b << " holds "
+                                                        << c->capacity() << " positions, " << batch.p0[b]
+                                                        << " used, " << n_b << " more asked");
+    if (batch.p0[b] > 0) all_at_zero = false;
+  }
+  const int64_t n = batch.n = batch.start[B];
+
+  const Device dev = m.device;
+  const DType ct = m.dtype;  // compute dtype: GEMM inputs, KV cache, captured outputs
+  auto on_device = [dev](Tensor t) { return dev == Device::CPU ? t : t.to_device(dev); };
+  std::vector<int32_t> all_ids, pos;
+  all_ids.reserve(n);
+  pos.reserve(n);
+  for (int64_t b = 0; b < B; ++b) {
+    all_ids.insert(all_ids.end(), ids[b].begin(), ids[b].end());
+    for (int64_t i = 0; i < batch.start[b + 1] - batch.start[b]; ++i)
+      pos.push_back(static_cast<int32_t>(batch.p0[b] + i));
+  }
+  Tensor ids_t = on_device(Tensor::from_vector(all_ids, {n}));
+  batch.positions = on_device(Tensor::from_vector(pos, {n}));
+  // Packed prefill: every sequence at position 0 and more than one of them -> one varlen attention
+  // call per layer over the batch's own rows (a sliding layer too when no sequence exceeds its window).
+  if (all_at_zero && B > 1) {
+    std::vector<int32_t> cu(batch.start.begin(), batch.start.end());
+    batch.cu_seqlens = on_device(Tensor::from_vector(cu, {B + 1}));
+  }
+  // One sequence with a cache: an attention block may write its keys straight into the cache's slots.
+  batch.direct_cache = B == 1 && batch.cache[0] != nullptr;
+  ForwardContext ctx(dev, ct, *m.tp, prof, batch);
+
+  TargetOutput out;
+  if (!aux_layers.empty())
+    out.aux_hidden = Tensor::empty({n, H * static_cast<int64_t>(aux_layers.size())}, ct, dev);
+  auto capture = [&](int64_t layer, const Tensor& r) {
+    Tensor rc;  // r in the compute dtype, converted once per captured layer
+    for (size_t j = 0; j < aux_layers.size(); ++j) {
+      if (aux_layers[j] != layer) continue;
+      if (!rc.defined()) {
+        rc = ct == DType::F32 ? r : Tensor::empty(r.shape(), ct, dev);
+        if (ct != DType::F32) convert(r, rc);
+      }
+      copy_columns(rc, 0, out.aux_hidden, static_cast<int64_t>(j) * H, H);
+    }
+  };
+
+  Tensor r = Tensor::empty({n, H}, DType::F32, dev);  // r^l, the residual stream
+  Tensor h = Tensor::empty({n, H}, ct, dev);          // the RMSNorm output feeding a block
+  Tensor o = Tensor::empty({n, H}, DType::F32, dev);  // a block's all-reduced update
+  prof.time(OpKind::Other, dev, [&] { embedding_forward(ids_t, m.embed_tokens, r); });
+  prof.time(OpKind::Norm, dev, [&] { rmsnorm_forward(r, N > 0 ? m.layers[0].input_norm : m.norm, eps, h, nullptr); });
+  for (int64_t l = 0; l < N; ++l) {
+    prof.time(OpKind::Other, dev, [&] { capture(l, r); });
+    DecoderLayer& L = m.layers[l];
+    L.attn->forward(ctx, l, h, o);
+    prof.time(OpKind::Norm, dev, [&] { add_rmsnorm_forward(r, o, L.post_norm, eps, h); });
+    L.ffn->forward(ctx, h, o);
+    // r^{l+1} = r + o, and h = the next layer's input_norm of it (after the last layer: final_norm).
+    const Tensor& next_norm = l + 1 < N ? m.layers[l + 1].input_norm : m.norm;
+    prof.time(OpKind::Norm, dev, [&] { add_rmsnorm_forward(r, o, next_norm, eps, h); });
+  }
+  prof.time(OpKind::Other, dev, [&] { capture(N, r); });
+  out.final_hidden = h;  // z = final_norm(r^N)
+  if (logits == Logits::All) {
+    out.logits = Tensor::empty({n, m.lm_head.dim(0)}, DType::F32, dev);
+    ctx.gemm(out.final_hidden, m.lm_head, out.logits);
+  } else if (logits == Logits::Last) {
+    // The last row of each sequence gathered first ([B, H]), then one lm_head GEMM.
+    std::vector<int32_t> last(B);
+    for (int64_t b = 0; b < B; ++b) last[b] = static_cast<int32_t>(batch.start[b + 1] - 1);
+    Tensor z_last = Tensor::empty({B, H}, ct, dev);
+    prof.time(OpKind::Other, dev, [&] {
+      embedding_forward(on_device(Tensor::from_vector(last, {B})), out.final_hidden, z_last);
+    });
+    out.logits = Tensor::empty({B, m.lm_head.dim(0)}, DType::F32, dev);
+    ctx.gemm(z_last, m.lm_head, out.logits);
+  }
+  prof.count_forward(n);
+  for (int64_t b = 0; b < B; ++b)
+    if (batch.cache[b]) batch.cache[b]->length_ = batch.p0[b] + batch.start[b + 1] - batch.start[b];
+  return out;
+}
+
+}  // namespace aerie

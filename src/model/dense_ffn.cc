@@ -1,0 +1,54 @@
+// The dense SwiGLU FFN block (transformers' LlamaMLP), tensor parallel by the intermediate dimension:
+//   out = all_reduce_sum((silu(h Wg^T + bg) * (h Wu^T + bu)) Wd^T) + bd
+// with gate/up packed into one GEMM ([n, 2 I/tp]) and swiglu_packed_forward on its output.
+#include "core/error.h"
+#include "kernels/fused.h"
+#include "model/blocks.h"
+
+namespace aerie {
+
+namespace {
+
+class DenseFfn final : public FfnBlock {
+ public:
+  DenseFfn(WeightSource& src, const DenseFfnSpec& s, const std::string& p) {
+    const int tp = src.tp_size();
+    AERIE_CHECK(s.intermediate % tp == 0, "tp " << tp << " does not divide intermediate_size " << s.intermediate);
+    inter_ = s.intermediate / tp;
+    const int64_t H = s.hidden, I = s.intermediate;
+    gate_up_.weight = Tensor::empty({2 * inter_, H}, src.dtype(), src.device());  // rows: gate, up
+    src.load_into(p + "gate_proj.weight", {I, H}, TpSplit::Rows, ParamRole::Linear, gate_up_.weight.slice(0, inter_));
+    src.load_into(p + "up_proj.weight", {I, H}, TpSplit::Rows, ParamRole::Linear,
+                  gate_up_.weight.slice(inter_, 2 * inter_));
+    down_.weight = src.load(p + "down_proj.weight", {H, I}, TpSplit::Cols, ParamRole::Linear);
+    if (s.bias) {
+      gate_up_.bias = Tensor::empty({2 * inter_}, src.dtype(), src.device());
+      src.load_into(p + "gate_proj.bias", {I}, TpSplit::Rows, ParamRole::Bias, gate_up_.bias.slice(0, inter_));
+      src.load_into(p + "up_proj.bias", {I}, TpSplit::Rows, ParamRole::Bias, gate_up_.bias.slice(inter_, 2 * inter_));
+      down_.bias = src.load(p + "down_proj.bias", {H}, TpSplit::None, ParamRole::Bias);
+    }
+  }
+
+  void forward(ForwardContext& ctx, const Tensor& h, Tensor& out) override {
+    const int64_t n = ctx.batch.n;
+    Tensor gu = ctx.buffer("ffn.gate_up", {n, 2 * inter_}, ctx.dtype);  // packed gate/up GEMM output
+    Tensor act = ctx.buffer("ffn.act", {n, inter_}, ctx.dtype);         // silu(g) * u
+    gate_up_.forward(ctx, h, gu);
+    ctx.prof.time(OpKind::Activation, ctx.device, [&] { swiglu_packed_forward(gu, act); });
+    down_.matmul(ctx, act, out);  // [n, H], partial sum over tp ranks
+    ctx.all_reduce(out);
+    down_.add_bias(ctx, out);
+  }
+
+ private:
+  int64_t inter_ = 0;      // this rank's intermediate slice I/tp
+  Linear gate_up_, down_;  // [2 I/tp, H] rows gate, up; [H, I/tp]
+};
+
+}  // namespace
+
+std::unique_ptr<FfnBlock> make_dense_ffn(WeightSource& src, const DenseFfnSpec& spec, const std::string& prefix) {
+  return std::make_unique<DenseFfn>(src, spec, prefix);
+}
+
+}  // namespace aerie

@@ -1,0 +1,149 @@
+// Grouped-query attention, the attention block of the Llama family (transformers'
+// modeling_{llama,mistral,qwen2,qwen3}.py *Attention), tensor parallel by heads:
+//   q, k, v = h Wq^T + bq, h Wk^T + bk, h Wv^T + bv   (this rank's heads, one packed GEMM)
+//   q, k = q_norm(q), k_norm(k) per head over head_dim (Qwen3 only)
+//   q, k = RoPE(q, k) at positions p0_b .. p0_b+n_b-1 of each sequence (p0_b = its cache length)
+//   out = all_reduce_sum(attention(q, [cache k; k], [cache v; v]) Wo^T) + bo  (Wo: this rank's columns;
+//         each sequence attends its own keys only; a sliding-window layer's query at p attends keys
+//         (p - W, p] only)
+// qkv_rope_forward does the split, q/k norm and RoPE in one kernel and, for a single cached sequence,
+// writes k and v into the cache's slots directly.
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "kernels/attention.h"
+#include "kernels/fused.h"
+#include "model/blocks.h"
+
+namespace aerie {
+
+namespace {
+
+/// Causal attention of q [n, nh, d] (positions p0 .. p0+n-1) over k_all, v_all [p0+n, nkv, d]; with
+/// window W > 0 the query at position p attends keys p-W < j <= p only (transformers'
+/// sliding_window_overlay). Rows whose window starts at key 0 go in one call, later rows one by one
+/// over their W keys (a window longer than the sequence costs nothing).
+void attend(const Tensor& q, const Tensor& k_all, const Tensor& v_all, int64_t p0, int64_t window, float scale,
+            Tensor& out) {
+  const int64_t n = q.dim(0);
+  if (window <= 0 || p0 + n <= window) {
+    attention_forward(q, k_all, v_all, p0, scale, out, nullptr);
+    return;
+  }
+  const int64_t head = std::clamp<int64_t>(window - p0, 0, n);  // rows with p < W see keys 0..p
+  if (head > 0) {
+    Tensor o = out.slice(0, head);
+    attention_forward(q.slice(0, head), k_all.slice(0, p0 + head), v_all.slice(0, p0 + head), p0, scale, o, nullptr);
+  }
+  for (int64_t t = head; t < n; ++t) {
+    const int64_t p = p0 + t, lo = p - window + 1;
+    Tensor o = out.slice(t, t + 1);
+    attention_forward(q.slice(t, t + 1), k_all.slice(lo, p + 1), v_all.slice(lo, p + 1), window - 1, scale, o,
+                      nullptr);
+  }
+}
+
+class GqaAttention final : public AttentionBlock {
+ public:
+  GqaAttention(WeightSource& src, const GqaSpec& s, const std::string& p) : spec_(s) {
+    const int tp = src.tp_size();
+    AERIE_CHECK(s.heads % tp == 0, "tp " << tp << " does not divide num_attention_heads " << s.heads);
+    AERIE_CHECK(s.kv_heads % tp == 0, "tp " << tp << " does not divide num_key_value_heads " << s.kv_heads
+                                            << " (aerie does not replicate kv heads)");
+    nh_ = s.heads / tp;
+    nkv_ = s.kv_heads / tp;
+    const int64_t H = s.hidden, d = s.head_dim;
+    const int64_t rows = (nh_ + 2 * nkv_) * d;  // this rank's q, k, v rows, packed: one GEMM
+    qkv_.weight = Tensor::empty({rows, H}, src.dtype(), src.device());
+    const struct {
+      const char* name;
+      int64_t heads, begin;
+    } parts[] = {{"q_proj", s.heads, 0}, {"k_proj", s.kv_heads, nh_ * d}, {"v_proj", s.kv_heads, (nh_ + nkv_) * d}};
+    for (const auto& part : parts) {
+      const int64_t r = part.heads / tp * d;
+      src.load_into(p + part.name + ".weight", {part.heads * d, H}, TpSplit::Rows, ParamRole::Linear,
+                    qkv_.weight.slice(part.begin, part.begin + r));
+    }
+    if (s.qkv_bias) {
+      qkv_.bias = Tensor::empty({rows}, src.dtype(), src.device());
+      for (const auto& part : parts) {
+        const int64_t r = part.heads / tp * d;
+        src.load_into(p + part.name + ".bias", {part.heads * d}, TpSplit::Rows, ParamRole::Bias,
+                      qkv_.bias.slice(part.begin, part.begin + r));
+      }
+    }
+    o_.weight = src.load(p + "o_proj.weight", {H, s.heads * d}, TpSplit::Cols, ParamRole::Linear);
+    if (s.o_bias) o_.bias = src.load(p + "o_proj.bias", {H}, TpSplit::None, ParamRole::Bias);
+    if (s.qk_norm) {
+      q_norm_ = src.load(p + "q_norm.weight", {d}, TpSplit::None, ParamRole::Norm);
+      k_norm_ = src.load(p + "k_norm.weight", {d}, TpSplit::None, ParamRole::Norm);
+    }
+  }
+
+  Shape cache_k_row() const override { return {nkv_, spec_.head_dim}; }
+  Shape cache_v_row() const override { return {nkv_, spec_.head_dim}; }
+
+  void forward(ForwardContext& ctx, int64_t layer, const Tensor& h, Tensor& out) override {
+    const ForwardBatch& b = ctx.batch;
+    const int64_t n = b.n, d = spec_.head_dim, l = layer;
+    const DType ct = ctx.dtype;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+    Tensor qkv = ctx.buffer("gqa.qkv", {n, (nh_ + 2 * nkv_) * d}, ct);  // packed q/k/v GEMM output
+    Tensor q = ctx.buffer("gqa.q", {n, nh_, d}, ct);
+    Tensor k = ctx.buffer("gqa.k", {n, nkv_, d}, ct), v = ctx.buffer("gqa.v", {n, nkv_, d}, ct);
+    Tensor attn = ctx.buffer("gqa.attn", {n, nh_, d}, ct);
+    qkv_.forward(ctx, h, qkv);
+    KVCache* c0 = b.cache.empty() ? nullptr : b.cache[0];
+    if (b.direct_cache) {
+      k = c0->k[l].slice(b.p0[0], b.p0[0] + n);
+      v = c0->v[l].slice(b.p0[0], b.p0[0] + n);
+    }
+    ctx.prof.time(OpKind::Rope, ctx.device, [&] {
+      qkv_rope_forward(qkv, b.positions, spec_.inv_freq, q_norm_, k_norm_, spec_.eps, q, k, v);
+    });
+    if (!b.direct_cache) {
+      ctx.prof.time(OpKind::Other, ctx.device, [&] {
+        for (int64_t i = 0; i < b.B; ++i) {
+          if (!b.cache[i]) continue;
+          const int64_t s = b.start[i], e = b.start[i + 1];
+          b.cache[i]->k[l].slice(b.p0[i], b.p0[i] + e - s).copy_from(k.slice(s, e));
+          b.cache[i]->v[l].slice(b.p0[i], b.p0[i] + e - s).copy_from(v.slice(s, e));
+        }
+      });
+    }
+    const int64_t window = spec_.window;
+    ctx.prof.time(OpKind::Attention, ctx.device, [&] {
+      if (b.cu_seqlens.defined() && (window <= 0 || b.longest <= window)) {
+        attention_forward_varlen(q, k, v, b.cu_seqlens, scale, attn, nullptr);
+        return;
+      }
+      for (int64_t i = 0; i < b.B; ++i) {
+        const int64_t s = b.start[i], e = b.start[i + 1];
+        Tensor k_all = k.slice(s, e), v_all = v.slice(s, e), out_b = attn.slice(s, e);
+        if (b.cache[i]) {
+          k_all = b.cache[i]->k[l].slice(0, b.p0[i] + e - s);
+          v_all = b.cache[i]->v[l].slice(0, b.p0[i] + e - s);
+        }
+        attend(q.slice(s, e), k_all, v_all, b.p0[i], window, scale, out_b);
+      }
+    });
+    o_.matmul(ctx, attn.reshape({n, nh_ * d}), out);  // [n, H], partial sum over tp ranks
+    ctx.all_reduce(out);
+    o_.add_bias(ctx, out);  // once, after the reduction
+  }
+
+ private:
+  GqaSpec spec_;
+  int64_t nh_ = 0, nkv_ = 0;  // this rank's heads and kv heads
+  Linear qkv_, o_;            // qkv_: [(nh + 2 nkv) d, H] rows q, k, v; o_: [H, nh d]
+  Tensor q_norm_, k_norm_;    // [d] F32 (Qwen3) or undefined
+};
+
+}  // namespace
+
+std::unique_ptr<AttentionBlock> make_gqa_attention(WeightSource& src, const GqaSpec& spec, const std::string& prefix) {
+  return std::make_unique<GqaAttention>(src, spec, prefix);
+}
+
+}  // namespace aerie

@@ -1,0 +1,140 @@
+// TargetModel: building the layers from a WeightSource (a checkpoint, or random weights) by the
+// architecture table, the KV cache and greedy decoding. The forward's scaffold is in decoder.cc.
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "model/target.h"
+#include "model/arch.h"
+#include "model/target_impl.h"
+#include "model/weight_source.h"
+
+namespace aerie {
+
+KVCache::KVCache(const std::vector<Shape>& k_rows, const std::vector<Shape>& v_rows, int64_t max_len, Device device,
+                 DType dtype) {
+  AERIE_CHECK(max_len >= 0, "KVCache: negative max_len " << max_len);
+  AERIE_CHECK(k_rows.size() == v_rows.size(), "KVCache: " << k_rows.size() << " K layers, " << v_rows.size() << " V");
+  auto with_len = [max_len](Shape row) {
+    row.insert(row.begin(), max_len);
+    return row;
+  };
+  for (size_t l = 0; l < k_rows.size(); ++l) {
+    k.push_back(Tensor::zeros(with_len(k_rows[l]), dtype, device));
+    v.push_back(Tensor::zeros(with_len(v_rows[l]), dtype, device));
+  }
+  max_len_ = max_len;
+}
+
+void KVCache::truncate(int64_t len) {
+  AERIE_CHECK(len >= 0 && len <= length_, "KVCache::truncate(" << len << "): cache holds " << length_);
+  length_ = len;
+}
+
+TargetModel::TargetModel(const std::string& dir, Communicator& tp) : TargetModel(dir, tp, TargetModelOptions{}) {}
+
+TargetModel::TargetModel(const std::string& dir, Communicator& tp, const TargetModelOptions& options)
+    : impl_(std::make_shared<Impl>()), cfg_(load_target_config(dir)) {
+  auto src = checkpoint_weights(dir, tp.rank(), tp.size(), options.device, options.dtype);
+  build(*src, tp, options);
+  src->finish("a " + cfg_.model_type + " decoder of this config");
+  AERIE_LOG(debug) << "loaded the " << cfg_.model_type << " weights of " << dir << " (tp rank " << tp.rank() << " of "
+                   << tp.size() << ")";
+}
+
+TargetModel TargetModel::random(const TargetConfig& cfg, Communicator& tp, const TargetModelOptions& options,
+                                uint64_t seed) {
+  TargetModel m;
+  m.impl_ = std::make_shared<Impl>();
+  m.cfg_ = cfg;
+  auto src = random_weights(seed, tp.rank(), tp.size(), options.device, options.dtype);
+  m.build(*src, tp, options);
+  src->finish("random weights");
+  return m;
+}
+
+void TargetModel::build(WeightSource& src, Communicator& tp, const TargetModelOptions& options) {
+  const Architecture& arch = find_architecture(cfg_.model_type, "TargetModel");
+  Impl& m = *impl_;
+  m.tp = &tp;
+  m.device = options.device;
+  m.dtype = options.dtype;
+  const std::string& P = src.decoder_prefix();
+  const int64_t H = cfg_.hidden_size, V = cfg_.vocab_size;
+  // The order of the requests fixes the random weights' draws: embedding, final norm, the layers in
+  // order, lm_head.
+  m.embed_tokens = src.load(P + "embed_tokens.weight", {V, H}, TpSplit::None, ParamRole::Embedding);
+  m.norm = src.load(P + "norm.weight", {H}, TpSplit::None, ParamRole::Norm);
+  for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) m.layers.push_back(arch.build_layer(src, cfg_, l));
+  // Some tied checkpoints still carry an lm_head copy; transformers ignores it, and so does aerie.
+  const std::string lm_head = src.has("lm_head.weight") || !src.has("language_model.lm_head.weight")
+                                  ? "lm_head.weight"
+                                  : "language_model.lm_head.weight";
+  if (cfg_.tie_word_embeddings) {
+    m.lm_head = m.embed_tokens;
+    if (src.has(lm_head)) src.skip(lm_head, {V, H});
+  } else {
+    AERIE_CHECK(src.has(lm_head), "no tensor \"lm_head.weight\" in the checkpoint and tie_word_embeddings is false");
+    m.lm_head = src.load(lm_head, {V, H}, TpSplit::None, ParamRole::Embedding);
+  }
+  m.profile.enable(OpProfile::enabled_by_env());
+}
+
+Device TargetModel::device() const { return impl_->device; }
+DType TargetModel::dtype() const { return impl_->dtype; }
+const Tensor& TargetModel::embed_tokens() const { return impl_->embed_tokens; }
+const Tensor& TargetModel::lm_head() const { return impl_->lm_head; }
+Communicator& TargetModel::tp() const { return *impl_->tp; }
+std::string TargetModel::profile_summary() const { return impl_->profile.summary(); }
+KVCache TargetModel::make_cache(int64_t max_len) const {
+  std::vector<Shape> k_rows, v_rows;
+  for (const DecoderLayer& L : impl_->layers) {
+    k_rows.push_back(L.attn->cache_k_row());
+    v_rows.push_back(L.attn->cache_v_row());
+  }
+  return KVCache(k_rows, v_rows, max_len, impl_->device, impl_->dtype);
+}
+
+std::vector<int32_t> greedy_generate(TargetModel& model, const std::vector<int32_t>& prompt, int64_t max_new,
+                                     int32_t stop_id) {
+  return greedy_generate(model, prompt, max_new, stop_id >= 0 ? std::vector<int32_t>{stop_id} : std::vector<int32_t>{});
+}
+
+std::vector<int32_t> greedy_generate(TargetModel& model, const std::vector<int32_t>& prompt, int64_t max_new,
+                                     const std::vector<int32_t>& stop_ids) {
+  AERIE_CHECK(!prompt.empty(), "greedy_generate: empty prompt");
+  std::vector<int32_t> out = prompt;
+  if (max_new <= 0) return out;
+  KVCache cache = model.make_cache(static_cast<int64_t>(prompt.size()) + max_new);
+  Communicator& tp = model.tp();
+  // argmax of the last logits row (ties: the smaller id, as llama2.c's argmax), agreed on by the tp
+  // group: rank 0's choice is broadcast, so that ranks never diverge even if their all-reduced
+  // logits differed in the last bit.
+  auto pick = [&](const Tensor& all_logits) {
+    const int64_t V = all_logits.dim(1);
+    Tensor last = all_logits.slice(all_logits.dim(0) - 1, all_logits.dim(0));
+    if (last.device() != Device::CPU) last = last.to_device(Device::CPU);
+    const float* row = last.data<float>();
+    int32_t best = 0;
+    for (int64_t i = 1; i < V; ++i)
+      if (row[i] > row[best]) best = static_cast<int32_t>(i);
+    if (tp.size() > 1) {
+      Tensor t = Tensor::from_vector(std::vector<int32_t>{best}, {1});
+      if (model.device() != Device::CPU) t = t.to_device(model.device());  // a device communicator (NCCL)
+      tp.broadcast(t, 0);
+      if (t.device() != Device::CPU) t = t.to_device(Device::CPU);
+      best = t.data<int32_t>()[0];
+    }
+    return best;
+  };
+  int32_t next = pick(model.forward(prompt, &cache, {}, true).logits);
+  for (int64_t i = 0; i < max_new; ++i) {
+    out.push_back(next);
+    if (std::find(stop_ids.begin(), stop_ids.end(), next) != stop_ids.end() || i + 1 == max_new) break;
+    next = pick(model.forward({next}, &cache, {}, true).logits);
+  }
+  return out;
+}
+
+}  // namespace aerie

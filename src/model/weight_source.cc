@@ -1,0 +1,151 @@
+// The two WeightSources: a Hugging Face checkpoint, streamed tensor by tensor, and random weights.
+#include "model/weight_source.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/device.h"
+#include "core/error.h"
+#include "kernels/tensor_ops.h"
+
+namespace aerie {
+
+WeightSource::WeightSource(int tp_rank, int tp_size, Device device, DType dtype)
+    : tp_rank_(tp_rank), tp_size_(tp_size), device_(device), dtype_(dtype) {
+  AERIE_CHECK(tp_size >= 1 && tp_rank >= 0 && tp_rank < tp_size,
+              "WeightSource: tp rank " << tp_rank << " of " << tp_size);
+  AERIE_CHECK(dtype == DType::F32 || dtype == DType::BF16,
+              "the target's compute dtype must be F32 or BF16, got " << dtype_name(dtype));
+}
+
+Shape WeightSource::slice_shape(const Shape& full, TpSplit split) const {
+  Shape s = full;
+  const size_t dim = split == TpSplit::Rows ? 0 : 1;
+  if (split == TpSplit::None || tp_size_ == 1) return s;
+  AERIE_CHECK(s.size() > dim && s[dim] % tp_size_ == 0,
+              "shape " << shape_str(full) << ": dim " << dim << " does not split over tp " << tp_size_);
+  s[dim] /= tp_size_;
+  return s;
+}
+
+Tensor WeightSource::load(const std::string& name, const Shape& full, TpSplit split, ParamRole role) {
+  Tensor t = Tensor::empty(slice_shape(full, split), dtype_of(role), device_);
+  load_into(name, full, split, role, t);
+  return t;
+}
+
+namespace {
+
+class CheckpointSource final : public WeightSource {
+ public:
+  CheckpointSource(const std::string& dir, int r, int s, Device d, DType t) : WeightSource(r, s, d, t), ck_(dir) {}
+  std::string decoder_prefix() const override { return ck_.decoder_prefix(); }
+  bool has(const std::string& name) const override { return ck_.contains(name); }
+  void skip(const std::string& name, const Shape& full) override { ck_.skip(name, full); }
+  void load_into(const std::string& name, const Shape& full, TpSplit split, ParamRole role, Tensor dst) override {
+    Tensor host = ck_.read_slice(name, full, split, tp_rank_, tp_size_, dtype_of(role));
+    AERIE_CHECK(host.shape() == dst.shape() && host.dtype() == dst.dtype(),
+                ck_.file_of(name) << ": tensor \"" << name << "\": slice " << shape_str(host.shape()) << " "
+                                  << dtype_name(host.dtype()) << " for a parameter of " << shape_str(dst.shape())
+                                  << " " << dtype_name(dst.dtype()));
+    dst.copy_from(host);  // host -> device (or host) copy; `host` is dropped here
+  }
+  void finish(const std::string& what) override {
+    // A language-model tensor this implementation does not read (a bias or q_norm the config does not
+    // announce, extra layers) means another architecture: computing without it would be silently wrong.
+    for (const auto& name : ck_.unread_language_model_tensors())
+      AERIE_THROW(ck_.file_of(name) << ": tensor \"" << name << "\" " << shape_str(ck_.shape_of(name))
+                                    << " is not part of " << what
+                                    << " (another architecture, or a config field missing?)");
+  }
+
+ private:
+  HfCheckpoint ck_;
+};
+
+uint64_t splitmix64(uint64_t& s) {
+  uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+class RandomSource final : public WeightSource {
+ public:
+  RandomSource(uint64_t seed, int r, int s, Device d, DType t, float std) : WeightSource(r, s, d, t) {
+    // The pool: 2P normal values (P odd-sized so that rows of a tensor do not repeat in step), uploaded
+    // once; a tensor of n values is the windows [o, o + P) of the pool repeated, o per tensor.
+    s_ = seed * 0x2545F4914F6CDD1Dull + 1;
+    std::vector<float> pool(2 * kPool);
+    for (int64_t i = 0; i < 2 * kPool; i += 2) {  // Box-Muller: two normals from two uniforms in (0, 1]
+      const double u1 = (static_cast<double>(splitmix64(s_) >> 11) + 1.0) * 0x1.0p-53;
+      const double u2 = static_cast<double>(splitmix64(s_) >> 11) * 0x1.0p-53;
+      const double rr = std::sqrt(-2.0 * std::log(u1)) * std;
+      pool[i] = static_cast<float>(rr * std::cos(2.0 * M_PI * u2));
+      pool[i + 1] = static_cast<float>(rr * std::sin(2.0 * M_PI * u2));
+    }
+    pool_ = Tensor::from_vector(pool, {2 * kPool});
+    if (t != DType::F32) pool_ = pool_.to(t);
+    if (d != Device::CPU) pool_ = pool_.to_device(d);
+  }
+  ~RandomSource() override {
+    if (device_ != Device::CPU) cuda::synchronize();  // no copy from the pool may still be queued
+  }
+  std::string decoder_prefix() const override { return "model."; }
+  bool has(const std::string&) const override { return true; }
+  void skip(const std::string&, const Shape&) override {}
+  void finish(const std::string&) override {
+    if (device_ != Device::CPU) cuda::synchronize();
+  }
+  void load_into(const std::string&, const Shape& full, TpSplit split, ParamRole role, Tensor dst) override {
+    if (role == ParamRole::Norm) {
+      Tensor ones = Tensor::from_vector(std::vector<float>(static_cast<size_t>(dst.numel()), 1.0f), {dst.numel()});
+      dst.reshape({dst.numel()}).copy_from(device_ == Device::CPU ? ones : ones.to_device(device_));
+      return;
+    }
+    if (role == ParamRole::Bias) {
+      dst.fill_zero();
+      return;
+    }
+    if (split == TpSplit::None || tp_size_ == 1 || full.size() != 2) {
+      fill(dst);
+      return;
+    }
+    // Every rank draws the FULL tensor (same offsets in the same order on every rank) and keeps its
+    // slice: rows of a column-parallel weight, columns of a row-parallel one.
+    Tensor whole = Tensor::empty(full, dst.dtype(), dst.device());
+    fill(whole);
+    if (split == TpSplit::Rows)
+      dst.copy_from(whole.slice(tp_rank_ * dst.dim(0), (tp_rank_ + 1) * dst.dim(0)));
+    else
+      copy_columns(whole, tp_rank_ * dst.dim(1), dst, 0, dst.dim(1));
+  }
+
+ private:
+  static constexpr int64_t kPool = (int64_t{1} << 22) + 4099;
+  void fill(Tensor& t) {
+    Tensor flat = t.reshape({t.numel()});
+    int64_t o = static_cast<int64_t>(splitmix64(s_) % static_cast<uint64_t>(kPool));
+    for (int64_t i = 0; i < t.numel(); i += kPool) {
+      const int64_t n = std::min(kPool, t.numel() - i);
+      flat.slice(i, i + n).copy_from(pool_.slice(o, o + n));
+      o = (o + 7919) % kPool;  // the next window starts elsewhere
+    }
+  }
+  uint64_t s_ = 0;
+  Tensor pool_;
+};
+
+}  // namespace
+
+std::unique_ptr<WeightSource> checkpoint_weights(const std::string& dir, int tp_rank, int tp_size, Device device,
+                                                 DType dtype) {
+  return std::make_unique<CheckpointSource>(dir, tp_rank, tp_size, device, dtype);
+}
+
+std::unique_ptr<WeightSource> random_weights(uint64_t seed, int tp_rank, int tp_size, Device device, DType dtype,
+                                             float std) {
+  return std::make_unique<RandomSource>(seed, tp_rank, tp_size, device, dtype, std);
+}
+
+}  // namespace aerie

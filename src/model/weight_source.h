@@ -1,0 +1,68 @@
+// Where the target's weights come from while its layers are built: a Hugging Face checkpoint
+// (streamed tensor by tensor, this tp rank's slice only, straight to the device in the compute dtype)
+// or random values for benchmarks. Architecture files (model/arch_*.cc) ask a WeightSource for each
+// tensor by its Hugging Face name, full shape and tp split, and never see which one it is.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "model/hf_checkpoint.h"
+
+namespace aerie {
+
+/// What a parameter is: it decides the dtype it is kept in (Norm: F32; the others: the compute dtype)
+/// and, for random weights, its values (Linear/Embedding ~ N(0, std^2), Norm 1, Bias 0).
+enum class ParamRole { Linear, Embedding, Norm, Bias };
+
+class WeightSource {
+ public:
+  WeightSource(int tp_rank, int tp_size, Device device, DType dtype);
+  virtual ~WeightSource() = default;
+  int tp_rank() const { return tp_rank_; }
+  int tp_size() const { return tp_size_; }
+  Device device() const { return device_; }
+  /// The compute dtype (F32 or BF16) of linears, embeddings and biases.
+  DType dtype() const { return dtype_; }
+  /// The Hugging Face name prefix of the decoder ("model." or a multimodal wrapper's).
+  virtual std::string decoder_prefix() const = 0;
+  /// Writes this rank's slice of `name` (full shape `full`, split `split`) into `dst`, whose shape is
+  /// the slice's (a view of a packed tensor is fine: q/k/v rows of one qkv weight), dtype the role's,
+  /// on device(). Throws aerie::Error naming the tensor (and file) when it is missing or misshapen.
+  virtual void load_into(const std::string& name, const Shape& full, TpSplit split, ParamRole role, Tensor dst) = 0;
+  /// A new tensor holding this rank's slice of `name` (load_into into a fresh tensor).
+  Tensor load(const std::string& name, const Shape& full, TpSplit split, ParamRole role);
+  /// Whether the source has `name` (random weights: always true). For tensors a config may omit.
+  virtual bool has(const std::string& name) const = 0;
+  /// Marks a tensor the model does not need as accounted for (a tied checkpoint's lm_head copy).
+  virtual void skip(const std::string& name, const Shape& full) = 0;
+  /// Called once every layer is built: a checkpoint throws aerie::Error naming the first language-model
+  /// tensor nobody read (another architecture, or a config field missing), as `what` describes it.
+  virtual void finish(const std::string& what) = 0;
+  /// The shape of this rank's slice of a `full` tensor under `split`. Throws aerie::Error when tp_size
+  /// does not divide the split dimension.
+  Shape slice_shape(const Shape& full, TpSplit split) const;
+  DType dtype_of(ParamRole role) const { return role == ParamRole::Norm ? DType::F32 : dtype_; }
+
+ protected:
+  int tp_rank_, tp_size_;
+  Device device_;
+  DType dtype_;
+};
+
+/// The tensors of a Hugging Face directory (HfCheckpoint), each read alone as this rank's slice,
+/// converted on the host to its role's dtype and copied to the device; the host copy is dropped before
+/// the next tensor is read.
+std::unique_ptr<WeightSource> checkpoint_weights(const std::string& dir, int tp_rank, int tp_size, Device device,
+                                                 DType dtype);
+
+/// Random weights for benchmarks: Linear/Embedding ~ N(0, std^2) tiled from a pool of ~4M values
+/// drawn on the host (splitmix64 + Box-Muller of `seed`; each tensor starts at its own seed-dependent
+/// offset, in the order the tensors are asked for), Norm 1, Bias 0, made on the device. Every tp rank
+/// draws each full tensor and keeps its slice, so the ranks of any tp size hold the one model tp 1
+/// makes from `seed` (tp runs compare).
+std::unique_ptr<WeightSource> random_weights(uint64_t seed, int tp_rank, int tp_size, Device device, DType dtype,
+                                             float std = 0.02f);
+
+}  // namespace aerie
