@@ -24,7 +24,7 @@ subcommands() {
           {"export", {export_draft, "write the draft as a directory vLLM and SGLang load"}},
           {"eval", {eval, "acceptance length: teacher-forced and real speculative decoding"}},
           {"generate", {generate, "target generation (greedy or sampled): regenerate a conversation set"}},
-          {"tokenize", {tokenize, "text on stdin -> token ids (and byte offsets) of a tokenizer.json"}},
+          {"tokenize", {tokenize, "text on stdin -> token ids (and byte offsets) of a tokenizer.json or tiktoken.model"}},
       };
   return m;
 }

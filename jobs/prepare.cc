@@ -18,7 +18,7 @@ int prepare(const std::vector<std::string>& args) {
                      "input: JSONL (ShareGPT, OpenAI messages or pre-tokenized), a JSON array of such records, or plain text (.txt)")(
       "format", po::value<std::string>()->default_value("auto"),
       "auto, sharegpt, openai, tokenized, text (auto: text for .txt, else detected per JSONL line)")(
-      "tokenizer", po::value<std::string>()->required(), "directory with tokenizer.json (or the file)")(
+      "tokenizer", po::value<std::string>()->required(), "directory with tokenizer.json or tiktoken.model (or the file)")(
       "template", po::value<std::string>()->default_value("plain"),
       "chat template: a name of configs/templates (llama3, llama3.1, mistral, mistral-v1, mistral-v3, qwen2.5, "
       "qwen3, qwen3-nothink, deepseek-v3, chatml, smollm2) or a path to such an INI file; plain = BOS + turn "

@@ -104,7 +104,7 @@ ChatTemplateSpec ChatTemplateSpec::load(const std::string& path) {
   str("tool_call.after_content", s.call_after_content);
   choice("tool_call.with_content", s.call_with_content, {"keep", "drop_content", "drop_calls", "error"});
   integer("tool_call.max", s.call_max);
-  choice("tools.placement", s.tools_placement, {"none", "system", "first_user", "before_last_user"});
+  choice("tools.placement", s.tools_placement, {"none", "system", "first_user", "before_last_user", "start"});
   choice("tools.format", s.tools_format, {"each", "list"});
   str("tools.prefix", s.tools_prefix);
   str("tools.suffix", s.tools_suffix);
@@ -112,7 +112,8 @@ ChatTemplateSpec ChatTemplateSpec::load(const std::string& path) {
   str("tools.item_suffix", s.tools_item_suffix);
   str("tools.after_system", s.tools_after_system);
   integer("tools.indent", s.tools_indent);
-  choice("reasoning.mode", s.reasoning, {"none", "qwen3"});
+  flag("tools.sort_keys", s.tools_sort_keys);
+  choice("reasoning.mode", s.reasoning, {"none", "qwen3", "kimi"});
   str("reasoning.begin", s.think_begin);
   str("reasoning.end", s.think_end);
   flag("reasoning.empty_think_trained", s.empty_think_trained);
@@ -293,7 +294,9 @@ std::vector<TemplatePiece> ConfigChatTemplate::render_pieces(const Conversation&
   // Tool definitions.
   std::string tools;
   if (!conversation.tools_json.empty() && s.tools_placement != "none") {
-    const ojson defs = ojson::parse(conversation.tools_json, nullptr, /*allow_exceptions=*/false);
+    ojson defs = ojson::parse(conversation.tools_json, nullptr, /*allow_exceptions=*/false);
+    if (s.tools_sort_keys && !defs.is_discarded())  // nlohmann::json keeps keys in std::map (sorted) order
+      defs = ojson::parse(nlohmann::json::parse(conversation.tools_json).dump());
     AERIE_CHECK(defs.is_array(), "chat template " << s.name << ": the conversation's tools are not a JSON array");
     if (!defs.empty()) {
       tools = s.tools_prefix;
@@ -308,6 +311,11 @@ std::vector<TemplatePiece> ConfigChatTemplate::render_pieces(const Conversation&
   const bool has_tools = !tools.empty();
 
   if (!s.bos.empty()) out.special(s.bos, false);
+  if (has_tools && s.tools_placement == "start") {  // tools = prefix + JSON + suffix: the JSON is text
+    out.tpl(s.tools_prefix);
+    out.text(tools.substr(s.tools_prefix.size(), tools.size() - s.tools_prefix.size() - s.tools_suffix.size()), false);
+    out.tpl(s.tools_suffix);
+  }
   if (s.system_mode != "turn" || s.system_placement != "turn") {
     if (s.system_placement == "turn" &&
         (has_system || s.system_always || (has_tools && s.tools_placement == "system"))) {
@@ -332,6 +340,9 @@ std::vector<TemplatePiece> ConfigChatTemplate::render_pieces(const Conversation&
       if (first_user < 0) first_user = i;
       last_user = i;
     }
+  int last_answer = -1;  // Kimi-K2-Thinking: the last assistant message without tool calls
+  for (int i = n - 1; i >= 0 && last_answer < 0; --i)
+    if (loop[i].role == ChatRole::Assistant && loop[i].tool_calls.empty()) last_answer = i;
   for (int i = n - 1; i >= 0; --i) {  // Qwen3: the last user message that is not a wrapped tool response
     const std::string& t = loop[i].text;
     if (loop[i].role == ChatRole::User && !(starts_with(t, "<tool_response>") && ends_with(t, "</tool_response>"))) {
@@ -372,7 +383,9 @@ std::vector<TemplatePiece> ConfigChatTemplate::render_pieces(const Conversation&
         const bool group_start = i == 0 || prev != ChatRole::Tool;
         const bool group_end = i + 1 == n || loop[i + 1].role != ChatRole::Tool;
         if (group_start) out.tpl(s.tool_group_prefix);
-        out.tpl(first_tool_result && !s.tool_first_prefix.empty() ? s.tool_first_prefix : s.tool.prefix);
+        std::string prefix = first_tool_result && !s.tool_first_prefix.empty() ? s.tool_first_prefix : s.tool.prefix;
+        prefix = replace_all(replace_all(prefix, "$id", t.tool_call_id), "$name", t.name.empty() ? "tool" : t.name);
+        out.tpl(prefix);
         first_tool_result = false;
         std::string text = role_text(s.tool, t.text);
         if (s.tool_content == "json") text = chat::python_json(ojson(text));
@@ -406,6 +419,8 @@ std::vector<TemplatePiece> ConfigChatTemplate::render_pieces(const Conversation&
             content = chat::strip_chars(content, "\n", true, false);
           }
         }
+        if (s.reasoning == "kimi")  // the Jinja keeps reasoning_content only after the last answer
+          out.tpl(s.think_begin + (i > last_answer ? t.reasoning : std::string()) + s.think_end, true);
         content = role_text(s.assistant, content);
         std::vector<ToolCall> calls = s.call_format.empty() ? std::vector<ToolCall>{} : t.tool_calls;
         if (t.text_is_tool_calls && !calls.empty()) content.clear();  // the calls in the template's syntax
@@ -433,6 +448,7 @@ std::vector<TemplatePiece> ConfigChatTemplate::render_pieces(const Conversation&
             if (args.empty()) args = "{}";
             std::string one = replace_all(s.call_format, "$name", c.name);
             one = replace_all(one, "$id", c.id);
+            one = replace_all(one, "$index", std::to_string(k));
             one = replace_all(one, "$arguments", args);  // last: the arguments may hold "$name"
             if (k > 0) out.tpl(s.call_separator, true);
             out.tpl(one, true);

@@ -21,7 +21,8 @@ namespace aerie {
 /// \n, \t, \uXXXX escapes). Defaults are the empty string / false unless noted.
 struct ChatTemplateSpec {
   struct Role {
-    std::string prefix, suffix;  // [<role>] prefix, suffix: text before / after the message text
+    std::string prefix, suffix;  // [<role>] prefix, suffix: text before / after the message text ([tool]
+                                 // prefix: $id = the result's tool_call_id, $name = its name, else "tool")
     bool trim = false;           // [<role>] trim: the message text is Python-strip()ped (Jinja `| trim`)
   };
   std::string name, path, description;  // name: the file's stem
@@ -61,7 +62,8 @@ struct ChatTemplateSpec {
   std::string tool_first_prefix;        // first_prefix: prefix of the conversation's first result (DeepSeek)
   std::string tool_conversation_end;    // conversation_end: after results that end the conversation
   // [tool_call] (assistant tool calls; format empty: tool calls are not rendered)
-  std::string call_format;              // format: one call, with $name, $arguments, $id substituted
+  std::string call_format;              // format: one call, with $name, $arguments, $id and $index (the
+                                        // call's 0-based position in its message, Kimi-K2) substituted
   std::string call_arguments = "raw";   // arguments: raw (strings verbatim, objects as JSON) | json (tojson) |
                                         // normalized (strings that are JSON re-written as Python's json.dumps)
   std::string call_separator, call_begin, call_end;  // separator, begin, end: around the list of calls
@@ -69,13 +71,18 @@ struct ChatTemplateSpec {
   std::string call_with_content = "keep";  // with_content: keep | drop_content | drop_calls | error
   int call_max = 0;                     // max: more calls in one message is an error (0: no limit)
   // [tools] (tool definitions, the record's "tools")
-  std::string tools_placement = "none";  // placement: none | system | first_user | before_last_user
+  std::string tools_placement = "none";  // placement: none | system | first_user | before_last_user | start
+                                         // (a block of its own first, after bos: Kimi-K2's tool_declare)
   std::string tools_format = "each";     // format: each (item_prefix + tojson(tool) + item_suffix) | list
   std::string tools_prefix, tools_suffix, tools_item_prefix, tools_item_suffix;
   std::string tools_after_system;        // after_system: between a system prompt and the tool block
   int tools_indent = -1;                 // indent: tojson indent (-1: one line)
+  bool tools_sort_keys = false;          // sort_keys: object keys sorted at every level (Kimi's
+                                         // tokenization_kimi.py deep_sort_dict(tools) before the template)
   // [reasoning]
   std::string reasoning = "none";        // mode: none | qwen3 (think blocks as Qwen3's template renders them)
+                                         // | kimi (K2-Thinking: begin + end, empty, on every assistant turn up
+                                         // to the last one without tool calls; begin + reasoning + end after it)
   std::string think_begin = "<think>\n", think_end = "\n</think>\n\n";  // begin, end
   bool empty_think_trained = true;       // empty_think_trained: false when the server puts the empty think
                                          // block into the prompt (Qwen3 with enable_thinking=False)

@@ -36,7 +36,7 @@ const char* overlong_name(Overlong o);
 struct PrepareOptions {
   std::string input;                     // .jsonl or .txt
   InputFormat format = InputFormat::Auto;  // Auto: Text for ".txt", per-line detection otherwise
-  std::string tokenizer;                 // directory with tokenizer.json, or the file
+  std::string tokenizer;                 // directory with tokenizer.json or tiktoken.model, or the file
   std::string chat_template = "plain";
   std::string output;                    // prepared.h5
   int64_t max_length = 2048;             // tokens per sample

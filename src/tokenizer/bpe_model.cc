@@ -1,6 +1,7 @@
 #include "tokenizer/bpe_model.h"
 
 #include <queue>
+#include <utility>
 
 #include "core/error.h"
 
@@ -42,6 +43,26 @@ BpeModel::BpeModel(const nlohmann::json& model, const std::string& file) {
     const uint64_t key = (static_cast<uint64_t>(ia) << 32) | static_cast<uint32_t>(ib);
     merges_.emplace(key, std::make_pair(rank, ic));  // first (lowest) rank wins on duplicates
     ++rank;
+  }
+}
+
+BpeModel::BpeModel(std::vector<std::string> pieces, const std::vector<Merge>& merges, const std::string& file)
+    : pieces_(std::move(pieces)) {
+  vocab_.reserve(pieces_.size());
+  for (size_t id = 0; id < pieces_.size(); ++id) {
+    if (pieces_[id].empty()) continue;
+    const bool fresh = vocab_.emplace(pieces_[id], static_cast<int32_t>(id)).second;
+    AERIE_CHECK(fresh, file << ": token " << id << " has the same bytes as token " << vocab_.at(pieces_[id]));
+  }
+  merges_.reserve(merges.size());
+  const auto n = static_cast<int64_t>(pieces_.size());
+  for (const Merge& m : merges) {
+    for (int32_t x : {m.left, m.right, m.merged})
+      AERIE_CHECK(x >= 0 && x < n && !pieces_[x].empty(), file << ": merge of rank " << m.rank << " names id " << x
+                                                                << ", which is not a token");
+    const uint64_t key = (static_cast<uint64_t>(m.left) << 32) | static_cast<uint32_t>(m.right);
+    auto [it, fresh] = merges_.emplace(key, std::make_pair(m.rank, m.merged));
+    if (!fresh && m.rank < it->second.first) it->second = {m.rank, m.merged};  // lowest rank wins
   }
 }
 
@@ -102,6 +123,24 @@ void BpeModel::merge(std::vector<int32_t>& ids, std::vector<int32_t>& out, std::
   for (int i = 0; i >= 0; i = next[i]) {
     out.push_back(ids[i]);
     if (lens) out_lens->push_back((*lens)[i]);
+  }
+}
+
+void append_utf8(uint32_t cp, std::string& out) {
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    out += static_cast<char>(0xC0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    out += static_cast<char>(0xE0 | (cp >> 12));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    out += static_cast<char>(0xF0 | (cp >> 18));
+    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
   }
 }
 

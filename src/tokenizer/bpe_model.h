@@ -22,6 +22,15 @@ class BpeModel {
   /// in the vocabulary.
   BpeModel(const nlohmann::json& model, const std::string& file);
 
+  /// One merge: the adjacent symbols (left, right) become `merged`; the pair of lowest `rank` merges first.
+  struct Merge {
+    int32_t left, right, rank, merged;
+  };
+  /// A model given directly: `pieces` by id ("" for an id without a piece) and the merges (ids into
+  /// `pieces`), as tokenizer/tiktoken.h derives them from a tiktoken file. Throws aerie::Error naming
+  /// `file` on a piece that occurs twice or a merge whose ids are not pieces.
+  BpeModel(std::vector<std::string> pieces, const std::vector<Merge>& merges, const std::string& file);
+
   /// Id of `piece`, -1 if absent.
   int32_t id(const std::string& piece) const {
     auto it = vocab_.find(piece);
@@ -57,6 +66,8 @@ inline size_t utf8_len(unsigned char c) {
 /// Code point of the valid UTF-8 sequence at s[i] and its length (1..4), or length 0 if the bytes there
 /// are not valid UTF-8 (overlong forms, surrogates and values above U+10FFFF are invalid).
 size_t decode_utf8(std::string_view s, size_t i, uint32_t& cp);
+/// Appends the UTF-8 encoding of code point `cp` (< 0x110000) to `out`.
+void append_utf8(uint32_t cp, std::string& out);
 /// Length of the valid UTF-8 sequence at s[i] (1..4), or 0 if the bytes there are not valid UTF-8.
 inline size_t utf8_valid_len(const std::string& s, size_t i) {
   uint32_t cp;

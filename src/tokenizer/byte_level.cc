@@ -1,30 +1,13 @@
 #include "tokenizer/byte_level.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "core/error.h"
 
 namespace aerie::tok {
 
 namespace {
-
-void append_utf8(uint32_t cp, std::string& out) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
 
 // Appends `b` with every maximal invalid UTF-8 subsequence replaced by U+FFFD (Rust's
 // String::from_utf8_lossy, the Unicode "maximal subpart" practice).
@@ -89,7 +72,10 @@ std::array<uint32_t, 256> gpt2_byte_to_unicode() {
 }
 
 ByteLevelBpe::ByteLevelBpe(const nlohmann::json& tj, const std::string& file)
-    : model_(tj.at("model"), file),
+    : ByteLevelBpe(BpeModel(tj.at("model"), file), tj, file) {}
+
+ByteLevelBpe::ByteLevelBpe(BpeModel model, const nlohmann::json& tj, const std::string& file)
+    : model_(std::move(model)),
       added_(tj.value("added_tokens", nlohmann::json()), file),
       normalizer_(tj.value("normalizer", nlohmann::json()), file),
       pre_(tj.value("pre_tokenizer", nlohmann::json()), file) {

@@ -1,4 +1,5 @@
-// Byte-level BPE in Hugging Face form (GPT-2, Llama-3, Qwen2/3, DeepSeek-V3): added tokens are cut out
+// Byte-level BPE in Hugging Face form (GPT-2, Llama-3, Qwen2/3, DeepSeek-V3; Kimi-K2's tiktoken files
+// are loaded into the same class, tokenizer/tiktoken.h): added tokens are cut out
 // of the input first (those with normalized=false in the raw text, then the others in the normalized
 // text), the rest goes through the normalizer and the pre-tokenizer (tokenizer/pretokenizer.h), every
 // byte of a pre-token becomes one character of GPT-2's byte -> unicode map, and BPE merges those by
@@ -35,6 +36,10 @@ class ByteLevelBpe : public Tokenizer {
   /// pre-tokenizer, post-processor, decoder or model option this class does not implement, or a
   /// vocabulary that lacks one of the 256 byte characters.
   ByteLevelBpe(const nlohmann::json& tj, const std::string& file);
+  /// The same with the vocabulary and merges given as `model`: `tj` holds the rest (added_tokens,
+  /// normalizer, pre_tokenizer, post_processor, decoder) and in "model" only the options (ignore_merges,
+  /// byte_fallback, ...). The tiktoken loader (tokenizer/tiktoken.h) builds its tokenizer so.
+  ByteLevelBpe(BpeModel model, const nlohmann::json& tj, const std::string& file);
 
   std::vector<int32_t> encode(const std::string& text) const override;
   Encoding encode_with_offsets(const std::string& text) const override;

@@ -1,6 +1,7 @@
 // Tokenizer::load: reads a Hugging Face tokenizer.json (+ tokenizer_config.json) and picks the
 // implementation from the model type and pre-tokenizer: BPE with a ByteLevel pre-tokenizer is
-// ByteLevelBpe (GPT-2, Llama-3, Qwen, DeepSeek-V3), any other BPE SentencePieceBpe (Llama-2, Mistral).
+// ByteLevelBpe (GPT-2, Llama-3, Qwen, DeepSeek-V3), any other BPE SentencePieceBpe (Llama-2, Mistral); or
+// a tiktoken folder (Kimi-K2: tiktoken.model + tokenizer_config.json, tokenizer/tiktoken.h).
 #include "tokenizer/tokenizer.h"
 
 #include <filesystem>
@@ -12,6 +13,7 @@
 #include "core/log.h"
 #include "tokenizer/byte_level.h"
 #include "tokenizer/sentencepiece_bpe.h"
+#include "tokenizer/tiktoken.h"
 
 namespace aerie {
 
@@ -74,6 +76,19 @@ Encoding Tokenizer::encode_with_offsets(const std::string& text) const {
 
 std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& path) {
   fs::path file = path;
+  // A tiktoken folder (Kimi-K2): tiktoken.model and no tokenizer.json, or the tiktoken.model itself.
+  const fs::path tiktoken_dir = fs::is_directory(file) ? file : file.filename() == "tiktoken.model" ? file.parent_path() : "";
+  if (!tiktoken_dir.empty() && fs::exists(tiktoken_dir / "tiktoken.model") &&
+      (file.filename() == "tiktoken.model" || !fs::exists(tiktoken_dir / "tokenizer.json"))) {
+    auto tt = tok::load_tiktoken_folder(tiktoken_dir.string());
+    const fs::path cfg_path = tiktoken_dir / "tokenizer_config.json";
+    nlohmann::json cfg;
+    if (fs::exists(cfg_path)) cfg = read_json(cfg_path.string());
+    set_special_ids(*tt, cfg, cfg_path.string(), (tiktoken_dir / "tiktoken.model").string(), -1);
+    AERIE_LOG(debug) << "tokenizer " << tiktoken_dir.string() << ": tiktoken, vocab " << tt->vocab_size()
+                     << ", bos " << tt->bos_id() << ", eos " << tt->eos_id();
+    return tt;
+  }
   if (fs::is_directory(file)) file /= "tokenizer.json";
   const std::string fname = file.string();
   AERIE_CHECK(fs::exists(file), "tokenizer file " << fname << " does not exist");

@@ -1,6 +1,7 @@
 // Tokenizers. aerie reads a Hugging Face tokenizer.json: the sentencepiece-style BPE with byte fallback
 // (Llama-2, Mistral v1, stories260K's tok512; tokenizer/sentencepiece_bpe.h) and the byte-level BPE of
-// GPT-2, Llama-3, Qwen2/3 and DeepSeek-V3 (tokenizer/byte_level.h), with their added and special tokens.
+// GPT-2, Llama-3, Qwen2/3 and DeepSeek-V3 (tokenizer/byte_level.h), with their added and special tokens;
+// and Kimi-K2's tiktoken.model folder (tokenizer/tiktoken.h, loaded into the byte-level BPE).
 //
 // BOS convention: encode() never adds BOS/EOS, also where Hugging Face's encode(add_special_tokens=True)
 // would (a TemplateProcessing post_processor, add_bos_token). bos_id() names the token a caller puts in
@@ -48,7 +49,9 @@ class Tokenizer {
   virtual int32_t token_to_id(const std::string& token) const = 0;
 
   /// Loads "<dir>/tokenizer.json" (and tokenizer_config.json where present) or a tokenizer.json
-  /// path. Throws aerie::Error naming the file on an unsupported model type or bad JSON.
+  /// path; a folder with tiktoken.model and no tokenizer.json (Kimi-K2's form), or a tiktoken.model
+  /// path, is read as a tiktoken tokenizer (tokenizer/tiktoken.h). Throws aerie::Error naming the file
+  /// on an unsupported model type, bad JSON or a malformed tiktoken.model line.
   static std::unique_ptr<Tokenizer> load(const std::string& path);
 };
 

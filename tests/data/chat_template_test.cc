@@ -71,7 +71,8 @@ const Tokenizer* try_tokenizer(const std::string& dir, std::string* why) {
 }
 
 const char* kTemplates[] = {"llama3", "llama3.1", "qwen2.5", "qwen3", "qwen3-nothink", "chatml",
-                            "deepseek-v3", "mistral-v1", "mistral-v3", "mistral", "smollm2"};
+                            "deepseek-v3", "mistral-v1", "mistral-v3", "mistral", "smollm2", "kimi-k2",
+                            "kimi-k2-thinking"};
 
 // A fixture's tokenizer folder: under the shared data, or "cache:NAME" = $AERIE_CACHE/NAME (default
 // ~/.cache/aerie/NAME; SmolLM2 as tools/get_smollm2 converts it).
@@ -116,14 +117,15 @@ TEST_P(Golden, TextAndMaskSpansMatchJinja) {
 }
 
 // Ids and token mask against transformers, for the byte-level tokenizers (Llama 3, Qwen, DeepSeek-V3; SmolLM2
-// when tools/get_smollm2 has converted it).
+// when tools/get_smollm2 has converted it), and against tiktoken for Kimi-K2.
 TEST_P(Golden, IdsAndMaskMatchTransformers) {
   const std::string name = GetParam();
   const json fx = fixture(name);
   if (fx["tokenizer"].is_null()) GTEST_SKIP() << name << ": ids are checked against mistral-common (MistralCommon)";
   std::string why;
   const std::string dir = tokenizer_dir(fx["tokenizer"].get<std::string>());
-  if (!fs::exists(dir + "/tokenizer.json")) GTEST_SKIP() << "no " << dir << "/tokenizer.json";
+  if (!fs::exists(dir + "/tokenizer.json") && !fs::exists(dir + "/tiktoken.model"))  // Kimi: tiktoken.model
+    GTEST_SKIP() << "no " << dir << "/tokenizer.json";
   const Tokenizer* tok = try_tokenizer(dir, &why);
   // A converted model in the cache may predate the tokenizer it needs: reported, not failed.
   if (!tok && fx["tokenizer"].get<std::string>().rfind("cache:", 0) == 0) GTEST_SKIP() << why;

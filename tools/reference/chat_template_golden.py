@@ -2,7 +2,7 @@
 """Golden renderings of aerie's chat templates (tests/fixtures/chat_templates/<template>.json).
 
     pip install transformers tokenizers jinja2      # for this generator only; aerie never needs them
-    python3 tools/reference/chat_template_golden.py [DATA_DIR] [OUT_DIR]
+    python3 tools/reference/chat_template_golden.py [--only NAME[,NAME...]] [DATA_DIR] [OUT_DIR]
 
 DATA_DIR defaults to ../shared/data beside the checkout, OUT_DIR to tests/fixtures/chat_templates.
 
@@ -21,7 +21,8 @@ documentation), and writes per case:
           it; the span ends after the next end-of-turn token or at the next non-assistant turn start,
           whichever comes first. Qwen3 without thinking: the empty think block "<think>\\n\\n</think>\\n\\n"
           belongs to the prompt (the server puts it into the generation prompt), so it is skipped.
-  ids     (byte-level templates only) apply_chat_template(tokenize=True) with the model's tokenizer.json
+  ids     (byte-level templates only) apply_chat_template(tokenize=True) with the model's tokenizer.json;
+          for Kimi-K2 (tiktoken.model) tiktoken's ids of the text (kimi_tokenizer_golden.py, pip install tiktoken)
   mask    (with ids) 1 on every token whose character range meets a span, from the tokenizer's offsets
   prompt_record, prompt_text   the conversation without its last assistant message, rendered with
           add_generation_prompt=True (the prompt a server gives the model for that turn)
@@ -48,6 +49,7 @@ from transformers import PreTrainedTokenizerFast
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
+DATA = None  # main() sets it
 
 # The ChatML template as the transformers documentation gives it (chat_templating.md).
 CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
@@ -147,6 +149,13 @@ TEMPLATES = {
                                    "goldens, which aerie follows); v3_spm.jinja keeps it a string"}),
 }
 TEMPLATES["mistral"] = TEMPLATES["mistral-v3"]
+# Kimi-K2 (tiktoken.model, no tokenizer.json): ids from tiktoken as kimi_tokenizer_golden.py sets it up, token
+# offsets from the tokens' bytes. Tools are deep-sorted before rendering, as tokenization_kimi.py's
+# apply_chat_template does (the record keeps them as given).
+for _name, _jinja in (("kimi-k2", "chat_template.kimi-k2-instruct.jinja"),
+                      ("kimi-k2-thinking", "chat_template.kimi-k2-thinking.jinja")):
+    TEMPLATES[_name] = dict(tiktoken="tokenizers/kimi-k2", jinja="tokenizers/kimi-k2/" + _jinja, sort_tools=True,
+                            headers=["<|im_assistant|>assistant<|im_middle|>"], eot=["<|im_end|>"])
 # SmolLM2-135M-Instruct as tools/get_smollm2 converts it (the real chat model of the pipeline test): its
 # tokenizer.json and tokenizer_config.json (chat template from the GGUF) in $AERIE_CACHE/SmolLM2-135M-Instruct
 # ($AERIE_CACHE default ~/.cache/aerie). Skipped when absent; the fixture names it "cache:<folder>".
@@ -170,6 +179,8 @@ def load(data, spec):
     bos = spec.get("bos", config_token(cfg, "bos_token"))
     eos = spec.get("eos", config_token(cfg, "eos_token"))
     tok = None
+    if spec.get("tiktoken"):
+        bos = eos = None  # the Kimi templates use neither
     if spec.get("tokenizer"):
         tok = PreTrainedTokenizerFast(tokenizer_file=os.path.join(data, spec["tokenizer"], "tokenizer.json"))
     else:  # text only: any tokenizer object carries the template; tokenization is never asked of it
@@ -243,8 +254,10 @@ def spans_of(text, conv, spec):
         skip = spec.get("skip_after_header")
         if skip and text.startswith(skip, start):
             start += len(skip)
-        ends = [text.find(e, at) + len(e) for e in spec["eot"] if text.find(e, at) >= 0]
-        ends += [text.find(s, at) for s in spec.get("stops", []) if text.find(s, at) >= 0]
+        # from the header's end: an anchor found past the turn (Kimi-K2-Thinking's tool-call turn writes the
+        # call id, not the name, and the name is the header of the tool result after it) cannot stretch it
+        ends = [text.find(e, start) + len(e) for e in spec["eot"] if text.find(e, start) >= 0]
+        ends += [text.find(s, start) for s in spec.get("stops", []) if text.find(s, start) >= 0]
         end = min(ends) if ends else len(text)
         spans.append((start, end))
         cursor = end
@@ -260,7 +273,7 @@ def render_case(name, spec, tok, template, conv):
     kwargs = dict(spec.get("kwargs", {}))
     args = dict(chat_template=template, add_generation_prompt=False, **kwargs)
     if conv.get("tools"):
-        args["tools"] = conv["tools"]
+        args["tools"] = deep_sort(conv["tools"]) if spec.get("sort_tools") else conv["tools"]
     text = render_text(spec, tok, template, conv, args)
     spans = spans_of(text, conv, spec)
     case = {"record": json.dumps(conv, ensure_ascii=False), "text": text,
@@ -274,6 +287,8 @@ def render_case(name, spec, tok, template, conv):
             case["prompt_text"] = render_text(spec, tok, template, pconv, dict(args, add_generation_prompt=True))
         except Exception:
             case.pop("prompt_record", None)
+    if spec.get("tiktoken"):
+        case["ids"], case["mask"] = tiktoken_ids_and_mask(spec, text, case["spans"])
     if spec.get("tokenizer"):
         enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
         ids = list(enc["input_ids"])
@@ -288,11 +303,48 @@ def render_case(name, spec, tok, template, conv):
     return case
 
 
+def deep_sort(obj):
+    """tokenization_kimi.py deep_sort_dict: dict keys sorted at every level."""
+    if isinstance(obj, dict):
+        return {k: deep_sort(v) for k, v in sorted(obj.items())}
+    if isinstance(obj, list):
+        return [deep_sort(v) for v in obj]
+    return obj
+
+
+_TIKTOKEN = {}
+
+
+def tiktoken_ids_and_mask(spec, text, byte_spans):
+    """Ids of `text` from tiktoken (kimi_tokenizer_golden.py's encoding) and the mask of the tokens whose byte
+    range meets a span."""
+    if spec["tiktoken"] not in _TIKTOKEN:
+        sys.path.insert(0, HERE)
+        from kimi_tokenizer_golden import kimi_encoding
+        _TIKTOKEN[spec["tiktoken"]] = kimi_encoding(os.path.join(DATA, spec["tiktoken"]))
+    enc, encode = _TIKTOKEN[spec["tiktoken"]][:2]
+    ids = encode(text)
+    assert enc.decode(ids) == text, "tiktoken does not give the text back"
+    mask, pos = [], 0
+    for i in ids:
+        n = len(enc.decode_single_token_bytes(i))
+        mask.append(int(any(pos < e and pos + n > s for s, e in byte_spans)))
+        pos += n
+    return ids, mask
+
+
 def main(argv):
+    global DATA
+    only = None
+    if len(argv) > 2 and argv[1] == "--only":  # --only NAME[,NAME]: just these templates
+        only, argv = argv[2].split(","), [argv[0]] + argv[3:]
     data = argv[1] if len(argv) > 1 else os.path.join(os.path.dirname(REPO), "shared", "data")
+    DATA = data
     out_dir = argv[2] if len(argv) > 2 else os.path.join(REPO, "tests", "fixtures", "chat_templates")
     os.makedirs(out_dir, exist_ok=True)
     for name, spec in TEMPLATES.items():
+        if only and name not in only:
+            continue
         if spec.get("tokenizer") and not os.path.exists(os.path.join(data, spec["tokenizer"], "tokenizer.json")):
             print("%-14s skipped: no %s" % (name, os.path.join(data, spec["tokenizer"])))
             continue
@@ -312,7 +364,7 @@ def main(argv):
         if name == "smollm2":
             source = "tokenizer_config.json of SmolLM2-135M-Instruct (tools/get_smollm2)"
         fixture = {"template": name, "source": source,
-                   "tokenizer": spec.get("tokenizer_name", spec.get("tokenizer")), "cases": cases, "refused": refused}
+                   "tokenizer": spec.get("tokenizer_name", spec.get("tokenizer") or spec.get("tiktoken")), "cases": cases, "refused": refused}
         path = os.path.join(out_dir, name + ".json")
         with open(path, "w", encoding="utf-8") as f:
             json.dump(fixture, f, ensure_ascii=False, indent=1)
