@@ -99,7 +99,7 @@ TEST(Int4, PackQuantizedMatchesCompressedTensorsBitwise) {
   Tensor out = Tensor::empty({n, k}, DType::BF16);
   dequant_int4_packed(packed, scale, k, kInt4GroupSize, out);
   EXPECT_EQ(bf16_bits(out), want);
-  // F32 output: the exact product, equal to the bf16 golden (a 4-bit q times a bf16 scale is a bf16 value).
+  // F32 output: the exact product (fp32 holds q * scale exactly), which rounds to the bf16 golden.
   Tensor f = Tensor::empty({n, k}, DType::F32);
   dequant_int4_packed(packed, scale, k, kInt4GroupSize, f);
   const float* fp = f.data<float>();
