@@ -21,6 +21,7 @@ MPI_Datatype mpi_type(DType dt) {
     case DType::U8: return MPI_UINT8_T;
     case DType::BF16: return MPI_UINT16_T;
     case DType::F16: return MPI_UINT16_T;  // moved as bits only (no F16 sum: the reductions reject it)
+    case DType::F8E4M3: return MPI_UINT8_T;  // the same
   }
   return MPI_BYTE;
 }
@@ -59,7 +60,8 @@ void MpiCommunicator::all_reduce_sum(Tensor& t) {
     t.copy_from(f.to(DType::BF16));
     return;
   }
-  AERIE_CHECK(t.dtype() != DType::U8, "all_reduce_sum: U8 is not supported");
+  AERIE_CHECK(t.dtype() != DType::U8 && t.dtype() != DType::F8E4M3,
+              "all_reduce_sum: " << dtype_name(t.dtype()) << " is not supported");
   check_mpi(MPI_Allreduce(MPI_IN_PLACE, t.raw(), static_cast<int>(t.numel()), mpi_type(t.dtype()),
                           MPI_SUM, comm_),
             "MPI_Allreduce(sum)");

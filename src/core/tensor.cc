@@ -1,6 +1,7 @@
 #include "core/tensor.h"
 
 #include "core/device.h"
+#include "core/fp8.h"
 
 #include <algorithm>
 #include <cmath>
@@ -17,6 +18,7 @@ size_t dtype_size(DType dt) {
     case DType::I64: return 8;
     case DType::U8: return 1;
     case DType::F16: return 2;
+    case DType::F8E4M3: return 1;
   }
   return 0;
 }
@@ -29,6 +31,7 @@ const char* dtype_name(DType dt) {
     case DType::I64: return "I64";
     case DType::U8: return "U8";
     case DType::F16: return "F16";
+    case DType::F8E4M3: return "F8_E4M3";
   }
   return "?";
 }
@@ -40,6 +43,7 @@ DType dtype_from_name(const std::string& n) {
   if (n == "I64" || n == "int64") return DType::I64;
   if (n == "U8" || n == "uint8" || n == "BOOL" || n == "bool") return DType::U8;
   if (n == "F16" || n == "float16") return DType::F16;
+  if (n == "F8_E4M3" || n == "float8_e4m3fn") return DType::F8E4M3;
   AERIE_THROW("unsupported dtype '" << n << "'");
 }
 
@@ -175,7 +179,8 @@ void convert_from(const Src* s, Tensor& out, int64_t n) {
     case DType::I32: convert(s, out.data<int32_t>(), n); break;
     case DType::I64: convert(s, out.data<int64_t>(), n); break;
     case DType::U8: convert(s, out.data<uint8_t>(), n); break;
-    case DType::F16: break;  // Tensor::to goes through F32 for F16
+    case DType::F16: break;     // Tensor::to goes through F32 for F16
+    case DType::F8E4M3: break;  // not a target (checked in Tensor::to)
   }
 }
 
@@ -222,6 +227,14 @@ Tensor Tensor::to(DType dtype) const {
   AERIE_CHECK(device_ == Device::CPU, "Tensor::to(dtype) is implemented for CPU tensors");
   if (dtype == dtype_) return clone();
   int64_t n = numel();
+  AERIE_CHECK(dtype != DType::F8E4M3, "Tensor::to: no conversion from " << dtype_name(dtype_) << " to F8_E4M3");
+  if (dtype_ == DType::F8E4M3) {
+    Tensor f = empty(shape_, DType::F32, device_);
+    const uint8_t* s = static_cast<const uint8_t*>(data_);
+    float* d = f.data<float>();
+    for (int64_t i = 0; i < n; ++i) d[i] = fp8_e4m3fn_to_float(s[i]);
+    return dtype == DType::F32 ? f : f.to(dtype);
+  }
   if (dtype_ == DType::F16) {
     Tensor f = empty(shape_, DType::F32, device_);
     const uint16_t* s = static_cast<const uint16_t*>(data_);
@@ -244,7 +257,8 @@ Tensor Tensor::to(DType dtype) const {
     case DType::I32: convert_from(data<int32_t>(), out, n); break;
     case DType::I64: convert_from(data<int64_t>(), out, n); break;
     case DType::U8: convert_from(data<uint8_t>(), out, n); break;
-    case DType::F16: break;  // handled above
+    case DType::F16: break;     // handled above
+    case DType::F8E4M3: break;  // handled above
   }
   return out;
 }

@@ -15,13 +15,16 @@
 namespace aerie {
 
 // F16 (IEEE binary16) is a storage dtype only: checkpoints hold it; Tensor::to converts it, no kernel takes it.
-enum class DType : uint8_t { F32, BF16, I32, I64, U8, F16 };
+// F8E4M3 (float8 e4m3fn, core/fp8.h; safetensors "F8_E4M3") is a storage dtype of block-FP8 weights: the
+// quant kernels (kernels/quant.h) read it, Tensor::to widens it, nothing writes it.
+enum class DType : uint8_t { F32, BF16, I32, I64, U8, F16, F8E4M3 };
 enum class Device : uint8_t { CPU, CUDA };
 
 size_t dtype_size(DType dt);
 const char* dtype_name(DType dt);
 /// Parses "F32"/"float32", "BF16"/"bfloat16", "I32"/"int32", "I64"/"int64", "U8"/"uint8"/"BOOL",
-/// "F16"/"float16" (the safetensors and h5py spellings). Throws aerie::Error on anything else.
+/// "F16"/"float16", "F8_E4M3"/"float8_e4m3fn" (the safetensors and h5py/torch spellings). Throws
+/// aerie::Error on anything else.
 DType dtype_from_name(const std::string& name);
 const char* device_name(Device d);
 
@@ -74,8 +77,9 @@ class Tensor {
   /// Copy on another device (same dtype and shape); host<->GPU copies return when done.
   Tensor to_device(Device device) const;
   /// Copy converted to another dtype (CPU): F32<->BF16 and F32->F16 round to nearest even (F16 overflow
-  /// gives inf, as IEEE); F16->F32 is exact; ints via static_cast. F16 converts to and from the other
-  /// dtypes through F32.
+  /// gives inf, as IEEE); F16->F32 and F8E4M3->F32 are exact; ints via static_cast. F16 converts to and
+  /// from the other dtypes through F32; F8E4M3 converts to the others through F32 and cannot be a target
+  /// (throws aerie::Error).
   Tensor to(DType dtype) const;
   /// Copies the values of src (same numel and dtype, any devices) into this tensor's storage.
   void copy_from(const Tensor& src);

@@ -52,6 +52,7 @@ h5::Dataset create_untimed(h5::File& f, const std::string& name, DType dtype, co
     case DType::U8: type = H5T_STD_U8LE; break;
     case DType::F32: type = H5T_IEEE_F32LE; break;
     case DType::F16: break;  // not a shard dtype (H5Dcreate2 fails below)
+    case DType::F8E4M3: break;
   }
   std::vector<hsize_t> dims(shape.begin(), shape.end());
   hid_t space = H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr);

@@ -53,6 +53,7 @@ hid_t file_type(DType dt) {
     case DType::U8: return H5T_STD_U8LE;
     case DType::BF16: return H5T_STD_U16LE;
     case DType::F16: break;  // storage of checkpoints only: no HDF5 file holds it
+    case DType::F8E4M3: break;
   }
   return -1;
 }
@@ -64,6 +65,7 @@ hid_t mem_type(DType dt) {
     case DType::U8: return H5T_NATIVE_UINT8;
     case DType::BF16: return H5T_NATIVE_UINT16;
     case DType::F16: break;
+    case DType::F8E4M3: break;
   }
   return -1;
 }

@@ -40,8 +40,9 @@ DType parse_dtype(const std::string& s, const std::string& path, const std::stri
   if (s == "I32") return DType::I32;
   if (s == "I64") return DType::I64;
   if (s == "U8" || s == "BOOL") return DType::U8;
+  if (s == "F8_E4M3") return DType::F8E4M3;
   AERIE_THROW(path << ": tensor '" << name << "' has dtype " << s
-                   << ", not supported (F32, BF16, F16, I32, I64, U8, BOOL)");
+                   << ", not supported (F32, BF16, F16, I32, I64, U8, BOOL, F8_E4M3)");
 }
 
 void write_all(int fd, const void* data, size_t n, const std::string& path) {

@@ -15,7 +15,7 @@ struct SafetensorsFile {
   std::map<std::string, std::string> metadata;     // "__metadata__"
 };
 
-/// Reads a whole file. Supports F32, BF16, F16, I32, I64, U8, BOOL (read as U8). Throws aerie::Error
+/// Reads a whole file. Supports F32, BF16, F16, I32, I64, U8, BOOL (read as U8), F8_E4M3. Throws aerie::Error
 /// naming the file and the tensor on a truncated file, bad JSON, unsupported dtype or bad offsets.
 SafetensorsFile load_safetensors(const std::string& path);
 

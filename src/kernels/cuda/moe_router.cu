@@ -1,0 +1,185 @@
+// CUDA MoE router (noaux_tc, fp32) and expert sort (kernels/moe_router.h). The router: one warp per token,
+// scores and choices in shared memory; group scores and the group selection done serially in the order of
+// cpu/moe_router.cc; each of the top_k picks a warp argmax under the same rule (larger value, then lower
+// index). The weights are summed by lane 0 in slot order, as the CPU.
+#include <algorithm>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/moe_router.h"
+
+namespace aerie::cuda {
+namespace {
+
+struct Pick {
+  float v;
+  int idx;  // -1: none yet
+};
+// The better of two candidates: any over none, then the larger value, then the lower index.
+__device__ __forceinline__ Pick better(Pick a, Pick b) {
+  if (a.idx < 0) return b;
+  if (b.idx < 0) return a;
+  return (b.v > a.v || (b.v == a.v && b.idx < a.idx)) ? b : a;
+}
+
+// grid (T), block (32); shared: score, choice (E floats each), taken (E bytes), gscore (n_group floats), kept.
+__global__ void router_kernel(const float* __restrict__ logits, const float* __restrict__ bias, int e, int n_group,
+                              int topk_group, int k, bool norm, float scaling, int32_t* __restrict__ indices,
+                              float* __restrict__ weights) {
+  extern __shared__ float smem[];
+  float* score = smem;
+  float* choice = score + e;
+  float* gscore = choice + e;
+  char* taken = reinterpret_cast<char*>(gscore + n_group);
+  char* kept = taken + e;
+  const int lane = threadIdx.x, gsize = e / n_group;
+  const int64_t r = blockIdx.x;
+  for (int j = lane; j < e; j += 32) {
+    const float s = 1.0f / (1.0f + expf(-logits[r * e + j]));
+    score[j] = s;
+    choice[j] = s + bias[j];
+  }
+  __syncwarp();
+  for (int g = lane; g < n_group; g += 32) {
+    float m1 = -INFINITY, m2 = -INFINITY;
+    for (int j = g * gsize; j < (g + 1) * gsize; ++j) {
+      const float c = choice[j];
+      if (c > m1) {
+        m2 = m1;
+        m1 = c;
+      } else if (c > m2) {
+        m2 = c;
+      }
+    }
+    gscore[g] = m1 + m2;
+    kept[g] = 0;
+  }
+  __syncwarp();
+  if (lane == 0) {
+    for (int i = 0; i < topk_group; ++i) {
+      int best = -1;
+      for (int g = 0; g < n_group; ++g)
+        if (!kept[g] && (best < 0 || gscore[g] > gscore[best])) best = g;
+      kept[best] = 1;
+    }
+  }
+  __syncwarp();
+  for (int j = lane; j < e; j += 32) taken[j] = !kept[j / gsize];
+  __syncwarp();
+  for (int i = 0; i < k; ++i) {
+    Pick p{0.0f, -1};
+    for (int j = lane; j < e; j += 32)
+      if (!taken[j]) p = better(p, Pick{choice[j], j});
+    for (int o = 16; o > 0; o >>= 1) {
+      Pick q{__shfl_xor_sync(0xffffffffu, p.v, o), __shfl_xor_sync(0xffffffffu, p.idx, o)};
+      p = better(p, q);
+    }
+    if (lane == 0) {
+      taken[p.idx] = 1;
+      indices[r * k + i] = p.idx;
+    }
+    __syncwarp();
+  }
+  if (lane == 0) {
+    float sum = 0.0f;
+    for (int i = 0; i < k; ++i) sum += score[indices[r * k + i]];
+    const float den = sum + 1e-20f;
+    for (int i = 0; i < k; ++i) {
+      float w = score[indices[r * k + i]];
+      if (norm) w /= den;
+      weights[r * k + i] = w * scaling;
+    }
+  }
+}
+
+constexpr int kSortThreads = 256;
+
+// Block-wide exclusive prefix of flag over the block (kSortThreads); returns this thread's prefix and sets
+// *total. `warp_tot` is __shared__ int[kSortThreads / 32].
+__device__ __forceinline__ int block_prefix(bool flag, int* warp_tot, int* total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const unsigned m = __ballot_sync(0xffffffffu, flag);
+  const int in_warp = __popc(m & ((1u << lane) - 1u));
+  __syncthreads();
+  if (lane == 0) warp_tot[warp] = __popc(m);
+  __syncthreads();
+  int before = 0, all = 0;
+  for (int w = 0; w < kSortThreads / 32; ++w) {
+    if (w < warp) before += warp_tot[w];
+    all += warp_tot[w];
+  }
+  *total = all;
+  return before + in_warp;
+}
+
+// grid (E), block (kSortThreads): counts[e] = pairs routed to expert blockIdx.x.
+__global__ void count_kernel(const int32_t* __restrict__ indices, int64_t pairs, int32_t* __restrict__ counts) {
+  __shared__ int warp_tot[kSortThreads / 32];
+  const int e = blockIdx.x;
+  int run = 0;
+  for (int64_t base = 0; base < pairs; base += kSortThreads) {
+    const int64_t p = base + threadIdx.x;
+    int tot;
+    block_prefix(p < pairs && indices[p] == e, warp_tot, &tot);
+    run += tot;
+  }
+  if (threadIdx.x == 0) counts[e] = run;
+}
+
+__global__ void offsets_kernel(const int32_t* __restrict__ counts, int e, int32_t* __restrict__ offsets) {
+  int acc = 0;
+  offsets[0] = 0;
+  for (int j = 0; j < e; ++j) offsets[j + 1] = (acc += counts[j]);
+}
+
+// grid (E), block (kSortThreads): expert blockIdx.x's pair ids, in ascending order, from offsets[e].
+__global__ void scatter_kernel(const int32_t* __restrict__ indices, int64_t pairs, const int32_t* __restrict__ offsets,
+                               int32_t* __restrict__ perm) {
+  __shared__ int warp_tot[kSortThreads / 32];
+  const int e = blockIdx.x;
+  int run = offsets[e];
+  for (int64_t base = 0; base < pairs; base += kSortThreads) {
+    const int64_t p = base + threadIdx.x;
+    const bool mine = p < pairs && indices[p] == e;
+    int tot;
+    const int pos = block_prefix(mine, warp_tot, &tot);
+    if (mine) perm[run + pos] = static_cast<int32_t>(p);
+    run += tot;
+  }
+}
+
+__global__ void fill_tail_kernel(const int32_t* __restrict__ offsets, int e, int64_t pairs, int32_t* __restrict__ perm) {
+  for (int64_t p = offsets[e] + blockIdx.x * int64_t{blockDim.x} + threadIdx.x; p < pairs;
+       p += int64_t{gridDim.x} * blockDim.x)
+    perm[p] = -1;
+}
+
+}  // namespace
+
+void moe_router_noaux_tc(const float* logits, const float* bias, int64_t t, int64_t e, const MoeRouterConfig& cfg,
+                         int32_t* indices, float* weights) {
+  const size_t smem = static_cast<size_t>(2 * e + cfg.n_group) * sizeof(float) + static_cast<size_t>(e + cfg.n_group);
+  AERIE_CHECK(smem <= 48 * 1024, "moe_router_noaux_tc: " << e << " experts need " << smem
+                                                         << " bytes of shared memory, more than 48 KiB");
+  AERIE_CHECK(t <= INT32_MAX, "moe_router_noaux_tc: " << t << " tokens exceed the grid");
+  router_kernel<<<static_cast<unsigned>(t), 32, smem, stream()>>>(
+      logits, bias, static_cast<int>(e), static_cast<int>(cfg.n_group), static_cast<int>(cfg.topk_group),
+      static_cast<int>(cfg.top_k), cfg.norm_topk_prob, cfg.routed_scaling_factor, indices, weights);
+  AERIE_CUDA_LAUNCHED("moe_router_kernel");
+}
+
+void moe_sort_by_expert(const int32_t* indices, int64_t pairs, int64_t e, int32_t* counts, int32_t* offsets,
+                        int32_t* perm) {
+  const unsigned experts = static_cast<unsigned>(e);
+  count_kernel<<<experts, kSortThreads, 0, stream()>>>(indices, pairs, counts);
+  AERIE_CUDA_LAUNCHED("moe_count_kernel");
+  offsets_kernel<<<1, 1, 0, stream()>>>(counts, static_cast<int>(e), offsets);
+  AERIE_CUDA_LAUNCHED("moe_offsets_kernel");
+  if (pairs == 0) return;
+  scatter_kernel<<<experts, kSortThreads, 0, stream()>>>(indices, pairs, offsets, perm);
+  AERIE_CUDA_LAUNCHED("moe_scatter_kernel");
+  fill_tail_kernel<<<std::min(blocks_for(pairs, 256), 1024u), 256, 0, stream()>>>(offsets, static_cast<int>(e),
+                                                                                  pairs, perm);
+  AERIE_CUDA_LAUNCHED("moe_fill_tail_kernel");
+}
+
+}  // namespace aerie::cuda

@@ -1,0 +1,20 @@
+// The CUDA MoE router and expert sort of kernels/moe_router.h. Plain C++ (no CUDA headers). Internal to
+// src/kernels.
+#pragma once
+#include <cstdint>
+
+#include "kernels/moe_router.h"
+
+namespace aerie::cuda {
+
+/// Device pointers, arguments checked by kernels/moe_router.cc. One warp per token: the float operations
+/// of cpu/moe_router.cc in the same order (expf aside). Queued on the current stream.
+void moe_router_noaux_tc(const float* logits, const float* bias, int64_t t, int64_t e, const MoeRouterConfig& cfg,
+                         int32_t* indices, float* weights);
+/// Counts (one block per expert, no atomics), offsets (one thread), then the stable scatter (one block
+/// per expert, block-wide prefix sums over chunks of pairs). Out-of-range indices are dropped; perm's
+/// unused tail is -1. Queued on the current stream.
+void moe_sort_by_expert(const int32_t* indices, int64_t pairs, int64_t e, int32_t* counts, int32_t* offsets,
+                        int32_t* perm);
+
+}  // namespace aerie::cuda

@@ -1,0 +1,19 @@
+// The CUDA weight dequantization of kernels/quant.h. Plain C++ (no CUDA headers). Internal to src/kernels.
+#pragma once
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace aerie::cuda {
+
+/// Device pointers, arguments checked by kernels/quant.cc: out (n1 - n0, K) F32|BF16 from the absolute
+/// rows [n0, n1) of w (N, K) e4m3fn bytes and scale_inv (ceil N/128, ceil K/128). One thread per output
+/// element; bitwise the CPU result. Queued on the current stream.
+void dequant_fp8_block(const uint8_t* w, const float* scale_inv, int64_t n0, int64_t n1, int64_t k, void* out,
+                       DType out_dtype);
+/// out (n1 - n0, K) F32|BF16 from packed (N, ceil K/8) I32 and scale (N, K/group) BF16|F32. One thread per
+/// output element; bitwise the CPU result. Queued on the current stream.
+void dequant_int4_packed(const int32_t* packed, const void* scale, DType scale_dtype, int64_t k, int64_t group,
+                         int64_t n0, int64_t n1, void* out, DType out_dtype);
+
+}  // namespace aerie::cuda

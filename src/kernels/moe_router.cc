@@ -1,0 +1,86 @@
+// MoE router and expert sort: checks and device dispatch (see moe_router.h).
+#include "kernels/moe_router.h"
+
+#include "kernels/dispatch.h"
+#ifdef AERIE_WITH_CUDA
+#include "kernels/cuda/moe_router.h"
+#endif
+
+namespace aerie {
+namespace cpu {
+// cpu/moe_router.cc; arguments already checked.
+void moe_router_noaux_tc(const float* logits /* (T, E) */, const float* bias /* (E) */, int64_t t, int64_t e,
+                         const MoeRouterConfig& cfg, int32_t* indices /* (T, k) */, float* weights /* (T, k) */);
+// Throws naming the first index outside [0, E).
+void moe_sort_by_expert(const int32_t* indices /* (T k) */, int64_t pairs, int64_t e, int32_t* counts /* (E) */,
+                        int32_t* offsets /* (E + 1) */, int32_t* perm /* (T k) */);
+}  // namespace cpu
+
+using kernels::what;
+
+void moe_router_noaux_tc(const Tensor& logits, const Tensor& bias, const MoeRouterConfig& cfg, Tensor& indices,
+                         Tensor& weights) {
+  constexpr const char* op = "moe_router_noaux_tc";
+  AERIE_CHECK(logits.ndim() == 2, op << ": logits must be [T, E], got " << shape_str(logits.shape()));
+  logits.check_dtype(DType::F32, what(op, "logits"));
+  const int64_t t = logits.dim(0), e = logits.dim(1);
+  bias.check_shape({e}, what(op, "e_score_correction_bias"));
+  bias.check_dtype(DType::F32, what(op, "e_score_correction_bias"));
+  AERIE_CHECK(cfg.n_group >= 1 && e % cfg.n_group == 0 && e / cfg.n_group >= 2,
+              op << ": n_group " << cfg.n_group << " must divide the " << e
+                 << " experts into groups of at least 2 (the group score sums each group's top 2)");
+  AERIE_CHECK(cfg.topk_group >= 1 && cfg.topk_group <= cfg.n_group,
+              op << ": topk_group " << cfg.topk_group << " must be in [1, n_group = " << cfg.n_group << "]");
+  const int64_t eligible = cfg.topk_group * (e / cfg.n_group);
+  AERIE_CHECK(cfg.top_k >= 1 && cfg.top_k <= eligible,
+              op << ": top_k " << cfg.top_k << " must be in [1, " << eligible << "] (the experts of topk_group "
+                 << cfg.topk_group << " groups)");
+  indices.check_shape({t, cfg.top_k}, what(op, "indices"));
+  indices.check_dtype(DType::I32, what(op, "indices"));
+  weights.check_shape({t, cfg.top_k}, what(op, "weights"));
+  weights.check_dtype(DType::F32, what(op, "weights"));
+  const Device dev = kernels::common_device(
+      op, {{"logits", &logits}, {"e_score_correction_bias", &bias}, {"indices", &indices}, {"weights", &weights}});
+  if (t == 0) return;
+  if (dev == Device::CUDA) {
+#ifdef AERIE_WITH_CUDA
+    cuda::moe_router_noaux_tc(logits.data<float>(), bias.data<float>(), t, e, cfg, indices.data<int32_t>(),
+                              weights.data<float>());
+    return;
+#else
+    kernels::throw_no_backend(op, dev);
+#endif
+  }
+  cpu::moe_router_noaux_tc(logits.data<float>(), bias.data<float>(), t, e, cfg, indices.data<int32_t>(),
+                           weights.data<float>());
+}
+
+void moe_sort_by_expert(const Tensor& indices, int64_t num_experts, Tensor& counts, Tensor& offsets, Tensor& perm) {
+  constexpr const char* op = "moe_sort_by_expert";
+  AERIE_CHECK(indices.ndim() == 2, op << ": indices must be [T, k], got " << shape_str(indices.shape()));
+  indices.check_dtype(DType::I32, what(op, "indices"));
+  AERIE_CHECK(num_experts >= 1, op << ": num_experts must be >= 1, got " << num_experts);
+  const int64_t pairs = indices.numel();
+  AERIE_CHECK(pairs <= INT32_MAX, op << ": " << pairs << " pairs do not fit I32 pair ids");
+  counts.check_shape({num_experts}, what(op, "counts"));
+  counts.check_dtype(DType::I32, what(op, "counts"));
+  offsets.check_shape({num_experts + 1}, what(op, "offsets"));
+  offsets.check_dtype(DType::I32, what(op, "offsets"));
+  perm.check_shape({pairs}, what(op, "perm"));
+  perm.check_dtype(DType::I32, what(op, "perm"));
+  const Device dev = kernels::common_device(
+      op, {{"indices", &indices}, {"counts", &counts}, {"offsets", &offsets}, {"perm", &perm}});
+  if (dev == Device::CUDA) {
+#ifdef AERIE_WITH_CUDA
+    cuda::moe_sort_by_expert(indices.data<int32_t>(), pairs, num_experts, counts.data<int32_t>(),
+                             offsets.data<int32_t>(), perm.data<int32_t>());
+    return;
+#else
+    kernels::throw_no_backend(op, dev);
+#endif
+  }
+  cpu::moe_sort_by_expert(indices.data<int32_t>(), pairs, num_experts, counts.data<int32_t>(),
+                          offsets.data<int32_t>(), perm.data<int32_t>());
+}
+
+}  // namespace aerie

@@ -1,0 +1,49 @@
+// The MoE router of DeepSeek-V3 / Kimi-K2 (topk_method "noaux_tc", scoring_func "sigmoid") and the sort of
+// (token, slot) pairs by expert that a grouped expert GEMM wants. The router follows transformers 5.x
+// DeepseekV3TopkRouter.forward (models/deepseek_v3/modeling_deepseek_v3.py), all in fp32:
+//   scores = sigmoid(logits)                          logits = the gate GEMM x W_g^T, computed in fp32
+//   choice = scores + e_score_correction_bias         (selection only)
+//   group score g = sum of the two largest choice values of each of n_group equal groups of experts
+//   keep the topk_group groups of largest g; the experts of the other groups cannot be chosen (HF masks
+//     them with -inf, as DeepSeek's inference/model.py)
+//   indices = the top_k experts by choice among the kept groups
+//   weights = scores[indices] (UNBIASED), / (sum + 1e-20) when norm_topk_prob, * routed_scaling_factor.
+// Order and ties (aerie's rule, the same on CPU and CUDA): groups and experts are taken by decreasing
+// value, equal values lower index first; indices[t] lists the chosen experts in that order. torch.topk
+// (CPU, these sizes) selects with std::nth_element, so on an exact tie at the cut it keeps an arbitrary
+// member (checked: not always the lower index) and HF returns the experts unsorted; with distinct
+// values at the cut the chosen set is the same. docs/quantization.md has the details.
+#pragma once
+#include "core/tensor.h"
+
+namespace aerie {
+
+/// The router's config fields (config.json: n_group, topk_group, num_experts_per_tok, norm_topk_prob,
+/// routed_scaling_factor). DeepSeek-V3: 8 / 4 / 8 / true / 2.5; Kimi-K2(.5): 1 / 1 / 8 / true / 2.827.
+struct MoeRouterConfig {
+  int64_t n_group = 1;
+  int64_t topk_group = 1;
+  int64_t top_k = 8;
+  bool norm_topk_prob = true;
+  float routed_scaling_factor = 1.0f;
+};
+
+/// logits: [T, E] F32, bias (e_score_correction_bias): [E] F32 -> indices: [T, top_k] I32 (experts in
+/// decreasing choice order, ties lower index first), weights: [T, top_k] F32. Needs E % n_group == 0,
+/// E / n_group >= 2, 1 <= topk_group <= n_group, 1 <= top_k <= topk_group * E / n_group. Non-finite
+/// logits give unspecified (but in-range) experts. On CUDA one warp per token, queued on the current
+/// stream; CPU and CUDA differ only where their expf differ in the last ulp.
+/// Throws aerie::Error naming the tensor or field on a shape, dtype, device or config mismatch.
+void moe_router_noaux_tc(const Tensor& logits, const Tensor& bias, const MoeRouterConfig& cfg, Tensor& indices,
+                         Tensor& weights);
+
+/// The (token, slot) pairs of indices [T, k] I32 grouped by expert, for a grouped GEMM:
+///   counts [E] I32: pairs routed to each expert; offsets [E + 1] I32: exclusive prefix sums of counts
+///   (offsets[E] = T k); perm [T k] I32: the pair ids p = t k + slot, sorted by expert, stable (ascending p
+///   within an expert), so expert e's rows are perm[offsets[e] .. offsets[e+1]) and token t = p / k.
+/// Indices must lie in [0, E): the CPU throws aerie::Error naming the first bad one; CUDA does not read
+/// them back, drops such pairs from counts and perm and sets perm's unused tail to -1. Deterministic on
+/// both (no atomics). Throws aerie::Error on a shape, dtype or device mismatch.
+void moe_sort_by_expert(const Tensor& indices, int64_t num_experts, Tensor& counts, Tensor& offsets, Tensor& perm);
+
+}  // namespace aerie

@@ -1,0 +1,60 @@
+// Dequantization of the quantized weight formats of the DeepSeek-V3-architecture targets into BF16 or
+// F32 (a scratch buffer for a bf16 GEMM, or a tensor-parallel slice / one expert of a weight):
+//
+//  - block FP8 (DeepSeek-V3, Kimi-K2; DeepSeek-V3 README_WEIGHTS.md, inference/kernel.py weight_dequant):
+//      weight [N, K] float8 e4m3fn, weight_scale_inv [ceil(N/128), ceil(K/128)] F32,
+//      W[n, k] = fp8(weight[n, k]) * weight_scale_inv[n / 128, k / 128]   (partial edge blocks included);
+//  - compressed-tensors "pack-quantized" INT4, symmetric, group strategy (Kimi-K2.5 routed experts;
+//      compressed_tensors/compressors/pack_quantized/{helpers,base}.py, 0.20.x):
+//      weight_packed [N, ceil(K/8)] I32 (eight 4-bit values per word, lowest nibble first, each stored
+//      as q + 8), weight_scale [N, K/group] BF16, weight_shape [2] I32|I64 = (N, K),
+//      W[n, k] = q[n, k] * weight_scale[n, k / group],  q = ((word >> 4 (k % 8)) & 0xF) - 8 in [-8, 7].
+//
+// Both products are formed in fp32 and rounded once to the output dtype (round to nearest even):
+// bitwise what transformers' FP8 dequantization ((w.float() * s).to(bf16)) and compressed-tensors'
+// dequantize (q.to(bf16) * scale in bf16, i.e. an fp32 product rounded to bf16) give. A q * scale
+// product is exact in fp32, so the F32 output of the INT4 op is the exact value.
+// docs/quantization.md describes the formats.
+#pragma once
+#include <string>
+
+#include "core/tensor.h"
+
+namespace aerie {
+
+/// Rows and columns of one block of a block-FP8 weight (quantization_config.weight_block_size).
+constexpr int64_t kFp8BlockSize = 128;
+/// Columns sharing one scale in the INT4 pack-quantized format of Kimi-K2.5 (group_size).
+constexpr int64_t kInt4GroupSize = 32;
+
+/// out [n1 - n0, K] BF16|F32 = rows [n0, n1) of the dequantized block-FP8 weight.
+///   weight: [N, K] F8E4M3 (or U8 holding the same bytes); scale_inv: [ceil(N/128), ceil(K/128)] F32
+///   (scale rows are indexed with the absolute row n, so a range need not be block aligned).
+/// 0 <= n0 <= n1 <= N. On CUDA the kernel (one thread per output element) is queued on the current stream.
+/// Throws aerie::Error on a bad dtype, device mismatch, row range or out shape; a scale_inv whose shape
+/// is not [ceil(N/128), ceil(K/128)] is an error naming both shapes and `name` (the tensor's name, for
+/// the message; may be empty).
+void dequant_fp8_block(const Tensor& weight, const Tensor& scale_inv, int64_t n0, int64_t n1, Tensor& out,
+                       const std::string& name = {});
+/// The whole weight: out [N, K].
+void dequant_fp8_block(const Tensor& weight, const Tensor& scale_inv, Tensor& out, const std::string& name = {});
+
+/// in_features K of a pack-quantized weight from its weight_shape tensor ([2] I32 or I64 on the CPU =
+/// (N, K); compressed-tensors writes I64, the Kimi-K2.5 checkpoint holds I32), checked against
+/// weight_packed [N, ceil(K/8)]. Throws aerie::Error naming `name` and the shapes when they disagree.
+int64_t int4_packed_in_features(const Tensor& weight_shape, const Tensor& weight_packed,
+                                const std::string& name = {});
+
+/// out [n1 - n0, K] BF16|F32 = rows [n0, n1) of the dequantized pack-quantized INT4 weight.
+///   weight_packed: [N, ceil(K/8)] I32; weight_scale: [N, K / group_size] BF16|F32 (K % group_size == 0,
+///   as compressed-tensors requires); K: in_features (int4_packed_in_features); group_size >= 1.
+/// 0 <= n0 <= n1 <= N. On CUDA: one thread per output element, queued on the current stream.
+/// Throws aerie::Error on a bad dtype, device, row range or out shape; a weight_scale whose shape is not
+/// [N, K / group_size] is an error naming both shapes and `name`.
+void dequant_int4_packed(const Tensor& weight_packed, const Tensor& weight_scale, int64_t k, int64_t group_size,
+                         int64_t n0, int64_t n1, Tensor& out, const std::string& name = {});
+/// The whole weight: out [N, K].
+void dequant_int4_packed(const Tensor& weight_packed, const Tensor& weight_scale, int64_t k, int64_t group_size,
+                         Tensor& out, const std::string& name = {});
+
+}  // namespace aerie

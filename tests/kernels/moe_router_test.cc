@@ -1,0 +1,136 @@
+// MoE router (kernels/moe_router.h) on the CPU against transformers' DeepseekV3TopkRouter
+// (tools/reference/quant_router_golden.py: E 16, n_group 4, topk_group 2, top-k 4; random rows and
+// constructed exact ties, a near tie at the cut, tied groups, a masked best expert, all-equal logits; a
+// negative bias, and norm_topk_prob off). Indices exactly; weights to 2 ulp (HF sums the k weights in
+// another order). The expert sort: counts, offsets and the stable permutation; the error messages.
+#include "kernel_test_util.h"
+#include "kernels/moe_router.h"
+#include "quant_fixture.h"
+
+namespace aerie {
+namespace {
+
+using testing::expect_error;
+using testing::golden;
+
+MoeRouterConfig config_of(const std::string& c) {
+  const int32_t* f = golden("router." + c + ".config").data<int32_t>();
+  MoeRouterConfig cfg;
+  cfg.n_group = f[1];
+  cfg.topk_group = f[2];
+  cfg.top_k = f[3];
+  cfg.norm_topk_prob = f[4] != 0;
+  cfg.routed_scaling_factor = golden("router." + c + ".routed_scaling_factor").data<float>()[0];
+  return cfg;
+}
+
+std::vector<int32_t> row(const Tensor& t, int64_t r) {
+  const int64_t k = t.dim(1);
+  return std::vector<int32_t>(t.data<int32_t>() + r * k, t.data<int32_t>() + (r + 1) * k);
+}
+
+TEST(MoeRouter, MatchesTransformersDeepseekV3TopkRouter) {
+  for (const std::string c : {"random", "negative_bias", "no_norm"}) {
+    const Tensor& logits = golden("router." + c + ".logits");
+    const MoeRouterConfig cfg = config_of(c);
+    const int64_t t = logits.dim(0), k = cfg.top_k;
+    Tensor idx = Tensor::empty({t, k}, DType::I32), w = Tensor::empty({t, k}, DType::F32);
+    moe_router_noaux_tc(logits, golden("router." + c + ".bias"), cfg, idx, w);
+    const Tensor& hf = golden("router." + c + ".hf_indices");
+    const Tensor& rule = golden("router." + c + ".rule_indices");
+    const uint8_t* tie = golden("router." + c + ".tie_at_cut").data<uint8_t>();
+    const float* hw = golden("router." + c + ".hf_weights").data<float>();
+    int ties = 0, hf_differs = 0;
+    for (int64_t r = 0; r < t; ++r) {
+      const std::string what = c + " row " + std::to_string(r);
+      // Every row: aerie's documented rule (choice descending, then the lower index).
+      EXPECT_EQ(row(idx, r), row(rule, r)) << what;
+      if (tie[r]) {  // an exact tie at the cut: torch.topk keeps an arbitrary member
+        ++ties;
+        hf_differs += row(hf, r) != row(rule, r);
+        continue;
+      }
+      EXPECT_EQ(row(idx, r), row(hf, r)) << what;
+      for (int64_t i = 0; i < k; ++i) {
+        const float ref = hw[r * k + i], got = w.data<float>()[r * k + i];
+        EXPECT_NEAR(got, ref, 2.5e-7f * std::fabs(ref)) << what << " slot " << i;
+      }
+    }
+    EXPECT_GE(ties, 1) << c << ": the fixture's constructed ties";
+    if (c == "no_norm") {
+      EXPECT_GE(hf_differs, 1) << "the fixture shows torch.topk keeping the higher index once";
+    }
+  }
+}
+
+TEST(MoeRouter, WeightsAreUnbiasedScoresNormalizedAndScaled) {
+  // One token, 4 experts in 2 groups, keep 1 group, top 2. The bias moves group 1 ahead although its
+  // scores are lower; the weights use the unbiased scores.
+  Tensor logits = Tensor::from_vector<float>({2.0f, 1.0f, 0.0f, -0.5f}, {1, 4});
+  Tensor bias = Tensor::from_vector<float>({0.0f, 0.0f, 1.0f, 1.0f}, {4});
+  MoeRouterConfig cfg{2, 1, 2, true, 2.5f};
+  Tensor idx = Tensor::empty({1, 2}, DType::I32), w = Tensor::empty({1, 2}, DType::F32);
+  moe_router_noaux_tc(logits, bias, cfg, idx, w);
+  EXPECT_EQ(row(idx, 0), (std::vector<int32_t>{2, 3}));
+  const float s2 = 0.5f, s3 = 1.0f / (1.0f + std::exp(0.5f));
+  EXPECT_FLOAT_EQ(w.data<float>()[0], s2 / (s2 + s3) * 2.5f);
+  EXPECT_FLOAT_EQ(w.data<float>()[1], s3 / (s2 + s3) * 2.5f);
+  cfg.norm_topk_prob = false;
+  moe_router_noaux_tc(logits, bias, cfg, idx, w);
+  EXPECT_FLOAT_EQ(w.data<float>()[0], s2 * 2.5f);
+}
+
+TEST(MoeRouter, RejectsBadConfigsAndShapes) {
+  Tensor logits = Tensor::zeros({3, 16}, DType::F32), bias = Tensor::zeros({16}, DType::F32);
+  Tensor idx = Tensor::empty({3, 4}, DType::I32), w = Tensor::empty({3, 4}, DType::F32);
+  expect_error([&] { moe_router_noaux_tc(logits, bias, {3, 1, 4, true, 1.0f}, idx, w); }, "n_group 3");
+  expect_error([&] { moe_router_noaux_tc(logits, bias, {4, 5, 4, true, 1.0f}, idx, w); }, "topk_group 5");
+  Tensor idx9 = Tensor::empty({3, 9}, DType::I32), w9 = Tensor::empty({3, 9}, DType::F32);
+  expect_error([&] { moe_router_noaux_tc(logits, bias, {4, 2, 9, true, 1.0f}, idx9, w9); }, "top_k 9");
+  expect_error([&] { moe_router_noaux_tc(logits, Tensor::zeros({15}, DType::F32), {4, 2, 4, true, 1.0f}, idx, w); },
+               "e_score_correction_bias");
+  expect_error([&] { moe_router_noaux_tc(logits.to(DType::BF16), bias, {4, 2, 4, true, 1.0f}, idx, w); }, "logits");
+  expect_error([&] { moe_router_noaux_tc(logits, bias, {4, 2, 4, true, 1.0f}, w, w); }, "indices");
+}
+
+TEST(MoeSort, CountsOffsetsAndStablePermutation) {
+  // T = 4 tokens, k = 2; experts 0..3 (expert 1 gets no pair).
+  Tensor idx = Tensor::from_vector<int32_t>({2, 0, 0, 3, 2, 3, 0, 2}, {4, 2});
+  Tensor counts = Tensor::empty({4}, DType::I32), offsets = Tensor::empty({5}, DType::I32);
+  Tensor perm = Tensor::empty({8}, DType::I32);
+  moe_sort_by_expert(idx, 4, counts, offsets, perm);
+  EXPECT_EQ(row(counts.reshape({1, 4}), 0), (std::vector<int32_t>{3, 0, 3, 2}));
+  EXPECT_EQ(row(offsets.reshape({1, 5}), 0), (std::vector<int32_t>{0, 3, 3, 6, 8}));
+  EXPECT_EQ(row(perm.reshape({1, 8}), 0), (std::vector<int32_t>{1, 2, 6, 0, 4, 7, 3, 5}));
+  // An index out of range names itself.
+  Tensor bad = Tensor::from_vector<int32_t>({0, 4}, {1, 2});
+  Tensor p2 = Tensor::empty({2}, DType::I32);
+  expect_error([&] { moe_sort_by_expert(bad, 4, counts, offsets, p2); }, "indices[1] = 4");
+  expect_error([&] { moe_sort_by_expert(idx, 4, counts, offsets, p2); }, "perm");
+  expect_error([&] { moe_sort_by_expert(idx, 3, counts, offsets, perm); }, "counts");
+}
+
+TEST(MoeSort, RouterOutputRoundTrips) {
+  const Tensor& logits = golden("router.random.logits");
+  const MoeRouterConfig cfg = config_of("random");
+  const int64_t t = logits.dim(0), k = cfg.top_k, e = logits.dim(1);
+  Tensor idx = Tensor::empty({t, k}, DType::I32), w = Tensor::empty({t, k}, DType::F32);
+  moe_router_noaux_tc(logits, golden("router.random.bias"), cfg, idx, w);
+  Tensor counts = Tensor::empty({e}, DType::I32), offsets = Tensor::empty({e + 1}, DType::I32);
+  Tensor perm = Tensor::empty({t * k}, DType::I32);
+  moe_sort_by_expert(idx, e, counts, offsets, perm);
+  std::vector<int> seen(static_cast<size_t>(t * k), 0);
+  for (int64_t x = 0; x < e; ++x)
+    for (int32_t j = offsets.data<int32_t>()[x]; j < offsets.data<int32_t>()[x + 1]; ++j) {
+      const int32_t p = perm.data<int32_t>()[j];
+      EXPECT_EQ(idx.data<int32_t>()[p], x);
+      if (j > offsets.data<int32_t>()[x]) {
+        EXPECT_LT(perm.data<int32_t>()[j - 1], p);
+      }
+      ++seen[static_cast<size_t>(p)];
+    }
+  for (int s : seen) EXPECT_EQ(s, 1);
+}
+
+}  // namespace
+}  // namespace aerie

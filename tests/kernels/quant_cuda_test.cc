@@ -1,0 +1,82 @@
+// Weight dequantization on CUDA against the CPU reference (kernels/cpu/quant.cc), bitwise: the goldens'
+// weights, and random bytes / words covering every e4m3fn code (NaN included) and every nibble, with
+// partial edge blocks, row ranges and both output dtypes. Skipped without a GPU.
+#include <random>
+
+#include "cuda_test_util.h"
+#include "kernels/quant.h"
+#include "quant_fixture.h"
+
+namespace aerie {
+namespace {
+
+using testing::gpu;
+
+// Bitwise equality of two tensors of one dtype (any devices); NaN payloads included.
+void expect_same_bits(const Tensor& got, const Tensor& ref, const std::string& what) {
+  const Tensor g = got.to_device(Device::CPU), r = ref.to_device(Device::CPU);
+  ASSERT_EQ(g.nbytes(), r.nbytes()) << what;
+  const auto* a = static_cast<const uint8_t*>(g.raw());
+  const auto* b = static_cast<const uint8_t*>(r.raw());
+  EXPECT_TRUE(std::equal(a, a + g.nbytes(), b)) << what;
+}
+
+Tensor random_bytes(const Shape& s, DType dt, uint32_t seed) {
+  Tensor t = Tensor::empty(s, dt);
+  std::mt19937 gen(seed);
+  auto* p = static_cast<uint8_t*>(t.raw());
+  for (size_t i = 0; i < t.nbytes(); ++i) p[i] = static_cast<uint8_t>(gen());
+  return t;
+}
+
+TEST(QuantCuda, Fp8BlockMatchesCpu) {
+  AERIE_REQUIRE_CUDA();
+  struct Case {
+    Tensor w, s;
+  };
+  std::vector<Case> cases = {{testing::golden("fp8.weight"), testing::golden("fp8.weight_scale_inv")}};
+  for (auto [n, k] : {std::pair<int64_t, int64_t>{300, 257}, {1, 1}, {128, 128}})
+    cases.push_back({random_bytes({n, k}, DType::F8E4M3, 7),
+                     testing::random_tensor({(n + 127) / 128, (k + 127) / 128}, 8, 1e-4f, 1e-1f)});
+  for (const Case& c : cases) {
+    const int64_t n = c.w.dim(0), k = c.w.dim(1);
+    const Tensor wg = gpu(c.w), sg = gpu(c.s);
+    for (DType dt : {DType::BF16, DType::F32})
+      for (auto [n0, n1] : {std::pair<int64_t, int64_t>{0, n}, {n / 3, n}, {n - 1, n}}) {
+        const std::string what = shape_str(c.w.shape()) + " rows " + std::to_string(n0) + ".." +
+                                 std::to_string(n1) + " " + dtype_name(dt);
+        Tensor ref = Tensor::empty({n1 - n0, k}, dt), got = Tensor::empty({n1 - n0, k}, dt, Device::CUDA);
+        dequant_fp8_block(c.w, c.s, n0, n1, ref);
+        dequant_fp8_block(wg, sg, n0, n1, got);
+        expect_same_bits(got, ref, what);
+      }
+  }
+}
+
+TEST(QuantCuda, Int4PackedMatchesCpu) {
+  AERIE_REQUIRE_CUDA();
+  struct Case {
+    Tensor packed, scale;
+    int64_t k, group;
+  };
+  std::vector<Case> cases = {{testing::golden("int4.weight_packed"), testing::golden("int4.weight_scale"), 96, 32}};
+  cases.push_back({random_bytes({300, 7168 / 8}, DType::I32, 9),
+                   testing::random_tensor({300, 7168 / 32}, 10, -1e-2f, 1e-2f).to(DType::BF16), 7168, 32});
+  cases.push_back({random_bytes({5, 5}, DType::I32, 11), testing::random_tensor({5, 4}, 12), 36, 9});  // K % 8 != 0
+  for (const Case& c : cases) {
+    const int64_t n = c.packed.dim(0);
+    const Tensor pg = gpu(c.packed), sg = gpu(c.scale);
+    for (DType dt : {DType::BF16, DType::F32})
+      for (auto [n0, n1] : {std::pair<int64_t, int64_t>{0, n}, {n / 2, n}, {1, 2}}) {
+        const std::string what = shape_str(c.packed.shape()) + " rows " + std::to_string(n0) + ".." +
+                                 std::to_string(n1) + " " + dtype_name(dt);
+        Tensor ref = Tensor::empty({n1 - n0, c.k}, dt), got = Tensor::empty({n1 - n0, c.k}, dt, Device::CUDA);
+        dequant_int4_packed(c.packed, c.scale, c.k, c.group, n0, n1, ref);
+        dequant_int4_packed(pg, sg, c.k, c.group, n0, n1, got);
+        expect_same_bits(got, ref, what);
+      }
+  }
+}
+
+}  // namespace
+}  // namespace aerie
