@@ -14,6 +14,8 @@ void moe_router_noaux_tc(const float* logits /* (T, E) */, const float* bias /* 
 // Throws naming the first index outside [0, E).
 void moe_sort_by_expert(const int32_t* indices /* (T k) */, int64_t pairs, int64_t e, int32_t* counts /* (E) */,
                         int32_t* offsets /* (E + 1) */, int32_t* perm /* (T k) */);
+void moe_combine(const float* y /* (T k, H) */, const float* weights /* (T, k) */, int64_t t, int64_t k, int64_t h,
+                 float* out /* (T, H) */);
 }  // namespace cpu
 
 using kernels::what;
@@ -81,6 +83,28 @@ void moe_sort_by_expert(const Tensor& indices, int64_t num_experts, Tensor& coun
   }
   cpu::moe_sort_by_expert(indices.data<int32_t>(), pairs, num_experts, counts.data<int32_t>(),
                           offsets.data<int32_t>(), perm.data<int32_t>());
+}
+
+void moe_combine(const Tensor& y, const Tensor& weights, Tensor& out) {
+  constexpr const char* op = "moe_combine";
+  AERIE_CHECK(weights.ndim() == 2 && out.ndim() == 2,
+              op << ": weights must be [T, k] and out [T, H], got " << shape_str(weights.shape()) << " and "
+                 << shape_str(out.shape()));
+  const int64_t t = weights.dim(0), k = weights.dim(1), h = out.dim(1);
+  y.check_shape({t * k, h}, what(op, "y"));
+  out.check_shape({t, h}, what(op, "out"));
+  for (const Tensor* x : {&y, &weights, static_cast<const Tensor*>(&out)}) x->check_dtype(DType::F32, what(op, "y, weights and out"));
+  const Device dev = kernels::common_device(op, {{"y", &y}, {"weights", &weights}, {"out", &out}});
+  if (t == 0 || h == 0) return;
+  if (dev == Device::CUDA) {
+#ifdef AERIE_WITH_CUDA
+    cuda::moe_combine(y.data<float>(), weights.data<float>(), t, k, h, out.data<float>());
+    return;
+#else
+    kernels::throw_no_backend(op, dev);
+#endif
+  }
+  cpu::moe_combine(y.data<float>(), weights.data<float>(), t, k, h, out.data<float>());
 }
 
 }  // namespace aerie

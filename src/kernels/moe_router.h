@@ -46,4 +46,11 @@ void moe_router_noaux_tc(const Tensor& logits, const Tensor& bias, const MoeRout
 /// both (no atomics). Throws aerie::Error on a shape, dtype or device mismatch.
 void moe_sort_by_expert(const Tensor& indices, int64_t num_experts, Tensor& counts, Tensor& offsets, Tensor& perm);
 
+/// The routed sum of the expert outputs: y [T k, H] F32 holds the output of pair p = t k + slot in row p
+/// (pair order), weights [T, k] F32 the router's -> out [T, H] F32 (overwritten),
+///   out[t, j] = sum_{slot = 0..k-1} weights[t, slot] y[t k + slot, j]
+/// in fp32, the slots in order (the same on CPU and CUDA; transformers' fp32 grouped_mm path sums the same
+/// terms in another order). Throws aerie::Error on a shape, dtype or device mismatch.
+void moe_combine(const Tensor& y, const Tensor& weights, Tensor& out);
+
 }  // namespace aerie

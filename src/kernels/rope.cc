@@ -1,4 +1,6 @@
 // RoPE: checks and device dispatch (see rope.h).
+#include <cmath>
+
 #include "kernels/rope.h"
 
 #include "kernels/cpu/cpu_kernels.h"
@@ -23,7 +25,50 @@ std::vector<float> rope_inv_freq(const RopeParams& p, int64_t head_dim) {
                 "rope_inv_freq: bad llama3 rope_scaling (factor " << p.factor << ", low_freq_factor "
                     << p.low_freq_factor << ", high_freq_factor " << p.high_freq_factor
                     << ", original_max_position_embeddings " << p.original_max_position_embeddings << ")");
+  if (p.type == "yarn")
+    AERIE_CHECK(p.factor > 0.0 && p.original_max_position_embeddings > 0 && p.beta_fast > 0.0 && p.beta_slow > 0.0,
+                "rope_inv_freq: bad yarn rope_scaling (factor " << p.factor << ", original_max_position_embeddings "
+                    << p.original_max_position_embeddings << ", beta_fast " << p.beta_fast << ", beta_slow "
+                    << p.beta_slow << ")");
   return cpu::rope_inv_freq(p, head_dim);  // host-side table on every device
+}
+
+double yarn_mscale(double factor, double m) { return factor <= 1.0 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; }
+
+double rope_attention_factor(const RopeParams& p) {
+  if (p.type != "yarn") return 1.0;
+  if (p.attention_factor >= 0.0) return p.attention_factor;
+  if (p.mscale != 0.0 && p.mscale_all_dim != 0.0)
+    return yarn_mscale(p.factor, p.mscale) / yarn_mscale(p.factor, p.mscale_all_dim);
+  return yarn_mscale(p.factor);
+}
+
+void rope_apply_interleaved(Tensor& x, const Tensor& positions, const std::vector<float>& inv_freq, float scale) {
+  constexpr const char* op = "rope_apply_interleaved";
+  AERIE_CHECK(x.ndim() == 3, op << ": x must be [T, n_heads, d], got " << shape_str(x.shape()));
+  const int64_t t = x.dim(0), nh = x.dim(1), d = x.dim(2);
+  AERIE_CHECK(x.dtype() == DType::F32 || x.dtype() == DType::BF16,
+              op << ": x must be F32 or BF16, got " << dtype_name(x.dtype()));
+  positions.check_shape({t}, what(op, "positions"));
+  positions.check_dtype(DType::I32, what(op, "positions"));
+  AERIE_CHECK(static_cast<int64_t>(inv_freq.size()) * 2 == d,
+              op << ": inv_freq has " << inv_freq.size() << " entries, d " << d << " needs " << d / 2);
+  const Device dev = kernels::common_device(op, {{"x", &x}, {"positions", &positions}});
+  if (dev == Device::CUDA) {
+#ifdef AERIE_WITH_CUDA
+    cuda::rope_apply_interleaved(x, positions, inv_freq, scale);
+    return;
+#else
+    kernels::throw_no_backend(op, dev);
+#endif
+  }
+  if (x.dtype() == DType::F32) {
+    cpu::rope_apply_interleaved(x.data<float>(), positions.data<int32_t>(), inv_freq.data(), t, nh, d, scale);
+    return;
+  }
+  Tensor xf = x.to(DType::F32);  // BF16: rotate an fp32 copy, round back
+  cpu::rope_apply_interleaved(xf.data<float>(), positions.data<int32_t>(), inv_freq.data(), t, nh, d, scale);
+  x.copy_from(xf.to(x.dtype()));
 }
 
 void rope_apply(Tensor& x, const Tensor& positions, const std::vector<float>& inv_freq, bool inverse) {

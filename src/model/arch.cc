@@ -8,18 +8,17 @@
 namespace aerie {
 
 const std::vector<Architecture>& architectures() {
-  // DeepSeek-V3 and the Kimi targets (DeepseekV3ForCausalLM; Kimi-K2.5 wraps it as text_config, whose
-  // model_type is deepseek_v3) are recognised so that their configs get a precise message until the MLA
-  // and MoE blocks are built (../shared/docs/deepseek-v3.md).
+  // DeepSeek-V3 and the Kimi targets: DeepseekV3ForCausalLM; Kimi-K2.5 wraps it as text_config, whose
+  // model_type is deepseek_v3 (or kimi_k2 in other copies). ../shared/docs/deepseek-v3.md.
   static const std::vector<Architecture> table = {
       {"llama", "Llama 2/3.x", "GQA", "dense SwiGLU", build_llama_layer},
       {"mistral", "Mistral", "GQA (sliding window)", "dense SwiGLU", build_llama_layer},
       {"qwen2", "Qwen2/2.5", "GQA (q/k/v biases)", "dense SwiGLU", build_llama_layer},
       {"qwen3", "Qwen3", "GQA (q/k norms)", "dense SwiGLU", build_llama_layer},
       {"deepseek_v3", "DeepSeek-V3/R1, Kimi-K2.5's language model", "MLA",
-       "MoE (sigmoid router, shared experts; dense below first_k_dense_replace)", nullptr},
+       "MoE (sigmoid router, shared experts; dense below first_k_dense_replace)", build_deepseek_layer},
       {"kimi_k2", "Kimi-K2", "MLA", "MoE (sigmoid router, shared experts; dense below first_k_dense_replace)",
-       nullptr},
+       build_deepseek_layer},
   };
   return table;
 }

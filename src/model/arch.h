@@ -30,5 +30,8 @@ const Architecture& find_architecture(const std::string& model_type, const std::
 
 /// Llama-family layers (llama, mistral, qwen2, qwen3): GQA attention + dense SwiGLU (arch_llama.cc).
 DecoderLayer build_llama_layer(WeightSource& src, const TargetConfig& cfg, int64_t layer);
+/// DeepSeek-V3-family layers (deepseek_v3, kimi_k2): MLA attention + dense SwiGLU below
+/// first_k_dense_replace, MoE above (arch_deepseek.cc).
+DecoderLayer build_deepseek_layer(WeightSource& src, const TargetConfig& cfg, int64_t layer);
 
 }  // namespace aerie

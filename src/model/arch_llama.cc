@@ -20,7 +20,7 @@ DecoderLayer build_llama_layer(WeightSource& src, const TargetConfig& cfg, int64
   a.o_bias = cfg.o_bias;
   a.qk_norm = cfg.qk_norm;
   a.window = cfg.sliding_layers[layer] ? cfg.sliding_window : 0;
-  a.inv_freq = target_rope_inv_freq(cfg.rope, cfg.head_dim);
+  a.inv_freq = rope_inv_freq(cfg.rope, cfg.head_dim);
   a.eps = static_cast<float>(cfg.rms_norm_eps);
   L.attn = make_gqa_attention(src, a, p + "self_attn.");
   L.ffn = make_dense_ffn(src, {H, cfg.intermediate_size, cfg.mlp_bias}, p + "mlp.");

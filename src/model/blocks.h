@@ -131,9 +131,56 @@ std::unique_ptr<AttentionBlock> make_gqa_attention(WeightSource& src, const GqaS
 struct DenseFfnSpec {
   int64_t hidden = 0, intermediate = 0;
   bool bias = false;
+  bool reduce = true;  // false: the update stays this rank's partial sum (an MoE's shared experts)
 };
 /// Loads `prefix` {gate,up,down}_proj.{weight,bias}. Throws aerie::Error when tp does not divide the
 /// intermediate size, or a tensor is missing or misshapen.
 std::unique_ptr<FfnBlock> make_dense_ffn(WeightSource& src, const DenseFfnSpec& spec, const std::string& prefix);
+
+}  // namespace aerie
+
+namespace aerie {
+
+/// Multi-head latent attention (DeepSeek-V2/V3, Kimi-K2; transformers' DeepseekV3Attention,
+/// deepseek-v3.md section 2), tensor parallel by heads (q_b / q_proj and kv_b column-parallel, o_proj
+/// row-parallel, q_a / kv_a and both latent norms replicated). Runs in the expanded ("MHA") form:
+///   q = q_b(q_norm(q_a(h))) (or q_proj(h)) viewed [n, nh, nope + rope]; [c_kv | k_pe] = kv_a(h);
+///   kv = kv_b(kv_norm(c_kv)) viewed [n, nh, nope + v]; interleaved RoPE (YaRN inv_freq, cos/sin times
+///   rope_attention_factor) on q_pe and the one shared k_pe; K_h = [k_nope_h | k_pe], softmax scale
+///   (nope + rope)^-0.5 mscale(f, mscale_all_dim)^2; out = all_reduce(o_proj(concat_h O_h)).
+/// The KV cache holds the latent [kv_norm(c_kv) | roped k_pe] per position (kv_lora + rope values per
+/// token and layer, as vLLM's); a forward with a cache expands the cached latents through kv_b again.
+struct MlaSpec {
+  int64_t hidden = 0, heads = 0, q_lora_rank = 0, kv_lora_rank = 0, qk_nope = 0, qk_rope = 0, v_head = 0;
+  std::vector<float> inv_freq;  // [qk_rope / 2]
+  float rope_scale = 1.0f;      // rope_attention_factor (cos/sin multiplier)
+  float softmax_scale = 0.0f;   // (qk_nope + qk_rope)^-0.5 mscale^2
+  float eps = 1e-6f;            // the latent norms' epsilon
+};
+/// Loads `prefix` {q_a_proj, q_a_layernorm, q_b_proj | q_proj, kv_a_proj_with_mqa, kv_a_layernorm,
+/// kv_b_proj, o_proj}.weight. Throws aerie::Error when tp does not divide the heads or a tensor is
+/// missing or misshapen.
+std::unique_ptr<AttentionBlock> make_mla_attention(WeightSource& src, const MlaSpec& spec, const std::string& prefix);
+
+}  // namespace aerie
+
+namespace aerie {
+
+/// DeepSeek-V3's MoE FFN (transformers' DeepseekV3MoE, deepseek-v3.md section 3), tensor parallel within
+/// every expert (gate/up rows and down columns of this rank's slice of moe_intermediate_size):
+///   logits = h W_g^T in fp32 (W_g F32); experts, weights = moe_router_noaux_tc(logits, bias)
+///   out = all_reduce(sum_k w_k Expert_k(h) (fp32) + SharedExperts(h)),  Expert(x) = down(silu(gate x) up x)
+/// The tokens are sorted by expert (moe_sort_by_expert) and each expert's rows go through one GEMM per
+/// projection; the routed sum is moe_combine (fp32).
+struct MoeSpec {
+  int64_t hidden = 0, experts = 0, shared_experts = 0, moe_intermediate = 0;
+  int64_t n_group = 1, topk_group = 1, top_k = 1;
+  bool norm_topk_prob = true;
+  float routed_scaling_factor = 1.0f;
+};
+/// Loads `prefix` gate.weight [E, H] (F32), gate.e_score_correction_bias [E] (F32),
+/// experts.{e}.{gate,up,down}_proj.weight and shared_experts.{gate,up,down}_proj.weight. Throws
+/// aerie::Error when tp does not divide moe_intermediate_size or a tensor is missing or misshapen.
+std::unique_ptr<FfnBlock> make_moe_ffn(WeightSource& src, const MoeSpec& spec, const std::string& prefix);
 
 }  // namespace aerie

@@ -69,8 +69,8 @@ TargetOutput TargetModel::run(const std::vector<std::vector<int32_t>>& ids, cons
     AERIE_CHECK(seen.insert(c).second, who << ": sequence " << b << "'s KV cache is also another sequence's");
     bool fits = static_cast<int64_t>(c->k.size()) == N && static_cast<int64_t>(c->v.size()) == N;
     for (int64_t l = 0; fits && l < N; ++l) {
-      const Shape kr(c->k[l].shape().begin() + 1, c->k[l].shape().end());
-      const Shape vr(c->v[l].shape().begin() + 1, c->v[l].shape().end());
+      auto row = [](const Tensor& t) { return t.defined() ? Shape(t.shape().begin() + 1, t.shape().end()) : Shape{}; };
+      const Shape kr = row(c->k[l]), vr = row(c->v[l]);
       fits = kr == m.layers[l].attn->cache_k_row() && vr == m.layers[l].attn->cache_v_row() &&
              c->k[l].dtype() == m.dtype && c->k[l].device() == m.device;
     }

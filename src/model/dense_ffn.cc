@@ -11,7 +11,7 @@ namespace {
 
 class DenseFfn final : public FfnBlock {
  public:
-  DenseFfn(WeightSource& src, const DenseFfnSpec& s, const std::string& p) {
+  DenseFfn(WeightSource& src, const DenseFfnSpec& s, const std::string& p) : reduce_(s.reduce) {
     const int tp = src.tp_size();
     AERIE_CHECK(s.intermediate % tp == 0, "tp " << tp << " does not divide intermediate_size " << s.intermediate);
     inter_ = s.intermediate / tp;
@@ -36,11 +36,13 @@ class DenseFfn final : public FfnBlock {
     gate_up_.forward(ctx, h, gu);
     ctx.prof.time(OpKind::Activation, ctx.device, [&] { swiglu_packed_forward(gu, act); });
     down_.matmul(ctx, act, out);  // [n, H], partial sum over tp ranks
+    if (!reduce_) return;  // a partial sum that the caller reduces (with its bias: none for shared experts)
     ctx.all_reduce(out);
     down_.add_bias(ctx, out);
   }
 
  private:
+  bool reduce_ = true;
   int64_t inter_ = 0;      // this rank's intermediate slice I/tp
   Linear gate_up_, down_;  // [2 I/tp, H] rows gate, up; [H, I/tp]
 };

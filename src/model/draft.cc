@@ -9,32 +9,11 @@
 #include "kernels/gemm.h"
 #include "kernels/loss.h"
 #include "model/draft.h"
+#include "model/rope_config.h"
 
 namespace aerie {
 
 namespace {
-
-RopeParams rope_from_json(const nlohmann::json& j) {
-  RopeParams r;
-  r.theta = j.value("rope_theta", 10000.0);
-  auto it = j.find("rope_scaling");
-  if (it == j.end() || it->is_null()) return r;
-  const auto& s = *it;
-  AERIE_CHECK(s.is_object(), "draft config: rope_scaling must be an object or null");
-  std::string type = s.value("rope_type", s.value("type", std::string("default")));
-  r.type = type;
-  if (type == "llama3") {
-    r.factor = s.at("factor").get<double>();
-    r.low_freq_factor = s.value("low_freq_factor", 1.0);
-    r.high_freq_factor = s.value("high_freq_factor", 4.0);
-    r.original_max_position_embeddings = s.value("original_max_position_embeddings", int64_t{8192});
-  } else if (type == "linear") {
-    r.factor = s.at("factor").get<double>();
-  } else {
-    AERIE_CHECK(type == "default", "draft config: rope_scaling type '" << type << "' is not supported");
-  }
-  return r;
-}
 
 int64_t get_int(const nlohmann::json& j, const char* key) {
   auto it = j.find(key);
@@ -121,7 +100,7 @@ DraftConfig DraftConfig::from_json(const nlohmann::json& j) {
   c.draft_vocab_size = j.contains("draft_vocab_size") ? get_int(j, "draft_vocab_size") : c.vocab_size;
   c.max_position_embeddings = get_int(j, "max_position_embeddings");
   c.rms_norm_eps = j.value("rms_norm_eps", 1e-5);
-  c.rope = rope_from_json(j);
+  c.rope = rope_params_from_config(j, c.max_position_embeddings, "draft config");
   c.rope_scaling = j.contains("rope_scaling") ? j["rope_scaling"] : nlohmann::json();
   if (j.contains("aerie")) {
     const auto& a = j["aerie"];

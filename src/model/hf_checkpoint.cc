@@ -140,6 +140,24 @@ void HfCheckpoint::skip(const std::string& name, const Shape& shape) {
   read_.insert(name);
 }
 
+int64_t HfCheckpoint::skip_prefix(const std::string& prefix) {
+  int64_t n = 0;
+  for (auto it = where_.lower_bound(prefix); it != where_.end() && it->first.compare(0, prefix.size(), prefix) == 0;
+       ++it, ++n)
+    read_.insert(it->first);
+  return n;
+}
+
+std::map<std::string, int64_t> HfCheckpoint::other_tensors() const {
+  std::map<std::string, int64_t> out;
+  for (const auto& [name, r] : where_) {
+    const bool lm = prefix_ == "model." || name.compare(0, prefix_.size(), prefix_) == 0 ||
+                    name == "lm_head.weight" || name == "language_model.lm_head.weight";
+    if (!lm) ++out[name.substr(0, name.find('.'))];
+  }
+  return out;
+}
+
 std::vector<std::string> HfCheckpoint::unread_language_model_tensors() const {
   std::vector<std::string> out;
   for (const auto& [name, r] : where_) {

@@ -54,6 +54,11 @@ class HfCheckpoint {
   /// Marks `name` as accounted for without reading its data (a tied checkpoint's redundant lm_head),
   /// after checking its shape. Throws as get().
   void skip(const std::string& name, const Shape& shape);
+  /// Marks every tensor whose name starts with `prefix` as accounted for, unread; returns the count.
+  int64_t skip_prefix(const std::string& prefix);
+  /// The tensors outside the language model (a multimodal wrapper's vision_tower.*, mm_projector.*),
+  /// counted by the first component of their names: {"vision_tower", 12}, ... (never read).
+  std::map<std::string, int64_t> other_tensors() const;
   /// Tensors of the language model (under the decoder prefix, and the lm_head) that were neither read
   /// nor skipped; other tensors of a multimodal wrapper (vision tower, projector) are not listed.
   std::vector<std::string> unread_language_model_tensors() const;

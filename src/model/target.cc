@@ -22,7 +22,7 @@ KVCache::KVCache(const std::vector<Shape>& k_rows, const std::vector<Shape>& v_r
   };
   for (size_t l = 0; l < k_rows.size(); ++l) {
     k.push_back(Tensor::zeros(with_len(k_rows[l]), dtype, device));
-    v.push_back(Tensor::zeros(with_len(v_rows[l]), dtype, device));
+    v.push_back(v_rows[l].empty() ? Tensor() : Tensor::zeros(with_len(v_rows[l]), dtype, device));
   }
   max_len_ = max_len;
 }
@@ -67,6 +67,13 @@ void TargetModel::build(WeightSource& src, Communicator& tp, const TargetModelOp
   m.embed_tokens = src.load(P + "embed_tokens.weight", {V, H}, TpSplit::None, ParamRole::Embedding);
   m.norm = src.load(P + "norm.weight", {H}, TpSplit::None, ParamRole::Norm);
   for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) m.layers.push_back(arch.build_layer(src, cfg_, l));
+  // DeepSeek-V3's multi-token-prediction layers follow the decoder's (model.layers.61.*): not part of
+  // the forward, skipped and said so.
+  for (int64_t l = 0; l < cfg_.num_nextn_predict_layers; ++l) {
+    const std::string mtp = P + "layers." + std::to_string(cfg_.num_hidden_layers + l) + ".";
+    const int64_t skipped = src.skip_prefix(mtp);
+    if (skipped > 0) AERIE_LOG(info) << "skipped the " << skipped << " tensors of the MTP layer " << mtp << "*";
+  }
   // Some tied checkpoints still carry an lm_head copy; transformers ignores it, and so does aerie.
   const std::string lm_head = src.has("lm_head.weight") || !src.has("language_model.lm_head.weight")
                                   ? "lm_head.weight"

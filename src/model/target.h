@@ -19,12 +19,14 @@ class WeightSource;
 
 /// KV cache of one sequence for this rank's part of each layer's attention block: per layer K and V
 /// [max_len, row...] of `dtype` (the model's compute dtype, F32 or BF16) on `device` (the model's); for
-/// GQA the rows are [n_kv_local, d], keys stored after RoPE (and Qwen3's k_norm). Made by
+/// GQA the rows are [n_kv_local, d], keys stored after RoPE (and Qwen3's k_norm); for MLA K holds the
+/// latent [kv_lora + rope] and V is undefined. Made by
 /// TargetModel::make_cache. A copy shares the storage (Tensor semantics): copy the tensors to fork. A
 /// sliding-window layer keeps every position too.
 class KVCache {
  public:
-  /// Zeroed K and V of max_len positions per layer, layer l's rows k_rows[l] / v_rows[l]. Throws
+  /// Zeroed K and V of max_len positions per layer, layer l's rows k_rows[l] / v_rows[l] (an empty
+  /// v row: no V tensor, as MLA's latent cache, which keeps everything in K). Throws
   /// aerie::Error on a negative max_len or lists of different lengths.
   KVCache(const std::vector<Shape>& k_rows, const std::vector<Shape>& v_rows, int64_t max_len,
           Device device = Device::CPU, DType dtype = DType::F32);

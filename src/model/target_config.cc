@@ -15,30 +15,17 @@
 
 #include "core/error.h"
 #include "model/arch.h"
+#include "model/config_json.h"
+#include "model/rope_config.h"
 #include "model/target_config.h"
 
 namespace aerie {
 namespace {
 
-int64_t required_int(const nlohmann::json& j, const char* key, const std::string& path) {
-  AERIE_CHECK(j.contains(key) && j[key].is_number_integer(),
-              path << ": field \"" << key << "\" is missing or not an integer");
-  int64_t v = j[key].get<int64_t>();
-  AERIE_CHECK(v > 0, path << ": field \"" << key << "\" must be positive, got " << v);
-  return v;
-}
-
-int64_t optional_int(const nlohmann::json& j, const char* key, int64_t fallback, const std::string& path) {
-  if (!j.contains(key) || j[key].is_null()) return fallback;
-  AERIE_CHECK(j[key].is_number_integer(), path << ": field \"" << key << "\" is not an integer");
-  return j[key].get<int64_t>();
-}
-
-double optional_double(const nlohmann::json& j, const char* key, double fallback, const std::string& path) {
-  if (!j.contains(key) || j[key].is_null()) return fallback;
-  AERIE_CHECK(j[key].is_number(), path << ": field \"" << key << "\" is not a number");
-  return j[key].get<double>();
-}
+using config_json::optional_bool;
+using config_json::optional_double;
+using config_json::optional_int;
+using config_json::required_int;
 
 /// bos/eos ids: an integer, a list of integers (the first is taken; the raw list stays in `raw`), or
 /// null/absent (-1).
@@ -54,35 +41,6 @@ int64_t token_id(const nlohmann::json& j, const char* key, const std::string& pa
   AERIE_THROW(path << ": field \"" << key << "\" is neither an integer nor a list of integers");
 }
 
-/// RoPE type and llama3 fields from a rope_scaling (4.x) or rope_parameters (5.x) object.
-void read_rope_scaling(const nlohmann::json& s, RopeParams& rope, const std::string& path, const char* field) {
-  if (s.is_null()) return;
-  AERIE_CHECK(s.is_object(), path << ": \"" << field << "\" is not an object");
-  std::string type = "default";
-  if (s.contains("rope_type") && s["rope_type"].is_string()) type = s["rope_type"].get<std::string>();
-  else if (s.contains("type") && s["type"].is_string()) type = s["type"].get<std::string>();
-  if (type == "default") return;
-  if (type == "linear") {  // position interpolation (Chen et al. 2023): inv_freq / factor
-    rope.type = "linear";
-    rope.factor = optional_double(s, "factor", 0.0, path);
-    AERIE_CHECK(rope.factor > 0, path << ": " << field << " type \"linear\" needs a positive factor");
-    return;
-  }
-  AERIE_CHECK(type == "llama3", path << ": " << field << " type \"" << type
-                                     << "\" is not supported (aerie implements \"default\", \"linear\" and \"llama3\")");
-  rope.type = "llama3";
-  rope.factor = optional_double(s, "factor", rope.factor, path);
-  rope.low_freq_factor = optional_double(s, "low_freq_factor", rope.low_freq_factor, path);
-  rope.high_freq_factor = optional_double(s, "high_freq_factor", rope.high_freq_factor, path);
-  rope.original_max_position_embeddings =
-      optional_int(s, "original_max_position_embeddings", rope.original_max_position_embeddings, path);
-}
-
-bool optional_bool(const nlohmann::json& j, const char* key, bool fallback, const std::string& path) {
-  if (!j.contains(key) || j[key].is_null()) return fallback;
-  AERIE_CHECK(j[key].is_boolean(), path << ": field \"" << key << "\" is not a boolean");
-  return j[key].get<bool>();
-}
 
 /// sliding_window and sliding_layers as transformers 5 reads them (Mistral-, Qwen2- and Qwen3Config).
 void read_sliding_window(const nlohmann::json& j, TargetConfig& c, const std::string& path) {
@@ -114,6 +72,52 @@ void read_sliding_window(const nlohmann::json& j, TargetConfig& c, const std::st
   }
   for (bool b : c.sliding_layers)
     if (b) c.sliding_window = w;
+}
+
+/// The MLA and MoE fields of DeepseekV3Config (configuration_deepseek_v3.py), with its checks: the
+/// sigmoid noaux_tc router, no attention bias.
+void read_deepseek(const nlohmann::json& j, TargetConfig& c, const std::string& path) {
+  AERIE_CHECK(!optional_bool(j, "attention_bias", false, path),
+              path << ": attention_bias true is not supported for " << c.model_type << " (MLA without biases)");
+  c.qkv_bias = c.o_bias = c.mlp_bias = false;
+  auto& a = c.mla;
+  a.q_lora_rank = optional_int(j, "q_lora_rank", 0, path);  // null: plain q_proj
+  AERIE_CHECK(a.q_lora_rank >= 0, path << ": q_lora_rank must be positive or null");
+  a.kv_lora_rank = required_int(j, "kv_lora_rank", path);
+  a.qk_nope_head_dim = required_int(j, "qk_nope_head_dim", path);
+  a.qk_rope_head_dim = required_int(j, "qk_rope_head_dim", path);
+  a.v_head_dim = required_int(j, "v_head_dim", path);
+  AERIE_CHECK(a.qk_rope_head_dim % 2 == 0, path << ": qk_rope_head_dim " << a.qk_rope_head_dim << " must be even");
+  AERIE_CHECK(a.v_head_dim <= a.qk_nope_head_dim + a.qk_rope_head_dim,
+              path << ": v_head_dim " << a.v_head_dim << " larger than the query/key head dim is not supported");
+  c.head_dim = a.qk_rope_head_dim;  // DeepseekV3Config.head_dim: the rotary dimension
+  c.num_key_value_heads = c.num_attention_heads;
+  auto& m = c.moe;
+  m.n_routed_experts = optional_int(j, "n_routed_experts", 0, path);
+  if (m.n_routed_experts > 0) {
+    m.n_shared_experts = optional_int(j, "n_shared_experts", 0, path);
+    m.num_experts_per_tok = required_int(j, "num_experts_per_tok", path);
+    m.moe_intermediate_size = required_int(j, "moe_intermediate_size", path);
+    m.first_k_dense_replace = optional_int(j, "first_k_dense_replace", 0, path);
+    m.moe_layer_freq = optional_int(j, "moe_layer_freq", 1, path);
+    m.n_group = optional_int(j, "n_group", 1, path);
+    m.topk_group = optional_int(j, "topk_group", 1, path);
+    m.norm_topk_prob = optional_bool(j, "norm_topk_prob", true, path);
+    m.routed_scaling_factor = optional_double(j, "routed_scaling_factor", 1.0, path);
+    AERIE_CHECK(m.moe_layer_freq >= 1 && m.first_k_dense_replace >= 0 && m.n_shared_experts >= 0,
+                path << ": moe_layer_freq must be >= 1, first_k_dense_replace and n_shared_experts >= 0");
+    AERIE_CHECK(m.n_group >= 1 && m.n_routed_experts % m.n_group == 0 && m.topk_group >= 1 &&
+                    m.topk_group <= m.n_group &&
+                    m.num_experts_per_tok <= m.topk_group * (m.n_routed_experts / m.n_group),
+                path << ": n_routed_experts " << m.n_routed_experts << ", n_group " << m.n_group << ", topk_group "
+                     << m.topk_group << ", num_experts_per_tok " << m.num_experts_per_tok << " do not form a router");
+    const std::string scoring = config_json::optional_string(j, "scoring_func", "sigmoid", path);
+    const std::string method = config_json::optional_string(j, "topk_method", "noaux_tc", path);
+    AERIE_CHECK(scoring == "sigmoid" && method == "noaux_tc",
+                path << ": scoring_func \"" << scoring << "\" / topk_method \"" << method
+                     << "\" is not supported (DeepSeek-V3's sigmoid / noaux_tc router)");
+  }
+  c.num_nextn_predict_layers = optional_int(j, "num_nextn_predict_layers", 0, path);
 }
 
 }  // namespace
@@ -178,30 +182,12 @@ TargetConfig load_target_config(const std::string& dir) {
   c.mlp_bias = c.model_type == "llama" && optional_bool(j, "mlp_bias", false, path);
   c.qk_norm = c.model_type == "qwen3";
   read_sliding_window(j, c, path);
+  if (c.model_type == "deepseek_v3" || c.model_type == "kimi_k2") read_deepseek(j, c, path);
   c.bos_token_id = token_id(j, "bos_token_id", path);
   c.eos_token_id = token_id(j, "eos_token_id", path);
 
-  c.rope = RopeParams{};
-  if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) {
-    // transformers 5.x: {"rope_type": ..., "rope_theta": ..., llama3 fields}
-    c.rope.theta = optional_double(j["rope_parameters"], "rope_theta", c.rope.theta, path);
-    read_rope_scaling(j["rope_parameters"], c.rope, path, "rope_parameters");
-  } else {
-    c.rope.theta = optional_double(j, "rope_theta", c.rope.theta, path);
-    if (j.contains("rope_scaling")) read_rope_scaling(j["rope_scaling"], c.rope, path, "rope_scaling");
-  }
-  AERIE_CHECK(c.rope.theta > 0, path << ": rope_theta must be positive");
+  c.rope = rope_params_from_config(j, c.max_position_embeddings, path);
   return c;
-}
-
-std::vector<float> target_rope_inv_freq(const RopeParams& rope, int64_t head_dim) {
-  if (rope.type != "linear") return rope_inv_freq(rope, head_dim);
-  AERIE_CHECK(rope.factor > 0, "linear rope scaling needs a positive factor, got " << rope.factor);
-  RopeParams base = rope;
-  base.type = "default";
-  std::vector<float> inv = rope_inv_freq(base, head_dim);
-  for (auto& f : inv) f /= static_cast<float>(rope.factor);  // fp32, as transformers' inv_freq /= factor
-  return inv;
 }
 
 std::vector<int> default_aux_layers(int64_t num_hidden_layers) {

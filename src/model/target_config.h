@@ -17,7 +17,7 @@ struct TargetConfig {
   int64_t num_attention_heads = 0, num_key_value_heads = 0, head_dim = 0;
   int64_t vocab_size = 0, max_position_embeddings = 0;
   double rms_norm_eps = 1e-5;
-  RopeParams rope;  // rope.type "default", "llama3" or "linear" (use target_rope_inv_freq, not rope_inv_freq)
+  RopeParams rope;  // rope_params_from_config (model/rope_config.h)
   bool tie_word_embeddings = false;
   // Biases (transformers: Llama/Qwen3 attention_bias -> q, k, v and o; Qwen2 -> q, k, v always;
   // Llama mlp_bias -> gate, up, down).
@@ -28,6 +28,27 @@ struct TargetConfig {
   int64_t sliding_window = 0;
   std::vector<bool> sliding_layers;  // [num_hidden_layers]
   int64_t bos_token_id = -1, eos_token_id = -1;
+  // DeepSeek-V3 / Kimi-K2 (the MLA attention of arch.h; transformers' DeepseekV3Config). head_dim is
+  // then qk_rope_head_dim, num_key_value_heads num_attention_heads.
+  struct Mla {
+    int64_t q_lora_rank = 0;  // 0: q_proj [heads (nope + rope), H] instead of q_a/q_b (DeepSeek-V2-Lite)
+    int64_t kv_lora_rank = 0, qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
+    bool enabled() const { return kv_lora_rank > 0; }
+  } mla;
+  // DeepSeek-V3's MoE FFN: layer l is MoE iff n_routed_experts > 0, l >= first_k_dense_replace and
+  // l % moe_layer_freq == 0 (vLLM's rule); the others use the dense MLP of intermediate_size.
+  struct Moe {
+    int64_t n_routed_experts = 0, n_shared_experts = 0, num_experts_per_tok = 0, moe_intermediate_size = 0;
+    int64_t first_k_dense_replace = 0, moe_layer_freq = 1, n_group = 1, topk_group = 1;
+    bool norm_topk_prob = true;
+    double routed_scaling_factor = 1.0;
+    bool is_moe_layer(int64_t l) const {
+      return n_routed_experts > 0 && l >= first_k_dense_replace && l % moe_layer_freq == 0;
+    }
+  } moe;
+  // Multi-token-prediction layers stored after the decoder's (DeepSeek-V3's model.layers.61.*): not
+  // part of the target's forward; their tensors are skipped on load.
+  int64_t num_nextn_predict_layers = 0;
   // The config.json object the fields were read from; for a multimodal wrapper the top level with its
   // text_config's fields merged over it (rope_scaling, eos_token_id etc. are read from here).
   nlohmann::json raw;
@@ -38,10 +59,6 @@ struct TargetConfig {
 /// num_attention_heads. Throws aerie::Error naming the file and field on a missing/bad field, an
 /// unsupported model_type (or one whose blocks are not built yet: find_architecture) or rope type.
 TargetConfig load_target_config(const std::string& dir);
-
-/// RoPE inverse frequencies of the config [head_dim / 2]: rope_inv_freq for "default" and "llama3";
-/// "linear" (transformers' _compute_linear_scaling_rope_parameters) divides the default ones by factor.
-std::vector<float> target_rope_inv_freq(const RopeParams& rope, int64_t head_dim);
 
 /// The default aux layers of eagle3.md section 1: (2, N/2, N-3), vLLM's "input to layer k" convention,
 /// verbatim (N = 5 gives (2, 2, 2); below N = 6 the ids are not ascending). Throws aerie::Error if N < 3.

@@ -3,9 +3,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <sstream>
 
 #include "core/device.h"
 #include "core/error.h"
+#include "core/log.h"
+#include "kernels/convert.h"
 #include "kernels/tensor_ops.h"
 
 namespace aerie {
@@ -42,6 +45,7 @@ class CheckpointSource final : public WeightSource {
   std::string decoder_prefix() const override { return ck_.decoder_prefix(); }
   bool has(const std::string& name) const override { return ck_.contains(name); }
   void skip(const std::string& name, const Shape& full) override { ck_.skip(name, full); }
+  int64_t skip_prefix(const std::string& prefix) override { return ck_.skip_prefix(prefix); }
   void load_into(const std::string& name, const Shape& full, TpSplit split, ParamRole role, Tensor dst) override {
     Tensor host = ck_.read_slice(name, full, split, tp_rank_, tp_size_, dtype_of(role));
     AERIE_CHECK(host.shape() == dst.shape() && host.dtype() == dst.dtype(),
@@ -57,6 +61,11 @@ class CheckpointSource final : public WeightSource {
       AERIE_THROW(ck_.file_of(name) << ": tensor \"" << name << "\" " << shape_str(ck_.shape_of(name))
                                     << " is not part of " << what
                                     << " (another architecture, or a config field missing?)");
+    std::ostringstream others;
+    for (const auto& [group, count] : ck_.other_tensors())
+      others << (others.tellp() > 0 ? ", " : "") << group << ".* (" << count << ")";
+    if (others.tellp() > 0)
+      AERIE_LOG(info) << ck_.dir() << ": skipped the tensors outside the language model: " << others.str();
   }
 
  private:
@@ -94,6 +103,7 @@ class RandomSource final : public WeightSource {
   std::string decoder_prefix() const override { return "model."; }
   bool has(const std::string&) const override { return true; }
   void skip(const std::string&, const Shape&) override {}
+  int64_t skip_prefix(const std::string&) override { return 0; }
   void finish(const std::string&) override {
     if (device_ != Device::CPU) cuda::synchronize();
   }
@@ -103,8 +113,14 @@ class RandomSource final : public WeightSource {
       dst.reshape({dst.numel()}).copy_from(device_ == Device::CPU ? ones : ones.to_device(device_));
       return;
     }
-    if (role == ParamRole::Bias) {
+    if (role == ParamRole::Bias || role == ParamRole::RouterBias) {
       dst.fill_zero();
+      return;
+    }
+    if (dst.dtype() != pool_.dtype()) {  // an F32 router weight in the BF16 mode: draw bf16, widen
+      Tensor drawn = Tensor::empty(dst.shape(), pool_.dtype(), device_);
+      load_into("", full, split, ParamRole::Linear, drawn);
+      convert(drawn, dst);
       return;
     }
     if (split == TpSplit::None || tp_size_ == 1 || full.size() != 2) {

@@ -12,9 +12,10 @@
 
 namespace aerie {
 
-/// What a parameter is: it decides the dtype it is kept in (Norm: F32; the others: the compute dtype)
-/// and, for random weights, its values (Linear/Embedding ~ N(0, std^2), Norm 1, Bias 0).
-enum class ParamRole { Linear, Embedding, Norm, Bias };
+/// What a parameter is: it decides the dtype it is kept in (Norm, Router, RouterBias: F32; the others:
+/// the compute dtype) and, for random weights, its values (Linear/Embedding/Router ~ N(0, std^2), Norm 1,
+/// Bias and RouterBias 0). Router: an MoE gate weight, kept F32 because the router runs in fp32.
+enum class ParamRole { Linear, Embedding, Norm, Bias, Router, RouterBias };
 
 class WeightSource {
  public:
@@ -43,7 +44,13 @@ class WeightSource {
   /// The shape of this rank's slice of a `full` tensor under `split`. Throws aerie::Error when tp_size
   /// does not divide the split dimension.
   Shape slice_shape(const Shape& full, TpSplit split) const;
-  DType dtype_of(ParamRole role) const { return role == ParamRole::Norm ? DType::F32 : dtype_; }
+  DType dtype_of(ParamRole role) const {
+    const bool f32 = role == ParamRole::Norm || role == ParamRole::Router || role == ParamRole::RouterBias;
+    return f32 ? DType::F32 : dtype_;
+  }
+  /// Marks every tensor whose name starts with `prefix` as accounted for without reading it (the MTP
+  /// layers after the decoder's); returns how many there were (0 for random weights).
+  virtual int64_t skip_prefix(const std::string& prefix) = 0;
 
  protected:
   int tp_rank_, tp_size_;

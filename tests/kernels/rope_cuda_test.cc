@@ -76,5 +76,25 @@ TEST(RopeCuda, HeadDimAboveKernelLimitThrows) {
   testing::expect_error([&] { rope_apply(xg, pg, std::vector<float>(513, 1.0f)); }, "head_dim 1026");
 }
 
+TEST(RopeCuda, InterleavedMatchesCpu) {
+  AERIE_REQUIRE_CUDA();
+  RopeParams p;
+  p.theta = 50000.0;
+  p.type = "yarn";
+  p.factor = 64.0;
+  p.original_max_position_embeddings = 4096;
+  for (int64_t d : {int64_t{2}, int64_t{64}, int64_t{128}})
+    for (DType dt : {DType::F32, DType::BF16}) {
+      const std::string what = "interleaved d " + std::to_string(d) + " " + dtype_name(dt);
+      const auto inv = rope_inv_freq(p, d);
+      Tensor x = random_as({37, 5, d}, dt, 21, -2.0f, 2.0f);
+      Tensor pos = random_positions(37, 22, 262143);
+      Tensor xg = gpu(x), pg = gpu(pos);
+      rope_apply_interleaved(x, pos, inv, 1.25f);
+      rope_apply_interleaved(xg, pg, inv, 1.25f);
+      expect_close_as(xg, x, dt, what);
+    }
+}
+
 }  // namespace
 }  // namespace aerie

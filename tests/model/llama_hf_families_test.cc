@@ -24,6 +24,7 @@
 #include "io/safetensors.h"
 #include "model/target.h"
 #include "model/hf_checkpoint.h"
+#include "hf_reference.h"
 #include "model_testing.h"
 #include "test_util.h"
 
@@ -33,52 +34,11 @@ namespace {
 using testing::self_comm;
 
 namespace fs = std::filesystem;
-constexpr float kAtol = 1e-4f, kRtol = 2e-5f;
-
-std::string fixture(const std::string& name) {
-  return std::string(AERIE_SOURCE_DIR) + "/tests/model/fixtures/hf/" + name;
-}
-
-/// Columns [c0, c1) of a 2-D tensor, row-major.
-std::vector<float> cols(const Tensor& t, int64_t c0, int64_t c1) {
-  std::vector<float> all = t.to_float_vector(), out;
-  for (int64_t i = 0; i < t.dim(0); ++i)
-    out.insert(out.end(), all.begin() + i * t.dim(1) + c0, all.begin() + i * t.dim(1) + c1);
-  return out;
-}
-
-/// Every r^k, z and the logits of `model` on the reference ids, in one prefill; then the logits again
-/// through the KV cache: a prefill of the first `split` ids and the rest one token at a time.
-void compare_with_reference(TargetModel& model, const std::string& reference, int64_t split = 5) {
-  SafetensorsFile ref = load_safetensors(reference);
-  const Tensor& ids_t = ref.tensors.at("ids");
-  std::vector<int32_t> ids(ids_t.data<int32_t>(), ids_t.data<int32_t>() + ids_t.numel());
-  const int N = static_cast<int>(model.config().num_hidden_layers);
-  const int64_t H = model.config().hidden_size, V = model.config().vocab_size, T = static_cast<int64_t>(ids.size());
-  std::vector<int> aux;
-  for (int k = 0; k <= N; ++k) aux.push_back(k);
-  TargetOutput out = model.forward(ids, nullptr, aux, true);
-  const Tensor& r = ref.tensors.at("r");
-  ASSERT_EQ(r.shape(), (Shape{N + 1, T, H}));
-  for (int k = 0; k <= N; ++k)
-    testing::expect_close(cols(out.aux_hidden, k * H, (k + 1) * H), r.slice(k, k + 1).to_float_vector(), kAtol,
-                          kRtol, reference + ": r^" + std::to_string(k));
-  testing::expect_close(out.final_hidden.to_float_vector(), ref.tensors.at("z").to_float_vector(), kAtol, kRtol,
-                        reference + ": z");
-  std::vector<float> logits = ref.tensors.at("logits").to_float_vector();
-  testing::expect_close(out.logits.to_float_vector(), logits, kAtol, kRtol, reference + ": logits");
-
-  KVCache cache = model.make_cache(T);
-  TargetOutput pre = model.forward(std::vector<int32_t>(ids.begin(), ids.begin() + split), &cache, {}, true);
-  testing::expect_close(pre.logits.to_float_vector(), std::vector<float>(logits.begin(), logits.begin() + split * V),
-                        kAtol, kRtol, reference + ": cached prefill logits");
-  for (int64_t t = split; t < T; ++t) {
-    TargetOutput o = model.forward({ids[t]}, &cache, {}, true);
-    testing::expect_close(o.logits.to_float_vector(),
-                          std::vector<float>(logits.begin() + t * V, logits.begin() + (t + 1) * V), kAtol, kRtol,
-                          reference + ": cached logits at " + std::to_string(t));
-  }
-}
+using testing::cols;
+using testing::compare_with_reference;
+using testing::fixture;
+using testing::kAtol;
+using testing::kRtol;
 
 void compare_fixture(const std::string& name) {
   auto self = self_comm();
@@ -167,7 +127,7 @@ TEST(LlamaHfFamilies, ConfigFieldsPerFamily) {
   EXPECT_TRUE(c.qkv_bias && c.o_bias && c.mlp_bias);
   EXPECT_EQ(c.rope.type, "linear");
   EXPECT_DOUBLE_EQ(c.rope.theta, 5e5);
-  std::vector<float> inv = target_rope_inv_freq(c.rope, 16);
+  std::vector<float> inv = rope_inv_freq(c.rope, 16);
   RopeParams plain;
   plain.theta = 5e5;
   std::vector<float> base = rope_inv_freq(plain, 16);
@@ -184,7 +144,7 @@ TEST(LlamaHfFamilies, ConfigFieldsPerFamily) {
   EXPECT_EQ(c.eos_token_id, 7);
   // Refused: another activation, another rope type, another model type.
   EXPECT_THROW(config_with({{"hidden_act", "gelu"}}), Error);
-  EXPECT_THROW(config_with({{"rope_scaling", {{"type", "yarn"}, {"factor", 4.0}}}}), Error);
+  EXPECT_THROW(config_with({{"rope_scaling", {{"type", "longrope"}, {"factor", 4.0}}}}), Error);
   EXPECT_THROW(config_with({{"model_type", "gemma"}}), Error);
 }
 

@@ -103,7 +103,7 @@ TEST(TargetConfig, RejectsBadConfigs) {
   write_json(dir, j);
   EXPECT_THROW(load_target_config(dir), Error);
   j = base_config();
-  j["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}};
+  j["rope_scaling"] = {{"type", "longrope"}, {"factor", 4.0}};
   write_json(dir, j);
   EXPECT_THROW(load_target_config(dir), Error);
   j = base_config();

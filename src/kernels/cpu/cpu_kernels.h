@@ -29,6 +29,8 @@ void rmsnorm_backward(const float* dy, const float* x, const float* w, const flo
 std::vector<float> rope_inv_freq(const RopeParams& p, int64_t head_dim);
 void rope_apply(float* x /* (T, nh, d) */, const int32_t* positions /* (T) */, const float* inv_freq /* d/2 */,
                 int64_t t, int64_t nh, int64_t d, bool inverse);
+void rope_apply_interleaved(float* x /* (T, nh, d) */, const int32_t* positions /* (T) */,
+                            const float* inv_freq /* d/2 */, int64_t t, int64_t nh, int64_t d, float scale);
 
 // activation.cc
 void swiglu_forward(const float* gate, const float* up, float* out, int64_t n);

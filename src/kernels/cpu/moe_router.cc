@@ -74,4 +74,13 @@ void moe_sort_by_expert(const int32_t* indices, int64_t pairs, int64_t e, int32_
   for (int64_t p = 0; p < pairs; ++p) perm[cursor[indices[p]]++] = static_cast<int32_t>(p);
 }
 
+void moe_combine(const float* y, const float* weights, int64_t t, int64_t k, int64_t h, float* out) {
+  for (int64_t r = 0; r < t; ++r)
+    for (int64_t j = 0; j < h; ++j) {
+      float acc = 0.0f;
+      for (int64_t s = 0; s < k; ++s) acc += weights[r * k + s] * y[(r * k + s) * h + j];
+      out[r * h + j] = acc;
+    }
+}
+
 }  // namespace aerie::cpu

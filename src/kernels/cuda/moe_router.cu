@@ -4,7 +4,7 @@
 // index). The weights are summed by lane 0 in slot order, as the CPU.
 #include <algorithm>
 
-#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/float_io.cuh"
 #include "kernels/cuda/moe_router.h"
 
 namespace aerie::cuda {
@@ -180,6 +180,23 @@ void moe_sort_by_expert(const int32_t* indices, int64_t pairs, int64_t e, int32_
   fill_tail_kernel<<<std::min(blocks_for(pairs, 256), 1024u), 256, 0, stream()>>>(offsets, static_cast<int>(e),
                                                                                   pairs, perm);
   AERIE_CUDA_LAUNCHED("moe_fill_tail_kernel");
+}
+
+namespace {
+__global__ void combine_kernel(const float* y, const float* w, int64_t k, int64_t h, int64_t total, float* out) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= total) return;
+  const int64_t t = idx / h, j = idx % h;
+  float acc = 0.0f;
+  for (int64_t s = 0; s < k; ++s) acc += w[t * k + s] * y[(t * k + s) * h + j];
+  out[idx] = acc;
+}
+}  // namespace
+
+void moe_combine(const float* y, const float* weights, int64_t t, int64_t k, int64_t h, float* out) {
+  const int64_t total = t * h;
+  combine_kernel<<<grid_x(blocks_for(total, 256), "moe_combine"), 256, 0, stream()>>>(y, weights, k, h, total, out);
+  AERIE_CUDA_LAUNCHED("moe_combine_kernel");
 }
 
 }  // namespace aerie::cuda

@@ -17,4 +17,8 @@ void moe_router_noaux_tc(const float* logits, const float* bias, int64_t t, int6
 void moe_sort_by_expert(const int32_t* indices, int64_t pairs, int64_t e, int32_t* counts, int32_t* offsets,
                         int32_t* perm);
 
+/// out[t, j] = sum_slot weights[t, slot] y[t k + slot, j] (contract in kernels/moe_router.h); one thread
+/// per output element.
+void moe_combine(const float* y, const float* weights, int64_t t, int64_t k, int64_t h, float* out);
+
 }  // namespace aerie::cuda

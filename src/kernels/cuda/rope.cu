@@ -30,7 +30,34 @@ __global__ void rope_kernel(Floats x, const int32_t* positions, const __grid_con
   x.set(base + i + half, b * c + a * s);
 }
 
+// Interleaved: pair i of (row, head) is (2i, 2i+1), rotated and scaled.
+__global__ void rope_interleaved_kernel(Floats x, const int32_t* positions, const __grid_constant__ InvFreq inv,
+                                        int64_t nh, int64_t half, int64_t total, float scale) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= total) return;
+  const int64_t i = idx % half, row = idx / half;  // row = t nh + head
+  const float ang = static_cast<float>(positions[row / nh]) * inv.v[i];
+  const float c = cosf(ang), s = sinf(ang);
+  const int64_t base = row * 2 * half;
+  const float a = x[base + 2 * i], b = x[base + 2 * i + 1];
+  x.set(base + 2 * i, (a * c - b * s) * scale);
+  x.set(base + 2 * i + 1, (b * c + a * s) * scale);
+}
+
 }  // namespace
+
+void rope_apply_interleaved(Tensor& x, const Tensor& positions, const std::vector<float>& inv_freq, float scale) {
+  const int64_t t = x.dim(0), nh = x.dim(1), half = x.dim(2) / 2;
+  AERIE_CHECK(half <= kMaxHalf, "rope_apply_interleaved: d " << 2 * half << " exceeds the CUDA kernel's limit of "
+                                                             << 2 * kMaxHalf);
+  const int64_t total = t * nh * half;
+  if (total == 0) return;
+  InvFreq inv{};
+  std::copy(inv_freq.begin(), inv_freq.end(), inv.v);
+  rope_interleaved_kernel<<<grid_x(blocks_for(total, kThreads), "rope_apply_interleaved"), kThreads, 0, stream()>>>(
+      floats(x), positions.data<int32_t>(), inv, nh, half, total, scale);
+  AERIE_CUDA_LAUNCHED("rope_interleaved_kernel");
+}
 
 void rope_apply(Tensor& x, const Tensor& positions, const std::vector<float>& inv_freq, bool inverse) {
   const int64_t t = x.dim(0), nh = x.dim(1), half = x.dim(2) / 2;

@@ -11,5 +11,7 @@ namespace aerie::cuda {
 /// entries, host) travels as a kernel argument. One thread per rotated pair. Throws aerie::Error when
 /// d/2 > 512.
 void rope_apply(Tensor& x, const Tensor& positions, const std::vector<float>& inv_freq, bool inverse);
+/// Interleaved pairs (2i, 2i+1), times `scale` (contract in kernels/rope.h); as rope_apply otherwise.
+void rope_apply_interleaved(Tensor& x, const Tensor& positions, const std::vector<float>& inv_freq, float scale);
 
 }  // namespace aerie::cuda

@@ -1,0 +1,159 @@
+// Multi-head latent attention in the expanded form (model/blocks.h MlaSpec; transformers'
+// DeepseekV3Attention.forward, deepseek-v3.md section 2). Buffers per forward (this rank's nh heads,
+// dk = nope + rope, L = the keys a sequence attends):
+//   qa, qan [n, q_lora]   q [n, nh, dk]   ckv [n, kv_lora + rope]   latent [n | L, kv_lora + rope]
+//   kv [L, nh, nope + v]   K, V [L, nh, dk] (V zero-padded from v to dk: one attention kernel for both)
+//   attn [n, nh, dk]   o_in [n, nh v]
+#include <cmath>
+
+#include "core/error.h"
+#include "kernels/attention.h"
+#include "kernels/norm.h"
+#include "kernels/rope.h"
+#include "kernels/tensor_ops.h"
+#include "model/blocks.h"
+
+namespace aerie {
+
+namespace {
+
+class MlaAttention final : public AttentionBlock {
+ public:
+  MlaAttention(WeightSource& src, const MlaSpec& s, const std::string& p) : s_(s) {
+    const int tp = src.tp_size();
+    AERIE_CHECK(s.heads % tp == 0, "tp " << tp << " does not divide num_attention_heads " << s.heads);
+    nh_ = s.heads / tp;
+    dk_ = s.qk_nope + s.qk_rope;
+    const int64_t H = s.hidden, lat = s.kv_lora_rank + s.qk_rope;
+    if (s.q_lora_rank > 0) {
+      q_a_.weight = src.load(p + "q_a_proj.weight", {s.q_lora_rank, H}, TpSplit::None, ParamRole::Linear);
+      q_norm_ = src.load(p + "q_a_layernorm.weight", {s.q_lora_rank}, TpSplit::None, ParamRole::Norm);
+      q_b_.weight = src.load(p + "q_b_proj.weight", {s.heads * dk_, s.q_lora_rank}, TpSplit::Rows, ParamRole::Linear);
+    } else {
+      q_b_.weight = src.load(p + "q_proj.weight", {s.heads * dk_, H}, TpSplit::Rows, ParamRole::Linear);
+    }
+    kv_a_.weight = src.load(p + "kv_a_proj_with_mqa.weight", {lat, H}, TpSplit::None, ParamRole::Linear);
+    kv_norm_ = src.load(p + "kv_a_layernorm.weight", {s.kv_lora_rank}, TpSplit::None, ParamRole::Norm);
+    kv_b_.weight = src.load(p + "kv_b_proj.weight", {s.heads * (s.qk_nope + s.v_head), s.kv_lora_rank},
+                            TpSplit::Rows, ParamRole::Linear);
+    o_.weight = src.load(p + "o_proj.weight", {H, s.heads * s.v_head}, TpSplit::Cols, ParamRole::Linear);
+  }
+
+  Shape cache_k_row() const override { return {s_.kv_lora_rank + s_.qk_rope}; }
+  Shape cache_v_row() const override { return {}; }
+
+  void forward(ForwardContext& ctx, int64_t layer, const Tensor& h, Tensor& out) override {
+    const ForwardBatch& b = ctx.batch;
+    const int64_t n = b.n, nope = s_.qk_nope, rope = s_.qk_rope, lora = s_.kv_lora_rank, lat = lora + rope;
+    const DType ct = ctx.dtype;
+    // Queries: [n, nh, dk], q_pe rotated in place.
+    Tensor q = ctx.buffer("mla.q", {n, nh_, dk_}, ct);
+    Tensor q2 = q.reshape({n, nh_ * dk_});
+    if (q_a_.weight.defined()) {
+      Tensor qa = ctx.buffer("mla.qa", {n, s_.q_lora_rank}, ct), qan = ctx.buffer("mla.qan", {n, s_.q_lora_rank}, ct);
+      q_a_.matmul(ctx, h, qa);
+      ctx.prof.time(OpKind::Norm, ctx.device, [&] { rmsnorm_forward(qa, q_norm_, s_.eps, qan, nullptr); });
+      q_b_.matmul(ctx, qan, q2);
+    } else {
+      q_b_.matmul(ctx, h, q2);
+    }
+    Tensor qpe = ctx.buffer("mla.q_pe", {n, nh_, rope}, ct);
+    ctx.prof.time(OpKind::Rope, ctx.device, [&] {
+      Tensor rows = q.reshape({n * nh_, dk_}), pe = qpe.reshape({n * nh_, rope});
+      copy_columns(rows, nope, pe, 0, rope);
+      rope_apply_interleaved(qpe, b.positions, s_.inv_freq, s_.rope_scale);
+      copy_columns(pe, 0, rows, nope, rope);
+    });
+    // This batch's latents [kv_norm(c_kv) | roped k_pe].
+    Tensor ckv = ctx.buffer("mla.ckv", {n, lat}, ct), latent = ctx.buffer("mla.latent", {n, lat}, ct);
+    kv_a_.matmul(ctx, h, ckv);
+    Tensor c = ctx.buffer("mla.c", {n, lora}, ct), cn = ctx.buffer("mla.cn", {n, lora}, ct);
+    Tensor kpe = ctx.buffer("mla.k_pe", {n, 1, rope}, ct);
+    ctx.prof.time(OpKind::Norm, ctx.device, [&] {
+      copy_columns(ckv, 0, c, 0, lora);
+      rmsnorm_forward(c, kv_norm_, s_.eps, cn, nullptr);
+      copy_columns(cn, 0, latent, 0, lora);
+    });
+    ctx.prof.time(OpKind::Rope, ctx.device, [&] {
+      Tensor pe = kpe.reshape({n, rope});
+      copy_columns(ckv, lora, pe, 0, rope);
+      rope_apply_interleaved(kpe, b.positions, s_.inv_freq, s_.rope_scale);
+      copy_columns(pe, 0, latent, lora, rope);
+    });
+    for (int64_t i = 0; i < b.B; ++i) {
+      if (!b.cache[i]) continue;
+      const int64_t s = b.start[i], e = b.start[i + 1];
+      ctx.prof.time(OpKind::Other, ctx.device,
+                    [&] { b.cache[i]->k[layer].slice(b.p0[i], b.p0[i] + e - s).copy_from(latent.slice(s, e)); });
+    }
+    Tensor attn = ctx.buffer("mla.attn", {n, nh_, dk_}, ct);
+    bool any_cache = false;
+    for (const KVCache* c0 : b.cache) any_cache = any_cache || c0 != nullptr;
+    if (!any_cache) {
+      // Every sequence attends its own new rows: expand the batch's latents once.
+      Tensor K, V;
+      expand(ctx, latent, K, V);
+      ctx.prof.time(OpKind::Attention, ctx.device, [&] {
+        if (b.cu_seqlens.defined()) {
+          attention_forward_varlen(q, K, V, b.cu_seqlens, s_.softmax_scale, attn, nullptr);
+          return;
+        }
+        for (int64_t i = 0; i < b.B; ++i) {
+          const int64_t s = b.start[i], e = b.start[i + 1];
+          Tensor out_b = attn.slice(s, e);
+          attention_forward(q.slice(s, e), K.slice(s, e), V.slice(s, e), 0, s_.softmax_scale, out_b, nullptr);
+        }
+      });
+    } else {
+      for (int64_t i = 0; i < b.B; ++i) {
+        const int64_t s = b.start[i], e = b.start[i + 1];
+        const Tensor lat_all = b.cache[i] ? b.cache[i]->k[layer].slice(0, b.p0[i] + e - s) : latent.slice(s, e);
+        Tensor K, V, out_b = attn.slice(s, e);
+        expand(ctx, lat_all, K, V);
+        ctx.prof.time(OpKind::Attention, ctx.device, [&] {
+          attention_forward(q.slice(s, e), K, V, b.p0[i], s_.softmax_scale, out_b, nullptr);
+        });
+      }
+    }
+    Tensor o_in = ctx.buffer("mla.o_in", {n, nh_ * s_.v_head}, ct);
+    ctx.prof.time(OpKind::Other, ctx.device, [&] {
+      Tensor rows = o_in.reshape({n * nh_, s_.v_head});
+      copy_columns(attn.reshape({n * nh_, dk_}), 0, rows, 0, s_.v_head);
+    });
+    o_.matmul(ctx, o_in, out);  // [n, H], partial sum over tp ranks
+    ctx.all_reduce(out);
+  }
+
+ private:
+  /// Keys and values of latents [L, kv_lora + rope]: kv = kv_b(c) [L, nh, nope + v];
+  /// K [L, nh, dk] = [k_nope | k_pe], V [L, nh, dk] = [v | 0].
+  void expand(ForwardContext& ctx, const Tensor& lat, Tensor& K, Tensor& V) {
+    const int64_t L = lat.dim(0), nope = s_.qk_nope, rope = s_.qk_rope, lora = s_.kv_lora_rank, vd = s_.v_head;
+    const DType ct = ctx.dtype;
+    Tensor c = Tensor::empty({L, lora}, ct, ctx.device), kv = Tensor::empty({L, nh_ * (nope + vd)}, ct, ctx.device);
+    K = Tensor::empty({L, nh_, dk_}, ct, ctx.device);
+    V = Tensor::zeros({L, nh_, dk_}, ct, ctx.device);
+    ctx.prof.time(OpKind::Other, ctx.device, [&] { copy_columns(lat, 0, c, 0, lora); });
+    kv_b_.matmul(ctx, c, kv);
+    ctx.prof.time(OpKind::Other, ctx.device, [&] {
+      Tensor kv_rows = kv.reshape({L * nh_, nope + vd}), k_rows = K.reshape({L * nh_, dk_});
+      Tensor v_rows = V.reshape({L * nh_, dk_}), k_heads = K.reshape({L, nh_ * dk_});
+      copy_columns(kv_rows, 0, k_rows, 0, nope);
+      copy_columns(kv_rows, nope, v_rows, 0, vd);
+      for (int64_t hd = 0; hd < nh_; ++hd) copy_columns(lat, lora, k_heads, hd * dk_ + nope, rope);  // shared k_pe
+    });
+  }
+
+  MlaSpec s_;
+  int64_t nh_ = 0, dk_ = 0;         // this rank's heads; query/key head dim nope + rope
+  Linear q_a_, q_b_, kv_a_, kv_b_, o_;  // q_b_ is q_proj without q_lora
+  Tensor q_norm_, kv_norm_;         // [q_lora], [kv_lora] F32
+};
+
+}  // namespace
+
+std::unique_ptr<AttentionBlock> make_mla_attention(WeightSource& src, const MlaSpec& spec, const std::string& prefix) {
+  return std::make_unique<MlaAttention>(src, spec, prefix);
+}
+
+}  // namespace aerie

@@ -1,0 +1,124 @@
+// The DeepSeek-V3 architecture (MLA attention + MoE FFN) against transformers 5.17 on the tiny random
+// fixtures of tools/reference/make_deepseek_fixtures.py (tests/model/fixtures/hf/README.md):
+//   hf/deepseek_v3   BF16, 3 layers (0 dense, 1-2 MoE: 8 experts, top 2, 4 groups / 2 kept, 1 shared
+//                    expert), q_lora, YaRN (factor 40, original 64 positions: the test's positions reach
+//                    past it), an MTP layer model.layers.3.* to skip.
+// The reference is transformers' float32 forward (eager attention, grouped_mm experts in fp32), so the
+// tolerance is the Llama families' (hf_reference.h): fp32 against fp32 in another summation order,
+// measured float32 - float64 at most 3.6e-5 on r (|r| <= 21) by the fixture script.
+// Also: the config fields, the YaRN tables the fixture records, the router's picks against
+// transformers' (a wrong bias, group limit or ordering changes 3-15 of the 24 tokens' experts), one-shot
+// vs chunked prefill (compare_with_reference's KV-cache pass), and messages for bad configs.
+#include <cmath>
+#include <fstream>
+
+#include "hf_reference.h"
+#include "kernels/rope.h"
+#include "model/target.h"
+#include "model_testing.h"
+#include "test_util.h"
+
+namespace aerie {
+namespace {
+
+using testing::fixture;
+using testing::self_comm;
+
+TEST(DeepseekV3, ConfigFields) {
+  TargetConfig c = load_target_config(fixture("deepseek_v3"));
+  EXPECT_EQ(c.model_type, "deepseek_v3");
+  EXPECT_EQ(c.mla.q_lora_rank, 32);
+  EXPECT_EQ(c.mla.kv_lora_rank, 32);
+  EXPECT_EQ(c.mla.qk_nope_head_dim, 16);
+  EXPECT_EQ(c.mla.qk_rope_head_dim, 8);
+  EXPECT_EQ(c.mla.v_head_dim, 16);
+  EXPECT_EQ(c.moe.n_routed_experts, 8);
+  EXPECT_EQ(c.moe.first_k_dense_replace, 1);
+  EXPECT_FALSE(c.moe.is_moe_layer(0));
+  EXPECT_TRUE(c.moe.is_moe_layer(1) && c.moe.is_moe_layer(2));
+  EXPECT_EQ(c.num_nextn_predict_layers, 1);
+  EXPECT_EQ(c.rope.type, "yarn");
+  // The YaRN table and scales the fixture recorded from transformers.
+  SafetensorsFile ref = load_safetensors(fixture("deepseek_v3") + "/reference.safetensors");
+  testing::expect_close(rope_inv_freq(c.rope, c.mla.qk_rope_head_dim), ref.tensors.at("rope.inv_freq").to_float_vector(),
+                        0.0f, 1e-6f, "inv_freq");
+  EXPECT_NEAR(rope_attention_factor(c.rope), ref.tensors.at("rope.attention_scaling").to_float_vector()[0], 1e-7);
+  const double m = yarn_mscale(c.rope.factor, c.rope.mscale_all_dim);
+  EXPECT_NEAR(m * m / std::sqrt(24.0), ref.tensors.at("attn.softmax_scale").to_float_vector()[0], 1e-7);
+}
+
+TEST(DeepseekV3, MatchesTransformersBf16Weights) {
+  auto self = self_comm();
+  TargetModel model(fixture("deepseek_v3"), *self);
+  testing::compare_with_reference(model, fixture("deepseek_v3") + "/reference.safetensors", 5);
+  testing::compare_with_reference(model, fixture("deepseek_v3") + "/reference.safetensors", 17);
+}
+
+TEST(DeepseekV3, Bf16ModeWithinTheBf16Bound) {
+  auto self = self_comm();
+  TargetModel f32(fixture("deepseek_v3"), *self), b16(fixture("deepseek_v3"), *self, {Device::CPU, DType::BF16});
+  SafetensorsFile ref = load_safetensors(fixture("deepseek_v3") + "/reference.safetensors");
+  const Tensor& ids_t = ref.tensors.at("ids");
+  std::vector<int32_t> ids(ids_t.data<int32_t>(), ids_t.data<int32_t>() + ids_t.numel());
+  TargetOutput a = f32.forward(ids, nullptr, {1, 3}, true), b = b16.forward(ids, nullptr, {1, 3}, true);
+  // Measured 0.015 (aux), 0.0169 (final): bf16 GEMM inputs and attention over 3 layers, with an MoE
+  // router whose picks may flip on knife-edge tokens; the Llama families' bound, kBf16RelL2 = 0.03.
+  EXPECT_LE(testing::rel_l2(b.aux_hidden.to_float_vector(), a.aux_hidden.to_float_vector()), 0.03);
+  EXPECT_LE(testing::rel_l2(b.final_hidden.to_float_vector(), a.final_hidden.to_float_vector()), 0.03);
+  std::printf("deepseek_v3: bf16 mode vs f32, relative L2 aux %.4g, final %.4g\n",
+              testing::rel_l2(b.aux_hidden.to_float_vector(), a.aux_hidden.to_float_vector()),
+              testing::rel_l2(b.final_hidden.to_float_vector(), a.final_hidden.to_float_vector()));
+}
+
+TEST(DeepseekV3, BatchedEqualsAlone) {
+  auto self = self_comm();
+  TargetModel model(fixture("deepseek_v3"), *self);
+  const std::vector<std::vector<int32_t>> seqs = {{1, 5, 9, 33, 60}, {2, 17, 41}, {8, 63, 12, 200, 7, 7, 3}};
+  TargetOutput all = model.forward_batch(seqs, {}, {0, 2, 3}, TargetModel::Logits::All);
+  int64_t row = 0;
+  for (const auto& s : seqs) {
+    TargetOutput one = model.forward(s, nullptr, {0, 2, 3}, true);
+    const int64_t n = static_cast<int64_t>(s.size());
+    // The varlen attention and the GEMMs over more rows sum in other orders: 1e-5 of the tensor's scale.
+    testing::expect_close_scaled(all.logits.slice(row, row + n).to_float_vector(), one.logits.to_float_vector(),
+                                 1e-5f, "batched logits");
+    testing::expect_close_scaled(all.aux_hidden.slice(row, row + n).to_float_vector(),
+                                 one.aux_hidden.to_float_vector(), 1e-5f, "batched aux");
+    row += n;
+  }
+}
+
+TEST(DeepseekV3, MlaCacheHoldsTheLatent) {
+  auto self = self_comm();
+  TargetModel model(fixture("deepseek_v3"), *self);
+  KVCache cache = model.make_cache(10);
+  ASSERT_EQ(cache.k.size(), 3u);
+  EXPECT_EQ(cache.k[0].shape(), (Shape{10, 32 + 8}));  // kv_lora_rank + qk_rope_head_dim per token
+  EXPECT_FALSE(cache.v[0].defined());
+}
+
+TEST(DeepseekV3, BadConfigsAreNamed) {
+  const std::string dir = testing::scratch_dir("deepseek_bad_config");
+  nlohmann::json j;
+  std::ifstream(fixture("deepseek_v3") + "/config.json") >> j;
+  auto write = [&](const nlohmann::json& c) { std::ofstream(dir + "/config.json") << c.dump(); };
+  nlohmann::json c = j;
+  c.erase("kv_lora_rank");
+  write(c);
+  EXPECT_NE(testing::error_of([&] { load_target_config(dir); }).find("\"kv_lora_rank\""), std::string::npos);
+  c = j;
+  c["scoring_func"] = "softmax";
+  write(c);
+  EXPECT_NE(testing::error_of([&] { load_target_config(dir); }).find("scoring_func"), std::string::npos);
+  c = j;
+  c["n_group"] = 3;  // 8 experts do not split into 3 groups
+  write(c);
+  EXPECT_NE(testing::error_of([&] { load_target_config(dir); }).find("n_group 3"), std::string::npos);
+  c = j;
+  c["model_type"] = "deepseek_v4";
+  write(c);
+  EXPECT_NE(testing::error_of([&] { load_target_config(dir); }).find("not supported"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace aerie
