@@ -8,6 +8,8 @@
 // itself: src/model/memory_plan.h.
 #include <mpi.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <iostream>
 #include <sstream>
@@ -47,7 +49,9 @@ void row(std::ostream& os, const std::string& label, const std::string& tensors,
          const std::string& rank, const std::string& tail = "") {
   char buf[160];
   std::snprintf(buf, sizeof buf, "  %-40s %9s %12s %12s", label.c_str(), tensors.c_str(), ckpt.c_str(), rank.c_str());
-  os << buf << (tail.empty() ? "" : "   " + tail) << "\n";
+  std::string line = buf + (tail.empty() ? "" : "   " + tail);
+  line.erase(line.find_last_not_of(' ') + 1);
+  os << line << "\n";
 }
 
 void print_plan(std::ostream& os, const MemoryPlan& p, const PlanOptions& opt, const std::string& gpu_source) {
@@ -131,8 +135,12 @@ int plan(const std::vector<std::string>& args) {
                     "aerie plan: --max-length must be >= 1, --batch-tokens and --batch-size >= 0");
   opt.vocab_parallel_embeddings = embed == "vocab";
   auto size_option = [&](const char* name) {
+    const std::string v = vm[name].as<std::string>();
+    // "--gpu-memory 96" is more likely 96 GB than 96 bytes: a unit is required.
+    AERIE_USAGE_CHECK(std::any_of(v.begin(), v.end(), [](unsigned char c) { return std::isalpha(c); }),
+                      "aerie plan: --" << name << " '" << v << "' needs a unit (e.g. 96GB, 80GiB)");
     try {
-      return parse_memory_size(vm[name].as<std::string>());
+      return parse_memory_size(v);
     } catch (const Error& e) {
       throw UsageError(std::string("aerie plan: --") + name + ": " + e.what());
     }

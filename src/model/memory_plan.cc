@@ -118,7 +118,7 @@ Split projection_split(const std::string& module) {
 
 Role classify(const std::string& name, const ModelShape& s) {
   Role r;
-  if (name == "lm_head.weight" || name == "language_model.lm_head.weight") {
+  if (starts_with(name, "lm_head.") || starts_with(name, "language_model.lm_head.")) {
     r.category = WeightCategory::EmbedLmHead;
     return r;
   }

@@ -23,3 +23,7 @@ set_tests_properties(plan_missing_config PROPERTIES ENVIRONMENT "${_aerie_plan_e
 add_test(NAME plan_no_model COMMAND $<TARGET_FILE:aerie> plan --tp 8)
 set_tests_properties(plan_no_model PROPERTIES ENVIRONMENT "${_aerie_plan_env}"
   PASS_REGULAR_EXPRESSION "aerie plan: give --model DIR, or --model-config FILE and --tensors FILE")
+add_test(NAME plan_size_without_unit
+         COMMAND $<TARGET_FILE:aerie> plan --model ${CMAKE_SOURCE_DIR}/tests/model/fixtures/hf/qwen2 --gpu-memory 96)
+set_tests_properties(plan_size_without_unit PROPERTIES ENVIRONMENT "${_aerie_plan_env}"
+  PASS_REGULAR_EXPRESSION "aerie plan: --gpu-memory '96' needs a unit \\(e.g. 96GB, 80GiB\\)")
