@@ -24,5 +24,6 @@ int export_draft(const std::vector<std::string>& args);
 int eval(const std::vector<std::string>& args);
 int generate(const std::vector<std::string>& args);
 int tokenize(const std::vector<std::string>& args);
+int plan(const std::vector<std::string>& args);
 
 }  // namespace aerie::jobs

@@ -24,6 +24,7 @@ subcommands() {
           {"export", {export_draft, "write the draft as a directory vLLM and SGLang load"}},
           {"eval", {eval, "acceptance length: teacher-forced and real speculative decoding"}},
           {"generate", {generate, "target generation (greedy or sampled): regenerate a conversation set"}},
+          {"plan", {plan, "GPU memory per tp rank from config.json and the safetensors headers (no data read)"}},
           {"tokenize", {tokenize, "text on stdin -> token ids (and byte offsets) of a tokenizer.json or tiktoken.model"}},
       };
   return m;

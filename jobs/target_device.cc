@@ -45,6 +45,14 @@ TargetDevice resolve_target_device(const po::variables_map& vm, ParallelGroups& 
   return t;
 }
 
+int64_t gpu_total_memory() {
+#ifdef AERIE_WITH_CUDA
+  size_t free_b = 0, total_b = 0;
+  if (cuda::available() && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) return static_cast<int64_t>(total_b);
+#endif
+  return 0;
+}
+
 void log_gpu_memory(const std::string& job, int world_rank) {
 #ifdef AERIE_WITH_CUDA
   size_t free_b = 0, total_b = 0;

@@ -31,6 +31,10 @@ struct TargetDevice {
 /// GPU.
 TargetDevice resolve_target_device(const po::variables_map& vm, ParallelGroups& groups, const std::string& job);
 
+/// Total memory in bytes of this rank's current GPU (cudaMemGetInfo), or 0 without the CUDA backend or a
+/// usable GPU (aerie plan's default --gpu-memory).
+int64_t gpu_total_memory();
+
 /// Logs this rank's GPU memory (the stream-ordered pool's high-water mark, and cudaMemGetInfo's
 /// used/total) under `job`; nothing without the CUDA backend.
 void log_gpu_memory(const std::string& job, int world_rank);

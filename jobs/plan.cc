@@ -1,0 +1,168 @@
+// aerie plan: the GPU memory of a target per tensor-parallel rank, from config.json and the safetensors
+// headers alone (no tensor data is read), before an extract run commits GPUs to it.
+//   aerie plan --model DIR [--tp 8] [--max-length 8192] [--batch-tokens 2048 | --batch-size B]
+//              [--gpu-memory 96GB] [--reserve 2GiB] [--embed-split vocab|replicated]
+//   aerie plan --model-config config.json --tensors tensors.jsonl.gz ...   (a tensor list instead of DIR)
+// --tp defaults to the world size (mpirun -np 8 aerie plan ... plans tp 8); --gpu-memory to this GPU's
+// memory, else 80 GiB. Rank 0 prints. The rules and the arithmetic: docs/memory-plan.md; the planning
+// itself: src/model/memory_plan.h.
+#include <mpi.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+
+#include "core/error.h"
+#include "jobs/jobs.h"
+#include "jobs/target_device.h"
+#include "model/memory_plan.h"
+
+namespace aerie::jobs {
+
+namespace {
+
+// 71.02 GiB, 3.5 MiB, 812 B: binary units, chosen per value.
+std::string bytes_str(int64_t b) {
+  const double a = static_cast<double>(b < 0 ? -b : b);
+  const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  double v = a;
+  while (v >= 1024.0 && u < 4) v /= 1024.0, ++u;
+  char buf[48];
+  if (u == 0)
+    std::snprintf(buf, sizeof buf, "%s%lld B", b < 0 ? "-" : "", static_cast<long long>(a));
+  else
+    std::snprintf(buf, sizeof buf, "%s%.2f %s", b < 0 ? "-" : "", v, unit[u]);
+  return buf;
+}
+
+std::string gb_str(int64_t b) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GB", static_cast<double>(b) / 1e9);
+  return buf;
+}
+
+// One row: label, tensors, checkpoint bytes, per-rank bytes, then a free-form tail.
+void row(std::ostream& os, const std::string& label, const std::string& tensors, const std::string& ckpt,
+         const std::string& rank, const std::string& tail = "") {
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "  %-40s %9s %12s %12s", label.c_str(), tensors.c_str(), ckpt.c_str(), rank.c_str());
+  std::string line = buf + (tail.empty() ? "" : "   " + tail);
+  line.erase(line.find_last_not_of(' ') + 1);
+  os << line << "\n";
+}
+
+void print_plan(std::ostream& os, const MemoryPlan& p, const PlanOptions& opt, const std::string& gpu_source) {
+  os << "aerie plan: " << p.model << "\n"
+     << "  " << p.architecture << "\n"
+     << "  quantized: " << p.quantization << "\n"
+     << "  tp " << p.tp << ", " << p.tokens_per_forward << " tokens per forward ("
+     << (opt.batch_size > 0 ? "--batch-size " + std::to_string(opt.batch_size) + " x --max-length "
+                            : "max(--batch-tokens " + std::to_string(opt.batch_tokens) + ", --max-length ")
+     << opt.max_length << (opt.batch_size > 0 ? ")" : "))") << ", GPU " << bytes_str(p.gpu_memory) << " = "
+     << gb_str(p.gpu_memory) << " (" << gpu_source << ")\n\n";
+  os << "per rank of tp " << p.tp << ":\n";
+  row(os, "weights", "tensors", "checkpoint", "per rank");
+  for (int c = 0; c < kWeightCategories; ++c) {
+    const CategoryBytes& w = p.weights[c];
+    if (w.tensors == 0) continue;
+    std::string tail;
+    if (static_cast<WeightCategory>(c) == WeightCategory::EmbedLmHead)
+      tail = std::string(opt.vocab_parallel_embeddings ? "vocab-parallel" : "replicated") +
+             " (--embed-split " + (opt.vocab_parallel_embeddings ? "replicated: " : "vocab: ") +
+             (p.replicated_embedding_delta >= 0 ? "+" : "") + bytes_str(p.replicated_embedding_delta) + ")";
+    row(os, "  " + std::string(category_name(static_cast<WeightCategory>(c))), std::to_string(w.tensors),
+        bytes_str(w.checkpoint), bytes_str(w.per_rank), tail);
+  }
+  row(os, "  total", std::to_string(p.weight_tensors), bytes_str(p.weights_checkpoint), bytes_str(p.weights_per_rank),
+      gb_str(p.weights_per_rank));
+  if (!p.skipped.empty()) {
+    row(os, "skipped (not loaded)", "", "", "");
+    for (const SkippedGroup& g : p.skipped) row(os, "  " + g.what, std::to_string(g.tensors), bytes_str(g.bytes), "-");
+  }
+  row(os, "dequant scratch (bf16, per layer)", "", "", bytes_str(p.scratch_per_rank),
+      p.scratch_layer.empty() ? "no quantized weights" : "the largest quantized layer's share: " + p.scratch_layer);
+  row(os, "activations (one forward)", "", "", bytes_str(p.activations_per_rank));
+  for (const ActivationItem& a : p.activations) row(os, "  " + a.what, "", "", bytes_str(a.bytes), a.detail);
+  row(os, "reserve (CUDA, NCCL, cuBLAS)", "", "", bytes_str(p.reserve), "--reserve");
+  row(os, "total", "", "", bytes_str(p.total_per_rank), gb_str(p.total_per_rank));
+  for (const std::string& n : p.notes) os << "note: " << n << "\n";
+  os << "\n"
+     << (p.fits ? "fits: " : "does NOT fit: ") << bytes_str(p.total_per_rank) << " per rank of "
+     << bytes_str(p.gpu_memory) << ", margin " << bytes_str(p.margin) << " (" << gb_str(p.margin) << ")\n";
+}
+
+}  // namespace
+
+int plan(const std::vector<std::string>& args) {
+  po::options_description desc("aerie plan: GPU memory per tp rank from config.json and safetensors headers");
+  desc.add_options()("model", po::value<std::string>()->default_value(""),
+                     "target model directory (config.json, model.safetensors or model.safetensors.index.json; "
+                     "only the headers are read)")(
+      "model-config", po::value<std::string>()->default_value(""), "config.json to use instead of --model's")(
+      "tensors", po::value<std::string>()->default_value(""),
+      "a tensor list instead of --model's headers: one {\"name\", \"shape\", \"dtype\"} per line (.jsonl or .jsonl.gz)")(
+      "tp", po::value<int>()->default_value(0), "tensor-parallel ranks (0: the world size)")(
+      "max-length", po::value<int64_t>()->default_value(8192), "tokens of the longest sample")(
+      "batch-tokens", po::value<int64_t>()->default_value(2048),
+      "as extract --batch-tokens: a forward holds max(batch-tokens, max-length) tokens")(
+      "batch-size", po::value<int64_t>()->default_value(0), "> 0: batch-size x max-length tokens per forward instead")(
+      "gpu-memory", po::value<std::string>()->default_value(""),
+      "memory per GPU, e.g. 96GB, 80GiB (default: this GPU's, else 80GiB)")(
+      "reserve", po::value<std::string>()->default_value("2GiB"), "CUDA context, NCCL and cuBLAS workspaces per GPU")(
+      "embed-split", po::value<std::string>()->default_value("vocab"),
+      "embed_tokens and lm_head: vocab (rows split over tp, as vLLM/SGLang) or replicated");
+  po::variables_map vm;
+  if (!parse_options("plan", args, desc, vm)) return 0;
+  const std::string model = vm["model"].as<std::string>(), config_path = vm["model-config"].as<std::string>(),
+                    tensors_path = vm["tensors"].as<std::string>(), embed = vm["embed-split"].as<std::string>();
+  AERIE_USAGE_CHECK(!model.empty() || (!config_path.empty() && !tensors_path.empty()),
+                    "aerie plan: give --model DIR, or --model-config FILE and --tensors FILE");
+  AERIE_USAGE_CHECK(embed == "vocab" || embed == "replicated",
+                    "aerie plan: --embed-split '" << embed << "' is not vocab or replicated");
+  int world = 1, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  PlanOptions opt;
+  opt.tp = vm["tp"].as<int>() > 0 ? vm["tp"].as<int>() : world;
+  AERIE_USAGE_CHECK(vm["tp"].as<int>() >= 0, "aerie plan: --tp " << vm["tp"].as<int>() << " is negative");
+  opt.max_length = vm["max-length"].as<int64_t>();
+  opt.batch_tokens = vm["batch-tokens"].as<int64_t>();
+  opt.batch_size = vm["batch-size"].as<int64_t>();
+  AERIE_USAGE_CHECK(opt.max_length >= 1 && opt.batch_tokens >= 0 && opt.batch_size >= 0,
+                    "aerie plan: --max-length must be >= 1, --batch-tokens and --batch-size >= 0");
+  opt.vocab_parallel_embeddings = embed == "vocab";
+  auto size_option = [&](const char* name) {
+    const std::string v = vm[name].as<std::string>();
+    // "--gpu-memory 96" is more likely 96 GB than 96 bytes: a unit is required.
+    AERIE_USAGE_CHECK(std::any_of(v.begin(), v.end(), [](unsigned char c) { return std::isalpha(c); }),
+                      "aerie plan: --" << name << " '" << v << "' needs a unit (e.g. 96GB, 80GiB)");
+    try {
+      return parse_memory_size(v);
+    } catch (const Error& e) {
+      throw UsageError(std::string("aerie plan: --") + name + ": " + e.what());
+    }
+  };
+  std::string gpu_source = "--gpu-memory";
+  if (!vm["gpu-memory"].as<std::string>().empty()) {
+    opt.gpu_memory = size_option("gpu-memory");
+  } else if (const int64_t total = gpu_total_memory(); total > 0) {
+    opt.gpu_memory = total;
+    gpu_source = "this GPU";
+  } else {
+    gpu_source = "default: no GPU here";
+  }
+  opt.reserve = size_option("reserve");
+
+  const std::string config_file = config_path.empty() ? model + "/config.json" : config_path;
+  const nlohmann::json config = read_model_config(config_file);
+  const std::vector<TensorInfo> tensors = tensors_path.empty() ? read_checkpoint_tensors(model)
+                                                               : read_tensor_list(tensors_path);
+  const MemoryPlan p = plan_memory(config, tensors, opt, config_file);
+  if (rank == 0) print_plan(std::cout, p, opt, gpu_source);
+  return 0;
+}
+
+}  // namespace aerie::jobs

@@ -1,0 +1,402 @@
+// plan_memory: per-rank weight, scratch and activation bytes from config.json and a tensor list
+// (memory_plan.h; the rules and arithmetic: docs/memory-plan.md). The config is parsed here, not by
+// model/target_config.h: the plan covers architectures (MLA, MoE) that the target does not build yet.
+#include "model/memory_plan.h"
+
+#include <algorithm>
+#include <map>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace aerie {
+
+namespace {
+
+using nlohmann::json;
+
+bool starts_with(const std::string& s, const std::string& p) { return s.compare(0, p.size(), p) == 0; }
+bool ends_with(const std::string& s, const std::string& x) {
+  return s.size() >= x.size() && s.compare(s.size() - x.size(), x.size(), x) == 0;
+}
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The fields of config.json the plan needs.
+struct ModelShape {
+  std::string model_type, wrapper;  // wrapper: the top-level model_type of a multimodal config
+  bool mla = false;
+  int64_t hidden = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0, intermediate = 0;
+  int64_t q_lora = 0, kv_lora = 0, qk_nope = 0, qk_rope = 0, v_head = 0;  // MLA
+  int64_t experts = 0, top_k = 0, moe_intermediate = 0, shared = 0, first_dense = 0, moe_freq = 1;
+  int64_t pack_factor = 8;  // values per int32 of a compressed-tensors weight_packed (32 / num_bits)
+  bool is_moe_layer(int64_t l) const { return experts > 0 && l >= first_dense && l % moe_freq == 0; }
+};
+
+int64_t field(const json& j, const char* key, const std::string& source, int64_t dflt = -1) {
+  if (!j.contains(key) || j[key].is_null()) {
+    AERIE_CHECK(dflt >= 0, source << ": config lacks \"" << key << "\"");
+    return dflt;
+  }
+  AERIE_CHECK(j[key].is_number_integer() && j[key].get<int64_t>() >= 0,
+              source << ": \"" << key << "\" is not a non-negative integer: " << j[key].dump());
+  return j[key].get<int64_t>();
+}
+
+ModelShape parse_shape(const json& top, const std::string& source) {
+  AERIE_CHECK(top.is_object(), source << ": config is not a JSON object");
+  const bool wrapped = top.contains("text_config") && top["text_config"].is_object();
+  const json& c = wrapped ? top["text_config"] : top;
+  ModelShape s;
+  AERIE_CHECK(c.contains("model_type") && c["model_type"].is_string(),
+              source << ": config lacks \"model_type\"" << (wrapped ? " in text_config" : ""));
+  s.model_type = c["model_type"].get<std::string>();
+  if (wrapped && top.contains("model_type") && top["model_type"].is_string()) s.wrapper = top["model_type"];
+  static const char* mla_types[] = {"deepseek_v2", "deepseek_v3", "kimi_k2"};
+  static const char* gqa_types[] = {"llama", "mistral", "qwen2", "qwen3"};
+  s.mla = std::find(std::begin(mla_types), std::end(mla_types), s.model_type) != std::end(mla_types);
+  AERIE_CHECK(s.mla || std::find(std::begin(gqa_types), std::end(gqa_types), s.model_type) != std::end(gqa_types),
+              source << ": model_type \"" << s.model_type
+                     << "\" is not planned (deepseek_v2, deepseek_v3, kimi_k2, llama, mistral, qwen2, qwen3)");
+  s.hidden = field(c, "hidden_size", source);
+  s.layers = field(c, "num_hidden_layers", source);
+  s.heads = field(c, "num_attention_heads", source);
+  AERIE_CHECK(s.hidden > 0 && s.layers > 0 && s.heads > 0, source << ": hidden_size, num_hidden_layers and "
+                                                                      "num_attention_heads must be positive");
+  s.kv_heads = field(c, "num_key_value_heads", source, s.heads);
+  s.head_dim = field(c, "head_dim", source, s.hidden / s.heads);
+  s.intermediate = field(c, "intermediate_size", source);
+  if (s.mla) {
+    s.q_lora = field(c, "q_lora_rank", source, 0);  // 0: q_proj straight from the hidden state (V2-Lite)
+    s.kv_lora = field(c, "kv_lora_rank", source);
+    s.qk_nope = field(c, "qk_nope_head_dim", source);
+    s.qk_rope = field(c, "qk_rope_head_dim", source);
+    s.v_head = field(c, "v_head_dim", source);
+    s.experts = field(c, "n_routed_experts", source, 0);
+    if (s.experts > 0) {
+      s.top_k = field(c, "num_experts_per_tok", source);
+      s.moe_intermediate = field(c, "moe_intermediate_size", source);
+      s.shared = field(c, "n_shared_experts", source, 0);
+      s.first_dense = field(c, "first_k_dense_replace", source, 0);
+      s.moe_freq = std::max<int64_t>(1, field(c, "moe_layer_freq", source, 1));
+    }
+  }
+  // compressed-tensors: num_bits of the first weight group (top level or text_config).
+  for (const json* q : {&c, &top}) {
+    if (!q->contains("quantization_config") || !(*q)["quantization_config"].is_object()) continue;
+    const json& groups = (*q)["quantization_config"].value("config_groups", json::object());
+    for (const auto& [name, g] : groups.items())
+      if (g.is_object() && g.contains("weights") && g["weights"].is_object() &&
+          g["weights"].value("num_bits", 0) > 0) {
+        s.pack_factor = 32 / g["weights"]["num_bits"].get<int64_t>();
+        break;
+      }
+    break;
+  }
+  return s;
+}
+
+enum class Split { None, Rows, Cols };
+
+// The role of one tensor: skipped (with its group), or a category, a split and its layer (-1: none).
+struct Role {
+  std::string skip;  // non-empty: not loaded, grouped under this label
+  WeightCategory category = WeightCategory::Other;
+  Split split = Split::None;
+  int64_t layer = -1;
+};
+
+// q_b/kv_b/q/k/v (by head), gate/up (by intermediate): column-parallel rows; o, down: row-parallel columns.
+Split projection_split(const std::string& module) {
+  static const std::map<std::string, Split> m = {
+      {"q_b_proj", Split::Rows},  {"kv_b_proj", Split::Rows},  {"q_proj", Split::Rows},
+      {"k_proj", Split::Rows},    {"v_proj", Split::Rows},     {"o_proj", Split::Cols},
+      {"gate_proj", Split::Rows}, {"up_proj", Split::Rows},    {"down_proj", Split::Cols},
+      {"q_a_proj", Split::None},  {"kv_a_proj_with_mqa", Split::None}};
+  auto it = m.find(module);
+  return it == m.end() ? Split::None : it->second;
+}
+
+Role classify(const std::string& name, const ModelShape& s) {
+  Role r;
+  if (starts_with(name, "lm_head.") || starts_with(name, "language_model.lm_head.")) {
+    r.category = WeightCategory::EmbedLmHead;
+    return r;
+  }
+  std::string prefix;
+  for (const char* p : {"language_model.model.", "model.language_model.", "model."})
+    if (starts_with(name, p)) {
+      prefix = p;
+      break;
+    }
+  if (prefix.empty()) {
+    r.skip = name.substr(0, name.find('.')) + ".*";  // vision_tower.*, mm_projector.*
+    return r;
+  }
+  const std::string rel = name.substr(prefix.size());
+  if (rel == "embed_tokens.weight") {
+    r.category = WeightCategory::EmbedLmHead;
+    return r;
+  }
+  if (rel == "norm.weight") {
+    r.category = WeightCategory::Norms;
+    return r;
+  }
+  if (!starts_with(rel, "layers.")) {
+    r.skip = prefix + rel.substr(0, rel.find('.')) + ".*";  // model.visual.* of a transformers-5 wrapper
+    return r;
+  }
+  size_t dot = rel.find('.', 7);
+  try {
+    r.layer = std::stoll(rel.substr(7, dot - 7));
+  } catch (const std::exception&) {
+    r.category = WeightCategory::Other;
+    return r;
+  }
+  const std::string rest = dot == std::string::npos ? "" : rel.substr(dot + 1);
+  if (r.layer >= s.layers) {
+    r.skip = prefix + "layers." + std::to_string(r.layer) + ".* (MTP layer: num_nextn_predict_layers)";
+    return r;
+  }
+  if (ends_with(rest, "rotary_emb.inv_freq")) {
+    r.skip = "*.rotary_emb.inv_freq (recomputed)";
+    return r;
+  }
+  // "<module path>.<projection>.<tensor>": the projection is the component before the last.
+  const size_t last = rest.rfind('.');
+  const std::string owner = rest.substr(0, last);
+  const std::string projection = owner.substr(owner.rfind('.') + 1);
+  if (ends_with(owner, "norm") || ends_with(owner, "layernorm")) {
+    r.category = WeightCategory::Norms;
+  } else if (starts_with(rest, "self_attn.")) {
+    r.category = WeightCategory::Attention;
+    r.split = projection_split(projection);
+  } else if (starts_with(rest, "mlp.experts.")) {
+    r.category = WeightCategory::RoutedExperts;
+    r.split = projection_split(projection);
+  } else if (starts_with(rest, "mlp.shared_experts.") || starts_with(rest, "mlp.shared_expert.")) {
+    r.category = WeightCategory::SharedExperts;
+    r.split = projection_split(projection);
+  } else if (starts_with(rest, "mlp.gate.") || starts_with(rest, "mlp.shared_expert_gate.")) {
+    r.category = WeightCategory::Router;
+  } else if (starts_with(rest, "mlp.")) {
+    r.category = WeightCategory::DenseMlp;
+    r.split = projection_split(projection);
+  }
+  if (ends_with(rest, ".weight_shape")) r.split = Split::None;  // compressed-tensors' [2] of the full shape
+  return r;
+}
+
+std::string shape_string(const std::vector<int64_t>& shape) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
+  return os.str() + "]";
+}
+
+}  // namespace
+
+const char* category_name(WeightCategory c) {
+  static const char* names[kWeightCategories] = {"attention", "dense MLP", "shared experts", "routed experts",
+                                                 "router",    "embedding + lm_head", "norms", "other"};
+  return names[static_cast<int>(c)];
+}
+
+int64_t safetensors_dtype_bytes(const std::string& dtype) {
+  std::string d = dtype;
+  std::transform(d.begin(), d.end(), d.begin(), [](unsigned char ch) { return std::toupper(ch); });
+  static const std::map<std::string, int64_t> sizes = {
+      {"F64", 8}, {"I64", 8}, {"U64", 8}, {"F32", 4}, {"I32", 4}, {"U32", 4}, {"F16", 2}, {"BF16", 2},
+      {"I16", 2}, {"U16", 2}, {"F8_E4M3", 1}, {"F8_E5M2", 1}, {"I8", 1}, {"U8", 1}, {"BOOL", 1}};
+  auto it = sizes.find(d);
+  return it == sizes.end() ? 0 : it->second;
+}
+
+namespace {
+
+// The activations of one forward of T tokens on one rank (deepseek-v3.md section 7): the residual stream,
+// the attention of one layer, the largest FFN of one layer (layers run one after another), the captures.
+void plan_activations(const ModelShape& s, const PlanOptions& opt, MemoryPlan& plan) {
+  const int64_t T = plan.tokens_per_forward, H = s.hidden, a = opt.activation_bytes, tp = opt.tp;
+  const std::string Ts = std::to_string(T), as = std::to_string(a);
+  auto add = [&](std::string what, std::string detail, int64_t bytes) {
+    plan.activations.push_back({std::move(what), std::move(detail), bytes});
+    plan.activations_per_rank += bytes;
+  };
+  add("residual stream (fp32) + normed input", Ts + " x " + std::to_string(H) + " x (4 + " + as + ")",
+      T * H * (4 + a));
+  const int64_t hr = ceil_div(s.heads, tp);
+  if (s.mla) {
+    const int64_t qk = s.qk_nope + s.qk_rope, lat = s.q_lora + s.kv_lora + s.qk_rope;
+    add("attention: q, k, v, output, latents",
+        Ts + " x (" + std::to_string(hr) + " heads x (2 x " + std::to_string(qk) + " + 2 x " +
+            std::to_string(s.v_head) + ") + " + std::to_string(lat) + ") x " + as,
+        T * (hr * (2 * qk + 2 * s.v_head) + lat) * a);
+  } else {
+    const int64_t kvr = ceil_div(s.kv_heads, tp);
+    add("attention: q, k, v, output",
+        Ts + " x (2 x " + std::to_string(hr) + " + 2 x " + std::to_string(kvr) + ") heads x " +
+            std::to_string(s.head_dim) + " x " + as,
+        T * (2 * hr + 2 * kvr) * s.head_dim * a);
+  }
+  bool any_dense = false, any_moe = false;
+  for (int64_t l = 0; l < s.layers; ++l) (s.is_moe_layer(l) ? any_moe : any_dense) = true;
+  const int64_t dense = any_dense ? T * 2 * ceil_div(s.intermediate, tp) * a : 0;
+  int64_t moe = 0;
+  std::string moe_detail;
+  if (any_moe) {
+    const int64_t pairs = T * s.top_k, mi = ceil_div(s.moe_intermediate, tp);
+    const int64_t si = ceil_div(s.moe_intermediate * s.shared, tp);
+    moe = pairs * (H + 2 * mi) * a + T * 2 * si * a + T * s.experts * 4;
+    moe_detail = std::to_string(pairs) + " token-expert pairs x (" + std::to_string(H) + " out + 2 x " +
+                 std::to_string(mi) + " gate/up) x " + as + " + shared " + Ts + " x 2 x " + std::to_string(si) +
+                 " x " + as + " + router " + Ts + " x " + std::to_string(s.experts) + " x 4";
+  }
+  if (moe >= dense) {
+    add("MoE layer (" + Ts + " x top-" + std::to_string(s.top_k) + ")", moe_detail, moe);
+  } else {
+    add("MLP: gate/up intermediate", Ts + " x 2 x " + std::to_string(ceil_div(s.intermediate, tp)) + " x " + as,
+        dense);
+  }
+  add("captured: " + std::to_string(opt.aux_layers) + " aux + final hidden states",
+      std::to_string(opt.aux_layers + 1) + " x " + Ts + " x " + std::to_string(H) + " x " + as,
+      (opt.aux_layers + 1) * T * H * a);
+}
+
+// The per-rank bytes of a tensor split as `split` over tp (the split dimension rounded up); a split of a
+// 1-D tensor by columns is none (a row-parallel linear's bias is replicated).
+int64_t per_rank_elements(const std::vector<int64_t>& shape, Split split, int64_t tp, bool& divides) {
+  int64_t n = 1;
+  const int dim = split == Split::Rows ? 0 : split == Split::Cols && shape.size() >= 2 ? 1 : -1;
+  divides = true;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (static_cast<int>(i) == dim) {
+      divides = shape[i] % tp == 0;
+      n *= ceil_div(shape[i], tp);
+    } else {
+      n *= shape[i];
+    }
+  }
+  return n;
+}
+
+std::string category_list(const std::array<bool, kWeightCategories>& in) {
+  std::string out;
+  for (int c = 0; c < kWeightCategories; ++c)
+    if (in[c]) out += (out.empty() ? "" : ", ") + std::string(category_name(static_cast<WeightCategory>(c)));
+  return out;
+}
+
+}  // namespace
+
+MemoryPlan plan_memory(const json& config, const std::vector<TensorInfo>& tensors, const PlanOptions& opt,
+                       const std::string& source) {
+  AERIE_CHECK(opt.tp >= 1, "memory plan: tp " << opt.tp << " must be >= 1");
+  AERIE_CHECK(opt.max_length >= 1 && opt.batch_tokens >= 0 && opt.batch_size >= 0,
+              "memory plan: max length " << opt.max_length << ", batch tokens " << opt.batch_tokens
+                                         << ", batch size " << opt.batch_size << ": need max length >= 1, others >= 0");
+  const ModelShape s = parse_shape(config, source);
+  MemoryPlan plan;
+  plan.tp = opt.tp;
+  plan.model = s.wrapper.empty() ? s.model_type : s.wrapper + " (text_config: " + s.model_type + ")";
+  std::ostringstream arch;
+  if (s.mla) {
+    int64_t moe_layers = 0;
+    for (int64_t l = 0; l < s.layers; ++l) moe_layers += s.is_moe_layer(l);
+    arch << "MLA" << (s.experts ? " + MoE" : "") << ": " << s.layers << " layers";
+    if (s.experts)
+      arch << " (" << s.layers - moe_layers << " dense, " << moe_layers << " MoE), " << s.experts
+           << " routed experts top-" << s.top_k << ", " << s.shared << " shared";
+    arch << ", " << s.heads << " heads, hidden " << s.hidden;
+  } else {
+    arch << "GQA: " << s.layers << " layers, " << s.heads << " heads / " << s.kv_heads << " kv heads, hidden "
+         << s.hidden;
+  }
+  plan.architecture = arch.str();
+
+  const int64_t tp = opt.tp;
+  std::map<std::string, size_t> skip_index;
+  std::map<int64_t, int64_t> scratch;  // layer -> bf16 bytes of its quantized tensors' share
+  std::array<bool, kWeightCategories> fp8{}, int4{};
+  std::map<std::string, std::pair<int64_t, std::string>> undivided;  // "dim 0 (rows)" -> count, example
+  int64_t others = 0;
+  std::string other_example;
+  for (const TensorInfo& t : tensors) {
+    const int64_t esize = safetensors_dtype_bytes(t.dtype);
+    AERIE_CHECK(esize > 0, source << " / tensor list: tensor '" << t.name << "' has unknown dtype '" << t.dtype << "'");
+    int64_t numel = 1;
+    for (int64_t d : t.shape) numel *= d;
+    const Role r = classify(t.name, s);
+    if (!r.skip.empty()) {
+      auto [it, fresh] = skip_index.emplace(r.skip, plan.skipped.size());
+      if (fresh) plan.skipped.push_back({r.skip, 0, 0});
+      plan.skipped[it->second].tensors += 1;
+      plan.skipped[it->second].bytes += numel * esize;
+      continue;
+    }
+    Split split = r.split;
+    if (r.category == WeightCategory::EmbedLmHead) split = opt.vocab_parallel_embeddings ? Split::Rows : Split::None;
+    bool divides = true;
+    const int64_t share = per_rank_elements(t.shape, split, tp, divides);
+    if (!divides) {
+      auto& u = undivided[split == Split::Rows ? "dim 0 (rows)" : "dim 1 (columns)"];
+      if (u.first++ == 0) u.second = t.name + " " + shape_string(t.shape);
+    }
+    if (r.category == WeightCategory::EmbedLmHead) {
+      bool unused = true;
+      const int64_t other = per_rank_elements(t.shape, opt.vocab_parallel_embeddings ? Split::None : Split::Rows,
+                                              tp, unused);
+      plan.replicated_embedding_delta += (other - share) * esize;
+    }
+    if (r.category == WeightCategory::Other && others++ == 0) other_example = t.name;
+    CategoryBytes& c = plan.weights[static_cast<int>(r.category)];
+    c.tensors += 1;
+    c.checkpoint += numel * esize;
+    c.per_rank += share * esize;
+    const bool is_fp8 = starts_with(t.dtype, "F8") || starts_with(t.dtype, "f8");
+    const bool is_int4 = ends_with(t.name, ".weight_packed");
+    if (is_fp8 || is_int4) {
+      (is_fp8 ? fp8 : int4)[static_cast<int>(r.category)] = true;
+      scratch[r.layer] += share * (is_int4 ? s.pack_factor : 1) * opt.activation_bytes;
+    }
+  }
+  for (const CategoryBytes& c : plan.weights) {
+    plan.weight_tensors += c.tensors;
+    plan.weights_checkpoint += c.checkpoint;
+    plan.weights_per_rank += c.per_rank;
+  }
+  AERIE_CHECK(plan.weight_tensors > 0, source << ": the tensor list holds no language-model weight (of "
+                                              << tensors.size() << " tensors)");
+  std::vector<std::string> quant;
+  if (std::count(int4.begin(), int4.end(), true))
+    quant.push_back("int4 pack-quantized, " + std::to_string(s.pack_factor) + " per int32 (" + category_list(int4) + ")");
+  if (std::count(fp8.begin(), fp8.end(), true)) quant.push_back("fp8 e4m3 (" + category_list(fp8) + ")");
+  plan.quantization = quant.empty() ? "none" : quant.size() == 1 ? quant[0] : quant[0] + "; " + quant[1];
+  for (const auto& [layer, bytes] : scratch)
+    if (bytes > plan.scratch_per_rank) {
+      plan.scratch_per_rank = bytes;
+      plan.scratch_layer = layer >= 0 ? "layer " + std::to_string(layer) : "embedding / lm_head";
+    }
+
+  for (const auto& [dim, u] : undivided)
+    plan.notes.push_back("tp " + std::to_string(tp) + " does not divide " + dim + " of " + std::to_string(u.first) +
+                         " tensor(s), e.g. " + u.second + ": shares rounded up");
+  if (s.heads % tp != 0 || (!s.mla && s.kv_heads % tp != 0))
+    plan.notes.push_back("tp " + std::to_string(tp) + " does not divide num_attention_heads " +
+                         std::to_string(s.heads) + (s.mla ? "" : " / num_key_value_heads " + std::to_string(s.kv_heads)) +
+                         ": aerie's attention splits whole heads");
+  if (others > 0)
+    plan.notes.push_back(std::to_string(others) + " tensor(s) of no known role counted as replicated, e.g. " +
+                         other_example);
+
+  plan.tokens_per_forward =
+      opt.batch_size > 0 ? opt.batch_size * opt.max_length : std::max(opt.batch_tokens, opt.max_length);
+  plan_activations(s, opt, plan);
+  plan.reserve = opt.reserve;
+  plan.gpu_memory = opt.gpu_memory;
+  plan.total_per_rank = plan.weights_per_rank + plan.scratch_per_rank + plan.activations_per_rank + plan.reserve;
+  plan.margin = plan.gpu_memory - plan.total_per_rank;
+  plan.fits = plan.margin >= 0;
+  return plan;
+}
+
+}  // namespace aerie

@@ -1,0 +1,124 @@
+// The GPU memory plan of a target before any weight is read: from config.json and the tensor list of the
+// safetensors headers (name, dtype, shape), the bytes each tensor-parallel rank holds for the weights (by
+// category, quantized tensors as stored), a per-layer bf16 dequantization scratch, the activations of one
+// forward, and whether that fits a GPU. The sharding rules and the arithmetic: docs/memory-plan.md
+// (shared/docs/deepseek-v3.md, sections 3 and 7).
+//
+// Only the header fields are read (8-byte length + JSON of each shard): a checkpoint of 600 GB plans in
+// a second, and the tensor data need not be present. All sizes are bytes.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace aerie {
+
+/// One tensor as a safetensors header lists it. dtype is the header's string ("BF16", "F8_E4M3", "I32";
+/// lower case accepted).
+struct TensorInfo {
+  std::string name;
+  std::string dtype;
+  std::vector<int64_t> shape;
+};
+
+/// What a weight belongs to. Each category has one sharding rule per tensor (docs/memory-plan.md).
+enum class WeightCategory {
+  Attention,      // MLA: q_a/kv_a replicated, q_b/kv_b by head, o by input; GQA: q/k/v by head, o by input
+  DenseMlp,       // gate/up by intermediate (rows), down by intermediate (columns)
+  SharedExperts,  // as the dense MLP
+  RoutedExperts,  // tp within each expert: every rank holds all experts, 1/tp of each intermediate
+  Router,         // mlp.gate.weight and e_score_correction_bias: replicated
+  EmbedLmHead,    // vocab-parallel rows, or replicated (PlanOptions::vocab_parallel_embeddings)
+  Norms,          // replicated
+  Other,          // a language-model tensor of no known role: replicated, named in MemoryPlan::notes
+};
+constexpr int kWeightCategories = 8;
+/// "attention", "dense MLP", ... (the plan's row labels).
+const char* category_name(WeightCategory c);
+
+struct PlanOptions {
+  int tp = 1;                     // tensor-parallel ranks per target replica
+  int64_t max_length = 8192;      // tokens of the longest sample
+  int64_t batch_tokens = 2048;    // extract --batch-tokens: samples share a forward up to this many tokens
+  int64_t batch_size = 0;         // > 0: batch_size samples of max_length per forward (overrides batch_tokens)
+  int aux_layers = 3;             // captured aux hidden states (EAGLE-3: 3), plus the final one
+  int64_t activation_bytes = 2;   // compute dtype of activations and the scratch: bf16
+  bool vocab_parallel_embeddings = true;  // embed_tokens / lm_head split by vocab rows (vLLM, SGLang)
+  int64_t gpu_memory = int64_t{80} << 30;  // bytes per GPU
+  int64_t reserve = int64_t{2} << 30;      // CUDA context, NCCL buffers, cuBLAS workspaces
+};
+
+struct CategoryBytes {
+  int64_t tensors = 0;
+  int64_t checkpoint = 0;  // all ranks' copy: the bytes stored in the checkpoint
+  int64_t per_rank = 0;    // rank 0's share (ranks differ only by rounding)
+};
+
+/// Tensors the plan does not load (vision tower, projector, an MTP layer, rotary tables), by group.
+struct SkippedGroup {
+  std::string what;  // "vision_tower.*", "model.layers.61.* (MTP layer, num_nextn_predict_layers)"
+  int64_t tensors = 0;
+  int64_t bytes = 0;
+};
+
+struct ActivationItem {
+  std::string what;    // "residual stream (fp32) + normed input"
+  std::string detail;  // the arithmetic, "8192 x 7168 x (4 + 2)"
+  int64_t bytes = 0;
+};
+
+struct MemoryPlan {
+  std::string model;        // "deepseek_v3", "kimi_k25 (text_config: deepseek_v3)"
+  std::string architecture; // "MLA + MoE (61 layers, 384 routed experts top-8, 1 shared)"
+  std::string quantization; // "int4 pack-quantized (routed experts)", "fp8 e4m3", "none"
+  int tp = 1;
+  std::array<CategoryBytes, kWeightCategories> weights{};
+  int64_t weight_tensors = 0, weights_checkpoint = 0, weights_per_rank = 0;
+  int64_t replicated_embedding_delta = 0;  // per-rank bytes the other embed/lm_head rule would add (or save: < 0)
+  std::vector<SkippedGroup> skipped;
+  int64_t scratch_per_rank = 0;  // bf16 dequantization of the largest quantized layer's share; 0 if none
+  std::string scratch_layer;     // "layer 1" ("" without quantized weights)
+  int64_t tokens_per_forward = 0;
+  std::vector<ActivationItem> activations;
+  int64_t activations_per_rank = 0;
+  int64_t reserve = 0, gpu_memory = 0;
+  int64_t total_per_rank = 0;  // weights + scratch + activations + reserve
+  int64_t margin = 0;          // gpu_memory - total_per_rank (negative: does not fit)
+  bool fits = false;
+  std::vector<std::string> notes;  // tp not dividing a dimension, unknown tensors: the plan is approximate
+};
+
+/// The plan of a model from its config.json object (a multimodal wrapper's "text_config" is the language
+/// model) and its tensor list. Architectures: MLA + MoE (model_type deepseek_v2, deepseek_v3, kimi_k2)
+/// and GQA (llama, mistral, qwen2, qwen3). `source` names the config in messages. Throws aerie::Error
+/// naming `source` and the field on a missing or bad config field, an unsupported model_type, tp < 1, an
+/// unknown dtype (naming the tensor), or a tensor list without language-model weights.
+MemoryPlan plan_memory(const nlohmann::json& config, const std::vector<TensorInfo>& tensors,
+                       const PlanOptions& opt, const std::string& source = "config.json");
+
+/// config.json of `path` (a file, or a directory holding config.json). Throws aerie::Error naming the
+/// file when it is missing or not a JSON object.
+nlohmann::json read_model_config(const std::string& path);
+
+/// The tensors of a checkpoint directory from its safetensors headers only: <dir>/model.safetensors, or
+/// every shard of <dir>/model.safetensors.index.json's weight_map. The data is not read and need not be
+/// present (a header-only copy plans the same). Throws aerie::Error naming the file on a missing
+/// checkpoint or shard, a truncated header, a header that is not JSON or lacks dtype/shape, an unknown
+/// dtype, or an index entry whose shard lacks the tensor.
+std::vector<TensorInfo> read_checkpoint_tensors(const std::string& dir);
+
+/// A tensor list of one JSON object per line, {"name", "shape", "dtype"} (the shared data's
+/// *.tensors.expanded.jsonl.gz), gzip-compressed or plain. Throws aerie::Error naming the file and line.
+std::vector<TensorInfo> read_tensor_list(const std::string& path);
+
+/// "96GB", "80GiB", "1.5 TB", "512MiB" or plain bytes: GB = 1e9 bytes, GiB = 2^30 (K/M/G/T, case-insensitive).
+/// Throws aerie::Error on anything else.
+int64_t parse_memory_size(const std::string& s);
+
+/// Bytes per element of a safetensors dtype string (F64 .. F8_E4M3, BOOL; case-insensitive); 0 if unknown.
+int64_t safetensors_dtype_bytes(const std::string& dtype);
+
+}  // namespace aerie

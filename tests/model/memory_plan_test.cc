@@ -1,0 +1,270 @@
+// The memory plan (model/memory_plan.h) on the real tensor lists of Kimi-K2.5 and Kimi-K2-Instruct, a
+// DeepSeek-V3 list derived from its real config, small checkpoints read from their headers, and bad input.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "io/safetensors.h"
+#include "model/memory_plan.h"
+#include "test_util.h"
+
+namespace aerie {
+namespace {
+
+using nlohmann::json;
+using testing::data_dir;
+using testing::error_of;
+
+constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
+
+std::string configs() { return data_dir() + "/kimi-deepseek-configs"; }
+
+const CategoryBytes& cat(const MemoryPlan& p, WeightCategory c) { return p.weights[static_cast<int>(c)]; }
+
+const SkippedGroup* skipped(const MemoryPlan& p, const std::string& what) {
+  for (const SkippedGroup& g : p.skipped)
+    if (g.what == what) return &g;
+  return nullptr;
+}
+
+// deepseek-v3.md section 7: Kimi-K2.5 at tp 8 holds 76.2 GB = 71.0 GiB of weights per GPU and fits a 96 GB
+// card; one MoE layer's experts dequantized to bf16 are 4.23 GB per rank.
+TEST(MemoryPlan, KimiK25RealTensorListTp8Fits96GB) {
+  const std::string dir = configs() + "/config-kimi-k25";
+  if (!std::filesystem::exists(dir)) GTEST_SKIP() << "no " << dir;
+  const std::vector<TensorInfo> tensors = read_tensor_list(dir + "/kimi-k2.5.tensors.expanded.jsonl.gz");
+  ASSERT_EQ(tensors.size(), 208550u);
+  PlanOptions opt;
+  opt.tp = 8;
+  opt.max_length = 8192;
+  opt.gpu_memory = parse_memory_size("96GB");
+  const MemoryPlan p = plan_memory(read_model_config(dir + "/config.transformers-5.7.0-redump.json"), tensors, opt);
+
+  EXPECT_NEAR(p.weights_per_rank / GiB, 71.0, 0.71);
+  EXPECT_TRUE(p.fits) << "total " << p.total_per_rank / GiB << " GiB";
+  EXPECT_GT(p.margin / GiB, 5.0);
+  // 60 MoE layers x 384 experts x 3 projections x (weight_packed, weight_scale, weight_shape).
+  EXPECT_EQ(cat(p, WeightCategory::RoutedExperts).tensors, 60 * 384 * 3 * 3);
+  EXPECT_NEAR(cat(p, WeightCategory::RoutedExperts).checkpoint / 1e9, 570.8, 0.5);
+  EXPECT_NEAR(cat(p, WeightCategory::RoutedExperts).per_rank / 1e9, 71.3, 0.1);
+  EXPECT_EQ(cat(p, WeightCategory::DenseMlp).tensors, 3);
+  EXPECT_EQ(cat(p, WeightCategory::SharedExperts).tensors, 180);
+  EXPECT_EQ(cat(p, WeightCategory::Router).tensors, 120);
+  EXPECT_EQ(cat(p, WeightCategory::EmbedLmHead).tensors, 2);
+  EXPECT_EQ(cat(p, WeightCategory::Other).tensors, 0);
+  EXPECT_NEAR(cat(p, WeightCategory::Router).per_rank / 1e9, 0.33, 0.01);  // replicated
+  // Replicating embed_tokens + lm_head (2 x 163840 x 7168 bf16) would add 7/8 of them per rank.
+  EXPECT_EQ(p.replicated_embedding_delta, int64_t{2} * 163840 * 7168 * 2 / 8 * 7);
+  // The largest quantized layer: 384 experts x 3 x 2048 x 7168 bf16 / 8, exactly.
+  EXPECT_EQ(p.scratch_per_rank, int64_t{384} * 3 * 2048 * 7168 * 2 / 8);
+  EXPECT_EQ(p.scratch_layer, "layer 1");
+  EXPECT_EQ(p.tokens_per_forward, 8192);
+  ASSERT_NE(skipped(p, "vision_tower.*"), nullptr);
+  ASSERT_NE(skipped(p, "mm_projector.*"), nullptr);
+  EXPECT_EQ(skipped(p, "vision_tower.*")->tensors + skipped(p, "mm_projector.*")->tensors + p.weight_tensors, 208550);
+  // The whole checkpoint, as SOURCE.txt states: 554.27 GiB.
+  EXPECT_NEAR((p.weights_checkpoint + skipped(p, "vision_tower.*")->bytes + skipped(p, "mm_projector.*")->bytes) / GiB,
+              554.27, 0.01);
+  EXPECT_NE(p.quantization.find("int4"), std::string::npos) << p.quantization;
+  EXPECT_TRUE(p.notes.empty()) << p.notes.front();
+  // Section 7's prefill items at 8192 tokens: per-pair MoE outputs 0.94 GB, captures 470 MB.
+  EXPECT_NEAR(p.activations_per_rank / 1e9, 1.9, 0.2);
+}
+
+// The same architecture in block FP8 (real list): every linear is F8_E4M3 + an F32 scale_inv, and the 61
+// rotary_emb.inv_freq buffers are skipped.
+TEST(MemoryPlan, KimiK2InstructRealFp8List) {
+  const std::string dir = configs() + "/config-kimi-k2-instruct";
+  if (!std::filesystem::exists(dir)) GTEST_SKIP() << "no " << dir;
+  const std::vector<TensorInfo> tensors = read_tensor_list(dir + "/kimi-k2-instruct.tensors.expanded.jsonl.gz");
+  PlanOptions opt;
+  opt.tp = 8;
+  const MemoryPlan p = plan_memory(read_model_config(dir), tensors, opt);
+  const SkippedGroup* rot = skipped(p, "*.rotary_emb.inv_freq (recomputed)");
+  ASSERT_NE(rot, nullptr);
+  EXPECT_EQ(rot->tensors, 61);
+  EXPECT_NEAR((p.weights_checkpoint + rot->bytes) / GiB, 958.49, 0.01);  // SOURCE.txt's byte total
+  EXPECT_NE(p.quantization.find("fp8"), std::string::npos);
+  // FP8 experts: 384 x 3 x 2048 x 7168 values dequantized to bf16, / 8.
+  EXPECT_EQ(p.scratch_per_rank % 2, 0);
+  EXPECT_GT(p.scratch_per_rank, int64_t{384} * 3 * 2048 * 7168 * 2 / 8);
+  EXPECT_NEAR(p.weights_per_rank / 1e9, 958.49 * GiB / 1e9 / 8, 3.0);
+}
+
+// A DeepSeek-V3 tensor list as the checkpoint lays it out (README_WEIGHTS.md: FP8 128x128 blocks, the
+// MTP layer 61), derived from the real config.json.
+std::vector<TensorInfo> deepseek_v3_tensors(const json& c) {
+  const int64_t H = c["hidden_size"], L = c["num_hidden_layers"], nh = c["num_attention_heads"];
+  const int64_t ql = c["q_lora_rank"], kl = c["kv_lora_rank"], nope = c["qk_nope_head_dim"];
+  const int64_t rope = c["qk_rope_head_dim"], vd = c["v_head_dim"], I = c["intermediate_size"];
+  const int64_t mi = c["moe_intermediate_size"], E = c["n_routed_experts"], V = c["vocab_size"];
+  const int64_t dense = c["first_k_dense_replace"], mtp = c["num_nextn_predict_layers"];
+  std::vector<TensorInfo> t;
+  auto bf16 = [&](const std::string& n, std::vector<int64_t> s) { t.push_back({n, "BF16", std::move(s)}); };
+  auto fp8 = [&](const std::string& n, int64_t N, int64_t K) {
+    t.push_back({n + ".weight", "F8_E4M3", {N, K}});
+    t.push_back({n + ".weight_scale_inv", "F32", {(N + 127) / 128, (K + 127) / 128}});
+  };
+  auto ffn = [&](const std::string& p, int64_t inter) {
+    fp8(p + "gate_proj", inter, H);
+    fp8(p + "up_proj", inter, H);
+    fp8(p + "down_proj", H, inter);
+  };
+  bf16("model.embed_tokens.weight", {V, H});
+  bf16("lm_head.weight", {V, H});
+  bf16("model.norm.weight", {H});
+  for (int64_t l = 0; l < L + mtp; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    bf16(p + "input_layernorm.weight", {H});
+    bf16(p + "post_attention_layernorm.weight", {H});
+    fp8(p + "self_attn.q_a_proj", ql, H);
+    bf16(p + "self_attn.q_a_layernorm.weight", {ql});
+    fp8(p + "self_attn.q_b_proj", nh * (nope + rope), ql);
+    fp8(p + "self_attn.kv_a_proj_with_mqa", kl + rope, H);
+    bf16(p + "self_attn.kv_a_layernorm.weight", {kl});
+    fp8(p + "self_attn.kv_b_proj", nh * (nope + vd), kl);
+    fp8(p + "self_attn.o_proj", H, nh * vd);
+    if (l < dense) {
+      ffn(p + "mlp.", I);
+      continue;
+    }
+    bf16(p + "mlp.gate.weight", {E, H});
+    t.push_back({p + "mlp.gate.e_score_correction_bias", "F32", {E}});
+    for (int64_t e = 0; e < E; ++e) ffn(p + "mlp.experts." + std::to_string(e) + ".", mi);
+    ffn(p + "mlp.shared_experts.", mi);
+    if (l >= L) {  // the MTP layer's own tensors
+      bf16(p + "enorm.weight", {H});
+      bf16(p + "hnorm.weight", {H});
+      bf16(p + "eh_proj.weight", {H, 2 * H});
+      bf16(p + "embed_tokens.weight", {V, H});
+      bf16(p + "shared_head.head.weight", {V, H});
+    }
+  }
+  return t;
+}
+
+// deepseek-v3.md section 7: DeepSeek-V3 FP8 is about 673 GB, about 84 GB per GPU at tp 8.
+TEST(MemoryPlan, DeepSeekV3Tp8) {
+  const std::string cfg_path = configs() + "/config-deepseek-v3/config.json";
+  if (!std::filesystem::exists(cfg_path)) GTEST_SKIP() << "no " << cfg_path;
+  const json cfg = read_model_config(cfg_path);
+  PlanOptions opt;
+  opt.tp = 8;
+  opt.gpu_memory = parse_memory_size("96GB");
+  const MemoryPlan p = plan_memory(cfg, deepseek_v3_tensors(cfg), opt);
+  EXPECT_NEAR(p.weights_checkpoint / 1e9, 673.0, 1.0);
+  EXPECT_NEAR(p.weights_per_rank / 1e9, 84.0, 84.0 * 0.02);
+  const SkippedGroup* mtp = skipped(p, "model.layers.61.* (MTP layer: num_nextn_predict_layers)");
+  ASSERT_NE(mtp, nullptr);
+  EXPECT_EQ(mtp->tensors, 2 + 2 * 5 + 2 + 2 + 257 * 6 + 5);  // norms, attention, router, experts, own
+  EXPECT_EQ(cat(p, WeightCategory::DenseMlp).tensors, 3 * 6);
+  EXPECT_TRUE(p.fits) << p.total_per_rank / GiB << " GiB";
+  // FP8 everywhere: the scratch covers a MoE layer's attention and experts, more than its experts alone.
+  EXPECT_GT(p.scratch_per_rank, int64_t{256} * 3 * 2048 * 7168 * 2 / 8);
+  EXPECT_TRUE(p.notes.empty()) << p.notes.front();
+}
+
+// The stories260K checkpoint the build converts, from its real header: at tp 1 the plan's weights are the
+// file's tensors, byte for byte.
+TEST(MemoryPlan, Stories260KHeadersSumToTheFile) {
+  if (!testing::have_model()) GTEST_SKIP() << "no converted stories260K at " << testing::model_dir();
+  const std::string dir = testing::model_dir();
+  const MemoryPlan p = plan_memory(read_model_config(dir), read_checkpoint_tensors(dir), PlanOptions{});
+  int64_t sum = 0;
+  SafetensorsReader r(dir + "/model.safetensors");
+  for (const auto& [name, e] : r.entries()) sum += static_cast<int64_t>(e.nbytes);
+  EXPECT_EQ(p.weight_tensors, static_cast<int64_t>(r.entries().size()));
+  EXPECT_EQ(p.weights_checkpoint, sum);
+  EXPECT_EQ(p.weights_per_rank, sum);
+  EXPECT_EQ(p.scratch_per_rank, 0);
+  EXPECT_TRUE(p.skipped.empty());
+  EXPECT_TRUE(p.fits);
+}
+
+// Qwen2 (q/k/v biases) at tp 2, from the fixture's header: only the norms are replicated.
+TEST(MemoryPlan, Qwen2FixtureTp2SplitsByHead) {
+  const std::string dir = std::string(AERIE_SOURCE_DIR) + "/tests/model/fixtures/hf/qwen2";
+  const std::vector<TensorInfo> tensors = read_checkpoint_tensors(dir);
+  PlanOptions opt;
+  opt.tp = 2;
+  const MemoryPlan p = plan_memory(read_model_config(dir), tensors, opt);
+  int64_t norms = 0, all = 0;
+  SafetensorsReader r(dir + "/model.safetensors");
+  for (const auto& [name, e] : r.entries()) {
+    all += static_cast<int64_t>(e.nbytes);
+    if (name.find("norm") != std::string::npos) norms += static_cast<int64_t>(e.nbytes);
+  }
+  EXPECT_EQ(p.weights_checkpoint, all);
+  EXPECT_EQ(cat(p, WeightCategory::Norms).per_rank, norms);
+  EXPECT_EQ(p.weights_per_rank, norms + (all - norms) / 2);  // every other tensor splits in two
+  EXPECT_EQ(cat(p, WeightCategory::Attention).per_rank * 2, cat(p, WeightCategory::Attention).checkpoint);
+  EXPECT_TRUE(p.notes.empty()) << p.notes.front();
+  // At tp 3 neither the 4 heads nor the 2 kv heads split: the plan says so.
+  opt.tp = 3;
+  EXPECT_FALSE(plan_memory(read_model_config(dir), tensors, opt).notes.empty());
+}
+
+// A sharded checkpoint (model.safetensors.index.json): every shard's header is read.
+TEST(MemoryPlan, ShardedCheckpointReadsEveryShard) {
+  const std::string dir = std::string(AERIE_SOURCE_DIR) + "/tests/model/fixtures/hf/llama2_linear";
+  const json index = read_model_config(dir + "/model.safetensors.index.json");
+  EXPECT_EQ(read_checkpoint_tensors(dir).size(), index["weight_map"].size());
+}
+
+std::string write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary) << bytes;
+  return path;
+}
+
+std::string safetensors_bytes(const std::string& header) {
+  std::string len(8, '\0');
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  return len + header;
+}
+
+TEST(MemoryPlan, BadInputNamesTheFile) {
+  const std::string dir = testing::scratch_dir("memory_plan_bad");
+  EXPECT_NE(error_of([&] { read_model_config(dir); }).find(dir + "/config.json"), std::string::npos);
+  EXPECT_NE(error_of([&] { read_checkpoint_tensors(dir); }).find("no model.safetensors"), std::string::npos);
+  // A header that is not JSON; no data after it (plans need none, but the JSON must parse).
+  const std::string bad = write_file(dir + "/model.safetensors", safetensors_bytes("{not json"));
+  std::string e = error_of([&] { read_checkpoint_tensors(dir); });
+  EXPECT_NE(e.find(bad), std::string::npos) << e;
+  EXPECT_NE(e.find("not JSON"), std::string::npos) << e;
+  write_file(bad, safetensors_bytes("{\"x\": {\"dtype\": \"F32\", \"shape\": [4], \"data_offsets\": [0, 16]}}"));
+  EXPECT_EQ(read_checkpoint_tensors(dir).size(), 1u);  // header only: the 16 data bytes are absent
+  write_file(bad, safetensors_bytes("{\"x\": {\"dtype\": \"F12\", \"shape\": [4]}}"));
+  e = error_of([&] { read_checkpoint_tensors(dir); });
+  EXPECT_NE(e.find("unknown dtype 'F12'"), std::string::npos) << e;
+  write_file(bad, std::string("\x10\0\0\0\0\0\0\0{}", 10));
+  EXPECT_NE(error_of([&] { read_checkpoint_tensors(dir); }).find("truncated safetensors header"), std::string::npos);
+  // An index naming a shard that is not there.
+  std::filesystem::remove(bad);
+  write_file(dir + "/model.safetensors.index.json", "{\"weight_map\": {\"a\": \"model-1.safetensors\"}}");
+  e = error_of([&] { read_checkpoint_tensors(dir); });
+  EXPECT_NE(e.find("model-1.safetensors"), std::string::npos) << e;
+  // A tensor list with a bad line.
+  const std::string list = write_file(dir + "/t.jsonl", "{\"name\": \"a\", \"dtype\": \"bf16\", \"shape\": [2]}\n{oops\n");
+  e = error_of([&] { read_tensor_list(list); });
+  EXPECT_NE(e.find(list + ":2"), std::string::npos) << e;
+  // Config fields.
+  const std::vector<TensorInfo> one = {{"model.embed_tokens.weight", "BF16", {8, 4}}};
+  e = error_of([&] { plan_memory(json{{"model_type", "llama"}}, one, PlanOptions{}, "x/config.json"); });
+  EXPECT_NE(e.find("x/config.json: config lacks \"hidden_size\""), std::string::npos) << e;
+  e = error_of([&] { plan_memory(json{{"model_type", "gpt2"}}, one, PlanOptions{}, "x/config.json"); });
+  EXPECT_NE(e.find("model_type \"gpt2\" is not planned"), std::string::npos) << e;
+}
+
+TEST(MemoryPlan, ParseMemorySize) {
+  EXPECT_EQ(parse_memory_size("96GB"), int64_t{96} * 1000 * 1000 * 1000);
+  EXPECT_EQ(parse_memory_size("80GiB"), int64_t{80} << 30);
+  EXPECT_EQ(parse_memory_size("1.5 gib"), int64_t{3} << 29);
+  EXPECT_EQ(parse_memory_size("512MiB"), int64_t{512} << 20);
+  EXPECT_EQ(parse_memory_size("1000"), 1000);
+  EXPECT_NE(error_of([] { parse_memory_size("96 GX"); }).find("unknown unit"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_memory_size("lots"); }).find("does not start with a number"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace aerie

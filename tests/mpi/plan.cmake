@@ -1,0 +1,29 @@
+# aerie plan: the memory plan from config.json and safetensors headers (src/model/memory_plan.h), printed
+# by rank 0; --tp defaults to the world size.
+set(_aerie_plan_env "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1")
+# A real (tiny) checkpoint's header under mpirun -np 2: tp 2, the plan printed once, and it fits.
+add_test(NAME plan_qwen2_np2
+         COMMAND ${MPIEXEC_EXECUTABLE} --oversubscribe -np 2 $<TARGET_FILE:aerie> plan
+                 --model ${CMAKE_SOURCE_DIR}/tests/model/fixtures/hf/qwen2 --gpu-memory 80GiB --max-length 128)
+set_tests_properties(plan_qwen2_np2 PROPERTIES ENVIRONMENT "${_aerie_plan_env}" LABELS mpi
+  PASS_REGULAR_EXPRESSION "^aerie plan: qwen2\n.*per rank of tp 2:.*\nfits: [^\n]*margin 7[0-9]\\.[0-9][0-9] GiB[^\n]*\n$"
+  FAIL_REGULAR_EXPRESSION "aerie plan: qwen2.*aerie plan: qwen2")
+# Kimi-K2.5 from the shared tensor list at tp 8 on 96 GB GPUs: 70.95 GiB of weights per rank, and it fits.
+set(_k25 "${AERIE_SHARED_DATA}/kimi-deepseek-configs/config-kimi-k25")
+if(EXISTS "${_k25}/kimi-k2.5.tensors.expanded.jsonl.gz")
+  add_test(NAME plan_kimi_k25_tp8
+           COMMAND $<TARGET_FILE:aerie> plan --model-config ${_k25}/config.transformers-5.7.0-redump.json
+                   --tensors ${_k25}/kimi-k2.5.tensors.expanded.jsonl.gz --tp 8 --gpu-memory 96GB)
+  set_tests_properties(plan_kimi_k25_tp8 PROPERTIES ENVIRONMENT "${_aerie_plan_env}"
+    PASS_REGULAR_EXPRESSION "total +208215 +553\\.40 GiB +70\\.95 GiB +76\\.18 GB.*vision_tower\\.\\* +329 .*\nfits: ")
+endif()
+add_test(NAME plan_missing_config COMMAND $<TARGET_FILE:aerie> plan --model /nonexistent)
+set_tests_properties(plan_missing_config PROPERTIES ENVIRONMENT "${_aerie_plan_env}"
+  PASS_REGULAR_EXPRESSION "cannot open model config /nonexistent/config.json")
+add_test(NAME plan_no_model COMMAND $<TARGET_FILE:aerie> plan --tp 8)
+set_tests_properties(plan_no_model PROPERTIES ENVIRONMENT "${_aerie_plan_env}"
+  PASS_REGULAR_EXPRESSION "aerie plan: give --model DIR, or --model-config FILE and --tensors FILE")
+add_test(NAME plan_size_without_unit
+         COMMAND $<TARGET_FILE:aerie> plan --model ${CMAKE_SOURCE_DIR}/tests/model/fixtures/hf/qwen2 --gpu-memory 96)
+set_tests_properties(plan_size_without_unit PROPERTIES ENVIRONMENT "${_aerie_plan_env}"
+  PASS_REGULAR_EXPRESSION "aerie plan: --gpu-memory '96' needs a unit \\(e.g. 96GB, 80GiB\\)")
