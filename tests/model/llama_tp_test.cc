@@ -74,6 +74,16 @@ TEST(TpTest, RandomUntiedModelMatchesUnsplit) {
   compare_tp(dir, *world, {1, 5, 9, 33, 60, 2, 17, 41, 8, 63, 12});
 }
 
+TEST(TpTest, DeepseekV3MatchesUnsplit) {
+  // MLA split by heads (q_b, kv_b rows; o_proj columns; q_a, kv_a and the latent cache replicated) and
+  // the MoE split within every expert (gate/up rows, down columns), routed + shared in one all-reduce.
+  auto world = MpiCommunicator::world();
+  if (world->size() < 2) GTEST_SKIP() << "needs mpirun -np 2 (or more)";
+  if (4 % world->size() != 0) GTEST_SKIP() << "the fixture's 4 heads do not split over " << world->size();
+  compare_tp(std::string(AERIE_SOURCE_DIR) + "/tests/model/fixtures/hf/deepseek_v3", *world,
+             {1, 5, 9, 33, 60, 2, 17, 41, 8, 63, 12, 200, 7, 7, 3});
+}
+
 TEST(TpTest, RejectsIndivisibleSplits) {
   auto world = MpiCommunicator::world();
   if (world->size() < 2) GTEST_SKIP() << "needs mpirun -np 2 (or more)";
