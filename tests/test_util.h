@@ -77,10 +77,24 @@ inline std::string error_of(const std::function<void()>& f) {
 }  // namespace aerie::testing
 
 #include "core/device.h"
+namespace aerie::testing {
+/// True when the environment sets AERIE_NO_SKIP=1: on the GPU machine a CUDA test that cannot run
+/// (no GPU found, no CUDA backend, no test model) fails instead of skipping, so a run that reports GPU
+/// results cannot pass by skipping.
+inline bool no_skip() {
+  const char* v = std::getenv("AERIE_NO_SKIP");
+  return v && std::string(v) == "1";
+}
+}  // namespace aerie::testing
+
 /// Skips the current test, with the reason printed, when no CUDA device can run it (no GPU, or a build
-/// without the CUDA backend). Use as the first statement of every CUDA test.
-#define AERIE_REQUIRE_CUDA()                                                         \
-  do {                                                                               \
-    if (!::aerie::cuda::available())                                                 \
-      GTEST_SKIP() << "CUDA test skipped: " << ::aerie::cuda::unavailable_reason();  \
+/// without the CUDA backend); with AERIE_NO_SKIP=1 it fails instead. Use as the first statement of every
+/// CUDA test.
+#define AERIE_REQUIRE_CUDA()                                                                       \
+  do {                                                                                             \
+    if (!::aerie::cuda::available()) {                                                             \
+      if (::aerie::testing::no_skip())                                                             \
+        FAIL() << "CUDA test cannot run (AERIE_NO_SKIP=1): " << ::aerie::cuda::unavailable_reason(); \
+      GTEST_SKIP() << "CUDA test skipped: " << ::aerie::cuda::unavailable_reason();                \
+    }                                                                                              \
   } while (0)

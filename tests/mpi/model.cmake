@@ -17,3 +17,9 @@ if(TARGET stories260K_model)
                          PASS_REGULAR_EXPRESSION "Her mom said, .Don't worry, Lily[.] We can help you[.]")
   endforeach()
 endif()
+# AERIE_NO_SKIP=1 turns a CUDA test that cannot run into a failure (tests/test_util.h): without a GPU the
+# test must fail; on a GPU machine (nvidia-smi answers) it runs and passes.
+if(TARGET test_kernels)
+  add_test(NAME cuda_no_skip_fails_without_gpu
+           COMMAND sh -c "! AERIE_NO_SKIP=1 $<TARGET_FILE:test_kernels> --gtest_filter=RopeCuda.MatchesCpu >/dev/null 2>&1 || nvidia-smi >/dev/null 2>&1")
+endif()
