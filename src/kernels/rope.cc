@@ -43,36 +43,13 @@ double rope_attention_factor(const RopeParams& p) {
   return yarn_mscale(p.factor);
 }
 
-void rope_apply_interleaved(Tensor& x, const Tensor& positions, const std::vector<float>& inv_freq, float scale) {
-  constexpr const char* op = "rope_apply_interleaved";
-  AERIE_CHECK(x.ndim() == 3, op << ": x must be [T, n_heads, d], got " << shape_str(x.shape()));
-  const int64_t t = x.dim(0), nh = x.dim(1), d = x.dim(2);
-  AERIE_CHECK(x.dtype() == DType::F32 || x.dtype() == DType::BF16,
-              op << ": x must be F32 or BF16, got " << dtype_name(x.dtype()));
-  positions.check_shape({t}, what(op, "positions"));
-  positions.check_dtype(DType::I32, what(op, "positions"));
-  AERIE_CHECK(static_cast<int64_t>(inv_freq.size()) * 2 == d,
-              op << ": inv_freq has " << inv_freq.size() << " entries, d " << d << " needs " << d / 2);
-  const Device dev = kernels::common_device(op, {{"x", &x}, {"positions", &positions}});
-  if (dev == Device::CUDA) {
-#ifdef AERIE_WITH_CUDA
-    cuda::rope_apply_interleaved(x, positions, inv_freq, scale);
-    return;
-#else
-    kernels::throw_no_backend(op, dev);
-#endif
-  }
-  if (x.dtype() == DType::F32) {
-    cpu::rope_apply_interleaved(x.data<float>(), positions.data<int32_t>(), inv_freq.data(), t, nh, d, scale);
-    return;
-  }
-  Tensor xf = x.to(DType::F32);  // BF16: rotate an fp32 copy, round back
-  cpu::rope_apply_interleaved(xf.data<float>(), positions.data<int32_t>(), inv_freq.data(), t, nh, d, scale);
-  x.copy_from(xf.to(x.dtype()));
-}
+namespace {
 
-void rope_apply(Tensor& x, const Tensor& positions, const std::vector<float>& inv_freq, bool inverse) {
-  constexpr const char* op = "rope_apply";
+/// The checks and dispatch shared by the two rotations: `cuda_fn(x)` on the GPU; on the CPU
+/// `cpu_fn(float* x, t, nh, d)` on x, or on an fp32 copy of a BF16 x that is rounded back.
+template <typename Cpu, typename Cuda>
+void rotate(const char* op, Tensor& x, const Tensor& positions, const std::vector<float>& inv_freq, Cpu&& cpu_fn,
+            Cuda&& cuda_fn) {
   AERIE_CHECK(x.ndim() == 3, op << ": x must be [T, n_heads, head_dim], got " << shape_str(x.shape()));
   const int64_t t = x.dim(0), nh = x.dim(1), d = x.dim(2);
   AERIE_CHECK(x.dtype() == DType::F32 || x.dtype() == DType::BF16,
@@ -84,19 +61,52 @@ void rope_apply(Tensor& x, const Tensor& positions, const std::vector<float>& in
   const Device dev = kernels::common_device(op, {{"x", &x}, {"positions", &positions}});
   if (dev == Device::CUDA) {
 #ifdef AERIE_WITH_CUDA
-    cuda::rope_apply(x, positions, inv_freq, inverse);
+    cuda_fn(x);
     return;
 #else
+    (void)cuda_fn;
     kernels::throw_no_backend(op, dev);
 #endif
   }
   if (x.dtype() == DType::F32) {
-    cpu::rope_apply(x.data<float>(), positions.data<int32_t>(), inv_freq.data(), t, nh, d, inverse);
+    cpu_fn(x.data<float>(), t, nh, d);
     return;
   }
   Tensor xf = x.to(DType::F32);  // BF16: rotate an fp32 copy, round back
-  cpu::rope_apply(xf.data<float>(), positions.data<int32_t>(), inv_freq.data(), t, nh, d, inverse);
+  cpu_fn(xf.data<float>(), t, nh, d);
   x.copy_from(xf.to(x.dtype()));
+}
+
+}  // namespace
+
+void rope_apply_interleaved(Tensor& x, const Tensor& positions, const std::vector<float>& inv_freq, float scale) {
+  rotate(
+      "rope_apply_interleaved", x, positions, inv_freq,
+      [&](float* xs, int64_t t, int64_t nh, int64_t d) {
+        cpu::rope_apply_interleaved(xs, positions.data<int32_t>(), inv_freq.data(), t, nh, d, scale);
+      },
+      [&](Tensor& xc) {
+#ifdef AERIE_WITH_CUDA
+        cuda::rope_apply_interleaved(xc, positions, inv_freq, scale);
+#else
+        (void)xc;
+#endif
+      });
+}
+
+void rope_apply(Tensor& x, const Tensor& positions, const std::vector<float>& inv_freq, bool inverse) {
+  rotate(
+      "rope_apply", x, positions, inv_freq,
+      [&](float* xs, int64_t t, int64_t nh, int64_t d) {
+        cpu::rope_apply(xs, positions.data<int32_t>(), inv_freq.data(), t, nh, d, inverse);
+      },
+      [&](Tensor& xc) {
+#ifdef AERIE_WITH_CUDA
+        cuda::rope_apply(xc, positions, inv_freq, inverse);
+#else
+        (void)xc;
+#endif
+      });
 }
 
 }  // namespace aerie

@@ -38,4 +38,11 @@ const Architecture& find_architecture(const std::string& model_type, const std::
   AERIE_THROW(where << ": model_type \"" << model_type << "\" is not supported (" << built.str() << ")");
 }
 
+DecoderLayer layer_with_norms(WeightSource& src, const std::string& prefix, int64_t hidden) {
+  DecoderLayer L;
+  L.input_norm = src.load(prefix + "input_layernorm.weight", {hidden}, TpSplit::None, ParamRole::Norm);
+  L.post_norm = src.load(prefix + "post_attention_layernorm.weight", {hidden}, TpSplit::None, ParamRole::Norm);
+  return L;
+}
+
 }  // namespace aerie

@@ -28,6 +28,9 @@ const std::vector<Architecture>& architectures();
 /// supported types, when it is unknown, or when it is known but not built yet (naming its blocks).
 const Architecture& find_architecture(const std::string& model_type, const std::string& where);
 
+/// A pre-norm layer's two RMSNorm weights, `prefix` {input,post_attention}_layernorm.weight [hidden] F32.
+DecoderLayer layer_with_norms(WeightSource& src, const std::string& prefix, int64_t hidden);
+
 /// Llama-family layers (llama, mistral, qwen2, qwen3): GQA attention + dense SwiGLU (arch_llama.cc).
 DecoderLayer build_llama_layer(WeightSource& src, const TargetConfig& cfg, int64_t layer);
 /// DeepSeek-V3-family layers (deepseek_v3, kimi_k2): MLA attention + dense SwiGLU below

@@ -8,9 +8,7 @@ namespace aerie {
 DecoderLayer build_llama_layer(WeightSource& src, const TargetConfig& cfg, int64_t layer) {
   const std::string p = src.decoder_prefix() + "layers." + std::to_string(layer) + ".";
   const int64_t H = cfg.hidden_size;
-  DecoderLayer L;
-  L.input_norm = src.load(p + "input_layernorm.weight", {H}, TpSplit::None, ParamRole::Norm);
-  L.post_norm = src.load(p + "post_attention_layernorm.weight", {H}, TpSplit::None, ParamRole::Norm);
+  DecoderLayer L = layer_with_norms(src, p, H);
   GqaSpec a;
   a.hidden = H;
   a.heads = cfg.num_attention_heads;
