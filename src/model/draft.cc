@@ -45,6 +45,13 @@ DraftConfig DraftConfig::from_target(const TargetConfig& t, int64_t K, std::vect
   c.num_attention_heads = t.num_attention_heads;
   c.num_key_value_heads = t.num_key_value_heads;
   c.head_dim = t.head_dim;
+  if (t.mla.enabled()) {
+    // An MLA target's head_dim is its rotary width (DeepseekV3Config: qk_rope_head_dim, 64), not an
+    // attention head: the draft is a Llama layer with the target's heads of v_head_dim (128) each and as
+    // many kv heads, SpecForge's Kimi-K2/K2.5 draft shape (64 x 128, 64 kv heads, intermediate 18432).
+    c.head_dim = t.mla.v_head_dim;
+    c.num_key_value_heads = t.num_attention_heads;
+  }
   c.intermediate_size = t.intermediate_size;
   c.vocab_size = t.vocab_size;
   c.draft_vocab_size = K;

@@ -14,6 +14,7 @@
 
 #include "hf_reference.h"
 #include "kernels/rope.h"
+#include "model/draft.h"
 #include "model/target.h"
 #include "model_testing.h"
 #include "test_util.h"
@@ -95,6 +96,19 @@ TEST(DeepseekV3, MlaCacheHoldsTheLatent) {
   ASSERT_EQ(cache.k.size(), 3u);
   EXPECT_EQ(cache.k[0].shape(), (Shape{10, 32 + 8}));  // kv_lora_rank + qk_rope_head_dim per token
   EXPECT_FALSE(cache.v[0].defined());
+}
+
+TEST(DeepseekV3, DraftShapeIsItsOwn) {
+  // The target's head_dim is MLA's rotary width (8 here, 64 in the real models); the draft gets the
+  // target's heads of v_head_dim each, with as many kv heads (SpecForge's Kimi draft: 64 x 128, 64 kv).
+  const TargetConfig t = load_target_config(fixture("deepseek_v3"));
+  EXPECT_EQ(t.head_dim, 8);
+  const DraftConfig d = DraftConfig::from_target(t, 64, {0, 1, 3});
+  EXPECT_EQ(d.head_dim, 16);
+  EXPECT_EQ(d.num_attention_heads, 4);
+  EXPECT_EQ(d.num_key_value_heads, 4);
+  EXPECT_EQ(d.intermediate_size, 192);
+  EXPECT_EQ(d.rope.type, "yarn");  // the target's rope settings, exported as rope_scaling
 }
 
 TEST(DeepseekV3, BadConfigsAreNamed) {
