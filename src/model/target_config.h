@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/rope.h"
+#include "model/quant_config.h"
 
 namespace aerie {
 
@@ -49,6 +50,8 @@ struct TargetConfig {
   // Multi-token-prediction layers stored after the decoder's (DeepSeek-V3's model.layers.61.*): not
   // part of the target's forward; their tensors are skipped on load.
   int64_t num_nextn_predict_layers = 0;
+  // quantization_config (read_quant_config): how the checkpoint's Linears may be stored.
+  QuantConfig quant;
   // The config.json object the fields were read from; for a multimodal wrapper the top level with its
   // text_config's fields merged over it (rope_scaling, eos_token_id etc. are read from here).
   nlohmann::json raw;
