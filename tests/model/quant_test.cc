@@ -15,6 +15,7 @@
 #include <functional>
 
 #include "hf_reference.h"
+#include "core/log.h"
 #include "io/safetensors.h"
 #include "kernels/rope.h"
 #include "model/target.h"
@@ -226,8 +227,14 @@ TEST(QuantInt4, WrapperSkipsTheVisionTensors) {
   EXPECT_GT(others.at("vision_tower"), 0);
   EXPECT_GT(others.at("mm_projector"), 0);
   auto self = self_comm();
+  init_logging(0, "info");
+  ::testing::internal::CaptureStderr();
   TargetModel m(fixture("kimi_k25_int4"), *self);  // finish(): every language-model tensor read, the rest logged
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  init_logging(0, "warning");
   EXPECT_EQ(m.config().model_type, "deepseek_v3");
+  EXPECT_NE(log.find("skipped the tensors outside the language model: mm_projector.* ("), std::string::npos) << log;
+  EXPECT_NE(log.find("vision_tower.* ("), std::string::npos) << log;
 }
 
 // ---- errors --------------------------------------------------------------------------------------
