@@ -60,7 +60,8 @@ struct TargetConfig {
 /// Reads "<dir>/config.json" (for a multimodal wrapper without top-level hidden_size, its
 /// "text_config"). head_dim defaults to hidden_size / num_attention_heads, num_key_value_heads to
 /// num_attention_heads. Throws aerie::Error naming the file and field on a missing/bad field, an
-/// unsupported model_type (or one whose blocks are not built yet: find_architecture) or rope type.
+/// unsupported model_type (or one whose blocks are not built yet: find_architecture) or rope type, and
+/// on a quantization_config aerie does not dequantize (read_quant_config, model/quant_config.h).
 TargetConfig load_target_config(const std::string& dir);
 
 /// The default aux layers of eagle3.md section 1: (2, N/2, N-3), vLLM's "input to layer k" convention,
