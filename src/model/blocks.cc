@@ -2,7 +2,10 @@
 #include "model/blocks.h"
 
 #include "core/error.h"
+#include "kernels/convert.h"
 #include "kernels/gemm.h"
+#include "kernels/quant.h"
+#include "kernels/tensor_ops.h"
 
 namespace aerie {
 
@@ -12,6 +15,12 @@ Tensor ForwardContext::buffer(const std::string& name, const Shape& shape, DType
   Tensor t = Tensor::empty(shape, dt, device);
   buffers_[name] = t;
   return t;
+}
+
+Tensor ForwardContext::scratch(const std::string& name, int64_t numel, DType dt) {
+  Tensor& t = buffers_["scratch:" + name];
+  if (!t.defined() || t.dtype() != dt || t.numel() < numel) t = Tensor::empty({numel}, dt, device);
+  return t.slice(0, numel);
 }
 
 void ForwardContext::gemm(const Tensor& x, const Tensor& W, Tensor& y) {
@@ -35,7 +44,59 @@ void ForwardContext::all_reduce(Tensor& y) {
   if (tp.size() > 1) prof.time(OpKind::AllReduce, device, [&] { tp.all_reduce_sum(y); });
 }
 
-void Linear::matmul(ForwardContext& ctx, const Tensor& x, Tensor& y) const { ctx.gemm(x, weight, y); }
+const char* weight_format_name(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::Dense: return "dense";
+    case WeightFormat::BlockFp8: return "block FP8";
+    case WeightFormat::Int4Group: return "INT4 pack-quantized";
+  }
+  return "?";
+}
+
+int64_t Linear::weight_bytes() const {
+  size_t b = weight.defined() ? weight.nbytes() : 0;
+  for (const QuantPart& p : parts) b += p.weight.nbytes() + p.scale.nbytes();
+  return static_cast<int64_t>(b);
+}
+
+void Linear::dequantize(Tensor& dst) const {
+  AERIE_CHECK(dst.shape() == (Shape{out, in}) && (dst.dtype() == DType::F32 || dst.dtype() == DType::BF16),
+              "Linear::dequantize: dst " << shape_str(dst.shape()) << " " << dtype_name(dst.dtype()) << " for a "
+                                         << weight_format_name(format) << " weight [" << out << ", " << in << "]");
+  if (format == WeightFormat::Dense) {
+    if (weight.dtype() == dst.dtype())
+      dst.copy_from(weight);
+    else
+      convert(weight, dst);
+    return;
+  }
+  for (const QuantPart& p : parts) {
+    Tensor rows = dst.slice(p.row0, p.row0 + p.rows);
+    if (format == WeightFormat::Int4Group) {
+      dequant_int4_packed(p.weight, p.scale, in, kInt4GroupSize, rows);
+    } else if (p.c_off == 0 && p.weight.dim(1) == in) {
+      dequant_fp8_block(p.weight, p.scale, p.r_off, p.r_off + p.rows, rows);
+    } else {  // the slice's columns start inside a block: dequantize the stored blocks, keep the slice's
+      Tensor wide = Tensor::empty({p.rows, p.weight.dim(1)}, dst.dtype(), dst.device());
+      dequant_fp8_block(p.weight, p.scale, p.r_off, p.r_off + p.rows, wide);
+      copy_columns(wide, p.c_off, rows, 0, in);
+    }
+  }
+}
+
+void Linear::matmul(ForwardContext& ctx, const Tensor& x, Tensor& y) const {
+  if (format == WeightFormat::Dense) {
+    ctx.gemm(x, weight, y);
+    return;
+  }
+  // The dequantized weight is rounded to the compute dtype: in BF16 mode to bf16, as DeepSeek's
+  // weight_dequant, transformers' FP8 dequantization and compressed-tensors' decompress do (the goldens
+  // of reference.safetensors); in F32 mode it keeps the exact fp32 product (the goldens of
+  // reference_f32_dequant.safetensors), as an FP8 GEMM that scales its fp32 accumulators would.
+  Tensor w = ctx.scratch("linear.dequant", out * in, ctx.dtype).reshape({out, in});  // [out, in]
+  ctx.prof.time(OpKind::Other, ctx.device, [&] { dequantize(w); });
+  ctx.gemm(x, w, y);
+}
 
 void Linear::add_bias(ForwardContext& ctx, Tensor& y) const { ctx.add_bias(y, bias); }
 

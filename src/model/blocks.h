@@ -10,6 +10,7 @@
 
 #include "comm/communicator.h"
 #include "core/tensor.h"
+#include "model/linear.h"
 #include "model/op_profile.h"
 #include "model/target.h"
 #include "model/weight_source.h"
@@ -43,6 +44,11 @@ class ForwardContext {
   /// The workspace buffer `name` of `shape` and `dtype` on the device (contents undefined): the same
   /// storage for every layer that asks with the same shape and dtype during this forward.
   Tensor buffer(const std::string& name, const Shape& shape, DType dtype);
+  /// A flat workspace of `numel` elements of `dtype` (contents undefined) that only grows: every
+  /// caller of one name shares the storage of the largest request so far (Linear's dequantized
+  /// weight: one buffer per forward for all layers, whatever their shapes). Device memory is
+  /// stream-ordered, so growing it while earlier work still reads the old storage is safe.
+  Tensor scratch(const std::string& name, int64_t numel, DType dtype);
   /// y = x W^T (matmul), timed as a GEMM.
   void gemm(const Tensor& x, const Tensor& W, Tensor& y);
   /// y += b broadcast over rows (y [n, M], b [M]; nothing when b is undefined), timed as Other: a K = 1
@@ -54,30 +60,6 @@ class ForwardContext {
  private:
   std::map<std::string, Tensor> buffers_;
   Tensor ones_;  // [n, 1] of 1 in the compute dtype, made at the first bias
-};
-
-/// The weight formats a Linear can hold. Dense: [out, in] in the compute dtype (F32 or BF16).
-/// Block-FP8 and INT4-group formats join here (DeepSeek-V3, Kimi-K2.5), dequantized inside the layer.
-enum class WeightFormat { Dense };
-
-/// One linear layer y = x W^T (+ b), this tp rank's part: W [out, in], b [out] or undefined.
-/// Column-parallel linears hold rows of W (and of b); row-parallel ones hold columns of W, and their
-/// bias is replicated and added once after the all-reduce (add_bias).
-struct Linear {
-  WeightFormat format = WeightFormat::Dense;
-  Tensor weight;  // [out, in] (Dense: compute dtype)
-  Tensor bias;    // [out] compute dtype, or undefined
-  int64_t out_features() const { return weight.dim(0); }
-  int64_t in_features() const { return weight.dim(1); }
-  /// y [n, out] (F32 or the compute dtype) = x [n, in] (compute dtype) W^T, without the bias.
-  void matmul(ForwardContext& ctx, const Tensor& x, Tensor& y) const;
-  /// y += b (nothing without a bias).
-  void add_bias(ForwardContext& ctx, Tensor& y) const;
-  /// matmul then add_bias.
-  void forward(ForwardContext& ctx, const Tensor& x, Tensor& y) const {
-    matmul(ctx, x, y);
-    add_bias(ctx, y);
-  }
 };
 
 /// An attention block: from h = input_layernorm(r) [n, H] (compute dtype) to the residual update

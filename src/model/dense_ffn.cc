@@ -16,11 +16,8 @@ class DenseFfn final : public FfnBlock {
     AERIE_CHECK(s.intermediate % tp == 0, "tp " << tp << " does not divide intermediate_size " << s.intermediate);
     inter_ = s.intermediate / tp;
     const int64_t H = s.hidden, I = s.intermediate;
-    gate_up_.weight = Tensor::empty({2 * inter_, H}, src.dtype(), src.device());  // rows: gate, up
-    src.load_into(p + "gate_proj.weight", {I, H}, TpSplit::Rows, ParamRole::Linear, gate_up_.weight.slice(0, inter_));
-    src.load_into(p + "up_proj.weight", {I, H}, TpSplit::Rows, ParamRole::Linear,
-                  gate_up_.weight.slice(inter_, 2 * inter_));
-    down_.weight = src.load(p + "down_proj.weight", {H, I}, TpSplit::Cols, ParamRole::Linear);
+    gate_up_ = src.load_linear({{p + "gate_proj", {I, H}}, {p + "up_proj", {I, H}}}, TpSplit::Rows);  // rows: gate, up
+    down_ = src.load_linear(p + "down_proj", {H, I}, TpSplit::Cols);
     if (s.bias) {
       gate_up_.bias = Tensor::empty({2 * inter_}, src.dtype(), src.device());
       src.load_into(p + "gate_proj.bias", {I}, TpSplit::Rows, ParamRole::Bias, gate_up_.bias.slice(0, inter_));

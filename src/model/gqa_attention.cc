@@ -55,16 +55,13 @@ class GqaAttention final : public AttentionBlock {
     nkv_ = s.kv_heads / tp;
     const int64_t H = s.hidden, d = s.head_dim;
     const int64_t rows = (nh_ + 2 * nkv_) * d;  // this rank's q, k, v rows, packed: one GEMM
-    qkv_.weight = Tensor::empty({rows, H}, src.dtype(), src.device());
     const struct {
       const char* name;
       int64_t heads, begin;
     } parts[] = {{"q_proj", s.heads, 0}, {"k_proj", s.kv_heads, nh_ * d}, {"v_proj", s.kv_heads, (nh_ + nkv_) * d}};
-    for (const auto& part : parts) {
-      const int64_t r = part.heads / tp * d;
-      src.load_into(p + part.name + ".weight", {part.heads * d, H}, TpSplit::Rows, ParamRole::Linear,
-                    qkv_.weight.slice(part.begin, part.begin + r));
-    }
+    std::vector<LinearTensor> qkv;
+    for (const auto& part : parts) qkv.push_back({p + part.name, {part.heads * d, H}});
+    qkv_ = src.load_linear(qkv, TpSplit::Rows);
     if (s.qkv_bias) {
       qkv_.bias = Tensor::empty({rows}, src.dtype(), src.device());
       for (const auto& part : parts) {
@@ -73,7 +70,7 @@ class GqaAttention final : public AttentionBlock {
                       qkv_.bias.slice(part.begin, part.begin + r));
       }
     }
-    o_.weight = src.load(p + "o_proj.weight", {H, s.heads * d}, TpSplit::Cols, ParamRole::Linear);
+    o_ = src.load_linear(p + "o_proj", {H, s.heads * d}, TpSplit::Cols);
     if (s.o_bias) o_.bias = src.load(p + "o_proj.bias", {H}, TpSplit::None, ParamRole::Bias);
     if (s.qk_norm) {
       q_norm_ = src.load(p + "q_norm.weight", {d}, TpSplit::None, ParamRole::Norm);

@@ -94,6 +94,25 @@ Shape HfCheckpoint::shape_of(const std::string& name) const {
   return it->second->entries().at(name).shape;
 }
 
+DType HfCheckpoint::dtype_of(const std::string& name) const {
+  auto it = where_.find(name);
+  AERIE_CHECK(it != where_.end(), file_of(name) << ": no tensor \"" << name << "\"");
+  return it->second->entries().at(name).dtype;
+}
+
+Tensor HfCheckpoint::read_raw(const std::string& name, int dim, int64_t begin, int64_t end) {
+  auto it = where_.find(name);
+  AERIE_CHECK(it != where_.end(), file_of(name) << ": no tensor \"" << name << "\"");
+  const SafetensorsReader& r = *it->second;
+  const Shape& shape = r.entries().at(name).shape;
+  if (dim >= 0)
+    AERIE_CHECK(static_cast<int64_t>(shape.size()) > dim && 0 <= begin && begin <= end && end <= shape[dim],
+                r.path() << ": tensor \"" << name << "\" " << shape_str(shape) << ": no range [" << begin << ", "
+                         << end << ") of dim " << dim);
+  read_.insert(name);
+  return dim < 0 ? r.read(name) : dim == 0 ? r.read_rows(name, begin, end) : r.read_cols(name, begin, end);
+}
+
 const SafetensorsReader& HfCheckpoint::checked(const std::string& name, const Shape& shape) const {
   auto it = where_.find(name);
   AERIE_CHECK(it != where_.end(), file_of(name) << ": no tensor \"" << name << "\"");

@@ -63,6 +63,14 @@ class HfCheckpoint {
   /// nor skipped; other tensors of a multimodal wrapper (vision tower, projector) are not listed.
   std::vector<std::string> unread_language_model_tensors() const;
   Shape shape_of(const std::string& name) const;
+  /// The stored dtype of `name` (any: F8E4M3 and I32 for the quantized formats). Throws aerie::Error
+  /// naming the file(s) when the checkpoint lacks it.
+  DType dtype_of(const std::string& name) const;
+  /// Tensor `name` as stored (any dtype, no conversion), whole when `dim` < 0, else rows (dim 0) or
+  /// columns (dim 1, a 2-D tensor) [begin, end); a CPU tensor; marks it read. For the quantized weights
+  /// and their scales, whose slices the caller computes. Throws aerie::Error naming the tensor and its
+  /// file when it is missing or the range is out of bounds.
+  Tensor read_raw(const std::string& name, int dim = -1, int64_t begin = 0, int64_t end = 0);
 
  private:
   /// The reader holding `name` after checking its full shape against `shape` (throws as get()).

@@ -26,17 +26,16 @@ class MlaAttention final : public AttentionBlock {
     dk_ = s.qk_nope + s.qk_rope;
     const int64_t H = s.hidden, lat = s.kv_lora_rank + s.qk_rope;
     if (s.q_lora_rank > 0) {
-      q_a_.weight = src.load(p + "q_a_proj.weight", {s.q_lora_rank, H}, TpSplit::None, ParamRole::Linear);
+      q_a_ = src.load_linear(p + "q_a_proj", {s.q_lora_rank, H}, TpSplit::None);
       q_norm_ = src.load(p + "q_a_layernorm.weight", {s.q_lora_rank}, TpSplit::None, ParamRole::Norm);
-      q_b_.weight = src.load(p + "q_b_proj.weight", {s.heads * dk_, s.q_lora_rank}, TpSplit::Rows, ParamRole::Linear);
+      q_b_ = src.load_linear(p + "q_b_proj", {s.heads * dk_, s.q_lora_rank}, TpSplit::Rows);
     } else {
-      q_b_.weight = src.load(p + "q_proj.weight", {s.heads * dk_, H}, TpSplit::Rows, ParamRole::Linear);
+      q_b_ = src.load_linear(p + "q_proj", {s.heads * dk_, H}, TpSplit::Rows);
     }
-    kv_a_.weight = src.load(p + "kv_a_proj_with_mqa.weight", {lat, H}, TpSplit::None, ParamRole::Linear);
+    kv_a_ = src.load_linear(p + "kv_a_proj_with_mqa", {lat, H}, TpSplit::None);
     kv_norm_ = src.load(p + "kv_a_layernorm.weight", {s.kv_lora_rank}, TpSplit::None, ParamRole::Norm);
-    kv_b_.weight = src.load(p + "kv_b_proj.weight", {s.heads * (s.qk_nope + s.v_head), s.kv_lora_rank},
-                            TpSplit::Rows, ParamRole::Linear);
-    o_.weight = src.load(p + "o_proj.weight", {H, s.heads * s.v_head}, TpSplit::Cols, ParamRole::Linear);
+    kv_b_ = src.load_linear(p + "kv_b_proj", {s.heads * (s.qk_nope + s.v_head), s.kv_lora_rank}, TpSplit::Rows);
+    o_ = src.load_linear(p + "o_proj", {H, s.heads * s.v_head}, TpSplit::Cols);
   }
 
   Shape cache_k_row() const override { return {s_.kv_lora_rank + s_.qk_rope}; }
@@ -49,7 +48,7 @@ class MlaAttention final : public AttentionBlock {
     // Queries: [n, nh, dk], q_pe rotated in place.
     Tensor q = ctx.buffer("mla.q", {n, nh_, dk_}, ct);
     Tensor q2 = q.reshape({n, nh_ * dk_});
-    if (q_a_.weight.defined()) {
+    if (q_a_.defined()) {
       Tensor qa = ctx.buffer("mla.qa", {n, s_.q_lora_rank}, ct), qan = ctx.buffer("mla.qan", {n, s_.q_lora_rank}, ct);
       q_a_.matmul(ctx, h, qa);
       ctx.prof.time(OpKind::Norm, ctx.device, [&] { rmsnorm_forward(qa, q_norm_, s_.eps, qan, nullptr); });

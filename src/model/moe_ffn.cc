@@ -34,11 +34,8 @@ class MoeFfn final : public FfnBlock {
     for (int64_t e = 0; e < E; ++e) {
       const std::string x = p + "experts." + std::to_string(e) + ".";
       Expert ex;
-      ex.gate_up.weight = Tensor::empty({2 * inter_, H}, src.dtype(), src.device());
-      src.load_into(x + "gate_proj.weight", {I, H}, TpSplit::Rows, ParamRole::Linear, ex.gate_up.weight.slice(0, inter_));
-      src.load_into(x + "up_proj.weight", {I, H}, TpSplit::Rows, ParamRole::Linear,
-                    ex.gate_up.weight.slice(inter_, 2 * inter_));
-      ex.down.weight = src.load(x + "down_proj.weight", {H, I}, TpSplit::Cols, ParamRole::Linear);
+      ex.gate_up = src.load_linear({{x + "gate_proj", {I, H}}, {x + "up_proj", {I, H}}}, TpSplit::Rows);
+      ex.down = src.load_linear(x + "down_proj", {H, I}, TpSplit::Cols);
       experts_.push_back(std::move(ex));
     }
     if (s.shared_experts > 0)

@@ -36,7 +36,7 @@ TargetModel::TargetModel(const std::string& dir, Communicator& tp) : TargetModel
 
 TargetModel::TargetModel(const std::string& dir, Communicator& tp, const TargetModelOptions& options)
     : impl_(std::make_shared<Impl>()), cfg_(load_target_config(dir)) {
-  auto src = checkpoint_weights(dir, tp.rank(), tp.size(), options.device, options.dtype);
+  auto src = checkpoint_weights(dir, tp.rank(), tp.size(), options.device, options.dtype, cfg_.quant);
   build(*src, tp, options);
   src->finish("a " + cfg_.model_type + " decoder of this config");
   AERIE_LOG(debug) << "loaded the " << cfg_.model_type << " weights of " << dir << " (tp rank " << tp.rank() << " of "

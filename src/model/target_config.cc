@@ -187,6 +187,7 @@ TargetConfig load_target_config(const std::string& dir) {
   c.eos_token_id = token_id(j, "eos_token_id", path);
 
   c.rope = rope_params_from_config(j, c.max_position_embeddings, path);
+  c.quant = read_quant_config(j, path);
   return c;
 }
 

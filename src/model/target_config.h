@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/rope.h"
+#include "model/quant_config.h"
 
 namespace aerie {
 
@@ -49,6 +50,8 @@ struct TargetConfig {
   // Multi-token-prediction layers stored after the decoder's (DeepSeek-V3's model.layers.61.*): not
   // part of the target's forward; their tensors are skipped on load.
   int64_t num_nextn_predict_layers = 0;
+  // quantization_config (read_quant_config): how the checkpoint's Linears may be stored.
+  QuantConfig quant;
   // The config.json object the fields were read from; for a multimodal wrapper the top level with its
   // text_config's fields merged over it (rope_scaling, eos_token_id etc. are read from here).
   nlohmann::json raw;
@@ -57,7 +60,8 @@ struct TargetConfig {
 /// Reads "<dir>/config.json" (for a multimodal wrapper without top-level hidden_size, its
 /// "text_config"). head_dim defaults to hidden_size / num_attention_heads, num_key_value_heads to
 /// num_attention_heads. Throws aerie::Error naming the file and field on a missing/bad field, an
-/// unsupported model_type (or one whose blocks are not built yet: find_architecture) or rope type.
+/// unsupported model_type (or one whose blocks are not built yet: find_architecture) or rope type, and
+/// on a quantization_config aerie does not dequantize (read_quant_config, model/quant_config.h).
 TargetConfig load_target_config(const std::string& dir);
 
 /// The default aux layers of eagle3.md section 1: (2, N/2, N-3), vLLM's "input to layer k" convention,

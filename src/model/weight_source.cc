@@ -10,6 +10,7 @@
 #include "core/log.h"
 #include "kernels/convert.h"
 #include "kernels/tensor_ops.h"
+#include "model/quant_weights.h"
 
 namespace aerie {
 
@@ -37,11 +38,53 @@ Tensor WeightSource::load(const std::string& name, const Shape& full, TpSplit sp
   return t;
 }
 
+Linear WeightSource::load_linear(const std::string& name, const Shape& full, TpSplit split) {
+  return load_linear(std::vector<LinearTensor>{{name, full}}, split);
+}
+
+Linear WeightSource::load_linear(const std::vector<LinearTensor>& parts, TpSplit split) {
+  AERIE_CHECK(!parts.empty(), "load_linear: no parts");
+  Linear L;
+  for (const LinearTensor& t : parts) {
+    AERIE_CHECK(t.full.size() == 2 && t.full[1] == parts[0].full[1],
+                "load_linear: \"" << t.name << "\" " << shape_str(t.full) << " is not [out, "
+                                   << parts[0].full[1] << "]");
+    const Shape s = slice_shape(t.full, split);  // throws when tp does not divide the split dimension
+    L.out += s[0];
+    L.in = s[1];
+  }
+  L.weight = Tensor::empty({L.out, L.in}, dtype_, device_);
+  int64_t row = 0;
+  for (const LinearTensor& t : parts) {
+    const int64_t r = slice_shape(t.full, split)[0];
+    load_into(t.name + ".weight", t.full, split, ParamRole::Linear, L.weight.slice(row, row + r));
+    row += r;
+  }
+  return L;
+}
+
 namespace {
 
 class CheckpointSource final : public WeightSource {
  public:
-  CheckpointSource(const std::string& dir, int r, int s, Device d, DType t) : WeightSource(r, s, d, t), ck_(dir) {}
+  CheckpointSource(const std::string& dir, int r, int s, Device d, DType t, const QuantConfig& q)
+      : WeightSource(r, s, d, t), ck_(dir), quant_(q) {
+    if (quant_.path.empty()) quant_.path = dir + "/config.json";
+  }
+  using WeightSource::load_linear;
+  Linear load_linear(const std::vector<LinearTensor>& parts, TpSplit split) override {
+    AERIE_CHECK(!parts.empty(), "load_linear: no parts");
+    const WeightFormat f = stored_format(ck_, quant_, parts[0].name);
+    for (const LinearTensor& t : parts) {
+      slice_shape(t.full, split);  // throws when tp does not divide the split dimension
+      const WeightFormat g = stored_format(ck_, quant_, t.name);
+      AERIE_CHECK(g == f, ck_.file_of(t.name + ".weight") << ": \"" << t.name << "\" is " << weight_format_name(g)
+                                                          << " but \"" << parts[0].name << "\", packed with it into one "
+                                                          << "Linear, is " << weight_format_name(f));
+    }
+    if (f == WeightFormat::Dense) return WeightSource::load_linear(parts, split);
+    return load_quantized_linear(ck_, f, parts, split, tp_rank_, tp_size_, device_);
+  }
   std::string decoder_prefix() const override { return ck_.decoder_prefix(); }
   bool has(const std::string& name) const override { return ck_.contains(name); }
   void skip(const std::string& name, const Shape& full) override { ck_.skip(name, full); }
@@ -70,6 +113,7 @@ class CheckpointSource final : public WeightSource {
 
  private:
   HfCheckpoint ck_;
+  QuantConfig quant_;
 };
 
 uint64_t splitmix64(uint64_t& s) {
@@ -155,8 +199,8 @@ class RandomSource final : public WeightSource {
 }  // namespace
 
 std::unique_ptr<WeightSource> checkpoint_weights(const std::string& dir, int tp_rank, int tp_size, Device device,
-                                                 DType dtype) {
-  return std::make_unique<CheckpointSource>(dir, tp_rank, tp_size, device, dtype);
+                                                 DType dtype, const QuantConfig& quant) {
+  return std::make_unique<CheckpointSource>(dir, tp_rank, tp_size, device, dtype, quant);
 }
 
 std::unique_ptr<WeightSource> random_weights(uint64_t seed, int tp_rank, int tp_size, Device device, DType dtype,

@@ -9,6 +9,8 @@
 
 #include "core/tensor.h"
 #include "model/hf_checkpoint.h"
+#include "model/linear.h"
+#include "model/quant_config.h"
 
 namespace aerie {
 
@@ -16,6 +18,13 @@ namespace aerie {
 /// the compute dtype) and, for random weights, its values (Linear/Embedding/Router ~ N(0, std^2), Norm 1,
 /// Bias and RouterBias 0). Router: an MoE gate weight, kept F32 because the router runs in fp32.
 enum class ParamRole { Linear, Embedding, Norm, Bias, Router, RouterBias };
+
+/// One projection of a Linear: its Hugging Face base name (without ".weight", e.g.
+/// "model.layers.0.self_attn.q_proj") and the full [N, K] of its weight.
+struct LinearTensor {
+  std::string name;
+  Shape full;
+};
 
 class WeightSource {
  public:
@@ -34,6 +43,23 @@ class WeightSource {
   virtual void load_into(const std::string& name, const Shape& full, TpSplit split, ParamRole role, Tensor dst) = 0;
   /// A new tensor holding this rank's slice of `name` (load_into into a fresh tensor).
   Tensor load(const std::string& name, const Shape& full, TpSplit split, ParamRole role);
+  /// This rank's slice of the Linear `name` (a base name, full weight [N, K], split None, Rows or
+  /// Cols) in the format the source holds it in (load_linear of one part).
+  Linear load_linear(const std::string& name, const Shape& full, TpSplit split);
+  /// Several projections stacked by rows as one Linear (q/k/v, gate/up: one GEMM): W = this rank's
+  /// slices of parts[0], parts[1], ... one under the other, all of the same K and split.
+  /// The base class (and the random source) loads dense `<name>.weight` tensors in the compute dtype
+  /// through load_into. A checkpoint finds what it holds: `X.weight` BF16/F16/F32 (Dense, converted to
+  /// the compute dtype), `X.weight` F8_E4M3 + `X.weight_scale_inv` F32 [ceil(N/128), ceil(K/128)]
+  /// (BlockFp8, kept F8E4M3 on the device), or `X.weight_packed` I32 [N, K/8] + `X.weight_scale` BF16
+  /// [N, K/32] + `X.weight_shape` I32|I64 [2] = (N, K) (Int4Group, kept I32 on the device); a quantized
+  /// weight and its scales are sliced by rows (Rows) or columns (Cols: INT4 needs K/tp to be a
+  /// multiple of 32; FP8 slices that do not start on a 128 boundary keep the enclosing blocks, see
+  /// QuantPart). Bias tensors are not loaded here. Throws aerie::Error naming the tensor and file when
+  /// a part is missing or misshapen, a quantized tensor comes without the config.json
+  /// quantization_config of its format, a scale or weight_shape disagrees with its weight, the parts
+  /// are in different formats, or tp does not divide the split dimension.
+  virtual Linear load_linear(const std::vector<LinearTensor>& parts, TpSplit split);
   /// Whether the source has `name` (random weights: always true). For tensors a config may omit.
   virtual bool has(const std::string& name) const = 0;
   /// Marks a tensor the model does not need as accounted for (a tied checkpoint's lm_head copy).
@@ -61,8 +87,10 @@ class WeightSource {
 /// The tensors of a Hugging Face directory (HfCheckpoint), each read alone as this rank's slice,
 /// converted on the host to its role's dtype and copied to the device; the host copy is dropped before
 /// the next tensor is read.
+/// `quant` is the config.json's quantization_config (TargetConfig::quant): quantized tensors of
+/// another format than it announces (or any, without one) are errors naming the tensor.
 std::unique_ptr<WeightSource> checkpoint_weights(const std::string& dir, int tp_rank, int tp_size, Device device,
-                                                 DType dtype);
+                                                 DType dtype, const QuantConfig& quant = {});
 
 /// Random weights for benchmarks: Linear/Embedding ~ N(0, std^2) tiled from a pool of ~4M values
 /// drawn on the host (splitmix64 + Box-Muller of `seed`; each tensor starts at its own seed-dependent

@@ -84,6 +84,19 @@ TEST(TpTest, DeepseekV3MatchesUnsplit) {
              {1, 5, 9, 33, 60, 2, 17, 41, 8, 63, 12, 200, 7, 7, 3});
 }
 
+// The quantized fixtures (4 heads, intermediate 192, moe_intermediate 32 / 64) at tp 2: FP8 slices that
+// start inside a 128-block (q_b's 48 rows, the dense MLP's 96) keep the enclosing block; INT4 down_proj's
+// 32 columns per rank are one group.
+TEST(TpTest, QuantizedDeepseekFixturesMatchUnsplit) {
+  auto world = MpiCommunicator::world();
+  if (world->size() != 2) GTEST_SKIP() << "needs mpirun -np 2 (the INT4 fixture's 64 columns split into whole groups of 32)";
+  for (const char* name : {"deepseek_v3_fp8", "kimi_k25_int4"}) {
+    SCOPED_TRACE(name);
+    compare_tp(std::string(AERIE_SOURCE_DIR) + "/tests/model/fixtures/hf/" + name, *world,
+               {1, 5, 9, 33, 60, 2, 17, 41, 8, 63, 12, 200, 7});
+  }
+}
+
 TEST(TpTest, RejectsIndivisibleSplits) {
   auto world = MpiCommunicator::world();
   if (world->size() < 2) GTEST_SKIP() << "needs mpirun -np 2 (or more)";

@@ -1,0 +1,346 @@
+// The quantized targets (issue 12 item 4): DeepSeek-V3's block FP8 and Kimi-K2.5's INT4 experts kept as
+// shipped and dequantized per Linear (model/linear.h), against transformers 5.17 on the tiny fixtures
+// of tools/reference/make_deepseek_fixtures.py (tests/model/fixtures/hf/README.md):
+//   hf/deepseek_v3_fp8   deepseek_v3's weights, every attention / MLP / expert Linear block FP8
+//   hf/kimi_k25_int4     Kimi-K2.5's wrapper (language_model.*, vision_tower.*, mm_projector.*), routed
+//                        experts INT4 pack-quantized (group 32)
+// F32 mode keeps the exact fp32 dequantized products, so it is compared with reference_f32_dequant
+// (transformers' fp32 forward of those products) at the fp32 tolerance of deepseek_test.cc; BF16 mode
+// rounds them to bf16 as reference.safetensors does and is held to a measured relative L2 bound.
+// Also: the weights stay compressed after load, tensor-parallel slices of the quantized tensors
+// dequantize to the slices of the whole (block-misaligned FP8 slices included), and the errors of
+// bad quantization configs and tensors name the file and the field or tensor.
+#include <filesystem>
+#include <fstream>
+#include <functional>
+
+#include "hf_reference.h"
+#include "core/log.h"
+#include "io/safetensors.h"
+#include "kernels/rope.h"
+#include "model/target.h"
+#include "model/target_config.h"
+#include "model/weight_source.h"
+#include "model_testing.h"
+#include "test_util.h"
+
+namespace aerie {
+namespace {
+
+using testing::fixture;
+using testing::self_comm;
+
+std::vector<int32_t> reference_ids(const SafetensorsFile& ref) {
+  const Tensor& t = ref.tensors.at("ids");
+  return std::vector<int32_t>(t.data<int32_t>(), t.data<int32_t>() + t.numel());
+}
+
+/// The BF16 mode of `dir` against `reference`: the relative L2 of every r^k (k = 1..N), z and the logits,
+/// each over the tokens whose r^N row is within 10% of the reference's (printed); returns the worst
+/// and sets `flipped` to the number of tokens left out. A token left out is one whose MoE router pick
+/// flipped under the bf16 activations: deepseek_v3_fp8's smallest layer-2 router margin is 0.0025
+/// (reference metadata), token 14 there lands 35% away at r^3 while every other token stays below 3%.
+double bf16_rel_l2(const std::string& dir, const std::string& reference, int& flipped) {
+  auto self = self_comm();
+  TargetModel m(dir, *self, {Device::CPU, DType::BF16});
+  SafetensorsFile ref = load_safetensors(reference);
+  const int N = static_cast<int>(m.config().num_hidden_layers);
+  const int64_t H = m.config().hidden_size, V = m.config().vocab_size;
+  std::vector<int> aux;
+  for (int k = 0; k <= N; ++k) aux.push_back(k);
+  const std::vector<int32_t> ids = reference_ids(ref);
+  const int64_t T = static_cast<int64_t>(ids.size());
+  TargetOutput o = m.forward(ids, nullptr, aux, true);
+  std::vector<std::vector<float>> got, want;  // r^1..r^N, z, logits: [T, C] each
+  for (int k = 1; k <= N; ++k) {
+    got.push_back(testing::cols(o.aux_hidden, k * H, (k + 1) * H));
+    want.push_back(ref.tensors.at("r").slice(k, k + 1).to_float_vector());
+  }
+  got.push_back(o.final_hidden.to_float_vector());
+  want.push_back(ref.tensors.at("z").to_float_vector());
+  got.push_back(o.logits.to_float_vector());
+  want.push_back(ref.tensors.at("logits").to_float_vector());
+  std::vector<bool> keep(static_cast<size_t>(T));
+  flipped = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    const auto& g = got[N - 1];
+    const auto& w = want[N - 1];
+    keep[t] = testing::rel_l2({g.begin() + t * H, g.begin() + (t + 1) * H}, {w.begin() + t * H, w.begin() + (t + 1) * H}) < 0.1;
+    flipped += keep[t] ? 0 : 1;
+  }
+  double worst = 0;
+  std::printf("%s: bf16 mode vs %s, relative L2 (%d token(s) left out):", dir.c_str(), reference.c_str(), flipped);
+  for (size_t i = 0; i < got.size(); ++i) {
+    const int64_t C = i + 1 == got.size() ? V : H;
+    std::vector<float> g, w;
+    for (int64_t t = 0; t < T; ++t) {
+      if (!keep[t]) continue;
+      g.insert(g.end(), got[i].begin() + t * C, got[i].begin() + (t + 1) * C);
+      w.insert(w.end(), want[i].begin() + t * C, want[i].begin() + (t + 1) * C);
+    }
+    const double e = testing::rel_l2(g, w);
+    std::printf(" %.4g", e);
+    worst = std::max(worst, e);
+  }
+  std::printf("\n");
+  return worst;
+}
+
+TEST(QuantFp8, ConfigIsBlockFp8) {
+  EXPECT_EQ(load_target_config(fixture("deepseek_v3_fp8")).quant.method, QuantConfig::Method::Fp8Block);
+  EXPECT_EQ(load_target_config(fixture("kimi_k25_int4")).quant.method, QuantConfig::Method::Int4Group);
+  EXPECT_EQ(load_target_config(fixture("deepseek_v3")).quant.method, QuantConfig::Method::None);
+}
+
+TEST(QuantFp8, F32MatchesTheF32DequantReference) {
+  auto self = self_comm();
+  TargetModel model(fixture("deepseek_v3_fp8"), *self);
+  testing::compare_with_reference(model, fixture("deepseek_v3_fp8") + "/reference_f32_dequant.safetensors", 5);
+}
+
+// Kimi's fixture differs from transformers by more than deepseek_v3's from layer 0 on, which holds no
+// INT4 weight: r^1 by 4.6e-5 (deepseek_v3_fp8: 1.3e-5), growing with |r| to 2.06e-4 at r^3 (|r| <= 21.2,
+// 1e-5 of the scale; r^2 8.2e-5, z and the logits within the usual bound). The reference's rope tables
+// are matched first, so this is fp32 summation order through YaRN factor 64 attention, not a table;
+// atol 5e-4 leaves 2.4x over the measured worst, still far below an INT4 nibble or group scale error
+// (one wrong nibble of one expert moves r by ~1e-2 here).
+TEST(QuantInt4, F32MatchesTheF32DequantReference) {
+  auto self = self_comm();
+  TargetModel model(fixture("kimi_k25_int4"), *self);
+  SafetensorsFile ref = load_safetensors(fixture("kimi_k25_int4") + "/reference_f32_dequant.safetensors");
+  const TargetConfig& c = model.config();
+  testing::expect_close(rope_inv_freq(c.rope, c.mla.qk_rope_head_dim), ref.tensors.at("rope.inv_freq").to_float_vector(),
+                        0.0f, 1e-6f, "inv_freq");
+  EXPECT_NEAR(rope_attention_factor(c.rope), ref.tensors.at("rope.attention_scaling").to_float_vector()[0], 1e-7);
+  testing::compare_with_reference(model, fixture("kimi_k25_int4") + "/reference_f32_dequant.safetensors", 5, 5e-4f,
+                                  testing::kRtol);
+}
+
+// The BF16 mode dequantizes to bf16 as reference.safetensors does; what is left is the bf16 rounding of
+// the GEMM inputs (deepseek_test.cc: 0.015-0.017 on the unquantized fixture). Measured: deepseek_v3_fp8
+// worst 0.0139 with one token (a router flip, see bf16_rel_l2) left out, kimi_k25_int4 0.0233 (r^3)
+// with none; the Llama families' bound kBf16RelL2 = 0.03.
+TEST(QuantFp8, Bf16ModeWithinTheBf16Bound) {
+  int flipped = 0;
+  EXPECT_LE(bf16_rel_l2(fixture("deepseek_v3_fp8"), fixture("deepseek_v3_fp8") + "/reference.safetensors", flipped),
+            0.03);
+  EXPECT_LE(flipped, 1);
+}
+
+TEST(QuantInt4, Bf16ModeWithinTheBf16Bound) {
+  int flipped = 0;
+  EXPECT_LE(bf16_rel_l2(fixture("kimi_k25_int4"), fixture("kimi_k25_int4") + "/reference.safetensors", flipped),
+            0.03);
+  EXPECT_EQ(flipped, 0);
+}
+
+/// Linear `name` [N, K] of `dir` for tp rank r of `tp` (no communicator needed: a WeightSource only
+/// slices), in the stored format, on the CPU.
+Linear load_at(const std::string& dir, const std::string& name, const Shape& full, TpSplit split, int r, int tp) {
+  auto src = checkpoint_weights(dir, r, tp, Device::CPU, DType::F32, load_target_config(dir).quant);
+  return src->load_linear(name, full, split);
+}
+
+std::vector<float> dense_of(const Linear& L) {
+  Tensor w = Tensor::empty({L.out, L.in}, DType::F32);
+  L.dequantize(w);
+  return w.to_float_vector();
+}
+
+TEST(QuantFp8, WeightsStayCompressed) {
+  const std::string p = "model.layers.1.mlp.";
+  Linear gu = load_at(fixture("deepseek_v3_fp8"), p + "experts.3.gate_proj", {32, 64}, TpSplit::None, 0, 1);
+  EXPECT_EQ(gu.format, WeightFormat::BlockFp8);
+  ASSERT_EQ(gu.parts.size(), 1u);
+  EXPECT_FALSE(gu.weight.defined());
+  EXPECT_EQ(gu.parts[0].weight.dtype(), DType::F8E4M3);
+  EXPECT_EQ(gu.parts[0].scale.dtype(), DType::F32);
+  EXPECT_EQ(gu.parts[0].scale.shape(), (Shape{1, 1}));
+  EXPECT_EQ(gu.weight_bytes(), 32 * 64 + 4);
+  // The router and the norms stay dense; lm_head too.
+  auto src = checkpoint_weights(fixture("deepseek_v3_fp8"), 0, 1, Device::CPU, DType::BF16,
+                                load_target_config(fixture("deepseek_v3_fp8")).quant);
+  EXPECT_EQ(src->load_linear("lm_head", {256, 64}, TpSplit::None).format, WeightFormat::Dense);
+}
+
+TEST(QuantInt4, WeightsStayCompressed) {
+  const std::string e = "language_model.model.layers.2.mlp.experts.5.";
+  Linear down = load_at(fixture("kimi_k25_int4"), e + "down_proj", {64, 64}, TpSplit::Cols, 0, 1);
+  EXPECT_EQ(down.format, WeightFormat::Int4Group);
+  EXPECT_EQ(down.parts[0].weight.dtype(), DType::I32);
+  EXPECT_EQ(down.parts[0].weight.shape(), (Shape{64, 8}));
+  EXPECT_EQ(down.parts[0].scale.dtype(), DType::BF16);
+  EXPECT_EQ(down.parts[0].scale.shape(), (Shape{64, 2}));
+  // Kimi-K2.5 quantizes the routed experts only: attention and shared experts are dense BF16.
+  Linear q = load_at(fixture("kimi_k25_int4"), "language_model.model.layers.2.self_attn.q_a_proj", {32, 64},
+                     TpSplit::None, 0, 1);
+  EXPECT_EQ(q.format, WeightFormat::Dense);
+}
+
+/// Rank r's slice of `name` under tp 2 dequantizes to the same slice of the whole dequantized weight.
+void expect_slices_exact(const std::string& dir, const std::string& name, const Shape& full, TpSplit split) {
+  const std::vector<float> whole = dense_of(load_at(dir, name, full, TpSplit::None, 0, 1));
+  const int64_t N = full[0], K = full[1];
+  for (int r = 0; r < 2; ++r) {
+    const std::vector<float> part = dense_of(load_at(dir, name, full, split, r, 2));
+    std::vector<float> want;
+    for (int64_t i = 0; i < N; ++i)
+      for (int64_t j = 0; j < K; ++j) {
+        const bool in = split == TpSplit::Rows ? i / (N / 2) == r : j / (K / 2) == r;
+        if (in) want.push_back(whole[i * K + j]);
+      }
+    EXPECT_EQ(part, want) << name << " rank " << r << " of 2";
+  }
+}
+
+// The tp 2 slices of the fixtures: dense MLP gate rows [96, 192) and down_proj columns [96, 192) start
+// inside the first 128-block and end in the partial edge block; q_b's 48 rows of 96 and the experts'
+// 16 down columns of 32 lie inside one block. All are exact: each stored block keeps its own scale.
+TEST(QuantFp8, TpSlicesAreExactInsideAndAcrossBlocks) {
+  const std::string d = fixture("deepseek_v3_fp8"), l0 = "model.layers.0.", l1 = "model.layers.1.";
+  expect_slices_exact(d, l0 + "mlp.gate_proj", {192, 64}, TpSplit::Rows);
+  expect_slices_exact(d, l0 + "mlp.down_proj", {64, 192}, TpSplit::Cols);
+  expect_slices_exact(d, l0 + "self_attn.q_b_proj", {96, 32}, TpSplit::Rows);
+  expect_slices_exact(d, l0 + "self_attn.o_proj", {64, 64}, TpSplit::Cols);
+  expect_slices_exact(d, l1 + "mlp.experts.0.down_proj", {64, 32}, TpSplit::Cols);
+  Linear gu = load_at(d, l0 + "mlp.gate_proj", {192, 64}, TpSplit::Rows, 1, 2);
+  EXPECT_EQ(gu.parts[0].r_off, 96);  // stored from row 0: the block of rows 96..127
+  EXPECT_EQ(gu.parts[0].weight.dim(0), 192);
+}
+
+TEST(QuantInt4, TpSlicesAreExact) {
+  const std::string d = fixture("kimi_k25_int4"), e = "language_model.model.layers.1.mlp.experts.2.";
+  expect_slices_exact(d, e + "gate_proj", {64, 64}, TpSplit::Rows);
+  expect_slices_exact(d, e + "down_proj", {64, 64}, TpSplit::Cols);  // 32 columns: one group per rank
+  // tp 4 would give 16 columns, half a group: an error naming the tensor.
+  const std::string err = testing::error_of([&] { load_at(d, e + "down_proj", {64, 64}, TpSplit::Cols, 0, 4); });
+  EXPECT_NE(err.find(e + "down_proj.weight_packed"), std::string::npos) << err;
+  EXPECT_NE(err.find("group"), std::string::npos) << err;
+}
+
+TEST(QuantInt4, WrapperSkipsTheVisionTensors) {
+  HfCheckpoint ck(fixture("kimi_k25_int4"));
+  EXPECT_EQ(ck.decoder_prefix(), "language_model.model.");
+  EXPECT_EQ(ck.lm_head_name(), "language_model.lm_head.weight");
+  const auto others = ck.other_tensors();
+  ASSERT_EQ(others.size(), 2u);
+  EXPECT_GT(others.at("vision_tower"), 0);
+  EXPECT_GT(others.at("mm_projector"), 0);
+  auto self = self_comm();
+  init_logging(0, "info");
+  ::testing::internal::CaptureStderr();
+  TargetModel m(fixture("kimi_k25_int4"), *self);  // finish(): every language-model tensor read, the rest logged
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  init_logging(0, "warning");
+  EXPECT_EQ(m.config().model_type, "deepseek_v3");
+  EXPECT_NE(log.find("skipped the tensors outside the language model: mm_projector.* ("), std::string::npos) << log;
+  EXPECT_NE(log.find("vision_tower.* ("), std::string::npos) << log;
+}
+
+// ---- errors --------------------------------------------------------------------------------------
+
+/// A copy of fixture `name` as one model.safetensors, its tensors passed through `edit`, and its
+/// config.json through `edit_config`.
+std::string edited_copy(const std::string& name, const std::string& tag,
+                        const std::function<void(std::map<std::string, Tensor>&)>& edit,
+                        const std::function<void(nlohmann::json&)>& edit_config = {}) {
+  const std::string dir = testing::scratch_dir("quant_" + tag);
+  SafetensorsFile all;
+  for (const auto& f : std::filesystem::directory_iterator(fixture(name))) {
+    const std::string fn = f.path().filename().string();
+    if (fn.rfind("model-", 0) != 0 && fn != "model.safetensors") continue;
+    for (auto& [k, v] : load_safetensors(f.path().string()).tensors) all.tensors[k] = v;
+  }
+  edit(all.tensors);
+  save_safetensors(dir + "/model.safetensors", all);
+  nlohmann::json c;
+  std::ifstream(fixture(name) + "/config.json") >> c;
+  if (edit_config) edit_config(c);
+  std::ofstream(dir + "/config.json") << c.dump();
+  return dir;
+}
+
+std::string load_error(const std::string& dir) {
+  return testing::error_of([&] {
+    auto self = self_comm();
+    TargetModel m(dir, *self);
+  });
+}
+
+TEST(QuantErrors, BadQuantizationConfigsNameTheField) {
+  auto none = [](std::map<std::string, Tensor>&) {};
+  struct Case {
+    const char* fixture;
+    std::function<void(nlohmann::json&)> edit;
+    const char* want;
+  };
+  auto& fp8 = "deepseek_v3_fp8";
+  auto& int4 = "kimi_k25_int4";
+  const std::vector<Case> cases = {
+      {fp8, [](nlohmann::json& c) { c["quantization_config"]["quant_method"] = "awq"; }, "quant_method \"awq\""},
+      {fp8, [](nlohmann::json& c) { c["quantization_config"]["fmt"] = "e5m2"; }, "quantization_config.fmt"},
+      {fp8, [](nlohmann::json& c) { c["quantization_config"]["weight_block_size"] = {64, 64}; },
+       "quantization_config.weight_block_size"},
+      {fp8, [](nlohmann::json& c) { c["quantization_config"]["modules_to_not_convert"] = {"x"}; },
+       "quantization_config.modules_to_not_convert"},
+      {int4, [](nlohmann::json& c) { c["text_config"]["quantization_config"]["config_groups"]["group_0"]["weights"]["group_size"] = 128; },
+       "weights.group_size"},
+      {int4, [](nlohmann::json& c) { c["text_config"]["quantization_config"]["config_groups"]["group_0"]["weights"]["num_bits"] = 8; },
+       "weights.num_bits"},
+      {int4, [](nlohmann::json& c) { c["text_config"]["quantization_config"]["format"] = "int-quantized"; },
+       "quantization_config.format"},
+  };
+  int i = 0;
+  for (const Case& k : cases) {
+    const std::string dir = edited_copy(k.fixture, "cfg" + std::to_string(i++), none, k.edit);
+    const std::string err = testing::error_of([&] { load_target_config(dir); });
+    EXPECT_NE(err.find("config.json"), std::string::npos) << err;
+    EXPECT_NE(err.find(k.want), std::string::npos) << "want \"" << k.want << "\" in: " << err;
+  }
+}
+
+TEST(QuantErrors, TensorsOfAnUnexpectedFormatAreNamed) {
+  // F8 weights without a quantization_config.
+  std::string dir = edited_copy("deepseek_v3_fp8", "no_config", [](auto&) {},
+                                [](nlohmann::json& c) { c.erase("quantization_config"); });
+  std::string err = load_error(dir);
+  EXPECT_NE(err.find("\"model.layers.0.self_attn.q_a_proj.weight\" is F8_E4M3"), std::string::npos) << err;
+  EXPECT_NE(err.find("model.safetensors"), std::string::npos) << err;
+  // An FP8 weight without its scale.
+  dir = edited_copy("deepseek_v3_fp8", "no_scale",
+                    [](auto& t) { t.erase("model.layers.0.self_attn.kv_b_proj.weight_scale_inv"); });
+  err = load_error(dir);
+  EXPECT_NE(err.find("\"model.layers.0.self_attn.kv_b_proj.weight\" has no"), std::string::npos) << err;
+  // A scale of the wrong shape.
+  dir = edited_copy("deepseek_v3_fp8", "bad_scale", [](auto& t) {
+    t["model.layers.0.mlp.gate_proj.weight_scale_inv"] = Tensor::zeros({1, 1}, DType::F32);  // 192 rows: 2 blocks
+  });
+  err = load_error(dir);
+  EXPECT_NE(err.find("\"model.layers.0.mlp.gate_proj.weight_scale_inv\" is [1, 1], expected [2, 1]"), std::string::npos)
+      << err;
+  // A weight_packed without weight_scale.
+  const std::string e = "language_model.model.layers.1.mlp.experts.4.up_proj.";
+  dir = edited_copy("kimi_k25_int4", "no_int4_scale", [&](auto& t) { t.erase(e + "weight_scale"); });
+  err = load_error(dir);
+  EXPECT_NE(err.find("\"" + e + "weight_packed\" has no \"" + e + "weight_scale\""), std::string::npos) << err;
+  // weight_shape disagreeing with the packed weight (I64, as compressed-tensors writes it).
+  dir = edited_copy("kimi_k25_int4", "bad_shape", [&](auto& t) {
+    t[e + "weight_shape"] = Tensor::from_vector(std::vector<int64_t>{64, 128}, {2});
+  });
+  err = load_error(dir);
+  EXPECT_NE(err.find("\"" + e + "weight_shape\" says (64, 128)"), std::string::npos) << err;
+  // I64 weight_shape of the right values is fine.
+  dir = edited_copy("kimi_k25_int4", "i64_shape", [&](auto& t) {
+    t[e + "weight_shape"] = Tensor::from_vector(std::vector<int64_t>{64, 64}, {2});
+  });
+  EXPECT_EQ(load_error(dir), "");
+  // INT4 tensors in a checkpoint that announces FP8.
+  dir = edited_copy("kimi_k25_int4", "int4_as_fp8", [](auto&) {}, [](nlohmann::json& c) {
+    c["text_config"]["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"weight_block_size", {128, 128}}};
+  });
+  err = load_error(dir);
+  EXPECT_NE(err.find("weight_packed\" is INT4 pack-quantized"), std::string::npos) << err;
+}
+
+}  // namespace
+}  // namespace aerie
