@@ -21,7 +21,7 @@ int prepare(const std::vector<std::string>& args) {
       "tokenizer", po::value<std::string>()->required(), "directory with tokenizer.json or tiktoken.model (or the file)")(
       "template", po::value<std::string>()->default_value("plain"),
       "chat template: a name of configs/templates (llama3, llama3.1, mistral, mistral-v1, mistral-v3, qwen2.5, "
-      "qwen3, qwen3-nothink, deepseek-v3, chatml, smollm2) or a path to such an INI file; plain = BOS + turn "
+      "qwen3, qwen3-nothink, deepseek-v3, kimi-k2, kimi-k2-thinking, chatml, smollm2) or a path to such an INI file; plain = BOS + turn "
       "texts, EOS after each assistant turn (base models). See docs/preparing-data.md")(
       "output", po::value<std::string>()->required(), "output prepared.h5")(
       "max-length", po::value<int64_t>()->default_value(2048), "maximum tokens per sample")(
