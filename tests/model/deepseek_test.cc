@@ -169,5 +169,33 @@ TEST(DeepseekV3Cuda, F32MatchesTransformersAndBf16WithinTheBound) {
   EXPECT_LE(fin, 0.06);
 }
 
+TEST(DeepseekV3Cuda, RealHeadDimsRandomModelEqualsCpu) {
+  // The real models' MLA head (qk_nope 128 + qk_rope 64 = 192 for queries and keys, v 128) on a small
+  // random model: CUDA F32 equals the CPU (the forward's DP = 256 attention path).
+  AERIE_REQUIRE_CUDA();
+  nlohmann::json j;
+  std::ifstream(fixture("deepseek_v3") + "/config.json") >> j;
+  j["qk_nope_head_dim"] = 128;
+  j["qk_rope_head_dim"] = 64;
+  j["v_head_dim"] = 128;
+  j["kv_lora_rank"] = 64;
+  j["num_nextn_predict_layers"] = 0;
+  const std::string dir = testing::scratch_dir("deepseek_real_heads");
+  std::ofstream(dir + "/config.json") << j.dump();
+  const TargetConfig cfg = load_target_config(dir);
+  auto self = self_comm();
+  TargetModel cpu = TargetModel::random(cfg, *self, {Device::CPU, DType::F32}, 3);
+  TargetModel gpu = TargetModel::random(cfg, *self, {Device::CUDA, DType::F32}, 3);
+  const std::vector<int32_t> ids = {1, 5, 9, 33, 60, 2, 17, 41, 8, 63, 12, 200, 7, 7, 3, 90, 91, 92};
+  TargetOutput a = cpu.forward(ids, nullptr, {1, 3}, true), b = gpu.forward(ids, nullptr, {1, 3}, true);
+  testing::expect_close_scaled(b.aux_hidden.to_float_vector(), a.aux_hidden.to_float_vector(), 1e-5f, "aux");
+  testing::expect_close_scaled(b.logits.to_float_vector(), a.logits.to_float_vector(), 1e-5f, "logits");
+  KVCache cache = gpu.make_cache(static_cast<int64_t>(ids.size()));
+  gpu.forward(std::vector<int32_t>(ids.begin(), ids.begin() + 10), &cache, {}, false);
+  TargetOutput c = gpu.forward(std::vector<int32_t>(ids.begin() + 10, ids.end()), &cache, {}, true);
+  testing::expect_close_scaled(c.logits.to_float_vector(), a.logits.slice(10, a.logits.dim(0)).to_float_vector(), 1e-5f,
+                               "chunked logits");
+}
+
 }  // namespace
 }  // namespace aerie

@@ -8,7 +8,8 @@
 // token). Forward and dq pass: each warp owns RPW packed rows, lane j owns key j0 + j of the current
 // 32-key tile (its score), and the lanes split the head dim for the output accumulation. dk/dv pass
 // (attention_backward.cu): each warp owns KPW keys, lane r owns query row R0 + r of a 32-row tile. The
-// head dim is padded to DP in {8, 16, 32, 64, 128} with zeros (so any d <= 128 works). Shared-memory
+// head dim is padded to DP in {8, 16, 32, 64, 128} with zeros (so any d <= 128 works; the forward also
+// DP = 256, for MLA's 192). Shared-memory
 // tiles read per lane along a row are padded to DP + 4 floats (float4 loads, no bank conflicts).
 #include "kernels/cuda/attention.h"
 
@@ -258,10 +259,10 @@ FwdParams fwd_params(const Tensor& q, const Tensor& k, const Tensor& v, int64_t 
 void run_forward(const FwdParams& p, bool varlen, DType dt, const char* op) {
   if (dt == DType::BF16) {
     Forward<bf16_t> f{p, varlen, op};
-    by_head_dim(p.d, op, f);
+    by_head_dim_forward(p.d, op, f);
   } else {
     Forward<float> f{p, varlen, op};
-    by_head_dim(p.d, op, f);
+    by_head_dim_forward(p.d, op, f);
   }
 }
 

@@ -38,6 +38,11 @@ void allow_smem(Kernel kernel, size_t bytes) {
                      "attention: cudaFuncSetAttribute(MaxDynamicSharedMemorySize, " << bytes << ")");
 }
 
+/// The forward's dispatch: by_head_dim, and DP = 256 for 128 < d <= 256 (MLA's query/key head of 192,
+/// nope 128 + rope 64, with the value heads zero-padded to it). The backward stays at d <= 128.
+template <typename F>
+void by_head_dim_forward(int64_t d, const char* op, F& f);
+
 /// Calls f.template run<DP>() with DP the smallest of 8, 16, 32, 64, 128 that holds the head dim d.
 template <typename F>
 void by_head_dim(int64_t d, const char* op, F& f) {
@@ -53,6 +58,16 @@ void by_head_dim(int64_t d, const char* op, F& f) {
     f.template run<128>();
   else
     AERIE_THROW(op << ": head dim " << d << " is not supported by the CUDA backend (at most 128)");
+}
+
+template <typename F>
+void by_head_dim_forward(int64_t d, const char* op, F& f) {
+  if (d > 128 && d <= 256) {
+    f.template run<256>();
+    return;
+  }
+  AERIE_CHECK(d <= 256, op << ": head dim " << d << " is not supported by the CUDA forward (at most 256)");
+  by_head_dim(d, op, f);
 }
 
 /// Rows per warp of the forward / dq kernels: 1 when a kv head has few packed query rows (decoding: a
