@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The pipeline after prepare on the tiny DeepSeek-V3-architecture fixtures (tests/model/fixtures/hf:
+# deepseek_v3 bf16, deepseek_v3_fp8 block-FP8, kimi_k25_int4 Kimi-K2.5 wrapper with INT4 experts): a
+# pre-tokenized prepared file (ids < 256, the fixtures' vocabulary; prepare borrows stories260K's
+# tokenizer), then extract at tp 1 and tp 2 (the same shards; their values are TpTest's), vocab, 4 train
+# steps on 2 ranks, export; the export's config
+# must carry the draft shape of an MLA target (head_dim = v_head_dim) and the target's YaRN rope.
+# eval is not run: the fixtures have no tokenizer of their own vocabulary.
+# usage: deepseek_pipeline.sh AERIE SOURCE_DIR TOKENIZER_DIR WORK_DIR
+# Exits 77 (CTest: skipped) when the converted stories260K tokenizer is missing.
+set -euo pipefail
+aerie=$1 src=$2 tok=$3 work=$4
+[ -f "$tok/tokenizer.json" ] || { echo "no tokenizer at $tok: skipped"; exit 77; }
+export OPENBLAS_NUM_THREADS=1
+rm -rf "$work" && mkdir -p "$work"
+run() { "$@" >"$work/last.log" 2>&1 || { cat "$work/last.log"; echo "FAIL: $*"; exit 1; }; }
+# 12 samples of 20-59 ids in [1, 255], the first third of each masked out (a fixed LCG: no python).
+s=7
+for i in $(seq 12); do
+  s=$(( (s * 1103515245 + 12345) % 2147483648 )); n=$(( 20 + s % 40 ))
+  ids="" mask=""
+  for j in $(seq "$n"); do
+    s=$(( (s * 1103515245 + 12345) % 2147483648 ))
+    ids+="${ids:+,}$(( 1 + s % 255 ))"; mask+="${mask:+,}$(( j > n / 3 ? 1 : 0 ))"
+  done
+  echo "{\"input_ids\": [$ids], \"loss_mask\": [$mask]}"
+done >"$work/tok.jsonl"
+run mpirun --oversubscribe -np 1 "$aerie" prepare --input "$work/tok.jsonl" --format tokenized --tokenizer "$tok" \
+    --output "$work/prepared.h5"
+for m in deepseek_v3 deepseek_v3_fp8 kimi_k25_int4; do
+  model="$src/tests/model/fixtures/hf/$m" out="$work/$m"
+  run mpirun --oversubscribe -np 1 "$aerie" extract --model "$model" --prepared "$work/prepared.h5" \
+      --output "$out/shards" --aux-layers 0,1,3
+  run mpirun --oversubscribe -np 2 "$aerie" extract --model "$model" --prepared "$work/prepared.h5" \
+      --output "$out/shards_tp2" --aux-layers 0,1,3 --tp 2
+  [ "$(ls "$out/shards" | grep -c '^shard-')" = "$(ls "$out/shards_tp2" | grep -c '^shard-')" ] ||
+    { echo "FAIL: $m: tp 2 wrote another number of shards"; exit 1; }
+  run mpirun --oversubscribe -np 1 "$aerie" vocab --model "$model" --prepared "$work/prepared.h5" \
+      --output "$out/vocab.safetensors" --draft-vocab-size 64
+  run mpirun --oversubscribe -np 2 "$aerie" train --model "$model" --shards "$out/shards" \
+      --vocab "$out/vocab.safetensors" --output "$out/run" --steps 4 --batch-size 2
+  run mpirun --oversubscribe -np 1 "$aerie" export --model "$model" --checkpoint "$out/run" --output "$out/export"
+  cfg="$out/export/config.json"
+  grep -q '"head_dim": *16' "$cfg" || { cat "$cfg"; echo "FAIL: $m: draft head_dim is not v_head_dim 16"; exit 1; }
+  grep -q '"yarn"' "$cfg" || { cat "$cfg"; echo "FAIL: $m: the export lost the target's YaRN rope"; exit 1; }
+  grep -q '"eagle_aux_hidden_state_layer_ids"' "$cfg" || { echo "FAIL: $m: no aux ids in the export"; exit 1; }
+  echo "$m: extract tp 1 and 2, vocab, train, export ok"
+done
