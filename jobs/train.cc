@@ -46,6 +46,9 @@ void check_train_inputs(const TrainOptions& o) {
           "--warmup-ratio must lie in [0, 1], got " << o.warmup_ratio);
   TRAIN_REQUIRE(o.max_grad_norm >= 0, "--max-grad-norm must be >= 0 (0: off), got " << o.max_grad_norm);
   TRAIN_REQUIRE(o.ttt_steps >= 1, "--ttt-steps must be >= 1, got " << o.ttt_steps);
+  TRAIN_REQUIRE(o.draft_heads >= 0 && o.draft_kv_heads >= 0 && o.draft_head_dim >= 0 && o.draft_intermediate >= 0,
+                "--draft-heads, --draft-kv-heads, --draft-head-dim and --draft-intermediate must be >= 0 (0: the "
+                "target's)");
   TRAIN_REQUIRE(o.checkpoint_every >= 0, "--checkpoint-every " << o.checkpoint_every <<
                                        " is negative (0: only at the end)");
   TRAIN_REQUIRE(o.keep_checkpoints >= 0, "--keep-checkpoints " << o.keep_checkpoints << " is negative (0: all)");
@@ -104,7 +107,15 @@ int train(const std::vector<std::string>& args) {
       "device", po::value<std::string>(&o.device)->default_value("auto"),
       "auto (cuda when every rank of the node has a GPU), cpu or cuda (one GPU per rank: local rank % GPUs)")(
       "precision", po::value<std::string>(&o.precision)->default_value("auto"),
-      "auto (bf16 on cuda, f32 on cpu), bf16 (fp32 master weights, bf16 GEMM inputs) or f32");
+      "auto (bf16 on cuda, f32 on cpu), bf16 (fp32 master weights, bf16 GEMM inputs) or f32")(
+      "draft-heads", po::value<int64_t>(&o.draft_heads)->default_value(0),
+      "the draft's attention heads (0: the target's; e.g. 56 for SpecForge's DeepSeek-V3 draft)")(
+      "draft-kv-heads", po::value<int64_t>(&o.draft_kv_heads)->default_value(0),
+      "the draft's kv heads, dividing --draft-heads (0: the target's, at most --draft-heads)")(
+      "draft-head-dim", po::value<int64_t>(&o.draft_head_dim)->default_value(0),
+      "the draft's head dim, even (0: the target's; an MLA target's v_head_dim)")(
+      "draft-intermediate", po::value<int64_t>(&o.draft_intermediate)->default_value(0),
+      "the draft's MLP width (0: the target's intermediate_size)");
   po::variables_map vm;
   if (!parse_options("train", args, desc, vm)) return 0;
   check_train_inputs(o);

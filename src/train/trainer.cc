@@ -1,6 +1,7 @@
 #include "train/trainer.h"
 
 // TrainOptions, the metrics of a step and train_step (one data-parallel optimizer step).
+#include <algorithm>
 #include <cmath>
 
 #include "comm/nccl_communicator.h"
@@ -20,7 +21,22 @@ nlohmann::json TrainOptions::to_json() const {
           {"keep_checkpoints", keep_checkpoints},
           {"log_every", log_every},   {"seed", seed},
           {"eval_fraction", eval_fraction}, {"device", device},
-          {"precision", precision}};
+          {"precision", precision},   {"draft_heads", draft_heads},
+          {"draft_kv_heads", draft_kv_heads}, {"draft_head_dim", draft_head_dim},
+          {"draft_intermediate", draft_intermediate}};
+}
+
+DraftConfig TrainOptions::apply_draft_shape(DraftConfig cfg) const {
+  if (draft_heads > 0) cfg.num_attention_heads = draft_heads;
+  if (draft_kv_heads > 0) cfg.num_key_value_heads = draft_kv_heads;
+  else if (draft_heads > 0) cfg.num_key_value_heads = std::min(cfg.num_key_value_heads, draft_heads);
+  if (draft_head_dim > 0) cfg.head_dim = draft_head_dim;
+  if (draft_intermediate > 0) cfg.intermediate_size = draft_intermediate;
+  AERIE_CHECK(cfg.num_attention_heads % cfg.num_key_value_heads == 0,
+              "train: --draft-kv-heads " << cfg.num_key_value_heads << " does not divide the draft's "
+                                         << cfg.num_attention_heads << " heads (--draft-heads)");
+  AERIE_CHECK(cfg.head_dim % 2 == 0, "train: --draft-head-dim " << cfg.head_dim << " must be even (RoPE pairs)");
+  return cfg;
 }
 
 void TrainOptions::check_resumable(const nlohmann::json& c) const {
@@ -31,6 +47,15 @@ void TrainOptions::check_resumable(const nlohmann::json& c) const {
     AERIE_CHECK(c[key] == mine[key], "resume: --" << key << " is " << mine[key].dump() << " but the checkpoint was "
                                                   << "trained with " << c[key].dump()
                                                   << "; rerun with the same options or use another --output");
+  }
+  // The draft shape (checkpoints older than these options have none: the target's shape, all 0).
+  for (const char* key : {"draft_heads", "draft_kv_heads", "draft_head_dim", "draft_intermediate"}) {
+    const nlohmann::json theirs = c.contains(key) ? c[key] : nlohmann::json(0);
+    std::string opt = std::string("--") + key;
+    std::replace(opt.begin(), opt.end(), '_', '-');
+    AERIE_CHECK(theirs == mine[key], "resume: " << opt << " is " << mine[key].dump() << " but the checkpoint was "
+                                                << "trained with " << theirs.dump()
+                                                << "; rerun with the same options or use another --output");
   }
 }
 

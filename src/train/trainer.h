@@ -39,8 +39,15 @@ struct TrainOptions {
   /// master weights, gradients and AdamW moments; bf16 GEMM inputs with fp32 accumulation: see
   /// ttt_forward_backward) or "f32" (everything fp32, the reference). Not a resume option.
   std::string precision = "auto";
+  /// The draft's own attention / MLP shape (0: from the target, DraftConfig::from_target): query heads,
+  /// kv heads (must divide the heads), head dim (even) and intermediate size, e.g. SpecForge's
+  /// DeepSeek-V3 draft 56 / 8 / 128 / 40960. A resume option: a resumed run must give the same ones.
+  int64_t draft_heads = 0, draft_kv_heads = 0, draft_head_dim = 0, draft_intermediate = 0;
 
   nlohmann::json to_json() const;
+  /// `cfg` with the draft_* options that are set (> 0) replacing its shape. Throws aerie::Error naming
+  /// the option when kv heads do not divide the heads or the head dim is odd.
+  DraftConfig apply_draft_shape(DraftConfig cfg) const;
   /// The options that decide the weights (steps, epochs, batch size, lr, warmup, clipping, TTT steps,
   /// seed, eval fraction): a resumed run must give the same ones. Throws aerie::Error naming the first
   /// option that differs from `checkpoint_options` (a checkpoint's config.json "train").

@@ -162,7 +162,7 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp) {
     ck.vocab = load_draft_vocab(vocab_file);
     AERIE_CHECK(ck.vocab.vocab_size() == target.vocab_size,
                 vocab_file << ": t2d has V = " << ck.vocab.vocab_size() << ", the target's V is " << target.vocab_size);
-    ck.config = DraftConfig::from_target(target, ck.vocab.draft_vocab_size(), shards.aux_layers);
+    ck.config = opts.apply_draft_shape(DraftConfig::from_target(target, ck.vocab.draft_vocab_size(), shards.aux_layers));
     // Initialised on the host (the checkpoint's copy); the device copy is made below.
     const Tensor lm_host = head.lm_head.device() == Device::CPU ? head.lm_head : head.lm_head.to_device(Device::CPU);
     ck.weights = init_draft_weights(ck.config, lm_host, ck.vocab.selected(), opts.seed);

@@ -46,3 +46,21 @@ for m in deepseek_v3 deepseek_v3_fp8 kimi_k25_int4; do
   grep -q '"eagle_aux_hidden_state_layer_ids"' "$cfg" || { echo "FAIL: $m: no aux ids in the export"; exit 1; }
   echo "$m: extract tp 1 and 2, vocab, train, export ok"
 done
+# A draft shape of its own (SpecForge's DeepSeek-V3 draft is 56 heads / 8 kv / 40960): 6 heads of 8, 2 kv
+# heads, MLP 80, exported as such; a resume with another shape is refused by name.
+out="$work/own_shape"
+run mpirun --oversubscribe -np 1 "$aerie" train --model "$src/tests/model/fixtures/hf/deepseek_v3" \
+    --shards "$work/deepseek_v3/shards" --vocab "$work/deepseek_v3/vocab.safetensors" --output "$out/run" \
+    --steps 2 --batch-size 2 --draft-heads 6 --draft-kv-heads 2 --draft-head-dim 8 --draft-intermediate 80
+run mpirun --oversubscribe -np 1 "$aerie" export --model "$src/tests/model/fixtures/hf/deepseek_v3" \
+    --checkpoint "$out/run" --output "$out/export"
+for kv in '"num_attention_heads": *6' '"num_key_value_heads": *2' '"head_dim": *8' '"intermediate_size": *80'; do
+  grep -q "$kv" "$out/export/config.json" || { cat "$out/export/config.json"; echo "FAIL: no $kv"; exit 1; }
+done
+if mpirun --oversubscribe -np 1 "$aerie" train --model "$src/tests/model/fixtures/hf/deepseek_v3" \
+    --shards "$work/deepseek_v3/shards" --output "$out/run" --steps 2 --batch-size 2 --draft-heads 4 \
+    --draft-kv-heads 2 --draft-head-dim 8 --draft-intermediate 80 >"$work/last.log" 2>&1; then
+  echo "FAIL: a resume with another --draft-heads was accepted"; exit 1
+fi
+grep -q -- "--draft-heads" "$work/last.log" || { cat "$work/last.log"; echo "FAIL: the refusal names no option"; exit 1; }
+echo "own draft shape: trained, exported, resume with another shape refused"
