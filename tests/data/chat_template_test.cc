@@ -16,6 +16,7 @@
 #include "data/prepare.h"
 #include "data/prepare_template.h"
 #include "io/h5.h"
+#include "template_testing.h"
 #include "test_util.h"
 
 namespace aerie {
@@ -197,29 +198,8 @@ TEST(ChatTemplate, PrepareWithQwen3MatchesGoldens) {
   const std::string tokdir = testing::data_dir() + "/" + fx["tokenizer"].get<std::string>();
   if (!fs::exists(tokdir + "/tokenizer.json")) GTEST_SKIP() << "no " << tokdir;
   const std::string dir = testing::scratch_dir("chat_template_prepare_qwen3");
-  std::vector<int32_t> want_ids;
-  std::vector<uint8_t> want_mask;
-  {
-    std::ofstream in(dir + "/convs.jsonl");
-    for (const auto& [cname, c] : fx["cases"].items()) {
-      in << c["record"].get<std::string>() << "\n";
-      for (int32_t id : c["ids"].get<std::vector<int32_t>>()) want_ids.push_back(id);
-      for (uint8_t m : c["mask"].get<std::vector<uint8_t>>()) want_mask.push_back(m);
-    }
-  }
-  PrepareOptions o;
-  o.input = dir + "/convs.jsonl";
-  o.tokenizer = tokdir;
-  o.chat_template = "qwen3";
-  o.output = dir + "/prepared.h5";
-  o.max_length = 4096;
-  const PrepareStats st = run_prepare(o, MPI_COMM_SELF);
-  EXPECT_EQ(st.samples, static_cast<int64_t>(fx["cases"].size()));
-  EXPECT_EQ(st.skipped, 0);
-  h5::File f = h5::File::open(o.output);
+  h5::File f = h5::File::open(testing::prepare_fixture_cases(fx, tokdir, "qwen3", dir));
   EXPECT_EQ(f.string_attr("template"), "qwen3");
-  EXPECT_EQ(f.open_dataset("input_ids").read_vector<int32_t>(), want_ids);
-  EXPECT_EQ(f.open_dataset("loss_mask").read_vector<uint8_t>(), want_mask);
 }
 
 // Qwen3 thinking vs non-thinking: the same text, but the empty think block of the last turn is trained only

@@ -11,6 +11,7 @@
 #include "data/chat_templates.h"
 #include "data/prepare.h"
 #include "io/h5.h"
+#include "template_testing.h"
 #include "test_util.h"
 
 namespace aerie {
@@ -37,28 +38,7 @@ TEST(KimiTemplate, PrepareWithTiktokenFolderMatchesGoldens) {
     const std::string tokdir = testing::data_dir() + "/" + fx["tokenizer"].get<std::string>();
     if (!fs::exists(tokdir + "/tiktoken.model")) GTEST_SKIP() << "no " << tokdir << "/tiktoken.model";
     const std::string dir = testing::scratch_dir("kimi_prepare_" + name);
-    std::vector<int32_t> want_ids;
-    std::vector<uint8_t> want_mask;
-    {
-      std::ofstream in(dir + "/convs.jsonl");
-      for (const auto& [cname, c] : fx["cases"].items()) {
-        in << c["record"].get<std::string>() << "\n";
-        for (int32_t id : c["ids"].get<std::vector<int32_t>>()) want_ids.push_back(id);
-        for (uint8_t m : c["mask"].get<std::vector<uint8_t>>()) want_mask.push_back(m);
-      }
-    }
-    PrepareOptions o;
-    o.input = dir + "/convs.jsonl";
-    o.tokenizer = tokdir;
-    o.chat_template = name;
-    o.output = dir + "/prepared.h5";
-    o.max_length = 4096;
-    const PrepareStats st = run_prepare(o, MPI_COMM_SELF);
-    EXPECT_EQ(st.samples, static_cast<int64_t>(fx["cases"].size()));
-    EXPECT_EQ(st.skipped, 0);
-    h5::File f = h5::File::open(o.output);
-    EXPECT_EQ(f.open_dataset("input_ids").read_vector<int32_t>(), want_ids);
-    EXPECT_EQ(f.open_dataset("loss_mask").read_vector<uint8_t>(), want_mask);
+    testing::prepare_fixture_cases(fx, tokdir, name, dir);
   }
 }
 

@@ -59,8 +59,7 @@ TEST(DeepseekV3, Bf16ModeWithinTheBf16Bound) {
   auto self = self_comm();
   TargetModel f32(fixture("deepseek_v3"), *self), b16(fixture("deepseek_v3"), *self, {Device::CPU, DType::BF16});
   SafetensorsFile ref = load_safetensors(fixture("deepseek_v3") + "/reference.safetensors");
-  const Tensor& ids_t = ref.tensors.at("ids");
-  std::vector<int32_t> ids(ids_t.data<int32_t>(), ids_t.data<int32_t>() + ids_t.numel());
+  const std::vector<int32_t> ids = testing::reference_ids(ref);
   TargetOutput a = f32.forward(ids, nullptr, {1, 3}, true), b = b16.forward(ids, nullptr, {1, 3}, true);
   // Measured 0.015 (aux), 0.0169 (final): bf16 GEMM inputs and attention over 3 layers, with an MoE
   // router whose picks may flip on knife-edge tokens; the Llama families' bound, kBf16RelL2 = 0.03.

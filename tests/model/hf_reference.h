@@ -26,18 +26,28 @@ inline std::vector<float> cols(const Tensor& t, int64_t c0, int64_t c1) {
   return out;
 }
 
+/// The reference's token ids ("ids", I32).
+inline std::vector<int32_t> reference_ids(const SafetensorsFile& ref) {
+  const Tensor& t = ref.tensors.at("ids");
+  return std::vector<int32_t>(t.data<int32_t>(), t.data<int32_t>() + t.numel());
+}
+
+/// 0, 1, .., N: every layer input and the last layer's output, the rows of the reference's r.
+inline std::vector<int> every_layer(const TargetModel& model) {
+  std::vector<int> aux;
+  for (int k = 0; k <= static_cast<int>(model.config().num_hidden_layers); ++k) aux.push_back(k);
+  return aux;
+}
+
 /// Every r^k, z and the logits of `model` on the reference ids, in one prefill; then the logits again
 /// through the KV cache: a prefill of the first `split` ids and the rest one token at a time.
 inline void compare_with_reference(TargetModel& model, const std::string& reference, int64_t split = 5,
                                    float atol = kAtol, float rtol = kRtol) {
   SafetensorsFile ref = load_safetensors(reference);
-  const Tensor& ids_t = ref.tensors.at("ids");
-  std::vector<int32_t> ids(ids_t.data<int32_t>(), ids_t.data<int32_t>() + ids_t.numel());
+  const std::vector<int32_t> ids = reference_ids(ref);
   const int N = static_cast<int>(model.config().num_hidden_layers);
   const int64_t H = model.config().hidden_size, V = model.config().vocab_size, T = static_cast<int64_t>(ids.size());
-  std::vector<int> aux;
-  for (int k = 0; k <= N; ++k) aux.push_back(k);
-  TargetOutput out = model.forward(ids, nullptr, aux, true);
+  TargetOutput out = model.forward(ids, nullptr, every_layer(model), true);
   const Tensor& r = ref.tensors.at("r");
   ASSERT_EQ(r.shape(), (Shape{N + 1, T, H}));
   for (int k = 0; k <= N; ++k)

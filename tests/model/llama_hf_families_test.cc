@@ -358,13 +358,10 @@ double rel_l2(const std::vector<float>& got, const std::vector<float>& ref) {
 /// decoding (prefill of `split` ids, then one token at a time) within kBf16RelL2 of transformers.
 void compare_with_reference_bf16(TargetModel& model, const std::string& reference, int64_t split = 5) {
   SafetensorsFile ref = load_safetensors(reference);
-  const Tensor& ids_t = ref.tensors.at("ids");
-  std::vector<int32_t> ids(ids_t.data<int32_t>(), ids_t.data<int32_t>() + ids_t.numel());
+  const std::vector<int32_t> ids = testing::reference_ids(ref);
   const int N = static_cast<int>(model.config().num_hidden_layers);
   const int64_t H = model.config().hidden_size, V = model.config().vocab_size, T = static_cast<int64_t>(ids.size());
-  std::vector<int> aux;
-  for (int k = 0; k <= N; ++k) aux.push_back(k);
-  TargetOutput out = model.forward(ids, nullptr, aux, true);
+  TargetOutput out = model.forward(ids, nullptr, testing::every_layer(model), true);
   EXPECT_EQ(out.aux_hidden.dtype(), DType::BF16);
   const Tensor& r = ref.tensors.at("r");
   ASSERT_EQ(r.shape(), (Shape{N + 1, T, H}));
