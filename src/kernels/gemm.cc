@@ -52,3 +52,51 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& c, bool trans_a, bool tran
 }
 
 }  // namespace aerie
+
+namespace aerie {
+
+void matmul_grouped(const Tensor& a, const std::vector<Tensor>& w, const std::vector<int64_t>& offsets, Tensor& c) {
+  constexpr const char* op = "matmul_grouped";
+  AERIE_CHECK(a.ndim() == 2 && c.ndim() == 2, op << ": a and c must be 2-D, got a " << shape_str(a.shape())
+                                                 << ", c " << shape_str(c.shape()));
+  const int64_t P = a.dim(0), K = a.dim(1), N = c.dim(1), G = static_cast<int64_t>(w.size());
+  AERIE_CHECK(c.dim(0) == P, op << ": c " << shape_str(c.shape()) << " has not a's " << P << " rows");
+  AERIE_CHECK(static_cast<int64_t>(offsets.size()) == G + 1,
+              op << ": " << offsets.size() << " offsets for " << G << " groups (want G + 1)");
+  AERIE_CHECK(a.dtype() == DType::F32 || a.dtype() == DType::BF16,
+              op << ": a must be F32 or BF16, got " << dtype_name(a.dtype()));
+  c.check_dtype(a.dtype(), kernels::what(op, "c"));
+  const Device dev = kernels::common_device(op, {{"a", &a}, {"c", &c}});
+  std::vector<int64_t> groups;  // the non-empty ones
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t r0 = offsets[g], r1 = offsets[g + 1];
+    AERIE_CHECK(0 <= r0 && r0 <= r1 && r1 <= P,
+                op << ": group " << g << " has rows [" << r0 << ", " << r1 << "), not within [0, " << P
+                   << ") or not after the group before");
+    if (r0 == r1) continue;
+    const Tensor& wg = w[g];
+    AERIE_CHECK(wg.defined() && wg.ndim() == 2 && wg.dim(0) == N && wg.dim(1) == K,
+                op << ": group " << g << "'s weight is " << (wg.defined() ? shape_str(wg.shape()) : "undefined")
+                   << ", want [" << N << ", " << K << "]");
+    AERIE_CHECK(wg.dtype() == a.dtype(), op << ": group " << g << "'s weight is " << dtype_name(wg.dtype())
+                                            << ", a is " << dtype_name(a.dtype()));
+    AERIE_CHECK(wg.device() == dev, op << ": group " << g << "'s weight is on another device than a");
+    groups.push_back(g);
+  }
+  if (groups.empty() || N == 0) return;
+  if (dev == Device::CUDA) {
+#ifdef AERIE_WITH_CUDA
+    cuda::matmul_grouped(a, w, offsets, groups, c);
+    return;
+#else
+    kernels::throw_no_backend(op, dev);
+#endif
+  }
+  for (const int64_t g : groups) {
+    const Tensor ag = a.slice(offsets[g], offsets[g + 1]);
+    Tensor cg = c.slice(offsets[g], offsets[g + 1]);
+    matmul(ag, w[g], cg, false, true);
+  }
+}
+
+}  // namespace aerie

@@ -33,8 +33,11 @@ void check_rows_out(const char* op, int64_t n, int64_t k, int64_t n0, int64_t n1
 
 }  // namespace
 
-void dequant_fp8_block(const Tensor& weight, const Tensor& scale_inv, int64_t n0, int64_t n1, Tensor& out,
-                       const std::string& name) {
+namespace {
+
+/// The checks of dequant_fp8_block; returns the device.
+Device check_fp8(const Tensor& weight, const Tensor& scale_inv, int64_t n0, int64_t n1, const Tensor& out,
+                 const std::string& name) {
   constexpr const char* op = "dequant_fp8_block";
   AERIE_CHECK(weight.ndim() == 2, op << ": weight" << of(name) << " must be [N, K], got " << shape_str(weight.shape()));
   AERIE_CHECK(weight.dtype() == DType::F8E4M3 || weight.dtype() == DType::U8,
@@ -47,7 +50,16 @@ void dequant_fp8_block(const Tensor& weight, const Tensor& scale_inv, int64_t n0
                  << kFp8BlockSize << " blocks needs " << shape_str(want));
   scale_inv.check_dtype(DType::F32, kernels::what(op, "weight_scale_inv") + of(name));
   check_rows_out(op, n, k, n0, n1, out, name);
-  const Device dev = kernels::common_device(op, {{"weight", &weight}, {"weight_scale_inv", &scale_inv}, {"out", &out}});
+  return kernels::common_device(op, {{"weight", &weight}, {"weight_scale_inv", &scale_inv}, {"out", &out}});
+}
+
+}  // namespace
+
+void dequant_fp8_block(const Tensor& weight, const Tensor& scale_inv, int64_t n0, int64_t n1, Tensor& out,
+                       const std::string& name) {
+  [[maybe_unused]] constexpr const char* op = "dequant_fp8_block";
+  const Device dev = check_fp8(weight, scale_inv, n0, n1, out, name);
+  const int64_t k = weight.dim(1);
   if (out.numel() == 0) return;
   if (dev == Device::CUDA) {
 #ifdef AERIE_WITH_CUDA
@@ -84,8 +96,11 @@ int64_t int4_packed_in_features(const Tensor& weight_shape, const Tensor& weight
   return k;
 }
 
-void dequant_int4_packed(const Tensor& weight_packed, const Tensor& weight_scale, int64_t k, int64_t group_size,
-                         int64_t n0, int64_t n1, Tensor& out, const std::string& name) {
+namespace {
+
+/// The checks of dequant_int4_packed; returns the device.
+Device check_int4(const Tensor& weight_packed, const Tensor& weight_scale, int64_t k, int64_t group_size, int64_t n0,
+                  int64_t n1, const Tensor& out, const std::string& name) {
   constexpr const char* op = "dequant_int4_packed";
   AERIE_CHECK(weight_packed.ndim() == 2, op << ": weight_packed" << of(name) << " must be [N, ceil(K/8)], got "
                                             << shape_str(weight_packed.shape()));
@@ -103,8 +118,15 @@ void dequant_int4_packed(const Tensor& weight_packed, const Tensor& weight_scale
                  << group_size << ") needs " << shape_str(want));
   kernels::check_float(weight_scale, op, "weight_scale");
   check_rows_out(op, n, k, n0, n1, out, name);
-  const Device dev =
-      kernels::common_device(op, {{"weight_packed", &weight_packed}, {"weight_scale", &weight_scale}, {"out", &out}});
+  return kernels::common_device(op, {{"weight_packed", &weight_packed}, {"weight_scale", &weight_scale}, {"out", &out}});
+}
+
+}  // namespace
+
+void dequant_int4_packed(const Tensor& weight_packed, const Tensor& weight_scale, int64_t k, int64_t group_size,
+                         int64_t n0, int64_t n1, Tensor& out, const std::string& name) {
+  [[maybe_unused]] constexpr const char* op = "dequant_int4_packed";
+  const Device dev = check_int4(weight_packed, weight_scale, k, group_size, n0, n1, out, name);
   if (out.numel() == 0) return;
   if (dev == Device::CUDA) {
 #ifdef AERIE_WITH_CUDA
@@ -124,6 +146,48 @@ void dequant_int4_packed(const Tensor& weight_packed, const Tensor& weight_scale
   AERIE_CHECK(weight_packed.ndim() == 2, "dequant_int4_packed: weight_packed" << of(name)
                                              << " must be [N, ceil(K/8)], got " << shape_str(weight_packed.shape()));
   dequant_int4_packed(weight_packed, weight_scale, k, group_size, 0, weight_packed.dim(0), out, name);
+}
+
+void dequant_batch(const std::vector<DequantItem>& items, int64_t group_size) {
+  constexpr const char* op = "dequant_batch";
+  if (items.empty()) return;
+  std::vector<Device> devs;
+  for (const DequantItem& it : items)
+    devs.push_back(it.int4 ? check_int4(it.weight, it.scale, it.k, group_size, it.n0, it.n1, it.out, it.name)
+                           : check_fp8(it.weight, it.scale, it.n0, it.n1, it.out, it.name));
+  for (const Device d : devs)
+    AERIE_CHECK(d == devs[0], op << ": the items are on different devices (" << items.front().name << ", ...)");
+  if (devs[0] == Device::CUDA) {
+#ifdef AERIE_WITH_CUDA
+    std::vector<cuda::DequantDesc> descs;
+    for (const DequantItem& it : items) {
+      if (it.out.numel() == 0) continue;
+      cuda::DequantDesc d;
+      d.weight = it.weight.raw();
+      d.scale = it.scale.raw();
+      d.out = const_cast<void*>(it.out.raw());  // out is a view: writing through it is the point
+      d.n0 = it.n0;
+      d.rows = it.n1 - it.n0;
+      d.k = it.int4 ? it.k : it.weight.dim(1);
+      d.group = group_size;
+      d.int4 = it.int4;
+      d.scale_f32 = it.scale.dtype() == DType::F32;
+      d.out_f32 = it.out.dtype() == DType::F32;
+      descs.push_back(d);
+    }
+    cuda::dequant_batch(descs);
+    return;
+#else
+    kernels::throw_no_backend(op, devs[0]);
+#endif
+  }
+  for (const DequantItem& it : items) {
+    Tensor out = it.out;
+    if (it.int4)
+      dequant_int4_packed(it.weight, it.scale, it.k, group_size, it.n0, it.n1, out, it.name);
+    else
+      dequant_fp8_block(it.weight, it.scale, it.n0, it.n1, out, it.name);
+  }
 }
 
 }  // namespace aerie

@@ -17,6 +17,7 @@
 // docs/quantization.md describes the formats.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -56,5 +57,27 @@ void dequant_int4_packed(const Tensor& weight_packed, const Tensor& weight_scale
 /// The whole weight: out [N, K].
 void dequant_int4_packed(const Tensor& weight_packed, const Tensor& weight_scale, int64_t k, int64_t group_size,
                          Tensor& out, const std::string& name = {});
+
+/// One dequantization of dequant_batch: rows [n0, n1) of a weight into out [n1 - n0, K] F32|BF16.
+///  - int4 false: block FP8, weight [N, K] F8E4M3|U8, scale = weight_scale_inv (dequant_fp8_block);
+///  - int4 true: pack-quantized INT4, weight = weight_packed [N, ceil(K/8)] I32, scale = weight_scale,
+///    k = in_features (dequant_int4_packed).
+/// name: the tensor's name, for error messages.
+struct DequantItem {
+  bool int4 = false;
+  Tensor weight, scale;
+  int64_t k = 0;
+  int64_t n0 = 0, n1 = 0;
+  Tensor out;
+  std::string name;
+};
+
+/// Many dequantizations in one call (the experts of an MoE layer that got tokens, into one stacked
+/// scratch buffer): the same values, bit for bit, as one dequant_fp8_block / dequant_int4_packed call per
+/// item, each item checked as those calls check it. INT4 items use `group_size`. CPU: one call per item
+/// (the reference). CUDA: one kernel launch for all items (grid y = item; the descriptors go to the device
+/// with one small copy), on the current stream. Throws aerie::Error as the single calls do (naming the
+/// item's tensor), or when the items are on different devices.
+void dequant_batch(const std::vector<DequantItem>& items, int64_t group_size = kInt4GroupSize);
 
 }  // namespace aerie

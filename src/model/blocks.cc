@@ -84,6 +84,24 @@ void Linear::dequantize(Tensor& dst) const {
   }
 }
 
+void Linear::dequant_items(Tensor& dst, std::vector<DequantItem>& items) const {
+  AERIE_CHECK(format != WeightFormat::Dense && dst.shape() == (Shape{out, in}),
+              "Linear::dequant_items: dst " << shape_str(dst.shape()) << " for a " << weight_format_name(format)
+                                            << " weight [" << out << ", " << in << "]");
+  for (const QuantPart& p : parts) {
+    Tensor rows = dst.slice(p.row0, p.row0 + p.rows);
+    if (format == WeightFormat::Int4Group) {
+      items.push_back({true, p.weight, p.scale, in, 0, p.rows, rows, {}});
+    } else if (p.c_off == 0 && p.weight.dim(1) == in) {
+      items.push_back({false, p.weight, p.scale, 0, p.r_off, p.r_off + p.rows, rows, {}});
+    } else {
+      Tensor wide = Tensor::empty({p.rows, p.weight.dim(1)}, dst.dtype(), dst.device());
+      dequant_fp8_block(p.weight, p.scale, p.r_off, p.r_off + p.rows, wide);
+      copy_columns(wide, p.c_off, rows, 0, in);
+    }
+  }
+}
+
 void Linear::matmul(ForwardContext& ctx, const Tensor& x, Tensor& y) const {
   if (format == WeightFormat::Dense) {
     ctx.gemm(x, weight, y);

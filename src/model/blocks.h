@@ -154,6 +154,11 @@ namespace aerie {
 ///   out = all_reduce(sum_k w_k Expert_k(h) (fp32) + SharedExperts(h)),  Expert(x) = down(silu(gate x) up x)
 /// The tokens are sorted by expert (moe_sort_by_expert) and each expert's rows go through one GEMM per
 /// projection; the routed sum is moe_combine (fp32).
+/// The most bytes of dequantized (compute dtype) expert weights an MoE block holds at once: the
+/// quantized experts that got rows are dequantized in chunks of this size (4 GiB: one chunk for
+/// Kimi-K2.5's 384 INT4 experts at tp 8, whose bf16 gate/up share is 2.6 GiB; 12 chunks at tp 1).
+constexpr int64_t kMoeScratchBytes = int64_t{4} << 30;
+
 struct MoeSpec {
   int64_t hidden = 0, experts = 0, shared_experts = 0, moe_intermediate = 0;
   int64_t n_group = 1, topk_group = 1, top_k = 1;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "kernels/quant.h"
 
 namespace aerie {
 
@@ -57,6 +58,11 @@ struct Linear {
   /// start on a block boundary goes through a temporary [rows, C] tensor. Throws aerie::Error on a
   /// dst of another shape.
   void dequantize(Tensor& dst) const;
+  /// The quantized parts' dequantizations into dst [out, in] (compute dtype, on the weight's device),
+  /// appended to `items` for one kernels/quant.h dequant_batch call; a part that cannot go into a batch
+  /// (an FP8 slice whose columns start inside a block) is dequantized here at once. Throws aerie::Error
+  /// on a Dense weight or a dst of another shape.
+  void dequant_items(Tensor& dst, std::vector<DequantItem>& items) const;
   /// y += b (nothing without a bias).
   void add_bias(ForwardContext& ctx, Tensor& y) const;
   /// matmul then add_bias.

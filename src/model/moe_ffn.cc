@@ -1,19 +1,24 @@
 // DeepSeek-V3's MoE FFN block (model/blocks.h MoeSpec; transformers' DeepseekV3MoE). Per forward
-// (n rows, k = top_k, P = n k pairs, I = this rank's slice of moe_intermediate_size):
+// (n rows, k = top_k, P = n k pairs, I = this rank's slice of moe_intermediate_size, ct = compute dtype):
 //   h32 [n, H] F32 (h in fp32 for the router)   logits [n, E] F32   idx [n, k] I32, w [n, k] F32
-//   counts [E], offsets [E + 1], perm [P] (pairs sorted by expert; offsets/counts read on the host)
-//   xs [P, H] (h's rows in expert order)   gu [c_e, 2 I], act [c_e, I] per expert   ys [P, H] F32
+//   counts [E], offsets [E + 1], perm [P] (pairs sorted by expert; offsets/perm read on the host)
+//   xs [P, H] ct (h's rows in expert order)   gu [P, 2 I] ct   act [P, I] ct   ys [P, H] ct
 //   y [P, H] F32 (pair order)   routed [n, H] F32 = sum_k w y   out = all_reduce(routed + shared(h))
-// Every expert's rows go through one gate/up GEMM and one down GEMM (a loop over the experts that got
-// rows; a grouped GEMM is the GPU's next step).
+// The experts' GEMMs are grouped (kernels/gemm.h matmul_grouped: one cuBLAS grouped GEMM per
+// projection on the GPU, never a launch per expert). Quantized experts (FP8 blocks, INT4 groups) are
+// dequantized, only those that got rows, in chunks of at most kMoeScratchBytes of compute-dtype weights:
+// per chunk one dequant_batch launch into the forward's scratch, then the grouped GEMM.
+#include <algorithm>
 #include <vector>
 
 #include "core/error.h"
 #include "kernels/convert.h"
 #include "kernels/embedding.h"
 #include "kernels/fused.h"
+#include "kernels/gemm.h"
 #include "kernels/moe_router.h"
 #include "kernels/optim.h"
+#include "kernels/quant.h"
 #include "kernels/tensor_ops.h"
 #include "model/blocks.h"
 
@@ -72,18 +77,50 @@ class MoeFfn final : public FfnBlock {
       row_of[pair] = static_cast<int32_t>(r);
     }
     auto on_device = [dev](Tensor t) { return dev == Device::CPU ? t : t.to_device(dev); };
-    Tensor xs = ctx.buffer("moe.xs", {P, H}, ctx.dtype), ys = ctx.buffer("moe.ys", {P, H}, DType::F32);
+    Tensor xs = ctx.buffer("moe.xs", {P, H}, ctx.dtype), ys = ctx.buffer("moe.ys", {P, H}, ctx.dtype);
     ctx.prof.time(OpKind::Other, dev,
                   [&] { embedding_forward(on_device(Tensor::from_vector(token_of, {P})), h, xs); });
-    const int32_t* off = off_h.data<int32_t>();
-    for (int64_t e = 0; e < E; ++e) {
-      const int64_t b = off[e], c = off[e + 1] - off[e];
-      if (c == 0) continue;
-      Tensor gu = Tensor::empty({c, 2 * inter_}, ctx.dtype, dev), act = Tensor::empty({c, inter_}, ctx.dtype, dev);
-      Tensor y_e = ys.slice(b, b + c);
-      experts_[e].gate_up.matmul(ctx, xs.slice(b, b + c), gu);
-      ctx.prof.time(OpKind::Activation, dev, [&] { swiglu_packed_forward(gu, act); });
-      experts_[e].down.matmul(ctx, act, y_e);
+    std::vector<int64_t> off(static_cast<size_t>(E + 1));
+    for (int64_t e = 0; e <= E; ++e) off[e] = off_h.data<int32_t>()[e];
+    // The experts that got rows, in chunks whose dequantized weights fit the scratch budget (dense
+    // experts need none: one chunk); per chunk one grouped GEMM per projection.
+    const int64_t I2 = 2 * inter_;
+    Tensor gu = ctx.buffer("moe.gu", {P, I2}, ctx.dtype), act = ctx.buffer("moe.act", {P, inter_}, ctx.dtype);
+    const bool quant = experts_.front().down.format != WeightFormat::Dense;
+    const int64_t per_expert = I2 * H;  // scratch elements of one expert's gate/up (down needs half)
+    const int64_t chunk = quant ? std::max<int64_t>(1, kMoeScratchBytes / (per_expert * dtype_size(ctx.dtype))) : E;
+    std::vector<int64_t> active;
+    for (int64_t e = 0; e < E; ++e)
+      if (off[e + 1] > off[e]) active.push_back(e);
+    for (size_t c0 = 0; c0 < active.size(); c0 += static_cast<size_t>(chunk)) {
+      const size_t c1 = std::min(active.size(), c0 + static_cast<size_t>(chunk));
+      const int64_t e0 = active[c0], e1 = active[c1 - 1] + 1, r0 = off[e0], r1 = off[e1];
+      const std::vector<int64_t> offs(off.begin() + e0, off.begin() + e1 + 1);
+      std::vector<Tensor> w(static_cast<size_t>(e1 - e0));
+      const Tensor scratch = quant ? ctx.scratch("moe.experts", static_cast<int64_t>(c1 - c0) * per_expert, ctx.dtype)
+                                   : Tensor();
+      // The chunk's weights of one projection: dense ones as they are, quantized ones dequantized into
+      // the scratch in one batch.
+      auto weights = [&](Linear Expert::*proj, int64_t rows, int64_t cols) {
+        if (!quant) {
+          for (size_t i = c0; i < c1; ++i) w[active[i] - e0] = (experts_[active[i]].*proj).weight;
+          return;
+        }
+        std::vector<DequantItem> items;
+        for (size_t i = c0; i < c1; ++i) {
+          Tensor dst = scratch.slice(static_cast<int64_t>(i - c0) * rows * cols,
+                                     static_cast<int64_t>(i - c0 + 1) * rows * cols).reshape({rows, cols});
+          (experts_[active[i]].*proj).dequant_items(dst, items);
+          w[active[i] - e0] = dst;
+        }
+        ctx.prof.time(OpKind::Other, dev, [&] { dequant_batch(items); });
+      };
+      Tensor gu_c = gu, act_c = act.slice(r0, r1), gu_rows = gu.slice(r0, r1);
+      weights(&Expert::gate_up, I2, H);
+      ctx.prof.time(OpKind::Gemm, dev, [&] { matmul_grouped(xs, w, offs, gu_c); });
+      ctx.prof.time(OpKind::Activation, dev, [&] { swiglu_packed_forward(gu_rows, act_c); });
+      weights(&Expert::down, H, inter_);
+      ctx.prof.time(OpKind::Gemm, dev, [&] { matmul_grouped(act, w, offs, ys); });
     }
     Tensor y = ctx.buffer("moe.y", {P, H}, DType::F32);
     ctx.prof.time(OpKind::Other, dev, [&] {

@@ -164,5 +164,43 @@ TEST(MatmulBf16Output, CpuRoundsTheFp32ResultOnce) {
   testing::expect_error([&] { matmul(af, bf, cb, false, false); }, "matmul: c");
 }
 
+// The grouped GEMM of the MoE experts (one cuBLAS grouped call) against the CPU's one GEMM per group:
+// 40 groups of 0 to 300 rows (many empty, as most experts of a short batch), F32 and BF16, with the
+// tolerance of `tolerance` per group (and one bf16 ulp for BF16 c); rows outside every group untouched.
+TEST(MatmulGroupedCuda, MatchesCpu) {
+  AERIE_REQUIRE_CUDA();
+  const int64_t K = 129, N = 96, G = 40;
+  std::vector<int64_t> offsets = {5};
+  for (int64_t g = 0; g < G; ++g) offsets.push_back(offsets.back() + (g % 3 == 0 ? 0 : (g * 37) % 301));
+  const int64_t P = offsets.back() + 3;
+  for (DType dt : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor a = random_tensor({P, K}, 300).to(dt);
+    std::vector<Tensor> w, wg;
+    for (int64_t g = 0; g < G; ++g) {
+      w.push_back(random_tensor({N, K}, static_cast<uint32_t>(301 + g)).to(dt));
+      wg.push_back(w.back().to_device(Device::CUDA));
+    }
+    Tensor c = Tensor::zeros({P, N}, dt);
+    Tensor cg = c.to_device(Device::CUDA);
+    matmul_grouped(a, w, offsets, c);
+    matmul_grouped(a.to_device(Device::CUDA), wg, offsets, cg);
+    const auto got = cg.to_device(Device::CPU).to_float_vector(), ref = c.to_float_vector();
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t r0 = offsets[g], r1 = offsets[g + 1];
+      if (r0 == r1) continue;
+      const Tensor c0 = Tensor::zeros({r1 - r0, N}, DType::F32);
+      std::vector<float> tol = tolerance(a.slice(r0, r1).to(DType::F32), w[g].to(DType::F32), c0, false, true, 1.0f,
+                                         0.0f, K);
+      for (size_t i = 0; i < tol.size(); ++i)
+        if (dt == DType::BF16) tol[i] += std::ldexp(std::fabs(ref[r0 * N + i]), -7);
+      expect_within(std::vector<float>(got.begin() + r0 * N, got.begin() + r1 * N),
+                    std::vector<float>(ref.begin() + r0 * N, ref.begin() + r1 * N), tol,
+                    "group " + std::to_string(g));
+    }
+    for (int64_t j = 0; j < 5 * N; ++j) ASSERT_EQ(got[j], 0.0f) << "row " << j / N << " is in no group";
+  }
+}
+
 }  // namespace
 }  // namespace aerie

@@ -82,5 +82,61 @@ TEST(Matmul, ErrorsNameTheTensor) {
   testing::expect_error([&] { matmul(a3, b, c, false, false); }, "2-D");
 }
 
+// matmul_grouped: each group's rows against a double-precision reference of its own weight; rows outside
+// every group keep their values; an empty group's weight may be undefined. Tolerance: fp32 sums of K
+// products of values below 1 err by at most K u sum|a b| (u = 2^-24); a row against the wrong expert's
+// weight or a group off by one row is O(1) off.
+TEST(MatmulGrouped, EveryGroupAgainstItsOwnWeight) {
+  const int64_t K = 37, N = 19, P = 60;
+  const std::vector<int64_t> offsets = {3, 10, 10, 41, 57};  // rows 0-2 and 57-59 in no group; group 1 empty
+  const Tensor a = random_tensor({P, K}, 1);
+  std::vector<Tensor> w = {random_tensor({N, K}, 2), Tensor(), random_tensor({N, K}, 3), random_tensor({N, K}, 4)};
+  Tensor c = Tensor::from_vector(std::vector<float>(P * N, 7.0f), {P, N});
+  matmul_grouped(a, w, offsets, c);
+  const auto got = c.to_float_vector();
+  for (size_t g = 0; g + 1 < offsets.size(); ++g) {
+    if (offsets[g] == offsets[g + 1]) continue;
+    const Tensor ag = a.slice(offsets[g], offsets[g + 1]);
+    const Tensor c0 = Tensor::zeros({offsets[g + 1] - offsets[g], N}, DType::F32);
+    const auto want = ref_gemm(ag, w[g], c0, false, true, 1.0, 0.0);
+    for (size_t i = 0; i < want.size(); ++i)
+      ASSERT_NEAR(got[offsets[g] * N + i], want[i], K * 6e-8) << "group " << g << " element " << i;
+  }
+  for (int64_t r : {0, 1, 2, 57, 58, 59})
+    for (int64_t j = 0; j < N; ++j) ASSERT_EQ(got[r * N + j], 7.0f) << "row " << r << " is in no group";
+  // BF16: the same fp32 sums, rounded once.
+  Tensor cb = Tensor::zeros({P, N}, DType::BF16), cf = Tensor::zeros({P, N}, DType::F32);
+  std::vector<Tensor> wb;
+  for (const Tensor& t : w) wb.push_back(t.defined() ? t.to(DType::BF16) : Tensor());
+  const Tensor ab = a.to(DType::BF16);
+  matmul_grouped(ab, wb, offsets, cb);
+  for (size_t g = 0; g + 1 < offsets.size(); ++g) {
+    if (offsets[g] == offsets[g + 1]) continue;
+    Tensor cg = cf.slice(offsets[g], offsets[g + 1]);
+    matmul(ab.slice(offsets[g], offsets[g + 1]), wb[g], cg, false, true);
+  }
+  EXPECT_EQ(cb.to_float_vector(), cf.to(DType::BF16).to_float_vector());
+}
+
+TEST(MatmulGrouped, ErrorsNameTheGroup) {
+  const Tensor a = random_tensor({8, 4}, 1);
+  Tensor c = Tensor::zeros({8, 3}, DType::F32);
+  auto fails_with = [&](const std::vector<Tensor>& w, const std::vector<int64_t>& off, const std::string& what) {
+    try {
+      matmul_grouped(a, w, off, c);
+      ADD_FAILURE() << "no error, want one naming '" << what << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  const Tensor w = random_tensor({3, 4}, 2);
+  fails_with({w, random_tensor({3, 5}, 3)}, {0, 4, 8}, "group 1's weight is [3, 5], want [3, 4]");
+  fails_with({w, Tensor()}, {0, 4, 8}, "group 1's weight is undefined");
+  fails_with({w, w}, {0, 5, 4}, "group 1 has rows [5, 4)");
+  fails_with({w, w}, {0, 4, 9}, "not within [0, 8)");
+  fails_with({w, w}, {0, 8}, "2 offsets for 2 groups");
+  fails_with({w, w.to(DType::BF16)}, {0, 4, 8}, "group 1's weight is BF16");
+}
+
 }  // namespace
 }  // namespace aerie

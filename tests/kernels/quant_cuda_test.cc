@@ -94,5 +94,38 @@ TEST(QuantCuda, Int4PackedMatchesCpu) {
   }
 }
 
+// One launch for many items (the experts of an MoE chunk): bitwise the CPU's single calls, for FP8 and
+// INT4 items of different sizes and row ranges in one batch, into views of one stacked buffer.
+TEST(QuantCuda, DequantBatchMatchesCpu) {
+  AERIE_REQUIRE_CUDA();
+  const Tensor fw = random_bytes({300, 257}, DType::F8E4M3, 21);
+  const Tensor fs = testing::random_tensor({3, 3}, 22, 1e-4f, 1e-1f);
+  const Tensor ip = random_bytes({200, 7168 / 8}, DType::I32, 23);
+  const Tensor is = testing::random_tensor({200, 7168 / 32}, 24, -1e-2f, 1e-2f).to(DType::BF16);
+  for (DType dt : {DType::BF16, DType::F32}) {
+    const int64_t sizes[] = {300 * 257, 199 * 7168, 5 * 257, 200 * 7168};
+    int64_t total = 0;
+    for (int64_t n : sizes) total += n;
+    Tensor host = Tensor::zeros({total}, dt), dev = Tensor::zeros({total}, dt, Device::CUDA);
+    auto items = [&](const Tensor& buf, const Tensor& w8, const Tensor& s8, const Tensor& w4, const Tensor& s4) {
+      int64_t o = 0;
+      auto view = [&](int64_t rows, int64_t k) {
+        Tensor v = buf.slice(o, o + rows * k).reshape({rows, k});
+        o += rows * k;
+        return v;
+      };
+      std::vector<DequantItem> v;
+      v.push_back({false, w8, s8, 0, 0, 300, view(300, 257), "fp8 all"});
+      v.push_back({true, w4, s4, 7168, 1, 200, view(199, 7168), "int4 1.."});
+      v.push_back({false, w8, s8, 0, 127, 132, view(5, 257), "fp8 127..132"});
+      v.push_back({true, w4, s4, 7168, 0, 200, view(200, 7168), "int4 all"});
+      return v;
+    };
+    dequant_batch(items(host, fw, fs, ip, is));
+    dequant_batch(items(dev, gpu(fw), gpu(fs), gpu(ip), gpu(is)));
+    expect_same_bits(dev, host, std::string("dequant_batch ") + dtype_name(dt));
+  }
+}
+
 }  // namespace
 }  // namespace aerie

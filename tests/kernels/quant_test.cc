@@ -146,5 +146,35 @@ TEST(Int4, RejectsBadShapesNamingThem) {
   expect_error([&] { (void)int4_packed_in_features(shape3, packed); }, "weight_shape");
 }
 
+// dequant_batch is one dequant_fp8_block / dequant_int4_packed call per item, bit for bit (row ranges,
+// F32 and BF16 outputs, views into one stacked buffer), and checks each item as the single call does.
+TEST(DequantBatch, EqualsOneCallPerItem) {
+  const Tensor fw = golden("fp8.weight"), fs = golden("fp8.weight_scale_inv");
+  const Tensor ip = golden("int4.weight_packed"), is = golden("int4.weight_scale");
+  const int64_t fn = fw.dim(0), fk = fw.dim(1), in = ip.dim(0), ik = 96;
+  for (DType dt : {DType::F32, DType::BF16}) {
+    Tensor stacked = Tensor::zeros({fn * fk + (in - 1) * ik + 2 * fk}, dt);
+    Tensor a = stacked.slice(0, fn * fk).reshape({fn, fk});
+    Tensor b = stacked.slice(fn * fk, fn * fk + (in - 1) * ik).reshape({in - 1, ik});
+    Tensor c = stacked.slice(fn * fk + (in - 1) * ik, fn * fk + (in - 1) * ik + 2 * fk).reshape({2, fk});
+    dequant_batch({{false, fw, fs, 0, 0, fn, a, "a"}, {true, ip, is, ik, 1, in, b, "b"},
+                   {false, fw, fs, 0, fn - 2, fn, c, "c"}});
+    Tensor ra = Tensor::empty({fn, fk}, dt), rb = Tensor::empty({in - 1, ik}, dt), rc = Tensor::empty({2, fk}, dt);
+    dequant_fp8_block(fw, fs, ra);
+    dequant_int4_packed(ip, is, ik, kInt4GroupSize, 1, in, rb);
+    dequant_fp8_block(fw, fs, fn - 2, fn, rc);
+    EXPECT_EQ(a.to_float_vector(), ra.to_float_vector());
+    EXPECT_EQ(b.to_float_vector(), rb.to_float_vector());
+    EXPECT_EQ(c.to_float_vector(), rc.to_float_vector());
+  }
+  Tensor bad = Tensor::empty({2, 5}, DType::F32);
+  try {
+    dequant_batch({{false, fw, fs, 0, 0, 2, bad, "model.layers.1.mlp.experts.3.up_proj.weight"}});
+    ADD_FAILURE() << "no error for an out of another shape";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("experts.3.up_proj"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace aerie

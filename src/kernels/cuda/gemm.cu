@@ -10,6 +10,7 @@
 #include "kernels/cuda/gemm.h"
 
 #include <cublasLt.h>
+#include <cublas_v2.h>
 
 #include <algorithm>
 #include <memory>
@@ -201,6 +202,63 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& c, int64_t m, int64_t n, i
                                  << dtype_name(a.dtype()) << (trans_a ? "^T" : "") << ", b "
                                  << shape_str(b.shape()) << (trans_b ? "^T" : "") << ", c "
                                  << dtype_name(c.dtype()) << "): cublasLtMatmul");
+}
+
+}  // namespace aerie::cuda
+
+// ---- Grouped GEMM (cuBLAS, not Lt: cuBLASLt 13.0 has no grouped matmul) ----
+
+namespace aerie::cuda {
+namespace {
+
+/// The calling thread's cuBLAS handle for its current device (kept for the life of the process, as the
+/// cuBLASLt handles above).
+cublasHandle_t cublas_handle() {
+  thread_local std::unordered_map<int, cublasHandle_t> handles;
+  int dev = 0;
+  AERIE_CUDA_CHECK(cudaGetDevice(&dev), "matmul_grouped: cudaGetDevice");
+  cublasHandle_t& h = handles[dev];
+  if (!h) {
+    AERIE_CUBLAS_CHECK(cublasCreate(&h), "matmul_grouped: cublasCreate on GPU " << dev);
+    AERIE_CUBLAS_CHECK(cublasSetPointerMode(h, CUBLAS_POINTER_MODE_HOST), "matmul_grouped: cublasSetPointerMode");
+  }
+  return h;
+}
+
+}  // namespace
+
+void matmul_grouped(const Tensor& a, const std::vector<Tensor>& w, const std::vector<int64_t>& offsets,
+                    const std::vector<int64_t>& groups, Tensor& c) {
+  const int64_t K = a.dim(1), N = c.dim(1);
+  const int G = static_cast<int>(groups.size());
+  AERIE_CHECK(K <= INT32_MAX && N <= INT32_MAX && a.dim(0) <= INT32_MAX,
+              "matmul_grouped: shapes beyond 32-bit cuBLAS dimensions");
+  // Row-major c_g (m_g, N) = a_g (m_g, K) w_g^T is column-major c_g^T (N, m_g) = w_g a_g^T: cuBLAS's A
+  // is w_g (read column-major: (K, N) ld K, transposed), its B is a_g ((K, m_g) ld K), its C c_g (ld N).
+  std::vector<cublasOperation_t> ta(G, CUBLAS_OP_T), tb(G, CUBLAS_OP_N);
+  std::vector<int> m(G, static_cast<int>(N)), n(G), k(G, static_cast<int>(K)), lda(G, static_cast<int>(K)),
+      ldb(G, static_cast<int>(K)), ldc(G, static_cast<int>(N)), size(G, 1);
+  std::vector<float> alpha(G, 1.0f), beta(G, 0.0f);
+  std::vector<int64_t> ptrs(3 * static_cast<size_t>(G));  // A (w), B (a rows), C (c rows)
+  const size_t es = dtype_size(a.dtype());
+  for (int i = 0; i < G; ++i) {
+    const int64_t g = groups[i], r0 = offsets[g];
+    n[i] = static_cast<int>(offsets[g + 1] - r0);
+    ptrs[i] = reinterpret_cast<int64_t>(w[g].raw());
+    ptrs[G + i] = reinterpret_cast<int64_t>(static_cast<const char*>(a.raw()) + r0 * K * es);
+    ptrs[2 * G + i] = reinterpret_cast<int64_t>(static_cast<char*>(c.raw()) + r0 * N * es);
+  }
+  const Tensor dptrs = Tensor::from_vector(ptrs, {3 * static_cast<int64_t>(G)}).to_device(Device::CUDA);
+  const auto* p = static_cast<void* const*>(dptrs.raw());
+  const cudaDataType_t t = cuda_type(a.dtype());
+  cublasHandle_t h = cublas_handle();
+  AERIE_CUBLAS_CHECK(cublasSetStream(h, stream()), "matmul_grouped: cublasSetStream");
+  AERIE_CUBLAS_CHECK(cublasGemmGroupedBatchedEx(h, ta.data(), tb.data(), m.data(), n.data(), k.data(), alpha.data(),
+                                                p, t, lda.data(), p + G, t, ldb.data(), beta.data(),
+                                                const_cast<void* const*>(p + 2 * G), t, ldc.data(), G, size.data(),
+                                                CUBLAS_COMPUTE_32F),
+                     "matmul_grouped: cublasGemmGroupedBatchedEx over " << G << " groups, N=" << N << " K=" << K
+                                                                        << " " << dtype_name(a.dtype()));
 }
 
 }  // namespace aerie::cuda

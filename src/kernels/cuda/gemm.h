@@ -2,6 +2,7 @@
 // kernels/gemm.cc compiles with g++. Internal to src/kernels.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -13,5 +14,16 @@ namespace aerie::cuda {
 /// cuBLASLt failure, naming the status and the shapes.
 void matmul(const Tensor& a, const Tensor& b, Tensor& c, int64_t m, int64_t n, int64_t k, bool trans_a,
             bool trans_b, float alpha, float beta);
+
+}  // namespace aerie::cuda
+
+namespace aerie::cuda {
+
+/// kernels/gemm.h matmul_grouped on the current stream, arguments checked there: `groups` lists the
+/// non-empty groups g (rows [offsets[g], offsets[g + 1]) of a and c, weight w[g] [N, K]). One
+/// cublasGemmGroupedBatchedEx call (one problem per group, CUBLAS_COMPUTE_32F). Throws aerie::Error on
+/// a cuBLAS failure, naming the status and the shapes.
+void matmul_grouped(const Tensor& a, const std::vector<Tensor>& w, const std::vector<int64_t>& offsets,
+                    const std::vector<int64_t>& groups, Tensor& c);
 
 }  // namespace aerie::cuda

@@ -92,4 +92,56 @@ void dequant_int4_packed(const int32_t* packed, const void* scale, DType scale_d
   AERIE_CUDA_LAUNCHED("dequant_int4_packed_kernel");
 }
 
+namespace {
+
+__global__ void dequant_batch_kernel(const DequantDesc* __restrict__ items) {
+  const DequantDesc d = items[blockIdx.y];
+  const int64_t total = d.rows * d.k;
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  if (!d.int4) {
+    const auto* w = static_cast<const uint8_t*>(d.weight);
+    const auto* s = static_cast<const float*>(d.scale);
+    const int64_t scale_cols = (d.k + 127) / 128;
+    for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += stride) {
+      const int64_t n = d.n0 + i / d.k, j = i % d.k;
+      const float v = fp8_e4m3fn_to_float(w[n * d.k + j]) * s[(n / 128) * scale_cols + j / 128];
+      if (d.out_f32) store(static_cast<float*>(d.out), i, v); else store(static_cast<uint16_t*>(d.out), i, v);
+    }
+    return;
+  }
+  const auto* packed = static_cast<const int32_t*>(d.weight);
+  const int64_t words = (d.k + 7) / 8, groups = d.k / d.group;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += stride) {
+    const int64_t n = d.n0 + i / d.k, j = i % d.k;
+    const uint32_t word = static_cast<uint32_t>(packed[n * words + j / 8]);
+    const int q = static_cast<int>((word >> (4 * (j % 8))) & 0xFu) - 8;
+    const int64_t si = n * groups + j / d.group;
+    const float sc = d.scale_f32 ? load_scale(static_cast<const float*>(d.scale), si)
+                                 : load_scale(static_cast<const uint16_t*>(d.scale), si);
+    const float v = static_cast<float>(q) * sc;
+    if (d.out_f32) store(static_cast<float*>(d.out), i, v); else store(static_cast<uint16_t*>(d.out), i, v);
+  }
+}
+
+}  // namespace
+
+void dequant_batch(const std::vector<DequantDesc>& items) {
+  if (items.empty()) return;
+  int64_t largest = 0;
+  for (const DequantDesc& d : items) largest = std::max(largest, d.rows * d.k);
+  if (largest == 0) return;
+  AERIE_CHECK(items.size() <= 65535, "dequant_batch: " << items.size() << " items exceed the grid's 65535 rows");
+  const size_t bytes = items.size() * sizeof(DequantDesc);
+  const cudaStream_t s = stream();
+  void* dev = alloc(bytes, current_stream());
+  AERIE_CUDA_CHECK(cudaMemcpyAsync(dev, items.data(), bytes, cudaMemcpyHostToDevice, s),
+                   "dequant_batch: cudaMemcpyAsync of " << items.size() << " descriptors");
+  // Enough x blocks to fill the GPU for the largest item; smaller items finish early.
+  const unsigned bx = std::min(blocks_for(largest, kThreads), std::max(1u, 4096u / static_cast<unsigned>(items.size())) * 8u);
+  dequant_batch_kernel<<<dim3(bx, static_cast<unsigned>(items.size())), kThreads, 0, s>>>(
+      static_cast<const DequantDesc*>(dev));
+  AERIE_CUDA_LAUNCHED("dequant_batch_kernel");
+  free(dev, current_stream());
+}
+
 }  // namespace aerie::cuda

@@ -1,6 +1,7 @@
 // The CUDA weight dequantization of kernels/quant.h. Plain C++ (no CUDA headers). Internal to src/kernels.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -15,5 +16,17 @@ void dequant_fp8_block(const uint8_t* w, const float* scale_inv, int64_t n0, int
 /// output element; bitwise the CPU result. Queued on the current stream.
 void dequant_int4_packed(const int32_t* packed, const void* scale, DType scale_dtype, int64_t k, int64_t group,
                          int64_t n0, int64_t n1, void* out, DType out_dtype);
+
+/// One item of dequant_batch, device pointers (kernels/quant.h DequantItem, checked there).
+struct DequantDesc {
+  const void* weight = nullptr;  // FP8: (N, K) bytes; INT4: (N, ceil K/8) I32
+  const void* scale = nullptr;   // FP8: (ceil N/128, ceil K/128) F32; INT4: (N, K/group) BF16|F32
+  void* out = nullptr;           // (rows, K) F32|BF16
+  int64_t n0 = 0, rows = 0, k = 0, group = 0;
+  bool int4 = false, scale_f32 = false, out_f32 = false;
+};
+/// All items in one launch (grid y = item, grid-stride over each item's elements), bitwise the single
+/// kernels; the descriptor array goes to the device with one copy. Queued on the current stream.
+void dequant_batch(const std::vector<DequantDesc>& items);
 
 }  // namespace aerie::cuda
