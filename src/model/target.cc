@@ -48,7 +48,7 @@ TargetModel TargetModel::random(const TargetConfig& cfg, Communicator& tp, const
   TargetModel m;
   m.impl_ = std::make_shared<Impl>();
   m.cfg_ = cfg;
-  auto src = random_weights(seed, tp.rank(), tp.size(), options.device, options.dtype);
+  auto src = random_weights(seed, tp.rank(), tp.size(), options.device, options.dtype, 0.02f, cfg.quant);
   m.build(*src, tp, options);
   src->finish("random weights");
   return m;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <sstream>
 
 #include "core/device.h"
@@ -125,7 +126,8 @@ uint64_t splitmix64(uint64_t& s) {
 
 class RandomSource final : public WeightSource {
  public:
-  RandomSource(uint64_t seed, int r, int s, Device d, DType t, float std) : WeightSource(r, s, d, t) {
+  RandomSource(uint64_t seed, int r, int s, Device d, DType t, float std, const QuantConfig& quant)
+      : WeightSource(r, s, d, t), std_(std), quant_(quant) {
     // The pool: 2P normal values (P odd-sized so that rows of a tensor do not repeat in step), uploaded
     // once; a tensor of n values is the windows [o, o + P) of the pool repeated, o per tensor.
     s_ = seed * 0x2545F4914F6CDD1Dull + 1;
@@ -145,6 +147,41 @@ class RandomSource final : public WeightSource {
     if (device_ != Device::CPU) cuda::synchronize();  // no copy from the pool may still be queued
   }
   std::string decoder_prefix() const override { return "model."; }
+  using WeightSource::load_linear;
+  /// Dense as the base class; in the shipped formats where `quant` says the checkpoint holds them: INT4
+  /// groups for the routed experts (".mlp.experts." in the name; Kimi-K2.5), block FP8 for every Linear
+  /// (DeepSeek-V3, Kimi-K2). A quantized weight is drawn as this rank's slice only (not tp-consistent:
+  /// benchmarks of one tp size), from a pool of random bytes: INT4 nibbles uniform in [-8, 7] with
+  /// scale std / 4.6; FP8 codes of magnitude 1/8 .. 15/4 with scale_inv std / 1.5 (std about `std`).
+  Linear load_linear(const std::vector<LinearTensor>& parts, TpSplit split) override {
+    const bool int4 = quant_.method == QuantConfig::Method::Int4Group &&
+                      parts[0].name.find(".mlp.experts.") != std::string::npos;
+    const bool fp8 = quant_.method == QuantConfig::Method::Fp8Block;
+    if (!int4 && !fp8) return WeightSource::load_linear(parts, split);
+    Linear L;
+    L.format = int4 ? WeightFormat::Int4Group : WeightFormat::BlockFp8;
+    for (const LinearTensor& t : parts) {
+      const Shape sl = slice_shape(t.full, split);
+      AERIE_CHECK(!int4 || sl[1] % kInt4GroupSize == 0,
+                  "random INT4 weight \"" << t.name << "\": in_features " << sl[1] << " is not a multiple of 32");
+      QuantPart q;
+      q.row0 = L.out;
+      q.rows = sl[0];
+      const int64_t scale_cols = int4 ? sl[1] / kInt4GroupSize : (sl[1] + kFp8BlockSize - 1) / kFp8BlockSize;
+      const int64_t scale_rows = int4 ? sl[0] : (sl[0] + kFp8BlockSize - 1) / kFp8BlockSize;
+      q.weight = Tensor::empty(int4 ? Shape{sl[0], sl[1] / 8} : Shape{sl[0], sl[1]}, int4 ? DType::I32 : DType::F8E4M3,
+                               device_);
+      fill_bytes(q.weight);
+      const std::vector<float> sv(static_cast<size_t>(scale_rows * scale_cols), std_ / (int4 ? 4.6f : 1.5f));
+      Tensor sc = Tensor::from_vector(sv, {scale_rows, scale_cols});
+      if (int4) sc = sc.to(DType::BF16);
+      q.scale = device_ == Device::CPU ? sc : sc.to_device(device_);
+      L.out += sl[0];
+      L.in = sl[1];
+      L.parts.push_back(std::move(q));
+    }
+    return L;
+  }
   bool has(const std::string&) const override { return true; }
   void skip(const std::string&, const Shape&) override {}
   int64_t skip_prefix(const std::string&) override { return 0; }
@@ -192,8 +229,35 @@ class RandomSource final : public WeightSource {
       o = (o + 7919) % kPool;  // the next window starts elsewhere
     }
   }
+  /// t's bytes tiled from the byte pool (made at first use: sign random, exponent 4..8, mantissa random,
+  /// i.e. e4m3fn values of magnitude 1/8 .. 15/4 and never NaN; as INT4 words any nibbles).
+  void fill_bytes(Tensor& t) {
+    if (!bytes_.defined()) {
+      std::vector<uint8_t> b(static_cast<size_t>(kPool));
+      for (auto& x : b) {
+        const uint64_t r = splitmix64(s_);
+        x = static_cast<uint8_t>(((r & 1) << 7) | ((4 + (r >> 1) % 5) << 3) | ((r >> 8) & 7));
+      }
+      bytes_ = Tensor::from_vector(b, {kPool});
+      if (device_ != Device::CPU) bytes_ = bytes_.to_device(device_);
+    }
+    const int64_t n = static_cast<int64_t>(t.nbytes());
+    auto* dst = static_cast<uint8_t*>(t.raw());
+    const auto* src = static_cast<const uint8_t*>(bytes_.raw());
+    int64_t o = static_cast<int64_t>(splitmix64(s_) % static_cast<uint64_t>(kPool / 2));
+    for (int64_t i = 0; i < n; i += kPool / 2) {
+      const int64_t c = std::min(kPool / 2, n - i);
+      if (device_ == Device::CPU)
+        std::memcpy(dst + i, src + o, static_cast<size_t>(c));
+      else
+        cuda::memcpy(dst + i, src + o, static_cast<size_t>(c));
+      o = (o + 7919) % (kPool / 2);
+    }
+  }
   uint64_t s_ = 0;
-  Tensor pool_;
+  float std_ = 0.02f;
+  QuantConfig quant_;
+  Tensor pool_, bytes_;
 };
 
 }  // namespace
@@ -204,8 +268,8 @@ std::unique_ptr<WeightSource> checkpoint_weights(const std::string& dir, int tp_
 }
 
 std::unique_ptr<WeightSource> random_weights(uint64_t seed, int tp_rank, int tp_size, Device device, DType dtype,
-                                             float std) {
-  return std::make_unique<RandomSource>(seed, tp_rank, tp_size, device, dtype, std);
+                                             float std, const QuantConfig& quant) {
+  return std::make_unique<RandomSource>(seed, tp_rank, tp_size, device, dtype, std, quant);
 }
 
 }  // namespace aerie

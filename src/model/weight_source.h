@@ -96,8 +96,10 @@ std::unique_ptr<WeightSource> checkpoint_weights(const std::string& dir, int tp_
 /// drawn on the host (splitmix64 + Box-Muller of `seed`; each tensor starts at its own seed-dependent
 /// offset, in the order the tensors are asked for), Norm 1, Bias 0, made on the device. Every tp rank
 /// draws each full tensor and keeps its slice, so the ranks of any tp size hold the one model tp 1
-/// makes from `seed` (tp runs compare).
+/// makes from `seed` (tp runs compare). With a `quant` method the Linears the real checkpoints ship
+/// quantized come in that format (RandomSource::load_linear: Kimi-K2.5's INT4 routed experts, DeepSeek-V3's
+/// FP8 Linears; drawn per rank, so only one tp size's model), for speed benchmarks of the shipped formats.
 std::unique_ptr<WeightSource> random_weights(uint64_t seed, int tp_rank, int tp_size, Device device, DType dtype,
-                                             float std = 0.02f);
+                                             float std = 0.02f, const QuantConfig& quant = {});
 
 }  // namespace aerie

@@ -10,6 +10,7 @@
 // Also: the weights stay compressed after load, tensor-parallel slices of the quantized tensors
 // dequantize to the slices of the whole (block-misaligned FP8 slices included), and the errors of
 // bad quantization configs and tensors name the file and the field or tensor.
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -175,6 +176,37 @@ TEST(QuantInt4, WeightsStayCompressed) {
   Linear q = load_at(fixture("kimi_k25_int4"), "language_model.model.layers.2.self_attn.q_a_proj", {32, 64},
                      TpSplit::None, 0, 1);
   EXPECT_EQ(q.format, WeightFormat::Dense);
+}
+
+// Random weights in the shipped formats (the speed benchmark's targets): Kimi-K2.5's routed experts INT4
+// and nothing else, DeepSeek-V3's Linears FP8, with scales that give weights of about the requested std;
+// a forward of such a random target is finite.
+TEST(QuantRandom, RandomWeightsInTheShippedFormats) {
+  const TargetConfig kimi = load_target_config(fixture("kimi_k25_int4"));
+  auto r = random_weights(3, 0, 1, Device::CPU, DType::F32, 0.02f, kimi.quant);
+  Linear e = r->load_linear("model.layers.1.mlp.experts.0.down_proj", {64, 64}, TpSplit::Cols);
+  ASSERT_EQ(e.format, WeightFormat::Int4Group);
+  EXPECT_EQ(e.parts[0].weight.shape(), (Shape{64, 8}));
+  EXPECT_EQ(r->load_linear("model.layers.1.self_attn.q_a_proj", {32, 64}, TpSplit::None).format, WeightFormat::Dense);
+  auto f = random_weights(3, 0, 1, Device::CPU, DType::F32, 0.02f,
+                          load_target_config(fixture("deepseek_v3_fp8")).quant);
+  Linear q = f->load_linear("model.layers.0.self_attn.q_b_proj", {96, 32}, TpSplit::Rows);
+  ASSERT_EQ(q.format, WeightFormat::BlockFp8);
+  for (const Linear* L : {&e, &q}) {
+    const std::vector<float> w = dense_of(*L);
+    double ss = 0;
+    for (float x : w) {
+      ASSERT_TRUE(std::isfinite(x));
+      ss += double{x} * x;
+    }
+    const double rms = std::sqrt(ss / w.size());
+    EXPECT_GT(rms, 0.01);
+    EXPECT_LT(rms, 0.04);
+  }
+  auto self = self_comm();
+  TargetModel m = TargetModel::random(kimi, *self, {Device::CPU, DType::F32}, 5);
+  const TargetOutput out = m.forward({1, 2, 3, 4, 5, 6}, nullptr, {1, 2, 3}, true);
+  for (float x : out.logits.to_float_vector()) ASSERT_TRUE(std::isfinite(x));
 }
 
 /// Rank r's slice of `name` under tp 2 dequantizes to the same slice of the whole dequantized weight.
