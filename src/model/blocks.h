@@ -132,6 +132,10 @@ namespace aerie {
 ///   (nope + rope)^-0.5 mscale(f, mscale_all_dim)^2; out = all_reduce(o_proj(concat_h O_h)).
 /// The KV cache holds the latent [kv_norm(c_kv) | roped k_pe] per position (kv_lora + rope values per
 /// token and layer, as vLLM's); a forward with a cache expands the cached latents through kv_b again.
+/// The most new rows of one sequence with a KV cache that MLA computes in the absorbed form (decoding
+/// steps: a token or a draft's few); longer chunks (a prompt's prefill) use the expanded form.
+constexpr int64_t kMlaAbsorbedMaxRows = 16;
+
 struct MlaSpec {
   int64_t hidden = 0, heads = 0, q_lora_rank = 0, kv_lora_rank = 0, qk_nope = 0, qk_rope = 0, v_head = 0;
   std::vector<float> inv_freq;  // [qk_rope / 2]

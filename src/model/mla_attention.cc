@@ -1,5 +1,8 @@
-// Multi-head latent attention in the expanded form (model/blocks.h MlaSpec; transformers'
-// DeepseekV3Attention.forward, deepseek-v3.md section 2). Buffers per forward (this rank's nh heads,
+// Multi-head latent attention (model/blocks.h MlaSpec; transformers' DeepseekV3Attention.forward,
+// deepseek-v3.md section 2): prefill in the expanded form (keys and values from kv_b, flash attention
+// with V zero-padded to the q/k head dim), decoding (a sequence with a cache and at most
+// kMlaAbsorbedMaxRows new rows: eval's and generate's steps) in the absorbed form against the latent
+// cache (absorbed() below). Buffers per forward (this rank's nh heads,
 // dk = nope + rope, L = the keys a sequence attends):
 //   qa, qan [n, q_lora]   q [n, nh, dk]   ckv [n, kv_lora + rope]   latent [n | L, kv_lora + rope]
 //   kv [L, nh, nope + v]   K, V [L, nh, dk] (V zero-padded from v to dk: one attention kernel for both)
@@ -8,6 +11,8 @@
 
 #include "core/error.h"
 #include "kernels/attention.h"
+#include "kernels/gemm.h"
+#include "kernels/mla.h"
 #include "kernels/norm.h"
 #include "kernels/rope.h"
 #include "kernels/tensor_ops.h"
@@ -103,27 +108,81 @@ class MlaAttention final : public AttentionBlock {
           attention_forward(q.slice(s, e), K.slice(s, e), V.slice(s, e), 0, s_.softmax_scale, out_b, nullptr);
         }
       });
-    } else {
-      for (int64_t i = 0; i < b.B; ++i) {
-        const int64_t s = b.start[i], e = b.start[i + 1];
-        const Tensor lat_all = b.cache[i] ? b.cache[i]->k[layer].slice(0, b.p0[i] + e - s) : latent.slice(s, e);
-        Tensor K, V, out_b = attn.slice(s, e);
-        expand(ctx, lat_all, K, V);
-        ctx.prof.time(OpKind::Attention, ctx.device, [&] {
-          attention_forward(q.slice(s, e), K, V, b.p0[i], s_.softmax_scale, out_b, nullptr);
-        });
-      }
     }
     Tensor o_in = ctx.buffer("mla.o_in", {n, nh_ * s_.v_head}, ct);
+    Tensor kv_b_w;  // kv_b's [nh (nope + v), lora] in the compute dtype, for the absorbed form
+    for (int64_t i = 0; i < b.B && any_cache; ++i) {
+      const int64_t s = b.start[i], e = b.start[i + 1];
+      if (b.cache[i] && e - s <= kMlaAbsorbedMaxRows) {
+        // Decoding: the absorbed form against the latent cache, straight into o_in's rows.
+        if (!kv_b_w.defined()) kv_b_w = kv_b_weight(ctx);
+        absorbed(ctx, q, s, e, b.cache[i]->k[layer].slice(0, b.p0[i] + e - s), b.p0[i], kv_b_w, o_in);
+        continue;
+      }
+      const Tensor lat_all = b.cache[i] ? b.cache[i]->k[layer].slice(0, b.p0[i] + e - s) : latent.slice(s, e);
+      Tensor K, V, out_b = attn.slice(s, e);
+      expand(ctx, lat_all, K, V);
+      ctx.prof.time(OpKind::Attention, ctx.device, [&] {
+        attention_forward(q.slice(s, e), K, V, b.p0[i], s_.softmax_scale, out_b, nullptr);
+      });
+    }
     ctx.prof.time(OpKind::Other, ctx.device, [&] {
-      Tensor rows = o_in.reshape({n * nh_, s_.v_head});
-      copy_columns(attn.reshape({n * nh_, dk_}), 0, rows, 0, s_.v_head);
+      for (int64_t i = 0; i < b.B; ++i) {
+        const int64_t s = b.start[i], e = b.start[i + 1];
+        if (any_cache && b.cache[i] && e - s <= kMlaAbsorbedMaxRows) continue;  // written by absorbed()
+        Tensor rows = o_in.slice(s, e).reshape({(e - s) * nh_, s_.v_head});
+        copy_columns(attn.slice(s, e).reshape({(e - s) * nh_, dk_}), 0, rows, 0, s_.v_head);
+      }
     });
     o_.matmul(ctx, o_in, out);  // [n, H], partial sum over tp ranks
     ctx.all_reduce(out);
   }
 
  private:
+  /// kv_b's weight [nh (nope + v), kv_lora] in the compute dtype: the dense weight itself, or a
+  /// quantized one dequantized into the forward's scratch.
+  Tensor kv_b_weight(ForwardContext& ctx) {
+    if (kv_b_.format == WeightFormat::Dense) return kv_b_.weight;
+    Tensor w = ctx.scratch("mla.kv_b", kv_b_.out * kv_b_.in, ctx.dtype).reshape({kv_b_.out, kv_b_.in});
+    ctx.prof.time(OpKind::Other, ctx.device, [&] { kv_b_.dequantize(w); });
+    return w;
+  }
+
+  /// The absorbed form (DeepSeek-V2 section 2.1.2) of rows [s, e) of one sequence against its latent
+  /// cache lat [L, lora + rope] (L = p0 + e - s, this batch's rows included), into o_in's rows [s, e):
+  ///   q_lat [m, nh, lora + rope] = [q_nope_h W_UK_h | q_pe_h]   (W_UK_h = kv_b rows h (nope + v) + [0, nope))
+  ///   scores [m nh, L] F32 = q_lat lat^T; p = causal softmax(softmax_scale scores)  (MQA: one latent "head")
+  ///   o [m nh, lora + rope] = p lat                              (its first lora columns are the value)
+  ///   o_in[:, h] [m, v] = o_h[:, :lora] W_UV_h^T                 (W_UV_h = kv_b rows h (nope + v) + nope + [0, v))
+  /// The same attention as the expanded form (q_nope . k_nope = q_nope . W_UK c), with no per-step
+  /// expansion of the cache: O(L (lora + rope)) per query and head instead of kv_b over all L keys.
+  void absorbed(ForwardContext& ctx, const Tensor& q, int64_t s, int64_t e, const Tensor& lat, int64_t p0,
+                const Tensor& w, Tensor& o_in) {
+    const int64_t m = e - s, L = lat.dim(0), nope = s_.qk_nope, rope = s_.qk_rope, lora = s_.kv_lora_rank;
+    const int64_t vd = s_.v_head, la = lora + rope, hs = (nope + vd) * lora;  // hs: kv_b's rows of one head
+    const DType ct = ctx.dtype;
+    Tensor ql = ctx.buffer("mla.q_lat", {m, nh_, la}, ct);
+    ctx.prof.time(OpKind::Gemm, ctx.device, [&] {
+      matmul_strided_batched({&q, s * nh_ * dk_, nh_ * dk_, dk_}, {&w, 0, lora, hs}, {&ql, 0, nh_ * la, la}, m, lora,
+                             nope, nh_, false);
+    });
+    ctx.prof.time(OpKind::Other, ctx.device, [&] {
+      Tensor rows = ql.reshape({m * nh_, la});
+      copy_columns(q.slice(s, e).reshape({m * nh_, dk_}), nope, rows, lora, rope);
+    });
+    Tensor scores = ctx.buffer("mla.scores", {m * nh_, L}, DType::F32), p = ctx.buffer("mla.p", {m * nh_, L}, ct);
+    Tensor o = ctx.buffer("mla.o_lat", {m * nh_, la}, ct);
+    ctx.prof.time(OpKind::Attention, ctx.device, [&] {
+      matmul(ql.reshape({m * nh_, la}), lat, scores, false, true);
+      causal_softmax_rows(scores, s_.softmax_scale, nh_, p0, p);
+      matmul(p, lat, o, false, false);
+    });
+    ctx.prof.time(OpKind::Gemm, ctx.device, [&] {
+      matmul_strided_batched({&o, 0, nh_ * la, la}, {&w, nope * lora, lora, hs}, {&o_in, s * nh_ * vd, nh_ * vd, vd},
+                             m, vd, lora, nh_, true);
+    });
+  }
+
   /// Keys and values of latents [L, kv_lora + rope]: kv = kv_b(c) [L, nh, nope + v];
   /// K [L, nh, dk] = [k_nope | k_pe], V [L, nh, dk] = [v | 0].
   void expand(ForwardContext& ctx, const Tensor& lat, Tensor& K, Tensor& V) {

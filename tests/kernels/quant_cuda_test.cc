@@ -100,14 +100,17 @@ TEST(QuantCuda, DequantBatchMatchesCpu) {
   AERIE_REQUIRE_CUDA();
   const Tensor fw = random_bytes({300, 257}, DType::F8E4M3, 21);
   const Tensor fs = testing::random_tensor({3, 3}, 22, 1e-4f, 1e-1f);
+  const Tensor fw2 = random_bytes({260, 384}, DType::F8E4M3, 25);  // K % 8 == 0: the 8-wide path
+  const Tensor fs2 = testing::random_tensor({3, 3}, 26, 1e-4f, 1e-1f);
   const Tensor ip = random_bytes({200, 7168 / 8}, DType::I32, 23);
   const Tensor is = testing::random_tensor({200, 7168 / 32}, 24, -1e-2f, 1e-2f).to(DType::BF16);
   for (DType dt : {DType::BF16, DType::F32}) {
-    const int64_t sizes[] = {300 * 257, 199 * 7168, 5 * 257, 200 * 7168};
+    const int64_t sizes[] = {300 * 257, 199 * 7168, 5 * 257, 200 * 7168, 130 * 384};
     int64_t total = 0;
     for (int64_t n : sizes) total += n;
     Tensor host = Tensor::zeros({total}, dt), dev = Tensor::zeros({total}, dt, Device::CUDA);
-    auto items = [&](const Tensor& buf, const Tensor& w8, const Tensor& s8, const Tensor& w4, const Tensor& s4) {
+    auto items = [&](const Tensor& buf, const Tensor& w8, const Tensor& s8, const Tensor& w4, const Tensor& s4,
+                     const Tensor& w82, const Tensor& s82) {
       int64_t o = 0;
       auto view = [&](int64_t rows, int64_t k) {
         Tensor v = buf.slice(o, o + rows * k).reshape({rows, k});
@@ -119,10 +122,11 @@ TEST(QuantCuda, DequantBatchMatchesCpu) {
       v.push_back({true, w4, s4, 7168, 1, 200, view(199, 7168), "int4 1.."});
       v.push_back({false, w8, s8, 0, 127, 132, view(5, 257), "fp8 127..132"});
       v.push_back({true, w4, s4, 7168, 0, 200, view(200, 7168), "int4 all"});
+      v.push_back({false, w82, s82, 0, 129, 259, view(130, 384), "fp8 8-wide 129..259"});
       return v;
     };
-    dequant_batch(items(host, fw, fs, ip, is));
-    dequant_batch(items(dev, gpu(fw), gpu(fs), gpu(ip), gpu(is)));
+    dequant_batch(items(host, fw, fs, ip, is, fw2, fs2));
+    dequant_batch(items(dev, gpu(fw), gpu(fs), gpu(ip), gpu(is), gpu(fw2), gpu(fs2)));
     expect_same_bits(dev, host, std::string("dequant_batch ") + dtype_name(dt));
   }
 }

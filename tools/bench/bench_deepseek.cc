@@ -161,6 +161,7 @@ void bench_blocks(const Args& a, const TargetConfig& cfg, Communicator& comm) {
     Tensor out = Tensor::empty({T, H}, DType::F32, Device::CUDA);
     const double moe_s = timed(a.warmup, a.iters, [&] { L.ffn->forward(ctx, h, out); });
     prof.enable(true);
+    prof.count_forward(T);
     L.ffn->forward(ctx, h, out);
     sync();
     const std::string split = prof.summary();

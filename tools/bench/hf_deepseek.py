@@ -68,8 +68,10 @@ def main():
     if a.blocks_only:
         cfg.first_k_dense_replace = 1  # layer 0 dense, layer 1 MoE (only layer 1 is timed)
     torch.manual_seed(0)
+    torch.set_default_dtype(torch.bfloat16)  # made in bf16 on the GPU: no fp32 copy of ~70 GB of experts
     with torch.device("cuda"):
-        model = DeepseekV3Model(cfg).to(torch.bfloat16).eval()
+        model = DeepseekV3Model(cfg).eval()
+    torch.set_default_dtype(torch.float32)
     H, nh = cfg.hidden_size, cfg.num_attention_heads
     dk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
     q = H * cfg.q_lora_rank + cfg.q_lora_rank * nh * dk

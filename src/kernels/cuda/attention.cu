@@ -178,11 +178,13 @@ struct Forward {
       go<DP, 1>();
       return;
     }
-    if constexpr (std::is_same_v<T, bf16_t> && (DP == 64 || DP == 128)) {
-      // The tensor-core kernel reads whole 16-byte chunks of rows of exactly DP values.
+    if constexpr (std::is_same_v<T, bf16_t> && (DP == 64 || DP == 128 || DP == 256)) {
+      // The tensor-core kernel reads whole 16-byte chunks of rows of exactly 64, 128 or 192 values (192:
+      // MLA's qk head dim, in the DP = 256 bucket of the SIMT kernel).
+      constexpr int TD = DP == 256 ? 192 : DP;
       auto aligned = [](const void* ptr, uintptr_t a) { return reinterpret_cast<uintptr_t>(ptr) % a == 0; };
-      if (p.d == DP && aligned(p.q, 16) && aligned(p.k, 16) && aligned(p.v, 16) && aligned(p.out, 4)) {
-        plan_and_launch(kTcBlockRows, [&](int64_t tiles, int64_t splits) { launch_fwd_tc<DP>(p, tiles, splits); });
+      if (p.d == TD && aligned(p.q, 16) && aligned(p.k, 16) && aligned(p.v, 16) && aligned(p.out, 4)) {
+        plan_and_launch(kTcBlockRows, [&](int64_t tiles, int64_t splits) { launch_fwd_tc<TD>(p, tiles, splits); });
         return;
       }
     }

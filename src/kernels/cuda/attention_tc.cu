@@ -1,4 +1,5 @@
-// BF16 tensor-core forward of the causal GQA attention (head dims exactly 64 or 128, 16-byte aligned
+// BF16 tensor-core forward of the causal GQA attention (head dims exactly 64, 128 or 192 (the MLA
+// prefill: nope 128 + rope 64, V zero-padded to 192; 120 KiB of shared memory, one block per SM), 16-byte aligned
 // q/k/v), used for prefill-sized work; the SIMT kernel of attention.cu does the rest (F32, other head
 // dims, decoding). Same contract, row packing (R = i * group + head in group), key splits and outputs
 // as attn_fwd_kernel.
@@ -31,7 +32,7 @@ struct MmaSmem {
 
 template <int DP>
 __global__ void __launch_bounds__(kThreads, 2) attn_fwd_mma_kernel(FwdParams p) {
-  static_assert(DP == 64 || DP == 128);
+  static_assert(DP == 64 || DP == 128 || DP == 192);
   constexpr int NC = DP / 8;       // 16-byte chunks per row
   constexpr int KD = DP / 16;      // k16 steps of Q K^T over the head dim
   constexpr int NB = kKeys / 8;    // n8 score blocks per tile
@@ -232,5 +233,6 @@ void launch_fwd_tc(const FwdParams& p, int64_t tiles, int64_t splits) {
 
 template void launch_fwd_tc<64>(const FwdParams& p, int64_t tiles, int64_t splits);
 template void launch_fwd_tc<128>(const FwdParams& p, int64_t tiles, int64_t splits);
+template void launch_fwd_tc<192>(const FwdParams& p, int64_t tiles, int64_t splits);
 
 }  // namespace aerie::cuda::attn

@@ -262,3 +262,31 @@ void matmul_grouped(const Tensor& a, const std::vector<Tensor>& w, const std::ve
 }
 
 }  // namespace aerie::cuda
+
+// ---- Strided batched GEMM of MLA's absorbed decode (kernels/mla.h, declared in cuda/mla.h) ----
+
+#include "kernels/cuda/mla.h"
+
+namespace aerie::cuda {
+
+void matmul_strided_batched(const void* a, int64_t lda, int64_t sa, const void* b, int64_t ldb, int64_t sb, void* c,
+                            int64_t ldc, int64_t sc, DType ab, DType cd, int64_t m, int64_t n, int64_t k, int64_t batch,
+                            bool trans_b) {
+  AERIE_CHECK(m <= INT32_MAX && n <= INT32_MAX && k <= INT32_MAX && batch <= INT32_MAX && lda <= INT32_MAX &&
+                  ldb <= INT32_MAX && ldc <= INT32_MAX,
+              "matmul_strided_batched: sizes beyond 32-bit cuBLAS dimensions");
+  // Row-major C_b (m, n) = A_b (m, k) op(B_b) is column-major C_b^T (n, m) = op(B_b)^T A_b^T: cuBLAS's A is
+  // our B (column-major (k, n) ld ldb, transposed, when trans_b; else (n, k) ld ldb), its B our A ((k, m) ld lda).
+  const float one = 1.0f, zero = 0.0f;
+  cublasHandle_t h = cublas_handle();
+  AERIE_CUBLAS_CHECK(cublasSetStream(h, stream()), "matmul_strided_batched: cublasSetStream");
+  AERIE_CUBLAS_CHECK(
+      cublasGemmStridedBatchedEx(h, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(n),
+                                 static_cast<int>(m), static_cast<int>(k), &one, b, cuda_type(ab),
+                                 static_cast<int>(ldb), sb, a, cuda_type(ab), static_cast<int>(lda), sa, &zero, c,
+                                 cuda_type(cd), static_cast<int>(ldc), sc, static_cast<int>(batch), CUBLAS_COMPUTE_32F,
+                                 CUBLAS_GEMM_DEFAULT),
+      "matmul_strided_batched: cublasGemmStridedBatchedEx m=" << m << " n=" << n << " k=" << k << " batch=" << batch);
+}
+
+}  // namespace aerie::cuda

@@ -24,6 +24,7 @@ struct DequantDesc {
   void* out = nullptr;           // (rows, K) F32|BF16
   int64_t n0 = 0, rows = 0, k = 0, group = 0;
   bool int4 = false, scale_f32 = false, out_f32 = false;
+  bool vec = false;  // set by dequant_batch: 8 outputs per thread (K % 8 == 0, aligned pointers)
 };
 /// All items in one launch (grid y = item, grid-stride over each item's elements), bitwise the single
 /// kernels; the descriptor array goes to the device with one copy. Queued on the current stream.

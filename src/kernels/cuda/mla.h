@@ -1,0 +1,18 @@
+// CUDA side of kernels/mla.h (arguments checked there). Plain C++. Internal to src/kernels.
+#pragma once
+#include <cstdint>
+
+#include "core/tensor.h"
+
+namespace aerie::cuda {
+
+/// Element pointers and leading dimensions as kernels/mla.h matmul_strided_batched describes; one
+/// cublasGemmStridedBatchedEx call on the current stream.
+void matmul_strided_batched(const void* a, int64_t lda, int64_t sa, const void* b, int64_t ldb, int64_t sb, void* c,
+                            int64_t ldc, int64_t sc, DType ab, DType cd, int64_t m, int64_t n, int64_t k, int64_t batch,
+                            bool trans_b);
+/// causal_softmax_rows on device pointers: scores (R, L) F32 -> p (R, L) F32|BF16.
+void causal_softmax_rows(const float* scores, int64_t rows, int64_t len, float scale, int64_t group,
+                         int64_t first_pos, void* p, DType pd);
+
+}  // namespace aerie::cuda
