@@ -125,7 +125,11 @@ TEST(QuantFp8, Bf16ModeWithinTheBf16Bound) {
   int flipped = 0;
   EXPECT_LE(bf16_rel_l2(fixture("deepseek_v3_fp8"), fixture("deepseek_v3_fp8") + "/reference.safetensors", flipped),
             0.03);
-  EXPECT_LE(flipped, 1);
+  // Tokens whose bf16 router picks another expert than transformers' (a near-tie decided by bf16
+  // rounding; left out of the L2): 1 with OpenBLAS's Zen kernels, 2 with its Haswell, SkylakeX and
+  // Sandybridge kernels since the expert outputs are rounded to bf16 as transformers' are (measured);
+  // a wrong router flips most of the 24.
+  EXPECT_LE(flipped, 2);
 }
 
 TEST(QuantInt4, Bf16ModeWithinTheBf16Bound) {
