@@ -2,6 +2,7 @@
 #include "kernels/mla.h"
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "core/bf16.h"
@@ -116,6 +117,43 @@ void causal_softmax_rows(const Tensor& scores, float scale, int64_t group, int64
         p.data<bf16>()[r * L + j] = bf16(v);
     }
   }
+}
+
+void mla_expand_kv(const Tensor& kv, const Tensor& lat, int64_t nope, int64_t vd, int64_t lora, Tensor& K, Tensor& V) {
+  constexpr const char* op = "mla_expand_kv";
+  AERIE_CHECK(K.ndim() == 3 && V.ndim() == 3 && kv.ndim() == 2 && lat.ndim() == 2,
+              op << ": want kv [L, nh (nope + v)], lat [L, lora + rope], K [L, nh, dk], V [L, nh, dv]");
+  const int64_t L = K.dim(0), nh = K.dim(1), dk = K.dim(2), rope = dk - nope, dv = V.dim(2);
+  kv.check_shape({L, nh * (nope + vd)}, kernels::what(op, "kv"));
+  lat.check_shape({L, lora + rope}, kernels::what(op, "lat"));
+  AERIE_CHECK(rope >= 0 && V.dim(0) == L && V.dim(1) == nh && dv >= vd,
+              op << ": K " << shape_str(K.shape()) << " / V " << shape_str(V.shape()) << " do not fit nope " << nope
+                 << ", v " << vd);
+  for (const Tensor* t : {&lat, static_cast<const Tensor*>(&K), static_cast<const Tensor*>(&V)})
+    AERIE_CHECK(t->dtype() == kv.dtype(), op << ": kv, lat, K and V must share one dtype");
+  const Device dev = kernels::common_device(op, {{"kv", &kv}, {"lat", &lat}, {"K", &K}, {"V", &V}});
+  const int es = static_cast<int>(dtype_size(kv.dtype()));
+  if (L == 0 || nh == 0) return;
+  if (dev == Device::CUDA) {
+#ifdef AERIE_WITH_CUDA
+    cuda::mla_expand_kv(kv.raw(), lat.raw(), L, nh, nope, vd, lora, rope, dv, K.raw(), V.raw(), es);
+    return;
+#else
+    kernels::throw_no_backend(op, dev);
+#endif
+  }
+  const auto* kp = static_cast<const char*>(kv.raw());
+  const auto* lp = static_cast<const char*>(lat.raw());
+  auto* Kp = static_cast<char*>(K.raw());
+  auto* Vp = static_cast<char*>(V.raw());
+  std::memset(Vp, 0, V.nbytes());
+  for (int64_t l = 0; l < L; ++l)
+    for (int64_t h = 0; h < nh; ++h) {
+      const char* src = kp + ((l * nh + h) * (nope + vd)) * es;
+      std::memcpy(Kp + ((l * nh + h) * dk) * es, src, nope * es);
+      std::memcpy(Kp + ((l * nh + h) * dk + nope) * es, lp + (l * (lora + rope) + lora) * es, rope * es);
+      std::memcpy(Vp + ((l * nh + h) * dv) * es, src + nope * es, vd * es);
+    }
 }
 
 }  // namespace aerie

@@ -35,4 +35,12 @@ void matmul_strided_batched(const MatrixView& a, const MatrixView& b, const Matr
 /// devices that do not fit.
 void causal_softmax_rows(const Tensor& scores, float scale, int64_t group, int64_t first_pos, Tensor& p);
 
+/// The expanded form's keys and values of MLA (prefill): from kv = kv_b(c) [L, nh (nope + vd)] and the
+/// latents lat [L, lora + rope] (roped k_pe in its last rope columns),
+///   K [L, nh, nope + rope]: K[l, h] = [kv[l, h, :nope] | lat[l, lora:]]  (one shared rope key),
+///   V [L, nh, dv]:          V[l, h] = [kv[l, h, nope:] | 0]              (dv >= vd: zero-padded to the q/k head dim).
+/// All one dtype (any float) and device; K, V overwritten. CPU: loops; CUDA: one grid-stride kernel.
+/// Throws aerie::Error on shapes, dtypes or devices that do not fit.
+void mla_expand_kv(const Tensor& kv, const Tensor& lat, int64_t nope, int64_t vd, int64_t lora, Tensor& K, Tensor& V);
+
 }  // namespace aerie

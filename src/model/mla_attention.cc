@@ -186,20 +186,14 @@ class MlaAttention final : public AttentionBlock {
   /// Keys and values of latents [L, kv_lora + rope]: kv = kv_b(c) [L, nh, nope + v];
   /// K [L, nh, dk] = [k_nope | k_pe], V [L, nh, dk] = [v | 0].
   void expand(ForwardContext& ctx, const Tensor& lat, Tensor& K, Tensor& V) {
-    const int64_t L = lat.dim(0), nope = s_.qk_nope, rope = s_.qk_rope, lora = s_.kv_lora_rank, vd = s_.v_head;
+    const int64_t L = lat.dim(0), nope = s_.qk_nope, lora = s_.kv_lora_rank, vd = s_.v_head;
     const DType ct = ctx.dtype;
     Tensor c = Tensor::empty({L, lora}, ct, ctx.device), kv = Tensor::empty({L, nh_ * (nope + vd)}, ct, ctx.device);
     K = Tensor::empty({L, nh_, dk_}, ct, ctx.device);
-    V = Tensor::zeros({L, nh_, dk_}, ct, ctx.device);
+    V = Tensor::empty({L, nh_, dk_}, ct, ctx.device);
     ctx.prof.time(OpKind::Other, ctx.device, [&] { copy_columns(lat, 0, c, 0, lora); });
     kv_b_.matmul(ctx, c, kv);
-    ctx.prof.time(OpKind::Other, ctx.device, [&] {
-      Tensor kv_rows = kv.reshape({L * nh_, nope + vd}), k_rows = K.reshape({L * nh_, dk_});
-      Tensor v_rows = V.reshape({L * nh_, dk_}), k_heads = K.reshape({L, nh_ * dk_});
-      copy_columns(kv_rows, 0, k_rows, 0, nope);
-      copy_columns(kv_rows, nope, v_rows, 0, vd);
-      for (int64_t hd = 0; hd < nh_; ++hd) copy_columns(lat, lora, k_heads, hd * dk_ + nope, rope);  // shared k_pe
-    });
+    ctx.prof.time(OpKind::Other, ctx.device, [&] { mla_expand_kv(kv, lat, nope, vd, lora, K, V); });
   }
 
   MlaSpec s_;

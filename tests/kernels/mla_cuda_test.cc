@@ -63,3 +63,24 @@ TEST(MlaCuda, CausalSoftmaxMatchesCpu) {
 
 }  // namespace
 }  // namespace aerie
+
+namespace aerie {
+namespace {
+
+TEST(MlaCuda, ExpandKvMatchesCpuBitwise) {
+  AERIE_REQUIRE_CUDA();
+  const int64_t L = 37, nh = 16, nope = 128, vd = 128, lora = 512, rope = 64, dk = nope + rope;
+  for (DType dt : {DType::F32, DType::BF16}) {
+    const Tensor kv = testing::random_tensor({L, nh * (nope + vd)}, 9).to(dt);
+    const Tensor lat = testing::random_tensor({L, lora + rope}, 10).to(dt);
+    Tensor K = Tensor::empty({L, nh, dk}, dt), V = Tensor::empty({L, nh, dk}, dt);
+    Tensor Kg = Tensor::empty({L, nh, dk}, dt, Device::CUDA), Vg = Tensor::empty({L, nh, dk}, dt, Device::CUDA);
+    mla_expand_kv(kv, lat, nope, vd, lora, K, V);
+    mla_expand_kv(testing::gpu(kv), testing::gpu(lat), nope, vd, lora, Kg, Vg);
+    EXPECT_EQ(Kg.to_device(Device::CPU).to_float_vector(), K.to_float_vector()) << dtype_name(dt);
+    EXPECT_EQ(Vg.to_device(Device::CPU).to_float_vector(), V.to_float_vector()) << dtype_name(dt);
+  }
+}
+
+}  // namespace
+}  // namespace aerie

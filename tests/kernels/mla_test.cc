@@ -93,3 +93,27 @@ TEST(CausalSoftmaxRows, MasksByTokenNotByRow) {
 
 }  // namespace
 }  // namespace aerie
+
+namespace aerie {
+namespace {
+
+TEST(MlaExpandKv, KeysValuesAndTheSharedRopeKey) {
+  const int64_t L = 3, nh = 2, nope = 4, vd = 3, lora = 5, rope = 2, dk = nope + rope;
+  const Tensor kv = testing::random_tensor({L, nh * (nope + vd)}, 7), lat = testing::random_tensor({L, lora + rope}, 8);
+  Tensor K = Tensor::empty({L, nh, dk}, DType::F32), V = Tensor::empty({L, nh, dk}, DType::F32);
+  mla_expand_kv(kv, lat, nope, vd, lora, K, V);
+  const auto kvv = kv.to_float_vector(), lv = lat.to_float_vector(), Kv = K.to_float_vector(), Vv = V.to_float_vector();
+  for (int64_t l = 0; l < L; ++l)
+    for (int64_t h = 0; h < nh; ++h)
+      for (int64_t c = 0; c < dk; ++c) {
+        const float k = c < nope ? kvv[l * nh * (nope + vd) + h * (nope + vd) + c] : lv[l * (lora + rope) + lora + c - nope];
+        const float v = c < vd ? kvv[l * nh * (nope + vd) + h * (nope + vd) + nope + c] : 0.0f;
+        ASSERT_EQ(Kv[(l * nh + h) * dk + c], k) << l << " " << h << " " << c;
+        ASSERT_EQ(Vv[(l * nh + h) * dk + c], v) << l << " " << h << " " << c;
+      }
+  Tensor bad = Tensor::empty({L, nh, 2}, DType::F32);
+  testing::expect_error([&] { mla_expand_kv(kv, lat, nope, vd, lora, K, bad); }, "do not fit nope 4, v 3");
+}
+
+}  // namespace
+}  // namespace aerie

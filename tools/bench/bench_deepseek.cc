@@ -176,10 +176,16 @@ void bench_blocks(const Args& a, const TargetConfig& cfg, Communicator& comm) {
     std::fflush(stdout);
     const double mla_s = timed(a.warmup, a.iters, [&] { L.attn->forward(ctx, layer, h, out); });
     const double mla_tf = (mla_proj_flops(cfg) * T + mla_attn_flops(cfg, T)) / mla_s / 1e12;
+    OpProfile mprof;
+    mprof.enable(true);
+    mprof.count_forward(T);
+    ForwardContext mctx(Device::CUDA, DType::BF16, comm, mprof, b);
+    L.attn->forward(mctx, layer, h, out);
+    aerie::sync();
     std::printf("{\"bench\": \"deepseek_block\", \"label\": \"%s\", \"block\": \"mla\", \"heads\": %lld, "
-                "\"tokens\": %lld, \"ms\": %.3f, \"tflops\": %.1f, \"mfu\": %.3f}\n",
+                "\"tokens\": %lld, \"ms\": %.3f, \"tflops\": %.1f, \"mfu\": %.3f, \"profiled_split\": \"%s\"}\n",
                 a.label.c_str(), static_cast<long long>(cfg.num_attention_heads), static_cast<long long>(T),
-                mla_s * 1e3, mla_tf, mla_tf / a.peak_tflops);
+                mla_s * 1e3, mla_tf, mla_tf / a.peak_tflops, mprof.summary().c_str());
     std::fflush(stdout);
   }
 }

@@ -15,4 +15,8 @@ void matmul_strided_batched(const void* a, int64_t lda, int64_t sa, const void* 
 void causal_softmax_rows(const float* scores, int64_t rows, int64_t len, float scale, int64_t group,
                          int64_t first_pos, void* p, DType pd);
 
+/// mla_expand_kv on device pointers (elements of `esize` bytes: 2 or 4).
+void mla_expand_kv(const void* kv, const void* lat, int64_t L, int64_t nh, int64_t nope, int64_t vd, int64_t lora,
+                   int64_t rope, int64_t dv, void* K, void* V, int esize);
+
 }  // namespace aerie::cuda
