@@ -131,5 +131,23 @@ TEST(QuantCuda, DequantBatchMatchesCpu) {
   }
 }
 
+// The real-weight goldens (tools/reference/real_quant_golden.py) through the CUDA kernels, single and batched.
+TEST(QuantCuda, RealWeightsEqualTheLibrariesBitwise) {
+  AERIE_REQUIRE_CUDA();
+  using testing::real_golden;
+  const Tensor fw = gpu(real_golden("fp8.weight")), fs = gpu(real_golden("fp8.weight_scale_inv"));
+  const Tensor iw = gpu(real_golden("int4.weight_packed")), is = gpu(real_golden("int4.weight_scale"));
+  const int64_t k4 = iw.dim(1) * 8;
+  Tensor f = Tensor::empty(fw.shape(), DType::BF16, Device::CUDA), i = Tensor::empty({iw.dim(0), k4}, DType::BF16, Device::CUDA);
+  dequant_fp8_block(fw, fs, f);
+  dequant_int4_packed(iw, is, k4, kInt4GroupSize, i);
+  expect_same_bits(f, real_golden("fp8.dequant_bf16"), "fp8 single");
+  expect_same_bits(i, real_golden("int4.dequant_bf16"), "int4 single");
+  Tensor fb = Tensor::empty(fw.shape(), DType::BF16, Device::CUDA), ib = Tensor::empty({iw.dim(0), k4}, DType::BF16, Device::CUDA);
+  dequant_batch({{false, fw, fs, 0, 0, fw.dim(0), fb, "q_proj"}, {true, iw, is, k4, 0, iw.dim(0), ib, "down_proj"}});
+  expect_same_bits(fb, real_golden("fp8.dequant_bf16"), "fp8 batched");
+  expect_same_bits(ib, real_golden("int4.dequant_bf16"), "int4 batched");
+}
+
 }  // namespace
 }  // namespace aerie

@@ -18,6 +18,16 @@ inline const Tensor& golden(const std::string& name) {
   return it->second;
 }
 
+/// The goldens on real weights of tools/reference/real_quant_golden.py (SmolLM2-135M-Instruct matrices
+/// quantized by the block-FP8 formula and by compressed-tensors; tests/kernels/fixtures/real_quant_golden.safetensors).
+inline const Tensor& real_golden(const std::string& name) {
+  static const SafetensorsFile file =
+      load_safetensors(std::string(AERIE_SOURCE_DIR) + "/tests/kernels/fixtures/real_quant_golden.safetensors");
+  auto it = file.tensors.find(name);
+  AERIE_CHECK(it != file.tensors.end(), "real_quant_golden.safetensors has no tensor " << name);
+  return it->second;
+}
+
 /// The raw 16-bit patterns of a BF16 tensor (any device), for bitwise comparisons.
 inline std::vector<uint16_t> bf16_bits(const Tensor& t) {
   const Tensor c = t.device() == Device::CPU ? t : t.to_device(Device::CPU);

@@ -176,5 +176,22 @@ TEST(DequantBatch, EqualsOneCallPerItem) {
   }
 }
 
+// Real weights (SmolLM2-135M-Instruct's q_proj and down_proj slices, tools/reference/real_quant_golden.py):
+// aerie's dequantization equals torch's block-FP8 formula and compressed-tensors' decompress bit for bit in
+// BF16, and its F32 output rounds to the same bf16 (both goldens are the fp32 product rounded once).
+TEST(RealWeights, DequantizationEqualsTheLibrariesBitwise) {
+  using testing::real_golden;
+  const Tensor& fw = real_golden("fp8.weight");
+  const Tensor& iw = real_golden("int4.weight_packed");
+  const int64_t k4 = iw.dim(1) * 8;
+  for (DType dt : {DType::BF16, DType::F32}) {
+    Tensor f = Tensor::empty(fw.shape(), dt), i = Tensor::empty({iw.dim(0), k4}, dt);
+    dequant_fp8_block(fw, real_golden("fp8.weight_scale_inv"), f, "q_proj");
+    dequant_int4_packed(iw, real_golden("int4.weight_scale"), k4, kInt4GroupSize, i, "down_proj");
+    EXPECT_EQ(bf16_bits(f.to(DType::BF16)), bf16_bits(real_golden("fp8.dequant_bf16"))) << dtype_name(dt);
+    EXPECT_EQ(bf16_bits(i.to(DType::BF16)), bf16_bits(real_golden("int4.dequant_bf16"))) << dtype_name(dt);
+  }
+}
+
 }  // namespace
 }  // namespace aerie
