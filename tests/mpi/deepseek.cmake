@@ -8,4 +8,7 @@ if(TARGET aerie)
   set_tests_properties(deepseek_pipeline PROPERTIES
                        ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1"
                        LABELS mpi SKIP_RETURN_CODE 77 TIMEOUT 300)
+  # tests/tools/widen_vocab.cc: a fixture widened to a real tokenizer's vocabulary, for the pipeline with real text.
+  add_executable(widen_vocab ${CMAKE_SOURCE_DIR}/tests/tools/widen_vocab.cc)
+  target_link_libraries(widen_vocab PRIVATE aerie_io aerie_tokenizer)
 endif()
