@@ -5,7 +5,8 @@
 # tokenizer), then extract at tp 1 and tp 2 (the same shards; their values are TpTest's), vocab, 4 train
 # steps on 2 ranks, export; the export's config
 # must carry the draft shape of an MLA target (head_dim = v_head_dim) and the target's YaRN rope.
-# eval is not run: the fixtures have no tokenizer of their own vocabulary.
+# No template and no eval here (the fixtures' vocabulary is no tokenizer's): tests/mpi/deepseek_chat_pipeline.sh
+# runs the whole pipeline with real conversations, templates and eval on the fixtures widened to a real one.
 # usage: deepseek_pipeline.sh AERIE SOURCE_DIR TOKENIZER_DIR WORK_DIR
 # Exits 77 (CTest: skipped) when the converted stories260K tokenizer is missing.
 set -euo pipefail
