@@ -115,31 +115,27 @@ __global__ void dequant_batch_kernel(const DequantDesc* __restrict__ items) {
   const int64_t total = d.rows * d.k;
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
   if (d.vec) {
-    // A block per row (grid-stride over rows), its threads over the row's groups of eight outputs (one
-    // INT4 word, or 8 FP8 bytes): no index division, coalesced 16-byte stores; the same products and
-    // roundings as the scalar path below.
+    // Eight outputs per thread (one INT4 word, or 8 FP8 bytes), one index division per eight: the same
+    // products and roundings as the scalar path below.
     const int64_t per_row = d.k / 8;
-    for (int64_t r = blockIdx.x; r < d.rows; r += gridDim.x) {
-      const int64_t n = d.n0 + r;
-      for (int64_t w = threadIdx.x; w < per_row; w += blockDim.x) {
-        const int64_t j = w * 8;
-        float v[8];
-        if (d.int4) {
-          const uint32_t word = static_cast<uint32_t>(static_cast<const int32_t*>(d.weight)[n * per_row + w]);
-          const int64_t si = n * (d.k / d.group) + j / d.group;
-          const float sc = d.scale_f32 ? load_scale(static_cast<const float*>(d.scale), si)
-                                       : load_scale(static_cast<const uint16_t*>(d.scale), si);
+    for (int64_t w = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; w < total / 8; w += stride) {
+      const int64_t r = w / per_row, j = (w % per_row) * 8, n = d.n0 + r;
+      float v[8];
+      if (d.int4) {
+        const uint32_t word = static_cast<uint32_t>(static_cast<const int32_t*>(d.weight)[n * per_row + j / 8]);
+        const int64_t si = n * (d.k / d.group) + j / d.group;
+        const float sc = d.scale_f32 ? load_scale(static_cast<const float*>(d.scale), si)
+                                     : load_scale(static_cast<const uint16_t*>(d.scale), si);
 #pragma unroll
-          for (int t = 0; t < 8; ++t) v[t] = static_cast<float>(static_cast<int>((word >> (4 * t)) & 0xFu) - 8) * sc;
-        } else {
-          const uint2 b = *reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(d.weight) + n * d.k + j);
-          const float sc = static_cast<const float*>(d.scale)[(n / 128) * ((d.k + 127) / 128) + j / 128];
+        for (int t = 0; t < 8; ++t) v[t] = static_cast<float>(static_cast<int>((word >> (4 * t)) & 0xFu) - 8) * sc;
+      } else {
+        const uint2 b = *reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(d.weight) + n * d.k + j);
+        const float sc = static_cast<const float*>(d.scale)[(n / 128) * ((d.k + 127) / 128) + j / 128];
 #pragma unroll
-          for (int t = 0; t < 8; ++t)
-            v[t] = fp8_e4m3fn_to_float(static_cast<uint8_t>(((t < 4 ? b.x : b.y) >> (8 * (t % 4))) & 0xFFu)) * sc;
-        }
-        store8(d.out, d.out_f32, r * d.k + j, v);
+        for (int t = 0; t < 8; ++t)
+          v[t] = fp8_e4m3fn_to_float(static_cast<uint8_t>(((t < 4 ? b.x : b.y) >> (8 * (t % 4))) & 0xFFu)) * sc;
       }
+      store8(d.out, d.out_f32, r * d.k + j, v);
     }
     return;
   }
@@ -188,12 +184,7 @@ void dequant_batch(const std::vector<DequantDesc>& items) {
   AERIE_CUDA_CHECK(cudaMemcpyAsync(dev, v.data(), bytes, cudaMemcpyHostToDevice, s),
                    "dequant_batch: cudaMemcpyAsync of " << items.size() << " descriptors");
   // Enough x blocks to fill the GPU for the largest item; smaller items finish early.
-  // x blocks: enough for the largest item's rows (vector path: a block per row) or elements (scalar
-  // path), capped so that the whole grid stays below ~1M blocks.
-  int64_t most_rows = 0;
-  for (const DequantDesc& d : v) most_rows = std::max(most_rows, d.rows);
-  const int64_t cap = std::max<int64_t>(1, (int64_t{1} << 20) / static_cast<int64_t>(v.size()));
-  const unsigned bx = static_cast<unsigned>(std::min<int64_t>(std::max<int64_t>(most_rows, blocks_for(largest / 8 + 1, kThreads)), cap));
+  const unsigned bx = std::min(blocks_for(largest / 8 + 1, kThreads), std::max(1u, 4096u / static_cast<unsigned>(items.size())) * 8u);
   dequant_batch_kernel<<<dim3(bx, static_cast<unsigned>(items.size())), kThreads, 0, s>>>(
       static_cast<const DequantDesc*>(dev));
   AERIE_CUDA_LAUNCHED("dequant_batch_kernel");
