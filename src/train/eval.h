@@ -37,7 +37,10 @@ struct SpecDecodeResult {
   int64_t generated = 0;              // new tokens, including the one of the prefill
   int64_t verify_passes = 0;          // target forwards after the prefill
   int64_t verify_tokens = 0;          // new tokens those passes yielded (accepted + 1 each, cut at the end)
-  std::vector<int64_t> accepted_at;   // [n]: passes in which draft position i (0-based) was accepted
+  // [n]: passes in which draft position i (0-based) was accepted and emitted (a pass cut at max_new or a
+  // stop token counts only the guesses before the cut), so 1 + sum_i accepted_at[i] / verify_passes equals
+  // verify_tokens / verify_passes except for a last pass cut inside its guesses (it lacks its target token).
+  std::vector<int64_t> accepted_at;
 };
 
 /// Greedy chain speculative decoding (eagle3.md section 6). Prefill: the target's forward of the prompt

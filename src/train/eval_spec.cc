@@ -130,10 +130,11 @@ SpecDecodeResult speculative_generate(TargetModel& target, Proposer& prop, const
     int a = 0;
     while (a < n && guess[a] == y[a]) ++a;
     ++r.verify_passes;
-    for (int i = 0; i < a; ++i) ++r.accepted_at[i];
-    // The new tokens g_1..g_a, y_a, cut after a stop token or at max_new.
+    // The new tokens g_1..g_a, y_a, cut after a stop token or at max_new. Only the guesses that are
+    // emitted count as accepted (a guess cut off at max_new is not part of the output).
     for (int i = 0; i <= a && !done; ++i) {
       const int32_t t = i < a ? guess[i] : y[a];
+      if (i < a) ++r.accepted_at[i];
       r.tokens.push_back(t);
       ++r.generated;
       ++r.verify_tokens;
