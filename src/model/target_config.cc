@@ -1,7 +1,7 @@
 // TargetConfig from a Hugging Face config.json. Field names and defaults follow transformers'
 // LlamaConfig (configuration_llama.py): head_dim = hidden_size / num_attention_heads,
 // num_key_value_heads = num_attention_heads, rms_norm_eps = 1e-6, rope_theta = 10000,
-// max_position_embeddings = 2048, tie_word_embeddings = false. RoPE parameters are read from
+// max_position_embeddings = the model_type config class's default (below), tie_word_embeddings = false. RoPE parameters are read from
 // rope_theta + rope_scaling (transformers 4.x) or from rope_parameters (transformers 5.x).
 // Per family (transformers' modeling_{llama,mistral,qwen2,qwen3}.py):
 //   llama    attention_bias -> q/k/v/o biases, mlp_bias -> gate/up/down biases
@@ -165,7 +165,14 @@ TargetConfig load_target_config(const std::string& dir) {
     c.head_dim = c.hidden_size / c.num_attention_heads;
   }
   AERIE_CHECK(c.head_dim > 0 && c.head_dim % 2 == 0, path << ": head_dim " << c.head_dim << " must be even");
-  c.max_position_embeddings = optional_int(j, "max_position_embeddings", 2048, path);
+  // Absent: transformers' default of the model_type's config class (5.24: LlamaConfig 2048,
+  // MistralConfig 131072, Qwen2Config / Qwen3Config 32768, DeepseekV3Config 4096), which is what a
+  // serving engine reading the same config.json assumes.
+  const int64_t default_positions = c.model_type == "mistral"                              ? 131072
+                                    : c.model_type == "qwen2" || c.model_type == "qwen3" ? 32768
+                                    : c.model_type == "deepseek_v3" || c.model_type == "kimi_k2" ? 4096
+                                                                                          : 2048;
+  c.max_position_embeddings = optional_int(j, "max_position_embeddings", default_positions, path);
   c.rms_norm_eps = optional_double(j, "rms_norm_eps", 1e-6, path);
   c.tie_word_embeddings = j.contains("tie_word_embeddings") && j["tie_word_embeddings"].is_boolean()
                               ? j["tie_word_embeddings"].get<bool>()

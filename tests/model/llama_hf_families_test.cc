@@ -101,6 +101,15 @@ TargetConfig config_with(const nlohmann::json& extra) {
   return load_target_config(dir);
 }
 
+TEST(LlamaHfFamilies, MaxPositionEmbeddingsDefaultsPerFamily) {
+  // Without the field: transformers' config class default (5.24), not Llama's 2048 for every family.
+  EXPECT_EQ(config_with({{"model_type", "llama"}}).max_position_embeddings, 2048);
+  EXPECT_EQ(config_with({{"model_type", "mistral"}}).max_position_embeddings, 131072);
+  EXPECT_EQ(config_with({{"model_type", "qwen2"}}).max_position_embeddings, 32768);
+  EXPECT_EQ(config_with({{"model_type", "qwen3"}}).max_position_embeddings, 32768);
+  EXPECT_EQ(config_with({{"model_type", "qwen3"}, {"max_position_embeddings", 40960}}).max_position_embeddings, 40960);
+}
+
 TEST(LlamaHfFamilies, ConfigFieldsPerFamily) {
   // Qwen2 as transformers 4.x wrote it: a sliding_window that use_sliding_window false switches off.
   TargetConfig c = config_with({{"model_type", "qwen2"}, {"sliding_window", 4096}, {"use_sliding_window", false},
