@@ -265,6 +265,7 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp) {
   StepMetrics interval;
   auto t0 = std::chrono::steady_clock::now();
   int64_t steps_in_interval = 0;
+  int64_t steps_run = 0, empty_steps = 0;  // empty: no TTT row of step 0 in the whole global batch
   while (st.step < total) {
     const int64_t step = st.step;
     const std::vector<int64_t> mine = BatchOrder::rank_share(order.batch(step), rank, dp.size());
@@ -281,6 +282,19 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp) {
     StepMetrics m = train_step(ck.config, w, opt, head.embed_tokens, local, ck.vocab, opts.ttt_steps, lr,
                                opts.max_grad_norm, dp, scratch, nccl.get());
     AERIE_CHECK(std::isfinite(m.grad_norm), "train: non-finite gradient norm at step " << step + 1);
+    ++steps_run;
+    if (m.valid.empty() || m.valid[0] == 0) {
+      // eagle3.md section 4: row t of TTT step 0 trains iff loss_mask[t + 2] = 1 and the target's token
+      // at t + 1 is in the draft vocabulary; a batch without such a row gives loss 0 and no update.
+      if (empty_steps++ == 0 && rank == 0) {
+        std::ostringstream ids;
+        for (size_t i = 0; i < mine.size() && i < 8; ++i) ids << (i ? ", " : "") << mine[i];
+        AERIE_LOG(warning) << "train: step " << step + 1 << " has no trainable row: none of its samples (rank 0's: "
+                           << ids.str() << (mine.size() > 8 ? ", ..." : "")
+                           << ") has a loss token at position >= 2 whose target token is in the draft vocabulary, "
+                           << "so the step trains nothing (loss 0); further such steps are counted, not logged";
+      }
+    }
     interval.add(m);
     ++steps_in_interval;
     st.step = step + 1;
@@ -320,6 +334,12 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp) {
     }
   }
   if (result.stop_signal == 0) progress.finish();
+  AERIE_CHECK(steps_run == 0 || empty_steps < steps_run,
+              "train: none of the " << steps_run << " steps had a trainable row (loss 0, nothing learned): the "
+                                    << "samples' loss tokens all sit at positions 0-1, or their target tokens are "
+                                    << "all outside the draft vocabulary (" << opts.vocab_path << ")");
+  if (empty_steps > 0 && rank == 0)
+    AERIE_LOG(warning) << "train: " << empty_steps << " of " << steps_run << " steps had no trainable row";
   result.step = st.step;
   return result;
 }

@@ -14,3 +14,10 @@ if(TARGET stories260K_model)
   set_tests_properties(train_resume_np2 PROPERTIES ENVIRONMENT "${_aerie_train_env}" LABELS mpi RUN_SERIAL TRUE
                        TIMEOUT 300)
 endif()
+# Samples without a trainable TTT row make train stop with an error that says why (tests/mpi/train_untrainable.sh).
+if(TARGET stories260K_model)
+  add_test(NAME train_untrainable_samples
+           COMMAND bash ${CMAKE_SOURCE_DIR}/tests/mpi/train_untrainable.sh $<TARGET_FILE:aerie> ${AERIE_MODEL_DIR}
+                   ${CMAKE_BINARY_DIR}/test-scratch/train_untrainable)
+  set_tests_properties(train_untrainable_samples PROPERTIES ENVIRONMENT "${_aerie_train_env}" LABELS mpi)
+endif()
