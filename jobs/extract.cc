@@ -72,6 +72,7 @@ int extract(const std::vector<std::string>& args) {
       "benchmarks: random N(0, 0.02^2) weights from this seed (>= 0) instead of the checkpoint; --model "
       "then needs only config.json");
   add_target_device_options(desc);
+  add_lock_options(desc);
   po::variables_map vm;
   if (!parse_options("extract", args, desc, vm)) return 0;
   // Bad input is reported before the target loads (minutes for a large checkpoint).
@@ -83,6 +84,9 @@ int extract(const std::vector<std::string>& args) {
   opt.samples_per_shard = vm["samples-per-shard"].as<int64_t>();
   opt.batch_tokens = batch_tokens;
   check_extract_inputs(opt);
+  // Before the target loads: a second extract into this folder is refused at once (rank 0 holds the lock
+  // until the job ends; run_extract removes stale .tmp files only under it).
+  const OutputLock lock = lock_output(vm, "extract", opt.output, LockTarget::Folder);
 
   ParallelGroups groups = ParallelGroups::create(vm["tp"].as<int>());
   TargetDevice target = resolve_target_device(vm, groups, "extract");

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "io/output_lock.h"
+
 namespace aerie::jobs {
 
 namespace po = boost::program_options;
@@ -15,6 +17,16 @@ namespace po = boost::program_options;
 /// malformed options, naming the option and the file.
 bool parse_options(const std::string& job, const std::vector<std::string>& args, po::options_description& desc,
                    po::variables_map& vm);
+
+/// Adds --force-unlock to `desc` (the jobs that lock their output: io/output_lock.h).
+void add_lock_options(po::options_description& desc);
+
+/// Locks the job's output (`target`, named by --output) on world rank 0 (io/output_lock.h), before the
+/// job reads its model: a second job into the same output is refused at start, naming the holder.
+/// Collective over MPI_COMM_WORLD; throws aerie::CollectiveError on every rank on a refusal. `vm` must
+/// hold the options of add_lock_options.
+OutputLock lock_output(const po::variables_map& vm, const std::string& job, const std::string& target,
+                       LockTarget kind);
 
 int prepare(const std::vector<std::string>& args);
 int extract(const std::vector<std::string>& args);

@@ -42,4 +42,17 @@ bool parse_options(const std::string& job, const std::vector<std::string>& args,
   return true;
 }
 
+void add_lock_options(po::options_description& desc) {
+  desc.add_options()("force-unlock", po::bool_switch()->default_value(false),
+                     "take over the output's lock from a job aerie cannot check (recorded on another host); "
+                     "only after making sure that job has ended (docs/formats.md, Output locks)");
+}
+
+OutputLock lock_output(const po::variables_map& vm, const std::string& job, const std::string& target,
+                       LockTarget kind) {
+  LockOptions o;
+  o.force_unlock = vm.count("force-unlock") && vm["force-unlock"].as<bool>();
+  return acquire_output_lock(MPI_COMM_WORLD, target, kind, job, o);
+}
+
 }  // namespace aerie::jobs

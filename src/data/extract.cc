@@ -11,6 +11,7 @@
 #include "data/chunk_dispatcher.h"
 #include "data/shard_pipeline.h"
 #include "io/h5.h"
+#include "io/output_lock.h"
 
 namespace aerie {
 
@@ -99,6 +100,9 @@ ExtractStats run_extract(const ExtractOptions& opt, ParallelGroups& groups, cons
   const double t0 = now_s();
   check_extract_inputs(opt);
   MpiCommunicator& world = *groups.world;
+  // The output folder's lock (io/output_lock.h) on rank 0, unless the job holds it already: the stale .tmp
+  // files below are removed only under it, so a concurrent run's shard in progress is never taken for one.
+  const OutputLock lock = acquire_output_lock(world.handle(), opt.output, LockTarget::Folder, "extract");
   MpiCommunicator& tp = *groups.tp;
   const bool leader = tp.rank() == 0;
   const int num_groups = groups.map.dp;

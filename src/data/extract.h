@@ -15,7 +15,8 @@
 //   - each leader broadcasts the chunk index (or -1 = stop) to its tp group.
 // Rank 0 counts the completions it is told about and logs progress (samples/s, tokens/s, ETA).
 //
-// Restart: shard files are written as "*.tmp" and renamed when complete. At start rank 0 deletes stale
+// Restart: shard files are written as "*.tmp" and renamed when complete. At start rank 0 takes the output
+// folder's lock (io/output_lock.h: a concurrent extract into the folder is refused), then deletes stale
 // "shard-*.h5.tmp" files and skips every chunk whose shard exists (after checking that it holds the
 // chunk's samples and the same aux layers / hidden size, so shards of another run are never mixed in).
 // A shard's bytes depend only on the chunk's samples and the forward (not on which group wrote it), so a
@@ -105,8 +106,11 @@ struct ExtractStats {
 void check_extract_inputs(const ExtractOptions& options);
 
 /// Extracts every missing shard (or stops early, see ExtractOptions::stop_requested). Collective over groups.world (all ranks call it with the same options);
-/// `forward` is collective over groups.tp. Throws aerie::Error on unreadable input, a shard of another run
-/// in the output folder, or I/O failure (the caller aborts the job: peers may be waiting).
+/// `forward` is collective over groups.tp. World rank 0 holds the output folder's lock (DIR/.aerie.lock,
+/// io/output_lock.h) for the call, unless this process holds it already (the job took it before loading
+/// the target). Throws aerie::Error on unreadable input, a shard of another run in the output folder, or
+/// I/O failure (the caller aborts the job: peers may be waiting), and aerie::CollectiveError (every rank)
+/// when another job holds the lock.
 ExtractStats run_extract(const ExtractOptions& options, ParallelGroups& groups, const TargetForward& forward);
 
 }  // namespace aerie

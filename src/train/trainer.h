@@ -136,7 +136,9 @@ struct TrainResult {
   int stop_signal = 0;            // the signal that stopped the run early (0: ran to the end)
 };
 
-/// `aerie train`: collective over `dp` (every rank a dp replica). Resumes from the latest complete
+/// `aerie train`: collective over `dp` (every rank a dp replica). Rank 0 holds the run folder's lock
+/// (OUTPUT/.aerie.lock, io/output_lock.h; throws aerie::Error naming the holder when another job has it)
+/// unless this process holds it already (jobs/train.cc takes it first). Resumes from the latest complete
 /// checkpoint of opts.output_dir if there is one (the vocabulary then comes from the checkpoint, not
 /// from --vocab), writes checkpoints every opts.checkpoint_every steps and at the end, logs metrics on
 /// rank 0 every opts.log_every steps (also appended to output_dir/metrics.jsonl), and writes

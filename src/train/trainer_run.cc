@@ -18,6 +18,7 @@
 #include "core/progress.h"
 #include "core/stop_signals.h"
 #include "data/shard.h"
+#include "io/output_lock.h"
 #include "model/target_config.h"
 #include "train/checkpoint.h"
 #include "train/data_order.h"
@@ -133,7 +134,14 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp) {
     head.lm_head = tied ? head.embed_tokens : head.lm_head.to_device(dev);
   }
   const ShardSet shards = scan_shards(opts.shards_dir, target);
-  if (rank == 0) fs::create_directories(opts.output_dir);
+  // Rank 0 writes the run folder; it holds its lock (io/output_lock.h) unless the job took it already
+  // (jobs/train.cc, before the target loads). Stale .tmp files are replaced only under it.
+  OutputLock lock;
+  if (rank == 0) {
+    fs::create_directories(opts.output_dir);
+    if (!OutputLock::held_here(opts.output_dir, LockTarget::Folder))
+      lock = OutputLock::acquire(opts.output_dir, LockTarget::Folder, "train");
+  }
   dp.barrier();
 
   // Fresh start or resume.
