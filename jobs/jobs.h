@@ -2,9 +2,11 @@
 // call it with the same arguments. A job returns 0 on success and throws aerie::Error on failure.
 #pragma once
 #include <boost/program_options.hpp>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "io/fingerprint.h"
 #include "io/output_lock.h"
 
 namespace aerie::jobs {
@@ -27,6 +29,15 @@ void add_lock_options(po::options_description& desc);
 /// hold the options of add_lock_options.
 OutputLock lock_output(const po::variables_map& vm, const std::string& job, const std::string& target,
                        LockTarget kind);
+
+/// The provenance fingerprint of the target folder `dir` (io/fingerprint.h; of_random when random_seed >= 0),
+/// computed on world rank 0 and broadcast (one rank reads the files). Collective over MPI_COMM_WORLD;
+/// throws aerie::CollectiveError on every rank with rank 0's message when the files cannot be read.
+TargetFingerprint fingerprint_target(const std::string& dir, int64_t random_seed = -1);
+
+/// Runs `f` on world rank 0 only; collective over MPI_COMM_WORLD: when `f` throws aerie::Error, every rank
+/// throws aerie::CollectiveError with its message (a clean refusal at start instead of an MPI_Abort).
+void on_rank0(const std::function<void()>& f);
 
 int prepare(const std::vector<std::string>& args);
 int extract(const std::vector<std::string>& args);

@@ -115,7 +115,12 @@ int train(const std::vector<std::string>& args) {
       "draft-head-dim", po::value<int64_t>(&o.draft_head_dim)->default_value(0),
       "the draft's head dim, even (0: the target's; an MLA target's v_head_dim)")(
       "draft-intermediate", po::value<int64_t>(&o.draft_intermediate)->default_value(0),
-      "the draft's MLP width (0: the target's intermediate_size)");
+      "the draft's MLP width (0: the target's intermediate_size)")(
+      "allow-missing-shards", po::bool_switch(&o.allow_missing_shards),
+      "train on a shard folder that lacks some chunks of its extraction (default: refused)")(
+      "allow-other-target", po::bool_switch(&o.allow_other_target),
+      "train on shards (or resume a checkpoint) whose recorded target fingerprint differs from --model's "
+      "(default: refused)");
   add_lock_options(desc);
   po::variables_map vm;
   if (!parse_options("train", args, desc, vm)) return 0;
