@@ -8,6 +8,7 @@
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "io/fingerprint.h"
 #include "jobs/jobs.h"
 #include "model/target_config.h"
 #include "train/checkpoint.h"
@@ -43,6 +44,18 @@ int export_draft(const std::vector<std::string>& args) {
     }
     const TargetConfig target = load_target_config(vm["model"].as<std::string>());
     Checkpoint ck = load_checkpoint(dir);
+    // The checkpoint's target fingerprint (a warning only: a draft trained on one copy of a model is
+    // served with another, e.g. a quantized one; the layer count and widths are checked by write_export).
+    if (ck.provenance.is_object() && ck.provenance.contains("target")) {
+      const nlohmann::json& t = ck.provenance["target"];
+      TargetFingerprint trained, given = TargetFingerprint::of_model(vm["model"].as<std::string>());
+      trained.config_sha256 = t.value("config_sha256", "");
+      trained.weights_sha256 = t.value("weights_sha256", "");
+      const std::string diff = trained.difference(given);
+      if (!diff.empty())
+        AERIE_LOG(warning) << "export: --model " << vm["model"].as<std::string>() << " is not the target " << dir
+                           << " was trained with (" << t.value("model", std::string("?")) << "): " << diff;
+    }
     write_export(out, ck.config, ck.weights, ck.vocab, target);
     AERIE_LOG(info) << "export: " << dir << " (step " << ck.state.step << ") -> " << out;
   }

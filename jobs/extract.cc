@@ -72,6 +72,7 @@ int extract(const std::vector<std::string>& args) {
       "benchmarks: random N(0, 0.02^2) weights from this seed (>= 0) instead of the checkpoint; --model "
       "then needs only config.json");
   add_target_device_options(desc);
+  add_lock_options(desc);
   po::variables_map vm;
   if (!parse_options("extract", args, desc, vm)) return 0;
   // Bad input is reported before the target loads (minutes for a large checkpoint).
@@ -83,6 +84,9 @@ int extract(const std::vector<std::string>& args) {
   opt.samples_per_shard = vm["samples-per-shard"].as<int64_t>();
   opt.batch_tokens = batch_tokens;
   check_extract_inputs(opt);
+  // Before the target loads: a second extract into this folder is refused at once (rank 0 holds the lock
+  // until the job ends; run_extract removes stale .tmp files only under it).
+  const OutputLock lock = lock_output(vm, "extract", opt.output, LockTarget::Folder);
 
   ParallelGroups groups = ParallelGroups::create(vm["tp"].as<int>());
   TargetDevice target = resolve_target_device(vm, groups, "extract");
@@ -90,17 +94,22 @@ int extract(const std::vector<std::string>& args) {
   Communicator& model_tp = *target.tp;
   const std::string model_dir = vm["model"].as<std::string>();
   const int64_t random_seed = vm["random-weights"].as<int64_t>();
-  // config.json alone first: a bad --aux-layers is reported before the weights load.
-  opt.meta.aux_layers =
-      parse_aux_layers(vm["aux-layers"].as<std::string>(), load_target_config(model_dir).num_hidden_layers);
+  // config.json alone first: a bad --aux-layers, or a shard folder of another run (another model, prepared
+  // file, aux layers), is reported before the weights load.
+  {
+    const TargetConfig c = load_target_config(model_dir);
+    opt.meta.aux_layers = parse_aux_layers(vm["aux-layers"].as<std::string>(), c.num_hidden_layers);
+    opt.meta.target_model = model_dir;
+    opt.meta.hidden_size = c.hidden_size;
+    opt.meta.num_hidden_layers = c.num_hidden_layers;
+    opt.meta.target = fingerprint_target(model_dir, random_seed);
+    on_rank0([&] { check_existing_shards(opt); });
+  }
   TargetModel model = random_seed >= 0
                          ? TargetModel::random(load_target_config(model_dir), model_tp, mopt, static_cast<uint64_t>(random_seed))
                          : TargetModel(model_dir, model_tp, mopt);
   const TargetConfig& cfg = model.config();
 
-  opt.meta.target_model = model_dir;
-  opt.meta.hidden_size = cfg.hidden_size;
-  opt.meta.num_hidden_layers = cfg.num_hidden_layers;
   if (groups.map.world_rank == 0) {
     AERIE_LOG(info) << "extract: target " << model_dir << " (" << cfg.num_hidden_layers << " layers, hidden "
                     << cfg.hidden_size << "), aux layers " << opt.meta.aux_layers[0] << ","

@@ -229,6 +229,7 @@ int generate(const std::vector<std::string>& args) {
       "regeneration mode: responses decoded together per tp group (continuous batching; the output does "
       "not depend on it)");
   add_target_device_options(desc);
+  add_lock_options(desc);
   po::variables_map vm;
   if (!parse_options("generate", args, desc, vm)) return 0;
   const std::string dir = vm["model"].as<std::string>();
@@ -242,6 +243,9 @@ int generate(const std::vector<std::string>& args) {
   GENERATE_REQUIRE(sp.top_p > 0 && sp.top_p <= 1, "--top-p must lie in (0, 1], got " << sp.top_p);
   check_sampling_params(sp);
   if (vm.count("input")) check_regenerate_inputs(vm);
+  // Regeneration writes OUTPUT and OUTPUT.parts/: locked (OUTPUT.lock) before the target loads.
+  const OutputLock lock = vm.count("input") ? lock_output(vm, "generate", vm["output"].as<std::string>(), LockTarget::File)
+                                            : OutputLock();
 
   ParallelGroups groups = ParallelGroups::create(vm["tp"].as<int>());
   TargetDevice target = resolve_target_device(vm, groups, "generate");

@@ -2,8 +2,12 @@
 // call it with the same arguments. A job returns 0 on success and throws aerie::Error on failure.
 #pragma once
 #include <boost/program_options.hpp>
+#include <functional>
 #include <string>
 #include <vector>
+
+#include "io/fingerprint.h"
+#include "io/output_lock.h"
 
 namespace aerie::jobs {
 
@@ -15,6 +19,25 @@ namespace po = boost::program_options;
 /// malformed options, naming the option and the file.
 bool parse_options(const std::string& job, const std::vector<std::string>& args, po::options_description& desc,
                    po::variables_map& vm);
+
+/// Adds --force-unlock to `desc` (the jobs that lock their output: io/output_lock.h).
+void add_lock_options(po::options_description& desc);
+
+/// Locks the job's output (`target`, named by --output) on world rank 0 (io/output_lock.h), before the
+/// job reads its model: a second job into the same output is refused at start, naming the holder.
+/// Collective over MPI_COMM_WORLD; throws aerie::CollectiveError on every rank on a refusal. `vm` must
+/// hold the options of add_lock_options.
+OutputLock lock_output(const po::variables_map& vm, const std::string& job, const std::string& target,
+                       LockTarget kind);
+
+/// The provenance fingerprint of the target folder `dir` (io/fingerprint.h; of_random when random_seed >= 0),
+/// computed on world rank 0 and broadcast (one rank reads the files). Collective over MPI_COMM_WORLD;
+/// throws aerie::CollectiveError on every rank with rank 0's message when the files cannot be read.
+TargetFingerprint fingerprint_target(const std::string& dir, int64_t random_seed = -1);
+
+/// Runs `f` on world rank 0 only; collective over MPI_COMM_WORLD: when `f` throws aerie::Error, every rank
+/// throws aerie::CollectiveError with its message (a clean refusal at start instead of an MPI_Abort).
+void on_rank0(const std::function<void()>& f);
 
 int prepare(const std::vector<std::string>& args);
 int extract(const std::vector<std::string>& args);

@@ -69,6 +69,11 @@ int main(int argc, char** argv) {
     if (rank == 0) std::cerr << e.what() << "\n";
     MPI_Finalize();
     return 2;
+  } catch (const aerie::CollectiveError& e) {
+    // Thrown by every rank with the same message (e.g. an output lock held by another job).
+    if (rank == 0) AERIE_LOG(error) << "aerie " << args[0] << " failed: " << e.what();
+    MPI_Finalize();
+    return 1;
   } catch (const std::exception& e) {
     // Log, then abort the whole job so that no peer waits forever in a collective.
     AERIE_LOG(error) << "aerie " << args[0] << " failed: " << e.what();

@@ -1,5 +1,6 @@
 #include <fstream>
 #include <iostream>
+#include <sstream>
 
 #include <mpi.h>
 
@@ -40,6 +41,71 @@ bool parse_options(const std::string& job, const std::vector<std::string>& args,
     throw UsageError("aerie " + job + ": " + e.what() + " (see aerie " + job + " --help)");
   }
   return true;
+}
+
+void add_lock_options(po::options_description& desc) {
+  desc.add_options()("force-unlock", po::bool_switch()->default_value(false),
+                     "take over the output's lock from a job aerie cannot check (recorded on another host); "
+                     "only after making sure that job has ended (docs/formats.md, Output locks)");
+}
+
+void on_rank0(const std::function<void()>& f) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  std::string error;
+  if (rank == 0) {
+    try {
+      f();
+    } catch (const Error& e) {
+      error = e.what();
+      if (error.empty()) error = "failed";
+    }
+  }
+  int64_t n = static_cast<int64_t>(error.size());
+  MPI_Bcast(&n, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+  if (n == 0) return;
+  error.resize(static_cast<size_t>(n));
+  MPI_Bcast(error.data(), static_cast<int>(n), MPI_CHAR, 0, MPI_COMM_WORLD);
+  throw CollectiveError(error);
+}
+
+TargetFingerprint fingerprint_target(const std::string& dir, int64_t random_seed) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  std::string text;  // "ok\n" config \n weights \n files \n bytes, or "error\n" message
+  if (rank == 0) {
+    try {
+      const TargetFingerprint f = random_seed >= 0 ? TargetFingerprint::of_random(dir, static_cast<uint64_t>(random_seed))
+                                                   : TargetFingerprint::of_model(dir);
+      text = "ok\n" + f.config_sha256 + "\n" + f.weights_sha256 + "\n" + std::to_string(f.files) + "\n" +
+             std::to_string(f.bytes);
+    } catch (const Error& e) {
+      text = std::string("error\n") + e.what();
+    }
+  }
+  int64_t n = static_cast<int64_t>(text.size());
+  MPI_Bcast(&n, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+  text.resize(static_cast<size_t>(n));
+  MPI_Bcast(text.data(), static_cast<int>(n), MPI_CHAR, 0, MPI_COMM_WORLD);
+  std::istringstream in(text);
+  std::string status, files, bytes;
+  std::getline(in, status);
+  if (status != "ok") throw CollectiveError(text.substr(status.size() + 1));
+  TargetFingerprint f;
+  std::getline(in, f.config_sha256);
+  std::getline(in, f.weights_sha256);
+  std::getline(in, files);
+  std::getline(in, bytes);
+  f.files = std::stoll(files);
+  f.bytes = std::stoll(bytes);
+  return f;
+}
+
+OutputLock lock_output(const po::variables_map& vm, const std::string& job, const std::string& target,
+                       LockTarget kind) {
+  LockOptions o;
+  o.force_unlock = vm.count("force-unlock") && vm["force-unlock"].as<bool>();
+  return acquire_output_lock(MPI_COMM_WORLD, target, kind, job, o);
 }
 
 }  // namespace aerie::jobs

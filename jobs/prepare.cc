@@ -28,6 +28,7 @@ int prepare(const std::vector<std::string>& args) {
       "overlong", po::value<std::string>()->default_value("truncate"),
       "samples longer than --max-length: truncate (keep the first max-length tokens) or drop")(
       "max-samples", po::value<int64_t>()->default_value(-1), "keep the first N usable samples (-1: all)");
+  add_lock_options(desc);
   po::variables_map vm;
   if (!parse_options("prepare", args, desc, vm)) return 0;
 
@@ -40,6 +41,8 @@ int prepare(const std::vector<std::string>& args) {
   opt.max_length = vm["max-length"].as<int64_t>();
   opt.overlong = overlong_from_name(vm["overlong"].as<std::string>());
   opt.max_samples = vm["max-samples"].as<int64_t>();
+  // OUTPUT.lock, held by rank 0 while the ranks write OUTPUT.tmp: a second prepare into OUTPUT is refused.
+  const OutputLock lock = lock_output(vm, "prepare", opt.output, LockTarget::File);
   run_prepare(opt, MPI_COMM_WORLD);
   return 0;
 }

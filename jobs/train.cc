@@ -115,10 +115,19 @@ int train(const std::vector<std::string>& args) {
       "draft-head-dim", po::value<int64_t>(&o.draft_head_dim)->default_value(0),
       "the draft's head dim, even (0: the target's; an MLA target's v_head_dim)")(
       "draft-intermediate", po::value<int64_t>(&o.draft_intermediate)->default_value(0),
-      "the draft's MLP width (0: the target's intermediate_size)");
+      "the draft's MLP width (0: the target's intermediate_size)")(
+      "allow-missing-shards", po::bool_switch(&o.allow_missing_shards),
+      "train on a shard folder that lacks some chunks of its extraction (default: refused)")(
+      "allow-other-target", po::bool_switch(&o.allow_other_target),
+      "train on shards (or resume a checkpoint) whose recorded target fingerprint differs from --model's "
+      "(default: refused)");
+  add_lock_options(desc);
   po::variables_map vm;
   if (!parse_options("train", args, desc, vm)) return 0;
   check_train_inputs(o);
+  // Before the target's head loads: a second train into this run folder is refused at once (rank 0, which
+  // writes the checkpoints and metrics, holds the lock until the job ends).
+  const OutputLock lock = lock_output(vm, "train", o.output_dir, LockTarget::Folder);
   auto world = MpiCommunicator::world();
   const TrainResult r = run_training(o, *world);
   if (r.stop_signal != 0) return kPreemptedExitCode;  // stopped early, checkpoint written (logged): not a completed run

@@ -20,6 +20,14 @@ class UsageError : public Error {
   using Error::Error;
 };
 
+/// An error that every rank of the job throws together with the same message (e.g. an output lock that rank
+/// 0 could not take, broadcast to all ranks: io/output_lock.h): no peer waits in a collective, so main()
+/// logs it once and ends the job normally with exit status 1 instead of aborting it.
+class CollectiveError : public Error {
+ public:
+  using Error::Error;
+};
+
 namespace detail {
 [[noreturn]] void throw_error(const std::string& msg, const char* file, int line);
 }  // namespace detail

@@ -1,6 +1,7 @@
 // run_extract: chunk dispatch, forward and shard writing (see extract.h for the protocol).
 #include "data/extract.h"
 
+#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <filesystem>
@@ -10,7 +11,9 @@
 #include "core/log.h"
 #include "data/chunk_dispatcher.h"
 #include "data/shard_pipeline.h"
+#include "io/fingerprint.h"
 #include "io/h5.h"
+#include "io/output_lock.h"
 
 namespace aerie {
 
@@ -64,6 +67,37 @@ void PreparedFile::read_tokens(int64_t begin, int64_t end, std::vector<int32_t>&
   impl_->mask.read_rows_into(a, tm);
 }
 
+std::string PreparedFile::fingerprint() const {
+  Sha256 h;
+  h.update(std::string("aerie.prepared v1"));
+  h.update(offsets_.data(), offsets_.size() * sizeof(int64_t));
+  const int64_t T = offsets_.back();
+  std::vector<int64_t> starts;
+  if (T <= kPreparedWindows * kPreparedWindow) {
+    for (int64_t a = 0; a < T; a += kPreparedWindow) starts.push_back(a);
+  } else {
+    for (int64_t i = 0; i < kPreparedWindows; ++i) starts.push_back((T - kPreparedWindow) * i / (kPreparedWindows - 1));
+  }
+  std::vector<int32_t> ids;
+  std::vector<uint8_t> mask;
+  try {
+    for (int64_t a : starts) {
+      const int64_t n = std::min(kPreparedWindow, T - a);
+      ids.assign(static_cast<size_t>(n), 0);
+      mask.assign(static_cast<size_t>(n), 0);
+      Tensor ti = Tensor::wrap(ids.data(), {n}, DType::I32);
+      Tensor tm = Tensor::wrap(mask.data(), {n}, DType::U8);
+      impl_->ids.read_rows_into(a, ti);
+      impl_->mask.read_rows_into(a, tm);
+      h.update(ids.data(), ids.size() * sizeof(int32_t));
+      h.update(mask.data(), mask.size());
+    }
+  } catch (const Error& e) {
+    AERIE_THROW("prepared file " << path_ << ": cannot read it for its fingerprint: " << e.what());
+  }
+  return h.hex();
+}
+
 // ------------------------------------------------------------------------------------------------ extract
 
 namespace {
@@ -72,21 +106,101 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// Checks that an existing shard holds chunk c as this run would write it.
-void check_existing_shard(const std::string& path, int64_t c, int64_t num_samples, int64_t num_tokens,
+std::string join_ints(const std::vector<int>& v) {
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + std::to_string(v[i]);
+  return out;
+}
+
+// Checks that the existing shard `path` holds chunk c (prepared samples [b, e)) as this run would write it:
+// chunk, counts, hidden size, aux layers, the provenance it records (target, prepared file) and its tokens
+// (compared with the prepared file's, so shards of an older aerie without provenance are checked too).
+// Returns whether the shard records its target (false: written by an older aerie). Throws aerie::Error
+// naming the shard and what differs.
+bool check_existing_shard(const std::string& path, int64_t c, int64_t b, int64_t e, const PreparedFile& prepared,
                           const ShardMeta& meta) {
   ShardReader r(path);
   const ShardInfo& i = r.info();
-  AERIE_CHECK(i.chunk == c && i.num_samples == num_samples && i.num_tokens == num_tokens &&
-                  i.hidden_size == meta.hidden_size && i.aux_layers == meta.aux_layers,
-              "extract: " << path << " exists but is not chunk " << c << " of this run (it holds chunk " << i.chunk
-                          << ", " << i.num_samples << " samples, " << i.num_tokens << " tokens, hidden size "
-                          << i.hidden_size << "; expected " << num_samples << " samples, " << num_tokens
-                          << " tokens, hidden size " << meta.hidden_size
-                          << "). Remove it or choose another --output.");
+  const auto& off = prepared.sample_offsets();
+  const int64_t ns = e - b, nt = off[e] - off[b];
+  auto fail = [&](const std::string& why) {
+    AERIE_THROW("extract: " << path << " exists but is not chunk " << c << " of this run: " << why
+                            << ". Remove the other run's shards or choose another --output.");
+  };
+  if (i.chunk != c) fail("it holds chunk " + std::to_string(i.chunk));
+  if (i.num_samples != ns || i.num_tokens != nt)
+    fail("it holds " + std::to_string(i.num_samples) + " samples and " + std::to_string(i.num_tokens) +
+         " tokens, this run's chunk " + std::to_string(ns) + " and " + std::to_string(nt) +
+         " (another --samples-per-shard or --prepared)");
+  if (i.hidden_size != meta.hidden_size)
+    fail("hidden size " + std::to_string(i.hidden_size) + ", the target's is " + std::to_string(meta.hidden_size));
+  if (i.aux_layers != meta.aux_layers)
+    fail("aux layers " + join_ints(i.aux_layers) + ", this run's are " + join_ints(meta.aux_layers));
+  if (i.has_provenance() && !meta.target.config_sha256.empty()) {
+    const std::string diff = i.target.difference(meta.target);
+    if (!diff.empty())
+      fail("it was extracted from another target: " + diff + " (the shard: " + i.target.describe() + ", from " +
+           i.target_model + "; --model " + meta.target_model + ": " + meta.target.describe() + ")");
+  }
+  if (!i.prepared_sha256.empty() && !meta.prepared_sha256.empty() && i.prepared_sha256 != meta.prepared_sha256)
+    fail("it was extracted from another prepared file (sha256 " + i.prepared_sha256.substr(0, 12) + "..; --prepared " +
+         prepared.path() + " has " + meta.prepared_sha256.substr(0, 12) + "..)");
+  std::vector<int32_t> ids;
+  std::vector<uint8_t> mask;
+  prepared.read_tokens(b, e, ids, mask);
+  if (ids != r.input_ids() || mask != r.loss_mask()) {
+    int64_t k = b;
+    for (; k < e; ++k) {
+      const size_t x = static_cast<size_t>(off[k] - off[b]), y = static_cast<size_t>(off[k + 1] - off[b]);
+      if (!std::equal(ids.begin() + x, ids.begin() + y, r.input_ids().begin() + x) ||
+          !std::equal(mask.begin() + x, mask.begin() + y, r.loss_mask().begin() + x))
+        break;
+    }
+    fail("its tokens differ from those of --prepared " + prepared.path() + " (first at sample " + std::to_string(k) +
+         "): another prepared file");
+  }
+  return i.has_provenance();
+}
+
+// The metadata of this run's shards: the caller's (target, aux layers, ...) plus the prepared file's
+// fingerprint and the chunking.
+ShardMeta run_meta(const ExtractOptions& opt, const PreparedFile& prepared) {
+  ShardMeta meta = opt.meta;
+  meta.prepared_sha256 = prepared.fingerprint();
+  meta.prepared_num_samples = prepared.num_samples();
+  meta.samples_per_shard = opt.samples_per_shard;
+  meta.num_chunks = (prepared.num_samples() + opt.samples_per_shard - 1) / opt.samples_per_shard;
+  return meta;
+}
+
+// Checks every existing shard of opt.output (check_existing_shard) and returns which chunks exist; warns
+// once about shards without provenance.
+std::vector<bool> existing_chunks(const ExtractOptions& opt, const PreparedFile& prepared, const ShardMeta& meta) {
+  const int64_t N = prepared.num_samples(), S = opt.samples_per_shard;
+  std::vector<bool> done(static_cast<size_t>(meta.num_chunks), false);
+  int64_t unrecorded = 0;  // existing shards of an older aerie (no provenance: tokens checked only)
+  for (int64_t c = 0; c < meta.num_chunks; ++c) {
+    const std::string p = (fs::path(opt.output) / shard_file_name(c)).string();
+    if (!fs::exists(p)) continue;
+    if (!check_existing_shard(p, c, c * S, std::min(N, (c + 1) * S), prepared, meta)) ++unrecorded;
+    done[static_cast<size_t>(c)] = true;
+  }
+  if (unrecorded > 0 && !meta.target.config_sha256.empty())
+    AERIE_LOG(warning) << "extract: " << unrecorded << " existing shard(s) in " << opt.output
+                       << " record no target fingerprint (written by an older aerie): their tokens match, but "
+                          "that they come from --model " << meta.target_model << " cannot be checked";
+  return done;
 }
 
 }  // namespace
+
+int64_t check_existing_shards(const ExtractOptions& opt) {
+  check_extract_inputs(opt);
+  if (!fs::is_directory(opt.output)) return 0;
+  PreparedFile prepared(opt.prepared);
+  const std::vector<bool> done = existing_chunks(opt, prepared, run_meta(opt, prepared));
+  return std::count(done.begin(), done.end(), true);
+}
 
 void check_extract_inputs(const ExtractOptions& opt) {
   AERIE_CHECK(opt.samples_per_shard > 0, "extract: --samples-per-shard must be > 0, got " << opt.samples_per_shard);
@@ -99,6 +213,9 @@ ExtractStats run_extract(const ExtractOptions& opt, ParallelGroups& groups, cons
   const double t0 = now_s();
   check_extract_inputs(opt);
   MpiCommunicator& world = *groups.world;
+  // The output folder's lock (io/output_lock.h) on rank 0, unless the job holds it already: the stale .tmp
+  // files below are removed only under it, so a concurrent run's shard in progress is never taken for one.
+  const OutputLock lock = acquire_output_lock(world.handle(), opt.output, LockTarget::Folder, "extract");
   MpiCommunicator& tp = *groups.tp;
   const bool leader = tp.rank() == 0;
   const int num_groups = groups.map.dp;
@@ -109,6 +226,9 @@ ExtractStats run_extract(const ExtractOptions& opt, ParallelGroups& groups, cons
   ExtractStats stats;
   stats.chunks = (N + S - 1) / S;
   auto chunk_range = [&](int64_t c) { return std::pair<int64_t, int64_t>{c * S, std::min(N, (c + 1) * S)}; };
+  // Every shard records where it comes from (the caller's target fingerprint in opt.meta, the prepared
+  // file's and the chunking), so that a rerun and train can refuse a folder of mixed provenance.
+  const ShardMeta meta = run_meta(opt, prepared);
   auto shard_path = [&](int64_t c) { return (fs::path(opt.output) / shard_file_name(c)).string(); };
 
   // Rank 0: clean up after a killed run and find the chunks still to do.
@@ -124,11 +244,10 @@ ExtractStats run_extract(const ExtractOptions& opt, ParallelGroups& groups, cons
     }
     std::deque<int64_t> todo;
     double samples = 0, tokens = 0;
+    const std::vector<bool> done = existing_chunks(opt, prepared, meta);
     for (int64_t c = 0; c < stats.chunks; ++c) {
       auto [b, e] = chunk_range(c);
-      std::string p = shard_path(c);
-      if (fs::exists(p)) {
-        check_existing_shard(p, c, e - b, off[e] - off[b], opt.meta);
+      if (done[static_cast<size_t>(c)]) {
         ++stats.chunks_skipped;
         continue;
       }
@@ -166,9 +285,9 @@ ExtractStats run_extract(const ExtractOptions& opt, ParallelGroups& groups, cons
       AERIE_CHECK(lengths.back() > 0, "prepared file " << opt.prepared << ": sample " << i << " is empty");
     }
     if (leader) {
-      ShardMeta meta = opt.meta;
-      meta.chunk = c;
-      pipeline->open(shard_path(c), meta, lengths);
+      ShardMeta m = meta;
+      m.chunk = c;
+      pipeline->open(shard_path(c), m, lengths);
     }
     // Samples i .. j-1 in one forward: one sample, or with opt.forward_batch as many consecutive samples
     // as fit in opt.batch_tokens rows (at least one); the outputs are split back per sample.

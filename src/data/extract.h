@@ -15,9 +15,14 @@
 //   - each leader broadcasts the chunk index (or -1 = stop) to its tp group.
 // Rank 0 counts the completions it is told about and logs progress (samples/s, tokens/s, ETA).
 //
-// Restart: shard files are written as "*.tmp" and renamed when complete. At start rank 0 deletes stale
-// "shard-*.h5.tmp" files and skips every chunk whose shard exists (after checking that it holds the
-// chunk's samples and the same aux layers / hidden size, so shards of another run are never mixed in).
+// Restart: shard files are written as "*.tmp" and renamed when complete. At start rank 0 takes the output
+// folder's lock (io/output_lock.h: a concurrent extract into the folder is refused), then deletes stale
+// "shard-*.h5.tmp" files and skips every chunk whose shard exists, after checking that it holds the
+// chunk's samples (their tokens, compared with the prepared file's) with the same aux layers / hidden
+// size, and that the provenance it records (the target's fingerprint, the prepared file's, io/fingerprint.h)
+// is this run's: shards of another run or another model of the same shape are never mixed in (the error
+// names what differs). Shards of an older aerie without provenance are checked by their tokens, with a
+// warning.
 // A shard's bytes depend only on the chunk's samples and the forward (not on which group wrote it), so a
 // killed and rerun job gives the same files as an uninterrupted one.
 #pragma once
@@ -47,6 +52,10 @@ using TargetForward = std::function<void(const std::vector<int32_t>& ids, Tensor
 using TargetForwardBatch = std::function<void(const std::vector<std::vector<int32_t>>& ids, Tensor& aux_hidden,
                                               Tensor& final_hidden)>;
 
+/// Windows of a prepared file's tokens that PreparedFile::fingerprint() reads, and their length.
+inline constexpr int64_t kPreparedWindows = 16;
+inline constexpr int64_t kPreparedWindow = 16384;
+
 /// The token index of a prepared file ("aerie.prepared" v1, docs/formats.md): sample_offsets only.
 /// Tokens are read per range with read_tokens().
 class PreparedFile {
@@ -61,6 +70,12 @@ class PreparedFile {
   /// input_ids [end-begin tokens] and loss_mask of samples [begin, end) (flattened, tokens of
   /// samples begin..end-1 in order).
   void read_tokens(int64_t begin, int64_t end, std::vector<int32_t>& ids, std::vector<uint8_t>& mask) const;
+  /// The prepared file's provenance fingerprint (64 hex digits of SHA-256): its content, not its path or
+  /// attributes: every sample_offsets value and kPreparedWindows windows of kPreparedWindow tokens of
+  /// input_ids and loss_mask at evenly spaced offsets (all of them for a smaller file). Cheap (a few MB read
+  /// for any size). Throws aerie::Error naming the file on a read error.
+  std::string fingerprint() const;
+  const std::string& path() const { return path_; }
 
  private:
   struct Impl;
@@ -73,7 +88,10 @@ struct ExtractOptions {
   std::string prepared;          // prepared.h5
   std::string output;            // shard folder (created)
   int64_t samples_per_shard = 64;
-  ShardMeta meta;                // target_model, aux_layers, hidden_size, num_hidden_layers (chunk set per shard)
+  /// target_model, aux_layers, hidden_size, num_hidden_layers and the target's fingerprint (meta.target:
+  /// TargetFingerprint::of_model of --model; empty: the shards record none). run_extract sets the chunk,
+  /// the prepared file's fingerprint and the chunking itself.
+  ShardMeta meta;
   /// Preemption: polled by every rank before it takes its next chunk (null: never stop). When it returns
   /// true on any rank, every group finishes and closes the shard in hand, no new chunk is handed out, and
   /// run_extract returns with stats.stopped (a rerun does the missing chunks).
@@ -104,9 +122,19 @@ struct ExtractStats {
 /// loading the target (minutes for a large checkpoint). Throws aerie::Error naming the option or file.
 void check_extract_inputs(const ExtractOptions& options);
 
+/// The check of the existing shards of options.output that run_extract makes at start (counts, hidden size,
+/// aux layers, the provenance in options.meta and the prepared file's, the tokens), alone: jobs call it on
+/// one rank before loading the target, so that a folder of another run is refused at once. Returns how
+/// many chunks are complete already. Throws aerie::Error naming the first shard that is not this run's
+/// and what differs, or as check_extract_inputs.
+int64_t check_existing_shards(const ExtractOptions& options);
+
 /// Extracts every missing shard (or stops early, see ExtractOptions::stop_requested). Collective over groups.world (all ranks call it with the same options);
-/// `forward` is collective over groups.tp. Throws aerie::Error on unreadable input, a shard of another run
-/// in the output folder, or I/O failure (the caller aborts the job: peers may be waiting).
+/// `forward` is collective over groups.tp. World rank 0 holds the output folder's lock (DIR/.aerie.lock,
+/// io/output_lock.h) for the call, unless this process holds it already (the job took it before loading
+/// the target). Throws aerie::Error on unreadable input, a shard of another run in the output folder, or
+/// I/O failure (the caller aborts the job: peers may be waiting), and aerie::CollectiveError (every rank)
+/// when another job holds the lock.
 ExtractStats run_extract(const ExtractOptions& options, ParallelGroups& groups, const TargetForward& forward);
 
 }  // namespace aerie

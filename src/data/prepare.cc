@@ -14,6 +14,7 @@
 #include "core/log.h"
 #include "core/progress.h"
 #include "io/h5.h"
+#include "io/output_lock.h"
 
 namespace aerie {
 
@@ -219,6 +220,8 @@ PrepareStats run_prepare(const PrepareOptions& opt, MPI_Comm comm) {
   AERIE_CHECK(fs::is_regular_file(opt.input), "prepare: input " << opt.input << " is not a readable file");
   AERIE_CHECK(!opt.output.empty(), "prepare: no output path");
   AERIE_CHECK(opt.max_length > 0, "prepare: max_length must be positive, got " << opt.max_length);
+  // OUTPUT.lock on rank 0 while the ranks write OUTPUT.tmp, unless the job holds it already (io/output_lock.h).
+  const OutputLock lock = acquire_output_lock(comm, opt.output, LockTarget::File, "prepare");
   bool text = is_text_input(opt);
   AERIE_CHECK(!(text && opt.format == InputFormat::Tokenized), "prepare: tokenized input must be JSONL");
   std::unique_ptr<Tokenizer> tok = Tokenizer::load(opt.tokenizer);

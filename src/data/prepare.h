@@ -62,9 +62,11 @@ struct PrepareStats {
 bool apply_overlong(TokenizedSample& s, int64_t max_length, Overlong policy, bool* truncated);
 
 /// Runs prepare collectively over `comm` (every rank calls it with the same options): reads, tokenizes,
-/// writes options.output (see the format above) and logs counts on rank 0. Throws aerie::Error on an
-/// unreadable input, unknown template/format, an unloadable tokenizer or an I/O failure; bad records are
-/// skipped, never thrown.
+/// writes options.output (see the format above) and logs counts on rank 0. Rank 0 holds the output's lock
+/// (OUTPUT.lock, io/output_lock.h) while the ranks write, unless this process holds it already (the job).
+/// Throws aerie::Error on an unreadable input, unknown template/format, an unloadable tokenizer or an I/O
+/// failure, aerie::CollectiveError (on every rank) when another job holds the output's lock; bad records
+/// are skipped, never thrown.
 PrepareStats run_prepare(const PrepareOptions& options, MPI_Comm comm);
 
 }  // namespace aerie

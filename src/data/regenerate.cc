@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "data/chunk_dispatcher.h"
+#include "io/output_lock.h"
 
 namespace aerie {
 
@@ -366,6 +367,8 @@ RegenerateStats run_regenerate(const RegenerateOptions& opt, ParallelGroups& gro
   stats.records = opt.max_conversations >= 0 ? std::min(opt.max_conversations, input.size()) : input.size();
   stats.chunks = (stats.records + S - 1) / S;
   const std::string parts = opt.output + ".parts";
+  // OUTPUT.lock on rank 0, unless the job holds it already: open_parts removes stale .tmp files only under it.
+  const OutputLock lock = acquire_output_lock(world.handle(), opt.output, LockTarget::File, "generate");
   auto chunk_path = [&](int64_t c) { return (fs::path(parts) / chunk_name(c)).string(); };
 
   std::unique_ptr<ChunkDispatcher> dispatcher;

@@ -162,8 +162,11 @@ struct RegenerateStats {
 };
 
 /// Regenerates every missing chunk and, when all exist, writes <output>. Collective over groups.world;
-/// `engine` is collective over groups.tp. Throws aerie::Error on an unreadable input, a non-conversation
-/// format, a parts folder of another run, or I/O failure (the caller aborts: peers may be waiting).
+/// `engine` is collective over groups.tp. World rank 0 holds <output>'s lock (<output>.lock,
+/// io/output_lock.h) unless this process holds it already (the job), and removes stale .tmp files of the
+/// parts folder only under it. Throws aerie::Error on an unreadable input, a non-conversation format, a
+/// parts folder of another run, or I/O failure (the caller aborts: peers may be waiting), and
+/// aerie::CollectiveError (every rank) when another job holds the lock.
 RegenerateStats run_regenerate(const RegenerateOptions& options, ParallelGroups& groups, const ChatTemplate& tmpl,
                                const Tokenizer& tok, const ResponseEngine& engine);
 /// The same with serial_engine(generate).

@@ -181,6 +181,16 @@ void ShardWriter::close() {
   f.set_int_attr("num_samples", n);
   f.set_int_attr("num_tokens", T);
   f.set_int_attr("chunk", meta_.chunk);
+  if (!meta_.target.config_sha256.empty()) {
+    f.set_string_attr("target_config_sha256", meta_.target.config_sha256);
+    f.set_string_attr("target_weights_sha256", meta_.target.weights_sha256);
+  }
+  if (!meta_.prepared_sha256.empty()) f.set_string_attr("prepared_sha256", meta_.prepared_sha256);
+  if (meta_.num_chunks > 0) {
+    f.set_int_attr("prepared_num_samples", meta_.prepared_num_samples);
+    f.set_int_attr("samples_per_shard", meta_.samples_per_shard);
+    f.set_int_attr("num_chunks", meta_.num_chunks);
+  }
   impl_->aux = h5::Dataset();
   impl_->fin = h5::Dataset();
   f.close();
@@ -219,6 +229,15 @@ ShardReader::ShardReader(const std::string& path) : impl_(std::make_unique<Impl>
   info_.chunk = m.file.int_attr("chunk");
   info_.target_model = m.file.string_attr("target_model");
   for (int64_t a : m.file.ints_attr("aux_layers")) info_.aux_layers.push_back(static_cast<int>(a));
+  // Provenance: absent from shards of an older aerie.
+  auto str = [&](const char* name) { return m.file.has_attr(name) ? m.file.string_attr(name) : std::string(); };
+  auto num = [&](const char* name) { return m.file.has_attr(name) ? m.file.int_attr(name) : int64_t{-1}; };
+  info_.target.config_sha256 = str("target_config_sha256");
+  info_.target.weights_sha256 = str("target_weights_sha256");
+  info_.prepared_sha256 = str("prepared_sha256");
+  info_.prepared_num_samples = num("prepared_num_samples");
+  info_.samples_per_shard = num("samples_per_shard");
+  info_.num_chunks = num("num_chunks");
   const int64_t n = info_.num_samples, T = info_.num_tokens, H = info_.hidden_size;
 
   auto small = [&](const char* name, const Shape& want) {
@@ -251,6 +270,9 @@ int64_t ShardReader::sample_length(int64_t i) const {
                                                         << info_.num_samples << ")");
   return impl_->offsets[i + 1] - impl_->offsets[i];
 }
+
+const std::vector<int32_t>& ShardReader::input_ids() const { return impl_->ids; }
+const std::vector<uint8_t>& ShardReader::loss_mask() const { return impl_->mask; }
 
 HiddenSample ShardReader::read(int64_t i) const {
   const int64_t T = sample_length(i);

@@ -3,7 +3,9 @@
 //   aux_hidden_states   [T_total, 3H] uint16 (bf16 bits; dataset attribute dtype="bfloat16"): f_t
 //   final_hidden_states [T_total, H]  uint16 (bf16 bits): z_t = final_norm(r^N_t)
 //   input_ids [T_total] I32, loss_mask [T_total] U8, sample_offsets [n+1] I64, sample_index [n] I64
-// plus file attributes (format, format_version, target_model, aux_layers, hidden_size, ...).
+// plus file attributes (format, format_version, target_model, aux_layers, hidden_size, ...) and, since
+// issue 17, the provenance (target_config_sha256, target_weights_sha256, prepared_sha256,
+// prepared_num_samples, samples_per_shard, num_chunks; readers accept shards without them).
 // Notation and the meaning of f_t and z_t: /work/shared/docs/eagle3.md section 1.
 // Files are written to "<path>.tmp" and renamed on close, so a shard-*.h5 file is always complete, and
 // written without timestamps and without compression, so equal inputs give bitwise-equal files.
@@ -14,6 +16,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "io/fingerprint.h"
 
 namespace aerie {
 
@@ -32,6 +35,11 @@ struct ShardInfo {
   std::string target_model;      // the --model path extract was given
   int64_t num_hidden_layers = 0; // N of the target
   int64_t chunk = -1;            // chunk index c: samples [c*S, (c+1)*S) of the prepared file
+  // Provenance (io/fingerprint.h, data/extract.h); empty / -1 in shards of an older aerie, which lack them.
+  TargetFingerprint target;      // target_config_sha256, target_weights_sha256
+  std::string prepared_sha256;   // PreparedFile::fingerprint() of the prepared file
+  int64_t prepared_num_samples = -1, samples_per_shard = -1, num_chunks = -1;  // the extract run's chunking
+  bool has_provenance() const { return !target.config_sha256.empty(); }
 };
 
 /// One sample of a shard, hidden states converted from bf16 to fp32.
@@ -60,6 +68,9 @@ class ShardReader {
   int64_t num_samples() const { return info_.num_samples; }
   /// Number of tokens of sample i (no hidden-state I/O).
   int64_t sample_length(int64_t i) const;
+  /// input_ids [T_total] I32 and loss_mask [T_total] U8 of every sample in order (read at opening).
+  const std::vector<int32_t>& input_ids() const;
+  const std::vector<uint8_t>& loss_mask() const;
   /// Sample i (0 <= i < num_samples). Throws aerie::Error naming the file and the sample on a bad
   /// index or a read failure.
   HiddenSample read(int64_t i) const;
@@ -83,6 +94,10 @@ struct ShardMeta {
   std::vector<int> aux_layers;
   int64_t hidden_size = 0, num_hidden_layers = 0;
   int64_t chunk = -1;
+  // Provenance, written as attributes when set (target.config_sha256 non-empty, num_chunks > 0).
+  TargetFingerprint target;
+  std::string prepared_sha256;
+  int64_t prepared_num_samples = -1, samples_per_shard = -1, num_chunks = -1;
 };
 
 /// Writes one shard. The constructor creates "<path>.tmp" (a stale one is overwritten) with every

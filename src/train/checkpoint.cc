@@ -142,6 +142,7 @@ std::string save_checkpoint(const std::string& run_dir, const Checkpoint& ck, co
     save_safetensors(tmp_dir + "/optimizer.safetensors", o);
     write_file_atomic(tmp_dir + "/draft_vocab.safetensors", read_file(vocab_file));
     nlohmann::json config = {{"draft", ck.config.to_json()}, {"train", ck.train_options}};
+    if (!ck.provenance.is_null()) config["provenance"] = ck.provenance;
     write_file_atomic(tmp_dir + "/config.json", config.dump(2) + "\n");
     write_file_atomic(tmp_dir + "/state.json", ck.state.to_json().dump(2) + "\n");
   }
@@ -221,6 +222,7 @@ Checkpoint load_checkpoint(const std::string& dir) {
   AERIE_CHECK(cfg.contains("draft") && cfg.contains("train"), cfg_path << ": expected the keys draft and train");
   ck.config = DraftConfig::from_json(cfg["draft"]);
   ck.train_options = cfg["train"];
+  if (cfg.contains("provenance")) ck.provenance = cfg["provenance"];
   const std::string state_path = dir + "/state.json";
   try {
     ck.state = TrainState::from_json(nlohmann::json::parse(read_file(state_path)));

@@ -3,7 +3,8 @@
 //   optimizer.safetensors   AdamW moments "m.<name>", "v.<name>" (F32)
 //   draft_vocab.safetensors the d2t/t2d file, copied byte for byte (the mapping belongs to the draft and is
 //                           never recomputed on resume: SpecForge #534)
-//   config.json             {"draft": DraftConfig::to_json(), "train": the training options}
+//   config.json             {"draft": DraftConfig::to_json(), "train": the training options, "provenance":
+//                           the target's, shards' and vocabulary's fingerprints (Checkpoint::provenance)}
 //   state.json              TrainState (step, epoch, position, seed, the data split with the held-out list)
 //   DONE                    written last
 // Protocol (llm.c's): rank 0 writes everything into "step-%08d.tmp", all ranks meet at a barrier, rank 0
@@ -51,6 +52,11 @@ struct Checkpoint {
   DraftWeights adam_m, adam_v;   // AdamW first and second moments (F32)
   DraftVocab vocab;              // read from draft_vocab.safetensors (load only)
   TrainState state;
+  /// Where the run's inputs came from (config.json "provenance"; null in checkpoints of an older aerie):
+  /// {"target": {"model", "config_sha256", "weights_sha256", "num_hidden_layers"}, "shards": {"dir",
+  /// "target_config_sha256", "target_weights_sha256", "prepared_sha256", "count", "num_chunks"},
+  /// "vocab_sha256"} (io/fingerprint.h). A resumed train and export check them.
+  nlohmann::json provenance;
 };
 
 /// RUN_DIR/checkpoints/step-%08d.

@@ -15,6 +15,13 @@ nlohmann::json export_config(const DraftConfig& cfg, const TargetConfig& target)
               "export: the draft (V " << cfg.vocab_size << ", target H " << cfg.target_hidden_size
                                       << ") does not fit the target (V " << target.vocab_size << ", H "
                                       << target.hidden_size << ")");
+  // Another layer count (issue 17, case 6): the aux layers would read other depths of another model, and
+  // whether they are the default ones (written to eagle_config or not) would change.
+  AERIE_CHECK(cfg.target_num_hidden_layers <= 0 || cfg.target_num_hidden_layers == target.num_hidden_layers,
+              "export: the target has " << target.num_hidden_layers << " layers, the draft was trained on hidden "
+                                        << "states of a target of " << cfg.target_num_hidden_layers
+                                        << " layers (aux layers " << nlohmann::json(cfg.aux_layers).dump()
+                                        << "): export with the --model it was trained with");
   AERIE_CHECK(cfg.aux_layers.size() == 3, "export: the draft config has " << cfg.aux_layers.size() << " aux layers");
   for (int a : cfg.aux_layers)
     AERIE_CHECK(a >= 0 && a <= target.num_hidden_layers,

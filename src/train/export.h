@@ -23,7 +23,8 @@
 namespace aerie {
 
 /// The config.json of the export for draft `cfg` of `target`. Throws aerie::Error if the draft does
-/// not fit the target (V, H or aux layer range differ).
+/// not fit the target (V, H, the layer count the draft was trained with when it records one, or the aux
+/// layer range differ).
 nlohmann::json export_config(const DraftConfig& cfg, const TargetConfig& target);
 
 /// Writes the export directory `out_dir`: into "<out_dir>.tmp" first (a stale one is removed), then

@@ -23,7 +23,8 @@ nlohmann::json TrainOptions::to_json() const {
           {"eval_fraction", eval_fraction}, {"device", device},
           {"precision", precision},   {"draft_heads", draft_heads},
           {"draft_kv_heads", draft_kv_heads}, {"draft_head_dim", draft_head_dim},
-          {"draft_intermediate", draft_intermediate}};
+          {"draft_intermediate", draft_intermediate}, {"allow_missing_shards", allow_missing_shards},
+          {"allow_other_target", allow_other_target}};
 }
 
 DraftConfig TrainOptions::apply_draft_shape(DraftConfig cfg) const {

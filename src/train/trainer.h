@@ -43,6 +43,11 @@ struct TrainOptions {
   /// kv heads (must divide the heads), head dim (even) and intermediate size, e.g. SpecForge's
   /// DeepSeek-V3 draft 56 / 8 / 128 / 40960. A resume option: a resumed run must give the same ones.
   int64_t draft_heads = 0, draft_kv_heads = 0, draft_head_dim = 0, draft_intermediate = 0;
+  /// Train on a shard folder that lacks some chunks of its extraction (a warning instead of a refusal).
+  bool allow_missing_shards = false;
+  /// Train (or resume) with a --model whose fingerprint differs from the shards' (or the checkpoint's)
+  /// target: a warning instead of a refusal (e.g. a quantized copy of the model the shards come from).
+  bool allow_other_target = false;
 
   nlohmann::json to_json() const;
   /// `cfg` with the draft_* options that are set (> 0) replacing its shape. Throws aerie::Error naming
@@ -136,7 +141,9 @@ struct TrainResult {
   int stop_signal = 0;            // the signal that stopped the run early (0: ran to the end)
 };
 
-/// `aerie train`: collective over `dp` (every rank a dp replica). Resumes from the latest complete
+/// `aerie train`: collective over `dp` (every rank a dp replica). Rank 0 holds the run folder's lock
+/// (OUTPUT/.aerie.lock, io/output_lock.h; throws aerie::Error naming the holder when another job has it)
+/// unless this process holds it already (jobs/train.cc takes it first). Resumes from the latest complete
 /// checkpoint of opts.output_dir if there is one (the vocabulary then comes from the checkpoint, not
 /// from --vocab), writes checkpoints every opts.checkpoint_every steps and at the end, logs metrics on
 /// rank 0 every opts.log_every steps (also appended to output_dir/metrics.jsonl), and writes
@@ -144,8 +151,15 @@ struct TrainResult {
 /// Preemption: SIGTERM, SIGINT or SIGUSR1 on any rank (Slurm sends SIGTERM before killing a job, or
 /// USR1 with --signal) makes every rank finish the current step, write a checkpoint and return (the flag
 /// is max-reduced over dp after each step); a second signal kills as usual. The previous handlers are
-/// restored on return. Throws aerie::Error on bad options, data that disagrees with the target or the
-/// checkpoint, I/O errors.
+/// restored on return.
+/// Provenance (issue 17): the shards must be one complete extraction (the same recorded target and
+/// prepared file in every shard, no chunk missing unless opts.allow_missing_shards) of the target in
+/// opts.model_dir (TargetFingerprint: config.json and weights; unless opts.allow_other_target; shards of
+/// extract --random-weights are compared by config.json); a resume also checks --model and --shards
+/// against the checkpoint's provenance, which every checkpoint records. Shards and checkpoints of an older
+/// aerie without provenance give a warning instead.
+/// Throws aerie::Error on bad options, data that disagrees with the target or the checkpoint (naming what
+/// differs), I/O errors.
 TrainResult run_training(const TrainOptions& opts, Communicator& dp);
 
 }  // namespace aerie

@@ -1,6 +1,7 @@
 // run_training: the `aerie train` loop (data, resume, schedule, logging, checkpoints) around train_step.
 #include <signal.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <csignal>
@@ -18,6 +19,8 @@
 #include "core/progress.h"
 #include "core/stop_signals.h"
 #include "data/shard.h"
+#include "io/fingerprint.h"
+#include "io/output_lock.h"
 #include "model/target_config.h"
 #include "train/checkpoint.h"
 #include "train/data_order.h"
@@ -51,10 +54,26 @@ struct ShardSet {
   std::vector<int64_t> sizes;
   std::vector<int> aux_layers;
   int64_t hidden_size = 0, num_hidden_layers = 0;
+  ShardInfo provenance;      // of the first shard that records it (has_provenance() false: none does)
+  std::string target_model;  // the --model path extract recorded (first shard)
+  int64_t unrecorded = 0;    // shards of an older aerie, without provenance
 };
 
-ShardSet scan_shards(const std::string& dir, const TargetConfig& target) {
+std::string chunk_list(const std::vector<int64_t>& v) {
+  std::string out;
+  for (size_t i = 0; i < v.size() && i < 10; ++i) out += (i ? ", " : "") + std::to_string(v[i]);
+  if (v.size() > 10) out += ", ... (" + std::to_string(v.size()) + " in all)";
+  return out;
+}
+
+// Reads every shard's attributes and checks that the folder is one complete extraction: the same aux
+// layers, hidden size and provenance everywhere (issue 17, case 3: a folder mixed by an extract rerun with
+// another model), and no chunk missing (case 4) unless opts.allow_missing_shards. Logs on rank 0.
+ShardSet scan_shards(const std::string& dir, const TargetConfig& target, const TrainOptions& opts, int rank) {
   ShardSet s;
+  std::string first_recorded;
+  std::vector<int64_t> chunks;
+  int64_t num_chunks = -1;
   for (const std::string& p : list_shards(dir)) {
     ShardReader r(p);
     const ShardInfo& info = r.info();
@@ -62,9 +81,33 @@ ShardSet scan_shards(const std::string& dir, const TargetConfig& target) {
       s.aux_layers = info.aux_layers;
       s.hidden_size = info.hidden_size;
       s.num_hidden_layers = info.num_hidden_layers;
+      s.target_model = info.target_model;
     }
     AERIE_CHECK(info.aux_layers == s.aux_layers && info.hidden_size == s.hidden_size,
                 p << ": aux layers / hidden size differ from " << s.paths.front() << "'s");
+    if (!info.has_provenance()) {
+      ++s.unrecorded;
+    } else if (!s.provenance.has_provenance()) {
+      s.provenance = info;
+      first_recorded = p;
+    } else {
+      const std::string diff = info.target.difference(s.provenance.target);
+      AERIE_CHECK(diff.empty(), "train: --shards " << dir << " mixes the shards of two targets: " << p << " and "
+                                                   << first_recorded << ": " << diff << " (" << info.target.describe()
+                                                   << " from " << info.target_model << ", against "
+                                                   << s.provenance.target.describe() << " from "
+                                                   << s.provenance.target_model
+                                                   << "). Extract into an empty folder with one --model.");
+      AERIE_CHECK(info.prepared_sha256 == s.provenance.prepared_sha256 && info.num_chunks == s.provenance.num_chunks,
+                  "train: --shards " << dir << " mixes the shards of two extractions: " << p << " and "
+                                     << first_recorded << " come from different prepared files or chunkings "
+                                     << "(prepared sha256 " << info.prepared_sha256.substr(0, 12) << ".. of "
+                                     << info.num_chunks << " chunks, against "
+                                     << s.provenance.prepared_sha256.substr(0, 12) << ".. of "
+                                     << s.provenance.num_chunks << ")");
+    }
+    if (info.num_chunks > 0) num_chunks = info.num_chunks;
+    chunks.push_back(info.chunk);
     s.paths.push_back(fs::absolute(p).lexically_normal().string());
     s.sizes.push_back(info.num_samples);
   }
@@ -74,7 +117,115 @@ ShardSet scan_shards(const std::string& dir, const TargetConfig& target) {
   AERIE_CHECK(s.num_hidden_layers == 0 || s.num_hidden_layers == target.num_hidden_layers,
               "train: shards come from a target with " << s.num_hidden_layers << " layers, --model has "
                                                        << target.num_hidden_layers);
+  // Missing chunks: the extraction's chunk count when the shards record it, else gaps below the last chunk.
+  std::vector<int64_t> sorted = chunks;
+  std::sort(sorted.begin(), sorted.end());
+  const int64_t expected = num_chunks > 0 ? num_chunks : (sorted.empty() ? 0 : sorted.back() + 1);
+  std::vector<int64_t> missing;
+  for (int64_t c = 0, k = 0; c < expected; ++c) {
+    while (k < static_cast<int64_t>(sorted.size()) && sorted[static_cast<size_t>(k)] < c) ++k;
+    if (k >= static_cast<int64_t>(sorted.size()) || sorted[static_cast<size_t>(k)] != c) missing.push_back(c);
+  }
+  if (!missing.empty()) {
+    std::ostringstream why;
+    why << "--shards " << dir << " holds " << s.paths.size() << " of " << expected << " shards of its extraction: "
+        << "chunk(s) " << chunk_list(missing) << " missing (an extract that has not finished, or lost files)";
+    AERIE_CHECK(opts.allow_missing_shards, "train: " << why.str() << "; rerun aerie extract with the same options to "
+                                                     << "complete the folder, or pass --allow-missing-shards to train "
+                                                     << "on the shards that are there");
+    if (rank == 0) AERIE_LOG(warning) << "train: " << why.str() << "; training on the rest (--allow-missing-shards)";
+  }
+  if (rank == 0 && s.unrecorded > 0)
+    AERIE_LOG(warning) << "train: " << s.unrecorded << " of " << s.paths.size() << " shards in " << dir
+                       << " record no provenance (written by an older aerie): that they come from --model "
+                       << opts.model_dir << " and one prepared file is not checked";
   return s;
+}
+
+// The shards' target against --model (issue 17, case 3): refuses another target unless
+// opts.allow_other_target. Shards of extract --random-weights are compared by config.json only.
+void check_shards_target(const ShardSet& s, const TargetFingerprint& model, const TrainOptions& opts, int rank) {
+  if (!s.provenance.has_provenance()) return;
+  const TargetFingerprint& theirs = s.provenance.target;
+  std::string diff = theirs.difference(model);
+  if (theirs.random() && diff.rfind("the weights differ", 0) == 0) {
+    if (rank == 0)
+      AERIE_LOG(warning) << "train: the shards in " << opts.shards_dir << " come from random weights ("
+                         << theirs.weights_sha256 << ", extract --random-weights) with the config.json of --model "
+                         << opts.model_dir << "; their weights are not compared";
+    return;
+  }
+  if (diff.empty()) return;
+  std::ostringstream why;
+  why << "the shards in " << opts.shards_dir << " were extracted from another target than --model "
+      << opts.model_dir << ": " << diff << " (the shards: " << theirs.describe() << ", from " << s.provenance.target_model
+      << "; --model: " << model.describe() << ")";
+  AERIE_CHECK(opts.allow_other_target, "train: " << why.str()
+                                                 << ". Extract the shards with this --model, or pass "
+                                                    "--allow-other-target if that is intended (e.g. a quantized copy of "
+                                                    "the same model)");
+  if (rank == 0) AERIE_LOG(warning) << "train: " << why.str() << "; training anyway (--allow-other-target)";
+}
+
+// The run's inputs as recorded in its checkpoints (Checkpoint::provenance).
+nlohmann::json make_provenance(const TrainOptions& opts, const TargetFingerprint& model, const TargetConfig& target,
+                               const ShardSet& s, const std::string& vocab_file) {
+  nlohmann::json shards = {{"dir", fs::absolute(opts.shards_dir).lexically_normal().string()},
+                           {"count", s.paths.size()}};
+  if (s.provenance.has_provenance()) {
+    shards["target_config_sha256"] = s.provenance.target.config_sha256;
+    shards["target_weights_sha256"] = s.provenance.target.weights_sha256;
+    shards["prepared_sha256"] = s.provenance.prepared_sha256;
+    shards["num_chunks"] = s.provenance.num_chunks;
+  }
+  return {{"target",
+           {{"model", opts.model_dir},
+            {"config_sha256", model.config_sha256},
+            {"weights_sha256", model.weights_sha256},
+            {"num_hidden_layers", target.num_hidden_layers}}},
+          {"shards", shards},
+          {"vocab_sha256", sha256_hex(read_file(vocab_file))}};
+}
+
+// A resumed run's --model and --shards against its checkpoint's provenance (issue 17, case 3).
+void check_resume_provenance(const nlohmann::json& was, const std::string& checkpoint, const TrainOptions& opts,
+                             const TargetFingerprint& model, const ShardSet& s, int rank) {
+  if (was.is_null()) {
+    if (rank == 0)
+      AERIE_LOG(warning) << "train: " << checkpoint << " records no provenance (written by an older aerie): --model "
+                         << "and --shards are checked by their shapes and shard names only";
+    return;
+  }
+  TargetFingerprint theirs;
+  const nlohmann::json t = was.value("target", nlohmann::json::object());
+  theirs.config_sha256 = t.value("config_sha256", "");
+  theirs.weights_sha256 = t.value("weights_sha256", "");
+  const std::string diff = theirs.difference(model);
+  if (!diff.empty()) {
+    std::ostringstream why;
+    why << "resume: --model " << opts.model_dir << " is not the target " << checkpoint << " was trained with ("
+        << t.value("model", std::string("?")) << "): " << diff;
+    AERIE_CHECK(opts.allow_other_target, why.str() << ". Rerun with that --model, or use another --output");
+    if (rank == 0) AERIE_LOG(warning) << "train: " << why.str() << "; resuming anyway (--allow-other-target)";
+  }
+  const nlohmann::json sh = was.value("shards", nlohmann::json::object());
+  if (sh.contains("prepared_sha256") && s.provenance.has_provenance()) {
+    TargetFingerprint shard_target;
+    shard_target.config_sha256 = sh.value("target_config_sha256", "");
+    shard_target.weights_sha256 = sh.value("target_weights_sha256", "");
+    std::string sdiff = shard_target.difference(s.provenance.target);
+    if (sdiff.empty() && sh.value("prepared_sha256", "") != s.provenance.prepared_sha256)
+      sdiff = "they were extracted from another prepared file";
+    else if (!sdiff.empty())
+      sdiff = "they were extracted from another target: " + sdiff;
+    AERIE_CHECK(sdiff.empty(), "resume: --shards " << opts.shards_dir << " are not the shards " << checkpoint
+                                                   << " was trained on (" << sh.value("dir", std::string("?"))
+                                                   << "): " << sdiff
+                                                   << ". Rerun with those --shards, or use another --output");
+  } else if (sh.contains("prepared_sha256") && rank == 0) {
+    AERIE_LOG(warning) << "train: the shards in " << opts.shards_dir << " record no provenance, the ones "
+                       << checkpoint << " was trained on did: not checked that they are the same";
+  }
 }
 
 // The shards must be the ones the checkpoint was trained on (names and sample counts; the folder may move).
@@ -126,14 +277,24 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp) {
   }
   if (dev == Device::CUDA) cuda::select_device(local_rank());
   const TargetConfig target = load_target_config(opts.model_dir);
+  const ShardSet shards = scan_shards(opts.shards_dir, target, opts, rank);
+  const TargetFingerprint model_fp = TargetFingerprint::of_model(opts.model_dir);
+  check_shards_target(shards, model_fp, opts, rank);
+  // The target's head after the cheap checks of the shards (GiBs for a large vocabulary).
   TargetHead head = load_target_head(opts.model_dir, target);
   if (dev != Device::CPU) {  // frozen, uploaded once (a tied lm_head stays one tensor)
     const bool tied = head.lm_head.raw() == head.embed_tokens.raw();
     head.embed_tokens = head.embed_tokens.to_device(dev);
     head.lm_head = tied ? head.embed_tokens : head.lm_head.to_device(dev);
   }
-  const ShardSet shards = scan_shards(opts.shards_dir, target);
-  if (rank == 0) fs::create_directories(opts.output_dir);
+  // Rank 0 writes the run folder; it holds its lock (io/output_lock.h) unless the job took it already
+  // (jobs/train.cc, before the target loads). Stale .tmp files are replaced only under it.
+  OutputLock lock;
+  if (rank == 0) {
+    fs::create_directories(opts.output_dir);
+    if (!OutputLock::held_here(opts.output_dir, LockTarget::Folder))
+      lock = OutputLock::acquire(opts.output_dir, LockTarget::Folder, "train");
+  }
   dp.barrier();
 
   // Fresh start or resume.
@@ -144,6 +305,7 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp) {
     if (rank == 0) AERIE_LOG(info) << "train: resuming from " << *latest;
     ck = load_checkpoint(*latest);
     opts.check_resumable(ck.train_options);
+    check_resume_provenance(ck.provenance, *latest, opts, model_fp, shards, rank);
     check_same_shards(shards, ck.state.split);
     ck.state.split.shards = shards.paths;
     vocab_file = *latest + "/draft_vocab.safetensors";
@@ -173,6 +335,7 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp) {
     ck.state.batch_size = opts.batch_size;
   }
   ck.train_options = opts.to_json();
+  ck.provenance = make_provenance(opts, model_fp, target, shards, vocab_file);
   TrainState& st = ck.state;
   BatchOrder order(st.split, opts.batch_size, opts.seed);
   st.steps_per_epoch = order.steps_per_epoch();

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <iterator>
 #include <thread>
@@ -184,6 +185,95 @@ TEST(Extract, RefusesShardsOfAnotherRun) {
   ExtractOptions o = fake_options(dir, 3);
   o.meta.aux_layers = {0, 1, 2};
   EXPECT_THROW(run_extract(o, g, fake_forward), Error);
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Issue 17, case 3: shards record the target's and the prepared file's fingerprints; a rerun into a folder
+// of other provenance (another model of the same shape, another config, another prepared file of the same
+// shape) is refused naming what differs, and an older shard without provenance is checked by its tokens.
+TEST(Extract, RerunRefusesShardsOfOtherProvenance) {
+  const std::string dir = testing::scratch_dir("extract_provenance");
+  ParallelGroups g = ParallelGroups::create(1);
+  if (g.map.world_size != 1) GTEST_SKIP() << "single-rank test";
+  Prepared p = make_prepared(6, 100);
+  write_prepared(dir + "/prepared.h5", p);
+  ExtractOptions o = fake_options(dir, 2);
+  o.meta.target.config_sha256 = std::string(64, 'c');
+  o.meta.target.weights_sha256 = std::string(64, 'a');
+  run_extract(o, g, fake_forward);
+  ShardReader r(o.output + "/shard-00001.h5");
+  EXPECT_TRUE(r.info().has_provenance());
+  EXPECT_EQ(r.info().target.config_sha256, o.meta.target.config_sha256);
+  EXPECT_EQ(r.info().target.weights_sha256, o.meta.target.weights_sha256);
+  EXPECT_EQ(r.info().prepared_sha256, PreparedFile(o.prepared).fingerprint());
+  EXPECT_EQ(r.info().prepared_num_samples, 6);
+  EXPECT_EQ(r.info().samples_per_shard, 2);
+  EXPECT_EQ(r.info().num_chunks, 3);
+
+  fs::remove(o.output + "/shard-00001.h5");  // a rerun has work to do
+  ExtractOptions other = o;
+  other.meta.target.weights_sha256 = std::string(64, 'b');  // another model of the same shape
+  std::string e = error_of([&] { run_extract(other, g, fake_forward); });
+  EXPECT_NE(e.find("shard-00000.h5 exists but is not chunk 0 of this run: it was extracted from another target: "
+                   "the weights differ (the same config.json: another checkpoint of the same shape)"),
+            std::string::npos)
+      << e;
+  other = o;
+  other.meta.target.config_sha256 = std::string(64, 'd');
+  EXPECT_NE(error_of([&] { run_extract(other, g, fake_forward); }).find("config.json differs"), std::string::npos);
+  other = o;
+  other.meta.aux_layers = {0, 1, 2};
+  EXPECT_NE(error_of([&] { run_extract(other, g, fake_forward); }).find("aux layers 1,2,3, this run's are 0,1,2"),
+            std::string::npos);
+  // Another prepared file of the same shape (one token changed).
+  Prepared q = p;
+  q.ids[3][1] = (q.ids[3][1] + 1) % 100;
+  write_prepared(dir + "/prepared2.h5", q);
+  other = o;
+  other.prepared = dir + "/prepared2.h5";
+  EXPECT_NE(error_of([&] { run_extract(other, g, fake_forward); }).find("from another prepared file"),
+            std::string::npos);
+  EXPECT_FALSE(fs::exists(o.output + "/shard-00001.h5"));  // nothing written by the refused runs
+  // The same provenance: the missing shard is redone.
+  ExtractStats st = run_extract(o, g, fake_forward);
+  EXPECT_EQ(st.chunks_skipped, 2);
+  EXPECT_EQ(st.chunks_done, 1);
+
+  // A shard of an older aerie (no provenance attributes) is checked by its tokens: those of chunk 1 of
+  // prepared2.h5 are not prepared.h5's.
+  const std::string old_dir = dir + "/old";
+  fs::create_directories(old_dir);
+  {
+    ShardMeta m = fake_options(dir, 2).meta;
+    m.chunk = 1;
+    ShardWriter w(old_dir + "/shard-00001.h5", m, {static_cast<int64_t>(q.ids[2].size()),
+                                                  static_cast<int64_t>(q.ids[3].size())});
+    for (int k : {2, 3}) {
+      Tensor aux, fin;
+      fake_forward(q.ids[k], aux, fin);
+      w.add(k, q.ids[k], q.mask[k], aux, fin);
+    }
+    w.close();
+  }
+  other = o;
+  other.output = old_dir;
+  e = error_of([&] { run_extract(other, g, fake_forward); });
+  EXPECT_NE(e.find("shard-00001.h5 exists but is not chunk 1 of this run: its tokens differ from those of "
+                   "--prepared " + o.prepared + " (first at sample 3): another prepared file"),
+            std::string::npos)
+      << e;
+  other.prepared = dir + "/prepared2.h5";  // its own prepared file: accepted (with a warning), the rest done
+  st = run_extract(other, g, fake_forward);
+  EXPECT_EQ(st.chunks_skipped, 1);
+  EXPECT_EQ(st.chunks_done, 2);
 }
 
 TEST(Extract, BadPreparedFileNamesIt) {

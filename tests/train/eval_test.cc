@@ -235,7 +235,12 @@ TEST_F(EvalTest, TeacherForcedOnShards) {
   }
   auto write_shard = [&](const std::string& sub, std::vector<int> layers) {
     std::filesystem::create_directories(dir + "/" + sub);
-    ShardMeta meta{testing::model_dir(), layers, model_->config().hidden_size, model_->config().num_hidden_layers, 0};
+    ShardMeta meta;
+    meta.target_model = testing::model_dir();
+    meta.aux_layers = layers;
+    meta.hidden_size = model_->config().hidden_size;
+    meta.num_hidden_layers = model_->config().num_hidden_layers;
+    meta.chunk = 0;
     ShardWriter w(dir + "/" + sub + "/" + shard_file_name(0), meta, lens);
     for (size_t i = 0; i < seqs.size(); ++i) {
       TargetOutput out = model_->forward(seqs[i], nullptr, aux, false);

@@ -66,6 +66,27 @@ TEST(ExportTest, ConfigIsSection5WithTheTargetsRopeAndPositions) {
   EXPECT_THROW(export_config(bad, s.target), Error);
 }
 
+// Issue 17, case 6: a target of another layer count (the same width) is refused, naming both counts; a
+// draft config without the count (an older checkpoint: 0) is not checked.
+TEST(ExportTest, RefusesATargetOfAnotherLayerCount) {
+  const std::string dir = testing::scratch_dir("train_export_layers");
+  auto s = testing::make_tiny_setup(dir, {1, 3, 5});
+  TargetConfig deeper = s.target;
+  deeper.num_hidden_layers = 8;
+  try {
+    export_config(s.cfg, deeper);
+    FAIL() << "another layer count was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("export: the target has 8 layers, the draft was trained on hidden states of "
+                                         "a target of 6 layers (aux layers [1,3,5])"),
+              std::string::npos)
+        << e.what();
+  }
+  DraftConfig old = s.cfg;
+  old.target_num_hidden_layers = 0;
+  EXPECT_NO_THROW(export_config(old, deeper));
+}
+
 // A transformers 5.x target config holds rope_theta and the scaling in one "rope_parameters" object: the
 // export writes them in the 4.x spelling servers read (found with the Llama-3 family fixtures).
 TEST(ExportTest, RopeParametersOfTransformers5AreExportedAsRopeScaling) {

@@ -1,12 +1,16 @@
 // run_training in process on a tiny target and tiny shards: checkpoints, data_split.json, metrics.jsonl,
 // an in-process resume that ends bitwise equal to the uninterrupted run, and refusals to resume with
-// options that would change the weights.
+// options that would change the weights; provenance (issue 17): shards of another target, a mixed folder,
+// missing shards, and a resume with another --model or --shards are refused.
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <random>
 
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "data/shard.h"
+#include "io/fingerprint.h"
 #include "io/safetensors.h"
 #include "train/checkpoint.h"
 #include "train/train_testing.h"
@@ -19,21 +23,29 @@ namespace fs = std::filesystem;
 
 // Target files (config.json from make_tiny_setup, model.safetensors with embedding and lm_head), two shards
 // of 5 and 4 samples of 6..14 tokens, and the draft vocabulary file.
-testing::TinyTrainSetup write_inputs(const std::string& dir) {
+// `edit` (optional) changes each shard's metadata (provenance) before it is written; `shards` names the folder.
+testing::TinyTrainSetup write_inputs(const std::string& dir, const std::function<void(ShardMeta&)>& edit = nullptr,
+                                     const std::string& shards = "shards") {
   auto s = testing::make_tiny_setup(dir);
   SafetensorsFile m;
   m.tensors["model.embed_tokens.weight"] = s.embed;
   m.tensors["lm_head.weight"] = s.lm_head;
   save_safetensors(dir + "/model.safetensors", m);
   save_draft_vocab(dir + "/vocab.safetensors", s.vocab, std::vector<int64_t>(16, 1));
-  fs::create_directories(dir + "/shards");
+  fs::create_directories(dir + "/" + shards);
   std::mt19937_64 rng(99);
   int64_t index = 0;
   for (int shard = 0; shard < 2; ++shard) {
     std::vector<int64_t> lens;
     for (int i = 0; i < 5 - shard; ++i) lens.push_back(6 + static_cast<int64_t>(rng() % 9));
-    ShardMeta meta{dir, s.cfg.aux_layers, 8, 6, shard};
-    ShardWriter w(dir + "/shards/" + shard_file_name(shard), meta, lens);
+    ShardMeta meta;
+    meta.target_model = dir;
+    meta.aux_layers = s.cfg.aux_layers;
+    meta.hidden_size = 8;
+    meta.num_hidden_layers = 6;
+    meta.chunk = shard;
+    if (edit) edit(meta);
+    ShardWriter w(dir + "/" + shards + "/" + shard_file_name(shard), meta, lens);
     for (int64_t T : lens) {
       std::vector<int32_t> ids(static_cast<size_t>(T));
       std::vector<uint8_t> mask(static_cast<size_t>(T));
@@ -123,6 +135,148 @@ TEST(RunTrainingTest, WritesCheckpointsAndResumesBitwise) {
   other = options(dir, dir + "/b");
   other.lr = 2e-2;
   EXPECT_THROW(run_training(other, *self), Error);
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Provenance of the tiny target folder's own model, as extract would record it, and the chunking of 2 shards.
+std::function<void(ShardMeta&)> recorded(const std::string& dir, const std::string& prepared = std::string(64, 'p'),
+                                         int64_t num_chunks = 2) {
+  return [=](ShardMeta& m) {
+    m.target = TargetFingerprint::of_model(dir);
+    m.prepared_sha256 = prepared;
+    m.num_chunks = num_chunks;
+    m.samples_per_shard = 5;
+    m.prepared_num_samples = 9;
+  };
+}
+
+// Issue 17, case 3: shards of another target than --model, or a folder mixing two targets, are refused.
+TEST(RunTrainingProvenance, RefusesShardsOfAnotherTargetOrAMixedFolder) {
+  const std::string dir = testing::scratch_dir("train_provenance_target");
+  write_inputs(dir);
+  write_inputs(dir, [&](ShardMeta& m) {
+    recorded(dir)(m);
+    m.target.weights_sha256 = std::string(64, 'f');  // another model of the same shape
+  }, "other_weights");
+  auto self = MpiCommunicator::world()->split(MpiCommunicator::world()->rank(), 0);
+  TrainOptions o = options(dir, dir + "/a");
+  o.shards_dir = dir + "/other_weights";
+  std::string e = error_of([&] { run_training(o, *self); });
+  EXPECT_NE(e.find("train: the shards in " + dir + "/other_weights were extracted from another target than --model " +
+                   dir + ": the weights differ (the same config.json: another checkpoint of the same shape)"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("--allow-other-target"), std::string::npos) << e;
+  EXPECT_FALSE(fs::exists(dir + "/a/checkpoints"));
+  o.allow_other_target = true;
+  EXPECT_EQ(run_training(o, *self).step, 7);
+
+  // One shard of the target, one of another: a mixed folder.
+  write_inputs(dir, [&](ShardMeta& m) {
+    recorded(dir)(m);
+    if (m.chunk == 1) m.target.config_sha256 = std::string(64, 'e');
+  }, "mixed");
+  o = options(dir, dir + "/b");
+  o.shards_dir = dir + "/mixed";
+  e = error_of([&] { run_training(o, *self); });
+  EXPECT_NE(e.find("mixes the shards of two targets: " + dir + "/mixed/shard-00001.h5 and " + dir +
+                   "/mixed/shard-00000.h5: config.json differs"),
+            std::string::npos)
+      << e;
+  // One shard of another prepared file: mixed as well.
+  write_inputs(dir, [&](ShardMeta& m) { recorded(dir, std::string(64, m.chunk == 0 ? 'p' : 'q'))(m); }, "mixed2");
+  o.shards_dir = dir + "/mixed2";
+  EXPECT_NE(error_of([&] { run_training(o, *self); }).find("come from different prepared files"), std::string::npos);
+}
+
+// Issue 17, case 4: a shard folder with chunks missing is refused unless --allow-missing-shards.
+TEST(RunTrainingProvenance, RefusesMissingShardsUnlessAllowed) {
+  const std::string dir = testing::scratch_dir("train_provenance_missing");
+  write_inputs(dir, recorded(dir, std::string(64, 'p'), 3));  // chunks 0 and 1 of 3: the last one missing
+  auto self = MpiCommunicator::world()->split(MpiCommunicator::world()->rank(), 0);
+  TrainOptions o = options(dir, dir + "/a");
+  std::string e = error_of([&] { run_training(o, *self); });
+  EXPECT_NE(e.find("--shards " + dir + "/shards holds 2 of 3 shards of its extraction: chunk(s) 2 missing"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("--allow-missing-shards"), std::string::npos) << e;
+  o.allow_missing_shards = true;
+  EXPECT_EQ(run_training(o, *self).step, 7);
+
+  // Shards of an older aerie (no num_chunks): a gap below the last chunk is found from the chunk indices.
+  write_inputs(dir, nullptr, "old");
+  fs::rename(dir + "/old/shard-00000.h5", dir + "/old/shard-00007.h5");  // holds chunk 0: only chunk 1 named
+  fs::remove(dir + "/old/shard-00007.h5");
+  o = options(dir, dir + "/b");
+  o.shards_dir = dir + "/old";
+  EXPECT_NE(error_of([&] { run_training(o, *self); }).find("holds 1 of 2 shards of its extraction: chunk(s) 0 missing"),
+            std::string::npos);
+}
+
+// Issue 17, case 3: a resumed run checks --model and --shards against its checkpoint's provenance; a
+// checkpoint of an older aerie (no provenance) resumes with a warning.
+TEST(RunTrainingProvenance, ResumeChecksModelAndShards) {
+  const std::string dir = testing::scratch_dir("train_provenance_resume");
+  write_inputs(dir);  // shards without provenance: only the checkpoint's records tell the targets apart
+  auto self = MpiCommunicator::world()->split(MpiCommunicator::world()->rank(), 0);
+  TrainOptions o = options(dir, dir + "/a");
+  o.steps = 4;
+  run_training(o, *self);
+  const std::string ck = checkpoint_dir(dir + "/a", 4);
+  const Checkpoint c = load_checkpoint(ck);
+  ASSERT_TRUE(c.provenance.is_object());
+  EXPECT_EQ(c.provenance["target"]["config_sha256"], TargetFingerprint::of_model(dir).config_sha256);
+  EXPECT_EQ(c.provenance["target"]["num_hidden_layers"], 6);
+  EXPECT_EQ(c.provenance["vocab_sha256"], sha256_hex(read_file(dir + "/vocab.safetensors")));
+  fs::remove_all(ck);  // resume from step 2
+
+  // Another model of the same shape (another lm_head).
+  const std::string other = dir + "/other_model";
+  fs::create_directories(other);
+  auto s2 = testing::make_tiny_setup(other);
+  SafetensorsFile m;
+  m.tensors["model.embed_tokens.weight"] = s2.embed;
+  std::mt19937_64 rng(5);
+  m.tensors["lm_head.weight"] = testing::random_f32({16, 8}, rng, 1.0);
+  save_safetensors(other + "/model.safetensors", m);
+  TrainOptions r = o;
+  r.model_dir = other;
+  std::string e = error_of([&] { run_training(r, *self); });
+  EXPECT_NE(e.find("resume: --model " + other + " is not the target " + checkpoint_dir(dir + "/a", 2) +
+                   " was trained with (" + dir + "): the weights differ"),
+            std::string::npos)
+      << e;
+
+  // Shards of another extraction (they record another prepared file than the checkpoint's shards did).
+  const std::string d2 = dir + "/recorded";
+  fs::create_directories(d2);
+  write_inputs(d2, recorded(d2, std::string(64, 'p')));
+  TrainOptions a2 = options(d2, d2 + "/a");
+  a2.steps = 4;
+  run_training(a2, *self);
+  fs::remove_all(checkpoint_dir(d2 + "/a", 4));
+  write_inputs(d2, recorded(d2, std::string(64, 'q')), "shards_q");
+  a2.shards_dir = d2 + "/shards_q";
+  e = error_of([&] { run_training(a2, *self); });
+  EXPECT_NE(e.find("resume: --shards " + d2 + "/shards_q are not the shards " + checkpoint_dir(d2 + "/a", 2) +
+                   " was trained on (" + d2 + "/shards): they were extracted from another prepared file"),
+            std::string::npos)
+      << e;
+
+  // A checkpoint without provenance (an older aerie) resumes, with a warning.
+  const std::string cfg = checkpoint_dir(dir + "/a", 2) + "/config.json";
+  nlohmann::json j = nlohmann::json::parse(read_file(cfg));
+  j.erase("provenance");
+  write_file_atomic(cfg, j.dump(2));
+  EXPECT_EQ(run_training(o, *self).step, 4);
 }
 
 }  // namespace

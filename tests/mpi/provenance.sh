@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# Provenance with the aerie binary on stories260K (issue 17, cases 3, 4 and 6; io/fingerprint.h):
+#  3. an extract rerun into a folder of another model of the same shape (stories260K with every weight
+#     x 1.01) is refused naming the difference, and so is one with another prepared file; train refuses
+#     shards of another target than --model and a folder that mixes two targets; a resumed train refuses
+#     another --model (with that model's own shards) and other --shards (of another prepared file);
+#  4. train refuses a shard folder with a shard missing in the middle, unless --allow-missing-shards;
+#  6. export refuses a target of another layer count (the same width).
+# usage: provenance.sh AERIE MODEL_DIR STORIES_TXT WORK_DIR   (exit 77: no converted model)
+# PARTS="3b 4" runs only those parts (default: all of 3a 3b 3c 4 6).
+set -euo pipefail
+aerie=$1 model=$2 text=$3 work=$4
+[ -f "$model/config.json" ] || { echo "no converted model at $model: skipped"; exit 77; }
+export OPENBLAS_NUM_THREADS=1
+parts=" ${PARTS:-3a 3b 3c 4 6} "
+part() { [[ "$parts" == *" $1 "* ]]; }
+rm -rf "$work"
+mkdir -p "$work"
+fail() { echo "FAIL: $*"; [ -n "${last:-}" ] && tail -20 "$last"; exit 1; }
+run() {  # LOG NP ARGS...: 0 when aerie succeeded
+  last="$work/$1.log"; local np=$2; shift 2
+  mpirun --oversubscribe -np "$np" "$aerie" "$@" >"$last" 2>&1
+}
+refused() {  # LOG PATTERN NP ARGS...: aerie must fail with PATTERN (grep -E) in its log
+  local log=$1 pattern=$2; shift 2
+  if run "$log" "$@"; then fail "$log: accepted (expected a refusal matching: $pattern)"; fi
+  grep -Eq -- "$pattern" "$last" || fail "$log: refused, but not with: $pattern"
+}
+
+# Model B: stories260K with every F32 weight x 1.01 (another model of the same shape and config.json).
+cp -r "$model" "$work/model_b"
+python3 - "$model/model.safetensors" "$work/model_b/model.safetensors" <<'EOF'
+import array, json, struct, sys
+src, dst = sys.argv[1], sys.argv[2]
+data = open(src, "rb").read()
+n = struct.unpack("<Q", data[:8])[0]
+header = json.loads(data[8:8 + n])
+body = bytearray(data[8 + n:])
+for name, t in header.items():
+    if name == "__metadata__" or t["dtype"] != "F32":
+        continue
+    a, b = t["data_offsets"]
+    v = array.array("f", bytes(body[a:b]))
+    body[a:b] = array.array("f", (x * 1.01 for x in v)).tobytes()
+open(dst, "wb").write(data[:8 + n] + bytes(body))
+EOF
+cmp -s "$model/model.safetensors" "$work/model_b/model.safetensors" && fail "model_b equals the model"
+
+run prepare 1 prepare --input "$text" --tokenizer "$model" --output "$work/prepared.h5" --max-length 64 --max-samples 48 \
+  || fail prepare
+run prepare2 1 prepare --input "$text" --tokenizer "$model" --output "$work/prepared2.h5" --max-length 48 --max-samples 48 \
+  || fail prepare2
+run vocab 1 vocab --prepared "$work/prepared.h5" --model "$model" --output "$work/vocab.safetensors" --draft-vocab-size 200 \
+  || fail vocab
+x() { echo extract --prepared "$work/$1" --samples-per-shard 8 --aux-layers 1,2,4 --model "$2" --output "$work/$3"; }
+# shellcheck disable=SC2046
+run extract_a 2 $(x prepared.h5 "$model" shards_a) || fail "extract A"
+# shellcheck disable=SC2046
+run extract_b 2 $(x prepared.h5 "$work/model_b" shards_b) || fail "extract B"
+# shellcheck disable=SC2046
+run extract_a2 2 $(x prepared2.h5 "$model" shards_a2) || fail "extract A of prepared2.h5"
+n=$(ls "$work/shards_a" | grep -c '^shard-.*\.h5$')
+[ "$n" -eq 6 ] || fail "expected 6 shards, got $n"
+t() { echo train --shards "$work/$1" --model "$2" --vocab "$work/vocab.safetensors" --output "$work/$3" --steps 8 \
+  --batch-size 4 --checkpoint-every 4 --log-every 4; }
+# shellcheck disable=SC2046
+run train_a 2 $(t shards_a "$model" run) || fail "train A"
+
+# --- 3. an extract rerun into a folder of other provenance
+if part 3a; then
+cp -r "$work/shards_a" "$work/rerun"
+rm "$work/rerun"/shard-0000[345].h5
+# shellcheck disable=SC2046
+refused extract_rerun_b "extract: .*/rerun/shard-00000.h5 exists but is not chunk 0 of this run: it was extracted from another target: the weights differ \(the same config.json: another checkpoint of the same shape\)" \
+  2 $(x prepared.h5 "$work/model_b" rerun)
+# shellcheck disable=SC2046
+refused extract_rerun_prepared "exists but is not chunk 0 of this run: .*(another prepared file|another --samples-per-shard or --prepared)" \
+  2 $(x prepared2.h5 "$model" rerun)
+[ "$(ls "$work/rerun" | grep -c '^shard-.*\.h5$')" -eq 3 ] || fail "a refused rerun wrote shards"
+# shellcheck disable=SC2046
+run extract_rerun_a 2 $(x prepared.h5 "$model" rerun) || fail "the rerun with the same model"
+grep -q "3 already done" "$last" || fail "the rerun did not skip the 3 shards"
+echo "3a. extract reruns with another model or prepared file refused; the same model completes the folder"
+
+fi
+# --- 3. train over shards of another target, and over a mixed folder
+if part 3b; then
+# shellcheck disable=SC2046
+refused train_other_model "train: the shards in .*/shards_a were extracted from another target than --model .*/model_b: the weights differ" \
+  2 $(t shards_a "$work/model_b" run_x)
+cp -r "$work/shards_a" "$work/mixed"
+cp "$work/shards_b/shard-00002.h5" "$work/mixed/"
+# shellcheck disable=SC2046
+refused train_mixed "train: --shards .*/mixed mixes the shards of two targets: .*shard-0000[0-9].h5 and .*shard-0000[0-9].h5: the weights differ" \
+  2 $(t mixed "$model" run_x)
+[ ! -d "$work/run_x/checkpoints" ] || fail "a refused train wrote checkpoints"
+echo "3b. train refuses shards of another target and a mixed folder"
+
+fi
+# --- 3. resumed train with another --model or other --shards
+if part 3c; then
+rm -rf "$work/run/checkpoints/step-00000008"  # resume from step 4
+# shellcheck disable=SC2046
+refused resume_model "resume: --model .*/model_b is not the target .*/run/checkpoints/step-00000004 was trained with \(.*\): the weights differ" \
+  2 $(t shards_b "$work/model_b" run)
+# shellcheck disable=SC2046
+refused resume_shards "resume: --shards .*/shards_a2 are not the shards .*step-00000004 was trained on \(.*/shards_a\): they were extracted from another prepared file" \
+  2 $(t shards_a2 "$model" run)
+# shellcheck disable=SC2046
+run resume_ok 2 $(t shards_a "$model" run) || fail "the resume with the same inputs"
+grep -q "resuming from $work/run/checkpoints/step-00000004" "$last" || fail "did not resume"
+echo "3c. a resumed train refuses another --model and other --shards"
+
+fi
+# --- 4. a shard missing in the middle
+if part 4; then
+cp -r "$work/shards_a" "$work/holey"
+rm "$work/holey/shard-00002.h5"
+# shellcheck disable=SC2046
+refused train_missing "train: --shards .*/holey holds 5 of 6 shards of its extraction: chunk\(s\) 2 missing" \
+  2 $(t holey "$model" run_h)
+grep -q -- "--allow-missing-shards" "$last" || fail "no --allow-missing-shards advice"
+# shellcheck disable=SC2046
+run train_missing_allowed 2 $(t holey "$model" run_h) --allow-missing-shards || fail "--allow-missing-shards"
+grep -q "chunk(s) 2 missing .*training on the rest" "$last" || fail "no warning with --allow-missing-shards"
+echo "4. train refuses a folder with a missing shard unless --allow-missing-shards"
+
+fi
+# --- 6. export with a target of another layer count
+if part 6; then
+mkdir -p "$work/deeper"
+python3 -c "import json,sys; c=json.load(open(sys.argv[1])); c['num_hidden_layers']+=2; json.dump(c, open(sys.argv[2],'w'))" \
+  "$model/config.json" "$work/deeper/config.json"
+refused export_deeper "export: the target has 7 layers, the draft was trained on hidden states of a target of 5 layers" \
+  1 export --checkpoint "$work/run" --model "$work/deeper" --output "$work/export_x"
+[ ! -e "$work/export_x" ] || fail "a refused export wrote files"
+run export_ok 1 export --checkpoint "$work/run" --model "$model" --output "$work/export" || fail "export"
+echo "6. export refuses a target of another layer count"
+fi
+echo PASS
