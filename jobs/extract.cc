@@ -102,6 +102,7 @@ int extract(const std::vector<std::string>& args) {
     opt.meta.target_model = model_dir;
     opt.meta.hidden_size = c.hidden_size;
     opt.meta.num_hidden_layers = c.num_hidden_layers;
+    opt.vocab_size = c.vocab_size;
     opt.meta.target = fingerprint_target(model_dir, random_seed);
     on_rank0([&] { check_existing_shards(opt); });
   }

@@ -283,6 +283,15 @@ ExtractStats run_extract(const ExtractOptions& opt, ParallelGroups& groups, cons
     for (int64_t i = b; i < e; ++i) {
       lengths.push_back(off[i + 1] - off[i]);
       AERIE_CHECK(lengths.back() > 0, "prepared file " << opt.prepared << ": sample " << i << " is empty");
+      if (opt.vocab_size <= 0) continue;
+      for (int64_t t = off[i] - off[b]; t < off[i + 1] - off[b]; ++t) {
+        const int32_t id = ids[static_cast<size_t>(t)];
+        AERIE_CHECK(id >= 0 && id < opt.vocab_size,
+                    "extract: prepared file " << opt.prepared << ": sample " << i << " holds token id " << id
+                                              << " at position " << t - (off[i] - off[b])
+                                              << ", outside the target's vocabulary [0, " << opt.vocab_size
+                                              << ") (a prepared file of another tokenizer than --model's?)");
+      }
     }
     if (leader) {
       ShardMeta m = meta;

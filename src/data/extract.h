@@ -104,6 +104,9 @@ struct ExtractOptions {
   /// tokens/s at 8192 and 30.3k at 16384 against 34.7k for one 2048-token sample per forward).
   TargetForwardBatch forward_batch;
   int64_t batch_tokens = 2048;
+  /// The target's vocabulary size V: every prepared id must lie in [0, V) (an error naming the prepared file,
+  /// the sample and the id, before its forward); 0: not checked.
+  int64_t vocab_size = 0;
 };
 
 /// What run_extract did: totals over the world, the same on every rank, except chunks_this_group.

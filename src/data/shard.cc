@@ -77,6 +77,17 @@ Tensor as_bf16(const Tensor& t, int64_t rows, int64_t cols, const std::string& w
   return t.to(DType::BF16);
 }
 
+// The first row of a BF16 [rows, cols] host tensor holding a NaN or an infinity (exponent bits all ones),
+// -1 if none.
+int64_t first_nonfinite_row(const Tensor& t) {
+  const uint16_t* p = static_cast<const uint16_t*>(t.raw());  // bf16 bits
+  const int64_t rows = t.dim(0), cols = t.numel() / std::max<int64_t>(1, rows);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      if ((p[r * cols + c] & 0x7F80u) == 0x7F80u) return r;
+  return -1;
+}
+
 // Flushes a closed file's data to disk, so that after the rename a crash cannot leave a shard-*.h5 name
 // pointing at incomplete data.
 void fsync_file(const std::string& path) {
@@ -150,8 +161,18 @@ void ShardWriter::add(int64_t sample_index, const std::vector<int32_t>& ids, con
               "ShardWriter " << path_ << ": sample " << sample_index << " has " << ids.size() << " ids and "
                              << loss_mask.size() << " mask values, announced " << T);
   std::string what = path_ + " sample " + std::to_string(sample_index);
-  impl_->aux.write_rows(offsets_[k], as_bf16(aux_hidden, T, 3 * H, what + " aux_hidden"));
-  impl_->fin.write_rows(offsets_[k], as_bf16(final_hidden, T, H, what + " final_hidden"));
+  const Tensor aux = as_bf16(aux_hidden, T, 3 * H, what + " aux_hidden");
+  const Tensor fin = as_bf16(final_hidden, T, H, what + " final_hidden");
+  for (const auto& [t, name] : {std::pair<const Tensor*, const char*>{&aux, "aux_hidden_states (f_t)"},
+                                 std::pair<const Tensor*, const char*>{&fin, "final_hidden_states (z_t)"}}) {
+    const int64_t row = first_nonfinite_row(*t);
+    AERIE_CHECK(row < 0, "ShardWriter " << path_ << ": prepared sample " << sample_index << " has a non-finite "
+                                         << name << " at token " << row << " (id " << ids[static_cast<size_t>(row)]
+                                         << "): the target's forward gave NaN or inf (its weights, e.g. the "
+                                            "embedding row of that id, or an overflow in its precision)");
+  }
+  impl_->aux.write_rows(offsets_[k], aux);
+  impl_->fin.write_rows(offsets_[k], fin);
   impl_->start_writeback();
   sample_index_.push_back(sample_index);
   ids_.insert(ids_.end(), ids.begin(), ids.end());

@@ -114,8 +114,9 @@ class ShardWriter {
   ShardWriter& operator=(const ShardWriter&) = delete;
 
   /// Appends the next sample (the k-th call writes sample k of sample_lengths). ids/loss_mask [T];
-  /// aux_hidden [T, 3H] and final_hidden [T, H], F32 (rounded to bf16, nearest even) or BF16.
-  /// Throws aerie::Error on mismatched lengths, shapes or dtypes, or too many samples.
+  /// aux_hidden [T, 3H] and final_hidden [T, H], F32 (rounded to bf16, nearest even) or BF16, on the host.
+  /// Throws aerie::Error on mismatched lengths, shapes or dtypes, too many samples, or a NaN / infinity
+  /// in the hidden states (naming the shard, the prepared sample, the token and its id: issue 17, case 5).
   void add(int64_t sample_index, const std::vector<int32_t>& ids, const std::vector<uint8_t>& loss_mask,
            const Tensor& aux_hidden, const Tensor& final_hidden);
   /// Writes the index datasets, closes "<path>.tmp" and renames it to `path`. Throws aerie::Error if

@@ -139,6 +139,7 @@ struct TrainResult {
   std::string checkpoint;         // the last checkpoint folder written (or resumed from)
   int64_t step = 0, total_steps = 0;
   int stop_signal = 0;            // the signal that stopped the run early (0: ran to the end)
+  int64_t skipped_nonfinite = 0;  // sample draws skipped for non-finite hidden states (all ranks, this run)
 };
 
 /// `aerie train`: collective over `dp` (every rank a dp replica). Rank 0 holds the run folder's lock
@@ -152,6 +153,9 @@ struct TrainResult {
 /// USR1 with --signal) makes every rank finish the current step, write a checkpoint and return (the flag
 /// is max-reduced over dp after each step); a second signal kills as usual. The previous handlers are
 /// restored on return.
+/// Non-finite data: a sample whose hidden states hold a NaN or infinity is skipped with a warning naming its
+/// shard and sample, and counted (TrainResult::skipped_nonfinite, skipped_nonfinite in metrics.jsonl); a
+/// step with no finite sample throws. A non-finite gradient norm from finite samples throws naming them.
 /// Provenance (issue 17): the shards must be one complete extraction (the same recorded target and
 /// prepared file in every shard, no chunk missing unless opts.allow_missing_shards) of the target in
 /// opts.model_dir (TargetFingerprint: config.json and weights; unless opts.allow_other_target; shards of

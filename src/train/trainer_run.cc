@@ -41,6 +41,13 @@ int any_stop_signal(Communicator& dp) {
   return f.data<int32_t>()[0];
 }
 
+bool all_finite(const Tensor& t) {
+  const float* p = t.data<float>();
+  for (int64_t i = 0, n = t.numel(); i < n; ++i)
+    if (!std::isfinite(p[i])) return false;
+  return true;
+}
+
 std::string join(const std::vector<double>& v, int precision) {
   std::ostringstream os;
   os.precision(precision);
@@ -429,22 +436,56 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp) {
   auto t0 = std::chrono::steady_clock::now();
   int64_t steps_in_interval = 0;
   int64_t steps_run = 0, empty_steps = 0;  // empty: no TTT row of step 0 in the whole global batch
+  int64_t skipped_local = 0, interval_skipped = 0;  // non-finite samples skipped (this rank; the interval, global)
   while (st.step < total) {
     const int64_t step = st.step;
     const std::vector<int64_t> mine = BatchOrder::rank_share(order.batch(step), rank, dp.size());
     std::vector<TTTSample> local;
+    std::string skipped_here;  // this rank's non-finite samples of the step, for the message
     for (int64_t g : mine) {
       const SampleRef ref = st.split.locate(g);
       HiddenSample hs = reader(ref.shard).read(ref.index);
+      // A sample with a NaN or infinity in its hidden states would make the whole step's gradient
+      // non-finite: it is skipped, named and counted (issue 17, case 5).
+      const std::string bad = !all_finite(hs.aux_hidden) ? "aux_hidden_states" : !all_finite(hs.final_hidden) ? "final_hidden_states" : "";
+      if (!bad.empty()) {
+        const std::string what = st.split.shards[static_cast<size_t>(ref.shard)] + " sample " +
+                                 std::to_string(ref.index) + " (prepared sample " + std::to_string(hs.sample_index) +
+                                 ")";
+        AERIE_LOG(warning) << "train: step " << step + 1 << ": skipping " << what << ": non-finite " << bad;
+        skipped_here += (skipped_here.empty() ? "" : ", ") + what;
+        ++skipped_local;
+        continue;
+      }
       // The targets are made where W_lm lives (final_hidden goes there); f goes to the device once.
       local.push_back(make_ttt_sample(std::move(hs.ids), std::move(hs.loss_mask), std::move(hs.aux_hidden),
                                       hs.final_hidden, head.lm_head, selected));
       if (dev != Device::CPU) local.back().aux_hidden = local.back().aux_hidden.to_device(dev);
     }
+    // Every rank's count of kept and skipped samples: a step none of whose samples is finite stops the run.
+    Tensor kept = Tensor::from_vector<int64_t>({static_cast<int64_t>(local.size()), skipped_local}, {2});
+    dp.all_reduce_sum(kept);
+    skipped_local = 0;
+    result.skipped_nonfinite += kept.data<int64_t>()[1];
+    interval_skipped += kept.data<int64_t>()[1];
+    AERIE_CHECK(kept.data<int64_t>()[0] > 0,
+                "train: every sample of step " << step + 1 << " has non-finite hidden states"
+                                               << (skipped_here.empty() ? "" : " (this rank's: " + skipped_here + ")")
+                                               << ": the shards are damaged or the target's forward overflowed; "
+                                                  "extract them again");
     const double lr = sched.at(step);
     StepMetrics m = train_step(ck.config, w, opt, head.embed_tokens, local, ck.vocab, opts.ttt_steps, lr,
                                opts.max_grad_norm, dp, scratch, nccl.get());
-    AERIE_CHECK(std::isfinite(m.grad_norm), "train: non-finite gradient norm at step " << step + 1);
+    if (!std::isfinite(m.grad_norm)) {
+      std::string samples;
+      for (int64_t g : mine) {
+        const SampleRef ref = st.split.locate(g);
+        samples += (samples.empty() ? "" : ", ") + st.split.shards[static_cast<size_t>(ref.shard)] + " sample " +
+                   std::to_string(ref.index);
+      }
+      AERIE_THROW("train: non-finite gradient norm at step " << step + 1 << " (finite inputs; this rank's samples: "
+                                                            << samples << "): lower --lr or --max-grad-norm");
+    }
     ++steps_run;
     if (m.valid.empty() || m.valid[0] == 0) {
       // eagle3.md section 4: row t of TTT step 0 trains iff loss_mask[t + 2] = 1 and the target's token
@@ -477,11 +518,13 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp) {
                             {"lr", lr},                  {"grad_norm", interval.grad_norm},
                             {"tokens", interval.tokens}, {"tokens_per_s", tps},
                             {"seconds", secs}};
+        if (interval_skipped > 0) j["skipped_nonfinite"] = interval_skipped;
         std::ofstream out(metrics_path, std::ios::app);
         out << j.dump() << "\n";
         AERIE_CHECK(out.good(), "train: cannot append to " << metrics_path);
       }
       progress.add(static_cast<double>(steps_in_interval));
+      interval_skipped = 0;
       interval = StepMetrics();
       steps_in_interval = 0;
       t0 = std::chrono::steady_clock::now();
@@ -503,6 +546,9 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp) {
                                     << "all outside the draft vocabulary (" << opts.vocab_path << ")");
   if (empty_steps > 0 && rank == 0)
     AERIE_LOG(warning) << "train: " << empty_steps << " of " << steps_run << " steps had no trainable row";
+  if (rank == 0 && result.skipped_nonfinite > 0)
+    AERIE_LOG(warning) << "train: skipped " << result.skipped_nonfinite << " draw(s) of samples with non-finite hidden "
+                       << "states (named above; skipped_nonfinite in metrics.jsonl)";
   result.step = st.step;
   return result;
 }

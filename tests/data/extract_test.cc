@@ -10,6 +10,7 @@
 #include <functional>
 #include <iostream>
 #include <iterator>
+#include <limits>
 #include <thread>
 
 #include "comm/communicator.h"
@@ -274,6 +275,45 @@ TEST(Extract, RerunRefusesShardsOfOtherProvenance) {
   st = run_extract(other, g, fake_forward);
   EXPECT_EQ(st.chunks_skipped, 1);
   EXPECT_EQ(st.chunks_done, 2);
+}
+
+// Issue 17, case 5: an id outside the target's vocabulary names the prepared file, the sample and the id;
+// a non-finite hidden state names the shard, the prepared sample, the token and its id (no shard written).
+TEST(Extract, OutOfRangeIdsAndNonFiniteStatesNameTheSample) {
+  const std::string dir = testing::scratch_dir("extract_bad_values");
+  ParallelGroups g = ParallelGroups::create(1);
+  if (g.map.world_size != 1) GTEST_SKIP() << "single-rank test";
+  Prepared p = make_prepared(6, 100);
+  p.ids[4][2] = 100;
+  write_prepared(dir + "/prepared.h5", p);
+  ExtractOptions o = fake_options(dir, 2);
+  o.vocab_size = 100;
+  std::string e = error_of([&] { run_extract(o, g, fake_forward); });
+  EXPECT_NE(e.find("extract: prepared file " + o.prepared + ": sample 4 holds token id 100 at position 2, outside the "
+                   "target's vocabulary [0, 100)"),
+            std::string::npos)
+      << e;
+  EXPECT_TRUE(fs::exists(o.output + "/shard-00000.h5"));  // chunks before it are complete
+  EXPECT_FALSE(fs::exists(o.output + "/shard-00002.h5"));
+
+  p.ids[4][2] = 7;
+  write_prepared(dir + "/prepared2.h5", p);
+  o = fake_options(dir, 2);
+  o.prepared = dir + "/prepared2.h5";
+  o.output = dir + "/nan";
+  const int32_t bad_id = p.ids[3][1];
+  auto nan_forward = [&](const std::vector<int32_t>& ids, Tensor& aux, Tensor& fin) {
+    fake_forward(ids, aux, fin);
+    for (size_t t = 0; t < ids.size(); ++t)
+      if (ids == p.ids[3] && t == 1) fin.data<float>()[t * kFakeH] = std::numeric_limits<float>::quiet_NaN();
+  };
+  e = error_of([&] { run_extract(o, g, nan_forward); });
+  EXPECT_NE(e.find("shard-00001.h5: prepared sample 3 has a non-finite final_hidden_states (z_t) at token 1 (id " +
+                   std::to_string(bad_id) + ")"),
+            std::string::npos)
+      << e;
+  EXPECT_FALSE(fs::exists(o.output + "/shard-00001.h5"));
+  EXPECT_FALSE(fs::exists(o.output + "/shard-00001.h5.tmp"));
 }
 
 TEST(Extract, BadPreparedFileNamesIt) {

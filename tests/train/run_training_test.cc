@@ -2,15 +2,18 @@
 // an in-process resume that ends bitwise equal to the uninterrupted run, and refusals to resume with
 // options that would change the weights; provenance (issue 17): shards of another target, a mixed folder,
 // missing shards, and a resume with another --model or --shards are refused.
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <random>
 
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "data/shard.h"
 #include "io/fingerprint.h"
+#include "io/h5.h"
 #include "io/safetensors.h"
 #include "train/checkpoint.h"
 #include "train/train_testing.h"
@@ -24,8 +27,10 @@ namespace fs = std::filesystem;
 // Target files (config.json from make_tiny_setup, model.safetensors with embedding and lm_head), two shards
 // of 5 and 4 samples of 6..14 tokens, and the draft vocabulary file.
 // `edit` (optional) changes each shard's metadata (provenance) before it is written; `shards` names the folder.
+// `poison(shard, sample)` (optional): that sample's aux hidden states get a NaN at their last token.
 testing::TinyTrainSetup write_inputs(const std::string& dir, const std::function<void(ShardMeta&)>& edit = nullptr,
-                                     const std::string& shards = "shards") {
+                                     const std::string& shards = "shards",
+                                     const std::function<bool(int, int)>& poison = nullptr) {
   auto s = testing::make_tiny_setup(dir);
   SafetensorsFile m;
   m.tensors["model.embed_tokens.weight"] = s.embed;
@@ -46,6 +51,8 @@ testing::TinyTrainSetup write_inputs(const std::string& dir, const std::function
     meta.chunk = shard;
     if (edit) edit(meta);
     ShardWriter w(dir + "/" + shards + "/" + shard_file_name(shard), meta, lens);
+    std::vector<int64_t> poisoned;  // rows to overwrite with NaN
+    int64_t offset = 0;
     for (int64_t T : lens) {
       std::vector<int32_t> ids(static_cast<size_t>(T));
       std::vector<uint8_t> mask(static_cast<size_t>(T));
@@ -53,9 +60,20 @@ testing::TinyTrainSetup write_inputs(const std::string& dir, const std::function
         ids[static_cast<size_t>(t)] = static_cast<int32_t>(rng() % 16);
         mask[static_cast<size_t>(t)] = t > 1;
       }
+      if (poison && poison(shard, static_cast<int>(w.num_samples_added()))) poisoned.push_back(offset + T - 1);
+      offset += T;
       w.add(index++, ids, mask, testing::random_f32({T, 24}, rng, 1.0), testing::random_f32({T, 8}, rng, 2.0));
     }
     w.close();
+    // A damaged shard (ShardWriter refuses NaN): one bf16 NaN written over row `r` of aux_hidden_states.
+    if (!poisoned.empty()) {
+      h5::File f = h5::File::open(dir + "/" + shards + "/" + shard_file_name(shard), h5::Access::ReadWrite);
+      h5::Dataset d = f.open_dataset("aux_hidden_states");
+      for (int64_t r : poisoned) {
+        std::vector<uint16_t> row(24, 0x7FC0);  // bf16 quiet NaN
+        d.write_rows(r, Tensor::wrap(row.data(), {1, 24}, DType::BF16));
+      }
+    }
   }
   return s;
 }
@@ -277,6 +295,36 @@ TEST(RunTrainingProvenance, ResumeChecksModelAndShards) {
   j.erase("provenance");
   write_file_atomic(cfg, j.dump(2));
   EXPECT_EQ(run_training(o, *self).step, 4);
+}
+
+// Issue 17, case 5: a sample with a NaN in its hidden states is skipped and counted, the run ends with
+// finite weights; a step none of whose samples is finite stops the run naming them.
+TEST(RunTrainingNonFinite, SkipsANonFiniteSampleAndStopsOnAWholeNonFiniteStep) {
+  const std::string dir = testing::scratch_dir("train_nonfinite");
+  write_inputs(dir, nullptr, "shards", [](int shard, int sample) { return shard == 0 && sample == 2; });
+  auto self = MpiCommunicator::world()->split(MpiCommunicator::world()->rank(), 0);
+  TrainOptions o = options(dir, dir + "/a");
+  o.steps = 12;
+  TrainResult r = run_training(o, *self);
+  EXPECT_EQ(r.step, 12);
+  EXPECT_GT(r.skipped_nonfinite, 0);
+  Checkpoint c = load_checkpoint(r.checkpoint);
+  for (auto& [name, t] : c.weights.named())
+    for (int64_t i = 0; i < t->numel(); ++i) ASSERT_TRUE(std::isfinite(t->data<float>()[i])) << name;
+  int64_t logged = 0;
+  std::ifstream metrics(dir + "/a/metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);)
+    logged += nlohmann::json::parse(line).value("skipped_nonfinite", int64_t{0});
+  EXPECT_EQ(logged, r.skipped_nonfinite);
+
+  write_inputs(dir, nullptr, "all_nan", [](int, int) { return true; });
+  o = options(dir, dir + "/b");
+  o.shards_dir = dir + "/all_nan";
+  const std::string e = error_of([&] { run_training(o, *self); });
+  EXPECT_NE(e.find("train: every sample of step 1 has non-finite hidden states (this rank's: " + dir + "/all_nan/shard-"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find(" sample "), std::string::npos) << e;
 }
 
 }  // namespace
