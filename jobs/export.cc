@@ -21,7 +21,10 @@ int export_draft(const std::vector<std::string>& args) {
   desc.add_options()("checkpoint", po::value<std::string>()->required(),
                      "checkpoint folder (step-X with DONE) or run folder (its newest checkpoint)")(
       "model", po::value<std::string>()->required(), "target model directory (config.json): rope and positions")(
-      "output", po::value<std::string>()->required(), "export directory (config.json, model.safetensors)");
+      "output", po::value<std::string>()->required(), "export directory (config.json, model.safetensors)")(
+      "for", po::value<std::string>()->default_value("any"),
+      "serving engine: any (aerie's input-of-layer aux ids, vLLM's; warns when SGLang would read them "
+      "otherwise), vllm, or sglang (refuses aux ids SGLang would misread; docs/formats.md)");
   po::variables_map vm;
   if (!parse_options("export", args, desc, vm)) return 0;
   auto world = MpiCommunicator::world();
@@ -56,7 +59,7 @@ int export_draft(const std::vector<std::string>& args) {
         AERIE_LOG(warning) << "export: --model " << vm["model"].as<std::string>() << " is not the target " << dir
                            << " was trained with (" << t.value("model", std::string("?")) << "): " << diff;
     }
-    write_export(out, ck.config, ck.weights, ck.vocab, target);
+    write_export(out, ck.config, ck.weights, ck.vocab, target, serving_engine_from_string(vm["for"].as<std::string>()));
     AERIE_LOG(info) << "export: " << dir << " (step " << ck.state.step << ") -> " << out;
   }
   world->barrier();

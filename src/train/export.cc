@@ -1,6 +1,7 @@
 #include "train/export.h"
 
 #include <filesystem>
+#include <sstream>
 
 #include "core/log.h"
 #include "io/safetensors.h"
@@ -57,8 +58,31 @@ nlohmann::json export_config(const DraftConfig& cfg, const TargetConfig& target)
   return j;
 }
 
+ServingEngine serving_engine_from_string(const std::string& s) {
+  if (s == "any") return ServingEngine::Any;
+  if (s == "vllm") return ServingEngine::Vllm;
+  if (s == "sglang") return ServingEngine::Sglang;
+  AERIE_THROW("export: --for " << s << ": want any, vllm or sglang");
+}
+
+std::string aux_ids_misread(const std::vector<int>& aux, int64_t num_hidden_layers, ServingEngine engine) {
+  if (aux.empty() || aux == default_aux_layers(num_hidden_layers)) return "";  // no explicit ids written
+  if (engine == ServingEngine::Vllm || aux.front() != 1) return "";
+  std::ostringstream os;
+  os << "SGLang (since PR #25454) reads explicit aux ids whose first id is 1 as output-of-layer ids and adds 1: "
+     << "it would capture the inputs of layers [";
+  for (size_t i = 0; i < aux.size(); ++i) os << (i ? ", " : "") << aux[i] + 1;
+  os << "] instead of " << nlohmann::json(aux).dump() << " (vLLM reads them as intended); no list that starts at "
+     << "1 in aerie's input-of-layer convention can be written for it: train with aux layers whose first id "
+     << "is not 1 (e.g. 2) to serve the draft with SGLang";
+  return os.str();
+}
+
 void write_export(const std::string& out_dir, const DraftConfig& cfg, const DraftWeights& weights,
-                  const DraftVocab& vocab, const TargetConfig& target) {
+                  const DraftVocab& vocab, const TargetConfig& target, ServingEngine engine) {
+  const std::string misread = aux_ids_misread(cfg.aux_layers, target.num_hidden_layers, engine);
+  AERIE_CHECK(misread.empty() || engine == ServingEngine::Any, "export --for sglang: " << misread);
+  if (!misread.empty()) AERIE_LOG(warning) << "export: " << misread << " (export --for vllm to silence this)";
   AERIE_CHECK(vocab.draft_vocab_size() == cfg.draft_vocab_size && vocab.vocab_size() == cfg.vocab_size,
               "export: d2t/t2d sizes (K " << vocab.draft_vocab_size() << ", V " << vocab.vocab_size()
                                           << ") differ from the config's (K " << cfg.draft_vocab_size << ", V "

@@ -27,11 +27,29 @@ namespace aerie {
 /// layer range differ).
 nlohmann::json export_config(const DraftConfig& cfg, const TargetConfig& target);
 
+/// The serving engine an export is written for (`aerie export --for`; docs/formats.md "Aux layer ids").
+///  - Any: the ids in aerie's convention (input of decoder layer k, vLLM's), with a warning when an engine
+///    would read them otherwise;
+///  - Vllm: vLLM reads explicit ids as inputs of layer k (id N: the last layer's output);
+///  - Sglang: SGLang since PR #25454 (2026-05-16) reads a list whose first id is 1 as output-of-layer ids
+///    and adds 1 to every id, any other list as input-of-layer ids; before it, it added 1 to every list.
+enum class ServingEngine { Any, Vllm, Sglang };
+/// Parses "any", "vllm", "sglang". Throws aerie::Error naming the value otherwise.
+ServingEngine serving_engine_from_string(const std::string& s);
+
+/// How `engine` reads the aux layers `aux` (aerie's input-of-layer ids) of an export of a target of
+/// `num_hidden_layers` layers: "" when as intended (or when the export writes no ids: the default
+/// (2, N/2, N-3), which vLLM and SGLang both take as inputs of those layers), else a sentence saying
+/// what the engine would capture instead.
+std::string aux_ids_misread(const std::vector<int>& aux, int64_t num_hidden_layers, ServingEngine engine);
+
 /// Writes the export directory `out_dir`: into "<out_dir>.tmp" first (a stale one is removed), then
 /// renamed to out_dir (an existing out_dir is replaced). Weights are rounded to bf16 (nearest even).
 /// Throws aerie::Error on inconsistent shapes or I/O failure.
+/// `engine`: Any logs a warning when an engine would misread the aux ids; Vllm or Sglang throws
+/// aerie::Error when that engine would (nothing is written then).
 void write_export(const std::string& out_dir, const DraftConfig& cfg, const DraftWeights& weights,
-                  const DraftVocab& vocab, const TargetConfig& target);
+                  const DraftVocab& vocab, const TargetConfig& target, ServingEngine engine = ServingEngine::Any);
 
 /// A draft read back from an export directory: weights converted to F32.
 struct ExportedDraft {

@@ -87,6 +87,33 @@ TEST(ExportTest, RefusesATargetOfAnotherLayerCount) {
   EXPECT_NO_THROW(export_config(old, deeper));
 }
 
+// Issue 17, case 7: aux ids whose first id is 1 are read by vLLM as intended but shifted by SGLang (since
+// PR #25454 a list starting at 1 is taken as output-of-layer ids, +1); the default ids are not written and
+// read alike by both; other explicit lists are read alike. --for sglang refuses the ambiguous list.
+TEST(ExportTest, AuxIdsThatAnEngineWouldMisreadAreNamed) {
+  EXPECT_EQ(aux_ids_misread({1, 3, 5}, 6, ServingEngine::Vllm), "");
+  const std::string m = aux_ids_misread({1, 3, 5}, 6, ServingEngine::Sglang);
+  EXPECT_NE(m.find("capture the inputs of layers [2, 4, 6] instead of [1,3,5]"), std::string::npos) << m;
+  EXPECT_EQ(aux_ids_misread({1, 3, 5}, 6, ServingEngine::Any), m);
+  EXPECT_EQ(aux_ids_misread({2, 3, 4}, 5, ServingEngine::Sglang), "");
+  EXPECT_EQ(aux_ids_misread({2, 16, 29}, 32, ServingEngine::Sglang), "");  // the default: no ids written
+  EXPECT_EQ(aux_ids_misread({0, 2, 4}, 6, ServingEngine::Sglang), "");
+  EXPECT_EQ(serving_engine_from_string("sglang"), ServingEngine::Sglang);
+  EXPECT_THROW(serving_engine_from_string("trtllm"), Error);
+  const std::string dir = testing::scratch_dir("train_export_engine");
+  auto s = testing::make_tiny_setup(dir, {1, 3, 5});
+  DraftWeights w = DraftWeights::zeros(s.cfg);
+  try {
+    write_export(dir + "/export_sglang", s.cfg, w, s.vocab, s.target, ServingEngine::Sglang);
+    FAIL() << "export --for sglang wrote ids SGLang misreads";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("export --for sglang: SGLang"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(dir + "/export_sglang"));
+  write_export(dir + "/export_vllm", s.cfg, w, s.vocab, s.target, ServingEngine::Vllm);
+  EXPECT_TRUE(fs::exists(dir + "/export_vllm/config.json"));
+}
+
 // A transformers 5.x target config holds rope_theta and the scaling in one "rope_parameters" object: the
 // export writes them in the 4.x spelling servers read (found with the Llama-3 family fixtures).
 TEST(ExportTest, RopeParametersOfTransformers5AreExportedAsRopeScaling) {
