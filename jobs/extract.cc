@@ -12,6 +12,7 @@
 #include <signal.h>
 
 #include <csignal>
+#include <iomanip>
 #include <sstream>
 
 #include "comm/communicator.h"
@@ -68,6 +69,8 @@ int extract(const std::vector<std::string>& args) {
       "one sample per forward")(
       "aux-layers", po::value<std::string>()->default_value(""),
       "3 ascending layer ids k, 'input of decoder layer k' (vLLM's convention); default 2,N/2,N-3")(
+      "no-space-check", po::bool_switch(),
+      "start even when the shards' estimated size (tokens x (8 H + 5) bytes) exceeds the output's free space")(
       "random-weights", po::value<int64_t>()->default_value(-1),
       "benchmarks: random N(0, 0.02^2) weights from this seed (>= 0) instead of the checkpoint; --model "
       "then needs only config.json");
@@ -104,7 +107,18 @@ int extract(const std::vector<std::string>& args) {
     opt.meta.num_hidden_layers = c.num_hidden_layers;
     opt.vocab_size = c.vocab_size;
     opt.meta.target = fingerprint_target(model_dir, random_seed);
-    on_rank0([&] { check_existing_shards(opt); });
+    on_rank0([&] {
+      check_existing_shards(opt);
+      // The disk estimate before the weights load (issue 17, case 8).
+      const ShardSpace sp = estimate_shard_space(opt, c.hidden_size);
+      AERIE_LOG(info) << "extract: the shards take about " << std::fixed << std::setprecision(2)
+                      << static_cast<double>(sp.bytes_total) / (1 << 30) << " GiB (" << sp.tokens << " tokens x "
+                      << 8 * c.hidden_size + 5 << " bytes), "
+                      << static_cast<double>(sp.bytes_needed) / (1 << 30) << " GiB still to write; "
+                      << (sp.bytes_available >= 0 ? std::to_string(sp.bytes_available >> 20) + " MiB free at " + sp.where
+                                                  : "free space unknown");
+      if (!vm["no-space-check"].as<bool>()) check_shard_space(sp);
+    });
   }
   TargetModel model = random_seed >= 0
                          ? TargetModel::random(load_target_config(model_dir), model_tp, mopt, static_cast<uint64_t>(random_seed))

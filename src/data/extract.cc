@@ -5,7 +5,9 @@
 #include <chrono>
 #include <deque>
 #include <filesystem>
+#include <iomanip>
 #include <memory>
+#include <sstream>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -207,6 +209,44 @@ void check_extract_inputs(const ExtractOptions& opt) {
   AERIE_CHECK(!fs::exists(opt.output) || fs::is_directory(opt.output),
               "extract: --output " << opt.output << " exists and is not a folder");
   PreparedFile prepared(opt.prepared);  // throws naming the file when it is missing or not a prepared file
+}
+
+ShardSpace estimate_shard_space(const ExtractOptions& opt, int64_t hidden) {
+  PreparedFile prepared(opt.prepared);
+  ShardSpace s;
+  s.samples = prepared.num_samples();
+  s.tokens = prepared.sample_offsets().back();
+  s.shards = opt.samples_per_shard > 0 ? (s.samples + opt.samples_per_shard - 1) / opt.samples_per_shard : 0;
+  s.bytes_total = s.tokens * (8 * hidden + 5) + 16 * s.samples + (int64_t{64} << 10) * s.shards;
+  std::error_code ec;
+  if (fs::is_directory(opt.output, ec))
+    for (const auto& e : fs::directory_iterator(opt.output, ec)) {
+      const std::string n = e.path().filename().string();
+      if (n.rfind("shard-", 0) == 0 && n.size() > 3 && n.compare(n.size() - 3, 3, ".h5") == 0)
+        s.bytes_existing += static_cast<int64_t>(e.file_size(ec));
+    }
+  s.bytes_needed = std::max<int64_t>(0, s.bytes_total - s.bytes_existing);
+  fs::path where = fs::absolute(opt.output, ec);
+  while (!where.empty() && !fs::exists(where, ec) && where != where.parent_path()) where = where.parent_path();
+  s.where = where.string();
+  const fs::space_info si = fs::space(where, ec);
+  if (!ec) s.bytes_available = static_cast<int64_t>(si.available);
+  return s;
+}
+
+void check_shard_space(const ShardSpace& s) {
+  if (s.bytes_available < 0 || s.bytes_needed <= s.bytes_available) return;
+  auto gib = [](int64_t b) {
+    std::ostringstream os;
+    os << std::fixed << std::setprecision(2) << static_cast<double>(b) / (1024.0 * 1024.0 * 1024.0) << " GiB";
+    return os.str();
+  };
+  AERIE_THROW("extract: the shards need about " << gib(s.bytes_needed) << " more (" << s.tokens << " tokens x "
+                                                << "(8 H + 5) bytes, " << gib(s.bytes_existing)
+                                                << " already written) but " << s.where << " has "
+                                                << gib(s.bytes_available)
+                                                << " free: free space, extract fewer samples, or pass "
+                                                   "--no-space-check to start anyway");
 }
 
 ExtractStats run_extract(const ExtractOptions& opt, ParallelGroups& groups, const TargetForward& forward) {

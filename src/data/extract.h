@@ -125,6 +125,25 @@ struct ExtractStats {
 /// loading the target (minutes for a large checkpoint). Throws aerie::Error naming the option or file.
 void check_extract_inputs(const ExtractOptions& options);
 
+/// The disk space extraction needs (issue 17, case 8): bytes per token of a shard, 2 x 4 H (bf16 aux and
+/// final hidden states: 3 H + H values) + 4 (input_ids) + 1 (loss_mask), times the prepared file's
+/// tokens, plus 16 bytes per sample (offsets, index) and 64 KiB of HDF5 overhead per shard.
+struct ShardSpace {
+  int64_t tokens = 0, samples = 0, shards = 0;
+  int64_t bytes_total = 0;      // all shards of the prepared file
+  int64_t bytes_existing = 0;   // the complete shards already in the folder (a rerun redoes the others)
+  int64_t bytes_needed = 0;     // total - existing, at least 0
+  int64_t bytes_available = -1; // free space of the folder's file system for this user; -1: unknown
+  std::string where;            // the folder (or its nearest existing parent) that was asked
+};
+/// Estimates options.output's shards for options.prepared and a target of hidden size `hidden`, and asks
+/// the file system for its free space (std::filesystem::space). Throws aerie::Error naming the prepared
+/// file when it cannot be read.
+ShardSpace estimate_shard_space(const ExtractOptions& options, int64_t hidden);
+/// Throws aerie::Error when space.bytes_needed exceeds space.bytes_available (known), naming both, the
+/// folder and the override (`extract --no-space-check`).
+void check_shard_space(const ShardSpace& space);
+
 /// The check of the existing shards of options.output that run_extract makes at start (counts, hidden size,
 /// aux layers, the provenance in options.meta and the prepared file's, the tokens), alone: jobs call it on
 /// one rank before loading the target, so that a folder of another run is refused at once. Returns how

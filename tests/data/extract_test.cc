@@ -169,6 +169,46 @@ TEST(Extract, ShardsHoldEverySampleAndRerunSkipsThem) {
   EXPECT_TRUE(read_bytes(o.output + "/shard-00001.h5") == shard1);
 }
 
+// Issue 17, case 8: the shards' size is estimated from the prepared file (tokens x (8 H + 5) bytes, plus
+// per-sample and per-shard overhead), less what the folder's complete shards hold, and a shortfall of free
+// space is an error naming both sizes, the folder and the override.
+TEST(Extract, ShardSpaceEstimateAndCheck) {
+  const std::string dir = testing::scratch_dir("extract_space");
+  Prepared p = make_prepared(10, 100);
+  write_prepared(dir + "/prepared.h5", p);
+  ExtractOptions o = fake_options(dir, 4);
+  int64_t tokens = 0;
+  for (const auto& ids : p.ids) tokens += static_cast<int64_t>(ids.size());
+  ShardSpace s = estimate_shard_space(o, 4096);
+  EXPECT_EQ(s.tokens, tokens);
+  EXPECT_EQ(s.shards, 3);
+  EXPECT_EQ(s.bytes_total, tokens * (8 * 4096 + 5) + 16 * 10 + 3 * 65536);
+  EXPECT_EQ(s.bytes_existing, 0);
+  EXPECT_EQ(s.bytes_needed, s.bytes_total);
+  EXPECT_GT(s.bytes_available, 0);
+  EXPECT_NO_THROW(check_shard_space(s));
+  ShardSpace full = s;
+  full.bytes_available = s.bytes_needed - 1;
+  try {
+    check_shard_space(full);
+    ADD_FAILURE() << "a shortfall of free space was accepted";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("the shards need about"), std::string::npos) << m;
+    EXPECT_NE(m.find(full.where + " has"), std::string::npos) << m;
+    EXPECT_NE(m.find("--no-space-check"), std::string::npos) << m;
+  }
+  // DeepSeek-V3's H = 7168: 57,349 bytes per token (56 KiB), 42 TB for 500,000 samples of 1,500 tokens.
+  EXPECT_EQ(8 * 7168 + 5, 57349);
+  // Shards already written count as done.
+  ParallelGroups g = ParallelGroups::create(1);
+  if (g.map.world_size != 1) GTEST_SKIP() << "single-rank test";
+  run_extract(o, g, fake_forward);
+  s = estimate_shard_space(o, 4);
+  EXPECT_GT(s.bytes_existing, 0);
+  EXPECT_EQ(s.bytes_needed, std::max<int64_t>(0, s.bytes_total - s.bytes_existing));
+}
+
 TEST(Extract, RefusesShardsOfAnotherRun) {
   const std::string dir = testing::scratch_dir("extract_other_run");
   Prepared p = make_prepared(6, 100);
