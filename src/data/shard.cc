@@ -32,7 +32,12 @@ std::vector<std::string> list_shards(const std::string& dir) {
     if (name.rfind("shard-", 0) == 0 && name.size() > 9 && name.substr(name.size() - 3) == ".h5")
       out.push_back(e.path().string());
   }
-  std::sort(out.begin(), out.end());
+  // Chunk order, not string order: shard-100000.h5 comes after shard-99999.h5 (the names are zero-padded
+  // to five digits only), so shorter file names first, then the names.
+  std::sort(out.begin(), out.end(), [](const std::string& a, const std::string& b) {
+    const std::string fa = fs::path(a).filename().string(), fb = fs::path(b).filename().string();
+    return fa.size() != fb.size() ? fa.size() < fb.size() : fa < fb;
+  });
   return out;
 }
 

@@ -81,7 +81,8 @@ class ShardReader {
   ShardInfo info_;
 };
 
-/// Complete shard files "shard-*.h5" in `dir` (full paths), sorted by name; "*.tmp" files are
+/// Complete shard files "shard-*.h5" in `dir` (full paths), in chunk order (shorter names first, then by
+/// name: shard-100000.h5 after shard-99999.h5); "*.tmp" files are
 /// ignored. Throws aerie::Error if `dir` is not a directory.
 std::vector<std::string> list_shards(const std::string& dir);
 

@@ -218,6 +218,14 @@ TEST(Shard, ListShardsIgnoresTmpAndOtherFiles) {
   EXPECT_EQ(shards[0], dir + "/shard-00000.h5");
   EXPECT_EQ(shards[1], dir + "/shard-00002.h5");
   EXPECT_THROW(list_shards(dir + "/nope"), Error);
+  // Past 99,999 shards the names grow a digit: chunk order, not string order (issue 17, point 9).
+  std::ofstream(dir + "/shard-99999.h5") << "x";
+  std::ofstream(dir + "/shard-100000.h5") << "x";
+  shards = list_shards(dir);
+  ASSERT_EQ(shards.size(), 4u);
+  EXPECT_EQ(shards[2], dir + "/shard-99999.h5");
+  EXPECT_EQ(shards[3], dir + "/shard-100000.h5");
+  EXPECT_EQ(shard_file_name(100000), "shard-100000.h5");
 }
 
 }  // namespace
