@@ -10,7 +10,9 @@
 //     (AERIE_PROFILE's categories: grouped GEMMs, dequantization and routing in "other", SwiGLU);
 //   {"bench": "deepseek_forward", ...}: the whole target's forward (extraction: aux layers 1, 2, 3, no
 //     logits) in tokens/s and its FLOP utilisation against --peak-tflops (active-parameter FLOPs of every
-//     layer, embedding gather excluded).
+//     layer, embedding gather excluded);
+//   {"bench": "deepseek_decode", ...}: one decoding step (with logits) of 1, 16 and 17 new rows against a
+//     cache of T positions: MLA's absorbed form (<= kMlaAbsorbedMaxRows rows) against the expanded one.
 // Peak memory: the stream-ordered pool's high-water mark (every aerie tensor comes from it).
 //
 // Usage: bench_deepseek --config DIR [--tokens 2048,8192] [--iters 5] [--warmup 2] [--peak-tflops 989]
@@ -210,6 +212,22 @@ void bench_forward(const Args& a, const TargetConfig& cfg, Communicator& comm) {
                 a.label.c_str(), quant_name(cfg).c_str(), static_cast<long long>(N), static_cast<long long>(T), s,
                 T / s, flops / s / 1e12, flops / s / 1e12 / a.peak_tflops, pool_high_gib());
     std::fflush(stdout);
+    // Decoding against a cache of T positions: one step of 1 and of 16 new rows (MLA's absorbed form,
+    // kMlaAbsorbedMaxRows) and of 17 rows (the expanded form, which expands the whole cache through kv_b).
+    KVCache cache = model.make_cache(T + 32);
+    model.forward(ids, &cache, {}, false);
+    for (const int64_t rows : {int64_t{1}, int64_t{16}, int64_t{17}}) {
+      const std::vector<int32_t> step(ids.begin(), ids.begin() + rows);
+      const double ds = timed(a.warmup, a.iters, [&] {
+        cache.truncate(T);
+        model.forward(step, &cache, {}, true);
+      });
+      std::printf("{\"bench\": \"deepseek_decode\", \"label\": \"%s\", \"cache\": %lld, \"rows\": %lld, "
+                  "\"form\": \"%s\", \"ms\": %.3f}\n",
+                  a.label.c_str(), static_cast<long long>(T), static_cast<long long>(rows),
+                  rows <= kMlaAbsorbedMaxRows ? "absorbed" : "expanded", ds * 1e3);
+      std::fflush(stdout);
+    }
   }
 }
 
