@@ -108,6 +108,21 @@ int extract(const std::vector<std::string>& args) {
     opt.vocab_size = c.vocab_size;
     opt.meta.target = fingerprint_target(model_dir, random_seed);
     on_rank0([&] {
+      // The target's context (issue 17, point 12): a sample past max_position_embeddings is refused here,
+      // before the weights load, not run with positions the model was not made for.
+      if (c.max_position_embeddings > 0) {
+        const PreparedFile prepared(opt.prepared);
+        const auto& off = prepared.sample_offsets();
+        int64_t longest = 0, at = -1;
+        for (size_t i = 0; i + 1 < off.size(); ++i)
+          if (off[i + 1] - off[i] > longest) longest = off[i + 1] - off[i], at = static_cast<int64_t>(i);
+        AERIE_CHECK(longest <= c.max_position_embeddings,
+                    "extract: sample " << at << " of " << opt.prepared << " has " << longest
+                                       << " tokens, past the target's max_position_embeddings "
+                                       << c.max_position_embeddings << " (" << model_dir
+                                       << "/config.json): prepare again with --max-length "
+                                       << c.max_position_embeddings << " (--overlong truncate or drop)");
+      }
       check_existing_shards(opt);
       // The disk estimate before the weights load (issue 17, case 8).
       const ShardSpace sp = estimate_shard_space(opt, c.hidden_size);

@@ -269,17 +269,31 @@ int generate(const std::vector<std::string>& args) {
   if (bos >= 0) prompt.push_back(bos);
   for (int32_t id : tok->encode(vm["prompt"].as<std::string>())) prompt.push_back(id);
   AERIE_CHECK(!prompt.empty(), "aerie generate: empty prompt and the tokenizer has no BOS");
+  // The target's context (issue 17, point 12): prompt + new tokens stay within max_position_embeddings.
+  const int64_t positions = model.config().max_position_embeddings;
+  int64_t max_new_here = max_new;
+  if (positions > 0) {
+    AERIE_CHECK(static_cast<int64_t>(prompt.size()) < positions,
+                "aerie generate: the prompt has " << prompt.size() << " tokens, the model's max_position_embeddings is "
+                                                  << positions);
+    if (static_cast<int64_t>(prompt.size()) + max_new > positions) {
+      max_new_here = positions - static_cast<int64_t>(prompt.size());
+      if (groups.map.world_rank == 0)
+        AERIE_LOG(warning) << "generate: --max-new " << max_new << " cut to " << max_new_here << ": the prompt's "
+                           << prompt.size() << " tokens + new tokens stop at max_position_embeddings " << positions;
+    }
+  }
 
-  AERIE_LOG(info) << "generate: " << prompt.size() << " prompt tokens, up to " << max_new << " new, tp "
+  AERIE_LOG(info) << "generate: " << prompt.size() << " prompt tokens, up to " << max_new_here << " new, tp "
                   << groups.map.tp << ", model " << dir;
   auto t0 = std::chrono::steady_clock::now();
   std::vector<int32_t> generated;
   if (sp.temperature == 0) {
-    std::vector<int32_t> ids = greedy_generate(model, prompt, max_new, stop);
+    std::vector<int32_t> ids = greedy_generate(model, prompt, max_new_here, stop);
     generated.assign(ids.begin() + static_cast<int64_t>(prompt.size()), ids.end());
   } else {
     SampleRng rng(sequence_seed(vm["seed"].as<uint64_t>(), 0));
-    generated = sample_generate(model, prompt, max_new, stop, sp, rng);
+    generated = sample_generate(model, prompt, max_new_here, stop, sp, rng);
   }
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const int64_t n_new = static_cast<int64_t>(generated.size());

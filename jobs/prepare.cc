@@ -6,9 +6,13 @@
 // collectively (MPI-IO), as "<output>.tmp" renamed when complete.
 #include <mpi.h>
 
+#include <filesystem>
+
 #include "core/error.h"
+#include "core/log.h"
 #include "data/prepare.h"
 #include "jobs/jobs.h"
+#include "model/target_config.h"
 
 namespace aerie::jobs {
 
@@ -41,6 +45,24 @@ int prepare(const std::vector<std::string>& args) {
   opt.max_length = vm["max-length"].as<int64_t>();
   opt.overlong = overlong_from_name(vm["overlong"].as<std::string>());
   opt.max_samples = vm["max-samples"].as<int64_t>();
+  // The target's context (issue 17, point 12): when the tokenizer folder is the model's (config.json
+  // beside tokenizer.json), samples longer than its max_position_embeddings would be refused by extract.
+  const std::filesystem::path cfg_dir = std::filesystem::is_directory(opt.tokenizer)
+                                            ? std::filesystem::path(opt.tokenizer)
+                                            : std::filesystem::path(opt.tokenizer).parent_path();
+  if (std::filesystem::exists(cfg_dir / "config.json")) {
+    try {
+      const TargetConfig c = load_target_config(cfg_dir.string());
+      int rank = 0;
+      MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+      if (c.max_position_embeddings > 0 && opt.max_length > c.max_position_embeddings && rank == 0)
+        AERIE_LOG(warning) << "prepare: --max-length " << opt.max_length << " exceeds max_position_embeddings "
+                           << c.max_position_embeddings << " of " << (cfg_dir / "config.json").string()
+                           << ": extract refuses longer samples; pass --max-length " << c.max_position_embeddings;
+    } catch (const Error&) {
+      // Not a config aerie reads (a tokenizer-only folder with another config.json): nothing to check.
+    }
+  }
   // OUTPUT.lock, held by rank 0 while the ranks write OUTPUT.tmp: a second prepare into OUTPUT is refused.
   const OutputLock lock = lock_output(vm, "prepare", opt.output, LockTarget::File);
   run_prepare(opt, MPI_COMM_WORLD);

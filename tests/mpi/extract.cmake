@@ -16,3 +16,10 @@ if(TARGET test_data)
                          SKIP_RETURN_CODE 77 TIMEOUT 120)
   endforeach()
 endif()
+# The target's context length where samples are made and used (tests/mpi/context_length.sh).
+if(TARGET stories260K_model)
+  add_test(NAME context_length
+           COMMAND bash ${CMAKE_SOURCE_DIR}/tests/mpi/context_length.sh $<TARGET_FILE:aerie> ${AERIE_MODEL_DIR}
+                   ${CMAKE_BINARY_DIR}/test-scratch/context_length)
+  set_tests_properties(context_length PROPERTIES ENVIRONMENT "${_aerie_extract_env}" LABELS mpi)
+endif()
