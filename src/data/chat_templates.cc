@@ -160,13 +160,15 @@ struct Out {
 
   void text(const std::string& t, bool trained) {
     if (t.empty()) return;
-    if (!pieces.empty() && !pieces.back().special && pieces.back().trained == trained) {
+    if (!pieces.empty() && !pieces.back().special && pieces.back().ids.empty() && pieces.back().trained == trained) {
       pieces.back().text += t;
     } else {
-      pieces.push_back({t, false, trained});
+      pieces.push_back({t, false, trained, {}});
     }
   }
-  void special(const std::string& t, bool trained) { pieces.push_back({t, true, trained}); }
+  void special(const std::string& t, bool trained) { pieces.push_back({t, true, trained, {}}); }
+  // Text whose ids are given (a regenerated response): never merged with its neighbours.
+  void ids(const std::string& t, const std::vector<int32_t>& v, bool trained) { pieces.push_back({t, false, trained, v}); }
   // Template text: special tokens become special pieces.
   void tpl(const std::string& t, bool trained = false) {
     size_t i = 0;
@@ -433,7 +435,10 @@ std::vector<TemplatePiece> ConfigChatTemplate::render_pieces(const Conversation&
         AERIE_CHECK(s.call_max <= 0 || static_cast<int>(calls.size()) <= s.call_max,
                     "chat template " << s.name << ": " << calls.size() << " tool calls in one message (at most "
                                      << s.call_max << ")");
-        if (!content.empty() || calls.empty()) out.text(s.assistant_content_prefix + content, true);
+        // A regenerated response's own ids replace its text where the template renders the text unchanged.
+        const bool own_ids = !t.ids.empty() && calls.empty() && s.assistant_content_prefix.empty() && content == t.text;
+        if (own_ids) out.ids(content, t.ids, true);
+        else if (!content.empty() || calls.empty()) out.text(s.assistant_content_prefix + content, true);
         if (!calls.empty()) {
           if (!content.empty()) out.tpl(s.call_after_content, true);
           out.tpl(s.call_begin, true);
@@ -474,7 +479,7 @@ std::vector<TemplateSegment> ConfigChatTemplate::to_segments(const std::vector<T
   std::vector<TemplateSegment> segs;
   for (const TemplatePiece& p : pieces) {
     if (p.special) segs.push_back({p.text, {special_ids_.at(p.text)}, p.trained});
-    else segs.push_back({p.text, {}, p.trained});
+    else segs.push_back({p.text, p.ids, p.trained});
   }
   return segs;
 }

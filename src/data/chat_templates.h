@@ -96,6 +96,7 @@ struct TemplatePiece {
   std::string text;
   bool special = false;
   bool trained = false;
+  std::vector<int32_t> ids;  // non-empty: these ids, not the tokenized text (a regenerated response)
 };
 
 /// The INI-described template. With a tokenizer, render() maps the special tokens to ids (a token missing

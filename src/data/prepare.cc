@@ -144,6 +144,10 @@ void add_record(InputRecord r, const std::function<std::string()>& where, const 
       s.loss_mask = std::move(r.loss_mask);
     } else {
       try {
+        // Regenerated responses carry the target's ids: kept where they decode to the turn's text (an
+        // edited text falls back to encoding it), so that the sample holds what the target produced.
+        for (ChatTurn& t : r.conversation.turns)
+          if (!t.ids.empty() && tok.decode(t.ids) != t.text) t.ids.clear();
         s = tmpl.apply(r.conversation, tok);
       } catch (const Error& e) {
         r.skip = SkipReason::WrongTypes;

@@ -118,6 +118,19 @@ void read_function_call(ChatTurn& turn) {
   turn.text_is_tool_calls = true;
 }
 
+// An assistant message's "aerie_response_ids" (written by aerie generate) into turn.ids: false when the
+// field is there but not a list of non-negative integers.
+bool read_response_ids(const json& m, ChatTurn& turn) {
+  if (!m.contains("aerie_response_ids")) return true;
+  const json& ids = m["aerie_response_ids"];
+  if (!ids.is_array()) return false;
+  for (const json& v : ids) {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX) return false;
+    turn.ids.push_back(static_cast<int32_t>(v.get<int64_t>()));
+  }
+  return true;
+}
+
 InputRecord parse_sharegpt(const json& j) {
   const json& conv = j.at("conversations");
   if (!conv.is_array()) return skip(SkipReason::WrongTypes, "'conversations' is not an array");
@@ -142,6 +155,8 @@ InputRecord parse_sharegpt(const json& j) {
     else return skip(SkipReason::WrongTypes, "turn " + std::to_string(i) + ": unknown role '" + from + "'");
     ChatTurn turn{role, t["value"].get<std::string>()};
     if (from == "function_call") read_function_call(turn);
+    if (role == ChatRole::Assistant && !read_response_ids(t, turn))
+      return skip(SkipReason::WrongTypes, "turn " + std::to_string(i) + ": 'aerie_response_ids' is not a list of ids");
     c.turns.push_back(std::move(turn));
   }
   return conversation_record(std::move(c));
@@ -222,6 +237,8 @@ InputRecord parse_openai(const json& j) {
       return skip(SkipReason::WrongTypes, where + ": 'content' is neither a string nor a list of text parts");
     }
     turn.text = std::move(text);
+    if (role == ChatRole::Assistant && !read_response_ids(m, turn))
+      return skip(SkipReason::WrongTypes, where + ": 'aerie_response_ids' is not a list of ids");
     c.turns.push_back(std::move(turn));
   }
   return conversation_record(std::move(c));

@@ -32,7 +32,8 @@ std::vector<TemplateSegment> PlainTemplate::render(const Conversation& conversat
   if (bos_ >= 0) out.push_back({"", {bos_}, false});
   for (const ChatTurn& t : conversation.turns) {
     bool assistant = t.role == ChatRole::Assistant;
-    if (!t.text.empty()) out.push_back({t.text, {}, assistant});
+    if (assistant && !t.ids.empty()) out.push_back({t.text, t.ids, true});  // the target's own ids
+    else if (!t.text.empty()) out.push_back({t.text, {}, assistant});
     if (assistant) out.push_back({"", {eos_}, true});
   }
   return out;

@@ -129,8 +129,12 @@ struct RecordRegeneration::State {
     turn.text = text;
     so_far.turns.push_back(std::move(turn));
     const bool sharegpt = format == InputFormat::ShareGPT;
+    // The target's own ids beside the text (issue 17, point 11): prepare trains on them instead of
+    // encoding the decoded text alone again, which would not give them back.
     if (open_end) {
-      new_msgs.push_back(sharegpt ? ojson{{"from", "gpt"}, {"value", text}} : ojson{{"role", "assistant"}, {"content", text}});
+      ojson m = sharegpt ? ojson{{"from", "gpt"}, {"value", text}} : ojson{{"role", "assistant"}, {"content", text}};
+      m["aerie_response_ids"] = ids;
+      new_msgs.push_back(std::move(m));
       return finish();
     }
     ojson m = j[key][i - offset];
@@ -140,6 +144,7 @@ struct RecordRegeneration::State {
       m["content"] = text;
       for (const char* k : {"reasoning_content", "reasoning", "thinking"}) m.erase(k);  // not the target's
     }
+    m["aerie_response_ids"] = ids;
     new_msgs.push_back(std::move(m));
     answered = new_msgs.size();
     ++i;

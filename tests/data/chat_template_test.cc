@@ -331,3 +331,51 @@ TEST(ChatTemplate, MissingSpecialTokenIsAnError) {
 }
 
 }  // namespace aerie
+
+namespace aerie {
+namespace {
+
+// Issue 17, point 11, on a byte-level tokenizer and the INI templates: a regenerated assistant turn's own
+// ids (here a non-canonical split of its text, as a sampling target may produce) are what the template
+// trains on, unchanged, where it renders the text as it is; the canonical encoding otherwise.
+TEST(ChatTemplate, RegeneratedResponseIdsKeptByTheIniTemplates) {
+  const std::string tokdir = testing::data_dir() + "/tokenizers/qwen3";
+  if (!fs::exists(tokdir + "/tokenizer.json")) GTEST_SKIP() << "no " << tokdir;
+  std::string why;
+  const Tokenizer* tok = try_tokenizer(tokdir, &why);
+  ASSERT_NE(tok, nullptr) << why;
+  const std::string text = "Hello there, little cat.";
+  std::vector<int32_t> own;
+  for (const char* piece : {"Hel", "lo", " there", ",", " little", " cat", "."}) {
+    std::vector<int32_t> p = tok->encode(piece);
+    own.insert(own.end(), p.begin(), p.end());
+  }
+  ASSERT_EQ(tok->decode(own), text);
+  ASSERT_NE(tok->encode(text), own) << "the split is canonical: pick another";
+  for (const char* name : {"chatml", "qwen3"}) {
+    SCOPED_TRACE(name);
+    auto tmpl = make_chat_template(name, *tok);
+    Conversation c{};
+    ChatTurn u(ChatRole::User, "Say hello.");
+    ChatTurn a(ChatRole::Assistant, text);
+    a.ids = own;
+    c.turns = {u, a};
+    const TokenizedSample s = tmpl->apply(c, *tok);
+    const std::string flat = [&] {
+      std::string r;
+      for (int32_t id : s.input_ids) r += std::to_string(id) + ",";
+      return r;
+    }();
+    std::string want;
+    for (int32_t id : own) want += std::to_string(id) + ",";
+    EXPECT_NE(flat.find(want), std::string::npos) << "the own ids are not in the sample";
+    a.ids.clear();
+    c.turns = {u, a};
+    std::string canon;
+    for (int32_t id : tmpl->apply(c, *tok).input_ids) canon += std::to_string(id) + ",";
+    EXPECT_EQ(canon.find(want), std::string::npos) << "the canonical encoding holds the non-canonical split";
+  }
+}
+
+}  // namespace
+}  // namespace aerie

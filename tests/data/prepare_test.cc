@@ -2,6 +2,7 @@
 // masks exactly on assistant tokens + the EOS closing each assistant turn, skipped records with counts and
 // file:line, truncate vs drop, TinyStories text, and a multi-rank run equal to a 1-rank run
 // (PrepareParallelTest, also run with 2 ranks by tests/mpi/data.cmake).
+#include <nlohmann/json.hpp>
 #include <mpi.h>
 
 #include <fstream>
@@ -88,6 +89,40 @@ const char* kUser1 = "Tell me about a cat.";
 const char* kAsst1 = "Once upon a time, there was a cat named Tom.";
 const char* kUser2 = "What did Tom like?";
 const char* kAsst2 = "Tom liked milk and naps in the sun.";
+
+// Issue 17, point 11: a regenerated response's "aerie_response_ids" (the target's own ids) are what prepare
+// trains on, when they decode to the turn's text; encoding the decoded text alone would not give them back
+// (a continuation that starts mid-word gains a "▁" piece). An edited text falls back to encoding it.
+TEST_F(PrepareTest, RegeneratedResponseIdsSurviveTheRoundTrip) {
+  // A response the target could have produced: a suffix of a sentence's ids whose decoded text, encoded
+  // alone, gives other ids.
+  const std::vector<int32_t> full = enc("Once upon a time, there was a little girl named Lily.");
+  std::vector<int32_t> own;
+  for (size_t k = 1; k + 1 < full.size() && own.empty(); ++k) {
+    std::vector<int32_t> suffix(full.begin() + static_cast<std::ptrdiff_t>(k), full.end());
+    if (enc(tok_->decode(suffix)) != suffix) own = suffix;
+  }
+  ASSERT_FALSE(own.empty()) << "no suffix of the sentence re-encodes differently: pick another sentence";
+  const std::string text = tok_->decode(own);
+  nlohmann::json ids_json = own;
+  auto record = [&](const std::string& value, bool with_ids) {
+    nlohmann::json g = {{"from", "gpt"}, {"value", value}};
+    if (with_ids) g["aerie_response_ids"] = ids_json;
+    return nlohmann::json{{"conversations", {{{"from", "human"}, {"value", kUser1}}, g}}}.dump();
+  };
+  auto assistant_ids = [&](const std::string& lines) {
+    run("regen.jsonl", lines, InputFormat::ShareGPT);
+    Prepared p = read_prepared(dir_ + "/prepared.h5");
+    std::vector<int32_t> a;
+    for (size_t i = 0; i < p.ids.size(); ++i)
+      if (p.mask[i] && p.ids[i] != tok_->eos_id()) a.push_back(p.ids[i]);
+    return a;
+  };
+  EXPECT_EQ(assistant_ids(record(text, true) + "\n"), own);
+  EXPECT_EQ(assistant_ids(record(text, false) + "\n"), enc(text));
+  EXPECT_NE(enc(text), own);
+  EXPECT_EQ(assistant_ids(record(text + " Edited.", true) + "\n"), enc(text + " Edited."));
+}
 
 // The plain template by hand: BOS, system, user, assistant + EOS, user, assistant + EOS; mask 1 exactly on
 // the assistant tokens and their EOS.

@@ -3,6 +3,7 @@
 // target decoded in batches (model/sampling.h BatchDecoder): chunks, resume after a partial output, refusal
 // of another run's parts, stop requests, the same output for every batch size; under
 // mpirun -np 2 (tests/mpi/generate.cmake) two data-parallel groups write what one rank writes.
+#include <algorithm>
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -120,6 +121,13 @@ TEST_F(RegenerateRecord, ShareGPTTurnsReplacedKeysKept) {
   ojson want = ojson::parse(in);
   want["conversations"][1]["value"] = "The cat 7 0";
   want["conversations"][3]["value"] = "The cat 7 1";
+  // Each answer keeps the target's ids beside its text (issue 17, point 11), the stop token dropped.
+  for (int k : {1, 3}) {
+    const auto ids = j["conversations"][k]["aerie_response_ids"].get<std::vector<int32_t>>();
+    EXPECT_EQ(tok->decode(ids), want["conversations"][k]["value"].get<std::string>());
+    EXPECT_TRUE(std::find(ids.begin(), ids.end(), tok->eos_id()) == ids.end());
+    want["conversations"][k]["aerie_response_ids"] = ids;
+  }
   EXPECT_EQ(j, want);
   EXPECT_EQ(j.begin().key(), "id");  // key order kept
   ASSERT_EQ(calls.size(), 2u);
@@ -135,13 +143,17 @@ TEST_F(RegenerateRecord, PromptOnlyGetsAnAnswerAppended) {
   RegeneratedRecord r = regenerate_record(R"({"id": "p", "conversations": [{"from": "human", "value": "Tell a story."}]})",
                                           InputFormat::ShareGPT, 3, *plain, *tok, params, fake());
   ASSERT_TRUE(r.ok) << r.detail;
-  EXPECT_EQ(ojson::parse(r.json),
-            ojson::parse(R"({"id": "p", "conversations": [{"from": "human", "value": "Tell a story."}, )"
-                         R"({"from": "gpt", "value": "The cat 3 0"}]})"));
+  ojson pj = ojson::parse(r.json);
+  pj["conversations"][1].erase("aerie_response_ids");  // checked in ShareGPTTurnsReplacedKeysKept
+  EXPECT_EQ(pj, ojson::parse(R"({"id": "p", "conversations": [{"from": "human", "value": "Tell a story."}, )"
+                             R"({"from": "gpt", "value": "The cat 3 0"}]})"));
   RegeneratedRecord o = regenerate_record(R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "Go."}]}]})",
                                           InputFormat::Auto, 4, *plain, *tok, params, fake());
   ASSERT_TRUE(o.ok) << o.detail;
-  EXPECT_EQ(ojson::parse(o.json)["messages"][1], ojson::parse(R"({"role": "assistant", "content": "The cat 4 0"})"));
+  ojson om = ojson::parse(o.json)["messages"][1];
+  EXPECT_TRUE(om.contains("aerie_response_ids"));
+  om.erase("aerie_response_ids");
+  EXPECT_EQ(om, ojson::parse(R"({"role": "assistant", "content": "The cat 4 0"})"));
 }
 
 TEST_F(RegenerateRecord, OpenAIToolCallsKeptReasoningDropped) {
@@ -154,6 +166,7 @@ TEST_F(RegenerateRecord, OpenAIToolCallsKeptReasoningDropped) {
   if (!r.ok) GTEST_SKIP() << "this build's reader rejects tool calls: " << r.detail;
   ojson j = ojson::parse(r.json), want = ojson::parse(in);
   want["messages"][3] = ojson::parse(R"({"role": "assistant", "content": "The cat 0 0"})");
+  want["messages"][3]["aerie_response_ids"] = j["messages"][3]["aerie_response_ids"];
   EXPECT_EQ(j, want);
   EXPECT_EQ(r.responses, 1);
 }
