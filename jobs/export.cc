@@ -25,9 +25,14 @@ int export_draft(const std::vector<std::string>& args) {
       "for", po::value<std::string>()->default_value("any"),
       "serving engine: any (aerie's input-of-layer aux ids, vLLM's; warns when SGLang would read them "
       "otherwise), vllm, or sglang (refuses aux ids SGLang would misread; docs/formats.md)");
+  add_lock_options(desc);
   po::variables_map vm;
   if (!parse_options("export", args, desc, vm)) return 0;
   auto world = MpiCommunicator::world();
+  // OUT.lock beside the export (the folder itself is replaced by a rename): a second export into OUT is
+  // refused while this one runs.
+  const ServingEngine engine = serving_engine_from_string(vm["for"].as<std::string>());  // before any work
+  const OutputLock lock = lock_output(vm, "export", vm["output"].as<std::string>(), LockTarget::File);
   if (world->rank() == 0) {
     // The cheap checks first (the output path, the checkpoint folder, config.json), then the weights.
     const std::string out = vm["output"].as<std::string>(), given = vm["checkpoint"].as<std::string>();
@@ -59,7 +64,7 @@ int export_draft(const std::vector<std::string>& args) {
         AERIE_LOG(warning) << "export: --model " << vm["model"].as<std::string>() << " is not the target " << dir
                            << " was trained with (" << t.value("model", std::string("?")) << "): " << diff;
     }
-    write_export(out, ck.config, ck.weights, ck.vocab, target, serving_engine_from_string(vm["for"].as<std::string>()));
+    write_export(out, ck.config, ck.weights, ck.vocab, target, engine);
     AERIE_LOG(info) << "export: " << dir << " (step " << ck.state.step << ") -> " << out;
   }
   world->barrier();

@@ -102,6 +102,20 @@ void write_export(const std::string& out_dir, const DraftConfig& cfg, const Draf
 
   const fs::path out = fs::path(out_dir).lexically_normal();
   const fs::path tmp = out.string() + ".tmp";
+  // Only an earlier export (or an empty folder) is replaced: anything else in --output, or in the
+  // .tmp / .old siblings the replacement uses, is refused by name, never removed (a typo of a run folder
+  // would otherwise lose it).
+  for (const fs::path& d : {out, tmp, fs::path(out.string() + ".old")}) {
+    if (!fs::exists(d)) continue;
+    AERIE_CHECK(fs::is_directory(d), "export: " << d.string() << " exists and is not a folder");
+    for (const auto& e : fs::directory_iterator(d)) {
+      const std::string n = e.path().filename().string();
+      AERIE_CHECK(n == "config.json" || n == "model.safetensors" || n == "config.json.tmp" ||
+                      n == "model.safetensors.tmp",
+                  "export: " << d.string() << " holds " << n << ", which is not part of an export (config.json, "
+                             << "model.safetensors): refusing to replace it; choose another --output or empty it");
+    }
+  }
   fs::remove_all(tmp);
   fs::create_directories(tmp);
   save_safetensors((tmp / "model.safetensors").string(), f, {"t2d"});

@@ -44,7 +44,8 @@ ServingEngine serving_engine_from_string(const std::string& s);
 std::string aux_ids_misread(const std::vector<int>& aux, int64_t num_hidden_layers, ServingEngine engine);
 
 /// Writes the export directory `out_dir`: into "<out_dir>.tmp" first (a stale one is removed), then
-/// renamed to out_dir (an existing out_dir is replaced). Weights are rounded to bf16 (nearest even).
+/// renamed to out_dir (an existing out_dir is replaced). An existing out_dir, .tmp or .old that holds
+/// anything but config.json / model.safetensors is an aerie::Error naming the file (nothing is removed). Weights are rounded to bf16 (nearest even).
 /// Throws aerie::Error on inconsistent shapes or I/O failure.
 /// `engine`: Any logs a warning when an engine would misread the aux ids; Vllm or Sglang throws
 /// aerie::Error when that engine would (nothing is written then).

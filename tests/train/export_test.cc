@@ -114,6 +114,28 @@ TEST(ExportTest, AuxIdsThatAnEngineWouldMisreadAreNamed) {
   EXPECT_TRUE(fs::exists(dir + "/export_vllm/config.json"));
 }
 
+// An --output that holds anything but an export (a run folder given by mistake) is refused and left as
+// it is; an earlier export is replaced (found by a new-user trial: the run folder was wiped).
+TEST(ExportTest, RefusesToReplaceAFolderThatIsNotAnExport) {
+  const std::string dir = testing::scratch_dir("train_export_replace");
+  auto s = testing::make_tiny_setup(dir, {1, 3, 5});
+  DraftWeights w = DraftWeights::zeros(s.cfg);
+  fs::create_directories(dir + "/run/checkpoints");
+  std::ofstream(dir + "/run/metrics.jsonl") << "{}\n";
+  try {
+    write_export(dir + "/run", s.cfg, w, s.vocab, s.target, ServingEngine::Vllm);
+    FAIL() << "a run folder was replaced";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("which is not part of an export"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(fs::exists(dir + "/run/metrics.jsonl"));
+  EXPECT_TRUE(fs::exists(dir + "/run/checkpoints"));
+  write_export(dir + "/out", s.cfg, w, s.vocab, s.target, ServingEngine::Vllm);
+  write_export(dir + "/out", s.cfg, w, s.vocab, s.target, ServingEngine::Vllm);  // an export is replaced
+  EXPECT_TRUE(fs::exists(dir + "/out/model.safetensors"));
+  EXPECT_FALSE(fs::exists(dir + "/out.old"));
+}
+
 // A transformers 5.x target config holds rope_theta and the scaling in one "rope_parameters" object: the
 // export writes them in the 4.x spelling servers read (found with the Llama-3 family fixtures).
 TEST(ExportTest, RopeParametersOfTransformers5AreExportedAsRopeScaling) {
