@@ -5,7 +5,7 @@
 //   aerie plan --model-config config.json --tensors tensors.jsonl.gz ...   (a tensor list instead of DIR)
 // --tp defaults to the world size (mpirun -np 8 aerie plan ... plans tp 8); --gpu-memory to this GPU's
 // memory, else 80 GiB. Rank 0 prints. The rules and the arithmetic: docs/memory-plan.md; the planning
-// itself: src/model/memory_plan.h.
+// itself: src/model/memory_plan.h. Exit status 0 when the plan fits the GPU memory, 1 when it does not.
 #include <mpi.h>
 
 #include <algorithm>
@@ -162,7 +162,7 @@ int plan(const std::vector<std::string>& args) {
                                                                : read_tensor_list(tensors_path);
   const MemoryPlan p = plan_memory(config, tensors, opt, config_file);
   if (rank == 0) print_plan(std::cout, p, opt, gpu_source);
-  return 0;
+  return p.fits ? 0 : 1;  // a script can branch on it (the plan is printed either way)
 }
 
 }  // namespace aerie::jobs

@@ -27,3 +27,10 @@ add_test(NAME plan_size_without_unit
          COMMAND $<TARGET_FILE:aerie> plan --model ${CMAKE_SOURCE_DIR}/tests/model/fixtures/hf/qwen2 --gpu-memory 96)
 set_tests_properties(plan_size_without_unit PROPERTIES ENVIRONMENT "${_aerie_plan_env}"
   PASS_REGULAR_EXPRESSION "aerie plan: --gpu-memory '96' needs a unit \\(e.g. 96GB, 80GiB\\)")
+# A plan that does not fit is printed and exits 1 (Kimi-K2.5 at tp 1 on 80 GiB).
+if(EXISTS "${_k25}/kimi-k2.5.tensors.expanded.jsonl.gz")
+  add_test(NAME plan_kimi_k25_tp1_does_not_fit
+           COMMAND bash -c "out=$($0 plan --model-config $1 --tensors $2 --tp 1 --gpu-memory 80GiB); rc=$?; echo \"$out\" | tail -1; [ $rc = 1 ] && echo \"$out\" | grep -q 'does NOT fit'"
+                   $<TARGET_FILE:aerie> ${_k25}/config.transformers-5.7.0-redump.json ${_k25}/kimi-k2.5.tensors.expanded.jsonl.gz)
+  set_tests_properties(plan_kimi_k25_tp1_does_not_fit PROPERTIES ENVIRONMENT "${_aerie_plan_env}")
+endif()
