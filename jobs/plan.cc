@@ -91,7 +91,12 @@ void print_plan(std::ostream& os, const MemoryPlan& p, const PlanOptions& opt, c
   for (const std::string& n : p.notes) os << "note: " << n << "\n";
   os << "\n"
      << (p.fits ? "fits: " : "does NOT fit: ") << bytes_str(p.total_per_rank) << " per rank of "
-     << bytes_str(p.gpu_memory) << ", margin " << bytes_str(p.margin) << " (" << gb_str(p.margin) << ")\n";
+     << bytes_str(p.gpu_memory) << ", margin " << bytes_str(p.margin) << " (" << gb_str(p.margin) << ")";
+  // Which embedding layout the line counted (found by a new-user trial: aerie's own loader replicates them).
+  if (opt.vocab_parallel_embeddings && p.replicated_embedding_delta > 0)
+    os << ", with embed_tokens / lm_head split by vocabulary (vLLM's layout); aerie's extract loads them "
+       << "replicated: " << bytes_str(p.replicated_embedding_delta) << " more (--embed-split replicated)";
+  os << "\n";
 }
 
 }  // namespace
