@@ -189,13 +189,17 @@ bool OutputLock::held_here(const std::string& target, LockTarget kind) {
   return held_set().count(lock_path(target, kind)) > 0;
 }
 
-OutputLock::OutputLock(OutputLock&& o) noexcept : fd_(o.fd_), path_(std::move(o.path_)) { o.fd_ = -1; }
+OutputLock::OutputLock(OutputLock&& o) noexcept
+    : fd_(o.fd_), path_(std::move(o.path_)), created_dir_(std::move(o.created_dir_)) {
+  o.fd_ = -1;
+}
 
 OutputLock& OutputLock::operator=(OutputLock&& o) noexcept {
   if (this != &o) {
     release();
     fd_ = o.fd_;
     path_ = std::move(o.path_);
+    created_dir_ = std::move(o.created_dir_);
     o.fd_ = -1;
   }
   return *this;
@@ -208,6 +212,11 @@ void OutputLock::release() noexcept {
   ::unlink(path_.c_str());  // while the flock is held: a waiting opener of this inode then retries
   ::close(fd_);
   fd_ = -1;
+  if (!created_dir_.empty()) {  // a refused job leaves no empty output folder behind
+    std::error_code ec;
+    if (fs::is_empty(created_dir_, ec) && !ec) fs::remove(created_dir_, ec);
+    created_dir_.clear();
+  }
   std::lock_guard<std::mutex> g(g_mutex);
   held_set().erase(path_);
 }
@@ -217,6 +226,7 @@ OutputLock OutputLock::acquire(const std::string& target, LockTarget kind, const
   const std::string path = lock_path(target, kind);
   const std::string what = job + ": " + options.option + " " + target;
   std::error_code ec;
+  const bool created = kind == LockTarget::Folder && !fs::exists(target, ec);
   fs::create_directories(kind == LockTarget::Folder ? fs::path(target) : fs::path(path).parent_path(), ec);
   AERIE_CHECK(!ec, what << ": cannot create the folder for the lock file " << path << ": " << ec.message());
   const LockHolder me = LockHolder::self(job);
@@ -288,6 +298,7 @@ OutputLock OutputLock::acquire(const std::string& target, LockTarget kind, const
     OutputLock lock;
     lock.fd_ = fd;
     lock.path_ = path;
+    if (created) lock.created_dir_ = fs::absolute(target, ec).lexically_normal().string();
     {
       std::lock_guard<std::mutex> g(g_mutex);
       held_set().insert(path);

@@ -94,12 +94,15 @@ class OutputLock {
 
   bool held() const { return fd_ >= 0; }
   const std::string& path() const { return path_; }
-  /// Unlinks the lock file and releases the flock; nothing when not held. Does not throw.
+  /// Unlinks the lock file and releases the flock; nothing when not held. A folder that acquire created
+  /// for a Folder lock and that is still empty (a job refused before writing anything) is removed too.
+  /// Does not throw.
   void release() noexcept;
 
  private:
   int fd_ = -1;
-  std::string path_;  // absolute, normalised
+  std::string path_;         // absolute, normalised
+  std::string created_dir_;  // the Folder target when acquire created it, else ""
 };
 
 /// acquire() on rank 0 of `comm` only (the rank that coordinates the writers of an MPI job; the other

@@ -73,6 +73,23 @@ TEST(OutputLock, RecordNamesThisProcessAndReleaseRemovesIt) {
   EXPECT_TRUE(OutputLock::acquire(dir, LockTarget::Folder, "extract").held());
 }
 
+// A folder the lock created and nothing else wrote to (a job refused before its first shard) is removed on
+// release; one with content, or one that existed before, stays (found by a new-user trial).
+TEST(OutputLock, AnEmptyFolderItCreatedIsRemovedOnRelease) {
+  const std::string base = testing::scratch_dir("output_lock_created");
+  OutputLock a = OutputLock::acquire(base + "/empty", LockTarget::Folder, "extract");
+  a.release();
+  EXPECT_FALSE(fs::exists(base + "/empty"));
+  OutputLock b = OutputLock::acquire(base + "/written", LockTarget::Folder, "extract");
+  std::ofstream(base + "/written/shard-00000.h5") << "x";
+  b.release();
+  EXPECT_TRUE(fs::exists(base + "/written/shard-00000.h5"));
+  fs::create_directories(base + "/existing");
+  OutputLock c = OutputLock::acquire(base + "/existing", LockTarget::Folder, "extract");
+  c.release();
+  EXPECT_TRUE(fs::is_directory(base + "/existing"));
+}
+
 TEST(OutputLock, FileTargetLocksFileDotLock) {
   const std::string dir = testing::scratch_dir("output_lock_file");
   const std::string out = dir + "/sub/prepared.h5";
