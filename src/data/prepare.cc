@@ -192,7 +192,7 @@ LocalSamples read_local(const PrepareOptions& opt, const Tokenizer& tok, const C
   const int64_t vocab = tok.vocab_size();
   const std::string file_name = fs::path(opt.input).filename().string();
   if (array) {
-    Progress progress("prepare", "records", 0, rank);
+    Progress progress("prepare", "records of rank 0", 0, rank);  // the job's totals follow
     for_each_array_record(opt.input, opt.format, vocab, rank, size, [&](InputRecord&& r, int64_t index) {
       progress.add(1);
       add_record(std::move(r), [&] { return file_name + "[" + std::to_string(index) + "]"; }, opt, tok, tmpl, out);
@@ -202,7 +202,7 @@ LocalSamples read_local(const PrepareOptions& opt, const Tokenizer& tok, const C
   }
   InputRange range = input_range(opt.input, text, rank, size);
   const int64_t line0 = exscan(range.lines, comm);
-  Progress progress("prepare", "MiB", static_cast<double>(range.end - range.begin) / (1 << 20), rank);
+  Progress progress("prepare", "MiB of rank 0's part", static_cast<double>(range.end - range.begin) / (1 << 20), rank);
   int64_t last_bytes = 0;
   for_each_record(opt.input, range, text, [&](const std::string& rec, int64_t line, int64_t bytes) {
     progress.add(static_cast<double>(bytes - last_bytes) / (1 << 20));
