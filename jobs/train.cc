@@ -19,9 +19,9 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/stop_signals.h"
-#include "jobs/jobs.h"
 #include "data/shard.h"
 #include "data/vocab.h"
+#include "jobs/jobs.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
 
@@ -66,6 +66,10 @@ void check_train_inputs(const TrainOptions& o) {
               "train: --shards " << o.shards_dir << " holds no shard-*.h5 files (the --output folder of aerie extract)");
   AERIE_CHECK(!fs::exists(o.output_dir) || fs::is_directory(o.output_dir),
               "train: --output " << o.output_dir << " exists and is not a folder");
+  // A shard folder given as the run folder (or the reverse, in extract) would mix the two.
+  AERIE_CHECK(!fs::is_directory(o.output_dir) || list_shards(o.output_dir).empty(),
+              "train: --output " << o.output_dir << " holds hidden-state shards (shard-*.h5): it is an extract "
+                                 << "folder, not a run folder; choose another --output");
   if (!latest_checkpoint(o.output_dir)) {  // a fresh run (a resume keeps the checkpoint's vocabulary)
     AERIE_CHECK(!o.vocab_path.empty(), "train: --vocab is required for a fresh run (no checkpoint in --output "
                                            << o.output_dir << "): the draft_vocab.safetensors of aerie vocab");

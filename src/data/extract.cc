@@ -208,6 +208,10 @@ void check_extract_inputs(const ExtractOptions& opt) {
   AERIE_CHECK(opt.samples_per_shard > 0, "extract: --samples-per-shard must be > 0, got " << opt.samples_per_shard);
   AERIE_CHECK(!fs::exists(opt.output) || fs::is_directory(opt.output),
               "extract: --output " << opt.output << " exists and is not a folder");
+  // A train run folder given as the shard folder would mix the two.
+  AERIE_CHECK(!fs::exists(fs::path(opt.output) / "checkpoints") && !fs::exists(fs::path(opt.output) / "metrics.jsonl"),
+              "extract: --output " << opt.output << " holds a training run (checkpoints/, metrics.jsonl), not shards; "
+                                   << "choose another --output");
   PreparedFile prepared(opt.prepared);  // throws naming the file when it is missing or not a prepared file
 }
 

@@ -209,6 +209,21 @@ TEST(Extract, ShardSpaceEstimateAndCheck) {
   EXPECT_EQ(s.bytes_needed, std::max<int64_t>(0, s.bytes_total - s.bytes_existing));
 }
 
+// A training run folder given as --output is refused before anything is written (new-user trial).
+TEST(Extract, RefusesARunFolderAsOutput) {
+  const std::string dir = testing::scratch_dir("extract_run_folder");
+  Prepared p = make_prepared(2, 100);
+  write_prepared(dir + "/prepared.h5", p);
+  ExtractOptions o = fake_options(dir, 4);
+  fs::create_directories(o.output + "/checkpoints");
+  try {
+    check_extract_inputs(o);
+    ADD_FAILURE() << "a run folder was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("holds a training run"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Extract, RefusesShardsOfAnotherRun) {
   const std::string dir = testing::scratch_dir("extract_other_run");
   Prepared p = make_prepared(6, 100);

@@ -23,4 +23,10 @@ if mpirun --oversubscribe -np 1 "$aerie" train --model "$model" --shards "$work/
 fi
 grep -q "none of the 3 steps had a trainable row" "$work/train.log" || { cat "$work/train.log"; echo "FAIL: no clear error"; exit 1; }
 grep -q "step 1 has no trainable row" "$work/train.log" || { cat "$work/train.log"; echo "FAIL: no warning at step 1"; exit 1; }
+# A shard folder given as the run folder is refused (it would mix the two).
+if mpirun --oversubscribe -np 1 "$aerie" train --model "$model" --shards "$work/shards" --vocab "$work/vocab.safetensors" \
+    --output "$work/shards" --steps 1 >"$work/mixed.log" 2>&1; then
+  cat "$work/mixed.log"; echo "FAIL: train wrote its run into a shard folder"; exit 1
+fi
+grep -q "holds hidden-state shards" "$work/mixed.log" || { cat "$work/mixed.log"; echo "FAIL: no clear error"; exit 1; }
 echo "train_untrainable: refused with a clear error"
