@@ -243,14 +243,7 @@ TEST(Extract, RefusesShardsOfAnotherRun) {
   EXPECT_THROW(run_extract(o, g, fake_forward), Error);
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;  // tests/test_util.h
 
 // Issue 17, case 3: shards record the target's and the prepared file's fingerprints; a rerun into a folder
 // of other provenance (another model of the same shape, another config, another prepared file of the same

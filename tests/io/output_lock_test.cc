@@ -28,14 +28,7 @@ void write(const std::string& path, const std::string& text) {
   out << text;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;  // tests/test_util.h
 
 // A record of this process for `job`, with fields changed by `edit`.
 std::string record(const std::function<void(LockHolder&)>& edit) {

@@ -155,14 +155,7 @@ TEST(RunTrainingTest, WritesCheckpointsAndResumesBitwise) {
   EXPECT_THROW(run_training(other, *self), Error);
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;  // tests/test_util.h
 
 // Provenance of the tiny target folder's own model, as extract would record it, and the chunking of 2 shards.
 std::function<void(ShardMeta&)> recorded(const std::string& dir, const std::string& prepared = std::string(64, 'p'),

@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_common.h"
 #include "comm/communicator.h"
 #include "core/device.h"
 #include "core/error.h"
@@ -38,17 +39,10 @@
 namespace aerie {
 namespace {
 
-/// A communicator of one rank: every collective is the identity.
-class SoloComm : public Communicator {
- public:
-  int rank() const override { return 0; }
-  int size() const override { return 1; }
-  void all_reduce_sum(Tensor&) override {}
-  void all_reduce_max(Tensor&) override {}
-  void all_gather(const Tensor& in, Tensor& out) override { out.copy_from(in); }
-  void broadcast(Tensor&, int) override {}
-  void barrier() override {}
-};
+using bench::pool_high_gib;
+using bench::SoloComm;
+using bench::sync;
+using bench::timed;
 
 struct Args {
   std::string config, label;
@@ -82,30 +76,6 @@ Args parse(int argc, char** argv) {
   }
   AERIE_CHECK(!a.config.empty(), "bench_deepseek: --config DIR is required");
   return a;
-}
-
-void sync() {
-  const cudaError_t e = cudaDeviceSynchronize();
-  AERIE_CHECK(e == cudaSuccess, "bench_deepseek: cudaDeviceSynchronize: " << cudaGetErrorString(e));
-}
-
-double pool_high_gib() {
-  cudaMemPool_t pool = nullptr;
-  unsigned long long high = 0;  // NOLINT(runtime/int): the CUDA API's type
-  if (cudaDeviceGetDefaultMemPool(&pool, cuda::current_device()) != cudaSuccess ||
-      cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high) != cudaSuccess)
-    return -1;
-  return static_cast<double>(high) / (1024.0 * 1024.0 * 1024.0);
-}
-
-template <typename F>
-double timed(int warmup, int iters, F&& f) {
-  for (int i = 0; i < warmup; ++i) f();
-  sync();
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < iters; ++i) f();
-  sync();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
 }
 
 /// FLOPs per token of one layer's MLA projections, and of its causal attention over T tokens in total.
@@ -183,7 +153,7 @@ void bench_blocks(const Args& a, const TargetConfig& cfg, Communicator& comm) {
     mprof.count_forward(T);
     ForwardContext mctx(Device::CUDA, DType::BF16, comm, mprof, b);
     L.attn->forward(mctx, layer, h, out);
-    aerie::sync();
+    sync();
     std::printf("{\"bench\": \"deepseek_block\", \"label\": \"%s\", \"block\": \"mla\", \"heads\": %lld, "
                 "\"tokens\": %lld, \"ms\": %.3f, \"tflops\": %.1f, \"mfu\": %.3f, \"profiled_split\": \"%s\"}\n",
                 a.label.c_str(), static_cast<long long>(cfg.num_attention_heads), static_cast<long long>(T),
@@ -243,11 +213,11 @@ int main(int argc, char** argv) {
                 "bench_deepseek: " << a.config << "/config.json is not an MLA + MoE target");
     SoloComm comm;
     bench_blocks(a, cfg, comm);
-    aerie::sync();
+    bench::sync();
     if (a.forward) bench_forward(a, cfg, comm);
     return 0;
   } catch (const std::exception& e) {
-    std::printf("{\"bench\": \"deepseek\", \"error\": \"%s\"}\n", e.what());
+    std::printf("{\"bench\": \"deepseek\", \"error\": \"%s\"}\n", bench::json_escape(e.what()).c_str());
     return 1;
   }
 }

@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_common.h"
 #include "comm/communicator.h"
 #include "core/device.h"
 #include "data/vocab.h"
@@ -42,19 +43,13 @@
 namespace aerie {
 namespace {
 
-constexpr int64_t kH = 4096, kHeads = 32, kKv = 8, kHeadDim = 128, kMlp = 14336, kVocab = 128256;
+using bench::device_used_gib;
+using bench::pool_high_gib;
+using bench::SoloComm;
+using bench::sync;
+using bench::timed;
 
-/// A communicator of one rank (no MPI needed): every collective is the identity.
-class SoloComm : public Communicator {
- public:
-  int rank() const override { return 0; }
-  int size() const override { return 1; }
-  void all_reduce_sum(Tensor&) override {}
-  void all_reduce_max(Tensor&) override {}
-  void all_gather(const Tensor& in, Tensor& out) override { out.copy_from(in); }
-  void broadcast(Tensor&, int) override {}
-  void barrier() override {}
-};
+constexpr int64_t kH = 4096, kHeads = 32, kKv = 8, kHeadDim = 128, kMlp = 14336, kVocab = 128256;
 
 struct Args {
   int64_t seq = 2048, draft_vocab = 32000;
@@ -125,50 +120,6 @@ class RandomFill {
   Tensor f32_, bf16_;
   int64_t offset_ = 0;
 };
-
-double pool_high_gib() {
-  cudaMemPool_t pool = nullptr;
-  unsigned long long high = 0;  // NOLINT(runtime/int): the CUDA API's type
-  if (cudaDeviceGetDefaultMemPool(&pool, cuda::current_device()) != cudaSuccess ||
-      cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high) != cudaSuccess)
-    return -1;
-  return static_cast<double>(high) / (1024.0 * 1024.0 * 1024.0);
-}
-
-double device_used_gib() {
-  size_t free_b = 0, total_b = 0;
-  if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) return -1;
-  return static_cast<double>(total_b - free_b) / (1024.0 * 1024.0 * 1024.0);
-}
-
-void sync() {
-  const cudaError_t e = cudaDeviceSynchronize();
-  AERIE_CHECK(e == cudaSuccess, "bench_train: cudaDeviceSynchronize: " << cudaGetErrorString(e));
-}
-
-/// Mean seconds of `iters` calls of f after `warmup` calls (the device synchronised around the timed ones).
-template <typename F>
-double timed(int warmup, int iters, F&& f) {
-  for (int i = 0; i < warmup; ++i) f();
-  sync();
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < iters; ++i) f();
-  sync();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
-}
-
-std::string json_escape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    if (c == '\n') {
-      o += "\\n";
-      continue;
-    }
-    o += c;
-  }
-  return o;
-}
 
 int run(const Args& a) {
   AERIE_CHECK(cuda::available(), "bench_train: no usable GPU: " << cuda::unavailable_reason());
@@ -306,7 +257,7 @@ int main(int argc, char** argv) {
     return aerie::run(a);
   } catch (const std::exception& e) {
     std::printf("{\"bench\": \"train\", \"seq\": %lld, \"ttt_steps\": %d, \"precision\": \"%s\", \"error\": \"%s\"}\n",
-                static_cast<long long>(a.seq), a.ttt_steps, a.precision.c_str(), aerie::json_escape(e.what()).c_str());
+                static_cast<long long>(a.seq), a.ttt_steps, a.precision.c_str(), aerie::bench::json_escape(e.what()).c_str());
     return 1;
   }
 }

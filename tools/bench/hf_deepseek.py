@@ -15,20 +15,10 @@ Usage: python3 tools/bench/hf_deepseek.py CONFIG_DIR [--tokens 2048,8192] [--ite
 """
 import argparse
 import json
-import time
 
 import torch
 
-
-def timed(fn, warmup, iters):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / iters
+from hf_reference import timed  # tools/bench/hf_reference.py, beside this script
 
 
 def hf_config(path, layers):
