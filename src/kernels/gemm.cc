@@ -1,6 +1,8 @@
 // matmul: checks and device dispatch (see gemm.h).
 #include "kernels/gemm.h"
 
+#include <climits>
+#include <string>
 #include <vector>
 
 #include "kernels/cpu/cpu_kernels.h"
@@ -96,6 +98,155 @@ void matmul_grouped(const Tensor& a, const std::vector<Tensor>& w, const std::ve
     const Tensor ag = a.slice(offsets[g], offsets[g + 1]);
     Tensor cg = c.slice(offsets[g], offsets[g + 1]);
     matmul(ag, w[g], cg, false, true);
+  }
+}
+
+}  // namespace aerie
+
+#include "kernels/quant.h"
+
+namespace aerie {
+
+namespace {
+
+/// Checks group g's parts against format, K, N, a's dtype and device (naming group and part).
+void check_grouped_weight(const char* op, GroupedWeightFormat format, const GroupedWeight& parts, int64_t g,
+                          int64_t N, int64_t K, DType dt, Device dev) {
+  int64_t rows = 0;
+  for (size_t p = 0; p < parts.size(); ++p) {
+    const Tensor& wt = parts[p].weight;
+    const Tensor& sc = parts[p].scale;
+    auto name = [&] { return std::string(op) + ": group " + std::to_string(g) + " part " + std::to_string(p); };
+    AERIE_CHECK(wt.defined() && wt.ndim() == 2, name() << ": the weight is "
+                                                       << (wt.defined() ? shape_str(wt.shape()) : "undefined"));
+    AERIE_CHECK(wt.device() == dev, name() << ": the weight is on another device than a");
+    const int64_t R = wt.dim(0);
+    switch (format) {
+      case GroupedWeightFormat::Dense:
+        AERIE_CHECK(wt.dim(1) == K && wt.dtype() == dt,
+                    name() << ": a Dense weight must be [rows, " << K << "] " << dtype_name(dt) << ", got "
+                           << shape_str(wt.shape()) << " " << dtype_name(wt.dtype()));
+        break;
+      case GroupedWeightFormat::Fp8Block:
+        AERIE_CHECK(wt.dim(1) == K && (wt.dtype() == DType::F8E4M3 || wt.dtype() == DType::U8),
+                    name() << ": an FP8 weight must be [rows, " << K << "] F8E4M3, got " << shape_str(wt.shape()) << " "
+                           << dtype_name(wt.dtype()));
+        AERIE_CHECK(sc.defined() && sc.dtype() == DType::F32 && sc.device() == dev &&
+                        sc.shape() == (Shape{(R + kFp8BlockSize - 1) / kFp8BlockSize,
+                                             (K + kFp8BlockSize - 1) / kFp8BlockSize}),
+                    name() << ": weight_scale_inv " << (sc.defined() ? shape_str(sc.shape()) : "undefined")
+                           << " does not match the weight " << shape_str(wt.shape()) << " (want F32 ["
+                           << (R + 127) / 128 << ", " << (K + 127) / 128 << "] on a's device)");
+        break;
+      case GroupedWeightFormat::Int4Group:
+        AERIE_CHECK(K % kInt4GroupSize == 0 && wt.dim(1) == (K + 7) / 8 && wt.dtype() == DType::I32,
+                    name() << ": an INT4 weight_packed must be [rows, " << (K + 7) / 8 << "] I32 (K " << K
+                           << " a multiple of " << kInt4GroupSize << "), got " << shape_str(wt.shape()) << " "
+                           << dtype_name(wt.dtype()));
+        AERIE_CHECK(sc.defined() && (sc.dtype() == DType::BF16 || sc.dtype() == DType::F32) && sc.device() == dev &&
+                        sc.shape() == (Shape{R, K / kInt4GroupSize}),
+                    name() << ": weight_scale " << (sc.defined() ? shape_str(sc.shape()) : "undefined")
+                           << " does not match weight_packed " << shape_str(wt.shape()) << " (want BF16 [" << R
+                           << ", " << K / kInt4GroupSize << "] on a's device)");
+        break;
+    }
+    rows += R;
+  }
+  AERIE_CHECK(rows == N, op << ": group " << g << "'s parts have " << rows << " rows, c has " << N << " columns");
+}
+
+/// W_g dequantized (or copied) into dst [N, K] (a's dtype, on a's device).
+void dequant_grouped_weight(GroupedWeightFormat format, const GroupedWeight& parts, int64_t K, Tensor& dst) {
+  int64_t r0 = 0;
+  for (const GroupedWeightPart& p : parts) {
+    const int64_t R = p.weight.dim(0);
+    Tensor rows = dst.slice(r0, r0 + R);
+    if (format == GroupedWeightFormat::Dense)
+      rows.copy_from(p.weight);
+    else if (format == GroupedWeightFormat::Fp8Block)
+      dequant_fp8_block(p.weight, p.scale, rows);
+    else
+      dequant_int4_packed(p.weight, p.scale, K, kInt4GroupSize, rows);
+    r0 += R;
+  }
+}
+
+}  // namespace
+
+std::string grouped_quant_fused_unsupported(const Tensor& a, GroupedWeightFormat format,
+                                            const std::vector<GroupedWeight>& w, const std::vector<int64_t>& offsets,
+                                            const Tensor& c) {
+  if (a.device() != Device::CUDA) return "a is not on the GPU";
+  if (a.dtype() != DType::BF16 || c.dtype() != DType::BF16) return "a and c are not BF16";
+  const int64_t K = a.dim(1), N = c.dim(1);
+  if (K % 64 != 0) return "K " + std::to_string(K) + " is not a multiple of 64";
+  if (N % 128 != 0) return "N " + std::to_string(N) + " is not a multiple of 128";
+  if (a.dim(0) > INT32_MAX / 2 || K > INT32_MAX / 2 || N > INT32_MAX / 2) return "sizes beyond 32 bits";
+  for (size_t g = 0; g + 1 < offsets.size() && g < w.size(); ++g) {
+    if (offsets[g + 1] == offsets[g]) continue;
+    if (w[g].size() > 4) return "more than 4 parts per group";
+    for (const GroupedWeightPart& p : w[g]) {
+      if (!p.weight.defined()) return "an undefined part";
+      if (p.weight.dim(0) % 128 != 0) return "a part of " + std::to_string(p.weight.dim(0)) + " rows (not a multiple of 128)";
+      if (format == GroupedWeightFormat::Int4Group && p.scale.dtype() != DType::BF16) return "INT4 scales not BF16";
+    }
+    break;
+  }
+  return {};
+}
+
+void matmul_grouped_quant(const Tensor& a, GroupedWeightFormat format, const std::vector<GroupedWeight>& w,
+                          const std::vector<int64_t>& offsets, Tensor& c) {
+  constexpr const char* op = "matmul_grouped_quant";
+  AERIE_CHECK(a.ndim() == 2 && c.ndim() == 2, op << ": a and c must be 2-D, got a " << shape_str(a.shape())
+                                                 << ", c " << shape_str(c.shape()));
+  const int64_t P = a.dim(0), K = a.dim(1), N = c.dim(1), G = static_cast<int64_t>(w.size());
+  AERIE_CHECK(c.dim(0) == P, op << ": c " << shape_str(c.shape()) << " has not a's " << P << " rows");
+  AERIE_CHECK(static_cast<int64_t>(offsets.size()) == G + 1,
+              op << ": " << offsets.size() << " offsets for " << G << " groups (want G + 1)");
+  kernels::check_float(a, op, "a");
+  c.check_dtype(a.dtype(), kernels::what(op, "c"));
+  const Device dev = kernels::common_device(op, {{"a", &a}, {"c", &c}});
+  std::vector<int64_t> groups;  // the non-empty ones
+  const GroupedWeight* first = nullptr;
+  for (int64_t g = 0; g < G; ++g) {
+    const int64_t r0 = offsets[g], r1 = offsets[g + 1];
+    AERIE_CHECK(0 <= r0 && r0 <= r1 && r1 <= P,
+                op << ": group " << g << " has rows [" << r0 << ", " << r1 << "), not within [0, " << P
+                   << ") or not after the group before");
+    if (r0 == r1) continue;
+    check_grouped_weight(op, format, w[g], g, N, K, a.dtype(), dev);
+    if (!first) {
+      first = &w[g];
+    } else {
+      // The fused kernel reads every group with the first one's part layout.
+      AERIE_CHECK(w[g].size() == first->size(), op << ": group " << g << " has " << w[g].size() << " parts, group "
+                                                   << groups.front() << " has " << first->size());
+      for (size_t p = 0; p < first->size(); ++p)
+        AERIE_CHECK(w[g][p].weight.dim(0) == (*first)[p].weight.dim(0) &&
+                        (!w[g][p].scale.defined() || w[g][p].scale.dtype() == (*first)[p].scale.dtype()),
+                    op << ": group " << g << " part " << p << " differs in rows or scale dtype from group "
+                       << groups.front() << "'s");
+    }
+    groups.push_back(g);
+  }
+  if (groups.empty() || N == 0) return;
+  if (dev == Device::CUDA) {
+#ifdef AERIE_WITH_CUDA
+    if (grouped_quant_fused_unsupported(a, format, w, offsets, c).empty()) {
+      cuda::matmul_grouped_quant(a, static_cast<int>(format), w, offsets, groups, c);
+      return;
+    }
+#else
+    kernels::throw_no_backend(op, dev);
+#endif
+  }
+  Tensor wg = Tensor::empty({N, K}, a.dtype(), dev);
+  for (const int64_t g : groups) {
+    dequant_grouped_weight(format, w[g], K, wg);
+    const Tensor ag = a.slice(offsets[g], offsets[g + 1]);
+    Tensor cg = c.slice(offsets[g], offsets[g + 1]);
+    matmul(ag, wg, cg, false, true);
   }
 }
 

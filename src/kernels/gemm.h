@@ -4,6 +4,7 @@
 // CUDA: cuBLASLt with CUBLAS_COMPUTE_32F (true fp32 arithmetic, no TF32) and fp32 alpha/beta, so results
 // match the CPU up to fp32 summation order (and, for a BF16 c, the final bf16 rounding).
 #pragma once
+#include <string>
 #include <vector>
 
 #include "core/tensor.h"
@@ -36,5 +37,50 @@ namespace aerie {
 /// Throws aerie::Error on mismatched shapes, dtypes or devices (naming the group), on offsets that are
 /// not non-decreasing or exceed P, and on CUDA on a cuBLAS failure (status and shapes).
 void matmul_grouped(const Tensor& a, const std::vector<Tensor>& w, const std::vector<int64_t>& offsets, Tensor& c);
+
+}  // namespace aerie
+
+namespace aerie {
+
+/// How the weights of matmul_grouped_quant are stored (the formulas: kernels/quant.h).
+enum class GroupedWeightFormat { Dense, Fp8Block, Int4Group };
+
+/// One block of rows of a group's weight W [N, K]; a group's parts, in order, cover its N rows (a
+/// packed gate/up weight has one part per projection). With R = weight.dim(0), the part's row count:
+///  - Dense: weight [R, K] in a's dtype; scale undefined;
+///  - Fp8Block: weight [R, K] F8E4M3 (or U8 with the same bytes), scale = weight_scale_inv
+///    [ceil(R/128), ceil(K/128)] F32 (its block rows start at the part's row 0);
+///  - Int4Group: weight = weight_packed [R, ceil(K/8)] I32, scale = weight_scale [R, K/32] BF16 or F32.
+struct GroupedWeightPart {
+  Tensor weight, scale;
+};
+/// A group's weight: its parts.
+using GroupedWeight = std::vector<GroupedWeightPart>;
+
+/// The grouped GEMM of the routed experts with their weights as stored (kernels/quant.h formats): for
+/// every group g with rows [offsets[g], offsets[g + 1]) of a and c,
+///   c[rows] = a[rows] @ D(W_g)^T,   a [P, K] F32|BF16, W_g [N, K] (its parts), c [P, N] in a's dtype,
+/// where D dequantizes to a's dtype (each fp32 product rounded once, as dequant_fp8_block /
+/// dequant_int4_packed; Dense parts as they are): the values of dequant_batch into a scratch buffer
+/// followed by matmul_grouped, up to the order of the fp32 sums. Offsets as matmul_grouped (G + 1
+/// non-decreasing host values, rows outside every group untouched; empty groups skipped, their weights
+/// may be empty).
+/// CPU: per non-empty group one dequantization into a temporary [N, K] and one GEMM (the reference).
+/// CUDA, when grouped_quant_fused_unsupported() is empty: one fused kernel launch (bf16 mma.sync tensor
+/// cores, fp32 accumulation; the quantized tile of W is dequantized in shared memory between its load
+/// and its use, so W stays compressed in device memory and is read once per 64 or 128 rows of a);
+/// otherwise per group a dequantization into a temporary and one cuBLASLt GEMM (slow, for any shape).
+/// Queued on the current stream. Throws aerie::Error on mismatched shapes, dtypes or devices (naming the
+/// group and part), offsets as matmul_grouped, and on CUDA on a launch failure.
+void matmul_grouped_quant(const Tensor& a, GroupedWeightFormat format, const std::vector<GroupedWeight>& w,
+                          const std::vector<int64_t>& offsets, Tensor& c);
+
+/// Why the CUDA fused kernel of matmul_grouped_quant cannot take these operands (empty if it can):
+/// it needs BF16 a and c, K % 64 == 0, N % 128 == 0, at most 4 parts per group of rows % 128 == 0,
+/// BF16 INT4 scales, and 32-bit sizes. Checks the first non-empty group's parts (the others must
+/// match them, which matmul_grouped_quant checks). No device work.
+std::string grouped_quant_fused_unsupported(const Tensor& a, GroupedWeightFormat format,
+                                            const std::vector<GroupedWeight>& w, const std::vector<int64_t>& offsets,
+                                            const Tensor& c);
 
 }  // namespace aerie

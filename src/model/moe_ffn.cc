@@ -4,11 +4,18 @@
 //   counts [E], offsets [E + 1], perm [P] (pairs sorted by expert; offsets/perm read on the host)
 //   xs [P, H] ct (h's rows in expert order)   gu [P, 2 I] ct   act [P, I] ct   ys [P, H] ct
 //   y [P, H] F32 (pair order)   routed [n, H] F32 = sum_k w y   out = all_reduce(routed + shared(h))
-// The experts' GEMMs are grouped (kernels/gemm.h matmul_grouped: one cuBLAS grouped GEMM per
-// projection on the GPU, never a launch per expert). Quantized experts (FP8 blocks, INT4 groups) are
-// dequantized, only those that got rows, in chunks of at most kMoeScratchBytes of compute-dtype weights:
-// per chunk one dequant_batch launch into the forward's scratch, then the grouped GEMM.
+// The experts' GEMMs are grouped, never a launch per expert:
+//  - on the GPU in BF16, one fused kernel per projection (kernels/gemm.h matmul_grouped_quant) that
+//    reads every expert's weight as stored (BF16, FP8 blocks, INT4 groups) and dequantizes tile by tile
+//    in shared memory: no dequantized copy of the experts at all;
+//  - otherwise (the CPU, F32, shapes the fused kernel does not take, or AERIE_MOE_GEMM=cublas)
+//    matmul_grouped (one cuBLAS grouped GEMM per projection on the GPU), quantized experts first
+//    dequantized, only those that got rows, in chunks of at most kMoeScratchBytes of compute-dtype
+//    weights: per chunk one dequant_batch launch into the forward's scratch, then the grouped GEMM.
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
@@ -45,6 +52,31 @@ class MoeFfn final : public FfnBlock {
     }
     if (s.shared_experts > 0)
       shared_ = make_dense_ffn(src, {H, s.moe_intermediate * s.shared_experts, false, false}, p + "shared_experts.");
+    // The experts as matmul_grouped_quant's operands (empty when a part cannot go there as it is: an
+    // FP8 slice that does not start on a block boundary).
+    const WeightFormat f = experts_.front().down.format;
+    format_ = f == WeightFormat::Dense      ? GroupedWeightFormat::Dense
+              : f == WeightFormat::BlockFp8 ? GroupedWeightFormat::Fp8Block
+                                            : GroupedWeightFormat::Int4Group;
+    bool ok = true;
+    auto grouped = [&](const Linear& l) {
+      GroupedWeight gw;
+      if (l.format == WeightFormat::Dense) {
+        gw.push_back({l.weight, {}});
+        return gw;
+      }
+      for (const QuantPart& q : l.parts) {
+        ok = ok && q.r_off == 0 && q.c_off == 0 && q.weight.dim(0) == q.rows &&
+             (l.format == WeightFormat::Int4Group || q.weight.dim(1) == l.in);
+        gw.push_back({q.weight, q.scale});
+      }
+      return gw;
+    };
+    for (const Expert& ex : experts_) {
+      gate_up_w_.push_back(grouped(ex.gate_up));
+      down_w_.push_back(grouped(ex.down));
+    }
+    if (!ok) gate_up_w_.clear(), down_w_.clear();
   }
 
   void forward(ForwardContext& ctx, const Tensor& h, Tensor& out) override {
@@ -82,17 +114,30 @@ class MoeFfn final : public FfnBlock {
                   [&] { embedding_forward(on_device(Tensor::from_vector(token_of, {P})), h, xs); });
     std::vector<int64_t> off(static_cast<size_t>(E + 1));
     for (int64_t e = 0; e <= E; ++e) off[e] = off_h.data<int32_t>()[e];
-    // The experts that got rows, in chunks whose dequantized weights fit the scratch budget (dense
-    // experts need none: one chunk); per chunk one grouped GEMM per projection.
     const int64_t I2 = 2 * inter_;
     Tensor gu = ctx.buffer("moe.gu", {P, I2}, ctx.dtype), act = ctx.buffer("moe.act", {P, inter_}, ctx.dtype);
+    // AERIE_MOE_GEMM (benchmarks, tests): "cublas" never takes the fused kernel, "fused" must take it.
+    const char* mode = std::getenv("AERIE_MOE_GEMM");
+    std::string why = gate_up_w_.empty() ? "an FP8 expert slice not on a block boundary"
+                                         : grouped_quant_fused_unsupported(xs, format_, gate_up_w_, off, gu);
+    if (why.empty()) why = grouped_quant_fused_unsupported(act, format_, down_w_, off, ys);
+    AERIE_CHECK(!(mode && std::strcmp(mode, "fused") == 0 && !why.empty()),
+                "MoE: AERIE_MOE_GEMM=fused, but the fused grouped GEMM cannot take these experts: " << why);
+    const bool fused = why.empty() && !(mode && std::strcmp(mode, "cublas") == 0);
+    if (fused) {  // every expert's weight as stored, one kernel per projection
+      ctx.prof.time(OpKind::Gemm, dev, [&] { matmul_grouped_quant(xs, format_, gate_up_w_, off, gu); });
+      ctx.prof.time(OpKind::Activation, dev, [&] { swiglu_packed_forward(gu, act); });
+      ctx.prof.time(OpKind::Gemm, dev, [&] { matmul_grouped_quant(act, format_, down_w_, off, ys); });
+    }
+    // Otherwise the experts that got rows, in chunks whose dequantized weights fit the scratch budget
+    // (dense experts need none: one chunk); per chunk one grouped GEMM per projection.
     const bool quant = experts_.front().down.format != WeightFormat::Dense;
     const int64_t per_expert = I2 * H;  // scratch elements of one expert's gate/up (down needs half)
     const int64_t chunk = quant ? std::max<int64_t>(1, kMoeScratchBytes / (per_expert * dtype_size(ctx.dtype))) : E;
     std::vector<int64_t> active;
     for (int64_t e = 0; e < E; ++e)
       if (off[e + 1] > off[e]) active.push_back(e);
-    for (size_t c0 = 0; c0 < active.size(); c0 += static_cast<size_t>(chunk)) {
+    for (size_t c0 = 0; !fused && c0 < active.size(); c0 += static_cast<size_t>(chunk)) {
       const size_t c1 = std::min(active.size(), c0 + static_cast<size_t>(chunk));
       const int64_t e0 = active[c0], e1 = active[c1 - 1] + 1, r0 = off[e0], r1 = off[e1];
       const std::vector<int64_t> offs(off.begin() + e0, off.begin() + e1 + 1);
@@ -144,6 +189,8 @@ class MoeFfn final : public FfnBlock {
   Tensor gate_, bias_;            // [E, H] F32, [E] F32
   std::vector<Expert> experts_;
   std::unique_ptr<FfnBlock> shared_;  // reduce = false
+  GroupedWeightFormat format_ = GroupedWeightFormat::Dense;
+  std::vector<GroupedWeight> gate_up_w_, down_w_;  // per expert, for matmul_grouped_quant (or empty)
 };
 
 }  // namespace

@@ -4,8 +4,11 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <cstdlib>
 #include <sstream>
 
+#include "cuda_test_util.h"
+#include "grouped_quant_util.h"
 #include "kernel_test_util.h"
 #include "kernels/gemm.h"
 
@@ -199,6 +202,118 @@ TEST(MatmulGroupedCuda, MatchesCpu) {
                     "group " + std::to_string(g));
     }
     for (int64_t j = 0; j < 5 * N; ++j) ASSERT_EQ(got[j], 0.0f) << "row " << j / N << " is in no group";
+  }
+}
+
+// matmul_grouped_quant's fused kernel: the GPU tile sizes (AERIE_GROUPED_GEMM_BM) it can take.
+class ScopedTileRows {
+ public:
+  explicit ScopedTileRows(const char* bm) { setenv("AERIE_GROUPED_GEMM_BM", bm, 1); }
+  ~ScopedTileRows() { unsetenv("AERIE_GROUPED_GEMM_BM"); }
+};
+
+// The fused kernel's dequantization, bit for bit: a = the K x K identity (one group, K = 192 rows: one
+// full and one partial tile of 128, three of 64) makes c = W^T exactly (each c element is one product
+// w * 1 plus zeros, rounded to bf16: w itself), so c must equal kernels/quant.h's BF16 dequantization
+// bitwise, for each format, two parts per group (gate/up of 128 rows each) and both tile heights. A -0
+// weight (FP8 code 0x80) gives +0 (+0 + -0 in the fp32 sum): zeros of either sign count as equal.
+TEST(MatmulGroupedQuantCuda, DequantizesBitwise) {
+  AERIE_REQUIRE_CUDA();
+  using F = GroupedWeightFormat;
+  const int64_t K = 192, N = 256;
+  Tensor eye = Tensor::zeros({K, K}, DType::F32);
+  for (int64_t i = 0; i < K; ++i) eye.data<float>()[i * K + i] = 1.0f;
+  const Tensor a = testing::gpu(eye.to(DType::BF16));
+  for (F f : {F::Dense, F::Fp8Block, F::Int4Group})
+    for (const char* bm : {"64", "128"}) {
+      SCOPED_TRACE(std::string(testing::format_name(f)) + " BM " + bm);
+      const ScopedTileRows tile(bm);
+      const GroupedWeight w = testing::random_grouped_weight(f, {128, 128}, K, 77);
+      const std::vector<GroupedWeight> wg = {testing::on_gpu(w)};
+      Tensor c = Tensor::zeros({K, N}, DType::BF16, Device::CUDA);
+      ASSERT_EQ(grouped_quant_fused_unsupported(a, f, wg, {0, K}, c), "");
+      matmul_grouped_quant(a, f, wg, {0, K}, c);
+      const Tensor got = c.to_device(Device::CPU), want = testing::dequantized(f, w, K, DType::BF16);
+      const auto* g = static_cast<const uint16_t*>(got.raw());
+      const auto* r = static_cast<const uint16_t*>(want.raw());
+      int64_t bad = 0;
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t n = 0; n < N; ++n)
+          if (g[k * N + n] != r[n * K + k] && !(((g[k * N + n] | r[n * K + k]) & 0x7fff) == 0) && ++bad <= 3)
+            ADD_FAILURE() << "W[" << n << ", " << k << "]: bits " << g[k * N + n] << ", want " << r[n * K + k];
+      EXPECT_EQ(bad, 0);
+    }
+}
+
+// The fused kernel against the CPU reference on random data: 9 groups of 0 to 300 rows (partial tiles,
+// empty groups, a group of one row), K 512 (8 k tiles: more than the pipeline's stages) and 128 (two:
+// fewer), N 384 as parts 256 + 128, every format, both tile heights; the tolerance of MatchesCpu
+// (fp32 summation order) plus one bf16 ulp of the result; rows outside every group untouched.
+TEST(MatmulGroupedQuantCuda, MatchesCpu) {
+  AERIE_REQUIRE_CUDA();
+  using F = GroupedWeightFormat;
+  const int64_t N = 384;
+  const std::vector<int64_t> sizes = {0, 1, 63, 64, 65, 130, 0, 300, 17};
+  std::vector<int64_t> offsets = {3};
+  for (int64_t m : sizes) offsets.push_back(offsets.back() + m);
+  const int64_t P = offsets.back() + 2, G = static_cast<int64_t>(sizes.size());
+  for (int64_t K : {512, 128})
+    for (F f : {F::Dense, F::Fp8Block, F::Int4Group}) {
+      std::vector<GroupedWeight> w, wg;
+      for (int64_t g = 0; g < G; ++g) {
+        w.push_back(testing::random_grouped_weight(f, {256, 128}, K, static_cast<uint32_t>(200 + g)));
+        wg.push_back(testing::on_gpu(w.back()));
+      }
+      const Tensor a = random_tensor({P, K}, 300).to(DType::BF16);
+      Tensor c = Tensor::zeros({P, N}, DType::BF16);
+      matmul_grouped_quant(a, f, w, offsets, c);
+      const auto ref = c.to_float_vector();
+      for (const char* bm : {"64", "128"}) {
+        SCOPED_TRACE(std::string(testing::format_name(f)) + " K " + std::to_string(K) + " BM " + bm);
+        const ScopedTileRows tile(bm);
+        const Tensor ag = testing::gpu(a);
+        Tensor cg = Tensor::zeros({P, N}, DType::BF16, Device::CUDA);
+        ASSERT_EQ(grouped_quant_fused_unsupported(ag, f, wg, offsets, cg), "");
+        matmul_grouped_quant(ag, f, wg, offsets, cg);
+        const auto got = cg.to_device(Device::CPU).to_float_vector();
+        for (int64_t g = 0; g < G; ++g) {
+          const int64_t r0 = offsets[g], r1 = offsets[g + 1];
+          if (r0 == r1) continue;
+          const Tensor wd = testing::dequantized(f, w[g], K, DType::BF16).to(DType::F32);
+          const Tensor c0 = Tensor::zeros({r1 - r0, N}, DType::F32);
+          std::vector<float> tol = tolerance(a.slice(r0, r1).to(DType::F32), wd, c0, false, true, 1.0f, 0.0f, K);
+          for (size_t i = 0; i < tol.size(); ++i) tol[i] += std::ldexp(std::fabs(ref[r0 * N + i]), -7);
+          expect_within(std::vector<float>(got.begin() + r0 * N, got.begin() + r1 * N),
+                        std::vector<float>(ref.begin() + r0 * N, ref.begin() + r1 * N), tol,
+                        "group " + std::to_string(g));
+        }
+        for (int64_t j = 0; j < 3 * N; ++j) ASSERT_EQ(got[j], 0.0f) << "row " << j / N << " is in no group";
+        for (int64_t j = (P - 2) * N; j < P * N; ++j) ASSERT_EQ(got[j], 0.0f) << "row " << j / N << " is in no group";
+      }
+    }
+}
+
+// Shapes the fused kernel does not take (K 96, parts of 40 + 24 rows, F32) go through the fallback on
+// the GPU with the same results as the CPU.
+TEST(MatmulGroupedQuantCuda, OtherShapesFallBack) {
+  AERIE_REQUIRE_CUDA();
+  using F = GroupedWeightFormat;
+  const int64_t K = 96, N = 64;
+  const std::vector<int64_t> offsets = {0, 5, 5, 37};
+  for (DType dt : {DType::BF16, DType::F32}) {
+    std::vector<GroupedWeight> w, wg;
+    for (uint32_t g = 0; g < 3; ++g) {
+      w.push_back(testing::random_grouped_weight(F::Int4Group, {40, 24}, K, 40 + g));
+      wg.push_back(testing::on_gpu(w.back()));
+    }
+    const Tensor a = random_tensor({37, K}, 9).to(dt);
+    Tensor c = Tensor::zeros({37, N}, dt), cg = Tensor::zeros({37, N}, dt, Device::CUDA);
+    const Tensor ag = testing::gpu(a);
+    EXPECT_NE(grouped_quant_fused_unsupported(ag, F::Int4Group, wg, offsets, cg), "");
+    matmul_grouped_quant(a, F::Int4Group, w, offsets, c);
+    matmul_grouped_quant(ag, F::Int4Group, wg, offsets, cg);
+    testing::expect_close(cg.to_device(Device::CPU).to_float_vector(), c.to_float_vector(), 1e-4f,
+                          dt == DType::F32 ? 1e-5f : 1e-2f, dtype_name(dt));
   }
 }
 

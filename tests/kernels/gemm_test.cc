@@ -1,8 +1,10 @@
 // matmul against a double-precision reference over every transpose combination, bf16 inputs, and errors.
 #include "kernels/gemm.h"
 
+#include <cmath>
 #include <tuple>
 
+#include "grouped_quant_util.h"
 #include "kernel_test_util.h"
 
 namespace aerie {
@@ -136,6 +138,78 @@ TEST(MatmulGrouped, ErrorsNameTheGroup) {
   fails_with({w, w}, {0, 4, 9}, "not within [0, 8)");
   fails_with({w, w}, {0, 8}, "2 offsets for 2 groups");
   fails_with({w, w.to(DType::BF16)}, {0, 4, 8}, "group 1's weight is BF16");
+}
+
+// matmul_grouped_quant on the CPU (the reference of the fused CUDA kernel): for every stored format
+// and both dtypes, each group's rows against its own weight dequantized by kernels/quant.h: F32 within
+// the fp32 bound K u sum |a w| (u = 2^-24; FP8 weights reach 44.8 here); BF16
+// bitwise the GEMM of the bf16-rounded dequantized weight. Two parts per group (gate, up) of unequal
+// rows; rows outside every group keep their values. A part in the wrong group's order, the wrong
+// expert or an off-by-one part boundary is O(1) off.
+Tensor abs_of(const Tensor& t) {
+  std::vector<float> v = t.to_float_vector();
+  for (float& x : v) x = std::fabs(x);
+  return Tensor::from_vector(v, t.shape());
+}
+
+TEST(MatmulGroupedQuant, EveryFormatAgainstItsDequantizedWeight) {
+  using F = GroupedWeightFormat;
+  const int64_t K = 96, P = 50;
+  const std::vector<int64_t> rows = {40, 24}, offsets = {2, 9, 9, 30, 47};
+  const int64_t N = 64;
+  for (F f : {F::Dense, F::Fp8Block, F::Int4Group})
+    for (DType dt : {DType::F32, DType::BF16}) {
+      SCOPED_TRACE(std::string(testing::format_name(f)) + " " + dtype_name(dt));
+      std::vector<GroupedWeight> w;
+      for (uint32_t g = 0; g < 4; ++g)
+        w.push_back(g == 1 ? GroupedWeight{} : testing::random_grouped_weight(f, rows, K, 10 + g, dt));
+      const Tensor a = random_tensor({P, K}, 5).to(dt);
+      Tensor c = Tensor::from_vector(std::vector<float>(P * N, 7.0f), {P, N}).to(dt);
+      matmul_grouped_quant(a, f, w, offsets, c);
+      const auto got = c.to_float_vector();
+      for (size_t g = 0; g + 1 < offsets.size(); ++g) {
+        if (offsets[g] == offsets[g + 1]) continue;
+        const Tensor wd = testing::dequantized(f, w[g], K, dt);
+        const Tensor ag = a.slice(offsets[g], offsets[g + 1]);
+        Tensor cg = Tensor::zeros({offsets[g + 1] - offsets[g], N}, dt);
+        if (dt == DType::BF16) {
+          matmul(ag, wd, cg, false, true);
+          const auto want = cg.to_float_vector();
+          for (size_t i = 0; i < want.size(); ++i)
+            ASSERT_EQ(got[offsets[g] * N + i], want[i]) << "group " << g << " element " << i;
+        } else {
+          const auto want = ref_gemm(ag, wd, cg, false, true, 1.0, 0.0);
+          const auto sum_abs = ref_gemm(abs_of(ag), abs_of(wd), cg, false, true, 1.0, 0.0);  // sum |a w|
+          for (size_t i = 0; i < want.size(); ++i)
+            ASSERT_NEAR(got[offsets[g] * N + i], want[i], K * 6e-8 * sum_abs[i]) << "group " << g << " element " << i;
+        }
+      }
+      for (int64_t r : {0, 1, 47, 48, 49})
+        for (int64_t j = 0; j < N; ++j) ASSERT_EQ(got[r * N + j], 7.0f) << "row " << r << " is in no group";
+    }
+}
+
+TEST(MatmulGroupedQuant, ErrorsNameTheGroupAndPart) {
+  using F = GroupedWeightFormat;
+  const int64_t K = 64;
+  const Tensor a = random_tensor({8, K}, 1).to(DType::BF16);
+  Tensor c = Tensor::zeros({8, 48}, DType::BF16);
+  const GroupedWeight ok = testing::random_grouped_weight(F::Int4Group, {32, 16}, K, 3);
+  GroupedWeight bad_scale = ok;
+  bad_scale[1].scale = Tensor::zeros({16, 3}, DType::BF16);
+  testing::expect_error([&] { matmul_grouped_quant(a, F::Int4Group, {ok, bad_scale}, {0, 4, 8}, c); },
+                        "group 1 part 1: weight_scale [16, 3]");
+  testing::expect_error([&] { matmul_grouped_quant(a, F::Int4Group, {ok, {ok[0]}}, {0, 4, 8}, c); },
+                        "group 1's parts have 32 rows, c has 48 columns");
+  testing::expect_error([&] { matmul_grouped_quant(a, F::Fp8Block, {ok, ok}, {0, 4, 8}, c); },
+                        "group 0 part 0: an FP8 weight");
+  testing::expect_error([&] { matmul_grouped_quant(a, F::Int4Group, {ok, ok}, {0, 5, 4}, c); },
+                        "group 1 has rows [5, 4)");
+  const GroupedWeight dense = testing::random_grouped_weight(F::Dense, {48}, K, 4, DType::F32);
+  testing::expect_error([&] { matmul_grouped_quant(a, F::Dense, {dense, dense}, {0, 4, 8}, c); },
+                        "group 0 part 0: a Dense weight must be [rows, 64] BF16");
+  // The CPU never takes the fused kernel, and says why.
+  EXPECT_NE(grouped_quant_fused_unsupported(a, F::Int4Group, {ok, ok}, {0, 4, 8}, c), "");
 }
 
 }  // namespace

@@ -2,6 +2,11 @@
 // and the CUDA forward of deepseek_v3_fp8 and kimi_k25_int4 matches the CPU forward (F32: atol 1e-4 /
 // rtol 1e-4, summation order only, as llama_cuda_test.cc; BF16: relative L2 2e-2, a flipped bf16
 // rounding propagated, as llama_cuda_test.cc's kBf16DeviceRelL2).
+#include <cstdlib>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
 #include "hf_reference.h"
 #include "model/target.h"
 #include "model/target_config.h"
@@ -71,6 +76,48 @@ TEST(QuantCuda, ForwardEqualsCpu) {
     TargetModel gpu(dir, *self, {Device::CUDA, DType::F32});
     testing::compare_with_reference(gpu, dir + "/reference_f32_dequant.safetensors", 5,
                                     std::string(name) == "kimi_k25_int4" ? 5e-4f : testing::kAtol, testing::kRtol);
+  }
+}
+
+// The MoE blocks' fused grouped GEMM (kernels/gemm.h matmul_grouped_quant: experts read as stored)
+// against the dequantize-then-cuBLAS path it replaces, in one model each: the fixtures' configs widened
+// to a shape the fused kernel takes (H 128, moe_intermediate 128, 16 experts, top 4), random weights in
+// bf16, block FP8 (deepseek_v3_fp8: every Linear) and INT4 experts (kimi_k25_int4), BF16 compute,
+// 300 tokens. AERIE_MOE_GEMM=fused fails unless the fused kernel runs. The two paths differ only in the
+// order of the fp32 sums of the expert GEMMs, so within kBf16DeviceRelL2 (2e-2; a wrong expert, part or
+// scale is O(1)).
+TEST(QuantCuda, FusedMoeEqualsTheDequantizedPath) {
+  AERIE_REQUIRE_CUDA();
+  auto self = self_comm();
+  for (const char* name : {"deepseek_v3", "deepseek_v3_fp8", "kimi_k25_int4"}) {
+    SCOPED_TRACE(name);
+    const std::string dir = testing::scratch_dir(std::string("fused_moe_") + name);
+    nlohmann::json j;
+    std::ifstream(fixture(name) + "/config.json") >> j;
+    nlohmann::json& t = j.contains("text_config") ? j["text_config"] : j;
+    t["hidden_size"] = 128;
+    t["moe_intermediate_size"] = 128;
+    t["intermediate_size"] = 256;
+    t["n_routed_experts"] = 16;
+    t["num_experts_per_tok"] = 4;
+    t["num_hidden_layers"] = 3;
+    if (t.contains("n_group") && t["n_group"].get<int>() > 1) t["topk_group"] = 2;
+    std::ofstream(dir + "/config.json") << j.dump();
+    const TargetConfig cfg = load_target_config(dir);
+    TargetModel m = TargetModel::random(cfg, *self, {Device::CUDA, DType::BF16}, 11);
+    std::vector<int32_t> ids(300);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 37 + 5) % cfg.vocab_size);
+    setenv("AERIE_MOE_GEMM", "fused", 1);
+    const TargetOutput fused = m.forward(ids, nullptr, {0, 2, 3}, true);
+    setenv("AERIE_MOE_GEMM", "cublas", 1);
+    const TargetOutput ref = m.forward(ids, nullptr, {0, 2, 3}, true);
+    unsetenv("AERIE_MOE_GEMM");
+    const double d = testing::rel_l2(fused.aux_hidden.to_float_vector(), ref.aux_hidden.to_float_vector());
+    EXPECT_LE(d, 2e-2);
+    double sq = 0;
+    for (float v : fused.aux_hidden.to_float_vector()) sq += static_cast<double>(v) * v;
+    EXPECT_GT(sq, 1.0);  // not all zero
+    std::printf("%s: fused vs dequantized path, aux hidden states rel L2 %.2e\n", name, d);
   }
 }
 

@@ -20,6 +20,8 @@
 #include <cuda_runtime.h>
 
 #include <chrono>
+#include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <random>
 #include <sstream>
@@ -139,12 +141,31 @@ void bench_blocks(const Args& a, const TargetConfig& cfg, Communicator& comm) {
     const std::string split = prof.summary();
     prof.enable(false);
     const double moe_tf = moe_flops(cfg) * T / moe_s / 1e12;
+    // The block's output against the dequantize-then-cuBLAS path (AERIE_MOE_GEMM=cublas), relative L2:
+    // the fused grouped GEMM checked at the real shape (0 when this run is the cuBLAS path itself).
+    const char* mode_env = std::getenv("AERIE_MOE_GEMM");
+    const std::string mode = mode_env ? mode_env : "auto";
+    double check = 0;
+    if (mode != "cublas") {
+      const std::vector<float> got = out.to_device(Device::CPU).to_float_vector();
+      setenv("AERIE_MOE_GEMM", "cublas", 1);
+      L.ffn->forward(ctx, h, out);
+      if (mode_env) setenv("AERIE_MOE_GEMM", mode.c_str(), 1); else unsetenv("AERIE_MOE_GEMM");
+      const std::vector<float> ref = out.to_device(Device::CPU).to_float_vector();
+      double num = 0, den = 0;
+      for (size_t i = 0; i < ref.size(); ++i) {
+        num += (static_cast<double>(got[i]) - ref[i]) * (static_cast<double>(got[i]) - ref[i]);
+        den += static_cast<double>(ref[i]) * ref[i];
+      }
+      check = den > 0 ? std::sqrt(num / den) : -1;
+    }
     std::printf("{\"bench\": \"deepseek_block\", \"label\": \"%s\", \"block\": \"moe\", \"experts\": \"%s\", "
-                "\"n_routed_experts\": %lld, \"tokens\": %lld, \"ms\": %.3f, \"active_tflops\": %.1f, "
-                "\"mfu\": %.3f, \"peak_gib\": %.2f, \"profiled_split\": \"%s\"}\n",
-                a.label.c_str(), quant_name(cfg).c_str(), static_cast<long long>(cfg.moe.n_routed_experts),
-                static_cast<long long>(T), moe_s * 1e3, moe_tf, moe_tf / a.peak_tflops, pool_high_gib(),
-                split.c_str());
+                "\"expert_gemm\": \"%s\", \"n_routed_experts\": %lld, \"tokens\": %lld, \"ms\": %.3f, "
+                "\"active_tflops\": %.1f, \"mfu\": %.3f, \"peak_gib\": %.2f, \"rel_l2_vs_cublas_path\": %.2e, "
+                "\"profiled_split\": \"%s\"}\n",
+                a.label.c_str(), quant_name(cfg).c_str(), mode.c_str(),
+                static_cast<long long>(cfg.moe.n_routed_experts), static_cast<long long>(T), moe_s * 1e3, moe_tf,
+                moe_tf / a.peak_tflops, pool_high_gib(), check, split.c_str());
     std::fflush(stdout);
     const double mla_s = timed(a.warmup, a.iters, [&] { L.attn->forward(ctx, layer, h, out); });
     const double mla_tf = (mla_proj_flops(cfg) * T + mla_attn_flops(cfg, T)) / mla_s / 1e12;

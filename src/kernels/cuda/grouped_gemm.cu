@@ -1,0 +1,358 @@
+// The fused grouped GEMM of kernels/gemm.h matmul_grouped_quant: the routed experts of an MoE layer,
+// rows of a sorted by expert, with each expert's weight as stored (BF16, block FP8 or INT4 groups).
+//
+// One CTA computes a tile of BM (64 or 128) rows of one group by 128 columns of c, with 8 warps of
+// mma.sync m16n8k16 (bf16 in, fp32 accumulate; warp tile BM/2 x 32) over k tiles of 64:
+//   - a's tile and W's stored tile go global -> shared with cp.async, STAGES deep;
+//   - a quantized W tile is then dequantized, shared -> shared, into a bf16 [128][64] tile (two of them,
+//     alternating), with the formulas of kernels/quant.h: INT4 q * scale as one bf16 FMA
+//     ((q + 136) - 136 is exact, then q * s rounded once: what the fp32 product rounded to bf16 gives,
+//     since that product is exact), FP8 fp8 * scale_inv in fp32 rounded once to bf16;
+//   - ldmatrix from the swizzled tiles, mma, and the fp32 accumulators rounded once to bf16 into c.
+// So the dequantized W equals dequant_batch's bit for bit and c differs from dequant_batch +
+// matmul_grouped only by the order of the fp32 sums. W stays compressed in device memory.
+// Tiles list (group, first row) per CTA row (grid y) and the n tile in grid x, so the CTAs that share a
+// tile of a (and of W across neighbouring row tiles) run together and hit L2.
+#include <cuda_fp8.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "kernels/cuda/attention_mma.cuh"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/gemm.h"
+
+namespace aerie::cuda {
+namespace {
+
+using attn::cp_async16;
+using attn::cp_async_commit;
+using attn::cp_async_wait;
+using attn::ldsm_x4;
+using attn::mma16816;
+using attn::pack_bf16;
+
+constexpr int kBN = 128, kBK = 64, kThreads = 256, kMaxParts = 4;
+constexpr int kDense = 0, kFp8 = 1, kInt4 = 2;  // GroupedWeightFormat's order
+
+/// One group: its rows of a and c, and its weight's parts (row ends cumulative within W).
+struct GroupDesc {
+  const void* w[kMaxParts];
+  const void* s[kMaxParts];
+  int32_t part_end[kMaxParts];
+  int32_t row0, rows;
+};
+/// One row tile: group index (into the GroupDesc array) and first row within the group.
+struct TileDesc {
+  int32_t group, m0;
+};
+
+/// Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled [rows][64] bf16 tile (128-byte rows).
+__device__ __forceinline__ uint32_t swz(int row, int chunk) {
+  return static_cast<uint32_t>(row * 128 + ((chunk ^ (row & 7)) << 4));
+}
+
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
+}
+
+/// d = a * b + c on two bf16 in one register, each rounded once (round to nearest even).
+__device__ __forceinline__ uint32_t fma_bf16x2(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+
+/// Eight INT4 values of one pack-quantized word (k 8c .. 8c + 7, lowest nibble first, stored as q + 8)
+/// times their bf16 scale, as 8 bf16 in k order. 0x4300 | u is bf16 128 + u; minus 136 gives q exactly;
+/// q * s + (-0) is the exact product rounded once (the fp32 product q * s is exact, so this equals
+/// dequant_int4_packed's rounding of it; -0 keeps the sign of a zero product).
+__device__ __forceinline__ uint4 int4_word_to_bf16x8(uint32_t w, uint16_t s) {
+  const uint32_t s2 = static_cast<uint32_t>(s) * 0x10001u, one = 0x3F803F80u, m136 = 0xC308C308u,
+                 negzero = 0x80008000u, magic = 0x43004300u;
+  uint32_t p[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t r = ((w >> (4 * i)) & 0x000F000Fu) | magic;  // (k i, k i+4)
+    p[i] = fma_bf16x2(fma_bf16x2(r, one, m136), s2, negzero);
+  }
+  uint4 o;
+  o.x = prmt(p[0], p[1], 0x5410);  // k0, k1
+  o.y = prmt(p[2], p[3], 0x5410);  // k2, k3
+  o.z = prmt(p[0], p[1], 0x7632);  // k4, k5
+  o.w = prmt(p[2], p[3], 0x7632);  // k6, k7
+  return o;
+}
+
+/// Eight FP8 e4m3fn bytes (k order) times their fp32 scale_inv, each fp32 product rounded once to bf16.
+__device__ __forceinline__ uint4 fp8x8_to_bf16x8(uint2 b, float sc) {
+  uint32_t out[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t word = i < 2 ? b.x : b.y;
+    const __nv_fp8x2_storage_t pair = static_cast<__nv_fp8x2_storage_t>((word >> (16 * (i & 1))) & 0xFFFFu);
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3);  // exact; x = the lower byte
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+    out[i] = pack_bf16(f.x * sc, f.y * sc);
+  }
+  return make_uint4(out[0], out[1], out[2], out[3]);
+}
+
+template <int F>
+constexpr int raw_bytes() {  // one stage's stored W tile [128 rows][64 k]
+  return F == kDense ? kBN * kBK * 2 : F == kFp8 ? kBN * kBK : kBN * kBK / 2 + kBN * (kBK / 32) * 2;
+}
+template <int F, int BM, int STAGES>
+constexpr int smem_bytes() {
+  return STAGES * (BM * kBK * 2 + raw_bytes<F>()) + (F == kDense ? 0 : 2 * kBN * kBK * 2);
+}
+
+template <int F, int BM, int STAGES>
+__global__ void __launch_bounds__(kThreads, 2)
+    grouped_gemm_kernel(const __nv_bfloat16* __restrict__ a, __nv_bfloat16* __restrict__ c,
+                        const GroupDesc* __restrict__ groups, const TileDesc* __restrict__ tiles, int K, int N) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  constexpr int A_BYTES = BM * kBK * 2, RAW = raw_bytes<F>(), STAGE = A_BYTES + RAW;
+  constexpr int MI = BM / 32;  // m16 tiles per warp (warp tile BM/2 x 32)
+  const TileDesc t = tiles[blockIdx.y];
+  const GroupDesc& g = groups[t.group];
+  const int n0 = blockIdx.x * kBN;
+  int part = 0, pstart = 0;
+#pragma unroll
+  for (int p = 0; p < kMaxParts - 1; ++p)
+    if (n0 >= g.part_end[part]) {
+      pstart = g.part_end[part];
+      ++part;
+    }
+  const int nl = n0 - pstart;  // the tile's first row within its part
+  const void* wp = g.w[part];
+  const void* sp = g.s[part];
+  const int rows = min(BM, g.rows - t.m0);
+  const __nv_bfloat16* ag = a + static_cast<int64_t>(g.row0 + t.m0) * K;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp >> 2, wn = warp & 3;
+  const uint32_t sbase = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const uint32_t sdq = sbase + STAGES * STAGE;  // the two dequantized W tiles (quantized formats)
+  const int KT = K / kBK;
+
+  auto load_stage = [&](int stage, int kt) {
+    const uint32_t sa = sbase + stage * STAGE, sb = sa + A_BYTES;
+    const int k0 = kt * kBK;
+#pragma unroll
+    for (int i = tid; i < BM * 8; i += kThreads) {
+      const int r = i >> 3, ch = i & 7;
+      const bool v = r < rows;
+      cp_async16(sa + swz(r, ch), ag + static_cast<int64_t>(v ? r : 0) * K + k0 + ch * 8, v);
+    }
+    if constexpr (F == kDense) {
+      const __nv_bfloat16* w = static_cast<const __nv_bfloat16*>(wp) + static_cast<int64_t>(nl) * K + k0;
+#pragma unroll
+      for (int i = tid; i < kBN * 8; i += kThreads) {
+        const int r = i >> 3, ch = i & 7;
+        cp_async16(sb + swz(r, ch), w + static_cast<int64_t>(r) * K + ch * 8, true);
+      }
+    } else if constexpr (F == kFp8) {
+      const uint8_t* w = static_cast<const uint8_t*>(wp) + static_cast<int64_t>(nl) * K + k0;
+#pragma unroll
+      for (int i = tid; i < kBN * 4; i += kThreads) {  // [128][64 bytes], plain
+        const int r = i >> 2, ch = i & 3;
+        cp_async16(sb + r * 64 + ch * 16, w + static_cast<int64_t>(r) * K + ch * 16, true);
+      }
+    } else {
+      const int words = K / 8, groups32 = K / 32;
+      const int32_t* w = static_cast<const int32_t*>(wp) + static_cast<int64_t>(nl) * words + k0 / 8;
+#pragma unroll
+      for (int i = tid; i < kBN * 2; i += kThreads) {  // [128][8 words], plain
+        const int r = i >> 1, ch = i & 1;
+        cp_async16(sb + r * 32 + ch * 16, w + static_cast<int64_t>(r) * words + ch * 4, true);
+      }
+      const uint16_t* s = static_cast<const uint16_t*>(sp) + static_cast<int64_t>(nl) * groups32 + k0 / 32;
+      if (tid < kBN) cp_async4(sb + kBN * 32 + tid * 4, s + static_cast<int64_t>(tid) * groups32);
+    }
+  };
+
+  // The stored W tile of `stage` into dequantized tile `buf`.
+  auto dequant = [&](int stage, int buf, int kt) {
+    const uint8_t* raw = smem + stage * STAGE + A_BYTES;
+    const uint32_t dst = sdq + buf * (kBN * kBK * 2);
+    if constexpr (F == kInt4) {
+      const uint32_t* words = reinterpret_cast<const uint32_t*>(raw);
+      const uint16_t* scales = reinterpret_cast<const uint16_t*>(raw + kBN * 32);
+#pragma unroll
+      for (int i = tid; i < kBN * 8; i += kThreads) {
+        const int r = i >> 3, ch = i & 7;  // word ch of row r: k 8 ch .. 8 ch + 7, group ch / 4
+        const uint4 v = int4_word_to_bf16x8(words[i], scales[r * 2 + (ch >> 2)]);
+        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst + swz(r, ch)), "r"(v.x), "r"(v.y),
+                     "r"(v.z), "r"(v.w));
+      }
+    } else if constexpr (F == kFp8) {
+      // One scale_inv per 128 x 128 block: the tile's rows lie in one block row (nl % 128 == 0), its 64
+      // columns in one block column.
+      const int scols = (K + 127) / 128;
+      const float sc = __ldg(static_cast<const float*>(sp) + static_cast<int64_t>(nl / 128) * scols + (kt * kBK) / 128);
+#pragma unroll
+      for (int i = tid; i < kBN * 4; i += kThreads) {
+        const int r = i >> 2, q = i & 3;  // 16 bytes: k 16 q .. 16 q + 15 = chunks 2 q, 2 q + 1
+        const uint4 b = *reinterpret_cast<const uint4*>(raw + i * 16);
+        const uint4 lo = fp8x8_to_bf16x8(make_uint2(b.x, b.y), sc), hi = fp8x8_to_bf16x8(make_uint2(b.z, b.w), sc);
+        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst + swz(r, 2 * q)), "r"(lo.x), "r"(lo.y),
+                     "r"(lo.z), "r"(lo.w));
+        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst + swz(r, 2 * q + 1)), "r"(hi.x),
+                     "r"(hi.y), "r"(hi.z), "r"(hi.w));
+      }
+    }
+  };
+
+  float acc[MI][4][4];
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
+
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < KT) load_stage(s, s);
+    cp_async_commit();
+  }
+  for (int kt = 0; kt < KT; ++kt) {
+    cp_async_wait<STAGES - 2>();
+    __syncthreads();  // stage kt landed for every thread; stage kt - 1 and dequantized tile kt - 2 are free
+    {
+      const int nk = kt + STAGES - 1;
+      if (nk < KT) load_stage(nk % STAGES, nk);
+      cp_async_commit();
+    }
+    const int st = kt % STAGES;
+    const uint32_t sa = sbase + st * STAGE;
+    uint32_t sb = sa + A_BYTES;
+    if constexpr (F != kDense) {
+      dequant(st, kt & 1, kt);
+      __syncthreads();
+      sb = sdq + (kt & 1) * (kBN * kBK * 2);
+    }
+#pragma unroll
+    for (int ks = 0; ks < kBK / 16; ++ks) {
+      uint32_t af[MI][4], bfr[4][2];
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi)
+        ldsm_x4(sa + swz(wm * (BM / 2) + mi * 16 + (lane & 15), ks * 2 + (lane >> 4)), af[mi][0], af[mi][1],
+                af[mi][2], af[mi][3]);
+#pragma unroll
+      for (int nj = 0; nj < 2; ++nj) {
+        const int m = lane >> 3;  // matrices: (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7), (n 8-15, k 8-15)
+        const int n = wn * 32 + nj * 16 + ((m >> 1) << 3) + (lane & 7);
+        ldsm_x4(sb + swz(n, ks * 2 + (m & 1)), bfr[2 * nj][0], bfr[2 * nj][1], bfr[2 * nj + 1][0],
+                bfr[2 * nj + 1][1]);
+      }
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < 4; ++ni) mma16816(acc[mi][ni], af[mi], bfr[ni][0], bfr[ni][1]);
+    }
+  }
+  cp_async_wait<0>();
+
+  // Epilogue: fp32 accumulators rounded once to bf16 (two columns per store).
+  __nv_bfloat16* cg = c + static_cast<int64_t>(g.row0 + t.m0) * N + n0;
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < 4; ++ni) {
+      const int r = wm * (BM / 2) + mi * 16 + (lane >> 2), col = wn * 32 + ni * 8 + (lane & 3) * 2;
+      if (r < rows)
+        *reinterpret_cast<uint32_t*>(cg + static_cast<int64_t>(r) * N + col) = pack_bf16(acc[mi][ni][0], acc[mi][ni][1]);
+      if (r + 8 < rows)
+        *reinterpret_cast<uint32_t*>(cg + static_cast<int64_t>(r + 8) * N + col) =
+            pack_bf16(acc[mi][ni][2], acc[mi][ni][3]);
+    }
+}
+
+template <int F, int BM>
+void launch(const __nv_bfloat16* a, __nv_bfloat16* c, const GroupDesc* groups, const TileDesc* tiles, int tiles_n,
+            int K, int N) {
+  constexpr int STAGES = BM == 64 ? 4 : 3;
+  constexpr int bytes = smem_bytes<F, BM, STAGES>();
+  static thread_local std::vector<int> configured;  // devices whose attribute is set
+  const int dev = current_device();
+  bool done = false;
+  for (int d : configured) done = done || d == dev;
+  if (!done) {
+    AERIE_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_kernel<F, BM, STAGES>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+                     "matmul_grouped_quant: cudaFuncSetAttribute (" << bytes << " bytes of shared memory)");
+    configured.push_back(dev);
+  }
+  grouped_gemm_kernel<F, BM, STAGES><<<dim3(N / kBN, tiles_n), kThreads, bytes, stream()>>>(a, c, groups, tiles, K, N);
+  AERIE_CUDA_LAUNCHED("grouped_gemm_kernel");
+}
+
+/// Rows of tile height bm over the groups (the rows the CTAs compute, padding included).
+int64_t padded_rows(const std::vector<int64_t>& offsets, const std::vector<int64_t>& groups, int64_t bm) {
+  int64_t s = 0;
+  for (int64_t g : groups) s += (offsets[g + 1] - offsets[g] + bm - 1) / bm * bm;
+  return s;
+}
+
+}  // namespace
+
+void matmul_grouped_quant(const Tensor& a, int format, const std::vector<GroupedWeight>& w,
+                          const std::vector<int64_t>& offsets, const std::vector<int64_t>& groups, Tensor& c) {
+  const int K = static_cast<int>(a.dim(1)), N = static_cast<int>(c.dim(1));
+  // Tile height: a padded row of a 64-row tile costs about 1.5 of a 128-row tile's (measured on an H200,
+  // Kimi-K2.5's INT4 experts at 2048 and 8192 tokens: tools/bench/bench_deepseek.sh), but 64 pads less
+  // when the groups are small.
+  int bm = padded_rows(offsets, groups, 128) * 2 <= padded_rows(offsets, groups, 64) * 3 ? 128 : 64;
+  if (const char* e = std::getenv("AERIE_GROUPED_GEMM_BM")) {
+    if (std::strcmp(e, "64") == 0) bm = 64;
+    if (std::strcmp(e, "128") == 0) bm = 128;
+  }
+  std::vector<GroupDesc> gd;
+  std::vector<TileDesc> td;
+  gd.reserve(groups.size());
+  for (int64_t g : groups) {
+    GroupDesc d{};
+    int32_t end = 0;
+    for (size_t p = 0; p < kMaxParts; ++p) {
+      if (p < w[g].size()) {
+        d.w[p] = w[g][p].weight.raw();
+        d.s[p] = w[g][p].scale.defined() ? w[g][p].scale.raw() : nullptr;
+        end += static_cast<int32_t>(w[g][p].weight.dim(0));
+      }
+      d.part_end[p] = p < w[g].size() ? end : INT32_MAX;
+    }
+    d.row0 = static_cast<int32_t>(offsets[g]);
+    d.rows = static_cast<int32_t>(offsets[g + 1] - offsets[g]);
+    for (int32_t m0 = 0; m0 < d.rows; m0 += bm) td.push_back({static_cast<int32_t>(gd.size()), m0});
+    gd.push_back(d);
+  }
+  AERIE_CHECK(td.size() <= 65535, "matmul_grouped_quant: " << td.size() << " row tiles exceed the grid's 65535");
+  const size_t gbytes = gd.size() * sizeof(GroupDesc), bytes = gbytes + td.size() * sizeof(TileDesc);
+  std::vector<uint8_t> host(bytes);
+  std::memcpy(host.data(), gd.data(), gbytes);
+  std::memcpy(host.data() + gbytes, td.data(), td.size() * sizeof(TileDesc));
+  const cudaStream_t s = stream();
+  void* dev = alloc(bytes, current_stream());
+  AERIE_CUDA_CHECK(cudaMemcpyAsync(dev, host.data(), bytes, cudaMemcpyHostToDevice, s),
+                   "matmul_grouped_quant: cudaMemcpyAsync of " << groups.size() << " group descriptors");
+  const auto* gdev = static_cast<const GroupDesc*>(dev);
+  const auto* tdev = reinterpret_cast<const TileDesc*>(static_cast<const uint8_t*>(dev) + gbytes);
+  const auto* ap = static_cast<const __nv_bfloat16*>(a.raw());
+  auto* cp = static_cast<__nv_bfloat16*>(c.raw());
+  const int nt = static_cast<int>(td.size());
+  if (format == kDense)
+    bm == 128 ? launch<kDense, 128>(ap, cp, gdev, tdev, nt, K, N) : launch<kDense, 64>(ap, cp, gdev, tdev, nt, K, N);
+  else if (format == kFp8)
+    bm == 128 ? launch<kFp8, 128>(ap, cp, gdev, tdev, nt, K, N) : launch<kFp8, 64>(ap, cp, gdev, tdev, nt, K, N);
+  else
+    bm == 128 ? launch<kInt4, 128>(ap, cp, gdev, tdev, nt, K, N) : launch<kInt4, 64>(ap, cp, gdev, tdev, nt, K, N);
+  free(dev, current_stream());
+}
+
+}  // namespace aerie::cuda
