@@ -6,6 +6,7 @@
 #include <limits>
 #include <cstdlib>
 #include <sstream>
+#include <utility>
 
 #include "cuda_test_util.h"
 #include "grouped_quant_util.h"
@@ -205,17 +206,25 @@ TEST(MatmulGroupedCuda, MatchesCpu) {
   }
 }
 
-// matmul_grouped_quant's fused kernel: the GPU tile sizes (AERIE_GROUPED_GEMM_BM) it can take.
-class ScopedTileRows {
+// matmul_grouped_quant's fused kernels: a variant (AERIE_GROUPED_GEMM_KERNEL: wgmma or mma.sync) and
+// a tile height (AERIE_GROUPED_GEMM_BM) for one scope.
+class ScopedKernel {
  public:
-  explicit ScopedTileRows(const char* bm) { setenv("AERIE_GROUPED_GEMM_BM", bm, 1); }
-  ~ScopedTileRows() { unsetenv("AERIE_GROUPED_GEMM_BM"); }
+  ScopedKernel(const char* kernel, const char* bm) {
+    setenv("AERIE_GROUPED_GEMM_KERNEL", kernel, 1);
+    setenv("AERIE_GROUPED_GEMM_BM", bm, 1);
+  }
+  ~ScopedKernel() {
+    unsetenv("AERIE_GROUPED_GEMM_KERNEL");
+    unsetenv("AERIE_GROUPED_GEMM_BM");
+  }
 };
+constexpr std::pair<const char*, const char*> kKernels[] = {{"wgmma", "128"}, {"wgmma", "64"}, {"mma", "128"}, {"mma", "64"}};
 
 // The fused kernel's dequantization, bit for bit: a = the K x K identity (one group, K = 192 rows: one
 // full and one partial tile of 128, three of 64) makes c = W^T exactly (each c element is one product
 // w * 1 plus zeros, rounded to bf16: w itself), so c must equal kernels/quant.h's BF16 dequantization
-// bitwise, for each format, two parts per group (gate/up of 128 rows each) and both tile heights. A -0
+// bitwise, for each format, two parts per group (gate/up of 128 rows each), both kernels and tile heights. A -0
 // weight (FP8 code 0x80) gives +0 (+0 + -0 in the fp32 sum): zeros of either sign count as equal.
 TEST(MatmulGroupedQuantCuda, DequantizesBitwise) {
   AERIE_REQUIRE_CUDA();
@@ -225,9 +234,9 @@ TEST(MatmulGroupedQuantCuda, DequantizesBitwise) {
   for (int64_t i = 0; i < K; ++i) eye.data<float>()[i * K + i] = 1.0f;
   const Tensor a = testing::gpu(eye.to(DType::BF16));
   for (F f : {F::Dense, F::Fp8Block, F::Int4Group})
-    for (const char* bm : {"64", "128"}) {
-      SCOPED_TRACE(std::string(testing::format_name(f)) + " BM " + bm);
-      const ScopedTileRows tile(bm);
+    for (const auto& [kernel, bm] : kKernels) {
+      SCOPED_TRACE(std::string(testing::format_name(f)) + " " + kernel + " BM " + bm);
+      const ScopedKernel scoped(kernel, bm);
       const GroupedWeight w = testing::random_grouped_weight(f, {128, 128}, K, 77);
       const std::vector<GroupedWeight> wg = {testing::on_gpu(w)};
       Tensor c = Tensor::zeros({K, N}, DType::BF16, Device::CUDA);
@@ -247,7 +256,7 @@ TEST(MatmulGroupedQuantCuda, DequantizesBitwise) {
 
 // The fused kernel against the CPU reference on random data: 9 groups of 0 to 300 rows (partial tiles,
 // empty groups, a group of one row), K 512 (8 k tiles: more than the pipeline's stages) and 128 (two:
-// fewer), N 384 as parts 256 + 128, every format, both tile heights; the tolerance of MatchesCpu
+// fewer), N 384 as parts 256 + 128, every format, both kernels and tile heights; the tolerance of MatchesCpu
 // (fp32 summation order) plus one bf16 ulp of the result; rows outside every group untouched.
 TEST(MatmulGroupedQuantCuda, MatchesCpu) {
   AERIE_REQUIRE_CUDA();
@@ -268,9 +277,9 @@ TEST(MatmulGroupedQuantCuda, MatchesCpu) {
       Tensor c = Tensor::zeros({P, N}, DType::BF16);
       matmul_grouped_quant(a, f, w, offsets, c);
       const auto ref = c.to_float_vector();
-      for (const char* bm : {"64", "128"}) {
-        SCOPED_TRACE(std::string(testing::format_name(f)) + " K " + std::to_string(K) + " BM " + bm);
-        const ScopedTileRows tile(bm);
+      for (const auto& [kernel, bm] : kKernels) {
+        SCOPED_TRACE(std::string(testing::format_name(f)) + " K " + std::to_string(K) + " " + kernel + " BM " + bm);
+        const ScopedKernel scoped(kernel, bm);
         const Tensor ag = testing::gpu(a);
         Tensor cg = Tensor::zeros({P, N}, DType::BF16, Device::CUDA);
         ASSERT_EQ(grouped_quant_fused_unsupported(ag, f, wg, offsets, cg), "");

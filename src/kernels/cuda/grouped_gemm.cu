@@ -1,14 +1,17 @@
 // The fused grouped GEMM of kernels/gemm.h matmul_grouped_quant: the routed experts of an MoE layer,
 // rows of a sorted by expert, with each expert's weight as stored (BF16, block FP8 or INT4 groups).
 //
-// One CTA computes a tile of BM (64 or 128) rows of one group by 128 columns of c, with 8 warps of
-// mma.sync m16n8k16 (bf16 in, fp32 accumulate; warp tile BM/2 x 32) over k tiles of 64:
+// One CTA (8 warps) computes a tile of BM (64 or 128) rows of one group by 128 columns of c over k tiles
+// of 64, bf16 operands, fp32 accumulation:
 //   - a's tile and W's stored tile go global -> shared with cp.async, STAGES deep;
 //   - a quantized W tile is then dequantized, shared -> shared, into a bf16 [128][64] tile (two of them,
 //     alternating), with the formulas of kernels/quant.h: INT4 q * scale as one bf16 FMA
 //     ((q + 136) - 136 is exact, then q * s rounded once: what the fp32 product rounded to bf16 gives,
 //     since that product is exact), FP8 fp8 * scale_inv in fp32 rounded once to bf16;
-//   - ldmatrix from the swizzled tiles, mma, and the fp32 accumulators rounded once to bf16 into c.
+//   - the tensor cores multiply: wgmma (sm_90a, the default; two warpgroups reading both operands from
+//     the swizzled shared tiles, one wgmma group in flight while the next tile is dequantized) or
+//     mma.sync m16n8k16 with ldmatrix (AERIE_GROUPED_GEMM_KERNEL=mma);
+//   - the fp32 accumulators are rounded once to bf16 into c.
 // So the dequantized W equals dequant_batch's bit for bit and c differs from dequant_batch +
 // matmul_grouped only by the order of the fp32 sums. W stays compressed in device memory.
 // Tiles list (group, first row) per CTA row (grid y) and the n tile in grid x, so the CTAs that share a
@@ -18,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 #include "kernels/cuda/attention_mma.cuh"
 #include "kernels/cuda/common.cuh"
@@ -105,108 +109,159 @@ __device__ __forceinline__ uint4 fp8x8_to_bf16x8(uint2 b, float sc) {
 }
 
 template <int F>
-constexpr int raw_bytes() {  // one stage's stored W tile [128 rows][64 k]
-  return F == kDense ? kBN * kBK * 2 : F == kFp8 ? kBN * kBK : kBN * kBK / 2 + kBN * (kBK / 32) * 2;
+constexpr int raw_bytes() {  // one stage's stored W tile [128 rows][64 k] (quantized formats)
+  return F == kFp8 ? kBN * kBK : kBN * kBK / 2 + kBN * (kBK / 32) * 2;
 }
+
+/// Shared memory, from a 1024-byte aligned base (the wgmma 128-byte swizzle repeats every 1024 bytes):
+/// STAGES tiles of a [BM][64] bf16, then STAGES bf16 W tiles [128][64] (Dense) or the two dequantized
+/// W tiles and STAGES stored W tiles (quantized). bf16 tiles are swizzled (swz).
 template <int F, int BM, int STAGES>
-constexpr int smem_bytes() {
-  return STAGES * (BM * kBK * 2 + raw_bytes<F>()) + (F == kDense ? 0 : 2 * kBN * kBK * 2);
+struct Layout {
+  static constexpr int kA = BM * kBK * 2, kB = kBN * kBK * 2;
+  static constexpr int a(int s) { return s * kA; }
+  static constexpr int b(int s) { return STAGES * kA + s * kB; }   // Dense: stage s; quantized: buffer s
+  static constexpr int raw(int s) { return STAGES * kA + 2 * kB + s * raw_bytes<F>(); }
+  static constexpr int bytes = F == kDense ? STAGES * (kA + kB) : STAGES * kA + 2 * kB + STAGES * raw_bytes<F>();
+};
+
+/// What a CTA needs of its tile: a's rows, the weight part and scale, the tile's first row in the part.
+struct Tile {
+  const __nv_bfloat16* a;
+  const void* w;
+  const void* s;
+  int nl, rows, n0, row0;
+};
+
+template <int BM>
+__device__ __forceinline__ Tile tile_of(const __nv_bfloat16* a, const GroupDesc* groups, const TileDesc* tiles, int K) {
+  const TileDesc t = tiles[blockIdx.y];
+  const GroupDesc& g = groups[t.group];
+  Tile r;
+  r.n0 = blockIdx.x * kBN;
+  int part = 0, pstart = 0;
+#pragma unroll
+  for (int p = 0; p < kMaxParts - 1; ++p)
+    if (r.n0 >= g.part_end[part]) {
+      pstart = g.part_end[part];
+      ++part;
+    }
+  r.nl = r.n0 - pstart;
+  r.w = g.w[part];
+  r.s = g.s[part];
+  r.rows = min(BM, g.rows - t.m0);
+  r.row0 = g.row0 + t.m0;
+  r.a = a + static_cast<int64_t>(r.row0) * K;
+  return r;
 }
+
+/// cp.async of k tile kt into `stage`: a's BM rows (rows past the group read as zeros) and W's stored tile.
+template <int F, int BM, int STAGES>
+__device__ __forceinline__ void load_stage(const Tile& t, uint32_t base, int stage, int kt, int K, int tid) {
+  using L = Layout<F, BM, STAGES>;
+  const uint32_t sa = base + L::a(stage);
+  const int k0 = kt * kBK;
+#pragma unroll
+  for (int i = tid; i < BM * 8; i += kThreads) {
+    const int r = i >> 3, ch = i & 7;
+    const bool v = r < t.rows;
+    cp_async16(sa + swz(r, ch), t.a + static_cast<int64_t>(v ? r : 0) * K + k0 + ch * 8, v);
+  }
+  if constexpr (F == kDense) {
+    const uint32_t sb = base + L::b(stage);
+    const __nv_bfloat16* w = static_cast<const __nv_bfloat16*>(t.w) + static_cast<int64_t>(t.nl) * K + k0;
+#pragma unroll
+    for (int i = tid; i < kBN * 8; i += kThreads) {
+      const int r = i >> 3, ch = i & 7;
+      cp_async16(sb + swz(r, ch), w + static_cast<int64_t>(r) * K + ch * 8, true);
+    }
+  } else if constexpr (F == kFp8) {
+    const uint32_t sb = base + L::raw(stage);
+    const uint8_t* w = static_cast<const uint8_t*>(t.w) + static_cast<int64_t>(t.nl) * K + k0;
+#pragma unroll
+    for (int i = tid; i < kBN * 4; i += kThreads) {  // [128][64 bytes], plain
+      const int r = i >> 2, ch = i & 3;
+      cp_async16(sb + r * 64 + ch * 16, w + static_cast<int64_t>(r) * K + ch * 16, true);
+    }
+  } else {
+    const uint32_t sb = base + L::raw(stage);
+    const int words = K / 8, groups32 = K / 32;
+    const int32_t* w = static_cast<const int32_t*>(t.w) + static_cast<int64_t>(t.nl) * words + k0 / 8;
+#pragma unroll
+    for (int i = tid; i < kBN * 2; i += kThreads) {  // [128][8 words], plain
+      const int r = i >> 1, ch = i & 1;
+      cp_async16(sb + r * 32 + ch * 16, w + static_cast<int64_t>(r) * words + ch * 4, true);
+    }
+    const uint16_t* sc = static_cast<const uint16_t*>(t.s) + static_cast<int64_t>(t.nl) * groups32 + k0 / 32;
+    if (tid < kBN) cp_async4(sb + kBN * 32 + tid * 4, sc + static_cast<int64_t>(tid) * groups32);
+  }
+}
+
+/// The stored W tile of `stage` (k tile kt) into dequantized bf16 tile `buf` (quantized formats).
+/// `mem` is the generic address of `base`.
+template <int F, int BM, int STAGES>
+__device__ __forceinline__ void dequant_stage(const Tile& t, const uint8_t* mem, uint32_t base, int stage, int buf,
+                                              int kt, int K, int tid) {
+  using L = Layout<F, BM, STAGES>;
+  const uint8_t* raw = mem + L::raw(stage);
+  const uint32_t dst = base + L::b(buf);
+  if constexpr (F == kInt4) {
+    const uint32_t* words = reinterpret_cast<const uint32_t*>(raw);
+    const uint16_t* scales = reinterpret_cast<const uint16_t*>(raw + kBN * 32);
+#pragma unroll
+    for (int i = tid; i < kBN * 8; i += kThreads) {
+      const int r = i >> 3, ch = i & 7;  // word ch of row r: k 8 ch .. 8 ch + 7, group ch / 4
+      const uint4 v = int4_word_to_bf16x8(words[i], scales[r * 2 + (ch >> 2)]);
+      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst + swz(r, ch)), "r"(v.x), "r"(v.y),
+                   "r"(v.z), "r"(v.w));
+    }
+  } else if constexpr (F == kFp8) {
+    // One scale_inv per 128 x 128 block: the tile's rows lie in one block row (nl % 128 == 0), its 64
+    // columns in one block column.
+    const int scols = (K + 127) / 128;
+    const float sc = __ldg(static_cast<const float*>(t.s) + static_cast<int64_t>(t.nl / 128) * scols + (kt * kBK) / 128);
+#pragma unroll
+    for (int i = tid; i < kBN * 4; i += kThreads) {
+      const int r = i >> 2, q = i & 3;  // 16 bytes: k 16 q .. 16 q + 15 = chunks 2 q, 2 q + 1
+      const uint4 b = *reinterpret_cast<const uint4*>(raw + i * 16);
+      const uint4 lo = fp8x8_to_bf16x8(make_uint2(b.x, b.y), sc), hi = fp8x8_to_bf16x8(make_uint2(b.z, b.w), sc);
+      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst + swz(r, 2 * q)), "r"(lo.x), "r"(lo.y),
+                   "r"(lo.z), "r"(lo.w));
+      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst + swz(r, 2 * q + 1)), "r"(hi.x),
+                   "r"(hi.y), "r"(hi.z), "r"(hi.w));
+    }
+  }
+}
+
+/// The shared memory base rounded up to 1024 bytes (the launch adds 1024 bytes for it): shared-window
+/// address and generic pointer.
+__device__ __forceinline__ uint32_t aligned_base(uint8_t* smem, uint8_t*& mem) {
+  const uint32_t raw = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  mem = smem + (base - raw);
+  return base;
+}
+
+/// The fp32 accumulator pair (row r, columns col, col + 1 of the CTA tile) rounded to bf16 into c.
+__device__ __forceinline__ void store_pair(__nv_bfloat16* c, const Tile& t, int N, int r, int col, float x, float y) {
+  if (r < t.rows)
+    *reinterpret_cast<uint32_t*>(c + static_cast<int64_t>(t.row0 + r) * N + t.n0 + col) = pack_bf16(x, y);
+}
+
+// ---- Variant 1: mma.sync m16n8k16 (8 warps as 2 x 4, warp tile BM/2 x 32), ldmatrix operands ----
 
 template <int F, int BM, int STAGES>
 __global__ void __launch_bounds__(kThreads, 2)
     grouped_gemm_kernel(const __nv_bfloat16* __restrict__ a, __nv_bfloat16* __restrict__ c,
                         const GroupDesc* __restrict__ groups, const TileDesc* __restrict__ tiles, int K, int N) {
-  extern __shared__ __align__(128) uint8_t smem[];
-  constexpr int A_BYTES = BM * kBK * 2, RAW = raw_bytes<F>(), STAGE = A_BYTES + RAW;
-  constexpr int MI = BM / 32;  // m16 tiles per warp (warp tile BM/2 x 32)
-  const TileDesc t = tiles[blockIdx.y];
-  const GroupDesc& g = groups[t.group];
-  const int n0 = blockIdx.x * kBN;
-  int part = 0, pstart = 0;
-#pragma unroll
-  for (int p = 0; p < kMaxParts - 1; ++p)
-    if (n0 >= g.part_end[part]) {
-      pstart = g.part_end[part];
-      ++part;
-    }
-  const int nl = n0 - pstart;  // the tile's first row within its part
-  const void* wp = g.w[part];
-  const void* sp = g.s[part];
-  const int rows = min(BM, g.rows - t.m0);
-  const __nv_bfloat16* ag = a + static_cast<int64_t>(g.row0 + t.m0) * K;
+  extern __shared__ __align__(1024) uint8_t smem[];
+  using L = Layout<F, BM, STAGES>;
+  constexpr int MI = BM / 32;  // m16 tiles per warp
+  const Tile t = tile_of<BM>(a, groups, tiles, K);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp >> 2, wn = warp & 3;
-  const uint32_t sbase = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  const uint32_t sdq = sbase + STAGES * STAGE;  // the two dequantized W tiles (quantized formats)
+  uint8_t* mem = nullptr;
+  const uint32_t base = aligned_base(smem, mem);
   const int KT = K / kBK;
-
-  auto load_stage = [&](int stage, int kt) {
-    const uint32_t sa = sbase + stage * STAGE, sb = sa + A_BYTES;
-    const int k0 = kt * kBK;
-#pragma unroll
-    for (int i = tid; i < BM * 8; i += kThreads) {
-      const int r = i >> 3, ch = i & 7;
-      const bool v = r < rows;
-      cp_async16(sa + swz(r, ch), ag + static_cast<int64_t>(v ? r : 0) * K + k0 + ch * 8, v);
-    }
-    if constexpr (F == kDense) {
-      const __nv_bfloat16* w = static_cast<const __nv_bfloat16*>(wp) + static_cast<int64_t>(nl) * K + k0;
-#pragma unroll
-      for (int i = tid; i < kBN * 8; i += kThreads) {
-        const int r = i >> 3, ch = i & 7;
-        cp_async16(sb + swz(r, ch), w + static_cast<int64_t>(r) * K + ch * 8, true);
-      }
-    } else if constexpr (F == kFp8) {
-      const uint8_t* w = static_cast<const uint8_t*>(wp) + static_cast<int64_t>(nl) * K + k0;
-#pragma unroll
-      for (int i = tid; i < kBN * 4; i += kThreads) {  // [128][64 bytes], plain
-        const int r = i >> 2, ch = i & 3;
-        cp_async16(sb + r * 64 + ch * 16, w + static_cast<int64_t>(r) * K + ch * 16, true);
-      }
-    } else {
-      const int words = K / 8, groups32 = K / 32;
-      const int32_t* w = static_cast<const int32_t*>(wp) + static_cast<int64_t>(nl) * words + k0 / 8;
-#pragma unroll
-      for (int i = tid; i < kBN * 2; i += kThreads) {  // [128][8 words], plain
-        const int r = i >> 1, ch = i & 1;
-        cp_async16(sb + r * 32 + ch * 16, w + static_cast<int64_t>(r) * words + ch * 4, true);
-      }
-      const uint16_t* s = static_cast<const uint16_t*>(sp) + static_cast<int64_t>(nl) * groups32 + k0 / 32;
-      if (tid < kBN) cp_async4(sb + kBN * 32 + tid * 4, s + static_cast<int64_t>(tid) * groups32);
-    }
-  };
-
-  // The stored W tile of `stage` into dequantized tile `buf`.
-  auto dequant = [&](int stage, int buf, int kt) {
-    const uint8_t* raw = smem + stage * STAGE + A_BYTES;
-    const uint32_t dst = sdq + buf * (kBN * kBK * 2);
-    if constexpr (F == kInt4) {
-      const uint32_t* words = reinterpret_cast<const uint32_t*>(raw);
-      const uint16_t* scales = reinterpret_cast<const uint16_t*>(raw + kBN * 32);
-#pragma unroll
-      for (int i = tid; i < kBN * 8; i += kThreads) {
-        const int r = i >> 3, ch = i & 7;  // word ch of row r: k 8 ch .. 8 ch + 7, group ch / 4
-        const uint4 v = int4_word_to_bf16x8(words[i], scales[r * 2 + (ch >> 2)]);
-        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst + swz(r, ch)), "r"(v.x), "r"(v.y),
-                     "r"(v.z), "r"(v.w));
-      }
-    } else if constexpr (F == kFp8) {
-      // One scale_inv per 128 x 128 block: the tile's rows lie in one block row (nl % 128 == 0), its 64
-      // columns in one block column.
-      const int scols = (K + 127) / 128;
-      const float sc = __ldg(static_cast<const float*>(sp) + static_cast<int64_t>(nl / 128) * scols + (kt * kBK) / 128);
-#pragma unroll
-      for (int i = tid; i < kBN * 4; i += kThreads) {
-        const int r = i >> 2, q = i & 3;  // 16 bytes: k 16 q .. 16 q + 15 = chunks 2 q, 2 q + 1
-        const uint4 b = *reinterpret_cast<const uint4*>(raw + i * 16);
-        const uint4 lo = fp8x8_to_bf16x8(make_uint2(b.x, b.y), sc), hi = fp8x8_to_bf16x8(make_uint2(b.z, b.w), sc);
-        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst + swz(r, 2 * q)), "r"(lo.x), "r"(lo.y),
-                     "r"(lo.z), "r"(lo.w));
-        asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst + swz(r, 2 * q + 1)), "r"(hi.x),
-                     "r"(hi.y), "r"(hi.z), "r"(hi.w));
-      }
-    }
-  };
 
   float acc[MI][4][4];
 #pragma unroll
@@ -218,7 +273,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < KT) load_stage(s, s);
+    if (s < KT) load_stage<F, BM, STAGES>(t, base, s, s, K, tid);
     cp_async_commit();
   }
   for (int kt = 0; kt < KT; ++kt) {
@@ -226,16 +281,16 @@ __global__ void __launch_bounds__(kThreads, 2)
     __syncthreads();  // stage kt landed for every thread; stage kt - 1 and dequantized tile kt - 2 are free
     {
       const int nk = kt + STAGES - 1;
-      if (nk < KT) load_stage(nk % STAGES, nk);
+      if (nk < KT) load_stage<F, BM, STAGES>(t, base, nk % STAGES, nk, K, tid);
       cp_async_commit();
     }
     const int st = kt % STAGES;
-    const uint32_t sa = sbase + st * STAGE;
-    uint32_t sb = sa + A_BYTES;
+    const uint32_t sa = base + L::a(st);
+    uint32_t sb = base + L::b(st);
     if constexpr (F != kDense) {
-      dequant(st, kt & 1, kt);
+      dequant_stage<F, BM, STAGES>(t, mem, base, st, kt & 1, kt, K, tid);
       __syncthreads();
-      sb = sdq + (kt & 1) * (kBN * kBK * 2);
+      sb = base + L::b(kt & 1);
     }
 #pragma unroll
     for (int ks = 0; ks < kBK / 16; ++ks) {
@@ -258,38 +313,159 @@ __global__ void __launch_bounds__(kThreads, 2)
     }
   }
   cp_async_wait<0>();
-
-  // Epilogue: fp32 accumulators rounded once to bf16 (two columns per store).
-  __nv_bfloat16* cg = c + static_cast<int64_t>(g.row0 + t.m0) * N + n0;
 #pragma unroll
   for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
     for (int ni = 0; ni < 4; ++ni) {
       const int r = wm * (BM / 2) + mi * 16 + (lane >> 2), col = wn * 32 + ni * 8 + (lane & 3) * 2;
-      if (r < rows)
-        *reinterpret_cast<uint32_t*>(cg + static_cast<int64_t>(r) * N + col) = pack_bf16(acc[mi][ni][0], acc[mi][ni][1]);
-      if (r + 8 < rows)
-        *reinterpret_cast<uint32_t*>(cg + static_cast<int64_t>(r + 8) * N + col) =
-            pack_bf16(acc[mi][ni][2], acc[mi][ni][3]);
+      store_pair(c, t, N, r, col, acc[mi][ni][0], acc[mi][ni][1]);
+      store_pair(c, t, N, r + 8, col, acc[mi][ni][2], acc[mi][ni][3]);
     }
 }
 
-template <int F, int BM>
+// ---- Variant 2: wgmma (sm_90a), 2 warpgroups, operands read by the tensor cores from shared memory ----
+// BM 128: warpgroup g computes rows 64 g .. + 63 by all 128 columns (m64n128k16); BM 64: all 64 rows by
+// columns 64 g .. + 63 (m64n64k16). Both operands K-major with the 128-byte swizzle, which is swz's
+// layout on 1024-byte aligned tiles; one k16 step advances the descriptors' start address by 32 bytes.
+
+/// wgmma shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row groups 1024 bytes apart
+/// (PTX ISA, "Matrix Descriptor Format" of wgmma).
+__device__ __forceinline__ uint64_t wgmma_desc(uint32_t saddr) {
+  return static_cast<uint64_t>((saddr & 0x3FFFFu) >> 4) | (uint64_t{1} << 16) | (uint64_t{1024 >> 4} << 32) |
+         (uint64_t{1} << 62);
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+/// Makes this thread's generic-proxy shared-memory writes (cp.async, st.shared) visible to wgmma.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+template <int R>
+__device__ __forceinline__ void fence_regs(float (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+__device__ __forceinline__ void wgmma_n128(float (&d)[64], uint64_t da, uint64_t db) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, 1, 1, 1, 0, 0;\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(da), "l"(db));
+}
+__device__ __forceinline__ void wgmma_n64(float (&d)[32], uint64_t da, uint64_t db) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, 1, 1, 1, 0, 0;\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(da), "l"(db));
+}
+
+template <int F, int BM, int STAGES>
+__global__ void __launch_bounds__(kThreads, BM == 64 ? 2 : 1)
+    grouped_gemm_wgmma_kernel(const __nv_bfloat16* __restrict__ a, __nv_bfloat16* __restrict__ c,
+                              const GroupDesc* __restrict__ groups, const TileDesc* __restrict__ tiles, int K, int N) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  using L = Layout<F, BM, STAGES>;
+  constexpr int WN = BM == 128 ? 128 : 64;  // a warpgroup's columns
+  constexpr int R = WN / 2;                 // accumulators per thread
+  const Tile t = tile_of<BM>(a, groups, tiles, K);
+  const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7, w4 = (tid >> 5) & 3;
+  const int row_off = BM == 128 ? wg * 64 : 0, col_off = BM == 128 ? 0 : wg * 64;
+  uint8_t* mem = nullptr;
+  const uint32_t base = aligned_base(smem, mem);
+  const int KT = K / kBK;
+
+  float acc[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) acc[i] = 0.0f;
+
+  // Pipeline: the wgmma of k tile kt runs while the threads wait for tile kt + 1's copies, refill the
+  // stage tile kt - 1 used (STAGES - 1 tiles ahead) and dequantize tile kt + 1 into the other bf16 W
+  // tile; one wgmma group stays in flight across the barrier.
+  static_assert(STAGES >= 3, "the wgmma pipeline keeps two stages busy");
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) {
+    if (s < KT) load_stage<F, BM, STAGES>(t, base, s, s, K, tid);
+    cp_async_commit();
+  }
+  cp_async_wait<STAGES - 2>();  // tile 0
+  fence_proxy_async();
+  __syncthreads();
+  if constexpr (F != kDense) {
+    dequant_stage<F, BM, STAGES>(t, mem, base, 0, 0, 0, K, tid);
+    fence_proxy_async();
+    __syncthreads();
+  }
+  for (int kt = 0; kt < KT; ++kt) {
+    const int st = kt % STAGES;
+    const uint32_t sb = base + (F == kDense ? L::b(st) : L::b(kt & 1));
+    const uint64_t da = wgmma_desc(base + L::a(st) + row_off * 128), db = wgmma_desc(sb + col_off * 128);
+    wgmma_fence();
+    fence_regs(acc);
+#pragma unroll
+    for (int ks = 0; ks < kBK / 16; ++ks) {
+      if constexpr (BM == 128)
+        wgmma_n128(acc, da + 2 * ks, db + 2 * ks);
+      else
+        wgmma_n64(acc, da + 2 * ks, db + 2 * ks);
+    }
+    wgmma_commit();
+    wgmma_wait<1>();              // tile kt - 1's wgmma (this warpgroup) is done
+    fence_regs(acc);
+    cp_async_wait<STAGES - 3>();  // tile kt + 1 landed (this thread's copies)
+    fence_proxy_async();
+    __syncthreads();  // every warpgroup is past tile kt - 1; tile kt + 1 is visible to all
+    {
+      const int nk = kt + STAGES - 1;  // into tile kt - 1's stage
+      if (nk < KT) load_stage<F, BM, STAGES>(t, base, nk % STAGES, nk, K, tid);
+      cp_async_commit();
+    }
+    if constexpr (F != kDense) {
+      if (kt + 1 < KT) {  // into the bf16 W tile that tile kt - 1 used
+        dequant_stage<F, BM, STAGES>(t, mem, base, (kt + 1) % STAGES, (kt + 1) & 1, kt + 1, K, tid);
+        fence_proxy_async();
+      }
+      __syncthreads();
+    }
+  }
+  wgmma_wait<0>();
+  fence_regs(acc);
+  cp_async_wait<0>();
+  // Accumulator layout of m64nNk16 (f32): warp w4 of the warpgroup holds rows 16 w4 + lane / 4 (+ 8);
+  // per n8 block i: acc[4 i], acc[4 i + 1] at columns 8 i + 2 (lane % 4) (+ 1), acc[4 i + 2, 3] 8 rows down.
+  const int r = row_off + w4 * 16 + (lane >> 2);
+#pragma unroll
+  for (int i = 0; i < WN / 8; ++i) {
+    const int col = col_off + i * 8 + (lane & 3) * 2;
+    store_pair(c, t, N, r, col, acc[4 * i], acc[4 * i + 1]);
+    store_pair(c, t, N, r + 8, col, acc[4 * i + 2], acc[4 * i + 3]);
+  }
+}
+
+template <int F, int BM, bool WG>
 void launch(const __nv_bfloat16* a, __nv_bfloat16* c, const GroupDesc* groups, const TileDesc* tiles, int tiles_n,
             int K, int N) {
-  constexpr int STAGES = BM == 64 ? 4 : 3;
-  constexpr int bytes = smem_bytes<F, BM, STAGES>();
+  constexpr int STAGES = WG ? 4 : (BM == 64 ? 4 : 3);
+  constexpr int bytes = Layout<F, BM, STAGES>::bytes + 1024;  // + the alignment to 1024 bytes
+  auto* kernel = [] {
+    if constexpr (WG)
+      return grouped_gemm_wgmma_kernel<F, BM, STAGES>;
+    else
+      return grouped_gemm_kernel<F, BM, STAGES>;
+  }();
   static thread_local std::vector<int> configured;  // devices whose attribute is set
   const int dev = current_device();
   bool done = false;
   for (int d : configured) done = done || d == dev;
   if (!done) {
-    AERIE_CUDA_CHECK(cudaFuncSetAttribute(grouped_gemm_kernel<F, BM, STAGES>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+    AERIE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
                      "matmul_grouped_quant: cudaFuncSetAttribute (" << bytes << " bytes of shared memory)");
     configured.push_back(dev);
   }
-  grouped_gemm_kernel<F, BM, STAGES><<<dim3(N / kBN, tiles_n), kThreads, bytes, stream()>>>(a, c, groups, tiles, K, N);
+  kernel<<<dim3(N / kBN, tiles_n), kThreads, bytes, stream()>>>(a, c, groups, tiles, K, N);
   AERIE_CUDA_LAUNCHED("grouped_gemm_kernel");
 }
 
@@ -346,12 +522,22 @@ void matmul_grouped_quant(const Tensor& a, int format, const std::vector<Grouped
   const auto* ap = static_cast<const __nv_bfloat16*>(a.raw());
   auto* cp = static_cast<__nv_bfloat16*>(c.raw());
   const int nt = static_cast<int>(td.size());
+  // The kernel: wgmma (default) or mma.sync (AERIE_GROUPED_GEMM_KERNEL=mma, for benchmarks).
+  const char* kern = std::getenv("AERIE_GROUPED_GEMM_KERNEL");
+  const bool wg = !(kern && std::strcmp(kern, "mma") == 0);
+  auto run = [&](auto fmt) {
+    constexpr int F = decltype(fmt)::value;
+    if (wg)
+      bm == 128 ? launch<F, 128, true>(ap, cp, gdev, tdev, nt, K, N) : launch<F, 64, true>(ap, cp, gdev, tdev, nt, K, N);
+    else
+      bm == 128 ? launch<F, 128, false>(ap, cp, gdev, tdev, nt, K, N) : launch<F, 64, false>(ap, cp, gdev, tdev, nt, K, N);
+  };
   if (format == kDense)
-    bm == 128 ? launch<kDense, 128>(ap, cp, gdev, tdev, nt, K, N) : launch<kDense, 64>(ap, cp, gdev, tdev, nt, K, N);
+    run(std::integral_constant<int, kDense>{});
   else if (format == kFp8)
-    bm == 128 ? launch<kFp8, 128>(ap, cp, gdev, tdev, nt, K, N) : launch<kFp8, 64>(ap, cp, gdev, tdev, nt, K, N);
+    run(std::integral_constant<int, kFp8>{});
   else
-    bm == 128 ? launch<kInt4, 128>(ap, cp, gdev, tdev, nt, K, N) : launch<kInt4, 64>(ap, cp, gdev, tdev, nt, K, N);
+    run(std::integral_constant<int, kInt4>{});
   free(dev, current_stream());
 }
 
