@@ -10,6 +10,8 @@
 // template's generation prompt, e.g. for SmolLM2 (tools/smollm2_pipeline):
 //   mpirun -np 1 aerie eval --model MODEL --draft RUN/export --prompts ../shared/data/mt-bench/question.jsonl ...
 //       --chat-template smollm2 --num-prompts 80 --max-new-tokens 256 --device cuda --output RUN/eval.json
+// --prompts: the prompt sets `aerie generate --input` takes (src/data/prompt_input.h; the first user turn of
+// each record is the prompt).
 // --device auto|cpu|cuda: on CUDA each rank uses GPU local_rank() (tp groups over NCCL), the target in
 // --dtype f32|bf16|auto (default f32), the draft in f32.
 // --draft: an export directory (config.json + model.safetensors) or a training checkpoint / run directory.
@@ -112,7 +114,9 @@ int eval(const std::vector<std::string>& args) {
       "draft", po::value<std::string>(&o.draft_path)->required(),
       "draft export directory, or a training checkpoint / run directory")(
       "prompts", po::value<std::string>(&o.prompts_path)->required(),
-      "prompts: .txt stories (first sentence) or JSONL (turns[0], prompt, text, ShareGPT/OpenAI first user turn)")(
+      "prompts, the files generate --input takes: a .txt file of blank-line separated stories (the first "
+      "sentence of each), or JSONL / a JSON array of plain prompts (MT-Bench \"turns\"[0], \"prompt\", \"text\", "
+      "\"question\", \"instruction\") or ShareGPT / OpenAI conversations (the first user turn)")(
       "num-prompts", po::value<int64_t>(&o.num_prompts)->default_value(16), "number of prompts (0: all)")(
       "max-new-tokens", po::value<int64_t>(&o.max_new_tokens)->default_value(64), "new tokens per prompt")(
       "max-prompt-tokens", po::value<int64_t>(&o.max_prompt_tokens)->default_value(0),

@@ -1,12 +1,14 @@
 // aerie extract: the target's hidden states of every prepared sample, to HDF5 shards.
 //   mpirun -np R aerie extract --model DIR --prepared prepared.h5 --output SHARD_DIR [--tp 1]
 //          [--samples-per-shard 64] [--aux-layers 2,5,8] [--device auto|cpu|cuda] [--dtype auto|f32|bf16]
-//          [--random-weights SEED]
+//          [--random-weights SEED] [--skip-nonfinite]
 // R/tp groups of tp consecutive ranks each run the target (tensor parallel) over chunks handed out by
 // rank 0; each group's leader writes its shards. On CUDA each rank uses GPU local_rank() and the tp
 // group reduces over NCCL (the MPI communicators still hand out the chunks). Rerunning after a kill redoes only missing shards.
 // SIGTERM/SIGINT/SIGUSR1 (Slurm preemption) stop the run after the shards in hand are closed; the exit
 // status is then 3 (as for train), and a rerun does the rest. A second signal kills as usual.
+// A sample whose hidden states hold a NaN or an infinity stops the job with an error naming it; with
+// --skip-nonfinite it is left out of its shard, named in a warning and counted (issue 17, case 5).
 // The work and the dispatch protocol: src/data/extract.h. The shard format: src/data/shard.h,
 // docs/formats.md.
 #include <signal.h>
@@ -69,6 +71,9 @@ int extract(const std::vector<std::string>& args) {
       "one sample per forward")(
       "aux-layers", po::value<std::string>()->default_value(""),
       "3 ascending layer ids k, 'input of decoder layer k' (vLLM's convention); default 2,N/2,N-3")(
+      "skip-nonfinite", po::bool_switch(),
+      "leave out a sample whose hidden states hold a NaN or an infinity (each named in a warning, the total in "
+      "the summary and in each shard's skipped_nonfinite attribute) instead of stopping with an error naming it")(
       "no-space-check", po::bool_switch(),
       "start even when the shards' estimated size (tokens x (8 H + 5) bytes) exceeds the output's free space")(
       "random-weights", po::value<int64_t>()->default_value(-1),
@@ -86,6 +91,7 @@ int extract(const std::vector<std::string>& args) {
   opt.output = vm["output"].as<std::string>();
   opt.samples_per_shard = vm["samples-per-shard"].as<int64_t>();
   opt.batch_tokens = batch_tokens;
+  opt.skip_nonfinite = vm["skip-nonfinite"].as<bool>();
   check_extract_inputs(opt);
   // Before the target loads: a second extract into this folder is refused at once (rank 0 holds the lock
   // until the job ends; run_extract removes stale .tmp files only under it).

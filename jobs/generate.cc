@@ -6,7 +6,10 @@
 // replica (world size / tp of them) computes the same thing; only rank 0 prints. Greedy unless --temperature.
 //
 // Regeneration (--input): the assistant turns of a conversation set (ShareGPT / OpenAI messages, JSONL or a
-// JSON array) replaced by the target's own responses, written as JSONL in the input's format:
+// JSON array) replaced by the target's own responses, written as JSONL in the input's format. --input takes
+// what `aerie eval --prompts` takes (data/prompt_input.h): plain prompts are read as conversations (MT-Bench
+// "turns": user turns, each answered in turn; "prompt" / "text" / "question" / "instruction": one user turn;
+// a .txt file: the first sentence of each story) and written in OpenAI "messages" form:
 //   mpirun -np R aerie generate --model DIR --input convs.jsonl --output regen.jsonl --template chatml
 //          [--temperature 0.7 --top-p 0.9 --max-new-tokens 512 --seed 0 --tp 1]
 // R/tp groups take chunks of conversations from rank 0 (data parallel, like extract); a rerun after a kill
@@ -179,8 +182,8 @@ void check_regenerate_inputs(const po::variables_map& vm) {
   const int64_t max_conv = vm["max-conversations"].as<int64_t>();
   GENERATE_REQUIRE(max_conv >= -1, "--max-conversations " << max_conv << " is negative (-1: all)");
   const std::string format = vm["format"].as<std::string>();
-  GENERATE_REQUIRE(format == "auto" || format == "sharegpt" || format == "openai",
-                   "--format '" << format << "' is not auto, sharegpt or openai");
+  GENERATE_REQUIRE(format == "auto" || format == "sharegpt" || format == "openai" || format == "text",
+                   "--format '" << format << "' is not auto, sharegpt, openai or text");
   const std::string input = vm["input"].as<std::string>(), output = vm["output"].as<std::string>();
   AERIE_CHECK(fs::is_regular_file(input),
               "aerie generate: --input " << input << (fs::exists(input) ? " is not a file" : ": no such file"));
@@ -200,7 +203,7 @@ void check_regenerate_inputs(const po::variables_map& vm) {
 
 int generate(const std::vector<std::string>& args) {
   po::options_description desc("aerie generate: generation with the target (one prompt, or regeneration of a "
-                               "conversation set with --input)");
+                               "conversation set / answers to a prompt set with --input)");
   desc.add_options()("model", po::value<std::string>()->required(),
                      "Hugging Face model directory (config.json, model.safetensors, tokenizer.json)")(
       "prompt", po::value<std::string>()->default_value(""), "one-prompt mode: prompt text (BOS is prepended)")(
@@ -216,9 +219,16 @@ int generate(const std::vector<std::string>& args) {
       "stop-token", po::value<std::vector<std::string>>()->multitoken(),
       "token strings that also end it (e.g. \"<|eot_id|>\")")(
       "input", po::value<std::string>(),
-      "regeneration mode: conversations (ShareGPT / OpenAI messages; JSONL or a JSON array)")(
+      "regeneration mode: conversations or prompts, the files eval --prompts takes: JSONL or a JSON array of "
+      "ShareGPT / OpenAI conversations (the assistant turns are regenerated; one ending with a user turn gets "
+      "an answer appended) or plain prompts, each read as a conversation: MT-Bench \"turns\" (user turns, each "
+      "answered), \"prompt\", \"text\", \"question\" or \"instruction\" (+ Alpaca's \"input\"), optional \"system\"; "
+      "or a .txt file of blank-line separated stories (the first sentence of each). Plain prompts are written "
+      "as their other keys + OpenAI \"messages\"")(
       "output", po::value<std::string>(), "regeneration mode: output JSONL (chunks in OUTPUT.parts/)")(
-      "format", po::value<std::string>()->default_value("auto"), "input format: auto, sharegpt, openai")(
+      "format", po::value<std::string>()->default_value("auto"),
+      "input format: auto (conversations and plain prompts by key; .txt: stories), sharegpt, openai (only "
+      "conversations of that form), text (stories, whatever the name)")(
       "template", po::value<std::string>()->default_value("plain"), "chat template that renders the prompts")(
       "max-length", po::value<int64_t>()->default_value(0),
       "prompt + response tokens of one turn (0: the model's max_position_embeddings); a turn whose prompt "

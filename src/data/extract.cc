@@ -124,12 +124,28 @@ bool check_existing_shard(const std::string& path, int64_t c, int64_t b, int64_t
   ShardReader r(path);
   const ShardInfo& i = r.info();
   const auto& off = prepared.sample_offsets();
-  const int64_t ns = e - b, nt = off[e] - off[b];
+  int64_t ns = e - b, nt = off[e] - off[b];
   auto fail = [&](const std::string& why) {
     AERIE_THROW("extract: " << path << " exists but is not chunk " << c << " of this run: " << why
                             << ". Remove the other run's shards or choose another --output.");
   };
   if (i.chunk != c) fail("it holds chunk " + std::to_string(i.chunk));
+  // A shard of extract --skip-nonfinite holds the chunk's samples less those it records as skipped.
+  std::vector<int64_t> kept;  // the prepared samples it holds, if it skipped some
+  if (!i.skipped_nonfinite.empty()) {
+    std::vector<int64_t> all = r.sample_indices();
+    all.insert(all.end(), i.skipped_nonfinite.begin(), i.skipped_nonfinite.end());
+    std::sort(all.begin(), all.end());
+    std::vector<int64_t> want(static_cast<size_t>(ns));
+    for (int64_t k = 0; k < ns; ++k) want[static_cast<size_t>(k)] = b + k;
+    if (all != want || !std::is_sorted(r.sample_indices().begin(), r.sample_indices().end()))
+      fail("its " + std::to_string(i.num_samples) + " samples and " + std::to_string(i.skipped_nonfinite.size()) +
+           " skipped ones are not the chunk's samples " + std::to_string(b) + ".." + std::to_string(e - 1));
+    kept = r.sample_indices();
+    nt = 0;
+    for (int64_t k : kept) nt += off[k + 1] - off[k];
+    ns = static_cast<int64_t>(kept.size());
+  }
   if (i.num_samples != ns || i.num_tokens != nt)
     fail("it holds " + std::to_string(i.num_samples) + " samples and " + std::to_string(i.num_tokens) +
          " tokens, this run's chunk " + std::to_string(ns) + " and " + std::to_string(nt) +
@@ -150,6 +166,18 @@ bool check_existing_shard(const std::string& path, int64_t c, int64_t b, int64_t
   std::vector<int32_t> ids;
   std::vector<uint8_t> mask;
   prepared.read_tokens(b, e, ids, mask);
+  if (!i.skipped_nonfinite.empty()) {  // the kept samples' tokens only
+    std::vector<int32_t> kids;
+    std::vector<uint8_t> kmask;
+    for (int64_t k : kept) {
+      const size_t x = static_cast<size_t>(off[k] - off[b]), y = static_cast<size_t>(off[k + 1] - off[b]);
+      kids.insert(kids.end(), ids.begin() + x, ids.begin() + y);
+      kmask.insert(kmask.end(), mask.begin() + x, mask.begin() + y);
+    }
+    if (kids != r.input_ids() || kmask != r.loss_mask())
+      fail("its tokens differ from those of --prepared " + prepared.path() + ": another prepared file");
+    return i.has_provenance();
+  }
   if (ids != r.input_ids() || mask != r.loss_mask()) {
     int64_t k = b;
     for (; k < e; ++k) {
@@ -176,8 +204,10 @@ ShardMeta run_meta(const ExtractOptions& opt, const PreparedFile& prepared) {
 }
 
 // Checks every existing shard of opt.output (check_existing_shard) and returns which chunks exist; warns
-// once about shards without provenance.
-std::vector<bool> existing_chunks(const ExtractOptions& opt, const PreparedFile& prepared, const ShardMeta& meta) {
+// once about shards without provenance. *skipped (if given): the samples the existing shards left out
+// (extract --skip-nonfinite).
+std::vector<bool> existing_chunks(const ExtractOptions& opt, const PreparedFile& prepared, const ShardMeta& meta,
+                                  int64_t* skipped = nullptr) {
   const int64_t N = prepared.num_samples(), S = opt.samples_per_shard;
   std::vector<bool> done(static_cast<size_t>(meta.num_chunks), false);
   int64_t unrecorded = 0;  // existing shards of an older aerie (no provenance: tokens checked only)
@@ -186,6 +216,7 @@ std::vector<bool> existing_chunks(const ExtractOptions& opt, const PreparedFile&
     if (!fs::exists(p)) continue;
     if (!check_existing_shard(p, c, c * S, std::min(N, (c + 1) * S), prepared, meta)) ++unrecorded;
     done[static_cast<size_t>(c)] = true;
+    if (skipped) *skipped += static_cast<int64_t>(ShardReader(p).info().skipped_nonfinite.size());
   }
   if (unrecorded > 0 && !meta.target.config_sha256.empty())
     AERIE_LOG(warning) << "extract: " << unrecorded << " existing shard(s) in " << opt.output
@@ -288,7 +319,7 @@ ExtractStats run_extract(const ExtractOptions& opt, ParallelGroups& groups, cons
     }
     std::deque<int64_t> todo;
     double samples = 0, tokens = 0;
-    const std::vector<bool> done = existing_chunks(opt, prepared, meta);
+    const std::vector<bool> done = existing_chunks(opt, prepared, meta, &stats.skipped_nonfinite_before);
     for (int64_t c = 0; c < stats.chunks; ++c) {
       auto [b, e] = chunk_range(c);
       if (done[static_cast<size_t>(c)]) {
@@ -340,7 +371,7 @@ ExtractStats run_extract(const ExtractOptions& opt, ParallelGroups& groups, cons
     if (leader) {
       ShardMeta m = meta;
       m.chunk = c;
-      pipeline->open(shard_path(c), m, lengths);
+      pipeline->open(shard_path(c), m, lengths, opt.skip_nonfinite ? NonFinite::Skip : NonFinite::Error);
     }
     // Samples i .. j-1 in one forward: one sample, or with opt.forward_batch as many consecutive samples
     // as fit in opt.batch_tokens rows (at least one); the outputs are split back per sample.
@@ -404,21 +435,32 @@ ExtractStats run_extract(const ExtractOptions& opt, ParallelGroups& groups, cons
     done_samples = ns;
     done_tokens = nt;
   }
-  if (pipeline) pipeline->finish();  // every shard of this group renamed (or its error thrown)
+  if (pipeline) {
+    pipeline->finish();  // every shard of this group renamed (or its error thrown)
+    // Samples left out (skip_nonfinite; each named in a warning of this rank): not written.
+    stats.skipped_nonfinite = pipeline->skipped_samples();
+    stats.skipped_nonfinite_tokens = pipeline->skipped_tokens();
+    stats.samples -= stats.skipped_nonfinite;
+    stats.tokens -= stats.skipped_nonfinite_tokens;
+  }
   if (dispatcher) dispatcher->drain();
   // World totals (only leaders count their group's work); the all-reduce also waits for every group.
   stats.chunks_this_group = stats.chunks_done;
   const bool stopped_here = stop_seen || (dispatcher && dispatcher->stopped_any());
-  Tensor totals = Tensor::from_vector<int64_t>({leader ? stats.chunks_done : 0, leader ? stats.samples : 0,
-                                                leader ? stats.tokens : 0, stats.chunks_skipped,
-                                                stopped_here ? 1 : 0},
-                                               {5});
+  Tensor totals = Tensor::from_vector<int64_t>(
+      {leader ? stats.chunks_done : 0, leader ? stats.samples : 0, leader ? stats.tokens : 0, stats.chunks_skipped,
+       stopped_here ? 1 : 0, stats.skipped_nonfinite, stats.skipped_nonfinite_tokens, stats.skipped_nonfinite_before},
+      {8});
   world.all_reduce_sum(totals);
-  stats.chunks_done = totals.data<int64_t>()[0];
-  stats.samples = totals.data<int64_t>()[1];
-  stats.tokens = totals.data<int64_t>()[2];
-  stats.chunks_skipped = totals.data<int64_t>()[3];
-  stats.stopped = totals.data<int64_t>()[4] != 0;
+  const int64_t* t = totals.data<int64_t>();
+  stats.chunks_done = t[0];
+  stats.samples = t[1];
+  stats.tokens = t[2];
+  stats.chunks_skipped = t[3];
+  stats.stopped = t[4] != 0;
+  stats.skipped_nonfinite = t[5];
+  stats.skipped_nonfinite_tokens = t[6];
+  stats.skipped_nonfinite_before = t[7];  // counted on rank 0 only
   stats.seconds = now_s() - t0;
   if (dispatcher) {
     dispatcher->finish();
@@ -426,6 +468,23 @@ ExtractStats run_extract(const ExtractOptions& opt, ParallelGroups& groups, cons
                     << stats.tokens << " tokens in " << stats.seconds << " s ("
                     << (stats.seconds > 0 ? stats.samples / stats.seconds : 0) << " samples/s, "
                     << (stats.seconds > 0 ? stats.tokens / stats.seconds : 0) << " tokens/s) to " << opt.output;
+    if (stats.skipped_nonfinite > 0 || stats.skipped_nonfinite_before > 0) {
+      std::ostringstream os;
+      os << "extract: ";
+      if (stats.skipped_nonfinite > 0)
+        os << "skipped " << stats.skipped_nonfinite << " prepared sample(s) (" << stats.skipped_nonfinite_tokens
+           << " tokens) whose hidden states hold a NaN or an infinity (--skip-nonfinite; each named in a warning "
+              "above by the rank that saw it)"
+           << (stats.skipped_nonfinite_before > 0 ? ", and " : "");
+      if (stats.skipped_nonfinite_before > 0)
+        os << "the " << stats.chunks_skipped << " shard(s) already done left out " << stats.skipped_nonfinite_before
+           << (stats.skipped_nonfinite > 0 ? " more" : " prepared sample(s) with non-finite hidden states (an "
+                                                        "earlier run with --skip-nonfinite)");
+      os << ": " << stats.skipped_nonfinite + stats.skipped_nonfinite_before << " of " << N
+         << " prepared samples are not in " << opt.output
+         << " (each shard lists its own in the attribute skipped_nonfinite)";
+      AERIE_LOG(warning) << os.str();
+    }
   }
   return stats;
 }

@@ -22,7 +22,8 @@
 // size, and that the provenance it records (the target's fingerprint, the prepared file's, io/fingerprint.h)
 // is this run's: shards of another run or another model of the same shape are never mixed in (the error
 // names what differs). Shards of an older aerie without provenance are checked by their tokens, with a
-// warning.
+// warning. A shard that left samples out (skip_nonfinite) holds the chunk's other samples and records the
+// skipped ones; it counts as done on a rerun, and the summary gives how many samples it left out.
 // A shard's bytes depend only on the chunk's samples and the forward (not on which group wrote it), so a
 // killed and rerun job gives the same files as an uninterrupted one.
 #pragma once
@@ -107,6 +108,10 @@ struct ExtractOptions {
   /// The target's vocabulary size V: every prepared id must lie in [0, V) (an error naming the prepared file,
   /// the sample and the id, before its forward); 0: not checked.
   int64_t vocab_size = 0;
+  /// A sample whose hidden states hold a NaN or an infinity: false: an error naming it (the job stops);
+  /// true (extract --skip-nonfinite): left out of its shard, named in a warning by the group leader that
+  /// saw it and counted (ExtractStats::skipped_nonfinite; the shard records it, ShardInfo::skipped_nonfinite).
+  bool skip_nonfinite = false;
 };
 
 /// What run_extract did: totals over the world, the same on every rank, except chunks_this_group.
@@ -114,7 +119,9 @@ struct ExtractStats {
   int64_t chunks = 0;          // chunks of the prepared file
   int64_t chunks_skipped = 0;  // already complete at start
   int64_t chunks_done = 0;     // written by this run
-  int64_t samples = 0, tokens = 0;  // extracted by this run
+  int64_t samples = 0, tokens = 0;  // extracted and written by this run
+  int64_t skipped_nonfinite = 0, skipped_nonfinite_tokens = 0;  // left out by this run (skip_nonfinite)
+  int64_t skipped_nonfinite_before = 0;  // left out by an earlier run, recorded in the shards complete at start
   int64_t chunks_this_group = 0;    // written by this rank's tp group (the same on its ranks)
   double seconds = 0;
   bool stopped = false;             // stop_requested was true on some rank (the same on every rank)

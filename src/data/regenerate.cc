@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "data/chunk_dispatcher.h"
+#include "data/prompt_input.h"
 #include "io/output_lock.h"
 
 namespace aerie {
@@ -40,10 +41,6 @@ RegeneratedRecord dropped(SkipReason why, std::string detail) {
   r.skip = why;
   r.detail = std::move(detail);
   return r;
-}
-
-bool is_blank(const std::string& s) {
-  return std::all_of(s.begin(), s.end(), [](char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; });
 }
 
 // An assistant message whose content is a tool call (kept verbatim).
@@ -166,31 +163,19 @@ struct RecordRegeneration::State {
   }
 };
 
-// Parses the record and walks to its first response (or drops it).
+// Parses the record (data/prompt_input.h: a conversation, or a plain prompt read as one) and walks to its
+// first response (or drops it).
 void RecordRegeneration::State::start(const std::string& record, InputFormat f) {
-  if (is_blank(record)) return drop(SkipReason::Empty, "blank line");
-  j = ojson::parse(record, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) return drop(SkipReason::BadJson, "not a JSON object");
-  if (f == InputFormat::Auto) {
-    if (j.contains("conversations")) f = InputFormat::ShareGPT;
-    else if (j.contains("messages")) f = InputFormat::OpenAI;
-    else return drop(SkipReason::WrongTypes, "none of the keys 'conversations', 'messages'");
-  }
-  AERIE_CHECK(f == InputFormat::ShareGPT || f == InputFormat::OpenAI,
+  AERIE_CHECK(f == InputFormat::Auto || f == InputFormat::ShareGPT || f == InputFormat::OpenAI ||
+                  f == InputFormat::Text,
               "generate: input format " << input_format_name(f) << " has no conversations to regenerate "
-                                        << "(use sharegpt, openai or auto)");
-  format = f;
-  const bool sharegpt = f == InputFormat::ShareGPT;
-  key = sharegpt ? "conversations" : "messages";
-  if (!j.contains(key) || !j[key].is_array()) return drop(SkipReason::WrongTypes, "no '" + key + "' array");
-
-  // prepare's reader, with an empty assistant turn appended so that prompt-only records parse too.
-  ojson probe = j;
-  probe[key].push_back(sharegpt ? ojson{{"from", "gpt"}, {"value", ""}} : ojson{{"role", "assistant"}, {"content", ""}});
-  InputRecord rec = parse_json_record(probe.dump(-1, ' ', false, ojson::error_handler_t::replace), f, tok.vocab_size());
+                                        << "(use auto, sharegpt, openai or text)");
+  PromptRecord rec = parse_prompt_record(record, f);
   if (rec.skip != SkipReason::None) return drop(rec.skip, rec.detail);
+  j = ojson::parse(rec.json);
+  format = rec.format;
+  key = format == InputFormat::ShareGPT ? "conversations" : "messages";
   turns = std::move(rec.conversation.turns);
-  turns.pop_back();
   const size_t n_msgs = j[key].size();
   AERIE_CHECK(turns.size() >= n_msgs && turns.size() - n_msgs <= 1,
               "generate: record " << index << ": " << turns.size() << " parsed turns for " << n_msgs << " messages");
@@ -253,54 +238,6 @@ namespace {
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
-
-// The records of the input: JSONL lines by byte offset, or the elements of a JSON array.
-class InputIndex {
- public:
-  explicit InputIndex(const std::string& path) : path_(path) {
-    AERIE_CHECK(fs::is_regular_file(path), "generate: input " << path << ": no such file");
-    if (is_json_array_file(path)) {
-      std::ifstream in(path);
-      array_ = ojson::parse(in, nullptr, false);
-      AERIE_CHECK(!array_.is_discarded() && array_.is_array(), "generate: " << path << " is not one valid JSON array");
-      size_ = static_cast<int64_t>(array_.size());
-      return;
-    }
-    std::ifstream in(path, std::ios::binary);
-    AERIE_CHECK(in, "generate: cannot open " << path);
-    std::string line;
-    int64_t pos = 0;
-    while (std::getline(in, line)) {
-      offsets_.push_back(pos);
-      pos += static_cast<int64_t>(line.size()) + 1;
-    }
-    size_ = static_cast<int64_t>(offsets_.size());
-  }
-  int64_t size() const { return size_; }
-  /// Records [b, e) as text.
-  std::vector<std::string> read(int64_t b, int64_t e) const {
-    std::vector<std::string> out;
-    if (!offsets_.empty() || array_.is_null()) {
-      std::ifstream in(path_, std::ios::binary);
-      AERIE_CHECK(in, "generate: cannot open " << path_);
-      if (b < e) in.seekg(offsets_[b]);
-      std::string line;
-      for (int64_t i = b; i < e; ++i) {
-        AERIE_CHECK(std::getline(in, line), "generate: " << path_ << ": read error at line " << i + 1);
-        out.push_back(line);
-      }
-    } else {
-      for (int64_t i = b; i < e; ++i) out.push_back(array_[i].dump(-1, ' ', false, ojson::error_handler_t::replace));
-    }
-    return out;
-  }
-
- private:
-  std::string path_;
-  ojson array_;  // null unless the input is a JSON array
-  std::vector<int64_t> offsets_;
-  int64_t size_ = 0;
-};
 
 std::string chunk_name(int64_t c) {
   char buf[32];
@@ -367,7 +304,8 @@ RegenerateStats run_regenerate(const RegenerateOptions& opt, ParallelGroups& gro
   MpiCommunicator& tp = *groups.tp;
   const bool leader = tp.rank() == 0;
 
-  InputIndex input(opt.input);
+  AERIE_CHECK(fs::is_regular_file(opt.input), "generate: input " << opt.input << ": no such file");
+  const PromptFile input(opt.input, opt.format);
   RegenerateStats stats;
   stats.records = opt.max_conversations >= 0 ? std::min(opt.max_conversations, input.size()) : input.size();
   stats.chunks = (stats.records + S - 1) / S;
@@ -465,7 +403,7 @@ RegenerateStats run_regenerate(const RegenerateOptions& opt, ParallelGroups& gro
     oc.first = b;
     std::vector<std::string> records = input.read(b, e);
     for (int64_t i = b; i < e; ++i)
-      oc.records.emplace_back(records[i - b], opt.format, i, tmpl, tok, opt.params);
+      oc.records.emplace_back(records[i - b], input.record_format(), i, tmpl, tok, opt.params);
     oc.waiting = e - b;  // > 0: chunks are non-empty ranges
     for (int64_t i = b; i < e; ++i) {
       if (oc.records[i - b].done()) {

@@ -2,7 +2,10 @@
 // so that the draft trains on the target's own responses (EAGLE-3 section 4; SpecForge's and Medusa's
 // self-distillation data).
 //
-// Per conversation (ShareGPT or OpenAI messages, the prepare job's formats, data/prepare_input.h): every
+// The input is a prompt set as `aerie eval --prompts` reads it (data/prompt_input.h): conversations (ShareGPT
+// or OpenAI messages, the prepare job's formats, data/prepare_input.h) or plain prompts, each read as a
+// conversation (MT-Bench "turns": several user turns; "prompt" / "text" / "question" / "instruction": one; the
+// first sentence of each story of a .txt file). Per conversation: every
 // system, user and tool turn is kept verbatim; every assistant turn is replaced by the target's response to
 // the conversation so far (already regenerated turns included), rendered by the chat template with its
 // generation prompt (generation_prompt); when the conversation ends with a user or tool turn, a response is
@@ -10,9 +13,10 @@
 // "tool_calls", ShareGPT "function_call") are kept verbatim: their structure is not text the target writes.
 // A turn whose prompt leaves no room under max_length ends the conversation after the previous answer; a
 // conversation with no response at all is dropped (counted as overlong). The output record is the input
-// record (same keys, same order, JSONL) with the assistant texts replaced.
+// record (same keys, same order, JSONL) with the assistant texts replaced; a plain prompt's is its other keys
+// followed by "messages" (OpenAI form: the user turns and the target's answers), which prepare reads.
 //
-// Chunk c = input records [c*S, (c+1)*S) (JSONL lines, blank ones included, or JSON array elements) ->
+// Chunk c = input records [c*S, (c+1)*S) (JSONL lines, blank ones included, JSON array elements, or stories) ->
 // "<output>.parts/chunk-%05d.jsonl", written as "*.tmp" and renamed when complete; when every chunk exists,
 // world rank 0 concatenates them in order into <output> (tmp + rename). A rerun skips the chunks that exist
 // (after checking "<output>.parts/run.json", which records the input, the chunking and the caller's run
@@ -108,9 +112,10 @@ struct RegeneratedRecord {
 
 /// The regeneration of record `index` (one JSON object as text) as a state machine: pending() is the next
 /// response it needs (the conversation so far with the template's generation prompt, the regenerated
-/// answers included), answer() gives it, and when done() result() holds the record. format: Auto (by key),
-/// ShareGPT or OpenAI; other formats are an error (aerie::Error, from the constructor). Unusable records
-/// are done at once with ok = false, as parse_json_record reports them (prompt-only conversations are fine).
+/// answers included), answer() gives it, and when done() result() holds the record. format: as
+/// parse_prompt_record takes it (Auto: a conversation or a plain prompt, by key; ShareGPT; OpenAI; Text: the
+/// record is a story); Tokenized is an error (aerie::Error, from the constructor). Unusable records are
+/// done at once with ok = false, as parse_prompt_record reports them (prompt-only conversations are fine).
 class RecordRegeneration {
  public:
   RecordRegeneration(const std::string& record, InputFormat format, int64_t index, const ChatTemplate& tmpl,
@@ -137,8 +142,8 @@ RegeneratedRecord regenerate_record(const std::string& record, InputFormat forma
                                     const ResponseGenerator& generate);
 
 struct RegenerateOptions {
-  std::string input;             // JSONL, or a .json file holding one array of records
-  InputFormat format = InputFormat::Auto;
+  std::string input;             // a prompt set (data/prompt_input.h): JSONL, a JSON array file, or .txt stories
+  InputFormat format = InputFormat::Auto;  // Auto, ShareGPT, OpenAI or Text (PromptFile)
   std::string output;            // JSONL file; chunks under "<output>.parts/"
   RegenerateParams params;
   int64_t conversations_per_chunk = 16;

@@ -11,6 +11,7 @@
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "io/h5.h"
 
 namespace aerie {
@@ -122,25 +123,25 @@ struct ShardWriter::Impl {
   }
 };
 
-ShardWriter::ShardWriter(std::string path, ShardMeta meta, std::vector<int64_t> sample_lengths)
-    : impl_(std::make_unique<Impl>()), path_(std::move(path)), meta_(std::move(meta)),
-      lengths_(std::move(sample_lengths)) {
+ShardWriter::ShardWriter(std::string path, ShardMeta meta, std::vector<int64_t> sample_lengths, NonFinite on_nonfinite)
+    : impl_(std::make_unique<Impl>()), path_(std::move(path)), tmp_(path_ + ".tmp"), meta_(std::move(meta)),
+      on_nonfinite_(on_nonfinite), lengths_(std::move(sample_lengths)) {
   AERIE_CHECK(meta_.hidden_size > 0, "ShardWriter " << path_ << ": hidden_size must be > 0");
   AERIE_CHECK(meta_.aux_layers.size() == 3, "ShardWriter " << path_ << ": 3 aux layers expected, got "
                                                            << meta_.aux_layers.size());
-  offsets_.push_back(0);
+  int64_t T = 0;
   for (int64_t n : lengths_) {
     AERIE_CHECK(n > 0, "ShardWriter " << path_ << ": empty sample");
-    offsets_.push_back(offsets_.back() + n);
+    T += n;
   }
-  const int64_t T = offsets_.back(), H = meta_.hidden_size;
+  const int64_t H = meta_.hidden_size;
   impl_->H = H;
   // Serial file (one writer per shard). Objects are created in a fixed order, contiguous, without
   // compression: the same calls give the same bytes.
-  impl_->file = h5::File::create(path_ + ".tmp");
+  impl_->file = h5::File::create(tmp_);
   impl_->aux = create_untimed(impl_->file, "aux_hidden_states", DType::BF16, {T, 3 * H});
   impl_->fin = create_untimed(impl_->file, "final_hidden_states", DType::BF16, {T, H});
-  impl_->fd = ::open((path_ + ".tmp").c_str(), O_RDONLY);
+  impl_->fd = ::open(tmp_.c_str(), O_RDONLY);
   ids_.reserve(static_cast<size_t>(T));
   mask_.reserve(static_cast<size_t>(T));
 }
@@ -152,12 +153,13 @@ ShardWriter::~ShardWriter() {
     impl_->file = h5::File();
     std::error_code ec;
     fs::remove(path_ + ".tmp", ec);
+    fs::remove(tmp_, ec);
   }
 }
 
-void ShardWriter::add(int64_t sample_index, const std::vector<int32_t>& ids, const std::vector<uint8_t>& loss_mask,
+bool ShardWriter::add(int64_t sample_index, const std::vector<int32_t>& ids, const std::vector<uint8_t>& loss_mask,
                       const Tensor& aux_hidden, const Tensor& final_hidden) {
-  const size_t k = sample_index_.size();
+  const size_t k = static_cast<size_t>(added_);
   AERIE_CHECK(impl_->file.valid(), "ShardWriter " << path_ << ": add after close");
   AERIE_CHECK(k < lengths_.size(), "ShardWriter " << path_ << ": more than the announced " << lengths_.size()
                                                   << " samples");
@@ -168,29 +170,70 @@ void ShardWriter::add(int64_t sample_index, const std::vector<int32_t>& ids, con
   std::string what = path_ + " sample " + std::to_string(sample_index);
   const Tensor aux = as_bf16(aux_hidden, T, 3 * H, what + " aux_hidden");
   const Tensor fin = as_bf16(final_hidden, T, H, what + " final_hidden");
+  ++added_;
   for (const auto& [t, name] : {std::pair<const Tensor*, const char*>{&aux, "aux_hidden_states (f_t)"},
                                  std::pair<const Tensor*, const char*>{&fin, "final_hidden_states (z_t)"}}) {
     const int64_t row = first_nonfinite_row(*t);
-    AERIE_CHECK(row < 0, "ShardWriter " << path_ << ": prepared sample " << sample_index << " has a non-finite "
-                                         << name << " at token " << row << " (id " << ids[static_cast<size_t>(row)]
-                                         << "): the target's forward gave NaN or inf (its weights, e.g. the "
-                                            "embedding row of that id, or an overflow in its precision)");
+    if (row < 0) continue;
+    const int32_t id = ids[static_cast<size_t>(row)];
+    if (on_nonfinite_ == NonFinite::Skip) {
+      AERIE_LOG(warning) << "extract: skipping prepared sample " << sample_index << " (--skip-nonfinite): its " << name
+                         << " holds a NaN or an infinity at token " << row << " (id " << id << "); not written to "
+                         << path_;
+      skipped_.push_back(sample_index);
+      skipped_tokens_ += T;
+      return false;
+    }
+    AERIE_THROW("ShardWriter " << path_ << ": prepared sample " << sample_index << " has a non-finite " << name
+                               << " at token " << row << " (id " << id
+                               << "): the target's forward gave NaN or inf (its weights, e.g. the embedding row of "
+                                  "that id, or an overflow in its precision); extract --skip-nonfinite leaves such "
+                                  "samples out, named and counted");
   }
-  impl_->aux.write_rows(offsets_[k], aux);
-  impl_->fin.write_rows(offsets_[k], fin);
+  const int64_t row0 = offsets_.back();
+  impl_->aux.write_rows(row0, aux);
+  impl_->fin.write_rows(row0, fin);
   impl_->start_writeback();
+  offsets_.push_back(row0 + T);
   sample_index_.push_back(sample_index);
   ids_.insert(ids_.end(), ids.begin(), ids.end());
   mask_.insert(mask_.end(), loss_mask.begin(), loss_mask.end());
+  return true;
+}
+
+void ShardWriter::compact() {
+  const int64_t T = offsets_.back(), H = impl_->H;
+  const std::string kept = path_ + ".kept.tmp";
+  h5::File f = h5::File::create(kept);
+  h5::Dataset aux = create_untimed(f, "aux_hidden_states", DType::BF16, {T, 3 * H});
+  h5::Dataset fin = create_untimed(f, "final_hidden_states", DType::BF16, {T, H});
+  constexpr int64_t kRows = 4096;  // a block of rows per copy: memory stays small for any shard
+  for (int64_t r = 0; r < T; r += kRows) {
+    const int64_t e = std::min(T, r + kRows);
+    aux.write_rows(r, impl_->aux.read_rows(r, e));
+    fin.write_rows(r, impl_->fin.read_rows(r, e));
+  }
+  impl_->aux = h5::Dataset();
+  impl_->fin = h5::Dataset();
+  impl_->file.close();
+  if (impl_->fd >= 0) ::close(impl_->fd);
+  impl_->fd = -1;
+  std::error_code ec;
+  fs::remove(tmp_, ec);
+  tmp_ = kept;
+  impl_->file = std::move(f);
+  impl_->aux = std::move(aux);
+  impl_->fin = std::move(fin);
 }
 
 void ShardWriter::close() {
   AERIE_CHECK(impl_->file.valid(), "ShardWriter " << path_ << ": closed twice");
-  AERIE_CHECK(sample_index_.size() == lengths_.size(), "ShardWriter " << path_ << ": " << sample_index_.size()
-                                                                      << " of " << lengths_.size()
-                                                                      << " samples added before close");
+  AERIE_CHECK(added_ == static_cast<int64_t>(lengths_.size()), "ShardWriter " << path_ << ": " << added_ << " of "
+                                                                              << lengths_.size()
+                                                                              << " samples added before close");
+  if (!skipped_.empty()) compact();
   h5::File& f = impl_->file;
-  const int64_t T = offsets_.back(), n = static_cast<int64_t>(lengths_.size());
+  const int64_t T = offsets_.back(), n = static_cast<int64_t>(sample_index_.size());
   auto put = [&](const char* name, const Tensor& t) { create_untimed(f, name, t.dtype(), t.shape()).write(t); };
   put("input_ids", Tensor::from_vector(ids_, {T}));
   put("loss_mask", Tensor::from_vector(mask_, {T}));
@@ -217,14 +260,15 @@ void ShardWriter::close() {
     f.set_int_attr("samples_per_shard", meta_.samples_per_shard);
     f.set_int_attr("num_chunks", meta_.num_chunks);
   }
+  if (!skipped_.empty()) f.set_ints_attr("skipped_nonfinite", skipped_);
   impl_->aux = h5::Dataset();
   impl_->fin = h5::Dataset();
   f.close();
   impl_->file = h5::File();
-  fsync_file(path_ + ".tmp");
+  fsync_file(tmp_);
   std::error_code ec;
-  fs::rename(path_ + ".tmp", path_, ec);
-  AERIE_CHECK(!ec, "ShardWriter: cannot rename " << path_ << ".tmp to " << path_ << ": " << ec.message());
+  fs::rename(tmp_, path_, ec);
+  AERIE_CHECK(!ec, "ShardWriter: cannot rename " << tmp_ << " to " << path_ << ": " << ec.message());
 }
 
 // ---------------------------------------------------------------------------------------------- reader
@@ -264,6 +308,7 @@ ShardReader::ShardReader(const std::string& path) : impl_(std::make_unique<Impl>
   info_.prepared_num_samples = num("prepared_num_samples");
   info_.samples_per_shard = num("samples_per_shard");
   info_.num_chunks = num("num_chunks");
+  if (m.file.has_attr("skipped_nonfinite")) info_.skipped_nonfinite = m.file.ints_attr("skipped_nonfinite");
   const int64_t n = info_.num_samples, T = info_.num_tokens, H = info_.hidden_size;
 
   auto small = [&](const char* name, const Shape& want) {
@@ -299,6 +344,7 @@ int64_t ShardReader::sample_length(int64_t i) const {
 
 const std::vector<int32_t>& ShardReader::input_ids() const { return impl_->ids; }
 const std::vector<uint8_t>& ShardReader::loss_mask() const { return impl_->mask; }
+const std::vector<int64_t>& ShardReader::sample_indices() const { return impl_->sample_index; }
 
 HiddenSample ShardReader::read(int64_t i) const {
   const int64_t T = sample_length(i);

@@ -5,7 +5,9 @@
 //   input_ids [T_total] I32, loss_mask [T_total] U8, sample_offsets [n+1] I64, sample_index [n] I64
 // plus file attributes (format, format_version, target_model, aux_layers, hidden_size, ...) and, since
 // issue 17, the provenance (target_config_sha256, target_weights_sha256, prepared_sha256,
-// prepared_num_samples, samples_per_shard, num_chunks; readers accept shards without them).
+// prepared_num_samples, samples_per_shard, num_chunks; readers accept shards without them) and, only in a
+// shard that left samples out (extract --skip-nonfinite), skipped_nonfinite: the prepared sample indices of
+// the chunk that are not in it (their hidden states held a NaN or an infinity).
 // Notation and the meaning of f_t and z_t: /work/shared/docs/eagle3.md section 1.
 // Files are written to "<path>.tmp" and renamed on close, so a shard-*.h5 file is always complete, and
 // written without timestamps and without compression, so equal inputs give bitwise-equal files.
@@ -39,6 +41,9 @@ struct ShardInfo {
   TargetFingerprint target;      // target_config_sha256, target_weights_sha256
   std::string prepared_sha256;   // PreparedFile::fingerprint() of the prepared file
   int64_t prepared_num_samples = -1, samples_per_shard = -1, num_chunks = -1;  // the extract run's chunking
+  /// Prepared samples of the chunk left out for non-finite hidden states (extract --skip-nonfinite; the
+  /// skipped_nonfinite attribute, absent when none was): the shard holds the chunk's other samples.
+  std::vector<int64_t> skipped_nonfinite;
   bool has_provenance() const { return !target.config_sha256.empty(); }
 };
 
@@ -71,6 +76,8 @@ class ShardReader {
   /// input_ids [T_total] I32 and loss_mask [T_total] U8 of every sample in order (read at opening).
   const std::vector<int32_t>& input_ids() const;
   const std::vector<uint8_t>& loss_mask() const;
+  /// sample_index [n]: the prepared sample each of the shard's samples comes from (read at opening).
+  const std::vector<int64_t>& sample_indices() const;
   /// Sample i (0 <= i < num_samples). Throws aerie::Error naming the file and the sample on a bad
   /// index or a read failure.
   HiddenSample read(int64_t i) const;
@@ -101,36 +108,59 @@ struct ShardMeta {
   int64_t prepared_num_samples = -1, samples_per_shard = -1, num_chunks = -1;
 };
 
+/// What a ShardWriter does with a sample whose hidden states hold a NaN or an infinity (issue 17, case 5).
+enum class NonFinite : uint8_t {
+  Error,  // add() throws, naming the shard, the prepared sample, the token and its id
+  Skip,   // add() leaves the sample out, with a warning naming it (extract --skip-nonfinite)
+};
+
 /// Writes one shard. The constructor creates "<path>.tmp" (a stale one is overwritten) with every
 /// dataset sized from `sample_lengths` (the token count of each sample, in order); add() writes one
 /// sample's rows (as bf16) straight to the file, so memory stays at one sample; close() writes the index
 /// datasets, closes the file and renames it to `path`. Serial HDF5, one writer per shard.
 /// Deterministic bytes: no object timestamps, contiguous layout, no compression, no fill values.
-/// A writer destroyed without close() removes its .tmp file.
+/// With NonFinite::Skip a sample left out leaves the datasets longer than the rows written: close() then
+/// copies the rows into "<path>.kept.tmp", created as for the kept samples alone, and renames that (the
+/// shard holds what a writer told only the kept samples writes, plus the skipped_nonfinite attribute; a
+/// chunk whose every sample is skipped gives a shard of 0 samples, so the chunk counts as done).
+/// A writer destroyed without close() removes its .tmp files.
 class ShardWriter {
  public:
-  ShardWriter(std::string path, ShardMeta meta, std::vector<int64_t> sample_lengths);
+  ShardWriter(std::string path, ShardMeta meta, std::vector<int64_t> sample_lengths,
+              NonFinite on_nonfinite = NonFinite::Error);
   ~ShardWriter();
   ShardWriter(const ShardWriter&) = delete;
   ShardWriter& operator=(const ShardWriter&) = delete;
 
   /// Appends the next sample (the k-th call writes sample k of sample_lengths). ids/loss_mask [T];
   /// aux_hidden [T, 3H] and final_hidden [T, H], F32 (rounded to bf16, nearest even) or BF16, on the host.
-  /// Throws aerie::Error on mismatched lengths, shapes or dtypes, too many samples, or a NaN / infinity
-  /// in the hidden states (naming the shard, the prepared sample, the token and its id: issue 17, case 5).
-  void add(int64_t sample_index, const std::vector<int32_t>& ids, const std::vector<uint8_t>& loss_mask,
+  /// Returns true when the sample was written, false when it was skipped (NonFinite::Skip and a NaN /
+  /// infinity in its hidden states; logged as a warning naming the shard, the prepared sample, the token
+  /// and its id). Throws aerie::Error on mismatched lengths, shapes or dtypes, too many samples, or
+  /// (NonFinite::Error) a NaN / infinity in the hidden states (naming the shard, the prepared sample, the
+  /// token and its id, and --skip-nonfinite: issue 17, case 5).
+  bool add(int64_t sample_index, const std::vector<int32_t>& ids, const std::vector<uint8_t>& loss_mask,
            const Tensor& aux_hidden, const Tensor& final_hidden);
-  /// Writes the index datasets, closes "<path>.tmp" and renames it to `path`. Throws aerie::Error if
-  /// fewer samples than announced were added, or on I/O failure.
+  /// Writes the index datasets, closes the file and renames it to `path`. Throws aerie::Error if fewer
+  /// samples than announced were added, or on I/O failure.
   void close();
-  int64_t num_samples_added() const { return static_cast<int64_t>(sample_index_.size()); }
+  /// add() calls so far (written and skipped).
+  int64_t num_samples_added() const { return added_; }
+  /// The prepared sample indices skipped so far, and their tokens.
+  const std::vector<int64_t>& skipped() const { return skipped_; }
+  int64_t skipped_tokens() const { return skipped_tokens_; }
 
  private:
   struct Impl;
+  void compact();  // close() with skipped samples: the written rows into a file of their size
   std::unique_ptr<Impl> impl_;
-  std::string path_;
+  std::string path_, tmp_;  // tmp_: the file being written ("<path>.tmp", then "<path>.kept.tmp")
   ShardMeta meta_;
-  std::vector<int64_t> lengths_, offsets_, sample_index_;
+  NonFinite on_nonfinite_;
+  std::vector<int64_t> lengths_;           // announced, per add() call
+  std::vector<int64_t> offsets_{0};        // of the written samples
+  std::vector<int64_t> sample_index_, skipped_;
+  int64_t added_ = 0, skipped_tokens_ = 0;
   std::vector<int32_t> ids_;
   std::vector<uint8_t> mask_;
 };

@@ -154,8 +154,10 @@ void ShardPipeline::push(std::function<void()> task, bool is_sample) {
   cv_.notify_all();
 }
 
-void ShardPipeline::open(const std::string& path, const ShardMeta& meta, const std::vector<int64_t>& sample_lengths) {
-  push([this, path, meta, sample_lengths] { writer_ = std::make_unique<ShardWriter>(path, meta, sample_lengths); },
+void ShardPipeline::open(const std::string& path, const ShardMeta& meta, const std::vector<int64_t>& sample_lengths,
+                         NonFinite on_nonfinite) {
+  push([this, path, meta, sample_lengths,
+        on_nonfinite] { writer_ = std::make_unique<ShardWriter>(path, meta, sample_lengths, on_nonfinite); },
        false);
 }
 
@@ -212,6 +214,8 @@ void ShardPipeline::close() {
       [this] {
         AERIE_CHECK(writer_, "ShardPipeline: close without an open shard");
         writer_->close();
+        skipped_samples_ += static_cast<int64_t>(writer_->skipped().size());
+        skipped_tokens_ += writer_->skipped_tokens();
         writer_.reset();
       },
       false);

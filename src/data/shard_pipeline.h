@@ -41,7 +41,8 @@ class ShardPipeline {
   ShardPipeline& operator=(const ShardPipeline&) = delete;
 
   /// Queues: create the shard "<path>.tmp" (ShardWriter's constructor).
-  void open(const std::string& path, const ShardMeta& meta, const std::vector<int64_t>& sample_lengths);
+  void open(const std::string& path, const ShardMeta& meta, const std::vector<int64_t>& sample_lengths,
+            NonFinite on_nonfinite = NonFinite::Error);
   /// Queues one sample of the open shard. aux_hidden [T, 3H] / final_hidden [T, H], F32 or BF16, on any
   /// device: GPU tensors are copied to pinned host buffers asynchronously (queued after the work on the
   /// caller's current stream; the caller may drop them at once but must not overwrite them), host
@@ -53,6 +54,9 @@ class ShardPipeline {
   /// Waits until everything queued is done; rethrows the first error of a task (aerie::Error naming the
   /// shard). After an error every later task is skipped, so no shard is renamed after a failed write.
   void finish();
+  /// Samples the closed shards left out (NonFinite::Skip) and their tokens, summed; read after finish().
+  int64_t skipped_samples() const { return skipped_samples_; }
+  int64_t skipped_tokens() const { return skipped_tokens_; }
 
  private:
   void push(std::function<void()> task, bool is_sample);
@@ -66,6 +70,7 @@ class ShardPipeline {
   bool busy_ = false, quit_ = false;
   std::exception_ptr error_;
   std::unique_ptr<ShardWriter> writer_;  // touched by the writer thread only
+  int64_t skipped_samples_ = 0, skipped_tokens_ = 0;  // written by the writer thread (close tasks)
   std::unique_ptr<DeviceCopies> dev_;     // touched by the caller's thread only (created on the first GPU add)
   std::thread thread_;
 };

@@ -97,10 +97,12 @@ struct EvalOptions {
   int tp = 1;
 };
 
-/// Reads prompts: a ".txt" file is blank-line-separated stories, each prompt its first sentence (the user
-/// turn of data/prepare_input.h's parse_story); JSONL lines give "turns"[0] (MT-Bench, Spec-Bench),
-/// "prompt", "text", "question", or the first user turn of a ShareGPT/OpenAI conversation. At most
-/// `max_prompts` prompts (0: all). Throws aerie::Error naming the file when it cannot be read or holds none.
+/// Reads prompts: the first user turn of each record of a prompt set, as `aerie generate --input` reads it
+/// (data/prompt_input.h's PromptFile and parse_prompt_record): a ".txt" file's stories give their first
+/// sentence; JSONL lines or JSON array elements give "turns"[0] (MT-Bench, Spec-Bench), "prompt", "text",
+/// "question", "instruction" (with Alpaca's "input"), or the first user turn of a ShareGPT/OpenAI
+/// conversation. At most `max_prompts` prompts (0: all). Throws aerie::Error naming the file when it cannot
+/// be read or holds none, and the file and line of a record that is not a JSON object.
 std::vector<std::string> read_prompts(const std::string& path, int64_t max_prompts);
 
 /// The ids of an eval prompt: one user turn `text` rendered by tmpl.render_prompt, i.e. with the template's

@@ -1,5 +1,6 @@
 // `aerie eval`: prompts, speculative decoding against plain greedy decoding, teacher-forced metrics,
 // eval.json. eagle3.md sections 4 and 6.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -10,6 +11,7 @@
 #include "data/chat_templates.h"
 #include "data/prepare_input.h"
 #include "data/prepare_template.h"
+#include "data/prompt_input.h"
 #include "data/shard.h"
 #include "tokenizer/tokenizer.h"
 #include "train/checkpoint.h"
@@ -46,41 +48,27 @@ double TeacherForced::tau_sim() const {
 }
 
 std::vector<std::string> read_prompts(const std::string& path, int64_t max_prompts) {
+  const PromptFile file(path, InputFormat::Auto);
   std::vector<std::string> out;
-  auto full = [&] { return max_prompts > 0 && static_cast<int64_t>(out.size()) >= max_prompts; };
-  const bool text = path.size() >= 4 && path.compare(path.size() - 4, 4, ".txt") == 0;
-  InputRange range = input_range(path, text, 0, 1);
-  for_each_record(path, range, text, [&](const std::string& rec, int64_t line, int64_t) {
-    if (full()) return;
-    if (text) {
-      InputRecord r = parse_story(rec);
-      if (r.skip == SkipReason::None && !r.conversation.turns.empty()) out.push_back(r.conversation.turns[0].text);
-      return;
-    }
-    if (rec.find_first_not_of(" \t\r") == std::string::npos) return;
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(rec);
-    } catch (const nlohmann::json::exception& e) {
-      AERIE_THROW(path << ":" << line + 1 << ": not JSON: " << e.what());
-    }
-    if (j.contains("turns") && j["turns"].is_array() && !j["turns"].empty() && j["turns"][0].is_string()) {
-      out.push_back(j["turns"][0].get<std::string>());
-      return;
-    }
-    for (const char* key : {"prompt", "text", "question", "instruction"})
-      if (j.contains(key) && j[key].is_string()) {
-        out.push_back(j[key].get<std::string>());
-        return;
+  std::string first_skip;  // why the first unusable record was skipped, for the error when none is left
+  for (int64_t b = 0; b < file.size() && !(max_prompts > 0 && static_cast<int64_t>(out.size()) >= max_prompts);) {
+    const int64_t e = std::min(file.size(), b + 256);
+    const std::vector<std::string> records = file.read(b, e);
+    for (int64_t i = b; i < e; ++i) {
+      if (max_prompts > 0 && static_cast<int64_t>(out.size()) >= max_prompts) break;
+      const PromptRecord r = parse_prompt_record(records[static_cast<size_t>(i - b)], file.record_format());
+      AERIE_CHECK(r.skip != SkipReason::BadJson, file.where(i) << ": " << r.detail);
+      const auto user = std::find_if(r.conversation.turns.begin(), r.conversation.turns.end(),
+                                     [](const ChatTurn& t) { return t.role == ChatRole::User; });
+      if (r.skip == SkipReason::None && user != r.conversation.turns.end()) {
+        out.push_back(user->text);
+      } else if (first_skip.empty() && r.skip != SkipReason::Empty) {
+        first_skip = file.where(i) + ": " + (r.skip == SkipReason::None ? "no user turn" : r.detail);
       }
-    InputRecord r = parse_json_record(rec, InputFormat::Auto, 1 << 30);
-    for (const auto& t : r.conversation.turns)
-      if (t.role == ChatRole::User) {
-        out.push_back(t.text);
-        return;
-      }
-  });
-  AERIE_CHECK(!out.empty(), "read_prompts: no prompt in " << path);
+    }
+    b = e;
+  }
+  AERIE_CHECK(!out.empty(), "read_prompts: no prompt in " << path << (first_skip.empty() ? "" : " (" + first_skip + ")"));
   return out;
 }
 

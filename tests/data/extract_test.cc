@@ -1,8 +1,10 @@
 // run_extract: shards hold exactly the forward's outputs (bf16-rounded), chunks are skipped on rerun,
 // stale .tmp files are removed, shards of another run are refused; the real stories260K target matches
-// TargetModel::forward; under mpirun (tests/mpi/extract.cmake) several groups and tp=2 give the same shards.
+// TargetModel::forward; non-finite hidden states are an error naming the sample, or skipped and counted
+// (skip_nonfinite); under mpirun (tests/mpi/extract.cmake) several groups and tp=2 give the same shards.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -360,8 +362,110 @@ TEST(Extract, OutOfRangeIdsAndNonFiniteStatesNameTheSample) {
                    std::to_string(bad_id) + ")"),
             std::string::npos)
       << e;
+  EXPECT_NE(e.find("--skip-nonfinite"), std::string::npos) << e;
   EXPECT_FALSE(fs::exists(o.output + "/shard-00001.h5"));
   EXPECT_FALSE(fs::exists(o.output + "/shard-00001.h5.tmp"));
+}
+
+// A forward that gives NaN in the last row's z_t of the samples in `bad` (their ids compared) and infinity
+// in the first row's f_t of those in `inf`.
+TargetForward nonfinite_forward(const Prepared& p, std::vector<int64_t> bad, std::vector<int64_t> inf) {
+  return [&p, bad, inf](const std::vector<int32_t>& ids, Tensor& aux, Tensor& fin) {
+    fake_forward(ids, aux, fin);
+    for (int64_t k : bad)
+      if (ids == p.ids[static_cast<size_t>(k)])
+        fin.data<float>()[(ids.size() - 1) * kFakeH] = std::numeric_limits<float>::quiet_NaN();
+    for (int64_t k : inf)
+      if (ids == p.ids[static_cast<size_t>(k)]) aux.data<float>()[1] = std::numeric_limits<float>::infinity();
+  };
+}
+
+// The shards hold every sample of `p` except `skipped`, in order, and list the skipped ones per chunk.
+void expect_shards_hold_all_but(const std::string& shard_dir, const Prepared& p, int64_t S,
+                                const std::vector<int64_t>& skipped) {
+  const auto shards = list_shards(shard_dir);
+  const int64_t N = static_cast<int64_t>(p.ids.size());
+  ASSERT_EQ(static_cast<int64_t>(shards.size()), (N + S - 1) / S);
+  for (size_t c = 0; c < shards.size(); ++c) {
+    ShardReader r(shards[c]);
+    std::vector<int64_t> want, want_skipped;
+    for (int64_t k = static_cast<int64_t>(c) * S; k < std::min(N, static_cast<int64_t>(c + 1) * S); ++k)
+      (std::find(skipped.begin(), skipped.end(), k) == skipped.end() ? want : want_skipped).push_back(k);
+    EXPECT_EQ(r.sample_indices(), want) << shards[c];
+    EXPECT_EQ(r.info().skipped_nonfinite, want_skipped) << shards[c];
+    for (int64_t i = 0; i < r.num_samples(); ++i) {
+      HiddenSample h = r.read(i);
+      EXPECT_EQ(h.ids, p.ids[static_cast<size_t>(h.sample_index)]);
+      Tensor aux, fin;
+      fake_forward(h.ids, aux, fin);
+      EXPECT_EQ(h.final_hidden.to_float_vector(), rounded(fin)) << shards[c] << " sample " << i;
+    }
+  }
+}
+
+// Issue 17, case 5: with skip_nonfinite (extract --skip-nonfinite) a sample with non-finite hidden states is
+// left out of its shard, counted (this run's, and on a rerun those the kept shards record), and the rest is
+// written; a chunk whose every sample is skipped is a shard of 0 samples; a rerun, with or without the
+// option, accepts the shards and redoes only the missing ones.
+TEST(Extract, SkipNonFiniteLeavesSamplesOutAndCountsThem) {
+  const std::string dir = testing::scratch_dir("extract_skip_nonfinite");
+  ParallelGroups g = ParallelGroups::create(1);
+  if (g.map.world_size != 1) GTEST_SKIP() << "single-rank test";
+  Prepared p = make_prepared(9, 100);
+  write_prepared(dir + "/prepared.h5", p);
+  ExtractOptions o = fake_options(dir, 2);
+  o.skip_nonfinite = true;
+  const std::vector<int64_t> skipped = {1, 4, 5, 8};  // chunk 2 (samples 4, 5) wholly, chunk 4 (sample 8) wholly
+  const TargetForward bad = nonfinite_forward(p, {1, 4, 8}, {5});
+  ExtractStats st = run_extract(o, g, bad);
+  EXPECT_EQ(st.chunks_done, 5);
+  EXPECT_EQ(st.skipped_nonfinite, 4);
+  int64_t skipped_tokens = 0, kept_tokens = 0;
+  for (int64_t k = 0; k < 9; ++k)
+    (std::find(skipped.begin(), skipped.end(), k) != skipped.end() ? skipped_tokens : kept_tokens) +=
+        static_cast<int64_t>(p.ids[static_cast<size_t>(k)].size());
+  EXPECT_EQ(st.skipped_nonfinite_tokens, skipped_tokens);
+  EXPECT_EQ(st.samples, 5);
+  EXPECT_EQ(st.tokens, kept_tokens);
+  EXPECT_EQ(st.skipped_nonfinite_before, 0);
+  expect_shards_hold_all_but(o.output, p, 2, skipped);
+  EXPECT_EQ(ShardReader(o.output + "/shard-00002.h5").num_samples(), 0);
+
+  // A rerun with two shards lost (one that skipped a sample, one that did not): redone, the other shards'
+  // skips counted as before; the same shards.
+  fs::remove(o.output + "/shard-00000.h5");
+  fs::remove(o.output + "/shard-00003.h5");
+  st = run_extract(o, g, bad);
+  EXPECT_EQ(st.chunks_skipped, 3);
+  EXPECT_EQ(st.chunks_done, 2);
+  EXPECT_EQ(st.skipped_nonfinite, 1);         // sample 1, of chunk 0
+  EXPECT_EQ(st.skipped_nonfinite_before, 3);  // samples 4, 5 and 8, recorded by shards 2 and 4
+  expect_shards_hold_all_but(o.output, p, 2, skipped);
+  // Without the option: the complete shards are accepted (nothing left to do).
+  ExtractOptions strict = o;
+  strict.skip_nonfinite = false;
+  st = run_extract(strict, g, bad);
+  EXPECT_EQ(st.chunks_skipped, 5);
+  EXPECT_EQ(st.skipped_nonfinite_before, 4);
+  EXPECT_EQ(check_existing_shards(strict), 5);
+  // A shard whose kept and skipped samples are not its chunk's is refused.
+  {
+    ShardMeta m = o.meta;
+    m.chunk = 0;
+    ShardWriter w(o.output + "/shard-00000.h5", m,
+                  {static_cast<int64_t>(p.ids[0].size()), static_cast<int64_t>(p.ids[1].size())}, NonFinite::Skip);
+    for (int k : {0, 1}) {
+      Tensor aux, fin;
+      bad(p.ids[k], aux, fin);
+      w.add(k == 0 ? 0 : 7, p.ids[k], p.mask[k], aux, fin);  // sample 1 recorded as 7
+    }
+    w.close();
+  }
+  const std::string e = error_of([&] { run_extract(o, g, bad); });
+  EXPECT_NE(e.find("shard-00000.h5 exists but is not chunk 0 of this run: its 1 samples and 1 skipped ones are not "
+                   "the chunk's samples 0..1"),
+            std::string::npos)
+      << e;
 }
 
 TEST(Extract, BadPreparedFileNamesIt) {
@@ -542,6 +646,38 @@ int world_size() {
   int n = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &n);
   return n;
+}
+
+// --skip-nonfinite under two groups: each leader skips (and names) the samples of its chunks; the world
+// totals are the same on every rank and the shards are those of one process.
+TEST(ExtractMpi, SkipNonFiniteCountsOverTheGroups) {
+  if (world_size() < 2) GTEST_SKIP() << "run under mpirun -np 2 (tests/mpi/extract.cmake)";
+  const std::string dir = shared_scratch("extract_mpi_skip_nonfinite");
+  ParallelGroups g = ParallelGroups::create(1);
+  Prepared p = make_prepared(13, 100);
+  if (g.map.world_rank == 0) write_prepared(dir + "/prepared.h5", p);
+  g.world->barrier();
+  ExtractOptions o = fake_options(dir, 2);
+  o.skip_nonfinite = true;
+  const TargetForward bad = nonfinite_forward(p, {0, 6, 7, 12}, {9});
+  TargetForward slow0 = [&](const std::vector<int32_t>& ids, Tensor& aux, Tensor& fin) {
+    if (g.map.world_rank == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    bad(ids, aux, fin);
+  };
+  ExtractStats st = run_extract(o, g, slow0);
+  EXPECT_GT(st.chunks_this_group, 0) << "group " << g.map.dp_rank << " got no chunk";
+  EXPECT_EQ(st.chunks_done, 7);
+  EXPECT_EQ(st.skipped_nonfinite, 5);  // world totals, on every rank
+  EXPECT_EQ(st.samples, 8);
+  if (g.map.world_rank == 0) expect_shards_hold_all_but(o.output, p, 2, {0, 6, 7, 9, 12});
+  g.world->barrier();
+  if (g.map.world_rank == 0) fs::remove(o.output + "/shard-00003.h5");  // samples 6 and 7, both skipped
+  g.world->barrier();
+  st = run_extract(o, g, bad);
+  EXPECT_EQ(st.chunks_done, 1);
+  EXPECT_EQ(st.skipped_nonfinite, 2);
+  EXPECT_EQ(st.skipped_nonfinite_before, 3);
+  if (g.map.world_rank == 0) expect_shards_hold_all_but(o.output, p, 2, {0, 6, 7, 9, 12});
 }
 
 // Two groups of one rank: rank 0 hands out chunks and works; the shards are those of one process.

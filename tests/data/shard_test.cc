@@ -1,10 +1,12 @@
-// Shard files: write/read round trip, bf16 rounding, format checks, list_shards, deterministic bytes.
+// Shard files: write/read round trip, bf16 rounding, format checks, list_shards, deterministic bytes,
+// samples with non-finite hidden states (an error, or left out with NonFinite::Skip).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <thread>
 
 #include "data/shard.h"
@@ -156,6 +158,82 @@ TEST(Shard, SameInputGivesSameBytes) {
   std::string a = read_bytes(dir + "/a.h5"), b = read_bytes(dir + "/b.h5");
   ASSERT_FALSE(a.empty());
   EXPECT_TRUE(a == b) << "two writes of the same shard differ (timestamps?)";
+}
+
+// Issue 17, case 5: NonFinite::Skip leaves a sample with a NaN or an infinity out (add returns false) and
+// the shard holds what a writer told only the kept samples writes, plus the skipped_nonfinite attribute
+// that lists the skipped samples; a chunk whose every sample is skipped gives a
+// readable shard of 0 samples. NonFinite::Error throws naming the sample and --skip-nonfinite.
+TEST(Shard, SkipNonFiniteLeavesTheSampleOut) {
+  const std::string dir = testing::scratch_dir("shard_skip_nonfinite");
+  const int64_t H = 8;
+  const std::vector<int64_t> lengths = {4, 5, 6, 3};
+  std::vector<Sample> samples;
+  for (size_t k = 0; k < lengths.size(); ++k) samples.push_back(make_sample(10 + static_cast<int64_t>(k), lengths[k], H));
+  samples[1].fin.data<float>()[2 * H + 3] = std::numeric_limits<float>::quiet_NaN();
+  samples[3].aux.data<float>()[0] = std::numeric_limits<float>::infinity();
+  {
+    ShardWriter w(dir + "/skip.h5", test_meta(H, 0), lengths, NonFinite::Skip);
+    std::vector<bool> written;
+    for (const Sample& s : samples) written.push_back(w.add(s.index, s.ids, s.mask, s.aux, s.fin));
+    EXPECT_EQ(written, (std::vector<bool>{true, false, true, false}));
+    EXPECT_EQ(w.skipped(), (std::vector<int64_t>{11, 13}));
+    EXPECT_EQ(w.skipped_tokens(), 8);
+    w.close();
+  }
+  EXPECT_FALSE(fs::exists(dir + "/skip.h5.tmp"));
+  EXPECT_FALSE(fs::exists(dir + "/skip.h5.kept.tmp"));
+  ShardReader r(dir + "/skip.h5");
+  EXPECT_EQ(r.num_samples(), 2);
+  EXPECT_EQ(r.info().num_tokens, 10);
+  EXPECT_EQ(r.info().skipped_nonfinite, (std::vector<int64_t>{11, 13}));
+  EXPECT_EQ(r.sample_indices(), (std::vector<int64_t>{10, 12}));
+  for (int64_t i = 0; i < 2; ++i) {
+    const Sample& want = samples[static_cast<size_t>(2 * i)];
+    HiddenSample got = r.read(i);
+    EXPECT_EQ(got.sample_index, want.index);
+    EXPECT_EQ(got.ids, want.ids);
+    std::vector<float> a = want.aux.to_float_vector();
+    for (float& x : a) x = round_bf16(x);
+    EXPECT_EQ(got.aux_hidden.to_float_vector(), a);
+  }
+  // The same bytes as a shard of the kept samples alone, once the attribute is removed.
+  {
+    ShardWriter w(dir + "/kept.h5", test_meta(H, 0), {4, 6});
+    for (int k : {0, 2}) w.add(samples[k].index, samples[k].ids, samples[k].mask, samples[k].aux, samples[k].fin);
+    w.close();
+  }
+  ShardReader kept(dir + "/kept.h5");
+  EXPECT_TRUE(kept.info().skipped_nonfinite.empty());
+  EXPECT_EQ(kept.input_ids(), r.input_ids());
+  EXPECT_EQ(kept.loss_mask(), r.loss_mask());
+  for (int64_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(kept.read(i).aux_hidden.to_float_vector(), r.read(i).aux_hidden.to_float_vector());
+    EXPECT_EQ(kept.read(i).final_hidden.to_float_vector(), r.read(i).final_hidden.to_float_vector());
+  }
+
+  // Every sample skipped: a shard of 0 samples.
+  {
+    ShardWriter w(dir + "/none.h5", test_meta(H, 3), {5}, NonFinite::Skip);
+    EXPECT_FALSE(w.add(samples[1].index, samples[1].ids, samples[1].mask, samples[1].aux, samples[1].fin));
+    w.close();
+  }
+  ShardReader none(dir + "/none.h5");
+  EXPECT_EQ(none.num_samples(), 0);
+  EXPECT_EQ(none.info().num_tokens, 0);
+  EXPECT_EQ(none.info().skipped_nonfinite, (std::vector<int64_t>{11}));
+
+  // Without Skip: an error naming the shard, the sample, the token, and the option; no file left.
+  const std::string e = testing::error_of([&] {
+    ShardWriter w(dir + "/err.h5", test_meta(H, 0), {5});
+    w.add(samples[1].index, samples[1].ids, samples[1].mask, samples[1].aux, samples[1].fin);
+  });
+  EXPECT_NE(e.find(dir + "/err.h5: prepared sample 11 has a non-finite final_hidden_states (z_t) at token 2 (id " +
+                   std::to_string(samples[1].ids[2]) + ")"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("--skip-nonfinite"), std::string::npos) << e;
+  EXPECT_FALSE(fs::exists(dir + "/err.h5.tmp"));
 }
 
 TEST(Shard, WrongFormatOrVersionNamesTheFile) {

@@ -16,6 +16,15 @@ if(TARGET test_data)
                          SKIP_RETURN_CODE 77 TIMEOUT 120)
   endforeach()
 endif()
+# Non-finite hidden states (issue 17, case 5): an error naming the sample, or --skip-nonfinite skipping and
+# counting them, with a target whose embedding row of one token is NaN (tests/mpi/extract_nonfinite.sh).
+if(TARGET stories260K_model)
+  add_test(NAME extract_nonfinite
+           COMMAND bash ${CMAKE_SOURCE_DIR}/tests/mpi/extract_nonfinite.sh $<TARGET_FILE:aerie> ${AERIE_MODEL_DIR}
+                   ${AERIE_SHARED_DATA}/tinystories/tinystories_val.txt ${CMAKE_BINARY_DIR}/test-scratch/extract_nonfinite)
+  set_tests_properties(extract_nonfinite PROPERTIES ENVIRONMENT "${_aerie_extract_env}" LABELS mpi
+                       SKIP_RETURN_CODE 77 TIMEOUT 180)
+endif()
 # The target's context length where samples are made and used (tests/mpi/context_length.sh).
 if(TARGET stories260K_model)
   add_test(NAME context_length
