@@ -82,8 +82,8 @@ void print_plan(std::ostream& os, const MemoryPlan& p, const PlanOptions& opt, c
     row(os, "skipped (not loaded)", "", "", "");
     for (const SkippedGroup& g : p.skipped) row(os, "  " + g.what, std::to_string(g.tensors), bytes_str(g.bytes), "-");
   }
-  row(os, "dequant scratch (bf16, per layer)", "", "", bytes_str(p.scratch_per_rank),
-      p.scratch_layer.empty() ? "no quantized weights" : "the largest quantized layer's share: " + p.scratch_layer);
+  row(os, "dequant scratch (bf16)", "", "", bytes_str(p.scratch_per_rank),
+      p.scratch_layer.empty() ? "none (no quantized weights, or only routed experts read as stored)" : p.scratch_layer);
   row(os, "activations (one forward)", "", "", bytes_str(p.activations_per_rank));
   for (const ActivationItem& a : p.activations) row(os, "  " + a.what, "", "", bytes_str(a.bytes), a.detail);
   row(os, "reserve (CUDA, NCCL, cuBLAS)", "", "", bytes_str(p.reserve), "--reserve");

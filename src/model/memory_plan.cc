@@ -4,10 +4,12 @@
 #include "model/memory_plan.h"
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <sstream>
 
 #include "core/error.h"
+#include "model/blocks.h"
 
 namespace aerie {
 
@@ -315,7 +317,15 @@ MemoryPlan plan_memory(const json& config, const std::vector<TensorInfo>& tensor
 
   const int64_t tp = opt.tp;
   std::map<std::string, size_t> skip_index;
-  std::map<int64_t, int64_t> scratch;  // layer -> bf16 bytes of its quantized tensors' share
+  // Dequantization scratch (bf16), as aerie's forward uses it: a quantized Linear is dequantized into one
+  // buffer reused by every Linear (the largest one counts; gate_proj + up_proj are one Linear), and the
+  // routed experts need none when the fused grouped GEMM reads them as stored (kernels/gemm.h
+  // matmul_grouped_quant: K % 64 of both projections, N % 128 and parts of a multiple of 128 rows), else
+  // the experts of a layer in chunks of at most kMoeScratchBytes.
+  const int64_t mi_rank = ceil_div(s.moe_intermediate, tp);
+  const bool fused_experts = s.hidden % 128 == 0 && mi_rank % 128 == 0;
+  std::map<int64_t, int64_t> routed_scratch;  // layer -> bf16 bytes of its routed experts' share
+  std::map<std::string, int64_t> linear_scratch;  // Linear (gate/up as one) -> bf16 bytes of its share
   std::array<bool, kWeightCategories> fp8{}, int4{};
   std::map<std::string, std::pair<int64_t, std::string>> undivided;  // "dim 0 (rows)" -> count, example
   int64_t others = 0;
@@ -356,7 +366,15 @@ MemoryPlan plan_memory(const json& config, const std::vector<TensorInfo>& tensor
     const bool is_int4 = ends_with(t.name, ".weight_packed");
     if (is_fp8 || is_int4) {
       (is_fp8 ? fp8 : int4)[static_cast<int>(r.category)] = true;
-      scratch[r.layer] += share * (is_int4 ? s.pack_factor : 1) * opt.activation_bytes;
+      const int64_t bytes = share * (is_int4 ? s.pack_factor : 1) * opt.activation_bytes;
+      if (r.category == WeightCategory::RoutedExperts) {
+        if (!fused_experts) routed_scratch[r.layer] += bytes;
+      } else {
+        std::string linear = t.name.substr(0, t.name.rfind('.'));  // the module, e.g. ...mlp.up_proj
+        for (const char* p : {"gate_proj", "up_proj"})
+          if (ends_with(linear, p)) linear = linear.substr(0, linear.size() - std::strlen(p)) + "gate_up";
+        linear_scratch[linear] += bytes;
+      }
     }
   }
   for (const CategoryBytes& c : plan.weights) {
@@ -371,11 +389,21 @@ MemoryPlan plan_memory(const json& config, const std::vector<TensorInfo>& tensor
     quant.push_back("int4 pack-quantized, " + std::to_string(s.pack_factor) + " per int32 (" + category_list(int4) + ")");
   if (std::count(fp8.begin(), fp8.end(), true)) quant.push_back("fp8 e4m3 (" + category_list(fp8) + ")");
   plan.quantization = quant.empty() ? "none" : quant.size() == 1 ? quant[0] : quant[0] + "; " + quant[1];
-  for (const auto& [layer, bytes] : scratch)
+  for (const auto& [linear, bytes] : linear_scratch)
     if (bytes > plan.scratch_per_rank) {
       plan.scratch_per_rank = bytes;
-      plan.scratch_layer = layer >= 0 ? "layer " + std::to_string(layer) : "embedding / lm_head";
+      plan.scratch_layer = "the largest quantized Linear, " + linear;
     }
+  for (const auto& [layer, bytes] : routed_scratch)
+    if (std::min(bytes, kMoeScratchBytes) > plan.scratch_per_rank) {
+      plan.scratch_per_rank = std::min(bytes, kMoeScratchBytes);
+      plan.scratch_layer = "layer " + std::to_string(layer) + "'s routed experts" +
+                           (bytes > kMoeScratchBytes ? " (chunks of 4 GiB)" : "");
+    }
+  if (!fused_experts && s.experts > 0 && std::count(int4.begin(), int4.end(), true) + std::count(fp8.begin(), fp8.end(), true) > 0)
+    plan.notes.push_back("moe_intermediate_size / tp = " + std::to_string(mi_rank) + " (or hidden " +
+                         std::to_string(s.hidden) + ") is not a multiple of 128: the routed experts are "
+                         "dequantized into a bf16 scratch before their GEMMs (slower)");
 
   for (const auto& [dim, u] : undivided)
     plan.notes.push_back("tp " + std::to_string(tp) + " does not divide " + dim + " of " + std::to_string(u.first) +

@@ -79,8 +79,11 @@ struct MemoryPlan {
   int64_t weight_tensors = 0, weights_checkpoint = 0, weights_per_rank = 0;
   int64_t replicated_embedding_delta = 0;  // per-rank bytes the other embed/lm_head rule would add (or save: < 0)
   std::vector<SkippedGroup> skipped;
-  int64_t scratch_per_rank = 0;  // bf16 dequantization of the largest quantized layer's share; 0 if none
-  std::string scratch_layer;     // "layer 1" ("" without quantized weights)
+  // bf16 dequantization buffer: the largest quantized Linear's share outside the routed experts, or a
+  // layer's routed experts (at most kMoeScratchBytes) when the fused grouped GEMM cannot read them as
+  // stored; 0 if none
+  int64_t scratch_per_rank = 0;
+  std::string scratch_layer;  // what sets it ("" without a scratch)
   int64_t tokens_per_forward = 0;
   std::vector<ActivationItem> activations;
   int64_t activations_per_rank = 0;

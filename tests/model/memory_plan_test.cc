@@ -56,9 +56,10 @@ TEST(MemoryPlan, KimiK25RealTensorListTp8Fits96GB) {
   EXPECT_NEAR(cat(p, WeightCategory::Router).per_rank / 1e9, 0.33, 0.01);  // replicated
   // Replicating embed_tokens + lm_head (2 x 163840 x 7168 bf16) would add 7/8 of them per rank.
   EXPECT_EQ(p.replicated_embedding_delta, int64_t{2} * 163840 * 7168 * 2 / 8 * 7);
-  // The largest quantized layer: 384 experts x 3 x 2048 x 7168 bf16 / 8, exactly.
-  EXPECT_EQ(p.scratch_per_rank, int64_t{384} * 3 * 2048 * 7168 * 2 / 8);
-  EXPECT_EQ(p.scratch_layer, "layer 1");
+  // No dequantization scratch: the INT4 routed experts are the only quantized weights, and the fused
+  // grouped GEMM reads them as stored (moe_intermediate / tp = 256, hidden 7168: multiples of 128).
+  EXPECT_EQ(p.scratch_per_rank, 0);
+  EXPECT_EQ(p.scratch_layer, "");
   EXPECT_EQ(p.tokens_per_forward, 8192);
   ASSERT_NE(skipped(p, "vision_tower.*"), nullptr);
   ASSERT_NE(skipped(p, "mm_projector.*"), nullptr);
@@ -86,9 +87,10 @@ TEST(MemoryPlan, KimiK2InstructRealFp8List) {
   EXPECT_EQ(rot->tensors, 61);
   EXPECT_NEAR((p.weights_checkpoint + rot->bytes) / GiB, 958.49, 0.01);  // SOURCE.txt's byte total
   EXPECT_NE(p.quantization.find("fp8"), std::string::npos);
-  // FP8 experts: 384 x 3 x 2048 x 7168 values dequantized to bf16, / 8.
-  EXPECT_EQ(p.scratch_per_rank % 2, 0);
-  EXPECT_GT(p.scratch_per_rank, int64_t{384} * 3 * 2048 * 7168 * 2 / 8);
+  // The routed experts are read as stored; the largest other FP8 Linear is layer 0's dense gate/up
+  // (2 x 18432 / 8 rows of 7168), dequantized to bf16.
+  EXPECT_EQ(p.scratch_per_rank, int64_t{2} * 18432 / 8 * 7168 * 2);
+  EXPECT_NE(p.scratch_layer.find("layers.0.mlp.gate_up"), std::string::npos) << p.scratch_layer;
   EXPECT_NEAR(p.weights_per_rank / 1e9, 958.49 * GiB / 1e9 / 8, 3.0);
 }
 
@@ -160,9 +162,19 @@ TEST(MemoryPlan, DeepSeekV3Tp8) {
   EXPECT_EQ(mtp->tensors, 2 + 2 * 5 + 2 + 2 + 257 * 6 + 5);  // norms, attention, router, experts, own
   EXPECT_EQ(cat(p, WeightCategory::DenseMlp).tensors, 3 * 6);
   EXPECT_TRUE(p.fits) << p.total_per_rank / GiB << " GiB";
-  // FP8 everywhere: the scratch covers a MoE layer's attention and experts, more than its experts alone.
-  EXPECT_GT(p.scratch_per_rank, int64_t{256} * 3 * 2048 * 7168 * 2 / 8);
+  // FP8 everywhere, the routed experts read as stored: the scratch is the largest other Linear, a dense
+  // layer's gate/up (2 x 18432 / 8 rows of 7168).
+  EXPECT_EQ(p.scratch_per_rank, int64_t{2} * 18432 / 8 * 7168 * 2);
   EXPECT_TRUE(p.notes.empty()) << p.notes.front();
+  // At tp 32 an expert's slice (2048 / 32 = 64 rows) is not a multiple of 128: its layer's experts are
+  // dequantized into the scratch, 256 x 3 x 64 x 7168 bf16 (under the 4 GiB chunk), and a note says so.
+  opt.tp = 32;
+  const MemoryPlan q = plan_memory(cfg, deepseek_v3_tensors(cfg), opt);
+  EXPECT_EQ(q.scratch_per_rank, int64_t{256} * 3 * 64 * 7168 * 2);
+  EXPECT_NE(q.scratch_layer.find("routed experts"), std::string::npos) << q.scratch_layer;
+  bool noted = false;
+  for (const std::string& n : q.notes) noted = noted || n.find("dequantized into a bf16 scratch") != std::string::npos;
+  EXPECT_TRUE(noted);
 }
 
 // The stories260K checkpoint the build converts, from its real header: at tp 1 the plan's weights are the
