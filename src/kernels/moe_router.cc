@@ -1,6 +1,11 @@
 // MoE router and expert sort: checks and device dispatch (see moe_router.h).
 #include "kernels/moe_router.h"
 
+#include <algorithm>
+#include <vector>
+
+#include "core/bf16.h"
+
 #include "kernels/dispatch.h"
 #ifdef AERIE_WITH_CUDA
 #include "kernels/cuda/moe_router.h"
@@ -105,6 +110,97 @@ void moe_combine(const Tensor& y, const Tensor& weights, Tensor& out) {
 #endif
   }
   cpu::moe_combine(y.data<float>(), weights.data<float>(), t, k, h, out.data<float>());
+}
+
+namespace {
+
+template <typename T>
+float as_f32(T v) {
+  return static_cast<float>(v);
+}
+
+template <typename T>
+void gather_pairs_cpu(const T* h, const int32_t* perm, int64_t pairs, int64_t k, int64_t hd, T* xs, int32_t* row_of) {
+  std::vector<char> seen(static_cast<size_t>(pairs), 0);
+  for (int64_t r = 0; r < pairs; ++r) {
+    const int32_t p = perm[r];
+    AERIE_CHECK(p >= 0 && p < pairs && !seen[p], "moe_gather_pairs: perm[" << r << "] = " << p
+                                                     << " is not a pair of a permutation of [0, " << pairs << ")");
+    seen[p] = 1;
+    row_of[p] = static_cast<int32_t>(r);
+    std::copy(h + (p / k) * hd, h + (p / k + 1) * hd, xs + r * hd);
+  }
+}
+
+template <typename T>
+void combine_rows_cpu(const T* ys, const int32_t* row_of, const float* w, int64_t t, int64_t k, int64_t hd, float* out) {
+  for (int64_t r = 0; r < t; ++r)
+    for (int64_t j = 0; j < hd; ++j) {
+      float acc = 0.0f;
+      for (int64_t s = 0; s < k; ++s) acc += w[r * k + s] * as_f32(ys[static_cast<int64_t>(row_of[r * k + s]) * hd + j]);
+      out[r * hd + j] = acc;
+    }
+}
+
+}  // namespace
+
+void moe_gather_pairs(const Tensor& h, const Tensor& perm, int64_t k, Tensor& xs, Tensor& row_of) {
+  constexpr const char* op = "moe_gather_pairs";
+  AERIE_CHECK(h.ndim() == 2 && perm.ndim() == 1 && k >= 1,
+              op << ": h must be [T, H], perm [T k] and k >= 1, got " << shape_str(h.shape()) << ", "
+                 << shape_str(perm.shape()) << ", k " << k);
+  kernels::check_float(h, op, "h");
+  const int64_t t = h.dim(0), hd = h.dim(1), pairs = t * k;
+  perm.check_shape({pairs}, what(op, "perm"));
+  perm.check_dtype(DType::I32, what(op, "perm"));
+  xs.check_shape({pairs, hd}, what(op, "xs"));
+  xs.check_dtype(h.dtype(), what(op, "xs"));
+  row_of.check_shape({pairs}, what(op, "row_of"));
+  row_of.check_dtype(DType::I32, what(op, "row_of"));
+  const Device dev = kernels::common_device(op, {{"h", &h}, {"perm", &perm}, {"xs", &xs}, {"row_of", &row_of}});
+  if (pairs == 0) return;
+  if (dev == Device::CUDA) {
+#ifdef AERIE_WITH_CUDA
+    cuda::moe_gather_pairs(h.raw(), h.dtype(), perm.data<int32_t>(), pairs, k, hd, xs.raw(), row_of.data<int32_t>());
+    return;
+#else
+    kernels::throw_no_backend(op, dev);
+#endif
+  }
+  if (h.dtype() == DType::F32)
+    gather_pairs_cpu(h.data<float>(), perm.data<int32_t>(), pairs, k, hd, xs.data<float>(), row_of.data<int32_t>());
+  else
+    gather_pairs_cpu(h.data<bf16>(), perm.data<int32_t>(), pairs, k, hd, xs.data<bf16>(), row_of.data<int32_t>());
+}
+
+void moe_combine_rows(const Tensor& ys, const Tensor& row_of, const Tensor& weights, Tensor& out) {
+  constexpr const char* op = "moe_combine_rows";
+  AERIE_CHECK(weights.ndim() == 2 && out.ndim() == 2,
+              op << ": weights must be [T, k] and out [T, H], got " << shape_str(weights.shape()) << " and "
+                 << shape_str(out.shape()));
+  const int64_t t = weights.dim(0), k = weights.dim(1), hd = out.dim(1);
+  kernels::check_float(ys, op, "ys");
+  ys.check_shape({t * k, hd}, what(op, "ys"));
+  row_of.check_shape({t * k}, what(op, "row_of"));
+  row_of.check_dtype(DType::I32, what(op, "row_of"));
+  weights.check_dtype(DType::F32, what(op, "weights"));
+  out.check_dtype(DType::F32, what(op, "out"));
+  const Device dev =
+      kernels::common_device(op, {{"ys", &ys}, {"row_of", &row_of}, {"weights", &weights}, {"out", &out}});
+  if (t == 0 || hd == 0) return;
+  if (dev == Device::CUDA) {
+#ifdef AERIE_WITH_CUDA
+    cuda::moe_combine_rows(ys.raw(), ys.dtype(), row_of.data<int32_t>(), weights.data<float>(), t, k, hd,
+                           out.data<float>());
+    return;
+#else
+    kernels::throw_no_backend(op, dev);
+#endif
+  }
+  if (ys.dtype() == DType::F32)
+    combine_rows_cpu(ys.data<float>(), row_of.data<int32_t>(), weights.data<float>(), t, k, hd, out.data<float>());
+  else
+    combine_rows_cpu(ys.data<bf16>(), row_of.data<int32_t>(), weights.data<float>(), t, k, hd, out.data<float>());
 }
 
 }  // namespace aerie

@@ -53,4 +53,21 @@ void moe_sort_by_expert(const Tensor& indices, int64_t num_experts, Tensor& coun
 /// terms in another order). Throws aerie::Error on a shape, dtype or device mismatch.
 void moe_combine(const Tensor& y, const Tensor& weights, Tensor& out);
 
+/// The experts' input rows and where their outputs go, from moe_sort_by_expert's perm, on the device
+/// (no host round trip): for r in [0, P), P = T k,
+///   xs[r] = h[perm[r] / k]     (row r of the expert-ordered GEMM input is its pair's token),
+///   row_of[perm[r]] = r        (pair p's output is row row_of[p] of the experts' output).
+/// h: [T, H] F32|BF16, perm: [P] I32 (a permutation of [0, P): moe_sort_by_expert's, every pair routed),
+/// xs: [P, H] in h's dtype, row_of: [P] I32. The CPU checks that perm is a permutation (naming the first
+/// bad entry); CUDA trusts it (it is the sort's output). Throws aerie::Error on a shape, dtype or device
+/// mismatch.
+void moe_gather_pairs(const Tensor& h, const Tensor& perm, int64_t k, Tensor& xs, Tensor& row_of);
+
+/// moe_combine of the experts' outputs in expert order, without gathering them back to pair order:
+///   out[t, j] = sum_{slot = 0..k-1} weights[t, slot] ys[row_of[t k + slot], j]
+/// in fp32, the slots in order: bit for bit moe_combine of y[p] = ys[row_of[p]] (a BF16 ys widened
+/// exactly). ys: [P, H] F32|BF16, row_of: [P] I32 (moe_gather_pairs'), weights [T, k] F32, out [T, H] F32
+/// (overwritten). Throws aerie::Error on a shape, dtype or device mismatch.
+void moe_combine_rows(const Tensor& ys, const Tensor& row_of, const Tensor& weights, Tensor& out);
+
 }  // namespace aerie

@@ -1,9 +1,9 @@
 // DeepSeek-V3's MoE FFN block (model/blocks.h MoeSpec; transformers' DeepseekV3MoE). Per forward
 // (n rows, k = top_k, P = n k pairs, I = this rank's slice of moe_intermediate_size, ct = compute dtype):
 //   h32 [n, H] F32 (h in fp32 for the router)   logits [n, E] F32   idx [n, k] I32, w [n, k] F32
-//   counts [E], offsets [E + 1], perm [P] (pairs sorted by expert; offsets/perm read on the host)
-//   xs [P, H] ct (h's rows in expert order)   gu [P, 2 I] ct   act [P, I] ct   ys [P, H] ct
-//   y [P, H] F32 (pair order)   routed [n, H] F32 = sum_k w y   out = all_reduce(routed + shared(h))
+//   counts [E], offsets [E + 1] (read on the host), perm [P] (pairs sorted by expert)
+//   xs [P, H] ct (h's rows in expert order), row_of [P] (pair -> row of ys)   gu [P, 2 I] ct
+//   act [P, I] ct   ys [P, H] ct   routed [n, H] F32 = sum_k w ys[row_of]   out = all_reduce(routed + shared(h))
 // The experts' GEMMs are grouped, never a launch per expert:
 //  - on the GPU in BF16, one fused kernel per projection (kernels/gemm.h matmul_grouped_quant) that
 //    reads every expert's weight as stored (BF16, FP8 blocks, INT4 groups) and dequantizes tile by tile
@@ -20,7 +20,6 @@
 
 #include "core/error.h"
 #include "kernels/convert.h"
-#include "kernels/embedding.h"
 #include "kernels/fused.h"
 #include "kernels/gemm.h"
 #include "kernels/moe_router.h"
@@ -98,20 +97,20 @@ class MoeFfn final : public FfnBlock {
       moe_router_noaux_tc(logits, bias_, rc, idx, w);
       moe_sort_by_expert(idx, E, counts, offsets, perm);
     });
-    // The pairs' rows in expert order, and where each pair's row lands (the host needs the offsets
-    // to size the expert GEMMs).
-    Tensor off_h = dev == Device::CPU ? offsets : offsets.to_device(Device::CPU);
-    Tensor perm_h = dev == Device::CPU ? perm : perm.to_device(Device::CPU);
-    std::vector<int32_t> token_of(static_cast<size_t>(P)), row_of(static_cast<size_t>(P));
-    for (int64_t r = 0; r < P; ++r) {
-      const int32_t pair = perm_h.data<int32_t>()[r];
-      token_of[r] = static_cast<int32_t>(pair / k);
-      row_of[pair] = static_cast<int32_t>(r);
-    }
-    auto on_device = [dev](Tensor t) { return dev == Device::CPU ? t : t.to_device(dev); };
+    // The pairs' rows in expert order and where each pair's output lands, on the device; the host needs
+    // only the expert offsets (to size the GEMMs).
     Tensor xs = ctx.buffer("moe.xs", {P, H}, ctx.dtype), ys = ctx.buffer("moe.ys", {P, H}, ctx.dtype);
-    ctx.prof.time(OpKind::Other, dev,
-                  [&] { embedding_forward(on_device(Tensor::from_vector(token_of, {P})), h, xs); });
+    Tensor row_of = ctx.buffer("moe.row_of", {P}, DType::I32);
+    ctx.prof.time(OpKind::Other, dev, [&] {
+      if (h.dtype() == ctx.dtype) {
+        moe_gather_pairs(h, perm, k, xs, row_of);
+      } else {
+        Tensor hc = ctx.buffer("moe.hc", {n, H}, ctx.dtype);
+        convert(h, hc);
+        moe_gather_pairs(hc, perm, k, xs, row_of);
+      }
+    });
+    Tensor off_h = dev == Device::CPU ? offsets : offsets.to_device(Device::CPU);
     std::vector<int64_t> off(static_cast<size_t>(E + 1));
     for (int64_t e = 0; e <= E; ++e) off[e] = off_h.data<int32_t>()[e];
     const int64_t I2 = 2 * inter_;
@@ -167,11 +166,7 @@ class MoeFfn final : public FfnBlock {
       weights(&Expert::down, H, inter_);
       ctx.prof.time(OpKind::Gemm, dev, [&] { matmul_grouped(act, w, offs, ys); });
     }
-    Tensor y = ctx.buffer("moe.y", {P, H}, DType::F32);
-    ctx.prof.time(OpKind::Other, dev, [&] {
-      embedding_forward(on_device(Tensor::from_vector(row_of, {P})), ys, y);  // back to pair order
-      moe_combine(y, w, out);                                                  // routed sum, fp32
-    });
+    ctx.prof.time(OpKind::Other, dev, [&] { moe_combine_rows(ys, row_of, w, out); });  // routed sum, fp32
     if (shared_) {
       Tensor sh = ctx.buffer("moe.shared", {n, H}, DType::F32);
       shared_->forward(ctx, h, sh);  // partial over tp, no reduction

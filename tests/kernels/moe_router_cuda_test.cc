@@ -67,5 +67,34 @@ TEST(MoeSortCuda, DropsOutOfRangeIndices) {
   EXPECT_EQ(pg.to_float_vector(), (std::vector<float>{2, 5, 0, 4, -1, -1}));
 }
 
+// moe_gather_pairs / moe_combine_rows on CUDA against the CPU at Kimi-K2's size (384 experts, top 8, 300
+// tokens, H 7168 and an odd 70 (the per-element path)): the gather and row_of bitwise; the combine within
+// a few fp32 ulp of its k = 8 terms (FMA contraction on the GPU).
+TEST(MoeGatherCuda, MatchesCpu) {
+  AERIE_REQUIRE_CUDA();
+  const int64_t t = 300, e = 384, k = 8, P = t * k;
+  Tensor idx = Tensor::empty({t, k}, DType::I32), w = Tensor::empty({t, k}, DType::F32);
+  moe_router_noaux_tc(testing::random_tensor({t, e}, 5, -4.0f, 4.0f), testing::random_tensor({e}, 6, -0.1f, 0.1f),
+                      {1, 1, 8, true, 2.827f}, idx, w);
+  Tensor counts = Tensor::empty({e}, DType::I32), offsets = Tensor::empty({e + 1}, DType::I32);
+  Tensor perm = Tensor::empty({P}, DType::I32);
+  moe_sort_by_expert(idx, e, counts, offsets, perm);
+  for (int64_t H : {7168, 70})
+    for (DType dt : {DType::F32, DType::BF16}) {
+      SCOPED_TRACE(std::to_string(H) + " " + dtype_name(dt));
+      const Tensor h = testing::random_tensor({t, H}, 7).to(dt), ys = testing::random_tensor({P, H}, 8).to(dt);
+      Tensor xs = Tensor::empty({P, H}, dt), row_of = Tensor::empty({P}, DType::I32);
+      Tensor xg = Tensor::empty({P, H}, dt, Device::CUDA), rg = Tensor::empty({P}, DType::I32, Device::CUDA);
+      moe_gather_pairs(h, perm, k, xs, row_of);
+      moe_gather_pairs(gpu(h), gpu(perm), k, xg, rg);
+      EXPECT_EQ(xg.to_device(Device::CPU).to_float_vector(), xs.to_float_vector());
+      EXPECT_EQ(rg.to_device(Device::CPU).to_float_vector(), row_of.to_float_vector());
+      Tensor out = Tensor::empty({t, H}, DType::F32), og = Tensor::empty({t, H}, DType::F32, Device::CUDA);
+      moe_combine_rows(ys, row_of, w, out);
+      moe_combine_rows(gpu(ys), rg, gpu(w), og);
+      testing::expect_close(og.to_device(Device::CPU).to_float_vector(), out.to_float_vector(), 1e-6f, 1e-5f, "combine");
+    }
+}
+
 }  // namespace
 }  // namespace aerie

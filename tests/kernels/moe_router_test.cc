@@ -4,6 +4,7 @@
 // negative bias, and norm_topk_prob off). Indices exactly; weights to 2 ulp (HF sums the k weights in
 // another order). The expert sort: counts, offsets and the stable permutation; the error messages.
 #include "kernel_test_util.h"
+#include "kernels/embedding.h"
 #include "kernels/moe_router.h"
 #include "quant_fixture.h"
 
@@ -130,6 +131,45 @@ TEST(MoeSort, RouterOutputRoundTrips) {
       ++seen[static_cast<size_t>(p)];
     }
   for (int s : seen) EXPECT_EQ(s, 1);
+}
+
+// moe_gather_pairs and moe_combine_rows against what they replace (embedding_forward of each pair's
+// token into expert order, embedding_forward back to pair order, moe_combine): bitwise, F32 and BF16,
+// on the golden router's choices; a perm that is not a permutation names its entry.
+TEST(MoeGather, PairsAndCombineRowsEqualTheGatheredPath) {
+  const Tensor& logits = golden("router.random.logits");
+  const MoeRouterConfig cfg = config_of("random");
+  const int64_t t = logits.dim(0), k = cfg.top_k, e = logits.dim(1), P = t * k, H = 24;
+  Tensor idx = Tensor::empty({t, k}, DType::I32), w = Tensor::empty({t, k}, DType::F32);
+  moe_router_noaux_tc(logits, golden("router.random.bias"), cfg, idx, w);
+  Tensor counts = Tensor::empty({e}, DType::I32), offsets = Tensor::empty({e + 1}, DType::I32);
+  Tensor perm = Tensor::empty({P}, DType::I32);
+  moe_sort_by_expert(idx, e, counts, offsets, perm);
+  std::vector<int32_t> token_of(static_cast<size_t>(P)), row_of_ref(static_cast<size_t>(P));
+  for (int64_t r = 0; r < P; ++r) {
+    token_of[r] = perm.data<int32_t>()[r] / static_cast<int32_t>(k);
+    row_of_ref[perm.data<int32_t>()[r]] = static_cast<int32_t>(r);
+  }
+  for (DType dt : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor h = testing::random_tensor({t, H}, 3).to(dt);
+    Tensor xs = Tensor::empty({P, H}, dt), row_of = Tensor::empty({P}, DType::I32), want = Tensor::empty({P, H}, dt);
+    moe_gather_pairs(h, perm, k, xs, row_of);
+    embedding_forward(Tensor::from_vector(token_of, {P}), h, want);
+    EXPECT_EQ(xs.to_float_vector(), want.to_float_vector());
+    EXPECT_EQ(std::vector<int32_t>(row_of.data<int32_t>(), row_of.data<int32_t>() + P), row_of_ref);
+    const Tensor ys = testing::random_tensor({P, H}, 4).to(dt);
+    Tensor out = Tensor::empty({t, H}, DType::F32), y = Tensor::empty({P, H}, DType::F32),
+           ref = Tensor::empty({t, H}, DType::F32);
+    moe_combine_rows(ys, row_of, w, out);
+    embedding_forward(row_of, ys, y);
+    moe_combine(y, w, ref);
+    EXPECT_EQ(out.to_float_vector(), ref.to_float_vector());
+  }
+  Tensor twice = Tensor::from_vector<int32_t>({0, 0}, {2});
+  Tensor xs2 = Tensor::empty({2, 4}, DType::F32), r2 = Tensor::empty({2}, DType::I32);
+  expect_error([&] { moe_gather_pairs(testing::random_tensor({1, 4}, 1), twice, 2, xs2, r2); }, "perm[1] = 0");
+  expect_error([&] { moe_gather_pairs(testing::random_tensor({1, 4}, 1), twice, 2, xs2, xs2); }, "row_of");
 }
 
 }  // namespace

@@ -364,7 +364,7 @@ __device__ __forceinline__ void wgmma_n64(float (&d)[32], uint64_t da, uint64_t 
 }
 
 template <int F, int BM, int STAGES>
-__global__ void __launch_bounds__(kThreads, BM == 64 ? 2 : 1)
+__global__ void __launch_bounds__(kThreads, BM == 64 || STAGES == 3 ? 2 : 1)
     grouped_gemm_wgmma_kernel(const __nv_bfloat16* __restrict__ a, __nv_bfloat16* __restrict__ c,
                               const GroupDesc* __restrict__ groups, const TileDesc* __restrict__ tiles, int K, int N) {
   extern __shared__ __align__(1024) uint8_t smem[];
@@ -445,10 +445,9 @@ __global__ void __launch_bounds__(kThreads, BM == 64 ? 2 : 1)
   }
 }
 
-template <int F, int BM, bool WG>
+template <int F, int BM, bool WG, int STAGES>
 void launch(const __nv_bfloat16* a, __nv_bfloat16* c, const GroupDesc* groups, const TileDesc* tiles, int tiles_n,
             int K, int N) {
-  constexpr int STAGES = WG ? 4 : (BM == 64 ? 4 : 3);
   constexpr int bytes = Layout<F, BM, STAGES>::bytes + 1024;  // + the alignment to 1024 bytes
   auto* kernel = [] {
     if constexpr (WG)
@@ -469,28 +468,20 @@ void launch(const __nv_bfloat16* a, __nv_bfloat16* c, const GroupDesc* groups, c
   AERIE_CUDA_LAUNCHED("grouped_gemm_kernel");
 }
 
-/// Rows of tile height bm over the groups (the rows the CTAs compute, padding included).
-int64_t padded_rows(const std::vector<int64_t>& offsets, const std::vector<int64_t>& groups, int64_t bm) {
-  int64_t s = 0;
-  for (int64_t g : groups) s += (offsets[g + 1] - offsets[g] + bm - 1) / bm * bm;
-  return s;
-}
 
 }  // namespace
 
 void matmul_grouped_quant(const Tensor& a, int format, const std::vector<GroupedWeight>& w,
                           const std::vector<int64_t>& offsets, const std::vector<int64_t>& groups, Tensor& c) {
   const int K = static_cast<int>(a.dim(1)), N = static_cast<int>(c.dim(1));
-  // Tile height: a padded row of a 64-row tile costs about 1.5 of a 128-row tile's (measured on an H200,
-  // Kimi-K2.5's INT4 experts at 2048 and 8192 tokens: tools/bench/bench_deepseek.sh), but 64 pads less
-  // when the groups are small.
-  int bm = padded_rows(offsets, groups, 128) * 2 <= padded_rows(offsets, groups, 64) * 3 ? 128 : 64;
-  if (const char* e = std::getenv("AERIE_GROUPED_GEMM_BM")) {
-    if (std::strcmp(e, "64") == 0) bm = 64;
-    if (std::strcmp(e, "128") == 0) bm = 128;
-  }
+  // Row tiles. "mixed" (the default): 128-row tiles, and a group's last rows, when 64 or fewer, in a
+  // 64-row tile of a second launch. "64" / "128" (AERIE_GROUPED_GEMM_BM, for benchmarks): one height.
+  const char* e = std::getenv("AERIE_GROUPED_GEMM_BM");
+  const std::string mode = e ? e : "mixed";
+  AERIE_CHECK(mode == "mixed" || mode == "64" || mode == "128",
+              "AERIE_GROUPED_GEMM_BM must be 64, 128 or mixed, got '" << mode << "'");
   std::vector<GroupDesc> gd;
-  std::vector<TileDesc> td;
+  std::vector<TileDesc> t128, t64;
   gd.reserve(groups.size());
   for (int64_t g : groups) {
     GroupDesc d{};
@@ -505,32 +496,56 @@ void matmul_grouped_quant(const Tensor& a, int format, const std::vector<Grouped
     }
     d.row0 = static_cast<int32_t>(offsets[g]);
     d.rows = static_cast<int32_t>(offsets[g + 1] - offsets[g]);
-    for (int32_t m0 = 0; m0 < d.rows; m0 += bm) td.push_back({static_cast<int32_t>(gd.size()), m0});
+    const int32_t gi = static_cast<int32_t>(gd.size());
+    if (mode == "64") {
+      for (int32_t m0 = 0; m0 < d.rows; m0 += 64) t64.push_back({gi, m0});
+    } else {
+      int32_t m0 = 0;
+      for (; d.rows - m0 > (mode == "128" ? 0 : 64); m0 += 128) t128.push_back({gi, m0});
+      if (m0 < d.rows) t64.push_back({gi, m0});
+    }
     gd.push_back(d);
   }
-  AERIE_CHECK(td.size() <= 65535, "matmul_grouped_quant: " << td.size() << " row tiles exceed the grid's 65535");
-  const size_t gbytes = gd.size() * sizeof(GroupDesc), bytes = gbytes + td.size() * sizeof(TileDesc);
+  AERIE_CHECK(t128.size() <= 65535 && t64.size() <= 65535,
+              "matmul_grouped_quant: " << t128.size() + t64.size() << " row tiles exceed the grid's 65535");
+  const size_t gbytes = gd.size() * sizeof(GroupDesc), b128 = t128.size() * sizeof(TileDesc);
+  const size_t bytes = gbytes + b128 + t64.size() * sizeof(TileDesc);
   std::vector<uint8_t> host(bytes);
   std::memcpy(host.data(), gd.data(), gbytes);
-  std::memcpy(host.data() + gbytes, td.data(), td.size() * sizeof(TileDesc));
+  std::memcpy(host.data() + gbytes, t128.data(), b128);
+  std::memcpy(host.data() + gbytes + b128, t64.data(), t64.size() * sizeof(TileDesc));
   const cudaStream_t s = stream();
   void* dev = alloc(bytes, current_stream());
   AERIE_CUDA_CHECK(cudaMemcpyAsync(dev, host.data(), bytes, cudaMemcpyHostToDevice, s),
                    "matmul_grouped_quant: cudaMemcpyAsync of " << groups.size() << " group descriptors");
   const auto* gdev = static_cast<const GroupDesc*>(dev);
-  const auto* tdev = reinterpret_cast<const TileDesc*>(static_cast<const uint8_t*>(dev) + gbytes);
+  const auto* d128 = reinterpret_cast<const TileDesc*>(static_cast<const uint8_t*>(dev) + gbytes);
+  const auto* d64 = reinterpret_cast<const TileDesc*>(static_cast<const uint8_t*>(dev) + gbytes + b128);
   const auto* ap = static_cast<const __nv_bfloat16*>(a.raw());
   auto* cp = static_cast<__nv_bfloat16*>(c.raw());
-  const int nt = static_cast<int>(td.size());
-  // The kernel: wgmma (default) or mma.sync (AERIE_GROUPED_GEMM_KERNEL=mma, for benchmarks).
+  const int n128 = static_cast<int>(t128.size()), n64 = static_cast<int>(t64.size());
+  // The kernel: wgmma (default) or mma.sync (AERIE_GROUPED_GEMM_KERNEL=mma); the wgmma kernel's stages
+  // at 128 rows: 3 (two CTAs per SM, the default) or 4 (one; AERIE_GROUPED_GEMM_STAGES=4).
   const char* kern = std::getenv("AERIE_GROUPED_GEMM_KERNEL");
   const bool wg = !(kern && std::strcmp(kern, "mma") == 0);
+  const char* st = std::getenv("AERIE_GROUPED_GEMM_STAGES");
+  const bool four = st && std::strcmp(st, "4") == 0;
   auto run = [&](auto fmt) {
     constexpr int F = decltype(fmt)::value;
-    if (wg)
-      bm == 128 ? launch<F, 128, true>(ap, cp, gdev, tdev, nt, K, N) : launch<F, 64, true>(ap, cp, gdev, tdev, nt, K, N);
-    else
-      bm == 128 ? launch<F, 128, false>(ap, cp, gdev, tdev, nt, K, N) : launch<F, 64, false>(ap, cp, gdev, tdev, nt, K, N);
+    if (n128 > 0) {
+      if (!wg)
+        launch<F, 128, false, 3>(ap, cp, gdev, d128, n128, K, N);
+      else if (four)
+        launch<F, 128, true, 4>(ap, cp, gdev, d128, n128, K, N);
+      else
+        launch<F, 128, true, 3>(ap, cp, gdev, d128, n128, K, N);
+    }
+    if (n64 > 0) {
+      if (wg)
+        launch<F, 64, true, 4>(ap, cp, gdev, d64, n64, K, N);
+      else
+        launch<F, 64, false, 4>(ap, cp, gdev, d64, n64, K, N);
+    }
   };
   if (format == kDense)
     run(std::integral_constant<int, kDense>{});

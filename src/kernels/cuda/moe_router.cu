@@ -199,4 +199,73 @@ void moe_combine(const float* y, const float* weights, int64_t t, int64_t k, int
   AERIE_CUDA_LAUNCHED("moe_combine_kernel");
 }
 
+namespace {
+
+// One thread per 16-byte chunk of a row of xs (8 bf16 or 4 f32; H a multiple of it), else per element.
+template <typename T, typename V>
+__global__ void gather_pairs_kernel(const T* __restrict__ h, const int32_t* __restrict__ perm, int64_t pairs,
+                                    int64_t k, int64_t hd, T* __restrict__ xs, int32_t* __restrict__ row_of) {
+  constexpr int64_t kPer = sizeof(V) / sizeof(T);
+  const int64_t per_row = hd / kPer, total = pairs * per_row;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / per_row, c = i % per_row;
+    const int32_t p = perm[r];
+    if (p < 0) {  // a pair the sort dropped (an index out of range): a zero row, no output
+      V z;
+      for (size_t b = 0; b < sizeof(V); ++b) reinterpret_cast<unsigned char*>(&z)[b] = 0;
+      reinterpret_cast<V*>(xs + r * hd)[c] = z;
+      continue;
+    }
+    if (c == 0) row_of[p] = static_cast<int32_t>(r);
+    reinterpret_cast<V*>(xs + r * hd)[c] = reinterpret_cast<const V*>(h + (p / k) * hd)[c];
+  }
+}
+
+template <typename T>
+__global__ void combine_rows_kernel(const T* __restrict__ ys, const int32_t* __restrict__ row_of,
+                                    const float* __restrict__ w, int64_t k, int64_t hd, int64_t total,
+                                    float* __restrict__ out) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= total) return;
+  const int64_t t = idx / hd, j = idx % hd;
+  float acc = 0.0f;
+  for (int64_t s = 0; s < k; ++s) acc += w[t * k + s] * to_f32(ys[static_cast<int64_t>(row_of[t * k + s]) * hd + j]);
+  out[idx] = acc;
+}
+
+template <typename T>
+void gather_pairs_as(const T* h, const int32_t* perm, int64_t pairs, int64_t k, int64_t hd, T* xs, int32_t* row_of) {
+  const bool vec = hd % (16 / sizeof(T)) == 0 && reinterpret_cast<uintptr_t>(h) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(xs) % 16 == 0;
+  const int64_t chunks = pairs * (vec ? hd / (16 / sizeof(T)) : hd);
+  const unsigned blocks = std::min(blocks_for(chunks, 256), 65535u * 8u);
+  if (vec)
+    gather_pairs_kernel<T, uint4><<<blocks, 256, 0, stream()>>>(h, perm, pairs, k, hd, xs, row_of);
+  else
+    gather_pairs_kernel<T, T><<<blocks, 256, 0, stream()>>>(h, perm, pairs, k, hd, xs, row_of);
+  AERIE_CUDA_LAUNCHED("moe_gather_pairs_kernel");
+}
+
+}  // namespace
+
+void moe_gather_pairs(const void* h, DType dt, const int32_t* perm, int64_t pairs, int64_t k, int64_t hd, void* xs,
+                      int32_t* row_of) {
+  if (dt == DType::F32)
+    gather_pairs_as(static_cast<const float*>(h), perm, pairs, k, hd, static_cast<float*>(xs), row_of);
+  else
+    gather_pairs_as(static_cast<const __nv_bfloat16*>(h), perm, pairs, k, hd, static_cast<__nv_bfloat16*>(xs), row_of);
+}
+
+void moe_combine_rows(const void* ys, DType dt, const int32_t* row_of, const float* weights, int64_t t, int64_t k,
+                      int64_t hd, float* out) {
+  const int64_t total = t * hd;
+  const unsigned blocks = grid_x(blocks_for(total, 256), "moe_combine_rows");
+  if (dt == DType::F32)
+    combine_rows_kernel<<<blocks, 256, 0, stream()>>>(static_cast<const float*>(ys), row_of, weights, k, hd, total, out);
+  else
+    combine_rows_kernel<<<blocks, 256, 0, stream()>>>(static_cast<const __nv_bfloat16*>(ys), row_of, weights, k, hd,
+                                                      total, out);
+  AERIE_CUDA_LAUNCHED("moe_combine_rows_kernel");
+}
+
 }  // namespace aerie::cuda

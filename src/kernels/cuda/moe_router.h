@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 
+#include "core/tensor.h"
 #include "kernels/moe_router.h"
 
 namespace aerie::cuda {
@@ -20,5 +21,12 @@ void moe_sort_by_expert(const int32_t* indices, int64_t pairs, int64_t e, int32_
 /// out[t, j] = sum_slot weights[t, slot] y[t k + slot, j] (contract in kernels/moe_router.h); one thread
 /// per output element.
 void moe_combine(const float* y, const float* weights, int64_t t, int64_t k, int64_t h, float* out);
+/// kernels/moe_router.h moe_gather_pairs / moe_combine_rows on the current stream (checked there;
+/// h, xs, ys: F32 or BF16 as `dt`). The same fp32 expression as moe_combine's kernel, so bitwise its
+/// result on y = ys[row_of].
+void moe_gather_pairs(const void* h, DType dt, const int32_t* perm, int64_t pairs, int64_t k, int64_t hd, void* xs,
+                      int32_t* row_of);
+void moe_combine_rows(const void* ys, DType dt, const int32_t* row_of, const float* weights, int64_t t, int64_t k,
+                      int64_t hd, float* out);
 
 }  // namespace aerie::cuda
