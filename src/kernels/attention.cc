@@ -18,14 +18,17 @@ namespace {
 
 using Named = std::pair<const char*, const Tensor*>;
 
-/// Validates q [Tq, nh, d], k, v [Tk, nkv, d] (all F32 or all BF16) and returns the dimensions.
+/// Validates q [Tq, nh, d], k [Tk, nkv, d], v [Tk, nkv, dv] (all F32 or all BF16; dv = d unless
+/// `any_dv`, the forwards, which take 1 <= dv <= d) and returns the dimensions.
 cpu::AttentionDims check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_offset,
-                             float scale) {
+                             float scale, bool any_dv = false) {
   AERIE_CHECK(q.ndim() == 3, op << ": q must be [Tq, n_heads, d], got " << shape_str(q.shape()));
   AERIE_CHECK(k.ndim() == 3, op << ": k must be [Tk, n_kv, d], got " << shape_str(k.shape()));
   cpu::AttentionDims a{q.dim(0), k.dim(0), q.dim(1), k.dim(1), q.dim(2), q_offset, scale};
   k.check_shape({a.tk, a.nkv, a.d}, what(op, "k"));
-  v.check_shape({a.tk, a.nkv, a.d}, what(op, "v"));
+  const int64_t dv = any_dv && v.ndim() == 3 && v.dim(2) >= 1 && v.dim(2) <= a.d ? v.dim(2) : a.d;
+  v.check_shape({a.tk, a.nkv, dv}, what(op, any_dv ? "v (head dim 1 .. q's)" : "v"));
+  a.dv = dv;
   AERIE_CHECK(a.nkv > 0 && a.nh % a.nkv == 0,
               op << ": n_heads " << a.nh << " (q) is not a multiple of n_kv " << a.nkv << " (k)");
   AERIE_CHECK(q.dtype() == DType::F32 || q.dtype() == DType::BF16,
@@ -80,9 +83,9 @@ class F32Out {
   Tensor buf_;
 };
 
-/// out: q's shape and dtype; lse (optional): [Tq, n_heads] F32 on q's device.
+/// out: [Tq, n_heads, dv] in q's dtype; lse (optional): [Tq, n_heads] F32 on q's device.
 void check_out_lse(const char* op, const Tensor& q, const Tensor& out, const Tensor* lse, const cpu::AttentionDims& a) {
-  out.check_shape(q.shape(), what(op, "out"));
+  out.check_shape({a.tq, a.nh, a.vd()}, what(op, "out"));
   out.check_dtype(q.dtype(), what(op, "out (q's dtype)"));
   if (!lse) return;
   lse->check_shape({a.tq, a.nh}, what(op, "lse"));
@@ -95,7 +98,7 @@ void check_out_lse(const char* op, const Tensor& q, const Tensor& out, const Ten
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_offset, float scale,
                        Tensor& out, Tensor* lse) {
   constexpr const char* op = "attention_forward";
-  const cpu::AttentionDims a = check_qkv(op, q, k, v, q_offset, scale);
+  const cpu::AttentionDims a = check_qkv(op, q, k, v, q_offset, scale, true);
   check_out_lse(op, q, out, lse, a);
   const Device dev = kernels::common_device(op, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}});
   if (dev == Device::CUDA) {
@@ -153,7 +156,7 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
 void attention_forward_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens,
                               float scale, Tensor& out, Tensor* lse) {
   constexpr const char* op = "attention_forward_varlen";
-  const cpu::AttentionDims a = check_qkv(op, q, k, v, 0, scale);
+  const cpu::AttentionDims a = check_qkv(op, q, k, v, 0, scale, true);
   AERIE_CHECK(a.tk == a.tq, op << ": q has " << a.tq << " rows, k " << a.tk << " (packed samples: the same rows)");
   AERIE_CHECK(cu_seqlens.ndim() == 1 && cu_seqlens.dim(0) >= 1,
               op << ": cu_seqlens must be [B+1], got " << shape_str(cu_seqlens.shape()));

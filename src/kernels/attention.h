@@ -14,10 +14,11 @@
 
 namespace aerie {
 
-/// q: [Tq, n_heads, d], k, v: [Tk, n_kv, d] (n_heads % n_kv == 0, head h reads kv head
+/// q: [Tq, n_heads, d], k: [Tk, n_kv, d], v: [Tk, n_kv, dv] with 1 <= dv <= d (dv < d: MLA's value head
+/// of 128 against its query/key head of 192) (n_heads % n_kv == 0, head h reads kv head
 /// h / (n_heads / n_kv)). Query row i attends key j iff j <= i + q_offset (q_offset = Tk - Tq for
 /// decoding with a KV cache, 0 for a prefill). scale multiplies q.k (usually 1/sqrt(d)).
-/// out: [Tq, n_heads, d]; lse: [Tq, n_heads] F32, natural-log sum of exp(scale q.k) over the
+/// out: [Tq, n_heads, dv]; lse: [Tq, n_heads] F32, natural-log sum of exp(scale q.k) over the
 /// attended keys (pass nullptr when not needed). A row that attends no key gets out 0, lse -inf.
 /// Throws aerie::Error on mismatched shapes/dtypes/devices.
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_offset, float scale,
@@ -33,9 +34,9 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
                         Tensor& dk, Tensor& dv);
 
 /// Packed variable-length causal prefill: B samples concatenated along dim 0. q: [N, n_heads, d],
-/// k, v: [N, n_kv, d], cu_seqlens: [B+1] I32 on q's device, cu_seqlens[0] = 0 <= ... <= cu_seqlens[B] = N;
+/// k: [N, n_kv, d], v: [N, n_kv, dv] (dv <= d), cu_seqlens: [B+1] I32 on q's device, cu_seqlens[0] = 0 <= ... <= cu_seqlens[B] = N;
 /// rows cu_seqlens[b] .. cu_seqlens[b+1]-1 form sample b, and each row attends only the keys of its own
-/// sample up to itself (attention_forward with q_offset 0 per sample). out: [N, n_heads, d]; lse: [N,
+/// sample up to itself (attention_forward with q_offset 0 per sample). out: [N, n_heads, dv]; lse: [N,
 /// n_heads] F32 or nullptr. The CPU checks cu_seqlens and throws; CUDA does not read it back to the host
 /// (the kernel clamps each boundary into [0, N], so a bad table gives wrong rows, never a bad access).
 void attention_forward_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens,

@@ -1,12 +1,12 @@
 // Multi-head latent attention (model/blocks.h MlaSpec; transformers' DeepseekV3Attention.forward,
 // deepseek-v3.md section 2): prefill in the expanded form (keys and values from kv_b, flash attention
-// with V zero-padded to the q/k head dim), decoding (a sequence with a cache and at most
+// with a value head (v) narrower than the query/key head (dk)), decoding (a sequence with a cache and at most
 // kMlaAbsorbedMaxRows new rows: eval's and generate's steps) in the absorbed form against the latent
 // cache (absorbed() below). Buffers per forward (this rank's nh heads,
 // dk = nope + rope, L = the keys a sequence attends):
 //   qa, qan [n, q_lora]   q [n, nh, dk]   ckv [n, kv_lora + rope]   latent [n | L, kv_lora + rope]
-//   kv [L, nh, nope + v]   K, V [L, nh, dk] (V zero-padded from v to dk: one attention kernel for both)
-//   attn [n, nh, dk]   o_in [n, nh v]
+//   kv [L, nh, nope + v]   K [L, nh, dk], V [L, nh, v]
+//   o_in [n, nh v] (the attention's output [n, nh, v] written in place)
 #include <cmath>
 
 #include "core/error.h"
@@ -29,6 +29,8 @@ class MlaAttention final : public AttentionBlock {
     AERIE_CHECK(s.heads % tp == 0, "tp " << tp << " does not divide num_attention_heads " << s.heads);
     nh_ = s.heads / tp;
     dk_ = s.qk_nope + s.qk_rope;
+    AERIE_CHECK(s.v_head >= 1 && s.v_head <= dk_, "MLA: v_head_dim " << s.v_head << " must lie in [1, qk_nope_head_dim + "
+                                                                       "qk_rope_head_dim = " << dk_ << "]");
     const int64_t H = s.hidden, lat = s.kv_lora_rank + s.qk_rope;
     if (s.q_lora_rank > 0) {
       q_a_ = src.load_linear(p + "q_a_proj", {s.q_lora_rank, H}, TpSplit::None);
@@ -90,7 +92,8 @@ class MlaAttention final : public AttentionBlock {
       ctx.prof.time(OpKind::Other, ctx.device,
                     [&] { b.cache[i]->k[layer].slice(b.p0[i], b.p0[i] + e - s).copy_from(latent.slice(s, e)); });
     }
-    Tensor attn = ctx.buffer("mla.attn", {n, nh_, dk_}, ct);
+    Tensor o_in = ctx.buffer("mla.o_in", {n, nh_ * s_.v_head}, ct);
+    Tensor attn = o_in.reshape({n, nh_, s_.v_head});  // the attention writes o_in's rows
     bool any_cache = false;
     for (const KVCache* c0 : b.cache) any_cache = any_cache || c0 != nullptr;
     if (!any_cache) {
@@ -109,7 +112,6 @@ class MlaAttention final : public AttentionBlock {
         }
       });
     }
-    Tensor o_in = ctx.buffer("mla.o_in", {n, nh_ * s_.v_head}, ct);
     Tensor kv_b_w;  // kv_b's [nh (nope + v), lora] in the compute dtype, for the absorbed form
     for (int64_t i = 0; i < b.B && any_cache; ++i) {
       const int64_t s = b.start[i], e = b.start[i + 1];
@@ -126,14 +128,6 @@ class MlaAttention final : public AttentionBlock {
         attention_forward(q.slice(s, e), K, V, b.p0[i], s_.softmax_scale, out_b, nullptr);
       });
     }
-    ctx.prof.time(OpKind::Other, ctx.device, [&] {
-      for (int64_t i = 0; i < b.B; ++i) {
-        const int64_t s = b.start[i], e = b.start[i + 1];
-        if (any_cache && b.cache[i] && e - s <= kMlaAbsorbedMaxRows) continue;  // written by absorbed()
-        Tensor rows = o_in.slice(s, e).reshape({(e - s) * nh_, s_.v_head});
-        copy_columns(attn.slice(s, e).reshape({(e - s) * nh_, dk_}), 0, rows, 0, s_.v_head);
-      }
-    });
     o_.matmul(ctx, o_in, out);  // [n, H], partial sum over tp ranks
     ctx.all_reduce(out);
   }
@@ -190,7 +184,7 @@ class MlaAttention final : public AttentionBlock {
     const DType ct = ctx.dtype;
     Tensor c = Tensor::empty({L, lora}, ct, ctx.device), kv = Tensor::empty({L, nh_ * (nope + vd)}, ct, ctx.device);
     K = Tensor::empty({L, nh_, dk_}, ct, ctx.device);
-    V = Tensor::empty({L, nh_, dk_}, ct, ctx.device);
+    V = Tensor::empty({L, nh_, s_.v_head}, ct, ctx.device);
     ctx.prof.time(OpKind::Other, ctx.device, [&] { copy_columns(lat, 0, c, 0, lora); });
     kv_b_.matmul(ctx, c, kv);
     ctx.prof.time(OpKind::Other, ctx.device, [&] { mla_expand_kv(kv, lat, nope, vd, lora, K, V); });

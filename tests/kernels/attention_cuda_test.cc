@@ -305,5 +305,42 @@ TEST(AttentionCudaPerf, ReportsThroughput) {
   for (float x : out1.to_float_vector()) ASSERT_TRUE(std::isfinite(x));
 }
 
+// MLA's prefill shapes (query/key head 192, value head 128) on the GPU against the CPU: the tensor-core
+// kernel (BF16 prefill, chunked after a cache, 128 heads of 600 rows), the SIMT kernel (F32) and the key
+// splits with their merge (one row against 1000 keys), plain and varlen.
+TEST(AttentionCudaValueHead, MlaShapesMatchCpu) {
+  AERIE_REQUIRE_CUDA();
+  struct C {
+    int64_t tq, tk, nh, off;
+    DType dt;
+  };
+  const int64_t d = 192, dv = 128;
+  for (const C& c : {C{150, 150, 4, 0, BF16}, C{150, 150, 4, 0, F32}, C{20, 170, 4, 150, BF16},
+                     C{600, 600, 16, 0, BF16}, C{1, 1000, 8, 999, BF16}, C{1, 1000, 8, 999, F32}}) {
+    SCOPED_TRACE(std::to_string(c.tq) + "x" + std::to_string(c.tk) + " " + dtype_name(c.dt));
+    const float scale = 1.0f / std::sqrt(float(d));
+    const Tensor q = rounded(random_tensor({c.tq, c.nh, d}, 1, -2.0f, 2.0f), c.dt);
+    const Tensor k = rounded(random_tensor({c.tk, c.nh, d}, 2, -2.0f, 2.0f), c.dt);
+    const Tensor v = rounded(random_tensor({c.tk, c.nh, dv}, 3), c.dt);
+    Tensor out = Tensor::empty({c.tq, c.nh, dv}, DType::F32), lse = Tensor::empty({c.tq, c.nh}, DType::F32);
+    attention_forward(q, k, v, c.off, scale, out, &lse);
+    Tensor gout = Tensor::empty({c.tq, c.nh, dv}, c.dt, Device::CUDA);
+    Tensor glse = Tensor::empty({c.tq, c.nh}, DType::F32, Device::CUDA);
+    attention_forward(on_gpu(q, c.dt), on_gpu(k, c.dt), on_gpu(v, c.dt), c.off, scale, gout, &glse);
+    testing::expect_close(gout.to_float_vector(), rounded(out, c.dt).to_float_vector(), atol_of(c.dt, false),
+                          rtol_of(c.dt, false), "out");
+    testing::expect_close(finite(glse.to_float_vector()), finite(lse.to_float_vector()), kF32Atol, kF32Rtol, "lse");
+    if (c.off != 0 || c.tq != c.tk) continue;
+    const Tensor cu = Tensor::from_vector<int32_t>({0, static_cast<int32_t>(c.tq / 3), static_cast<int32_t>(c.tq)}, {3});
+    Tensor vout = Tensor::empty({c.tq, c.nh, dv}, DType::F32);
+    attention_forward_varlen(q, k, v, cu, scale, vout, nullptr);
+    Tensor gv = Tensor::empty({c.tq, c.nh, dv}, c.dt, Device::CUDA);
+    attention_forward_varlen(on_gpu(q, c.dt), on_gpu(k, c.dt), on_gpu(v, c.dt), cu.to_device(Device::CUDA), scale, gv,
+                             nullptr);
+    testing::expect_close(gv.to_float_vector(), rounded(vout, c.dt).to_float_vector(), atol_of(c.dt, false),
+                          rtol_of(c.dt, false), "varlen out");
+  }
+}
+
 }  // namespace
 }  // namespace aerie

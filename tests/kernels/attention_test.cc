@@ -192,8 +192,10 @@ TEST(Attention, BackwardWithMergedDiagonalMatchesFiniteDifferences) {
 TEST(Attention, ErrorsNameTheTensor) {
   Tensor q = random_tensor({3, 4, 8}, 1), k = random_tensor({3, 2, 8}, 2), v = random_tensor({3, 2, 8}, 3);
   Tensor out = Tensor::empty({3, 4, 8}, DType::F32);
-  Tensor v_bad = random_tensor({3, 2, 7}, 3);
+  Tensor v_bad = random_tensor({3, 2, 9}, 3);  // wider than q's head (a narrower one is MLA's value head)
   testing::expect_error([&] { attention_forward(q, k, v_bad, 0, 1.0f, out, nullptr); }, "attention_forward: v");
+  testing::expect_error([&] { attention_backward(out, q, k, random_tensor({3, 2, 7}, 3), out, Tensor::empty({3, 4}, DType::F32), 0, 1.0f, out, v, v); },
+                        "attention_backward: v");  // the backward takes equal head dims only
   Tensor k3 = random_tensor({3, 3, 8}, 2), v3 = random_tensor({3, 3, 8}, 3);
   testing::expect_error([&] { attention_forward(q, k3, v3, 0, 1.0f, out, nullptr); }, "multiple of n_kv");
   Tensor lse_bad = Tensor::empty({3, 2}, DType::F32);
@@ -202,6 +204,45 @@ TEST(Attention, ErrorsNameTheTensor) {
   Tensor dk = Tensor::empty({3, 2, 8}, DType::F32), dv_bad = Tensor::empty({3, 4, 8}, DType::F32);
   testing::expect_error([&] { attention_backward(out, q, k, v, out, lse, 0, 1.0f, dq, dk, dv_bad); },
                         "attention_backward: dv");
+}
+
+// A value head narrower than the query/key head (MLA: 128 against 192): the first dv columns of the
+// attention with V zero-padded to d, bitwise (the same fp32 loops), F32 and BF16, with a cache offset;
+// plain and varlen; a v wider than q, or an out of the wrong width, is refused naming it.
+TEST(Attention, ValueHeadNarrowerThanQueryHead) {
+  const int64_t tq = 9, tk = 14, nh = 4, nkv = 2, d = 12, dv = 8, off = 5;
+  for (DType dt : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const Tensor q = random_tensor({tq, nh, d}, 1, -2.0f, 2.0f).to(dt), k = random_tensor({tk, nkv, d}, 2).to(dt);
+    const Tensor v = random_tensor({tk, nkv, dv}, 3).to(dt);
+    Tensor vpad = Tensor::zeros({tk, nkv, d}, DType::F32);
+    const auto vv = v.to_float_vector();
+    for (int64_t r = 0; r < tk * nkv; ++r)
+      for (int64_t c = 0; c < dv; ++c) vpad.data<float>()[r * d + c] = vv[r * dv + c];
+    Tensor out = Tensor::empty({tq, nh, dv}, dt), wide = Tensor::empty({tq, nh, d}, dt);
+    Tensor lse = Tensor::empty({tq, nh}, DType::F32), lse_w = Tensor::empty({tq, nh}, DType::F32);
+    attention_forward(q, k, v, off, 0.3f, out, &lse);
+    attention_forward(q, k, vpad.to(dt), off, 0.3f, wide, &lse_w);
+    const auto o = out.to_float_vector(), w = wide.to_float_vector();
+    for (int64_t r = 0; r < tq * nh; ++r)
+      for (int64_t c = 0; c < dv; ++c) ASSERT_EQ(o[r * dv + c], w[r * d + c]) << "row " << r << " col " << c;
+    EXPECT_EQ(lse.to_float_vector(), lse_w.to_float_vector());
+    // varlen: two samples of 6 and 8 rows.
+    const Tensor kq = random_tensor({tk, nh, d}, 4).to(dt);
+    const Tensor cu = Tensor::from_vector<int32_t>({0, 6, 14}, {3});
+    Tensor vo = Tensor::empty({tk, nh, dv}, dt), vw = Tensor::empty({tk, nh, d}, dt);
+    attention_forward_varlen(kq, k.reshape({tk, nkv, d}), v, cu, 0.3f, vo, nullptr);
+    attention_forward_varlen(kq, k, vpad.to(dt), cu, 0.3f, vw, nullptr);
+    const auto a = vo.to_float_vector(), b = vw.to_float_vector();
+    for (int64_t r = 0; r < tk * nh; ++r)
+      for (int64_t c = 0; c < dv; ++c) ASSERT_EQ(a[r * dv + c], b[r * d + c]) << "varlen row " << r;
+  }
+  const Tensor q = random_tensor({tq, nh, d}, 1), k = random_tensor({tk, nkv, d}, 2);
+  Tensor out = Tensor::empty({tq, nh, dv}, DType::F32);
+  testing::expect_error([&] { attention_forward(q, k, random_tensor({tk, nkv, d + 1}, 3), off, 0.3f, out, nullptr); },
+                        "v (head dim 1 .. q's)");
+  testing::expect_error([&] { attention_forward(q, k, random_tensor({tk, nkv, dv}, 3), off, 0.3f, out = Tensor::empty({tq, nh, d}, DType::F32), nullptr); },
+                        "out");
 }
 
 }  // namespace

@@ -25,15 +25,15 @@ inline int64_t n_attended(const AttentionDims& a, int64_t i) {
 
 void attention_forward(const float* q, const float* k, const float* v, const AttentionDims& a, float* out,
                        float* lse) {
-  const int64_t d = a.d, group = a.nh / a.nkv;
+  const int64_t d = a.d, dv = a.vd(), group = a.nh / a.nkv;
   std::vector<float> s(static_cast<size_t>(a.tk));
   for (int64_t i = 0; i < a.tq; ++i) {
     const int64_t n = n_attended(a, i);
     for (int64_t h = 0; h < a.nh; ++h) {
       const float* qi = q + (i * a.nh + h) * d;
-      float* oi = out + (i * a.nh + h) * d;
+      float* oi = out + (i * a.nh + h) * dv;
       const int64_t kvh = h / group;
-      std::fill(oi, oi + d, 0.0f);
+      std::fill(oi, oi + dv, 0.0f);
       if (n == 0) {  // nothing attended: output 0, lse -inf (the empty sum)
         if (lse) lse[i * a.nh + h] = -std::numeric_limits<float>::infinity();
         continue;
@@ -47,11 +47,11 @@ void attention_forward(const float* q, const float* k, const float* v, const Att
       for (int64_t j = 0; j < n; ++j) {
         s[j] = std::exp(s[j] - mx);
         sum += s[j];
-        const float* vj = v + (j * a.nkv + kvh) * d;
-        for (int64_t c = 0; c < d; ++c) oi[c] += s[j] * vj[c];
+        const float* vj = v + (j * a.nkv + kvh) * dv;
+        for (int64_t c = 0; c < dv; ++c) oi[c] += s[j] * vj[c];
       }
       const float inv = 1.0f / sum;
-      for (int64_t c = 0; c < d; ++c) oi[c] *= inv;
+      for (int64_t c = 0; c < dv; ++c) oi[c] *= inv;
       if (lse) lse[i * a.nh + h] = mx + std::log(sum);
     }
   }

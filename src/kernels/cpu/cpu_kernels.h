@@ -47,6 +47,8 @@ void embedding_backward(const int32_t* ids, const float* dout, float* dtable, in
 struct AttentionDims {
   int64_t tq, tk, nh, nkv, d, q_offset;
   float scale;
+  int64_t dv = 0;  // v's and out's head dim (the forward; 0: d)
+  int64_t vd() const { return dv > 0 ? dv : d; }
 };
 void attention_forward(const float* q, const float* k, const float* v, const AttentionDims& a, float* out,
                        float* lse);

@@ -66,10 +66,10 @@ __global__ void __launch_bounds__(kThreads) attn_fwd_kernel(FwdParams p) {
     for (int idx = threadIdx.x; idx < kTile * DP; idx += kThreads) {
       const int jj = idx / DP, c = idx % DP;
       const int64_t j = j0 + jj;
-      const bool ok = j < kend && c < p.d;
-      const int64_t off = ((s.row0 + j) * p.nkv + g) * p.d + c;
-      Ks[jj * KS + c] = ok ? to_f32(k[off]) : 0.0f;
-      Vs[jj * DP + c] = ok ? to_f32(v[off]) : 0.0f;
+      const bool ok = j < kend && c < p.d, okv = j < kend && c < p.dv;
+      const int64_t kv = (s.row0 + j) * p.nkv + g;
+      Ks[jj * KS + c] = ok ? to_f32(k[kv * p.d + c]) : 0.0f;
+      Vs[jj * DP + c] = okv ? to_f32(v[kv * p.dv + c]) : 0.0f;
     }
     __syncthreads();
     const int64_t j = j0 + lane;
@@ -128,14 +128,14 @@ __global__ void __launch_bounds__(kThreads) attn_fwd_kernel(FwdParams p) {
 #pragma unroll
       for (int t = 0; t < NC; ++t) {
         const int c = lane + 32 * t;
-        if (c < p.d) p.part_out[prow * p.d + c] = acc[rr][t] * inv;
+        if (c < p.dv) p.part_out[prow * p.dv + c] = acc[rr][t] * inv;
       }
       if (lane == 0) p.part_lse[prow] = lse;
     } else {
 #pragma unroll
       for (int t = 0; t < NC; ++t) {
         const int c = lane + 32 * t;
-        if (c < p.d) out[row * p.d + c] = from_f32<T>(acc[rr][t] * inv);
+        if (c < p.dv) out[row * p.dv + c] = from_f32<T>(acc[rr][t] * inv);
       }
       if (lane == 0 && p.lse) p.lse[row] = lse;
     }
@@ -183,9 +183,17 @@ struct Forward {
       // MLA's qk head dim, in the DP = 256 bucket of the SIMT kernel).
       constexpr int TD = DP == 256 ? 192 : DP;
       auto aligned = [](const void* ptr, uintptr_t a) { return reinterpret_cast<uintptr_t>(ptr) % a == 0; };
-      if (p.d == TD && aligned(p.q, 16) && aligned(p.k, 16) && aligned(p.v, 16) && aligned(p.out, 4)) {
+      const bool ok = p.d == TD && aligned(p.q, 16) && aligned(p.k, 16) && aligned(p.v, 16) && aligned(p.out, 4);
+      if (ok && p.dv == TD) {
         plan_and_launch(kTcBlockRows, [&](int64_t tiles, int64_t splits) { launch_fwd_tc<TD>(p, tiles, splits); });
         return;
+      }
+      if constexpr (TD == 192) {
+        if (ok && p.dv == 128) {  // MLA: value head 128 of a query/key head 192
+          plan_and_launch(kTcBlockRows,
+                          [&](int64_t tiles, int64_t splits) { launch_fwd_tc_dv<192, 128>(p, tiles, splits); });
+          return;
+        }
       }
     }
     go<DP, 8>();
@@ -223,7 +231,7 @@ struct Forward {
       splits = (p.tk + p.split_len - 1) / p.split_len;
     }
     if (splits > 1) {
-      part_out = Tensor::empty({splits, p.tq, p.nh, p.d}, DType::F32, Device::CUDA);
+      part_out = Tensor::empty({splits, p.tq, p.nh, p.dv}, DType::F32, Device::CUDA);
       part_lse = Tensor::empty({splits, p.tq, p.nh}, DType::F32, Device::CUDA);
       p.part_out = part_out.data<float>();
       p.part_lse = part_lse.data<float>();
@@ -233,7 +241,7 @@ struct Forward {
     if (splits > 1) {
       const int64_t out_rows = p.tq * p.nh;
       attn_combine_kernel<T><<<blocks_for(out_rows, kWarps), kThreads, 0, stream()>>>(
-          p.part_out, p.part_lse, static_cast<int>(splits), out_rows, p.d, static_cast<T*>(p.out), p.lse);
+          p.part_out, p.part_lse, static_cast<int>(splits), out_rows, p.dv, static_cast<T*>(p.out), p.lse);
       AERIE_CUDA_LAUNCHED("attn_combine_kernel");
     }
   }
@@ -254,6 +262,7 @@ FwdParams fwd_params(const Tensor& q, const Tensor& k, const Tensor& v, int64_t 
   p.nkv = static_cast<int>(k.dim(1));
   p.group = p.nh / p.nkv;
   p.d = static_cast<int>(q.dim(2));
+  p.dv = static_cast<int>(v.dim(2));
   p.scale = scale;
   return p;
 }

@@ -95,6 +95,7 @@ struct FwdParams {
   int64_t nseq;
   int64_t tq, tk, q_offset;  // one sequence; varlen: tq = tk = N (total rows), q_offset 0
   int nh, nkv, group, d;
+  int dv;  // v's and out's head dim (<= d; the forward)
   float scale;
   int64_t split_len;  // keys per split
 };
@@ -134,6 +135,9 @@ constexpr int kTcBlockRows = 64;
 /// same row packing, key splits and outputs as the SIMT attn_fwd_kernel.
 template <int DP>
 void launch_fwd_tc(const FwdParams& p, int64_t tiles, int64_t splits);
+/// The same with a value head of DV < DP columns (MLA: 192 / 128).
+template <int DP, int DV>
+void launch_fwd_tc_dv(const FwdParams& p, int64_t tiles, int64_t splits);
 
 // ------------------------------------------------------------------------------------------------
 // The backward's parameters, shared by the SIMT kernels (attention_backward.cu) and the tensor-core

@@ -1,5 +1,6 @@
-// BF16 tensor-core forward of the causal GQA attention (head dims exactly 64, 128 or 192 (the MLA
-// prefill: nope 128 + rope 64, V zero-padded to 192; 120 KiB of shared memory, one block per SM), 16-byte aligned
+// BF16 tensor-core forward of the causal GQA attention (head dims exactly 64, 128 or 192; the MLA
+// prefill: q/k head 192 = nope 128 + rope 64 with a value head of 128 (104 KiB of shared memory, two
+// blocks per SM), or V zero-padded to 192 (120 KiB, one block)), 16-byte aligned
 // q/k/v), used for prefill-sized work; the SIMT kernel of attention.cu does the rest (F32, other head
 // dims, decoding). Same contract, row packing (R = i * group + head in group), key splits and outputs
 // as attn_fwd_kernel.
@@ -23,25 +24,29 @@ constexpr int kKeys = 64;  // keys per tile
 constexpr int kRowsPerWarp = 16;
 static_assert(kTcBlockRows == kWarps * kRowsPerWarp);
 
-template <int DP>
+template <int DP, int DV>
 struct MmaSmem {
   static constexpr size_t q_bytes = sizeof(bf16_t) * kTcBlockRows * DP;
-  static constexpr size_t kv_bytes = sizeof(bf16_t) * kKeys * DP;  // one K or V tile
-  static constexpr size_t bytes = q_bytes + 4 * kv_bytes;          // Q, K[2], V[2]
+  static constexpr size_t k_bytes = sizeof(bf16_t) * kKeys * DP;  // one K tile
+  static constexpr size_t v_bytes = sizeof(bf16_t) * kKeys * DV;  // one V tile
+  static constexpr size_t bytes = q_bytes + 2 * k_bytes + 2 * v_bytes;  // Q, K[2], V[2]
 };
 
-template <int DP>
+// DP: the query/key head dim; DV: the value/output head dim (DP, or MLA's 128 against 192).
+template <int DP, int DV>
 __global__ void __launch_bounds__(kThreads, 2) attn_fwd_mma_kernel(FwdParams p) {
   static_assert(DP == 64 || DP == 128 || DP == 192);
-  constexpr int NC = DP / 8;       // 16-byte chunks per row
+  static_assert(DV == DP || (DP == 192 && DV == 128));
+  constexpr int NC = DP / 8;       // 16-byte chunks per row of Q, K
+  constexpr int NCV = DV / 8;      // of V
   constexpr int KD = DP / 16;      // k16 steps of Q K^T over the head dim
   constexpr int NB = kKeys / 8;    // n8 score blocks per tile
   constexpr int KK = kKeys / 16;   // k16 steps of P V over the keys
-  constexpr int ND = DP / 8;       // n8 output blocks
-  using L = MmaSmem<DP>;
+  constexpr int ND = DV / 8;       // n8 output blocks
+  using L = MmaSmem<DP, DV>;
   extern __shared__ __align__(128) unsigned char mma_smem[];
   const uint32_t sQ = static_cast<uint32_t>(__cvta_generic_to_shared(mma_smem));
-  const uint32_t sK = sQ + L::q_bytes, sV = sK + 2 * L::kv_bytes;
+  const uint32_t sK = sQ + L::q_bytes, sV = sK + 2 * L::k_bytes;
 
   Seq s;
   if (!find_seq<kTcBlockRows>(p, s)) return;
@@ -77,9 +82,9 @@ __global__ void __launch_bounds__(kThreads, 2) attn_fwd_mma_kernel(FwdParams p) 
       const int jj = idx / NC, c = idx % NC;
       const int64_t j = j0 + jj;
       const bool ok = j < kend;
-      const int64_t off = ok ? ((s.row0 + j) * p.nkv + g) * DP + c * 8 : 0;
-      cp_async16(sK + buf * L::kv_bytes + swz<DP>(jj, c), k + off, ok);
-      cp_async16(sV + buf * L::kv_bytes + swz<DP>(jj, c), v + off, ok);
+      const int64_t kv = ok ? (s.row0 + j) * p.nkv + g : 0;
+      cp_async16(sK + buf * L::k_bytes + swz<DP>(jj, c), k + kv * DP + c * 8, ok);
+      if (DV == DP || c < NCV) cp_async16(sV + buf * L::v_bytes + swz<DV>(jj, c), v + kv * DV + c * 8, ok);
     }
   };
   if (ntiles > 0) load_kv(0, 0);
@@ -112,7 +117,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_fwd_mma_kernel(FwdParams p) 
     cp_async_commit();
     cp_async_wait<1>();  // tile t has landed
     __syncthreads();
-    const uint32_t kb = sK + buf * L::kv_bytes, vb = sV + buf * L::kv_bytes;
+    const uint32_t kb = sK + buf * L::k_bytes, vb = sV + buf * L::v_bytes;
     const int64_t j0 = kbeg + static_cast<int64_t>(t) * kKeys;
 
     // S [16 rows][64 keys] = Q K^T. x4 matrices: keys +0 / +8 of the pair of n8 blocks, d chunks 2kd / 2kd+1.
@@ -184,7 +189,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_fwd_mma_kernel(FwdParams p) 
       for (int nd = 0; nd < ND; nd += 2) {
         const int mi = lane >> 3;
         uint32_t b0, b1, b2, b3;
-        ldsm_x4_t(vb + swz<DP>(kk * 16 + (mi & 1) * 8 + (lane & 7), nd + (mi >> 1)), b0, b1, b2, b3);
+        ldsm_x4_t(vb + swz<DV>(kk * 16 + (mi & 1) * 8 + (lane & 7), nd + (mi >> 1)), b0, b1, b2, b3);
         mma16816(o[nd], pf[kk], b0, b1);
         mma16816(o[nd + 1], pf[kk], b2, b3);
       }
@@ -207,32 +212,42 @@ __global__ void __launch_bounds__(kThreads, 2) attn_fwd_mma_kernel(FwdParams p) 
       const int64_t prow = split * p.tq * p.nh + row;
 #pragma unroll
       for (int nd = 0; nd < ND; ++nd)
-        *reinterpret_cast<float2*>(p.part_out + prow * DP + nd * 8 + 2 * tq4) =
+        *reinterpret_cast<float2*>(p.part_out + prow * DV + nd * 8 + 2 * tq4) =
             make_float2(o[nd][2 * e] * inv, o[nd][2 * e + 1] * inv);
       if (tq4 == 0) p.part_lse[prow] = lse;
     } else {
 #pragma unroll
       for (int nd = 0; nd < ND; ++nd)
-        *reinterpret_cast<uint32_t*>(out + row * DP + nd * 8 + 2 * tq4) =
+        *reinterpret_cast<uint32_t*>(out + row * DV + nd * 8 + 2 * tq4) =
             pack_bf16(o[nd][2 * e] * inv, o[nd][2 * e + 1] * inv);
       if (tq4 == 0 && p.lse) p.lse[row] = lse;
     }
   }
 }
 
-}  // namespace
-
-template <int DP>
-void launch_fwd_tc(const FwdParams& p, int64_t tiles, int64_t splits) {
-  constexpr size_t smem = MmaSmem<DP>::bytes;
-  auto kernel = attn_fwd_mma_kernel<DP>;
+template <int DP, int DV>
+void launch_mma(const FwdParams& p, int64_t tiles, int64_t splits) {
+  constexpr size_t smem = MmaSmem<DP, DV>::bytes;
+  auto kernel = attn_fwd_mma_kernel<DP, DV>;
   allow_smem(kernel, smem);
   kernel<<<dim3(static_cast<unsigned>(tiles), p.nkv, static_cast<unsigned>(splits)), kThreads, smem, stream()>>>(p);
   AERIE_CUDA_LAUNCHED("attn_fwd_mma_kernel");
 }
 
+}  // namespace
+
+template <int DP>
+void launch_fwd_tc(const FwdParams& p, int64_t tiles, int64_t splits) {
+  launch_mma<DP, DP>(p, tiles, splits);
+}
+template <int DP, int DV>
+void launch_fwd_tc_dv(const FwdParams& p, int64_t tiles, int64_t splits) {
+  launch_mma<DP, DV>(p, tiles, splits);
+}
+
 template void launch_fwd_tc<64>(const FwdParams& p, int64_t tiles, int64_t splits);
 template void launch_fwd_tc<128>(const FwdParams& p, int64_t tiles, int64_t splits);
 template void launch_fwd_tc<192>(const FwdParams& p, int64_t tiles, int64_t splits);
+template void launch_fwd_tc_dv<192, 128>(const FwdParams& p, int64_t tiles, int64_t splits);
 
 }  // namespace aerie::cuda::attn
