@@ -103,6 +103,7 @@ void matmul_grouped(const Tensor& a, const std::vector<Tensor>& w, const std::ve
 
 }  // namespace aerie
 
+#include "kernels/embedding.h"
 #include "kernels/quant.h"
 
 namespace aerie {
@@ -196,12 +197,19 @@ std::string grouped_quant_fused_unsupported(const Tensor& a, GroupedWeightFormat
 }
 
 void matmul_grouped_quant(const Tensor& a, GroupedWeightFormat format, const std::vector<GroupedWeight>& w,
-                          const std::vector<int64_t>& offsets, Tensor& c) {
+                          const std::vector<int64_t>& offsets, Tensor& c, const Tensor* a_rows, int64_t row_div) {
   constexpr const char* op = "matmul_grouped_quant";
   AERIE_CHECK(a.ndim() == 2 && c.ndim() == 2, op << ": a and c must be 2-D, got a " << shape_str(a.shape())
                                                  << ", c " << shape_str(c.shape()));
-  const int64_t P = a.dim(0), K = a.dim(1), N = c.dim(1), G = static_cast<int64_t>(w.size());
-  AERIE_CHECK(c.dim(0) == P, op << ": c " << shape_str(c.shape()) << " has not a's " << P << " rows");
+  const int64_t P = c.dim(0), K = a.dim(1), N = c.dim(1), G = static_cast<int64_t>(w.size());
+  if (a_rows) {
+    AERIE_CHECK(a_rows->ndim() == 1 && a_rows->dim(0) == P && a_rows->dtype() == DType::I32 && row_div >= 1 &&
+                    a_rows->device() == a.device(),
+                op << ": a_rows must be [" << P << "] I32 on a's device and row_div >= 1, got "
+                   << shape_str(a_rows->shape()) << " " << dtype_name(a_rows->dtype()) << ", row_div " << row_div);
+  } else {
+    AERIE_CHECK(a.dim(0) == P, op << ": c " << shape_str(c.shape()) << " has not a's " << a.dim(0) << " rows");
+  }
   AERIE_CHECK(static_cast<int64_t>(offsets.size()) == G + 1,
               op << ": " << offsets.size() << " offsets for " << G << " groups (want G + 1)");
   kernels::check_float(a, op, "a");
@@ -234,17 +242,34 @@ void matmul_grouped_quant(const Tensor& a, GroupedWeightFormat format, const std
   if (dev == Device::CUDA) {
 #ifdef AERIE_WITH_CUDA
     if (grouped_quant_fused_unsupported(a, format, w, offsets, c).empty()) {
-      cuda::matmul_grouped_quant(a, static_cast<int>(format), w, offsets, groups, c);
+      cuda::matmul_grouped_quant(a, static_cast<int>(format), w, offsets, groups, c,
+                                 a_rows ? a_rows->data<int32_t>() : nullptr, static_cast<int>(row_div));
       return;
     }
 #else
     kernels::throw_no_backend(op, dev);
 #endif
   }
+  Tensor ga;  // a_rows: the gathered rows (the reference; the fused kernel reads them in place)
+  if (a_rows) {
+    const Tensor idx = a_rows->device() == Device::CPU ? *a_rows : a_rows->to_device(Device::CPU);
+    std::vector<int32_t> src(static_cast<size_t>(P), 0);
+    for (const int64_t g : groups)
+      for (int64_t r = offsets[g]; r < offsets[g + 1]; ++r) {
+        const int64_t s = idx.data<int32_t>()[r] / row_div;
+        AERIE_CHECK(idx.data<int32_t>()[r] >= 0 && s < a.dim(0),
+                    op << ": a_rows[" << r << "] = " << idx.data<int32_t>()[r] << " is not a row of a (" << a.dim(0)
+                       << " rows, row_div " << row_div << ")");
+        src[r] = static_cast<int32_t>(s);
+      }
+    ga = Tensor::empty({P, K}, a.dtype(), dev);
+    embedding_forward(Tensor::from_vector(src, {P}).to_device(dev), a, ga);
+  }
+  const Tensor& av = a_rows ? ga : a;
   Tensor wg = Tensor::empty({N, K}, a.dtype(), dev);
   for (const int64_t g : groups) {
     dequant_grouped_weight(format, w[g], K, wg);
-    const Tensor ag = a.slice(offsets[g], offsets[g + 1]);
+    const Tensor ag = av.slice(offsets[g], offsets[g + 1]);
     Tensor cg = c.slice(offsets[g], offsets[g + 1]);
     matmul(ag, wg, cg, false, true);
   }

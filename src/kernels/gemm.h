@@ -72,8 +72,13 @@ using GroupedWeight = std::vector<GroupedWeightPart>;
 /// otherwise per group a dequantization into a temporary and one cuBLASLt GEMM (slow, for any shape).
 /// Queued on the current stream. Throws aerie::Error on mismatched shapes, dtypes or devices (naming the
 /// group and part), offsets as matmul_grouped, and on CUDA on a launch failure.
+/// a_rows (optional): the rows of a gathered on the fly: row r of the GEMM's input is a[a_rows[r] / row_div]
+/// (a_rows [P] I32 on a's device, every entry of a grouped row in [0, a.dim(0) row_div); a [T, K] with any
+/// T): the MoE passes the tokens' hidden states with moe_sort_by_expert's perm and top_k, instead of a
+/// [P, K] copy in expert order. The CPU gathers first; CUDA reads the rows in place.
 void matmul_grouped_quant(const Tensor& a, GroupedWeightFormat format, const std::vector<GroupedWeight>& w,
-                          const std::vector<int64_t>& offsets, Tensor& c);
+                          const std::vector<int64_t>& offsets, Tensor& c, const Tensor* a_rows = nullptr,
+                          int64_t row_div = 1);
 
 /// Why the CUDA fused kernel of matmul_grouped_quant cannot take these operands (empty if it can):
 /// it needs BF16 a and c, K % 64 == 0, N % 128 == 0, at most 4 parts per group of rows % 128 == 0,

@@ -128,7 +128,7 @@ void gather_pairs_cpu(const T* h, const int32_t* perm, int64_t pairs, int64_t k,
                                                      << " is not a pair of a permutation of [0, " << pairs << ")");
     seen[p] = 1;
     row_of[p] = static_cast<int32_t>(r);
-    std::copy(h + (p / k) * hd, h + (p / k + 1) * hd, xs + r * hd);
+    if (xs) std::copy(h + (p / k) * hd, h + (p / k + 1) * hd, xs + r * hd);
   }
 }
 
@@ -153,24 +153,31 @@ void moe_gather_pairs(const Tensor& h, const Tensor& perm, int64_t k, Tensor& xs
   const int64_t t = h.dim(0), hd = h.dim(1), pairs = t * k;
   perm.check_shape({pairs}, what(op, "perm"));
   perm.check_dtype(DType::I32, what(op, "perm"));
-  xs.check_shape({pairs, hd}, what(op, "xs"));
-  xs.check_dtype(h.dtype(), what(op, "xs"));
+  const bool gather = xs.defined();
+  if (gather) {
+    xs.check_shape({pairs, hd}, what(op, "xs"));
+    xs.check_dtype(h.dtype(), what(op, "xs"));
+  }
   row_of.check_shape({pairs}, what(op, "row_of"));
   row_of.check_dtype(DType::I32, what(op, "row_of"));
-  const Device dev = kernels::common_device(op, {{"h", &h}, {"perm", &perm}, {"xs", &xs}, {"row_of", &row_of}});
+  const Device dev = kernels::common_device(op, {{"h", &h}, {"perm", &perm}, {"row_of", &row_of}});
+  if (gather) kernels::common_device(op, {{"h", &h}, {"xs", &xs}});
   if (pairs == 0) return;
   if (dev == Device::CUDA) {
 #ifdef AERIE_WITH_CUDA
-    cuda::moe_gather_pairs(h.raw(), h.dtype(), perm.data<int32_t>(), pairs, k, hd, xs.raw(), row_of.data<int32_t>());
+    cuda::moe_gather_pairs(h.raw(), h.dtype(), perm.data<int32_t>(), pairs, k, hd, gather ? xs.raw() : nullptr,
+                           row_of.data<int32_t>());
     return;
 #else
     kernels::throw_no_backend(op, dev);
 #endif
   }
   if (h.dtype() == DType::F32)
-    gather_pairs_cpu(h.data<float>(), perm.data<int32_t>(), pairs, k, hd, xs.data<float>(), row_of.data<int32_t>());
+    gather_pairs_cpu(h.data<float>(), perm.data<int32_t>(), pairs, k, hd, gather ? xs.data<float>() : nullptr,
+                     row_of.data<int32_t>());
   else
-    gather_pairs_cpu(h.data<bf16>(), perm.data<int32_t>(), pairs, k, hd, xs.data<bf16>(), row_of.data<int32_t>());
+    gather_pairs_cpu(h.data<bf16>(), perm.data<int32_t>(), pairs, k, hd, gather ? xs.data<bf16>() : nullptr,
+                     row_of.data<int32_t>());
 }
 
 void moe_combine_rows(const Tensor& ys, const Tensor& row_of, const Tensor& weights, Tensor& out) {

@@ -58,7 +58,8 @@ void moe_combine(const Tensor& y, const Tensor& weights, Tensor& out);
 ///   xs[r] = h[perm[r] / k]     (row r of the expert-ordered GEMM input is its pair's token),
 ///   row_of[perm[r]] = r        (pair p's output is row row_of[p] of the experts' output).
 /// h: [T, H] F32|BF16, perm: [P] I32 (a permutation of [0, P): moe_sort_by_expert's, every pair routed),
-/// xs: [P, H] in h's dtype, row_of: [P] I32. The CPU checks that perm is a permutation (naming the first
+/// xs: [P, H] in h's dtype, or undefined (then only row_of: the fused grouped GEMM reads h's rows through
+/// perm itself, matmul_grouped_quant's a_rows), row_of: [P] I32. The CPU checks that perm is a permutation (naming the first
 /// bad entry); CUDA trusts it (it is the sort's output). Throws aerie::Error on a shape, dtype or device
 /// mismatch.
 void moe_gather_pairs(const Tensor& h, const Tensor& perm, int64_t k, Tensor& xs, Tensor& row_of);

@@ -70,18 +70,11 @@ void Linear::dequantize(Tensor& dst) const {
       convert(weight, dst);
     return;
   }
-  for (const QuantPart& p : parts) {
-    Tensor rows = dst.slice(p.row0, p.row0 + p.rows);
-    if (format == WeightFormat::Int4Group) {
-      dequant_int4_packed(p.weight, p.scale, in, kInt4GroupSize, rows);
-    } else if (p.c_off == 0 && p.weight.dim(1) == in) {
-      dequant_fp8_block(p.weight, p.scale, p.r_off, p.r_off + p.rows, rows);
-    } else {  // the slice's columns start inside a block: dequantize the stored blocks, keep the slice's
-      Tensor wide = Tensor::empty({p.rows, p.weight.dim(1)}, dst.dtype(), dst.device());
-      dequant_fp8_block(p.weight, p.scale, p.r_off, p.r_off + p.rows, wide);
-      copy_columns(wide, p.c_off, rows, 0, in);
-    }
-  }
+  // One dequant_batch launch for the parts (its vectorised kernel on the GPU; the same values as the
+  // single dequantizations, bit for bit).
+  std::vector<DequantItem> items;
+  dequant_items(dst, items);
+  dequant_batch(items);
 }
 
 void Linear::dequant_items(Tensor& dst, std::vector<DequantItem>& items) const {

@@ -2,7 +2,8 @@
 // (n rows, k = top_k, P = n k pairs, I = this rank's slice of moe_intermediate_size, ct = compute dtype):
 //   h32 [n, H] F32 (h in fp32 for the router)   logits [n, E] F32   idx [n, k] I32, w [n, k] F32
 //   counts [E], offsets [E + 1] (read on the host), perm [P] (pairs sorted by expert)
-//   xs [P, H] ct (h's rows in expert order), row_of [P] (pair -> row of ys)   gu [P, 2 I] ct
+//   xs [P, H] ct (h's rows in expert order; the fused path reads h through perm instead), row_of [P]
+//   (pair -> row of ys)   gu [P, 2 I] ct
 //   act [P, I] ct   ys [P, H] ct   routed [n, H] F32 = sum_k w ys[row_of]   out = all_reduce(routed + shared(h))
 // The experts' GEMMs are grouped, never a launch per expert:
 //  - on the GPU in BF16, one fused kernel per projection (kernels/gemm.h matmul_grouped_quant) that
@@ -18,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "core/bf16.h"
 #include "core/error.h"
 #include "kernels/convert.h"
 #include "kernels/fused.h"
@@ -41,6 +43,7 @@ class MoeFfn final : public FfnBlock {
     inter_ = s.moe_intermediate / tp;
     const int64_t H = s.hidden, I = s.moe_intermediate, E = s.experts;
     gate_ = src.load(p + "gate.weight", {E, H}, TpSplit::None, ParamRole::Router);
+    if (src.device() == Device::CUDA && src.dtype() == DType::BF16) split_router();
     bias_ = src.load(p + "gate.e_score_correction_bias", {E}, TpSplit::None, ParamRole::RouterBias);
     for (int64_t e = 0; e < E; ++e) {
       const std::string x = p + "experts." + std::to_string(e) + ".";
@@ -81,14 +84,22 @@ class MoeFfn final : public FfnBlock {
   void forward(ForwardContext& ctx, const Tensor& h, Tensor& out) override {
     const int64_t n = ctx.batch.n, H = s_.hidden, E = s_.experts, k = s_.top_k, P = n * k;
     const Device dev = ctx.device;
-    // Router, in fp32.
-    Tensor h32 = h;
-    if (h.dtype() != DType::F32) {
-      h32 = ctx.buffer("moe.h32", {n, H}, DType::F32);
-      convert(h, h32);
-    }
+    // Router logits in fp32: on the GPU in BF16 as the sum of bf16 GEMMs against the router weight's
+    // bf16 parts (split_router), elsewhere one fp32 GEMM.
     Tensor logits = ctx.buffer("moe.logits", {n, E}, DType::F32);
-    ctx.gemm(h32, gate_, logits);
+    if (!gate_parts_.empty() && h.dtype() == DType::BF16) {
+      ctx.prof.time(OpKind::Gemm, dev, [&] {
+        for (size_t i = 0; i < gate_parts_.size(); ++i) matmul(h, gate_parts_[i], logits, false, true, 1.0f, i ? 1.0f : 0.0f);
+      });
+    } else {
+      AERIE_CHECK(gate_.defined(), "MoE: the fp32 router weight was replaced by its bf16 parts (a BF16 GPU model)");
+      Tensor h32 = h;
+      if (h.dtype() != DType::F32) {
+        h32 = ctx.buffer("moe.h32", {n, H}, DType::F32);
+        convert(h, h32);
+      }
+      ctx.gemm(h32, gate_, logits);
+    }
     Tensor idx = ctx.buffer("moe.idx", {n, k}, DType::I32), w = ctx.buffer("moe.w", {n, k}, DType::F32);
     Tensor counts = ctx.buffer("moe.counts", {E}, DType::I32), offsets = ctx.buffer("moe.offsets", {E + 1}, DType::I32);
     Tensor perm = ctx.buffer("moe.perm", {P}, DType::I32);
@@ -97,34 +108,32 @@ class MoeFfn final : public FfnBlock {
       moe_router_noaux_tc(logits, bias_, rc, idx, w);
       moe_sort_by_expert(idx, E, counts, offsets, perm);
     });
-    // The pairs' rows in expert order and where each pair's output lands, on the device; the host needs
-    // only the expert offsets (to size the GEMMs).
-    Tensor xs = ctx.buffer("moe.xs", {P, H}, ctx.dtype), ys = ctx.buffer("moe.ys", {P, H}, ctx.dtype);
-    Tensor row_of = ctx.buffer("moe.row_of", {P}, DType::I32);
-    ctx.prof.time(OpKind::Other, dev, [&] {
-      if (h.dtype() == ctx.dtype) {
-        moe_gather_pairs(h, perm, k, xs, row_of);
-      } else {
-        Tensor hc = ctx.buffer("moe.hc", {n, H}, ctx.dtype);
-        convert(h, hc);
-        moe_gather_pairs(hc, perm, k, xs, row_of);
-      }
-    });
+    // The host needs only the expert offsets (to size the GEMMs).
     Tensor off_h = dev == Device::CPU ? offsets : offsets.to_device(Device::CPU);
     std::vector<int64_t> off(static_cast<size_t>(E + 1));
     for (int64_t e = 0; e <= E; ++e) off[e] = off_h.data<int32_t>()[e];
+    Tensor hx = h;  // h in the compute dtype
+    if (h.dtype() != ctx.dtype) {
+      hx = ctx.buffer("moe.hc", {n, H}, ctx.dtype);
+      convert(h, hx);
+    }
     const int64_t I2 = 2 * inter_;
+    Tensor ys = ctx.buffer("moe.ys", {P, H}, ctx.dtype), row_of = ctx.buffer("moe.row_of", {P}, DType::I32);
     Tensor gu = ctx.buffer("moe.gu", {P, I2}, ctx.dtype), act = ctx.buffer("moe.act", {P, inter_}, ctx.dtype);
     // AERIE_MOE_GEMM (benchmarks, tests): "cublas" never takes the fused kernel, "fused" must take it.
     const char* mode = std::getenv("AERIE_MOE_GEMM");
     std::string why = gate_up_w_.empty() ? "an FP8 expert slice not on a block boundary"
-                                         : grouped_quant_fused_unsupported(xs, format_, gate_up_w_, off, gu);
+                                         : grouped_quant_fused_unsupported(hx, format_, gate_up_w_, off, gu);
     if (why.empty()) why = grouped_quant_fused_unsupported(act, format_, down_w_, off, ys);
     AERIE_CHECK(!(mode && std::strcmp(mode, "fused") == 0 && !why.empty()),
                 "MoE: AERIE_MOE_GEMM=fused, but the fused grouped GEMM cannot take these experts: " << why);
     const bool fused = why.empty() && !(mode && std::strcmp(mode, "cublas") == 0);
+    // Where each pair's output lands (row_of); the other path also gathers the pairs' rows in expert
+    // order (xs), which the fused kernel reads from h through perm itself.
+    Tensor xs = fused ? Tensor() : ctx.buffer("moe.xs", {P, H}, ctx.dtype);
+    ctx.prof.time(OpKind::Other, dev, [&] { moe_gather_pairs(hx, perm, k, xs, row_of); });
     if (fused) {  // every expert's weight as stored, one kernel per projection
-      ctx.prof.time(OpKind::Gemm, dev, [&] { matmul_grouped_quant(xs, format_, gate_up_w_, off, gu); });
+      ctx.prof.time(OpKind::Gemm, dev, [&] { matmul_grouped_quant(hx, format_, gate_up_w_, off, gu, &perm, k); });
       ctx.prof.time(OpKind::Activation, dev, [&] { swiglu_packed_forward(gu, act); });
       ctx.prof.time(OpKind::Gemm, dev, [&] { matmul_grouped_quant(act, format_, down_w_, off, ys); });
     }
@@ -176,12 +185,40 @@ class MoeFfn final : public FfnBlock {
   }
 
  private:
+  /// The fp32 router weight W as the sum of up to three bf16 tensors (hi = bf16(W), mid = bf16(W - hi),
+  /// lo = bf16(W - hi - mid): 3 x 8 significant bits hold an fp32 value's 24, so the sum is W), the
+  /// parts that are all zero dropped: a checkpoint's bf16 router (DeepSeek-V3, Kimi) is one part. A bf16
+  /// hidden state times a bf16 part is exact in fp32, so the logits h W^T are the fp32 GEMM's up to the
+  /// order of the fp32 sums, at bf16 tensor-core speed (an fp32 GEMM of 8192 x 384 x 7168 takes about
+  /// 1 ms on an H200). Replaces the fp32 weight in device memory (a BF16 GPU model never needs it).
+  void split_router() {
+    const Tensor w = gate_.to_device(Device::CPU);
+    const int64_t n = w.numel();
+    std::vector<std::vector<float>> parts(3, std::vector<float>(static_cast<size_t>(n)));
+    std::vector<bool> nonzero(3, false);
+    for (int64_t i = 0; i < n; ++i) {
+      float r = w.data<float>()[i];
+      for (int k = 0; k < 3; ++k) {
+        const float b = static_cast<float>(bf16(r));
+        parts[k][i] = b;
+        nonzero[k] = nonzero[k] || b != 0.0f;
+        r -= b;  // exact: b holds r's leading bits
+      }
+    }
+    int keep = 3;
+    while (keep > 1 && !nonzero[keep - 1]) --keep;
+    for (int k = 0; k < keep; ++k)
+      gate_parts_.push_back(Tensor::from_vector(parts[k], gate_.shape()).to(DType::BF16).to_device(Device::CUDA));
+    gate_ = Tensor();
+  }
+
   struct Expert {
     Linear gate_up, down;  // [2 I, H] rows gate, up; [H, I]
   };
   MoeSpec s_;
   int64_t inter_ = 0;             // this rank's slice of moe_intermediate_size
-  Tensor gate_, bias_;            // [E, H] F32, [E] F32
+  Tensor gate_, bias_;            // [E, H] F32 (undefined when split into gate_parts_), [E] F32
+  std::vector<Tensor> gate_parts_;  // a BF16 GPU model: the router weight as 1-3 bf16 [E, H] parts
   std::vector<Expert> experts_;
   std::unique_ptr<FfnBlock> shared_;  // reduce = false
   GroupedWeightFormat format_ = GroupedWeightFormat::Dense;

@@ -11,6 +11,7 @@
 #include "cuda_test_util.h"
 #include "grouped_quant_util.h"
 #include "kernel_test_util.h"
+#include "kernels/embedding.h"
 #include "kernels/gemm.h"
 
 namespace aerie {
@@ -323,6 +324,43 @@ TEST(MatmulGroupedQuantCuda, OtherShapesFallBack) {
     matmul_grouped_quant(ag, F::Int4Group, wg, offsets, cg);
     testing::expect_close(cg.to_device(Device::CPU).to_float_vector(), c.to_float_vector(), 1e-4f,
                           dt == DType::F32 ? 1e-5f : 1e-2f, dtype_name(dt));
+  }
+}
+
+// a_rows: the fused kernel reading the tokens' rows through the MoE's permutation (row r = a[perm[r] / k])
+// gives bitwise what it gives on the rows gathered first, for every format and both kernels; the CPU
+// reference likewise.
+TEST(MatmulGroupedQuantCuda, ReadsRowsThroughARows) {
+  AERIE_REQUIRE_CUDA();
+  using F = GroupedWeightFormat;
+  const int64_t T = 97, k = 3, P = T * k, K = 256, N = 256;
+  std::vector<int32_t> perm(static_cast<size_t>(P));
+  for (int64_t i = 0; i < P; ++i) perm[i] = static_cast<int32_t>((i * 101 + 7) % P);  // a permutation (gcd 1)
+  const std::vector<int64_t> offsets = {0, 40, 40, 170, P};
+  std::vector<int32_t> src(static_cast<size_t>(P));
+  for (int64_t r = 0; r < P; ++r) src[r] = perm[r] / static_cast<int32_t>(k);
+  const Tensor a = random_tensor({T, K}, 3).to(DType::BF16);
+  Tensor xs = Tensor::empty({P, K}, DType::BF16);
+  embedding_forward(Tensor::from_vector(src, {P}), a, xs);
+  const Tensor pc = Tensor::from_vector(perm, {P}), pg = testing::gpu(pc);
+  for (F f : {F::Dense, F::Fp8Block, F::Int4Group}) {
+    std::vector<GroupedWeight> w, wg;
+    for (uint32_t g = 0; g < 4; ++g) {
+      w.push_back(testing::random_grouped_weight(f, {128, 128}, K, 60 + g));
+      wg.push_back(testing::on_gpu(w.back()));
+    }
+    Tensor c1 = Tensor::zeros({P, N}, DType::BF16), c2 = Tensor::zeros({P, N}, DType::BF16);
+    matmul_grouped_quant(xs, f, w, offsets, c1);
+    matmul_grouped_quant(a, f, w, offsets, c2, &pc, k);
+    EXPECT_EQ(c2.to_float_vector(), c1.to_float_vector()) << testing::format_name(f) << " CPU";
+    for (const auto& [kernel, bm] : kKernels) {
+      const ScopedKernel scoped(kernel, bm);
+      Tensor g1 = Tensor::zeros({P, N}, DType::BF16, Device::CUDA), g2 = Tensor::zeros({P, N}, DType::BF16, Device::CUDA);
+      matmul_grouped_quant(testing::gpu(xs), f, wg, offsets, g1);
+      matmul_grouped_quant(testing::gpu(a), f, wg, offsets, g2, &pg, k);
+      EXPECT_EQ(g2.to_device(Device::CPU).to_float_vector(), g1.to_device(Device::CPU).to_float_vector())
+          << testing::format_name(f) << " " << kernel << " BM " << bm;
+    }
   }
 }
 

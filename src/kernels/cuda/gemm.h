@@ -39,6 +39,7 @@ namespace aerie::cuda {
 /// pointers go to the device with one small copy. Throws aerie::Error on a launch failure or more
 /// than 65535 row tiles.
 void matmul_grouped_quant(const Tensor& a, int format, const std::vector<GroupedWeight>& w,
-                          const std::vector<int64_t>& offsets, const std::vector<int64_t>& groups, Tensor& c);
+                          const std::vector<int64_t>& offsets, const std::vector<int64_t>& groups, Tensor& c,
+                          const int32_t* a_rows = nullptr, int row_div = 1);
 
 }  // namespace aerie::cuda

@@ -125,19 +125,24 @@ struct Layout {
   static constexpr int bytes = F == kDense ? STAGES * (kA + kB) : STAGES * kA + 2 * kB + STAGES * raw_bytes<F>();
 };
 
-/// What a CTA needs of its tile: a's rows, the weight part and scale, the tile's first row in the part.
+/// What a CTA needs of its tile: the rows of a this thread copies (row r = (tid + j kThreads) / 8 of the
+/// tile; past the group: the tile's first row, read as zeros), the weight part and scale, the tile's
+/// first row in the part.
+template <int BM>
 struct Tile {
-  const __nv_bfloat16* a;
+  static constexpr int kRows = BM * 8 / kThreads;
+  const __nv_bfloat16* arow[kRows];
   const void* w;
   const void* s;
   int nl, rows, n0, row0;
 };
 
 template <int BM>
-__device__ __forceinline__ Tile tile_of(const __nv_bfloat16* a, const GroupDesc* groups, const TileDesc* tiles, int K) {
+__device__ __forceinline__ Tile<BM> tile_of(const __nv_bfloat16* a, const int32_t* a_rows, int row_div,
+                                            const GroupDesc* groups, const TileDesc* tiles, int K) {
   const TileDesc t = tiles[blockIdx.y];
   const GroupDesc& g = groups[t.group];
-  Tile r;
+  Tile<BM> r;
   r.n0 = blockIdx.x * kBN;
   int part = 0, pstart = 0;
 #pragma unroll
@@ -151,21 +156,25 @@ __device__ __forceinline__ Tile tile_of(const __nv_bfloat16* a, const GroupDesc*
   r.s = g.s[part];
   r.rows = min(BM, g.rows - t.m0);
   r.row0 = g.row0 + t.m0;
-  r.a = a + static_cast<int64_t>(r.row0) * K;
+#pragma unroll
+  for (int j = 0; j < Tile<BM>::kRows; ++j) {
+    const int row = (threadIdx.x + j * kThreads) >> 3;
+    const int src = row < r.rows ? r.row0 + row : r.row0;
+    r.arow[j] = a + static_cast<int64_t>(a_rows ? a_rows[src] / row_div : src) * K;
+  }
   return r;
 }
 
 /// cp.async of k tile kt into `stage`: a's BM rows (rows past the group read as zeros) and W's stored tile.
 template <int F, int BM, int STAGES>
-__device__ __forceinline__ void load_stage(const Tile& t, uint32_t base, int stage, int kt, int K, int tid) {
+__device__ __forceinline__ void load_stage(const Tile<BM>& t, uint32_t base, int stage, int kt, int K, int tid) {
   using L = Layout<F, BM, STAGES>;
   const uint32_t sa = base + L::a(stage);
   const int k0 = kt * kBK;
 #pragma unroll
-  for (int i = tid; i < BM * 8; i += kThreads) {
-    const int r = i >> 3, ch = i & 7;
-    const bool v = r < t.rows;
-    cp_async16(sa + swz(r, ch), t.a + static_cast<int64_t>(v ? r : 0) * K + k0 + ch * 8, v);
+  for (int j = 0; j < Tile<BM>::kRows; ++j) {
+    const int i = tid + j * kThreads, r = i >> 3, ch = i & 7;
+    cp_async16(sa + swz(r, ch), t.arow[j] + k0 + ch * 8, r < t.rows);
   }
   if constexpr (F == kDense) {
     const uint32_t sb = base + L::b(stage);
@@ -200,7 +209,7 @@ __device__ __forceinline__ void load_stage(const Tile& t, uint32_t base, int sta
 /// The stored W tile of `stage` (k tile kt) into dequantized bf16 tile `buf` (quantized formats).
 /// `mem` is the generic address of `base`.
 template <int F, int BM, int STAGES>
-__device__ __forceinline__ void dequant_stage(const Tile& t, const uint8_t* mem, uint32_t base, int stage, int buf,
+__device__ __forceinline__ void dequant_stage(const Tile<BM>& t, const uint8_t* mem, uint32_t base, int stage, int buf,
                                               int kt, int K, int tid) {
   using L = Layout<F, BM, STAGES>;
   const uint8_t* raw = mem + L::raw(stage);
@@ -243,7 +252,8 @@ __device__ __forceinline__ uint32_t aligned_base(uint8_t* smem, uint8_t*& mem) {
 }
 
 /// The fp32 accumulator pair (row r, columns col, col + 1 of the CTA tile) rounded to bf16 into c.
-__device__ __forceinline__ void store_pair(__nv_bfloat16* c, const Tile& t, int N, int r, int col, float x, float y) {
+template <int BM>
+__device__ __forceinline__ void store_pair(__nv_bfloat16* c, const Tile<BM>& t, int N, int r, int col, float x, float y) {
   if (r < t.rows)
     *reinterpret_cast<uint32_t*>(c + static_cast<int64_t>(t.row0 + r) * N + t.n0 + col) = pack_bf16(x, y);
 }
@@ -252,12 +262,13 @@ __device__ __forceinline__ void store_pair(__nv_bfloat16* c, const Tile& t, int 
 
 template <int F, int BM, int STAGES>
 __global__ void __launch_bounds__(kThreads, 2)
-    grouped_gemm_kernel(const __nv_bfloat16* __restrict__ a, __nv_bfloat16* __restrict__ c,
-                        const GroupDesc* __restrict__ groups, const TileDesc* __restrict__ tiles, int K, int N) {
+    grouped_gemm_kernel(const __nv_bfloat16* __restrict__ a, const int32_t* __restrict__ a_rows, int row_div,
+                        __nv_bfloat16* __restrict__ c, const GroupDesc* __restrict__ groups,
+                        const TileDesc* __restrict__ tiles, int K, int N) {
   extern __shared__ __align__(1024) uint8_t smem[];
   using L = Layout<F, BM, STAGES>;
   constexpr int MI = BM / 32;  // m16 tiles per warp
-  const Tile t = tile_of<BM>(a, groups, tiles, K);
+  const Tile<BM> t = tile_of<BM>(a, a_rows, row_div, groups, tiles, K);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp >> 2, wn = warp & 3;
   uint8_t* mem = nullptr;
   const uint32_t base = aligned_base(smem, mem);
@@ -365,13 +376,14 @@ __device__ __forceinline__ void wgmma_n64(float (&d)[32], uint64_t da, uint64_t 
 
 template <int F, int BM, int STAGES>
 __global__ void __launch_bounds__(kThreads, BM == 64 || STAGES == 3 ? 2 : 1)
-    grouped_gemm_wgmma_kernel(const __nv_bfloat16* __restrict__ a, __nv_bfloat16* __restrict__ c,
-                              const GroupDesc* __restrict__ groups, const TileDesc* __restrict__ tiles, int K, int N) {
+    grouped_gemm_wgmma_kernel(const __nv_bfloat16* __restrict__ a, const int32_t* __restrict__ a_rows, int row_div,
+                              __nv_bfloat16* __restrict__ c, const GroupDesc* __restrict__ groups,
+                              const TileDesc* __restrict__ tiles, int K, int N) {
   extern __shared__ __align__(1024) uint8_t smem[];
   using L = Layout<F, BM, STAGES>;
   constexpr int WN = BM == 128 ? 128 : 64;  // a warpgroup's columns
   constexpr int R = WN / 2;                 // accumulators per thread
-  const Tile t = tile_of<BM>(a, groups, tiles, K);
+  const Tile<BM> t = tile_of<BM>(a, a_rows, row_div, groups, tiles, K);
   const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7, w4 = (tid >> 5) & 3;
   const int row_off = BM == 128 ? wg * 64 : 0, col_off = BM == 128 ? 0 : wg * 64;
   uint8_t* mem = nullptr;
@@ -446,8 +458,8 @@ __global__ void __launch_bounds__(kThreads, BM == 64 || STAGES == 3 ? 2 : 1)
 }
 
 template <int F, int BM, bool WG, int STAGES>
-void launch(const __nv_bfloat16* a, __nv_bfloat16* c, const GroupDesc* groups, const TileDesc* tiles, int tiles_n,
-            int K, int N) {
+void launch(const __nv_bfloat16* a, const int32_t* a_rows, int row_div, __nv_bfloat16* c, const GroupDesc* groups,
+            const TileDesc* tiles, int tiles_n, int K, int N) {
   constexpr int bytes = Layout<F, BM, STAGES>::bytes + 1024;  // + the alignment to 1024 bytes
   auto* kernel = [] {
     if constexpr (WG)
@@ -464,7 +476,7 @@ void launch(const __nv_bfloat16* a, __nv_bfloat16* c, const GroupDesc* groups, c
                      "matmul_grouped_quant: cudaFuncSetAttribute (" << bytes << " bytes of shared memory)");
     configured.push_back(dev);
   }
-  kernel<<<dim3(N / kBN, tiles_n), kThreads, bytes, stream()>>>(a, c, groups, tiles, K, N);
+  kernel<<<dim3(N / kBN, tiles_n), kThreads, bytes, stream()>>>(a, a_rows, row_div, c, groups, tiles, K, N);
   AERIE_CUDA_LAUNCHED("grouped_gemm_kernel");
 }
 
@@ -472,7 +484,8 @@ void launch(const __nv_bfloat16* a, __nv_bfloat16* c, const GroupDesc* groups, c
 }  // namespace
 
 void matmul_grouped_quant(const Tensor& a, int format, const std::vector<GroupedWeight>& w,
-                          const std::vector<int64_t>& offsets, const std::vector<int64_t>& groups, Tensor& c) {
+                          const std::vector<int64_t>& offsets, const std::vector<int64_t>& groups, Tensor& c,
+                          const int32_t* a_rows, int row_div) {
   const int K = static_cast<int>(a.dim(1)), N = static_cast<int>(c.dim(1));
   // Row tiles. "mixed" (the default): 128-row tiles, and a group's last rows, when 64 or fewer, in a
   // 64-row tile of a second launch. "64" / "128" (AERIE_GROUPED_GEMM_BM, for benchmarks): one height.
@@ -534,17 +547,17 @@ void matmul_grouped_quant(const Tensor& a, int format, const std::vector<Grouped
     constexpr int F = decltype(fmt)::value;
     if (n128 > 0) {
       if (!wg)
-        launch<F, 128, false, 3>(ap, cp, gdev, d128, n128, K, N);
+        launch<F, 128, false, 3>(ap, a_rows, row_div, cp, gdev, d128, n128, K, N);
       else if (four)
-        launch<F, 128, true, 4>(ap, cp, gdev, d128, n128, K, N);
+        launch<F, 128, true, 4>(ap, a_rows, row_div, cp, gdev, d128, n128, K, N);
       else
-        launch<F, 128, true, 3>(ap, cp, gdev, d128, n128, K, N);
+        launch<F, 128, true, 3>(ap, a_rows, row_div, cp, gdev, d128, n128, K, N);
     }
     if (n64 > 0) {
       if (wg)
-        launch<F, 64, true, 4>(ap, cp, gdev, d64, n64, K, N);
+        launch<F, 64, true, 4>(ap, a_rows, row_div, cp, gdev, d64, n64, K, N);
       else
-        launch<F, 64, false, 4>(ap, cp, gdev, d64, n64, K, N);
+        launch<F, 64, false, 4>(ap, a_rows, row_div, cp, gdev, d64, n64, K, N);
     }
   };
   if (format == kDense)

@@ -1,7 +1,10 @@
 // CUDA MoE router (noaux_tc, fp32) and expert sort (kernels/moe_router.h). The router: one warp per token,
 // scores and choices in shared memory; group scores and the group selection done serially in the order of
 // cpu/moe_router.cc; each of the top_k picks a warp argmax under the same rule (larger value, then lower
-// index). The weights are summed by lane 0 in slot order, as the CPU.
+// index). The weights are summed by lane 0 in slot order, as the CPU. The expert sort: CUB's stable radix
+// sort of the pairs by expert, then each expert's offset by binary search.
+#include <cub/device/device_radix_sort.cuh>
+
 #include <algorithm>
 
 #include "kernels/cuda/float_io.cuh"
@@ -91,62 +94,6 @@ __global__ void router_kernel(const float* __restrict__ logits, const float* __r
   }
 }
 
-constexpr int kSortThreads = 256;
-
-// Block-wide exclusive prefix of flag over the block (kSortThreads); returns this thread's prefix and sets
-// *total. `warp_tot` is __shared__ int[kSortThreads / 32].
-__device__ __forceinline__ int block_prefix(bool flag, int* warp_tot, int* total) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const unsigned m = __ballot_sync(0xffffffffu, flag);
-  const int in_warp = __popc(m & ((1u << lane) - 1u));
-  __syncthreads();
-  if (lane == 0) warp_tot[warp] = __popc(m);
-  __syncthreads();
-  int before = 0, all = 0;
-  for (int w = 0; w < kSortThreads / 32; ++w) {
-    if (w < warp) before += warp_tot[w];
-    all += warp_tot[w];
-  }
-  *total = all;
-  return before + in_warp;
-}
-
-// grid (E), block (kSortThreads): counts[e] = pairs routed to expert blockIdx.x.
-__global__ void count_kernel(const int32_t* __restrict__ indices, int64_t pairs, int32_t* __restrict__ counts) {
-  __shared__ int warp_tot[kSortThreads / 32];
-  const int e = blockIdx.x;
-  int run = 0;
-  for (int64_t base = 0; base < pairs; base += kSortThreads) {
-    const int64_t p = base + threadIdx.x;
-    int tot;
-    block_prefix(p < pairs && indices[p] == e, warp_tot, &tot);
-    run += tot;
-  }
-  if (threadIdx.x == 0) counts[e] = run;
-}
-
-__global__ void offsets_kernel(const int32_t* __restrict__ counts, int e, int32_t* __restrict__ offsets) {
-  int acc = 0;
-  offsets[0] = 0;
-  for (int j = 0; j < e; ++j) offsets[j + 1] = (acc += counts[j]);
-}
-
-// grid (E), block (kSortThreads): expert blockIdx.x's pair ids, in ascending order, from offsets[e].
-__global__ void scatter_kernel(const int32_t* __restrict__ indices, int64_t pairs, const int32_t* __restrict__ offsets,
-                               int32_t* __restrict__ perm) {
-  __shared__ int warp_tot[kSortThreads / 32];
-  const int e = blockIdx.x;
-  int run = offsets[e];
-  for (int64_t base = 0; base < pairs; base += kSortThreads) {
-    const int64_t p = base + threadIdx.x;
-    const bool mine = p < pairs && indices[p] == e;
-    int tot;
-    const int pos = block_prefix(mine, warp_tot, &tot);
-    if (mine) perm[run + pos] = static_cast<int32_t>(p);
-    run += tot;
-  }
-}
-
 __global__ void fill_tail_kernel(const int32_t* __restrict__ offsets, int e, int64_t pairs, int32_t* __restrict__ perm) {
   for (int64_t p = offsets[e] + blockIdx.x * int64_t{blockDim.x} + threadIdx.x; p < pairs;
        p += int64_t{gridDim.x} * blockDim.x)
@@ -167,19 +114,72 @@ void moe_router_noaux_tc(const float* logits, const float* bias, int64_t t, int6
   AERIE_CUDA_LAUNCHED("moe_router_kernel");
 }
 
+namespace {
+
+// The radix sort's keys and values: key = the pair's expert (e for an index outside [0, e): sorted last,
+// dropped), value = the pair id.
+__global__ void sort_keys_kernel(const int32_t* __restrict__ indices, int64_t pairs, int32_t e, int32_t* __restrict__ keys,
+                                 int32_t* __restrict__ ids) {
+  for (int64_t p = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; p < pairs; p += int64_t{gridDim.x} * blockDim.x) {
+    const int32_t x = indices[p];
+    keys[p] = x >= 0 && x < e ? x : e;
+    ids[p] = static_cast<int32_t>(p);
+  }
+}
+
+// offsets[j] = the first sorted position whose key is >= j (j = 0 .. e), counts[j] = offsets[j + 1] - offsets[j].
+__global__ void sorted_offsets_kernel(const int32_t* __restrict__ keys, int64_t pairs, int32_t e,
+                                      int32_t* __restrict__ counts, int32_t* __restrict__ offsets) {
+  const int32_t j = static_cast<int32_t>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (j > e) return;
+  auto lower = [&](int32_t v) {
+    int64_t lo = 0, hi = pairs;
+    while (lo < hi) {
+      const int64_t mid = (lo + hi) / 2;
+      if (keys[mid] < v) lo = mid + 1; else hi = mid;
+    }
+    return static_cast<int32_t>(lo);
+  };
+  const int32_t a = lower(j);
+  offsets[j] = a;
+  if (j < e) counts[j] = lower(j + 1) - a;
+}
+
+}  // namespace
+
 void moe_sort_by_expert(const int32_t* indices, int64_t pairs, int64_t e, int32_t* counts, int32_t* offsets,
                         int32_t* perm) {
-  const unsigned experts = static_cast<unsigned>(e);
-  count_kernel<<<experts, kSortThreads, 0, stream()>>>(indices, pairs, counts);
-  AERIE_CUDA_LAUNCHED("moe_count_kernel");
-  offsets_kernel<<<1, 1, 0, stream()>>>(counts, static_cast<int>(e), offsets);
-  AERIE_CUDA_LAUNCHED("moe_offsets_kernel");
-  if (pairs == 0) return;
-  scatter_kernel<<<experts, kSortThreads, 0, stream()>>>(indices, pairs, offsets, perm);
-  AERIE_CUDA_LAUNCHED("moe_scatter_kernel");
-  fill_tail_kernel<<<std::min(blocks_for(pairs, 256), 1024u), 256, 0, stream()>>>(offsets, static_cast<int>(e),
-                                                                                  pairs, perm);
-  AERIE_CUDA_LAUNCHED("moe_fill_tail_kernel");
+  // A stable LSD radix sort of the pairs by expert (CUB, ceil(log2(e + 1)) key bits): pair ids ascending
+  // within each expert, as the CPU's counting sort; then each expert's first position by binary search.
+  AERIE_CHECK(pairs <= INT32_MAX && e < INT32_MAX, "moe_sort_by_expert: " << pairs << " pairs exceed 32 bits");
+  const int32_t ne = static_cast<int32_t>(e), n = static_cast<int32_t>(pairs);
+  int bits = 1;
+  while ((int64_t{1} << bits) <= e) ++bits;
+  const cudaStream_t s = stream();
+  size_t temp = 0;
+  AERIE_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp, static_cast<const int32_t*>(nullptr),
+                                                   static_cast<int32_t*>(nullptr), static_cast<const int32_t*>(nullptr),
+                                                   static_cast<int32_t*>(nullptr), n, 0, bits, s),
+                   "moe_sort_by_expert: cub::DeviceRadixSort (size query)");
+  const size_t lists = (3 * static_cast<size_t>(pairs) + 1) * sizeof(int32_t);
+  auto* buf = static_cast<char*>(alloc(lists + temp + 256, current_stream()));
+  auto* keys_in = reinterpret_cast<int32_t*>(buf);
+  int32_t* keys_out = keys_in + pairs;
+  int32_t* ids = keys_out + pairs;
+  void* tmp = buf + (lists + 255) / 256 * 256;
+  if (pairs > 0) {
+    sort_keys_kernel<<<std::min(blocks_for(pairs, 256), 4096u), 256, 0, s>>>(indices, pairs, ne, keys_in, ids);
+    AERIE_CUDA_LAUNCHED("moe_sort_keys_kernel");
+    AERIE_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(tmp, temp, keys_in, keys_out, ids, perm, n, 0, bits, s),
+                     "moe_sort_by_expert: cub::DeviceRadixSort over " << pairs << " pairs");
+  }
+  sorted_offsets_kernel<<<blocks_for(e + 1, 256), 256, 0, s>>>(keys_out, pairs, ne, counts, offsets);
+  AERIE_CUDA_LAUNCHED("moe_sorted_offsets_kernel");
+  if (pairs > 0) {
+    fill_tail_kernel<<<std::min(blocks_for(pairs, 256), 1024u), 256, 0, s>>>(offsets, ne, pairs, perm);
+    AERIE_CUDA_LAUNCHED("moe_fill_tail_kernel");
+  }
+  free(buf, current_stream());
 }
 
 namespace {
@@ -202,6 +202,12 @@ void moe_combine(const float* y, const float* weights, int64_t t, int64_t k, int
 namespace {
 
 // One thread per 16-byte chunk of a row of xs (8 bf16 or 4 f32; H a multiple of it), else per element.
+// row_of only (the fused grouped GEMM reads the tokens' rows itself).
+__global__ void pair_rows_kernel(const int32_t* __restrict__ perm, int64_t pairs, int32_t* __restrict__ row_of) {
+  for (int64_t r = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; r < pairs; r += int64_t{gridDim.x} * blockDim.x)
+    if (perm[r] >= 0) row_of[perm[r]] = static_cast<int32_t>(r);
+}
+
 template <typename T, typename V>
 __global__ void gather_pairs_kernel(const T* __restrict__ h, const int32_t* __restrict__ perm, int64_t pairs,
                                     int64_t k, int64_t hd, T* __restrict__ xs, int32_t* __restrict__ row_of) {
@@ -250,6 +256,11 @@ void gather_pairs_as(const T* h, const int32_t* perm, int64_t pairs, int64_t k, 
 
 void moe_gather_pairs(const void* h, DType dt, const int32_t* perm, int64_t pairs, int64_t k, int64_t hd, void* xs,
                       int32_t* row_of) {
+  if (xs == nullptr) {
+    pair_rows_kernel<<<std::min(blocks_for(pairs, 256), 4096u), 256, 0, stream()>>>(perm, pairs, row_of);
+    AERIE_CUDA_LAUNCHED("moe_pair_rows_kernel");
+    return;
+  }
   if (dt == DType::F32)
     gather_pairs_as(static_cast<const float*>(h), perm, pairs, k, hd, static_cast<float*>(xs), row_of);
   else
