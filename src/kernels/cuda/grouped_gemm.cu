@@ -339,6 +339,13 @@ __global__ void __launch_bounds__(kThreads, 2)
 // columns 64 g .. + 63 (m64n64k16). Both operands K-major with the 128-byte swizzle, which is swz's
 // layout on 1024-byte aligned tiles; one k16 step advances the descriptors' start address by 32 bytes.
 
+// wgmma exists on sm_90a only: built for another architecture (AERIE_CUDA_ARCH, e.g. 120 for an RTX PRO
+// 6000) the wgmma kernel's body is empty and matmul_grouped_quant runs the mma.sync kernel.
+#if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define AERIE_GG_NO_WGMMA 1
+#endif
+
+#ifndef AERIE_GG_NO_WGMMA
 /// wgmma shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row groups 1024 bytes apart
 /// (PTX ISA, "Matrix Descriptor Format" of wgmma).
 __device__ __forceinline__ uint64_t wgmma_desc(uint32_t saddr) {
@@ -373,12 +380,16 @@ __device__ __forceinline__ void wgmma_n64(float (&d)[32], uint64_t da, uint64_t 
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "l"(da), "l"(db));
 }
+#endif  // AERIE_GG_NO_WGMMA
 
 template <int F, int BM, int STAGES>
 __global__ void __launch_bounds__(kThreads, BM == 64 || STAGES == 3 ? 2 : 1)
     grouped_gemm_wgmma_kernel(const __nv_bfloat16* __restrict__ a, const int32_t* __restrict__ a_rows, int row_div,
                               __nv_bfloat16* __restrict__ c, const GroupDesc* __restrict__ groups,
                               const TileDesc* __restrict__ tiles, int K, int N) {
+#ifdef AERIE_GG_NO_WGMMA
+  __trap();  // not launched: the host takes the mma.sync kernel off sm_90
+#else
   extern __shared__ __align__(1024) uint8_t smem[];
   using L = Layout<F, BM, STAGES>;
   constexpr int WN = BM == 128 ? 128 : 64;  // a warpgroup's columns
@@ -455,6 +466,7 @@ __global__ void __launch_bounds__(kThreads, BM == 64 || STAGES == 3 ? 2 : 1)
     store_pair(c, t, N, r, col, acc[4 * i], acc[4 * i + 1]);
     store_pair(c, t, N, r + 8, col, acc[4 * i + 2], acc[4 * i + 3]);
   }
+#endif
 }
 
 template <int F, int BM, bool WG, int STAGES>
@@ -480,6 +492,22 @@ void launch(const __nv_bfloat16* a, const int32_t* a_rows, int row_div, __nv_bfl
   AERIE_CUDA_LAUNCHED("grouped_gemm_kernel");
 }
 
+
+/// Whether the current GPU runs the wgmma kernel: compute capability 9.0 (H100, H200), for which the
+/// build's sm_90a code is made (AERIE_CUDA_ARCH 90a, the default).
+bool wgmma_device() {
+  thread_local int dev = -1;
+  thread_local bool yes = false;
+  const int d = current_device();
+  if (d != dev) {
+    int major = 0, minor = 0;
+    AERIE_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, d), "cudaDeviceGetAttribute");
+    AERIE_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, d), "cudaDeviceGetAttribute");
+    dev = d;
+    yes = major == 9 && minor == 0;
+  }
+  return yes;
+}
 
 }  // namespace
 
@@ -540,7 +568,7 @@ void matmul_grouped_quant(const Tensor& a, int format, const std::vector<Grouped
   // The kernel: wgmma (default) or mma.sync (AERIE_GROUPED_GEMM_KERNEL=mma); the wgmma kernel's stages
   // at 128 rows: 3 (two CTAs per SM, the default) or 4 (one; AERIE_GROUPED_GEMM_STAGES=4).
   const char* kern = std::getenv("AERIE_GROUPED_GEMM_KERNEL");
-  const bool wg = !(kern && std::strcmp(kern, "mma") == 0);
+  const bool wg = !(kern && std::strcmp(kern, "mma") == 0) && wgmma_device();
   const char* st = std::getenv("AERIE_GROUPED_GEMM_STAGES");
   const bool four = st && std::strcmp(st, "4") == 0;
   auto run = [&](auto fmt) {
