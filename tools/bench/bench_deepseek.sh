@@ -6,11 +6,13 @@
 #                        YaRN 64) with its compressed-tensors INT4 quantization_config (routed experts INT4);
 #        deepseek_v3:    DeepSeek-V3 (128 heads, 256 experts, grouped routing 8/4) with bf16 experts;
 #        deepseek_v3_fp8 (FP8=1): the same with its block-FP8 quantization_config (every Linear FP8);
+#        kimi_k25_int4_tp8_rank (TP8_RANK=1, the default): one tp 8 rank of Kimi-K2.5 (heads and every
+#                        intermediate / 8), aerie only;
 #   2. runs BUILD_DIR/bench_deepseek on each (random weights in those formats: one MoE block, one MLA
 #      block, the whole forward; tools/bench/bench_deepseek.cc says what is counted);
 #   3. runs transformers' DeepseekV3 (tools/bench/hf_deepseek.py, bf16 weights) on the same shapes when
 #      torch and transformers import: DeepSeek-V3's whole model and blocks, Kimi-K2.5's blocks.
-# Prints JSON lines. Environment: TOKENS (2048,8192), LAYERS (4), ITERS (5), WORK (scratch folder), FP8 (0),
+# Prints JSON lines. Environment: TOKENS (2048,8192), LAYERS (4), ITERS (5), WORK (scratch folder), FP8 (0), TP8_RANK (1),
 #   SKIP_HF (1: no transformers run), PEAK_TFLOPS (989: H100/H200 SXM dense bf16).
 # Usage: tools/bench/bench_deepseek.sh [BUILD_DIR]
 set -euo pipefail
@@ -59,7 +61,12 @@ kimi = dict(common, vocab_size=163840, num_attention_heads=64, num_key_value_hea
                 "kv_cache_scheme": None, "quant_method": "compressed-tensors", "quantization_status": "compressed"})
 fp8 = dict(ds, quantization_config={"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
                                     "weight_block_size": [128, 128]})
-for name, c in [("kimi_k25_int4", kimi), ("deepseek_v3", ds), ("deepseek_v3_fp8", fp8)]:
+# One rank of Kimi-K2.5 at tp 8: the heads, the dense and shared intermediates and every expert's
+# intermediate divided by 8, as aerie's tensor parallelism splits them (the compute of one rank; no
+# all-reduce on one GPU).
+kimi_tp8 = dict(kimi, num_attention_heads=8, num_key_value_heads=8, intermediate_size=18432 // 8,
+                moe_intermediate_size=2048 // 8)
+for name, c in [("kimi_k25_int4", kimi), ("deepseek_v3", ds), ("deepseek_v3_fp8", fp8), ("kimi_k25_int4_tp8_rank", kimi_tp8)]:
     os.makedirs(f"{work}/{name}", exist_ok=True)
     json.dump(c, open(f"{work}/{name}/config.json", "w"), indent=1)
 PY
@@ -71,6 +78,7 @@ run_aerie() {  # NAME [more bench_deepseek options]
 run_aerie kimi_k25_int4
 run_aerie deepseek_v3
 [ "${FP8:-0}" = 1 ] && run_aerie deepseek_v3_fp8 --no-forward
+[ "${TP8_RANK:-1}" = 1 ] && run_aerie kimi_k25_int4_tp8_rank
 
 if [ "${SKIP_HF:-0}" != 1 ] && python3 -c "import torch, transformers" 2>/dev/null; then
   hf=$(dirname "$0")/hf_deepseek.py
