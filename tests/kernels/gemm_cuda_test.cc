@@ -230,15 +230,17 @@ constexpr std::pair<const char*, const char*> kKernels[] = {{"wgmma", "128"}, {"
 TEST(MatmulGroupedQuantCuda, DequantizesBitwise) {
   AERIE_REQUIRE_CUDA();
   using F = GroupedWeightFormat;
-  const int64_t K = 192, N = 256;
+  const int64_t K = 192;
   Tensor eye = Tensor::zeros({K, K}, DType::F32);
   for (int64_t i = 0; i < K; ++i) eye.data<float>()[i * K + i] = 1.0f;
   const Tensor a = testing::gpu(eye.to(DType::BF16));
+  for (const int64_t part : {128, 256})  // 256: a part over two FP8 block rows
   for (F f : {F::Dense, F::Fp8Block, F::Int4Group})
     for (const auto& [kernel, bm] : kKernels) {
-      SCOPED_TRACE(std::string(testing::format_name(f)) + " " + kernel + " BM " + bm);
+      SCOPED_TRACE(std::string(testing::format_name(f)) + " " + kernel + " BM " + bm + " parts of " + std::to_string(part));
       const ScopedKernel scoped(kernel, bm);
-      const GroupedWeight w = testing::random_grouped_weight(f, {128, 128}, K, 77);
+      const int64_t N = 2 * part;
+      const GroupedWeight w = testing::random_grouped_weight(f, {part, part}, K, 77);
       const std::vector<GroupedWeight> wg = {testing::on_gpu(w)};
       Tensor c = Tensor::zeros({K, N}, DType::BF16, Device::CUDA);
       ASSERT_EQ(grouped_quant_fused_unsupported(a, f, wg, {0, K}, c), "");
@@ -257,21 +259,23 @@ TEST(MatmulGroupedQuantCuda, DequantizesBitwise) {
 
 // The fused kernel against the CPU reference on random data: 9 groups of 0 to 300 rows (partial tiles,
 // empty groups, a group of one row), K 512 (8 k tiles: more than the pipeline's stages) and 128 (two:
-// fewer), N 384 as parts 256 + 128, every format, both kernels and tile heights; the tolerance of MatchesCpu
+// fewer), N 384 as parts 256 + 128 and 512 as 256 + 256, every format, both kernels and tile heights; the tolerance of MatchesCpu
 // (fp32 summation order) plus one bf16 ulp of the result; rows outside every group untouched.
 TEST(MatmulGroupedQuantCuda, MatchesCpu) {
   AERIE_REQUIRE_CUDA();
   using F = GroupedWeightFormat;
-  const int64_t N = 384;
   const std::vector<int64_t> sizes = {0, 1, 63, 64, 65, 130, 0, 300, 17};
   std::vector<int64_t> offsets = {3};
   for (int64_t m : sizes) offsets.push_back(offsets.back() + m);
   const int64_t P = offsets.back() + 2, G = static_cast<int64_t>(sizes.size());
+  // Parts 256 + 128 (N 384) and 256 + 256 (N 512).
+  for (const std::vector<int64_t> parts : {std::vector<int64_t>{256, 128}, std::vector<int64_t>{256, 256}})
   for (int64_t K : {512, 128})
     for (F f : {F::Dense, F::Fp8Block, F::Int4Group}) {
+      const int64_t N = parts[0] + parts[1];
       std::vector<GroupedWeight> w, wg;
       for (int64_t g = 0; g < G; ++g) {
-        w.push_back(testing::random_grouped_weight(f, {256, 128}, K, static_cast<uint32_t>(200 + g)));
+        w.push_back(testing::random_grouped_weight(f, parts, K, static_cast<uint32_t>(200 + g)));
         wg.push_back(testing::on_gpu(w.back()));
       }
       const Tensor a = random_tensor({P, K}, 300).to(DType::BF16);
@@ -279,7 +283,8 @@ TEST(MatmulGroupedQuantCuda, MatchesCpu) {
       matmul_grouped_quant(a, f, w, offsets, c);
       const auto ref = c.to_float_vector();
       for (const auto& [kernel, bm] : kKernels) {
-        SCOPED_TRACE(std::string(testing::format_name(f)) + " K " + std::to_string(K) + " " + kernel + " BM " + bm);
+        SCOPED_TRACE(std::string(testing::format_name(f)) + " K " + std::to_string(K) + " N " + std::to_string(N) + " " +
+                     kernel + " BM " + bm);
         const ScopedKernel scoped(kernel, bm);
         const Tensor ag = testing::gpu(a);
         Tensor cg = Tensor::zeros({P, N}, DType::BF16, Device::CUDA);
