@@ -180,14 +180,19 @@ std::string grouped_quant_fused_unsupported(const Tensor& a, GroupedWeightFormat
   if (a.device() != Device::CUDA) return "a is not on the GPU";
   if (a.dtype() != DType::BF16 || c.dtype() != DType::BF16) return "a and c are not BF16";
   const int64_t K = a.dim(1), N = c.dim(1);
-  if (K % 64 != 0) return "K " + std::to_string(K) + " is not a multiple of 64";
+  if (K == 0 || K % 64 != 0) return "K " + std::to_string(K) + " is not a positive multiple of 64";
   if (N % 128 != 0) return "N " + std::to_string(N) + " is not a multiple of 128";
-  if (a.dim(0) > INT32_MAX / 2 || K > INT32_MAX / 2 || N > INT32_MAX / 2) return "sizes beyond 32 bits";
+  if (a.dim(0) > INT32_MAX / 2 || c.dim(0) > INT32_MAX / 2 || K > INT32_MAX / 2 || N > INT32_MAX / 2)
+    return "sizes beyond 32 bits";
+  // 16-byte cp.async of a's and the weights' rows, 4-byte ones of INT4 scales and 4-byte stores of c.
+  auto aligned = [](const Tensor& t, uintptr_t n) { return reinterpret_cast<uintptr_t>(t.raw()) % n == 0; };
+  if (!aligned(a, 16) || !aligned(c, 4)) return "a not 16-byte or c not 4-byte aligned";
   for (size_t g = 0; g + 1 < offsets.size() && g < w.size(); ++g) {
     if (offsets[g + 1] == offsets[g]) continue;
     if (w[g].size() > 4) return "more than 4 parts per group";
     for (const GroupedWeightPart& p : w[g]) {
       if (!p.weight.defined()) return "an undefined part";
+      if (!aligned(p.weight, 16) || (p.scale.defined() && !aligned(p.scale, 4))) return "a part not aligned";
       if (p.weight.dim(0) % 128 != 0) return "a part of " + std::to_string(p.weight.dim(0)) + " rows (not a multiple of 128)";
       if (format == GroupedWeightFormat::Int4Group && p.scale.dtype() != DType::BF16) return "INT4 scales not BF16";
     }

@@ -66,10 +66,13 @@ using GroupedWeight = std::vector<GroupedWeightPart>;
 /// non-decreasing host values, rows outside every group untouched; empty groups skipped, their weights
 /// may be empty).
 /// CPU: per non-empty group one dequantization into a temporary [N, K] and one GEMM (the reference).
-/// CUDA, when grouped_quant_fused_unsupported() is empty: one fused kernel launch (bf16 mma.sync tensor
-/// cores, fp32 accumulation; the quantized tile of W is dequantized in shared memory between its load
-/// and its use, so W stays compressed in device memory and is read once per 64 or 128 rows of a);
-/// otherwise per group a dequantization into a temporary and one cuBLASLt GEMM (slow, for any shape).
+/// Every non-empty group has the same part layout (part count, part rows, scale dtype), as the experts of
+/// one MoE projection do.
+/// CUDA, when grouped_quant_fused_unsupported() is empty: the fused kernel, one launch for the 128-row
+/// tiles and one for the 64-row ones (bf16 tensor cores, wgmma on sm_90a else mma.sync, fp32
+/// accumulation; the quantized tile of W is dequantized in shared memory between its load and its use, so
+/// W stays compressed in device memory and is read once per 64 or 128 rows of a); otherwise per group a
+/// dequantization into a temporary and one cuBLASLt GEMM (slow, for any shape).
 /// Queued on the current stream. Throws aerie::Error on mismatched shapes, dtypes or devices (naming the
 /// group and part), offsets as matmul_grouped, and on CUDA on a launch failure.
 /// a_rows (optional): the rows of a gathered on the fly: row r of the GEMM's input is a[a_rows[r] / row_div]
@@ -81,9 +84,10 @@ void matmul_grouped_quant(const Tensor& a, GroupedWeightFormat format, const std
                           int64_t row_div = 1);
 
 /// Why the CUDA fused kernel of matmul_grouped_quant cannot take these operands (empty if it can):
-/// it needs BF16 a and c, K % 64 == 0, N % 128 == 0, at most 4 parts per group of rows % 128 == 0,
-/// BF16 INT4 scales, and 32-bit sizes. Checks the first non-empty group's parts (the others must
-/// match them, which matmul_grouped_quant checks). No device work.
+/// it needs BF16 a and c, K a positive multiple of 64, N % 128 == 0, at most 4 parts per group of
+/// rows % 128 == 0, BF16 INT4 scales, 32-bit sizes, and a and the weights 16-byte aligned (scales and
+/// c 4). Checks the first non-empty group's parts (the others must match them, which
+/// matmul_grouped_quant checks). No device work.
 std::string grouped_quant_fused_unsupported(const Tensor& a, GroupedWeightFormat format,
                                             const std::vector<GroupedWeight>& w, const std::vector<int64_t>& offsets,
                                             const Tensor& c);

@@ -137,7 +137,10 @@ void combine_rows_cpu(const T* ys, const int32_t* row_of, const float* w, int64_
   for (int64_t r = 0; r < t; ++r)
     for (int64_t j = 0; j < hd; ++j) {
       float acc = 0.0f;
-      for (int64_t s = 0; s < k; ++s) acc += w[r * k + s] * as_f32(ys[static_cast<int64_t>(row_of[r * k + s]) * hd + j]);
+      for (int64_t s = 0; s < k; ++s) {
+        const int32_t row = row_of[r * k + s];
+        if (row >= 0) acc += w[r * k + s] * as_f32(ys[static_cast<int64_t>(row) * hd + j]);
+      }
       out[r * hd + j] = acc;
     }
 }

@@ -65,7 +65,8 @@ void moe_combine(const Tensor& y, const Tensor& weights, Tensor& out);
 void moe_gather_pairs(const Tensor& h, const Tensor& perm, int64_t k, Tensor& xs, Tensor& row_of);
 
 /// moe_combine of the experts' outputs in expert order, without gathering them back to pair order:
-///   out[t, j] = sum_{slot = 0..k-1} weights[t, slot] ys[row_of[t k + slot], j]
+///   out[t, j] = sum_{slot = 0..k-1} weights[t, slot] ys[row_of[t k + slot], j]   (a row_of of -1, a pair the
+///   CUDA sort dropped for an expert index out of range, adds nothing)
 /// in fp32, the slots in order: bit for bit moe_combine of y[p] = ys[row_of[p]] (a BF16 ys widened
 /// exactly). ys: [P, H] F32|BF16, row_of: [P] I32 (moe_gather_pairs'), weights [T, k] F32, out [T, H] F32
 /// (overwritten). Throws aerie::Error on a shape, dtype or device mismatch.

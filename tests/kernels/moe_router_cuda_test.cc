@@ -65,6 +65,24 @@ TEST(MoeSortCuda, DropsOutOfRangeIndices) {
   EXPECT_EQ(cg.to_float_vector(), (std::vector<float>{2, 2}));
   EXPECT_EQ(og.to_float_vector(), (std::vector<float>{0, 2, 4}));
   EXPECT_EQ(pg.to_float_vector(), (std::vector<float>{2, 5, 0, 4, -1, -1}));
+  // The dropped pairs keep row_of -1 and add nothing to the routed sum.
+  const int64_t H = 16;
+  const Tensor h = testing::random_tensor({3, H}, 1), ys = testing::random_tensor({6, H}, 2);
+  const Tensor w = Tensor::from_vector<float>({0.5f, 0.25f, 1.0f, 2.0f, 0.75f, 1.5f}, {3, 2});
+  Tensor xs = Tensor::empty({6, H}, DType::F32, Device::CUDA), rg = Tensor::empty({6}, DType::I32, Device::CUDA);
+  moe_gather_pairs(gpu(h), pg, 2, xs, rg);
+  EXPECT_EQ(rg.to_float_vector(), (std::vector<float>{2, -1, 0, -1, 3, 1}));
+  Tensor out = Tensor::empty({3, H}, DType::F32, Device::CUDA);
+  moe_combine_rows(gpu(ys), rg, gpu(w), out);
+  const auto o = out.to_float_vector(), y = ys.to_float_vector(), wv = w.to_float_vector();
+  const int rows[6] = {2, -1, 0, -1, 3, 1};
+  for (int t = 0; t < 3; ++t)
+    for (int64_t j = 0; j < H; ++j) {
+      float want = 0.0f;
+      for (int s = 0; s < 2; ++s)
+        if (rows[2 * t + s] >= 0) want += wv[2 * t + s] * y[rows[2 * t + s] * H + j];
+      EXPECT_NEAR(o[t * H + j], want, 1e-6f) << "token " << t << " column " << j;
+    }
 }
 
 // moe_gather_pairs / moe_combine_rows on CUDA against the CPU at Kimi-K2's size (384 experts, top 8, 300

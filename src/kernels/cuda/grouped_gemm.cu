@@ -493,9 +493,12 @@ void launch(const __nv_bfloat16* a, const int32_t* a_rows, int row_div, __nv_bfl
 }
 
 
-/// Whether the current GPU runs the wgmma kernel: compute capability 9.0 (H100, H200), for which the
-/// build's sm_90a code is made (AERIE_CUDA_ARCH 90a, the default).
+/// Whether the current GPU runs the wgmma kernel: a build with sm_90a code (AERIE_CUDA_ARCH 90a, the
+/// default: AERIE_CUDA_SM90A) on a GPU of compute capability 9.0 (H100, H200).
 bool wgmma_device() {
+#ifndef AERIE_CUDA_SM90A
+  return false;
+#endif
   thread_local int dev = -1;
   thread_local bool yes = false;
   const int d = current_device();
@@ -509,6 +512,18 @@ bool wgmma_device() {
   return yes;
 }
 
+/// The current GPU's shared memory per block with the opt-in (cudaDevAttrMaxSharedMemoryPerBlockOptin).
+int max_smem_optin() {
+  thread_local int dev = -1, bytes = 0;
+  const int d = current_device();
+  if (d != dev) {
+    AERIE_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, d),
+                     "cudaDeviceGetAttribute");
+    dev = d;
+  }
+  return bytes;
+}
+
 }  // namespace
 
 void matmul_grouped_quant(const Tensor& a, int format, const std::vector<GroupedWeight>& w,
@@ -518,11 +533,23 @@ void matmul_grouped_quant(const Tensor& a, int format, const std::vector<Grouped
   // Row tiles. "mixed" (the default): 128-row tiles, and a group's last rows, when 64 or fewer, in a
   // 64-row tile of a second launch. "64" / "128" (AERIE_GROUPED_GEMM_BM, for benchmarks): one height.
   const char* e = std::getenv("AERIE_GROUPED_GEMM_BM");
-  const std::string mode = e ? e : "mixed";
+  std::string mode = e ? e : "mixed";
   AERIE_CHECK(mode == "mixed" || mode == "64" || mode == "128",
               "AERIE_GROUPED_GEMM_BM must be 64, 128 or mixed, got '" << mode << "'");
   std::vector<GroupDesc> gd;
   std::vector<TileDesc> t128, t64;
+  const char* kern = std::getenv("AERIE_GROUPED_GEMM_KERNEL");
+  const bool wg = !(kern && std::strcmp(kern, "mma") == 0) && wgmma_device();
+  const char* st = std::getenv("AERIE_GROUPED_GEMM_STAGES");
+  const bool four = st && std::strcmp(st, "4") == 0;
+  // 128-row tiles need more shared memory than 64-row ones (the mma.sync FP8 kernel: 105 KiB, above the
+  // 99 KiB per block of sm_86/89/120): where the GPU has less, every tile has 64 rows.
+  if (mode != "64") {
+    const int need = format == kFp8    ? Layout<kFp8, 128, 3>::bytes
+                     : format == kInt4 ? Layout<kInt4, 128, 3>::bytes
+                                       : Layout<kDense, 128, 3>::bytes;
+    if (need + 1024 > max_smem_optin()) mode = "64";
+  }
   gd.reserve(groups.size());
   for (int64_t g : groups) {
     GroupDesc d{};
@@ -567,10 +594,6 @@ void matmul_grouped_quant(const Tensor& a, int format, const std::vector<Grouped
   const int n128 = static_cast<int>(t128.size()), n64 = static_cast<int>(t64.size());
   // The kernel: wgmma (default) or mma.sync (AERIE_GROUPED_GEMM_KERNEL=mma); the wgmma kernel's stages
   // at 128 rows: 3 (two CTAs per SM, the default) or 4 (one; AERIE_GROUPED_GEMM_STAGES=4).
-  const char* kern = std::getenv("AERIE_GROUPED_GEMM_KERNEL");
-  const bool wg = !(kern && std::strcmp(kern, "mma") == 0) && wgmma_device();
-  const char* st = std::getenv("AERIE_GROUPED_GEMM_STAGES");
-  const bool four = st && std::strcmp(st, "4") == 0;
   auto run = [&](auto fmt) {
     constexpr int F = decltype(fmt)::value;
     if (n128 > 0) {

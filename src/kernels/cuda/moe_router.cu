@@ -235,7 +235,10 @@ __global__ void combine_rows_kernel(const T* __restrict__ ys, const int32_t* __r
   if (idx >= total) return;
   const int64_t t = idx / hd, j = idx % hd;
   float acc = 0.0f;
-  for (int64_t s = 0; s < k; ++s) acc += w[t * k + s] * to_f32(ys[static_cast<int64_t>(row_of[t * k + s]) * hd + j]);
+  for (int64_t s = 0; s < k; ++s) {
+    const int32_t r = row_of[t * k + s];
+    if (r >= 0) acc += w[t * k + s] * to_f32(ys[static_cast<int64_t>(r) * hd + j]);
+  }
   out[idx] = acc;
 }
 
@@ -256,6 +259,9 @@ void gather_pairs_as(const T* h, const int32_t* perm, int64_t pairs, int64_t k, 
 
 void moe_gather_pairs(const void* h, DType dt, const int32_t* perm, int64_t pairs, int64_t k, int64_t hd, void* xs,
                       int32_t* row_of) {
+  // A pair the sort dropped (perm holds -1 for it) keeps row_of -1: moe_combine_rows leaves it out.
+  AERIE_CUDA_CHECK(cudaMemsetAsync(row_of, 0xFF, static_cast<size_t>(pairs) * sizeof(int32_t), stream()),
+                   "moe_gather_pairs: cudaMemsetAsync of row_of");
   if (xs == nullptr) {
     pair_rows_kernel<<<std::min(blocks_for(pairs, 256), 4096u), 256, 0, stream()>>>(perm, pairs, row_of);
     AERIE_CUDA_LAUNCHED("moe_pair_rows_kernel");
