@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/version.h"
 #include "jobs/jobs.h"
 
 namespace {
@@ -32,8 +33,19 @@ subcommands() {
 
 /// The subcommand list: to stdout for --help, to stderr after a usage error.
 void usage(std::ostream& os) {
-  os << "usage: mpirun -np N aerie <subcommand> [options]   (aerie <subcommand> --help)\n\nsubcommands:\n";
+  os << "usage: mpirun -np N aerie <subcommand> [options]   (aerie <subcommand> --help, aerie help <subcommand>,\n"
+        "       aerie --version)\n\nsubcommands:\n";
   for (auto& [name, v] : subcommands()) os << "  " << name << std::string(10 - name.size(), ' ') << v.second << "\n";
+}
+
+/// `aerie --version`: the version, the commit and the backends of this build.
+void version(std::ostream& os) {
+  os << "aerie " << aerie::aerie_version() << " (git " << aerie::aerie_git_commit() << ")\n"
+#ifdef AERIE_WITH_CUDA
+     << "backends: CPU, CUDA\n";
+#else
+     << "backends: CPU\n";
+#endif
 }
 
 }  // namespace
@@ -43,6 +55,16 @@ int main(int argc, char** argv) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   std::vector<std::string> args(argv + 1, argv + argc);
+  if (!args.empty() && (args[0] == "--version" || args[0] == "-V")) {
+    if (rank == 0) version(std::cout);
+    MPI_Finalize();
+    return 0;
+  }
+  // `aerie help JOB` is `aerie JOB --help`; `aerie help` the list.
+  if (!args.empty() && args[0] == "help") {
+    if (args.size() == 1) args = {"--help"};
+    else args = {args[1], "--help"};
+  }
   if (args.empty() || args[0] == "--help" || args[0] == "-h") {
     if (rank == 0) usage(args.empty() ? std::cerr : std::cout);
     MPI_Finalize();

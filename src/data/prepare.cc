@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/progress.h"
+#include "core/version.h"
 #include "io/h5.h"
 #include "io/output_lock.h"
 
@@ -342,6 +343,7 @@ PrepareStats run_prepare(const PrepareOptions& opt, MPI_Comm comm) {
     }
     f.set_string_attr("format", kPreparedFormat);
     f.set_int_attr("format_version", kPreparedVersion);
+    f.set_string_attr("aerie_version", aerie_version_string());
     f.set_string_attr("tokenizer", opt.tokenizer);
     f.set_string_attr("template", tmpl->name());
     f.set_int_attr("max_length", opt.max_length);

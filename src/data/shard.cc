@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/version.h"
 #include "io/h5.h"
 
 namespace aerie {
@@ -241,6 +242,7 @@ void ShardWriter::close() {
   put("sample_index", Tensor::from_vector(sample_index_, {n}));
   f.set_string_attr("format", kShardFormat);
   f.set_int_attr("format_version", kShardFormatVersion);
+  f.set_string_attr("aerie_version", aerie_version_string());
   f.set_string_attr("target_model", meta_.target_model);
   f.set_ints_attr("aux_layers", std::vector<int64_t>(meta_.aux_layers.begin(), meta_.aux_layers.end()));
   f.set_string_attr("aux_layer_convention", kAuxLayerConvention);

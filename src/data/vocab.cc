@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "core/version.h"
 #include "io/h5.h"
 #include "io/safetensors.h"
 
@@ -60,6 +61,7 @@ void save_draft_vocab(const std::string& path, const DraftVocab& vocab, const st
   f.tensors["token_counts"] = Tensor::from_vector(counts, {V});
   f.metadata["format"] = kFormat;
   f.metadata["format_version"] = kVersion;
+  f.metadata["aerie_version"] = aerie_version_string();
   f.metadata["draft_vocab_size"] = std::to_string(K);
   f.metadata["vocab_size"] = std::to_string(V);
   save_safetensors(path, f, {"t2d"});

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "core/log.h"
+#include "core/version.h"
 #include "io/safetensors.h"
 
 namespace aerie {
@@ -32,7 +33,8 @@ void fsync_path(const std::string& path, bool directory) {
 std::map<std::string, std::string> checkpoint_metadata(int64_t step) {
   return {{"format", kCheckpointFormat},
           {"format_version", std::to_string(kCheckpointFormatVersion)},
-          {"step", std::to_string(step)}};
+          {"step", std::to_string(step)},
+          {"aerie_version", aerie_version_string()}};
 }
 
 void check_metadata(const SafetensorsFile& f, const std::string& path) {

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "core/log.h"
+#include "core/version.h"
 #include "io/safetensors.h"
 #include "train/checkpoint.h"
 
@@ -55,6 +56,7 @@ nlohmann::json export_config(const DraftConfig& cfg, const TargetConfig& target)
     j["eagle_config"] = {{"eagle_aux_hidden_state_layer_ids", cfg.aux_layers}};
   else
     j.erase("eagle_config");
+  j["aerie_version"] = aerie_version_string();  // who wrote it (ignored by vLLM and SGLang)
   return j;
 }
 
@@ -90,7 +92,7 @@ void write_export(const std::string& out_dir, const DraftConfig& cfg, const Draf
   const nlohmann::json config = export_config(cfg, target);
   const DraftWeights shapes = DraftWeights::zeros(cfg);
   SafetensorsFile f;
-  f.metadata = {{"format", "pt"}};
+  f.metadata = {{"format", "pt"}, {"aerie_version", aerie_version_string()}};
   auto want = shapes.named();
   auto have = weights.named();
   for (size_t i = 0; i < have.size(); ++i) {

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <functional>
 
+#include "core/version.h"
 #include "data/prepare.h"
 #include "io/h5.h"
 #include "test_util.h"
@@ -32,6 +33,7 @@ Prepared read_prepared(const std::string& path) {
   h5::File f = h5::File::open(path);
   EXPECT_EQ(f.string_attr("format"), "aerie.prepared");
   EXPECT_EQ(f.int_attr("format_version"), 1);
+  EXPECT_EQ(f.string_attr("aerie_version"), aerie_version_string());  // issue 13 item 5
   Prepared p;
   p.ids = f.open_dataset("input_ids").read_vector<int32_t>();
   p.mask = f.open_dataset("loss_mask").read_vector<uint8_t>();

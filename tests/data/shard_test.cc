@@ -9,6 +9,7 @@
 #include <limits>
 #include <thread>
 
+#include "core/version.h"
 #include "data/shard.h"
 #include "io/h5.h"
 #include "test_util.h"
@@ -135,6 +136,7 @@ TEST(Shard, StoredLayoutIsTheDocumentedOne) {
   h5::File f = h5::File::open(path);
   EXPECT_EQ(f.string_attr("format"), "aerie.hidden_states");
   EXPECT_EQ(f.int_attr("format_version"), 1);
+  EXPECT_EQ(f.string_attr("aerie_version"), aerie_version_string());  // issue 13 item 5
   EXPECT_EQ(f.string_attr("dtype"), "bfloat16");
   EXPECT_EQ(f.string_attr("aux_layer_convention"), kAuxLayerConvention);
   EXPECT_EQ(f.int_attr("num_tokens"), 5);

@@ -44,3 +44,11 @@ add_test(NAME cli_generate_missing_input
                  --output /nonexistent/o.jsonl)
 set_tests_properties(cli_generate_missing_input PROPERTIES ENVIRONMENT "${_aerie_cli_env}"
   PASS_REGULAR_EXPRESSION "generate: --input /nonexistent/c.jsonl: no such file")
+# aerie --version names the version and the git commit of the build (issue 13 item 5; every output records
+# the same string as aerie_version); aerie help JOB is JOB --help.
+add_test(NAME cli_version COMMAND $<TARGET_FILE:aerie> --version)
+set_tests_properties(cli_version PROPERTIES ENVIRONMENT "${_aerie_cli_env}"
+  PASS_REGULAR_EXPRESSION "^aerie ${PROJECT_VERSION} \\(git [0-9a-z.-]+\\)\nbackends: CPU")
+add_test(NAME cli_help_job COMMAND $<TARGET_FILE:aerie> help vocab)
+set_tests_properties(cli_help_job PROPERTIES ENVIRONMENT "${_aerie_cli_env}"
+  PASS_REGULAR_EXPRESSION "aerie vocab")

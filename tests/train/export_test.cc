@@ -6,6 +6,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/version.h"
 #include "io/safetensors.h"
 #include "train/checkpoint.h"
 #include "train/export.h"
@@ -30,12 +31,14 @@ TEST(ExportTest, ConfigIsSection5WithTheTargetsRopeAndPositions) {
   nlohmann::json j = export_config(s.cfg, s.target);
   std::set<std::string> keys;
   for (auto& [k, v] : j.items()) keys.insert(k);
-  // Exactly the keys of section 5 (hidden_act "silu" is the Llama default, stated for older loaders).
+  // Exactly the keys of section 5 (hidden_act "silu" is the Llama default, stated for older loaders), and
+  // aerie_version (who wrote it, issue 13 item 5; transformers keeps unknown keys, vLLM and SGLang ignore it).
   EXPECT_EQ(keys, (std::set<std::string>{"architectures", "model_type", "hidden_size", "num_attention_heads",
                                          "num_key_value_heads", "head_dim", "intermediate_size", "num_hidden_layers",
                                          "rms_norm_eps", "vocab_size", "draft_vocab_size", "max_position_embeddings",
                                          "rope_theta", "rope_scaling", "tie_word_embeddings", "torch_dtype",
-                                         "hidden_act"}));
+                                         "hidden_act", "aerie_version"}));
+  EXPECT_EQ(j["aerie_version"], aerie_version_string());
   EXPECT_EQ(j["architectures"], nlohmann::json::array({"LlamaForCausalLMEagle3"}));
   EXPECT_EQ(j["model_type"], "llama");
   EXPECT_EQ(j["hidden_size"], 8);
@@ -167,6 +170,7 @@ TEST(ExportTest, TensorsAndLoadExportRoundTrip) {
   EXPECT_FALSE(fs::exists(out + ".old"));
   nlohmann::json h = safetensors_header(out + "/model.safetensors");
   EXPECT_EQ(h["__metadata__"]["format"], "pt");
+  EXPECT_EQ(h["__metadata__"]["aerie_version"], aerie_version_string());
   const DraftWeights shapes = DraftWeights::zeros(s.cfg);
   std::set<std::string> names;
   for (auto& [k, v] : h.items())
