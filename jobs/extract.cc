@@ -74,8 +74,12 @@ int extract(const std::vector<std::string>& args) {
       "skip-nonfinite", po::bool_switch(),
       "leave out a sample whose hidden states hold a NaN or an infinity (each named in a warning, the total in "
       "the summary and in each shard's skipped_nonfinite attribute) instead of stopping with an error naming it")(
+      "storage", po::value<std::string>()->default_value("bf16"),
+      "hidden states in the shards: bf16, or fp8 (e4m3fn codes with one fp32 scale per token and H-wide "
+      "vector: about half the bytes; shard format version 2, which train reads as well)")(
       "no-space-check", po::bool_switch(),
-      "start even when the shards' estimated size (tokens x (8 H + 5) bytes) exceeds the output's free space")(
+      "start even when the shards' estimated size (tokens x (8 H + 5) bytes, fp8: 4 H + 21) exceeds the "
+      "output's free space")(
       "random-weights", po::value<int64_t>()->default_value(-1),
       "benchmarks: random N(0, 0.02^2) weights from this seed (>= 0) instead of the checkpoint; --model "
       "then needs only config.json");
@@ -92,6 +96,10 @@ int extract(const std::vector<std::string>& args) {
   opt.samples_per_shard = vm["samples-per-shard"].as<int64_t>();
   opt.batch_tokens = batch_tokens;
   opt.skip_nonfinite = vm["skip-nonfinite"].as<bool>();
+  const std::string storage = vm["storage"].as<std::string>();
+  AERIE_CHECK(storage == "bf16" || storage == "fp8",
+              "extract: --storage '" << storage << "' is not bf16 or fp8");
+  opt.meta.fp8 = storage == "fp8";
   check_extract_inputs(opt);
   // Before the target loads: a second extract into this folder is refused at once (rank 0 holds the lock
   // until the job ends; run_extract removes stale .tmp files only under it).
@@ -134,7 +142,7 @@ int extract(const std::vector<std::string>& args) {
       const ShardSpace sp = estimate_shard_space(opt, c.hidden_size);
       AERIE_LOG(info) << "extract: the shards take about " << std::fixed << std::setprecision(2)
                       << static_cast<double>(sp.bytes_total) / (1 << 30) << " GiB (" << sp.tokens << " tokens x "
-                      << 8 * c.hidden_size + 5 << " bytes), "
+                      << sp.bytes_per_token << " bytes, " << (opt.meta.fp8 ? "fp8" : "bf16") << "), "
                       << static_cast<double>(sp.bytes_needed) / (1 << 30) << " GiB still to write; "
                       << (sp.bytes_available >= 0 ? std::to_string(sp.bytes_available >> 20) + " MiB free at " + sp.where
                                                   : "free space unknown");

@@ -1,9 +1,11 @@
 // float8 e4m3fn, the weight format of DeepSeek-V3's block-FP8 checkpoints (safetensors "F8_E4M3",
 // torch.float8_e4m3fn; OCP 8-bit floating point spec, E4M3): 1 sign bit, 4 exponent bits (bias 7),
 // 3 mantissa bits; no infinities ("fn" = finite), NaN only at S.1111.111 (0x7F, 0xFF); max 448,
-// smallest subnormal 2^-9. Decode only: aerie reads FP8 weights, it does not write them.
+// smallest subnormal 2^-9. Decoding reads FP8 weights; encoding writes fp8 hidden-state shards
+// (extract --storage fp8).
 // Header-only and usable from CUDA device code (kernels/cuda/quant.cu).
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -38,6 +40,34 @@ AERIE_HOST_DEVICE inline float fp8_e4m3fn_to_float(uint8_t c) {
   float f;
   std::memcpy(&f, &u, 4);
   return f;
+}
+
+/// The e4m3fn code nearest to x (round to nearest, ties to even), saturating at +-448 (the largest
+/// finite value, code 0x7E / 0xFE: e4m3fn has no infinity); NaN gives 0x7F (sign kept). What torch's
+/// float32 -> float8_e4m3fn cast gives for |x| <= 448 (torch saturates nothing: larger values are NaN).
+inline uint8_t float_to_fp8_e4m3fn(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return sign | 0x7Fu;  // NaN
+  float a;
+  const uint32_t au = u & 0x7fffffffu;
+  std::memcpy(&a, &au, 4);
+  if (a >= 464.0f) return sign | 0x7Eu;  // saturate (464 = 448 + half a step rounds to even: 448)
+  // The exponent of a's binade, clamped to the subnormal range (values below 2^-6 share step 2^-9).
+  int e = 0;
+  if (au >= 0x3c800000u) e = static_cast<int>(au >> 23) - 127;  // a >= 2^-6: normal
+  else e = -6;
+  const float step = std::ldexp(1.0f, e - 3);  // 3 mantissa bits
+  const float q = std::nearbyint(a / step);    // exact division by a power of two; ties to even
+  int m = static_cast<int>(q);                 // 0 .. 16 (normal: 8 .. 16; subnormal: 0 .. 8)
+  if (e == -6 && m < 8) return sign | static_cast<uint8_t>(m);  // subnormal (m = 0: +-0)
+  if (m == 16) {
+    m = 8;
+    ++e;
+  }
+  if (e > 8 || (e == 8 && m > 14)) return sign | 0x7Eu;  // beyond 448
+  return sign | static_cast<uint8_t>(((e + 7) << 3) | (m - 8));
 }
 
 }  // namespace aerie

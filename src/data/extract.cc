@@ -154,6 +154,9 @@ bool check_existing_shard(const std::string& path, int64_t c, int64_t b, int64_t
     fail("hidden size " + std::to_string(i.hidden_size) + ", the target's is " + std::to_string(meta.hidden_size));
   if (i.aux_layers != meta.aux_layers)
     fail("aux layers " + join_ints(i.aux_layers) + ", this run's are " + join_ints(meta.aux_layers));
+  if (i.fp8 != meta.fp8)
+    fail(std::string("it stores its hidden states as ") + (i.fp8 ? "fp8" : "bf16") + ", this run as " +
+         (meta.fp8 ? "fp8" : "bf16") + " (--storage)");
   if (i.has_provenance() && !meta.target.config_sha256.empty()) {
     const std::string diff = i.target.difference(meta.target);
     if (!diff.empty())
@@ -252,7 +255,8 @@ ShardSpace estimate_shard_space(const ExtractOptions& opt, int64_t hidden) {
   s.samples = prepared.num_samples();
   s.tokens = prepared.sample_offsets().back();
   s.shards = opt.samples_per_shard > 0 ? (s.samples + opt.samples_per_shard - 1) / opt.samples_per_shard : 0;
-  s.bytes_total = s.tokens * (8 * hidden + 5) + 16 * s.samples + (int64_t{64} << 10) * s.shards;
+  s.bytes_per_token = opt.meta.fp8 ? 4 * hidden + 21 : 8 * hidden + 5;  // fp8: codes + 4 fp32 scales
+  s.bytes_total = s.tokens * s.bytes_per_token + 16 * s.samples + (int64_t{64} << 10) * s.shards;
   std::error_code ec;
   if (fs::is_directory(opt.output, ec))
     for (const auto& e : fs::directory_iterator(opt.output, ec)) {
@@ -277,7 +281,7 @@ void check_shard_space(const ShardSpace& s) {
     return os.str();
   };
   AERIE_THROW("extract: the shards need about " << gib(s.bytes_needed) << " more (" << s.tokens << " tokens x "
-                                                << "(8 H + 5) bytes, " << gib(s.bytes_existing)
+                                                << s.bytes_per_token << " bytes, " << gib(s.bytes_existing)
                                                 << " already written) but " << s.where << " has "
                                                 << gib(s.bytes_available)
                                                 << " free: free space, extract fewer samples, or pass "

@@ -137,6 +137,7 @@ void check_extract_inputs(const ExtractOptions& options);
 /// tokens, plus 16 bytes per sample (offsets, index) and 64 KiB of HDF5 overhead per shard.
 struct ShardSpace {
   int64_t tokens = 0, samples = 0, shards = 0;
+  int64_t bytes_per_token = 0;  // bf16: 8 H + 5 (four H-wide vectors, the id and the mask); fp8: 4 H + 21
   int64_t bytes_total = 0;      // all shards of the prepared file
   int64_t bytes_existing = 0;   // the complete shards already in the folder (a rerun redoes the others)
   int64_t bytes_needed = 0;     // total - existing, at least 0

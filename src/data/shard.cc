@@ -7,10 +7,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 
+#include "core/bf16.h"
 #include "core/error.h"
+#include "core/fp8.h"
 #include "core/log.h"
 #include "core/version.h"
 #include "io/h5.h"
@@ -76,12 +79,60 @@ h5::Dataset create_untimed(h5::File& f, const std::string& name, DType dtype, co
   return ds;
 }
 
+// The hidden-state datasets of a shard of T tokens: bf16, or fp8 codes with their scales.
+void create_hidden(h5::File& f, int64_t T, int64_t H, bool fp8, h5::Dataset& aux, h5::Dataset& fin,
+                   h5::Dataset& aux_s, h5::Dataset& fin_s) {
+  if (!fp8) {
+    aux = create_untimed(f, "aux_hidden_states", DType::BF16, {T, 3 * H});
+    fin = create_untimed(f, "final_hidden_states", DType::BF16, {T, H});
+    return;
+  }
+  aux = create_untimed(f, "aux_hidden_states", DType::U8, {T, 3 * H});
+  aux.set_string_attr("dtype", "float8_e4m3fn");
+  aux_s = create_untimed(f, "aux_hidden_scales", DType::F32, {T, 3});
+  fin = create_untimed(f, "final_hidden_states", DType::U8, {T, H});
+  fin.set_string_attr("dtype", "float8_e4m3fn");
+  fin_s = create_untimed(f, "final_hidden_scales", DType::F32, {T, 1});
+}
+
 // `t` ([rows, cols], F32 or BF16) as a BF16 tensor (F32 rounded to nearest even).
 Tensor as_bf16(const Tensor& t, int64_t rows, int64_t cols, const std::string& what) {
   t.check_shape({rows, cols}, what);
   if (t.dtype() == DType::BF16) return t;
   AERIE_CHECK(t.dtype() == DType::F32, what << ": F32 or BF16 expected, got " << dtype_name(t.dtype()));
   return t.to(DType::BF16);
+}
+
+// fp8 storage of a BF16 [rows, v H] host tensor: per row and H-wide vector, scale = amax / 448 (fp32; 0
+// for an all-zero vector) and codes e4m3fn(x * (448 / amax)), rounded to nearest even; into codes [rows,
+// v H] U8 and scales [rows, v] F32.
+void quantize_fp8(const Tensor& t, int64_t H, Tensor& codes, Tensor& scales) {
+  const int64_t rows = t.dim(0), v = t.dim(1) / H;
+  codes = Tensor::empty({rows, v * H}, DType::U8);
+  scales = Tensor::empty({rows, v}, DType::F32);
+  const bf16* x = t.data<bf16>();
+  uint8_t* q = codes.data<uint8_t>();
+  float* sc = scales.data<float>();
+  for (int64_t r = 0; r < rows * v; ++r) {
+    const bf16* xv = x + r * H;
+    float amax = 0.0f;
+    for (int64_t j = 0; j < H; ++j) amax = std::max(amax, std::fabs(static_cast<float>(xv[j])));
+    sc[r] = amax / 448.0f;
+    const float inv = amax > 0.0f ? 448.0f / amax : 0.0f;
+    for (int64_t j = 0; j < H; ++j) q[r * H + j] = float_to_fp8_e4m3fn(static_cast<float>(xv[j]) * inv);
+  }
+}
+
+// F32 [rows, v H] = codes [rows, v H] U8 (e4m3fn) x scales [rows, v] F32.
+Tensor dequantize_fp8(const Tensor& codes, const Tensor& scales, int64_t H) {
+  const int64_t rows = codes.dim(0), v = codes.dim(1) / H;
+  Tensor out = Tensor::empty({rows, v * H}, DType::F32);
+  const uint8_t* q = codes.data<uint8_t>();
+  const float* sc = scales.data<float>();
+  float* o = out.data<float>();
+  for (int64_t r = 0; r < rows * v; ++r)
+    for (int64_t j = 0; j < H; ++j) o[r * H + j] = fp8_e4m3fn_to_float(q[r * H + j]) * sc[r];
+  return out;
 }
 
 // The first row of a BF16 [rows, cols] host tensor holding a NaN or an infinity (exponent bits all ones),
@@ -109,6 +160,7 @@ void fsync_file(const std::string& path) {
 struct ShardWriter::Impl {
   h5::File file;
   h5::Dataset aux, fin;
+  h5::Dataset aux_s, fin_s;  // fp8: the per-vector scales
   int64_t H = 0;
   int fd = -1;  // "<path>.tmp" opened read-only, to start the writeback of what HDF5 wrote
   ~Impl() {
@@ -140,8 +192,7 @@ ShardWriter::ShardWriter(std::string path, ShardMeta meta, std::vector<int64_t> 
   // Serial file (one writer per shard). Objects are created in a fixed order, contiguous, without
   // compression: the same calls give the same bytes.
   impl_->file = h5::File::create(tmp_);
-  impl_->aux = create_untimed(impl_->file, "aux_hidden_states", DType::BF16, {T, 3 * H});
-  impl_->fin = create_untimed(impl_->file, "final_hidden_states", DType::BF16, {T, H});
+  create_hidden(impl_->file, T, H, meta_.fp8, impl_->aux, impl_->fin, impl_->aux_s, impl_->fin_s);
   impl_->fd = ::open(tmp_.c_str(), O_RDONLY);
   ids_.reserve(static_cast<size_t>(T));
   mask_.reserve(static_cast<size_t>(T));
@@ -151,6 +202,8 @@ ShardWriter::~ShardWriter() {
   if (impl_ && impl_->file.valid()) {  // not closed: an exception unwound past the writer
     impl_->aux = h5::Dataset();
     impl_->fin = h5::Dataset();
+    impl_->aux_s = h5::Dataset();
+    impl_->fin_s = h5::Dataset();
     impl_->file = h5::File();
     std::error_code ec;
     fs::remove(path_ + ".tmp", ec);
@@ -192,8 +245,18 @@ bool ShardWriter::add(int64_t sample_index, const std::vector<int32_t>& ids, con
                                   "samples out, named and counted");
   }
   const int64_t row0 = offsets_.back();
-  impl_->aux.write_rows(row0, aux);
-  impl_->fin.write_rows(row0, fin);
+  if (meta_.fp8) {
+    Tensor q, sc;
+    quantize_fp8(aux, H, q, sc);
+    impl_->aux.write_rows(row0, q);
+    impl_->aux_s.write_rows(row0, sc);
+    quantize_fp8(fin, H, q, sc);
+    impl_->fin.write_rows(row0, q);
+    impl_->fin_s.write_rows(row0, sc);
+  } else {
+    impl_->aux.write_rows(row0, aux);
+    impl_->fin.write_rows(row0, fin);
+  }
   impl_->start_writeback();
   offsets_.push_back(row0 + T);
   sample_index_.push_back(sample_index);
@@ -206,16 +269,22 @@ void ShardWriter::compact() {
   const int64_t T = offsets_.back(), H = impl_->H;
   const std::string kept = path_ + ".kept.tmp";
   h5::File f = h5::File::create(kept);
-  h5::Dataset aux = create_untimed(f, "aux_hidden_states", DType::BF16, {T, 3 * H});
-  h5::Dataset fin = create_untimed(f, "final_hidden_states", DType::BF16, {T, H});
+  h5::Dataset aux, fin, aux_s, fin_s;
+  create_hidden(f, T, H, meta_.fp8, aux, fin, aux_s, fin_s);
   constexpr int64_t kRows = 4096;  // a block of rows per copy: memory stays small for any shard
   for (int64_t r = 0; r < T; r += kRows) {
     const int64_t e = std::min(T, r + kRows);
     aux.write_rows(r, impl_->aux.read_rows(r, e));
     fin.write_rows(r, impl_->fin.read_rows(r, e));
+    if (meta_.fp8) {
+      aux_s.write_rows(r, impl_->aux_s.read_rows(r, e));
+      fin_s.write_rows(r, impl_->fin_s.read_rows(r, e));
+    }
   }
   impl_->aux = h5::Dataset();
   impl_->fin = h5::Dataset();
+  impl_->aux_s = h5::Dataset();
+  impl_->fin_s = h5::Dataset();
   impl_->file.close();
   if (impl_->fd >= 0) ::close(impl_->fd);
   impl_->fd = -1;
@@ -225,6 +294,8 @@ void ShardWriter::compact() {
   impl_->file = std::move(f);
   impl_->aux = std::move(aux);
   impl_->fin = std::move(fin);
+  impl_->aux_s = std::move(aux_s);
+  impl_->fin_s = std::move(fin_s);
 }
 
 void ShardWriter::close() {
@@ -241,14 +312,14 @@ void ShardWriter::close() {
   put("sample_offsets", Tensor::from_vector(offsets_, {n + 1}));
   put("sample_index", Tensor::from_vector(sample_index_, {n}));
   f.set_string_attr("format", kShardFormat);
-  f.set_int_attr("format_version", kShardFormatVersion);
+  f.set_int_attr("format_version", meta_.fp8 ? kShardFormatVersionFp8 : kShardFormatVersion);
   f.set_string_attr("aerie_version", aerie_version_string());
   f.set_string_attr("target_model", meta_.target_model);
   f.set_ints_attr("aux_layers", std::vector<int64_t>(meta_.aux_layers.begin(), meta_.aux_layers.end()));
   f.set_string_attr("aux_layer_convention", kAuxLayerConvention);
   f.set_int_attr("hidden_size", meta_.hidden_size);
   f.set_int_attr("num_hidden_layers", meta_.num_hidden_layers);
-  f.set_string_attr("dtype", "bfloat16");
+  f.set_string_attr("dtype", meta_.fp8 ? "float8_e4m3fn" : "bfloat16");
   f.set_int_attr("num_samples", n);
   f.set_int_attr("num_tokens", T);
   f.set_int_attr("chunk", meta_.chunk);
@@ -265,6 +336,8 @@ void ShardWriter::close() {
   if (!skipped_.empty()) f.set_ints_attr("skipped_nonfinite", skipped_);
   impl_->aux = h5::Dataset();
   impl_->fin = h5::Dataset();
+  impl_->aux_s = h5::Dataset();
+  impl_->fin_s = h5::Dataset();
   f.close();
   impl_->file = h5::File();
   fsync_file(tmp_);
@@ -278,6 +351,7 @@ void ShardWriter::close() {
 struct ShardReader::Impl {
   h5::File file;
   h5::Dataset aux, fin;
+  h5::Dataset aux_s, fin_s;  // version 2 (fp8): the per-vector scales
   std::vector<int64_t> offsets, sample_index;
   std::vector<int32_t> ids;
   std::vector<uint8_t> mask;
@@ -292,8 +366,10 @@ ShardReader::ShardReader(const std::string& path) : impl_(std::make_unique<Impl>
   AERIE_CHECK(format == kShardFormat, "shard " << path << ": format is '" << format << "', expected '"
                                                << kShardFormat << "'");
   int64_t version = m.file.int_attr("format_version");
-  AERIE_CHECK(version == kShardFormatVersion, "shard " << path << ": format_version " << version
-                                                       << ", this build reads " << kShardFormatVersion);
+  AERIE_CHECK(version == kShardFormatVersion || version == kShardFormatVersionFp8,
+              "shard " << path << ": format_version " << version << ", this build reads " << kShardFormatVersion
+                       << " (bf16) and " << kShardFormatVersionFp8 << " (fp8)");
+  info_.fp8 = version == kShardFormatVersionFp8;
   info_.num_samples = m.file.int_attr("num_samples");
   info_.num_tokens = m.file.int_attr("num_tokens");
   info_.hidden_size = m.file.int_attr("hidden_size");
@@ -330,8 +406,16 @@ ShardReader::ShardReader(const std::string& path) : impl_(std::make_unique<Impl>
     AERIE_CHECK(m.offsets[i] <= m.offsets[i + 1], "shard " << path << ": sample_offsets decrease at " << i);
   m.aux = small("aux_hidden_states", {T, 3 * H});
   m.fin = small("final_hidden_states", {T, H});
-  AERIE_CHECK(m.aux.dtype() == DType::BF16 && m.fin.dtype() == DType::BF16,
-              "shard " << path << ": hidden states are not bfloat16 (uint16 with attribute dtype=\"bfloat16\")");
+  if (info_.fp8) {
+    m.aux_s = small("aux_hidden_scales", {T, 3});
+    m.fin_s = small("final_hidden_scales", {T, 1});
+    AERIE_CHECK(m.aux.dtype() == DType::U8 && m.fin.dtype() == DType::U8 && m.aux_s.dtype() == DType::F32 &&
+                    m.fin_s.dtype() == DType::F32,
+                "shard " << path << ": a version 2 shard's hidden states are not fp8 codes (uint8) with F32 scales");
+  } else {
+    AERIE_CHECK(m.aux.dtype() == DType::BF16 && m.fin.dtype() == DType::BF16,
+                "shard " << path << ": hidden states are not bfloat16 (uint16 with attribute dtype=\"bfloat16\")");
+  }
 }
 
 ShardReader::~ShardReader() = default;
@@ -357,8 +441,14 @@ HiddenSample ShardReader::read(int64_t i) const {
   s.ids.assign(m.ids.begin() + b, m.ids.begin() + b + T);
   s.loss_mask.assign(m.mask.begin() + b, m.mask.begin() + b + T);
   try {
-    s.aux_hidden = m.aux.read_rows(b, b + T).to(DType::F32);
-    s.final_hidden = m.fin.read_rows(b, b + T).to(DType::F32);
+    if (info_.fp8) {
+      const int64_t H = info_.hidden_size;
+      s.aux_hidden = dequantize_fp8(m.aux.read_rows(b, b + T), m.aux_s.read_rows(b, b + T), H);
+      s.final_hidden = dequantize_fp8(m.fin.read_rows(b, b + T), m.fin_s.read_rows(b, b + T), H);
+    } else {
+      s.aux_hidden = m.aux.read_rows(b, b + T).to(DType::F32);
+      s.final_hidden = m.fin.read_rows(b, b + T).to(DType::F32);
+    }
   } catch (const Error& e) {
     AERIE_THROW("shard " << info_.path << " sample " << i << ": " << e.what());
   }

@@ -2,6 +2,9 @@
 // One HDF5 file per chunk of prepared samples, format "aerie.hidden_states" version 1 (docs/formats.md):
 //   aux_hidden_states   [T_total, 3H] uint16 (bf16 bits; dataset attribute dtype="bfloat16"): f_t
 //   final_hidden_states [T_total, H]  uint16 (bf16 bits): z_t = final_norm(r^N_t)
+// or version 2 (extract --storage fp8): the same two datasets as uint8 e4m3fn codes (attribute
+// dtype="float8_e4m3fn") and aux_hidden_scales [T_total, 3] / final_hidden_scales [T_total, 1] F32, one
+// scale per H-wide vector: value = code's value x scale;
 //   input_ids [T_total] I32, loss_mask [T_total] U8, sample_offsets [n+1] I64, sample_index [n] I64
 // plus file attributes (format, format_version, target_model, aux_layers, hidden_size, ...) and, since
 // issue 17, the provenance (target_config_sha256, target_weights_sha256, prepared_sha256,
@@ -25,6 +28,10 @@ namespace aerie {
 /// Format name and version stored in (and checked on reading) every shard file.
 inline constexpr const char* kShardFormat = "aerie.hidden_states";
 inline constexpr int64_t kShardFormatVersion = 1;
+/// The version of shards whose hidden states are stored as fp8 (extract --storage fp8): each H-wide
+/// vector of a token (the three aux ones and the final one) as float8 e4m3fn codes times one fp32 scale,
+/// amax / 448 of the vector (docs/formats.md). Readers take both versions.
+inline constexpr int64_t kShardFormatVersionFp8 = 2;
 /// The value of the aux_layer_convention attribute.
 inline constexpr const char* kAuxLayerConvention =
     "input of decoder layer k (vLLM); SpecForge's output-of-layer ids are these minus 1";
@@ -44,6 +51,7 @@ struct ShardInfo {
   /// Prepared samples of the chunk left out for non-finite hidden states (extract --skip-nonfinite; the
   /// skipped_nonfinite attribute, absent when none was): the shard holds the chunk's other samples.
   std::vector<int64_t> skipped_nonfinite;
+  bool fp8 = false;              // version 2: fp8 hidden states with per-vector scales (else bf16)
   bool has_provenance() const { return !target.config_sha256.empty(); }
 };
 
@@ -106,6 +114,9 @@ struct ShardMeta {
   TargetFingerprint target;
   std::string prepared_sha256;
   int64_t prepared_num_samples = -1, samples_per_shard = -1, num_chunks = -1;
+  /// extract --storage fp8: the hidden states as e4m3fn codes with one fp32 scale per H-wide vector
+  /// (format version 2, about half the bytes of bf16); false: bf16 (version 1).
+  bool fp8 = false;
 };
 
 /// What a ShardWriter does with a sample whose hidden states hold a NaN or an infinity (issue 17, case 5).

@@ -202,6 +202,11 @@ TEST(Extract, ShardSpaceEstimateAndCheck) {
   }
   // DeepSeek-V3's H = 7168: 57,349 bytes per token (56 KiB), 42 TB for 500,000 samples of 1,500 tokens.
   EXPECT_EQ(8 * 7168 + 5, 57349);
+  // --storage fp8: codes and four fp32 scales per token (4 H + 21 bytes), about half.
+  ExtractOptions o8 = o;
+  o8.meta.fp8 = true;
+  EXPECT_EQ(estimate_shard_space(o8, 4096).bytes_per_token, 4 * 4096 + 21);
+  EXPECT_EQ(estimate_shard_space(o8, 4096).bytes_total, tokens * (4 * 4096 + 21) + 16 * 10 + 3 * 65536);
   // Shards already written count as done.
   ParallelGroups g = ParallelGroups::create(1);
   if (g.map.world_size != 1) GTEST_SKIP() << "single-rank test";
@@ -283,6 +288,11 @@ TEST(Extract, RerunRefusesShardsOfOtherProvenance) {
   other = o;
   other.meta.aux_layers = {0, 1, 2};
   EXPECT_NE(error_of([&] { run_extract(other, g, fake_forward); }).find("aux layers 1,2,3, this run's are 0,1,2"),
+            std::string::npos);
+  other = o;
+  other.meta.fp8 = true;  // --storage fp8 into bf16 shards: one folder holds one storage
+  EXPECT_NE(error_of([&] { run_extract(other, g, fake_forward); })
+                .find("it stores its hidden states as bf16, this run as fp8 (--storage)"),
             std::string::npos);
   // Another prepared file of the same shape (one token changed).
   Prepared q = p;

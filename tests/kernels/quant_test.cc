@@ -4,6 +4,7 @@
 // bitwise. Row ranges, the U8 / I32 / I64 variants and the error messages.
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "core/fp8.h"
 #include "kernel_test_util.h"
@@ -191,6 +192,30 @@ TEST(RealWeights, DequantizationEqualsTheLibrariesBitwise) {
     EXPECT_EQ(bf16_bits(f.to(DType::BF16)), bf16_bits(real_golden("fp8.dequant_bf16"))) << dtype_name(dt);
     EXPECT_EQ(bf16_bits(i.to(DType::BF16)), bf16_bits(real_golden("int4.dequant_bf16"))) << dtype_name(dt);
   }
+}
+
+// float_to_fp8_e4m3fn (the fp8 shards' encoder): every finite code round-trips, the midpoint between two
+// neighbouring codes goes to the even one and the next float above / below it to the upper / lower one,
+// magnitudes beyond 448 saturate to +-448 (e4m3fn has no infinity), NaN stays NaN.
+TEST(Fp8, EncodesRoundToNearestEvenAndSaturates) {
+  for (int c = 0; c < 256; ++c) {
+    const float f = fp8_e4m3fn_to_float(static_cast<uint8_t>(c));
+    if (std::isnan(f)) continue;
+    EXPECT_EQ(float_to_fp8_e4m3fn(f), c) << "code " << c;
+  }
+  for (int c = 0; c < 0x7E; ++c) {
+    const float a = fp8_e4m3fn_to_float(static_cast<uint8_t>(c)), b = fp8_e4m3fn_to_float(static_cast<uint8_t>(c + 1));
+    const float mid = (a + b) / 2;  // exact: the codes differ in one step
+    EXPECT_EQ(float_to_fp8_e4m3fn(mid), c % 2 == 0 ? c : c + 1) << "between " << c << " and " << c + 1;
+    EXPECT_EQ(float_to_fp8_e4m3fn(std::nextafter(mid, 1e9f)), c + 1) << c;
+    EXPECT_EQ(float_to_fp8_e4m3fn(std::nextafter(mid, 0.0f)), c) << c;
+    EXPECT_EQ(float_to_fp8_e4m3fn(-mid), (c % 2 == 0 ? c : c + 1) | 0x80) << c;
+  }
+  EXPECT_EQ(float_to_fp8_e4m3fn(1e6f), 0x7E);
+  EXPECT_EQ(float_to_fp8_e4m3fn(-500.0f), 0xFE);
+  EXPECT_EQ(float_to_fp8_e4m3fn(std::numeric_limits<float>::infinity()), 0x7E);
+  EXPECT_EQ(float_to_fp8_e4m3fn(std::numeric_limits<float>::quiet_NaN()) & 0x7F, 0x7F);
+  EXPECT_EQ(float_to_fp8_e4m3fn(1e-30f), 0x00);
 }
 
 }  // namespace
