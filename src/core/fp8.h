@@ -49,25 +49,19 @@ inline uint8_t float_to_fp8_e4m3fn(float x) {
   uint32_t u;
   std::memcpy(&u, &x, 4);
   const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return sign | 0x7Fu;  // NaN
-  float a;
   const uint32_t au = u & 0x7fffffffu;
-  std::memcpy(&a, &au, 4);
-  if (a >= 464.0f) return sign | 0x7Eu;  // saturate (464 = 448 + half a step rounds to even: 448)
-  // The exponent of a's binade, clamped to the subnormal range (values below 2^-6 share step 2^-9).
-  int e = 0;
-  if (au >= 0x3c800000u) e = static_cast<int>(au >> 23) - 127;  // a >= 2^-6: normal
-  else e = -6;
-  const float step = std::ldexp(1.0f, e - 3);  // 3 mantissa bits
-  const float q = std::nearbyint(a / step);    // exact division by a power of two; ties to even
-  int m = static_cast<int>(q);                 // 0 .. 16 (normal: 8 .. 16; subnormal: 0 .. 8)
-  if (e == -6 && m < 8) return sign | static_cast<uint8_t>(m);  // subnormal (m = 0: +-0)
-  if (m == 16) {
-    m = 8;
-    ++e;
+  if (au > 0x7f800000u) return sign | 0x7Fu;  // NaN
+  if (au >= 0x3c800000u) {                    // |x| >= 2^-6: a normal e4m3 value (or beyond 448)
+    // Round the 23-bit mantissa to 3 bits, to nearest even (a carry moves into the exponent), then
+    // rebias the exponent 127 -> 7: the code is (bits >> 20) - (120 << 3).
+    const uint32_t r = au + 0x7FFFFu + ((au >> 20) & 1u);
+    const uint32_t code = (r >> 20) - (120u << 3);
+    return sign | static_cast<uint8_t>(code > 0x7Eu ? 0x7Eu : code);  // saturate at 448
   }
-  if (e > 8 || (e == 8 && m > 14)) return sign | 0x7Eu;  // beyond 448
-  return sign | static_cast<uint8_t>(((e + 7) << 3) | (m - 8));
+  // Subnormal: multiples of 2^-9 (code m = the multiple; 8 is the smallest normal, code 0x08).
+  float a;
+  std::memcpy(&a, &au, 4);
+  return sign | static_cast<uint8_t>(std::nearbyint(a * 512.0f));
 }
 
 }  // namespace aerie
