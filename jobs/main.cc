@@ -40,7 +40,8 @@ void usage(std::ostream& os) {
 
 /// `aerie --version`: the version, the commit and the backends of this build.
 void version(std::ostream& os) {
-  os << "aerie " << aerie::aerie_version() << " (git " << aerie::aerie_git_commit() << ")\n"
+  os << "aerie " << aerie::aerie_version_string() << "   (version " << aerie::aerie_version() << ", git "
+     << aerie::aerie_git_commit() << "; the aerie_version every output records)\n"
 #ifdef AERIE_WITH_CUDA
      << "backends: CPU, CUDA\n";
 #else

@@ -155,8 +155,9 @@ bool check_existing_shard(const std::string& path, int64_t c, int64_t b, int64_t
   if (i.aux_layers != meta.aux_layers)
     fail("aux layers " + join_ints(i.aux_layers) + ", this run's are " + join_ints(meta.aux_layers));
   if (i.fp8 != meta.fp8)
-    fail(std::string("it stores its hidden states as ") + (i.fp8 ? "fp8" : "bf16") + ", this run as " +
-         (meta.fp8 ? "fp8" : "bf16") + " (--storage)");
+    AERIE_THROW("extract: " << path << " stores its hidden states as " << (i.fp8 ? "fp8" : "bf16")
+                            << ", this run as " << (meta.fp8 ? "fp8" : "bf16") << " (--storage): rerun with --storage "
+                            << (i.fp8 ? "fp8" : "bf16") << " to resume these shards, or choose another --output");
   if (i.has_provenance() && !meta.target.config_sha256.empty()) {
     const std::string diff = i.target.difference(meta.target);
     if (!diff.empty())

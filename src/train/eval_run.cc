@@ -1,6 +1,7 @@
 // `aerie eval`: prompts, speculative decoding against plain greedy decoding, teacher-forced metrics,
 // eval.json. eagle3.md sections 4 and 6.
 #include <algorithm>
+#include <filesystem>
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -316,11 +317,23 @@ nlohmann::json run_eval(const EvalOptions& o) {
     std::vector<std::pair<std::string, int64_t>> refs;  // (shard path, sample index)
     if (!o.data_split_path.empty()) {
       DataSplit split = DataSplit::from_json(nlohmann::json::parse(read_file(o.data_split_path)));
+      // With --shards, the split's shards are read from that folder (by file name: e.g. the same chunks
+      // extracted again with --storage fp8), each of which must exist there; without it, where the split
+      // says.
+      auto where = [&](const std::string& recorded) {
+        if (o.shards_dir.empty()) return recorded;
+        const std::string p = (std::filesystem::path(o.shards_dir) / std::filesystem::path(recorded).filename()).string();
+        AERIE_CHECK(std::filesystem::is_regular_file(p),
+                    "eval: --shards " << o.shards_dir << " has no " << std::filesystem::path(recorded).filename().string()
+                                      << ", a shard of the held-out samples of --data-split " << o.data_split_path);
+        return p;
+      };
       for (int64_t g : split.eval) {
         SampleRef r = split.locate(g);
-        refs.emplace_back(split.shards[r.shard], r.index);
+        refs.emplace_back(where(split.shards[r.shard]), r.index);
       }
-      tf_source = "held-out samples of " + o.data_split_path;
+      tf_source = "held-out samples of " + o.data_split_path +
+                  (o.shards_dir.empty() ? std::string() : " read from " + o.shards_dir);
     } else {
       for (const std::string& path : list_shards(o.shards_dir)) {
         ShardReader rd(path);

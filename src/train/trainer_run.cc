@@ -80,7 +80,7 @@ ShardSet scan_shards(const std::string& dir, const TargetConfig& target, const T
   ShardSet s;
   std::string first_recorded;
   std::vector<int64_t> chunks;
-  int64_t num_chunks = -1;
+  int64_t num_chunks = -1, fp8_shards = 0, bf16_shards = 0;
   for (const std::string& p : list_shards(dir)) {
     ShardReader r(p);
     const ShardInfo& info = r.info();
@@ -114,11 +114,22 @@ ShardSet scan_shards(const std::string& dir, const TargetConfig& target, const T
                                      << s.provenance.num_chunks << ")");
     }
     if (info.num_chunks > 0) num_chunks = info.num_chunks;
+    (info.fp8 ? fp8_shards : bf16_shards) += 1;
     chunks.push_back(info.chunk);
     s.paths.push_back(fs::absolute(p).lexically_normal().string());
     s.sizes.push_back(info.num_samples);
   }
   AERIE_CHECK(!s.paths.empty(), "train: no shard-*.h5 files in " << dir);
+  // The storage (extract --storage): one per folder as extract writes it; a mix (shards copied between
+  // folders) trains, but is named.
+  if (rank == 0) {
+    if (fp8_shards > 0 && bf16_shards > 0)
+      AERIE_LOG(warning) << "train: --shards " << dir << " mixes " << fp8_shards << " fp8 and " << bf16_shards
+                         << " bf16 shards (extract writes one storage per folder: shards copied between folders?)";
+    else
+      AERIE_LOG(info) << "train: " << s.paths.size() << " shards, hidden states stored as "
+                      << (fp8_shards > 0 ? "fp8 (format version 2)" : "bf16 (format version 1)");
+  }
   AERIE_CHECK(s.hidden_size == target.hidden_size,
               "train: shards hold hidden size " << s.hidden_size << ", the target's is " << target.hidden_size);
   AERIE_CHECK(s.num_hidden_layers == 0 || s.num_hidden_layers == target.num_hidden_layers,

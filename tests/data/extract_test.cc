@@ -292,7 +292,8 @@ TEST(Extract, RerunRefusesShardsOfOtherProvenance) {
   other = o;
   other.meta.fp8 = true;  // --storage fp8 into bf16 shards: one folder holds one storage
   EXPECT_NE(error_of([&] { run_extract(other, g, fake_forward); })
-                .find("it stores its hidden states as bf16, this run as fp8 (--storage)"),
+                .find("stores its hidden states as bf16, this run as fp8 (--storage): rerun with --storage bf16 to "
+                      "resume these shards"),
             std::string::npos);
   // Another prepared file of the same shape (one token changed).
   Prepared q = p;

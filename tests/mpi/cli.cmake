@@ -48,7 +48,7 @@ set_tests_properties(cli_generate_missing_input PROPERTIES ENVIRONMENT "${_aerie
 # the same string as aerie_version); aerie help JOB is JOB --help.
 add_test(NAME cli_version COMMAND $<TARGET_FILE:aerie> --version)
 set_tests_properties(cli_version PROPERTIES ENVIRONMENT "${_aerie_cli_env}"
-  PASS_REGULAR_EXPRESSION "^aerie ${PROJECT_VERSION} \\(git [0-9a-z.-]+\\)\nbackends: CPU")
+  PASS_REGULAR_EXPRESSION "^aerie ${PROJECT_VERSION}\\+[0-9a-z.-]+   \\(version ${PROJECT_VERSION}, git [0-9a-z.-]+;[^\n]*\\)\nbackends: CPU")
 add_test(NAME cli_help_job COMMAND $<TARGET_FILE:aerie> help vocab)
 set_tests_properties(cli_help_job PROPERTIES ENVIRONMENT "${_aerie_cli_env}"
   PASS_REGULAR_EXPRESSION "aerie vocab")

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
 
 #include "comm/communicator.h"
 #include "test_util.h"
@@ -275,6 +276,24 @@ TEST_F(EvalTest, TeacherForcedOnShards) {
   EXPECT_NEAR(j["tau_sim"].get<double>(), tau, 1e-12);
   o.shards_dir = dir + "/shards_other_aux";
   EXPECT_THROW(run_eval(o), Error);
+  // --data-split with --shards: the split's held-out samples are read from --shards' files of the same
+  // names (the same chunks extracted again, e.g. as fp8), and a folder without them is refused naming the
+  // file; without --shards, from where the split says.
+  const std::string split = dir + "/data_split.json";
+  std::ofstream(split) << nlohmann::json{{"format", "aerie-data-split"}, {"version", 1},
+                                         {"shards", {{{"path", dir + "/shards/" + shard_file_name(0)}, {"num_samples", 3}}}},
+                                         {"train_count", 1},
+                                         {"eval", {{{"global", 0}, {"shard", 0}, {"index", 0}}, {{"global", 2}, {"shard", 0}, {"index", 2}}}}}
+                               .dump();
+  o.shards_dir = "";
+  o.data_split_path = split;
+  nlohmann::json js = run_eval(o);
+  EXPECT_EQ(js["teacher_forced_samples"], 2);
+  o.shards_dir = dir + "/shards_other_aux";  // the same file name, other aux layers: its samples are read
+  EXPECT_THROW(run_eval(o), Error);
+  std::filesystem::create_directories(dir + "/empty");
+  o.shards_dir = dir + "/empty";
+  EXPECT_NE(testing::error_of([&] { run_eval(o); }).find("has no " + shard_file_name(0)), std::string::npos);
 }
 
 // Eval prompts of a chat model end with the assistant header of the template's generation prompt, as the
