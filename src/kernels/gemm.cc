@@ -57,6 +57,19 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& c, bool trans_a, bool tran
 
 namespace aerie {
 
+namespace {
+
+/// Checks that group g's rows [offsets[g], offsets[g + 1]) lie within [0, P) after the group before
+/// (matmul_grouped, matmul_grouped_quant); returns whether the group has rows.
+bool group_has_rows(const char* op, const std::vector<int64_t>& offsets, int64_t g, int64_t P) {
+  const int64_t r0 = offsets[g], r1 = offsets[g + 1];
+  AERIE_CHECK(0 <= r0 && r0 <= r1 && r1 <= P, op << ": group " << g << " has rows [" << r0 << ", " << r1
+                                                 << "), not within [0, " << P << ") or not after the group before");
+  return r0 < r1;
+}
+
+}  // namespace
+
 void matmul_grouped(const Tensor& a, const std::vector<Tensor>& w, const std::vector<int64_t>& offsets, Tensor& c) {
   constexpr const char* op = "matmul_grouped";
   AERIE_CHECK(a.ndim() == 2 && c.ndim() == 2, op << ": a and c must be 2-D, got a " << shape_str(a.shape())
@@ -71,11 +84,7 @@ void matmul_grouped(const Tensor& a, const std::vector<Tensor>& w, const std::ve
   const Device dev = kernels::common_device(op, {{"a", &a}, {"c", &c}});
   std::vector<int64_t> groups;  // the non-empty ones
   for (int64_t g = 0; g < G; ++g) {
-    const int64_t r0 = offsets[g], r1 = offsets[g + 1];
-    AERIE_CHECK(0 <= r0 && r0 <= r1 && r1 <= P,
-                op << ": group " << g << " has rows [" << r0 << ", " << r1 << "), not within [0, " << P
-                   << ") or not after the group before");
-    if (r0 == r1) continue;
+    if (!group_has_rows(op, offsets, g, P)) continue;
     const Tensor& wg = w[g];
     AERIE_CHECK(wg.defined() && wg.ndim() == 2 && wg.dim(0) == N && wg.dim(1) == K,
                 op << ": group " << g << "'s weight is " << (wg.defined() ? shape_str(wg.shape()) : "undefined")
@@ -223,11 +232,7 @@ void matmul_grouped_quant(const Tensor& a, GroupedWeightFormat format, const std
   std::vector<int64_t> groups;  // the non-empty ones
   const GroupedWeight* first = nullptr;
   for (int64_t g = 0; g < G; ++g) {
-    const int64_t r0 = offsets[g], r1 = offsets[g + 1];
-    AERIE_CHECK(0 <= r0 && r0 <= r1 && r1 <= P,
-                op << ": group " << g << " has rows [" << r0 << ", " << r1 << "), not within [0, " << P
-                   << ") or not after the group before");
-    if (r0 == r1) continue;
+    if (!group_has_rows(op, offsets, g, P)) continue;
     check_grouped_weight(op, format, w[g], g, N, K, a.dtype(), dev);
     if (!first) {
       first = &w[g];

@@ -143,7 +143,7 @@ class MoeFfn final : public FfnBlock {
     const int64_t per_expert = I2 * H;  // scratch elements of one expert's gate/up (down needs half)
     const int64_t chunk = quant ? std::max<int64_t>(1, kMoeScratchBytes / (per_expert * dtype_size(ctx.dtype))) : E;
     std::vector<int64_t> active;
-    for (int64_t e = 0; e < E; ++e)
+    for (int64_t e = 0; !fused && e < E; ++e)
       if (off[e + 1] > off[e]) active.push_back(e);
     for (size_t c0 = 0; !fused && c0 < active.size(); c0 += static_cast<size_t>(chunk)) {
       const size_t c1 = std::min(active.size(), c0 + static_cast<size_t>(chunk));

@@ -10,15 +10,7 @@
 # usage: extract_nonfinite.sh AERIE MODEL_DIR STORIES_TXT WORK_DIR   (exit 77: no converted model)
 set -euo pipefail
 aerie=$1 model=$2 text=$3 work=$4
-[ -f "$model/config.json" ] || { echo "no converted model at $model: skipped"; exit 77; }
-export OPENBLAS_NUM_THREADS=1
-rm -rf "$work"
-mkdir -p "$work"
-fail() { echo "FAIL: $*"; [ -n "${last:-}" ] && tail -20 "$last"; exit 1; }
-run() {  # LOG NP ARGS...: 0 when aerie succeeded
-  last="$work/$1.log"; local np=$2; shift 2
-  mpirun --oversubscribe -np "$np" "$aerie" "$@" >"$last" 2>&1
-}
+source "$(dirname "$0")/aerie_script_lib.sh"  # run, fail; the empty work folder
 
 cp -r "$model" "$work/model_nan"
 python3 - "$model/model.safetensors" "$work/model_nan/model.safetensors" 388 <<'EOF'

@@ -10,22 +10,9 @@
 # PARTS="3b 4" runs only those parts (default: all of 3a 3b 3c 4 6).
 set -euo pipefail
 aerie=$1 model=$2 text=$3 work=$4
-[ -f "$model/config.json" ] || { echo "no converted model at $model: skipped"; exit 77; }
-export OPENBLAS_NUM_THREADS=1
+source "$(dirname "$0")/aerie_script_lib.sh"  # run, refused, fail; the empty work folder
 parts=" ${PARTS:-3a 3b 3c 4 6} "
 part() { [[ "$parts" == *" $1 "* ]]; }
-rm -rf "$work"
-mkdir -p "$work"
-fail() { echo "FAIL: $*"; [ -n "${last:-}" ] && tail -20 "$last"; exit 1; }
-run() {  # LOG NP ARGS...: 0 when aerie succeeded
-  last="$work/$1.log"; local np=$2; shift 2
-  mpirun --oversubscribe -np "$np" "$aerie" "$@" >"$last" 2>&1
-}
-refused() {  # LOG PATTERN NP ARGS...: aerie must fail with PATTERN (grep -E) in its log
-  local log=$1 pattern=$2; shift 2
-  if run "$log" "$@"; then fail "$log: accepted (expected a refusal matching: $pattern)"; fi
-  grep -Eq -- "$pattern" "$last" || fail "$log: refused, but not with: $pattern"
-}
 
 # Model B: stories260K with every F32 weight x 1.01 (another model of the same shape and config.json).
 cp -r "$model" "$work/model_b"
