@@ -207,7 +207,7 @@ TEST(MatmulGroupedCuda, MatchesCpu) {
   }
 }
 
-// matmul_grouped_quant's fused kernels: a variant (AERIE_GROUPED_GEMM_KERNEL: wgmma or mma.sync) and
+// matmul_grouped_quant's fused kernels: a variant (AERIE_GROUPED_GEMM_KERNEL: ws, wgmma or mma.sync) and
 // a tile height (AERIE_GROUPED_GEMM_BM) for one scope.
 class ScopedKernel {
  public:
@@ -220,12 +220,16 @@ class ScopedKernel {
     unsetenv("AERIE_GROUPED_GEMM_BM");
   }
 };
-constexpr std::pair<const char*, const char*> kKernels[] = {{"wgmma", "128"}, {"wgmma", "64"}, {"mma", "128"}, {"mma", "64"}};
+// ws (warp-specialized, 256-column tiles) takes groups whose parts are multiples of 256 rows; other
+// shapes fall back to wgmma.
+constexpr std::pair<const char*, const char*> kKernels[] = {{"ws", "128"},   {"ws", "64"},  {"ws", "mixed"},
+                                                            {"wgmma", "128"}, {"wgmma", "64"}, {"mma", "128"},
+                                                            {"mma", "64"}};
 
 // The fused kernel's dequantization, bit for bit: a = the K x K identity (one group, K = 192 rows: one
 // full and one partial tile of 128, three of 64) makes c = W^T exactly (each c element is one product
 // w * 1 plus zeros, rounded to bf16: w itself), so c must equal kernels/quant.h's BF16 dequantization
-// bitwise, for each format, two parts per group (gate/up of 128 rows each), both kernels and tile heights. A -0
+// bitwise, for each format, two parts per group (gate/up of 128 or 256 rows each), every kernel and tile height. A -0
 // weight (FP8 code 0x80) gives +0 (+0 + -0 in the fp32 sum): zeros of either sign count as equal.
 TEST(MatmulGroupedQuantCuda, DequantizesBitwise) {
   AERIE_REQUIRE_CUDA();
@@ -259,7 +263,7 @@ TEST(MatmulGroupedQuantCuda, DequantizesBitwise) {
 
 // The fused kernel against the CPU reference on random data: 9 groups of 0 to 300 rows (partial tiles,
 // empty groups, a group of one row), K 512 (8 k tiles: more than the pipeline's stages) and 128 (two:
-// fewer), N 384 as parts 256 + 128 and 512 as 256 + 256, every format, both kernels and tile heights; the tolerance of MatchesCpu
+// fewer), N 384 as parts 256 + 128 and 512 as 256 + 256, every format, every kernel and tile height (ws takes the 256 + 256 parts); the tolerance of MatchesCpu
 // (fp32 summation order) plus one bf16 ulp of the result; rows outside every group untouched.
 TEST(MatmulGroupedQuantCuda, MatchesCpu) {
   AERIE_REQUIRE_CUDA();
@@ -269,7 +273,7 @@ TEST(MatmulGroupedQuantCuda, MatchesCpu) {
   for (int64_t m : sizes) offsets.push_back(offsets.back() + m);
   const int64_t P = offsets.back() + 2, G = static_cast<int64_t>(sizes.size());
   // Parts 256 + 128 (N 384) and 256 + 256 (N 512).
-  for (const std::vector<int64_t> parts : {std::vector<int64_t>{256, 128}, std::vector<int64_t>{256, 256}})
+  for (const std::vector<int64_t>& parts : {std::vector<int64_t>{256, 128}, std::vector<int64_t>{256, 256}})
   for (int64_t K : {512, 128})
     for (F f : {F::Dense, F::Fp8Block, F::Int4Group}) {
       const int64_t N = parts[0] + parts[1];
@@ -333,12 +337,12 @@ TEST(MatmulGroupedQuantCuda, OtherShapesFallBack) {
 }
 
 // a_rows: the fused kernel reading the tokens' rows through the MoE's permutation (row r = a[perm[r] / k])
-// gives bitwise what it gives on the rows gathered first, for every format and both kernels; the CPU
+// gives bitwise what it gives on the rows gathered first, for every format and kernel (parts of 256 rows: ws takes them); the CPU
 // reference likewise.
 TEST(MatmulGroupedQuantCuda, ReadsRowsThroughARows) {
   AERIE_REQUIRE_CUDA();
   using F = GroupedWeightFormat;
-  const int64_t T = 97, k = 3, P = T * k, K = 256, N = 256;
+  const int64_t T = 97, k = 3, P = T * k, K = 256, N = 512;
   std::vector<int32_t> perm(static_cast<size_t>(P));
   for (int64_t i = 0; i < P; ++i) perm[i] = static_cast<int32_t>((i * 101 + 7) % P);  // a permutation (gcd 1)
   const std::vector<int64_t> offsets = {0, 40, 40, 170, P};
@@ -351,7 +355,7 @@ TEST(MatmulGroupedQuantCuda, ReadsRowsThroughARows) {
   for (F f : {F::Dense, F::Fp8Block, F::Int4Group}) {
     std::vector<GroupedWeight> w, wg;
     for (uint32_t g = 0; g < 4; ++g) {
-      w.push_back(testing::random_grouped_weight(f, {128, 128}, K, 60 + g));
+      w.push_back(testing::random_grouped_weight(f, {256, 256}, K, 60 + g));
       wg.push_back(testing::on_gpu(w.back()));
     }
     Tensor c1 = Tensor::zeros({P, N}, DType::BF16), c2 = Tensor::zeros({P, N}, DType::BF16);

@@ -380,6 +380,13 @@ __device__ __forceinline__ void wgmma_n64(float (&d)[32], uint64_t da, uint64_t 
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "l"(da), "l"(db));
 }
+__device__ __forceinline__ void wgmma_n256(float (&d)[128], uint64_t da, uint64_t db) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, 1, 1, 1, 0, 0;\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(da), "l"(db));
+}
 #endif  // AERIE_GG_NO_WGMMA
 
 template <int F, int BM, int STAGES>
@@ -469,6 +476,300 @@ __global__ void __launch_bounds__(kThreads, BM == 64 || STAGES == 3 ? 2 : 1)
 #endif
 }
 
+// ---- Variant 3: warp-specialized wgmma (sm_90a; AERIE_GROUPED_GEMM_KERNEL=ws, where N and every part are
+// multiples of 256). Not the default yet: it compiles without spills, but its first run on the H200 hung
+// (consumers asked setmaxnreg for more registers than the CTA had: 80 + 2 x 216 > 3 x 168, now 208) and
+// no GPU was lent after the fix; the next GPU session runs MatmulGroupedQuantCuda.* and the benchmark
+// with it before making it the default. ----
+// 384 threads: warpgroup 0 produces, warpgroups 1 and 2 multiply; tiles of BM (128 or 64) rows by 256
+// columns. The producer (80 registers after setmaxnreg) copies a's rows and W's stored tile with
+// cp.async into a ring of S stages and, for a quantized W, dequantizes the stored tile (ring of R) into
+// the stage's bf16 W tile D k tiles behind the copies; mbarriers hand a stage to the consumers (full)
+// and back (empty), so no warpgroup waits for the others at a CTA barrier. A consumer (208 registers;
+// setmaxnreg moves registers within the CTA's launch allocation, 168 x 384, and an increase beyond it waits forever)
+// keeps one wgmma group in flight and releases the stage before it: BM 128: warpgroup c computes rows
+// 64 c .. + 63 by 256 columns (m64n256k16, 128 accumulators per thread); BM 64: all 64 rows by
+// columns 128 c .. + 127 (m64n128k16). The same products and fp32 order per k tile as variant 2.
+constexpr int kWsBN = 256, kWsThreads = 384;
+
+template <int F>
+constexpr int ws_raw_bytes() {  // one stored W tile [256 rows][64 k]
+  return F == kFp8 ? kWsBN * kBK : kWsBN * kBK / 2 + kWsBN * (kBK / 32) * 2;
+}
+
+/// Shared memory of variant 3 from a 1024-byte aligned base: S stages of a [BM][64] and W [256][64]
+/// bf16 tiles (swizzled), R stored W tiles (quantized formats), then the mbarriers full[S], empty[S],
+/// raw_full[R]. D: how many k tiles the dequantization runs behind the copies (D <= S - 2: the
+/// producer waits for a stage the consumers release only after they have the next one).
+template <int F, int BM>
+struct WsLayout {
+  static constexpr int S = F == kFp8 && BM == 128 ? 3 : 4;
+  static constexpr int R = F == kDense ? 0 : S - 1;
+  static constexpr int D = R - 1;
+  static_assert(F == kDense || (D >= 1 && D <= S - 2), "dequantization lag");
+  static constexpr int kA = BM * kBK * 2, kB = kWsBN * kBK * 2;
+  static constexpr int a(int s) { return s * kA; }
+  static constexpr int b(int s) { return S * kA + s * kB; }
+  static constexpr int raw(int r) { return S * (kA + kB) + r * ws_raw_bytes<F>(); }
+  static constexpr int bar = S * (kA + kB) + R * ws_raw_bytes<F>();
+  static constexpr int full(int s) { return bar + 8 * s; }
+  static constexpr int empty(int s) { return bar + 8 * (S + s); }
+  static constexpr int raw_full(int r) { return bar + 8 * (2 * S + r); }
+  static constexpr int bytes = bar + 8 * (2 * S + R);
+};
+
+#ifndef AERIE_GG_NO_WGMMA
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+/// Arrives on `bar` when every cp.async this thread issued before has landed (the arrival counts
+/// against the barrier's expected count).
+__device__ __forceinline__ void mbar_arrive_cp_async(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+/// Waits until the phase of `bar` with parity `parity` has completed (acquire).
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n .reg .pred p;\n WAIT:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @p bra DONE;\n"
+      " bra WAIT;\n DONE:\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+#endif
+
+/// The row tile, the n tile's part (pointer, scale, first row in the part) and, for the producer, the
+/// rows of a this thread copies (row (tid / 8) + 16 j of the tile; past the group: the tile's first row,
+/// read as zeros).
+template <int BM>
+struct WsTile {
+  static constexpr int kRows = BM / 16;
+  const __nv_bfloat16* arow[kRows];
+  const void* w;
+  const void* s;
+  int nl, rows, n0, row0;
+};
+
+template <int BM>
+__device__ __forceinline__ WsTile<BM> ws_tile_of(const __nv_bfloat16* a, const int32_t* a_rows, int row_div,
+                                                 const GroupDesc* groups, const TileDesc* tiles, int K, int tid,
+                                                 bool producer) {
+  const TileDesc t = tiles[blockIdx.y];
+  const GroupDesc& g = groups[t.group];
+  WsTile<BM> r;
+  r.n0 = blockIdx.x * kWsBN;
+  int part = 0, pstart = 0;
+#pragma unroll
+  for (int p = 0; p < kMaxParts - 1; ++p)
+    if (r.n0 >= g.part_end[part]) {
+      pstart = g.part_end[part];
+      ++part;
+    }
+  r.nl = r.n0 - pstart;
+  r.w = g.w[part];
+  r.s = g.s[part];
+  r.rows = min(BM, g.rows - t.m0);
+  r.row0 = g.row0 + t.m0;
+  if (producer) {
+#pragma unroll
+    for (int j = 0; j < WsTile<BM>::kRows; ++j) {
+      const int row = (tid >> 3) + 16 * j;
+      const int src = row < r.rows ? r.row0 + row : r.row0;
+      r.arow[j] = a + static_cast<int64_t>(a_rows ? a_rows[src] / row_div : src) * K;
+    }
+  }
+  return r;
+}
+
+/// The producer's cp.async of k tile kt (128 threads): a's BM rows into stage s, W's tile into stage s
+/// (Dense, swizzled) or stored tile r (quantized, plain).
+template <int F, int BM>
+__device__ __forceinline__ void ws_load(const WsTile<BM>& t, uint32_t base, int s, int r, int kt, int K, int tid) {
+  using L = WsLayout<F, BM>;
+  const int k0 = kt * kBK, ch = tid & 7, row = tid >> 3;
+  const uint32_t sa = base + L::a(s);
+#pragma unroll
+  for (int j = 0; j < WsTile<BM>::kRows; ++j)
+    cp_async16(sa + swz(row + 16 * j, ch), t.arow[j] + k0 + ch * 8, row + 16 * j < t.rows);
+  if constexpr (F == kDense) {
+    const uint32_t sb = base + L::b(s);
+    const __nv_bfloat16* w = static_cast<const __nv_bfloat16*>(t.w) + static_cast<int64_t>(t.nl + row) * K + k0 + ch * 8;
+#pragma unroll
+    for (int j = 0; j < kWsBN / 16; ++j) cp_async16(sb + swz(row + 16 * j, ch), w + static_cast<int64_t>(16 * j) * K, true);
+  } else if constexpr (F == kFp8) {
+    const uint32_t sb = base + L::raw(r);
+    const uint8_t* w = static_cast<const uint8_t*>(t.w) + static_cast<int64_t>(t.nl) * K + k0;
+#pragma unroll
+    for (int j = 0; j < kWsBN * 4 / 128; ++j) {  // [256][64 bytes], plain
+      const int i = tid + 128 * j, rr = i >> 2, c4 = i & 3;
+      cp_async16(sb + rr * 64 + c4 * 16, w + static_cast<int64_t>(rr) * K + c4 * 16, true);
+    }
+  } else {
+    const uint32_t sb = base + L::raw(r);
+    const int words = K / 8, groups32 = K / 32;
+    const int32_t* w = static_cast<const int32_t*>(t.w) + static_cast<int64_t>(t.nl) * words + k0 / 8;
+#pragma unroll
+    for (int j = 0; j < kWsBN * 2 / 128; ++j) {  // [256][8 words], plain
+      const int i = tid + 128 * j, rr = i >> 1, c2 = i & 1;
+      cp_async16(sb + rr * 32 + c2 * 16, w + static_cast<int64_t>(rr) * words + c2 * 4, true);
+    }
+    const uint16_t* sc = static_cast<const uint16_t*>(t.s) + static_cast<int64_t>(t.nl) * groups32 + k0 / 32;
+#pragma unroll
+    for (int j = 0; j < kWsBN / 128; ++j) {  // [256][2 scales]
+      const int rr = tid + 128 * j;
+      cp_async4(sb + kWsBN * 32 + rr * 4, sc + static_cast<int64_t>(rr) * groups32);
+    }
+  }
+}
+
+/// The producer's dequantization of stored tile r (k tile kt) into stage s's bf16 W tile (128 threads).
+template <int F, int BM>
+__device__ __forceinline__ void ws_dequant(const WsTile<BM>& t, const uint8_t* mem, uint32_t base, int r, int s, int kt,
+                                           int K, int tid) {
+  using L = WsLayout<F, BM>;
+  const uint8_t* raw = mem + L::raw(r);
+  const uint32_t dst = base + L::b(s);
+  if constexpr (F == kInt4) {
+    const uint32_t* words = reinterpret_cast<const uint32_t*>(raw);
+    const uint16_t* scales = reinterpret_cast<const uint16_t*>(raw + kWsBN * 32);
+#pragma unroll 4
+    for (int j = 0; j < kWsBN * 8 / 128; ++j) {
+      const int i = tid + 128 * j, rr = i >> 3, ch = i & 7;  // word ch of row rr: k 8 ch .. + 7, group ch / 4
+      const uint4 v = int4_word_to_bf16x8(words[i], scales[rr * 2 + (ch >> 2)]);
+      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst + swz(rr, ch)), "r"(v.x), "r"(v.y),
+                   "r"(v.z), "r"(v.w));
+    }
+  } else if constexpr (F == kFp8) {
+    // One scale_inv per 128 x 128 block: rows 0-127 and 128-255 of the tile lie in block rows nl / 128
+    // and nl / 128 + 1 (nl % 256 == 0), the tile's 64 columns in one block column.
+    const int scols = (K + 127) / 128;
+    const float* sp = static_cast<const float*>(t.s) + static_cast<int64_t>(t.nl / 128) * scols + (kt * kBK) / 128;
+    const float s0 = __ldg(sp), s1 = __ldg(sp + scols);
+#pragma unroll 2
+    for (int j = 0; j < kWsBN * 4 / 128; ++j) {
+      const int i = tid + 128 * j, rr = i >> 2, q = i & 3;  // 16 bytes: k 16 q .. + 15 = chunks 2 q, 2 q + 1
+      const float sc = rr < 128 ? s0 : s1;
+      const uint4 b = *reinterpret_cast<const uint4*>(raw + i * 16);
+      const uint4 lo = fp8x8_to_bf16x8(make_uint2(b.x, b.y), sc), hi = fp8x8_to_bf16x8(make_uint2(b.z, b.w), sc);
+      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst + swz(rr, 2 * q)), "r"(lo.x), "r"(lo.y),
+                   "r"(lo.z), "r"(lo.w));
+      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst + swz(rr, 2 * q + 1)), "r"(hi.x),
+                   "r"(hi.y), "r"(hi.z), "r"(hi.w));
+    }
+  }
+}
+
+template <int F, int BM>
+__global__ void __launch_bounds__(kWsThreads, 1)
+    grouped_gemm_ws_kernel(const __nv_bfloat16* __restrict__ a, const int32_t* __restrict__ a_rows, int row_div,
+                           __nv_bfloat16* __restrict__ c, const GroupDesc* __restrict__ groups,
+                           const TileDesc* __restrict__ tiles, int K, int N) {
+#ifdef AERIE_GG_NO_WGMMA
+  __trap();  // not launched: the host takes the mma.sync kernel off sm_90
+#else
+  extern __shared__ __align__(1024) uint8_t smem[];
+  using L = WsLayout<F, BM>;
+  constexpr int S = L::S, R = L::R, D = L::D;
+  const int tid = threadIdx.x, wg = tid >> 7, lane = tid & 31;
+  uint8_t* mem = nullptr;
+  const uint32_t base = aligned_base(smem, mem);
+  const int KT = K / kBK;
+  if (tid == 0) {
+    for (int s = 0; s < S; ++s) {
+      mbar_init(base + L::full(s), 128);  // the producer's 128 threads
+      mbar_init(base + L::empty(s), 8);   // lane 0 of each consumer warp
+    }
+    for (int r = 0; r < R; ++r) mbar_init(base + L::raw_full(r), 128);
+  }
+  __syncthreads();
+
+  if (wg == 0) {  // ---- producer ----
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 80;\n");  // 80 + 2 x 208 <= 3 x 168: the CTA's registers at launch
+    const WsTile<BM> t = ws_tile_of<BM>(a, a_rows, row_div, groups, tiles, K, tid, true);
+    for (int j = 0; j < KT + D; ++j) {
+      if (j < KT) {
+        const int s = j % S;
+        if (j >= S) mbar_wait(base + L::empty(s), ((j / S) - 1) & 1);
+        ws_load<F, BM>(t, base, s, F == kDense ? 0 : j % R, j, K, tid);
+        mbar_arrive_cp_async(base + (F == kDense ? L::full(s) : L::raw_full(j % R)));
+      }
+      if constexpr (F != kDense) {
+        const int jj = j - D;
+        if (jj >= 0) {  // jj < KT
+          mbar_wait(base + L::raw_full(jj % R), (jj / R) & 1);
+          ws_dequant<F, BM>(t, mem, base, jj % R, jj % S, jj, K, tid);
+          fence_proxy_async();  // the bf16 tile's st.shared, visible to the consumers' wgmma
+          mbar_arrive(base + L::full(jj % S));
+          asm volatile("bar.sync 1, 128;\n" ::: "memory");  // stored tile jj % R is free for tile jj + R
+        }
+      }
+    }
+    return;
+  }
+  // ---- consumers ----
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 208;\n");
+  constexpr int WN = BM == 128 ? kWsBN : kWsBN / 2;  // a warpgroup's columns
+  constexpr int RA = WN / 2;                          // accumulators per thread
+  const int cg = wg - 1, w4 = (tid >> 5) & 3;
+  const int row_off = BM == 128 ? cg * 64 : 0, col_off = BM == 128 ? 0 : cg * WN;
+  const WsTile<BM> t = ws_tile_of<BM>(a, a_rows, row_div, groups, tiles, K, tid, false);
+  float acc[RA];
+#pragma unroll
+  for (int i = 0; i < RA; ++i) acc[i] = 0.0f;
+  for (int kt = 0; kt < KT; ++kt) {
+    const int s = kt % S;
+    mbar_wait(base + L::full(s), (kt / S) & 1);
+    fence_proxy_async();  // the cp.async writes of stage s (generic proxy), before the wgmma reads them
+    const uint64_t da = wgmma_desc(base + L::a(s) + row_off * 128), db = wgmma_desc(base + L::b(s) + col_off * 128);
+    wgmma_fence();
+    fence_regs(acc);
+#pragma unroll
+    for (int ks = 0; ks < kBK / 16; ++ks) {
+      if constexpr (BM == 128)
+        wgmma_n256(acc, da + 2 * ks, db + 2 * ks);
+      else
+        wgmma_n128(acc, da + 2 * ks, db + 2 * ks);
+    }
+    wgmma_commit();
+    wgmma_wait<1>();  // k tile kt - 1's wgmma is done: its stage goes back to the producer
+    fence_regs(acc);
+    if (kt > 0 && lane == 0) mbar_arrive(base + L::empty((kt - 1) % S));
+  }
+  wgmma_wait<0>();
+  fence_regs(acc);
+  const int r = row_off + w4 * 16 + (lane >> 2);
+#pragma unroll
+  for (int i = 0; i < WN / 8; ++i) {
+    const int col = col_off + i * 8 + (lane & 3) * 2;
+    if (r < t.rows)
+      *reinterpret_cast<uint32_t*>(c + static_cast<int64_t>(t.row0 + r) * N + t.n0 + col) = pack_bf16(acc[4 * i], acc[4 * i + 1]);
+    if (r + 8 < t.rows)
+      *reinterpret_cast<uint32_t*>(c + static_cast<int64_t>(t.row0 + r + 8) * N + t.n0 + col) =
+          pack_bf16(acc[4 * i + 2], acc[4 * i + 3]);
+  }
+#endif
+}
+
+template <int F, int BM>
+void launch_ws(const __nv_bfloat16* a, const int32_t* a_rows, int row_div, __nv_bfloat16* c, const GroupDesc* groups,
+               const TileDesc* tiles, int tiles_n, int K, int N) {
+  constexpr int bytes = WsLayout<F, BM>::bytes + 1024;  // + the alignment to 1024 bytes
+  auto* kernel = grouped_gemm_ws_kernel<F, BM>;
+  static thread_local std::vector<int> configured;  // devices whose attribute is set
+  const int dev = current_device();
+  bool done = false;
+  for (int d : configured) done = done || d == dev;
+  if (!done) {
+    AERIE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+                     "matmul_grouped_quant: cudaFuncSetAttribute (" << bytes << " bytes of shared memory)");
+    configured.push_back(dev);
+  }
+  kernel<<<dim3(N / kWsBN, tiles_n), kWsThreads, bytes, stream()>>>(a, a_rows, row_div, c, groups, tiles, K, N);
+  AERIE_CUDA_LAUNCHED("grouped_gemm_ws_kernel");
+}
+
 template <int F, int BM, bool WG, int STAGES>
 void launch(const __nv_bfloat16* a, const int32_t* a_rows, int row_div, __nv_bfloat16* c, const GroupDesc* groups,
             const TileDesc* tiles, int tiles_n, int K, int N) {
@@ -539,7 +840,18 @@ void matmul_grouped_quant(const Tensor& a, int format, const std::vector<Grouped
   std::vector<GroupDesc> gd;
   std::vector<TileDesc> t128, t64;
   const char* kern = std::getenv("AERIE_GROUPED_GEMM_KERNEL");
-  const bool wg = !(kern && std::strcmp(kern, "mma") == 0) && wgmma_device();
+  const std::string kname = kern ? kern : "wgmma";
+  AERIE_CHECK(kname == "ws" || kname == "wgmma" || kname == "mma",
+              "AERIE_GROUPED_GEMM_KERNEL must be ws, wgmma or mma, got '" << kname << "'");
+  const bool wg = kname != "mma" && wgmma_device();
+  // The warp-specialized kernel (256-column tiles; AERIE_GROUPED_GEMM_KERNEL=ws, not yet the default:
+  // see variant 3) where c's columns and every part's rows are multiples of 256; its 64-row tiles may
+  // be replaced by variant 2's (AERIE_GROUPED_GEMM_TAIL=wgmma).
+  bool ws = wg && kname == "ws" && N % kWsBN == 0;
+  for (size_t i = 0; ws && i < groups.size(); ++i)
+    for (const auto& part : w[groups[i]]) ws = ws && part.weight.dim(0) % kWsBN == 0;
+  const char* tail = std::getenv("AERIE_GROUPED_GEMM_TAIL");
+  const bool ws64 = ws && !(tail && std::strcmp(tail, "wgmma") == 0);
   const char* st = std::getenv("AERIE_GROUPED_GEMM_STAGES");
   const bool four = st && std::strcmp(st, "4") == 0;
   // 128-row tiles need more shared memory than 64-row ones (the mma.sync FP8 kernel: 105 KiB, above the
@@ -597,7 +909,9 @@ void matmul_grouped_quant(const Tensor& a, int format, const std::vector<Grouped
   auto run = [&](auto fmt) {
     constexpr int F = decltype(fmt)::value;
     if (n128 > 0) {
-      if (!wg)
+      if (ws)
+        launch_ws<F, 128>(ap, a_rows, row_div, cp, gdev, d128, n128, K, N);
+      else if (!wg)
         launch<F, 128, false, 3>(ap, a_rows, row_div, cp, gdev, d128, n128, K, N);
       else if (four)
         launch<F, 128, true, 4>(ap, a_rows, row_div, cp, gdev, d128, n128, K, N);
@@ -605,7 +919,9 @@ void matmul_grouped_quant(const Tensor& a, int format, const std::vector<Grouped
         launch<F, 128, true, 3>(ap, a_rows, row_div, cp, gdev, d128, n128, K, N);
     }
     if (n64 > 0) {
-      if (wg)
+      if (ws64)
+        launch_ws<F, 64>(ap, a_rows, row_div, cp, gdev, d64, n64, K, N);
+      else if (wg)
         launch<F, 64, true, 4>(ap, a_rows, row_div, cp, gdev, d64, n64, K, N);
       else
         launch<F, 64, false, 4>(ap, a_rows, row_div, cp, gdev, d64, n64, K, N);
