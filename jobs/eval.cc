@@ -159,7 +159,8 @@ int eval(const std::vector<std::string>& args) {
       "run", po::value<std::string>(&run.run_dir)->default_value(""),
       "instead of --draft: every complete checkpoint of this training run folder, one row each in the "
       "checkpoint table (RUN/checkpoint_eval.json, or --output; a rerun evaluates only the missing ones; "
-      "aerie export --best exports the row of the highest acceptance length)")(
+      "aerie export --best exports the row of the highest acceptance length on --prompts: give prompts the "
+      "draft was not trained on)")(
       "every", po::value<int64_t>(&run.every)->default_value(0),
       "with --run: only the checkpoints whose step is a multiple of N, and the newest (0: all)")(
       "steps", po::value<std::string>(&steps)->default_value(""),

@@ -56,6 +56,8 @@ refused eval_missing_step "no complete checkpoint of step 15 \(the run has steps
 refused eval_other_settings "$table was made with other eval settings \(.*max_new_tokens: 16 -> 8" 1 \
   "${eval_args[@]}" --run "$r" --max-new-tokens 8
 cmp -s "$table" "$work/table_first.json" || fail "a refused rerun changed the table"
+refused eval_bad_steps "aerie eval: --steps 10,x: 'x' is not a positive step number" 1 "${eval_args[@]}" --run "$r" \
+  --steps 10,x
 refused eval_every_alone "aerie eval: --every and --steps need --run" 1 "${eval_args[@]}" --draft "$r" --every 10
 refused eval_both "aerie eval: --draft and --run exclude each other" 1 "${eval_args[@]}" --draft "$r" --run "$r"
 
