@@ -16,6 +16,11 @@
 // --dtype f32|bf16|auto (default f32), the draft in f32.
 // --draft: an export directory (config.json + model.safetensors) or a training checkpoint / run directory.
 // --untrained: the same figures for the draft training started from (init_draft_weights, --seed).
+// --run RUN_DIR instead of --draft: every complete checkpoint of a training run (or --every N, --steps LIST),
+// one row each in the checkpoint table RUN_DIR/checkpoint_eval.json (train/checkpoint_eval.h), which
+// `aerie export --best` chooses from:
+//   mpirun -np 2 aerie eval --model MODEL --run runs/demo/train --prompts PROMPTS ...
+//       --shards runs/demo/shards --data-split runs/demo/train/data_split.json
 // Teacher-forced metrics: on --data-split's held-out samples (RUN_DIR/data_split.json), or on all samples
 // of --shards, or (neither given) on the target's greedy continuations of the prompts.
 #include <filesystem>
@@ -28,6 +33,7 @@
 #include "data/shard.h"
 #include "jobs/jobs.h"
 #include "train/checkpoint.h"
+#include "train/checkpoint_eval.h"
 #include "train/data_order.h"
 #include "train/eval.h"
 
@@ -44,7 +50,7 @@ namespace fs = std::filesystem;
 /// decodes every prompt: option values (UsageError, exit 2), then the files (aerie::Error naming the
 /// option and path): --prompts readable with a prompt, --draft an export or a checkpoint, --chat-template
 /// found, --data-split a file, --shards a folder with shards, --output not a folder.
-void check_eval_inputs(const EvalOptions& o) {
+void check_eval_inputs(const EvalOptions& o, const CheckpointEvalOptions& run) {
   EVAL_REQUIRE(o.num_prompts >= 0, "--num-prompts " << o.num_prompts << " is negative (0: all)");
   EVAL_REQUIRE(o.max_new_tokens >= 1, "--max-new-tokens must be >= 1, got " << o.max_new_tokens);
   EVAL_REQUIRE(o.max_prompt_tokens >= 0, "--max-prompt-tokens " << o.max_prompt_tokens << " is negative (0: whole)");
@@ -63,10 +69,23 @@ void check_eval_inputs(const EvalOptions& o) {
   } catch (const Error& e) {
     AERIE_THROW("eval: --prompts " << o.prompts_path << ": " << e.what());
   }
-  AERIE_CHECK(fs::exists(o.draft_path), "eval: --draft " << o.draft_path << ": no such file or folder");
+  EVAL_REQUIRE(o.draft_path.empty() != run.run_dir.empty(),
+               (o.draft_path.empty() ? "give --draft (one draft) or --run (every checkpoint of a training run)"
+                                     : "--draft and --run exclude each other"));
+  EVAL_REQUIRE(run.every >= 0, "--every " << run.every << " is negative (0: every checkpoint)");
+  EVAL_REQUIRE(!run.run_dir.empty() || (run.every == 0 && run.steps.empty()), "--every and --steps need --run");
+  EVAL_REQUIRE(run.every == 0 || run.steps.empty(), "--every and --steps exclude each other");
+  if (!run.run_dir.empty()) {
+    AERIE_CHECK(fs::is_directory(run.run_dir), "eval: --run " << run.run_dir << ": no such folder");
+    AERIE_CHECK(!complete_checkpoints(run.run_dir).empty(),
+                "eval: --run " << run.run_dir << " has no complete checkpoint (checkpoints/step-X with DONE): "
+                               << "the --output folder of aerie train");
+  }
+  AERIE_CHECK(!run.run_dir.empty() || fs::exists(o.draft_path),
+              "eval: --draft " << o.draft_path << ": no such file or folder");
   const bool is_export = fs::exists(fs::path(o.draft_path) / "model.safetensors") &&
                          fs::exists(fs::path(o.draft_path) / "config.json");
-  if (!is_export) {
+  if (run.run_dir.empty() && !is_export) {
     try {
       resolve_checkpoint(o.draft_path);
     } catch (const Error& e) {
@@ -98,21 +117,54 @@ void check_eval_inputs(const EvalOptions& o) {
                 "eval: --shards " << o.shards_dir
                                   << (fs::is_directory(o.shards_dir) ? " holds no shard-*.h5 files" : ": no such folder")
                                   << " (the --output folder of aerie extract)");
-  AERIE_CHECK(!fs::is_directory(o.output_path),
-              "eval: --output " << o.output_path << " is a folder (a .json file is written)");
-  const fs::path parent = fs::path(o.output_path).parent_path();
+  const std::string out = run.run_dir.empty() ? o.output_path : run.table_path;
+  AERIE_CHECK(!fs::is_directory(out), "eval: --output " << out << " is a folder (a .json file is written)");
+  const fs::path parent = fs::path(out).parent_path();
   AERIE_CHECK(parent.empty() || fs::is_directory(parent),
-              "eval: --output " << o.output_path << ": the folder " << parent.string() << " does not exist");
+              "eval: --output " << out << ": the folder " << parent.string() << " does not exist");
+}
+
+/// "200,600,1000" -> {200, 600, 1000}. UsageError naming the item that is not a step number.
+std::vector<int64_t> parse_steps(const std::string& text) {
+  std::vector<int64_t> steps;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    size_t used = 0;
+    int64_t v = -1;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    EVAL_REQUIRE(used > 0 && used == item.size() && v > 0,
+                 "--steps " << text << ": '" << item << "' is not a positive step number (e.g. --steps 200,600,1000)");
+    steps.push_back(v);
+  }
+  EVAL_REQUIRE(!steps.empty(), "--steps is empty (e.g. --steps 200,600,1000)");
+  return steps;
 }
 
 }  // namespace
 
 int eval(const std::vector<std::string>& args) {
   EvalOptions o;
-  po::options_description desc("aerie eval: acceptance length of a draft");
+  po::options_description desc(
+      "aerie eval: acceptance length of a draft (--draft), or of every checkpoint of a training run (--run: the "
+      "checkpoint table that export --best chooses from)");
+  CheckpointEvalOptions run;
+  std::string steps;
   desc.add_options()("model", po::value<std::string>(&o.model_dir)->required(), "target model directory (Hugging Face)")(
-      "draft", po::value<std::string>(&o.draft_path)->required(),
-      "draft export directory, or a training checkpoint / run directory")(
+      "draft", po::value<std::string>(&o.draft_path)->default_value(""),
+      "draft export directory, or a training checkpoint / run directory (its newest checkpoint)")(
+      "run", po::value<std::string>(&run.run_dir)->default_value(""),
+      "instead of --draft: every complete checkpoint of this training run folder, one row each in the "
+      "checkpoint table (RUN/checkpoint_eval.json, or --output; a rerun evaluates only the missing ones; "
+      "aerie export --best exports the row of the highest acceptance length on --prompts: give prompts the "
+      "draft was not trained on)")(
+      "every", po::value<int64_t>(&run.every)->default_value(0),
+      "with --run: only the checkpoints whose step is a multiple of N, and the newest (0: all)")(
+      "steps", po::value<std::string>(&steps)->default_value(""),
+      "with --run: only these checkpoint steps, e.g. 200,600,1000")(
       "prompts", po::value<std::string>(&o.prompts_path)->required(),
       "prompts, the files generate --input takes: a .txt file of blank-line separated stories (the first "
       "sentence of each), or JSONL / a JSON array of plain prompts (MT-Bench \"turns\"[0], \"prompt\", \"text\", "
@@ -140,11 +192,23 @@ int eval(const std::vector<std::string>& args) {
       "dtype", po::value<std::string>(&o.dtype)->default_value("f32"),
       "compute dtype of the target: f32 (the reference: greedy equality is exact), bf16, or auto (bf16 on "
       "cuda, f32 on cpu, as extract); the draft computes in f32")(
-      "output", po::value<std::string>(&o.output_path)->default_value("eval.json"), "eval.json path");
+      "output", po::value<std::string>(&o.output_path)->default_value("eval.json"),
+      "eval.json path; with --run the checkpoint table's (default RUN/checkpoint_eval.json)");
+  add_lock_options(desc);
   po::variables_map vm;
   if (!parse_options("eval", args, desc, vm)) return 0;
-  check_eval_inputs(o);
-  run_eval(o);
+  if (!steps.empty()) run.steps = parse_steps(steps);
+  if (!run.run_dir.empty())
+    run.table_path = vm["output"].defaulted() ? checkpoint_eval_path(run.run_dir) : o.output_path;
+  check_eval_inputs(o, run);
+  if (run.run_dir.empty()) {
+    run_eval(o);
+    return 0;
+  }
+  // TABLE.lock: a second eval --run into the same table is refused while this one runs (a train still
+  // writing checkpoints into the run is not: its lock is RUN/.aerie.lock).
+  const OutputLock lock = lock_output(vm, "eval", run.table_path, LockTarget::File);
+  run_checkpoint_eval(o, run);
   return 0;
 }
 

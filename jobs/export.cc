@@ -2,8 +2,14 @@
 //
 //   aerie export --checkpoint RUN_DIR[/checkpoints/step-X] --model TARGET_DIR --output EXPORT_DIR
 //
-// A run folder means its newest complete checkpoint. Rank 0 writes; the other ranks wait.
+// A run folder means its newest complete checkpoint; with --best the checkpoint of the highest acceptance
+// length in the run's checkpoint table (aerie eval --run, train/checkpoint_eval.h), ties to the later step:
+//   aerie export --checkpoint RUN_DIR --best --model TARGET_DIR --output EXPORT_DIR
+// config.json's "aerie_checkpoint" and model.safetensors' metadata record which step was exported and why.
+// Rank 0 writes; the other ranks wait.
 #include <filesystem>
+#include <map>
+#include <sstream>
 
 #include "comm/communicator.h"
 #include "core/error.h"
@@ -12,22 +18,100 @@
 #include "jobs/jobs.h"
 #include "model/target_config.h"
 #include "train/checkpoint.h"
+#include "train/checkpoint_eval.h"
 #include "train/export.h"
 
 namespace aerie::jobs {
 
+namespace {
+
+namespace fs = std::filesystem;
+
+/// export --best: the checkpoint folder of `run_dir` in the row of the highest acceptance length of its
+/// checkpoint table (`table_path`, "" for RUN_DIR/checkpoint_eval.json; ties to the later step), logged with
+/// why; `source` gets selected_by, acceptance_length and eval_table. Throws aerie::Error naming the file
+/// when the table is missing or not one, was measured on another target than `model_dir`, or names a
+/// checkpoint that is gone or changed since it was evaluated.
+std::string best_checkpoint_of_run(const std::string& run_dir, const std::string& table_path,
+                                   const std::string& model_dir, nlohmann::json& source) {
+  AERIE_CHECK(!(fs::exists(fs::path(run_dir) / "DONE") && fs::exists(fs::path(run_dir) / "state.json")),
+              "export --best: --checkpoint " << run_dir << " is one checkpoint; --best chooses among the checkpoints "
+                                             << "of a run: give the run folder (the --output of aerie train)");
+  const std::string path = table_path.empty() ? checkpoint_eval_path(run_dir) : table_path;
+  CheckpointEvalTable table;
+  try {
+    table = read_checkpoint_eval(path);
+  } catch (const Error& e) {
+    AERIE_THROW("export --best: " << e.what() << "; evaluate the run's checkpoints first: aerie eval --run "
+                                  << run_dir << " --model " << model_dir << " --prompts HELD_OUT_PROMPTS ...");
+  }
+  // The acceptance lengths were measured with a target: the one this export is for.
+  const TargetFingerprint now = TargetFingerprint::of_model(model_dir);
+  TargetFingerprint was;
+  was.config_sha256 = table.settings.value("target_config_sha256", "");
+  was.weights_sha256 = table.settings.value("target_weights_sha256", "");
+  const std::string diff = was.difference(now);
+  AERIE_CHECK(diff.empty(), "export --best: " << path << " was made with the target "
+                                              << table.settings.value("model", std::string("?"))
+                                              << ", which is not --model " << model_dir << " (" << diff
+                                              << "): evaluate the checkpoints with this target (aerie eval --run "
+                                              << run_dir << " --output OTHER.json) and export --best --eval-table "
+                                              << "OTHER.json");
+  const CheckpointEvalRow& best = best_checkpoint(table, path);
+  const std::map<int64_t, std::string> all = complete_checkpoints(run_dir);
+  const auto it = all.find(best.step);
+  AERIE_CHECK(it != all.end(), "export --best: the best checkpoint of " << path << ", step " << best.step
+                                   << " (acceptance length " << best.acceptance_length() << "), is no longer in "
+                                   << run_dir << " (removed by train --keep-checkpoints?); export another one with "
+                                   << "--checkpoint " << run_dir << "/checkpoints/step-X");
+  AERIE_CHECK(checkpoint_fingerprint(it->second) == best.fingerprint,
+              "export --best: " << it->second << " is not the checkpoint of step " << best.step << " that " << path
+                                << " evaluated (the run was trained again into " << run_dir
+                                << "?): evaluate it again with aerie eval --run into a new table");
+  std::vector<int64_t> ties, missing;
+  for (const CheckpointEvalRow& r : table.rows)
+    if (r.step != best.step && r.acceptance_length() == best.acceptance_length()) ties.push_back(r.step);
+  for (const auto& [step, d] : all)
+    if (!table.find(step)) missing.push_back(step);
+  if (!missing.empty())
+    AERIE_LOG(warning) << "export --best: " << missing.size() << " checkpoint(s) of " << run_dir << " are not in " << path
+                       << " (steps " << nlohmann::json(missing).dump() << "): chosen among its " << table.rows.size()
+                       << " rows only (aerie eval --run adds them)";
+  std::ostringstream why;
+  why << "export --best: step " << best.step << " of " << run_dir << ": acceptance length "
+      << best.acceptance_length() << " (tau_sim " << best.figures.value("tau_sim", 0.0) << "), the highest of the "
+      << table.rows.size() << " checkpoints in " << path;
+  if (!ties.empty()) why << "; tied with step(s) " << nlohmann::json(ties).dump() << ", the later step is taken";
+  AERIE_LOG(info) << why.str();
+  source = {{"selected_by", "best_acceptance_length"},
+            {"acceptance_length", best.acceptance_length()},
+            {"eval_table", path}};
+  return it->second;
+}
+
+}  // namespace
+
 int export_draft(const std::vector<std::string>& args) {
-  po::options_description desc("aerie export: write the draft as a directory vLLM and SGLang load");
+  po::options_description desc(
+      "aerie export: write the draft as a directory vLLM and SGLang load (--best: the checkpoint of the highest "
+      "acceptance length in the run's checkpoint table, aerie eval --run)");
   desc.add_options()("checkpoint", po::value<std::string>()->required(),
                      "checkpoint folder (step-X with DONE) or run folder (its newest checkpoint)")(
       "model", po::value<std::string>()->required(), "target model directory (config.json): rope and positions")(
       "output", po::value<std::string>()->required(), "export directory (config.json, model.safetensors)")(
+      "best", po::bool_switch()->default_value(false),
+      "export the checkpoint of the run (--checkpoint RUN_DIR) with the highest acceptance length in its "
+      "checkpoint table (aerie eval --run writes it; ties go to the later step)")(
+      "eval-table", po::value<std::string>()->default_value(""),
+      "with --best: the checkpoint table to choose from (default RUN_DIR/checkpoint_eval.json)")(
       "for", po::value<std::string>()->default_value("any"),
       "serving engine: any (aerie's input-of-layer aux ids, vLLM's; warns when SGLang would read them "
       "otherwise), vllm, or sglang (refuses aux ids SGLang would misread; docs/formats.md)");
   add_lock_options(desc);
   po::variables_map vm;
   if (!parse_options("export", args, desc, vm)) return 0;
+  AERIE_USAGE_CHECK(vm["best"].as<bool>() || vm["eval-table"].as<std::string>().empty(),
+                    "aerie export: --eval-table needs --best");
   auto world = MpiCommunicator::world();
   // OUT.lock beside the export (the folder itself is replaced by a rename): a second export into OUT is
   // refused while this one runs.
@@ -39,10 +123,14 @@ int export_draft(const std::vector<std::string>& args) {
     AERIE_CHECK(!std::filesystem::exists(out) || std::filesystem::is_directory(out),
                 "export: --output " << out << " exists and is not a folder");
     AERIE_CHECK(std::filesystem::exists(given), "export: --checkpoint " << given << ": no such folder");
+    const bool best = vm["best"].as<bool>();
     std::string dir;
+    nlohmann::json source;
     try {
-      dir = resolve_checkpoint(given);
+      dir = best ? best_checkpoint_of_run(given, vm["eval-table"].as<std::string>(), vm["model"].as<std::string>(), source)
+                 : resolve_checkpoint(given);
     } catch (const Error& e) {
+      if (best) throw;
       const bool is_export = std::filesystem::exists(std::filesystem::path(given) / "model.safetensors");
       AERIE_THROW("export: --checkpoint " << given
                                           << (is_export ? " holds model.safetensors (an export, not a checkpoint): it is"
@@ -64,7 +152,10 @@ int export_draft(const std::vector<std::string>& args) {
         AERIE_LOG(warning) << "export: --model " << vm["model"].as<std::string>() << " is not the target " << dir
                            << " was trained with (" << t.value("model", std::string("?")) << "): " << diff;
     }
-    write_export(out, ck.config, ck.weights, ck.vocab, target, engine);
+    if (!best) source = {{"selected_by", dir == given ? "given" : "newest"}};
+    source["checkpoint"] = dir;
+    source["step"] = ck.state.step;
+    write_export(out, ck.config, ck.weights, ck.vocab, target, engine, source);
     AERIE_LOG(info) << "export: " << dir << " (step " << ck.state.step << ") -> " << out;
   }
   world->barrier();

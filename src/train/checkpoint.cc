@@ -162,8 +162,6 @@ std::string save_checkpoint(const std::string& run_dir, const Checkpoint& ck, co
   return final_dir;
 }
 
-namespace {
-// Complete checkpoints of RUN_DIR by step (ascending).
 std::map<int64_t, std::string> complete_checkpoints(const std::string& run_dir) {
   std::map<int64_t, std::string> out;
   const fs::path dir = fs::path(run_dir) / "checkpoints";
@@ -181,7 +179,6 @@ std::map<int64_t, std::string> complete_checkpoints(const std::string& run_dir) 
   }
   return out;
 }
-}  // namespace
 
 std::optional<std::string> latest_checkpoint(const std::string& run_dir) {
   const auto all = complete_checkpoints(run_dir);

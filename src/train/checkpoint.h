@@ -13,6 +13,7 @@
 // on any number of ranks.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 
@@ -68,6 +69,10 @@ std::string checkpoint_dir(const std::string& run_dir, int64_t step);
 /// Returns the final folder. Throws aerie::Error on I/O failure (naming the file).
 std::string save_checkpoint(const std::string& run_dir, const Checkpoint& ck, const std::string& vocab_file,
                             Communicator& comm);
+
+/// The complete checkpoints of RUN_DIR by step, ascending: step -> its step-%08d folder (with DONE).
+/// Incomplete folders (no DONE, ".tmp") are skipped; a RUN_DIR without checkpoints/ gives an empty map.
+std::map<int64_t, std::string> complete_checkpoints(const std::string& run_dir);
 
 /// The newest complete checkpoint of RUN_DIR (the step-%08d folder with DONE and the largest step), or
 /// nullopt if there is none. Incomplete folders (no DONE, ".tmp") are skipped.

@@ -3,6 +3,7 @@
 // acc_k / tau_sim of section 4 on held-out extraction shards.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -111,6 +112,44 @@ std::vector<std::string> read_prompts(const std::string& path, int64_t max_promp
 /// builds its prompts). "plain": BOS + text.
 std::vector<int32_t> eval_prompt_ids(const ChatTemplate& tmpl, const std::string& text, const Tokenizer& tok);
 
+/// What `aerie eval` sets up once for any number of drafts (every checkpoint of a run: train/checkpoint_eval.h):
+/// the tp/dp groups and the device, the target, its tokenizer, the prompts and their plain greedy answers
+/// (the reference of the lossless check and of speedup, which do not depend on the draft), and the list of
+/// teacher-forced samples. All members are collective over the world unless said otherwise.
+class EvalSession {
+ public:
+  /// Sets up as run_eval does (see there); opts.draft_path, untrained, seed and output_path are not read.
+  /// Decodes every prompt greedily (the long part for a large target). Throws aerie::Error as run_eval.
+  explicit EvalSession(const EvalOptions& opts);
+  ~EvalSession();
+  EvalSession(const EvalSession&) = delete;
+  EvalSession& operator=(const EvalSession&) = delete;
+
+  /// The draft at `path` (load_draft: an export, a checkpoint or a run folder), on the target's device.
+  /// Throws aerie::Error naming the path when it cannot be read or its widths do not fit the target.
+  LoadedDraft load(const std::string& path) const;
+  /// The untrained draft of `like`'s config and vocabulary (init_draft_weights with `seed`, train's --seed).
+  LoadedDraft untrained(const LoadedDraft& like, uint64_t seed) const;
+  /// Speculative decoding of every prompt with `draft`, checked against the greedy answers, and the
+  /// teacher-forced metrics: the eval.json keys num_prompts, acceptance_length (new tokens per verification
+  /// pass), acceptance_rate_per_position and conditional_acceptance_rate_per_position ([n]), lossless,
+  /// lossless_failures, verify_passes, tokens_generated, spec_seconds, speedup, acc_k ([ttt_steps]),
+  /// tau_sim, teacher_forced_samples. `name` labels the draft in warnings ("" for none). Throws
+  /// aerie::Error when a shard of the teacher-forced samples was not extracted with the draft's aux layers.
+  nlohmann::json evaluate(const LoadedDraft& draft, const std::string& name = "");
+  /// The eval.json keys that do not depend on the draft: model, prompts, chat_template, device, dtype,
+  /// prompts_too_long, num_draft_tokens, max_new_tokens, greedy_seconds, greedy_tokens,
+  /// teacher_forced_source, ttt_steps and (world rank 0) example. Local.
+  nlohmann::json context() const;
+  /// The target's compute dtype as resolved from opts.dtype: "f32" or "bf16". Local.
+  std::string dtype_name() const;
+  int world_rank() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
 /// `aerie eval`: collective over the world (tp groups of opts.tp ranks; prompts spread over dp
 /// replicas). The target and the draft run on opts.device: on CUDA each rank uses GPU local_rank() and the
 /// tp group reduces over NCCL; the draft computes in F32, the target in opts.dtype. Prompts are rendered by
@@ -120,7 +159,8 @@ std::vector<int32_t> eval_prompt_ids(const ChatTemplate& tmpl, const std::string
 /// when set): acceptance_length, acceptance_rate_per_position, (conditional_)acceptance_rate_per_position,
 /// lossless, num_prompts, tokens_generated, verify_passes, speedup, tau_sim, acc_k, teacher_forced_source,
 /// device, dtype, chat_template, example (prompt 0 and its greedy answer as text), and with
-/// opts.untrained the same figures of the untrained draft (acceptance_length_untrained, ...).
+/// opts.untrained the same figures of the untrained draft (acceptance_length_untrained, ...), and in the file
+/// aerie_version. An EvalSession evaluating opts.draft_path.
 nlohmann::json run_eval(const EvalOptions& opts);
 
 }  // namespace aerie

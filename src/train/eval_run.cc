@@ -9,6 +9,7 @@
 #include "comm/nccl_communicator.h"
 #include "core/device.h"
 #include "core/log.h"
+#include "core/version.h"
 #include "data/chat_templates.h"
 #include "data/prepare_input.h"
 #include "data/prepare_template.h"
@@ -171,6 +172,11 @@ struct SpecSums {
   }
 };
 
+// The figures eval.json repeats for the untrained draft, with the suffix "_untrained".
+constexpr const char* kUntrainedFigures[] = {
+    "acceptance_length", "acceptance_rate_per_position", "conditional_acceptance_rate_per_position", "lossless",
+    "lossless_failures", "verify_passes", "tokens_generated", "spec_seconds", "acc_k", "tau_sim"};
+
 void reduce_teacher_forced(TeacherForced& tf, Communicator& c, int S) {
   tf.correct.resize(S, 0);
   tf.acc_rows.resize(S, 0);
@@ -187,7 +193,33 @@ void reduce_teacher_forced(TeacherForced& tf, Communicator& c, int S) {
 
 }  // namespace
 
-nlohmann::json run_eval(const EvalOptions& o) {
+struct EvalSession::Impl {
+  EvalOptions o;
+  ParallelGroups groups;
+  Device dev = Device::CPU;
+  DType dtype = DType::F32;
+  std::unique_ptr<NcclCommunicator> nccl;  // the tp group's collectives on device tensors
+  std::unique_ptr<TargetModel> model;
+  std::unique_ptr<Tokenizer> tok;
+  // This replica's prompts (ids as decoded) and their plain greedy answers (prompt + new tokens).
+  std::vector<std::vector<int32_t>> prompts, greedy;
+  std::vector<size_t> prompt_index;  // their index in --prompts
+  int64_t too_long = 0;         // chat prompts over --max-prompt-tokens, skipped (all replicas)
+  double greedy_seconds = 0;    // all replicas
+  int64_t greedy_tokens = 0;
+  nlohmann::json example;       // the first prompt of world rank 0 and its answer, as text
+  std::vector<int32_t> stop;
+  // Teacher-forced samples (shard path, sample index) and where they come from; none: the greedy answers.
+  std::vector<std::pair<std::string, int64_t>> tf_refs;
+  std::string tf_source;
+  bool tf_on_shards = false;
+
+  explicit Impl(const EvalOptions& opts) : o(opts), groups(ParallelGroups::create(opts.tp)) {}
+};
+
+namespace {
+// The option values run_eval needs (jobs/eval.cc checked them already; a library caller may not have).
+const EvalOptions& checked(const EvalOptions& o) {
   AERIE_CHECK(o.num_draft_tokens >= 1, "eval: --num-draft-tokens must be >= 1, got " << o.num_draft_tokens);
   AERIE_CHECK(o.max_new_tokens >= 1, "eval: --max-new-tokens must be >= 1, got " << o.max_new_tokens);
   AERIE_CHECK(o.ttt_steps >= 1, "eval: --ttt-steps must be >= 1");
@@ -195,7 +227,13 @@ nlohmann::json run_eval(const EvalOptions& o) {
               "eval: --device '" << o.device << "' is not auto, cpu or cuda");
   AERIE_CHECK(o.dtype == "auto" || o.dtype == "f32" || o.dtype == "bf16",
               "eval: --dtype '" << o.dtype << "' is not auto, f32 or bf16");
-  ParallelGroups groups = ParallelGroups::create(o.tp);
+  return o;
+}
+}  // namespace
+
+EvalSession::EvalSession(const EvalOptions& o) : impl_(std::make_unique<Impl>(checked(o))) {
+  Impl& s = *impl_;
+  ParallelGroups& groups = s.groups;
   // The device as `aerie extract` picks it: auto is CUDA when every rank of the node has a GPU of its own.
   bool use_cuda = o.device == "cuda";
   if (o.device == "auto" && cuda::available()) {
@@ -208,113 +246,65 @@ nlohmann::json run_eval(const EvalOptions& o) {
   mopt.device = use_cuda ? Device::CUDA : Device::CPU;
   // auto as for extract and generate: bf16 on a GPU, f32 on the CPU.
   mopt.dtype = o.dtype == "bf16" || (o.dtype == "auto" && use_cuda) ? DType::BF16 : DType::F32;
-  const Device dev = mopt.device;
-  std::unique_ptr<NcclCommunicator> nccl;  // the tp group's collectives on device tensors
-  if (dev == Device::CUDA) {
+  s.dev = mopt.device;
+  s.dtype = mopt.dtype;
+  if (s.dev == Device::CUDA) {
     AERIE_CHECK(cuda::available(), "eval: --device cuda: " << cuda::unavailable_reason());
     cuda::select_device(local_rank());  // collective over the world on first use
-    nccl = std::make_unique<NcclCommunicator>(*groups.tp);
+    s.nccl = std::make_unique<NcclCommunicator>(*groups.tp);
   }
-  Communicator& model_tp = nccl ? static_cast<Communicator&>(*nccl) : *groups.tp;
-  TargetModel model(o.model_dir, model_tp, mopt);
-  const TargetConfig& tc = model.config();
-  auto tok = Tokenizer::load(o.model_dir);
-  LoadedDraft draft = load_draft(o.draft_path, tc.num_hidden_layers);
-  AERIE_CHECK(draft.cfg.target_hidden_size == tc.hidden_size && draft.cfg.vocab_size == tc.vocab_size &&
-                  draft.cfg.hidden_size == tc.hidden_size,
-              "eval: draft " << o.draft_path << " (H " << draft.cfg.hidden_size << ", H_t " << draft.cfg.target_hidden_size
-                             << ", V " << draft.cfg.vocab_size << ") does not fit the target " << o.model_dir);
-  std::vector<LoadedDraft> drafts{draft};
-  if (o.untrained) {
-    // The draft training started from: init_draft_weights with the same config, vocabulary and seed (from
-    // a host F32 copy of the target's lm_head, as train does).
-    Tensor lm = model.lm_head().device() == Device::CPU ? model.lm_head() : model.lm_head().to_device(Device::CPU);
-    if (lm.dtype() != DType::F32) lm = lm.to(DType::F32);
-    LoadedDraft u{draft.cfg, init_draft_weights(draft.cfg, lm, draft.vocab.selected(), o.seed), draft.vocab};
-    drafts.push_back(std::move(u));
-  }
-  // The draft runs beside the target (F32 weights; the target's embedding table, in its dtype).
-  if (dev != Device::CPU)
-    for (LoadedDraft& d : drafts) d.weights = d.weights.to_device(dev);
-  const int n = o.num_draft_tokens;
+  Communicator& model_tp = s.nccl ? static_cast<Communicator&>(*s.nccl) : *groups.tp;
+  s.model = std::make_unique<TargetModel>(o.model_dir, model_tp, mopt);
+  TargetModel& model = *s.model;
+  s.tok = Tokenizer::load(o.model_dir);
+  const Tokenizer& tok = *s.tok;
   const int dp = groups.map.dp, dp_rank = groups.map.dp_rank;
 
   // Prompts: one user turn through the chat template of training data with its generation prompt (the
-  // assistant header the served model answers after; plain: BOS + text).
+  // assistant header the served model answers after; plain: BOS + text). Their greedy answers do not
+  // depend on the draft: decoded once, the reference of every draft's lossless check.
   std::vector<std::string> texts = read_prompts(o.prompts_path, o.num_prompts);
-  auto tmpl = make_chat_template(o.chat_template, *tok);
+  auto tmpl = make_chat_template(o.chat_template, tok);
   const bool plain = o.chat_template == "plain";
-  const std::vector<int32_t> stop = default_stop_ids(tc, *tok, *tmpl);
-  int64_t too_long = 0;
-  nlohmann::json example;  // the first prompt of world rank 0 and its answer, as text
-  std::vector<SpecSums> sums(drafts.size());
-  double greedy_seconds = 0;
-  int64_t greedy_tokens = 0;
-  std::vector<std::vector<int32_t>> outputs;  // this replica's greedy outputs (teacher-forced fallback)
-  std::vector<int64_t> prompt_lens;
+  s.stop = default_stop_ids(model.config(), tok, *tmpl);
   for (size_t i = 0; i < texts.size(); ++i) {
     if (static_cast<int>(i % dp) != dp_rank) continue;
-    std::vector<int32_t> prompt = eval_prompt_ids(*tmpl, texts[i], *tok);
+    std::vector<int32_t> prompt = eval_prompt_ids(*tmpl, texts[i], tok);
     AERIE_CHECK(!prompt.empty(), "eval: prompt " << i << " of " << o.prompts_path << " has no tokens");
     if (o.max_prompt_tokens > 0 && static_cast<int64_t>(prompt.size()) > o.max_prompt_tokens) {
       // A plain prompt is a text prefix: cut it. A chat prompt cut would lose its assistant header: skip it.
       if (!plain) {
-        ++too_long;
+        ++s.too_long;
         continue;
       }
       prompt.resize(o.max_prompt_tokens);
     }
     auto t0 = Clock::now();
-    std::vector<int32_t> greedy = greedy_generate(model, prompt, o.max_new_tokens, stop);
-    greedy_seconds += seconds_since(t0);
-    greedy_tokens += static_cast<int64_t>(greedy.size() - prompt.size());
-    for (size_t d = 0; d < drafts.size(); ++d) {
-      t0 = Clock::now();
-      SpecDecodeResult r = speculative_generate(model, drafts[d], prompt, n, o.max_new_tokens, stop);
-      const double secs = seconds_since(t0);
-      const bool same = r.tokens == greedy;
-      if (!same)
-        AERIE_LOG(warning) << "eval: prompt " << i << (d ? " (untrained draft)" : "")
-                           << ": speculative output differs from greedy decoding";
-      sums[d].add(r, same, secs);
+    std::vector<int32_t> greedy = greedy_generate(model, prompt, o.max_new_tokens, s.stop);
+    s.greedy_seconds += seconds_since(t0);
+    s.greedy_tokens += static_cast<int64_t>(greedy.size() - prompt.size());
+    if (s.example.is_null()) {
+      s.example["prompt"] = eval_prompt_text(*tmpl, texts[i], prompt, tok);
+      s.example["output"] = tok.decode(std::vector<int32_t>(greedy.begin() + static_cast<int64_t>(prompt.size()),
+                                                            greedy.end()));
     }
-    if (example.is_null()) {
-      example["prompt"] = eval_prompt_text(*tmpl, texts[i], prompt, *tok);
-      example["output"] = tok->decode(std::vector<int32_t>(greedy.begin() + static_cast<int64_t>(prompt.size()),
-                                                           greedy.end()));
-    }
-    outputs.push_back(greedy);
-    prompt_lens.push_back(static_cast<int64_t>(prompt.size()));
+    s.prompt_index.push_back(i);
+    s.prompts.push_back(std::move(prompt));
+    s.greedy.push_back(std::move(greedy));
   }
   {
-    Tensor t = Tensor::from_vector(std::vector<int64_t>{too_long}, {1});
+    Tensor t = Tensor::from_vector(std::vector<int64_t>{s.too_long, s.greedy_tokens}, {2});
     groups.dp->all_reduce_sum(t);
-    too_long = t.data<int64_t>()[0];
-  }
-  for (auto& s : sums) s.all_reduce(*groups.dp, n);
-  {
-    Tensor t = Tensor::from_vector(std::vector<float>{static_cast<float>(greedy_seconds)}, {1});
-    groups.dp->all_reduce_sum(t);
-    greedy_seconds = t.data<float>()[0];
-    Tensor g = Tensor::from_vector(std::vector<int64_t>{greedy_tokens}, {1});
+    s.too_long = t.data<int64_t>()[0];
+    s.greedy_tokens = t.data<int64_t>()[1];
+    Tensor g = Tensor::from_vector(std::vector<float>{static_cast<float>(s.greedy_seconds)}, {1});
     groups.dp->all_reduce_sum(g);
-    greedy_tokens = g.data<int64_t>()[0];
+    s.greedy_seconds = g.data<float>()[0];
   }
 
-  // Teacher-forced acc_k / tau_sim (eagle3.md section 4) with ttt_forward_backward, no gradients.
-  const int S = o.ttt_steps;
-  const std::vector<double> ones(S, 1.0);
-  std::vector<TeacherForced> tf(drafts.size());
-  std::string tf_source;
-  std::vector<int> aux = draft.cfg.aux_layers.empty() ? default_aux_layers(tc.num_hidden_layers) : draft.cfg.aux_layers;
-  auto score = [&](TTTSample&& s) {
-    for (size_t d = 0; d < drafts.size(); ++d)
-      tf[d].add(ttt_forward_backward(drafts[d].cfg, drafts[d].weights, model.embed_tokens(), s, drafts[d].vocab.d2t,
-                                     drafts[d].vocab.t2d, S, ones, nullptr));
-  };
-  const std::vector<int64_t> selected = draft.vocab.selected();
+  // The teacher-forced samples: --data-split's held-out ones, all of --shards, or (neither) the greedy answers.
   if (!o.shards_dir.empty() || !o.data_split_path.empty()) {
-    std::vector<std::pair<std::string, int64_t>> refs;  // (shard path, sample index)
+    s.tf_on_shards = true;
     if (!o.data_split_path.empty()) {
       DataSplit split = DataSplit::from_json(nlohmann::json::parse(read_file(o.data_split_path)));
       // With --shards, the split's shards are read from that folder (by file name: e.g. the same chunks
@@ -330,78 +320,159 @@ nlohmann::json run_eval(const EvalOptions& o) {
       };
       for (int64_t g : split.eval) {
         SampleRef r = split.locate(g);
-        refs.emplace_back(where(split.shards[r.shard]), r.index);
+        s.tf_refs.emplace_back(where(split.shards[r.shard]), r.index);
       }
-      tf_source = "held-out samples of " + o.data_split_path +
-                  (o.shards_dir.empty() ? std::string() : " read from " + o.shards_dir);
+      s.tf_source = "held-out samples of " + o.data_split_path +
+                    (o.shards_dir.empty() ? std::string() : " read from " + o.shards_dir);
     } else {
       for (const std::string& path : list_shards(o.shards_dir)) {
         ShardReader rd(path);
-        for (int64_t i = 0; i < rd.num_samples(); ++i) refs.emplace_back(path, i);
+        for (int64_t i = 0; i < rd.num_samples(); ++i) s.tf_refs.emplace_back(path, i);
       }
-      tf_source = "all samples of " + o.shards_dir;
+      s.tf_source = "all samples of " + o.shards_dir;
     }
-    if (o.num_eval_samples > 0 && static_cast<int64_t>(refs.size()) > o.num_eval_samples) refs.resize(o.num_eval_samples);
+    if (o.num_eval_samples > 0 && static_cast<int64_t>(s.tf_refs.size()) > o.num_eval_samples)
+      s.tf_refs.resize(o.num_eval_samples);
+  } else {
+    s.tf_source = "greedy continuations of the prompts (loss mask on generated tokens)";
+  }
+}
+
+EvalSession::~EvalSession() = default;
+
+int EvalSession::world_rank() const { return impl_->groups.map.world_rank; }
+
+LoadedDraft EvalSession::load(const std::string& path) const {
+  const TargetConfig& tc = impl_->model->config();
+  LoadedDraft draft = load_draft(path, tc.num_hidden_layers);
+  AERIE_CHECK(draft.cfg.target_hidden_size == tc.hidden_size && draft.cfg.vocab_size == tc.vocab_size &&
+                  draft.cfg.hidden_size == tc.hidden_size,
+              "eval: draft " << path << " (H " << draft.cfg.hidden_size << ", H_t " << draft.cfg.target_hidden_size
+                             << ", V " << draft.cfg.vocab_size << ") does not fit the target " << impl_->o.model_dir);
+  // The draft runs beside the target (F32 weights; the target's embedding table, in its dtype).
+  if (impl_->dev != Device::CPU) draft.weights = draft.weights.to_device(impl_->dev);
+  return draft;
+}
+
+LoadedDraft EvalSession::untrained(const LoadedDraft& like, uint64_t seed) const {
+  // The draft training started from: init_draft_weights with the same config, vocabulary and seed (from
+  // a host F32 copy of the target's lm_head, as train does).
+  const TargetModel& model = *impl_->model;
+  Tensor lm = model.lm_head().device() == Device::CPU ? model.lm_head() : model.lm_head().to_device(Device::CPU);
+  if (lm.dtype() != DType::F32) lm = lm.to(DType::F32);
+  LoadedDraft u{like.cfg, init_draft_weights(like.cfg, lm, like.vocab.selected(), seed), like.vocab};
+  if (impl_->dev != Device::CPU) u.weights = u.weights.to_device(impl_->dev);
+  return u;
+}
+
+nlohmann::json EvalSession::context() const {
+  const Impl& s = *impl_;
+  nlohmann::json j;
+  j["model"] = s.o.model_dir;
+  j["prompts"] = s.o.prompts_path;
+  j["chat_template"] = s.o.chat_template;
+  j["device"] = device_name(s.dev);
+  j["dtype"] = dtype_name();
+  j["prompts_too_long"] = s.too_long;
+  j["num_draft_tokens"] = s.o.num_draft_tokens;
+  j["max_new_tokens"] = s.o.max_new_tokens;
+  j["greedy_seconds"] = s.greedy_seconds;
+  j["greedy_tokens"] = s.greedy_tokens;
+  j["teacher_forced_source"] = s.tf_source;
+  j["ttt_steps"] = s.o.ttt_steps;
+  if (!s.example.is_null()) j["example"] = s.example;  // world rank 0 holds prompt 0
+  return j;
+}
+
+std::string EvalSession::dtype_name() const { return impl_->dtype == DType::BF16 ? "bf16" : "f32"; }
+
+nlohmann::json EvalSession::evaluate(const LoadedDraft& draft, const std::string& name) {
+  Impl& s = *impl_;
+  TargetModel& model = *s.model;
+  const TargetConfig& tc = model.config();
+  const int n = s.o.num_draft_tokens;
+  const int dp = s.groups.map.dp, dp_rank = s.groups.map.dp_rank;
+  SpecSums sums;
+  for (size_t i = 0; i < s.prompts.size(); ++i) {
+    const auto t0 = Clock::now();
+    SpecDecodeResult r = speculative_generate(model, draft, s.prompts[i], n, s.o.max_new_tokens, s.stop);
+    const double secs = seconds_since(t0);
+    const bool same = r.tokens == s.greedy[i];
+    if (!same)
+      AERIE_LOG(warning) << "eval: prompt " << s.prompt_index[i] << (name.empty() ? "" : " (" + name + ")")
+                         << ": speculative output differs from greedy decoding";
+    sums.add(r, same, secs);
+  }
+  sums.all_reduce(*s.groups.dp, n);
+
+  // Teacher-forced acc_k / tau_sim (eagle3.md section 4) with ttt_forward_backward, no gradients.
+  const int S = s.o.ttt_steps;
+  const std::vector<double> ones(S, 1.0);
+  TeacherForced tf;
+  const std::vector<int> aux =
+      draft.cfg.aux_layers.empty() ? default_aux_layers(tc.num_hidden_layers) : draft.cfg.aux_layers;
+  auto score = [&](TTTSample&& t) {
+    tf.add(ttt_forward_backward(draft.cfg, draft.weights, model.embed_tokens(), t, draft.vocab.d2t, draft.vocab.t2d, S,
+                                ones, nullptr));
+  };
+  const std::vector<int64_t> selected = draft.vocab.selected();
+  if (s.tf_on_shards) {
     std::string open_path;
     std::unique_ptr<ShardReader> rd;
-    for (size_t i = 0; i < refs.size(); ++i) {
+    for (size_t i = 0; i < s.tf_refs.size(); ++i) {
       if (static_cast<int>(i % dp) != dp_rank) continue;
-      if (refs[i].first != open_path) {
-        rd = std::make_unique<ShardReader>(refs[i].first);
-        open_path = refs[i].first;
+      if (s.tf_refs[i].first != open_path) {
+        rd = std::make_unique<ShardReader>(s.tf_refs[i].first);
+        open_path = s.tf_refs[i].first;
         AERIE_CHECK(rd->info().hidden_size == tc.hidden_size && rd->info().aux_layers == aux,
                     "eval: shard " << open_path << " (H " << rd->info().hidden_size
                                    << ") was not extracted with this target and the draft's aux layers");
       }
-      HiddenSample h = rd->read(refs[i].second);
+      HiddenSample h = rd->read(s.tf_refs[i].second);
       score(make_ttt_sample(std::move(h.ids), std::move(h.loss_mask), std::move(h.aux_hidden), h.final_hidden,
                             model.lm_head(), selected));
     }
   } else {
     // No shards: the target's own greedy continuations, loss mask on the generated tokens.
-    tf_source = "greedy continuations of the prompts (loss mask on generated tokens)";
-    for (size_t i = 0; i < outputs.size(); ++i) {
-      TargetOutput out = model.forward(outputs[i], nullptr, aux, false);
-      std::vector<uint8_t> mask(outputs[i].size(), 0);
-      for (size_t t = static_cast<size_t>(prompt_lens[i]); t < mask.size(); ++t) mask[t] = 1;
+    for (size_t i = 0; i < s.greedy.size(); ++i) {
+      TargetOutput out = model.forward(s.greedy[i], nullptr, aux, false);
+      std::vector<uint8_t> mask(s.greedy[i].size(), 0);
+      for (size_t t = s.prompts[i].size(); t < mask.size(); ++t) mask[t] = 1;
       // f goes through the host (make_ttt_sample widens a BF16 copy there); z stays where W_lm is.
       Tensor f = out.aux_hidden.device() == Device::CPU ? out.aux_hidden : out.aux_hidden.to_device(Device::CPU);
-      score(make_ttt_sample(outputs[i], mask, f, out.final_hidden, model.lm_head(), selected));
+      score(make_ttt_sample(s.greedy[i], mask, f, out.final_hidden, model.lm_head(), selected));
     }
   }
-  for (auto& t : tf) reduce_teacher_forced(t, *groups.dp, S);
+  reduce_teacher_forced(tf, *s.groups.dp, S);
 
   nlohmann::json j;
-  j["model"] = o.model_dir;
+  j["num_prompts"] = sums.prompts;
+  sums.to_json(j, "");
+  j["speedup"] = sums.spec_seconds > 0 ? s.greedy_seconds / sums.spec_seconds : 0.0;
+  j["acc_k"] = tf.acc_k();
+  j["tau_sim"] = tf.tau_sim();
+  j["teacher_forced_samples"] = tf.samples;
+  return j;
+}
+
+nlohmann::json run_eval(const EvalOptions& o) {
+  EvalSession session(o);
+  const LoadedDraft draft = session.load(o.draft_path);
+  nlohmann::json j = session.context();
   j["draft"] = o.draft_path;
-  j["prompts"] = o.prompts_path;
-  j["chat_template"] = o.chat_template;
-  j["device"] = device_name(dev);
-  j["dtype"] = mopt.dtype == DType::BF16 ? "bf16" : "f32";
-  j["num_prompts"] = sums[0].prompts;
-  j["prompts_too_long"] = too_long;
-  j["num_draft_tokens"] = n;
-  j["max_new_tokens"] = o.max_new_tokens;
-  sums[0].to_json(j, "");
-  j["greedy_seconds"] = greedy_seconds;
-  j["greedy_tokens"] = greedy_tokens;
-  j["speedup"] = sums[0].spec_seconds > 0 ? greedy_seconds / sums[0].spec_seconds : 0.0;
-  j["acc_k"] = tf[0].acc_k();
-  j["tau_sim"] = tf[0].tau_sim();
-  j["teacher_forced_samples"] = tf[0].samples;
-  j["teacher_forced_source"] = tf_source;
-  j["ttt_steps"] = S;
+  j.update(session.evaluate(draft));
   if (o.untrained) {
-    sums[1].to_json(j, "_untrained");
-    j["acc_k_untrained"] = tf[1].acc_k();
-    j["tau_sim_untrained"] = tf[1].tau_sim();
-    j["lossless"] = j["lossless"].get<bool>() && sums[1].lossless_failures == 0;
+    const nlohmann::json u = session.evaluate(session.untrained(draft, o.seed), "untrained draft");
+    for (const char* key : kUntrainedFigures) j[std::string(key) + "_untrained"] = u[key];
+    j["lossless"] = j["lossless"].get<bool>() && u["lossless"].get<bool>();
   }
-  if (!example.is_null()) j["example"] = example;  // world rank 0 holds prompt 0
-  if (groups.map.world_rank == 0) {
+  if (session.world_rank() == 0) {
     AERIE_LOG(info) << "eval: acceptance length " << j["acceptance_length"] << " over " << j["verify_passes"]
                     << " verification passes, lossless " << j["lossless"] << ", tau_sim " << j["tau_sim"];
-    if (!o.output_path.empty()) write_file_atomic(o.output_path, j.dump(2) + "\n");
+    if (!o.output_path.empty()) {
+      j["aerie_version"] = aerie_version_string();
+      write_file_atomic(o.output_path, j.dump(2) + "\n");
+    }
   }
   return j;
 }

@@ -81,7 +81,8 @@ std::string aux_ids_misread(const std::vector<int>& aux, int64_t num_hidden_laye
 }
 
 void write_export(const std::string& out_dir, const DraftConfig& cfg, const DraftWeights& weights,
-                  const DraftVocab& vocab, const TargetConfig& target, ServingEngine engine) {
+                  const DraftVocab& vocab, const TargetConfig& target, ServingEngine engine,
+                  const nlohmann::json& source) {
   const std::string misread = aux_ids_misread(cfg.aux_layers, target.num_hidden_layers, engine);
   AERIE_CHECK(misread.empty() || engine == ServingEngine::Any, "export --for sglang: " << misread);
   if (!misread.empty()) AERIE_LOG(warning) << "export: " << misread << " (export --for vllm to silence this)";
@@ -89,10 +90,17 @@ void write_export(const std::string& out_dir, const DraftConfig& cfg, const Draf
               "export: d2t/t2d sizes (K " << vocab.draft_vocab_size() << ", V " << vocab.vocab_size()
                                           << ") differ from the config's (K " << cfg.draft_vocab_size << ", V "
                                           << cfg.vocab_size << ")");
-  const nlohmann::json config = export_config(cfg, target);
+  nlohmann::json config = export_config(cfg, target);
   const DraftWeights shapes = DraftWeights::zeros(cfg);
   SafetensorsFile f;
   f.metadata = {{"format", "pt"}, {"aerie_version", aerie_version_string()}};
+  if (!source.is_null()) {
+    AERIE_CHECK(source.is_object() && source.contains("step") && source["step"].is_number_integer(),
+                "export: the checkpoint source " << source.dump() << " has no integer step");
+    config["aerie_checkpoint"] = source;
+    f.metadata["checkpoint_step"] = std::to_string(source["step"].get<int64_t>());
+    f.metadata["checkpoint_selected_by"] = source.value("selected_by", std::string("given"));
+  }
   auto want = shapes.named();
   auto have = weights.named();
   for (size_t i = 0; i < have.size(); ++i) {

@@ -49,8 +49,14 @@ std::string aux_ids_misread(const std::vector<int>& aux, int64_t num_hidden_laye
 /// Throws aerie::Error on inconsistent shapes or I/O failure.
 /// `engine`: Any logs a warning when an engine would misread the aux ids; Vllm or Sglang throws
 /// aerie::Error when that engine would (nothing is written then).
+/// `source`: the checkpoint exported, an object {"checkpoint": its folder, "step", "selected_by": "given"
+/// (a step folder), "newest" (a run's newest) or "best_acceptance_length" (export --best, with
+/// "acceptance_length" and "eval_table": the checkpoint table it was chosen from)}; written as config.json's
+/// "aerie_checkpoint" (a key section 5 does not have; vLLM and SGLang ignore it) and as the
+/// model.safetensors metadata "checkpoint_step" and "checkpoint_selected_by". null: neither is written.
 void write_export(const std::string& out_dir, const DraftConfig& cfg, const DraftWeights& weights,
-                  const DraftVocab& vocab, const TargetConfig& target, ServingEngine engine = ServingEngine::Any);
+                  const DraftVocab& vocab, const TargetConfig& target, ServingEngine engine = ServingEngine::Any,
+                  const nlohmann::json& source = nullptr);
 
 /// A draft read back from an export directory: weights converted to F32.
 struct ExportedDraft {

@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# Checkpoint choice with the aerie binary on stories260K (issue 13, item 2; train/checkpoint_eval.h):
+#  - eval --run on 2 ranks gives the checkpoint table a row for every checkpoint of a run (10, 20, 30) and
+#    prints it; a rerun evaluates nothing; --every 20 selects 20 and the newest (30); --steps a missing step,
+#    other settings, --every without --run are refused;
+#  - export --best exports the row of the highest acceptance length (a table edited so that step 10 is the
+#    best, and one where all tie: the later step, 30), says why, and records the step in config.json
+#    (aerie_checkpoint) and the model.safetensors metadata; a plain export records its step too;
+#  - export --best refuses a missing table, a step folder, a table of another target and a best checkpoint
+#    that is gone, naming the file.
+# usage: checkpoint_eval.sh AERIE MODEL_DIR STORIES_TXT WORK_DIR   (exit 77: no converted model)
+set -euo pipefail
+aerie=$1 model=$2 text=$3 work=$4
+source "$(dirname "$0")/aerie_script_lib.sh"  # run, refused, fail; the empty work folder
+
+run prepare 1 prepare --input "$text" --tokenizer "$model" --output "$work/prepared.h5" --max-length 64 --max-samples 48 \
+  || fail prepare
+run extract 2 extract --model "$model" --prepared "$work/prepared.h5" --output "$work/shards" --samples-per-shard 16 \
+  || fail extract
+run vocab 1 vocab --prepared "$work/prepared.h5" --model "$model" --output "$work/vocab.safetensors" --draft-vocab-size 200 \
+  || fail vocab
+r="$work/run"
+run train 2 train --model "$model" --shards "$work/shards" --vocab "$work/vocab.safetensors" --output "$r" --steps 30 \
+  --batch-size 4 --lr 3e-3 --checkpoint-every 10 --log-every 10 --eval-fraction 0.1 || fail train
+
+eval_args=(eval --model "$model" --prompts "$text" --num-prompts 4 --num-draft-tokens 3 --ttt-steps 2
+           --shards "$work/shards" --data-split "$r/data_split.json")
+table="$r/checkpoint_eval.json"
+steps_of() {  # the steps of a table, as "10 20 30"
+  python3 -c 'import json,sys; print(*[c["step"] for c in json.load(open(sys.argv[1]))["checkpoints"]])' "$1"
+}
+
+# --- eval --run ---------------------------------------------------------------------------------------
+run eval_run 2 "${eval_args[@]}" --max-new-tokens 16 --run "$r" || fail "eval --run"
+[ "$(steps_of "$table")" = "10 20 30" ] || fail "table steps: $(steps_of "$table")"
+grep -q "3 to evaluate" "$last" || fail "eval --run did not evaluate 3 checkpoints"
+grep -Eq "^ +20 +[0-9.]+ +[0-9.]+ +yes" "$last" || fail "no table row of step 20 printed"
+grep -q "^best: step " "$last" || fail "no best line"
+python3 - "$table" <<'EOF' || fail "table content"
+import json, sys
+t = json.load(open(sys.argv[1]))
+assert t["format"] == "aerie.checkpoint_eval" and t["format_version"] == 1 and t["aerie_version"], t.keys()
+assert t["settings"]["num_prompts"] == 4 and t["settings"]["dtype"] == "f32", t["settings"]
+for c in t["checkpoints"]:
+    assert c["acceptance_length"] >= 1 and c["tau_sim"] >= 1 and c["lossless"], c
+    assert c["checkpoint"].endswith("step-%08d" % c["step"]), c["checkpoint"]
+EOF
+cp "$table" "$work/table_first.json"
+run eval_rerun 2 "${eval_args[@]}" --max-new-tokens 16 --run "$r" || fail "eval --run rerun"
+grep -q "3 already in $table, 0 to evaluate" "$last" || fail "the rerun evaluated again"
+cmp -s "$table" "$work/table_first.json" || fail "the rerun changed the table"
+run eval_every 2 "${eval_args[@]}" --max-new-tokens 16 --run "$r" --every 20 --output "$work/every.json" || fail "eval --run --every"
+[ "$(steps_of "$work/every.json")" = "20 30" ] || fail "--every 20 selected $(steps_of "$work/every.json")"
+refused eval_missing_step "no complete checkpoint of step 15 \(the run has steps 10, 20, 30\)" 1 \
+  "${eval_args[@]}" --run "$r" --steps 10,15 --output "$work/steps.json"
+refused eval_other_settings "$table was made with other eval settings \(.*max_new_tokens: 16 -> 8" 1 \
+  "${eval_args[@]}" --run "$r" --max-new-tokens 8
+cmp -s "$table" "$work/table_first.json" || fail "a refused rerun changed the table"
+refused eval_bad_steps "aerie eval: --steps 10,x: 'x' is not a positive step number" 1 "${eval_args[@]}" --run "$r" \
+  --steps 10,x
+refused eval_every_alone "aerie eval: --every and --steps need --run" 1 "${eval_args[@]}" --draft "$r" --every 10
+refused eval_both "aerie eval: --draft and --run exclude each other" 1 "${eval_args[@]}" --draft "$r" --run "$r"
+
+# --- export --best ----------------------------------------------------------------------------------------
+exported() {  # DIR -> "config-step selected_by metadata-step metadata-selected_by"
+  python3 - "$1" <<'EOF'
+import json, struct, sys
+c = json.load(open(sys.argv[1] + "/config.json"))["aerie_checkpoint"]
+data = open(sys.argv[1] + "/model.safetensors", "rb").read()
+m = json.loads(data[8:8 + struct.unpack("<Q", data[:8])[0]])["__metadata__"]
+print(c["step"], c["selected_by"], m["checkpoint_step"], m["checkpoint_selected_by"])
+EOF
+}
+best=$(python3 -c '
+import json, sys
+rows = json.load(open(sys.argv[1]))["checkpoints"]
+print(max(rows, key=lambda c: (c["acceptance_length"], c["step"]))["step"])' "$table")
+run export_best 1 export --checkpoint "$r" --best --model "$model" --output "$work/export_best" || fail "export --best"
+grep -q "export --best: step $best of $r: acceptance length .*the highest of the 3 checkpoints in $table" "$last" \
+  || fail "export --best did not say it picked step $best"
+[ "$(exported "$work/export_best")" = "$best best_acceptance_length $best best_acceptance_length" ] \
+  || fail "export --best recorded $(exported "$work/export_best"), expected step $best"
+run export_plain 1 export --checkpoint "$r" --model "$model" --output "$work/export_plain" || fail "export"
+[ "$(exported "$work/export_plain")" = "30 newest 30 newest" ] || fail "plain export recorded $(exported "$work/export_plain")"
+
+edit() {  # edit TABLE OUT PYTHON: OUT = TABLE with the statement applied to t
+  python3 -c "
+import json, sys
+t = json.load(open(sys.argv[1]))
+$3
+json.dump(t, open(sys.argv[2], 'w'), indent=2)" "$1" "$2"
+}
+edit "$table" "$work/first_best.json" 't["checkpoints"][0]["acceptance_length"] = 9.0'
+run export_first 1 export --checkpoint "$r" --best --eval-table "$work/first_best.json" --model "$model" \
+  --output "$work/export_first" || fail "export --best (step 10 the best)"
+[ "$(exported "$work/export_first")" = "10 best_acceptance_length 10 best_acceptance_length" ] \
+  || fail "export --best of a table where step 10 is the best recorded $(exported "$work/export_first")"
+edit "$table" "$work/tie.json" 'for c in t["checkpoints"]: c["acceptance_length"] = 2.0'
+run export_tie 1 export --checkpoint "$r" --best --eval-table "$work/tie.json" --model "$model" \
+  --output "$work/export_tie" || fail "export --best (a tie)"
+grep -q "step 30 of .*tied with step(s) \[10,20\], the later step is taken" "$last" || fail "the tie was not explained"
+[ "$(exported "$work/export_tie")" = "30 best_acceptance_length 30 best_acceptance_length" ] || fail "tie: not step 30"
+
+refused export_no_table "export --best: no checkpoint table $work/none.json" 1 \
+  export --checkpoint "$r" --best --eval-table "$work/none.json" --model "$model" --output "$work/e1"
+refused export_step_folder "is one checkpoint; --best chooses among the checkpoints of a run" 1 \
+  export --checkpoint "$r/checkpoints/step-00000020" --best --model "$model" --output "$work/e2"
+edit "$table" "$work/other_target.json" 't["settings"]["target_config_sha256"] = "0" * 64'
+refused export_other_target "export --best: $work/other_target.json was made with the target .*which is not --model" 1 \
+  export --checkpoint "$r" --best --eval-table "$work/other_target.json" --model "$model" --output "$work/e3"
+mv "$r/checkpoints/step-00000010" "$work/step10_away"
+refused export_gone "the best checkpoint of $work/first_best.json, step 10 .*is no longer in $r" 1 \
+  export --checkpoint "$r" --best --eval-table "$work/first_best.json" --model "$model" --output "$work/e4"
+mv "$work/step10_away" "$r/checkpoints/step-00000010"
+refused export_table_alone "aerie export: --eval-table needs --best" 1 \
+  export --checkpoint "$r" --eval-table "$table" --model "$model" --output "$work/e5"
+echo "checkpoint_eval: ok"
