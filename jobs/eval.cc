@@ -21,8 +21,11 @@
 // `aerie export --best` chooses from:
 //   mpirun -np 2 aerie eval --model MODEL --run runs/demo/train --prompts PROMPTS ...
 //       --shards runs/demo/shards --data-split runs/demo/train/data_split.json
+// --temperature T > 0 (and --top-p): speculative sampling, the acceptance length as the serving engines
+// report it at that temperature (Leviathan et al. 2023's rejection rule; no lossless check).
 // Teacher-forced metrics: on --data-split's held-out samples (RUN_DIR/data_split.json), or on all samples
 // of --shards, or (neither given) on the target's greedy continuations of the prompts.
+#include <cmath>
 #include <filesystem>
 #include <sstream>
 
@@ -58,6 +61,9 @@ void check_eval_inputs(const EvalOptions& o, const CheckpointEvalOptions& run) {
   EVAL_REQUIRE(o.num_eval_samples >= 0, "--num-eval-samples " << o.num_eval_samples << " is negative (0: all)");
   EVAL_REQUIRE(o.ttt_steps >= 1, "--ttt-steps must be >= 1, got " << o.ttt_steps);
   EVAL_REQUIRE(o.tp >= 1, "--tp must be >= 1, got " << o.tp);
+  EVAL_REQUIRE(std::isfinite(o.temperature) && o.temperature >= 0,
+               "--temperature must be a finite number >= 0, got " << o.temperature);
+  EVAL_REQUIRE(o.top_p > 0 && o.top_p <= 1, "--top-p must be in (0, 1], got " << o.top_p);
   EVAL_REQUIRE(o.device == "auto" || o.device == "cpu" || o.device == "cuda",
                "--device '" << o.device << "' is not auto, cpu or cuda");
   EVAL_REQUIRE(o.dtype == "auto" || o.dtype == "f32" || o.dtype == "bf16",
@@ -179,6 +185,12 @@ int eval(const std::vector<std::string>& args) {
       "num-draft-tokens", po::value<int>(&o.num_draft_tokens)->default_value(7), "draft chain length n per cycle")(
       "untrained", po::bool_switch(&o.untrained), "also evaluate the untrained draft (init weights, --seed)")(
       "seed", po::value<uint64_t>(&o.seed)->default_value(0), "init seed of the untrained draft (train's --seed)")(
+      "temperature", po::value<double>(&o.temperature)->default_value(0.0),
+      "0: greedy chains, checked against greedy decoding (lossless); > 0: speculative sampling with the "
+      "standard rejection rule (output distributed as the target's sampling at this temperature)")(
+      "top-p", po::value<double>(&o.top_p)->default_value(1.0), "nucleus mass of the sampling (with --temperature)")(
+      "sample-seed", po::value<uint64_t>(&o.sample_seed)->default_value(0),
+      "seed of the sampling draws (prompt i: a hash of this seed and i)")(
       "shards", po::value<std::string>(&o.shards_dir)->default_value(""),
       "extraction shards for the teacher-forced metrics")(
       "data-split", po::value<std::string>(&o.data_split_path)->default_value(""),

@@ -15,6 +15,7 @@
 
 #include "core/tensor.h"
 #include "model/target_config.h"
+#include "model/sampling.h"
 
 namespace aerie {
 
@@ -182,6 +183,13 @@ class DraftDecoder {
   /// n >= 1 greedy guesses (target ids, via d2t) for positions length()+1 .. length()+n, i.e. the tokens
   /// after next_tokens.back(). Needs length() >= 1. logits (optional): the n draft logit rows [K].
   std::vector<int32_t> propose(int n, std::vector<std::vector<float>>* logits = nullptr);
+  /// n >= 1 sampled guesses for the same positions: guess i is drawn (one rng.uniform() each, in draft-id
+  /// order against the cumulative sums) from q_i = sampling_distribution(draft logits row i, p) over the K
+  /// draft ids, and the chain continues from the drawn token. Temperature 0: propose's greedy chain, no
+  /// draw. q (optional): the n distributions [K] (double; q_i of the returned guess i is > 0). Throws
+  /// aerie::Error on invalid params (check_sampling_params) or as propose.
+  std::vector<int32_t> propose_sampled(int n, const SamplingParams& p, SampleRng& rng,
+                                       std::vector<std::vector<double>>* q = nullptr);
 
  private:
   struct Impl;

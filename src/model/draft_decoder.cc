@@ -2,6 +2,7 @@
 // the same layer and TTT attention code as training (draft_layer.h), so that the chain it proposes is
 // the TTT argmax chain whenever the teacher-forced tokens equal its own guesses.
 #include <cstring>
+#include <functional>
 
 #include "kernels/convert.h"
 #include "kernels/gemm.h"
@@ -9,6 +10,7 @@
 #include "kernels/norm.h"
 #include "model/draft.h"
 #include "model/draft_layer.h"
+#include "model/sampling.h"
 
 namespace aerie {
 
@@ -25,11 +27,16 @@ struct DraftDecoder::Impl {
   Impl(const DraftConfig& c, const DraftWeights& w, const Tensor& e, std::vector<int64_t> d, int64_t m)
       : ctx(c, w, e), d2t(std::move(d)), max_len(m) {}
 
-  int32_t to_target(const Tensor& logits_row, std::vector<std::vector<float>>* out) const {
-    const int64_t i = argmax_rows(logits_row)[0];
+  /// Picks a draft id from one logits row [1, K] (greedy: its argmax).
+  using Pick = std::function<int64_t(const Tensor& logits_row)>;
+
+  int32_t to_target(const Tensor& logits_row, std::vector<std::vector<float>>* out, const Pick& pick) const {
+    const int64_t i = pick ? pick(logits_row) : argmax_rows(logits_row)[0];
     if (out) out->push_back(logits_row.to_float_vector());
     return static_cast<int32_t>(i + d2t[i]);
   }
+
+  std::vector<int32_t> chain(int n, std::vector<std::vector<float>>* logits, const Pick& pick);
 };
 
 DraftDecoder::DraftDecoder(const DraftConfig& cfg, const DraftWeights& w, const Tensor& embed_tokens,
@@ -89,7 +96,40 @@ void DraftDecoder::append_verified(const Tensor& aux_hidden, const std::vector<i
 }
 
 std::vector<int32_t> DraftDecoder::propose(int n, std::vector<std::vector<float>>* logits) {
-  Impl& m = *impl_;
+  return impl_->chain(n, logits, nullptr);
+}
+
+std::vector<int32_t> DraftDecoder::propose_sampled(int n, const SamplingParams& p, SampleRng& rng,
+                                                   std::vector<std::vector<double>>* q) {
+  check_sampling_params(p);
+  if (q) q->clear();
+  return impl_->chain(n, nullptr, [&](const Tensor& row) -> int64_t {
+    const std::vector<float> l = row.to_float_vector();
+    const int64_t K = static_cast<int64_t>(l.size());
+    std::vector<double> dist = sampling_distribution(l.data(), K, p);
+    // One uniform draw against the distribution's cumulative sums in id order (what sample_token does at
+    // top_p = 1; here for any top_p, so that the drawn id always has q > 0).
+    int64_t pick = -1;
+    if (p.temperature == 0) {
+      for (int64_t i = 0; i < K && pick < 0; ++i)
+        if (dist[i] == 1.0) pick = i;
+    } else {
+      const double u = rng.uniform();
+      double cum = 0;
+      for (int64_t i = 0; i < K && pick < 0; ++i) {
+        cum += dist[i];
+        if (u < cum) pick = i;
+      }
+      for (int64_t i = K - 1; pick < 0 && i >= 0; --i)  // u within rounding of 1: the last id with mass
+        if (dist[i] > 0) pick = i;
+    }
+    if (q) q->push_back(std::move(dist));
+    return pick;
+  });
+}
+
+std::vector<int32_t> DraftDecoder::Impl::chain(int n, std::vector<std::vector<float>>* logits, const Pick& pick) {
+  Impl& m = *this;
   const DraftConfig& c = m.ctx.cfg;
   AERIE_CHECK(n >= 1, "DraftDecoder::propose: n = " << n);
   AERIE_CHECK(m.len >= 1, "DraftDecoder::propose: the cache is empty (append_verified first)");
@@ -101,7 +141,7 @@ std::vector<int32_t> DraftDecoder::propose(int n, std::vector<std::vector<float>
   Tensor l = Tensor::empty({1, c.draft_vocab_size}, DType::F32, m.ctx.device);
   rmsnorm_forward(h, m.ctx.w.norm, static_cast<float>(c.rms_norm_eps), hn, nullptr);
   matmul(hn, m.ctx.w.lm_head, l, false, true);
-  std::vector<int32_t> out{m.to_target(l, logits)};
+  std::vector<int32_t> out{m.to_target(l, logits, pick)};
   // Guess j+1 from step j at position p+j: the cache 0..p plus the chain's own keys of steps 1..j.
   std::vector<LayerActs> chain(n);
   std::vector<const Tensor*> dk, dv;
@@ -115,7 +155,7 @@ std::vector<int32_t> DraftDecoder::propose(int n, std::vector<std::vector<float>
     a.lse = Tensor::empty({1, c.num_attention_heads}, DType::F32, m.ctx.device);
     draft_detail::ttt_attention_forward(a.q, kc, vc, dk, dv, p, m.ctx.scale, a.attn, a.lse);
     draft_detail::layer_out(m.ctx, a);
-    out.push_back(m.to_target(a.logits, logits));
+    out.push_back(m.to_target(a.logits, logits, pick));
     h = a.o;
   }
   return out;

@@ -157,6 +157,8 @@ nlohmann::json checkpoint_eval_settings(const EvalOptions& o, const std::string&
                       {"num_eval_samples", o.num_eval_samples},
                       {"ttt_steps", o.ttt_steps},
                       {"dtype", dtype}};
+  if (o.temperature > 0)  // sampled acceptance lengths are another measure than greedy ones
+    s["sampling"] = {{"temperature", o.temperature}, {"top_p", o.top_p}, {"sample_seed", o.sample_seed}};
   return s;
 }
 
@@ -241,7 +243,8 @@ std::string format_checkpoint_table(const CheckpointEvalTable& table) {
     char buf[160];
     std::snprintf(buf, sizeof buf, "%10s  %17s  %7s  %-8s%s\n", label.c_str(),
                   fixed(f.value("acceptance_length", 0.0), 3).c_str(), fixed(f.value("tau_sim", 0.0), 3).c_str(),
-                  f.value("lossless", false) ? "yes" : "no", best ? "  * best" : "");
+                  !f.contains("lossless") ? "sampled" : f.value("lossless", false) ? "yes" : "no",
+                  best ? "  * best" : "");
     os << buf;
   };
   if (table.untrained.is_object()) line("untrained", table.untrained, false);
@@ -326,8 +329,9 @@ CheckpointEvalTable run_checkpoint_eval(const EvalOptions& eval, const Checkpoin
         AERIE_LOG(info) << "eval --run: step " << step << " (" << i + 1 << "/" << todo.size() << ", "
                         << fixed(secs, 0) << " s, ETA " << fixed(secs / (i + 1) * (todo.size() - i - 1), 0)
                         << " s): acceptance length " << fixed(row.figures["acceptance_length"].get<double>(), 3)
-                        << ", tau_sim " << fixed(row.figures["tau_sim"].get<double>(), 3) << ", lossless "
-                        << row.figures["lossless"];
+                        << ", tau_sim " << fixed(row.figures["tau_sim"].get<double>(), 3)
+                        << (row.figures.contains("lossless") ? ", lossless " + row.figures["lossless"].dump()
+                                                             : std::string(", sampled"));
       table.put(std::move(row));
       save();  // a killed eval keeps every checkpoint finished so far
       if (untrained_todo && i == 0) {  // the untrained draft of this draft's config and vocabulary, once

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "data/prepare_template.h"
 #include "data/vocab.h"
 #include "model/draft.h"
+#include "model/sampling.h"
 #include "model/target.h"
 #include "tokenizer/tokenizer.h"
 
@@ -57,6 +59,13 @@ struct SpecDecodeResult {
 SpecDecodeResult speculative_generate(TargetModel& target, const LoadedDraft& draft, const std::vector<int32_t>& prompt,
                                       int num_draft_tokens, int64_t max_new, const std::vector<int32_t>& stop_ids);
 
+/// A draft's distribution over target ids for one guess: probs[i] of target id ids[i] (the ids with
+/// probability > 0 may be a subset; every other id has probability 0).
+struct DraftDist {
+  std::vector<int32_t> ids;
+  std::vector<double> probs;
+};
+
 /// What speculative decoding needs from a draft (DraftDecoder for a real one; tests plug in oracles).
 class Proposer {
  public:
@@ -66,12 +75,56 @@ class Proposer {
   virtual void append_verified(const Tensor& aux_hidden, const std::vector<int32_t>& next_tokens) = 0;
   /// n guesses for the tokens after the last next_token.
   virtual std::vector<int32_t> propose(int n) = 0;
+  /// n sampled guesses and the n distributions they were drawn from (q[i] over target ids; q[i] of
+  /// guess i > 0). The default: propose's deterministic guesses, each with q = 1 on itself (a valid draft
+  /// distribution for the rejection rule).
+  virtual std::vector<int32_t> propose_sampled(int n, const SamplingParams& p, SampleRng& rng,
+                                               std::vector<DraftDist>& q);
+};
+
+/// The rule that turns one verification pass into emitted tokens at temperature > 0:
+/// p: the target's n + 1 distributions [V] (p[i] after the input's row i: row 0 the last verified token,
+/// row i guess i - 1), q: the n draft distributions, guesses [n]; returns the accepted guesses then one
+/// more token (1 to n + 1 tokens). rng: the run's draws.
+using AcceptRule = std::function<std::vector<int32_t>(const std::vector<std::vector<double>>& p,
+                                                      const std::vector<DraftDist>& q,
+                                                      const std::vector<int32_t>& guesses, SampleRng& rng)>;
+
+/// The standard speculative sampling rule (Leviathan et al. 2023, "Fast Inference from Transformers via
+/// Speculative Decoding", Algorithm 1; Chen et al. 2023, Algorithm 2), whose output has exactly the
+/// target's distribution: guess i is accepted with probability min(1, p_i(g_i) / q_i(g_i)) (one
+/// rng.uniform() each, in order); at the first rejection one token is drawn from the residual
+/// norm(max(0, p_i - q_i)) and the pass ends; when all n are accepted a bonus token is drawn from p_n
+/// (one rng.uniform() per draw, ids in order). A residual of zero mass (p_i <= q_i everywhere, within
+/// rounding) draws from p_i. Throws aerie::Error on inconsistent sizes or a guess with q = 0.
+std::vector<int32_t> accept_speculative_sampling(const std::vector<std::vector<double>>& p,
+                                                 const std::vector<DraftDist>& q, const std::vector<int32_t>& guesses,
+                                                 SampleRng& rng);
+
+/// Settings of one speculative decoding run.
+struct SpecDecodeOptions {
+  int num_draft_tokens = 7;
+  int64_t max_new = 64;
+  std::vector<int32_t> stop_ids;
+  /// Temperature 0 (the default): the greedy chain, whose output equals greedy decoding. > 0: speculative
+  /// sampling: the first token is drawn from the target's sampling_distribution, guesses from the
+  /// proposer's propose_sampled, and each pass's tokens by `accept` (default accept_speculative_sampling),
+  /// so that the output is distributed as sample_generate's with the same params.
+  SamplingParams sampling;
+  uint64_t seed = 0;  // the run's SampleRng (tp rank 0 draws; the others take its tokens)
+  AcceptRule accept;  // empty: accept_speculative_sampling (tests pass wrong rules to see them caught)
 };
 
 /// The same loop with any proposer; aux_layers: the target layers whose inputs the proposer reads.
 SpecDecodeResult speculative_generate(TargetModel& target, Proposer& proposer, const std::vector<int>& aux_layers,
                                       const std::vector<int32_t>& prompt, int num_draft_tokens, int64_t max_new,
                                       const std::vector<int32_t>& stop_ids);
+
+/// The loop with the options above (greedy or sampled); the other overloads are its greedy cases.
+SpecDecodeResult speculative_generate(TargetModel& target, Proposer& proposer, const std::vector<int>& aux_layers,
+                                      const std::vector<int32_t>& prompt, const SpecDecodeOptions& opts);
+SpecDecodeResult speculative_generate(TargetModel& target, const LoadedDraft& draft, const std::vector<int32_t>& prompt,
+                                      const SpecDecodeOptions& opts);
 
 /// Sums of the teacher-forced TTT metrics (ttt_forward_backward without gradients).
 struct TeacherForced {
@@ -89,6 +142,11 @@ struct EvalOptions {
   int num_draft_tokens = 7;
   bool untrained = false;
   uint64_t seed = 0;                    // init_draft_weights seed of the untrained draft (train's --seed)
+  // Speculative sampling (temperature > 0; 0: the greedy chain with its lossless check): the target's and
+  // the draft's distributions at this temperature and nucleus mass; prompt i's draws from
+  // sequence_seed(sample_seed, i).
+  double temperature = 0.0, top_p = 1.0;
+  uint64_t sample_seed = 0;
   std::string shards_dir, data_split_path;  // teacher-forced eval; empty shards: on the generated texts
   std::string chat_template = "plain";  // data/prepare_template.h: how a prompt (one user turn) becomes ids
   std::string device = "auto";  // auto (cuda when every rank of the node has a GPU), cpu or cuda
@@ -133,8 +191,9 @@ class EvalSession {
   /// Speculative decoding of every prompt with `draft`, checked against the greedy answers, and the
   /// teacher-forced metrics: the eval.json keys num_prompts, acceptance_length (new tokens per verification
   /// pass), acceptance_rate_per_position and conditional_acceptance_rate_per_position ([n]), lossless,
-  /// lossless_failures, verify_passes, tokens_generated, spec_seconds, speedup, acc_k ([ttt_steps]),
-  /// tau_sim, teacher_forced_samples. `name` labels the draft in warnings ("" for none). Throws
+  /// lossless_failures (at temperature > 0 instead: sampling {temperature, top_p, sample_seed}),
+  /// verify_passes, tokens_generated, spec_seconds, speedup, acc_k ([ttt_steps]), tau_sim,
+  /// teacher_forced_samples. `name` labels the draft in warnings ("" for none). Throws
   /// aerie::Error when a shard of the teacher-forced samples was not extracted with the draft's aux layers.
   nlohmann::json evaluate(const LoadedDraft& draft, const std::string& name = "");
   /// The eval.json keys that do not depend on the draft: model, prompts, chat_template, device, dtype,
@@ -160,7 +219,11 @@ class EvalSession {
 /// lossless, num_prompts, tokens_generated, verify_passes, speedup, tau_sim, acc_k, teacher_forced_source,
 /// device, dtype, chat_template, example (prompt 0 and its greedy answer as text), and with
 /// opts.untrained the same figures of the untrained draft (acceptance_length_untrained, ...), and in the file
-/// aerie_version. An EvalSession evaluating opts.draft_path.
+/// aerie_version. An EvalSession evaluating opts.draft_path. At temperature > 0 the speculative runs
+/// sample (SpecDecodeOptions: the standard rejection rule, so their output is distributed as the target's
+/// sampling) and eval.json has "sampling" {temperature, top_p, sample_seed} instead of lossless /
+/// lossless_failures (a sampled output is not compared with greedy decoding; greedy decoding still gives
+/// speedup's baseline and the teacher-forced fallback texts).
 nlohmann::json run_eval(const EvalOptions& opts);
 
 }  // namespace aerie

@@ -18,6 +18,7 @@
 #include "tokenizer/tokenizer.h"
 #include "train/checkpoint.h"
 #include "train/data_order.h"
+#include "model/sampling.h"
 #include "train/eval.h"
 
 namespace aerie {
@@ -223,6 +224,9 @@ const EvalOptions& checked(const EvalOptions& o) {
   AERIE_CHECK(o.num_draft_tokens >= 1, "eval: --num-draft-tokens must be >= 1, got " << o.num_draft_tokens);
   AERIE_CHECK(o.max_new_tokens >= 1, "eval: --max-new-tokens must be >= 1, got " << o.max_new_tokens);
   AERIE_CHECK(o.ttt_steps >= 1, "eval: --ttt-steps must be >= 1");
+  AERIE_CHECK(std::isfinite(o.temperature) && o.temperature >= 0,
+              "eval: --temperature must be a finite number >= 0, got " << o.temperature);
+  AERIE_CHECK(o.top_p > 0 && o.top_p <= 1, "eval: --top-p must be in (0, 1], got " << o.top_p);
   AERIE_CHECK(o.device == "auto" || o.device == "cpu" || o.device == "cuda",
               "eval: --device '" << o.device << "' is not auto, cpu or cuda");
   AERIE_CHECK(o.dtype == "auto" || o.dtype == "f32" || o.dtype == "bf16",
@@ -392,12 +396,19 @@ nlohmann::json EvalSession::evaluate(const LoadedDraft& draft, const std::string
   const TargetConfig& tc = model.config();
   const int n = s.o.num_draft_tokens;
   const int dp = s.groups.map.dp, dp_rank = s.groups.map.dp_rank;
+  const bool sampled = s.o.temperature > 0;
   SpecSums sums;
   for (size_t i = 0; i < s.prompts.size(); ++i) {
     const auto t0 = Clock::now();
-    SpecDecodeResult r = speculative_generate(model, draft, s.prompts[i], n, s.o.max_new_tokens, s.stop);
+    SpecDecodeOptions so;
+    so.num_draft_tokens = n;
+    so.max_new = s.o.max_new_tokens;
+    so.stop_ids = s.stop;
+    so.sampling = SamplingParams{s.o.temperature, s.o.top_p};
+    so.seed = sequence_seed(s.o.sample_seed, s.prompt_index[i]);
+    SpecDecodeResult r = speculative_generate(model, draft, s.prompts[i], so);
     const double secs = seconds_since(t0);
-    const bool same = r.tokens == s.greedy[i];
+    const bool same = sampled || r.tokens == s.greedy[i];  // a sampled output is not greedy decoding's
     if (!same)
       AERIE_LOG(warning) << "eval: prompt " << s.prompt_index[i] << (name.empty() ? "" : " (" + name + ")")
                          << ": speculative output differs from greedy decoding";
@@ -452,6 +463,11 @@ nlohmann::json EvalSession::evaluate(const LoadedDraft& draft, const std::string
   j["acc_k"] = tf.acc_k();
   j["tau_sim"] = tf.tau_sim();
   j["teacher_forced_samples"] = tf.samples;
+  if (sampled) {  // no lossless check: a sampled output is compared with nothing
+    j.erase("lossless");
+    j.erase("lossless_failures");
+    j["sampling"] = {{"temperature", s.o.temperature}, {"top_p", s.o.top_p}, {"sample_seed", s.o.sample_seed}};
+  }
   return j;
 }
 
@@ -463,12 +479,16 @@ nlohmann::json run_eval(const EvalOptions& o) {
   j.update(session.evaluate(draft));
   if (o.untrained) {
     const nlohmann::json u = session.evaluate(session.untrained(draft, o.seed), "untrained draft");
-    for (const char* key : kUntrainedFigures) j[std::string(key) + "_untrained"] = u[key];
-    j["lossless"] = j["lossless"].get<bool>() && u["lossless"].get<bool>();
+    for (const char* key : kUntrainedFigures)
+      if (u.contains(key)) j[std::string(key) + "_untrained"] = u[key];
+    if (j.contains("lossless")) j["lossless"] = j["lossless"].get<bool>() && u["lossless"].get<bool>();
   }
   if (session.world_rank() == 0) {
     AERIE_LOG(info) << "eval: acceptance length " << j["acceptance_length"] << " over " << j["verify_passes"]
-                    << " verification passes, lossless " << j["lossless"] << ", tau_sim " << j["tau_sim"];
+                    << " verification passes, "
+                    << (j.contains("lossless") ? "lossless " + j["lossless"].dump()
+                                               : "sampled at temperature " + std::to_string(o.temperature))
+                    << ", tau_sim " << j["tau_sim"];
     if (!o.output_path.empty()) {
       j["aerie_version"] = aerie_version_string();
       write_file_atomic(o.output_path, j.dump(2) + "\n");

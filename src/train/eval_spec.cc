@@ -5,6 +5,7 @@
 
 #include "core/log.h"
 #include "kernels/loss.h"
+#include "model/sampling.h"
 #include "train/checkpoint.h"
 #include "train/eval.h"
 #include "train/export.h"
@@ -65,42 +66,156 @@ class DecoderProposer : public Proposer {
   /// The draft runs where `embed` (the target's table) lives: its weights are copied there when needed.
   DecoderProposer(const LoadedDraft& d, const Tensor& embed, int64_t capacity)
       : moved_(d.weights.device() == embed.device() ? DraftWeights() : d.weights.to_device(embed.device())),
-        dec_(d.cfg, d.weights.device() == embed.device() ? d.weights : moved_, embed, d.vocab.d2t, capacity) {}
+        dec_(d.cfg, d.weights.device() == embed.device() ? d.weights : moved_, embed, d.vocab.d2t, capacity),
+        d2t_(d.vocab.d2t) {}
   void append_verified(const Tensor& aux, const std::vector<int32_t>& next) override { dec_.append_verified(aux, next); }
   std::vector<int32_t> propose(int n) override { return dec_.propose(n); }
+  std::vector<int32_t> propose_sampled(int n, const SamplingParams& p, SampleRng& rng,
+                                       std::vector<DraftDist>& q) override {
+    std::vector<std::vector<double>> qk;  // [n][K] over draft ids
+    std::vector<int32_t> g = dec_.propose_sampled(n, p, rng, &qk);
+    q.assign(qk.size(), DraftDist{});
+    for (size_t i = 0; i < qk.size(); ++i)
+      for (size_t k = 0; k < qk[i].size(); ++k)
+        if (qk[i][k] > 0) {
+          q[i].ids.push_back(static_cast<int32_t>(static_cast<int64_t>(k) + d2t_[k]));
+          q[i].probs.push_back(qk[i][k]);
+        }
+    return g;
+  }
 
  private:
   DraftWeights moved_;  // declared before dec_, which references it
   DraftDecoder dec_;
+  std::vector<int64_t> d2t_;
 };
 
 }  // namespace
 
+std::vector<int32_t> Proposer::propose_sampled(int n, const SamplingParams&, SampleRng&, std::vector<DraftDist>& q) {
+  std::vector<int32_t> g = propose(n);
+  q.assign(g.size(), DraftDist{});
+  for (size_t i = 0; i < g.size(); ++i) q[i] = DraftDist{{g[i]}, {1.0}};
+  return g;
+}
+
+namespace {
+
+/// One draw from an unnormalised distribution `w` [V] (weights >= 0, some > 0): the first id, in id
+/// order, whose cumulative weight exceeds u * total (one rng.uniform()).
+int32_t draw(const std::vector<double>& w, SampleRng& rng) {
+  double total = 0;
+  for (double x : w) total += x;
+  const double u = rng.uniform() * total;
+  double cum = 0;
+  int32_t last = -1;
+  for (size_t i = 0; i < w.size(); ++i)
+    if (w[i] > 0) {
+      cum += w[i];
+      last = static_cast<int32_t>(i);
+      if (u < cum) return last;
+    }
+  return last;  // u within rounding of the total
+}
+
+}  // namespace
+
+std::vector<int32_t> accept_speculative_sampling(const std::vector<std::vector<double>>& p,
+                                                 const std::vector<DraftDist>& q, const std::vector<int32_t>& g,
+                                                 SampleRng& rng) {
+  const size_t n = g.size();
+  AERIE_CHECK(q.size() == n && p.size() == n + 1, "accept_speculative_sampling: " << n << " guesses, " << q.size()
+                                                                                   << " draft and " << p.size()
+                                                                                   << " target distributions");
+  const size_t V = p[0].size();
+  for (const auto& row : p) AERIE_CHECK(row.size() == V, "accept_speculative_sampling: target rows of unequal size");
+  std::vector<int32_t> out;
+  for (size_t i = 0; i < n; ++i) {
+    AERIE_CHECK(g[i] >= 0 && static_cast<size_t>(g[i]) < V, "accept_speculative_sampling: guess " << i << " = " << g[i]
+                                                                                                 << " outside V " << V);
+    AERIE_CHECK(q[i].ids.size() == q[i].probs.size(), "accept_speculative_sampling: draft distribution " << i
+                                                                                                        << " malformed");
+    double qg = 0;
+    for (size_t k = 0; k < q[i].ids.size(); ++k)
+      if (q[i].ids[k] == g[i]) qg += q[i].probs[k];
+    AERIE_CHECK(qg > 0, "accept_speculative_sampling: guess " << i << " (id " << g[i]
+                                                              << ") has probability 0 under its draft distribution");
+    if (rng.uniform() < p[i][g[i]] / qg) {  // accepted with probability min(1, p/q)
+      out.push_back(g[i]);
+      continue;
+    }
+    std::vector<double> r = p[i];  // the residual max(0, p - q)
+    for (size_t k = 0; k < q[i].ids.size(); ++k) {
+      const int32_t id = q[i].ids[k];
+      AERIE_CHECK(id >= 0 && static_cast<size_t>(id) < V, "accept_speculative_sampling: draft id " << id
+                                                                                                  << " outside V " << V);
+      r[id] = std::max(0.0, r[id] - q[i].probs[k]);
+    }
+    double mass = 0;
+    for (double x : r) mass += x;
+    out.push_back(draw(mass > 0 ? r : p[i], rng));
+    return out;
+  }
+  out.push_back(draw(p[n], rng));  // every guess accepted: the bonus token
+  return out;
+}
+
 SpecDecodeResult speculative_generate(TargetModel& target, const LoadedDraft& draft, const std::vector<int32_t>& prompt,
                                       int n, int64_t max_new, const std::vector<int32_t>& stop_ids) {
+  SpecDecodeOptions o;
+  o.num_draft_tokens = n;
+  o.max_new = max_new;
+  o.stop_ids = stop_ids;
+  return speculative_generate(target, draft, prompt, o);
+}
+
+SpecDecodeResult speculative_generate(TargetModel& target, const LoadedDraft& draft, const std::vector<int32_t>& prompt,
+                                      const SpecDecodeOptions& o) {
   const TargetConfig& tc = target.config();
   const DraftConfig& dc = draft.cfg;
   AERIE_CHECK(dc.target_hidden_size == tc.hidden_size && dc.vocab_size == tc.vocab_size,
               "speculative_generate: draft for H_t " << dc.target_hidden_size << ", V " << dc.vocab_size
                                                      << "; target has H " << tc.hidden_size << ", V " << tc.vocab_size);
   std::vector<int> aux = dc.aux_layers.empty() ? default_aux_layers(tc.num_hidden_layers) : dc.aux_layers;
-  DecoderProposer prop(draft, target.embed_tokens(), static_cast<int64_t>(prompt.size()) + std::max<int64_t>(max_new, 0) + n + 1);
-  return speculative_generate(target, prop, aux, prompt, n, max_new, stop_ids);
+  DecoderProposer prop(draft, target.embed_tokens(),
+                       static_cast<int64_t>(prompt.size()) + std::max<int64_t>(o.max_new, 0) + o.num_draft_tokens + 1);
+  return speculative_generate(target, prop, aux, prompt, o);
 }
 
 SpecDecodeResult speculative_generate(TargetModel& target, Proposer& prop, const std::vector<int>& aux,
                                       const std::vector<int32_t>& prompt, int n, int64_t max_new,
                                       const std::vector<int32_t>& stop_ids) {
+  SpecDecodeOptions o;
+  o.num_draft_tokens = n;
+  o.max_new = max_new;
+  o.stop_ids = stop_ids;
+  return speculative_generate(target, prop, aux, prompt, o);
+}
+
+SpecDecodeResult speculative_generate(TargetModel& target, Proposer& prop, const std::vector<int>& aux,
+                                      const std::vector<int32_t>& prompt, const SpecDecodeOptions& o) {
   const TargetConfig& tc = target.config();
+  const int n = o.num_draft_tokens;
+  const int64_t max_new = o.max_new;
   AERIE_CHECK(!prompt.empty(), "speculative_generate: empty prompt");
   AERIE_CHECK(n >= 1, "speculative_generate: num_draft_tokens " << n << " must be >= 1");
+  check_sampling_params(o.sampling);
   const int64_t P = static_cast<int64_t>(prompt.size()), capacity = P + max_new + n + 1;
   AERIE_CHECK(tc.max_position_embeddings <= 0 || capacity <= tc.max_position_embeddings,
               "speculative_generate: prompt " << P << " + max_new " << max_new << " + " << n + 1
                                               << " verification positions exceed max_position_embeddings "
                                               << tc.max_position_embeddings);
   Communicator& tp = target.tp();
-  auto is_stop = [&](int32_t t) { return std::find(stop_ids.begin(), stop_ids.end(), t) != stop_ids.end(); };
+  const bool sampled = o.sampling.temperature > 0, root = tp.rank() == 0;
+  SampleRng rng(o.seed);
+  const AcceptRule accept = o.accept ? o.accept : AcceptRule(accept_speculative_sampling);
+  auto is_stop = [&](int32_t t) { return std::find(o.stop_ids.begin(), o.stop_ids.end(), t) != o.stop_ids.end(); };
+  // Rows r0 .. r1-1 of a logits tensor [*, V] as host F32.
+  auto host_logits = [](const Tensor& logits, int64_t r0, int64_t r1) {
+    Tensor l = logits.slice(r0, r1);
+    if (l.device() != Device::CPU) l = l.to_device(Device::CPU);
+    return l.to_float_vector();
+  };
 
   SpecDecodeResult r;
   r.tokens = prompt;
@@ -108,8 +223,14 @@ SpecDecodeResult speculative_generate(TargetModel& target, Proposer& prop, const
   if (max_new <= 0) return r;
   KVCache cache = target.make_cache(capacity);
   TargetOutput pre = target.forward(prompt, &cache, aux, true);
-  const int32_t first =
-      broadcast_token(tp, target.device(), static_cast<int32_t>(argmax_rows(pre.logits.slice(P - 1, P))[0]));
+  int32_t first = 0;
+  if (!sampled) {
+    first = static_cast<int32_t>(argmax_rows(pre.logits.slice(P - 1, P))[0]);
+  } else if (root) {
+    const std::vector<float> l = host_logits(pre.logits, P - 1, P);
+    first = sample_token(l.data(), static_cast<int64_t>(l.size()), o.sampling, rng);
+  }
+  first = broadcast_token(tp, target.device(), first);
   r.tokens.push_back(first);
   r.generated = 1;
   if (is_stop(first) || max_new == 1) return r;
@@ -119,21 +240,48 @@ SpecDecodeResult speculative_generate(TargetModel& target, Proposer& prop, const
   while (!done) {
     // Invariant: the target cache and the draft hold positions 0 .. L-1, L = tokens.size() - 1.
     const int64_t L = static_cast<int64_t>(r.tokens.size()) - 1;
-    std::vector<int32_t> guess = broadcast_tokens(tp, target.device(), prop.propose(n));
+    std::vector<DraftDist> q;
+    std::vector<int32_t> guess = sampled ? prop.propose_sampled(n, o.sampling, rng, q) : prop.propose(n);
     AERIE_CHECK(static_cast<int>(guess.size()) == n, "speculative_generate: proposer gave " << guess.size()
                                                                                             << " tokens, asked " << n);
+    guess = broadcast_tokens(tp, target.device(), guess);
     std::vector<int32_t> in{r.tokens.back()};
     in.insert(in.end(), guess.begin(), guess.end());
     TargetOutput v = target.forward(in, &cache, aux, true);  // positions L .. L+n
-    std::vector<int64_t> am = argmax_rows(v.logits);
-    std::vector<int32_t> y = broadcast_tokens(tp, target.device(), std::vector<int32_t>(am.begin(), am.end()));
-    int a = 0;
-    while (a < n && guess[a] == y[a]) ++a;
+    // emitted: the accepted guesses g_1..g_a, then the target's token (greedy: y_a; sampled: the rule's).
+    std::vector<int32_t> emitted;
+    if (!sampled) {
+      std::vector<int64_t> am = argmax_rows(v.logits);
+      std::vector<int32_t> y = broadcast_tokens(tp, target.device(), std::vector<int32_t>(am.begin(), am.end()));
+      int a = 0;
+      while (a < n && guess[a] == y[a]) ++a;
+      emitted.assign(guess.begin(), guess.begin() + a);
+      emitted.push_back(y[a]);
+    } else {
+      std::vector<int32_t> e(n + 1, -1);  // tp rank 0 decides; -1 pads the tokens it did not emit
+      if (root) {
+        const std::vector<float> l = host_logits(v.logits, 0, n + 1);
+        const int64_t V = static_cast<int64_t>(l.size()) / (n + 1);
+        std::vector<std::vector<double>> p;
+        for (int i = 0; i <= n; ++i) p.push_back(sampling_distribution(l.data() + i * V, V, o.sampling));
+        const std::vector<int32_t> out = accept(p, q, guess, rng);
+        AERIE_CHECK(!out.empty() && static_cast<int>(out.size()) <= n + 1,
+                    "speculative_generate: the accept rule emitted " << out.size() << " tokens (1 to " << n + 1 << ")");
+        for (size_t i = 0; i + 1 < out.size(); ++i)
+          AERIE_CHECK(out[i] == guess[i], "speculative_generate: the accept rule's token " << i << " (" << out[i]
+                                                                                          << ") is not guess " << i);
+        std::copy(out.begin(), out.end(), e.begin());
+      }
+      e = broadcast_tokens(tp, target.device(), e);
+      for (int32_t t : e)
+        if (t >= 0) emitted.push_back(t);
+    }
+    const int a = static_cast<int>(emitted.size()) - 1;
     ++r.verify_passes;
-    // The new tokens g_1..g_a, y_a, cut after a stop token or at max_new. Only the guesses that are
-    // emitted count as accepted (a guess cut off at max_new is not part of the output).
+    // The new tokens g_1..g_a and the target's, cut after a stop token or at max_new. Only the guesses
+    // that are emitted count as accepted (a guess cut off at max_new is not part of the output).
     for (int i = 0; i <= a && !done; ++i) {
-      const int32_t t = i < a ? guess[i] : y[a];
+      const int32_t t = emitted[i];
       if (i < a) ++r.accepted_at[i];
       r.tokens.push_back(t);
       ++r.generated;
@@ -141,7 +289,7 @@ SpecDecodeResult speculative_generate(TargetModel& target, Proposer& prop, const
       done = is_stop(t) || r.generated >= max_new;
     }
     if (done) break;
-    cache.truncate(L + a + 1);  // x_L and the accepted guesses are verified; y_a is the next input
+    cache.truncate(L + a + 1);  // x_L and the accepted guesses are verified; the last token is the next input
     prop.append_verified(v.aux_hidden.slice(0, a + 1),
                          std::vector<int32_t>(r.tokens.begin() + L + 1, r.tokens.begin() + L + a + 2));
   }

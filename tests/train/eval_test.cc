@@ -2,13 +2,20 @@
 // an untrained one; the export format read back; the eval job's eval.json.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
+#include <algorithm>
 #include <filesystem>
+#include <numeric>
+#include <map>
+#include <iostream>
 #include <fstream>
 
 #include "comm/communicator.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 #include "data/shard.h"
+#include "model/sampling.h"
 #include "train/eval.h"
 #include "train/export.h"
 #include "eval_testing.h"
@@ -368,5 +375,366 @@ TEST_F(EvalTest, Bf16TargetKeepsGreedyOutputs) {
   EXPECT_NE(testing::error_of([&] { run_eval(o); }).find("--dtype 'f16'"), std::string::npos);
 }
 
+
+// ---- Speculative sampling (temperature > 0): the output must be distributed as the target's sampling ----
+
+/// Pearson's chi-square statistic of `counts` against the probabilities `expected` (summing to 1) over
+/// N = sum(counts) draws, cells of expected count < 5 pooled into one; df: the cells used - 1. A count in
+/// a cell of probability 0 makes the statistic infinite.
+double chi_square(const std::vector<int64_t>& counts, const std::vector<double>& expected, int* df) {
+  int64_t N = 0;
+  for (int64_t c : counts) N += c;
+  double stat = 0, pooled_e = 0, pooled_c = 0;
+  int cells = 0;
+  bool impossible = false;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    const double e = expected[i] * static_cast<double>(N);
+    if (expected[i] == 0) {
+      impossible = impossible || counts[i] > 0;
+      continue;
+    }
+    if (e < 5) {
+      pooled_e += e;
+      pooled_c += static_cast<double>(counts[i]);
+      continue;
+    }
+    stat += (counts[i] - e) * (counts[i] - e) / e;
+    ++cells;
+  }
+  if (pooled_e > 0) {
+    stat += (pooled_c - pooled_e) * (pooled_c - pooled_e) / pooled_e;
+    ++cells;
+  }
+  *df = cells - 1;
+  return impossible ? std::numeric_limits<double>::infinity() : stat;
+}
+
+/// The chi-square value that a correct sampler exceeds with probability 1e-6 (Wilson-Hilferty: z = 4.753).
+double chi_square_bound(int df) {
+  const double k = df, z = 4.753, a = 2.0 / (9.0 * k);
+  return k * std::pow(1.0 - a + z * std::sqrt(a), 3.0);
+}
+
+/// Two tokens generated over V = 6 ids by chains of 2 guesses from a made-up target (P0, P1[x1], P2[x1][x2])
+/// and draft (Q0, Q1[g0], Q2 alike) under `rule`, counted per (x1, x2) in 36 cells: the joint law must be
+/// P0(x1) P1[x1](x2). The draft gives mass where the target has none and none where it has some, so that
+/// acceptance, rejection, the residual and the bonus token all occur.
+std::vector<int64_t> toy_two_tokens(const AcceptRule& rule, int64_t N, std::vector<double>* expected) {
+  const int V = 6;
+  SampleRng table_rng(17);
+  auto dist = [&](int zero) {  // a random distribution with id `zero` (-1: none) at probability 0
+    std::vector<double> d(V);
+    double t = 0;
+    for (int i = 0; i < V; ++i) t += d[i] = i == zero ? 0.0 : 0.2 + table_rng.uniform();
+    for (double& x : d) x /= t;
+    return d;
+  };
+  // Target: P[len][context] (context = x1, or 6 x1 + x2); id 5 never follows the start.
+  std::vector<double> P0 = dist(5);
+  std::vector<std::vector<double>> P1(V), P2(V * V), Q1(V), Q2(V * V);
+  for (int a = 0; a < V; ++a) P1[a] = dist(a % 3 == 0 ? 1 : -1);
+  for (int a = 0; a < V * V; ++a) P2[a] = dist(-1);
+  std::vector<double> Q0 = dist(0);  // the draft never proposes id 0 first, but gives 5 mass
+  for (int a = 0; a < V; ++a) Q1[a] = dist(2);
+  for (int a = 0; a < V * V; ++a) Q2[a] = dist(-1);
+  auto target = [&](const std::vector<int32_t>& ctx) -> const std::vector<double>& {
+    return ctx.empty() ? P0 : ctx.size() == 1 ? P1[ctx[0]] : P2[ctx[0] * V + ctx[1]];
+  };
+  auto draft = [&](const std::vector<int32_t>& ctx) -> const std::vector<double>& {
+    return ctx.empty() ? Q0 : ctx.size() == 1 ? Q1[ctx[0]] : Q2[ctx[0] * V + ctx[1]];
+  };
+  auto as_dist = [](const std::vector<double>& q) {
+    DraftDist d;
+    for (size_t i = 0; i < q.size(); ++i)
+      if (q[i] > 0) d.ids.push_back(static_cast<int32_t>(i)), d.probs.push_back(q[i]);
+    return d;
+  };
+  expected->assign(V * V, 0.0);
+  for (int a = 0; a < V; ++a)
+    for (int b = 0; b < V; ++b) (*expected)[a * V + b] = P0[a] * P1[a][b];
+  std::vector<int64_t> counts(V * V, 0);
+  SampleRng rng(5);
+  for (int64_t run = 0; run < N; ++run) {
+    std::vector<int32_t> out;
+    while (out.size() < 2) {  // one verification pass from the tokens so far
+      std::vector<int32_t> ctx = out, guesses;
+      std::vector<DraftDist> q;
+      std::vector<std::vector<double>> p;
+      for (int i = 0; i < 2; ++i) {
+        const std::vector<int32_t> c(ctx.begin(), ctx.begin() + std::min<size_t>(ctx.size(), 2));
+        p.push_back(target(c));
+        q.push_back(as_dist(draft(c)));
+        const std::vector<double>& qd = draft(c);
+        double u = rng.uniform(), cum = 0;
+        int32_t g = V - 1;
+        for (int k = 0; k < V; ++k)
+          if ((cum += qd[k]) > u && qd[k] > 0) {
+            g = k;
+            break;
+          }
+        guesses.push_back(g);
+        ctx.push_back(g);
+      }
+      p.push_back(target(std::vector<int32_t>(ctx.begin(), ctx.begin() + 2)));
+      for (int32_t t : rule(p, q, guesses, rng)) out.push_back(t);
+    }
+    ++counts[out[0] * V + out[1]];
+  }
+  return counts;
+}
+
+TEST(SpeculativeSampling, RejectionRuleGivesTheTargetsDistribution) {
+  std::vector<double> expected;
+  int df = 0;
+  const auto counts = toy_two_tokens(accept_speculative_sampling, 200000, &expected);
+  const double stat = chi_square(counts, expected, &df);
+  EXPECT_LT(stat, chi_square_bound(df)) << "df " << df;
+  std::cout << "standard rule: chi2 " << stat << " (df " << df << ", bound " << chi_square_bound(df) << ")\n";
+  // Two wrong rules, each a mistake one could make, fail the same bound by far: drawing the correction
+  // from p instead of the residual, and accepting every guess (the output is then the draft's law).
+  const AcceptRule resample_from_p = [](const std::vector<std::vector<double>>& p, const std::vector<DraftDist>& q,
+                                        const std::vector<int32_t>& g, SampleRng& rng) {
+    std::vector<int32_t> out;
+    for (size_t i = 0; i <= g.size(); ++i) {
+      double qg = 0;
+      for (size_t k = 0; i < g.size() && k < q[i].ids.size(); ++k)
+        if (q[i].ids[k] == g[i]) qg = q[i].probs[k];
+      if (i < g.size() && rng.uniform() < p[i][g[i]] / qg) {
+        out.push_back(g[i]);
+        continue;
+      }
+      const double u = rng.uniform();  // the correction (or bonus) drawn from p itself
+      double cum = 0;
+      int32_t t = static_cast<int32_t>(p[i].size()) - 1;
+      for (size_t k = 0; k < p[i].size(); ++k)
+        if ((cum += p[i][k]) > u && p[i][k] > 0) {
+          t = static_cast<int32_t>(k);
+          break;
+        }
+      out.push_back(t);
+      break;
+    }
+    return out;
+  };
+  const AcceptRule accept_all = [](const std::vector<std::vector<double>>&, const std::vector<DraftDist>&,
+                                   const std::vector<int32_t>& g, SampleRng&) { return g; };
+  for (const auto& [name, rule] : {std::pair<const char*, AcceptRule>{"correction from p", resample_from_p},
+                                   std::pair<const char*, AcceptRule>{"accept every guess", accept_all}}) {
+    std::vector<double> e;
+    int d = 0;
+    const double wrong = chi_square(toy_two_tokens(rule, 200000, &e), e, &d);
+    EXPECT_GT(wrong, 10 * chi_square_bound(d)) << name;
+    std::cout << name << ": chi2 " << wrong << " (df " << d << ")\n";
+  }
+}
+
+TEST(SpeculativeSampling, RuleEdgesAndErrors) {
+  SampleRng rng(1);
+  // p >= q at the guess: always accepted; all accepted: the bonus comes from p_n (here one-hot on id 2).
+  const std::vector<std::vector<double>> p{{0.5, 0.5, 0.0}, {0.0, 0.0, 1.0}};
+  for (int i = 0; i < 50; ++i)
+    EXPECT_EQ(accept_speculative_sampling(p, {DraftDist{{0, 1}, {0.5, 0.5}}}, {1}, rng), (std::vector<int32_t>{1, 2}));
+  // p = 0 at the guess: always rejected, the correction from the residual max(0, p - q) = id 0 only.
+  for (int i = 0; i < 50; ++i)
+    EXPECT_EQ(accept_speculative_sampling({{1.0, 0.0, 0.0}, {0, 0, 1.0}}, {DraftDist{{1}, {1.0}}}, {1}, rng),
+              (std::vector<int32_t>{0}));
+  EXPECT_THROW(accept_speculative_sampling(p, {DraftDist{{0}, {1.0}}}, {1}, rng), Error) << "q(guess) = 0";
+  EXPECT_THROW(accept_speculative_sampling(p, {}, {1}, rng), Error) << "sizes";
+  EXPECT_THROW(accept_speculative_sampling(p, {DraftDist{{7}, {1.0}}}, {7}, rng), Error) << "guess outside V";
+}
+
+TEST_F(EvalTest, DraftProposesSampledChains) {
+  LoadedDraft d = untrained_draft(*model_, 3);
+  const auto p = prompt("Once upon a time");
+  TargetOutput out = model_->forward(p, nullptr, default_aux_layers(model_->config().num_hidden_layers), false);
+  Tensor aux = out.aux_hidden;
+  DraftDecoder dec(d.cfg, d.weights, model_->embed_tokens(), d.vocab.d2t, 64);
+  std::vector<int32_t> next(p.begin() + 1, p.end());
+  next.push_back(42);
+  dec.append_verified(aux, next);
+  SampleRng a(9);
+  std::vector<std::vector<double>> q;
+  EXPECT_EQ(dec.propose_sampled(5, SamplingParams{0.0, 1.0}, a, &q), dec.propose(5)) << "temperature 0 is greedy";
+  const auto g1 = dec.propose_sampled(5, SamplingParams{1.0, 1.0}, a, &q);  // a: no draw at temperature 0
+  ASSERT_EQ(q.size(), 5u);
+  const std::vector<int64_t> sel = d.vocab.selected();  // draft id k -> target id sel[k]
+  for (int i = 0; i < 5; ++i) {
+    const int64_t k = std::lower_bound(sel.begin(), sel.end(), g1[i]) - sel.begin();
+    ASSERT_TRUE(d.vocab.t2d[g1[i]]) << "guess " << i << " is a draft-vocabulary id";
+    EXPECT_GT(q[i][k], 0.0) << "guess " << i << " was drawn from q";
+  }
+  SampleRng c(9);
+  EXPECT_EQ(dec.propose_sampled(5, SamplingParams{1.0, 1.0}, c, nullptr), g1) << "same seed, same chain";
+  EXPECT_NE(dec.propose_sampled(5, SamplingParams{1.0, 1.0}, c, nullptr), g1) << "the next draws differ";
+}
+
+/// A proposer that knows the target: q = 0.6 p' + 0.4 uniform, p' the target's sampling distribution
+/// without its most likely id (renormalised), so that guesses other than the favourite are mostly
+/// accepted, the target's favourite only ever comes from the residual, and q has mass where p has none.
+class MixtureProposer : public Proposer {
+ public:
+  MixtureProposer(TargetModel& m, std::vector<int32_t> prompt, const SamplingParams& sp)
+      : m_(m), ids_(std::move(prompt)), sp_(sp) {}
+  void append_verified(const Tensor&, const std::vector<int32_t>& next) override {
+    // next[i] follows position len_ + i; the last one is the newest token.
+    ids_.resize(static_cast<size_t>(len_ + 1));
+    ids_.insert(ids_.end(), next.begin(), next.end());
+    len_ += static_cast<int64_t>(next.size());
+  }
+  std::vector<int32_t> propose(int) override { ADD_FAILURE() << "greedy propose at temperature > 0"; return {}; }
+  std::vector<int32_t> propose_sampled(int n, const SamplingParams&, SampleRng& rng, std::vector<DraftDist>& q) override {
+    std::vector<int32_t> ctx = ids_, g;
+    q.clear();
+    for (int i = 0; i < n; ++i) {
+      std::vector<double> d = dist(ctx);
+      const int64_t top = std::max_element(d.begin(), d.end()) - d.begin();
+      d[top] = 0;
+      double t = 0;
+      for (double x : d) t += x;
+      DraftDist dd;
+      for (size_t k = 0; k < d.size(); ++k) {
+        dd.ids.push_back(static_cast<int32_t>(k));
+        dd.probs.push_back(0.6 * d[k] / t + 0.4 / static_cast<double>(d.size()));
+      }
+      const double u = rng.uniform();
+      double cum = 0;
+      int32_t pick = static_cast<int32_t>(d.size()) - 1;
+      for (size_t k = 0; k < d.size(); ++k)
+        if ((cum += dd.probs[k]) > u) {
+          pick = static_cast<int32_t>(k);
+          break;
+        }
+      g.push_back(pick);
+      ctx.push_back(pick);
+      q.push_back(std::move(dd));
+    }
+    return g;
+  }
+  /// The target's sampling distribution after `ids`.
+  std::vector<double> dist(const std::vector<int32_t>& ids) {
+    TargetOutput o = m_.forward(ids, nullptr, {}, true);
+    const int64_t L = static_cast<int64_t>(ids.size());
+    const std::vector<float> l = o.logits.slice(L - 1, L).to_float_vector();
+    return sampling_distribution(l.data(), static_cast<int64_t>(l.size()), sp_);
+  }
+
+ private:
+  TargetModel& m_;
+  std::vector<int32_t> ids_;  // the verified tokens: the prompt, then what followed
+  SamplingParams sp_;
+  int64_t len_ = 0;           // positions whose next token was appended, less the prompt's first
+};
+
+// The demo target at temperature 1.3 with a proposer that knows it (MixtureProposer: most guesses
+// accepted where the target is not sure, corrections from the residual): over 2000 seeds the second new token (the first speculation
+// decides) has the target's law, the marginal sum over x1 of p(x1) p(x2 | x1), and the third, after the most
+// frequent (x1, x2), has p(x3 | x1, x2). Accepting every guess instead fails the same bound; the real
+// draft decoder's sampled chains (K = 512 and 200) pass it too.
+TEST_F(EvalTest, SampledSpeculationHasTheTargetsDistribution) {
+  const auto p = prompt("Once upon a time");
+  const int64_t V = model_->config().vocab_size, P = static_cast<int64_t>(p.size());
+  const SamplingParams sp{1.3, 1.0};
+  MixtureProposer target_law(*model_, p, sp);
+  const std::vector<double> p1 = target_law.dist(p);
+  std::vector<double> marginal(V, 0.0);
+  for (int64_t x1 = 0; x1 < V; ++x1) {
+    if (p1[x1] < 1e-9) continue;
+    std::vector<int32_t> ids = p;
+    ids.push_back(static_cast<int32_t>(x1));
+    const std::vector<double> p2 = target_law.dist(ids);
+    for (int64_t x = 0; x < V; ++x) marginal[x] += p1[x1] * p2[x];
+  }
+  double total = 0;
+  for (double x : marginal) total += x;
+  for (double& x : marginal) x /= total;  // the skipped x1 (< 1e-9 each)
+  const int64_t N = 2000;
+  const std::vector<int> aux = default_aux_layers(model_->config().num_hidden_layers);
+  // Runs of 3 new tokens (prefill + guesses of chains of 3); `draft` null: the MixtureProposer.
+  auto run = [&](const LoadedDraft* draft, const AcceptRule& rule, int64_t* accepted) {
+    std::vector<std::vector<int32_t>> outs;
+    *accepted = 0;
+    for (int64_t seed = 0; seed < N; ++seed) {
+      SpecDecodeOptions o;
+      o.num_draft_tokens = 3;
+      o.max_new = 3;
+      o.sampling = sp;
+      o.seed = seed;
+      o.accept = rule;
+      MixtureProposer mix(*model_, p, sp);
+      const SpecDecodeResult r =
+          draft ? speculative_generate(*model_, *draft, p, o) : speculative_generate(*model_, mix, aux, p, o);
+      EXPECT_EQ(r.tokens.size(), static_cast<size_t>(P + 3));
+      outs.emplace_back(r.tokens.begin() + P, r.tokens.end());
+      *accepted += r.accepted_at[0];
+    }
+    return outs;
+  };
+  auto second_token = [&](const std::vector<std::vector<int32_t>>& outs) {
+    std::vector<int64_t> c(V, 0);
+    for (const auto& o : outs) ++c[o[1]];
+    return c;
+  };
+  const AcceptRule accept_all = [](const std::vector<std::vector<double>>&, const std::vector<DraftDist>&,
+                                   const std::vector<int32_t>& g, SampleRng&) { return g; };
+  int64_t accepted = 0;
+  int df = 0;
+  const auto outs = run(nullptr, nullptr, &accepted);
+  const double stat = chi_square(second_token(outs), marginal, &df);
+  EXPECT_LT(stat, chi_square_bound(df)) << "second token, df " << df;
+  EXPECT_GT(accepted, N / 10) << "guesses are accepted (the target's favourite, about 3/4 of its mass here, only by correction)";
+  // The third token after the most frequent (x1, x2).
+  std::map<std::pair<int32_t, int32_t>, std::vector<int64_t>> third;
+  for (const auto& o : outs) {
+    auto& c = third[{o[0], o[1]}];
+    c.resize(V, 0);
+    ++c[o[2]];
+  }
+  auto top = std::max_element(third.begin(), third.end(), [](const auto& a, const auto& b) {
+    return std::accumulate(a.second.begin(), a.second.end(), int64_t{0}) <
+           std::accumulate(b.second.begin(), b.second.end(), int64_t{0});
+  });
+  std::vector<int32_t> ctx = p;
+  ctx.push_back(top->first.first);
+  ctx.push_back(top->first.second);
+  int df3 = 0;
+  const double stat3 = chi_square(top->second, target_law.dist(ctx), &df3);
+  const int64_t n3 = std::accumulate(top->second.begin(), top->second.end(), int64_t{0});
+  EXPECT_GE(n3, 200);
+  EXPECT_LT(stat3, chi_square_bound(df3)) << "third token after (" << top->first.first << ", " << top->first.second
+                                          << "), df " << df3;
+  int64_t unused = 0;
+  int dfw = 0;
+  const double wrong = chi_square(second_token(run(nullptr, accept_all, &unused)), marginal, &dfw);
+  EXPECT_GT(wrong, chi_square_bound(dfw)) << "accepting every guess";
+  std::cout << "mixture proposer: second token chi2 " << stat << " (df " << df << ", bound " << chi_square_bound(df)
+            << "), first guesses accepted " << accepted << " of " << N << "; third token after the top pair chi2 "
+            << stat3 << " (df " << df3 << ", " << n3 << " runs); every guess accepted: chi2 " << wrong << " (df "
+            << dfw << ")\n";
+  for (auto make : {full_vocab_draft, untrained_draft}) {
+    const LoadedDraft d = make(*model_, 0);
+    int dfd = 0;
+    const double sd = chi_square(second_token(run(&d, nullptr, &accepted)), marginal, &dfd);
+    EXPECT_LT(sd, chi_square_bound(dfd)) << "draft of K = " << d.cfg.draft_vocab_size << ", df " << dfd;
+    std::cout << "draft K " << d.cfg.draft_vocab_size << ": chi2 " << sd << " (df " << dfd << "), accepted "
+              << accepted << "\n";
+  }
+}
+
+TEST_F(EvalTest, SampledEvalJson) {
+  EvalOptions o = small_eval("eval_sampled", 4);
+  o.temperature = 0.8;
+  o.top_p = 0.95;
+  o.sample_seed = 3;
+  const nlohmann::json j = run_eval(o);
+  EXPECT_FALSE(j.contains("lossless"));
+  EXPECT_EQ(j["sampling"]["temperature"], 0.8);
+  EXPECT_EQ(j["sampling"]["top_p"], 0.95);
+  EXPECT_GE(j["acceptance_length"].get<double>(), 1.0);
+  EXPECT_EQ(run_eval(o)["acceptance_length"], j["acceptance_length"]) << "the same seed gives the same run";
+  o.sample_seed = 4;
+  EXPECT_GE(run_eval(o)["verify_passes"].get<int64_t>(), 1);
+  o.temperature = -1;
+  EXPECT_THROW(run_eval(o), Error);
+}
 }  // namespace
 }  // namespace aerie
