@@ -162,7 +162,9 @@ struct EvalOptions {
 /// "question", "instruction" (with Alpaca's "input"), or the first user turn of a ShareGPT/OpenAI
 /// conversation. At most `max_prompts` prompts (0: all). Throws aerie::Error naming the file when it cannot
 /// be read or holds none, and the file and line of a record that is not a JSON object.
-std::vector<std::string> read_prompts(const std::string& path, int64_t max_prompts);
+/// categories (optional): each prompt's string "category" (MT-Bench, Spec-Bench), "" where it has none.
+std::vector<std::string> read_prompts(const std::string& path, int64_t max_prompts,
+                                      std::vector<std::string>* categories = nullptr);
 
 /// The ids of an eval prompt: one user turn `text` rendered by tmpl.render_prompt, i.e. with the template's
 /// generation prompt (the assistant header, e.g. ChatML's "<|im_start|>assistant\n"), so that the target
@@ -193,7 +195,8 @@ class EvalSession {
   /// pass), acceptance_rate_per_position and conditional_acceptance_rate_per_position ([n]), lossless,
   /// lossless_failures (at temperature > 0 instead: sampling {temperature, top_p, sample_seed}),
   /// verify_passes, tokens_generated, spec_seconds, speedup, acc_k ([ttt_steps]), tau_sim,
-  /// teacher_forced_samples. `name` labels the draft in warnings ("" for none). Throws
+  /// teacher_forced_samples; when prompts carry a "category": per_category {name: the speculative figures
+  /// and speedup of its prompts} (prompts without one under "(none)"). `name` labels the draft in warnings ("" for none). Throws
   /// aerie::Error when a shard of the teacher-forced samples was not extracted with the draft's aux layers.
   nlohmann::json evaluate(const LoadedDraft& draft, const std::string& name = "");
   /// The eval.json keys that do not depend on the draft: model, prompts, chat_template, device, dtype,

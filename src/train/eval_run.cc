@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <sstream>
 
 #include "comm/nccl_communicator.h"
 #include "core/device.h"
@@ -50,9 +51,11 @@ double TeacherForced::tau_sim() const {
   return tau;
 }
 
-std::vector<std::string> read_prompts(const std::string& path, int64_t max_prompts) {
+std::vector<std::string> read_prompts(const std::string& path, int64_t max_prompts,
+                                      std::vector<std::string>* categories) {
   const PromptFile file(path, InputFormat::Auto);
   std::vector<std::string> out;
+  if (categories) categories->clear();
   std::string first_skip;  // why the first unusable record was skipped, for the error when none is left
   for (int64_t b = 0; b < file.size() && !(max_prompts > 0 && static_cast<int64_t>(out.size()) >= max_prompts);) {
     const int64_t e = std::min(file.size(), b + 256);
@@ -65,6 +68,11 @@ std::vector<std::string> read_prompts(const std::string& path, int64_t max_promp
                                      [](const ChatTurn& t) { return t.role == ChatRole::User; });
       if (r.skip == SkipReason::None && user != r.conversation.turns.end()) {
         out.push_back(user->text);
+        if (categories) {  // the record's other keys, a plain prompt's "category" among them
+          const nlohmann::json j = nlohmann::json::parse(r.json, nullptr, false);
+          const auto c = j.is_object() ? j.find("category") : j.end();
+          categories->push_back(j.is_object() && c != j.end() && c->is_string() ? c->get<std::string>() : "");
+        }
       } else if (first_skip.empty() && r.skip != SkipReason::Empty) {
         first_skip = file.where(i) + ": " + (r.skip == SkipReason::None ? "no user turn" : r.detail);
       }
@@ -176,7 +184,7 @@ struct SpecSums {
 // The figures eval.json repeats for the untrained draft, with the suffix "_untrained".
 constexpr const char* kUntrainedFigures[] = {
     "acceptance_length", "acceptance_rate_per_position", "conditional_acceptance_rate_per_position", "lossless",
-    "lossless_failures", "verify_passes", "tokens_generated", "spec_seconds", "acc_k", "tau_sim"};
+    "lossless_failures", "verify_passes", "tokens_generated", "spec_seconds", "acc_k", "tau_sim", "per_category"};
 
 void reduce_teacher_forced(TeacherForced& tf, Communicator& c, int S) {
   tf.correct.resize(S, 0);
@@ -205,6 +213,10 @@ struct EvalSession::Impl {
   // This replica's prompts (ids as decoded) and their plain greedy answers (prompt + new tokens).
   std::vector<std::vector<int32_t>> prompts, greedy;
   std::vector<size_t> prompt_index;  // their index in --prompts
+  // Every prompt's "category" (all replicas; "" for none) and the categories in sorted order (empty when
+  // no prompt has one); greedy_seconds per category (all replicas), as the speed-up's baseline.
+  std::vector<std::string> prompt_category, categories;
+  std::vector<double> category_greedy_seconds;
   int64_t too_long = 0;         // chat prompts over --max-prompt-tokens, skipped (all replicas)
   double greedy_seconds = 0;    // all replicas
   int64_t greedy_tokens = 0;
@@ -267,7 +279,21 @@ EvalSession::EvalSession(const EvalOptions& o) : impl_(std::make_unique<Impl>(ch
   // Prompts: one user turn through the chat template of training data with its generation prompt (the
   // assistant header the served model answers after; plain: BOS + text). Their greedy answers do not
   // depend on the draft: decoded once, the reference of every draft's lossless check.
-  std::vector<std::string> texts = read_prompts(o.prompts_path, o.num_prompts);
+  std::vector<std::string> texts = read_prompts(o.prompts_path, o.num_prompts, &s.prompt_category);
+  for (const std::string& c : s.prompt_category)
+    if (!c.empty() && std::find(s.categories.begin(), s.categories.end(), c) == s.categories.end())
+      s.categories.push_back(c);
+  std::sort(s.categories.begin(), s.categories.end());
+  if (!s.categories.empty())
+    for (std::string& c : s.prompt_category)
+      if (c.empty()) c = "(none)";  // prompts without a category, beside those with one
+  if (!s.categories.empty() && std::count(s.prompt_category.begin(), s.prompt_category.end(), "(none)") > 0)
+    s.categories.push_back("(none)");
+  s.category_greedy_seconds.assign(s.categories.size(), 0.0);
+  auto category_of = [&](size_t prompt) {
+    return static_cast<size_t>(std::find(s.categories.begin(), s.categories.end(), s.prompt_category[prompt]) -
+                               s.categories.begin());
+  };
   auto tmpl = make_chat_template(o.chat_template, tok);
   const bool plain = o.chat_template == "plain";
   s.stop = default_stop_ids(model.config(), tok, *tmpl);
@@ -286,6 +312,7 @@ EvalSession::EvalSession(const EvalOptions& o) : impl_(std::make_unique<Impl>(ch
     auto t0 = Clock::now();
     std::vector<int32_t> greedy = greedy_generate(model, prompt, o.max_new_tokens, s.stop);
     s.greedy_seconds += seconds_since(t0);
+    if (!s.categories.empty()) s.category_greedy_seconds[category_of(i)] += seconds_since(t0);
     s.greedy_tokens += static_cast<int64_t>(greedy.size() - prompt.size());
     if (s.example.is_null()) {
       s.example["prompt"] = eval_prompt_text(*tmpl, texts[i], prompt, tok);
@@ -304,6 +331,12 @@ EvalSession::EvalSession(const EvalOptions& o) : impl_(std::make_unique<Impl>(ch
     Tensor g = Tensor::from_vector(std::vector<float>{static_cast<float>(s.greedy_seconds)}, {1});
     groups.dp->all_reduce_sum(g);
     s.greedy_seconds = g.data<float>()[0];
+    if (!s.categories.empty()) {
+      std::vector<float> c(s.category_greedy_seconds.begin(), s.category_greedy_seconds.end());
+      Tensor ct = Tensor::from_vector(c, {static_cast<int64_t>(c.size())});
+      groups.dp->all_reduce_sum(ct);
+      for (size_t k = 0; k < c.size(); ++k) s.category_greedy_seconds[k] = ct.data<float>()[k];
+    }
   }
 
   // The teacher-forced samples: --data-split's held-out ones, all of --shards, or (neither) the greedy answers.
@@ -398,6 +431,7 @@ nlohmann::json EvalSession::evaluate(const LoadedDraft& draft, const std::string
   const int dp = s.groups.map.dp, dp_rank = s.groups.map.dp_rank;
   const bool sampled = s.o.temperature > 0;
   SpecSums sums;
+  std::vector<SpecSums> by_category(s.categories.size());  // the same sums per prompt category
   for (size_t i = 0; i < s.prompts.size(); ++i) {
     const auto t0 = Clock::now();
     SpecDecodeOptions so;
@@ -413,8 +447,13 @@ nlohmann::json EvalSession::evaluate(const LoadedDraft& draft, const std::string
       AERIE_LOG(warning) << "eval: prompt " << s.prompt_index[i] << (name.empty() ? "" : " (" + name + ")")
                          << ": speculative output differs from greedy decoding";
     sums.add(r, same, secs);
+    if (!s.categories.empty()) {
+      const std::string& c = s.prompt_category[s.prompt_index[i]];
+      by_category[std::find(s.categories.begin(), s.categories.end(), c) - s.categories.begin()].add(r, same, secs);
+    }
   }
   sums.all_reduce(*s.groups.dp, n);
+  for (SpecSums& c : by_category) c.all_reduce(*s.groups.dp, n);  // every rank knows every category
 
   // Teacher-forced acc_k / tau_sim (eagle3.md section 4) with ttt_forward_backward, no gradients.
   const int S = s.o.ttt_steps;
@@ -460,6 +499,21 @@ nlohmann::json EvalSession::evaluate(const LoadedDraft& draft, const std::string
   j["num_prompts"] = sums.prompts;
   sums.to_json(j, "");
   j["speedup"] = sums.spec_seconds > 0 ? s.greedy_seconds / sums.spec_seconds : 0.0;
+  if (!s.categories.empty()) {  // the prompts' "category" (MT-Bench, Spec-Bench): one entry each
+    nlohmann::json per = nlohmann::json::object();
+    for (size_t k = 0; k < s.categories.size(); ++k) {
+      nlohmann::json c;
+      c["num_prompts"] = by_category[k].prompts;
+      by_category[k].to_json(c, "");
+      c["speedup"] = by_category[k].spec_seconds > 0 ? s.category_greedy_seconds[k] / by_category[k].spec_seconds : 0.0;
+      if (sampled) {
+        c.erase("lossless");
+        c.erase("lossless_failures");
+      }
+      per[s.categories[k]] = c;
+    }
+    j["per_category"] = per;
+  }
   j["acc_k"] = tf.acc_k();
   j["tau_sim"] = tf.tau_sim();
   j["teacher_forced_samples"] = tf.samples;
@@ -489,6 +543,14 @@ nlohmann::json run_eval(const EvalOptions& o) {
                     << (j.contains("lossless") ? "lossless " + j["lossless"].dump()
                                                : "sampled at temperature " + std::to_string(o.temperature))
                     << ", tau_sim " << j["tau_sim"];
+    if (j.contains("per_category")) {
+      std::ostringstream t;
+      t << "eval: per category (prompts, acceptance length, speed-up):";
+      for (const auto& [name, c] : j["per_category"].items())
+        t << "\n  " << name << ": " << c["num_prompts"] << ", " << c["acceptance_length"].get<double>() << ", "
+          << c["speedup"].get<double>();
+      AERIE_LOG(info) << t.str();
+    }
     if (!o.output_path.empty()) {
       j["aerie_version"] = aerie_version_string();
       write_file_atomic(o.output_path, j.dump(2) + "\n");

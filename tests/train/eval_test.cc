@@ -226,6 +226,31 @@ TEST_F(EvalTest, ParallelMatchesSingleRank) {
     EXPECT_DOUBLE_EQ(j["acceptance_length"].get<double>(), static_cast<double>(tokens) / passes);
   }
   EXPECT_EQ(dp2["acc_k"], tp2["acc_k"]);
+  // Sampled runs (draws seeded by the prompt's index, made on tp rank 0) and the per-category figures
+  // reduce over the replicas like the rest: dp 2 and tp 2 give the same runs.
+  const std::string cats = dir + "/prompts.jsonl";
+  if (world_->rank() == 0) {
+    std::ofstream f(cats);
+    for (const char* line : {R"({"category": "x", "prompt": "Once upon a time"})", R"({"category": "y", "prompt": "The dog"})",
+                             R"({"category": "x", "prompt": "Tom had a red ball."})", R"({"prompt": "Lily saw a cat."})"})
+      f << line << "\n";
+  }
+  world_->barrier();
+  o.prompts_path = cats;
+  o.temperature = 0.9;
+  o.sample_seed = 2;
+  o.tp = 1;
+  const nlohmann::json s_dp = run_eval(o);
+  o.tp = 2;
+  const nlohmann::json s_tp = run_eval(o);
+  EXPECT_EQ(s_dp["verify_passes"], s_tp["verify_passes"]);
+  EXPECT_EQ(s_dp["acceptance_length"], s_tp["acceptance_length"]);
+  ASSERT_EQ(s_dp["per_category"].size(), 3u);
+  for (const char* c : {"x", "y", "(none)"}) {
+    EXPECT_EQ(s_dp["per_category"][c]["verify_passes"], s_tp["per_category"][c]["verify_passes"]) << c;
+    EXPECT_EQ(s_dp["per_category"][c]["acceptance_length"], s_tp["per_category"][c]["acceptance_length"]) << c;
+  }
+  EXPECT_EQ(s_dp["per_category"]["x"]["num_prompts"], 2);
 }
 
 // Teacher-forced metrics on extraction shards (the format `aerie extract` writes), and the aux-layer
@@ -735,6 +760,40 @@ TEST_F(EvalTest, SampledEvalJson) {
   EXPECT_GE(run_eval(o)["verify_passes"].get<int64_t>(), 1);
   o.temperature = -1;
   EXPECT_THROW(run_eval(o), Error);
+}
+
+// Prompts with a "category" (as MT-Bench's and Spec-Bench's): eval.json's per_category splits the figures
+// by it, prompts without one under "(none)", and the parts add up to the whole.
+TEST_F(EvalTest, PerCategoryFigures) {
+  EvalOptions o = small_eval("eval_per_category", 6);
+  o.prompts_path = (std::filesystem::path(o.draft_path).parent_path() / "prompts.jsonl").string();
+  {
+    std::ofstream f(o.prompts_path);
+    f << R"({"category": "b", "prompt": "Once upon a time"})" << "\n"
+      << R"({"category": "a", "turns": ["The cat sat"]})" << "\n"
+      << R"({"prompt": "Lily and Tom went to the park."})" << "\n"
+      << R"({"category": "b", "prompt": "One day a little bird"})" << "\n";
+  }
+  std::vector<std::string> cats;
+  EXPECT_EQ(read_prompts(o.prompts_path, 0, &cats).size(), 4u);
+  EXPECT_EQ(cats, (std::vector<std::string>{"b", "a", "", "b"}));
+  const nlohmann::json j = run_eval(o);
+  ASSERT_TRUE(j.contains("per_category"));
+  const nlohmann::json& per = j["per_category"];
+  EXPECT_EQ(per.size(), 3u);
+  EXPECT_EQ(per["a"]["num_prompts"], 1);
+  EXPECT_EQ(per["b"]["num_prompts"], 2);
+  EXPECT_EQ(per["(none)"]["num_prompts"], 1);
+  int64_t passes = 0, tokens = 0;
+  for (const auto& [name, c] : per.items()) {
+    passes += c["verify_passes"].get<int64_t>();
+    tokens += c["tokens_generated"].get<int64_t>();
+    EXPECT_TRUE(c["lossless"].get<bool>()) << name;
+  }
+  EXPECT_EQ(passes, j["verify_passes"].get<int64_t>());
+  EXPECT_EQ(tokens, j["tokens_generated"].get<int64_t>());
+  o.prompts_path = testing::data_dir() + "/tinystories/tinystories_val.txt";
+  EXPECT_FALSE(run_eval(o).contains("per_category")) << "no categories, no table";
 }
 }  // namespace
 }  // namespace aerie
