@@ -23,6 +23,8 @@
 //       --shards runs/demo/shards --data-split runs/demo/train/data_split.json
 // --temperature T > 0 (and --top-p): speculative sampling, the acceptance length as the serving engines
 // report it at that temperature (Leviathan et al. 2023's rejection rule; no lossless check).
+// --tree-topk K --tree-depth D: draft trees of --num-draft-tokens nodes (EAGLE-2; SGLang's eagle_topk /
+// num_steps / num_draft_tokens - 1), verified greedily in one target forward (still lossless).
 // Teacher-forced metrics: on --data-split's held-out samples (RUN_DIR/data_split.json), or on all samples
 // of --shards, or (neither given) on the target's greedy continuations of the prompts.
 #include <cmath>
@@ -64,6 +66,10 @@ void check_eval_inputs(const EvalOptions& o, const CheckpointEvalOptions& run) {
   EVAL_REQUIRE(std::isfinite(o.temperature) && o.temperature >= 0,
                "--temperature must be a finite number >= 0, got " << o.temperature);
   EVAL_REQUIRE(o.top_p > 0 && o.top_p <= 1, "--top-p must be in (0, 1], got " << o.top_p);
+  EVAL_REQUIRE(o.tree_topk >= 1, "--tree-topk must be >= 1, got " << o.tree_topk);
+  EVAL_REQUIRE(o.tree_depth >= 0, "--tree-depth must be >= 0 (0: --num-draft-tokens), got " << o.tree_depth);
+  EVAL_REQUIRE(o.tree_topk == 1 || o.temperature == 0,
+               "--tree-topk > 1 verifies greedily; --temperature > 0 takes chains (--tree-topk 1)");
   EVAL_REQUIRE(o.device == "auto" || o.device == "cpu" || o.device == "cuda",
                "--device '" << o.device << "' is not auto, cpu or cuda");
   EVAL_REQUIRE(o.dtype == "auto" || o.dtype == "f32" || o.dtype == "bf16",
@@ -191,6 +197,12 @@ int eval(const std::vector<std::string>& args) {
       "top-p", po::value<double>(&o.top_p)->default_value(1.0), "nucleus mass of the sampling (with --temperature)")(
       "sample-seed", po::value<uint64_t>(&o.sample_seed)->default_value(0),
       "seed of the sampling draws (prompt i: a hash of this seed and i)")(
+      "tree-topk", po::value<int>(&o.tree_topk)->default_value(1),
+      "1: chains of --num-draft-tokens; K > 1: draft trees of --num-draft-tokens nodes, each node's top K "
+      "children expanded from the K best nodes of each depth (EAGLE-2; SGLang's eagle_topk), verified in one "
+      "target forward with a tree mask (greedy; GQA targets)")(
+      "tree-depth", po::value<int>(&o.tree_depth)->default_value(0),
+      "depth of the draft trees (SGLang's num_steps; 0: --num-draft-tokens)")(
       "shards", po::value<std::string>(&o.shards_dir)->default_value(""),
       "extraction shards for the teacher-forced metrics")(
       "data-split", po::value<std::string>(&o.data_split_path)->default_value(""),

@@ -26,6 +26,9 @@ struct ForwardBatch {
   Tensor positions;                // [n] I32 on the model's device
   Tensor cu_seqlens;               // [B + 1] I32: defined when every sequence starts at 0 and B > 1
   bool direct_cache = false;       // B == 1 with a cache: k/v may be written into its slots directly
+  // A token tree (TargetModel::forward_tree; B == 1 with a cache): row i's parent row (-1 for row 0) and
+  // depth (its position is p0 + depth); empty for a sequence.
+  std::vector<int32_t> tree_parent, tree_depth;
 };
 
 /// What every block of one forward shares: device, compute dtype, tp group, op profile, the batch, and

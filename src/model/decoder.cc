@@ -33,6 +33,12 @@ TargetOutput TargetModel::forward(const std::vector<int32_t>& ids, KVCache* cach
   return run({ids}, {cache}, aux_layers, want_logits ? Logits::All : Logits::None, "TargetModel::forward");
 }
 
+TargetOutput TargetModel::forward_tree(const std::vector<int32_t>& ids, const std::vector<int32_t>& parent,
+                                       KVCache* cache, const std::vector<int>& aux_layers, bool want_logits) {
+  return run({ids}, {cache}, aux_layers, want_logits ? Logits::All : Logits::None, "TargetModel::forward_tree",
+             &parent);
+}
+
 TargetOutput TargetModel::forward_batch(const std::vector<std::vector<int32_t>>& ids,
                                         const std::vector<KVCache*>& caches, const std::vector<int>& aux_layers,
                                         Logits logits) {
@@ -40,7 +46,8 @@ TargetOutput TargetModel::forward_batch(const std::vector<std::vector<int32_t>>&
 }
 
 TargetOutput TargetModel::run(const std::vector<std::vector<int32_t>>& ids, const std::vector<KVCache*>& caches,
-                              const std::vector<int>& aux_layers, Logits logits, const char* who) {
+                              const std::vector<int>& aux_layers, Logits logits, const char* who,
+                              const std::vector<int32_t>* tree_parent) {
   Impl& m = *impl_;
   OpProfile& prof = m.profile;
   const int64_t B = static_cast<int64_t>(ids.size());
@@ -82,6 +89,22 @@ TargetOutput TargetModel::run(const std::vector<std::vector<int32_t>>& ids, cons
     if (batch.p0[b] > 0) all_at_zero = false;
   }
   const int64_t n = batch.n = batch.start[B];
+  if (tree_parent) {
+    AERIE_CHECK(B == 1 && batch.cache[0] && batch.p0[0] >= 1,
+                who << ": a token tree follows a cached prefix of at least one position");
+    AERIE_CHECK(static_cast<int64_t>(tree_parent->size()) == n,
+                who << ": " << tree_parent->size() << " parents for " << n << " tree rows");
+    batch.tree_parent = *tree_parent;
+    batch.tree_depth.assign(n, 0);
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t pa = batch.tree_parent[i];
+      AERIE_CHECK(i == 0 ? pa == -1 : pa >= 0 && pa < i,
+                  who << ": row " << i << "'s parent " << pa << " (row 0 is the root, -1; others before themselves)");
+      if (i > 0) batch.tree_depth[i] = batch.tree_depth[pa] + 1;
+      AERIE_CHECK(i == 0 || batch.tree_depth[i] >= batch.tree_depth[i - 1],
+                  who << ": row " << i << " is shallower than row " << i - 1 << " (rows in breadth-first order)");
+    }
+  }
 
   const Device dev = m.device;
   const DType ct = m.dtype;  // compute dtype: GEMM inputs, KV cache, captured outputs
@@ -92,7 +115,7 @@ TargetOutput TargetModel::run(const std::vector<std::vector<int32_t>>& ids, cons
   for (int64_t b = 0; b < B; ++b) {
     all_ids.insert(all_ids.end(), ids[b].begin(), ids[b].end());
     for (int64_t i = 0; i < batch.start[b + 1] - batch.start[b]; ++i)
-      pos.push_back(static_cast<int32_t>(batch.p0[b] + i));
+      pos.push_back(static_cast<int32_t>(batch.p0[b] + (batch.tree_depth.empty() ? i : batch.tree_depth[i])));
   }
   Tensor ids_t = on_device(Tensor::from_vector(all_ids, {n}));
   batch.positions = on_device(Tensor::from_vector(pos, {n}));

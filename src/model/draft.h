@@ -163,6 +163,13 @@ TTTStats ttt_forward_backward(const DraftConfig& cfg, const DraftWeights& w, con
 /// from a step-j query at position p+j (input: guess j, hidden: the previous step's o) that attends to
 /// the cache 0..p plus the chain's own keys of steps 1..j - exactly the TTT attention of section 4 (the
 /// "diagonal"), so training sees what inference sees. The chain's keys are never added to the cache.
+/// A tree of draft tokens after the last verified token (EAGLE-2's dynamic draft tree, SGLang's
+/// num_steps / eagle_topk / num_draft_tokens): tokens[i] (target ids) is a child of node parent[i] (-1:
+/// of the last verified token, the root); nodes in breadth-first order (depths ascending, parent[i] < i).
+struct DraftTree {
+  std::vector<int32_t> tokens, parent;
+};
+
 class DraftDecoder {
  public:
   /// cfg/weights/embed_tokens [V, H] are referenced, not copied (keep them alive). d2t: [K] offsets.
@@ -190,6 +197,15 @@ class DraftDecoder {
   /// aerie::Error on invalid params (check_sampling_params) or as propose.
   std::vector<int32_t> propose_sampled(int n, const SamplingParams& p, SampleRng& rng,
                                        std::vector<std::vector<double>>* q = nullptr);
+  /// A draft tree of at most `budget` nodes (EAGLE-2, Li et al. 2024, section 4; SGLang's tree with
+  /// num_steps = depth, eagle_topk = topk, num_draft_tokens = budget + 1): the root's top-k draft tokens
+  /// form depth 1; at each further depth the top-k nodes of the previous one by score (the sum of the
+  /// draft's log-probabilities along the path) are expanded, each by one draft step (the chain's step at
+  /// its position, attending the cache and its own ancestors' keys) into its top-k children; then the
+  /// `budget` nodes of the highest score (ties: the earlier made, so every parent precedes its children)
+  /// form the tree. topk = 1 gives propose(min(budget, depth))'s chain. Throws aerie::Error unless
+  /// budget, topk, depth >= 1 and length() >= 1.
+  DraftTree propose_tree(int budget, int topk, int depth);
 
  private:
   struct Impl;

@@ -1,6 +1,8 @@
 // DraftDecoder: the draft at inference with a target-conditioned KV cache (eagle3.md section 6), using
 // the same layer and TTT attention code as training (draft_layer.h), so that the chain it proposes is
 // the TTT argmax chain whenever the teacher-forced tokens equal its own guesses.
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <functional>
 
@@ -126,6 +128,102 @@ std::vector<int32_t> DraftDecoder::propose_sampled(int n, const SamplingParams& 
     if (q) q->push_back(std::move(dist));
     return pick;
   });
+}
+
+DraftTree DraftDecoder::propose_tree(int budget, int topk, int depth) {
+  Impl& m = *impl_;
+  const DraftConfig& c = m.ctx.cfg;
+  AERIE_CHECK(budget >= 1 && topk >= 1 && depth >= 1, "DraftDecoder::propose_tree: budget " << budget << ", topk "
+                                                                                           << topk << ", depth " << depth);
+  AERIE_CHECK(m.len >= 1, "DraftDecoder::propose_tree: the cache is empty (append_verified first)");
+  const int64_t p = m.len - 1, H = c.hidden_size, K = c.draft_vocab_size;
+  struct Node {
+    int32_t parent, depth;
+    int64_t draft_id;
+    double score;
+    Tensor k, v, o;  // its step's key, value and output: set when it is expanded
+  };
+  std::vector<Node> nodes;
+  // The top-k draft ids of one logits row [1, K] and their log-probabilities (ties: the smaller id).
+  auto top = [&](const Tensor& logits) {
+    const std::vector<float> l = logits.to_float_vector();
+    const float mx = *std::max_element(l.begin(), l.end());
+    double z = 0;
+    for (float x : l) z += std::exp(static_cast<double>(x) - mx);
+    const double lz = std::log(z) + mx;
+    std::vector<int64_t> ids(static_cast<size_t>(K));
+    for (int64_t i = 0; i < K; ++i) ids[i] = i;
+    const int64_t kk = std::min<int64_t>(topk, K);
+    std::partial_sort(ids.begin(), ids.begin() + kk, ids.end(),
+                      [&](int64_t a, int64_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+    std::vector<std::pair<int64_t, double>> out;
+    for (int64_t i = 0; i < kk; ++i) out.emplace_back(ids[i], static_cast<double>(l[ids[i]]) - lz);
+    return out;
+  };
+  // Depth 1: the root's distribution, from the step-0 output of the last cached position.
+  const Tensor h0 = m.oc.slice(p, p + 1).clone();
+  {
+    Tensor hn = Tensor::empty({1, H}, DType::F32, m.ctx.device);
+    Tensor l = Tensor::empty({1, K}, DType::F32, m.ctx.device);
+    rmsnorm_forward(h0, m.ctx.w.norm, static_cast<float>(c.rms_norm_eps), hn, nullptr);
+    matmul(hn, m.ctx.w.lm_head, l, false, true);
+    for (const auto& [id, lp] : top(l)) nodes.push_back({-1, 1, id, lp, {}, {}, {}});
+  }
+  std::vector<int32_t> frontier(nodes.size());
+  for (size_t i = 0; i < frontier.size(); ++i) frontier[i] = static_cast<int32_t>(i);
+  const Tensor kc = m.kc.slice(0, m.len), vc = m.vc.slice(0, m.len);
+  auto by_score = [&](int32_t a, int32_t b) { return nodes[a].score > nodes[b].score || (nodes[a].score == nodes[b].score && a < b); };
+  for (int d = 2; d <= depth; ++d) {
+    std::vector<int32_t> made;
+    for (const int32_t f : frontier) {
+      // Expand f: the draft step of its token at position p + depth(f), from its parent's output, over
+      // the cache and the keys of its ancestors' steps and its own.
+      std::vector<int32_t> path;
+      for (int32_t x = f; x >= 0; x = nodes[x].parent) path.push_back(x);
+      std::reverse(path.begin(), path.end());
+      const int32_t tok = static_cast<int32_t>(nodes[f].draft_id + m.d2t[nodes[f].draft_id]);
+      LayerActs a;
+      draft_detail::layer_qkv(m.ctx, &tok, 1, nodes[f].parent < 0 ? h0 : nodes[nodes[f].parent].o, p + nodes[f].depth, a);
+      std::vector<const Tensor*> dk, dv;
+      for (size_t j = 0; j + 1 < path.size(); ++j) {
+        dk.push_back(&nodes[path[j]].k);
+        dv.push_back(&nodes[path[j]].v);
+      }
+      dk.push_back(&a.k);
+      dv.push_back(&a.v);
+      a.attn = Tensor::empty({1, c.num_attention_heads, c.head_dim}, DType::F32, m.ctx.device);
+      a.lse = Tensor::empty({1, c.num_attention_heads}, DType::F32, m.ctx.device);
+      draft_detail::ttt_attention_forward(a.q, kc, vc, dk, dv, p, m.ctx.scale, a.attn, a.lse);
+      draft_detail::layer_out(m.ctx, a);
+      nodes[f].k = a.k;
+      nodes[f].v = a.v;
+      nodes[f].o = a.o;
+      const double base = nodes[f].score;
+      for (const auto& [id, lp] : top(a.logits)) {
+        made.push_back(static_cast<int32_t>(nodes.size()));
+        nodes.push_back({f, d, id, base + lp, {}, {}, {}});
+      }
+    }
+    std::stable_sort(made.begin(), made.end(), by_score);
+    if (static_cast<int>(made.size()) > topk) made.resize(topk);
+    frontier = made;
+  }
+  // The budget best nodes, then breadth-first (by depth, then score order).
+  std::vector<int32_t> order(nodes.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
+  std::stable_sort(order.begin(), order.end(), by_score);
+  if (static_cast<int>(order.size()) > budget) order.resize(budget);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return nodes[a].depth < nodes[b].depth; });
+  std::vector<int32_t> where(nodes.size(), -1);
+  for (size_t i = 0; i < order.size(); ++i) where[order[i]] = static_cast<int32_t>(i);
+  DraftTree t;
+  for (const int32_t x : order) {
+    const Node& nd = nodes[x];
+    AERIE_CHECK(nd.parent < 0 || where[nd.parent] >= 0, "DraftDecoder::propose_tree: a node without its parent");
+    t.tokens.push_back(static_cast<int32_t>(nd.draft_id + m.d2t[nd.draft_id]));
+    t.parent.push_back(nd.parent < 0 ? -1 : where[nd.parent]);
+  }
+  return t;
 }
 
 std::vector<int32_t> DraftDecoder::Impl::chain(int n, std::vector<std::vector<float>>* logits, const Pick& pick) {

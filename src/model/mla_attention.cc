@@ -50,6 +50,8 @@ class MlaAttention final : public AttentionBlock {
 
   void forward(ForwardContext& ctx, int64_t layer, const Tensor& h, Tensor& out) override {
     const ForwardBatch& b = ctx.batch;
+    AERIE_CHECK(b.tree_parent.empty(), "tree verification (TargetModel::forward_tree) is not implemented for MLA "
+                                       "attention yet: use chains (--tree-topk 1) with DeepSeek-V3 / Kimi targets");
     const int64_t n = b.n, nope = s_.qk_nope, rope = s_.qk_rope, lora = s_.kv_lora_rank, lat = lora + rope;
     const DType ct = ctx.dtype;
     // Queries: [n, nh, dk], q_pe rotated in place.

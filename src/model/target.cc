@@ -32,6 +32,25 @@ void KVCache::truncate(int64_t len) {
   length_ = len;
 }
 
+void KVCache::keep_rows(int64_t from, const std::vector<int64_t>& rows) {
+  AERIE_CHECK(from >= 0 && from <= length_, "KVCache::keep_rows: from " << from << ", cache holds " << length_);
+  for (size_t j = 0; j < rows.size(); ++j)
+    AERIE_CHECK(rows[j] >= static_cast<int64_t>(j) && (j == 0 || rows[j] > rows[j - 1]) && from + rows[j] < length_,
+                "KVCache::keep_rows: row " << rows[j] << " (entry " << j << ") is not ascending or past the cache's "
+                                           << length_ - from << " rows");
+  // Ascending rows with rows[j] >= j: every source lies at or after its destination and after every
+  // destination written before it, so copying in order never reads an overwritten row.
+  for (size_t j = 0; j < rows.size(); ++j) {
+    if (rows[j] == static_cast<int64_t>(j)) continue;
+    const int64_t dst = from + static_cast<int64_t>(j), src = from + rows[j];
+    for (size_t l = 0; l < k.size(); ++l) {
+      k[l].slice(dst, dst + 1).copy_from(k[l].slice(src, src + 1));
+      if (v[l].defined()) v[l].slice(dst, dst + 1).copy_from(v[l].slice(src, src + 1));
+    }
+  }
+  length_ = from + static_cast<int64_t>(rows.size());
+}
+
 TargetModel::TargetModel(const std::string& dir, Communicator& tp) : TargetModel(dir, tp, TargetModelOptions{}) {}
 
 TargetModel::TargetModel(const std::string& dir, Communicator& tp, const TargetModelOptions& options)

@@ -34,6 +34,10 @@ class KVCache {
   int64_t capacity() const { return max_len_; }
   /// Drops positions >= len (rejected draft tokens). Throws if len > length().
   void truncate(int64_t len);
+  /// Keeps, of the positions from .. length()-1, the ones at from + rows[j] as positions from + j (a
+  /// verified tree's accepted path: rows ascending, rows[j] >= j), and drops the rest: length() becomes
+  /// from + rows.size(). Throws aerie::Error on rows that are not ascending or reach past length().
+  void keep_rows(int64_t from, const std::vector<int64_t>& rows);
 
   // Used by TargetModel.
   std::vector<Tensor> k, v;
@@ -90,6 +94,16 @@ class TargetModel {
   /// returns the full (all-reduced) tensors.
   TargetOutput forward(const std::vector<int32_t>& ids, KVCache* cache, const std::vector<int>& aux_layers,
                        bool want_logits);
+  /// Forward of a token tree after the cached prefix (tree verification of speculative decoding; SpecInfer,
+  /// Miao et al. 2024; EAGLE-2): ids[i]'s parent is row parent[i] (parent[0] = -1: row 0, the last
+  /// verified token, is the root; parent[i] < i and the rows in breadth-first order, depths ascending).
+  /// Row i sits at position cache->length() + depth(i) and attends the cached prefix and its own
+  /// ancestors and itself, so each row's outputs equal forward() of its root-to-row path. Its keys and
+  /// values go to cache slots length() + i (KVCache::keep_rows keeps an accepted path afterwards). GQA
+  /// targets (the Llama family) without a sliding window; throws aerie::Error otherwise, on a malformed
+  /// tree, or without a cache of at least one position.
+  TargetOutput forward_tree(const std::vector<int32_t>& ids, const std::vector<int32_t>& parent, KVCache* cache,
+                            const std::vector<int>& aux_layers, bool want_logits);
 
   /// Which logits rows forward_batch computes: none, the last row of each sequence ([B, V]), or all
   /// rows ([sum n_b, V]).
@@ -126,7 +140,8 @@ class TargetModel {
   /// The decoder-layer scaffold behind forward() and forward_batch() (decoder.cc); `who` names the
   /// caller in error messages.
   TargetOutput run(const std::vector<std::vector<int32_t>>& ids, const std::vector<KVCache*>& caches,
-                   const std::vector<int>& aux_layers, Logits logits, const char* who);
+                   const std::vector<int>& aux_layers, Logits logits, const char* who,
+                   const std::vector<int32_t>* tree_parent = nullptr);
   struct Impl;
   std::shared_ptr<Impl> impl_;
   TargetConfig cfg_;

@@ -157,6 +157,8 @@ nlohmann::json checkpoint_eval_settings(const EvalOptions& o, const std::string&
                       {"num_eval_samples", o.num_eval_samples},
                       {"ttt_steps", o.ttt_steps},
                       {"dtype", dtype}};
+  if (o.tree_topk > 1)  // a tree's acceptance length is another measure than a chain's
+    s["tree"] = {{"topk", o.tree_topk}, {"depth", o.tree_depth}};
   if (o.temperature > 0)  // sampled acceptance lengths are another measure than greedy ones
     s["sampling"] = {{"temperature", o.temperature}, {"top_p", o.top_p}, {"sample_seed", o.sample_seed}};
   return s;

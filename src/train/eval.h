@@ -80,6 +80,9 @@ class Proposer {
   /// distribution for the rejection rule).
   virtual std::vector<int32_t> propose_sampled(int n, const SamplingParams& p, SampleRng& rng,
                                                std::vector<DraftDist>& q);
+  /// A draft tree of at most `budget` nodes (DraftDecoder::propose_tree). The default: propose's chain of
+  /// min(budget, depth) tokens as a one-path tree.
+  virtual DraftTree propose_tree(int budget, int topk, int depth);
 };
 
 /// The rule that turns one verification pass into emitted tokens at temperature > 0:
@@ -113,6 +116,13 @@ struct SpecDecodeOptions {
   SamplingParams sampling;
   uint64_t seed = 0;  // the run's SampleRng (tp rank 0 draws; the others take its tokens)
   AcceptRule accept;  // empty: accept_speculative_sampling (tests pass wrong rules to see them caught)
+  /// tree_topk > 1: each pass verifies a draft tree (Proposer::propose_tree with budget num_draft_tokens,
+  /// this topk and depth tree_depth, 0: num_draft_tokens) in one TargetModel::forward_tree, and the
+  /// longest root-to-node path whose tokens equal the target's argmaxes is accepted, plus the target's
+  /// next token (greedy only: the output still equals greedy decoding). accepted_at[i] counts the passes
+  /// that accepted a node at depth i + 1. 1: the chain.
+  int tree_topk = 1;
+  int tree_depth = 0;
 };
 
 /// The same loop with any proposer; aux_layers: the target layers whose inputs the proposer reads.
@@ -147,6 +157,9 @@ struct EvalOptions {
   // sequence_seed(sample_seed, i).
   double temperature = 0.0, top_p = 1.0;
   uint64_t sample_seed = 0;
+  // Draft trees (SpecDecodeOptions::tree_topk / tree_depth; greedy only): tree_topk 1 is the chain of
+  // num_draft_tokens; > 1 verifies a tree of num_draft_tokens nodes, tree_depth deep (0: num_draft_tokens).
+  int tree_topk = 1, tree_depth = 0;
   std::string shards_dir, data_split_path;  // teacher-forced eval; empty shards: on the generated texts
   std::string chat_template = "plain";  // data/prepare_template.h: how a prompt (one user turn) becomes ids
   std::string device = "auto";  // auto (cuda when every rank of the node has a GPU), cpu or cuda

@@ -239,6 +239,11 @@ const EvalOptions& checked(const EvalOptions& o) {
   AERIE_CHECK(std::isfinite(o.temperature) && o.temperature >= 0,
               "eval: --temperature must be a finite number >= 0, got " << o.temperature);
   AERIE_CHECK(o.top_p > 0 && o.top_p <= 1, "eval: --top-p must be in (0, 1], got " << o.top_p);
+  AERIE_CHECK(o.tree_topk >= 1 && o.tree_depth >= 0,
+              "eval: --tree-topk must be >= 1 and --tree-depth >= 0, got " << o.tree_topk << ", " << o.tree_depth);
+  AERIE_CHECK(o.tree_topk == 1 || o.temperature == 0,
+              "eval: draft trees (--tree-topk > 1) verify greedily; sampled speculation (--temperature > 0) takes "
+              "chains");
   AERIE_CHECK(o.device == "auto" || o.device == "cpu" || o.device == "cuda",
               "eval: --device '" << o.device << "' is not auto, cpu or cuda");
   AERIE_CHECK(o.dtype == "auto" || o.dtype == "f32" || o.dtype == "bf16",
@@ -440,6 +445,8 @@ nlohmann::json EvalSession::evaluate(const LoadedDraft& draft, const std::string
     so.stop_ids = s.stop;
     so.sampling = SamplingParams{s.o.temperature, s.o.top_p};
     so.seed = sequence_seed(s.o.sample_seed, s.prompt_index[i]);
+    so.tree_topk = s.o.tree_topk;
+    so.tree_depth = s.o.tree_depth;
     SpecDecodeResult r = speculative_generate(model, draft, s.prompts[i], so);
     const double secs = seconds_since(t0);
     const bool same = sampled || r.tokens == s.greedy[i];  // a sampled output is not greedy decoding's
@@ -517,6 +524,10 @@ nlohmann::json EvalSession::evaluate(const LoadedDraft& draft, const std::string
   j["acc_k"] = tf.acc_k();
   j["tau_sim"] = tf.tau_sim();
   j["teacher_forced_samples"] = tf.samples;
+  if (s.o.tree_topk > 1)
+    j["tree"] = {{"topk", s.o.tree_topk},
+                 {"depth", s.o.tree_depth > 0 ? s.o.tree_depth : n},
+                 {"num_draft_tokens", n}};
   if (sampled) {  // no lossless check: a sampled output is compared with nothing
     j.erase("lossless");
     j.erase("lossless_failures");

@@ -70,6 +70,7 @@ class DecoderProposer : public Proposer {
         d2t_(d.vocab.d2t) {}
   void append_verified(const Tensor& aux, const std::vector<int32_t>& next) override { dec_.append_verified(aux, next); }
   std::vector<int32_t> propose(int n) override { return dec_.propose(n); }
+  DraftTree propose_tree(int budget, int topk, int depth) override { return dec_.propose_tree(budget, topk, depth); }
   std::vector<int32_t> propose_sampled(int n, const SamplingParams& p, SampleRng& rng,
                                        std::vector<DraftDist>& q) override {
     std::vector<std::vector<double>> qk;  // [n][K] over draft ids
@@ -97,6 +98,13 @@ std::vector<int32_t> Proposer::propose_sampled(int n, const SamplingParams&, Sam
   q.assign(g.size(), DraftDist{});
   for (size_t i = 0; i < g.size(); ++i) q[i] = DraftDist{{g[i]}, {1.0}};
   return g;
+}
+
+DraftTree Proposer::propose_tree(int budget, int, int depth) {
+  DraftTree t;
+  t.tokens = propose(std::min(budget, depth));
+  for (size_t i = 0; i < t.tokens.size(); ++i) t.parent.push_back(static_cast<int32_t>(i) - 1);
+  return t;
 }
 
 namespace {
@@ -207,6 +215,11 @@ SpecDecodeResult speculative_generate(TargetModel& target, Proposer& prop, const
                                               << tc.max_position_embeddings);
   Communicator& tp = target.tp();
   const bool sampled = o.sampling.temperature > 0, root = tp.rank() == 0;
+  const bool tree = o.tree_topk > 1;
+  AERIE_CHECK(o.tree_topk >= 1 && o.tree_depth >= 0, "speculative_generate: tree topk " << o.tree_topk << ", depth "
+                                                                                          << o.tree_depth);
+  AERIE_CHECK(!(tree && sampled), "speculative_generate: draft trees verify greedily (temperature 0) for now; "
+                                  "sampled speculation takes chains (tree topk 1)");
   SampleRng rng(o.seed);
   const AcceptRule accept = o.accept ? o.accept : AcceptRule(accept_speculative_sampling);
   auto is_stop = [&](int32_t t) { return std::find(o.stop_ids.begin(), o.stop_ids.end(), t) != o.stop_ids.end(); };
@@ -240,6 +253,50 @@ SpecDecodeResult speculative_generate(TargetModel& target, Proposer& prop, const
   while (!done) {
     // Invariant: the target cache and the draft hold positions 0 .. L-1, L = tokens.size() - 1.
     const int64_t L = static_cast<int64_t>(r.tokens.size()) - 1;
+    if (tree) {  // one pass of tree verification
+      DraftTree t = prop.propose_tree(n, o.tree_topk, o.tree_depth > 0 ? o.tree_depth : n);
+      AERIE_CHECK(!t.tokens.empty() && static_cast<int>(t.tokens.size()) <= n && t.parent.size() == t.tokens.size(),
+                  "speculative_generate: proposer gave a tree of " << t.tokens.size() << " nodes (budget " << n << ")");
+      std::vector<int32_t> size = broadcast_tokens(tp, target.device(), {static_cast<int32_t>(t.tokens.size())});
+      t.tokens.resize(size[0]);
+      t.parent.resize(size[0]);
+      t.tokens = broadcast_tokens(tp, target.device(), t.tokens);
+      t.parent = broadcast_tokens(tp, target.device(), t.parent);
+      std::vector<int32_t> in{r.tokens.back()}, parent{-1};  // row 0: the root, x_L
+      for (size_t i = 0; i < t.tokens.size(); ++i) {
+        in.push_back(t.tokens[i]);
+        parent.push_back(t.parent[i] + 1);
+      }
+      TargetOutput v = target.forward_tree(in, parent, &cache, aux, true);  // rows at positions L + depth
+      std::vector<int64_t> am = argmax_rows(v.logits);
+      std::vector<int32_t> y = broadcast_tokens(tp, target.device(), std::vector<int32_t>(am.begin(), am.end()));
+      // The longest path of the target's argmaxes: from the root, the child whose token is y of its parent.
+      std::vector<int64_t> rows{0};
+      for (bool more = true; more;) {
+        more = false;
+        for (size_t c = 1; c < in.size() && !more; ++c)
+          if (parent[c] == rows.back() && in[c] == y[rows.back()]) {
+            rows.push_back(static_cast<int64_t>(c));
+            more = true;
+          }
+      }
+      const int a = static_cast<int>(rows.size()) - 1;
+      ++r.verify_passes;
+      for (int i = 0; i <= a && !done; ++i) {
+        const int32_t tk = i < a ? in[rows[i + 1]] : y[rows[a]];
+        if (i < a) ++r.accepted_at[i];
+        r.tokens.push_back(tk);
+        ++r.generated;
+        ++r.verify_tokens;
+        done = is_stop(tk) || r.generated >= max_new;
+      }
+      if (done) break;
+      cache.keep_rows(L, rows);  // x_L and the accepted path, as positions L .. L + a
+      Tensor f = Tensor::empty({a + 1, v.aux_hidden.dim(1)}, v.aux_hidden.dtype(), v.aux_hidden.device());
+      for (int i = 0; i <= a; ++i) f.slice(i, i + 1).copy_from(v.aux_hidden.slice(rows[i], rows[i] + 1));
+      prop.append_verified(f, std::vector<int32_t>(r.tokens.begin() + L + 1, r.tokens.begin() + L + a + 2));
+      continue;
+    }
     std::vector<DraftDist> q;
     std::vector<int32_t> guess = sampled ? prop.propose_sampled(n, o.sampling, rng, q) : prop.propose(n);
     AERIE_CHECK(static_cast<int>(guess.size()) == n, "speculative_generate: proposer gave " << guess.size()

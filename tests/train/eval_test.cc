@@ -6,6 +6,7 @@
 #include <limits>
 #include <algorithm>
 #include <filesystem>
+#include <tuple>
 #include <numeric>
 #include <map>
 #include <iostream>
@@ -794,6 +795,130 @@ TEST_F(EvalTest, PerCategoryFigures) {
   EXPECT_EQ(tokens, j["tokens_generated"].get<int64_t>());
   o.prompts_path = testing::data_dir() + "/tinystories/tinystories_val.txt";
   EXPECT_FALSE(run_eval(o).contains("per_category")) << "no categories, no table";
+}
+
+// ---- Tree drafts (greedy): lossless like chains, and the accepted path is the target's ----
+
+TEST_F(EvalTest, DraftTreesAreWellFormed) {
+  LoadedDraft d = untrained_draft(*model_, 2);
+  const auto p = prompt("Once upon a time");
+  TargetOutput out = model_->forward(p, nullptr, default_aux_layers(model_->config().num_hidden_layers), false);
+  DraftDecoder dec(d.cfg, d.weights, model_->embed_tokens(), d.vocab.d2t, 64);
+  std::vector<int32_t> next(p.begin() + 1, p.end());
+  next.push_back(42);
+  dec.append_verified(out.aux_hidden, next);
+  const std::vector<int32_t> chain = dec.propose(5);
+  const DraftTree one = dec.propose_tree(8, 1, 5);
+  EXPECT_EQ(one.tokens, chain) << "topk 1 is the chain";
+  EXPECT_EQ(one.parent, (std::vector<int32_t>{-1, 0, 1, 2, 3}));
+  for (const auto& [budget, topk, depth] : {std::tuple{8, 3, 4}, std::tuple{16, 4, 6}, std::tuple{3, 4, 2}}) {
+    const DraftTree t = dec.propose_tree(budget, topk, depth);
+    SCOPED_TRACE("budget " + std::to_string(budget) + " topk " + std::to_string(topk));
+    ASSERT_EQ(t.tokens.size(), static_cast<size_t>(budget));
+    EXPECT_EQ(t.tokens[0], chain[0]) << "the draft's favourite leads depth 1";
+    std::vector<int> dep(t.tokens.size());
+    for (size_t i = 0; i < t.tokens.size(); ++i) {
+      ASSERT_LT(t.parent[i], static_cast<int32_t>(i));
+      dep[i] = t.parent[i] < 0 ? 1 : dep[t.parent[i]] + 1;
+      if (i > 0) EXPECT_GE(dep[i], dep[i - 1]) << "breadth-first";
+      EXPECT_LE(dep[i], depth);
+      EXPECT_TRUE(d.vocab.t2d[t.tokens[i]]) << "node " << i << " is a draft-vocabulary id";
+      int children = 0;
+      for (size_t j = 0; j < t.tokens.size(); ++j) children += t.parent[j] == static_cast<int32_t>(i);
+      EXPECT_LE(children, topk);
+    }
+  }
+  EXPECT_THROW(dec.propose_tree(0, 2, 2), Error);
+}
+
+/// Guesses from the known greedy output as a tree whose first branch is wrong: the root's children are
+/// a wrong token first, then the right one, each right node continuing with a wrong and a right child,
+/// so that the accepted path runs through second children only.
+class OracleTreeProposer : public Proposer {
+ public:
+  explicit OracleTreeProposer(std::vector<int32_t> greedy) : greedy_(std::move(greedy)) {}
+  void append_verified(const Tensor&, const std::vector<int32_t>& next) override {
+    len_ += static_cast<int64_t>(next.size());
+  }
+  std::vector<int32_t> propose(int) override { return {}; }
+  DraftTree propose_tree(int budget, int, int depth) override {
+    DraftTree t;
+    int32_t right_parent = -1;
+    for (int dd = 0; dd < depth && static_cast<int>(t.tokens.size()) + 2 <= budget; ++dd) {
+      const size_t pos = static_cast<size_t>(len_ + 1 + dd);
+      const int32_t good = pos < greedy_.size() ? greedy_[pos] : 0;
+      t.tokens.push_back((good + 1) % 512);
+      t.parent.push_back(right_parent);
+      t.tokens.push_back(good);
+      t.parent.push_back(right_parent);
+      right_parent = static_cast<int32_t>(t.tokens.size()) - 1;
+    }
+    return t;
+  }
+
+ private:
+  std::vector<int32_t> greedy_;
+  int64_t len_ = 0;
+};
+
+TEST_F(EvalTest, TreeDecodingIsLosslessAndAcceptsTheTargetsPath) {
+  const std::vector<int32_t> stop{tok_->bos_id(), tok_->eos_id()};
+  for (auto make : {untrained_draft, full_vocab_draft}) {
+    const LoadedDraft d = make(*model_, 0);
+    for (const char* text : {"Once upon a time", "Lily and Tom went to the park."}) {
+      const auto p = prompt(text);
+      const auto greedy = greedy_generate(*model_, p, 40, stop);
+      for (const auto& [n, topk, depth] : {std::tuple{6, 2, 0}, std::tuple{10, 4, 5}, std::tuple{4, 3, 2}}) {
+        SpecDecodeOptions o;
+        o.num_draft_tokens = n;
+        o.max_new = 40;
+        o.stop_ids = stop;
+        o.tree_topk = topk;
+        o.tree_depth = depth;
+        const SpecDecodeResult r = speculative_generate(*model_, d, p, o);
+        EXPECT_EQ(r.tokens, greedy) << "'" << text << "' n " << n << " topk " << topk;
+        EXPECT_EQ(r.verify_tokens, r.generated - 1);
+        for (int i = 1; i < n; ++i) EXPECT_LE(r.accepted_at[i], r.accepted_at[i - 1]);
+      }
+    }
+  }
+  // The oracle tree: every pass accepts its whole right path (depth nodes) through second children.
+  const auto p = prompt("Once upon a time");
+  const int64_t max_new = 41;
+  auto longer = greedy_generate(*model_, p, max_new + 8, std::vector<int32_t>{});
+  const std::vector<int32_t> greedy(longer.begin(), longer.end() - 8);
+  OracleTreeProposer oracle(longer);
+  SpecDecodeOptions o;
+  o.num_draft_tokens = 8;  // 4 depths of two children
+  o.max_new = max_new;
+  o.tree_topk = 2;
+  o.tree_depth = 4;
+  const SpecDecodeResult r =
+      speculative_generate(*model_, oracle, default_aux_layers(model_->config().num_hidden_layers), p, o);
+  EXPECT_EQ(r.tokens, greedy);
+  EXPECT_EQ(r.verify_passes, 8) << "40 tokens after the prefill, 5 per pass";
+  EXPECT_EQ(r.accepted_at[3], 8);
+  EXPECT_EQ(r.accepted_at[4], 0);
+  o.sampling.temperature = 1.0;
+  EXPECT_THROW(speculative_generate(*model_, oracle, default_aux_layers(model_->config().num_hidden_layers), p, o),
+               Error)
+      << "sampled trees are not implemented";
+}
+
+TEST_F(EvalTest, TreeEvalJson) {
+  EvalOptions o = small_eval("eval_tree", 7);
+  const nlohmann::json chain = run_eval(o);
+  o.tree_topk = 3;
+  o.tree_depth = 3;
+  const nlohmann::json j = run_eval(o);
+  EXPECT_TRUE(j["lossless"].get<bool>());
+  EXPECT_EQ(j["tree"]["topk"], 3);
+  EXPECT_EQ(j["tree"]["depth"], 3);
+  EXPECT_EQ(j["tree"]["num_draft_tokens"], o.num_draft_tokens);
+  EXPECT_FALSE(chain.contains("tree"));
+  EXPECT_EQ(j["tokens_generated"], chain["tokens_generated"]) << "the same greedy outputs";
+  o.temperature = 0.5;
+  EXPECT_THROW(run_eval(o), Error) << "sampled trees";
 }
 }  // namespace
 }  // namespace aerie
