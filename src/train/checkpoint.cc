@@ -145,8 +145,11 @@ std::string save_checkpoint(const std::string& run_dir, const Checkpoint& ck, co
     write_file_atomic(tmp_dir + "/draft_vocab.safetensors", read_file(vocab_file));
     nlohmann::json config = {{"draft", ck.config.to_json()}, {"train", ck.train_options}};
     if (!ck.provenance.is_null()) config["provenance"] = ck.provenance;
+    config["aerie_version"] = aerie_version_string();  // who wrote the checkpoint (not read back)
     write_file_atomic(tmp_dir + "/config.json", config.dump(2) + "\n");
-    write_file_atomic(tmp_dir + "/state.json", ck.state.to_json().dump(2) + "\n");
+    nlohmann::json state = ck.state.to_json();
+    state["aerie_version"] = aerie_version_string();
+    write_file_atomic(tmp_dir + "/state.json", state.dump(2) + "\n");
   }
   comm.barrier();
   if (comm.rank() == 0) {

@@ -4,6 +4,7 @@
 
 #include "comm/communicator.h"
 #include "core/error.h"
+#include "core/version.h"
 #include "train/checkpoint.h"
 #include "train/train_testing.h"
 
@@ -60,6 +61,9 @@ TEST(CheckpointTest, SaveLoadRoundTripIsBitwise) {
   EXPECT_EQ(back.train_options, ck.train_options);
   EXPECT_EQ(back.state.to_json(), ck.state.to_json());
   EXPECT_EQ(back.state.split.eval, (std::vector<int64_t>{18}));
+  // Who wrote it: the aerie_version string in config.json and state.json (issue 13 item 5).
+  for (const char* f : {"config.json", "state.json"})
+    EXPECT_EQ(nlohmann::json::parse(read_file(out + "/" + f)).value("aerie_version", ""), aerie_version_string()) << f;
 }
 
 TEST(CheckpointTest, LatestSkipsIncompleteAndTmpFolders) {
