@@ -2,7 +2,8 @@
 # `aerie export --format speculators` end to end on stories260K (issue 13 item 4): a short run is exported
 # in both layouts; the speculators one has the config vLLM's `vllm serve DRAFT_DIR` reads (speculators_model_type,
 # transformer_layer_config, speculators_config.verifier = the --model folder or --verifier, speculative_tokens)
-# and the default export's tensors byte for byte under the speculators names (midlayer. -> layers.0.); the
+# and the default export's tensors byte for byte under the speculators names (midlayer. -> layers.0.), and the
+# default export's checkpoint record (aerie_checkpoint, checkpoint_step / checkpoint_selected_by); the
 # options are refused where they do not apply. The names and fields are checked against the loaders' source in
 # tests/train/export_speculators_test.cc.
 # usage: export_speculators.sh AERIE MODEL_DIR STORIES_TXT WORK_DIR   (exit 77: no converted model)
@@ -61,6 +62,11 @@ check(c2["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 5
 he, be = st(work + "/eagle3/model.safetensors")
 hs, bs = st(work + "/spec/model.safetensors")
 check(he["__metadata__"] == hs["__metadata__"], "metadata")
+check(hs["__metadata__"]["checkpoint_step"] == "4" and hs["__metadata__"]["checkpoint_selected_by"] == "newest",
+      "metadata checkpoint_step / checkpoint_selected_by")
+ce = json.load(open(work + "/eagle3/config.json"))
+check(c["aerie_checkpoint"] == ce["aerie_checkpoint"] and c["aerie_checkpoint"]["step"] == 4
+      and c["aerie_checkpoint"]["selected_by"] == "newest", "aerie_checkpoint %s" % c.get("aerie_checkpoint"))
 names = {k for k in he if k != "__metadata__"}
 check({k.replace("midlayer.", "layers.0.", 1) if k.startswith("midlayer.") else k for k in names} ==
       {k for k in hs if k != "__metadata__"}, "tensor names")

@@ -313,5 +313,49 @@ TEST(ExportSpeculatorsTest, ReaderRefusesDraftsAerieDoesNotRun) {
   EXPECT_THROW(eagle3_config_from_speculators(other), Error);
 }
 
+// The checkpoint record (export --best and every export, jobs/export.cc): given the same source, the
+// speculators export writes the default export's config.json "aerie_checkpoint" and metadata
+// checkpoint_step / checkpoint_selected_by; load_export still reads it; a source without an integer step is
+// refused by both writers before anything is written.
+TEST(ExportSpeculatorsTest, RecordsTheCheckpointAsTheDefaultExportDoes) {
+  const std::string dir = testing::scratch_dir("train_export_speculators_source");
+  auto s = testing::make_tiny_setup(dir, {2, 3, 4});
+  SpeculatorsOptions o;
+  o.verifier = "org/target";
+  const nlohmann::json source = {{"checkpoint", dir + "/run/checkpoints/step-00000020"},
+                                 {"step", 20},
+                                 {"selected_by", "best_acceptance_length"},
+                                 {"acceptance_length", 2.5},
+                                 {"eval_table", dir + "/run/checkpoint_eval.json"}};
+  write_export(dir + "/eagle3", s.cfg, s.w, s.vocab, s.target, ServingEngine::Any, source);
+  write_speculators_export(dir + "/speculators", s.cfg, s.w, s.vocab, s.target, o, source);
+  const nlohmann::json je = nlohmann::json::parse(read_file(dir + "/eagle3/config.json"));
+  const nlohmann::json js = nlohmann::json::parse(read_file(dir + "/speculators/config.json"));
+  EXPECT_EQ(je["aerie_checkpoint"], source);
+  EXPECT_EQ(js["aerie_checkpoint"], source);
+  std::set<std::string> want_keys = kTopKeys;
+  want_keys.insert("aerie_checkpoint");
+  EXPECT_EQ(keys_of(js), want_keys);
+  const nlohmann::json me = read_raw(dir + "/eagle3/model.safetensors").header["__metadata__"];
+  const nlohmann::json ms = read_raw(dir + "/speculators/model.safetensors").header["__metadata__"];
+  EXPECT_EQ(ms, me);
+  EXPECT_EQ(ms["checkpoint_step"], "20");
+  EXPECT_EQ(ms["checkpoint_selected_by"], "best_acceptance_length");
+  EXPECT_EQ(ms["format"], "pt");
+  // The reader ignores the record.
+  EXPECT_EQ(load_export(dir + "/speculators").config.to_json(), load_export(dir + "/eagle3").config.to_json());
+
+  // A source without an integer step: refused, nothing written.
+  const nlohmann::json bad = {{"checkpoint", "x"}, {"selected_by", "given"}};
+  const std::string e1 = testing::error_of(
+      [&] { write_speculators_export(dir + "/bad_spec", s.cfg, s.w, s.vocab, s.target, o, bad); });
+  const std::string e2 = testing::error_of(
+      [&] { write_export(dir + "/bad_eagle3", s.cfg, s.w, s.vocab, s.target, ServingEngine::Any, bad); });
+  EXPECT_NE(e1.find("has no integer step"), std::string::npos) << e1;
+  EXPECT_NE(e2.find("has no integer step"), std::string::npos) << e2;
+  EXPECT_FALSE(fs::exists(dir + "/bad_spec"));
+  EXPECT_FALSE(fs::exists(dir + "/bad_eagle3"));
+}
+
 }  // namespace
 }  // namespace aerie
