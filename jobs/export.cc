@@ -1,11 +1,14 @@
-// aerie export: a training checkpoint -> the draft directory vLLM and SGLang load (eagle3.md section 5).
+// aerie export: a training checkpoint -> the draft directory vLLM and SGLang load (eagle3.md section 5),
+// or with --format speculators the speculators layout that `vllm serve EXPORT_DIR` opens by itself.
 //
 //   aerie export --checkpoint RUN_DIR[/checkpoints/step-X] --model TARGET_DIR --output EXPORT_DIR
+//                [--format eagle3|speculators [--verifier NAME_OR_PATH] [--speculative-tokens N]]
 //
 // A run folder means its newest complete checkpoint; with --best the checkpoint of the highest acceptance
 // length in the run's checkpoint table (aerie eval --run, train/checkpoint_eval.h), ties to the later step:
 //   aerie export --checkpoint RUN_DIR --best --model TARGET_DIR --output EXPORT_DIR
-// config.json's "aerie_checkpoint" and model.safetensors' metadata record which step was exported and why.
+// config.json's "aerie_checkpoint" and model.safetensors' metadata record which step was exported and why,
+// in either --format (--best works with both).
 // Rank 0 writes; the other ranks wait.
 #include <filesystem>
 #include <map>
@@ -106,7 +109,17 @@ int export_draft(const std::vector<std::string>& args) {
       "with --best: the checkpoint table to choose from (default RUN_DIR/checkpoint_eval.json)")(
       "for", po::value<std::string>()->default_value("any"),
       "serving engine: any (aerie's input-of-layer aux ids, vLLM's; warns when SGLang would read them "
-      "otherwise), vllm, or sglang (refuses aux ids SGLang would misread; docs/formats.md)");
+      "otherwise), vllm, or sglang (refuses aux ids SGLang would misread; docs/formats.md)")(
+      "format", po::value<std::string>()->default_value("eagle3"),
+      "eagle3 (LlamaForCausalLMEagle3 with midlayer.* names: vLLM --speculative-config and SGLang) or "
+      "speculators (the speculators library's layout, speculators_model_type eagle3 with layers.0.* names: "
+      "`vllm serve OUTPUT` serves the target named in its config with this draft; vLLM only)")(
+      "verifier", po::value<std::string>(),
+      "--format speculators: the target vLLM loads (speculators_config.verifier.name_or_path), a Hugging "
+      "Face id or a path on the serving machine (default: --model as an absolute path)")(
+      "speculative-tokens", po::value<int>()->default_value(3),
+      "--format speculators: draft tokens per step (proposal_methods[0].speculative_tokens, vLLM's "
+      "num_speculative_tokens; a --speculative-config given to vllm serve overrides it)");
   add_lock_options(desc);
   po::variables_map vm;
   if (!parse_options("export", args, desc, vm)) return 0;
@@ -116,6 +129,27 @@ int export_draft(const std::vector<std::string>& args) {
   // OUT.lock beside the export (the folder itself is replaced by a rename): a second export into OUT is
   // refused while this one runs.
   const ServingEngine engine = serving_engine_from_string(vm["for"].as<std::string>());  // before any work
+  const std::string format_name = vm["format"].as<std::string>();
+  AERIE_USAGE_CHECK(format_name == "eagle3" || format_name == "speculators",
+                    "aerie export: --format '" << format_name << "' is not eagle3 or speculators");
+  const ExportFormat format = export_format_from_string(format_name);
+  SpeculatorsOptions spec;
+  spec.speculative_tokens = vm["speculative-tokens"].as<int>();
+  if (format == ExportFormat::Speculators) {
+    AERIE_USAGE_CHECK(engine != ServingEngine::Sglang,
+                      "aerie export: --format speculators is read by vLLM, not SGLang: drop --for sglang "
+                      "(SGLang loads the default --format eagle3)");
+    AERIE_USAGE_CHECK(spec.speculative_tokens >= 1,
+                      "aerie export: --speculative-tokens " << spec.speculative_tokens << " is not >= 1");
+    spec.verifier = vm.count("verifier") ? vm["verifier"].as<std::string>()
+                                         : std::filesystem::absolute(vm["model"].as<std::string>())
+                                               .lexically_normal()
+                                               .string();
+    AERIE_USAGE_CHECK(!spec.verifier.empty(), "aerie export: --verifier is empty");
+  } else {
+    AERIE_USAGE_CHECK(!vm.count("verifier") && vm["speculative-tokens"].defaulted(),
+                      "aerie export: --verifier and --speculative-tokens are options of --format speculators");
+  }
   const OutputLock lock = lock_output(vm, "export", vm["output"].as<std::string>(), LockTarget::File);
   if (world->rank() == 0) {
     // The cheap checks first (the output path, the checkpoint folder, config.json), then the weights.
@@ -155,8 +189,15 @@ int export_draft(const std::vector<std::string>& args) {
     if (!best) source = {{"selected_by", dir == given ? "given" : "newest"}};
     source["checkpoint"] = dir;
     source["step"] = ck.state.step;
-    write_export(out, ck.config, ck.weights, ck.vocab, target, engine, source);
-    AERIE_LOG(info) << "export: " << dir << " (step " << ck.state.step << ") -> " << out;
+    if (format == ExportFormat::Speculators) {
+      write_speculators_export(out, ck.config, ck.weights, ck.vocab, target, spec, source);
+      AERIE_LOG(info) << "export: " << dir << " (step " << ck.state.step << ") -> " << out
+                      << " (speculators format; serve with: vllm serve " << out << ", target " << spec.verifier
+                      << ")";
+    } else {
+      write_export(out, ck.config, ck.weights, ck.vocab, target, engine, source);
+      AERIE_LOG(info) << "export: " << dir << " (step " << ck.state.step << ") -> " << out;
+    }
   }
   world->barrier();
   return 0;

@@ -80,27 +80,14 @@ std::string aux_ids_misread(const std::vector<int>& aux, int64_t num_hidden_laye
   return os.str();
 }
 
-void write_export(const std::string& out_dir, const DraftConfig& cfg, const DraftWeights& weights,
-                  const DraftVocab& vocab, const TargetConfig& target, ServingEngine engine,
-                  const nlohmann::json& source) {
-  const std::string misread = aux_ids_misread(cfg.aux_layers, target.num_hidden_layers, engine);
-  AERIE_CHECK(misread.empty() || engine == ServingEngine::Any, "export --for sglang: " << misread);
-  if (!misread.empty()) AERIE_LOG(warning) << "export: " << misread << " (export --for vllm to silence this)";
+SafetensorsFile export_tensors(const DraftConfig& cfg, const DraftWeights& weights, const DraftVocab& vocab) {
   AERIE_CHECK(vocab.draft_vocab_size() == cfg.draft_vocab_size && vocab.vocab_size() == cfg.vocab_size,
               "export: d2t/t2d sizes (K " << vocab.draft_vocab_size() << ", V " << vocab.vocab_size()
                                           << ") differ from the config's (K " << cfg.draft_vocab_size << ", V "
                                           << cfg.vocab_size << ")");
-  nlohmann::json config = export_config(cfg, target);
   const DraftWeights shapes = DraftWeights::zeros(cfg);
   SafetensorsFile f;
   f.metadata = {{"format", "pt"}, {"aerie_version", aerie_version_string()}};
-  if (!source.is_null()) {
-    AERIE_CHECK(source.is_object() && source.contains("step") && source["step"].is_number_integer(),
-                "export: the checkpoint source " << source.dump() << " has no integer step");
-    config["aerie_checkpoint"] = source;
-    f.metadata["checkpoint_step"] = std::to_string(source["step"].get<int64_t>());
-    f.metadata["checkpoint_selected_by"] = source.value("selected_by", std::string("given"));
-  }
   auto want = shapes.named();
   auto have = weights.named();
   for (size_t i = 0; i < have.size(); ++i) {
@@ -109,7 +96,19 @@ void write_export(const std::string& out_dir, const DraftConfig& cfg, const Draf
   }
   f.tensors["d2t"] = Tensor::from_vector(vocab.d2t, {cfg.draft_vocab_size});
   f.tensors["t2d"] = Tensor::from_vector(vocab.t2d, {cfg.vocab_size});
+  return f;
+}
 
+void record_export_checkpoint(nlohmann::json& config, SafetensorsFile& tensors, const nlohmann::json& source) {
+  if (source.is_null()) return;
+  AERIE_CHECK(source.is_object() && source.contains("step") && source["step"].is_number_integer(),
+              "export: the checkpoint source " << source.dump() << " has no integer step");
+  config["aerie_checkpoint"] = source;
+  tensors.metadata["checkpoint_step"] = std::to_string(source["step"].get<int64_t>());
+  tensors.metadata["checkpoint_selected_by"] = source.value("selected_by", std::string("given"));
+}
+
+void write_export_dir(const std::string& out_dir, const nlohmann::json& config, const SafetensorsFile& tensors) {
   const fs::path out = fs::path(out_dir).lexically_normal();
   const fs::path tmp = out.string() + ".tmp";
   // Only an earlier export (or an empty folder) is replaced: anything else in --output, or in the
@@ -128,13 +127,25 @@ void write_export(const std::string& out_dir, const DraftConfig& cfg, const Draf
   }
   fs::remove_all(tmp);
   fs::create_directories(tmp);
-  save_safetensors((tmp / "model.safetensors").string(), f, {"t2d"});
+  save_safetensors((tmp / "model.safetensors").string(), tensors, {"t2d"});
   write_file_atomic((tmp / "config.json").string(), config.dump(2) + "\n");
   const fs::path old = out.string() + ".old";
   fs::remove_all(old);
   if (fs::exists(out)) fs::rename(out, old);
   fs::rename(tmp, out);
   fs::remove_all(old);
+}
+
+void write_export(const std::string& out_dir, const DraftConfig& cfg, const DraftWeights& weights,
+                  const DraftVocab& vocab, const TargetConfig& target, ServingEngine engine,
+                  const nlohmann::json& source) {
+  const std::string misread = aux_ids_misread(cfg.aux_layers, target.num_hidden_layers, engine);
+  AERIE_CHECK(misread.empty() || engine == ServingEngine::Any, "export --for sglang: " << misread);
+  if (!misread.empty()) AERIE_LOG(warning) << "export: " << misread << " (export --for vllm to silence this)";
+  nlohmann::json config = export_config(cfg, target);
+  SafetensorsFile f = export_tensors(cfg, weights, vocab);
+  record_export_checkpoint(config, f, source);
+  write_export_dir(out_dir, config, f);
 }
 
 ExportedDraft load_export(const std::string& dir, int64_t target_num_hidden_layers) {
@@ -145,9 +156,12 @@ ExportedDraft load_export(const std::string& dir, int64_t target_num_hidden_laye
   } catch (const nlohmann::json::exception& e) {
     AERIE_THROW(cfg_path << ": " << e.what());
   }
+  // A speculators export (speculators_model_type) holds the Llama layer keys in transformer_layer_config
+  // and names the decoder layer layers.0.
+  const bool speculators = j.is_object() && j.contains("speculators_model_type");
   ExportedDraft d;
   try {
-    d.config = DraftConfig::from_json(j);
+    d.config = DraftConfig::from_json(speculators ? eagle3_config_from_speculators(j) : j);
   } catch (const Error& e) {
     AERIE_THROW(cfg_path << ": " << e.what());
   }
@@ -157,7 +171,8 @@ ExportedDraft load_export(const std::string& dir, int64_t target_num_hidden_laye
 
   SafetensorsFile f = load_safetensors(st_path);
   d.weights = DraftWeights::zeros(d.config);
-  for (auto& [name, t] : d.weights.named()) {
+  for (auto& [export_name, t] : d.weights.named()) {
+    const std::string name = speculators ? speculators_tensor_name(export_name) : export_name;
     auto it = f.tensors.find(name);
     AERIE_CHECK(it != f.tensors.end(), st_path << ": tensor " << name << " missing");
     it->second.check_shape(t->shape(), st_path + ": " + name);

@@ -9,7 +9,10 @@
 //   model.safetensors  bf16 weights under DraftWeights::named() (fc.weight, midlayer.*, norm.weight,
 //                      lm_head.weight), d2t I64 [K], t2d BOOL [V]; no embed_tokens (servers share the
 //                      target's); metadata {"format": "pt"} as transformers expects
-// and load_export, which reads such a directory back (eval uses it).
+// `export --format speculators` writes the same tensors in the layout of the speculators library
+// (vllm-project/speculators, Eagle3SpeculatorConfig), which `vllm serve DRAFT_DIR` opens by itself: see
+// speculators_export_config below and docs/formats.md "The speculators format".
+// load_export reads either layout back (eval uses it).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -17,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "data/vocab.h"
+#include "io/safetensors.h"
 #include "model/draft.h"
 #include "model/target_config.h"
 
@@ -58,6 +62,77 @@ void write_export(const std::string& out_dir, const DraftConfig& cfg, const Draf
                   const DraftVocab& vocab, const TargetConfig& target, ServingEngine engine = ServingEngine::Any,
                   const nlohmann::json& source = nullptr);
 
+/// The tensors of an export: every DraftWeights::named() tensor rounded to BF16 (nearest even) under its
+/// name (fc.weight, midlayer.*, norm.weight, lm_head.weight), d2t I64 [K], t2d U8 [V] (saved as BOOL);
+/// metadata {"format": "pt", "aerie_version"}. Throws aerie::Error when a weight's shape is not cfg's or
+/// d2t/t2d's sizes are not cfg's K and V.
+SafetensorsFile export_tensors(const DraftConfig& cfg, const DraftWeights& weights, const DraftVocab& vocab);
+
+/// Records the checkpoint exported, `source` (the object write_export takes), in an export: config's
+/// "aerie_checkpoint" = source, tensors' metadata "checkpoint_step" (source's step) and
+/// "checkpoint_selected_by" (its selected_by, "given" without one). null: nothing is recorded. Throws
+/// aerie::Error when source is not an object with an integer "step".
+void record_export_checkpoint(nlohmann::json& config, SafetensorsFile& tensors, const nlohmann::json& source);
+
+/// Writes `config` (as config.json) and `tensors` (as model.safetensors, t2d as BOOL) into out_dir the way
+/// write_export does: into "<out_dir>.tmp", then renamed; an existing out_dir, .tmp or .old that holds
+/// anything but config.json / model.safetensors is an aerie::Error naming the file (nothing is removed).
+void write_export_dir(const std::string& out_dir, const nlohmann::json& config, const SafetensorsFile& tensors);
+
+/// The layout `aerie export --format` writes:
+///  - Eagle3 (the default): eagle3.md section 5, LlamaForCausalLMEagle3, which vLLM (--speculative-config)
+///    and SGLang (--speculative-draft-model-path) load;
+///  - Speculators: the speculators library's EAGLE-3 layout (speculators_model_type "eagle3"), which vLLM
+///    opens as `vllm serve DRAFT_DIR`, the target named in the config (speculators_config.verifier).
+enum class ExportFormat { Eagle3, Speculators };
+/// Parses "eagle3", "speculators". Throws aerie::Error naming the value otherwise.
+ExportFormat export_format_from_string(const std::string& s);
+
+/// What a speculators config holds beyond the draft itself.
+struct SpeculatorsOptions {
+  /// speculators_config.verifier.name_or_path: the target vLLM loads for `vllm serve DRAFT_DIR` (a Hugging
+  /// Face id or a path on the serving machine). Must not be empty.
+  std::string verifier;
+  /// speculators_config.proposal_methods[0].speculative_tokens: vLLM's num_speculative_tokens (>= 1).
+  int speculative_tokens = 3;
+};
+
+/// The config.json of a speculators export of draft `cfg` for `target` (the keys vLLM's speculators
+/// loader and speculators' Eagle3SpeculatorConfig read; docs/formats.md):
+///   speculators_model_type "eagle3", architectures ["Eagle3Speculator"],
+///   transformer_layer_config = export_config's Llama layer keys (model_type "llama", widths,
+///     num_hidden_layers 1, vocab_size V, positions, rope, torch_dtype "bfloat16", ...),
+///   draft_vocab_size K, target_hidden_size (null when equal to hidden_size), norm_before_residual false
+///   (aerie's residual is the un-normed hidden state; vLLM's default without the key is true),
+///   norm_before_fc / fc_norm / norm_output false, eagle_aux_hidden_state_layer_ids (always written, aerie's
+///   = vLLM's input-of-layer-k ids), speculators_config {algorithm "eagle3", proposal_methods [greedy,
+///   speculative_tokens], default_proposal_method "greedy", verifier {name_or_path, architectures (the
+///   target's config.json architectures)}}, tie_word_embeddings false, torch_dtype, aerie_version.
+/// Throws aerie::Error as export_config does, and when opts.verifier is empty or speculative_tokens < 1.
+nlohmann::json speculators_export_config(const DraftConfig& cfg, const TargetConfig& target,
+                                         const SpeculatorsOptions& opts);
+
+/// The speculators name of an export tensor: "midlayer.X" -> "layers.0.X" (the decoder layer of a
+/// one-layer draft), any other name unchanged (fc.weight, norm.weight, lm_head.weight, d2t, t2d).
+std::string speculators_tensor_name(const std::string& name);
+
+/// Writes a speculators export into out_dir (replaced as write_export does): config.json from
+/// speculators_export_config and model.safetensors holding export_tensors' tensors, values and dtypes
+/// unchanged (BF16 weights, d2t I64 [K], t2d BOOL [V]), under speculators_tensor_name. No embed_tokens
+/// (vLLM and speculators share the target's). `source` is recorded as write_export records it (config.json's
+/// "aerie_checkpoint", the metadata "checkpoint_step" and "checkpoint_selected_by"; speculators keeps the
+/// extra key, vLLM ignores it). Throws aerie::Error as write_export and speculators_export_config do.
+void write_speculators_export(const std::string& out_dir, const DraftConfig& cfg, const DraftWeights& weights,
+                              const DraftVocab& vocab, const TargetConfig& target, const SpeculatorsOptions& opts,
+                              const nlohmann::json& source = nullptr);
+
+/// A speculators config.json (speculators_model_type "eagle3") as the equivalent LlamaForCausalLMEagle3
+/// config (eagle3.md section 5) that DraftConfig::from_json reads: transformer_layer_config with
+/// draft_vocab_size, target_hidden_size and the aux ids (as eagle_config) of the top level. Throws
+/// aerie::Error for another speculators_model_type, a transformer_layer_config that is not a "llama"
+/// object, or a draft aerie cannot run (norm_before_residual, norm_before_fc, fc_norm or norm_output true).
+nlohmann::json eagle3_config_from_speculators(const nlohmann::json& speculators_config);
+
 /// A draft read back from an export directory: weights converted to F32.
 struct ExportedDraft {
   DraftConfig config;
@@ -65,9 +140,11 @@ struct ExportedDraft {
   DraftVocab vocab;
 };
 
-/// Reads an export directory (aerie's or any LlamaForCausalLMEagle3 one with d2t/t2d). Aux layers come
-/// from eagle_config.eagle_aux_hidden_state_layer_ids, else default_aux_layers(target_num_hidden_layers)
-/// when that is > 0, else stay empty (the config does not name the target's depth). Throws aerie::Error
+/// Reads an export directory (aerie's or any LlamaForCausalLMEagle3 one with d2t/t2d, or a speculators
+/// EAGLE-3 one: its config through eagle3_config_from_speculators, its tensors under
+/// speculators_tensor_name). Aux layers come from eagle_config.eagle_aux_hidden_state_layer_ids (a
+/// speculators config's top-level eagle_aux_hidden_state_layer_ids), else
+/// default_aux_layers(target_num_hidden_layers) when that is > 0, else stay empty (the config does not name the target's depth). Throws aerie::Error
 /// naming the file and tensor on a missing tensor, a wrong shape or dtype, or d2t/t2d that disagree.
 ExportedDraft load_export(const std::string& dir, int64_t target_num_hidden_layers = 0);
 

@@ -5,7 +5,8 @@
 #    other settings, --every without --run are refused;
 #  - export --best exports the row of the highest acceptance length (a table edited so that step 10 is the
 #    best, and one where all tie: the later step, 30), says why, and records the step in config.json
-#    (aerie_checkpoint) and the model.safetensors metadata; a plain export records its step too;
+#    (aerie_checkpoint) and the model.safetensors metadata; a plain export records its step too; --best
+#    --format speculators exports the same step and records it as the default format does;
 #  - export --best refuses a missing table, a step folder, a table of another target and a best checkpoint
 #    that is gone, naming the file.
 # usage: checkpoint_eval.sh AERIE MODEL_DIR STORIES_TXT WORK_DIR   (exit 77: no converted model)
@@ -95,6 +96,22 @@ run export_first 1 export --checkpoint "$r" --best --eval-table "$work/first_bes
   --output "$work/export_first" || fail "export --best (step 10 the best)"
 [ "$(exported "$work/export_first")" = "10 best_acceptance_length 10 best_acceptance_length" ] \
   || fail "export --best of a table where step 10 is the best recorded $(exported "$work/export_first")"
+run export_first_spec 1 export --checkpoint "$r" --best --eval-table "$work/first_best.json" --model "$model" \
+  --output "$work/export_first_spec" --format speculators || fail "export --best --format speculators"
+grep -q "export --best: step 10 of $r: acceptance length 9" "$last" || fail "export --best --format speculators: no step 10"
+[ "$(exported "$work/export_first_spec")" = "10 best_acceptance_length 10 best_acceptance_length" ] \
+  || fail "export --best --format speculators recorded $(exported "$work/export_first_spec")"
+python3 - "$work/export_first" "$work/export_first_spec" <<'EOF' || fail "the speculators export's record is not the default's"
+import json, struct, sys
+def meta(d):
+    data = open(d + "/model.safetensors", "rb").read()
+    return json.loads(data[8:8 + struct.unpack("<Q", data[:8])[0]])["__metadata__"]
+e, s = (json.load(open(d + "/config.json")) for d in sys.argv[1:])
+assert s["speculators_model_type"] == "eagle3" and "speculators_model_type" not in e, "not a speculators export"
+assert s["aerie_checkpoint"] == e["aerie_checkpoint"], (s["aerie_checkpoint"], e["aerie_checkpoint"])
+assert s["aerie_checkpoint"]["checkpoint"].endswith("step-00000010"), s["aerie_checkpoint"]
+assert meta(sys.argv[2]) == meta(sys.argv[1]), (meta(sys.argv[2]), meta(sys.argv[1]))
+EOF
 edit "$table" "$work/tie.json" 'for c in t["checkpoints"]: c["acceptance_length"] = 2.0'
 run export_tie 1 export --checkpoint "$r" --best --eval-table "$work/tie.json" --model "$model" \
   --output "$work/export_tie" || fail "export --best (a tie)"

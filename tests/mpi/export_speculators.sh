@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# `aerie export --format speculators` end to end on stories260K (issue 13 item 4): a short run is exported
+# in both layouts; the speculators one has the config vLLM's `vllm serve DRAFT_DIR` reads (speculators_model_type,
+# transformer_layer_config, speculators_config.verifier = the --model folder or --verifier, speculative_tokens)
+# and the default export's tensors byte for byte under the speculators names (midlayer. -> layers.0.), and the
+# default export's checkpoint record (aerie_checkpoint, checkpoint_step / checkpoint_selected_by); the
+# options are refused where they do not apply. The names and fields are checked against the loaders' source in
+# tests/train/export_speculators_test.cc.
+# usage: export_speculators.sh AERIE MODEL_DIR STORIES_TXT WORK_DIR   (exit 77: no converted model)
+set -euo pipefail
+aerie=$1 model=$2 text=$3 work=$4
+source "$(dirname "$0")/aerie_script_lib.sh"  # run, refused, fail; the empty work folder
+
+run prepare 1 prepare --input "$text" --tokenizer "$model" --output "$work/prepared.h5" --max-length 64 --max-samples 16 \
+  || fail prepare
+run vocab 1 vocab --prepared "$work/prepared.h5" --model "$model" --output "$work/vocab.safetensors" --draft-vocab-size 200 \
+  || fail vocab
+run extract 1 extract --model "$model" --prepared "$work/prepared.h5" --output "$work/shards" --aux-layers 2,3,4 \
+  || fail extract
+run train 1 train --model "$model" --shards "$work/shards" --vocab "$work/vocab.safetensors" --output "$work/run" \
+  --steps 4 --batch-size 4 --checkpoint-every 4 --log-every 4 || fail train
+
+run export 1 export --checkpoint "$work/run" --model "$model" --output "$work/eagle3" || fail "export (default format)"
+run export_eagle3 1 export --checkpoint "$work/run" --model "$model" --output "$work/eagle3_named" --format eagle3 \
+  || fail "export --format eagle3"
+cmp "$work/eagle3/model.safetensors" "$work/eagle3_named/model.safetensors" || fail "--format eagle3 is not the default"
+cmp "$work/eagle3/config.json" "$work/eagle3_named/config.json" || fail "--format eagle3 is not the default"
+run export_spec 1 export --checkpoint "$work/run" --model "$model" --output "$work/spec" --format speculators \
+  || fail "export --format speculators"
+grep -q "speculators format; serve with: vllm serve $work/spec" "$last" || fail "no serve hint"
+run export_spec2 1 export --checkpoint "$work/run" --model "$model" --output "$work/spec2" --format speculators \
+  --verifier org/target-model --speculative-tokens 5 --for vllm || fail "export --format speculators --verifier"
+
+python3 - "$work" "$model" <<'PY' || fail "the speculators export"
+import json, os, struct, sys
+work, model = sys.argv[1], os.path.normpath(os.path.abspath(sys.argv[2]))  # the job's absolute --model
+def st(path):
+    b = open(path, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n])
+    return h, b[8 + n:]
+def check(cond, what):
+    if not cond:
+        sys.exit("FAIL: " + what)
+c = json.load(open(work + "/spec/config.json"))
+check("model_type" not in c, "a top-level model_type (vLLM would not take the speculators path)")
+check(c["speculators_model_type"] == "eagle3", "speculators_model_type")
+check(c["norm_before_residual"] is False, "norm_before_residual")
+check(c["eagle_aux_hidden_state_layer_ids"] == [2, 3, 4], "aux ids")
+check(c["draft_vocab_size"] == 200, "draft_vocab_size")
+s = c["speculators_config"]
+check(s["algorithm"] == "eagle3" and s["default_proposal_method"] == "greedy", "algorithm")
+check(s["proposal_methods"][0]["proposal_type"] == "greedy", "proposal_type")
+check(s["proposal_methods"][0]["speculative_tokens"] == 3, "speculative_tokens default")
+check(s["verifier"]["name_or_path"] == model, "verifier %s, want %s" % (s["verifier"]["name_or_path"], model))
+check(s["verifier"]["architectures"] == ["LlamaForCausalLM"], "verifier architectures")
+l = c["transformer_layer_config"]
+check(l["model_type"] == "llama" and l["num_hidden_layers"] == 1 and l["vocab_size"] == 512, "transformer_layer_config")
+c2 = json.load(open(work + "/spec2/config.json"))
+check(c2["speculators_config"]["verifier"]["name_or_path"] == "org/target-model", "--verifier")
+check(c2["speculators_config"]["proposal_methods"][0]["speculative_tokens"] == 5, "--speculative-tokens")
+he, be = st(work + "/eagle3/model.safetensors")
+hs, bs = st(work + "/spec/model.safetensors")
+check(he["__metadata__"] == hs["__metadata__"], "metadata")
+check(hs["__metadata__"]["checkpoint_step"] == "4" and hs["__metadata__"]["checkpoint_selected_by"] == "newest",
+      "metadata checkpoint_step / checkpoint_selected_by")
+ce = json.load(open(work + "/eagle3/config.json"))
+check(c["aerie_checkpoint"] == ce["aerie_checkpoint"] and c["aerie_checkpoint"]["step"] == 4
+      and c["aerie_checkpoint"]["selected_by"] == "newest", "aerie_checkpoint %s" % c.get("aerie_checkpoint"))
+names = {k for k in he if k != "__metadata__"}
+check({k.replace("midlayer.", "layers.0.", 1) if k.startswith("midlayer.") else k for k in names} ==
+      {k for k in hs if k != "__metadata__"}, "tensor names")
+for k in names:
+    n = k.replace("midlayer.", "layers.0.", 1) if k.startswith("midlayer.") else k
+    a, b = he[k]["data_offsets"], hs[n]["data_offsets"]
+    check(he[k]["dtype"] == hs[n]["dtype"] and he[k]["shape"] == hs[n]["shape"], k + ": dtype or shape")
+    check(be[a[0]:a[1]] == bs[b[0]:b[1]], k + ": bytes differ")
+check(hs["t2d"]["dtype"] == "BOOL" and hs["d2t"]["dtype"] == "I64", "d2t/t2d dtypes")
+PY
+echo "speculators export: config and tensors ok"
+
+refused format "aerie export: --format 'gguf' is not eagle3 or speculators" \
+  1 export --checkpoint "$work/run" --model "$model" --output "$work/x" --format gguf
+refused sglang "--format speculators is read by vLLM, not SGLang" \
+  1 export --checkpoint "$work/run" --model "$model" --output "$work/x" --format speculators --for sglang
+refused verifier_default "are options of --format speculators" \
+  1 export --checkpoint "$work/run" --model "$model" --output "$work/x" --verifier org/x
+refused tokens "--speculative-tokens 0 is not >= 1" \
+  1 export --checkpoint "$work/run" --model "$model" --output "$work/x" --format speculators --speculative-tokens 0
+[ ! -e "$work/x" ] || fail "a refused export wrote files"
+echo "PASS: export --format speculators"
