@@ -4,8 +4,9 @@
 //   mpirun -np 2 aerie train --model TARGET_DIR --shards SHARD_DIR --vocab draft_vocab.safetensors ...
 //       --output RUN_DIR --epochs 2 --batch-size 8
 //
-// Writes RUN_DIR/checkpoints/step-%08d/ (every --checkpoint-every steps and at the end), RUN_DIR/metrics.jsonl
-// and RUN_DIR/data_split.json (the held-out samples). Rerunning the same command resumes from the newest
+// Writes RUN_DIR/checkpoints/step-%08d/ (every --checkpoint-every steps and at the end), RUN_DIR/metrics.jsonl,
+// RUN_DIR/heldout.jsonl (held-out acc_k / tau_sim at each checkpoint), TensorBoard event files
+// RUN_DIR/events.out.tfevents.* (a build with protobuf) and RUN_DIR/data_split.json (the held-out samples). Rerunning the same command resumes from the newest
 // complete checkpoint (also with another number of ranks). SIGTERM/SIGINT/SIGUSR1 (Slurm preemption)
 // stop the run after the current step with a checkpoint; the exit status is then 3.
 // --device cuda (the default `auto` when a GPU is usable) trains on the GPU of each rank (local rank %
@@ -55,6 +56,7 @@ void check_train_inputs(const TrainOptions& o) {
   TRAIN_REQUIRE(o.log_every >= 1, "--log-every must be >= 1, got " << o.log_every);
   TRAIN_REQUIRE(o.eval_fraction >= 0 && o.eval_fraction < 1,
           "--eval-fraction must lie in [0, 1), got " << o.eval_fraction);
+  TRAIN_REQUIRE(o.heldout_samples >= 0, "--heldout-samples must be >= 0, got " << o.heldout_samples);
   TRAIN_REQUIRE(o.device == "auto" || o.device == "cpu" || o.device == "cuda",
           "--device '" << o.device << "' is not auto, cpu or cuda");
   TRAIN_REQUIRE(o.precision == "auto" || o.precision == "bf16" || o.precision == "f32",
@@ -108,6 +110,8 @@ int train(const std::vector<std::string>& args) {
       "seed", po::value<uint64_t>(&o.seed)->default_value(0), "seed of the initial weights and the data order")(
       "eval-fraction", po::value<double>(&o.eval_fraction)->default_value(0.05, "0.05"),
       "fraction of the samples (the last ones) held out for eval")(
+      "heldout-samples", po::value<int64_t>(&o.heldout_samples)->default_value(64),
+      "held-out samples scored at each checkpoint (acc_k, tau_sim in heldout.jsonl and TensorBoard; 0: none)")(
       "device", po::value<std::string>(&o.device)->default_value("auto"),
       "auto (cuda when every rank of the node has a GPU), cpu or cuda (one GPU per rank: local rank % GPUs)")(
       "precision", po::value<std::string>(&o.precision)->default_value("auto"),

@@ -20,7 +20,7 @@ nlohmann::json TrainOptions::to_json() const {
           {"ttt_steps", ttt_steps},   {"checkpoint_every", checkpoint_every},
           {"keep_checkpoints", keep_checkpoints},
           {"log_every", log_every},   {"seed", seed},
-          {"eval_fraction", eval_fraction}, {"device", device},
+          {"eval_fraction", eval_fraction}, {"heldout_samples", heldout_samples}, {"device", device},
           {"precision", precision},   {"draft_heads", draft_heads},
           {"draft_kv_heads", draft_kv_heads}, {"draft_head_dim", draft_head_dim},
           {"draft_intermediate", draft_intermediate}, {"allow_missing_shards", allow_missing_shards},

@@ -30,6 +30,9 @@ struct TrainOptions {
   int64_t log_every = 10;
   uint64_t seed = 0;
   double eval_fraction = 0.05;
+  /// Held-out samples scored at every checkpoint (teacher-forced acc_k and tau_sim, the first ones of the
+  /// split's held-out list, as `aerie eval --num-eval-samples` takes them; 0: none). Not a resume option.
+  int64_t heldout_samples = 64;
   /// Where the draft trains: "cpu", "cuda" (rank r uses GPU local_rank() % count; throws without one, or
   /// with more ranks on a node than GPUs) or "auto" (cuda when cuda::available() and the node has no
   /// more ranks than GPUs, else cpu). Not a resume option: a run may resume on another device
@@ -147,8 +150,12 @@ struct TrainResult {
 /// unless this process holds it already (jobs/train.cc takes it first). Resumes from the latest complete
 /// checkpoint of opts.output_dir if there is one (the vocabulary then comes from the checkpoint, not
 /// from --vocab), writes checkpoints every opts.checkpoint_every steps and at the end, logs metrics on
-/// rank 0 every opts.log_every steps (also appended to output_dir/metrics.jsonl), and writes
-/// output_dir/data_split.json (the held-out samples eval uses).
+/// rank 0 every opts.log_every steps (also appended to output_dir/metrics.jsonl and, in a build with
+/// protobuf, to a TensorBoard event file output_dir/events.out.tfevents.* that each run or resume starts:
+/// io/event_file.h, tags in docs/formats.md), and writes output_dir/data_split.json (the held-out samples
+/// eval uses). Before each checkpoint it scores up to opts.heldout_samples held-out samples (collective;
+/// rank 0 logs them, appends a line to output_dir/heldout.jsonl and the heldout/ tags). A resume drops
+/// what a killed run logged past its checkpoint from metrics.jsonl, heldout.jsonl and the event files.
 /// Preemption: SIGTERM, SIGINT or SIGUSR1 on any rank (Slurm sends SIGTERM before killing a job, or
 /// USR1 with --signal) makes every rank finish the current step, write a checkpoint and return (the flag
 /// is max-reduced over dp after each step); a second signal kills as usual. The previous handlers are

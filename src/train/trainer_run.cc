@@ -19,11 +19,13 @@
 #include "core/progress.h"
 #include "core/stop_signals.h"
 #include "data/shard.h"
+#include "io/event_file.h"
 #include "io/fingerprint.h"
 #include "io/output_lock.h"
 #include "model/target_config.h"
 #include "train/checkpoint.h"
 #include "train/data_order.h"
+#include "train/eval.h"
 #include "train/schedule.h"
 #include "train/target_head.h"
 #include "train/trainer.h"
@@ -258,7 +260,8 @@ void check_same_shards(const ShardSet& now, const DataSplit& was) {
   }
 }
 
-// Keeps the metrics lines of steps <= `step` (a killed run may have logged past its last checkpoint).
+// Keeps the lines of a JSON-lines log (metrics.jsonl, heldout.jsonl) of steps <= `step` (a killed run may
+// have logged past its last checkpoint).
 void truncate_metrics(const std::string& path, int64_t step) {
   if (!fs::exists(path)) return;
   std::ifstream in(path);
@@ -271,6 +274,19 @@ void truncate_metrics(const std::string& path, int64_t step) {
     }
   }
   write_file_atomic(path, kept);
+}
+
+// The TensorBoard scalars of one log interval (docs/formats.md, TensorBoard event files).
+std::vector<std::pair<std::string, double>> interval_scalars(const StepMetrics& m, double lr, double tokens_per_s) {
+  std::vector<std::pair<std::string, double>> s = {{"train/loss", m.loss()},
+                                                   {"train/tau_sim", m.tau_sim()},
+                                                   {"train/lr", lr},
+                                                   {"train/grad_norm", m.grad_norm},
+                                                   {"train/tokens_per_s", tokens_per_s}};
+  const std::vector<double> loss_k = m.loss_k(), acc_k = m.acc_k();
+  for (size_t k = 0; k < loss_k.size(); ++k) s.emplace_back("train/loss_k/" + std::to_string(k), loss_k[k]);
+  for (size_t k = 0; k < acc_k.size(); ++k) s.emplace_back("train/acc_k/" + std::to_string(k), acc_k[k]);
+  return s;
 }
 
 }  // namespace
@@ -363,9 +379,17 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp) {
   st.total_steps = total;
   const LrSchedule sched = LrSchedule::make(opts.lr, total, opts.warmup_ratio);
   const std::string metrics_path = opts.output_dir + "/metrics.jsonl";
+  const std::string heldout_path = opts.output_dir + "/heldout.jsonl";
   if (rank == 0) {
     write_file_atomic(opts.output_dir + "/data_split.json", st.split.to_json().dump(1) + "\n");
-    if (latest) truncate_metrics(metrics_path, st.step);
+    if (latest) {
+      truncate_metrics(metrics_path, st.step);
+      truncate_metrics(heldout_path, st.step);
+      const int64_t dropped = truncate_event_files(opts.output_dir, st.step);
+      if (dropped > 0)
+        AERIE_LOG(info) << "train: dropped " << dropped << " TensorBoard event(s) past step " << st.step
+                        << " from the event files of the killed run";
+    }
     AERIE_LOG(info) << "train: " << st.split.train.size() << " training samples (" << st.split.eval.size()
                     << " held out) in " << shards.paths.size() << " shards, " << total << " steps of "
                     << opts.batch_size << " samples on " << dp.size() << " dp ranks, "
@@ -383,6 +407,17 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp) {
     return result;
   }
   if (latest) result.checkpoint = *latest;
+  // TensorBoard: a new event file per run or resume, beside metrics.jsonl (rank 0 writes both).
+  std::unique_ptr<EventFileWriter> events;
+  if (rank == 0) {
+    if (event_files_supported()) {
+      events = std::make_unique<EventFileWriter>(opts.output_dir);
+      AERIE_LOG(info) << "train: TensorBoard events in " << events->path() << " (tensorboard --logdir "
+                      << opts.output_dir << ")";
+    } else {
+      AERIE_LOG(info) << "train: " << event_files_unsupported_reason() << "; the curves are in " << metrics_path;
+    }
+  }
   StopSignals stop_signals;
 
   // On a GPU the weights and moments live there for the whole run; ck keeps the host copies a checkpoint
@@ -420,7 +455,49 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp) {
     it->second.second = ++uses;
     return *it->second.first;
   };
+  // Teacher-forced acc_k / tau_sim of the draft now on the first opts.heldout_samples held-out samples
+  // (eagle3.md section 4, as `aerie eval` computes them), spread over dp; rank 0 logs and records them.
+  const int64_t num_heldout = std::min<int64_t>(opts.heldout_samples, static_cast<int64_t>(st.split.eval.size()));
+  auto score_heldout = [&]() {
+    const int S = opts.ttt_steps;
+    const std::vector<double> ones(static_cast<size_t>(S), 1.0);
+    TeacherForced tf;
+    for (int64_t i = rank; i < num_heldout; i += dp.size()) {
+      const SampleRef ref = st.split.locate(st.split.eval[static_cast<size_t>(i)]);
+      HiddenSample hs = reader(ref.shard).read(ref.index);
+      if (!all_finite(hs.aux_hidden) || !all_finite(hs.final_hidden)) continue;  // named when trained on
+      TTTSample t = make_ttt_sample(std::move(hs.ids), std::move(hs.loss_mask), std::move(hs.aux_hidden),
+                                    hs.final_hidden, head.lm_head, selected);
+      if (dev != Device::CPU) t.aux_hidden = t.aux_hidden.to_device(dev);
+      tf.add(ttt_forward_backward(ck.config, w, head.embed_tokens, t, ck.vocab.d2t, ck.vocab.t2d, S, ones, nullptr));
+    }
+    tf.correct.resize(static_cast<size_t>(S), 0);
+    tf.acc_rows.resize(static_cast<size_t>(S), 0);
+    std::vector<int64_t> sums = tf.correct;
+    sums.insert(sums.end(), tf.acc_rows.begin(), tf.acc_rows.end());
+    sums.push_back(tf.samples);
+    Tensor t = Tensor::from_vector(sums, {static_cast<int64_t>(sums.size())});
+    dp.all_reduce_sum(t);
+    const int64_t* p = t.data<int64_t>();
+    tf.correct.assign(p, p + S);
+    tf.acc_rows.assign(p + S, p + 2 * S);
+    tf.samples = p[2 * S];
+    if (rank != 0) return;
+    AERIE_LOG(info) << "train: step " << st.step << " held out (" << tf.samples << " samples): tau_sim "
+                    << tf.tau_sim() << " | acc_k " << join(tf.acc_k(), 3);
+    nlohmann::json j = {{"step", st.step}, {"tau_sim", tf.tau_sim()}, {"acc_k", tf.acc_k()}, {"samples", tf.samples}};
+    std::ofstream out(heldout_path, std::ios::app);
+    out << j.dump() << "\n";
+    AERIE_CHECK(out.good(), "train: cannot append to " << heldout_path);
+    if (events) {
+      std::vector<std::pair<std::string, double>> s = {{"heldout/tau_sim", tf.tau_sim()}};
+      const std::vector<double> acc = tf.acc_k();
+      for (size_t k = 0; k < acc.size(); ++k) s.emplace_back("heldout/acc_k/" + std::to_string(k), acc[k]);
+      events->add_scalars(st.step, s);
+    }
+  };
   auto save = [&]() {
+    if (num_heldout > 0) score_heldout();
     if (dev == Device::CPU) {
       ck.adam_m = opt.m;  // shares storage: no copy
       ck.adam_v = opt.v;
@@ -533,6 +610,7 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp) {
         std::ofstream out(metrics_path, std::ios::app);
         out << j.dump() << "\n";
         AERIE_CHECK(out.good(), "train: cannot append to " << metrics_path);
+        if (events) events->add_scalars(st.step, interval_scalars(interval, lr, tps));
       }
       progress.add(static_cast<double>(steps_in_interval));
       interval_skipped = 0;

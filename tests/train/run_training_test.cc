@@ -1,5 +1,5 @@
 // run_training in process on a tiny target and tiny shards: checkpoints, data_split.json, metrics.jsonl,
-// an in-process resume that ends bitwise equal to the uninterrupted run, and refusals to resume with
+// heldout.jsonl and the TensorBoard event files (continuous across a resume), an in-process resume that ends bitwise equal to the uninterrupted run, and refusals to resume with
 // options that would change the weights; provenance (issue 17): shards of another target, a mixed folder,
 // missing shards, and a resume with another --model or --shards are refused.
 #include <cmath>
@@ -12,6 +12,7 @@
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "data/shard.h"
+#include "io/event_file.h"
 #include "io/fingerprint.h"
 #include "io/h5.h"
 #include "io/safetensors.h"
@@ -153,6 +154,81 @@ TEST(RunTrainingTest, WritesCheckpointsAndResumesBitwise) {
   other = options(dir, dir + "/b");
   other.lr = 2e-2;
   EXPECT_THROW(run_training(other, *self), Error);
+}
+
+// The JSON lines of a file.
+std::vector<nlohmann::json> json_lines(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+// (step, value) of `tag` over the event files of `dir`, in file order.
+std::vector<std::pair<int64_t, float>> scalar_series(const std::string& dir, const std::string& tag) {
+  std::vector<std::pair<int64_t, float>> out;
+  for (const std::string& f : list_event_files(dir))
+    for (const EventRecord& e : read_event_file(f))
+      for (const auto& [t, v] : e.scalars)
+        if (t == tag) out.emplace_back(e.step, v);
+  return out;
+}
+
+// heldout.jsonl and the event files: every logged interval's scalars and the held-out figures of every
+// checkpoint, with the values of metrics.jsonl; a resume from step 4 of a folder holding the whole run's
+// logs (a run killed after logging past its checkpoint) drops the later lines and events, writes a second
+// event file, and every curve holds each step once.
+TEST(RunTrainingTest, WritesHeldOutFiguresAndTensorBoardEventsThatContinueOnResume) {
+  const std::string dir = testing::scratch_dir("train_run_events");
+  write_inputs(dir);
+  auto self = MpiCommunicator::world()->split(MpiCommunicator::world()->rank(), 0);
+  const TrainResult a = run_training(options(dir, dir + "/a"), *self);
+  ASSERT_EQ(a.step, 7);
+  const std::vector<nlohmann::json> heldout = json_lines(dir + "/a/heldout.jsonl");
+  ASSERT_EQ(heldout.size(), 4u);  // checkpoints 2, 4, 6, 7; one held-out sample
+  for (size_t i = 0; i < heldout.size(); ++i) {
+    EXPECT_EQ(heldout[i]["step"], std::vector<int64_t>({2, 4, 6, 7})[i]);
+    EXPECT_EQ(heldout[i]["samples"], 1);
+    EXPECT_EQ(heldout[i]["acc_k"].size(), 3u);
+    EXPECT_GE(heldout[i]["tau_sim"].get<double>(), 1.0);
+  }
+  if (!event_files_supported()) GTEST_SKIP() << "event files not checked: " << event_files_unsupported_reason();
+  const std::vector<std::string> files = list_event_files(dir + "/a");
+  ASSERT_EQ(files.size(), 1u);
+  EXPECT_EQ(read_event_file(files[0]).front().file_version, "brain.Event:2");
+  const std::vector<nlohmann::json> metrics = json_lines(dir + "/a/metrics.jsonl");
+  const auto loss = scalar_series(dir + "/a", "train/loss");
+  ASSERT_EQ(loss.size(), metrics.size());
+  for (size_t i = 0; i < loss.size(); ++i) {
+    EXPECT_EQ(loss[i].first, metrics[i]["step"].get<int64_t>());
+    EXPECT_EQ(loss[i].second, static_cast<float>(metrics[i]["loss"].get<double>()));
+  }
+  for (const std::string tag : {"train/tau_sim", "train/lr", "train/grad_norm", "train/tokens_per_s", "train/loss_k/0",
+                                "train/loss_k/2", "train/acc_k/0", "train/acc_k/2"})
+    EXPECT_EQ(scalar_series(dir + "/a", tag).size(), 4u) << tag;
+  EXPECT_TRUE(scalar_series(dir + "/a", "train/loss_k/3").empty());  // ttt_steps 3
+  EXPECT_EQ(scalar_series(dir + "/a", "train/acc_k/1").back().second,
+            static_cast<float>(metrics.back()["acc_k"][1].get<double>()));
+  const auto tau = scalar_series(dir + "/a", "heldout/tau_sim");
+  ASSERT_EQ(tau.size(), 4u);
+  EXPECT_EQ(tau[3].first, 7);
+  EXPECT_EQ(tau[3].second, static_cast<float>(heldout[3]["tau_sim"].get<double>()));
+  EXPECT_EQ(scalar_series(dir + "/a", "heldout/acc_k/2").size(), 4u);
+
+  // b: the whole of a's logs beside its step-4 checkpoint, resumed.
+  fs::create_directories(dir + "/b/checkpoints");
+  fs::copy(checkpoint_dir(dir + "/a", 4), checkpoint_dir(dir + "/b", 4), fs::copy_options::recursive);
+  for (const std::string f : {"metrics.jsonl", "heldout.jsonl"}) fs::copy(dir + "/a/" + f, dir + "/b/" + f);
+  fs::copy(files[0], dir + "/b/" + fs::path(files[0]).filename().string());
+  ASSERT_EQ(run_training(options(dir, dir + "/b"), *self).step, 7);
+  const std::vector<std::string> b_files = list_event_files(dir + "/b");
+  ASSERT_EQ(b_files.size(), 2u);
+  EXPECT_EQ(read_event_file(b_files[0]).back().step, 4);  // the copy of a's file, cut after step 4
+  const auto b_loss = scalar_series(dir + "/b", "train/loss");
+  EXPECT_EQ(b_loss, loss);  // steps 2, 4 from the first file, 6, 7 from the second: the same values (bitwise resume)
+  EXPECT_EQ(scalar_series(dir + "/b", "heldout/tau_sim"), tau);
+  EXPECT_EQ(json_lines(dir + "/b/metrics.jsonl").size(), 4u);
+  EXPECT_EQ(json_lines(dir + "/b/heldout.jsonl"), heldout);
 }
 
 using testing::error_of;  // tests/test_util.h
