@@ -70,6 +70,21 @@ void check_eval_inputs(const EvalOptions& o, const CheckpointEvalOptions& run) {
   EVAL_REQUIRE(o.tree_depth >= 0, "--tree-depth must be >= 0 (0: --num-draft-tokens), got " << o.tree_depth);
   EVAL_REQUIRE(o.tree_topk == 1 || o.temperature == 0,
                "--tree-topk > 1 verifies greedily; --temperature > 0 takes chains (--tree-topk 1)");
+  EVAL_REQUIRE(o.tree_depth == 0 || o.tree_topk > 1,
+               "--tree-depth " << o.tree_depth << " needs --tree-topk > 1 (a chain's length is --num-draft-tokens)");
+  if (o.tree_topk > 1) {
+    // The most nodes a tree of this shape holds: topk at depth 1, topk^2 at each further depth.
+    const int64_t depth = o.tree_depth > 0 ? o.tree_depth : o.num_draft_tokens;
+    const int64_t cap = o.tree_topk + (depth - 1) * static_cast<int64_t>(o.tree_topk) * o.tree_topk;
+    EVAL_REQUIRE(o.num_draft_tokens <= cap, "--num-draft-tokens " << o.num_draft_tokens << " (the tree's nodes) exceeds "
+                                                                  << cap << ", what --tree-topk " << o.tree_topk
+                                                                  << " --tree-depth " << depth << " can hold");
+    EVAL_REQUIRE(o.tree_depth <= o.num_draft_tokens,
+                 "--tree-depth " << o.tree_depth << " exceeds --num-draft-tokens " << o.num_draft_tokens
+                                 << " (a path holds at most every node)");
+  }
+  EVAL_REQUIRE(o.temperature > 0 || (o.top_p == 1.0 && o.sample_seed == 0),
+               "--top-p and --sample-seed act only with --temperature > 0 (greedy decoding draws nothing)");
   EVAL_REQUIRE(o.device == "auto" || o.device == "cpu" || o.device == "cuda",
                "--device '" << o.device << "' is not auto, cpu or cuda");
   EVAL_REQUIRE(o.dtype == "auto" || o.dtype == "f32" || o.dtype == "bf16",
@@ -184,11 +199,14 @@ int eval(const std::vector<std::string>& args) {
       "num-prompts", po::value<int64_t>(&o.num_prompts)->default_value(16), "number of prompts (0: all)")(
       "max-new-tokens", po::value<int64_t>(&o.max_new_tokens)->default_value(64), "new tokens per prompt")(
       "max-prompt-tokens", po::value<int64_t>(&o.max_prompt_tokens)->default_value(0),
-      "cut prompts to their first N tokens (0: whole)")(
+      "cut plain prompts to their first N tokens; a longer chat prompt (--chat-template) is skipped, as a cut "
+      "would lose its assistant header, and counted in prompts_too_long (0: whole)")(
       "chat-template", po::value<std::string>(&o.chat_template)->default_value("plain"),
       "how a prompt (one user turn) becomes token ids: the template of aerie prepare, with its generation "
       "prompt (the assistant header)")(
-      "num-draft-tokens", po::value<int>(&o.num_draft_tokens)->default_value(7), "draft chain length n per cycle")(
+      "num-draft-tokens", po::value<int>(&o.num_draft_tokens)->default_value(7),
+      "draft tokens per verification pass: the chain's length, or with --tree-topk the tree's nodes (SGLang's "
+      "num_draft_tokens - 1: SGLang counts the verified last token too)")(
       "untrained", po::bool_switch(&o.untrained), "also evaluate the untrained draft (init weights, --seed)")(
       "seed", po::value<uint64_t>(&o.seed)->default_value(0), "init seed of the untrained draft (train's --seed)")(
       "temperature", po::value<double>(&o.temperature)->default_value(0.0),

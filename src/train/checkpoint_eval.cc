@@ -273,9 +273,15 @@ CheckpointEvalTable run_checkpoint_eval(const EvalOptions& eval, const Checkpoin
   CheckpointEvalTable table;
   table.run_dir = opts.run_dir;
   const bool resumed = fs::exists(path);
+  // The target, prompts and data split are compared by content (fingerprint, sha256), not by path, so
+  // that a run moved to other storage with them keeps its table (the shards folder is compared by path:
+  // it has no hash here, and other shards give another tau_sim).
+  const std::vector<std::string> moved = {"model", "prompts", "data_split"};
   if (resumed) {
     table = read_checkpoint_eval(path);
-    const std::string diff = settings_difference(table.settings, settings, {"dtype"});
+    std::vector<std::string> ignore = moved;
+    ignore.push_back("dtype");
+    const std::string diff = settings_difference(table.settings, settings, ignore);
     AERIE_CHECK(diff.empty(), "eval --run: " << path << " was made with other eval settings (" << diff
                                              << "); its rows are kept: write this table elsewhere (--output) or "
                                              << "remove " << path);
@@ -308,7 +314,7 @@ CheckpointEvalTable run_checkpoint_eval(const EvalOptions& eval, const Checkpoin
     EvalSession session(eval);
     settings["dtype"] = session.dtype_name();
     if (resumed) {
-      const std::string diff = settings_difference(table.settings, settings);
+      const std::string diff = settings_difference(table.settings, settings, moved);
       AERIE_CHECK(diff.empty(), "eval --run: " << path << " was made with other eval settings (" << diff
                                                << "); its rows are kept: write this table elsewhere (--output) or "
                                                << "remove " << path);
@@ -352,8 +358,11 @@ CheckpointEvalTable run_checkpoint_eval(const EvalOptions& eval, const Checkpoin
   if (rank == 0) {
     std::cout << "checkpoints of " << opts.run_dir << " (" << path << "):\n" << format_checkpoint_table(table);
     const CheckpointEvalRow& best = best_checkpoint(table, path);
+    // The table's own path in the hint when it is not the run's default one (export --best reads that).
+    const bool default_table = opts.table_path.empty() || fs::path(opts.table_path) == fs::path(checkpoint_eval_path(opts.run_dir));
     std::cout << "best: step " << best.step << " (acceptance length " << fixed(best.acceptance_length(), 3)
-              << "; aerie export --checkpoint " << opts.run_dir << " --best exports it)\n";
+              << "; aerie export --checkpoint " << opts.run_dir << " --best"
+              << (default_table ? std::string() : " --eval-table " + path) << " exports it)\n";
     std::cout.flush();
   }
   return table;

@@ -43,7 +43,7 @@ struct SpecDecodeResult {
   // [n]: passes in which draft position i (0-based) was accepted and emitted (a pass cut at max_new or a
   // stop token counts only the guesses before the cut), so 1 + sum_i accepted_at[i] / verify_passes equals
   // verify_tokens / verify_passes except for a last pass cut inside its guesses (it lacks its target token).
-  std::vector<int64_t> accepted_at;
+  std::vector<int64_t> accepted_at;  // [n], or [tree depth] for a tree (SpecDecodeOptions::tree_topk > 1)
 };
 
 /// Greedy chain speculative decoding (eagle3.md section 6). Prefill: the target's forward of the prompt

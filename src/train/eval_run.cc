@@ -71,7 +71,9 @@ std::vector<std::string> read_prompts(const std::string& path, int64_t max_promp
         if (categories) {  // the record's other keys, a plain prompt's "category" among them
           const nlohmann::json j = nlohmann::json::parse(r.json, nullptr, false);
           const auto c = j.is_object() ? j.find("category") : j.end();
-          categories->push_back(j.is_object() && c != j.end() && c->is_string() ? c->get<std::string>() : "");
+          std::string name;  // a string as it is, a number or list as its JSON text, null as none
+          if (j.is_object() && c != j.end() && !c->is_null()) name = c->is_string() ? c->get<std::string>() : c->dump();
+          categories->push_back(name);
         }
       } else if (first_skip.empty() && r.skip != SkipReason::Empty) {
         first_skip = file.where(i) + ": " + (r.skip == SkipReason::None ? "no user turn" : r.detail);
@@ -292,8 +294,9 @@ EvalSession::EvalSession(const EvalOptions& o) : impl_(std::make_unique<Impl>(ch
   if (!s.categories.empty())
     for (std::string& c : s.prompt_category)
       if (c.empty()) c = "(none)";  // prompts without a category, beside those with one
-  if (!s.categories.empty() && std::count(s.prompt_category.begin(), s.prompt_category.end(), "(none)") > 0)
-    s.categories.push_back("(none)");
+  if (!s.categories.empty() && std::count(s.prompt_category.begin(), s.prompt_category.end(), "(none)") > 0 &&
+      std::find(s.categories.begin(), s.categories.end(), "(none)") == s.categories.end())
+    s.categories.push_back("(none)");  // (a category named "(none)" shares the entry)
   s.category_greedy_seconds.assign(s.categories.size(), 0.0);
   auto category_of = [&](size_t prompt) {
     return static_cast<size_t>(std::find(s.categories.begin(), s.categories.end(), s.prompt_category[prompt]) -
@@ -314,12 +317,21 @@ EvalSession::EvalSession(const EvalOptions& o) : impl_(std::make_unique<Impl>(ch
       }
       prompt.resize(o.max_prompt_tokens);
     }
+    const int64_t max_pos = model.config().max_position_embeddings,
+                  need = static_cast<int64_t>(prompt.size()) + o.max_new_tokens + o.num_draft_tokens + 1;
+    AERIE_CHECK(max_pos <= 0 || need <= max_pos,
+                "eval: prompt " << i << " of " << o.prompts_path << " has " << prompt.size() << " tokens; with "
+                                << o.max_new_tokens << " new tokens and " << o.num_draft_tokens + 1
+                                << " verification positions that exceeds the target's max_position_embeddings "
+                                << max_pos << ": lower --max-new-tokens or set --max-prompt-tokens (a chat prompt "
+                                << "over it is skipped, a plain one cut)");
     auto t0 = Clock::now();
     std::vector<int32_t> greedy = greedy_generate(model, prompt, o.max_new_tokens, s.stop);
     s.greedy_seconds += seconds_since(t0);
     if (!s.categories.empty()) s.category_greedy_seconds[category_of(i)] += seconds_since(t0);
     s.greedy_tokens += static_cast<int64_t>(greedy.size() - prompt.size());
     if (s.example.is_null()) {
+      s.example["decoding"] = "greedy (the reference of the lossless check)";
       s.example["prompt"] = eval_prompt_text(*tmpl, texts[i], prompt, tok);
       s.example["output"] = tok.decode(std::vector<int32_t>(greedy.begin() + static_cast<int64_t>(prompt.size()),
                                                             greedy.end()));
@@ -333,6 +345,10 @@ EvalSession::EvalSession(const EvalOptions& o) : impl_(std::make_unique<Impl>(ch
     groups.dp->all_reduce_sum(t);
     s.too_long = t.data<int64_t>()[0];
     s.greedy_tokens = t.data<int64_t>()[1];
+    if (s.too_long > 0 && groups.map.world_rank == 0)
+      AERIE_LOG(warning) << "eval: " << s.too_long << " chat prompt(s) of " << o.prompts_path << " longer than "
+                         << "--max-prompt-tokens " << o.max_prompt_tokens << " skipped (cut, a chat prompt would "
+                         << "lose its assistant header); the figures cover the others (prompts_too_long in eval.json)";
     Tensor g = Tensor::from_vector(std::vector<float>{static_cast<float>(s.greedy_seconds)}, {1});
     groups.dp->all_reduce_sum(g);
     s.greedy_seconds = g.data<float>()[0];
@@ -391,6 +407,11 @@ LoadedDraft EvalSession::load(const std::string& path) const {
                   draft.cfg.hidden_size == tc.hidden_size,
               "eval: draft " << path << " (H " << draft.cfg.hidden_size << ", H_t " << draft.cfg.target_hidden_size
                              << ", V " << draft.cfg.vocab_size << ") does not fit the target " << impl_->o.model_dir);
+  for (int a : draft.cfg.aux_layers)
+    AERIE_CHECK(a >= 0 && a <= tc.num_hidden_layers,
+                "eval: draft " << path << " reads the hidden states of target layer " << a
+                               << " (its aux layers, eagle_aux_hidden_state_layer_ids in an export), but the target "
+                               << impl_->o.model_dir << " has " << tc.num_hidden_layers << " layers");
   // The draft runs beside the target (F32 weights; the target's embedding table, in its dtype).
   if (impl_->dev != Device::CPU) draft.weights = draft.weights.to_device(impl_->dev);
   return draft;
@@ -459,8 +480,10 @@ nlohmann::json EvalSession::evaluate(const LoadedDraft& draft, const std::string
       by_category[std::find(s.categories.begin(), s.categories.end(), c) - s.categories.begin()].add(r, same, secs);
     }
   }
-  sums.all_reduce(*s.groups.dp, n);
-  for (SpecSums& c : by_category) c.all_reduce(*s.groups.dp, n);  // every rank knows every category
+  // Positions a pass can accept: the chain's n, a tree's depth.
+  const int positions = s.o.tree_topk > 1 && s.o.tree_depth > 0 ? std::min(s.o.tree_depth, n) : n;
+  sums.all_reduce(*s.groups.dp, positions);
+  for (SpecSums& c : by_category) c.all_reduce(*s.groups.dp, positions);  // every rank knows every category
 
   // Teacher-forced acc_k / tau_sim (eagle3.md section 4) with ttt_forward_backward, no gradients.
   const int S = s.o.ttt_steps;
@@ -526,7 +549,7 @@ nlohmann::json EvalSession::evaluate(const LoadedDraft& draft, const std::string
   j["teacher_forced_samples"] = tf.samples;
   if (s.o.tree_topk > 1)
     j["tree"] = {{"topk", s.o.tree_topk},
-                 {"depth", s.o.tree_depth > 0 ? s.o.tree_depth : n},
+                 {"depth", positions},
                  {"num_draft_tokens", n}};
   if (sampled) {  // no lossless check: a sampled output is compared with nothing
     j.erase("lossless");
@@ -557,9 +580,13 @@ nlohmann::json run_eval(const EvalOptions& o) {
     if (j.contains("per_category")) {
       std::ostringstream t;
       t << "eval: per category (prompts, acceptance length, speed-up):";
-      for (const auto& [name, c] : j["per_category"].items())
-        t << "\n  " << name << ": " << c["num_prompts"] << ", " << c["acceptance_length"].get<double>() << ", "
-          << c["speedup"].get<double>();
+      for (const auto& [name, c] : j["per_category"].items()) {
+        t << "\n  " << name << ": ";
+        if (c["num_prompts"].get<int64_t>() == 0)
+          t << "no prompts (skipped)";
+        else
+          t << c["num_prompts"] << ", " << c["acceptance_length"].get<double>() << ", " << c["speedup"].get<double>();
+      }
       AERIE_LOG(info) << t.str();
     }
     if (!o.output_path.empty()) {

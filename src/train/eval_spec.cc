@@ -232,7 +232,8 @@ SpecDecodeResult speculative_generate(TargetModel& target, Proposer& prop, const
 
   SpecDecodeResult r;
   r.tokens = prompt;
-  r.accepted_at.assign(n, 0);
+  const int tree_depth = tree ? std::min(o.tree_depth > 0 ? o.tree_depth : n, n) : n;
+  r.accepted_at.assign(tree_depth, 0);  // a tree accepts at most its depth
   if (max_new <= 0) return r;
   KVCache cache = target.make_cache(capacity);
   TargetOutput pre = target.forward(prompt, &cache, aux, true);
@@ -254,7 +255,7 @@ SpecDecodeResult speculative_generate(TargetModel& target, Proposer& prop, const
     // Invariant: the target cache and the draft hold positions 0 .. L-1, L = tokens.size() - 1.
     const int64_t L = static_cast<int64_t>(r.tokens.size()) - 1;
     if (tree) {  // one pass of tree verification
-      DraftTree t = prop.propose_tree(n, o.tree_topk, o.tree_depth > 0 ? o.tree_depth : n);
+      DraftTree t = prop.propose_tree(n, o.tree_topk, tree_depth);
       AERIE_CHECK(!t.tokens.empty() && static_cast<int>(t.tokens.size()) <= n && t.parent.size() == t.tokens.size(),
                   "speculative_generate: proposer gave a tree of " << t.tokens.size() << " nodes (budget " << n << ")");
       std::vector<int32_t> size = broadcast_tokens(tp, target.device(), {static_cast<int32_t>(t.tokens.size())});

@@ -61,6 +61,15 @@ refused eval_bad_steps "aerie eval: --steps 10,x: 'x' is not a positive step num
   --steps 10,x
 refused eval_every_alone "aerie eval: --every and --steps need --run" 1 "${eval_args[@]}" --draft "$r" --every 10
 refused eval_both "aerie eval: --draft and --run exclude each other" 1 "${eval_args[@]}" --draft "$r" --run "$r"
+# Decoding-mode options that would act on nothing or cannot hold: usage errors before the target loads.
+refused eval_tree_depth_alone "aerie eval: --tree-depth 3 needs --tree-topk > 1" 1 "${eval_args[@]}" --draft "$r" \
+  --tree-depth 3
+refused eval_tree_too_big "aerie eval: --num-draft-tokens 3 \(the tree's nodes\) exceeds 2, what --tree-topk 2 --tree-depth 1" 1 \
+  "${eval_args[@]}" --draft "$r" --tree-topk 2 --tree-depth 1
+refused eval_tree_sampled "aerie eval: --tree-topk > 1 verifies greedily" 1 "${eval_args[@]}" --draft "$r" \
+  --tree-topk 2 --temperature 0.5
+refused eval_top_p_greedy "aerie eval: --top-p and --sample-seed act only with --temperature > 0" 1 \
+  "${eval_args[@]}" --draft "$r" --top-p 0.9
 
 # --- export --best ----------------------------------------------------------------------------------------
 exported() {  # DIR -> "config-step selected_by metadata-step metadata-selected_by"

@@ -216,6 +216,17 @@ TEST_F(CheckpointEvalRunTest, EveryCheckpointRerunSkipsAndRefusals) {
   EXPECT_EQ(best_checkpoint(again, path).step, 200);
   const std::string kept = read_file(path);
 
+  // The same prompts at another path (a run moved with its files): compared by content, nothing to do.
+  const std::string moved_prompts = run + "/prompts.txt";
+  write_file_atomic(moved_prompts, read_file(o.prompts_path));
+  EvalOptions moved = o;
+  moved.prompts_path = moved_prompts;
+  EXPECT_DOUBLE_EQ(run_checkpoint_eval(moved, c).find(200)->acceptance_length(), 99.0);
+  EXPECT_EQ(read_file(path), kept) << "the rows stay (the prompts' path is not a setting that differs)";
+  // Other prompts at that path are other settings.
+  write_file_atomic(moved_prompts, read_file(o.prompts_path) + "\nA new story.\n");
+  EXPECT_NE(testing::error_of([&] { run_checkpoint_eval(moved, c); }).find("prompts_sha256"), std::string::npos);
+
   // Other settings: refused naming the file and the setting; the file is untouched.
   EvalOptions other = o;
   other.max_new_tokens = 8;

@@ -773,18 +773,23 @@ TEST_F(EvalTest, PerCategoryFigures) {
     f << R"({"category": "b", "prompt": "Once upon a time"})" << "\n"
       << R"({"category": "a", "turns": ["The cat sat"]})" << "\n"
       << R"({"prompt": "Lily and Tom went to the park."})" << "\n"
-      << R"({"category": "b", "prompt": "One day a little bird"})" << "\n";
+      << R"({"category": "b", "prompt": "One day a little bird"})" << "\n"
+      << R"({"category": null, "prompt": "The sun"})" << "\n"
+      << R"({"category": 5, "prompt": "A big tree"})" << "\n"
+      << R"js({"category": "(none)", "prompt": "Sam ran"})js" << "\n";
   }
   std::vector<std::string> cats;
-  EXPECT_EQ(read_prompts(o.prompts_path, 0, &cats).size(), 4u);
-  EXPECT_EQ(cats, (std::vector<std::string>{"b", "a", "", "b"}));
+  EXPECT_EQ(read_prompts(o.prompts_path, 0, &cats).size(), 7u);
+  EXPECT_EQ(cats, (std::vector<std::string>{"b", "a", "", "b", "", "5", "(none)"})) << "null: none; 5: its JSON text";
+  o.num_prompts = 0;
   const nlohmann::json j = run_eval(o);
   ASSERT_TRUE(j.contains("per_category"));
   const nlohmann::json& per = j["per_category"];
-  EXPECT_EQ(per.size(), 3u);
+  EXPECT_EQ(per.size(), 4u);
   EXPECT_EQ(per["a"]["num_prompts"], 1);
   EXPECT_EQ(per["b"]["num_prompts"], 2);
-  EXPECT_EQ(per["(none)"]["num_prompts"], 1);
+  EXPECT_EQ(per["5"]["num_prompts"], 1);
+  EXPECT_EQ(per["(none)"]["num_prompts"], 3) << "no category, null, and the category named (none)";
   int64_t passes = 0, tokens = 0;
   for (const auto& [name, c] : per.items()) {
     passes += c["verify_passes"].get<int64_t>();
@@ -878,7 +883,8 @@ TEST_F(EvalTest, TreeDecodingIsLosslessAndAcceptsTheTargetsPath) {
         const SpecDecodeResult r = speculative_generate(*model_, d, p, o);
         EXPECT_EQ(r.tokens, greedy) << "'" << text << "' n " << n << " topk " << topk;
         EXPECT_EQ(r.verify_tokens, r.generated - 1);
-        for (int i = 1; i < n; ++i) EXPECT_LE(r.accepted_at[i], r.accepted_at[i - 1]);
+        EXPECT_EQ(r.accepted_at.size(), static_cast<size_t>(depth > 0 ? depth : n)) << "a tree accepts at most its depth";
+        for (size_t i = 1; i < r.accepted_at.size(); ++i) EXPECT_LE(r.accepted_at[i], r.accepted_at[i - 1]);
       }
     }
   }
@@ -897,8 +903,8 @@ TEST_F(EvalTest, TreeDecodingIsLosslessAndAcceptsTheTargetsPath) {
       speculative_generate(*model_, oracle, default_aux_layers(model_->config().num_hidden_layers), p, o);
   EXPECT_EQ(r.tokens, greedy);
   EXPECT_EQ(r.verify_passes, 8) << "40 tokens after the prefill, 5 per pass";
+  ASSERT_EQ(r.accepted_at.size(), 4u) << "per depth";
   EXPECT_EQ(r.accepted_at[3], 8);
-  EXPECT_EQ(r.accepted_at[4], 0);
   o.sampling.temperature = 1.0;
   EXPECT_THROW(speculative_generate(*model_, oracle, default_aux_layers(model_->config().num_hidden_layers), p, o),
                Error)
@@ -915,6 +921,7 @@ TEST_F(EvalTest, TreeEvalJson) {
   EXPECT_EQ(j["tree"]["topk"], 3);
   EXPECT_EQ(j["tree"]["depth"], 3);
   EXPECT_EQ(j["tree"]["num_draft_tokens"], o.num_draft_tokens);
+  EXPECT_EQ(j["acceptance_rate_per_position"].size(), 3u) << "one per depth";
   EXPECT_FALSE(chain.contains("tree"));
   EXPECT_EQ(j["tokens_generated"], chain["tokens_generated"]) << "the same greedy outputs";
   o.temperature = 0.5;
