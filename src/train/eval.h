@@ -25,6 +25,7 @@ struct LoadedDraft {
   DraftConfig cfg;
   DraftWeights weights;
   DraftVocab vocab;
+  nlohmann::json provenance;  // a checkpoint's provenance (its target's fingerprint among it); null for an export
 };
 
 /// Reads a draft from an export directory (eagle3.md section 5: config.json + model.safetensors, bf16

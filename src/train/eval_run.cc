@@ -16,6 +16,7 @@
 #include "data/prepare_template.h"
 #include "data/prompt_input.h"
 #include "data/shard.h"
+#include "io/fingerprint.h"
 #include "tokenizer/tokenizer.h"
 #include "train/checkpoint.h"
 #include "train/data_order.h"
@@ -412,6 +413,18 @@ LoadedDraft EvalSession::load(const std::string& path) const {
                 "eval: draft " << path << " reads the hidden states of target layer " << a
                                << " (its aux layers, eagle_aux_hidden_state_layer_ids in an export), but the target "
                                << impl_->o.model_dir << " has " << tc.num_hidden_layers << " layers");
+  // A checkpoint knows its target: a warning when this is another (as export warns; a draft trained on one
+  // copy of a model may be evaluated on another, e.g. a quantized one).
+  if (draft.provenance.is_object() && draft.provenance.contains("target") && impl_->groups.map.world_rank == 0) {
+    const nlohmann::json& t = draft.provenance["target"];
+    TargetFingerprint trained;
+    trained.config_sha256 = t.value("config_sha256", "");
+    trained.weights_sha256 = t.value("weights_sha256", "");
+    const std::string diff = trained.difference(TargetFingerprint::of_model(impl_->o.model_dir));
+    if (!diff.empty())
+      AERIE_LOG(warning) << "eval: --model " << impl_->o.model_dir << " is not the target " << path
+                         << " was trained with (" << t.value("model", std::string("?")) << "): " << diff;
+  }
   // The draft runs beside the target (F32 weights; the target's embedding table, in its dtype).
   if (impl_->dev != Device::CPU) draft.weights = draft.weights.to_device(impl_->dev);
   return draft;
@@ -423,7 +436,7 @@ LoadedDraft EvalSession::untrained(const LoadedDraft& like, uint64_t seed) const
   const TargetModel& model = *impl_->model;
   Tensor lm = model.lm_head().device() == Device::CPU ? model.lm_head() : model.lm_head().to_device(Device::CPU);
   if (lm.dtype() != DType::F32) lm = lm.to(DType::F32);
-  LoadedDraft u{like.cfg, init_draft_weights(like.cfg, lm, like.vocab.selected(), seed), like.vocab};
+  LoadedDraft u{like.cfg, init_draft_weights(like.cfg, lm, like.vocab.selected(), seed), like.vocab, nlohmann::json()};
   if (impl_->dev != Device::CPU) u.weights = u.weights.to_device(impl_->dev);
   return u;
 }

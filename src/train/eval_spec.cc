@@ -49,12 +49,12 @@ int32_t broadcast_token(Communicator& tp, Device dev, int32_t v) { return broadc
 LoadedDraft load_draft(const std::string& path, int64_t target_num_hidden_layers) {
   if (fs::exists(fs::path(path) / "model.safetensors") && fs::exists(fs::path(path) / "config.json")) {
     ExportedDraft e = load_export(path, target_num_hidden_layers);
-    LoadedDraft d{e.config, std::move(e.weights), e.vocab};
+    LoadedDraft d{e.config, std::move(e.weights), e.vocab, nlohmann::json()};
     check_vocab(d.vocab, d.cfg.draft_vocab_size, d.cfg.vocab_size, path);
     return d;
   }
   Checkpoint ck = load_checkpoint(resolve_checkpoint(path));
-  LoadedDraft d{ck.config, std::move(ck.weights), ck.vocab};
+  LoadedDraft d{ck.config, std::move(ck.weights), ck.vocab, ck.provenance};
   check_vocab(d.vocab, d.cfg.draft_vocab_size, d.cfg.vocab_size, path);
   return d;
 }

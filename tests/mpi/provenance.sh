@@ -123,5 +123,14 @@ refused export_deeper "export: the target has 7 layers, the draft was trained on
 [ ! -e "$work/export_x" ] || fail "a refused export wrote files"
 run export_ok 1 export --checkpoint "$work/run" --model "$model" --output "$work/export" || fail "export"
 echo "6. export refuses a target of another layer count"
+# eval of a checkpoint against another target of the same shape: it runs, with a warning naming both.
+run eval_other_target 1 eval --model "$work/model_b" --draft "$work/run" --prompts "$text" --num-prompts 2 \
+  --max-new-tokens 8 --num-draft-tokens 2 --ttt-steps 1 --output "$work/eval_b.json" || fail "eval with model_b"
+grep -Eq "eval: --model .*/model_b is not the target .*/run was trained with \(.*\): the weights differ" "$last" \
+  || fail "eval did not warn about another target"
+run eval_same_target 1 eval --model "$model" --draft "$work/run" --prompts "$text" --num-prompts 2 \
+  --max-new-tokens 8 --num-draft-tokens 2 --ttt-steps 1 --output "$work/eval_a.json" || fail "eval with the model"
+! grep -q "is not the target" "$last" || fail "eval warned about its own target"
+echo "6b. eval warns about a checkpoint's other target"
 fi
 echo PASS
