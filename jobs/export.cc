@@ -63,10 +63,21 @@ std::string best_checkpoint_of_run(const std::string& run_dir, const std::string
   const CheckpointEvalRow& best = best_checkpoint(table, path);
   const std::map<int64_t, std::string> all = complete_checkpoints(run_dir);
   const auto it = all.find(best.step);
-  AERIE_CHECK(it != all.end(), "export --best: the best checkpoint of " << path << ", step " << best.step
-                                   << " (acceptance length " << best.acceptance_length() << "), is no longer in "
-                                   << run_dir << " (removed by train --keep-checkpoints?); export another one with "
-                                   << "--checkpoint " << run_dir << "/checkpoints/step-X");
+  if (it == all.end()) {
+    // The best row whose checkpoint is still there, to name in the error.
+    const CheckpointEvalRow* present = nullptr;
+    for (const CheckpointEvalRow& r : table.rows)
+      if (all.count(r.step) && (!present || r.acceptance_length() > present->acceptance_length() ||
+                                (r.acceptance_length() == present->acceptance_length() && r.step > present->step)))
+        present = &r;
+    AERIE_THROW("export --best: the best checkpoint of " << path << ", step " << best.step << " (acceptance length "
+                << best.acceptance_length() << "), is no longer in " << run_dir
+                << " (removed by train --keep-checkpoints?); "
+                << (present ? "the best still there is step " + std::to_string(present->step) +
+                                  " (acceptance length " + std::to_string(present->acceptance_length()) +
+                                  "): export it with --checkpoint " + checkpoint_dir(run_dir, present->step)
+                            : std::string("no checkpoint of the table is left: evaluate the run again")));
+  }
   AERIE_CHECK(checkpoint_fingerprint(it->second) == best.fingerprint,
               "export --best: " << it->second << " is not the checkpoint of step " << best.step << " that " << path
                                 << " evaluated (the run was trained again into " << run_dir
@@ -189,6 +200,8 @@ int export_draft(const std::vector<std::string>& args) {
     if (!best) source = {{"selected_by", dir == given ? "given" : "newest"}};
     source["checkpoint"] = dir;
     source["step"] = ck.state.step;
+    // The target the draft was trained with, for eval's check of an export against its --model.
+    if (ck.provenance.is_object() && ck.provenance.contains("target")) source["target"] = ck.provenance["target"];
     if (format == ExportFormat::Speculators) {
       write_speculators_export(out, ck.config, ck.weights, ck.vocab, target, spec, source);
       AERIE_LOG(info) << "export: " << dir << " (step " << ck.state.step << ") -> " << out

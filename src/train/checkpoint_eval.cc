@@ -358,6 +358,9 @@ CheckpointEvalTable run_checkpoint_eval(const EvalOptions& eval, const Checkpoin
   if (rank == 0) {
     std::cout << "checkpoints of " << opts.run_dir << " (" << path << "):\n" << format_checkpoint_table(table);
     const CheckpointEvalRow& best = best_checkpoint(table, path);
+    if (!all.count(best.step))
+      std::cout << "note: the best row, step " << best.step << ", is a checkpoint no longer in " << opts.run_dir
+                << " (export --best refuses it and names the best one left)\n";
     // The table's own path in the hint when it is not the run's default one (export --best reads that).
     const bool default_table = opts.table_path.empty() || fs::path(opts.table_path) == fs::path(checkpoint_eval_path(opts.run_dir));
     std::cout << "best: step " << best.step << " (acceptance length " << fixed(best.acceptance_length(), 3)

@@ -25,7 +25,9 @@ struct LoadedDraft {
   DraftConfig cfg;
   DraftWeights weights;
   DraftVocab vocab;
-  nlohmann::json provenance;  // a checkpoint's provenance (its target's fingerprint among it); null for an export
+  // A checkpoint's provenance (its target's fingerprint among it), an aerie export's {"target": ...} from
+  // config.json's aerie_checkpoint; null when neither records one.
+  nlohmann::json provenance;
 };
 
 /// Reads a draft from an export directory (eagle3.md section 5: config.json + model.safetensors, bf16

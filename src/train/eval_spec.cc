@@ -49,7 +49,13 @@ int32_t broadcast_token(Communicator& tp, Device dev, int32_t v) { return broadc
 LoadedDraft load_draft(const std::string& path, int64_t target_num_hidden_layers) {
   if (fs::exists(fs::path(path) / "model.safetensors") && fs::exists(fs::path(path) / "config.json")) {
     ExportedDraft e = load_export(path, target_num_hidden_layers);
-    LoadedDraft d{e.config, std::move(e.weights), e.vocab, nlohmann::json()};
+    // An export of aerie records the checkpoint it came from and that checkpoint's target.
+    nlohmann::json prov;
+    const nlohmann::json cfg = nlohmann::json::parse(read_file((fs::path(path) / "config.json").string()), nullptr, false);
+    if (cfg.is_object() && cfg.contains("aerie_checkpoint") && cfg["aerie_checkpoint"].is_object() &&
+        cfg["aerie_checkpoint"].contains("target"))
+      prov = {{"target", cfg["aerie_checkpoint"]["target"]}};
+    LoadedDraft d{e.config, std::move(e.weights), e.vocab, prov};
     check_vocab(d.vocab, d.cfg.draft_vocab_size, d.cfg.vocab_size, path);
     return d;
   }

@@ -131,6 +131,11 @@ grep -Eq "eval: --model .*/model_b is not the target .*/run was trained with \(.
 run eval_same_target 1 eval --model "$model" --draft "$work/run" --prompts "$text" --num-prompts 2 \
   --max-new-tokens 8 --num-draft-tokens 2 --ttt-steps 1 --output "$work/eval_a.json" || fail "eval with the model"
 ! grep -q "is not the target" "$last" || fail "eval warned about its own target"
-echo "6b. eval warns about a checkpoint's other target"
+# An export records its checkpoint's target: the same warning for the export.
+run eval_export_other 1 eval --model "$work/model_b" --draft "$work/export" --prompts "$text" --num-prompts 2 \
+  --max-new-tokens 8 --num-draft-tokens 2 --ttt-steps 1 --output "$work/eval_eb.json" || fail "eval of the export"
+grep -Eq "eval: --model .*/model_b is not the target .*/export was trained with" "$last" \
+  || fail "eval did not warn about the export's other target"
+echo "6b. eval warns about a checkpoint's or an export's other target"
 fi
 echo PASS
