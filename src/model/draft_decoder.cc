@@ -39,6 +39,30 @@ struct DraftDecoder::Impl {
   }
 
   std::vector<int32_t> chain(int n, std::vector<std::vector<float>>* logits, const Pick& pick);
+
+  /// The step-0 logits [1, K] of the last cached position (a chain's or tree's first guesses).
+  Tensor root_logits() const {
+    const DraftConfig& c = ctx.cfg;
+    Tensor hn = Tensor::empty({1, c.hidden_size}, DType::F32, ctx.device);
+    Tensor l = Tensor::empty({1, c.draft_vocab_size}, DType::F32, ctx.device);
+    rmsnorm_forward(oc.slice(len - 1, len), ctx.w.norm, static_cast<float>(c.rms_norm_eps), hn, nullptr);
+    matmul(hn, ctx.w.lm_head, l, false, true);
+    return l;
+  }
+  /// One draft step of token `tok` from hidden h [1, H] at position pos, over the cache and the keys
+  /// `dk` / `dv` of the earlier steps of its chain or path, to which its own are appended.
+  void step(int32_t tok, const Tensor& h, int64_t pos, std::vector<const Tensor*>& dk, std::vector<const Tensor*>& dv,
+            LayerActs& a) const {
+    const DraftConfig& c = ctx.cfg;
+    draft_detail::layer_qkv(ctx, &tok, 1, h, pos, a);
+    dk.push_back(&a.k);
+    dv.push_back(&a.v);
+    a.attn = Tensor::empty({1, c.num_attention_heads, c.head_dim}, DType::F32, ctx.device);
+    a.lse = Tensor::empty({1, c.num_attention_heads}, DType::F32, ctx.device);
+    draft_detail::ttt_attention_forward(a.q, kc.slice(0, len), vc.slice(0, len), dk, dv, len - 1, ctx.scale, a.attn,
+                                        a.lse);
+    draft_detail::layer_out(ctx, a);
+  }
 };
 
 DraftDecoder::DraftDecoder(const DraftConfig& cfg, const DraftWeights& w, const Tensor& embed_tokens,
@@ -136,7 +160,7 @@ DraftTree DraftDecoder::propose_tree(int budget, int topk, int depth) {
   AERIE_CHECK(budget >= 1 && topk >= 1 && depth >= 1, "DraftDecoder::propose_tree: budget " << budget << ", topk "
                                                                                            << topk << ", depth " << depth);
   AERIE_CHECK(m.len >= 1, "DraftDecoder::propose_tree: the cache is empty (append_verified first)");
-  const int64_t p = m.len - 1, H = c.hidden_size, K = c.draft_vocab_size;
+  const int64_t p = m.len - 1, K = c.draft_vocab_size;
   struct Node {
     int32_t parent, depth;
     int64_t draft_id;
@@ -162,16 +186,9 @@ DraftTree DraftDecoder::propose_tree(int budget, int topk, int depth) {
   };
   // Depth 1: the root's distribution, from the step-0 output of the last cached position.
   const Tensor h0 = m.oc.slice(p, p + 1).clone();
-  {
-    Tensor hn = Tensor::empty({1, H}, DType::F32, m.ctx.device);
-    Tensor l = Tensor::empty({1, K}, DType::F32, m.ctx.device);
-    rmsnorm_forward(h0, m.ctx.w.norm, static_cast<float>(c.rms_norm_eps), hn, nullptr);
-    matmul(hn, m.ctx.w.lm_head, l, false, true);
-    for (const auto& [id, lp] : top(l)) nodes.push_back({-1, 1, id, lp, {}, {}, {}});
-  }
+  for (const auto& [id, lp] : top(m.root_logits())) nodes.push_back({-1, 1, id, lp, {}, {}, {}});
   std::vector<int32_t> frontier(nodes.size());
   for (size_t i = 0; i < frontier.size(); ++i) frontier[i] = static_cast<int32_t>(i);
-  const Tensor kc = m.kc.slice(0, m.len), vc = m.vc.slice(0, m.len);
   auto by_score = [&](int32_t a, int32_t b) { return nodes[a].score > nodes[b].score || (nodes[a].score == nodes[b].score && a < b); };
   for (int d = 2; d <= depth; ++d) {
     std::vector<int32_t> made;
@@ -182,19 +199,13 @@ DraftTree DraftDecoder::propose_tree(int budget, int topk, int depth) {
       for (int32_t x = f; x >= 0; x = nodes[x].parent) path.push_back(x);
       std::reverse(path.begin(), path.end());
       const int32_t tok = static_cast<int32_t>(nodes[f].draft_id + m.d2t[nodes[f].draft_id]);
-      LayerActs a;
-      draft_detail::layer_qkv(m.ctx, &tok, 1, nodes[f].parent < 0 ? h0 : nodes[nodes[f].parent].o, p + nodes[f].depth, a);
-      std::vector<const Tensor*> dk, dv;
+      std::vector<const Tensor*> dk, dv;  // its ancestors' keys, then its own
       for (size_t j = 0; j + 1 < path.size(); ++j) {
         dk.push_back(&nodes[path[j]].k);
         dv.push_back(&nodes[path[j]].v);
       }
-      dk.push_back(&a.k);
-      dv.push_back(&a.v);
-      a.attn = Tensor::empty({1, c.num_attention_heads, c.head_dim}, DType::F32, m.ctx.device);
-      a.lse = Tensor::empty({1, c.num_attention_heads}, DType::F32, m.ctx.device);
-      draft_detail::ttt_attention_forward(a.q, kc, vc, dk, dv, p, m.ctx.scale, a.attn, a.lse);
-      draft_detail::layer_out(m.ctx, a);
+      LayerActs a;
+      m.step(tok, nodes[f].parent < 0 ? h0 : nodes[nodes[f].parent].o, p + nodes[f].depth, dk, dv, a);
       nodes[f].k = a.k;
       nodes[f].v = a.v;
       nodes[f].o = a.o;
@@ -228,31 +239,19 @@ DraftTree DraftDecoder::propose_tree(int budget, int topk, int depth) {
 
 std::vector<int32_t> DraftDecoder::Impl::chain(int n, std::vector<std::vector<float>>* logits, const Pick& pick) {
   Impl& m = *this;
-  const DraftConfig& c = m.ctx.cfg;
   AERIE_CHECK(n >= 1, "DraftDecoder::propose: n = " << n);
   AERIE_CHECK(m.len >= 1, "DraftDecoder::propose: the cache is empty (append_verified first)");
-  const int64_t p = m.len - 1, H = c.hidden_size;
+  const int64_t p = m.len - 1;
   if (logits) logits->clear();
   // Guess 1: the step-0 logits of the last cached position.
   Tensor h = m.oc.slice(p, p + 1).clone();
-  Tensor hn = Tensor::empty({1, H}, DType::F32, m.ctx.device);
-  Tensor l = Tensor::empty({1, c.draft_vocab_size}, DType::F32, m.ctx.device);
-  rmsnorm_forward(h, m.ctx.w.norm, static_cast<float>(c.rms_norm_eps), hn, nullptr);
-  matmul(hn, m.ctx.w.lm_head, l, false, true);
-  std::vector<int32_t> out{m.to_target(l, logits, pick)};
+  std::vector<int32_t> out{m.to_target(m.root_logits(), logits, pick)};
   // Guess j+1 from step j at position p+j: the cache 0..p plus the chain's own keys of steps 1..j.
-  std::vector<LayerActs> chain(n);
+  std::vector<LayerActs> chain(n);  // sized once: dk / dv point into it
   std::vector<const Tensor*> dk, dv;
-  const Tensor kc = m.kc.slice(0, m.len), vc = m.vc.slice(0, m.len);
   for (int j = 1; j < n; ++j) {
     LayerActs& a = chain[j];
-    draft_detail::layer_qkv(m.ctx, &out.back(), 1, h, p + j, a);
-    dk.push_back(&a.k);
-    dv.push_back(&a.v);
-    a.attn = Tensor::empty({1, c.num_attention_heads, c.head_dim}, DType::F32, m.ctx.device);
-    a.lse = Tensor::empty({1, c.num_attention_heads}, DType::F32, m.ctx.device);
-    draft_detail::ttt_attention_forward(a.q, kc, vc, dk, dv, p, m.ctx.scale, a.attn, a.lse);
-    draft_detail::layer_out(m.ctx, a);
+    m.step(out.back(), h, p + j, dk, dv, a);
     out.push_back(m.to_target(a.logits, logits, pick));
     h = a.o;
   }

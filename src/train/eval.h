@@ -146,6 +146,8 @@ struct TeacherForced {
   void add(const TTTStats& st);
   std::vector<double> acc_k() const;  // correct_k / acc_rows_k (0 without rows)
   double tau_sim() const;             // 1 + sum_k prod_{j<=k} acc_j
+  /// Sums over `c` (every rank calls it), the per-step vectors first sized to S.
+  void all_reduce(Communicator& c, int S);
 };
 
 /// Options of `aerie eval` (jobs/eval.cc).

@@ -52,6 +52,20 @@ double TeacherForced::tau_sim() const {
   return tau;
 }
 
+void TeacherForced::all_reduce(Communicator& c, int S) {
+  correct.resize(S, 0);
+  acc_rows.resize(S, 0);
+  std::vector<int64_t> v = correct;
+  v.insert(v.end(), acc_rows.begin(), acc_rows.end());
+  v.push_back(samples);
+  Tensor t = Tensor::from_vector(v, {static_cast<int64_t>(v.size())});
+  c.all_reduce_sum(t);
+  const int64_t* p = t.data<int64_t>();
+  correct.assign(p, p + S);
+  acc_rows.assign(p + S, p + 2 * S);
+  samples = p[2 * S];
+}
+
 std::vector<std::string> read_prompts(const std::string& path, int64_t max_prompts,
                                       std::vector<std::string>* categories) {
   const PromptFile file(path, InputFormat::Auto);
@@ -189,19 +203,6 @@ constexpr const char* kUntrainedFigures[] = {
     "acceptance_length", "acceptance_rate_per_position", "conditional_acceptance_rate_per_position", "lossless",
     "lossless_failures", "verify_passes", "tokens_generated", "spec_seconds", "acc_k", "tau_sim", "per_category"};
 
-void reduce_teacher_forced(TeacherForced& tf, Communicator& c, int S) {
-  tf.correct.resize(S, 0);
-  tf.acc_rows.resize(S, 0);
-  std::vector<int64_t> v = tf.correct;
-  v.insert(v.end(), tf.acc_rows.begin(), tf.acc_rows.end());
-  v.push_back(tf.samples);
-  Tensor t = Tensor::from_vector(v, {static_cast<int64_t>(v.size())});
-  c.all_reduce_sum(t);
-  const int64_t* p = t.data<int64_t>();
-  tf.correct.assign(p, p + S);
-  tf.acc_rows.assign(p + S, p + 2 * S);
-  tf.samples = p[2 * S];
-}
 
 }  // namespace
 
@@ -536,7 +537,7 @@ nlohmann::json EvalSession::evaluate(const LoadedDraft& draft, const std::string
       score(make_ttt_sample(s.greedy[i], mask, f, out.final_hidden, model.lm_head(), selected));
     }
   }
-  reduce_teacher_forced(tf, *s.groups.dp, S);
+  tf.all_reduce(*s.groups.dp, S);
 
   nlohmann::json j;
   j["num_prompts"] = sums.prompts;

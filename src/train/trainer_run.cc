@@ -471,17 +471,7 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp) {
       if (dev != Device::CPU) t.aux_hidden = t.aux_hidden.to_device(dev);
       tf.add(ttt_forward_backward(ck.config, w, head.embed_tokens, t, ck.vocab.d2t, ck.vocab.t2d, S, ones, nullptr));
     }
-    tf.correct.resize(static_cast<size_t>(S), 0);
-    tf.acc_rows.resize(static_cast<size_t>(S), 0);
-    std::vector<int64_t> sums = tf.correct;
-    sums.insert(sums.end(), tf.acc_rows.begin(), tf.acc_rows.end());
-    sums.push_back(tf.samples);
-    Tensor t = Tensor::from_vector(sums, {static_cast<int64_t>(sums.size())});
-    dp.all_reduce_sum(t);
-    const int64_t* p = t.data<int64_t>();
-    tf.correct.assign(p, p + S);
-    tf.acc_rows.assign(p + S, p + 2 * S);
-    tf.samples = p[2 * S];
+    tf.all_reduce(dp, S);
     if (rank != 0) return;
     AERIE_LOG(info) << "train: step " << st.step << " held out (" << tf.samples << " samples): tau_sim "
                     << tf.tau_sim() << " | acc_k " << join(tf.acc_k(), 3);

@@ -44,7 +44,7 @@ TEST_F(EvalCuda, SpeculativeDecodingOnGpuEqualsCpuGreedy) {
   ASSERT_EQ(gpu.device(), Device::CUDA);
   const std::vector<int32_t> stop{tok_->bos_id(), tok_->eos_id()};
   LoadedDraft host = full_vocab_draft(*model_, 3);
-  LoadedDraft dev{host.cfg, host.weights.to_device(Device::CUDA), host.vocab};
+  LoadedDraft dev{host.cfg, host.weights.to_device(Device::CUDA), host.vocab, host.provenance};
   for (const char* text : {"Once upon a time", "Lily and Tom went to the park.", "The cat"}) {
     const auto p = prompt(text);
     const auto greedy_cpu = greedy_generate(*model_, p, 48, stop);
