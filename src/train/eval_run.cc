@@ -327,6 +327,8 @@ EvalSession::EvalSession(const EvalOptions& o) : impl_(std::make_unique<Impl>(ch
                                 << " verification positions that exceeds the target's max_position_embeddings "
                                 << max_pos << ": lower --max-new-tokens or set --max-prompt-tokens (a chat prompt "
                                 << "over it is skipped, a plain one cut)");
+    if (s.prompts.empty())  // untimed warm-up (a GPU's first kernels, handles and pools), not in greedy_seconds
+      (void)greedy_generate(model, prompt, std::min<int64_t>(o.max_new_tokens, 4), s.stop);
     auto t0 = Clock::now();
     std::vector<int32_t> greedy = greedy_generate(model, prompt, o.max_new_tokens, s.stop);
     s.greedy_seconds += seconds_since(t0);
@@ -473,7 +475,6 @@ nlohmann::json EvalSession::evaluate(const LoadedDraft& draft, const std::string
   SpecSums sums;
   std::vector<SpecSums> by_category(s.categories.size());  // the same sums per prompt category
   for (size_t i = 0; i < s.prompts.size(); ++i) {
-    const auto t0 = Clock::now();
     SpecDecodeOptions so;
     so.num_draft_tokens = n;
     so.max_new = s.o.max_new_tokens;
@@ -482,6 +483,12 @@ nlohmann::json EvalSession::evaluate(const LoadedDraft& draft, const std::string
     so.seed = sequence_seed(s.o.sample_seed, s.prompt_index[i]);
     so.tree_topk = s.o.tree_topk;
     so.tree_depth = s.o.tree_depth;
+    if (i == 0) {  // untimed warm-up of this draft's kernels and buffers, not in spec_seconds
+      SpecDecodeOptions warm = so;
+      warm.max_new = std::min<int64_t>(so.max_new, 2 * (n + 1));
+      (void)speculative_generate(model, draft, s.prompts[i], warm);
+    }
+    const auto t0 = Clock::now();
     SpecDecodeResult r = speculative_generate(model, draft, s.prompts[i], so);
     const double secs = seconds_since(t0);
     const bool same = sampled || r.tokens == s.greedy[i];  // a sampled output is not greedy decoding's

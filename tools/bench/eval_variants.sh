@@ -3,10 +3,12 @@
 # chains and draft trees at the same budgets of draft tokens per verification pass, and speculative
 # sampling at temperatures 0.7 and 1. Runs `aerie eval` on the demo's outputs (tools/demo RUN_DIR first)
 # or on any target / export / prompts given by the environment, and prints one JSON line per variant
-# (acceptance_length, verify_passes, per-position acceptance) and a table.
+# (acceptance_length, verify_passes, per-position acceptance, wall seconds of speculative and of plain
+# greedy decoding, tokens/s of each, the speed-up, per_category for prompts with a category) and a table.
 # Environment: AERIE (BUILD_DIR/aerie), MODEL, DRAFT, PROMPTS (defaults: RUN_DIR's target, export and
 #   eval_prompts.txt), NUM_PROMPTS (32), MAX_NEW (96), NP (1: ranks), EXTRA (more eval options, e.g.
-#   "--chat-template smollm2 --device cuda").
+#   "--chat-template smollm2 --device cuda"), VARIANTS (an extended regex: only the variants whose name
+#   matches, e.g. 'chain 5|tree 5'), KEEP (a folder: each variant's eval.json is kept there).
 # Usage: tools/bench/eval_variants.sh [RUN_DIR]   (default runs/demo)
 set -euo pipefail
 case "${1:-}" in -h | --help)
@@ -41,9 +43,10 @@ variants=(
   "sampled chain 5, T 0.7|--num-draft-tokens 5 --temperature 0.7"
   "sampled chain 5, T 1.0|--num-draft-tokens 5 --temperature 1.0"
 )
-printf '%-32s %18s %8s\n' variant "acceptance length" passes >&2
+printf '%-32s %18s %8s %10s %10s %8s\n' variant "acceptance length" passes "spec tok/s" "greedy t/s" speedup >&2
 for v in "${variants[@]}"; do
   name=${v%%|*}; opts=${v#*|}
+  [ -z "${VARIANTS:-}" ] || [[ "$name" =~ $VARIANTS ]] || continue
   # shellcheck disable=SC2086
   mpirun -np "$NP" "$AERIE" eval --model "$MODEL" --draft "$DRAFT" --prompts "$PROMPTS" --num-prompts "$NUM_PROMPTS" \
     --max-new-tokens "$MAX_NEW" --ttt-steps 1 $opts ${EXTRA:-} --output "$work/eval.json" >"$work/log" 2>&1 ||
@@ -54,8 +57,19 @@ j = json.load(open(sys.argv[1]))
 line = {"bench": "eval_variants", "variant": sys.argv[2], "acceptance_length": j["acceptance_length"],
         "verify_passes": j["verify_passes"], "tokens_generated": j["tokens_generated"],
         "acceptance_rate_per_position": [round(x, 4) for x in j["acceptance_rate_per_position"]],
-        "lossless": j.get("lossless"), "tree": j.get("tree"), "sampling": j.get("sampling")}
+        "lossless": j.get("lossless"), "tree": j.get("tree"), "sampling": j.get("sampling"),
+        "device": j.get("device"), "dtype": j.get("dtype"), "spec_seconds": j.get("spec_seconds"),
+        "greedy_seconds": j.get("greedy_seconds"), "speedup": j.get("speedup")}
+spec_tps = j["tokens_generated"] / j["spec_seconds"] if j.get("spec_seconds") else None
+greedy_tps = j["greedy_tokens"] / j["greedy_seconds"] if j.get("greedy_seconds") and j.get("greedy_tokens") else None
+line["spec_tokens_per_s"], line["greedy_tokens_per_s"] = spec_tps, greedy_tps
+if j.get("per_category"):
+    line["per_category"] = {k: {f: v.get(f) for f in ("num_prompts", "acceptance_length", "speedup")}
+                            for k, v in j["per_category"].items()}
 print(json.dumps(line))
-print(f'{sys.argv[2]:<32} {j["acceptance_length"]:18.3f} {j["verify_passes"]:8d}', file=sys.stderr)
+fmt = lambda x, p: "-" if x is None else f"{x:.{p}f}"
+print(f'{sys.argv[2]:<32} {j["acceptance_length"]:18.3f} {j["verify_passes"]:8d} {fmt(spec_tps, 0):>10} '
+      f'{fmt(greedy_tps, 0):>10} {fmt(j.get("speedup"), 3):>8}', file=sys.stderr)
 PY
+  [ -z "${KEEP:-}" ] || { mkdir -p "$KEEP"; cp "$work/eval.json" "$KEEP/$(echo "$name" | tr -c 'A-Za-z0-9\n' '_').json"; }
 done
