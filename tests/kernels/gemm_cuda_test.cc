@@ -207,7 +207,7 @@ TEST(MatmulGroupedCuda, MatchesCpu) {
   }
 }
 
-// matmul_grouped_quant's fused kernels: a variant (AERIE_GROUPED_GEMM_KERNEL: ws, wgmma or mma.sync) and
+// matmul_grouped_quant's fused kernels: a variant (AERIE_GROUPED_GEMM_KERNEL: auto, ws, wgmma or mma.sync) and
 // a tile height (AERIE_GROUPED_GEMM_BM) for one scope.
 class ScopedKernel {
  public:
@@ -221,8 +221,8 @@ class ScopedKernel {
   }
 };
 // ws (warp-specialized, 256-column tiles) takes groups whose parts are multiples of 256 rows; other
-// shapes fall back to wgmma.
-constexpr std::pair<const char*, const char*> kKernels[] = {{"ws", "128"},   {"ws", "64"},  {"ws", "mixed"},
+// shapes fall back to wgmma. auto (the default): ws for BF16 weights, wgmma for FP8 and INT4.
+constexpr std::pair<const char*, const char*> kKernels[] = {{"auto", "mixed"}, {"ws", "128"},   {"ws", "64"},  {"ws", "mixed"},
                                                             {"wgmma", "128"}, {"wgmma", "64"}, {"mma", "128"},
                                                             {"mma", "64"}};
 

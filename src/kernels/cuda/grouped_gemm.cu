@@ -10,7 +10,8 @@
 //     since that product is exact), FP8 fp8 * scale_inv in fp32 rounded once to bf16;
 //   - the tensor cores multiply: wgmma (sm_90a, the default; two warpgroups reading both operands from
 //     the swizzled shared tiles, one wgmma group in flight while the next tile is dequantized) or
-//     mma.sync m16n8k16 with ldmatrix (AERIE_GROUPED_GEMM_KERNEL=mma);
+//     mma.sync m16n8k16 with ldmatrix (AERIE_GROUPED_GEMM_KERNEL=mma); BF16 weights whose parts are
+//     multiples of 256 rows take variant 3 below (warp-specialized, 256 columns) instead;
 //   - the fp32 accumulators are rounded once to bf16 into c.
 // So the dequantized W equals dequant_batch's bit for bit and c differs from dequant_batch +
 // matmul_grouped only by the order of the fp32 sums. W stays compressed in device memory.
@@ -476,11 +477,10 @@ __global__ void __launch_bounds__(kThreads, BM == 64 || STAGES == 3 ? 2 : 1)
 #endif
 }
 
-// ---- Variant 3: warp-specialized wgmma (sm_90a; AERIE_GROUPED_GEMM_KERNEL=ws, where N and every part are
-// multiples of 256). Not the default yet: it compiles without spills, but its first run on the H200 hung
-// (consumers asked setmaxnreg for more registers than the CTA had: 80 + 2 x 216 > 3 x 168, now 208) and
-// no GPU was lent after the fix; the next GPU session runs MatmulGroupedQuantCuda.* and the benchmark
-// with it before making it the default. ----
+// ---- Variant 3: warp-specialized wgmma (sm_90a, where N and every part are multiples of 256; the
+// default for BF16 weights, AERIE_GROUPED_GEMM_KERNEL=ws for every format). Two hangs found on the H200:
+// consumers asking setmaxnreg for more registers than the CTA had (80 + 2 x 216 > 3 x 168, now 208) and a
+// BF16 producer that stopped one k tile early (its loop ran to KT + D with D = -1). ----
 // 384 threads: warpgroup 0 produces, warpgroups 1 and 2 multiply; tiles of BM (128 or 64) rows by 256
 // columns. The producer (80 registers after setmaxnreg) copies a's rows and W's stored tile with
 // cp.async into a ring of S stages and, for a quantized W, dequantizes the stored tile (ring of R) into
@@ -688,7 +688,10 @@ __global__ void __launch_bounds__(kWsThreads, 1)
   if (wg == 0) {  // ---- producer ----
     asm volatile("setmaxnreg.dec.sync.aligned.u32 80;\n");  // 80 + 2 x 208 <= 3 x 168: the CTA's registers at launch
     const WsTile<BM> t = ws_tile_of<BM>(a, a_rows, row_div, groups, tiles, K, tid, true);
-    for (int j = 0; j < KT + D; ++j) {
+    // Dense: KT copies; quantized: KT copies and KT dequantizations D behind (R = 0 and D = -1 for Dense:
+    // the bound KT + D once left the last k tile uncopied and its consumers waiting forever).
+    constexpr int lag = F == kDense ? 0 : D;
+    for (int j = 0; j < KT + lag; ++j) {
       if (j < KT) {
         const int s = j % S;
         if (j >= S) mbar_wait(base + L::empty(s), ((j / S) - 1) & 1);
@@ -840,14 +843,16 @@ void matmul_grouped_quant(const Tensor& a, int format, const std::vector<Grouped
   std::vector<GroupDesc> gd;
   std::vector<TileDesc> t128, t64;
   const char* kern = std::getenv("AERIE_GROUPED_GEMM_KERNEL");
-  const std::string kname = kern ? kern : "wgmma";
-  AERIE_CHECK(kname == "ws" || kname == "wgmma" || kname == "mma",
-              "AERIE_GROUPED_GEMM_KERNEL must be ws, wgmma or mma, got '" << kname << "'");
+  const std::string kname = kern ? kern : "auto";
+  AERIE_CHECK(kname == "auto" || kname == "ws" || kname == "wgmma" || kname == "mma",
+              "AERIE_GROUPED_GEMM_KERNEL must be auto, ws, wgmma or mma, got '" << kname << "'");
   const bool wg = kname != "mma" && wgmma_device();
-  // The warp-specialized kernel (256-column tiles; AERIE_GROUPED_GEMM_KERNEL=ws, not yet the default:
-  // see variant 3) where c's columns and every part's rows are multiples of 256; its 64-row tiles may
-  // be replaced by variant 2's (AERIE_GROUPED_GEMM_TAIL=wgmma).
-  bool ws = wg && kname == "ws" && N % kWsBN == 0;
+  // The warp-specialized kernel (variant 3, 256-column tiles) where c's columns and every part's rows
+  // are multiples of 256: by default ("auto") for BF16 weights only, where it measured 1.12-1.19x
+  // variant 2 on the H200 (DeepSeek-V3's experts, docs/performance.md); its producer's dequantization
+  // made INT4 10% slower and FP8 level, so those keep variant 2 unless AERIE_GROUPED_GEMM_KERNEL=ws.
+  // Its 64-row tiles may be replaced by variant 2's (AERIE_GROUPED_GEMM_TAIL=wgmma).
+  bool ws = wg && (kname == "ws" || (kname == "auto" && format == kDense)) && N % kWsBN == 0;
   for (size_t i = 0; ws && i < groups.size(); ++i)
     for (const auto& part : w[groups[i]]) ws = ws && part.weight.dim(0) % kWsBN == 0;
   const char* tail = std::getenv("AERIE_GROUPED_GEMM_TAIL");
@@ -904,7 +909,7 @@ void matmul_grouped_quant(const Tensor& a, int format, const std::vector<Grouped
   const auto* ap = static_cast<const __nv_bfloat16*>(a.raw());
   auto* cp = static_cast<__nv_bfloat16*>(c.raw());
   const int n128 = static_cast<int>(t128.size()), n64 = static_cast<int>(t64.size());
-  // The kernel: wgmma (default) or mma.sync (AERIE_GROUPED_GEMM_KERNEL=mma); the wgmma kernel's stages
+  // The kernel: ws (variant 3, above), wgmma (variant 2) or mma.sync (AERIE_GROUPED_GEMM_KERNEL=mma); the wgmma kernel's stages
   // at 128 rows: 3 (two CTAs per SM, the default) or 4 (one; AERIE_GROUPED_GEMM_STAGES=4).
   auto run = [&](auto fmt) {
     constexpr int F = decltype(fmt)::value;
