@@ -133,7 +133,11 @@ void gather_pairs_cpu(const T* h, const int32_t* perm, int64_t pairs, int64_t k,
 }
 
 template <typename T>
-void combine_rows_cpu(const T* ys, const int32_t* row_of, const float* w, int64_t t, int64_t k, int64_t hd, float* out) {
+void combine_rows_cpu(const T* ys, int64_t rows, const int32_t* row_of, const float* w, int64_t t, int64_t k,
+                      int64_t hd, float* out) {
+  for (int64_t p = 0; p < t * k; ++p)
+    AERIE_CHECK(row_of[p] < rows, "moe_combine_rows: row_of[" << p << "] = " << row_of[p] << " is not a row of ys ("
+                                                                 << rows << " rows)");
   for (int64_t r = 0; r < t; ++r)
     for (int64_t j = 0; j < hd; ++j) {
       float acc = 0.0f;
@@ -190,7 +194,8 @@ void moe_combine_rows(const Tensor& ys, const Tensor& row_of, const Tensor& weig
                  << shape_str(out.shape()));
   const int64_t t = weights.dim(0), k = weights.dim(1), hd = out.dim(1);
   kernels::check_float(ys, op, "ys");
-  ys.check_shape({t * k, hd}, what(op, "ys"));
+  AERIE_CHECK(ys.ndim() == 2 && ys.dim(1) == hd,
+              op << ": ys must be [R, " << hd << "], got " << shape_str(ys.shape()));
   row_of.check_shape({t * k}, what(op, "row_of"));
   row_of.check_dtype(DType::I32, what(op, "row_of"));
   weights.check_dtype(DType::F32, what(op, "weights"));
@@ -208,9 +213,31 @@ void moe_combine_rows(const Tensor& ys, const Tensor& row_of, const Tensor& weig
 #endif
   }
   if (ys.dtype() == DType::F32)
-    combine_rows_cpu(ys.data<float>(), row_of.data<int32_t>(), weights.data<float>(), t, k, hd, out.data<float>());
+    combine_rows_cpu(ys.data<float>(), ys.dim(0), row_of.data<int32_t>(), weights.data<float>(), t, k, hd,
+                     out.data<float>());
   else
-    combine_rows_cpu(ys.data<bf16>(), row_of.data<int32_t>(), weights.data<float>(), t, k, hd, out.data<float>());
+    combine_rows_cpu(ys.data<bf16>(), ys.dim(0), row_of.data<int32_t>(), weights.data<float>(), t, k, hd,
+                     out.data<float>());
+}
+
+void moe_local_rows(Tensor& row_of, int64_t r0, int64_t r1) {
+  constexpr const char* op = "moe_local_rows";
+  AERIE_CHECK(row_of.ndim() == 1, op << ": row_of must be [P], got " << shape_str(row_of.shape()));
+  row_of.check_dtype(DType::I32, what(op, "row_of"));
+  const int64_t pairs = row_of.dim(0);
+  AERIE_CHECK(0 <= r0 && r0 <= r1 && r1 <= pairs,
+              op << ": rows [" << r0 << ", " << r1 << ") are not a range of the " << pairs << " pairs");
+  if (pairs == 0) return;
+  if (row_of.device() == Device::CUDA) {
+#ifdef AERIE_WITH_CUDA
+    cuda::moe_local_rows(row_of.data<int32_t>(), pairs, r0, r1);
+    return;
+#else
+    kernels::throw_no_backend(op, row_of.device());
+#endif
+  }
+  int32_t* r = row_of.data<int32_t>();
+  for (int64_t p = 0; p < pairs; ++p) r[p] = r[p] >= r0 && r[p] < r1 ? static_cast<int32_t>(r[p] - r0) : -1;
 }
 
 }  // namespace aerie

@@ -64,12 +64,20 @@ void moe_combine(const Tensor& y, const Tensor& weights, Tensor& out);
 /// mismatch.
 void moe_gather_pairs(const Tensor& h, const Tensor& perm, int64_t k, Tensor& xs, Tensor& row_of);
 
+/// Expert parallelism: this rank computed only the expert-ordered rows [r0, r1) (its experts' rows, into
+/// an output of r1 - r0 rows). In place, for every pair p: row_of[p] = row_of[p] - r0 when it lies in
+/// [r0, r1), else -1 (moe_combine_rows then adds only this rank's pairs; the tensor-parallel all-reduce
+/// sums the ranks'). row_of: [P] I32 (moe_gather_pairs'), 0 <= r0 <= r1. Throws aerie::Error on a
+/// shape or dtype mismatch or a bad range.
+void moe_local_rows(Tensor& row_of, int64_t r0, int64_t r1);
+
 /// moe_combine of the experts' outputs in expert order, without gathering them back to pair order:
 ///   out[t, j] = sum_{slot = 0..k-1} weights[t, slot] ys[row_of[t k + slot], j]   (a row_of of -1, a pair the
 ///   CUDA sort dropped for an expert index out of range, adds nothing)
 /// in fp32, the slots in order: bit for bit moe_combine of y[p] = ys[row_of[p]] (a BF16 ys widened
-/// exactly). ys: [P, H] F32|BF16, row_of: [P] I32 (moe_gather_pairs'), weights [T, k] F32, out [T, H] F32
-/// (overwritten). Throws aerie::Error on a shape, dtype or device mismatch.
+/// exactly). ys: [R, H] F32|BF16 (R = P, or after moe_local_rows the local rows' count), row_of: [P] I32
+/// (moe_gather_pairs', entries -1 or < R), weights [T, k] F32, out [T, H] F32 (overwritten). Throws
+/// aerie::Error on a shape, dtype or device mismatch (the CPU also on a row_of entry >= R).
 void moe_combine_rows(const Tensor& ys, const Tensor& row_of, const Tensor& weights, Tensor& out);
 
 }  // namespace aerie

@@ -5,6 +5,10 @@
 //   xs [P, H] ct (h's rows in expert order; the fused path reads h through perm instead), row_of [P]
 //   (pair -> row of ys)   gu [P, 2 I] ct
 //   act [P, I] ct   ys [P, H] ct   routed [n, H] F32 = sum_k w ys[row_of]   out = all_reduce(routed + shared(h))
+// Expert parallelism (WeightSource::expert_parallel): a rank holds whole experts [ex0, ex1) (I = all of
+// moe_intermediate_size) and runs the GEMMs on their pairs' rows [off[ex0], off[ex1]) only (gu, act,
+// ys of PL = that many rows; moe_local_rows makes row_of point into them, -1 for the other ranks'
+// pairs), so the all-reduce that sums tp's partial products sums the ranks' experts instead.
 // The experts' GEMMs are grouped, never a launch per expert:
 //  - on the GPU in BF16, one fused kernel per projection (kernels/gemm.h matmul_grouped_quant) that
 //    reads every expert's weight as stored (BF16, FP8 blocks, INT4 groups) and dequantizes tile by tile
@@ -38,18 +42,34 @@ class MoeFfn final : public FfnBlock {
  public:
   MoeFfn(WeightSource& src, const MoeSpec& s, const std::string& p) : s_(s) {
     const int tp = src.tp_size();
-    AERIE_CHECK(s.moe_intermediate % tp == 0,
-                "tp " << tp << " does not divide moe_intermediate_size " << s.moe_intermediate);
-    inter_ = s.moe_intermediate / tp;
     const int64_t H = s.hidden, I = s.moe_intermediate, E = s.experts;
+    ep_ = src.expert_parallel() && tp > 1;
+    if (ep_) {  // whole experts [e0, e1) on this rank
+      AERIE_CHECK(E % tp == 0, "expert parallelism: tp " << tp << " does not divide n_routed_experts " << E << " ("
+                                                          << p << "experts.*)");
+      ex0_ = src.tp_rank() * (E / tp);
+      ex1_ = ex0_ + E / tp;
+      inter_ = I;
+    } else {
+      AERIE_CHECK(s.moe_intermediate % tp == 0,
+                  "tp " << tp << " does not divide moe_intermediate_size " << s.moe_intermediate);
+      ex0_ = 0;
+      ex1_ = E;
+      inter_ = I / tp;
+    }
     gate_ = src.load(p + "gate.weight", {E, H}, TpSplit::None, ParamRole::Router);
     if (src.device() == Device::CUDA && src.dtype() == DType::BF16) split_router();
     bias_ = src.load(p + "gate.e_score_correction_bias", {E}, TpSplit::None, ParamRole::RouterBias);
+    const TpSplit rows = ep_ ? TpSplit::None : TpSplit::Rows, cols = ep_ ? TpSplit::None : TpSplit::Cols;
     for (int64_t e = 0; e < E; ++e) {
       const std::string x = p + "experts." + std::to_string(e) + ".";
+      if (e < ex0_ || e >= ex1_) {  // another rank's expert (expert parallelism)
+        src.skip_prefix(x);
+        continue;
+      }
       Expert ex;
-      ex.gate_up = src.load_linear({{x + "gate_proj", {I, H}}, {x + "up_proj", {I, H}}}, TpSplit::Rows);
-      ex.down = src.load_linear(x + "down_proj", {H, I}, TpSplit::Cols);
+      ex.gate_up = src.load_linear({{x + "gate_proj", {I, H}}, {x + "up_proj", {I, H}}}, rows);
+      ex.down = src.load_linear(x + "down_proj", {H, I}, cols);
       experts_.push_back(std::move(ex));
     }
     if (s.shared_experts > 0)
@@ -110,16 +130,21 @@ class MoeFfn final : public FfnBlock {
     });
     // The host needs only the expert offsets (to size the GEMMs).
     Tensor off_h = dev == Device::CPU ? offsets : offsets.to_device(Device::CPU);
-    std::vector<int64_t> off(static_cast<size_t>(E + 1));
-    for (int64_t e = 0; e <= E; ++e) off[e] = off_h.data<int32_t>()[e];
+    std::vector<int64_t> off_all(static_cast<size_t>(E + 1));
+    for (int64_t e = 0; e <= E; ++e) off_all[e] = off_h.data<int32_t>()[e];
+    // This rank's experts [ex0_, ex1_) own the expert-ordered pair rows [lr0, lr1) (all of them without
+    // expert parallelism); the GEMMs run on those rows only, with offsets relative to lr0.
+    const int64_t lr0 = off_all[ex0_], lr1 = off_all[ex1_], PL = lr1 - lr0;
+    std::vector<int64_t> off(off_all.begin() + ex0_, off_all.begin() + ex1_ + 1);
+    for (int64_t& o : off) o -= lr0;
     Tensor hx = h;  // h in the compute dtype
     if (h.dtype() != ctx.dtype) {
       hx = ctx.buffer("moe.hc", {n, H}, ctx.dtype);
       convert(h, hx);
     }
     const int64_t I2 = 2 * inter_;
-    Tensor ys = ctx.buffer("moe.ys", {P, H}, ctx.dtype), row_of = ctx.buffer("moe.row_of", {P}, DType::I32);
-    Tensor gu = ctx.buffer("moe.gu", {P, I2}, ctx.dtype), act = ctx.buffer("moe.act", {P, inter_}, ctx.dtype);
+    Tensor ys = ctx.buffer("moe.ys", {PL, H}, ctx.dtype), row_of = ctx.buffer("moe.row_of", {P}, DType::I32);
+    Tensor gu = ctx.buffer("moe.gu", {PL, I2}, ctx.dtype), act = ctx.buffer("moe.act", {PL, inter_}, ctx.dtype);
     // AERIE_MOE_GEMM (benchmarks, tests): "cublas" never takes the fused kernel, "fused" must take it.
     const char* mode = std::getenv("AERIE_MOE_GEMM");
     std::string why = gate_up_w_.empty() ? "an FP8 expert slice not on a block boundary"
@@ -128,12 +153,17 @@ class MoeFfn final : public FfnBlock {
     AERIE_CHECK(!(mode && std::strcmp(mode, "fused") == 0 && !why.empty()),
                 "MoE: AERIE_MOE_GEMM=fused, but the fused grouped GEMM cannot take these experts: " << why);
     const bool fused = why.empty() && !(mode && std::strcmp(mode, "cublas") == 0);
-    // Where each pair's output lands (row_of); the other path also gathers the pairs' rows in expert
-    // order (xs), which the fused kernel reads from h through perm itself.
+    // Where each pair's output lands (row_of; with expert parallelism -1 for another rank's pairs); the
+    // other path also gathers the pairs' rows in expert order (xs), which the fused kernel reads from h
+    // through perm itself.
     Tensor xs = fused ? Tensor() : ctx.buffer("moe.xs", {P, H}, ctx.dtype);
-    ctx.prof.time(OpKind::Other, dev, [&] { moe_gather_pairs(hx, perm, k, xs, row_of); });
-    if (fused) {  // every expert's weight as stored, one kernel per projection
-      ctx.prof.time(OpKind::Gemm, dev, [&] { matmul_grouped_quant(hx, format_, gate_up_w_, off, gu, &perm, k); });
+    ctx.prof.time(OpKind::Other, dev, [&] {
+      moe_gather_pairs(hx, perm, k, xs, row_of);
+      if (ep_) moe_local_rows(row_of, lr0, lr1);
+    });
+    if (fused && PL > 0) {  // every expert's weight as stored, one kernel per projection
+      const Tensor perm_l = perm.slice(lr0, lr1);
+      ctx.prof.time(OpKind::Gemm, dev, [&] { matmul_grouped_quant(hx, format_, gate_up_w_, off, gu, &perm_l, k); });
       ctx.prof.time(OpKind::Activation, dev, [&] { swiglu_packed_forward(gu, act); });
       ctx.prof.time(OpKind::Gemm, dev, [&] { matmul_grouped_quant(act, format_, down_w_, off, ys); });
     }
@@ -142,9 +172,12 @@ class MoeFfn final : public FfnBlock {
     const bool quant = experts_.front().down.format != WeightFormat::Dense;
     const int64_t per_expert = I2 * H;  // scratch elements of one expert's gate/up (down needs half)
     const int64_t chunk = quant ? std::max<int64_t>(1, kMoeScratchBytes / (per_expert * dtype_size(ctx.dtype))) : E;
+    // (Local expert indices, off relative to lr0, xs_l: this rank's rows of xs.)
     std::vector<int64_t> active;
-    for (int64_t e = 0; !fused && e < E; ++e)
+    const int64_t EL = ex1_ - ex0_;
+    for (int64_t e = 0; !fused && e < EL; ++e)
       if (off[e + 1] > off[e]) active.push_back(e);
+    const Tensor xs_l = fused ? Tensor() : xs.slice(lr0, lr1);
     for (size_t c0 = 0; !fused && c0 < active.size(); c0 += static_cast<size_t>(chunk)) {
       const size_t c1 = std::min(active.size(), c0 + static_cast<size_t>(chunk));
       const int64_t e0 = active[c0], e1 = active[c1 - 1] + 1, r0 = off[e0], r1 = off[e1];
@@ -170,7 +203,7 @@ class MoeFfn final : public FfnBlock {
       };
       Tensor gu_c = gu, act_c = act.slice(r0, r1), gu_rows = gu.slice(r0, r1);
       weights(&Expert::gate_up, I2, H);
-      ctx.prof.time(OpKind::Gemm, dev, [&] { matmul_grouped(xs, w, offs, gu_c); });
+      ctx.prof.time(OpKind::Gemm, dev, [&] { matmul_grouped(xs_l, w, offs, gu_c); });
       ctx.prof.time(OpKind::Activation, dev, [&] { swiglu_packed_forward(gu_rows, act_c); });
       weights(&Expert::down, H, inter_);
       ctx.prof.time(OpKind::Gemm, dev, [&] { matmul_grouped(act, w, offs, ys); });
@@ -216,7 +249,9 @@ class MoeFfn final : public FfnBlock {
     Linear gate_up, down;  // [2 I, H] rows gate, up; [H, I]
   };
   MoeSpec s_;
-  int64_t inter_ = 0;             // this rank's slice of moe_intermediate_size
+  int64_t inter_ = 0;             // this rank's slice of moe_intermediate_size (all of it with ep_)
+  bool ep_ = false;               // expert parallelism: whole experts [ex0_, ex1_) on this rank
+  int64_t ex0_ = 0, ex1_ = 0;     // this rank's routed experts (all without ep_); experts_[e - ex0_]
   Tensor gate_, bias_;            // [E, H] F32 (undefined when split into gate_parts_), [E] F32
   std::vector<Tensor> gate_parts_;  // a BF16 GPU model: the router weight as 1-3 bf16 [E, H] parts
   std::vector<Expert> experts_;

@@ -61,9 +61,15 @@ struct TargetOutput {
 ///    transformers' bf16 forward except that aerie's residual stream is not rounded to bf16 per layer.
 /// On CUDA the caller has selected the rank's GPU (cuda::select_device) and passes a tp communicator
 /// that reduces device tensors (NcclCommunicator) when tp > 1.
+/// expert_parallel: the routed experts of an MoE layer are split over the tp group by expert (rank r
+/// of tp holds experts [r E / tp, (r + 1) E / tp) whole and computes only the pairs routed to them)
+/// instead of by moe_intermediate_size; the router, attention and shared experts split as before and
+/// the block keeps its one all-reduce, so the hidden states are tp's up to the order of the fp32 sums.
+/// Needs tp to divide n_routed_experts (aerie::Error otherwise); no effect at tp 1 or on dense models.
 struct TargetModelOptions {
   Device device = Device::CPU;
   DType dtype = DType::F32;  // F32 or BF16
+  bool expert_parallel = false;
 };
 
 class TargetModel {

@@ -32,6 +32,11 @@ class WeightSource {
   virtual ~WeightSource() = default;
   int tp_rank() const { return tp_rank_; }
   int tp_size() const { return tp_size_; }
+  /// Expert parallelism (TargetModelOptions::expert_parallel): an MoE layer gives each tp rank whole
+  /// routed experts (rank r of tp: experts [r E / tp, (r + 1) E / tp)) instead of every expert's slice
+  /// of moe_intermediate_size; everything else splits as before.
+  bool expert_parallel() const { return expert_parallel_; }
+  void set_expert_parallel(bool on) { expert_parallel_ = on; }
   Device device() const { return device_; }
   /// The compute dtype (F32 or BF16) of linears, embeddings and biases.
   DType dtype() const { return dtype_; }
@@ -80,6 +85,7 @@ class WeightSource {
 
  protected:
   int tp_rank_, tp_size_;
+  bool expert_parallel_ = false;
   Device device_;
   DType dtype_;
 };

@@ -111,6 +111,16 @@ TEST(MoeGatherCuda, MatchesCpu) {
       moe_combine_rows(ys, row_of, w, out);
       moe_combine_rows(gpu(ys), rg, gpu(w), og);
       testing::expect_close(og.to_device(Device::CPU).to_float_vector(), out.to_float_vector(), 1e-6f, 1e-5f, "combine");
+      // Expert parallelism: one rank's rows [P/3, 2P/3) (moe_local_rows), bitwise the CPU's, and its
+      // partial combine from a ys of those rows.
+      const int64_t r0 = P / 3, r1 = 2 * P / 3;
+      moe_local_rows(row_of, r0, r1);
+      moe_local_rows(rg, r0, r1);
+      EXPECT_EQ(rg.to_device(Device::CPU).to_float_vector(), row_of.to_float_vector());
+      moe_combine_rows(ys.slice(r0, r1), row_of, w, out);
+      moe_combine_rows(gpu(ys).slice(r0, r1), rg, gpu(w), og);
+      testing::expect_close(og.to_device(Device::CPU).to_float_vector(), out.to_float_vector(), 1e-6f, 1e-5f,
+                            "local combine");
     }
 }
 

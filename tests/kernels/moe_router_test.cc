@@ -172,5 +172,50 @@ TEST(MoeGather, PairsAndCombineRowsEqualTheGatheredPath) {
   expect_error([&] { moe_gather_pairs(testing::random_tensor({1, 4}, 1), twice, 2, xs2, xs2); }, "row_of");
 }
 
+// Expert parallelism's split of the routed sum: each of two "ranks" computes only its experts' rows
+// (moe_local_rows of its range, a ys of that many rows) and the two partial combines add up to the
+// whole combine (each pair's term lands in exactly one part; the sum of two fp32 partials of k = 4
+// terms against one fp32 sum: a few ulp). Bad ranges and a row_of past ys are refused.
+TEST(MoeGather, LocalRowsSplitTheCombineByRange) {
+  const Tensor& logits = golden("router.random.logits");
+  const MoeRouterConfig cfg = config_of("random");
+  const int64_t t = logits.dim(0), k = cfg.top_k, e = logits.dim(1), P = t * k, H = 24;
+  Tensor idx = Tensor::empty({t, k}, DType::I32), w = Tensor::empty({t, k}, DType::F32);
+  moe_router_noaux_tc(logits, golden("router.random.bias"), cfg, idx, w);
+  Tensor counts = Tensor::empty({e}, DType::I32), offsets = Tensor::empty({e + 1}, DType::I32);
+  Tensor perm = Tensor::empty({P}, DType::I32);
+  moe_sort_by_expert(idx, e, counts, offsets, perm);
+  const Tensor h = testing::random_tensor({t, H}, 3);
+  Tensor xs, row_of = Tensor::empty({P}, DType::I32);
+  moe_gather_pairs(h, perm, k, xs, row_of);
+  const Tensor ys = testing::random_tensor({P, H}, 4);
+  Tensor whole = Tensor::empty({t, H}, DType::F32);
+  moe_combine_rows(ys, row_of, w, whole);
+  const int64_t mid = offsets.data<int32_t>()[e / 2];  // the rows of experts [0, e/2) and [e/2, e)
+  ASSERT_GT(mid, 0);
+  ASSERT_LT(mid, P);
+  std::vector<float> sum(static_cast<size_t>(t * H), 0.0f);
+  int64_t kept = 0;
+  for (auto [r0, r1] : {std::pair<int64_t, int64_t>{0, mid}, {mid, P}}) {
+    Tensor local = row_of.clone();
+    moe_local_rows(local, r0, r1);
+    for (int64_t p = 0; p < P; ++p) {
+      const int32_t full = row_of.data<int32_t>()[p], got = local.data<int32_t>()[p];
+      EXPECT_EQ(got, full >= r0 && full < r1 ? full - r0 : -1) << "pair " << p;
+      kept += got >= 0;
+    }
+    Tensor part = Tensor::empty({t, H}, DType::F32);
+    moe_combine_rows(ys.slice(r0, r1), local, w, part);
+    for (int64_t i = 0; i < t * H; ++i) sum[i] += part.data<float>()[i];
+  }
+  EXPECT_EQ(kept, P);  // every pair in exactly one range
+  testing::expect_close(sum, whole.to_float_vector(), 1e-6f, 1e-5f, "two partial combines");
+  Tensor r = row_of.clone();
+  expect_error([&] { moe_local_rows(r, 3, 2); }, "are not a range");
+  expect_error([&] { moe_local_rows(r, 0, P + 1); }, "are not a range");
+  Tensor out = Tensor::empty({t, H}, DType::F32);
+  expect_error([&] { moe_combine_rows(ys.slice(0, 1), row_of, w, out); }, "is not a row of ys");
+}
+
 }  // namespace
 }  // namespace aerie

@@ -285,4 +285,18 @@ void moe_combine_rows(const void* ys, DType dt, const int32_t* row_of, const flo
   AERIE_CUDA_LAUNCHED("moe_combine_rows_kernel");
 }
 
+namespace {
+__global__ void local_rows_kernel(int32_t* __restrict__ row_of, int64_t pairs, int64_t r0, int64_t r1) {
+  const int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (p >= pairs) return;
+  const int32_t r = row_of[p];
+  row_of[p] = r >= r0 && r < r1 ? static_cast<int32_t>(r - r0) : -1;
+}
+}  // namespace
+
+void moe_local_rows(int32_t* row_of, int64_t pairs, int64_t r0, int64_t r1) {
+  local_rows_kernel<<<grid_x(blocks_for(pairs, 256), "moe_local_rows"), 256, 0, stream()>>>(row_of, pairs, r0, r1);
+  AERIE_CUDA_LAUNCHED("moe_local_rows_kernel");
+}
+
 }  // namespace aerie::cuda

@@ -28,5 +28,7 @@ void moe_gather_pairs(const void* h, DType dt, const int32_t* perm, int64_t pair
                       int32_t* row_of);
 void moe_combine_rows(const void* ys, DType dt, const int32_t* row_of, const float* weights, int64_t t, int64_t k,
                       int64_t hd, float* out);
+/// kernels/moe_router.h moe_local_rows on the current stream (checked there): one thread per pair.
+void moe_local_rows(int32_t* row_of, int64_t pairs, int64_t r0, int64_t r1);
 
 }  // namespace aerie::cuda
