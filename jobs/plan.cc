@@ -58,7 +58,8 @@ void print_plan(std::ostream& os, const MemoryPlan& p, const PlanOptions& opt, c
   os << "aerie plan: " << p.model << "\n"
      << "  " << p.architecture << "\n"
      << "  quantized: " << p.quantization << "\n"
-     << "  tp " << p.tp << ", " << p.tokens_per_forward << " tokens per forward ("
+     << "  tp " << p.tp << (opt.expert_parallel ? " (routed experts split by expert: --expert-parallel)" : "") << ", "
+     << p.tokens_per_forward << " tokens per forward ("
      << (opt.batch_size > 0 ? "--batch-size " + std::to_string(opt.batch_size) + " x --max-length "
                             : "max(--batch-tokens " + std::to_string(opt.batch_tokens) + ", --max-length ")
      << opt.max_length << (opt.batch_size > 0 ? ")" : "))") << ", GPU " << bytes_str(p.gpu_memory) << " = "
@@ -118,7 +119,10 @@ int plan(const std::vector<std::string>& args) {
       "memory per GPU, e.g. 96GB, 80GiB (default: this GPU's, else 80GiB)")(
       "reserve", po::value<std::string>()->default_value("2GiB"), "CUDA context, NCCL and cuBLAS workspaces per GPU")(
       "embed-split", po::value<std::string>()->default_value("vocab"),
-      "embed_tokens and lm_head: vocab (rows split over tp, as vLLM/SGLang) or replicated");
+      "embed_tokens and lm_head: vocab (rows split over tp, as vLLM/SGLang) or replicated")(
+      "expert-parallel", po::bool_switch(),
+      "routed experts split over tp by expert, as extract/eval/generate --expert-parallel (the MoE "
+      "activations counted for the worst case: every pair on one rank's experts)");
   po::variables_map vm;
   if (!parse_options("plan", args, desc, vm)) return 0;
   const std::string model = vm["model"].as<std::string>(), config_path = vm["model-config"].as<std::string>(),
@@ -139,6 +143,7 @@ int plan(const std::vector<std::string>& args) {
   AERIE_USAGE_CHECK(opt.max_length >= 1 && opt.batch_tokens >= 0 && opt.batch_size >= 0,
                     "aerie plan: --max-length must be >= 1, --batch-tokens and --batch-size >= 0");
   opt.vocab_parallel_embeddings = embed == "vocab";
+  opt.expert_parallel = vm["expert-parallel"].as<bool>();
   auto size_option = [&](const char* name) {
     const std::string v = vm[name].as<std::string>();
     // "--gpu-memory 96" is more likely 96 GB than 96 bytes: a unit is required.

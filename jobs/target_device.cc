@@ -15,7 +15,11 @@ void add_target_device_options(po::options_description& desc) {
   desc.add_options()("device", po::value<std::string>()->default_value("auto"),
                      "auto (cuda when a GPU is visible for every rank of the node), cpu or cuda")(
       "dtype", po::value<std::string>()->default_value("auto"),
-      "compute dtype of the target: auto (bf16 on cuda, f32 on cpu), f32 or bf16 (model/target.h)");
+      "compute dtype of the target: auto (bf16 on cuda, f32 on cpu), f32 or bf16 (model/target.h)")(
+      "expert-parallel", po::bool_switch(),
+      "MoE targets (DeepSeek-V3, Kimi): split the routed experts over the --tp ranks by expert (each rank "
+      "holds tp-th of them whole) instead of every expert by its intermediate size; the same hidden states, "
+      "larger expert GEMMs (tp must divide n_routed_experts)");
 }
 
 TargetDevice resolve_target_device(const po::variables_map& vm, ParallelGroups& groups, const std::string& job) {
@@ -34,6 +38,7 @@ TargetDevice resolve_target_device(const po::variables_map& vm, ParallelGroups& 
   }
   t.options.device = use_cuda ? Device::CUDA : Device::CPU;
   t.options.dtype = dtype == "bf16" || (dtype == "auto" && use_cuda) ? DType::BF16 : DType::F32;
+  t.options.expert_parallel = vm["expert-parallel"].as<bool>();
   if (use_cuda) {
     AERIE_CHECK(cuda::available(), job << ": --device cuda: " << cuda::unavailable_reason());
     cuda::select_device(local_rank());  // collective over the world on first use

@@ -246,10 +246,13 @@ void plan_activations(const ModelShape& s, const PlanOptions& opt, MemoryPlan& p
   int64_t moe = 0;
   std::string moe_detail;
   if (any_moe) {
-    const int64_t pairs = T * s.top_k, mi = ceil_div(s.moe_intermediate, tp);
+    // Expert parallelism: a rank runs whole experts on the pairs routed to them, sized for the worst
+    // case that every pair lands on its experts (T k; T k / tp on average).
+    const int64_t pairs = T * s.top_k, mi = opt.expert_parallel ? s.moe_intermediate : ceil_div(s.moe_intermediate, tp);
     const int64_t si = ceil_div(s.moe_intermediate * s.shared, tp);
     moe = pairs * (H + 2 * mi) * a + T * 2 * si * a + T * s.experts * 4;
-    moe_detail = std::to_string(pairs) + " token-expert pairs x (" + std::to_string(H) + " out + 2 x " +
+    moe_detail = std::to_string(pairs) + " token-expert pairs" + (opt.expert_parallel ? " (all on this rank's experts, the worst case)" : "") +
+                 " x (" + std::to_string(H) + " out + 2 x " +
                  std::to_string(mi) + " gate/up) x " + as + " + shared " + Ts + " x 2 x " + std::to_string(si) +
                  " x " + as + " + router " + Ts + " x " + std::to_string(s.experts) + " x 4";
   }
@@ -322,7 +325,8 @@ MemoryPlan plan_memory(const json& config, const std::vector<TensorInfo>& tensor
   // routed experts need none when the fused grouped GEMM reads them as stored (kernels/gemm.h
   // matmul_grouped_quant: K % 64 of both projections, N % 128 and parts of a multiple of 128 rows), else
   // the experts of a layer in chunks of at most kMoeScratchBytes.
-  const int64_t mi_rank = ceil_div(s.moe_intermediate, tp);
+  const bool ep = opt.expert_parallel && tp > 1 && s.experts > 0;
+  const int64_t mi_rank = ep ? s.moe_intermediate : ceil_div(s.moe_intermediate, tp);
   const bool fused_experts = s.hidden % 128 == 0 && mi_rank % 128 == 0;
   std::map<int64_t, int64_t> routed_scratch;  // layer -> bf16 bytes of its routed experts' share
   std::map<std::string, int64_t> linear_scratch;  // Linear (gate/up as one) -> bf16 bytes of its share
@@ -346,7 +350,24 @@ MemoryPlan plan_memory(const json& config, const std::vector<TensorInfo>& tensor
     Split split = r.split;
     if (r.category == WeightCategory::EmbedLmHead) split = opt.vocab_parallel_embeddings ? Split::Rows : Split::None;
     bool divides = true;
-    const int64_t share = per_rank_elements(t.shape, split, tp, divides);
+    int64_t share = per_rank_elements(t.shape, split, tp, divides);
+    if (ep && r.category == WeightCategory::RoutedExperts) {
+      // Whole experts: rank 0 holds experts [0, E / tp) (mlp.experts.<e>.*), the others none of it.
+      const size_t at = t.name.find("mlp.experts.");
+      int64_t e = 0;
+      try {
+        e = std::stoll(t.name.substr(at + 12));
+      } catch (const std::exception&) {
+        e = 0;
+      }
+      share = e < ceil_div(s.experts, tp) ? numel : 0;
+      divides = s.experts % tp == 0;
+      if (!divides) {
+        auto& u = undivided["n_routed_experts " + std::to_string(s.experts) + " (aerie's --expert-parallel refuses it)"];
+        if (u.first++ == 0) u.second = t.name;
+        divides = true;  // counted once here, not again below
+      }
+    }
     if (!divides) {
       auto& u = undivided[split == Split::Rows ? "dim 0 (rows)" : "dim 1 (columns)"];
       if (u.first++ == 0) u.second = t.name + " " + shape_string(t.shape);

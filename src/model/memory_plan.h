@@ -30,6 +30,7 @@ enum class WeightCategory {
   DenseMlp,       // gate/up by intermediate (rows), down by intermediate (columns)
   SharedExperts,  // as the dense MLP
   RoutedExperts,  // tp within each expert: every rank holds all experts, 1/tp of each intermediate
+                  // (expert_parallel: 1/tp of the experts, whole)
   Router,         // mlp.gate.weight and e_score_correction_bias: replicated
   EmbedLmHead,    // vocab-parallel rows, or replicated (PlanOptions::vocab_parallel_embeddings)
   Norms,          // replicated
@@ -47,6 +48,7 @@ struct PlanOptions {
   int aux_layers = 3;             // captured aux hidden states (EAGLE-3: 3), plus the final one
   int64_t activation_bytes = 2;   // compute dtype of activations and the scratch: bf16
   bool vocab_parallel_embeddings = true;  // embed_tokens / lm_head split by vocab rows (vLLM, SGLang)
+  bool expert_parallel = false;   // routed experts split by expert (TargetModelOptions::expert_parallel)
   int64_t gpu_memory = int64_t{80} << 30;  // bytes per GPU
   int64_t reserve = int64_t{2} << 30;      // CUDA context, NCCL buffers, cuBLAS workspaces
 };

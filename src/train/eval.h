@@ -172,6 +172,7 @@ struct EvalOptions {
   int64_t num_eval_samples = 64;
   int ttt_steps = 7;
   int tp = 1;
+  bool expert_parallel = false;  // TargetModelOptions::expert_parallel (MoE targets)
 };
 
 /// Reads prompts: the first user turn of each record of a prompt set, as `aerie generate --input` reads it

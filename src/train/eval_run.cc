@@ -271,6 +271,7 @@ EvalSession::EvalSession(const EvalOptions& o) : impl_(std::make_unique<Impl>(ch
   mopt.device = use_cuda ? Device::CUDA : Device::CPU;
   // auto as for extract and generate: bf16 on a GPU, f32 on the CPU.
   mopt.dtype = o.dtype == "bf16" || (o.dtype == "auto" && use_cuda) ? DType::BF16 : DType::F32;
+  mopt.expert_parallel = o.expert_parallel;
   s.dev = mopt.device;
   s.dtype = mopt.dtype;
   if (s.dev == Device::CUDA) {

@@ -71,6 +71,25 @@ TEST(MemoryPlan, KimiK25RealTensorListTp8Fits96GB) {
   EXPECT_TRUE(p.notes.empty()) << p.notes.front();
   // Section 7's prefill items at 8192 tokens: per-pair MoE outputs 0.94 GB, captures 470 MB.
   EXPECT_NEAR(p.activations_per_rank / 1e9, 1.9, 0.2);
+
+  // Expert parallelism: rank 0 holds experts 0-47 whole, the same 71.3 GB of routed experts (the INT4
+  // scales of 32-column groups split either way); the MoE activations for the worst case (all 65,536
+  // pairs on its experts) with the whole intermediate 2048: +0.94 GB of gate/up; still fits.
+  PlanOptions ep = opt;
+  ep.expert_parallel = true;
+  const MemoryPlan q = plan_memory(read_model_config(dir + "/config.transformers-5.7.0-redump.json"), tensors, ep);
+  EXPECT_NEAR(cat(q, WeightCategory::RoutedExperts).per_rank / 1e9, 71.3, 0.1);
+  EXPECT_EQ(cat(q, WeightCategory::SharedExperts).per_rank, cat(p, WeightCategory::SharedExperts).per_rank);
+  EXPECT_EQ(q.activations_per_rank - p.activations_per_rank, int64_t{8192} * 8 * 2 * (2048 - 256) * 2);
+  EXPECT_EQ(q.scratch_per_rank, 0);
+  EXPECT_TRUE(q.fits);
+  EXPECT_TRUE(q.notes.empty()) << q.notes.front();
+  PlanOptions ep3 = ep;  // 384 experts do not split over 5 ranks: said so
+  ep3.tp = 5;
+  const MemoryPlan r = plan_memory(read_model_config(dir + "/config.transformers-5.7.0-redump.json"), tensors, ep3);
+  bool noted = false;
+  for (const std::string& n : r.notes) noted = noted || n.find("n_routed_experts 384") != std::string::npos;
+  EXPECT_TRUE(noted);
 }
 
 // The same architecture in block FP8 (real list): every linear is F8_E4M3 + an F32 scale_inv, and the 61
