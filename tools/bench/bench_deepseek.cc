@@ -16,7 +16,10 @@
 // Peak memory: the stream-ordered pool's high-water mark (every aerie tensor comes from it).
 //
 // Usage: bench_deepseek --config DIR [--tokens 2048,8192] [--iters 5] [--warmup 2] [--peak-tflops 989]
-//                       [--label NAME] [--no-forward]
+//                       [--label NAME] [--no-forward] [--rank-of N [--expert-parallel]]
+// --rank-of N: the blocks as rank 0 of a tp group of N computes them (its heads and intermediate slices,
+// or with --expert-parallel its E/N whole experts and the pairs routed to them), no all-reduce (one
+// GPU), TFLOP/s of the rank's 1/N share; no forward line.
 #include <cuda_runtime.h>
 
 #include <chrono>
@@ -52,6 +55,8 @@ struct Args {
   int iters = 5, warmup = 2;
   double peak_tflops = 989.0;
   bool forward = true;
+  int rank_of = 1;               // > 1: the blocks as rank 0 of a tp group of this size computes them
+  bool expert_parallel = false;  // with rank_of: routed experts split by expert (--expert-parallel)
 };
 
 Args parse(int argc, char** argv) {
@@ -68,6 +73,8 @@ Args parse(int argc, char** argv) {
     else if (k == "--warmup") a.warmup = std::stoi(next());
     else if (k == "--peak-tflops") a.peak_tflops = std::stod(next());
     else if (k == "--no-forward") a.forward = false;
+    else if (k == "--rank-of") a.rank_of = std::stoi(next());
+    else if (k == "--expert-parallel") a.expert_parallel = true;
     else if (k == "--tokens") {
       a.tokens.clear();
       std::stringstream ss(next());
@@ -114,7 +121,10 @@ std::string quant_name(const TargetConfig& c) {
 }
 
 void bench_blocks(const Args& a, const TargetConfig& cfg, Communicator& comm) {
-  auto src = random_weights(1, 0, 1, Device::CUDA, DType::BF16, 0.02f, cfg.quant);
+  // Rank 0 of a tp group of rank_of (its heads, intermediate slices or, with expert_parallel, its whole
+  // experts), the all-reduce left out (one GPU): the compute of one rank of a real tp group.
+  auto src = random_weights(1, 0, a.rank_of, Device::CUDA, DType::BF16, 0.02f, cfg.quant);
+  src->set_expert_parallel(a.expert_parallel);
   const int64_t layer = cfg.moe.first_k_dense_replace;  // the first MoE layer
   DecoderLayer L = build_deepseek_layer(*src, cfg, layer);
   src->finish("bench");
@@ -140,7 +150,7 @@ void bench_blocks(const Args& a, const TargetConfig& cfg, Communicator& comm) {
     sync();
     const std::string split = prof.summary();
     prof.enable(false);
-    const double moe_tf = moe_flops(cfg) * T / moe_s / 1e12;
+    const double moe_tf = moe_flops(cfg) / a.rank_of * T / moe_s / 1e12;  // a rank's share of the active FLOPs
     // The block's output against the dequantize-then-cuBLAS path (AERIE_MOE_GEMM=cublas), relative L2:
     // the fused grouped GEMM checked at the real shape (0 when this run is the cuBLAS path itself).
     const char* mode_env = std::getenv("AERIE_MOE_GEMM");
@@ -160,15 +170,16 @@ void bench_blocks(const Args& a, const TargetConfig& cfg, Communicator& comm) {
       check = den > 0 ? std::sqrt(num / den) : -1;
     }
     std::printf("{\"bench\": \"deepseek_block\", \"label\": \"%s\", \"block\": \"moe\", \"experts\": \"%s\", "
-                "\"expert_gemm\": \"%s\", \"n_routed_experts\": %lld, \"tokens\": %lld, \"ms\": %.3f, "
+                "\"expert_gemm\": \"%s\", \"n_routed_experts\": %lld, \"rank_of\": %d, \"expert_parallel\": %s, \"tokens\": %lld, \"ms\": %.3f, "
                 "\"active_tflops\": %.1f, \"mfu\": %.3f, \"peak_gib\": %.2f, \"rel_l2_vs_cublas_path\": %.2e, "
                 "\"profiled_split\": \"%s\"}\n",
                 a.label.c_str(), quant_name(cfg).c_str(), mode.c_str(),
-                static_cast<long long>(cfg.moe.n_routed_experts), static_cast<long long>(T), moe_s * 1e3, moe_tf,
+                static_cast<long long>(cfg.moe.n_routed_experts), a.rank_of, a.expert_parallel ? "true" : "false",
+                static_cast<long long>(T), moe_s * 1e3, moe_tf,
                 moe_tf / a.peak_tflops, pool_high_gib(), check, split.c_str());
     std::fflush(stdout);
     const double mla_s = timed(a.warmup, a.iters, [&] { L.attn->forward(ctx, layer, h, out); });
-    const double mla_tf = (mla_proj_flops(cfg) * T + mla_attn_flops(cfg, T)) / mla_s / 1e12;
+    const double mla_tf = (mla_proj_flops(cfg) * T + mla_attn_flops(cfg, T)) / a.rank_of / mla_s / 1e12;
     OpProfile mprof;
     mprof.enable(true);
     mprof.count_forward(T);
@@ -235,7 +246,7 @@ int main(int argc, char** argv) {
     SoloComm comm;
     bench_blocks(a, cfg, comm);
     bench::sync();
-    if (a.forward) bench_forward(a, cfg, comm);
+    if (a.forward && a.rank_of == 1) bench_forward(a, cfg, comm);
     return 0;
   } catch (const std::exception& e) {
     std::printf("{\"bench\": \"deepseek\", \"error\": \"%s\"}\n", bench::json_escape(e.what()).c_str());

@@ -12,7 +12,7 @@
 #      block, the whole forward; tools/bench/bench_deepseek.cc says what is counted);
 #   3. runs transformers' DeepseekV3 (tools/bench/hf_deepseek.py, bf16 weights) on the same shapes when
 #      torch and transformers import: DeepSeek-V3's whole model and blocks, Kimi-K2.5's blocks.
-# Prints JSON lines. Environment: TOKENS (2048,8192), LAYERS (4), ITERS (5), WORK (scratch folder), FP8 (0), TP8_RANK (1),
+# Prints JSON lines. Environment: TOKENS (2048,8192), LAYERS (4), ITERS (5), WORK (scratch folder), FP8 (0), TP8_RANK (1), EP8_RANK (1),
 #   SKIP_HF (1: no transformers run), PEAK_TFLOPS (989: H100/H200 SXM dense bf16).
 # Usage: tools/bench/bench_deepseek.sh [BUILD_DIR]
 set -euo pipefail
@@ -79,6 +79,9 @@ run_aerie kimi_k25_int4
 run_aerie deepseek_v3
 [ "${FP8:-0}" = 1 ] && run_aerie deepseek_v3_fp8 --no-forward
 [ "${TP8_RANK:-1}" = 1 ] && run_aerie kimi_k25_int4_tp8_rank
+# One rank of tp 8 with the experts split by expert (48 whole experts, ~1/8 of the pairs) against the
+# line above (every expert's 1/8): the blocks only (EP8_RANK=0 leaves it out).
+[ "${EP8_RANK:-1}" = 1 ] && run_aerie kimi_k25_int4 --no-forward --rank-of 8 --expert-parallel --label kimi_k25_int4_ep8_rank
 
 if [ "${SKIP_HF:-0}" != 1 ] && python3 -c "import torch, transformers" 2>/dev/null; then
   hf=$(dirname "$0")/hf_deepseek.py
