@@ -10,7 +10,7 @@ if(TARGET aerie)
                        LABELS mpi SKIP_RETURN_CODE 77 TIMEOUT 300)
   # The whole pipeline with real text on the FP8 and INT4 fixtures widened to a real tokenizer's vocabulary
   # (tests/tools/widen_vocab.cc, at test time): generate, prepare with the deepseek-v3 / kimi-k2 templates,
-  # extract, vocab, train, export, eval at tp 1 and 2 with its lossless check
+  # extract, vocab, train, export, eval at tp 1, tp 2 and tp 2 --expert-parallel with its lossless check
   # (tests/mpi/deepseek_chat_pipeline.sh; exit 77 = skipped without ../shared/data's tokenizers and
   # conversations).
   add_executable(widen_vocab ${CMAKE_SOURCE_DIR}/tests/tools/widen_vocab.cc)

@@ -17,10 +17,11 @@
 # 16 new tokens, the template's generation prompt), `prepare` renders and tokenizes them with the same
 # template, then extract, vocab (K 256), train (40 steps of 4 samples on 2 ranks: enough for the draft to
 # learn these few answers), export, and eval on the first user turns of the same conversations (8 prompts,
-# 16 new tokens, chains of 3), at tp 1 (2 data-parallel ranks) and at tp 2 (the MLA heads split).
+# 16 new tokens, chains of 3), at tp 1 (2 data-parallel ranks), at tp 2 (the MLA heads split) and at tp 2
+# with --expert-parallel (4 whole experts per rank).
 # Checked: eval is lossless for the trained and (at tp 1) the untrained draft; the trained draft's
 # acceptance length is above the untrained one's (so draft tokens were accepted, and the lossless check
-# covered the verified chains kept in the latent KV cache, not only rejections); tp 2 gives tp 1's tokens
+# covered the verified chains kept in the latent KV cache, not only rejections); tp 2 and ep 2 give tp 1's tokens
 # and figures (in f32 the other summation order of the all-reduce flips no argmax of these runs); eval's
 # prompt is rendered with the template's special tokens. The weights are random: the acceptance length
 # measures recall of the training answers, not a draft's quality (DeepSeek-V3 FP8 1.46, Kimi-K2.5 INT4
@@ -59,10 +60,12 @@ for c in "deepseek_v3_fp8 deepseek-v3 129280 deepseek-v3 <｜User｜>" \
       --vocab "$out/vocab.safetensors" --output "$out/run" --steps 40 --batch-size 4 --lr 1e-2 --eval-fraction 0
   run mpirun --oversubscribe -np 1 "$aerie" export --model "$model" --checkpoint "$out/run" --output "$out/export"
   grep -q "\"vocab_size\": *$V" "$out/export/config.json" || fail "$m: the export's vocab_size is not $V"
-  # tp 1 with the untrained draft too (eval's "lossless" then covers both); tp 2 the trained one only.
-  for tp in 1 2; do
+  # tp 1 with the untrained draft too (eval's "lossless" then covers both); tp 2 the trained one only,
+  # with the experts split by intermediate size and by expert (--expert-parallel: "ep2").
+  for tp in 1 2 ep2; do
     untrained=() && [ $tp = 1 ] && untrained=(--untrained)
-    run mpirun --oversubscribe -np 2 "$aerie" eval --model "$model" --draft "$out/export" --device cpu --tp $tp \
+    split=(--tp "${tp#ep}") && [ $tp = ep2 ] && split+=(--expert-parallel)
+    run mpirun --oversubscribe -np 2 "$aerie" eval --model "$model" --draft "$out/export" --device cpu "${split[@]}" \
         --chat-template "$tmpl" --prompts "$out/regen.jsonl" --num-prompts 8 --max-new-tokens 16 \
         --num-draft-tokens 3 "${untrained[@]}" --output "$out/eval_tp$tp.json"
     j="$out/eval_tp$tp.json"
@@ -77,11 +80,13 @@ for c in "deepseek_v3_fp8 deepseek-v3 129280 deepseek-v3 <｜User｜>" \
     { cat "$j"; fail "$m: the trained draft's acceptance length $acc is not above the untrained one's $acc_u"; }
   grep -q '"lossless_failures_untrained": 0' "$j" ||
     { cat "$j"; fail "$m: eval is not lossless with the untrained draft"; }
-  for k in acceptance_length tokens_generated verify_passes greedy_tokens; do
-    [ "$(num $k "$j")" = "$(num $k "$out/eval_tp2.json")" ] || fail "$m: eval's $k differs between tp 1 and tp 2"
+  for other in tp2 tpep2; do
+    for k in acceptance_length tokens_generated verify_passes greedy_tokens; do
+      [ "$(num $k "$j")" = "$(num $k "$out/eval_$other.json")" ] || fail "$m: eval's $k differs between tp 1 and $other"
+    done
+    [ "$(grep '"output"' "$j")" = "$(grep '"output"' "$out/eval_$other.json")" ] || fail "$m: $other decoded other tokens"
   done
-  [ "$(grep '"output"' "$j")" = "$(grep '"output"' "$out/eval_tp2.json")" ] || fail "$m: tp 2 decoded other tokens"
-  echo "$m ($tmpl, V $V): generate, prepare, extract, vocab, train, export, eval at tp 1 and 2 ok: lossless," \
+  echo "$m ($tmpl, V $V): generate, prepare, extract, vocab, train, export, eval at tp 1, tp 2 and ep 2 ok: lossless," \
        "acceptance length $acc (untrained $acc_u), $(num tokens_generated "$j") tokens (${SECONDS}s)"
 done
 echo "deepseek_chat_pipeline: $((SECONDS - t0))s"
