@@ -25,10 +25,9 @@ void check_ids(const char* op, const Tensor& ids, int64_t v, int64_t row_offset)
   }
 }
 
-}  // namespace
-
-void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out, int64_t row_offset) {
-  constexpr const char* op = "embedding_forward";
+/// embedding_forward's body; check_on_cuda: copy CUDA ids to the host and range-check them first.
+void embedding_forward_impl(const char* op, const Tensor& ids, const Tensor& table, Tensor& out, int64_t row_offset,
+                            bool check_on_cuda) {
   AERIE_CHECK(ids.ndim() == 1, op << ": ids must be [N], got " << shape_str(ids.shape()));
   ids.check_dtype(DType::I32, what(op, "ids"));
   AERIE_CHECK(table.ndim() == 2, op << ": table must be [V, H], got " << shape_str(table.shape()));
@@ -39,7 +38,7 @@ void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out, int6
   const Device dev = kernels::common_device(op, {{"ids", &ids}, {"table", &table}, {"out", &out}});
   if (dev == Device::CUDA) {
 #ifdef AERIE_WITH_CUDA
-    check_ids(op, ids, v, row_offset);
+    if (check_on_cuda) check_ids(op, ids, v, row_offset);
     cuda::embedding_forward(ids, table, out, row_offset);
     return;
 #else
@@ -54,6 +53,20 @@ void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out, int6
   else
     cpu::embedding_forward(id, table.data<bf16>(), of.data<float>(), n, h, row_offset);
   if (out.dtype() != DType::F32) out.copy_from(of.to(out.dtype()));
+}
+
+}  // namespace
+
+void embedding_forward(const Tensor& ids, const Tensor& table, Tensor& out, int64_t row_offset) {
+  embedding_forward_impl("embedding_forward", ids, table, out, row_offset, true);
+}
+
+void embedding_forward_in_range(const Tensor& ids, const Tensor& table, Tensor& out, int64_t id_bound) {
+  constexpr const char* op = "embedding_forward_in_range";
+  AERIE_CHECK(table.ndim() == 2, op << ": table must be [V, H], got " << shape_str(table.shape()));
+  AERIE_CHECK(id_bound > 0 && id_bound <= table.dim(0),
+              op << ": id bound " << id_bound << " is outside (0, " << table.dim(0) << "] (the table's rows)");
+  embedding_forward_impl(op, ids, table.slice(0, id_bound), out, 0, false);
 }
 
 void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable, int64_t row_offset) {

@@ -29,6 +29,16 @@ struct ForwardBatch {
   // A token tree (TargetModel::forward_tree; B == 1 with a cache): row i's parent row (-1 for row 0) and
   // depth (its position is p0 + depth); empty for a sequence.
   std::vector<int32_t> tree_parent, tree_depth;
+  // The tree's path keys, built once per forward for every layer: rows tree_groups[g].begin .. end-1
+  // are the rows of depth D = tree_groups[g].depth, and entries offset + j m .. offset + (j+1) m - 1
+  // of tree_path_slots (m = end - begin; j = 0 .. D) are the cache slots of those rows' ancestors at
+  // depth j (j = D: the rows themselves), all below p0 + n.
+  struct TreeGroup {
+    int64_t begin = 0, end = 0, offset = 0;
+    int32_t depth = 0;
+  };
+  std::vector<TreeGroup> tree_groups;
+  Tensor tree_path_slots;  // [sum over groups of m (D + 1)] I32 on the model's device
 };
 
 /// What every block of one forward shares: device, compute dtype, tp group, op profile, the batch, and

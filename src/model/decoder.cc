@@ -121,6 +121,28 @@ TargetOutput TargetModel::run(const std::vector<std::vector<int32_t>>& ids, cons
   batch.positions = on_device(Tensor::from_vector(pos, {n}));
   // Packed prefill: every sequence at position 0 and more than one of them -> one varlen attention
   // call per layer over the batch's own rows (a sliding layer too when no sequence exceeds its window).
+  if (!batch.tree_depth.empty()) {  // the ancestor slots of every depth's rows, uploaded once (tree_attend)
+    std::vector<int32_t> slots;
+    for (int64_t s = 0; s < n;) {
+      ForwardBatch::TreeGroup g;
+      g.begin = s;
+      g.depth = batch.tree_depth[s];
+      g.offset = static_cast<int64_t>(slots.size());
+      while (s < n && batch.tree_depth[s] == g.depth) ++s;
+      g.end = s;
+      const int64_t m = g.end - g.begin;
+      slots.resize(slots.size() + m * (g.depth + 1));
+      for (int64_t i = 0; i < m; ++i) {
+        int32_t r = static_cast<int32_t>(g.begin + i);
+        for (int32_t j = g.depth; j >= 0; --j) {
+          slots[g.offset + j * m + i] = static_cast<int32_t>(batch.p0[0]) + r;
+          r = batch.tree_parent[r];
+        }
+      }
+      batch.tree_groups.push_back(g);
+    }
+    batch.tree_path_slots = on_device(Tensor::from_vector(slots, {static_cast<int64_t>(slots.size())}));
+  }
   if (all_at_zero && B > 1) {
     std::vector<int32_t> cu(batch.start.begin(), batch.start.end());
     batch.cu_seqlens = on_device(Tensor::from_vector(cu, {B + 1}));

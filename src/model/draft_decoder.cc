@@ -175,11 +175,18 @@ DraftTree DraftDecoder::propose_tree(int budget, int topk, int depth) {
     double z = 0;
     for (float x : l) z += std::exp(static_cast<double>(x) - mx);
     const double lz = std::log(z) + mx;
-    std::vector<int64_t> ids(static_cast<size_t>(K));
-    for (int64_t i = 0; i < K; ++i) ids[i] = i;
+    // One pass keeping the kk best ids sorted (insertion): the order partial_sort gives, without
+    // sorting a K-entry id array per expanded node.
     const int64_t kk = std::min<int64_t>(topk, K);
-    std::partial_sort(ids.begin(), ids.begin() + kk, ids.end(),
-                      [&](int64_t a, int64_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); });
+    auto better = [&](int64_t a, int64_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); };
+    std::vector<int64_t> ids;
+    ids.reserve(static_cast<size_t>(kk) + 1);
+    for (int64_t i = 0; i < K; ++i) {
+      if (static_cast<int64_t>(ids.size()) == kk && !better(i, ids.back())) continue;
+      auto at = std::upper_bound(ids.begin(), ids.end(), i, better);
+      ids.insert(at, i);
+      if (static_cast<int64_t>(ids.size()) > kk) ids.pop_back();
+    }
     std::vector<std::pair<int64_t, double>> out;
     for (int64_t i = 0; i < kk; ++i) out.emplace_back(ids[i], static_cast<double>(l[ids[i]]) - lz);
     return out;

@@ -47,47 +47,41 @@ void attend(const Tensor& q, const Tensor& k_all, const Tensor& v_all, int64_t p
 
 /// Tree attention (TargetModel::forward_tree): q [n, nh, d], row i at position p0 + depth[i], over the
 /// cached prefix k_all / v_all [0, p0) and the tree rows p0 + j, j an ancestor of i or i itself
-/// (parent[0] = -1; rows breadth-first, so each depth is a contiguous range of rows). The prefix part is
-/// one attention_forward (every row sees all p0 keys), then each depth's rows merge their depth + 1 path
-/// keys, gathered per path position, with the TTT kernels' log-sum-exp merge: the same sums as a causal
-/// attention over each root-to-row path, in another order.
+/// (rows breadth-first, so each depth is a contiguous range of rows: ForwardBatch::tree_groups). The
+/// prefix part is one attention_forward (every row sees all p0 keys), then each depth's rows merge their
+/// depth + 1 path keys with the TTT kernels' log-sum-exp merge: the same sums as a causal attention over
+/// each root-to-row path, in another order. The path keys of every depth are gathered in one gather of
+/// K and one of V from the slots the forward built once (ForwardBatch::tree_path_slots), into workspace
+/// buffers: no host round trip and no allocation per layer.
 void tree_attend(ForwardContext& ctx, const Tensor& q, const Tensor& k_all, const Tensor& v_all, int64_t p0,
-                 const std::vector<int32_t>& parent, const std::vector<int32_t>& depth, float scale, Tensor& out) {
+                 float scale, Tensor& out) {
+  const ForwardBatch& b = ctx.batch;
   const int64_t n = q.dim(0), nh = q.dim(1), nkv = k_all.dim(1), d = k_all.dim(2), dv = v_all.dim(2);
+  const int64_t slots = b.tree_path_slots.numel();
   Tensor lse = ctx.buffer("gqa.tree_lse", {n, nh}, DType::F32);
   attention_forward(q, k_all.slice(0, p0), v_all.slice(0, p0), p0, scale, out, &lse);
   const Tensor k2 = k_all.reshape({k_all.dim(0), nkv * d}), v2 = v_all.reshape({v_all.dim(0), nkv * dv});
-  auto on_device = [&](Tensor t) { return ctx.device == Device::CPU ? t : t.to_device(ctx.device); };
-  for (int64_t s = 0; s < n;) {
-    const int32_t dd = depth[s];
-    int64_t e = s;
-    while (e < n && depth[e] == dd) ++e;
-    const int64_t m = e - s;
-    // anc[j][i]: the cache slot of row s + i's ancestor at depth j (j = dd: the row itself).
-    std::vector<std::vector<int32_t>> anc(dd + 1, std::vector<int32_t>(m));
-    for (int64_t i = 0; i < m; ++i) {
-      int32_t r = static_cast<int32_t>(s + i);
-      for (int32_t j = dd; j >= 0; --j) {
-        anc[j][i] = static_cast<int32_t>(p0) + r;
-        r = parent[r];
-      }
-    }
-    std::vector<Tensor> dk(dd + 1), dvv(dd + 1);
-    std::vector<const Tensor*> pk, pv;
-    for (int32_t j = 0; j <= dd; ++j) {
-      const Tensor ids = on_device(Tensor::from_vector(anc[j], {m}));
-      dk[j] = Tensor::empty({m, nkv * d}, k_all.dtype(), ctx.device);
-      dvv[j] = Tensor::empty({m, nkv * dv}, v_all.dtype(), ctx.device);
-      embedding_forward(ids, k2, dk[j]);
-      embedding_forward(ids, v2, dvv[j]);
-      dk[j] = dk[j].reshape({m, nkv, d});
-      dvv[j] = dvv[j].reshape({m, nkv, dv});
+  Tensor pk_all = ctx.buffer("gqa.tree_path_k", {slots, nkv * d}, k_all.dtype());
+  Tensor pv_all = ctx.buffer("gqa.tree_path_v", {slots, nkv * dv}, v_all.dtype());
+  embedding_forward_in_range(b.tree_path_slots, k2, pk_all, p0 + n);  // every slot is below p0 + n
+  embedding_forward_in_range(b.tree_path_slots, v2, pv_all, p0 + n);
+  std::vector<Tensor> dk, dvv;
+  std::vector<const Tensor*> pk, pv;
+  for (const ForwardBatch::TreeGroup& g : b.tree_groups) {
+    const int64_t m = g.end - g.begin;
+    dk.assign(g.depth + 1, Tensor());
+    dvv.assign(g.depth + 1, Tensor());
+    pk.clear();
+    pv.clear();
+    for (int32_t j = 0; j <= g.depth; ++j) {
+      const int64_t r0 = g.offset + j * m;
+      dk[j] = pk_all.slice(r0, r0 + m).reshape({m, nkv, d});
+      dvv[j] = pv_all.slice(r0, r0 + m).reshape({m, nkv, dv});
       pk.push_back(&dk[j]);
       pv.push_back(&dvv[j]);
     }
-    Tensor o = out.slice(s, e), l = lse.slice(s, e);
-    attention_merge_diagonal_forward(q.slice(s, e), pk, pv, scale, o, l);
-    s = e;
+    Tensor o = out.slice(g.begin, g.end), l = lse.slice(g.begin, g.end);
+    attention_merge_diagonal_forward(q.slice(g.begin, g.end), pk, pv, scale, o, l);
   }
 }
 
@@ -163,8 +157,7 @@ class GqaAttention final : public AttentionBlock {
         AERIE_CHECK(window <= 0 || b.p0[0] + b.tree_depth.back() < window,
                     "tree verification (TargetModel::forward_tree) past a sliding window of " << window
                                                                                               << " is not implemented");
-        tree_attend(ctx, q, c0->k[l].slice(0, b.p0[0] + n), c0->v[l].slice(0, b.p0[0] + n), b.p0[0], b.tree_parent,
-                    b.tree_depth, scale, attn);
+        tree_attend(ctx, q, c0->k[l].slice(0, b.p0[0] + n), c0->v[l].slice(0, b.p0[0] + n), b.p0[0], scale, attn);
         return;
       }
       if (b.cu_seqlens.defined() && (window <= 0 || b.longest <= window)) {

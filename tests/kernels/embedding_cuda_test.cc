@@ -43,6 +43,20 @@ TEST(EmbeddingCuda, ForwardMatchesCpu) {
       }
 }
 
+TEST(EmbeddingCuda, InRangeGatherMatchesCpu) {
+  AERIE_REQUIRE_CUDA();
+  for (const Case& c : kCases)
+    for (DType tt : {DType::F32, DType::BF16}) {
+      Tensor table = random_as({c.v, c.h}, tt, 33);
+      Tensor ids = random_ids(c.n, 0, static_cast<int32_t>(c.v) - 1, 34);
+      Tensor out = Tensor::empty({c.n, c.h}, tt);
+      embedding_forward(ids, table, out);
+      Tensor og = Tensor::empty({c.n, c.h}, tt, Device::CUDA);
+      embedding_forward_in_range(gpu(ids), gpu(table), og, c.v);
+      EXPECT_EQ(og.to_float_vector(), out.to_float_vector()) << "N " << c.n << " V " << c.v << " H " << c.h;
+    }
+}
+
 TEST(EmbeddingCuda, BackwardMatchesCpu) {
   AERIE_REQUIRE_CUDA();
   for (const Case& c : kCases)

@@ -43,6 +43,20 @@ TEST(Embedding, ErrorsNameTheIdAndTensor) {
   testing::expect_error([&] { embedding_forward(ids64, table, out); }, "embedding_forward: ids");
 }
 
+// embedding_forward_in_range: the same rows as embedding_forward within the bound; the bound itself is
+// checked against the table (and, on the CPU, the ids against the bound).
+TEST(Embedding, InRangeGatherIsTheLookupBelowItsBound) {
+  Tensor table = testing::random_tensor({6, 3}, 3);
+  Tensor ids = Tensor::from_vector<int32_t>({2, 0, 3, 3}, {4});
+  Tensor out = Tensor::empty({4, 3}, DType::F32), ref = Tensor::empty({4, 3}, DType::F32);
+  embedding_forward_in_range(ids, table, out, 4);
+  embedding_forward(ids, table, ref);
+  EXPECT_EQ(out.to_float_vector(), ref.to_float_vector());
+  testing::expect_error([&] { embedding_forward_in_range(ids, table, out, 7); }, "id bound 7");
+  testing::expect_error([&] { embedding_forward_in_range(ids, table, out, 0); }, "id bound 0");
+  testing::expect_error([&] { embedding_forward_in_range(ids, table, out, 3); }, "ids[2] = 3");
+}
+
 TEST(Embedding, Bf16OutputIsTheRoundedRow) {
   Tensor table = testing::random_tensor({3, 4}, 2);
   Tensor ids = Tensor::from_vector<int32_t>({2, 2, 0}, {3});
