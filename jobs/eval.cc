@@ -230,8 +230,9 @@ int eval(const std::vector<std::string>& args) {
       "ttt-steps", po::value<int>(&o.ttt_steps)->default_value(7), "TTT steps of the teacher-forced metrics")(
       "tp", po::value<int>(&o.tp)->default_value(1), "tensor parallel size of the target")(
       "expert-parallel", po::bool_switch(&o.expert_parallel),
-      "MoE targets: the routed experts split over the --tp ranks by expert instead of by intermediate size "
-      "(the same outputs; tp must divide n_routed_experts)")(
+      "MoE targets: the routed experts split over the --tp ranks by expert (1/tp of them whole per rank) "
+      "instead of every expert by its intermediate size: the same results up to the order of fp32 sums; tp "
+      "must divide n_routed_experts")(
       "device", po::value<std::string>(&o.device)->default_value("auto"),
       "auto (cuda when every rank of the node has a GPU), cpu or cuda: where the target and the draft run")(
       "dtype", po::value<std::string>(&o.dtype)->default_value("f32"),

@@ -58,7 +58,7 @@ void print_plan(std::ostream& os, const MemoryPlan& p, const PlanOptions& opt, c
   os << "aerie plan: " << p.model << "\n"
      << "  " << p.architecture << "\n"
      << "  quantized: " << p.quantization << "\n"
-     << "  tp " << p.tp << (opt.expert_parallel ? " (routed experts split by expert: --expert-parallel)" : "") << ", "
+     << "  tp " << p.tp << (p.expert_parallel ? " (routed experts split by expert: --expert-parallel)" : "") << ", "
      << p.tokens_per_forward << " tokens per forward ("
      << (opt.batch_size > 0 ? "--batch-size " + std::to_string(opt.batch_size) + " x --max-length "
                             : "max(--batch-tokens " + std::to_string(opt.batch_tokens) + ", --max-length ")

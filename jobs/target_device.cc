@@ -18,8 +18,9 @@ void add_target_device_options(po::options_description& desc) {
       "compute dtype of the target: auto (bf16 on cuda, f32 on cpu), f32 or bf16 (model/target.h)")(
       "expert-parallel", po::bool_switch(),
       "MoE targets (DeepSeek-V3, Kimi): split the routed experts over the --tp ranks by expert (each rank "
-      "holds tp-th of them whole) instead of every expert by its intermediate size; the same hidden states, "
-      "larger expert GEMMs (tp must divide n_routed_experts)");
+      "holds 1/tp of them whole) instead of every expert by its intermediate size: the same results up to "
+      "the order of fp32 sums, full-width expert GEMMs; tp must divide n_routed_experts (nothing to split "
+      "at tp 1 or on a dense target)");
 }
 
 TargetDevice resolve_target_device(const po::variables_map& vm, ParallelGroups& groups, const std::string& job) {

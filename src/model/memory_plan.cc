@@ -248,10 +248,10 @@ void plan_activations(const ModelShape& s, const PlanOptions& opt, MemoryPlan& p
   if (any_moe) {
     // Expert parallelism: a rank runs whole experts on the pairs routed to them, sized for the worst
     // case that every pair lands on its experts (T k; T k / tp on average).
-    const int64_t pairs = T * s.top_k, mi = opt.expert_parallel ? s.moe_intermediate : ceil_div(s.moe_intermediate, tp);
+    const int64_t pairs = T * s.top_k, mi = plan.expert_parallel ? s.moe_intermediate : ceil_div(s.moe_intermediate, tp);
     const int64_t si = ceil_div(s.moe_intermediate * s.shared, tp);
     moe = pairs * (H + 2 * mi) * a + T * 2 * si * a + T * s.experts * 4;
-    moe_detail = std::to_string(pairs) + " token-expert pairs" + (opt.expert_parallel ? " (all on this rank's experts, the worst case)" : "") +
+    moe_detail = std::to_string(pairs) + " token-expert pairs" + (plan.expert_parallel ? " (all on this rank's experts, the worst case)" : "") +
                  " x (" + std::to_string(H) + " out + 2 x " +
                  std::to_string(mi) + " gate/up) x " + as + " + shared " + Ts + " x 2 x " + std::to_string(si) +
                  " x " + as + " + router " + Ts + " x " + std::to_string(s.experts) + " x 4";
@@ -302,6 +302,13 @@ MemoryPlan plan_memory(const json& config, const std::vector<TensorInfo>& tensor
   const ModelShape s = parse_shape(config, source);
   MemoryPlan plan;
   plan.tp = opt.tp;
+  plan.expert_parallel = opt.expert_parallel && opt.tp > 1 && s.experts > 0;
+  AERIE_CHECK(!plan.expert_parallel || s.experts % opt.tp == 0,
+              source << ": --expert-parallel: tp " << opt.tp << " does not divide n_routed_experts " << s.experts
+                     << " (the jobs refuse this split): choose a tp that divides it, or leave out --expert-parallel");
+  if (opt.expert_parallel && !plan.expert_parallel)
+    plan.notes.push_back(std::string("--expert-parallel does nothing here: ") +
+                         (s.experts == 0 ? "no routed experts" : "tp 1 holds every expert"));
   plan.model = s.wrapper.empty() ? s.model_type : s.wrapper + " (text_config: " + s.model_type + ")";
   std::ostringstream arch;
   if (s.mla) {
@@ -325,7 +332,7 @@ MemoryPlan plan_memory(const json& config, const std::vector<TensorInfo>& tensor
   // routed experts need none when the fused grouped GEMM reads them as stored (kernels/gemm.h
   // matmul_grouped_quant: K % 64 of both projections, N % 128 and parts of a multiple of 128 rows), else
   // the experts of a layer in chunks of at most kMoeScratchBytes.
-  const bool ep = opt.expert_parallel && tp > 1 && s.experts > 0;
+  const bool ep = plan.expert_parallel;
   const int64_t mi_rank = ep ? s.moe_intermediate : ceil_div(s.moe_intermediate, tp);
   const bool fused_experts = s.hidden % 128 == 0 && mi_rank % 128 == 0;
   std::map<int64_t, int64_t> routed_scratch;  // layer -> bf16 bytes of its routed experts' share
@@ -360,13 +367,8 @@ MemoryPlan plan_memory(const json& config, const std::vector<TensorInfo>& tensor
       } catch (const std::exception&) {
         e = 0;
       }
-      share = e < ceil_div(s.experts, tp) ? numel : 0;
-      divides = s.experts % tp == 0;
-      if (!divides) {
-        auto& u = undivided["n_routed_experts " + std::to_string(s.experts) + " (aerie's --expert-parallel refuses it)"];
-        if (u.first++ == 0) u.second = t.name;
-        divides = true;  // counted once here, not again below
-      }
+      share = e < s.experts / tp ? numel : 0;
+      divides = true;
     }
     if (!divides) {
       auto& u = undivided[split == Split::Rows ? "dim 0 (rows)" : "dim 1 (columns)"];

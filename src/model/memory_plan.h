@@ -77,6 +77,7 @@ struct MemoryPlan {
   std::string architecture; // "MLA + MoE (61 layers, 384 routed experts top-8, 1 shared)"
   std::string quantization; // "int4 pack-quantized (routed experts)", "fp8 e4m3", "none"
   int tp = 1;
+  bool expert_parallel = false;  // the routed experts planned split by expert (asked for, tp > 1, an MoE target)
   std::array<CategoryBytes, kWeightCategories> weights{};
   int64_t weight_tensors = 0, weights_checkpoint = 0, weights_per_rank = 0;
   int64_t replicated_embedding_delta = 0;  // per-rank bytes the other embed/lm_head rule would add (or save: < 0)

@@ -46,7 +46,8 @@ class MoeFfn final : public FfnBlock {
     ep_ = src.expert_parallel() && tp > 1;
     if (ep_) {  // whole experts [e0, e1) on this rank
       AERIE_CHECK(E % tp == 0, "expert parallelism: tp " << tp << " does not divide n_routed_experts " << E << " ("
-                                                          << p << "experts.*)");
+                                                          << p << "experts.*): choose a --tp that divides " << E
+                                                          << ", or leave out --expert-parallel");
       ex0_ = src.tp_rank() * (E / tp);
       ex1_ = ex0_ + E / tp;
       inter_ = I;
@@ -63,8 +64,9 @@ class MoeFfn final : public FfnBlock {
     const TpSplit rows = ep_ ? TpSplit::None : TpSplit::Rows, cols = ep_ ? TpSplit::None : TpSplit::Cols;
     for (int64_t e = 0; e < E; ++e) {
       const std::string x = p + "experts." + std::to_string(e) + ".";
-      if (e < ex0_ || e >= ex1_) {  // another rank's expert (expert parallelism)
-        src.skip_prefix(x);
+      if (e < ex0_ || e >= ex1_) {  // another rank's expert (expert parallelism): nothing read
+        src.skip_linear({{x + "gate_proj", {I, H}}, {x + "up_proj", {I, H}}});
+        src.skip_linear({{x + "down_proj", {H, I}}});
         continue;
       }
       Expert ex;

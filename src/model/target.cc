@@ -107,6 +107,20 @@ void TargetModel::build(WeightSource& src, Communicator& tp, const TargetModelOp
     m.lm_head = src.load(lm_head, {V, H}, TpSplit::None, ParamRole::Embedding);
   }
   m.profile.enable(OpProfile::enabled_by_env());
+  if (options.expert_parallel && tp.rank() == 0) {  // say what --expert-parallel did (or that it did nothing)
+    int64_t moe_layers = 0;
+    for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) moe_layers += cfg_.moe.is_moe_layer(l);
+    const int64_t E = cfg_.moe.n_routed_experts;
+    if (moe_layers == 0)
+      AERIE_LOG(warning) << "--expert-parallel: " << cfg_.model_type << " has no routed experts: nothing to split";
+    else if (tp.size() == 1)
+      AERIE_LOG(warning) << "--expert-parallel at tp 1: one rank holds every expert; nothing to split";
+    else
+      AERIE_LOG(info) << "expert parallelism: the " << E << " routed experts of each of the " << moe_layers
+                      << " MoE layers split over tp " << tp.size() << ", " << E / tp.size()
+                      << " whole experts per rank (rank r holds experts [" << E / tp.size() << " r, "
+                      << E / tp.size() << " (r + 1)))";
+  }
 }
 
 Device TargetModel::device() const { return impl_->device; }

@@ -64,6 +64,10 @@ Linear WeightSource::load_linear(const std::vector<LinearTensor>& parts, TpSplit
   return L;
 }
 
+void WeightSource::skip_linear(const std::vector<LinearTensor>& parts) {
+  for (const LinearTensor& t : parts) skip_prefix(t.name + ".");
+}
+
 namespace {
 
 class CheckpointSource final : public WeightSource {
@@ -185,6 +189,17 @@ class RandomSource final : public WeightSource {
   bool has(const std::string&) const override { return true; }
   void skip(const std::string&, const Shape&) override {}
   int64_t skip_prefix(const std::string&) override { return 0; }
+  /// The draws load_linear would make: one window offset per part, and the byte pool at its first use
+  /// (quantized parts), so a skipped expert leaves the stream where loading it would.
+  void skip_linear(const std::vector<LinearTensor>& parts) override {
+    const bool quantized = (quant_.method == QuantConfig::Method::Int4Group &&
+                            parts[0].name.find(".mlp.experts.") != std::string::npos) ||
+                           quant_.method == QuantConfig::Method::Fp8Block;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      if (quantized) make_byte_pool();
+      splitmix64(s_);
+    }
+  }
   void finish(const std::string&) override {
     if (device_ != Device::CPU) cuda::synchronize();
   }
@@ -231,16 +246,18 @@ class RandomSource final : public WeightSource {
   }
   /// t's bytes tiled from the byte pool (made at first use: sign random, exponent 4..8, mantissa random,
   /// i.e. e4m3fn values of magnitude 1/8 .. 15/4 and never NaN; as INT4 words any nibbles).
-  void fill_bytes(Tensor& t) {
-    if (!bytes_.defined()) {
-      std::vector<uint8_t> b(static_cast<size_t>(kPool));
-      for (auto& x : b) {
-        const uint64_t r = splitmix64(s_);
-        x = static_cast<uint8_t>(((r & 1) << 7) | ((4 + (r >> 1) % 5) << 3) | ((r >> 8) & 7));
-      }
-      bytes_ = Tensor::from_vector(b, {kPool});
-      if (device_ != Device::CPU) bytes_ = bytes_.to_device(device_);
+  void make_byte_pool() {
+    if (bytes_.defined()) return;
+    std::vector<uint8_t> b(static_cast<size_t>(kPool));
+    for (auto& x : b) {
+      const uint64_t r = splitmix64(s_);
+      x = static_cast<uint8_t>(((r & 1) << 7) | ((4 + (r >> 1) % 5) << 3) | ((r >> 8) & 7));
     }
+    bytes_ = Tensor::from_vector(b, {kPool});
+    if (device_ != Device::CPU) bytes_ = bytes_.to_device(device_);
+  }
+  void fill_bytes(Tensor& t) {
+    make_byte_pool();
     const int64_t n = static_cast<int64_t>(t.nbytes());
     auto* dst = static_cast<uint8_t*>(t.raw());
     const auto* src = static_cast<const uint8_t*>(bytes_.raw());

@@ -69,6 +69,11 @@ class WeightSource {
   virtual bool has(const std::string& name) const = 0;
   /// Marks a tensor the model does not need as accounted for (a tied checkpoint's lm_head copy).
   virtual void skip(const std::string& name, const Shape& full) = 0;
+  /// Marks the Linear of `parts` (as load_linear takes them) as another rank's and reads nothing of it
+  /// (expert parallelism: the experts this rank does not hold): a checkpoint skips every tensor of it
+  /// (`<name>.*`: weight, scales, weight_shape); the random source advances its draws as load_linear
+  /// would, so the weights after it (and a held expert on another rank) are those of an unsplit model.
+  virtual void skip_linear(const std::vector<LinearTensor>& parts);
   /// Called once every layer is built: a checkpoint throws aerie::Error naming the first language-model
   /// tensor nobody read (another architecture, or a config field missing), as `what` describes it.
   virtual void finish(const std::string& what) = 0;

@@ -453,6 +453,8 @@ nlohmann::json EvalSession::context() const {
   j["chat_template"] = s.o.chat_template;
   j["device"] = device_name(s.dev);
   j["dtype"] = dtype_name();
+  j["tp"] = s.o.tp;
+  j["expert_parallel"] = s.o.expert_parallel;
   j["prompts_too_long"] = s.too_long;
   j["num_draft_tokens"] = s.o.num_draft_tokens;
   j["max_new_tokens"] = s.o.max_new_tokens;

@@ -116,6 +116,25 @@ TEST(TpTest, DeepseekExpertParallelMatchesUnsplit) {
   }
 }
 
+// Random weights (benchmarks, extract --random-weights) are the same model under expert parallelism:
+// a rank skipping another rank's experts advances the draws as loading them would (WeightSource::
+// skip_linear), so ep 2 equals the unsplit random model (it did not: rank 1's experts were tp 1's 0-3).
+TEST(TpTest, RandomWeightsExpertParallelMatchUnsplit) {
+  auto world = MpiCommunicator::world();
+  if (world->size() != 2) GTEST_SKIP() << "needs mpirun -np 2";
+  const TargetConfig cfg = load_target_config(std::string(AERIE_SOURCE_DIR) + "/tests/model/fixtures/hf/deepseek_v3");
+  auto self = world->split(world->rank(), 0);
+  TargetModelOptions ep;
+  ep.expert_parallel = true;
+  TargetModel one = TargetModel::random(cfg, *self, {}, 5), split = TargetModel::random(cfg, *world, ep, 5);
+  const std::vector<int32_t> ids = {1, 5, 9, 33, 60, 2, 17, 41, 8, 63, 12, 200};
+  const int N = static_cast<int>(cfg.num_hidden_layers);
+  TargetOutput a = one.forward(ids, nullptr, {0, 2, N}, true), b = split.forward(ids, nullptr, {0, 2, N}, true);
+  expect_close_scaled(b.aux_hidden.to_float_vector(), a.aux_hidden.to_float_vector(), 1e-5f, "aux_hidden");
+  expect_close_scaled(b.final_hidden.to_float_vector(), a.final_hidden.to_float_vector(), 1e-5f, "final_hidden");
+  expect_close_scaled(b.logits.to_float_vector(), a.logits.to_float_vector(), 1e-5f, "logits");
+}
+
 // A tp that does not divide the routed experts is refused naming them, before any collective.
 TEST(TpTest, ExpertParallelNeedsDivisibleExperts) {
   auto world = MpiCommunicator::world();

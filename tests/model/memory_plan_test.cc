@@ -84,12 +84,21 @@ TEST(MemoryPlan, KimiK25RealTensorListTp8Fits96GB) {
   EXPECT_EQ(q.scratch_per_rank, 0);
   EXPECT_TRUE(q.fits);
   EXPECT_TRUE(q.notes.empty()) << q.notes.front();
-  PlanOptions ep3 = ep;  // 384 experts do not split over 5 ranks: said so
-  ep3.tp = 5;
-  const MemoryPlan r = plan_memory(read_model_config(dir + "/config.transformers-5.7.0-redump.json"), tensors, ep3);
-  bool noted = false;
-  for (const std::string& n : r.notes) noted = noted || n.find("n_routed_experts 384") != std::string::npos;
-  EXPECT_TRUE(noted);
+  EXPECT_TRUE(q.expert_parallel);
+  PlanOptions ep5 = ep;  // 384 experts do not split over 5 ranks: refused, as the jobs refuse it
+  ep5.tp = 5;
+  const std::string refused =
+      error_of([&] { plan_memory(read_model_config(dir + "/config.transformers-5.7.0-redump.json"), tensors, ep5); });
+  EXPECT_NE(refused.find("does not divide n_routed_experts 384"), std::string::npos) << refused;
+  PlanOptions ep1 = ep;  // tp 1: nothing split, said so, the plain plan's figures
+  ep1.tp = 1;
+  const MemoryPlan one = plan_memory(read_model_config(dir + "/config.transformers-5.7.0-redump.json"), tensors, ep1);
+  opt.tp = 1;
+  const MemoryPlan plain = plan_memory(read_model_config(dir + "/config.transformers-5.7.0-redump.json"), tensors, opt);
+  EXPECT_FALSE(one.expert_parallel);
+  EXPECT_EQ(one.activations_per_rank, plain.activations_per_rank);
+  ASSERT_EQ(one.notes.size(), plain.notes.size() + 1);
+  EXPECT_NE(one.notes.back().find("does nothing here"), std::string::npos);
 }
 
 // The same architecture in block FP8 (real list): every linear is F8_E4M3 + an F32 scale_inv, and the 61

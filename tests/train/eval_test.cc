@@ -825,7 +825,9 @@ TEST_F(EvalTest, DraftTreesAreWellFormed) {
     for (size_t i = 0; i < t.tokens.size(); ++i) {
       ASSERT_LT(t.parent[i], static_cast<int32_t>(i));
       dep[i] = t.parent[i] < 0 ? 1 : dep[t.parent[i]] + 1;
-      if (i > 0) EXPECT_GE(dep[i], dep[i - 1]) << "breadth-first";
+      if (i > 0) {
+        EXPECT_GE(dep[i], dep[i - 1]) << "breadth-first";
+      }
       EXPECT_LE(dep[i], depth);
       EXPECT_TRUE(d.vocab.t2d[t.tokens[i]]) << "node " << i << " is a draft-vocabulary id";
       int children = 0;

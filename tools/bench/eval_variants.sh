@@ -8,7 +8,8 @@
 # Environment: AERIE (BUILD_DIR/aerie), MODEL, DRAFT, PROMPTS (defaults: RUN_DIR's target, export and
 #   eval_prompts.txt), NUM_PROMPTS (32), MAX_NEW (96), NP (1: ranks), EXTRA (more eval options, e.g.
 #   "--chat-template smollm2 --device cuda"), VARIANTS (an extended regex: only the variants whose name
-#   matches, e.g. 'chain 5|tree 5'), KEEP (a folder: each variant's eval.json is kept there).
+#   matches, e.g. '^(chain|tree) 5( |$)' for the greedy chain and trees of 5; names hold parentheses,
+#   which a regex must escape), KEEP (a folder: each variant's eval.json is kept there).
 # Usage: tools/bench/eval_variants.sh [RUN_DIR]   (default runs/demo)
 set -euo pipefail
 case "${1:-}" in -h | --help)
@@ -43,10 +44,24 @@ variants=(
   "sampled chain 5, T 0.7|--num-draft-tokens 5 --temperature 0.7"
   "sampled chain 5, T 1.0|--num-draft-tokens 5 --temperature 1.0"
 )
+if [ -n "${VARIANTS:-}" ]; then  # keep the matching variants; a bad regex or no match is an error
+  chosen=()
+  for v in "${variants[@]}"; do
+    name=${v%%|*}; rc=0
+    [[ "$name" =~ $VARIANTS ]] || rc=$?
+    [ "$rc" -le 1 ] || { echo "eval_variants: VARIANTS='$VARIANTS' is not an extended regex" >&2; exit 2; }
+    [ "$rc" = 1 ] || chosen+=("$v")
+  done
+  if [ "${#chosen[@]}" = 0 ]; then
+    echo "eval_variants: VARIANTS='$VARIANTS' matches none of:" >&2
+    for v in "${variants[@]}"; do echo "  ${v%%|*}" >&2; done
+    exit 2
+  fi
+  variants=("${chosen[@]}")
+fi
 printf '%-32s %18s %8s %10s %10s %8s\n' variant "acceptance length" passes "spec tok/s" "greedy t/s" speedup >&2
 for v in "${variants[@]}"; do
   name=${v%%|*}; opts=${v#*|}
-  [ -z "${VARIANTS:-}" ] || [[ "$name" =~ $VARIANTS ]] || continue
   # shellcheck disable=SC2086
   mpirun -np "$NP" "$AERIE" eval --model "$MODEL" --draft "$DRAFT" --prompts "$PROMPTS" --num-prompts "$NUM_PROMPTS" \
     --max-new-tokens "$MAX_NEW" --ttt-steps 1 $opts ${EXTRA:-} --output "$work/eval.json" >"$work/log" 2>&1 ||
