@@ -61,13 +61,30 @@ LayerCtx::LayerCtx(const DraftConfig& c, const DraftWeights& w_, const Tensor& e
                                              << " (all nine matrices share dtype and device)");
 }
 
+namespace {
+// layer_qkv with ids checked against the table already (host_checked: the host overload's ids, so the
+// CUDA gather needs no host copy of them and no stream synchronisation) or by the gather itself.
+void layer_qkv_impl(const LayerCtx& c, const Tensor& id_t, const Tensor& h, int64_t pos0, LayerActs& a,
+                    bool host_checked);
+}  // namespace
+
 void layer_qkv(const LayerCtx& c, const int32_t* ids, int64_t n, const Tensor& h, int64_t pos0, LayerActs& a) {
+  const int64_t V = c.embed.dim(0);
+  for (int64_t i = 0; i < n; ++i)
+    AERIE_CHECK(ids[i] >= 0 && ids[i] < V, "draft layer: token id " << ids[i] << " is outside the embedding's " << V
+                                                                     << " rows");
   Tensor id_t = Tensor::wrap(const_cast<int32_t*>(ids), {n}, DType::I32);
   if (c.device != Device::CPU) id_t = id_t.to_device(c.device);
-  layer_qkv(c, id_t, h, pos0, a);
+  layer_qkv_impl(c, id_t, h, pos0, a, true);
 }
 
 void layer_qkv(const LayerCtx& c, const Tensor& id_t, const Tensor& h, int64_t pos0, LayerActs& a) {
+  layer_qkv_impl(c, id_t, h, pos0, a, false);
+}
+
+namespace {
+void layer_qkv_impl(const LayerCtx& c, const Tensor& id_t, const Tensor& h, int64_t pos0, LayerActs& a,
+                    bool host_checked) {
   const int64_t n = id_t.numel();
   const int64_t H = c.cfg.hidden_size, nh = c.cfg.num_attention_heads, nkv = c.cfg.num_key_value_heads,
                 d = c.cfg.head_dim;
@@ -83,7 +100,10 @@ void layer_qkv(const LayerCtx& c, const Tensor& id_t, const Tensor& h, int64_t p
   }
   const float eps = static_cast<float>(c.cfg.rms_norm_eps);
   a.e_raw = cmp(c, {n, H});
-  embedding_forward(id_t, c.embed, a.e_raw);
+  if (host_checked)
+    embedding_forward_in_range(id_t, c.embed, a.e_raw, c.embed.dim(0));
+  else
+    embedding_forward(id_t, c.embed, a.e_raw);
   Tensor e = cmp(c, {n, H}), hn = cmp(c, {n, H});
   a.rstd_e = f32(c, {n});
   rmsnorm_forward(a.e_raw, c.w.input_layernorm, eps, e, &a.rstd_e);
@@ -104,6 +124,7 @@ void layer_qkv(const LayerCtx& c, const Tensor& id_t, const Tensor& h, int64_t p
   rope_apply(a.q, a.positions, c.inv_freq, false);
   rope_apply(a.k, a.positions, c.inv_freq, false);
 }
+}  // namespace
 
 void layer_out(const LayerCtx& c, LayerActs& a) {
   const int64_t n = a.n, H = c.cfg.hidden_size, I = c.cfg.intermediate_size, K = c.cfg.draft_vocab_size;
