@@ -51,6 +51,21 @@ TEST(DraftDecoder, ProposeEqualsTTTArgmaxChain) {
   }
 }
 
+// A verified token outside the target's embedding is refused by the draft layer's host check (the ids of
+// a decoding step are checked on the host, then gathered without a check), naming the id.
+TEST(DraftDecoder, RefusesATokenOutsideTheEmbedding) {
+  auto m = testing::make_tiny_draft(9);
+  auto s = testing::make_tiny_sample(m, 6, 10);
+  DraftDecoder dec(m.cfg, m.w, m.embed, m.d2t, 16);
+  const int32_t bad = static_cast<int32_t>(m.embed.dim(0));
+  try {
+    dec.append_verified(s.aux_hidden.slice(0, 2), {1, bad});
+    FAIL() << "no error for token id " << bad;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("token id " + std::to_string(bad)), std::string::npos) << e.what();
+  }
+}
+
 // The chain's keys stay out of the cache: proposing twice gives the same guesses, and a shorter chain
 // is a prefix of a longer one.
 TEST(DraftDecoder, ProposeLeavesTheCacheAlone) {
