@@ -119,8 +119,6 @@ TargetOutput TargetModel::run(const std::vector<std::vector<int32_t>>& ids, cons
   }
   Tensor ids_t = on_device(Tensor::from_vector(all_ids, {n}));
   batch.positions = on_device(Tensor::from_vector(pos, {n}));
-  // Packed prefill: every sequence at position 0 and more than one of them -> one varlen attention
-  // call per layer over the batch's own rows (a sliding layer too when no sequence exceeds its window).
   if (!batch.tree_depth.empty()) {  // the ancestor slots of every depth's rows, uploaded once (tree_attend)
     std::vector<int32_t> slots;
     for (int64_t s = 0; s < n;) {
@@ -143,6 +141,8 @@ TargetOutput TargetModel::run(const std::vector<std::vector<int32_t>>& ids, cons
     }
     batch.tree_path_slots = on_device(Tensor::from_vector(slots, {static_cast<int64_t>(slots.size())}));
   }
+  // Packed prefill: every sequence at position 0 and more than one of them -> one varlen attention
+  // call per layer over the batch's own rows (a sliding layer too when no sequence exceeds its window).
   if (all_at_zero && B > 1) {
     std::vector<int32_t> cu(batch.start.begin(), batch.start.end());
     batch.cu_seqlens = on_device(Tensor::from_vector(cu, {B + 1}));

@@ -105,6 +105,7 @@ struct Role {
   WeightCategory category = WeightCategory::Other;
   Split split = Split::None;
   int64_t layer = -1;
+  int64_t expert = -1;  // routed experts: the <e> of mlp.experts.<e>.*
 };
 
 // q_b/kv_b/q/k/v (by head), gate/up (by intermediate): column-parallel rows; o, down: row-parallel columns.
@@ -175,6 +176,11 @@ Role classify(const std::string& name, const ModelShape& s) {
   } else if (starts_with(rest, "mlp.experts.")) {
     r.category = WeightCategory::RoutedExperts;
     r.split = projection_split(projection);
+    try {
+      r.expert = std::stoll(rest.substr(std::strlen("mlp.experts.")));
+    } catch (const std::exception&) {
+      r.expert = -1;
+    }
   } else if (starts_with(rest, "mlp.shared_experts.") || starts_with(rest, "mlp.shared_expert.")) {
     r.category = WeightCategory::SharedExperts;
     r.split = projection_split(projection);
@@ -359,15 +365,8 @@ MemoryPlan plan_memory(const json& config, const std::vector<TensorInfo>& tensor
     bool divides = true;
     int64_t share = per_rank_elements(t.shape, split, tp, divides);
     if (ep && r.category == WeightCategory::RoutedExperts) {
-      // Whole experts: rank 0 holds experts [0, E / tp) (mlp.experts.<e>.*), the others none of it.
-      const size_t at = t.name.find("mlp.experts.");
-      int64_t e = 0;
-      try {
-        e = std::stoll(t.name.substr(at + 12));
-      } catch (const std::exception&) {
-        e = 0;
-      }
-      share = e < s.experts / tp ? numel : 0;
+      // Whole experts: rank 0 holds experts [0, E / tp), none of the others (an unnumbered one counts).
+      share = std::max<int64_t>(r.expert, 0) < s.experts / tp ? numel : 0;
       divides = true;
     }
     if (!divides) {

@@ -56,7 +56,6 @@ TargetModel::TargetModel(const std::string& dir, Communicator& tp) : TargetModel
 TargetModel::TargetModel(const std::string& dir, Communicator& tp, const TargetModelOptions& options)
     : impl_(std::make_shared<Impl>()), cfg_(load_target_config(dir)) {
   auto src = checkpoint_weights(dir, tp.rank(), tp.size(), options.device, options.dtype, cfg_.quant);
-  src->set_expert_parallel(options.expert_parallel);
   build(*src, tp, options);
   src->finish("a " + cfg_.model_type + " decoder of this config");
   AERIE_LOG(debug) << "loaded the " << cfg_.model_type << " weights of " << dir << " (tp rank " << tp.rank() << " of "
@@ -69,7 +68,6 @@ TargetModel TargetModel::random(const TargetConfig& cfg, Communicator& tp, const
   m.impl_ = std::make_shared<Impl>();
   m.cfg_ = cfg;
   auto src = random_weights(seed, tp.rank(), tp.size(), options.device, options.dtype, 0.02f, cfg.quant);
-  src->set_expert_parallel(options.expert_parallel);
   m.build(*src, tp, options);
   src->finish("random weights");
   return m;
@@ -78,6 +76,7 @@ TargetModel TargetModel::random(const TargetConfig& cfg, Communicator& tp, const
 void TargetModel::build(WeightSource& src, Communicator& tp, const TargetModelOptions& options) {
   const Architecture& arch = find_architecture(cfg_.model_type, "TargetModel");
   Impl& m = *impl_;
+  src.set_expert_parallel(options.expert_parallel);
   m.tp = &tp;
   m.device = options.device;
   m.dtype = options.dtype;

@@ -158,9 +158,7 @@ class RandomSource final : public WeightSource {
   /// benchmarks of one tp size), from a pool of random bytes: INT4 nibbles uniform in [-8, 7] with
   /// scale std / 4.6; FP8 codes of magnitude 1/8 .. 15/4 with scale_inv std / 1.5 (std about `std`).
   Linear load_linear(const std::vector<LinearTensor>& parts, TpSplit split) override {
-    const bool int4 = quant_.method == QuantConfig::Method::Int4Group &&
-                      parts[0].name.find(".mlp.experts.") != std::string::npos;
-    const bool fp8 = quant_.method == QuantConfig::Method::Fp8Block;
+    const bool int4 = int4_linear(parts), fp8 = quant_.method == QuantConfig::Method::Fp8Block;
     if (!int4 && !fp8) return WeightSource::load_linear(parts, split);
     Linear L;
     L.format = int4 ? WeightFormat::Int4Group : WeightFormat::BlockFp8;
@@ -192,9 +190,7 @@ class RandomSource final : public WeightSource {
   /// The draws load_linear would make: one window offset per part, and the byte pool at its first use
   /// (quantized parts), so a skipped expert leaves the stream where loading it would.
   void skip_linear(const std::vector<LinearTensor>& parts) override {
-    const bool quantized = (quant_.method == QuantConfig::Method::Int4Group &&
-                            parts[0].name.find(".mlp.experts.") != std::string::npos) ||
-                           quant_.method == QuantConfig::Method::Fp8Block;
+    const bool quantized = int4_linear(parts) || quant_.method == QuantConfig::Method::Fp8Block;
     for (size_t i = 0; i < parts.size(); ++i) {
       if (quantized) make_byte_pool();
       splitmix64(s_);
@@ -235,6 +231,10 @@ class RandomSource final : public WeightSource {
 
  private:
   static constexpr int64_t kPool = (int64_t{1} << 22) + 4099;
+  /// Whether `quant` stores this Linear as INT4 groups (Kimi-K2.5's routed experts).
+  bool int4_linear(const std::vector<LinearTensor>& parts) const {
+    return quant_.method == QuantConfig::Method::Int4Group && parts[0].name.find(".mlp.experts.") != std::string::npos;
+  }
   void fill(Tensor& t) {
     Tensor flat = t.reshape({t.numel()});
     int64_t o = static_cast<int64_t>(splitmix64(s_) % static_cast<uint64_t>(kPool));

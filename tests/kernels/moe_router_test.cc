@@ -133,18 +133,33 @@ TEST(MoeSort, RouterOutputRoundTrips) {
   for (int s : seen) EXPECT_EQ(s, 1);
 }
 
+// The golden "random" router's choices sorted by expert: T tokens, top k, E experts, P = T k pairs, the
+// routing weights w [T, k], the expert offsets [E + 1] and the sort's perm [P].
+struct SortedRouting {
+  int64_t t = 0, k = 0, e = 0, P = 0;
+  Tensor w, offsets, perm;
+};
+SortedRouting sorted_golden_routing() {
+  const Tensor& logits = golden("router.random.logits");
+  const MoeRouterConfig cfg = config_of("random");
+  SortedRouting r;
+  r.t = logits.dim(0), r.k = cfg.top_k, r.e = logits.dim(1), r.P = r.t * r.k;
+  Tensor idx = Tensor::empty({r.t, r.k}, DType::I32), counts = Tensor::empty({r.e}, DType::I32);
+  r.w = Tensor::empty({r.t, r.k}, DType::F32);
+  moe_router_noaux_tc(logits, golden("router.random.bias"), cfg, idx, r.w);
+  r.offsets = Tensor::empty({r.e + 1}, DType::I32);
+  r.perm = Tensor::empty({r.P}, DType::I32);
+  moe_sort_by_expert(idx, r.e, counts, r.offsets, r.perm);
+  return r;
+}
+
 // moe_gather_pairs and moe_combine_rows against what they replace (embedding_forward of each pair's
 // token into expert order, embedding_forward back to pair order, moe_combine): bitwise, F32 and BF16,
 // on the golden router's choices; a perm that is not a permutation names its entry.
 TEST(MoeGather, PairsAndCombineRowsEqualTheGatheredPath) {
-  const Tensor& logits = golden("router.random.logits");
-  const MoeRouterConfig cfg = config_of("random");
-  const int64_t t = logits.dim(0), k = cfg.top_k, e = logits.dim(1), P = t * k, H = 24;
-  Tensor idx = Tensor::empty({t, k}, DType::I32), w = Tensor::empty({t, k}, DType::F32);
-  moe_router_noaux_tc(logits, golden("router.random.bias"), cfg, idx, w);
-  Tensor counts = Tensor::empty({e}, DType::I32), offsets = Tensor::empty({e + 1}, DType::I32);
-  Tensor perm = Tensor::empty({P}, DType::I32);
-  moe_sort_by_expert(idx, e, counts, offsets, perm);
+  const SortedRouting sr = sorted_golden_routing();
+  const int64_t t = sr.t, k = sr.k, P = sr.P, H = 24;
+  const Tensor &w = sr.w, &perm = sr.perm;
   std::vector<int32_t> token_of(static_cast<size_t>(P)), row_of_ref(static_cast<size_t>(P));
   for (int64_t r = 0; r < P; ++r) {
     token_of[r] = perm.data<int32_t>()[r] / static_cast<int32_t>(k);
@@ -177,14 +192,9 @@ TEST(MoeGather, PairsAndCombineRowsEqualTheGatheredPath) {
 // whole combine (each pair's term lands in exactly one part; the sum of two fp32 partials of k = 4
 // terms against one fp32 sum: a few ulp). Bad ranges and a row_of past ys are refused.
 TEST(MoeGather, LocalRowsSplitTheCombineByRange) {
-  const Tensor& logits = golden("router.random.logits");
-  const MoeRouterConfig cfg = config_of("random");
-  const int64_t t = logits.dim(0), k = cfg.top_k, e = logits.dim(1), P = t * k, H = 24;
-  Tensor idx = Tensor::empty({t, k}, DType::I32), w = Tensor::empty({t, k}, DType::F32);
-  moe_router_noaux_tc(logits, golden("router.random.bias"), cfg, idx, w);
-  Tensor counts = Tensor::empty({e}, DType::I32), offsets = Tensor::empty({e + 1}, DType::I32);
-  Tensor perm = Tensor::empty({P}, DType::I32);
-  moe_sort_by_expert(idx, e, counts, offsets, perm);
+  const SortedRouting sr = sorted_golden_routing();
+  const int64_t t = sr.t, k = sr.k, e = sr.e, P = sr.P, H = 24;
+  const Tensor &w = sr.w, &offsets = sr.offsets, &perm = sr.perm;
   const Tensor h = testing::random_tensor({t, H}, 3);
   Tensor xs, row_of = Tensor::empty({P}, DType::I32);
   moe_gather_pairs(h, perm, k, xs, row_of);
