@@ -71,8 +71,10 @@ using GroupedWeight = std::vector<GroupedWeightPart>;
 /// CUDA, when grouped_quant_fused_unsupported() is empty: the fused kernel, one launch for the 128-row
 /// tiles and one for the 64-row ones (bf16 tensor cores, wgmma on sm_90a else mma.sync, fp32
 /// accumulation; the quantized tile of W is dequantized in shared memory between its load and its use, so
-/// W stays compressed in device memory and is read once per 64 or 128 rows of a); otherwise per group a
-/// dequantization into a temporary and one cuBLASLt GEMM (slow, for any shape).
+/// W stays compressed in device memory and is read once per 64 or 128 rows of a; on sm_90a FP8 and INT4
+/// weights are dequantized into registers instead, read once per up to 256 rows: grouped_gemm.cu's
+/// variant 4); otherwise per group a dequantization into a temporary and one cuBLASLt GEMM (slow, for any
+/// shape).
 /// Queued on the current stream. Throws aerie::Error on mismatched shapes, dtypes or devices (naming the
 /// group and part), offsets as matmul_grouped, and on CUDA on a launch failure.
 /// a_rows (optional): the rows of a gathered on the fly: row r of the GEMM's input is a[a_rows[r] / row_div]

@@ -11,7 +11,9 @@
 //   - the tensor cores multiply: wgmma (sm_90a, the default; two warpgroups reading both operands from
 //     the swizzled shared tiles, one wgmma group in flight while the next tile is dequantized) or
 //     mma.sync m16n8k16 with ldmatrix (AERIE_GROUPED_GEMM_KERNEL=mma); BF16 weights whose parts are
-//     multiples of 256 rows take variant 3 below (warp-specialized, 256 columns) instead;
+//     multiples of 256 rows take variant 3 below (warp-specialized, 256 columns) instead, and on sm_90a
+//     the quantized formats take variant 4 (the weight dequantized into registers as wgmma's A operand,
+//     the tokens as its B, up to 256 rows per weight tile: the default for FP8 and INT4 experts);
 //   - the fp32 accumulators are rounded once to bf16 into c.
 // So the dequantized W equals dequant_batch's bit for bit and c differs from dequant_batch +
 // matmul_grouped only by the order of the fp32 sums. W stays compressed in device memory.
@@ -27,6 +29,7 @@
 #include "kernels/cuda/attention_mma.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemm.h"
+#include "kernels/cuda/wgmma_rs.cuh"
 
 namespace aerie::cuda {
 namespace {
@@ -49,8 +52,9 @@ struct GroupDesc {
   int32_t row0, rows;
 };
 /// One row tile: group index (into the GroupDesc array) and first row within the group.
+/// bt: variant 4's token tile (a multiple of 16 >= its rows; the other variants ignore it).
 struct TileDesc {
-  int32_t group, m0;
+  int32_t group, m0, bt;
 };
 
 /// Byte offset of 16-byte chunk `chunk` of row `row` in a swizzled [rows][64] bf16 tile (128-byte rows).
@@ -166,6 +170,30 @@ __device__ __forceinline__ Tile<BM> tile_of(const __nv_bfloat16* a, const int32_
   return r;
 }
 
+/// cp.async of a quantized W's stored k tile (k0 .. k0 + 63 of rows nl .. nl + 127 of its part) into the
+/// plain layout at `raw` (256 threads): FP8 [128][64 bytes]; INT4 [128][8 words], then [128][2] bf16 scales.
+template <int F>
+__device__ __forceinline__ void load_w_raw(uint32_t raw, const void* wp, const void* sp, int nl, int k0, int K, int tid) {
+  if constexpr (F == kFp8) {
+    const uint8_t* w = static_cast<const uint8_t*>(wp) + static_cast<int64_t>(nl) * K + k0;
+#pragma unroll
+    for (int i = tid; i < kBN * 4; i += kThreads) {
+      const int r = i >> 2, ch = i & 3;
+      cp_async16(raw + r * 64 + ch * 16, w + static_cast<int64_t>(r) * K + ch * 16, true);
+    }
+  } else {
+    const int words = K / 8, groups32 = K / 32;
+    const int32_t* w = static_cast<const int32_t*>(wp) + static_cast<int64_t>(nl) * words + k0 / 8;
+#pragma unroll
+    for (int i = tid; i < kBN * 2; i += kThreads) {
+      const int r = i >> 1, ch = i & 1;
+      cp_async16(raw + r * 32 + ch * 16, w + static_cast<int64_t>(r) * words + ch * 4, true);
+    }
+    const uint16_t* sc = static_cast<const uint16_t*>(sp) + static_cast<int64_t>(nl) * groups32 + k0 / 32;
+    if (tid < kBN) cp_async4(raw + kBN * 32 + tid * 4, sc + static_cast<int64_t>(tid) * groups32);
+  }
+}
+
 /// cp.async of k tile kt into `stage`: a's BM rows (rows past the group read as zeros) and W's stored tile.
 template <int F, int BM, int STAGES>
 __device__ __forceinline__ void load_stage(const Tile<BM>& t, uint32_t base, int stage, int kt, int K, int tid) {
@@ -185,25 +213,8 @@ __device__ __forceinline__ void load_stage(const Tile<BM>& t, uint32_t base, int
       const int r = i >> 3, ch = i & 7;
       cp_async16(sb + swz(r, ch), w + static_cast<int64_t>(r) * K + ch * 8, true);
     }
-  } else if constexpr (F == kFp8) {
-    const uint32_t sb = base + L::raw(stage);
-    const uint8_t* w = static_cast<const uint8_t*>(t.w) + static_cast<int64_t>(t.nl) * K + k0;
-#pragma unroll
-    for (int i = tid; i < kBN * 4; i += kThreads) {  // [128][64 bytes], plain
-      const int r = i >> 2, ch = i & 3;
-      cp_async16(sb + r * 64 + ch * 16, w + static_cast<int64_t>(r) * K + ch * 16, true);
-    }
   } else {
-    const uint32_t sb = base + L::raw(stage);
-    const int words = K / 8, groups32 = K / 32;
-    const int32_t* w = static_cast<const int32_t*>(t.w) + static_cast<int64_t>(t.nl) * words + k0 / 8;
-#pragma unroll
-    for (int i = tid; i < kBN * 2; i += kThreads) {  // [128][8 words], plain
-      const int r = i >> 1, ch = i & 1;
-      cp_async16(sb + r * 32 + ch * 16, w + static_cast<int64_t>(r) * words + ch * 4, true);
-    }
-    const uint16_t* sc = static_cast<const uint16_t*>(t.s) + static_cast<int64_t>(t.nl) * groups32 + k0 / 32;
-    if (tid < kBN) cp_async4(sb + kBN * 32 + tid * 4, sc + static_cast<int64_t>(tid) * groups32);
+    load_w_raw<F>(base + L::raw(stage), t.w, t.s, t.nl, k0, K, tid);
   }
 }
 
@@ -755,22 +766,299 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 #endif
 }
 
+/// Lets `kernel` (a __global__ function) take `bytes` of dynamic shared memory on the current device,
+/// once per kernel and device (cudaFuncSetAttribute).
+void allow_smem(const void* kernel, int bytes) {
+  static thread_local std::vector<std::pair<const void*, int>> configured;
+  const int dev = current_device();
+  for (const auto& [k, d] : configured)
+    if (k == kernel && d == dev) return;
+  AERIE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+                   "matmul_grouped_quant: cudaFuncSetAttribute (" << bytes << " bytes of shared memory)");
+  configured.emplace_back(kernel, dev);
+}
+
 template <int F, int BM>
 void launch_ws(const __nv_bfloat16* a, const int32_t* a_rows, int row_div, __nv_bfloat16* c, const GroupDesc* groups,
                const TileDesc* tiles, int tiles_n, int K, int N) {
   constexpr int bytes = WsLayout<F, BM>::bytes + 1024;  // + the alignment to 1024 bytes
   auto* kernel = grouped_gemm_ws_kernel<F, BM>;
-  static thread_local std::vector<int> configured;  // devices whose attribute is set
-  const int dev = current_device();
-  bool done = false;
-  for (int d : configured) done = done || d == dev;
-  if (!done) {
-    AERIE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
-                     "matmul_grouped_quant: cudaFuncSetAttribute (" << bytes << " bytes of shared memory)");
-    configured.push_back(dev);
-  }
+  allow_smem(reinterpret_cast<const void*>(kernel), bytes);
   kernel<<<dim3(N / kWsBN, tiles_n), kWsThreads, bytes, stream()>>>(a, a_rows, row_div, c, groups, tiles, K, N);
   AERIE_CUDA_LAUNCHED("grouped_gemm_ws_kernel");
+}
+
+// ---- Variant 4: register-sourced wgmma with the operands swapped (sm_90a; the quantized formats,
+// AERIE_GROUPED_GEMM_KERNEL=rs). c^T = W a^T: the weight is wgmma's A operand, dequantized straight from
+// its stored bytes in shared memory into each thread's A fragment (no bf16 tile of W in shared memory, no
+// barrier between the dequantization and the tensor cores), and a's rows are the B operand with N = the
+// tile's token rows, a multiple of 16 up to 128 (BTMAX 128: two CTAs per SM) or 256 (one), so one CTA
+// dequantizes each weight tile once for up to 256 rows of its expert (Kimi-K2.5's 43 rows per expert
+// at T 2048, 171 at T 8192), and pads 16 rows at most. 256 threads: warpgroup g computes W rows
+// 64 g .. + 63 of the CTA's 128 columns of c by all of its token rows (m64nBTk16). W is copied in blocks
+// of 128 bytes per row (INT4: 4 k tiles, FP8: 2), not 32 or 64 as variants 1-3 do: at T 2048 those
+// read INT4 experts at ~0.65 TB/s against ~3.5 TB/s for bf16 ones (128 bytes per row and k tile), the
+// short scattered row pieces being what limited them. Pipeline: S stages of a's k tiles, two W blocks,
+// one wgmma group in flight while the next k tile's fragments are dequantized, two fragment sets
+// alternating. The dequantized values are quant.h's (int4_word_to_bf16x8 / fp8x8_to_bf16x8's formulas). ----
+
+template <int F>
+constexpr int rs_kpb() {  // k tiles per W block: 128 bytes of each row
+  return F == kInt4 ? 4 : 2;
+}
+
+/// Shared memory of variant 4 from a 1024-byte aligned base: S stages of a's [BTMAX][64] bf16 tile
+/// (swizzled, swz), then two W blocks: [128 rows][8 chunks of 16 bytes] with chunk c of row r at
+/// r * 128 + ((c ^ (r % 8)) * 16), and for INT4 the block's [128][8] bf16 scales after it.
+template <int F, int BTMAX, int S>
+struct RsLayout {
+  static constexpr int kA = BTMAX * kBK * 2, kW = kBN * 128 + (F == kInt4 ? kBN * 16 : 0);
+  static constexpr int a(int s) { return s * kA; }
+  static constexpr int w(int slot) { return S * kA + slot * kW; }
+  static constexpr int bytes = S * kA + 2 * kW;
+};
+
+/// cp.async of W block b (k tiles KPB b .. KPB b + KPB - 1, fewer at the end of K) of rows nl .. nl + 127
+/// of the part into `dst` (RsLayout's W block; 256 threads).
+template <int F>
+__device__ __forceinline__ void rs_load_w(uint32_t dst, const void* wp, const void* sp, int nl, int b, int K, int tid) {
+  constexpr int KPB = rs_kpb<F>(), kRowBytesPerTile = F == kInt4 ? 32 : 64;
+  const int KT = K / kBK, nkt = min(KPB, KT - b * KPB), chunks = nkt * kRowBytesPerTile / 16;
+  const int64_t row_bytes = F == kInt4 ? K / 2 : K;
+  const uint8_t* w = static_cast<const uint8_t*>(wp) + static_cast<int64_t>(nl) * row_bytes +
+                     static_cast<int64_t>(b) * KPB * kRowBytesPerTile;
+#pragma unroll
+  for (int i = tid; i < kBN * 8; i += kThreads) {
+    const int r = i >> 3, cc = i & 7;
+    if (cc < chunks) cp_async16(dst + r * 128 + ((cc ^ (r & 7)) << 4), w + r * row_bytes + cc * 16, true);
+  }
+  if constexpr (F == kInt4) {
+    const int groups32 = K / 32;
+    if (tid < kBN) {
+      const uint16_t* sc = static_cast<const uint16_t*>(sp) + static_cast<int64_t>(nl + tid) * groups32 + b * KPB * 2;
+      const uint32_t sd = dst + kBN * 128 + tid * 16;
+      if (nkt == KPB && groups32 % 8 == 0)
+        cp_async16(sd, sc, true);
+      else
+        for (int j = 0; j < nkt; ++j) cp_async4(sd + j * 4, sc + 2 * j);
+    }
+  }
+}
+
+/// This thread's A fragments of k tile j of a W block (4 k16 steps x 4 registers, the m16n8k16 A layout:
+/// register h = W row wr + 8 h at k 2 (lane % 4) .. + 1, register 2 + h the same 8 columns on) from the
+/// block at `blk` (RsLayout's). FP8: `scale` is the tile's scale_inv.
+template <int F>
+__device__ __forceinline__ void rs_fragments(const uint8_t* blk, int j, float scale, int wr, int lane,
+                                             uint32_t (&af)[4][4]) {
+  const uint32_t c = lane & 3;
+  if constexpr (F == kInt4) {
+    // Words 2 ks (k 16 ks .. + 7) and 2 ks + 1 (+ 8 .. + 15) of the tile's 8 in a row: byte c of each holds
+    // this thread's k 2c, 2c + 1 (low nibble first). y = (byte c of the first, -, byte c of the second, -);
+    // its low and high nibbles per 16-bit lane, converted as int4_word_to_bf16x8 does.
+    const uint32_t sel = c | (c << 4) | ((c + 4) << 8) | ((c + 4) << 12);
+    const uint32_t one = 0x3F803F80u, m136 = 0xC308C308u, negzero = 0x80008000u, magic = 0x43004300u;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int rr = wr + 8 * h;
+      const uint4 lo = *reinterpret_cast<const uint4*>(blk + rr * 128 + (((2 * j) ^ (rr & 7)) << 4));
+      const uint4 hi = *reinterpret_cast<const uint4*>(blk + rr * 128 + (((2 * j + 1) ^ (rr & 7)) << 4));
+      const uint32_t sc = *reinterpret_cast<const uint32_t*>(blk + kBN * 128 + rr * 16 + j * 4);  // groups 0, 1
+      const uint32_t wd[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        const uint32_t s2 = (ks < 2 ? sc & 0xFFFFu : sc >> 16) * 0x10001u;
+        const uint32_t y = prmt(wd[2 * ks], wd[2 * ks + 1], sel);
+        const uint32_t qlo = (y & 0x000F000Fu) | magic, qhi = ((y >> 4) & 0x000F000Fu) | magic;
+        const uint32_t plo = fma_bf16x2(fma_bf16x2(qlo, one, m136), s2, negzero);  // k 2c | k 8 + 2c
+        const uint32_t phi = fma_bf16x2(fma_bf16x2(qhi, one, m136), s2, negzero);  // k 2c + 1 | k 9 + 2c
+        af[ks][h] = prmt(plo, phi, 0x5410);
+        af[ks][2 + h] = prmt(plo, phi, 0x7632);
+      }
+    }
+  } else {
+    // Bytes 16 ks + 2c, + 1 and 16 ks + 8 + 2c, + 1 of the tile's 64 in a row, each fp32 product rounded
+    // once (fp8x8_to_bf16x8).
+    const uint32_t sel = (2 * c) | ((2 * c + 1) << 4);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int rr = wr + 8 * h;
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) {
+        const uint4 b = *reinterpret_cast<const uint4*>(blk + rr * 128 + (((4 * j + ks) ^ (rr & 7)) << 4));
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          const uint32_t pair = q == 0 ? prmt(b.x, b.y, sel) : prmt(b.z, b.w, sel);
+          const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xFFFFu), __NV_E4M3);
+          const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&hr));
+          af[ks][2 * q + h] = pack_bf16(f.x * scale, f.y * scale);
+        }
+      }
+    }
+  }
+}
+
+/// W row (of the CTA's 128) of this thread's A fragments and accumulators: warpgroup, warp, lane / 4.
+__device__ __forceinline__ int wr_of(int tid) { return (tid >> 7) * 64 + ((tid >> 5) & 3) * 16 + ((tid & 31) >> 2); }
+
+#ifndef AERIE_GG_NO_WGMMA
+template <int R>
+__device__ __forceinline__ void fence_frags(uint32_t (&f)[R][4]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) asm volatile("" : "+r"(f[i][j])::"memory");
+}
+#endif
+
+/// One tile of variant 4: token rows row0 .. row0 + rows - 1 of c (rows <= BT, a multiple of 16; a's rows
+/// through a_rows as tile_of reads them) by columns n0 .. n0 + 127 (rows nl .. of the part wp / sp).
+template <int F, int BT, int S>
+__device__ __forceinline__ void rs_tile(const __nv_bfloat16* a, const int32_t* a_rows, int row_div, __nv_bfloat16* c,
+                                        const void* wp, const void* sp, int nl, int n0, int rows, int row0, int K,
+                                        int N) {
+  constexpr int KPB = rs_kpb<F>();
+  // W block b is copied with a's k tile KPB b (S - 1 tiles ahead) into slot b % 2, whose previous block
+  // (b - 2) was last read KPB + S - 2 iterations before: after a barrier.
+  static_assert(F != kDense && S >= 3 && S - 1 <= KPB + 1 && BT % 16 == 0 && BT <= 256,
+                "variant 4's formats, stages and tiles");
+  extern __shared__ __align__(1024) uint8_t smem[];
+  using L = RsLayout<F, BT, S>;
+  constexpr int R = BT / 2;                                  // accumulators per thread
+  constexpr int kRows = (BT * 8 + kThreads - 1) / kThreads;  // rows of a this thread copies: (tid / 8) + 32 j
+  const int tid = threadIdx.x, lane = tid & 31, ch = tid & 7, wr = wr_of(tid);
+  int32_t src[kRows];  // a's row of each copied tile row; -1: past the group (zeros)
+#pragma unroll
+  for (int j = 0; j < kRows; ++j) {
+    const int row = (tid >> 3) + 32 * j;
+    src[j] = row < rows ? (a_rows ? a_rows[row0 + row] / row_div : row0 + row) : -1;
+  }
+  uint8_t* mem = nullptr;
+  const uint32_t base = aligned_base(smem, mem);
+  const int KT = K / kBK, scols = (K + 127) / 128;
+  auto load = [&](int s, int kt) {  // a's k tile kt into stage s, and W's block when it starts one
+    const int k0 = kt * kBK;
+    const uint32_t sa = base + L::a(s);
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      const int row = (tid >> 3) + 32 * j;
+      if (row < BT)
+        cp_async16(sa + swz(row, ch), a + static_cast<int64_t>(src[j] < 0 ? 0 : src[j]) * K + k0 + ch * 8, src[j] >= 0);
+    }
+    if (kt % KPB == 0) rs_load_w<F>(base + L::w((kt / KPB) & 1), wp, sp, nl, kt / KPB, K, tid);
+  };
+  auto frags = [&](int kt, uint32_t(&f)[4][4]) {
+    float scale = 0.0f;  // FP8: one scale_inv per 128 x 128 block (nl % 128 == 0)
+    if constexpr (F == kFp8)
+      scale = __ldg(static_cast<const float*>(sp) + static_cast<int64_t>(nl / 128) * scols + (kt * kBK) / 128);
+    rs_fragments<F>(mem + L::w((kt / KPB) & 1), kt % KPB, scale, wr, lane, f);
+  };
+
+  float acc[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) acc[i] = 0.0f;
+  uint32_t f0[4][4], f1[4][4];
+
+#pragma unroll
+  for (int s = 0; s < S - 1; ++s) {
+    if (s < KT) load(s, s);
+    cp_async_commit();
+  }
+  cp_async_wait<S - 2>();  // tile 0
+  fence_proxy_async();
+  __syncthreads();
+  frags(0, f0);
+  // One k tile: its wgmma group on `cur`, then (tile kt - 1's group done, every thread past it, tile kt + 1
+  // landed) the refill of tile kt - 1's stage and tile kt + 1's fragments into `nxt`.
+  auto step = [&](int kt, uint32_t(&cur)[4][4], uint32_t(&nxt)[4][4]) {
+    const uint64_t db = wgmma_desc(base + L::a(kt % S));
+    fence_regs(acc);
+    fence_frags(cur);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < kBK / 16; ++ks) wgmma_rs::mma<BT>(acc, cur[ks], db + 2 * ks);
+    wgmma_commit();
+    wgmma_wait<1>();
+    fence_regs(acc);
+    fence_frags(nxt);
+    cp_async_wait<S - 3>();
+    fence_proxy_async();
+    __syncthreads();
+    const int nk = kt + S - 1;
+    if (nk < KT) load(nk % S, nk);
+    cp_async_commit();
+    if (kt + 1 < KT) frags(kt + 1, nxt);
+  };
+  for (int kt = 0; kt < KT; kt += 2) {
+    step(kt, f0, f1);
+    if (kt + 1 < KT) step(kt + 1, f1, f0);
+  }
+  wgmma_wait<0>();
+  fence_regs(acc);
+  cp_async_wait<0>();
+  // acc[4 i + 2 h], acc[4 i + 2 h + 1]: W row (= column of c) wr + 8 h, token rows 8 i + 2 (lane % 4) and + 1.
+  // Lanes 4 apart hold neighbouring columns: the even one stores (its token, columns wr, wr + 1), the odd
+  // one (its token + 1, columns wr - 1, wr), one 4-byte store each.
+  const bool odd = (lane >> 2) & 1;
+#pragma unroll
+  for (int i = 0; i < BT / 8; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float v0 = acc[4 * i + 2 * h], v1 = acc[4 * i + 2 * h + 1];
+      const float got = __shfl_xor_sync(0xffffffffu, odd ? v0 : v1, 4);
+      const int tok = 8 * i + 2 * (lane & 3) + (odd ? 1 : 0), col = wr + 8 * h - (odd ? 1 : 0);
+      if (tok < rows)
+        *reinterpret_cast<uint32_t*>(c + static_cast<int64_t>(row0 + tok) * N + n0 + col) =
+            odd ? pack_bf16(got, v1) : pack_bf16(v0, got);
+    }
+  }
+}
+
+/// rs_tile for the tile's BT = 16 n16, n16 in [N16, BTMAX / 16].
+template <int F, int BTMAX, int S, int N16 = 1>
+__device__ __forceinline__ void rs_dispatch(int n16, const __nv_bfloat16* a, const int32_t* a_rows, int row_div,
+                                            __nv_bfloat16* c, const void* wp, const void* sp, int nl, int n0,
+                                            int rows, int row0, int K, int N) {
+  if constexpr (16 * N16 <= BTMAX) {
+    if (n16 == N16)
+      rs_tile<F, 16 * N16, S>(a, a_rows, row_div, c, wp, sp, nl, n0, rows, row0, K, N);
+    else
+      rs_dispatch<F, BTMAX, S, N16 + 1>(n16, a, a_rows, row_div, c, wp, sp, nl, n0, rows, row0, K, N);
+  }
+}
+
+template <int F, int BTMAX, int S, int MINB>
+__global__ void __launch_bounds__(kThreads, MINB)
+    grouped_gemm_rs_kernel(const __nv_bfloat16* __restrict__ a, const int32_t* __restrict__ a_rows, int row_div,
+                           __nv_bfloat16* __restrict__ c, const GroupDesc* __restrict__ groups,
+                           const TileDesc* __restrict__ tiles, int K, int N) {
+#ifdef AERIE_GG_NO_WGMMA
+  __trap();  // not launched: the host takes the mma.sync kernel off sm_90
+#else
+  const TileDesc td = tiles[blockIdx.y];
+  const GroupDesc& g = groups[td.group];
+  const int n0 = blockIdx.x * kBN;
+  int part = 0, pstart = 0;
+#pragma unroll
+  for (int p = 0; p < kMaxParts - 1; ++p)
+    if (n0 >= g.part_end[part]) {
+      pstart = g.part_end[part];
+      ++part;
+    }
+  rs_dispatch<F, BTMAX, S>(td.bt >> 4, a, a_rows, row_div, c, g.w[part], g.s[part], n0 - pstart, n0,
+                           min(td.bt, g.rows - td.m0), g.row0 + td.m0, K, N);
+#endif
+}
+
+template <int F, int BTMAX, int MINB>
+void launch_rs(const __nv_bfloat16* a, const int32_t* a_rows, int row_div, __nv_bfloat16* c, const GroupDesc* groups,
+               const TileDesc* tiles, int tiles_n, int K, int N) {
+  constexpr int S = 4;
+  constexpr int bytes = RsLayout<F, BTMAX, S>::bytes + 1024;  // + the alignment to 1024 bytes
+  auto* kernel = grouped_gemm_rs_kernel<F, BTMAX, S, MINB>;
+  allow_smem(reinterpret_cast<const void*>(kernel), bytes);
+  kernel<<<dim3(N / kBN, tiles_n), kThreads, bytes, stream()>>>(a, a_rows, row_div, c, groups, tiles, K, N);
+  AERIE_CUDA_LAUNCHED("grouped_gemm_rs_kernel");
 }
 
 template <int F, int BM, bool WG, int STAGES>
@@ -783,15 +1071,7 @@ void launch(const __nv_bfloat16* a, const int32_t* a_rows, int row_div, __nv_bfl
     else
       return grouped_gemm_kernel<F, BM, STAGES>;
   }();
-  static thread_local std::vector<int> configured;  // devices whose attribute is set
-  const int dev = current_device();
-  bool done = false;
-  for (int d : configured) done = done || d == dev;
-  if (!done) {
-    AERIE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
-                     "matmul_grouped_quant: cudaFuncSetAttribute (" << bytes << " bytes of shared memory)");
-    configured.push_back(dev);
-  }
+  allow_smem(reinterpret_cast<const void*>(kernel), bytes);
   kernel<<<dim3(N / kBN, tiles_n), kThreads, bytes, stream()>>>(a, a_rows, row_div, c, groups, tiles, K, N);
   AERIE_CUDA_LAUNCHED("grouped_gemm_kernel");
 }
@@ -844,13 +1124,25 @@ void matmul_grouped_quant(const Tensor& a, int format, const std::vector<Grouped
   std::vector<TileDesc> t128, t64;
   const char* kern = std::getenv("AERIE_GROUPED_GEMM_KERNEL");
   const std::string kname = kern ? kern : "auto";
-  AERIE_CHECK(kname == "auto" || kname == "ws" || kname == "wgmma" || kname == "mma",
-              "AERIE_GROUPED_GEMM_KERNEL must be auto, ws, wgmma or mma, got '" << kname << "'");
+  AERIE_CHECK(kname == "auto" || kname == "ws" || kname == "wgmma" || kname == "mma" || kname == "rs",
+              "AERIE_GROUPED_GEMM_KERNEL must be auto, ws, wgmma, mma or rs, got '" << kname << "'");
   const bool wg = kname != "mma" && wgmma_device();
+  // Variant 4 (register-sourced, swapped operands) for quantized weights: the default ("auto", measured on
+  // the H200 at 1.46-1.49x variant 2 for Kimi-K2.5's INT4 experts and 1.36-1.38x for DeepSeek-V3's FP8
+  // ones, docs/performance.md), or AERIE_GROUPED_GEMM_KERNEL=rs. Token tiles of up to 256 rows ("mixed"),
+  // 128 or 64 (AERIE_GROUPED_GEMM_BM), a group's rows split into equal tiles, each a multiple of 16 rows;
+  // tiles of up to 128 rows in one launch, the larger ones in another.
+  // Its tiles of up to 128 rows: a kernel for those with two CTAs per SM (AERIE_GROUPED_GEMM_RS_SMALL=2,
+  // the default; 128 registers, a few spilled), one CTA (1), or the 256-row kernel (0).
+  const bool rs = wg && (kname == "rs" || kname == "auto") && format != kDense;
+  const char* rsm = std::getenv("AERIE_GROUPED_GEMM_RS_SMALL");
+  const int rs_small = rsm ? std::atoi(rsm) : 2;
+  AERIE_CHECK(rs_small >= 0 && rs_small <= 2, "AERIE_GROUPED_GEMM_RS_SMALL must be 0, 1 or 2, got '" << rsm << "'");
   // The warp-specialized kernel (variant 3, 256-column tiles) where c's columns and every part's rows
   // are multiples of 256: by default ("auto") for BF16 weights only, where it measured 1.12-1.19x
   // variant 2 on the H200 (DeepSeek-V3's experts, docs/performance.md); its producer's dequantization
-  // made INT4 10% slower and FP8 level, so those keep variant 2 unless AERIE_GROUPED_GEMM_KERNEL=ws.
+  // made INT4 10% slower and FP8 level, so those take variant 4 (or variant 3 with
+  // AERIE_GROUPED_GEMM_KERNEL=ws).
   // Its 64-row tiles may be replaced by variant 2's (AERIE_GROUPED_GEMM_TAIL=wgmma).
   bool ws = wg && (kname == "ws" || (kname == "auto" && format == kDense)) && N % kWsBN == 0;
   for (size_t i = 0; ws && i < groups.size(); ++i)
@@ -882,7 +1174,12 @@ void matmul_grouped_quant(const Tensor& a, int format, const std::vector<Grouped
     d.row0 = static_cast<int32_t>(offsets[g]);
     d.rows = static_cast<int32_t>(offsets[g + 1] - offsets[g]);
     const int32_t gi = static_cast<int32_t>(gd.size());
-    if (mode == "64") {
+    if (rs) {
+      const int32_t most = mode == "64" ? 64 : mode == "128" ? 128 : 256;
+      const int32_t nt = (d.rows + most - 1) / most, per = nt > 0 ? (d.rows + nt - 1) / nt : 0;
+      const int32_t bt = (per + 15) / 16 * 16;
+      for (int32_t m0 = 0; m0 < d.rows; m0 += per) (bt <= 128 ? t64 : t128).push_back({gi, m0, bt});
+    } else if (mode == "64") {
       for (int32_t m0 = 0; m0 < d.rows; m0 += 64) t64.push_back({gi, m0});
     } else {
       int32_t m0 = 0;
@@ -913,6 +1210,20 @@ void matmul_grouped_quant(const Tensor& a, int format, const std::vector<Grouped
   // at 128 rows: 3 (two CTAs per SM, the default) or 4 (one; AERIE_GROUPED_GEMM_STAGES=4).
   auto run = [&](auto fmt) {
     constexpr int F = decltype(fmt)::value;
+    if (rs) {  // t64: tiles of up to 128 rows, t128: the larger ones
+      if constexpr (F != kDense) {
+        if (n64 > 0) {
+          if (rs_small == 2)
+            launch_rs<F, 128, 2>(ap, a_rows, row_div, cp, gdev, d64, n64, K, N);
+          else if (rs_small == 1)
+            launch_rs<F, 128, 1>(ap, a_rows, row_div, cp, gdev, d64, n64, K, N);
+          else
+            launch_rs<F, 256, 1>(ap, a_rows, row_div, cp, gdev, d64, n64, K, N);
+        }
+        if (n128 > 0) launch_rs<F, 256, 1>(ap, a_rows, row_div, cp, gdev, d128, n128, K, N);
+      }
+      return;
+    }
     if (n128 > 0) {
       if (ws)
         launch_ws<F, 128>(ap, a_rows, row_div, cp, gdev, d128, n128, K, N);
