@@ -23,8 +23,8 @@ Tensor ForwardContext::scratch(const std::string& name, int64_t numel, DType dt)
   return t.slice(0, numel);
 }
 
-void ForwardContext::gemm(const Tensor& x, const Tensor& W, Tensor& y) {
-  prof.time(OpKind::Gemm, device, [&] { matmul(x, W, y, false, true); });
+void ForwardContext::gemm(const Tensor& x, const Tensor& W, Tensor& y, float beta) {
+  prof.time(OpKind::Gemm, device, [&] { matmul(x, W, y, false, true, 1.0f, beta); });
 }
 
 void ForwardContext::add_bias(Tensor& y, const Tensor& b) {
@@ -95,9 +95,9 @@ void Linear::dequant_items(Tensor& dst, std::vector<DequantItem>& items) const {
   }
 }
 
-void Linear::matmul(ForwardContext& ctx, const Tensor& x, Tensor& y) const {
+void Linear::matmul(ForwardContext& ctx, const Tensor& x, Tensor& y, float beta) const {
   if (format == WeightFormat::Dense) {
-    ctx.gemm(x, weight, y);
+    ctx.gemm(x, weight, y, beta);
     return;
   }
   // The dequantized weight is rounded to the compute dtype: in BF16 mode to bf16, as DeepSeek's
@@ -106,7 +106,7 @@ void Linear::matmul(ForwardContext& ctx, const Tensor& x, Tensor& y) const {
   // reference_f32_dequant.safetensors), as an FP8 GEMM that scales its fp32 accumulators would.
   Tensor w = ctx.scratch("linear.dequant", out * in, ctx.dtype).reshape({out, in});  // [out, in]
   ctx.prof.time(OpKind::Other, ctx.device, [&] { dequantize(w); });
-  ctx.gemm(x, w, y);
+  ctx.gemm(x, w, y, beta);
 }
 
 void Linear::add_bias(ForwardContext& ctx, Tensor& y) const { ctx.add_bias(y, bias); }

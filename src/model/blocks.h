@@ -62,8 +62,8 @@ class ForwardContext {
   /// weight: one buffer per forward for all layers, whatever their shapes). Device memory is
   /// stream-ordered, so growing it while earlier work still reads the old storage is safe.
   Tensor scratch(const std::string& name, int64_t numel, DType dtype);
-  /// y = x W^T (matmul), timed as a GEMM.
-  void gemm(const Tensor& x, const Tensor& W, Tensor& y);
+  /// y = x W^T + beta y (matmul), timed as a GEMM.
+  void gemm(const Tensor& x, const Tensor& W, Tensor& y, float beta = 0.0f);
   /// y += b broadcast over rows (y [n, M], b [M]; nothing when b is undefined), timed as Other: a K = 1
   /// GEMM with beta 1 against a ones column (one fp32 rounding per element, as a direct add).
   void add_bias(Tensor& y, const Tensor& b);
@@ -126,7 +126,8 @@ std::unique_ptr<AttentionBlock> make_gqa_attention(WeightSource& src, const GqaS
 struct DenseFfnSpec {
   int64_t hidden = 0, intermediate = 0;
   bool bias = false;
-  bool reduce = true;  // false: the update stays this rank's partial sum (an MoE's shared experts)
+  bool reduce = true;       // false: the update stays this rank's partial sum (an MoE's shared experts)
+  bool accumulate = false;  // with reduce false: out += the update (out F32: the MoE's routed sum)
 };
 /// Loads `prefix` {gate,up,down}_proj.{weight,bias}. Throws aerie::Error when tp does not divide the
 /// intermediate size, or a tensor is missing or misshapen.

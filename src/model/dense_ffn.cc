@@ -11,8 +11,10 @@ namespace {
 
 class DenseFfn final : public FfnBlock {
  public:
-  DenseFfn(WeightSource& src, const DenseFfnSpec& s, const std::string& p) : reduce_(s.reduce) {
+  DenseFfn(WeightSource& src, const DenseFfnSpec& s, const std::string& p)
+      : reduce_(s.reduce), accumulate_(s.accumulate) {
     const int tp = src.tp_size();
+    AERIE_CHECK(!(s.accumulate && s.reduce), "a dense FFN that accumulates into its output does not reduce it");
     AERIE_CHECK(s.intermediate % tp == 0, "tp " << tp << " does not divide intermediate_size " << s.intermediate);
     inter_ = s.intermediate / tp;
     const int64_t H = s.hidden, I = s.intermediate;
@@ -32,14 +34,14 @@ class DenseFfn final : public FfnBlock {
     Tensor act = ctx.buffer("ffn.act", {n, inter_}, ctx.dtype);         // silu(g) * u
     gate_up_.forward(ctx, h, gu);
     ctx.prof.time(OpKind::Activation, ctx.device, [&] { swiglu_packed_forward(gu, act); });
-    down_.matmul(ctx, act, out);  // [n, H], partial sum over tp ranks
+    down_.matmul(ctx, act, out, accumulate_ ? 1.0f : 0.0f);  // [n, H], partial sum over tp ranks
     if (!reduce_) return;  // a partial sum that the caller reduces (with its bias: none for shared experts)
     ctx.all_reduce(out);
     down_.add_bias(ctx, out);
   }
 
  private:
-  bool reduce_ = true;
+  bool reduce_ = true, accumulate_ = false;
   int64_t inter_ = 0;      // this rank's intermediate slice I/tp
   Linear gate_up_, down_;  // [2 I/tp, H] rows gate, up; [H, I/tp]
 };

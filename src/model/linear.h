@@ -49,10 +49,10 @@ struct Linear {
   int64_t in_features() const { return in; }
   /// Bytes the weight holds on the device (the quantized formats: weights and scales).
   int64_t weight_bytes() const;
-  /// y [n, out] (F32 or the compute dtype) = x [n, in] (compute dtype) W^T, without the bias. A
-  /// quantized weight is first dequantized into the forward's scratch buffer (ForwardContext::scratch,
+  /// y [n, out] (F32 or the compute dtype) = x [n, in] (compute dtype) W^T + beta y, without the bias.
+  /// A quantized weight is first dequantized into the forward's scratch buffer (ForwardContext::scratch,
   /// [out, in] in the compute dtype), part by part.
-  void matmul(ForwardContext& ctx, const Tensor& x, Tensor& y) const;
+  void matmul(ForwardContext& ctx, const Tensor& x, Tensor& y, float beta = 0.0f) const;
   /// W into dst [out, in] F32 or BF16 on the weight's device: a Dense weight converted, a quantized
   /// one dequantized (the fp32 product rounded once to dst's dtype). An FP8 part whose columns do not
   /// start on a block boundary goes through a temporary [rows, C] tensor. Throws aerie::Error on a

@@ -4,7 +4,7 @@
 //   counts [E], offsets [E + 1] (read on the host), perm [P] (pairs sorted by expert)
 //   xs [P, H] ct (h's rows in expert order; the fused path reads h through perm instead), row_of [P]
 //   (pair -> row of ys)   gu [P, 2 I] ct
-//   act [P, I] ct   ys [P, H] ct   routed [n, H] F32 = sum_k w ys[row_of]   out = all_reduce(routed + shared(h))
+//   act [P, I] ct   ys [P, H] ct   routed [n, H] F32 = sum_k w ys[row_of]   out = all_reduce(routed + shared(h)), the shared experts' down GEMM adding into routed
 // Expert parallelism (WeightSource::expert_parallel): a rank holds whole experts [ex0, ex1) (I = all of
 // moe_intermediate_size) and runs the GEMMs on their pairs' rows [off[ex0], off[ex1]) only (gu, act,
 // ys of PL = that many rows; moe_local_rows makes row_of point into them, -1 for the other ranks'
@@ -75,7 +75,8 @@ class MoeFfn final : public FfnBlock {
       experts_.push_back(std::move(ex));
     }
     if (s.shared_experts > 0)
-      shared_ = make_dense_ffn(src, {H, s.moe_intermediate * s.shared_experts, false, false}, p + "shared_experts.");
+      shared_ = make_dense_ffn(src, {H, s.moe_intermediate * s.shared_experts, false, false, true},
+                               p + "shared_experts.");
     // The experts as matmul_grouped_quant's operands (empty when a part cannot go there as it is: an
     // FP8 slice that does not start on a block boundary).
     const WeightFormat f = experts_.front().down.format;
@@ -211,11 +212,9 @@ class MoeFfn final : public FfnBlock {
       ctx.prof.time(OpKind::Gemm, dev, [&] { matmul_grouped(act, w, offs, ys); });
     }
     ctx.prof.time(OpKind::Other, dev, [&] { moe_combine_rows(ys, row_of, w, out); });  // routed sum, fp32
-    if (shared_) {
-      Tensor sh = ctx.buffer("moe.shared", {n, H}, DType::F32);
-      shared_->forward(ctx, h, sh);  // partial over tp, no reduction
-      ctx.prof.time(OpKind::Other, dev, [&] { add_inplace(out, sh); });
-    }
+    // The shared experts' down GEMM adds into the routed sum (beta 1: one fp32 rounding of the sum, as an
+    // add of the two would give), partial over tp, no reduction of its own.
+    if (shared_) shared_->forward(ctx, h, out);
     ctx.all_reduce(out);  // one all-reduce for routed + shared
   }
 
