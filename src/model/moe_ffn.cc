@@ -4,7 +4,8 @@
 //   counts [E], offsets [E + 1] (read on the host), perm [P] (pairs sorted by expert)
 //   xs [P, H] ct (h's rows in expert order; the fused path reads h through perm instead), row_of [P]
 //   (pair -> row of ys)   gu [P, 2 I] ct
-//   act [P, I] ct   ys [P, H] ct   routed [n, H] F32 = sum_k w ys[row_of]   out = all_reduce(routed + shared(h)), the shared experts' down GEMM adding into routed
+//   act [P, I] ct   ys [P, H] ct   routed [n, H] F32 = sum_k w ys[row_of]   out = all_reduce(routed + shared(h))
+//   (the shared experts' down GEMM adds into routed)
 // Expert parallelism (WeightSource::expert_parallel): a rank holds whole experts [ex0, ex1) (I = all of
 // moe_intermediate_size) and runs the GEMMs on their pairs' rows [off[ex0], off[ex1]) only (gu, act,
 // ys of PL = that many rows; moe_local_rows makes row_of point into them, -1 for the other ranks'
