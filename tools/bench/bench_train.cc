@@ -10,7 +10,10 @@
 //
 // Prints JSON lines:
 //   {"bench": "train", seq, ttt_steps, precision, step_s, tokens_per_s, peak_gib (the stream-ordered
-//    pool's high-water mark: every aerie tensor comes from it), device_used_gib (cudaMemGetInfo), mfu}
+//    pool's high-water mark: every aerie tensor comes from it), device_used_gib (cudaMemGetInfo), mfu,
+//    step_with_target_s / tokens_per_s_with_target / peak_with_target_gib: the step with the sample's
+//    target distribution made inside it (make_ttt_sample, as aerie train does per sample; what
+//    SpecForge's step, tools/bench/specforge_step.py, also does)}
 //   {"bench": "train_breakdown", ...}: forward-only and forward+backward time of ttt_forward_backward,
 //    the rest of the step (gradient zeroing, compute-copy refresh, clipping + AdamW), and one causal
 //    attention forward / backward call of the step-0 shape, for finding what dominates the step.
@@ -168,21 +171,20 @@ int run(const Args& a) {
   Tensor embed = Tensor::empty({kVocab, kH}, DType::BF16, Device::CUDA);
   rnd.fill(embed, 0.02f * 1.7f);  // ~N(0, 0.02^2)-sized (U(-b, b) has std b / sqrt(3))
   std::vector<TTTSample> local;
-  {
-    Tensor target_lm = Tensor::empty({kVocab, kH}, DType::BF16, Device::CUDA);
-    rnd.fill(target_lm, 0.02f * 1.7f);
-    Tensor aux = Tensor::empty({T, 3 * kH}, DType::BF16, Device::CUDA);
-    rnd.fill(aux, 1.7f);
-    Tensor z = Tensor::empty({T, kH}, DType::BF16, Device::CUDA);
-    rnd.fill(z, 1.7f);
-    std::vector<int32_t> ids(static_cast<size_t>(T));
-    uint64_t x = 12345;
-    for (auto& id : ids) {
-      x = x * 6364136223846793005ull + 1442695040888963407ull;
-      id = static_cast<int32_t>((x >> 33) % static_cast<uint64_t>(kVocab));
-    }
-    local.push_back(make_ttt_sample(ids, std::vector<uint8_t>(static_cast<size_t>(T), 1), aux, z, target_lm, selected));
-  }  // the target's lm_head [V, H] is freed: aerie train keeps it, but it is not part of the step
+  Tensor target_lm = Tensor::empty({kVocab, kH}, DType::BF16, Device::CUDA);
+  rnd.fill(target_lm, 0.02f * 1.7f);
+  Tensor aux = Tensor::empty({T, 3 * kH}, DType::BF16, Device::CUDA);
+  rnd.fill(aux, 1.7f);
+  Tensor z = Tensor::empty({T, kH}, DType::BF16, Device::CUDA);
+  rnd.fill(z, 1.7f);
+  std::vector<int32_t> ids(static_cast<size_t>(T));
+  uint64_t x = 12345;
+  for (auto& id : ids) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    id = static_cast<int32_t>((x >> 33) % static_cast<uint64_t>(kVocab));
+  }
+  const std::vector<uint8_t> all(static_cast<size_t>(T), 1);
+  local.push_back(make_ttt_sample(ids, all, aux, z, target_lm, selected));
   AdamState opt = AdamState::zeros(cfg, Device::CUDA);
   const DType compute = a.precision == "bf16" ? DType::BF16 : DType::F32;
   StepScratch scratch = StepScratch::zeros(cfg, Device::CUDA, compute);
@@ -194,6 +196,14 @@ int run(const Args& a) {
     m = train_step(cfg, w, opt, embed, local, vocab, S, 1e-4, 0.5, solo, scratch);
   });
   const double peak = pool_high_gib(), used = device_used_gib();
+  // The same step with the sample's target distribution made inside it (make_ttt_sample: the target's
+  // lm_head over the final hidden states, softmax on the draft vocabulary), as aerie train does per
+  // sample and SpecForge's step does with its TargetHead: the line to compare with specforge_step.py.
+  const double step_t_s = timed(a.warmup, a.iters, [&] {
+    local[0] = make_ttt_sample(ids, all, aux, z, target_lm, selected);
+    m = train_step(cfg, w, opt, embed, local, vocab, S, 1e-4, 0.5, solo, scratch);
+  });
+  const double peak_t = pool_high_gib();
 
   // Model FLOPs as hf_reference.py train counts them.
   int64_t params = 0;
@@ -205,9 +215,11 @@ int run(const Args& a) {
   std::printf(
       "{\"bench\": \"train\", \"impl\": \"aerie (%s compute, fp32 master weights)\", \"seq\": %lld, \"ttt_steps\": %d, "
       "\"draft_vocab\": %lld, \"precision\": \"%s\", \"step_s\": %.5f, \"tokens_per_s\": %.1f, \"peak_gib\": %.3f, "
-      "\"device_used_gib\": %.3f, \"mfu\": %.4f, \"loss\": %.5f, \"grad_norm\": %.4g}\n",
+      "\"device_used_gib\": %.3f, \"mfu\": %.4f, \"loss\": %.5f, \"grad_norm\": %.4g, \"step_with_target_s\": %.5f, "
+      "\"tokens_per_s_with_target\": %.1f, \"peak_with_target_gib\": %.3f}\n",
       a.precision.c_str(), static_cast<long long>(T), S, static_cast<long long>(K), a.precision.c_str(), step_s,
-      static_cast<double>(T) / step_s, peak, used, flops / step_s / (a.peak_tflops * 1e12), m.loss(), m.grad_norm);
+      static_cast<double>(T) / step_s, peak, used, flops / step_s / (a.peak_tflops * 1e12), m.loss(), m.grad_norm,
+      step_t_s, static_cast<double>(T) / step_t_s, peak_t);
   std::fflush(stdout);
   if (!a.breakdown) return 0;
 
