@@ -497,7 +497,12 @@ nlohmann::json EvalSession::evaluate(const LoadedDraft& draft, const std::string
     const bool same = sampled || r.tokens == s.greedy[i];  // a sampled output is not greedy decoding's
     if (!same)
       AERIE_LOG(warning) << "eval: prompt " << s.prompt_index[i] << (name.empty() ? "" : " (" + name + ")")
-                         << ": speculative output differs from greedy decoding";
+                         << ": speculative output differs from greedy decoding"
+                         << (s.dev == Device::CPU && s.dtype == DType::BF16
+                                 ? " (BF16 on the CPU: OpenBLAS's GEMMs round a row differently with the number of "
+                                   "rows in the pass, so a near-tie can flip between a verification pass and greedy "
+                                   "decoding's one row; check with --dtype f32)"
+                                 : "");
     sums.add(r, same, secs);
     if (!s.categories.empty()) {
       const std::string& c = s.prompt_category[s.prompt_index[i]];
