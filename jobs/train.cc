@@ -124,6 +124,9 @@ int train(const std::vector<std::string>& args) {
       "the draft's head dim, even (0: the target's; an MLA target's v_head_dim)")(
       "draft-intermediate", po::value<int64_t>(&o.draft_intermediate)->default_value(0),
       "the draft's MLP width (0: the target's intermediate_size)")(
+      "draft-norm-before-residual", po::bool_switch(&o.draft_norm_before_residual),
+      "EAGLE-3.1's norm_before_residual: the draft layer's residual is hidden_norm(h), not h (exported as "
+      "config.norm_before_residual, which vLLM and SGLang read; default: the original EAGLE-3 layout)")(
       "allow-missing-shards", po::bool_switch(&o.allow_missing_shards),
       "train on a shard folder that lacks some chunks of its extraction (default: refused)")(
       "allow-other-target", po::bool_switch(&o.allow_other_target),

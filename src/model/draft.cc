@@ -84,6 +84,7 @@ nlohmann::json DraftConfig::to_json() const {
   j["torch_dtype"] = "bfloat16";
   j["hidden_act"] = "silu";
   if (target_hidden_size != hidden_size) j["target_hidden_size"] = target_hidden_size;
+  if (norm_before_residual) j["norm_before_residual"] = true;  // vLLM / SGLang: getattr(config, ..., False)
   // vLLM's default ids exist from N = 3 layers on; a smaller target always gets its ids written.
   bool is_default = target_num_hidden_layers >= 3 && aux_layers == default_aux_layers(target_num_hidden_layers);
   if (!aux_layers.empty() && !is_default) j["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = aux_layers;
@@ -109,6 +110,11 @@ DraftConfig DraftConfig::from_json(const nlohmann::json& j) {
   c.rms_norm_eps = j.value("rms_norm_eps", 1e-5);
   c.rope = rope_params_from_config(j, c.max_position_embeddings, "draft config");
   c.rope_scaling = j.contains("rope_scaling") ? j["rope_scaling"] : nlohmann::json();
+  if (j.contains("norm_before_residual")) {
+    AERIE_CHECK(j["norm_before_residual"].is_boolean(),
+                "draft config: norm_before_residual must be true or false, got " << j["norm_before_residual"].dump());
+    c.norm_before_residual = j["norm_before_residual"].get<bool>();
+  }
   if (j.contains("aerie")) {
     const auto& a = j["aerie"];
     c.aux_layers = a.value("aux_layers", std::vector<int>{});

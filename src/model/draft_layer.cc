@@ -110,6 +110,14 @@ void layer_qkv_impl(const LayerCtx& c, const Tensor& id_t, const Tensor& h, int6
   a.h = h;
   a.rstd_h = f32(c, {n});
   rmsnorm_forward(h, c.w.hidden_norm, eps, hn, &a.rstd_h);
+  if (c.cfg.norm_before_residual) {  // the residual base in the F32 residual stream (hn itself under F32)
+    if (hn.dtype() == DType::F32) {
+      a.hn_res = hn;
+    } else {
+      a.hn_res = f32(c, {n, H});
+      rmsnorm_forward(h, c.w.hidden_norm, eps, a.hn_res, nullptr);
+    }
+  }
   // a = concat(e, hn): embedding first, hidden second (eagle3.md section 3).
   a.a = cmp(c, {n, 2 * H});
   copy_columns(e, 0, a.a, 0, H);
@@ -132,8 +140,8 @@ void layer_out(const LayerCtx& c, LayerActs& a) {
   const int64_t qd = c.cfg.num_attention_heads * c.cfg.head_dim;
   a.attn.check_shape({n, c.cfg.num_attention_heads, c.cfg.head_dim}, "draft layer: attention output");
   // The residual stream (y, o) stays F32: the GEMMs that add into it write F32 (beta 1).
-  a.y = a.h.clone();
-  matmul(a.attn.reshape({n, qd}), c.w.o_proj, a.y, false, true, 1.0f, 1.0f);  // y = h + o_proj(attn)
+  a.y = (c.cfg.norm_before_residual ? a.hn_res : a.h).clone();
+  matmul(a.attn.reshape({n, qd}), c.w.o_proj, a.y, false, true, 1.0f, 1.0f);  // y = h (or hn) + o_proj(attn)
   a.n2 = cmp(c, {n, H});
   a.rstd_y = f32(c, {n});
   rmsnorm_forward(a.y, c.w.post_attention_layernorm, eps, a.n2, &a.rstd_y);
@@ -194,7 +202,7 @@ void layer_out_backward(const LayerCtx& c, const LayerActs& a, const Tensor& dno
   Tensor dy = f32(c, {n, H});
   rmsnorm_backward(dn2, a.y, c.w.post_attention_layernorm, a.rstd_y, dy, &g.post_attention_layernorm);
   add_inplace(dy, dout);
-  // y = h + o_proj(attn)
+  // y = h (or hidden_norm(h)) + o_proj(attn)
   const Tensor dy_c = as_compute(c, dy);
   dattn = cmp(c, {n, c.cfg.num_attention_heads, c.cfg.head_dim});
   Tensor dattn2 = dattn.reshape({n, qd});
@@ -229,6 +237,11 @@ void layer_qkv_backward(const LayerCtx& c, const LayerActs& a, Tensor& dq, Tenso
   Tensor scratch = f32(c, {n, H});
   // The embedding is frozen: only input_layernorm's weight gets a gradient.
   rmsnorm_backward(de, a.e_raw, c.w.input_layernorm, a.rstd_e, scratch, &g.input_layernorm);
+  if (c.cfg.norm_before_residual) {  // dh holds dL/d hidden_norm(h) of the residual: one norm backward of both
+    add_inplace(dhn, dh);
+    rmsnorm_backward(dhn, a.h, c.w.hidden_norm, a.rstd_h, dh, &g.hidden_norm);
+    return;
+  }
   rmsnorm_backward(dhn, a.h, c.w.hidden_norm, a.rstd_h, scratch, &g.hidden_norm);
   add_inplace(dh, scratch);
 }

@@ -18,10 +18,11 @@ struct LayerActs {
   Tensor positions;         // [n] I32
   Tensor e_raw, rstd_e;     // [n, H] C embed_tokens[u], [n] F32 (input_layernorm(e_raw) lives only in a)
   Tensor h, rstd_h;         // [n, H] F32 input hidden, [n] F32 (hidden_norm(h) lives only in a)
+  Tensor hn_res;            // [n, H] F32 hidden_norm(h), the residual base under norm_before_residual (else undefined)
   Tensor a;                 // [n, 2H] C concat(input_layernorm(e_raw), hidden_norm(h))
   Tensor q, k, v;           // [n, n_h, d], [n, n_kv, d], [n, n_kv, d] C; q and k after RoPE
   Tensor attn, lse;         // [n, n_h, d] C attention output, [n, n_h] F32 its log-sum-exp
-  Tensor y, rstd_y, n2;     // [n, H] F32 h + o_proj(attn), [n], [n, H] C post_attention_layernorm(y)
+  Tensor y, rstd_y, n2;     // [n, H] F32 h (or hn_res) + o_proj(attn), [n], [n, H] C post_attention_layernorm(y)
   Tensor gate, up, act;     // [n, I] C
   Tensor o, rstd_o, no;     // [n, H] F32 layer output (the next step's hidden), [n], [n, H] C norm(o)
   Tensor logits;            // [n, K] F32
@@ -66,7 +67,9 @@ Tensor layer_head_backward(const LayerCtx& c, const LayerActs& a, const Tensor& 
 void layer_out_backward(const LayerCtx& c, const LayerActs& a, const Tensor& dno, const Tensor& do_extra,
                         DraftWeights& g, Tensor& dattn, Tensor& dh);
 /// Backward of layer_qkv from the gradients w.r.t. the post-RoPE q, k and v (dq, dk modified in place
-/// by the inverse rotation). Adds weight gradients to g (embed_tokens is frozen) and dL/dh to dh (F32).
+/// by the inverse rotation). Adds weight gradients to g (embed_tokens is frozen). dh (F32): on entry the
+/// residual path's gradient (layer_out_backward's), w.r.t. h, or w.r.t. hidden_norm(h) under
+/// norm_before_residual; on return dL/dh.
 /// dq: compute dtype (attention_backward's); dk, dv: F32 or the compute dtype.
 void layer_qkv_backward(const LayerCtx& c, const LayerActs& a, Tensor& dq, Tensor& dk, const Tensor& dv,
                         DraftWeights& g, Tensor& dh);

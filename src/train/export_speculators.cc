@@ -18,7 +18,7 @@ namespace {
 // others are EAGLE-3 fields that the speculators format keeps at the top level, or none of the format's.
 bool is_layer_key(const std::string& k) {
   return k != "architectures" && k != "draft_vocab_size" && k != "target_hidden_size" && k != "eagle_config" &&
-         k != "aerie_version";
+         k != "aerie_version" && k != "norm_before_residual";  // a top-level key of the speculators config
 }
 
 }  // namespace
@@ -55,9 +55,10 @@ nlohmann::json speculators_export_config(const DraftConfig& cfg, const TargetCon
   j["draft_vocab_size"] = cfg.draft_vocab_size;
   j["target_hidden_size"] =
       cfg.target_hidden_size != cfg.hidden_size ? nlohmann::json(cfg.target_hidden_size) : nlohmann::json();
-  // aerie's layer keeps the un-normed hidden state as the residual (vLLM's _norm_after_residual);
-  // vLLM's update_eagle3 takes norm_before_residual = true when the key is absent, so it is written.
-  j["norm_before_residual"] = false;
+  // The draft's residual base: the un-normed hidden state (vLLM's _norm_after_residual) unless trained
+  // with --draft-norm-before-residual; vLLM's update_eagle3 takes true when the key is absent, so it is
+  // always written.
+  j["norm_before_residual"] = cfg.norm_before_residual;
   j["norm_before_fc"] = false;
   j["fc_norm"] = false;
   j["norm_output"] = false;
@@ -101,9 +102,9 @@ nlohmann::json eagle3_config_from_speculators(const nlohmann::json& s) {
   AERIE_CHECK(model_type == "llama", "speculators config: transformer_layer_config.model_type '"
                                          << model_type << "': aerie runs Llama draft layers only");
   // vLLM's defaults when a key is absent (algos.py update_eagle3): norm_before_residual true, the rest false.
-  const bool nbr = s.value("norm_before_residual", true);
-  for (const auto& [key, on] : {std::pair<const char*, bool>{"norm_before_residual", nbr},
-                                {"norm_before_fc", s.value("norm_before_fc", false)},
+  // aerie runs norm_before_residual (DraftConfig::norm_before_residual), not the other three.
+  j["norm_before_residual"] = s.value("norm_before_residual", true);
+  for (const auto& [key, on] : {std::pair<const char*, bool>{"norm_before_fc", s.value("norm_before_fc", false)},
                                 {"fc_norm", s.value("fc_norm", false)},
                                 {"norm_output", s.value("norm_output", false)}})
     AERIE_CHECK(!on, "speculators config: " << key << " is true, a draft layer aerie does not run");

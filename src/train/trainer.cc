@@ -23,7 +23,8 @@ nlohmann::json TrainOptions::to_json() const {
           {"eval_fraction", eval_fraction}, {"heldout_samples", heldout_samples}, {"device", device},
           {"precision", precision},   {"draft_heads", draft_heads},
           {"draft_kv_heads", draft_kv_heads}, {"draft_head_dim", draft_head_dim},
-          {"draft_intermediate", draft_intermediate}, {"allow_missing_shards", allow_missing_shards},
+          {"draft_intermediate", draft_intermediate}, {"draft_norm_before_residual", draft_norm_before_residual},
+          {"allow_missing_shards", allow_missing_shards},
           {"allow_other_target", allow_other_target}};
 }
 
@@ -33,6 +34,7 @@ DraftConfig TrainOptions::apply_draft_shape(DraftConfig cfg) const {
   else if (draft_heads > 0) cfg.num_key_value_heads = std::min(cfg.num_key_value_heads, draft_heads);
   if (draft_head_dim > 0) cfg.head_dim = draft_head_dim;
   if (draft_intermediate > 0) cfg.intermediate_size = draft_intermediate;
+  cfg.norm_before_residual = draft_norm_before_residual;
   AERIE_CHECK(cfg.num_attention_heads % cfg.num_key_value_heads == 0,
               "train: --draft-kv-heads " << cfg.num_key_value_heads << " does not divide the draft's "
                                          << cfg.num_attention_heads << " heads (--draft-heads)");
@@ -58,6 +60,12 @@ void TrainOptions::check_resumable(const nlohmann::json& c) const {
                                                 << "trained with " << theirs.dump()
                                                 << "; rerun with the same options or use another --output");
   }
+  const bool nbr = c.value("draft_norm_before_residual", false);  // older checkpoints: the original layout
+  AERIE_CHECK(nbr == draft_norm_before_residual,
+              "resume: --draft-norm-before-residual is " << (draft_norm_before_residual ? "on" : "off")
+                                                         << " but the checkpoint was trained with it "
+                                                         << (nbr ? "on" : "off")
+                                                         << "; rerun with the same options or use another --output");
 }
 
 AdamState AdamState::zeros(const DraftConfig& cfg, Device device) {

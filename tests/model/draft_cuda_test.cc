@@ -83,6 +83,8 @@ TEST(DraftCuda, TTTForwardBackwardMatchesCpuMedium) {
   testing::TinyDraft m = testing::make_medium_draft(8, 16, 256, false);
   compare(m, make_sample(m, 67, 9), 7, "medium T 67 S 7");
   compare(m, make_sample(m, 2, 10), 3, "medium T 2 S 3");
+  m.cfg.norm_before_residual = true;
+  compare(m, make_sample(m, 67, 9), 7, "medium T 67 S 7 norm_before_residual");
 }
 
 // Gradients are ADDED to: a second call doubles them on CUDA as on the CPU; no gradient: the same loss.

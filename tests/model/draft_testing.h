@@ -182,7 +182,7 @@ inline RefResult reference_ttt(const DraftConfig& c, const std::vector<std::vect
   r.loss_sum.assign(S, 0.0);
   r.logits.assign(S, {});
   for (int k = 0; k < S; ++k) {
-    std::vector<Vec> qs(T), hs(T);
+    std::vector<Vec> qs(T), hs(T), hns(T);
     for (int64_t t = 0; t + k + 1 <= T - 1; ++t) {
       const int64_t u = s.ids[t + k + 1];
       Vec e(emb.begin() + u * H, emb.begin() + (u + 1) * H);
@@ -195,6 +195,7 @@ inline RefResult reference_ttt(const DraftConfig& c, const std::vector<std::vect
       }
       Vec a = rms(e, W[IN]), hn = rms(h, W[HN]);
       a.insert(a.end(), hn.begin(), hn.end());
+      hns[t] = hn;
       Vec q = lin(W[Q], a, nh * d), kk = lin(W[KP], a, nkv * d), vv = lin(W[VP], a, nkv * d);
       rope(q, nh, t + k);
       rope(kk, nkv, t + k);
@@ -225,7 +226,8 @@ inline RefResult reference_ttt(const DraftConfig& c, const std::vector<std::vect
         for (size_t i = 0; i < sc.size(); ++i)
           for (int64_t x = 0; x < d; ++x) attn[h * d + x] += std::exp(sc[i] - m) / z * (*vs[i])[kh * d + x];
       }
-      Vec y = hs[t], ao = lin(W[O], attn, H);
+      // The residual base: h, or hidden_norm(h) under norm_before_residual (EAGLE-3.1).
+      Vec y = c.norm_before_residual ? hns[t] : hs[t], ao = lin(W[O], attn, H);
       for (int64_t i = 0; i < H; ++i) y[i] += ao[i];
       Vec n2 = rms(y, W[POST]), g = lin(W[G], n2, I), up = lin(W[U], n2, I), act(I);
       for (int64_t i = 0; i < I; ++i) act[i] = g[i] / (1.0 + std::exp(-g[i])) * up[i];

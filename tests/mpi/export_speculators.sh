@@ -4,7 +4,8 @@
 # transformer_layer_config, speculators_config.verifier = the --model folder or --verifier, speculative_tokens)
 # and the default export's tensors byte for byte under the speculators names (midlayer. -> layers.0.), and the
 # default export's checkpoint record (aerie_checkpoint, checkpoint_step / checkpoint_selected_by); the
-# options are refused where they do not apply. The names and fields are checked against the loaders' source in
+# options are refused where they do not apply; a draft trained with EAGLE-3.1's norm_before_residual exports,
+# evaluates and refuses a mismatched resume. The names and fields are checked against the loaders' source in
 # tests/train/export_speculators_test.cc.
 # usage: export_speculators.sh AERIE MODEL_DIR STORIES_TXT WORK_DIR   (exit 77: no converted model)
 set -euo pipefail
@@ -78,6 +79,32 @@ for k in names:
 check(hs["t2d"]["dtype"] == "BOOL" and hs["d2t"]["dtype"] == "I64", "d2t/t2d dtypes")
 PY
 echo "speculators export: config and tensors ok"
+
+# EAGLE-3.1's norm_before_residual (train --draft-norm-before-residual): both exports say so in the fields
+# vLLM and SGLang read, eval reads either export and is lossless with it (the draft layer's residual base
+# hidden_norm(h) in aerie's own decoding), and a resume of the run trained without it is refused by name.
+run train_nbr 1 train --model "$model" --shards "$work/shards" --vocab "$work/vocab.safetensors" --output "$work/run_nbr" \
+  --steps 4 --batch-size 4 --checkpoint-every 4 --log-every 4 --draft-norm-before-residual || fail "train --draft-norm-before-residual"
+run export_nbr 1 export --checkpoint "$work/run_nbr" --model "$model" --output "$work/nbr_eagle3" || fail "export (nbr)"
+run export_nbr_spec 1 export --checkpoint "$work/run_nbr" --model "$model" --output "$work/nbr_spec" --format speculators \
+  || fail "export --format speculators (nbr)"
+python3 - "$work" <<'PY' || fail "the norm_before_residual exports"
+import json, sys
+w = sys.argv[1]
+e, s, p = (json.load(open(w + f)) for f in ("/nbr_eagle3/config.json", "/nbr_spec/config.json", "/eagle3/config.json"))
+if e.get("norm_before_residual") is not True: sys.exit("FAIL: the default export lacks norm_before_residual: true")
+if s.get("norm_before_residual") is not True: sys.exit("FAIL: the speculators export lacks norm_before_residual: true")
+if "norm_before_residual" in p: sys.exit("FAIL: the plain draft's export writes norm_before_residual")
+PY
+for d in nbr_eagle3 nbr_spec; do
+  run "eval_$d" 1 eval --model "$model" --draft "$work/$d" --prompts "$text" --num-prompts 4 --max-new-tokens 12 \
+    --num-draft-tokens 3 --device cpu --dtype f32 --output "$work/eval_$d.json" || fail "eval --draft $d"
+  grep -q '"lossless": true' "$work/eval_$d.json" || { cat "$work/eval_$d.json"; fail "eval of $d is not lossless"; }
+done
+refused resume_nbr "--draft-norm-before-residual is on but the checkpoint was trained with it off" \
+  1 train --model "$model" --shards "$work/shards" --vocab "$work/vocab.safetensors" --output "$work/run" \
+  --steps 4 --batch-size 4 --checkpoint-every 4 --log-every 4 --draft-norm-before-residual
+echo "norm_before_residual: trained, exported (both formats), evaluated losslessly, resume refused"
 
 refused format "aerie export: --format 'gguf' is not eagle3 or speculators" \
   1 export --checkpoint "$work/run" --model "$model" --output "$work/x" --format gguf

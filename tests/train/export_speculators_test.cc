@@ -45,7 +45,8 @@
 //        load_weights renames midlayer. -> layers.0., d2t -> draft_id_to_target_id (long [K]), skips t2d,
 //        loads embed_tokens only when present, q/k/v and gate/up into fused weights; the first layer's
 //        qkv reads 2 H, fc reads 3 target_hidden_size; norm_before_residual false keeps the un-normed
-//        hidden state as the residual (aerie's layer, src/model/draft_layer.cc).
+//        hidden state as the residual (aerie's layer, src/model/draft_layer.cc), true takes
+//        hidden_norm(h) as the residual (_norm_before_residual: --draft-norm-before-residual).
 //   [V5] vllm/v1/worker/gpu_model_runner.py (_get_eagle3_aux_layers_from_config, read in index copies
 //        without a pinned commit): the target captures hf_config.eagle_aux_hidden_state_layer_ids, else
 //        eagle_config's, else its default.
@@ -285,8 +286,9 @@ TEST(ExportSpeculatorsTest, DemoModelExportIsTheListAndTheDefaultExportsValues) 
   EXPECT_EQ(load_export(dir + "/speculators").config.aux_layers, (std::vector<int>{2, 3, 4}));
 }
 
-// A speculators config aerie cannot run is refused by load_export's reader, naming the key; a missing
-// norm_before_residual means true to vLLM [V3], so it is refused too.
+// A speculators config aerie cannot run is refused by load_export's reader, naming the key.
+// norm_before_residual (EAGLE-3.1's residual base, DraftConfig::norm_before_residual) is read: true, or
+// absent (true to vLLM [V3]), gives a draft with the option, and an export of such a draft writes true.
 TEST(ExportSpeculatorsTest, ReaderRefusesDraftsAerieDoesNotRun) {
   const std::string dir = testing::scratch_dir("train_export_speculators_reader");
   auto s = testing::make_tiny_setup(dir, {1, 3, 5});
@@ -297,14 +299,24 @@ TEST(ExportSpeculatorsTest, ReaderRefusesDraftsAerieDoesNotRun) {
   EXPECT_EQ(e["draft_vocab_size"], 10);
   EXPECT_EQ(e["eagle_config"]["eagle_aux_hidden_state_layer_ids"], nlohmann::json::array({1, 3, 5}));
   EXPECT_EQ(DraftConfig::from_json(e).to_json(), DraftConfig::from_json(export_config(s.cfg, s.target)).to_json());
-  for (const char* key : {"norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"}) {
+  EXPECT_FALSE(DraftConfig::from_json(e).norm_before_residual);
+  for (const char* key : {"norm_before_fc", "fc_norm", "norm_output"}) {
     nlohmann::json bad = j;
     bad[key] = true;
     EXPECT_NE(testing::error_of([&] { eagle3_config_from_speculators(bad); }).find(key), std::string::npos) << key;
   }
+  nlohmann::json nbr = j;
+  nbr["norm_before_residual"] = true;
+  EXPECT_TRUE(DraftConfig::from_json(eagle3_config_from_speculators(nbr)).norm_before_residual);
   nlohmann::json absent = j;
   absent.erase("norm_before_residual");
-  EXPECT_THROW(eagle3_config_from_speculators(absent), Error);
+  EXPECT_TRUE(DraftConfig::from_json(eagle3_config_from_speculators(absent)).norm_before_residual);
+  DraftConfig with = s.cfg;
+  with.norm_before_residual = true;
+  EXPECT_EQ(speculators_export_config(with, s.target, o)["norm_before_residual"], true);
+  EXPECT_EQ(export_config(with, s.target)["norm_before_residual"], true);  // the default export's field
+  EXPECT_FALSE(export_config(s.cfg, s.target).contains("norm_before_residual"));
+  EXPECT_TRUE(DraftConfig::from_json(export_config(with, s.target)).norm_before_residual);
   nlohmann::json other = j;
   other["speculators_model_type"] = "mtp";
   EXPECT_THROW(eagle3_config_from_speculators(other), Error);
