@@ -89,6 +89,17 @@ TEST(DraftConfig, JsonIsTheExportConfigAndRoundTrips) {
   auto back2 = DraftConfig::from_json(j2);
   EXPECT_EQ(back2.aux_layers, (std::vector<int>{1, 3, 6}));
   EXPECT_EQ(back2.target_hidden_size, 96);
+  // EAGLE-3.1's norm_before_residual: written only when on (vLLM's and SGLang's default is off), read back,
+  // a value that is not a bool refused by name.
+  EXPECT_FALSE(j2.contains("norm_before_residual"));
+  EXPECT_FALSE(back2.norm_before_residual);
+  c.norm_before_residual = true;
+  auto jn = c.to_json();
+  EXPECT_EQ(jn["norm_before_residual"], true);
+  EXPECT_TRUE(DraftConfig::from_json(jn).norm_before_residual);
+  jn["norm_before_residual"] = "yes";
+  EXPECT_NE(testing::error_of([&] { DraftConfig::from_json(jn); }).find("norm_before_residual"), std::string::npos);
+  c.norm_before_residual = false;
   j2.erase("hidden_size");
   EXPECT_THROW(DraftConfig::from_json(j2), Error);
 
