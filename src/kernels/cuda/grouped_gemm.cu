@@ -1128,16 +1128,18 @@ void matmul_grouped_quant(const Tensor& a, int format, const std::vector<Grouped
               "AERIE_GROUPED_GEMM_KERNEL must be auto, ws, wgmma, mma or rs, got '" << kname << "'");
   const bool wg = kname != "mma" && wgmma_device();
   // Variant 4 (register-sourced, swapped operands) for quantized weights: the default ("auto", measured on
-  // the H200 at 1.46-1.49x variant 2 for Kimi-K2.5's INT4 experts and 1.36-1.38x for DeepSeek-V3's FP8
-  // ones, docs/performance.md), or AERIE_GROUPED_GEMM_KERNEL=rs. Token tiles of up to 256 rows ("mixed"),
+  // the H200 at 1.49x / 1.59x variant 2 for Kimi-K2.5's INT4 experts and 1.39x / 1.31x for DeepSeek-V3's
+  // FP8 ones at T 2048 / 8192, docs/performance.md), or AERIE_GROUPED_GEMM_KERNEL=rs. Token tiles of up to 256 rows ("mixed"),
   // 128 or 64 (AERIE_GROUPED_GEMM_BM), a group's rows split into equal tiles, each a multiple of 16 rows;
   // tiles of up to 128 rows in one launch, the larger ones in another.
   // Its tiles of up to 128 rows: a kernel for those with two CTAs per SM (AERIE_GROUPED_GEMM_RS_SMALL=2,
   // the default; 128 registers, a few spilled), one CTA (1), or the 256-row kernel (0).
   const bool rs = wg && (kname == "rs" || kname == "auto") && format != kDense;
   const char* rsm = std::getenv("AERIE_GROUPED_GEMM_RS_SMALL");
-  const int rs_small = rsm ? std::atoi(rsm) : 2;
-  AERIE_CHECK(rs_small >= 0 && rs_small <= 2, "AERIE_GROUPED_GEMM_RS_SMALL must be 0, 1 or 2, got '" << rsm << "'");
+  const std::string rs_small_s = rsm ? rsm : "2";
+  AERIE_CHECK(rs_small_s == "0" || rs_small_s == "1" || rs_small_s == "2",
+              "AERIE_GROUPED_GEMM_RS_SMALL must be 0, 1 or 2, got '" << rs_small_s << "'");
+  const int rs_small = rs_small_s[0] - '0';
   // The warp-specialized kernel (variant 3, 256-column tiles) where c's columns and every part's rows
   // are multiples of 256: by default ("auto") for BF16 weights only, where it measured 1.12-1.19x
   // variant 2 on the H200 (DeepSeek-V3's experts, docs/performance.md); its producer's dequantization
