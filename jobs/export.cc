@@ -198,7 +198,7 @@ int export_draft(const std::vector<std::string>& args) {
                            << " was trained with (" << t.value("model", std::string("?")) << "): " << diff;
     }
     if (!best) source = {{"selected_by", dir == given ? "given" : "newest"}};
-    source["checkpoint"] = dir;
+    source["checkpoint"] = fs::absolute(dir).lexically_normal().string();  // meaningful wherever the export goes
     source["step"] = ck.state.step;
     // The target the draft was trained with, for eval's check of an export against its --model.
     if (ck.provenance.is_object() && ck.provenance.contains("target")) source["target"] = ck.provenance["target"];
