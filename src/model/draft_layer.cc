@@ -109,14 +109,15 @@ void layer_qkv_impl(const LayerCtx& c, const Tensor& id_t, const Tensor& h, int6
   rmsnorm_forward(a.e_raw, c.w.input_layernorm, eps, e, &a.rstd_e);
   a.h = h;
   a.rstd_h = f32(c, {n});
-  rmsnorm_forward(h, c.w.hidden_norm, eps, hn, &a.rstd_h);
-  if (c.cfg.norm_before_residual) {  // the residual base in the F32 residual stream (hn itself under F32)
-    if (hn.dtype() == DType::F32) {
-      a.hn_res = hn;
-    } else {
-      a.hn_res = f32(c, {n, H});
-      rmsnorm_forward(h, c.w.hidden_norm, eps, a.hn_res, nullptr);
-    }
+  if (c.cfg.norm_before_residual && hn.dtype() != DType::F32) {
+    // The residual base hidden_norm(h) in the F32 residual stream; the GEMM input is its one rounding to
+    // the compute dtype (what a norm written straight to bf16 gives).
+    a.hn_res = f32(c, {n, H});
+    rmsnorm_forward(h, c.w.hidden_norm, eps, a.hn_res, &a.rstd_h);
+    convert(a.hn_res, hn);
+  } else {
+    rmsnorm_forward(h, c.w.hidden_norm, eps, hn, &a.rstd_h);
+    if (c.cfg.norm_before_residual) a.hn_res = hn;  // F32 compute: hn itself
   }
   // a = concat(e, hn): embedding first, hidden second (eagle3.md section 3).
   a.a = cmp(c, {n, 2 * H});

@@ -130,6 +130,20 @@ struct Layout {
   static constexpr int bytes = F == kDense ? STAGES * (kA + kB) : STAGES * kA + 2 * kB + STAGES * raw_bytes<F>();
 };
 
+/// The part of group g that holds output column n0 (parts' row ends cumulative), and in pstart that
+/// part's first column.
+__device__ __forceinline__ int part_of(const GroupDesc& g, int n0, int& pstart) {
+  int part = 0;
+  pstart = 0;
+#pragma unroll
+  for (int p = 0; p < kMaxParts - 1; ++p)
+    if (n0 >= g.part_end[part]) {
+      pstart = g.part_end[part];
+      ++part;
+    }
+  return part;
+}
+
 /// What a CTA needs of its tile: the rows of a this thread copies (row r = (tid + j kThreads) / 8 of the
 /// tile; past the group: the tile's first row, read as zeros), the weight part and scale, the tile's
 /// first row in the part.
@@ -149,13 +163,8 @@ __device__ __forceinline__ Tile<BM> tile_of(const __nv_bfloat16* a, const int32_
   const GroupDesc& g = groups[t.group];
   Tile<BM> r;
   r.n0 = blockIdx.x * kBN;
-  int part = 0, pstart = 0;
-#pragma unroll
-  for (int p = 0; p < kMaxParts - 1; ++p)
-    if (r.n0 >= g.part_end[part]) {
-      pstart = g.part_end[part];
-      ++part;
-    }
+  int pstart = 0;
+  const int part = part_of(g, r.n0, pstart);
   r.nl = r.n0 - pstart;
   r.w = g.w[part];
   r.s = g.s[part];
@@ -168,30 +177,6 @@ __device__ __forceinline__ Tile<BM> tile_of(const __nv_bfloat16* a, const int32_
     r.arow[j] = a + static_cast<int64_t>(a_rows ? a_rows[src] / row_div : src) * K;
   }
   return r;
-}
-
-/// cp.async of a quantized W's stored k tile (k0 .. k0 + 63 of rows nl .. nl + 127 of its part) into the
-/// plain layout at `raw` (256 threads): FP8 [128][64 bytes]; INT4 [128][8 words], then [128][2] bf16 scales.
-template <int F>
-__device__ __forceinline__ void load_w_raw(uint32_t raw, const void* wp, const void* sp, int nl, int k0, int K, int tid) {
-  if constexpr (F == kFp8) {
-    const uint8_t* w = static_cast<const uint8_t*>(wp) + static_cast<int64_t>(nl) * K + k0;
-#pragma unroll
-    for (int i = tid; i < kBN * 4; i += kThreads) {
-      const int r = i >> 2, ch = i & 3;
-      cp_async16(raw + r * 64 + ch * 16, w + static_cast<int64_t>(r) * K + ch * 16, true);
-    }
-  } else {
-    const int words = K / 8, groups32 = K / 32;
-    const int32_t* w = static_cast<const int32_t*>(wp) + static_cast<int64_t>(nl) * words + k0 / 8;
-#pragma unroll
-    for (int i = tid; i < kBN * 2; i += kThreads) {
-      const int r = i >> 1, ch = i & 1;
-      cp_async16(raw + r * 32 + ch * 16, w + static_cast<int64_t>(r) * words + ch * 4, true);
-    }
-    const uint16_t* sc = static_cast<const uint16_t*>(sp) + static_cast<int64_t>(nl) * groups32 + k0 / 32;
-    if (tid < kBN) cp_async4(raw + kBN * 32 + tid * 4, sc + static_cast<int64_t>(tid) * groups32);
-  }
 }
 
 /// cp.async of k tile kt into `stage`: a's BM rows (rows past the group read as zeros) and W's stored tile.
@@ -213,8 +198,25 @@ __device__ __forceinline__ void load_stage(const Tile<BM>& t, uint32_t base, int
       const int r = i >> 3, ch = i & 7;
       cp_async16(sb + swz(r, ch), w + static_cast<int64_t>(r) * K + ch * 8, true);
     }
+  } else if constexpr (F == kFp8) {
+    const uint32_t sb = base + L::raw(stage);
+    const uint8_t* w = static_cast<const uint8_t*>(t.w) + static_cast<int64_t>(t.nl) * K + k0;
+#pragma unroll
+    for (int i = tid; i < kBN * 4; i += kThreads) {  // [128][64 bytes], plain
+      const int r = i >> 2, ch = i & 3;
+      cp_async16(sb + r * 64 + ch * 16, w + static_cast<int64_t>(r) * K + ch * 16, true);
+    }
   } else {
-    load_w_raw<F>(base + L::raw(stage), t.w, t.s, t.nl, k0, K, tid);
+    const uint32_t sb = base + L::raw(stage);
+    const int words = K / 8, groups32 = K / 32;
+    const int32_t* w = static_cast<const int32_t*>(t.w) + static_cast<int64_t>(t.nl) * words + k0 / 8;
+#pragma unroll
+    for (int i = tid; i < kBN * 2; i += kThreads) {  // [128][8 words], plain
+      const int r = i >> 1, ch = i & 1;
+      cp_async16(sb + r * 32 + ch * 16, w + static_cast<int64_t>(r) * words + ch * 4, true);
+    }
+    const uint16_t* sc = static_cast<const uint16_t*>(t.s) + static_cast<int64_t>(t.nl) * groups32 + k0 / 32;
+    if (tid < kBN) cp_async4(sb + kBN * 32 + tid * 4, sc + static_cast<int64_t>(tid) * groups32);
   }
 }
 
@@ -571,13 +573,8 @@ __device__ __forceinline__ WsTile<BM> ws_tile_of(const __nv_bfloat16* a, const i
   const GroupDesc& g = groups[t.group];
   WsTile<BM> r;
   r.n0 = blockIdx.x * kWsBN;
-  int part = 0, pstart = 0;
-#pragma unroll
-  for (int p = 0; p < kMaxParts - 1; ++p)
-    if (r.n0 >= g.part_end[part]) {
-      pstart = g.part_end[part];
-      ++part;
-    }
+  int pstart = 0;
+  const int part = part_of(g, r.n0, pstart);
   r.nl = r.n0 - pstart;
   r.w = g.w[part];
   r.s = g.s[part];
@@ -796,9 +793,9 @@ void launch_ws(const __nv_bfloat16* a, const int32_t* a_rows, int row_div, __nv_
 // dequantizes each weight tile once for up to 256 rows of its expert (Kimi-K2.5's 43 rows per expert
 // at T 2048, 171 at T 8192), and pads 16 rows at most. 256 threads: warpgroup g computes W rows
 // 64 g .. + 63 of the CTA's 128 columns of c by all of its token rows (m64nBTk16). W is copied in blocks
-// of 128 bytes per row (INT4: 4 k tiles, FP8: 2), not 32 or 64 as variants 1-3 do: at T 2048 those
-// read INT4 experts at ~0.65 TB/s against ~3.5 TB/s for bf16 ones (128 bytes per row and k tile), the
-// short scattered row pieces being what limited them. Pipeline: S stages of a's k tiles, two W blocks,
+// of 128 bytes per row (INT4: 4 k tiles, FP8: 2), not 32 or 64 as variants 1-3 do (at T 2048 their
+// block times mean ~0.65 TB/s of INT4 weights against ~3.5 TB/s of bf16 ones, 128 bytes per row and k
+// tile: inferred, not profiled). Pipeline: S stages of a's k tiles, two W blocks,
 // one wgmma group in flight while the next k tile's fragments are dequantized, two fragment sets
 // alternating. The dequantized values are quant.h's (int4_word_to_bf16x8 / fp8x8_to_bf16x8's formulas). ----
 
@@ -1038,13 +1035,8 @@ __global__ void __launch_bounds__(kThreads, MINB)
   const TileDesc td = tiles[blockIdx.y];
   const GroupDesc& g = groups[td.group];
   const int n0 = blockIdx.x * kBN;
-  int part = 0, pstart = 0;
-#pragma unroll
-  for (int p = 0; p < kMaxParts - 1; ++p)
-    if (n0 >= g.part_end[part]) {
-      pstart = g.part_end[part];
-      ++part;
-    }
+  int pstart = 0;
+  const int part = part_of(g, n0, pstart);
   rs_dispatch<F, BTMAX, S>(td.bt >> 4, a, a_rows, row_div, c, g.w[part], g.s[part], n0 - pstart, n0,
                            min(td.bt, g.rows - td.m0), g.row0 + td.m0, K, N);
 #endif
@@ -1129,9 +1121,9 @@ void matmul_grouped_quant(const Tensor& a, int format, const std::vector<Grouped
   const bool wg = kname != "mma" && wgmma_device();
   // Variant 4 (register-sourced, swapped operands) for quantized weights: the default ("auto", measured on
   // the H200 at 1.49x / 1.59x variant 2 for Kimi-K2.5's INT4 experts and 1.39x / 1.31x for DeepSeek-V3's
-  // FP8 ones at T 2048 / 8192, docs/performance.md), or AERIE_GROUPED_GEMM_KERNEL=rs. Token tiles of up to 256 rows ("mixed"),
-  // 128 or 64 (AERIE_GROUPED_GEMM_BM), a group's rows split into equal tiles, each a multiple of 16 rows;
-  // tiles of up to 128 rows in one launch, the larger ones in another.
+  // FP8 ones at T 2048 / 8192, docs/performance.md), or AERIE_GROUPED_GEMM_KERNEL=rs. Token tiles of up
+  // to 256 rows ("mixed"), 128 or 64 (AERIE_GROUPED_GEMM_BM), a group's rows split into equal tiles, each
+  // a multiple of 16 rows; tiles of up to 128 rows in one launch, the larger ones in another.
   // Its tiles of up to 128 rows: a kernel for those with two CTAs per SM (AERIE_GROUPED_GEMM_RS_SMALL=2,
   // the default; 128 registers, a few spilled), one CTA (1), or the 256-row kernel (0).
   const bool rs = wg && (kname == "rs" || kname == "auto") && format != kDense;
