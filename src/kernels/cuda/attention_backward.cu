@@ -3,12 +3,17 @@
 // looping over the 32-row tiles of packed query rows that attend them (lane = query row); dq per tile of
 // packed query rows, looping over 32-key tiles (lane = key), as the forward. Both recompute
 // P = exp(scale q.k - lse) from the saved lse. Row packing and head-dim padding as in attention.cu.
-// BF16 work with head dim 64 or 128 goes to the tensor-core passes of attention_backward_tc.cu.
+// BF16 work with head dim 64 or 128 goes to the tensor-core passes of attention_backward_tc.cu, on an
+// sm_90a GPU with head dim 128 to the wgmma passes of attention_backward_wgmma.cu
+// (AERIE_ATTENTION_BACKWARD_KERNEL=mma keeps the mma.sync ones, for comparisons).
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_common.cuh"
+#include "kernels/cuda/wgmma.cuh"
 
 namespace aerie::cuda {
 namespace {
@@ -16,6 +21,16 @@ namespace {
 using namespace attn;
 
 constexpr int kKpw = 8;  // keys per warp in the dk/dv pass (kWarps * kKpw keys per block)
+
+/// Whether the BF16 backward at head dim 128 takes the wgmma passes: an sm_90a GPU, unless
+/// AERIE_ATTENTION_BACKWARD_KERNEL says "mma" ("wgmma" or unset: auto). Read at every call (tests switch it).
+bool use_wgmma() {
+  const char* env = std::getenv("AERIE_ATTENTION_BACKWARD_KERNEL");
+  const std::string k = env ? env : "";
+  AERIE_CHECK(k.empty() || k == "wgmma" || k == "mma",
+              "AERIE_ATTENTION_BACKWARD_KERNEL must be wgmma or mma, got '" << k << "'");
+  return k != "mma" && wgmma_device();
+}
 
 
 /// D_i = dout_i . out_i, one warp per (row, head).
@@ -268,6 +283,10 @@ struct Backward {
       auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
       if (p.d == DP && !few_rows(p.tq * p.group) && aligned(p.q) && aligned(p.k) && aligned(p.v) &&
           aligned(p.dout) && aligned(p.dq) && aligned(p.dk) && aligned(p.dv)) {
+        if (DP == 128 && use_wgmma()) {
+          launch_bwd_wgmma<G>(p);
+          return;
+        }
         if (p.tk > 0) launch_bwd_dkdv_tc<DP, G>(p);
         launch_bwd_dq_tc<DP>(p);
         return;

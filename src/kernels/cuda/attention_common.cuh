@@ -164,5 +164,9 @@ template <int DP>
 void launch_bwd_dq_tc(const BwdParams& p);
 template <int DP, typename G>
 void launch_bwd_dkdv_tc(const BwdParams& p);
+/// Both backward passes with wgmma (attention_backward_wgmma.cu: sm_90a, head dim exactly 128, the same
+/// inputs and outputs as the two tensor-core passes above).
+template <typename G>
+void launch_bwd_wgmma(const BwdParams& p);
 
 }  // namespace aerie::cuda::attn
