@@ -29,6 +29,7 @@ constexpr int kWThreads = 128 * kWgs;
 constexpr int kM = 64;               // rows (dq) or keys (dk/dv) per warpgroup
 constexpr int kN = 64;               // keys (dq) or packed rows (dk/dv) per streamed tile
 constexpr int kBlock = kWgs * kM;    // rows (dq) or keys (dk/dv) per block
+constexpr int kSlots = 3;            // shared-memory slots of the streamed tiles
 constexpr float kLog2e = 1.4426950408889634f;
 
 /// Bytes of an [R][128] bf16 tile (two 64-column halves of [R][128 bytes]).
@@ -44,27 +45,36 @@ __device__ __forceinline__ uint32_t wswz(int r, int c) {
 }
 
 #ifndef AERIE_NO_WGMMA
-/// Packed query rows R0 .. R0 + R - 1 (row R = i * group + head in group of kv head g) of a [tq, nh, 128]
-/// tensor into an [R][128] tile; rows past tq are zeros.
+/// Packed query rows R0 .. R0 + R - 1 (row R = i * group + head in group of kv head g) of two
+/// [tq, nh, 128] tensors (Q and dout) into [R][128] tiles; rows past tq are zeros. Row arithmetic in 32
+/// bits (the launch checks that tq * group fits).
 template <int R>
-__device__ __forceinline__ void load_rows_w(uint32_t dst, const bf16_t* src, const BwdParams& p, int g, int64_t R0) {
-  for (int idx = threadIdx.x; idx < R * 16; idx += kWThreads) {
-    const int r = idx >> 4, c = idx & 15;
-    const int64_t row = R0 + r, i = row / p.group;
-    const int h = g * p.group + static_cast<int>(row % p.group);
+__device__ __forceinline__ void load_rows_w(uint32_t dst_a, const bf16_t* a, uint32_t dst_b, const bf16_t* b,
+                                            const BwdParams& p, int g, int R0) {
+  const int c = threadIdx.x & 15;
+#pragma unroll
+  for (int r = threadIdx.x >> 4; r < R; r += kWThreads / 16) {
+    const int row = R0 + r, i = row / p.group;
+    const int h = g * p.group + (row - i * p.group);
     const bool ok = i < p.tq;
-    cp_async16(dst + wswz<R>(r, c), ok ? src + (i * p.nh + h) * kD + c * 8 : src, ok);
+    const int64_t off = ok ? (static_cast<int64_t>(i) * p.nh + h) * kD + c * 8 : 0;
+    cp_async16(dst_a + wswz<R>(r, c), a + off, ok);
+    cp_async16(dst_b + wswz<R>(r, c), b + off, ok);
   }
 }
 
-/// Keys j0 .. j0 + R - 1 of kv head g of a [tk, nkv, 128] tensor; keys past tk are zeros.
+/// Keys j0 .. j0 + R - 1 of kv head g of two [tk, nkv, 128] tensors (K and V); keys past tk are zeros.
 template <int R>
-__device__ __forceinline__ void load_keys_w(uint32_t dst, const bf16_t* src, const BwdParams& p, int g, int64_t j0) {
-  for (int idx = threadIdx.x; idx < R * 16; idx += kWThreads) {
-    const int jj = idx >> 4, c = idx & 15;
+__device__ __forceinline__ void load_keys_w(uint32_t dst_a, const bf16_t* a, uint32_t dst_b, const bf16_t* b,
+                                            const BwdParams& p, int g, int64_t j0) {
+  const int c = threadIdx.x & 15;
+#pragma unroll
+  for (int jj = threadIdx.x >> 4; jj < R; jj += kWThreads / 16) {
     const int64_t j = j0 + jj;
     const bool ok = j < p.tk;
-    cp_async16(dst + wswz<R>(jj, c), ok ? src + (j * p.nkv + g) * kD + c * 8 : src, ok);
+    const int64_t off = ok ? (j * p.nkv + g) * kD + c * 8 : 0;
+    cp_async16(dst_a + wswz<R>(jj, c), a + off, ok);
+    cp_async16(dst_b + wswz<R>(jj, c), b + off, ok);
   }
 }
 
@@ -77,14 +87,16 @@ __device__ __forceinline__ void fence_acc(float (&d)[2][32]) {
 /// B = the [64][128] tile at b, both K-major. Not committed.
 template <int RA>
 __device__ __forceinline__ void issue_dot(float (&acc)[32], uint32_t a, int a_row0, uint32_t b) {
-#pragma unroll
-  for (int i = 0; i < 32; ++i) acc[i] = 0.0f;
   wgmma_fence();
   fence_regs(acc);
 #pragma unroll
   for (int ks = 0; ks < kD / 16; ++ks) {
     const uint32_t half = ks >> 2, kb = (ks & 3) * 32;
-    wgmma_n64(acc, wgmma_desc(a + half * (RA * 128) + a_row0 * 128 + kb), wgmma_desc(b + half * (64 * 128) + kb));
+    const uint64_t da = wgmma_desc(a + half * (RA * 128) + a_row0 * 128 + kb), db = wgmma_desc(b + half * (64 * 128) + kb);
+    if (ks == 0)
+      wgmma_n64<true>(acc, da, db);  // overwrites acc: no zeroing (which would serialize the wgmma in flight)
+    else
+      wgmma_n64(acc, da, db);
   }
 }
 
@@ -117,101 +129,114 @@ __global__ void __launch_bounds__(kWThreads, 1) attn_bwd_dkdv_wgmma_kernel(BwdPa
   extern __shared__ __align__(1024) uint8_t bwd_smem[];
   uint8_t* mem = nullptr;
   const uint32_t sK = aligned_base(bwd_smem, mem);
-  const uint32_t sV = sK + wtile<kBlock>(), sQ = sV + wtile<kBlock>(), sO = sQ + 2 * wtile<kN>();
-  float* lse2s = reinterpret_cast<float*>(mem + 2 * wtile<kBlock>() + 4 * wtile<kN>());  // [2][64]
-  float* Ds = lse2s + 2 * kN;                                                             // [2][64]
-  int* ilims = reinterpret_cast<int*>(Ds + 2 * kN);                                       // [2][64]
+  const uint32_t sV = sK + wtile<kBlock>(), sQ0 = sV + wtile<kBlock>();  // slot s: Q, then dout
+  float* lse2s = reinterpret_cast<float*>(mem + 2 * wtile<kBlock>() + 2 * kSlots * wtile<kN>());  // [slots][64]
+  float* Ds = lse2s + kSlots * kN;                                                                // [slots][64]
+  int* ilims = reinterpret_cast<int*>(Ds + kSlots * kN);                                          // [slots][64]
   const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
   const int quad = lane >> 2, tq4 = lane & 3;
   const int g = blockIdx.y;
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kBlock;
   const bf16_t* q = static_cast<const bf16_t*>(p.q);
   const bf16_t* dout = static_cast<const bf16_t*>(p.dout);
+  auto slot = [&](int t) { return sQ0 + 2 * (t % kSlots) * wtile<kN>(); };
 
-  load_keys_w<kBlock>(sK, static_cast<const bf16_t*>(p.k), p, g, j0);
-  load_keys_w<kBlock>(sV, static_cast<const bf16_t*>(p.v), p, g, j0);
+  load_keys_w<kBlock>(sK, static_cast<const bf16_t*>(p.k), sV, static_cast<const bf16_t*>(p.v), p, g, j0);
   // Query row i attends key j iff j <= i + q_offset: the first row that sees any key of the block.
-  const int64_t R0 = max(int64_t{0}, j0 - p.q_offset) * p.group, rows = p.tq * p.group;
-  const int ntiles = R0 < rows ? static_cast<int>((rows - R0 + kN - 1) / kN) : 0;
-  auto load_tile = [&](int t, int buf) {
-    const int64_t Rt = R0 + static_cast<int64_t>(t) * kN;
-    load_rows_w<kN>(sQ + buf * wtile<kN>(), q, p, g, Rt);
-    load_rows_w<kN>(sO + buf * wtile<kN>(), dout, p, g, Rt);
+  const int rows = static_cast<int>(p.tq * p.group);
+  const int R0 = static_cast<int>(min(max(int64_t{0}, j0 - p.q_offset) * p.group, static_cast<int64_t>(rows)));
+  const int ntiles = (rows - R0 + kN - 1) / kN;
+  auto load_tile = [&](int t) {
+    const int Rt = R0 + t * kN, sl = t % kSlots;
+    load_rows_w<kN>(slot(t), q, slot(t) + wtile<kN>(), dout, p, g, Rt);
     if (threadIdx.x < kN) {
-      const int64_t R = Rt + threadIdx.x, i = R / p.group;
-      const int h = g * p.group + static_cast<int>(R % p.group);
-      const float lse = i < p.tq ? p.lse[i * p.nh + h] : -INFINITY;
+      const int R = Rt + threadIdx.x, i = R / p.group;
+      const int h = g * p.group + (R - i * p.group);
+      const float lse = i < p.tq ? p.lse[static_cast<int64_t>(i) * p.nh + h] : -INFINITY;
       const bool ok = i < p.tq && lse != -INFINITY;  // a row without keys has no gradient
-      lse2s[buf * kN + threadIdx.x] = ok ? lse * kLog2e : 0.0f;
-      Ds[buf * kN + threadIdx.x] = ok ? p.D[i * p.nh + h] : 0.0f;
-      ilims[buf * kN + threadIdx.x] = ok ? static_cast<int>(i + p.q_offset) : -1;
+      lse2s[sl * kN + threadIdx.x] = ok ? lse * kLog2e : 0.0f;
+      Ds[sl * kN + threadIdx.x] = ok ? p.D[static_cast<int64_t>(i) * p.nh + h] : 0.0f;
+      ilims[sl * kN + threadIdx.x] = ok ? static_cast<int>(i + p.q_offset) : -1;
     }
   };
-  if (ntiles > 0) load_tile(0, 0);
+  if (ntiles > 0) load_tile(0);
   cp_async_commit();
 
   const float sl2 = p.scale * kLog2e;
   int64_t jk[2];  // this thread's two keys
 #pragma unroll
   for (int e = 0; e < 2; ++e) jk[e] = j0 + wg * kM + warp * 16 + quad + 8 * e;
+  const int64_t jw_last = j0 + wg * kM + kM - 1;  // the warpgroup's last key
   float dk[2][32], dv[2][32];
 #pragma unroll
   for (int h = 0; h < 2; ++h)
 #pragma unroll
     for (int i = 0; i < 32; ++i) dk[h][i] = dv[h][i] = 0.0f;
+  fence_acc(dk);  // the zeros defined before the first wgmma is issued
+  fence_acc(dv);
+  float s[32], dp[32];
+  uint32_t f[kN / 16][4];
 
+  // Per tile: S^T and dP^T issued together; P computed while dP^T runs, dS^T while dV runs; dK left in
+  // flight across the next tile's barrier. Three slots: tile t + 1 is loaded into the slot of tile t - 2,
+  // whose last reader (dK) every thread has waited for before the barrier of iteration t.
   for (int t = 0; t < ntiles; ++t) {
-    const int buf = t & 1;
-    if (t + 1 < ntiles) load_tile(t + 1, buf ^ 1);
-    cp_async_commit();
-    cp_async_wait<1>();
+    const int sl = t % kSlots;
+    cp_async_wait<0>();
     fence_proxy_async();
     __syncthreads();
-    const uint32_t qb = sQ + buf * wtile<kN>(), ob = sO + buf * wtile<kN>();
-    const float* lt = lse2s + buf * kN;
-    const float* dt = Ds + buf * kN;
-    const int* it = ilims + buf * kN;
+    if (t + 1 < ntiles) load_tile(t + 1);
+    cp_async_commit();
+    const uint32_t qb = slot(t), ob = qb + wtile<kN>();
+    const float* lt = lse2s + sl * kN;
+    const float* dt = Ds + sl * kN;
+    const int* it = ilims + sl * kN;
+    const int Rt = R0 + t * kN;
+    // Every (key, row) pair of the tile attended: no masks.
+    const bool full = (Rt + kN - 1) / p.group < p.tq && jw_last < p.tk && Rt / p.group + p.q_offset >= jw_last;
 
-    float s[32];  // S^T [64 keys][64 rows], then P^T
-    issue_dot<kBlock>(s, sK, wg * kM, qb);
+    issue_dot<kBlock>(s, sK, wg * kM, qb);  // S^T = K Q^T
     wgmma_commit();
-    wgmma_wait<0>();
+    issue_dot<kBlock>(dp, sV, wg * kM, ob);  // dP^T = V dout^T
+    wgmma_commit();
+    wgmma_wait<1>();  // dK of tile t - 1 and S^T
     fence_regs(s);
-    uint32_t f[kN / 16][4];
+    fence_acc(dk);
+    fence_frags(f);
 #pragma unroll
     for (int nb = 0; nb < kN / 8; ++nb) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int c = nb * 8 + 2 * tq4 + (e & 1);
-        const int64_t j = jk[e >> 1];
         float& x = s[nb * 4 + e];
-        x = j < p.tk && j <= it[c] ? exp2f(x * sl2 - lt[c]) : 0.0f;
+        if (full)
+          x = exp2f(x * sl2 - lt[c]);
+        else {
+          const int64_t j = jk[e >> 1];
+          x = j < p.tk && j <= it[c] ? exp2f(x * sl2 - lt[c]) : 0.0f;
+        }
       }
       to_frag(f, nb, &s[nb * 4]);
     }
     issue_frags_times_tile(dv, f, ob);  // dV += P^T dout
     wgmma_commit();
-    float dp[32];  // dP^T [64 keys][64 rows]
-    issue_dot<kBlock>(dp, sV, wg * kM, ob);
-    wgmma_commit();
-    wgmma_wait<0>();
+    wgmma_wait<1>();  // dP^T
     fence_regs(dp);
+#pragma unroll
+    for (int nb = 0; nb < kN / 8; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dp[nb * 4 + e] = s[nb * 4 + e] * (dp[nb * 4 + e] - dt[nb * 8 + 2 * tq4 + (e & 1)]);
+    wgmma_wait<0>();  // dV: the fragments are free
     fence_acc(dv);
     fence_frags(f);
 #pragma unroll
-    for (int nb = 0; nb < kN / 8; ++nb) {
-      float ds[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) ds[e] = s[nb * 4 + e] * (dp[nb * 4 + e] - dt[nb * 8 + 2 * tq4 + (e & 1)]);
-      to_frag(f, nb, ds);
-    }
+    for (int nb = 0; nb < kN / 8; ++nb) to_frag(f, nb, &dp[nb * 4]);
     issue_frags_times_tile(dk, f, qb);  // dK += dS^T Q
     wgmma_commit();
-    wgmma_wait<0>();
-    fence_acc(dk);
-    fence_frags(f);
-    __syncthreads();  // every warpgroup is done with buffer buf before it is refilled
   }
+  wgmma_wait<0>();
+  fence_acc(dk);
+  fence_frags(f);
   cp_async_wait<0>();
 
   G* gk = static_cast<G*>(p.dk);
@@ -242,92 +267,100 @@ __global__ void __launch_bounds__(kWThreads, 1) attn_bwd_dq_wgmma_kernel(BwdPara
   extern __shared__ __align__(1024) uint8_t bwd_smem[];
   uint8_t* mem = nullptr;
   const uint32_t sQ = aligned_base(bwd_smem, mem);
-  const uint32_t sO = sQ + wtile<kBlock>(), sK = sO + wtile<kBlock>(), sV = sK + 2 * wtile<kN>();
+  const uint32_t sO = sQ + wtile<kBlock>(), sK0 = sO + wtile<kBlock>();  // slot s: K, then V
   const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
   const int quad = lane >> 2, tq4 = lane & 3;
   const int g = blockIdx.y;
-  const int64_t r0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kBlock;  // longest rows first
+  const int r0 = static_cast<int>(gridDim.x - 1 - blockIdx.x) * kBlock;  // longest rows first
   const bf16_t* k = static_cast<const bf16_t*>(p.k);
   const bf16_t* v = static_cast<const bf16_t*>(p.v);
+  auto slot = [&](int t) { return sK0 + 2 * (t % kSlots) * wtile<kN>(); };
 
-  load_rows_w<kBlock>(sQ, static_cast<const bf16_t*>(p.q), p, g, r0);
-  load_rows_w<kBlock>(sO, static_cast<const bf16_t*>(p.dout), p, g, r0);
-  const int64_t i_last = min(p.tq - 1, (r0 + kBlock - 1) / p.group);
+  load_rows_w<kBlock>(sQ, static_cast<const bf16_t*>(p.q), sO, static_cast<const bf16_t*>(p.dout), p, g, r0);
+  const int64_t i_last = min(p.tq - 1, static_cast<int64_t>((r0 + kBlock - 1) / p.group));
   const int64_t kend = max(int64_t{0}, min(p.tk, i_last + p.q_offset + 1));
   const int ntiles = static_cast<int>((kend + kN - 1) / kN);
-  if (ntiles > 0) {
-    load_keys_w<kN>(sK, k, p, g, 0);
-    load_keys_w<kN>(sV, v, p, g, 0);
-  }
+  if (ntiles > 0) load_keys_w<kN>(slot(0), k, slot(0) + wtile<kN>(), v, p, g, 0);
   cp_async_commit();
 
   int64_t klim[2];  // key j is attended iff j <= klim (and j < kend)
   float lse2[2], Dr[2];
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
-    const int64_t R = r0 + wg * kM + warp * 16 + quad + 8 * e, i = R / p.group;
-    const int h = g * p.group + static_cast<int>(R % p.group);
-    const float lse = i < p.tq ? p.lse[i * p.nh + h] : -INFINITY;
+    const int R = r0 + wg * kM + warp * 16 + quad + 8 * e, i = R / p.group;
+    const int h = g * p.group + (R - i * p.group);
+    const float lse = i < p.tq ? p.lse[static_cast<int64_t>(i) * p.nh + h] : -INFINITY;
     klim[e] = i < p.tq && lse != -INFINITY ? i + p.q_offset : -1;  // a row without keys has no gradient
     lse2[e] = klim[e] >= 0 ? lse * kLog2e : 0.0f;
-    Dr[e] = klim[e] >= 0 ? p.D[i * p.nh + h] : 0.0f;
+    Dr[e] = klim[e] >= 0 ? p.D[static_cast<int64_t>(i) * p.nh + h] : 0.0f;
   }
+  const int64_t klim_min = min(klim[0], klim[1]);
   const float sl2 = p.scale * kLog2e;
   float acc[2][32];
 #pragma unroll
   for (int h = 0; h < 2; ++h)
 #pragma unroll
     for (int i = 0; i < 32; ++i) acc[h][i] = 0.0f;
+  fence_acc(acc);  // the zeros defined before the first wgmma is issued
+  float s[32], dp[32];
+  uint32_t f[kN / 16][4];
 
+  // Per tile: S and dP issued together, P computed while dP runs, dQ left in flight across the next
+  // tile's barrier; three slots as in the dk/dv pass.
   for (int t = 0; t < ntiles; ++t) {
-    const int buf = t & 1;
-    if (t + 1 < ntiles) {
-      load_keys_w<kN>(sK + (buf ^ 1) * wtile<kN>(), k, p, g, static_cast<int64_t>(t + 1) * kN);
-      load_keys_w<kN>(sV + (buf ^ 1) * wtile<kN>(), v, p, g, static_cast<int64_t>(t + 1) * kN);
-    }
-    cp_async_commit();
-    cp_async_wait<1>();
+    cp_async_wait<0>();
     fence_proxy_async();
     __syncthreads();
-    const uint32_t kb = sK + buf * wtile<kN>(), vb = sV + buf * wtile<kN>();
+    if (t + 1 < ntiles) load_keys_w<kN>(slot(t + 1), k, slot(t + 1) + wtile<kN>(), v, p, g, static_cast<int64_t>(t + 1) * kN);
+    cp_async_commit();
+    const uint32_t kb = slot(t), vb = kb + wtile<kN>();
     const int64_t j0 = static_cast<int64_t>(t) * kN;
-    float s[32], dp[32];
-    issue_dot<kBlock>(s, sQ, wg * kM, kb);   // q . k
+    const bool full = j0 + kN <= kend && j0 + kN - 1 <= klim_min;  // every key of the tile attended by both rows
+    issue_dot<kBlock>(s, sQ, wg * kM, kb);   // S = Q K^T
     wgmma_commit();
-    issue_dot<kBlock>(dp, sO, wg * kM, vb);  // dout . v
+    issue_dot<kBlock>(dp, sO, wg * kM, vb);  // dP = dout V^T
     wgmma_commit();
-    wgmma_wait<0>();
+    wgmma_wait<1>();  // dQ of tile t - 1 and S
     fence_regs(s);
+    fence_acc(acc);
+    fence_frags(f);
+#pragma unroll
+    for (int nb = 0; nb < kN / 8; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float& x = s[nb * 4 + e];
+        const int r = e >> 1;
+        if (full)
+          x = exp2f(x * sl2 - lse2[r]);
+        else {
+          const int64_t j = j0 + nb * 8 + 2 * tq4 + (e & 1);
+          x = j < kend && j <= klim[r] ? exp2f(x * sl2 - lse2[r]) : 0.0f;
+        }
+      }
+    wgmma_wait<0>();  // dP
     fence_regs(dp);
-    uint32_t f[kN / 16][4];
 #pragma unroll
     for (int nb = 0; nb < kN / 8; ++nb) {
       float ds[4];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int64_t j = j0 + nb * 8 + 2 * tq4 + (e & 1);
-        const int r = e >> 1;
-        const float pr = j < kend && j <= klim[r] ? exp2f(s[nb * 4 + e] * sl2 - lse2[r]) : 0.0f;
-        ds[e] = pr * (dp[nb * 4 + e] - Dr[r]);
-      }
+      for (int e = 0; e < 4; ++e) ds[e] = s[nb * 4 + e] * (dp[nb * 4 + e] - Dr[e >> 1]);
       to_frag(f, nb, ds);
     }
-    issue_frags_times_tile(acc, f, kb);  // dS K
+    issue_frags_times_tile(acc, f, kb);  // dQ += dS K
     wgmma_commit();
-    wgmma_wait<0>();
-    fence_acc(acc);
-    fence_frags(f);
-    __syncthreads();
   }
+  wgmma_wait<0>();
+  fence_acc(acc);
+  fence_frags(f);
   cp_async_wait<0>();
 
   bf16_t* dq = static_cast<bf16_t*>(p.dq);
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
-    const int64_t R = r0 + wg * kM + warp * 16 + quad + 8 * e, i = R / p.group;
+    const int R = r0 + wg * kM + warp * 16 + quad + 8 * e, i = R / p.group;
     if (i >= p.tq) continue;
-    const int h = g * p.group + static_cast<int>(R % p.group);
-    bf16_t* row = dq + (i * p.nh + h) * kD + 2 * tq4;
+    const int h = g * p.group + (R - i * p.group);
+    bf16_t* row = dq + (static_cast<int64_t>(i) * p.nh + h) * kD + 2 * tq4;
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
@@ -343,8 +376,11 @@ __global__ void __launch_bounds__(kWThreads, 1) attn_bwd_dq_wgmma_kernel(BwdPara
 template <typename G>
 void launch_bwd_wgmma(const BwdParams& p) {
   constexpr size_t kAlign = 1024;  // aligned_base rounds the dynamic shared memory up to 1024 bytes
+  // The kernels do the packed-row arithmetic in 32 bits.
+  AERIE_CHECK(p.tq * p.group + kBlock < (int64_t{1} << 31),
+              "attention_backward (CUDA): " << p.tq << " rows x " << p.group << " heads per kv head exceed 2^31");
   if (p.tk > 0) {
-    const size_t smem = 2 * wtile<kBlock>() + 4 * wtile<kN>() + 2 * kN * (2 * sizeof(float) + sizeof(int)) + kAlign;
+    const size_t smem = 2 * wtile<kBlock>() + 2 * kSlots * wtile<kN>() + kSlots * kN * (2 * sizeof(float) + sizeof(int)) + kAlign;
     auto kernel = attn_bwd_dkdv_wgmma_kernel<G>;
     allow_smem(kernel, smem);
     const int64_t blocks = (p.tk + kBlock - 1) / kBlock;
@@ -352,7 +388,7 @@ void launch_bwd_wgmma(const BwdParams& p) {
     kernel<<<dim3(static_cast<unsigned>(blocks), p.nkv), kWThreads, smem, stream()>>>(p);
     AERIE_CUDA_LAUNCHED("attn_bwd_dkdv_wgmma_kernel");
   }
-  const size_t smem = 2 * wtile<kBlock>() + 4 * wtile<kN>() + kAlign;
+  const size_t smem = 2 * wtile<kBlock>() + 2 * kSlots * wtile<kN>() + kAlign;
   auto kernel = attn_bwd_dq_wgmma_kernel;
   allow_smem(kernel, smem);
   const int64_t blocks = (p.tq * p.group + kBlock - 1) / kBlock;
