@@ -16,6 +16,8 @@
 // Shared tiles: wgmma's 128-byte swizzle, two 64-column halves per [rows][128] tile (wgmma.cuh).
 //
 // Row packing, masks and the treatment of rows without keys are attention_backward_tc.cu's.
+#include <cstdlib>
+
 #include "kernels/cuda/attention_mma.cuh"
 #include "kernels/cuda/wgmma.cuh"
 #include "kernels/cuda/wgmma_rs.cuh"
@@ -25,7 +27,6 @@ namespace {
 
 constexpr int kD = 128;              // head dim
 constexpr int kWgs = 2;              // warpgroups per block
-constexpr int kWThreads = 128 * kWgs;
 constexpr int kM = 64;               // rows (dq) or keys (dk/dv) per warpgroup
 constexpr int kN = 64;               // keys (dq) or packed rows (dk/dv) per streamed tile
 constexpr int kBlock = kWgs * kM;    // rows (dq) or keys (dk/dv) per block
@@ -45,15 +46,15 @@ __device__ __forceinline__ uint32_t wswz(int r, int c) {
 }
 
 #ifndef AERIE_NO_WGMMA
-/// Packed query rows R0 .. R0 + R - 1 (row R = i * group + head in group of kv head g) of two
-/// [tq, nh, 128] tensors (Q and dout) into [R][128] tiles; rows past tq are zeros. Row arithmetic in 32
-/// bits (the launch checks that tq * group fits).
+/// The producer's copy (its 128 threads, tid 0 .. 127) of packed query rows R0 .. R0 + R - 1 (row R =
+/// i * group + head in group of kv head g) of two [tq, nh, 128] tensors (Q and dout) into [R][128] tiles;
+/// rows past tq are zeros. Row arithmetic in 32 bits (the launch checks that tq * group fits).
 template <int R>
 __device__ __forceinline__ void load_rows_w(uint32_t dst_a, const bf16_t* a, uint32_t dst_b, const bf16_t* b,
-                                            const BwdParams& p, int g, int R0) {
-  const int c = threadIdx.x & 15;
-#pragma unroll
-  for (int r = threadIdx.x >> 4; r < R; r += kWThreads / 16) {
+                                            const BwdParams& p, int g, int R0, int tid) {
+  const int c = tid & 15;
+#pragma unroll 4
+  for (int r = tid >> 4; r < R; r += 8) {
     const int row = R0 + r, i = row / p.group;
     const int h = g * p.group + (row - i * p.group);
     const bool ok = i < p.tq;
@@ -63,19 +64,28 @@ __device__ __forceinline__ void load_rows_w(uint32_t dst_a, const bf16_t* a, uin
   }
 }
 
-/// Keys j0 .. j0 + R - 1 of kv head g of two [tk, nkv, 128] tensors (K and V); keys past tk are zeros.
+/// The producer's copy of keys j0 .. j0 + R - 1 of kv head g of two [tk, nkv, 128] tensors (K and V);
+/// keys past tk are zeros.
 template <int R>
 __device__ __forceinline__ void load_keys_w(uint32_t dst_a, const bf16_t* a, uint32_t dst_b, const bf16_t* b,
-                                            const BwdParams& p, int g, int64_t j0) {
-  const int c = threadIdx.x & 15;
-#pragma unroll
-  for (int jj = threadIdx.x >> 4; jj < R; jj += kWThreads / 16) {
+                                            const BwdParams& p, int g, int64_t j0, int tid) {
+  const int c = tid & 15;
+#pragma unroll 4
+  for (int jj = tid >> 4; jj < R; jj += 8) {
     const int64_t j = j0 + jj;
     const bool ok = j < p.tk;
     const int64_t off = ok ? (j * p.nkv + g) * kD + c * 8 : 0;
     cp_async16(dst_a + wswz<R>(jj, c), a + off, ok);
     cp_async16(dst_b + wswz<R>(jj, c), b + off, ok);
   }
+}
+
+/// 2^x with the MUFU's approximation (ex2.approx.ftz, relative error ~2^-22: below the bf16 rounding of P
+/// that follows); exp2f without fast-math adds a denormal fix-up around it.
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
 }
 
 __device__ __forceinline__ void fence_acc(float (&d)[2][32]) {
@@ -121,52 +131,99 @@ __device__ __forceinline__ void to_frag(uint32_t (&f)[kN / 16][4], int nb, const
 }
 #endif  // AERIE_NO_WGMMA
 
+/// Shared memory of the dk/dv pass from a 1024-byte aligned base: K and V [128][128], kSlots slots of
+/// (Q, dout) [64][128] tiles, the slots' per-row lse * log2(e), D and last attended key, the mbarriers.
+struct DkdvLayout {
+  static constexpr uint32_t k = 0, v = wtile<kBlock>(), q0 = 2 * wtile<kBlock>();
+  static constexpr uint32_t q(int s) { return q0 + 2 * s * wtile<kN>(); }
+  static constexpr uint32_t meta = q0 + 2 * kSlots * wtile<kN>();  // float lse2[slots][64], D[slots][64], int ilim[slots][64]
+  static constexpr uint32_t bar = meta + kSlots * kN * 12;
+  static constexpr uint32_t kv_full = bar, full0 = bar + 8, empty0 = bar + 8 + 8 * kSlots;
+  static constexpr uint32_t bytes = bar + 8 + 16 * kSlots;
+};
+
+/// Shared memory of the dq pass: Q and dout [128][128], kSlots slots of (K, V) [64][128] tiles, mbarriers.
+struct DqLayout {
+  static constexpr uint32_t q = 0, o = wtile<kBlock>(), k0 = 2 * wtile<kBlock>();
+  static constexpr uint32_t k(int s) { return k0 + 2 * s * wtile<kN>(); }
+  static constexpr uint32_t bar = k0 + 2 * kSlots * wtile<kN>();
+  static constexpr uint32_t qo_full = bar, full0 = bar + 8, empty0 = bar + 8 + 8 * kSlots;
+  static constexpr uint32_t bytes = bar + 8 + 16 * kSlots;
+};
+
+// Both passes are warp-specialized (as FlashAttention-3): warpgroup 0 copies (cp.async; 24 registers in
+// the dk/dv pass, 40 in the dq pass), warpgroups 1 and 2 multiply (240 / 232 registers: the dk/dv
+// pass's consumers need 240, below which ptxas serializes their wgmma, C7512; its producer spills 16
+// bytes). Slot s's `full` barrier completes when the producer's
+// copies into it have landed (128 cp.async arrivals) and its plain stores are released (128 arrivals);
+// its `empty` barrier when the 8 consumer warps' last wgmma reading it is done. No block-wide barrier
+// after the start, so the two consumer warpgroups drift apart and one's exponentials overlap the
+// other's products.
+constexpr int kWsThreads = 128 * (1 + kWgs);
+
 template <typename G>
-__global__ void __launch_bounds__(kWThreads, 1) attn_bwd_dkdv_wgmma_kernel(BwdParams p) {
+__global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dkdv_wgmma_kernel(BwdParams p) {
 #ifdef AERIE_NO_WGMMA
   __trap();  // not launched: the host takes the mma.sync passes off sm_90
 #else
+  using L = DkdvLayout;
   extern __shared__ __align__(1024) uint8_t bwd_smem[];
   uint8_t* mem = nullptr;
-  const uint32_t sK = aligned_base(bwd_smem, mem);
-  const uint32_t sV = sK + wtile<kBlock>(), sQ0 = sV + wtile<kBlock>();  // slot s: Q, then dout
-  float* lse2s = reinterpret_cast<float*>(mem + 2 * wtile<kBlock>() + 2 * kSlots * wtile<kN>());  // [slots][64]
-  float* Ds = lse2s + kSlots * kN;                                                                // [slots][64]
-  int* ilims = reinterpret_cast<int*>(Ds + kSlots * kN);                                          // [slots][64]
-  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-  const int quad = lane >> 2, tq4 = lane & 3;
-  const int g = blockIdx.y;
-  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kBlock;
-  const bf16_t* q = static_cast<const bf16_t*>(p.q);
-  const bf16_t* dout = static_cast<const bf16_t*>(p.dout);
-  auto slot = [&](int t) { return sQ0 + 2 * (t % kSlots) * wtile<kN>(); };
-
-  load_keys_w<kBlock>(sK, static_cast<const bf16_t*>(p.k), sV, static_cast<const bf16_t*>(p.v), p, g, j0);
+  const uint32_t base = aligned_base(bwd_smem, mem);
+  float* lse2s = reinterpret_cast<float*>(mem + L::meta);  // [slots][64]
+  float* Ds = lse2s + kSlots * kN;                         // [slots][64]
+  int* ilims = reinterpret_cast<int*>(Ds + kSlots * kN);   // [slots][64]
+  const int tid = threadIdx.x, wgi = tid >> 7;
+  const int g = blockIdx.x;
+  const int64_t j0 = static_cast<int64_t>(blockIdx.y) * kBlock;
   // Query row i attends key j iff j <= i + q_offset: the first row that sees any key of the block.
   const int rows = static_cast<int>(p.tq * p.group);
   const int R0 = static_cast<int>(min(max(int64_t{0}, j0 - p.q_offset) * p.group, static_cast<int64_t>(rows)));
   const int ntiles = (rows - R0 + kN - 1) / kN;
-  auto load_tile = [&](int t) {
-    const int Rt = R0 + t * kN, sl = t % kSlots;
-    load_rows_w<kN>(slot(t), q, slot(t) + wtile<kN>(), dout, p, g, Rt);
-    if (threadIdx.x < kN) {
-      const int R = Rt + threadIdx.x, i = R / p.group;
-      const int h = g * p.group + (R - i * p.group);
-      const float lse = i < p.tq ? p.lse[static_cast<int64_t>(i) * p.nh + h] : -INFINITY;
-      const bool ok = i < p.tq && lse != -INFINITY;  // a row without keys has no gradient
-      lse2s[sl * kN + threadIdx.x] = ok ? lse * kLog2e : 0.0f;
-      Ds[sl * kN + threadIdx.x] = ok ? p.D[static_cast<int64_t>(i) * p.nh + h] : 0.0f;
-      ilims[sl * kN + threadIdx.x] = ok ? static_cast<int>(i + p.q_offset) : -1;
+  if (tid == 0) {
+    mbar_init(base + L::kv_full, 128);
+    for (int s = 0; s < kSlots; ++s) {
+      mbar_init(base + L::full0 + 8 * s, 256);
+      mbar_init(base + L::empty0 + 8 * s, 4 * kWgs);
     }
-  };
-  if (ntiles > 0) load_tile(0);
-  cp_async_commit();
+  }
+  __syncthreads();
 
+  if (wgi == 0) {  // ---- producer ----
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+    load_keys_w<kBlock>(base + L::k, static_cast<const bf16_t*>(p.k), base + L::v, static_cast<const bf16_t*>(p.v), p,
+                        g, j0, tid);
+    mbar_arrive_cp_async(base + L::kv_full);
+    const bf16_t* q = static_cast<const bf16_t*>(p.q);
+    const bf16_t* dout = static_cast<const bf16_t*>(p.dout);
+    for (int t = 0; t < ntiles; ++t) {
+      const int s = t % kSlots, Rt = R0 + t * kN;
+      if (t >= kSlots) mbar_wait(base + L::empty0 + 8 * s, ((t / kSlots) - 1) & 1);
+      load_rows_w<kN>(base + L::q(s), q, base + L::q(s) + wtile<kN>(), dout, p, g, Rt, tid);
+      mbar_arrive_cp_async(base + L::full0 + 8 * s);
+      if (tid < kN) {
+        const int R = Rt + tid, i = R / p.group;
+        const int h = g * p.group + (R - i * p.group);
+        const float lse = i < p.tq ? p.lse[static_cast<int64_t>(i) * p.nh + h] : -INFINITY;
+        const bool ok = i < p.tq && lse != -INFINITY;  // a row without keys has no gradient
+        lse2s[s * kN + tid] = ok ? lse * kLog2e : 0.0f;
+        Ds[s * kN + tid] = ok ? p.D[static_cast<int64_t>(i) * p.nh + h] : 0.0f;
+        ilims[s * kN + tid] = ok ? static_cast<int>(i + p.q_offset) : -1;
+      }
+      mbar_arrive(base + L::full0 + 8 * s);
+    }
+    cp_async_wait<0>();
+    return;
+  }
+  // ---- consumers ----
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+  const int wg = wgi - 1, warp = (tid >> 5) & 3, lane = tid & 31, quad = lane >> 2, tq4 = lane & 3;
   const float sl2 = p.scale * kLog2e;
-  int64_t jk[2];  // this thread's two keys
+  int jk[2];  // this thread's two keys (32 bits: the launch checks tk)
 #pragma unroll
-  for (int e = 0; e < 2; ++e) jk[e] = j0 + wg * kM + warp * 16 + quad + 8 * e;
-  const int64_t jw_last = j0 + wg * kM + kM - 1;  // the warpgroup's last key
+  for (int e = 0; e < 2; ++e) jk[e] = static_cast<int>(j0) + wg * kM + warp * 16 + quad + 8 * e;
+  const int jw_last = static_cast<int>(j0) + wg * kM + kM - 1;  // the warpgroup's last key
+  const int tk = static_cast<int>(p.tk);
   float dk[2][32], dv[2][32];
 #pragma unroll
   for (int h = 0; h < 2; ++h)
@@ -176,48 +233,45 @@ __global__ void __launch_bounds__(kWThreads, 1) attn_bwd_dkdv_wgmma_kernel(BwdPa
   fence_acc(dv);
   float s[32], dp[32];
   uint32_t f[kN / 16][4];
+  mbar_wait(base + L::kv_full, 0);
 
   // Per tile: S^T and dP^T issued together; P computed while dP^T runs, dS^T while dV runs; dK left in
-  // flight across the next tile's barrier. Three slots: tile t + 1 is loaded into the slot of tile t - 2,
-  // whose last reader (dK) every thread has waited for before the barrier of iteration t.
+  // flight until the next tile's S^T is done, when the previous slot goes back to the producer.
   for (int t = 0; t < ntiles; ++t) {
     const int sl = t % kSlots;
-    cp_async_wait<0>();
-    fence_proxy_async();
-    __syncthreads();
-    if (t + 1 < ntiles) load_tile(t + 1);
-    cp_async_commit();
-    const uint32_t qb = slot(t), ob = qb + wtile<kN>();
+    mbar_wait(base + L::full0 + 8 * sl, (t / kSlots) & 1);
+    fence_proxy_async();  // the cp.async writes (generic proxy), before the wgmma reads them
+    const uint32_t qb = base + L::q(sl), ob = qb + wtile<kN>();
     const float* lt = lse2s + sl * kN;
     const float* dt = Ds + sl * kN;
     const int* it = ilims + sl * kN;
     const int Rt = R0 + t * kN;
     // Every (key, row) pair of the tile attended: no masks.
-    const bool full = (Rt + kN - 1) / p.group < p.tq && jw_last < p.tk && Rt / p.group + p.q_offset >= jw_last;
+    const bool full = (Rt + kN - 1) / p.group < p.tq && jw_last < tk && Rt / p.group + p.q_offset >= jw_last;
 
-    issue_dot<kBlock>(s, sK, wg * kM, qb);  // S^T = K Q^T
+    issue_dot<kBlock>(s, base + L::k, wg * kM, qb);  // S^T = K Q^T
     wgmma_commit();
-    issue_dot<kBlock>(dp, sV, wg * kM, ob);  // dP^T = V dout^T
+    issue_dot<kBlock>(dp, base + L::v, wg * kM, ob);  // dP^T = V dout^T
     wgmma_commit();
     wgmma_wait<1>();  // dK of tile t - 1 and S^T
     fence_regs(s);
     fence_acc(dk);
     fence_frags(f);
+    if (t > 0 && lane == 0) mbar_arrive(base + L::empty0 + 8 * ((t - 1) % kSlots));
+    // P^T; the two loops hoisted by hand (a per-element branch made ptxas emit one per element).
+    if (full) {
 #pragma unroll
-    for (int nb = 0; nb < kN / 8; ++nb) {
+      for (int i = 0; i < 32; ++i) s[i] = ex2(s[i] * sl2 - lt[(i >> 2) * 8 + 2 * tq4 + (i & 1)]);
+    } else {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int c = nb * 8 + 2 * tq4 + (e & 1);
-        float& x = s[nb * 4 + e];
-        if (full)
-          x = exp2f(x * sl2 - lt[c]);
-        else {
-          const int64_t j = jk[e >> 1];
-          x = j < p.tk && j <= it[c] ? exp2f(x * sl2 - lt[c]) : 0.0f;
-        }
+      for (int i = 0; i < 32; ++i) {
+        const int c = (i >> 2) * 8 + 2 * tq4 + (i & 1), j = jk[(i >> 1) & 1];
+        const float pr = ex2(s[i] * sl2 - lt[c]);
+        s[i] = j < tk && j <= it[c] ? pr : 0.0f;
       }
-      to_frag(f, nb, &s[nb * 4]);
     }
+#pragma unroll
+    for (int nb = 0; nb < kN / 8; ++nb) to_frag(f, nb, &s[nb * 4]);
     issue_frags_times_tile(dv, f, ob);  // dV += P^T dout
     wgmma_commit();
     wgmma_wait<1>();  // dP^T
@@ -237,22 +291,21 @@ __global__ void __launch_bounds__(kWThreads, 1) attn_bwd_dkdv_wgmma_kernel(BwdPa
   wgmma_wait<0>();
   fence_acc(dk);
   fence_frags(f);
-  cp_async_wait<0>();
 
   G* gk = static_cast<G*>(p.dk);
   G* gv = static_cast<G*>(p.dv);
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
     const int64_t j = jk[e];
-    if (j >= p.tk) continue;
-    const int64_t base = (j * p.nkv + g) * kD + 2 * tq4;
+    if (j >= tk) continue;
+    const int64_t off0 = (j * p.nkv + g) * kD + 2 * tq4;
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
       for (int nb = 0; nb < 8; ++nb)
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-          const int64_t off = base + h * 64 + nb * 8 + c;
+          const int64_t off = off0 + h * 64 + nb * 8 + c;
           gk[off] = from_f32<G>(to_f32(gk[off]) + p.scale * dk[h][nb * 4 + 2 * e + c]);
           gv[off] = from_f32<G>(to_f32(gv[off]) + dv[h][nb * 4 + 2 * e + c]);
         }
@@ -260,41 +313,60 @@ __global__ void __launch_bounds__(kWThreads, 1) attn_bwd_dkdv_wgmma_kernel(BwdPa
 #endif
 }
 
-__global__ void __launch_bounds__(kWThreads, 1) attn_bwd_dq_wgmma_kernel(BwdParams p) {
+__global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_wgmma_kernel(BwdParams p) {
 #ifdef AERIE_NO_WGMMA
   __trap();  // not launched: the host takes the mma.sync passes off sm_90
 #else
+  using L = DqLayout;
   extern __shared__ __align__(1024) uint8_t bwd_smem[];
   uint8_t* mem = nullptr;
-  const uint32_t sQ = aligned_base(bwd_smem, mem);
-  const uint32_t sO = sQ + wtile<kBlock>(), sK0 = sO + wtile<kBlock>();  // slot s: K, then V
-  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-  const int quad = lane >> 2, tq4 = lane & 3;
-  const int g = blockIdx.y;
-  const int r0 = static_cast<int>(gridDim.x - 1 - blockIdx.x) * kBlock;  // longest rows first
-  const bf16_t* k = static_cast<const bf16_t*>(p.k);
-  const bf16_t* v = static_cast<const bf16_t*>(p.v);
-  auto slot = [&](int t) { return sK0 + 2 * (t % kSlots) * wtile<kN>(); };
-
-  load_rows_w<kBlock>(sQ, static_cast<const bf16_t*>(p.q), sO, static_cast<const bf16_t*>(p.dout), p, g, r0);
+  const uint32_t base = aligned_base(bwd_smem, mem);
+  const int tid = threadIdx.x, wgi = tid >> 7;
+  const int g = blockIdx.x;
+  const int r0 = static_cast<int>(gridDim.y - 1 - blockIdx.y) * kBlock;  // longest rows first
   const int64_t i_last = min(p.tq - 1, static_cast<int64_t>((r0 + kBlock - 1) / p.group));
-  const int64_t kend = max(int64_t{0}, min(p.tk, i_last + p.q_offset + 1));
-  const int ntiles = static_cast<int>((kend + kN - 1) / kN);
-  if (ntiles > 0) load_keys_w<kN>(slot(0), k, slot(0) + wtile<kN>(), v, p, g, 0);
-  cp_async_commit();
+  const int kend = static_cast<int>(max(int64_t{0}, min(p.tk, i_last + p.q_offset + 1)));
+  const int ntiles = (kend + kN - 1) / kN;
+  if (tid == 0) {
+    mbar_init(base + L::qo_full, 128);
+    for (int s = 0; s < kSlots; ++s) {
+      mbar_init(base + L::full0 + 8 * s, 128);
+      mbar_init(base + L::empty0 + 8 * s, 4 * kWgs);
+    }
+  }
+  __syncthreads();
 
-  int64_t klim[2];  // key j is attended iff j <= klim (and j < kend)
+  if (wgi == 0) {  // ---- producer ----
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    load_rows_w<kBlock>(base + L::q, static_cast<const bf16_t*>(p.q), base + L::o, static_cast<const bf16_t*>(p.dout),
+                        p, g, r0, tid);
+    mbar_arrive_cp_async(base + L::qo_full);
+    const bf16_t* k = static_cast<const bf16_t*>(p.k);
+    const bf16_t* v = static_cast<const bf16_t*>(p.v);
+    for (int t = 0; t < ntiles; ++t) {
+      const int s = t % kSlots;
+      if (t >= kSlots) mbar_wait(base + L::empty0 + 8 * s, ((t / kSlots) - 1) & 1);
+      load_keys_w<kN>(base + L::k(s), k, base + L::k(s) + wtile<kN>(), v, p, g, static_cast<int64_t>(t) * kN, tid);
+      mbar_arrive_cp_async(base + L::full0 + 8 * s);
+    }
+    cp_async_wait<0>();
+    return;
+  }
+  // ---- consumers ----
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  const int wg = wgi - 1, warp = (tid >> 5) & 3, lane = tid & 31, quad = lane >> 2, tq4 = lane & 3;
+  int klim[2];  // key j is attended iff j <= klim (and j < kend); 32 bits: the launch checks tk
   float lse2[2], Dr[2];
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
     const int R = r0 + wg * kM + warp * 16 + quad + 8 * e, i = R / p.group;
     const int h = g * p.group + (R - i * p.group);
     const float lse = i < p.tq ? p.lse[static_cast<int64_t>(i) * p.nh + h] : -INFINITY;
-    klim[e] = i < p.tq && lse != -INFINITY ? i + p.q_offset : -1;  // a row without keys has no gradient
+    klim[e] = i < p.tq && lse != -INFINITY ? static_cast<int>(i + p.q_offset) : -1;  // a row without keys: no gradient
     lse2[e] = klim[e] >= 0 ? lse * kLog2e : 0.0f;
     Dr[e] = klim[e] >= 0 ? p.D[static_cast<int64_t>(i) * p.nh + h] : 0.0f;
   }
-  const int64_t klim_min = min(klim[0], klim[1]);
+  const int klim_min = min(klim[0], klim[1]);
   const float sl2 = p.scale * kLog2e;
   float acc[2][32];
 #pragma unroll
@@ -304,39 +376,38 @@ __global__ void __launch_bounds__(kWThreads, 1) attn_bwd_dq_wgmma_kernel(BwdPara
   fence_acc(acc);  // the zeros defined before the first wgmma is issued
   float s[32], dp[32];
   uint32_t f[kN / 16][4];
+  mbar_wait(base + L::qo_full, 0);
 
-  // Per tile: S and dP issued together, P computed while dP runs, dQ left in flight across the next
-  // tile's barrier; three slots as in the dk/dv pass.
+  // Per tile: S and dP issued together, P computed while dP runs, dQ left in flight until the next
+  // tile's S is done, when the previous slot goes back to the producer.
   for (int t = 0; t < ntiles; ++t) {
-    cp_async_wait<0>();
+    const int sl = t % kSlots;
+    mbar_wait(base + L::full0 + 8 * sl, (t / kSlots) & 1);
     fence_proxy_async();
-    __syncthreads();
-    if (t + 1 < ntiles) load_keys_w<kN>(slot(t + 1), k, slot(t + 1) + wtile<kN>(), v, p, g, static_cast<int64_t>(t + 1) * kN);
-    cp_async_commit();
-    const uint32_t kb = slot(t), vb = kb + wtile<kN>();
-    const int64_t j0 = static_cast<int64_t>(t) * kN;
+    const uint32_t kb = base + L::k(sl), vb = kb + wtile<kN>();
+    const int j0 = t * kN;
     const bool full = j0 + kN <= kend && j0 + kN - 1 <= klim_min;  // every key of the tile attended by both rows
-    issue_dot<kBlock>(s, sQ, wg * kM, kb);   // S = Q K^T
+    issue_dot<kBlock>(s, base + L::q, wg * kM, kb);   // S = Q K^T
     wgmma_commit();
-    issue_dot<kBlock>(dp, sO, wg * kM, vb);  // dP = dout V^T
+    issue_dot<kBlock>(dp, base + L::o, wg * kM, vb);  // dP = dout V^T
     wgmma_commit();
     wgmma_wait<1>();  // dQ of tile t - 1 and S
     fence_regs(s);
     fence_acc(acc);
     fence_frags(f);
+    if (t > 0 && lane == 0) mbar_arrive(base + L::empty0 + 8 * ((t - 1) % kSlots));
+    // P; the two loops hoisted by hand (a per-element branch made ptxas emit one per element).
+    if (full) {
 #pragma unroll
-    for (int nb = 0; nb < kN / 8; ++nb)
+      for (int i = 0; i < 32; ++i) s[i] = ex2(s[i] * sl2 - lse2[(i >> 1) & 1]);
+    } else {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float& x = s[nb * 4 + e];
-        const int r = e >> 1;
-        if (full)
-          x = exp2f(x * sl2 - lse2[r]);
-        else {
-          const int64_t j = j0 + nb * 8 + 2 * tq4 + (e & 1);
-          x = j < kend && j <= klim[r] ? exp2f(x * sl2 - lse2[r]) : 0.0f;
-        }
+      for (int i = 0; i < 32; ++i) {
+        const int j = j0 + (i >> 2) * 8 + 2 * tq4 + (i & 1), r = (i >> 1) & 1;
+        const float pr = ex2(s[i] * sl2 - lse2[r]);
+        s[i] = j < kend && j <= klim[r] ? pr : 0.0f;
       }
+    }
     wgmma_wait<0>();  // dP
     fence_regs(dp);
 #pragma unroll
@@ -352,7 +423,6 @@ __global__ void __launch_bounds__(kWThreads, 1) attn_bwd_dq_wgmma_kernel(BwdPara
   wgmma_wait<0>();
   fence_acc(acc);
   fence_frags(f);
-  cp_async_wait<0>();
 
   bf16_t* dq = static_cast<bf16_t*>(p.dq);
 #pragma unroll
@@ -377,23 +447,26 @@ template <typename G>
 void launch_bwd_wgmma(const BwdParams& p) {
   constexpr size_t kAlign = 1024;  // aligned_base rounds the dynamic shared memory up to 1024 bytes
   // The kernels do the packed-row arithmetic in 32 bits.
-  AERIE_CHECK(p.tq * p.group + kBlock < (int64_t{1} << 31),
-              "attention_backward (CUDA): " << p.tq << " rows x " << p.group << " heads per kv head exceed 2^31");
+  AERIE_CHECK(p.tq * p.group + kBlock < (int64_t{1} << 31) && p.tk + p.tq + std::abs(p.q_offset) + kBlock < (int64_t{1} << 31),
+              "attention_backward (CUDA): " << p.tq << " rows x " << p.group << " heads per kv head, " << p.tk
+                                            << " keys: beyond the 32-bit index range of the wgmma passes");
   if (p.tk > 0) {
-    const size_t smem = 2 * wtile<kBlock>() + 2 * kSlots * wtile<kN>() + kSlots * kN * (2 * sizeof(float) + sizeof(int)) + kAlign;
+    const size_t smem = DkdvLayout::bytes + kAlign;
     auto kernel = attn_bwd_dkdv_wgmma_kernel<G>;
     allow_smem(kernel, smem);
     const int64_t blocks = (p.tk + kBlock - 1) / kBlock;
-    check_grid("attention_backward (CUDA) dk/dv", blocks, p.nkv, 1);
-    kernel<<<dim3(static_cast<unsigned>(blocks), p.nkv), kWThreads, smem, stream()>>>(p);
+    // kv heads in x, so that the blocks start in the order of their work (key block 0, the longest,
+    // for every head first), not head by head: the tail of the causal triangle was 19% of the time.
+    check_grid("attention_backward (CUDA) dk/dv", p.nkv, blocks, 1);
+    kernel<<<dim3(p.nkv, static_cast<unsigned>(blocks)), kWsThreads, smem, stream()>>>(p);
     AERIE_CUDA_LAUNCHED("attn_bwd_dkdv_wgmma_kernel");
   }
-  const size_t smem = 2 * wtile<kBlock>() + 2 * kSlots * wtile<kN>() + kAlign;
+  const size_t smem = DqLayout::bytes + kAlign;
   auto kernel = attn_bwd_dq_wgmma_kernel;
   allow_smem(kernel, smem);
   const int64_t blocks = (p.tq * p.group + kBlock - 1) / kBlock;
-  check_grid("attention_backward (CUDA) dq", blocks, p.nkv, 1);
-  kernel<<<dim3(static_cast<unsigned>(blocks), p.nkv), kWThreads, smem, stream()>>>(p);
+  check_grid("attention_backward (CUDA) dq", p.nkv, blocks, 1);
+  kernel<<<dim3(p.nkv, static_cast<unsigned>(blocks)), kWsThreads, smem, stream()>>>(p);
   AERIE_CUDA_LAUNCHED("attn_bwd_dq_wgmma_kernel");
 }
 

@@ -477,27 +477,6 @@ struct WsLayout {
   static constexpr int bytes = bar + 8 * (2 * S + R);
 };
 
-#ifndef AERIE_NO_WGMMA
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
-}
-/// Arrives on `bar` when every cp.async this thread issued before has landed (the arrival counts
-/// against the barrier's expected count).
-__device__ __forceinline__ void mbar_arrive_cp_async(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-/// Waits until the phase of `bar` with parity `parity` has completed (acquire).
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n .reg .pred p;\n WAIT:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @p bra DONE;\n"
-      " bra WAIT;\n DONE:\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-#endif
 
 /// The row tile, the n tile's part (pointer, scale, first row in the part) and, for the producer, the
 /// rows of a this thread copies (row (tid / 8) + 16 j of the tile; past the group: the tile's first row,
