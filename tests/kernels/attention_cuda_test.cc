@@ -67,15 +67,22 @@ TEST_P(AttentionCudaTest, ForwardMatchesCpu) {
   attention_forward(q, k, v, c.q_offset, scale, out, &lse);
 
   const Tensor gq = on_gpu(q, c.dt), gk = on_gpu(k, c.dt), gv = on_gpu(v, c.dt);
-  Tensor gout = Tensor::empty(q.shape(), c.dt, Device::CUDA);
-  Tensor glse = Tensor::empty({c.tq, c.nh}, DType::F32, Device::CUDA);
-  attention_forward(gq, gk, gv, c.q_offset, scale, gout, &glse);
-  testing::expect_close(gout.to_float_vector(), rounded(out, c.dt).to_float_vector(), atol_of(c.dt, false),
-                        rtol_of(c.dt, false), "out");
-  testing::expect_close(finite(glse.to_float_vector()), finite(lse.to_float_vector()), kF32Atol, kF32Rtol, "lse");
-  Tensor gout2 = Tensor::empty(q.shape(), c.dt, Device::CUDA);
-  attention_forward(gq, gk, gv, c.q_offset, scale, gout2, nullptr);  // no lse wanted: the same out
-  EXPECT_EQ(gout2.to_float_vector(), gout.to_float_vector());
+  // Both BF16 tensor-core forwards at head dim 128: the wgmma kernel (the default on an H100 / H200;
+  // elsewhere the same as "mma") and the mma.sync one.
+  for (const char* kernel : {"wgmma", "mma"}) {
+    SCOPED_TRACE(kernel);
+    setenv("AERIE_ATTENTION_FORWARD_KERNEL", kernel, 1);
+    Tensor gout = Tensor::empty(q.shape(), c.dt, Device::CUDA);
+    Tensor glse = Tensor::empty({c.tq, c.nh}, DType::F32, Device::CUDA);
+    attention_forward(gq, gk, gv, c.q_offset, scale, gout, &glse);
+    testing::expect_close(gout.to_float_vector(), rounded(out, c.dt).to_float_vector(), atol_of(c.dt, false),
+                          rtol_of(c.dt, false), "out");
+    testing::expect_close(finite(glse.to_float_vector()), finite(lse.to_float_vector()), kF32Atol, kF32Rtol, "lse");
+    Tensor gout2 = Tensor::empty(q.shape(), c.dt, Device::CUDA);
+    attention_forward(gq, gk, gv, c.q_offset, scale, gout2, nullptr);  // no lse wanted: the same out
+    unsetenv("AERIE_ATTENTION_FORWARD_KERNEL");
+    EXPECT_EQ(gout2.to_float_vector(), gout.to_float_vector());
+  }
 }
 
 TEST_P(AttentionCudaTest, BackwardMatchesCpu) {
@@ -278,7 +285,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 // Throughput on a Llama-3-8B-shaped layer (32 heads, 8 kv heads, d 128, bf16), printed for the record;
 // asserts only that the results are finite (the tests above check the values).
-// Reports (asserts nothing about speed: benchmarks live in tools/bench) the BF16 forward, both
+// Reports (asserts nothing about speed: benchmarks live in tools/bench) both BF16 forwards and both
 // backwards (wgmma, mma) and decoding at the 8B draft's shape (32 / 8 heads, d 128), T 2048 and 8192.
 // FLOPs count the causal half: 4 T^2 / 2 nh d for the forward, 2.5 times that for the backward.
 TEST(AttentionCudaPerf, ReportsThroughput) {
@@ -306,8 +313,12 @@ TEST(AttentionCudaPerf, ReportsThroughput) {
     Tensor dk = Tensor::zeros({t, nkv, d}, DType::F32, Device::CUDA);
     Tensor dv = Tensor::zeros({t, nkv, d}, DType::F32, Device::CUDA);
     const double flop = 2.0 * 2.0 * double(t) * double(t) / 2.0 * double(nh) * double(d);  // causal QK^T and PV
-    const double fwd = time_ms([&] { attention_forward(q, k, v, 0, scale, out, &lse); });
-    double bwd[2];
+    double fwd[2], bwd[2];
+    for (int i = 1; i >= 0; --i) {  // mma first: the backward below gets the default (wgmma) forward's out and lse
+      setenv("AERIE_ATTENTION_FORWARD_KERNEL", i == 0 ? "wgmma" : "mma", 1);
+      fwd[i] = time_ms([&] { attention_forward(q, k, v, 0, scale, out, &lse); });
+      unsetenv("AERIE_ATTENTION_FORWARD_KERNEL");
+    }
     for (int i = 0; i < 2; ++i) {
       setenv("AERIE_ATTENTION_BACKWARD_KERNEL", i == 0 ? "wgmma" : "mma", 1);
       bwd[i] = time_ms([&] { attention_backward(dout, q, k, v, out, lse, 0, scale, dq, dk, dv); });
@@ -316,9 +327,11 @@ TEST(AttentionCudaPerf, ReportsThroughput) {
     const Tensor q1 = gpu_rand({1, nh, d}, 5);
     Tensor out1 = Tensor::empty({1, nh, d}, DType::BF16, Device::CUDA);
     const double dec = time_ms([&] { attention_forward(q1, k, v, t - 1, scale, out1, nullptr); });
-    std::printf("[ perf ] attention T=%lld nh=%lld nkv=%lld d=%lld bf16: forward %.3f ms (%.1f TFLOP/s), "
-                "backward wgmma %.3f ms (%.1f TFLOP/s), mma %.3f ms (%.1f TFLOP/s), decode 1 x %lld keys %.3f ms\n",
-                (long long)t, (long long)nh, (long long)nkv, (long long)d, fwd, flop / fwd * 1e-9, bwd[0],
+    std::printf("[ perf ] attention T=%lld nh=%lld nkv=%lld d=%lld bf16: forward wgmma %.3f ms (%.1f TFLOP/s), "
+                "mma %.3f ms (%.1f TFLOP/s); backward wgmma %.3f ms (%.1f TFLOP/s), mma %.3f ms (%.1f TFLOP/s); "
+                "decode 1 x %lld keys %.3f ms\n",
+                (long long)t, (long long)nh, (long long)nkv, (long long)d, fwd[0], flop / fwd[0] * 1e-9, fwd[1],
+                flop / fwd[1] * 1e-9, bwd[0],
                 2.5 * flop / bwd[0] * 1e-9, bwd[1], 2.5 * flop / bwd[1] * 1e-9, (long long)t, dec);
     for (float x : out.to_float_vector()) ASSERT_TRUE(std::isfinite(x));
     for (float x : dq.to_float_vector()) ASSERT_TRUE(std::isfinite(x));

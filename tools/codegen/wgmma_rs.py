@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes src/kernels/cuda/wgmma_rs.cuh: the wgmma m64nNk16 bf16 -> f32 instructions with A from registers
 and B from shared memory (PTX ISA, wgmma.mma_async, register A operand), N = 16, 32, ..., 256, and mma<N>
-choosing one at compile time. The grouped GEMM's variant 4 (grouped_gemm.cu) and the attention backward (attention_backward_wgmma.cu) use them; inline asm needs
+choosing one at compile time. The grouped GEMM's variant 4 (grouped_gemm.cu) and the attention kernels (attention_wgmma.cu) use them; inline asm needs
 its operand list written out, one per N, hence this generator.
 
 Usage: tools/codegen/wgmma_rs.py > src/kernels/cuda/wgmma_rs.cuh

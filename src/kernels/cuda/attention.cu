@@ -1,7 +1,8 @@
 // CUDA causal GQA attention forward (contracts in kernels/attention.h; launch shapes in cuda/attention.h).
 // Flash-style SIMT kernel with fp32 arithmetic and accumulation, after Dao et al. 2022/2023
 // (FlashAttention, FlashAttention-2): no Tq x Tk matrix in memory. BF16 prefill-sized work with head dim
-// 64 or 128 goes to the tensor-core kernel of attention_tc.cu instead.
+// 64 or 128 goes to the tensor-core kernel of attention_tc.cu instead, on an sm_90a GPU with head dim
+// 128 to the wgmma kernel of attention_wgmma.cu (AERIE_ATTENTION_FORWARD_KERNEL=mma keeps attention_tc.cu's).
 //
 // Rows of a block: the query rows of ONE kv head g are packed as R = i * group + (h - g * group), so a
 // block's rows share the key/value tiles of their kv head (decoding with GQA fills a block from one
@@ -14,14 +15,27 @@
 #include "kernels/cuda/attention.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 #include <type_traits>
 
 #include "kernels/cuda/attention_common.cuh"
+#include "kernels/cuda/wgmma.cuh"
 
 namespace aerie::cuda {
 namespace {
 
 using namespace attn;
+
+/// Whether the BF16 forward at head dim 128 takes the wgmma kernel: an sm_90a GPU, unless
+/// AERIE_ATTENTION_FORWARD_KERNEL says "mma" ("wgmma" or unset: auto). Read at every call (tests switch it).
+bool use_wgmma_forward() {
+  const char* env = std::getenv("AERIE_ATTENTION_FORWARD_KERNEL");
+  const std::string k = env ? env : "";
+  AERIE_CHECK(k.empty() || k == "wgmma" || k == "mma",
+              "AERIE_ATTENTION_FORWARD_KERNEL must be wgmma or mma, got '" << k << "'");
+  return k != "mma" && wgmma_device();
+}
 
 template <int DP, int RPW, typename T>
 __global__ void __launch_bounds__(kThreads) attn_fwd_kernel(FwdParams p) {
@@ -32,7 +46,7 @@ __global__ void __launch_bounds__(kThreads) attn_fwd_kernel(FwdParams p) {
   float* Ks = Qs + BR * DP;                     // [kTile][KS]
   float* Vs = Ks + kTile * KS;                  // [kTile][DP]
   Seq s;
-  if (!find_seq<BR>(p, s)) return;
+  if (!find_seq<BR>(p, s, blockIdx.x)) return;
   const T* q = static_cast<const T*>(p.q);
   const T* k = static_cast<const T*>(p.k);
   const T* v = static_cast<const T*>(p.v);
@@ -185,6 +199,11 @@ struct Forward {
       auto aligned = [](const void* ptr, uintptr_t a) { return reinterpret_cast<uintptr_t>(ptr) % a == 0; };
       const bool ok = p.d == TD && aligned(p.q, 16) && aligned(p.k, 16) && aligned(p.v, 16) && aligned(p.out, 4);
       if (ok && p.dv == TD) {
+        // The wgmma kernel's grid holds the tiles in y (at most 65535 of 128 rows).
+        if (TD == 128 && (p.tq * p.group) / (2 * kTcBlockRows) + p.nseq < 65535 && use_wgmma_forward()) {
+          plan_and_launch(2 * kTcBlockRows, [&](int64_t tiles, int64_t splits) { launch_fwd_wgmma(p, tiles, splits); });
+          return;
+        }
         plan_and_launch(kTcBlockRows, [&](int64_t tiles, int64_t splits) { launch_fwd_tc<TD>(p, tiles, splits); });
         return;
       }

@@ -4,7 +4,7 @@
 // packed query rows, looping over 32-key tiles (lane = key), as the forward. Both recompute
 // P = exp(scale q.k - lse) from the saved lse. Row packing and head-dim padding as in attention.cu.
 // BF16 work with head dim 64 or 128 goes to the tensor-core passes of attention_backward_tc.cu, on an
-// sm_90a GPU with head dim 128 to the wgmma passes of attention_backward_wgmma.cu
+// sm_90a GPU with head dim 128 to the wgmma passes of attention_wgmma.cu
 // (AERIE_ATTENTION_BACKWARD_KERNEL=mma keeps the mma.sync ones, for comparisons).
 #include <algorithm>
 #include <cstdlib>

@@ -106,15 +106,15 @@ struct Seq {
   int64_t row0, tq, tk, q_offset, tile;
 };
 
-/// Varlen: walks the samples, each taking ceil(len * group / BR) tiles, to find blockIdx.x's one.
+/// Varlen: walks the samples, each taking ceil(len * group / BR) tiles, to find block b's one.
 /// Boundaries are clamped into [0, N]. False when the block has no tile (the grid is an upper bound).
+/// b: the block's index along the tiles (blockIdx.x in the SIMT and mma.sync kernels).
 template <int BR>
-__device__ bool find_seq(const FwdParams& p, Seq& s) {
+__device__ bool find_seq(const FwdParams& p, Seq& s, int64_t b) {
   if (p.cu == nullptr) {
-    s = Seq{0, p.tq, p.tk, p.q_offset, static_cast<int64_t>(blockIdx.x)};
+    s = Seq{0, p.tq, p.tk, p.q_offset, b};
     return true;
   }
-  int64_t b = blockIdx.x;
   for (int64_t n = 0; n < p.nseq; ++n) {
     const int64_t c0 = min(max(static_cast<int64_t>(p.cu[n]), int64_t{0}), p.tq);
     const int64_t c1 = min(max(static_cast<int64_t>(p.cu[n + 1]), c0), p.tq);
@@ -164,7 +164,10 @@ template <int DP>
 void launch_bwd_dq_tc(const BwdParams& p);
 template <int DP, typename G>
 void launch_bwd_dkdv_tc(const BwdParams& p);
-/// Both backward passes with wgmma (attention_backward_wgmma.cu: sm_90a, head dim exactly 128, the same
+/// The forward with wgmma (attention_wgmma.cu: sm_90a, head dims d == dv == 128, bf16, 16-byte aligned;
+/// grid nkv x tiles x splits with tiles of 128 packed rows; the same contract as launch_fwd_tc).
+void launch_fwd_wgmma(const FwdParams& p, int64_t tiles, int64_t splits);
+/// Both backward passes with wgmma (attention_wgmma.cu: sm_90a, head dim exactly 128, the same
 /// inputs and outputs as the two tensor-core passes above).
 template <typename G>
 void launch_bwd_wgmma(const BwdParams& p);

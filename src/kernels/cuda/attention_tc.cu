@@ -49,7 +49,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_fwd_mma_kernel(FwdParams p) 
   const uint32_t sK = sQ + L::q_bytes, sV = sK + 2 * L::k_bytes;
 
   Seq s;
-  if (!find_seq<kTcBlockRows>(p, s)) return;
+  if (!find_seq<kTcBlockRows>(p, s, blockIdx.x)) return;
   // One sequence: the last query tiles have the most keys; start them first.
   if (p.cu == nullptr) s.tile = gridDim.x - 1 - blockIdx.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, quad = lane >> 2, tq4 = lane & 3;

@@ -1,4 +1,4 @@
-// Internal to the sm_90a kernels (grouped_gemm.cu, attention_backward_wgmma.cu): wgmma's shared-memory
+// Internal to the sm_90a kernels (grouped_gemm.cu, attention_wgmma.cu): wgmma's shared-memory
 // matrix descriptors, its fences, commit and wait, and the instructions with both operands in shared
 // memory (PTX ISA 8.x, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate"). The instructions with
 // A in registers are in wgmma_rs.cuh.

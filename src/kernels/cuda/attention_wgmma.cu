@@ -441,7 +441,201 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_wgmma_kernel(BwdPar
 #endif
 }
 
+/// Shared memory of the forward: Q [128][128], kSlots slots of (K, V) [64][128] tiles, mbarriers.
+using FwdLayout = DqLayout;
+
+/// The forward (FlashAttention-2's Algorithm 1 with the online softmax of attention_tc.cu, whose
+/// contract, row packing, key splits and outputs it keeps) on wgmma, warp-specialized as the dq pass:
+/// a block of 2 consumer warpgroups x 64 packed query rows (Q resident), 64-key tiles of K and V
+/// streamed by the producer warpgroup. Per tile and warpgroup: S = Q K^T (SS), the online softmax in
+/// registers, O += P V (P from the accumulators as A registers, V read MN-major), left in flight
+/// until the next tile's S is done. Grid: kv heads x tiles x splits (x first: the longest tiles start
+/// first across heads).
+__global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_wgmma_kernel(FwdParams p) {
+#ifdef AERIE_NO_WGMMA
+  __trap();  // not launched: the host takes the mma.sync kernel off sm_90
+#else
+  using L = FwdLayout;
+  Seq sq;
+  if (!find_seq<kBlock>(p, sq, blockIdx.y)) return;  // the whole block
+  if (p.cu == nullptr) sq.tile = gridDim.y - 1 - blockIdx.y;  // one sequence: the last tiles have the most keys
+  extern __shared__ __align__(1024) uint8_t fwd_smem[];
+  uint8_t* mem = nullptr;
+  const uint32_t base = aligned_base(fwd_smem, mem);
+  const int tid = threadIdx.x, wgi = tid >> 7;
+  const int g = blockIdx.x, split = blockIdx.z;
+  const int r0 = static_cast<int>(sq.tile) * kBlock;  // first packed row of the block
+  const int64_t i_last = min(sq.tq - 1, static_cast<int64_t>((r0 + kBlock - 1) / p.group));
+  const int64_t kend_block = max(int64_t{0}, min(sq.tk, i_last + sq.q_offset + 1));
+  const int64_t kbeg64 = split * p.split_len;
+  const int kbeg = static_cast<int>(kbeg64), kend = static_cast<int>(min(kend_block, kbeg64 + p.split_len));
+  const int ntiles = kend > kbeg ? (kend - kbeg + kN - 1) / kN : 0;
+  if (tid == 0) {
+    mbar_init(base + L::qo_full, 128);
+    for (int s = 0; s < kSlots; ++s) {
+      mbar_init(base + L::full0 + 8 * s, 128);
+      mbar_init(base + L::empty0 + 8 * s, 4 * kWgs);
+    }
+  }
+  __syncthreads();
+
+  if (wgi == 0) {  // ---- producer ----
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
+    const bf16_t* q = static_cast<const bf16_t*>(p.q);
+    const int c = tid & 15;
+#pragma unroll 4
+    for (int r = tid >> 4; r < kBlock; r += 8) {  // Q rows past the sequence are zeros
+      const int row = r0 + r, i = row / p.group;
+      const int h = g * p.group + (row - i * p.group);
+      const bool ok = i < sq.tq;
+      const int64_t off = ok ? ((sq.row0 + i) * p.nh + h) * kD + c * 8 : 0;
+      cp_async16(base + L::q + wswz<kBlock>(r, c), q + off, ok);
+    }
+    mbar_arrive_cp_async(base + L::qo_full);
+    const bf16_t* k = static_cast<const bf16_t*>(p.k);
+    const bf16_t* v = static_cast<const bf16_t*>(p.v);
+    for (int t = 0; t < ntiles; ++t) {
+      const int s = t % kSlots, j0 = kbeg + t * kN;
+      if (t >= kSlots) mbar_wait(base + L::empty0 + 8 * s, ((t / kSlots) - 1) & 1);
+#pragma unroll 4
+      for (int jj = tid >> 4; jj < kN; jj += 8) {  // keys past kend are zeros
+        const int j = j0 + jj;
+        const bool ok = j < kend;
+        const int64_t off = ok ? ((sq.row0 + j) * p.nkv + g) * kD + c * 8 : 0;
+        cp_async16(base + L::k(s) + wswz<kN>(jj, c), k + off, ok);
+        cp_async16(base + L::k(s) + wtile<kN>() + wswz<kN>(jj, c), v + off, ok);
+      }
+      mbar_arrive_cp_async(base + L::full0 + 8 * s);
+    }
+    cp_async_wait<0>();
+    return;
+  }
+  // ---- consumers ----
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  const int wg = wgi - 1, warp = (tid >> 5) & 3, lane = tid & 31, quad = lane >> 2, tq4 = lane & 3;
+  int klim[2];  // this thread's two rows attend keys <= klim (-1: a row past the sequence)
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const int i = (r0 + wg * kM + warp * 16 + quad + 8 * e) / p.group;
+    klim[e] = i < sq.tq ? static_cast<int>(i + sq.q_offset) : -1;
+  }
+  const int klim_min = static_cast<int>((r0 + wg * kM) / p.group + sq.q_offset);  // every row of the warpgroup
+  const float sl2 = p.scale * kLog2e;  // scores in base-2 units
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float o[2][32];
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int i = 0; i < 32; ++i) o[h][i] = 0.0f;
+  fence_acc(o);  // the zeros defined before the first wgmma is issued
+  float s[32];
+  uint32_t f[kN / 16][4];
+  mbar_wait(base + L::qo_full, 0);
+
+  for (int t = 0; t < ntiles; ++t) {
+    const int sl = t % kSlots, j0 = kbeg + t * kN;
+    mbar_wait(base + L::full0 + 8 * sl, (t / kSlots) & 1);
+    fence_proxy_async();
+    const uint32_t kb = base + L::k(sl), vb = kb + wtile<kN>();
+    issue_dot<kBlock>(s, base + L::q, wg * kM, kb);  // S = Q K^T
+    wgmma_commit();
+    wgmma_wait<0>();  // S, and O += P V of tile t - 1
+    fence_regs(s);
+    fence_acc(o);
+    fence_frags(f);
+    if (t > 0 && lane == 0) mbar_arrive(base + L::empty0 + 8 * ((t - 1) % kSlots));
+    // Online softmax. Element i: row quad + 8 ((i >> 1) & 1), key j0 + (i >> 2) * 8 + 2 tq4 + (i & 1).
+    const bool masked = j0 + kN > kend || j0 + kN - 1 > klim_min;
+    float mx[2] = {m[0], m[1]};
+    if (masked) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        const int j = j0 + (i >> 2) * 8 + 2 * tq4 + (i & 1), r = (i >> 1) & 1;
+        s[i] = j < kend && j <= klim[r] ? s[i] * sl2 : -INFINITY;
+        mx[r] = fmaxf(mx[r], s[i]);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        s[i] *= sl2;
+        mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+      }
+    }
+    float base2[2], corr[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = quad_max(mx[r]);
+      corr[r] = m[r] == -INFINITY ? 0.0f : ex2(m[r] - mx[r]);  // O and l are 0 while m is -inf
+      m[r] = mx[r];
+      base2[r] = mx[r] == -INFINITY ? 0.0f : mx[r];  // a row without keys yet: every p is 2^-inf = 0
+    }
+    float rs[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < 32; ++i) {
+      s[i] = ex2(s[i] - base2[(i >> 1) & 1]);
+      rs[(i >> 1) & 1] += s[i];
+    }
+#pragma unroll
+    for (int nb = 0; nb < kN / 8; ++nb) to_frag(f, nb, &s[nb * 4]);
+    l[0] = l[0] * corr[0] + rs[0];
+    l[1] = l[1] * corr[1] + rs[1];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int i = 0; i < 32; ++i) o[h][i] *= corr[(i >> 1) & 1];
+    issue_frags_times_tile(o, f, vb);  // O += P V
+    wgmma_commit();
+  }
+  wgmma_wait<0>();
+  fence_acc(o);
+  fence_frags(f);
+
+  bf16_t* out = static_cast<bf16_t*>(p.out);
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const float lsum = quad_sum(l[e]);
+    const int R = r0 + wg * kM + warp * 16 + quad + 8 * e, i = R / p.group;
+    if (i >= sq.tq) continue;
+    const int h = g * p.group + (R - i * p.group);
+    const int64_t row = (sq.row0 + i) * p.nh + h;
+    const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
+    const float lse = lsum > 0.0f ? (m[e] + log2f(lsum)) * 0.6931471805599453f : -INFINITY;
+    if (p.part_out) {
+      const int64_t prow = split * p.tq * p.nh + row;
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb)
+          *reinterpret_cast<float2*>(p.part_out + prow * kD + hh * 64 + nb * 8 + 2 * tq4) =
+              make_float2(o[hh][nb * 4 + 2 * e] * inv, o[hh][nb * 4 + 2 * e + 1] * inv);
+      if (tq4 == 0) p.part_lse[prow] = lse;
+    } else {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb)
+          *reinterpret_cast<uint32_t*>(out + row * kD + hh * 64 + nb * 8 + 2 * tq4) =
+              pack_bf16(o[hh][nb * 4 + 2 * e] * inv, o[hh][nb * 4 + 2 * e + 1] * inv);
+      if (tq4 == 0 && p.lse) p.lse[row] = lse;
+    }
+  }
+#endif
+}
+
 }  // namespace
+
+void launch_fwd_wgmma(const FwdParams& p, int64_t tiles, int64_t splits) {
+  constexpr size_t kAlign = 1024;
+  AERIE_CHECK(p.tq * p.group + kBlock < (int64_t{1} << 31) && p.tk + p.tq + std::abs(p.q_offset) + kBlock < (int64_t{1} << 31),
+              "attention_forward (CUDA): " << p.tq << " rows x " << p.group << " heads per kv head, " << p.tk
+                                           << " keys: beyond the 32-bit index range of the wgmma kernel");
+  const size_t smem = FwdLayout::bytes + kAlign;
+  auto kernel = attn_fwd_wgmma_kernel;
+  allow_smem(kernel, smem);
+  check_grid("attention_forward (CUDA)", p.nkv, tiles, splits);
+  kernel<<<dim3(p.nkv, static_cast<unsigned>(tiles), static_cast<unsigned>(splits)), kWsThreads, smem, stream()>>>(p);
+  AERIE_CUDA_LAUNCHED("attn_fwd_wgmma_kernel");
+}
 
 template <typename G>
 void launch_bwd_wgmma(const BwdParams& p) {
