@@ -129,6 +129,32 @@ __device__ __forceinline__ void to_frag(uint32_t (&f)[kN / 16][4], int nb, const
   f[nb >> 1][(nb & 1) * 2 + 0] = pack_bf16(x[0], x[1]);
   f[nb >> 1][(nb & 1) * 2 + 1] = pack_bf16(x[2], x[3]);
 }
+
+/// Thread 0 initializes layout L's barriers: the resident tiles' (L::bar: the producer's 128 cp.async
+/// arrivals), each slot's `full` (full_count arrivals) and `empty` (one per consumer warp); then the
+/// block synchronizes.
+template <typename L>
+__device__ __forceinline__ void init_barriers(uint32_t base, int full_count) {
+  if (threadIdx.x == 0) {
+    mbar_init(base + L::bar, 128);
+    for (int s = 0; s < kSlots; ++s) {
+      mbar_init(base + L::full0 + 8 * s, full_count);
+      mbar_init(base + L::empty0 + 8 * s, 4 * kWgs);
+    }
+  }
+  __syncthreads();
+}
+
+/// Row e (0: quad, 1: quad + 8) of this thread's 64 x 128 accumulators times `scale`, rounded to bf16, into
+/// the 128 values at `row` (its columns 2 tq4, + 1 of each 8).
+__device__ __forceinline__ void store_row_bf16(bf16_t* row, const float (&acc)[2][32], int e, int tq4, float scale) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int nb = 0; nb < 8; ++nb)
+      *reinterpret_cast<uint32_t*>(row + h * 64 + nb * 8 + 2 * tq4) =
+          pack_bf16(acc[h][nb * 4 + 2 * e] * scale, acc[h][nb * 4 + 2 * e + 1] * scale);
+}
 #endif  // AERIE_NO_WGMMA
 
 /// Shared memory of the dk/dv pass from a 1024-byte aligned base: K and V [128][128], kSlots slots of
@@ -180,14 +206,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dkdv_wgmma_kernel(BwdP
   const int rows = static_cast<int>(p.tq * p.group);
   const int R0 = static_cast<int>(min(max(int64_t{0}, j0 - p.q_offset) * p.group, static_cast<int64_t>(rows)));
   const int ntiles = (rows - R0 + kN - 1) / kN;
-  if (tid == 0) {
-    mbar_init(base + L::kv_full, 128);
-    for (int s = 0; s < kSlots; ++s) {
-      mbar_init(base + L::full0 + 8 * s, 256);
-      mbar_init(base + L::empty0 + 8 * s, 4 * kWgs);
-    }
-  }
-  __syncthreads();
+  init_barriers<L>(base, 256);
 
   if (wgi == 0) {  // ---- producer ----
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
@@ -327,14 +346,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_wgmma_kernel(BwdPar
   const int64_t i_last = min(p.tq - 1, static_cast<int64_t>((r0 + kBlock - 1) / p.group));
   const int kend = static_cast<int>(max(int64_t{0}, min(p.tk, i_last + p.q_offset + 1)));
   const int ntiles = (kend + kN - 1) / kN;
-  if (tid == 0) {
-    mbar_init(base + L::qo_full, 128);
-    for (int s = 0; s < kSlots; ++s) {
-      mbar_init(base + L::full0 + 8 * s, 128);
-      mbar_init(base + L::empty0 + 8 * s, 4 * kWgs);
-    }
-  }
-  __syncthreads();
+  init_barriers<L>(base, 128);
 
   if (wgi == 0) {  // ---- producer ----
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
@@ -430,13 +442,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_wgmma_kernel(BwdPar
     const int R = r0 + wg * kM + warp * 16 + quad + 8 * e, i = R / p.group;
     if (i >= p.tq) continue;
     const int h = g * p.group + (R - i * p.group);
-    bf16_t* row = dq + (static_cast<int64_t>(i) * p.nh + h) * kD + 2 * tq4;
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-      for (int nb = 0; nb < 8; ++nb)
-        *reinterpret_cast<uint32_t*>(row + hh * 64 + nb * 8) =
-            pack_bf16(acc[hh][nb * 4 + 2 * e] * p.scale, acc[hh][nb * 4 + 2 * e + 1] * p.scale);
+    store_row_bf16(dq + (static_cast<int64_t>(i) * p.nh + h) * kD, acc, e, tq4, p.scale);
   }
 #endif
 }
@@ -470,14 +476,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_wgmma_kernel(FwdParams
   const int64_t kbeg64 = split * p.split_len;
   const int kbeg = static_cast<int>(kbeg64), kend = static_cast<int>(min(kend_block, kbeg64 + p.split_len));
   const int ntiles = kend > kbeg ? (kend - kbeg + kN - 1) / kN : 0;
-  if (tid == 0) {
-    mbar_init(base + L::qo_full, 128);
-    for (int s = 0; s < kSlots; ++s) {
-      mbar_init(base + L::full0 + 8 * s, 128);
-      mbar_init(base + L::empty0 + 8 * s, 4 * kWgs);
-    }
-  }
-  __syncthreads();
+  init_barriers<L>(base, 128);
 
   if (wgi == 0) {  // ---- producer ----
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
@@ -610,12 +609,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_wgmma_kernel(FwdParams
               make_float2(o[hh][nb * 4 + 2 * e] * inv, o[hh][nb * 4 + 2 * e + 1] * inv);
       if (tq4 == 0) p.part_lse[prow] = lse;
     } else {
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-        for (int nb = 0; nb < 8; ++nb)
-          *reinterpret_cast<uint32_t*>(out + row * kD + hh * 64 + nb * 8 + 2 * tq4) =
-              pack_bf16(o[hh][nb * 4 + 2 * e] * inv, o[hh][nb * 4 + 2 * e + 1] * inv);
+      store_row_bf16(out + row * kD, o, e, tq4, inv);
       if (tq4 == 0 && p.lse) p.lse[row] = lse;
     }
   }
