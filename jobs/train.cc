@@ -126,7 +126,12 @@ int train(const std::vector<std::string>& args) {
       "the draft's MLP width (0: the target's intermediate_size)")(
       "draft-norm-before-residual", po::bool_switch(&o.draft_norm_before_residual),
       "EAGLE-3.1's norm_before_residual: the draft layer's residual is hidden_norm(h), not h (exported as "
-      "config.norm_before_residual, which vLLM and SGLang read; default: the original EAGLE-3 layout)")(
+      "config.norm_before_residual, which vLLM and speculators read; SGLang has no such option; default: the "
+      "original EAGLE-3 layout)")(
+      "draft-norm-output", po::bool_switch(&o.draft_norm_output),
+      "EAGLE-3.1's norm_output: each draft step hands norm(o), the lm_head's input, to the next instead of "
+      "the layer output o (exported as config.norm_output, which vLLM, SGLang and speculators read; "
+      "default: the original EAGLE-3 chain)")(
       "allow-missing-shards", po::bool_switch(&o.allow_missing_shards),
       "train on a shard folder that lacks some chunks of its extraction (default: refused)")(
       "allow-other-target", po::bool_switch(&o.allow_other_target),

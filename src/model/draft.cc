@@ -84,7 +84,8 @@ nlohmann::json DraftConfig::to_json() const {
   j["torch_dtype"] = "bfloat16";
   j["hidden_act"] = "silu";
   if (target_hidden_size != hidden_size) j["target_hidden_size"] = target_hidden_size;
-  if (norm_before_residual) j["norm_before_residual"] = true;  // vLLM / SGLang: getattr(config, ..., False)
+  if (norm_before_residual) j["norm_before_residual"] = true;  // vLLM: getattr(config, ..., False)
+  if (norm_output) j["norm_output"] = true;                    // vLLM, SGLang: getattr(config, ..., False)
   // vLLM's default ids exist from N = 3 layers on; a smaller target always gets its ids written.
   bool is_default = target_num_hidden_layers >= 3 && aux_layers == default_aux_layers(target_num_hidden_layers);
   if (!aux_layers.empty() && !is_default) j["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = aux_layers;
@@ -114,6 +115,11 @@ DraftConfig DraftConfig::from_json(const nlohmann::json& j) {
     AERIE_CHECK(j["norm_before_residual"].is_boolean(),
                 "draft config: norm_before_residual must be true or false, got " << j["norm_before_residual"].dump());
     c.norm_before_residual = j["norm_before_residual"].get<bool>();
+  }
+  if (j.contains("norm_output")) {
+    AERIE_CHECK(j["norm_output"].is_boolean(),
+                "draft config: norm_output must be true or false, got " << j["norm_output"].dump());
+    c.norm_output = j["norm_output"].get<bool>();
   }
   if (j.contains("aerie")) {
     const auto& a = j["aerie"];

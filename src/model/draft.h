@@ -31,10 +31,15 @@ struct DraftConfig {
   nlohmann::json rope_scaling;  // copied verbatim from the target's config.json (null if absent)
   std::vector<int> aux_layers;  // aerie convention: input of layer k (vLLM's)
   int64_t target_num_hidden_layers = 0;  // N of the target (0 if unknown): decides whether aux_layers is default
-  /// EAGLE-3.1's norm_before_residual (speculators, vLLM, SGLang: config.norm_before_residual): the layer's
-  /// residual base is hidden_norm(h) instead of h, y = hidden_norm(h) + o_proj(attention) (eagle3.md
-  /// section 3 with the option; docs/architectures.md). Off by default (the original EAGLE-3 layout).
+  /// EAGLE-3.1's norm_before_residual (speculators, vLLM: config.norm_before_residual; SGLang has no such
+  /// option): the layer's residual base is hidden_norm(h) instead of h, y = hidden_norm(h) +
+  /// o_proj(attention) (eagle3.md section 3 with the option; docs/design.md). Off by default (the
+  /// original EAGLE-3 layout).
   bool norm_before_residual = false;
+  /// EAGLE-3.1's norm_output (speculators, vLLM, SGLang: config.norm_output): the hidden state a draft
+  /// step hands to the next one is norm(o), the lm_head's input, instead of the layer output o (vLLM's
+  /// hidden_prenorm). Off by default (the original EAGLE-3 chain).
+  bool norm_output = false;
 
   /// Copies width, heads, MLP width, eps, RoPE and max positions from the target (eagle3.md 3).
   /// Throws aerie::Error unless 0 < draft_vocab_size <= V and aux_layers has 3 ids in [0, N].

@@ -49,6 +49,15 @@ struct DraftDecoder::Impl {
     matmul(hn, ctx.w.lm_head, l, false, true);
     return l;
   }
+  /// The hidden [1, H] F32 that a chain from cached position p starts from: its step-0 output o, or
+  /// norm(o) under norm_output (what the TTT's step 1 reads).
+  Tensor chain_hidden(int64_t p) const {
+    Tensor h = oc.slice(p, p + 1).clone();
+    if (!ctx.cfg.norm_output) return h;
+    Tensor hn = Tensor::empty(h.shape(), DType::F32, ctx.device);
+    rmsnorm_forward(h, ctx.w.norm, static_cast<float>(ctx.cfg.rms_norm_eps), hn, nullptr);
+    return hn;
+  }
   /// One draft step of token `tok` from hidden h [1, H] at position pos, over the cache and the keys
   /// `dk` / `dv` of the earlier steps of its chain or path, to which its own are appended.
   void step(int32_t tok, const Tensor& h, int64_t pos, std::vector<const Tensor*>& dk, std::vector<const Tensor*>& dv,
@@ -192,7 +201,7 @@ DraftTree DraftDecoder::propose_tree(int budget, int topk, int depth) {
     return out;
   };
   // Depth 1: the root's distribution, from the step-0 output of the last cached position.
-  const Tensor h0 = m.oc.slice(p, p + 1).clone();
+  const Tensor h0 = m.chain_hidden(p);
   for (const auto& [id, lp] : top(m.root_logits())) nodes.push_back({-1, 1, id, lp, {}, {}, {}});
   std::vector<int32_t> frontier(nodes.size());
   for (size_t i = 0; i < frontier.size(); ++i) frontier[i] = static_cast<int32_t>(i);
@@ -215,7 +224,7 @@ DraftTree DraftDecoder::propose_tree(int budget, int topk, int depth) {
       m.step(tok, nodes[f].parent < 0 ? h0 : nodes[nodes[f].parent].o, p + nodes[f].depth, dk, dv, a);
       nodes[f].k = a.k;
       nodes[f].v = a.v;
-      nodes[f].o = a.o;
+      nodes[f].o = draft_detail::next_hidden(a);
       const double base = nodes[f].score;
       for (const auto& [id, lp] : top(a.logits)) {
         made.push_back(static_cast<int32_t>(nodes.size()));
@@ -251,7 +260,7 @@ std::vector<int32_t> DraftDecoder::Impl::chain(int n, std::vector<std::vector<fl
   const int64_t p = m.len - 1;
   if (logits) logits->clear();
   // Guess 1: the step-0 logits of the last cached position.
-  Tensor h = m.oc.slice(p, p + 1).clone();
+  Tensor h = m.chain_hidden(p);
   std::vector<int32_t> out{m.to_target(m.root_logits(), logits, pick)};
   // Guess j+1 from step j at position p+j: the cache 0..p plus the chain's own keys of steps 1..j.
   std::vector<LayerActs> chain(n);  // sized once: dk / dv point into it
@@ -260,7 +269,7 @@ std::vector<int32_t> DraftDecoder::Impl::chain(int n, std::vector<std::vector<fl
     LayerActs& a = chain[j];
     m.step(out.back(), h, p + j, dk, dv, a);
     out.push_back(m.to_target(a.logits, logits, pick));
-    h = a.o;
+    h = draft_detail::next_hidden(a);
   }
   return out;
 }

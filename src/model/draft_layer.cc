@@ -156,7 +156,15 @@ void layer_out(const LayerCtx& c, LayerActs& a) {
   matmul(a.act, c.w.down_proj, a.o, false, true, 1.0f, 1.0f);  // o = y + down_proj(act)
   a.no = cmp(c, {n, H});
   a.rstd_o = f32(c, {n});
-  rmsnorm_forward(a.o, c.w.norm, eps, a.no, &a.rstd_o);
+  if (c.cfg.norm_output && a.no.dtype() != DType::F32) {
+    // The next step's hidden norm(o) in the F32 residual stream; the lm_head's input is its one rounding.
+    a.no_out = f32(c, {n, H});
+    rmsnorm_forward(a.o, c.w.norm, eps, a.no_out, &a.rstd_o);
+    convert(a.no_out, a.no);
+  } else {
+    rmsnorm_forward(a.o, c.w.norm, eps, a.no, &a.rstd_o);
+    if (c.cfg.norm_output) a.no_out = a.no;  // F32 compute: no itself
+  }
   a.logits = f32(c, {n, K});  // F32 output (fp32 accumulation) for the fp32 softmax / cross-entropy
   linear(a.no, c.w.lm_head, a.logits);
 }
@@ -175,13 +183,18 @@ void layer_out_backward(const LayerCtx& c, const LayerActs& a, const Tensor& dno
   const int64_t n = a.n, H = c.cfg.hidden_size, I = c.cfg.intermediate_size;
   const int64_t qd = c.cfg.num_attention_heads * c.cfg.head_dim;
   dno.check_shape({n, H}, "draft layer backward: dno");
+  const bool extra = do_extra.defined() && do_extra.numel() > 0;
+  if (extra)
+    AERIE_CHECK(do_extra.dim(0) <= n && do_extra.dim(1) == H,
+                "draft layer backward: do_extra " << shape_str(do_extra.shape()) << " for " << n << " rows");
+  if (extra && c.cfg.norm_output) {  // the next step read norm(o): its gradient joins the lm_head's
+    Tensor rows = dno.slice(0, do_extra.dim(0));
+    add_inplace(rows, do_extra);
+  }
   Tensor dout = f32(c, {n, H});
   rmsnorm_backward(dno, a.o, c.w.norm, a.rstd_o, dout, &g.norm);
-  if (do_extra.defined() && do_extra.numel() > 0) {
-    const int64_t m = do_extra.dim(0);
-    AERIE_CHECK(m <= n && do_extra.dim(1) == H, "draft layer backward: do_extra " << shape_str(do_extra.shape())
-                                                                                  << " for " << n << " rows");
-    Tensor rows = dout.slice(0, m);
+  if (extra && !c.cfg.norm_output) {
+    Tensor rows = dout.slice(0, do_extra.dim(0));
     add_inplace(rows, do_extra);
   }
   // MLP: o = y + down(silu(gate n2) * up n2). dout is F32 (a residual gradient sum); its GEMMs read it in

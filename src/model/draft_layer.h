@@ -25,8 +25,12 @@ struct LayerActs {
   Tensor y, rstd_y, n2;     // [n, H] F32 h (or hn_res) + o_proj(attn), [n], [n, H] C post_attention_layernorm(y)
   Tensor gate, up, act;     // [n, I] C
   Tensor o, rstd_o, no;     // [n, H] F32 layer output (the next step's hidden), [n], [n, H] C norm(o)
+  Tensor no_out;            // [n, H] F32 norm(o), the next step's hidden under norm_output (else undefined)
   Tensor logits;            // [n, K] F32
 };
+
+/// The hidden state a draft step hands to the next one: a.o, or norm(o) (a.no_out) under norm_output.
+inline const Tensor& next_hidden(const LayerActs& a) { return a.no_out.defined() ? a.no_out : a.o; }
 
 /// Shared constants of a layer application.
 struct LayerCtx {
@@ -61,7 +65,8 @@ void layer_out(const LayerCtx& c, LayerActs& a);
 /// compute dlogits is rounded to a bf16 copy for the two GEMMs (fp32 accumulation).
 Tensor layer_head_backward(const LayerCtx& c, const LayerActs& a, const Tensor& dlogits, DraftWeights& g);
 /// Backward of the rest of layer_out from dno (layer_head_backward). do_extra: gradient into the first
-/// do_extra.dim(0) rows of o from elsewhere (the next TTT step), or an undefined tensor. Adds weight
+/// do_extra.dim(0) rows of the next step's hidden (o, or norm(o) under norm_output: then added to dno,
+/// whose rows it changes) from the next TTT step, or an undefined tensor. Adds weight
 /// gradients to g. Returns dattn [n, n_h, d] (compute dtype: attention_backward's dout) and dh [n, H] F32
 /// (the residual path only). dno, do_extra: F32.
 void layer_out_backward(const LayerCtx& c, const LayerActs& a, const Tensor& dno, const Tensor& do_extra,

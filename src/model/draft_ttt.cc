@@ -133,7 +133,7 @@ TTTStats ttt_forward_backward(const DraftConfig& cfg, const DraftWeights& w, con
   for (int k = 0; k < steps; ++k) {
     const int64_t n = rows(k);
     LayerActs& a = acts[k];
-    const Tensor h = k == 0 ? g : acts[k - 1].o.slice(0, n);
+    const Tensor h = k == 0 ? g : draft_detail::next_hidden(acts[k - 1]).slice(0, n);
     draft_detail::layer_qkv(ctx, ids.slice(k + 1, k + 1 + n), h, k, a);  // u_{t,k} = x_{t+k+1}, position t+k
     std::vector<const Tensor*> dk, dv;
     for (int j = 1; j <= k; ++j) {
@@ -207,7 +207,7 @@ TTTStats ttt_forward_backward(const DraftConfig& cfg, const DraftWeights& w, con
     Tensor& own_dv = k == 0 ? dv0 : ddv[k];
     draft_detail::layer_qkv_backward(ctx, a, dq, own_dk, own_dv, *grads, dh);
     if (k == 0) mark_ready(12);  // q, k, v, input_layernorm, hidden_norm
-    dO = dh;  // h_{t,k} = o_{t,k-1} (rows 0..n_k-1), or g for k = 0
+    dO = dh;  // h_{t,k} = o_{t,k-1} (norm(o_{t,k-1}) under norm_output; rows 0..n_k-1), or g for k = 0
   }
   // g = fc(f): dfc += dg^T f (dg F32, read by the GEMM in the compute dtype)
   Tensor dg = dO;

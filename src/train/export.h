@@ -102,9 +102,9 @@ struct SpeculatorsOptions {
 ///   speculators_model_type "eagle3", architectures ["Eagle3Speculator"],
 ///   transformer_layer_config = export_config's Llama layer keys (model_type "llama", widths,
 ///     num_hidden_layers 1, vocab_size V, positions, rope, torch_dtype "bfloat16", ...),
-///   draft_vocab_size K, target_hidden_size (null when equal to hidden_size), norm_before_residual false
-///   (aerie's residual is the un-normed hidden state; vLLM's default without the key is true),
-///   norm_before_fc / fc_norm / norm_output false, eagle_aux_hidden_state_layer_ids (always written, aerie's
+///   draft_vocab_size K, target_hidden_size (null when equal to hidden_size), norm_before_residual and
+///   norm_output as trained (DraftConfig; both always written: vLLM's default without norm_before_residual
+///   is true), norm_before_fc / fc_norm false, eagle_aux_hidden_state_layer_ids (always written, aerie's
 ///   = vLLM's input-of-layer-k ids), speculators_config {algorithm "eagle3", proposal_methods [greedy,
 ///   speculative_tokens], default_proposal_method "greedy", verifier {name_or_path, architectures (the
 ///   target's config.json architectures)}}, tie_word_embeddings false, torch_dtype, aerie_version.
@@ -130,7 +130,8 @@ void write_speculators_export(const std::string& out_dir, const DraftConfig& cfg
 /// config (eagle3.md section 5) that DraftConfig::from_json reads: transformer_layer_config with
 /// draft_vocab_size, target_hidden_size and the aux ids (as eagle_config) of the top level. Throws
 /// aerie::Error for another speculators_model_type, a transformer_layer_config that is not a "llama"
-/// object, or a draft aerie cannot run (norm_before_residual, norm_before_fc, fc_norm or norm_output true).
+/// object, or a draft aerie cannot run (norm_before_fc or fc_norm true). norm_before_residual (absent: true,
+/// vLLM's default) and norm_output (absent: false) are carried over.
 nlohmann::json eagle3_config_from_speculators(const nlohmann::json& speculators_config);
 
 /// A draft read back from an export directory: weights converted to F32.

@@ -18,7 +18,7 @@ namespace {
 // others are EAGLE-3 fields that the speculators format keeps at the top level, or none of the format's.
 bool is_layer_key(const std::string& k) {
   return k != "architectures" && k != "draft_vocab_size" && k != "target_hidden_size" && k != "eagle_config" &&
-         k != "aerie_version" && k != "norm_before_residual";  // a top-level key of the speculators config
+         k != "aerie_version" && k != "norm_before_residual" && k != "norm_output";  // top-level keys of the speculators config
 }
 
 }  // namespace
@@ -61,7 +61,7 @@ nlohmann::json speculators_export_config(const DraftConfig& cfg, const TargetCon
   j["norm_before_residual"] = cfg.norm_before_residual;
   j["norm_before_fc"] = false;
   j["fc_norm"] = false;
-  j["norm_output"] = false;
+  j["norm_output"] = cfg.norm_output;
   // Always written: the config then names the target depths without aerie's private block, and vLLM
   // reads explicit ids as inputs of layer k, aerie's convention (its default (2, N/2, N-3) reads the same).
   j["eagle_aux_hidden_state_layer_ids"] = cfg.aux_layers;
@@ -102,11 +102,11 @@ nlohmann::json eagle3_config_from_speculators(const nlohmann::json& s) {
   AERIE_CHECK(model_type == "llama", "speculators config: transformer_layer_config.model_type '"
                                          << model_type << "': aerie runs Llama draft layers only");
   // vLLM's defaults when a key is absent (algos.py update_eagle3): norm_before_residual true, the rest false.
-  // aerie runs norm_before_residual (DraftConfig::norm_before_residual), not the other three.
+  // aerie runs norm_before_residual and norm_output (DraftConfig), not norm_before_fc / fc_norm.
   j["norm_before_residual"] = s.value("norm_before_residual", true);
+  if (s.value("norm_output", false)) j["norm_output"] = true;
   for (const auto& [key, on] : {std::pair<const char*, bool>{"norm_before_fc", s.value("norm_before_fc", false)},
-                                {"fc_norm", s.value("fc_norm", false)},
-                                {"norm_output", s.value("norm_output", false)}})
+                                {"fc_norm", s.value("fc_norm", false)}})
     AERIE_CHECK(!on, "speculators config: " << key << " is true, a draft layer aerie does not run");
   if (s.contains("draft_vocab_size")) j["draft_vocab_size"] = s["draft_vocab_size"];
   if (s.contains("target_hidden_size") && !s["target_hidden_size"].is_null())

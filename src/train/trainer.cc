@@ -24,6 +24,7 @@ nlohmann::json TrainOptions::to_json() const {
           {"precision", precision},   {"draft_heads", draft_heads},
           {"draft_kv_heads", draft_kv_heads}, {"draft_head_dim", draft_head_dim},
           {"draft_intermediate", draft_intermediate}, {"draft_norm_before_residual", draft_norm_before_residual},
+          {"draft_norm_output", draft_norm_output},
           {"allow_missing_shards", allow_missing_shards},
           {"allow_other_target", allow_other_target}};
 }
@@ -35,6 +36,7 @@ DraftConfig TrainOptions::apply_draft_shape(DraftConfig cfg) const {
   if (draft_head_dim > 0) cfg.head_dim = draft_head_dim;
   if (draft_intermediate > 0) cfg.intermediate_size = draft_intermediate;
   cfg.norm_before_residual = draft_norm_before_residual;
+  cfg.norm_output = draft_norm_output;
   AERIE_CHECK(cfg.num_attention_heads % cfg.num_key_value_heads == 0,
               "train: --draft-kv-heads " << cfg.num_key_value_heads << " does not divide the draft's "
                                          << cfg.num_attention_heads << " heads (--draft-heads)");
@@ -66,6 +68,10 @@ void TrainOptions::check_resumable(const nlohmann::json& c) const {
                                                          << " but the checkpoint was trained with it "
                                                          << (nbr ? "on" : "off")
                                                          << "; rerun with the same options or use another --output");
+  const bool no = c.value("draft_norm_output", false);  // older checkpoints: the original chain
+  AERIE_CHECK(no == draft_norm_output, "resume: --draft-norm-output is "
+                                           << (draft_norm_output ? "on" : "off") << " but the checkpoint was trained with it "
+                                           << (no ? "on" : "off") << "; rerun with the same options or use another --output");
 }
 
 AdamState AdamState::zeros(const DraftConfig& cfg, Device device) {

@@ -47,8 +47,11 @@ struct TrainOptions {
   /// DeepSeek-V3 draft 56 / 8 / 128 / 40960. A resume option: a resumed run must give the same ones.
   int64_t draft_heads = 0, draft_kv_heads = 0, draft_head_dim = 0, draft_intermediate = 0;
   /// EAGLE-3.1's norm_before_residual for the draft (DraftConfig::norm_before_residual; exported as the
-  /// config field vLLM and SGLang read). A resume option.
+  /// config field vLLM and speculators read). A resume option.
   bool draft_norm_before_residual = false;
+  /// EAGLE-3.1's norm_output for the draft (DraftConfig::norm_output; exported as config.norm_output,
+  /// which vLLM, SGLang and speculators read). A resume option.
+  bool draft_norm_output = false;
   /// Train on a shard folder that lacks some chunks of its extraction (a warning instead of a refusal).
   bool allow_missing_shards = false;
   /// Train (or resume) with a --model whose fingerprint differs from the shards' (or the checkpoint's)
@@ -56,8 +59,8 @@ struct TrainOptions {
   bool allow_other_target = false;
 
   nlohmann::json to_json() const;
-  /// `cfg` with the draft_* options that are set (> 0) replacing its shape, and norm_before_residual
-  /// from draft_norm_before_residual. Throws aerie::Error naming
+  /// `cfg` with the draft_* options that are set (> 0) replacing its shape, and norm_before_residual /
+  /// norm_output from draft_norm_before_residual / draft_norm_output. Throws aerie::Error naming
   /// the option when kv heads do not divide the heads or the head dim is odd.
   DraftConfig apply_draft_shape(DraftConfig cfg) const;
   /// The options that decide the weights (steps, epochs, batch size, lr, warmup, clipping, TTT steps,

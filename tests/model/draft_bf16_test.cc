@@ -123,6 +123,9 @@ TEST(DraftBf16, MatchesFp32OnCpu) {
   compare_bf16(m, make_sample(m, 20, 5), 3, Device::CPU, "cpu T 20 S 3");
   m.cfg.norm_before_residual = true;  // the residual base hidden_norm(h) kept in F32 under bf16 compute
   compare_bf16(m, make_sample(m, 67, 4), 7, Device::CPU, "cpu T 67 S 7 norm_before_residual");
+  m.cfg.norm_before_residual = false;
+  m.cfg.norm_output = true;  // norm(o) handed on in F32 under bf16 compute, its rounding the lm_head's input
+  compare_bf16(m, make_sample(m, 67, 4), 7, Device::CPU, "cpu T 67 S 7 norm_output");
 }
 
 TEST(DraftBf16, MatchesFp32OnCuda) {

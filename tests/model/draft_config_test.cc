@@ -89,7 +89,7 @@ TEST(DraftConfig, JsonIsTheExportConfigAndRoundTrips) {
   auto back2 = DraftConfig::from_json(j2);
   EXPECT_EQ(back2.aux_layers, (std::vector<int>{1, 3, 6}));
   EXPECT_EQ(back2.target_hidden_size, 96);
-  // EAGLE-3.1's norm_before_residual: written only when on (vLLM's and SGLang's default is off), read back,
+  // EAGLE-3.1's norm_before_residual: written only when on (vLLM's default is off; SGLang has none), read back,
   // a value that is not a bool refused by name.
   EXPECT_FALSE(j2.contains("norm_before_residual"));
   EXPECT_FALSE(back2.norm_before_residual);
@@ -100,6 +100,15 @@ TEST(DraftConfig, JsonIsTheExportConfigAndRoundTrips) {
   jn["norm_before_residual"] = "yes";
   EXPECT_NE(testing::error_of([&] { DraftConfig::from_json(jn); }).find("norm_before_residual"), std::string::npos);
   c.norm_before_residual = false;
+  // EAGLE-3.1's norm_output: the same (written only when on, read back, a non-bool refused by name).
+  EXPECT_FALSE(j2.contains("norm_output"));
+  c.norm_output = true;
+  nlohmann::json jo = c.to_json();
+  EXPECT_EQ(jo["norm_output"], true);
+  EXPECT_TRUE(DraftConfig::from_json(jo).norm_output);
+  jo["norm_output"] = 1;
+  EXPECT_NE(testing::error_of([&] { DraftConfig::from_json(jo); }).find("norm_output"), std::string::npos);
+  c.norm_output = false;
   j2.erase("hidden_size");
   EXPECT_THROW(DraftConfig::from_json(j2), Error);
 

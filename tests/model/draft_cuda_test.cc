@@ -85,6 +85,9 @@ TEST(DraftCuda, TTTForwardBackwardMatchesCpuMedium) {
   compare(m, make_sample(m, 2, 10), 3, "medium T 2 S 3");
   m.cfg.norm_before_residual = true;
   compare(m, make_sample(m, 67, 9), 7, "medium T 67 S 7 norm_before_residual");
+  m.cfg.norm_before_residual = false;
+  m.cfg.norm_output = true;
+  compare(m, make_sample(m, 67, 9), 7, "medium T 67 S 7 norm_output");
 }
 
 // Gradients are ADDED to: a second call doubles them on CUDA as on the CPU; no gradient: the same loss.

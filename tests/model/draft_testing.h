@@ -233,8 +233,9 @@ inline RefResult reference_ttt(const DraftConfig& c, const std::vector<std::vect
       for (int64_t i = 0; i < I; ++i) act[i] = g[i] / (1.0 + std::exp(-g[i])) * up[i];
       Vec o = y, dn = lin(W[D], act, H);
       for (int64_t i = 0; i < H; ++i) o[i] += dn[i];
-      outs[k][t] = o;
-      Vec logits = lin(W[LM], rms(o, W[NORM]), K);
+      const Vec no = rms(o, W[NORM]);
+      outs[k][t] = c.norm_output ? no : o;  // the next step's hidden: norm(o) under norm_output (EAGLE-3.1)
+      Vec logits = lin(W[LM], no, K);
       r.logits[k].push_back(logits);
       bool valid = t + k + 2 <= T - 1 && s.loss_mask[t + k + 2] && t2d[s.target_argmax[t + k + 1]];
       if (!valid) continue;

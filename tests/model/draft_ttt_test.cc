@@ -28,9 +28,10 @@ double total_loss(const TTTStats& st, const std::vector<double>& sw) {
   return l;
 }
 
-void forward_matches_double_reference(bool norm_before_residual) {
+void forward_matches_double_reference(bool norm_before_residual, bool norm_output = false) {
   auto m = make_tiny_draft(1);
   m.cfg.norm_before_residual = norm_before_residual;
+  m.cfg.norm_output = norm_output;
   auto s = make_tiny_sample(m, 9, 2);
   std::vector<Tensor> logits;
   TTTStats st = ttt_forward_backward(m.cfg, m.w, m.embed, s, m.d2t, m.t2d, kSteps, kWeights, nullptr, &logits);
@@ -70,9 +71,10 @@ TEST(DraftTTT, ForwardMatchesDoubleReference) { forward_matches_double_reference
 
 // Every weight tensor: analytic gradient (fp32) vs central finite differences of the double reference
 // loss sum_k w_k loss_sum_k (eps 1e-5; truncation error ~1e-10), on a random subset of entries.
-void gradient_matches_finite_differences_of_reference(bool norm_before_residual) {
+void gradient_matches_finite_differences_of_reference(bool norm_before_residual, bool norm_output = false) {
   auto m = make_tiny_draft(3);
   m.cfg.norm_before_residual = norm_before_residual;
+  m.cfg.norm_output = norm_output;
   auto s = make_tiny_sample(m, 9, 4);
   DraftWeights g = DraftWeights::zeros(m.cfg);
   ttt_forward_backward(m.cfg, m.w, m.embed, s, m.d2t, m.t2d, kSteps, kWeights, &g);
@@ -115,6 +117,21 @@ TEST(DraftTTT, NormBeforeResidualMatchesTheReference) {
   m.cfg.norm_before_residual = true;
   const TTTStats on = ttt_forward_backward(m.cfg, m.w, m.embed, s, m.d2t, m.t2d, kSteps, kWeights, nullptr);
   // (0.06% on this draft, whose hidden states are near unit RMS; fp32 noise is ~1e-7.)
+  EXPECT_GT(std::fabs(total_loss(on, kWeights) - total_loss(off, kWeights)), 1e-5 * std::fabs(total_loss(off, kWeights)));
+}
+
+// EAGLE-3.1's norm_output (each step hands norm(o) to the next): the same three checks, alone and with
+// norm_before_residual (vLLM, SGLang and speculators allow both at once).
+TEST(DraftTTT, NormOutputMatchesTheReference) {
+  forward_matches_double_reference(false, true);
+  gradient_matches_finite_differences_of_reference(false, true);
+  forward_matches_double_reference(true, true);
+  gradient_matches_finite_differences_of_reference(true, true);
+  auto m = make_tiny_draft(1);
+  auto s = make_tiny_sample(m, 9, 2);
+  const TTTStats off = ttt_forward_backward(m.cfg, m.w, m.embed, s, m.d2t, m.t2d, kSteps, kWeights, nullptr);
+  m.cfg.norm_output = true;
+  const TTTStats on = ttt_forward_backward(m.cfg, m.w, m.embed, s, m.d2t, m.t2d, kSteps, kWeights, nullptr);
   EXPECT_GT(std::fabs(total_loss(on, kWeights) - total_loss(off, kWeights)), 1e-5 * std::fabs(total_loss(off, kWeights)));
 }
 

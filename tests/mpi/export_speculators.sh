@@ -4,7 +4,7 @@
 # transformer_layer_config, speculators_config.verifier = the --model folder or --verifier, speculative_tokens)
 # and the default export's tensors byte for byte under the speculators names (midlayer. -> layers.0.), and the
 # default export's checkpoint record (aerie_checkpoint, checkpoint_step / checkpoint_selected_by); the
-# options are refused where they do not apply; a draft trained with EAGLE-3.1's norm_before_residual exports,
+# options are refused where they do not apply; a draft trained with EAGLE-3.1's norm_before_residual or norm_output exports,
 # evaluates and refuses a mismatched resume. The names and fields are checked against the loaders' source in
 # tests/train/export_speculators_test.cc.
 # usage: export_speculators.sh AERIE MODEL_DIR STORIES_TXT WORK_DIR   (exit 77: no converted model)
@@ -81,7 +81,7 @@ PY
 echo "speculators export: config and tensors ok"
 
 # EAGLE-3.1's norm_before_residual (train --draft-norm-before-residual): both exports say so in the fields
-# vLLM and SGLang read, eval reads either export and is lossless with it (the draft layer's residual base
+# vLLM and speculators read, eval reads either export and is lossless with it (the draft layer's residual base
 # hidden_norm(h) in aerie's own decoding), and a resume of the run trained without it is refused by name.
 run train_nbr 1 train --model "$model" --shards "$work/shards" --vocab "$work/vocab.safetensors" --output "$work/run_nbr" \
   --steps 4 --batch-size 4 --checkpoint-every 4 --log-every 4 --draft-norm-before-residual || fail "train --draft-norm-before-residual"
@@ -105,6 +105,31 @@ refused resume_nbr "--draft-norm-before-residual is on but the checkpoint was tr
   1 train --model "$model" --shards "$work/shards" --vocab "$work/vocab.safetensors" --output "$work/run" \
   --steps 4 --batch-size 4 --checkpoint-every 4 --log-every 4 --draft-norm-before-residual
 echo "norm_before_residual: trained, exported (both formats), evaluated losslessly, resume refused"
+
+# EAGLE-3.1's norm_output (train --draft-norm-output: each draft step hands norm(o) to the next): the same
+# checks, with the field vLLM, SGLang and speculators read.
+run train_nout 1 train --model "$model" --shards "$work/shards" --vocab "$work/vocab.safetensors" --output "$work/run_nout" \
+  --steps 4 --batch-size 4 --checkpoint-every 4 --log-every 4 --draft-norm-output || fail "train --draft-norm-output"
+run export_nout 1 export --checkpoint "$work/run_nout" --model "$model" --output "$work/nout_eagle3" || fail "export (nout)"
+run export_nout_spec 1 export --checkpoint "$work/run_nout" --model "$model" --output "$work/nout_spec" \
+  --format speculators || fail "export --format speculators (nout)"
+python3 - "$work" <<'PY' || fail "the norm_output exports"
+import json, sys
+w = sys.argv[1]
+e, s, p = (json.load(open(w + f)) for f in ("/nout_eagle3/config.json", "/nout_spec/config.json", "/eagle3/config.json"))
+if e.get("norm_output") is not True: sys.exit("FAIL: the default export lacks norm_output: true")
+if s.get("norm_output") is not True: sys.exit("FAIL: the speculators export lacks norm_output: true")
+if "norm_output" in p: sys.exit("FAIL: the plain draft's export writes norm_output")
+PY
+for d in nout_eagle3 nout_spec; do
+  run "eval_$d" 1 eval --model "$model" --draft "$work/$d" --prompts "$text" --num-prompts 4 --max-new-tokens 12 \
+    --num-draft-tokens 3 --device cpu --dtype f32 --output "$work/eval_$d.json" || fail "eval --draft $d"
+  grep -q '"lossless": true' "$work/eval_$d.json" || { cat "$work/eval_$d.json"; fail "eval of $d is not lossless"; }
+done
+refused resume_nout "--draft-norm-output is on but the checkpoint was trained with it off" \
+  1 train --model "$model" --shards "$work/shards" --vocab "$work/vocab.safetensors" --output "$work/run" \
+  --steps 4 --batch-size 4 --checkpoint-every 4 --log-every 4 --draft-norm-output
+echo "norm_output: trained, exported (both formats), evaluated losslessly, resume refused"
 
 refused format "aerie export: --format 'gguf' is not eagle3 or speculators" \
   1 export --checkpoint "$work/run" --model "$model" --output "$work/x" --format gguf

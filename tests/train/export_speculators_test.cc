@@ -50,6 +50,16 @@
 //   [V5] vllm/v1/worker/gpu_model_runner.py (_get_eagle3_aux_layers_from_config, read in index copies
 //        without a pinned commit): the target captures hf_config.eagle_aux_hidden_state_layer_ids, else
 //        eagle_config's, else its default.
+//  norm_output (EAGLE-3.1), read 2026-12-02 in the vllm 0.33.0 and sglang 0.5.23 wheels and speculators @ c05b95b3:
+//   [V6] vllm/model_executor/models/llama_eagle3.py LlamaModel.forward: hidden_states, hidden_prenorm =
+//        self.norm(hidden_states, residual); aux_output = hidden_states if self.norm_output else
+//        hidden_prenorm (the hidden handed to the next draft step, v1/spec_decode/llm_base_proposer.py);
+//        norm_output = getattr(config, "norm_output", False); algos.py update_eagle3 copies the top-level
+//        norm_output (default False).
+//   [G1] sglang python/sglang/srt/models/llama_eagle3.py LlamaModel.forward: aux = hidden_states_to_logits
+//        if self.norm_output else hidden_states_to_aux (top-level config.norm_output, default False).
+//   [S7] speculators src/speculators/models/eagle3/core.py Eagle3DraftModel.forward: with
+//        config.norm_output the next TTT step reads norm(hidden_states), the lm_head's input; no new weight.
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -286,7 +296,8 @@ TEST(ExportSpeculatorsTest, DemoModelExportIsTheListAndTheDefaultExportsValues) 
   EXPECT_EQ(load_export(dir + "/speculators").config.aux_layers, (std::vector<int>{2, 3, 4}));
 }
 
-// A speculators config aerie cannot run is refused by load_export's reader, naming the key.
+// A speculators config aerie cannot run (norm_before_fc, fc_norm) is refused by load_export's reader,
+// naming the key.
 // norm_before_residual (EAGLE-3.1's residual base, DraftConfig::norm_before_residual) is read: true, or
 // absent (true to vLLM [V3]), gives a draft with the option, and an export of such a draft writes true.
 TEST(ExportSpeculatorsTest, ReaderRefusesDraftsAerieDoesNotRun) {
@@ -300,7 +311,7 @@ TEST(ExportSpeculatorsTest, ReaderRefusesDraftsAerieDoesNotRun) {
   EXPECT_EQ(e["eagle_config"]["eagle_aux_hidden_state_layer_ids"], nlohmann::json::array({1, 3, 5}));
   EXPECT_EQ(DraftConfig::from_json(e).to_json(), DraftConfig::from_json(export_config(s.cfg, s.target)).to_json());
   EXPECT_FALSE(DraftConfig::from_json(e).norm_before_residual);
-  for (const char* key : {"norm_before_fc", "fc_norm", "norm_output"}) {
+  for (const char* key : {"norm_before_fc", "fc_norm"}) {
     nlohmann::json bad = j;
     bad[key] = true;
     EXPECT_NE(testing::error_of([&] { eagle3_config_from_speculators(bad); }).find(key), std::string::npos) << key;
@@ -317,6 +328,18 @@ TEST(ExportSpeculatorsTest, ReaderRefusesDraftsAerieDoesNotRun) {
   EXPECT_EQ(export_config(with, s.target)["norm_before_residual"], true);  // the default export's field
   EXPECT_FALSE(export_config(s.cfg, s.target).contains("norm_before_residual"));
   EXPECT_TRUE(DraftConfig::from_json(export_config(with, s.target)).norm_before_residual);
+  // norm_output (EAGLE-3.1's norm(o) handed on [V6] [G1] [S7]): false in a plain export, read when true,
+  // written as trained by both exports (the default export only when on).
+  EXPECT_EQ(j["norm_output"], false);
+  EXPECT_FALSE(DraftConfig::from_json(e).norm_output);
+  nlohmann::json nout = j;
+  nout["norm_output"] = true;
+  EXPECT_TRUE(DraftConfig::from_json(eagle3_config_from_speculators(nout)).norm_output);
+  with.norm_output = true;
+  EXPECT_EQ(speculators_export_config(with, s.target, o)["norm_output"], true);
+  EXPECT_EQ(export_config(with, s.target)["norm_output"], true);
+  EXPECT_FALSE(export_config(s.cfg, s.target).contains("norm_output"));
+  EXPECT_TRUE(DraftConfig::from_json(export_config(with, s.target)).norm_output);
   nlohmann::json other = j;
   other["speculators_model_type"] = "mtp";
   EXPECT_THROW(eagle3_config_from_speculators(other), Error);
