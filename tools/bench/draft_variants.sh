@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The EAGLE-3.1 draft options against the plain EAGLE-3 draft (issue 15, item 5) on the demo (stories260K,
+# CPU, 2 ranks), all on the same data:
+#   1. tools/demo OUT/demo: prepared data, target, draft vocabulary, shards (and the demo's own draft);
+#   2. per variant (VARIANTS, default: plain, norm_before_residual, norm_output, both) and seed (SEEDS,
+#      default "0 1 2"): train --seed S with the variant's options (the demo's settings otherwise), export,
+#      eval (the demo's settings: held-out prompts, real speculative decoding, greedy) -> one JSON line
+#      {variant, seed, acceptance_length, tau_sim, lossless}; then one line per variant with the means.
+# usage: tools/bench/draft_variants.sh [OUT_DIR]    (default runs/draft-variants; AERIE_BIN as for tools/demo)
+set -euo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+out="${1:-runs/draft-variants}"
+mkdir -p "$out"; out="$(cd "$out" && pwd)"
+seeds="${SEEDS:-0 1 2}"
+variants="${VARIANTS:-plain norm_before_residual norm_output both}"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export OPENBLAS_NUM_THREADS=1
+aerie="${AERIE_BIN:-$root/build/aerie}"
+[ -f "$out/demo/shards/shard-00000.h5" ] || AERIE_BIN="$aerie" "$root/tools/demo" "$out/demo" > "$out/demo.log" 2>&1
+d="$out/demo" cfg="$root/configs/runs/demo"
+run() { mpirun -np 2 "$aerie" "$@" >> "$out/runs.log" 2>&1; }
+options() {
+  case "$1" in
+    plain) echo "" ;;
+    norm_before_residual) echo "--draft-norm-before-residual" ;;
+    norm_output) echo "--draft-norm-output" ;;
+    both) echo "--draft-norm-before-residual --draft-norm-output" ;;
+    *) echo "draft_variants: unknown variant '$1'" >&2; exit 2 ;;
+  esac
+}
+lines="$out/results.jsonl"
+: > "$lines"
+for v in $variants; do
+  opts=$(options "$v")
+  for s in $seeds; do
+    r="$out/$v-seed$s"
+    if [ ! -f "$r/eval.json" ]; then
+      # shellcheck disable=SC2086  # the options are words
+      run train --config "$cfg/train.ini" --model "$d/target" --shards "$d/shards" --vocab "$d/draft_vocab.safetensors" \
+          --output "$r/train" --seed "$s" $opts
+      run export --checkpoint "$r/train" --model "$d/target" --output "$r/export"
+      run eval --config "$cfg/eval.ini" --model "$d/target" --draft "$r/export" --prompts "$d/eval_prompts.txt" \
+          --shards "$d/shards" --data-split "$r/train/data_split.json" --output "$r/eval.json"
+    fi
+    python3 -c "import json,sys; e=json.load(open(sys.argv[1])); print(json.dumps({'variant': sys.argv[2], 'seed': int(sys.argv[3]), 'acceptance_length': round(e['acceptance_length'], 4), 'tau_sim': round(e['tau_sim'], 4), 'lossless': e['lossless']}))" \
+        "$r/eval.json" "$v" "$s" | tee -a "$lines"
+  done
+done
+python3 - "$lines" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+for v in dict.fromkeys(r["variant"] for r in rows):
+    rs = [r for r in rows if r["variant"] == v]
+    al = [r["acceptance_length"] for r in rs]
+    ts = [r["tau_sim"] for r in rs]
+    print(json.dumps({"variant": v, "seeds": len(rs), "acceptance_length_mean": round(sum(al) / len(al), 4),
+                      "acceptance_length_min": min(al), "acceptance_length_max": max(al),
+                      "tau_sim_mean": round(sum(ts) / len(ts), 4), "all_lossless": all(r["lossless"] for r in rs)}))
+PY
