@@ -1,21 +1,25 @@
-// wgmma (sm_90a) backward of the causal GQA attention, head dim exactly 128, bf16 q/k/v/dout: the two
-// passes of attention_backward_tc.cu (dq per tile of packed query rows; dk/dv per tile of keys, no
-// atomics) with warpgroup MMAs instead of mma.sync. The math is FlashAttention-2's Algorithm 2 (Dao 2023),
-// as there: P = exp(scale q.k - lse) recomputed from the saved lse, dP = dout v^T, dS = P (dP - D);
-// dq = scale dS K, dk += scale dS^T Q, dv += P^T dout; P and dS rounded to bf16 as the A operands of the
-// second products, everything else fp32. The layout follows FlashAttention-3 (Shah et al. 2024) in the
-// part that pays on Hopper: the products read their shared-memory operands through wgmma descriptors,
-// and P / dS go from the accumulators of one wgmma straight into the A registers of the next.
+// wgmma (sm_90a) kernels of the causal GQA attention, head dim exactly 128, bf16 q/k/v (and dout): the
+// forward of attention_tc.cu and the two backward passes of attention_backward_tc.cu (dq per tile of
+// packed query rows; dk/dv per tile of keys, no atomics) with warpgroup MMAs instead of mma.sync, the
+// same contracts, row packing (R = i * group + head in group), masks, key splits / varlen (forward)
+// and treatment of rows without keys. The math is FlashAttention-2's (Dao 2023): the forward's online
+// softmax (Algorithm 1); the backward's P = exp(scale q.k - lse) recomputed from the saved lse,
+// dP = dout v^T, dS = P (dP - D), dq = scale dS K, dk += scale dS^T Q, dv += P^T dout (Algorithm 2).
+// P and dS are rounded to bf16 as the A operands of the second products, everything else is fp32.
+// The layout follows FlashAttention-3 (Shah et al. 2024) where it pays on Hopper: the products read
+// their shared-memory operands through wgmma descriptors; P / dS go from the accumulators of one wgmma
+// straight into the A registers of the next; each kernel is warp-specialized (a producer warpgroup
+// copies with cp.async into mbarrier slots, two consumer warpgroups multiply).
 //
-// dk/dv pass: a block of 2 warpgroups holds 128 keys of one kv head (64 per warpgroup: K, V resident in
-// shared memory); 64-row tiles of packed query rows (Q, dout, their lse and D) stream through a double
-// buffer (cp.async). Per tile and warpgroup: S^T = K Q^T and dP^T = V dout^T (both operands in shared
-// memory, K-major), dV += P^T dout and dK += dS^T Q (P^T, dS^T from registers; Q and dout read MN-major,
-// the same tiles transposed). dq pass: a block of 2 warpgroups holds 128 packed query rows (Q, dout
-// resident); 64-key tiles of K and V stream; per tile S = Q K^T, dP = dout V^T, dQ += dS K (K MN-major).
-// Shared tiles: wgmma's 128-byte swizzle, two 64-column halves per [rows][128] tile (wgmma.cuh).
-//
-// Row packing, masks and the treatment of rows without keys are attention_backward_tc.cu's.
+// Forward: a block holds 128 packed query rows (64 per consumer warpgroup, Q resident); 64-key tiles of
+// K and V stream; per tile S = Q K^T, the online softmax, O += P V (V read MN-major). dk/dv pass: a
+// block holds 128 keys of one kv head (64 per consumer warpgroup, K and V resident); 64-row tiles of
+// packed query rows (Q, dout, their lse and D) stream; per tile S^T = K Q^T and dP^T = V dout^T (both
+// operands K-major), dV += P^T dout and dK += dS^T Q (Q and dout read MN-major: the same tiles,
+// transposed). dq pass: 128 packed query rows (Q, dout resident), 64-key tiles of K and V; per tile
+// S = Q K^T, dP = dout V^T, dQ += dS K (K MN-major). Shared tiles: wgmma's 128-byte swizzle, two
+// 64-column halves per [rows][128] tile (wgmma.cuh). Measured: docs/performance.md, "Attention kernels
+// on wgmma".
 #include <cstdlib>
 
 #include "kernels/cuda/attention_mma.cuh"
