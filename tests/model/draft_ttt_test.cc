@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <random>
 
 #include "draft_testing.h"
@@ -105,19 +106,25 @@ void gradient_matches_finite_differences_of_reference(bool norm_before_residual,
 
 TEST(DraftTTT, GradientMatchesFiniteDifferencesOfReference) { gradient_matches_finite_differences_of_reference(false); }
 
+/// The TTT loss of the tiny draft changes by more than fp32 noise when `set` turns an option on (so that
+/// neither the forward nor its reference can ignore it).
+void expect_option_changes_loss(const std::function<void(DraftConfig&)>& set) {
+  auto m = make_tiny_draft(1);
+  auto s = make_tiny_sample(m, 9, 2);
+  const TTTStats off = ttt_forward_backward(m.cfg, m.w, m.embed, s, m.d2t, m.t2d, kSteps, kWeights, nullptr);
+  set(m.cfg);
+  const TTTStats on = ttt_forward_backward(m.cfg, m.w, m.embed, s, m.d2t, m.t2d, kSteps, kWeights, nullptr);
+  EXPECT_GT(std::fabs(total_loss(on, kWeights) - total_loss(off, kWeights)), 1e-5 * std::fabs(total_loss(off, kWeights)));
+}
+
 // EAGLE-3.1's norm_before_residual (y = hidden_norm(h) + o_proj(attention)): the forward against the
 // double reference with the option, every weight's gradient against its finite differences, and the
 // option changing the loss (so that neither side can ignore it).
 TEST(DraftTTT, NormBeforeResidualMatchesTheReference) {
   forward_matches_double_reference(true);
   gradient_matches_finite_differences_of_reference(true);
-  auto m = make_tiny_draft(1);
-  auto s = make_tiny_sample(m, 9, 2);
-  const TTTStats off = ttt_forward_backward(m.cfg, m.w, m.embed, s, m.d2t, m.t2d, kSteps, kWeights, nullptr);
-  m.cfg.norm_before_residual = true;
-  const TTTStats on = ttt_forward_backward(m.cfg, m.w, m.embed, s, m.d2t, m.t2d, kSteps, kWeights, nullptr);
   // (0.06% on this draft, whose hidden states are near unit RMS; fp32 noise is ~1e-7.)
-  EXPECT_GT(std::fabs(total_loss(on, kWeights) - total_loss(off, kWeights)), 1e-5 * std::fabs(total_loss(off, kWeights)));
+  expect_option_changes_loss([](DraftConfig& c) { c.norm_before_residual = true; });
 }
 
 // EAGLE-3.1's norm_output (each step hands norm(o) to the next): the same three checks, alone and with
@@ -127,12 +134,7 @@ TEST(DraftTTT, NormOutputMatchesTheReference) {
   gradient_matches_finite_differences_of_reference(false, true);
   forward_matches_double_reference(true, true);
   gradient_matches_finite_differences_of_reference(true, true);
-  auto m = make_tiny_draft(1);
-  auto s = make_tiny_sample(m, 9, 2);
-  const TTTStats off = ttt_forward_backward(m.cfg, m.w, m.embed, s, m.d2t, m.t2d, kSteps, kWeights, nullptr);
-  m.cfg.norm_output = true;
-  const TTTStats on = ttt_forward_backward(m.cfg, m.w, m.embed, s, m.d2t, m.t2d, kSteps, kWeights, nullptr);
-  EXPECT_GT(std::fabs(total_loss(on, kWeights) - total_loss(off, kWeights)), 1e-5 * std::fabs(total_loss(off, kWeights)));
+  expect_option_changes_loss([](DraftConfig& c) { c.norm_output = true; });
 }
 
 // The same in fp32 through ttt_forward_backward itself (the whole TTT loss), eps 1e-2 relative to

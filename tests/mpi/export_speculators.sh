@@ -80,56 +80,39 @@ check(hs["t2d"]["dtype"] == "BOOL" and hs["d2t"]["dtype"] == "I64", "d2t/t2d dty
 PY
 echo "speculators export: config and tensors ok"
 
-# EAGLE-3.1's norm_before_residual (train --draft-norm-before-residual): both exports say so in the fields
-# vLLM and speculators read, eval reads either export and is lossless with it (the draft layer's residual base
-# hidden_norm(h) in aerie's own decoding), and a resume of the run trained without it is refused by name.
-run train_nbr 1 train --model "$model" --shards "$work/shards" --vocab "$work/vocab.safetensors" --output "$work/run_nbr" \
-  --steps 4 --batch-size 4 --checkpoint-every 4 --log-every 4 --draft-norm-before-residual || fail "train --draft-norm-before-residual"
-run export_nbr 1 export --checkpoint "$work/run_nbr" --model "$model" --output "$work/nbr_eagle3" || fail "export (nbr)"
-run export_nbr_spec 1 export --checkpoint "$work/run_nbr" --model "$model" --output "$work/nbr_spec" --format speculators \
-  || fail "export --format speculators (nbr)"
-python3 - "$work" <<'PY' || fail "the norm_before_residual exports"
+# An EAGLE-3.1 option: a draft trained with FLAG gets FIELD true in both exports (the fields the serving
+# engines read: norm_before_residual vLLM and speculators, norm_output vLLM, SGLang and speculators) and the
+# plain draft's default export none; eval reads either export and is lossless (aerie's own decoding runs
+# the option); a resume of the run trained without it is refused by name.
+# usage: eagle31_option TAG FLAG FIELD
+eagle31_option() {
+  local tag=$1 flag=$2 field=$3
+  run "train_$tag" 1 train --model "$model" --shards "$work/shards" --vocab "$work/vocab.safetensors" \
+    --output "$work/run_$tag" --steps 4 --batch-size 4 --checkpoint-every 4 --log-every 4 "$flag" || fail "train $flag"
+  run "export_$tag" 1 export --checkpoint "$work/run_$tag" --model "$model" --output "$work/${tag}_eagle3" \
+    || fail "export ($tag)"
+  run "export_${tag}_spec" 1 export --checkpoint "$work/run_$tag" --model "$model" --output "$work/${tag}_spec" \
+    --format speculators || fail "export --format speculators ($tag)"
+  python3 - "$work" "$tag" "$field" <<'PY' || fail "the $field exports"
 import json, sys
-w = sys.argv[1]
-e, s, p = (json.load(open(w + f)) for f in ("/nbr_eagle3/config.json", "/nbr_spec/config.json", "/eagle3/config.json"))
-if e.get("norm_before_residual") is not True: sys.exit("FAIL: the default export lacks norm_before_residual: true")
-if s.get("norm_before_residual") is not True: sys.exit("FAIL: the speculators export lacks norm_before_residual: true")
-if "norm_before_residual" in p: sys.exit("FAIL: the plain draft's export writes norm_before_residual")
+w, tag, field = sys.argv[1:]
+e, s, p = (json.load(open(w + f)) for f in (f"/{tag}_eagle3/config.json", f"/{tag}_spec/config.json", "/eagle3/config.json"))
+if e.get(field) is not True: sys.exit(f"FAIL: the default export lacks {field}: true")
+if s.get(field) is not True: sys.exit(f"FAIL: the speculators export lacks {field}: true")
+if field in p: sys.exit(f"FAIL: the plain draft's export writes {field}")
 PY
-for d in nbr_eagle3 nbr_spec; do
-  run "eval_$d" 1 eval --model "$model" --draft "$work/$d" --prompts "$text" --num-prompts 4 --max-new-tokens 12 \
-    --num-draft-tokens 3 --device cpu --dtype f32 --output "$work/eval_$d.json" || fail "eval --draft $d"
-  grep -q '"lossless": true' "$work/eval_$d.json" || { cat "$work/eval_$d.json"; fail "eval of $d is not lossless"; }
-done
-refused resume_nbr "--draft-norm-before-residual is on but the checkpoint was trained with it off" \
-  1 train --model "$model" --shards "$work/shards" --vocab "$work/vocab.safetensors" --output "$work/run" \
-  --steps 4 --batch-size 4 --checkpoint-every 4 --log-every 4 --draft-norm-before-residual
-echo "norm_before_residual: trained, exported (both formats), evaluated losslessly, resume refused"
-
-# EAGLE-3.1's norm_output (train --draft-norm-output: each draft step hands norm(o) to the next): the same
-# checks, with the field vLLM, SGLang and speculators read.
-run train_nout 1 train --model "$model" --shards "$work/shards" --vocab "$work/vocab.safetensors" --output "$work/run_nout" \
-  --steps 4 --batch-size 4 --checkpoint-every 4 --log-every 4 --draft-norm-output || fail "train --draft-norm-output"
-run export_nout 1 export --checkpoint "$work/run_nout" --model "$model" --output "$work/nout_eagle3" || fail "export (nout)"
-run export_nout_spec 1 export --checkpoint "$work/run_nout" --model "$model" --output "$work/nout_spec" \
-  --format speculators || fail "export --format speculators (nout)"
-python3 - "$work" <<'PY' || fail "the norm_output exports"
-import json, sys
-w = sys.argv[1]
-e, s, p = (json.load(open(w + f)) for f in ("/nout_eagle3/config.json", "/nout_spec/config.json", "/eagle3/config.json"))
-if e.get("norm_output") is not True: sys.exit("FAIL: the default export lacks norm_output: true")
-if s.get("norm_output") is not True: sys.exit("FAIL: the speculators export lacks norm_output: true")
-if "norm_output" in p: sys.exit("FAIL: the plain draft's export writes norm_output")
-PY
-for d in nout_eagle3 nout_spec; do
-  run "eval_$d" 1 eval --model "$model" --draft "$work/$d" --prompts "$text" --num-prompts 4 --max-new-tokens 12 \
-    --num-draft-tokens 3 --device cpu --dtype f32 --output "$work/eval_$d.json" || fail "eval --draft $d"
-  grep -q '"lossless": true' "$work/eval_$d.json" || { cat "$work/eval_$d.json"; fail "eval of $d is not lossless"; }
-done
-refused resume_nout "--draft-norm-output is on but the checkpoint was trained with it off" \
-  1 train --model "$model" --shards "$work/shards" --vocab "$work/vocab.safetensors" --output "$work/run" \
-  --steps 4 --batch-size 4 --checkpoint-every 4 --log-every 4 --draft-norm-output
-echo "norm_output: trained, exported (both formats), evaluated losslessly, resume refused"
+  for d in "${tag}_eagle3" "${tag}_spec"; do
+    run "eval_$d" 1 eval --model "$model" --draft "$work/$d" --prompts "$text" --num-prompts 4 --max-new-tokens 12 \
+      --num-draft-tokens 3 --device cpu --dtype f32 --output "$work/eval_$d.json" || fail "eval --draft $d"
+    grep -q '"lossless": true' "$work/eval_$d.json" || { cat "$work/eval_$d.json"; fail "eval of $d is not lossless"; }
+  done
+  refused "resume_$tag" "$flag is on but the checkpoint was trained with it off" \
+    1 train --model "$model" --shards "$work/shards" --vocab "$work/vocab.safetensors" --output "$work/run" \
+    --steps 4 --batch-size 4 --checkpoint-every 4 --log-every 4 "$flag"
+  echo "$field: trained, exported (both formats), evaluated losslessly, resume refused"
+}
+eagle31_option nbr --draft-norm-before-residual norm_before_residual  # residual base hidden_norm(h)
+eagle31_option nout --draft-norm-output norm_output                    # norm(o) handed to the next step
 
 refused format "aerie export: --format 'gguf' is not eagle3 or speculators" \
   1 export --checkpoint "$work/run" --model "$model" --output "$work/x" --format gguf
