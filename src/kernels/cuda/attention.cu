@@ -15,27 +15,14 @@
 #include "kernels/cuda/attention.h"
 
 #include <algorithm>
-#include <cstdlib>
-#include <string>
 #include <type_traits>
 
 #include "kernels/cuda/attention_common.cuh"
-#include "kernels/cuda/wgmma.cuh"
 
 namespace aerie::cuda {
 namespace {
 
 using namespace attn;
-
-/// Whether the BF16 forward at head dim 128 takes the wgmma kernel: an sm_90a GPU, unless
-/// AERIE_ATTENTION_FORWARD_KERNEL says "mma" ("wgmma" or unset: auto). Read at every call (tests switch it).
-bool use_wgmma_forward() {
-  const char* env = std::getenv("AERIE_ATTENTION_FORWARD_KERNEL");
-  const std::string k = env ? env : "";
-  AERIE_CHECK(k.empty() || k == "wgmma" || k == "mma",
-              "AERIE_ATTENTION_FORWARD_KERNEL must be wgmma or mma, got '" << k << "'");
-  return k != "mma" && wgmma_device();
-}
 
 template <int DP, int RPW, typename T>
 __global__ void __launch_bounds__(kThreads) attn_fwd_kernel(FwdParams p) {
@@ -200,7 +187,8 @@ struct Forward {
       const bool ok = p.d == TD && aligned(p.q, 16) && aligned(p.k, 16) && aligned(p.v, 16) && aligned(p.out, 4);
       if (ok && p.dv == TD) {
         // The wgmma kernel's grid holds the tiles in y (at most 65535 of 128 rows).
-        if (TD == 128 && (p.tq * p.group) / (2 * kTcBlockRows) + p.nseq < 65535 && use_wgmma_forward()) {
+        if (TD == 128 && (p.tq * p.group) / (2 * kTcBlockRows) + p.nseq < 65535 &&
+            wgmma_chosen("AERIE_ATTENTION_FORWARD_KERNEL")) {
           plan_and_launch(2 * kTcBlockRows, [&](int64_t tiles, int64_t splits) { launch_fwd_wgmma(p, tiles, splits); });
           return;
         }

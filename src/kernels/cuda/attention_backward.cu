@@ -7,13 +7,10 @@
 // sm_90a GPU with head dim 128 to the wgmma passes of attention_wgmma.cu
 // (AERIE_ATTENTION_BACKWARD_KERNEL=mma keeps the mma.sync ones, for comparisons).
 #include <algorithm>
-#include <cstdlib>
-#include <string>
 #include <type_traits>
 
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_common.cuh"
-#include "kernels/cuda/wgmma.cuh"
 
 namespace aerie::cuda {
 namespace {
@@ -22,15 +19,6 @@ using namespace attn;
 
 constexpr int kKpw = 8;  // keys per warp in the dk/dv pass (kWarps * kKpw keys per block)
 
-/// Whether the BF16 backward at head dim 128 takes the wgmma passes: an sm_90a GPU, unless
-/// AERIE_ATTENTION_BACKWARD_KERNEL says "mma" ("wgmma" or unset: auto). Read at every call (tests switch it).
-bool use_wgmma() {
-  const char* env = std::getenv("AERIE_ATTENTION_BACKWARD_KERNEL");
-  const std::string k = env ? env : "";
-  AERIE_CHECK(k.empty() || k == "wgmma" || k == "mma",
-              "AERIE_ATTENTION_BACKWARD_KERNEL must be wgmma or mma, got '" << k << "'");
-  return k != "mma" && wgmma_device();
-}
 
 
 /// D_i = dout_i . out_i, one warp per (row, head).
@@ -283,7 +271,7 @@ struct Backward {
       auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
       if (p.d == DP && !few_rows(p.tq * p.group) && aligned(p.q) && aligned(p.k) && aligned(p.v) &&
           aligned(p.dout) && aligned(p.dq) && aligned(p.dk) && aligned(p.dv)) {
-        if (DP == 128 && use_wgmma()) {
+        if (DP == 128 && wgmma_chosen("AERIE_ATTENTION_BACKWARD_KERNEL")) {
           launch_bwd_wgmma<G>(p);
           return;
         }

@@ -3,8 +3,11 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/wgmma.cuh"
 
 namespace aerie::cuda::attn {
 
@@ -21,6 +24,16 @@ __host__ __device__ constexpr int padded() { return DP + 4; }
 __device__ __forceinline__ float dot4(const float* a, const float* b) {
   const float4 x = *reinterpret_cast<const float4*>(a), y = *reinterpret_cast<const float4*>(b);
   return x.x * y.x + x.y * y.y + x.z * y.z + x.w * y.w;
+}
+
+/// Whether an attention op at head dim 128 takes its wgmma kernel (attention_wgmma.cu): an sm_90a GPU,
+/// unless the environment variable `env` says "mma" ("wgmma" or unset: auto). Read at every call (tests
+/// switch it). Throws aerie::Error naming `env` for any other value.
+inline bool wgmma_chosen(const char* env) {
+  const char* v = std::getenv(env);
+  const std::string k = v ? v : "";
+  AERIE_CHECK(k.empty() || k == "wgmma" || k == "mma", env << " must be wgmma or mma, got '" << k << "'");
+  return k != "mma" && wgmma_device();
 }
 
 inline int sm_count() {
