@@ -3,6 +3,7 @@
 // TrainOptions, the metrics of a step and train_step (one data-parallel optimizer step).
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "comm/nccl_communicator.h"
 #include "core/device.h"
@@ -62,16 +63,16 @@ void TrainOptions::check_resumable(const nlohmann::json& c) const {
                                                 << "trained with " << theirs.dump()
                                                 << "; rerun with the same options or use another --output");
   }
-  const bool nbr = c.value("draft_norm_before_residual", false);  // older checkpoints: the original layout
-  AERIE_CHECK(nbr == draft_norm_before_residual,
-              "resume: --draft-norm-before-residual is " << (draft_norm_before_residual ? "on" : "off")
-                                                         << " but the checkpoint was trained with it "
-                                                         << (nbr ? "on" : "off")
-                                                         << "; rerun with the same options or use another --output");
-  const bool no = c.value("draft_norm_output", false);  // older checkpoints: the original chain
-  AERIE_CHECK(no == draft_norm_output, "resume: --draft-norm-output is "
-                                           << (draft_norm_output ? "on" : "off") << " but the checkpoint was trained with it "
-                                           << (no ? "on" : "off") << "; rerun with the same options or use another --output");
+  // The EAGLE-3.1 switches (older checkpoints have none: the original layout and chain, off).
+  for (const auto& [key, on] : {std::pair<const char*, bool>{"draft_norm_before_residual", draft_norm_before_residual},
+                                {"draft_norm_output", draft_norm_output}}) {
+    const bool theirs = c.value(key, false);
+    std::string opt = std::string("--") + key;
+    std::replace(opt.begin(), opt.end(), '_', '-');
+    AERIE_CHECK(theirs == on, "resume: " << opt << " is " << (on ? "on" : "off") << " but the checkpoint was trained "
+                                         << "with it " << (theirs ? "on" : "off")
+                                         << "; rerun with the same options or use another --output");
+  }
 }
 
 AdamState AdamState::zeros(const DraftConfig& cfg, Device device) {
