@@ -26,6 +26,7 @@
 #include "data/extract.h"
 #include "jobs/jobs.h"
 #include "jobs/target_device.h"
+#include "kernels/gemm.h"
 #include "model/target.h"
 
 namespace aerie::jobs {
@@ -189,6 +190,8 @@ int extract(const std::vector<std::string>& args) {
   ExtractStats stats = run_extract(opt, groups, forward);
   if (groups.map.world_rank == 0 && !model.profile_summary().empty())
     AERIE_LOG(info) << "extract: op times (AERIE_PROFILE=1), rank 0: " << model.profile_summary();
+  if (groups.map.world_rank == 0 && !gemm_search_summary().empty())
+    AERIE_LOG(info) << "extract: rank 0: " << gemm_search_summary();
   if (mopt.device == Device::CUDA) log_gpu_memory("extract", groups.map.world_rank);
   if (stats.stopped && stats.chunks_skipped + stats.chunks_done < stats.chunks) {
     if (groups.map.world_rank == 0) {

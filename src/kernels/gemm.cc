@@ -2,6 +2,7 @@
 #include "kernels/gemm.h"
 
 #include <climits>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -283,6 +284,28 @@ void matmul_grouped_quant(const Tensor& a, GroupedWeightFormat format, const std
     Tensor cg = c.slice(offsets[g], offsets[g + 1]);
     matmul(ag, wg, cg, false, true);
   }
+}
+
+std::string gemm_search_summary() {
+#ifdef AERIE_WITH_CUDA
+  const auto recs = cuda::gemm_search_report();
+  if (recs.empty()) return "";
+  double first = 0.0, best = 0.0;
+  int changed = 0;
+  for (const auto& r : recs) {
+    first += r.first_ms;
+    best += r.best_ms;
+    changed += r.chosen != 0;
+  }
+  char buf[256];
+  std::snprintf(buf, sizeof buf,
+                "GEMM algorithm search: %zu shapes, %d took another algorithm than the heuristic's first; one run "
+                "of each: %.3f ms with the heuristic's first, %.3f ms with the kept ones (%.3fx)",
+                recs.size(), changed, first, best, best > 0.0 ? first / best : 1.0);
+  return buf;
+#else
+  return "";
+#endif
 }
 
 }  // namespace aerie

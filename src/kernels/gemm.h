@@ -25,6 +25,12 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& c, bool trans_a, bool tran
 
 namespace aerie {
 
+/// One line on matmul's cuBLASLt algorithm searches so far (kernels/cuda/gemm.cu, AERIE_GEMM_SEARCH=1):
+/// shapes searched, how many kept another algorithm than the heuristic's first, and the summed time of
+/// one run of every searched shape with the heuristic's first against the kept ones (ms). Empty when no
+/// search ran (the search off, a CPU-only build, or no shape large enough).
+std::string gemm_search_summary();
+
 /// Grouped GEMM (the routed experts of an MoE layer, rows sorted by expert): for every group g with
 /// rows [offsets[g], offsets[g + 1]) of a and c,
 ///   c[rows] = a[rows] @ w[g]^T,      a [P, K], w[g] [N, K] (one N, K, dtype and device for all g), c [P, N].

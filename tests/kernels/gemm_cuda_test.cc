@@ -13,6 +13,9 @@
 #include "kernel_test_util.h"
 #include "kernels/embedding.h"
 #include "kernels/gemm.h"
+#ifdef AERIE_WITH_CUDA
+#include "kernels/cuda/gemm.h"
+#endif
 
 namespace aerie {
 namespace {
@@ -150,6 +153,45 @@ TEST(MatmulCuda, UnalignedViewsAndEmptyInnerDimension) {
 }
 
 // The CPU BF16 output (the reference of the CUDA one, and of a CPU-only build).
+#ifdef AERIE_WITH_CUDA
+// The algorithm search (kernels/cuda/gemm.cu, AERIE_GEMM_SEARCH): a shape of >= 1 GFLOP called with
+// beta 0 is searched once (one record), its result still matches the CPU within the tolerance above; a
+// second M of the same power-of-two bucket reuses the winner (no new record); a beta != 0 call of a new
+// shape does not search (its c is read and must not be overwritten) and still accumulates right.
+TEST(MatmulCuda, AlgorithmSearchKeepsResultsAndSearchesOncePerBucket) {
+  AERIE_REQUIRE_CUDA();
+  cuda::set_gemm_search_mode(true);
+  struct Restore {
+    ~Restore() { cuda::set_gemm_search_mode(false); }
+  } restore;
+  const int64_t n = 1536, k = 1024;  // 2 M N K >= 1e9 for M >= 318
+  uint32_t seed = 900;
+  auto check = [&](int64_t m, float beta, size_t want_records, const char* what) {
+    SCOPED_TRACE(what);
+    Tensor a = random_tensor({m, k}, ++seed).to(DType::BF16), b = random_tensor({n, k}, ++seed).to(DType::BF16);
+    Tensor c0 = random_tensor({m, n}, ++seed, -2.0f, 2.0f);
+    Tensor ref = c0.clone();
+    matmul(a, b, ref, false, true, 1.0f, beta);
+    Tensor c = c0.to_device(Device::CUDA);
+    matmul(a.to_device(Device::CUDA), b.to_device(Device::CUDA), c, false, true, 1.0f, beta);
+    expect_within(c.to_float_vector(), ref.to_float_vector(), tolerance(a, b, c0, false, true, 1.0f, beta, k), what);
+    EXPECT_EQ(cuda::gemm_search_report().size(), want_records);
+  };
+  const size_t before = cuda::gemm_search_report().size();
+  check(700, 0.0f, before + 1, "M 700 (bucket 1024): searched");
+  const cuda::GemmSearchRecord r = cuda::gemm_search_report().back();  // a copy: the report is returned by value
+  EXPECT_EQ(r.m, 700);
+  EXPECT_EQ(r.n, n);
+  EXPECT_GE(r.chosen, 0);
+  EXPECT_GT(r.best_ms, 0.0);
+  EXPECT_LE(r.best_ms, r.first_ms * 1.0001);  // the heuristic's first is a candidate
+  check(1000, 0.0f, before + 1, "M 1000 (bucket 1024): the winner reused, no search");
+  check(1100, 0.5f, before + 1, "M 1100, beta 0.5: no search, c accumulated");
+  check(1100, 0.0f, before + 2, "M 1100, beta 0 (bucket 2048): searched now");
+  check(100, 0.0f, before + 2, "M 100: below 1 GFLOP, not searched");
+}
+#endif
+
 TEST(MatmulBf16Output, CpuRoundsTheFp32ResultOnce) {
   const int64_t m = 6, n = 5, k = 40;
   Tensor a = random_tensor({m, k}, 7).to(DType::BF16), b = random_tensor({n, k}, 8).to(DType::BF16);

@@ -14,7 +14,9 @@
 //    step_with_target_s / tokens_per_s_with_target / peak_with_target_gib: the step with the sample's
 //    target distribution made inside it (make_ttt_sample, as aerie train does per sample; what
 //    SpecForge's step, tools/bench/specforge_step.py, also does)}
-//   {"bench": "train_breakdown", ...}: forward-only and forward+backward time of ttt_forward_backward,
+//   {"bench": "gemm_search", ...}: with AERIE_GEMM_SEARCH=1, one line per GEMM shape whose cuBLASLt
+//    algorithm was searched (kernels/cuda/gemm.h GemmSearchRecord), then a "# GEMM algorithm search" sum;
+//   {"bench": "train_breakdown", ...}: the target distribution (make_ttt_sample) alone, forward-only and forward+backward time of ttt_forward_backward,
 //    the rest of the step (gradient zeroing, compute-copy refresh, clipping + AdamW), and one causal
 //    attention forward / backward call of the step-0 shape, for finding what dominates the step.
 // MFU: model FLOPs as hf_reference.py counts them (3 x forward; per step the layer and lm_head on T
@@ -39,6 +41,8 @@
 #include "data/vocab.h"
 #include "kernels/attention.h"
 #include "kernels/convert.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/gemm.h"
 #include "kernels/optim.h"
 #include "model/draft.h"
 #include "train/trainer.h"
@@ -204,6 +208,14 @@ int run(const Args& a) {
     m = train_step(cfg, w, opt, embed, local, vocab, S, 1e-4, 0.5, solo, scratch);
   });
   const double peak_t = pool_high_gib();
+  // The GEMM algorithm searches (AERIE_GEMM_SEARCH=1) of this run: one line per searched shape.
+  for (const auto& r : cuda::gemm_search_report())
+    std::printf("{\"bench\": \"gemm_search\", \"m\": %lld, \"n\": %lld, \"k\": %lld, \"dtypes\": \"%s\", "
+                "\"trans_a\": %d, \"trans_b\": %d, \"candidates\": %d, \"chosen\": %d, \"first_ms\": %.4f, "
+                "\"best_ms\": %.4f}\n",
+                static_cast<long long>(r.m), static_cast<long long>(r.n), static_cast<long long>(r.k), r.dtypes.c_str(),
+                r.trans_a, r.trans_b, r.candidates, r.chosen, r.first_ms, r.best_ms);
+  if (!gemm_search_summary().empty()) std::printf("# %s\n", gemm_search_summary().c_str());
 
   // Model FLOPs as hf_reference.py train counts them.
   int64_t params = 0;
@@ -232,6 +244,7 @@ int run(const Args& a) {
   const double fwd_s = timed(1, it, [&] {
     ttt_forward_backward(cfg, wc, embed, local[0], vocab.d2t, vocab.t2d, S, sw, nullptr);
   });
+  const double target_s = timed(1, it, [&] { local[0] = make_ttt_sample(ids, all, aux, z, target_lm, selected); });
   const double fwdbwd_s = timed(1, it, [&] {
     for (auto& [n, t] : scratch.grads.named()) t->fill_zero();
     ttt_forward_backward(cfg, wc, embed, local[0], vocab.d2t, vocab.t2d, S, sw, &scratch.grads);
@@ -250,10 +263,10 @@ int run(const Args& a) {
       timed(1, a.iters, [&] { attention_backward(dout, q, k, v, out, lse, 0, scale, dq, dk, dv); });
   std::printf(
       "{\"bench\": \"train_breakdown\", \"seq\": %lld, \"ttt_steps\": %d, \"precision\": \"%s\", \"step_s\": %.5f, "
-      "\"ttt_forward_s\": %.5f, \"ttt_forward_backward_s\": %.5f, \"rest_of_step_s\": %.5f, "
+      "\"target_distribution_s\": %.5f, \"ttt_forward_s\": %.5f, \"ttt_forward_backward_s\": %.5f, \"rest_of_step_s\": %.5f, "
       "\"attention_forward_call_s\": %.5f, \"attention_backward_call_s\": %.5f, "
       "\"attention_calls_per_step\": %d, \"attention_share_of_step\": %.3f}\n",
-      static_cast<long long>(T), S, a.precision.c_str(), step_s, fwd_s, fwdbwd_s, step_s - fwdbwd_s, attn_fwd_s,
+      static_cast<long long>(T), S, a.precision.c_str(), step_s, target_s, fwd_s, fwdbwd_s, step_s - fwdbwd_s, attn_fwd_s,
       attn_bwd_s, S, S * (attn_fwd_s + attn_bwd_s) / step_s);
   std::fflush(stdout);
   return 0;

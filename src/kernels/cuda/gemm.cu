@@ -4,7 +4,19 @@
 //
 // One cuBLASLt handle per host thread and device, created on first use; a 32 MiB workspace per
 // (thread, device, stream), allocated once, so that matmuls on two streams never share one; a plan cache
-// (descriptors + the heuristic's algorithm) keyed by shape, dtypes, transposes and pointer alignments.
+// (descriptors + the algorithm) keyed by shape, dtypes, transposes and pointer alignments.
+//
+// The algorithm search (AERIE_GEMM_SEARCH, gemm_search_mode()): a shape's algorithm is by default the
+// first of cuBLASLt's heuristic list. With the search on, the first beta = 0 call of a shape of at least
+// kSearchMinFlop asks the heuristic for up to kSearchCandidates algorithms, runs each on the call's own
+// operands (into the call's own output, which the call overwrites anyway: no extra memory), times
+// kSearchReps runs of each with CUDA events after one warm-up, and keeps the fastest; the host waits
+// for those runs, once per shape. Shapes that differ only in M within one power-of-two bucket share the
+// winner (cublasLtMatmulAlgoCheck confirms it fits the new M; otherwise the heuristic's first), so a
+// training run over samples of many lengths searches about log2(T) times per weight shape. Calls with
+// beta != 0 (accumulations) never search (their output must not be overwritten) and use a winner of
+// the same shape when a beta = 0 call found one. The search is PyTorch's TunableOp idea for one GEMM
+// library: the chosen algorithm can differ between runs, and with it the last bits of the results.
 // All of it is kept for the life of the process on purpose (destroying cuBLASLt handles from
 // thread_local destructors at exit races the CUDA runtime's own teardown).
 #include "kernels/cuda/gemm.h"
@@ -13,7 +25,11 @@
 #include <cublas_v2.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
+#include <mutex>
 #include <sstream>
 #include <unordered_map>
 
@@ -31,6 +47,10 @@ namespace aerie::cuda {
 namespace {
 
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+constexpr int kSearchCandidates = 16;     // algorithms asked of the heuristic per searched shape
+constexpr int kSearchReps = 3;            // timed runs per candidate, after one warm-up
+constexpr double kSearchMinFlop = 1e9;    // 2 M N K below this: the heuristic's first (~2 us of work)
+constexpr bool kSearchDefault = false;    // AERIE_GEMM_SEARCH unset: off
 
 struct PlanKey {
   int64_t m, n, k;
@@ -56,14 +76,33 @@ struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;  // cuBLASLt's A (our b), B (our a), C = D
   cublasLtMatmulAlgo_t algo{};
-  bool found = false;  // false: the heuristic had no algorithm (e.g. for these pointer alignments)
+  bool found = false;     // false: the heuristic had no algorithm (e.g. for these pointer alignments)
+  bool searched = false;  // the algorithm is a search's (this shape's or its M bucket's), not the heuristic's first
+};
+
+/// An algorithm: a search candidate, or its winner, shared by the shapes of one M bucket (the key's M
+/// rounded up to a power of two).
+struct Winner {
+  cublasLtMatmulAlgo_t algo{};
 };
 
 struct Context {
   cublasLtHandle_t handle = nullptr;
   std::unordered_map<cudaStream_t, void*> workspaces;
   std::unordered_map<PlanKey, Plan, PlanKeyHash> plans;
+  std::unordered_map<PlanKey, Winner, PlanKeyHash> winners;  // keyed by the bucketed shape
 };
+
+/// Smallest power of two >= m (m >= 1).
+int64_t m_bucket(int64_t m) {
+  int64_t b = 1;
+  while (b < m) b <<= 1;
+  return b;
+}
+
+/// The searches' record, for gemm_search_report (all threads and devices).
+std::mutex g_report_mutex;
+std::vector<GemmSearchRecord> g_report;
 
 /// The calling thread's context for its current device.
 Context& context() {
@@ -95,37 +134,20 @@ uint32_t alignment_of(const void* p) {
 
 cudaDataType_t cuda_type(DType d) { return d == DType::F32 ? CUDA_R_32F : CUDA_R_16BF; }
 
-/// The cached plan of `key`, made on first use; nullptr when cuBLASLt has no algorithm for it.
-const Plan* plan_for(Context& ctx, const PlanKey& key) {
-  auto it = ctx.plans.find(key);
-  if (it != ctx.plans.end()) return it->second.found ? &it->second : nullptr;
-  const auto shapes = [&key] {
-    std::ostringstream os;
-    os << "matmul M=" << key.m << " N=" << key.n << " K=" << key.k << " " << dtype_name(key.ab) << "->"
-       << dtype_name(key.c) << " trans_a=" << key.ta << " trans_b=" << key.tb;
-    return os.str();
-  };
-  Plan p;
-  const cublasOperation_t op_a = key.tb ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = key.ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-  AERIE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
-                     shapes() << ": cublasLtMatmulDescCreate");
-  AERIE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a),
-                     shapes() << ": TRANSA");
-  AERIE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b),
-                     shapes() << ": TRANSB");
-  const auto m = static_cast<uint64_t>(key.m), n = static_cast<uint64_t>(key.n), k = static_cast<uint64_t>(key.k);
-  // Stored (pre-op) column-major shapes: our b is (N, K) ld N, or (K, N) ld K when trans_b; our a is
-  // (K, M) ld K, or (M, K) ld M when trans_a; c is (N, M) ld N.
-  AERIE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, cuda_type(key.ab), key.tb ? k : n, key.tb ? n : k,
-                                                key.tb ? key.k : key.n),
-                     shapes() << ": layout of b");
-  AERIE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, cuda_type(key.ab), key.ta ? m : k, key.ta ? k : m,
-                                                key.ta ? key.m : key.k),
-                     shapes() << ": layout of a");
-  AERIE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, cuda_type(key.c), n, m, key.n), shapes() << ": layout of c");
+std::string shape_name(const PlanKey& key) {
+  std::ostringstream os;
+  os << "matmul M=" << key.m << " N=" << key.n << " K=" << key.k << " " << dtype_name(key.ab) << "->"
+     << dtype_name(key.c) << " trans_a=" << key.ta << " trans_b=" << key.tb;
+  return os.str();
+}
 
+/// Up to `count` (<= kSearchCandidates) algorithms from cuBLASLt's heuristic for plan p's descriptors,
+/// key's alignments and the workspace, best first (only those whose state is success). Throws
+/// aerie::Error on a cuBLASLt failure. (Returned as Winner, a named struct: nvcc 13.0's front end
+/// crashes instantiating std::vector of cuBLASLt's unnamed-struct typedefs.)
+std::vector<Winner> heuristic(Context& ctx, const PlanKey& key, const Plan& p, int count) {
   cublasLtMatmulPreference_t pref = nullptr;
-  AERIE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref), shapes() << ": cublasLtMatmulPreferenceCreate");
+  AERIE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref), shape_name(key) << ": cublasLtMatmulPreferenceCreate");
   const uint64_t ws = kWorkspaceBytes;
   const uint32_t al_a = key.align_b, al_b = key.align_a, al_c = key.align_c;  // cuBLASLt's A is our b
   cublasStatus_t st =
@@ -138,16 +160,124 @@ const Plan* plan_for(Context& ctx, const PlanKey& key) {
     st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c);
   if (st == CUBLAS_STATUS_SUCCESS)
     st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c);
-  cublasLtMatmulHeuristicResult_t result{};
+  cublasLtMatmulHeuristicResult_t results[kSearchCandidates] = {};
+  count = std::min(count, kSearchCandidates);
   int found = 0;
   if (st == CUBLAS_STATUS_SUCCESS)
-    st = cublasLtMatmulAlgoGetHeuristic(ctx.handle, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
+    st = cublasLtMatmulAlgoGetHeuristic(ctx.handle, p.desc, p.a, p.b, p.c, p.c, pref, count, results, &found);
   cublasLtMatmulPreferenceDestroy(pref);
-  AERIE_CUBLAS_CHECK(st, shapes() << ": cublasLtMatmulAlgoGetHeuristic");
-  p.found = found > 0 && result.state == CUBLAS_STATUS_SUCCESS;
-  p.algo = result.algo;
-  const Plan& stored = ctx.plans.emplace(key, p).first->second;
+  AERIE_CUBLAS_CHECK(st, shape_name(key) << ": cublasLtMatmulAlgoGetHeuristic");
+  std::vector<Winner> ok;
+  for (int i = 0; i < found && i < count; ++i)
+    if (results[i].state == CUBLAS_STATUS_SUCCESS) ok.push_back(Winner{results[i].algo});
+  return ok;
+}
+
+/// key with M replaced by its bucket: the key of the winner that shapes of that bucket share.
+PlanKey bucket_key(const PlanKey& key) {
+  PlanKey b = key;
+  b.m = m_bucket(key.m);
+  return b;
+}
+
+/// Gives a fresh plan its bucket's search winner when there is one and cuBLASLt confirms it runs this
+/// exact shape within the workspace.
+void adopt_winner(Context& ctx, const PlanKey& key, Plan& p) {
+  auto it = ctx.winners.find(bucket_key(key));
+  if (it == ctx.winners.end()) return;
+  cublasLtMatmulHeuristicResult_t check{};
+  const cublasStatus_t st = cublasLtMatmulAlgoCheck(ctx.handle, p.desc, p.a, p.b, p.c, p.c, &it->second.algo, &check);
+  if (st == CUBLAS_STATUS_SUCCESS && check.state == CUBLAS_STATUS_SUCCESS && check.workspaceSize <= kWorkspaceBytes) {
+    p.algo = it->second.algo;
+    p.searched = true;
+  }
+}
+
+/// The cached plan of `key`, made on first use (the heuristic's first algorithm, or the M bucket's search
+/// winner); nullptr when cuBLASLt has no algorithm for it.
+Plan* plan_for(Context& ctx, const PlanKey& key) {
+  auto it = ctx.plans.find(key);
+  if (it != ctx.plans.end()) return it->second.found ? &it->second : nullptr;
+  const std::string shapes = shape_name(key);
+  Plan p;
+  const cublasOperation_t op_a = key.tb ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = key.ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  AERIE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+                     shapes << ": cublasLtMatmulDescCreate");
+  AERIE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof op_a),
+                     shapes << ": TRANSA");
+  AERIE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof op_b),
+                     shapes << ": TRANSB");
+  const auto m = static_cast<uint64_t>(key.m), n = static_cast<uint64_t>(key.n), k = static_cast<uint64_t>(key.k);
+  // Stored (pre-op) column-major shapes: our b is (N, K) ld N, or (K, N) ld K when trans_b; our a is
+  // (K, M) ld K, or (M, K) ld M when trans_a; c is (N, M) ld N.
+  AERIE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, cuda_type(key.ab), key.tb ? k : n, key.tb ? n : k,
+                                                key.tb ? key.k : key.n),
+                     shapes << ": layout of b");
+  AERIE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, cuda_type(key.ab), key.ta ? m : k, key.ta ? k : m,
+                                                key.ta ? key.m : key.k),
+                     shapes << ": layout of a");
+  AERIE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, cuda_type(key.c), n, m, key.n), shapes << ": layout of c");
+  const auto results = heuristic(ctx, key, p, 1);
+  p.found = !results.empty();
+  if (p.found) p.algo = results[0].algo;
+  Plan& stored = ctx.plans.emplace(key, p).first->second;
+  if (stored.found) adopt_winner(ctx, key, stored);
   return stored.found ? &stored : nullptr;
+}
+
+/// Searches plan p's algorithm as the header comment describes: runs the heuristic's candidates on
+/// c = op(a) op(b) (alpha as given, beta 0; c is overwritten, as the caller's call will do again),
+/// keeps the fastest in p and as the M bucket's winner, and records the timings for gemm_search_report.
+/// Waits for the stream. A candidate that fails to run is skipped; throws aerie::Error only on a CUDA
+/// event failure.
+void search(Context& ctx, const PlanKey& key, Plan& p, const void* a, const void* b, void* c, float alpha,
+            cudaStream_t s) {
+  p.searched = true;
+  const auto cands = heuristic(ctx, key, p, kSearchCandidates);
+  if (cands.size() < 2) return;
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  AERIE_CUDA_CHECK(cudaEventCreate(&e0), "matmul search: cudaEventCreate");
+  AERIE_CUDA_CHECK(cudaEventCreate(&e1), "matmul search: cudaEventCreate");
+  const float beta = 0.0f;
+  void* ws = workspace(ctx, s);
+  auto run = [&](const cublasLtMatmulAlgo_t& algo) {
+    return cublasLtMatmul(ctx.handle, p.desc, &alpha, b, p.a, a, p.b, &beta, c, p.c, c, p.c, &algo, ws,
+                          kWorkspaceBytes, s);
+  };
+  GemmSearchRecord rec;
+  rec.m = key.m;
+  rec.n = key.n;
+  rec.k = key.k;
+  rec.dtypes = std::string(dtype_name(key.ab)) + "->" + dtype_name(key.c);
+  rec.trans_a = key.ta;
+  rec.trans_b = key.tb;
+  rec.candidates = static_cast<int>(cands.size());
+  float best_ms = 0.0f;
+  for (size_t i = 0; i < cands.size(); ++i) {
+    if (run(cands[i].algo) != CUBLAS_STATUS_SUCCESS) continue;  // warm-up; a failing candidate is skipped
+    AERIE_CUDA_CHECK(cudaEventRecord(e0, s), "matmul search: cudaEventRecord");
+    bool ok = true;
+    for (int r = 0; r < kSearchReps && ok; ++r) ok = run(cands[i].algo) == CUBLAS_STATUS_SUCCESS;
+    AERIE_CUDA_CHECK(cudaEventRecord(e1, s), "matmul search: cudaEventRecord");
+    AERIE_CUDA_CHECK(cudaEventSynchronize(e1), "matmul search: cudaEventSynchronize");
+    float ms = 0.0f;
+    AERIE_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1), "matmul search: cudaEventElapsedTime");
+    if (!ok) continue;
+    ms /= kSearchReps;
+    if (i == 0) rec.first_ms = ms;
+    if (rec.chosen < 0 || ms < best_ms) {
+      best_ms = ms;
+      rec.chosen = static_cast<int>(i);
+    }
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  if (rec.chosen < 0) return;
+  rec.best_ms = best_ms;
+  p.algo = cands[static_cast<size_t>(rec.chosen)].algo;
+  ctx.winners[bucket_key(key)] = Winner{p.algo};
+  std::lock_guard<std::mutex> lock(g_report_mutex);
+  g_report.push_back(std::move(rec));
 }
 
 template <typename T>
@@ -180,7 +310,7 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& c, int64_t m, int64_t n, i
   Context& ctx = context();
   const PlanKey key{m, n, k, a.dtype(), c.dtype(), trans_a, trans_b,
                     alignment_of(a.raw()), alignment_of(b.raw()), alignment_of(c.raw())};
-  const Plan* p = plan_for(ctx, key);
+  Plan* p = plan_for(ctx, key);
   if (!p) {
     const bool aligned = key.align_a == 256 && key.align_b == 256 && key.align_c == 256;
     AERIE_CHECK(!aligned, "matmul M=" << m << " N=" << n << " K=" << k << " " << dtype_name(a.dtype()) << "->"
@@ -196,12 +326,39 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& c, int64_t m, int64_t n, i
     if (c2.raw() != c.raw()) c.copy_from(c2);
     return;
   }
+  if (!p->searched && beta == 0.0f && gemm_search_mode() &&
+      2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) >= kSearchMinFlop)
+    search(ctx, key, *p, a.raw(), b.raw(), c.raw(), alpha, s);
   AERIE_CUBLAS_CHECK(cublasLtMatmul(ctx.handle, p->desc, &alpha, b.raw(), p->a, a.raw(), p->b, &beta, c.raw(), p->c,
                                     c.raw(), p->c, &p->algo, workspace(ctx, s), kWorkspaceBytes, s),
                      "matmul M=" << m << " N=" << n << " K=" << k << " (a " << shape_str(a.shape()) << " "
                                  << dtype_name(a.dtype()) << (trans_a ? "^T" : "") << ", b "
                                  << shape_str(b.shape()) << (trans_b ? "^T" : "") << ", c "
                                  << dtype_name(c.dtype()) << "): cublasLtMatmul");
+}
+
+namespace {
+/// -1: not set (AERIE_GEMM_SEARCH / the default decides), else set_gemm_search_mode's value.
+std::atomic<int> g_search_override{-1};
+}  // namespace
+
+bool gemm_search_mode() {
+  const int o = g_search_override.load();
+  if (o >= 0) return o == 1;
+  static const bool on = [] {
+    const char* e = std::getenv("AERIE_GEMM_SEARCH");
+    const std::string v = e ? e : (kSearchDefault ? "1" : "0");
+    AERIE_CHECK(v == "0" || v == "1", "AERIE_GEMM_SEARCH must be 0 or 1, got '" << v << "'");
+    return v == "1";
+  }();
+  return on;
+}
+
+void set_gemm_search_mode(bool on) { g_search_override.store(on ? 1 : 0); }
+
+std::vector<GemmSearchRecord> gemm_search_report() {
+  std::lock_guard<std::mutex> lock(g_report_mutex);
+  return g_report;
 }
 
 }  // namespace aerie::cuda

@@ -2,6 +2,7 @@
 // kernels/gemm.cc compiles with g++. Internal to src/kernels.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/tensor.h"
@@ -15,6 +16,29 @@ namespace aerie::cuda {
 /// cuBLASLt failure, naming the status and the shapes.
 void matmul(const Tensor& a, const Tensor& b, Tensor& c, int64_t m, int64_t n, int64_t k, bool trans_a,
             bool trans_b, float alpha, float beta);
+
+/// Whether matmul searches each large shape's cuBLASLt algorithm by timing (gemm.cu's header comment):
+/// AERIE_GEMM_SEARCH=1 on, =0 off, unset the built-in default (off). Read once per process. Throws
+/// aerie::Error on another value.
+bool gemm_search_mode();
+
+/// Turns the search on or off for the rest of the process, over AERIE_GEMM_SEARCH (tests, benchmarks).
+/// Plans already made keep their algorithm.
+void set_gemm_search_mode(bool on);
+
+/// One algorithm search of matmul: the shape (row-major M, N, K, dtypes "bf16->f32", transposes), how
+/// many candidates the heuristic offered, the index of the one kept (0: the heuristic's first), and the
+/// mean time of one run of the heuristic's first and of the kept one, in milliseconds.
+struct GemmSearchRecord {
+  int64_t m = 0, n = 0, k = 0;
+  std::string dtypes;
+  bool trans_a = false, trans_b = false;
+  int candidates = 0, chosen = -1;
+  double first_ms = 0.0, best_ms = 0.0;
+};
+
+/// Every search of this process so far (all threads and GPUs), in the order they ran.
+std::vector<GemmSearchRecord> gemm_search_report();
 
 }  // namespace aerie::cuda
 
