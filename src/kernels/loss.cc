@@ -18,7 +18,8 @@ using kernels::what;
 using kernels::check_float;
 using kernels::as_f32;
 
-double soft_cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& weight, Tensor* dlogits) {
+double soft_cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& weight, Tensor* dlogits,
+                          float grad_scale, std::vector<int64_t>* argmax) {
   constexpr const char* op = "soft_cross_entropy";
   AERIE_CHECK(logits.ndim() == 2, op << ": logits must be [N, K], got " << shape_str(logits.shape()));
   const int64_t n = logits.dim(0), k = logits.dim(1);
@@ -29,26 +30,36 @@ double soft_cross_entropy(const Tensor& logits, const Tensor& target, const Tens
   weight.check_dtype(DType::F32, what(op, "weight"));
   if (dlogits) {
     dlogits->check_shape({n, k}, what(op, "dlogits"));
-    dlogits->check_dtype(logits.dtype(), what(op, "dlogits"));
+    check_float(*dlogits, op, "dlogits");
+    AERIE_CHECK(dlogits->raw() != logits.raw() || dlogits->dtype() == logits.dtype(),
+                op << ": dlogits may replace logits in place only in the same dtype");
   }
+  AERIE_CHECK(!argmax || k > 0 || n == 0, op << ": an argmax of rows without entries (K = 0)");
   const Device dev =
       kernels::common_device(op, {{"logits", &logits}, {"target", &target}, {"weight", &weight}});
   if (dlogits) kernels::common_device(op, {{"logits", &logits}, {"dlogits", dlogits}});
+  if (argmax) argmax->assign(static_cast<size_t>(n), 0);
   if (dev == Device::CUDA) {
 #ifdef AERIE_WITH_CUDA
-    return cuda::soft_cross_entropy(logits, target, weight, dlogits);
+    return cuda::soft_cross_entropy(logits, target, weight, dlogits, grad_scale, argmax ? argmax->data() : nullptr);
 #else
     kernels::throw_no_backend(op, dev);
 #endif
   }
-  if (logits.dtype() == DType::F32)
-    return cpu::soft_cross_entropy(logits.data<float>(), target.data<float>(), weight.data<float>(), n, k,
-                                   dlogits ? dlogits->data<float>() : nullptr);
+  // The reference: the steps one by one, in fp32 (a BF16 logits widened once).
   const Tensor z = as_f32(logits);
-  Tensor dz = dlogits ? Tensor::empty({n, k}, DType::F32) : Tensor();
+  if (argmax && n > 0) cpu::argmax_rows(z.data<float>(), n, k, argmax->data());
+  const bool direct = dlogits && dlogits->dtype() == DType::F32;  // written in place of its final dtype
+  Tensor dz = !dlogits ? Tensor() : direct ? *dlogits : Tensor::empty({n, k}, DType::F32);
   const double loss = cpu::soft_cross_entropy(z.data<float>(), target.data<float>(), weight.data<float>(), n, k,
                                               dlogits ? dz.data<float>() : nullptr);
-  if (dlogits) dlogits->copy_from(dz.to(DType::BF16));
+  if (dlogits) {
+    if (grad_scale != 1.0f) {
+      float* d = dz.data<float>();
+      for (int64_t i = 0; i < n * k; ++i) d[i] *= grad_scale;
+    }
+    if (!direct) dlogits->copy_from(dz.to(dlogits->dtype()));
+  }
   return loss;
 }
 
@@ -135,13 +146,16 @@ void target_distribution(const Tensor& final_hidden, const Tensor& lm_head, cons
     lm = as_f32(lm_head);
   }
 #ifdef AERIE_WITH_CUDA
-  Tensor bad_ids;  // [1] I32 on the GPU: set when a selected id is outside [0, V)
+  Tensor bad_ids;  // [1] I32 on the GPU: 1 when a selected id is outside [0, V), 2 when they do not ascend
+  Tensor dindex;   // [V] I32 on the GPU: the draft index of each vocabulary id, or -1
   if (dev == Device::CUDA) {
     if (z.dtype() != lm.dtype()) {
       z = Tensor::empty({T, H}, lm.dtype(), dev);
       convert(final_hidden, z);
     }
     bad_ids = Tensor::zeros({1}, DType::I32, dev);
+    dindex = Tensor::empty({V}, DType::I32, dev);
+    cuda::draft_index(selected, dindex, bad_ids);
   }
 #endif
   const int64_t chunk = std::min(row_chunk, T);
@@ -156,14 +170,15 @@ void target_distribution(const Tensor& final_hidden, const Tensor& lm_head, cons
     } else {
 #ifdef AERIE_WITH_CUDA
       Tensor probs = target_probs.slice(r0, r1), am = target_argmax.slice(r0, r1);
-      cuda::target_rows(l, selected, probs, am, bad_ids);
+      cuda::target_rows(l, selected, dindex, probs, am);
 #endif
     }
   }
 #ifdef AERIE_WITH_CUDA
   if (dev == Device::CUDA) {
     const int32_t bad = bad_ids.to_device(Device::CPU).data<int32_t>()[0];
-    AERIE_CHECK(bad == 0, op << ": a selected id is outside [0, " << V << ")");
+    AERIE_CHECK(bad != 1, op << ": a selected id is outside [0, " << V << ")");
+    AERIE_CHECK(bad != 2, op << ": selected ids must ascend");
   }
 #endif
 }

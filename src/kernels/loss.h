@@ -11,12 +11,19 @@ namespace aerie {
 
 /// logits: [N, K] F32 or BF16, target: [N, K] F32 (rows sum to 1), weight: [N] F32 (0 drops a row).
 /// Returns sum_n weight_n * CE_n (double accumulation). When dlogits is non-null it receives
-/// weight_n * (softmax(logits_n) - target_n) ([N, K], same dtype as logits, overwritten; a row of
-/// weight 0 gets 0; may be `&logits` itself, in place). All on one device. CPU: per-row double sums. CUDA: one block per row, fp32
-/// exponentials with double partial sums, rows reduced in a fixed order (deterministic); the call
-/// returns after the work on the current stream is done (it returns the loss to the host).
-/// Throws aerie::Error on shape/dtype/device mismatch.
-double soft_cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& weight, Tensor* dlogits);
+/// grad_scale * weight_n * (softmax(logits_n) - target_n) ([N, K], F32 or BF16 whatever logits' dtype:
+/// computed in fp32 and rounded once to dlogits' dtype; overwritten; a row of weight 0 gets 0; may be
+/// `&logits` itself, in place, when the two share a dtype). When argmax is non-null it receives each
+/// row's argmax of logits (ties: the smaller index; every row, weight 0 too; K > 0). The TTT step takes
+/// all of it from one call: its loss, acc_k's argmax and the lm_head's gradient in the GEMM's dtype,
+/// scaled by the step weight (what soft_cross_entropy, argmax_rows, scale_inplace and convert gave in
+/// four passes over [N, K], with the same values). All on one device. CPU: per-row double sums, that
+/// composition of steps. CUDA: one block per row, fp32 exponentials with double partial sums, rows
+/// reduced in a fixed order (deterministic); the call returns after the work on the current stream is
+/// done (it returns the loss and the argmaxes to the host).
+/// Throws aerie::Error on shape/dtype/device mismatch, or an argmax asked of rows with K = 0.
+double soft_cross_entropy(const Tensor& logits, const Tensor& target, const Tensor& weight, Tensor* dlogits,
+                          float grad_scale = 1.0f, std::vector<int64_t>* argmax = nullptr);
 
 /// softmax over each row of x: [N, K] F32 or BF16 -> y (same shape and dtype, may alias x); fp32 math.
 void softmax_rows(const Tensor& x, Tensor& y);
@@ -34,9 +41,10 @@ std::vector<int64_t> argmax_rows(const Tensor& x);
 /// (outputs, overwritten). All on one device. The logits are made `row_chunk` rows at a time
 /// (a [row_chunk, V] fp32 buffer, reused; never [T, V]). CPU: both inputs widened to fp32, sgemm,
 /// then argmax/gather/softmax per row. CUDA: matmul (cuBLASLt, fp32 accumulate) in lm_head's dtype
-/// (a final_hidden of the other dtype is converted first), then one fused kernel per chunk.
-/// Throws aerie::Error on bad shapes/dtypes/devices, row_chunk < 1, or selected ids outside [0, V)
-/// (CPU also: not ascending; CUDA checks the range on the device and reports it at the end of the call).
+/// (a final_hidden of the other dtype is converted first), then one fused kernel per chunk that reads
+/// each row of logits once (the argmax, and the selected logits through a [V] inverse index).
+/// Throws aerie::Error on bad shapes/dtypes/devices, row_chunk < 1, or selected ids outside [0, V) or
+/// not ascending (CUDA checks them on the device and reports it at the end of the call).
 void target_distribution(const Tensor& final_hidden, const Tensor& lm_head, const Tensor& selected,
                          Tensor& target_probs, Tensor& target_argmax, int64_t row_chunk);
 

@@ -146,9 +146,19 @@ TTTStats ttt_forward_backward(const DraftConfig& cfg, const DraftWeights& w, con
                                         a.attn, a.lse);
     draft_detail::layer_out(ctx, a);
 
-    // Loss and metrics. Row t: target q = target_probs[t+k+1]; valid iff t+k+2 <= T-1, m_{t+k+2} = 1 and
-    // argmax l_{t+k+1} is selected; acc rows: t+k+2 <= T-1 and m_{t+k+2} = 1.
-    std::vector<int64_t> am = argmax_rows(a.logits);
+    // Loss, acc_k's argmaxes and the lm_head's gradient in one pass over the logits: dlogits is the
+    // step-weighted gradient in the compute dtype (the GEMMs' input), in place of the F32 logits under
+    // F32 compute unless the caller wants the logits back.
+    const Tensor weight = weights.slice(k + 1, k + 1 + n);
+    Tensor target = probs.slice(k + 1, k + 1 + n);
+    Tensor dlogits = !grads                                          ? Tensor()
+                     : (step_logits || ctx.compute != DType::F32) ? Tensor::empty({n, K}, ctx.compute, dev)
+                                                                     : a.logits;
+    std::vector<int64_t> am;
+    st.loss_sum[k] = soft_cross_entropy(a.logits, target, weight, grads ? &dlogits : nullptr,
+                                        static_cast<float>(step_weight[k]), &am);
+    // Metrics. Row t: target q = target_probs[t+k+1]; valid iff t+k+2 <= T-1, m_{t+k+2} = 1 and argmax
+    // l_{t+k+1} is selected; acc rows: t+k+2 <= T-1 and m_{t+k+2} = 1.
     for (int64_t t = 0; t < n; ++t) {
       if (t + k + 2 > T - 1 || !s.loss_mask[t + k + 2]) continue;
       const int64_t want = s.target_argmax[t + k + 1];
@@ -156,15 +166,9 @@ TTTStats ttt_forward_backward(const DraftConfig& cfg, const DraftWeights& w, con
       if (am[t] + d2t[am[t]] == want) ++st.correct[k];
       if (loss_w[t + k + 1] != 0.0f) ++st.valid[k];
     }
-    const Tensor weight = weights.slice(k + 1, k + 1 + n);
-    Tensor target = probs.slice(k + 1, k + 1 + n);
-    // dlogits overwrites the logits in place unless the caller wants them back.
-    Tensor dlogits = !grads ? Tensor() : step_logits ? Tensor::empty({n, K}, DType::F32, dev) : a.logits;
-    st.loss_sum[k] = soft_cross_entropy(a.logits, target, weight, grads ? &dlogits : nullptr);
     if (step_logits) (*step_logits)[k] = a.logits;
     a.logits = Tensor();  // [n, K]: dropped as soon as possible
     if (grads) {
-      if (step_weight[k] != 1.0) scale_inplace(dlogits, static_cast<float>(step_weight[k]));
       // lm_head's backward needs nothing from later steps: do it now, keep only dno [n, H].
       dno[k] = draft_detail::layer_head_backward(ctx, a, dlogits, *grads);
       a.no = Tensor();

@@ -10,6 +10,7 @@
 
 #include "kernel_test_util.h"
 #include "kernels/loss.h"
+#include "kernels/optim.h"
 
 namespace aerie {
 namespace {
@@ -97,6 +98,32 @@ TEST(LossCuda, SoftCrossEntropyMatchesCpu) {
       }
 }
 
+// The TTT step's fused form on the GPU: the argmaxes equal argmax_rows' (GPU and CPU), the loss equals the
+// plain call's bit for bit, and dlogits in the other dtype, scaled, equals the plain call's F32 gradient
+// scaled and rounded once (the same fp32 operations in the same kernel). Rows of weight 0 (row_weights
+// has some) keep their argmax.
+TEST(LossCuda, SoftCrossEntropyFusedHeadEqualsTheSeparateSteps) {
+  AERIE_REQUIRE_CUDA();
+  uint32_t seed = 150;
+  for (int64_t n : {1, 7, 300})
+    for (int64_t k : {5, 1000, 32000})
+      for (DType zt : {DType::F32, DType::BF16})
+        for (DType dt : {DType::F32, DType::BF16}) {
+          SCOPED_TRACE(label(n, k, zt) + " dlogits " + dtype_name(dt));
+          const Tensor z = in_dtype(random_tensor({n, k}, ++seed, -8.0f, 8.0f), zt), q = random_target(n, k, ++seed);
+          const Tensor zg = gpu(z), qg = gpu(q), wg = gpu(row_weights(n));
+          Tensor d32 = Tensor::empty({n, k}, DType::F32, Device::CUDA);
+          const double plain = soft_cross_entropy(zg, qg, wg, &d32);
+          scale_inplace(d32, 0.8f);
+          Tensor d = Tensor::empty({n, k}, dt, Device::CUDA);
+          std::vector<int64_t> am;
+          EXPECT_EQ(soft_cross_entropy(zg, qg, wg, &d, 0.8f, &am), plain);
+          EXPECT_EQ(am, argmax_rows(zg));
+          EXPECT_EQ(am, argmax_rows(as_ref(z))) << "against the CPU";
+          EXPECT_EQ(d.to_float_vector(), d32.to_device(Device::CPU).to(dt).to_float_vector());
+        }
+}
+
 TEST(LossCuda, SoftmaxRowsMatchesCpu) {
   AERIE_REQUIRE_CUDA();
   uint32_t seed = 200;
@@ -174,7 +201,10 @@ TEST(LossCuda, TargetDistributionMatchesCpu) {
                               TargetCase{130, 64, 512, 100, 300, D::BF16, D::F32, false},   // z widened
                               TargetCase{130, 64, 5000, 100, 50, D::F32, D::BF16, false},   // z rounded to bf16
                               TargetCase{130, 64, 5000, 100, 50, D::F32, D::F32, true},
-                              TargetCase{130, 64, 5000, 100, 200, D::BF16, D::BF16, true}}) {
+                              TargetCase{130, 64, 5000, 100, 200, D::BF16, D::BF16, true},
+                              // V % 4 != 0: the kernel's scalar loads instead of 16-byte ones
+                              TargetCase{130, 64, 5001, 100, 64, D::F32, D::F32, false},
+                              TargetCase{130, 64, 5003, 100, 64, D::BF16, D::BF16, true}}) {
     SCOPED_TRACE(label(c));
     Tensor zf = random_tensor({c.t, c.h}, ++seed), lmf = random_tensor({c.v, c.h}, ++seed);
     if (c.integers)
@@ -233,6 +263,10 @@ TEST(LossCuda, TargetDistributionRejectsSelectedIdsOutsideTheVocabulary) {
   const Tensor sel = gpu(Tensor::from_vector<int64_t>({0, 3, 20}, {3}));
   Tensor p = Tensor::empty({5, 3}, DType::F32, Device::CUDA), am = Tensor::empty({5}, DType::I64, Device::CUDA);
   testing::expect_error([&] { target_distribution(z, lm, sel, p, am, 2); }, "outside [0, 20)");
+  const Tensor unsorted = gpu(Tensor::from_vector<int64_t>({0, 7, 3}, {3}));
+  testing::expect_error([&] { target_distribution(z, lm, unsorted, p, am, 2); }, "must ascend");
+  const Tensor twice = gpu(Tensor::from_vector<int64_t>({0, 3, 3}, {3}));
+  testing::expect_error([&] { target_distribution(z, lm, twice, p, am, 2); }, "must ascend");
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include "kernel_test_util.h"
 #include "kernels/gemm.h"
 #include "kernels/loss.h"
+#include "kernels/optim.h"
 
 namespace aerie {
 namespace {
@@ -158,8 +159,53 @@ TEST(LossBf16Cpu, SoftCrossEntropyWidensAndRoundsDlogits) {
   Tensor zi = zf.clone();
   EXPECT_EQ(soft_cross_entropy(zi, q, w, &zi), ref);
   EXPECT_EQ(zi.to_float_vector(), dref.to_float_vector());
+  // dlogits in another dtype than the logits: F32 from BF16 logits is the fp32 gradient itself.
   Tensor df = Tensor::empty({n, k}, DType::F32);
-  testing::expect_error([&] { soft_cross_entropy(z, q, w, &df); }, "soft_cross_entropy: dlogits");
+  EXPECT_EQ(soft_cross_entropy(z, q, w, &df), ref);
+  EXPECT_EQ(df.to_float_vector(), dref.to_float_vector());
+  Tensor zf2 = zf.clone();
+  Tensor zf2_as_bf16 = Tensor::wrap(zf2.raw(), {n, k}, DType::BF16);  // the same bytes, another dtype
+  testing::expect_error([&] { soft_cross_entropy(zf2, q, w, &zf2_as_bf16); }, "in place only in the same dtype");
+}
+
+// The TTT step's form (draft_ttt.cc): the loss, the argmaxes and the gradient scaled by the step weight and
+// rounded to the GEMM dtype, from one call, equal to the separate steps it replaces (soft_cross_entropy,
+// argmax_rows, scale_inplace, convert). Weight-0 rows keep their argmax.
+TEST(SoftCrossEntropy, FusedHeadEqualsTheSeparateSteps) {
+  const int64_t n = 6, k = 41;
+  for (DType zt : {DType::F32, DType::BF16})
+    for (DType dt : {DType::F32, DType::BF16}) {
+      SCOPED_TRACE(std::string("logits ") + dtype_name(zt) + ", dlogits " + dtype_name(dt));
+      Tensor z = random_tensor({n, k}, 51, -4.0f, 4.0f).to(zt), q = random_tensor({n, k}, 52, 0.0f, 1.0f);
+      float* qp = q.data<float>();
+      for (int64_t r = 0; r < n; ++r) {
+        double s = 0.0;
+        for (int64_t i = 0; i < k; ++i) s += qp[r * k + i];
+        for (int64_t i = 0; i < k; ++i) qp[r * k + i] = static_cast<float>(qp[r * k + i] / s);
+      }
+      Tensor w = Tensor::from_vector<float>({1.0f, 0.0f, 2.0f, 0.5f, 1.0f, 0.0f}, {n});
+      Tensor dref = Tensor::empty({n, k}, zt);
+      const double ref = soft_cross_entropy(z, q, w, &dref);
+      Tensor dref32 = dref.to(DType::F32);
+      scale_inplace(dref32, 0.64f);
+      const std::vector<int64_t> am_ref = argmax_rows(z);
+      Tensor d = Tensor::empty({n, k}, dt);
+      std::vector<int64_t> am;
+      EXPECT_EQ(soft_cross_entropy(z, q, w, &d, 0.64f, &am), ref);
+      EXPECT_EQ(am, am_ref);
+      if (zt == DType::F32) {  // the separate steps' F32 gradient, scaled, rounded once
+        EXPECT_EQ(d.to_float_vector(), dref32.to(dt).to_float_vector());
+      } else {  // BF16 logits: the separate steps rounded the gradient to bf16 before the scale; the fused
+                // one rounds once, after it: equal to the fp32 gradient scaled and rounded
+        Tensor d32 = Tensor::empty({n, k}, DType::F32);
+        soft_cross_entropy(z, q, w, &d32);
+        scale_inplace(d32, 0.64f);
+        EXPECT_EQ(d.to_float_vector(), d32.to(dt).to_float_vector());
+      }
+      std::vector<int64_t> am0;
+      soft_cross_entropy(z, q, w, nullptr, 1.0f, &am0);
+      EXPECT_EQ(am0, am_ref) << "argmax without dlogits";
+    }
 }
 
 TEST(LossBf16Cpu, SoftmaxAndArgmaxAcceptBf16) {
