@@ -44,6 +44,25 @@ TEST(SwigluCuda, ForwardAndBackwardMatchCpu) {
       }
 }
 
+// All-BF16 tensors of a multiple of 8 elements at 16-byte aligned addresses take the 8-elements-per-thread
+// kernel; the same data at an address 8 bytes off takes the scalar one: equal bit for bit.
+TEST(SwigluCuda, VectorizedBf16EqualsTheScalarKernel) {
+  AERIE_REQUIRE_CUDA();
+  const int64_t rows = 2 * 1000 + 1;  // [rows, 4] bf16: rows 1.. start 8 bytes into the buffer
+  Tensor g = gpu(random_as({rows, 4}, DType::BF16, 31, -6.0f, 6.0f)), u = gpu(random_as({rows, 4}, DType::BF16, 32));
+  Tensor d = gpu(random_as({rows, 4}, DType::BF16, 33));
+  auto run = [&](const Tensor& gg, const Tensor& ug, const Tensor& dg) {
+    const Shape sh = gg.shape();
+    Tensor o = Tensor::empty(sh, DType::BF16, Device::CUDA), a = Tensor::empty(sh, DType::BF16, Device::CUDA),
+           b = Tensor::empty(sh, DType::BF16, Device::CUDA);
+    swiglu_forward(gg, ug, o);
+    swiglu_backward(dg, gg, ug, a, b);
+    return std::vector<std::vector<float>>{o.to_float_vector(), a.to_float_vector(), b.to_float_vector()};
+  };
+  const Tensor gs = g.slice(1, rows), us = u.slice(1, rows), ds = d.slice(1, rows);  // misaligned: scalar
+  EXPECT_EQ(run(gs.clone(), us.clone(), ds.clone()), run(gs, us, ds));
+}
+
 TEST(SwigluCuda, MixedInputDtypes) {
   AERIE_REQUIRE_CUDA();
   const Shape sh{5, 77};

@@ -58,6 +58,25 @@ TEST(RopeCuda, MatchesCpu) {
         }
 }
 
+// Several heads go through the one-block-per-row kernel (the row's angles once), one head through the
+// one-thread-per-pair kernel: the same values bit for bit (the same cosf/sinf and products).
+TEST(RopeCuda, RowKernelEqualsThePairKernel) {
+  AERIE_REQUIRE_CUDA();
+  const int64_t t = 37, nh = 32, d = 128;
+  const auto inv = rope_inv_freq(params_of("llama3"), d);
+  const Tensor pos = random_positions(t, 15, 8191);
+  std::vector<int32_t> each(static_cast<size_t>(t * nh));
+  for (int64_t i = 0; i < t * nh; ++i) each[static_cast<size_t>(i)] = pos.data<int32_t>()[i / nh];
+  for (DType dt : {DType::F32, DType::BF16})
+    for (bool inverse : {false, true}) {
+      const Tensor x = random_as({t, nh, d}, dt, 16, -2.0f, 2.0f);
+      Tensor rows = gpu(x), pairs = gpu(x).reshape({t * nh, 1, d});
+      rope_apply(rows, gpu(pos), inv, inverse);
+      rope_apply(pairs, gpu(Tensor::from_vector(each, {t * nh})), inv, inverse);
+      EXPECT_EQ(rows.to_float_vector(), pairs.to_float_vector()) << dtype_name(dt) << (inverse ? " inverse" : "");
+    }
+}
+
 TEST(RopeCuda, InverseUndoesForward) {
   AERIE_REQUIRE_CUDA();
   const auto inv = rope_inv_freq(params_of("llama3"), 128);

@@ -30,6 +30,31 @@ __global__ void rope_kernel(Floats x, const int32_t* positions, const __grid_con
   x.set(base + i + half, b * c + a * s);
 }
 
+// One block per token row t: the row's cos/sin, one per pair i, in shared memory first (every head of the
+// row shares them: the same cosf/sinf of the same angle as rope_kernel), then every (head, i) pair of
+// the row. Dynamic shared memory: 2 half floats.
+__global__ void rope_row_kernel(Floats x, const int32_t* positions, const __grid_constant__ InvFreq inv, int64_t nh,
+                                int64_t half, bool inverse) {
+  extern __shared__ float cs[];  // [half] cos, then [half] sin (negated for the inverse)
+  const int64_t t = blockIdx.x;
+  const float pos = static_cast<float>(positions[t]);
+  for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
+    const float ang = pos * inv.v[i];
+    cs[i] = cosf(ang);
+    cs[half + i] = inverse ? -sinf(ang) : sinf(ang);
+  }
+  __syncthreads();
+  const int64_t row0 = t * nh * 2 * half;
+  for (int64_t idx = threadIdx.x; idx < nh * half; idx += blockDim.x) {
+    const int64_t head = idx / half, i = idx - head * half;
+    const int64_t base = row0 + head * 2 * half;
+    const float c = cs[i], s = cs[half + i];
+    const float a = x[base + i], b = x[base + i + half];
+    x.set(base + i, a * c - b * s);
+    x.set(base + i + half, b * c + a * s);
+  }
+}
+
 // Interleaved: pair i of (row, head) is (2i, 2i+1), rotated and scaled.
 __global__ void rope_interleaved_kernel(Floats x, const int32_t* positions, const __grid_constant__ InvFreq inv,
                                         int64_t nh, int64_t half, int64_t total, float scale) {
@@ -67,6 +92,12 @@ void rope_apply(Tensor& x, const Tensor& positions, const std::vector<float>& in
   if (total == 0) return;
   InvFreq inv{};
   std::copy(inv_freq.begin(), inv_freq.end(), inv.v);
+  if (nh > 1) {  // several heads share a row's angles: once per row
+    rope_row_kernel<<<grid_x(t, "rope_apply"), kThreads, 2 * half * sizeof(float), stream()>>>(
+        floats(x), positions.data<int32_t>(), inv, nh, half, inverse);
+    AERIE_CUDA_LAUNCHED("rope_row_kernel");
+    return;
+  }
   rope_kernel<<<grid_x(blocks_for(total, kThreads), "rope_apply"), kThreads, 0, stream()>>>(
       floats(x), positions.data<int32_t>(), inv, nh, half, total, inverse);
   AERIE_CUDA_LAUNCHED("rope_kernel");
