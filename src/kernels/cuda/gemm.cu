@@ -10,7 +10,8 @@
 // first of cuBLASLt's heuristic list. With the search on, the first beta = 0 call of a shape of at least
 // kSearchMinFlop asks the heuristic for up to kSearchCandidates algorithms, runs each on the call's own
 // operands (into the call's own output, which the call overwrites anyway: no extra memory), times
-// kSearchReps runs of each with CUDA events after one warm-up, and keeps the fastest; the host waits
+// kSearchReps runs of each with CUDA events after one warm-up, and keeps the fastest when it beats the
+// heuristic's first by kSearchMinGain (else the first, so near ties do not flip between runs); the host waits
 // for those runs, once per shape. Shapes that differ only in M within one power-of-two bucket share the
 // winner (cublasLtMatmulAlgoCheck confirms it fits the new M; otherwise the heuristic's first), so a
 // training run over samples of many lengths searches about log2(T) times per weight shape. Calls with
@@ -50,6 +51,7 @@ constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 constexpr int kSearchCandidates = 16;     // algorithms asked of the heuristic per searched shape
 constexpr int kSearchReps = 3;            // timed runs per candidate, after one warm-up
 constexpr double kSearchMinFlop = 1e9;    // 2 M N K below this: the heuristic's first (~2 us of work)
+constexpr double kSearchMinGain = 0.02;   // another algorithm replaces the heuristic's first only when 2% faster
 constexpr bool kSearchDefault = false;    // AERIE_GEMM_SEARCH unset: off
 
 struct PlanKey {
@@ -273,6 +275,12 @@ void search(Context& ctx, const PlanKey& key, Plan& p, const void* a, const void
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
   if (rec.chosen < 0) return;
+  // The heuristic's first stays unless another is clearly faster: timings of near-equal algorithms
+  // flip between runs, and each flip changes the results' last bits for nothing.
+  if (rec.chosen != 0 && rec.first_ms > 0.0 && best_ms > (1.0 - kSearchMinGain) * rec.first_ms) {
+    rec.chosen = 0;
+    best_ms = static_cast<float>(rec.first_ms);
+  }
   rec.best_ms = best_ms;
   p.algo = cands[static_cast<size_t>(rec.chosen)].algo;
   ctx.winners[bucket_key(key)] = Winner{p.algo};
