@@ -132,6 +132,10 @@ int train(const std::vector<std::string>& args) {
       "EAGLE-3.1's norm_output: each draft step hands norm(o), the lm_head's input, to the next instead of "
       "the layer output o (exported as config.norm_output, which vLLM, SGLang and speculators read; "
       "default: the original EAGLE-3 chain)")(
+      "draft-norm-before-fc", po::bool_switch(&o.draft_norm_before_fc),
+      "EAGLE-3.1's norm_before_fc: one RMSNorm with a trained weight (input_norm, [3 H_t], initialised to "
+      "ones) over the concatenated aux hidden states before fc (exported as config.norm_before_fc and "
+      "input_norm.weight, which vLLM, SGLang and speculators read; default: the original EAGLE-3 fc(f))")(
       "allow-missing-shards", po::bool_switch(&o.allow_missing_shards),
       "train on a shard folder that lacks some chunks of its extraction (default: refused)")(
       "allow-other-target", po::bool_switch(&o.allow_other_target),

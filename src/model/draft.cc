@@ -86,6 +86,9 @@ nlohmann::json DraftConfig::to_json() const {
   if (target_hidden_size != hidden_size) j["target_hidden_size"] = target_hidden_size;
   if (norm_before_residual) j["norm_before_residual"] = true;  // vLLM: getattr(config, ..., False)
   if (norm_output) j["norm_output"] = true;                    // vLLM, SGLang: getattr(config, ..., False)
+  // vLLM and SGLang: eagle_config.get("norm_before_fc", getattr(config, "norm_before_fc", False)); written at
+  // the top level, where speculators' config and vLLM's speculators reader (algos.py) keep it too.
+  if (norm_before_fc) j["norm_before_fc"] = true;
   // vLLM's default ids exist from N = 3 layers on; a smaller target always gets its ids written.
   bool is_default = target_num_hidden_layers >= 3 && aux_layers == default_aux_layers(target_num_hidden_layers);
   if (!aux_layers.empty() && !is_default) j["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = aux_layers;
@@ -121,6 +124,16 @@ DraftConfig DraftConfig::from_json(const nlohmann::json& j) {
                 "draft config: norm_output must be true or false, got " << j["norm_output"].dump());
     c.norm_output = j["norm_output"].get<bool>();
   }
+  // norm_before_fc: eagle_config's key first, then the top level's (vLLM's and SGLang's reading; NVIDIA's
+  // EAGLE-3 checkpoints keep it in eagle_config).
+  for (const nlohmann::json* src : {&j, j.contains("eagle_config") && j["eagle_config"].is_object() ? &j["eagle_config"]
+                                                                                                     : nullptr}) {
+    if (!src || !src->contains("norm_before_fc")) continue;
+    const nlohmann::json& v = (*src)["norm_before_fc"];
+    AERIE_CHECK(v.is_boolean(), "draft config: " << (src == &j ? "" : "eagle_config.")
+                                                 << "norm_before_fc must be true or false, got " << v.dump());
+    c.norm_before_fc = v.get<bool>();  // eagle_config's, read last, wins
+  }
   if (j.contains("aerie")) {
     const auto& a = j["aerie"];
     c.aux_layers = a.value("aux_layers", std::vector<int>{});
@@ -137,19 +150,24 @@ DraftConfig DraftConfig::from_json(const nlohmann::json& j) {
 }
 
 std::vector<std::pair<std::string, Tensor*>> DraftWeights::named() {
-  return {{"fc.weight", &fc},
-          {"midlayer.self_attn.q_proj.weight", &q_proj},
-          {"midlayer.self_attn.k_proj.weight", &k_proj},
-          {"midlayer.self_attn.v_proj.weight", &v_proj},
-          {"midlayer.self_attn.o_proj.weight", &o_proj},
-          {"midlayer.mlp.gate_proj.weight", &gate_proj},
-          {"midlayer.mlp.up_proj.weight", &up_proj},
-          {"midlayer.mlp.down_proj.weight", &down_proj},
-          {"midlayer.input_layernorm.weight", &input_layernorm},
-          {"midlayer.hidden_norm.weight", &hidden_norm},
-          {"midlayer.post_attention_layernorm.weight", &post_attention_layernorm},
-          {"norm.weight", &norm},
-          {"lm_head.weight", &lm_head}};
+  std::vector<std::pair<std::string, Tensor*>> out = {
+      {"fc.weight", &fc},
+      {"midlayer.self_attn.q_proj.weight", &q_proj},
+      {"midlayer.self_attn.k_proj.weight", &k_proj},
+      {"midlayer.self_attn.v_proj.weight", &v_proj},
+      {"midlayer.self_attn.o_proj.weight", &o_proj},
+      {"midlayer.mlp.gate_proj.weight", &gate_proj},
+      {"midlayer.mlp.up_proj.weight", &up_proj},
+      {"midlayer.mlp.down_proj.weight", &down_proj},
+      {"midlayer.input_layernorm.weight", &input_layernorm},
+      {"midlayer.hidden_norm.weight", &hidden_norm},
+      {"midlayer.post_attention_layernorm.weight", &post_attention_layernorm},
+      {"norm.weight", &norm},
+      {"lm_head.weight", &lm_head}};
+  // EAGLE-3.1's norm_before_fc: vLLM loads "input_norm.weight" as model.input_norm, SGLang likewise,
+  // speculators' Eagle3DraftModel has input_norm at the top level.
+  if (input_norm.defined()) out.emplace_back("input_norm.weight", &input_norm);
+  return out;
 }
 
 std::vector<std::pair<std::string, const Tensor*>> DraftWeights::named() const {
@@ -160,6 +178,7 @@ std::vector<std::pair<std::string, const Tensor*>> DraftWeights::named() const {
 
 DraftWeights DraftWeights::to_device(Device device) const {
   DraftWeights out;
+  if (input_norm.defined()) out.input_norm = Tensor::empty(input_norm.shape(), input_norm.dtype());  // so named() lists it
   auto dst = out.named();
   auto src = named();
   for (size_t i = 0; i < src.size(); ++i) *dst[i].second = src[i].second->to_device(device);
@@ -191,6 +210,7 @@ void DraftWeights::refresh_compute_copy(DraftWeights& compute) const {
   compute.hidden_norm = hidden_norm;
   compute.post_attention_layernorm = post_attention_layernorm;
   compute.norm = norm;
+  compute.input_norm = input_norm;  // norm_before_fc's weight, or undefined
   std::vector<Tensor*> src = matrices(const_cast<DraftWeights&>(*this)), dst = matrices(compute);
   for (size_t i = 0; i < src.size(); ++i) {
     if (dst[i]->raw() == src[i]->raw()) continue;  // an F32 copy shares the masters
@@ -221,6 +241,7 @@ DraftWeights DraftWeights::zeros(const DraftConfig& c, Device device) {
   w.post_attention_layernorm = z({H});
   w.norm = z({H});
   w.lm_head = z({K, H});
+  if (c.norm_before_fc) w.input_norm = z({3 * Ht});
   return w;
 }
 
@@ -238,6 +259,8 @@ DraftWeights init_draft_weights(const DraftConfig& cfg, const Tensor& target_lm_
     fill_uniform(*t, 1.0 / std::sqrt(static_cast<double>(t->dim(1))), rng);
   for (Tensor* t : {&w.input_layernorm, &w.hidden_norm, &w.post_attention_layernorm, &w.norm})
     std::fill(t->data<float>(), t->data<float>() + H, 1.0f);
+  if (cfg.norm_before_fc)  // RMSNorm's init (vLLM, speculators: torch.ones); drawn from no random number
+    std::fill(w.input_norm.data<float>(), w.input_norm.data<float>() + w.input_norm.numel(), 1.0f);
   Tensor lm = target_lm_head.dtype() == DType::F32 ? target_lm_head : target_lm_head.to(DType::F32);
   for (int64_t i = 0; i < K; ++i) {
     AERIE_CHECK(selected[i] >= 0 && selected[i] < V && (i == 0 || selected[i] > selected[i - 1]),

@@ -40,6 +40,11 @@ struct DraftConfig {
   /// step hands to the next one is norm(o), the lm_head's input, instead of the layer output o (vLLM's
   /// hidden_prenorm). Off by default (the original EAGLE-3 chain).
   bool norm_output = false;
+  /// EAGLE-3.1's norm_before_fc (vLLM, SGLang: eagle_config.norm_before_fc, else config.norm_before_fc;
+  /// speculators: config.norm_before_fc): one RMSNorm with a trained weight input_norm [3 H_t] over the
+  /// concatenated aux hidden states before fc, g = fc(input_norm(f)) (the draft's rms_norm_eps). Off by
+  /// default (the original EAGLE-3 fc(f)).
+  bool norm_before_fc = false;
 
   /// Copies width, heads, MLP width, eps, RoPE and max positions from the target (eagle3.md 3).
   /// Throws aerie::Error unless 0 < draft_vocab_size <= V and aux_layers has 3 ids in [0, N].
@@ -56,7 +61,8 @@ struct DraftConfig {
 };
 
 /// Trainable draft parameters, F32 (master weights; also used for gradients and AdamW moments), or a
-/// compute copy (compute_copy: the nine matrices BF16, the four norm weights shared F32) for bf16 compute.
+/// compute copy (compute_copy: the nine matrices BF16, the norm weights shared F32) for bf16 compute.
+/// input_norm exists (is defined) only for a draft with norm_before_fc: named() lists it then, last.
 struct DraftWeights {
   Tensor fc;                          // [H, 3 H_t]
   Tensor q_proj;                      // [n_h d, 2H]
@@ -66,12 +72,15 @@ struct DraftWeights {
   Tensor down_proj;                   // [H, I]
   Tensor input_layernorm, hidden_norm, post_attention_layernorm, norm;  // [H]
   Tensor lm_head;                     // [K, H]
+  Tensor input_norm;                  // [3 H_t] under norm_before_fc (EAGLE-3.1), else undefined
 
   /// (export name, tensor) in a fixed order, names as eagle3.md section 5 ("fc.weight",
-  /// "midlayer.self_attn.q_proj.weight", ..., "norm.weight", "lm_head.weight").
+  /// "midlayer.self_attn.q_proj.weight", ..., "norm.weight", "lm_head.weight"), then "input_norm.weight"
+  /// when input_norm is defined (vLLM's, SGLang's and speculators' name of the norm_before_fc weight).
   std::vector<std::pair<std::string, Tensor*>> named();
   std::vector<std::pair<std::string, const Tensor*>> named() const;
-  /// Zero F32 tensors of the config's shapes on `device` (CPU or CUDA).
+  /// Zero F32 tensors of the config's shapes on `device` (CPU or CUDA); input_norm only under
+  /// cfg.norm_before_fc.
   static DraftWeights zeros(const DraftConfig& cfg, Device device = Device::CPU);
   /// A deep copy of every tensor on `device` (same dtypes and shapes): weights go to the GPU with it and
   /// come back to the host for a checkpoint. Copies between host and GPU return when done.
@@ -80,7 +89,7 @@ struct DraftWeights {
   Device device() const { return fc.device(); }
   /// The compute copy of mixed-precision training (eagle3.md section 4: fp32 master weights, bf16
   /// compute): the nine matrices (fc, q/k/v/o_proj, gate/up/down_proj, lm_head) converted to `dtype` (F32
-  /// or BF16, round to nearest even) on the same device, the four RMSNorm weights SHARED with these
+  /// or BF16, round to nearest even) on the same device, the RMSNorm weights (four, five with input_norm) SHARED with these
   /// weights (the same F32 storage, so updates of the masters reach them at once). dtype F32 returns a
   /// copy that shares every tensor. Throws aerie::Error for another dtype or non-F32 masters.
   DraftWeights compute_copy(DType dtype) const;
@@ -94,7 +103,7 @@ struct DraftWeights {
 };
 
 /// Initial weights: linears ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)) from a seeded std::mt19937_64
-/// (nn.Linear's default bound), norms = 1, lm_head = rows `selected` (s_0..s_{K-1}) of the target's
+/// (nn.Linear's default bound), norms = 1 (input_norm too, under norm_before_fc: RMSNorm's init), lm_head = rows `selected` (s_0..s_{K-1}) of the target's
 /// W_lm [V, H]. Deterministic for a given seed.
 DraftWeights init_draft_weights(const DraftConfig& cfg, const Tensor& target_lm_head,
                                 const std::vector<int64_t>& selected, uint64_t seed);
@@ -136,8 +145,9 @@ using GradReadyFn = std::function<void(int param_index)>;
 /// The order in which ttt_forward_backward reports gradients final (every parameter once, always this
 /// order): lm_head (all its terms come from the forward), norm, down/gate/up_proj,
 /// post_attention_layernorm, o_proj (the step-0 MLP backward), q/k/v_proj, input_layernorm, hidden_norm
-/// (the step-0 attention backward), fc (last).
-const std::vector<int>& ttt_gradient_ready_order();
+/// (the step-0 attention backward), fc, and under cfg.norm_before_fc input_norm (index 13 of named(), whose
+/// gradient follows fc's: d input_norm(f) = dg fc).
+const std::vector<int>& ttt_gradient_ready_order(const DraftConfig& cfg);
 
 /// The S-step training-time test on one sample: forward, loss and metrics; when `grads` is non-null
 /// also the backward, ADDING d(sum_k step_weight[k] * loss_sum_k)/dw into *grads
@@ -154,11 +164,13 @@ const std::vector<int>& ttt_gradient_ready_order();
 /// Precision: the dtype of w's matrices decides. F32 weights: everything fp32 (the reference; on CUDA
 /// true fp32 GEMMs). A BF16 compute copy (DraftWeights::compute_copy): the GEMM inputs are bf16 (the
 /// matrices; f; the norm outputs, q/k/v, the attention output and the MLP activations, made in bf16 by
-/// the op that produces them; the gradients dlogits, d(o), d(y), dq/dk/dv and d(g), rounded to bf16
+/// the op that produces them, input_norm(f) under norm_before_fc too (the norm reads the bf16 f, as vLLM's
+/// bf16 model does); the gradients dlogits, d(o), d(y), dq/dk/dv and d(g), rounded to bf16
 /// once before their GEMMs), every GEMM accumulates in fp32, and F32 stays: the residual stream h, y, o
 /// (the GEMMs adding into it write F32), the logits, softmax and cross-entropy, the RMSNorm arithmetic,
 /// the attention softmax (q/k/v bf16: the tensor-core forward), the key/value gradient sums over steps,
-/// and the weight gradients (grads: F32, the GEMMs add into them in fp32). grads must be F32.
+/// and the weight gradients (grads: F32, the GEMMs add into them in fp32; d input_norm(f) = dg fc is F32).
+/// grads must be F32 (with input_norm exactly when cfg.norm_before_fc).
 /// on_grad_ready (optional, only with grads): see GradReadyFn and ttt_gradient_ready_order.
 TTTStats ttt_forward_backward(const DraftConfig& cfg, const DraftWeights& w, const Tensor& embed_tokens,
                               const TTTSample& s, const std::vector<int64_t>& d2t, const std::vector<uint8_t>& t2d,

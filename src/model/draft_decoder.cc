@@ -114,8 +114,7 @@ void DraftDecoder::append_verified(const Tensor& aux_hidden, const std::vector<i
     convert(aux, f);
     aux = f;
   }
-  Tensor g = Tensor::empty({n, c.hidden_size}, DType::F32, dev);
-  matmul(aux, m.ctx.w.fc, g, false, true);
+  const Tensor g = draft_detail::layer_fc(m.ctx, aux, nullptr);  // fc(f), or fc(input_norm(f)) (norm_before_fc)
   LayerActs a;
   draft_detail::layer_qkv(m.ctx, next_tokens.data(), n, g, p0, a);
   m.kc.slice(p0, p0 + n).copy_from(a.k);

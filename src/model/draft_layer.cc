@@ -59,6 +59,50 @@ LayerCtx::LayerCtx(const DraftConfig& c, const DraftWeights& w_, const Tensor& e
                 "draft: a weight matrix is " << dtype_name(m->dtype()) << " on " << device_name(m->device())
                                              << ", fc.weight " << dtype_name(compute) << " on " << device_name(device)
                                              << " (all nine matrices share dtype and device)");
+  if (c.norm_before_fc) {
+    AERIE_CHECK(w.input_norm.defined(), "draft: norm_before_fc is on but the weights have no input_norm");
+    w.input_norm.check_shape({3 * c.target_hidden_size}, "draft: input_norm.weight");
+    AERIE_CHECK(w.input_norm.device() == device, "draft: input_norm.weight is on " << device_name(w.input_norm.device())
+                                                                                    << ", fc.weight on "
+                                                                                    << device_name(device));
+  } else {
+    AERIE_CHECK(!w.input_norm.defined(),
+                "draft: the weights have input_norm.weight but norm_before_fc is off (a config of another draft?)");
+  }
+}
+
+Tensor layer_fc(const LayerCtx& c, const Tensor& f, FcActs* acts) {
+  const int64_t n = f.ndim() == 2 ? f.dim(0) : -1;
+  f.check_shape({n, 3 * c.cfg.target_hidden_size}, "draft: the fused feature f");
+  Tensor g = f32(c, {n, c.cfg.hidden_size});
+  if (!c.cfg.norm_before_fc) {
+    linear(f, c.w.fc, g);
+    return g;
+  }
+  // g = fc(input_norm(f)): one RMSNorm over the whole concatenation (vLLM, SGLang, speculators).
+  Tensor fn = cmp(c, f.shape()), rstd = f32(c, {n});
+  rmsnorm_forward(f, c.w.input_norm, static_cast<float>(c.cfg.rms_norm_eps), fn, &rstd);
+  linear(fn, c.w.fc, g);
+  if (acts) *acts = FcActs{fn, rstd};
+  return g;
+}
+
+void layer_fc_backward(const LayerCtx& c, const Tensor& f, const FcActs& acts, const Tensor& dg, DraftWeights& g,
+                       const std::function<void()>& on_fc_ready) {
+  const int64_t n = f.dim(0);
+  dg.check_shape({n, c.cfg.hidden_size}, "draft: dg");
+  const Tensor dg_c = as_compute(c, dg);  // F32 gradient, read by the GEMMs in the compute dtype
+  const bool norm = c.cfg.norm_before_fc;
+  if (norm)
+    AERIE_CHECK(acts.fn.defined() && acts.rstd.defined() && g.input_norm.defined(),
+                "draft: layer_fc_backward under norm_before_fc needs layer_fc's acts and an input_norm gradient");
+  add_weight_grad(dg_c, norm ? acts.fn : f, g.fc);  // dfc += dg^T fc's input
+  if (on_fc_ready) on_fc_ready();
+  if (!norm) return;
+  // d fn = dg fc [n, 3 H_t] F32, then the norm's backward; its dx (d f) is not needed but written over d fn.
+  Tensor dfn = f32(c, f.shape());
+  matmul(dg_c, c.w.fc, dfn, false, false);
+  rmsnorm_backward(dfn, f, c.w.input_norm, acts.rstd, dfn, &g.input_norm);
 }
 
 namespace {

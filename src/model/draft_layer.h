@@ -3,6 +3,7 @@
 // plug in their own key/value sets, plus the TTT attention (causal step-0 part + diagonal, merged by
 // log-sum-exp). Math: /work/shared/docs/eagle3.md sections 3-4.
 #pragma once
+#include <functional>
 #include <vector>
 
 #include "core/tensor.h"
@@ -47,10 +48,29 @@ struct LayerCtx {
   /// Optional [>= max position + 1] I32 table 0, 1, 2, ... on `device` (the TTT pass sets it once per
   /// sample): layer_qkv then slices its positions from it instead of building them on the host.
   Tensor arange;
-  /// Throws aerie::Error when embed is not [V, H] or lives on another device than the weights, or when
-  /// the nine matrices do not share one dtype (F32 or BF16).
+  /// Throws aerie::Error when embed is not [V, H] or lives on another device than the weights, when
+  /// the nine matrices do not share one dtype (F32 or BF16), or when input_norm is not there exactly under
+  /// norm_before_fc ([3 H_t], on the weights' device).
   LayerCtx(const DraftConfig& c, const DraftWeights& w, const Tensor& embed);
 };
+
+/// What layer_fc_backward needs from layer_fc: the norm's output and rstd under norm_before_fc.
+struct FcActs {
+  Tensor fn;    // [n, 3 H_t] C input_norm(f), the fc GEMM's input (undefined without norm_before_fc)
+  Tensor rstd;  // [n] F32 the norm's 1/rms (undefined without norm_before_fc)
+};
+
+/// The fused feature's projection g = fc(f) [n, H] F32 (eagle3.md section 3), or g = fc(input_norm(f))
+/// under EAGLE-3.1's norm_before_fc (vLLM's combine_hidden_states: input_norm over the whole
+/// concatenation [n, 3 H_t], eps = rms_norm_eps, before fc). f: [n, 3 H_t] in the compute dtype (the norm
+/// reads it as it is, fp32 arithmetic, and writes input_norm(f) in the compute dtype). acts (optional):
+/// receives fn and rstd for layer_fc_backward. Throws aerie::Error on a shape mismatch.
+Tensor layer_fc(const LayerCtx& c, const Tensor& f, FcActs* acts);
+/// Backward of layer_fc: dg [n, H] F32 -> adds dg^T fn (or dg^T f) to g.fc and, under norm_before_fc,
+/// the input norm's weight gradient (RMSNorm backward of d fn = dg fc) to g.input_norm. f is frozen: no
+/// gradient for it. on_fc_ready (optional) is called once fc's gradient is final, before the norm's.
+void layer_fc_backward(const LayerCtx& c, const Tensor& f, const FcActs& acts, const Tensor& dg, DraftWeights& g,
+                       const std::function<void()>& on_fc_ready = {});
 
 /// Up to the attention: e, hn, a, q, k, v (RoPE at positions pos0 + i). ids: n input tokens u; h: [n, H].
 /// Host ids (copied to the weights' device when that is not the CPU).

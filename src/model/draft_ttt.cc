@@ -15,6 +15,7 @@
 // (for acc_k) and the loss come back to the host.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "kernels/convert.h"
 #include "kernels/gemm.h"
@@ -54,17 +55,24 @@ void check_inputs(const DraftConfig& cfg, const DraftWeights& w, const TTTSample
 }
 
 // Index of each parameter in DraftWeights::named() order.
-enum Param { kFc, kQ, kK, kV, kO, kGate, kUp, kDown, kInNorm, kHiddenNorm, kPostNorm, kNorm, kLmHead, kNumParams };
+// kInputNorm (norm_before_fc's input_norm) is listed by named() only for a draft with that option.
+enum Param { kFc, kQ, kK, kV, kO, kGate, kUp, kDown, kInNorm, kHiddenNorm, kPostNorm, kNorm, kLmHead, kInputNorm };
+constexpr size_t kAll = std::numeric_limits<size_t>::max();  // mark_ready(kAll): every parameter left
 
 }  // namespace
 
-const std::vector<int>& ttt_gradient_ready_order() {
+const std::vector<int>& ttt_gradient_ready_order(const DraftConfig& cfg) {
   // lm_head: all its terms come from the forward (layer_head_backward per step); then the step-0
   // layer_out_backward finishes norm and the MLP and o_proj, the step-0 layer_qkv_backward q/k/v and the
-  // two input norms, and the last GEMM fc.
+  // two input norms, and the last GEMM fc; under norm_before_fc input_norm's backward follows fc's.
   static const std::vector<int> order = {kLmHead, kNorm, kDown, kGate, kUp, kPostNorm, kO,
                                          kQ,      kK,    kV,    kInNorm, kHiddenNorm, kFc};
-  return order;
+  static const std::vector<int> with_input_norm = [] {
+    std::vector<int> o = order;
+    o.push_back(kInputNorm);
+    return o;
+  }();
+  return cfg.norm_before_fc ? with_input_norm : order;
 }
 
 TTTStats ttt_forward_backward(const DraftConfig& cfg, const DraftWeights& w, const Tensor& embed_tokens,
@@ -81,10 +89,10 @@ TTTStats ttt_forward_backward(const DraftConfig& cfg, const DraftWeights& w, con
   size_t ready = 0;
   auto mark_ready = [&](size_t upto) {
     if (!grads || !on_grad_ready) return;
-    const std::vector<int>& order = ttt_gradient_ready_order();
+    const std::vector<int>& order = ttt_gradient_ready_order(cfg);
     for (; ready < upto && ready < order.size(); ++ready) on_grad_ready(order[ready]);
   };
-  const int64_t T = static_cast<int64_t>(s.ids.size()), H = cfg.hidden_size, K = cfg.draft_vocab_size;
+  const int64_t T = static_cast<int64_t>(s.ids.size()), K = cfg.draft_vocab_size;
   const int S = num_steps;
   TTTStats st;
   st.loss_sum.assign(S, 0.0);
@@ -97,7 +105,7 @@ TTTStats ttt_forward_backward(const DraftConfig& cfg, const DraftWeights& w, con
   int steps = 0;                                                      // steps with at least one row
   while (steps < S && rows(steps) > 0) ++steps;
   if (steps == 0) {
-    mark_ready(kNumParams);  // no term at all
+    mark_ready(kAll);  // no term at all
     return st;
   }
 
@@ -125,10 +133,10 @@ TTTStats ttt_forward_backward(const DraftConfig& cfg, const DraftWeights& w, con
   std::vector<LayerActs> acts(steps);
   std::vector<Tensor> dno(steps);  // gradient w.r.t. norm(o) of each step ([n_k, H]; the [n_k, K] ones never outlive their step)
 
-  // g = fc(f) on the rows that step 0 computes.
+  // g = fc(f), or fc(input_norm(f)) under norm_before_fc, on the rows that step 0 computes.
   const int64_t n0 = rows(0);
-  Tensor g = Tensor::empty({n0, H}, DType::F32, dev);
-  matmul(aux.slice(0, n0), w.fc, g, false, true);
+  draft_detail::FcActs fc_acts;
+  Tensor g = draft_detail::layer_fc(ctx, aux.slice(0, n0), grads ? &fc_acts : nullptr);
 
   for (int k = 0; k < steps; ++k) {
     const int64_t n = rows(k);
@@ -213,14 +221,9 @@ TTTStats ttt_forward_backward(const DraftConfig& cfg, const DraftWeights& w, con
     if (k == 0) mark_ready(12);  // q, k, v, input_layernorm, hidden_norm
     dO = dh;  // h_{t,k} = o_{t,k-1} (norm(o_{t,k-1}) under norm_output; rows 0..n_k-1), or g for k = 0
   }
-  // g = fc(f): dfc += dg^T f (dg F32, read by the GEMM in the compute dtype)
-  Tensor dg = dO;
-  if (dg.dtype() != ctx.compute) {
-    dg = Tensor::empty(dO.shape(), ctx.compute, dev);
-    convert(dO, dg);
-  }
-  matmul(dg, aux.slice(0, n0), grads->fc, true, false, 1.0f, 1.0f);
-  mark_ready(kNumParams);
+  // g = fc(f) (or fc(input_norm(f))): dfc += dg^T (input_norm(f) or f), then input_norm's gradient.
+  draft_detail::layer_fc_backward(ctx, aux.slice(0, n0), fc_acts, dO, *grads, [&] { mark_ready(13); });
+  mark_ready(kAll);
   return st;
 }
 

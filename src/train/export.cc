@@ -90,6 +90,10 @@ SafetensorsFile export_tensors(const DraftConfig& cfg, const DraftWeights& weigh
   f.metadata = {{"format", "pt"}, {"aerie_version", aerie_version_string()}};
   auto want = shapes.named();
   auto have = weights.named();
+  AERIE_CHECK(have.size() == want.size(), "export: the weights hold " << have.size() << " tensors, the config wants "
+                                                                      << want.size() << " (input_norm.weight "
+                                                                      << (cfg.norm_before_fc ? "missing" : "without norm_before_fc")
+                                                                      << ")");
   for (size_t i = 0; i < have.size(); ++i) {
     have[i].second->check_shape(want[i].second->shape(), "export: " + have[i].first);
     f.tensors[have[i].first] = have[i].second->to(DType::BF16);

@@ -63,9 +63,10 @@ void write_export(const std::string& out_dir, const DraftConfig& cfg, const Draf
                   const nlohmann::json& source = nullptr);
 
 /// The tensors of an export: every DraftWeights::named() tensor rounded to BF16 (nearest even) under its
-/// name (fc.weight, midlayer.*, norm.weight, lm_head.weight), d2t I64 [K], t2d U8 [V] (saved as BOOL);
-/// metadata {"format": "pt", "aerie_version"}. Throws aerie::Error when a weight's shape is not cfg's or
-/// d2t/t2d's sizes are not cfg's K and V.
+/// name (fc.weight, midlayer.*, norm.weight, lm_head.weight, and input_norm.weight [3 H_t] under
+/// norm_before_fc), d2t I64 [K], t2d U8 [V] (saved as BOOL); metadata {"format": "pt", "aerie_version"}.
+/// Throws aerie::Error when the weights' tensors or shapes are not cfg's (input_norm exactly with
+/// norm_before_fc) or d2t/t2d's sizes are not cfg's K and V.
 SafetensorsFile export_tensors(const DraftConfig& cfg, const DraftWeights& weights, const DraftVocab& vocab);
 
 /// Records the checkpoint exported, `source` (the object write_export takes), in an export: config's
@@ -104,7 +105,7 @@ struct SpeculatorsOptions {
 ///     num_hidden_layers 1, vocab_size V, positions, rope, torch_dtype "bfloat16", ...),
 ///   draft_vocab_size K, target_hidden_size (null when equal to hidden_size), norm_before_residual and
 ///   norm_output as trained (DraftConfig; both always written: vLLM's default without norm_before_residual
-///   is true), norm_before_fc / fc_norm false, eagle_aux_hidden_state_layer_ids (always written, aerie's
+///   is true), norm_before_fc as trained (always written), fc_norm false, eagle_aux_hidden_state_layer_ids (always written, aerie's
 ///   = vLLM's input-of-layer-k ids), speculators_config {algorithm "eagle3", proposal_methods [greedy,
 ///   speculative_tokens], default_proposal_method "greedy", verifier {name_or_path, architectures (the
 ///   target's config.json architectures)}}, tie_word_embeddings false, torch_dtype, aerie_version.
@@ -130,8 +131,9 @@ void write_speculators_export(const std::string& out_dir, const DraftConfig& cfg
 /// config (eagle3.md section 5) that DraftConfig::from_json reads: transformer_layer_config with
 /// draft_vocab_size, target_hidden_size and the aux ids (as eagle_config) of the top level. Throws
 /// aerie::Error for another speculators_model_type, a transformer_layer_config that is not a "llama"
-/// object, or a draft aerie cannot run (norm_before_fc or fc_norm true). norm_before_residual (absent: true,
-/// vLLM's default) and norm_output (absent: false) are carried over.
+/// object, a draft aerie cannot run (fc_norm true), or one of the four norm switches that is not a bool.
+/// norm_before_residual (absent: true, vLLM's default), norm_output and norm_before_fc (absent: false) are
+/// carried over.
 nlohmann::json eagle3_config_from_speculators(const nlohmann::json& speculators_config);
 
 /// A draft read back from an export directory: weights converted to F32.

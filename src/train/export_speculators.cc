@@ -18,7 +18,8 @@ namespace {
 // others are EAGLE-3 fields that the speculators format keeps at the top level, or none of the format's.
 bool is_layer_key(const std::string& k) {
   return k != "architectures" && k != "draft_vocab_size" && k != "target_hidden_size" && k != "eagle_config" &&
-         k != "aerie_version" && k != "norm_before_residual" && k != "norm_output";  // top-level keys of the speculators config
+         k != "aerie_version" && k != "norm_before_residual" && k != "norm_output" &&
+         k != "norm_before_fc";  // top-level keys of the speculators config
 }
 
 }  // namespace
@@ -59,7 +60,7 @@ nlohmann::json speculators_export_config(const DraftConfig& cfg, const TargetCon
   // with --draft-norm-before-residual; vLLM's update_eagle3 takes true when the key is absent, so it is
   // always written.
   j["norm_before_residual"] = cfg.norm_before_residual;
-  j["norm_before_fc"] = false;
+  j["norm_before_fc"] = cfg.norm_before_fc;  // input_norm.weight [3 H_t] in the tensors when true
   j["fc_norm"] = false;
   j["norm_output"] = cfg.norm_output;
   // Always written: the config then names the target depths without aerie's private block, and vLLM
@@ -102,12 +103,15 @@ nlohmann::json eagle3_config_from_speculators(const nlohmann::json& s) {
   AERIE_CHECK(model_type == "llama", "speculators config: transformer_layer_config.model_type '"
                                          << model_type << "': aerie runs Llama draft layers only");
   // vLLM's defaults when a key is absent (algos.py update_eagle3): norm_before_residual true, the rest false.
-  // aerie runs norm_before_residual and norm_output (DraftConfig), not norm_before_fc / fc_norm.
+  // aerie runs norm_before_residual, norm_output and norm_before_fc (DraftConfig), not fc_norm.
+  for (const char* key : {"norm_before_residual", "norm_output", "norm_before_fc", "fc_norm"})
+    AERIE_CHECK(!s.contains(key) || s[key].is_boolean(),
+                "speculators config: " << key << " must be true or false, got " << s[key].dump());
   j["norm_before_residual"] = s.value("norm_before_residual", true);
   if (s.value("norm_output", false)) j["norm_output"] = true;
-  for (const auto& [key, on] : {std::pair<const char*, bool>{"norm_before_fc", s.value("norm_before_fc", false)},
-                                {"fc_norm", s.value("fc_norm", false)}})
-    AERIE_CHECK(!on, "speculators config: " << key << " is true, a draft layer aerie does not run");
+  if (s.value("norm_before_fc", false)) j["norm_before_fc"] = true;
+  AERIE_CHECK(!s.value("fc_norm", false), "speculators config: fc_norm is true (one RMSNorm per aux chunk, "
+                                          "fc_norm.{0,1,2}.weight), a draft layer aerie does not run");
   if (s.contains("draft_vocab_size")) j["draft_vocab_size"] = s["draft_vocab_size"];
   if (s.contains("target_hidden_size") && !s["target_hidden_size"].is_null())
     j["target_hidden_size"] = s["target_hidden_size"];

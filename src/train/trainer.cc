@@ -25,7 +25,7 @@ nlohmann::json TrainOptions::to_json() const {
           {"precision", precision},   {"draft_heads", draft_heads},
           {"draft_kv_heads", draft_kv_heads}, {"draft_head_dim", draft_head_dim},
           {"draft_intermediate", draft_intermediate}, {"draft_norm_before_residual", draft_norm_before_residual},
-          {"draft_norm_output", draft_norm_output},
+          {"draft_norm_output", draft_norm_output}, {"draft_norm_before_fc", draft_norm_before_fc},
           {"allow_missing_shards", allow_missing_shards},
           {"allow_other_target", allow_other_target}};
 }
@@ -38,6 +38,7 @@ DraftConfig TrainOptions::apply_draft_shape(DraftConfig cfg) const {
   if (draft_intermediate > 0) cfg.intermediate_size = draft_intermediate;
   cfg.norm_before_residual = draft_norm_before_residual;
   cfg.norm_output = draft_norm_output;
+  cfg.norm_before_fc = draft_norm_before_fc;
   AERIE_CHECK(cfg.num_attention_heads % cfg.num_key_value_heads == 0,
               "train: --draft-kv-heads " << cfg.num_key_value_heads << " does not divide the draft's "
                                          << cfg.num_attention_heads << " heads (--draft-heads)");
@@ -65,7 +66,8 @@ void TrainOptions::check_resumable(const nlohmann::json& c) const {
   }
   // The EAGLE-3.1 switches (older checkpoints have none: the original layout and chain, off).
   for (const auto& [key, on] : {std::pair<const char*, bool>{"draft_norm_before_residual", draft_norm_before_residual},
-                                {"draft_norm_output", draft_norm_output}}) {
+                                {"draft_norm_output", draft_norm_output},
+                                {"draft_norm_before_fc", draft_norm_before_fc}}) {
     const bool theirs = c.value(key, false);
     std::string opt = std::string("--") + key;
     std::replace(opt.begin(), opt.end(), '_', '-');
@@ -201,7 +203,7 @@ StepMetrics train_step(const DraftConfig& cfg, DraftWeights& w, AdamState& opt, 
     comm_stream = scratch.comm_stream.get();
   }
   size_t launched = 0;  // all-reduces queued, in ttt_gradient_ready_order()
-  const std::vector<int>& ready_order = ttt_gradient_ready_order();
+  const std::vector<int>& ready_order = ttt_gradient_ready_order(cfg);
   std::vector<double> loss_sum(static_cast<size_t>(S), 0.0);
   Tensor counts = Tensor::zeros({2 * S + 1}, DType::I64);  // correct [S], acc_rows [S], tokens
   int64_t* c = counts.data<int64_t>();

@@ -52,6 +52,10 @@ struct TrainOptions {
   /// EAGLE-3.1's norm_output for the draft (DraftConfig::norm_output; exported as config.norm_output,
   /// which vLLM, SGLang and speculators read). A resume option.
   bool draft_norm_output = false;
+  /// EAGLE-3.1's norm_before_fc for the draft (DraftConfig::norm_before_fc: a trained RMSNorm input_norm
+  /// [3 H_t] before fc; exported as config.norm_before_fc and the tensor input_norm.weight, which vLLM,
+  /// SGLang and speculators read). A resume option.
+  bool draft_norm_before_fc = false;
   /// Train on a shard folder that lacks some chunks of its extraction (a warning instead of a refusal).
   bool allow_missing_shards = false;
   /// Train (or resume) with a --model whose fingerprint differs from the shards' (or the checkpoint's)
@@ -60,7 +64,8 @@ struct TrainOptions {
 
   nlohmann::json to_json() const;
   /// `cfg` with the draft_* options that are set (> 0) replacing its shape, and norm_before_residual /
-  /// norm_output from draft_norm_before_residual / draft_norm_output. Throws aerie::Error naming
+  /// norm_output / norm_before_fc from draft_norm_before_residual / draft_norm_output /
+  /// draft_norm_before_fc. Throws aerie::Error naming
   /// the option when kv heads do not divide the heads or the head dim is odd.
   DraftConfig apply_draft_shape(DraftConfig cfg) const;
   /// The options that decide the weights (steps, epochs, batch size, lr, warmup, clipping, TTT steps,

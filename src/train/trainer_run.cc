@@ -400,7 +400,8 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp) {
                     << ", draft layer " << ck.config.num_attention_heads << " / " << ck.config.num_key_value_heads
                     << " heads of " << ck.config.head_dim << ", MLP " << ck.config.intermediate_size
                     << (ck.config.norm_before_residual ? ", norm_before_residual (EAGLE-3.1)" : "")
-                    << (ck.config.norm_output ? ", norm_output (EAGLE-3.1)" : "");
+                    << (ck.config.norm_output ? ", norm_output (EAGLE-3.1)" : "")
+                    << (ck.config.norm_before_fc ? ", norm_before_fc (EAGLE-3.1)" : "");
   }
   TrainResult result;
   result.total_steps = total;

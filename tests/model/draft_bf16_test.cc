@@ -2,7 +2,7 @@
 // against the fp32 path on the same draft and sample, on the CPU (every kernel has a bf16 CPU path: this
 // runs in CI) and on CUDA (skipped without a GPU); the compute copy itself; and the gradient-ready
 // callbacks the data-parallel overlap relies on (each parameter reported once, in
-// ttt_gradient_ready_order(), and its gradient no longer changes after the report).
+// ttt_gradient_ready_order(cfg), and its gradient no longer changes after the report).
 //
 // Tolerances of bf16 vs fp32. bf16 keeps 8 significant bits: rounding a GEMM input moves it by at most
 // 2^-9 = 0.2% relative. A forward value goes through ~10 roundings per TTT step (norm outputs, q/k/v,
@@ -115,6 +115,16 @@ TEST(DraftBf16, ComputeCopyRoundsMatricesAndSharesNorms) {
   m.w.refresh_compute_copy(f);
   EXPECT_THROW(m.w.compute_copy(DType::I32), Error);
   EXPECT_THROW(c.compute_copy(DType::BF16), Error);  // masters must be F32
+  // norm_before_fc's input_norm is a norm weight: shared, F32, refreshed like the others.
+  testing::enable_norm_before_fc(m, 32);
+  DraftWeights cn = m.w.compute_copy(DType::BF16);
+  ASSERT_EQ(cn.named().size(), 14u);
+  EXPECT_EQ(cn.input_norm.raw(), m.w.input_norm.raw());
+  EXPECT_EQ(cn.input_norm.dtype(), DType::F32);
+  DraftWeights other2 = m.w;
+  other2.input_norm = other2.input_norm.clone();
+  other2.refresh_compute_copy(cn);
+  EXPECT_EQ(cn.input_norm.raw(), other2.input_norm.raw());
 }
 
 TEST(DraftBf16, MatchesFp32OnCpu) {
@@ -126,6 +136,9 @@ TEST(DraftBf16, MatchesFp32OnCpu) {
   m.cfg.norm_before_residual = false;
   m.cfg.norm_output = true;  // norm(o) handed on in F32 under bf16 compute, its rounding the lm_head's input
   compare_bf16(m, make_sample(m, 67, 4), 7, Device::CPU, "cpu T 67 S 7 norm_output");
+  m.cfg.norm_output = false;
+  testing::enable_norm_before_fc(m, 31);  // input_norm(f) from the bf16 f, written in bf16 for fc's GEMM
+  compare_bf16(m, make_sample(m, 67, 4), 7, Device::CPU, "cpu T 67 S 7 norm_before_fc");
 }
 
 TEST(DraftBf16, MatchesFp32OnCuda) {
@@ -135,13 +148,17 @@ TEST(DraftBf16, MatchesFp32OnCuda) {
   compare_bf16(m, make_sample(m, 150, 7), 7, Device::CUDA, "cuda d 64 T 150 S 7");
   testing::TinyDraft m2 = make_draft(8, 16);
   compare_bf16(m2, make_sample(m2, 67, 9), 7, Device::CUDA, "cuda d 16 T 67 S 7");
+  testing::enable_norm_before_fc(m, 33);
+  compare_bf16(m, make_sample(m, 150, 7), 7, Device::CUDA, "cuda d 64 T 150 S 7 norm_before_fc");
 }
 
-// on_grad_ready: each parameter once, in ttt_gradient_ready_order(), and the gradient reported final
+// on_grad_ready: each parameter once, in ttt_gradient_ready_order(cfg) (with norm_before_fc's input_norm
+// or without), and the gradient reported final
 // equals (bitwise) the one at the end of the call. fp32 and bf16 compute, a normal sample and one without
 // rows (T 2: everything reported at once).
-void check_ready_callbacks(Device device) {
+void check_ready_callbacks(Device device, bool norm_before_fc) {
   testing::TinyDraft m = make_draft(11, 16);
+  if (norm_before_fc) testing::enable_norm_before_fc(m, 34);  // input_norm reported last, after fc
   const DraftWeights masters = device == Device::CPU ? m.w : m.w.to_device(device);
   const Tensor embed = device == Device::CPU ? m.embed : m.embed.to_device(device);
   for (DType dt : {DType::F32, DType::BF16}) {
@@ -158,7 +175,7 @@ void check_ready_callbacks(Device device) {
       };
       ttt_forward_backward(m.cfg, wc, embed, s, m.d2t, m.t2d, 5, std::vector<double>(5, 0.1), &g, nullptr, cb);
       const std::string what = std::string(dtype_name(dt)) + " T " + std::to_string(T);
-      EXPECT_EQ(order, ttt_gradient_ready_order()) << what;
+      EXPECT_EQ(order, ttt_gradient_ready_order(m.cfg)) << what;
       ASSERT_EQ(order.size(), named.size()) << what;
       for (size_t j = 0; j < named.size(); ++j)
         EXPECT_EQ(at_report[j], named[j].second->to_float_vector()) << what << ": " << named[j].first
@@ -172,11 +189,15 @@ void check_ready_callbacks(Device device) {
   EXPECT_EQ(calls, 0);
 }
 
-TEST(DraftBf16, GradientReadyCallbacksCpu) { check_ready_callbacks(Device::CPU); }
+TEST(DraftBf16, GradientReadyCallbacksCpu) {
+  check_ready_callbacks(Device::CPU, false);
+  check_ready_callbacks(Device::CPU, true);
+}
 
 TEST(DraftBf16, GradientReadyCallbacksCuda) {
   AERIE_REQUIRE_CUDA();
-  check_ready_callbacks(Device::CUDA);
+  check_ready_callbacks(Device::CUDA, false);
+  check_ready_callbacks(Device::CUDA, true);
 }
 
 }  // namespace

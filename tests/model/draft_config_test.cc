@@ -109,6 +109,28 @@ TEST(DraftConfig, JsonIsTheExportConfigAndRoundTrips) {
   jo["norm_output"] = 1;
   EXPECT_NE(testing::error_of([&] { DraftConfig::from_json(jo); }).find("norm_output"), std::string::npos);
   c.norm_output = false;
+  // EAGLE-3.1's norm_before_fc: written at the top level only when on, read back; read from eagle_config
+  // first, then the top level, as vLLM's and SGLang's llama_eagle3.py do (eagle_config.get("norm_before_fc",
+  // getattr(config, "norm_before_fc", False)): NVIDIA's checkpoints keep it in eagle_config); a non-bool
+  // refused by name in either place.
+  EXPECT_FALSE(j2.contains("norm_before_fc"));
+  EXPECT_FALSE(back2.norm_before_fc);
+  c.norm_before_fc = true;
+  nlohmann::json jf = c.to_json();
+  EXPECT_EQ(jf["norm_before_fc"], true);
+  EXPECT_TRUE(DraftConfig::from_json(jf).norm_before_fc);
+  jf["eagle_config"]["norm_before_fc"] = false;  // eagle_config's key wins over the top level's
+  EXPECT_FALSE(DraftConfig::from_json(jf).norm_before_fc);
+  jf.erase("norm_before_fc");
+  jf["eagle_config"]["norm_before_fc"] = true;
+  EXPECT_TRUE(DraftConfig::from_json(jf).norm_before_fc);
+  jf["eagle_config"]["norm_before_fc"] = "true";
+  EXPECT_NE(testing::error_of([&] { DraftConfig::from_json(jf); }).find("eagle_config.norm_before_fc"),
+            std::string::npos);
+  jf["eagle_config"].erase("norm_before_fc");
+  jf["norm_before_fc"] = 0;
+  EXPECT_NE(testing::error_of([&] { DraftConfig::from_json(jf); }).find("norm_before_fc"), std::string::npos);
+  c.norm_before_fc = false;
   j2.erase("hidden_size");
   EXPECT_THROW(DraftConfig::from_json(j2), Error);
 

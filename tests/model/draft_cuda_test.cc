@@ -88,6 +88,9 @@ TEST(DraftCuda, TTTForwardBackwardMatchesCpuMedium) {
   m.cfg.norm_before_residual = false;
   m.cfg.norm_output = true;
   compare(m, make_sample(m, 67, 9), 7, "medium T 67 S 7 norm_output");
+  m.cfg.norm_output = false;
+  testing::enable_norm_before_fc(m, 14);  // input_norm [3 H_t] on the GPU: its forward and weight gradient
+  compare(m, make_sample(m, 67, 9), 7, "medium T 67 S 7 norm_before_fc");
 }
 
 // Gradients are ADDED to: a second call doubles them on CUDA as on the CPU; no gradient: the same loss.

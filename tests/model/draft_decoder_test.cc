@@ -16,10 +16,11 @@ std::vector<int32_t> ids_slice(const std::vector<int32_t>& x, int64_t b, int64_t
 }
 
 TEST(DraftDecoder, ProposeEqualsTTTArgmaxChain) {
-  for (uint64_t seed : {1u, 2u, 3u, 4u, 5u}) {
+  for (uint64_t seed : {1u, 2u, 3u, 4u, 5u, 6u, 7u}) {
     auto m = testing::make_tiny_draft(100 + seed);
-    m.cfg.norm_before_residual = seed == 4;  // EAGLE-3.1's residual base, in decoding as in training
-    m.cfg.norm_output = seed == 5;           // EAGLE-3.1's norm(o) handed to the next step
+    m.cfg.norm_before_residual = seed == 4 || seed == 7;  // EAGLE-3.1's residual base, in decoding as in training
+    m.cfg.norm_output = seed == 5 || seed == 7;           // EAGLE-3.1's norm(o) handed to the next step
+    if (seed >= 6) testing::enable_norm_before_fc(m, 300 + seed);  // EAGLE-3.1's input_norm(f) before fc
     const int n = 5;
     const int64_t p = 6, T = p + n + 1;
     auto s = testing::make_tiny_sample(m, T, 200 + seed);

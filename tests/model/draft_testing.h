@@ -59,6 +59,18 @@ inline TinyDraft make_tiny_draft(uint64_t seed) {
   return m;
 }
 
+/// Turns EAGLE-3.1's norm_before_fc on for a test draft made without it: cfg.norm_before_fc and the
+/// weight input_norm [3 H_t], initialised as init_draft_weights does (ones) plus N(0, 0.3^2) noise from
+/// `seed` (as make_tiny_draft moves the other norms away from 1), so that its gradient is not trivial.
+inline void enable_norm_before_fc(TinyDraft& m, uint64_t seed) {
+  m.cfg.norm_before_fc = true;
+  const int64_t n = 3 * m.cfg.target_hidden_size;
+  m.w.input_norm = Tensor::empty({n}, DType::F32);
+  std::mt19937_64 rng(seed);
+  Tensor r = random_tensor({n}, rng, 0.3);
+  for (int64_t i = 0; i < n; ++i) m.w.input_norm.data<float>()[i] = 1.0f + r.data<float>()[i];
+}
+
 /// A draft larger than make_tiny_draft's: H=48, n_h=4, n_kv=2 (several heads per kv head), head dim
 /// `head_dim`, I=72, V=97, K=37 (ids i * 97 / 37), H_t=40, widths that are not powers of two.
 /// `bf16_embed`: the embedding table rounded to bf16 (as a bf16 checkpoint's is), so that an F32 and a
@@ -145,7 +157,7 @@ struct RefResult {
 inline RefResult reference_ttt(const DraftConfig& c, const std::vector<std::vector<double>>& W, const Tensor& embed,
                                const TTTSample& s, const std::vector<uint8_t>& t2d, int S,
                                const std::vector<double>& sw) {
-  enum { FC, Q, KP, VP, O, G, U, D, IN, HN, POST, NORM, LM };
+  enum { FC, Q, KP, VP, O, G, U, D, IN, HN, POST, NORM, LM, INPUT_NORM };  // INPUT_NORM: norm_before_fc only
   const int64_t H = c.hidden_size, Ht3 = 3 * c.target_hidden_size, nh = c.num_attention_heads,
                 nkv = c.num_key_value_heads, d = c.head_dim, I = c.intermediate_size, K = c.draft_vocab_size;
   const int64_t T = static_cast<int64_t>(s.ids.size());
@@ -189,6 +201,7 @@ inline RefResult reference_ttt(const DraftConfig& c, const std::vector<std::vect
       Vec h;
       if (k == 0) {
         Vec f(aux.begin() + t * Ht3, aux.begin() + (t + 1) * Ht3);
+        if (c.norm_before_fc) f = rms(f, W[INPUT_NORM]);  // EAGLE-3.1: one RMSNorm over the concatenation
         h = lin(W[FC], f, H);
       } else {
         h = outs[k - 1][t];

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <random>
 
@@ -29,10 +30,12 @@ double total_loss(const TTTStats& st, const std::vector<double>& sw) {
   return l;
 }
 
-void forward_matches_double_reference(bool norm_before_residual, bool norm_output = false) {
+void forward_matches_double_reference(bool norm_before_residual, bool norm_output = false,
+                                      bool norm_before_fc = false) {
   auto m = make_tiny_draft(1);
   m.cfg.norm_before_residual = norm_before_residual;
   m.cfg.norm_output = norm_output;
+  if (norm_before_fc) testing::enable_norm_before_fc(m, 21);
   auto s = make_tiny_sample(m, 9, 2);
   std::vector<Tensor> logits;
   TTTStats st = ttt_forward_backward(m.cfg, m.w, m.embed, s, m.d2t, m.t2d, kSteps, kWeights, nullptr, &logits);
@@ -72,16 +75,21 @@ TEST(DraftTTT, ForwardMatchesDoubleReference) { forward_matches_double_reference
 
 // Every weight tensor: analytic gradient (fp32) vs central finite differences of the double reference
 // loss sum_k w_k loss_sum_k (eps 1e-5; truncation error ~1e-10), on a random subset of entries.
-void gradient_matches_finite_differences_of_reference(bool norm_before_residual, bool norm_output = false) {
+void gradient_matches_finite_differences_of_reference(bool norm_before_residual, bool norm_output = false,
+                                                      bool norm_before_fc = false) {
   auto m = make_tiny_draft(3);
   m.cfg.norm_before_residual = norm_before_residual;
   m.cfg.norm_output = norm_output;
+  if (norm_before_fc) testing::enable_norm_before_fc(m, 23);
   auto s = make_tiny_sample(m, 9, 4);
   DraftWeights g = DraftWeights::zeros(m.cfg);
   ttt_forward_backward(m.cfg, m.w, m.embed, s, m.d2t, m.t2d, kSteps, kWeights, &g);
   auto W = to_double(m.w);
   auto named_g = g.named();
+  EXPECT_EQ(named_g.size(), norm_before_fc ? 14u : 13u) << "input_norm.weight is a parameter exactly with norm_before_fc";
   std::mt19937_64 rng(5);
+  double worst = 0;  // |analytic - FD| / (1 + max |gradient of the tensor|), for the log
+  std::string worst_at;
   for (size_t ti = 0; ti < W.size(); ++ti) {
     const std::string& name = named_g[ti].first;
     std::vector<float> ga = named_g[ti].second->to_float_vector();
@@ -100,19 +108,24 @@ void gradient_matches_finite_differences_of_reference(bool norm_before_residual,
       const double fd = (lp - lm) / (2 * e);
       // fp32 backward vs double FD: 1e-4 relative to the tensor's scale covers fp32 rounding.
       EXPECT_NEAR(ga[i], fd, 1e-4 * (1 + max_abs) + 1e-3 * std::fabs(fd)) << name << "[" << i << "]";
+      const double err = std::fabs(ga[i] - fd) / (1 + max_abs);
+      if (err > worst) worst = err, worst_at = name;
     }
   }
+  std::printf("[ double ref ] norm_before_residual %d norm_output %d norm_before_fc %d: worst gradient error %.3g "
+              "(%s), relative to 1 + the tensor's max |gradient|\n",
+              norm_before_residual, norm_output, norm_before_fc, worst, worst_at.c_str());
 }
 
 TEST(DraftTTT, GradientMatchesFiniteDifferencesOfReference) { gradient_matches_finite_differences_of_reference(false); }
 
 /// The TTT loss of the tiny draft changes by more than fp32 noise when `set` turns an option on (so that
 /// neither the forward nor its reference can ignore it).
-void expect_option_changes_loss(const std::function<void(DraftConfig&)>& set) {
+void expect_option_changes_loss(const std::function<void(testing::TinyDraft&)>& set) {
   auto m = make_tiny_draft(1);
   auto s = make_tiny_sample(m, 9, 2);
   const TTTStats off = ttt_forward_backward(m.cfg, m.w, m.embed, s, m.d2t, m.t2d, kSteps, kWeights, nullptr);
-  set(m.cfg);
+  set(m);
   const TTTStats on = ttt_forward_backward(m.cfg, m.w, m.embed, s, m.d2t, m.t2d, kSteps, kWeights, nullptr);
   EXPECT_GT(std::fabs(total_loss(on, kWeights) - total_loss(off, kWeights)), 1e-5 * std::fabs(total_loss(off, kWeights)));
 }
@@ -124,7 +137,7 @@ TEST(DraftTTT, NormBeforeResidualMatchesTheReference) {
   forward_matches_double_reference(true);
   gradient_matches_finite_differences_of_reference(true);
   // (0.06% on this draft, whose hidden states are near unit RMS; fp32 noise is ~1e-7.)
-  expect_option_changes_loss([](DraftConfig& c) { c.norm_before_residual = true; });
+  expect_option_changes_loss([](testing::TinyDraft& m) { m.cfg.norm_before_residual = true; });
 }
 
 // EAGLE-3.1's norm_output (each step hands norm(o) to the next): the same three checks, alone and with
@@ -134,7 +147,51 @@ TEST(DraftTTT, NormOutputMatchesTheReference) {
   gradient_matches_finite_differences_of_reference(false, true);
   forward_matches_double_reference(true, true);
   gradient_matches_finite_differences_of_reference(true, true);
-  expect_option_changes_loss([](DraftConfig& c) { c.norm_output = true; });
+  expect_option_changes_loss([](testing::TinyDraft& m) { m.cfg.norm_output = true; });
+}
+
+// EAGLE-3.1's norm_before_fc (g = fc(input_norm(f)), a new trained weight input_norm [3 H_t]): the forward
+// against the double reference, every weight's gradient (input_norm's among them) against the finite
+// differences of the reference, alone and with both other options (vLLM and SGLang read all three at
+// once), and the option changing the loss with input_norm at its initial ones.
+TEST(DraftTTT, NormBeforeFcMatchesTheReference) {
+  forward_matches_double_reference(false, false, true);
+  gradient_matches_finite_differences_of_reference(false, false, true);
+  forward_matches_double_reference(true, true, true);
+  gradient_matches_finite_differences_of_reference(true, true, true);
+  expect_option_changes_loss([](testing::TinyDraft& m) {
+    m.cfg.norm_before_fc = true;
+    m.w.input_norm = Tensor::empty({3 * m.cfg.target_hidden_size}, DType::F32);
+    for (int64_t i = 0; i < m.w.input_norm.numel(); ++i) m.w.input_norm.data<float>()[i] = 1.0f;
+  });
+  // init_draft_weights: input_norm exactly when the option is on, all ones, the other weights unchanged
+  // (the same random draws as without the option).
+  auto plain = make_tiny_draft(5);
+  DraftConfig c = plain.cfg;
+  c.norm_before_fc = true;
+  const DraftWeights w = init_draft_weights(c, plain.target_lm, plain.selected, 6);
+  const DraftWeights w0 = init_draft_weights(plain.cfg, plain.target_lm, plain.selected, 6);
+  EXPECT_FALSE(w0.input_norm.defined());
+  ASSERT_TRUE(w.input_norm.defined());
+  EXPECT_EQ(w.input_norm.shape(), (Shape{3 * c.target_hidden_size}));
+  for (float v : w.input_norm.to_float_vector()) EXPECT_EQ(v, 1.0f);
+  EXPECT_EQ(w.fc.to_float_vector(), w0.fc.to_float_vector());
+  EXPECT_EQ(w.lm_head.to_float_vector(), w0.lm_head.to_float_vector());
+  // A draft with the option but without the weight, or with the weight but without the option, is refused
+  // by name.
+  auto m = make_tiny_draft(1);
+  m.cfg.norm_before_fc = true;
+  auto s = make_tiny_sample(m, 9, 2);
+  EXPECT_NE(testing::error_of([&] {
+              ttt_forward_backward(m.cfg, m.w, m.embed, s, m.d2t, m.t2d, kSteps, kWeights, nullptr);
+            }).find("input_norm"),
+            std::string::npos);
+  testing::enable_norm_before_fc(m, 25);
+  m.cfg.norm_before_fc = false;
+  EXPECT_NE(testing::error_of([&] {
+              ttt_forward_backward(m.cfg, m.w, m.embed, s, m.d2t, m.t2d, kSteps, kWeights, nullptr);
+            }).find("norm_before_fc is off"),
+            std::string::npos);
 }
 
 // The same in fp32 through ttt_forward_backward itself (the whole TTT loss), eps 1e-2 relative to

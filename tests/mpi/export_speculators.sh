@@ -4,7 +4,8 @@
 # transformer_layer_config, speculators_config.verifier = the --model folder or --verifier, speculative_tokens)
 # and the default export's tensors byte for byte under the speculators names (midlayer. -> layers.0.), and the
 # default export's checkpoint record (aerie_checkpoint, checkpoint_step / checkpoint_selected_by); the
-# options are refused where they do not apply; a draft trained with EAGLE-3.1's norm_before_residual or norm_output exports,
+# options are refused where they do not apply; a draft trained with EAGLE-3.1's norm_before_residual, norm_output or
+# norm_before_fc exports,
 # evaluates and refuses a mismatched resume. The names and fields are checked against the loaders' source in
 # tests/train/export_speculators_test.cc.
 # usage: export_speculators.sh AERIE MODEL_DIR STORIES_TXT WORK_DIR   (exit 77: no converted model)
@@ -81,8 +82,9 @@ PY
 echo "speculators export: config and tensors ok"
 
 # An EAGLE-3.1 option: a draft trained with FLAG gets FIELD true in both exports (the fields the serving
-# engines read: norm_before_residual vLLM and speculators, norm_output vLLM, SGLang and speculators) and the
-# plain draft's default export none; eval reads either export and is lossless (aerie's own decoding runs
+# engines read: norm_before_residual vLLM and speculators, norm_output and norm_before_fc vLLM, SGLang and
+# speculators) and the plain draft's default export none; norm_before_fc's trained weight input_norm.weight
+# (BF16 [3 H_t] = [192]) is in both exports with the same bytes and not in the plain one; eval reads either export and is lossless (aerie's own decoding runs
 # the option); a resume of the run trained without it is refused by name.
 # usage: eagle31_option TAG FLAG FIELD
 eagle31_option() {
@@ -100,6 +102,21 @@ e, s, p = (json.load(open(w + f)) for f in (f"/{tag}_eagle3/config.json", f"/{ta
 if e.get(field) is not True: sys.exit(f"FAIL: the default export lacks {field}: true")
 if s.get(field) is not True: sys.exit(f"FAIL: the speculators export lacks {field}: true")
 if field in p: sys.exit(f"FAIL: the plain draft's export writes {field}")
+if field == "norm_before_fc":
+    import struct
+    def st(path):
+        b = open(path, "rb").read()
+        n = struct.unpack("<Q", b[:8])[0]
+        return json.loads(b[8:8 + n]), b[8 + n:]
+    (he, be), (hs, bs), (hp, _) = (st(w + f) for f in (f"/{tag}_eagle3/model.safetensors",
+                                                     f"/{tag}_spec/model.safetensors", "/eagle3/model.safetensors"))
+    for h in (he, hs):
+        t = h.get("input_norm.weight")
+        if not t or t["dtype"] != "BF16" or t["shape"] != [192]:
+            sys.exit(f"FAIL: input_norm.weight {t}, want BF16 [192]")
+    a, b = he["input_norm.weight"]["data_offsets"], hs["input_norm.weight"]["data_offsets"]
+    if be[a[0]:a[1]] != bs[b[0]:b[1]]: sys.exit("FAIL: input_norm.weight differs between the two exports")
+    if "input_norm.weight" in hp: sys.exit("FAIL: the plain draft's export holds input_norm.weight")
 PY
   for d in "${tag}_eagle3" "${tag}_spec"; do
     run "eval_$d" 1 eval --model "$model" --draft "$work/$d" --prompts "$text" --num-prompts 4 --max-new-tokens 12 \
@@ -113,6 +130,7 @@ PY
 }
 eagle31_option nbr --draft-norm-before-residual norm_before_residual  # residual base hidden_norm(h)
 eagle31_option nout --draft-norm-output norm_output                    # norm(o) handed to the next step
+eagle31_option nbf --draft-norm-before-fc norm_before_fc                # fc(input_norm(f)), a trained weight
 
 refused format "aerie export: --format 'gguf' is not eagle3 or speculators" \
   1 export --checkpoint "$work/run" --model "$model" --output "$work/x" --format gguf

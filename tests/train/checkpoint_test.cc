@@ -5,6 +5,7 @@
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "core/version.h"
+#include "io/safetensors.h"
 #include "train/checkpoint.h"
 #include "train/train_testing.h"
 
@@ -64,6 +65,38 @@ TEST(CheckpointTest, SaveLoadRoundTripIsBitwise) {
   // Who wrote it: the aerie_version string in config.json and state.json (issue 13 item 5).
   for (const char* f : {"config.json", "state.json"})
     EXPECT_EQ(nlohmann::json::parse(read_file(out + "/" + f)).value("aerie_version", ""), aerie_version_string()) << f;
+}
+
+// EAGLE-3.1's norm_before_fc: input_norm.weight [3 H_t] travels in draft.safetensors and its AdamW moments
+// m./v.input_norm.weight in optimizer.safetensors, bitwise; the config says norm_before_fc. A checkpoint
+// whose config says so but whose tensors lack the weight is refused naming it.
+TEST(CheckpointTest, NormBeforeFcRoundTripIsBitwise) {
+  const std::string dir = testing::scratch_dir("train_checkpoint_norm_before_fc");
+  auto s = testing::make_tiny_setup(dir);
+  testing::enable_norm_before_fc(s, 51);
+  save_draft_vocab(dir + "/draft_vocab.safetensors", s.vocab, std::vector<int64_t>(16, 1));
+  auto world = MpiCommunicator::world();
+  auto self = world->split(world->rank(), 0);
+  Checkpoint ck = make_checkpoint(s, 4);
+  ASSERT_TRUE(ck.adam_m.input_norm.defined());
+  const std::string out = save_checkpoint(dir + "/run", ck, dir + "/draft_vocab.safetensors", *self);
+  const SafetensorsFile w = load_safetensors(out + "/draft.safetensors");
+  const SafetensorsFile o = load_safetensors(out + "/optimizer.safetensors");
+  EXPECT_EQ(w.tensors.size(), 14u);
+  EXPECT_EQ(w.tensors.at("input_norm.weight").shape(), (Shape{24}));
+  EXPECT_TRUE(o.tensors.count("m.input_norm.weight") && o.tensors.count("v.input_norm.weight"));
+  Checkpoint back = load_checkpoint(out);
+  EXPECT_TRUE(back.config.norm_before_fc);
+  EXPECT_EQ(testing::count_bit_differences(back.weights, ck.weights), 0);
+  EXPECT_EQ(testing::count_bit_differences(back.adam_m, ck.adam_m), 0);
+  EXPECT_EQ(testing::count_bit_differences(back.adam_v, ck.adam_v), 0);
+  // The config says norm_before_fc, the tensors lack input_norm.weight: refused by name.
+  Checkpoint plain = make_checkpoint(testing::make_tiny_setup(dir), 5);
+  const std::string out2 = save_checkpoint(dir + "/run2", plain, dir + "/draft_vocab.safetensors", *self);
+  nlohmann::json cfg = nlohmann::json::parse(read_file(out2 + "/config.json"));
+  cfg["draft"]["norm_before_fc"] = true;
+  write_file_atomic(out2 + "/config.json", cfg.dump());
+  EXPECT_NE(testing::error_of([&] { load_checkpoint(out2); }).find("input_norm.weight missing"), std::string::npos);
 }
 
 TEST(CheckpointTest, LatestSkipsIncompleteAndTmpFolders) {

@@ -60,6 +60,24 @@
 //        if self.norm_output else hidden_states_to_aux (top-level config.norm_output, default False).
 //   [S7] speculators src/speculators/models/eagle3/core.py Eagle3DraftModel.forward: with
 //        config.norm_output the next TTT step reads norm(hidden_states), the lm_head's input; no new weight.
+//  norm_before_fc (EAGLE-3.1), read 2026-12-02 in the vllm 0.33.0, sglang 0.5.23 and speculators 0.9.0 wheels:
+//   [V7] vllm/model_executor/models/llama_eagle3.py LlamaModel.__init__: norm_before_fc =
+//        bool(eagle_config.get("norm_before_fc", getattr(config, "norm_before_fc", False))) (eagle_config
+//        first, then the top level); self.input_norm = RMSNorm(fc_input_size = target_hidden_size * 3,
+//        eps=config.rms_norm_eps); Eagle3LlamaForCausalLM.combine_hidden_states: hidden_states =
+//        input_norm(hidden_states) before self.model.fc; load_weights prefixes "model." to every name but
+//        lm_head (so "input_norm.weight" -> model.input_norm.weight) and drops "input_norm." weights when
+//        the option is off.
+//   [V8] vllm/transformers_utils/configs/speculators/algos.py update_eagle3: norm_before_fc =
+//        config_dict.get("norm_before_fc", False) (top level), fc_norm likewise.
+//   [G2] sglang python/sglang/srt/models/llama_eagle3.py LlamaModel.__init__: the same reading as [V7],
+//        input_norm = RMSNorm(hidden_size_in * num_aux_hidden_states, eps=config.rms_norm_eps), applied to
+//        the 3 H_t-wide aux states before fc in forward; LlamaForCausalLMEagle3.load_weights maps a name
+//        missing from the parameters to "model." + name (input_norm.weight -> model.input_norm.weight).
+//   [S8] speculators src/speculators/models/eagle3/core.py Eagle3DraftModel.__init__ / forward: input_norm =
+//        norm_class(num_aux * hidden_size, eps) under config.norm_before_fc, applied before fc;
+//        "input_norm.weight" at the top level (in _keys_to_ignore_on_load_missing); config.py: norm_before_fc
+//        (default False) and fc_norm (per-chunk norms fc_norm.{0,1,2}) are mutually exclusive.
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -296,8 +314,7 @@ TEST(ExportSpeculatorsTest, DemoModelExportIsTheListAndTheDefaultExportsValues) 
   EXPECT_EQ(load_export(dir + "/speculators").config.aux_layers, (std::vector<int>{2, 3, 4}));
 }
 
-// A speculators config aerie cannot run (norm_before_fc, fc_norm) is refused by load_export's reader,
-// naming the key.
+// A speculators config aerie cannot run (fc_norm) is refused by load_export's reader, naming the key.
 // norm_before_residual (EAGLE-3.1's residual base, DraftConfig::norm_before_residual) is read: true, or
 // absent (true to vLLM [V3]), gives a draft with the option, and an export of such a draft writes true.
 TEST(ExportSpeculatorsTest, ReaderRefusesDraftsAerieDoesNotRun) {
@@ -311,11 +328,29 @@ TEST(ExportSpeculatorsTest, ReaderRefusesDraftsAerieDoesNotRun) {
   EXPECT_EQ(e["eagle_config"]["eagle_aux_hidden_state_layer_ids"], nlohmann::json::array({1, 3, 5}));
   EXPECT_EQ(DraftConfig::from_json(e).to_json(), DraftConfig::from_json(export_config(s.cfg, s.target)).to_json());
   EXPECT_FALSE(DraftConfig::from_json(e).norm_before_residual);
-  for (const char* key : {"norm_before_fc", "fc_norm"}) {
+  {
     nlohmann::json bad = j;
-    bad[key] = true;
-    EXPECT_NE(testing::error_of([&] { eagle3_config_from_speculators(bad); }).find(key), std::string::npos) << key;
+    bad["fc_norm"] = true;
+    EXPECT_NE(testing::error_of([&] { eagle3_config_from_speculators(bad); }).find("fc_norm"), std::string::npos);
+    bad = j;
+    bad["norm_before_fc"] = "yes";  // not a bool: refused by name
+    EXPECT_NE(testing::error_of([&] { eagle3_config_from_speculators(bad); }).find("norm_before_fc"),
+              std::string::npos);
   }
+  // norm_before_fc (EAGLE-3.1's input_norm before fc [V7] [V8] [G2] [S8]): false in a plain export, read
+  // when true, written as trained by both exports (the default export only when on).
+  EXPECT_EQ(j["norm_before_fc"], false);
+  EXPECT_FALSE(DraftConfig::from_json(e).norm_before_fc);
+  nlohmann::json nbf = j;
+  nbf["norm_before_fc"] = true;
+  EXPECT_TRUE(DraftConfig::from_json(eagle3_config_from_speculators(nbf)).norm_before_fc);
+  DraftConfig with_fc = s.cfg;
+  with_fc.norm_before_fc = true;
+  EXPECT_EQ(speculators_export_config(with_fc, s.target, o)["norm_before_fc"], true);
+  EXPECT_FALSE(speculators_export_config(with_fc, s.target, o)["transformer_layer_config"].contains("norm_before_fc"));
+  EXPECT_EQ(export_config(with_fc, s.target)["norm_before_fc"], true);
+  EXPECT_FALSE(export_config(s.cfg, s.target).contains("norm_before_fc"));
+  EXPECT_TRUE(DraftConfig::from_json(export_config(with_fc, s.target)).norm_before_fc);
   nlohmann::json nbr = j;
   nbr["norm_before_residual"] = true;
   EXPECT_TRUE(DraftConfig::from_json(eagle3_config_from_speculators(nbr)).norm_before_residual);
@@ -346,6 +381,52 @@ TEST(ExportSpeculatorsTest, ReaderRefusesDraftsAerieDoesNotRun) {
   other = j;
   other["transformer_layer_config"]["model_type"] = "qwen3";
   EXPECT_THROW(eagle3_config_from_speculators(other), Error);
+}
+
+// A draft trained with norm_before_fc: both exports hold the trained weight as "input_norm.weight" BF16
+// [3 H_t] (top level, not under midlayer. / layers.0.: [V7] [G2] [S8]) with the same bytes, config
+// norm_before_fc true (top level in both [V7] [V8]); load_export reads either back (eval decodes with it),
+// and the weights / config must agree.
+TEST(ExportSpeculatorsTest, NormBeforeFcExportsInputNorm) {
+  const std::string dir = testing::scratch_dir("train_export_speculators_norm_before_fc");
+  auto s = testing::make_tiny_setup(dir, {1, 3, 5});
+  DraftConfig cfg = s.cfg;
+  cfg.norm_before_fc = true;
+  DraftWeights w = s.w;
+  w.input_norm = Tensor::empty({3 * cfg.target_hidden_size}, DType::F32);
+  for (int64_t i = 0; i < w.input_norm.numel(); ++i) w.input_norm.data<float>()[i] = 0.5f + 0.0625f * i;
+  SpeculatorsOptions o;
+  o.verifier = dir;
+  write_export(dir + "/eagle3", cfg, w, s.vocab, s.target);
+  write_speculators_export(dir + "/speculators", cfg, w, s.vocab, s.target, o);
+  const RawSafetensors def = read_raw(dir + "/eagle3/model.safetensors");
+  const RawSafetensors spec = read_raw(dir + "/speculators/model.safetensors");
+  for (const RawSafetensors* f : {&def, &spec}) {
+    ASSERT_TRUE(f->header.contains("input_norm.weight"));
+    EXPECT_EQ(f->header["input_norm.weight"]["dtype"], "BF16");
+    EXPECT_EQ(f->header["input_norm.weight"]["shape"].get<Shape>(), (Shape{24}));  // 3 H_t, H_t = 8
+  }
+  EXPECT_TRUE(spec.bytes_of("input_norm.weight") == def.bytes_of("input_norm.weight"));
+  EXPECT_EQ(def.header.size(), 13u + 1 + 2 + 1);  // 13 weights, input_norm, d2t, t2d, __metadata__
+  EXPECT_EQ(nlohmann::json::parse(read_file(dir + "/eagle3/config.json"))["norm_before_fc"], true);
+  EXPECT_EQ(nlohmann::json::parse(read_file(dir + "/speculators/config.json"))["norm_before_fc"], true);
+  for (const char* sub : {"/eagle3", "/speculators"}) {
+    const ExportedDraft d = load_export(dir + sub);
+    EXPECT_TRUE(d.config.norm_before_fc) << sub;
+    ASSERT_TRUE(d.weights.input_norm.defined()) << sub;
+    EXPECT_EQ(d.weights.input_norm.to_float_vector(), w.input_norm.to_float_vector()) << sub;  // exact in bf16
+    EXPECT_EQ(d.weights.named().size(), 14u) << sub;
+  }
+  // A plain export has no input_norm; weights that do not match the config are refused by name.
+  write_export(dir + "/plain", s.cfg, s.w, s.vocab, s.target);
+  EXPECT_FALSE(read_raw(dir + "/plain/model.safetensors").header.contains("input_norm.weight"));
+  EXPECT_FALSE(load_export(dir + "/plain").weights.input_norm.defined());
+  EXPECT_NE(testing::error_of([&] { export_tensors(cfg, s.w, s.vocab); }).find("input_norm"), std::string::npos);
+  EXPECT_NE(testing::error_of([&] { export_tensors(s.cfg, w, s.vocab); }).find("input_norm"), std::string::npos);
+  // An export whose config says norm_before_fc but whose tensors lack input_norm.weight is refused naming it.
+  fs::copy_file(dir + "/plain/model.safetensors", dir + "/eagle3/model.safetensors",
+                fs::copy_options::overwrite_existing);
+  EXPECT_NE(testing::error_of([&] { load_export(dir + "/eagle3"); }).find("input_norm.weight"), std::string::npos);
 }
 
 // The checkpoint record (export --best and every export, jobs/export.cc): given the same source, the

@@ -86,7 +86,7 @@ TEST(TrainCuda, StepsMatchCpu) {
 
 // B samples over the world's ranks (rank r: entries r, r + dp, ...; with B < dp some rank has none and
 // queues its all-reduces after its (empty) backward, in the same order), 2 steps.
-void nccl_dp_matches_single_rank(int B, DType compute) {
+void nccl_dp_matches_single_rank(int B, DType compute, bool norm_before_fc = false) {
   AERIE_REQUIRE_CUDA();
   auto world = MpiCommunicator::world();
   if (world->size() < 2) GTEST_SKIP() << "needs several ranks (mpirun -np 2)";
@@ -94,6 +94,7 @@ void nccl_dp_matches_single_rank(int B, DType compute) {
   NcclCommunicator nccl(*world);  // selects this rank's GPU
   auto self = world->split(world->rank(), 0);
   auto s = testing::make_tiny_setup(rank_scratch("train_dp_nccl_B" + std::to_string(B)));
+  if (norm_before_fc) testing::enable_norm_before_fc(s, 61);  // input_norm's all-reduce queued last
   std::vector<TTTSample> batch = make_batch(s, B, 21);
   std::vector<TTTSample> mine;
   for (size_t i = static_cast<size_t>(world->rank()); i < batch.size(); i += static_cast<size_t>(world->size()))
@@ -138,6 +139,13 @@ TEST(TrainStepDpNccl, OverlappedAllReduceMatchesOneRankBf16) {
 }
 
 TEST(TrainStepDpNccl, RankWithoutSamples) { nccl_dp_matches_single_rank(1, DType::F32); }
+
+// EAGLE-3.1's norm_before_fc: input_norm's gradient reported final after fc's and all-reduced last.
+TEST(TrainStepDpNccl, OverlappedAllReduceWithNormBeforeFc) {
+  auto world = MpiCommunicator::world();
+  nccl_dp_matches_single_rank(2 * world->size() + 1, DType::BF16, true);
+  nccl_dp_matches_single_rank(1, DType::F32, true);
+}
 
 TEST(TrainCuda, ResolveDevice) {
   EXPECT_EQ(resolve_train_device("cpu"), Device::CPU);

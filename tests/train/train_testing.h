@@ -71,6 +71,15 @@ inline TinyTrainSetup make_tiny_setup(const std::string& dir, std::vector<int> a
   return s;
 }
 
+/// Turns EAGLE-3.1's norm_before_fc on in a setup: cfg.norm_before_fc and w.input_norm [3 H_t], ones plus
+/// U(-0.25, 0.25) noise from `seed` (a trained-looking weight, so that a dropped term shows).
+inline void enable_norm_before_fc(TinyTrainSetup& s, uint64_t seed) {
+  s.cfg.norm_before_fc = true;
+  std::mt19937_64 rng(seed);
+  s.w.input_norm = random_f32({3 * s.cfg.target_hidden_size}, rng, 0.25);
+  for (int64_t i = 0; i < s.w.input_norm.numel(); ++i) s.w.input_norm.data<float>()[i] += 1.0f;
+}
+
 /// A random sample of T tokens for the setup's target (random hidden states, targets through the lm_head).
 inline TTTSample make_random_sample(const TinyTrainSetup& s, int64_t T, uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -96,6 +105,7 @@ inline int64_t count_bit_differences(const DraftWeights& a, const DraftWeights& 
   int64_t bad = 0;
   auto na = a.named();
   auto nb = b.named();
+  if (na.size() != nb.size()) return -1;  // one has norm_before_fc's input_norm, the other not
   for (size_t i = 0; i < na.size(); ++i) {
     const Tensor& x = *na[i].second;
     const Tensor& y = *nb[i].second;

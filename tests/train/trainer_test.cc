@@ -69,8 +69,9 @@ TEST(TrainStepTest, MetricsFormulas) {
 
 // Two steps of a global batch of B on the world's dp ranks (rank r gets entries r, r + dp, ...) against
 // the same two steps on one rank with the whole batch.
-void dp_matches_single_rank(int B, bool bitwise) {
+void dp_matches_single_rank(int B, bool bitwise, bool norm_before_fc = false) {
   auto s = testing::make_tiny_setup(rank_scratch("train_step_dp_B" + std::to_string(B)));
+  if (norm_before_fc) testing::enable_norm_before_fc(s, 41);
   auto world = MpiCommunicator::world();
   auto self = world->split(world->rank(), 0);
   std::vector<TTTSample> batch = make_batch(s, B, 7);
@@ -114,11 +115,59 @@ TEST(TrainStepDpTest, OneSamplePerRankIsBitwiseEqualToOneRank) {
   // B = dp: each rank has one sample. With 2 ranks both runs compute g0 + g1 (commutative); with more,
   // MPI's summation order is not promised, so only the tolerance holds.
   dp_matches_single_rank(world->size(), world->size() <= 2);
+  dp_matches_single_rank(world->size(), world->size() <= 2, true);  // input_norm's gradient summed over dp too
 }
 
 TEST(TrainStepDpTest, SeveralSamplesPerRankMatchOneRankWithinFp32Rounding) {
   auto world = MpiCommunicator::world();
   dp_matches_single_rank(2 * world->size() + 1, world->size() == 1);
+  dp_matches_single_rank(2 * world->size() + 1, world->size() == 1, true);
+}
+
+// EAGLE-3.1's norm_before_fc in a training step: input_norm [3 H_t] has a gradient, AdamW moments and moves
+// like the other weights; the loss falls as without the option.
+TEST(TrainStepTest, NormBeforeFcTrainsInputNorm) {
+  auto s = testing::make_tiny_setup(rank_scratch("train_step_norm_before_fc"));
+  testing::enable_norm_before_fc(s, 43);
+  auto world = MpiCommunicator::world();
+  auto self = world->split(world->rank(), 0);
+  std::vector<TTTSample> batch = make_batch(s, 3, 100);
+  DraftWeights w = testing::clone_weights(s.w);
+  AdamState opt = AdamState::zeros(s.cfg);
+  StepScratch scratch = StepScratch::zeros(s.cfg);
+  ASSERT_TRUE(opt.m.input_norm.defined() && opt.v.input_norm.defined() && scratch.grads.input_norm.defined());
+  const std::vector<float> before = w.input_norm.to_float_vector();
+  StepMetrics first = train_step(s.cfg, w, opt, s.embed, batch, s.vocab, 3, 1e-2, 0.5, *self, scratch);
+  const std::vector<float> after = w.input_norm.to_float_vector();
+  size_t moved = 0;
+  for (size_t i = 0; i < after.size(); ++i) moved += after[i] != before[i];
+  EXPECT_EQ(moved, after.size()) << "every input_norm entry gets an AdamW update";
+  for (float v : opt.v.input_norm.to_float_vector()) EXPECT_GT(v, 0.0f);
+  StepMetrics last;
+  for (int i = 0; i < 15; ++i) last = train_step(s.cfg, w, opt, s.embed, batch, s.vocab, 3, 1e-2, 0.5, *self, scratch);
+  EXPECT_LT(last.loss(), 0.9 * first.loss());
+}
+
+// The EAGLE-3.1 switches are resume options, each refused by its own name when it differs (and an older
+// checkpoint without the key counts as off); apply_draft_shape carries them into the draft config.
+TEST(TrainOptionsTest, EagleOneSwitchesAreResumeOptions) {
+  TrainOptions o;
+  nlohmann::json ck = o.to_json();
+  EXPECT_EQ(ck["draft_norm_before_fc"], false);
+  o.check_resumable(ck);
+  ck.erase("draft_norm_before_fc");
+  o.check_resumable(ck);  // older checkpoints: off
+  o.draft_norm_before_fc = true;
+  const std::string e = testing::error_of([&] { o.check_resumable(ck); });
+  EXPECT_NE(e.find("--draft-norm-before-fc is on but the checkpoint was trained with it off"), std::string::npos) << e;
+  o.check_resumable(o.to_json());
+  DraftConfig c;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 1;
+  c.head_dim = 4;
+  EXPECT_TRUE(o.apply_draft_shape(c).norm_before_fc);
+  o.draft_norm_before_fc = false;
+  EXPECT_FALSE(o.apply_draft_shape(c).norm_before_fc);
 }
 
 }  // namespace
