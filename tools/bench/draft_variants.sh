@@ -2,7 +2,8 @@
 # The EAGLE-3.1 draft options against the plain EAGLE-3 draft (issue 15, item 5) on the demo (stories260K,
 # CPU, 2 ranks), all on the same data:
 #   1. tools/demo OUT/demo: prepared data, target, draft vocabulary, shards (and the demo's own draft);
-#   2. per variant (VARIANTS, default: plain, norm_before_residual, norm_output, both) and seed (SEEDS,
+#   2. per variant (VARIANTS, default: plain, norm_before_residual, norm_output, both, norm_before_fc, all:
+#      the three options at once) and seed (SEEDS,
 #      default "0 1 2"): train --seed S with the variant's options (the demo's settings otherwise), export,
 #      eval (the demo's settings: held-out prompts, real speculative decoding, greedy) -> one JSON line
 #      {variant, seed, acceptance_length, tau_sim, lossless}; then one line per variant with the means.
@@ -12,7 +13,7 @@ root="$(cd "$(dirname "$0")/../.." && pwd)"
 out="${1:-runs/draft-variants}"
 mkdir -p "$out"; out="$(cd "$out" && pwd)"
 seeds="${SEEDS:-0 1 2}"
-variants="${VARIANTS:-plain norm_before_residual norm_output both}"
+variants="${VARIANTS:-plain norm_before_residual norm_output both norm_before_fc all}"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export OPENBLAS_NUM_THREADS=1
 aerie="${AERIE_BIN:-$root/build/aerie}"
@@ -25,6 +26,8 @@ options() {
     norm_before_residual) echo "--draft-norm-before-residual" ;;
     norm_output) echo "--draft-norm-output" ;;
     both) echo "--draft-norm-before-residual --draft-norm-output" ;;
+    norm_before_fc) echo "--draft-norm-before-fc" ;;
+    all) echo "--draft-norm-before-residual --draft-norm-output --draft-norm-before-fc" ;;
     *) echo "draft_variants: unknown variant '$1'" >&2; exit 2 ;;
   esac
 }
