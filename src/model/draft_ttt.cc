@@ -20,7 +20,6 @@
 #include "kernels/convert.h"
 #include "kernels/gemm.h"
 #include "kernels/loss.h"
-#include "kernels/optim.h"
 #include "model/draft.h"
 #include "model/draft_layer.h"
 

@@ -2,6 +2,7 @@
 // the weights alone, and data parallelism: a dp step equals the dp = 1 step on the same global batch
 // (run under mpirun -np 2 by tests/mpi/train.cmake; on one rank the dp side is trivially dp = 1).
 #include <cmath>
+#include <memory>
 
 #include "comm/communicator.h"
 #include "train/data_order.h"
@@ -23,14 +24,25 @@ std::string rank_scratch(const std::string& name) {
   return testing::scratch_dir(name + "_r" + std::to_string(rank));
 }
 
+/// One rank training alone on a batch of 3 samples of s (seed 100): the state of the single-rank step tests.
+struct SoloTraining {
+  explicit SoloTraining(const testing::TinyTrainSetup& setup)
+      : self(MpiCommunicator::world()->split(MpiCommunicator::world()->rank(), 0)),
+        batch(make_batch(setup, 3, 100)),
+        w(testing::clone_weights(setup.w)),
+        opt(AdamState::zeros(setup.cfg)),
+        scratch(StepScratch::zeros(setup.cfg)) {}
+  std::unique_ptr<MpiCommunicator> self;
+  std::vector<TTTSample> batch;
+  DraftWeights w;
+  AdamState opt;
+  StepScratch scratch;
+};
+
 TEST(TrainStepTest, OneStepIsFiniteAndTheLossFalls) {
   auto s = testing::make_tiny_setup(rank_scratch("train_step_finite"));
-  auto world = MpiCommunicator::world();
-  auto self = world->split(world->rank(), 0);
-  std::vector<TTTSample> batch = make_batch(s, 3, 100);
-  DraftWeights w = testing::clone_weights(s.w);
-  AdamState opt = AdamState::zeros(s.cfg);
-  StepScratch scratch = StepScratch::zeros(s.cfg);
+  SoloTraining solo(s);
+  auto& [self, batch, w, opt, scratch] = solo;
   StepMetrics first = train_step(s.cfg, w, opt, s.embed, batch, s.vocab, 3, 1e-2, 0.5, *self, scratch);
   EXPECT_EQ(opt.step, 1);
   EXPECT_TRUE(std::isfinite(first.loss()) && first.loss() > 0) << first.loss();
@@ -129,12 +141,8 @@ TEST(TrainStepDpTest, SeveralSamplesPerRankMatchOneRankWithinFp32Rounding) {
 TEST(TrainStepTest, NormBeforeFcTrainsInputNorm) {
   auto s = testing::make_tiny_setup(rank_scratch("train_step_norm_before_fc"));
   testing::enable_norm_before_fc(s, 43);
-  auto world = MpiCommunicator::world();
-  auto self = world->split(world->rank(), 0);
-  std::vector<TTTSample> batch = make_batch(s, 3, 100);
-  DraftWeights w = testing::clone_weights(s.w);
-  AdamState opt = AdamState::zeros(s.cfg);
-  StepScratch scratch = StepScratch::zeros(s.cfg);
+  SoloTraining solo(s);
+  auto& [self, batch, w, opt, scratch] = solo;
   ASSERT_TRUE(opt.m.input_norm.defined() && opt.v.input_norm.defined() && scratch.grads.input_norm.defined());
   const std::vector<float> before = w.input_norm.to_float_vector();
   StepMetrics first = train_step(s.cfg, w, opt, s.embed, batch, s.vocab, 3, 1e-2, 0.5, *self, scratch);

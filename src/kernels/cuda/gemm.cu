@@ -28,7 +28,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <mutex>
 #include <sstream>
