@@ -31,34 +31,6 @@
 
 namespace aerie::jobs {
 
-namespace {
-
-// "2,5,8" -> {2, 5, 8}; empty -> the default of eagle3.md section 1. Checks 3 ascending ids in [0, N].
-std::vector<int> parse_aux_layers(const std::string& s, int64_t num_layers) {
-  if (s.empty()) return default_aux_layers(num_layers);
-  std::vector<int> out;
-  std::stringstream in(s);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    try {
-      size_t pos = 0;
-      int v = std::stoi(item, &pos);
-      AERIE_CHECK(pos == item.size(), "");
-      out.push_back(v);
-    } catch (const std::exception&) {
-      AERIE_THROW("extract: --aux-layers '" << s << "': '" << item << "' is not an integer");
-    }
-  }
-  AERIE_CHECK(out.size() == 3, "extract: --aux-layers '" << s << "' must name 3 layers, got " << out.size());
-  for (size_t i = 0; i < out.size(); ++i) {
-    AERIE_CHECK(out[i] >= 0 && out[i] <= num_layers,
-                "extract: --aux-layers " << out[i] << " outside 0.." << num_layers << " (input of decoder layer k)");
-    AERIE_CHECK(i == 0 || out[i - 1] <= out[i], "extract: --aux-layers '" << s << "' must be ascending");
-  }
-  return out;
-}
-
-}  // namespace
 
 int extract(const std::vector<std::string>& args) {
   po::options_description desc("aerie extract: target hidden states to HDF5 shards");
@@ -116,7 +88,7 @@ int extract(const std::vector<std::string>& args) {
   // file, aux layers), is reported before the weights load.
   {
     const TargetConfig c = load_target_config(model_dir);
-    opt.meta.aux_layers = parse_aux_layers(vm["aux-layers"].as<std::string>(), c.num_hidden_layers);
+    opt.meta.aux_layers = parse_aux_layers(vm["aux-layers"].as<std::string>(), c.num_hidden_layers, "extract");
     opt.meta.target_model = model_dir;
     opt.meta.hidden_size = c.hidden_size;
     opt.meta.num_hidden_layers = c.num_hidden_layers;

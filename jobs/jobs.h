@@ -2,6 +2,7 @@
 // call it with the same arguments. A job returns 0 on success and throws aerie::Error on failure.
 #pragma once
 #include <boost/program_options.hpp>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -38,6 +39,10 @@ TargetFingerprint fingerprint_target(const std::string& dir, int64_t random_seed
 /// Runs `f` on world rank 0 only; collective over MPI_COMM_WORLD: when `f` throws aerie::Error, every rank
 /// throws aerie::CollectiveError with its message (a clean refusal at start instead of an MPI_Abort).
 void on_rank0(const std::function<void()>& f);
+
+/// --aux-layers "2,5,8" -> {2, 5, 8}; empty -> default_aux_layers(num_layers) (eagle3.md section 1). Throws
+/// aerie::Error prefixed with `job` unless it names 3 ascending integers in [0, num_layers].
+std::vector<int> parse_aux_layers(const std::string& s, int64_t num_layers, const std::string& job);
 
 int prepare(const std::vector<std::string>& args);
 int extract(const std::vector<std::string>& args);

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "jobs/jobs.h"
+#include "model/target_config.h"
 
 namespace aerie::jobs {
 
@@ -107,5 +108,30 @@ OutputLock lock_output(const po::variables_map& vm, const std::string& job, cons
   o.force_unlock = vm.count("force-unlock") && vm["force-unlock"].as<bool>();
   return acquire_output_lock(MPI_COMM_WORLD, target, kind, job, o);
 }
+
+std::vector<int> parse_aux_layers(const std::string& s, int64_t num_layers, const std::string& job) {
+  if (s.empty()) return default_aux_layers(num_layers);
+  std::vector<int> out;
+  std::stringstream in(s);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    try {
+      size_t pos = 0;
+      int v = std::stoi(item, &pos);
+      AERIE_CHECK(pos == item.size(), "");
+      out.push_back(v);
+    } catch (const std::exception&) {
+      AERIE_THROW(job << ": --aux-layers '" << s << "': '" << item << "' is not an integer");
+    }
+  }
+  AERIE_CHECK(out.size() == 3, job << ": --aux-layers '" << s << "' must name 3 layers, got " << out.size());
+  for (size_t i = 0; i < out.size(); ++i) {
+    AERIE_CHECK(out[i] >= 0 && out[i] <= num_layers,
+                job << ": --aux-layers " << out[i] << " outside 0.." << num_layers << " (input of decoder layer k)");
+    AERIE_CHECK(i == 0 || out[i - 1] <= out[i], job << ": --aux-layers '" << s << "' must be ascending");
+  }
+  return out;
+}
+
 
 }  // namespace aerie::jobs

@@ -24,7 +24,12 @@ void add_target_device_options(po::options_description& desc) {
 }
 
 TargetDevice resolve_target_device(const po::variables_map& vm, ParallelGroups& groups, const std::string& job) {
-  const std::string device = vm["device"].as<std::string>(), dtype = vm["dtype"].as<std::string>();
+  return resolve_target_device(vm["device"].as<std::string>(), vm["dtype"].as<std::string>(),
+                               vm["expert-parallel"].as<bool>(), groups, job);
+}
+
+TargetDevice resolve_target_device(const std::string& device, const std::string& dtype, bool expert_parallel,
+                                   ParallelGroups& groups, const std::string& job, int node_ranks) {
   AERIE_CHECK(device == "auto" || device == "cpu" || device == "cuda",
               job << ": --device '" << device << "' is not auto, cpu or cuda");
   AERIE_CHECK(dtype == "auto" || dtype == "f32" || dtype == "bf16",
@@ -32,14 +37,15 @@ TargetDevice resolve_target_device(const po::variables_map& vm, ParallelGroups& 
   TargetDevice t;
   bool use_cuda = device == "cuda";
   if (device == "auto" && cuda::available()) {
-    use_cuda = local_size() <= cuda::device_count();  // collective over the world (first call)
+    if (node_ranks < 0) node_ranks = local_size();  // collective over the world (first call)
+    use_cuda = node_ranks <= cuda::device_count();
     if (!use_cuda && groups.map.world_rank == 0)
-      AERIE_LOG(info) << job << ": " << local_size() << " ranks per node but " << cuda::device_count()
+      AERIE_LOG(info) << job << ": " << node_ranks << " ranks per node but " << cuda::device_count()
                       << " GPU(s): running on the CPU (--device cuda to insist)";
   }
   t.options.device = use_cuda ? Device::CUDA : Device::CPU;
   t.options.dtype = dtype == "bf16" || (dtype == "auto" && use_cuda) ? DType::BF16 : DType::F32;
-  t.options.expert_parallel = vm["expert-parallel"].as<bool>();
+  t.options.expert_parallel = expert_parallel;
   if (use_cuda) {
     AERIE_CHECK(cuda::available(), job << ": --device cuda: " << cuda::unavailable_reason());
     cuda::select_device(local_rank());  // collective over the world on first use

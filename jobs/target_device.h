@@ -30,6 +30,11 @@ struct TargetDevice {
 /// names the job in messages. Throws aerie::Error on an unknown value, or --device cuda without a usable
 /// GPU.
 TargetDevice resolve_target_device(const po::variables_map& vm, ParallelGroups& groups, const std::string& job);
+/// The same from the option values. `node_ranks` >= 0: the ranks of the node that run the target (auto
+/// picks CUDA when they do not outnumber the GPUs; a streaming job's training ranks may share them), -1:
+/// local_size().
+TargetDevice resolve_target_device(const std::string& device, const std::string& dtype, bool expert_parallel,
+                                   ParallelGroups& groups, const std::string& job, int node_ranks = -1);
 
 /// Total memory in bytes of this rank's current GPU (cudaMemGetInfo), or 0 without the CUDA backend or a
 /// usable GPU (aerie plan's default --gpu-memory).

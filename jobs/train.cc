@@ -12,6 +12,13 @@
 // --device cuda (the default `auto` when a GPU is usable) trains on the GPU of each rank (local rank %
 // GPUs): weights, AdamW moments, activations and the TTT forward/backward there, gradients summed over
 // NCCL; checkpoints are the same files as on the CPU (a run may resume on the other device).
+//
+// Streaming (issue 14; no shards, the protocol in src/train/stream.h):
+//   mpirun -np 3 aerie train --target-model TARGET_DIR --prepared prepared.h5 --target-ranks 1 --vocab ...
+//       --output RUN_DIR
+// World ranks 0 .. --target-ranks-1 run the target (replicas of --tp ranks, as extract) and send each
+// step's hidden states to the other ranks, which train as above; the data order, checkpoints, resume and
+// the result are those of extract + train on the same prepared file. The two sides may share GPUs.
 #include <cmath>
 #include <filesystem>
 #include <sstream>
@@ -22,7 +29,12 @@
 #include "core/stop_signals.h"
 #include "data/shard.h"
 #include "data/vocab.h"
+#include "comm/nccl_communicator.h"
+#include "data/extract.h"
 #include "jobs/jobs.h"
+#include "jobs/target_device.h"
+#include "model/target.h"
+#include "train/stream.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
 
@@ -61,11 +73,20 @@ void check_train_inputs(const TrainOptions& o) {
           "--device '" << o.device << "' is not auto, cpu or cuda");
   TRAIN_REQUIRE(o.precision == "auto" || o.precision == "bf16" || o.precision == "f32",
           "--precision '" << o.precision << "' is not auto, bf16 or f32");
+  if (!o.prepared_path.empty()) {  // streaming: the prepared file instead of the shards
+    try {
+      const PreparedFile prepared(o.prepared_path);
+      AERIE_CHECK(prepared.num_samples() > 0, "it holds no sample");
+    } catch (const Error& e) {
+      AERIE_THROW("train: --prepared " << o.prepared_path << " is not a prepared file of aerie prepare: " << e.what());
+    }
+  } else {
   AERIE_CHECK(fs::is_directory(o.shards_dir), "train: --shards " << o.shards_dir
                                                   << (fs::exists(o.shards_dir) ? " is not a folder" : ": no such folder")
                                                   << " (the --output folder of aerie extract)");
   AERIE_CHECK(!list_shards(o.shards_dir).empty(),
               "train: --shards " << o.shards_dir << " holds no shard-*.h5 files (the --output folder of aerie extract)");
+  }
   AERIE_CHECK(!fs::exists(o.output_dir) || fs::is_directory(o.output_dir),
               "train: --output " << o.output_dir << " exists and is not a folder");
   // A shard folder given as the run folder (or the reverse, in extract) would mix the two.
@@ -90,8 +111,34 @@ void check_train_inputs(const TrainOptions& o) {
 int train(const std::vector<std::string>& args) {
   po::options_description desc("aerie train: train the EAGLE-3 draft with training-time test");
   TrainOptions o;
-  desc.add_options()("model", po::value<std::string>(&o.model_dir)->required(), "target model directory (config.json, model.safetensors)")(
-      "shards", po::value<std::string>(&o.shards_dir)->required(), "folder of shard-*.h5 files from aerie extract")(
+  std::string target_model, aux_layers, target_dtype;
+  int target_ranks = 1, tp = 0;
+  int64_t batch_tokens = 2048;
+  desc.add_options()("model", po::value<std::string>(&o.model_dir)->default_value(""),
+                     "target model directory (config.json, model.safetensors): the draft's embedding and lm_head "
+                     "(default with --prepared: --target-model)")(
+      "shards", po::value<std::string>(&o.shards_dir)->default_value(""),
+      "folder of shard-*.h5 files from aerie extract (or --prepared: streaming)")(
+      "prepared", po::value<std::string>(&o.prepared_path)->default_value(""),
+      "streaming: prepared.h5 of aerie prepare; the first --target-ranks ranks run --target-model over it and "
+      "send the hidden states to the other ranks, which train (no shards)")(
+      "target-model", po::value<std::string>(&target_model)->default_value(""),
+      "streaming: the target the target ranks run (default: --model)")(
+      "target-ranks", po::value<int>(&target_ranks)->default_value(1),
+      "streaming: world ranks 0 .. N-1 run the target, the rest train the draft")(
+      "tp", po::value<int>(&tp)->default_value(0),
+      "streaming: tensor-parallel ranks per target replica, dividing --target-ranks (0: all of them, one replica)")(
+      "aux-layers", po::value<std::string>(&aux_layers)->default_value(""),
+      "streaming: 3 ascending layer ids k, 'input of decoder layer k', as extract's; default 2,N/2,N-3")(
+      "batch-tokens", po::value<int64_t>(&batch_tokens)->default_value(2048),
+      "streaming, target on a GPU: consecutive samples of a step share one forward up to this many tokens "
+      "(0: one sample per forward)")(
+      "target-dtype", po::value<std::string>(&target_dtype)->default_value("auto"),
+      "streaming: the target's compute dtype: auto (bf16 on cuda, f32 on cpu), f32 or bf16")(
+      "expert-parallel", po::bool_switch(),
+      "streaming, MoE targets: split the routed experts over the --tp ranks by expert (as extract's)")(
+      "stream-queue", po::value<int64_t>(&o.stream_queue)->default_value(2),
+      "streaming: steps the target may compute ahead of the step being trained (bounds the messages in flight)")(
       "vocab", po::value<std::string>(&o.vocab_path)->default_value(""),
       "draft_vocab.safetensors from aerie vocab (required unless resuming)")(
       "output", po::value<std::string>(&o.output_dir)->required(), "run folder (checkpoints/, metrics.jsonl)")(
@@ -144,14 +191,88 @@ int train(const std::vector<std::string>& args) {
   add_lock_options(desc);
   po::variables_map vm;
   if (!parse_options("train", args, desc, vm)) return 0;
+  const bool streaming = !o.prepared_path.empty();
+  if (streaming) {
+    TRAIN_REQUIRE(o.shards_dir.empty(), "--shards and --prepared exclude each other (--prepared streams the hidden "
+                                        "states from the target instead of reading shards)");
+    if (target_model.empty()) target_model = o.model_dir;
+    if (o.model_dir.empty()) o.model_dir = target_model;
+    TRAIN_REQUIRE(!o.model_dir.empty(), "--prepared needs --target-model (or --model)");
+    TRAIN_REQUIRE(o.stream_queue >= 0, "--stream-queue must be >= 0, got " << o.stream_queue);
+    TRAIN_REQUIRE(batch_tokens >= 0, "--batch-tokens " << batch_tokens << " is negative (0: one sample per forward)");
+  } else {
+    TRAIN_REQUIRE(!o.model_dir.empty(), "--model is required");
+    TRAIN_REQUIRE(!o.shards_dir.empty(), "--shards (the folder of aerie extract) or --prepared (streaming) is required");
+    for (const char* opt : {"target-model", "aux-layers"})
+      TRAIN_REQUIRE(vm[opt].defaulted(), "--" << opt << " applies to streaming only (with --prepared)");
+  }
   check_train_inputs(o);
-  // Before the target's head loads: a second train into this run folder is refused at once (rank 0, which
-  // writes the checkpoints and metrics, holds the lock until the job ends).
-  const OutputLock lock = lock_output(vm, "train", o.output_dir, LockTarget::Folder);
   auto world = MpiCommunicator::world();
-  const TrainResult r = run_training(o, *world);
+  if (!streaming) {
+    // Before the target's head loads: a second train into this run folder is refused at once (rank 0,
+    // which writes the checkpoints and metrics, holds the lock until the job ends).
+    const OutputLock lock = lock_output(vm, "train", o.output_dir, LockTarget::Folder);
+    const TrainResult r = run_training(o, *world);
+    if (r.stop_signal != 0) return kPreemptedExitCode;
+    if (world->rank() == 0) AERIE_LOG(info) << "train: done, final checkpoint " << r.checkpoint;
+    return 0;
+  }
+  // Streaming: world ranks 0 .. target_ranks-1 run the target, the others train (train/stream.h).
+  const StreamLayout layout(world->size(), target_ranks, tp > 0 ? tp : target_ranks);
+  const bool is_target = layout.is_target(world->rank());
+  local_rank();  // collective over the world on first use: every rank makes it here, before the sides part
+  const TargetConfig tcfg = load_target_config(target_model);
+  const std::vector<int> aux = parse_aux_layers(aux_layers, tcfg.num_hidden_layers, "train");
+  // The first training rank writes the run folder, so it holds the lock (a refusal reaches every rank).
+  auto trainer_first = world->split(0, is_target ? world->rank() + world->size() : world->rank() - target_ranks);
+  LockOptions lock_opts;
+  lock_opts.force_unlock = vm["force-unlock"].as<bool>();
+  const OutputLock lock = acquire_output_lock(trainer_first->handle(), o.output_dir, LockTarget::Folder, "train", lock_opts);
+  auto side = world->split(is_target ? 0 : 1, world->rank());
+  if (is_target) {
+    if (tcfg.max_position_embeddings > 0) {  // as extract: no positions the model was not made for
+      const PreparedFile prepared(o.prepared_path);
+      const auto& off = prepared.sample_offsets();
+      for (size_t i = 0; i + 1 < off.size(); ++i)
+        AERIE_CHECK(off[i + 1] - off[i] <= tcfg.max_position_embeddings,
+                    "train: sample " << i << " of " << o.prepared_path << " has " << off[i + 1] - off[i]
+                                     << " tokens, past the target's max_position_embeddings "
+                                     << tcfg.max_position_embeddings << " (" << target_model
+                                     << "/config.json): prepare again with --max-length "
+                                     << tcfg.max_position_embeddings);
+    }
+    ParallelGroups groups = ParallelGroups::create(layout.tp, *side);
+    TargetDevice td = resolve_target_device(o.device, target_dtype, vm["expert-parallel"].as<bool>(), groups,
+                                            "train (target)", node_size(*side));
+    TargetModel model(target_model, *td.tp, td.options);
+    if (world->rank() == 0)
+      AERIE_LOG(info) << "train (target): " << target_model << " on ranks 0-" << target_ranks - 1 << " ("
+                      << layout.replicas() << " replica(s) of tp " << layout.tp << "), "
+                      << device_name(td.options.device) << " " << dtype_name(td.options.dtype) << ", aux layers "
+                      << aux[0] << "," << aux[1] << "," << aux[2] << "; training on ranks " << target_ranks << "-"
+                      << world->size() - 1;
+    TargetForward forward = [&](const std::vector<int32_t>& ids, Tensor& a, Tensor& f) {
+      TargetOutput out = model.forward(ids, nullptr, aux, false);
+      a = out.aux_hidden;
+      f = out.final_hidden;
+    };
+    TargetForwardBatch forward_batch;
+    if (td.options.device == Device::CUDA && batch_tokens > 0) {
+      forward_batch = [&](const std::vector<std::vector<int32_t>>& ids, Tensor& a, Tensor& f) {
+        TargetOutput out = model.forward_batch(ids, {}, aux, TargetModel::Logits::None);
+        a = out.aux_hidden;
+        f = out.final_hidden;
+      };
+    }
+    const StreamTargetStats st = run_stream_target(*world, layout, *groups.tp, o.prepared_path, tcfg.vocab_size,
+                                                   forward, forward_batch, batch_tokens);
+    if (td.options.device == Device::CUDA) log_gpu_memory("train (target)", world->rank());
+    return st.stop_signal != 0 ? kPreemptedExitCode : 0;
+  }
+  StreamClient client(*world, layout, o.prepared_path, aux);
+  const TrainResult r = run_training(o, *side, &client);
   if (r.stop_signal != 0) return kPreemptedExitCode;  // stopped early, checkpoint written (logged): not a completed run
-  if (world->rank() == 0) AERIE_LOG(info) << "train: done, final checkpoint " << r.checkpoint;
+  if (side->rank() == 0) AERIE_LOG(info) << "train: done, final checkpoint " << r.checkpoint;
   return 0;
 }
 

@@ -118,6 +118,14 @@ Mapping::Mapping(int world_rank_, int world_size_, int tp_)
   dp_rank = world_rank / tp;
 }
 
+ParallelGroups ParallelGroups::create(int tp, const MpiCommunicator& base) {
+  auto world = base.split(0, base.rank());
+  Mapping map(world->rank(), world->size(), tp);
+  auto tpc = world->split(map.dp_rank, map.tp_rank);
+  auto dpc = world->split(map.tp_rank, map.dp_rank);
+  return ParallelGroups{map, std::move(world), std::move(tpc), std::move(dpc)};
+}
+
 ParallelGroups ParallelGroups::create(int tp) {
   auto world = MpiCommunicator::world();
   Mapping map(world->rank(), world->size(), tp);

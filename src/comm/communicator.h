@@ -83,6 +83,9 @@ struct ParallelGroups {
   std::unique_ptr<MpiCommunicator> world, tp, dp;
   /// Splits MPI_COMM_WORLD by `tp` (collective over the world).
   static ParallelGroups create(int tp);
+  /// The same over the ranks of `base` (its rank and size in the place of the world's; `world` is a copy
+  /// of base): e.g. the target's ranks of a streaming train job. Collective over base.
+  static ParallelGroups create(int tp, const MpiCommunicator& base);
 };
 
 }  // namespace aerie

@@ -35,6 +35,16 @@ const LocalRanks& local_ranks() {
 int local_rank() { return local_ranks().rank; }
 int local_size() { return local_ranks().size; }
 
+int node_size(const MpiCommunicator& c) {
+  MPI_Comm node;
+  check_mpi(MPI_Comm_split_type(c.handle(), MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node),
+            "MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)");
+  int n = 1;
+  MPI_Comm_size(node, &n);
+  MPI_Comm_free(&node);
+  return n;
+}
+
 #ifdef AERIE_WITH_CUDA
 
 struct NcclCommunicator::Impl {

@@ -19,6 +19,9 @@ namespace aerie {
 int local_rank();
 /// The number of ranks on this rank's node (same first-call rule as local_rank()).
 int local_size();
+/// The number of ranks of `c` on this rank's node (MPI_Comm_split_type of c's communicator; not cached):
+/// e.g. the training ranks of a streaming job, whose other ranks run the target. Collective over `c`.
+int node_size(const MpiCommunicator& c);
 
 /// Collectives over the ranks of an MpiCommunicator on CUDA tensors (F32, BF16, I32, I64; gather and
 /// broadcast any dtype). Semantics as Communicator documents, with these differences:

@@ -14,6 +14,7 @@ namespace aerie {
 
 nlohmann::json TrainOptions::to_json() const {
   return {{"model", model_dir},       {"shards", shards_dir},
+          {"prepared", prepared_path},
           {"vocab", vocab_path},      {"output", output_dir},
           {"steps", steps},           {"epochs", epochs},
           {"batch_size", batch_size}, {"lr", lr},
@@ -55,6 +56,16 @@ void TrainOptions::check_resumable(const nlohmann::json& c) const {
                                                   << "trained with " << c[key].dump()
                                                   << "; rerun with the same options or use another --output");
   }
+  // Offline (shards) against streaming (--prepared): the two modes number the samples alike only when no
+  // shard left a sample out, so a checkpoint resumes in its own mode only.
+  const std::string their_prepared = c.value("prepared", std::string());
+  AERIE_CHECK(their_prepared.empty() == prepared_path.empty(),
+              "resume: the checkpoint was trained "
+                  << (their_prepared.empty() ? "offline on --shards " + c.value("shards", std::string("?"))
+                                             : "streaming from --prepared " + their_prepared)
+                  << ", this run " << (prepared_path.empty() ? "reads --shards " + shards_dir
+                                                             : "streams from --prepared " + prepared_path)
+                  << ": a run resumes in the mode it started in; rerun it that way or use another --output");
   // The draft shape (checkpoints older than these options have none: the target's shape, all 0).
   for (const char* key : {"draft_heads", "draft_kv_heads", "draft_head_dim", "draft_intermediate"}) {
     const nlohmann::json theirs = c.contains(key) ? c[key] : nlohmann::json(0);

@@ -14,12 +14,19 @@
 #include "comm/communicator.h"
 #include "data/vocab.h"
 #include "model/draft.h"
+#include "train/stream.h"
 
 namespace aerie {
 
 /// The options of `aerie train` (defaults: eagle3.md section 4, SpecForge's).
 struct TrainOptions {
   std::string model_dir, shards_dir, vocab_path, output_dir;
+  /// Streaming training (train/stream.h): the prepared file whose samples the target's ranks compute the
+  /// hidden states of (no shards; shards_dir is then empty). Set by `train --prepared`.
+  std::string prepared_path;
+  /// Streaming: steps the target may compute ahead of the step being trained (StreamPlan::queue, >= 0);
+  /// more hides the target's jitter, each step ahead holds one batch of hidden states in messages.
+  int64_t stream_queue = 2;
   int64_t steps = 0;           // total optimizer steps; 0: from epochs
   int64_t epochs = 0;          // used when steps == 0 (1 when both are 0)
   int64_t batch_size = 8;      // samples per global step
@@ -183,6 +190,12 @@ struct TrainResult {
 /// aerie without provenance give a warning instead.
 /// Throws aerie::Error on bad options, data that disagrees with the target or the checkpoint (naming what
 /// differs), I/O errors.
-TrainResult run_training(const TrainOptions& opts, Communicator& dp);
+/// Streaming (`stream` non-null, train/stream.h): the samples' hidden states come from the target's ranks
+/// instead of shards; opts.prepared_path names the prepared file (global sample g = prepared sample g, the
+/// same split and batches as offline train on the shards of that file), the aux layers are the stream's,
+/// the checkpoints record the prepared file's fingerprint instead of the shards', and a checkpoint of one
+/// mode does not resume in the other (refused, naming both). Every step's credit and the held-out scoring
+/// go through `stream`; before returning, the trainers drain what the target computed ahead.
+TrainResult run_training(const TrainOptions& opts, Communicator& dp, StreamClient* stream = nullptr);
 
 }  // namespace aerie

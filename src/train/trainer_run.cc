@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -187,11 +188,31 @@ void check_shards_target(const ShardSet& s, const TargetFingerprint& model, cons
   if (rank == 0) AERIE_LOG(warning) << "train: " << why.str() << "; training anyway (--allow-other-target)";
 }
 
+// Streaming (train/stream.h): the prepared file in the place of the shards: one "shard" of N samples
+// (global sample g = prepared sample g), the aux layers of --aux-layers, the provenance of the target and
+// the prepared file that the shards of an extraction would record.
+ShardSet streamed_set(const StreamClient& stream, const TargetConfig& target, const TargetFingerprint& model,
+                      const std::string& model_dir) {
+  ShardSet s;
+  s.paths = {fs::absolute(stream.prepared_path()).lexically_normal().string()};
+  s.sizes = {stream.num_samples()};
+  s.aux_layers = stream.aux_layers();
+  s.hidden_size = target.hidden_size;
+  s.num_hidden_layers = target.num_hidden_layers;
+  s.provenance.target = model;
+  s.provenance.prepared_sha256 = stream.prepared().fingerprint();
+  s.provenance.num_chunks = 1;
+  s.target_model = model_dir;
+  return s;
+}
+
 // The run's inputs as recorded in its checkpoints (Checkpoint::provenance).
 nlohmann::json make_provenance(const TrainOptions& opts, const TargetFingerprint& model, const TargetConfig& target,
                                const ShardSet& s, const std::string& vocab_file) {
-  nlohmann::json shards = {{"dir", fs::absolute(opts.shards_dir).lexically_normal().string()},
+  const bool streamed = !opts.prepared_path.empty();
+  nlohmann::json shards = {{"dir", streamed ? s.paths.at(0) : fs::absolute(opts.shards_dir).lexically_normal().string()},
                            {"count", s.paths.size()}};
+  if (streamed) shards["streamed"] = true;
   if (s.provenance.has_provenance()) {
     shards["target_config_sha256"] = s.provenance.target.config_sha256;
     shards["target_weights_sha256"] = s.provenance.target.weights_sha256;
@@ -238,7 +259,9 @@ void check_resume_provenance(const nlohmann::json& was, const std::string& check
       sdiff = "they were extracted from another prepared file";
     else if (!sdiff.empty())
       sdiff = "they were extracted from another target: " + sdiff;
-    AERIE_CHECK(sdiff.empty(), "resume: --shards " << opts.shards_dir << " are not the shards " << checkpoint
+    AERIE_CHECK(sdiff.empty(), "resume: " << (opts.prepared_path.empty() ? "--shards " + opts.shards_dir
+                                                                          : "the hidden states of --prepared " + opts.prepared_path)
+                                          << " are not the ones " << checkpoint
                                                    << " was trained on (" << sh.value("dir", std::string("?"))
                                                    << "): " << sdiff
                                                    << ". Rerun with those --shards, or use another --output");
@@ -291,7 +314,7 @@ std::vector<std::pair<std::string, double>> interval_scalars(const StepMetrics& 
 
 }  // namespace
 
-TrainResult run_training(const TrainOptions& opts, Communicator& dp) {
+TrainResult run_training(const TrainOptions& opts, Communicator& dp, StreamClient* stream) {
   const int rank = dp.rank();
   AERIE_CHECK(!opts.output_dir.empty(), "train: --output is required");
   AERIE_CHECK(opts.log_every >= 1, "train: --log-every must be >= 1");
@@ -300,20 +323,24 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp) {
   // Every rank of dp resolves the same device (the same option); local_rank() is collective on first use.
   // One GPU per rank (NCCL refuses two ranks on one GPU): "auto" falls back to the CPU when the node has
   // more ranks than GPUs, "cuda" fails.
-  if (dev == Device::CUDA && local_size() > cuda::device_count()) {
-    AERIE_CHECK(opts.device == "auto", "train: --device cuda with " << local_size() << " ranks on a node of "
+  // Streaming: only dp's ranks count (the target's ranks may share the GPUs, train/stream.h).
+  auto* dp_mpi = dynamic_cast<MpiCommunicator*>(&dp);
+  const int node_ranks = dp_mpi != nullptr ? node_size(*dp_mpi) : local_size();
+  if (dev == Device::CUDA && node_ranks > cuda::device_count()) {
+    AERIE_CHECK(opts.device == "auto", "train: --device cuda with " << node_ranks << " training ranks on a node of "
                                                                    << cuda::device_count()
                                                                    << " GPUs (one GPU per rank)");
     if (rank == 0)
-      AERIE_LOG(warning) << "train: " << local_size() << " ranks on a node of " << cuda::device_count()
+      AERIE_LOG(warning) << "train: " << node_ranks << " training ranks on a node of " << cuda::device_count()
                          << " GPUs: training on the CPU (--device auto)";
     dev = Device::CPU;
   }
   if (dev == Device::CUDA) cuda::select_device(local_rank());
   const TargetConfig target = load_target_config(opts.model_dir);
-  const ShardSet shards = scan_shards(opts.shards_dir, target, opts, rank);
   const TargetFingerprint model_fp = TargetFingerprint::of_model(opts.model_dir);
-  check_shards_target(shards, model_fp, opts, rank);
+  const ShardSet shards = stream != nullptr ? streamed_set(*stream, target, model_fp, opts.model_dir)
+                                            : scan_shards(opts.shards_dir, target, opts, rank);
+  if (stream == nullptr) check_shards_target(shards, model_fp, opts, rank);
   // The target's head after the cheap checks of the shards (GiBs for a large vocabulary).
   TargetHead head = load_target_head(opts.model_dir, target);
   if (dev != Device::CPU) {  // frozen, uploaded once (a tied lm_head stays one tensor)
@@ -391,7 +418,10 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp) {
                         << " from the event files of the killed run";
     }
     AERIE_LOG(info) << "train: " << st.split.train.size() << " training samples (" << st.split.eval.size()
-                    << " held out) in " << shards.paths.size() << " shards, " << total << " steps of "
+                    << " held out) "
+                    << (stream != nullptr ? "of " + opts.prepared_path + ", streamed from the target's ranks"
+                                          : "in " + std::to_string(shards.paths.size()) + " shards")
+                    << ", " << total << " steps of "
                     << opts.batch_size << " samples on " << dp.size() << " dp ranks, "
                     << order.steps_per_epoch() << " steps per epoch, warmup " << sched.warmup_steps
                     << " steps, K = " << ck.config.draft_vocab_size << ", aux layers "
@@ -405,8 +435,27 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp) {
   }
   TrainResult result;
   result.total_steps = total;
+  // Streaming: the target's ranks learn the steps to compute (none when the run is complete).
+  const int64_t heldout_count = std::min<int64_t>(opts.heldout_samples, static_cast<int64_t>(st.split.eval.size()));
+  if (stream != nullptr) {
+    StreamPlan plan;
+    plan.start_step = st.step;
+    plan.total_steps = total;
+    plan.batch_size = opts.batch_size;
+    plan.seed = opts.seed;
+    plan.num_samples = st.split.num_samples();
+    plan.num_train = static_cast<int64_t>(st.split.train.size());
+    for (size_t i = 0; i < st.split.eval.size(); ++i)  // the held-out samples are the last ones (make_data_split)
+      AERIE_CHECK(st.split.eval[i] == plan.num_train + static_cast<int64_t>(i),
+                  "train (stream): the split's held-out samples are not the last ones of " << opts.prepared_path);
+    plan.num_heldout = heldout_count;
+    plan.queue = opts.stream_queue;
+    plan.trainers = dp.size();
+    stream->start(plan, rank);
+  }
   if (st.step >= total) {
     if (rank == 0) AERIE_LOG(info) << "train: the checkpoint is already at step " << st.step << " of " << total;
+    if (stream != nullptr) stream->finish(st.step - 1, [&](int64_t s) { return order.batch(s); }, rank, dp.size());
     result.checkpoint = *latest;
     result.step = st.step;
     return result;
@@ -462,14 +511,20 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp) {
   };
   // Teacher-forced acc_k / tau_sim of the draft now on the first opts.heldout_samples held-out samples
   // (eagle3.md section 4, as `aerie eval` computes them), spread over dp; rank 0 logs and records them.
-  const int64_t num_heldout = std::min<int64_t>(opts.heldout_samples, static_cast<int64_t>(st.split.eval.size()));
+  const int64_t num_heldout = heldout_count;
   auto score_heldout = [&]() {
     const int S = opts.ttt_steps;
     const std::vector<double> ones(static_cast<size_t>(S), 1.0);
     TeacherForced tf;
     for (int64_t i = rank; i < num_heldout; i += dp.size()) {
-      const SampleRef ref = st.split.locate(st.split.eval[static_cast<size_t>(i)]);
-      HiddenSample hs = reader(ref.shard).read(ref.index);
+      const int64_t g = st.split.eval[static_cast<size_t>(i)];
+      HiddenSample hs;
+      if (stream != nullptr) {
+        hs = stream->heldout_sample(g, i);
+      } else {
+        const SampleRef ref = st.split.locate(g);
+        hs = reader(ref.shard).read(ref.index);
+      }
       if (!all_finite(hs.aux_hidden) || !all_finite(hs.final_hidden)) continue;  // named when trained on
       TTTSample t = make_ttt_sample(std::move(hs.ids), std::move(hs.loss_mask), std::move(hs.aux_hidden),
                                     hs.final_hidden, head.lm_head, selected);
@@ -525,9 +580,12 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp) {
     const std::vector<int64_t> mine = BatchOrder::rank_share(order.batch(step), rank, dp.size());
     std::vector<TTTSample> local;
     std::string skipped_here;  // this rank's non-finite samples of the step, for the message
-    for (int64_t g : mine) {
+    for (size_t j = 0; j < mine.size(); ++j) {
+      const int64_t g = mine[j];
       const SampleRef ref = st.split.locate(g);
-      HiddenSample hs = reader(ref.shard).read(ref.index);
+      // Batch position of mine[j]: rank_share gives this rank positions rank, rank + dp, ...
+      HiddenSample hs = stream != nullptr ? stream->train_sample(g, rank + static_cast<int64_t>(j) * dp.size())
+                                          : reader(ref.shard).read(ref.index);
       // A sample with a NaN or infinity in its hidden states would make the whole step's gradient
       // non-finite: it is skipped, named and counted (issue 17, case 5).
       const std::string bad = !all_finite(hs.aux_hidden) ? "aux_hidden_states" : !all_finite(hs.final_hidden) ? "final_hidden_states" : "";
@@ -614,14 +672,26 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp) {
       t0 = std::chrono::steady_clock::now();
     }
     const bool due = (opts.checkpoint_every > 0 && st.step % opts.checkpoint_every == 0) || st.step == total;
-    if (due) result.checkpoint = save();
-    if (st.step < total && (result.stop_signal = any_stop_signal(dp)) != 0) {
-      if (!due) result.checkpoint = save();
+    // The stop is decided before the checkpoint (streaming: the credit tells the target both).
+    if (st.step < total) result.stop_signal = any_stop_signal(dp);
+    const bool stopping = result.stop_signal != 0;
+    if (stream != nullptr)
+      stream->step_done(step, (due || stopping) && num_heldout > 0, stopping || st.step == total, result.stop_signal,
+                        rank);
+    if (due || stopping) result.checkpoint = save();
+    if (stopping) {
       if (rank == 0)
         AERIE_LOG(warning) << "train: stopped by signal " << result.stop_signal << " after step " << st.step << " of "
                            << total << "; rerun the same command to resume from " << result.checkpoint;
       break;
     }
+  }
+  if (stream != nullptr) {
+    stream->finish(st.step - 1, [&](int64_t s) { return order.batch(s); }, rank, dp.size());
+    if (rank == 0)
+      AERIE_LOG(info) << "train: rank 0 received " << stream->received_bytes() / (1 << 20) << " MiB of hidden states "
+                      << "from the target and waited " << std::fixed << std::setprecision(1) << stream->wait_seconds()
+                      << " s for them";
   }
   if (result.stop_signal == 0) progress.finish();
   AERIE_CHECK(steps_run == 0 || empty_steps < steps_run,

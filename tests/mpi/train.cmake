@@ -21,3 +21,12 @@ if(TARGET stories260K_model)
                    ${CMAKE_BINARY_DIR}/test-scratch/train_untrainable)
   set_tests_properties(train_untrainable_samples PROPERTIES ENVIRONMENT "${_aerie_train_env}" LABELS mpi)
 endif()
+# Streaming training (1 target rank + 2 trainers and other layouts) equals offline extract + train, resumes
+# after SIGKILL and SIGTERM, refuses mixed modes (tests/mpi/train_stream.sh, on stories260K).
+if(TARGET stories260K_model)
+  add_test(NAME train_stream
+           COMMAND bash ${CMAKE_SOURCE_DIR}/tests/mpi/train_stream.sh $<TARGET_FILE:aerie> ${AERIE_MODEL_DIR}
+                   ${AERIE_SHARED_DATA}/tinystories/tinystories_val.txt ${CMAKE_BINARY_DIR}/test-scratch/train_stream)
+  set_tests_properties(train_stream PROPERTIES ENVIRONMENT "${_aerie_train_env}" LABELS mpi RUN_SERIAL TRUE
+                       TIMEOUT 600)
+endif()
