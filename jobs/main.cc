@@ -22,7 +22,8 @@ subcommands() {
           {"extract", {extract, "target forward, hidden states to HDF5 shards"}},
           {"vocab", {vocab, "draft vocabulary (d2t/t2d) from the loss-masked token counts"}},
           {"train", {train, "train the EAGLE-3 draft with training-time test"}},
-          {"export", {export_draft, "write the draft as a directory vLLM and SGLang load (--best: by acceptance length)"}},
+          {"export", {export_draft, "write the draft as a directory vLLM and SGLang load (--format speculators: "
+                                    "for vllm serve DIR; --best: by acceptance length)"}},
           {"eval", {eval, "acceptance length: teacher-forced and real speculative decoding (--run: every checkpoint)"}},
           {"generate", {generate, "target generation (greedy or sampled): regenerate a conversation set"}},
           {"plan", {plan, "GPU memory per tp rank from config.json and the safetensors headers (no data read)"}},

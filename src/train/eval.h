@@ -245,7 +245,9 @@ class EvalSession {
 /// sample (SpecDecodeOptions: the standard rejection rule, so their output is distributed as the target's
 /// sampling) and eval.json has "sampling" {temperature, top_p, sample_seed} instead of lossless /
 /// lossless_failures (a sampled output is not compared with greedy decoding; greedy decoding still gives
-/// speedup's baseline and the teacher-forced fallback texts).
+/// speedup's baseline and the teacher-forced fallback texts). World rank 0 logs the acceptance length,
+/// lossless (or the temperature), tau_sim and the draft's variant (EAGLE-3, or its EAGLE-3.1 options), and
+/// with opts.untrained a line with the untrained draft's acceptance length and tau_sim.
 nlohmann::json run_eval(const EvalOptions& opts);
 
 }  // namespace aerie

@@ -203,6 +203,15 @@ constexpr const char* kUntrainedFigures[] = {
     "acceptance_length", "acceptance_rate_per_position", "conditional_acceptance_rate_per_position", "lossless",
     "lossless_failures", "verify_passes", "tokens_generated", "spec_seconds", "acc_k", "tau_sim", "per_category"};
 
+// The draft variant for the log: "EAGLE-3", or the EAGLE-3.1 options the draft was trained with
+// ("EAGLE-3.1: norm_before_residual, norm_output").
+std::string draft_variant(const DraftConfig& c) {
+  std::string opts;
+  for (const auto& [on, name] : {std::pair{c.norm_before_residual, "norm_before_residual"},
+                                 std::pair{c.norm_output, "norm_output"}, std::pair{c.norm_before_fc, "norm_before_fc"}})
+    if (on) opts += (opts.empty() ? "" : ", ") + std::string(name);
+  return opts.empty() ? "EAGLE-3" : "EAGLE-3.1: " + opts;
+}
 
 }  // namespace
 
@@ -605,7 +614,11 @@ nlohmann::json run_eval(const EvalOptions& o) {
                     << " verification passes, "
                     << (j.contains("lossless") ? "lossless " + j["lossless"].dump()
                                                : "sampled at temperature " + std::to_string(o.temperature))
-                    << ", tau_sim " << j["tau_sim"];
+                    << ", tau_sim " << j["tau_sim"] << "; draft " << o.draft_path << " (" << draft_variant(draft.cfg)
+                    << ")";
+    if (o.untrained)
+      AERIE_LOG(info) << "eval: untrained draft (--seed " << o.seed << "): acceptance length "
+                      << j["acceptance_length_untrained"] << ", tau_sim " << j["tau_sim_untrained"];
     if (j.contains("per_category")) {
       std::ostringstream t;
       t << "eval: per category (prompts, acceptance length, speed-up):";

@@ -427,8 +427,9 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp, StreamClien
                     << " steps, K = " << ck.config.draft_vocab_size << ", aux layers "
                     << nlohmann::json(ck.config.aux_layers).dump() << ", device " << device_name(dev) << ", compute "
                     << (resolve_compute_dtype(opts.precision, dev) == DType::BF16 ? "bf16 (fp32 master weights)" : "fp32")
-                    << ", draft layer " << ck.config.num_attention_heads << " / " << ck.config.num_key_value_heads
-                    << " heads of " << ck.config.head_dim << ", MLP " << ck.config.intermediate_size
+                    << ", draft layer: " << ck.config.num_attention_heads << " query heads, "
+                    << ck.config.num_key_value_heads << " kv heads, head dim " << ck.config.head_dim << ", MLP "
+                    << ck.config.intermediate_size
                     << (ck.config.norm_before_residual ? ", norm_before_residual (EAGLE-3.1)" : "")
                     << (ck.config.norm_output ? ", norm_output (EAGLE-3.1)" : "")
                     << (ck.config.norm_before_fc ? ", norm_before_fc (EAGLE-3.1)" : "");
