@@ -129,7 +129,8 @@ int train(const std::vector<std::string>& args) {
       "tp", po::value<int>(&tp)->default_value(0),
       "streaming: tensor-parallel ranks per target replica, dividing --target-ranks (0: all of them, one replica)")(
       "aux-layers", po::value<std::string>(&aux_layers)->default_value(""),
-      "streaming: 3 ascending layer ids k, 'input of decoder layer k', as extract's; default 2,N/2,N-3")(
+      "3 ascending layer ids k, 'input of decoder layer k', as extract's; streaming: the ones the target computes "
+      "(default 2,N/2,N-3); offline: the shards must hold these (default: any)")(
       "batch-tokens", po::value<int64_t>(&batch_tokens)->default_value(2048),
       "streaming, target on a GPU: consecutive samples of a step share one forward up to this many tokens "
       "(0: one sample per forward)")(
@@ -203,12 +204,14 @@ int train(const std::vector<std::string>& args) {
   } else {
     TRAIN_REQUIRE(!o.model_dir.empty(), "--model is required");
     TRAIN_REQUIRE(!o.shards_dir.empty(), "--shards (the folder of aerie extract) or --prepared (streaming) is required");
-    for (const char* opt : {"target-model", "aux-layers"})
+    for (const char* opt : {"target-model"})
       TRAIN_REQUIRE(vm[opt].defaulted(), "--" << opt << " applies to streaming only (with --prepared)");
   }
   check_train_inputs(o);
   auto world = MpiCommunicator::world();
   if (!streaming) {
+    // Checked against the shards' (1000 layers: any 3 ascending ids parse; the shards name the real ones).
+    if (!aux_layers.empty()) o.aux_layers = parse_aux_layers(aux_layers, 1000, "train");
     // Before the target's head loads: a second train into this run folder is refused at once (rank 0,
     // which writes the checkpoints and metrics, holds the lock until the job ends).
     const OutputLock lock = lock_output(vm, "train", o.output_dir, LockTarget::Folder);

@@ -27,6 +27,9 @@ struct TrainOptions {
   /// Streaming: steps the target may compute ahead of the step being trained (StreamPlan::queue, >= 0);
   /// more hides the target's jitter, each step ahead holds one batch of hidden states in messages.
   int64_t stream_queue = 2;
+  /// The aux layers the run expects (`train --aux-layers`; empty: any). Streaming computes these; offline
+  /// the shards must hold them (an error naming both otherwise), so one .ini serves both modes.
+  std::vector<int> aux_layers;
   int64_t steps = 0;           // total optimizer steps; 0: from epochs
   int64_t epochs = 0;          // used when steps == 0 (1 when both are 0)
   int64_t batch_size = 8;      // samples per global step

@@ -341,6 +341,11 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp, StreamClien
   const ShardSet shards = stream != nullptr ? streamed_set(*stream, target, model_fp, opts.model_dir)
                                             : scan_shards(opts.shards_dir, target, opts, rank);
   if (stream == nullptr) check_shards_target(shards, model_fp, opts, rank);
+  AERIE_CHECK(opts.aux_layers.empty() || opts.aux_layers == shards.aux_layers,
+              "train: --aux-layers " << nlohmann::json(opts.aux_layers).dump() << ", but the shards in "
+                                     << opts.shards_dir << " hold aux layers "
+                                     << nlohmann::json(shards.aux_layers).dump()
+                                     << " (extract --aux-layers): extract again or drop --aux-layers");
   // The target's head after the cheap checks of the shards (GiBs for a large vocabulary).
   TargetHead head = load_target_head(opts.model_dir, target);
   if (dev != Device::CPU) {  // frozen, uploaded once (a tied lm_head stays one tensor)

@@ -12,6 +12,7 @@
 #      trainers' last credit, and the rerun bitwise equal to A (mpirun itself exits 1 after forwarding a
 #      signal, as for offline train; each rank returns 3);
 #   G. refusals: a streaming resume of an offline run folder (and the reverse), --shards with --prepared,
+#      offline --aux-layers other than the shards',
 #      --target-ranks leaving no trainer, a --prepared that is not a prepared file.
 # usage: train_stream.sh AERIE_BINARY MODEL_DIR STORIES_TXT WORK_DIR
 set -euo pipefail
@@ -121,4 +122,6 @@ refused no_trainer 'streaming needs more ranks than --target-ranks 2' 2 $(stream
 # shellcheck disable=SC2046
 refused not_prepared "\-\-prepared $work/vocab.safetensors is not a prepared file" 3 \
   $(stream_args "$work/g3" | sed "s#$work/prepared.h5#$work/vocab.safetensors#")
+refused aux_mismatch 'aux-layers \[1,2,3\], but the shards in .* hold aux layers' 2 train --model "$model" \
+  --shards "$work/shards" --output "$work/g4" "${common[@]}" --aux-layers 1,2,3
 echo "PASS: streaming equals offline extract + train bitwise (1 and 2 target replicas), within 2% at tp 2; resumed after SIGKILL and SIGTERM bitwise; refusals"
