@@ -9,7 +9,9 @@
 #     complete shards;
 #  4. train: after its first checkpoint, `scontrol requeue` (Slurm-side preemption: SIGTERM to the ranks,
 #     which checkpoint and exit), the restarted job resumes from the latest complete checkpoint;
-#  5. both jobs restarted once, the chain finished, export/model.safetensors == the reference (cmp).
+#  5. both jobs restarted once, the chain finished, export/model.safetensors == the reference (cmp);
+#  6. streaming (slurm/submit stream=1: prepare -> vocab -> train with the target on rank 0 -> export),
+#     train requeued after its first checkpoint: export bitwise equal to a plain mpirun streaming run.
 # usage: slurm_pipeline.sh AERIE_BINARY MODEL_DIR STORIES_TXT WORK_DIR
 # Exits 77 (CTest: skipped) without slurmctld or the converted model.
 set -euo pipefail
@@ -118,4 +120,32 @@ grep -Eq "[1-9][0-9]* already done" "$run"/slurm/aerie-extract-"$ext".out || fai
 grep -q "resuming from" "$run"/slurm/aerie-train-"$trn".out || fail "train did not resume"
 cmp "$ref/export/model.safetensors" "$run/export/model.safetensors" || fail "the exports differ"
 for f in "$ref"/shards/shard-*.h5; do cmp "$f" "$run/shards/$(basename "$f")" || fail "$(basename "$f") differs"; done
-say "PASS: extract (USR1, requeued by the batch script) and train (scontrol requeue) resumed; export bitwise equal"
+say "offline pipeline passed"
+
+# --- 6. streaming (slurm/submit stream=1): no extract job; the train job's rank 0 runs the target, rank 1
+# trains; requeued after its first checkpoint; export bitwise equal to a plain mpirun streaming run ---------
+mp 2 train --target-model "$model" --prepared "$ref/prepared.h5" --target-ranks 1 \
+  --vocab "$ref/draft_vocab.safetensors" --output "$ref/train_stream" "${train_args[@]}"
+mp 1 export --checkpoint "$ref/train_stream" --model "$model" --output "$ref/export_stream"
+run2="$work/run_stream"
+"$root/slurm/submit" "$root/configs/slurm/cpu-1node.ini" output="$run2" model="$model" input="$text" \
+  aerie="$aerie" job-configs= jobs=prepare,vocab,train,export stream=1 target-ranks=1 \
+  prepare-args="${prepare_args[*]}" vocab-args="${vocab_args[*]}" train-args="${train_args[*]}" >>"$log" 2>&1 \
+  || fail "slurm/submit stream=1"
+run="$run2"  # has_ckpt and jobid read $run
+trn=$(jobid train); exp=$(jobid export)
+[ -z "$(jobid extract)" ] || fail "stream=1 submitted an extract job"
+wait_for "the first streaming train checkpoint" 120 has_ckpt
+running "$trn" || fail "streaming train job $trn is not running when its first checkpoint exists"
+scontrol requeue "$trn"
+say "streaming train job $trn: scontrol requeue"
+restart "$trn"
+wait_for "the streaming export job" 150 finished "$exp"
+for j in $(awk '{print $2}' "$run2/slurm/jobs.txt"); do
+  [ "$(state "$j")" = COMPLETED ] || fail "job $j ended $(state "$j") (exit $(field "$j" ExitCode))"
+done
+grep -q "resuming from" "$run2"/slurm/aerie-train-"$trn".out || fail "streaming train did not resume"
+grep -q "train (target): done at step" "$run2"/slurm/aerie-train-"$trn".out || fail "the target rank did not end cleanly"
+[ ! -d "$run2/shards" ] || fail "streaming wrote shards"
+cmp "$ref/export_stream/model.safetensors" "$run2/export/model.safetensors" || fail "the streaming exports differ"
+say "PASS: extract (USR1, requeued by the batch script) and train (scontrol requeue) resumed; export bitwise equal; streaming train (stream=1) requeued and resumed, export bitwise equal"
