@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -138,13 +139,24 @@ void quantize_fp8(const Tensor& t, int64_t H, Tensor& codes, Tensor& scales) {
 
 // F32 [rows, v H] = codes [rows, v H] U8 (e4m3fn) x scales [rows, v] F32.
 Tensor dequantize_fp8(const Tensor& codes, const Tensor& scales, int64_t H) {
+  // The 256 code values once (fp8_e4m3fn_to_float per element is branchy: about 3.7 ns a value on the
+  // trainer's critical path, 20 s of a 62 s SmolLM2 run); the same products, so the same bits.
+  static const std::array<float, 256> kValue = [] {
+    std::array<float, 256> t{};
+    for (int c = 0; c < 256; ++c) t[static_cast<size_t>(c)] = fp8_e4m3fn_to_float(static_cast<uint8_t>(c));
+    return t;
+  }();
   const int64_t rows = codes.dim(0), v = codes.dim(1) / H;
   Tensor out = Tensor::empty({rows, v * H}, DType::F32);
   const uint8_t* q = codes.data<uint8_t>();
   const float* sc = scales.data<float>();
   float* o = out.data<float>();
-  for (int64_t r = 0; r < rows * v; ++r)
-    for (int64_t j = 0; j < H; ++j) o[r * H + j] = fp8_e4m3fn_to_float(q[r * H + j]) * sc[r];
+  for (int64_t r = 0; r < rows * v; ++r) {
+    const float s = sc[r];
+    const uint8_t* qr = q + r * H;
+    float* orow = o + r * H;
+    for (int64_t j = 0; j < H; ++j) orow[j] = kValue[qr[j]] * s;
+  }
   return out;
 }
 
