@@ -19,6 +19,7 @@
 // World ranks 0 .. --target-ranks-1 run the target (replicas of --tp ranks, as extract) and send each
 // step's hidden states to the other ranks, which train as above; the data order, checkpoints, resume and
 // the result are those of extract + train on the same prepared file. The two sides may share GPUs.
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <sstream>
@@ -68,6 +69,12 @@ void check_train_inputs(const TrainOptions& o) {
   TRAIN_REQUIRE(o.log_every >= 1, "--log-every must be >= 1, got " << o.log_every);
   TRAIN_REQUIRE(o.eval_fraction >= 0 && o.eval_fraction < 1,
           "--eval-fraction must lie in [0, 1), got " << o.eval_fraction);
+  TRAIN_REQUIRE(o.adam_beta1 >= 0 && o.adam_beta1 < 1 && o.adam_beta2 >= 0 && o.adam_beta2 < 1,
+                "--adam-beta1 and --adam-beta2 must lie in [0, 1), got " << o.adam_beta1 << " and " << o.adam_beta2);
+  TRAIN_REQUIRE(o.lm_head_init == "target" || o.lm_head_init == "random",
+                "--lm-head-init '" << o.lm_head_init << "' is not target or random");
+  TRAIN_REQUIRE(o.loss_normalization == "valid" || o.loss_normalization == "all",
+                "--loss-normalization '" << o.loss_normalization << "' is not valid or all");
   TRAIN_REQUIRE(o.heldout_samples >= 0, "--heldout-samples must be >= 0, got " << o.heldout_samples);
   TRAIN_REQUIRE(o.device == "auto" || o.device == "cpu" || o.device == "cuda",
           "--device '" << o.device << "' is not auto, cpu or cuda");
@@ -138,6 +145,15 @@ int train(const std::vector<std::string>& args) {
       "streaming: the target's compute dtype: auto (bf16 on cuda, f32 on cpu), f32 or bf16")(
       "expert-parallel", po::bool_switch(),
       "streaming, MoE targets: split the routed experts over the --tp ranks by expert (as extract's)")(
+      "adam-beta1", po::value<double>(&o.adam_beta1)->default_value(0.9, "0.9"), "AdamW beta1")(
+      "adam-beta2", po::value<double>(&o.adam_beta2)->default_value(0.95, "0.95"),
+      "AdamW beta2 (torch's default and SpecForge's: 0.999)")(
+      "lm-head-init", po::value<std::string>(&o.lm_head_init)->default_value("target"),
+      "the draft's lm_head at step 0: target (the target's rows of the draft vocabulary) or random (nn.Linear's "
+      "init, as SpecForge)")(
+      "loss-normalization", po::value<std::string>(&o.loss_normalization)->default_value("valid"),
+      "each TTT step's loss divided by its trained rows (valid, eagle3.md) or by all rows of the global batch "
+      "(all, SpecForge's mean over positions)")(
       "stream-queue", po::value<int64_t>(&o.stream_queue)->default_value(2),
       "streaming: steps the target may compute ahead of the step being trained (bounds the messages in flight)")(
       "vocab", po::value<std::string>(&o.vocab_path)->default_value(""),
@@ -201,11 +217,20 @@ int train(const std::vector<std::string>& args) {
     TRAIN_REQUIRE(!o.model_dir.empty(), "--prepared needs --target-model (or --model)");
     TRAIN_REQUIRE(o.stream_queue >= 0, "--stream-queue must be >= 0, got " << o.stream_queue);
     TRAIN_REQUIRE(batch_tokens >= 0, "--batch-tokens " << batch_tokens << " is negative (0: one sample per forward)");
+    TRAIN_REQUIRE(tp >= 0, "--tp must be >= 0 (0: --target-ranks), got " << tp);
+    TRAIN_REQUIRE(target_dtype == "auto" || target_dtype == "f32" || target_dtype == "bf16",
+                  "--target-dtype '" << target_dtype << "' is not auto, f32 or bf16");
+    AERIE_CHECK(fs::is_regular_file(fs::path(target_model) / "config.json"),
+                "train: --target-model " << target_model << " holds no config.json (a model folder in the Hugging Face "
+                                         << "layout, as extract's --model)");
+    o.target_model_dir = target_model;
   } else {
     TRAIN_REQUIRE(!o.model_dir.empty(), "--model is required");
     TRAIN_REQUIRE(!o.shards_dir.empty(), "--shards (the folder of aerie extract) or --prepared (streaming) is required");
-    for (const char* opt : {"target-model"})
-      TRAIN_REQUIRE(vm[opt].defaulted(), "--" << opt << " applies to streaming only (with --prepared)");
+    for (const char* opt : {"target-model", "target-ranks", "tp", "batch-tokens", "target-dtype", "expert-parallel",
+                            "stream-queue"})
+      TRAIN_REQUIRE(vm[opt].defaulted(), "--" << opt << " applies to streaming only (with --prepared); this run "
+                                              << "reads --shards");
   }
   check_train_inputs(o);
   auto world = MpiCommunicator::world();
@@ -233,8 +258,8 @@ int train(const std::vector<std::string>& args) {
   const OutputLock lock = acquire_output_lock(trainer_first->handle(), o.output_dir, LockTarget::Folder, "train", lock_opts);
   auto side = world->split(is_target ? 0 : 1, world->rank());
   if (is_target) {
+    const PreparedFile prepared(o.prepared_path);
     if (tcfg.max_position_embeddings > 0) {  // as extract: no positions the model was not made for
-      const PreparedFile prepared(o.prepared_path);
       const auto& off = prepared.sample_offsets();
       for (size_t i = 0; i + 1 < off.size(); ++i)
         AERIE_CHECK(off[i + 1] - off[i] <= tcfg.max_position_embeddings,
@@ -243,6 +268,34 @@ int train(const std::vector<std::string>& args) {
                                      << tcfg.max_position_embeddings << " (" << target_model
                                      << "/config.json): prepare again with --max-length "
                                      << tcfg.max_position_embeddings);
+    }
+    if (world->rank() == 0) {
+      // Every id in the target's vocabulary, before the model loads (a bad id would otherwise stop the run
+      // only when its sample comes, perhaps before the first checkpoint: each rerun would repeat the steps).
+      constexpr int64_t kChunk = 4096;
+      std::vector<int32_t> ids;
+      std::vector<uint8_t> mask;
+      for (int64_t b = 0; b < prepared.num_samples(); b += kChunk) {
+        const int64_t e = std::min(prepared.num_samples(), b + kChunk);
+        prepared.read_tokens(b, e, ids, mask);
+        for (size_t t = 0; t < ids.size(); ++t) {
+          if (ids[t] >= 0 && ids[t] < tcfg.vocab_size) continue;
+          const auto& off = prepared.sample_offsets();
+          const int64_t at = off[static_cast<size_t>(b)] + static_cast<int64_t>(t);
+          const int64_t g = std::upper_bound(off.begin(), off.end(), at) - off.begin() - 1;
+          AERIE_THROW("train: prepared sample " << g << " of " << o.prepared_path << " has id " << ids[t]
+                                                << " at position " << at - off[static_cast<size_t>(g)]
+                                                << ", outside the target's vocabulary [0, " << tcfg.vocab_size
+                                                << ") of " << target_model << " (prepared with another tokenizer?)");
+        }
+      }
+      if (aux[0] == aux[1] || aux[1] == aux[2])
+        AERIE_LOG(warning) << "train: aux layers " << aux[0] << "," << aux[1] << "," << aux[2]
+                           << " name one layer more than once"
+                           << (aux_layers.empty() ? " (the default 2, N/2, N-3 of a " +
+                                                        std::to_string(tcfg.num_hidden_layers) + "-layer target)"
+                                                  : std::string())
+                           << ": the draft gets the same hidden state twice; --aux-layers picks distinct ones";
     }
     ParallelGroups groups = ParallelGroups::create(layout.tp, *side);
     TargetDevice td = resolve_target_device(o.device, target_dtype, vm["expert-parallel"].as<bool>(), groups,

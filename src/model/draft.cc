@@ -246,7 +246,7 @@ DraftWeights DraftWeights::zeros(const DraftConfig& c, Device device) {
 }
 
 DraftWeights init_draft_weights(const DraftConfig& cfg, const Tensor& target_lm_head,
-                                const std::vector<int64_t>& selected, uint64_t seed) {
+                                const std::vector<int64_t>& selected, uint64_t seed, bool random_lm_head) {
   DraftWeights w = DraftWeights::zeros(cfg);
   const int64_t H = cfg.hidden_size, V = cfg.vocab_size, K = cfg.draft_vocab_size;
   target_lm_head.check_shape({V, H}, "init_draft_weights: target lm_head");
@@ -261,6 +261,13 @@ DraftWeights init_draft_weights(const DraftConfig& cfg, const Tensor& target_lm_
     std::fill(t->data<float>(), t->data<float>() + H, 1.0f);
   if (cfg.norm_before_fc)  // RMSNorm's init (vLLM, speculators: torch.ones); drawn from no random number
     std::fill(w.input_norm.data<float>(), w.input_norm.data<float>() + w.input_norm.numel(), 1.0f);
+  if (random_lm_head) {
+    for (int64_t i = 0; i < K; ++i)
+      AERIE_CHECK(selected[i] >= 0 && selected[i] < V && (i == 0 || selected[i] > selected[i - 1]),
+                  "init_draft_weights: selected ids must ascend inside [0, " << V << "), bad at " << i);
+    fill_uniform(w.lm_head, 1.0 / std::sqrt(static_cast<double>(H)), rng);
+    return w;
+  }
   Tensor lm = target_lm_head.dtype() == DType::F32 ? target_lm_head : target_lm_head.to(DType::F32);
   for (int64_t i = 0; i < K; ++i) {
     AERIE_CHECK(selected[i] >= 0 && selected[i] < V && (i == 0 || selected[i] > selected[i - 1]),

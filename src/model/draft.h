@@ -104,9 +104,10 @@ struct DraftWeights {
 
 /// Initial weights: linears ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)) from a seeded std::mt19937_64
 /// (nn.Linear's default bound), norms = 1 (input_norm too, under norm_before_fc: RMSNorm's init), lm_head = rows `selected` (s_0..s_{K-1}) of the target's
-/// W_lm [V, H]. Deterministic for a given seed.
+/// W_lm [V, H], or with `random_lm_head` U(-1/sqrt(H), 1/sqrt(H)) drawn after the other linears (so
+/// they are the same draws: SpecForge's nn.Linear init of its lm_head). Deterministic for a given seed.
 DraftWeights init_draft_weights(const DraftConfig& cfg, const Tensor& target_lm_head,
-                                const std::vector<int64_t>& selected, uint64_t seed);
+                                const std::vector<int64_t>& selected, uint64_t seed, bool random_lm_head = false);
 
 /// One training sample, prepared from an extraction shard (no packing: one sample per row block).
 struct TTTSample {

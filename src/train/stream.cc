@@ -193,6 +193,15 @@ StreamTargetStats run_stream_target(MpiCommunicator& world, const StreamLayout& 
 
   StreamTargetStats stats;
   stats.last_step = plan.start_step - 1;
+  bool signal_noted = false;
+  auto note_signal = [&] {  // once: a signal that reached this rank alone does not stop the run
+    if (signal_noted || StopSignals::received() == 0) return;
+    signal_noted = true;
+    AERIE_LOG(warning) << "train (target): world rank " << wr << " received signal " << StopSignals::received()
+                       << "; the target's ranks end when the training ranks stop, which they do (with a checkpoint) "
+                       << "on a signal of their own (Slurm signals every task; by hand, signal mpirun or a "
+                       << "training rank)";
+  };
   struct Pending {
     int64_t step;  // -1: held-out
     MPI_Request req;
@@ -234,6 +243,7 @@ StreamTargetStats run_stream_target(MpiCommunicator& world, const StreamLayout& 
       cmd.insert(cmd.end(), gs.begin(), gs.end());
       broadcast_vector(tp, cmd);
     }
+    note_signal();
     const auto t0 = Clock::now();
     std::vector<std::vector<int32_t>> ids(gs.size());
     for (size_t k = 0; k < gs.size(); ++k) {

@@ -15,6 +15,8 @@ namespace aerie {
 nlohmann::json TrainOptions::to_json() const {
   return {{"model", model_dir},       {"shards", shards_dir},
           {"prepared", prepared_path},
+          {"adam_beta1", adam_beta1}, {"adam_beta2", adam_beta2},
+          {"lm_head_init", lm_head_init}, {"loss_normalization", loss_normalization},
           {"vocab", vocab_path},      {"output", output_dir},
           {"steps", steps},           {"epochs", epochs},
           {"batch_size", batch_size}, {"lr", lr},
@@ -66,6 +68,17 @@ void TrainOptions::check_resumable(const nlohmann::json& c) const {
                   << ", this run " << (prepared_path.empty() ? "reads --shards " + shards_dir
                                                              : "streams from --prepared " + prepared_path)
                   << ": a run resumes in the mode it started in; rerun it that way or use another --output");
+  // The recipe (checkpoints older than these options have none: aerie's defaults).
+  const nlohmann::json recipe_defaults = {{"adam_beta1", 0.9}, {"adam_beta2", 0.95}, {"lm_head_init", "target"},
+                                          {"loss_normalization", "valid"}};
+  for (const auto& [key, dflt] : recipe_defaults.items()) {
+    const nlohmann::json theirs = c.contains(key) ? c[key] : dflt;
+    std::string opt = std::string("--") + key;
+    std::replace(opt.begin(), opt.end(), '_', '-');
+    AERIE_CHECK(theirs == mine[key], "resume: " << opt << " is " << mine[key].dump() << " but the checkpoint was "
+                                                << "trained with " << theirs.dump()
+                                                << "; rerun with the same options or use another --output");
+  }
   // The draft shape (checkpoints older than these options have none: the target's shape, all 0).
   for (const char* key : {"draft_heads", "draft_kv_heads", "draft_head_dim", "draft_intermediate"}) {
     const nlohmann::json theirs = c.contains(key) ? c[key] : nlohmann::json(0);
@@ -171,22 +184,33 @@ double StepMetrics::tau_sim() const {
   return tau;
 }
 
+std::vector<double> ttt_step_weights(const std::vector<int64_t>& valid, int64_t rows, int S, const StepRecipe& recipe) {
+  AERIE_CHECK(static_cast<int>(valid.size()) == S, "ttt_step_weights: " << valid.size() << " counts for " << S << " steps");
+  std::vector<double> w(static_cast<size_t>(S));
+  for (int k = 0; k < S; ++k)
+    w[static_cast<size_t>(k)] =
+        std::pow(0.8, k) /
+        static_cast<double>(std::max<int64_t>(1, recipe.normalize_by_all_rows ? rows : valid[static_cast<size_t>(k)]));
+  return w;
+}
+
 StepMetrics train_step(const DraftConfig& cfg, DraftWeights& w, AdamState& opt, const Tensor& embed_tokens,
                        const std::vector<TTTSample>& local, const DraftVocab& vocab, int ttt_steps, double lr,
-                       double max_grad_norm, Communicator& dp, StepScratch& scratch, Communicator* grad_comm) {
+                       double max_grad_norm, Communicator& dp, StepScratch& scratch, Communicator* grad_comm,
+                       const StepRecipe& recipe) {
   const int S = ttt_steps;
   AERIE_CHECK(S >= 1, "train_step: ttt_steps must be >= 1, got " << S);
-  // 1. The loss denominators: valid_k summed over the whole global batch.
-  Tensor valid = Tensor::zeros({S}, DType::I64);
+  // 1. The loss denominators: valid_k (and the rows) summed over the whole global batch.
+  Tensor valid = Tensor::zeros({S + 1}, DType::I64);
   for (const TTTSample& s : local) {
     std::vector<int64_t> v = ttt_valid_counts(s, vocab.t2d, S);
     for (int k = 0; k < S; ++k) valid.data<int64_t>()[k] += v[static_cast<size_t>(k)];
+    valid.data<int64_t>()[S] += static_cast<int64_t>(s.ids.size());
   }
   dp.all_reduce_sum(valid);
-  std::vector<double> step_weight(static_cast<size_t>(S));
-  for (int k = 0; k < S; ++k)
-    step_weight[static_cast<size_t>(k)] =
-        std::pow(0.8, k) / static_cast<double>(std::max<int64_t>(1, valid.data<int64_t>()[k]));
+  const std::vector<double> step_weight =
+      ttt_step_weights(std::vector<int64_t>(valid.data<int64_t>(), valid.data<int64_t>() + S), valid.data<int64_t>()[S],
+                       S, recipe);
 
   // 2. Gradients: each sample's alone, added in sample order, then summed over dp.
   if (local.size() > 1 && !scratch.sample.fc.defined()) scratch.sample = DraftWeights::zeros(cfg, w.device());
@@ -255,8 +279,10 @@ StepMetrics train_step(const DraftConfig& cfg, DraftWeights& w, AdamState& opt, 
 
   // 3. Clipping and AdamW in one call (the grads are scaled as they are read, not in place).
   StepMetrics m;
-  AdamWParams p;  // beta (0.9, 0.95), eps 1e-8, weight decay 0
+  AdamWParams p;  // eps 1e-8, weight decay 0
   p.lr = static_cast<float>(lr);
+  p.beta1 = static_cast<float>(recipe.adam_beta1);
+  p.beta2 = static_cast<float>(recipe.adam_beta2);
   opt.step += 1;
   auto ws = w.named();
   auto ms = opt.m.named();

@@ -24,9 +24,19 @@ struct TrainOptions {
   /// Streaming training (train/stream.h): the prepared file whose samples the target's ranks compute the
   /// hidden states of (no shards; shards_dir is then empty). Set by `train --prepared`.
   std::string prepared_path;
+  /// Streaming: the target the target's ranks run (`--target-model`; its fingerprint is the hidden states'
+  /// provenance, checked against model_dir's as offline train checks the shards' target).
+  std::string target_model_dir;
   /// Streaming: steps the target may compute ahead of the step being trained (StreamPlan::queue, >= 0);
   /// more hides the target's jitter, each step ahead holds one batch of hidden states in messages.
   int64_t stream_queue = 2;
+  /// The recipe (issue 15 item 4: where aerie's and SpecForge's differ; resume options). AdamW's betas
+  /// (aerie 0.9 / 0.95; torch's default, SpecForge's, 0.9 / 0.999); lm_head_init "target" (the target's
+  /// rows of the draft vocabulary) or "random" (nn.Linear's init, SpecForge's); loss_normalization
+  /// "valid" (each TTT step's loss over its trained rows, eagle3.md section 4) or "all" (over all rows of
+  /// the global batch, sum of the sample lengths: SpecForge's mean over the [B, T] positions).
+  double adam_beta1 = 0.9, adam_beta2 = 0.95;
+  std::string lm_head_init = "target", loss_normalization = "valid";
   /// The aux layers the run expects (`train --aux-layers`; empty: any). Streaming computes these; offline
   /// the shards must hold them (an error naming both otherwise), so one .ini serves both modes.
   std::vector<int> aux_layers;
@@ -100,6 +110,17 @@ Device resolve_train_device(const std::string& name);
 /// F32 on the CPU. Throws aerie::Error on any other name.
 DType resolve_compute_dtype(const std::string& precision, Device device);
 
+/// The parts of a step's recipe that train_step takes (TrainOptions' adam_beta1/2, loss_normalization).
+struct StepRecipe {
+  double adam_beta1 = 0.9, adam_beta2 = 0.95;
+  bool normalize_by_all_rows = false;  // loss_normalization "all"
+};
+
+/// The weights of the TTT steps' loss sums in the gradient (eagle3.md section 4): 0.8^k / max(1, valid[k])
+/// (valid: the global batch's trained rows of step k), or with recipe.normalize_by_all_rows 0.8^k /
+/// max(1, rows) (rows: all positions of the global batch). Throws aerie::Error when valid.size() != S.
+std::vector<double> ttt_step_weights(const std::vector<int64_t>& valid, int64_t rows, int S, const StepRecipe& recipe);
+
 /// Global sums of one or more steps (over samples and dp ranks).
 struct StepMetrics {
   std::vector<double> loss_sum;    // [S] sum of valid * CE
@@ -158,7 +179,7 @@ struct StepScratch {
 StepMetrics train_step(const DraftConfig& cfg, DraftWeights& w, AdamState& opt, const Tensor& embed_tokens,
                        const std::vector<TTTSample>& local, const DraftVocab& vocab, int ttt_steps, double lr,
                        double max_grad_norm, Communicator& dp, StepScratch& scratch,
-                       Communicator* grad_comm = nullptr);
+                       Communicator* grad_comm = nullptr, const StepRecipe& recipe = {});
 
 struct TrainResult {
   std::string checkpoint;         // the last checkpoint folder written (or resumed from)

@@ -178,12 +178,18 @@ void check_shards_target(const ShardSet& s, const TargetFingerprint& model, cons
   }
   if (diff.empty()) return;
   std::ostringstream why;
-  why << "the shards in " << opts.shards_dir << " were extracted from another target than --model "
-      << opts.model_dir << ": " << diff << " (the shards: " << theirs.describe() << ", from " << s.provenance.target_model
-      << "; --model: " << model.describe() << ")";
+  const bool streamed = !opts.prepared_path.empty();
+  if (streamed)
+    why << "--target-model " << s.target_model << " (whose hidden states the draft trains on) is another "
+        << "target than --model " << opts.model_dir << " (its embedding and lm_head): " << diff << " (--target-model: "
+        << theirs.describe() << "; --model: " << model.describe() << ")";
+  else
+    why << "the shards in " << opts.shards_dir << " were extracted from another target than --model "
+        << opts.model_dir << ": " << diff << " (the shards: " << theirs.describe() << ", from "
+        << s.provenance.target_model << "; --model: " << model.describe() << ")";
   AERIE_CHECK(opts.allow_other_target, "train: " << why.str()
-                                                 << ". Extract the shards with this --model, or pass "
-                                                    "--allow-other-target if that is intended (e.g. a quantized copy of "
+                                                 << (streamed ? ". Give one model to both, or pass " : ". Extract the shards with this --model, or pass ")
+                                                 << "--allow-other-target if that is intended (e.g. a quantized copy of "
                                                     "the same model)");
   if (rank == 0) AERIE_LOG(warning) << "train: " << why.str() << "; training anyway (--allow-other-target)";
 }
@@ -193,6 +199,7 @@ void check_shards_target(const ShardSet& s, const TargetFingerprint& model, cons
 // the prepared file that the shards of an extraction would record.
 ShardSet streamed_set(const StreamClient& stream, const TargetConfig& target, const TargetFingerprint& model,
                       const std::string& model_dir) {
+  // `model`, `model_dir`: the target the target's ranks run (--target-model).
   ShardSet s;
   s.paths = {fs::absolute(stream.prepared_path()).lexically_normal().string()};
   s.sizes = {stream.num_samples()};
@@ -256,15 +263,18 @@ void check_resume_provenance(const nlohmann::json& was, const std::string& check
     shard_target.weights_sha256 = sh.value("target_weights_sha256", "");
     std::string sdiff = shard_target.difference(s.provenance.target);
     if (sdiff.empty() && sh.value("prepared_sha256", "") != s.provenance.prepared_sha256)
-      sdiff = "they were extracted from another prepared file";
+      sdiff = opts.prepared_path.empty() ? "they were extracted from another prepared file"
+                                         : "the prepared file's content differs";
     else if (!sdiff.empty())
       sdiff = "they were extracted from another target: " + sdiff;
-    AERIE_CHECK(sdiff.empty(), "resume: " << (opts.prepared_path.empty() ? "--shards " + opts.shards_dir
-                                                                          : "the hidden states of --prepared " + opts.prepared_path)
-                                          << " are not the ones " << checkpoint
+    AERIE_CHECK(sdiff.empty(), "resume: " << (opts.prepared_path.empty() ? "--shards " + opts.shards_dir + " are not the shards "
+                                                                          : "the hidden states of --prepared " + opts.prepared_path +
+                                                                                " are not the ones ")
+                                          << checkpoint
                                                    << " was trained on (" << sh.value("dir", std::string("?"))
                                                    << "): " << sdiff
-                                                   << ". Rerun with those --shards, or use another --output");
+                                                   << (opts.prepared_path.empty() ? ". Rerun with those --shards, or use another --output"
+                                                                                  : ". Rerun with that --prepared and --target-model, or use another --output"));
   } else if (sh.contains("prepared_sha256") && rank == 0) {
     AERIE_LOG(warning) << "train: the shards in " << opts.shards_dir << " record no provenance, the ones "
                        << checkpoint << " was trained on did: not checked that they are the same";
@@ -272,11 +282,12 @@ void check_resume_provenance(const nlohmann::json& was, const std::string& check
 }
 
 // The shards must be the ones the checkpoint was trained on (names and sample counts; the folder may move).
-void check_same_shards(const ShardSet& now, const DataSplit& was) {
+// Streaming: the prepared file may also be renamed (its fingerprint is checked by the provenance).
+void check_same_shards(const ShardSet& now, const DataSplit& was, bool streamed) {
   AERIE_CHECK(now.paths.size() == was.shards.size(), "resume: " << now.paths.size() << " shards now, the checkpoint "
                                                                 << "used " << was.shards.size());
   for (size_t i = 0; i < now.paths.size(); ++i) {
-    AERIE_CHECK(fs::path(now.paths[i]).filename() == fs::path(was.shards[i]).filename() &&
+    AERIE_CHECK((streamed || fs::path(now.paths[i]).filename() == fs::path(was.shards[i]).filename()) &&
                     now.sizes[i] == was.shard_sizes[i],
                 "resume: shard " << now.paths[i] << " (" << now.sizes[i] << " samples) differs from the checkpoint's "
                                  << was.shards[i] << " (" << was.shard_sizes[i] << " samples)");
@@ -338,9 +349,13 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp, StreamClien
   if (dev == Device::CUDA) cuda::select_device(local_rank());
   const TargetConfig target = load_target_config(opts.model_dir);
   const TargetFingerprint model_fp = TargetFingerprint::of_model(opts.model_dir);
-  const ShardSet shards = stream != nullptr ? streamed_set(*stream, target, model_fp, opts.model_dir)
-                                            : scan_shards(opts.shards_dir, target, opts, rank);
-  if (stream == nullptr) check_shards_target(shards, model_fp, opts, rank);
+  const std::string target_model = opts.target_model_dir.empty() ? opts.model_dir : opts.target_model_dir;
+  const ShardSet shards =
+      stream != nullptr
+          ? streamed_set(*stream, target, target_model == opts.model_dir ? model_fp : TargetFingerprint::of_model(target_model),
+                         target_model)
+          : scan_shards(opts.shards_dir, target, opts, rank);
+  check_shards_target(shards, model_fp, opts, rank);
   AERIE_CHECK(opts.aux_layers.empty() || opts.aux_layers == shards.aux_layers,
               "train: --aux-layers " << nlohmann::json(opts.aux_layers).dump() << ", but the shards in "
                                      << opts.shards_dir << " hold aux layers "
@@ -372,7 +387,13 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp, StreamClien
     ck = load_checkpoint(*latest);
     opts.check_resumable(ck.train_options);
     check_resume_provenance(ck.provenance, *latest, opts, model_fp, shards, rank);
-    check_same_shards(shards, ck.state.split);
+    check_same_shards(shards, ck.state.split, stream != nullptr);
+    AERIE_CHECK(ck.config.aux_layers == shards.aux_layers,
+                "resume: the checkpoint's draft reads aux layers " << nlohmann::json(ck.config.aux_layers).dump() << ", "
+                    << (stream != nullptr ? "--aux-layers gives " : "the shards hold ")
+                    << nlohmann::json(shards.aux_layers).dump()
+                    << (stream != nullptr ? ": rerun with --aux-layers of the checkpoint, or use another --output"
+                                          : ": rerun with the shards it was trained on, or use another --output"));
     ck.state.split.shards = shards.paths;
     vocab_file = *latest + "/draft_vocab.safetensors";
     if (!opts.vocab_path.empty() && fs::exists(opts.vocab_path)) {
@@ -393,7 +414,7 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp, StreamClien
     ck.config = opts.apply_draft_shape(DraftConfig::from_target(target, ck.vocab.draft_vocab_size(), shards.aux_layers));
     // Initialised on the host (the checkpoint's copy); the device copy is made below.
     const Tensor lm_host = head.lm_head.device() == Device::CPU ? head.lm_head : head.lm_head.to_device(Device::CPU);
-    ck.weights = init_draft_weights(ck.config, lm_host, ck.vocab.selected(), opts.seed);
+    ck.weights = init_draft_weights(ck.config, lm_host, ck.vocab.selected(), opts.seed, opts.lm_head_init == "random");
     ck.adam_m = DraftWeights::zeros(ck.config);
     ck.adam_v = DraftWeights::zeros(ck.config);
     ck.state.split = make_data_split(shards.paths, shards.sizes, opts.eval_fraction);
@@ -437,7 +458,10 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp, StreamClien
                     << ck.config.intermediate_size
                     << (ck.config.norm_before_residual ? ", norm_before_residual (EAGLE-3.1)" : "")
                     << (ck.config.norm_output ? ", norm_output (EAGLE-3.1)" : "")
-                    << (ck.config.norm_before_fc ? ", norm_before_fc (EAGLE-3.1)" : "");
+                    << (ck.config.norm_before_fc ? ", norm_before_fc (EAGLE-3.1)" : "")
+                    << ", AdamW betas " << opts.adam_beta1 << " / " << opts.adam_beta2 << ", lm_head init "
+                    << opts.lm_head_init << ", loss over " << (opts.loss_normalization == "all" ? "all" : "trained")
+                    << " rows";
   }
   TrainResult result;
   result.total_steps = total;
@@ -496,6 +520,10 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp, StreamClien
     nccl = std::make_unique<NcclCommunicator>(*mpi);
   }
   const std::vector<int64_t> selected = ck.vocab.selected();
+  StepRecipe recipe;
+  recipe.adam_beta1 = opts.adam_beta1;
+  recipe.adam_beta2 = opts.adam_beta2;
+  recipe.normalize_by_all_rows = opts.loss_normalization == "all";
   // Open shard readers, at most kMaxOpenShards (samples come from random shards; a large run has
   // thousands of files): the least recently used one is closed first.
   constexpr size_t kMaxOpenShards = 32;
@@ -618,11 +646,12 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp, StreamClien
     AERIE_CHECK(kept.data<int64_t>()[0] > 0,
                 "train: every sample of step " << step + 1 << " has non-finite hidden states"
                                                << (skipped_here.empty() ? "" : " (this rank's: " + skipped_here + ")")
-                                               << ": the shards are damaged or the target's forward overflowed; "
-                                                  "extract them again");
+                                               << (stream != nullptr ? ": the target's forward overflowed (--target-dtype?)"
+                                                                     : ": the shards are damaged or the target's forward overflowed; "
+                                                                       "extract them again"));
     const double lr = sched.at(step);
     StepMetrics m = train_step(ck.config, w, opt, head.embed_tokens, local, ck.vocab, opts.ttt_steps, lr,
-                               opts.max_grad_norm, dp, scratch, nccl.get());
+                               opts.max_grad_norm, dp, scratch, nccl.get(), recipe);
     if (!std::isfinite(m.grad_norm)) {
       std::string samples;
       for (int64_t g : mine) {

@@ -124,4 +124,28 @@ refused not_prepared "\-\-prepared $work/vocab.safetensors is not a prepared fil
   $(stream_args "$work/g3" | sed "s#$work/prepared.h5#$work/vocab.safetensors#")
 refused aux_mismatch 'aux-layers \[1,2,3\], but the shards in .* hold aux layers' 2 train --model "$model" \
   --shards "$work/shards" --output "$work/g4" "${common[@]}" --aux-layers 1,2,3
+# A resume with other --aux-layers (the draft would name layers it was not trained on), --model other than
+# --target-model (the provenance would name the wrong target), streaming-only options on an offline run, a
+# prepared file of another tokenizer (ids past the target's vocabulary, refused before any step).
+# shellcheck disable=SC2046
+refused aux_resume 'resume: the checkpoint.s draft reads aux layers \[2,2,2\], --aux-layers gives \[1,2,3\]' 3 \
+  $(stream_args "$work/b") --aux-layers 1,2,3
+mkdir -p "$work/other_model"
+cp "$model"/* "$work/other_model/"
+python3 - "$work/other_model/config.json" <<'EOF2'
+import json, sys
+c = json.load(open(sys.argv[1])); c["rms_norm_eps"] = 1e-4; json.dump(c, open(sys.argv[1], "w"))
+EOF2
+refused other_model 'is another target than --model' 3 train --target-model "$model" --model "$work/other_model" \
+  --prepared "$work/prepared.h5" --output "$work/g5" "${common[@]}"
+refused offline_stream_opt '\-\-target-ranks applies to streaming only' 2 train --model "$model" --shards "$work/shards" \
+  --output "$work/g6" "${common[@]}" --target-ranks 1
+run prepare_qwen 1 prepare --input "$text" --tokenizer "$(dirname "$(dirname "$text")")/tokenizers/qwen3" --output "$work/qwen.h5" \
+  --max-length 64 --max-samples 8 2>/dev/null || true
+if [ -f "$work/qwen.h5" ]; then
+  # shellcheck disable=SC2046
+  refused oov 'prepared sample [0-9]+ of .*qwen.h5 has id [0-9]+ at position [0-9]+, outside the target.s vocabulary \[0, 512\)' 3 \
+    $(stream_args "$work/g7" | sed "s#$work/prepared.h5#$work/qwen.h5#")
+  ! grep -q "info train: step" "$last" || fail "oov: training started before the bad id was found"
+fi
 echo "PASS: streaming equals offline extract + train bitwise (1 and 2 target replicas), within 2% at tp 2; resumed after SIGKILL and SIGTERM bitwise; refusals"

@@ -178,5 +178,74 @@ TEST(TrainOptionsTest, EagleOneSwitchesAreResumeOptions) {
   EXPECT_FALSE(o.apply_draft_shape(c).norm_before_fc);
 }
 
+// The recipe options of issue 15 item 4. The loss weights: 0.8^k over each step's trained rows, or over
+// all rows of the global batch; beta2 changes the update; resume refuses another recipe by the option's name
+// (an older checkpoint without the keys counts as aerie's defaults).
+TEST(TrainRecipeTest, StepWeightsOverTrainedOrAllRows) {
+  const std::vector<double> v = ttt_step_weights({10, 8, 0}, 40, 3, StepRecipe{});
+  EXPECT_DOUBLE_EQ(v[0], 1.0 / 10);
+  EXPECT_DOUBLE_EQ(v[1], 0.8 / 8);
+  EXPECT_DOUBLE_EQ(v[2], 0.64 / 1);  // no trained row: max(1, 0)
+  StepRecipe all;
+  all.normalize_by_all_rows = true;
+  const std::vector<double> a = ttt_step_weights({10, 8, 0}, 40, 3, all);
+  EXPECT_DOUBLE_EQ(a[0], 1.0 / 40);
+  EXPECT_DOUBLE_EQ(a[1], 0.8 / 40);
+  EXPECT_DOUBLE_EQ(a[2], 0.64 / 40);
+  EXPECT_NE(testing::error_of([&] { ttt_step_weights({1, 2}, 4, 3, all); }).find("2 counts for 3 steps"),
+            std::string::npos);
+}
+
+TEST(TrainRecipeTest, Beta2AndAllRowsChangeTheStep) {
+  auto s = testing::make_tiny_setup(rank_scratch("train_recipe"));
+  SoloTraining a(s), b(s), c(s);
+  train_step(s.cfg, a.w, a.opt, s.embed, a.batch, s.vocab, 3, 1e-2, 0.5, *a.self, a.scratch);
+  StepRecipe beta;
+  beta.adam_beta2 = 0.999;
+  train_step(s.cfg, b.w, b.opt, s.embed, b.batch, s.vocab, 3, 1e-2, 0.5, *b.self, b.scratch, nullptr, beta);
+  StepRecipe all;
+  all.normalize_by_all_rows = true;
+  const StepMetrics mc =
+      train_step(s.cfg, c.w, c.opt, s.embed, c.batch, s.vocab, 3, 1e-2, 0.5, *c.self, c.scratch, nullptr, all);
+  EXPECT_GT(testing::count_bit_differences(a.w, b.w), 0) << "beta2 0.999 left the update unchanged";
+  EXPECT_GT(testing::count_bit_differences(a.opt.v, b.opt.v), 0);
+  EXPECT_GT(testing::count_bit_differences(a.opt.m, c.opt.m), 0) << "all-rows normalization left the gradient unchanged";
+  EXPECT_TRUE(std::isfinite(mc.grad_norm) && mc.grad_norm > 0);
+}
+
+TEST(TrainRecipeTest, RandomLmHeadKeepsTheOtherDraws) {
+  auto s = testing::make_tiny_setup(rank_scratch("train_recipe_init"));
+  const std::vector<int64_t> sel = s.vocab.selected();
+  const DraftWeights t = init_draft_weights(s.cfg, s.lm_head, sel, 5);
+  const DraftWeights r = init_draft_weights(s.cfg, s.lm_head, sel, 5, true);
+  EXPECT_EQ(testing::count_bit_differences(init_draft_weights(s.cfg, s.lm_head, sel, 5, true), r), 0);
+  const std::vector<float> lt = t.lm_head.to_float_vector(), lr = r.lm_head.to_float_vector();
+  size_t same = 0;
+  const float bound = 1.0f / std::sqrt(static_cast<float>(s.cfg.hidden_size));
+  for (size_t i = 0; i < lr.size(); ++i) {
+    same += lr[i] == lt[i];
+    EXPECT_LE(std::fabs(lr[i]), bound);
+  }
+  EXPECT_EQ(same, 0u) << "the random lm_head kept target rows";
+  EXPECT_EQ(testing::count_bit_differences(t, r), static_cast<int64_t>(lr.size()))
+      << "only the lm_head may differ: the other linears are the same draws";
+}
+
+TEST(TrainRecipeTest, RecipeIsAResumeOption) {
+  TrainOptions o;
+  nlohmann::json ck = o.to_json();
+  for (const char* k : {"adam_beta1", "adam_beta2", "lm_head_init", "loss_normalization"}) ck.erase(k);
+  o.check_resumable(ck);  // an older checkpoint: aerie's defaults
+  o.adam_beta2 = 0.999;
+  EXPECT_NE(testing::error_of([&] { o.check_resumable(ck); }).find("--adam-beta2 is 0.999 but the checkpoint was trained with 0.95"),
+            std::string::npos);
+  o.adam_beta2 = 0.95;
+  o.lm_head_init = "random";
+  EXPECT_NE(testing::error_of([&] { o.check_resumable(ck); }).find("--lm-head-init is \"random\""), std::string::npos);
+  o.lm_head_init = "target";
+  o.loss_normalization = "all";
+  EXPECT_NE(testing::error_of([&] { o.check_resumable(ck); }).find("--loss-normalization"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace aerie
