@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The training recipe's differences from SpecForge's (issue 15 item 4), measured one at a time on
+# SmolLM2-135M-Instruct on one GPU: per variant and seed, train 400 steps of configs/runs/smollm2 on the
+# pipeline's shards, export, eval on the first 20 MT-Bench first turns (chain of 5, target f32).
+#   base     aerie's defaults (AdamW 0.9/0.95, lm_head = the target's rows, loss over the trained rows)
+#   beta2    --adam-beta2 0.999 (torch's default, SpecForge's)
+#   lmrand   --lm-head-init random (nn.Linear's init, SpecForge's)
+#   lossall  --loss-normalization all (each TTT step's loss over all rows of the batch, SpecForge's mean)
+# usage: tools/bench/recipe_smollm2.sh OUT_DIR PREPARED_H5
+#   PREPARED_H5: the pipeline's prepared file (tools/smollm2_pipeline or tools/bench/stream_smollm2.sh write it)
+# Environment: AERIE_BIN, SMOLLM2_MODEL (default tools/get_smollm2), SEEDS ("0 1"), VARIANTS
+#   ("base beta2 lmrand lossall"), EVAL_PROMPTS (20), AERIE_DATA (../shared/data). One JSON-ish line per run.
+set -uo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+W="${1:?usage: recipe_smollm2.sh OUT_DIR PREPARED_H5}"; P="${2:?usage: recipe_smollm2.sh OUT_DIR PREPARED_H5}"
+mkdir -p "$W"; W="$(cd "$W" && pwd)"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+A="${AERIE_BIN:-$root/build/aerie}"; C="$root/configs/runs/smollm2"; D="${AERIE_DATA:-$root/../shared/data}"
+M="${SMOLLM2_MODEL:-$("$root/tools/get_smollm2" | tail -1)}"
+[ -f "$W/vocab.safetensors" ] || mpirun -np 1 "$A" vocab --config "$C/vocab.ini" --prepared "$P" --model "$M" \
+  --output "$W/vocab.safetensors" >"$W/vocab.log" 2>&1 || exit 1
+[ -d "$W/shards" ] || mpirun -np 1 "$A" extract --config "$C/extract.ini" --model "$M" --prepared "$P" \
+  --output "$W/shards" --device cuda >"$W/extract.log" 2>&1 || exit 1
+declare -A opt=([base]="" [beta2]="--adam-beta2 0.999" [lmrand]="--lm-head-init random" [lossall]="--loss-normalization all")
+for s in ${SEEDS:-0 1}; do for v in ${VARIANTS:-base beta2 lmrand lossall}; do
+  r="$W/${v}_s$s"
+  # shellcheck disable=SC2086
+  mpirun -np 1 "$A" train --config "$C/train.ini" --vocab "$W/vocab.safetensors" --steps 400 --device cuda \
+    --model "$M" --shards "$W/shards" --output "$r" --seed "$s" ${opt[$v]} >"$r.log" 2>&1 || { tail -5 "$r.log"; continue; }
+  mpirun -np 1 "$A" export --checkpoint "$r" --model "$M" --output "$r.export" >/dev/null 2>&1
+  mpirun -np 1 "$A" eval --model "$M" --draft "$r.export" --prompts "$D/mt-bench/question.jsonl" \
+    --num-prompts "${EVAL_PROMPTS:-20}" --chat-template smollm2 --max-new-tokens 256 --num-draft-tokens 5 \
+    --ttt-steps 7 --dtype f32 --device cuda --shards "$W/shards" --data-split "$r/data_split.json" \
+    --output "$r.eval.json" >"$r.evlog" 2>&1 || { tail -5 "$r.evlog"; continue; }
+  python3 -c "import json,sys; e=json.load(open(sys.argv[1])); print(sys.argv[2], 'seed', sys.argv[3], 'acceptance', round(e['acceptance_length'],4), 'tau_sim', round(e['tau_sim'],4), 'lossless', e['lossless'])" \
+    "$r.eval.json" "$v" "$s"
+done; done
