@@ -15,6 +15,7 @@
 #include "data/prepare_input.h"
 #include "data/prepare_template.h"
 #include "data/prompt_input.h"
+#include "data/extract.h"
 #include "data/shard.h"
 #include "io/fingerprint.h"
 #include "tokenizer/tokenizer.h"
@@ -239,6 +240,9 @@ struct EvalSession::Impl {
   std::vector<std::pair<std::string, int64_t>> tf_refs;
   std::string tf_source;
   bool tf_on_shards = false;
+  // A streamed run's split (train --prepared): its one "shard" is the prepared file, whose held-out
+  // samples' hidden states the target computes here.
+  bool tf_from_target = false;
 
   explicit Impl(const EvalOptions& opts) : o(opts), groups(ParallelGroups::create(opts.tp)) {}
 };
@@ -390,12 +394,23 @@ EvalSession::EvalSession(const EvalOptions& o) : impl_(std::make_unique<Impl>(ch
                                       << ", a shard of the held-out samples of --data-split " << o.data_split_path);
         return p;
       };
+      // A streamed run's split names the prepared file (train --prepared), not shards.
+      s.tf_from_target = split.shards.size() == 1 && o.shards_dir.empty() && [&] {
+        try {
+          PreparedFile p(split.shards[0]);
+          return p.num_samples() == split.shard_sizes[0];
+        } catch (const Error&) {
+          return false;
+        }
+      }();
       for (int64_t g : split.eval) {
         SampleRef r = split.locate(g);
-        s.tf_refs.emplace_back(where(split.shards[r.shard]), r.index);
+        s.tf_refs.emplace_back(s.tf_from_target ? split.shards[r.shard] : where(split.shards[r.shard]), r.index);
       }
       s.tf_source = "held-out samples of " + o.data_split_path +
-                    (o.shards_dir.empty() ? std::string() : " read from " + o.shards_dir);
+                    (s.tf_from_target ? " (a streamed run: hidden states from the target, rounded to bf16 as a "
+                                        "shard stores them)"
+                                      : o.shards_dir.empty() ? std::string() : " read from " + o.shards_dir);
     } else {
       for (const std::string& path : list_shards(o.shards_dir)) {
         ShardReader rd(path);
@@ -534,7 +549,25 @@ nlohmann::json EvalSession::evaluate(const LoadedDraft& draft, const std::string
                                 ones, nullptr));
   };
   const std::vector<int64_t> selected = draft.vocab.selected();
-  if (s.tf_on_shards) {
+  if (s.tf_from_target) {
+    std::unique_ptr<PreparedFile> prepared;
+    for (size_t i = 0; i < s.tf_refs.size(); ++i) {
+      if (static_cast<int>(i % dp) != dp_rank) continue;
+      if (!prepared) prepared = std::make_unique<PreparedFile>(s.tf_refs[i].first);
+      std::vector<int32_t> ids;
+      std::vector<uint8_t> mask;
+      prepared->read_tokens(s.tf_refs[i].second, s.tf_refs[i].second + 1, ids, mask);
+      TargetOutput out = model.forward(ids, nullptr, aux, false);  // collective over the tp group
+      // The bf16 rounding of a shard (and of the streamed messages), so tau_sim is the run's own.
+      auto as_shard = [](const Tensor& t) {
+        Tensor h = t.device() == Device::CPU ? t : t.to_device(Device::CPU);
+        return (h.dtype() == DType::BF16 ? h : h.to(DType::BF16)).to(DType::F32);
+      };
+      Tensor z = as_shard(out.final_hidden);
+      if (model.lm_head().device() != Device::CPU) z = z.to_device(model.lm_head().device());
+      score(make_ttt_sample(std::move(ids), std::move(mask), as_shard(out.aux_hidden), z, model.lm_head(), selected));
+    }
+  } else if (s.tf_on_shards) {
     std::string open_path;
     std::unique_ptr<ShardReader> rd;
     for (size_t i = 0; i < s.tf_refs.size(); ++i) {

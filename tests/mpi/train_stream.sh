@@ -4,6 +4,8 @@
 #   B. streaming, 1 target rank + 2 training ranks: a final draft.safetensors and optimizer state bitwise
 #      equal to A's (the same hidden states in the same order: on the CPU extract also runs one sample per
 #      forward), and the same held-out scores at every checkpoint;
+#   B'. eval with a streamed run's data_split.json and no shards: the target computes the held-out
+#      samples' hidden states; acc_k and tau_sim equal the offline run's on its shards;
 #   C. 2 target replicas (--target-ranks 2 --tp 1) + 2 trainers: bitwise equal to A;
 #   D. one replica of tp 2 + 2 trainers: the target's sums split over 2 ranks, so equal to A within the
 #      bf16 rounding of the hidden states only: final loss within 2%;
@@ -52,6 +54,22 @@ same_as_a "$work/b" "B (1 target rank + 2 trainers)"
 cmp "$work/a/heldout.jsonl" "$work/b/heldout.jsonl" || fail "B: held-out scores differ from the offline run's"
 grep -q "train (target): done at step $steps of $steps" "$last" || fail "B: no target summary"
 grep -q '"streamed": true' "$work/b/checkpoints/$final/config.json" || fail "B: the checkpoint does not record streaming"
+
+# B': eval of a streamed run's split: the held-out samples' hidden states come from the target (no shards),
+# rounded as a shard stores them, so tau_sim and acc_k equal those of the offline run evaluated on its shards.
+run export_a 1 export --checkpoint "$work/a" --model "$model" --output "$work/export_a" || fail "export a"
+run export_b 1 export --checkpoint "$work/b" --model "$model" --output "$work/export_b" || fail "export b"
+run eval_a 1 eval --model "$model" --draft "$work/export_a" --prompts "$text" --num-prompts 2 --max-new-tokens 8 \
+  --shards "$work/shards" --data-split "$work/a/data_split.json" --output "$work/eval_a.json" || fail "eval a"
+run eval_b 1 eval --model "$model" --draft "$work/export_b" --prompts "$text" --num-prompts 2 --max-new-tokens 8 \
+  --data-split "$work/b/data_split.json" --output "$work/eval_b.json" || fail "eval b (a streamed run's split)"
+grep -q "hidden states from the target" "$work/eval_b.json" || fail "eval b: eval.json does not name the held-out source"
+python3 - "$work/eval_a.json" "$work/eval_b.json" <<'EOF2' || fail "eval of the streamed split differs from the shards'"
+import json, sys
+a, b = (json.load(open(p)) for p in sys.argv[1:3])
+assert a["teacher_forced_samples"] == b["teacher_forced_samples"] > 0, (a["teacher_forced_samples"], b["teacher_forced_samples"])
+assert a["acc_k"] == b["acc_k"] and a["tau_sim"] == b["tau_sim"], (a["acc_k"], b["acc_k"])
+EOF2
 
 # C: 2 replicas of tp 1.
 # shellcheck disable=SC2046
