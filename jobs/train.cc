@@ -246,7 +246,16 @@ int train(const std::vector<std::string>& args) {
     return 0;
   }
   // Streaming: world ranks 0 .. target_ranks-1 run the target, the others train (train/stream.h).
-  const StreamLayout layout(world->size(), target_ranks, tp > 0 ? tp : target_ranks);
+  // Every rank checks the same layout: a bad one is a usage error on all of them (exit 2, no MPI_Abort).
+  const StreamLayout layout = [&] {
+    try {
+      return StreamLayout(world->size(), target_ranks, tp > 0 ? tp : target_ranks);
+    } catch (const UsageError&) {
+      throw;
+    } catch (const Error& e) {
+      throw UsageError(std::string("aerie ") + e.what());
+    }
+  }();
   const bool is_target = layout.is_target(world->rank());
   local_rank();  // collective over the world on first use: every rank makes it here, before the sides part
   const TargetConfig tcfg = load_target_config(target_model);

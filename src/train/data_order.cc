@@ -110,8 +110,9 @@ BatchOrder::BatchOrder(const DataSplit& split, int64_t batch_size, uint64_t seed
   AERIE_CHECK(batch_size >= 1, "batch size must be >= 1, got " << batch_size);
   const auto n_train = static_cast<int64_t>(split.train.size());
   AERIE_CHECK(n_train >= batch_size, "--batch-size " << batch_size << " exceeds the " << n_train
-                                                     << " training samples (the shards' samples less the held-out "
-                                                        "--eval-fraction)");
+                                                     << " training samples (the samples of " << split.shards.size()
+                                                     << " shard(s) or prepared file, e.g. " << (split.shards.empty() ? std::string("?") : split.shards[0])
+                                                     << ", less the held-out --eval-fraction)");
   steps_per_epoch_ = n_train / batch_size;
 }
 
