@@ -125,11 +125,9 @@ HiddenSample StreamClient::receive(int src, int tag, int64_t g) {
               "train (stream): target rank " << src << " sent sample " << g << " as " << T << " tokens of hidden size "
                                              << H << " in " << n << " bytes; " << prepared_.path() << " gives it "
                                              << s.ids.size() << " tokens");
-  Tensor aux = Tensor::empty({T, 3 * H}, DType::BF16), fin = Tensor::empty({T, H}, DType::BF16);
-  std::memcpy(aux.raw(), buf.data() + kHeaderBytes, static_cast<size_t>(T * 3 * H * 2));
-  std::memcpy(fin.raw(), buf.data() + kHeaderBytes + T * 3 * H * 2, static_cast<size_t>(T * H * 2));
-  s.aux_hidden = aux.to(DType::F32);
-  s.final_hidden = fin.to(DType::F32);
+  // Widened straight from the message (views of its bytes; no copy of the bf16 rows first).
+  s.aux_hidden = Tensor::wrap(buf.data() + kHeaderBytes, {T, 3 * H}, DType::BF16).to(DType::F32);
+  s.final_hidden = Tensor::wrap(buf.data() + kHeaderBytes + T * 3 * H * 2, {T, H}, DType::BF16).to(DType::F32);
   return s;
 }
 

@@ -7,6 +7,7 @@
 # --vocab names another file; the result exports.
 # usage: train_resume.sh AERIE_BINARY MODEL_DIR STORIES_TXT WORK_DIR
 set -euo pipefail
+source "$(dirname "$0")/stop_lib.sh"
 aerie="$1"; model="$2"; text="$3"; work="$4"
 rm -rf "$work"; mkdir -p "$work"
 log="$work/log.txt"
@@ -32,17 +33,8 @@ train_and_stop() {  # HOW NP OUTPUT MAX_DELAY_MS
   local how="$1" np="$2" out="$3" max_ms="$4"
   # shellcheck disable=SC2046
   mpirun --oversubscribe -np "$np" "$aerie" $(train_args "$out") >>"$log" 2>&1 &
-  local pid=$!
-  while [ ! -f "$out/checkpoints/step-00000004/DONE" ] && kill -0 "$pid" 2>/dev/null; do sleep 0.02; done
-  local ms=$(( RANDOM % (max_ms + 1) ))
-  sleep "$(printf '%d.%03d' $((ms / 1000)) $((ms % 1000)))"
-  if [ "$how" = crash ]; then
-    local kids; kids=$(pgrep -P "$pid" || true)
-    [ -n "$kids" ] && kill -KILL $kids 2>/dev/null || true
-  else
-    kill -TERM "$pid" 2>/dev/null || true
-  fi
-  wait "$pid" 2>/dev/null || true
+  stop_at_random "$how" $! "$out/checkpoints/step-00000004/DONE" "$max_ms"
+  local ms=$stop_delay_ms
   # No rank of the stopped run may survive (it would write into the folder the rerun uses).
   if pgrep -f -- "--output $out " >/dev/null; then fail "ranks of the stopped run are still alive"; fi
   echo "$how after $ms ms past the first checkpoint" >>"$log"

@@ -20,6 +20,7 @@
 set -euo pipefail
 aerie="$1"; model="$2"; text="$3"; work="$4"
 source "$(dirname "$0")/aerie_script_lib.sh"
+source "$(dirname "$0")/stop_lib.sh"
 
 run prepare 1 prepare --input "$text" --tokenizer "$model" --output "$work/prepared.h5" --max-length 64 --max-samples 48 \
   || fail "prepare"
@@ -92,19 +93,9 @@ stream_and_stop() {  # HOW OUTPUT MAX_DELAY_MS: 0 if the stop landed before the 
   local how="$1" out="$2" max_ms="$3"
   # shellcheck disable=SC2046
   mpirun --oversubscribe -np 3 "$aerie" $(stream_args "$out") >>"$work/$how.log" 2>&1 &
-  local pid=$!
-  while [ ! -f "$out/checkpoints/step-00000006/DONE" ] && kill -0 "$pid" 2>/dev/null; do sleep 0.02; done
-  local ms=$(( RANDOM % (max_ms + 1) ))
-  sleep "$(printf '%d.%03d' $((ms / 1000)) $((ms % 1000)))"
-  if [ "$how" = crash ]; then
-    local kids; kids=$(pgrep -P "$pid" || true)
-    [ -n "$kids" ] && kill -KILL $kids 2>/dev/null || true
-  else
-    kill -TERM "$pid" 2>/dev/null || true
-  fi
-  local rc=0
-  wait "$pid" 2>/dev/null || rc=$?
-  echo "$how after $ms ms past the first checkpoint: mpirun status $rc" >>"$work/$how.log"
+  stop_at_random "$how" $! "$out/checkpoints/step-00000006/DONE" "$max_ms"
+  local ms=$stop_delay_ms
+  echo "$how after $ms ms past the first checkpoint" >>"$work/$how.log"
   if pgrep -f -- "--output $out " >/dev/null; then fail "$how: ranks of the stopped run are still alive"; fi
   [ ! -f "$out/checkpoints/$final/DONE" ] || return 1
   return 0
