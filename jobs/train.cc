@@ -71,6 +71,8 @@ void check_train_inputs(const TrainOptions& o) {
           "--eval-fraction must lie in [0, 1), got " << o.eval_fraction);
   TRAIN_REQUIRE(o.adam_beta1 >= 0 && o.adam_beta1 < 1 && o.adam_beta2 >= 0 && o.adam_beta2 < 1,
                 "--adam-beta1 and --adam-beta2 must lie in [0, 1), got " << o.adam_beta1 << " and " << o.adam_beta2);
+  TRAIN_REQUIRE(o.draft_attention == "llama" || o.draft_attention == "mla",
+                "--draft-attention '" << o.draft_attention << "' is not llama or mla");
   TRAIN_REQUIRE(o.lm_head_init == "target" || o.lm_head_init == "random",
                 "--lm-head-init '" << o.lm_head_init << "' is not target or random");
   TRAIN_REQUIRE(o.loss_normalization == "valid" || o.loss_normalization == "all",
@@ -188,6 +190,10 @@ int train(const std::vector<std::string>& args) {
       "the draft's head dim, even (0: the target's; an MLA target's v_head_dim)")(
       "draft-intermediate", po::value<int64_t>(&o.draft_intermediate)->default_value(0),
       "the draft's MLP width (0: the target's intermediate_size)")(
+      "draft-attention", po::value<std::string>(&o.draft_attention)->default_value("llama"),
+      "the draft layer's attention: llama (the original EAGLE-3 layer) or mla (DeepSeek-V3 / Kimi targets: "
+      "multi-head latent attention with the target's ranks and head dims, exported for vLLM's "
+      "Eagle3DeepseekV2ForCausalLM)")(
       "draft-norm-before-residual", po::bool_switch(&o.draft_norm_before_residual),
       "EAGLE-3.1's norm_before_residual: the draft layer's residual is hidden_norm(h), not h (exported as "
       "config.norm_before_residual, which vLLM and speculators read; SGLang has no such option; default: the "

@@ -9,6 +9,7 @@
 #include "kernels/gemm.h"
 #include "kernels/loss.h"
 #include "model/draft.h"
+#include "kernels/rope.h"
 #include "model/rope_config.h"
 
 namespace aerie {
@@ -33,7 +34,7 @@ void fill_uniform(Tensor& t, double bound, std::mt19937_64& rng) {
 
 }  // namespace
 
-DraftConfig DraftConfig::from_target(const TargetConfig& t, int64_t K, std::vector<int> aux_layers) {
+DraftConfig DraftConfig::from_target(const TargetConfig& t, int64_t K, std::vector<int> aux_layers, bool mla) {
   AERIE_CHECK(K > 0 && K <= t.vocab_size, "draft_vocab_size " << K << " must be in (0, V = " << t.vocab_size << "]");
   AERIE_CHECK(aux_layers.size() == 3, "draft config: need 3 aux layers, got " << aux_layers.size());
   for (int a : aux_layers)
@@ -52,6 +53,17 @@ DraftConfig DraftConfig::from_target(const TargetConfig& t, int64_t K, std::vect
     c.head_dim = t.mla.v_head_dim;
     c.num_key_value_heads = t.num_attention_heads;
   }
+  if (mla) {
+    AERIE_CHECK(t.mla.enabled(), "the MLA draft needs a target with MLA attention (DeepSeek-V3 / Kimi-K2: "
+                                 "kv_lora_rank in its config.json); this target has none: use the Llama draft");
+    c.q_lora_rank = t.mla.q_lora_rank;
+    c.kv_lora_rank = t.mla.kv_lora_rank;
+    c.qk_nope_head_dim = t.mla.qk_nope_head_dim;
+    c.qk_rope_head_dim = t.mla.qk_rope_head_dim;
+    c.v_head_dim = t.mla.v_head_dim;
+    c.head_dim = t.mla.qk_rope_head_dim;  // DeepseekV3Config's head_dim
+    c.num_key_value_heads = t.num_attention_heads;
+  }
   c.intermediate_size = t.intermediate_size;
   c.vocab_size = t.vocab_size;
   c.draft_vocab_size = K;
@@ -64,10 +76,36 @@ DraftConfig DraftConfig::from_target(const TargetConfig& t, int64_t K, std::vect
   return c;
 }
 
+float DraftConfig::softmax_scale() const {
+  double scale = 1.0 / std::sqrt(static_cast<double>(attn_qk_dim()));
+  // DeepseekV3Attention.scaling (and vLLM's DeepseekV2MLAAttention): mscale(factor, mscale_all_dim)^2
+  // under a scaled rope whose mscale_all_dim is set, as the target's MLA (arch_deepseek.cc).
+  if (is_mla() && rope.type != "default" && rope.mscale_all_dim != 0.0) {
+    const double m = yarn_mscale(rope.factor, rope.mscale_all_dim);
+    scale *= m * m;
+  }
+  return static_cast<float>(scale);
+}
+
 nlohmann::json DraftConfig::to_json() const {
   nlohmann::json j;
-  j["architectures"] = {"LlamaForCausalLMEagle3"};
-  j["model_type"] = "llama";
+  if (is_mla()) {
+    // vLLM's Eagle3DeepseekV2ForCausalLM reads a DeepseekV3Config (its loader: deepseek_eagle3.py); the
+    // decoder layer always uses the dense MLP of intermediate_size, never MoE.
+    j["architectures"] = {"Eagle3DeepseekV2ForCausalLM"};
+    j["model_type"] = "deepseek_v3";
+    j["q_lora_rank"] = q_lora_rank > 0 ? nlohmann::json(q_lora_rank) : nlohmann::json();
+    j["kv_lora_rank"] = kv_lora_rank;
+    j["qk_nope_head_dim"] = qk_nope_head_dim;
+    j["qk_rope_head_dim"] = qk_rope_head_dim;
+    j["v_head_dim"] = v_head_dim;
+    j["rope_interleave"] = true;  // transformers' DeepseekV3Config: the interleaved rope of the checkpoints
+    j["n_routed_experts"] = nullptr;  // no MoE in the draft (vLLM builds DeepseekV2MLP regardless)
+    j["first_k_dense_replace"] = 1;
+  } else {
+    j["architectures"] = {"LlamaForCausalLMEagle3"};
+    j["model_type"] = "llama";
+  }
   j["hidden_size"] = hidden_size;
   j["num_attention_heads"] = num_attention_heads;
   j["num_key_value_heads"] = num_key_value_heads;
@@ -107,6 +145,23 @@ DraftConfig DraftConfig::from_json(const nlohmann::json& j) {
       j.contains("num_key_value_heads") ? get_int(j, "num_key_value_heads") : c.num_attention_heads;
   c.head_dim = j.contains("head_dim") && !j["head_dim"].is_null() ? get_int(j, "head_dim")
                                                                   : c.hidden_size / c.num_attention_heads;
+  if (j.contains("kv_lora_rank") && !j["kv_lora_rank"].is_null()) {  // the MLA draft (DeepseekV3Config fields)
+    c.kv_lora_rank = get_int(j, "kv_lora_rank");
+    c.q_lora_rank = j.contains("q_lora_rank") && !j["q_lora_rank"].is_null() ? get_int(j, "q_lora_rank") : 0;
+    c.qk_nope_head_dim = get_int(j, "qk_nope_head_dim");
+    c.qk_rope_head_dim = get_int(j, "qk_rope_head_dim");
+    c.v_head_dim = get_int(j, "v_head_dim");
+    AERIE_CHECK(c.kv_lora_rank > 0 && c.q_lora_rank >= 0 && c.qk_nope_head_dim > 0 && c.qk_rope_head_dim > 0 &&
+                    c.qk_rope_head_dim % 2 == 0 && c.v_head_dim > 0 &&
+                    c.v_head_dim <= c.qk_nope_head_dim + c.qk_rope_head_dim,
+                "draft config: MLA sizes kv_lora_rank " << c.kv_lora_rank << ", q_lora_rank " << c.q_lora_rank
+                                                        << ", qk_nope_head_dim " << c.qk_nope_head_dim
+                                                        << ", qk_rope_head_dim " << c.qk_rope_head_dim << ", v_head_dim "
+                                                        << c.v_head_dim
+                                                        << " (positive, rope even, v_head_dim <= nope + rope)");
+    c.head_dim = c.qk_rope_head_dim;
+    c.num_key_value_heads = c.num_attention_heads;
+  }
   c.intermediate_size = get_int(j, "intermediate_size");
   c.vocab_size = get_int(j, "vocab_size");
   c.draft_vocab_size = j.contains("draft_vocab_size") ? get_int(j, "draft_vocab_size") : c.vocab_size;
@@ -150,11 +205,24 @@ DraftConfig DraftConfig::from_json(const nlohmann::json& j) {
 }
 
 std::vector<std::pair<std::string, Tensor*>> DraftWeights::named() {
-  std::vector<std::pair<std::string, Tensor*>> out = {
-      {"fc.weight", &fc},
-      {"midlayer.self_attn.q_proj.weight", &q_proj},
-      {"midlayer.self_attn.k_proj.weight", &k_proj},
-      {"midlayer.self_attn.v_proj.weight", &v_proj},
+  std::vector<std::pair<std::string, Tensor*>> out = {{"fc.weight", &fc}};
+  if (kv_a_proj_with_mqa.defined()) {  // the MLA draft: vLLM's DeepseekV2MLAAttention names
+    if (q_a_proj.defined()) {
+      out.emplace_back("midlayer.self_attn.q_a_proj.weight", &q_a_proj);
+      out.emplace_back("midlayer.self_attn.q_a_layernorm.weight", &q_a_layernorm);
+      out.emplace_back("midlayer.self_attn.q_b_proj.weight", &q_b_proj);
+    } else {
+      out.emplace_back("midlayer.self_attn.q_proj.weight", &q_proj);
+    }
+    out.emplace_back("midlayer.self_attn.kv_a_proj_with_mqa.weight", &kv_a_proj_with_mqa);
+    out.emplace_back("midlayer.self_attn.kv_a_layernorm.weight", &kv_a_layernorm);
+    out.emplace_back("midlayer.self_attn.kv_b_proj.weight", &kv_b_proj);
+  } else {
+    out.emplace_back("midlayer.self_attn.q_proj.weight", &q_proj);
+    out.emplace_back("midlayer.self_attn.k_proj.weight", &k_proj);
+    out.emplace_back("midlayer.self_attn.v_proj.weight", &v_proj);
+  }
+  const std::vector<std::pair<std::string, Tensor*>> rest = {
       {"midlayer.self_attn.o_proj.weight", &o_proj},
       {"midlayer.mlp.gate_proj.weight", &gate_proj},
       {"midlayer.mlp.up_proj.weight", &up_proj},
@@ -164,6 +232,7 @@ std::vector<std::pair<std::string, Tensor*>> DraftWeights::named() {
       {"midlayer.post_attention_layernorm.weight", &post_attention_layernorm},
       {"norm.weight", &norm},
       {"lm_head.weight", &lm_head}};
+  out.insert(out.end(), rest.begin(), rest.end());
   // EAGLE-3.1's norm_before_fc: vLLM loads "input_norm.weight" as model.input_norm, SGLang likewise,
   // speculators' Eagle3DraftModel has input_norm at the top level.
   if (input_norm.defined()) out.emplace_back("input_norm.weight", &input_norm);
@@ -176,9 +245,28 @@ std::vector<std::pair<std::string, const Tensor*>> DraftWeights::named() const {
   return out;
 }
 
+std::vector<std::string> DraftWeights::names(const DraftConfig& c) {
+  DraftWeights w;  // one-element placeholders in the tensors cfg's layout defines
+  const Tensor one = Tensor::empty({1}, DType::F32);
+  w.fc = w.o_proj = w.gate_proj = w.up_proj = w.down_proj = w.lm_head = one;
+  w.input_layernorm = w.hidden_norm = w.post_attention_layernorm = w.norm = one;
+  if (c.is_mla()) {
+    w.kv_a_proj_with_mqa = w.kv_a_layernorm = w.kv_b_proj = one;
+    if (c.q_lora_rank > 0)
+      w.q_a_proj = w.q_a_layernorm = w.q_b_proj = one;
+    else
+      w.q_proj = one;
+  } else {
+    w.q_proj = w.k_proj = w.v_proj = one;
+  }
+  if (c.norm_before_fc) w.input_norm = one;
+  std::vector<std::string> out;
+  for (const auto& [name, t] : w.named()) out.push_back(name);
+  return out;
+}
+
 DraftWeights DraftWeights::to_device(Device device) const {
-  DraftWeights out;
-  if (input_norm.defined()) out.input_norm = Tensor::empty(input_norm.shape(), input_norm.dtype());  // so named() lists it
+  DraftWeights out = *this;  // the same tensors defined, so that named() lists the same entries
   auto dst = out.named();
   auto src = named();
   for (size_t i = 0; i < src.size(); ++i) *dst[i].second = src[i].second->to_device(device);
@@ -186,9 +274,12 @@ DraftWeights DraftWeights::to_device(Device device) const {
 }
 
 namespace {
-// The nine matrices of a DraftWeights (the GEMM weights), in named() order.
+// The matrices of a DraftWeights (the GEMM weights: the 2-D entries), in named() order.
 std::vector<Tensor*> matrices(DraftWeights& w) {
-  return {&w.fc, &w.q_proj, &w.k_proj, &w.v_proj, &w.o_proj, &w.gate_proj, &w.up_proj, &w.down_proj, &w.lm_head};
+  std::vector<Tensor*> out;
+  for (auto& [name, t] : w.named())
+    if (t->ndim() == 2) out.push_back(t);
+  return out;
 }
 }  // namespace
 
@@ -206,11 +297,14 @@ DraftWeights DraftWeights::compute_copy(DType dtype) const {
 }
 
 void DraftWeights::refresh_compute_copy(DraftWeights& compute) const {
-  compute.input_layernorm = input_layernorm;  // shared F32 storage (whatever compute held before)
-  compute.hidden_norm = hidden_norm;
-  compute.post_attention_layernorm = post_attention_layernorm;
-  compute.norm = norm;
-  compute.input_norm = input_norm;  // norm_before_fc's weight, or undefined
+  // The norm weights (1-D entries of named()): shared F32 storage, whatever compute held before.
+  {
+    auto src = const_cast<DraftWeights&>(*this).named(), dst = compute.named();
+    AERIE_CHECK(src.size() == dst.size(), "DraftWeights::refresh_compute_copy: " << dst.size() << " tensors for "
+                                                                                 << src.size() << " masters");
+    for (size_t i = 0; i < src.size(); ++i)
+      if (src[i].second->ndim() == 1) *dst[i].second = *src[i].second;
+  }
   std::vector<Tensor*> src = matrices(const_cast<DraftWeights&>(*this)), dst = matrices(compute);
   for (size_t i = 0; i < src.size(); ++i) {
     if (dst[i]->raw() == src[i]->raw()) continue;  // an F32 copy shares the masters
@@ -220,7 +314,8 @@ void DraftWeights::refresh_compute_copy(DraftWeights& compute) const {
 }
 
 DraftWeights DraftWeights::zeros(const DraftConfig& c, Device device) {
-  const int64_t H = c.hidden_size, Ht = c.target_hidden_size, qd = c.num_attention_heads * c.head_dim,
+  const int64_t H = c.hidden_size, Ht = c.target_hidden_size,
+                qd = c.num_attention_heads * (c.is_mla() ? c.attn_v_dim() : c.head_dim),
                 kvd = c.num_key_value_heads * c.head_dim, I = c.intermediate_size, K = c.draft_vocab_size;
   AERIE_CHECK(H > 0 && Ht > 0 && qd > 0 && kvd > 0 && I > 0 && K > 0,
               "DraftWeights::zeros: config has a non-positive size (H " << H << ", H_t " << Ht << ", heads*d " << qd
@@ -229,9 +324,25 @@ DraftWeights DraftWeights::zeros(const DraftConfig& c, Device device) {
   DraftWeights w;
   auto z = [device](Shape s) { return Tensor::zeros(s, DType::F32, device); };
   w.fc = z({H, 3 * Ht});
-  w.q_proj = z({qd, 2 * H});
-  w.k_proj = z({kvd, 2 * H});
-  w.v_proj = z({kvd, 2 * H});
+  if (c.is_mla()) {
+    const int64_t nh = c.num_attention_heads, dq = c.attn_qk_dim(), lora = c.kv_lora_rank;
+    AERIE_CHECK(lora > 0 && c.qk_rope_head_dim > 0 && c.qk_nope_head_dim > 0 && c.v_head_dim > 0 && c.q_lora_rank >= 0,
+                "DraftWeights::zeros: MLA config has a non-positive size");
+    if (c.q_lora_rank > 0) {
+      w.q_a_proj = z({c.q_lora_rank, 2 * H});
+      w.q_a_layernorm = z({c.q_lora_rank});
+      w.q_b_proj = z({nh * dq, c.q_lora_rank});
+    } else {
+      w.q_proj = z({nh * dq, 2 * H});
+    }
+    w.kv_a_proj_with_mqa = z({lora + c.qk_rope_head_dim, 2 * H});
+    w.kv_a_layernorm = z({lora});
+    w.kv_b_proj = z({nh * (c.qk_nope_head_dim + c.v_head_dim), lora});
+  } else {
+    w.q_proj = z({qd, 2 * H});
+    w.k_proj = z({kvd, 2 * H});
+    w.v_proj = z({kvd, 2 * H});
+  }
   w.o_proj = z({H, qd});
   w.gate_proj = z({I, H});
   w.up_proj = z({I, H});
@@ -254,13 +365,16 @@ DraftWeights init_draft_weights(const DraftConfig& cfg, const Tensor& target_lm_
   AERIE_CHECK(static_cast<int64_t>(selected.size()) == K,
               "init_draft_weights: " << selected.size() << " selected ids for K = " << K);
   std::mt19937_64 rng(seed);
-  // Linears in the order of named(), each U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (torch nn.Linear's bound).
-  for (Tensor* t : {&w.fc, &w.q_proj, &w.k_proj, &w.v_proj, &w.o_proj, &w.gate_proj, &w.up_proj, &w.down_proj})
-    fill_uniform(*t, 1.0 / std::sqrt(static_cast<double>(t->dim(1))), rng);
-  for (Tensor* t : {&w.input_layernorm, &w.hidden_norm, &w.post_attention_layernorm, &w.norm})
-    std::fill(t->data<float>(), t->data<float>() + H, 1.0f);
-  if (cfg.norm_before_fc)  // RMSNorm's init (vLLM, speculators: torch.ones); drawn from no random number
-    std::fill(w.input_norm.data<float>(), w.input_norm.data<float>() + w.input_norm.numel(), 1.0f);
+  // Linears in the order of named() but lm_head, each U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (torch
+  // nn.Linear's bound); the norm weights (1-D: the four layer norms, the MLA latent norms, norm_before_fc's
+  // input_norm) 1, RMSNorm's init, drawn from no random number.
+  for (auto& [name, t] : w.named()) {
+    if (t == &w.lm_head) continue;
+    if (t->ndim() == 2)
+      fill_uniform(*t, 1.0 / std::sqrt(static_cast<double>(t->dim(1))), rng);
+    else
+      std::fill(t->data<float>(), t->data<float>() + t->numel(), 1.0f);
+  }
   if (random_lm_head) {
     for (int64_t i = 0; i < K; ++i)
       AERIE_CHECK(selected[i] >= 0 && selected[i] < V && (i == 0 || selected[i] > selected[i - 1]),

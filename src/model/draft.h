@@ -45,10 +45,31 @@ struct DraftConfig {
   /// concatenated aux hidden states before fc, g = fc(input_norm(f)) (the draft's rms_norm_eps). Off by
   /// default (the original EAGLE-3 fc(f)).
   bool norm_before_fc = false;
+  /// The MLA draft (issue 15; vLLM's Eagle3DeepseekV2ForCausalLM, TorchSpec's and Model-Optimizer's
+  /// Kimi-K2 drafts): the layer's attention is DeepSeek-V2/V3 multi-head latent attention reading the
+  /// 2H input (q_a_proj -> q_a_layernorm -> q_b_proj, or q_proj when q_lora_rank is 0;
+  /// kv_a_proj_with_mqa -> kv_a_layernorm -> kv_b_proj; one interleaved rope key of qk_rope_head_dim
+  /// shared by the heads; o_proj from num_attention_heads * v_head_dim), the rest as the Llama draft.
+  /// kv_lora_rank > 0 marks it; then head_dim is qk_rope_head_dim and num_key_value_heads
+  /// num_attention_heads (DeepseekV3Config's reading). Math: docs/design.md "The MLA draft".
+  int64_t q_lora_rank = 0, kv_lora_rank = 0, qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
+  bool is_mla() const { return kv_lora_rank > 0; }
+  /// The attention as the TTT kernels see it: kv heads (MLA: one per query head, the keys expanded),
+  /// the query/key head dim (MLA: qk_nope + qk_rope) and the width of a head's output that o_proj
+  /// reads (MLA: v_head_dim; the values are zero-padded to the key width inside the attention).
+  int64_t attn_kv_heads() const { return is_mla() ? num_attention_heads : num_key_value_heads; }
+  int64_t attn_qk_dim() const { return is_mla() ? qk_nope_head_dim + qk_rope_head_dim : head_dim; }
+  int64_t attn_v_dim() const { return is_mla() ? v_head_dim : head_dim; }
+  /// The attention's softmax scale: 1/sqrt(head_dim), or for MLA (qk_nope + qk_rope)^-0.5 times
+  /// yarn mscale(factor, mscale_all_dim)^2 under a scaled rope with mscale_all_dim (DeepseekV3Attention).
+  float softmax_scale() const;
 
   /// Copies width, heads, MLP width, eps, RoPE and max positions from the target (eagle3.md 3).
-  /// Throws aerie::Error unless 0 < draft_vocab_size <= V and aux_layers has 3 ids in [0, N].
-  static DraftConfig from_target(const TargetConfig& target, int64_t draft_vocab_size, std::vector<int> aux_layers);
+  /// mla: the MLA draft, with the target's q/kv LoRA ranks and head dims (the target must be an MLA
+  /// model, DeepSeek-V3 / Kimi-K2). Throws aerie::Error unless 0 < draft_vocab_size <= V, aux_layers
+  /// has 3 ids in [0, N], and (mla) the target has MLA attention.
+  static DraftConfig from_target(const TargetConfig& target, int64_t draft_vocab_size, std::vector<int> aux_layers,
+                                 bool mla = false);
   /// The export config.json of eagle3.md section 5 (LlamaForCausalLMEagle3, torch_dtype bfloat16,
   /// target_hidden_size only when it differs, eagle_config.eagle_aux_hidden_state_layer_ids only when
   /// aux_layers is not the default of target_num_hidden_layers) plus an "aerie" object holding
@@ -73,12 +94,26 @@ struct DraftWeights {
   Tensor input_layernorm, hidden_norm, post_attention_layernorm, norm;  // [H]
   Tensor lm_head;                     // [K, H]
   Tensor input_norm;                  // [3 H_t] under norm_before_fc (EAGLE-3.1), else undefined
+  // The MLA draft (DraftConfig::is_mla; k_proj / v_proj undefined then, q_proj only without q_lora_rank):
+  // dq = qk_nope + qk_rope, lat = kv_lora_rank + qk_rope, o_proj [H, n_h v_head_dim].
+  Tensor q_a_proj;                    // [q_lora, 2H]
+  Tensor q_a_layernorm;               // [q_lora]
+  Tensor q_b_proj;                    // [n_h dq, q_lora]   (q_proj [n_h dq, 2H] without q_lora_rank)
+  Tensor kv_a_proj_with_mqa;          // [lat, 2H]
+  Tensor kv_a_layernorm;              // [kv_lora]
+  Tensor kv_b_proj;                   // [n_h (qk_nope + v_head_dim), kv_lora]
 
   /// (export name, tensor) in a fixed order, names as eagle3.md section 5 ("fc.weight",
   /// "midlayer.self_attn.q_proj.weight", ..., "norm.weight", "lm_head.weight"), then "input_norm.weight"
   /// when input_norm is defined (vLLM's, SGLang's and speculators' name of the norm_before_fc weight).
+  /// An MLA draft (kv_a_proj_with_mqa defined) lists its attention as vLLM's Eagle3DeepseekV2ForCausalLM
+  /// loads it: "midlayer.self_attn.{q_a_proj, q_a_layernorm, q_b_proj | q_proj, kv_a_proj_with_mqa,
+  /// kv_a_layernorm, kv_b_proj, o_proj}.weight" in place of q/k/v/o_proj. Matrices are the 2-D entries,
+  /// norm weights the 1-D ones.
   std::vector<std::pair<std::string, Tensor*>> named();
   std::vector<std::pair<std::string, const Tensor*>> named() const;
+  /// The names named() lists for a draft of config cfg (no tensor allocated).
+  static std::vector<std::string> names(const DraftConfig& cfg);
   /// Zero F32 tensors of the config's shapes on `device` (CPU or CUDA); input_norm only under
   /// cfg.norm_before_fc.
   static DraftWeights zeros(const DraftConfig& cfg, Device device = Device::CPU);
@@ -88,7 +123,7 @@ struct DraftWeights {
   /// The device of the tensors (fc's; all of them live on one device).
   Device device() const { return fc.device(); }
   /// The compute copy of mixed-precision training (eagle3.md section 4: fp32 master weights, bf16
-  /// compute): the nine matrices (fc, q/k/v/o_proj, gate/up/down_proj, lm_head) converted to `dtype` (F32
+  /// compute): the matrices (the 2-D entries of named(); nine for the Llama draft) (fc, q/k/v/o_proj, gate/up/down_proj, lm_head) converted to `dtype` (F32
   /// or BF16, round to nearest even) on the same device, the RMSNorm weights (four, five with input_norm) SHARED with these
   /// weights (the same F32 storage, so updates of the masters reach them at once). dtype F32 returns a
   /// copy that shares every tensor. Throws aerie::Error for another dtype or non-F32 masters.
@@ -103,7 +138,7 @@ struct DraftWeights {
 };
 
 /// Initial weights: linears ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)) from a seeded std::mt19937_64
-/// (nn.Linear's default bound), norms = 1 (input_norm too, under norm_before_fc: RMSNorm's init), lm_head = rows `selected` (s_0..s_{K-1}) of the target's
+/// (nn.Linear's default bound), drawn in named() order, norms = 1 (the MLA latent norms too) (input_norm too, under norm_before_fc: RMSNorm's init), lm_head = rows `selected` (s_0..s_{K-1}) of the target's
 /// W_lm [V, H], or with `random_lm_head` U(-1/sqrt(H), 1/sqrt(H)) drawn after the other linears (so
 /// they are the same draws: SpecForge's nn.Linear init of its lm_head). Deterministic for a given seed.
 DraftWeights init_draft_weights(const DraftConfig& cfg, const Tensor& target_lm_head,
@@ -146,9 +181,10 @@ using GradReadyFn = std::function<void(int param_index)>;
 /// The order in which ttt_forward_backward reports gradients final (every parameter once, always this
 /// order): lm_head (all its terms come from the forward), norm, down/gate/up_proj,
 /// post_attention_layernorm, o_proj (the step-0 MLP backward), q/k/v_proj, input_layernorm, hidden_norm
-/// (the step-0 attention backward), fc, and under cfg.norm_before_fc input_norm (index 13 of named(), whose
-/// gradient follows fc's: d input_norm(f) = dg fc).
-const std::vector<int>& ttt_gradient_ready_order(const DraftConfig& cfg);
+/// (the step-0 attention backward; the MLA draft's attention weights in named() order in their place),
+/// fc, and under cfg.norm_before_fc input_norm (last of named(), whose gradient follows fc's:
+/// d input_norm(f) = dg fc). Indices into DraftWeights::zeros(cfg).named().
+std::vector<int> ttt_gradient_ready_order(const DraftConfig& cfg);
 
 /// The S-step training-time test on one sample: forward, loss and metrics; when `grads` is non-null
 /// also the backward, ADDING d(sum_k step_weight[k] * loss_sum_k)/dw into *grads

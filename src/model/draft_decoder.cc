@@ -66,7 +66,7 @@ struct DraftDecoder::Impl {
     draft_detail::layer_qkv(ctx, &tok, 1, h, pos, a);
     dk.push_back(&a.k);
     dv.push_back(&a.v);
-    a.attn = Tensor::empty({1, c.num_attention_heads, c.head_dim}, DType::F32, ctx.device);
+    a.attn = Tensor::empty({1, c.num_attention_heads, c.attn_qk_dim()}, DType::F32, ctx.device);
     a.lse = Tensor::empty({1, c.num_attention_heads}, DType::F32, ctx.device);
     draft_detail::ttt_attention_forward(a.q, kc.slice(0, len), vc.slice(0, len), dk, dv, len - 1, ctx.scale, a.attn,
                                         a.lse);
@@ -80,7 +80,7 @@ DraftDecoder::DraftDecoder(const DraftConfig& cfg, const DraftWeights& w, const 
   AERIE_CHECK(static_cast<int64_t>(impl_->d2t.size()) == cfg.draft_vocab_size,
               "DraftDecoder: d2t has " << impl_->d2t.size() << " entries, K = " << cfg.draft_vocab_size);
   AERIE_CHECK(max_len > 0, "DraftDecoder: max_len " << max_len << " must be positive");
-  const int64_t nkv = cfg.num_key_value_heads, d = cfg.head_dim;
+  const int64_t nkv = cfg.attn_kv_heads(), d = cfg.attn_qk_dim();
   // The caches live with the weights (CPU or CUDA).
   const Device dev = impl_->ctx.device;
   impl_->kc = Tensor::zeros({max_len, nkv, d}, DType::F32, dev);
@@ -119,7 +119,7 @@ void DraftDecoder::append_verified(const Tensor& aux_hidden, const std::vector<i
   draft_detail::layer_qkv(m.ctx, next_tokens.data(), n, g, p0, a);
   m.kc.slice(p0, p0 + n).copy_from(a.k);
   m.vc.slice(p0, p0 + n).copy_from(a.v);
-  a.attn = Tensor::empty({n, c.num_attention_heads, c.head_dim}, DType::F32, dev);
+  a.attn = Tensor::empty({n, c.num_attention_heads, c.attn_qk_dim()}, DType::F32, dev);
   a.lse = Tensor::empty({n, c.num_attention_heads}, DType::F32, dev);
   // Row i (position p0+i) attends to the cached keys 0 .. p0+i: TTT step 0.
   draft_detail::ttt_attention_forward(a.q, m.kc.slice(0, p0 + n), m.vc.slice(0, p0 + n), {}, {}, p0, m.ctx.scale,

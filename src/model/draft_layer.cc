@@ -10,6 +10,7 @@
 #include "kernels/convert.h"
 #include "kernels/embedding.h"
 #include "kernels/gemm.h"
+#include "kernels/mla.h"
 #include "kernels/norm.h"
 #include "kernels/optim.h"
 #include "kernels/rope.h"
@@ -43,22 +44,33 @@ LayerCtx::LayerCtx(const DraftConfig& c, const DraftWeights& w_, const Tensor& e
     : cfg(c),
       w(w_),
       embed(embed_),
-      inv_freq(rope_inv_freq(c.rope, c.head_dim)),
-      scale(static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)))),
+      inv_freq(rope_inv_freq(c.rope, c.is_mla() ? c.qk_rope_head_dim : c.head_dim)),
+      scale(c.softmax_scale()),
       device(w_.fc.device()),
       compute(w_.fc.dtype()) {
+  if (c.is_mla()) {
+    rope_scale = static_cast<float>(rope_attention_factor(c.rope));
+    for (float f : inv_freq) neg_inv_freq.push_back(-f);
+  }
+  AERIE_CHECK(w.kv_a_proj_with_mqa.defined() == c.is_mla() &&
+                  (!c.is_mla() || w.q_a_proj.defined() == (c.q_lora_rank > 0)) &&
+                  (c.is_mla() || (w.k_proj.defined() && w.v_proj.defined())),
+              "draft: the weights are " << (w.kv_a_proj_with_mqa.defined() ? "an MLA draft's" : "a Llama draft's")
+                                        << (w.q_a_proj.defined() ? " with a query LoRA" : "") << ", the config "
+                                        << (c.is_mla() ? "an MLA draft's" : "a Llama draft's")
+                                        << (c.q_lora_rank > 0 ? " with q_lora_rank " + std::to_string(c.q_lora_rank) : "")
+                                        << " (a checkpoint or export of another draft?)");
   embed.check_shape({c.vocab_size, c.hidden_size}, "draft: embed_tokens");
   AERIE_CHECK(embed.device() == device,
               "draft: embed_tokens is on " << device_name(embed.device()) << ", the draft weights on "
                                            << device_name(device));
   AERIE_CHECK(compute == DType::F32 || compute == DType::BF16,
               "draft: the weight matrices must be F32 or BF16, fc.weight is " << dtype_name(compute));
-  for (const Tensor* m : {&w.q_proj, &w.k_proj, &w.v_proj, &w.o_proj, &w.gate_proj, &w.up_proj, &w.down_proj,
-                          &w.lm_head})
-    AERIE_CHECK(m->dtype() == compute && m->device() == device,
-                "draft: a weight matrix is " << dtype_name(m->dtype()) << " on " << device_name(m->device())
-                                             << ", fc.weight " << dtype_name(compute) << " on " << device_name(device)
-                                             << " (all nine matrices share dtype and device)");
+  for (const auto& [name, m] : w.named())
+    AERIE_CHECK(m->ndim() != 2 || (m->dtype() == compute && m->device() == device),
+                "draft: " << name << " is " << dtype_name(m->dtype()) << " on " << device_name(m->device())
+                          << ", fc.weight " << dtype_name(compute) << " on " << device_name(device)
+                          << " (all matrices share dtype and device)");
   if (c.norm_before_fc) {
     AERIE_CHECK(w.input_norm.defined(), "draft: norm_before_fc is on but the weights have no input_norm");
     w.input_norm.check_shape({3 * c.target_hidden_size}, "draft: input_norm.weight");
@@ -106,6 +118,63 @@ void layer_fc_backward(const LayerCtx& c, const Tensor& f, const FcActs& acts, c
 }
 
 namespace {
+// MLA: rotates (inverse: back) the last qk_rope columns of every head of x [n, n_h, qk_nope + qk_rope] in
+// place, DeepSeek's interleaved pairs times rope_scale (the backward of y = s R x is s R^T dy: the same
+// op with -inv_freq).
+void rope_head_tails(const LayerCtx& c, Tensor& x, const Tensor& positions, bool inverse) {
+  const int64_t n = x.dim(0), nh = x.dim(1), dq = x.dim(2), nope = c.cfg.qk_nope_head_dim, rope = c.cfg.qk_rope_head_dim;
+  Tensor rows = x.reshape({n * nh, dq});
+  Tensor pe = Tensor::empty({n, nh, rope}, x.dtype(), x.device());
+  Tensor pe2 = pe.reshape({n * nh, rope});
+  copy_columns(rows, nope, pe2, 0, rope);
+  rope_apply_interleaved(pe, positions, inverse ? c.neg_inv_freq : c.inv_freq, c.rope_scale);
+  copy_columns(pe2, 0, rows, nope, rope);
+}
+
+// The MLA draft's q, k, v from a.a (vLLM's DeepseekV2MLAAttention in its expanded, prefill form; the
+// target's MLA in mla_attention.cc):
+//   q = q_b(q_a_layernorm(q_a(a))) (or q_proj(a)) [n, n_h, nope + rope], rope on each head's last columns;
+//   [c | k_pe] = kv_a_proj_with_mqa(a); cn = kv_a_layernorm(c); k_pe roped (one key shared by the heads);
+//   [k_nope | v] per head = kv_b(cn); k = [k_nope | k_pe], v = [v | 0] (zero-padded to nope + rope).
+void mla_qkv(const LayerCtx& c, LayerActs& a) {
+  const DraftConfig& cf = c.cfg;
+  const int64_t n = a.n, nh = cf.num_attention_heads, dq = cf.attn_qk_dim(), nope = cf.qk_nope_head_dim,
+                rope = cf.qk_rope_head_dim, lora = cf.kv_lora_rank, vd = cf.v_head_dim, ql = cf.q_lora_rank;
+  const float eps = static_cast<float>(cf.rms_norm_eps);
+  a.q = cmp(c, {n, nh, dq});
+  Tensor q2 = a.q.reshape({n, nh * dq});
+  if (ql > 0) {
+    a.qa = cmp(c, {n, ql});
+    linear(a.a, c.w.q_a_proj, a.qa);
+    a.qan = cmp(c, {n, ql});
+    a.rstd_qa = f32(c, {n});
+    rmsnorm_forward(a.qa, c.w.q_a_layernorm, eps, a.qan, &a.rstd_qa);
+    linear(a.qan, c.w.q_b_proj, q2);
+  } else {
+    linear(a.a, c.w.q_proj, q2);
+  }
+  rope_head_tails(c, a.q, a.positions, false);
+  Tensor ckv = cmp(c, {n, lora + rope});
+  linear(a.a, c.w.kv_a_proj_with_mqa, ckv);
+  a.c_lat = cmp(c, {n, lora});
+  copy_columns(ckv, 0, a.c_lat, 0, lora);
+  a.cn = cmp(c, {n, lora});
+  a.rstd_c = f32(c, {n});
+  rmsnorm_forward(a.c_lat, c.w.kv_a_layernorm, eps, a.cn, &a.rstd_c);
+  Tensor latent = cmp(c, {n, lora + rope});
+  copy_columns(a.cn, 0, latent, 0, lora);
+  Tensor kpe = cmp(c, {n, 1, rope});
+  Tensor kpe2 = kpe.reshape({n, rope});
+  copy_columns(ckv, lora, kpe2, 0, rope);
+  rope_apply_interleaved(kpe, a.positions, c.inv_freq, c.rope_scale);
+  copy_columns(kpe2, 0, latent, lora, rope);
+  Tensor kv = cmp(c, {n, nh * (nope + vd)});
+  linear(a.cn, c.w.kv_b_proj, kv);
+  a.k = cmp(c, {n, nh, dq});
+  a.v = cmp(c, {n, nh, dq});
+  mla_expand_kv(kv, latent, nope, vd, lora, a.k, a.v);
+}
+
 // layer_qkv with ids checked against the table already (host_checked: the host overload's ids, so the
 // CUDA gather needs no host copy of them and no stream synchronisation) or by the gather itself.
 void layer_qkv_impl(const LayerCtx& c, const Tensor& id_t, const Tensor& h, int64_t pos0, LayerActs& a,
@@ -167,6 +236,10 @@ void layer_qkv_impl(const LayerCtx& c, const Tensor& id_t, const Tensor& h, int6
   a.a = cmp(c, {n, 2 * H});
   copy_columns(e, 0, a.a, 0, H);
   copy_columns(hn, 0, a.a, H, H);
+  if (c.cfg.is_mla()) {
+    mla_qkv(c, a);
+    return;
+  }
   a.q = cmp(c, {n, nh, d});
   a.k = cmp(c, {n, nkv, d});
   a.v = cmp(c, {n, nkv, d});
@@ -182,11 +255,20 @@ void layer_qkv_impl(const LayerCtx& c, const Tensor& id_t, const Tensor& h, int6
 void layer_out(const LayerCtx& c, LayerActs& a) {
   const int64_t n = a.n, H = c.cfg.hidden_size, I = c.cfg.intermediate_size, K = c.cfg.draft_vocab_size;
   const float eps = static_cast<float>(c.cfg.rms_norm_eps);
-  const int64_t qd = c.cfg.num_attention_heads * c.cfg.head_dim;
-  a.attn.check_shape({n, c.cfg.num_attention_heads, c.cfg.head_dim}, "draft layer: attention output");
+  const int64_t nh = c.cfg.num_attention_heads, hd = c.cfg.attn_qk_dim(), vd = c.cfg.attn_v_dim(), qd = nh * vd;
+  a.attn.check_shape({n, nh, hd}, "draft layer: attention output");
+  Tensor o_in;
+  if (c.cfg.is_mla()) {  // o_proj reads each head's v_head_dim columns (the rest is the values' zero padding)
+    a.o_in = Tensor::empty({n, qd}, a.attn.dtype(), c.device);
+    Tensor dst = a.o_in.reshape({n * nh, vd});
+    copy_columns(a.attn.reshape({n * nh, hd}), 0, dst, 0, vd);
+    o_in = a.o_in;
+  } else {
+    o_in = a.attn.reshape({n, qd});
+  }
   // The residual stream (y, o) stays F32: the GEMMs that add into it write F32 (beta 1).
   a.y = (c.cfg.norm_before_residual ? a.hn_res : a.h).clone();
-  matmul(a.attn.reshape({n, qd}), c.w.o_proj, a.y, false, true, 1.0f, 1.0f);  // y = h (or hn) + o_proj(attn)
+  matmul(o_in, c.w.o_proj, a.y, false, true, 1.0f, 1.0f);  // y = h (or hn) + o_proj(attn)
   a.n2 = cmp(c, {n, H});
   a.rstd_y = f32(c, {n});
   rmsnorm_forward(a.y, c.w.post_attention_layernorm, eps, a.n2, &a.rstd_y);
@@ -225,7 +307,7 @@ Tensor layer_head_backward(const LayerCtx& c, const LayerActs& a, const Tensor& 
 void layer_out_backward(const LayerCtx& c, const LayerActs& a, const Tensor& dno, const Tensor& do_extra,
                         DraftWeights& g, Tensor& dattn, Tensor& dh) {
   const int64_t n = a.n, H = c.cfg.hidden_size, I = c.cfg.intermediate_size;
-  const int64_t qd = c.cfg.num_attention_heads * c.cfg.head_dim;
+  const int64_t nh = c.cfg.num_attention_heads, hd = c.cfg.attn_qk_dim(), vd = c.cfg.attn_v_dim(), qd = nh * vd;
   dno.check_shape({n, H}, "draft layer backward: dno");
   const bool extra = do_extra.defined() && do_extra.numel() > 0;
   if (extra)
@@ -262,21 +344,84 @@ void layer_out_backward(const LayerCtx& c, const LayerActs& a, const Tensor& dno
   add_inplace(dy, dout);
   // y = h (or hidden_norm(h)) + o_proj(attn)
   const Tensor dy_c = as_compute(c, dy);
-  dattn = cmp(c, {n, c.cfg.num_attention_heads, c.cfg.head_dim});
-  Tensor dattn2 = dattn.reshape({n, qd});
-  matmul(dy_c, c.w.o_proj, dattn2, false, false);
-  add_weight_grad(dy_c, a.attn.reshape({n, qd}), g.o_proj);
+  if (c.cfg.is_mla()) {  // d attn: o_proj's gradient in each head's first v_head_dim columns, 0 in the padding
+    Tensor din = cmp(c, {n, qd});
+    matmul(dy_c, c.w.o_proj, din, false, false);
+    add_weight_grad(dy_c, a.o_in, g.o_proj);
+    dattn = Tensor::zeros({n, nh, hd}, c.compute, c.device);
+    Tensor dst = dattn.reshape({n * nh, hd});
+    copy_columns(din.reshape({n * nh, vd}), 0, dst, 0, vd);
+  } else {
+    dattn = cmp(c, {n, nh, hd});
+    Tensor dattn2 = dattn.reshape({n, qd});
+    matmul(dy_c, c.w.o_proj, dattn2, false, false);
+    add_weight_grad(dy_c, a.attn.reshape({n, qd}), g.o_proj);
+  }
   dh = dy;
 }
 
-void layer_qkv_backward(const LayerCtx& c, const LayerActs& a, Tensor& dq, Tensor& dk, const Tensor& dv,
-                        DraftWeights& g, Tensor& dh) {
+namespace {
+// The MLA draft's backward of mla_qkv from the gradients w.r.t. its q, k, v: adds the attention's weight
+// gradients to g and returns da [n, 2H] F32 (w.r.t. the layer's concat(e, hn) input).
+Tensor mla_qkv_backward(const LayerCtx& c, const LayerActs& a, Tensor& dq, Tensor& dk, const Tensor& dv,
+                        DraftWeights& g) {
+  const DraftConfig& cf = c.cfg;
+  const int64_t n = a.n, H = cf.hidden_size, nh = cf.num_attention_heads, dqd = cf.attn_qk_dim(),
+                nope = cf.qk_nope_head_dim, rope = cf.qk_rope_head_dim, lora = cf.kv_lora_rank, vd = cf.v_head_dim,
+                ql = cf.q_lora_rank;
+  rope_head_tails(c, dq, a.positions, true);
+  // kv = kv_b(cn): d kv per head = [dk's nope columns | dv's first vd columns].
+  Tensor dkv = f32(c, {n, nh * (nope + vd)});
+  Tensor dkv_r = dkv.reshape({n * nh, nope + vd});
+  auto as_f32 = [&](const Tensor& x) {
+    if (x.dtype() == DType::F32) return x;
+    Tensor y = f32(c, x.shape());
+    convert(x, y);
+    return y;
+  };
+  const Tensor dk_f = as_f32(dk), dv_f = as_f32(dv);
+  copy_columns(dk_f.reshape({n * nh, dqd}), 0, dkv_r, 0, nope);
+  copy_columns(dv_f.reshape({n * nh, dqd}), 0, dkv_r, nope, vd);
+  // The shared k_pe: the sum over the heads of dk's rope columns, one [1, n_h] x [n_h, rope] GEMM per row
+  // (the ones vector read with stride 0), then the inverse rotation.
+  Tensor ones = Tensor::from_vector(std::vector<float>(static_cast<size_t>(nh), 1.0f), {nh});
+  if (c.device != Device::CPU) ones = ones.to_device(c.device);
+  Tensor dkpe = f32(c, {n, 1, rope});
+  matmul_strided_batched({&ones, 0, nh, 0}, {&dk_f, nope, dqd, nh * dqd}, {&dkpe, 0, rope, rope}, 1, rope, nh, n, false);
+  rope_apply_interleaved(dkpe, a.positions, c.neg_inv_freq, c.rope_scale);
+  const Tensor dkv_c = as_compute(c, dkv);
+  add_weight_grad(dkv_c, a.cn, g.kv_b_proj);
+  Tensor dcn = f32(c, {n, lora});
+  matmul(dkv_c, c.w.kv_b_proj, dcn, false, false);
+  Tensor dckv = f32(c, {n, lora + rope});
+  Tensor dc = f32(c, {n, lora});
+  rmsnorm_backward(dcn, a.c_lat, c.w.kv_a_layernorm, a.rstd_c, dc, &g.kv_a_layernorm);
+  copy_columns(dc, 0, dckv, 0, lora);
+  copy_columns(dkpe.reshape({n, rope}), 0, dckv, lora, rope);
+  const Tensor dckv_c = as_compute(c, dckv);
+  add_weight_grad(dckv_c, a.a, g.kv_a_proj_with_mqa);
+  Tensor da = f32(c, {n, 2 * H});  // a sum of two GEMMs: F32
+  matmul(dckv_c, c.w.kv_a_proj_with_mqa, da, false, false);
+  const Tensor dq2 = as_compute(c, dq.reshape({n, nh * dqd}));
+  if (ql > 0) {
+    add_weight_grad(dq2, a.qan, g.q_b_proj);
+    Tensor dqan = f32(c, {n, ql}), dqa = f32(c, {n, ql});
+    matmul(dq2, c.w.q_b_proj, dqan, false, false);
+    rmsnorm_backward(dqan, a.qa, c.w.q_a_layernorm, a.rstd_qa, dqa, &g.q_a_layernorm);
+    const Tensor dqa_c = as_compute(c, dqa);
+    add_weight_grad(dqa_c, a.a, g.q_a_proj);
+    matmul(dqa_c, c.w.q_a_proj, da, false, false, 1.0f, 1.0f);
+  } else {
+    add_weight_grad(dq2, a.a, g.q_proj);
+    matmul(dq2, c.w.q_proj, da, false, false, 1.0f, 1.0f);
+  }
+  return da;
+}
+// The Llama draft's: q/k/v_proj's weight gradients, da [n, 2H] F32.
+Tensor gqa_qkv_backward(const LayerCtx& c, const LayerActs& a, Tensor& dq, Tensor& dk, const Tensor& dv,
+                        DraftWeights& g) {
   const int64_t n = a.n, H = c.cfg.hidden_size, nh = c.cfg.num_attention_heads, nkv = c.cfg.num_key_value_heads,
                 d = c.cfg.head_dim;
-  dq.check_shape({n, nh, d}, "draft layer backward: dq");
-  dk.check_shape({n, nkv, d}, "draft layer backward: dk");
-  dv.check_shape({n, nkv, d}, "draft layer backward: dv");
-  dh.check_shape({n, H}, "draft layer backward: dh");
   // RoPE is a rotation: its backward is the inverse rotation (in each tensor's own dtype).
   rope_apply(dq, a.positions, c.inv_freq, true);
   rope_apply(dk, a.positions, c.inv_freq, true);
@@ -289,6 +434,19 @@ void layer_qkv_backward(const LayerCtx& c, const LayerActs& a, Tensor& dq, Tenso
   matmul(dq2, c.w.q_proj, da, false, false);
   matmul(dk2, c.w.k_proj, da, false, false, 1.0f, 1.0f);
   matmul(dv2, c.w.v_proj, da, false, false, 1.0f, 1.0f);
+  return da;
+}
+}  // namespace
+
+void layer_qkv_backward(const LayerCtx& c, const LayerActs& a, Tensor& dq, Tensor& dk, const Tensor& dv,
+                        DraftWeights& g, Tensor& dh) {
+  const int64_t n = a.n, H = c.cfg.hidden_size, nh = c.cfg.num_attention_heads, nkv = c.cfg.attn_kv_heads(),
+                d = c.cfg.attn_qk_dim();
+  dq.check_shape({n, nh, d}, "draft layer backward: dq");
+  dk.check_shape({n, nkv, d}, "draft layer backward: dk");
+  dv.check_shape({n, nkv, d}, "draft layer backward: dv");
+  dh.check_shape({n, H}, "draft layer backward: dh");
+  const Tensor da = c.cfg.is_mla() ? mla_qkv_backward(c, a, dq, dk, dv, g) : gqa_qkv_backward(c, a, dq, dk, dv, g);
   Tensor de = f32(c, {n, H}), dhn = f32(c, {n, H});
   copy_columns(da, 0, de, 0, H);
   copy_columns(da, H, dhn, 0, H);

@@ -21,8 +21,13 @@ struct LayerActs {
   Tensor h, rstd_h;         // [n, H] F32 input hidden, [n] F32 (hidden_norm(h) lives only in a)
   Tensor hn_res;            // [n, H] F32 hidden_norm(h), the residual base under norm_before_residual (else undefined)
   Tensor a;                 // [n, 2H] C concat(input_layernorm(e_raw), hidden_norm(h))
-  Tensor q, k, v;           // [n, n_h, d], [n, n_kv, d], [n, n_kv, d] C; q and k after RoPE
+  Tensor q, k, v;           // [n, n_h, d], [n, n_kv, d], [n, n_kv, d] C; q and k after RoPE (MLA: d = qk_nope +
+                            // qk_rope, n_kv = n_h, k = [k_nope | shared roped k_pe], v = [v | 0] zero-padded to d)
   Tensor attn, lse;         // [n, n_h, d] C attention output, [n, n_h] F32 its log-sum-exp
+  // MLA only (DraftConfig::is_mla): the query LoRA (q_lora_rank > 0) and the latent.
+  Tensor qa, rstd_qa, qan;  // [n, q_lora] C q_a_proj(a), [n] F32, [n, q_lora] C q_a_layernorm(qa)
+  Tensor c_lat, rstd_c, cn; // [n, kv_lora] C the latent before kv_a_layernorm, [n] F32, [n, kv_lora] C after
+  Tensor o_in;              // [n, n_h v_head_dim] C the heads' first v_head_dim columns of attn: o_proj's input
   Tensor y, rstd_y, n2;     // [n, H] F32 h (or hn_res) + o_proj(attn), [n], [n, H] C post_attention_layernorm(y)
   Tensor gate, up, act;     // [n, I] C
   Tensor o, rstd_o, no;     // [n, H] F32 layer output (the next step's hidden), [n], [n, H] C norm(o)
@@ -38,8 +43,10 @@ struct LayerCtx {
   const DraftConfig& cfg;
   const DraftWeights& w;
   const Tensor& embed;          // [V, H] F32 or BF16, frozen
-  std::vector<float> inv_freq;  // RoPE inverse frequencies [d/2]
-  float scale;                  // 1/sqrt(d)
+  std::vector<float> inv_freq;  // RoPE inverse frequencies [d/2] (MLA: [qk_rope/2], interleaved pairs)
+  std::vector<float> neg_inv_freq;  // MLA: -inv_freq (the interleaved rope's backward rotates by -angle)
+  float rope_scale = 1.0f;      // MLA: rope_attention_factor (cos/sin multiplier)
+  float scale;                  // the softmax scale, DraftConfig::softmax_scale() (1/sqrt(d) for Llama)
   Device device;                // where the weights (and so every activation) live: w.fc's device
   /// The GEMM input dtype: the matrices' dtype (all nine agree), F32, or BF16 for a compute copy
   /// (DraftWeights::compute_copy): then the activations that feed a GEMM are bf16 and every GEMM
@@ -49,8 +56,9 @@ struct LayerCtx {
   /// sample): layer_qkv then slices its positions from it instead of building them on the host.
   Tensor arange;
   /// Throws aerie::Error when embed is not [V, H] or lives on another device than the weights, when
-  /// the nine matrices do not share one dtype (F32 or BF16), or when input_norm is not there exactly under
-  /// norm_before_fc ([3 H_t], on the weights' device).
+  /// the matrices do not share one dtype (F32 or BF16), when the weights are not the config's layout
+  /// (Llama or MLA, each tensor of DraftWeights::zeros(cfg)'s shape), or when input_norm is not there
+  /// exactly under norm_before_fc ([3 H_t], on the weights' device).
   LayerCtx(const DraftConfig& c, const DraftWeights& w, const Tensor& embed);
 };
 
@@ -73,6 +81,8 @@ void layer_fc_backward(const LayerCtx& c, const Tensor& f, const FcActs& acts, c
                        const std::function<void()>& on_fc_ready = {});
 
 /// Up to the attention: e, hn, a, q, k, v (RoPE at positions pos0 + i). ids: n input tokens u; h: [n, H].
+/// MLA: q from q_b(q_a_layernorm(q_a(a))) (or q_proj(a)), its rope columns rotated (interleaved); the
+/// latent [kv_a_layernorm(c) | rope(k_pe)] from kv_a_proj_with_mqa(a) and k, v expanded from kv_b(cn).
 /// Host ids (copied to the weights' device when that is not the CPU).
 void layer_qkv(const LayerCtx& c, const int32_t* ids, int64_t n, const Tensor& h, int64_t pos0, LayerActs& a);
 /// The same with ids: [n] I32 already on the weights' device (no host work on CUDA besides launches).
@@ -92,7 +102,8 @@ Tensor layer_head_backward(const LayerCtx& c, const LayerActs& a, const Tensor& 
 void layer_out_backward(const LayerCtx& c, const LayerActs& a, const Tensor& dno, const Tensor& do_extra,
                         DraftWeights& g, Tensor& dattn, Tensor& dh);
 /// Backward of layer_qkv from the gradients w.r.t. the post-RoPE q, k and v (dq, dk modified in place
-/// by the inverse rotation). Adds weight gradients to g (embed_tokens is frozen). dh (F32): on entry the
+/// by the inverse rotation; MLA: dk's nope and dv's first v_head_dim columns feed kv_b, dk's rope columns
+/// summed over the heads feed the shared k_pe, dv's padding is ignored). Adds weight gradients to g (embed_tokens is frozen). dh (F32): on entry the
 /// residual path's gradient (layer_out_backward's), w.r.t. h, or w.r.t. hidden_norm(h) under
 /// norm_before_residual; on return dL/dh.
 /// dq: compute dtype (attention_backward's); dk, dv: F32 or the compute dtype.

@@ -53,25 +53,33 @@ void check_inputs(const DraftConfig& cfg, const DraftWeights& w, const TTTSample
                 "ttt: target_argmax[" << t << "] = " << s.target_argmax[t] << " outside [0, " << cfg.vocab_size << ")");
 }
 
-// Index of each parameter in DraftWeights::named() order.
-// kInputNorm (norm_before_fc's input_norm) is listed by named() only for a draft with that option.
-enum Param { kFc, kQ, kK, kV, kO, kGate, kUp, kDown, kInNorm, kHiddenNorm, kPostNorm, kNorm, kLmHead, kInputNorm };
 constexpr size_t kAll = std::numeric_limits<size_t>::max();  // mark_ready(kAll): every parameter left
 
 }  // namespace
 
-const std::vector<int>& ttt_gradient_ready_order(const DraftConfig& cfg) {
+std::vector<int> ttt_gradient_ready_order(const DraftConfig& cfg) {
   // lm_head: all its terms come from the forward (layer_head_backward per step); then the step-0
-  // layer_out_backward finishes norm and the MLP and o_proj, the step-0 layer_qkv_backward q/k/v and the
-  // two input norms, and the last GEMM fc; under norm_before_fc input_norm's backward follows fc's.
-  static const std::vector<int> order = {kLmHead, kNorm, kDown, kGate, kUp, kPostNorm, kO,
-                                         kQ,      kK,    kV,    kInNorm, kHiddenNorm, kFc};
-  static const std::vector<int> with_input_norm = [] {
-    std::vector<int> o = order;
-    o.push_back(kInputNorm);
-    return o;
-  }();
-  return cfg.norm_before_fc ? with_input_norm : order;
+  // layer_out_backward finishes norm and the MLP and o_proj, the step-0 layer_qkv_backward the attention's
+  // input projections (q/k/v_proj, or the MLA weights) and the two input norms, and the last GEMM fc;
+  // under norm_before_fc input_norm's backward follows fc's.
+  const std::vector<std::string> named = DraftWeights::names(cfg);
+  auto index = [&](const std::string& name) {
+    for (size_t i = 0; i < named.size(); ++i)
+      if (named[i] == name) return static_cast<int>(i);
+    AERIE_THROW("ttt_gradient_ready_order: no parameter " << name);
+  };
+  std::vector<int> order;
+  for (const char* n : {"lm_head.weight", "norm.weight", "midlayer.mlp.down_proj.weight", "midlayer.mlp.gate_proj.weight",
+                        "midlayer.mlp.up_proj.weight", "midlayer.post_attention_layernorm.weight",
+                        "midlayer.self_attn.o_proj.weight"})
+    order.push_back(index(n));
+  for (size_t i = 0; i < named.size(); ++i)  // the attention's input projections (and MLA's latent norms)
+    if (named[i].rfind("midlayer.self_attn.", 0) == 0 && named[i] != "midlayer.self_attn.o_proj.weight")
+      order.push_back(static_cast<int>(i));
+  for (const char* n : {"midlayer.input_layernorm.weight", "midlayer.hidden_norm.weight", "fc.weight"})
+    order.push_back(index(n));
+  if (cfg.norm_before_fc) order.push_back(index("input_norm.weight"));
+  return order;
 }
 
 TTTStats ttt_forward_backward(const DraftConfig& cfg, const DraftWeights& w, const Tensor& embed_tokens,
@@ -86,11 +94,12 @@ TTTStats ttt_forward_backward(const DraftConfig& cfg, const DraftWeights& w, con
                                    << " on " << device_name(t->device()));
   // Tells the caller that parameters' gradients are final, in ttt_gradient_ready_order().
   size_t ready = 0;
+  const std::vector<int> order = grads && on_grad_ready ? ttt_gradient_ready_order(cfg) : std::vector<int>();
   auto mark_ready = [&](size_t upto) {
-    if (!grads || !on_grad_ready) return;
-    const std::vector<int>& order = ttt_gradient_ready_order(cfg);
     for (; ready < upto && ready < order.size(); ++ready) on_grad_ready(order[ready]);
   };
+  // Entries of `order` final after the step-0 attention backward: all but fc (and input_norm).
+  const size_t after_qkv = order.size() - (cfg.norm_before_fc ? 2 : 1);
   const int64_t T = static_cast<int64_t>(s.ids.size()), K = cfg.draft_vocab_size;
   const int S = num_steps;
   TTTStats st;
@@ -147,7 +156,7 @@ TTTStats ttt_forward_backward(const DraftConfig& cfg, const DraftWeights& w, con
       dk.push_back(&acts[j].k);
       dv.push_back(&acts[j].v);
     }
-    a.attn = Tensor::empty({n, cfg.num_attention_heads, cfg.head_dim}, ctx.compute, dev);
+    a.attn = Tensor::empty({n, cfg.num_attention_heads, cfg.attn_qk_dim()}, ctx.compute, dev);
     a.lse = Tensor::empty({n, cfg.num_attention_heads}, DType::F32, dev);
     draft_detail::ttt_attention_forward(a.q, acts[0].k.slice(0, n), acts[0].v.slice(0, n), dk, dv, 0, ctx.scale,
                                         a.attn, a.lse);
@@ -185,7 +194,7 @@ TTTStats ttt_forward_backward(const DraftConfig& cfg, const DraftWeights& w, con
   mark_ready(1);  // lm_head: every term came from the forward loop
 
   // Backward, last step first. dO: gradient into o of step k from step k+1's hidden input.
-  const int64_t nkv = cfg.num_key_value_heads, d = cfg.head_dim;
+  const int64_t nkv = cfg.attn_kv_heads(), d = cfg.attn_qk_dim();
   Tensor dk0 = Tensor::zeros({n0, nkv, d}, DType::F32, dev), dv0 = Tensor::zeros({n0, nkv, d}, DType::F32, dev);
   std::vector<Tensor> ddk(steps), ddv(steps);  // diagonal keys/values of steps >= 1: accumulated over later steps
   for (int j = 1; j < steps; ++j) {
@@ -217,11 +226,11 @@ TTTStats ttt_forward_backward(const DraftConfig& cfg, const DraftWeights& w, con
     Tensor& own_dk = k == 0 ? dk0 : ddk[k];
     Tensor& own_dv = k == 0 ? dv0 : ddv[k];
     draft_detail::layer_qkv_backward(ctx, a, dq, own_dk, own_dv, *grads, dh);
-    if (k == 0) mark_ready(12);  // q, k, v, input_layernorm, hidden_norm
+    if (k == 0) mark_ready(after_qkv);  // q, k, v (or the MLA weights), input_layernorm, hidden_norm
     dO = dh;  // h_{t,k} = o_{t,k-1} (norm(o_{t,k-1}) under norm_output; rows 0..n_k-1), or g for k = 0
   }
   // g = fc(f) (or fc(input_norm(f))): dfc += dg^T (input_norm(f) or f), then input_norm's gradient.
-  draft_detail::layer_fc_backward(ctx, aux.slice(0, n0), fc_acts, dO, *grads, [&] { mark_ready(13); });
+  draft_detail::layer_fc_backward(ctx, aux.slice(0, n0), fc_acts, dO, *grads, [&] { mark_ready(after_qkv + 1); });
   mark_ready(kAll);
   return st;
 }

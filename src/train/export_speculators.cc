@@ -37,6 +37,9 @@ std::string speculators_tensor_name(const std::string& name) {
 
 nlohmann::json speculators_export_config(const DraftConfig& cfg, const TargetConfig& target,
                                          const SpeculatorsOptions& opts) {
+  AERIE_CHECK(!cfg.is_mla(), "export --format speculators: speculators' Eagle3 draft is a Llama layer (its "
+                             "transformer_layer_config is a LlamaConfig); the MLA draft exports with --format eagle3, "
+                             "the config and tensor names vLLM's Eagle3DeepseekV2ForCausalLM loads");
   AERIE_CHECK(!opts.verifier.empty(), "export --format speculators: the verifier (name_or_path) is empty");
   AERIE_CHECK(opts.speculative_tokens >= 1,
               "export --format speculators: speculative_tokens " << opts.speculative_tokens << " is not >= 1");

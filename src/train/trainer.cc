@@ -27,13 +27,16 @@ nlohmann::json TrainOptions::to_json() const {
           {"eval_fraction", eval_fraction}, {"heldout_samples", heldout_samples}, {"device", device},
           {"precision", precision},   {"draft_heads", draft_heads},
           {"draft_kv_heads", draft_kv_heads}, {"draft_head_dim", draft_head_dim},
-          {"draft_intermediate", draft_intermediate}, {"draft_norm_before_residual", draft_norm_before_residual},
+          {"draft_intermediate", draft_intermediate}, {"draft_attention", draft_attention}, {"draft_norm_before_residual", draft_norm_before_residual},
           {"draft_norm_output", draft_norm_output}, {"draft_norm_before_fc", draft_norm_before_fc},
           {"allow_missing_shards", allow_missing_shards},
           {"allow_other_target", allow_other_target}};
 }
 
 DraftConfig TrainOptions::apply_draft_shape(DraftConfig cfg) const {
+  AERIE_CHECK(!cfg.is_mla() || (draft_heads == 0 && draft_kv_heads == 0 && draft_head_dim == 0),
+              "train: --draft-heads, --draft-kv-heads and --draft-head-dim shape the Llama draft's attention; the MLA "
+              "draft (--draft-attention mla) takes the target's heads, LoRA ranks and head dims");
   if (draft_heads > 0) cfg.num_attention_heads = draft_heads;
   if (draft_kv_heads > 0) cfg.num_key_value_heads = draft_kv_heads;
   else if (draft_heads > 0) cfg.num_key_value_heads = std::min(cfg.num_key_value_heads, draft_heads);
@@ -87,6 +90,14 @@ void TrainOptions::check_resumable(const nlohmann::json& c) const {
     AERIE_CHECK(theirs == mine[key], "resume: " << opt << " is " << mine[key].dump() << " but the checkpoint was "
                                                 << "trained with " << theirs.dump()
                                                 << "; rerun with the same options or use another --output");
+  }
+  {  // The draft's attention (older checkpoints have none: the Llama draft).
+    const std::string theirs = c.value("draft_attention", std::string("llama"));
+    AERIE_CHECK(theirs == draft_attention, "resume: --draft-attention is " << draft_attention
+                                                                           << " but the checkpoint was trained with "
+                                                                           << theirs
+                                                                           << "; rerun with the same options or use "
+                                                                              "another --output");
   }
   // The EAGLE-3.1 switches (older checkpoints have none: the original layout and chain, off).
   for (const auto& [key, on] : {std::pair<const char*, bool>{"draft_norm_before_residual", draft_norm_before_residual},

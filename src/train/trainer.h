@@ -66,6 +66,10 @@ struct TrainOptions {
   /// kv heads (must divide the heads), head dim (even) and intermediate size, e.g. SpecForge's
   /// DeepSeek-V3 draft 56 / 8 / 128 / 40960. A resume option: a resumed run must give the same ones.
   int64_t draft_heads = 0, draft_kv_heads = 0, draft_head_dim = 0, draft_intermediate = 0;
+  /// The draft layer's attention: "llama" (the original EAGLE-3 layer, grouped-query attention) or "mla"
+  /// (DeepSeek-V2/V3 multi-head latent attention with the target's LoRA ranks and head dims, exported as
+  /// vLLM's Eagle3DeepseekV2ForCausalLM; needs an MLA target; DraftConfig::is_mla). A resume option.
+  std::string draft_attention = "llama";
   /// EAGLE-3.1's norm_before_residual for the draft (DraftConfig::norm_before_residual; exported as the
   /// config field vLLM and speculators read). A resume option.
   bool draft_norm_before_residual = false;
@@ -83,7 +87,8 @@ struct TrainOptions {
   bool allow_other_target = false;
 
   nlohmann::json to_json() const;
-  /// `cfg` with the draft_* options that are set (> 0) replacing its shape, and norm_before_residual /
+  /// `cfg` with the draft_* options that are set (> 0) replacing its shape (an MLA draft takes only
+  /// draft_intermediate: its heads are the target's latent attention), and norm_before_residual /
   /// norm_output / norm_before_fc from draft_norm_before_residual / draft_norm_output /
   /// draft_norm_before_fc. Throws aerie::Error naming
   /// the option when kv heads do not divide the heads or the head dim is odd.

@@ -411,7 +411,8 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp, StreamClien
     ck.vocab = load_draft_vocab(vocab_file);
     AERIE_CHECK(ck.vocab.vocab_size() == target.vocab_size,
                 vocab_file << ": t2d has V = " << ck.vocab.vocab_size() << ", the target's V is " << target.vocab_size);
-    ck.config = opts.apply_draft_shape(DraftConfig::from_target(target, ck.vocab.draft_vocab_size(), shards.aux_layers));
+    ck.config = opts.apply_draft_shape(DraftConfig::from_target(target, ck.vocab.draft_vocab_size(), shards.aux_layers,
+                                                                 opts.draft_attention == "mla"));
     // Initialised on the host (the checkpoint's copy); the device copy is made below.
     const Tensor lm_host = head.lm_head.device() == Device::CPU ? head.lm_head : head.lm_head.to_device(Device::CPU);
     ck.weights = init_draft_weights(ck.config, lm_host, ck.vocab.selected(), opts.seed, opts.lm_head_init == "random");
@@ -453,9 +454,18 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp, StreamClien
                     << " steps, K = " << ck.config.draft_vocab_size << ", aux layers "
                     << nlohmann::json(ck.config.aux_layers).dump() << ", device " << device_name(dev) << ", compute "
                     << (resolve_compute_dtype(opts.precision, dev) == DType::BF16 ? "bf16 (fp32 master weights)" : "fp32")
-                    << ", draft layer: " << ck.config.num_attention_heads << " query heads, "
-                    << ck.config.num_key_value_heads << " kv heads, head dim " << ck.config.head_dim << ", MLP "
-                    << ck.config.intermediate_size
+                    << ", draft layer: "
+                    << (ck.config.is_mla()
+                            ? "MLA, " + std::to_string(ck.config.num_attention_heads) + " heads, q_lora " +
+                                  std::to_string(ck.config.q_lora_rank) + ", kv_lora " +
+                                  std::to_string(ck.config.kv_lora_rank) + ", head dims " +
+                                  std::to_string(ck.config.qk_nope_head_dim) + " + " +
+                                  std::to_string(ck.config.qk_rope_head_dim) + " / v " +
+                                  std::to_string(ck.config.v_head_dim)
+                            : std::to_string(ck.config.num_attention_heads) + " query heads, " +
+                                  std::to_string(ck.config.num_key_value_heads) + " kv heads, head dim " +
+                                  std::to_string(ck.config.head_dim))
+                    << ", MLP " << ck.config.intermediate_size
                     << (ck.config.norm_before_residual ? ", norm_before_residual (EAGLE-3.1)" : "")
                     << (ck.config.norm_output ? ", norm_output (EAGLE-3.1)" : "")
                     << (ck.config.norm_before_fc ? ", norm_before_fc (EAGLE-3.1)" : "")

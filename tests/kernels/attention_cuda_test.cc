@@ -67,6 +67,11 @@ TEST_P(AttentionCudaTest, ForwardMatchesCpu) {
   attention_forward(q, k, v, c.q_offset, scale, out, &lse);
 
   const Tensor gq = on_gpu(q, c.dt), gk = on_gpu(k, c.dt), gv = on_gpu(v, c.dt);
+  if (c.d > 256) {  // beyond the CUDA kernels: refused by name
+    Tensor gout = Tensor::empty(q.shape(), c.dt, Device::CUDA);
+    EXPECT_THROW(attention_forward(gq, gk, gv, c.q_offset, scale, gout, nullptr), Error);
+    return;
+  }
   // Both BF16 tensor-core forwards at head dim 128: the wgmma kernel (the default on an H100 / H200;
   // elsewhere the same as "mma") and the mma.sync one.
   for (const char* kernel : {"wgmma", "mma"}) {
@@ -102,7 +107,7 @@ TEST_P(AttentionCudaTest, BackwardMatchesCpu) {
   Tensor dq = random_tensor(q.shape(), 10), dk = dk0.clone(), dv = dv0.clone();  // dq overwritten
   attention_backward(dout, q, k, v, out, lse, c.q_offset, scale, dq, dk, dv);
 
-  if (c.d > 128) {  // the forward-only head dims (MLA's 192): the backward refuses them by name
+  if (c.d > 256) {  // beyond the CUDA kernels: the backward refuses them by name
     Tensor gdq = on_gpu(random_tensor(q.shape(), 11), c.dt), gdk = on_gpu(dk0, c.grad_dt), gdv = on_gpu(dv0, c.grad_dt);
     EXPECT_THROW(attention_backward(on_gpu(dout, c.dt), on_gpu(q, c.dt), on_gpu(k, c.dt), on_gpu(v, c.dt),
                                     on_gpu(out, c.dt), lse.to_device(Device::CUDA), c.q_offset, scale, gdq, gdk, gdv),
@@ -148,10 +153,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{1, 1000, 8, 2, 128, 999, BF16, F32},
                       Case{3, 777, 4, 4, 64, 774, BF16, BF16},     // a few tokens, odd Tk
                       Case{65, 65, 4, 4, 16, 0, F32, F32},         // small head dim
-                      Case{150, 150, 4, 4, 192, 0, F32, F32},      // MLA's query/key head (forward only)
+                      Case{150, 150, 4, 4, 192, 0, F32, F32},      // MLA's query/key head (the MLA draft's TTT:
+                                                                   // the SIMT backward's DP 256 bucket)
                       Case{150, 150, 4, 4, 192, 0, BF16, F32},
                       Case{20, 170, 4, 4, 192, 150, BF16, BF16},   // chunked, d 192
                       Case{70, 70, 6, 3, 40, 0, F32, F32},         // head dim padded to 64
+                      Case{40, 40, 2, 1, 264, 0, F32, F32},        // beyond 256: refused
                       Case{33, 40, 4, 1, 8, 7, BF16, F32},         // multi-query, d 8
                       Case{20, 20, 4, 2, 32, -3, F32, F32}),       // rows 0..2 attend no key
     case_name);
@@ -275,7 +282,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(MergeCase{50, 8, 2, 64, 0, F32, F32}, MergeCase{50, 8, 2, 64, 1, F32, F32},
                       MergeCase{50, 8, 2, 64, 3, BF16, F32}, MergeCase{50, 8, 2, 128, 6, F32, F32},
                       MergeCase{50, 4, 4, 128, 6, BF16, BF16}, MergeCase{31, 4, 2, 16, 3, F32, F32},
-                      MergeCase{20, 8, 2, 40, 11, F32, F32}),  // 11 > 8: two launches
+                      MergeCase{20, 8, 2, 40, 11, F32, F32},   // 11 > 8: two launches
+                      MergeCase{40, 4, 4, 192, 6, F32, F32},   // the MLA draft's query/key head
+                      MergeCase{40, 4, 4, 192, 6, BF16, F32}),
     [](const ::testing::TestParamInfo<MergeCase>& info) {
       const MergeCase& c = info.param;
       return "n" + std::to_string(c.n) + "_nh" + std::to_string(c.nh) + "_nkv" + std::to_string(c.nkv) + "_d" +

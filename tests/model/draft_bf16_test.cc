@@ -152,6 +152,21 @@ TEST(DraftBf16, MatchesFp32OnCuda) {
   compare_bf16(m, make_sample(m, 150, 7), 7, Device::CUDA, "cuda d 64 T 150 S 7 norm_before_fc");
 }
 
+// The MLA draft under bf16 compute (the latent, its norm and the rope key in bf16, the attention at
+// head dim 192 with the zero-padded values; CUDA: the tensor-core forward at d 192, the SIMT backward).
+TEST(DraftBf16, MlaMatchesFp32OnCpu) {
+  testing::TinyDraft m = make_draft(21, 16);
+  testing::make_mla(m, 24, 32, 16, 8, 12, 22);
+  compare_bf16(m, make_sample(m, 67, 23), 7, Device::CPU, "cpu MLA T 67 S 7");
+}
+
+TEST(DraftBf16, MlaMatchesFp32OnCuda) {
+  AERIE_REQUIRE_CUDA();
+  testing::TinyDraft m2 = make_draft(24, 16);
+  testing::make_mla(m2, 24, 32, 128, 64, 128, 25);
+  compare_bf16(m2, make_sample(m2, 150, 26), 7, Device::CUDA, "cuda MLA d 192 T 150 S 7");
+}
+
 // on_grad_ready: each parameter once, in ttt_gradient_ready_order(cfg) (with norm_before_fc's input_norm
 // or without), and the gradient reported final
 // equals (bitwise) the one at the end of the call. fp32 and bf16 compute, a normal sample and one without

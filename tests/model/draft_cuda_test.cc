@@ -93,6 +93,18 @@ TEST(DraftCuda, TTTForwardBackwardMatchesCpuMedium) {
   compare(m, make_sample(m, 67, 9), 7, "medium T 67 S 7 norm_before_fc");
 }
 
+// The MLA draft at DeepSeek-V3's head widths (query/key head 128 + 64 = 192, value head 128 zero-padded to
+// it): the attention forward, backward and diagonal merge at head dim 192 on the GPU (fp32), the latent
+// norms, the shared rope key and its sum over the heads.
+TEST(DraftCuda, MlaTTTForwardBackwardMatchesCpu) {
+  AERIE_REQUIRE_CUDA();
+  testing::TinyDraft m = testing::make_medium_draft(8, 16, 256, false);
+  testing::make_mla(m, 24, 32, 128, 64, 128, 9);
+  compare(m, make_sample(m, 67, 9), 7, "MLA medium T 67 S 7");
+  testing::make_mla(m, 0, 32, 128, 64, 128, 10);
+  compare(m, make_sample(m, 40, 11), 3, "MLA medium q_proj T 40 S 3");
+}
+
 // Gradients are ADDED to: a second call doubles them on CUDA as on the CPU; no gradient: the same loss.
 TEST(DraftCuda, GradientsAccumulateAndForwardOnly) {
   AERIE_REQUIRE_CUDA();

@@ -15,12 +15,8 @@ std::vector<int32_t> ids_slice(const std::vector<int32_t>& x, int64_t b, int64_t
   return std::vector<int32_t>(x.begin() + b, x.begin() + e);
 }
 
-TEST(DraftDecoder, ProposeEqualsTTTArgmaxChain) {
-  for (uint64_t seed : {1u, 2u, 3u, 4u, 5u, 6u, 7u}) {
-    auto m = testing::make_tiny_draft(100 + seed);
-    m.cfg.norm_before_residual = seed == 4 || seed == 7;  // EAGLE-3.1's residual base, in decoding as in training
-    m.cfg.norm_output = seed == 5 || seed == 7;           // EAGLE-3.1's norm(o) handed to the next step
-    if (seed >= 6) testing::enable_norm_before_fc(m, 300 + seed);  // EAGLE-3.1's input_norm(f) before fc
+void expect_propose_equals_ttt_chain(const testing::TinyDraft& m, uint64_t seed) {
+  {
     const int n = 5;
     const int64_t p = 6, T = p + n + 1;
     auto s = testing::make_tiny_sample(m, T, 200 + seed);
@@ -51,6 +47,26 @@ TEST(DraftDecoder, ProposeEqualsTTTArgmaxChain) {
       const int64_t am = std::max_element(row.begin(), row.end()) - row.begin();
       EXPECT_EQ(guess[k], am + m.d2t[am]) << "seed " << seed << " step " << k;
     }
+  }
+}
+
+TEST(DraftDecoder, ProposeEqualsTTTArgmaxChain) {
+  for (uint64_t seed : {1u, 2u, 3u, 4u, 5u, 6u, 7u}) {
+    auto m = testing::make_tiny_draft(100 + seed);
+    m.cfg.norm_before_residual = seed == 4 || seed == 7;  // EAGLE-3.1's residual base, in decoding as in training
+    m.cfg.norm_output = seed == 5 || seed == 7;           // EAGLE-3.1's norm(o) handed to the next step
+    if (seed >= 6) testing::enable_norm_before_fc(m, 300 + seed);  // EAGLE-3.1's input_norm(f) before fc
+    expect_propose_equals_ttt_chain(m, seed);
+  }
+}
+
+// The MLA draft (its latent attention in the cache and in the chain's diagonal), with and without the
+// query LoRA, and with norm_output.
+TEST(DraftDecoder, MlaProposeEqualsTTTArgmaxChain) {
+  for (uint64_t seed : {1u, 2u, 3u}) {
+    auto m = testing::make_tiny_mla_draft(400 + seed, seed == 2 ? 0 : 6);
+    m.cfg.norm_output = seed == 3;
+    expect_propose_equals_ttt_chain(m, seed);
   }
 }
 

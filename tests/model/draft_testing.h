@@ -71,6 +71,45 @@ inline void enable_norm_before_fc(TinyDraft& m, uint64_t seed) {
   for (int64_t i = 0; i < n; ++i) m.w.input_norm.data<float>()[i] = 1.0f + r.data<float>()[i];
 }
 
+/// Turns a test draft into the MLA draft (DraftConfig::is_mla) of the given sizes with a YaRN rope
+/// (factor 4, mscale 1 / mscale_all_dim 0.5: the rope's attention factor and the softmax scale are both
+/// away from 1): new weights from init_draft_weights(seed), every norm weight (the latent norms too) moved
+/// away from 1 by N(0, 0.3^2).
+inline void make_mla(TinyDraft& m, int64_t q_lora, int64_t kv_lora, int64_t nope, int64_t rope, int64_t v,
+                     uint64_t seed) {
+  DraftConfig& c = m.cfg;
+  c.q_lora_rank = q_lora;
+  c.kv_lora_rank = kv_lora;
+  c.qk_nope_head_dim = nope;
+  c.qk_rope_head_dim = rope;
+  c.v_head_dim = v;
+  c.head_dim = rope;
+  c.num_key_value_heads = c.num_attention_heads;
+  c.rope.type = "yarn";
+  c.rope.factor = 4.0;
+  c.rope.original_max_position_embeddings = 16;
+  c.rope.mscale = 1.0;
+  c.rope.mscale_all_dim = 0.5;
+  c.rope_scaling = {{"rope_type", "yarn"},  {"factor", 4.0}, {"original_max_position_embeddings", 16},
+                    {"mscale", 1.0},        {"mscale_all_dim", 0.5}};  // what the export writes: the same rope
+  m.w = init_draft_weights(c, m.target_lm, m.selected, seed);
+  std::mt19937_64 rng(seed + 1);
+  for (auto& [name, t] : m.w.named()) {
+    if (t->ndim() != 1) continue;
+    Tensor r = random_tensor(t->shape(), rng, 0.3);
+    for (int64_t i = 0; i < t->numel(); ++i) t->data<float>()[i] += r.data<float>()[i];
+  }
+}
+
+/// make_tiny_draft's sizes with the MLA draft's attention: n_h=2, q_lora_rank `q_lora` (0: q_proj),
+/// kv_lora_rank 4, qk_nope 4, qk_rope 4 (query/key head 8), v_head_dim 3 (narrower than both, so that a
+/// mixed-up width shows).
+inline TinyDraft make_tiny_mla_draft(uint64_t seed, int64_t q_lora) {
+  TinyDraft m = make_tiny_draft(seed);
+  make_mla(m, q_lora, 4, 4, 4, 3, seed + 1);
+  return m;
+}
+
 /// A draft larger than make_tiny_draft's: H=48, n_h=4, n_kv=2 (several heads per kv head), head dim
 /// `head_dim`, I=72, V=97, K=37 (ids i * 97 / 37), H_t=40, widths that are not powers of two.
 /// `bf16_embed`: the embedding table rounded to bf16 (as a bf16 checkpoint's is), so that an F32 and a

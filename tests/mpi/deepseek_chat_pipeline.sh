@@ -88,5 +88,26 @@ for c in "deepseek_v3_fp8 deepseek-v3 129280 deepseek-v3 <｜User｜>" \
   done
   echo "$m ($tmpl, V $V): generate, prepare, extract, vocab, train, export, eval at tp 1, tp 2 and ep 2 ok: lossless," \
        "acceptance length $acc (untrained $acc_u), $(num tokens_generated "$j") tokens (${SECONDS}s)"
+  # The MLA draft (--draft-attention mla, issue 15): the same shards and recipe, exported in the layout of
+  # vLLM's Eagle3DeepseekV2ForCausalLM, and eval lossless with it and with its untrained twin.
+  run mpirun --oversubscribe -np 2 "$aerie" train --model "$model" --device cpu --shards "$out/shards" \
+      --vocab "$out/vocab.safetensors" --output "$out/run_mla" --steps 40 --batch-size 4 --lr 1e-2 --eval-fraction 0 \
+      --draft-attention mla
+  grep -q "draft layer: MLA" "$work/last.log" || { cat "$work/last.log"; fail "$m: train did not log the MLA draft"; }
+  run mpirun --oversubscribe -np 1 "$aerie" export --model "$model" --checkpoint "$out/run_mla" --output "$out/export_mla"
+  for kv in '"Eagle3DeepseekV2ForCausalLM"' '"kv_lora_rank": *32' '"qk_rope_head_dim": *8'; do
+    grep -q "$kv" "$out/export_mla/config.json" || { cat "$out/export_mla/config.json"; fail "$m: MLA export has no $kv"; }
+  done
+  run mpirun --oversubscribe -np 1 "$aerie" eval --model "$model" --draft "$out/export_mla" --device cpu \
+      --chat-template "$tmpl" --prompts "$out/regen.jsonl" --num-prompts 8 --max-new-tokens 16 \
+      --num-draft-tokens 3 --untrained --output "$out/eval_mla.json"
+  j="$out/eval_mla.json"
+  for kv in '"lossless": true' '"lossless_failures": 0' '"lossless_failures_untrained": 0'; do
+    grep -q "$kv" "$j" || { cat "$j"; fail "$m: MLA draft: eval.json has no $kv"; }
+  done
+  acc_m=$(num acceptance_length "$j") acc_mu=$(num acceptance_length_untrained "$j")
+  awk -v a="$acc_m" -v u="$acc_mu" 'BEGIN { exit !(a > u) }' ||
+    { cat "$j"; fail "$m: the trained MLA draft's acceptance length $acc_m is not above the untrained one's $acc_mu"; }
+  echo "$m: MLA draft trained, exported, eval lossless: acceptance length $acc_m (Llama draft $acc, untrained $acc_mu)"
 done
 echo "deepseek_chat_pipeline: $((SECONDS - t0))s"

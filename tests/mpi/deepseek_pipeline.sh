@@ -71,3 +71,26 @@ if mpirun --oversubscribe -np 1 "$aerie" train --model "$src/tests/model/fixture
 fi
 grep -q -- "--draft-heads" "$work/last.log" || { cat "$work/last.log"; echo "FAIL: the refusal names no option"; exit 1; }
 echo "own draft shape: trained, exported, resume with another shape refused"
+# The MLA draft (--draft-attention mla): trained on 2 ranks, exported for vLLM's Eagle3DeepseekV2ForCausalLM
+# (the target's LoRA ranks and head dims); a resume as the Llama draft, a head override and the speculators
+# format are refused by name. (Its eval is in deepseek_chat_pipeline.sh.)
+out="$work/mla"
+ds="$src/tests/model/fixtures/hf/deepseek_v3"
+run mpirun --oversubscribe -np 2 "$aerie" train --model "$ds" --shards "$work/deepseek_v3/shards" \
+    --vocab "$work/deepseek_v3/vocab.safetensors" --output "$out/run" --steps 4 --batch-size 2 --draft-attention mla
+run mpirun --oversubscribe -np 1 "$aerie" export --model "$ds" --checkpoint "$out/run" --output "$out/export"
+for kv in '"Eagle3DeepseekV2ForCausalLM"' '"q_lora_rank": *32' '"kv_lora_rank": *32' '"v_head_dim": *16' '"yarn"'; do
+  grep -q "$kv" "$out/export/config.json" || { cat "$out/export/config.json"; echo "FAIL: MLA export: no $kv"; exit 1; }
+done
+refused() {  # refused NEEDLE CMD...: the command must fail and name NEEDLE
+  local needle=$1; shift
+  if "$@" >"$work/last.log" 2>&1; then echo "FAIL: accepted: $*"; exit 1; fi
+  grep -q -- "$needle" "$work/last.log" || { cat "$work/last.log"; echo "FAIL: the refusal names no $needle"; exit 1; }
+}
+refused "--draft-attention" mpirun --oversubscribe -np 1 "$aerie" train --model "$ds" --shards "$work/deepseek_v3/shards" \
+    --output "$out/run" --steps 4 --batch-size 2
+refused "--draft-heads" mpirun --oversubscribe -np 1 "$aerie" train --model "$ds" --shards "$work/deepseek_v3/shards" \
+    --vocab "$work/deepseek_v3/vocab.safetensors" --output "$out/run2" --steps 1 --draft-attention mla --draft-heads 2
+refused "format eagle3" mpirun --oversubscribe -np 1 "$aerie" export --model "$ds" --checkpoint "$out/run" \
+    --output "$out/export_spec" --format speculators --verifier x
+echo "MLA draft: trained, exported for Eagle3DeepseekV2ForCausalLM; other attention on resume, head override, speculators refused"

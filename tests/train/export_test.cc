@@ -3,6 +3,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 
 #include "core/error.h"
@@ -217,6 +218,117 @@ TEST(ExportTest, TensorsAndLoadExportRoundTrip) {
   EXPECT_FALSE(nlohmann::json::parse(read_file(out + "/config.json")).contains("eagle_config"));
   EXPECT_EQ(load_export(out, 6).config.aux_layers, default_aux_layers(6));
   EXPECT_TRUE(load_export(out).config.aux_layers.empty());
+}
+
+// The MLA draft's export against vLLM's loader for it (vllm/model_executor/models/deepseek_eagle3.py,
+// Eagle3DeepseekV2ForCausalLM): load_weights maps "midlayer." to "layers.0.", prefixes "model." to every
+// name but lm_head, renames d2t to draft_id_to_target_id and skips t2d; DeepseekV2Eagle3DecoderLayer builds
+// DeepseekV2MLAAttention with input_size 2 * hidden_size (q_a_proj [q_lora_rank, 2H], q_a_layernorm,
+// q_b_proj [heads * (qk_nope + qk_rope), q_lora_rank], kv_a_proj_with_mqa [kv_lora_rank + qk_rope, 2H],
+// kv_a_layernorm [kv_lora_rank], kv_b_proj [heads * (qk_nope + v_head_dim), kv_lora_rank], o_proj [H,
+// heads * v_head_dim]; q_proj [heads * (qk_nope + qk_rope), 2H] without q_lora_rank), DeepseekV2MLP
+// (gate/up [I, H], down [H, I]), input_layernorm, hidden_norm, post_attention_layernorm [H];
+// DeepseekV2Eagle3Model adds fc [H, 3 * target_hidden_size] and norm [H]; lm_head [draft_vocab_size, H].
+// Every tensor the export writes must be one of these names with this shape, and all of them present.
+std::map<std::string, Shape> vllm_deepseek_eagle3_tensors(const nlohmann::json& c) {
+  const int64_t H = c["hidden_size"], nh = c["num_attention_heads"], I = c["intermediate_size"],
+                K = c["draft_vocab_size"], lora = c["kv_lora_rank"], nope = c["qk_nope_head_dim"],
+                rope = c["qk_rope_head_dim"], vd = c["v_head_dim"];
+  const int64_t Ht = c.contains("target_hidden_size") ? c["target_hidden_size"].get<int64_t>() : H;
+  const std::string a = "midlayer.self_attn.";
+  std::map<std::string, Shape> t = {{"fc.weight", {H, 3 * Ht}},
+                                    {a + "kv_a_proj_with_mqa.weight", {lora + rope, 2 * H}},
+                                    {a + "kv_a_layernorm.weight", {lora}},
+                                    {a + "kv_b_proj.weight", {nh * (nope + vd), lora}},
+                                    {a + "o_proj.weight", {H, nh * vd}},
+                                    {"midlayer.mlp.gate_proj.weight", {I, H}},
+                                    {"midlayer.mlp.up_proj.weight", {I, H}},
+                                    {"midlayer.mlp.down_proj.weight", {H, I}},
+                                    {"midlayer.input_layernorm.weight", {H}},
+                                    {"midlayer.hidden_norm.weight", {H}},
+                                    {"midlayer.post_attention_layernorm.weight", {H}},
+                                    {"norm.weight", {H}},
+                                    {"lm_head.weight", {K, H}},
+                                    {"d2t", {K}},
+                                    {"t2d", {c["vocab_size"].get<int64_t>()}}};
+  if (c["q_lora_rank"].is_null()) {
+    t[a + "q_proj.weight"] = {nh * (nope + rope), 2 * H};
+  } else {
+    const int64_t ql = c["q_lora_rank"];
+    t[a + "q_a_proj.weight"] = {ql, 2 * H};
+    t[a + "q_a_layernorm.weight"] = {ql};
+    t[a + "q_b_proj.weight"] = {nh * (nope + rope), ql};
+  }
+  return t;
+}
+
+TEST(ExportTest, MlaDraftHasTheNamesAndShapesOfVllmsLoader) {
+  const std::string dir = testing::scratch_dir("train_export_mla");
+  const TargetConfig target =
+      load_target_config(std::string(AERIE_SOURCE_DIR) + "/tests/model/fixtures/hf/deepseek_v3");
+  ASSERT_TRUE(target.mla.enabled());
+  std::vector<int64_t> selected;
+  DraftVocab vocab;
+  vocab.t2d.assign(static_cast<size_t>(target.vocab_size), 0);
+  for (int64_t i = 0; i < 40; ++i) selected.push_back(i * 6);
+  for (size_t i = 0; i < selected.size(); ++i) {
+    vocab.d2t.push_back(selected[i] - static_cast<int64_t>(i));
+    vocab.t2d[static_cast<size_t>(selected[i])] = 1;
+  }
+  const DraftConfig cfg = DraftConfig::from_target(target, 40, {1, 2, 3}, true);
+  ASSERT_TRUE(cfg.is_mla());
+  Tensor lm = Tensor::zeros({target.vocab_size, target.hidden_size}, DType::F32);
+  const DraftWeights w = init_draft_weights(cfg, lm, selected, 5, true);
+  const std::string out = dir + "/export";
+  write_export(out, cfg, w, vocab, target);
+  const nlohmann::json c = nlohmann::json::parse(read_file(out + "/config.json"));
+  EXPECT_EQ(c["architectures"], nlohmann::json::array({"Eagle3DeepseekV2ForCausalLM"}));
+  EXPECT_EQ(c["num_hidden_layers"], 1);
+  EXPECT_EQ(c["rope_scaling"], target.raw["rope_scaling"]);  // vLLM turns it into deepseek_yarn
+  EXPECT_EQ(c["eagle_config"]["eagle_aux_hidden_state_layer_ids"], nlohmann::json::array({1, 2, 3}));
+  const nlohmann::json h = safetensors_header(out + "/model.safetensors");
+  std::map<std::string, Shape> got;
+  for (auto& [k, v] : h.items())
+    if (k != "__metadata__") got[k] = v["shape"].get<Shape>();
+  EXPECT_EQ(got, vllm_deepseek_eagle3_tensors(c));
+  // load_export reads it back as the MLA draft (eval's path), the weights rounded to bf16 once.
+  ExportedDraft d = load_export(out, target.num_hidden_layers);
+  EXPECT_TRUE(d.config.is_mla());
+  EXPECT_EQ(d.config.q_lora_rank, target.mla.q_lora_rank);
+  auto a = d.weights.named();
+  auto b = w.named();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].first, b[i].first);
+    const std::vector<float> x = a[i].second->to_float_vector(), y = b[i].second->to_float_vector();
+    for (size_t k = 0; k < x.size(); ++k) ASSERT_EQ(x[k], round_bf16(y[k])) << a[i].first;
+  }
+}
+
+// Kimi-K2.5's real config: the MLA draft's config carries the fields of TorchSpec's published MLA draft
+// config (configs/draft_models/kimi_k25_eagle3_mla.json) that vLLM's loader reads, with their values. Not
+// compared: model_type (TorchSpec's "kimi_k2" needs the model's remote code; aerie writes transformers'
+// own "deepseek_v3", whose config class has every field), rope_scaling (copied from the target; TorchSpec's
+// training-init file changed beta_fast), eagle_config (other aux layers), draft_vocab_size (TorchSpec keeps
+// the full 163840).
+TEST(ExportTest, MlaDraftConfigForKimiK25MatchesTorchSpecs) {
+  const std::string cfgs = testing::data_dir() + "/kimi-deepseek-configs";
+  if (!fs::exists(cfgs + "/eagle3-torchspec/kimi_k25_eagle3_mla.json")) GTEST_SKIP() << "no " << cfgs;
+  const std::string dir = testing::scratch_dir("train_export_mla_kimi");
+  fs::copy_file(cfgs + "/config-kimi-k25/config.transformers-5.7.0-redump.json", dir + "/config.json");
+  const TargetConfig target = load_target_config(dir);
+  const nlohmann::json ts = nlohmann::json::parse(read_file(cfgs + "/eagle3-torchspec/kimi_k25_eagle3_mla.json"));
+  DraftConfig cfg = DraftConfig::from_target(target, ts["draft_vocab_size"].get<int64_t>(),
+                                             default_aux_layers(target.num_hidden_layers), true);
+  const nlohmann::json c = export_config(cfg, target);
+  for (const char* k : {"architectures", "hidden_size", "intermediate_size", "num_hidden_layers",
+                        "num_attention_heads", "num_key_value_heads", "q_lora_rank", "kv_lora_rank",
+                        "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "hidden_act", "rms_norm_eps",
+                        "vocab_size", "draft_vocab_size", "torch_dtype", "rope_theta"})
+    EXPECT_EQ(c[k], ts[k]) << k;
+  EXPECT_EQ(c["model_type"], "deepseek_v3");
+  EXPECT_EQ(c["rope_scaling"]["type"], ts["rope_scaling"]["type"]);
+  EXPECT_EQ(c["rope_scaling"]["factor"], ts["rope_scaling"]["factor"]);
 }
 
 TEST(ExportTest, LoadExportRejectsInconsistentVocab) {

@@ -24,7 +24,9 @@
 // A run that does not fit prints {"bench": "train", ..., "error": "..."} and exits with status 1.
 //
 // Usage: bench_train [--seq 2048] [--ttt-steps 7] [--iters 5] [--warmup 2] [--precision bf16|f32]
-//                    [--draft-vocab 32000] [--peak-tflops 989] [--no-breakdown]
+//                    [--draft-vocab 32000] [--peak-tflops 989] [--no-breakdown] [--mla]
+// --mla: the MLA draft (train --draft-attention mla) with DeepSeek-V3 / Kimi-K2 widths (q_lora 1536, kv_lora
+// 512, head dims 128 + 64 / 128) and the same 32 heads, H and MLP; no breakdown.
 #include <cuda_runtime.h>
 
 #include <chrono>
@@ -64,6 +66,7 @@ struct Args {
   std::string precision = "bf16";
   double peak_tflops = 989.0;
   bool breakdown = true;
+  bool mla = false;  // the MLA draft (--draft-attention mla) at DeepSeek-V3's widths
 };
 
 Args parse(int argc, char** argv) {
@@ -82,6 +85,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--draft-vocab") a.draft_vocab = std::stoll(next());
     else if (k == "--peak-tflops") a.peak_tflops = std::stod(next());
     else if (k == "--no-breakdown") a.breakdown = false;
+    else if (k == "--mla") a.mla = true;
     else AERIE_THROW("bench_train: unknown argument " << k << " (see the header of tools/bench/bench_train.cc)");
   }
   AERIE_CHECK(a.seq >= 3 && a.ttt_steps >= 1 && a.iters >= 1 && a.warmup >= 0, "bench_train: bad sizes");
@@ -151,6 +155,15 @@ int run(const Args& a) {
   cfg.rope.original_max_position_embeddings = 8192;
   cfg.aux_layers = {2, 16, 29};
   cfg.target_num_hidden_layers = 32;
+  if (a.mla) {  // the MLA draft with DeepSeek-V3's / Kimi-K2's LoRA ranks and head dims, the same heads
+    cfg.q_lora_rank = 1536;
+    cfg.kv_lora_rank = 512;
+    cfg.qk_nope_head_dim = 128;
+    cfg.qk_rope_head_dim = 64;
+    cfg.v_head_dim = 128;
+    cfg.head_dim = 64;
+    cfg.num_key_value_heads = kHeads;
+  }
 
   // The draft vocabulary: K ids spread over V.
   DraftVocab vocab;
@@ -223,17 +236,18 @@ int run(const Args& a) {
   const double fc = 3.0 * static_cast<double>(kH) * kH, lm = static_cast<double>(K) * kH;
   const double layer = static_cast<double>(params) - fc - lm, Td = static_cast<double>(T);
   const double flops =
-      3.0 * (2.0 * fc * Td + S * (2.0 * (layer + lm) * Td + 2.0 * 2.0 * kHeads * kHeadDim * Td * (Td / 2.0 + S)));
+      3.0 * (2.0 * fc * Td + S * (2.0 * (layer + lm) * Td +
+                                  2.0 * kHeads * (cfg.attn_qk_dim() + cfg.attn_v_dim()) * Td * (Td / 2.0 + S)));
   std::printf(
-      "{\"bench\": \"train\", \"impl\": \"aerie (%s compute, fp32 master weights)\", \"seq\": %lld, \"ttt_steps\": %d, "
+      "{\"bench\": \"train\", \"impl\": \"aerie (%s compute, fp32 master weights%s)\", \"seq\": %lld, \"ttt_steps\": %d, "
       "\"draft_vocab\": %lld, \"precision\": \"%s\", \"step_s\": %.5f, \"tokens_per_s\": %.1f, \"peak_gib\": %.3f, "
       "\"device_used_gib\": %.3f, \"mfu\": %.4f, \"loss\": %.5f, \"grad_norm\": %.4g, \"step_with_target_s\": %.5f, "
       "\"tokens_per_s_with_target\": %.1f, \"peak_with_target_gib\": %.3f}\n",
-      a.precision.c_str(), static_cast<long long>(T), S, static_cast<long long>(K), a.precision.c_str(), step_s,
+      a.precision.c_str(), a.mla ? ", MLA draft" : "", static_cast<long long>(T), S, static_cast<long long>(K), a.precision.c_str(), step_s,
       static_cast<double>(T) / step_s, peak, used, flops / step_s / (a.peak_tflops * 1e12), m.loss(), m.grad_norm,
       step_t_s, static_cast<double>(T) / step_t_s, peak_t);
   std::fflush(stdout);
-  if (!a.breakdown) return 0;
+  if (!a.breakdown || a.mla) return 0;  // the breakdown's attention call has the Llama draft's shape
 
   // Breakdown: the TTT pass without / with the backward (on the compute copy the step used), and one
   // causal attention call of the step-0 shape (bf16 or f32 q/k/v as the step has them).

@@ -344,13 +344,13 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   AERIE_CUDA_LAUNCHED("attn_bwd_dot_kernel");
   if (q.dtype() == DType::F32) {
     Backward<float, float> b{p, op};
-    by_head_dim(p.d, op, b);
+    by_head_dim_forward(p.d, op, b);
   } else if (dk.dtype() == DType::F32) {
     Backward<bf16_t, float> b{p, op};
-    by_head_dim(p.d, op, b);
+    by_head_dim_forward(p.d, op, b);
   } else {
     Backward<bf16_t, bf16_t> b{p, op};
-    by_head_dim(p.d, op, b);
+    by_head_dim_forward(p.d, op, b);
   }
 }
 

@@ -52,7 +52,8 @@ void allow_smem(Kernel kernel, size_t bytes) {
 }
 
 /// The forward's dispatch: by_head_dim, and DP = 256 for 128 < d <= 256 (MLA's query/key head of 192,
-/// nope 128 + rope 64, with the value heads zero-padded to it). The backward stays at d <= 128.
+/// nope 128 + rope 64, with the value heads zero-padded to it). The backward takes it too (the MLA draft's
+/// TTT), in its SIMT kernels.
 template <typename F>
 void by_head_dim_forward(int64_t d, const char* op, F& f);
 

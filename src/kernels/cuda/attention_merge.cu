@@ -1,5 +1,6 @@
 // CUDA TTT diagonal merge (eagle3.md section 4; contracts in kernels/attention.h): elementwise per
-// (row, head), one warp each, lanes over the head dim (d <= 128); up to 8 diagonal keys per launch.
+// (row, head), one warp each, lanes over the head dim (d <= 256: MLA's query/key head of 192 too); up to 8
+// diagonal keys per launch.
 #include <algorithm>
 
 #include "kernels/cuda/attention.h"
@@ -11,7 +12,7 @@ namespace {
 using namespace attn;
 
 constexpr int kMaxDiag = 8;  // diagonal keys per merge launch (more: several launches)
-constexpr int kMaxNc = 4;    // head-dim columns per lane (d <= 128)
+constexpr int kMaxNc = 8;    // head-dim columns per lane (d <= 256)
 
 struct DiagPtrs {
   const void* k[kMaxDiag];
