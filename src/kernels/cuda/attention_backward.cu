@@ -3,7 +3,7 @@
 // looping over the 32-row tiles of packed query rows that attend them (lane = query row); dq per tile of
 // packed query rows, looping over 32-key tiles (lane = key), as the forward. Both recompute
 // P = exp(scale q.k - lse) from the saved lse. Row packing and head-dim padding as in attention.cu.
-// BF16 work with head dim 64 or 128 goes to the tensor-core passes of attention_backward_tc.cu, on an
+// BF16 work with head dim 64, 128 or 192 (MLA) goes to the tensor-core passes of attention_backward_tc.cu, on an
 // sm_90a GPU with head dim 128 to the wgmma passes of attention_wgmma.cu
 // (AERIE_ATTENTION_BACKWARD_KERNEL=mma keeps the mma.sync ones, for comparisons).
 #include <algorithm>
@@ -266,17 +266,19 @@ struct Backward {
 
   template <int DP>
   void run() {
-    if constexpr (std::is_same_v<T, bf16_t> && (DP == 64 || DP == 128)) {
-      // The tensor-core passes read whole 16-byte chunks of rows of exactly DP values.
+    if constexpr (std::is_same_v<T, bf16_t> && (DP == 64 || DP == 128 || DP == 256)) {
+      // The tensor-core passes read whole 16-byte chunks of rows of exactly 64, 128 or 192 values (192: MLA's
+      // query/key head, in the DP = 256 bucket of the SIMT kernels).
+      constexpr int TD = DP == 256 ? 192 : DP;
       auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
-      if (p.d == DP && !few_rows(p.tq * p.group) && aligned(p.q) && aligned(p.k) && aligned(p.v) &&
+      if (p.d == TD && !few_rows(p.tq * p.group) && aligned(p.q) && aligned(p.k) && aligned(p.v) &&
           aligned(p.dout) && aligned(p.dq) && aligned(p.dk) && aligned(p.dv)) {
-        if (DP == 128 && wgmma_chosen("AERIE_ATTENTION_BACKWARD_KERNEL")) {
+        if (TD == 128 && wgmma_chosen("AERIE_ATTENTION_BACKWARD_KERNEL")) {
           launch_bwd_wgmma<G>(p);
           return;
         }
-        if (p.tk > 0) launch_bwd_dkdv_tc<DP, G>(p);
-        launch_bwd_dq_tc<DP>(p);
+        if (p.tk > 0) launch_bwd_dkdv_tc<TD, G>(p);
+        launch_bwd_dq_tc<TD>(p);
         return;
       }
     }

@@ -1,4 +1,5 @@
-// BF16 tensor-core backward of the causal GQA attention (head dims exactly 64 or 128): the two passes of
+// BF16 tensor-core backward of the causal GQA attention (head dims exactly 64, 128 or 192, the last MLA's
+// query/key head with its values zero-padded to it: the MLA draft's TTT): the two passes of
 // attention_backward.cu (dq per tile of packed query rows; dk/dv per tile of keys, no atomics) with
 // mma.sync m16n8k16 (bf16 in, fp32 accumulate) instead of SIMT dot products. FlashAttention-2 (Dao
 // 2023) Algorithm 2: P = exp(scale q.k - lse) is recomputed from the saved lse, dP = dout v^T,
@@ -89,7 +90,7 @@ __device__ __forceinline__ void frags_times_tile(float (&acc)[DP / 8][4], const 
 
 template <int DP>
 __global__ void __launch_bounds__(kThreads, 2) attn_bwd_dq_mma_kernel(BwdParams p) {
-  static_assert(DP == 64 || DP == 128);
+  static_assert(DP == 64 || DP == 128 || DP == 192);
   constexpr int NB = kBlk / 8, ND = DP / 8;
   extern __shared__ __align__(128) unsigned char bwd_smem[];
   const uint32_t sQ = static_cast<uint32_t>(__cvta_generic_to_shared(bwd_smem));
@@ -176,7 +177,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_bwd_dq_mma_kernel(BwdParams 
 
 template <int DP, typename G>
 __global__ void __launch_bounds__(kThreads, 1) attn_bwd_dkdv_mma_kernel(BwdParams p) {
-  static_assert(DP == 64 || DP == 128);
+  static_assert(DP == 64 || DP == 128 || DP == 192);
   constexpr int NB = kBlk / 8, ND = DP / 8;
   extern __shared__ __align__(128) unsigned char bwd_smem[];
   const uint32_t sK = static_cast<uint32_t>(__cvta_generic_to_shared(bwd_smem));
@@ -309,9 +310,12 @@ void launch_bwd_dkdv_tc(const BwdParams& p) {
 
 template void launch_bwd_dq_tc<64>(const BwdParams& p);
 template void launch_bwd_dq_tc<128>(const BwdParams& p);
+template void launch_bwd_dq_tc<192>(const BwdParams& p);
 template void launch_bwd_dkdv_tc<64, float>(const BwdParams& p);
 template void launch_bwd_dkdv_tc<128, float>(const BwdParams& p);
 template void launch_bwd_dkdv_tc<64, bf16_t>(const BwdParams& p);
 template void launch_bwd_dkdv_tc<128, bf16_t>(const BwdParams& p);
+template void launch_bwd_dkdv_tc<192, float>(const BwdParams& p);
+template void launch_bwd_dkdv_tc<192, bf16_t>(const BwdParams& p);
 
 }  // namespace aerie::cuda::attn

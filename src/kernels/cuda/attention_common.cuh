@@ -53,7 +53,7 @@ void allow_smem(Kernel kernel, size_t bytes) {
 
 /// The forward's dispatch: by_head_dim, and DP = 256 for 128 < d <= 256 (MLA's query/key head of 192,
 /// nope 128 + rope 64, with the value heads zero-padded to it). The backward takes it too (the MLA draft's
-/// TTT), in its SIMT kernels.
+/// TTT): bf16 at exactly 192 in the tensor-core passes, else the SIMT kernels.
 template <typename F>
 void by_head_dim_forward(int64_t d, const char* op, F& f);
 
@@ -172,7 +172,7 @@ struct BwdParams {
   float scale;
 };
 
-/// The BF16 tensor-core backward passes (attention_backward_tc.cu, head dim d == DP = 64 or 128, every
+/// The BF16 tensor-core backward passes (attention_backward_tc.cu, head dim d == DP = 64, 128 or 192, every
 /// tensor 16-byte aligned): dq (overwritten, bf16) and dk/dv (added to, G = float or bf16).
 template <int DP>
 void launch_bwd_dq_tc(const BwdParams& p);
