@@ -146,6 +146,17 @@ void write_export(const std::string& out_dir, const DraftConfig& cfg, const Draf
   const std::string misread = aux_ids_misread(cfg.aux_layers, target.num_hidden_layers, engine);
   AERIE_CHECK(misread.empty() || engine == ServingEngine::Any, "export --for sglang: " << misread);
   if (!misread.empty()) AERIE_LOG(warning) << "export: " << misread << " (export --for vllm to silence this)";
+  if (cfg.is_mla()) {
+    // SGLang's MLA draft (srt/models/deepseek_eagle3.py) is another layer: architectures
+    // DeepseekV3ForCausalLMEagle3, the residual always hidden_norm(h) (vLLM's norm_before_residual), and with a
+    // query LoRA one fused_qkv_a_proj_with_mqa weight; aerie writes vLLM's Eagle3DeepseekV2ForCausalLM.
+    const std::string why =
+        "the MLA draft is exported as vLLM's Eagle3DeepseekV2ForCausalLM; SGLang's MLA draft "
+        "(DeepseekV3ForCausalLMEagle3) names another architecture, always adds hidden_norm(h) as the residual and "
+        "loads the query and latent projections fused, so SGLang would not serve this export as trained";
+    AERIE_CHECK(engine != ServingEngine::Sglang, "export --for sglang: " << why);
+    if (engine == ServingEngine::Any) AERIE_LOG(warning) << "export: " << why << " (export --for vllm to silence this)";
+  }
   nlohmann::json config = export_config(cfg, target);
   SafetensorsFile f = export_tensors(cfg, weights, vocab);
   record_export_checkpoint(config, f, source);

@@ -275,17 +275,23 @@ TEST(ExportTest, MlaDraftHasTheNamesAndShapesOfVllmsLoader) {
     vocab.d2t.push_back(selected[i] - static_cast<int64_t>(i));
     vocab.t2d[static_cast<size_t>(selected[i])] = 1;
   }
-  const DraftConfig cfg = DraftConfig::from_target(target, 40, {1, 2, 3}, true);
+  const DraftConfig cfg = DraftConfig::from_target(target, 40, {0, 1, 3}, true);
   ASSERT_TRUE(cfg.is_mla());
   Tensor lm = Tensor::zeros({target.vocab_size, target.hidden_size}, DType::F32);
   const DraftWeights w = init_draft_weights(cfg, lm, selected, 5, true);
   const std::string out = dir + "/export";
-  write_export(out, cfg, w, vocab, target);
+  // SGLang's MLA draft (srt/models/deepseek_eagle3.py: DeepseekV3ForCausalLMEagle3) is another layer
+  // (its residual is always hidden_norm(h), its query and latent projections load fused): refused by name.
+  EXPECT_NE(testing::error_of([&] { write_export(out, cfg, w, vocab, target, ServingEngine::Sglang); })
+                .find("DeepseekV3ForCausalLMEagle3"),
+            std::string::npos);
+  EXPECT_FALSE(fs::exists(out));
+  write_export(out, cfg, w, vocab, target, ServingEngine::Vllm);
   const nlohmann::json c = nlohmann::json::parse(read_file(out + "/config.json"));
   EXPECT_EQ(c["architectures"], nlohmann::json::array({"Eagle3DeepseekV2ForCausalLM"}));
   EXPECT_EQ(c["num_hidden_layers"], 1);
   EXPECT_EQ(c["rope_scaling"], target.raw["rope_scaling"]);  // vLLM turns it into deepseek_yarn
-  EXPECT_EQ(c["eagle_config"]["eagle_aux_hidden_state_layer_ids"], nlohmann::json::array({1, 2, 3}));
+  EXPECT_EQ(c["eagle_config"]["eagle_aux_hidden_state_layer_ids"], nlohmann::json::array({0, 1, 3}));
   const nlohmann::json h = safetensors_header(out + "/model.safetensors");
   std::map<std::string, Shape> got;
   for (auto& [k, v] : h.items())
