@@ -24,7 +24,7 @@
 # covered the verified chains kept in the latent KV cache, not only rejections); tp 2 and ep 2 give tp 1's tokens
 # and figures (in f32 the other summation order of the all-reduce flips no argmax of these runs); eval's
 # prompt is rendered with the template's special tokens. The weights are random: the acceptance length
-# measures recall of the training answers, not a draft's quality (2026-12-02, OpenBLAS Haswell kernels:
+# measures recall of the training answers, not a draft's quality (2026-12-02, on a 2-core x86-64 runner:
 # DeepSeek-V3 FP8 3.0, Kimi-K2.5 INT4 2.31, untrained 1.0). Then the MLA draft (--draft-attention mla) on
 # the same shards: trained, exported for vLLM's Eagle3DeepseekV2ForCausalLM, eval lossless (trained and
 # untrained) and accepted more than untrained (3.0 and 2.86). About a minute and a half on 2 cores.
