@@ -449,7 +449,7 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp, StreamClien
                     << (stream != nullptr ? "of " + opts.prepared_path + ", streamed from the target's ranks"
                                           : "in " + std::to_string(shards.paths.size()) + " shards")
                     << ", " << total << " steps of "
-                    << opts.batch_size << " samples on " << dp.size() << " dp ranks, "
+                    << opts.batch_size << " samples on " << dp.size() << (dp.size() == 1 ? " dp rank, " : " dp ranks, ")
                     << order.steps_per_epoch() << " steps per epoch, warmup " << sched.warmup_steps
                     << " steps, K = " << ck.config.draft_vocab_size << ", aux layers "
                     << nlohmann::json(ck.config.aux_layers).dump() << ", device " << device_name(dev) << ", compute "
@@ -734,7 +734,7 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp, StreamClien
   if (stream != nullptr) {
     stream->finish(st.step - 1, [&](int64_t s) { return order.batch(s); }, rank, dp.size());
     if (rank == 0)
-      AERIE_LOG(info) << "train: rank 0 received " << stream->received_bytes() / (1 << 20) << " MiB of hidden states "
+      AERIE_LOG(info) << "train: trainer rank 0 received " << stream->received_bytes() / (1 << 20) << " MiB of hidden states "
                       << "from the target and waited " << std::fixed << std::setprecision(1) << stream->wait_seconds()
                       << " s for them";
   }
