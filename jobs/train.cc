@@ -78,6 +78,22 @@ void check_train_inputs(const TrainOptions& o) {
   TRAIN_REQUIRE(o.loss_normalization == "valid" || o.loss_normalization == "all",
                 "--loss-normalization '" << o.loss_normalization << "' is not valid or all");
   TRAIN_REQUIRE(o.heldout_samples >= 0, "--heldout-samples must be >= 0, got " << o.heldout_samples);
+  if (o.draft_attention == "mla") {
+    // vLLM's Eagle3DeepseekV2ForCausalLM (deepseek_eagle3.py), the layer the MLA draft exports to, has
+    // fc(f) without input_norm and hands the pre-norm hidden on (no norm_output): a draft trained with
+    // either would be served as another draft.
+    TRAIN_REQUIRE(!o.draft_norm_before_fc && !o.draft_norm_output,
+                  "--draft-attention mla takes --draft-norm-before-residual only of the EAGLE-3.1 options: vLLM's "
+                  "Eagle3DeepseekV2ForCausalLM, which serves the MLA draft, has no input_norm (--draft-norm-before-fc) "
+                  "and always hands the pre-norm hidden state on (no --draft-norm-output)");
+    TRAIN_REQUIRE(o.draft_heads == 0 && o.draft_kv_heads == 0 && o.draft_head_dim == 0,
+                  "--draft-heads, --draft-kv-heads and --draft-head-dim shape the Llama draft's attention; "
+                  "--draft-attention mla takes the target's heads, LoRA ranks and head dims");
+    const TargetConfig t = load_target_config(o.model_dir);
+    TRAIN_REQUIRE(t.mla.enabled(), "--draft-attention mla: --model " << o.model_dir << " ("
+                                       << "model_type " << t.model_type << ") has no multi-head latent attention (no kv_lora_rank in its "
+                                          "config.json); use --draft-attention llama");
+  }
   TRAIN_REQUIRE(o.device == "auto" || o.device == "cpu" || o.device == "cuda",
           "--device '" << o.device << "' is not auto, cpu or cuda");
   TRAIN_REQUIRE(o.precision == "auto" || o.precision == "bf16" || o.precision == "f32",

@@ -145,7 +145,22 @@ DraftConfig DraftConfig::from_json(const nlohmann::json& j) {
       j.contains("num_key_value_heads") ? get_int(j, "num_key_value_heads") : c.num_attention_heads;
   c.head_dim = j.contains("head_dim") && !j["head_dim"].is_null() ? get_int(j, "head_dim")
                                                                   : c.hidden_size / c.num_attention_heads;
-  if (j.contains("kv_lora_rank") && !j["kv_lora_rank"].is_null()) {  // the MLA draft (DeepseekV3Config fields)
+  // The layer: architectures names it when given (vLLM's MLA draft class, its V3 alias, SGLang's names),
+  // and the MLA fields must agree with it.
+  std::string arch;
+  if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
+      j["architectures"][0].is_string())
+    arch = j["architectures"][0].get<std::string>();
+  const bool mla_arch = arch == "Eagle3DeepseekV2ForCausalLM" || arch == "Eagle3DeepseekV3ForCausalLM" ||
+                        arch == "DeepseekV2ForCausalLMEagle3" || arch == "DeepseekV3ForCausalLMEagle3";
+  const bool has_lora = j.contains("kv_lora_rank") && !j["kv_lora_rank"].is_null();
+  AERIE_CHECK(!mla_arch || has_lora, "draft config: architectures " << arch
+                                                                    << " is an MLA draft, but kv_lora_rank is missing");
+  AERIE_CHECK(!has_lora || arch.empty() || mla_arch,
+              "draft config: kv_lora_rank is set (an MLA draft) but architectures is " << arch
+                                                                                       << " (the MLA draft is "
+                                                                                          "Eagle3DeepseekV2ForCausalLM)");
+  if (has_lora) {  // the MLA draft (DeepseekV3Config fields)
     c.kv_lora_rank = get_int(j, "kv_lora_rank");
     c.q_lora_rank = j.contains("q_lora_rank") && !j["q_lora_rank"].is_null() ? get_int(j, "q_lora_rank") : 0;
     c.qk_nope_head_dim = get_int(j, "qk_nope_head_dim");

@@ -147,6 +147,12 @@ void write_export(const std::string& out_dir, const DraftConfig& cfg, const Draf
   AERIE_CHECK(misread.empty() || engine == ServingEngine::Any, "export --for sglang: " << misread);
   if (!misread.empty()) AERIE_LOG(warning) << "export: " << misread << " (export --for vllm to silence this)";
   if (cfg.is_mla()) {
+    // vLLM's Eagle3DeepseekV2ForCausalLM has fc(f) without input_norm and hands the pre-norm hidden on.
+    AERIE_CHECK(!cfg.norm_before_fc && !cfg.norm_output,
+                "export: the MLA draft was trained with " << (cfg.norm_before_fc ? "norm_before_fc" : "norm_output")
+                                                          << ", which vLLM's Eagle3DeepseekV2ForCausalLM does not run "
+                                                             "(no input_norm; the pre-norm hidden is handed on): it "
+                                                             "would serve another draft");
     // SGLang's MLA draft (srt/models/deepseek_eagle3.py) is another layer: architectures
     // DeepseekV3ForCausalLMEagle3, the residual always hidden_norm(h) (vLLM's norm_before_residual), and with a
     // query LoRA one fused_qkv_a_proj_with_mqa weight; aerie writes vLLM's Eagle3DeepseekV2ForCausalLM.

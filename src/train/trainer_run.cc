@@ -456,8 +456,10 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp, StreamClien
                     << (resolve_compute_dtype(opts.precision, dev) == DType::BF16 ? "bf16 (fp32 master weights)" : "fp32")
                     << ", draft layer: "
                     << (ck.config.is_mla()
-                            ? "MLA, " + std::to_string(ck.config.num_attention_heads) + " heads, q_lora " +
-                                  std::to_string(ck.config.q_lora_rank) + ", kv_lora " +
+                            ? "MLA, " + std::to_string(ck.config.num_attention_heads) + " heads, " +
+                                  (ck.config.q_lora_rank > 0 ? "q_lora " + std::to_string(ck.config.q_lora_rank)
+                                                             : std::string("no query LoRA (q_proj)")) +
+                                  ", kv_lora " +
                                   std::to_string(ck.config.kv_lora_rank) + ", head dims " +
                                   std::to_string(ck.config.qk_nope_head_dim) + " + " +
                                   std::to_string(ck.config.qk_rope_head_dim) + " / v " +

@@ -227,6 +227,15 @@ TEST(DraftMla, ConfigRoundTripsAndReadsAsVllmDoes) {
   nlohmann::json bad = j;
   bad["v_head_dim"] = 9;
   EXPECT_NE(testing::error_of([&] { DraftConfig::from_json(bad); }).find("v_head_dim 9"), std::string::npos);
+  // architectures and the MLA fields must agree (a config edited by hand, or a Llama draft's with MLA fields).
+  nlohmann::json no_lora = j;
+  no_lora.erase("kv_lora_rank");
+  EXPECT_NE(testing::error_of([&] { DraftConfig::from_json(no_lora); }).find("kv_lora_rank is missing"),
+            std::string::npos);
+  nlohmann::json llama_arch = j;
+  llama_arch["architectures"] = {"LlamaForCausalLMEagle3"};
+  EXPECT_NE(testing::error_of([&] { DraftConfig::from_json(llama_arch); }).find("architectures is LlamaForCausalLMEagle3"),
+            std::string::npos);
   // Weights of the other layout are refused when the layer is built.
   auto llama = testing::make_tiny_draft(53);
   auto s = testing::make_tiny_sample(llama, 6, 54);

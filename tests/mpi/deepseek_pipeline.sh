@@ -91,6 +91,14 @@ refused "--draft-attention" mpirun --oversubscribe -np 1 "$aerie" train --model 
     --output "$out/run" --steps 4 --batch-size 2
 refused "--draft-heads" mpirun --oversubscribe -np 1 "$aerie" train --model "$ds" --shards "$work/deepseek_v3/shards" \
     --vocab "$work/deepseek_v3/vocab.safetensors" --output "$out/run2" --steps 1 --draft-attention mla --draft-heads 2
+refused "--draft-norm-before-fc" mpirun --oversubscribe -np 2 "$aerie" train --model "$ds" \
+    --shards "$work/deepseek_v3/shards" --vocab "$work/deepseek_v3/vocab.safetensors" --output "$out/run3" --steps 1 \
+    --draft-attention mla --draft-norm-before-fc
+refused "use --draft-attention llama" mpirun --oversubscribe -np 2 "$aerie" train --model "$tok" \
+    --shards "$work/deepseek_v3/shards" --vocab "$work/deepseek_v3/vocab.safetensors" --output "$out/run4" --steps 1 \
+    --draft-attention mla
+grep -q "MPI_ABORT" "$work/last.log" && { cat "$work/last.log"; echo "FAIL: the refusal went through MPI_Abort"; exit 1; }
 refused "format eagle3" mpirun --oversubscribe -np 1 "$aerie" export --model "$ds" --checkpoint "$out/run" \
     --output "$out/export_spec" --format speculators --verifier x
-echo "MLA draft: trained, exported for Eagle3DeepseekV2ForCausalLM; other attention on resume, head override, speculators refused"
+echo "MLA draft: trained, exported for Eagle3DeepseekV2ForCausalLM; other attention on resume, head override," \
+     "norm_before_fc, a Llama target (usage error on every rank) and the speculators format refused"
