@@ -146,6 +146,15 @@ void write_export(const std::string& out_dir, const DraftConfig& cfg, const Draf
   const std::string misread = aux_ids_misread(cfg.aux_layers, target.num_hidden_layers, engine);
   AERIE_CHECK(misread.empty() || engine == ServingEngine::Any, "export --for sglang: " << misread);
   if (!misread.empty()) AERIE_LOG(warning) << "export: " << misread << " (export --for vllm to silence this)";
+  if (cfg.norm_before_residual && !cfg.is_mla()) {
+    // SGLang's llama_eagle3.py keeps h as layer 0's residual: it has no norm_before_residual.
+    const std::string why =
+        "the draft was trained with norm_before_residual (the residual is hidden_norm(h)), which SGLang's "
+        "LlamaForCausalLMEagle3 does not run (its residual is always h): SGLang would serve another draft; vLLM "
+        "reads config.norm_before_residual";
+    AERIE_CHECK(engine != ServingEngine::Sglang, "export --for sglang: " << why);
+    if (engine == ServingEngine::Any) AERIE_LOG(warning) << "export: " << why << " (export --for vllm to silence this)";
+  }
   if (cfg.is_mla()) {
     // vLLM's Eagle3DeepseekV2ForCausalLM has fc(f) without input_norm and hands the pre-norm hidden on.
     AERIE_CHECK(!cfg.norm_before_fc && !cfg.norm_output,

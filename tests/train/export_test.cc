@@ -120,6 +120,23 @@ TEST(ExportTest, AuxIdsThatAnEngineWouldMisreadAreNamed) {
 
 // An --output that holds anything but an export (a run folder given by mistake) is refused and left as
 // it is; an earlier export is replaced (found by a new-user trial: the run folder was wiped).
+// norm_before_residual: vLLM reads it, SGLang's Llama EAGLE-3 layer has no such option (its residual is
+// always h): --for sglang refuses such a draft by name, --for vllm and --for any write it.
+TEST(ExportTest, NormBeforeResidualIsRefusedForSglang) {
+  const std::string dir = testing::scratch_dir("train_export_nbr_sglang");
+  auto s = testing::make_tiny_setup(dir, {2, 3, 4});
+  s.cfg.norm_before_residual = true;
+  EXPECT_NE(testing::error_of([&] { write_export(dir + "/e_sglang", s.cfg, s.w, s.vocab, s.target, ServingEngine::Sglang); })
+                .find("norm_before_residual"),
+            std::string::npos);
+  EXPECT_FALSE(fs::exists(dir + "/e_sglang"));
+  write_export(dir + "/e_vllm", s.cfg, s.w, s.vocab, s.target, ServingEngine::Vllm);
+  write_export(dir + "/e_any", s.cfg, s.w, s.vocab, s.target);
+  EXPECT_EQ(nlohmann::json::parse(read_file(dir + "/e_any/config.json"))["norm_before_residual"], true);
+  s.cfg.norm_before_residual = false;
+  write_export(dir + "/e_plain", s.cfg, s.w, s.vocab, s.target, ServingEngine::Sglang);  // the plain draft: fine
+}
+
 TEST(ExportTest, RefusesToReplaceAFolderThatIsNotAnExport) {
   const std::string dir = testing::scratch_dir("train_export_replace");
   auto s = testing::make_tiny_setup(dir, {1, 3, 5});

@@ -6,6 +6,9 @@
 #   beta2    --adam-beta2 0.999 (torch's default, SpecForge's)
 #   lmrand   --lm-head-init random (nn.Linear's init, SpecForge's)
 #   lossall  --loss-normalization all (each TTT step's loss over all rows of the batch, SpecForge's mean)
+# and the EAGLE-3.1 draft options (issue 15 item 5) on the same data:
+#   nbr      --draft-norm-before-residual      nout  --draft-norm-output
+#   both     the two                           nbfc  --draft-norm-before-fc
 # usage: tools/bench/recipe_smollm2.sh OUT_DIR PREPARED_H5
 #   PREPARED_H5: the pipeline's prepared file (tools/smollm2_pipeline or tools/bench/stream_smollm2.sh write it)
 # Environment: AERIE_BIN, SMOLLM2_MODEL (default tools/get_smollm2), SEEDS ("0 1"), VARIANTS
@@ -21,7 +24,9 @@ M="${SMOLLM2_MODEL:-$("$root/tools/get_smollm2" | tail -1)}"
   --output "$W/vocab.safetensors" >"$W/vocab.log" 2>&1 || exit 1
 [ -d "$W/shards" ] || mpirun -np 1 "$A" extract --config "$C/extract.ini" --model "$M" --prepared "$P" \
   --output "$W/shards" --device cuda >"$W/extract.log" 2>&1 || exit 1
-declare -A opt=([base]="" [beta2]="--adam-beta2 0.999" [lmrand]="--lm-head-init random" [lossall]="--loss-normalization all")
+declare -A opt=([base]="" [beta2]="--adam-beta2 0.999" [lmrand]="--lm-head-init random" [lossall]="--loss-normalization all"
+  [nbr]="--draft-norm-before-residual" [nout]="--draft-norm-output"
+  [both]="--draft-norm-before-residual --draft-norm-output" [nbfc]="--draft-norm-before-fc")
 for s in ${SEEDS:-0 1}; do for v in ${VARIANTS:-base beta2 lmrand lossall}; do
   r="$W/${v}_s$s"
   # shellcheck disable=SC2086
