@@ -35,6 +35,15 @@ std::vector<float> rope_inv_freq(const RopeParams& p, int64_t head_dim) {
 
 double yarn_mscale(double factor, double m) { return factor <= 1.0 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; }
 
+double mla_softmax_scale(const RopeParams& p, int64_t qk_head_dim) {
+  double scale = 1.0 / std::sqrt(static_cast<double>(qk_head_dim));
+  if (p.type != "default" && p.mscale_all_dim != 0.0) {
+    const double m = yarn_mscale(p.factor, p.mscale_all_dim);
+    scale *= m * m;
+  }
+  return scale;
+}
+
 double rope_attention_factor(const RopeParams& p) {
   if (p.type != "yarn") return 1.0;
   if (p.attention_factor >= 0.0) return p.attention_factor;

@@ -36,6 +36,9 @@ double yarn_mscale(double factor, double m = 1.0);
 /// it is attention_factor when given, else mscale(f, mscale) / mscale(f, mscale_all_dim) when both are
 /// set and nonzero, else mscale(f) (1.0 for DeepSeek-V3 and the Kimi models, whose mscale = mscale_all_dim).
 double rope_attention_factor(const RopeParams& p);
+/// MLA's softmax scale (transformers' DeepseekV3Attention.scaling, vLLM's DeepseekV2MLAAttention):
+/// qk_head_dim^-0.5, times mscale(factor, mscale_all_dim)^2 for a scaled rope whose mscale_all_dim is set.
+double mla_softmax_scale(const RopeParams& p, int64_t qk_head_dim);
 
 /// Interleaved (GPT-J) RoPE in place on x: [T, n_heads, d] F32 or BF16: pair i is dims (2i, 2i+1),
 /// rotated by angle positions[t] * inv_freq[i] and multiplied by `scale` (rope_attention_factor):

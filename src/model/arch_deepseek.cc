@@ -22,14 +22,7 @@ DecoderLayer build_deepseek_layer(WeightSource& src, const TargetConfig& cfg, in
   a.v_head = cfg.mla.v_head_dim;
   a.inv_freq = rope_inv_freq(cfg.rope, a.qk_rope);
   a.rope_scale = static_cast<float>(rope_attention_factor(cfg.rope));
-  // DeepseekV3Attention.scaling: qk_head_dim^-0.5, times mscale(factor, mscale_all_dim)^2 for a scaled
-  // rope whose mscale_all_dim is set (yarn_apply_mscale).
-  double scale = 1.0 / std::sqrt(static_cast<double>(a.qk_nope + a.qk_rope));
-  if (cfg.rope.type != "default" && cfg.rope.mscale_all_dim != 0.0) {
-    const double m = yarn_mscale(cfg.rope.factor, cfg.rope.mscale_all_dim);
-    scale *= m * m;
-  }
-  a.softmax_scale = static_cast<float>(scale);
+  a.softmax_scale = static_cast<float>(mla_softmax_scale(cfg.rope, a.qk_nope + a.qk_rope));
   a.eps = static_cast<float>(cfg.rms_norm_eps);
   L.attn = make_mla_attention(src, a, p + "self_attn.");
   if (cfg.moe.is_moe_layer(layer)) {

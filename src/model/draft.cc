@@ -77,14 +77,9 @@ DraftConfig DraftConfig::from_target(const TargetConfig& t, int64_t K, std::vect
 }
 
 float DraftConfig::softmax_scale() const {
-  double scale = 1.0 / std::sqrt(static_cast<double>(attn_qk_dim()));
-  // DeepseekV3Attention.scaling (and vLLM's DeepseekV2MLAAttention): mscale(factor, mscale_all_dim)^2
-  // under a scaled rope whose mscale_all_dim is set, as the target's MLA (arch_deepseek.cc).
-  if (is_mla() && rope.type != "default" && rope.mscale_all_dim != 0.0) {
-    const double m = yarn_mscale(rope.factor, rope.mscale_all_dim);
-    scale *= m * m;
-  }
-  return static_cast<float>(scale);
+  // The MLA draft's as the target's MLA (arch_deepseek.cc); the Llama draft's 1/sqrt(head_dim).
+  return static_cast<float>(is_mla() ? mla_softmax_scale(rope, attn_qk_dim())
+                                     : 1.0 / std::sqrt(static_cast<double>(head_dim)));
 }
 
 nlohmann::json DraftConfig::to_json() const {

@@ -51,6 +51,9 @@ LayerCtx::LayerCtx(const DraftConfig& c, const DraftWeights& w_, const Tensor& e
   if (c.is_mla()) {
     rope_scale = static_cast<float>(rope_attention_factor(c.rope));
     for (float f : inv_freq) neg_inv_freq.push_back(-f);
+    head_ones = Tensor::from_vector(std::vector<float>(static_cast<size_t>(c.num_attention_heads), 1.0f),
+                                    {c.num_attention_heads});
+    if (device != Device::CPU) head_ones = head_ones.to_device(device);
   }
   AERIE_CHECK(w.kv_a_proj_with_mqa.defined() == c.is_mla() &&
                   (!c.is_mla() || w.q_a_proj.defined() == (c.q_lora_rank > 0)) &&
@@ -384,10 +387,8 @@ Tensor mla_qkv_backward(const LayerCtx& c, const LayerActs& a, Tensor& dq, Tenso
   copy_columns(dv_f.reshape({n * nh, dqd}), 0, dkv_r, nope, vd);
   // The shared k_pe: the sum over the heads of dk's rope columns, one [1, n_h] x [n_h, rope] GEMM per row
   // (the ones vector read with stride 0), then the inverse rotation.
-  Tensor ones = Tensor::from_vector(std::vector<float>(static_cast<size_t>(nh), 1.0f), {nh});
-  if (c.device != Device::CPU) ones = ones.to_device(c.device);
   Tensor dkpe = f32(c, {n, 1, rope});
-  matmul_strided_batched({&ones, 0, nh, 0}, {&dk_f, nope, dqd, nh * dqd}, {&dkpe, 0, rope, rope}, 1, rope, nh, n, false);
+  matmul_strided_batched({&c.head_ones, 0, nh, 0}, {&dk_f, nope, dqd, nh * dqd}, {&dkpe, 0, rope, rope}, 1, rope, nh, n, false);
   rope_apply_interleaved(dkpe, a.positions, c.neg_inv_freq, c.rope_scale);
   const Tensor dkv_c = as_compute(c, dkv);
   add_weight_grad(dkv_c, a.cn, g.kv_b_proj);

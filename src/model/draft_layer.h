@@ -46,6 +46,7 @@ struct LayerCtx {
   std::vector<float> inv_freq;  // RoPE inverse frequencies [d/2] (MLA: [qk_rope/2], interleaved pairs)
   std::vector<float> neg_inv_freq;  // MLA: -inv_freq (the interleaved rope's backward rotates by -angle)
   float rope_scale = 1.0f;      // MLA: rope_attention_factor (cos/sin multiplier)
+  Tensor head_ones;             // MLA: [n_h] F32 ones on `device` (sums the heads' rope-key gradients)
   float scale;                  // the softmax scale, DraftConfig::softmax_scale() (1/sqrt(d) for Llama)
   Device device;                // where the weights (and so every activation) live: w.fc's device
   /// The GEMM input dtype: the matrices' dtype (all nine agree), F32, or BF16 for a compute copy

@@ -143,17 +143,19 @@ void write_export_dir(const std::string& out_dir, const nlohmann::json& config, 
 void write_export(const std::string& out_dir, const DraftConfig& cfg, const DraftWeights& weights,
                   const DraftVocab& vocab, const TargetConfig& target, ServingEngine engine,
                   const nlohmann::json& source) {
-  const std::string misread = aux_ids_misread(cfg.aux_layers, target.num_hidden_layers, engine);
-  AERIE_CHECK(misread.empty() || engine == ServingEngine::Any, "export --for sglang: " << misread);
-  if (!misread.empty()) AERIE_LOG(warning) << "export: " << misread << " (export --for vllm to silence this)";
-  if (cfg.norm_before_residual && !cfg.is_mla()) {
-    // SGLang's llama_eagle3.py keeps h as layer 0's residual: it has no norm_before_residual.
-    const std::string why =
-        "the draft was trained with norm_before_residual (the residual is hidden_norm(h)), which SGLang's "
-        "LlamaForCausalLMEagle3 does not run (its residual is always h): SGLang would serve another draft; vLLM "
-        "reads config.norm_before_residual";
+  // What SGLang would read or run otherwise than trained: refused --for sglang, a warning --for any.
+  auto not_for_sglang = [&](const std::string& why) {
     AERIE_CHECK(engine != ServingEngine::Sglang, "export --for sglang: " << why);
     if (engine == ServingEngine::Any) AERIE_LOG(warning) << "export: " << why << " (export --for vllm to silence this)";
+  };
+  const std::string misread = aux_ids_misread(cfg.aux_layers, target.num_hidden_layers, engine);
+  if (!misread.empty()) not_for_sglang(misread);  // empty --for vllm
+  if (cfg.norm_before_residual && !cfg.is_mla()) {
+    // SGLang's llama_eagle3.py keeps h as layer 0's residual: it has no norm_before_residual.
+    not_for_sglang(
+        "the draft was trained with norm_before_residual (the residual is hidden_norm(h)), which SGLang's "
+        "LlamaForCausalLMEagle3 does not run (its residual is always h): SGLang would serve another draft; vLLM "
+        "reads config.norm_before_residual");
   }
   if (cfg.is_mla()) {
     // vLLM's Eagle3DeepseekV2ForCausalLM has fc(f) without input_norm and hands the pre-norm hidden on.
@@ -165,12 +167,10 @@ void write_export(const std::string& out_dir, const DraftConfig& cfg, const Draf
     // SGLang's MLA draft (srt/models/deepseek_eagle3.py) is another layer: architectures
     // DeepseekV3ForCausalLMEagle3, the residual always hidden_norm(h) (vLLM's norm_before_residual), and with a
     // query LoRA one fused_qkv_a_proj_with_mqa weight; aerie writes vLLM's Eagle3DeepseekV2ForCausalLM.
-    const std::string why =
+    not_for_sglang(
         "the MLA draft is exported as vLLM's Eagle3DeepseekV2ForCausalLM; SGLang's MLA draft "
         "(DeepseekV3ForCausalLMEagle3) names another architecture, always adds hidden_norm(h) as the residual and "
-        "loads the query and latent projections fused, so SGLang would not serve this export as trained";
-    AERIE_CHECK(engine != ServingEngine::Sglang, "export --for sglang: " << why);
-    if (engine == ServingEngine::Any) AERIE_LOG(warning) << "export: " << why << " (export --for vllm to silence this)";
+        "loads the query and latent projections fused, so SGLang would not serve this export as trained");
   }
   nlohmann::json config = export_config(cfg, target);
   SafetensorsFile f = export_tensors(cfg, weights, vocab);
