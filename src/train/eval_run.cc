@@ -205,13 +205,13 @@ constexpr const char* kUntrainedFigures[] = {
     "lossless_failures", "verify_passes", "tokens_generated", "spec_seconds", "acc_k", "tau_sim", "per_category"};
 
 // The draft variant for the log: "EAGLE-3", or the EAGLE-3.1 options the draft was trained with
-// ("EAGLE-3.1: norm_before_residual, norm_output").
+// ("EAGLE-3.1: norm_before_residual, norm_output"), prefixed "MLA " for the MLA draft.
 std::string draft_variant(const DraftConfig& c) {
   std::string opts;
   for (const auto& [on, name] : {std::pair{c.norm_before_residual, "norm_before_residual"},
                                  std::pair{c.norm_output, "norm_output"}, std::pair{c.norm_before_fc, "norm_before_fc"}})
     if (on) opts += (opts.empty() ? "" : ", ") + std::string(name);
-  return opts.empty() ? "EAGLE-3" : "EAGLE-3.1: " + opts;
+  return std::string(c.is_mla() ? "MLA " : "") + (opts.empty() ? "EAGLE-3" : "EAGLE-3.1: " + opts);
 }
 
 }  // namespace
