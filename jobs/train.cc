@@ -78,7 +78,12 @@ void check_train_inputs(const TrainOptions& o) {
   TRAIN_REQUIRE(o.loss_normalization == "valid" || o.loss_normalization == "all",
                 "--loss-normalization '" << o.loss_normalization << "' is not valid or all");
   TRAIN_REQUIRE(o.heldout_samples >= 0, "--heldout-samples must be >= 0, got " << o.heldout_samples);
+  TRAIN_REQUIRE(o.draft_sliding_window >= 0,
+                "--draft-sliding-window must be >= 0 (0: none), got " << o.draft_sliding_window);
   if (o.draft_attention == "mla") {
+    TRAIN_REQUIRE(o.draft_sliding_window == 0,
+                  "--draft-sliding-window goes with the Llama draft only: vLLM's Eagle3DeepseekV2ForCausalLM, which "
+                  "serves the MLA draft, reads no sliding window");
     // vLLM's Eagle3DeepseekV2ForCausalLM (deepseek_eagle3.py), the layer the MLA draft exports to, has
     // fc(f) without input_norm and hands the pre-norm hidden on (no norm_output): a draft trained with
     // either would be served as another draft.
@@ -222,6 +227,10 @@ int train(const std::vector<std::string>& args) {
       "EAGLE-3.1's norm_before_fc: one RMSNorm with a trained weight (input_norm, [3 H_t], initialised to "
       "ones) over the concatenated aux hidden states before fc (exported as config.norm_before_fc and "
       "input_norm.weight, which vLLM, SGLang and speculators read; default: the original EAGLE-3 fc(f))")(
+      "draft-sliding-window", po::value<int64_t>(&o.draft_sliding_window)->default_value(0),
+      "a sliding window for the draft's attention, in keys: each position sees the last N step-0 keys and "
+      "its own TTT keys (speculators trains with 2048; exported as config.layer_types [\"sliding_attention\"] "
+      "and config.sliding_window, which vLLM reads; SGLang does not; 0: none, the original EAGLE-3 layer)")(
       "allow-missing-shards", po::bool_switch(&o.allow_missing_shards),
       "train on a shard folder that lacks some chunks of its extraction (default: refused)")(
       "allow-other-target", po::bool_switch(&o.allow_other_target),

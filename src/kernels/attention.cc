@@ -21,7 +21,8 @@ using Named = std::pair<const char*, const Tensor*>;
 /// Validates q [Tq, nh, d], k [Tk, nkv, d], v [Tk, nkv, dv] (all F32 or all BF16; dv = d unless
 /// `any_dv`, the forwards, which take 1 <= dv <= d) and returns the dimensions.
 cpu::AttentionDims check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_offset,
-                             float scale, bool any_dv = false) {
+                             float scale, int64_t window, bool any_dv = false) {
+  AERIE_CHECK(window >= 0, op << ": sliding window " << window << " must be >= 0 (0: none)");
   AERIE_CHECK(q.ndim() == 3, op << ": q must be [Tq, n_heads, d], got " << shape_str(q.shape()));
   AERIE_CHECK(k.ndim() == 3, op << ": k must be [Tk, n_kv, d], got " << shape_str(k.shape()));
   cpu::AttentionDims a{q.dim(0), k.dim(0), q.dim(1), k.dim(1), q.dim(2), q_offset, scale};
@@ -29,6 +30,7 @@ cpu::AttentionDims check_qkv(const char* op, const Tensor& q, const Tensor& k, c
   const int64_t dv = any_dv && v.ndim() == 3 && v.dim(2) >= 1 && v.dim(2) <= a.d ? v.dim(2) : a.d;
   v.check_shape({a.tk, a.nkv, dv}, what(op, any_dv ? "v (head dim 1 .. q's)" : "v"));
   a.dv = dv;
+  a.window = window;
   AERIE_CHECK(a.nkv > 0 && a.nh % a.nkv == 0,
               op << ": n_heads " << a.nh << " (q) is not a multiple of n_kv " << a.nkv << " (k)");
   AERIE_CHECK(q.dtype() == DType::F32 || q.dtype() == DType::BF16,
@@ -96,14 +98,14 @@ void check_out_lse(const char* op, const Tensor& q, const Tensor& out, const Ten
 }  // namespace
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_offset, float scale,
-                       Tensor& out, Tensor* lse) {
+                       Tensor& out, Tensor* lse, int64_t window) {
   constexpr const char* op = "attention_forward";
-  const cpu::AttentionDims a = check_qkv(op, q, k, v, q_offset, scale, true);
+  const cpu::AttentionDims a = check_qkv(op, q, k, v, q_offset, scale, window, true);
   check_out_lse(op, q, out, lse, a);
   const Device dev = kernels::common_device(op, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}});
   if (dev == Device::CUDA) {
 #ifdef AERIE_WITH_CUDA
-    cuda::attention_forward(q, k, v, q_offset, scale, out, lse);
+    cuda::attention_forward(q, k, v, q_offset, scale, out, lse, window);
     return;
 #else
     kernels::throw_no_backend(op, dev);
@@ -119,9 +121,9 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, int64_
 
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& out, const Tensor& lse, int64_t q_offset, float scale, Tensor& dq,
-                        Tensor& dk, Tensor& dv) {
+                        Tensor& dk, Tensor& dv, int64_t window) {
   constexpr const char* op = "attention_backward";
-  const cpu::AttentionDims a = check_qkv(op, q, k, v, q_offset, scale);
+  const cpu::AttentionDims a = check_qkv(op, q, k, v, q_offset, scale, window);
   for (auto [name, t] : {Named{"dout", &dout}, {"out", &out}, {"dq", &dq}}) {
     t->check_shape(q.shape(), what(op, name));
     t->check_dtype(q.dtype(), what(op, name));
@@ -137,7 +139,7 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
                                                  {"lse", &lse}, {"dq", &dq}, {"dk", &dk}, {"dv", &dv}});
   if (dev == Device::CUDA) {
 #ifdef AERIE_WITH_CUDA
-    cuda::attention_backward(dout, q, k, v, out, lse, q_offset, scale, dq, dk, dv);
+    cuda::attention_backward(dout, q, k, v, out, lse, q_offset, scale, dq, dk, dv, window);
     return;
 #else
     kernels::throw_no_backend(op, dev);
@@ -156,7 +158,7 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
 void attention_forward_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens,
                               float scale, Tensor& out, Tensor* lse) {
   constexpr const char* op = "attention_forward_varlen";
-  const cpu::AttentionDims a = check_qkv(op, q, k, v, 0, scale, true);
+  const cpu::AttentionDims a = check_qkv(op, q, k, v, 0, scale, 0, true);
   AERIE_CHECK(a.tk == a.tq, op << ": q has " << a.tq << " rows, k " << a.tk << " (packed samples: the same rows)");
   AERIE_CHECK(cu_seqlens.ndim() == 1 && cu_seqlens.dim(0) >= 1,
               op << ": cu_seqlens must be [B+1], got " << shape_str(cu_seqlens.shape()));

@@ -6,7 +6,7 @@
 // Dtypes: q, k, v (and the diagonal keys/values) are all F32 or all BF16; out, dout, dq have q's dtype;
 // lse is F32; the key/value gradients (dk, dv, ddiag_k, ddiag_v) are F32 or q's dtype. Arithmetic is
 // fp32 with fp32 accumulation (CPU: BF16 tensors are widened to fp32 copies, results rounded back).
-// Devices: CPU (the reference) and CUDA (kernels/cuda/attention.cu; head dim <= 128 there).
+// Devices: CPU (the reference) and CUDA (kernels/cuda/attention.cu; head dim <= 256 there).
 #pragma once
 #include <vector>
 
@@ -17,21 +17,25 @@ namespace aerie {
 /// q: [Tq, n_heads, d], k: [Tk, n_kv, d], v: [Tk, n_kv, dv] with 1 <= dv <= d (dv < d: MLA's value head
 /// of 128 against its query/key head of 192) (n_heads % n_kv == 0, head h reads kv head
 /// h / (n_heads / n_kv)). Query row i attends key j iff j <= i + q_offset (q_offset = Tk - Tq for
-/// decoding with a KV cache, 0 for a prefill). scale multiplies q.k (usually 1/sqrt(d)).
+/// decoding with a KV cache, 0 for a prefill) and, with a sliding window W > 0, j > i + q_offset - W
+/// (the row's own key and the W - 1 before it: vLLM's and transformers' sliding_window, speculators'
+/// `kv_idx > q_idx - sliding_window`); window 0: no lower bound. scale multiplies q.k (usually 1/sqrt(d)).
 /// out: [Tq, n_heads, dv]; lse: [Tq, n_heads] F32, natural-log sum of exp(scale q.k) over the
 /// attended keys (pass nullptr when not needed). A row that attends no key gets out 0, lse -inf.
 /// Throws aerie::Error on mismatched shapes/dtypes/devices.
+/// Throws aerie::Error for a negative window.
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_offset, float scale,
-                       Tensor& out, Tensor* lse);
+                       Tensor& out, Tensor* lse, int64_t window = 0);
 
 /// Backward of the causal part given the FINAL output `out` and FINAL `lse` of each row (which may
 /// merge further keys, as the TTT diagonal does): with P_ij = exp(scale q_i.k_j - lse_i),
 /// D_i = dout_i . out_i, dS_ij = P_ij (dout_i . v_j - D_i):
 /// dq_i = scale sum_j dS_ij k_j (OVERWRITTEN), dk_j += scale sum_i dS_ij q_i, dv_j += sum_i P_ij dout_i
-/// (dk, dv ADDED to: the TTT step-0 keys/values accumulate over steps).
+/// (dk, dv ADDED to: the TTT step-0 keys/values accumulate over steps). j runs over the keys row i
+/// attends: the same q_offset and window as the forward.
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& out, const Tensor& lse, int64_t q_offset, float scale, Tensor& dq,
-                        Tensor& dk, Tensor& dv);
+                        Tensor& dk, Tensor& dv, int64_t window = 0);
 
 /// Packed variable-length causal prefill: B samples concatenated along dim 0. q: [N, n_heads, d],
 /// k: [N, n_kv, d], v: [N, n_kv, dv] (dv <= d), cu_seqlens: [B+1] I32 on q's device, cu_seqlens[0] = 0 <= ... <= cu_seqlens[B] = N;

@@ -122,6 +122,11 @@ nlohmann::json DraftConfig::to_json() const {
   // vLLM and SGLang: eagle_config.get("norm_before_fc", getattr(config, "norm_before_fc", False)); written at
   // the top level, where speculators' config and vLLM's speculators reader (algos.py) keep it too.
   if (norm_before_fc) j["norm_before_fc"] = true;
+  if (sliding_window > 0) {  // vLLM's LlamaAttention: layer_types[layer - target_layer_count] == "sliding_attention"
+    j["sliding_window"] = sliding_window;
+    j["layer_types"] = {"sliding_attention"};
+    j["use_sliding_window"] = true;  // speculators' transformer_layer_config writes it too
+  }
   // vLLM's default ids exist from N = 3 layers on; a smaller target always gets its ids written.
   bool is_default = target_num_hidden_layers >= 3 && aux_layers == default_aux_layers(target_num_hidden_layers);
   if (!aux_layers.empty() && !is_default) j["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = aux_layers;
@@ -189,6 +194,24 @@ DraftConfig DraftConfig::from_json(const nlohmann::json& j) {
                 "draft config: norm_output must be true or false, got " << j["norm_output"].dump());
     c.norm_output = j["norm_output"].get<bool>();
   }
+  // The sliding window, as vLLM reads it: layer_types names the layer's kind (one layer), sliding_window its
+  // width; a sliding_window without layer_types is not applied (vLLM's LlamaAttention).
+  if (j.contains("layer_types") && !j["layer_types"].is_null()) {
+    const nlohmann::json& lt = j["layer_types"];
+    AERIE_CHECK(lt.is_array() && lt.size() == 1 && lt[0].is_string(),
+                "draft config: layer_types must list the one draft layer's kind, got " << lt.dump());
+    const std::string kind = lt[0].get<std::string>();
+    AERIE_CHECK(kind == "full_attention" || kind == "sliding_attention",
+                "draft config: layer_types[0] is '" << kind << "' (full_attention or sliding_attention)");
+    if (kind == "sliding_attention") {
+      AERIE_CHECK(j.contains("sliding_window") && j["sliding_window"].is_number_integer() &&
+                      j["sliding_window"].get<int64_t>() > 0,
+                  "draft config: layer_types is sliding_attention but sliding_window is "
+                      << (j.contains("sliding_window") ? j["sliding_window"].dump() : std::string("missing"))
+                      << " (want a positive number of keys)");
+      c.sliding_window = j["sliding_window"].get<int64_t>();
+    }
+  }
   // norm_before_fc: eagle_config's key first, then the top level's (vLLM's and SGLang's reading; NVIDIA's
   // EAGLE-3 checkpoints keep it in eagle_config).
   for (const nlohmann::json* src : {&j, j.contains("eagle_config") && j["eagle_config"].is_object() ? &j["eagle_config"]
@@ -211,6 +234,9 @@ DraftConfig DraftConfig::from_json(const nlohmann::json& j) {
                                                    << c.num_key_value_heads);
   AERIE_CHECK(c.draft_vocab_size > 0 && c.draft_vocab_size <= c.vocab_size,
               "draft config: draft_vocab_size " << c.draft_vocab_size << " outside (0, " << c.vocab_size << "]");
+  AERIE_CHECK(!(c.is_mla() && c.sliding_window > 0),
+              "draft config: an MLA draft with a sliding window (" << c.sliding_window
+                                                                   << "): vLLM's Eagle3DeepseekV2ForCausalLM has none");
   return c;
 }
 

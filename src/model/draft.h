@@ -45,6 +45,12 @@ struct DraftConfig {
   /// concatenated aux hidden states before fc, g = fc(input_norm(f)) (the draft's rms_norm_eps). Off by
   /// default (the original EAGLE-3 fc(f)).
   bool norm_before_fc = false;
+  /// A sliding window for the draft's attention (speculators' default 2048; vLLM: config.layer_types =
+  /// ["sliding_attention"] with config.sliding_window): a TTT row i sees the step-0 keys of positions
+  /// i - sliding_window < j <= i, and always its own diagonal keys (speculators'
+  /// create_combined_mask_mod); the decoder's row of position p the cached keys p - sliding_window < j <= p.
+  /// 0: none (full causal attention, the original EAGLE-3 layer).
+  int64_t sliding_window = 0;
   /// The MLA draft (issue 15; vLLM's Eagle3DeepseekV2ForCausalLM, TorchSpec's and Model-Optimizer's
   /// Kimi-K2 drafts): the layer's attention is DeepSeek-V2/V3 multi-head latent attention reading the
   /// 2H input (q_a_proj -> q_a_layernorm -> q_b_proj, or q_proj when q_lora_rank is 0;

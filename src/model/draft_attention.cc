@@ -9,17 +9,17 @@
 namespace aerie::draft_detail {
 
 void ttt_attention_forward(const Tensor& q, const Tensor& k0, const Tensor& v0, const std::vector<const Tensor*>& diag_k,
-                           const std::vector<const Tensor*>& diag_v, int64_t q_offset, float scale, Tensor& out,
-                           Tensor& lse) {
-  attention_forward(q, k0, v0, q_offset, scale, out, &lse);
+                           const std::vector<const Tensor*>& diag_v, int64_t q_offset, float scale, int64_t window,
+                           Tensor& out, Tensor& lse) {
+  attention_forward(q, k0, v0, q_offset, scale, out, &lse, window);
   attention_merge_diagonal_forward(q, diag_k, diag_v, scale, out, lse);
 }
 
 void ttt_attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k0, const Tensor& v0,
                             const std::vector<const Tensor*>& diag_k, const std::vector<const Tensor*>& diag_v,
-                            const Tensor& out, const Tensor& lse, float scale, Tensor& dq, Tensor& dk0, Tensor& dv0,
-                            const std::vector<Tensor*>& ddiag_k, const std::vector<Tensor*>& ddiag_v) {
-  attention_backward(dout, q, k0, v0, out, lse, 0, scale, dq, dk0, dv0);
+                            const Tensor& out, const Tensor& lse, float scale, int64_t window, Tensor& dq, Tensor& dk0,
+                            Tensor& dv0, const std::vector<Tensor*>& ddiag_k, const std::vector<Tensor*>& ddiag_v) {
+  attention_backward(dout, q, k0, v0, out, lse, 0, scale, dq, dk0, dv0, window);
   attention_merge_diagonal_backward(dout, q, diag_k, diag_v, out, lse, scale, dq, ddiag_k, ddiag_v);
 }
 

@@ -68,8 +68,8 @@ struct DraftDecoder::Impl {
     dv.push_back(&a.v);
     a.attn = Tensor::empty({1, c.num_attention_heads, c.attn_qk_dim()}, DType::F32, ctx.device);
     a.lse = Tensor::empty({1, c.num_attention_heads}, DType::F32, ctx.device);
-    draft_detail::ttt_attention_forward(a.q, kc.slice(0, len), vc.slice(0, len), dk, dv, len - 1, ctx.scale, a.attn,
-                                        a.lse);
+    draft_detail::ttt_attention_forward(a.q, kc.slice(0, len), vc.slice(0, len), dk, dv, len - 1, ctx.scale,
+                                        c.sliding_window, a.attn, a.lse);
     draft_detail::layer_out(ctx, a);
   }
 };
@@ -121,9 +121,9 @@ void DraftDecoder::append_verified(const Tensor& aux_hidden, const std::vector<i
   m.vc.slice(p0, p0 + n).copy_from(a.v);
   a.attn = Tensor::empty({n, c.num_attention_heads, c.attn_qk_dim()}, DType::F32, dev);
   a.lse = Tensor::empty({n, c.num_attention_heads}, DType::F32, dev);
-  // Row i (position p0+i) attends to the cached keys 0 .. p0+i: TTT step 0.
+  // Row i (position p0+i) attends to the cached keys 0 .. p0+i (the last sliding_window of them): TTT step 0.
   draft_detail::ttt_attention_forward(a.q, m.kc.slice(0, p0 + n), m.vc.slice(0, p0 + n), {}, {}, p0, m.ctx.scale,
-                                      a.attn, a.lse);
+                                      c.sliding_window, a.attn, a.lse);
   draft_detail::layer_out(m.ctx, a);
   m.oc.slice(p0, p0 + n).copy_from(a.o);
   m.len = p0 + n;

@@ -114,16 +114,18 @@ void layer_qkv_backward(const LayerCtx& c, const LayerActs& a, Tensor& dq, Tenso
 /// TTT attention of n query rows: row i attends to the keys j <= i + q_offset of k0/v0 (causal,
 /// attention_forward) and to row i of every diag_k[j]/diag_v[j] (the diagonal: its own keys of the
 /// earlier TTT steps / its own earlier guesses), merged by log-sum-exp. q: [n, n_h, d]; k0, v0:
-/// [Tk, n_kv, d]; diag tensors [>= n, n_kv, d]. out: [n, n_h, d], lse: [n, n_h]. Any device and dtype that
-/// kernels/attention.h takes (attention_forward + attention_merge_diagonal_forward).
+/// [Tk, n_kv, d]; diag tensors [>= n, n_kv, d]. out: [n, n_h, d], lse: [n, n_h]. window > 0
+/// (DraftConfig::sliding_window): row i sees the step-0 keys i + q_offset - window < j <= i + q_offset
+/// only (speculators' mask: the window counts from the row, the diagonal keys are always seen). Any
+/// device and dtype that kernels/attention.h takes (attention_forward + attention_merge_diagonal_forward).
 void ttt_attention_forward(const Tensor& q, const Tensor& k0, const Tensor& v0, const std::vector<const Tensor*>& diag_k,
-                           const std::vector<const Tensor*>& diag_v, int64_t q_offset, float scale, Tensor& out,
-                           Tensor& lse);
+                           const std::vector<const Tensor*>& diag_v, int64_t q_offset, float scale, int64_t window,
+                           Tensor& out, Tensor& lse);
 /// Its backward (q_offset 0) from the merged out/lse: dq OVERWRITTEN; dk0, dv0 and the diagonal
 /// gradients (rows 0..n-1 of ddiag_k/ddiag_v) ADDED to.
 void ttt_attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k0, const Tensor& v0,
                             const std::vector<const Tensor*>& diag_k, const std::vector<const Tensor*>& diag_v,
-                            const Tensor& out, const Tensor& lse, float scale, Tensor& dq, Tensor& dk0, Tensor& dv0,
-                            const std::vector<Tensor*>& ddiag_k, const std::vector<Tensor*>& ddiag_v);
+                            const Tensor& out, const Tensor& lse, float scale, int64_t window, Tensor& dq, Tensor& dk0,
+                            Tensor& dv0, const std::vector<Tensor*>& ddiag_k, const std::vector<Tensor*>& ddiag_v);
 
 }  // namespace aerie::draft_detail

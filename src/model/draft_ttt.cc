@@ -159,7 +159,7 @@ TTTStats ttt_forward_backward(const DraftConfig& cfg, const DraftWeights& w, con
     a.attn = Tensor::empty({n, cfg.num_attention_heads, cfg.attn_qk_dim()}, ctx.compute, dev);
     a.lse = Tensor::empty({n, cfg.num_attention_heads}, DType::F32, dev);
     draft_detail::ttt_attention_forward(a.q, acts[0].k.slice(0, n), acts[0].v.slice(0, n), dk, dv, 0, ctx.scale,
-                                        a.attn, a.lse);
+                                        cfg.sliding_window, a.attn, a.lse);
     draft_detail::layer_out(ctx, a);
 
     // Loss, acc_k's argmaxes and the lm_head's gradient in one pass over the logits: dlogits is the
@@ -220,7 +220,7 @@ TTTStats ttt_forward_backward(const DraftConfig& cfg, const DraftWeights& w, con
     Tensor dq = Tensor::empty({n, cfg.num_attention_heads, d}, ctx.compute, dev);  // attention_backward: q's dtype
     Tensor dk0s = dk0.slice(0, n), dv0s = dv0.slice(0, n);
     draft_detail::ttt_attention_backward(dattn, a.q, acts[0].k.slice(0, n), acts[0].v.slice(0, n), dk, dv, a.attn,
-                                         a.lse, ctx.scale, dq, dk0s, dv0s, gdk, gdv);
+                                         a.lse, ctx.scale, cfg.sliding_window, dq, dk0s, dv0s, gdk, gdv);
     // Step k's own keys/values are complete now: step 0's are dk0/dv0 (all steps added to them),
     // step k's diagonal ones got their last contribution (from step k itself) just above.
     Tensor& own_dk = k == 0 ? dk0 : ddk[k];

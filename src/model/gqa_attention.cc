@@ -23,26 +23,10 @@ namespace {
 
 /// Causal attention of q [n, nh, d] (positions p0 .. p0+n-1) over k_all, v_all [p0+n, nkv, d]; with
 /// window W > 0 the query at position p attends keys p-W < j <= p only (transformers'
-/// sliding_window_overlay). Rows whose window starts at key 0 go in one call, later rows one by one
-/// over their W keys (a window longer than the sequence costs nothing).
+/// sliding_window_overlay): attention_forward's window.
 void attend(const Tensor& q, const Tensor& k_all, const Tensor& v_all, int64_t p0, int64_t window, float scale,
             Tensor& out) {
-  const int64_t n = q.dim(0);
-  if (window <= 0 || p0 + n <= window) {
-    attention_forward(q, k_all, v_all, p0, scale, out, nullptr);
-    return;
-  }
-  const int64_t head = std::clamp<int64_t>(window - p0, 0, n);  // rows with p < W see keys 0..p
-  if (head > 0) {
-    Tensor o = out.slice(0, head);
-    attention_forward(q.slice(0, head), k_all.slice(0, p0 + head), v_all.slice(0, p0 + head), p0, scale, o, nullptr);
-  }
-  for (int64_t t = head; t < n; ++t) {
-    const int64_t p = p0 + t, lo = p - window + 1;
-    Tensor o = out.slice(t, t + 1);
-    attention_forward(q.slice(t, t + 1), k_all.slice(lo, p + 1), v_all.slice(lo, p + 1), window - 1, scale, o,
-                      nullptr);
-  }
+  attention_forward(q, k_all, v_all, p0, scale, out, nullptr, std::max<int64_t>(window, 0));
 }
 
 /// Tree attention (TargetModel::forward_tree): q [n, nh, d], row i at position p0 + depth[i], over the

@@ -211,7 +211,9 @@ std::string draft_variant(const DraftConfig& c) {
   for (const auto& [on, name] : {std::pair{c.norm_before_residual, "norm_before_residual"},
                                  std::pair{c.norm_output, "norm_output"}, std::pair{c.norm_before_fc, "norm_before_fc"}})
     if (on) opts += (opts.empty() ? "" : ", ") + std::string(name);
-  return std::string(c.is_mla() ? "MLA " : "") + (opts.empty() ? "EAGLE-3" : "EAGLE-3.1: " + opts);
+  const std::string window =
+      c.sliding_window > 0 ? ", sliding window " + std::to_string(c.sliding_window) : std::string();
+  return std::string(c.is_mla() ? "MLA " : "") + (opts.empty() ? "EAGLE-3" : "EAGLE-3.1: " + opts) + window;
 }
 
 }  // namespace

@@ -157,6 +157,12 @@ void write_export(const std::string& out_dir, const DraftConfig& cfg, const Draf
         "LlamaForCausalLMEagle3 does not run (its residual is always h): SGLang would serve another draft; vLLM "
         "reads config.norm_before_residual");
   }
+  if (cfg.sliding_window > 0) {
+    // SGLang's LlamaAttention builds its RadixAttention without sliding_window_size (srt/models/llama.py).
+    not_for_sglang("the draft was trained with a sliding window of " + std::to_string(cfg.sliding_window) +
+                   " keys, which SGLang's LlamaForCausalLMEagle3 does not apply (full causal attention): SGLang would "
+                   "serve another draft; vLLM reads config.layer_types and config.sliding_window");
+  }
   if (cfg.is_mla()) {
     // vLLM's Eagle3DeepseekV2ForCausalLM has fc(f) without input_norm and hands the pre-norm hidden on.
     AERIE_CHECK(!cfg.norm_before_fc && !cfg.norm_output,

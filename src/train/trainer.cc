@@ -29,6 +29,7 @@ nlohmann::json TrainOptions::to_json() const {
           {"draft_kv_heads", draft_kv_heads}, {"draft_head_dim", draft_head_dim},
           {"draft_intermediate", draft_intermediate}, {"draft_attention", draft_attention}, {"draft_norm_before_residual", draft_norm_before_residual},
           {"draft_norm_output", draft_norm_output}, {"draft_norm_before_fc", draft_norm_before_fc},
+          {"draft_sliding_window", draft_sliding_window},
           {"allow_missing_shards", allow_missing_shards},
           {"allow_other_target", allow_other_target}};
 }
@@ -45,6 +46,10 @@ DraftConfig TrainOptions::apply_draft_shape(DraftConfig cfg) const {
   cfg.norm_before_residual = draft_norm_before_residual;
   cfg.norm_output = draft_norm_output;
   cfg.norm_before_fc = draft_norm_before_fc;
+  AERIE_CHECK(draft_sliding_window >= 0 && !(cfg.is_mla() && draft_sliding_window > 0),
+              "train: --draft-sliding-window " << draft_sliding_window
+                                               << " (>= 0; the MLA draft has none: vLLM's Eagle3DeepseekV2ForCausalLM)");
+  cfg.sliding_window = draft_sliding_window;
   AERIE_CHECK(cfg.num_attention_heads % cfg.num_key_value_heads == 0,
               "train: --draft-kv-heads " << cfg.num_key_value_heads << " does not divide the draft's "
                                          << cfg.num_attention_heads << " heads (--draft-heads)");
@@ -82,8 +87,10 @@ void TrainOptions::check_resumable(const nlohmann::json& c) const {
                                                 << "trained with " << theirs.dump()
                                                 << "; rerun with the same options or use another --output");
   }
-  // The draft shape (checkpoints older than these options have none: the target's shape, all 0).
-  for (const char* key : {"draft_heads", "draft_kv_heads", "draft_head_dim", "draft_intermediate"}) {
+  // The draft shape and window (checkpoints older than these options have none: the target's shape, all 0;
+  // no window).
+  for (const char* key :
+       {"draft_heads", "draft_kv_heads", "draft_head_dim", "draft_intermediate", "draft_sliding_window"}) {
     const nlohmann::json theirs = c.contains(key) ? c[key] : nlohmann::json(0);
     std::string opt = std::string("--") + key;
     std::replace(opt.begin(), opt.end(), '_', '-');

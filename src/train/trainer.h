@@ -80,6 +80,10 @@ struct TrainOptions {
   /// [3 H_t] before fc; exported as config.norm_before_fc and the tensor input_norm.weight, which vLLM,
   /// SGLang and speculators read). A resume option.
   bool draft_norm_before_fc = false;
+  /// A sliding window for the draft's attention, in keys (DraftConfig::sliding_window; exported as
+  /// config.layer_types ["sliding_attention"] and config.sliding_window, which vLLM reads); 0: none. A
+  /// resume option.
+  int64_t draft_sliding_window = 0;
   /// Train on a shard folder that lacks some chunks of its extraction (a warning instead of a refusal).
   bool allow_missing_shards = false;
   /// Train (or resume) with a --model whose fingerprint differs from the shards' (or the checkpoint's)
@@ -89,8 +93,8 @@ struct TrainOptions {
   nlohmann::json to_json() const;
   /// `cfg` with the draft_* options that are set (> 0) replacing its shape (an MLA draft takes only
   /// draft_intermediate: its heads are the target's latent attention), and norm_before_residual /
-  /// norm_output / norm_before_fc from draft_norm_before_residual / draft_norm_output /
-  /// draft_norm_before_fc. Throws aerie::Error naming
+  /// norm_output / norm_before_fc / sliding_window from draft_norm_before_residual / draft_norm_output /
+  /// draft_norm_before_fc / draft_sliding_window. Throws aerie::Error naming
   /// the option when kv heads do not divide the heads or the head dim is odd.
   DraftConfig apply_draft_shape(DraftConfig cfg) const;
   /// The options that decide the weights (steps, epochs, batch size, lr, warmup, clipping, TTT steps,

@@ -471,6 +471,9 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp, StreamClien
                     << (ck.config.norm_before_residual ? ", norm_before_residual (EAGLE-3.1)" : "")
                     << (ck.config.norm_output ? ", norm_output (EAGLE-3.1)" : "")
                     << (ck.config.norm_before_fc ? ", norm_before_fc (EAGLE-3.1)" : "")
+                    << (ck.config.sliding_window > 0
+                            ? ", sliding window " + std::to_string(ck.config.sliding_window) + " keys"
+                            : std::string())
                     << ", AdamW betas " << opts.adam_beta1 << " / " << opts.adam_beta2 << ", lm_head init "
                     << opts.lm_head_init << ", loss over " << (opts.loss_normalization == "all" ? "all" : "trained")
                     << " rows";

@@ -41,7 +41,8 @@ float rtol_of(DType dt, bool grad) { return dt == DType::BF16 ? kBf16Rtol : grad
 struct Case {
   int64_t tq, tk, nh, nkv, d, q_offset;
   DType dt;
-  DType grad_dt;  // dk/dv dtype in the backward
+  DType grad_dt;       // dk/dv dtype in the backward
+  int64_t window = 0;  // sliding window (0: none)
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
@@ -51,6 +52,7 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
                   (c.q_offset < 0 ? "m" + std::to_string(-c.q_offset) : std::to_string(c.q_offset)) + "_" +
                   dtype_name(c.dt);
   if (c.grad_dt != c.dt) s += std::string("_grad") + dtype_name(c.grad_dt);
+  if (c.window > 0) s += "_win" + std::to_string(c.window);
   return s;
 }
 
@@ -64,7 +66,7 @@ TEST_P(AttentionCudaTest, ForwardMatchesCpu) {
   const Tensor k = rounded(random_tensor({c.tk, c.nkv, c.d}, 2, -2.0f, 2.0f), c.dt);
   const Tensor v = rounded(random_tensor({c.tk, c.nkv, c.d}, 3), c.dt);
   Tensor out = Tensor::empty(q.shape(), DType::F32), lse = Tensor::empty({c.tq, c.nh}, DType::F32);
-  attention_forward(q, k, v, c.q_offset, scale, out, &lse);
+  attention_forward(q, k, v, c.q_offset, scale, out, &lse, c.window);
 
   const Tensor gq = on_gpu(q, c.dt), gk = on_gpu(k, c.dt), gv = on_gpu(v, c.dt);
   if (c.d > 256) {  // beyond the CUDA kernels: refused by name
@@ -79,12 +81,12 @@ TEST_P(AttentionCudaTest, ForwardMatchesCpu) {
     setenv("AERIE_ATTENTION_FORWARD_KERNEL", kernel, 1);
     Tensor gout = Tensor::empty(q.shape(), c.dt, Device::CUDA);
     Tensor glse = Tensor::empty({c.tq, c.nh}, DType::F32, Device::CUDA);
-    attention_forward(gq, gk, gv, c.q_offset, scale, gout, &glse);
+    attention_forward(gq, gk, gv, c.q_offset, scale, gout, &glse, c.window);
     testing::expect_close(gout.to_float_vector(), rounded(out, c.dt).to_float_vector(), atol_of(c.dt, false),
                           rtol_of(c.dt, false), "out");
     testing::expect_close(finite(glse.to_float_vector()), finite(lse.to_float_vector()), kF32Atol, kF32Rtol, "lse");
     Tensor gout2 = Tensor::empty(q.shape(), c.dt, Device::CUDA);
-    attention_forward(gq, gk, gv, c.q_offset, scale, gout2, nullptr);  // no lse wanted: the same out
+    attention_forward(gq, gk, gv, c.q_offset, scale, gout2, nullptr, c.window);  // no lse wanted: the same out
     unsetenv("AERIE_ATTENTION_FORWARD_KERNEL");
     EXPECT_EQ(gout2.to_float_vector(), gout.to_float_vector());
   }
@@ -99,13 +101,13 @@ TEST_P(AttentionCudaTest, BackwardMatchesCpu) {
   const Tensor v = rounded(random_tensor({c.tk, c.nkv, c.d}, 6), c.dt);
   const Tensor dout = rounded(random_tensor({c.tq, c.nh, c.d}, 7), c.dt);
   Tensor out = Tensor::empty(q.shape(), DType::F32), lse = Tensor::empty({c.tq, c.nh}, DType::F32);
-  attention_forward(q, k, v, c.q_offset, scale, out, &lse);
+  attention_forward(q, k, v, c.q_offset, scale, out, &lse, c.window);
   out = rounded(out, c.dt);  // the out the GPU side is given
   const Tensor dk0 = rounded(random_tensor(k.shape(), 8), c.grad_dt);  // added to
   const Tensor dv0 = rounded(random_tensor(v.shape(), 9), c.grad_dt);
 
   Tensor dq = random_tensor(q.shape(), 10), dk = dk0.clone(), dv = dv0.clone();  // dq overwritten
-  attention_backward(dout, q, k, v, out, lse, c.q_offset, scale, dq, dk, dv);
+  attention_backward(dout, q, k, v, out, lse, c.q_offset, scale, dq, dk, dv, c.window);
 
   if (c.d > 256) {  // beyond the CUDA kernels: the backward refuses them by name
     Tensor gdq = on_gpu(random_tensor(q.shape(), 11), c.dt), gdk = on_gpu(dk0, c.grad_dt), gdv = on_gpu(dv0, c.grad_dt);
@@ -121,7 +123,7 @@ TEST_P(AttentionCudaTest, BackwardMatchesCpu) {
     setenv("AERIE_ATTENTION_BACKWARD_KERNEL", kernel, 1);
     Tensor gdq = on_gpu(random_tensor(q.shape(), 11), c.dt), gdk = on_gpu(dk0, c.grad_dt), gdv = on_gpu(dv0, c.grad_dt);
     attention_backward(on_gpu(dout, c.dt), on_gpu(q, c.dt), on_gpu(k, c.dt), on_gpu(v, c.dt), on_gpu(out, c.dt),
-                       lse.to_device(Device::CUDA), c.q_offset, scale, gdq, gdk, gdv);
+                       lse.to_device(Device::CUDA), c.q_offset, scale, gdq, gdk, gdv, c.window);
     unsetenv("AERIE_ATTENTION_BACKWARD_KERNEL");
     testing::expect_close(gdq.to_float_vector(), rounded(dq, c.dt).to_float_vector(), atol_of(c.dt, true),
                           rtol_of(c.dt, true), "dq");
@@ -160,7 +162,20 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{70, 70, 6, 3, 40, 0, F32, F32},         // head dim padded to 64
                       Case{40, 40, 2, 1, 264, 0, F32, F32},        // beyond 256: refused
                       Case{33, 40, 4, 1, 8, 7, BF16, F32},         // multi-query, d 8
-                      Case{20, 20, 4, 2, 32, -3, F32, F32}),       // rows 0..2 attend no key
+                      Case{20, 20, 4, 2, 32, -3, F32, F32},        // rows 0..2 attend no key
+                      // Sliding windows (the draft's --draft-sliding-window): every kernel's lower bound,
+                      // windows shorter and longer than a key tile, not multiples of it.
+                      Case{300, 300, 8, 2, 64, 0, F32, F32, 45},   // SIMT forward / backward
+                      Case{300, 300, 8, 2, 64, 0, BF16, F32, 45},  // mma.sync, d 64
+                      Case{700, 700, 16, 2, 128, 0, BF16, F32, 200},  // wgmma and mma.sync, d 128
+                      Case{700, 700, 4, 4, 128, 0, BF16, BF16, 70},
+                      Case{129, 129, 8, 2, 128, 0, BF16, F32, 1},  // each row its own key only
+                      Case{150, 150, 4, 4, 192, 0, BF16, F32, 33},  // d 192 (the MLA draft)
+                      Case{150, 150, 4, 4, 192, 0, F32, F32, 100},
+                      Case{1, 1000, 8, 2, 128, 999, BF16, F32, 300},  // decoding, key split
+                      Case{37, 500, 8, 2, 128, 463, F32, F32, 64},    // chunked after a cache
+                      Case{37, 500, 8, 2, 128, 463, BF16, BF16, 64},
+                      Case{70, 70, 6, 3, 40, 0, F32, F32, 2000}),      // window beyond the sequence: causal
     case_name);
 
 // ------------------------------------------------------------------------------------------------

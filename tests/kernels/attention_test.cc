@@ -16,6 +16,7 @@ using testing::random_tensor;
 
 struct Case {
   int64_t tq, tk, nh, nkv, d, q_offset;
+  int64_t window = 0;  // sliding window (0: none)
 };
 
 /// Reference: out [Tq, nh, d] and lse [Tq, nh] in double, from the explicit masked score matrix.
@@ -30,7 +31,8 @@ void ref_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Case
       std::vector<double> s(c.tk, -std::numeric_limits<double>::infinity());
       double mx = -std::numeric_limits<double>::infinity();
       for (int64_t j = 0; j < c.tk; ++j) {
-        if (j > i + c.q_offset) continue;  // the causal mask
+        if (j > i + c.q_offset) continue;                                 // the causal mask
+        if (c.window > 0 && j <= i + c.q_offset - c.window) continue;  // the sliding window
         double dot = 0.0;
         for (int64_t e = 0; e < c.d; ++e) dot += double(qv[(i * c.nh + h) * c.d + e]) * kv[(j * c.nkv + g) * c.d + e];
         s[j] = scale * dot;
@@ -55,13 +57,13 @@ TEST_P(AttentionTest, ForwardMatchesExplicitSoftmax) {
   Tensor q = random_tensor({c.tq, c.nh, c.d}, 1, -2.0f, 2.0f);
   Tensor k = random_tensor({c.tk, c.nkv, c.d}, 2, -2.0f, 2.0f), v = random_tensor({c.tk, c.nkv, c.d}, 3);
   Tensor out = Tensor::empty({c.tq, c.nh, c.d}, DType::F32), lse = Tensor::empty({c.tq, c.nh}, DType::F32);
-  attention_forward(q, k, v, c.q_offset, scale, out, &lse);
+  attention_forward(q, k, v, c.q_offset, scale, out, &lse, c.window);
   std::vector<float> oref, lref;
   ref_attention(q, k, v, c, scale, oref, lref);
   testing::expect_close(out.to_float_vector(), oref, 1e-5f, 1e-5f, "out");
   testing::expect_close(lse.to_float_vector(), lref, 1e-5f, 1e-5f, "lse");
   Tensor out2 = Tensor::empty({c.tq, c.nh, c.d}, DType::F32);
-  attention_forward(q, k, v, c.q_offset, scale, out2, nullptr);  // lse not wanted: same out
+  attention_forward(q, k, v, c.q_offset, scale, out2, nullptr, c.window);  // lse not wanted: same out
   EXPECT_EQ(out2.to_float_vector(), out.to_float_vector());
 }
 
@@ -72,17 +74,17 @@ TEST_P(AttentionTest, BackwardMatchesFiniteDifferences) {
   Tensor v = random_tensor({c.tk, c.nkv, c.d}, 6), r = random_tensor({c.tq, c.nh, c.d}, 7);
   Tensor out = Tensor::empty({c.tq, c.nh, c.d}, DType::F32), lse = Tensor::empty({c.tq, c.nh}, DType::F32);
   auto loss = [&] {
-    attention_forward(q, k, v, c.q_offset, scale, out, nullptr);
+    attention_forward(q, k, v, c.q_offset, scale, out, nullptr, c.window);
     return testing::dot_double(out, r);
   };
   const auto gq = testing::numeric_grad(q, loss), gk = testing::numeric_grad(k, loss);
   const auto gv = testing::numeric_grad(v, loss);
 
-  attention_forward(q, k, v, c.q_offset, scale, out, &lse);
+  attention_forward(q, k, v, c.q_offset, scale, out, &lse, c.window);
   Tensor dq = random_tensor(q.shape(), 8);  // overwritten
   Tensor dk = Tensor::from_vector(std::vector<float>(k.numel(), 0.5f), k.shape());  // added to
   Tensor dv = Tensor::from_vector(std::vector<float>(v.numel(), -0.5f), v.shape());
-  attention_backward(r, q, k, v, out, lse, c.q_offset, scale, dq, dk, dv);
+  attention_backward(r, q, k, v, out, lse, c.q_offset, scale, dq, dk, dv, c.window);
   auto minus = [](std::vector<float> x, float c0) {
     for (auto& e : x) e -= c0;
     return x;
@@ -97,11 +99,15 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{5, 5, 4, 2, 8, 0},    // prefill, GQA (2 query heads per kv head)
                       Case{3, 7, 4, 2, 8, 4},    // decode with a KV cache: q_offset = Tk - Tq
                       Case{1, 6, 2, 2, 4, 5},    // one decoded token, plain multi-head
-                      Case{4, 4, 4, 1, 6, 0}),   // multi-query (one kv head)
+                      Case{4, 4, 4, 1, 6, 0},    // multi-query (one kv head)
+                      Case{9, 9, 4, 2, 8, 0, 3},  // sliding window of 3 keys
+                      Case{3, 10, 4, 2, 8, 7, 4},  // decoding under a window of 4 (keys 0..3 never seen)
+                      Case{6, 6, 2, 1, 4, 0, 1}),  // window 1: each row sees only its own key
     [](const ::testing::TestParamInfo<Case>& info) {
       const Case& c = info.param;
       return "Tq" + std::to_string(c.tq) + "_Tk" + std::to_string(c.tk) + "_nh" + std::to_string(c.nh) + "_nkv" +
-             std::to_string(c.nkv) + "_d" + std::to_string(c.d) + "_off" + std::to_string(c.q_offset);
+             std::to_string(c.nkv) + "_d" + std::to_string(c.d) + "_off" + std::to_string(c.q_offset) +
+             (c.window > 0 ? "_win" + std::to_string(c.window) : "");
     });
 
 // q_offset < 0: row 0 attends no key (the empty softmax): out 0, lse -inf, no gradient anywhere from it.

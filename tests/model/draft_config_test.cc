@@ -131,6 +131,31 @@ TEST(DraftConfig, JsonIsTheExportConfigAndRoundTrips) {
   jf["norm_before_fc"] = 0;
   EXPECT_NE(testing::error_of([&] { DraftConfig::from_json(jf); }).find("norm_before_fc"), std::string::npos);
   c.norm_before_fc = false;
+  // The sliding window as vLLM reads it (LlamaAttention: layer_types[0] == "sliding_attention" takes
+  // config.sliding_window): written only when set, read back; a sliding_window without layer_types is not
+  // applied (as in vLLM); a sliding layer without a positive window, an unknown layer kind, an MLA draft
+  // with a window refused by name.
+  EXPECT_FALSE(j2.contains("layer_types"));
+  EXPECT_FALSE(j2.contains("sliding_window"));
+  c.sliding_window = 2048;
+  nlohmann::json jw = c.to_json();
+  EXPECT_EQ(jw["layer_types"], nlohmann::json({"sliding_attention"}));
+  EXPECT_EQ(jw["sliding_window"], 2048);
+  EXPECT_EQ(DraftConfig::from_json(jw).sliding_window, 2048);
+  EXPECT_EQ(DraftConfig::from_json(jw).to_json(), jw);
+  jw["layer_types"] = {"full_attention"};
+  EXPECT_EQ(DraftConfig::from_json(jw).sliding_window, 0);
+  jw.erase("layer_types");
+  EXPECT_EQ(DraftConfig::from_json(jw).sliding_window, 0) << "vLLM applies sliding_window through layer_types only";
+  jw["layer_types"] = {"sliding_attention"};
+  jw["sliding_window"] = 0;
+  EXPECT_NE(testing::error_of([&] { DraftConfig::from_json(jw); }).find("sliding_window"), std::string::npos);
+  jw.erase("sliding_window");
+  EXPECT_NE(testing::error_of([&] { DraftConfig::from_json(jw); }).find("sliding_window"), std::string::npos);
+  jw["sliding_window"] = 16;
+  jw["layer_types"] = {"chunked_attention"};
+  EXPECT_NE(testing::error_of([&] { DraftConfig::from_json(jw); }).find("chunked_attention"), std::string::npos);
+  c.sliding_window = 0;
   j2.erase("hidden_size");
   EXPECT_THROW(DraftConfig::from_json(j2), Error);
 

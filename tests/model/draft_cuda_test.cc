@@ -91,6 +91,8 @@ TEST(DraftCuda, TTTForwardBackwardMatchesCpuMedium) {
   m.cfg.norm_output = false;
   testing::enable_norm_before_fc(m, 14);  // input_norm [3 H_t] on the GPU: its forward and weight gradient
   compare(m, make_sample(m, 67, 9), 7, "medium T 67 S 7 norm_before_fc");
+  m.cfg.sliding_window = 20;  // the window's lower bound in the GPU forward and both backward passes
+  compare(m, make_sample(m, 67, 9), 7, "medium T 67 S 7 sliding window 20");
 }
 
 // The MLA draft at DeepSeek-V3's head widths (query/key head 128 + 64 = 192, value head 128 zero-padded to
@@ -112,6 +114,29 @@ TEST(DraftCuda, MlaDecoderMatchesCpu) {
   testing::TinyDraft m = testing::make_medium_draft(15, 16, 256, false);
   testing::make_mla(m, 24, 32, 128, 64, 128, 16);
   const TTTSample s = make_sample(m, 40, 17);
+  const DraftWeights w_gpu = m.w.to_device(Device::CUDA);
+  const Tensor embed_gpu = m.embed.to_device(Device::CUDA);
+  DraftDecoder cpu(m.cfg, m.w, m.embed, m.d2t, 64), gpu(m.cfg, w_gpu, embed_gpu, m.d2t, 64);
+  const std::vector<int32_t> next(s.ids.begin() + 1, s.ids.begin() + 31);
+  cpu.append_verified(s.aux_hidden.slice(0, 30), next);
+  gpu.append_verified(s.aux_hidden.slice(0, 30), next);
+  std::vector<std::vector<float>> lc, lg;
+  const std::vector<int32_t> gc = cpu.propose(5, &lc), gg = gpu.propose(5, &lg);
+  EXPECT_EQ(gg, gc);
+  ASSERT_EQ(lg.size(), lc.size());
+  for (size_t k = 0; k < lc.size(); ++k) testing::expect_close(lg[k], lc[k], 1e-4f, 1e-4f, "step " + std::to_string(k));
+  const DraftTree tc = cpu.propose_tree(8, 3, 4), tg = gpu.propose_tree(8, 3, 4);
+  EXPECT_EQ(tg.tokens, tc.tokens);
+  EXPECT_EQ(tg.parent, tc.parent);
+}
+
+// A sliding window in decoding on the GPU: the prefill of 30 cached rows and the chain see their last 7
+// keys, as on the CPU (the chain's proposals and logits, and a tree).
+TEST(DraftCuda, SlidingWindowDecoderMatchesCpu) {
+  AERIE_REQUIRE_CUDA();
+  testing::TinyDraft m = testing::make_medium_draft(18, 16, 256, false);
+  m.cfg.sliding_window = 7;
+  const TTTSample s = make_sample(m, 40, 19);
   const DraftWeights w_gpu = m.w.to_device(Device::CUDA);
   const Tensor embed_gpu = m.embed.to_device(Device::CUDA);
   DraftDecoder cpu(m.cfg, m.w, m.embed, m.d2t, 64), gpu(m.cfg, w_gpu, embed_gpu, m.d2t, 64);

@@ -236,6 +236,12 @@ TEST(DraftMla, ConfigRoundTripsAndReadsAsVllmDoes) {
   llama_arch["architectures"] = {"LlamaForCausalLMEagle3"};
   EXPECT_NE(testing::error_of([&] { DraftConfig::from_json(llama_arch); }).find("architectures is LlamaForCausalLMEagle3"),
             std::string::npos);
+  // vLLM's Eagle3DeepseekV2ForCausalLM reads no sliding window: an MLA config with one is refused.
+  nlohmann::json windowed = j;
+  windowed["layer_types"] = {"sliding_attention"};
+  windowed["sliding_window"] = 64;
+  EXPECT_NE(testing::error_of([&] { DraftConfig::from_json(windowed); }).find("MLA draft with a sliding window"),
+            std::string::npos);
   // Weights of the other layout are refused when the layer is built.
   auto llama = testing::make_tiny_draft(53);
   auto s = testing::make_tiny_sample(llama, 6, 54);

@@ -192,7 +192,8 @@ struct RefResult {
 
 /// Independent double reference of eagle3.md sections 3-4, written from the text: every (step, row)
 /// computed with its input token, the attention over an explicitly materialised mask
-/// allowed(k,t; j,s) = (j == 0 && s <= t) || (1 <= j <= k && s == t) over all computed keys.
+/// allowed(k,t; j,s) = (j == 0 && s <= t) || (1 <= j <= k && s == t) over all computed keys; with
+/// c.sliding_window W > 0 the step-0 keys also need s > t - W (speculators' create_combined_mask_mod).
 inline RefResult reference_ttt(const DraftConfig& c, const std::vector<std::vector<double>>& W, const Tensor& embed,
                                const TTTSample& s, const std::vector<uint8_t>& t2d, int S,
                                const std::vector<double>& sw) {
@@ -264,7 +265,8 @@ inline RefResult reference_ttt(const DraftConfig& c, const std::vector<std::vect
         std::vector<const Vec*> vs;
         for (int j = 0; j <= k; ++j)
           for (int64_t s2 = 0; s2 < T; ++s2) {
-            bool allowed = (j == 0 && s2 <= t) || (j >= 1 && j <= k && s2 == t);
+            bool allowed = (j == 0 && s2 <= t && (c.sliding_window <= 0 || s2 > t - c.sliding_window)) ||
+                           (j >= 1 && j <= k && s2 == t);
             if (!allowed) continue;
             EXPECT_FALSE(keys[j][s2].empty()) << "mask allows a key that was never computed";
             double dd = 0;

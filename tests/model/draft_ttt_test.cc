@@ -31,10 +31,11 @@ double total_loss(const TTTStats& st, const std::vector<double>& sw) {
 }
 
 void forward_matches_double_reference(bool norm_before_residual, bool norm_output = false,
-                                      bool norm_before_fc = false) {
+                                      bool norm_before_fc = false, int64_t sliding_window = 0) {
   auto m = make_tiny_draft(1);
   m.cfg.norm_before_residual = norm_before_residual;
   m.cfg.norm_output = norm_output;
+  m.cfg.sliding_window = sliding_window;
   if (norm_before_fc) testing::enable_norm_before_fc(m, 21);
   auto s = make_tiny_sample(m, 9, 2);
   std::vector<Tensor> logits;
@@ -76,10 +77,11 @@ TEST(DraftTTT, ForwardMatchesDoubleReference) { forward_matches_double_reference
 // Every weight tensor: analytic gradient (fp32) vs central finite differences of the double reference
 // loss sum_k w_k loss_sum_k (eps 1e-5; truncation error ~1e-10), on a random subset of entries.
 void gradient_matches_finite_differences_of_reference(bool norm_before_residual, bool norm_output = false,
-                                                      bool norm_before_fc = false) {
+                                                      bool norm_before_fc = false, int64_t sliding_window = 0) {
   auto m = make_tiny_draft(3);
   m.cfg.norm_before_residual = norm_before_residual;
   m.cfg.norm_output = norm_output;
+  m.cfg.sliding_window = sliding_window;
   if (norm_before_fc) testing::enable_norm_before_fc(m, 23);
   auto s = make_tiny_sample(m, 9, 4);
   DraftWeights g = DraftWeights::zeros(m.cfg);
@@ -112,9 +114,10 @@ void gradient_matches_finite_differences_of_reference(bool norm_before_residual,
       if (err > worst) worst = err, worst_at = name;
     }
   }
-  std::printf("[ double ref ] norm_before_residual %d norm_output %d norm_before_fc %d: worst gradient error %.3g "
-              "(%s), relative to 1 + the tensor's max |gradient|\n",
-              norm_before_residual, norm_output, norm_before_fc, worst, worst_at.c_str());
+  std::printf("[ double ref ] norm_before_residual %d norm_output %d norm_before_fc %d sliding_window %lld: worst "
+              "gradient error %.3g (%s), relative to 1 + the tensor's max |gradient|\n",
+              norm_before_residual, norm_output, norm_before_fc, static_cast<long long>(sliding_window), worst,
+              worst_at.c_str());
 }
 
 TEST(DraftTTT, GradientMatchesFiniteDifferencesOfReference) { gradient_matches_finite_differences_of_reference(false); }
@@ -243,6 +246,24 @@ TEST(DraftTTT, GradientsAccumulate) {
 }
 
 // The TTT attention against an explicit masked softmax (a materialised [rows, keys] mask).
+// The sliding window (each row sees its last W step-0 keys and all its own diagonal keys): the forward
+// against the double reference's masks, every weight's gradient against its finite differences, at
+// windows of 3 (the 9-token sample's later rows lose keys) and 1 (step 0 sees its own key only); a window
+// as long as the sample changes nothing, a short one changes the loss.
+TEST(DraftTTT, SlidingWindowMatchesTheReference) {
+  forward_matches_double_reference(false, false, false, 3);
+  gradient_matches_finite_differences_of_reference(false, false, false, 3);
+  forward_matches_double_reference(true, true, false, 1);
+  gradient_matches_finite_differences_of_reference(false, false, false, 1);
+  expect_option_changes_loss([](testing::TinyDraft& m) { m.cfg.sliding_window = 3; });
+  auto m = make_tiny_draft(1);
+  auto s = make_tiny_sample(m, 9, 2);
+  const TTTStats full = ttt_forward_backward(m.cfg, m.w, m.embed, s, m.d2t, m.t2d, kSteps, kWeights, nullptr);
+  m.cfg.sliding_window = 9;
+  const TTTStats wide = ttt_forward_backward(m.cfg, m.w, m.embed, s, m.d2t, m.t2d, kSteps, kWeights, nullptr);
+  EXPECT_EQ(total_loss(wide, kWeights), total_loss(full, kWeights)) << "a window over the whole sample is causal";
+}
+
 TEST(DraftTTT, AttentionEqualsExplicitMaskedSoftmax) {
   std::mt19937_64 rng(13);
   const int64_t n = 6, nh = 4, nkv = 2, d = 8, J = 3;
@@ -260,7 +281,7 @@ TEST(DraftTTT, AttentionEqualsExplicitMaskedSoftmax) {
     pv.push_back(&dv[j]);
   }
   Tensor out = Tensor::empty({n, nh, d}, DType::F32), lse = Tensor::empty({n, nh}, DType::F32);
-  draft_detail::ttt_attention_forward(q, k0, v0, pk, pv, 0, scale, out, lse);
+  draft_detail::ttt_attention_forward(q, k0, v0, pk, pv, 0, scale, 0, out, lse);
   // All keys in one list: index c < n is step-0 row c, index n + j*(n+2) + r is diagonal j row r.
   std::vector<float> want_out, want_lse;
   for (int64_t i = 0; i < n; ++i)

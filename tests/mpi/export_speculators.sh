@@ -132,6 +132,39 @@ eagle31_option nbr --draft-norm-before-residual norm_before_residual  # residual
 eagle31_option nout --draft-norm-output norm_output                    # norm(o) handed to the next step
 eagle31_option nbf --draft-norm-before-fc norm_before_fc                # fc(input_norm(f)), a trained weight
 
+# The sliding window: a draft trained with --draft-sliding-window 16 gets layer_types ["sliding_attention"] and
+# sliding_window 16 where vLLM reads them (the eagle3 config's top level, the speculators config's
+# transformer_layer_config), export --for sglang refuses it (SGLang's Llama layer has no window), eval reads
+# either export losslessly, and a resume of the run trained without it is refused by name.
+run train_win 1 train --model "$model" --shards "$work/shards" --vocab "$work/vocab.safetensors" \
+  --output "$work/run_win" --steps 4 --batch-size 4 --checkpoint-every 4 --log-every 4 --draft-sliding-window 16 \
+  || fail "train --draft-sliding-window 16"
+run export_win 1 export --checkpoint "$work/run_win" --model "$model" --output "$work/win_eagle3" || fail "export (win)"
+run export_win_spec 1 export --checkpoint "$work/run_win" --model "$model" --output "$work/win_spec" \
+  --format speculators || fail "export --format speculators (win)"
+refused export_win_sglang "which SGLang's LlamaForCausalLMEagle3 does not apply" \
+  1 export --checkpoint "$work/run_win" --model "$model" --output "$work/x" --for sglang
+python3 - "$work" <<'PY' || fail "the sliding-window exports"
+import json, sys
+w = sys.argv[1]
+e, s = (json.load(open(w + f)) for f in ("/win_eagle3/config.json", "/win_spec/config.json"))
+for name, c in (("eagle3", e), ("speculators", s["transformer_layer_config"])):
+    if c.get("layer_types") != ["sliding_attention"] or c.get("sliding_window") != 16:
+        sys.exit(f"FAIL: the {name} config has layer_types {c.get('layer_types')}, sliding_window {c.get('sliding_window')}")
+PY
+for d in win_eagle3 win_spec; do
+  run "eval_$d" 1 eval --model "$model" --draft "$work/$d" --prompts "$text" --num-prompts 4 --max-new-tokens 12 \
+    --num-draft-tokens 3 --device cpu --dtype f32 --output "$work/eval_$d.json" || fail "eval --draft $d"
+  grep -q '"lossless": true' "$work/eval_$d.json" || { cat "$work/eval_$d.json"; fail "eval of $d is not lossless"; }
+done
+refused resume_win "--draft-sliding-window is 16 but the checkpoint was trained with 0" \
+  1 train --model "$model" --shards "$work/shards" --vocab "$work/vocab.safetensors" --output "$work/run" \
+  --steps 4 --batch-size 4 --checkpoint-every 4 --log-every 4 --draft-sliding-window 16
+refused negative_win "--draft-sliding-window must be >= 0" \
+  1 train --model "$model" --shards "$work/shards" --vocab "$work/vocab.safetensors" --output "$work/x" \
+  --steps 4 --draft-sliding-window -3
+echo "sliding window: trained, exported (both formats), refused for SGLang, evaluated losslessly, resume refused"
+
 refused format "aerie export: --format 'gguf' is not eagle3 or speculators" \
   1 export --checkpoint "$work/run" --model "$model" --output "$work/x" --format gguf
 refused sglang "--format speculators is read by vLLM, not SGLang" \

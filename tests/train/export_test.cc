@@ -137,6 +137,35 @@ TEST(ExportTest, NormBeforeResidualIsRefusedForSglang) {
   write_export(dir + "/e_plain", s.cfg, s.w, s.vocab, s.target, ServingEngine::Sglang);  // the plain draft: fine
 }
 
+// A draft trained with a sliding window: the eagle3 export carries it as vLLM's LlamaAttention reads it
+// (config.layer_types[layer - target_layer_count] == "sliding_attention" takes config.sliding_window;
+// vllm/model_executor/models/llama.py), load_export reads it back, the speculators export keeps both keys in
+// transformer_layer_config (speculators' create_transformer_layer_config writes them there) and reads them
+// back; SGLang's LlamaAttention has no window (srt/models/llama.py: RadixAttention without
+// sliding_window_size): --for sglang refuses it, --for any warns.
+TEST(ExportTest, SlidingWindowIsExportedAsVllmReadsIt) {
+  const std::string dir = testing::scratch_dir("train_export_sliding_window");
+  auto s = testing::make_tiny_setup(dir, {2, 3, 4});
+  s.cfg.sliding_window = 2048;
+  EXPECT_NE(testing::error_of([&] { write_export(dir + "/e_sglang", s.cfg, s.w, s.vocab, s.target, ServingEngine::Sglang); })
+                .find("sliding window of 2048"),
+            std::string::npos);
+  EXPECT_FALSE(fs::exists(dir + "/e_sglang"));
+  write_export(dir + "/e_any", s.cfg, s.w, s.vocab, s.target);
+  write_export(dir + "/e", s.cfg, s.w, s.vocab, s.target, ServingEngine::Vllm);
+  const nlohmann::json j = nlohmann::json::parse(read_file(dir + "/e/config.json"));
+  EXPECT_EQ(j["layer_types"], nlohmann::json({"sliding_attention"}));
+  EXPECT_EQ(j["sliding_window"], 2048);
+  EXPECT_EQ(j["num_hidden_layers"], 1) << "layer_types lists num_hidden_layers kinds";
+  EXPECT_EQ(load_export(dir + "/e").config.sliding_window, 2048);
+  write_speculators_export(dir + "/spec", s.cfg, s.w, s.vocab, s.target, SpeculatorsOptions{"org/target", 3});
+  const nlohmann::json sj = nlohmann::json::parse(read_file(dir + "/spec/config.json"));
+  EXPECT_EQ(sj["transformer_layer_config"]["layer_types"], nlohmann::json({"sliding_attention"}));
+  EXPECT_EQ(sj["transformer_layer_config"]["sliding_window"], 2048);
+  EXPECT_FALSE(sj.contains("layer_types")) << "a layer key, not a top-level one";
+  EXPECT_EQ(load_export(dir + "/spec").config.sliding_window, 2048);
+}
+
 TEST(ExportTest, RefusesToReplaceAFolderThatIsNotAnExport) {
   const std::string dir = testing::scratch_dir("train_export_replace");
   auto s = testing::make_tiny_setup(dir, {1, 3, 5});

@@ -24,9 +24,11 @@
 // A run that does not fit prints {"bench": "train", ..., "error": "..."} and exits with status 1.
 //
 // Usage: bench_train [--seq 2048] [--ttt-steps 7] [--iters 5] [--warmup 2] [--precision bf16|f32]
-//                    [--draft-vocab 32000] [--peak-tflops 989] [--no-breakdown] [--mla]
+//                    [--draft-vocab 32000] [--peak-tflops 989] [--no-breakdown] [--mla] [--window 0]
 // --mla: the MLA draft (train --draft-attention mla) with DeepSeek-V3 / Kimi-K2 widths (q_lora 1536, kv_lora
 // 512, head dims 128 + 64 / 128) and the same 32 heads, H and MLP; no breakdown.
+// --window N: the draft's sliding window (train --draft-sliding-window N; 0 none); the MFU counts the keys
+// each row attends under it.
 #include <cuda_runtime.h>
 
 #include <chrono>
@@ -67,6 +69,7 @@ struct Args {
   double peak_tflops = 989.0;
   bool breakdown = true;
   bool mla = false;  // the MLA draft (--draft-attention mla) at DeepSeek-V3's widths
+  int64_t window = 0;  // the draft's sliding window (0: none)
 };
 
 Args parse(int argc, char** argv) {
@@ -86,6 +89,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--peak-tflops") a.peak_tflops = std::stod(next());
     else if (k == "--no-breakdown") a.breakdown = false;
     else if (k == "--mla") a.mla = true;
+    else if (k == "--window") a.window = std::stoll(next());
     else AERIE_THROW("bench_train: unknown argument " << k << " (see the header of tools/bench/bench_train.cc)");
   }
   AERIE_CHECK(a.seq >= 3 && a.ttt_steps >= 1 && a.iters >= 1 && a.warmup >= 0, "bench_train: bad sizes");
@@ -155,6 +159,7 @@ int run(const Args& a) {
   cfg.rope.original_max_position_embeddings = 8192;
   cfg.aux_layers = {2, 16, 29};
   cfg.target_num_hidden_layers = 32;
+  cfg.sliding_window = a.window;
   if (a.mla) {  // the MLA draft with DeepSeek-V3's / Kimi-K2's LoRA ranks and head dims, the same heads
     cfg.q_lora_rank = 1536;
     cfg.kv_lora_rank = 512;
@@ -235,17 +240,20 @@ int run(const Args& a) {
   for (auto& [name, t] : w.named()) params += t->numel();
   const double fc = 3.0 * static_cast<double>(kH) * kH, lm = static_cast<double>(K) * kH;
   const double layer = static_cast<double>(params) - fc - lm, Td = static_cast<double>(T);
+  // Step-0 keys per row on average: (T + 1) / 2 causal (counted T / 2), fewer under a window.
+  const double W = a.window > 0 && a.window < T ? static_cast<double>(a.window) : 0.0;
+  const double keys0 = W > 0 ? (W * (W + 1) / 2 + (Td - W) * W) / Td : Td / 2.0;
   const double flops =
       3.0 * (2.0 * fc * Td + S * (2.0 * (layer + lm) * Td +
-                                  2.0 * kHeads * (cfg.attn_qk_dim() + cfg.attn_v_dim()) * Td * (Td / 2.0 + S)));
+                                  2.0 * kHeads * (cfg.attn_qk_dim() + cfg.attn_v_dim()) * Td * (keys0 + S)));
   std::printf(
       "{\"bench\": \"train\", \"impl\": \"aerie (%s compute, fp32 master weights%s)\", \"seq\": %lld, \"ttt_steps\": %d, "
       "\"draft_vocab\": %lld, \"precision\": \"%s\", \"step_s\": %.5f, \"tokens_per_s\": %.1f, \"peak_gib\": %.3f, "
       "\"device_used_gib\": %.3f, \"mfu\": %.4f, \"loss\": %.5f, \"grad_norm\": %.4g, \"step_with_target_s\": %.5f, "
-      "\"tokens_per_s_with_target\": %.1f, \"peak_with_target_gib\": %.3f}\n",
+      "\"tokens_per_s_with_target\": %.1f, \"peak_with_target_gib\": %.3f, \"sliding_window\": %lld}\n",
       a.precision.c_str(), a.mla ? ", MLA draft" : "", static_cast<long long>(T), S, static_cast<long long>(K), a.precision.c_str(), step_s,
       static_cast<double>(T) / step_s, peak, used, flops / step_s / (a.peak_tflops * 1e12), m.loss(), m.grad_norm,
-      step_t_s, static_cast<double>(T) / step_t_s, peak_t);
+      step_t_s, static_cast<double>(T) / step_t_s, peak_t, static_cast<long long>(a.window));
   std::fflush(stdout);
   if (!a.breakdown || a.mla) return 0;  // the breakdown's attention call has the Llama draft's shape
 
@@ -272,9 +280,9 @@ int run(const Args& a) {
   Tensor lse = Tensor::empty({T - 1, kHeads}, DType::F32, Device::CUDA);
   for (Tensor* t : {&q, &k, &v, &dout}) rnd.fill(*t, 1.0f);
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(kHeadDim)));
-  const double attn_fwd_s = timed(1, a.iters, [&] { attention_forward(q, k, v, 0, scale, out, &lse); });
+  const double attn_fwd_s = timed(1, a.iters, [&] { attention_forward(q, k, v, 0, scale, out, &lse, a.window); });
   const double attn_bwd_s =
-      timed(1, a.iters, [&] { attention_backward(dout, q, k, v, out, lse, 0, scale, dq, dk, dv); });
+      timed(1, a.iters, [&] { attention_backward(dout, q, k, v, out, lse, 0, scale, dq, dk, dv, a.window); });
   std::printf(
       "{\"bench\": \"train_breakdown\", \"seq\": %lld, \"ttt_steps\": %d, \"precision\": \"%s\", \"step_s\": %.5f, "
       "\"target_distribution_s\": %.5f, \"ttt_forward_s\": %.5f, \"ttt_forward_backward_s\": %.5f, \"rest_of_step_s\": %.5f, "

@@ -17,9 +17,15 @@ inline float dot(const float* a, const float* b, int64_t n) {
   for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
   return s;
 }
-/// Number of keys query row i attends: j <= i + q_offset, clipped to [0, tk].
-inline int64_t n_attended(const AttentionDims& a, int64_t i) {
-  return std::clamp<int64_t>(i + a.q_offset + 1, 0, a.tk);
+/// The keys query row i attends, [first, end): j <= i + q_offset and, with a window, j > i + q_offset -
+/// window; clipped to [0, tk] (first >= end: none).
+struct KeyRange {
+  int64_t first, end;
+};
+inline KeyRange attended(const AttentionDims& a, int64_t i) {
+  const int64_t end = std::clamp<int64_t>(i + a.q_offset + 1, 0, a.tk);
+  const int64_t first = a.window > 0 ? std::clamp<int64_t>(i + a.q_offset - a.window + 1, 0, end) : 0;
+  return {first, end};
 }
 }  // namespace
 
@@ -28,23 +34,23 @@ void attention_forward(const float* q, const float* k, const float* v, const Att
   const int64_t d = a.d, dv = a.vd(), group = a.nh / a.nkv;
   std::vector<float> s(static_cast<size_t>(a.tk));
   for (int64_t i = 0; i < a.tq; ++i) {
-    const int64_t n = n_attended(a, i);
+    const auto [j_first, j_end] = attended(a, i);
     for (int64_t h = 0; h < a.nh; ++h) {
       const float* qi = q + (i * a.nh + h) * d;
       float* oi = out + (i * a.nh + h) * dv;
       const int64_t kvh = h / group;
       std::fill(oi, oi + dv, 0.0f);
-      if (n == 0) {  // nothing attended: output 0, lse -inf (the empty sum)
+      if (j_first >= j_end) {  // nothing attended: output 0, lse -inf (the empty sum)
         if (lse) lse[i * a.nh + h] = -std::numeric_limits<float>::infinity();
         continue;
       }
       float mx = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j < n; ++j) {
+      for (int64_t j = j_first; j < j_end; ++j) {
         s[j] = a.scale * dot(qi, k + (j * a.nkv + kvh) * d, d);
         mx = std::max(mx, s[j]);
       }
       float sum = 0.0f;
-      for (int64_t j = 0; j < n; ++j) {
+      for (int64_t j = j_first; j < j_end; ++j) {
         s[j] = std::exp(s[j] - mx);
         sum += s[j];
         const float* vj = v + (j * a.nkv + kvh) * dv;
@@ -61,17 +67,17 @@ void attention_backward(const float* dout, const float* q, const float* k, const
                         const float* lse, const AttentionDims& a, float* dq, float* dk, float* dv) {
   const int64_t d = a.d, group = a.nh / a.nkv;
   for (int64_t i = 0; i < a.tq; ++i) {
-    const int64_t n = n_attended(a, i);
+    const auto [j_first, j_end] = attended(a, i);
     for (int64_t h = 0; h < a.nh; ++h) {
       const int64_t row = i * a.nh + h, kvh = h / group;
       const float* qi = q + row * d;
       const float* doi = dout + row * d;
       float* dqi = dq + row * d;
       std::fill(dqi, dqi + d, 0.0f);
-      if (n == 0) continue;
+      if (j_first >= j_end) continue;
       const float l = lse[row];
       const float di = dot(doi, out + row * d, d);  // D_i = dout_i . out_i
-      for (int64_t j = 0; j < n; ++j) {
+      for (int64_t j = j_first; j < j_end; ++j) {
         const int64_t kv = (j * a.nkv + kvh) * d;
         const float p = std::exp(a.scale * dot(qi, k + kv, d) - l);
         const float ds = p * (dot(doi, v + kv, d) - di);

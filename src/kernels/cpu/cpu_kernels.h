@@ -48,6 +48,7 @@ struct AttentionDims {
   int64_t tq, tk, nh, nkv, d, q_offset;
   float scale;
   int64_t dv = 0;  // v's and out's head dim (the forward; 0: d)
+  int64_t window = 0;  // sliding window: row i attends keys (i + q_offset - window, i + q_offset]; 0: none
   int64_t vd() const { return dv > 0 ? dv : d; }
 };
 void attention_forward(const float* q, const float* k, const float* v, const AttentionDims& a, float* out,

@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(kThreads) attn_fwd_kernel(FwdParams p) {
     const int h = g * p.group + static_cast<int>(R % p.group);
     Qs[idx] = i < s.tq && c < p.d ? to_f32(q[((s.row0 + i) * p.nh + h) * p.d + c]) : 0.0f;
   }
-  int64_t klim[RPW];  // row attends key j iff j <= klim (-1: padding row)
+  int64_t klim[RPW];  // row attends key j iff attends(j, klim, window) (-1: padding row)
   float m[RPW], l[RPW], acc[RPW][NC];
 #pragma unroll
   for (int rr = 0; rr < RPW; ++rr) {
@@ -60,7 +60,9 @@ __global__ void __launch_bounds__(kThreads) attn_fwd_kernel(FwdParams p) {
   }
   const int64_t i_last = min(s.tq - 1, (r0 + BR - 1) / p.group);
   const int64_t kend_block = max(int64_t{0}, min(s.tk, i_last + s.q_offset + 1));
-  const int64_t kbeg = split * p.split_len, kend = min(kend_block, kbeg + p.split_len);
+  // The split's keys, from the first key of the block's first row (the window's lower bound).
+  const int64_t kbeg = max(split * p.split_len, first_key(r0 / p.group + s.q_offset, p.window));
+  const int64_t kend = min(kend_block, split * p.split_len + p.split_len);
 
   for (int64_t j0 = kbeg; j0 < kend; j0 += kTile) {
     __syncthreads();  // the previous tile is used up (and Qs is written before the first)
@@ -87,7 +89,7 @@ __global__ void __launch_bounds__(kThreads) attn_fwd_kernel(FwdParams p) {
     float pr[RPW];  // this lane's key's weight for each row, relative to the row's running max
 #pragma unroll
     for (int rr = 0; rr < RPW; ++rr) {
-      const bool ok = j < kend && j <= klim[rr];
+      const bool ok = j < kend && attends(j, klim[rr], p.window);
       const float sv = ok ? sc[rr] * p.scale : -INFINITY;
       const float mnew = fmaxf(m[rr], warp_max(sv));
       pr[rr] = ok ? expf(sv - mnew) : 0.0f;
@@ -287,8 +289,9 @@ void run_forward(const FwdParams& p, bool varlen, DType dt, const char* op) {
 }  // namespace
 
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_offset, float scale,
-                       Tensor& out, Tensor* lse) {
-  const FwdParams p = fwd_params(q, k, v, q_offset, scale, out, lse);
+                       Tensor& out, Tensor* lse, int64_t window) {
+  FwdParams p = fwd_params(q, k, v, q_offset, scale, out, lse);
+  p.window = window;
   if (p.tq == 0 || p.nh == 0 || p.d == 0) return;
   run_forward(p, false, q.dtype(), "attention_forward (CUDA)");
 }

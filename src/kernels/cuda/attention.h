@@ -14,14 +14,15 @@ namespace aerie::cuda {
 /// 64/128 and more than 64 packed rows: WMMA tensor cores, 64-key tiles); decoding-sized grids split the
 /// keys over blocks and merge the partial results by log-sum-exp.
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_offset, float scale,
-                       Tensor& out, Tensor* lse);
+                       Tensor& out, Tensor* lse, int64_t window);
 /// Packed samples (cu_seqlens [B+1] I32 on the device): block -> (sample, query tile).
 void attention_forward_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens,
                               float scale, Tensor& out, Tensor* lse);
 /// FlashAttention-2 backward: D = rowsum(dout * out), then dk/dv per key tile (loop over query tiles)
 /// and dq per query tile (loop over key tiles), both recomputing P from lse; no atomics.
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                        const Tensor& lse, int64_t q_offset, float scale, Tensor& dq, Tensor& dk, Tensor& dv);
+                        const Tensor& lse, int64_t q_offset, float scale, Tensor& dq, Tensor& dk, Tensor& dv,
+                        int64_t window);
 /// TTT diagonal merge: one warp per (row, head); the diagonal in chunks of up to 8 keys.
 void attention_merge_diagonal_forward(const Tensor& q, const std::vector<const Tensor*>& diag_k,
                                       const std::vector<const Tensor*>& diag_v, float scale, Tensor& out,

@@ -76,8 +76,10 @@ __global__ void __launch_bounds__(kThreads) attn_bwd_dq_kernel(BwdParams p) {
   }
   const int64_t i_last = min(p.tq - 1, (r0 + BR - 1) / p.group);
   const int64_t kend = max(int64_t{0}, min(p.tk, i_last + p.q_offset + 1));
+  // From the first key of the block's first row (the window's lower bound; 0 without one).
+  const int64_t kbeg = first_key(r0 / p.group + p.q_offset, p.window);
 
-  for (int64_t j0 = 0; j0 < kend; j0 += kTile) {
+  for (int64_t j0 = kbeg; j0 < kend; j0 += kTile) {
     __syncthreads();
     for (int idx = threadIdx.x; idx < kTile * DP; idx += kThreads) {
       const int jj = idx / DP, c = idx % DP;
@@ -107,7 +109,7 @@ __global__ void __launch_bounds__(kThreads) attn_bwd_dq_kernel(BwdParams p) {
     float ds[RPW];  // dS of this lane's key for each row
 #pragma unroll
     for (int rr = 0; rr < RPW; ++rr) {
-      const bool ok = j < kend && j <= klim[rr];
+      const bool ok = j < kend && attends(j, klim[rr], p.window);
       ds[rr] = ok ? expf(sc[rr] * p.scale - lse[rr]) * (dp[rr] - Dr[rr]) : 0.0f;
     }
 #pragma unroll 4
@@ -178,7 +180,8 @@ __global__ void __launch_bounds__(kThreads) attn_bwd_dkdv_kernel(BwdParams p) {
 
   // Query row i attends key j iff i >= j - q_offset: the first row that sees any key of the block.
   const int64_t i_start = max(int64_t{0}, j0 - p.q_offset);
-  const int64_t rows = p.tq * p.group;
+  // ... and the row after the last one that attends any (under a window).
+  const int64_t rows = rows_end(min(p.tk - 1, j0 + BK - 1), p.q_offset, p.window, p.tq) * p.group;
   for (int64_t R0 = i_start * p.group; R0 < rows; R0 += kTile) {
     __syncthreads();  // Ks/Vs written (first tile), or the previous Qs/dOs used up
     for (int idx = threadIdx.x; idx < kTile * DP; idx += kThreads) {
@@ -215,7 +218,7 @@ __global__ void __launch_bounds__(kThreads) attn_bwd_dkdv_kernel(BwdParams p) {
 #pragma unroll
     for (int kk = 0; kk < kKpw; ++kk) {
       const int64_t j = j0 + warp * kKpw + kk;
-      const bool ok = j < p.tk && j <= klim;
+      const bool ok = j < p.tk && attends(j, klim, p.window);
       const float pij = ok ? expf(pk[kk] * p.scale - lse) : 0.0f;
       ds[kk] = pij * (ds[kk] - Dr);
       pk[kk] = pij;
@@ -314,7 +317,8 @@ struct Backward {
 }  // namespace
 
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                        const Tensor& lse, int64_t q_offset, float scale, Tensor& dq, Tensor& dk, Tensor& dv) {
+                        const Tensor& lse, int64_t q_offset, float scale, Tensor& dq, Tensor& dk, Tensor& dv,
+                        int64_t window) {
   constexpr const char* op = "attention_backward (CUDA)";
   BwdParams p{};
   p.dout = dout.raw();
@@ -333,6 +337,7 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   p.group = p.nh / p.nkv;
   p.d = static_cast<int>(q.dim(2));
   p.scale = scale;
+  p.window = window;
   if (p.tq == 0 || p.nh == 0 || p.d == 0) return;
   Tensor D = Tensor::empty({p.tq, p.nh}, DType::F32, Device::CUDA);  // dout . out per row
   p.D = D.data<float>();

@@ -105,10 +105,12 @@ __global__ void __launch_bounds__(kThreads, 2) attn_bwd_dq_mma_kernel(BwdParams 
   load_rows<DP>(sO, static_cast<const bf16_t*>(p.dout), p, g, r0);
   const int64_t i_last = min(p.tq - 1, (r0 + kBlk - 1) / p.group);
   const int64_t kend = max(int64_t{0}, min(p.tk, i_last + p.q_offset + 1));
-  const int ntiles = static_cast<int>((kend + kBlk - 1) / kBlk);
+  // Key tiles t0 .. : under a window, from the tile of the block's first row's first key.
+  const int t0 = static_cast<int>(first_key(r0 / p.group + p.q_offset, p.window) / kBlk);
+  const int ntiles = max(0, static_cast<int>((kend + kBlk - 1) / kBlk) - t0);
   if (ntiles > 0) {
-    load_keys<DP>(sK, k, p, g, 0);
-    load_keys<DP>(sV, v, p, g, 0);
+    load_keys<DP>(sK, k, p, g, static_cast<int64_t>(t0) * kBlk);
+    load_keys<DP>(sV, v, p, g, static_cast<int64_t>(t0) * kBlk);
   }
   cp_async_commit();
 
@@ -131,14 +133,14 @@ __global__ void __launch_bounds__(kThreads, 2) attn_bwd_dq_mma_kernel(BwdParams 
   for (int t = 0; t < ntiles; ++t) {
     const int buf = t & 1;
     if (t + 1 < ntiles) {
-      load_keys<DP>(sK + (buf ^ 1) * tile_bytes<DP>(), k, p, g, static_cast<int64_t>(t + 1) * kBlk);
-      load_keys<DP>(sV + (buf ^ 1) * tile_bytes<DP>(), v, p, g, static_cast<int64_t>(t + 1) * kBlk);
+      load_keys<DP>(sK + (buf ^ 1) * tile_bytes<DP>(), k, p, g, static_cast<int64_t>(t0 + t + 1) * kBlk);
+      load_keys<DP>(sV + (buf ^ 1) * tile_bytes<DP>(), v, p, g, static_cast<int64_t>(t0 + t + 1) * kBlk);
     }
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
     const uint32_t kb = sK + buf * tile_bytes<DP>(), vb = sV + buf * tile_bytes<DP>();
-    const int64_t j0 = static_cast<int64_t>(t) * kBlk;
+    const int64_t j0 = static_cast<int64_t>(t0 + t) * kBlk;
     float s[NB][4], dp[NB][4];
     rows_dot_rows<DP>(s, sQ, warp * 16, kb);   // q . k
     rows_dot_rows<DP>(dp, sO, warp * 16, vb);  // dout . v
@@ -150,7 +152,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_bwd_dq_mma_kernel(BwdParams 
       for (int e = 0; e < 4; ++e) {
         const int64_t j = j0 + nb * 8 + 2 * tq4 + (e & 1);
         const int r = e >> 1;
-        const float pr = j < kend && j <= klim[r] ? exp2f(s[nb][e] * sl2 - lse2[r]) : 0.0f;
+        const float pr = j < kend && attends(j, klim[r], p.window) ? exp2f(s[nb][e] * sl2 - lse2[r]) : 0.0f;
         ds[e] = pr * (dp[nb][e] - Dr[r]);
       }
       dsf[nb >> 1][(nb & 1) * 2 + 0] = pack_bf16(ds[0], ds[1]);
@@ -194,7 +196,9 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_dkdv_mma_kernel(BwdParam
   load_keys<DP>(sK, static_cast<const bf16_t*>(p.k), p, g, j0);
   load_keys<DP>(sV, static_cast<const bf16_t*>(p.v), p, g, j0);
   // Query row i attends key j iff j <= i + q_offset: the first row that sees any key of the block.
-  const int64_t R0 = max(int64_t{0}, j0 - p.q_offset) * p.group, rows = p.tq * p.group;
+  const int64_t R0 = max(int64_t{0}, j0 - p.q_offset) * p.group;
+  // ... and under a window the rows end where the block's last key leaves it.
+  const int64_t rows = rows_end(min(p.tk - 1, j0 + kBlk - 1), p.q_offset, p.window, p.tq) * p.group;
   const int ntiles = R0 < rows ? static_cast<int>((rows - R0 + kBlk - 1) / kBlk) : 0;
   auto load_tile = [&](int t, int buf) {
     const int64_t Rt = R0 + static_cast<int64_t>(t) * kBlk;
@@ -243,7 +247,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_dkdv_mma_kernel(BwdParam
       for (int e = 0; e < 4; ++e) {
         const int c = nb * 8 + 2 * tq4 + (e & 1);
         const int64_t j = jk[e >> 1];
-        pt[nb][e] = j < p.tk && j <= it[c] ? exp2f(pt[nb][e] * sl2 - lt[c]) : 0.0f;
+        pt[nb][e] = j < p.tk && attends(j, it[c], p.window) ? exp2f(pt[nb][e] * sl2 - lt[c]) : 0.0f;
       }
       af[nb >> 1][(nb & 1) * 2 + 0] = pack_bf16(pt[nb][0], pt[nb][1]);
       af[nb >> 1][(nb & 1) * 2 + 1] = pack_bf16(pt[nb][2], pt[nb][3]);

@@ -84,6 +84,23 @@ void by_head_dim_forward(int64_t d, const char* op, F& f) {
   by_head_dim(d, op, f);
 }
 
+/// Sliding window (window > 0; 0: none, kernels/attention.h): a row whose last attended key is klim =
+/// i + q_offset attends key j iff klim - window < j <= klim (klim < 0: a padding row, no key).
+__host__ __device__ __forceinline__ bool attends(int64_t j, int64_t klim, int64_t window) {
+  return j <= klim && (window <= 0 || j > klim - window);
+}
+/// The first key that a row whose last key is klim attends under the window (0 without one).
+__host__ __device__ __forceinline__ int64_t first_key(int64_t klim, int64_t window) {
+  return window > 0 && klim - window + 1 > 0 ? klim - window + 1 : 0;
+}
+/// One past the last query row that attends key j: rows i with j - q_offset <= i < j - q_offset + window
+/// (tq without a window), clipped to [0, tq].
+__host__ __device__ __forceinline__ int64_t rows_end(int64_t j, int64_t q_offset, int64_t window, int64_t tq) {
+  if (window <= 0) return tq;
+  const int64_t e = j - q_offset + window;
+  return e < 0 ? 0 : e > tq ? tq : e;
+}
+
 /// Rows per warp of the forward / dq kernels: 1 when a kv head has few packed query rows (decoding: a
 /// block of 4 rows then holds one token's group of heads), else 8.
 inline bool few_rows(int64_t packed_rows) { return packed_rows <= 64; }
@@ -112,6 +129,7 @@ struct FwdParams {
   int dv;  // v's and out's head dim (<= d; the forward)
   float scale;
   int64_t split_len;  // keys per split
+  int64_t window;     // sliding window (0: none; not with cu)
 };
 
 /// The sequence a block works on: its first row in q/k/v/out/lse, its lengths, and the block's query
@@ -170,6 +188,7 @@ struct BwdParams {
   int64_t tq, tk, q_offset;
   int nh, nkv, group, d;
   float scale;
+  int64_t window;  // sliding window (0: none)
 };
 
 /// The BF16 tensor-core backward passes (attention_backward_tc.cu, head dim d == DP = 64, 128 or 192, every

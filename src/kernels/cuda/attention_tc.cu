@@ -72,9 +72,13 @@ __global__ void __launch_bounds__(kThreads, 2) attn_fwd_mma_kernel(FwdParams p) 
   const int64_t i_first = r0 / p.group;
   const int64_t i_last = min(s.tq - 1, (r0 + kTcBlockRows - 1) / p.group);
   const int64_t kend_block = max(int64_t{0}, min(s.tk, i_last + s.q_offset + 1));
-  const int64_t kbeg = split * p.split_len, kend = min(kend_block, kbeg + p.split_len);
+  // The split's keys, from the first key of the block's first row (the window's lower bound).
+  const int64_t kbeg = max(split * p.split_len, first_key(i_first + s.q_offset, p.window));
+  const int64_t kend = min(kend_block, split * p.split_len + p.split_len);
   const int ntiles = kend > kbeg ? static_cast<int>((kend - kbeg + kKeys - 1) / kKeys) : 0;
   const int64_t klim_min = i_first + s.q_offset;  // every row of the block attends keys <= klim_min
+  // ... and, under a window, keys >= kfirst_max (the first key of the block's last row).
+  const int64_t kfirst_max = first_key(i_last + s.q_offset, p.window);
 
   auto load_kv = [&](int t, int buf) {
     const int64_t j0 = kbeg + static_cast<int64_t>(t) * kKeys;
@@ -137,7 +141,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_fwd_mma_kernel(FwdParams p) 
     }
 
     // Online softmax. Element e of block nb: row quad + 8 (e >> 1), key j0 + nb * 8 + 2 tq4 + (e & 1).
-    const bool masked = j0 + kKeys > kend || j0 + kKeys - 1 > klim_min;
+    const bool masked = j0 + kKeys > kend || j0 + kKeys - 1 > klim_min || j0 < kfirst_max;
     float mx[2] = {m[0], m[1]};
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) {
@@ -146,7 +150,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_fwd_mma_kernel(FwdParams p) 
         float x = sc[nb][e] * sl2;
         if (masked) {
           const int64_t j = j0 + nb * 8 + 2 * tq4 + (e & 1);
-          if (j >= kend || j > klim[e >> 1]) x = -INFINITY;
+          if (j >= kend || !attends(j, klim[e >> 1], p.window)) x = -INFINITY;
         }
         sc[nb][e] = x;
         mx[e >> 1] = fmaxf(mx[e >> 1], x);

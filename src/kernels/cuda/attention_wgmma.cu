@@ -209,7 +209,9 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dkdv_wgmma_kernel(BwdP
   // Query row i attends key j iff j <= i + q_offset: the first row that sees any key of the block.
   const int rows = static_cast<int>(p.tq * p.group);
   const int R0 = static_cast<int>(min(max(int64_t{0}, j0 - p.q_offset) * p.group, static_cast<int64_t>(rows)));
-  const int ntiles = (rows - R0 + kN - 1) / kN;
+  // ... and under a window the rows end where the block's last key leaves it.
+  const int R_end = static_cast<int>(rows_end(min(p.tk - 1, j0 + kBlock - 1), p.q_offset, p.window, p.tq) * p.group);
+  const int ntiles = R_end > R0 ? (R_end - R0 + kN - 1) / kN : 0;
   init_barriers<L>(base, 256);
 
   if (wgi == 0) {  // ---- producer ----
@@ -270,7 +272,9 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dkdv_wgmma_kernel(BwdP
     const int* it = ilims + sl * kN;
     const int Rt = R0 + t * kN;
     // Every (key, row) pair of the tile attended: no masks.
-    const bool full = (Rt + kN - 1) / p.group < p.tq && jw_last < tk && Rt / p.group + p.q_offset >= jw_last;
+    // (under a window also: the tile's last row still attends the warpgroup's first key).
+    const bool full = (Rt + kN - 1) / p.group < p.tq && jw_last < tk && Rt / p.group + p.q_offset >= jw_last &&
+                      (p.window <= 0 || (Rt + kN - 1) / p.group + p.q_offset < jw_last - kM + 1 + p.window);
 
     issue_dot<kBlock>(s, base + L::k, wg * kM, qb);  // S^T = K Q^T
     wgmma_commit();
@@ -290,7 +294,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dkdv_wgmma_kernel(BwdP
       for (int i = 0; i < 32; ++i) {
         const int c = (i >> 2) * 8 + 2 * tq4 + (i & 1), j = jk[(i >> 1) & 1];
         const float pr = ex2(s[i] * sl2 - lt[c]);
-        s[i] = j < tk && j <= it[c] ? pr : 0.0f;
+        s[i] = j < tk && attends(j, it[c], p.window) ? pr : 0.0f;
       }
     }
 #pragma unroll
@@ -349,7 +353,9 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_wgmma_kernel(BwdPar
   const int r0 = static_cast<int>(gridDim.y - 1 - blockIdx.y) * kBlock;  // longest rows first
   const int64_t i_last = min(p.tq - 1, static_cast<int64_t>((r0 + kBlock - 1) / p.group));
   const int kend = static_cast<int>(max(int64_t{0}, min(p.tk, i_last + p.q_offset + 1)));
-  const int ntiles = (kend + kN - 1) / kN;
+  // Key tiles t0 .. : under a window, from the tile of the block's first row's first key.
+  const int t0 = static_cast<int>(first_key(r0 / p.group + p.q_offset, p.window) / kN);
+  const int ntiles = max(0, (kend + kN - 1) / kN - t0);
   init_barriers<L>(base, 128);
 
   if (wgi == 0) {  // ---- producer ----
@@ -362,7 +368,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_wgmma_kernel(BwdPar
     for (int t = 0; t < ntiles; ++t) {
       const int s = t % kSlots;
       if (t >= kSlots) mbar_wait(base + L::empty0 + 8 * s, ((t / kSlots) - 1) & 1);
-      load_keys_w<kN>(base + L::k(s), k, base + L::k(s) + wtile<kN>(), v, p, g, static_cast<int64_t>(t) * kN, tid);
+      load_keys_w<kN>(base + L::k(s), k, base + L::k(s) + wtile<kN>(), v, p, g, static_cast<int64_t>(t0 + t) * kN,
+                      tid);
       mbar_arrive_cp_async(base + L::full0 + 8 * s);
     }
     cp_async_wait<0>();
@@ -383,6 +390,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_wgmma_kernel(BwdPar
     Dr[e] = klim[e] >= 0 ? p.D[static_cast<int64_t>(i) * p.nh + h] : 0.0f;
   }
   const int klim_min = min(klim[0], klim[1]);
+  // Under a window: the larger first key of the two rows (a padding row's -1 is never full anyway).
+  const int kfirst_max = static_cast<int>(first_key(max(klim[0], klim[1]), p.window));
   const float sl2 = p.scale * kLog2e;
   float acc[2][32];
 #pragma unroll
@@ -401,8 +410,9 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_wgmma_kernel(BwdPar
     mbar_wait(base + L::full0 + 8 * sl, (t / kSlots) & 1);
     fence_proxy_async();
     const uint32_t kb = base + L::k(sl), vb = kb + wtile<kN>();
-    const int j0 = t * kN;
-    const bool full = j0 + kN <= kend && j0 + kN - 1 <= klim_min;  // every key of the tile attended by both rows
+    const int j0 = (t0 + t) * kN;
+    // Every key of the tile attended by both rows.
+    const bool full = j0 + kN <= kend && j0 + kN - 1 <= klim_min && j0 >= kfirst_max;
     issue_dot<kBlock>(s, base + L::q, wg * kM, kb);   // S = Q K^T
     wgmma_commit();
     issue_dot<kBlock>(dp, base + L::o, wg * kM, vb);  // dP = dout V^T
@@ -421,7 +431,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_wgmma_kernel(BwdPar
       for (int i = 0; i < 32; ++i) {
         const int j = j0 + (i >> 2) * 8 + 2 * tq4 + (i & 1), r = (i >> 1) & 1;
         const float pr = ex2(s[i] * sl2 - lse2[r]);
-        s[i] = j < kend && j <= klim[r] ? pr : 0.0f;
+        s[i] = j < kend && attends(j, klim[r], p.window) ? pr : 0.0f;
       }
     }
     wgmma_wait<0>();  // dP
@@ -478,7 +488,9 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_wgmma_kernel(FwdParams
   const int64_t i_last = min(sq.tq - 1, static_cast<int64_t>((r0 + kBlock - 1) / p.group));
   const int64_t kend_block = max(int64_t{0}, min(sq.tk, i_last + sq.q_offset + 1));
   const int64_t kbeg64 = split * p.split_len;
-  const int kbeg = static_cast<int>(kbeg64), kend = static_cast<int>(min(kend_block, kbeg64 + p.split_len));
+  // The split's keys, from the first key of the block's first row (the window's lower bound).
+  const int kbeg = static_cast<int>(max(kbeg64, first_key(r0 / p.group + sq.q_offset, p.window)));
+  const int kend = static_cast<int>(min(kend_block, kbeg64 + p.split_len));
   const int ntiles = kend > kbeg ? (kend - kbeg + kN - 1) / kN : 0;
   init_barriers<L>(base, 128);
 
@@ -523,6 +535,9 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_wgmma_kernel(FwdParams
     klim[e] = i < sq.tq ? static_cast<int>(i + sq.q_offset) : -1;
   }
   const int klim_min = static_cast<int>((r0 + wg * kM) / p.group + sq.q_offset);  // every row of the warpgroup
+  // ... and, under a window, keys >= kfirst_max (the first key of the warpgroup's last row).
+  const int kfirst_max = static_cast<int>(
+      first_key(min(sq.tq - 1, static_cast<int64_t>((r0 + wg * kM + kM - 1) / p.group)) + sq.q_offset, p.window));
   const float sl2 = p.scale * kLog2e;  // scores in base-2 units
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
   float o[2][32];
@@ -548,13 +563,13 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_wgmma_kernel(FwdParams
     fence_frags(f);
     if (t > 0 && lane == 0) mbar_arrive(base + L::empty0 + 8 * ((t - 1) % kSlots));
     // Online softmax. Element i: row quad + 8 ((i >> 1) & 1), key j0 + (i >> 2) * 8 + 2 tq4 + (i & 1).
-    const bool masked = j0 + kN > kend || j0 + kN - 1 > klim_min;
+    const bool masked = j0 + kN > kend || j0 + kN - 1 > klim_min || j0 < kfirst_max;
     float mx[2] = {m[0], m[1]};
     if (masked) {
 #pragma unroll
       for (int i = 0; i < 32; ++i) {
         const int j = j0 + (i >> 2) * 8 + 2 * tq4 + (i & 1), r = (i >> 1) & 1;
-        s[i] = j < kend && j <= klim[r] ? s[i] * sl2 : -INFINITY;
+        s[i] = j < kend && attends(j, klim[r], p.window) ? s[i] * sl2 : -INFINITY;
         mx[r] = fmaxf(mx[r], s[i]);
       }
     } else {
