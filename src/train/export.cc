@@ -143,25 +143,25 @@ void write_export_dir(const std::string& out_dir, const nlohmann::json& config, 
 void write_export(const std::string& out_dir, const DraftConfig& cfg, const DraftWeights& weights,
                   const DraftVocab& vocab, const TargetConfig& target, ServingEngine engine,
                   const nlohmann::json& source) {
-  // What SGLang would read or run otherwise than trained: refused --for sglang, a warning --for any.
-  auto not_for_sglang = [&](const std::string& why) {
-    AERIE_CHECK(engine != ServingEngine::Sglang, "export --for sglang: " << why);
-    if (engine == ServingEngine::Any) AERIE_LOG(warning) << "export: " << why << " (export --for vllm to silence this)";
-  };
+  // What SGLang would read or run otherwise than trained: refused --for sglang (every reason in one message),
+  // a warning each --for any.
+  std::vector<std::string> sglang_reasons;
+  auto not_for_sglang = [&](const std::string& why) { sglang_reasons.push_back(why); };
   const std::string misread = aux_ids_misread(cfg.aux_layers, target.num_hidden_layers, engine);
   if (!misread.empty()) not_for_sglang(misread);  // empty --for vllm
   if (cfg.norm_before_residual && !cfg.is_mla()) {
     // SGLang's llama_eagle3.py keeps h as layer 0's residual: it has no norm_before_residual.
     not_for_sglang(
         "the draft was trained with norm_before_residual (the residual is hidden_norm(h)), which SGLang's "
-        "LlamaForCausalLMEagle3 does not run (its residual is always h): SGLang would serve another draft; vLLM "
-        "reads config.norm_before_residual");
+        "LlamaForCausalLMEagle3 does not run (its residual is always h): SGLang would serve another draft (train "
+        "with --draft-norm-before-residual=false for SGLang); vLLM reads config.norm_before_residual");
   }
   if (cfg.sliding_window > 0) {
     // SGLang's LlamaAttention builds its RadixAttention without sliding_window_size (srt/models/llama.py).
     not_for_sglang("the draft was trained with a sliding window of " + std::to_string(cfg.sliding_window) +
                    " keys, which SGLang's LlamaForCausalLMEagle3 does not apply (full causal attention): SGLang would "
-                   "serve another draft; vLLM reads config.layer_types and config.sliding_window");
+                   "serve another draft (train without --draft-sliding-window for SGLang); vLLM reads "
+                   "config.layer_types and config.sliding_window");
   }
   if (cfg.is_mla()) {
     // vLLM's Eagle3DeepseekV2ForCausalLM has fc(f) without input_norm and hands the pre-norm hidden on.
@@ -178,6 +178,15 @@ void write_export(const std::string& out_dir, const DraftConfig& cfg, const Draf
         "(DeepseekV3ForCausalLMEagle3) names another architecture, always adds hidden_norm(h) as the residual and "
         "loads the query and latent projections fused, so SGLang would not serve this export as trained");
   }
+  if (engine == ServingEngine::Sglang && !sglang_reasons.empty()) {
+    std::string all;
+    for (size_t i = 0; i < sglang_reasons.size(); ++i)
+      all += (i == 0 ? "" : "; and ") + sglang_reasons[i];
+    AERIE_THROW("export --for sglang: " << all);
+  }
+  if (engine == ServingEngine::Any)
+    for (const std::string& why : sglang_reasons)
+      AERIE_LOG(warning) << "export: " << why << " (export --for vllm to silence this)";
   nlohmann::json config = export_config(cfg, target);
   SafetensorsFile f = export_tensors(cfg, weights, vocab);
   record_export_checkpoint(config, f, source);

@@ -71,8 +71,12 @@ struct TrainOptions {
   /// vLLM's Eagle3DeepseekV2ForCausalLM; needs an MLA target; DraftConfig::is_mla). A resume option.
   std::string draft_attention = "llama";
   /// EAGLE-3.1's norm_before_residual for the draft (DraftConfig::norm_before_residual; exported as the
-  /// config field vLLM and speculators read). A resume option.
-  bool draft_norm_before_residual = false;
+  /// config field vLLM and speculators read; SGLang's Llama draft has no such option). On by default
+  /// (speculators' default; measured in docs/design.md). A resume option: a resumed run takes its
+  /// checkpoint's setting (absent in checkpoints before the default changed: off) unless
+  /// draft_norm_before_residual_given, when the two must agree.
+  bool draft_norm_before_residual = true;
+  bool draft_norm_before_residual_given = false;  // set on the command line or in a config (jobs/train.cc)
   /// EAGLE-3.1's norm_output for the draft (DraftConfig::norm_output; exported as config.norm_output,
   /// which vLLM, SGLang and speculators read). A resume option.
   bool draft_norm_output = false;

@@ -325,7 +325,8 @@ std::vector<std::pair<std::string, double>> interval_scalars(const StepMetrics& 
 
 }  // namespace
 
-TrainResult run_training(const TrainOptions& opts, Communicator& dp, StreamClient* stream) {
+TrainResult run_training(const TrainOptions& given_opts, Communicator& dp, StreamClient* stream) {
+  TrainOptions opts = given_opts;  // a resume may take settings from its checkpoint
   const int rank = dp.rank();
   AERIE_CHECK(!opts.output_dir.empty(), "train: --output is required");
   AERIE_CHECK(opts.log_every >= 1, "train: --log-every must be >= 1");
@@ -385,6 +386,15 @@ TrainResult run_training(const TrainOptions& opts, Communicator& dp, StreamClien
   if (latest) {
     if (rank == 0) AERIE_LOG(info) << "train: resuming from " << *latest;
     ck = load_checkpoint(*latest);
+    if (!opts.draft_norm_before_residual_given) {
+      // The checkpoint's setting (absent: off, the default before it changed): a requeued job resumes as it
+      // started without naming the option.
+      const bool theirs = ck.train_options.value("draft_norm_before_residual", false);
+      if (rank == 0 && theirs != opts.draft_norm_before_residual)
+        AERIE_LOG(info) << "train: norm_before_residual " << (theirs ? "on" : "off")
+                        << " as the checkpoint was trained (--draft-norm-before-residual not given)";
+      opts.draft_norm_before_residual = theirs;
+    }
     opts.check_resumable(ck.train_options);
     check_resume_provenance(ck.provenance, *latest, opts, model_fp, shards, rank);
     check_same_shards(shards, ck.state.split, stream != nullptr);

@@ -94,6 +94,9 @@ refused "--draft-heads" mpirun --oversubscribe -np 1 "$aerie" train --model "$ds
 refused "--draft-norm-before-fc" mpirun --oversubscribe -np 2 "$aerie" train --model "$ds" \
     --shards "$work/deepseek_v3/shards" --vocab "$work/deepseek_v3/vocab.safetensors" --output "$out/run3" --steps 1 \
     --draft-attention mla --draft-norm-before-fc
+refused "--draft-sliding-window goes with the Llama draft only" mpirun --oversubscribe -np 2 "$aerie" train --model "$ds" \
+    --shards "$work/deepseek_v3/shards" --vocab "$work/deepseek_v3/vocab.safetensors" --output "$out/run5" --steps 1 \
+    --draft-attention mla --draft-sliding-window 64
 refused "use --draft-attention llama" mpirun --oversubscribe -np 2 "$aerie" train --model "$tok" \
     --shards "$work/deepseek_v3/shards" --vocab "$work/deepseek_v3/vocab.safetensors" --output "$out/run4" --steps 1 \
     --draft-attention mla
@@ -101,4 +104,4 @@ grep -q "MPI_ABORT" "$work/last.log" && { cat "$work/last.log"; echo "FAIL: the 
 refused "format eagle3" mpirun --oversubscribe -np 1 "$aerie" export --model "$ds" --checkpoint "$out/run" \
     --output "$out/export_spec" --format speculators --verifier x
 echo "MLA draft: trained, exported for Eagle3DeepseekV2ForCausalLM; other attention on resume, head override," \
-     "norm_before_fc, a Llama target (usage error on every rank) and the speculators format refused"
+     "norm_before_fc, a sliding window, a Llama target (usage error on every rank) and the speculators format refused"

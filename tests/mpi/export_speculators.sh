@@ -19,8 +19,19 @@ run vocab 1 vocab --prepared "$work/prepared.h5" --model "$model" --output "$wor
   || fail vocab
 run extract 1 extract --model "$model" --prepared "$work/prepared.h5" --output "$work/shards" --aux-layers 2,3,4 \
   || fail extract
+# The plain EAGLE-3 draft (norm_before_residual is on by default); a resume that does not name the option takes
+# the checkpoint's setting (a requeued job), and a run without it gets the default (on) in its export.
 run train 1 train --model "$model" --shards "$work/shards" --vocab "$work/vocab.safetensors" --output "$work/run" \
-  --steps 4 --batch-size 4 --checkpoint-every 4 --log-every 4 || fail train
+  --steps 4 --batch-size 4 --checkpoint-every 4 --log-every 4 --draft-norm-before-residual=false || fail train
+run resume_default 1 train --model "$model" --shards "$work/shards" --vocab "$work/vocab.safetensors" \
+  --output "$work/run" --steps 4 --batch-size 4 --checkpoint-every 4 --log-every 4 \
+  || fail "a resume without --draft-norm-before-residual refused the checkpoint's setting"
+grep -q "norm_before_residual off as the checkpoint was trained" "$last" || fail "the resume did not say it kept it off"
+run train_default 1 train --model "$model" --shards "$work/shards" --vocab "$work/vocab.safetensors" \
+  --output "$work/run_default" --steps 4 --batch-size 4 --checkpoint-every 4 --log-every 4 || fail "train (defaults)"
+run export_default 1 export --checkpoint "$work/run_default" --model "$model" --output "$work/default_eagle3" \
+  --for vllm || fail "export (defaults)"
+grep -q '"norm_before_residual": true' "$work/default_eagle3/config.json" || fail "the default draft is not norm_before_residual"
 
 run export 1 export --checkpoint "$work/run" --model "$model" --output "$work/eagle3" || fail "export (default format)"
 run export_eagle3 1 export --checkpoint "$work/run" --model "$model" --output "$work/eagle3_named" --format eagle3 \

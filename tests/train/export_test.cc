@@ -151,6 +151,14 @@ TEST(ExportTest, SlidingWindowIsExportedAsVllmReadsIt) {
                 .find("sliding window of 2048"),
             std::string::npos);
   EXPECT_FALSE(fs::exists(dir + "/e_sglang"));
+  // With norm_before_residual too (train's default): one refusal names both, and how to train for SGLang.
+  s.cfg.norm_before_residual = true;
+  const std::string both =
+      testing::error_of([&] { write_export(dir + "/e_sglang", s.cfg, s.w, s.vocab, s.target, ServingEngine::Sglang); });
+  EXPECT_NE(both.find("sliding window of 2048"), std::string::npos) << both;
+  EXPECT_NE(both.find("--draft-norm-before-residual=false"), std::string::npos) << both;
+  EXPECT_NE(both.find("without --draft-sliding-window"), std::string::npos) << both;
+  s.cfg.norm_before_residual = false;
   write_export(dir + "/e_any", s.cfg, s.w, s.vocab, s.target);
   write_export(dir + "/e", s.cfg, s.w, s.vocab, s.target, ServingEngine::Vllm);
   const nlohmann::json j = nlohmann::json::parse(read_file(dir + "/e/config.json"));

@@ -2,17 +2,23 @@
 # The training recipe's differences from SpecForge's (issue 15 item 4), measured one at a time on
 # SmolLM2-135M-Instruct on one GPU: per variant and seed, train 400 steps of configs/runs/smollm2 on the
 # pipeline's shards, export, eval on the first 20 MT-Bench first turns (chain of 5, target f32).
-#   base     aerie's defaults (AdamW 0.9/0.95, lm_head = the target's rows, loss over the trained rows)
+#   base     the plain EAGLE-3 layer with aerie's recipe (AdamW 0.9/0.95, lm_head = the target's rows, loss
+#            over the trained rows; --draft-norm-before-residual=false, the default until 2026-12-02)
 #   beta2    --adam-beta2 0.999 (torch's default, SpecForge's)
 #   lmrand   --lm-head-init random (nn.Linear's init, SpecForge's)
 #   lossall  --loss-normalization all (each TTT step's loss over all rows of the batch, SpecForge's mean)
-# and the EAGLE-3.1 draft options (issue 15 item 5) on the same data:
-#   nbr      --draft-norm-before-residual      nout  --draft-norm-output
-#   both     the two                           nbfc  --draft-norm-before-fc
+# and the draft options (issue 15 items 3 and 5) on the same data, each against base:
+#   nbr      --draft-norm-before-residual (today's default)   nout    --draft-norm-output
+#   both     nbr + nout                                        nbfc    --draft-norm-before-fc
+#   win512   --draft-sliding-window 512                        nbrwin  nbr + win512
+# LONG_PROMPTS=1 also evaluates each draft on 16 prompts longer than any training sample
+# (tools/bench/long_prompts.py: Spec-Bench summarization articles joined five at a time, 3,839 tokens on
+# average against training samples of 367 on average, 2,048 at most) into RUN.long.json.
 # usage: tools/bench/recipe_smollm2.sh OUT_DIR PREPARED_H5
 #   PREPARED_H5: the pipeline's prepared file (tools/smollm2_pipeline or tools/bench/stream_smollm2.sh write it)
 # Environment: AERIE_BIN, SMOLLM2_MODEL (default tools/get_smollm2), SEEDS ("0 1"), VARIANTS
-#   ("base beta2 lmrand lossall"), EVAL_PROMPTS (20), AERIE_DATA (../shared/data). One JSON-ish line per run.
+#   ("base beta2 lmrand lossall"), EVAL_PROMPTS (20), AERIE_DATA (../shared/data), LONG_PROMPTS (0). One
+#   line per run and prompt set.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 W="${1:?usage: recipe_smollm2.sh OUT_DIR PREPARED_H5}"; P="${2:?usage: recipe_smollm2.sh OUT_DIR PREPARED_H5}"
@@ -24,9 +30,14 @@ M="${SMOLLM2_MODEL:-$("$root/tools/get_smollm2" | tail -1)}"
   --output "$W/vocab.safetensors" >"$W/vocab.log" 2>&1 || exit 1
 [ -d "$W/shards" ] || mpirun -np 1 "$A" extract --config "$C/extract.ini" --model "$M" --prepared "$P" \
   --output "$W/shards" --device cuda >"$W/extract.log" 2>&1 || exit 1
-declare -A opt=([base]="" [beta2]="--adam-beta2 0.999" [lmrand]="--lm-head-init random" [lossall]="--loss-normalization all"
-  [nbr]="--draft-norm-before-residual" [nout]="--draft-norm-output"
-  [both]="--draft-norm-before-residual --draft-norm-output" [nbfc]="--draft-norm-before-fc")
+plain="--draft-norm-before-residual=false"
+declare -A opt=([base]="$plain" [beta2]="$plain --adam-beta2 0.999" [lmrand]="$plain --lm-head-init random"
+  [lossall]="$plain --loss-normalization all" [nbr]="--draft-norm-before-residual" [nout]="$plain --draft-norm-output"
+  [both]="--draft-norm-before-residual --draft-norm-output" [nbfc]="$plain --draft-norm-before-fc"
+  [win512]="$plain --draft-sliding-window 512" [nbrwin]="--draft-norm-before-residual --draft-sliding-window 512")
+long="$W/long_prompts.jsonl"
+[ "${LONG_PROMPTS:-0}" = 0 ] || [ -f "$long" ] || python3 "$root/tools/bench/long_prompts.py" \
+  "$D/spec-bench/question.jsonl" "$long" || exit 1
 for s in ${SEEDS:-0 1}; do for v in ${VARIANTS:-base beta2 lmrand lossall}; do
   r="$W/${v}_s$s"
   # shellcheck disable=SC2086
@@ -39,4 +50,10 @@ for s in ${SEEDS:-0 1}; do for v in ${VARIANTS:-base beta2 lmrand lossall}; do
     --output "$r.eval.json" >"$r.evlog" 2>&1 || { tail -5 "$r.evlog"; continue; }
   python3 -c "import json,sys; e=json.load(open(sys.argv[1])); print(sys.argv[2], 'seed', sys.argv[3], 'acceptance', round(e['acceptance_length'],4), 'tau_sim', round(e['tau_sim'],4), 'lossless', e['lossless'])" \
     "$r.eval.json" "$v" "$s"
+  [ "${LONG_PROMPTS:-0}" = 0 ] && continue
+  mpirun -np 1 "$A" eval --model "$M" --draft "$r.export" --prompts "$long" --num-prompts 16 --chat-template smollm2 \
+    --max-new-tokens 256 --num-draft-tokens 5 --dtype f32 --device cuda --output "$r.long.json" >"$r.longlog" 2>&1 \
+    || { tail -5 "$r.longlog"; continue; }
+  python3 -c "import json,sys; e=json.load(open(sys.argv[1])); print(sys.argv[2], 'seed', sys.argv[3], 'long prompts: acceptance', round(e['acceptance_length'],4), 'lossless', e['lossless'])" \
+    "$r.long.json" "$v" "$s"
 done; done
