@@ -119,8 +119,9 @@ int export_draft(const std::vector<std::string>& args) {
       "eval-table", po::value<std::string>()->default_value(""),
       "with --best: the checkpoint table to choose from (default RUN_DIR/checkpoint_eval.json)")(
       "for", po::value<std::string>()->default_value("any"),
-      "serving engine: any (aerie's input-of-layer aux ids, vLLM's; warns when SGLang would read them "
-      "otherwise), vllm, or sglang (refuses aux ids SGLang would misread; docs/formats.md)")(
+      "serving engine: any (warns about what SGLang would read or run otherwise than trained), vllm, or sglang "
+      "(refuses it, naming every reason: aux ids SGLang would misread, norm_before_residual, which train turns "
+      "on by default, a sliding window, the MLA draft; docs/formats.md)")(
       "format", po::value<std::string>()->default_value("eagle3"),
       "eagle3 (LlamaForCausalLMEagle3 with midlayer.* names: vLLM --speculative-config and SGLang) or "
       "speculators (the speculators library's layout, speculators_model_type eagle3 with layers.0.* names: "

@@ -80,6 +80,14 @@ void check_train_inputs(const TrainOptions& o) {
   TRAIN_REQUIRE(o.heldout_samples >= 0, "--heldout-samples must be >= 0, got " << o.heldout_samples);
   TRAIN_REQUIRE(o.draft_sliding_window >= 0,
                 "--draft-sliding-window must be >= 0 (0: none), got " << o.draft_sliding_window);
+  if (o.draft_sliding_window > 0 && !o.model_dir.empty() && fs::is_regular_file(fs::path(o.model_dir) / "config.json")) {
+    // A window as long as any position never applies (and would still cost the draft SGLang).
+    const TargetConfig t = load_target_config(o.model_dir);
+    TRAIN_REQUIRE(t.max_position_embeddings <= 0 || o.draft_sliding_window < t.max_position_embeddings,
+                  "--draft-sliding-window " << o.draft_sliding_window << " is not below --model " << o.model_dir
+                                            << "'s max_position_embeddings " << t.max_position_embeddings
+                                            << ", so it would never apply; use 0 for no window");
+  }
   if (o.draft_attention == "mla") {
     TRAIN_REQUIRE(o.draft_sliding_window == 0,
                   "--draft-sliding-window goes with the Llama draft only: vLLM's Eagle3DeepseekV2ForCausalLM, which "
@@ -233,7 +241,8 @@ int train(const std::vector<std::string>& args) {
       "draft-sliding-window", po::value<int64_t>(&o.draft_sliding_window)->default_value(0),
       "a sliding window for the draft's attention, in keys: each position sees the last N step-0 keys and "
       "its own TTT keys (speculators trains with 2048; exported as config.layer_types [\"sliding_attention\"] "
-      "and config.sliding_window, which vLLM reads; SGLang does not; 0: none, the original EAGLE-3 layer)")(
+      "and config.sliding_window, which vLLM reads; SGLang does not; below the target's max_position_embeddings; "
+      "0: none, the original EAGLE-3 layer; a resume option: give it again when resuming)")(
       "allow-missing-shards", po::bool_switch(&o.allow_missing_shards),
       "train on a shard folder that lacks some chunks of its extraction (default: refused)")(
       "allow-other-target", po::bool_switch(&o.allow_other_target),

@@ -208,7 +208,7 @@ DraftConfig DraftConfig::from_json(const nlohmann::json& j) {
                       j["sliding_window"].get<int64_t>() > 0,
                   "draft config: layer_types is sliding_attention but sliding_window is "
                       << (j.contains("sliding_window") ? j["sliding_window"].dump() : std::string("missing"))
-                      << " (want a positive number of keys)");
+                      << " (want a positive integer number of keys)");
       c.sliding_window = j["sliding_window"].get<int64_t>();
     }
   }

@@ -212,7 +212,8 @@ std::string draft_variant(const DraftConfig& c) {
                                  std::pair{c.norm_output, "norm_output"}, std::pair{c.norm_before_fc, "norm_before_fc"}})
     if (on) opts += (opts.empty() ? "" : ", ") + std::string(name);
   const std::string window =
-      c.sliding_window > 0 ? ", sliding window " + std::to_string(c.sliding_window) : std::string();
+      c.sliding_window > 0 ? ", sliding window " + std::to_string(c.sliding_window) + (c.sliding_window == 1 ? " key" : " keys")
+                           : std::string();
   return std::string(c.is_mla() ? "MLA " : "") + (opts.empty() ? "EAGLE-3" : "EAGLE-3.1: " + opts) + window;
 }
 
@@ -637,6 +638,7 @@ nlohmann::json run_eval(const EvalOptions& o) {
   const LoadedDraft draft = session.load(o.draft_path);
   nlohmann::json j = session.context();
   j["draft"] = o.draft_path;
+  j["draft_variant"] = draft_variant(draft.cfg);  // the layer as the log line names it
   j.update(session.evaluate(draft));
   if (o.untrained) {
     const nlohmann::json u = session.evaluate(session.untrained(draft, o.seed), "untrained draft");

@@ -159,7 +159,7 @@ void write_export(const std::string& out_dir, const DraftConfig& cfg, const Draf
   if (cfg.sliding_window > 0) {
     // SGLang's LlamaAttention builds its RadixAttention without sliding_window_size (srt/models/llama.py).
     not_for_sglang("the draft was trained with a sliding window of " + std::to_string(cfg.sliding_window) +
-                   " keys, which SGLang's LlamaForCausalLMEagle3 does not apply (full causal attention): SGLang would "
+                   (cfg.sliding_window == 1 ? " key" : " keys") + ", which SGLang's LlamaForCausalLMEagle3 does not apply (full causal attention): SGLang would "
                    "serve another draft (train without --draft-sliding-window for SGLang); vLLM reads "
                    "config.layer_types and config.sliding_window");
   }

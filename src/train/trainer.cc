@@ -49,6 +49,13 @@ DraftConfig TrainOptions::apply_draft_shape(DraftConfig cfg) const {
   AERIE_CHECK(draft_sliding_window >= 0 && !(cfg.is_mla() && draft_sliding_window > 0),
               "train: --draft-sliding-window " << draft_sliding_window
                                                << " (>= 0; the MLA draft has none: vLLM's Eagle3DeepseekV2ForCausalLM)");
+  // A window at least as long as any position never limits anything, but would still cost the draft
+  // SGLang (and an int32 window in an engine's kernels could overflow).
+  AERIE_CHECK(draft_sliding_window == 0 || cfg.max_position_embeddings <= 0 ||
+                  draft_sliding_window < cfg.max_position_embeddings,
+              "train: --draft-sliding-window " << draft_sliding_window << " is not below the target's "
+                                               << "max_position_embeddings " << cfg.max_position_embeddings
+                                               << ", so it would never apply; use 0 for no window");
   cfg.sliding_window = draft_sliding_window;
   AERIE_CHECK(cfg.num_attention_heads % cfg.num_key_value_heads == 0,
               "train: --draft-kv-heads " << cfg.num_key_value_heads << " does not divide the draft's "

@@ -482,7 +482,8 @@ TrainResult run_training(const TrainOptions& given_opts, Communicator& dp, Strea
                     << (ck.config.norm_output ? ", norm_output (EAGLE-3.1)" : "")
                     << (ck.config.norm_before_fc ? ", norm_before_fc (EAGLE-3.1)" : "")
                     << (ck.config.sliding_window > 0
-                            ? ", sliding window " + std::to_string(ck.config.sliding_window) + " keys"
+                            ? ", sliding window " + std::to_string(ck.config.sliding_window) +
+                                  (ck.config.sliding_window == 1 ? " key" : " keys")
                             : std::string())
                     << ", AdamW betas " << opts.adam_beta1 << " / " << opts.adam_beta2 << ", lm_head init "
                     << opts.lm_head_init << ", loss over " << (opts.loss_normalization == "all" ? "all" : "trained")

@@ -174,6 +174,11 @@ refused resume_win "--draft-sliding-window is 16 but the checkpoint was trained 
 refused negative_win "--draft-sliding-window must be >= 0" \
   1 train --model "$model" --shards "$work/shards" --vocab "$work/vocab.safetensors" --output "$work/x" \
   --steps 4 --draft-sliding-window -3
+refused huge_win "--draft-sliding-window 512 is not below --model" \
+  2 train --model "$model" --shards "$work/shards" --vocab "$work/vocab.safetensors" --output "$work/x" \
+  --steps 4 --draft-sliding-window 512
+grep -q "MPI_ABORT" "$last" && fail "the window beyond the positions was refused through MPI_Abort"
+[ ! -e "$work/x" ] || fail "a refused train wrote files"
 echo "sliding window: trained, exported (both formats), refused for SGLang, evaluated losslessly, resume refused"
 
 refused format "aerie export: --format 'gguf' is not eagle3 or speculators" \

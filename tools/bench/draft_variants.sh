@@ -22,11 +22,12 @@ d="$out/demo" cfg="$root/configs/runs/demo"
 run() { mpirun -np 2 "$aerie" "$@" >> "$out/runs.log" 2>&1; }
 options() {
   case "$1" in
-    plain) echo "" ;;
+    # norm_before_residual is train's default since 2026-12-02: the variants without it turn it off.
+    plain) echo "--draft-norm-before-residual=false" ;;
     norm_before_residual) echo "--draft-norm-before-residual" ;;
-    norm_output) echo "--draft-norm-output" ;;
+    norm_output) echo "--draft-norm-before-residual=false --draft-norm-output" ;;
     both) echo "--draft-norm-before-residual --draft-norm-output" ;;
-    norm_before_fc) echo "--draft-norm-before-fc" ;;
+    norm_before_fc) echo "--draft-norm-before-residual=false --draft-norm-before-fc" ;;
     all) echo "--draft-norm-before-residual --draft-norm-output --draft-norm-before-fc" ;;
     *) echo "draft_variants: unknown variant '$1'" >&2; exit 2 ;;
   esac
