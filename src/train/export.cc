@@ -1,7 +1,9 @@
 #include "train/export.h"
 
 #include <filesystem>
+#include <set>
 #include <sstream>
+#include <vector>
 
 #include "core/log.h"
 #include "core/version.h"
@@ -216,14 +218,37 @@ ExportedDraft load_export(const std::string& dir, int64_t target_num_hidden_laye
 
   SafetensorsFile f = load_safetensors(st_path);
   d.weights = DraftWeights::zeros(d.config);
+  std::set<std::string> read = {"d2t", "t2d"};
   for (auto& [export_name, t] : d.weights.named()) {
     const std::string name = speculators ? speculators_tensor_name(export_name) : export_name;
+    read.insert(name);
     auto it = f.tensors.find(name);
     AERIE_CHECK(it != f.tensors.end(), st_path << ": tensor " << name << " missing");
     it->second.check_shape(t->shape(), st_path + ": " + name);
     AERIE_CHECK(it->second.dtype() == DType::BF16 || it->second.dtype() == DType::F32,
                 st_path << ": " << name << " is " << dtype_name(it->second.dtype()) << ", expected BF16 or F32");
     *t = it->second.to(DType::F32);
+  }
+  // A trained weight the config does not switch on would be dropped silently (vLLM's loader fails on it by a
+  // KeyError): the draft was trained as another layer. Other extra tensors (embed_tokens of some exporters)
+  // are named in a warning.
+  std::vector<std::string> unread;
+  for (const auto& [name, t] : f.tensors) {
+    if (read.count(name)) continue;
+    AERIE_CHECK(name != "input_norm.weight",
+                st_path << ": holds input_norm.weight, the trained norm of norm_before_fc, but " << cfg_path
+                        << " does not switch norm_before_fc on (config.norm_before_fc or eagle_config.norm_before_fc): "
+                           "the draft would run without the norm it was trained with");
+    AERIE_CHECK(name.rfind("fc_norm.", 0) != 0, st_path << ": holds " << name
+                                                        << ", a per-chunk norm (fc_norm) of a draft layer aerie does "
+                                                           "not run");
+    unread.push_back(name);
+  }
+  if (!unread.empty()) {
+    std::string list;
+    for (size_t i = 0; i < unread.size() && i < 5; ++i) list += (i ? ", " : "") + unread[i];
+    AERIE_LOG(warning) << st_path << ": " << unread.size() << " tensor(s) the draft does not read: " << list
+                       << (unread.size() > 5 ? ", ..." : "");
   }
   const int64_t K = d.config.draft_vocab_size, V = d.config.vocab_size;
   auto d2t = f.tensors.find("d2t");

@@ -148,7 +148,9 @@ struct ExportedDraft {
 /// speculators_tensor_name). Aux layers come from eagle_config.eagle_aux_hidden_state_layer_ids (a
 /// speculators config's top-level eagle_aux_hidden_state_layer_ids), else
 /// default_aux_layers(target_num_hidden_layers) when that is > 0, else stay empty (the config does not name the target's depth). Throws aerie::Error
-/// naming the file and tensor on a missing tensor, a wrong shape or dtype, or d2t/t2d that disagree.
+/// naming the file and tensor on a missing tensor, a wrong shape or dtype, or d2t/t2d that disagree, and on
+/// a trained weight the config does not switch on (input_norm.weight without norm_before_fc, any fc_norm.*);
+/// other tensors the draft does not read (embed_tokens of some exporters) are named in a warning.
 ExportedDraft load_export(const std::string& dir, int64_t target_num_hidden_layers = 0);
 
 }  // namespace aerie

@@ -174,6 +174,35 @@ TEST(ExportTest, SlidingWindowIsExportedAsVllmReadsIt) {
   EXPECT_EQ(load_export(dir + "/spec").config.sliding_window, 2048);
 }
 
+// A trained weight that the config does not switch on is refused by name when the export is read (eval's
+// --draft): input_norm.weight of a norm_before_fc draft whose config lost the flag (vLLM's loader fails on
+// it with a KeyError), and an fc_norm weight; another extra tensor (embed_tokens, which some exporters add)
+// only warns.
+TEST(ExportTest, ATrainedWeightTheConfigDoesNotSwitchOnIsRefused) {
+  const std::string dir = testing::scratch_dir("train_export_stray_weight");
+  auto s = testing::make_tiny_setup(dir, {2, 3, 4});
+  testing::enable_norm_before_fc(s, 61);
+  write_export(dir + "/e", s.cfg, s.w, s.vocab, s.target, ServingEngine::Vllm);
+  EXPECT_TRUE(load_export(dir + "/e").config.norm_before_fc);
+  nlohmann::json c = nlohmann::json::parse(read_file(dir + "/e/config.json"));
+  c.erase("norm_before_fc");
+  write_file_atomic(dir + "/e/config.json", c.dump());
+  const std::string err = testing::error_of([&] { load_export(dir + "/e"); });
+  EXPECT_NE(err.find("holds input_norm.weight"), std::string::npos) << err;
+  EXPECT_NE(err.find("config.json"), std::string::npos) << err;
+
+  // An extra tensor the draft does not read (embed_tokens.weight): read with a warning; fc_norm.0.weight: refused.
+  auto p = testing::make_tiny_setup(dir, {2, 3, 4});
+  write_export(dir + "/p", p.cfg, p.w, p.vocab, p.target, ServingEngine::Vllm);
+  SafetensorsFile f = load_safetensors(dir + "/p/model.safetensors");
+  f.tensors.emplace("embed_tokens.weight", Tensor::zeros({4, 4}, DType::BF16));
+  save_safetensors(dir + "/p/model.safetensors", f);
+  EXPECT_EQ(load_export(dir + "/p").config.norm_before_fc, false);
+  f.tensors.emplace("fc_norm.0.weight", Tensor::zeros({4}, DType::BF16));
+  save_safetensors(dir + "/p/model.safetensors", f);
+  EXPECT_NE(testing::error_of([&] { load_export(dir + "/p"); }).find("fc_norm.0.weight"), std::string::npos);
+}
+
 TEST(ExportTest, RefusesToReplaceAFolderThatIsNotAnExport) {
   const std::string dir = testing::scratch_dir("train_export_replace");
   auto s = testing::make_tiny_setup(dir, {1, 3, 5});
