@@ -70,7 +70,9 @@ DraftConfig DraftConfig::from_target(const TargetConfig& t, int64_t K, std::vect
   c.max_position_embeddings = t.max_position_embeddings;
   c.rms_norm_eps = t.rms_norm_eps;
   c.rope = t.rope;
-  c.rope_scaling = t.raw.is_object() && t.raw.contains("rope_scaling") ? t.raw["rope_scaling"] : nlohmann::json();
+  // In the 4.x spelling (a transformers 5.x target's rope_parameters converted), so that the draft config
+  // written to checkpoints and exports reads back as the same rope.
+  c.rope_scaling = rope_scaling_4x(t.raw);
   c.aux_layers = std::move(aux_layers);
   c.target_num_hidden_layers = t.num_hidden_layers;
   return c;

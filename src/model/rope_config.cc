@@ -74,4 +74,14 @@ RopeParams rope_params_from_config(const nlohmann::json& j, int64_t max_pos, con
   return rope;
 }
 
+nlohmann::json rope_scaling_4x(const nlohmann::json& config) {
+  if (!config.is_object()) return nlohmann::json();
+  if (config.contains("rope_scaling")) return config["rope_scaling"];
+  if (!config.contains("rope_parameters") || !config["rope_parameters"].is_object()) return nlohmann::json();
+  nlohmann::json rp = config["rope_parameters"];
+  rp.erase("rope_theta");
+  const std::string type = rp.value("rope_type", rp.value("type", std::string("default")));
+  return type == "default" ? nlohmann::json() : rp;
+}
+
 }  // namespace aerie

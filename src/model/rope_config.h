@@ -17,4 +17,10 @@ namespace aerie {
 RopeParams rope_params_from_config(const nlohmann::json& config, int64_t max_position_embeddings,
                                    const std::string& path);
 
+/// The rope scaling of a config in the transformers 4.x spelling that vLLM and SGLang read: its
+/// rope_scaling as written; else (5.x) its rope_parameters object without rope_theta, null for the
+/// "default" type; null when the config has neither. rope_params_from_config reads the result (with
+/// the config's rope_theta) as the same RopeParams.
+nlohmann::json rope_scaling_4x(const nlohmann::json& config);
+
 }  // namespace aerie

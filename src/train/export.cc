@@ -8,6 +8,8 @@
 #include "core/log.h"
 #include "core/version.h"
 #include "io/safetensors.h"
+#include "kernels/rope.h"
+#include "model/rope_config.h"
 #include "train/checkpoint.h"
 
 namespace aerie {
@@ -26,6 +28,20 @@ nlohmann::json export_config(const DraftConfig& cfg, const TargetConfig& target)
                                         << "states of a target of " << cfg.target_num_hidden_layers
                                         << " layers (aux layers " << nlohmann::json(cfg.aux_layers).dump()
                                         << "): export with the --model it was trained with");
+  // The export copies the rope from --model (as the target wrote it); a draft trained with another rope would
+  // be served with positions it never saw (a quantized copy of the training target has the same rope).
+  {
+    const RopeParams &a = cfg.rope, &b = target.rope;
+    const bool same = a.theta == b.theta && a.type == b.type && a.factor == b.factor &&
+                      a.low_freq_factor == b.low_freq_factor && a.high_freq_factor == b.high_freq_factor &&
+                      a.original_max_position_embeddings == b.original_max_position_embeddings &&
+                      a.beta_fast == b.beta_fast && a.beta_slow == b.beta_slow && a.mscale == b.mscale &&
+                      a.mscale_all_dim == b.mscale_all_dim;
+    AERIE_CHECK(same, "export: the draft was trained with rope " << a.type << " theta " << a.theta << " factor "
+                                                             << a.factor << ", the target has rope " << b.type
+                                                             << " theta " << b.theta << " factor " << b.factor
+                                                             << ": export with the --model it was trained with");
+  }
   AERIE_CHECK(cfg.aux_layers.size() == 3, "export: the draft config has " << cfg.aux_layers.size() << " aux layers");
   for (int a : cfg.aux_layers)
     AERIE_CHECK(a >= 0 && a <= target.num_hidden_layers,
@@ -36,17 +52,12 @@ nlohmann::json export_config(const DraftConfig& cfg, const TargetConfig& target)
   const nlohmann::json& raw = target.raw;
   j["max_position_embeddings"] = target.max_position_embeddings;
   j["rope_theta"] = raw.is_object() && raw.contains("rope_theta") ? raw["rope_theta"] : nlohmann::json(target.rope.theta);
-  j["rope_scaling"] = raw.is_object() && raw.contains("rope_scaling") ? raw["rope_scaling"] : nlohmann::json();
-  // transformers 5.x writes both as one "rope_parameters" object: export them in the 4.x spelling that
-  // vLLM and SGLang read (rope_theta + rope_scaling, the latter null for the default rope).
+  // transformers 5.x writes both as one "rope_parameters" object: exported in the 4.x spelling that vLLM and
+  // SGLang read (rope_theta + rope_scaling, the latter null for the default rope).
+  j["rope_scaling"] = rope_scaling_4x(raw);
   if (raw.is_object() && !raw.contains("rope_scaling") && raw.contains("rope_parameters") &&
-      raw["rope_parameters"].is_object()) {
-    nlohmann::json rp = raw["rope_parameters"];
-    if (rp.contains("rope_theta")) j["rope_theta"] = rp["rope_theta"];
-    rp.erase("rope_theta");
-    const std::string type = rp.value("rope_type", rp.value("type", std::string("default")));
-    j["rope_scaling"] = type == "default" ? nlohmann::json() : rp;
-  }
+      raw["rope_parameters"].is_object() && raw["rope_parameters"].contains("rope_theta"))
+    j["rope_theta"] = raw["rope_parameters"]["rope_theta"];
   j["num_hidden_layers"] = 1;
   j["tie_word_embeddings"] = false;
   j["torch_dtype"] = "bfloat16";

@@ -61,6 +61,30 @@ TEST(DraftConfig, LinearRopeScalingRoundTrips) {
   EXPECT_EQ(back.rope.theta, 500000.0);
 }
 
+// A transformers 5.x target writes its rope as one rope_parameters object: the draft config keeps it in the
+// 4.x spelling, so that a checkpoint's config reads back as the rope the draft trained with (it read back
+// as the default rope: a resumed run and the export's rope check would see another rope).
+TEST(DraftConfig, RopeParametersOfTransformers5RoundTrip) {
+  TargetConfig t = fake_target();
+  t.raw = {{"rope_parameters",
+            {{"rope_type", "llama3"}, {"rope_theta", 500000.0}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+             {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}}}};
+  const auto c = DraftConfig::from_target(t, 100, default_aux_layers(8));
+  EXPECT_EQ(c.rope_scaling["rope_type"], "llama3");
+  EXPECT_FALSE(c.rope_scaling.contains("rope_theta"));
+  const auto back = DraftConfig::from_json(nlohmann::json::parse(c.to_json().dump()));
+  EXPECT_EQ(back.rope.type, "llama3");
+  EXPECT_EQ(back.rope.factor, 8.0);
+  EXPECT_EQ(back.rope.theta, 500000.0);
+  EXPECT_EQ(back.rope.original_max_position_embeddings, 8192);
+  // The default rope in rope_parameters: no rope_scaling (null), theta kept.
+  t.raw = {{"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 10000.0}}}};
+  t.rope = RopeParams{};
+  const auto d = DraftConfig::from_target(t, 100, default_aux_layers(8));
+  EXPECT_TRUE(d.rope_scaling.is_null());
+  EXPECT_EQ(DraftConfig::from_json(d.to_json()).rope.type, "default");
+}
+
 TEST(DraftConfig, JsonIsTheExportConfigAndRoundTrips) {
   auto c = DraftConfig::from_target(fake_target(), 100, default_aux_layers(8));
   auto j = c.to_json();

@@ -203,6 +203,20 @@ TEST(ExportTest, ATrainedWeightTheConfigDoesNotSwitchOnIsRefused) {
   EXPECT_NE(testing::error_of([&] { load_export(dir + "/p"); }).find("fc_norm.0.weight"), std::string::npos);
 }
 
+// A target whose rope is not the one the draft was trained with (the export copies --model's rope): refused,
+// naming both, and nothing written.
+TEST(ExportTest, ATargetWithAnotherRopeIsRefused) {
+  const std::string dir = testing::scratch_dir("train_export_other_rope");
+  auto s = testing::make_tiny_setup(dir, {2, 3, 4});
+  TargetConfig other = s.target;
+  other.rope.theta *= 2;
+  const std::string err =
+      testing::error_of([&] { write_export(dir + "/e", s.cfg, s.w, s.vocab, other, ServingEngine::Vllm); });
+  EXPECT_NE(err.find("the draft was trained with rope"), std::string::npos) << err;
+  EXPECT_FALSE(fs::exists(dir + "/e"));
+  write_export(dir + "/e", s.cfg, s.w, s.vocab, s.target, ServingEngine::Vllm);  // its own target: fine
+}
+
 TEST(ExportTest, RefusesToReplaceAFolderThatIsNotAnExport) {
   const std::string dir = testing::scratch_dir("train_export_replace");
   auto s = testing::make_tiny_setup(dir, {1, 3, 5});
