@@ -21,14 +21,6 @@ namespace aerie {
 
 namespace {
 
-/// Causal attention of q [n, nh, d] (positions p0 .. p0+n-1) over k_all, v_all [p0+n, nkv, d]; with
-/// window W > 0 the query at position p attends keys p-W < j <= p only (transformers'
-/// sliding_window_overlay): attention_forward's window.
-void attend(const Tensor& q, const Tensor& k_all, const Tensor& v_all, int64_t p0, int64_t window, float scale,
-            Tensor& out) {
-  attention_forward(q, k_all, v_all, p0, scale, out, nullptr, std::max<int64_t>(window, 0));
-}
-
 /// Tree attention (TargetModel::forward_tree): q [n, nh, d], row i at position p0 + depth[i], over the
 /// cached prefix k_all / v_all [0, p0) and the tree rows p0 + j, j an ancestor of i or i itself
 /// (rows breadth-first, so each depth is a contiguous range of rows: ForwardBatch::tree_groups). The
@@ -155,7 +147,9 @@ class GqaAttention final : public AttentionBlock {
           k_all = b.cache[i]->k[l].slice(0, b.p0[i] + e - s);
           v_all = b.cache[i]->v[l].slice(0, b.p0[i] + e - s);
         }
-        attend(q.slice(s, e), k_all, v_all, b.p0[i], window, scale, out_b);
+        // Rows at positions p0 .. attend keys p-W < j <= p under a window W (transformers'
+        // sliding_window_overlay): attention_forward's window.
+        attention_forward(q.slice(s, e), k_all, v_all, b.p0[i], scale, out_b, nullptr, std::max<int64_t>(window, 0));
       }
     });
     o_.matmul(ctx, attn.reshape({n, nh_ * d}), out);  // [n, H], partial sum over tp ranks

@@ -107,13 +107,10 @@ TEST(DraftCuda, MlaTTTForwardBackwardMatchesCpu) {
   compare(m, make_sample(m, 40, 11), 3, "MLA medium q_proj T 40 S 3");
 }
 
-// The MLA draft decoding on the GPU (eval's draft): the cache of expanded keys at head dim 192, one-row
-// attention and the chain's diagonal merge there give the CPU's chain and logits, and the same tree.
-TEST(DraftCuda, MlaDecoderMatchesCpu) {
-  AERIE_REQUIRE_CUDA();
-  testing::TinyDraft m = testing::make_medium_draft(15, 16, 256, false);
-  testing::make_mla(m, 24, 32, 128, 64, 128, 16);
-  const TTTSample s = make_sample(m, 40, 17);
+/// Decoding on the GPU against the CPU: 30 verified rows appended to both caches, then a chain of 5 (the
+/// proposals and their logits) and a tree of 8 nodes (the same tokens and parents).
+void expect_decoder_matches_cpu(const testing::TinyDraft& m, uint64_t sample_seed) {
+  const TTTSample s = make_sample(m, 40, sample_seed);
   const DraftWeights w_gpu = m.w.to_device(Device::CUDA);
   const Tensor embed_gpu = m.embed.to_device(Device::CUDA);
   DraftDecoder cpu(m.cfg, m.w, m.embed, m.d2t, 64), gpu(m.cfg, w_gpu, embed_gpu, m.d2t, 64);
@@ -130,27 +127,22 @@ TEST(DraftCuda, MlaDecoderMatchesCpu) {
   EXPECT_EQ(tg.parent, tc.parent);
 }
 
+// The MLA draft decoding on the GPU (eval's draft): the cache of expanded keys at head dim 192, one-row
+// attention and the chain's diagonal merge there give the CPU's chain and logits, and the same tree.
+TEST(DraftCuda, MlaDecoderMatchesCpu) {
+  AERIE_REQUIRE_CUDA();
+  testing::TinyDraft m = testing::make_medium_draft(15, 16, 256, false);
+  testing::make_mla(m, 24, 32, 128, 64, 128, 16);
+  expect_decoder_matches_cpu(m, 17);
+}
+
 // A sliding window in decoding on the GPU: the prefill of 30 cached rows and the chain see their last 7
 // keys, as on the CPU (the chain's proposals and logits, and a tree).
 TEST(DraftCuda, SlidingWindowDecoderMatchesCpu) {
   AERIE_REQUIRE_CUDA();
   testing::TinyDraft m = testing::make_medium_draft(18, 16, 256, false);
   m.cfg.sliding_window = 7;
-  const TTTSample s = make_sample(m, 40, 19);
-  const DraftWeights w_gpu = m.w.to_device(Device::CUDA);
-  const Tensor embed_gpu = m.embed.to_device(Device::CUDA);
-  DraftDecoder cpu(m.cfg, m.w, m.embed, m.d2t, 64), gpu(m.cfg, w_gpu, embed_gpu, m.d2t, 64);
-  const std::vector<int32_t> next(s.ids.begin() + 1, s.ids.begin() + 31);
-  cpu.append_verified(s.aux_hidden.slice(0, 30), next);
-  gpu.append_verified(s.aux_hidden.slice(0, 30), next);
-  std::vector<std::vector<float>> lc, lg;
-  const std::vector<int32_t> gc = cpu.propose(5, &lc), gg = gpu.propose(5, &lg);
-  EXPECT_EQ(gg, gc);
-  ASSERT_EQ(lg.size(), lc.size());
-  for (size_t k = 0; k < lc.size(); ++k) testing::expect_close(lg[k], lc[k], 1e-4f, 1e-4f, "step " + std::to_string(k));
-  const DraftTree tc = cpu.propose_tree(8, 3, 4), tg = gpu.propose_tree(8, 3, 4);
-  EXPECT_EQ(tg.tokens, tc.tokens);
-  EXPECT_EQ(tg.parent, tc.parent);
+  expect_decoder_matches_cpu(m, 19);
 }
 
 // Gradients are ADDED to: a second call doubles them on CUDA as on the CPU; no gradient: the same loss.
