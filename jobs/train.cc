@@ -95,6 +95,8 @@ void check_train_inputs(const TrainOptions& o) {
     // vLLM's Eagle3DeepseekV2ForCausalLM (deepseek_eagle3.py), the layer the MLA draft exports to, has
     // fc(f) without input_norm and hands the pre-norm hidden on (no norm_output): a draft trained with
     // either would be served as another draft.
+    TRAIN_REQUIRE(!o.draft_fc_norm, "--draft-fc-norm goes with the Llama draft only: vLLM's "
+                                    "Eagle3DeepseekV2ForCausalLM, which serves the MLA draft, has fc(f) without norms");
     TRAIN_REQUIRE(!o.draft_norm_before_fc && !o.draft_norm_output,
                   "--draft-attention mla takes --draft-norm-before-residual only of the EAGLE-3.1 options: vLLM's "
                   "Eagle3DeepseekV2ForCausalLM, which serves the MLA draft, has no input_norm (--draft-norm-before-fc) "
@@ -238,6 +240,11 @@ int train(const std::vector<std::string>& args) {
       "EAGLE-3.1's norm_before_fc: one RMSNorm with a trained weight (input_norm, [3 H_t], initialised to "
       "ones) over the concatenated aux hidden states before fc (exported as config.norm_before_fc and "
       "input_norm.weight, which vLLM, SGLang and speculators read; default: the original EAGLE-3 fc(f))")(
+      "draft-fc-norm", po::bool_switch(&o.draft_fc_norm),
+      "EAGLE-3.1's per-chunk norms: one RMSNorm with a trained weight (fc_norm.k, [H_t], initialised to ones) "
+      "over each of the three aux hidden states before fc (exported as config.fc_norm and fc_norm.{0,1,2}.weight, "
+      "which SpecForge and speculators read; not with --draft-norm-before-fc; default: the original EAGLE-3 "
+      "fc(f))")(
       "draft-sliding-window", po::value<int64_t>(&o.draft_sliding_window)->default_value(0),
       "a sliding window for the draft's attention, in keys: each position sees the last N step-0 keys and "
       "its own TTT keys (speculators trains with 2048; exported as config.layer_types [\"sliding_attention\"] "

@@ -124,6 +124,7 @@ nlohmann::json DraftConfig::to_json() const {
   // vLLM and SGLang: eagle_config.get("norm_before_fc", getattr(config, "norm_before_fc", False)); written at
   // the top level, where speculators' config and vLLM's speculators reader (algos.py) keep it too.
   if (norm_before_fc) j["norm_before_fc"] = true;
+  if (fc_norm) j["fc_norm"] = true;  // SpecForge's LlamaForCausalLMEagle3: getattr(config, "fc_norm", False)
   if (sliding_window > 0) {  // vLLM's LlamaAttention: layer_types[layer - target_layer_count] == "sliding_attention"
     j["sliding_window"] = sliding_window;
     j["layer_types"] = {"sliding_attention"};
@@ -224,6 +225,10 @@ DraftConfig DraftConfig::from_json(const nlohmann::json& j) {
                                                  << "norm_before_fc must be true or false, got " << v.dump());
     c.norm_before_fc = v.get<bool>();  // eagle_config's, read last, wins
   }
+  if (j.contains("fc_norm") && !j["fc_norm"].is_null()) {
+    AERIE_CHECK(j["fc_norm"].is_boolean(), "draft config: fc_norm must be true or false, got " << j["fc_norm"].dump());
+    c.fc_norm = j["fc_norm"].get<bool>();
+  }
   if (j.contains("aerie")) {
     const auto& a = j["aerie"];
     c.aux_layers = a.value("aux_layers", std::vector<int>{});
@@ -236,6 +241,11 @@ DraftConfig DraftConfig::from_json(const nlohmann::json& j) {
                                                    << c.num_key_value_heads);
   AERIE_CHECK(c.draft_vocab_size > 0 && c.draft_vocab_size <= c.vocab_size,
               "draft config: draft_vocab_size " << c.draft_vocab_size << " outside (0, " << c.vocab_size << "]");
+  AERIE_CHECK(!(c.fc_norm && c.norm_before_fc),
+              "draft config: fc_norm (one norm per aux chunk) and norm_before_fc (one norm over the concatenation) "
+              "are both on; a draft has one of them (speculators refuses the pair)");
+  AERIE_CHECK(!(c.is_mla() && c.fc_norm),
+              "draft config: an MLA draft with fc_norm (vLLM's Eagle3DeepseekV2ForCausalLM has fc(f) without norms)");
   AERIE_CHECK(!(c.is_mla() && c.sliding_window > 0),
               "draft config: an MLA draft with a sliding window (" << c.sliding_window
                                                                    << "): vLLM's Eagle3DeepseekV2ForCausalLM has none");
@@ -274,6 +284,9 @@ std::vector<std::pair<std::string, Tensor*>> DraftWeights::named() {
   // EAGLE-3.1's norm_before_fc: vLLM loads "input_norm.weight" as model.input_norm, SGLang likewise,
   // speculators' Eagle3DraftModel has input_norm at the top level.
   if (input_norm.defined()) out.emplace_back("input_norm.weight", &input_norm);
+  // EAGLE-3.1's per-chunk norms: SpecForge's nn.ModuleList fc_norm at the top level.
+  if (fc_norm[0].defined())
+    for (int k = 0; k < 3; ++k) out.emplace_back("fc_norm." + std::to_string(k) + ".weight", &fc_norm[k]);
   return out;
 }
 
@@ -298,6 +311,7 @@ std::vector<std::string> DraftWeights::names(const DraftConfig& c) {
     w.q_proj = w.k_proj = w.v_proj = one;
   }
   if (c.norm_before_fc) w.input_norm = one;
+  if (c.fc_norm) w.fc_norm[0] = w.fc_norm[1] = w.fc_norm[2] = one;
   std::vector<std::string> out;
   for (const auto& [name, t] : w.named()) out.push_back(name);
   return out;
@@ -391,6 +405,8 @@ DraftWeights DraftWeights::zeros(const DraftConfig& c, Device device) {
   w.norm = z({H});
   w.lm_head = z({K, H});
   if (c.norm_before_fc) w.input_norm = z({3 * Ht});
+  if (c.fc_norm)
+    for (Tensor& t : w.fc_norm) t = z({Ht});
   return w;
 }
 

@@ -45,6 +45,12 @@ struct DraftConfig {
   /// concatenated aux hidden states before fc, g = fc(input_norm(f)) (the draft's rms_norm_eps). Off by
   /// default (the original EAGLE-3 fc(f)).
   bool norm_before_fc = false;
+  /// EAGLE-3.1's per-chunk norm (SpecForge 0.2.0's and speculators' config.fc_norm): one RMSNorm with a
+  /// trained weight fc_norm.k [H_t] over each aux chunk f_k of the fused feature before fc,
+  /// g = fc(concat(fc_norm.0(f_1), fc_norm.1(f_2), fc_norm.2(f_3))) (the draft's rms_norm_eps; SpecForge's
+  /// Eagle3DraftModel.project_hidden_states). Off by default; not with norm_before_fc (speculators refuses
+  /// the pair) nor with the MLA draft.
+  bool fc_norm = false;
   /// A sliding window for the draft's attention (speculators' default 2048; vLLM: config.layer_types =
   /// ["sliding_attention"] with config.sliding_window): a TTT row i sees the step-0 keys of positions
   /// i - sliding_window < j <= i, and always its own diagonal keys (speculators'
@@ -89,7 +95,8 @@ struct DraftConfig {
 
 /// Trainable draft parameters, F32 (master weights; also used for gradients and AdamW moments), or a
 /// compute copy (compute_copy: the nine matrices BF16, the norm weights shared F32) for bf16 compute.
-/// input_norm exists (is defined) only for a draft with norm_before_fc: named() lists it then, last.
+/// input_norm exists (is defined) only for a draft with norm_before_fc: named() lists it then, last;
+/// fc_norm[0..2] only for a draft with fc_norm: named() lists them then, last, as fc_norm.{0,1,2}.weight.
 struct DraftWeights {
   Tensor fc;                          // [H, 3 H_t]
   Tensor q_proj;                      // [n_h d, 2H]
@@ -100,6 +107,7 @@ struct DraftWeights {
   Tensor input_layernorm, hidden_norm, post_attention_layernorm, norm;  // [H]
   Tensor lm_head;                     // [K, H]
   Tensor input_norm;                  // [3 H_t] under norm_before_fc (EAGLE-3.1), else undefined
+  Tensor fc_norm[3];                  // [H_t] each under fc_norm (EAGLE-3.1's per-chunk norms), else undefined
   // The MLA draft (DraftConfig::is_mla; k_proj / v_proj undefined then, q_proj only without q_lora_rank):
   // dq = qk_nope + qk_rope, lat = kv_lora_rank + qk_rope, o_proj [H, n_h v_head_dim].
   Tensor q_a_proj;                    // [q_lora, 2H]
@@ -111,7 +119,8 @@ struct DraftWeights {
 
   /// (export name, tensor) in a fixed order, names as eagle3.md section 5 ("fc.weight",
   /// "midlayer.self_attn.q_proj.weight", ..., "norm.weight", "lm_head.weight"), then "input_norm.weight"
-  /// when input_norm is defined (vLLM's, SGLang's and speculators' name of the norm_before_fc weight).
+  /// when input_norm is defined (vLLM's, SGLang's and speculators' name of the norm_before_fc weight), or
+  /// "fc_norm.0.weight", "fc_norm.1.weight", "fc_norm.2.weight" when fc_norm[0] is (SpecForge's names).
   /// An MLA draft (kv_a_proj_with_mqa defined) lists its attention as vLLM's Eagle3DeepseekV2ForCausalLM
   /// loads it: "midlayer.self_attn.{q_a_proj, q_a_layernorm, q_b_proj | q_proj, kv_a_proj_with_mqa,
   /// kv_a_layernorm, kv_b_proj, o_proj}.weight" in place of q/k/v/o_proj. Matrices are the 2-D entries,
@@ -121,7 +130,7 @@ struct DraftWeights {
   /// The names named() lists for a draft of config cfg (no tensor allocated).
   static std::vector<std::string> names(const DraftConfig& cfg);
   /// Zero F32 tensors of the config's shapes on `device` (CPU or CUDA); input_norm only under
-  /// cfg.norm_before_fc.
+  /// cfg.norm_before_fc, fc_norm only under cfg.fc_norm.
   static DraftWeights zeros(const DraftConfig& cfg, Device device = Device::CPU);
   /// A deep copy of every tensor on `device` (same dtypes and shapes): weights go to the GPU with it and
   /// come back to the host for a checkpoint. Copies between host and GPU return when done.

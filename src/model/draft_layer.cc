@@ -84,12 +84,39 @@ LayerCtx::LayerCtx(const DraftConfig& c, const DraftWeights& w_, const Tensor& e
     AERIE_CHECK(!w.input_norm.defined(),
                 "draft: the weights have input_norm.weight but norm_before_fc is off (a config of another draft?)");
   }
+  for (int k = 0; k < 3; ++k) {
+    const std::string name = "draft: fc_norm." + std::to_string(k) + ".weight";
+    if (!c.fc_norm) {
+      AERIE_CHECK(!w.fc_norm[k].defined(), name << " is there but fc_norm is off (a config of another draft?)");
+      continue;
+    }
+    AERIE_CHECK(w.fc_norm[k].defined(), "draft: fc_norm is on but the weights have no " << name.substr(7));
+    w.fc_norm[k].check_shape({c.target_hidden_size}, name);
+    AERIE_CHECK(w.fc_norm[k].device() == device,
+                name << " is on " << device_name(w.fc_norm[k].device()) << ", fc.weight on " << device_name(device));
+  }
 }
 
 Tensor layer_fc(const LayerCtx& c, const Tensor& f, FcActs* acts) {
   const int64_t n = f.ndim() == 2 ? f.dim(0) : -1;
   f.check_shape({n, 3 * c.cfg.target_hidden_size}, "draft: the fused feature f");
   Tensor g = f32(c, {n, c.cfg.hidden_size});
+  if (c.cfg.fc_norm) {
+    // g = fc(concat_k fc_norm.k(f_k)): one RMSNorm per aux chunk of H_t columns (SpecForge's
+    // project_hidden_states), each chunk copied out, normed and copied into its place in fn.
+    const int64_t Ht = c.cfg.target_hidden_size;
+    Tensor fn = cmp(c, f.shape()), rstd = f32(c, {3, n}), chunk = Tensor::empty({n, Ht}, f.dtype(), f.device()),
+           normed = cmp(c, {n, Ht});
+    for (int k = 0; k < 3; ++k) {
+      copy_columns(f, k * Ht, chunk, 0, Ht);
+      Tensor rk = rstd.slice(k, k + 1).reshape({n});
+      rmsnorm_forward(chunk, c.w.fc_norm[k], static_cast<float>(c.cfg.rms_norm_eps), normed, &rk);
+      copy_columns(normed, 0, fn, k * Ht, Ht);
+    }
+    linear(fn, c.w.fc, g);
+    if (acts) *acts = FcActs{fn, rstd};
+    return g;
+  }
   if (!c.cfg.norm_before_fc) {
     linear(f, c.w.fc, g);
     return g;
@@ -107,17 +134,32 @@ void layer_fc_backward(const LayerCtx& c, const Tensor& f, const FcActs& acts, c
   const int64_t n = f.dim(0);
   dg.check_shape({n, c.cfg.hidden_size}, "draft: dg");
   const Tensor dg_c = as_compute(c, dg);  // F32 gradient, read by the GEMMs in the compute dtype
-  const bool norm = c.cfg.norm_before_fc;
-  if (norm)
+  const bool norm = c.cfg.norm_before_fc || c.cfg.fc_norm;
+  if (c.cfg.norm_before_fc)
     AERIE_CHECK(acts.fn.defined() && acts.rstd.defined() && g.input_norm.defined(),
                 "draft: layer_fc_backward under norm_before_fc needs layer_fc's acts and an input_norm gradient");
+  if (c.cfg.fc_norm)
+    AERIE_CHECK(acts.fn.defined() && acts.rstd.defined() && g.fc_norm[0].defined() && g.fc_norm[1].defined() &&
+                    g.fc_norm[2].defined(),
+                "draft: layer_fc_backward under fc_norm needs layer_fc's acts and the fc_norm gradients");
   add_weight_grad(dg_c, norm ? acts.fn : f, g.fc);  // dfc += dg^T fc's input
   if (on_fc_ready) on_fc_ready();
   if (!norm) return;
   // d fn = dg fc [n, 3 H_t] F32, then the norm's backward; its dx (d f) is not needed but written over d fn.
   Tensor dfn = f32(c, f.shape());
   matmul(dg_c, c.w.fc, dfn, false, false);
-  rmsnorm_backward(dfn, f, c.w.input_norm, acts.rstd, dfn, &g.input_norm);
+  if (c.cfg.norm_before_fc) {
+    rmsnorm_backward(dfn, f, c.w.input_norm, acts.rstd, dfn, &g.input_norm);
+    return;
+  }
+  // fc_norm: each chunk's norm backward on its columns of d fn and f (the weight gradients; dx dropped).
+  const int64_t Ht = c.cfg.target_hidden_size;
+  Tensor dk = f32(c, {n, Ht}), xk = Tensor::empty({n, Ht}, f.dtype(), f.device());
+  for (int k = 0; k < 3; ++k) {
+    copy_columns(dfn, k * Ht, dk, 0, Ht);
+    copy_columns(f, k * Ht, xk, 0, Ht);
+    rmsnorm_backward(dk, xk, c.w.fc_norm[k], acts.rstd.slice(k, k + 1).reshape({n}), dk, &g.fc_norm[k]);
+  }
 }
 
 namespace {

@@ -59,24 +59,28 @@ struct LayerCtx {
   /// Throws aerie::Error when embed is not [V, H] or lives on another device than the weights, when
   /// the matrices do not share one dtype (F32 or BF16), when the weights are not the config's layout
   /// (Llama or MLA, each tensor of DraftWeights::zeros(cfg)'s shape), or when input_norm is not there
-  /// exactly under norm_before_fc ([3 H_t], on the weights' device).
+  /// exactly under norm_before_fc ([3 H_t], on the weights' device), or fc_norm.{0,1,2} exactly under
+  /// fc_norm ([H_t] each).
   LayerCtx(const DraftConfig& c, const DraftWeights& w, const Tensor& embed);
 };
 
-/// What layer_fc_backward needs from layer_fc: the norm's output and rstd under norm_before_fc.
+/// What layer_fc_backward needs from layer_fc: the norm's output and rstd under norm_before_fc or fc_norm.
 struct FcActs {
   Tensor fn;    // [n, 3 H_t] C input_norm(f), the fc GEMM's input (undefined without norm_before_fc)
-  Tensor rstd;  // [n] F32 the norm's 1/rms (undefined without norm_before_fc)
+  Tensor rstd;  // [n] F32 the norm's 1/rms ([3, n] under fc_norm, one row per chunk; undefined without either)
 };
 
 /// The fused feature's projection g = fc(f) [n, H] F32 (eagle3.md section 3), or g = fc(input_norm(f))
 /// under EAGLE-3.1's norm_before_fc (vLLM's combine_hidden_states: input_norm over the whole
 /// concatenation [n, 3 H_t], eps = rms_norm_eps, before fc). f: [n, 3 H_t] in the compute dtype (the norm
-/// reads it as it is, fp32 arithmetic, and writes input_norm(f) in the compute dtype). acts (optional):
-/// receives fn and rstd for layer_fc_backward. Throws aerie::Error on a shape mismatch.
+/// reads it as it is, fp32 arithmetic, and writes input_norm(f) in the compute dtype), or, under fc_norm,
+/// g = fc(concat_k fc_norm.k(f_k)) (one RMSNorm per aux chunk f_k of H_t columns, SpecForge 0.2.0's
+/// project_hidden_states; the same dtypes). acts (optional): receives fn and rstd for layer_fc_backward.
+/// Throws aerie::Error on a shape mismatch.
 Tensor layer_fc(const LayerCtx& c, const Tensor& f, FcActs* acts);
 /// Backward of layer_fc: dg [n, H] F32 -> adds dg^T fn (or dg^T f) to g.fc and, under norm_before_fc,
-/// the input norm's weight gradient (RMSNorm backward of d fn = dg fc) to g.input_norm. f is frozen: no
+/// the input norm's weight gradient (RMSNorm backward of d fn = dg fc) to g.input_norm (under fc_norm
+/// each chunk's to g.fc_norm[k], from d fn's and f's columns of that chunk). f is frozen: no
 /// gradient for it. on_fc_ready (optional) is called once fc's gradient is final, before the norm's.
 void layer_fc_backward(const LayerCtx& c, const Tensor& f, const FcActs& acts, const Tensor& dg, DraftWeights& g,
                        const std::function<void()>& on_fc_ready = {});

@@ -79,6 +79,8 @@ std::vector<int> ttt_gradient_ready_order(const DraftConfig& cfg) {
   for (const char* n : {"midlayer.input_layernorm.weight", "midlayer.hidden_norm.weight", "fc.weight"})
     order.push_back(index(n));
   if (cfg.norm_before_fc) order.push_back(index("input_norm.weight"));
+  if (cfg.fc_norm)
+    for (const char* n : {"fc_norm.0.weight", "fc_norm.1.weight", "fc_norm.2.weight"}) order.push_back(index(n));
   return order;
 }
 
@@ -99,7 +101,7 @@ TTTStats ttt_forward_backward(const DraftConfig& cfg, const DraftWeights& w, con
     for (; ready < upto && ready < order.size(); ++ready) on_grad_ready(order[ready]);
   };
   // Entries of `order` final after the step-0 attention backward: all but fc (and input_norm).
-  const size_t after_qkv = order.size() - (cfg.norm_before_fc ? 2 : 1);
+  const size_t after_qkv = order.size() - (cfg.norm_before_fc ? 2 : cfg.fc_norm ? 4 : 1);
   const int64_t T = static_cast<int64_t>(s.ids.size()), K = cfg.draft_vocab_size;
   const int S = num_steps;
   TTTStats st;

@@ -209,7 +209,8 @@ constexpr const char* kUntrainedFigures[] = {
 std::string draft_variant(const DraftConfig& c) {
   std::string opts;
   for (const auto& [on, name] : {std::pair{c.norm_before_residual, "norm_before_residual"},
-                                 std::pair{c.norm_output, "norm_output"}, std::pair{c.norm_before_fc, "norm_before_fc"}})
+                                 std::pair{c.norm_output, "norm_output"}, std::pair{c.norm_before_fc, "norm_before_fc"},
+                                 std::pair{c.fc_norm, "fc_norm"}})
     if (on) opts += (opts.empty() ? "" : ", ") + std::string(name);
   const std::string window =
       c.sliding_window > 0 ? ", sliding window " + std::to_string(c.sliding_window) + (c.sliding_window == 1 ? " key" : " keys")

@@ -103,10 +103,21 @@ SafetensorsFile export_tensors(const DraftConfig& cfg, const DraftWeights& weigh
   f.metadata = {{"format", "pt"}, {"aerie_version", aerie_version_string()}};
   auto want = shapes.named();
   auto have = weights.named();
-  AERIE_CHECK(have.size() == want.size(), "export: the weights hold " << have.size() << " tensors, the config wants "
-                                                                      << want.size() << " (input_norm.weight "
-                                                                      << (cfg.norm_before_fc ? "missing" : "without norm_before_fc")
-                                                                      << ")");
+  if (have.size() != want.size()) {  // name the tensors one side has and the other lacks
+    std::set<std::string> h, w;
+    for (const auto& e : have) h.insert(e.first);
+    for (const auto& e : want) w.insert(e.first);
+    std::string extra, missing;
+    for (const auto& n : h)
+      if (!w.count(n)) extra += (extra.empty() ? "" : ", ") + n;
+    for (const auto& n : w)
+      if (!h.count(n)) missing += (missing.empty() ? "" : ", ") + n;
+    AERIE_THROW("export: the weights hold " << have.size() << " tensors, the config wants " << want.size()
+                                            << (missing.empty() ? "" : "; missing: " + missing)
+                                            << (extra.empty() ? "" : "; not in the config's layout: " + extra)
+                                            << " (norm_before_fc " << (cfg.norm_before_fc ? "on" : "off")
+                                            << ", fc_norm " << (cfg.fc_norm ? "on" : "off") << ")");
+  }
   for (size_t i = 0; i < have.size(); ++i) {
     have[i].second->check_shape(want[i].second->shape(), "export: " + have[i].first);
     f.tensors[have[i].first] = have[i].second->to(DType::BF16);
@@ -168,6 +179,14 @@ void write_export(const std::string& out_dir, const DraftConfig& cfg, const Draf
         "the draft was trained with norm_before_residual (the residual is hidden_norm(h)), which SGLang's "
         "LlamaForCausalLMEagle3 does not run (its residual is always h): SGLang would serve another draft (train "
         "with --draft-norm-before-residual=false for SGLang); vLLM reads config.norm_before_residual");
+  }
+  if (cfg.fc_norm) {
+    // Unlike norm_before_fc (input_norm), no fc_norm appears in the SGLang LlamaForCausalLMEagle3 aerie has
+    // read, and its load_weights drops names it has no parameter for.
+    not_for_sglang("the draft was trained with fc_norm (one norm per aux chunk, fc_norm.{0,1,2}.weight), which "
+                   "aerie has not found in SGLang's LlamaForCausalLMEagle3 (its loader drops weights it has no "
+                   "parameter for, so it would serve fc(f) without them); SpecForge and speculators read "
+                   "config.fc_norm");
   }
   if (cfg.sliding_window > 0) {
     // SGLang's LlamaAttention builds its RadixAttention without sliding_window_size (srt/models/llama.py).
@@ -250,9 +269,10 @@ ExportedDraft load_export(const std::string& dir, int64_t target_num_hidden_laye
                 st_path << ": holds input_norm.weight, the trained norm of norm_before_fc, but " << cfg_path
                         << " does not switch norm_before_fc on (config.norm_before_fc or eagle_config.norm_before_fc): "
                            "the draft would run without the norm it was trained with");
-    AERIE_CHECK(name.rfind("fc_norm.", 0) != 0, st_path << ": holds " << name
-                                                        << ", a per-chunk norm (fc_norm) of a draft layer aerie does "
-                                                           "not run");
+    AERIE_CHECK(name.rfind("fc_norm.", 0) != 0,
+                st_path << ": holds " << name << ", a per-chunk norm of fc_norm, but " << cfg_path
+                        << " does not switch fc_norm on (config.fc_norm): the draft would run without the norms it "
+                           "was trained with");
     unread.push_back(name);
   }
   if (!unread.empty()) {

@@ -105,7 +105,7 @@ struct SpeculatorsOptions {
 ///     num_hidden_layers 1, vocab_size V, positions, rope, torch_dtype "bfloat16", ...),
 ///   draft_vocab_size K, target_hidden_size (null when equal to hidden_size), norm_before_residual and
 ///   norm_output as trained (DraftConfig; both always written: vLLM's default without norm_before_residual
-///   is true), norm_before_fc as trained (always written), fc_norm false, eagle_aux_hidden_state_layer_ids (always written, aerie's
+///   is true), norm_before_fc and fc_norm as trained (always written), eagle_aux_hidden_state_layer_ids (always written, aerie's
 ///   = vLLM's input-of-layer-k ids), speculators_config {algorithm "eagle3", proposal_methods [greedy,
 ///   speculative_tokens], default_proposal_method "greedy", verifier {name_or_path, architectures (the
 ///   target's config.json architectures)}}, tie_word_embeddings false, torch_dtype, aerie_version.
@@ -131,7 +131,7 @@ void write_speculators_export(const std::string& out_dir, const DraftConfig& cfg
 /// config (eagle3.md section 5) that DraftConfig::from_json reads: transformer_layer_config with
 /// draft_vocab_size, target_hidden_size and the aux ids (as eagle_config) of the top level. Throws
 /// aerie::Error for another speculators_model_type, a transformer_layer_config that is not a "llama"
-/// object, a draft aerie cannot run (fc_norm true), or one of the four norm switches that is not a bool.
+/// object, or one of the four norm switches that is not a bool.
 /// norm_before_residual (absent: true, vLLM's default), norm_output and norm_before_fc (absent: false) are
 /// carried over.
 nlohmann::json eagle3_config_from_speculators(const nlohmann::json& speculators_config);
@@ -149,7 +149,7 @@ struct ExportedDraft {
 /// speculators config's top-level eagle_aux_hidden_state_layer_ids), else
 /// default_aux_layers(target_num_hidden_layers) when that is > 0, else stay empty (the config does not name the target's depth). Throws aerie::Error
 /// naming the file and tensor on a missing tensor, a wrong shape or dtype, or d2t/t2d that disagree, and on
-/// a trained weight the config does not switch on (input_norm.weight without norm_before_fc, any fc_norm.*);
+/// a trained weight the config does not switch on (input_norm.weight without norm_before_fc, fc_norm.* without fc_norm);
 /// other tensors the draft does not read (embed_tokens of some exporters) are named in a warning.
 ExportedDraft load_export(const std::string& dir, int64_t target_num_hidden_layers = 0);
 

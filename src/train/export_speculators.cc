@@ -64,7 +64,7 @@ nlohmann::json speculators_export_config(const DraftConfig& cfg, const TargetCon
   // always written.
   j["norm_before_residual"] = cfg.norm_before_residual;
   j["norm_before_fc"] = cfg.norm_before_fc;  // input_norm.weight [3 H_t] in the tensors when true
-  j["fc_norm"] = false;
+  j["fc_norm"] = cfg.fc_norm;  // fc_norm.{0,1,2}.weight [H_t] in the tensors when true
   j["norm_output"] = cfg.norm_output;
   // Always written: the config then names the target depths without aerie's private block, and vLLM
   // reads explicit ids as inputs of layer k, aerie's convention (its default (2, N/2, N-3) reads the same).
@@ -106,15 +106,14 @@ nlohmann::json eagle3_config_from_speculators(const nlohmann::json& s) {
   AERIE_CHECK(model_type == "llama", "speculators config: transformer_layer_config.model_type '"
                                          << model_type << "': aerie runs Llama draft layers only");
   // vLLM's defaults when a key is absent (algos.py update_eagle3): norm_before_residual true, the rest false.
-  // aerie runs norm_before_residual, norm_output and norm_before_fc (DraftConfig), not fc_norm.
+  // aerie runs all four (DraftConfig), fc_norm not together with norm_before_fc (speculators refuses the pair).
   for (const char* key : {"norm_before_residual", "norm_output", "norm_before_fc", "fc_norm"})
     AERIE_CHECK(!s.contains(key) || s[key].is_boolean(),
                 "speculators config: " << key << " must be true or false, got " << s[key].dump());
   j["norm_before_residual"] = s.value("norm_before_residual", true);
   if (s.value("norm_output", false)) j["norm_output"] = true;
   if (s.value("norm_before_fc", false)) j["norm_before_fc"] = true;
-  AERIE_CHECK(!s.value("fc_norm", false), "speculators config: fc_norm is true (one RMSNorm per aux chunk, "
-                                          "fc_norm.{0,1,2}.weight), a draft layer aerie does not run");
+  if (s.value("fc_norm", false)) j["fc_norm"] = true;
   if (s.contains("draft_vocab_size")) j["draft_vocab_size"] = s["draft_vocab_size"];
   if (s.contains("target_hidden_size") && !s["target_hidden_size"].is_null())
     j["target_hidden_size"] = s["target_hidden_size"];

@@ -29,7 +29,7 @@ nlohmann::json TrainOptions::to_json() const {
           {"draft_kv_heads", draft_kv_heads}, {"draft_head_dim", draft_head_dim},
           {"draft_intermediate", draft_intermediate}, {"draft_attention", draft_attention}, {"draft_norm_before_residual", draft_norm_before_residual},
           {"draft_norm_output", draft_norm_output}, {"draft_norm_before_fc", draft_norm_before_fc},
-          {"draft_sliding_window", draft_sliding_window},
+          {"draft_fc_norm", draft_fc_norm}, {"draft_sliding_window", draft_sliding_window},
           {"allow_missing_shards", allow_missing_shards},
           {"allow_other_target", allow_other_target}};
 }
@@ -46,6 +46,12 @@ DraftConfig TrainOptions::apply_draft_shape(DraftConfig cfg) const {
   cfg.norm_before_residual = draft_norm_before_residual;
   cfg.norm_output = draft_norm_output;
   cfg.norm_before_fc = draft_norm_before_fc;
+  AERIE_CHECK(!(draft_fc_norm && draft_norm_before_fc),
+              "train: --draft-fc-norm (one norm per aux chunk) and --draft-norm-before-fc (one norm over the "
+              "concatenation) are both given; choose one");
+  AERIE_CHECK(!(draft_fc_norm && cfg.is_mla()),
+              "train: --draft-fc-norm with the MLA draft (vLLM's Eagle3DeepseekV2ForCausalLM has fc(f) without norms)");
+  cfg.fc_norm = draft_fc_norm;
   AERIE_CHECK(draft_sliding_window >= 0 && !(cfg.is_mla() && draft_sliding_window > 0),
               "train: --draft-sliding-window " << draft_sliding_window
                                                << " (>= 0; the MLA draft has none: vLLM's Eagle3DeepseekV2ForCausalLM)");
@@ -116,7 +122,8 @@ void TrainOptions::check_resumable(const nlohmann::json& c) const {
   // The EAGLE-3.1 switches (older checkpoints have none: the original layout and chain, off).
   for (const auto& [key, on] : {std::pair<const char*, bool>{"draft_norm_before_residual", draft_norm_before_residual},
                                 {"draft_norm_output", draft_norm_output},
-                                {"draft_norm_before_fc", draft_norm_before_fc}}) {
+                                {"draft_norm_before_fc", draft_norm_before_fc},
+                                {"draft_fc_norm", draft_fc_norm}}) {
     const bool theirs = c.value(key, false);
     std::string opt = std::string("--") + key;
     std::replace(opt.begin(), opt.end(), '_', '-');

@@ -84,6 +84,10 @@ struct TrainOptions {
   /// [3 H_t] before fc; exported as config.norm_before_fc and the tensor input_norm.weight, which vLLM,
   /// SGLang and speculators read). A resume option.
   bool draft_norm_before_fc = false;
+  /// EAGLE-3.1's per-chunk norms for the draft (DraftConfig::fc_norm: trained RMSNorms fc_norm.{0,1,2}
+  /// [H_t], one per aux chunk, before fc; exported as config.fc_norm and those tensors, which SpecForge and
+  /// speculators read). Not with draft_norm_before_fc. A resume option.
+  bool draft_fc_norm = false;
   /// A sliding window for the draft's attention, in keys (DraftConfig::sliding_window; exported as
   /// config.layer_types ["sliding_attention"] and config.sliding_window, which vLLM reads); 0: none. A
   /// resume option.
@@ -97,8 +101,8 @@ struct TrainOptions {
   nlohmann::json to_json() const;
   /// `cfg` with the draft_* options that are set (> 0) replacing its shape (an MLA draft takes only
   /// draft_intermediate: its heads are the target's latent attention), and norm_before_residual /
-  /// norm_output / norm_before_fc / sliding_window from draft_norm_before_residual / draft_norm_output /
-  /// draft_norm_before_fc / draft_sliding_window. Throws aerie::Error naming
+  /// norm_output / norm_before_fc / fc_norm / sliding_window from draft_norm_before_residual /
+  /// draft_norm_output / draft_norm_before_fc / draft_fc_norm / draft_sliding_window. Throws aerie::Error naming
   /// the option when kv heads do not divide the heads or the head dim is odd.
   DraftConfig apply_draft_shape(DraftConfig cfg) const;
   /// The options that decide the weights (steps, epochs, batch size, lr, warmup, clipping, TTT steps,

@@ -481,6 +481,7 @@ TrainResult run_training(const TrainOptions& given_opts, Communicator& dp, Strea
                     << (ck.config.norm_before_residual ? ", norm_before_residual (EAGLE-3.1)" : "")
                     << (ck.config.norm_output ? ", norm_output (EAGLE-3.1)" : "")
                     << (ck.config.norm_before_fc ? ", norm_before_fc (EAGLE-3.1)" : "")
+                    << (ck.config.fc_norm ? ", fc_norm (EAGLE-3.1)" : "")
                     << (ck.config.sliding_window > 0
                             ? ", sliding window " + std::to_string(ck.config.sliding_window) +
                                   (ck.config.sliding_window == 1 ? " key" : " keys")

@@ -139,6 +139,10 @@ TEST(DraftBf16, MatchesFp32OnCpu) {
   m.cfg.norm_output = false;
   testing::enable_norm_before_fc(m, 31);  // input_norm(f) from the bf16 f, written in bf16 for fc's GEMM
   compare_bf16(m, make_sample(m, 67, 4), 7, Device::CPU, "cpu T 67 S 7 norm_before_fc");
+  m.cfg.norm_before_fc = false;
+  m.w.input_norm = Tensor();
+  testing::enable_fc_norm(m, 32);  // each chunk's norm from the bf16 f, written in bf16 for fc's GEMM
+  compare_bf16(m, make_sample(m, 67, 4), 7, Device::CPU, "cpu T 67 S 7 fc_norm");
 }
 
 TEST(DraftBf16, MatchesFp32OnCuda) {
@@ -150,6 +154,10 @@ TEST(DraftBf16, MatchesFp32OnCuda) {
   compare_bf16(m2, make_sample(m2, 67, 9), 7, Device::CUDA, "cuda d 16 T 67 S 7");
   testing::enable_norm_before_fc(m, 33);
   compare_bf16(m, make_sample(m, 150, 7), 7, Device::CUDA, "cuda d 64 T 150 S 7 norm_before_fc");
+  m.cfg.norm_before_fc = false;
+  m.w.input_norm = Tensor();
+  testing::enable_fc_norm(m, 35);
+  compare_bf16(m, make_sample(m, 150, 7), 7, Device::CUDA, "cuda d 64 T 150 S 7 fc_norm");
 }
 
 // The MLA draft under bf16 compute (the latent, its norm and the rope key in bf16, the attention at
@@ -171,9 +179,10 @@ TEST(DraftBf16, MlaMatchesFp32OnCuda) {
 // or without), and the gradient reported final
 // equals (bitwise) the one at the end of the call. fp32 and bf16 compute, a normal sample and one without
 // rows (T 2: everything reported at once).
-void check_ready_callbacks(Device device, bool norm_before_fc) {
+void check_ready_callbacks(Device device, bool norm_before_fc, bool fc_norm = false) {
   testing::TinyDraft m = make_draft(11, 16);
   if (norm_before_fc) testing::enable_norm_before_fc(m, 34);  // input_norm reported last, after fc
+  if (fc_norm) testing::enable_fc_norm(m, 36);  // fc_norm.{0,1,2} reported last, after fc
   const DraftWeights masters = device == Device::CPU ? m.w : m.w.to_device(device);
   const Tensor embed = device == Device::CPU ? m.embed : m.embed.to_device(device);
   for (DType dt : {DType::F32, DType::BF16}) {
@@ -207,12 +216,14 @@ void check_ready_callbacks(Device device, bool norm_before_fc) {
 TEST(DraftBf16, GradientReadyCallbacksCpu) {
   check_ready_callbacks(Device::CPU, false);
   check_ready_callbacks(Device::CPU, true);
+  check_ready_callbacks(Device::CPU, false, true);
 }
 
 TEST(DraftBf16, GradientReadyCallbacksCuda) {
   AERIE_REQUIRE_CUDA();
   check_ready_callbacks(Device::CUDA, false);
   check_ready_callbacks(Device::CUDA, true);
+  check_ready_callbacks(Device::CUDA, false, true);
 }
 
 }  // namespace

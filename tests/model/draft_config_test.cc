@@ -155,6 +155,21 @@ TEST(DraftConfig, JsonIsTheExportConfigAndRoundTrips) {
   jf["norm_before_fc"] = 0;
   EXPECT_NE(testing::error_of([&] { DraftConfig::from_json(jf); }).find("norm_before_fc"), std::string::npos);
   c.norm_before_fc = false;
+  // EAGLE-3.1's fc_norm (SpecForge's getattr(config, "fc_norm", False)): written only when on, read back; a
+  // non-bool, the pair with norm_before_fc and an MLA draft with it refused by name.
+  EXPECT_FALSE(j2.contains("fc_norm"));
+  c.fc_norm = true;
+  nlohmann::json jcn = c.to_json();
+  EXPECT_EQ(jcn["fc_norm"], true);
+  EXPECT_TRUE(DraftConfig::from_json(jcn).fc_norm);
+  EXPECT_EQ(DraftWeights::names(DraftConfig::from_json(jcn)).back(), "fc_norm.2.weight");
+  jcn["norm_before_fc"] = true;
+  EXPECT_NE(testing::error_of([&] { DraftConfig::from_json(jcn); }).find("fc_norm"), std::string::npos);
+  jcn["norm_before_fc"] = false;
+  jcn["fc_norm"] = "yes";
+  EXPECT_NE(testing::error_of([&] { DraftConfig::from_json(jcn); }).find("fc_norm must be true or false"),
+            std::string::npos);
+  c.fc_norm = false;
   // The sliding window as vLLM reads it (LlamaAttention: layer_types[0] == "sliding_attention" takes
   // config.sliding_window): written only when set, read back; a sliding_window without layer_types is not
   // applied (as in vLLM); a sliding layer without a positive window, an unknown layer kind, an MLA draft

@@ -91,6 +91,13 @@ TEST(DraftCuda, TTTForwardBackwardMatchesCpuMedium) {
   m.cfg.norm_output = false;
   testing::enable_norm_before_fc(m, 14);  // input_norm [3 H_t] on the GPU: its forward and weight gradient
   compare(m, make_sample(m, 67, 9), 7, "medium T 67 S 7 norm_before_fc");
+  {  // fc_norm's three per-chunk norms on the GPU (column copies, forward and weight gradients)
+    testing::TinyDraft mf = m;
+    mf.cfg.norm_before_fc = false;
+    mf.w.input_norm = Tensor();
+    testing::enable_fc_norm(mf, 15);
+    compare(mf, make_sample(mf, 67, 9), 7, "medium T 67 S 7 fc_norm");
+  }
   m.cfg.sliding_window = 20;  // the window's lower bound in the GPU forward and both backward passes
   compare(m, make_sample(m, 67, 9), 7, "medium T 67 S 7 sliding window 20");
 }

@@ -51,11 +51,12 @@ void expect_propose_equals_ttt_chain(const testing::TinyDraft& m, uint64_t seed)
 }
 
 TEST(DraftDecoder, ProposeEqualsTTTArgmaxChain) {
-  for (uint64_t seed : {1u, 2u, 3u, 4u, 5u, 6u, 7u, 8u, 9u}) {
+  for (uint64_t seed : {1u, 2u, 3u, 4u, 5u, 6u, 7u, 8u, 9u, 10u}) {
     auto m = testing::make_tiny_draft(100 + seed);
     m.cfg.norm_before_residual = seed == 4 || seed == 7;  // EAGLE-3.1's residual base, in decoding as in training
     m.cfg.norm_output = seed == 5 || seed == 7 || seed == 9;  // EAGLE-3.1's norm(o) handed to the next step
     if (seed == 6 || seed == 7) testing::enable_norm_before_fc(m, 300 + seed);  // EAGLE-3.1's input_norm(f)
+    if (seed == 10) testing::enable_fc_norm(m, 310);  // EAGLE-3.1's per-chunk fc_norm.k(f_k)
     // A sliding window: the cache's prefill rows and the chain see the last W keys, as the TTT rows do.
     m.cfg.sliding_window = seed == 8 ? 3 : seed == 9 ? 1 : 0;
     expect_propose_equals_ttt_chain(m, seed);

@@ -71,6 +71,19 @@ inline void enable_norm_before_fc(TinyDraft& m, uint64_t seed) {
   for (int64_t i = 0; i < n; ++i) m.w.input_norm.data<float>()[i] = 1.0f + r.data<float>()[i];
 }
 
+/// Turns EAGLE-3.1's fc_norm on for a test draft made without it: cfg.fc_norm and the weights
+/// fc_norm[0..2] [H_t], ones plus N(0, 0.3^2) noise from `seed` (as enable_norm_before_fc does).
+inline void enable_fc_norm(TinyDraft& m, uint64_t seed) {
+  m.cfg.fc_norm = true;
+  const int64_t n = m.cfg.target_hidden_size;
+  std::mt19937_64 rng(seed);
+  for (Tensor& t : m.w.fc_norm) {
+    t = Tensor::empty({n}, DType::F32);
+    Tensor r = random_tensor({n}, rng, 0.3);
+    for (int64_t i = 0; i < n; ++i) t.data<float>()[i] = 1.0f + r.data<float>()[i];
+  }
+}
+
 /// Turns a test draft into the MLA draft (DraftConfig::is_mla) of the given sizes with a YaRN rope
 /// (factor 4, mscale 1 / mscale_all_dim 0.5: the rope's attention factor and the softmax scale are both
 /// away from 1): new weights from init_draft_weights(seed), every norm weight (the latent norms too) moved
@@ -197,7 +210,8 @@ struct RefResult {
 inline RefResult reference_ttt(const DraftConfig& c, const std::vector<std::vector<double>>& W, const Tensor& embed,
                                const TTTSample& s, const std::vector<uint8_t>& t2d, int S,
                                const std::vector<double>& sw) {
-  enum { FC, Q, KP, VP, O, G, U, D, IN, HN, POST, NORM, LM, INPUT_NORM };  // INPUT_NORM: norm_before_fc only
+  // INPUT_NORM: norm_before_fc only; under fc_norm the three per-chunk norms take its place and the next two.
+  enum { FC, Q, KP, VP, O, G, U, D, IN, HN, POST, NORM, LM, INPUT_NORM };
   const int64_t H = c.hidden_size, Ht3 = 3 * c.target_hidden_size, nh = c.num_attention_heads,
                 nkv = c.num_key_value_heads, d = c.head_dim, I = c.intermediate_size, K = c.draft_vocab_size;
   const int64_t T = static_cast<int64_t>(s.ids.size());
@@ -242,6 +256,15 @@ inline RefResult reference_ttt(const DraftConfig& c, const std::vector<std::vect
       if (k == 0) {
         Vec f(aux.begin() + t * Ht3, aux.begin() + (t + 1) * Ht3);
         if (c.norm_before_fc) f = rms(f, W[INPUT_NORM]);  // EAGLE-3.1: one RMSNorm over the concatenation
+        if (c.fc_norm) {  // EAGLE-3.1: one RMSNorm per aux chunk of H_t values (SpecForge's fc_norm)
+          const int64_t Ht = Ht3 / 3;
+          Vec g;
+          for (int ch = 0; ch < 3; ++ch) {
+            Vec part = rms(Vec(f.begin() + ch * Ht, f.begin() + (ch + 1) * Ht), W[INPUT_NORM + ch]);
+            g.insert(g.end(), part.begin(), part.end());
+          }
+          f = g;
+        }
         h = lin(W[FC], f, H);
       } else {
         h = outs[k - 1][t];

@@ -31,12 +31,13 @@ double total_loss(const TTTStats& st, const std::vector<double>& sw) {
 }
 
 void forward_matches_double_reference(bool norm_before_residual, bool norm_output = false,
-                                      bool norm_before_fc = false, int64_t sliding_window = 0) {
+                                      bool norm_before_fc = false, int64_t sliding_window = 0, bool fc_norm = false) {
   auto m = make_tiny_draft(1);
   m.cfg.norm_before_residual = norm_before_residual;
   m.cfg.norm_output = norm_output;
   m.cfg.sliding_window = sliding_window;
   if (norm_before_fc) testing::enable_norm_before_fc(m, 21);
+  if (fc_norm) testing::enable_fc_norm(m, 22);
   auto s = make_tiny_sample(m, 9, 2);
   std::vector<Tensor> logits;
   TTTStats st = ttt_forward_backward(m.cfg, m.w, m.embed, s, m.d2t, m.t2d, kSteps, kWeights, nullptr, &logits);
@@ -77,18 +78,21 @@ TEST(DraftTTT, ForwardMatchesDoubleReference) { forward_matches_double_reference
 // Every weight tensor: analytic gradient (fp32) vs central finite differences of the double reference
 // loss sum_k w_k loss_sum_k (eps 1e-5; truncation error ~1e-10), on a random subset of entries.
 void gradient_matches_finite_differences_of_reference(bool norm_before_residual, bool norm_output = false,
-                                                      bool norm_before_fc = false, int64_t sliding_window = 0) {
+                                                      bool norm_before_fc = false, int64_t sliding_window = 0,
+                                                      bool fc_norm = false) {
   auto m = make_tiny_draft(3);
   m.cfg.norm_before_residual = norm_before_residual;
   m.cfg.norm_output = norm_output;
   m.cfg.sliding_window = sliding_window;
   if (norm_before_fc) testing::enable_norm_before_fc(m, 23);
+  if (fc_norm) testing::enable_fc_norm(m, 24);
   auto s = make_tiny_sample(m, 9, 4);
   DraftWeights g = DraftWeights::zeros(m.cfg);
   ttt_forward_backward(m.cfg, m.w, m.embed, s, m.d2t, m.t2d, kSteps, kWeights, &g);
   auto W = to_double(m.w);
   auto named_g = g.named();
-  EXPECT_EQ(named_g.size(), norm_before_fc ? 14u : 13u) << "input_norm.weight is a parameter exactly with norm_before_fc";
+  EXPECT_EQ(named_g.size(), 13u + (norm_before_fc ? 1u : 0u) + (fc_norm ? 3u : 0u))
+      << "input_norm.weight is a parameter exactly with norm_before_fc, fc_norm.{0,1,2}.weight with fc_norm";
   std::mt19937_64 rng(5);
   double worst = 0;  // |analytic - FD| / (1 + max |gradient of the tensor|), for the log
   std::string worst_at;
@@ -114,10 +118,10 @@ void gradient_matches_finite_differences_of_reference(bool norm_before_residual,
       if (err > worst) worst = err, worst_at = name;
     }
   }
-  std::printf("[ double ref ] norm_before_residual %d norm_output %d norm_before_fc %d sliding_window %lld: worst "
-              "gradient error %.3g (%s), relative to 1 + the tensor's max |gradient|\n",
-              norm_before_residual, norm_output, norm_before_fc, static_cast<long long>(sliding_window), worst,
-              worst_at.c_str());
+  std::printf("[ double ref ] norm_before_residual %d norm_output %d norm_before_fc %d sliding_window %lld fc_norm %d: "
+              "worst gradient error %.3g (%s), relative to 1 + the tensor's max |gradient|\n",
+              norm_before_residual, norm_output, norm_before_fc, static_cast<long long>(sliding_window), fc_norm,
+              worst, worst_at.c_str());
 }
 
 TEST(DraftTTT, GradientMatchesFiniteDifferencesOfReference) { gradient_matches_finite_differences_of_reference(false); }
@@ -194,6 +198,54 @@ TEST(DraftTTT, NormBeforeFcMatchesTheReference) {
   EXPECT_NE(testing::error_of([&] {
               ttt_forward_backward(m.cfg, m.w, m.embed, s, m.d2t, m.t2d, kSteps, kWeights, nullptr);
             }).find("norm_before_fc is off"),
+            std::string::npos);
+}
+
+// EAGLE-3.1's fc_norm (g = fc(concat_k fc_norm.k(f_k)), three trained weights fc_norm.k [H_t]): the forward
+// against the double reference, every weight's gradient (the three norms' among them) against the finite
+// differences of the reference, alone and with norm_before_residual and norm_output, the option changing
+// the loss at its initial ones, init_draft_weights' ones, and the refusals by name (the option without the
+// weights, the weights without the option, the option with norm_before_fc in a config).
+TEST(DraftTTT, FcNormMatchesTheReference) {
+  forward_matches_double_reference(false, false, false, 0, true);
+  gradient_matches_finite_differences_of_reference(false, false, false, 0, true);
+  forward_matches_double_reference(true, true, false, 0, true);
+  gradient_matches_finite_differences_of_reference(true, true, false, 0, true);
+  expect_option_changes_loss([](testing::TinyDraft& m) {
+    m.cfg.fc_norm = true;
+    for (Tensor& t : m.w.fc_norm) {
+      t = Tensor::empty({m.cfg.target_hidden_size}, DType::F32);
+      for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = 1.0f;
+    }
+  });
+  auto plain = make_tiny_draft(5);
+  DraftConfig c = plain.cfg;
+  c.fc_norm = true;
+  const DraftWeights w = init_draft_weights(c, plain.target_lm, plain.selected, 6);
+  const DraftWeights w0 = init_draft_weights(plain.cfg, plain.target_lm, plain.selected, 6);
+  EXPECT_FALSE(w0.fc_norm[0].defined());
+  for (const Tensor& t : w.fc_norm) {
+    ASSERT_TRUE(t.defined());
+    EXPECT_EQ(t.shape(), (Shape{c.target_hidden_size}));
+    for (float v : t.to_float_vector()) EXPECT_EQ(v, 1.0f);
+  }
+  EXPECT_EQ(w.fc.to_float_vector(), w0.fc.to_float_vector());
+  const std::vector<std::string> names = DraftWeights::names(c);
+  ASSERT_EQ(names.size(), 16u);
+  EXPECT_EQ(names[13], "fc_norm.0.weight");
+  EXPECT_EQ(names[15], "fc_norm.2.weight");
+  auto m = make_tiny_draft(1);
+  m.cfg.fc_norm = true;
+  auto s = make_tiny_sample(m, 9, 2);
+  EXPECT_NE(testing::error_of([&] {
+              ttt_forward_backward(m.cfg, m.w, m.embed, s, m.d2t, m.t2d, kSteps, kWeights, nullptr);
+            }).find("fc_norm.0.weight"),
+            std::string::npos);
+  testing::enable_fc_norm(m, 26);
+  m.cfg.fc_norm = false;
+  EXPECT_NE(testing::error_of([&] {
+              ttt_forward_backward(m.cfg, m.w, m.embed, s, m.d2t, m.t2d, kSteps, kWeights, nullptr);
+            }).find("fc_norm is off"),
             std::string::npos);
 }
 

@@ -330,8 +330,11 @@ TEST(ExportSpeculatorsTest, ReaderRefusesDraftsAerieDoesNotRun) {
   EXPECT_FALSE(DraftConfig::from_json(e).norm_before_residual);
   {
     nlohmann::json bad = j;
-    bad["fc_norm"] = true;
-    EXPECT_NE(testing::error_of([&] { eagle3_config_from_speculators(bad); }).find("fc_norm"), std::string::npos);
+    bad["fc_norm"] = true;  // read (aerie runs it), but not together with norm_before_fc
+    EXPECT_TRUE(DraftConfig::from_json(eagle3_config_from_speculators(bad)).fc_norm);
+    bad["norm_before_fc"] = true;
+    EXPECT_NE(testing::error_of([&] { DraftConfig::from_json(eagle3_config_from_speculators(bad)); }).find("fc_norm"),
+              std::string::npos);
     bad = j;
     bad["norm_before_fc"] = "yes";  // not a bool: refused by name
     EXPECT_NE(testing::error_of([&] { eagle3_config_from_speculators(bad); }).find("norm_before_fc"),
@@ -472,6 +475,52 @@ TEST(ExportSpeculatorsTest, RecordsTheCheckpointAsTheDefaultExportDoes) {
   EXPECT_FALSE(fs::exists(dir + "/bad_spec"));
   EXPECT_FALSE(fs::exists(dir + "/bad_eagle3"));
 }
+// A draft trained with fc_norm: both exports hold the three trained norms as "fc_norm.{0,1,2}.weight" BF16
+// [H_t] (top level, SpecForge 0.2.0's nn.ModuleList fc_norm of LlamaForCausalLMEagle3) with the same bytes,
+// config fc_norm true (top level in both: SpecForge's getattr(config, "fc_norm", False), speculators'
+// config.fc_norm [V8]); load_export reads either back; `--for sglang` refuses it by name, `--for vllm`
+// writes it.
+TEST(ExportSpeculatorsTest, FcNormExportsThreeNorms) {
+  const std::string dir = testing::scratch_dir("train_export_speculators_fc_norm");
+  auto s = testing::make_tiny_setup(dir, {1, 3, 5});
+  DraftConfig cfg = s.cfg;
+  cfg.fc_norm = true;
+  DraftWeights w = s.w;
+  for (int k = 0; k < 3; ++k) {
+    w.fc_norm[k] = Tensor::empty({cfg.target_hidden_size}, DType::F32);
+    for (int64_t i = 0; i < cfg.target_hidden_size; ++i) w.fc_norm[k].data<float>()[i] = 0.5f + 0.125f * i + k;
+  }
+  SpeculatorsOptions o;
+  o.verifier = dir;
+  write_export(dir + "/eagle3", cfg, w, s.vocab, s.target, ServingEngine::Vllm);
+  write_speculators_export(dir + "/speculators", cfg, w, s.vocab, s.target, o);
+  const RawSafetensors def = read_raw(dir + "/eagle3/model.safetensors");
+  const RawSafetensors spec = read_raw(dir + "/speculators/model.safetensors");
+  for (const char* name : {"fc_norm.0.weight", "fc_norm.1.weight", "fc_norm.2.weight"})
+    for (const RawSafetensors* f : {&def, &spec}) {
+      ASSERT_TRUE(f->header.contains(name)) << name;
+      EXPECT_EQ((*f).header[name]["dtype"], "BF16");
+      EXPECT_EQ((*f).header[name]["shape"].get<Shape>(), (Shape{8})) << name;  // H_t = 8
+      EXPECT_TRUE(spec.bytes_of(name) == def.bytes_of(name)) << name;
+    }
+  EXPECT_EQ(def.header.size(), 13u + 3 + 2 + 1);  // 13 weights, 3 norms, d2t, t2d, __metadata__
+  EXPECT_EQ(nlohmann::json::parse(read_file(dir + "/eagle3/config.json"))["fc_norm"], true);
+  EXPECT_EQ(nlohmann::json::parse(read_file(dir + "/speculators/config.json"))["fc_norm"], true);
+  for (const char* sub : {"/eagle3", "/speculators"}) {
+    const ExportedDraft d = load_export(dir + sub);
+    EXPECT_TRUE(d.config.fc_norm) << sub;
+    for (int k = 0; k < 3; ++k) {
+      ASSERT_TRUE(d.weights.fc_norm[k].defined()) << sub;
+      EXPECT_EQ(d.weights.fc_norm[k].to_float_vector(), w.fc_norm[k].to_float_vector()) << sub;  // exact in bf16
+    }
+  }
+  const std::string err =
+      testing::error_of([&] { write_export(dir + "/sglang", cfg, w, s.vocab, s.target, ServingEngine::Sglang); });
+  EXPECT_NE(err.find("fc_norm"), std::string::npos) << err;
+  EXPECT_FALSE(fs::exists(dir + "/sglang/model.safetensors"));
+  EXPECT_NE(testing::error_of([&] { export_tensors(cfg, s.w, s.vocab); }).find("fc_norm"), std::string::npos);
+}
+
 
 }  // namespace
 }  // namespace aerie

@@ -3,7 +3,8 @@
 # CPU, 2 ranks), all on the same data:
 #   1. tools/demo OUT/demo: prepared data, target, draft vocabulary, shards (and the demo's own draft);
 #   2. per variant (VARIANTS, default: plain, norm_before_residual, norm_output, both, norm_before_fc, all:
-#      the three options at once) and seed (SEEDS,
+#      the three options at once; also fc_norm and norm_before_residual_fc_norm: the per-chunk norms alone
+#      and with today's default) and seed (SEEDS,
 #      default "0 1 2"): train --seed S with the variant's options (the demo's settings otherwise), export,
 #      eval (the demo's settings: held-out prompts, real speculative decoding, greedy) -> one JSON line
 #      {variant, seed, acceptance_length, tau_sim, lossless}; then one line per variant with the means.
@@ -29,6 +30,8 @@ options() {
     both) echo "--draft-norm-before-residual --draft-norm-output" ;;
     norm_before_fc) echo "--draft-norm-before-residual=false --draft-norm-before-fc" ;;
     all) echo "--draft-norm-before-residual --draft-norm-output --draft-norm-before-fc" ;;
+    fc_norm) echo "--draft-norm-before-residual=false --draft-fc-norm" ;;
+    norm_before_residual_fc_norm) echo "--draft-norm-before-residual --draft-fc-norm" ;;
     *) echo "draft_variants: unknown variant '$1'" >&2; exit 2 ;;
   esac
 }
