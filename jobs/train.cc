@@ -88,6 +88,9 @@ void check_train_inputs(const TrainOptions& o) {
                                             << "'s max_position_embeddings " << t.max_position_embeddings
                                             << ", so it would never apply; use 0 for no window");
   }
+  TRAIN_REQUIRE(!(o.draft_fc_norm && o.draft_norm_before_fc),
+                "--draft-fc-norm (one norm per aux chunk) and --draft-norm-before-fc (one norm over the "
+                "concatenation) are both given; choose one (speculators refuses a draft with both)");
   if (o.draft_attention == "mla") {
     TRAIN_REQUIRE(o.draft_sliding_window == 0,
                   "--draft-sliding-window goes with the Llama draft only: vLLM's Eagle3DeepseekV2ForCausalLM, which "

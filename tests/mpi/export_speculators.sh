@@ -4,8 +4,8 @@
 # transformer_layer_config, speculators_config.verifier = the --model folder or --verifier, speculative_tokens)
 # and the default export's tensors byte for byte under the speculators names (midlayer. -> layers.0.), and the
 # default export's checkpoint record (aerie_checkpoint, checkpoint_step / checkpoint_selected_by); the
-# options are refused where they do not apply; a draft trained with EAGLE-3.1's norm_before_residual, norm_output or
-# norm_before_fc exports,
+# options are refused where they do not apply; a draft trained with EAGLE-3.1's norm_before_residual, norm_output,
+# norm_before_fc or fc_norm exports (fc_norm: refused for SGLang and beside norm_before_fc),
 # evaluates and refuses a mismatched resume. The names and fields are checked against the loaders' source in
 # tests/train/export_speculators_test.cc.
 # usage: export_speculators.sh AERIE MODEL_DIR STORIES_TXT WORK_DIR   (exit 77: no converted model)
@@ -113,7 +113,9 @@ e, s, p = (json.load(open(w + f)) for f in (f"/{tag}_eagle3/config.json", f"/{ta
 if e.get(field) is not True: sys.exit(f"FAIL: the default export lacks {field}: true")
 if s.get(field) is not True: sys.exit(f"FAIL: the speculators export lacks {field}: true")
 if field in p: sys.exit(f"FAIL: the plain draft's export writes {field}")
-if field == "norm_before_fc":
+norms = {"norm_before_fc": {"input_norm.weight": [192]},
+         "fc_norm": {f"fc_norm.{k}.weight": [64] for k in range(3)}}.get(field, {})
+if norms:
     import struct
     def st(path):
         b = open(path, "rb").read()
@@ -121,13 +123,14 @@ if field == "norm_before_fc":
         return json.loads(b[8:8 + n]), b[8 + n:]
     (he, be), (hs, bs), (hp, _) = (st(w + f) for f in (f"/{tag}_eagle3/model.safetensors",
                                                      f"/{tag}_spec/model.safetensors", "/eagle3/model.safetensors"))
-    for h in (he, hs):
-        t = h.get("input_norm.weight")
-        if not t or t["dtype"] != "BF16" or t["shape"] != [192]:
-            sys.exit(f"FAIL: input_norm.weight {t}, want BF16 [192]")
-    a, b = he["input_norm.weight"]["data_offsets"], hs["input_norm.weight"]["data_offsets"]
-    if be[a[0]:a[1]] != bs[b[0]:b[1]]: sys.exit("FAIL: input_norm.weight differs between the two exports")
-    if "input_norm.weight" in hp: sys.exit("FAIL: the plain draft's export holds input_norm.weight")
+    for name, shape in norms.items():
+        for h in (he, hs):
+            t = h.get(name)
+            if not t or t["dtype"] != "BF16" or t["shape"] != shape:
+                sys.exit(f"FAIL: {name} {t}, want BF16 {shape}")
+        a, b = he[name]["data_offsets"], hs[name]["data_offsets"]
+        if be[a[0]:a[1]] != bs[b[0]:b[1]]: sys.exit(f"FAIL: {name} differs between the two exports")
+        if name in hp: sys.exit(f"FAIL: the plain draft's export holds {name}")
 PY
   for d in "${tag}_eagle3" "${tag}_spec"; do
     run "eval_$d" 1 eval --model "$model" --draft "$work/$d" --prompts "$text" --num-prompts 4 --max-new-tokens 12 \
@@ -142,6 +145,12 @@ PY
 eagle31_option nbr --draft-norm-before-residual norm_before_residual  # residual base hidden_norm(h)
 eagle31_option nout --draft-norm-output norm_output                    # norm(o) handed to the next step
 eagle31_option nbf --draft-norm-before-fc norm_before_fc                # fc(input_norm(f)), a trained weight
+eagle31_option fcn --draft-fc-norm fc_norm                              # fc(concat_k fc_norm.k(f_k)), three
+refused export_fcn_sglang "which aerie has not found in SGLang's LlamaForCausalLMEagle3" \
+  1 export --checkpoint "$work/run_fcn" --model "$model" --output "$work/x" --for sglang
+refused fcn_with_nbf "--draft-fc-norm .one norm per aux chunk. and --draft-norm-before-fc .* are both given" \
+  1 train --model "$model" --shards "$work/shards" --vocab "$work/vocab.safetensors" --output "$work/x" \
+  --steps 4 --batch-size 4 --draft-fc-norm --draft-norm-before-fc
 
 # The sliding window: a draft trained with --draft-sliding-window 16 gets layer_types ["sliding_attention"] and
 # sliding_window 16 where vLLM reads them (the eagle3 config's top level, the speculators config's
