@@ -246,8 +246,8 @@ int train(const std::vector<std::string>& args) {
       "draft-fc-norm", po::bool_switch(&o.draft_fc_norm),
       "EAGLE-3.1's per-chunk norms: one RMSNorm with a trained weight (fc_norm.k, [H_t], initialised to ones) "
       "over each of the three aux hidden states before fc (exported as config.fc_norm and fc_norm.{0,1,2}.weight, "
-      "which SpecForge and speculators read; not with --draft-norm-before-fc; default: the original EAGLE-3 "
-      "fc(f))")(
+      "which SpecForge and speculators read; not with --draft-norm-before-fc; a resume option: give it again when "
+      "resuming; default: the original EAGLE-3 fc(f))")(
       "draft-sliding-window", po::value<int64_t>(&o.draft_sliding_window)->default_value(0),
       "a sliding window for the draft's attention, in keys: each position sees the last N step-0 keys and "
       "its own TTT keys (speculators trains with 2048; exported as config.layer_types [\"sliding_attention\"] "

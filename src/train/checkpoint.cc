@@ -56,6 +56,16 @@ void take_tensors(const SafetensorsFile& f, const std::string& prefix, DraftWeig
     it->second.check_shape(t->shape(), path + ": " + prefix + name);
     *t = it->second;
   }
+  // A tensor the config's layout does not have (input_norm.weight or fc_norm.* of a config edited to say
+  // otherwise) would be dropped silently: the draft would lose a trained weight.
+  const std::vector<std::pair<std::string, Tensor*>> named = w.named();
+  for (const auto& [name, t] : f.tensors) {
+    if (name.rfind(prefix, 0) != 0) continue;
+    bool known = false;
+    for (const auto& e : named) known = known || prefix + e.first == name;
+    AERIE_CHECK(known, path << ": holds " << name << ", which the checkpoint's config.json does not have (its draft "
+                            << "options: norm_before_fc, fc_norm); a checkpoint whose config was edited?");
+  }
 }
 
 bool is_complete(const fs::path& dir) { return fs::is_directory(dir) && fs::exists(dir / "DONE"); }

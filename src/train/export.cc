@@ -270,9 +270,14 @@ ExportedDraft load_export(const std::string& dir, int64_t target_num_hidden_laye
                         << " does not switch norm_before_fc on (config.norm_before_fc or eagle_config.norm_before_fc): "
                            "the draft would run without the norm it was trained with");
     AERIE_CHECK(name.rfind("fc_norm.", 0) != 0,
-                st_path << ": holds " << name << ", a per-chunk norm of fc_norm, but " << cfg_path
-                        << " does not switch fc_norm on (config.fc_norm): the draft would run without the norms it "
-                           "was trained with");
+                st_path << ": holds " << name
+                        << (d.config.fc_norm ? ", which is not one of fc_norm.{0,1,2}.weight, the three per-chunk norms "
+                                          "that "
+                                        : ", a per-chunk norm of fc_norm, but ")
+                        << cfg_path
+                        << (d.config.fc_norm ? " switches on"
+                                        : " does not switch fc_norm on (config.fc_norm): the draft would run without "
+                                          "the norms it was trained with"));
     unread.push_back(name);
   }
   if (!unread.empty()) {

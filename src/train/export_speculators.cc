@@ -19,7 +19,7 @@ namespace {
 bool is_layer_key(const std::string& k) {
   return k != "architectures" && k != "draft_vocab_size" && k != "target_hidden_size" && k != "eagle_config" &&
          k != "aerie_version" && k != "norm_before_residual" && k != "norm_output" &&
-         k != "norm_before_fc";  // top-level keys of the speculators config
+         k != "norm_before_fc" && k != "fc_norm";  // top-level keys of the speculators config
 }
 
 }  // namespace

@@ -97,6 +97,13 @@ TEST(CheckpointTest, NormBeforeFcRoundTripIsBitwise) {
   cfg["draft"]["norm_before_fc"] = true;
   write_file_atomic(out2 + "/config.json", cfg.dump());
   EXPECT_NE(testing::error_of([&] { load_checkpoint(out2); }).find("input_norm.weight missing"), std::string::npos);
+  // The tensors hold input_norm.weight, the config was edited to lose norm_before_fc: refused by name (the
+  // trained norm would be dropped silently).
+  cfg = nlohmann::json::parse(read_file(out + "/config.json"));
+  cfg["draft"]["norm_before_fc"] = false;
+  write_file_atomic(out + "/config.json", cfg.dump());
+  const std::string err = testing::error_of([&] { load_checkpoint(out); });
+  EXPECT_NE(err.find("holds input_norm.weight"), std::string::npos) << err;
 }
 
 TEST(CheckpointTest, LatestSkipsIncompleteAndTmpFolders) {

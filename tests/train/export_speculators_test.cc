@@ -505,7 +505,10 @@ TEST(ExportSpeculatorsTest, FcNormExportsThreeNorms) {
     }
   EXPECT_EQ(def.header.size(), 13u + 3 + 2 + 1);  // 13 weights, 3 norms, d2t, t2d, __metadata__
   EXPECT_EQ(nlohmann::json::parse(read_file(dir + "/eagle3/config.json"))["fc_norm"], true);
-  EXPECT_EQ(nlohmann::json::parse(read_file(dir + "/speculators/config.json"))["fc_norm"], true);
+  const nlohmann::json spec_cfg = nlohmann::json::parse(read_file(dir + "/speculators/config.json"));
+  EXPECT_EQ(spec_cfg["fc_norm"], true);
+  EXPECT_FALSE(spec_cfg["transformer_layer_config"].contains("fc_norm"))
+      << "fc_norm is a top-level key of the speculators config, as norm_before_fc [V8]";
   for (const char* sub : {"/eagle3", "/speculators"}) {
     const ExportedDraft d = load_export(dir + sub);
     EXPECT_TRUE(d.config.fc_norm) << sub;
@@ -514,6 +517,12 @@ TEST(ExportSpeculatorsTest, FcNormExportsThreeNorms) {
       EXPECT_EQ(d.weights.fc_norm[k].to_float_vector(), w.fc_norm[k].to_float_vector()) << sub;  // exact in bf16
     }
   }
+  // The speculators config with the top-level key turned off: its tensors are refused, not run as fc_norm.
+  nlohmann::json off = spec_cfg;
+  off["fc_norm"] = false;
+  write_file_atomic(dir + "/speculators/config.json", off.dump());
+  EXPECT_NE(testing::error_of([&] { load_export(dir + "/speculators"); }).find("holds fc_norm.0.weight"),
+            std::string::npos);
   const std::string err =
       testing::error_of([&] { write_export(dir + "/sglang", cfg, w, s.vocab, s.target, ServingEngine::Sglang); });
   EXPECT_NE(err.find("fc_norm"), std::string::npos) << err;
