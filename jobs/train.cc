@@ -235,15 +235,15 @@ int train(const std::vector<std::string>& args) {
       "train for SGLang with --draft-norm-before-residual=false, the original EAGLE-3 layout; default on, "
       "speculators' default, +3.4% acceptance on SmolLM2 and +5.7% on the demo, docs/design.md; a resumed run "
       "keeps its checkpoint's setting unless this is given)")(
-      "draft-norm-output", po::bool_switch(&o.draft_norm_output),
+      "draft-norm-output", po::value<bool>(&o.draft_norm_output)->default_value(false)->implicit_value(true),
       "EAGLE-3.1's norm_output: each draft step hands norm(o), the lm_head's input, to the next instead of "
       "the layer output o (exported as config.norm_output, which vLLM, SGLang and speculators read; "
       "default: the original EAGLE-3 chain)")(
-      "draft-norm-before-fc", po::bool_switch(&o.draft_norm_before_fc),
+      "draft-norm-before-fc", po::value<bool>(&o.draft_norm_before_fc)->default_value(false)->implicit_value(true),
       "EAGLE-3.1's norm_before_fc: one RMSNorm with a trained weight (input_norm, [3 H_t], initialised to "
       "ones) over the concatenated aux hidden states before fc (exported as config.norm_before_fc and "
       "input_norm.weight, which vLLM, SGLang and speculators read; default: the original EAGLE-3 fc(f))")(
-      "draft-fc-norm", po::bool_switch(&o.draft_fc_norm),
+      "draft-fc-norm", po::value<bool>(&o.draft_fc_norm)->default_value(false)->implicit_value(true),
       "EAGLE-3.1's per-chunk norms: one RMSNorm with a trained weight (fc_norm.k, [H_t], initialised to ones) "
       "over each of the three aux hidden states before fc (exported as config.fc_norm and fc_norm.{0,1,2}.weight, "
       "which SpecForge and speculators read; not with --draft-norm-before-fc; a resume option: give it again when "

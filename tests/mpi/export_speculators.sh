@@ -148,6 +148,11 @@ eagle31_option nbf --draft-norm-before-fc norm_before_fc                # fc(inp
 eagle31_option fcn --draft-fc-norm fc_norm                              # fc(concat_k fc_norm.k(f_k)), three
 refused export_fcn_sglang "which aerie has not found in SGLang's LlamaForCausalLMEagle3" \
   1 export --checkpoint "$work/run_fcn" --model "$model" --output "$work/x" --for sglang
+# The boolean draft options take a value as --draft-norm-before-residual does: =false is off (so the resume of
+# the fc_norm run is refused by name, not by an unparsed argument).
+refused fcn_resume_false "--draft-fc-norm is off but the checkpoint was trained with it on" \
+  1 train --model "$model" --shards "$work/shards" --vocab "$work/vocab.safetensors" --output "$work/run_fcn" \
+  --steps 4 --batch-size 4 --checkpoint-every 4 --log-every 4 --draft-fc-norm=false
 refused fcn_with_nbf "--draft-fc-norm .one norm per aux chunk. and --draft-norm-before-fc .* are both given" \
   1 train --model "$model" --shards "$work/shards" --vocab "$work/vocab.safetensors" --output "$work/x" \
   --steps 4 --batch-size 4 --draft-fc-norm --draft-norm-before-fc
