@@ -269,15 +269,13 @@ ExportedDraft load_export(const std::string& dir, int64_t target_num_hidden_laye
                 st_path << ": holds input_norm.weight, the trained norm of norm_before_fc, but " << cfg_path
                         << " does not switch norm_before_fc on (config.norm_before_fc or eagle_config.norm_before_fc): "
                            "the draft would run without the norm it was trained with");
-    AERIE_CHECK(name.rfind("fc_norm.", 0) != 0,
-                st_path << ": holds " << name
-                        << (d.config.fc_norm ? ", which is not one of fc_norm.{0,1,2}.weight, the three per-chunk norms "
-                                          "that "
-                                        : ", a per-chunk norm of fc_norm, but ")
-                        << cfg_path
-                        << (d.config.fc_norm ? " switches on"
-                                        : " does not switch fc_norm on (config.fc_norm): the draft would run without "
-                                          "the norms it was trained with"));
+    const std::string fc_norm_why =
+        d.config.fc_norm ? ", which is not one of the three per-chunk norms fc_norm.{0,1,2}.weight that " + cfg_path +
+                               " switches on"
+                         : ", a per-chunk norm of fc_norm, but " + cfg_path +
+                               " does not switch fc_norm on (config.fc_norm): the draft would run without the norms "
+                               "it was trained with";
+    AERIE_CHECK(name.rfind("fc_norm.", 0) != 0, st_path << ": holds " << name << fc_norm_why);
     unread.push_back(name);
   }
   if (!unread.empty()) {

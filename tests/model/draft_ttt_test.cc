@@ -126,6 +126,12 @@ void gradient_matches_finite_differences_of_reference(bool norm_before_residual,
 
 TEST(DraftTTT, GradientMatchesFiniteDifferencesOfReference) { gradient_matches_finite_differences_of_reference(false); }
 
+/// The error ttt_forward_backward throws for the tiny draft m on a sample of 9 tokens ("" when none).
+std::string ttt_error(const testing::TinyDraft& m) {
+  const auto s = make_tiny_sample(m, 9, 2);
+  return testing::error_of([&] { ttt_forward_backward(m.cfg, m.w, m.embed, s, m.d2t, m.t2d, kSteps, kWeights, nullptr); });
+}
+
 /// The TTT loss of the tiny draft changes by more than fp32 noise when `set` turns an option on (so that
 /// neither the forward nor its reference can ignore it).
 void expect_option_changes_loss(const std::function<void(testing::TinyDraft&)>& set) {
@@ -188,17 +194,10 @@ TEST(DraftTTT, NormBeforeFcMatchesTheReference) {
   // by name.
   auto m = make_tiny_draft(1);
   m.cfg.norm_before_fc = true;
-  auto s = make_tiny_sample(m, 9, 2);
-  EXPECT_NE(testing::error_of([&] {
-              ttt_forward_backward(m.cfg, m.w, m.embed, s, m.d2t, m.t2d, kSteps, kWeights, nullptr);
-            }).find("input_norm"),
-            std::string::npos);
+  EXPECT_NE(ttt_error(m).find("input_norm"), std::string::npos);
   testing::enable_norm_before_fc(m, 25);
   m.cfg.norm_before_fc = false;
-  EXPECT_NE(testing::error_of([&] {
-              ttt_forward_backward(m.cfg, m.w, m.embed, s, m.d2t, m.t2d, kSteps, kWeights, nullptr);
-            }).find("norm_before_fc is off"),
-            std::string::npos);
+  EXPECT_NE(ttt_error(m).find("norm_before_fc is off"), std::string::npos);
 }
 
 // EAGLE-3.1's fc_norm (g = fc(concat_k fc_norm.k(f_k)), three trained weights fc_norm.k [H_t]): the forward
@@ -236,17 +235,10 @@ TEST(DraftTTT, FcNormMatchesTheReference) {
   EXPECT_EQ(names[15], "fc_norm.2.weight");
   auto m = make_tiny_draft(1);
   m.cfg.fc_norm = true;
-  auto s = make_tiny_sample(m, 9, 2);
-  EXPECT_NE(testing::error_of([&] {
-              ttt_forward_backward(m.cfg, m.w, m.embed, s, m.d2t, m.t2d, kSteps, kWeights, nullptr);
-            }).find("fc_norm.0.weight"),
-            std::string::npos);
+  EXPECT_NE(ttt_error(m).find("fc_norm.0.weight"), std::string::npos);
   testing::enable_fc_norm(m, 26);
   m.cfg.fc_norm = false;
-  EXPECT_NE(testing::error_of([&] {
-              ttt_forward_backward(m.cfg, m.w, m.embed, s, m.d2t, m.t2d, kSteps, kWeights, nullptr);
-            }).find("fc_norm is off"),
-            std::string::npos);
+  EXPECT_NE(ttt_error(m).find("fc_norm is off"), std::string::npos);
 }
 
 // The same in fp32 through ttt_forward_backward itself (the whole TTT loss), eps 1e-2 relative to
