@@ -23,10 +23,12 @@ Left out: its launcher and config schema, FSDP (a no-op wrap on one rank), check
 The held-out samples of an aerie run (--data-split, its data_split.json) are left out of training, so both
 trainers see the same training samples and `aerie eval --data-split` scores both on the same held-out ones.
 
-Usage (on a machine with torch and the specforge wheel; see /work/.library/device/README.md for carrying it):
+Needs torch, h5py, numpy, safetensors, transformers and `pip install --no-deps specforge==0.2.0` (its
+`datasets` import is stubbed when missing). Usage, as tools/bench/specforge_demo.sh runs it on the demo:
   python3 tools/bench/specforge_train.py --shards D/shards --target D/target --vocab D/draft_vocab.safetensors \
-      --data-split RUN/data_split.json --output OUT [--steps 1000 --batch-size 1 --accumulation 8 --lr 3e-3
-      --warmup-ratio 0.015 --max-grad-norm 0.5 --ttt-steps 7 --seed 0 --attention flex_attention]
+      --data-split RUN/data_split.json --output OUT --steps 1000 --batch-size 8 --accumulation 1 --lr 3e-3 \
+      --warmup-ratio 0.015 --max-grad-norm 0.5 --ttt-steps 7 --seed 0 --attention sdpa
+(flex_attention, SpecForge's default, compiles only for head dims of 16 or more.)
 Prints one JSON line per --log-every optimizer steps ({"step", "loss", "acc_0", "lr"}) and a last line with
 the output folder.
 """
