@@ -50,6 +50,12 @@ __device__ __forceinline__ uint32_t wswz(int r, int c) {
 }
 
 #ifndef AERIE_NO_WGMMA
+/// cp.async of 4 bytes (zeros when !valid), through L1 (.ca: the only cache option for 4 bytes).
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool valid) {
+  const int n = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
+
 /// The producer's copy (its 128 threads, tid 0 .. 127) of packed query rows R0 .. R0 + R - 1 (row R =
 /// i * group + head in group of kv head g) of two [tq, nh, 128] tensors (Q and dout) into [R][128] tiles;
 /// rows past tq are zeros. Row arithmetic in 32 bits (the launch checks that tq * group fits).
@@ -65,6 +71,33 @@ __device__ __forceinline__ void load_rows_w(uint32_t dst_a, const bf16_t* a, uin
     const int64_t off = ok ? (static_cast<int64_t>(i) * p.nh + h) * kD + c * 8 : 0;
     cp_async16(dst_a + wswz<R>(r, c), a + off, ok);
     cp_async16(dst_b + wswz<R>(r, c), b + off, ok);
+  }
+}
+
+/// The dk/dv pass's copy of one tile: packed query rows R0 .. R0 + 63 of Q and dout into [64][128] tiles
+/// and their raw lse and D into lse_s / D_s (4-byte copies; zeros past tq). Thread tid copies row tid / 2,
+/// chunks 2k + tid % 2 (two threads fill a 32-byte sector): one row division per thread and tile, where
+/// load_rows_w makes eight (the producer warpgroup was the pass's bottleneck, Nsight Compute: the
+/// consumers waited on `full` 18% of their time while the producer issued).
+__device__ __forceinline__ void load_tile_pairs(uint32_t dst_a, const bf16_t* a, uint32_t dst_b, const bf16_t* b,
+                                                uint32_t lse_s, uint32_t D_s, const BwdParams& p, int g, int R0,
+                                                int tid) {
+  const int r = tid >> 1, half = tid & 1;
+  const int R = R0 + r, i = R / p.group;
+  const bool ok = i < p.tq;
+  const int64_t row = ok ? static_cast<int64_t>(i) * p.nh + g * p.group + (R - i * p.group) : 0;
+  if (half == 0) {
+    cp_async4(lse_s + 4 * r, p.lse + row, ok);
+    cp_async4(D_s + 4 * r, p.D + row, ok);
+  }
+  const int64_t off = row * kD + half * 8;
+  const uint32_t sw = static_cast<uint32_t>(r * 128 + ((half ^ (r & 7)) << 4));  // chunk `half` of row r
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    // chunk 2k + half: column half (2k) / 8 of the tile, swizzled position ((2k + half) ^ r) & 7
+    const uint32_t o = static_cast<uint32_t>((k >> 2) * (kN * 128)) + (sw ^ static_cast<uint32_t>((2 * k & 7) << 4));
+    cp_async16(dst_a + o, a + off + 16 * k, ok);
+    cp_async16(dst_b + o, b + off + 16 * k, ok);
   }
 }
 
@@ -161,13 +194,30 @@ __device__ __forceinline__ void store_row_bf16(bf16_t* row, const float (&acc)[2
 }
 #endif  // AERIE_NO_WGMMA
 
+/// Two adjacent values of a gradient tensor of element type G as one access, and old + (x0, x1).
+template <typename G>
+struct Pair;
+template <>
+struct Pair<float> {
+  using type = float2;
+  __device__ static float2 add(float2 o, float x0, float x1) { return make_float2(o.x + x0, o.y + x1); }
+};
+template <>
+struct Pair<bf16_t> {
+  using type = uint32_t;
+  __device__ static uint32_t add(uint32_t o, float x0, float x1) {
+    const __nv_bfloat162 b = *reinterpret_cast<const __nv_bfloat162*>(&o);
+    return pack_bf16(__bfloat162float(b.x) + x0, __bfloat162float(b.y) + x1);
+  }
+};
+
 /// Shared memory of the dk/dv pass from a 1024-byte aligned base: K and V [128][128], kSlots slots of
-/// (Q, dout) [64][128] tiles, the slots' per-row lse * log2(e), D and last attended key, the mbarriers.
+/// (Q, dout) [64][128] tiles, the slots' per-row lse and D (as copied: raw), the mbarriers.
 struct DkdvLayout {
   static constexpr uint32_t k = 0, v = wtile<kBlock>(), q0 = 2 * wtile<kBlock>();
   static constexpr uint32_t q(int s) { return q0 + 2 * s * wtile<kN>(); }
-  static constexpr uint32_t meta = q0 + 2 * kSlots * wtile<kN>();  // float lse2[slots][64], D[slots][64], int ilim[slots][64]
-  static constexpr uint32_t bar = meta + kSlots * kN * 12;
+  static constexpr uint32_t meta = q0 + 2 * kSlots * wtile<kN>();  // float lse[slots][64], D[slots][64]
+  static constexpr uint32_t bar = meta + kSlots * kN * 8;
   static constexpr uint32_t kv_full = bar, full0 = bar + 8, empty0 = bar + 8 + 8 * kSlots;
   static constexpr uint32_t bytes = bar + 8 + 16 * kSlots;
 };
@@ -183,10 +233,11 @@ struct DqLayout {
 
 // Both passes are warp-specialized (as FlashAttention-3): warpgroup 0 copies (cp.async; 24 registers in
 // the dk/dv pass, 40 in the dq pass), warpgroups 1 and 2 multiply (240 / 232 registers: the dk/dv
-// pass's consumers need 240, below which ptxas serializes their wgmma, C7512; its producer spills 16
-// bytes). Slot s's `full` barrier completes when the producer's
-// copies into it have landed (128 cp.async arrivals) and its plain stores are released (128 arrivals);
-// its `empty` barrier when the 8 consumer warps' last wgmma reading it is done. No block-wide barrier
+// pass's consumers need 240, below which ptxas serializes their wgmma, C7512; its producer spills a few
+// bytes outside its loop). Slot s's `full` barrier completes when the producer's copies into it have
+// landed (128 cp.async arrivals: the dk/dv pass copies its rows' lse and D with cp.async too, so its
+// producer never waits for a load); its `empty` barrier when the 8 consumer warps' last wgmma reading it
+// is done. No block-wide barrier
 // after the start, so the two consumer warpgroups drift apart and one's exponentials overlap the
 // other's products.
 constexpr int kWsThreads = 128 * (1 + kWgs);
@@ -200,9 +251,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dkdv_wgmma_kernel(BwdP
   extern __shared__ __align__(1024) uint8_t bwd_smem[];
   uint8_t* mem = nullptr;
   const uint32_t base = aligned_base(bwd_smem, mem);
-  float* lse2s = reinterpret_cast<float*>(mem + L::meta);  // [slots][64]
-  float* Ds = lse2s + kSlots * kN;                         // [slots][64]
-  int* ilims = reinterpret_cast<int*>(Ds + kSlots * kN);   // [slots][64]
+  const float* lses = reinterpret_cast<const float*>(mem + L::meta);  // [slots][64]
+  const float* Ds = lses + kSlots * kN;                                // [slots][64]
   const int tid = threadIdx.x, wgi = tid >> 7;
   const int g = blockIdx.x;
   const int64_t j0 = static_cast<int64_t>(blockIdx.y) * kBlock;
@@ -212,7 +262,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dkdv_wgmma_kernel(BwdP
   // ... and under a window the rows end where the block's last key leaves it.
   const int R_end = static_cast<int>(rows_end(min(p.tk - 1, j0 + kBlock - 1), p.q_offset, p.window, p.tq) * p.group);
   const int ntiles = R_end > R0 ? (R_end - R0 + kN - 1) / kN : 0;
-  init_barriers<L>(base, 256);
+  init_barriers<L>(base, 128);
 
   if (wgi == 0) {  // ---- producer ----
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
@@ -224,18 +274,9 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dkdv_wgmma_kernel(BwdP
     for (int t = 0; t < ntiles; ++t) {
       const int s = t % kSlots, Rt = R0 + t * kN;
       if (t >= kSlots) mbar_wait(base + L::empty0 + 8 * s, ((t / kSlots) - 1) & 1);
-      load_rows_w<kN>(base + L::q(s), q, base + L::q(s) + wtile<kN>(), dout, p, g, Rt, tid);
+      load_tile_pairs(base + L::q(s), q, base + L::q(s) + wtile<kN>(), dout, base + L::meta + 4 * s * kN,
+                      base + L::meta + 4 * (kSlots + s) * kN, p, g, Rt, tid);
       mbar_arrive_cp_async(base + L::full0 + 8 * s);
-      if (tid < kN) {
-        const int R = Rt + tid, i = R / p.group;
-        const int h = g * p.group + (R - i * p.group);
-        const float lse = i < p.tq ? p.lse[static_cast<int64_t>(i) * p.nh + h] : -INFINITY;
-        const bool ok = i < p.tq && lse != -INFINITY;  // a row without keys has no gradient
-        lse2s[s * kN + tid] = ok ? lse * kLog2e : 0.0f;
-        Ds[s * kN + tid] = ok ? p.D[static_cast<int64_t>(i) * p.nh + h] : 0.0f;
-        ilims[s * kN + tid] = ok ? static_cast<int>(i + p.q_offset) : -1;
-      }
-      mbar_arrive(base + L::full0 + 8 * s);
     }
     cp_async_wait<0>();
     return;
@@ -267,9 +308,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dkdv_wgmma_kernel(BwdP
     mbar_wait(base + L::full0 + 8 * sl, (t / kSlots) & 1);
     fence_proxy_async();  // the cp.async writes (generic proxy), before the wgmma reads them
     const uint32_t qb = base + L::q(sl), ob = qb + wtile<kN>();
-    const float* lt = lse2s + sl * kN;
+    const float* lt = lses + sl * kN;
     const float* dt = Ds + sl * kN;
-    const int* it = ilims + sl * kN;
     const int Rt = R0 + t * kN;
     // Every (key, row) pair of the tile attended: no masks.
     // (under a window also: the tile's last row still attends the warpgroup's first key).
@@ -285,16 +325,21 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dkdv_wgmma_kernel(BwdP
     fence_acc(dk);
     fence_frags(f);
     if (t > 0 && lane == 0) mbar_arrive(base + L::empty0 + 8 * ((t - 1) % kSlots));
-    // P^T; the two loops hoisted by hand (a per-element branch made ptxas emit one per element).
+    // P^T; the two loops hoisted by hand (a per-element branch made ptxas emit one per element). lt holds
+    // the raw lse: a row without keys (-inf) or past tq (a zero-filled copy) only occurs in a tile that is
+    // not full, where its limit -1 masks it (and its zero dout row and D keep dV and dS at zero anyway).
     if (full) {
 #pragma unroll
-      for (int i = 0; i < 32; ++i) s[i] = ex2(s[i] * sl2 - lt[(i >> 2) * 8 + 2 * tq4 + (i & 1)]);
+      for (int i = 0; i < 32; ++i) s[i] = ex2(s[i] * sl2 - lt[(i >> 2) * 8 + 2 * tq4 + (i & 1)] * kLog2e);
     } else {
 #pragma unroll
       for (int i = 0; i < 32; ++i) {
         const int c = (i >> 2) * 8 + 2 * tq4 + (i & 1), j = jk[(i >> 1) & 1];
-        const float pr = ex2(s[i] * sl2 - lt[c]);
-        s[i] = j < tk && attends(j, it[c], p.window) ? pr : 0.0f;
+        const int r = (Rt + c) / p.group;
+        const float lse = lt[c];
+        const int ilim = r < p.tq && lse != -INFINITY ? r + static_cast<int>(p.q_offset) : -1;
+        const float pr = ex2(s[i] * sl2 - lse * kLog2e);
+        s[i] = j < tk && attends(j, ilim, p.window) ? pr : 0.0f;
       }
     }
 #pragma unroll
@@ -321,21 +366,32 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dkdv_wgmma_kernel(BwdP
 
   G* gk = static_cast<G*>(p.dk);
   G* gv = static_cast<G*>(p.dv);
+  // dk += scale dK, dv += dV, one key row at a time with all of its old pairs loaded before any store: gk
+  // and gv may alias for the compiler, which otherwise keeps every load behind the previous store (one
+  // round trip each, 256 per thread at the end of every block: a tenth of the pass at T 8192).
+  using P2 = typename Pair<G>::type;
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
     const int64_t j = jk[e];
     if (j >= tk) continue;
     const int64_t off0 = (j * p.nkv + g) * kD + 2 * tq4;
+    P2 ok2[2][8], ov2[2][8];
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
-      for (int nb = 0; nb < 8; ++nb)
+      for (int nb = 0; nb < 8; ++nb) {
+        ok2[h][nb] = *reinterpret_cast<const P2*>(gk + off0 + h * 64 + nb * 8);
+        ov2[h][nb] = *reinterpret_cast<const P2*>(gv + off0 + h * 64 + nb * 8);
+      }
 #pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          const int64_t off = off0 + h * 64 + nb * 8 + c;
-          gk[off] = from_f32<G>(to_f32(gk[off]) + p.scale * dk[h][nb * 4 + 2 * e + c]);
-          gv[off] = from_f32<G>(to_f32(gv[off]) + dv[h][nb * 4 + 2 * e + c]);
-        }
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int nb = 0; nb < 8; ++nb) {
+        const int a = nb * 4 + 2 * e;
+        *reinterpret_cast<P2*>(gk + off0 + h * 64 + nb * 8) =
+            Pair<G>::add(ok2[h][nb], p.scale * dk[h][a], p.scale * dk[h][a + 1]);
+        *reinterpret_cast<P2*>(gv + off0 + h * 64 + nb * 8) = Pair<G>::add(ov2[h][nb], dv[h][a], dv[h][a + 1]);
+      }
   }
 #endif
 }
