@@ -27,6 +27,7 @@ if [ "$phase" != eval ]; then
       --steps 1000 --batch-size 8 --accumulation 1 --lr 3e-3 --warmup-ratio 0.015 --max-grad-norm 0.5 --ttt-steps 7 \
       --seed "$s" --attention "${ATTENTION:-sdpa}" > "$out/specforge-seed$s.log" 2>&1 &
   done
+  wait  # every seed's trainer; a failed one shows as a missing model below
   failed=0
   for s in $seeds; do [ -f "$out/specforge-seed$s/model.safetensors" ] || { echo "specforge_demo: seed $s failed: $out/specforge-seed$s.log" >&2; failed=1; }; done
   [ "$failed" = 0 ] || exit 1
