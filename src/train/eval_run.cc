@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <iomanip>
 #include <sstream>
 
 #include "comm/nccl_communicator.h"
@@ -648,15 +649,22 @@ nlohmann::json run_eval(const EvalOptions& o) {
     if (j.contains("lossless")) j["lossless"] = j["lossless"].get<bool>() && u["lossless"].get<bool>();
   }
   if (session.world_rank() == 0) {
-    AERIE_LOG(info) << "eval: acceptance length " << j["acceptance_length"] << " over " << j["verify_passes"]
+    // The log rounds to 4 decimals (seed noise is in the second); the JSON keeps every digit.
+    const auto f4 = [](const nlohmann::json& v) {
+      if (!v.is_number()) return v.dump();
+      std::ostringstream s;
+      s << std::fixed << std::setprecision(4) << v.get<double>();
+      return s.str();
+    };
+    AERIE_LOG(info) << "eval: acceptance length " << f4(j["acceptance_length"]) << " over " << j["verify_passes"]
                     << " verification passes, "
                     << (j.contains("lossless") ? "lossless " + j["lossless"].dump()
                                                : "sampled at temperature " + std::to_string(o.temperature))
-                    << ", tau_sim " << j["tau_sim"] << "; draft " << o.draft_path << " (" << draft_variant(draft.cfg)
+                    << ", tau_sim " << f4(j["tau_sim"]) << "; draft " << o.draft_path << " (" << draft_variant(draft.cfg)
                     << ")";
     if (o.untrained)
       AERIE_LOG(info) << "eval: untrained draft (--seed " << o.seed << "): acceptance length "
-                      << j["acceptance_length_untrained"] << ", tau_sim " << j["tau_sim_untrained"];
+                      << f4(j["acceptance_length_untrained"]) << ", tau_sim " << f4(j["tau_sim_untrained"]);
     if (j.contains("per_category")) {
       std::ostringstream t;
       t << "eval: per category (prompts, acceptance length, speed-up):";
@@ -665,7 +673,7 @@ nlohmann::json run_eval(const EvalOptions& o) {
         if (c["num_prompts"].get<int64_t>() == 0)
           t << "no prompts (skipped)";
         else
-          t << c["num_prompts"] << ", " << c["acceptance_length"].get<double>() << ", " << c["speedup"].get<double>();
+          t << c["num_prompts"] << ", " << f4(c["acceptance_length"]) << ", " << f4(c["speedup"]);
       }
       AERIE_LOG(info) << t.str();
     }

@@ -4,7 +4,8 @@
 #   1. tools/demo OUT/demo: prepared data, target, draft vocabulary, shards (and the demo's own draft);
 #   2. per variant (VARIANTS, default: plain, norm_before_residual, norm_output, both, norm_before_fc, all:
 #      the three options at once; also fc_norm and norm_before_residual_fc_norm: the per-chunk norms alone
-#      and with today's default) and seed (SEEDS,
+#      and with today's default; default_beta2, default_lm_head_random, default_loss_all: today's default
+#      layer with one of SpecForge's recipe choices, default_specforge_recipe with all three) and seed (SEEDS,
 #      default "0 1 2"): train --seed S with the variant's options (the demo's settings otherwise), export,
 #      eval (the demo's settings: held-out prompts, real speculative decoding, greedy) -> one JSON line
 #      {variant, seed, acceptance_length, tau_sim, lossless}; then one line per variant with the means.
@@ -32,6 +33,11 @@ options() {
     all) echo "--draft-norm-before-residual --draft-norm-output --draft-norm-before-fc" ;;
     fc_norm) echo "--draft-norm-before-residual=false --draft-fc-norm" ;;
     norm_before_residual_fc_norm) echo "--draft-norm-before-residual --draft-fc-norm" ;;
+    # today's default layer with one of SpecForge's recipe choices (issue 15 item 4), or all three
+    default_beta2) echo "--adam-beta2 0.999" ;;
+    default_lm_head_random) echo "--lm-head-init random" ;;
+    default_loss_all) echo "--loss-normalization all" ;;
+    default_specforge_recipe) echo "--adam-beta2 0.999 --lm-head-init random --loss-normalization all" ;;
     *) echo "draft_variants: unknown variant '$1'" >&2; exit 2 ;;
   esac
 }
