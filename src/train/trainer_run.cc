@@ -461,7 +461,7 @@ TrainResult run_training(const TrainOptions& given_opts, Communicator& dp, Strea
                     << ", " << total << " steps of "
                     << opts.batch_size << " samples on " << dp.size() << (dp.size() == 1 ? " dp rank, " : " dp ranks, ")
                     << order.steps_per_epoch() << " steps per epoch, warmup " << sched.warmup_steps
-                    << " steps, K = " << ck.config.draft_vocab_size << ", aux layers "
+                    << " steps (--warmup-ratio " << opts.warmup_ratio << " of " << total << ", rounded down), K = " << ck.config.draft_vocab_size << ", aux layers "
                     << nlohmann::json(ck.config.aux_layers).dump() << ", device " << device_name(dev) << ", compute "
                     << (resolve_compute_dtype(opts.precision, dev) == DType::BF16 ? "bf16 (fp32 master weights)" : "fp32")
                     << ", draft layer: "
