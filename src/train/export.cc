@@ -189,12 +189,8 @@ void write_export(const std::string& out_dir, const DraftConfig& cfg, const Draf
                    "aerie has not found in SGLang's LlamaForCausalLMEagle3 (its loader drops weights it has no "
                    "parameter for, so it would serve fc(f) without them); SpecForge and speculators read "
                    "config.fc_norm");
-    // Nor has aerie checked that vLLM's own LlamaForCausalLMEagle3 builds the norms from config.fc_norm (its
-    // speculators config reader passes the key on): say so for vLLM too.
-    if (engine != ServingEngine::Sglang)
-      AERIE_LOG(warning) << "export: the draft was trained with fc_norm; aerie has not checked that vLLM's "
-                            "LlamaForCausalLMEagle3 reads config.fc_norm and loads fc_norm.{0,1,2}.weight (SpecForge "
-                            "and speculators do): check the served acceptance length against aerie eval's";
+    // vLLM 0.33.0 runs it as trained: its LlamaModel builds fc_norm from the top-level config.fc_norm and its
+    // combine_hidden_states norms each chunk before fc ([V9] in tests/train/export_speculators_test.cc).
   }
   if (cfg.sliding_window > 0) {
     // SGLang's LlamaAttention builds its RadixAttention without sliding_window_size (srt/models/llama.py).

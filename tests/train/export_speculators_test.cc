@@ -78,6 +78,14 @@
 //        norm_class(num_aux * hidden_size, eps) under config.norm_before_fc, applied before fc;
 //        "input_norm.weight" at the top level (in _keys_to_ignore_on_load_missing); config.py: norm_before_fc
 //        (default False) and fc_norm (per-chunk norms fc_norm.{0,1,2}) are mutually exclusive.
+//  fc_norm (EAGLE-3.1's per-chunk norms), read 2026-12-03 in the vllm 0.33.0 wheel:
+//   [V9] vllm/model_executor/models/llama_eagle3.py LlamaModel.__init__: with getattr(config, "fc_norm",
+//        False) (the top-level key only), self.fc_norm = nn.ModuleList of num_aux_hidden_states RMSNorm(
+//        target_hidden_size, eps=config.rms_norm_eps); Eagle3LlamaForCausalLM.combine_hidden_states: after
+//        the input_norm of [V7] (when on), hidden_states.chunk(num_aux_hidden_states) each through its norm,
+//        concatenated, then fc; load_weights prefixes "model." (fc_norm.0.weight -> model.fc_norm.0.weight)
+//        and has no rule that drops fc_norm weights (with the option off, AutoWeightsLoader finds no such
+//        parameter).
 #include <cstring>
 #include <filesystem>
 #include <map>
