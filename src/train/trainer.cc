@@ -3,6 +3,8 @@
 // TrainOptions, the metrics of a step and train_step (one data-parallel optimizer step).
 #include <algorithm>
 #include <cmath>
+#include <sstream>
+#include <string>
 #include <utility>
 
 #include "comm/nccl_communicator.h"
@@ -70,6 +72,27 @@ DraftConfig TrainOptions::apply_draft_shape(DraftConfig cfg) const {
   return cfg;
 }
 
+std::vector<std::string> TrainOptions::adopt_checkpoint_defaults(const nlohmann::json& c) {
+  std::vector<std::string> changed;
+  if (!draft_norm_before_residual_given) {
+    const bool theirs = c.value("draft_norm_before_residual", false);
+    if (theirs != draft_norm_before_residual)
+      changed.push_back(std::string("norm_before_residual ") + (theirs ? "on" : "off") +
+                        " as the checkpoint was trained (--draft-norm-before-residual not given)");
+    draft_norm_before_residual = theirs;
+  }
+  if (!adam_beta2_given) {
+    const double theirs = c.contains("adam_beta2") && c["adam_beta2"].is_number() ? c["adam_beta2"].get<double>() : 0.95;
+    if (theirs != adam_beta2) {
+      std::ostringstream line;
+      line << "AdamW beta2 " << theirs << " as the checkpoint was trained (--adam-beta2 not given)";
+      changed.push_back(line.str());
+    }
+    adam_beta2 = theirs;
+  }
+  return changed;
+}
+
 void TrainOptions::check_resumable(const nlohmann::json& c) const {
   const nlohmann::json mine = to_json();
   for (const char* key : {"steps", "epochs", "batch_size", "lr", "warmup_ratio", "max_grad_norm", "ttt_steps", "seed",
@@ -89,7 +112,7 @@ void TrainOptions::check_resumable(const nlohmann::json& c) const {
                   << ", this run " << (prepared_path.empty() ? "reads --shards " + shards_dir
                                                              : "streams from --prepared " + prepared_path)
                   << ": a run resumes in the mode it started in; rerun it that way or use another --output");
-  // The recipe (checkpoints older than these options have none: aerie's defaults).
+  // The recipe (checkpoints older than these options have none: aerie's defaults then, beta2 0.95).
   const nlohmann::json recipe_defaults = {{"adam_beta1", 0.9}, {"adam_beta2", 0.95}, {"lm_head_init", "target"},
                                           {"loss_normalization", "valid"}};
   for (const auto& [key, dflt] : recipe_defaults.items()) {

@@ -31,11 +31,14 @@ struct TrainOptions {
   /// more hides the target's jitter, each step ahead holds one batch of hidden states in messages.
   int64_t stream_queue = 2;
   /// The recipe (issue 15 item 4: where aerie's and SpecForge's differ; resume options). AdamW's betas
-  /// (aerie 0.9 / 0.95; torch's default, SpecForge's, 0.9 / 0.999); lm_head_init "target" (the target's
+  /// (0.9 / 0.999, torch's default and SpecForge's, since 2026-12-03: measured in docs/design.md; before,
+  /// 0.9 / 0.95, which a checkpoint without the key was trained with; a resumed run takes its checkpoint's
+  /// beta2 unless adam_beta2_given, as adopt_checkpoint_defaults says); lm_head_init "target" (the target's
   /// rows of the draft vocabulary) or "random" (nn.Linear's init, SpecForge's); loss_normalization
   /// "valid" (each TTT step's loss over its trained rows, eagle3.md section 4) or "all" (over all rows of
   /// the global batch, sum of the sample lengths: SpecForge's mean over the [B, T] positions).
-  double adam_beta1 = 0.9, adam_beta2 = 0.95;
+  double adam_beta1 = 0.9, adam_beta2 = 0.999;
+  bool adam_beta2_given = false;  // set on the command line or in a config (jobs/train.cc)
   std::string lm_head_init = "target", loss_normalization = "valid";
   /// The aux layers the run expects (`train --aux-layers`; empty: any). Streaming computes these; offline
   /// the shards must hold them (an error naming both otherwise), so one .ini serves both modes.
@@ -99,6 +102,11 @@ struct TrainOptions {
   bool allow_other_target = false;
 
   nlohmann::json to_json() const;
+  /// On resume, the options whose default changed take the checkpoint's setting unless given (so a
+  /// requeued job resumes as it started without naming them): draft_norm_before_residual (a checkpoint
+  /// without the key: off) and adam_beta2 (without the key: 0.95). Returns one line per option changed,
+  /// for the log (empty when none).
+  std::vector<std::string> adopt_checkpoint_defaults(const nlohmann::json& checkpoint_options);
   /// `cfg` with the draft_* options that are set (> 0) replacing its shape (an MLA draft takes only
   /// draft_intermediate: its heads are the target's latent attention), and norm_before_residual /
   /// norm_output / norm_before_fc / fc_norm / sliding_window from draft_norm_before_residual /
@@ -129,7 +137,7 @@ DType resolve_compute_dtype(const std::string& precision, Device device);
 
 /// The parts of a step's recipe that train_step takes (TrainOptions' adam_beta1/2, loss_normalization).
 struct StepRecipe {
-  double adam_beta1 = 0.9, adam_beta2 = 0.95;
+  double adam_beta1 = 0.9, adam_beta2 = 0.999;
   bool normalize_by_all_rows = false;  // loss_normalization "all"
 };
 

@@ -386,15 +386,10 @@ TrainResult run_training(const TrainOptions& given_opts, Communicator& dp, Strea
   if (latest) {
     if (rank == 0) AERIE_LOG(info) << "train: resuming from " << *latest;
     ck = load_checkpoint(*latest);
-    if (!opts.draft_norm_before_residual_given) {
-      // The checkpoint's setting (absent: off, the default before it changed): a requeued job resumes as it
-      // started without naming the option.
-      const bool theirs = ck.train_options.value("draft_norm_before_residual", false);
-      if (rank == 0 && theirs != opts.draft_norm_before_residual)
-        AERIE_LOG(info) << "train: norm_before_residual " << (theirs ? "on" : "off")
-                        << " as the checkpoint was trained (--draft-norm-before-residual not given)";
-      opts.draft_norm_before_residual = theirs;
-    }
+    // The options whose default changed keep the checkpoint's setting unless given: a requeued job resumes
+    // as it started without naming them.
+    for (const std::string& line : opts.adopt_checkpoint_defaults(ck.train_options))
+      if (rank == 0) AERIE_LOG(info) << "train: " << line;
     opts.check_resumable(ck.train_options);
     check_resume_provenance(ck.provenance, *latest, opts, model_fp, shards, rank);
     check_same_shards(shards, ck.state.split, stream != nullptr);

@@ -200,14 +200,15 @@ TEST(TrainRecipeTest, Beta2AndAllRowsChangeTheStep) {
   auto s = testing::make_tiny_setup(rank_scratch("train_recipe"));
   SoloTraining a(s), b(s), c(s);
   train_step(s.cfg, a.w, a.opt, s.embed, a.batch, s.vocab, 3, 1e-2, 0.5, *a.self, a.scratch);
+  EXPECT_EQ(StepRecipe{}.adam_beta2, TrainOptions{}.adam_beta2) << "train_step's default is train's";
   StepRecipe beta;
-  beta.adam_beta2 = 0.999;
+  beta.adam_beta2 = 0.95;  // the default before 2026-12-03
   train_step(s.cfg, b.w, b.opt, s.embed, b.batch, s.vocab, 3, 1e-2, 0.5, *b.self, b.scratch, nullptr, beta);
   StepRecipe all;
   all.normalize_by_all_rows = true;
   const StepMetrics mc =
       train_step(s.cfg, c.w, c.opt, s.embed, c.batch, s.vocab, 3, 1e-2, 0.5, *c.self, c.scratch, nullptr, all);
-  EXPECT_GT(testing::count_bit_differences(a.w, b.w), 0) << "beta2 0.999 left the update unchanged";
+  EXPECT_GT(testing::count_bit_differences(a.w, b.w), 0) << "beta2 0.95 gave the update of 0.999";
   EXPECT_GT(testing::count_bit_differences(a.opt.v, b.opt.v), 0);
   EXPECT_GT(testing::count_bit_differences(a.opt.m, c.opt.m), 0) << "all-rows normalization left the gradient unchanged";
   EXPECT_TRUE(std::isfinite(mc.grad_norm) && mc.grad_norm > 0);
@@ -233,13 +234,23 @@ TEST(TrainRecipeTest, RandomLmHeadKeepsTheOtherDraws) {
 
 TEST(TrainRecipeTest, RecipeIsAResumeOption) {
   TrainOptions o;
+  EXPECT_EQ(o.adam_beta2, 0.999);  // the default since 2026-12-03 (docs/design.md, the recipe)
   nlohmann::json ck = o.to_json();
   for (const char* k : {"adam_beta1", "adam_beta2", "lm_head_init", "loss_normalization"}) ck.erase(k);
-  o.check_resumable(ck);  // an older checkpoint: aerie's defaults
-  o.adam_beta2 = 0.999;
+  // An older checkpoint, without the keys: trained with beta2 0.95, which a resume takes when --adam-beta2
+  // is not given, and refuses by name when 0.999 is given.
+  o.adam_beta2_given = true;
   EXPECT_NE(testing::error_of([&] { o.check_resumable(ck); }).find("--adam-beta2 is 0.999 but the checkpoint was trained with 0.95"),
             std::string::npos);
-  o.adam_beta2 = 0.95;
+  o.adam_beta2_given = false;
+  const std::vector<std::string> lines = o.adopt_checkpoint_defaults(ck);
+  EXPECT_EQ(o.adam_beta2, 0.95);
+  ASSERT_FALSE(lines.empty());
+  EXPECT_NE(lines.back().find("AdamW beta2 0.95 as the checkpoint was trained"), std::string::npos) << lines.back();
+  o.check_resumable(ck);
+  TrainOptions today;  // a checkpoint of today's defaults resumes with them, and nothing is logged
+  EXPECT_TRUE(today.adopt_checkpoint_defaults(TrainOptions{}.to_json()).empty());
+  EXPECT_EQ(today.adam_beta2, 0.999);
   o.lm_head_init = "random";
   EXPECT_NE(testing::error_of([&] { o.check_resumable(ck); }).find("--lm-head-init is \"random\""), std::string::npos);
   o.lm_head_init = "target";
