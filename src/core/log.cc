@@ -6,6 +6,7 @@
 #include <boost/log/support/date_time.hpp>
 #include <boost/log/utility/setup/common_attributes.hpp>
 #include <boost/log/utility/setup/console.hpp>
+#include <cstdio>
 #include <iostream>
 
 #include "core/error.h"
@@ -42,6 +43,12 @@ void init_logging(int rank, const std::string& min_level) {
     g_sink = true;
   }
   core->set_filter(logging::trivial::severity >= level);
+}
+
+std::string format_fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
 }
 
 }  // namespace aerie

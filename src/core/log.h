@@ -16,6 +16,9 @@ void init_logging(int rank, const std::string& min_level = "info");
 /// The world rank logged with each record (0 before init_logging).
 int log_rank();
 
+/// `v` with exactly `digits` decimals ("%.*f"), for log lines: format_fixed(2.14017, 3) == "2.140".
+std::string format_fixed(double v, int digits);
+
 }  // namespace aerie
 
 #define AERIE_LOG(sev) BOOST_LOG_TRIVIAL(sev)

@@ -43,12 +43,6 @@ std::string file_sha256(const std::string& path) {
   return h.hex();
 }
 
-std::string fixed(double v, int digits) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
-  return buf;
-}
-
 }  // namespace
 
 double CheckpointEvalRow::acceptance_length() const {
@@ -244,7 +238,8 @@ std::string format_checkpoint_table(const CheckpointEvalTable& table) {
   auto line = [&](const std::string& label, const nlohmann::json& f, bool best) {
     char buf[160];
     std::snprintf(buf, sizeof buf, "%10s  %17s  %7s  %-8s%s\n", label.c_str(),
-                  fixed(f.value("acceptance_length", 0.0), 3).c_str(), fixed(f.value("tau_sim", 0.0), 3).c_str(),
+                  format_fixed(f.value("acceptance_length", 0.0), 3).c_str(),
+                  format_fixed(f.value("tau_sim", 0.0), 3).c_str(),
                   !f.contains("lossless") ? "sampled" : f.value("lossless", false) ? "yes" : "no",
                   best ? "  * best" : "");
     os << buf;
@@ -335,9 +330,9 @@ CheckpointEvalTable run_checkpoint_eval(const EvalOptions& eval, const Checkpoin
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (rank == 0)
         AERIE_LOG(info) << "eval --run: step " << step << " (" << i + 1 << "/" << todo.size() << ", "
-                        << fixed(secs, 0) << " s, ETA " << fixed(secs / (i + 1) * (todo.size() - i - 1), 0)
-                        << " s): acceptance length " << fixed(row.figures["acceptance_length"].get<double>(), 3)
-                        << ", tau_sim " << fixed(row.figures["tau_sim"].get<double>(), 3)
+                        << format_fixed(secs, 0) << " s, ETA " << format_fixed(secs / (i + 1) * (todo.size() - i - 1), 0)
+                        << " s): acceptance length " << format_fixed(row.figures["acceptance_length"].get<double>(), 3)
+                        << ", tau_sim " << format_fixed(row.figures["tau_sim"].get<double>(), 3)
                         << (row.figures.contains("lossless") ? ", lossless " + row.figures["lossless"].dump()
                                                              : std::string(", sampled"));
       table.put(std::move(row));
@@ -363,7 +358,7 @@ CheckpointEvalTable run_checkpoint_eval(const EvalOptions& eval, const Checkpoin
                 << " (export --best refuses it and names the best one left)\n";
     // The table's own path in the hint when it is not the run's default one (export --best reads that).
     const bool default_table = opts.table_path.empty() || fs::path(opts.table_path) == fs::path(checkpoint_eval_path(opts.run_dir));
-    std::cout << "best: step " << best.step << " (acceptance length " << fixed(best.acceptance_length(), 3)
+    std::cout << "best: step " << best.step << " (acceptance length " << format_fixed(best.acceptance_length(), 3)
               << "; aerie export --checkpoint " << opts.run_dir << " --best"
               << (default_table ? std::string() : " --eval-table " + path) << " exports it)\n";
     std::cout.flush();

@@ -5,7 +5,6 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
-#include <iomanip>
 #include <sstream>
 
 #include "comm/nccl_communicator.h"
@@ -651,10 +650,7 @@ nlohmann::json run_eval(const EvalOptions& o) {
   if (session.world_rank() == 0) {
     // The log rounds to 4 decimals (seed noise is in the second); the JSON keeps every digit.
     const auto f4 = [](const nlohmann::json& v) {
-      if (!v.is_number()) return v.dump();
-      std::ostringstream s;
-      s << std::fixed << std::setprecision(4) << v.get<double>();
-      return s.str();
+      return v.is_number() ? format_fixed(v.get<double>(), 4) : v.dump();
     };
     AERIE_LOG(info) << "eval: acceptance length " << f4(j["acceptance_length"]) << " over " << j["verify_passes"]
                     << " verification passes, "

@@ -159,9 +159,10 @@ void write_export_dir(const std::string& out_dir, const nlohmann::json& config, 
   write_file_atomic((tmp / "config.json").string(), config.dump(2) + "\n");
   const fs::path old = out.string() + ".old";
   fs::remove_all(old);
-  if (fs::exists(out) && !fs::is_empty(out))
-    AERIE_LOG(info) << "export: replacing the earlier export in " << out.string();
-  if (fs::exists(out)) fs::rename(out, old);
+  if (fs::exists(out)) {
+    if (!fs::is_empty(out)) AERIE_LOG(info) << "export: replacing the earlier export in " << out.string();
+    fs::rename(out, old);
+  }
   fs::rename(tmp, out);
   fs::remove_all(old);
 }

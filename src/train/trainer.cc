@@ -82,7 +82,8 @@ std::vector<std::string> TrainOptions::adopt_checkpoint_defaults(const nlohmann:
     draft_norm_before_residual = theirs;
   }
   if (!adam_beta2_given) {
-    const double theirs = c.contains("adam_beta2") && c["adam_beta2"].is_number() ? c["adam_beta2"].get<double>() : 0.95;
+    const double theirs =
+        c.contains("adam_beta2") && c["adam_beta2"].is_number() ? c["adam_beta2"].get<double>() : kAdamBeta2Unrecorded;
     if (theirs != adam_beta2) {
       std::ostringstream line;
       line << "AdamW beta2 " << theirs << " as the checkpoint was trained (--adam-beta2 not given)";
@@ -113,7 +114,9 @@ void TrainOptions::check_resumable(const nlohmann::json& c) const {
                                                              : "streams from --prepared " + prepared_path)
                   << ": a run resumes in the mode it started in; rerun it that way or use another --output");
   // The recipe (checkpoints older than these options have none: aerie's defaults then, beta2 0.95).
-  const nlohmann::json recipe_defaults = {{"adam_beta1", 0.9}, {"adam_beta2", 0.95}, {"lm_head_init", "target"},
+  const nlohmann::json recipe_defaults = {{"adam_beta1", 0.9},
+                                          {"adam_beta2", kAdamBeta2Unrecorded},
+                                          {"lm_head_init", "target"},
                                           {"loss_normalization", "valid"}};
   for (const auto& [key, dflt] : recipe_defaults.items()) {
     const nlohmann::json theirs = c.contains(key) ? c[key] : dflt;

@@ -38,6 +38,8 @@ struct TrainOptions {
   /// "valid" (each TTT step's loss over its trained rows, eagle3.md section 4) or "all" (over all rows of
   /// the global batch, sum of the sample lengths: SpecForge's mean over the [B, T] positions).
   double adam_beta1 = 0.9, adam_beta2 = 0.999;
+  /// The beta2 of a checkpoint without the key (the default before 2026-12-03).
+  static constexpr double kAdamBeta2Unrecorded = 0.95;
   bool adam_beta2_given = false;  // set on the command line or in a config (jobs/train.cc)
   std::string lm_head_init = "target", loss_normalization = "valid";
   /// The aux layers the run expects (`train --aux-layers`; empty: any). Streaming computes these; offline
@@ -138,6 +140,8 @@ DType resolve_compute_dtype(const std::string& precision, Device device);
 /// The parts of a step's recipe that train_step takes (TrainOptions' adam_beta1/2, loss_normalization).
 struct StepRecipe {
   double adam_beta1 = 0.9, adam_beta2 = 0.999;
+  /// The beta2 of a checkpoint without the key (the default before 2026-12-03).
+  static constexpr double kAdamBeta2Unrecorded = 0.95;
   bool normalize_by_all_rows = false;  // loss_normalization "all"
 };
 
