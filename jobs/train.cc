@@ -183,8 +183,8 @@ int train(const std::vector<std::string>& args) {
       "streaming, MoE targets: split the routed experts over the --tp ranks by expert (as extract's)")(
       "adam-beta1", po::value<double>(&o.adam_beta1)->default_value(0.9, "0.9"), "AdamW beta1")(
       "adam-beta2", po::value<double>(&o.adam_beta2)->default_value(0.999, "0.999"),
-      "AdamW beta2 (torch's default and SpecForge's; 0.95 before 2026-12-03, docs/design.md: a resumed run "
-      "keeps its checkpoint's beta2 unless this is given)")(
+      "AdamW beta2 (torch's default and SpecForge's; 0.95 before 2026-12-03, docs/design.md). Not given, a "
+      "resumed run takes its checkpoint's beta2; given and different from it, the resume is refused)")(
       "lm-head-init", po::value<std::string>(&o.lm_head_init)->default_value("target"),
       "the draft's lm_head at step 0: target (the target's rows of the draft vocabulary) or random (nn.Linear's "
       "init, as SpecForge)")(
