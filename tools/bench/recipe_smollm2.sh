@@ -14,6 +14,12 @@
 #   nbr      --draft-norm-before-residual (today's default)   nout    --draft-norm-output
 #   both     nbr + nout                                        nbfc    --draft-norm-before-fc
 #   win512   --draft-sliding-window 512                        nbrwin  nbr + win512
+# and SpecForge's own trainer on the same shards (issue 15 item 4; torch and the specforge 0.2.0 wheel must
+# import, see tools/bench/specforge_train.py):
+#   specforge  tools/bench/specforge_train.py with train.ini's hyperparameters (400 steps of 16, lr 5e-4,
+#              warmup 0.015, clipping 0.5, 7 TTT steps), flex_attention, the held-out split of an aerie run
+#              of this OUT_DIR (so list an aerie variant before it, e.g. VARIANTS="default specforge"); then
+#              the same eval as every other variant
 # LONG_PROMPTS=1 also evaluates each draft on 16 prompts longer than any training sample
 # (tools/bench/long_prompts.py: Spec-Bench summarization articles joined five at a time, 3,839 tokens on
 # average against training samples of 367 on average, 2,048 at most) into RUN.long.json.
@@ -43,14 +49,23 @@ long="$W/long_prompts.jsonl"
 [ "${LONG_PROMPTS:-0}" = 0 ] || [ -f "$long" ] || python3 "$root/tools/bench/long_prompts.py" \
   "$D/spec-bench/question.jsonl" "$long" || exit 1
 for s in ${SEEDS:-0 1}; do for v in ${VARIANTS:-base beta2 lmrand lossall}; do
-  r="$W/${v}_s$s"
-  # shellcheck disable=SC2086
-  mpirun -np 1 "$A" train --config "$C/train.ini" --vocab "$W/vocab.safetensors" --steps 400 --device cuda \
-    --model "$M" --shards "$W/shards" --output "$r" --seed "$s" ${opt[$v]} >"$r.log" 2>&1 || { tail -5 "$r.log"; continue; }
-  mpirun -np 1 "$A" export --checkpoint "$r" --model "$M" --output "$r.export" >/dev/null 2>&1
+  r="$W/${v}_s$s" split="$W/${v}_s$s/data_split.json"
+  if [ "$v" = specforge ]; then  # SpecForge's trainer writes an export folder itself
+    split="$(ls "$W"/*_s*/data_split.json 2>/dev/null | head -1)"
+    [ -n "$split" ] || { echo "recipe_smollm2: specforge needs an aerie run's data_split.json in $W (list an aerie variant first)" >&2; continue; }
+    python3 "$root/tools/bench/specforge_train.py" --shards "$W/shards" --target "$M" --vocab "$W/vocab.safetensors" \
+      --data-split "$split" --output "$r.export" --steps 400 --batch-size 16 --accumulation 1 --lr 5e-4 \
+      --warmup-ratio 0.015 --max-grad-norm 0.5 --ttt-steps 7 --seed "$s" --attention flex_attention >"$r.log" 2>&1 \
+      || { tail -5 "$r.log"; continue; }
+  else
+    # shellcheck disable=SC2086
+    mpirun -np 1 "$A" train --config "$C/train.ini" --vocab "$W/vocab.safetensors" --steps 400 --device cuda \
+      --model "$M" --shards "$W/shards" --output "$r" --seed "$s" ${opt[$v]} >"$r.log" 2>&1 || { tail -5 "$r.log"; continue; }
+    mpirun -np 1 "$A" export --checkpoint "$r" --model "$M" --output "$r.export" >/dev/null 2>&1
+  fi
   mpirun -np 1 "$A" eval --model "$M" --draft "$r.export" --prompts "$D/mt-bench/question.jsonl" \
     --num-prompts "${EVAL_PROMPTS:-20}" --chat-template smollm2 --max-new-tokens 256 --num-draft-tokens 5 \
-    --ttt-steps 7 --dtype f32 --device cuda --shards "$W/shards" --data-split "$r/data_split.json" \
+    --ttt-steps 7 --dtype f32 --device cuda --shards "$W/shards" --data-split "$split" \
     --output "$r.eval.json" >"$r.evlog" 2>&1 || { tail -5 "$r.evlog"; continue; }
   python3 -c "import json,sys; e=json.load(open(sys.argv[1])); print(sys.argv[2], 'seed', sys.argv[3], 'acceptance', round(e['acceptance_length'],4), 'tau_sim', round(e['tau_sim'],4), 'lossless', e['lossless'])" \
     "$r.eval.json" "$v" "$s"
