@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <iomanip>
 #include <map>
@@ -281,6 +282,31 @@ void check_resume_provenance(const nlohmann::json& was, const std::string& check
   }
 }
 
+// Runs `checks` (the checks of a fresh start or resume) on every rank of dp. Each rank checks the same
+// checkpoint, options and files, so a refusal is the same on every rank. With `whole_job` (an offline run:
+// dp is every rank of the job) the ranks agree on it (one all-reduce) and each throws aerie::CollectiveError,
+// so main() ends the job with status 1 and the message once, without MPI_Abort's banner on every rank; a rank
+// that passed while another refused says so. In a streaming run the target's ranks wait outside dp for the
+// plan, so the error stays an aerie::Error (main() aborts the job, which releases them). Errors other than
+// aerie::Error propagate unchanged.
+void agree_on_refusal(Communicator& dp, bool whole_job, const std::function<void()>& checks) {
+  if (!whole_job) {
+    checks();
+    return;
+  }
+  std::string refusal;
+  try {
+    checks();
+  } catch (const Error& e) {
+    refusal = e.what();
+    if (refusal.empty()) refusal = "refused";
+  }
+  Tensor flag = Tensor::from_vector<float>({refusal.empty() ? 0.0f : 1.0f}, {1});
+  dp.all_reduce_max(flag);
+  if (flag.data<float>()[0] == 0.0f) return;
+  throw CollectiveError(refusal.empty() ? "train: another rank refused the run (rank 0's log says why)" : refusal);
+}
+
 // The shards must be the ones the checkpoint was trained on (names and sample counts; the folder may move).
 // Streaming: the prepared file may also be renamed (its fingerprint is checked by the provenance).
 void check_same_shards(const ShardSet& now, const DataSplit& was, bool streamed) {
@@ -383,58 +409,63 @@ TrainResult run_training(const TrainOptions& given_opts, Communicator& dp, Strea
   Checkpoint ck;
   std::string vocab_file;
   const auto latest = latest_checkpoint(opts.output_dir);
-  if (latest) {
-    if (rank == 0) AERIE_LOG(info) << "train: resuming from " << *latest;
-    ck = load_checkpoint(*latest);
-    // The options whose default changed keep the checkpoint's setting unless given: a requeued job resumes
-    // as it started without naming them.
-    for (const std::string& line : opts.adopt_checkpoint_defaults(ck.train_options))
-      if (rank == 0) AERIE_LOG(info) << "train: " << line;
-    opts.check_resumable(ck.train_options);
-    check_resume_provenance(ck.provenance, *latest, opts, model_fp, shards, rank);
-    check_same_shards(shards, ck.state.split, stream != nullptr);
-    AERIE_CHECK(ck.config.aux_layers == shards.aux_layers,
-                "resume: the checkpoint's draft reads aux layers " << nlohmann::json(ck.config.aux_layers).dump() << ", "
-                    << (stream != nullptr ? "--aux-layers gives " : "the shards hold ")
-                    << nlohmann::json(shards.aux_layers).dump()
-                    << (stream != nullptr ? ": rerun with --aux-layers of the checkpoint, or use another --output"
-                                          : ": rerun with the shards it was trained on, or use another --output"));
-    ck.state.split.shards = shards.paths;
-    vocab_file = *latest + "/draft_vocab.safetensors";
-    if (!opts.vocab_path.empty() && fs::exists(opts.vocab_path)) {
-      DraftVocab given = load_draft_vocab(opts.vocab_path);
-      if ((given.d2t != ck.vocab.d2t || given.t2d != ck.vocab.t2d) && rank == 0)
-        AERIE_LOG(warning) << "train: " << opts.vocab_path << " differs from the checkpoint's draft vocabulary; "
-                           << "the checkpoint's is kept (it belongs to the draft)";
+  const bool whole_job = stream == nullptr;  // offline: dp is every rank of the job
+  agree_on_refusal(dp, whole_job, [&] {
+    if (latest) {
+      if (rank == 0) AERIE_LOG(info) << "train: resuming from " << *latest;
+      ck = load_checkpoint(*latest);
+      // The options whose default changed keep the checkpoint's setting unless given: a requeued job resumes
+      // as it started without naming them.
+      for (const std::string& line : opts.adopt_checkpoint_defaults(ck.train_options))
+        if (rank == 0) AERIE_LOG(info) << "train: " << line;
+      opts.check_resumable(ck.train_options);
+      check_resume_provenance(ck.provenance, *latest, opts, model_fp, shards, rank);
+      check_same_shards(shards, ck.state.split, stream != nullptr);
+      AERIE_CHECK(ck.config.aux_layers == shards.aux_layers,
+                  "resume: the checkpoint's draft reads aux layers " << nlohmann::json(ck.config.aux_layers).dump() << ", "
+                      << (stream != nullptr ? "--aux-layers gives " : "the shards hold ")
+                      << nlohmann::json(shards.aux_layers).dump()
+                      << (stream != nullptr ? ": rerun with --aux-layers of the checkpoint, or use another --output"
+                                            : ": rerun with the shards it was trained on, or use another --output"));
+      ck.state.split.shards = shards.paths;
+      vocab_file = *latest + "/draft_vocab.safetensors";
+      if (!opts.vocab_path.empty() && fs::exists(opts.vocab_path)) {
+        DraftVocab given = load_draft_vocab(opts.vocab_path);
+        if ((given.d2t != ck.vocab.d2t || given.t2d != ck.vocab.t2d) && rank == 0)
+          AERIE_LOG(warning) << "train: " << opts.vocab_path << " differs from the checkpoint's draft vocabulary; "
+                             << "the checkpoint's is kept (it belongs to the draft)";
+      }
+      AERIE_CHECK(ck.config.vocab_size == target.vocab_size && ck.config.hidden_size == target.hidden_size,
+                  "resume: the checkpoint's draft (V " << ck.config.vocab_size << ", H " << ck.config.hidden_size
+                                                      << ") does not fit the target in " << opts.model_dir);
+    } else {
+      AERIE_CHECK(!opts.vocab_path.empty(), "train: --vocab is required for a fresh run");
+      vocab_file = opts.vocab_path;
+      ck.vocab = load_draft_vocab(vocab_file);
+      AERIE_CHECK(ck.vocab.vocab_size() == target.vocab_size,
+                  vocab_file << ": t2d has V = " << ck.vocab.vocab_size() << ", the target's V is " << target.vocab_size);
+      ck.config = opts.apply_draft_shape(DraftConfig::from_target(target, ck.vocab.draft_vocab_size(), shards.aux_layers,
+                                                                   opts.draft_attention == "mla"));
+      // Initialised on the host (the checkpoint's copy); the device copy is made below.
+      const Tensor lm_host = head.lm_head.device() == Device::CPU ? head.lm_head : head.lm_head.to_device(Device::CPU);
+      ck.weights = init_draft_weights(ck.config, lm_host, ck.vocab.selected(), opts.seed, opts.lm_head_init == "random");
+      ck.adam_m = DraftWeights::zeros(ck.config);
+      ck.adam_v = DraftWeights::zeros(ck.config);
+      ck.state.split = make_data_split(shards.paths, shards.sizes, opts.eval_fraction);
+      ck.state.seed = opts.seed;
+      ck.state.batch_size = opts.batch_size;
     }
-    AERIE_CHECK(ck.config.vocab_size == target.vocab_size && ck.config.hidden_size == target.hidden_size,
-                "resume: the checkpoint's draft (V " << ck.config.vocab_size << ", H " << ck.config.hidden_size
-                                                    << ") does not fit the target in " << opts.model_dir);
-  } else {
-    AERIE_CHECK(!opts.vocab_path.empty(), "train: --vocab is required for a fresh run");
-    vocab_file = opts.vocab_path;
-    ck.vocab = load_draft_vocab(vocab_file);
-    AERIE_CHECK(ck.vocab.vocab_size() == target.vocab_size,
-                vocab_file << ": t2d has V = " << ck.vocab.vocab_size() << ", the target's V is " << target.vocab_size);
-    ck.config = opts.apply_draft_shape(DraftConfig::from_target(target, ck.vocab.draft_vocab_size(), shards.aux_layers,
-                                                                 opts.draft_attention == "mla"));
-    // Initialised on the host (the checkpoint's copy); the device copy is made below.
-    const Tensor lm_host = head.lm_head.device() == Device::CPU ? head.lm_head : head.lm_head.to_device(Device::CPU);
-    ck.weights = init_draft_weights(ck.config, lm_host, ck.vocab.selected(), opts.seed, opts.lm_head_init == "random");
-    ck.adam_m = DraftWeights::zeros(ck.config);
-    ck.adam_v = DraftWeights::zeros(ck.config);
-    ck.state.split = make_data_split(shards.paths, shards.sizes, opts.eval_fraction);
-    ck.state.seed = opts.seed;
-    ck.state.batch_size = opts.batch_size;
-  }
+  });
   ck.train_options = opts.to_json();
   ck.provenance = make_provenance(opts, model_fp, target, shards, vocab_file);
   TrainState& st = ck.state;
   BatchOrder order(st.split, opts.batch_size, opts.seed);
   st.steps_per_epoch = order.steps_per_epoch();
   const int64_t total = opts.steps > 0 ? opts.steps : std::max<int64_t>(1, opts.epochs) * order.steps_per_epoch();
-  AERIE_CHECK(!latest || st.total_steps == total,
-              "resume: " << total << " total steps now, the checkpoint planned " << st.total_steps);
+  agree_on_refusal(dp, whole_job, [&] {
+    AERIE_CHECK(!latest || st.total_steps == total,
+                "resume: " << total << " total steps now, the checkpoint planned " << st.total_steps);
+  });
   st.total_steps = total;
   const LrSchedule sched = LrSchedule::make(opts.lr, total, opts.warmup_ratio);
   const std::string metrics_path = opts.output_dir + "/metrics.jsonl";

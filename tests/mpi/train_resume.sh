@@ -4,7 +4,8 @@
 # optimizer state) bitwise equal to an uninterrupted run's; the draft vocabulary of every checkpoint is
 # the file the run started with.
 # Then a checkpoint of 2 ranks resumes on 1 rank (the state is global) and keeps its vocabulary even when
-# --vocab names another file; the result exports.
+# --vocab names another file; a refused resume on 2 ranks ends cleanly (status 1, no MPI_ABORT); the result
+# exports.
 # usage: train_resume.sh AERIE_BINARY MODEL_DIR STORIES_TXT WORK_DIR
 set -euo pipefail
 source "$(dirname "$0")/stop_lib.sh"
@@ -88,6 +89,19 @@ cmp "$work/vocab.safetensors" "$work/c/checkpoints/$final/draft_vocab.safetensor
   || fail "resume with another --vocab changed the draft vocabulary"
 [ ! -d "$work/c/checkpoints/step-00000008" ] || fail "--keep-checkpoints 1 kept the checkpoint resumed from"
 
+# E: a refused resume on 2 ranks ends the job cleanly: status 1, the reason logged once (rank 0), no
+# MPI_ABORT banner (every rank checks the same checkpoint and they agree on the refusal).
+refusal="$work/refused.log"
+set +e
+# shellcheck disable=SC2046
+mpirun --oversubscribe -np 2 "$aerie" $(train_args "$work/a") --adam-beta2 0.95 >"$refusal" 2>&1
+rc=$?
+set -e
+[ "$rc" = 1 ] || { cat "$refusal"; fail "a refused resume on 2 ranks exited $rc, not 1"; }
+[ "$(grep -c "resume: --adam-beta2 is 0.95 but the checkpoint was trained with 0.999" "$refusal")" = 1 ] \
+  || { cat "$refusal"; fail "the refusal is not logged exactly once"; }
+if grep -q "MPI_ABORT" "$refusal"; then cat "$refusal"; fail "a refused resume aborted the job (MPI_ABORT)"; fi
+
 run 1 export --checkpoint "$work/crash" --model "$model" --output "$work/export" || fail "export"
 [ -f "$work/export/config.json" ] && [ -f "$work/export/model.safetensors" ] || fail "export files missing"
-echo "PASS: runs resumed after a crash and after SIGTERM bitwise equal to the uninterrupted one; vocabulary kept; resume on 1 rank; export"
+echo "PASS: runs resumed after a crash and after SIGTERM bitwise equal to the uninterrupted one; vocabulary kept; resume on 1 rank; a refused resume ends cleanly; export"
