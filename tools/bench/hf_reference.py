@@ -126,7 +126,7 @@ def bench_train(a):
     dev = "cuda"
     m = Draft(a.draft_vocab).to(dev, torch.bfloat16)
     emb = torch.randn(VOCAB, H, device=dev, dtype=torch.bfloat16) * 0.02
-    opt = torch.optim.AdamW(m.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.0)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-4, betas=(0.9, 0.999), weight_decay=0.0)
     T, S = a.seq, a.ttt_steps
     feats = torch.randn(T, 3 * H, device=dev, dtype=torch.bfloat16)
     tokens = torch.randint(0, VOCAB, (T,), device=dev)
