@@ -363,8 +363,55 @@ TEST(AttentionCudaPerf, ReportsThroughput) {
   }
 }
 
+// The other head dims of the wgmma forward against the mma.sync kernel, printed for the record (asserts only
+// that both agree, within bf16's rounding of the outputs): d 64 (32 / 8 heads, a Llama-3.2-1B-like layer)
+// and MLA's 192 / 128 (16 heads, the MLA draft's TTT and a DeepSeek-V3 tp 8 prefill), T 2048 and 8192.
+// FLOPs count the causal half: 2 T^2 / 2 nh (d + dv).
+TEST(AttentionCudaPerf, ReportsForwardHeadDims) {
+  AERIE_REQUIRE_CUDA();
+  struct C {
+    int64_t nh, nkv, d, dv;
+  };
+  auto time_ms = [](const std::function<void()>& f) {
+    f();  // warm-up
+    cuda::synchronize();
+    const int reps = 5;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < reps; ++i) f();
+    cuda::synchronize();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / reps;
+  };
+  for (const C& c : {C{32, 8, 64, 64}, C{16, 16, 192, 128}})
+    for (const int64_t t : {int64_t{2048}, int64_t{8192}}) {
+      const float scale = 1.0f / std::sqrt(float(c.d));
+      auto gpu_rand = [](const Shape& s, uint32_t seed) {
+        return random_tensor(s, seed).to(DType::BF16).to_device(Device::CUDA);
+      };
+      const Tensor q = gpu_rand({t, c.nh, c.d}, 1), k = gpu_rand({t, c.nkv, c.d}, 2), v = gpu_rand({t, c.nkv, c.dv}, 3);
+      Tensor out[2] = {Tensor::empty({t, c.nh, c.dv}, DType::BF16, Device::CUDA),
+                       Tensor::empty({t, c.nh, c.dv}, DType::BF16, Device::CUDA)};
+      Tensor lse[2] = {Tensor::empty({t, c.nh}, DType::F32, Device::CUDA),
+                       Tensor::empty({t, c.nh}, DType::F32, Device::CUDA)};
+      double ms[2];
+      for (int i = 0; i < 2; ++i) {
+        setenv("AERIE_ATTENTION_FORWARD_KERNEL", i == 0 ? "wgmma" : "mma", 1);
+        ms[i] = time_ms([&] { attention_forward(q, k, v, 0, scale, out[i], &lse[i]); });
+        unsetenv("AERIE_ATTENTION_FORWARD_KERNEL");
+      }
+      const double flop = 2.0 * double(t) * double(t) / 2.0 * double(c.nh) * double(c.d + c.dv);
+      std::printf("[ perf ] attention forward T=%lld nh=%lld nkv=%lld d=%lld dv=%lld bf16: wgmma %.3f ms (%.1f "
+                  "TFLOP/s), mma %.3f ms (%.1f TFLOP/s)\n",
+                  (long long)t, (long long)c.nh, (long long)c.nkv, (long long)c.d, (long long)c.dv, ms[0],
+                  flop / ms[0] * 1e-9, ms[1], flop / ms[1] * 1e-9);
+      // Both kernels round the same fp32 softmax to bf16 outputs: they differ by a few bf16 ulps at most.
+      testing::expect_close(out[0].to_float_vector(), out[1].to_float_vector(), 2e-2, 2e-2, "wgmma vs mma out");
+      testing::expect_close(lse[0].to_float_vector(), lse[1].to_float_vector(), 1e-4, 1e-4, "wgmma vs mma lse");
+    }
+}
+
 // MLA's prefill shapes (query/key head 192, value head 128) on the GPU against the CPU: the tensor-core
-// kernel (BF16 prefill, chunked after a cache, 128 heads of 600 rows), the SIMT kernel (F32) and the key
+// kernels, mma.sync (the automatic choice at these lengths) and wgmma (forced) (BF16 prefill, chunked after a
+// cache, 16 heads of 600 rows), the SIMT kernel (F32) and the key
 // splits with their merge (one row against 1000 keys), plain and varlen.
 TEST(AttentionCudaValueHead, MlaShapesMatchCpu) {
   AERIE_REQUIRE_CUDA();
@@ -382,12 +429,18 @@ TEST(AttentionCudaValueHead, MlaShapesMatchCpu) {
     const Tensor v = rounded(random_tensor({c.tk, c.nh, dv}, 3), c.dt);
     Tensor out = Tensor::empty({c.tq, c.nh, dv}, DType::F32), lse = Tensor::empty({c.tq, c.nh}, DType::F32);
     attention_forward(q, k, v, c.off, scale, out, &lse);
-    Tensor gout = Tensor::empty({c.tq, c.nh, dv}, c.dt, Device::CUDA);
-    Tensor glse = Tensor::empty({c.tq, c.nh}, DType::F32, Device::CUDA);
-    attention_forward(on_gpu(q, c.dt), on_gpu(k, c.dt), on_gpu(v, c.dt), c.off, scale, gout, &glse);
-    testing::expect_close(gout.to_float_vector(), rounded(out, c.dt).to_float_vector(), atol_of(c.dt, false),
-                          rtol_of(c.dt, false), "out");
-    testing::expect_close(finite(glse.to_float_vector()), finite(lse.to_float_vector()), kF32Atol, kF32Rtol, "lse");
+    // The automatic choice (mma.sync below 4096 keys at this head dim), then the wgmma kernel forced.
+    for (const char* kernel : {"", "wgmma"}) {
+      SCOPED_TRACE(*kernel ? kernel : "auto");
+      if (*kernel) setenv("AERIE_ATTENTION_FORWARD_KERNEL", kernel, 1);
+      Tensor gout = Tensor::empty({c.tq, c.nh, dv}, c.dt, Device::CUDA);
+      Tensor glse = Tensor::empty({c.tq, c.nh}, DType::F32, Device::CUDA);
+      attention_forward(on_gpu(q, c.dt), on_gpu(k, c.dt), on_gpu(v, c.dt), c.off, scale, gout, &glse);
+      unsetenv("AERIE_ATTENTION_FORWARD_KERNEL");
+      testing::expect_close(gout.to_float_vector(), rounded(out, c.dt).to_float_vector(), atol_of(c.dt, false),
+                            rtol_of(c.dt, false), "out");
+      testing::expect_close(finite(glse.to_float_vector()), finite(lse.to_float_vector()), kF32Atol, kF32Rtol, "lse");
+    }
     if (c.off != 0 || c.tq != c.tk) continue;
     const Tensor cu = Tensor::from_vector<int32_t>({0, static_cast<int32_t>(c.tq / 3), static_cast<int32_t>(c.tq)}, {3});
     Tensor vout = Tensor::empty({c.tq, c.nh, dv}, DType::F32);

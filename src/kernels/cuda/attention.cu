@@ -1,8 +1,9 @@
 // CUDA causal GQA attention forward (contracts in kernels/attention.h; launch shapes in cuda/attention.h).
 // Flash-style SIMT kernel with fp32 arithmetic and accumulation, after Dao et al. 2022/2023
 // (FlashAttention, FlashAttention-2): no Tq x Tk matrix in memory. BF16 prefill-sized work with head dim
-// 64 or 128 goes to the tensor-core kernel of attention_tc.cu instead, on an sm_90a GPU with head dim
-// 128 to the wgmma kernel of attention_wgmma.cu (AERIE_ATTENTION_FORWARD_KERNEL=mma keeps attention_tc.cu's).
+// 64, 128 or 192 goes to the tensor-core kernel of attention_tc.cu instead, on an sm_90a GPU with head dims
+// 64, 128 or MLA's 192 / 128 to the wgmma kernel of attention_wgmma.cu (AERIE_ATTENTION_FORWARD_KERNEL=mma
+// keeps attention_tc.cu's).
 //
 // Rows of a block: the query rows of ONE kv head g are packed as R = i * group + (h - g * group), so a
 // block's rows share the key/value tiles of their kv head (decoding with GQA fills a block from one
@@ -187,13 +188,21 @@ struct Forward {
       constexpr int TD = DP == 256 ? 192 : DP;
       auto aligned = [](const void* ptr, uintptr_t a) { return reinterpret_cast<uintptr_t>(ptr) % a == 0; };
       const bool ok = p.d == TD && aligned(p.q, 16) && aligned(p.k, 16) && aligned(p.v, 16) && aligned(p.out, 4);
+      // The wgmma kernel (head dims 64, 128 and MLA's 192 / 128); its grid holds the tiles in y (at most
+      // 65535 of 128 rows). At 192 / 128 it pays only with many keys per block: measured on an H200 (16
+      // heads, causal; docs/performance.md) 0.194 against the mma.sync kernel's 0.175 ms at T 2048, 1.28
+      // against 1.79 ms at T 8192 (its blocks of 128 rows hold 173 KB of shared memory, one per SM, and a
+      // short key range does not repay loading the 48 KB of Q). The crossover between the two was not
+      // measured: 4096 keys is the midpoint in log scale. AERIE_ATTENTION_FORWARD_KERNEL=wgmma takes it anyway.
+      constexpr int WDV = TD == 192 ? 128 : TD;
+      const bool wgmma_pays = TD != 192 || p.tk >= 4096 || wgmma_forced("AERIE_ATTENTION_FORWARD_KERNEL");
+      if (ok && p.dv == WDV && wgmma_pays && (p.tq * p.group) / (2 * kTcBlockRows) + p.nseq < 65535 &&
+          wgmma_chosen("AERIE_ATTENTION_FORWARD_KERNEL")) {
+        plan_and_launch(2 * kTcBlockRows,
+                        [&](int64_t tiles, int64_t splits) { launch_fwd_wgmma<TD, WDV>(p, tiles, splits); });
+        return;
+      }
       if (ok && p.dv == TD) {
-        // The wgmma kernel's grid holds the tiles in y (at most 65535 of 128 rows).
-        if (TD == 128 && (p.tq * p.group) / (2 * kTcBlockRows) + p.nseq < 65535 &&
-            wgmma_chosen("AERIE_ATTENTION_FORWARD_KERNEL")) {
-          plan_and_launch(2 * kTcBlockRows, [&](int64_t tiles, int64_t splits) { launch_fwd_wgmma(p, tiles, splits); });
-          return;
-        }
         plan_and_launch(kTcBlockRows, [&](int64_t tiles, int64_t splits) { launch_fwd_tc<TD>(p, tiles, splits); });
         return;
       }

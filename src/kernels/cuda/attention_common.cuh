@@ -26,14 +26,21 @@ __device__ __forceinline__ float dot4(const float* a, const float* b) {
   return x.x * y.x + x.y * y.y + x.z * y.z + x.w * y.w;
 }
 
-/// Whether an attention op at head dim 128 takes its wgmma kernel (attention_wgmma.cu): an sm_90a GPU,
-/// unless the environment variable `env` says "mma" ("wgmma" or unset: auto). Read at every call (tests
-/// switch it). Throws aerie::Error naming `env` for any other value.
+/// Whether an attention op takes its wgmma kernel (attention_wgmma.cu): an sm_90a GPU, unless the
+/// environment variable `env` says "mma" ("wgmma" or unset: auto). Read at every call (tests switch it).
+/// Throws aerie::Error naming `env` for any other value.
 inline bool wgmma_chosen(const char* env) {
   const char* v = std::getenv(env);
   const std::string k = v ? v : "";
   AERIE_CHECK(k.empty() || k == "wgmma" || k == "mma", env << " must be wgmma or mma, got '" << k << "'");
   return k != "mma" && wgmma_device();
+}
+
+/// Whether `env` says "wgmma" explicitly: the wgmma kernel also where the automatic choice would not take it
+/// (the forward at head dim 192 / 128 with few keys), for tests and benchmarks.
+inline bool wgmma_forced(const char* env) {
+  const char* v = std::getenv(env);
+  return v != nullptr && std::string(v) == "wgmma";
 }
 
 inline int sm_count() {
@@ -197,8 +204,10 @@ template <int DP>
 void launch_bwd_dq_tc(const BwdParams& p);
 template <int DP, typename G>
 void launch_bwd_dkdv_tc(const BwdParams& p);
-/// The forward with wgmma (attention_wgmma.cu: sm_90a, head dims d == dv == 128, bf16, 16-byte aligned;
-/// grid nkv x tiles x splits with tiles of 128 packed rows; the same contract as launch_fwd_tc).
+/// The forward with wgmma (attention_wgmma.cu: sm_90a, query/key head D and value head DV exactly (64, 64),
+/// (128, 128) or MLA's (192, 128), bf16, 16-byte aligned; grid nkv x tiles x splits with tiles of 128 packed
+/// rows; the same contract as launch_fwd_tc).
+template <int D, int DV>
 void launch_fwd_wgmma(const FwdParams& p, int64_t tiles, int64_t splits);
 /// Both backward passes with wgmma (attention_wgmma.cu: sm_90a, head dim exactly 128, the same
 /// inputs and outputs as the two tensor-core passes above).

@@ -1,5 +1,5 @@
-// wgmma (sm_90a) kernels of the causal GQA attention, head dim exactly 128, bf16 q/k/v (and dout): the
-// forward of attention_tc.cu and the two backward passes of attention_backward_tc.cu (dq per tile of
+// wgmma (sm_90a) kernels of the causal GQA attention, bf16 q/k/v (and dout): the forward of attention_tc.cu
+// (head dims 64, 128 and MLA's 192 / 128) and, at head dim exactly 128, the two backward passes of attention_backward_tc.cu (dq per tile of
 // packed query rows; dk/dv per tile of keys, no atomics) with warpgroup MMAs instead of mma.sync, the
 // same contracts, row packing (R = i * group + head in group), masks, key splits / varlen (forward)
 // and treatment of rows without keys. The math is FlashAttention-2's (Dao 2023): the forward's online
@@ -517,21 +517,85 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_wgmma_kernel(BwdPar
 #endif
 }
 
-/// Shared memory of the forward: Q [128][128], kSlots slots of (K, V) [64][128] tiles, mbarriers.
-using FwdLayout = DqLayout;
+/// Shared memory of the forward for query/key head D and value head DV: Q [128][D], kSlots slots of K
+/// [64][D] and V [64][DV] tiles (each 64-column half a [rows][128 bytes] block, wswz), mbarriers.
+template <int D, int DV>
+struct FwdLayout {
+  static constexpr uint32_t q = 0, k0 = kBlock * D * 2, kbytes = kN * D * 2, vbytes = kN * DV * 2;
+  static constexpr uint32_t k(int s) { return k0 + s * (kbytes + vbytes); }
+  static constexpr uint32_t v(int s) { return k(s) + kbytes; }
+  static constexpr uint32_t bar = k0 + kSlots * (kbytes + vbytes);
+  static constexpr uint32_t qo_full = bar, full0 = bar + 8, empty0 = bar + 8 + 8 * kSlots;
+  static constexpr uint32_t bytes = bar + 8 + 16 * kSlots;
+};
+
+#ifndef AERIE_NO_WGMMA
+/// Issues acc (64 x 64) = A B^T over a head dim of D: A = rows a_row0 .. + 63 of the [RA][D] tile at a, B =
+/// the [64][D] tile at b, both K-major (D / 64 halves). Not committed. (issue_dot is the D = 128 case.)
+template <int RA, int D>
+__device__ __forceinline__ void issue_dot_d(float (&acc)[32], uint32_t a, int a_row0, uint32_t b) {
+  wgmma_fence();
+  fence_regs(acc);
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) {
+    const uint32_t half = ks >> 2, kb = (ks & 3) * 32;
+    const uint64_t da = wgmma_desc(a + half * (RA * 128) + a_row0 * 128 + kb), db = wgmma_desc(b + half * (64 * 128) + kb);
+    if (ks == 0)
+      wgmma_n64<true>(acc, da, db);  // overwrites acc: no zeroing (which would serialize the wgmma in flight)
+    else
+      wgmma_n64(acc, da, db);
+  }
+}
+
+template <int H>
+__device__ __forceinline__ void fence_acc_h(float (&d)[H][32]) {
+#pragma unroll
+  for (int h = 0; h < H; ++h) fence_regs(d[h]);
+}
+
+/// Issues acc (64 x 64 H, H 64-column halves) += F B: F the 64 x 64 bf16 A fragments (k = the 64 rows of
+/// the tile), B the [64][64 H] tile at b read MN-major. Not committed. (issue_frags_times_tile: H = 2.)
+template <int H>
+__device__ __forceinline__ void issue_frags_times_tile_h(float (&acc)[H][32], uint32_t (&f)[kN / 16][4], uint32_t b) {
+  wgmma_fence();
+  fence_acc_h(acc);
+  fence_frags(f);
+#pragma unroll
+  for (int kk = 0; kk < kN / 16; ++kk)
+#pragma unroll
+    for (int h = 0; h < H; ++h)
+      wgmma_rs::mma<64, 1>(acc[h], f[kk], wgmma_desc_mn(b + h * (64 * 128) + kk * 2048, 64 * 128));
+}
+
+/// The producer's copy (its 128 threads) of R rows of C 16-byte chunks each into the wswz tile at dst: row
+/// r from base + off(r), zeros where off(r) < 0 (base itself is then the address given, and nothing is read).
+template <int R, int C, typename Off>
+__device__ __forceinline__ void copy_rows(uint32_t dst, const bf16_t* base, int tid, const Off& off) {
+#pragma unroll 4
+  for (int idx = tid; idx < R * C; idx += 128) {
+    const int r = idx / C, c = idx % C;
+    const int64_t o = off(r);
+    cp_async16(dst + wswz<R>(r, c), base + (o >= 0 ? o + c * 8 : 0), o >= 0);
+  }
+}
+#endif  // AERIE_NO_WGMMA
 
 /// The forward (FlashAttention-2's Algorithm 1 with the online softmax of attention_tc.cu, whose
 /// contract, row packing, key splits and outputs it keeps) on wgmma, warp-specialized as the dq pass:
 /// a block of 2 consumer warpgroups x 64 packed query rows (Q resident), 64-key tiles of K and V
-/// streamed by the producer warpgroup. Per tile and warpgroup: S = Q K^T (SS), the online softmax in
-/// registers, O += P V (P from the accumulators as A registers, V read MN-major), left in flight
-/// until the next tile's S is done. Grid: kv heads x tiles x splits (x first: the longest tiles start
-/// first across heads).
+/// streamed by the producer warpgroup. Per tile and warpgroup: S = Q K^T (SS, D / 16 k steps), the online
+/// softmax in registers, O += P V (P from the accumulators as A registers, V read MN-major, DV / 64
+/// halves), left in flight until the next tile's S is done. Query/key head D (64, 128 or 192), value head
+/// DV (64 or 128; MLA: 192 / 128). Grid: kv heads x tiles x splits (x first: the longest tiles start first
+/// across heads).
+template <int D, int DV>
 __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_wgmma_kernel(FwdParams p) {
 #ifdef AERIE_NO_WGMMA
   __trap();  // not launched: the host takes the mma.sync kernel off sm_90
 #else
-  using L = FwdLayout;
+  static_assert(D % 64 == 0 && DV % 64 == 0 && D <= 192 && DV <= 128);
+  constexpr int H = DV / 64;
+  using L = FwdLayout<D, DV>;
   Seq sq;
   if (!find_seq<kBlock>(p, sq, blockIdx.y)) return;  // the whole block
   if (p.cu == nullptr) sq.tile = gridDim.y - 1 - blockIdx.y;  // one sequence: the last tiles have the most keys
@@ -553,28 +617,35 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_wgmma_kernel(FwdParams
   if (wgi == 0) {  // ---- producer ----
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
     const bf16_t* q = static_cast<const bf16_t*>(p.q);
-    const int c = tid & 15;
-#pragma unroll 4
-    for (int r = tid >> 4; r < kBlock; r += 8) {  // Q rows past the sequence are zeros
+    copy_rows<kBlock, D / 8>(base + L::q, q, tid, [&](int r) -> int64_t {  // Q rows past the sequence: zeros
       const int row = r0 + r, i = row / p.group;
       const int h = g * p.group + (row - i * p.group);
-      const bool ok = i < sq.tq;
-      const int64_t off = ok ? ((sq.row0 + i) * p.nh + h) * kD + c * 8 : 0;
-      cp_async16(base + L::q + wswz<kBlock>(r, c), q + off, ok);
-    }
+      return i < sq.tq ? ((sq.row0 + i) * p.nh + h) * D : -1;
+    });
     mbar_arrive_cp_async(base + L::qo_full);
     const bf16_t* k = static_cast<const bf16_t*>(p.k);
     const bf16_t* v = static_cast<const bf16_t*>(p.v);
     for (int t = 0; t < ntiles; ++t) {
       const int s = t % kSlots, j0 = kbeg + t * kN;
       if (t >= kSlots) mbar_wait(base + L::empty0 + 8 * s, ((t / kSlots) - 1) & 1);
+      if constexpr (D == DV) {  // K and V rows of one key together (one bounds check per row)
 #pragma unroll 4
-      for (int jj = tid >> 4; jj < kN; jj += 8) {  // keys past kend are zeros
-        const int j = j0 + jj;
-        const bool ok = j < kend;
-        const int64_t off = ok ? ((sq.row0 + j) * p.nkv + g) * kD + c * 8 : 0;
-        cp_async16(base + L::k(s) + wswz<kN>(jj, c), k + off, ok);
-        cp_async16(base + L::k(s) + wtile<kN>() + wswz<kN>(jj, c), v + off, ok);
+        for (int idx = tid; idx < kN * (D / 8); idx += 128) {  // keys past kend are zeros
+          const int jj = idx / (D / 8), c = idx % (D / 8), j = j0 + jj;
+          const bool ok = j < kend;
+          const int64_t off = ok ? ((sq.row0 + j) * p.nkv + g) * D + c * 8 : 0;
+          cp_async16(base + L::k(s) + wswz<kN>(jj, c), k + off, ok);
+          cp_async16(base + L::v(s) + wswz<kN>(jj, c), v + off, ok);
+        }
+      } else {
+        copy_rows<kN, D / 8>(base + L::k(s), k, tid, [&](int jj) -> int64_t {  // keys past kend are zeros
+          const int j = j0 + jj;
+          return j < kend ? ((sq.row0 + j) * p.nkv + g) * D : -1;
+        });
+        copy_rows<kN, DV / 8>(base + L::v(s), v, tid, [&](int jj) -> int64_t {
+          const int j = j0 + jj;
+          return j < kend ? ((sq.row0 + j) * p.nkv + g) * DV : -1;
+        });
       }
       mbar_arrive_cp_async(base + L::full0 + 8 * s);
     }
@@ -596,12 +667,12 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_wgmma_kernel(FwdParams
       first_key(min(sq.tq - 1, static_cast<int64_t>((r0 + wg * kM + kM - 1) / p.group)) + sq.q_offset, p.window));
   const float sl2 = p.scale * kLog2e;  // scores in base-2 units
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  float o[2][32];
+  float o[H][32];
 #pragma unroll
-  for (int h = 0; h < 2; ++h)
+  for (int h = 0; h < H; ++h)
 #pragma unroll
     for (int i = 0; i < 32; ++i) o[h][i] = 0.0f;
-  fence_acc(o);  // the zeros defined before the first wgmma is issued
+  fence_acc_h(o);  // the zeros defined before the first wgmma is issued
   float s[32];
   uint32_t f[kN / 16][4];
   mbar_wait(base + L::qo_full, 0);
@@ -610,12 +681,11 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_wgmma_kernel(FwdParams
     const int sl = t % kSlots, j0 = kbeg + t * kN;
     mbar_wait(base + L::full0 + 8 * sl, (t / kSlots) & 1);
     fence_proxy_async();
-    const uint32_t kb = base + L::k(sl), vb = kb + wtile<kN>();
-    issue_dot<kBlock>(s, base + L::q, wg * kM, kb);  // S = Q K^T
+    issue_dot_d<kBlock, D>(s, base + L::q, wg * kM, base + L::k(sl));  // S = Q K^T
     wgmma_commit();
     wgmma_wait<0>();  // S, and O += P V of tile t - 1
     fence_regs(s);
-    fence_acc(o);
+    fence_acc_h(o);
     fence_frags(f);
     if (t > 0 && lane == 0) mbar_arrive(base + L::empty0 + 8 * ((t - 1) % kSlots));
     // Online softmax. Element i: row quad + 8 ((i >> 1) & 1), key j0 + (i >> 2) * 8 + 2 tq4 + (i & 1).
@@ -654,14 +724,14 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_wgmma_kernel(FwdParams
     l[0] = l[0] * corr[0] + rs[0];
     l[1] = l[1] * corr[1] + rs[1];
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
+    for (int h = 0; h < H; ++h)
 #pragma unroll
       for (int i = 0; i < 32; ++i) o[h][i] *= corr[(i >> 1) & 1];
-    issue_frags_times_tile(o, f, vb);  // O += P V
+    issue_frags_times_tile_h<H>(o, f, base + L::v(sl));  // O += P V
     wgmma_commit();
   }
   wgmma_wait<0>();
-  fence_acc(o);
+  fence_acc_h(o);
   fence_frags(f);
 
   bf16_t* out = static_cast<bf16_t*>(p.out);
@@ -677,14 +747,19 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_wgmma_kernel(FwdParams
     if (p.part_out) {
       const int64_t prow = split * p.tq * p.nh + row;
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh)
+      for (int hh = 0; hh < H; ++hh)
 #pragma unroll
         for (int nb = 0; nb < 8; ++nb)
-          *reinterpret_cast<float2*>(p.part_out + prow * kD + hh * 64 + nb * 8 + 2 * tq4) =
+          *reinterpret_cast<float2*>(p.part_out + prow * DV + hh * 64 + nb * 8 + 2 * tq4) =
               make_float2(o[hh][nb * 4 + 2 * e] * inv, o[hh][nb * 4 + 2 * e + 1] * inv);
       if (tq4 == 0) p.part_lse[prow] = lse;
     } else {
-      store_row_bf16(out + row * kD, o, e, tq4, inv);
+#pragma unroll
+      for (int hh = 0; hh < H; ++hh)
+#pragma unroll
+        for (int nb = 0; nb < 8; ++nb)
+          *reinterpret_cast<uint32_t*>(out + row * DV + hh * 64 + nb * 8 + 2 * tq4) =
+              pack_bf16(o[hh][nb * 4 + 2 * e] * inv, o[hh][nb * 4 + 2 * e + 1] * inv);
       if (tq4 == 0 && p.lse) p.lse[row] = lse;
     }
   }
@@ -693,18 +768,23 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_wgmma_kernel(FwdParams
 
 }  // namespace
 
+template <int D, int DV>
 void launch_fwd_wgmma(const FwdParams& p, int64_t tiles, int64_t splits) {
   constexpr size_t kAlign = 1024;
   AERIE_CHECK(p.tq * p.group + kBlock < (int64_t{1} << 31) && p.tk + p.tq + std::abs(p.q_offset) + kBlock < (int64_t{1} << 31),
               "attention_forward (CUDA): " << p.tq << " rows x " << p.group << " heads per kv head, " << p.tk
                                            << " keys: beyond the 32-bit index range of the wgmma kernel");
-  const size_t smem = FwdLayout::bytes + kAlign;
-  auto kernel = attn_fwd_wgmma_kernel;
+  const size_t smem = FwdLayout<D, DV>::bytes + kAlign;
+  auto kernel = attn_fwd_wgmma_kernel<D, DV>;
   allow_smem(kernel, smem);
   check_grid("attention_forward (CUDA)", p.nkv, tiles, splits);
   kernel<<<dim3(p.nkv, static_cast<unsigned>(tiles), static_cast<unsigned>(splits)), kWsThreads, smem, stream()>>>(p);
   AERIE_CUDA_LAUNCHED("attn_fwd_wgmma_kernel");
 }
+
+template void launch_fwd_wgmma<64, 64>(const FwdParams& p, int64_t tiles, int64_t splits);
+template void launch_fwd_wgmma<128, 128>(const FwdParams& p, int64_t tiles, int64_t splits);
+template void launch_fwd_wgmma<192, 128>(const FwdParams& p, int64_t tiles, int64_t splits);
 
 template <typename G>
 void launch_bwd_wgmma(const BwdParams& p) {
