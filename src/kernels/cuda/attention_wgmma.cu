@@ -125,19 +125,20 @@ __device__ __forceinline__ float ex2(float x) {
   return y;
 }
 
-__device__ __forceinline__ void fence_acc(float (&d)[2][32]) {
-  fence_regs(d[0]);
-  fence_regs(d[1]);
+template <int H>
+__device__ __forceinline__ void fence_acc(float (&d)[H][32]) {
+#pragma unroll
+  for (int h = 0; h < H; ++h) fence_regs(d[h]);
 }
 
-/// Issues acc (64 x 64) = A B^T over the head dim: A = rows a_row0 .. + 63 of the [RA][128] tile at a,
-/// B = the [64][128] tile at b, both K-major. Not committed.
-template <int RA>
+/// Issues acc (64 x 64) = A B^T over a head dim of D: A = rows a_row0 .. + 63 of the [RA][D] tile at a, B =
+/// the [64][D] tile at b, both K-major (D / 64 halves). Not committed.
+template <int RA, int D = kD>
 __device__ __forceinline__ void issue_dot(float (&acc)[32], uint32_t a, int a_row0, uint32_t b) {
   wgmma_fence();
   fence_regs(acc);
 #pragma unroll
-  for (int ks = 0; ks < kD / 16; ++ks) {
+  for (int ks = 0; ks < D / 16; ++ks) {
     const uint32_t half = ks >> 2, kb = (ks & 3) * 32;
     const uint64_t da = wgmma_desc(a + half * (RA * 128) + a_row0 * 128 + kb), db = wgmma_desc(b + half * (64 * 128) + kb);
     if (ks == 0)
@@ -147,16 +148,17 @@ __device__ __forceinline__ void issue_dot(float (&acc)[32], uint32_t a, int a_ro
   }
 }
 
-/// Issues acc (64 x 128, two 64-column halves) += F B: F the 64 x 64 bf16 A fragments (k = the 64 rows
-/// of the tile), B the [64][128] tile at b read MN-major (k along its rows). Not committed.
-__device__ __forceinline__ void issue_frags_times_tile(float (&acc)[2][32], uint32_t (&f)[kN / 16][4], uint32_t b) {
+/// Issues acc (64 x 64 H, H 64-column halves) += F B: F the 64 x 64 bf16 A fragments (k = the 64 rows of
+/// the tile), B the [64][64 H] tile at b read MN-major (k along its rows). Not committed.
+template <int H>
+__device__ __forceinline__ void issue_frags_times_tile(float (&acc)[H][32], uint32_t (&f)[kN / 16][4], uint32_t b) {
   wgmma_fence();
   fence_acc(acc);
   fence_frags(f);
 #pragma unroll
   for (int kk = 0; kk < kN / 16; ++kk)
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
+    for (int h = 0; h < H; ++h)
       wgmma_rs::mma<64, 1>(acc[h], f[kk], wgmma_desc_mn(b + h * (64 * 128) + kk * 2048, 64 * 128));
 }
 
@@ -530,43 +532,6 @@ struct FwdLayout {
 };
 
 #ifndef AERIE_NO_WGMMA
-/// Issues acc (64 x 64) = A B^T over a head dim of D: A = rows a_row0 .. + 63 of the [RA][D] tile at a, B =
-/// the [64][D] tile at b, both K-major (D / 64 halves). Not committed. (issue_dot is the D = 128 case.)
-template <int RA, int D>
-__device__ __forceinline__ void issue_dot_d(float (&acc)[32], uint32_t a, int a_row0, uint32_t b) {
-  wgmma_fence();
-  fence_regs(acc);
-#pragma unroll
-  for (int ks = 0; ks < D / 16; ++ks) {
-    const uint32_t half = ks >> 2, kb = (ks & 3) * 32;
-    const uint64_t da = wgmma_desc(a + half * (RA * 128) + a_row0 * 128 + kb), db = wgmma_desc(b + half * (64 * 128) + kb);
-    if (ks == 0)
-      wgmma_n64<true>(acc, da, db);  // overwrites acc: no zeroing (which would serialize the wgmma in flight)
-    else
-      wgmma_n64(acc, da, db);
-  }
-}
-
-template <int H>
-__device__ __forceinline__ void fence_acc_h(float (&d)[H][32]) {
-#pragma unroll
-  for (int h = 0; h < H; ++h) fence_regs(d[h]);
-}
-
-/// Issues acc (64 x 64 H, H 64-column halves) += F B: F the 64 x 64 bf16 A fragments (k = the 64 rows of
-/// the tile), B the [64][64 H] tile at b read MN-major. Not committed. (issue_frags_times_tile: H = 2.)
-template <int H>
-__device__ __forceinline__ void issue_frags_times_tile_h(float (&acc)[H][32], uint32_t (&f)[kN / 16][4], uint32_t b) {
-  wgmma_fence();
-  fence_acc_h(acc);
-  fence_frags(f);
-#pragma unroll
-  for (int kk = 0; kk < kN / 16; ++kk)
-#pragma unroll
-    for (int h = 0; h < H; ++h)
-      wgmma_rs::mma<64, 1>(acc[h], f[kk], wgmma_desc_mn(b + h * (64 * 128) + kk * 2048, 64 * 128));
-}
-
 /// The producer's copy (its 128 threads) of R rows of C 16-byte chunks each into the wswz tile at dst: row
 /// r from base + off(r), zeros where off(r) < 0 (base itself is then the address given, and nothing is read).
 template <int R, int C, typename Off>
@@ -672,7 +637,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_wgmma_kernel(FwdParams
   for (int h = 0; h < H; ++h)
 #pragma unroll
     for (int i = 0; i < 32; ++i) o[h][i] = 0.0f;
-  fence_acc_h(o);  // the zeros defined before the first wgmma is issued
+  fence_acc(o);  // the zeros defined before the first wgmma is issued
   float s[32];
   uint32_t f[kN / 16][4];
   mbar_wait(base + L::qo_full, 0);
@@ -681,11 +646,11 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_wgmma_kernel(FwdParams
     const int sl = t % kSlots, j0 = kbeg + t * kN;
     mbar_wait(base + L::full0 + 8 * sl, (t / kSlots) & 1);
     fence_proxy_async();
-    issue_dot_d<kBlock, D>(s, base + L::q, wg * kM, base + L::k(sl));  // S = Q K^T
+    issue_dot<kBlock, D>(s, base + L::q, wg * kM, base + L::k(sl));  // S = Q K^T
     wgmma_commit();
     wgmma_wait<0>();  // S, and O += P V of tile t - 1
     fence_regs(s);
-    fence_acc_h(o);
+    fence_acc(o);
     fence_frags(f);
     if (t > 0 && lane == 0) mbar_arrive(base + L::empty0 + 8 * ((t - 1) % kSlots));
     // Online softmax. Element i: row quad + 8 ((i >> 1) & 1), key j0 + (i >> 2) * 8 + 2 tq4 + (i & 1).
@@ -727,11 +692,11 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_wgmma_kernel(FwdParams
     for (int h = 0; h < H; ++h)
 #pragma unroll
       for (int i = 0; i < 32; ++i) o[h][i] *= corr[(i >> 1) & 1];
-    issue_frags_times_tile_h<H>(o, f, base + L::v(sl));  // O += P V
+    issue_frags_times_tile(o, f, base + L::v(sl));  // O += P V
     wgmma_commit();
   }
   wgmma_wait<0>();
-  fence_acc_h(o);
+  fence_acc(o);
   fence_frags(f);
 
   bf16_t* out = static_cast<bf16_t*>(p.out);
