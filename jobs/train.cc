@@ -213,6 +213,10 @@ int train(const std::vector<std::string>& args) {
       "fraction of the samples (the last ones) held out for eval")(
       "heldout-samples", po::value<int64_t>(&o.heldout_samples)->default_value(64),
       "held-out samples scored at each checkpoint (acc_k, tau_sim in heldout.jsonl and TensorBoard; 0: none)")(
+      "init-draft", po::value<std::string>(&o.init_draft)->default_value(""),
+      "warm start: a checkpoint folder, or a run folder (its newest complete checkpoint), whose draft weights a "
+      "fresh run starts from (same draft options and --vocab; new optimizer state and schedule). E.g. more "
+      "steps or new data for a finished run, into another --output. A resume ignores it")(
       "device", po::value<std::string>(&o.device)->default_value("auto"),
       "auto (cuda when every rank of the node has a GPU), cpu or cuda (one GPU per rank: local rank % GPUs)")(
       "precision", po::value<std::string>(&o.precision)->default_value("auto"),

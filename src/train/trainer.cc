@@ -26,7 +26,7 @@ nlohmann::json TrainOptions::to_json() const {
           {"ttt_steps", ttt_steps},   {"checkpoint_every", checkpoint_every},
           {"keep_checkpoints", keep_checkpoints},
           {"log_every", log_every},   {"seed", seed},
-          {"eval_fraction", eval_fraction}, {"heldout_samples", heldout_samples}, {"device", device},
+          {"eval_fraction", eval_fraction}, {"heldout_samples", heldout_samples}, {"init_draft", init_draft}, {"device", device},
           {"precision", precision},   {"draft_heads", draft_heads},
           {"draft_kv_heads", draft_kv_heads}, {"draft_head_dim", draft_head_dim},
           {"draft_intermediate", draft_intermediate}, {"draft_attention", draft_attention}, {"draft_norm_before_residual", draft_norm_before_residual},

@@ -58,6 +58,13 @@ struct TrainOptions {
   /// Held-out samples scored at every checkpoint (teacher-forced acc_k and tau_sim, the first ones of the
   /// split's held-out list, as `aerie eval --num-eval-samples` takes them; 0: none). Not a resume option.
   int64_t heldout_samples = 64;
+  /// A warm start (`train --init-draft`; empty: none): a checkpoint folder (step-%08d) or a run folder (its
+  /// newest complete checkpoint) whose draft weights a fresh run starts from, in place of eagle3.md's
+  /// initialisation; the optimizer state, the data order and the schedule start afresh. run_training throws
+  /// aerie::Error naming the folder when its draft (config.json: shape, aux layers, options) or its draft
+  /// vocabulary differs from this run's. Not a resume option: a resume takes the weights of its own
+  /// checkpoint and ignores it.
+  std::string init_draft;
   /// Where the draft trains: "cpu", "cuda" (rank r uses GPU local_rank() % count; throws without one, or
   /// with more ranks on a node than GPUs) or "auto" (cuda when cuda::available() and the node has no
   /// more ranks than GPUs, else cpu). Not a resume option: a run may resume on another device

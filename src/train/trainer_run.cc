@@ -282,6 +282,34 @@ void check_resume_provenance(const nlohmann::json& was, const std::string& check
   }
 }
 
+// The draft weights of --init-draft: a checkpoint folder, or a run folder's newest complete checkpoint; its
+// draft config and vocabulary must be this run's (the first difference is named).
+DraftWeights warm_start_weights(const std::string& path, const DraftConfig& cfg, const DraftVocab& vocab) {
+  std::string dir = path;
+  if (!fs::exists(path + "/draft.safetensors")) {
+    const auto latest = latest_checkpoint(path);
+    AERIE_CHECK(latest, "train: --init-draft " << path << " is neither a checkpoint folder (no draft.safetensors) "
+                                               << "nor a run folder with a complete checkpoint");
+    dir = *latest;
+  }
+  Checkpoint init = load_checkpoint(dir);
+  const nlohmann::json theirs = init.config.to_json(), mine = cfg.to_json();
+  auto shown = [](const nlohmann::json& j, const std::string& key) {
+    return j.contains(key) ? j[key].dump() : std::string("(unset)");  // to_json leaves out the options that are off
+  };
+  for (const nlohmann::json* side : {&mine, &theirs})
+    for (const auto& [key, value] : side->items())
+      AERIE_CHECK(theirs.contains(key) && mine.contains(key) && theirs[key] == mine[key],
+                  "train: --init-draft " << dir << ": its draft has " << key << " = " << shown(theirs, key)
+                                         << ", this run's " << shown(mine, key)
+                                         << "; give this run the draft options (and shards) that draft was trained "
+                                            "with");
+  AERIE_CHECK(init.vocab.d2t == vocab.d2t && init.vocab.t2d == vocab.t2d,
+              "train: --init-draft " << dir << ": its draft vocabulary differs from --vocab; pass its "
+                                     << "draft_vocab.safetensors as --vocab");
+  return std::move(init.weights);
+}
+
 // Runs `checks` (the checks of a fresh start or resume) on every rank of dp. Each rank checks the same
 // checkpoint, options and files, so a refusal is the same on every rank. With `whole_job` (an offline run:
 // dp is every rank of the job) the ranks agree on it (one all-reduce) and each throws aerie::CollectiveError,
@@ -413,6 +441,8 @@ TrainResult run_training(const TrainOptions& given_opts, Communicator& dp, Strea
   agree_on_refusal(dp, whole_job, [&] {
     if (latest) {
       if (rank == 0) AERIE_LOG(info) << "train: resuming from " << *latest;
+      if (rank == 0 && !opts.init_draft.empty())
+        AERIE_LOG(info) << "train: --init-draft ignored: the run resumes from its own checkpoint";
       ck = load_checkpoint(*latest);
       // The options whose default changed keep the checkpoint's setting unless given: a requeued job resumes
       // as it started without naming them.
@@ -448,7 +478,13 @@ TrainResult run_training(const TrainOptions& given_opts, Communicator& dp, Strea
                                                                    opts.draft_attention == "mla"));
       // Initialised on the host (the checkpoint's copy); the device copy is made below.
       const Tensor lm_host = head.lm_head.device() == Device::CPU ? head.lm_head : head.lm_head.to_device(Device::CPU);
-      ck.weights = init_draft_weights(ck.config, lm_host, ck.vocab.selected(), opts.seed, opts.lm_head_init == "random");
+      if (opts.init_draft.empty()) {
+        ck.weights =
+            init_draft_weights(ck.config, lm_host, ck.vocab.selected(), opts.seed, opts.lm_head_init == "random");
+      } else {
+        ck.weights = warm_start_weights(opts.init_draft, ck.config, ck.vocab);
+        if (rank == 0) AERIE_LOG(info) << "train: the draft starts from the weights of --init-draft " << opts.init_draft;
+      }
       ck.adam_m = DraftWeights::zeros(ck.config);
       ck.adam_v = DraftWeights::zeros(ck.config);
       ck.state.split = make_data_split(shards.paths, shards.sizes, opts.eval_fraction);

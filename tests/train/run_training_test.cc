@@ -156,6 +156,53 @@ TEST(RunTrainingTest, WritesCheckpointsAndResumesBitwise) {
   EXPECT_THROW(run_training(other, *self), Error);
 }
 
+// --init-draft: a fresh run starts from a checkpoint's draft weights (a run folder: its newest complete checkpoint;
+// or one checkpoint folder). With lr 0 the weights never move, so the warm run's last checkpoint holds exactly the
+// weights it started from; a cold run with lr 0 holds eagle3.md's initialisation instead (the check can fail).
+// A draft of other options, another draft vocabulary or a folder without a checkpoint is refused by name.
+TEST(RunTrainingTest, InitDraftStartsFromACheckpointsWeights) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const std::string dir = testing::scratch_dir("train_init_draft_r" + std::to_string(rank));
+  auto s = write_inputs(dir);
+  auto world = MpiCommunicator::world();
+  auto self = world->split(world->rank(), 0);
+  const TrainResult a = run_training(options(dir, dir + "/a"), *self);
+  auto frozen = [&](const std::string& out, const std::string& init) {
+    TrainOptions o = options(dir, out);
+    o.lr = 0.0;
+    o.init_draft = init;
+    return load_checkpoint(run_training(o, *self).checkpoint).weights;
+  };
+  EXPECT_EQ(testing::count_bit_differences(frozen(dir + "/warm", dir + "/a"), load_checkpoint(a.checkpoint).weights), 0);
+  EXPECT_EQ(testing::count_bit_differences(frozen(dir + "/warm4", checkpoint_dir(dir + "/a", 4)),
+                                           load_checkpoint(checkpoint_dir(dir + "/a", 4)).weights),
+            0);
+  EXPECT_GT(testing::count_bit_differences(frozen(dir + "/cold", ""), load_checkpoint(a.checkpoint).weights), 0);
+
+  TrainOptions o = options(dir, dir + "/other_options");
+  o.init_draft = dir + "/a";
+  o.draft_norm_output = true;
+  std::string e = testing::error_of([&] { run_training(o, *self); });
+  EXPECT_NE(e.find("--init-draft " + a.checkpoint + ": its draft has norm_output = (unset), this run's true"),
+            std::string::npos)
+      << e;
+  o = options(dir, dir + "/other_vocab");
+  o.init_draft = dir + "/a";
+  DraftVocab v = s.vocab;  // ids 3 and 4 swapped: the same sizes, another selection
+  v.t2d[3] = 1;
+  v.t2d[4] = 0;
+  v.d2t = {0, 0, 0, 0, 1, 2, 3, 3, 4, 6};
+  save_draft_vocab(dir + "/other_vocab.safetensors", v, std::vector<int64_t>(16, 1));
+  o.vocab_path = dir + "/other_vocab.safetensors";
+  e = testing::error_of([&] { run_training(o, *self); });
+  EXPECT_NE(e.find("its draft vocabulary differs from --vocab"), std::string::npos) << e;
+  o = options(dir, dir + "/no_checkpoint");
+  o.init_draft = dir + "/shards";
+  e = testing::error_of([&] { run_training(o, *self); });
+  EXPECT_NE(e.find("--init-draft " + dir + "/shards is neither a checkpoint folder"), std::string::npos) << e;
+}
+
 // The JSON lines of a file.
 std::vector<nlohmann::json> json_lines(const std::string& path) {
   std::vector<nlohmann::json> out;
