@@ -59,6 +59,7 @@ void write_all(int fd, const void* data, size_t n, const std::string& path) {
 }  // namespace
 
 SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
+  AERIE_CHECK(!std::filesystem::is_directory(path), path << ": a folder, not a safetensors file");
   std::ifstream f(path, std::ios::binary);
   AERIE_CHECK(f, "cannot open safetensors file " << path << ": " << std::strerror(errno));
   f.seekg(0, std::ios::end);
@@ -67,6 +68,7 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
   AERIE_CHECK(file_size >= 8, path << ": truncated safetensors file (" << file_size << " bytes, no header size)");
   unsigned char b8[8];
   f.read(reinterpret_cast<char*>(b8), 8);
+  AERIE_CHECK(f, path << ": read error in the header size");
   const uint64_t header_len = read_u64_le(b8);
   AERIE_CHECK(header_len <= kMaxHeader, path << ": header size " << header_len << " exceeds the 100 MB limit");
   AERIE_CHECK(8 + header_len <= file_size, path << ": truncated safetensors file: header of " << header_len

@@ -282,20 +282,33 @@ void check_resume_provenance(const nlohmann::json& was, const std::string& check
   }
 }
 
-// The draft weights of --init-draft: a checkpoint folder, or a run folder's newest complete checkpoint; its
-// draft config and vocabulary must be this run's (the first difference is named).
-DraftWeights warm_start_weights(const std::string& path, const DraftConfig& cfg, const DraftVocab& vocab) {
+// The draft weights of --init-draft (opts.init_draft: a checkpoint folder, or a run folder's newest complete
+// checkpoint, whose folder is returned in `resolved`): its draft config and vocabulary must be this run's (the
+// first difference is named), its weights finite, and opts.output_dir must lie outside it (the warm run would
+// write into the draft it starts from). A checkpoint of another target than `model` is taken with a warning.
+DraftWeights warm_start_weights(const TrainOptions& opts, const DraftConfig& cfg, const DraftVocab& vocab,
+                                const TargetFingerprint& model, int rank, std::string& resolved) {
+  const std::string& path = opts.init_draft;
   std::string dir = path;
   if (!fs::exists(path + "/draft.safetensors")) {
     const auto latest = latest_checkpoint(path);
     AERIE_CHECK(latest, "train: --init-draft " << path << " is neither a checkpoint folder (no draft.safetensors) "
-                                               << "nor a run folder with a complete checkpoint");
+                                               << "nor a run folder with a complete checkpoint (an export folder is "
+                                               << "not read: give the run's checkpoint)");
     dir = *latest;
+  }
+  resolved = fs::weakly_canonical(dir).string();
+  {
+    const fs::path out = fs::weakly_canonical(opts.output_dir), init = fs::weakly_canonical(path);
+    const auto [end, _] = std::mismatch(init.begin(), init.end(), out.begin(), out.end());
+    AERIE_CHECK(end != init.end(), "train: --output " << opts.output_dir << " lies inside --init-draft " << path
+                                                      << ": the warm run would write into the draft it starts from; "
+                                                      << "use another --output");
   }
   Checkpoint init = load_checkpoint(dir);
   const nlohmann::json theirs = init.config.to_json(), mine = cfg.to_json();
   auto shown = [](const nlohmann::json& j, const std::string& key) {
-    return j.contains(key) ? j[key].dump() : std::string("(unset)");  // to_json leaves out the options that are off
+    return j.contains(key) ? j[key].dump() : std::string("(absent: off)");  // to_json leaves out the options that are off
   };
   for (const nlohmann::json* side : {&mine, &theirs})
     for (const auto& [key, value] : side->items())
@@ -307,6 +320,20 @@ DraftWeights warm_start_weights(const std::string& path, const DraftConfig& cfg,
   AERIE_CHECK(init.vocab.d2t == vocab.d2t && init.vocab.t2d == vocab.t2d,
               "train: --init-draft " << dir << ": its draft vocabulary differs from --vocab; pass its "
                                      << "draft_vocab.safetensors as --vocab");
+  for (const auto& [name, t] : init.weights.named()) {
+    const std::vector<float> x = t->to_float_vector();
+    AERIE_CHECK(std::all_of(x.begin(), x.end(), [](float v) { return std::isfinite(v); }),
+                "train: --init-draft " << dir << ": its weight " << name << " is not finite");
+  }
+  const nlohmann::json t = init.provenance.is_null() ? nlohmann::json::object()
+                                                     : init.provenance.value("target", nlohmann::json::object());
+  TargetFingerprint theirs_fp;
+  theirs_fp.config_sha256 = t.value("config_sha256", "");
+  theirs_fp.weights_sha256 = t.value("weights_sha256", "");
+  const std::string diff = theirs_fp.config_sha256.empty() ? std::string() : theirs_fp.difference(model);
+  if (!diff.empty() && rank == 0)
+    AERIE_LOG(warning) << "train: --init-draft " << dir << " was trained against another target than --model "
+                       << opts.model_dir << " (" << diff << "); starting from it anyway";
   return std::move(init.weights);
 }
 
@@ -482,8 +509,12 @@ TrainResult run_training(const TrainOptions& given_opts, Communicator& dp, Strea
         ck.weights =
             init_draft_weights(ck.config, lm_host, ck.vocab.selected(), opts.seed, opts.lm_head_init == "random");
       } else {
-        ck.weights = warm_start_weights(opts.init_draft, ck.config, ck.vocab);
-        if (rank == 0) AERIE_LOG(info) << "train: the draft starts from the weights of --init-draft " << opts.init_draft;
+        AERIE_CHECK(opts.lm_head_init != "random", "train: --lm-head-init random with --init-draft: the lm_head "
+                                                   "comes from the --init-draft checkpoint; leave out one of them");
+        std::string resolved;
+        ck.weights = warm_start_weights(opts, ck.config, ck.vocab, model_fp, rank, resolved);
+        if (rank == 0) AERIE_LOG(info) << "train: the draft starts from the weights of " << resolved;
+        opts.init_draft = resolved;  // recorded in the checkpoints' train options as the folder read
       }
       ck.adam_m = DraftWeights::zeros(ck.config);
       ck.adam_v = DraftWeights::zeros(ck.config);

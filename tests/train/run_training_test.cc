@@ -159,7 +159,8 @@ TEST(RunTrainingTest, WritesCheckpointsAndResumesBitwise) {
 // --init-draft: a fresh run starts from a checkpoint's draft weights (a run folder: its newest complete checkpoint;
 // or one checkpoint folder). With lr 0 the weights never move, so the warm run's last checkpoint holds exactly the
 // weights it started from; a cold run with lr 0 holds eagle3.md's initialisation instead (the check can fail).
-// A draft of other options, another draft vocabulary or a folder without a checkpoint is refused by name.
+// A draft of other options, another draft vocabulary, a folder without a checkpoint, an --output inside the init
+// run and a random lm_head on top are refused by name.
 TEST(RunTrainingTest, InitDraftStartsFromACheckpointsWeights) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -184,7 +185,7 @@ TEST(RunTrainingTest, InitDraftStartsFromACheckpointsWeights) {
   o.init_draft = dir + "/a";
   o.draft_norm_output = true;
   std::string e = testing::error_of([&] { run_training(o, *self); });
-  EXPECT_NE(e.find("--init-draft " + a.checkpoint + ": its draft has norm_output = (unset), this run's true"),
+  EXPECT_NE(e.find("--init-draft " + a.checkpoint + ": its draft has norm_output = (absent: off), this run's true"),
             std::string::npos)
       << e;
   o = options(dir, dir + "/other_vocab");
@@ -197,6 +198,15 @@ TEST(RunTrainingTest, InitDraftStartsFromACheckpointsWeights) {
   o.vocab_path = dir + "/other_vocab.safetensors";
   e = testing::error_of([&] { run_training(o, *self); });
   EXPECT_NE(e.find("its draft vocabulary differs from --vocab"), std::string::npos) << e;
+  o = options(dir, dir + "/a/checkpoints/step-00000009");  // a fresh folder inside the run it starts from
+  o.init_draft = dir + "/a";
+  e = testing::error_of([&] { run_training(o, *self); });
+  EXPECT_NE(e.find("lies inside --init-draft " + dir + "/a"), std::string::npos) << e;
+  o = options(dir, dir + "/random_head");
+  o.init_draft = dir + "/a";
+  o.lm_head_init = "random";
+  EXPECT_NE(testing::error_of([&] { run_training(o, *self); }).find("--lm-head-init random with --init-draft"),
+            std::string::npos);
   o = options(dir, dir + "/no_checkpoint");
   o.init_draft = dir + "/shards";
   e = testing::error_of([&] { run_training(o, *self); });
