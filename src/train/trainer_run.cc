@@ -307,16 +307,21 @@ DraftWeights warm_start_weights(const TrainOptions& opts, const DraftConfig& cfg
   }
   Checkpoint init = load_checkpoint(dir);
   const nlohmann::json theirs = init.config.to_json(), mine = cfg.to_json();
-  auto shown = [](const nlohmann::json& j, const std::string& key) {
-    return j.contains(key) ? j[key].dump() : std::string("(absent: off)");  // to_json leaves out the options that are off
-  };
-  for (const nlohmann::json* side : {&mine, &theirs})
-    for (const auto& [key, value] : side->items())
-      AERIE_CHECK(theirs.contains(key) && mine.contains(key) && theirs[key] == mine[key],
-                  "train: --init-draft " << dir << ": its draft has " << key << " = " << shown(theirs, key)
-                                         << ", this run's " << shown(mine, key)
-                                         << "; give this run the draft options (and shards) that draft was trained "
-                                            "with");
+  const nlohmann::json patch = nlohmann::json::diff(theirs, mine);  // RFC 6902 operations, theirs -> mine
+  if (!patch.empty()) {
+    // The first difference, as a dotted key; an array is shown whole (aux_layers [1,2,3], not its element 0).
+    nlohmann::json::json_pointer at(patch[0]["path"].get<std::string>());
+    while (!at.empty() && theirs.contains(at.parent_pointer()) && theirs[at.parent_pointer()].is_array())
+      at = at.parent_pointer();
+    std::string key = at.to_string().substr(1);
+    std::replace(key.begin(), key.end(), '/', '.');
+    auto shown = [&](const nlohmann::json& j) {
+      return j.contains(at) ? j[at].dump() : std::string("(absent: off)");  // to_json leaves out options that are off
+    };
+    AERIE_THROW("train: --init-draft " << dir << ": its draft has " << key << " = " << shown(theirs) << ", this run's "
+                                       << shown(mine)
+                                       << "; give this run the draft options (and shards) that draft was trained with");
+  }
   AERIE_CHECK(init.vocab.d2t == vocab.d2t && init.vocab.t2d == vocab.t2d,
               "train: --init-draft " << dir << ": its draft vocabulary differs from --vocab; pass its "
                                      << "draft_vocab.safetensors as --vocab");
