@@ -307,6 +307,20 @@ INSTANTIATE_TEST_SUITE_P(
              dtype_name(c.grad_dt);
     });
 
+// Milliseconds per call of f on the GPU: one untimed warm-up, then the mean of 5 calls.
+double time_ms(const std::function<void()>& f) {
+  f();
+  cuda::synchronize();
+  const int reps = 5;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < reps; ++i) f();
+  cuda::synchronize();
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / reps;
+}
+
+// A random BF16 tensor on the GPU.
+Tensor gpu_rand(const Shape& s, uint32_t seed) { return random_tensor(s, seed).to(DType::BF16).to_device(Device::CUDA); }
+
 // Throughput on a Llama-3-8B-shaped layer (32 heads, 8 kv heads, d 128, bf16), printed for the record;
 // asserts only that the results are finite (the tests above check the values).
 // Reports (asserts nothing about speed: benchmarks live in tools/bench) both BF16 forwards and both
@@ -316,18 +330,6 @@ TEST(AttentionCudaPerf, ReportsThroughput) {
   AERIE_REQUIRE_CUDA();
   const int64_t nh = 32, nkv = 8, d = 128;
   const float scale = 1.0f / std::sqrt(float(d));
-  auto gpu_rand = [](const Shape& s, uint32_t seed) {
-    return random_tensor(s, seed).to(DType::BF16).to_device(Device::CUDA);
-  };
-  auto time_ms = [](const std::function<void()>& f) {
-    f();  // warm-up
-    cuda::synchronize();
-    const int reps = 5;
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < reps; ++i) f();
-    cuda::synchronize();
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / reps;
-  };
   for (const int64_t t : {int64_t{2048}, int64_t{8192}}) {
     const Tensor q = gpu_rand({t, nh, d}, 1), k = gpu_rand({t, nkv, d}, 2), v = gpu_rand({t, nkv, d}, 3);
     const Tensor dout = gpu_rand({t, nh, d}, 4);
@@ -372,21 +374,9 @@ TEST(AttentionCudaPerf, ReportsForwardHeadDims) {
   struct C {
     int64_t nh, nkv, d, dv;
   };
-  auto time_ms = [](const std::function<void()>& f) {
-    f();  // warm-up
-    cuda::synchronize();
-    const int reps = 5;
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < reps; ++i) f();
-    cuda::synchronize();
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / reps;
-  };
   for (const C& c : {C{32, 8, 64, 64}, C{16, 16, 192, 128}})
     for (const int64_t t : {int64_t{2048}, int64_t{8192}}) {
       const float scale = 1.0f / std::sqrt(float(c.d));
-      auto gpu_rand = [](const Shape& s, uint32_t seed) {
-        return random_tensor(s, seed).to(DType::BF16).to_device(Device::CUDA);
-      };
       const Tensor q = gpu_rand({t, c.nh, c.d}, 1), k = gpu_rand({t, c.nkv, c.d}, 2), v = gpu_rand({t, c.nkv, c.dv}, 3);
       Tensor out[2] = {Tensor::empty({t, c.nh, c.dv}, DType::BF16, Device::CUDA),
                        Tensor::empty({t, c.nh, c.dv}, DType::BF16, Device::CUDA)};
