@@ -38,12 +38,15 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The signal received by any rank of `dp` (collective), 0 if none.
-int any_stop_signal(Communicator& dp) {
-  Tensor f = Tensor::from_vector<int32_t>({static_cast<int32_t>(StopSignals::received())}, {1});
+// The largest of the ranks' `v` (collective over dp).
+int32_t max_over_ranks(Communicator& dp, int32_t v) {
+  Tensor f = Tensor::from_vector<int32_t>({v}, {1});
   dp.all_reduce_max(f);
   return f.data<int32_t>()[0];
 }
+
+// The signal received by any rank of `dp` (collective), 0 if none.
+int any_stop_signal(Communicator& dp) { return max_over_ranks(dp, static_cast<int32_t>(StopSignals::received())); }
 
 bool all_finite(const Tensor& t) {
   const float* p = t.data<float>();
@@ -236,6 +239,16 @@ nlohmann::json make_provenance(const TrainOptions& opts, const TargetFingerprint
           {"vocab_sha256", sha256_hex(read_file(vocab_file))}};
 }
 
+// The target fingerprint a checkpoint's provenance records (empty digests when it records none).
+TargetFingerprint recorded_target(const nlohmann::json& provenance) {
+  const nlohmann::json t =
+      provenance.is_object() ? provenance.value("target", nlohmann::json::object()) : nlohmann::json::object();
+  TargetFingerprint f;
+  f.config_sha256 = t.value("config_sha256", "");
+  f.weights_sha256 = t.value("weights_sha256", "");
+  return f;
+}
+
 // A resumed run's --model and --shards against its checkpoint's provenance (issue 17, case 3).
 void check_resume_provenance(const nlohmann::json& was, const std::string& checkpoint, const TrainOptions& opts,
                              const TargetFingerprint& model, const ShardSet& s, int rank) {
@@ -245,11 +258,8 @@ void check_resume_provenance(const nlohmann::json& was, const std::string& check
                          << "and --shards are checked by their shapes and shard names only";
     return;
   }
-  TargetFingerprint theirs;
   const nlohmann::json t = was.value("target", nlohmann::json::object());
-  theirs.config_sha256 = t.value("config_sha256", "");
-  theirs.weights_sha256 = t.value("weights_sha256", "");
-  const std::string diff = theirs.difference(model);
+  const std::string diff = recorded_target(was).difference(model);
   if (!diff.empty()) {
     std::ostringstream why;
     why << "resume: --model " << opts.model_dir << " is not the target " << checkpoint << " was trained with ("
@@ -325,17 +335,10 @@ DraftWeights warm_start_weights(const TrainOptions& opts, const DraftConfig& cfg
   AERIE_CHECK(init.vocab.d2t == vocab.d2t && init.vocab.t2d == vocab.t2d,
               "train: --init-draft " << dir << ": its draft vocabulary differs from --vocab; pass its "
                                      << "draft_vocab.safetensors as --vocab");
-  for (const auto& [name, t] : init.weights.named()) {
-    const std::vector<float> x = t->to_float_vector();
-    AERIE_CHECK(std::all_of(x.begin(), x.end(), [](float v) { return std::isfinite(v); }),
-                "train: --init-draft " << dir << ": its weight " << name << " is not finite");
-  }
-  const nlohmann::json t = init.provenance.is_null() ? nlohmann::json::object()
-                                                     : init.provenance.value("target", nlohmann::json::object());
-  TargetFingerprint theirs_fp;
-  theirs_fp.config_sha256 = t.value("config_sha256", "");
-  theirs_fp.weights_sha256 = t.value("weights_sha256", "");
-  const std::string diff = theirs_fp.config_sha256.empty() ? std::string() : theirs_fp.difference(model);
+  for (const auto& [name, t] : init.weights.named())  // checkpoints hold F32 host tensors (load_checkpoint checks)
+    AERIE_CHECK(all_finite(*t), "train: --init-draft " << dir << ": its weight " << name << " is not finite");
+  const TargetFingerprint trained_on = recorded_target(init.provenance);
+  const std::string diff = trained_on.config_sha256.empty() ? std::string() : trained_on.difference(model);
   if (!diff.empty() && rank == 0)
     AERIE_LOG(warning) << "train: --init-draft " << dir << " was trained against another target than --model "
                        << opts.model_dir << " (" << diff << "); starting from it anyway";
@@ -361,9 +364,7 @@ void agree_on_refusal(Communicator& dp, bool whole_job, const std::function<void
     refusal = e.what();
     if (refusal.empty()) refusal = "refused";
   }
-  Tensor flag = Tensor::from_vector<float>({refusal.empty() ? 0.0f : 1.0f}, {1});
-  dp.all_reduce_max(flag);
-  if (flag.data<float>()[0] == 0.0f) return;
+  if (max_over_ranks(dp, refusal.empty() ? 0 : 1) == 0) return;
   throw CollectiveError(refusal.empty() ? "train: another rank refused the run (rank 0's log says why)" : refusal);
 }
 
