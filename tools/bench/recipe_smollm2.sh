@@ -19,7 +19,8 @@
 #   specforge  tools/bench/specforge_train.py with train.ini's hyperparameters (400 steps of 16, lr 5e-4,
 #              warmup 0.015, clipping 0.5, 7 TTT steps), flex_attention, the held-out split of an aerie run
 #              of this OUT_DIR (so list an aerie variant before it, e.g. VARIANTS="default specforge"); then
-#              the same eval as every other variant
+#              the same eval as every other variant; run SpecForge's seeds one after another (concurrent
+#              runs on one GPU recompile flex_attention for each new padded length, ten times slower)
 # LONG_PROMPTS=1 also evaluates each draft on 16 prompts longer than any training sample
 # (tools/bench/long_prompts.py: Spec-Bench summarization articles joined five at a time, 3,839 tokens on
 # average against training samples of 367 on average, 2,048 at most) into RUN.long.json.
