@@ -2,6 +2,7 @@
 // decoding with the key split, rows without keys), backward (dq, dk, dv added to non-zero values), the
 // packed variable-length prefill and the TTT diagonal merge, for F32 and BF16 inputs and head dims 8..128.
 // BF16 cases give the CPU reference the bf16-rounded values as F32, so both sides see equal inputs.
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cmath>
@@ -116,8 +117,8 @@ TEST_P(AttentionCudaTest, BackwardMatchesCpu) {
                  Error);
     return;
   }
-  // Both BF16 tensor-core backwards at head dim 128: the wgmma passes (the default on an H100 / H200;
-  // elsewhere the same as "mma") and the mma.sync ones.
+  // Both BF16 tensor-core backwards at head dims 64 and 128: the wgmma passes (the default on an H100 /
+  // H200; elsewhere, and at other head dims, the same as "mma") and the mma.sync ones.
   for (const char* kernel : {"wgmma", "mma"}) {
     SCOPED_TRACE(kernel);
     setenv("AERIE_ATTENTION_BACKWARD_KERNEL", kernel, 1);
@@ -148,6 +149,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{700, 700, 16, 2, 128, 0, BF16, F32},    // group 8, many tiles in both passes
                       Case{100, 100, 8, 2, 128, -5, BF16, BF16},   // rows 0..4 attend no key, d 128
                       Case{515, 515, 4, 1, 64, 0, BF16, BF16},     // multi-query, 9 key tiles
+                      Case{700, 700, 16, 2, 64, 0, BF16, F32},     // group 8, many tiles, d 64
                       Case{1000, 1000, 8, 2, 128, 0, F32, F32},    // long prefill
                       Case{37, 500, 8, 2, 128, 463, F32, F32},     // chunked prefill after a cache
                       Case{37, 500, 8, 2, 128, 463, BF16, BF16},
@@ -365,38 +367,65 @@ TEST(AttentionCudaPerf, ReportsThroughput) {
   }
 }
 
-// The other head dims of the wgmma forward against the mma.sync kernel, printed for the record (asserts only
-// that both agree, within bf16's rounding of the outputs): d 64 (32 / 8 heads, a Llama-3.2-1B-like layer)
-// and MLA's 192 / 128 (16 heads, the MLA draft's TTT and a DeepSeek-V3 tp 8 prefill), T 2048 and 8192.
-// FLOPs count the causal half: 2 T^2 / 2 nh (d + dv).
-TEST(AttentionCudaPerf, ReportsForwardHeadDims) {
+// The other head dims of the wgmma kernels against the mma.sync ones, printed for the record (asserts only
+// that both agree, within bf16's rounding of the outputs): d 64 (32 / 8 heads, a Llama-3.2-1B-like layer),
+// forward and backward at T 2048 and 8192, and MLA's 192 / 128 forward (16 heads, a DeepSeek-V3 tp 8 prefill)
+// at T 2048 .. 8192, where attention.cu's automatic choice switches kernels (at 2560 keys).
+// FLOPs count the causal half: 2 T^2 / 2 nh (d + dv) for the forward, 2.5 times that for the backward.
+TEST(AttentionCudaPerf, ReportsHeadDims) {
   AERIE_REQUIRE_CUDA();
   struct C {
-    int64_t nh, nkv, d, dv;
+    int64_t nh, nkv, d, dv, t;
   };
-  for (const C& c : {C{32, 8, 64, 64}, C{16, 16, 192, 128}})
-    for (const int64_t t : {int64_t{2048}, int64_t{8192}}) {
-      const float scale = 1.0f / std::sqrt(float(c.d));
-      const Tensor q = gpu_rand({t, c.nh, c.d}, 1), k = gpu_rand({t, c.nkv, c.d}, 2), v = gpu_rand({t, c.nkv, c.dv}, 3);
-      Tensor out[2] = {Tensor::empty({t, c.nh, c.dv}, DType::BF16, Device::CUDA),
-                       Tensor::empty({t, c.nh, c.dv}, DType::BF16, Device::CUDA)};
-      Tensor lse[2] = {Tensor::empty({t, c.nh}, DType::F32, Device::CUDA),
-                       Tensor::empty({t, c.nh}, DType::F32, Device::CUDA)};
-      double ms[2];
-      for (int i = 0; i < 2; ++i) {
-        setenv("AERIE_ATTENTION_FORWARD_KERNEL", i == 0 ? "wgmma" : "mma", 1);
-        ms[i] = time_ms([&] { attention_forward(q, k, v, 0, scale, out[i], &lse[i]); });
-        unsetenv("AERIE_ATTENTION_FORWARD_KERNEL");
-      }
-      const double flop = 2.0 * double(t) * double(t) / 2.0 * double(c.nh) * double(c.d + c.dv);
-      std::printf("[ perf ] attention forward T=%lld nh=%lld nkv=%lld d=%lld dv=%lld bf16: wgmma %.3f ms (%.1f "
-                  "TFLOP/s), mma %.3f ms (%.1f TFLOP/s)\n",
-                  (long long)t, (long long)c.nh, (long long)c.nkv, (long long)c.d, (long long)c.dv, ms[0],
-                  flop / ms[0] * 1e-9, ms[1], flop / ms[1] * 1e-9);
-      // Both kernels round the same fp32 softmax to bf16 outputs: they differ by a few bf16 ulps at most.
-      testing::expect_close(out[0].to_float_vector(), out[1].to_float_vector(), 2e-2, 2e-2, "wgmma vs mma out");
-      testing::expect_close(lse[0].to_float_vector(), lse[1].to_float_vector(), 1e-4, 1e-4, "wgmma vs mma lse");
+  for (const C& c : {C{32, 8, 64, 64, 2048}, C{32, 8, 64, 64, 8192}, C{16, 16, 192, 128, 2048},
+                     C{16, 16, 192, 128, 3072}, C{16, 16, 192, 128, 4096}, C{16, 16, 192, 128, 6144},
+                     C{16, 16, 192, 128, 8192}}) {
+    const int64_t t = c.t;
+    const float scale = 1.0f / std::sqrt(float(c.d));
+    const Tensor q = gpu_rand({t, c.nh, c.d}, 1), k = gpu_rand({t, c.nkv, c.d}, 2), v = gpu_rand({t, c.nkv, c.dv}, 3);
+    Tensor out[2] = {Tensor::empty({t, c.nh, c.dv}, DType::BF16, Device::CUDA),
+                     Tensor::empty({t, c.nh, c.dv}, DType::BF16, Device::CUDA)};
+    Tensor lse[2] = {Tensor::empty({t, c.nh}, DType::F32, Device::CUDA),
+                     Tensor::empty({t, c.nh}, DType::F32, Device::CUDA)};
+    double ms[2];
+    for (int i = 0; i < 2; ++i) {
+      setenv("AERIE_ATTENTION_FORWARD_KERNEL", i == 0 ? "wgmma" : "mma", 1);
+      ms[i] = time_ms([&] { attention_forward(q, k, v, 0, scale, out[i], &lse[i]); });
+      unsetenv("AERIE_ATTENTION_FORWARD_KERNEL");
     }
+    const double flop = 2.0 * double(t) * double(t) / 2.0 * double(c.nh) * double(c.d + c.dv);
+    std::printf("[ perf ] attention forward T=%lld nh=%lld nkv=%lld d=%lld dv=%lld bf16: wgmma %.3f ms (%.1f "
+                "TFLOP/s), mma %.3f ms (%.1f TFLOP/s)\n",
+                (long long)t, (long long)c.nh, (long long)c.nkv, (long long)c.d, (long long)c.dv, ms[0],
+                flop / ms[0] * 1e-9, ms[1], flop / ms[1] * 1e-9);
+    // Both kernels round the same fp32 softmax to bf16 outputs: they differ by a few bf16 ulps at most.
+    testing::expect_close(out[0].to_float_vector(), out[1].to_float_vector(), 2e-2, 2e-2, "wgmma vs mma out");
+    testing::expect_close(lse[0].to_float_vector(), lse[1].to_float_vector(), 1e-4, 1e-4, "wgmma vs mma lse");
+    if (c.d != c.dv) continue;  // the backward of MLA's value head is the SIMT kernel's
+    const Tensor dout = gpu_rand({t, c.nh, c.d}, 4);
+    Tensor dq[2], dk[2], dv[2];
+    for (int i = 0; i < 2; ++i) {
+      dq[i] = Tensor::empty({t, c.nh, c.d}, DType::BF16, Device::CUDA);
+      dk[i] = Tensor::zeros({t, c.nkv, c.d}, DType::F32, Device::CUDA);
+      dv[i] = Tensor::zeros({t, c.nkv, c.d}, DType::F32, Device::CUDA);
+      setenv("AERIE_ATTENTION_BACKWARD_KERNEL", i == 0 ? "wgmma" : "mma", 1);
+      ms[i] = time_ms([&] { attention_backward(dout, q, k, v, out[0], lse[0], 0, scale, dq[i], dk[i], dv[i]); });
+      unsetenv("AERIE_ATTENTION_BACKWARD_KERNEL");
+    }
+    std::printf("[ perf ] attention backward T=%lld nh=%lld nkv=%lld d=%lld bf16: wgmma %.3f ms (%.1f TFLOP/s), "
+                "mma %.3f ms (%.1f TFLOP/s)\n",
+                (long long)t, (long long)c.nh, (long long)c.nkv, (long long)c.d, ms[0], 2.5 * flop / ms[0] * 1e-9,
+                ms[1], 2.5 * flop / ms[1] * 1e-9);
+    // dq is rewritten per call; dk and dv summed the same gradients over six calls in both: compared relative
+    // to their largest value (the per-call differences are bf16 roundings of P and dS in either kernel).
+    testing::expect_close(dq[0].to_float_vector(), dq[1].to_float_vector(), 2e-2, 2e-2, "wgmma vs mma dq");
+    for (Tensor* g : {dk, dv}) {
+      const std::vector<float> a = g[0].to_float_vector(), b = g[1].to_float_vector();
+      float amax = 0.0f;
+      for (float x : b) amax = std::max(amax, std::fabs(x));
+      testing::expect_close(a, b, 1e-2f * amax, 2e-2f, g == dk ? "wgmma vs mma dk" : "wgmma vs mma dv");
+    }
+  }
 }
 
 // MLA's prefill shapes (query/key head 192, value head 128) on the GPU against the CPU: the tensor-core
@@ -419,7 +448,7 @@ TEST(AttentionCudaValueHead, MlaShapesMatchCpu) {
     const Tensor v = rounded(random_tensor({c.tk, c.nh, dv}, 3), c.dt);
     Tensor out = Tensor::empty({c.tq, c.nh, dv}, DType::F32), lse = Tensor::empty({c.tq, c.nh}, DType::F32);
     attention_forward(q, k, v, c.off, scale, out, &lse);
-    // The automatic choice (mma.sync below 4096 keys at this head dim), then the wgmma kernel forced.
+    // The automatic choice (mma.sync below 2560 keys at this head dim), then the wgmma kernel forced.
     for (const char* kernel : {"", "wgmma"}) {
       SCOPED_TRACE(*kernel ? kernel : "auto");
       if (*kernel) setenv("AERIE_ATTENTION_FORWARD_KERNEL", kernel, 1);

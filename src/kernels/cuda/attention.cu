@@ -189,13 +189,14 @@ struct Forward {
       auto aligned = [](const void* ptr, uintptr_t a) { return reinterpret_cast<uintptr_t>(ptr) % a == 0; };
       const bool ok = p.d == TD && aligned(p.q, 16) && aligned(p.k, 16) && aligned(p.v, 16) && aligned(p.out, 4);
       // The wgmma kernel (head dims 64, 128 and MLA's 192 / 128); its grid holds the tiles in y (at most
-      // 65535 of 128 rows). At 192 / 128 it pays only with many keys per block: measured on an H200 (16
-      // heads, causal; docs/performance.md) 0.194 against the mma.sync kernel's 0.175 ms at T 2048, 1.28
-      // against 1.79 ms at T 8192 (its blocks of 128 rows hold 173 KB of shared memory, one per SM, and a
-      // short key range does not repay loading the 48 KB of Q). The crossover between the two was not
-      // measured: 4096 keys is the midpoint in log scale. AERIE_ATTENTION_FORWARD_KERNEL=wgmma takes it anyway.
+      // 65535 of 128 rows). At 192 / 128 it pays only with enough keys per block: measured on an H200 (16
+      // heads, causal; docs/performance.md) 0.181 against the mma.sync kernel's 0.175 ms at T 2048, 0.222
+      // against 0.323 ms at T 3072, 1.28 against 1.80 ms at T 8192 (its blocks of 128 rows hold 173 KB of
+      // shared memory, one per SM, and a short key range does not repay loading the 48 KB of Q). The
+      // crossover lies between 2048 and 3072 keys: from 2560 it takes wgmma. AERIE_ATTENTION_FORWARD_KERNEL=wgmma
+      // takes it anyway.
       constexpr int WDV = TD == 192 ? 128 : TD;
-      const bool wgmma_pays = TD != 192 || p.tk >= 4096 || wgmma_forced("AERIE_ATTENTION_FORWARD_KERNEL");
+      const bool wgmma_pays = TD != 192 || p.tk >= 2560 || wgmma_forced("AERIE_ATTENTION_FORWARD_KERNEL");
       if (ok && p.dv == WDV && wgmma_pays && (p.tq * p.group) / (2 * kTcBlockRows) + p.nseq < 65535 &&
           wgmma_chosen("AERIE_ATTENTION_FORWARD_KERNEL")) {
         plan_and_launch(2 * kTcBlockRows,

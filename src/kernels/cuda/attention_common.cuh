@@ -209,9 +209,9 @@ void launch_bwd_dkdv_tc(const BwdParams& p);
 /// rows; the same contract as launch_fwd_tc).
 template <int D, int DV>
 void launch_fwd_wgmma(const FwdParams& p, int64_t tiles, int64_t splits);
-/// Both backward passes with wgmma (attention_wgmma.cu: sm_90a, head dim exactly 128, the same
+/// Both backward passes with wgmma (attention_wgmma.cu: sm_90a, head dim d exactly D = 64 or 128, the same
 /// inputs and outputs as the two tensor-core passes above).
-template <typename G>
+template <int D, typename G>
 void launch_bwd_wgmma(const BwdParams& p);
 
 }  // namespace aerie::cuda::attn

@@ -1,5 +1,5 @@
 // wgmma (sm_90a) kernels of the causal GQA attention, bf16 q/k/v (and dout): the forward of attention_tc.cu
-// (head dims 64, 128 and MLA's 192 / 128) and, at head dim exactly 128, the two backward passes of attention_backward_tc.cu (dq per tile of
+// (head dims 64, 128 and MLA's 192 / 128) and, at head dims 64 and 128, the two backward passes of attention_backward_tc.cu (dq per tile of
 // packed query rows; dk/dv per tile of keys, no atomics) with warpgroup MMAs instead of mma.sync, the
 // same contracts, row packing (R = i * group + head in group), masks, key splits / varlen (forward)
 // and treatment of rows without keys. The math is FlashAttention-2's (Dao 2023): the forward's online
@@ -17,8 +17,8 @@
 // packed query rows (Q, dout, their lse and D) stream; per tile S^T = K Q^T and dP^T = V dout^T (both
 // operands K-major), dV += P^T dout and dK += dS^T Q (Q and dout read MN-major: the same tiles,
 // transposed). dq pass: 128 packed query rows (Q, dout resident), 64-key tiles of K and V; per tile
-// S = Q K^T, dP = dout V^T, dQ += dS K (K MN-major). Shared tiles: wgmma's 128-byte swizzle, two
-// 64-column halves per [rows][128] tile (wgmma.cuh). Measured: docs/performance.md, "Attention kernels
+// S = Q K^T, dP = dout V^T, dQ += dS K (K MN-major). Shared tiles: wgmma's 128-byte swizzle, D / 64
+// 64-column halves per [rows][D] tile (wgmma.cuh). Measured: docs/performance.md, "Attention kernels
 // on wgmma".
 #include <cstdlib>
 
@@ -29,7 +29,6 @@
 namespace aerie::cuda::attn {
 namespace {
 
-constexpr int kD = 128;              // head dim
 constexpr int kWgs = 2;              // warpgroups per block
 constexpr int kM = 64;               // rows (dq) or keys (dk/dv) per warpgroup
 constexpr int kN = 64;               // keys (dq) or packed rows (dk/dv) per streamed tile
@@ -37,13 +36,13 @@ constexpr int kBlock = kWgs * kM;    // rows (dq) or keys (dk/dv) per block
 constexpr int kSlots = 3;            // shared-memory slots of the streamed tiles
 constexpr float kLog2e = 1.4426950408889634f;
 
-/// Bytes of an [R][128] bf16 tile (two 64-column halves of [R][128 bytes]).
-template <int R>
+/// Bytes of an [R][D] bf16 tile (D / 64 column halves of [R][128 bytes]).
+template <int R, int D>
 constexpr uint32_t wtile() {
-  return R * kD * 2;
+  return R * D * 2;
 }
 
-/// Byte offset of 16-byte chunk c (0 .. 15: columns 8c .. 8c + 7) of row r in an [R][128] tile.
+/// Byte offset of 16-byte chunk c (0 .. D / 8 - 1: columns 8c .. 8c + 7) of row r in an [R][D] tile.
 template <int R>
 __device__ __forceinline__ uint32_t wswz(int r, int c) {
   return static_cast<uint32_t>((c >> 3) * (R * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4));
@@ -57,28 +56,31 @@ __device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool va
 }
 
 /// The producer's copy (its 128 threads, tid 0 .. 127) of packed query rows R0 .. R0 + R - 1 (row R =
-/// i * group + head in group of kv head g) of two [tq, nh, 128] tensors (Q and dout) into [R][128] tiles;
+/// i * group + head in group of kv head g) of two [tq, nh, D] tensors (Q and dout) into [R][D] tiles;
 /// rows past tq are zeros. Row arithmetic in 32 bits (the launch checks that tq * group fits).
-template <int R>
+template <int R, int D>
 __device__ __forceinline__ void load_rows_w(uint32_t dst_a, const bf16_t* a, uint32_t dst_b, const bf16_t* b,
                                             const BwdParams& p, int g, int R0, int tid) {
-  const int c = tid & 15;
+  constexpr int C = D / 8, kLogC = D == 64 ? 3 : 4;  // 16-byte chunks per row: thread tid copies chunk tid % C
+  static_assert(C == 1 << kLogC);                     // of every (128 / C)-th row
+  const int c = tid & (C - 1);
 #pragma unroll 4
-  for (int r = tid >> 4; r < R; r += 8) {
+  for (int r = tid >> kLogC; r < R; r += 128 / C) {
     const int row = R0 + r, i = row / p.group;
     const int h = g * p.group + (row - i * p.group);
     const bool ok = i < p.tq;
-    const int64_t off = ok ? (static_cast<int64_t>(i) * p.nh + h) * kD + c * 8 : 0;
+    const int64_t off = ok ? (static_cast<int64_t>(i) * p.nh + h) * D + c * 8 : 0;
     cp_async16(dst_a + wswz<R>(r, c), a + off, ok);
     cp_async16(dst_b + wswz<R>(r, c), b + off, ok);
   }
 }
 
-/// The dk/dv pass's copy of one tile: packed query rows R0 .. R0 + 63 of Q and dout into [64][128] tiles
+/// The dk/dv pass's copy of one tile: packed query rows R0 .. R0 + 63 of Q and dout into [64][D] tiles
 /// and their raw lse and D into lse_s / D_s (4-byte copies; zeros past tq). Thread tid copies row tid / 2,
 /// chunks 2k + tid % 2 (two threads fill a 32-byte sector): one row division per thread and tile, where
-/// load_rows_w makes eight (the producer warpgroup was the pass's bottleneck, Nsight Compute: the
+/// load_rows_w makes D / 16 (the producer warpgroup was the pass's bottleneck, Nsight Compute: the
 /// consumers waited on `full` 18% of their time while the producer issued).
+template <int D>
 __device__ __forceinline__ void load_tile_pairs(uint32_t dst_a, const bf16_t* a, uint32_t dst_b, const bf16_t* b,
                                                 uint32_t lse_s, uint32_t D_s, const BwdParams& p, int g, int R0,
                                                 int tid) {
@@ -90,10 +92,10 @@ __device__ __forceinline__ void load_tile_pairs(uint32_t dst_a, const bf16_t* a,
     cp_async4(lse_s + 4 * r, p.lse + row, ok);
     cp_async4(D_s + 4 * r, p.D + row, ok);
   }
-  const int64_t off = row * kD + half * 8;
+  const int64_t off = row * D + half * 8;
   const uint32_t sw = static_cast<uint32_t>(r * 128 + ((half ^ (r & 7)) << 4));  // chunk `half` of row r
 #pragma unroll
-  for (int k = 0; k < 8; ++k) {
+  for (int k = 0; k < D / 16; ++k) {
     // chunk 2k + half: column half (2k) / 8 of the tile, swizzled position ((2k + half) ^ r) & 7
     const uint32_t o = static_cast<uint32_t>((k >> 2) * (kN * 128)) + (sw ^ static_cast<uint32_t>((2 * k & 7) << 4));
     cp_async16(dst_a + o, a + off + 16 * k, ok);
@@ -101,17 +103,19 @@ __device__ __forceinline__ void load_tile_pairs(uint32_t dst_a, const bf16_t* a,
   }
 }
 
-/// The producer's copy of keys j0 .. j0 + R - 1 of kv head g of two [tk, nkv, 128] tensors (K and V);
+/// The producer's copy of keys j0 .. j0 + R - 1 of kv head g of two [tk, nkv, D] tensors (K and V);
 /// keys past tk are zeros.
-template <int R>
+template <int R, int D>
 __device__ __forceinline__ void load_keys_w(uint32_t dst_a, const bf16_t* a, uint32_t dst_b, const bf16_t* b,
                                             const BwdParams& p, int g, int64_t j0, int tid) {
-  const int c = tid & 15;
+  constexpr int C = D / 8, kLogC = D == 64 ? 3 : 4;  // as load_rows_w
+  static_assert(C == 1 << kLogC);
+  const int c = tid & (C - 1);
 #pragma unroll 4
-  for (int jj = tid >> 4; jj < R; jj += 8) {
+  for (int jj = tid >> kLogC; jj < R; jj += 128 / C) {
     const int64_t j = j0 + jj;
     const bool ok = j < p.tk;
-    const int64_t off = ok ? (j * p.nkv + g) * kD + c * 8 : 0;
+    const int64_t off = ok ? (j * p.nkv + g) * D + c * 8 : 0;
     cp_async16(dst_a + wswz<R>(jj, c), a + off, ok);
     cp_async16(dst_b + wswz<R>(jj, c), b + off, ok);
   }
@@ -133,7 +137,7 @@ __device__ __forceinline__ void fence_acc(float (&d)[H][32]) {
 
 /// Issues acc (64 x 64) = A B^T over a head dim of D: A = rows a_row0 .. + 63 of the [RA][D] tile at a, B =
 /// the [64][D] tile at b, both K-major (D / 64 halves). Not committed.
-template <int RA, int D = kD>
+template <int RA, int D>
 __device__ __forceinline__ void issue_dot(float (&acc)[32], uint32_t a, int a_row0, uint32_t b) {
   wgmma_fence();
   fence_regs(acc);
@@ -184,11 +188,12 @@ __device__ __forceinline__ void init_barriers(uint32_t base, int full_count) {
   __syncthreads();
 }
 
-/// Row e (0: quad, 1: quad + 8) of this thread's 64 x 128 accumulators times `scale`, rounded to bf16, into
-/// the 128 values at `row` (its columns 2 tq4, + 1 of each 8).
-__device__ __forceinline__ void store_row_bf16(bf16_t* row, const float (&acc)[2][32], int e, int tq4, float scale) {
+/// Row e (0: quad, 1: quad + 8) of this thread's 64 x 64 H accumulators times `scale`, rounded to bf16, into
+/// the 64 H values at `row` (its columns 2 tq4, + 1 of each 8).
+template <int H>
+__device__ __forceinline__ void store_row_bf16(bf16_t* row, const float (&acc)[H][32], int e, int tq4, float scale) {
 #pragma unroll
-  for (int h = 0; h < 2; ++h)
+  for (int h = 0; h < H; ++h)
 #pragma unroll
     for (int nb = 0; nb < 8; ++nb)
       *reinterpret_cast<uint32_t*>(row + h * 64 + nb * 8 + 2 * tq4) =
@@ -213,22 +218,25 @@ struct Pair<bf16_t> {
   }
 };
 
-/// Shared memory of the dk/dv pass from a 1024-byte aligned base: K and V [128][128], kSlots slots of
-/// (Q, dout) [64][128] tiles, the slots' per-row lse and D (as copied: raw), the mbarriers.
+/// Shared memory of the dk/dv pass at head dim D from a 1024-byte aligned base: K and V [128][D], kSlots
+/// slots of (Q, dout) [64][D] tiles, the slots' per-row lse and D (as copied: raw), the mbarriers.
+template <int D>
 struct DkdvLayout {
-  static constexpr uint32_t k = 0, v = wtile<kBlock>(), q0 = 2 * wtile<kBlock>();
-  static constexpr uint32_t q(int s) { return q0 + 2 * s * wtile<kN>(); }
-  static constexpr uint32_t meta = q0 + 2 * kSlots * wtile<kN>();  // float lse[slots][64], D[slots][64]
+  static constexpr uint32_t k = 0, v = wtile<kBlock, D>(), q0 = 2 * wtile<kBlock, D>();
+  static constexpr uint32_t q(int s) { return q0 + 2 * s * wtile<kN, D>(); }
+  static constexpr uint32_t meta = q0 + 2 * kSlots * wtile<kN, D>();  // float lse[slots][64], D[slots][64]
   static constexpr uint32_t bar = meta + kSlots * kN * 8;
   static constexpr uint32_t kv_full = bar, full0 = bar + 8, empty0 = bar + 8 + 8 * kSlots;
   static constexpr uint32_t bytes = bar + 8 + 16 * kSlots;
 };
 
-/// Shared memory of the dq pass: Q and dout [128][128], kSlots slots of (K, V) [64][128] tiles, mbarriers.
+/// Shared memory of the dq pass at head dim D: Q and dout [128][D], kSlots slots of (K, V) [64][D] tiles,
+/// mbarriers.
+template <int D>
 struct DqLayout {
-  static constexpr uint32_t q = 0, o = wtile<kBlock>(), k0 = 2 * wtile<kBlock>();
-  static constexpr uint32_t k(int s) { return k0 + 2 * s * wtile<kN>(); }
-  static constexpr uint32_t bar = k0 + 2 * kSlots * wtile<kN>();
+  static constexpr uint32_t q = 0, o = wtile<kBlock, D>(), k0 = 2 * wtile<kBlock, D>();
+  static constexpr uint32_t k(int s) { return k0 + 2 * s * wtile<kN, D>(); }
+  static constexpr uint32_t bar = k0 + 2 * kSlots * wtile<kN, D>();
   static constexpr uint32_t qo_full = bar, full0 = bar + 8, empty0 = bar + 8 + 8 * kSlots;
   static constexpr uint32_t bytes = bar + 8 + 16 * kSlots;
 };
@@ -244,12 +252,14 @@ struct DqLayout {
 // other's products.
 constexpr int kWsThreads = 128 * (1 + kWgs);
 
-template <typename G>
+template <int D, typename G>
 __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dkdv_wgmma_kernel(BwdParams p) {
 #ifdef AERIE_NO_WGMMA
   __trap();  // not launched: the host takes the mma.sync passes off sm_90
 #else
-  using L = DkdvLayout;
+  static_assert(D == 64 || D == 128);
+  constexpr int H = D / 64;  // 64-column halves of dK and dV
+  using L = DkdvLayout<D>;
   extern __shared__ __align__(1024) uint8_t bwd_smem[];
   uint8_t* mem = nullptr;
   const uint32_t base = aligned_base(bwd_smem, mem);
@@ -268,16 +278,16 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dkdv_wgmma_kernel(BwdP
 
   if (wgi == 0) {  // ---- producer ----
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
-    load_keys_w<kBlock>(base + L::k, static_cast<const bf16_t*>(p.k), base + L::v, static_cast<const bf16_t*>(p.v), p,
-                        g, j0, tid);
+    load_keys_w<kBlock, D>(base + L::k, static_cast<const bf16_t*>(p.k), base + L::v, static_cast<const bf16_t*>(p.v),
+                           p, g, j0, tid);
     mbar_arrive_cp_async(base + L::kv_full);
     const bf16_t* q = static_cast<const bf16_t*>(p.q);
     const bf16_t* dout = static_cast<const bf16_t*>(p.dout);
     for (int t = 0; t < ntiles; ++t) {
       const int s = t % kSlots, Rt = R0 + t * kN;
       if (t >= kSlots) mbar_wait(base + L::empty0 + 8 * s, ((t / kSlots) - 1) & 1);
-      load_tile_pairs(base + L::q(s), q, base + L::q(s) + wtile<kN>(), dout, base + L::meta + 4 * s * kN,
-                      base + L::meta + 4 * (kSlots + s) * kN, p, g, Rt, tid);
+      load_tile_pairs<D>(base + L::q(s), q, base + L::q(s) + wtile<kN, D>(), dout, base + L::meta + 4 * s * kN,
+                         base + L::meta + 4 * (kSlots + s) * kN, p, g, Rt, tid);
       mbar_arrive_cp_async(base + L::full0 + 8 * s);
     }
     cp_async_wait<0>();
@@ -292,9 +302,9 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dkdv_wgmma_kernel(BwdP
   for (int e = 0; e < 2; ++e) jk[e] = static_cast<int>(j0) + wg * kM + warp * 16 + quad + 8 * e;
   const int jw_last = static_cast<int>(j0) + wg * kM + kM - 1;  // the warpgroup's last key
   const int tk = static_cast<int>(p.tk);
-  float dk[2][32], dv[2][32];
+  float dk[H][32], dv[H][32];
 #pragma unroll
-  for (int h = 0; h < 2; ++h)
+  for (int h = 0; h < H; ++h)
 #pragma unroll
     for (int i = 0; i < 32; ++i) dk[h][i] = dv[h][i] = 0.0f;
   fence_acc(dk);  // the zeros defined before the first wgmma is issued
@@ -309,7 +319,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dkdv_wgmma_kernel(BwdP
     const int sl = t % kSlots;
     mbar_wait(base + L::full0 + 8 * sl, (t / kSlots) & 1);
     fence_proxy_async();  // the cp.async writes (generic proxy), before the wgmma reads them
-    const uint32_t qb = base + L::q(sl), ob = qb + wtile<kN>();
+    const uint32_t qb = base + L::q(sl), ob = qb + wtile<kN, D>();
     const float* lt = lses + sl * kN;
     const float* dt = Ds + sl * kN;
     const int Rt = R0 + t * kN;
@@ -318,9 +328,9 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dkdv_wgmma_kernel(BwdP
     const bool full = (Rt + kN - 1) / p.group < p.tq && jw_last < tk && Rt / p.group + p.q_offset >= jw_last &&
                       (p.window <= 0 || (Rt + kN - 1) / p.group + p.q_offset < jw_last - kM + 1 + p.window);
 
-    issue_dot<kBlock>(s, base + L::k, wg * kM, qb);  // S^T = K Q^T
+    issue_dot<kBlock, D>(s, base + L::k, wg * kM, qb);  // S^T = K Q^T
     wgmma_commit();
-    issue_dot<kBlock>(dp, base + L::v, wg * kM, ob);  // dP^T = V dout^T
+    issue_dot<kBlock, D>(dp, base + L::v, wg * kM, ob);  // dP^T = V dout^T
     wgmma_commit();
     wgmma_wait<1>();  // dK of tile t - 1 and S^T
     fence_regs(s);
@@ -376,17 +386,17 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dkdv_wgmma_kernel(BwdP
   for (int e = 0; e < 2; ++e) {
     const int64_t j = jk[e];
     if (j >= tk) continue;
-    const int64_t off0 = (j * p.nkv + g) * kD + 2 * tq4;
-    P2 ok2[2][8], ov2[2][8];
+    const int64_t off0 = (j * p.nkv + g) * D + 2 * tq4;
+    P2 ok2[H][8], ov2[H][8];
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
+    for (int h = 0; h < H; ++h)
 #pragma unroll
       for (int nb = 0; nb < 8; ++nb) {
         ok2[h][nb] = *reinterpret_cast<const P2*>(gk + off0 + h * 64 + nb * 8);
         ov2[h][nb] = *reinterpret_cast<const P2*>(gv + off0 + h * 64 + nb * 8);
       }
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
+    for (int h = 0; h < H; ++h)
 #pragma unroll
       for (int nb = 0; nb < 8; ++nb) {
         const int a = nb * 4 + 2 * e;
@@ -398,11 +408,14 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dkdv_wgmma_kernel(BwdP
 #endif
 }
 
+template <int D>
 __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_wgmma_kernel(BwdParams p) {
 #ifdef AERIE_NO_WGMMA
   __trap();  // not launched: the host takes the mma.sync passes off sm_90
 #else
-  using L = DqLayout;
+  static_assert(D == 64 || D == 128);
+  constexpr int H = D / 64;  // 64-column halves of dQ
+  using L = DqLayout<D>;
   extern __shared__ __align__(1024) uint8_t bwd_smem[];
   uint8_t* mem = nullptr;
   const uint32_t base = aligned_base(bwd_smem, mem);
@@ -418,7 +431,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_wgmma_kernel(BwdPar
 
   if (wgi == 0) {  // ---- producer ----
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\n");
-    load_rows_w<kBlock>(base + L::q, static_cast<const bf16_t*>(p.q), base + L::o, static_cast<const bf16_t*>(p.dout),
+    load_rows_w<kBlock, D>(base + L::q, static_cast<const bf16_t*>(p.q), base + L::o, static_cast<const bf16_t*>(p.dout),
                         p, g, r0, tid);
     mbar_arrive_cp_async(base + L::qo_full);
     const bf16_t* k = static_cast<const bf16_t*>(p.k);
@@ -426,8 +439,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_wgmma_kernel(BwdPar
     for (int t = 0; t < ntiles; ++t) {
       const int s = t % kSlots;
       if (t >= kSlots) mbar_wait(base + L::empty0 + 8 * s, ((t / kSlots) - 1) & 1);
-      load_keys_w<kN>(base + L::k(s), k, base + L::k(s) + wtile<kN>(), v, p, g, static_cast<int64_t>(t0 + t) * kN,
-                      tid);
+      load_keys_w<kN, D>(base + L::k(s), k, base + L::k(s) + wtile<kN, D>(), v, p, g,
+                         static_cast<int64_t>(t0 + t) * kN, tid);
       mbar_arrive_cp_async(base + L::full0 + 8 * s);
     }
     cp_async_wait<0>();
@@ -451,9 +464,9 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_wgmma_kernel(BwdPar
   // Under a window: the larger first key of the two rows (a padding row's -1 is never full anyway).
   const int kfirst_max = static_cast<int>(first_key(max(klim[0], klim[1]), p.window));
   const float sl2 = p.scale * kLog2e;
-  float acc[2][32];
+  float acc[H][32];
 #pragma unroll
-  for (int h = 0; h < 2; ++h)
+  for (int h = 0; h < H; ++h)
 #pragma unroll
     for (int i = 0; i < 32; ++i) acc[h][i] = 0.0f;
   fence_acc(acc);  // the zeros defined before the first wgmma is issued
@@ -467,13 +480,13 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_wgmma_kernel(BwdPar
     const int sl = t % kSlots;
     mbar_wait(base + L::full0 + 8 * sl, (t / kSlots) & 1);
     fence_proxy_async();
-    const uint32_t kb = base + L::k(sl), vb = kb + wtile<kN>();
+    const uint32_t kb = base + L::k(sl), vb = kb + wtile<kN, D>();
     const int j0 = (t0 + t) * kN;
     // Every key of the tile attended by both rows.
     const bool full = j0 + kN <= kend && j0 + kN - 1 <= klim_min && j0 >= kfirst_max;
-    issue_dot<kBlock>(s, base + L::q, wg * kM, kb);   // S = Q K^T
+    issue_dot<kBlock, D>(s, base + L::q, wg * kM, kb);   // S = Q K^T
     wgmma_commit();
-    issue_dot<kBlock>(dp, base + L::o, wg * kM, vb);  // dP = dout V^T
+    issue_dot<kBlock, D>(dp, base + L::o, wg * kM, vb);  // dP = dout V^T
     wgmma_commit();
     wgmma_wait<1>();  // dQ of tile t - 1 and S
     fence_regs(s);
@@ -514,7 +527,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_wgmma_kernel(BwdPar
     const int R = r0 + wg * kM + warp * 16 + quad + 8 * e, i = R / p.group;
     if (i >= p.tq) continue;
     const int h = g * p.group + (R - i * p.group);
-    store_row_bf16(dq + (static_cast<int64_t>(i) * p.nh + h) * kD, acc, e, tq4, p.scale);
+    store_row_bf16(dq + (static_cast<int64_t>(i) * p.nh + h) * D, acc, e, tq4, p.scale);
   }
 #endif
 }
@@ -751,7 +764,7 @@ template void launch_fwd_wgmma<64, 64>(const FwdParams& p, int64_t tiles, int64_
 template void launch_fwd_wgmma<128, 128>(const FwdParams& p, int64_t tiles, int64_t splits);
 template void launch_fwd_wgmma<192, 128>(const FwdParams& p, int64_t tiles, int64_t splits);
 
-template <typename G>
+template <int D, typename G>
 void launch_bwd_wgmma(const BwdParams& p) {
   constexpr size_t kAlign = 1024;  // aligned_base rounds the dynamic shared memory up to 1024 bytes
   // The kernels do the packed-row arithmetic in 32 bits.
@@ -759,8 +772,8 @@ void launch_bwd_wgmma(const BwdParams& p) {
               "attention_backward (CUDA): " << p.tq << " rows x " << p.group << " heads per kv head, " << p.tk
                                             << " keys: beyond the 32-bit index range of the wgmma passes");
   if (p.tk > 0) {
-    const size_t smem = DkdvLayout::bytes + kAlign;
-    auto kernel = attn_bwd_dkdv_wgmma_kernel<G>;
+    const size_t smem = DkdvLayout<D>::bytes + kAlign;
+    auto kernel = attn_bwd_dkdv_wgmma_kernel<D, G>;
     allow_smem(kernel, smem);
     const int64_t blocks = (p.tk + kBlock - 1) / kBlock;
     // kv heads in x, so that the blocks start in the order of their work (key block 0, the longest,
@@ -769,8 +782,8 @@ void launch_bwd_wgmma(const BwdParams& p) {
     kernel<<<dim3(p.nkv, static_cast<unsigned>(blocks)), kWsThreads, smem, stream()>>>(p);
     AERIE_CUDA_LAUNCHED("attn_bwd_dkdv_wgmma_kernel");
   }
-  const size_t smem = DqLayout::bytes + kAlign;
-  auto kernel = attn_bwd_dq_wgmma_kernel;
+  const size_t smem = DqLayout<D>::bytes + kAlign;
+  auto kernel = attn_bwd_dq_wgmma_kernel<D>;
   allow_smem(kernel, smem);
   const int64_t blocks = (p.tq * p.group + kBlock - 1) / kBlock;
   check_grid("attention_backward (CUDA) dq", p.nkv, blocks, 1);
@@ -778,7 +791,9 @@ void launch_bwd_wgmma(const BwdParams& p) {
   AERIE_CUDA_LAUNCHED("attn_bwd_dq_wgmma_kernel");
 }
 
-template void launch_bwd_wgmma<float>(const BwdParams& p);
-template void launch_bwd_wgmma<bf16_t>(const BwdParams& p);
+template void launch_bwd_wgmma<64, float>(const BwdParams& p);
+template void launch_bwd_wgmma<64, bf16_t>(const BwdParams& p);
+template void launch_bwd_wgmma<128, float>(const BwdParams& p);
+template void launch_bwd_wgmma<128, bf16_t>(const BwdParams& p);
 
 }  // namespace aerie::cuda::attn
