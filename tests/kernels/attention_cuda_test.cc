@@ -117,7 +117,7 @@ TEST_P(AttentionCudaTest, BackwardMatchesCpu) {
                  Error);
     return;
   }
-  // Both BF16 tensor-core backwards at head dims 64 and 128: the wgmma passes (the default on an H100 /
+  // Both BF16 tensor-core backwards at head dims 64, 128 and 192: the wgmma passes (the default on an H100 /
   // H200; elsewhere, and at other head dims, the same as "mma") and the mma.sync ones.
   for (const char* kernel : {"wgmma", "mma"}) {
     SCOPED_TRACE(kernel);
@@ -161,6 +161,7 @@ INSTANTIATE_TEST_SUITE_P(
                                                                    // the SIMT backward's DP 256 bucket)
                       Case{150, 150, 4, 4, 192, 0, BF16, F32},
                       Case{20, 170, 4, 4, 192, 150, BF16, BF16},   // chunked, d 192
+                      Case{700, 700, 8, 2, 192, 0, BF16, F32},     // d 192, GQA, many tiles in every pass
                       Case{70, 70, 6, 3, 40, 0, F32, F32},         // head dim padded to 64
                       Case{40, 40, 2, 1, 264, 0, F32, F32},        // beyond 256: refused
                       Case{33, 40, 4, 1, 8, 7, BF16, F32},         // multi-query, d 8
@@ -369,8 +370,9 @@ TEST(AttentionCudaPerf, ReportsThroughput) {
 
 // The other head dims of the wgmma kernels against the mma.sync ones, printed for the record (asserts only
 // that both agree, within bf16's rounding of the outputs): d 64 (32 / 8 heads, a Llama-3.2-1B-like layer),
-// forward and backward at T 2048 and 8192, and MLA's 192 / 128 forward (16 heads, a DeepSeek-V3 tp 8 prefill)
-// at T 2048 .. 8192, where attention.cu's automatic choice switches kernels (at 2560 keys).
+// forward and backward at T 2048 and 8192; MLA's 192 / 128 forward (16 heads, a DeepSeek-V3 tp 8 prefill)
+// at T 2048 .. 8192, where attention.cu's automatic choice switches kernels (at 2560 keys); the MLA draft's
+// 192 / 192 (32 heads, values zero-padded to 192), forward and backward at T 2048 and 8192.
 // FLOPs count the causal half: 2 T^2 / 2 nh (d + dv) for the forward, 2.5 times that for the backward.
 TEST(AttentionCudaPerf, ReportsHeadDims) {
   AERIE_REQUIRE_CUDA();
@@ -379,7 +381,7 @@ TEST(AttentionCudaPerf, ReportsHeadDims) {
   };
   for (const C& c : {C{32, 8, 64, 64, 2048}, C{32, 8, 64, 64, 8192}, C{16, 16, 192, 128, 2048},
                      C{16, 16, 192, 128, 3072}, C{16, 16, 192, 128, 4096}, C{16, 16, 192, 128, 6144},
-                     C{16, 16, 192, 128, 8192}}) {
+                     C{16, 16, 192, 128, 8192}, C{32, 32, 192, 192, 2048}, C{32, 32, 192, 192, 8192}}) {
     const int64_t t = c.t;
     const float scale = 1.0f / std::sqrt(float(c.d));
     const Tensor q = gpu_rand({t, c.nh, c.d}, 1), k = gpu_rand({t, c.nkv, c.d}, 2), v = gpu_rand({t, c.nkv, c.dv}, 3);

@@ -276,11 +276,9 @@ struct Backward {
       auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
       if (p.d == TD && !few_rows(p.tq * p.group) && aligned(p.q) && aligned(p.k) && aligned(p.v) &&
           aligned(p.dout) && aligned(p.dq) && aligned(p.dk) && aligned(p.dv)) {
-        if constexpr (TD != 192) {  // wgmma at 64 and 128 (the MLA draft's 192 keeps the mma.sync passes)
-          if (wgmma_chosen("AERIE_ATTENTION_BACKWARD_KERNEL")) {
-            launch_bwd_wgmma<TD, G>(p);
-            return;
-          }
+        if (wgmma_chosen("AERIE_ATTENTION_BACKWARD_KERNEL")) {  // at 192: the MLA draft's padded heads
+          launch_bwd_wgmma<TD, G>(p);
+          return;
         }
         if (p.tk > 0) launch_bwd_dkdv_tc<TD, G>(p);
         launch_bwd_dq_tc<TD>(p);

@@ -205,12 +205,13 @@ void launch_bwd_dq_tc(const BwdParams& p);
 template <int DP, typename G>
 void launch_bwd_dkdv_tc(const BwdParams& p);
 /// The forward with wgmma (attention_wgmma.cu: sm_90a, query/key head D and value head DV exactly (64, 64),
-/// (128, 128) or MLA's (192, 128), bf16, 16-byte aligned; grid nkv x tiles x splits with tiles of 128 packed
+/// (128, 128), MLA's (192, 128) or the MLA draft's padded (192, 192), bf16, 16-byte aligned; grid nkv x tiles x splits with tiles of 128 packed
 /// rows; the same contract as launch_fwd_tc).
 template <int D, int DV>
 void launch_fwd_wgmma(const FwdParams& p, int64_t tiles, int64_t splits);
-/// Both backward passes with wgmma (attention_wgmma.cu: sm_90a, head dim d exactly D = 64 or 128, the same
-/// inputs and outputs as the two tensor-core passes above).
+/// Both backward passes with wgmma (attention_wgmma.cu: sm_90a, head dim d exactly D = 64, 128 or 192, the
+/// same inputs and outputs as the two tensor-core passes above; at 192 the dk/dv pass runs as two launches,
+/// dV then dK).
 template <int D, typename G>
 void launch_bwd_wgmma(const BwdParams& p);
 

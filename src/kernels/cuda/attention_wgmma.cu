@@ -1,6 +1,7 @@
 // wgmma (sm_90a) kernels of the causal GQA attention, bf16 q/k/v (and dout): the forward of attention_tc.cu
-// (head dims 64, 128 and MLA's 192 / 128) and, at head dims 64 and 128, the two backward passes of attention_backward_tc.cu (dq per tile of
-// packed query rows; dk/dv per tile of keys, no atomics) with warpgroup MMAs instead of mma.sync, the
+// (head dims 64, 128, MLA's 192 / 128 and the MLA draft's padded 192 / 192) and, at head dims 64, 128 and 192,
+// the two backward passes of attention_backward_tc.cu (dq per tile of packed query rows; dk/dv per tile of
+// keys, no atomics; at 192 the dk/dv pass runs as a dV launch and a dK launch) with warpgroup MMAs instead of mma.sync, the
 // same contracts, row packing (R = i * group + head in group), masks, key splits / varlen (forward)
 // and treatment of rows without keys. The math is FlashAttention-2's (Dao 2023): the forward's online
 // softmax (Algorithm 1); the backward's P = exp(scale q.k - lse) recomputed from the saved lse,
@@ -61,6 +62,23 @@ __device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool va
 template <int R, int D>
 __device__ __forceinline__ void load_rows_w(uint32_t dst_a, const bf16_t* a, uint32_t dst_b, const bf16_t* b,
                                             const BwdParams& p, int g, int R0, int tid) {
+  if constexpr (D == 192) {  // 24 chunks per row: thread tid copies chunks tid % 8 + {0, 8, 16} of every 16th row
+    const int c8 = tid & 7;
+#pragma unroll 2
+    for (int r = tid >> 3; r < R; r += 16) {
+      const int row = R0 + r, i = row / p.group;
+      const int h = g * p.group + (row - i * p.group);
+      const bool ok = i < p.tq;
+      const int64_t off = ok ? (static_cast<int64_t>(i) * p.nh + h) * D : 0;
+#pragma unroll
+      for (int x = 0; x < 3; ++x) {
+        const int c = x * 8 + c8;
+        cp_async16(dst_a + wswz<R>(r, c), a + off + (ok ? c * 8 : 0), ok);
+        cp_async16(dst_b + wswz<R>(r, c), b + off + (ok ? c * 8 : 0), ok);
+      }
+    }
+    return;
+  } else {
   constexpr int C = D / 8, kLogC = D == 64 ? 3 : 4;  // 16-byte chunks per row: thread tid copies chunk tid % C
   static_assert(C == 1 << kLogC);                     // of every (128 / C)-th row
   const int c = tid & (C - 1);
@@ -72,6 +90,7 @@ __device__ __forceinline__ void load_rows_w(uint32_t dst_a, const bf16_t* a, uin
     const int64_t off = ok ? (static_cast<int64_t>(i) * p.nh + h) * D + c * 8 : 0;
     cp_async16(dst_a + wswz<R>(r, c), a + off, ok);
     cp_async16(dst_b + wswz<R>(r, c), b + off, ok);
+  }
   }
 }
 
@@ -108,6 +127,22 @@ __device__ __forceinline__ void load_tile_pairs(uint32_t dst_a, const bf16_t* a,
 template <int R, int D>
 __device__ __forceinline__ void load_keys_w(uint32_t dst_a, const bf16_t* a, uint32_t dst_b, const bf16_t* b,
                                             const BwdParams& p, int g, int64_t j0, int tid) {
+  if constexpr (D == 192) {  // as load_rows_w
+    const int c8 = tid & 7;
+#pragma unroll 2
+    for (int jj = tid >> 3; jj < R; jj += 16) {
+      const int64_t j = j0 + jj;
+      const bool ok = j < p.tk;
+      const int64_t off = ok ? (j * p.nkv + g) * D : 0;
+#pragma unroll
+      for (int x = 0; x < 3; ++x) {
+        const int c = x * 8 + c8;
+        cp_async16(dst_a + wswz<R>(jj, c), a + off + (ok ? c * 8 : 0), ok);
+        cp_async16(dst_b + wswz<R>(jj, c), b + off + (ok ? c * 8 : 0), ok);
+      }
+    }
+    return;
+  } else {
   constexpr int C = D / 8, kLogC = D == 64 ? 3 : 4;  // as load_rows_w
   static_assert(C == 1 << kLogC);
   const int c = tid & (C - 1);
@@ -118,6 +153,7 @@ __device__ __forceinline__ void load_keys_w(uint32_t dst_a, const bf16_t* a, uin
     const int64_t off = ok ? (j * p.nkv + g) * D + c * 8 : 0;
     cp_async16(dst_a + wswz<R>(jj, c), a + off, ok);
     cp_async16(dst_b + wswz<R>(jj, c), b + off, ok);
+  }
   }
 }
 
@@ -180,7 +216,7 @@ template <typename L>
 __device__ __forceinline__ void init_barriers(uint32_t base, int full_count) {
   if (threadIdx.x == 0) {
     mbar_init(base + L::bar, 128);
-    for (int s = 0; s < kSlots; ++s) {
+    for (int s = 0; s < L::slots; ++s) {
       mbar_init(base + L::full0 + 8 * s, full_count);
       mbar_init(base + L::empty0 + 8 * s, 4 * kWgs);
     }
@@ -222,23 +258,25 @@ struct Pair<bf16_t> {
 /// slots of (Q, dout) [64][D] tiles, the slots' per-row lse and D (as copied: raw), the mbarriers.
 template <int D>
 struct DkdvLayout {
+  static constexpr int slots = D > 128 ? 2 : kSlots;  // at 192: 193 KB with two slots
   static constexpr uint32_t k = 0, v = wtile<kBlock, D>(), q0 = 2 * wtile<kBlock, D>();
   static constexpr uint32_t q(int s) { return q0 + 2 * s * wtile<kN, D>(); }
-  static constexpr uint32_t meta = q0 + 2 * kSlots * wtile<kN, D>();  // float lse[slots][64], D[slots][64]
-  static constexpr uint32_t bar = meta + kSlots * kN * 8;
-  static constexpr uint32_t kv_full = bar, full0 = bar + 8, empty0 = bar + 8 + 8 * kSlots;
-  static constexpr uint32_t bytes = bar + 8 + 16 * kSlots;
+  static constexpr uint32_t meta = q0 + 2 * slots * wtile<kN, D>();  // float lse[slots][64], D[slots][64]
+  static constexpr uint32_t bar = meta + slots * kN * 8;
+  static constexpr uint32_t kv_full = bar, full0 = bar + 8, empty0 = bar + 8 + 8 * slots;
+  static constexpr uint32_t bytes = bar + 8 + 16 * slots;
 };
 
 /// Shared memory of the dq pass at head dim D: Q and dout [128][D], kSlots slots of (K, V) [64][D] tiles,
 /// mbarriers.
 template <int D>
 struct DqLayout {
+  static constexpr int slots = D > 128 ? 2 : kSlots;  // at 192: 192 KB with two slots
   static constexpr uint32_t q = 0, o = wtile<kBlock, D>(), k0 = 2 * wtile<kBlock, D>();
   static constexpr uint32_t k(int s) { return k0 + 2 * s * wtile<kN, D>(); }
-  static constexpr uint32_t bar = k0 + 2 * kSlots * wtile<kN, D>();
-  static constexpr uint32_t qo_full = bar, full0 = bar + 8, empty0 = bar + 8 + 8 * kSlots;
-  static constexpr uint32_t bytes = bar + 8 + 16 * kSlots;
+  static constexpr uint32_t bar = k0 + 2 * slots * wtile<kN, D>();
+  static constexpr uint32_t qo_full = bar, full0 = bar + 8, empty0 = bar + 8 + 8 * slots;
+  static constexpr uint32_t bytes = bar + 8 + 16 * slots;
 };
 
 // Both passes are warp-specialized (as FlashAttention-3): warpgroup 0 copies (cp.async; 24 registers in
@@ -252,19 +290,26 @@ struct DqLayout {
 // other's products.
 constexpr int kWsThreads = 128 * (1 + kWgs);
 
-template <int D, typename G>
+/// What one launch of the dk/dv pass accumulates: both (head dims 64 and 128), or at 192 dV alone (S^T,
+/// dV: 96 accumulator registers) and then dK alone (S^T, dP^T, dK): both at once would need 192 accumulator
+/// registers beside S and dP, more than a consumer's 240.
+enum class Dkdv { kBoth, kDv, kDk };
+
+template <int D, typename G, Dkdv M>
 __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dkdv_wgmma_kernel(BwdParams p) {
 #ifdef AERIE_NO_WGMMA
   __trap();  // not launched: the host takes the mma.sync passes off sm_90
 #else
-  static_assert(D == 64 || D == 128);
+  static_assert((D == 64 || D == 128) == (M == Dkdv::kBoth) && D <= 192);
+  constexpr bool kWantDv = M != Dkdv::kDk, kWantDk = M != Dkdv::kDv;
   constexpr int H = D / 64;  // 64-column halves of dK and dV
   using L = DkdvLayout<D>;
+  constexpr int kS = L::slots;
   extern __shared__ __align__(1024) uint8_t bwd_smem[];
   uint8_t* mem = nullptr;
   const uint32_t base = aligned_base(bwd_smem, mem);
   const float* lses = reinterpret_cast<const float*>(mem + L::meta);  // [slots][64]
-  const float* Ds = lses + kSlots * kN;                                // [slots][64]
+  const float* Ds = lses + kS * kN;                                // [slots][64]
   const int tid = threadIdx.x, wgi = tid >> 7;
   const int g = blockIdx.x;
   const int64_t j0 = static_cast<int64_t>(blockIdx.y) * kBlock;
@@ -278,16 +323,17 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dkdv_wgmma_kernel(BwdP
 
   if (wgi == 0) {  // ---- producer ----
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+    // (the dV-only launch reads V too: it has the room, and the copy is once per block)
     load_keys_w<kBlock, D>(base + L::k, static_cast<const bf16_t*>(p.k), base + L::v, static_cast<const bf16_t*>(p.v),
                            p, g, j0, tid);
     mbar_arrive_cp_async(base + L::kv_full);
     const bf16_t* q = static_cast<const bf16_t*>(p.q);
     const bf16_t* dout = static_cast<const bf16_t*>(p.dout);
     for (int t = 0; t < ntiles; ++t) {
-      const int s = t % kSlots, Rt = R0 + t * kN;
-      if (t >= kSlots) mbar_wait(base + L::empty0 + 8 * s, ((t / kSlots) - 1) & 1);
+      const int s = t % kS, Rt = R0 + t * kN;
+      if (t >= kS) mbar_wait(base + L::empty0 + 8 * s, ((t / kS) - 1) & 1);
       load_tile_pairs<D>(base + L::q(s), q, base + L::q(s) + wtile<kN, D>(), dout, base + L::meta + 4 * s * kN,
-                         base + L::meta + 4 * (kSlots + s) * kN, p, g, Rt, tid);
+                         base + L::meta + 4 * (kS + s) * kN, p, g, Rt, tid);
       mbar_arrive_cp_async(base + L::full0 + 8 * s);
     }
     cp_async_wait<0>();
@@ -302,22 +348,27 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dkdv_wgmma_kernel(BwdP
   for (int e = 0; e < 2; ++e) jk[e] = static_cast<int>(j0) + wg * kM + warp * 16 + quad + 8 * e;
   const int jw_last = static_cast<int>(j0) + wg * kM + kM - 1;  // the warpgroup's last key
   const int tk = static_cast<int>(p.tk);
-  float dk[H][32], dv[H][32];
+  // The accumulators a launch does not need have no register: [1] of them stays unused.
+  float dk[kWantDk ? H : 1][32], dv[kWantDv ? H : 1][32];
 #pragma unroll
-  for (int h = 0; h < H; ++h)
+  for (int h = 0; h < (kWantDk ? H : 1); ++h)
 #pragma unroll
-    for (int i = 0; i < 32; ++i) dk[h][i] = dv[h][i] = 0.0f;
+    for (int i = 0; i < 32; ++i) dk[h][i] = 0.0f;
+#pragma unroll
+  for (int h = 0; h < (kWantDv ? H : 1); ++h)
+#pragma unroll
+    for (int i = 0; i < 32; ++i) dv[h][i] = 0.0f;
   fence_acc(dk);  // the zeros defined before the first wgmma is issued
   fence_acc(dv);
-  float s[32], dp[32];
+  float s[32], dp[kWantDk ? 32 : 1];
   uint32_t f[kN / 16][4];
   mbar_wait(base + L::kv_full, 0);
 
   // Per tile: S^T and dP^T issued together; P computed while dP^T runs, dS^T while dV runs; dK left in
   // flight until the next tile's S^T is done, when the previous slot goes back to the producer.
   for (int t = 0; t < ntiles; ++t) {
-    const int sl = t % kSlots;
-    mbar_wait(base + L::full0 + 8 * sl, (t / kSlots) & 1);
+    const int sl = t % kS;
+    mbar_wait(base + L::full0 + 8 * sl, (t / kS) & 1);
     fence_proxy_async();  // the cp.async writes (generic proxy), before the wgmma reads them
     const uint32_t qb = base + L::q(sl), ob = qb + wtile<kN, D>();
     const float* lt = lses + sl * kN;
@@ -330,13 +381,18 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dkdv_wgmma_kernel(BwdP
 
     issue_dot<kBlock, D>(s, base + L::k, wg * kM, qb);  // S^T = K Q^T
     wgmma_commit();
-    issue_dot<kBlock, D>(dp, base + L::v, wg * kM, ob);  // dP^T = V dout^T
-    wgmma_commit();
-    wgmma_wait<1>();  // dK of tile t - 1 and S^T
+    if constexpr (kWantDk) {
+      issue_dot<kBlock, D>(dp, base + L::v, wg * kM, ob);  // dP^T = V dout^T
+      wgmma_commit();
+      wgmma_wait<1>();  // dK of tile t - 1 and S^T
+    } else {
+      wgmma_wait<0>();  // dV of tile t - 1 and S^T
+    }
     fence_regs(s);
     fence_acc(dk);
+    if constexpr (!kWantDk) fence_acc(dv);
     fence_frags(f);
-    if (t > 0 && lane == 0) mbar_arrive(base + L::empty0 + 8 * ((t - 1) % kSlots));
+    if (t > 0 && lane == 0) mbar_arrive(base + L::empty0 + 8 * ((t - 1) % kS));
     // P^T; the two loops hoisted by hand (a per-element branch made ptxas emit one per element). lt holds
     // the raw lse: a row without keys (-inf) or past tq (a zero-filled copy) only occurs in a tile that is
     // not full, where its limit -1 masks it (and its zero dout row and D keep dV and dS at zero anyway).
@@ -354,26 +410,36 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dkdv_wgmma_kernel(BwdP
         s[i] = j < tk && attends(j, ilim, p.window) ? pr : 0.0f;
       }
     }
+    if constexpr (kWantDv) {
 #pragma unroll
-    for (int nb = 0; nb < kN / 8; ++nb) to_frag(f, nb, &s[nb * 4]);
-    issue_frags_times_tile(dv, f, ob);  // dV += P^T dout
-    wgmma_commit();
-    wgmma_wait<1>();  // dP^T
-    fence_regs(dp);
+      for (int nb = 0; nb < kN / 8; ++nb) to_frag(f, nb, &s[nb * 4]);
+      issue_frags_times_tile(dv, f, ob);  // dV += P^T dout
+      wgmma_commit();
+    }
+    if constexpr (kWantDk) {
+      if constexpr (kWantDv)
+        wgmma_wait<1>();  // dP^T
+      else
+        wgmma_wait<0>();
+      fence_regs(dp);
 #pragma unroll
-    for (int nb = 0; nb < kN / 8; ++nb)
+      for (int nb = 0; nb < kN / 8; ++nb)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) dp[nb * 4 + e] = s[nb * 4 + e] * (dp[nb * 4 + e] - dt[nb * 8 + 2 * tq4 + (e & 1)]);
-    wgmma_wait<0>();  // dV: the fragments are free
-    fence_acc(dv);
-    fence_frags(f);
+        for (int e = 0; e < 4; ++e) dp[nb * 4 + e] = s[nb * 4 + e] * (dp[nb * 4 + e] - dt[nb * 8 + 2 * tq4 + (e & 1)]);
+      if constexpr (kWantDv) {
+        wgmma_wait<0>();  // dV: the fragments are free
+        fence_acc(dv);
+        fence_frags(f);
+      }
 #pragma unroll
-    for (int nb = 0; nb < kN / 8; ++nb) to_frag(f, nb, &dp[nb * 4]);
-    issue_frags_times_tile(dk, f, qb);  // dK += dS^T Q
-    wgmma_commit();
+      for (int nb = 0; nb < kN / 8; ++nb) to_frag(f, nb, &dp[nb * 4]);
+      issue_frags_times_tile(dk, f, qb);  // dK += dS^T Q
+      wgmma_commit();
+    }
   }
   wgmma_wait<0>();
   fence_acc(dk);
+  if constexpr (M == Dkdv::kDv) fence_acc(dv);  // (with dK, the loop's last wait for dV fenced it)
   fence_frags(f);
 
   G* gk = static_cast<G*>(p.dk);
@@ -387,23 +453,45 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dkdv_wgmma_kernel(BwdP
     const int64_t j = jk[e];
     if (j >= tk) continue;
     const int64_t off0 = (j * p.nkv + g) * D + 2 * tq4;
-    P2 ok2[H][8], ov2[H][8];
+    if constexpr (M == Dkdv::kBoth) {
+      P2 ok2[H][8], ov2[H][8];
 #pragma unroll
-    for (int h = 0; h < H; ++h)
+      for (int h = 0; h < H; ++h)
 #pragma unroll
-      for (int nb = 0; nb < 8; ++nb) {
-        ok2[h][nb] = *reinterpret_cast<const P2*>(gk + off0 + h * 64 + nb * 8);
-        ov2[h][nb] = *reinterpret_cast<const P2*>(gv + off0 + h * 64 + nb * 8);
-      }
+        for (int nb = 0; nb < 8; ++nb) {
+          ok2[h][nb] = *reinterpret_cast<const P2*>(gk + off0 + h * 64 + nb * 8);
+          ov2[h][nb] = *reinterpret_cast<const P2*>(gv + off0 + h * 64 + nb * 8);
+        }
 #pragma unroll
-    for (int h = 0; h < H; ++h)
+      for (int h = 0; h < H; ++h)
 #pragma unroll
-      for (int nb = 0; nb < 8; ++nb) {
-        const int a = nb * 4 + 2 * e;
-        *reinterpret_cast<P2*>(gk + off0 + h * 64 + nb * 8) =
-            Pair<G>::add(ok2[h][nb], p.scale * dk[h][a], p.scale * dk[h][a + 1]);
-        *reinterpret_cast<P2*>(gv + off0 + h * 64 + nb * 8) = Pair<G>::add(ov2[h][nb], dv[h][a], dv[h][a + 1]);
-      }
+        for (int nb = 0; nb < 8; ++nb) {
+          const int a = nb * 4 + 2 * e;
+          *reinterpret_cast<P2*>(gk + off0 + h * 64 + nb * 8) =
+              Pair<G>::add(ok2[h][nb], p.scale * dk[h][a], p.scale * dk[h][a + 1]);
+          *reinterpret_cast<P2*>(gv + off0 + h * 64 + nb * 8) = Pair<G>::add(ov2[h][nb], dv[h][a], dv[h][a + 1]);
+        }
+    } else {  // one of them: dk += scale dK or dv += dV
+      auto add_rows = [&](G* gx, const auto& x, float sc) {
+        P2 o2[H][8];
+#pragma unroll
+        for (int h = 0; h < H; ++h)
+#pragma unroll
+          for (int nb = 0; nb < 8; ++nb) o2[h][nb] = *reinterpret_cast<const P2*>(gx + off0 + h * 64 + nb * 8);
+#pragma unroll
+        for (int h = 0; h < H; ++h)
+#pragma unroll
+          for (int nb = 0; nb < 8; ++nb) {
+            const int a = nb * 4 + 2 * e;
+            *reinterpret_cast<P2*>(gx + off0 + h * 64 + nb * 8) =
+                Pair<G>::add(o2[h][nb], sc * x[h][a], sc * x[h][a + 1]);
+          }
+      };
+      if constexpr (kWantDk)
+        add_rows(gk, dk, p.scale);
+      else
+        add_rows(gv, dv, 1.0f);
+    }
   }
 #endif
 }
@@ -413,9 +501,10 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_wgmma_kernel(BwdPar
 #ifdef AERIE_NO_WGMMA
   __trap();  // not launched: the host takes the mma.sync passes off sm_90
 #else
-  static_assert(D == 64 || D == 128);
+  static_assert(D == 64 || D == 128 || D == 192);
   constexpr int H = D / 64;  // 64-column halves of dQ
   using L = DqLayout<D>;
+  constexpr int kS = L::slots;
   extern __shared__ __align__(1024) uint8_t bwd_smem[];
   uint8_t* mem = nullptr;
   const uint32_t base = aligned_base(bwd_smem, mem);
@@ -437,8 +526,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_wgmma_kernel(BwdPar
     const bf16_t* k = static_cast<const bf16_t*>(p.k);
     const bf16_t* v = static_cast<const bf16_t*>(p.v);
     for (int t = 0; t < ntiles; ++t) {
-      const int s = t % kSlots;
-      if (t >= kSlots) mbar_wait(base + L::empty0 + 8 * s, ((t / kSlots) - 1) & 1);
+      const int s = t % kS;
+      if (t >= kS) mbar_wait(base + L::empty0 + 8 * s, ((t / kS) - 1) & 1);
       load_keys_w<kN, D>(base + L::k(s), k, base + L::k(s) + wtile<kN, D>(), v, p, g,
                          static_cast<int64_t>(t0 + t) * kN, tid);
       mbar_arrive_cp_async(base + L::full0 + 8 * s);
@@ -477,8 +566,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_wgmma_kernel(BwdPar
   // Per tile: S and dP issued together, P computed while dP runs, dQ left in flight until the next
   // tile's S is done, when the previous slot goes back to the producer.
   for (int t = 0; t < ntiles; ++t) {
-    const int sl = t % kSlots;
-    mbar_wait(base + L::full0 + 8 * sl, (t / kSlots) & 1);
+    const int sl = t % kS;
+    mbar_wait(base + L::full0 + 8 * sl, (t / kS) & 1);
     fence_proxy_async();
     const uint32_t kb = base + L::k(sl), vb = kb + wtile<kN, D>();
     const int j0 = (t0 + t) * kN;
@@ -492,7 +581,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_wgmma_kernel(BwdPar
     fence_regs(s);
     fence_acc(acc);
     fence_frags(f);
-    if (t > 0 && lane == 0) mbar_arrive(base + L::empty0 + 8 * ((t - 1) % kSlots));
+    if (t > 0 && lane == 0) mbar_arrive(base + L::empty0 + 8 * ((t - 1) % kS));
     // P; the two loops hoisted by hand (a per-element branch made ptxas emit one per element).
     if (full) {
 #pragma unroll
@@ -536,6 +625,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_wgmma_kernel(BwdPar
 /// [64][D] and V [64][DV] tiles (each 64-column half a [rows][128 bytes] block, wswz), mbarriers.
 template <int D, int DV>
 struct FwdLayout {
+  static constexpr int slots = kSlots;
   static constexpr uint32_t q = 0, k0 = kBlock * D * 2, kbytes = kN * D * 2, vbytes = kN * DV * 2;
   static constexpr uint32_t k(int s) { return k0 + s * (kbytes + vbytes); }
   static constexpr uint32_t v(int s) { return k(s) + kbytes; }
@@ -571,7 +661,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_wgmma_kernel(FwdParams
 #ifdef AERIE_NO_WGMMA
   __trap();  // not launched: the host takes the mma.sync kernel off sm_90
 #else
-  static_assert(D % 64 == 0 && DV % 64 == 0 && D <= 192 && DV <= 128);
+  static_assert(D % 64 == 0 && DV % 64 == 0 && D <= 192 && DV <= 192);
   constexpr int H = DV / 64;
   using L = FwdLayout<D, DV>;
   Seq sq;
@@ -763,6 +853,7 @@ void launch_fwd_wgmma(const FwdParams& p, int64_t tiles, int64_t splits) {
 template void launch_fwd_wgmma<64, 64>(const FwdParams& p, int64_t tiles, int64_t splits);
 template void launch_fwd_wgmma<128, 128>(const FwdParams& p, int64_t tiles, int64_t splits);
 template void launch_fwd_wgmma<192, 128>(const FwdParams& p, int64_t tiles, int64_t splits);
+template void launch_fwd_wgmma<192, 192>(const FwdParams& p, int64_t tiles, int64_t splits);
 
 template <int D, typename G>
 void launch_bwd_wgmma(const BwdParams& p) {
@@ -773,14 +864,21 @@ void launch_bwd_wgmma(const BwdParams& p) {
                                             << " keys: beyond the 32-bit index range of the wgmma passes");
   if (p.tk > 0) {
     const size_t smem = DkdvLayout<D>::bytes + kAlign;
-    auto kernel = attn_bwd_dkdv_wgmma_kernel<D, G>;
-    allow_smem(kernel, smem);
     const int64_t blocks = (p.tk + kBlock - 1) / kBlock;
     // kv heads in x, so that the blocks start in the order of their work (key block 0, the longest,
     // for every head first), not head by head: the tail of the causal triangle was 19% of the time.
     check_grid("attention_backward (CUDA) dk/dv", p.nkv, blocks, 1);
-    kernel<<<dim3(p.nkv, static_cast<unsigned>(blocks)), kWsThreads, smem, stream()>>>(p);
-    AERIE_CUDA_LAUNCHED("attn_bwd_dkdv_wgmma_kernel");
+    auto launch = [&](auto kernel) {
+      allow_smem(kernel, smem);
+      kernel<<<dim3(p.nkv, static_cast<unsigned>(blocks)), kWsThreads, smem, stream()>>>(p);
+      AERIE_CUDA_LAUNCHED("attn_bwd_dkdv_wgmma_kernel");
+    };
+    if constexpr (D == 192) {  // dV, then dK (the registers of both do not fit: Dkdv)
+      launch(attn_bwd_dkdv_wgmma_kernel<D, G, Dkdv::kDv>);
+      launch(attn_bwd_dkdv_wgmma_kernel<D, G, Dkdv::kDk>);
+    } else {
+      launch(attn_bwd_dkdv_wgmma_kernel<D, G, Dkdv::kBoth>);
+    }
   }
   const size_t smem = DqLayout<D>::bytes + kAlign;
   auto kernel = attn_bwd_dq_wgmma_kernel<D>;
@@ -795,5 +893,7 @@ template void launch_bwd_wgmma<64, float>(const BwdParams& p);
 template void launch_bwd_wgmma<64, bf16_t>(const BwdParams& p);
 template void launch_bwd_wgmma<128, float>(const BwdParams& p);
 template void launch_bwd_wgmma<128, bf16_t>(const BwdParams& p);
+template void launch_bwd_wgmma<192, float>(const BwdParams& p);
+template void launch_bwd_wgmma<192, bf16_t>(const BwdParams& p);
 
 }  // namespace aerie::cuda::attn
