@@ -1,6 +1,8 @@
+#include <algorithm>
 #include <fstream>
 #include <iostream>
 #include <sstream>
+#include <vector>
 
 #include <mpi.h>
 
@@ -9,6 +11,40 @@
 #include "model/target_config.h"
 
 namespace aerie::jobs {
+namespace {
+
+/// Levenshtein distance of a and b (insertions, deletions, substitutions), for option suggestions.
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+/// " (did you mean --NAME?)" for the option of `all` closest to the unknown `given` ("--stpes" or, in a
+/// config file, "stpes"), when it is within 2 edits, or a third of its length if more; else "".
+std::string suggestion(const po::options_description& all, std::string given) {
+  while (!given.empty() && given.front() == '-') given.erase(given.begin());
+  given = given.substr(0, given.find('='));
+  std::string best;
+  size_t best_d = std::max<size_t>(2, given.size() / 3) + 1;  // up to 2 edits, more in long names
+  for (const auto& o : all.options()) {
+    const std::string& name = o->long_name();
+    const size_t d = edit_distance(given, name);
+    if (!name.empty() && d < best_d) best = name, best_d = d;
+  }
+  return best.empty() ? "" : " (did you mean --" + best + "?)";
+}
+
+}  // namespace
 
 bool parse_options(const std::string& job, const std::vector<std::string>& args, po::options_description& desc,
                    po::variables_map& vm) {
@@ -27,6 +63,8 @@ bool parse_options(const std::string& job, const std::vector<std::string>& args,
       try {
         // allow_unregistered = false: a typo in a config file is an error, not a silent default.
         po::store(po::parse_config_file(in, all, false), vm);
+      } catch (const po::unknown_option& e) {
+        throw UsageError("config file " + path + ": " + e.what() + suggestion(all, e.get_option_name()));
       } catch (const po::error& e) {
         throw UsageError("config file " + path + ": " + e.what());
       }
@@ -38,6 +76,9 @@ bool parse_options(const std::string& job, const std::vector<std::string>& args,
       return false;
     }
     po::notify(vm);
+  } catch (const po::unknown_option& e) {
+    throw UsageError("aerie " + job + ": " + e.what() + suggestion(all, e.get_option_name()) + " (see aerie " + job +
+                     " --help)");
   } catch (const po::error& e) {
     throw UsageError("aerie " + job + ": " + e.what() + " (see aerie " + job + " --help)");
   }

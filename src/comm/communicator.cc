@@ -134,4 +134,22 @@ ParallelGroups ParallelGroups::create(int tp) {
   return ParallelGroups{map, std::move(world), std::move(tpc), std::move(dpc)};
 }
 
+int32_t max_over_ranks(Communicator& c, int32_t v) {
+  Tensor f = Tensor::from_vector<int32_t>({v}, {1});
+  c.all_reduce_max(f);
+  return f.data<int32_t>()[0];
+}
+
+void agree_on_refusal(Communicator& c, const std::string& job, const std::function<void()>& checks) {
+  std::string refusal;
+  try {
+    checks();
+  } catch (const Error& e) {
+    refusal = e.what();
+    if (refusal.empty()) refusal = "refused";
+  }
+  if (max_over_ranks(c, refusal.empty() ? 0 : 1) == 0) return;
+  throw CollectiveError(refusal.empty() ? job + ": another rank refused (rank 0's log says why)" : refusal);
+}
+
 }  // namespace aerie

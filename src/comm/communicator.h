@@ -4,7 +4,9 @@
 #pragma once
 #include <mpi.h>
 
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "core/tensor.h"
@@ -87,5 +89,16 @@ struct ParallelGroups {
   /// of base): e.g. the target's ranks of a streaming train job. Collective over base.
   static ParallelGroups create(int tp, const MpiCommunicator& base);
 };
+
+/// The largest of the ranks' `v` (collective over `c`: one all-reduce).
+int32_t max_over_ranks(Communicator& c, int32_t v);
+
+/// Runs `checks` (a job's refusals before its work starts: options against a checkpoint or table, inputs)
+/// on every rank of `c`, which must be every rank of the job. Each rank checks the same files and options,
+/// so a refusal is the same on every rank; the ranks agree on it (one all-reduce) and each throws
+/// aerie::CollectiveError with its message, so main() ends the job with status 1 and the message once,
+/// without MPI_Abort's banner on every rank. A rank that passed while another refused throws "`job`: another
+/// rank refused (rank 0's log says why)". Errors other than aerie::Error propagate unchanged (no agreement).
+void agree_on_refusal(Communicator& c, const std::string& job, const std::function<void()>& checks);
 
 }  // namespace aerie

@@ -123,10 +123,14 @@ void read_deepseek(const nlohmann::json& j, TargetConfig& c, const std::string& 
 }  // namespace
 
 TargetConfig load_target_config(const std::string& dir) {
+  std::error_code ec;
+  AERIE_CHECK(std::filesystem::exists(dir, ec), "model folder " << dir << " does not exist");
+  AERIE_CHECK(std::filesystem::is_directory(dir, ec),
+              dir << " is not a folder (a model is a Hugging Face folder: config.json, model.safetensors, tokenizer)");
   std::filesystem::path p = std::filesystem::path(dir) / "config.json";
   const std::string path = p.string();
   std::ifstream in(p);
-  AERIE_CHECK(in, "cannot open " << path);
+  AERIE_CHECK(in, "cannot open " << path << " (a model folder holds the Hugging Face config.json)");
   TargetConfig c;
   try {
     c.raw = nlohmann::json::parse(in);
@@ -134,6 +138,18 @@ TargetConfig load_target_config(const std::string& dir) {
     AERIE_THROW(path << ": bad JSON: " << e.what());
   }
   AERIE_CHECK(c.raw.is_object(), path << ": not a JSON object");
+  {  // An EAGLE draft (aerie's export, SpecForge's or speculators' checkpoint) given where the target belongs.
+    std::string draft;
+    for (const char* key : {"draft_vocab_size", "eagle_config", "speculators_model_type"})
+      if (c.raw.contains(key)) draft = std::string("field \"") + key + "\"";
+    if (c.raw.contains("architectures") && c.raw["architectures"].is_array())
+      for (const auto& a : c.raw["architectures"])
+        if (a.is_string() && a.get<std::string>().find("Eagle") != std::string::npos)
+          draft = "architecture " + a.get<std::string>();
+    AERIE_CHECK(draft.empty(), path << ": an EAGLE draft's config (" << draft
+                                    << "), not a target model's: give the target's folder here (a draft export "
+                                       "goes to eval's --draft)");
+  }
   if (!c.raw.contains("hidden_size") && c.raw.contains("text_config") && c.raw["text_config"].is_object()) {
     // A multimodal wrapper (Llava, Mistral3, ...): the language model's fields are its text_config.
     nlohmann::json merged = c.raw, text = c.raw["text_config"];

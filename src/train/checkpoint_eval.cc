@@ -252,26 +252,33 @@ std::string format_checkpoint_table(const CheckpointEvalTable& table) {
 
 CheckpointEvalTable run_checkpoint_eval(const EvalOptions& eval, const CheckpointEvalOptions& opts) {
   const std::string path = opts.table_path.empty() ? checkpoint_eval_path(opts.run_dir) : opts.table_path;
-  const int rank = MpiCommunicator::world()->rank();
-  const std::map<int64_t, std::string> all = complete_checkpoints(opts.run_dir);
-  std::vector<int64_t> available;
+  const std::unique_ptr<MpiCommunicator> world = MpiCommunicator::world();
+  const int rank = world->rank();
+  std::map<int64_t, std::string> all;
+  std::vector<int64_t> available, selected;
+  nlohmann::json settings;
+  CheckpointEvalTable table;
+  bool resumed = false;
+  // The table so far: the same settings (the dtype once the session resolved it) and the same checkpoints.
+  // The target, prompts and data split are compared by content (fingerprint, sha256), not by path, so
+  // that a run moved to other storage with them keeps its table (the shards folder is compared by path:
+  // it has no hash here, and other shards give another tau_sim).
+  const std::vector<std::string> moved = {"model", "prompts", "data_split"};
+  std::vector<int64_t> todo;
+  std::map<int64_t, std::string> fingerprints;
+  // Every rank reads the same run and table: a refusal ends the job once, with status 1 (no MPI_Abort).
+  agree_on_refusal(*world, "eval", [&] {
+  all = complete_checkpoints(opts.run_dir);
   for (const auto& [step, dir] : all) available.push_back(step);
-  std::vector<int64_t> selected;
   try {
     selected = select_checkpoint_steps(available, opts.every, opts.steps);
   } catch (const Error& e) {
     AERIE_THROW("eval --run " << opts.run_dir << ": " << e.what());
   }
 
-  // The table so far: the same settings (the dtype once the session resolved it) and the same checkpoints.
-  nlohmann::json settings = checkpoint_eval_settings(eval, "");
-  CheckpointEvalTable table;
+  settings = checkpoint_eval_settings(eval, "");
   table.run_dir = opts.run_dir;
-  const bool resumed = fs::exists(path);
-  // The target, prompts and data split are compared by content (fingerprint, sha256), not by path, so
-  // that a run moved to other storage with them keeps its table (the shards folder is compared by path:
-  // it has no hash here, and other shards give another tau_sim).
-  const std::vector<std::string> moved = {"model", "prompts", "data_split"};
+  resumed = fs::exists(path);
   if (resumed) {
     table = read_checkpoint_eval(path);
     std::vector<std::string> ignore = moved;
@@ -285,8 +292,6 @@ CheckpointEvalTable run_checkpoint_eval(const EvalOptions& eval, const Checkpoin
                   "eval --run: " << path << " holds the untrained draft of --seed " << table.untrained.value("seed", 0)
                                  << ", not " << eval.seed << ": write this table elsewhere (--output)");
   }
-  std::vector<int64_t> todo;
-  std::map<int64_t, std::string> fingerprints;
   for (int64_t step : selected) {
     fingerprints[step] = checkpoint_fingerprint(all.at(step));
     const CheckpointEvalRow* row = table.find(step);
@@ -299,6 +304,7 @@ CheckpointEvalTable run_checkpoint_eval(const EvalOptions& eval, const Checkpoin
                                << " (the run was trained again into " << opts.run_dir
                                << "?): write this table elsewhere (--output) or remove " << path);
   }
+  });
   const bool untrained_todo = eval.untrained && !table.untrained.is_object();
   if (rank == 0)
     AERIE_LOG(info) << "eval --run: " << selected.size() << " of " << available.size() << " checkpoints of "
@@ -308,12 +314,13 @@ CheckpointEvalTable run_checkpoint_eval(const EvalOptions& eval, const Checkpoin
   if (!todo.empty() || untrained_todo) {
     EvalSession session(eval);
     settings["dtype"] = session.dtype_name();
-    if (resumed) {
+    agree_on_refusal(*world, "eval", [&] {
+      if (!resumed) return;
       const std::string diff = settings_difference(table.settings, settings, moved);
       AERIE_CHECK(diff.empty(), "eval --run: " << path << " was made with other eval settings (" << diff
                                                << "); its rows are kept: write this table elsewhere (--output) or "
                                                << "remove " << path);
-    }
+    });
     table.settings = settings;
     auto save = [&] {
       if (rank == 0) write_file_atomic(path, table.to_json().dump(2) + "\n");

@@ -99,9 +99,13 @@ void TrainOptions::check_resumable(const nlohmann::json& c) const {
   for (const char* key : {"steps", "epochs", "batch_size", "lr", "warmup_ratio", "max_grad_norm", "ttt_steps", "seed",
                           "eval_fraction"}) {
     AERIE_CHECK(c.contains(key), "resume: the checkpoint's options lack '" << key << "'");
-    AERIE_CHECK(c[key] == mine[key], "resume: --" << key << " is " << mine[key].dump() << " but the checkpoint was "
+    std::string opt = key;
+    std::replace(opt.begin(), opt.end(), '_', '-');
+    AERIE_CHECK(c[key] == mine[key], "resume: --" << opt << " is " << mine[key].dump() << " but the checkpoint was "
                                                   << "trained with " << c[key].dump()
-                                                  << "; rerun with the same options or use another --output");
+                                                  << "; rerun with the same options, or use another --output (with "
+                                                     "--init-draft " << "pointing at this run to start from its "
+                                                     "weights)");
   }
   // Offline (shards) against streaming (--prepared): the two modes number the samples alike only when no
   // shard left a sample out, so a checkpoint resumes in its own mode only.

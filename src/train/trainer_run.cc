@@ -38,13 +38,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The largest of the ranks' `v` (collective over dp).
-int32_t max_over_ranks(Communicator& dp, int32_t v) {
-  Tensor f = Tensor::from_vector<int32_t>({v}, {1});
-  dp.all_reduce_max(f);
-  return f.data<int32_t>()[0];
-}
-
 // The signal received by any rank of `dp` (collective), 0 if none.
 int any_stop_signal(Communicator& dp) { return max_over_ranks(dp, static_cast<int32_t>(StopSignals::received())); }
 
@@ -345,27 +338,15 @@ DraftWeights warm_start_weights(const TrainOptions& opts, const DraftConfig& cfg
   return std::move(init.weights);
 }
 
-// Runs `checks` (the checks of a fresh start or resume) on every rank of dp. Each rank checks the same
-// checkpoint, options and files, so a refusal is the same on every rank. With `whole_job` (an offline run:
-// dp is every rank of the job) the ranks agree on it (one all-reduce) and each throws aerie::CollectiveError,
-// so main() ends the job with status 1 and the message once, without MPI_Abort's banner on every rank; a rank
-// that passed while another refused says so. In a streaming run the target's ranks wait outside dp for the
-// plan, so the error stays an aerie::Error (main() aborts the job, which releases them). Errors other than
-// aerie::Error propagate unchanged.
-void agree_on_refusal(Communicator& dp, bool whole_job, const std::function<void()>& checks) {
-  if (!whole_job) {
+// Runs `checks` (the checks of a fresh start or resume) on every rank of dp. With `whole_job` (an offline run:
+// dp is every rank of the job) through comm's agree_on_refusal, so a refusal ends the job with status 1 and
+// the message once. In a streaming run the target's ranks wait outside dp for the plan, so the error stays an
+// aerie::Error (main() aborts the job, which releases them).
+void refusals_agreed(Communicator& dp, bool whole_job, const std::function<void()>& checks) {
+  if (whole_job)
+    aerie::agree_on_refusal(dp, "train", checks);
+  else
     checks();
-    return;
-  }
-  std::string refusal;
-  try {
-    checks();
-  } catch (const Error& e) {
-    refusal = e.what();
-    if (refusal.empty()) refusal = "refused";
-  }
-  if (max_over_ranks(dp, refusal.empty() ? 0 : 1) == 0) return;
-  throw CollectiveError(refusal.empty() ? "train: another rank refused the run (rank 0's log says why)" : refusal);
 }
 
 // The shards must be the ones the checkpoint was trained on (names and sample counts; the folder may move).
@@ -471,7 +452,7 @@ TrainResult run_training(const TrainOptions& given_opts, Communicator& dp, Strea
   std::string vocab_file;
   const auto latest = latest_checkpoint(opts.output_dir);
   const bool whole_job = stream == nullptr;  // offline: dp is every rank of the job
-  agree_on_refusal(dp, whole_job, [&] {
+  refusals_agreed(dp, whole_job, [&] {
     if (latest) {
       if (rank == 0) AERIE_LOG(info) << "train: resuming from " << *latest;
       if (rank == 0 && !opts.init_draft.empty())
@@ -535,7 +516,7 @@ TrainResult run_training(const TrainOptions& given_opts, Communicator& dp, Strea
   BatchOrder order(st.split, opts.batch_size, opts.seed);
   st.steps_per_epoch = order.steps_per_epoch();
   const int64_t total = opts.steps > 0 ? opts.steps : std::max<int64_t>(1, opts.epochs) * order.steps_per_epoch();
-  agree_on_refusal(dp, whole_job, [&] {
+  refusals_agreed(dp, whole_job, [&] {
     AERIE_CHECK(!latest || st.total_steps == total,
                 "resume: " << total << " total steps now, the checkpoint planned " << st.total_steps);
   });

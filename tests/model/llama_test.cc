@@ -110,6 +110,23 @@ TEST(TargetConfig, RejectsBadConfigs) {
   j["num_key_value_heads"] = 3;  // 8 heads are not a multiple of 3 kv heads
   write_json(dir, j);
   EXPECT_THROW(load_target_config(dir), Error);
+  // A draft export where the target belongs (eval --model EXPORT): named as a draft.
+  j = base_config();
+  j["architectures"] = {"LlamaForCausalLMEagle3"};
+  write_json(dir, j);
+  EXPECT_NE(testing::error_of([&] { load_target_config(dir); }).find("an EAGLE draft's config (architecture "
+                                                                     "LlamaForCausalLMEagle3)"),
+            std::string::npos);
+  j = base_config();
+  j["draft_vocab_size"] = 32;
+  write_json(dir, j);
+  EXPECT_NE(testing::error_of([&] { load_target_config(dir); }).find("EAGLE draft"), std::string::npos);
+  // A mistyped folder and a file: named as such.
+  EXPECT_NE(testing::error_of([&] { load_target_config(dir + "/nope"); }).find("model folder " + dir +
+                                                                                "/nope does not exist"),
+            std::string::npos);
+  EXPECT_NE(testing::error_of([&] { load_target_config(dir + "/config.json"); }).find("is not a folder"),
+            std::string::npos);
 }
 
 TEST(TargetConfig, DefaultAuxLayers) {

@@ -2,7 +2,7 @@
 # Checkpoint choice with the aerie binary on stories260K (issue 13, item 2; train/checkpoint_eval.h):
 #  - eval --run on 2 ranks gives the checkpoint table a row for every checkpoint of a run (10, 20, 30) and
 #    prints it; a rerun evaluates nothing; --every 20 selects 20 and the newest (30); --steps a missing step,
-#    other settings, --every without --run are refused;
+#    other settings (on 2 ranks: once, without MPI_ABORT), --every without --run are refused;
 #  - export --best exports the row of the highest acceptance length (a table edited so that step 10 is the
 #    best, and one where all tie: the later step, 30), says why, and records the step in config.json
 #    (aerie_checkpoint) and the model.safetensors metadata; a plain export records its step too; --best
@@ -54,8 +54,11 @@ run eval_every 2 "${eval_args[@]}" --max-new-tokens 16 --run "$r" --every 20 --o
 [ "$(steps_of "$work/every.json")" = "20 30" ] || fail "--every 20 selected $(steps_of "$work/every.json")"
 refused eval_missing_step "no complete checkpoint of step 15 \(the run has steps 10, 20, 30\)" 1 \
   "${eval_args[@]}" --run "$r" --steps 10,15 --output "$work/steps.json"
-refused eval_other_settings "$table was made with other eval settings \(.*max_new_tokens: 16 -> 8" 1 \
+refused eval_other_settings "$table was made with other eval settings \(.*max_new_tokens: 16 -> 8" 2 \
   "${eval_args[@]}" --run "$r" --max-new-tokens 8
+# ... on 2 ranks: the message once and a clean exit, no MPI_ABORT banner
+! grep -q "MPI_ABORT" "$last" || fail "eval_other_settings: the refusal aborted the job (MPI_ABORT)"
+[ "$(grep -c "was made with other eval settings" "$last")" = 1 ] || fail "eval_other_settings: the refusal not logged once"
 cmp -s "$table" "$work/table_first.json" || fail "a refused rerun changed the table"
 refused eval_bad_steps "aerie eval: --steps 10,x: 'x' is not a positive step number" 1 "${eval_args[@]}" --run "$r" \
   --steps 10,x

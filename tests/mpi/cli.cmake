@@ -6,6 +6,10 @@ add_test(NAME cli_usage_error_np2
 set_tests_properties(cli_usage_error_np2 PROPERTIES ENVIRONMENT "${_aerie_cli_env}" LABELS mpi
   PASS_REGULAR_EXPRESSION "aerie train: unrecognised option '--no-such-option' \\(see aerie train --help\\)"
   FAIL_REGULAR_EXPRESSION "MPI_ABORT")
+# A mistyped option gets the closest real one.
+add_test(NAME cli_option_typo COMMAND $<TARGET_FILE:aerie> train --stpes 10)
+set_tests_properties(cli_option_typo PROPERTIES ENVIRONMENT "${_aerie_cli_env}"
+  PASS_REGULAR_EXPRESSION "unrecognised option '--stpes' \\(did you mean --steps\\?\\) \\(see aerie train --help\\)")
 add_test(NAME cli_missing_config COMMAND $<TARGET_FILE:aerie> vocab --config /nonexistent/vocab.ini)
 set_tests_properties(cli_missing_config PROPERTIES ENVIRONMENT "${_aerie_cli_env}"
   PASS_REGULAR_EXPRESSION "cannot open config file /nonexistent/vocab.ini" FAIL_REGULAR_EXPRESSION "MPI_ABORT")
