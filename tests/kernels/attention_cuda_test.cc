@@ -162,6 +162,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{150, 150, 4, 4, 192, 0, BF16, F32},
                       Case{20, 170, 4, 4, 192, 150, BF16, BF16},   // chunked, d 192
                       Case{700, 700, 8, 2, 192, 0, BF16, F32},     // d 192, GQA, many tiles in every pass
+                      Case{150, 150, 4, 4, 192, 0, BF16, BF16},    // d 192, bf16 dk / dv (the dV, dK launches)
                       Case{70, 70, 6, 3, 40, 0, F32, F32},         // head dim padded to 64
                       Case{40, 40, 2, 1, 264, 0, F32, F32},        // beyond 256: refused
                       Case{33, 40, 4, 1, 8, 7, BF16, F32},         // multi-query, d 8
