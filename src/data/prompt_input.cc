@@ -143,6 +143,18 @@ struct PromptFile::Array {
 
 PromptFile::PromptFile(const std::string& path, InputFormat format) : path_(path) {
   AERIE_CHECK(fs::is_regular_file(path), "prompt set " << path << ": no such file");
+  {  // A binary file (a prepared HDF5 file, a shard, a checkpoint) given as prompts: named before any parse.
+    std::ifstream in(path, std::ios::binary);
+    char head[512];
+    in.read(head, sizeof head);
+    const std::string h(head, static_cast<size_t>(in.gcount()));
+    AERIE_CHECK(h.rfind("\x89HDF\r\n\x1a\n", 0) != 0,
+                "prompt set " << path << " is an HDF5 file (a prepared file or a shard?): prompts are a text file "
+                              << "(.txt, paragraphs), JSONL or a JSON array of prompts or conversations");
+    AERIE_CHECK(h.find('\0') == std::string::npos,
+                "prompt set " << path << " is a binary file: prompts are a text file (.txt, paragraphs), JSONL or a "
+                              << "JSON array of prompts or conversations");
+  }
   const bool text = format == InputFormat::Text ||
                     (format == InputFormat::Auto && path.size() >= 4 && path.compare(path.size() - 4, 4, ".txt") == 0);
   record_format_ = text ? InputFormat::Text : format;

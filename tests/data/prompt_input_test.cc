@@ -126,6 +126,13 @@ TEST(PromptFileTest, JsonlLinesArrayElementsAndStories) {
             std::string::npos);
   EXPECT_NE(testing::error_of([&] { PromptFile f(dir + "/missing.jsonl", InputFormat::Auto); }).find("no such file"),
             std::string::npos);
+  // A prepared HDF5 file or another binary file given as prompts: named as such, not as line 1's bad JSON.
+  write(dir + "/p.h5", std::string("\x89HDF\r\n\x1a\n\0\0\0", 11));
+  EXPECT_NE(testing::error_of([&] { PromptFile f(dir + "/p.h5", InputFormat::Auto); }).find("is an HDF5 file"),
+            std::string::npos);
+  write(dir + "/w.bin", std::string("abc\0def", 7));
+  EXPECT_NE(testing::error_of([&] { PromptFile f(dir + "/w.bin", InputFormat::Auto); }).find("is a binary file"),
+            std::string::npos);
 
   write(dir + "/s.txt", "\nOne. Two\nthree.\n\n\n  \nFour! Five.\nSix.\n\nSeven only.\n");
   PromptFile st(dir + "/s.txt", InputFormat::Auto);
