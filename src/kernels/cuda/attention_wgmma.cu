@@ -56,27 +56,39 @@ __device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool va
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(n));
 }
 
+/// The producer's copy (its 128 threads) of R rows of two [.., 192] bf16 tensors into [R][192] tiles: row r of
+/// both from element offset off(r) when ok(r), else zeros. 24 chunks per row: thread tid copies chunks
+/// tid % 8 + {0, 8, 16} of every 16th row.
+template <int R, typename Row>
+__device__ __forceinline__ void copy_pairs_192(uint32_t dst_a, const bf16_t* a, uint32_t dst_b, const bf16_t* b,
+                                               int tid, const Row& row) {
+  const int c8 = tid & 7;
+#pragma unroll 2
+  for (int r = tid >> 3; r < R; r += 16) {
+    bool ok;
+    const int64_t off = row(r, ok);
+#pragma unroll
+    for (int x = 0; x < 3; ++x) {
+      const int c = x * 8 + c8;
+      cp_async16(dst_a + wswz<R>(r, c), a + off + (ok ? c * 8 : 0), ok);
+      cp_async16(dst_b + wswz<R>(r, c), b + off + (ok ? c * 8 : 0), ok);
+    }
+  }
+}
+
 /// The producer's copy (its 128 threads, tid 0 .. 127) of packed query rows R0 .. R0 + R - 1 (row R =
 /// i * group + head in group of kv head g) of two [tq, nh, D] tensors (Q and dout) into [R][D] tiles;
 /// rows past tq are zeros. Row arithmetic in 32 bits (the launch checks that tq * group fits).
 template <int R, int D>
 __device__ __forceinline__ void load_rows_w(uint32_t dst_a, const bf16_t* a, uint32_t dst_b, const bf16_t* b,
                                             const BwdParams& p, int g, int R0, int tid) {
-  if constexpr (D == 192) {  // 24 chunks per row: thread tid copies chunks tid % 8 + {0, 8, 16} of every 16th row
-    const int c8 = tid & 7;
-#pragma unroll 2
-    for (int r = tid >> 3; r < R; r += 16) {
+  if constexpr (D == 192) {
+    copy_pairs_192<R>(dst_a, a, dst_b, b, tid, [&](int r, bool& ok) -> int64_t {
       const int row = R0 + r, i = row / p.group;
       const int h = g * p.group + (row - i * p.group);
-      const bool ok = i < p.tq;
-      const int64_t off = ok ? (static_cast<int64_t>(i) * p.nh + h) * D : 0;
-#pragma unroll
-      for (int x = 0; x < 3; ++x) {
-        const int c = x * 8 + c8;
-        cp_async16(dst_a + wswz<R>(r, c), a + off + (ok ? c * 8 : 0), ok);
-        cp_async16(dst_b + wswz<R>(r, c), b + off + (ok ? c * 8 : 0), ok);
-      }
-    }
+      ok = i < p.tq;
+      return ok ? (static_cast<int64_t>(i) * p.nh + h) * D : 0;
+    });
     return;
   } else {
   constexpr int C = D / 8, kLogC = D == 64 ? 3 : 4;  // 16-byte chunks per row: thread tid copies chunk tid % C
@@ -127,20 +139,12 @@ __device__ __forceinline__ void load_tile_pairs(uint32_t dst_a, const bf16_t* a,
 template <int R, int D>
 __device__ __forceinline__ void load_keys_w(uint32_t dst_a, const bf16_t* a, uint32_t dst_b, const bf16_t* b,
                                             const BwdParams& p, int g, int64_t j0, int tid) {
-  if constexpr (D == 192) {  // as load_rows_w
-    const int c8 = tid & 7;
-#pragma unroll 2
-    for (int jj = tid >> 3; jj < R; jj += 16) {
+  if constexpr (D == 192) {
+    copy_pairs_192<R>(dst_a, a, dst_b, b, tid, [&](int jj, bool& ok) -> int64_t {
       const int64_t j = j0 + jj;
-      const bool ok = j < p.tk;
-      const int64_t off = ok ? (j * p.nkv + g) * D : 0;
-#pragma unroll
-      for (int x = 0; x < 3; ++x) {
-        const int c = x * 8 + c8;
-        cp_async16(dst_a + wswz<R>(jj, c), a + off + (ok ? c * 8 : 0), ok);
-        cp_async16(dst_b + wswz<R>(jj, c), b + off + (ok ? c * 8 : 0), ok);
-      }
-    }
+      ok = j < p.tk;
+      return ok ? (j * p.nkv + g) * D : 0;
+    });
     return;
   } else {
   constexpr int C = D / 8, kLogC = D == 64 ? 3 : 4;  // as load_rows_w
