@@ -268,42 +268,42 @@ CheckpointEvalTable run_checkpoint_eval(const EvalOptions& eval, const Checkpoin
   std::map<int64_t, std::string> fingerprints;
   // Every rank reads the same run and table: a refusal ends the job once, with status 1 (no MPI_Abort).
   agree_on_refusal(*world, "eval", [&] {
-  all = complete_checkpoints(opts.run_dir);
-  for (const auto& [step, dir] : all) available.push_back(step);
-  try {
-    selected = select_checkpoint_steps(available, opts.every, opts.steps);
-  } catch (const Error& e) {
-    AERIE_THROW("eval --run " << opts.run_dir << ": " << e.what());
-  }
-
-  settings = checkpoint_eval_settings(eval, "");
-  table.run_dir = opts.run_dir;
-  resumed = fs::exists(path);
-  if (resumed) {
-    table = read_checkpoint_eval(path);
-    std::vector<std::string> ignore = moved;
-    ignore.push_back("dtype");
-    const std::string diff = settings_difference(table.settings, settings, ignore);
-    AERIE_CHECK(diff.empty(), "eval --run: " << path << " was made with other eval settings (" << diff
-                                             << "); its rows are kept: write this table elsewhere (--output) or "
-                                             << "remove " << path);
-    if (eval.untrained && table.untrained.is_object())
-      AERIE_CHECK(table.untrained.value("seed", uint64_t{0}) == eval.seed,
-                  "eval --run: " << path << " holds the untrained draft of --seed " << table.untrained.value("seed", 0)
-                                 << ", not " << eval.seed << ": write this table elsewhere (--output)");
-  }
-  for (int64_t step : selected) {
-    fingerprints[step] = checkpoint_fingerprint(all.at(step));
-    const CheckpointEvalRow* row = table.find(step);
-    if (!row) {
-      todo.push_back(step);
-      continue;
+    all = complete_checkpoints(opts.run_dir);
+    for (const auto& [step, dir] : all) available.push_back(step);
+    try {
+      selected = select_checkpoint_steps(available, opts.every, opts.steps);
+    } catch (const Error& e) {
+      AERIE_THROW("eval --run " << opts.run_dir << ": " << e.what());
     }
-    AERIE_CHECK(row->fingerprint == fingerprints[step],
-                "eval --run: " << path << " holds step " << step << " of another checkpoint than " << all.at(step)
-                               << " (the run was trained again into " << opts.run_dir
-                               << "?): write this table elsewhere (--output) or remove " << path);
-  }
+
+    settings = checkpoint_eval_settings(eval, "");
+    table.run_dir = opts.run_dir;
+    resumed = fs::exists(path);
+    if (resumed) {
+      table = read_checkpoint_eval(path);
+      std::vector<std::string> ignore = moved;
+      ignore.push_back("dtype");
+      const std::string diff = settings_difference(table.settings, settings, ignore);
+      AERIE_CHECK(diff.empty(), "eval --run: " << path << " was made with other eval settings (" << diff
+                                               << "); its rows are kept: write this table elsewhere (--output) or "
+                                               << "remove " << path);
+      if (eval.untrained && table.untrained.is_object())
+        AERIE_CHECK(table.untrained.value("seed", uint64_t{0}) == eval.seed,
+                    "eval --run: " << path << " holds the untrained draft of --seed " << table.untrained.value("seed", 0)
+                                   << ", not " << eval.seed << ": write this table elsewhere (--output)");
+    }
+    for (int64_t step : selected) {
+      fingerprints[step] = checkpoint_fingerprint(all.at(step));
+      const CheckpointEvalRow* row = table.find(step);
+      if (!row) {
+        todo.push_back(step);
+        continue;
+      }
+      AERIE_CHECK(row->fingerprint == fingerprints[step],
+                  "eval --run: " << path << " holds step " << step << " of another checkpoint than " << all.at(step)
+                                 << " (the run was trained again into " << opts.run_dir
+                                 << "?): write this table elsewhere (--output) or remove " << path);
+    }
   });
   const bool untrained_todo = eval.untrained && !table.untrained.is_object();
   if (rank == 0)
