@@ -150,11 +150,9 @@ void check_eval_inputs(const EvalOptions& o, const CheckpointEvalOptions& run) {
   const fs::path parent = fs::path(out).parent_path();
   AERIE_CHECK(parent.empty() || fs::is_directory(parent),
               "eval: --output " << out << ": the folder " << parent.string() << " does not exist");
-  try {  // last: the checks above name their inputs without reading the model
-    load_target_config(o.model_dir);  // a missing folder, or a draft export given as the target
-  } catch (const Error& e) {
-    AERIE_THROW("eval: --model " << o.model_dir << ": " << e.what());
-  }
+  // Last: the checks above name their inputs without reading the model. A missing folder, or a draft
+  // export given as the target, is named with the option.
+  load_model_option("eval", "model", o.model_dir);
 }
 
 /// "200,600,1000" -> {200, 600, 1000}. UsageError naming the item that is not a step number.

@@ -184,7 +184,7 @@ int export_draft(const std::vector<std::string>& args) {
                                           << " neither a complete checkpoint folder (step-X with DONE) "
                                           << "nor a run folder of aerie train with one under checkpoints/");
     }
-    const TargetConfig target = load_target_config(vm["model"].as<std::string>());
+    const TargetConfig target = load_model_option("export", "model", vm["model"].as<std::string>());
     Checkpoint ck = load_checkpoint(dir);
     // The checkpoint's target fingerprint (a warning only: a draft trained on one copy of a model is
     // served with another, e.g. a quantized one; the layer count and widths are checked by write_export).

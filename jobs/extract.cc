@@ -87,7 +87,7 @@ int extract(const std::vector<std::string>& args) {
   // config.json alone first: a bad --aux-layers, or a shard folder of another run (another model, prepared
   // file, aux layers), is reported before the weights load.
   {
-    const TargetConfig c = load_target_config(model_dir);
+    const TargetConfig c = load_model_option("extract", "model", model_dir);
     opt.meta.aux_layers = parse_aux_layers(vm["aux-layers"].as<std::string>(), c.num_hidden_layers, "extract");
     opt.meta.target_model = model_dir;
     opt.meta.hidden_size = c.hidden_size;

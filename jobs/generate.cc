@@ -260,14 +260,10 @@ int generate(const std::vector<std::string>& args) {
   ParallelGroups groups = ParallelGroups::create(vm["tp"].as<int>());
   TargetDevice target = resolve_target_device(vm, groups, "generate");
   // config.json and the tokenizer first: a bad --stop-token is reported before the weights load.
+  const TargetConfig cfg = load_model_option("generate", "model", dir);
   auto tok = Tokenizer::load(dir);
-  std::vector<int32_t> stop;
-  int32_t bos = -1;
-  {
-    const TargetConfig cfg = load_target_config(dir);
-    bos = tok->bos_id() >= 0 ? tok->bos_id() : static_cast<int32_t>(cfg.bos_token_id);
-    stop = stop_ids(vm, dir, cfg, *tok, bos);
-  }
+  const int32_t bos = tok->bos_id() >= 0 ? tok->bos_id() : static_cast<int32_t>(cfg.bos_token_id);
+  const std::vector<int32_t> stop = stop_ids(vm, dir, cfg, *tok, bos);
   TargetModel model(dir, *target.tp, target.options);
   if (vm.count("input")) {
     const int rc = regenerate(vm, groups, model, *tok, dir, stop, sp, max_new);

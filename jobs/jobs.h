@@ -9,6 +9,7 @@
 
 #include "io/fingerprint.h"
 #include "io/output_lock.h"
+#include "model/target_config.h"
 
 namespace aerie::jobs {
 
@@ -39,6 +40,11 @@ TargetFingerprint fingerprint_target(const std::string& dir, int64_t random_seed
 /// Runs `f` on world rank 0 only; collective over MPI_COMM_WORLD: when `f` throws aerie::Error, every rank
 /// throws aerie::CollectiveError with its message (a clean refusal at start instead of an MPI_Abort).
 void on_rank0(const std::function<void()>& f);
+
+/// load_target_config(dir) (model/target_config.h) with its error prefixed "JOB: --OPTION DIR: ", so that a
+/// missing folder, a folder without config.json or a draft export given as the target names the option
+/// that gave it. Throws aerie::Error.
+TargetConfig load_model_option(const std::string& job, const std::string& option, const std::string& dir);
 
 /// --aux-layers "2,5,8" -> {2, 5, 8}; empty -> default_aux_layers(num_layers) (eagle3.md section 1). Throws
 /// aerie::Error prefixed with `job` unless it names 3 ascending integers in [0, num_layers].

@@ -55,7 +55,11 @@ bool parse_options(const std::string& job, const std::vector<std::string>& args,
   po::options_description all;
   all.add(desc).add(common);
   try {
-    po::store(po::command_line_parser(args).options(all).run(), vm);
+    // No prefix guessing (Boost's default style allows it): "--step 10" would be taken as --steps, and a
+    // prefix that an option added later makes ambiguous would break a working command. A mistyped or
+    // shortened option is refused with the closest name instead (suggestion()).
+    const int style = po::command_line_style::default_style & ~po::command_line_style::allow_guessing;
+    po::store(po::command_line_parser(args).options(all).style(style).run(), vm);
     if (vm.count("config")) {
       std::string path = vm["config"].as<std::string>();
       std::ifstream in(path);
@@ -148,6 +152,14 @@ OutputLock lock_output(const po::variables_map& vm, const std::string& job, cons
   LockOptions o;
   o.force_unlock = vm.count("force-unlock") && vm["force-unlock"].as<bool>();
   return acquire_output_lock(MPI_COMM_WORLD, target, kind, job, o);
+}
+
+TargetConfig load_model_option(const std::string& job, const std::string& option, const std::string& dir) {
+  try {
+    return load_target_config(dir);
+  } catch (const Error& e) {
+    throw Error(job + ": --" + option + " " + dir + ": " + e.what());  // e.what() ends with its source location
+  }
 }
 
 std::vector<int> parse_aux_layers(const std::string& s, int64_t num_layers, const std::string& job) {

@@ -82,7 +82,7 @@ void check_train_inputs(const TrainOptions& o) {
                 "--draft-sliding-window must be >= 0 (0: none), got " << o.draft_sliding_window);
   if (o.draft_sliding_window > 0 && !o.model_dir.empty() && fs::is_regular_file(fs::path(o.model_dir) / "config.json")) {
     // A window as long as any position never applies (and would still cost the draft SGLang).
-    const TargetConfig t = load_target_config(o.model_dir);
+    const TargetConfig t = load_model_option("train", "model", o.model_dir);
     TRAIN_REQUIRE(t.max_position_embeddings <= 0 || o.draft_sliding_window < t.max_position_embeddings,
                   "--draft-sliding-window " << o.draft_sliding_window << " is not below --model " << o.model_dir
                                             << "'s max_position_embeddings " << t.max_position_embeddings
@@ -107,7 +107,7 @@ void check_train_inputs(const TrainOptions& o) {
     TRAIN_REQUIRE(o.draft_heads == 0 && o.draft_kv_heads == 0 && o.draft_head_dim == 0,
                   "--draft-heads, --draft-kv-heads and --draft-head-dim shape the Llama draft's attention; "
                   "--draft-attention mla takes the target's heads, LoRA ranks and head dims");
-    const TargetConfig t = load_target_config(o.model_dir);
+    const TargetConfig t = load_model_option("train", "model", o.model_dir);
     TRAIN_REQUIRE(t.mla.enabled(), "--draft-attention mla: --model " << o.model_dir << " ("
                                        << "model_type " << t.model_type << ") has no multi-head latent attention (no kv_lora_rank in its "
                                           "config.json); use --draft-attention llama");
@@ -147,6 +147,8 @@ void check_train_inputs(const TrainOptions& o) {
       AERIE_THROW("train: --vocab " << o.vocab_path << " is not a draft vocabulary of aerie vocab: " << e.what());
     }
   }
+  // Last, as in eval: a missing model folder, or a draft export given as the target, named with the option.
+  load_model_option("train", "model", o.model_dir);
 }
 
 }  // namespace
@@ -318,7 +320,7 @@ int train(const std::vector<std::string>& args) {
   }();
   const bool is_target = layout.is_target(world->rank());
   local_rank();  // collective over the world on first use: every rank makes it here, before the sides part
-  const TargetConfig tcfg = load_target_config(target_model);
+  const TargetConfig tcfg = load_model_option("train", "target-model", target_model);
   const std::vector<int> aux = parse_aux_layers(aux_layers, tcfg.num_hidden_layers, "train");
   // The first training rank writes the run folder, so it holds the lock (a refusal reaches every rank).
   auto trainer_first = world->split(0, is_target ? world->rank() + world->size() : world->rank() - target_ranks);

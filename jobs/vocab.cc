@@ -61,7 +61,7 @@ int vocab(const std::vector<std::string>& args) {
     int64_t V = -1;
     std::string source;
     if (vm.count("model")) {
-      V = load_target_config(vm["model"].as<std::string>()).vocab_size;
+      V = load_model_option("vocab", "model", vm["model"].as<std::string>()).vocab_size;
       source = vm["model"].as<std::string>() + "/config.json";
     } else if (vm.count("vocab-size") || vm.count("tokenizer-vocab-size")) {
       V = vm.count("vocab-size") ? vm["vocab-size"].as<int64_t>() : vm["tokenizer-vocab-size"].as<int64_t>();

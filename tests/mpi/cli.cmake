@@ -10,6 +10,10 @@ set_tests_properties(cli_usage_error_np2 PROPERTIES ENVIRONMENT "${_aerie_cli_en
 add_test(NAME cli_option_typo COMMAND $<TARGET_FILE:aerie> train --stpes 10)
 set_tests_properties(cli_option_typo PROPERTIES ENVIRONMENT "${_aerie_cli_env}"
   PASS_REGULAR_EXPRESSION "unrecognised option '--stpes' \\(did you mean --steps\\?\\) \\(see aerie train --help\\)")
+# An option's prefix is not taken for the option ("--step 10" is not --steps 10).
+add_test(NAME cli_option_prefix_refused COMMAND $<TARGET_FILE:aerie> train --step 10)
+set_tests_properties(cli_option_prefix_refused PROPERTIES ENVIRONMENT "${_aerie_cli_env}"
+  PASS_REGULAR_EXPRESSION "unrecognised option '--step' \\(did you mean --steps\\?\\)")
 add_test(NAME cli_missing_config COMMAND $<TARGET_FILE:aerie> vocab --config /nonexistent/vocab.ini)
 set_tests_properties(cli_missing_config PROPERTIES ENVIRONMENT "${_aerie_cli_env}"
   PASS_REGULAR_EXPRESSION "cannot open config file /nonexistent/vocab.ini" FAIL_REGULAR_EXPRESSION "MPI_ABORT")
@@ -48,6 +52,12 @@ add_test(NAME cli_generate_missing_input
                  --output /nonexistent/o.jsonl)
 set_tests_properties(cli_generate_missing_input PROPERTIES ENVIRONMENT "${_aerie_cli_env}"
   PASS_REGULAR_EXPRESSION "generate: --input /nonexistent/c.jsonl: no such file")
+# A missing model folder is named with the option that gave it (jobs.h load_model_option; train, extract,
+# vocab, export and eval do the same).
+add_test(NAME cli_generate_missing_model COMMAND $<TARGET_FILE:aerie> generate --model /nonexistent/m --prompt hi)
+set_tests_properties(cli_generate_missing_model PROPERTIES ENVIRONMENT "${_aerie_cli_env}"
+  PASS_REGULAR_EXPRESSION "generate: --model /nonexistent/m: model folder /nonexistent/m does not exist"
+  FAIL_REGULAR_EXPRESSION "MPI_ABORT")
 # aerie --version names the version and the git commit of the build (issue 13 item 5; every output records
 # the same string as aerie_version); aerie help JOB is JOB --help.
 add_test(NAME cli_version COMMAND $<TARGET_FILE:aerie> --version)
