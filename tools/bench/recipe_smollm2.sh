@@ -24,6 +24,8 @@
 #              of this OUT_DIR (so list an aerie variant before it, e.g. VARIANTS="default specforge"); then
 #              the same eval as every other variant; run SpecForge's seeds one after another (concurrent
 #              runs on one GPU recompile flex_attention for each new padded length, ten times slower)
+# aerie's runs gain nothing from sharing the GPU either (four at once: 251-284 s each for 400 steps against 56 s
+# alone, 2026-12-04): give SEEDS and VARIANTS to one invocation.
 # LONG_PROMPTS=1 also evaluates each draft on 16 prompts longer than any training sample
 # (tools/bench/long_prompts.py: Spec-Bench summarization articles joined five at a time, 3,839 tokens on
 # average against training samples of 367 on average, 2,048 at most) into RUN.long.json.
