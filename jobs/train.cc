@@ -92,6 +92,11 @@ void check_train_inputs(const TrainOptions& o) {
                 "--draft-fc-norm (one norm per aux chunk) and --draft-norm-before-fc (one norm over the "
                 "concatenation) are both given; choose one (speculators refuses a draft with both)");
   if (o.draft_attention == "mla") {
+    // The target first: on a target without MLA the options below are beside the point.
+    const TargetConfig t = load_model_option("train", "model", o.model_dir);
+    TRAIN_REQUIRE(t.mla.enabled(), "--draft-attention mla: --model " << o.model_dir << " ("
+                                       << "model_type " << t.model_type << ") has no multi-head latent attention (no kv_lora_rank in its "
+                                          "config.json); use --draft-attention llama");
     TRAIN_REQUIRE(o.draft_sliding_window == 0,
                   "--draft-sliding-window goes with the Llama draft only: vLLM's Eagle3DeepseekV2ForCausalLM, which "
                   "serves the MLA draft, reads no sliding window");
@@ -107,10 +112,6 @@ void check_train_inputs(const TrainOptions& o) {
     TRAIN_REQUIRE(o.draft_heads == 0 && o.draft_kv_heads == 0 && o.draft_head_dim == 0,
                   "--draft-heads, --draft-kv-heads and --draft-head-dim shape the Llama draft's attention; "
                   "--draft-attention mla takes the target's heads, LoRA ranks and head dims");
-    const TargetConfig t = load_model_option("train", "model", o.model_dir);
-    TRAIN_REQUIRE(t.mla.enabled(), "--draft-attention mla: --model " << o.model_dir << " ("
-                                       << "model_type " << t.model_type << ") has no multi-head latent attention (no kv_lora_rank in its "
-                                          "config.json); use --draft-attention llama");
   }
   TRAIN_REQUIRE(o.device == "auto" || o.device == "cpu" || o.device == "cuda",
           "--device '" << o.device << "' is not auto, cpu or cuda");

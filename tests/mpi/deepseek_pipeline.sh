@@ -99,7 +99,7 @@ refused "--draft-sliding-window goes with the Llama draft only" mpirun --oversub
     --draft-attention mla --draft-sliding-window 64
 refused "use --draft-attention llama" mpirun --oversubscribe -np 2 "$aerie" train --model "$tok" \
     --shards "$work/deepseek_v3/shards" --vocab "$work/deepseek_v3/vocab.safetensors" --output "$out/run4" --steps 1 \
-    --draft-attention mla
+    --draft-attention mla --draft-fc-norm  # the target's lack of MLA is named first, not the option beside it
 grep -q "MPI_ABORT" "$work/last.log" && { cat "$work/last.log"; echo "FAIL: the refusal went through MPI_Abort"; exit 1; }
 refused "format eagle3" mpirun --oversubscribe -np 1 "$aerie" export --model "$ds" --checkpoint "$out/run" \
     --output "$out/export_spec" --format speculators --verifier x
