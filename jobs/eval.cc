@@ -29,6 +29,7 @@
 // of --shards, or (neither given) on the target's greedy continuations of the prompts.
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -147,6 +148,13 @@ void check_eval_inputs(const EvalOptions& o, const CheckpointEvalOptions& run) {
                                   << " (the --output folder of aerie extract)");
   const std::string out = run.run_dir.empty() ? o.output_path : run.table_path;
   AERIE_CHECK(!fs::is_directory(out), "eval: --output " << out << " is a folder (a .json file is written)");
+  // A file of another kind (a prepared file, a model's weights) is refused, not replaced when the job ends;
+  // an earlier eval.json or checkpoint table (both carry aerie_version) is replaced or continued as before.
+  check_output_replaceable("eval", out, "a JSON result of aerie eval", [](const std::string& p) {
+    std::ifstream in(p);
+    const nlohmann::json j = nlohmann::json::parse(in);
+    return j.is_object() && j.contains("aerie_version");
+  });
   const fs::path parent = fs::path(out).parent_path();
   AERIE_CHECK(parent.empty() || fs::is_directory(parent),
               "eval: --output " << out << ": the folder " << parent.string() << " does not exist");

@@ -189,6 +189,16 @@ void check_regenerate_inputs(const po::variables_map& vm) {
               "aerie generate: --input " << input << (fs::exists(input) ? " is not a file" : ": no such file"));
   AERIE_CHECK(!fs::is_directory(output),
               "aerie generate: --output " << output << " is a folder (a JSONL file is written)");
+  AERIE_CHECK(!fs::exists(output) || !fs::equivalent(input, output),
+              "aerie generate: --output " << output << " is the --input file; name another file");
+  // A file of another kind (a prepared file, a model's weights) is refused, not replaced when the job ends;
+  // a JSONL file (an earlier run's output) is replaced as before.
+  check_output_replaceable("aerie generate", output, "a JSONL file (aerie generate's output)", [](const std::string& p) {
+    std::ifstream in(p);
+    std::string line;
+    if (!std::getline(in, line)) return true;  // empty
+    return nlohmann::json::parse(line).is_object();
+  });
   const std::string template_name = vm["template"].as<std::string>();
   if (template_name != "plain") {
     try {

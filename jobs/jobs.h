@@ -46,6 +46,14 @@ void on_rank0(const std::function<void()>& f);
 /// that gave it. Throws aerie::Error.
 TargetConfig load_model_option(const std::string& job, const std::string& option, const std::string& dir);
 
+/// Refuses to replace what the job's --output names unless it is missing, empty or `is_own(path)` recognises it as
+/// this job's kind of output (`what`, e.g. "a prepared file of aerie prepare"): an --output typed over a
+/// model's weights, a prepared file or a draft vocabulary would otherwise be lost. A folder is refused too.
+/// Throws aerie::Error "JOB: --output PATH exists and is not WHAT (it is an HDF5 file ...) ...". `is_own`
+/// is called only for an existing regular file; an exception from it counts as false.
+void check_output_replaceable(const std::string& job, const std::string& path, const std::string& what,
+                              const std::function<bool(const std::string&)>& is_own);
+
 /// --aux-layers "2,5,8" -> {2, 5, 8}; empty -> default_aux_layers(num_layers) (eagle3.md section 1). Throws
 /// aerie::Error prefixed with `job` unless it names 3 ascending integers in [0, num_layers].
 std::vector<int> parse_aux_layers(const std::string& s, int64_t num_layers, const std::string& job);

@@ -1,4 +1,8 @@
 #include <algorithm>
+#include <cctype>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -152,6 +156,50 @@ OutputLock lock_output(const po::variables_map& vm, const std::string& job, cons
   LockOptions o;
   o.force_unlock = vm.count("force-unlock") && vm["force-unlock"].as<bool>();
   return acquire_output_lock(MPI_COMM_WORLD, target, kind, job, o);
+}
+
+namespace {
+
+/// What a file holds, from its first bytes, for messages: "an HDF5 file", "a safetensors file", ...
+std::string describe_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char b[64] = {};
+  in.read(b, sizeof b);
+  const auto n = static_cast<size_t>(in.gcount());
+  if (n == 0) return "an empty file";
+  if (n >= 8 && std::memcmp(b, "\x89HDF\r\n\x1a\n", 8) == 0) return "an HDF5 file";
+  if (n >= 9 && b[8] == '{') {  // safetensors: u64 little-endian header length, then the JSON header
+    uint64_t len = 0;
+    std::memcpy(&len, b, 8);
+    if (len > 1 && len < (uint64_t{1} << 32)) return "a safetensors file";
+  }
+  size_t i = 0;
+  while (i < n && std::isspace(static_cast<unsigned char>(b[i]))) ++i;
+  if (i < n && (b[i] == '{' || b[i] == '[')) return "a JSON or JSONL file";
+  return "a file of another kind";
+}
+
+}  // namespace
+
+void check_output_replaceable(const std::string& job, const std::string& path, const std::string& what,
+                              const std::function<bool(const std::string&)>& is_own) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory)
+    AERIE_THROW(job << ": --output " << path << ": " << ec.message());
+  if (!fs::exists(st)) return;
+  AERIE_CHECK(!fs::is_directory(st), job << ": --output " << path << " is a folder; name a file (the output is " << what
+                                         << ")");
+  if (fs::is_regular_file(st) && fs::file_size(path, ec) == 0 && !ec) return;  // nothing to lose
+  bool own = false;
+  try {
+    own = fs::is_regular_file(st) && is_own(path);
+  } catch (const std::exception&) {
+    own = false;
+  }
+  AERIE_CHECK(own, job << ": --output " << path << " exists and is not " << what << " (it is " << describe_file(path)
+                       << "), so it is not replaced: remove it or choose another --output");
 }
 
 TargetConfig load_model_option(const std::string& job, const std::string& option, const std::string& dir) {

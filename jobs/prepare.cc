@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "data/extract.h"
 #include "data/prepare.h"
 #include "jobs/jobs.h"
 #include "model/target_config.h"
@@ -63,6 +64,12 @@ int prepare(const std::vector<std::string>& args) {
       // Not a config aerie reads (a tokenizer-only folder with another config.json): nothing to check.
     }
   }
+  // Before any work: an --output that names a folder or another kind of file (a model's weights, a draft
+  // vocabulary, an eval result) is refused, not replaced when the job ends.
+  on_rank0([&] {
+    check_output_replaceable("prepare", opt.output, "a prepared file of aerie prepare",
+                             [](const std::string& p) { return PreparedFile(p).num_samples() >= 0; });
+  });
   // OUTPUT.lock, held by rank 0 while the ranks write OUTPUT.tmp: a second prepare into OUTPUT is refused.
   const OutputLock lock = lock_output(vm, "prepare", opt.output, LockTarget::File);
   run_prepare(opt, MPI_COMM_WORLD);

@@ -9,3 +9,13 @@ if(TARGET stories260K_model)
     ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1;OPENBLAS_NUM_THREADS=1"
     LABELS mpi SKIP_RETURN_CODE 77 TIMEOUT 300 RUN_SERIAL TRUE)
 endif()
+# prepare, generate and eval refuse an --output of another kind (a model's weights, a prepared file) or a
+# folder, before any work, leaving the file as it was (tests/mpi/output_kinds.sh).
+if(TARGET stories260K_model)
+  add_test(NAME output_kinds
+           COMMAND bash ${CMAKE_SOURCE_DIR}/tests/mpi/output_kinds.sh $<TARGET_FILE:aerie> ${AERIE_MODEL_DIR}
+                   ${AERIE_SHARED_DATA}/tinystories/tinystories_val.txt ${CMAKE_BINARY_DIR}/test-scratch/output_kinds)
+  set_tests_properties(output_kinds PROPERTIES
+    ENVIRONMENT "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1;OPENBLAS_NUM_THREADS=1"
+    LABELS mpi SKIP_RETURN_CODE 77 TIMEOUT 120)
+endif()

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# prepare, generate and eval refuse an --output that holds another kind of file (a model's weights, a
+# prepared file, a JSONL file) or names a folder, before any work, and leave the file as it was; they
+# replace their own kind of output (a rerun) as before, and an empty file (jobs.h check_output_replaceable).
+# usage: output_kinds.sh AERIE MODEL_DIR STORIES_TXT WORK_DIR   (exit 77: no converted model)
+set -euo pipefail
+aerie=$1 model=$2 text=$3 work=$4
+[ -f "$model/config.json" ] || { echo "no converted model at $model: skipped"; exit 77; }
+export OPENBLAS_NUM_THREADS=1
+rm -rf "$work"
+mkdir -p "$work/folder" "$work/fake_export"
+cd "$work"
+cp "$model/model.safetensors" weights.safetensors
+: > fake_export/config.json; : > fake_export/model.safetensors
+echo '{"conversations":[{"from":"human","value":"Tell me a story."}]}' > prompts.jsonl
+printf 'Once upon a time there was a cat. What did the cat do next?\n' > prompts.txt
+fail() { echo "FAIL: $*"; tail -5 last.log; exit 1; }
+refused() {  # refused NEEDLE FILE CMD...: fails naming NEEDLE, FILE unchanged
+  local needle=$1 file=$2; shift 2
+  local before; before=$(sha256sum "$file" 2>/dev/null || echo folder)
+  if mpirun -np 1 "$aerie" "$@" >last.log 2>&1; then fail "accepted: $*"; fi
+  grep -q -- "$needle" last.log || fail "the refusal of '$*' names no '$needle'"
+  grep -q MPI_ABORT last.log && fail "the refusal of '$*' went through MPI_Abort"
+  [ "$(sha256sum "$file" 2>/dev/null || echo folder)" = "$before" ] || fail "$file changed"
+  return 0
+}
+prep() { mpirun -np 1 "$aerie" prepare --input "$text" --tokenizer "$model" --max-length 64 --max-samples 4 "$@"; }
+prep --output prepared.h5 >last.log 2>&1 || fail "prepare"
+prep --output prepared.h5 >last.log 2>&1 || fail "prepare again over its own output"
+: > empty.h5
+prep --output empty.h5 >last.log 2>&1 || fail "prepare over an empty file"
+refused "exists and is not a prepared file of aerie prepare (it is a safetensors file)" weights.safetensors \
+  prepare --input "$text" --tokenizer "$model" --output weights.safetensors --max-samples 4
+refused "is a folder; name a file" folder prepare --input "$text" --tokenizer "$model" --output folder --max-samples 4
+[ -z "$(ls folder)" ] || fail "prepare wrote into the folder"
+refused "exists and is not a JSONL file (aerie generate's output) (it is an HDF5 file)" prepared.h5 \
+  generate --model "$model" --input prompts.jsonl --output prepared.h5 --max-new 4
+refused "is the --input file" prompts.jsonl generate --model "$model" --input prompts.jsonl --output prompts.jsonl --max-new 4
+refused "exists and is not a JSON result of aerie eval (it is an HDF5 file)" prepared.h5 \
+  eval --model "$model" --draft fake_export --prompts prompts.txt --output prepared.h5
+refused "exists and is not a JSON result of aerie eval (it is a JSON or JSONL file)" prompts.jsonl \
+  eval --model "$model" --draft fake_export --prompts prompts.txt --output prompts.jsonl
+echo "output kinds: prepare, generate and eval refuse other kinds of files and folders, rerun over their own"
