@@ -422,8 +422,29 @@ EvalSession::EvalSession(const EvalOptions& o) : impl_(std::make_unique<Impl>(ch
       }
       s.tf_source = "all samples of " + o.shards_dir;
     }
+    AERIE_CHECK(!s.tf_refs.empty(), "eval: --data-split " << o.data_split_path << " holds no held-out sample (a run "
+                                        << "trained with --eval-fraction 0): drop --data-split and --shards, and the "
+                                        << "teacher-forced figures come from the target's greedy answers");
     if (o.num_eval_samples > 0 && static_cast<int64_t>(s.tf_refs.size()) > o.num_eval_samples)
       s.tf_refs.resize(o.num_eval_samples);
+    if (groups.map.world_rank == 0 && o.data_split_path.empty())
+      AERIE_LOG(info) << "eval: teacher-forced figures over " << s.tf_refs.size() << " samples of --shards "
+                      << o.shards_dir << ", the training samples among them (--data-split RUN/data_split.json "
+                      << "takes only the held-out ones)";
+    // Shards of another target than --model: train refuses them; here a warning, as for a draft trained on
+    // another target (a quantized copy of the model is a fair case), since tau_sim then scores the draft on
+    // that target's hidden states.
+    if (!s.tf_from_target && groups.map.world_rank == 0) {
+      const ShardInfo info = ShardReader(s.tf_refs.front().first).info();
+      if (info.has_provenance() && !info.target.random()) {
+        const std::string diff = info.target.difference(TargetFingerprint::of_model(o.model_dir));
+        if (!diff.empty())
+          AERIE_LOG(warning) << "eval: the shards of the teacher-forced figures (" << s.tf_refs.front().first
+                             << ") were extracted from another target (" << info.target_model << ") than --model "
+                             << o.model_dir << ": " << diff << "; tau_sim and acc_k score the draft on that "
+                             << "target's hidden states";
+      }
+    }
   } else {
     s.tf_source = "greedy continuations of the prompts (loss mask on generated tokens)";
   }

@@ -137,5 +137,17 @@ run eval_export_other 1 eval --model "$work/model_b" --draft "$work/export" --pr
 grep -Eq "eval: --model .*/model_b is not the target .*/export was trained with" "$last" \
   || fail "eval did not warn about the export's other target"
 echo "6b. eval warns about a checkpoint's or an export's other target"
+# Teacher-forced figures on shards of another target: a warning naming both (train refuses such shards).
+run eval_other_shards 1 eval --model "$model" --draft "$work/run" --prompts "$text" --num-prompts 2 \
+  --max-new-tokens 8 --num-draft-tokens 2 --ttt-steps 1 --shards "$work/shards_b" --output "$work/eval_sb.json" \
+  || fail "eval on shards_b"
+grep -Eq "eval: the shards of the teacher-forced figures \(.*/shards_b/shard-0000[0-9].h5\) were extracted from another target \(.*/model_b\) than --model .*: the weights differ" "$last" \
+  || fail "eval did not warn about the shards' other target"
+grep -q "the training samples among them" "$last" || fail "eval did not say that --shards alone scores the training samples"
+run eval_own_shards 1 eval --model "$model" --draft "$work/run" --prompts "$text" --num-prompts 2 \
+  --max-new-tokens 8 --num-draft-tokens 2 --ttt-steps 1 --shards "$work/shards_a" --output "$work/eval_sa.json" \
+  || fail "eval on shards_a"
+! grep -q "were extracted from another target" "$last" || fail "eval warned about its own target's shards"
+echo "6c. eval warns about teacher-forced shards of another target"
 fi
 echo PASS
