@@ -17,6 +17,35 @@
 namespace aerie::jobs {
 namespace {
 
+/// The INI mistakes Boost's parser takes silently or reports without a line: a value in quotes (kept with
+/// its quotes, so `output = "runs/x"` would write to a folder named `"runs`), a key written as an option
+/// (`--steps = 5`) and a [section] header (its name would prefix every key). UsageError naming FILE:LINE.
+void check_config_lines(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    const auto trim = [](std::string t) {
+      const size_t a = t.find_first_not_of(" \t\r"), b = t.find_last_not_of(" \t\r");
+      return a == std::string::npos ? std::string() : t.substr(a, b - a + 1);
+    };
+    const std::string t = trim(line);
+    if (t.empty() || t[0] == '#' || t[0] == ';') continue;
+    const std::string where = "config file " + path + ":" + std::to_string(n) + ": ";
+    if (t[0] == '[')
+      throw UsageError(where + t + ": sections are not used; write the job's options as 'key = value' lines "
+                       "without a section header");
+    const size_t eq = t.find('=');
+    if (eq == std::string::npos) continue;  // Boost reports it
+    const std::string key = trim(t.substr(0, eq)), value = trim(t.substr(eq + 1));
+    if (!key.empty() && key[0] == '-')
+      throw UsageError(where + "write the key without dashes: '" + key.substr(key.find_first_not_of('-')) +
+                       " = " + value + "'");
+    if (value.size() >= 2 && (value.front() == '"' || value.front() == '\'') && value.back() == value.front())
+      throw UsageError(where + "the value of " + key + " is in quotes, which an INI value keeps as part of it; write '" +
+                       key + " = " + value.substr(1, value.size() - 2) + "'");
+  }
+}
+
 /// Levenshtein distance of a and b (insertions, deletions, substitutions), for option suggestions.
 size_t edit_distance(const std::string& a, const std::string& b) {
   std::vector<size_t> row(b.size() + 1);
@@ -68,6 +97,7 @@ bool parse_options(const std::string& job, const std::vector<std::string>& args,
       std::string path = vm["config"].as<std::string>();
       std::ifstream in(path);
       if (!in) throw UsageError("cannot open config file " + path);
+      check_config_lines(path);
       try {
         // allow_unregistered = false: a typo in a config file is an error, not a silent default.
         po::store(po::parse_config_file(in, all, false), vm);

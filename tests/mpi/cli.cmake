@@ -17,6 +17,16 @@ set_tests_properties(cli_option_prefix_refused PROPERTIES ENVIRONMENT "${_aerie_
 add_test(NAME cli_missing_config COMMAND $<TARGET_FILE:aerie> vocab --config /nonexistent/vocab.ini)
 set_tests_properties(cli_missing_config PROPERTIES ENVIRONMENT "${_aerie_cli_env}"
   PASS_REGULAR_EXPRESSION "cannot open config file /nonexistent/vocab.ini" FAIL_REGULAR_EXPRESSION "MPI_ABORT")
+# An INI value in quotes (Boost keeps the quotes: a folder named '"runs' would be written) and a key written
+# as an option are refused naming the line.
+file(WRITE ${CMAKE_BINARY_DIR}/test-scratch/cli/quoted.ini "steps = 2\noutput = \"runs/x\"\n")
+add_test(NAME cli_config_quoted_value COMMAND $<TARGET_FILE:aerie> train --config ${CMAKE_BINARY_DIR}/test-scratch/cli/quoted.ini)
+set_tests_properties(cli_config_quoted_value PROPERTIES ENVIRONMENT "${_aerie_cli_env}"
+  PASS_REGULAR_EXPRESSION "quoted.ini:2: the value of output is in quotes, which an INI value keeps as part of it; write 'output = runs/x'")
+file(WRITE ${CMAKE_BINARY_DIR}/test-scratch/cli/dashes.ini "--steps = 2\n")
+add_test(NAME cli_config_dashed_key COMMAND $<TARGET_FILE:aerie> train --config ${CMAKE_BINARY_DIR}/test-scratch/cli/dashes.ini)
+set_tests_properties(cli_config_dashed_key PROPERTIES ENVIRONMENT "${_aerie_cli_env}"
+  PASS_REGULAR_EXPRESSION "dashes.ini:1: write the key without dashes: 'steps = 2'")
 add_test(NAME cli_unknown_subcommand COMMAND $<TARGET_FILE:aerie> trian)
 set_tests_properties(cli_unknown_subcommand PROPERTIES ENVIRONMENT "${_aerie_cli_env}"
   PASS_REGULAR_EXPRESSION "unknown subcommand 'trian'.*extract")
