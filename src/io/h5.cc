@@ -385,8 +385,13 @@ Id make_fapl(MPI_Comm comm, const std::string& path, MPI_Comm* dup) {
   }
   return Id(std::exchange(fapl.id, -1), H5Pclose);
 }
-// File systems without flock (some NFS/Lustre mounts) make HDF5 1.10+ fail to open any file.
+// What to do about a failed open, from HDF5's error stack `msg`: a file cut short (its superblock records
+// a longer end of file: a copy that stopped, a full disk) has to be written again; file systems without
+// flock (some NFS/Lustre mounts) make HDF5 1.10+ fail to open any file.
 std::string lock_hint(const std::string& msg) {
+  if (msg.find("truncated file") != std::string::npos)
+    return "; the file is shorter than its HDF5 header records (cut short by a copy or a full disk): delete it and "
+           "run the job that wrote it again";
   return msg.find("lock") == std::string::npos
              ? std::string()
              : "; if the file system has no file locking, set HDF5_USE_FILE_LOCKING=FALSE";

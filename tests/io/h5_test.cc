@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <iterator>
 #include <thread>
 #include <functional>
 
@@ -120,6 +121,27 @@ TEST(H5Test, ErrorsNameFileAndDataset) {
   h5::Dataset open_ds = file.open_dataset("ids");
   e = testing::error_of([&] { file.close(); });
   EXPECT_NE(e.find("/ids"), std::string::npos) << e;
+}
+
+// A file cut short (a copy that stopped, a full disk) is named as such, with what to do, not with the hint
+// for file systems without locking.
+TEST(H5Test, TruncatedFileSaysSo) {
+  std::string dir = testing::scratch_dir("h5_truncated");
+  {
+    h5::File file = h5::File::create(dir + "/whole.h5");
+    file.write_dataset("x", Tensor::from_vector(std::vector<float>(20000, 1.0f), {20000}));
+  }
+  std::string bytes;
+  {
+    std::ifstream in(dir + "/whole.h5", std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  ASSERT_GT(bytes.size(), 40000u);
+  std::ofstream(dir + "/cut.h5", std::ios::binary) << bytes.substr(0, bytes.size() / 2);
+  const std::string e = testing::error_of([&] { h5::File::open(dir + "/cut.h5"); });
+  EXPECT_NE(e.find("cut.h5"), std::string::npos) << e;
+  EXPECT_NE(e.find("shorter than its HDF5 header records"), std::string::npos) << e;
+  EXPECT_EQ(e.find("HDF5_USE_FILE_LOCKING"), std::string::npos) << e;
 }
 
 TEST(H5Test, RowsChunkedAndExtendable) {
