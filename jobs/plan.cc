@@ -90,8 +90,9 @@ void print_plan(std::ostream& os, const MemoryPlan& p, const PlanOptions& opt, c
   row(os, "reserve (CUDA, NCCL, cuBLAS)", "", "", bytes_str(p.reserve), "--reserve");
   row(os, "total", "", "", bytes_str(p.total_per_rank), gb_str(p.total_per_rank));
   for (const std::string& n : p.notes) os << "note: " << n << "\n";
+  for (const std::string& b : p.blockers) os << "does not run: " << b << "\n";
   os << "\n"
-     << (p.fits ? "fits: " : "does NOT fit: ") << bytes_str(p.total_per_rank) << " per rank of "
+     << (p.fits ? "fits: " : !p.blockers.empty() ? "does NOT run (above); memory: " : "does NOT fit: ") << bytes_str(p.total_per_rank) << " per rank of "
      << bytes_str(p.gpu_memory) << ", margin " << bytes_str(p.margin) << " (" << gb_str(p.margin) << ")";
   // Which embedding layout the line counted (found by a new-user trial: aerie's own loader replicates them).
   if (opt.vocab_parallel_embeddings && p.replicated_embedding_delta > 0)

@@ -431,9 +431,14 @@ MemoryPlan plan_memory(const json& config, const std::vector<TensorInfo>& tensor
     plan.notes.push_back("tp " + std::to_string(tp) + " does not divide " + dim + " of " + std::to_string(u.first) +
                          " tensor(s), e.g. " + u.second + ": shares rounded up");
   if (s.heads % tp != 0 || (!s.mla && s.kv_heads % tp != 0))
-    plan.notes.push_back("tp " + std::to_string(tp) + " does not divide num_attention_heads " +
-                         std::to_string(s.heads) + (s.mla ? "" : " / num_key_value_heads " + std::to_string(s.kv_heads)) +
-                         ": aerie's attention splits whole heads");
+    plan.blockers.push_back("tp " + std::to_string(tp) + " does not divide num_attention_heads " +
+                            std::to_string(s.heads) + (s.mla ? "" : " / num_key_value_heads " + std::to_string(s.kv_heads)) +
+                            ": aerie's attention splits whole heads (the target refuses to load)");
+  bool any_dense = false;
+  for (int64_t l = 0; l < s.layers; ++l) any_dense = any_dense || !s.is_moe_layer(l);
+  if (any_dense && s.intermediate % tp != 0)
+    plan.blockers.push_back("tp " + std::to_string(tp) + " does not divide intermediate_size " +
+                            std::to_string(s.intermediate) + ": aerie's dense MLP splits it whole (the target refuses to load)");
   if (others > 0)
     plan.notes.push_back(std::to_string(others) + " tensor(s) of no known role counted as replicated, e.g. " +
                          other_example);
@@ -445,7 +450,7 @@ MemoryPlan plan_memory(const json& config, const std::vector<TensorInfo>& tensor
   plan.gpu_memory = opt.gpu_memory;
   plan.total_per_rank = plan.weights_per_rank + plan.scratch_per_rank + plan.activations_per_rank + plan.reserve;
   plan.margin = plan.gpu_memory - plan.total_per_rank;
-  plan.fits = plan.margin >= 0;
+  plan.fits = plan.margin >= 0 && plan.blockers.empty();
   return plan;
 }
 

@@ -93,7 +93,11 @@ struct MemoryPlan {
   int64_t reserve = 0, gpu_memory = 0;
   int64_t total_per_rank = 0;  // weights + scratch + activations + reserve
   int64_t margin = 0;          // gpu_memory - total_per_rank (negative: does not fit)
-  bool fits = false;
+  bool fits = false;            // margin >= 0 and nothing in `blockers`
+  /// Why aerie cannot run this layout at all, whatever the memory (tp not dividing the attention heads or
+  /// the dense MLP's intermediate size, which aerie splits whole: gqa_attention.cc, mla_attention.cc,
+  /// dense_ffn.cc refuse it at load). Empty: it runs.
+  std::vector<std::string> blockers;
   std::vector<std::string> notes;  // tp not dividing a dimension, unknown tensors: the plan is approximate
 };
 

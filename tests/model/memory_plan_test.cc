@@ -240,9 +240,16 @@ TEST(MemoryPlan, Qwen2FixtureTp2SplitsByHead) {
   EXPECT_EQ(p.weights_per_rank, norms + (all - norms) / 2);  // every other tensor splits in two
   EXPECT_EQ(cat(p, WeightCategory::Attention).per_rank * 2, cat(p, WeightCategory::Attention).checkpoint);
   EXPECT_TRUE(p.notes.empty()) << p.notes.front();
-  // At tp 3 neither the 4 heads nor the 2 kv heads split: the plan says so.
+  EXPECT_TRUE(p.blockers.empty()) << p.blockers.front();
+  EXPECT_TRUE(p.fits);
+  // At tp 3 neither the 4 heads nor the 2 kv heads split: the target would refuse to load, so the plan
+  // says it does not run (and does not fit), however small the model.
   opt.tp = 3;
-  EXPECT_FALSE(plan_memory(read_model_config(dir), tensors, opt).notes.empty());
+  const MemoryPlan q = plan_memory(read_model_config(dir), tensors, opt);
+  ASSERT_FALSE(q.blockers.empty());
+  EXPECT_NE(q.blockers.front().find("does not divide num_attention_heads 4"), std::string::npos) << q.blockers.front();
+  EXPECT_GE(q.margin, 0);
+  EXPECT_FALSE(q.fits);
 }
 
 // A sharded checkpoint (model.safetensors.index.json): every shard's header is read.
