@@ -18,6 +18,7 @@
 #include "jobs/jobs.h"
 #include "jobs/target_device.h"
 #include "model/memory_plan.h"
+#include "model/target_config.h"
 
 namespace aerie::jobs {
 
@@ -169,6 +170,9 @@ int plan(const std::vector<std::string>& args) {
 
   const std::string config_file = config_path.empty() ? model + "/config.json" : config_path;
   const nlohmann::json config = read_model_config(config_file);
+  const std::string draft = eagle_draft_marker(config);
+  AERIE_CHECK(draft.empty(), "plan: " << config_file << ": an EAGLE draft's config (" << draft
+                                      << "), not a target model's: plan the target the draft is trained for");
   const std::vector<TensorInfo> tensors = tensors_path.empty() ? read_checkpoint_tensors(model)
                                                                : read_tensor_list(tensors_path);
   const MemoryPlan p = plan_memory(config, tensors, opt, config_file);

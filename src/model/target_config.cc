@@ -122,6 +122,18 @@ void read_deepseek(const nlohmann::json& j, TargetConfig& c, const std::string& 
 
 }  // namespace
 
+std::string eagle_draft_marker(const nlohmann::json& config) {
+  std::string draft;
+  if (!config.is_object()) return draft;
+  for (const char* key : {"draft_vocab_size", "eagle_config", "speculators_model_type"})
+    if (config.contains(key)) draft = std::string("field \"") + key + "\"";
+  if (config.contains("architectures") && config["architectures"].is_array())
+    for (const auto& a : config["architectures"])
+      if (a.is_string() && a.get<std::string>().find("Eagle") != std::string::npos)
+        draft = "architecture " + a.get<std::string>();
+  return draft;
+}
+
 TargetConfig load_target_config(const std::string& dir) {
   std::error_code ec;
   AERIE_CHECK(std::filesystem::exists(dir, ec), "model folder " << dir << " does not exist");
@@ -139,13 +151,7 @@ TargetConfig load_target_config(const std::string& dir) {
   }
   AERIE_CHECK(c.raw.is_object(), path << ": not a JSON object");
   {  // An EAGLE draft (aerie's export, SpecForge's or speculators' checkpoint) given where the target belongs.
-    std::string draft;
-    for (const char* key : {"draft_vocab_size", "eagle_config", "speculators_model_type"})
-      if (c.raw.contains(key)) draft = std::string("field \"") + key + "\"";
-    if (c.raw.contains("architectures") && c.raw["architectures"].is_array())
-      for (const auto& a : c.raw["architectures"])
-        if (a.is_string() && a.get<std::string>().find("Eagle") != std::string::npos)
-          draft = "architecture " + a.get<std::string>();
+    const std::string draft = eagle_draft_marker(c.raw);
     AERIE_CHECK(draft.empty(), path << ": an EAGLE draft's config (" << draft
                                     << "), not a target model's: give the target's folder here (a draft export "
                                        "goes to eval's --draft)");

@@ -57,6 +57,12 @@ struct TargetConfig {
   nlohmann::json raw;
 };
 
+/// What marks `config` (a config.json object) as an EAGLE draft's, not a target's: "architecture
+/// LlamaForCausalLMEagle3", "field \"draft_vocab_size\"" (aerie's and SpecForge's exports, speculators'
+/// checkpoints: draft_vocab_size, eagle_config, speculators_model_type, an architecture containing
+/// "Eagle"); "" for a target's config.
+std::string eagle_draft_marker(const nlohmann::json& config);
+
 /// Reads "<dir>/config.json" (for a multimodal wrapper without top-level hidden_size, its
 /// "text_config"). head_dim defaults to hidden_size / num_attention_heads, num_key_value_heads to
 /// num_attention_heads. Throws aerie::Error naming the file and field on a missing/bad field, an

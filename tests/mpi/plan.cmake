@@ -20,6 +20,18 @@ endif()
 add_test(NAME plan_missing_config COMMAND $<TARGET_FILE:aerie> plan --model /nonexistent)
 set_tests_properties(plan_missing_config PROPERTIES ENVIRONMENT "${_aerie_plan_env}"
   PASS_REGULAR_EXPRESSION "cannot open model config /nonexistent/config.json")
+# A draft's config (an export given as the target) is refused, not planned as a one-layer target.
+file(WRITE ${CMAKE_BINARY_DIR}/test-scratch/plan/draft_config.json
+     "{\"architectures\": [\"LlamaForCausalLMEagle3\"], \"hidden_size\": 64, \"num_hidden_layers\": 1}\n")
+add_test(NAME plan_draft_config COMMAND $<TARGET_FILE:aerie> plan --model-config
+         ${CMAKE_BINARY_DIR}/test-scratch/plan/draft_config.json --tensors ${CMAKE_BINARY_DIR}/test-scratch/plan/none.txt)
+set_tests_properties(plan_draft_config PROPERTIES ENVIRONMENT "${_aerie_plan_env}"
+  PASS_REGULAR_EXPRESSION "draft_config.json: an EAGLE draft's config \\(architecture LlamaForCausalLMEagle3\\), not a target model's")
+# tp 3 does not divide Qwen2's 4 heads: the target would refuse to load, so the plan says it does not run (exit 1).
+add_test(NAME plan_tp_not_dividing_heads
+         COMMAND $<TARGET_FILE:aerie> plan --model ${CMAKE_SOURCE_DIR}/tests/model/fixtures/hf/qwen2 --tp 3 --gpu-memory 96GB)
+set_tests_properties(plan_tp_not_dividing_heads PROPERTIES ENVIRONMENT "${_aerie_plan_env}"
+  PASS_REGULAR_EXPRESSION "does not run: tp 3 does not divide num_attention_heads 4 / num_key_value_heads 2.*does NOT run")
 add_test(NAME plan_no_model COMMAND $<TARGET_FILE:aerie> plan --tp 8)
 set_tests_properties(plan_no_model PROPERTIES ENVIRONMENT "${_aerie_plan_env}"
   PASS_REGULAR_EXPRESSION "aerie plan: give --model DIR, or --model-config FILE and --tensors FILE")
