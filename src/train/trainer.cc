@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <sstream>
+#include <vector>
 #include <string>
 #include <utility>
 
@@ -96,16 +97,20 @@ std::vector<std::string> TrainOptions::adopt_checkpoint_defaults(const nlohmann:
 
 void TrainOptions::check_resumable(const nlohmann::json& c) const {
   const nlohmann::json mine = to_json();
+  // Every option that differs, so that one rerun can fix them all.
+  std::vector<std::string> diffs;
+  const auto option = [](std::string key) {
+    std::replace(key.begin(), key.end(), '_', '-');
+    return "--" + key;
+  };
+  const auto differs = [&](const std::string& key, const nlohmann::json& theirs) {
+    if (theirs != mine[key])
+      diffs.push_back(option(key) + " is " + mine[key].dump() + " but the checkpoint was trained with " + theirs.dump());
+  };
   for (const char* key : {"steps", "epochs", "batch_size", "lr", "warmup_ratio", "max_grad_norm", "ttt_steps", "seed",
                           "eval_fraction"}) {
     AERIE_CHECK(c.contains(key), "resume: the checkpoint's options lack '" << key << "'");
-    std::string opt = key;
-    std::replace(opt.begin(), opt.end(), '_', '-');
-    AERIE_CHECK(c[key] == mine[key], "resume: --" << opt << " is " << mine[key].dump() << " but the checkpoint was "
-                                                  << "trained with " << c[key].dump()
-                                                  << "; rerun with the same options, or use another --output (with "
-                                                     "--init-draft " << "pointing at this run to start from its "
-                                                     "weights)");
+    differs(key, c[key]);
   }
   // Offline (shards) against streaming (--prepared): the two modes number the samples alike only when no
   // shard left a sample out, so a checkpoint resumes in its own mode only.
@@ -122,32 +127,16 @@ void TrainOptions::check_resumable(const nlohmann::json& c) const {
                                           {"adam_beta2", kAdamBeta2Unrecorded},
                                           {"lm_head_init", "target"},
                                           {"loss_normalization", "valid"}};
-  for (const auto& [key, dflt] : recipe_defaults.items()) {
-    const nlohmann::json theirs = c.contains(key) ? c[key] : dflt;
-    std::string opt = std::string("--") + key;
-    std::replace(opt.begin(), opt.end(), '_', '-');
-    AERIE_CHECK(theirs == mine[key], "resume: " << opt << " is " << mine[key].dump() << " but the checkpoint was "
-                                                << "trained with " << theirs.dump()
-                                                << "; rerun with the same options or use another --output");
-  }
+  for (const auto& [key, dflt] : recipe_defaults.items()) differs(key, c.contains(key) ? c[key] : dflt);
   // The draft shape and window (checkpoints older than these options have none: the target's shape, all 0;
   // no window).
   for (const char* key :
-       {"draft_heads", "draft_kv_heads", "draft_head_dim", "draft_intermediate", "draft_sliding_window"}) {
-    const nlohmann::json theirs = c.contains(key) ? c[key] : nlohmann::json(0);
-    std::string opt = std::string("--") + key;
-    std::replace(opt.begin(), opt.end(), '_', '-');
-    AERIE_CHECK(theirs == mine[key], "resume: " << opt << " is " << mine[key].dump() << " but the checkpoint was "
-                                                << "trained with " << theirs.dump()
-                                                << "; rerun with the same options or use another --output");
-  }
+       {"draft_heads", "draft_kv_heads", "draft_head_dim", "draft_intermediate", "draft_sliding_window"})
+    differs(key, c.contains(key) ? c[key] : nlohmann::json(0));
   {  // The draft's attention (older checkpoints have none: the Llama draft).
     const std::string theirs = c.value("draft_attention", std::string("llama"));
-    AERIE_CHECK(theirs == draft_attention, "resume: --draft-attention is " << draft_attention
-                                                                           << " but the checkpoint was trained with "
-                                                                           << theirs
-                                                                           << "; rerun with the same options or use "
-                                                                              "another --output");
+    if (theirs != draft_attention)
+      diffs.push_back("--draft-attention is " + draft_attention + " but the checkpoint was trained with " + theirs);
   }
   // The EAGLE-3.1 switches (older checkpoints have none: the original layout and chain, off).
   for (const auto& [key, on] : {std::pair<const char*, bool>{"draft_norm_before_residual", draft_norm_before_residual},
@@ -155,12 +144,18 @@ void TrainOptions::check_resumable(const nlohmann::json& c) const {
                                 {"draft_norm_before_fc", draft_norm_before_fc},
                                 {"draft_fc_norm", draft_fc_norm}}) {
     const bool theirs = c.value(key, false);
-    std::string opt = std::string("--") + key;
-    std::replace(opt.begin(), opt.end(), '_', '-');
-    AERIE_CHECK(theirs == on, "resume: " << opt << " is " << (on ? "on" : "off") << " but the checkpoint was trained "
-                                         << "with it " << (theirs ? "on" : "off")
-                                         << "; rerun with the same options or use another --output");
+    if (theirs != on)
+      diffs.push_back(option(key) + " is " + (on ? "on" : "off") + " but the checkpoint was trained with it " +
+                      (theirs ? "on" : "off"));
   }
+  if (diffs.empty()) return;
+  std::ostringstream why;
+  why << "resume: ";
+  for (size_t i = 0; i < diffs.size(); ++i) why << (i ? "; " : "") << diffs[i];
+  why << (diffs.size() > 1 ? " (" + std::to_string(diffs.size()) + " options differ)" : std::string())
+      << "; rerun with the same options (the same --config, if the run had one), or use another --output (with "
+         "--init-draft pointing at this run to start from its weights)";
+  AERIE_THROW(why.str());
 }
 
 AdamState AdamState::zeros(const DraftConfig& cfg, Device device) {

@@ -232,6 +232,24 @@ TEST(TrainRecipeTest, RandomLmHeadKeepsTheOtherDraws) {
       << "only the lm_head may differ: the other linears are the same draws";
 }
 
+// A resume with several changed options names them all at once (one rerun fixes them), in the form each
+// had alone.
+TEST(TrainRecipeTest, ResumeNamesEveryChangedOption) {
+  TrainOptions o;
+  const nlohmann::json ck = o.to_json();
+  o.check_resumable(ck);
+  o.batch_size += 4;
+  o.lr *= 2;
+  o.draft_fc_norm = !o.draft_fc_norm;
+  const std::string e = testing::error_of([&] { o.check_resumable(ck); });
+  EXPECT_NE(e.find("--batch-size is " + std::to_string(o.batch_size) + " but the checkpoint was trained with " +
+                   std::to_string(o.batch_size - 4)), std::string::npos) << e;
+  EXPECT_NE(e.find("--lr is "), std::string::npos) << e;
+  EXPECT_NE(e.find("--draft-fc-norm is on but the checkpoint was trained with it off"), std::string::npos) << e;
+  EXPECT_NE(e.find("(3 options differ)"), std::string::npos) << e;
+  EXPECT_NE(e.find("--init-draft"), std::string::npos) << e;
+}
+
 TEST(TrainRecipeTest, RecipeIsAResumeOption) {
   TrainOptions o;
   EXPECT_EQ(o.adam_beta2, 0.999);  // the default since 2026-12-03 (docs/design.md, the recipe)
