@@ -9,8 +9,10 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
+#include <sstream>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -269,9 +271,31 @@ void open_parts(const std::string& parts, const ojson& run) {
   const std::string meta = (fs::path(parts) / "run.json").string();
   if (fs::exists(meta)) {
     ojson old = ojson::parse(read_file(meta), nullptr, false);
-    AERIE_CHECK(!old.is_discarded() && old == run,
-                "generate: " << meta << " was written by another run (" << read_file(meta) << "; this run: "
-                             << run.dump() << "). Remove " << parts << " or choose another --output.");
+    AERIE_CHECK(!old.is_discarded() && old.is_object(),
+                "generate: " << meta << " is not a JSON object (damaged?). Remove " << parts
+                             << " or choose another --output.");
+    if (old != run) {  // name the settings that differ (a changed option, usually), not two whole records
+      std::ostringstream diff;
+      int n = 0;
+      // Objects are compared key by key; the job's own settings ("run": generate's options) by their names.
+      std::function<void(const ojson&, const ojson&, const std::string&)> compare = [&](const ojson& mine,
+                                                                                         const ojson& theirs,
+                                                                                         const std::string& path) {
+        if (mine.is_object() && theirs.is_object()) {
+          for (const auto& [key, value] : mine.items())
+            compare(value, theirs.contains(key) ? theirs[key] : ojson(), path == "run" || path.empty() ? key : path + "." + key);
+          for (const auto& [key, value] : theirs.items())
+            if (!mine.contains(key)) compare(ojson(), value, path == "run" || path.empty() ? key : path + "." + key);
+        } else if (mine != theirs) {
+          diff << (n++ ? "; " : "") << path << " " << (mine.is_null() ? std::string("none") : mine.dump())
+               << " (the earlier run: " << (theirs.is_null() ? std::string("none") : theirs.dump()) << ")";
+        }
+      };
+      compare(run, old, "");
+      AERIE_THROW("generate: " << meta << " records another run: " << diff.str()
+                               << ". Rerun with the earlier run's settings to continue it, or remove " << parts
+                               << " (or choose another --output) to start again.");
+    }
   } else {
     write_file(meta, run.dump(2) + "\n");
   }

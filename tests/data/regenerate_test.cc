@@ -390,11 +390,12 @@ TEST(RegenerateRun, ChunksResumeAndRefuseAnotherRun) {
   EXPECT_TRUE(run_regenerate(o, g, *t.tmpl, *t.tok, t.gen()).complete);
   EXPECT_EQ(read(o.output), want);
 
-  // Parts of another run (other sampling) are refused, naming run.json.
+  // Parts of another run (other sampling) are refused, naming run.json and the setting that differs.
   RegenerateOptions other = o;
   other.run_signature = R"({"seed": 10})";
-  EXPECT_NE(testing::error_of([&] { run_regenerate(other, g, *t.tmpl, *t.tok, t.gen()); }).find("run.json"),
-            std::string::npos);
+  const std::string e = testing::error_of([&] { run_regenerate(other, g, *t.tmpl, *t.tok, t.gen()); });
+  EXPECT_NE(e.find("run.json records another run"), std::string::npos) << e;
+  EXPECT_NE(e.find("seed 10 (the earlier run: "), std::string::npos) << e;
   // --max-conversations: the first N records.
   RegenerateOptions few = t.options(testing::scratch_dir("regenerate_run_few"));
   fs::copy_file(o.input, few.input);
