@@ -46,6 +46,8 @@ int prepare(const std::vector<std::string>& args) {
   opt.max_length = vm["max-length"].as<int64_t>();
   opt.overlong = overlong_from_name(vm["overlong"].as<std::string>());
   opt.max_samples = vm["max-samples"].as<int64_t>();
+  AERIE_USAGE_CHECK(opt.max_samples == -1 || opt.max_samples >= 1,
+                    "aerie prepare: --max-samples " << opt.max_samples << " keeps no sample (-1: all, N >= 1: the first N)");
   // The target's context (issue 17, point 12): when the tokenizer folder is the model's (config.json
   // beside tokenizer.json), samples longer than its max_position_embeddings would be refused by extract.
   const std::filesystem::path cfg_dir = std::filesystem::is_directory(opt.tokenizer)
