@@ -141,6 +141,16 @@ TargetConfig load_target_config(const std::string& dir) {
               dir << " is not a folder (a model is a Hugging Face folder: config.json, model.safetensors, tokenizer)");
   std::filesystem::path p = std::filesystem::path(dir) / "config.json";
   const std::string path = p.string();
+  if (!std::filesystem::exists(p, ec)) {  // one of aerie's own folders given where the target belongs
+    const auto has = [&](const char* name) { return std::filesystem::exists(std::filesystem::path(dir) / name, ec); };
+    bool shards = false;
+    for (const auto& e : std::filesystem::directory_iterator(dir, ec))
+      shards = shards || e.path().filename().string().rfind("shard-", 0) == 0;
+    AERIE_CHECK(!shards, dir << " holds hidden-state shards (an extract folder), not a target model: give the "
+                                "model's Hugging Face folder (config.json, model.safetensors, tokenizer)");
+    AERIE_CHECK(!has("checkpoints"), dir << " is a training run folder of aerie train, not a target model: give the "
+                                            "model's Hugging Face folder (config.json, model.safetensors, tokenizer)");
+  }
   std::ifstream in(p);
   AERIE_CHECK(in, "cannot open " << path << " (a model folder holds the Hugging Face config.json)");
   TargetConfig c;
@@ -150,6 +160,10 @@ TargetConfig load_target_config(const std::string& dir) {
     AERIE_THROW(path << ": bad JSON: " << e.what());
   }
   AERIE_CHECK(c.raw.is_object(), path << ": not a JSON object");
+  AERIE_CHECK(!(c.raw.contains("draft") && c.raw.contains("train")),
+              dir << " is a training checkpoint of aerie train (its config.json holds the draft's and the run's "
+                     "settings), not a target model: give the model's Hugging Face folder (config.json, "
+                     "model.safetensors, tokenizer)");
   {  // An EAGLE draft (aerie's export, SpecForge's or speculators' checkpoint) given where the target belongs.
     const std::string draft = eagle_draft_marker(c.raw);
     AERIE_CHECK(draft.empty(), path << ": an EAGLE draft's config (" << draft

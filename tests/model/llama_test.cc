@@ -127,6 +127,20 @@ TEST(TargetConfig, RejectsBadConfigs) {
             std::string::npos);
   EXPECT_NE(testing::error_of([&] { load_target_config(dir + "/config.json"); }).find("is not a folder"),
             std::string::npos);
+  // aerie's own folders where the target belongs: a checkpoint (config.json of draft + train settings), a
+  // run folder and an extract folder, each named.
+  write_json(dir, nlohmann::json{{"aerie_version", "x"}, {"draft", nlohmann::json::object()},
+                                 {"train", nlohmann::json::object()}});
+  EXPECT_NE(testing::error_of([&] { load_target_config(dir); }).find("is a training checkpoint of aerie train"),
+            std::string::npos);
+  const std::string run = testing::scratch_dir("llama_config_run");
+  std::filesystem::create_directories(run + "/checkpoints");
+  EXPECT_NE(testing::error_of([&] { load_target_config(run); }).find("is a training run folder of aerie train"),
+            std::string::npos);
+  const std::string shards = testing::scratch_dir("llama_config_shards");
+  std::ofstream(shards + "/shard-00000.h5") << "x";
+  EXPECT_NE(testing::error_of([&] { load_target_config(shards); }).find("holds hidden-state shards"),
+            std::string::npos);
 }
 
 TEST(TargetConfig, DefaultAuxLayers) {
