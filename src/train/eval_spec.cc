@@ -6,6 +6,7 @@
 #include "core/log.h"
 #include "kernels/loss.h"
 #include "model/sampling.h"
+#include "model/target_config.h"
 #include "train/checkpoint.h"
 #include "train/eval.h"
 #include "train/export.h"
@@ -48,10 +49,22 @@ int32_t broadcast_token(Communicator& tp, Device dev, int32_t v) { return broadc
 
 LoadedDraft load_draft(const std::string& path, int64_t target_num_hidden_layers) {
   if (fs::exists(fs::path(path) / "model.safetensors") && fs::exists(fs::path(path) / "config.json")) {
-    ExportedDraft e = load_export(path, target_num_hidden_layers);
+    const nlohmann::json cfg = nlohmann::json::parse(read_file((fs::path(path) / "config.json").string()), nullptr, false);
+    ExportedDraft e = [&] {
+      try {
+        return load_export(path, target_num_hidden_layers);
+      } catch (const Error& err) {
+        // A target model's folder given as the draft (eval --draft MODEL) fails on a missing draft tensor:
+        // say what the folder is.
+        if (cfg.is_object() && eagle_draft_marker(cfg).empty() && cfg.contains("num_hidden_layers"))
+          AERIE_THROW(path << " looks like a target model's folder (its config.json names no EAGLE draft"
+                           << (cfg.contains("architectures") ? ": architectures " + cfg["architectures"].dump() : std::string())
+                           << "), not a draft export of aerie export, SpecForge or speculators (" << err.what() << ")");
+        throw;
+      }
+    }();
     // An export of aerie records the checkpoint it came from and that checkpoint's target.
     nlohmann::json prov;
-    const nlohmann::json cfg = nlohmann::json::parse(read_file((fs::path(path) / "config.json").string()), nullptr, false);
     if (cfg.is_object() && cfg.contains("aerie_checkpoint") && cfg["aerie_checkpoint"].is_object() &&
         cfg["aerie_checkpoint"].contains("target"))
       prov = {{"target", cfg["aerie_checkpoint"]["target"]}};

@@ -153,6 +153,10 @@ TEST_F(EvalTest, ExportRoundTripAndEvalJson) {
   const std::string dir = testing::scratch_dir("eval_export");
   write_export(dir, d.cfg, d.weights, d.vocab, model_->config());  // helper d2's writer (train/export.h)
   LoadedDraft back = load_draft(dir, model_->config().num_hidden_layers);
+  // The target's own folder given as the draft (eval --draft MODEL): named as a target model's folder.
+  EXPECT_NE(testing::error_of([&] { load_draft(testing::model_dir(), model_->config().num_hidden_layers); })
+                .find("looks like a target model's folder"),
+            std::string::npos);
   EXPECT_EQ(back.vocab.d2t, d.vocab.d2t);
   EXPECT_EQ(back.vocab.t2d, d.vocab.t2d);
   EXPECT_EQ(back.cfg.to_json(), d.cfg.to_json());
