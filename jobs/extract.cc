@@ -24,12 +24,43 @@
 #include "core/log.h"
 #include "core/stop_signals.h"
 #include "data/extract.h"
+#include "data/prepare.h"
+#include "io/h5.h"
 #include "jobs/jobs.h"
 #include "jobs/target_device.h"
 #include "kernels/gemm.h"
 #include "model/target.h"
 
 namespace aerie::jobs {
+namespace {
+
+// The tokenizer a prepared file was made with against --model's: both encode prepare's probe text
+// (data/prepare.h tokenizer_probe). Another result means the prepared ids are other tokens to this target
+// (a tokenizer of the same vocabulary size passes the id range check). A warning: nothing is checked for
+// a prepared file of an older aerie (no probe) or a model folder without a tokenizer aerie reads.
+void warn_other_tokenizer(const std::string& prepared, const std::string& model_dir) {
+  std::string theirs, made_with;
+  {
+    h5::File f = h5::File::open(prepared);
+    if (!f.has_attr("tokenizer_probe")) return;
+    theirs = f.string_attr("tokenizer_probe");
+    made_with = f.has_attr("tokenizer") ? f.string_attr("tokenizer") : std::string("?");
+  }
+  std::unique_ptr<Tokenizer> tok;
+  try {
+    tok = Tokenizer::load(model_dir);
+  } catch (const Error&) {
+    return;
+  }
+  const std::string mine = tokenizer_probe(*tok);
+  if (mine != theirs)
+    AERIE_LOG(warning) << "extract: --prepared " << prepared << " was tokenized with " << made_with
+                       << ", which encodes a probe text differently from --model " << model_dir
+                       << "'s tokenizer (tokenizer_probe " << theirs << " against " << mine
+                       << "): its ids may be other tokens to this target; prepare again with --tokenizer " << model_dir;
+}
+
+}  // namespace
 
 
 int extract(const std::vector<std::string>& args) {
@@ -110,6 +141,7 @@ int extract(const std::vector<std::string>& args) {
                                        << "/config.json): prepare again with --max-length "
                                        << c.max_position_embeddings << " (--overlong truncate or drop)");
       }
+      warn_other_tokenizer(opt.prepared, model_dir);
       check_existing_shards(opt);
       // The disk estimate before the weights load (issue 17, case 8).
       const ShardSpace sp = estimate_shard_space(opt, c.hidden_size);

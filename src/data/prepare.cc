@@ -14,6 +14,7 @@
 #include "core/log.h"
 #include "core/progress.h"
 #include "core/version.h"
+#include "io/fingerprint.h"
 #include "io/h5.h"
 #include "io/output_lock.h"
 
@@ -218,6 +219,16 @@ LocalSamples read_local(const PrepareOptions& opt, const Tokenizer& tok, const C
 
 }  // namespace
 
+std::string tokenizer_probe(const Tokenizer& tok) {
+  static const char* const kProbe =
+      "The quick brown fox jumps over the lazy dog. def f(x):\n    return x ** 2  # 1234567890\n"
+      "Caf\u00e9 na\u00efve \u00fcber, \u4f60\u597d\u4e16\u754c, \U0001F600 <|im_start|> [INST]";
+  const std::vector<int32_t> ids = tok.encode(kProbe);
+  std::string bytes(ids.size() * sizeof(int32_t), '\0');
+  if (!ids.empty()) std::memcpy(bytes.data(), ids.data(), bytes.size());
+  return sha256_hex(bytes).substr(0, 16);
+}
+
 PrepareStats run_prepare(const PrepareOptions& opt, MPI_Comm comm) {
   int rank = 0, size = 1;
   MPI_Comm_rank(comm, &rank);
@@ -345,6 +356,7 @@ PrepareStats run_prepare(const PrepareOptions& opt, MPI_Comm comm) {
     f.set_int_attr("format_version", kPreparedVersion);
     f.set_string_attr("aerie_version", aerie_version_string());
     f.set_string_attr("tokenizer", opt.tokenizer);
+    f.set_string_attr("tokenizer_probe", tokenizer_probe(*tok));
     f.set_string_attr("template", tmpl->name());
     f.set_int_attr("max_length", opt.max_length);
     f.set_string_attr("overlong", overlong_name(opt.overlong));

@@ -4,7 +4,8 @@
 //   input_ids      I32 [N_tok]          the tokens of all samples, concatenated in input order
 //   loss_mask      U8  [N_tok]          1 on assistant content tokens and the EOS closing an assistant turn
 //   sample_offsets I64 [N_samples + 1]  sample i = tokens [off[i], off[i+1]); off[0] = 0, off[N] = N_tok
-//   attributes: format = "aerie.prepared", format_version = 1, tokenizer (path), template, max_length,
+//   attributes: format = "aerie.prepared", format_version = 1, tokenizer (path), tokenizer_probe
+//   (tokenizer_probe() below), template, max_length,
 //   overlong ("truncate" | "drop"), num_samples, num_tokens, num_loss_tokens, source (input path),
 //   input_format, bos_id, eos_id, vocab_size, num_skipped, num_truncated.
 // Every sample has 1..max_length tokens and at least one loss token.
@@ -22,6 +23,7 @@
 
 #include "data/prepare_input.h"
 #include "data/prepare_template.h"
+#include "tokenizer/tokenizer.h"
 
 namespace aerie {
 
@@ -60,6 +62,12 @@ struct PrepareStats {
 /// Applies the overlong policy to `s` (max_length > 0): Truncate keeps the first max_length tokens (returns
 /// true, *truncated set), Drop returns false for a longer sample. Shorter samples are unchanged.
 bool apply_overlong(TokenizedSample& s, int64_t max_length, Overlong policy, bool* truncated);
+
+/// The `tokenizer_probe` attribute of a prepared file: the first 16 hex digits of the SHA-256 of the ids
+/// `tok` gives a fixed probe text (English, code, digits, accents, CJK, emoji; encode(), no special tokens).
+/// Two tokenizers that give it the same ids agree on ordinary text; a different probe means the prepared ids
+/// would be other tokens to the other tokenizer's model (extract warns). Throws what tok.encode() throws.
+std::string tokenizer_probe(const Tokenizer& tok);
 
 /// Runs prepare collectively over `comm` (every rank calls it with the same options): reads, tokenizes,
 /// writes options.output (see the format above) and logs counts on rank 0. Rank 0 holds the output's lock

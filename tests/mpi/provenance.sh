@@ -48,6 +48,27 @@ run extract_b 2 $(x prepared.h5 "$work/model_b" shards_b) || fail "extract B"
 run extract_a2 2 $(x prepared2.h5 "$model" shards_a2) || fail "extract A of prepared2.h5"
 n=$(ls "$work/shards_a" | grep -c '^shard-.*\.h5$')
 [ "$n" -eq 6 ] || fail "expected 6 shards, got $n"
+! grep -q "encodes a probe text differently" "$work/extract_a.log" || fail "extract warned about its own tokenizer"
+# A prepared file of another tokenizer of the same vocabulary (the ids of every non-special token reversed):
+# the id range check passes, the tokenizer probe does not (data/prepare.h tokenizer_probe).
+mkdir -p "$work/tok_swap"
+python3 - "$model/tokenizer.json" "$work/tok_swap/tokenizer.json" <<'PY'
+import json, sys
+t = json.load(open(sys.argv[1]))
+v = t["model"]["vocab"]
+ids = sorted(i for i in v.values() if i >= 3)
+back = dict(zip(ids, reversed(ids)))
+t["model"]["vocab"] = {k: back.get(i, i) for k, i in v.items()}
+json.dump(t, open(sys.argv[2], "w"))
+PY
+cp "$model/tokenizer_config.json" "$work/tok_swap/" 2>/dev/null || true
+run prepare_swap 1 prepare --input "$text" --tokenizer "$work/tok_swap" --output "$work/prepared_swap.h5" \
+  --max-length 64 --max-samples 8 || fail "prepare with the swapped tokenizer"
+# shellcheck disable=SC2046
+run extract_swap 1 $(x prepared_swap.h5 "$model" shards_swap) || fail "extract of the swapped prepared file"
+grep -Eq "extract: --prepared .*prepared_swap.h5 was tokenized with .*tok_swap, which encodes a probe text differently from --model" \
+  "$work/extract_swap.log" || fail "extract did not warn about the other tokenizer"
+echo "2. extract warns about a prepared file of another tokenizer of the same vocabulary"
 t() { echo train --shards "$work/$1" --model "$2" --vocab "$work/vocab.safetensors" --output "$work/$3" --steps 8 \
   --batch-size 4 --checkpoint-every 4 --log-every 4; }
 # shellcheck disable=SC2046
