@@ -141,7 +141,8 @@ void check_eval_inputs(const EvalOptions& o, const CheckpointEvalOptions& run) {
       AERIE_THROW("eval: --data-split " << o.data_split_path << " is not a data_split.json of aerie train: "
                                         << e.what());
     }
-  } else if (!o.shards_dir.empty())
+  }
+  if (!o.shards_dir.empty())  // with --data-split too: a missing folder is named as such, not by a shard
     AERIE_CHECK(fs::is_directory(o.shards_dir) && !list_shards(o.shards_dir).empty(),
                 "eval: --shards " << o.shards_dir
                                   << (fs::is_directory(o.shards_dir) ? " holds no shard-*.h5 files" : ": no such folder")

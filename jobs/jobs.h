@@ -22,6 +22,10 @@ namespace po = boost::program_options;
 bool parse_options(const std::string& job, const std::vector<std::string>& args, po::options_description& desc,
                    po::variables_map& vm);
 
+/// The name of `names` closest to the mistyped `given` (Levenshtein distance within 2 edits, or a third of its
+/// length if more), or "" when none is that close: option and subcommand suggestions ("did you mean ...?").
+std::string closest_name(const std::string& given, const std::vector<std::string>& names);
+
 /// Adds --force-unlock to `desc` (the jobs that lock their output: io/output_lock.h).
 void add_lock_options(po::options_description& desc);
 

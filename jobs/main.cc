@@ -75,7 +75,11 @@ int main(int argc, char** argv) {
   auto it = subcommands().find(args[0]);
   if (it == subcommands().end()) {
     if (rank == 0) {
-      std::cerr << "aerie: unknown subcommand '" << args[0] << "'\n";
+      std::vector<std::string> names;
+      for (const auto& [name, job] : subcommands()) names.push_back(name);
+      const std::string best = aerie::jobs::closest_name(args[0], names);
+      std::cerr << "aerie: unknown subcommand '" << args[0] << "'" << (best.empty() ? "" : " (did you mean " + best + "?)")
+                << "\n";
       usage(std::cerr);
     }
     MPI_Finalize();

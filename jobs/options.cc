@@ -67,17 +67,23 @@ size_t edit_distance(const std::string& a, const std::string& b) {
 std::string suggestion(const po::options_description& all, std::string given) {
   while (!given.empty() && given.front() == '-') given.erase(given.begin());
   given = given.substr(0, given.find('='));
-  std::string best;
-  size_t best_d = std::max<size_t>(2, given.size() / 3) + 1;  // up to 2 edits, more in long names
-  for (const auto& o : all.options()) {
-    const std::string& name = o->long_name();
-    const size_t d = edit_distance(given, name);
-    if (!name.empty() && d < best_d) best = name, best_d = d;
-  }
+  std::vector<std::string> names;
+  for (const auto& o : all.options()) names.push_back(o->long_name());
+  const std::string best = closest_name(given, names);
   return best.empty() ? "" : " (did you mean --" + best + "?)";
 }
 
 }  // namespace
+
+std::string closest_name(const std::string& given, const std::vector<std::string>& names) {
+  std::string best;
+  size_t best_d = std::max<size_t>(2, given.size() / 3) + 1;  // up to 2 edits, more in long names
+  for (const std::string& name : names) {
+    const size_t d = edit_distance(given, name);
+    if (!name.empty() && d < best_d) best = name, best_d = d;
+  }
+  return best;
+}
 
 bool parse_options(const std::string& job, const std::vector<std::string>& args, po::options_description& desc,
                    po::variables_map& vm) {

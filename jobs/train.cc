@@ -56,7 +56,7 @@ void check_train_inputs(const TrainOptions& o) {
   TRAIN_REQUIRE(o.epochs >= 0, "--epochs " << o.epochs << " is negative");
   TRAIN_REQUIRE(o.steps > 0 || o.epochs > 0, "--steps 0 and --epochs 0 train nothing: give --steps N or --epochs N");
   TRAIN_REQUIRE(o.batch_size >= 1, "--batch-size must be >= 1, got " << o.batch_size);
-  TRAIN_REQUIRE(std::isfinite(o.lr) && o.lr >= 0, "--lr must be >= 0, got " << o.lr);
+  TRAIN_REQUIRE(std::isfinite(o.lr) && o.lr >= 0, "--lr must be a finite number >= 0, got " << o.lr);
   TRAIN_REQUIRE(o.warmup_ratio >= 0 && o.warmup_ratio <= 1,
           "--warmup-ratio must lie in [0, 1], got " << o.warmup_ratio);
   TRAIN_REQUIRE(o.max_grad_norm >= 0, "--max-grad-norm must be >= 0 (0: off), got " << o.max_grad_norm);

@@ -29,7 +29,7 @@ set_tests_properties(cli_config_dashed_key PROPERTIES ENVIRONMENT "${_aerie_cli_
   PASS_REGULAR_EXPRESSION "dashes.ini:1: write the key without dashes: 'steps = 2'")
 add_test(NAME cli_unknown_subcommand COMMAND $<TARGET_FILE:aerie> trian)
 set_tests_properties(cli_unknown_subcommand PROPERTIES ENVIRONMENT "${_aerie_cli_env}"
-  PASS_REGULAR_EXPRESSION "unknown subcommand 'trian'.*extract")
+  PASS_REGULAR_EXPRESSION "unknown subcommand .trian. \\(did you mean train\\?\\).*extract")
 # A bad option value is reported before the target model is loaded (the model directory does not exist).
 add_test(NAME cli_extract_bad_batch_tokens
          COMMAND $<TARGET_FILE:aerie> extract --model /nonexistent --prepared /nonexistent/p.h5 --output /nonexistent/o
