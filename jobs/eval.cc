@@ -151,11 +151,14 @@ void check_eval_inputs(const EvalOptions& o, const CheckpointEvalOptions& run) {
   AERIE_CHECK(!fs::is_directory(out), "eval: --output " << out << " is a folder (a .json file is written)");
   // A file of another kind (a prepared file, a model's weights) is refused, not replaced when the job ends;
   // an earlier eval.json or checkpoint table (both carry aerie_version) is replaced or continued as before.
-  check_output_replaceable("eval", out, "a JSON result of aerie eval", [](const std::string& p) {
-    std::ifstream in(p);
-    const nlohmann::json j = nlohmann::json::parse(in);
-    return j.is_object() && j.contains("aerie_version");
-  });
+  const bool table = !run.run_dir.empty();
+  check_output_replaceable("eval", out, table ? "a checkpoint table of aerie eval --run" : "an eval.json of aerie eval",
+                           [table](const std::string& p) {
+                             std::ifstream in(p);
+                             const nlohmann::json j = nlohmann::json::parse(in);
+                             const bool is_table = j.is_object() && j.value("format", "") == kCheckpointEvalFormat;
+                             return j.is_object() && j.contains("aerie_version") && is_table == table;
+                           });
   const fs::path parent = fs::path(out).parent_path();
   AERIE_CHECK(parent.empty() || fs::is_directory(parent),
               "eval: --output " << out << ": the folder " << parent.string() << " does not exist");

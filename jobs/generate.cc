@@ -191,14 +191,23 @@ void check_regenerate_inputs(const po::variables_map& vm) {
               "aerie generate: --output " << output << " is a folder (a JSONL file is written)");
   AERIE_CHECK(!fs::exists(output) || !fs::equivalent(input, output),
               "aerie generate: --output " << output << " is the --input file; name another file");
-  // A file of another kind (a prepared file, a model's weights) is refused, not replaced when the job ends;
-  // a JSONL file (an earlier run's output) is replaced as before.
-  check_output_replaceable("aerie generate", output, "a JSONL file (aerie generate's output)", [](const std::string& p) {
-    std::ifstream in(p);
-    std::string line;
-    if (!std::getline(in, line)) return true;  // empty
-    return nlohmann::json::parse(line).is_object();
-  });
+  // Anything but generate's own output is refused, not replaced when the job ends: a prepared file, a
+  // model's weights, and a JSONL dataset (say the training conversations). Its own: OUTPUT.parts/run.json
+  // of a run (a rerun continues or refuses it), or records whose answers carry aerie_response_ids.
+  check_output_replaceable(
+      "aerie generate", output, "an output of aerie generate (answers with aerie_response_ids)",
+      [&output](const std::string& p) {
+        if (fs::exists(fs::path(output + ".parts") / "run.json")) return true;
+        std::ifstream in(p);
+        std::string line;
+        if (!std::getline(in, line)) return true;  // empty
+        const nlohmann::json r = nlohmann::json::parse(line);
+        for (const char* key : {"conversations", "messages"})
+          if (r.is_object() && r.contains(key) && r[key].is_array())
+            for (const auto& turn : r[key])
+              if (turn.is_object() && turn.contains("aerie_response_ids")) return true;
+        return false;
+      });
   const std::string template_name = vm["template"].as<std::string>();
   if (template_name != "plain") {
     try {

@@ -168,6 +168,9 @@ int plan(const std::vector<std::string>& args) {
   }
   opt.reserve = size_option("reserve");
 
+  // A model folder gets the checks every job's --model gets (a missing folder, a symlink loop, a run,
+  // checkpoint or shard folder, a draft export, a model_type aerie does not run), each named with the option.
+  if (config_path.empty()) load_model_option("plan", "model", model);
   const std::string config_file = config_path.empty() ? model + "/config.json" : config_path;
   const nlohmann::json config = read_model_config(config_file);
   const std::string draft = eagle_draft_marker(config);

@@ -55,9 +55,21 @@ int vocab(const std::vector<std::string>& args) {
     } catch (const Error& e) {
       AERIE_THROW("vocab: --prepared " << prepared << " is not a prepared file of aerie prepare: " << e.what());
     }
-    AERIE_CHECK(!std::filesystem::exists(output) || vm["force"].as<bool>(),
-                "vocab: " << output << " exists; the draft vocabulary belongs to the draft trained with it "
-                          << "(eagle3.md 2). Use --force to replace it.");
+    if (std::filesystem::exists(output)) {
+      // --force replaces a draft vocabulary, nothing else (a mistyped --output over the target's weights or
+      // the prepared file would be lost).
+      bool is_vocab = false;
+      try {
+        load_draft_vocab(output);
+        is_vocab = true;
+      } catch (const Error&) {
+      }
+      AERIE_CHECK(is_vocab, "vocab: --output " << output << " exists and is not a draft vocabulary of aerie vocab, so it "
+                                               << "is not replaced, not even with --force: remove it or choose another "
+                                                  "--output");
+      AERIE_CHECK(vm["force"].as<bool>(), "vocab: " << output << " exists; the draft vocabulary belongs to the draft "
+                                                    << "trained with it (eagle3.md 2). Use --force to replace it.");
+    }
     int64_t V = -1;
     std::string source;
     if (vm.count("model")) {

@@ -244,6 +244,9 @@ void check_extract_inputs(const ExtractOptions& opt) {
   AERIE_CHECK(!fs::exists(opt.output) || fs::is_directory(opt.output),
               "extract: --output " << opt.output << " exists and is not a folder");
   // A train run folder given as the shard folder would mix the two.
+  AERIE_CHECK(!fs::exists(fs::path(opt.output) / "config.json"),
+              "extract: --output " << opt.output << " holds config.json (a model's folder, or a draft export), not "
+                                   << "shards; choose another --output");
   AERIE_CHECK(!fs::exists(fs::path(opt.output) / "checkpoints") && !fs::exists(fs::path(opt.output) / "metrics.jsonl"),
               "extract: --output " << opt.output << " holds a training run (checkpoints/, metrics.jsonl), not shards; "
                                    << "choose another --output");

@@ -136,7 +136,9 @@ std::string eagle_draft_marker(const nlohmann::json& config) {
 
 TargetConfig load_target_config(const std::string& dir) {
   std::error_code ec;
-  AERIE_CHECK(std::filesystem::exists(dir, ec), "model folder " << dir << " does not exist");
+  const bool exists = std::filesystem::exists(dir, ec);
+  AERIE_CHECK(!ec, "model folder " << dir << ": " << ec.message());  // a symlink loop, a permission
+  AERIE_CHECK(exists, "model folder " << dir << " does not exist");
   AERIE_CHECK(std::filesystem::is_directory(dir, ec),
               dir << " is not a folder (a model is a Hugging Face folder: config.json, model.safetensors, tokenizer)");
   std::filesystem::path p = std::filesystem::path(dir) / "config.json";

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # prepare, generate and eval refuse an --output that holds another kind of file (a model's weights, a
-# prepared file, a JSONL file) or names a folder, before any work, and leave the file as it was; they
-# replace their own kind of output (a rerun) as before, and an empty file (jobs.h check_output_replaceable).
+# prepared file, a JSONL dataset, a checkpoint table) or names a folder, before any work, and leave the file
+# as it was; they replace their own kind of output (a rerun) as before, and an empty file (jobs.h
+# check_output_replaceable). vocab --force replaces a draft vocabulary only; extract does not write shards
+# into a model's folder.
 # usage: output_kinds.sh AERIE MODEL_DIR STORIES_TXT WORK_DIR   (exit 77: no converted model)
 set -euo pipefail
 aerie=$1 model=$2 text=$3 work=$4
@@ -13,6 +15,9 @@ cd "$work"
 cp "$model/model.safetensors" weights.safetensors
 : > fake_export/config.json; : > fake_export/model.safetensors
 echo '{"conversations":[{"from":"human","value":"Tell me a story."}]}' > prompts.jsonl
+echo '{"conversations":[{"from":"human","value":"Hi"},{"from":"gpt","value":"Hello."}]}' > dataset.jsonl
+echo '{"format": "aerie.checkpoint_eval", "aerie_version": "x", "checkpoints": []}' > table.json
+mkdir -p model_copy && cp "$model"/* model_copy/
 printf 'Once upon a time there was a cat. What did the cat do next?\n' > prompts.txt
 fail() { echo "FAIL: $*"; tail -5 last.log; exit 1; }
 refused() {  # refused NEEDLE FILE CMD...: fails naming NEEDLE, FILE unchanged
@@ -33,11 +38,25 @@ refused "exists and is not a prepared file of aerie prepare (it is a safetensors
   prepare --input "$text" --tokenizer "$model" --output weights.safetensors --max-samples 4
 refused "is a folder; name a file" folder prepare --input "$text" --tokenizer "$model" --output folder --max-samples 4
 [ -z "$(ls folder)" ] || fail "prepare wrote into the folder"
-refused "exists and is not a JSONL file (aerie generate's output) (it is an HDF5 file)" prepared.h5 \
+refused "exists and is not an output of aerie generate (answers with aerie_response_ids) (it is an HDF5 file)" prepared.h5 \
   generate --model "$model" --input prompts.jsonl --output prepared.h5 --max-new 4
+refused "exists and is not an output of aerie generate" dataset.jsonl \
+  generate --model "$model" --input prompts.jsonl --output dataset.jsonl --max-new 4
+mpirun -np 1 "$aerie" generate --model "$model" --input prompts.jsonl --output gen.jsonl --max-new 4 >last.log 2>&1 \
+  || fail "generate"
+rm -rf gen.jsonl.parts
+mpirun -np 1 "$aerie" generate --model "$model" --input prompts.jsonl --output gen.jsonl --max-new 4 >last.log 2>&1 \
+  || fail "generate again over its own output"
+refused "is not a draft vocabulary of aerie vocab, so it is not replaced, not even with --force" weights.safetensors \
+  vocab --prepared prepared.h5 --model "$model" --output weights.safetensors --force
+refused "exists and is not an eval.json of aerie eval" table.json \
+  eval --model "$model" --draft fake_export --prompts prompts.txt --output table.json
+refused "holds config.json (a model's folder, or a draft export), not shards" model_copy/model.safetensors \
+  extract --model "$model" --prepared prepared.h5 --output model_copy
+[ "$(ls model_copy | grep -c shard)" = 0 ] || fail "extract wrote shards into the model folder"
 refused "is the --input file" prompts.jsonl generate --model "$model" --input prompts.jsonl --output prompts.jsonl --max-new 4
-refused "exists and is not a JSON result of aerie eval (it is an HDF5 file)" prepared.h5 \
+refused "exists and is not an eval.json of aerie eval (it is an HDF5 file)" prepared.h5 \
   eval --model "$model" --draft fake_export --prompts prompts.txt --output prepared.h5
-refused "exists and is not a JSON result of aerie eval (it is a JSON or JSONL file)" prompts.jsonl \
+refused "exists and is not an eval.json of aerie eval (it is a JSON or JSONL file)" prompts.jsonl \
   eval --model "$model" --draft fake_export --prompts prompts.txt --output prompts.jsonl
 echo "output kinds: prepare, generate and eval refuse other kinds of files and folders, rerun over their own"

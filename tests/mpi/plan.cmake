@@ -19,7 +19,7 @@ if(EXISTS "${_k25}/kimi-k2.5.tensors.expanded.jsonl.gz")
 endif()
 add_test(NAME plan_missing_config COMMAND $<TARGET_FILE:aerie> plan --model /nonexistent)
 set_tests_properties(plan_missing_config PROPERTIES ENVIRONMENT "${_aerie_plan_env}"
-  PASS_REGULAR_EXPRESSION "cannot open model config /nonexistent/config.json")
+  PASS_REGULAR_EXPRESSION "plan: --model /nonexistent: model folder /nonexistent does not exist")
 # A draft's config (an export given as the target) is refused, not planned as a one-layer target.
 file(WRITE ${CMAKE_BINARY_DIR}/test-scratch/plan/draft_config.json
      "{\"architectures\": [\"LlamaForCausalLMEagle3\"], \"hidden_size\": 64, \"num_hidden_layers\": 1}\n")
