@@ -11,6 +11,7 @@
 #include <mpi.h>
 
 #include "core/error.h"
+#include "io/h5.h"
 #include "jobs/jobs.h"
 #include "model/target_config.h"
 
@@ -203,7 +204,7 @@ std::string describe_file(const std::string& path) {
   in.read(b, sizeof b);
   const auto n = static_cast<size_t>(in.gcount());
   if (n == 0) return "an empty file";
-  if (n >= 8 && std::memcmp(b, "\x89HDF\r\n\x1a\n", 8) == 0) return "an HDF5 file";
+  if (std::string_view(b, n).substr(0, h5::kSignature.size()) == h5::kSignature) return "an HDF5 file";
   if (n >= 9 && b[8] == '{') {  // safetensors: u64 little-endian header length, then the JSON header
     uint64_t len = 0;
     std::memcpy(&len, b, 8);

@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "io/h5.h"
 
 namespace aerie {
 
@@ -148,7 +149,7 @@ PromptFile::PromptFile(const std::string& path, InputFormat format) : path_(path
     char head[512];
     in.read(head, sizeof head);
     const std::string h(head, static_cast<size_t>(in.gcount()));
-    AERIE_CHECK(h.rfind("\x89HDF\r\n\x1a\n", 0) != 0,
+    AERIE_CHECK(h.rfind(h5::kSignature, 0) != 0,
                 "prompt set " << path << " is an HDF5 file (a prepared file or a shard?): prompts are a text file "
                               << "(.txt, paragraphs), JSONL or a JSON array of prompts or conversations");
     AERIE_CHECK(h.find('\0') == std::string::npos,

@@ -19,12 +19,16 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "core/tensor.h"
 
 namespace aerie::h5 {
+
+/// The 8 bytes every HDF5 file begins with (the superblock signature), for naming a file by its content.
+inline constexpr std::string_view kSignature{"\x89HDF\r\n\x1a\n", 8};
 
 /// A handle to an HDF5 object (file, group or dataset); closes it on destruction. Movable, not copyable.
 class Object {

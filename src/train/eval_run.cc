@@ -422,9 +422,12 @@ EvalSession::EvalSession(const EvalOptions& o) : impl_(std::make_unique<Impl>(ch
       }
       s.tf_source = "all samples of " + o.shards_dir;
     }
-    AERIE_CHECK(!s.tf_refs.empty(), "eval: --data-split " << o.data_split_path << " holds no held-out sample (a run "
-                                        << "trained with --eval-fraction 0): drop --data-split and --shards, and the "
-                                        << "teacher-forced figures come from the target's greedy answers");
+    AERIE_CHECK(!s.tf_refs.empty(), "eval: " << (o.data_split_path.empty() ? "--shards " + o.shards_dir + " holds no sample"
+                                                                           : "--data-split " + o.data_split_path +
+                                                                                 " holds no held-out sample (a run trained "
+                                                                                 "with --eval-fraction 0)")
+                                             << ": drop --data-split and --shards, and the teacher-forced figures come "
+                                                "from the target's greedy answers");
     if (o.num_eval_samples > 0 && static_cast<int64_t>(s.tf_refs.size()) > o.num_eval_samples)
       s.tf_refs.resize(o.num_eval_samples);
     if (groups.map.world_rank == 0 && o.data_split_path.empty())
