@@ -112,6 +112,7 @@ int extract(const std::vector<std::string>& args) {
   ParallelGroups groups = ParallelGroups::create(vm["tp"].as<int>());
   TargetDevice target = resolve_target_device(vm, groups, "extract");
   const TargetModelOptions& mopt = target.options;
+  if (mopt.fp8_gemm) opt.meta.target_gemm = "w8a8-fp8-block";
   Communicator& model_tp = *target.tp;
   const std::string model_dir = vm["model"].as<std::string>();
   const int64_t random_seed = vm["random-weights"].as<int64_t>();
@@ -163,7 +164,8 @@ int extract(const std::vector<std::string>& args) {
     AERIE_LOG(info) << "extract: target " << model_dir << " (" << cfg.num_hidden_layers << " layers, hidden "
                     << cfg.hidden_size << "), aux layers " << opt.meta.aux_layers[0] << ","
                     << opt.meta.aux_layers[1] << "," << opt.meta.aux_layers[2] << ", on " << device_name(mopt.device)
-                    << " in " << aerie::dtype_name(mopt.dtype) << (random_seed >= 0 ? ", random weights" : "");
+                    << " in " << aerie::dtype_name(mopt.dtype) << (mopt.fp8_gemm ? " with W8A8 block-FP8 GEMMs" : "")
+                    << (random_seed >= 0 ? ", random weights" : "");
   }
 
   const std::vector<int> aux_layers = opt.meta.aux_layers;

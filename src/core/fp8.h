@@ -45,9 +45,11 @@ AERIE_HOST_DEVICE inline float fp8_e4m3fn_to_float(uint8_t c) {
 /// The e4m3fn code nearest to x (round to nearest, ties to even), saturating at +-448 (the largest
 /// finite value, code 0x7E / 0xFE: e4m3fn has no infinity); NaN gives 0x7F (sign kept). What torch's
 /// float32 -> float8_e4m3fn cast gives for |x| <= 448 (torch saturates nothing: larger values are NaN).
-inline uint8_t float_to_fp8_e4m3fn(float x) {
+/// Host and device (activation quantization of the W8A8 GEMMs, kernels/quant.h quantize_fp8_rows):
+/// bitwise the same code on both.
+AERIE_HOST_DEVICE inline uint8_t float_to_fp8_e4m3fn(float x) {
   uint32_t u;
-  std::memcpy(&u, &x, 4);
+  memcpy(&u, &x, 4);
   const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80u);
   const uint32_t au = u & 0x7fffffffu;
   if (au > 0x7f800000u) return sign | 0x7Fu;  // NaN
@@ -60,8 +62,8 @@ inline uint8_t float_to_fp8_e4m3fn(float x) {
   }
   // Subnormal: multiples of 2^-9 (code m = the multiple; 8 is the smallest normal, code 0x08).
   float a;
-  std::memcpy(&a, &au, 4);
-  return sign | static_cast<uint8_t>(std::nearbyint(a * 512.0f));
+  memcpy(&a, &au, 4);
+  return sign | static_cast<uint8_t>(rintf(a * 512.0f));  // rintf: ties to even in the default rounding mode
 }
 
 }  // namespace aerie

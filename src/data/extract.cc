@@ -158,6 +158,12 @@ bool check_existing_shard(const std::string& path, int64_t c, int64_t b, int64_t
     AERIE_THROW("extract: " << path << " stores its hidden states as " << (i.fp8 ? "fp8" : "bf16")
                             << ", this run as " << (meta.fp8 ? "fp8" : "bf16") << " (--storage): rerun with --storage "
                             << (i.fp8 ? "fp8" : "bf16") << " to resume these shards, or choose another --output");
+  if (i.target_gemm != meta.target_gemm) {
+    auto name = [](const std::string& g) { return g.empty() ? std::string("the compute dtype's GEMMs") : g; };
+    AERIE_THROW("extract: " << path << " was extracted with " << name(i.target_gemm) << ", this run uses "
+                            << name(meta.target_gemm) << ": rerun " << (i.target_gemm.empty() ? "without" : "with")
+                            << " --fp8-gemm to resume these shards, or choose another --output");
+  }
   if (i.has_provenance() && !meta.target.config_sha256.empty()) {
     const std::string diff = i.target.difference(meta.target);
     if (!diff.empty())

@@ -52,6 +52,7 @@ struct ShardInfo {
   /// skipped_nonfinite attribute, absent when none was): the shard holds the chunk's other samples.
   std::vector<int64_t> skipped_nonfinite;
   bool fp8 = false;              // version 2: fp8 hidden states with per-vector scales (else bf16)
+  std::string target_gemm;       // ShardMeta::target_gemm ("" when the attribute is absent)
   bool has_provenance() const { return !target.config_sha256.empty(); }
 };
 
@@ -117,6 +118,9 @@ struct ShardMeta {
   /// extract --storage fp8: the hidden states as e4m3fn codes with one fp32 scale per H-wide vector
   /// (format version 2, about half the bytes of bf16); false: bf16 (version 1).
   bool fp8 = false;
+  /// How the target's linears ran (attribute target_gemm): "w8a8-fp8-block" with extract --fp8-gemm
+  /// (TargetModelOptions::fp8_gemm), empty (no attribute) for the compute dtype's GEMMs.
+  std::string target_gemm;
 };
 
 /// What a ShardWriter does with a sample whose hidden states hold a NaN or an infinity (issue 17, case 5).

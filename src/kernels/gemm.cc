@@ -309,3 +309,63 @@ std::string gemm_search_summary() {
 }
 
 }  // namespace aerie
+
+namespace aerie {
+namespace cpu {
+// cpu/quant.cc: the reference of matmul_fp8_block, arguments checked below.
+void matmul_fp8_block(const uint8_t* xq, const float* xs, const uint8_t* wq, const float* ws, int64_t ldws,
+                      int64_t m, int64_t n, int64_t k, void* y, DType y_dtype, int64_t ldy, int64_t c0, float beta);
+}  // namespace cpu
+
+int64_t fp8_weight_scale_ld(int64_t k) { return ((k + 127) / 128 + 3) / 4 * 4; }
+
+Tensor fp8_gemm_weight_scale(const Tensor& scale_inv, int64_t k) {
+  AERIE_CHECK(scale_inv.ndim() == 2 && scale_inv.dim(1) == (k + 127) / 128 && scale_inv.dtype() == DType::F32,
+              "fp8_gemm_weight_scale: scale_inv " << shape_str(scale_inv.shape()) << " " << dtype_name(scale_inv.dtype())
+                                                  << " is not [ceil(N/128), " << (k + 127) / 128 << "] F32");
+  const int64_t ld = fp8_weight_scale_ld(k), cols = scale_inv.dim(1), rows = scale_inv.dim(0);
+  if (ld == cols) return scale_inv;
+  const Tensor host = scale_inv.to_device(Device::CPU);
+  std::vector<float> padded(static_cast<size_t>(rows * ld), 0.0f);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) padded[static_cast<size_t>(r * ld + c)] = host.data<float>()[r * cols + c];
+  const Tensor t = Tensor::from_vector(padded, {rows, ld});
+  return scale_inv.device() == Device::CPU ? t : t.to_device(scale_inv.device());
+}
+
+bool matmul_fp8_block(const Tensor& xq, const Tensor& xs, const Tensor& wq, const Tensor& ws, Tensor& y, int64_t c0,
+                      float beta) {
+  constexpr const char* op = "matmul_fp8_block";
+  auto fp8 = [](const Tensor& t) { return t.dtype() == DType::F8E4M3 || t.dtype() == DType::U8; };
+  AERIE_CHECK(xq.ndim() == 2 && wq.ndim() == 2 && y.ndim() == 2 && fp8(xq) && fp8(wq),
+              op << ": xq [M, K] and wq [N, K] must be 2-D F8_E4M3, y 2-D; got xq " << shape_str(xq.shape()) << " "
+                 << dtype_name(xq.dtype()) << ", wq " << shape_str(wq.shape()) << " " << dtype_name(wq.dtype())
+                 << ", y " << shape_str(y.shape()));
+  const int64_t m = xq.dim(0), k = xq.dim(1), n = wq.dim(0);
+  AERIE_CHECK(wq.dim(1) == k, op << ": inner dimensions differ: xq " << shape_str(xq.shape()) << ", wq "
+                                 << shape_str(wq.shape()));
+  xs.check_shape({(k + 127) / 128, m}, kernels::what(op, "xs"));
+  xs.check_dtype(DType::F32, kernels::what(op, "xs"));
+  ws.check_shape({(n + 127) / 128, fp8_weight_scale_ld(k)}, kernels::what(op, "ws"));
+  ws.check_dtype(DType::F32, kernels::what(op, "ws"));
+  AERIE_CHECK(y.dtype() == DType::F32 || y.dtype() == DType::BF16,
+              op << ": y must be F32 or BF16, got " << dtype_name(y.dtype()));
+  AERIE_CHECK(y.dim(0) == m && c0 >= 0 && c0 + n <= y.dim(1),
+              op << ": y " << shape_str(y.shape()) << " has no columns [" << c0 << ", " << c0 + n << ") for " << m
+                 << " rows");
+  const Device dev = kernels::common_device(op, {{"xq", &xq}, {"xs", &xs}, {"wq", &wq}, {"ws", &ws}, {"y", &y}});
+  if (dev == Device::CUDA) {
+#ifdef AERIE_WITH_CUDA
+    char* y0 = static_cast<char*>(y.raw()) + c0 * static_cast<int64_t>(dtype_size(y.dtype()));
+    return cuda::matmul_fp8_block(xq.raw(), xs.data<float>(), wq.raw(), ws.data<float>(), m, n, k, y0, y.dtype(),
+                                  y.dim(1), beta);
+#else
+    kernels::throw_no_backend(op, dev);
+#endif
+  }
+  cpu::matmul_fp8_block(static_cast<const uint8_t*>(xq.raw()), xs.data<float>(), static_cast<const uint8_t*>(wq.raw()),
+                        ws.data<float>(), ws.dim(1), m, n, k, y.raw(), y.dtype(), y.dim(1), c0, beta);
+  return true;
+}
+
+}  // namespace aerie

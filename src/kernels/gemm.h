@@ -101,3 +101,32 @@ std::string grouped_quant_fused_unsupported(const Tensor& a, GroupedWeightFormat
                                             const Tensor& c);
 
 }  // namespace aerie
+
+namespace aerie {
+
+/// Row stride of the weight scales matmul_fp8_block takes: ceil(K/128) rounded up to a multiple of 4
+/// (cuBLASLt's BLK128x128_32F layout; PyTorch's _scaled_mm checks the same padding).
+int64_t fp8_weight_scale_ld(int64_t k);
+
+/// The W8A8 block-FP8 GEMM, as vLLM and SGLang run DeepSeek-V3's block-FP8 linears (DeepSeek-V3
+/// inference/kernel.py fp8_gemm; vLLM w8a8_block_fp8_matmul): into columns [c0, c0 + N) of y [M, Ny],
+///   y[m, c0 + n] = sum_b xs[b, m] ws[n / 128, b] (sum_{k in block b} fp8(xq[m, k]) fp8(wq[n, k])) + beta y[m, c0 + n]
+/// over the 128-column blocks b of K (the last may be partial).
+///   xq [M, K] F8E4M3|U8 and xs [ceil(K/128), M] F32: quantize_fp8_rows (kernels/quant.h) of the input;
+///   wq [N, K] F8E4M3|U8: a block-FP8 weight; ws [ceil(N/128), fp8_weight_scale_ld(K)] F32: its
+///   weight_scale_inv with each row padded (fp8_gemm_weight_scale);
+///   y [M, Ny] F32|BF16, 0 <= c0, c0 + N <= Ny.
+/// CPU: the naive reference (each block's dot product in fp32, scaled, the blocks summed in order).
+/// CUDA: one cuBLASLt matmul with VEC128_32F / BLK128x128_32F scales (cuBLAS >= 12.9 on sm_90; fp32
+/// accumulation per block), on the current stream; returns false and queues nothing when cuBLASLt has no
+/// algorithm for these operands (another GPU, K % 16 != 0, odd alignments): the caller falls back to
+/// dequantization. Returns true when done (CPU) or queued.
+/// Throws aerie::Error on mismatched shapes, dtypes or devices, and on a cuBLASLt failure.
+bool matmul_fp8_block(const Tensor& xq, const Tensor& xs, const Tensor& wq, const Tensor& ws, Tensor& y,
+                      int64_t c0 = 0, float beta = 0.0f);
+
+/// A weight_scale_inv [ceil(N/128), ceil(K/128)] F32 laid out for matmul_fp8_block: rows padded to
+/// fp8_weight_scale_ld(K) (the padding 0); the tensor itself when no padding is needed. Same device.
+Tensor fp8_gemm_weight_scale(const Tensor& scale_inv, int64_t k);
+
+}  // namespace aerie

@@ -14,6 +14,8 @@ void dequant_fp8_block(const uint8_t* w /* (N, K) */, const float* scale_inv /* 
 void dequant_int4_packed(const int32_t* packed /* (N, ceil K/8) */, const void* scale /* (N, K/group) */,
                          DType scale_dtype, int64_t k, int64_t group, int64_t n0, int64_t n1, void* out,
                          DType out_dtype);
+void quantize_fp8_rows(const void* x, DType x_dtype, int64_t m, int64_t k, uint8_t* q, float* scale);
+void quantize_fp8_block(const void* w, DType w_dtype, int64_t n, int64_t k, uint8_t* q, float* scale_inv);
 }  // namespace cpu
 
 namespace {
@@ -188,6 +190,56 @@ void dequant_batch(const std::vector<DequantItem>& items, int64_t group_size) {
     else
       dequant_fp8_block(it.weight, it.scale, it.n0, it.n1, out, it.name);
   }
+}
+
+namespace {
+
+/// The checks of the two quantizations: src [R, K] F32|BF16, q [R, K] F8E4M3|U8, scale `want` F32.
+Device check_quantize(const char* op, const Tensor& src, const Tensor& q, const Tensor& scale, const Shape& want) {
+  AERIE_CHECK(src.ndim() == 2, op << ": the input must be 2-D, got " << shape_str(src.shape()));
+  kernels::check_float(src, op, "input");
+  q.check_shape(src.shape(), kernels::what(op, "q"));
+  AERIE_CHECK(q.dtype() == DType::F8E4M3 || q.dtype() == DType::U8,
+              op << ": q must be F8_E4M3 (or U8), got " << dtype_name(q.dtype()));
+  scale.check_shape(want, kernels::what(op, "scale"));
+  scale.check_dtype(DType::F32, kernels::what(op, "scale"));
+  return kernels::common_device(op, {{"input", &src}, {"q", &q}, {"scale", &scale}});
+}
+
+}  // namespace
+
+void quantize_fp8_rows(const Tensor& x, Tensor& q, Tensor& scale) {
+  [[maybe_unused]] constexpr const char* op = "quantize_fp8_rows";
+  AERIE_CHECK(x.ndim() == 2, op << ": x must be [M, K], got " << shape_str(x.shape()));
+  const int64_t m = x.dim(0), k = x.dim(1);
+  const Device dev = check_quantize(op, x, q, scale, {ceil_div(k, kFp8BlockSize), m});
+  if (x.numel() == 0) return;
+  if (dev == Device::CUDA) {
+#ifdef AERIE_WITH_CUDA
+    cuda::quantize_fp8_rows(x.raw(), x.dtype(), m, k, static_cast<uint8_t*>(q.raw()), scale.data<float>());
+    return;
+#else
+    kernels::throw_no_backend(op, dev);
+#endif
+  }
+  cpu::quantize_fp8_rows(x.raw(), x.dtype(), m, k, static_cast<uint8_t*>(q.raw()), scale.data<float>());
+}
+
+void quantize_fp8_block(const Tensor& w, Tensor& q, Tensor& scale_inv) {
+  [[maybe_unused]] constexpr const char* op = "quantize_fp8_block";
+  AERIE_CHECK(w.ndim() == 2, op << ": w must be [N, K], got " << shape_str(w.shape()));
+  const int64_t n = w.dim(0), k = w.dim(1);
+  const Device dev = check_quantize(op, w, q, scale_inv, {ceil_div(n, kFp8BlockSize), ceil_div(k, kFp8BlockSize)});
+  if (w.numel() == 0) return;
+  if (dev == Device::CUDA) {
+#ifdef AERIE_WITH_CUDA
+    cuda::quantize_fp8_block(w.raw(), w.dtype(), n, k, static_cast<uint8_t*>(q.raw()), scale_inv.data<float>());
+    return;
+#else
+    kernels::throw_no_backend(op, dev);
+#endif
+  }
+  cpu::quantize_fp8_block(w.raw(), w.dtype(), n, k, static_cast<uint8_t*>(q.raw()), scale_inv.data<float>());
 }
 
 }  // namespace aerie

@@ -80,4 +80,30 @@ struct DequantItem {
 /// item's tensor), or when the items are on different devices.
 void dequant_batch(const std::vector<DequantItem>& items, int64_t group_size = kInt4GroupSize);
 
+/// The smallest amax a W8A8 quantization block scales by (vLLM's per_token_group_quant_fp8 eps): an
+/// all-zero block gets scale 1e-10 / 448 and zero codes instead of a division by zero.
+constexpr float kFp8MinAmax = 1e-10f;
+
+/// Activation quantization of the W8A8 block-FP8 GEMM (matmul_fp8_block), per token and group of 128
+/// columns: DeepSeek-V3 inference/kernel.py act_quant, vLLM / SGLang per_token_group_quant_fp8 (group
+/// 128, the way they serve block-FP8 checkpoints). For every row m and column block b (the last may be
+/// partial):
+///   s = max(amax_{k in b} |x[m, k]|, kFp8MinAmax) / 448,   q[m, k] = e4m3fn(x[m, k] / s),   scale[b, m] = s
+/// with e4m3fn = core/fp8.h float_to_fp8_e4m3fn (round to nearest even, saturating at 448).
+///   x: [M, K] F32|BF16; q: [M, K] F8E4M3 (or U8); scale: [ceil(K/128), M] F32, token-major within a block
+///   (the layout cuBLASLt's VEC128_32F scale of the activation operand reads).
+/// CPU and CUDA give the same bytes (IEEE division on both). On CUDA one warp per (row, block), queued on
+/// the current stream. Throws aerie::Error on a bad shape, dtype or device.
+void quantize_fp8_rows(const Tensor& x, Tensor& q, Tensor& scale);
+
+/// Block quantization of a weight into DeepSeek-V3's block-FP8 format (the inverse of dequant_fp8_block;
+/// llm-compressor's FP8_BLOCK scheme): per 128 x 128 block (edge blocks partial)
+///   s = max(amax |W[block]|, kFp8MinAmax) / 448,   q = e4m3fn(W / s),   scale_inv[block] = s,
+/// so dequant_fp8_block(q, scale_inv) is W within half an e4m3 ulp (2^-4 relative) of each value, or
+/// 2^-10 s where e4m3 is subnormal.
+///   w: [N, K] F32|BF16; q: [N, K] F8E4M3|U8; scale_inv: [ceil(N/128), ceil(K/128)] F32.
+/// CPU and CUDA give the same bytes; on CUDA one thread block per 128 x 128 block. Throws aerie::Error
+/// on a bad shape, dtype or device.
+void quantize_fp8_block(const Tensor& w, Tensor& q, Tensor& scale_inv);
+
 }  // namespace aerie

@@ -2,6 +2,7 @@
 #include "model/blocks.h"
 
 #include "core/error.h"
+#include "core/log.h"
 #include "kernels/convert.h"
 #include "kernels/gemm.h"
 #include "kernels/quant.h"
@@ -104,9 +105,51 @@ void Linear::matmul(ForwardContext& ctx, const Tensor& x, Tensor& y, float beta)
   // weight_dequant, transformers' FP8 dequantization and compressed-tensors' decompress do (the goldens
   // of reference.safetensors); in F32 mode it keeps the exact fp32 product (the goldens of
   // reference_f32_dequant.safetensors), as an FP8 GEMM that scales its fp32 accumulators would.
+  if (!fp8_gemm.empty() && !fp8_gemm_unsupported && x.dim(0) > 0) {
+    const int64_t n = x.dim(0), blocks = (in + kFp8BlockSize - 1) / kFp8BlockSize;
+    Tensor xq = ctx.scratch("linear.fp8.x", n * in, DType::U8).reshape({n, in});
+    Tensor xs = ctx.scratch("linear.fp8.scale", blocks * n, DType::F32).reshape({blocks, n});
+    ctx.prof.time(OpKind::Other, ctx.device, [&] { quantize_fp8_rows(x, xq, xs); });
+    bool queued = true;
+    ctx.prof.time(OpKind::Gemm, ctx.device, [&] {
+      for (size_t i = 0; i < fp8_gemm.size() && queued; ++i) {
+        const Fp8GemmPart& p = fp8_gemm[i];
+        queued = matmul_fp8_block(xq, xs, p.weight, p.scale, y, p.row0, beta);
+        // cuBLASLt decides per shape; the parts of one Linear share K, so a refusal comes at the first.
+        AERIE_CHECK(queued || i == 0, "Linear: the FP8 GEMM of part " << i << " of a [" << out << ", " << in
+                                                                      << "] weight has no cuBLASLt algorithm");
+      }
+    });
+    if (queued) return;
+    fp8_gemm_unsupported = true;
+    AERIE_LOG(warning) << "FP8 GEMM: cuBLASLt has no block-scaled FP8 algorithm for a [" << out << ", " << in
+                  << "] weight and " << n << " rows (a GPU other than Hopper, or cuBLAS < 12.9?): this linear "
+                  << "dequantizes its weight instead";
+  }
   Tensor w = ctx.scratch("linear.dequant", out * in, ctx.dtype).reshape({out, in});  // [out, in]
   ctx.prof.time(OpKind::Other, ctx.device, [&] { dequantize(w); });
   ctx.gemm(x, w, y, beta);
+}
+
+bool Linear::use_fp8_gemm() {
+  if (format == WeightFormat::Int4Group) return false;
+  if (format == WeightFormat::BlockFp8)
+    for (const QuantPart& p : parts)
+      if (p.r_off != 0 || p.c_off != 0 || p.weight.dim(1) != in || p.weight.dim(0) != p.rows) return false;
+  if (format == WeightFormat::Dense) {
+    QuantPart p;
+    p.weight = Tensor::empty({out, in}, DType::F8E4M3, weight.device());
+    p.scale = Tensor::empty({(out + kFp8BlockSize - 1) / kFp8BlockSize, (in + kFp8BlockSize - 1) / kFp8BlockSize},
+                            DType::F32, weight.device());
+    quantize_fp8_block(weight, p.weight, p.scale);
+    p.rows = out;
+    parts = {p};
+    format = WeightFormat::BlockFp8;
+    weight = Tensor();
+  }
+  fp8_gemm.clear();
+  for (const QuantPart& p : parts) fp8_gemm.push_back({p.weight, fp8_gemm_weight_scale(p.scale, in), p.row0, p.rows});
+  return true;
 }
 
 void Linear::add_bias(ForwardContext& ctx, Tensor& y) const { ctx.add_bias(y, bias); }

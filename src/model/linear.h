@@ -44,14 +44,35 @@ struct Linear {
   Tensor bias;                   // [out] compute dtype, or undefined
   int64_t out = 0, in = 0;       // this rank's W shape
 
+  /// One part of the W8A8 path (use_fp8_gemm): the part's F8E4M3 weight [rows, in] as stored and its
+  /// scales laid out for kernels/gemm.h matmul_fp8_block; it writes columns [row0, row0 + rows) of y.
+  struct Fp8GemmPart {
+    Tensor weight, scale;
+    int64_t row0 = 0, rows = 0;
+  };
+  std::vector<Fp8GemmPart> fp8_gemm;  // empty: matmul dequantizes (or the weight is Dense)
+  mutable bool fp8_gemm_unsupported = false;  // cuBLASLt had no algorithm: dequantize from then on
+
   bool defined() const { return out > 0; }
+  /// Runs this Linear's matmul as W8A8 block-FP8 GEMMs from now on, as vLLM and SGLang serve block-FP8
+  /// checkpoints (docs/quantization.md "W8A8"): the input quantized per token and 128 columns
+  /// (kernels/quant.h quantize_fp8_rows), the weight in 128 x 128 blocks. A Dense weight is first
+  /// quantized into DeepSeek-V3's block-FP8 format (quantize_fp8_block; the format becomes BlockFp8 with
+  /// one part and the dense tensor is freed, halving its memory in BF16); a BlockFp8 weight keeps its
+  /// bytes. Returns false and changes nothing for INT4 weights and for FP8 parts whose slice starts
+  /// inside a block (r_off or c_off != 0: the blocks would not line up with the GEMM's). Throws
+  /// aerie::Error from the quantization.
+  bool use_fp8_gemm();
+
   int64_t out_features() const { return out; }
   int64_t in_features() const { return in; }
   /// Bytes the weight holds on the device (the quantized formats: weights and scales).
   int64_t weight_bytes() const;
   /// y [n, out] (F32 or the compute dtype) = x [n, in] (compute dtype) W^T + beta y, without the bias.
   /// A quantized weight is first dequantized into the forward's scratch buffer (ForwardContext::scratch,
-  /// [out, in] in the compute dtype), part by part.
+  /// [out, in] in the compute dtype), part by part; after use_fp8_gemm, x is quantized into scratch
+  /// buffers instead and each part is one matmul_fp8_block (where cuBLASLt has no algorithm for it, a
+  /// warning once and the dequantizing path from then on).
   void matmul(ForwardContext& ctx, const Tensor& x, Tensor& y, float beta = 0.0f) const;
   /// W into dst [out, in] F32 or BF16 on the weight's device: a Dense weight converted, a quantized
   /// one dequantized (the fp32 product rounded once to dst's dtype). An FP8 part whose columns do not

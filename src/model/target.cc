@@ -77,6 +77,7 @@ void TargetModel::build(WeightSource& src, Communicator& tp, const TargetModelOp
   const Architecture& arch = find_architecture(cfg_.model_type, "TargetModel");
   Impl& m = *impl_;
   src.set_expert_parallel(options.expert_parallel);
+  src.set_fp8_gemm(options.fp8_gemm);
   m.tp = &tp;
   m.device = options.device;
   m.dtype = options.dtype;

@@ -70,6 +70,9 @@ struct TargetModelOptions {
   Device device = Device::CPU;
   DType dtype = DType::F32;  // F32 or BF16
   bool expert_parallel = false;
+  /// W8A8 block-FP8 GEMMs for every Linear (Linear::use_fp8_gemm; --fp8-gemm): a BF16/F32 weight is
+  /// quantized to 128 x 128 block FP8 at load, a block-FP8 checkpoint's weight is used as stored.
+  bool fp8_gemm = false;
 };
 
 class TargetModel {

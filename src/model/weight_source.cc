@@ -44,6 +44,12 @@ Linear WeightSource::load_linear(const std::string& name, const Shape& full, TpS
 }
 
 Linear WeightSource::load_linear(const std::vector<LinearTensor>& parts, TpSplit split) {
+  Linear L = load_linear_parts(parts, split);
+  if (fp8_gemm_) L.use_fp8_gemm();
+  return L;
+}
+
+Linear WeightSource::load_linear_parts(const std::vector<LinearTensor>& parts, TpSplit split) {
   AERIE_CHECK(!parts.empty(), "load_linear: no parts");
   Linear L;
   for (const LinearTensor& t : parts) {
@@ -77,7 +83,7 @@ class CheckpointSource final : public WeightSource {
     if (quant_.path.empty()) quant_.path = dir + "/config.json";
   }
   using WeightSource::load_linear;
-  Linear load_linear(const std::vector<LinearTensor>& parts, TpSplit split) override {
+  Linear load_linear_parts(const std::vector<LinearTensor>& parts, TpSplit split) override {
     AERIE_CHECK(!parts.empty(), "load_linear: no parts");
     const WeightFormat f = stored_format(ck_, quant_, parts[0].name);
     for (const LinearTensor& t : parts) {
@@ -87,7 +93,7 @@ class CheckpointSource final : public WeightSource {
                                                           << " but \"" << parts[0].name << "\", packed with it into one "
                                                           << "Linear, is " << weight_format_name(f));
     }
-    if (f == WeightFormat::Dense) return WeightSource::load_linear(parts, split);
+    if (f == WeightFormat::Dense) return WeightSource::load_linear_parts(parts, split);
     return load_quantized_linear(ck_, f, parts, split, tp_rank_, tp_size_, device_);
   }
   std::string decoder_prefix() const override { return ck_.decoder_prefix(); }
@@ -157,9 +163,9 @@ class RandomSource final : public WeightSource {
   /// (DeepSeek-V3, Kimi-K2). A quantized weight is drawn as this rank's slice only (not tp-consistent:
   /// benchmarks of one tp size), from a pool of random bytes: INT4 nibbles uniform in [-8, 7] with
   /// scale std / 4.6; FP8 codes of magnitude 1/8 .. 15/4 with scale_inv std / 1.5 (std about `std`).
-  Linear load_linear(const std::vector<LinearTensor>& parts, TpSplit split) override {
+  Linear load_linear_parts(const std::vector<LinearTensor>& parts, TpSplit split) override {
     const bool int4 = int4_linear(parts), fp8 = quant_.method == QuantConfig::Method::Fp8Block;
-    if (!int4 && !fp8) return WeightSource::load_linear(parts, split);
+    if (!int4 && !fp8) return WeightSource::load_linear_parts(parts, split);
     Linear L;
     L.format = int4 ? WeightFormat::Int4Group : WeightFormat::BlockFp8;
     for (const LinearTensor& t : parts) {

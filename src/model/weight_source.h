@@ -64,7 +64,10 @@ class WeightSource {
   /// a part is missing or misshapen, a quantized tensor comes without the config.json
   /// quantization_config of its format, a scale or weight_shape disagrees with its weight, the parts
   /// are in different formats, or tp does not divide the split dimension.
-  virtual Linear load_linear(const std::vector<LinearTensor>& parts, TpSplit split);
+  /// With set_fp8_gemm(true), every Linear is then switched to W8A8 FP8 GEMMs (Linear::use_fp8_gemm).
+  Linear load_linear(const std::vector<LinearTensor>& parts, TpSplit split);
+  /// W8A8 block-FP8 GEMMs for the Linears loaded from now on (TargetModelOptions::fp8_gemm).
+  void set_fp8_gemm(bool on) { fp8_gemm_ = on; }
   /// Whether the source has `name` (random weights: always true). For tensors a config may omit.
   virtual bool has(const std::string& name) const = 0;
   /// Marks a tensor the model does not need as accounted for (a tied checkpoint's lm_head copy).
@@ -89,8 +92,12 @@ class WeightSource {
   virtual int64_t skip_prefix(const std::string& prefix) = 0;
 
  protected:
+  /// load_linear without the FP8 switch: what each source overrides.
+  virtual Linear load_linear_parts(const std::vector<LinearTensor>& parts, TpSplit split);
+
   int tp_rank_, tp_size_;
   bool expert_parallel_ = false;
+  bool fp8_gemm_ = false;
   Device device_;
   DType dtype_;
 };

@@ -123,3 +123,28 @@ TEST(QuantCuda, FusedMoeEqualsTheDequantizedPath) {
 
 }  // namespace
 }  // namespace aerie
+
+namespace aerie {
+namespace {
+
+// --fp8-gemm on CUDA (cuBLASLt's block-scaled FP8 GEMM, or its dequantizing fallback where cuBLASLt refuses
+// the fixture's small K) against the CPU's W8A8 reference: relative L2 of r^1 (the dense first layer)
+// within the BF16 device bound. A fallback would be ~3% off (the activations' quantization missing).
+TEST(QuantCuda, W8A8ForwardMatchesTheCpu) {
+  AERIE_REQUIRE_CUDA();
+  auto self = testing::self_comm();
+  const std::string dir = testing::fixture("deepseek_v3_fp8");
+  TargetModelOptions o{Device::CPU, DType::BF16};
+  o.fp8_gemm = true;
+  TargetModel cpu(dir, *self, o);
+  o.device = Device::CUDA;
+  TargetModel gpu(dir, *self, o);
+  const std::vector<int32_t> ids = testing::some_ids(24, cpu.config().vocab_size, 5);
+  const TargetOutput a = cpu.forward(ids, nullptr, {1}, false), b = gpu.forward(ids, nullptr, {1}, false);
+  const double e = testing::rel_l2(b.aux_hidden.to_float_vector(), a.aux_hidden.to_float_vector());
+  std::printf("W8A8 CUDA vs CPU, r^1 relative L2: %.4g\n", e);
+  EXPECT_LT(e, 2e-2);
+}
+
+}  // namespace
+}  // namespace aerie

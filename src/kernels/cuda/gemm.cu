@@ -454,3 +454,128 @@ void matmul_strided_batched(const void* a, int64_t lda, int64_t sa, const void* 
 }
 
 }  // namespace aerie::cuda
+
+// ---- The W8A8 block-FP8 GEMM (kernels/gemm.h matmul_fp8_block) ----
+
+namespace aerie::cuda {
+namespace {
+
+struct Fp8Key {
+  int64_t m, n, k, ldy;
+  DType y;
+  bool beta;
+  uint32_t align_x, align_w, align_y;
+  bool operator==(const Fp8Key&) const = default;
+};
+struct Fp8KeyHash {
+  size_t operator()(const Fp8Key& p) const {
+    size_t h = std::hash<int64_t>()(p.m);
+    auto mix = [&h](uint64_t v) { h ^= std::hash<uint64_t>()(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
+    mix(static_cast<uint64_t>(p.n));
+    mix(static_cast<uint64_t>(p.k));
+    mix(static_cast<uint64_t>(p.ldy));
+    mix((static_cast<uint64_t>(p.y) << 1) | p.beta);
+    mix((static_cast<uint64_t>(p.align_x) << 40) | (static_cast<uint64_t>(p.align_w) << 20) | p.align_y);
+    return h;
+  }
+};
+
+/// A cached FP8 plan: descriptors (scale pointers are set per call) and the heuristic's first algorithm.
+struct Fp8Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  bool found = false;
+};
+
+/// The calling thread's FP8 plans for its current device (kept for the life of the process, as the others).
+std::unordered_map<Fp8Key, Fp8Plan, Fp8KeyHash>& fp8_plans() {
+  thread_local std::unordered_map<int, std::unordered_map<Fp8Key, Fp8Plan, Fp8KeyHash>*> per_device;
+  int dev = 0;
+  AERIE_CUDA_CHECK(cudaGetDevice(&dev), "matmul_fp8_block: cudaGetDevice");
+  auto*& p = per_device[dev];
+  if (!p) p = new std::unordered_map<Fp8Key, Fp8Plan, Fp8KeyHash>();
+  return *p;
+}
+
+std::string fp8_name(const Fp8Key& key) {
+  std::ostringstream os;
+  os << "matmul_fp8_block M=" << key.m << " N=" << key.n << " K=" << key.k << " ->" << dtype_name(key.y);
+  return os.str();
+}
+
+/// Descriptors and the heuristic's algorithm for key (found false when cuBLASLt offers none, e.g. a GPU
+/// without block-scaled FP8 or a cuBLAS older than 12.9).
+Fp8Plan& fp8_plan_for(Context& ctx, const Fp8Key& key) {
+  auto& plans = fp8_plans();
+  auto it = plans.find(key);
+  if (it != plans.end()) return it->second;
+  const std::string what = fp8_name(key);
+  Fp8Plan p;
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  const int32_t mode_a = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F, mode_b = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+  AERIE_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), what << ": DescCreate");
+  AERIE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), what);
+  AERIE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), what);
+  AERIE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode_a, sizeof mode_a),
+                     what << ": A_SCALE_MODE");
+  AERIE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode_b, sizeof mode_b),
+                     what << ": B_SCALE_MODE");
+  const auto m = static_cast<uint64_t>(key.m), n = static_cast<uint64_t>(key.n), k = static_cast<uint64_t>(key.k);
+  // cuBLASLt's A is the weight (N, K) row-major = column-major (K, N) ld K, transposed; its B the
+  // activations (M, K) row-major = column-major (K, M) ld K; D = y's columns (N, M) ld ldy.
+  AERIE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_8F_E4M3, k, n, key.k), what << ": layout of w");
+  AERIE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_8F_E4M3, k, m, key.k), what << ": layout of x");
+  AERIE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.d, cuda_type(key.y), n, m, key.ldy), what << ": layout of y");
+  cublasLtMatmulPreference_t pref = nullptr;
+  AERIE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref), what << ": PreferenceCreate");
+  const uint64_t ws = kWorkspaceBytes;
+  cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key.align_w,
+                                              sizeof key.align_w);
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &key.align_x,
+                                              sizeof key.align_x);
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &key.align_y,
+                                              sizeof key.align_y);
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &key.align_y,
+                                              sizeof key.align_y);
+  cublasLtMatmulHeuristicResult_t res{};
+  int found = 0;
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulAlgoGetHeuristic(ctx.handle, p.desc, p.a, p.b, p.d, p.d, pref, 1, &res, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  // NOT_SUPPORTED: no block-scaled FP8 kernel here (not a Hopper GPU, or cuBLAS < 12.9): the caller falls back.
+  AERIE_CHECK(st == CUBLAS_STATUS_SUCCESS || st == CUBLAS_STATUS_NOT_SUPPORTED,
+              what << ": cublasLtMatmulAlgoGetHeuristic: " << cublasLtGetStatusName(st));
+  p.found = st == CUBLAS_STATUS_SUCCESS && found > 0 && res.state == CUBLAS_STATUS_SUCCESS;
+  if (p.found) p.algo = res.algo;
+  return plans.emplace(key, p).first->second;
+}
+
+}  // namespace
+
+bool matmul_fp8_block(const void* xq, const float* xs, const void* wq, const float* ws, int64_t m, int64_t n, int64_t k,
+                      void* y, DType y_dtype, int64_t ldy, float beta) {
+  if (m == 0 || n == 0) return true;
+  Context& ctx = context();
+  const Fp8Key key{m, n, k, ldy, y_dtype, beta != 0.0f, alignment_of(xq), alignment_of(wq), alignment_of(y)};
+  Fp8Plan& p = fp8_plan_for(ctx, key);
+  if (!p.found) return false;
+  const std::string what = fp8_name(key);
+  AERIE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &ws, sizeof ws),
+                     what << ": A_SCALE_POINTER");
+  AERIE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &xs, sizeof xs),
+                     what << ": B_SCALE_POINTER");
+  const float alpha = 1.0f;
+  const cudaStream_t s = stream();
+  AERIE_CUBLAS_CHECK(cublasLtMatmul(ctx.handle, p.desc, &alpha, wq, p.a, xq, p.b, &beta, y, p.d, y, p.d, &p.algo,
+                                    workspace(ctx, s), kWorkspaceBytes, s),
+                     what << ": cublasLtMatmul");
+  return true;
+}
+
+}  // namespace aerie::cuda

@@ -6,6 +6,7 @@
 #include "core/fp8.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/quant.h"
+#include "kernels/quant.h"
 
 namespace aerie::cuda {
 namespace {
@@ -189,6 +190,85 @@ void dequant_batch(const std::vector<DequantDesc>& items) {
       static_cast<const DequantDesc*>(dev));
   AERIE_CUDA_LAUNCHED("dequant_batch_kernel");
   free(dev, current_stream());
+}
+
+namespace {
+
+__device__ __forceinline__ float load_in(const void* x, bool f32, int64_t i) {
+  return f32 ? static_cast<const float*>(x)[i]
+             : __uint_as_float(static_cast<uint32_t>(static_cast<const uint16_t*>(x)[i]) << 16);
+}
+
+// One warp per (row, 128-column block): 4 columns per lane, the block's amax by shuffles, then the
+// codes: the CPU reference's operations (fmax, IEEE division, float_to_fp8_e4m3fn), so the same bytes.
+__global__ void quantize_fp8_rows_kernel(const void* __restrict__ x, bool f32, int64_t m, int64_t k,
+                                         uint8_t* __restrict__ q, float* __restrict__ scale) {
+  const int64_t blocks = (k + 127) / 128, warps = m * blocks;
+  const int lane = threadIdx.x & 31;
+  const int64_t stride = int64_t{gridDim.x} * (blockDim.x / 32);
+  for (int64_t w = blockIdx.x * int64_t{blockDim.x / 32} + threadIdx.x / 32; w < warps; w += stride) {
+    const int64_t r = w / blocks, b = w % blocks, k0 = b * 128;
+    float v[4];
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t j = k0 + lane + 32 * i;
+      v[i] = j < k ? load_in(x, f32, r * k + j) : 0.0f;
+      amax = fmaxf(amax, fabsf(v[i]));
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    const float s = fmaxf(amax, kFp8MinAmax) / 448.0f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t j = k0 + lane + 32 * i;
+      if (j < k) q[r * k + j] = float_to_fp8_e4m3fn(v[i] / s);
+    }
+    if (lane == 0) scale[b * m + r] = s;
+  }
+}
+
+// One thread block per 128 x 128 block of w: the amax by a shared-memory reduction, then the codes.
+__global__ void quantize_fp8_block_kernel(const void* __restrict__ w, bool f32, int64_t n, int64_t k,
+                                          uint8_t* __restrict__ q, float* __restrict__ scale_inv) {
+  __shared__ float red[kThreads / 32];
+  const int64_t cb = (k + 127) / 128, bi = blockIdx.x / cb, bj = blockIdx.x % cb;
+  const int64_t r0 = bi * 128, c0 = bj * 128;
+  const int64_t rows = min(int64_t{128}, n - r0), cols = min(int64_t{128}, k - c0);
+  float amax = 0.0f;
+  for (int64_t i = threadIdx.x; i < rows * cols; i += blockDim.x)
+    amax = fmaxf(amax, fabsf(load_in(w, f32, (r0 + i / cols) * k + c0 + i % cols)));
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x / 32] = amax;
+  __syncthreads();
+  amax = 0.0f;
+  for (int i = 0; i < kThreads / 32; ++i) amax = fmaxf(amax, red[i]);
+  const float s = fmaxf(amax, kFp8MinAmax) / 448.0f;
+  for (int64_t i = threadIdx.x; i < rows * cols; i += blockDim.x) {
+    const int64_t idx = (r0 + i / cols) * k + c0 + i % cols;
+    q[idx] = float_to_fp8_e4m3fn(load_in(w, f32, idx) / s);
+  }
+  if (threadIdx.x == 0) scale_inv[bi * cb + bj] = s;
+}
+
+}  // namespace
+
+void quantize_fp8_rows(const void* x, DType x_dtype, int64_t m, int64_t k, uint8_t* q, float* scale) {
+  const int64_t warps = m * ((k + 127) / 128);
+  if (warps == 0) return;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((warps + 7) / 8, 65535 * 8));
+  quantize_fp8_rows_kernel<<<blocks, kThreads, 0, stream()>>>(x, x_dtype == DType::F32, m, k, q, scale);
+  AERIE_CUDA_LAUNCHED("quantize_fp8_rows_kernel");
+}
+
+void quantize_fp8_block(const void* w, DType w_dtype, int64_t n, int64_t k, uint8_t* q, float* scale_inv) {
+  const int64_t tiles = ((n + 127) / 128) * ((k + 127) / 128);
+  if (tiles == 0) return;
+  AERIE_CHECK(tiles <= 0x7fffffff, "quantize_fp8_block: " << tiles << " blocks of 128 x 128 are too many for one launch");
+  quantize_fp8_block_kernel<<<static_cast<unsigned>(tiles), kThreads, 0, stream()>>>(w, w_dtype == DType::F32, n, k,
+                                                                                     q, scale_inv);
+  AERIE_CUDA_LAUNCHED("quantize_fp8_block_kernel");
 }
 
 }  // namespace aerie::cuda

@@ -30,4 +30,11 @@ struct DequantDesc {
 /// kernels; the descriptor array goes to the device with one copy. Queued on the current stream.
 void dequant_batch(const std::vector<DequantDesc>& items);
 
+/// kernels/quant.h quantize_fp8_rows on device pointers (checked there): x (m, k) F32|BF16 -> q (m, k)
+/// e4m3fn bytes, scale (ceil k/128, m). One warp per (row, 128-column block). Current stream.
+void quantize_fp8_rows(const void* x, DType x_dtype, int64_t m, int64_t k, uint8_t* q, float* scale);
+/// kernels/quant.h quantize_fp8_block: w (n, k) F32|BF16 -> q (n, k), scale_inv (ceil n/128, ceil k/128).
+/// One thread block per 128 x 128 block. Current stream.
+void quantize_fp8_block(const void* w, DType w_dtype, int64_t n, int64_t k, uint8_t* q, float* scale_inv);
+
 }  // namespace aerie::cuda
