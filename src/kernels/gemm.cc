@@ -334,7 +334,7 @@ Tensor fp8_gemm_weight_scale(const Tensor& scale_inv, int64_t k) {
 }
 
 bool matmul_fp8_block(const Tensor& xq, const Tensor& xs, const Tensor& wq, const Tensor& ws, Tensor& y, int64_t c0,
-                      float beta) {
+                      float beta, std::string* why) {
   constexpr const char* op = "matmul_fp8_block";
   auto fp8 = [](const Tensor& t) { return t.dtype() == DType::F8E4M3 || t.dtype() == DType::U8; };
   AERIE_CHECK(xq.ndim() == 2 && wq.ndim() == 2 && y.ndim() == 2 && fp8(xq) && fp8(wq),
@@ -358,7 +358,7 @@ bool matmul_fp8_block(const Tensor& xq, const Tensor& xs, const Tensor& wq, cons
 #ifdef AERIE_WITH_CUDA
     char* y0 = static_cast<char*>(y.raw()) + c0 * static_cast<int64_t>(dtype_size(y.dtype()));
     return cuda::matmul_fp8_block(xq.raw(), xs.data<float>(), wq.raw(), ws.data<float>(), m, n, k, y0, y.dtype(),
-                                  y.dim(1), beta);
+                                  y.dim(1), beta, why);
 #else
     kernels::throw_no_backend(op, dev);
 #endif

@@ -122,8 +122,9 @@ int64_t fp8_weight_scale_ld(int64_t k);
 /// algorithm for these operands (another GPU, K % 16 != 0, odd alignments): the caller falls back to
 /// dequantization. Returns true when done (CPU) or queued.
 /// Throws aerie::Error on mismatched shapes, dtypes or devices, and on a cuBLASLt failure.
+/// why (optional): on false, what cuBLASLt answered (for the caller's warning).
 bool matmul_fp8_block(const Tensor& xq, const Tensor& xs, const Tensor& wq, const Tensor& ws, Tensor& y,
-                      int64_t c0 = 0, float beta = 0.0f);
+                      int64_t c0 = 0, float beta = 0.0f, std::string* why = nullptr);
 
 /// A weight_scale_inv [ceil(N/128), ceil(K/128)] F32 laid out for matmul_fp8_block: rows padded to
 /// fp8_weight_scale_ld(K) (the padding 0); the tensor itself when no padding is needed. Same device.

@@ -1,6 +1,8 @@
 // ForwardContext and Linear (model/blocks.h).
 #include "model/blocks.h"
 
+#include <atomic>
+
 #include "core/error.h"
 #include "core/log.h"
 #include "kernels/convert.h"
@@ -106,25 +108,45 @@ void Linear::matmul(ForwardContext& ctx, const Tensor& x, Tensor& y, float beta)
   // of reference.safetensors); in F32 mode it keeps the exact fp32 product (the goldens of
   // reference_f32_dequant.safetensors), as an FP8 GEMM that scales its fp32 accumulators would.
   if (!fp8_gemm.empty() && !fp8_gemm_unsupported && x.dim(0) > 0) {
-    const int64_t n = x.dim(0), blocks = (in + kFp8BlockSize - 1) / kFp8BlockSize;
-    Tensor xq = ctx.scratch("linear.fp8.x", n * in, DType::U8).reshape({n, in});
-    Tensor xs = ctx.scratch("linear.fp8.scale", blocks * n, DType::F32).reshape({blocks, n});
-    ctx.prof.time(OpKind::Other, ctx.device, [&] { quantize_fp8_rows(x, xq, xs); });
+    // cuBLASLt's block-scaled FP8 GEMM takes a row count that is a multiple of 4 (measured on an H200,
+    // cuBLAS 13.1: M = 1 and 37 are NOT_SUPPORTED): other counts run on zero-padded copies of x and y.
+    const int64_t n = x.dim(0), n4 = (n + 3) / 4 * 4, blocks = (in + kFp8BlockSize - 1) / kFp8BlockSize;
+    Tensor xin = x, yout = y;
+    if (n4 != n) {
+      xin = ctx.scratch("linear.fp8.xpad", n4 * in, x.dtype()).reshape({n4, in});
+      xin.fill_zero();
+      Tensor head = xin.slice(0, n);
+      head.copy_from(x);
+      yout = ctx.scratch("linear.fp8.ypad", n4 * out, y.dtype()).reshape({n4, out});
+      if (beta != 0.0f) {
+        Tensor yh = yout.slice(0, n);
+        yh.copy_from(y);
+      }
+    }
+    Tensor xq = ctx.scratch("linear.fp8.x", n4 * in, DType::U8).reshape({n4, in});
+    Tensor xs = ctx.scratch("linear.fp8.scale", blocks * n4, DType::F32).reshape({blocks, n4});
+    ctx.prof.time(OpKind::Other, ctx.device, [&] { quantize_fp8_rows(xin, xq, xs); });
     bool queued = true;
+    std::string why;
     ctx.prof.time(OpKind::Gemm, ctx.device, [&] {
       for (size_t i = 0; i < fp8_gemm.size() && queued; ++i) {
         const Fp8GemmPart& p = fp8_gemm[i];
-        queued = matmul_fp8_block(xq, xs, p.weight, p.scale, y, p.row0, beta);
+        queued = matmul_fp8_block(xq, xs, p.weight, p.scale, yout, p.row0, beta, &why);
         // cuBLASLt decides per shape; the parts of one Linear share K, so a refusal comes at the first.
         AERIE_CHECK(queued || i == 0, "Linear: the FP8 GEMM of part " << i << " of a [" << out << ", " << in
                                                                       << "] weight has no cuBLASLt algorithm");
       }
     });
-    if (queued) return;
+    if (queued) {
+      if (n4 != n) y.copy_from(yout.slice(0, n));
+      return;
+    }
     fp8_gemm_unsupported = true;
-    AERIE_LOG(warning) << "FP8 GEMM: cuBLASLt has no block-scaled FP8 algorithm for a [" << out << ", " << in
-                  << "] weight and " << n << " rows (a GPU other than Hopper, or cuBLAS < 12.9?): this linear "
-                  << "dequantizes its weight instead";
+    static std::atomic<bool> warned{false};  // once per process, not once per Linear
+    if (!warned.exchange(true))
+      AERIE_LOG(warning) << "--fp8-gemm: no block-scaled FP8 GEMM for a [" << out << ", " << in << "] weight and " << n
+                         << " rows (" << why << "; a GPU other than Hopper, or cuBLAS < 12.9?): such linears "
+                         << "dequantize their weights instead";
   }
   Tensor w = ctx.scratch("linear.dequant", out * in, ctx.dtype).reshape({out, in});  // [out, in]
   ctx.prof.time(OpKind::Other, ctx.device, [&] { dequantize(w); });

@@ -127,9 +127,11 @@ TEST(QuantCuda, FusedMoeEqualsTheDequantizedPath) {
 namespace aerie {
 namespace {
 
-// --fp8-gemm on CUDA (cuBLASLt's block-scaled FP8 GEMM, or its dequantizing fallback where cuBLASLt refuses
-// the fixture's small K) against the CPU's W8A8 reference: relative L2 of r^1 (the dense first layer)
-// within the BF16 device bound. A fallback would be ~3% off (the activations' quantization missing).
+// --fp8-gemm on CUDA (cuBLASLt's block-scaled FP8 GEMM) against the CPU's W8A8 reference: relative L2 of
+// r^1 (the dense first layer) for 24 tokens and for 23 (not a multiple of 4: the zero-padded path).
+// Bound 5e-2, not the BF16 device bound 2e-2: an input that differs in its last bf16 bit can round to
+// another e4m3 code (a 2^-4 step), and Hopper's FP8 tensor cores keep fewer accumulator bits than fp32
+// (measured 0.023 for 24 tokens). The dequantizing fallback would be ~0.10 off (QuantFp8 above).
 TEST(QuantCuda, W8A8ForwardMatchesTheCpu) {
   AERIE_REQUIRE_CUDA();
   auto self = testing::self_comm();
@@ -139,11 +141,13 @@ TEST(QuantCuda, W8A8ForwardMatchesTheCpu) {
   TargetModel cpu(dir, *self, o);
   o.device = Device::CUDA;
   TargetModel gpu(dir, *self, o);
-  const std::vector<int32_t> ids = testing::some_ids(24, cpu.config().vocab_size, 5);
-  const TargetOutput a = cpu.forward(ids, nullptr, {1}, false), b = gpu.forward(ids, nullptr, {1}, false);
-  const double e = testing::rel_l2(b.aux_hidden.to_float_vector(), a.aux_hidden.to_float_vector());
-  std::printf("W8A8 CUDA vs CPU, r^1 relative L2: %.4g\n", e);
-  EXPECT_LT(e, 2e-2);
+  for (const int64_t n : {24, 23}) {
+    const std::vector<int32_t> ids = testing::some_ids(n, cpu.config().vocab_size, 5);
+    const TargetOutput a = cpu.forward(ids, nullptr, {1}, false), b = gpu.forward(ids, nullptr, {1}, false);
+    const double e = testing::rel_l2(b.aux_hidden.to_float_vector(), a.aux_hidden.to_float_vector());
+    std::printf("W8A8 CUDA vs CPU, %ld tokens, r^1 relative L2: %.4g\n", static_cast<long>(n), e);
+    EXPECT_LT(e, 5e-2) << n << " tokens";
+  }
 }
 
 }  // namespace

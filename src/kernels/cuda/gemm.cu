@@ -505,8 +505,9 @@ std::string fp8_name(const Fp8Key& key) {
 }
 
 /// Descriptors and the heuristic's algorithm for key (found false when cuBLASLt offers none, e.g. a GPU
-/// without block-scaled FP8 or a cuBLAS older than 12.9).
-Fp8Plan& fp8_plan_for(Context& ctx, const Fp8Key& key) {
+/// without block-scaled FP8 or a cuBLAS older than 12.9; `refusal` then says why). The scale pointers
+/// are set before the heuristic: cuBLASLt rejects block scale modes without them (INVALID_VALUE).
+Fp8Plan& fp8_plan_for(Context& ctx, const Fp8Key& key, const float* xs, const float* ws, std::string& refusal) {
   auto& plans = fp8_plans();
   auto it = plans.find(key);
   if (it != plans.end()) return it->second;
@@ -521,6 +522,10 @@ Fp8Plan& fp8_plan_for(Context& ctx, const Fp8Key& key) {
                      what << ": A_SCALE_MODE");
   AERIE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode_b, sizeof mode_b),
                      what << ": B_SCALE_MODE");
+  AERIE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &ws, sizeof ws),
+                     what << ": A_SCALE_POINTER");
+  AERIE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &xs, sizeof xs),
+                     what << ": B_SCALE_POINTER");
   const auto m = static_cast<uint64_t>(key.m), n = static_cast<uint64_t>(key.n), k = static_cast<uint64_t>(key.k);
   // cuBLASLt's A is the weight (N, K) row-major = column-major (K, N) ld K, transposed; its B the
   // activations (M, K) row-major = column-major (K, M) ld K; D = y's columns (N, M) ld ldy.
@@ -529,8 +534,9 @@ Fp8Plan& fp8_plan_for(Context& ctx, const Fp8Key& key) {
   AERIE_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.d, cuda_type(key.y), n, m, key.ldy), what << ": layout of y");
   cublasLtMatmulPreference_t pref = nullptr;
   AERIE_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref), what << ": PreferenceCreate");
-  const uint64_t ws = kWorkspaceBytes;
-  cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+  const uint64_t ws_bytes = kWorkspaceBytes;
+  cublasStatus_t st =
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof ws_bytes);
   if (st == CUBLAS_STATUS_SUCCESS)
     st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &key.align_w,
                                               sizeof key.align_w);
@@ -548,33 +554,40 @@ Fp8Plan& fp8_plan_for(Context& ctx, const Fp8Key& key) {
   if (st == CUBLAS_STATUS_SUCCESS)
     st = cublasLtMatmulAlgoGetHeuristic(ctx.handle, p.desc, p.a, p.b, p.d, p.d, pref, 1, &res, &found);
   cublasLtMatmulPreferenceDestroy(pref);
-  // NOT_SUPPORTED: no block-scaled FP8 kernel here (not a Hopper GPU, or cuBLAS < 12.9): the caller falls back.
-  AERIE_CHECK(st == CUBLAS_STATUS_SUCCESS || st == CUBLAS_STATUS_NOT_SUPPORTED,
-              what << ": cublasLtMatmulAlgoGetHeuristic: " << cublasLtGetStatusName(st));
+  // NOT_SUPPORTED / INVALID_VALUE: no block-scaled FP8 kernel for these operands here (not a Hopper GPU,
+  // cuBLAS < 12.9, a shape or alignment it does not take): the caller falls back.
   p.found = st == CUBLAS_STATUS_SUCCESS && found > 0 && res.state == CUBLAS_STATUS_SUCCESS;
   if (p.found) p.algo = res.algo;
-  return plans.emplace(key, p).first->second;
+  Fp8Plan& stored = plans.emplace(key, p).first->second;
+  if (!stored.found)
+    refusal = what + ": cublasLtMatmulAlgoGetHeuristic: " +
+              (st != CUBLAS_STATUS_SUCCESS ? cublasLtGetStatusName(st)
+                                           : found == 0 ? "no algorithm" : cublasLtGetStatusName(res.state));
+  return stored;
 }
 
 }  // namespace
 
 bool matmul_fp8_block(const void* xq, const float* xs, const void* wq, const float* ws, int64_t m, int64_t n, int64_t k,
-                      void* y, DType y_dtype, int64_t ldy, float beta) {
+                      void* y, DType y_dtype, int64_t ldy, float beta, std::string* why) {
   if (m == 0 || n == 0) return true;
   Context& ctx = context();
   const Fp8Key key{m, n, k, ldy, y_dtype, beta != 0.0f, alignment_of(xq), alignment_of(wq), alignment_of(y)};
-  Fp8Plan& p = fp8_plan_for(ctx, key);
-  if (!p.found) return false;
-  const std::string what = fp8_name(key);
+  std::string refusal;
+  Fp8Plan& p = fp8_plan_for(ctx, key, xs, ws, refusal);
+  if (!p.found) {
+    if (why) *why = refusal.empty() ? fp8_name(key) + ": cuBLASLt has no algorithm (refused before)" : refusal;
+    return false;
+  }
   AERIE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &ws, sizeof ws),
-                     what << ": A_SCALE_POINTER");
+                     fp8_name(key) << ": A_SCALE_POINTER");
   AERIE_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &xs, sizeof xs),
-                     what << ": B_SCALE_POINTER");
+                     fp8_name(key) << ": B_SCALE_POINTER");
   const float alpha = 1.0f;
   const cudaStream_t s = stream();
   AERIE_CUBLAS_CHECK(cublasLtMatmul(ctx.handle, p.desc, &alpha, wq, p.a, xq, p.b, &beta, y, p.d, y, p.d, &p.algo,
                                     workspace(ctx, s), kWorkspaceBytes, s),
-                     what << ": cublasLtMatmul");
+                     fp8_name(key) << ": cublasLtMatmul");
   return true;
 }
 

@@ -76,9 +76,9 @@ namespace aerie::cuda {
 /// (already offset to its first column) = x (m, k) e4m3 . w (n, k) e4m3 ^T with the VEC128_32F scales xs
 /// (ceil k/128, m) and the BLK128x128_32F scales ws (ceil n/128, round_up(ceil k/128, 4)), + beta y.
 /// One cublasLtMatmul on the current stream (fp32 accumulation, the scales applied per 128 of K).
-/// Returns false, queuing nothing, when cuBLASLt has no algorithm for it. Throws aerie::Error on a
-/// cuBLASLt failure.
+/// Returns false, queuing nothing, when cuBLASLt has no algorithm for it (`why`, when given, then says
+/// what cuBLASLt answered). Throws aerie::Error on a cuBLASLt failure.
 bool matmul_fp8_block(const void* xq, const float* xs, const void* wq, const float* ws, int64_t m, int64_t n, int64_t k,
-                      void* y, DType y_dtype, int64_t ldy, float beta);
+                      void* y, DType y_dtype, int64_t ldy, float beta, std::string* why = nullptr);
 
 }  // namespace aerie::cuda
