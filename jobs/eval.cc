@@ -249,6 +249,9 @@ int eval(const std::vector<std::string>& args) {
       "MoE targets: the routed experts split over the --tp ranks by expert (1/tp of them whole per rank) "
       "instead of every expert by its intermediate size: the same results up to the order of fp32 sums; tp "
       "must divide n_routed_experts")(
+      "fp8-gemm", po::bool_switch(&o.fp8_gemm),
+      "verify with the target's linears as W8A8 block-FP8 GEMMs (as extract --fp8-gemm; as vLLM and SGLang "
+      "serve block-FP8 checkpoints): the acceptance length against the target as such an engine serves it")(
       "device", po::value<std::string>(&o.device)->default_value("auto"),
       "auto (cuda when every rank of the node has a GPU), cpu or cuda: where the target and the draft run")(
       "dtype", po::value<std::string>(&o.dtype)->default_value("f32"),

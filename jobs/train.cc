@@ -185,6 +185,8 @@ int train(const std::vector<std::string>& args) {
       "streaming: the target's compute dtype: auto (bf16 on cuda, f32 on cpu), f32 or bf16")(
       "expert-parallel", po::bool_switch(),
       "streaming, MoE targets: split the routed experts over the --tp ranks by expert (as extract's)")(
+      "fp8-gemm", po::bool_switch(),
+      "streaming: the target's linears as W8A8 block-FP8 GEMMs (as extract --fp8-gemm)")(
       "adam-beta1", po::value<double>(&o.adam_beta1)->default_value(0.9, "0.9"), "AdamW beta1")(
       "adam-beta2", po::value<double>(&o.adam_beta2)->default_value(0.999, "0.999"),
       "AdamW beta2 (torch's default and SpecForge's; 0.95 before 2026-12-03, docs/design.md). Not given, a "
@@ -290,7 +292,7 @@ int train(const std::vector<std::string>& args) {
     TRAIN_REQUIRE(!o.model_dir.empty(), "--model is required");
     TRAIN_REQUIRE(!o.shards_dir.empty(), "--shards (the folder of aerie extract) or --prepared (streaming) is required");
     for (const char* opt : {"target-model", "target-ranks", "tp", "batch-tokens", "target-dtype", "expert-parallel",
-                            "stream-queue"})
+                            "fp8-gemm", "stream-queue"})
       TRAIN_REQUIRE(vm[opt].defaulted(), "--" << opt << " applies to streaming only (with --prepared); this run "
                                               << "reads --shards");
   }
@@ -373,6 +375,7 @@ int train(const std::vector<std::string>& args) {
     ParallelGroups groups = ParallelGroups::create(layout.tp, *side);
     TargetDevice td = resolve_target_device(o.device, target_dtype, vm["expert-parallel"].as<bool>(), groups,
                                             "train (target)", node_size(*side));
+    td.options.fp8_gemm = vm["fp8-gemm"].as<bool>();
     TargetModel model(target_model, *td.tp, td.options);
     if (world->rank() == 0)
       AERIE_LOG(info) << "train (target): " << target_model << " on ranks 0-" << target_ranks - 1 << " ("

@@ -173,6 +173,7 @@ struct EvalOptions {
   int ttt_steps = 7;
   int tp = 1;
   bool expert_parallel = false;  // TargetModelOptions::expert_parallel (MoE targets)
+  bool fp8_gemm = false;         // TargetModelOptions::fp8_gemm (eval --fp8-gemm)
 };
 
 /// Reads prompts: the first user turn of each record of a prompt set, as `aerie generate --input` reads it

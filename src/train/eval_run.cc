@@ -289,6 +289,7 @@ EvalSession::EvalSession(const EvalOptions& o) : impl_(std::make_unique<Impl>(ch
   // auto as for extract and generate: bf16 on a GPU, f32 on the CPU.
   mopt.dtype = o.dtype == "bf16" || (o.dtype == "auto" && use_cuda) ? DType::BF16 : DType::F32;
   mopt.expert_parallel = o.expert_parallel;
+  mopt.fp8_gemm = o.fp8_gemm;
   s.dev = mopt.device;
   s.dtype = mopt.dtype;
   if (s.dev == Device::CUDA) {
@@ -507,6 +508,7 @@ nlohmann::json EvalSession::context() const {
   j["dtype"] = dtype_name();
   j["tp"] = s.o.tp;
   j["expert_parallel"] = s.o.expert_parallel;
+  if (s.o.fp8_gemm) j["fp8_gemm"] = true;
   j["prompts_too_long"] = s.too_long;
   j["num_draft_tokens"] = s.o.num_draft_tokens;
   j["max_new_tokens"] = s.o.max_new_tokens;

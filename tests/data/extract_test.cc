@@ -295,6 +295,16 @@ TEST(Extract, RerunRefusesShardsOfOtherProvenance) {
                 .find("stores its hidden states as bf16, this run as fp8 (--storage): rerun with --storage bf16 to "
                       "resume these shards"),
             std::string::npos);
+  other = o;
+  other.meta.target_gemm = "w8a8-fp8-block";  // extract --fp8-gemm into shards of the compute dtype's GEMMs
+  EXPECT_NE(error_of([&] { run_extract(other, g, fake_forward); })
+                .find("was extracted with the compute dtype's GEMMs, this run uses w8a8-fp8-block: rerun without "
+                      "--fp8-gemm to resume these shards"),
+            std::string::npos);
+  EXPECT_TRUE(r.info().target_gemm.empty());
+  other.output = dir + "/shards_w8a8";  // a fresh folder records it
+  run_extract(other, g, fake_forward);
+  EXPECT_EQ(ShardReader(other.output + "/shard-00000.h5").info().target_gemm, "w8a8-fp8-block");
   // Another prepared file of the same shape (one token changed).
   Prepared q = p;
   q.ids[3][1] = (q.ids[3][1] + 1) % 100;

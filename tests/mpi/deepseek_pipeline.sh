@@ -53,6 +53,21 @@ for m in deepseek_v3 deepseek_v3_fp8 kimi_k25_int4; do
   grep -q '"eagle_aux_hidden_state_layer_ids"' "$cfg" || { echo "FAIL: $m: no aux ids in the export"; exit 1; }
   echo "$m: extract tp 1 and 2, vocab, train, export ok"
 done
+# W8A8 (extract --fp8-gemm) on the block-FP8 fixture: shards recording target_gemm, and a resume without
+# the flag (one shard of three missing) refused by name (the values: QuantFp8.W8A8* in test_model).
+fp8="$src/tests/model/fixtures/hf/deepseek_v3_fp8" out="$work/deepseek_v3_fp8"
+run mpirun --oversubscribe -np 1 "$aerie" extract --model "$fp8" --prepared "$work/prepared.h5" \
+    --output "$out/shards_w8a8" --aux-layers 0,1,3 --fp8-gemm --samples-per-shard 4
+[ "$(ls "$out/shards_w8a8" | grep -c '^shard-')" = 3 ] || { echo "FAIL: --fp8-gemm wrote no 3 shards"; exit 1; }
+grep -aq "w8a8-fp8-block" "$out/shards_w8a8/shard-00000.h5" ||
+  { echo "FAIL: the --fp8-gemm shard does not record target_gemm"; exit 1; }
+rm "$out/shards_w8a8/shard-00000.h5"
+if mpirun --oversubscribe -np 1 "$aerie" extract --model "$fp8" --prepared "$work/prepared.h5" \
+    --output "$out/shards_w8a8" --aux-layers 0,1,3 --samples-per-shard 4 >"$work/last.log" 2>&1; then
+  echo "FAIL: a resume of --fp8-gemm shards without it was accepted"; exit 1
+fi
+grep -q -- "rerun with --fp8-gemm" "$work/last.log" || { cat "$work/last.log"; echo "FAIL: the refusal names no option"; exit 1; }
+echo "deepseek_v3_fp8: extract --fp8-gemm ok, resume without it refused"
 # A draft shape of its own (SpecForge's DeepSeek-V3 draft is 56 heads / 8 kv / 40960): 6 heads of 8, 2 kv
 # heads, MLP 80, exported as such; a resume with another shape is refused by name.
 out="$work/own_shape"
