@@ -108,12 +108,14 @@ int regenerate(const po::variables_map& vm, ParallelGroups& groups, TargetModel&
   opt.max_conversations = vm["max-conversations"].as<int64_t>();
   const std::string template_name = vm["template"].as<std::string>();
   const uint64_t seed = vm["seed"].as<uint64_t>();
-  opt.run_signature = nlohmann::json{{"model", std::filesystem::weakly_canonical(dir).string()},
-                                     {"template", template_name},
-                                     {"temperature", sp.temperature},
-                                     {"top_p", sp.top_p},
-                                     {"seed", seed}}
-                          .dump();
+  nlohmann::json signature = {{"model", std::filesystem::weakly_canonical(dir).string()},
+                               {"template", template_name},
+                               {"temperature", sp.temperature},
+                               {"top_p", sp.top_p},
+                               {"seed", seed}};
+  // Only when set, so that the run.json of an earlier run without the option still matches.
+  if (vm["fp8-gemm"].as<bool>()) signature["fp8_gemm"] = true;
+  opt.run_signature = signature.dump();
   std::unique_ptr<ChatTemplate> tmpl = make_chat_template(template_name, tok);
   // The template's end of turn (e.g. <|im_end|>) ends a response too, unless --stop-id replaced the defaults.
   std::vector<int32_t> stop = stop_default;

@@ -435,3 +435,34 @@ TEST(QuantFp8, W8A8ForwardNearTheDequantizedOne) {
 
 }  // namespace
 }  // namespace aerie
+
+namespace aerie {
+namespace {
+
+// W8A8 on a trained target (stories260K, F32 mode): how far its hidden states and logits move from the
+// unquantized forward (printed; docs/quantization.md). Bounded loosely (0.15: a scale layout error is of
+// order 1); the question that matters, the acceptance of a draft trained on W8A8 shards, is
+// tools/bench/w8a8_demo.sh's.
+TEST(QuantFp8, W8A8OnATrainedTarget) {
+  if (!testing::have_model()) GTEST_SKIP() << "no converted stories260K model";
+  auto self = self_comm();
+  TargetModelOptions o{Device::CPU, DType::F32};
+  TargetModel plain(testing::model_dir(), *self, o);
+  o.fp8_gemm = true;
+  TargetModel w8a8(testing::model_dir(), *self, o);
+  const int N = static_cast<int>(plain.config().num_hidden_layers);
+  const std::vector<int32_t> ids = testing::some_ids(64, plain.config().vocab_size, 3);
+  std::vector<int> aux;
+  for (int k = 1; k <= N; ++k) aux.push_back(k);
+  const TargetOutput a = plain.forward(ids, nullptr, aux, true), b = w8a8.forward(ids, nullptr, aux, true);
+  const double eh = testing::rel_l2(b.aux_hidden.to_float_vector(), a.aux_hidden.to_float_vector());
+  const double ez = testing::rel_l2(b.final_hidden.to_float_vector(), a.final_hidden.to_float_vector());
+  const double el = testing::rel_l2(b.logits.to_float_vector(), a.logits.to_float_vector());
+  std::printf("stories260K W8A8 vs F32, relative L2: r^1..r^%d %.4g, z %.4g, logits %.4g\n", N, eh, ez, el);
+  EXPECT_LT(eh, 0.15);
+  EXPECT_LT(ez, 0.15);
+  EXPECT_GT(ez, 1e-4);
+}
+
+}  // namespace
+}  // namespace aerie
