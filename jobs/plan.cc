@@ -124,7 +124,10 @@ int plan(const std::vector<std::string>& args) {
       "embed_tokens and lm_head: vocab (rows split over tp, as vLLM/SGLang) or replicated")(
       "expert-parallel", po::bool_switch(),
       "routed experts split over tp by expert, as extract/eval/generate --expert-parallel (the MoE "
-      "activations counted for the worst case: every pair on one rank's experts)");
+      "activations counted for the worst case: every pair on one rank's experts)")(
+      "fp8-gemm", po::bool_switch(),
+      "as extract/eval/generate --fp8-gemm: the Linears' weights held as block FP8 (a BF16 target's quantized "
+      "at load: half their bytes), no dequantization buffer for FP8 Linears outside the routed experts");
   po::variables_map vm;
   if (!parse_options("plan", args, desc, vm)) return 0;
   const std::string model = vm["model"].as<std::string>(), config_path = vm["model-config"].as<std::string>(),
@@ -146,6 +149,7 @@ int plan(const std::vector<std::string>& args) {
                     "aerie plan: --max-length must be >= 1, --batch-tokens and --batch-size >= 0");
   opt.vocab_parallel_embeddings = embed == "vocab";
   opt.expert_parallel = vm["expert-parallel"].as<bool>();
+  opt.fp8_gemm = vm["fp8-gemm"].as<bool>();
   auto size_option = [&](const char* name) {
     const std::string v = vm[name].as<std::string>();
     // "--gpu-memory 96" is more likely 96 GB than 96 bytes: a unit is required.

@@ -383,9 +383,23 @@ MemoryPlan plan_memory(const json& config, const std::vector<TensorInfo>& tensor
     CategoryBytes& c = plan.weights[static_cast<int>(r.category)];
     c.tensors += 1;
     c.checkpoint += numel * esize;
-    c.per_rank += share * esize;
     const bool is_fp8 = starts_with(t.dtype, "F8") || starts_with(t.dtype, "f8");
     const bool is_int4 = ends_with(t.name, ".weight_packed");
+    // --fp8-gemm: a dense Linear weight is quantized at load into block FP8 (Linear::use_fp8_gemm).
+    const bool linear_category = r.category == WeightCategory::Attention || r.category == WeightCategory::DenseMlp ||
+                                 r.category == WeightCategory::SharedExperts ||
+                                 r.category == WeightCategory::RoutedExperts;
+    if (opt.fp8_gemm && linear_category && !is_fp8 && !is_int4 && esize >= 2 && t.shape.size() == 2 &&
+        ends_with(t.name, ".weight")) {
+      c.per_rank += share + ceil_div(share, 128 * 128) * 4;
+      fp8[static_cast<int>(r.category)] = true;
+      continue;
+    }
+    c.per_rank += share * esize;
+    if (is_fp8 && opt.fp8_gemm && r.category != WeightCategory::RoutedExperts) {
+      fp8[static_cast<int>(r.category)] = true;  // used as stored: no dequantization scratch
+      continue;
+    }
     if (is_fp8 || is_int4) {
       (is_fp8 ? fp8 : int4)[static_cast<int>(r.category)] = true;
       const int64_t bytes = share * (is_int4 ? s.pack_factor : 1) * opt.activation_bytes;
@@ -409,7 +423,9 @@ MemoryPlan plan_memory(const json& config, const std::vector<TensorInfo>& tensor
   std::vector<std::string> quant;
   if (std::count(int4.begin(), int4.end(), true))
     quant.push_back("int4 pack-quantized, " + std::to_string(s.pack_factor) + " per int32 (" + category_list(int4) + ")");
-  if (std::count(fp8.begin(), fp8.end(), true)) quant.push_back("fp8 e4m3 (" + category_list(fp8) + ")");
+  if (std::count(fp8.begin(), fp8.end(), true))
+    quant.push_back(std::string(opt.fp8_gemm ? "W8A8 block fp8, --fp8-gemm" : "fp8 e4m3") + " (" +
+                    category_list(fp8) + ")");
   plan.quantization = quant.empty() ? "none" : quant.size() == 1 ? quant[0] : quant[0] + "; " + quant[1];
   for (const auto& [linear, bytes] : linear_scratch)
     if (bytes > plan.scratch_per_rank) {

@@ -49,6 +49,10 @@ struct PlanOptions {
   int64_t activation_bytes = 2;   // compute dtype of activations and the scratch: bf16
   bool vocab_parallel_embeddings = true;  // embed_tokens / lm_head split by vocab rows (vLLM, SGLang)
   bool expert_parallel = false;   // routed experts split by expert (TargetModelOptions::expert_parallel)
+  /// W8A8 (TargetModelOptions::fp8_gemm): BF16/F16/F32 Linear weights held as block FP8 (1 byte an
+  /// element + an F32 scale per 128 x 128 block), and the FP8 Linears outside the routed experts need no
+  /// dequantization scratch (their GEMM reads them as stored).
+  bool fp8_gemm = false;
   int64_t gpu_memory = int64_t{80} << 30;  // bytes per GPU
   int64_t reserve = int64_t{2} << 30;      // CUDA context, NCCL buffers, cuBLAS workspaces
 };

@@ -203,6 +203,14 @@ TEST(MemoryPlan, DeepSeekV3Tp8) {
   bool noted = false;
   for (const std::string& n : q.notes) noted = noted || n.find("dequantized into a bf16 scratch") != std::string::npos;
   EXPECT_TRUE(noted);
+  // --fp8-gemm: the FP8 Linears outside the routed experts are read as stored: no scratch at tp 8; the
+  // weights are the same bytes.
+  opt.tp = 8;
+  opt.fp8_gemm = true;
+  const MemoryPlan w = plan_memory(cfg, deepseek_v3_tensors(cfg), opt);
+  EXPECT_EQ(w.scratch_per_rank, 0);
+  EXPECT_EQ(w.weights_per_rank, p.weights_per_rank);
+  EXPECT_NE(w.quantization.find("--fp8-gemm"), std::string::npos) << w.quantization;
 }
 
 // The stories260K checkpoint the build converts, from its real header: at tp 1 the plan's weights are the
@@ -220,6 +228,21 @@ TEST(MemoryPlan, Stories260KHeadersSumToTheFile) {
   EXPECT_EQ(p.scratch_per_rank, 0);
   EXPECT_TRUE(p.skipped.empty());
   EXPECT_TRUE(p.fits);
+  // --fp8-gemm: every Linear weight (F32 here) held as one byte an element plus a scale per 128 x 128
+  // block; the embedding, norms and lm_head as stored.
+  PlanOptions w8;
+  w8.fp8_gemm = true;
+  const MemoryPlan q = plan_memory(read_model_config(dir), read_checkpoint_tensors(dir), w8);
+  int64_t want = 0;
+  for (const auto& [name, e] : r.entries()) {
+    const bool linear = name.find("self_attn.") != std::string::npos || name.find("mlp.") != std::string::npos;
+    int64_t numel = 1;
+    for (int64_t d : e.shape) numel *= d;
+    want += linear && e.shape.size() == 2 ? numel + (numel + 16383) / 16384 * 4 : static_cast<int64_t>(e.nbytes);
+  }
+  EXPECT_EQ(q.weights_per_rank, want);
+  EXPECT_LT(q.weights_per_rank, p.weights_per_rank);
+  EXPECT_EQ(q.weights_checkpoint, sum);
 }
 
 // Qwen2 (q/k/v biases) at tp 2, from the fixture's header: only the norms are replicated.
