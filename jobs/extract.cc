@@ -112,7 +112,7 @@ int extract(const std::vector<std::string>& args) {
   ParallelGroups groups = ParallelGroups::create(vm["tp"].as<int>());
   TargetDevice target = resolve_target_device(vm, groups, "extract");
   const TargetModelOptions& mopt = target.options;
-  if (mopt.fp8_gemm) opt.meta.target_gemm = "w8a8-fp8-block";
+  if (mopt.fp8_gemm) opt.meta.target_gemm = fp8_gemm_tag(vm["tp"].as<int>());
   Communicator& model_tp = *target.tp;
   const std::string model_dir = vm["model"].as<std::string>();
   const int64_t random_seed = vm["random-weights"].as<int64_t>();

@@ -37,6 +37,7 @@
 #include "data/chat_templates.h"
 #include "data/prepare_template.h"
 #include "data/regenerate.h"
+#include "data/shard.h"
 #include "jobs/jobs.h"
 #include "jobs/target_device.h"
 #include "model/target.h"
@@ -114,7 +115,7 @@ int regenerate(const po::variables_map& vm, ParallelGroups& groups, TargetModel&
                                {"top_p", sp.top_p},
                                {"seed", seed}};
   // Only when set, so that the run.json of an earlier run without the option still matches.
-  if (vm["fp8-gemm"].as<bool>()) signature["fp8_gemm"] = true;
+  if (vm["fp8-gemm"].as<bool>()) signature["fp8_gemm"] = fp8_gemm_tag(vm["tp"].as<int>());
   opt.run_signature = signature.dump();
   std::unique_ptr<ChatTemplate> tmpl = make_chat_template(template_name, tok);
   // The template's end of turn (e.g. <|im_end|>) ends a response too, unless --stop-id replaced the defaults.

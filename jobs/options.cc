@@ -99,7 +99,17 @@ bool parse_options(const std::string& job, const std::vector<std::string>& args,
     // prefix that an option added later makes ambiguous would break a working command. A mistyped or
     // shortened option is refused with the closest name instead (suggestion()).
     const int style = po::command_line_style::default_style & ~po::command_line_style::allow_guessing;
-    po::store(po::command_line_parser(args).options(all).style(style).run(), vm);
+    const po::parsed_options parsed = po::command_line_parser(args).options(all).style(style).run();
+    // No job takes positional arguments, and Boost drops them silently: "--fp8-gemm false" switched the
+    // option ON and ignored "false"; a stray word is refused instead.
+    for (const po::option& o : parsed.options)
+      if (o.position_key >= 0) {
+        const std::string word = o.value.empty() ? std::string() : o.value.front();
+        throw UsageError("aerie " + job + ": unexpected argument '" + word +
+                         "' (options are --name VALUE; a switch such as --fp8-gemm takes no value: leave it out "
+                         "to keep it off) (see aerie " + job + " --help)");
+      }
+    po::store(parsed, vm);
     if (vm.count("config")) {
       std::string path = vm["config"].as<std::string>();
       std::ifstream in(path);

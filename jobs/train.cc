@@ -323,6 +323,7 @@ int train(const std::vector<std::string>& args) {
     }
   }();
   const bool is_target = layout.is_target(world->rank());
+  if (vm["fp8-gemm"].as<bool>()) o.stream_target_gemm = fp8_gemm_tag(layout.tp);
   local_rank();  // collective over the world on first use: every rank makes it here, before the sides part
   const TargetConfig tcfg = load_model_option("train", "target-model", target_model);
   const std::vector<int> aux = parse_aux_layers(aux_layers, tcfg.num_hidden_layers, "train");
@@ -375,7 +376,7 @@ int train(const std::vector<std::string>& args) {
     ParallelGroups groups = ParallelGroups::create(layout.tp, *side);
     TargetDevice td = resolve_target_device(o.device, target_dtype, vm["expert-parallel"].as<bool>(), groups,
                                             "train (target)", node_size(*side));
-    td.options.fp8_gemm = vm["fp8-gemm"].as<bool>();
+    td.options.fp8_gemm = vm["fp8-gemm"].as<bool>();  // the trainer ranks record it: o.stream_target_gemm
     TargetModel model(target_model, *td.tp, td.options);
     if (world->rank() == 0)
       AERIE_LOG(info) << "train (target): " << target_model << " on ranks 0-" << target_ranks - 1 << " ("

@@ -377,6 +377,8 @@ void ShardWriter::close() {
   AERIE_CHECK(!ec, "ShardWriter: cannot rename " << tmp_ << " to " << path_ << ": " << ec.message());
 }
 
+std::string fp8_gemm_tag(int tp) { return "w8a8-fp8-block, tp " + std::to_string(tp); }
+
 // ---------------------------------------------------------------------------------------------- reader
 
 struct ShardReader::Impl {

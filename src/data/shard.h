@@ -118,10 +118,15 @@ struct ShardMeta {
   /// extract --storage fp8: the hidden states as e4m3fn codes with one fp32 scale per H-wide vector
   /// (format version 2, about half the bytes of bf16); false: bf16 (version 1).
   bool fp8 = false;
-  /// How the target's linears ran (attribute target_gemm): "w8a8-fp8-block" with extract --fp8-gemm
+  /// How the target's linears ran (attribute target_gemm): fp8_gemm_tag(tp) with extract --fp8-gemm
   /// (TargetModelOptions::fp8_gemm), empty (no attribute) for the compute dtype's GEMMs.
   std::string target_gemm;
 };
+
+/// ShardMeta::target_gemm of a W8A8 target (--fp8-gemm) at tensor-parallel size tp: "w8a8-fp8-block, tp N".
+/// The tp size is part of it: a BF16 target's weights are quantized per rank slice, so the hidden states
+/// of two tp sizes differ unless every slice is a whole number of 128-blocks.
+std::string fp8_gemm_tag(int tp);
 
 /// What a ShardWriter does with a sample whose hidden states hold a NaN or an infinity (issue 17, case 5).
 enum class NonFinite : uint8_t {

@@ -2,6 +2,7 @@
 // architecture table, the KV cache and greedy decoding. The forward's scaffold is in decoder.cc.
 
 #include <algorithm>
+#include <sstream>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -105,6 +106,18 @@ void TargetModel::build(WeightSource& src, Communicator& tp, const TargetModelOp
   } else {
     AERIE_CHECK(src.has(lm_head), "no tensor \"lm_head.weight\" in the checkpoint and tie_word_embeddings is false");
     m.lm_head = src.load(lm_head, {V, H}, TpSplit::None, ParamRole::Embedding);
+  }
+  if (options.fp8_gemm && log_rank() == 0) {  // say what --fp8-gemm did, and what it left as it was
+    const WeightSource::Fp8GemmCounts& c = src.fp8_gemm_counts();
+    std::ostringstream os;
+    os << "--fp8-gemm: " << c.switched << " linears hold block-FP8 weights (" << c.quantized
+       << " of them quantized at load from " << dtype_name(options.dtype)
+       << ") and run W8A8 GEMMs, but for the routed experts (their grouped GEMM: BF16 activations)";
+    if (c.int4 > 0) os << "; " << c.int4 << " INT4 linears keep their own GEMM";
+    if (c.misaligned > 0)
+      os << "; " << c.misaligned << " block-FP8 linears whose tp " << tp.size()
+         << " slice starts inside a 128-block keep the dequantizing path";
+    AERIE_LOG(info) << os.str();
   }
   m.profile.enable(OpProfile::enabled_by_env());
   if (options.expert_parallel && tp.rank() == 0) {  // say what --expert-parallel did (or that it did nothing)

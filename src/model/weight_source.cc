@@ -45,7 +45,15 @@ Linear WeightSource::load_linear(const std::string& name, const Shape& full, TpS
 
 Linear WeightSource::load_linear(const std::vector<LinearTensor>& parts, TpSplit split) {
   Linear L = load_linear_parts(parts, split);
-  if (fp8_gemm_) L.use_fp8_gemm();
+  if (fp8_gemm_) {
+    const bool dense = L.format == WeightFormat::Dense, int4 = L.format == WeightFormat::Int4Group;
+    if (L.use_fp8_gemm()) {
+      ++fp8_counts_.switched;
+      fp8_counts_.quantized += dense;
+    } else {
+      ++(int4 ? fp8_counts_.int4 : fp8_counts_.misaligned);
+    }
+  }
   return L;
 }
 

@@ -68,6 +68,12 @@ class WeightSource {
   Linear load_linear(const std::vector<LinearTensor>& parts, TpSplit split);
   /// W8A8 block-FP8 GEMMs for the Linears loaded from now on (TargetModelOptions::fp8_gemm).
   void set_fp8_gemm(bool on) { fp8_gemm_ = on; }
+  /// With set_fp8_gemm: the Linears switched (of them, quantized at load from a dense weight), and those
+  /// that keep their own path (INT4; block-FP8 slices starting inside a 128-block).
+  struct Fp8GemmCounts {
+    int64_t switched = 0, quantized = 0, int4 = 0, misaligned = 0;
+  };
+  const Fp8GemmCounts& fp8_gemm_counts() const { return fp8_counts_; }
   /// Whether the source has `name` (random weights: always true). For tensors a config may omit.
   virtual bool has(const std::string& name) const = 0;
   /// Marks a tensor the model does not need as accounted for (a tied checkpoint's lm_head copy).
@@ -98,6 +104,7 @@ class WeightSource {
   int tp_rank_, tp_size_;
   bool expert_parallel_ = false;
   bool fp8_gemm_ = false;
+  Fp8GemmCounts fp8_counts_;
   Device device_;
   DType dtype_;
 };

@@ -155,6 +155,8 @@ nlohmann::json checkpoint_eval_settings(const EvalOptions& o, const std::string&
     s["tree"] = {{"topk", o.tree_topk}, {"depth", o.tree_depth}};
   if (o.temperature > 0)  // sampled acceptance lengths are another measure than greedy ones
     s["sampling"] = {{"temperature", o.temperature}, {"top_p", o.top_p}, {"sample_seed", o.sample_seed}};
+  // Verification by a W8A8 target is another measure (absent when off: the tables of earlier runs match).
+  if (o.fp8_gemm) s["fp8_gemm"] = true;
   return s;
 }
 

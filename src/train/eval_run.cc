@@ -308,6 +308,9 @@ EvalSession::EvalSession(const EvalOptions& o) : impl_(std::make_unique<Impl>(ch
   // assistant header the served model answers after; plain: BOS + text). Their greedy answers do not
   // depend on the draft: decoded once, the reference of every draft's lossless check.
   std::vector<std::string> texts = read_prompts(o.prompts_path, o.num_prompts, &s.prompt_category);
+  if (o.num_prompts > 0 && static_cast<int64_t>(texts.size()) < o.num_prompts && groups.map.world_rank == 0)
+    AERIE_LOG(warning) << "eval: --num-prompts " << o.num_prompts << " but " << o.prompts_path << " holds "
+                       << texts.size() << " prompt(s): evaluating those (the figures rest on fewer prompts)";
   for (const std::string& c : s.prompt_category)
     if (!c.empty() && std::find(s.categories.begin(), s.categories.end(), c) == s.categories.end())
       s.categories.push_back(c);
@@ -448,6 +451,13 @@ EvalSession::EvalSession(const EvalOptions& o) : impl_(std::make_unique<Impl>(ch
                              << o.model_dir << ": " << diff << "; tau_sim and acc_k score the draft on that "
                              << "target's hidden states";
       }
+      // W8A8 shards with a plain verifying target, or the reverse: the two halves of eval.json disagree.
+      if (info.target_gemm.empty() == o.fp8_gemm)
+        AERIE_LOG(warning) << "eval: the shards of the teacher-forced figures (" << s.tf_refs.front().first
+                           << ") hold hidden states of "
+                           << (info.target_gemm.empty() ? std::string("the target's own GEMMs") : info.target_gemm)
+                           << ", the verifying target runs " << (o.fp8_gemm ? "W8A8 (--fp8-gemm)" : "without --fp8-gemm")
+                           << ": tau_sim and acc_k come from the shards' kind, the acceptance length from this one";
     }
   } else {
     s.tf_source = "greedy continuations of the prompts (loss mask on generated tokens)";
@@ -508,7 +518,7 @@ nlohmann::json EvalSession::context() const {
   j["dtype"] = dtype_name();
   j["tp"] = s.o.tp;
   j["expert_parallel"] = s.o.expert_parallel;
-  if (s.o.fp8_gemm) j["fp8_gemm"] = true;
+  j["fp8_gemm"] = s.o.fp8_gemm;
   j["prompts_too_long"] = s.too_long;
   j["num_draft_tokens"] = s.o.num_draft_tokens;
   j["max_new_tokens"] = s.o.max_new_tokens;

@@ -27,6 +27,9 @@ struct TrainOptions {
   /// Streaming: the target the target's ranks run (`--target-model`; its fingerprint is the hidden states'
   /// provenance, checked against model_dir's as offline train checks the shards' target).
   std::string target_model_dir;
+  /// Streaming: how the target's ranks run its linears (ShardMeta::target_gemm: "w8a8-fp8-block ..." with
+  /// train --fp8-gemm, else empty), recorded in the checkpoints' provenance as extract records it in shards.
+  std::string stream_target_gemm;
   /// Streaming: steps the target may compute ahead of the step being trained (StreamPlan::queue, >= 0);
   /// more hides the target's jitter, each step ahead holds one batch of hidden states in messages.
   int64_t stream_queue = 2;

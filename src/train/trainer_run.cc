@@ -64,6 +64,7 @@ struct ShardSet {
   ShardInfo provenance;      // of the first shard that records it (has_provenance() false: none does)
   std::string target_model;  // the --model path extract recorded (first shard)
   int64_t unrecorded = 0;    // shards of an older aerie, without provenance
+  std::string target_gemm;   // ShardInfo::target_gemm, one for all ("w8a8-fp8-block ..." or "")
 };
 
 std::string chunk_list(const std::vector<int64_t>& v) {
@@ -89,9 +90,16 @@ ShardSet scan_shards(const std::string& dir, const TargetConfig& target, const T
       s.hidden_size = info.hidden_size;
       s.num_hidden_layers = info.num_hidden_layers;
       s.target_model = info.target_model;
+      s.target_gemm = info.target_gemm;
     }
     AERIE_CHECK(info.aux_layers == s.aux_layers && info.hidden_size == s.hidden_size,
                 p << ": aux layers / hidden size differ from " << s.paths.front() << "'s");
+    auto gemm = [](const std::string& g) { return g.empty() ? std::string("the compute dtype's GEMMs") : g; };
+    AERIE_CHECK(info.target_gemm == s.target_gemm,
+                "train: --shards " << dir << " mixes hidden states of two target precisions: " << p << " ("
+                                   << gemm(info.target_gemm) << ") and " << s.paths.front() << " ("
+                                   << gemm(s.target_gemm)
+                                   << ", extract --fp8-gemm or not). Train on the shards of one extraction.");
     if (!info.has_provenance()) {
       ++s.unrecorded;
     } else if (!s.provenance.has_provenance()) {
@@ -195,7 +203,7 @@ void check_shards_target(const ShardSet& s, const TargetFingerprint& model, cons
 // (global sample g = prepared sample g), the aux layers of --aux-layers, the provenance of the target and
 // the prepared file that the shards of an extraction would record.
 ShardSet streamed_set(const StreamClient& stream, const TargetConfig& target, const TargetFingerprint& model,
-                      const std::string& model_dir) {
+                      const std::string& model_dir, const std::string& target_gemm) {
   // `model`, `model_dir`: the target the target's ranks run (--target-model).
   ShardSet s;
   s.paths = {fs::absolute(stream.prepared_path()).lexically_normal().string()};
@@ -207,6 +215,7 @@ ShardSet streamed_set(const StreamClient& stream, const TargetConfig& target, co
   s.provenance.prepared_sha256 = stream.prepared().fingerprint();
   s.provenance.num_chunks = 1;
   s.target_model = model_dir;
+  s.target_gemm = target_gemm;
   return s;
 }
 
@@ -217,6 +226,7 @@ nlohmann::json make_provenance(const TrainOptions& opts, const TargetFingerprint
   nlohmann::json shards = {{"dir", streamed ? s.paths.at(0) : fs::absolute(opts.shards_dir).lexically_normal().string()},
                            {"count", s.paths.size()}};
   if (streamed) shards["streamed"] = true;
+  if (!s.target_gemm.empty()) shards["target_gemm"] = s.target_gemm;
   if (s.provenance.has_provenance()) {
     shards["target_config_sha256"] = s.provenance.target.config_sha256;
     shards["target_weights_sha256"] = s.provenance.target.weights_sha256;
@@ -261,6 +271,16 @@ void check_resume_provenance(const nlohmann::json& was, const std::string& check
     if (rank == 0) AERIE_LOG(warning) << "train: " << why.str() << "; resuming anyway (--allow-other-target)";
   }
   const nlohmann::json sh = was.value("shards", nlohmann::json::object());
+  const std::string gemm_was = sh.value("target_gemm", std::string());
+  if (gemm_was != s.target_gemm) {
+    auto gemm = [](const std::string& g) { return g.empty() ? std::string("the compute dtype's GEMMs") : g; };
+    AERIE_THROW("resume: " << checkpoint << " was trained on hidden states of a target run with " << gemm(gemm_was)
+                           << ", " << (opts.prepared_path.empty() ? "--shards " + opts.shards_dir + " hold"
+                                                                  : std::string("this run's target runs"))
+                           << " " << gemm(s.target_gemm) << ": rerun "
+                           << (gemm_was.empty() ? "without" : "with") << " --fp8-gemm"
+                           << (opts.prepared_path.empty() ? " shards" : "") << ", or use another --output");
+  }
   if (sh.contains("prepared_sha256") && s.provenance.has_provenance()) {
     TargetFingerprint shard_target;
     shard_target.config_sha256 = sh.value("target_config_sha256", "");
@@ -422,7 +442,7 @@ TrainResult run_training(const TrainOptions& given_opts, Communicator& dp, Strea
   const ShardSet shards =
       stream != nullptr
           ? streamed_set(*stream, target, target_model == opts.model_dir ? model_fp : TargetFingerprint::of_model(target_model),
-                         target_model)
+                         target_model, opts.stream_target_gemm)
           : scan_shards(opts.shards_dir, target, opts, rank);
   check_shards_target(shards, model_fp, opts, rank);
   AERIE_CHECK(opts.aux_layers.empty() || opts.aux_layers == shards.aux_layers,

@@ -60,6 +60,10 @@ refused eval_other_settings "$table was made with other eval settings \(.*max_ne
 ! grep -q "MPI_ABORT" "$last" || fail "eval_other_settings: the refusal aborted the job (MPI_ABORT)"
 [ "$(grep -c "was made with other eval settings" "$last")" = 1 ] || fail "eval_other_settings: the refusal not logged once"
 cmp -s "$table" "$work/table_first.json" || fail "a refused rerun changed the table"
+# A W8A8 target (--fp8-gemm) verifies differently: its rows do not join a table of the plain target's.
+refused eval_fp8_gemm "$table was made with other eval settings \(.*fp8_gemm" 1 \
+  "${eval_args[@]}" --max-new-tokens 16 --run "$r" --fp8-gemm
+cmp -s "$table" "$work/table_first.json" || fail "a refused --fp8-gemm rerun changed the table"
 refused eval_bad_steps "aerie eval: --steps 10,x: 'x' is not a positive step number" 1 "${eval_args[@]}" --run "$r" \
   --steps 10,x
 refused eval_every_alone "aerie eval: --every and --steps need --run" 1 "${eval_args[@]}" --draft "$r" --every 10

@@ -14,6 +14,10 @@ set_tests_properties(cli_option_typo PROPERTIES ENVIRONMENT "${_aerie_cli_env}"
 add_test(NAME cli_option_prefix_refused COMMAND $<TARGET_FILE:aerie> train --step 10)
 set_tests_properties(cli_option_prefix_refused PROPERTIES ENVIRONMENT "${_aerie_cli_env}"
   PASS_REGULAR_EXPRESSION "unrecognised option '--step' \\(did you mean --steps\\?\\)")
+# A stray word (Boost ignores positional tokens): "--fp8-gemm false" turned the option on.
+add_test(NAME cli_stray_argument_refused COMMAND $<TARGET_FILE:aerie> extract --fp8-gemm false)
+set_tests_properties(cli_stray_argument_refused PROPERTIES ENVIRONMENT "${_aerie_cli_env}"
+  PASS_REGULAR_EXPRESSION "aerie extract: unexpected argument 'false' \\(options are --name VALUE")
 add_test(NAME cli_missing_config COMMAND $<TARGET_FILE:aerie> vocab --config /nonexistent/vocab.ini)
 set_tests_properties(cli_missing_config PROPERTIES ENVIRONMENT "${_aerie_cli_env}"
   PASS_REGULAR_EXPRESSION "cannot open config file /nonexistent/vocab.ini" FAIL_REGULAR_EXPRESSION "MPI_ABORT")

@@ -170,5 +170,11 @@ run eval_own_shards 1 eval --model "$model" --draft "$work/run" --prompts "$text
   || fail "eval on shards_a"
 ! grep -q "were extracted from another target" "$last" || fail "eval warned about its own target's shards"
 echo "6c. eval warns about teacher-forced shards of another target"
+# More prompts asked for than the file holds: a warning with both counts (it evaluated fewer silently).
+head -c 2000 "$text" | awk 'BEGIN{RS=""} NR<=2{print; print ""}' >"$work/two_prompts.txt"
+run eval_few_prompts 1 eval --model "$model" --draft "$work/run" --prompts "$work/two_prompts.txt" --num-prompts 5 \
+  --max-new-tokens 4 --num-draft-tokens 2 --ttt-steps 1 --output "$work/eval_few.json" || fail "eval of two prompts"
+grep -q "num-prompts 5 but .*two_prompts.txt holds 2 prompt(s)" "$last" || fail "eval did not warn about too few prompts"
+echo "6d. eval warns when the prompt file holds fewer prompts than --num-prompts"
 fi
 echo PASS
