@@ -67,7 +67,18 @@ if mpirun --oversubscribe -np 1 "$aerie" extract --model "$fp8" --prepared "$wor
   echo "FAIL: a resume of --fp8-gemm shards without it was accepted"; exit 1
 fi
 grep -q -- "rerun with --fp8-gemm" "$work/last.log" || { cat "$work/last.log"; echo "FAIL: the refusal names no option"; exit 1; }
-echo "deepseek_v3_fp8: extract --fp8-gemm ok, resume without it refused"
+# A folder mixing plain and W8A8 shards (copied together by hand) is refused by train, naming both kinds.
+run mpirun --oversubscribe -np 1 "$aerie" extract --model "$fp8" --prepared "$work/prepared.h5" \
+    --output "$out/shards_plain4" --aux-layers 0,1,3 --samples-per-shard 4
+mkdir -p "$out/mixed" && cp "$out/shards_plain4/shard-00000.h5" "$out/shards_w8a8/shard-00001.h5" \
+  "$out/shards_w8a8/shard-00002.h5" "$out/mixed/"
+if mpirun --oversubscribe -np 1 "$aerie" train --model "$fp8" --shards "$out/mixed" --vocab "$out/vocab.safetensors" \
+    --output "$out/run_mixed" --steps 2 --batch-size 2 >"$work/last.log" 2>&1; then
+  echo "FAIL: train accepted a folder of plain and W8A8 shards"; exit 1
+fi
+grep -q "mixes hidden states of two target precisions" "$work/last.log" ||
+  { cat "$work/last.log"; echo "FAIL: the mixed-folder refusal names nothing"; exit 1; }
+echo "deepseek_v3_fp8: extract --fp8-gemm ok, resume without it and a mixed shard folder refused"
 # A draft shape of its own (SpecForge's DeepSeek-V3 draft is 56 heads / 8 kv / 40960): 6 heads of 8, 2 kv
 # heads, MLP 80, exported as such; a resume with another shape is refused by name.
 out="$work/own_shape"

@@ -139,6 +139,10 @@ refused aux_mismatch 'aux-layers \[1,2,3\], but the shards in .* hold aux layers
 # shellcheck disable=SC2046
 refused aux_resume 'resume: the checkpoint.s draft reads aux layers \[2,2,2\], --aux-layers gives \[1,2,3\]' 3 \
   $(stream_args "$work/b") --aux-layers 1,2,3
+# A resume whose target would run W8A8 (--fp8-gemm) after plain steps: refused naming the option.
+# shellcheck disable=SC2046
+refused fp8_resume "resume: .* was trained on hidden states of a target run with the compute dtype.s GEMMs, this run.s target runs w8a8-fp8-block, tp [0-9]+: rerun without --fp8-gemm" 3 \
+  $(stream_args "$work/b") --fp8-gemm
 mkdir -p "$work/other_model"
 cp "$model"/* "$work/other_model/"
 python3 - "$work/other_model/config.json" <<'EOF2'
