@@ -203,6 +203,10 @@ int export_draft(const std::vector<std::string>& args) {
     source["step"] = ck.state.step;
     // The target the draft was trained with, for eval's check of an export against its --model.
     if (ck.provenance.is_object() && ck.provenance.contains("target")) source["target"] = ck.provenance["target"];
+    // Hidden states of a W8A8 target (--fp8-gemm): the draft is meant for a target served that way.
+    if (ck.provenance.is_object() && ck.provenance.contains("shards") && ck.provenance["shards"].is_object() &&
+        ck.provenance["shards"].contains("target_gemm"))
+      source["target_gemm"] = ck.provenance["shards"]["target_gemm"];
     if (format == ExportFormat::Speculators) {
       write_speculators_export(out, ck.config, ck.weights, ck.vocab, target, spec, source);
       AERIE_LOG(info) << "export: " << dir << " (step " << ck.state.step << ") -> " << out

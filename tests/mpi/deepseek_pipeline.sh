@@ -78,7 +78,14 @@ if mpirun --oversubscribe -np 1 "$aerie" train --model "$fp8" --shards "$out/mix
 fi
 grep -q "mixes hidden states of two target precisions" "$work/last.log" ||
   { cat "$work/last.log"; echo "FAIL: the mixed-folder refusal names nothing"; exit 1; }
-echo "deepseek_v3_fp8: extract --fp8-gemm ok, resume without it and a mixed shard folder refused"
+# A draft trained on W8A8 shards: its checkpoints and its export say so.
+rm "$out/mixed/shard-00000.h5"
+run mpirun --oversubscribe -np 1 "$aerie" train --model "$fp8" --shards "$out/mixed" --vocab "$out/vocab.safetensors" \
+    --output "$out/run_w8a8" --steps 2 --batch-size 2 --allow-missing-shards
+run mpirun --oversubscribe -np 1 "$aerie" export --model "$fp8" --checkpoint "$out/run_w8a8" --output "$out/export_w8a8"
+grep -q '"target_gemm": *"w8a8-fp8-block, tp 1"' "$out/export_w8a8/config.json" ||
+  { cat "$out/export_w8a8/config.json"; echo "FAIL: the export does not record the W8A8 hidden states"; exit 1; }
+echo "deepseek_v3_fp8: extract --fp8-gemm ok, resume without it and a mixed shard folder refused, export records it"
 # A draft shape of its own (SpecForge's DeepSeek-V3 draft is 56 heads / 8 kv / 40960): 6 heads of 8, 2 kv
 # heads, MLP 80, exported as such; a resume with another shape is refused by name.
 out="$work/own_shape"
