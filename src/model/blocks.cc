@@ -103,10 +103,6 @@ void Linear::matmul(ForwardContext& ctx, const Tensor& x, Tensor& y, float beta)
     ctx.gemm(x, weight, y, beta);
     return;
   }
-  // The dequantized weight is rounded to the compute dtype: in BF16 mode to bf16, as DeepSeek's
-  // weight_dequant, transformers' FP8 dequantization and compressed-tensors' decompress do (the goldens
-  // of reference.safetensors); in F32 mode it keeps the exact fp32 product (the goldens of
-  // reference_f32_dequant.safetensors), as an FP8 GEMM that scales its fp32 accumulators would.
   if (!fp8_gemm.empty() && !fp8_gemm_unsupported && x.dim(0) > 0) {
     // cuBLASLt's block-scaled FP8 GEMM takes a row count that is a multiple of 4 (measured on an H200,
     // cuBLAS 13.1: M = 1 and 37 are NOT_SUPPORTED): other counts run on zero-padded copies of x and y.
@@ -148,6 +144,10 @@ void Linear::matmul(ForwardContext& ctx, const Tensor& x, Tensor& y, float beta)
                          << " rows (" << why << "; a GPU other than Hopper, or cuBLAS < 12.9?): such linears "
                          << "dequantize their weights instead";
   }
+  // The dequantized weight is rounded to the compute dtype: in BF16 mode to bf16, as DeepSeek's
+  // weight_dequant, transformers' FP8 dequantization and compressed-tensors' decompress do (the goldens
+  // of reference.safetensors); in F32 mode it keeps the exact fp32 product (the goldens of
+  // reference_f32_dequant.safetensors), as an FP8 GEMM that scales its fp32 accumulators would.
   Tensor w = ctx.scratch("linear.dequant", out * in, ctx.dtype).reshape({out, in});  // [out, in]
   ctx.prof.time(OpKind::Other, ctx.device, [&] { dequantize(w); });
   ctx.gemm(x, w, y, beta);
