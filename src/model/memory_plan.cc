@@ -393,6 +393,9 @@ MemoryPlan plan_memory(const json& config, const std::vector<TensorInfo>& tensor
         ends_with(t.name, ".weight")) {
       c.per_rank += share + ceil_div(share, 128 * 128) * 4;
       fp8[static_cast<int>(r.category)] = true;
+      // The routed experts keep their grouped GEMM: dequantized into the scratch unless it reads them as stored.
+      if (r.category == WeightCategory::RoutedExperts && !fused_experts)
+        routed_scratch[r.layer] += share * opt.activation_bytes;
       continue;
     }
     c.per_rank += share * esize;

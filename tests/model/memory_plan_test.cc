@@ -245,6 +245,21 @@ TEST(MemoryPlan, Stories260KHeadersSumToTheFile) {
   EXPECT_EQ(q.weights_checkpoint, sum);
 }
 
+// --fp8-gemm on a BF16 MoE target (the deepseek_v3 fixture): its routed experts become block FP8, and with
+// moe_intermediate_size 32 (not a multiple of 128) their grouped GEMM dequantizes a layer's experts into the
+// scratch: 8 experts x 3 projections x 32 x 64 bf16 (none without --fp8-gemm: BF16 experts are read as they are).
+TEST(MemoryPlan, Fp8GemmOnABf16MoeFixture) {
+  const std::string dir = std::string(AERIE_SOURCE_DIR) + "/tests/model/fixtures/hf/deepseek_v3";
+  PlanOptions opt;
+  const MemoryPlan plain = plan_memory(read_model_config(dir), read_checkpoint_tensors(dir), opt);
+  EXPECT_EQ(plain.scratch_per_rank, 0);
+  opt.fp8_gemm = true;
+  const MemoryPlan w8 = plan_memory(read_model_config(dir), read_checkpoint_tensors(dir), opt);
+  EXPECT_EQ(w8.scratch_per_rank, int64_t{8} * 3 * 32 * 64 * 2);
+  EXPECT_NE(w8.scratch_layer.find("routed experts"), std::string::npos) << w8.scratch_layer;
+  EXPECT_LT(w8.weights_per_rank, plain.weights_per_rank);
+}
+
 // Qwen2 (q/k/v biases) at tp 2, from the fixture's header: only the norms are replicated.
 TEST(MemoryPlan, Qwen2FixtureTp2SplitsByHead) {
   const std::string dir = std::string(AERIE_SOURCE_DIR) + "/tests/model/fixtures/hf/qwen2";
