@@ -47,6 +47,22 @@ void check_config_lines(const std::string& path) {
   }
 }
 
+/// "PATH:LINE" of the first 'key = ...' line of the INI file (the key as Boost names it), or "PATH" when
+/// none is found.
+std::string config_line_of(const std::string& path, std::string key) {
+  key.erase(0, key.find_first_not_of('-'));  // Boost may name it as an option ("--steps")
+  std::ifstream in(path);
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    const size_t a = line.find_first_not_of(" \t"), eq = line.find('=');
+    if (a == std::string::npos || eq == std::string::npos || eq < a) continue;
+    std::string k = line.substr(a, eq - a);
+    k.erase(k.find_last_not_of(" \t") + 1);
+    if (k == key) return path + ":" + std::to_string(n);
+  }
+  return path;
+}
+
 /// Levenshtein distance of a and b (insertions, deletions, substitutions), for option suggestions.
 size_t edit_distance(const std::string& a, const std::string& b) {
   std::vector<size_t> row(b.size() + 1);
@@ -119,7 +135,12 @@ bool parse_options(const std::string& job, const std::vector<std::string>& args,
         // allow_unregistered = false: a typo in a config file is an error, not a silent default.
         po::store(po::parse_config_file(in, all, false), vm);
       } catch (const po::unknown_option& e) {
-        throw UsageError("config file " + path + ": " + e.what() + suggestion(all, e.get_option_name()));
+        // The suggestion as an INI key ("steps"), not as an option ("--steps").
+        std::string hint = suggestion(all, e.get_option_name());
+        for (size_t i; (i = hint.find("--")) != std::string::npos;) hint.erase(i, 2);
+        throw UsageError("config file " + config_line_of(path, e.get_option_name()) + ": " + e.what() + hint);
+      } catch (const po::error_with_option_name& e) {  // a bad value, a repeated key: the line that holds it
+        throw UsageError("config file " + config_line_of(path, e.get_option_name()) + ": " + e.what());
       } catch (const po::error& e) {
         throw UsageError("config file " + path + ": " + e.what());
       }

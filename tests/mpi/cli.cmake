@@ -18,6 +18,15 @@ set_tests_properties(cli_option_prefix_refused PROPERTIES ENVIRONMENT "${_aerie_
 add_test(NAME cli_stray_argument_refused COMMAND $<TARGET_FILE:aerie> extract --fp8-gemm false)
 set_tests_properties(cli_stray_argument_refused PROPERTIES ENVIRONMENT "${_aerie_cli_env}"
   PASS_REGULAR_EXPRESSION "aerie extract: unexpected argument 'false' \\(options are --name VALUE")
+# A bad INI value or an unknown key: the file and line (Boost names neither line), the suggestion as a key.
+file(WRITE ${CMAKE_BINARY_DIR}/test-scratch/cli/bad_value.ini "steps = 2\n# a comment\nbatch-size = x\n")
+add_test(NAME cli_config_bad_value_line COMMAND $<TARGET_FILE:aerie> train --config ${CMAKE_BINARY_DIR}/test-scratch/cli/bad_value.ini)
+set_tests_properties(cli_config_bad_value_line PROPERTIES ENVIRONMENT "${_aerie_cli_env}"
+  PASS_REGULAR_EXPRESSION "config file .*/bad_value.ini:3: the argument \\('x'\\) for option 'batch-size' is invalid")
+file(WRITE ${CMAKE_BINARY_DIR}/test-scratch/cli/unknown_key.ini "steps = 2\n\nstepz = 3\n")
+add_test(NAME cli_config_unknown_key_line COMMAND $<TARGET_FILE:aerie> train --config ${CMAKE_BINARY_DIR}/test-scratch/cli/unknown_key.ini)
+set_tests_properties(cli_config_unknown_key_line PROPERTIES ENVIRONMENT "${_aerie_cli_env}"
+  PASS_REGULAR_EXPRESSION "config file .*/unknown_key.ini:3: unrecognised option 'stepz' \\(did you mean steps\\?\\)")
 add_test(NAME cli_missing_config COMMAND $<TARGET_FILE:aerie> vocab --config /nonexistent/vocab.ini)
 set_tests_properties(cli_missing_config PROPERTIES ENVIRONMENT "${_aerie_cli_env}"
   PASS_REGULAR_EXPRESSION "cannot open config file /nonexistent/vocab.ini" FAIL_REGULAR_EXPRESSION "MPI_ABORT")
