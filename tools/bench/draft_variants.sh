@@ -16,14 +16,9 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 out="${1:-runs/draft-variants}"
 mkdir -p "$out"; out="$(cd "$out" && pwd)"
-seeds="${SEEDS:-0 1 2}"
 variants="${VARIANTS:-plain norm_before_residual norm_output both norm_before_fc all}"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-export OPENBLAS_NUM_THREADS=1
-aerie="${AERIE_BIN:-$root/build/aerie}"
-[ -f "$out/demo/shards/shard-00000.h5" ] || AERIE_BIN="$aerie" "$root/tools/demo" "$out/demo" > "$out/demo.log" 2>&1
-d="$out/demo" cfg="$root/configs/runs/demo"
-run() { mpirun -np 2 "$aerie" "$@" >> "$out/runs.log" 2>&1; }
+# shellcheck source=tools/bench/demo_lib.sh
+source "$root/tools/bench/demo_lib.sh"  # aerie, seeds, d, cfg, run, demo_train_eval, demo_result
 options() {
   # norm_before_residual is train's default since 2026-12-02: the variants without it turn it off. AdamW's
   # beta2 is 0.999 since 2026-12-03: the variants of the tables made before keep 0.95.
@@ -52,17 +47,9 @@ lines="$out/results.jsonl"
 for v in $variants; do
   opts=$(options "$v")
   for s in $seeds; do
-    r="$out/$v-seed$s"
-    if [ ! -f "$r/eval.json" ]; then
-      # shellcheck disable=SC2086  # the options are words
-      run train --config "$cfg/train.ini" --model "$d/target" --shards "$d/shards" --vocab "$d/draft_vocab.safetensors" \
-          --output "$r/train" --seed "$s" $opts
-      run export --checkpoint "$r/train" --model "$d/target" --output "$r/export"
-      run eval --config "$cfg/eval.ini" --model "$d/target" --draft "$r/export" --prompts "$d/eval_prompts.txt" \
-          --shards "$d/shards" --data-split "$r/train/data_split.json" --output "$r/eval.json"
-    fi
-    python3 -c "import json,sys; e=json.load(open(sys.argv[1])); print(json.dumps({'variant': sys.argv[2], 'seed': int(sys.argv[3]), 'acceptance_length': round(e['acceptance_length'], 4), 'tau_sim': round(e['tau_sim'], 4), 'lossless': e['lossless']}))" \
-        "$r/eval.json" "$v" "$s" | tee -a "$lines"
+    # shellcheck disable=SC2086  # the options are words
+    demo_train_eval "$out/$v-seed$s" "$d/shards" "$s" $opts
+    demo_result "$out/$v-seed$s/eval.json" variant "$v" "$s" | tee -a "$lines"
   done
 done
 python3 - "$lines" <<'PY'
