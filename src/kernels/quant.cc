@@ -208,38 +208,43 @@ Device check_quantize(const char* op, const Tensor& src, const Tensor& q, const 
 
 }  // namespace
 
-void quantize_fp8_rows(const Tensor& x, Tensor& q, Tensor& scale) {
-  [[maybe_unused]] constexpr const char* op = "quantize_fp8_rows";
-  AERIE_CHECK(x.ndim() == 2, op << ": x must be [M, K], got " << shape_str(x.shape()));
-  const int64_t m = x.dim(0), k = x.dim(1);
-  const Device dev = check_quantize(op, x, q, scale, {ceil_div(k, kFp8BlockSize), m});
-  if (x.numel() == 0) return;
-  if (dev == Device::CUDA) {
+namespace {
+
+/// A quantization kernel: (src, its dtype, rows, cols, codes, scales) (cpu/quant.cc, cuda/quant.cu).
+using QuantizeFn = void (*)(const void*, DType, int64_t, int64_t, uint8_t*, float*);
 #ifdef AERIE_WITH_CUDA
-    cuda::quantize_fp8_rows(x.raw(), x.dtype(), m, k, static_cast<uint8_t*>(q.raw()), scale.data<float>());
-    return;
+#define AERIE_CUDA_QUANTIZE(f) &cuda::f
 #else
-    kernels::throw_no_backend(op, dev);
+#define AERIE_CUDA_QUANTIZE(f) nullptr
 #endif
+
+/// The checks (check_quantize, scale `want`) and the device dispatch of both quantizations of src [R, K];
+/// cuda_fn is null without the CUDA backend.
+void quantize_on_device(const char* op, const Tensor& src, Tensor& q, Tensor& scale, const Shape& want,
+                        QuantizeFn cpu_fn, QuantizeFn cuda_fn) {
+  const Device dev = check_quantize(op, src, q, scale, want);
+  if (src.numel() == 0) return;
+  QuantizeFn fn = cpu_fn;
+  if (dev == Device::CUDA) {
+    if (cuda_fn == nullptr) kernels::throw_no_backend(op, dev);
+    fn = cuda_fn;
   }
-  cpu::quantize_fp8_rows(x.raw(), x.dtype(), m, k, static_cast<uint8_t*>(q.raw()), scale.data<float>());
+  fn(src.raw(), src.dtype(), src.dim(0), src.dim(1), static_cast<uint8_t*>(q.raw()), scale.data<float>());
+}
+
+}  // namespace
+
+void quantize_fp8_rows(const Tensor& x, Tensor& q, Tensor& scale) {
+  AERIE_CHECK(x.ndim() == 2, "quantize_fp8_rows: x must be [M, K], got " << shape_str(x.shape()));
+  quantize_on_device("quantize_fp8_rows", x, q, scale, {ceil_div(x.dim(1), kFp8BlockSize), x.dim(0)},
+                     &cpu::quantize_fp8_rows, AERIE_CUDA_QUANTIZE(quantize_fp8_rows));
 }
 
 void quantize_fp8_block(const Tensor& w, Tensor& q, Tensor& scale_inv) {
-  [[maybe_unused]] constexpr const char* op = "quantize_fp8_block";
-  AERIE_CHECK(w.ndim() == 2, op << ": w must be [N, K], got " << shape_str(w.shape()));
-  const int64_t n = w.dim(0), k = w.dim(1);
-  const Device dev = check_quantize(op, w, q, scale_inv, {ceil_div(n, kFp8BlockSize), ceil_div(k, kFp8BlockSize)});
-  if (w.numel() == 0) return;
-  if (dev == Device::CUDA) {
-#ifdef AERIE_WITH_CUDA
-    cuda::quantize_fp8_block(w.raw(), w.dtype(), n, k, static_cast<uint8_t*>(q.raw()), scale_inv.data<float>());
-    return;
-#else
-    kernels::throw_no_backend(op, dev);
-#endif
-  }
-  cpu::quantize_fp8_block(w.raw(), w.dtype(), n, k, static_cast<uint8_t*>(q.raw()), scale_inv.data<float>());
+  AERIE_CHECK(w.ndim() == 2, "quantize_fp8_block: w must be [N, K], got " << shape_str(w.shape()));
+  quantize_on_device("quantize_fp8_block", w, q, scale_inv,
+                     {ceil_div(w.dim(0), kFp8BlockSize), ceil_div(w.dim(1), kFp8BlockSize)}, &cpu::quantize_fp8_block,
+                     AERIE_CUDA_QUANTIZE(quantize_fp8_block));
 }
 
 }  // namespace aerie

@@ -110,9 +110,9 @@ void Linear::matmul(ForwardContext& ctx, const Tensor& x, Tensor& y, float beta)
     Tensor xin = x, yout = y;
     if (n4 != n) {
       xin = ctx.scratch("linear.fp8.xpad", n4 * in, x.dtype()).reshape({n4, in});
-      xin.fill_zero();
-      Tensor head = xin.slice(0, n);
+      Tensor head = xin.slice(0, n), pad = xin.slice(n, n4);
       head.copy_from(x);
+      pad.fill_zero();
       yout = ctx.scratch("linear.fp8.ypad", n4 * out, y.dtype()).reshape({n4, out});
       if (beta != 0.0f) {
         Tensor yh = yout.slice(0, n);

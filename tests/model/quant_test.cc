@@ -10,6 +10,7 @@
 // Also: the weights stay compressed after load, tensor-parallel slices of the quantized tensors
 // dequantize to the slices of the whole (block-misaligned FP8 slices included), and the errors of
 // bad quantization configs and tensors name the file and the field or tensor.
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -431,6 +432,14 @@ TEST(QuantFp8, W8A8ForwardNearTheDequantizedOne) {
   std::printf("W8A8 vs dequantized BF16, r^1 relative L2: %.4g\n", e);
   EXPECT_LT(e, 0.2);
   EXPECT_GT(e, 1e-4);
+  // 23 tokens (not a multiple of 4: the zero-padded rows of Linear::matmul) give the first 23 rows of the
+  // 24-token forward: the padding rows touch no other row, causal attention sees no later token (up to
+  // fp32 summation order, which BLAS may pick by the row count).
+  const std::vector<int32_t> first(ids.begin(), ids.end() - 1);
+  const TargetOutput c = w8a8.forward(first, nullptr, {1}, false);
+  const std::vector<float> bv = b.aux_hidden.to_float_vector(), cv = c.aux_hidden.to_float_vector();
+  ASSERT_EQ(cv.size() * 24, bv.size() * 23);
+  EXPECT_LT(testing::rel_l2(cv, std::vector<float>(bv.begin(), bv.begin() + static_cast<long>(cv.size()))), 1e-5);
 }
 
 }  // namespace

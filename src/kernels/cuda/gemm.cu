@@ -60,10 +60,13 @@ struct PlanKey {
   uint32_t align_a, align_b, align_c;
   bool operator==(const PlanKey&) const = default;
 };
+/// Folds v into the hash h (boost::hash_combine's mix), for the plan keys.
+void hash_mix(size_t& h, uint64_t v) { h ^= std::hash<uint64_t>()(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); }
+
 struct PlanKeyHash {
   size_t operator()(const PlanKey& p) const {
     size_t h = std::hash<int64_t>()(p.m);
-    auto mix = [&h](uint64_t v) { h ^= std::hash<uint64_t>()(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
+    auto mix = [&h](uint64_t v) { hash_mix(h, v); };
     mix(static_cast<uint64_t>(p.n));
     mix(static_cast<uint64_t>(p.k));
     mix((static_cast<uint64_t>(p.ab) << 8) | (static_cast<uint64_t>(p.c) << 4) | (p.ta << 1) | p.tb);
@@ -470,7 +473,7 @@ struct Fp8Key {
 struct Fp8KeyHash {
   size_t operator()(const Fp8Key& p) const {
     size_t h = std::hash<int64_t>()(p.m);
-    auto mix = [&h](uint64_t v) { h ^= std::hash<uint64_t>()(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
+    auto mix = [&h](uint64_t v) { hash_mix(h, v); };
     mix(static_cast<uint64_t>(p.n));
     mix(static_cast<uint64_t>(p.k));
     mix(static_cast<uint64_t>(p.ldy));
