@@ -126,7 +126,7 @@ int plan(const std::vector<std::string>& args) {
       "routed experts split over tp by expert, as extract/eval/generate --expert-parallel (the MoE "
       "activations counted for the worst case: every pair on one rank's experts)")(
       "fp8-gemm", po::bool_switch(),
-      "as extract/eval/generate --fp8-gemm: the Linears' weights held as block FP8 (a BF16 target's quantized "
+      "as extract/eval/generate/streaming train --fp8-gemm: the Linears' weights held as block FP8 (a BF16 target's quantized "
       "at load: half their bytes), no dequantization buffer for FP8 Linears outside the routed experts");
   po::variables_map vm;
   if (!parse_options("plan", args, desc, vm)) return 0;

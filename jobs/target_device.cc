@@ -25,8 +25,9 @@ void add_target_device_options(po::options_description& desc) {
       "run the target's linear layers as W8A8 block-FP8 GEMMs, as vLLM and SGLang serve block-FP8 "
       "checkpoints: activations quantized per token and 128 columns, weights in 128 x 128 blocks (a BF16 "
       "target's weights are quantized at load, halving their memory). CUDA on Hopper (cuBLAS >= 12.9): "
-      "1.25x faster extraction of an 8B target on an H200; the hidden states move by the quantization "
-      "error (docs/quantization.md)");
+      "1.25x faster extraction of an 8B target on an H200; on the CPU a naive reference (same values, "
+      "~10x slower: for tests and small models). The hidden states move by the quantization error "
+      "(docs/quantization.md)");
 }
 
 TargetDevice resolve_target_device(const po::variables_map& vm, ParallelGroups& groups, const std::string& job) {

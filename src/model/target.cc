@@ -111,8 +111,8 @@ void TargetModel::build(WeightSource& src, Communicator& tp, const TargetModelOp
     const WeightSource::Fp8GemmCounts& c = src.fp8_gemm_counts();
     std::ostringstream os;
     os << "--fp8-gemm: " << c.switched << " linears hold block-FP8 weights (" << c.quantized
-       << " of them quantized at load from " << dtype_name(options.dtype)
-       << ") and run W8A8 GEMMs, but for the routed experts (their grouped GEMM: BF16 activations)";
+       << " of them quantized at load from " << dtype_name(options.dtype) << ") and run W8A8 GEMMs";
+    if (cfg_.moe.n_routed_experts > 0) os << ", but for the routed experts (their grouped GEMM: BF16 activations)";
     if (c.int4 > 0) os << "; " << c.int4 << " INT4 linears keep their own GEMM";
     if (c.misaligned > 0)
       os << "; " << c.misaligned << " block-FP8 linears whose tp " << tp.size()
