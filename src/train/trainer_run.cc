@@ -10,9 +10,11 @@
 #include <filesystem>
 #include <functional>
 #include <fstream>
+#include <future>
 #include <iomanip>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <sstream>
 
 #include "comm/nccl_communicator.h"
@@ -21,6 +23,7 @@
 #include "core/progress.h"
 #include "core/stop_signals.h"
 #include "data/shard.h"
+#include "data/shard_pipeline.h"
 #include "io/event_file.h"
 #include "io/fingerprint.h"
 #include "io/output_lock.h"
@@ -47,6 +50,108 @@ bool all_finite(const Tensor& t) {
     if (!std::isfinite(p[i])) return false;
   return true;
 }
+
+// Open shard readers of one thread, at most kMaxOpen (samples come from random shards; a large run has
+// thousands of files): the least recently used one is closed first. Not thread-safe: each instance
+// belongs to one thread. Its HDF5 calls (opening, reading, closing) hold hdf5_mutex(), so two instances
+// may be used by two threads (HDF5 as Debian builds it is not thread-safe).
+class ShardReaders {
+ public:
+  explicit ShardReaders(const DataSplit& split) : split_(split) {}
+  ~ShardReaders() {
+    std::lock_guard<std::mutex> h5(hdf5_mutex());
+    open_.clear();
+  }
+  ShardReaders(const ShardReaders&) = delete;
+  ShardReaders& operator=(const ShardReaders&) = delete;
+
+  /// Global sample g of the split, hidden states F32 (ShardReader::read; its errors name the shard).
+  HiddenSample read(int64_t g) {
+    const SampleRef ref = split_.locate(g);
+    std::lock_guard<std::mutex> h5(hdf5_mutex());
+    auto it = open_.find(ref.shard);
+    if (it == open_.end()) {
+      if (open_.size() >= kMaxOpen) {
+        auto lru = open_.begin();
+        for (auto j = open_.begin(); j != open_.end(); ++j)
+          if (j->second.second < lru->second.second) lru = j;
+        open_.erase(lru);
+      }
+      auto r = std::make_unique<ShardReader>(split_.shards[static_cast<size_t>(ref.shard)]);
+      it = open_.emplace(ref.shard, std::make_pair(std::move(r), int64_t{0})).first;
+    }
+    it->second.second = ++uses_;
+    return it->second.first->read(ref.index);
+  }
+
+ private:
+  static constexpr size_t kMaxOpen = 32;
+  const DataSplit& split_;
+  std::map<int64_t, std::pair<std::unique_ptr<ShardReader>, int64_t>> open_;  // shard -> (reader, last use)
+  int64_t uses_ = 0;
+};
+
+// A sample read from the shards, with the name of its first non-finite dataset ("" when finite).
+struct LoadedSample {
+  HiddenSample hs;
+  std::string nonfinite;
+};
+
+// Reads the samples of the next training step on a background thread while the current step runs: the
+// HDF5 read and the bf16 / fp8 -> f32 conversion of a step's samples otherwise sit on its critical path
+// (on a GPU they leave it idle; the fp8 shards' dequantization made a SmolLM2 run 1.3x longer,
+// docs/performance.md). The samples are the same as read in line, so training is bitwise unchanged; the
+// cost is host memory for one more step's samples (F32 [T, 4H] each). A read error surfaces when the
+// step that needs the sample takes it, naming the shard and the sample as before.
+class StepPrefetcher {
+ public:
+  explicit StepPrefetcher(const DataSplit& split) : readers_(split) {}
+  ~StepPrefetcher() {
+    if (next_.valid()) next_.wait();  // the task uses readers_
+  }
+
+  /// Starts reading the global samples `g` of step `step` (one read ahead at a time).
+  void start(int64_t step, std::vector<int64_t> g) {
+    if (next_.valid()) next_.wait();
+    next_step_ = step;
+    next_ = std::async(std::launch::async, [this, g = std::move(g)] { return load(g); });
+  }
+  /// The samples `g` of step `step`: those started for it (waiting for them), else read now.
+  std::vector<LoadedSample> take(int64_t step, const std::vector<int64_t>& g) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<LoadedSample> out;
+    if (next_.valid() && next_step_ == step) {
+      out = next_.get();
+    } else {
+      if (next_.valid()) next_.wait();
+      out = load(g);
+    }
+    wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return out;
+  }
+  /// Seconds the caller spent in take() (waiting for reads), summed; reset by the caller's reads of it.
+  double take_wait_seconds() {
+    const double s = wait_s_;
+    wait_s_ = 0;
+    return s;
+  }
+
+ private:
+  std::vector<LoadedSample> load(const std::vector<int64_t>& g) {
+    std::vector<LoadedSample> out(g.size());
+    for (size_t j = 0; j < g.size(); ++j) {
+      out[j].hs = readers_.read(g[j]);
+      out[j].nonfinite = !all_finite(out[j].hs.aux_hidden)     ? "aux_hidden_states"
+                         : !all_finite(out[j].hs.final_hidden) ? "final_hidden_states"
+                                                               : "";
+    }
+    return out;
+  }
+  ShardReaders readers_;  // used by the task only (and by take() when nothing was started)
+  std::future<std::vector<LoadedSample>> next_;
+  int64_t next_step_ = -1;
+  double wait_s_ = 0;
+};
 
 std::string join(const std::vector<double>& v, int precision) {
   std::ostringstream os;
@@ -651,25 +756,13 @@ TrainResult run_training(const TrainOptions& given_opts, Communicator& dp, Strea
   recipe.adam_beta1 = opts.adam_beta1;
   recipe.adam_beta2 = opts.adam_beta2;
   recipe.normalize_by_all_rows = opts.loss_normalization == "all";
-  // Open shard readers, at most kMaxOpenShards (samples come from random shards; a large run has
-  // thousands of files): the least recently used one is closed first.
-  constexpr size_t kMaxOpenShards = 32;
-  std::map<int64_t, std::pair<std::unique_ptr<ShardReader>, int64_t>> readers;  // shard -> (reader, last use)
-  int64_t uses = 0;
-  auto reader = [&](int64_t shard) -> ShardReader& {
-    auto it = readers.find(shard);
-    if (it == readers.end()) {
-      if (readers.size() >= kMaxOpenShards) {
-        auto lru = readers.begin();
-        for (auto j = readers.begin(); j != readers.end(); ++j)
-          if (j->second.second < lru->second.second) lru = j;
-        readers.erase(lru);
-      }
-      it = readers.emplace(shard, std::make_pair(std::make_unique<ShardReader>(st.split.shards[static_cast<size_t>(shard)]), 0)).first;
-    }
-    it->second.second = ++uses;
-    return *it->second.first;
-  };
+  // Shard readers: the held-out scoring's (this thread) and the training steps' (read one step ahead).
+  std::unique_ptr<ShardReaders> heldout_readers;
+  std::unique_ptr<StepPrefetcher> prefetch;
+  if (stream == nullptr) {
+    heldout_readers = std::make_unique<ShardReaders>(st.split);
+    prefetch = std::make_unique<StepPrefetcher>(st.split);
+  }
   // Teacher-forced acc_k / tau_sim of the draft now on the first opts.heldout_samples held-out samples
   // (eagle3.md section 4, as `aerie eval` computes them), spread over dp; rank 0 logs and records them.
   const int64_t num_heldout = heldout_count;
@@ -683,8 +776,7 @@ TrainResult run_training(const TrainOptions& given_opts, Communicator& dp, Strea
       if (stream != nullptr) {
         hs = stream->heldout_sample(g, i);
       } else {
-        const SampleRef ref = st.split.locate(g);
-        hs = reader(ref.shard).read(ref.index);
+        hs = heldout_readers->read(g);
       }
       if (!all_finite(hs.aux_hidden) || !all_finite(hs.final_hidden)) continue;  // named when trained on
       TTTSample t = make_ttt_sample(std::move(hs.ids), std::move(hs.loss_mask), std::move(hs.aux_hidden),
@@ -736,20 +828,33 @@ TrainResult run_training(const TrainOptions& given_opts, Communicator& dp, Strea
   int64_t steps_in_interval = 0;
   int64_t steps_run = 0, empty_steps = 0;  // empty: no TTT row of step 0 in the whole global batch
   int64_t skipped_local = 0, interval_skipped = 0;  // non-finite samples skipped (this rank; the interval, global)
+  double total_data_wait = 0;  // seconds this rank's loop waited for shard reads (rank 0's is logged)
+  const auto loop_start = std::chrono::steady_clock::now();
   while (st.step < total) {
     const int64_t step = st.step;
     const std::vector<int64_t> mine = BatchOrder::rank_share(order.batch(step), rank, dp.size());
     std::vector<TTTSample> local;
     std::string skipped_here;  // this rank's non-finite samples of the step, for the message
+    std::vector<LoadedSample> loaded;
+    if (prefetch) {
+      loaded = prefetch->take(step, mine);
+      if (step + 1 < total) prefetch->start(step + 1, BatchOrder::rank_share(order.batch(step + 1), rank, dp.size()));
+    }
     for (size_t j = 0; j < mine.size(); ++j) {
       const int64_t g = mine[j];
       const SampleRef ref = st.split.locate(g);
       // Batch position of mine[j]: rank_share gives this rank positions rank, rank + dp, ...
-      HiddenSample hs = stream != nullptr ? stream->train_sample(g, rank + static_cast<int64_t>(j) * dp.size())
-                                          : reader(ref.shard).read(ref.index);
+      HiddenSample hs;
+      std::string bad;
+      if (prefetch) {
+        hs = std::move(loaded[j].hs);
+        bad = std::move(loaded[j].nonfinite);
+      } else {
+        hs = stream->train_sample(g, rank + static_cast<int64_t>(j) * dp.size());
+        bad = !all_finite(hs.aux_hidden) ? "aux_hidden_states" : !all_finite(hs.final_hidden) ? "final_hidden_states" : "";
+      }
       // A sample with a NaN or infinity in its hidden states would make the whole step's gradient
       // non-finite: it is skipped, named and counted (issue 17, case 5).
-      const std::string bad = !all_finite(hs.aux_hidden) ? "aux_hidden_states" : !all_finite(hs.final_hidden) ? "final_hidden_states" : "";
       if (!bad.empty()) {
         const std::string what = st.split.shards[static_cast<size_t>(ref.shard)] + " sample " +
                                  std::to_string(ref.index) + " (prepared sample " + std::to_string(hs.sample_index) +
@@ -808,6 +913,8 @@ TrainResult run_training(const TrainOptions& given_opts, Communicator& dp, Strea
     if (st.step % opts.log_every == 0 || st.step == total) {
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       const double tps = secs > 0 ? static_cast<double>(interval.tokens) / secs : 0.0;
+      const double data_wait = prefetch ? prefetch->take_wait_seconds() : 0.0;
+      total_data_wait += data_wait;
       if (rank == 0) {
         char buf[256];
         std::snprintf(buf, sizeof buf, "train: step %lld/%lld epoch %lld loss %.4f tau_sim %.3f lr %.3e grad_norm %.3f %.0f tokens/s",
@@ -821,6 +928,7 @@ TrainResult run_training(const TrainOptions& given_opts, Communicator& dp, Strea
                             {"lr", lr},                  {"grad_norm", interval.grad_norm},
                             {"tokens", interval.tokens}, {"tokens_per_s", tps},
                             {"seconds", secs}};
+        if (prefetch) j["data_wait_s"] = data_wait;
         if (interval_skipped > 0) j["skipped_nonfinite"] = interval_skipped;
         std::ofstream out(metrics_path, std::ios::app);
         out << j.dump() << "\n";
@@ -856,6 +964,13 @@ TrainResult run_training(const TrainOptions& given_opts, Communicator& dp, Strea
                       << " s for them";
   }
   if (result.stop_signal == 0) progress.finish();
+  if (prefetch) total_data_wait += prefetch->take_wait_seconds();
+  if (prefetch && rank == 0 && steps_run > 0) {
+    const double loop_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - loop_start).count();
+    AERIE_LOG(info) << "train: the steps waited " << std::fixed << std::setprecision(1) << total_data_wait
+                    << " s for shard reads (" << (loop_s > 0 ? 100.0 * total_data_wait / loop_s : 0.0)
+                    << "% of " << loop_s << " s; read one step ahead)";
+  }
   AERIE_CHECK(steps_run == 0 || empty_steps < steps_run,
               "train: none of the " << steps_run << " steps had a trainable row (loss 0, nothing learned): the "
                                     << "samples' loss tokens all sit at positions 0-1, or their target tokens are "
