@@ -1,7 +1,7 @@
 // aerie prepare: conversations -> tokens + loss masks, one HDF5 file ("aerie.prepared" v1, src/data/prepare.h).
 //   mpirun -np R aerie prepare --input FILE.jsonl|FILE.json|FILE.txt --tokenizer DIR --output prepared.h5
 //          [--format auto|sharegpt|openai|tokenized|text] [--template plain|llama3|qwen3|...] [--max-length 2048]
-//          [--overlong truncate|drop] [--max-samples N]
+//          [--overlong truncate|drop] [--max-samples N] [--overwrite]
 // Every rank reads and tokenizes its own byte range of the input; all ranks write the one output file
 // collectively (MPI-IO), as "<output>.tmp" renamed when complete.
 #include <mpi.h>
@@ -32,7 +32,10 @@ int prepare(const std::vector<std::string>& args) {
       "max-length", po::value<int64_t>()->default_value(2048), "maximum tokens per sample")(
       "overlong", po::value<std::string>()->default_value("truncate"),
       "samples longer than --max-length: truncate (keep the first max-length tokens) or drop")(
-      "max-samples", po::value<int64_t>()->default_value(-1), "keep the first N usable samples (-1: all)");
+      "max-samples", po::value<int64_t>()->default_value(-1), "keep the first N usable samples (-1: all)")(
+      "overwrite", po::bool_switch(),
+      "replace an --output prepared with other settings or from older files (refused otherwise: shards extracted "
+      "from it would no longer match it); an up-to-date --output is kept either way");
   add_lock_options(desc);
   po::variables_map vm;
   if (!parse_options("prepare", args, desc, vm)) return 0;
@@ -74,6 +77,29 @@ int prepare(const std::vector<std::string>& args) {
   });
   // OUTPUT.lock, held by rank 0 while the ranks write OUTPUT.tmp: a second prepare into OUTPUT is refused.
   const OutputLock lock = lock_output(vm, "prepare", opt.output, LockTarget::File);
+  // A rerun (a Slurm requeue, a script run twice) keeps an --output that is up to date (the same settings,
+  // newer than its input, tokenizer and template files: make's rule) and refuses to replace another run's
+  // without --overwrite: the shards extracted from it record it (its fingerprint), so a new one orphans them.
+  int up_to_date = 0;
+  on_rank0([&] {
+    std::error_code ec;  // a missing or empty --output (check_output_replaceable took it) is written
+    if (!std::filesystem::is_regular_file(opt.output) || std::filesystem::file_size(opt.output, ec) == 0 || ec) return;
+    const std::string why = prepared_file_outdated(opt);
+    if (why.empty()) {
+      up_to_date = 1;
+      AERIE_LOG(info) << "prepare: " << opt.output << " is up to date (prepared from " << opt.input
+                      << " with these settings, newer than its input, tokenizer and template files; "
+                      << PreparedFile(opt.output).num_samples() << " samples): nothing to do. Remove it to prepare again";
+    } else if (vm["overwrite"].as<bool>()) {
+      AERIE_LOG(warning) << "prepare: replacing " << opt.output << " (--overwrite): " << why;
+    } else {
+      AERIE_THROW("prepare: --output " << opt.output << " was prepared with other settings or from older files: " << why
+                                       << ". Shards extracted from it record that file and would no longer match a "
+                                       << "new one: pass --overwrite to replace it, or choose another --output");
+    }
+  });
+  MPI_Bcast(&up_to_date, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  if (up_to_date) return 0;
   run_prepare(opt, MPI_COMM_WORLD);
   return 0;
 }

@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -229,6 +231,74 @@ std::string tokenizer_probe(const Tokenizer& tok) {
   return sha256_hex(bytes).substr(0, 16);
 }
 
+namespace {
+
+std::string canonical_or_given(const std::string& p) {
+  std::error_code ec;
+  const fs::path c = fs::weakly_canonical(p, ec);
+  return ec ? p : c.string();
+}
+
+// The files whose bytes decide the output besides the settings: the input, the tokenizer's, a template file.
+std::vector<fs::path> prepare_input_files(const PrepareOptions& o) {
+  std::vector<fs::path> files = {o.input};
+  if (fs::is_directory(o.tokenizer)) {
+    for (const char* name : {"tokenizer.json", "tokenizer_config.json", "tiktoken.model", "special_tokens_map.json"})
+      if (fs::exists(fs::path(o.tokenizer) / name)) files.push_back(fs::path(o.tokenizer) / name);
+  } else {
+    files.emplace_back(o.tokenizer);
+  }
+  if (fs::is_regular_file(o.chat_template)) files.emplace_back(o.chat_template);
+  return files;
+}
+
+}  // namespace
+
+std::string prepare_settings(const PrepareOptions& o) {
+  std::error_code ec;
+  const auto bytes = fs::file_size(o.input, ec);
+  AERIE_CHECK(!ec, "prepare: input " << o.input << ": " << ec.message());
+  const nlohmann::ordered_json j = {
+      {"input", canonical_or_given(o.input)},
+      {"input_bytes", static_cast<int64_t>(bytes)},
+      {"format", input_format_name(o.format)},
+      {"tokenizer", canonical_or_given(o.tokenizer)},
+      {"template", fs::is_regular_file(o.chat_template) ? canonical_or_given(o.chat_template) : o.chat_template},
+      {"max_length", o.max_length},
+      {"overlong", overlong_name(o.overlong)},
+      {"max_samples", o.max_samples}};
+  return j.dump();
+}
+
+std::string prepared_file_outdated(const PrepareOptions& o) {
+  std::string recorded;
+  {
+    h5::File f = h5::File::open(o.output);
+    AERIE_CHECK(f.has_attr("format") && f.string_attr("format") == kPreparedFormat,
+                "prepare: " << o.output << " is not a prepared file (no format attribute \"" << kPreparedFormat << "\")");
+    if (!f.has_attr("settings")) return "it records no settings (written by an older aerie)";
+    recorded = f.string_attr("settings");
+  }
+  const nlohmann::json mine = nlohmann::json::parse(prepare_settings(o));
+  const nlohmann::json theirs = nlohmann::json::parse(recorded, nullptr, false);
+  if (theirs.is_discarded() || !theirs.is_object()) return "its settings attribute is not JSON";
+  static const std::vector<std::pair<std::string, std::string>> option = {
+      {"input", "--input"},         {"input_bytes", "the input's size in bytes"}, {"format", "--format"},
+      {"tokenizer", "--tokenizer"}, {"template", "--template"},                  {"max_length", "--max-length"},
+      {"overlong", "--overlong"},   {"max_samples", "--max-samples"}};
+  for (const auto& [key, name] : option) {
+    const nlohmann::json t = theirs.contains(key) ? theirs[key] : nlohmann::json();
+    if (mine[key] != t) return name + " " + mine[key].dump() + " (the file: " + (t.is_null() ? "not recorded" : t.dump()) + ")";
+  }
+  const auto written = fs::last_write_time(o.output);
+  for (const fs::path& p : prepare_input_files(o)) {
+    std::error_code ec;
+    const auto t = fs::last_write_time(p, ec);
+    if (!ec && t > written) return "the file " + p.string() + " is newer than it";
+  }
+  return "";
+}
+
 PrepareStats run_prepare(const PrepareOptions& opt, MPI_Comm comm) {
   int rank = 0, size = 1;
   MPI_Comm_rank(comm, &rank);
@@ -236,6 +306,7 @@ PrepareStats run_prepare(const PrepareOptions& opt, MPI_Comm comm) {
   AERIE_CHECK(fs::is_regular_file(opt.input), "prepare: input " << opt.input << " is not a readable file");
   AERIE_CHECK(!opt.output.empty(), "prepare: no output path");
   AERIE_CHECK(opt.max_length > 0, "prepare: max_length must be positive, got " << opt.max_length);
+  const std::string settings = prepare_settings(opt);  // the file's settings attribute
   // OUTPUT.lock on rank 0 while the ranks write OUTPUT.tmp, unless the job holds it already (io/output_lock.h).
   const OutputLock lock = acquire_output_lock(comm, opt.output, LockTarget::File, "prepare");
   bool text = is_text_input(opt);
@@ -370,6 +441,7 @@ PrepareStats run_prepare(const PrepareOptions& opt, MPI_Comm comm) {
     f.set_int_attr("vocab_size", tok->vocab_size());
     f.set_int_attr("num_skipped", st.skipped);
     f.set_int_attr("num_truncated", st.truncated);
+    f.set_string_attr("settings", settings);
     f.close();
   }
   MPI_Barrier(comm);

@@ -69,6 +69,22 @@ bool apply_overlong(TokenizedSample& s, int64_t max_length, Overlong policy, boo
 /// would be other tokens to the other tokenizer's model (extract warns). Throws what tok.encode() throws.
 std::string tokenizer_probe(const Tokenizer& tok);
 
+/// The `settings` attribute of a prepared file: what decides its content besides the bytes of its input,
+/// tokenizer and template files, as JSON {"input", "input_bytes", "format", "tokenizer", "template",
+/// "max_length", "overlong", "max_samples"} (paths made canonical; "format" and "template" as requested,
+/// "template" a canonical path when it names a file). Throws aerie::Error when the input cannot be read.
+std::string prepare_settings(const PrepareOptions& options);
+
+/// Why the existing prepared file options.output is not what run_prepare(options) would write now, for a
+/// rerun (a Slurm requeue, a script run twice) to skip an up-to-date file and to refuse replacing another
+/// run's: "" when its `settings` attribute equals prepare_settings(options) and the file is newer than the
+/// input, the tokenizer's files (tokenizer.json, tokenizer_config.json, tiktoken.model,
+/// special_tokens_map.json) and a template file (make's rule); otherwise a phrase naming the first
+/// difference, as the options that set it ("--max-length 4096 (the file: 2048)", "the input FILE is newer
+/// than it", "it records no settings (written by an older aerie)"). Throws aerie::Error when the file is
+/// not a readable prepared file.
+std::string prepared_file_outdated(const PrepareOptions& options);
+
 /// Runs prepare collectively over `comm` (every rank calls it with the same options): reads, tokenizes,
 /// writes options.output (see the format above) and logs counts on rank 0. Rank 0 holds the output's lock
 /// (OUTPUT.lock, io/output_lock.h) while the ranks write, unless this process holds it already (the job).

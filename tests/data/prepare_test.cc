@@ -5,6 +5,8 @@
 #include <nlohmann/json.hpp>
 #include <mpi.h>
 
+#include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 
@@ -296,6 +298,54 @@ TEST_F(PrepareTest, TruncateVersusDrop) {
   EXPECT_EQ(st.samples, 2);
   Prepared m = read_prepared(dir_ + "/prepared.h5");
   EXPECT_EQ(m.sample_ids(1), full.sample_ids(1));
+}
+
+// A rerun of prepare (the job) keeps an up-to-date output and refuses to replace another run's without
+// --overwrite: prepared_file_outdated names the first setting that differs, as the option, or a newer input.
+TEST_F(PrepareTest, OutdatedNamesTheDifference) {
+  const std::string input = R"({"conversations": [{"from": "human", "value": "Hi."}, {"from": "gpt", "value": "Yes."}]})";
+  run("a.jsonl", input + "\n", InputFormat::ShareGPT, 64);
+  PrepareOptions o;
+  o.input = dir_ + "/a.jsonl";
+  o.format = InputFormat::ShareGPT;
+  o.tokenizer = testing::model_dir();
+  o.output = dir_ + "/prepared.h5";
+  o.max_length = 64;
+  EXPECT_EQ(prepared_file_outdated(o), "");
+  EXPECT_EQ(nlohmann::json::parse(h5::File::open(o.output).string_attr("settings"))["max_length"], 64);
+  PrepareOptions other = o;
+  other.max_length = 128;
+  EXPECT_EQ(prepared_file_outdated(other), "--max-length 128 (the file: 64)");
+  other = o;
+  other.max_samples = 5;
+  EXPECT_EQ(prepared_file_outdated(other), "--max-samples 5 (the file: -1)");
+  other = o;
+  other.chat_template = "chatml";
+  EXPECT_EQ(prepared_file_outdated(other), "--template \"chatml\" (the file: \"plain\")");
+  other = o;
+  other.overlong = Overlong::Drop;
+  EXPECT_EQ(prepared_file_outdated(other), "--overlong \"drop\" (the file: \"truncate\")");
+  // The same path relative to another spelling is the same input.
+  other = o;
+  other.input = dir_ + "/./a.jsonl";
+  EXPECT_EQ(prepared_file_outdated(other), "");
+  // An input edited afterwards (newer than the file; its size unchanged) makes it outdated.
+  std::filesystem::last_write_time(o.input, std::filesystem::last_write_time(o.output) + std::chrono::seconds(5));
+  EXPECT_EQ(prepared_file_outdated(o), "the file " + o.input + " is newer than it");
+  // A prepared file of an older aerie has no settings attribute; another file is not a prepared file.
+  {
+    h5::File f = h5::File::create(dir_ + "/old.h5");
+    f.set_string_attr("format", "aerie.prepared");
+  }
+  other = o;
+  other.output = dir_ + "/old.h5";
+  EXPECT_EQ(prepared_file_outdated(other), "it records no settings (written by an older aerie)");
+  {
+    h5::File f = h5::File::create(dir_ + "/other.h5");
+    f.set_string_attr("format", "aerie.hidden_states");
+  }
+  other.output = dir_ + "/other.h5";
+  EXPECT_THROW(prepared_file_outdated(other), Error);
 }
 
 TEST(PrepareStoryTest, FirstSentenceIsThePrompt) {

@@ -2,7 +2,8 @@
 # prepare, generate and eval refuse an --output that holds another kind of file (a model's weights, a
 # prepared file, a JSONL dataset, a checkpoint table) or names a folder, before any work, and leave the file
 # as it was; they replace their own kind of output (a rerun) as before, and an empty file (jobs.h
-# check_output_replaceable). vocab --force replaces a draft vocabulary only; extract does not write shards
+# check_output_replaceable); prepare keeps an up-to-date prepared file and replaces one of other settings
+# or older inputs only with --overwrite. vocab --force replaces a draft vocabulary only; extract does not write shards
 # into a model's folder.
 # usage: output_kinds.sh AERIE MODEL_DIR STORIES_TXT WORK_DIR   (exit 77: no converted model)
 set -euo pipefail
@@ -32,6 +33,20 @@ refused() {  # refused NEEDLE FILE CMD...: fails naming NEEDLE, FILE unchanged
 prep() { mpirun -np 1 "$aerie" prepare --input "$text" --tokenizer "$model" --max-length 64 --max-samples 4 "$@"; }
 prep --output prepared.h5 >last.log 2>&1 || fail "prepare"
 prep --output prepared.h5 >last.log 2>&1 || fail "prepare again over its own output"
+grep -q "prepared.h5 is up to date" last.log || fail "a rerun with the same settings did not keep prepared.h5"
+# Other settings: refused, naming the option, the file kept; --overwrite replaces it (then up to date again).
+refused "was prepared with other settings or from older files: --max-length 32 (the file: 64)" prepared.h5 \
+  prepare --input "$text" --tokenizer "$model" --max-length 32 --max-samples 4 --output prepared.h5
+mpirun -np 1 "$aerie" prepare --input "$text" --tokenizer "$model" --max-length 32 --max-samples 4 --output prepared.h5 \
+  --overwrite >last.log 2>&1 || fail "prepare --overwrite"
+grep -q "replacing prepared.h5 (--overwrite): --max-length 32 (the file: 64)" last.log || fail "--overwrite did not say why"
+prep --output prepared.h5 --overwrite >last.log 2>&1 || fail "prepare back to --max-length 64"
+cp "$text" input_copy.txt
+mpirun -np 1 "$aerie" prepare --input input_copy.txt --tokenizer "$model" --max-length 64 --max-samples 4 \
+  --output from_copy.h5 >last.log 2>&1 || fail "prepare from a copy"
+touch -d "now + 1 minute" input_copy.txt
+refused "input_copy.txt is newer than it" from_copy.h5 \
+  prepare --input input_copy.txt --tokenizer "$model" --max-length 64 --max-samples 4 --output from_copy.h5
 : > empty.h5
 prep --output empty.h5 >last.log 2>&1 || fail "prepare over an empty file"
 refused "exists and is not a prepared file of aerie prepare (it is a safetensors file)" weights.safetensors \
