@@ -287,8 +287,18 @@ void open_parts(const std::string& parts, const ojson& run) {
           for (const auto& [key, value] : theirs.items())
             if (!mine.contains(key)) compare(ojson(), value, path == "run" || path.empty() ? key : path + "." + key);
         } else if (mine != theirs) {
-          diff << (n++ ? "; " : "") << path << " " << (mine.is_null() ? std::string("none") : mine.dump())
-               << " (the earlier run: " << (theirs.is_null() ? std::string("none") : theirs.dump()) << ")";
+          // The settings named as the options that set them (run.json's keys otherwise).
+          static const std::map<std::string, std::string> option = {
+              {"model", "--model"},           {"template", "--template"},
+              {"temperature", "--temperature"}, {"top_p", "--top-p"},
+              {"seed", "--seed"},             {"fp8_gemm", "--fp8-gemm (with --tp)"},
+              {"input", "--input"},           {"input_format", "--format"},
+              {"max_new_tokens", "--max-new-tokens"}, {"max_length", "--max-length"},
+              {"stop_ids", "--stop-id"},      {"conversations_per_chunk", "--conversations-per-chunk"}};
+          const auto o = option.find(path);
+          diff << (n++ ? "; " : "") << (o == option.end() ? path : o->second) << " "
+               << (mine.is_null() ? std::string("not set") : mine.dump()) << " (the earlier run: "
+               << (theirs.is_null() ? std::string("not set") : theirs.dump()) << ")";
         }
       };
       compare(run, old, "");

@@ -395,7 +395,7 @@ TEST(RegenerateRun, ChunksResumeAndRefuseAnotherRun) {
   other.run_signature = R"({"seed": 10})";
   const std::string e = testing::error_of([&] { run_regenerate(other, g, *t.tmpl, *t.tok, t.gen()); });
   EXPECT_NE(e.find("run.json records another run"), std::string::npos) << e;
-  EXPECT_NE(e.find("seed 10 (the earlier run: "), std::string::npos) << e;
+  EXPECT_NE(e.find("--seed 10 (the earlier run: "), std::string::npos) << e;
   // --max-conversations: the first N records.
   RegenerateOptions few = t.options(testing::scratch_dir("regenerate_run_few"));
   fs::copy_file(o.input, few.input);
