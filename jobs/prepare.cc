@@ -84,18 +84,21 @@ int prepare(const std::vector<std::string>& args) {
   on_rank0([&] {
     std::error_code ec;  // a missing or empty --output (check_output_replaceable took it) is written
     if (!std::filesystem::is_regular_file(opt.output) || std::filesystem::file_size(opt.output, ec) == 0 || ec) return;
-    const std::string why = prepared_file_outdated(opt);
-    if (why.empty()) {
+    const PreparedFileState state = prepared_file_state(opt);
+    if (state.kind == PreparedFileState::UpToDate) {
       up_to_date = 1;
       AERIE_LOG(info) << "prepare: " << opt.output << " is up to date (prepared from " << opt.input
                       << " with these settings, newer than its input, tokenizer and template files; "
                       << PreparedFile(opt.output).num_samples() << " samples): nothing to do. Remove it to prepare again";
+    } else if (state.kind == PreparedFileState::Legacy) {
+      AERIE_LOG(info) << "prepare: preparing " << opt.output << " again: it was " << state.why;
     } else if (vm["overwrite"].as<bool>()) {
-      AERIE_LOG(warning) << "prepare: replacing " << opt.output << " (--overwrite): " << why;
+      AERIE_LOG(warning) << "prepare: replacing " << opt.output << " (--overwrite): " << state.why;
     } else {
-      AERIE_THROW("prepare: --output " << opt.output << " was prepared with other settings or from older files: " << why
-                                       << ". Shards extracted from it record that file and would no longer match a "
-                                       << "new one: pass --overwrite to replace it, or choose another --output");
+      AERIE_THROW("prepare: --output " << opt.output << " was prepared with other settings or from older files: "
+                                       << state.why << ". Shards extracted from it record that file and would no "
+                                       << "longer match a new one: pass --overwrite to replace it, or choose "
+                                       << "another --output");
     }
   });
   MPI_Bcast(&up_to_date, 1, MPI_INT, 0, MPI_COMM_WORLD);

@@ -270,33 +270,61 @@ std::string prepare_settings(const PrepareOptions& o) {
   return j.dump();
 }
 
-std::string prepared_file_outdated(const PrepareOptions& o) {
+PreparedFileState prepared_file_state(const PrepareOptions& o) {
+  auto outdated = [](std::string why) { return PreparedFileState{PreparedFileState::Outdated, std::move(why)}; };
   std::string recorded;
+  nlohmann::json legacy;  // the attributes an older aerie recorded, when there are no settings
   {
     h5::File f = h5::File::open(o.output);
     AERIE_CHECK(f.has_attr("format") && f.string_attr("format") == kPreparedFormat,
                 "prepare: " << o.output << " is not a prepared file (no format attribute \"" << kPreparedFormat << "\")");
-    if (!f.has_attr("settings")) return "it records no settings (written by an older aerie)";
-    recorded = f.string_attr("settings");
+    if (f.has_attr("settings")) {
+      recorded = f.string_attr("settings");
+    } else {
+      for (const char* k : {"source", "tokenizer", "template", "overlong"})
+        if (f.has_attr(k)) legacy[k] = f.string_attr(k);
+      if (f.has_attr("max_length")) legacy["max_length"] = f.int_attr("max_length");
+    }
   }
   const nlohmann::json mine = nlohmann::json::parse(prepare_settings(o));
+  if (recorded.empty()) {
+    // An older aerie's file: its recorded paths as that run gave them, the template by name.
+    const std::vector<std::pair<std::string, std::string>> older = {
+        {"source", "--input"}, {"tokenizer", "--tokenizer"}, {"template", "--template"},
+        {"max_length", "--max-length"}, {"overlong", "--overlong"}};
+    for (const auto& [key, name] : older) {
+      if (!legacy.contains(key)) continue;
+      const nlohmann::json& t = legacy[key];
+      nlohmann::json m;
+      if (key == "source") m = canonical_or_given(o.input);
+      if (key == "tokenizer") m = canonical_or_given(o.tokenizer);
+      if (key == "template") m = fs::path(o.chat_template).stem().string();
+      if (key == "max_length") m = o.max_length;
+      if (key == "overlong") m = overlong_name(o.overlong);
+      const nlohmann::json tt = key == "source" || key == "tokenizer" ? nlohmann::json(canonical_or_given(t.get<std::string>())) : t;
+      if (m != tt && !(key == "template" && t == o.chat_template))
+        return outdated(name + " " + m.dump() + " (the file, written by an older aerie: " + t.dump() + ")");
+    }
+    return {PreparedFileState::Legacy, "written by an older aerie, which recorded no settings; those it recorded match"};
+  }
   const nlohmann::json theirs = nlohmann::json::parse(recorded, nullptr, false);
-  if (theirs.is_discarded() || !theirs.is_object()) return "its settings attribute is not JSON";
+  if (theirs.is_discarded() || !theirs.is_object()) return outdated("its settings attribute is not JSON");
   static const std::vector<std::pair<std::string, std::string>> option = {
       {"input", "--input"},         {"input_bytes", "the input's size in bytes"}, {"format", "--format"},
       {"tokenizer", "--tokenizer"}, {"template", "--template"},                  {"max_length", "--max-length"},
       {"overlong", "--overlong"},   {"max_samples", "--max-samples"}};
   for (const auto& [key, name] : option) {
     const nlohmann::json t = theirs.contains(key) ? theirs[key] : nlohmann::json();
-    if (mine[key] != t) return name + " " + mine[key].dump() + " (the file: " + (t.is_null() ? "not recorded" : t.dump()) + ")";
+    if (mine[key] != t)
+      return outdated(name + " " + mine[key].dump() + " (the file: " + (t.is_null() ? "not recorded" : t.dump()) + ")");
   }
   const auto written = fs::last_write_time(o.output);
   for (const fs::path& p : prepare_input_files(o)) {
     std::error_code ec;
     const auto t = fs::last_write_time(p, ec);
-    if (!ec && t > written) return "the file " + p.string() + " is newer than it";
+    if (!ec && t > written) return outdated("the file " + p.string() + " is newer than it");
   }
-  return "";
+  return {PreparedFileState::UpToDate, ""};
 }
 
 PrepareStats run_prepare(const PrepareOptions& opt, MPI_Comm comm) {

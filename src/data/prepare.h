@@ -75,15 +75,26 @@ std::string tokenizer_probe(const Tokenizer& tok);
 /// "template" a canonical path when it names a file). Throws aerie::Error when the input cannot be read.
 std::string prepare_settings(const PrepareOptions& options);
 
-/// Why the existing prepared file options.output is not what run_prepare(options) would write now, for a
+/// What a rerun of prepare finds at options.output, an existing prepared file (prepared_file_state).
+struct PreparedFileState {
+  enum Kind {
+    UpToDate,  // its settings equal the run's and it is newer than every input file: nothing to do
+    Outdated,  // other settings or a newer input file; `why` names the first difference
+    Legacy,    // written by an aerie without the settings attribute, and what it records agrees with the run
+  } kind = Outdated;
+  std::string why;
+};
+
+/// Compares the existing prepared file options.output with what run_prepare(options) would write now, for a
 /// rerun (a Slurm requeue, a script run twice) to skip an up-to-date file and to refuse replacing another
-/// run's: "" when its `settings` attribute equals prepare_settings(options) and the file is newer than the
-/// input, the tokenizer's files (tokenizer.json, tokenizer_config.json, tiktoken.model,
-/// special_tokens_map.json) and a template file (make's rule); otherwise a phrase naming the first
-/// difference, as the options that set it ("--max-length 4096 (the file: 2048)", "the input FILE is newer
-/// than it", "it records no settings (written by an older aerie)"). Throws aerie::Error when the file is
-/// not a readable prepared file.
-std::string prepared_file_outdated(const PrepareOptions& options);
+/// run's. UpToDate: its `settings` attribute equals prepare_settings(options) and the file is newer than
+/// the input, the tokenizer's files (tokenizer.json, tokenizer_config.json, tiktoken.model,
+/// special_tokens_map.json) and a template file (make's rule). Outdated, with `why` naming the first
+/// difference as the option that sets it: "--max-length 4096 (the file: 2048)", "the file INPUT is newer
+/// than it". A file of an older aerie (no settings attribute) is compared by what it records (source,
+/// tokenizer, template, max_length, overlong): Legacy when they agree, else Outdated. Throws aerie::Error
+/// when the file is not a readable prepared file.
+PreparedFileState prepared_file_state(const PrepareOptions& options);
 
 /// Runs prepare collectively over `comm` (every rank calls it with the same options): reads, tokenizes,
 /// writes options.output (see the format above) and logs counts on rank 0. Rank 0 holds the output's lock

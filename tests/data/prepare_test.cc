@@ -302,6 +302,12 @@ TEST_F(PrepareTest, TruncateVersusDrop) {
 
 // A rerun of prepare (the job) keeps an up-to-date output and refuses to replace another run's without
 // --overwrite: prepared_file_outdated names the first setting that differs, as the option, or a newer input.
+std::string outdated_why(const PrepareOptions& o) {
+  const PreparedFileState st = prepared_file_state(o);
+  if (st.kind == PreparedFileState::UpToDate) return "";
+  return (st.kind == PreparedFileState::Legacy ? "legacy: " : "") + st.why;
+}
+
 TEST_F(PrepareTest, OutdatedNamesTheDifference) {
   const std::string input = R"({"conversations": [{"from": "human", "value": "Hi."}, {"from": "gpt", "value": "Yes."}]})";
   run("a.jsonl", input + "\n", InputFormat::ShareGPT, 64);
@@ -311,27 +317,27 @@ TEST_F(PrepareTest, OutdatedNamesTheDifference) {
   o.tokenizer = testing::model_dir();
   o.output = dir_ + "/prepared.h5";
   o.max_length = 64;
-  EXPECT_EQ(prepared_file_outdated(o), "");
+  EXPECT_EQ(outdated_why(o), "");
   EXPECT_EQ(nlohmann::json::parse(h5::File::open(o.output).string_attr("settings"))["max_length"], 64);
   PrepareOptions other = o;
   other.max_length = 128;
-  EXPECT_EQ(prepared_file_outdated(other), "--max-length 128 (the file: 64)");
+  EXPECT_EQ(outdated_why(other), "--max-length 128 (the file: 64)");
   other = o;
   other.max_samples = 5;
-  EXPECT_EQ(prepared_file_outdated(other), "--max-samples 5 (the file: -1)");
+  EXPECT_EQ(outdated_why(other), "--max-samples 5 (the file: -1)");
   other = o;
   other.chat_template = "chatml";
-  EXPECT_EQ(prepared_file_outdated(other), "--template \"chatml\" (the file: \"plain\")");
+  EXPECT_EQ(outdated_why(other), "--template \"chatml\" (the file: \"plain\")");
   other = o;
   other.overlong = Overlong::Drop;
-  EXPECT_EQ(prepared_file_outdated(other), "--overlong \"drop\" (the file: \"truncate\")");
+  EXPECT_EQ(outdated_why(other), "--overlong \"drop\" (the file: \"truncate\")");
   // The same path relative to another spelling is the same input.
   other = o;
   other.input = dir_ + "/./a.jsonl";
-  EXPECT_EQ(prepared_file_outdated(other), "");
+  EXPECT_EQ(outdated_why(other), "");
   // An input edited afterwards (newer than the file; its size unchanged) makes it outdated.
   std::filesystem::last_write_time(o.input, std::filesystem::last_write_time(o.output) + std::chrono::seconds(5));
-  EXPECT_EQ(prepared_file_outdated(o), "the file " + o.input + " is newer than it");
+  EXPECT_EQ(outdated_why(o), "the file " + o.input + " is newer than it");
   // A prepared file of an older aerie has no settings attribute; another file is not a prepared file.
   {
     h5::File f = h5::File::create(dir_ + "/old.h5");
@@ -339,13 +345,19 @@ TEST_F(PrepareTest, OutdatedNamesTheDifference) {
   }
   other = o;
   other.output = dir_ + "/old.h5";
-  EXPECT_EQ(prepared_file_outdated(other), "it records no settings (written by an older aerie)");
+  EXPECT_EQ(outdated_why(other), "legacy: written by an older aerie, which recorded no settings; those it recorded match");
+  {
+    h5::File f = h5::File::open(dir_ + "/old.h5", h5::Access::ReadWrite);
+    f.set_int_attr("max_length", 2048);
+    f.set_string_attr("template", "plain");
+  }
+  EXPECT_EQ(outdated_why(other), "--max-length 64 (the file, written by an older aerie: 2048)");
   {
     h5::File f = h5::File::create(dir_ + "/other.h5");
     f.set_string_attr("format", "aerie.hidden_states");
   }
   other.output = dir_ + "/other.h5";
-  EXPECT_THROW(prepared_file_outdated(other), Error);
+  EXPECT_THROW(outdated_why(other), Error);
 }
 
 TEST(PrepareStoryTest, FirstSentenceIsThePrompt) {
