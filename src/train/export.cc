@@ -176,11 +176,14 @@ void write_export(const std::string& out_dir, const DraftConfig& cfg, const Draf
   auto not_for_sglang = [&](const std::string& why) { sglang_reasons.push_back(why); };
   const std::string misread = aux_ids_misread(cfg.aux_layers, target.num_hidden_layers, engine);
   if (!misread.empty()) not_for_sglang(misread);  // empty --for vllm
-  if (cfg.norm_before_residual && !cfg.is_mla()) {
-    // SGLang's llama_eagle3.py keeps h as layer 0's residual: it has no norm_before_residual.
+  if (cfg.norm_before_residual) {
+    // SGLang's llama_eagle3.py keeps h as layer 0's residual: it has no norm_before_residual. Its MLA draft
+    // (srt/models/deepseek_eagle3.py at sgl-project/sglang 76066f8 and 5da6cae: `residual = hidden_states`
+    // before hidden_norm) neither.
+    const std::string cls = cfg.is_mla() ? "MLA draft (Eagle3DeepseekV3ForCausalLM)" : "LlamaForCausalLMEagle3";
     not_for_sglang(
-        "the draft was trained with norm_before_residual (the residual is hidden_norm(h)), which SGLang's "
-        "LlamaForCausalLMEagle3 does not run (its residual is always h): SGLang would serve another draft (train "
+        "the draft was trained with norm_before_residual (the residual is hidden_norm(h)), which SGLang's " + cls +
+        " does not run (its residual is always h): SGLang would serve another draft (train "
         "with --draft-norm-before-residual=false for SGLang); vLLM reads config.norm_before_residual");
   }
   if (cfg.fc_norm) {
@@ -207,13 +210,12 @@ void write_export(const std::string& out_dir, const DraftConfig& cfg, const Draf
                                                           << ", which vLLM's Eagle3DeepseekV2ForCausalLM does not run "
                                                              "(no input_norm; the pre-norm hidden is handed on): it "
                                                              "would serve another draft");
-    // SGLang's MLA draft (srt/models/deepseek_eagle3.py) is another layer: architectures
-    // DeepseekV3ForCausalLMEagle3, the residual always hidden_norm(h) (vLLM's norm_before_residual), and with a
-    // query LoRA one fused_qkv_a_proj_with_mqa weight; aerie writes vLLM's Eagle3DeepseekV2ForCausalLM.
-    not_for_sglang(
-        "the MLA draft is exported as vLLM's Eagle3DeepseekV2ForCausalLM; SGLang's MLA draft "
-        "(DeepseekV3ForCausalLMEagle3) names another architecture, always adds hidden_norm(h) as the residual and "
-        "loads the query and latent projections fused, so SGLang would not serve this export as trained");
+    // SGLang's MLA draft (srt/models/deepseek_eagle3.py, sgl-project/sglang 76066f8 and 5da6cae) loads vLLM's
+    // names: "midlayer." (or "layers.0."), q_a_proj and kv_a_proj_with_mqa as two tensors it concatenates
+    // into its fused_qkv_a_proj_with_mqa, the rest as vLLM. It registers Eagle3DeepseekV3ForCausalLM (76066f8:
+    // only that name; 5da6cae: also vLLM's V2 name), which --for sglang writes. A variant of that file found
+    // elsewhere (DeepseekV3ForCausalLMEagle3: residual hidden_norm(h), one fused_qkv_a_proj_with_mqa weight
+    // loaded as stored) is not in those two commits; it would not load this export's q_a_proj.
   }
   if (engine == ServingEngine::Sglang && !sglang_reasons.empty()) {
     std::string all;
@@ -225,6 +227,10 @@ void write_export(const std::string& out_dir, const DraftConfig& cfg, const Draf
     for (const std::string& why : sglang_reasons)
       AERIE_LOG(warning) << "export: " << why << " (export --for vllm to silence this)";
   nlohmann::json config = export_config(cfg, target);
+  if (cfg.is_mla() && engine == ServingEngine::Sglang) config["architectures"] = {"Eagle3DeepseekV3ForCausalLM"};
+  if (cfg.is_mla() && engine == ServingEngine::Any && sglang_reasons.empty())
+    AERIE_LOG(info) << "export: the MLA draft is written as vLLM's Eagle3DeepseekV2ForCausalLM; SGLang releases "
+                       "before the V2 alias load only Eagle3DeepseekV3ForCausalLM (export --for sglang writes that name)";
   SafetensorsFile f = export_tensors(cfg, weights, vocab);
   record_export_checkpoint(config, f, source);
   write_export_dir(out_dir, config, f);

@@ -377,12 +377,27 @@ TEST(ExportTest, MlaDraftHasTheNamesAndShapesOfVllmsLoader) {
   Tensor lm = Tensor::zeros({target.vocab_size, target.hidden_size}, DType::F32);
   const DraftWeights w = init_draft_weights(cfg, lm, selected, 5, true);
   const std::string out = dir + "/export";
-  // SGLang's MLA draft (srt/models/deepseek_eagle3.py: DeepseekV3ForCausalLMEagle3) is another layer
-  // (its residual is always hidden_norm(h), its query and latent projections load fused): refused by name.
-  EXPECT_NE(testing::error_of([&] { write_export(out, cfg, w, vocab, target, ServingEngine::Sglang); })
-                .find("DeepseekV3ForCausalLMEagle3"),
-            std::string::npos);
+  // SGLang's MLA draft (python/sglang/srt/models/deepseek_eagle3.py, sgl-project/sglang 76066f8 and 5da6cae):
+  // its midlayer keeps `residual = hidden_states` (h) before hidden_norm, so a draft trained with
+  // norm_before_residual is refused --for sglang; its load_weights takes vLLM's names (q_a_proj and
+  // kv_a_proj_with_mqa cached and concatenated into fused_qkv_a_proj_with_mqa, gate/up into gate_up_proj,
+  // "model." prefixed, d2t read, t2d skipped); 76066f8 registers only Eagle3DeepseekV3ForCausalLM.
+  DraftConfig nbr = cfg;
+  nbr.norm_before_residual = true;
+  const std::string refused =
+      testing::error_of([&] { write_export(out, nbr, w, vocab, target, ServingEngine::Sglang); });
+  EXPECT_NE(refused.find("norm_before_residual"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("Eagle3DeepseekV3ForCausalLM"), std::string::npos) << refused;
   EXPECT_FALSE(fs::exists(out));
+  write_export(dir + "/export_sglang", cfg, w, vocab, target, ServingEngine::Sglang);
+  const nlohmann::json cs = nlohmann::json::parse(read_file(dir + "/export_sglang/config.json"));
+  EXPECT_EQ(cs["architectures"], nlohmann::json::array({"Eagle3DeepseekV3ForCausalLM"}));
+  std::map<std::string, Shape> got_sglang;
+  const nlohmann::json hs = safetensors_header(dir + "/export_sglang/model.safetensors");
+  for (auto& [k, v] : hs.items())
+    if (k != "__metadata__") got_sglang[k] = v["shape"].get<Shape>();
+  EXPECT_EQ(got_sglang, vllm_deepseek_eagle3_tensors(cs));
+  EXPECT_EQ(load_export(dir + "/export_sglang", target.num_hidden_layers).config.is_mla(), true);
   write_export(out, cfg, w, vocab, target, ServingEngine::Vllm);
   const nlohmann::json c = nlohmann::json::parse(read_file(out + "/config.json"));
   EXPECT_EQ(c["architectures"], nlohmann::json::array({"Eagle3DeepseekV2ForCausalLM"}));
