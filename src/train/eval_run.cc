@@ -10,6 +10,7 @@
 #include "comm/nccl_communicator.h"
 #include "core/device.h"
 #include "core/log.h"
+#include "core/progress.h"
 #include "core/version.h"
 #include "data/chat_templates.h"
 #include "data/prepare_input.h"
@@ -329,6 +330,11 @@ EvalSession::EvalSession(const EvalOptions& o) : impl_(std::make_unique<Impl>(ch
   auto tmpl = make_chat_template(o.chat_template, tok);
   const bool plain = o.chat_template == "plain";
   s.stop = default_stop_ids(model.config(), tok, *tmpl);
+  // Long work (a large target decodes a few tokens a second) shows progress from world rank 0, its
+  // replica's prompts counted; a line every 10 s, none for a short run.
+  Progress greedy_progress("eval: greedy decoding (the reference)", "prompts of replica 0",
+                           static_cast<double>((texts.size() + static_cast<size_t>(dp - 1 - dp_rank)) / static_cast<size_t>(dp)),
+                           groups.map.world_rank, 10.0);
   for (size_t i = 0; i < texts.size(); ++i) {
     if (static_cast<int>(i % dp) != dp_rank) continue;
     std::vector<int32_t> prompt = eval_prompt_ids(*tmpl, texts[i], tok);
@@ -337,6 +343,7 @@ EvalSession::EvalSession(const EvalOptions& o) : impl_(std::make_unique<Impl>(ch
       // A plain prompt is a text prefix: cut it. A chat prompt cut would lose its assistant header: skip it.
       if (!plain) {
         ++s.too_long;
+        greedy_progress.add(1);
         continue;
       }
       prompt.resize(o.max_prompt_tokens);
@@ -365,6 +372,7 @@ EvalSession::EvalSession(const EvalOptions& o) : impl_(std::make_unique<Impl>(ch
     s.prompt_index.push_back(i);
     s.prompts.push_back(std::move(prompt));
     s.greedy.push_back(std::move(greedy));
+    greedy_progress.add(1);
   }
   {
     Tensor t = Tensor::from_vector(std::vector<int64_t>{s.too_long, s.greedy_tokens}, {2});
@@ -541,6 +549,8 @@ nlohmann::json EvalSession::evaluate(const LoadedDraft& draft, const std::string
   const bool sampled = s.o.temperature > 0;
   SpecSums sums;
   std::vector<SpecSums> by_category(s.categories.size());  // the same sums per prompt category
+  Progress progress("eval: speculative decoding" + (name.empty() ? std::string() : " (" + name + ")"),
+                    "prompts of replica 0", static_cast<double>(s.prompts.size()), s.groups.map.world_rank, 10.0);
   for (size_t i = 0; i < s.prompts.size(); ++i) {
     SpecDecodeOptions so;
     so.num_draft_tokens = n;
@@ -572,6 +582,7 @@ nlohmann::json EvalSession::evaluate(const LoadedDraft& draft, const std::string
       const std::string& c = s.prompt_category[s.prompt_index[i]];
       by_category[std::find(s.categories.begin(), s.categories.end(), c) - s.categories.begin()].add(r, same, secs);
     }
+    progress.add(1);
   }
   // Positions a pass can accept: the chain's n, a tree's depth.
   const int positions = s.o.tree_topk > 1 && s.o.tree_depth > 0 ? std::min(s.o.tree_depth, n) : n;
