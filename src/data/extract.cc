@@ -451,6 +451,21 @@ ExtractStats run_extract(const ExtractOptions& opt, ParallelGroups& groups, cons
   }
   if (pipeline) {
     pipeline->finish();  // every shard of this group renamed (or its error thrown)
+    if (dispatcher && pipeline->hidden_bytes() > 0) {
+      // Rank 0's group: what its shard writer did, to tell a run bounded by the disk from one bounded by the
+      // forward (issue 16: two H200 calls wrote at 0.8-1 GB/s, which capped the extraction).
+      const double gb = static_cast<double>(pipeline->hidden_bytes()) / 1e9, ws = pipeline->write_seconds(),
+                   wait = pipeline->caller_wait_seconds(), run_s = now_s() - t0;
+      std::ostringstream os;
+      os << std::fixed << std::setprecision(2) << "extract: group 0's shard writer took " << gb << std::setprecision(1)
+         << " GB of hidden states in " << ws << " s of writes (" << std::setprecision(2) << (ws > 0 ? gb / ws : 0.0)
+         << " GB/s); its forwards waited " << std::setprecision(1) << wait << " s for the writer ("
+         << (run_s > 0 ? 100.0 * wait / run_s : 0.0) << "% of the run)";
+      if (run_s > 0 && wait > 0.1 * run_s)
+        os << ": the shard writes (the disk or the page cache) bound this extraction, not the target's forward"
+           << (opt.meta.fp8 ? "" : "; --storage fp8 halves the bytes");
+      AERIE_LOG(info) << os.str();
+    }
     // Samples left out (skip_nonfinite; each named in a warning of this rank): not written.
     stats.skipped_nonfinite = pipeline->skipped_samples();
     stats.skipped_nonfinite_tokens = pipeline->skipped_tokens();

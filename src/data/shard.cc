@@ -10,6 +10,7 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <thread>
 
@@ -165,12 +166,23 @@ Tensor dequantize_fp8(const Tensor& codes, const Tensor& scales, int64_t H) {
 int64_t first_nonfinite_row(const Tensor& t) {
   const uint16_t* p = static_cast<const uint16_t*>(t.raw());  // bf16 bits
   const int64_t rows = t.dim(0), cols = t.numel() / std::max<int64_t>(1, rows);
-  // A branch-free OR over each row (vectorized by the compiler), not an early exit per value: 4.8 against
-  // 17 ms for a 2048 x 16384 sample on one x86 core, time the shard writer thread spends per sample.
+  // Branch-free over each row, four bf16 values per 64-bit word (SWAR): a value is NaN or infinite when its
+  // exponent bits 0x7F80 are all set, i.e. when (x & 0x7F80) ^ 0x7F80 is 0; a zero 16-bit lane of v is
+  // found by (v - 0x0001...) & ~v & 0x8000... (bit 15 of v is always clear, so a lane's borrow can only
+  // mark the lane above a zero one, and "any" stays exact). GCC -O2 does not vectorize the plain per-value
+  // loop: the writer thread spent ~11 ms per 2048 x 16384 sample in it (perf, 2026-12-04), ~3x this.
+  constexpr uint64_t kExp = 0x7F807F807F807F80ull, kOne = 0x0001000100010001ull, kTop = 0x8000800080008000ull;
   for (int64_t r = 0; r < rows; ++r) {
     const uint16_t* q = p + r * cols;
-    unsigned bad = 0;
-    for (int64_t c = 0; c < cols; ++c) bad |= (q[c] & 0x7F80u) == 0x7F80u;
+    uint64_t bad = 0;
+    int64_t c = 0;
+    for (; c + 4 <= cols; c += 4) {
+      uint64_t w;
+      std::memcpy(&w, q + c, sizeof w);
+      const uint64_t v = (w & kExp) ^ kExp;
+      bad |= (v - kOne) & ~v & kTop;
+    }
+    for (; c < cols; ++c) bad |= (q[c] & 0x7F80u) == 0x7F80u;
     if (bad) return r;
   }
   return -1;

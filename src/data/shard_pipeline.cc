@@ -4,6 +4,7 @@
 #include "core/error.h"
 
 #include <algorithm>
+#include <chrono>
 
 #ifdef AERIE_WITH_CUDA
 #include <cuda_runtime.h>
@@ -146,7 +147,11 @@ void ShardPipeline::run() {
 void ShardPipeline::push(std::function<void()> task, bool is_sample) {
   {
     std::unique_lock<std::mutex> lk(mu_);
-    if (is_sample) cv_.wait(lk, [&] { return pending_samples_ < max_pending_ || error_; });
+    if (is_sample && pending_samples_ >= max_pending_ && !error_) {
+      const auto t0 = std::chrono::steady_clock::now();
+      cv_.wait(lk, [&] { return pending_samples_ < max_pending_ || error_; });
+      caller_wait_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
     if (error_) std::rethrow_exception(error_);
     tasks_.emplace_back(std::move(task), is_sample);
     if (is_sample) ++pending_samples_;
@@ -163,6 +168,7 @@ void ShardPipeline::open(const std::string& path, const ShardMeta& meta, const s
 
 void ShardPipeline::add(int64_t sample_index, std::vector<int32_t> ids, std::vector<uint8_t> loss_mask,
                         const Tensor& aux_hidden, const Tensor& final_hidden) {
+  hidden_bytes_ += static_cast<int64_t>(aux_hidden.nbytes() + final_hidden.nbytes());
 #ifdef AERIE_WITH_CUDA
   if (aux_hidden.device() == Device::CUDA && final_hidden.device() == Device::CUDA) {
     if (!dev_) dev_ = std::make_unique<DeviceCopies>();
@@ -193,7 +199,9 @@ void ShardPipeline::add(int64_t sample_index, std::vector<int32_t> ids, std::vec
           AERIE_CHECK(writer_, "ShardPipeline: add without an open shard");
           check_cuda(cudaSetDevice(device), "cudaSetDevice");  // no context on GPU 0 for this thread
           check_cuda(cudaEventSynchronize(done_p.get()), "device-to-host copy of the hidden states");
+          const auto t0 = std::chrono::steady_clock::now();
           writer_->add(sample_index, ids, mask, aux, fin);
+          write_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         },
         true);
     return;
@@ -204,7 +212,9 @@ void ShardPipeline::add(int64_t sample_index, std::vector<int32_t> ids, std::vec
   push(
       [this, sample_index, ids = std::move(ids), mask = std::move(loss_mask), aux, fin] {
         AERIE_CHECK(writer_, "ShardPipeline: add without an open shard");
+        const auto t0 = std::chrono::steady_clock::now();
         writer_->add(sample_index, ids, mask, aux, fin);
+        write_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       },
       true);
 }

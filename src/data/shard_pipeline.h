@@ -57,6 +57,14 @@ class ShardPipeline {
   /// Samples the closed shards left out (NonFinite::Skip) and their tokens, summed; read after finish().
   int64_t skipped_samples() const { return skipped_samples_; }
   int64_t skipped_tokens() const { return skipped_tokens_; }
+  /// Where an extraction's time goes, read after finish(): seconds the writer thread spent in the shard
+  /// writes of samples (the HDF5 writes, the finite scan, an fp8 quantization; not the wait for a GPU
+  /// copy), the hidden-state bytes it was handed (aux + final, as added: bf16 or f32), and seconds the
+  /// caller's add() waited for room in the queue (the writer behind the forwards: the disk or the page
+  /// cache bounds the run).
+  double write_seconds() const { return write_s_; }
+  int64_t hidden_bytes() const { return hidden_bytes_; }
+  double caller_wait_seconds() const { return caller_wait_s_; }
 
  private:
   void push(std::function<void()> task, bool is_sample);
@@ -71,6 +79,9 @@ class ShardPipeline {
   std::exception_ptr error_;
   std::unique_ptr<ShardWriter> writer_;  // touched by the writer thread only
   int64_t skipped_samples_ = 0, skipped_tokens_ = 0;  // written by the writer thread (close tasks)
+  double write_s_ = 0;                                 // written by the writer thread (sample tasks)
+  int64_t hidden_bytes_ = 0;                           // written by the caller's thread (add)
+  double caller_wait_s_ = 0;                           // written by the caller's thread (push)
   std::unique_ptr<DeviceCopies> dev_;     // touched by the caller's thread only (created on the first GPU add)
   std::thread thread_;
 };

@@ -1,6 +1,7 @@
 // ShardPipeline with GPU tensors (asynchronous copies into pinned buffers on the pipeline's copy stream):
 // the shard is byte-identical to the one written from the same values on the host, and the device
-// tensors may be dropped (and their memory reused) right after add(). Skipped without a GPU.
+// tensors may be dropped (and their memory reused) right after add(). Skipped without a GPU. And, on the
+// host, the writer's accounting (the bytes it was handed, its write time, the caller's wait for it).
 #include <fstream>
 #include <iterator>
 #include <random>
@@ -74,6 +75,39 @@ TEST(ShardPipelineCuda, DeviceTensorsGiveTheHostShard) {
     EXPECT_EQ(r.num_samples(), 4);
     EXPECT_EQ(r.read(2).final_hidden.to_float_vector(), fin[2].to(DType::BF16).to_float_vector());
   }
+}
+
+// The figures extract logs about the writer: the hidden-state bytes handed to it (aux + final, as added),
+// the seconds of its writes, and the caller's wait for room in a full queue (a queue of 1 and several
+// samples: the caller must have waited while the writer wrote the previous one).
+TEST(ShardPipeline, CountsTheWritersWork) {
+  const std::string dir = testing::scratch_dir("shard_pipeline_counts");
+  const int64_t H = 256;
+  const std::vector<int64_t> lengths = {512, 512, 512, 512, 512, 512};
+  ShardMeta meta;
+  meta.target_model = "/models/t";
+  meta.aux_layers = {1, 2, 3};
+  meta.hidden_size = H;
+  meta.num_hidden_layers = 4;
+  meta.chunk = 0;
+  std::vector<Tensor> aux, fin;  // made first, so that the adds follow each other at once
+  int64_t bytes = 0;
+  for (size_t k = 0; k < lengths.size(); ++k) {
+    aux.push_back(random_tensor({lengths[k], 3 * H}, DType::F32, static_cast<uint32_t>(k)));
+    fin.push_back(random_tensor({lengths[k], H}, DType::BF16, static_cast<uint32_t>(k + 100)));
+    bytes += static_cast<int64_t>(aux.back().nbytes() + fin.back().nbytes());
+  }
+  ShardPipeline p(1);
+  p.open(dir + "/s.h5", meta, lengths);
+  for (size_t k = 0; k < lengths.size(); ++k)
+    p.add(static_cast<int64_t>(k), std::vector<int32_t>(static_cast<size_t>(lengths[k]), 1),
+          std::vector<uint8_t>(static_cast<size_t>(lengths[k]), 1), aux[k], fin[k]);
+  p.close();
+  p.finish();
+  EXPECT_EQ(p.hidden_bytes(), bytes);
+  EXPECT_GT(p.write_seconds(), 0.0);
+  EXPECT_GT(p.caller_wait_seconds(), 0.0);  // 6 samples through a queue of 1: add() waited at least once
+  EXPECT_EQ(ShardReader(dir + "/s.h5").num_samples(), 6);
 }
 
 }  // namespace

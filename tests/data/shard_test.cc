@@ -163,6 +163,47 @@ TEST(Shard, SameInputGivesSameBytes) {
   EXPECT_TRUE(a == b) << "two writes of the same shard differ (timestamps?)";
 }
 
+// The writer's non-finite scan (four bf16 values per 64-bit word, then the row's tail): every column of a
+// row whose width is not a multiple of 4 (3H = 15), each bf16 NaN / infinity pattern, is found at its token;
+// the finite values nearest to them (the largest exponent below all-ones, subnormals, -0) are not.
+TEST(Shard, NonFiniteScanFindsEveryColumnAndNothingElse) {
+  const std::string dir = testing::scratch_dir("shard_nonfinite_scan");
+  const int64_t H = 5, T = 3;
+  auto bf16_tensor = [](int64_t rows, int64_t cols, uint16_t fill) {
+    Tensor t = Tensor::empty({rows, cols}, DType::BF16);
+    for (int64_t i = 0; i < t.numel(); ++i) static_cast<uint16_t*>(t.raw())[i] = fill;
+    return t;
+  };
+  const std::vector<int32_t> ids = {7, 8, 9};
+  const std::vector<uint8_t> mask = {1, 1, 1};
+  int files = 0;
+  auto add = [&](const Tensor& aux, const Tensor& fin) {
+    ShardWriter w(dir + "/s" + std::to_string(files++) + ".h5", test_meta(H, 0), {T});
+    w.add(0, ids, mask, aux, fin);
+  };
+  for (uint16_t bad : {uint16_t{0x7F80}, uint16_t{0xFF80}, uint16_t{0x7FC0}, uint16_t{0xFFFF}, uint16_t{0x7F81}}) {
+    for (int64_t c = 0; c < 3 * H; ++c) {
+      Tensor aux = bf16_tensor(T, 3 * H, 0x3F80);  // 1.0
+      static_cast<uint16_t*>(aux.raw())[1 * 3 * H + c] = bad;
+      const std::string e = testing::error_of([&] { add(aux, bf16_tensor(T, H, 0x3F80)); });
+      EXPECT_NE(e.find("non-finite aux_hidden_states (f_t) at token 1 (id 8)"), std::string::npos)
+          << "bits " << std::hex << bad << std::dec << " at column " << c << ": " << e;
+    }
+    for (int64_t c = 0; c < H; ++c) {
+      Tensor fin = bf16_tensor(T, H, 0xBF80);  // -1.0
+      static_cast<uint16_t*>(fin.raw())[2 * H + c] = bad;
+      const std::string e = testing::error_of([&] { add(bf16_tensor(T, 3 * H, 0x3F80), fin); });
+      EXPECT_NE(e.find("non-finite final_hidden_states (z_t) at token 2 (id 9)"), std::string::npos)
+          << "bits " << std::hex << bad << std::dec << " at column " << c << ": " << e;
+    }
+  }
+  for (uint16_t fine : {uint16_t{0x7F7F}, uint16_t{0xFF7F}, uint16_t{0x7F00}, uint16_t{0x0001}, uint16_t{0x8000},
+                        uint16_t{0x0000}, uint16_t{0x3F80}}) {
+    EXPECT_EQ(testing::error_of([&] { add(bf16_tensor(T, 3 * H, fine), bf16_tensor(T, H, fine)); }), "")
+        << "bits " << std::hex << fine;
+  }
+}
+
 // Issue 17, case 5: NonFinite::Skip leaves a sample with a NaN or an infinity out (add returns false) and
 // the shard holds what a writer told only the kept samples writes, plus the skipped_nonfinite attribute
 // that lists the skipped samples; a chunk whose every sample is skipped gives a

@@ -78,7 +78,8 @@ print(json.dumps({"bench": "extract", "impl": "aerie (incl. D2H copy + HDF5 writ
                   "extract_args": sys.argv[7].strip(),
                   "tp": tp, "samples": samples, "seq": seq, "layers": layers,
                   "tokens_per_s": tokens / secs, "seconds": secs,
-                  "peak_gib": st["peak_gib"], "mfu": flops / secs / (peak * 1e12) / np_}))
+                  "peak_gib": st["peak_gib"], "mfu": flops / secs / (peak * 1e12) / np_,
+                  "writer_gb_per_s": st["writer_gb_per_s"], "writer_wait_s": st["writer_wait_s"]}))
 EOF
 }
 

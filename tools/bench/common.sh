@@ -14,7 +14,8 @@
 #   bench_run LOG                    prints "$BENCH_TAG: <BENCH_CMD>" to stderr and runs BENCH_CMD, its output
 #                                    into LOG (and to stderr when BENCH_VERBOSE=1); returns its exit status
 #   bench_extract_stats LOG          one JSON object of the extract log: samples, tokens, seconds, tokens_per_s,
-#                                    peak_gib (the largest per-rank pool high-water mark, null on the CPU)
+#                                    peak_gib (the largest per-rank pool high-water mark, null on the CPU),
+#                                    writer_gb_per_s and writer_wait_s (group 0's shard writer)
 # BENCH_TAG (default "bench") prefixes the messages.
 
 BENCH_TAG=${BENCH_TAG:-bench}
@@ -86,7 +87,12 @@ if not m:
     sys.exit("bench: no 'extract: wrote' line in " + sys.argv[1])
 samples, tokens, secs = int(m.group(1)), int(m.group(2)), float(m.group(3))
 peaks = [float(x) for x in re.findall(r"peak memory ([0-9.e+-]+) GiB", log)]
+# Group 0's shard writer: its write rate and how long the forwards waited for it (absent in older logs).
+w = re.search(r"shard writer took ([0-9.]+) GB of hidden states in ([0-9.]+) s of writes \(([0-9.]+) GB/s\); "
+              r"its forwards waited ([0-9.]+) s", log)
 print(json.dumps({"samples": samples, "tokens": tokens, "seconds": secs, "tokens_per_s": tokens / secs,
-                  "peak_gib": max(peaks) if peaks else None}))
+                  "peak_gib": max(peaks) if peaks else None,
+                  "writer_gb_per_s": float(w.group(3)) if w else None,
+                  "writer_wait_s": float(w.group(4)) if w else None}))
 EOF
 }
