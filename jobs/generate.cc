@@ -17,8 +17,8 @@
 // work, the output and the resume rules: src/data/regenerate.h. Each group decodes up to --batch-size
 // responses at once (model/sampling.h BatchDecoder: one KV cache per sequence, continuous batching: a
 // finished sequence's slot is refilled at the next step). Sampling: src/model/sampling.h (the RNG of
-// response k of conversation i is seeded by (seed, i, k), so the output depends neither on R nor on the
-// batch size). --device / --dtype as for extract (jobs/target_device.h): on CUDA one GPU per rank, tp
+// response k of conversation i is seeded by (seed, i, k), so the draws depend neither on R nor on the
+// batch size; the logits can, in their last bits: docs/preparing-data.md, Reproducible). --device / --dtype as for extract (jobs/target_device.h): on CUDA one GPU per rank, tp
 // over NCCL.
 #include <algorithm>
 #include <cmath>
@@ -38,6 +38,7 @@
 #include "data/prepare_template.h"
 #include "data/regenerate.h"
 #include "data/shard.h"
+#include "io/fingerprint.h"
 #include "jobs/jobs.h"
 #include "jobs/target_device.h"
 #include "model/target.h"
@@ -116,6 +117,14 @@ int regenerate(const po::variables_map& vm, ParallelGroups& groups, TargetModel&
                                {"seed", seed}};
   // Only when set, so that the run.json of an earlier run without the option still matches.
   if (vm["fp8-gemm"].as<bool>()) signature["fp8_gemm"] = fp8_gemm_tag(vm["tp"].as<int>());
+  // What else decides the answers (a resume must not mix two): the target's config and weights (sampled
+  // fingerprint, io/fingerprint.h: a model replaced in place), the compute dtype, and every byte of the input
+  // (an edited file of the same record count). Rank 0 alone writes and compares run.json.
+  const TargetFingerprint fp = fingerprint_target(dir, -1);
+  signature["target_config_sha256"] = fp.config_sha256;
+  signature["target_weights_sha256"] = fp.weights_sha256;
+  signature["dtype"] = model.dtype() == DType::BF16 ? "bf16" : "f32";  // as --dtype spells it
+  if (groups.map.world_rank == 0) signature["input_sha256"] = sha256_file(opt.input);
   opt.run_signature = signature.dump();
   std::unique_ptr<ChatTemplate> tmpl = make_chat_template(template_name, tok);
   // The template's end of turn (e.g. <|im_end|>) ends a response too, unless --stop-id replaced the defaults.
@@ -258,8 +267,8 @@ int generate(const std::vector<std::string>& args) {
       "conversations-per-chunk", po::value<int64_t>()->default_value(16), "input records per chunk (unit of work)")(
       "max-conversations", po::value<int64_t>()->default_value(-1), "use only the first N input records")(
       "batch-size", po::value<int64_t>()->default_value(16),
-      "regeneration mode: responses decoded together per tp group (continuous batching; the output does "
-      "not depend on it)");
+      "regeneration mode: responses decoded together per tp group (continuous batching; the random draws do "
+      "not depend on it, the GEMMs' last bits can, which flips a rare sampled token near a tie)");
   add_target_device_options(desc);
   add_lock_options(desc);
   po::variables_map vm;

@@ -286,6 +286,9 @@ void open_parts(const std::string& parts, const ojson& run) {
             compare(value, theirs.contains(key) ? theirs[key] : ojson(), path == "run" || path.empty() ? key : path + "." + key);
           for (const auto& [key, value] : theirs.items())
             if (!mine.contains(key)) compare(ojson(), value, path == "run" || path.empty() ? key : path + "." + key);
+        } else if (theirs.is_null() && (path == "target_config_sha256" || path == "target_weights_sha256" ||
+                                        path == "dtype" || path == "input_sha256")) {
+          // Recorded since 2026-12-04: a run.json of an earlier aerie lacks them; not a difference.
         } else if (mine != theirs) {
           // The settings named as the options that set them (run.json's keys otherwise).
           static const std::map<std::string, std::string> option = {
@@ -294,7 +297,11 @@ void open_parts(const std::string& parts, const ojson& run) {
               {"seed", "--seed"},             {"fp8_gemm", "--fp8-gemm (with --tp)"},
               {"input", "--input"},           {"input_format", "--format"},
               {"max_new_tokens", "--max-new-tokens"}, {"max_length", "--max-length"},
-              {"stop_ids", "--stop-id"},      {"conversations_per_chunk", "--conversations-per-chunk"}};
+              {"stop_ids", "--stop-id"},      {"conversations_per_chunk", "--conversations-per-chunk"},
+              {"dtype", "--dtype"},
+              {"target_config_sha256", "--model's config.json (sha256)"},
+              {"target_weights_sha256", "--model's weights (sampled sha256: another checkpoint at that path?)"},
+              {"input_sha256", "--input's contents (sha256: the file was edited)"}};
           const auto o = option.find(path);
           diff << (n++ ? "; " : "") << (o == option.end() ? path : o->second) << " "
                << (mine.is_null() ? std::string("not set") : mine.dump()) << " (the earlier run: "

@@ -148,8 +148,10 @@ struct RegenerateOptions {
   RegenerateParams params;
   int64_t conversations_per_chunk = 16;
   int64_t max_conversations = -1;  // use only the first N records (< 0: all)
-  /// Whatever else must match for a rerun to reuse existing chunks (model, template, sampling, seed), as a
-  /// JSON object; stored in run.json.
+  /// Whatever else must match for a rerun to reuse existing chunks (model, template, sampling, seed; the
+  /// job adds the target's fingerprint, the dtype and the input's sha256), as a JSON object; stored in
+  /// run.json (read on world rank 0 only). Keys target_config_sha256, target_weights_sha256, dtype and
+  /// input_sha256 missing from an earlier run.json (an aerie before 2026-12-04) are not a difference.
   std::string run_signature = "{}";
   /// Preemption, polled by every group leader before it takes a chunk (as ExtractOptions::stop_requested).
   std::function<bool()> stop_requested;

@@ -51,6 +51,19 @@ std::string sha256_hex(const std::string& bytes) {
   return h.hex();
 }
 
+std::string sha256_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  AERIE_CHECK(in, "cannot open " << path << " to hash it");
+  Sha256 h;
+  std::vector<char> buf(1 << 20);
+  while (in) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    if (in.gcount() > 0) h.update(buf.data(), static_cast<size_t>(in.gcount()));
+  }
+  AERIE_CHECK(in.eof(), "read error in " << path << " while hashing it");
+  return h.hex();
+}
+
 void hash_sampled_range(Sha256& h, const std::string& path, int64_t begin, int64_t end, int blocks, int64_t block) {
   AERIE_CHECK(begin <= end && blocks >= 2 && block > 0, "hash_sampled_range: bad range of " << path);
   std::ifstream in(path, std::ios::binary);

@@ -38,6 +38,11 @@ class Sha256 {
 /// SHA-256 of `bytes`, 64 lowercase hex digits.
 std::string sha256_hex(const std::string& bytes);
 
+/// SHA-256 of the whole file `path` (64 lowercase hex digits), read in 1 MiB pieces: for inputs whose every
+/// byte matters (a conversation file a resumed job continues). Throws aerie::Error naming the file when it
+/// cannot be read.
+std::string sha256_file(const std::string& path);
+
 /// Blocks of a file's data sampled by the weights fingerprint, and their size.
 inline constexpr int kSampledBlocks = 16;
 inline constexpr int64_t kBlockBytes = 4096;

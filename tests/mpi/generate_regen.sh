@@ -67,6 +67,32 @@ mpirun --oversubscribe -np 2 "$aerie" generate --model "$model" --input "$work/i
   >"$work/arr.log" 2>&1 || { cat "$work/arr.log"; echo "FAIL: array run"; exit 1; }
 cmp <(head -n 5 "$work/ref.jsonl") "$work/arr.jsonl" || { echo "FAIL: JSON array input differs"; exit 1; }
 
+# A rerun over another input of the same record count (an edited file), another --dtype, or other weights at
+# the same --model path is refused, naming what changed (run.json records the sha256s and the dtype).
+cp "$work/in.jsonl" "$work/ed.jsonl"
+mkdir -p "$work/model_copy" && cp "$model"/* "$work/model_copy/"
+edgen() { mpirun --oversubscribe -np 1 "$aerie" generate --model "$work/model_copy" --input "$work/ed.jsonl" \
+  --output "$work/ed_out.jsonl" --temperature 0.8 --seed 5 --max-new-tokens 8 --max-conversations 2 "$@"; }
+edgen >"$work/ed.log" 2>&1 || { cat "$work/ed.log"; echo "FAIL: run over the copy"; exit 1; }
+edgen >"$work/ed.log" 2>&1 || { cat "$work/ed.log"; echo "FAIL: unchanged rerun refused"; exit 1; }
+sed -i '1s/little girl/little boy!/' "$work/ed.jsonl"
+if edgen >"$work/ed.log" 2>&1; then echo "FAIL: a rerun over an edited input was accepted"; exit 1; fi
+grep -q "input's contents (sha256: the file was edited)" "$work/ed.log" || { cat "$work/ed.log"; echo "FAIL: edit not named"; exit 1; }
+cp "$work/in.jsonl" "$work/ed.jsonl"
+if edgen --dtype bf16 >"$work/ed.log" 2>&1; then echo "FAIL: a rerun with another --dtype was accepted"; exit 1; fi
+grep -q -- '--dtype "bf16" (the earlier run: "f32")' "$work/ed.log" || { cat "$work/ed.log"; echo "FAIL: dtype not named"; exit 1; }
+python3 - "$work/model_copy/model.safetensors" <<'PY'
+import struct, sys
+p = sys.argv[1]
+b = bytearray(open(p, "rb").read())
+n = struct.unpack("<Q", b[:8])[0]
+for i in range(8 + n, len(b), 997):  # other weights of the same shapes, as a fine-tune saved in place
+    b[i] ^= 1
+open(p, "wb").write(bytes(b))
+PY
+if edgen >"$work/ed.log" 2>&1; then echo "FAIL: a rerun over other weights was accepted"; exit 1; fi
+grep -q "model's weights (sampled sha256" "$work/ed.log" || { cat "$work/ed.log"; echo "FAIL: weights not named"; exit 1; }
+
 # An input whose every record is dropped (not JSON, no conversation): exit 1 with an error naming --input.
 printf 'not json\n{"id": 1}\n' >"$work/bad.jsonl"
 if "$aerie" generate --model "$model" --input "$work/bad.jsonl" --output "$work/bad_out.jsonl" --max-new-tokens 4 \
@@ -76,4 +102,4 @@ fi
 grep -q "all 2 records of --input $work/bad.jsonl were dropped" "$work/bad.log" ||
   { cat "$work/bad.log"; echo "FAIL: no error naming the input"; exit 1; }
 echo "OK: 1 rank = 2 ranks = stopped ($rc after $n_done chunks) + rerun; tp 2 batch 5 = batch 1; JSON array input;"\
-  "all-dropped input exits 1"
+  "reruns over an edited input, another dtype or other weights refused; all-dropped input exits 1"
