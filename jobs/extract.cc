@@ -113,6 +113,7 @@ int extract(const std::vector<std::string>& args) {
   TargetDevice target = resolve_target_device(vm, groups, "extract");
   const TargetModelOptions& mopt = target.options;
   if (mopt.fp8_gemm) opt.meta.target_gemm = fp8_gemm_tag(vm["tp"].as<int>());
+  opt.meta.target_dtype = mopt.dtype == DType::BF16 ? "bf16" : "f32";
   Communicator& model_tp = *target.tp;
   const std::string model_dir = vm["model"].as<std::string>();
   const int64_t random_seed = vm["random-weights"].as<int64_t>();

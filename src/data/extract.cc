@@ -164,6 +164,10 @@ bool check_existing_shard(const std::string& path, int64_t c, int64_t b, int64_t
                             << name(meta.target_gemm) << ": rerun " << (i.target_gemm.empty() ? "without" : "with")
                             << " --fp8-gemm to resume these shards, or choose another --output");
   }
+  if (!i.target_dtype.empty() && !meta.target_dtype.empty() && i.target_dtype != meta.target_dtype)
+    AERIE_THROW("extract: " << path << " was extracted with the target in " << i.target_dtype << ", this run computes in "
+                            << meta.target_dtype << " (--dtype; auto is bf16 on a GPU, f32 on the CPU): rerun with --dtype "
+                            << i.target_dtype << " to resume these shards, or choose another --output");
   if (i.has_provenance() && !meta.target.config_sha256.empty()) {
     const std::string diff = i.target.difference(meta.target);
     if (!diff.empty())

@@ -371,6 +371,7 @@ void ShardWriter::close() {
   }
   if (!meta_.prepared_sha256.empty()) f.set_string_attr("prepared_sha256", meta_.prepared_sha256);
   if (!meta_.target_gemm.empty()) f.set_string_attr("target_gemm", meta_.target_gemm);
+  if (!meta_.target_dtype.empty()) f.set_string_attr("target_dtype", meta_.target_dtype);
   if (meta_.num_chunks > 0) {
     f.set_int_attr("prepared_num_samples", meta_.prepared_num_samples);
     f.set_int_attr("samples_per_shard", meta_.samples_per_shard);
@@ -429,6 +430,7 @@ ShardReader::ShardReader(const std::string& path) : impl_(std::make_unique<Impl>
   info_.target.weights_sha256 = str("target_weights_sha256");
   info_.prepared_sha256 = str("prepared_sha256");
   info_.target_gemm = str("target_gemm");
+  info_.target_dtype = str("target_dtype");
   info_.prepared_num_samples = num("prepared_num_samples");
   info_.samples_per_shard = num("samples_per_shard");
   info_.num_chunks = num("num_chunks");

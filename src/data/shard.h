@@ -53,6 +53,7 @@ struct ShardInfo {
   std::vector<int64_t> skipped_nonfinite;
   bool fp8 = false;              // version 2: fp8 hidden states with per-vector scales (else bf16)
   std::string target_gemm;       // ShardMeta::target_gemm ("" when the attribute is absent)
+  std::string target_dtype;      // ShardMeta::target_dtype ("" in shards before 2026-12-04)
   bool has_provenance() const { return !target.config_sha256.empty(); }
 };
 
@@ -121,6 +122,10 @@ struct ShardMeta {
   /// How the target's linears ran (attribute target_gemm): fp8_gemm_tag(tp) with extract --fp8-gemm
   /// (TargetModelOptions::fp8_gemm), empty (no attribute) for the compute dtype's GEMMs.
   std::string target_gemm;
+  /// The dtype the target computed in ("bf16" or "f32", extract --dtype resolved; attribute target_dtype):
+  /// a resume with the other one is refused (hidden states computed two ways in one folder). Empty: none
+  /// recorded.
+  std::string target_dtype;
 };
 
 /// ShardMeta::target_gemm of a W8A8 target (--fp8-gemm) at tensor-parallel size tp: "w8a8-fp8-block, tp N".

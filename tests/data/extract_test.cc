@@ -305,6 +305,21 @@ TEST(Extract, RerunRefusesShardsOfOtherProvenance) {
   other.output = dir + "/shards_w8a8";  // a fresh folder records it
   run_extract(other, g, fake_forward);
   EXPECT_EQ(ShardReader(other.output + "/shard-00000.h5").info().target_gemm, "w8a8-fp8-block");
+  // The compute dtype (--dtype resolved) is recorded; a resume in the other one is refused (a helper mixed
+  // f32 and bf16 hidden states in one folder by resuming on another kind of machine).
+  other = o;
+  other.meta.target_dtype = "f32";
+  other.output = dir + "/shards_dtype";
+  run_extract(other, g, fake_forward);
+  EXPECT_EQ(ShardReader(other.output + "/shard-00000.h5").info().target_dtype, "f32");
+  fs::remove(other.output + "/shard-00001.h5");
+  other.meta.target_dtype = "bf16";
+  EXPECT_NE(error_of([&] { run_extract(other, g, fake_forward); })
+                .find("was extracted with the target in f32, this run computes in bf16 (--dtype; auto is bf16 on a "
+                      "GPU, f32 on the CPU): rerun with --dtype f32"),
+            std::string::npos);
+  other.meta.target_dtype = "f32";
+  run_extract(other, g, fake_forward);  // the same dtype resumes
   // Another prepared file of the same shape (one token changed).
   Prepared q = p;
   q.ids[3][1] = (q.ids[3][1] + 1) % 100;
