@@ -64,10 +64,12 @@ std::string best_checkpoint_of_run(const std::string& run_dir, const std::string
   const std::map<int64_t, std::string> all = complete_checkpoints(run_dir);
   const auto it = all.find(best.step);
   if (it == all.end()) {
-    // The best row whose checkpoint is still there, to name in the error.
+    // The best row whose checkpoint is still there and is the one the table evaluated (the table may be
+    // another run's: --eval-table), to name in the error.
     const CheckpointEvalRow* present = nullptr;
     for (const CheckpointEvalRow& r : table.rows)
-      if (all.count(r.step) && (!present || r.acceptance_length() > present->acceptance_length() ||
+      if (all.count(r.step) && checkpoint_fingerprint(all.at(r.step)) == r.fingerprint &&
+          (!present || r.acceptance_length() > present->acceptance_length() ||
                                 (r.acceptance_length() == present->acceptance_length() && r.step > present->step)))
         present = &r;
     AERIE_THROW("export --best: the best checkpoint of " << path << ", step " << best.step << " (acceptance length "
@@ -76,7 +78,8 @@ std::string best_checkpoint_of_run(const std::string& run_dir, const std::string
                 << (present ? "the best still there is step " + std::to_string(present->step) +
                                   " (acceptance length " + std::to_string(present->acceptance_length()) +
                                   "): export it with --checkpoint " + checkpoint_dir(run_dir, present->step)
-                            : std::string("no checkpoint of the table is left: evaluate the run again")));
+                            : std::string("no checkpoint the table evaluated is left in it (another run's table?): "
+                                          "evaluate the run again")));
   }
   AERIE_CHECK(checkpoint_fingerprint(it->second) == best.fingerprint,
               "export --best: " << it->second << " is not the checkpoint of step " << best.step << " that " << path
@@ -132,6 +135,9 @@ int export_draft(const std::vector<std::string>& args) {
       "speculative-tokens", po::value<int>()->default_value(3),
       "--format speculators: draft tokens per step (proposal_methods[0].speculative_tokens, vLLM's "
       "num_speculative_tokens; a --speculative-config given to vllm serve overrides it)");
+  desc.add_options()("force", po::bool_switch()->default_value(false),
+                     "replace an --output that holds the export of another run (an export of the same run, e.g. "
+                     "a rerun of --best after more training, is replaced without it)");
   add_lock_options(desc);
   po::variables_map vm;
   if (!parse_options("export", args, desc, vm)) return 0;
@@ -185,7 +191,7 @@ int export_draft(const std::vector<std::string>& args) {
                                           << "nor a run folder of aerie train with one under checkpoints/");
     }
     const TargetConfig target = load_model_option("export", "model", vm["model"].as<std::string>());
-    Checkpoint ck = load_checkpoint(dir);
+    Checkpoint ck = load_checkpoint(dir, /*optimizer_state=*/false);  // the weights alone
     // The checkpoint's target fingerprint (a warning only: a draft trained on one copy of a model is
     // served with another, e.g. a quantized one; the layer count and widths are checked by write_export).
     if (ck.provenance.is_object() && ck.provenance.contains("target")) {
@@ -197,6 +203,26 @@ int export_draft(const std::vector<std::string>& args) {
       if (!diff.empty())
         AERIE_LOG(warning) << "export: --model " << vm["model"].as<std::string>() << " is not the target " << dir
                            << " was trained with (" << t.value("model", std::string("?")) << "): " << diff;
+    }
+    // An --output holding another run's export is not replaced without --force (it may be all that is left
+    // of that run); the same run's (a newer or better step) is.
+    const fs::path prev_config = fs::path(out) / "config.json";
+    if (fs::exists(prev_config) && !vm["force"].as<bool>()) {
+      auto run_of = [](const fs::path& ck) {
+        return ck.parent_path().filename() == "checkpoints" ? ck.parent_path().parent_path() : ck;
+      };
+      const nlohmann::json prev = nlohmann::json::parse(read_file(prev_config.string()), nullptr, false);
+      const std::string prev_ck = prev.is_object() && prev.contains("aerie_checkpoint") &&
+                                          prev["aerie_checkpoint"].is_object()
+                                      ? prev["aerie_checkpoint"].value("checkpoint", std::string())
+                                      : std::string();
+      const fs::path this_run = run_of(fs::absolute(dir).lexically_normal());
+      AERIE_CHECK(!prev_ck.empty() && run_of(fs::path(prev_ck)) == this_run,
+                  "export: --output " << out << " holds the export of "
+                                      << (prev_ck.empty() ? std::string("another draft (its config.json names no aerie checkpoint)")
+                                                          : "another run (" + prev_ck + ")")
+                                      << ", not of " << this_run.string()
+                                      << ": pass --force to replace it, or choose another --output");
     }
     if (!best) source = {{"selected_by", dir == given ? "given" : "newest"}};
     source["checkpoint"] = fs::absolute(dir).lexically_normal().string();  // meaningful wherever the export goes

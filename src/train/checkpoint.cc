@@ -221,7 +221,7 @@ std::string resolve_checkpoint(const std::string& path) {
   return *latest;
 }
 
-Checkpoint load_checkpoint(const std::string& dir) {
+Checkpoint load_checkpoint(const std::string& dir, bool optimizer_state) {
   AERIE_CHECK(is_complete(dir), "checkpoint " << dir << " is incomplete (no DONE marker)");
   Checkpoint ck;
   const std::string cfg_path = dir + "/config.json";
@@ -248,13 +248,17 @@ Checkpoint load_checkpoint(const std::string& dir) {
   check_metadata(w, wpath);
   ck.weights = DraftWeights::zeros(ck.config);
   take_tensors(w, "", ck.weights, wpath);
-  SafetensorsFile o = load_safetensors(opath);
-  check_metadata(o, opath);
-  ck.adam_m = DraftWeights::zeros(ck.config);
-  ck.adam_v = DraftWeights::zeros(ck.config);
-  take_tensors(o, "m.", ck.adam_m, opath);
-  take_tensors(o, "v.", ck.adam_v, opath);
+  SafetensorsFile o;
+  if (optimizer_state) {
+    o = load_safetensors(opath);
+    check_metadata(o, opath);
+    ck.adam_m = DraftWeights::zeros(ck.config);
+    ck.adam_v = DraftWeights::zeros(ck.config);
+    take_tensors(o, "m.", ck.adam_m, opath);
+    take_tensors(o, "v.", ck.adam_v, opath);
+  }
   for (const auto* f : {&w, &o}) {
+    if (f == &o && !optimizer_state) continue;
     const std::string step = f->metadata.count("step") ? f->metadata.at("step") : "?";
     AERIE_CHECK(step == std::to_string(ck.state.step),
                 dir << ": tensors of step " << step << " but state.json says step " << ck.state.step);

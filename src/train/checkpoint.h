@@ -87,8 +87,10 @@ int remove_old_checkpoints(const std::string& run_dir, int keep);
 std::string resolve_checkpoint(const std::string& path);
 
 /// Reads a complete checkpoint folder. Throws aerie::Error naming the file on a missing DONE, wrong
-/// format/version, a missing tensor or a shape that disagrees with the config.
-Checkpoint load_checkpoint(const std::string& dir);
+/// format/version, a missing tensor or a shape that disagrees with the config. Without `optimizer_state`
+/// (export, eval, train --init-draft: the weights alone) optimizer.safetensors is not read, so a checkpoint
+/// whose optimizer state was deleted to save space still serves; adam_m / adam_v are then left empty.
+Checkpoint load_checkpoint(const std::string& dir, bool optimizer_state = true);
 
 /// Writes `text` to `path` atomically (path.tmp, fsync, rename). Throws aerie::Error on failure.
 void write_file_atomic(const std::string& path, const std::string& text);

@@ -72,7 +72,7 @@ LoadedDraft load_draft(const std::string& path, int64_t target_num_hidden_layers
     check_vocab(d.vocab, d.cfg.draft_vocab_size, d.cfg.vocab_size, path);
     return d;
   }
-  Checkpoint ck = load_checkpoint(resolve_checkpoint(path));
+  Checkpoint ck = load_checkpoint(resolve_checkpoint(path), /*optimizer_state=*/false);
   LoadedDraft d{ck.config, std::move(ck.weights), ck.vocab, ck.provenance};
   check_vocab(d.vocab, d.cfg.draft_vocab_size, d.cfg.vocab_size, path);
   return d;

@@ -433,7 +433,7 @@ DraftWeights warm_start_weights(const TrainOptions& opts, const DraftConfig& cfg
                                                       << ": the warm run would write into the draft it starts from; "
                                                       << "use another --output");
   }
-  Checkpoint init = load_checkpoint(dir);
+  Checkpoint init = load_checkpoint(dir, /*optimizer_state=*/false);  // a new optimizer state
   const nlohmann::json theirs = init.config.to_json(), mine = cfg.to_json();
   const nlohmann::json patch = nlohmann::json::diff(theirs, mine);  // RFC 6902 operations, theirs -> mine
   if (!patch.empty()) {

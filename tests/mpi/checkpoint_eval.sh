@@ -144,6 +144,10 @@ refused export_other_target "export --best: $work/other_target.json was made wit
 mv "$r/checkpoints/step-00000010" "$work/step10_away"
 refused export_gone "the best checkpoint of $work/first_best.json, step 10 .*is no longer in $r.*the best still there is step [23]0" 1 \
   export --checkpoint "$r" --best --eval-table "$work/first_best.json" --model "$model" --output "$work/e4"
+# Another run's table (its fingerprints are not this run's checkpoints'): no step of it is offered instead.
+edit "$work/first_best.json" "$work/foreign.json" 'for c in t["checkpoints"]: c["fingerprint"] = "f" * 64'
+refused export_gone_foreign "is no longer in $r.*no checkpoint the table evaluated is left in it \(another run's table\?\)" 1 \
+  export --checkpoint "$r" --best --eval-table "$work/foreign.json" --model "$model" --output "$work/e4"
 mv "$work/step10_away" "$r/checkpoints/step-00000010"
 refused export_table_alone "aerie export: --eval-table needs --best" 1 \
   export --checkpoint "$r" --eval-table "$table" --model "$model" --output "$work/e5"

@@ -204,4 +204,18 @@ refused verifier_default "are options of --format speculators" \
 refused tokens "--speculative-tokens 0 is not >= 1" \
   1 export --checkpoint "$work/run" --model "$model" --output "$work/x" --format speculators --speculative-tokens 0
 [ ! -e "$work/x" ] || fail "a refused export wrote files"
+# An --output holding another run's export is kept unless --force; the same run's is replaced (a rerun); a
+# checkpoint whose optimizer state was deleted (to save space) still exports.
+before=$(sha256sum "$work/eagle3/model.safetensors")
+refused export_other "holds the export of another run .*run_default.*: pass --force" \
+  1 export --checkpoint "$work/run" --model "$model" --output "$work/default_eagle3"
+run export_again 1 export --checkpoint "$work/run" --model "$model" --output "$work/eagle3" || fail "export of the same run again"
+[ "$(sha256sum "$work/eagle3/model.safetensors")" = "$before" ] || fail "the same checkpoint exported other bytes"
+run export_force 1 export --checkpoint "$work/run" --model "$model" --output "$work/default_eagle3" --force ||
+  fail "export --force over another run's export"
+cmp "$work/eagle3/model.safetensors" "$work/default_eagle3/model.safetensors" || fail "--force did not replace it"
+ck=$(ls -d "$work"/run/checkpoints/step-* | tail -1)
+rm "$ck/optimizer.safetensors"
+run export_no_optimizer 1 export --checkpoint "$work/run" --model "$model" --output "$work/eagle3" ||
+  fail "export of a checkpoint without optimizer.safetensors"
 echo "PASS: export --format speculators"
