@@ -138,6 +138,11 @@ void check_train_inputs(const TrainOptions& o) {
   AERIE_CHECK(!fs::is_directory(o.output_dir) || list_shards(o.output_dir).empty(),
               "train: --output " << o.output_dir << " holds hidden-state shards (shard-*.h5): it is an extract "
                                  << "folder, not a run folder; choose another --output");
+  // A model's folder or a draft export (config.json, model*.safetensors) given as the run folder would hold
+  // both: eval --draft would read the export, export --checkpoint the run.
+  AERIE_CHECK(!fs::is_directory(o.output_dir) || !fs::exists(fs::path(o.output_dir) / "config.json"),
+              "train: --output " << o.output_dir << " holds config.json (a model's folder or a draft export of "
+                                 << "aerie export), not a run folder; choose another --output");
   if (!latest_checkpoint(o.output_dir)) {  // a fresh run (a resume keeps the checkpoint's vocabulary)
     AERIE_CHECK(!o.vocab_path.empty(), "train: --vocab is required for a fresh run (no checkpoint in --output "
                                            << o.output_dir << "): the draft_vocab.safetensors of aerie vocab");

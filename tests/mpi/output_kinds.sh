@@ -69,9 +69,17 @@ refused "exists and is not an eval.json of aerie eval" table.json \
 refused "holds config.json (a model's folder, or a draft export), not shards" model_copy/model.safetensors \
   extract --model "$model" --prepared prepared.h5 --output model_copy
 [ "$(ls model_copy | grep -c shard)" = 0 ] || fail "extract wrote shards into the model folder"
+# train refuses a model's folder (or an export) as its run folder: eval --draft and export --checkpoint would
+# read two different drafts from it.
+mpirun -np 1 "$aerie" extract --model "$model" --prepared prepared.h5 --output shards >last.log 2>&1 || fail "extract"
+mpirun -np 1 "$aerie" vocab --model "$model" --prepared prepared.h5 --output vocab.safetensors --draft-vocab-size 64 \
+  >last.log 2>&1 || fail "vocab"
+refused "holds config.json (a model's folder or a draft export of aerie export), not a run folder" \
+  model_copy/model.safetensors train --model "$model" --shards shards --vocab vocab.safetensors --output model_copy --steps 1
+[ ! -e model_copy/checkpoints ] || fail "train wrote into the model folder"
 refused "is the --input file" prompts.jsonl generate --model "$model" --input prompts.jsonl --output prompts.jsonl --max-new 4
 refused "exists and is not an eval.json of aerie eval (it is an HDF5 file)" prepared.h5 \
   eval --model "$model" --draft fake_export --prompts prompts.txt --output prepared.h5
 refused "exists and is not an eval.json of aerie eval (it is a JSON or JSONL file)" prompts.jsonl \
   eval --model "$model" --draft fake_export --prompts prompts.txt --output prompts.jsonl
-echo "output kinds: prepare, generate and eval refuse other kinds of files and folders, rerun over their own"
+echo "output kinds: prepare, generate, eval and train refuse other kinds of files and folders, rerun over their own"
