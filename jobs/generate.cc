@@ -282,6 +282,8 @@ int generate(const std::vector<std::string>& args) {
   GENERATE_REQUIRE(std::isfinite(sp.temperature) && sp.temperature >= 0,
                    "--temperature must be >= 0 (0: greedy), got " << sp.temperature);
   GENERATE_REQUIRE(sp.top_p > 0 && sp.top_p <= 1, "--top-p must lie in (0, 1], got " << sp.top_p);
+  GENERATE_REQUIRE(sp.temperature > 0 || vm["top-p"].defaulted(),
+                   "--top-p acts only with --temperature > 0 (greedy decoding draws nothing), as in eval");
   check_sampling_params(sp);
   if (vm.count("input")) check_regenerate_inputs(vm);
   // Regeneration writes OUTPUT and OUTPUT.parts/: locked (OUTPUT.lock) before the target loads.
@@ -295,6 +297,11 @@ int generate(const std::vector<std::string>& args) {
   auto tok = Tokenizer::load(dir);
   const int32_t bos = tok->bos_id() >= 0 ? tok->bos_id() : static_cast<int32_t>(cfg.bos_token_id);
   const std::vector<int32_t> stop = stop_ids(vm, dir, cfg, *tok, bos);
+  if (vm.count("stop-id"))
+    for (int32_t id : vm["stop-id"].as<std::vector<int32_t>>())
+      GENERATE_REQUIRE(id >= 0 && id < cfg.vocab_size, "--stop-id " << id << " is not a token id of " << dir
+                                                                    << " (vocab_size " << cfg.vocab_size
+                                                                    << "): it could never end a response");
   TargetModel model(dir, *target.tp, target.options);
   if (vm.count("input")) {
     const int rc = regenerate(vm, groups, model, *tok, dir, stop, sp, max_new);

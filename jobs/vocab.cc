@@ -35,10 +35,15 @@ int vocab(const std::vector<std::string>& args) {
   // Option values first, on every rank (exit 2, no abort), before the prepared file is counted.
   const int64_t K_asked = vm["draft-vocab-size"].as<int64_t>();
   if (K_asked < 1) throw UsageError("aerie vocab: --draft-vocab-size must be >= 1, got " + std::to_string(K_asked));
+  // V ids, each counted in an int64 (t2d and the counts are V long): the largest real vocabulary is ~262k;
+  // 2^31 bounds it well above any and far below what a typo (4294967301) would allocate.
   for (const char* name : {"vocab-size", "tokenizer-vocab-size"})
-    if (vm.count(name) && vm[name].as<int64_t>() < 1)
-      throw UsageError(std::string("aerie vocab: --") + name + " must be >= 1, got " +
+    if (vm.count(name) && (vm[name].as<int64_t>() < 1 || vm[name].as<int64_t>() > (int64_t{1} << 31)))
+      throw UsageError(std::string("aerie vocab: --") + name + " must be in [1, 2^31], got " +
                        std::to_string(vm[name].as<int64_t>()));
+  if (vm.count("model") && (vm.count("vocab-size") || vm.count("tokenizer-vocab-size")))
+    throw UsageError("aerie vocab: --model sets V (its config.json's vocab_size); --vocab-size is for a run without "
+                     "--model: give one of them");
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (rank == 0) {

@@ -89,6 +89,14 @@ PromptRecord plain_prompt_record(const ojson& j) {
       return skipped(SkipReason::WrongTypes, "none of the keys 'conversations', 'messages' (a conversation), 'turns' (a "
                                              "list of strings), 'prompt', 'text', 'question', 'instruction' (a string)");
   }
+  // A prompt of only whitespace asks nothing: eval would measure the draft on the template's header alone.
+  const bool asks = std::any_of(turns.begin(), turns.end(), [](const ChatTurn& t) {
+    return t.role == ChatRole::User && t.text.find_first_not_of(" \t\r\n") != std::string::npos;
+  });
+  if (!asks) {
+    const auto key = std::find_if(used.begin(), used.end(), [](const std::string& k) { return k != "system"; });
+    return skipped(SkipReason::Empty, "the prompt ('" + (key == used.end() ? std::string("?") : *key) + "') is empty");
+  }
   ojson out = ojson::object();
   for (auto it = j.begin(); it != j.end(); ++it)
     if (std::find(used.begin(), used.end(), it.key()) == used.end()) out[it.key()] = it.value();

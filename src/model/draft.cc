@@ -141,6 +141,11 @@ nlohmann::json DraftConfig::to_json() const {
 
 DraftConfig DraftConfig::from_json(const nlohmann::json& j) {
   DraftConfig c;
+  // One decoder layer: a config of more (a multi-layer EAGLE-3 draft) would be read as its first layer alone.
+  AERIE_CHECK(!j.contains("num_hidden_layers") || !j["num_hidden_layers"].is_number_integer() ||
+                  j["num_hidden_layers"].get<int64_t>() == 1,
+              "draft config: num_hidden_layers " << j["num_hidden_layers"].dump()
+                                                 << ": aerie's drafts have one decoder layer (midlayer)");
   c.hidden_size = get_int(j, "hidden_size");
   c.target_hidden_size = j.contains("target_hidden_size") ? get_int(j, "target_hidden_size") : c.hidden_size;
   c.num_attention_heads = get_int(j, "num_attention_heads");

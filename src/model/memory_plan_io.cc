@@ -32,9 +32,14 @@ TensorInfo tensor_of(const std::string& name, const json& v, const std::string& 
   TensorInfo t{name, v["dtype"].get<std::string>(), {}};
   AERIE_CHECK(safetensors_dtype_bytes(t.dtype) > 0, where << ": tensor '" << name << "' has unknown dtype '"
                                                           << t.dtype << "'");
+  uint64_t numel = 1;  // bytes as the safetensors reader bounds them (2^62): a wider shape would wrap the sums
   for (const json& d : v["shape"]) {
     AERIE_CHECK(d.is_number_unsigned(), where << ": tensor '" << name << "': bad dimension " << d.dump());
-    t.shape.push_back(d.get<int64_t>());
+    const uint64_t n = d.get<uint64_t>();
+    AERIE_CHECK(n == 0 || numel <= (uint64_t{1} << 62) / n / static_cast<uint64_t>(safetensors_dtype_bytes(t.dtype)),
+                where << ": tensor '" << name << "': shape " << v["shape"].dump() << " overflows (more than 2^62 bytes)");
+    numel *= n;
+    t.shape.push_back(static_cast<int64_t>(n));
   }
   return t;
 }

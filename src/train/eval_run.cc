@@ -547,6 +547,10 @@ nlohmann::json EvalSession::evaluate(const LoadedDraft& draft, const std::string
   const int n = s.o.num_draft_tokens;
   const int dp = s.groups.map.dp, dp_rank = s.groups.map.dp_rank;
   const bool sampled = s.o.temperature > 0;
+  AERIE_CHECK(s.o.tree_topk <= draft.vocab.draft_vocab_size(),
+              "eval: --tree-topk " << s.o.tree_topk << " exceeds the draft vocabulary of "
+                                   << (name.empty() ? std::string("the draft") : name) << " (K = "
+                                   << draft.vocab.draft_vocab_size() << "): a node has at most K children");
   SpecSums sums;
   std::vector<SpecSums> by_category(s.categories.size());  // the same sums per prompt category
   Progress progress("eval: speculative decoding" + (name.empty() ? std::string() : " (" + name + ")"),

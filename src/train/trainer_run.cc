@@ -817,7 +817,10 @@ TrainResult run_training(const TrainOptions& given_opts, Communicator& dp, Strea
     vocab_file = dir + "/draft_vocab.safetensors";
     if (rank == 0) {
       AERIE_LOG(info) << "train: checkpoint " << dir;
-      remove_old_checkpoints(opts.output_dir, opts.keep_checkpoints);
+      const int removed = remove_old_checkpoints(opts.output_dir, opts.keep_checkpoints);
+      if (removed > 0)
+        AERIE_LOG(info) << "train: removed " << removed << " older checkpoint(s) of " << opts.output_dir
+                        << " (--keep-checkpoints " << opts.keep_checkpoints << ")";
     }
     return dir;
   };

@@ -101,6 +101,12 @@ TEST(PromptRecordTest, StoriesAndSkips) {
   EXPECT_EQ(parse_prompt_record(R"({"turns": []})", InputFormat::Auto).skip, SkipReason::WrongTypes);
   EXPECT_EQ(parse_prompt_record(R"({"turns": ["a", 2]})", InputFormat::Auto).skip, SkipReason::WrongTypes);
   EXPECT_EQ(parse_prompt_record(R"({"system": 1, "prompt": "a"})", InputFormat::Auto).skip, SkipReason::WrongTypes);
+  // An empty prompt asks nothing (eval would measure the draft on the template's header alone).
+  const PromptRecord empty = parse_prompt_record(R"({"prompt": " \n", "system": "Be brief."})", InputFormat::Auto);
+  EXPECT_EQ(empty.skip, SkipReason::Empty);
+  EXPECT_EQ(empty.detail, "the prompt ('prompt') is empty");
+  EXPECT_EQ(parse_prompt_record(R"({"turns": ["", ""]})", InputFormat::Auto).skip, SkipReason::Empty);
+  EXPECT_EQ(parse_prompt_record(R"({"turns": ["", "Go on."]})", InputFormat::Auto).skip, SkipReason::None);
   EXPECT_NE(testing::error_of([] { parse_prompt_record("{}", InputFormat::Tokenized); }).find("tokenized"),
             std::string::npos);
 }

@@ -98,6 +98,12 @@ TEST(DraftConfig, JsonIsTheExportConfigAndRoundTrips) {
   EXPECT_EQ(j["rope_scaling"]["rope_type"], "llama3");
   EXPECT_FALSE(j.contains("target_hidden_size")) << "only when it differs";
   EXPECT_FALSE(j.contains("eagle_config")) << "default aux layers need no ids";
+  // A config of two layers (an edited export, a multi-layer draft) is not read as its first layer alone.
+  nlohmann::json two = j;
+  two["num_hidden_layers"] = 2;
+  EXPECT_NE(testing::error_of([&] { DraftConfig::from_json(two); })
+                .find("num_hidden_layers 2: aerie's drafts have one decoder layer"),
+            std::string::npos);
   auto back = DraftConfig::from_json(nlohmann::json::parse(j.dump()));
   EXPECT_EQ(back.to_json(), j);
   EXPECT_EQ(back.aux_layers, c.aux_layers);

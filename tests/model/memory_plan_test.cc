@@ -322,6 +322,12 @@ TEST(MemoryPlan, BadInputNamesTheFile) {
   write_file(bad, safetensors_bytes("{\"x\": {\"dtype\": \"F12\", \"shape\": [4]}}"));
   e = error_of([&] { read_checkpoint_tensors(dir); });
   EXPECT_NE(e.find("unknown dtype 'F12'"), std::string::npos) << e;
+  // A shape whose bytes pass 2^62 (a helper's [2^40, 2^40] embedding was summed as 0 B and "fits").
+  write_file(bad, safetensors_bytes("{\"x\": {\"dtype\": \"BF16\", \"shape\": [1099511627776, 1099511627776]}}"));
+  e = error_of([&] { read_checkpoint_tensors(dir); });
+  EXPECT_NE(e.find("tensor 'x': shape [1099511627776,1099511627776] overflows"), std::string::npos) << e;
+  write_file(bad, safetensors_bytes("{\"x\": {\"dtype\": \"BF16\", \"shape\": [1073741824, 1073741824]}}"));
+  EXPECT_EQ(read_checkpoint_tensors(dir).size(), 1u);  // 2^61 bytes: large, but counted
   write_file(bad, std::string("\x10\0\0\0\0\0\0\0{}", 10));
   EXPECT_NE(error_of([&] { read_checkpoint_tensors(dir); }).find("truncated safetensors header"), std::string::npos);
   // An index naming a shard that is not there.

@@ -77,6 +77,8 @@ refused eval_tree_sampled "aerie eval: --tree-topk > 1 verifies greedily" 1 "${e
   --tree-topk 2 --temperature 0.5
 refused eval_top_p_greedy "aerie eval: --top-p and --sample-seed act only with --temperature > 0" 1 \
   "${eval_args[@]}" --draft "$r" --top-p 0.9
+refused eval_tree_topk_k "eval: --tree-topk 100000 exceeds the draft vocabulary" 1 \
+  "${eval_args[@]}" --draft "$r" --tree-topk 100000 --tree-depth 1
 
 # --- export --best ----------------------------------------------------------------------------------------
 exported() {  # DIR -> "config-step selected_by metadata-step metadata-selected_by"

@@ -77,6 +77,12 @@ mpirun -np 1 "$aerie" vocab --model "$model" --prepared prepared.h5 --output voc
 refused "holds config.json (a model's folder or a draft export of aerie export), not a run folder" \
   model_copy/model.safetensors train --model "$model" --shards shards --vocab vocab.safetensors --output model_copy --steps 1
 [ ! -e model_copy/checkpoints ] || fail "train wrote into the model folder"
+# Option values a helper found accepted or mis-reported (2026-12-04).
+refused "vocab: --vocab-size must be in \[1, 2^31\], got 4294967301" prompts.txt \
+  vocab --prepared prepared.h5 --output v2.safetensors --vocab-size 4294967301
+refused "give one of them" prompts.txt vocab --prepared prepared.h5 --model "$model" --output v2.safetensors --vocab-size 100
+refused "stop-id 99999 is not a token id" prompts.txt generate --model "$model" --prompt "Once" --stop-id 99999
+refused "top-p acts only with --temperature > 0" prompts.txt generate --model "$model" --prompt "Once" --top-p 0.5
 refused "is the --input file" prompts.jsonl generate --model "$model" --input prompts.jsonl --output prompts.jsonl --max-new 4
 refused "exists and is not an eval.json of aerie eval (it is an HDF5 file)" prepared.h5 \
   eval --model "$model" --draft fake_export --prompts prompts.txt --output prepared.h5
