@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "core/error.h"
@@ -347,12 +348,14 @@ MemoryPlan plan_memory(const json& config, const std::vector<TensorInfo>& tensor
   std::map<std::string, std::pair<int64_t, std::string>> undivided;  // "dim 0 (rows)" -> count, example
   int64_t others = 0;
   std::string other_example;
+  std::set<int64_t> layers_seen;  // decoder layers [0, num_hidden_layers) with any tensor
   for (const TensorInfo& t : tensors) {
     const int64_t esize = safetensors_dtype_bytes(t.dtype);
     AERIE_CHECK(esize > 0, source << " / tensor list: tensor '" << t.name << "' has unknown dtype '" << t.dtype << "'");
     int64_t numel = 1;
     for (int64_t d : t.shape) numel *= d;
     const Role r = classify(t.name, s);
+    if (r.layer >= 0 && r.layer < s.layers) layers_seen.insert(r.layer);
     if (!r.skip.empty()) {
       auto [it, fresh] = skip_index.emplace(r.skip, plan.skipped.size());
       if (fresh) plan.skipped.push_back({r.skip, 0, 0});
@@ -461,6 +464,15 @@ MemoryPlan plan_memory(const json& config, const std::vector<TensorInfo>& tensor
   if (others > 0)
     plan.notes.push_back(std::to_string(others) + " tensor(s) of no known role counted as replicated, e.g. " +
                          other_example);
+  // A checkpoint with fewer layers than its config.json (a truncated download, an edited config): the plan of
+  // the config's layers would say "fits" for a model that does not load.
+  if (!layers_seen.empty() && static_cast<int64_t>(layers_seen.size()) < s.layers) {
+    int64_t missing = 0;
+    while (layers_seen.count(missing)) ++missing;
+    plan.blockers.push_back("config.json's num_hidden_layers is " + std::to_string(s.layers) + ", the weights hold " +
+                            std::to_string(layers_seen.size()) + " of those layers (layer " + std::to_string(missing) +
+                            " has no tensor): the target refuses to load");
+  }
 
   plan.tokens_per_forward =
       opt.batch_size > 0 ? opt.batch_size * opt.max_length : std::max(opt.batch_tokens, opt.max_length);

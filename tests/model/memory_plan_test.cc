@@ -288,6 +288,18 @@ TEST(MemoryPlan, Qwen2FixtureTp2SplitsByHead) {
   EXPECT_NE(q.blockers.front().find("does not divide num_attention_heads 4"), std::string::npos) << q.blockers.front();
   EXPECT_GE(q.margin, 0);
   EXPECT_FALSE(q.fits);
+  // A config that promises more layers than the weights hold (a truncated download, an edited config):
+  // the target refuses to load, so the plan does not say it fits.
+  nlohmann::json more = read_model_config(dir);
+  more["num_hidden_layers"] = more["num_hidden_layers"].get<int64_t>() + 3;
+  opt.tp = 2;
+  const MemoryPlan m = plan_memory(more, tensors, opt);
+  ASSERT_FALSE(m.blockers.empty());
+  EXPECT_NE(m.blockers.back().find("the weights hold " + std::to_string(more["num_hidden_layers"].get<int64_t>() - 3) +
+                                   " of those layers"),
+            std::string::npos)
+      << m.blockers.back();
+  EXPECT_FALSE(m.fits);
 }
 
 // A sharded checkpoint (model.safetensors.index.json): every shard's header is read.
