@@ -207,16 +207,37 @@ int export_draft(const std::vector<std::string>& args) {
     // An --output holding another run's export is not replaced without --force (it may be all that is left
     // of that run); the same run's (a newer or better step) is.
     const fs::path prev_config = fs::path(out) / "config.json";
+    const nlohmann::json prev = fs::exists(prev_config)
+                                    ? nlohmann::json::parse(read_file(prev_config.string()), nullptr, false)
+                                    : nlohmann::json();
+    if (fs::exists(prev_config)) {
+      // A model's own folder (config.json + model.safetensors, no tokenizer) is never replaced, --force or not:
+      // only a draft export is (an EAGLE architecture, a speculators config, or aerie's record).
+      bool draft = prev.is_object() && (prev.contains("aerie_checkpoint") || prev.contains("speculators_model_type"));
+      if (prev.is_object() && prev.contains("architectures") && prev["architectures"].is_array())
+        for (const auto& a : prev["architectures"])
+          draft = draft || (a.is_string() && a.get<std::string>().find("Eagle") != std::string::npos);
+      AERIE_CHECK(draft, "export: --output " << out << " holds config.json of "
+                                             << (prev.is_object() && prev.contains("architectures")
+                                                     ? prev["architectures"].dump()
+                                                     : std::string("no draft architecture"))
+                                             << ", not a draft export: refusing to replace it (even with --force); "
+                                             << "choose another --output");
+    }
     if (fs::exists(prev_config) && !vm["force"].as<bool>()) {
-      auto run_of = [](const fs::path& ck) {
+      // Paths compared resolved (symlinks, "..", a trailing slash from tab completion).
+      auto run_of = [](const fs::path& p) {
+        std::error_code ec;
+        fs::path ck = fs::weakly_canonical(p, ec);
+        if (ec) ck = fs::absolute(p).lexically_normal();
+        if (ck.filename().empty()) ck = ck.parent_path();
         return ck.parent_path().filename() == "checkpoints" ? ck.parent_path().parent_path() : ck;
       };
-      const nlohmann::json prev = nlohmann::json::parse(read_file(prev_config.string()), nullptr, false);
       const std::string prev_ck = prev.is_object() && prev.contains("aerie_checkpoint") &&
                                           prev["aerie_checkpoint"].is_object()
                                       ? prev["aerie_checkpoint"].value("checkpoint", std::string())
                                       : std::string();
-      const fs::path this_run = run_of(fs::absolute(dir).lexically_normal());
+      const fs::path this_run = run_of(fs::path(dir));
       AERIE_CHECK(!prev_ck.empty() && run_of(fs::path(prev_ck)) == this_run,
                   "export: --output " << out << " holds the export of "
                                       << (prev_ck.empty() ? std::string("another draft (its config.json names no aerie checkpoint)")
@@ -225,7 +246,11 @@ int export_draft(const std::vector<std::string>& args) {
                                       << ": pass --force to replace it, or choose another --output");
     }
     if (!best) source = {{"selected_by", dir == given ? "given" : "newest"}};
-    source["checkpoint"] = fs::absolute(dir).lexically_normal().string();  // meaningful wherever the export goes
+    {  // meaningful wherever the export goes; no trailing slash (tab completion), so that runs compare
+      fs::path ck = fs::absolute(dir).lexically_normal();
+      if (ck.filename().empty()) ck = ck.parent_path();
+      source["checkpoint"] = ck.string();
+    }
     source["step"] = ck.state.step;
     // The target the draft was trained with, for eval's check of an export against its --model.
     if (ck.provenance.is_object() && ck.provenance.contains("target")) source["target"] = ck.provenance["target"];

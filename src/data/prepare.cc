@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/communicator.h"
+#include "data/chat_templates.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/progress.h"
@@ -248,7 +249,14 @@ std::vector<fs::path> prepare_input_files(const PrepareOptions& o) {
   } else {
     files.emplace_back(o.tokenizer);
   }
-  if (fs::is_regular_file(o.chat_template)) files.emplace_back(o.chat_template);
+  // The template's .ini, named or given as a path (a named one updated by a git pull counts too); "plain"
+  // and names that resolve to nothing have no file.
+  if (o.chat_template != "plain") {
+    try {
+      files.emplace_back(find_chat_template(o.chat_template));
+    } catch (const Error&) {
+    }
+  }
   return files;
 }
 
@@ -272,12 +280,30 @@ std::string prepare_settings(const PrepareOptions& o) {
 
 PreparedFileState prepared_file_state(const PrepareOptions& o) {
   auto outdated = [](std::string why) { return PreparedFileState{PreparedFileState::Outdated, std::move(why)}; };
-  std::string recorded;
+  std::string recorded, probe;
   nlohmann::json legacy;  // the attributes an older aerie recorded, when there are no settings
+  // The files whose bytes decide the output, against the file's time (make's rule), then the tokenizer's
+  // ids on the probe text (a tokenizer replaced by an older file, e.g. `cp -p`, escapes the times).
+  auto files_changed = [&]() -> std::string {
+    const auto written = fs::last_write_time(o.output);
+    for (const fs::path& p : prepare_input_files(o)) {
+      std::error_code ec;
+      const auto t = fs::last_write_time(p, ec);
+      if (!ec && t > written) return "the file " + p.string() + " is newer than it";
+    }
+    if (!probe.empty()) {
+      const std::string now = tokenizer_probe(*Tokenizer::load(o.tokenizer));
+      if (now != probe)
+        return "--tokenizer " + o.tokenizer + " gives other ids than the tokenizer it was prepared with (tokenizer_probe " +
+               now + ", the file: " + probe + ")";
+    }
+    return "";
+  };
   {
     h5::File f = h5::File::open(o.output);
     AERIE_CHECK(f.has_attr("format") && f.string_attr("format") == kPreparedFormat,
                 "prepare: " << o.output << " is not a prepared file (no format attribute \"" << kPreparedFormat << "\")");
+    if (f.has_attr("tokenizer_probe")) probe = f.string_attr("tokenizer_probe");
     if (f.has_attr("settings")) {
       recorded = f.string_attr("settings");
     } else {
@@ -305,6 +331,7 @@ PreparedFileState prepared_file_state(const PrepareOptions& o) {
       if (m != tt && !(key == "template" && t == o.chat_template))
         return outdated(name + " " + m.dump() + " (the file, written by an older aerie: " + t.dump() + ")");
     }
+    if (const std::string why = files_changed(); !why.empty()) return outdated(why);
     return {PreparedFileState::Legacy, "written by an older aerie, which recorded no settings; those it recorded match"};
   }
   const nlohmann::json theirs = nlohmann::json::parse(recorded, nullptr, false);
@@ -318,12 +345,7 @@ PreparedFileState prepared_file_state(const PrepareOptions& o) {
     if (mine[key] != t)
       return outdated(name + " " + mine[key].dump() + " (the file: " + (t.is_null() ? "not recorded" : t.dump()) + ")");
   }
-  const auto written = fs::last_write_time(o.output);
-  for (const fs::path& p : prepare_input_files(o)) {
-    std::error_code ec;
-    const auto t = fs::last_write_time(p, ec);
-    if (!ec && t > written) return outdated("the file " + p.string() + " is newer than it");
-  }
+  if (const std::string why = files_changed(); !why.empty()) return outdated(why);
   return {PreparedFileState::UpToDate, ""};
 }
 

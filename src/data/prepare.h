@@ -89,7 +89,8 @@ struct PreparedFileState {
 /// rerun (a Slurm requeue, a script run twice) to skip an up-to-date file and to refuse replacing another
 /// run's. UpToDate: its `settings` attribute equals prepare_settings(options) and the file is newer than
 /// the input, the tokenizer's files (tokenizer.json, tokenizer_config.json, tiktoken.model,
-/// special_tokens_map.json) and a template file (make's rule). Outdated, with `why` naming the first
+/// special_tokens_map.json) and a template file (make's rule), and the tokenizer gives the recorded
+/// tokenizer_probe (a tokenizer replaced by an older file escapes the times). Outdated, with `why` naming the first
 /// difference as the option that sets it: "--max-length 4096 (the file: 2048)", "the file INPUT is newer
 /// than it". A file of an older aerie (no settings attribute) is compared by what it records (source,
 /// tokenizer, template, max_length, overlong): Legacy when they agree, else Outdated. Throws aerie::Error

@@ -299,6 +299,7 @@ void open_parts(const std::string& parts, const ojson& run) {
               {"max_new_tokens", "--max-new-tokens"}, {"max_length", "--max-length"},
               {"stop_ids", "--stop-id"},      {"conversations_per_chunk", "--conversations-per-chunk"},
               {"dtype", "--dtype"},
+              {"records", "the records used (--max-conversations, or the input's count)"},
               {"target_config_sha256", "--model's config.json (sha256)"},
               {"target_weights_sha256", "--model's weights (sampled sha256: another checkpoint at that path?)"},
               {"input_sha256", "--input's contents (sha256: the file was edited)"}};
@@ -309,9 +310,14 @@ void open_parts(const std::string& parts, const ojson& run) {
         }
       };
       compare(run, old, "");
-      AERIE_THROW("generate: " << meta << " records another run: " << diff.str()
-                               << ". Rerun with the earlier run's settings to continue it, or remove " << parts
-                               << " (or choose another --output) to start again.");
+      if (n > 0)
+        AERIE_THROW("generate: " << meta << " records another run: " << diff.str()
+                                 << ". Rerun with the earlier run's settings to continue it, or remove " << parts
+                                 << " (or choose another --output) to start again.");
+      // Only settings an earlier aerie did not record: the same run; run.json gains them for the next resume.
+      AERIE_LOG(info) << "generate: " << meta << " of an earlier aerie lacks the target's fingerprint, the dtype or "
+                      << "the input's sha256: resuming, recording them now";
+      write_file(meta, run.dump(2) + "\n");
     }
   } else {
     write_file(meta, run.dump(2) + "\n");

@@ -401,12 +401,14 @@ struct ShardReader::Impl {
   std::vector<int64_t> offsets, sample_index;
   std::vector<int32_t> ids;
   std::vector<uint8_t> mask;
+  uintmax_t bytes = 0;  // the file's size when opened: HDF5 reads past a later truncation as zeros
 };
 
 ShardReader::ShardReader(const std::string& path) : impl_(std::make_unique<Impl>()) {
   info_.path = path;
   AERIE_CHECK(fs::is_regular_file(path), "shard " << path << ": no such file");
   Impl& m = *impl_;
+  m.bytes = fs::file_size(path);
   m.file = h5::File::open(path);
   std::string format = m.file.has_attr("format") ? m.file.string_attr("format") : "(none)";
   AERIE_CHECK(format == kShardFormat, "shard " << path << ": format is '" << format << "', expected '"
@@ -483,6 +485,14 @@ const std::vector<int64_t>& ShardReader::sample_indices() const { return impl_->
 HiddenSample ShardReader::read(int64_t i) const {
   const int64_t T = sample_length(i);
   const Impl& m = *impl_;
+  // A shard truncated or replaced while open (a copy or cleanup beside a running train) would read as zeros
+  // past its new end: a stat per sample names it instead.
+  std::error_code ec;
+  const uintmax_t now = fs::file_size(info_.path, ec);
+  AERIE_CHECK(!ec && now == m.bytes, "shard " << info_.path << " sample " << i << ": the file changed since it was "
+                                              << "opened (" << m.bytes << " bytes, now "
+                                              << (ec ? ec.message() : std::to_string(now) + " bytes")
+                                              << "): truncated, replaced or removed while being read");
   const int64_t b = m.offsets[i];
   HiddenSample s;
   s.sample_index = m.sample_index[i];

@@ -582,6 +582,11 @@ TrainResult run_training(const TrainOptions& given_opts, Communicator& dp, Strea
       if (rank == 0) AERIE_LOG(info) << "train: resuming from " << *latest;
       if (rank == 0 && !opts.init_draft.empty())
         AERIE_LOG(info) << "train: --init-draft ignored: the run resumes from its own checkpoint";
+      AERIE_CHECK(fs::exists(fs::path(*latest) / "optimizer.safetensors"),
+                  "train: resuming from " << *latest << " needs its optimizer state, optimizer.safetensors, which is "
+                                          << "gone (deleted to save space?): export and eval do without it; to train "
+                                          << "on from its weights with a new optimizer state, give another --output and "
+                                          << "--init-draft " << *latest);
       ck = load_checkpoint(*latest);
       // The options whose default changed keep the checkpoint's setting unless given: a requeued job resumes
       // as it started without naming them.
@@ -856,6 +861,15 @@ TrainResult run_training(const TrainOptions& given_opts, Communicator& dp, Strea
         hs = stream->train_sample(g, rank + static_cast<int64_t>(j) * dp.size());
         bad = !all_finite(hs.aux_hidden) ? "aux_hidden_states" : !all_finite(hs.final_hidden) ? "final_hidden_states" : "";
       }
+      // A token id outside the target's vocabulary (a damaged shard, or one of another tokenizer's prepared
+      // file): named here, not deep in the embedding lookup.
+      const int64_t V = head.embed_tokens.dim(0);
+      for (size_t t = 0; t < hs.ids.size(); ++t)
+        AERIE_CHECK(hs.ids[t] >= 0 && hs.ids[t] < V,
+                    "train: " << st.split.shards[static_cast<size_t>(ref.shard)] << " sample " << ref.index
+                              << " (prepared sample " << hs.sample_index << ") holds token id " << hs.ids[t]
+                              << " at position " << t << ", outside the target's vocabulary [0, " << V
+                              << ") of --model (a damaged shard, or shards of another model's prepared file?)");
       // A sample with a NaN or infinity in its hidden states would make the whole step's gradient
       // non-finite: it is skipped, named and counted (issue 17, case 5).
       if (!bad.empty()) {

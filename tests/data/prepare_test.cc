@@ -335,6 +335,20 @@ TEST_F(PrepareTest, OutdatedNamesTheDifference) {
   other = o;
   other.input = dir_ + "/./a.jsonl";
   EXPECT_EQ(outdated_why(other), "");
+  // A tokenizer that gives other ids than the one recorded (replaced by an older file: the times say nothing).
+  {
+    h5::File f = h5::File::open(o.output, h5::Access::ReadWrite);
+    const std::string probe = f.string_attr("tokenizer_probe");
+    f.set_string_attr("tokenizer_probe", "0123456789abcdef");
+    f.close();
+    EXPECT_NE(outdated_why(o).find("gives other ids than the tokenizer it was prepared with (tokenizer_probe " + probe +
+                                   ", the file: 0123456789abcdef)"),
+              std::string::npos)
+        << outdated_why(o);
+    h5::File g = h5::File::open(o.output, h5::Access::ReadWrite);
+    g.set_string_attr("tokenizer_probe", probe);
+  }
+  EXPECT_EQ(outdated_why(o), "");
   // An input edited afterwards (newer than the file; its size unchanged) makes it outdated.
   std::filesystem::last_write_time(o.input, std::filesystem::last_write_time(o.output) + std::chrono::seconds(5));
   EXPECT_EQ(outdated_why(o), "the file " + o.input + " is newer than it");
@@ -345,6 +359,8 @@ TEST_F(PrepareTest, OutdatedNamesTheDifference) {
   }
   other = o;
   other.output = dir_ + "/old.h5";
+  EXPECT_EQ(outdated_why(other), "the file " + o.input + " is newer than it");  // an older aerie's file, too
+  std::filesystem::last_write_time(other.output, std::filesystem::last_write_time(o.input) + std::chrono::seconds(5));
   EXPECT_EQ(outdated_why(other), "legacy: written by an older aerie, which recorded no settings; those it recorded match");
   {
     h5::File f = h5::File::open(dir_ + "/old.h5", h5::Access::ReadWrite);

@@ -218,4 +218,18 @@ ck=$(ls -d "$work"/run/checkpoints/step-* | tail -1)
 rm "$ck/optimizer.safetensors"
 run export_no_optimizer 1 export --checkpoint "$work/run" --model "$model" --output "$work/eagle3" ||
   fail "export of a checkpoint without optimizer.safetensors"
+refused resume_no_optimizer "needs its optimizer state, optimizer.safetensors, which is gone.*--init-draft" \
+  1 train --model "$model" --shards "$work/shards" --vocab "$work/vocab.safetensors" --output "$work/run" \
+  --steps 8 --batch-size 4 --checkpoint-every 4 --log-every 4 --draft-norm-before-residual=false
+# A token id outside the target's vocabulary in a shard: train names the shard and the sample.
+mkdir -p "$work/bad_shards" && cp "$work"/shards/shard-*.h5 "$work/bad_shards/"
+python3 - "$work/bad_shards/shard-00000.h5" <<'PY' || { echo "(no h5py: the out-of-vocabulary case is skipped)"; exit 0; }
+import sys
+import h5py
+with h5py.File(sys.argv[1], "r+") as f:
+    f["input_ids"][5] = 99999
+PY
+refused train_bad_id "bad_shards/shard-00000.h5 sample 0 \(prepared sample 0\) holds token id 99999 at position 5" \
+  1 train --model "$model" --shards "$work/bad_shards" --vocab "$work/vocab.safetensors" --output "$work/run_bad_id" \
+  --steps 2 --batch-size 16 --eval-fraction 0
 echo "PASS: export --format speculators"

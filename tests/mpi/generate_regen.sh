@@ -75,6 +75,16 @@ edgen() { mpirun --oversubscribe -np 1 "$aerie" generate --model "$work/model_co
   --output "$work/ed_out.jsonl" --temperature 0.8 --seed 5 --max-new-tokens 8 --max-conversations 2 "$@"; }
 edgen >"$work/ed.log" 2>&1 || { cat "$work/ed.log"; echo "FAIL: run over the copy"; exit 1; }
 edgen >"$work/ed.log" 2>&1 || { cat "$work/ed.log"; echo "FAIL: unchanged rerun refused"; exit 1; }
+# A run.json of an earlier aerie (without the new keys) still resumes, and gains them.
+python3 - "$work/ed_out.jsonl.parts/run.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+for k in ("target_config_sha256", "target_weights_sha256", "dtype", "input_sha256"):
+    del j["run"][k]
+json.dump(j, open(sys.argv[1], "w"))
+PY
+edgen >"$work/ed.log" 2>&1 || { cat "$work/ed.log"; echo "FAIL: a run.json of an earlier aerie was refused"; exit 1; }
+grep -q '"input_sha256"' "$work/ed_out.jsonl.parts/run.json" || { echo "FAIL: run.json did not gain the new keys"; exit 1; }
 sed -i '1s/little girl/little boy!/' "$work/ed.jsonl"
 if edgen >"$work/ed.log" 2>&1; then echo "FAIL: a rerun over an edited input was accepted"; exit 1; fi
 grep -q "input's contents (sha256: the file was edited)" "$work/ed.log" || { cat "$work/ed.log"; echo "FAIL: edit not named"; exit 1; }
