@@ -34,7 +34,10 @@ int vocab(const std::vector<std::string>& args) {
   if (!parse_options("vocab", args, desc, vm)) return 0;
   // Option values first, on every rank (exit 2, no abort), before the prepared file is counted.
   const int64_t K_asked = vm["draft-vocab-size"].as<int64_t>();
-  if (K_asked < 1) throw UsageError("aerie vocab: --draft-vocab-size must be >= 1, got " + std::to_string(K_asked));
+  // One token: the draft's softmax over it is 1 whatever the weights, so the loss is 0 and nothing trains.
+  if (K_asked < 2)
+    throw UsageError("aerie vocab: --draft-vocab-size must be >= 2 (over one token the draft's loss is 0 and "
+                     "nothing trains), got " + std::to_string(K_asked));
   // V ids, each counted in an int64 (t2d and the counts are V long): the largest real vocabulary is ~262k;
   // 2^31 bounds it well above any and far below what a typo (4294967301) would allocate.
   for (const char* name : {"vocab-size", "tokenizer-vocab-size"})
