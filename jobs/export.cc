@@ -124,7 +124,7 @@ int export_draft(const std::vector<std::string>& args) {
       "for", po::value<std::string>()->default_value("any"),
       "serving engine: any (warns about what SGLang would read or run otherwise than trained), vllm, or sglang "
       "(refuses it, naming every reason: aux ids SGLang would misread, norm_before_residual, which train turns "
-      "on by default, a sliding window, the MLA draft; docs/formats.md)")(
+      "on by default, a sliding window, fc_norm; the MLA draft is written as Eagle3DeepseekV3ForCausalLM; docs/formats.md)")(
       "format", po::value<std::string>()->default_value("eagle3"),
       "eagle3 (LlamaForCausalLMEagle3 with midlayer.* names: vLLM --speculative-config and SGLang) or "
       "speculators (the speculators library's layout, speculators_model_type eagle3 with layers.0.* names: "
