@@ -29,20 +29,6 @@ std::string absolute_path(const std::string& p) {
   return p.empty() ? p : fs::weakly_canonical(fs::absolute(p)).string();
 }
 
-// SHA-256 of the whole file `path`.
-std::string file_sha256(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  AERIE_CHECK(in, "cannot open " << path);
-  Sha256 h;
-  std::vector<char> buf(1 << 20);
-  while (in) {
-    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-    if (in.gcount() > 0) h.update(buf.data(), static_cast<size_t>(in.gcount()));
-  }
-  AERIE_CHECK(in.eof(), "read of " << path << " failed");
-  return h.hex();
-}
-
 }  // namespace
 
 double CheckpointEvalRow::acceptance_length() const {
@@ -139,14 +125,14 @@ nlohmann::json checkpoint_eval_settings(const EvalOptions& o, const std::string&
                       {"target_config_sha256", target.config_sha256},
                       {"target_weights_sha256", target.weights_sha256},
                       {"prompts", absolute_path(o.prompts_path)},
-                      {"prompts_sha256", file_sha256(o.prompts_path)},
+                      {"prompts_sha256", sha256_file(o.prompts_path)},
                       {"num_prompts", o.num_prompts},
                       {"max_prompt_tokens", o.max_prompt_tokens},
                       {"chat_template", o.chat_template},
                       {"max_new_tokens", o.max_new_tokens},
                       {"num_draft_tokens", o.num_draft_tokens},
                       {"data_split", absolute_path(o.data_split_path)},
-                      {"data_split_sha256", o.data_split_path.empty() ? "" : file_sha256(o.data_split_path)},
+                      {"data_split_sha256", o.data_split_path.empty() ? "" : sha256_file(o.data_split_path)},
                       {"shards", absolute_path(o.shards_dir)},
                       {"num_eval_samples", o.num_eval_samples},
                       {"ttt_steps", o.ttt_steps},

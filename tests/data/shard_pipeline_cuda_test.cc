@@ -27,17 +27,23 @@ Tensor random_tensor(const Shape& s, DType dt, uint32_t seed) {
   return dt == DType::F32 ? t : t.to(dt);
 }
 
-TEST(ShardPipelineCuda, DeviceTensorsGiveTheHostShard) {
-  AERIE_REQUIRE_CUDA();
-  const std::string dir = testing::scratch_dir("shard_pipeline_cuda");
-  const int64_t H = 64;
-  const std::vector<int64_t> lengths = {300, 1, 77, 512};
+// Chunk 0 of a 4-layer target of hidden size H, aux layers 1, 2, 3.
+ShardMeta test_meta(int64_t H) {
   ShardMeta meta;
   meta.target_model = "/models/t";
   meta.aux_layers = {1, 2, 3};
   meta.hidden_size = H;
   meta.num_hidden_layers = 4;
   meta.chunk = 0;
+  return meta;
+}
+
+TEST(ShardPipelineCuda, DeviceTensorsGiveTheHostShard) {
+  AERIE_REQUIRE_CUDA();
+  const std::string dir = testing::scratch_dir("shard_pipeline_cuda");
+  const int64_t H = 64;
+  const std::vector<int64_t> lengths = {300, 1, 77, 512};
+  const ShardMeta meta = test_meta(H);
   for (DType dt : {DType::BF16, DType::F32}) {
     std::vector<Tensor> aux, fin;
     for (size_t k = 0; k < lengths.size(); ++k) {
@@ -84,12 +90,7 @@ TEST(ShardPipeline, CountsTheWritersWork) {
   const std::string dir = testing::scratch_dir("shard_pipeline_counts");
   const int64_t H = 256;
   const std::vector<int64_t> lengths = {512, 512, 512, 512, 512, 512};
-  ShardMeta meta;
-  meta.target_model = "/models/t";
-  meta.aux_layers = {1, 2, 3};
-  meta.hidden_size = H;
-  meta.num_hidden_layers = 4;
-  meta.chunk = 0;
+  const ShardMeta meta = test_meta(H);
   std::vector<Tensor> aux, fin;  // made first, so that the adds follow each other at once
   int64_t bytes = 0;
   for (size_t k = 0; k < lengths.size(); ++k) {

@@ -18,28 +18,26 @@ set_tests_properties(cli_option_prefix_refused PROPERTIES ENVIRONMENT "${_aerie_
 add_test(NAME cli_stray_argument_refused COMMAND $<TARGET_FILE:aerie> extract --fp8-gemm false)
 set_tests_properties(cli_stray_argument_refused PROPERTIES ENVIRONMENT "${_aerie_cli_env}"
   PASS_REGULAR_EXPRESSION "aerie extract: unexpected argument 'false' \\(options are --name VALUE")
+# aerie_cli_config_test(NAME FILE CONTENT REGEX): `aerie train --config FILE` with FILE holding CONTENT must
+# print REGEX.
+function(aerie_cli_config_test name file content regex)
+  file(WRITE ${CMAKE_BINARY_DIR}/test-scratch/cli/${file} "${content}")
+  add_test(NAME ${name} COMMAND $<TARGET_FILE:aerie> train --config ${CMAKE_BINARY_DIR}/test-scratch/cli/${file})
+  set_tests_properties(${name} PROPERTIES ENVIRONMENT "${_aerie_cli_env}" PASS_REGULAR_EXPRESSION "${regex}")
+endfunction()
 # A bad INI value or an unknown key: the file and line (Boost names neither line), the suggestion as a key.
-file(WRITE ${CMAKE_BINARY_DIR}/test-scratch/cli/bad_value.ini "steps = 2\n# a comment\nbatch-size = x\n")
-add_test(NAME cli_config_bad_value_line COMMAND $<TARGET_FILE:aerie> train --config ${CMAKE_BINARY_DIR}/test-scratch/cli/bad_value.ini)
-set_tests_properties(cli_config_bad_value_line PROPERTIES ENVIRONMENT "${_aerie_cli_env}"
-  PASS_REGULAR_EXPRESSION "config file .*/bad_value.ini:3: the argument \\('x'\\) for option 'batch-size' is invalid")
-file(WRITE ${CMAKE_BINARY_DIR}/test-scratch/cli/unknown_key.ini "steps = 2\n\nstepz = 3\n")
-add_test(NAME cli_config_unknown_key_line COMMAND $<TARGET_FILE:aerie> train --config ${CMAKE_BINARY_DIR}/test-scratch/cli/unknown_key.ini)
-set_tests_properties(cli_config_unknown_key_line PROPERTIES ENVIRONMENT "${_aerie_cli_env}"
-  PASS_REGULAR_EXPRESSION "config file .*/unknown_key.ini:3: unrecognised option 'stepz' \\(did you mean steps\\?\\)")
+aerie_cli_config_test(cli_config_bad_value_line bad_value.ini "steps = 2\n# a comment\nbatch-size = x\n"
+  "config file .*/bad_value.ini:3: the argument \\('x'\\) for option 'batch-size' is invalid")
+aerie_cli_config_test(cli_config_unknown_key_line unknown_key.ini "steps = 2\n\nstepz = 3\n"
+  "config file .*/unknown_key.ini:3: unrecognised option 'stepz' \\(did you mean steps\\?\\)")
 add_test(NAME cli_missing_config COMMAND $<TARGET_FILE:aerie> vocab --config /nonexistent/vocab.ini)
 set_tests_properties(cli_missing_config PROPERTIES ENVIRONMENT "${_aerie_cli_env}"
   PASS_REGULAR_EXPRESSION "cannot open config file /nonexistent/vocab.ini" FAIL_REGULAR_EXPRESSION "MPI_ABORT")
 # An INI value in quotes (Boost keeps the quotes: a folder named '"runs' would be written) and a key written
 # as an option are refused naming the line.
-file(WRITE ${CMAKE_BINARY_DIR}/test-scratch/cli/quoted.ini "steps = 2\noutput = \"runs/x\"\n")
-add_test(NAME cli_config_quoted_value COMMAND $<TARGET_FILE:aerie> train --config ${CMAKE_BINARY_DIR}/test-scratch/cli/quoted.ini)
-set_tests_properties(cli_config_quoted_value PROPERTIES ENVIRONMENT "${_aerie_cli_env}"
-  PASS_REGULAR_EXPRESSION "quoted.ini:2: the value of output is in quotes, which an INI value keeps as part of it; write 'output = runs/x'")
-file(WRITE ${CMAKE_BINARY_DIR}/test-scratch/cli/dashes.ini "--steps = 2\n")
-add_test(NAME cli_config_dashed_key COMMAND $<TARGET_FILE:aerie> train --config ${CMAKE_BINARY_DIR}/test-scratch/cli/dashes.ini)
-set_tests_properties(cli_config_dashed_key PROPERTIES ENVIRONMENT "${_aerie_cli_env}"
-  PASS_REGULAR_EXPRESSION "dashes.ini:1: write the key without dashes: 'steps = 2'")
+aerie_cli_config_test(cli_config_quoted_value quoted.ini "steps = 2\noutput = \"runs/x\"\n"
+  "quoted.ini:2: the value of output is in quotes, which an INI value keeps as part of it; write 'output = runs/x'")
+aerie_cli_config_test(cli_config_dashed_key dashes.ini "--steps = 2\n" "dashes.ini:1: write the key without dashes: 'steps = 2'")
 add_test(NAME cli_unknown_subcommand COMMAND $<TARGET_FILE:aerie> trian)
 set_tests_properties(cli_unknown_subcommand PROPERTIES ENVIRONMENT "${_aerie_cli_env}"
   PASS_REGULAR_EXPRESSION "unknown subcommand .trian. \\(did you mean train\\?\\).*extract")
