@@ -266,9 +266,19 @@ std::string prepare_settings(const PrepareOptions& o) {
   std::error_code ec;
   const auto bytes = fs::file_size(o.input, ec);
   AERIE_CHECK(!ec, "prepare: input " << o.input << ": " << ec.message());
+  // Contents, not times: a re-pasted `cp` of the same input (the README's block) is the same input.
+  std::string template_sha256;
+  if (o.chat_template != "plain") {
+    try {
+      template_sha256 = sha256_file(find_chat_template(o.chat_template));
+    } catch (const Error&) {  // no such template: make_chat_template names it
+    }
+  }
   const nlohmann::ordered_json j = {
       {"input", canonical_or_given(o.input)},
       {"input_bytes", static_cast<int64_t>(bytes)},
+      {"input_sha256", sha256_file(o.input)},
+      {"template_sha256", template_sha256},
       {"format", input_format_name(o.format)},
       {"tokenizer", canonical_or_given(o.tokenizer)},
       {"template", fs::is_regular_file(o.chat_template) ? canonical_or_given(o.chat_template) : o.chat_template},
@@ -282,11 +292,12 @@ PreparedFileState prepared_file_state(const PrepareOptions& o) {
   auto outdated = [](std::string why) { return PreparedFileState{PreparedFileState::Outdated, std::move(why)}; };
   std::string recorded, probe;
   nlohmann::json legacy;  // the attributes an older aerie recorded, when there are no settings
-  // The files whose bytes decide the output, against the file's time (make's rule), then the tokenizer's
-  // ids on the probe text (a tokenizer replaced by an older file, e.g. `cp -p`, escapes the times).
-  auto files_changed = [&]() -> std::string {
+  // The tokenizer's ids on the probe text (its files' contents are not hashed: a model folder re-downloaded
+  // or copied is the same tokenizer), and, for a file that records no contents hashes (an older aerie's),
+  // the input, tokenizer and template files against the file's time (make's rule).
+  auto files_changed = [&](bool by_time) -> std::string {
     const auto written = fs::last_write_time(o.output);
-    for (const fs::path& p : prepare_input_files(o)) {
+    for (const fs::path& p : by_time ? prepare_input_files(o) : std::vector<fs::path>{}) {
       std::error_code ec;
       const auto t = fs::last_write_time(p, ec);
       if (!ec && t > written) return "the file " + p.string() + " is newer than it";
@@ -331,21 +342,31 @@ PreparedFileState prepared_file_state(const PrepareOptions& o) {
       if (m != tt && !(key == "template" && t == o.chat_template))
         return outdated(name + " " + m.dump() + " (the file, written by an older aerie: " + t.dump() + ")");
     }
-    if (const std::string why = files_changed(); !why.empty()) return outdated(why);
+    if (const std::string why = files_changed(true); !why.empty()) return outdated(why);
     return {PreparedFileState::Legacy, "written by an older aerie, which recorded no settings; those it recorded match"};
   }
   const nlohmann::json theirs = nlohmann::json::parse(recorded, nullptr, false);
   if (theirs.is_discarded() || !theirs.is_object()) return outdated("its settings attribute is not JSON");
   static const std::vector<std::pair<std::string, std::string>> option = {
-      {"input", "--input"},         {"input_bytes", "the input's size in bytes"}, {"format", "--format"},
-      {"tokenizer", "--tokenizer"}, {"template", "--template"},                  {"max_length", "--max-length"},
-      {"overlong", "--overlong"},   {"max_samples", "--max-samples"}};
+      {"input", "--input"},
+      {"input_bytes", "the input's size in bytes"},
+      {"input_sha256", "--input's contents (sha256)"},
+      {"format", "--format"},
+      {"tokenizer", "--tokenizer"},
+      {"template", "--template"},
+      {"template_sha256", "--template's file contents (sha256)"},
+      {"max_length", "--max-length"},
+      {"overlong", "--overlong"},
+      {"max_samples", "--max-samples"}};
+  // Settings written before the contents hashes (2026-12-04, earlier the same day) fall back to the times.
+  const bool hashed = theirs.contains("input_sha256");
   for (const auto& [key, name] : option) {
+    if (!hashed && (key == "input_sha256" || key == "template_sha256")) continue;
     const nlohmann::json t = theirs.contains(key) ? theirs[key] : nlohmann::json();
     if (mine[key] != t)
       return outdated(name + " " + mine[key].dump() + " (the file: " + (t.is_null() ? "not recorded" : t.dump()) + ")");
   }
-  if (const std::string why = files_changed(); !why.empty()) return outdated(why);
+  if (const std::string why = files_changed(!hashed); !why.empty()) return outdated(why);
   return {PreparedFileState::UpToDate, ""};
 }
 
@@ -356,7 +377,12 @@ PrepareStats run_prepare(const PrepareOptions& opt, MPI_Comm comm) {
   AERIE_CHECK(fs::is_regular_file(opt.input), "prepare: input " << opt.input << " is not a readable file");
   AERIE_CHECK(!opt.output.empty(), "prepare: no output path");
   AERIE_CHECK(opt.max_length > 0, "prepare: max_length must be positive, got " << opt.max_length);
-  const std::string settings = prepare_settings(opt);  // the file's settings attribute
+  // The file's settings attribute (it hashes the input): rank 0 reads it once and tells the others.
+  std::string settings = rank == 0 ? prepare_settings(opt) : std::string();
+  int64_t settings_len = static_cast<int64_t>(settings.size());
+  check_mpi(MPI_Bcast(&settings_len, 1, MPI_INT64_T, 0, comm), "MPI_Bcast");
+  settings.resize(static_cast<size_t>(settings_len));
+  check_mpi(MPI_Bcast(settings.data(), static_cast<int>(settings_len), MPI_CHAR, 0, comm), "MPI_Bcast");
   // OUTPUT.lock on rank 0 while the ranks write OUTPUT.tmp, unless the job holds it already (io/output_lock.h).
   const OutputLock lock = acquire_output_lock(comm, opt.output, LockTarget::File, "prepare");
   bool text = is_text_input(opt);

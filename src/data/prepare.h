@@ -69,10 +69,11 @@ bool apply_overlong(TokenizedSample& s, int64_t max_length, Overlong policy, boo
 /// would be other tokens to the other tokenizer's model (extract warns). Throws what tok.encode() throws.
 std::string tokenizer_probe(const Tokenizer& tok);
 
-/// The `settings` attribute of a prepared file: what decides its content besides the bytes of its input,
-/// tokenizer and template files, as JSON {"input", "input_bytes", "format", "tokenizer", "template",
-/// "max_length", "overlong", "max_samples"} (paths made canonical; "format" and "template" as requested,
-/// "template" a canonical path when it names a file). Throws aerie::Error when the input cannot be read.
+/// The `settings` attribute of a prepared file: what decides its content, as JSON {"input", "input_bytes",
+/// "input_sha256" (every byte of the input), "template_sha256" (the template's .ini, "" for plain),
+/// "format", "tokenizer", "template", "max_length", "overlong", "max_samples"} (paths made canonical;
+/// "format" and "template" as requested, "template" a canonical path when it names a file). Reads the whole
+/// input. Throws aerie::Error when the input cannot be read.
 std::string prepare_settings(const PrepareOptions& options);
 
 /// What a rerun of prepare finds at options.output, an existing prepared file (prepared_file_state).
@@ -87,14 +88,14 @@ struct PreparedFileState {
 
 /// Compares the existing prepared file options.output with what run_prepare(options) would write now, for a
 /// rerun (a Slurm requeue, a script run twice) to skip an up-to-date file and to refuse replacing another
-/// run's. UpToDate: its `settings` attribute equals prepare_settings(options) and the file is newer than
-/// the input, the tokenizer's files (tokenizer.json, tokenizer_config.json, tiktoken.model,
-/// special_tokens_map.json) and a template file (make's rule), and the tokenizer gives the recorded
-/// tokenizer_probe (a tokenizer replaced by an older file escapes the times). Outdated, with `why` naming the first
-/// difference as the option that sets it: "--max-length 4096 (the file: 2048)", "the file INPUT is newer
-/// than it". A file of an older aerie (no settings attribute) is compared by what it records (source,
-/// tokenizer, template, max_length, overlong): Legacy when they agree, else Outdated. Throws aerie::Error
-/// when the file is not a readable prepared file.
+/// run's. UpToDate: its `settings` attribute equals prepare_settings(options) (the input's and the
+/// template's contents included, so a copy of the same input with a new time is the same) and the tokenizer
+/// gives the recorded tokenizer_probe ids. Outdated, with `why` naming the first difference as the option
+/// that sets it: "--max-length 4096 (the file: 2048)", "--input's contents (sha256) ...". A file whose
+/// settings hold no contents hashes, or of an older aerie (no settings: compared by what it records,
+/// source, tokenizer, template, max_length, overlong; Legacy when they agree), is checked against the times
+/// of the input, tokenizer and template files instead (make's rule). Throws aerie::Error when the file is
+/// not a readable prepared file.
 PreparedFileState prepared_file_state(const PrepareOptions& options);
 
 /// Runs prepare collectively over `comm` (every rank calls it with the same options): reads, tokenizes,

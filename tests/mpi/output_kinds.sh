@@ -44,8 +44,13 @@ prep --output prepared.h5 --overwrite >last.log 2>&1 || fail "prepare back to --
 cp "$text" input_copy.txt
 mpirun -np 1 "$aerie" prepare --input input_copy.txt --tokenizer "$model" --max-length 64 --max-samples 4 \
   --output from_copy.h5 >last.log 2>&1 || fail "prepare from a copy"
-touch -d "now + 1 minute" input_copy.txt
-refused "input_copy.txt is newer than it" from_copy.h5 \
+# A fresh copy of the same text (a newer time: the README's block pasted again) is up to date; other text is not.
+cp "$text" input_copy.txt && touch -d "now + 1 minute" input_copy.txt
+mpirun -np 1 "$aerie" prepare --input input_copy.txt --tokenizer "$model" --max-length 64 --max-samples 4 \
+  --output from_copy.h5 >last.log 2>&1 || fail "prepare over a fresh copy of the same input"
+grep -q "from_copy.h5 is up to date" last.log || fail "a fresh copy of the same input was not up to date"
+sed -i '1s/a/A/' input_copy.txt  # the same size, other text
+refused "input's contents (sha256)" from_copy.h5 \
   prepare --input input_copy.txt --tokenizer "$model" --max-length 64 --max-samples 4 --output from_copy.h5
 : > empty.h5
 prep --output empty.h5 >last.log 2>&1 || fail "prepare over an empty file"
