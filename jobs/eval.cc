@@ -263,6 +263,7 @@ int eval(const std::vector<std::string>& args) {
   po::variables_map vm;
   if (!parse_options("eval", args, desc, vm)) return 0;
   if (!steps.empty()) run.steps = parse_steps(steps);
+  o.output_path = follow_output_link("eval", o.output_path);
   if (!run.run_dir.empty())
     run.table_path = vm["output"].defaulted() ? checkpoint_eval_path(run.run_dir) : o.output_path;
   check_eval_inputs(o, run);

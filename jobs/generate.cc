@@ -97,7 +97,7 @@ int regenerate(const po::variables_map& vm, ParallelGroups& groups, TargetModel&
   const TargetConfig& cfg = model.config();
   RegenerateOptions opt;
   opt.input = vm["input"].as<std::string>();
-  opt.output = vm["output"].as<std::string>();
+  opt.output = follow_output_link("aerie generate", vm["output"].as<std::string>());
   opt.format = input_format_from_name(vm["format"].as<std::string>());
   opt.params.max_new_tokens = max_new;
   int64_t max_length = vm["max-length"].as<int64_t>();
@@ -196,7 +196,8 @@ void check_regenerate_inputs(const po::variables_map& vm) {
   const std::string format = vm["format"].as<std::string>();
   GENERATE_REQUIRE(format == "auto" || format == "sharegpt" || format == "openai" || format == "text",
                    "--format '" << format << "' is not auto, sharegpt, openai or text");
-  const std::string input = vm["input"].as<std::string>(), output = vm["output"].as<std::string>();
+  const std::string input = vm["input"].as<std::string>();
+  const std::string output = follow_output_link("aerie generate", vm["output"].as<std::string>(), false);
   AERIE_CHECK(fs::is_regular_file(input),
               "aerie generate: --input " << input << (fs::exists(input) ? " is not a file" : ": no such file"));
   AERIE_CHECK(!fs::is_directory(output),

@@ -50,6 +50,14 @@ void on_rank0(const std::function<void()>& f);
 /// that gave it. Throws aerie::Error.
 TargetConfig load_model_option(const std::string& job, const std::string& option, const std::string& dir);
 
+/// The file an --output names, with symbolic links followed: the jobs write OUTPUT.tmp and rename it over
+/// OUTPUT, which would replace a link (say prepared.h5 -> /scratch/data/prepared.h5) by a regular file in
+/// the link's folder and leave the link's target stale. A link (also a chain, or one whose target does not
+/// exist yet) gives its final target, a relative target taken from the link's folder; anything else `path`
+/// unchanged. With `log`, world rank 0 logs "JOB: --output PATH is a symbolic link: writing TARGET". Throws
+/// aerie::Error naming the link when it cannot be read or loops (more than 40 links).
+std::string follow_output_link(const std::string& job, const std::string& path, bool log = true);
+
 /// Refuses to replace what the job's --output names unless it is missing, empty or `is_own(path)` recognises it as
 /// this job's kind of output (`what`, e.g. "a prepared file of aerie prepare"): an --output typed over a
 /// model's weights, a prepared file or a draft vocabulary would otherwise be lost. A folder is refused too.

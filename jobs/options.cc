@@ -11,6 +11,7 @@
 #include <mpi.h>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "io/h5.h"
 #include "jobs/jobs.h"
 #include "model/target_config.h"
@@ -268,6 +269,27 @@ void check_output_replaceable(const std::string& job, const std::string& path, c
   }
   AERIE_CHECK(own, job << ": --output " << path << " exists and is not " << what << " (it is " << describe_file(path)
                        << "), so it is not replaced: remove it or choose another --output");
+}
+
+std::string follow_output_link(const std::string& job, const std::string& path, bool log) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path p = path;
+  if (!fs::is_symlink(fs::symlink_status(p, ec))) return path;
+  for (int hops = 0; fs::is_symlink(fs::symlink_status(p, ec)); ++hops) {
+    AERIE_CHECK(hops < 40, job << ": --output " << path << ": more than 40 symbolic links (a loop?)");
+    const fs::path target = fs::read_symlink(p, ec);
+    AERIE_CHECK(!ec, job << ": --output " << path << ": cannot read the symbolic link " << p.string() << ": "
+                         << ec.message());
+    p = target.is_absolute() ? target : p.parent_path() / target;
+  }
+  // The target's folder resolved physically (a `..` after a linked folder is the link target's parent).
+  const fs::path dir = p.has_parent_path() ? fs::weakly_canonical(p.parent_path(), ec) : fs::path();
+  const std::string resolved = (ec || dir.empty() ? p : dir / p.filename()).string();
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (log && rank == 0) AERIE_LOG(info) << job << ": --output " << path << " is a symbolic link: writing " << resolved;
+  return resolved;
 }
 
 TargetConfig load_model_option(const std::string& job, const std::string& option, const std::string& dir) {

@@ -45,7 +45,7 @@ int prepare(const std::vector<std::string>& args) {
   opt.format = input_format_from_name(vm["format"].as<std::string>());
   opt.tokenizer = vm["tokenizer"].as<std::string>();
   opt.chat_template = vm["template"].as<std::string>();
-  opt.output = vm["output"].as<std::string>();
+  opt.output = follow_output_link("prepare", vm["output"].as<std::string>());
   opt.max_length = vm["max-length"].as<int64_t>();
   opt.overlong = overlong_from_name(vm["overlong"].as<std::string>());
   opt.max_samples = vm["max-samples"].as<int64_t>();

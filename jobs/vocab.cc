@@ -50,7 +50,8 @@ int vocab(const std::vector<std::string>& args) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   if (rank == 0) {
-    const std::string prepared = vm["prepared"].as<std::string>(), output = vm["output"].as<std::string>();
+    const std::string prepared = vm["prepared"].as<std::string>();
+    const std::string output = follow_output_link("vocab", vm["output"].as<std::string>());
     AERIE_CHECK(!std::filesystem::is_directory(output),
                 "vocab: --output " << output << " is a folder; give the file to write, e.g. " << output
                                    << "/draft_vocab.safetensors");

@@ -93,4 +93,28 @@ refused "exists and is not an eval.json of aerie eval (it is an HDF5 file)" prep
   eval --model "$model" --draft fake_export --prompts prompts.txt --output prepared.h5
 refused "exists and is not an eval.json of aerie eval (it is a JSON or JSONL file)" prompts.jsonl \
   eval --model "$model" --draft fake_export --prompts prompts.txt --output prompts.jsonl
+# An --output that is a symbolic link: the job writes the link's target and the link stays (it used to be
+# replaced by a regular file in the link's folder, the target left stale).
+mkdir -p linked
+ln -s ../prepared.h5 linked/prep_link.h5
+mpirun -np 1 "$aerie" prepare --input "$text" --tokenizer "$model" --max-length 48 --max-samples 4 \
+  --output linked/prep_link.h5 --overwrite >last.log 2>&1 || fail "prepare --overwrite through a link"
+grep -q "is a symbolic link: writing" last.log || fail "prepare did not say it follows the link"
+[ -L linked/prep_link.h5 ] || fail "prepare replaced the symbolic link"
+mpirun -np 1 "$aerie" prepare --input "$text" --tokenizer "$model" --max-length 48 --max-samples 4 \
+  --output prepared.h5 >last.log 2>&1 || fail "prepare over the link's target"
+grep -q "prepared.h5 is up to date" last.log || fail "the link's target was not rewritten (--max-length 48)"
+ln -s ../vocab.safetensors linked/vocab_link.safetensors
+mpirun -np 1 "$aerie" vocab --model "$model" --prepared prepared.h5 --output linked/vocab_link.safetensors \
+  --draft-vocab-size 32 --force >last.log 2>&1 || fail "vocab --force through a link"
+[ -L linked/vocab_link.safetensors ] || fail "vocab replaced the symbolic link"
+python3 -c 'import json, struct, sys; f = open(sys.argv[1], "rb"); n = struct.unpack("<Q", f.read(8))[0]
+sys.exit(0 if json.loads(f.read(n))["d2t"]["shape"] == [32] else 1)' vocab.safetensors ||
+  fail "the link's target was not rewritten (--draft-vocab-size 32)"
+ln -s ../gen.jsonl linked/gen_link.jsonl
+rm -rf gen.jsonl.parts
+mpirun -np 1 "$aerie" generate --model "$model" --input prompts.jsonl --output linked/gen_link.jsonl --max-new 4 \
+  >last.log 2>&1 || fail "generate through a link"
+[ -L linked/gen_link.jsonl ] || fail "generate replaced the symbolic link"
+[ ! -e linked/gen_link.jsonl.parts ] || fail "generate kept its parts beside the link, not beside the target"
 echo "output kinds: prepare, generate, eval and train refuse other kinds of files and folders, rerun over their own"
