@@ -104,6 +104,7 @@ ChatTemplateSpec ChatTemplateSpec::load(const std::string& path) {
   str("tool_call.after_content", s.call_after_content);
   choice("tool_call.with_content", s.call_with_content, {"keep", "drop_content", "drop_calls", "error"});
   integer("tool_call.max", s.call_max);
+  str("tool_call.default_id", s.call_default_id);
   choice("tools.placement", s.tools_placement, {"none", "system", "first_user", "before_last_user", "start"});
   choice("tools.format", s.tools_format, {"each", "list"});
   str("tools.prefix", s.tools_prefix);
@@ -354,6 +355,8 @@ std::vector<TemplatePiece> ConfigChatTemplate::render_pieces(const Conversation&
   }
 
   bool first_tool_result = true;
+  std::vector<std::string> call_ids;  // the ids of the last message of calls (default_id), for their results
+  int call_count = 0, tool_k = 0;     // calls so far; a tool result's position in its group
   for (int i = 0; i < n; ++i) {
     const ChatTurn& t = loop[i];
     const ChatRole prev = i > 0 ? loop[i - 1].role : ChatRole::System;
@@ -385,8 +388,11 @@ std::vector<TemplatePiece> ConfigChatTemplate::render_pieces(const Conversation&
         const bool group_start = i == 0 || prev != ChatRole::Tool;
         const bool group_end = i + 1 == n || loop[i + 1].role != ChatRole::Tool;
         if (group_start) out.tpl(s.tool_group_prefix);
+        tool_k = group_start ? 0 : tool_k + 1;
+        std::string id = t.tool_call_id;  // without one: the id of the call it answers (default_id)
+        if (id.empty() && !s.call_default_id.empty() && tool_k < static_cast<int>(call_ids.size())) id = call_ids[tool_k];
         std::string prefix = first_tool_result && !s.tool_first_prefix.empty() ? s.tool_first_prefix : s.tool.prefix;
-        prefix = replace_all(replace_all(prefix, "$id", t.tool_call_id), "$name", t.name.empty() ? "tool" : t.name);
+        prefix = replace_all(replace_all(prefix, "$id", id), "$name", t.name.empty() ? "tool" : t.name);
         out.tpl(prefix);
         first_tool_result = false;
         std::string text = role_text(s.tool, t.text);
@@ -421,8 +427,34 @@ std::vector<TemplatePiece> ConfigChatTemplate::render_pieces(const Conversation&
             content = chat::strip_chars(content, "\n", true, false);
           }
         }
-        if (s.reasoning == "kimi")  // the Jinja keeps reasoning_content only after the last answer
-          out.tpl(s.think_begin + (i > last_answer ? t.reasoning : std::string()) + s.think_end, true);
+        bool kimi_own_ids = false;  // the whole turn is the target's own ids (think block included)
+        if (s.reasoning == "kimi") {
+          // The Jinja keeps reasoning_content only in the turns after the last answer (a tool-call chain under
+          // way) and renders every earlier turn, the final answer included, with an empty think block: the
+          // history a served model is given. The conversation's final answer (the last assistant turn without
+          // tool calls, no user turn after it) is instead trained as the model writes it after the generation
+          // prompt: <think>REASONING</think>ANSWER (as Qwen3's Jinja does for its last turn). The reasoning is
+          // reasoning_content, else a think block the content starts with (aerie generate's answers keep it in
+          // the content, and their ids, which are then the whole turn as the target wrote it, think block and
+          // all, or no think block where the target wrote none).
+          std::string reasoning = t.reasoning;
+          if (!t.has_reasoning && starts_with(content, s.think_begin)) {
+            const size_t close = content.find(s.think_end, s.think_begin.size());
+            if (close != std::string::npos) {
+              reasoning = content.substr(s.think_begin.size(), close - s.think_begin.size());
+              content = content.substr(close + s.think_end.size());
+            }
+          }
+          const bool final_answer = i == last_answer && i > last_user;
+          kimi_own_ids = final_answer && !t.ids.empty() && t.tool_calls.empty() && s.assistant_content_prefix.empty() &&
+                         role_text(s.assistant, t.text) == t.text;
+          if (kimi_own_ids) {
+            out.ids(t.text, t.ids, true);
+            content.clear();
+          } else {
+            out.tpl(s.think_begin + (i > last_answer || final_answer ? reasoning : std::string()) + s.think_end, true);
+          }
+        }
         content = role_text(s.assistant, content);
         std::vector<ToolCall> calls = s.call_format.empty() ? std::vector<ToolCall>{} : t.tool_calls;
         if (t.text_is_tool_calls && !calls.empty()) content.clear();  // the calls in the template's syntax
@@ -437,11 +469,17 @@ std::vector<TemplatePiece> ConfigChatTemplate::render_pieces(const Conversation&
                                      << s.call_max << ")");
         // A regenerated response's own ids replace its text where the template renders the text unchanged.
         const bool own_ids = !t.ids.empty() && calls.empty() && s.assistant_content_prefix.empty() && content == t.text;
-        if (own_ids) out.ids(content, t.ids, true);
-        else if (!content.empty() || calls.empty()) out.text(s.assistant_content_prefix + content, true);
+        if (kimi_own_ids) {
+          // rendered above
+        } else if (own_ids) {
+          out.ids(content, t.ids, true);
+        } else if (!content.empty() || calls.empty()) {
+          out.text(s.assistant_content_prefix + content, true);
+        }
         if (!calls.empty()) {
           if (!content.empty()) out.tpl(s.call_after_content, true);
           out.tpl(s.call_begin, true);
+          call_ids.clear();
           for (size_t k = 0; k < calls.size(); ++k) {
             const ToolCall& c = calls[k];
             std::string args = c.arguments;
@@ -451,8 +489,17 @@ std::vector<TemplatePiece> ConfigChatTemplate::render_pieces(const Conversation&
               if (!parsed.is_discarded()) args = chat::python_json(parsed);
             }
             if (args.empty()) args = "{}";
+            std::string id = c.id;
+            if (!s.call_default_id.empty()) {
+              const std::string dflt = replace_all(replace_all(replace_all(s.call_default_id, "$name", c.name), "$index",
+                                                               std::to_string(k)), "$count", std::to_string(call_count));
+              if (id.empty()) id = dflt;
+              // what a result answering it names: the id the call is written with ($id), else the default's
+              call_ids.push_back(s.call_format.find("$id") != std::string::npos ? id : dflt);
+            }
+            ++call_count;
             std::string one = replace_all(s.call_format, "$name", c.name);
-            one = replace_all(one, "$id", c.id);
+            one = replace_all(one, "$id", id);
             one = replace_all(one, "$index", std::to_string(k));
             one = replace_all(one, "$arguments", args);  // last: the arguments may hold "$name"
             if (k > 0) out.tpl(s.call_separator, true);

@@ -399,6 +399,20 @@ PrepareStats run_prepare(const PrepareOptions& opt, MPI_Comm comm) {
                     << (opt.overlong == Overlong::Truncate ? " (keep the first max_length tokens)"
                                                            : " (drop longer samples)")
                     << (opt.max_samples >= 0 ? ", max_samples " + std::to_string(opt.max_samples) : "");
+    // A thinking template's think markers are tokens of its model's tokenizer (K2-Thinking / K2.5: <think> is
+    // 163606); with another model's tokenizer (K2-Instruct's has no such token) they become several text
+    // tokens, a sequence the target never writes.
+    if (const auto* ct = dynamic_cast<const ConfigChatTemplate*>(tmpl.get()); ct && ct->spec().reasoning != "none") {
+      for (const std::string& marker : {ct->spec().think_begin, ct->spec().think_end}) {
+        const size_t b = marker.find_first_not_of(" \n"), e = marker.find_last_not_of(" \n");
+        const std::string m = b == std::string::npos ? marker : marker.substr(b, e - b + 1);
+        if (!m.empty() && tok->token_to_id(m) < 0)
+          AERIE_LOG(warning) << "prepare: " << m << " of template " << tmpl->name() << " is no token of "
+                             << opt.tokenizer << " (it becomes " << tok->encode(m).size() << " text tokens): "
+                             << "is this the tokenizer of the model you train for (K2-Thinking and K2.5 have "
+                             << "<think> / </think> as tokens, K2-Instruct has not)?";
+      }
+    }
   }
 
   const bool array = !text && is_json_array_file(opt.input);

@@ -33,6 +33,12 @@ Deliberate differences from the Jinja (not rendered here, documented in docs/pre
     <|tool_calls_end|>, no EOS); aerie closes it. The case "tool_call" is therefore not a golden for it.
     Its tool-call cases are rendered from the compiled template directly: apply_chat_template (transformers 5)
     drops None-valued keys, and this Jinja renders tool calls only for content = None.
+  * kimi-k2-thinking: the conversation's final answer (its last assistant message, without tool calls) keeps
+    its reasoning, <think>REASONING</think>ANSWER, as the model writes it after the generation prompt; the
+    Jinja (a finished conversation's history) renders it with an empty <think></think>, and in front of a
+    think block the content already holds (an answer of aerie generate) a second one. The Jinja's text is
+    rendered, then its last empty think block is filled with reasoning_content, or dropped where the content
+    starts with its own <think> (kimi_final_answer below); the cases "reasoning" and "reasoning_inline".
   * mistral-v3: tool results that are JSON are embedded as JSON and tool-call arguments re-serialised, as
     mistral-common does (its goldens give the exact ids); v3_spm.jinja keeps both verbatim. The case
     "parallel_tool_calls" (JSON results) is therefore not a golden for it.
@@ -156,6 +162,7 @@ for _name, _jinja in (("kimi-k2", "chat_template.kimi-k2-instruct.jinja"),
                       ("kimi-k2-thinking", "chat_template.kimi-k2-thinking.jinja")):
     TEMPLATES[_name] = dict(tiktoken="tokenizers/kimi-k2", jinja="tokenizers/kimi-k2/" + _jinja, sort_tools=True,
                             headers=["<|im_assistant|>assistant<|im_middle|>"], eot=["<|im_end|>"])
+TEMPLATES["kimi-k2-thinking"]["final_answer_reasoning"] = True
 # SmolLM2-135M-Instruct as tools/get_smollm2 converts it (the real chat model of the pipeline test): its
 # tokenizer.json and tokenizer_config.json (chat template from the GGUF) in $AERIE_CACHE/SmolLM2-135M-Instruct
 # ($AERIE_CACHE default ~/.cache/aerie). Skipped when absent; the fixture names it "cache:<folder>".
@@ -217,6 +224,23 @@ def render_text(spec, tok, template, conv, args):
                                                     eos_token=tok.eos_token, **args)
 
 
+def kimi_final_answer(text, conv):
+    """kimi-k2-thinking's deliberate difference (module docstring): the final answer's think block."""
+    last = conv["messages"][-1]
+    if last["role"] != "assistant" or last.get("tool_calls"):
+        return text
+    empty = "<|im_assistant|>assistant<|im_middle|><think></think>"
+    at = text.rfind(empty)
+    assert at >= 0, "no empty think block in the final answer"
+    head, tail = text[:at] + "<|im_assistant|>assistant<|im_middle|>", text[at + len(empty):]
+    content = last.get("content") or ""
+    if last.get("reasoning_content") is not None:
+        return head + "<think>" + last["reasoning_content"] + "</think>" + tail
+    if content.startswith("<think>") and "</think>" in content:
+        return head + tail
+    return text
+
+
 def first_generated(m):
     content = m.get("content") or ""
     if "</think>" in content:
@@ -275,6 +299,8 @@ def render_case(name, spec, tok, template, conv):
     if conv.get("tools"):
         args["tools"] = deep_sort(conv["tools"]) if spec.get("sort_tools") else conv["tools"]
     text = render_text(spec, tok, template, conv, args)
+    if spec.get("final_answer_reasoning"):
+        text = kimi_final_answer(text, conv)
     spans = spans_of(text, conv, spec)
     case = {"record": json.dumps(conv, ensure_ascii=False), "text": text,
             "spans": [[byte_offset(text, a), byte_offset(text, b)] for a, b in spans]}
