@@ -96,9 +96,15 @@ void print_plan(std::ostream& os, const MemoryPlan& p, const PlanOptions& opt, c
      << (p.fits ? "fits: " : !p.blockers.empty() ? "does NOT run (above); memory: " : "does NOT fit: ") << bytes_str(p.total_per_rank) << " per rank of "
      << bytes_str(p.gpu_memory) << ", margin " << bytes_str(p.margin) << " (" << gb_str(p.margin) << ")";
   // Which embedding layout the line counted (found by a new-user trial: aerie's own loader replicates them).
-  if (opt.vocab_parallel_embeddings && p.replicated_embedding_delta > 0)
-    os << ", with embed_tokens / lm_head split by vocabulary (vLLM's layout); aerie's extract loads them "
-       << "replicated: " << bytes_str(p.replicated_embedding_delta) << " more (--embed-split replicated)";
+  if (opt.vocab_parallel_embeddings && p.replicated_embedding_delta > 0) {
+    // The headline is the contract's arithmetic (deepseek-v3.md section 7, vLLM's layout); what aerie's own
+    // extract needs today gets its own verdict line (a Kimi user's trial read the first as aerie's margin).
+    const int64_t total = p.total_per_rank + p.replicated_embedding_delta, margin = p.gpu_memory - total;
+    os << ", with embed_tokens / lm_head split by vocabulary (vLLM's layout)\n"
+       << "aerie extract today (embed_tokens / lm_head replicated, --embed-split replicated): " << bytes_str(total)
+       << " per rank, margin " << bytes_str(margin) << " (" << gb_str(margin) << "): "
+       << (margin >= 0 ? "fits" : "does NOT fit");
+  }
   os << "\n";
 }
 
@@ -164,6 +170,10 @@ int plan(const std::vector<std::string>& args) {
   std::string gpu_source = "--gpu-memory";
   if (!vm["gpu-memory"].as<std::string>().empty()) {
     opt.gpu_memory = size_option("gpu-memory");
+    // 0 or 96TB is a typo: GPUs of 2026 hold 16 GB to 288 GB (B300); a bound of 4 TiB leaves room.
+    AERIE_USAGE_CHECK(opt.gpu_memory >= (int64_t{1} << 30) && opt.gpu_memory <= (int64_t{4} << 40),
+                      "aerie plan: --gpu-memory " << vm["gpu-memory"].as<std::string>()
+                                                  << " is not one GPU's memory (1 GiB to 4 TiB; e.g. 96GB, 141GB, 80GiB)");
   } else if (const int64_t total = gpu_total_memory(); total > 0) {
     opt.gpu_memory = total;
     gpu_source = "this GPU";

@@ -32,6 +32,7 @@ struct ModelShape {
   int64_t q_lora = 0, kv_lora = 0, qk_nope = 0, qk_rope = 0, v_head = 0;  // MLA
   int64_t experts = 0, top_k = 0, moe_intermediate = 0, shared = 0, first_dense = 0, moe_freq = 1;
   int64_t pack_factor = 8;  // values per int32 of a compressed-tensors weight_packed (32 / num_bits)
+  int64_t vocab = 0, nextn = 0;  // vocab_size (0: not given); num_nextn_predict_layers (DeepSeek's MTP)
   bool is_moe_layer(int64_t l) const { return experts > 0 && l >= first_dense && l % moe_freq == 0; }
 };
 
@@ -68,6 +69,8 @@ ModelShape parse_shape(const json& top, const std::string& source) {
   s.kv_heads = field(c, "num_key_value_heads", source, s.heads);
   s.head_dim = field(c, "head_dim", source, s.hidden / s.heads);
   s.intermediate = field(c, "intermediate_size", source);
+  s.vocab = field(c, "vocab_size", source, 0);
+  s.nextn = field(c, "num_nextn_predict_layers", source, 0);
   if (s.mla) {
     s.q_lora = field(c, "q_lora_rank", source, 0);  // 0: q_proj straight from the hidden state (V2-Lite)
     s.kv_lora = field(c, "kv_lora_rank", source);
@@ -107,6 +110,7 @@ struct Role {
   Split split = Split::None;
   int64_t layer = -1;
   int64_t expert = -1;  // routed experts: the <e> of mlp.experts.<e>.*
+  bool foreign_layer = false;  // a decoder layer past num_hidden_layers + num_nextn_predict_layers
 };
 
 // q_b/kv_b/q/k/v (by head), gate/up (by intermediate): column-parallel rows; o, down: row-parallel columns.
@@ -159,6 +163,7 @@ Role classify(const std::string& name, const ModelShape& s) {
   const std::string rest = dot == std::string::npos ? "" : rel.substr(dot + 1);
   if (r.layer >= s.layers) {
     r.skip = prefix + "layers." + std::to_string(r.layer) + ".* (MTP layer: num_nextn_predict_layers)";
+    if (r.layer >= s.layers + s.nextn) r.category = WeightCategory::Other, r.foreign_layer = true;
     return r;
   }
   if (ends_with(rest, "rotary_emb.inv_freq")) {
@@ -356,6 +361,21 @@ MemoryPlan plan_memory(const json& config, const std::vector<TensorInfo>& tensor
     for (int64_t d : t.shape) numel *= d;
     const Role r = classify(t.name, s);
     if (r.layer >= 0 && r.layer < s.layers) layers_seen.insert(r.layer);
+    // A tensor list of another model (the wrong file of two long names) would plan with this config's shape
+    // and that model's bytes: refused where the two disagree, naming the tensor.
+    AERIE_CHECK(!r.foreign_layer, source << " / tensor list: tensor '" << t.name << "' is of decoder layer " << r.layer
+                                         << ", but the config has " << s.layers << " layers and "
+                                         << (s.nextn ? std::to_string(s.nextn) : std::string("no"))
+                                         << " MTP layer(s): is the tensor list of another model?");
+    AERIE_CHECK(r.category != WeightCategory::EmbedLmHead || t.shape.size() != 2 ||
+                    (t.shape[1] == s.hidden && (s.vocab == 0 || t.shape[0] == s.vocab)),
+                source << " / tensor list: tensor '" << t.name << "' is " << shape_string(t.shape)
+                       << ", the config's vocab_size x hidden_size is [" << s.vocab << ", " << s.hidden
+                       << "]: is the tensor list of another model?");
+    AERIE_CHECK(r.category != WeightCategory::RoutedExperts || r.expert < s.experts,
+                source << " / tensor list: tensor '" << t.name << "' is of routed expert " << r.expert
+                       << ", but the config has " << s.experts << " (n_routed_experts): is the tensor list of "
+                       << "another model?");
     if (!r.skip.empty()) {
       auto [it, fresh] = skip_index.emplace(r.skip, plan.skipped.size());
       if (fresh) plan.skipped.push_back({r.skip, 0, 0});

@@ -213,6 +213,32 @@ TEST(MemoryPlan, DeepSeekV3Tp8) {
   EXPECT_NE(w.quantization.find("--fp8-gemm"), std::string::npos) << w.quantization;
 }
 
+// A tensor list of another model than the config (a helper gave DeepSeek-V3's config with Kimi-K2.5's list and
+// got "fits") is refused, naming the first tensor that disagrees: more routed experts, another vocabulary,
+// decoder layers past num_hidden_layers + num_nextn_predict_layers.
+TEST(MemoryPlan, TensorListOfAnotherModelIsRefused) {
+  const std::string cfg_path = configs() + "/config-deepseek-v3/config.json";
+  if (!std::filesystem::exists(cfg_path)) GTEST_SKIP() << "no " << cfg_path;
+  const json cfg = read_model_config(cfg_path);
+  PlanOptions opt;
+  opt.tp = 8;
+  json more = cfg;
+  more["n_routed_experts"] = 384;
+  std::string e = error_of([&] { plan_memory(cfg, deepseek_v3_tensors(more), opt, "ds/config.json"); });
+  EXPECT_NE(e.find("is of routed expert 256, but the config has 256 (n_routed_experts)"), std::string::npos) << e;
+  json vocab = cfg;
+  vocab["vocab_size"] = 163840;
+  e = error_of([&] { plan_memory(cfg, deepseek_v3_tensors(vocab), opt, "ds/config.json"); });
+  EXPECT_NE(e.find("model.embed_tokens.weight' is [163840, 7168], the config's vocab_size x hidden_size is "
+                   "[129280, 7168]"), std::string::npos) << e;
+  json fewer = cfg;
+  fewer["num_hidden_layers"] = 40;
+  e = error_of([&] { plan_memory(fewer, deepseek_v3_tensors(cfg), opt, "ds/config.json"); });
+  EXPECT_NE(e.find("is of decoder layer 41, but the config has 40 layers and 1 MTP layer(s)"), std::string::npos) << e;
+  // Its own list still plans, the MTP layer 61 skipped as before.
+  EXPECT_NO_THROW(plan_memory(cfg, deepseek_v3_tensors(cfg), opt, "ds/config.json"));
+}
+
 // The stories260K checkpoint the build converts, from its real header: at tp 1 the plan's weights are the
 // file's tensors, byte for byte.
 TEST(MemoryPlan, Stories260KHeadersSumToTheFile) {

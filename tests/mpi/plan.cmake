@@ -6,7 +6,7 @@ add_test(NAME plan_qwen2_np2
          COMMAND ${MPIEXEC_EXECUTABLE} --oversubscribe -np 2 $<TARGET_FILE:aerie> plan
                  --model ${CMAKE_SOURCE_DIR}/tests/model/fixtures/hf/qwen2 --gpu-memory 80GiB --max-length 128)
 set_tests_properties(plan_qwen2_np2 PROPERTIES ENVIRONMENT "${_aerie_plan_env}" LABELS mpi
-  PASS_REGULAR_EXPRESSION "^aerie plan: qwen2\n.*per rank of tp 2:.*\nfits: [^\n]*margin 7[0-9]\\.[0-9][0-9] GiB[^\n]*\n$"
+  PASS_REGULAR_EXPRESSION "^aerie plan: qwen2\n.*per rank of tp 2:.*\nfits: [^\n]*margin 7[0-9]\\.[0-9][0-9] GiB[^\n]*\naerie extract today \\(embed_tokens / lm_head replicated[^\n]*: fits\n$"
   FAIL_REGULAR_EXPRESSION "aerie plan: qwen2.*aerie plan: qwen2")
 # Kimi-K2.5 from the shared tensor list at tp 8 on 96 GB GPUs: 70.95 GiB of weights per rank, and it fits.
 set(_k25 "${AERIE_SHARED_DATA}/kimi-deepseek-configs/config-kimi-k25")
@@ -39,6 +39,11 @@ add_test(NAME plan_size_without_unit
          COMMAND $<TARGET_FILE:aerie> plan --model ${CMAKE_SOURCE_DIR}/tests/model/fixtures/hf/qwen2 --gpu-memory 96)
 set_tests_properties(plan_size_without_unit PROPERTIES ENVIRONMENT "${_aerie_plan_env}"
   PASS_REGULAR_EXPRESSION "aerie plan: --gpu-memory '96' needs a unit \\(e.g. 96GB, 80GiB\\)")
+# A GPU size that is a typo (0GB, 96TB) is refused.
+add_test(NAME plan_gpu_memory_typo
+         COMMAND $<TARGET_FILE:aerie> plan --model ${CMAKE_SOURCE_DIR}/tests/model/fixtures/hf/qwen2 --gpu-memory 96TB)
+set_tests_properties(plan_gpu_memory_typo PROPERTIES ENVIRONMENT "${_aerie_plan_env}"
+  PASS_REGULAR_EXPRESSION "aerie plan: --gpu-memory 96TB is not one GPU's memory \\(1 GiB to 4 TiB")
 # A plan that does not fit is printed and exits 1 (Kimi-K2.5 at tp 1 on 80 GiB).
 if(EXISTS "${_k25}/kimi-k2.5.tensors.expanded.jsonl.gz")
   add_test(NAME plan_kimi_k25_tp1_does_not_fit
