@@ -507,7 +507,7 @@ std::vector<TemplatePiece> ConfigChatTemplate::render_pieces(const Conversation&
           }
           out.tpl(s.call_end, true);
         }
-        out.special(s.eot, true);
+        out.special(s.eot, !t.unfinished);
         out.tpl(s.assistant.suffix);
         break;
       }

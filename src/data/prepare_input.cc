@@ -121,6 +121,9 @@ void read_function_call(ChatTurn& turn) {
 // An assistant message's "aerie_response_ids" (written by aerie generate) into turn.ids: false when the
 // field is there but not a list of non-negative integers.
 bool read_response_ids(const json& m, ChatTurn& turn) {
+  // generate marks an answer that reached its token limit without a stop token: its end of turn is not the
+  // target's (trained it would teach the draft an end the target never writes there).
+  turn.unfinished = m.contains("aerie_finish_reason") && m["aerie_finish_reason"] == "length";
   if (!m.contains("aerie_response_ids")) return true;
   const json& ids = m["aerie_response_ids"];
   if (!ids.is_array()) return false;

@@ -34,6 +34,8 @@ struct ChatTurn {
   // "aerie_response_ids"), which prepare uses instead of encoding the text again when they decode to it
   // (issue 17, point 11: a response encoded alone gains or loses a leading "▁" / space token).
   std::vector<int32_t> ids;
+  bool unfinished = false;            // "aerie_finish_reason": "length" (generate's answer at its token limit):
+                                      // the end-of-turn token after it is rendered, not trained
   std::string reasoning;              // reasoning_content (or "reasoning" / "thinking"); see has_reasoning
   bool has_reasoning = false;         // the record has a non-null reasoning field (even an empty one)
   bool content_null = false;          // "content" absent or null (an assistant turn of tool calls only)

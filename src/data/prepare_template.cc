@@ -34,7 +34,7 @@ std::vector<TemplateSegment> PlainTemplate::render(const Conversation& conversat
     bool assistant = t.role == ChatRole::Assistant;
     if (assistant && !t.ids.empty()) out.push_back({t.text, t.ids, true});  // the target's own ids
     else if (!t.text.empty()) out.push_back({t.text, {}, assistant});
-    if (assistant) out.push_back({"", {eos_}, true});
+    if (assistant) out.push_back({"", {eos_}, !t.unfinished});  // not trained after an answer cut at its limit
   }
   return out;
 }

@@ -119,9 +119,12 @@ struct RecordRegeneration::State {
     out.responses += 1;
     out.prompt_tokens += static_cast<int64_t>(request.prompt.size());
     out.new_tokens += static_cast<int64_t>(ids.size());
-    if (!ids.empty() &&
-        std::find(params.stop_ids.begin(), params.stop_ids.end(), ids.back()) != params.stop_ids.end())
-      ids.pop_back();
+    const bool stopped =
+        !ids.empty() && std::find(params.stop_ids.begin(), params.stop_ids.end(), ids.back()) != params.stop_ids.end();
+    if (stopped) ids.pop_back();
+    // No stop token: the answer ends at the token limit, as OpenAI's finish_reason "length".
+    const bool at_limit = !stopped && static_cast<int64_t>(ids.size()) >= request.max_new;
+    out.at_limit += at_limit ? 1 : 0;
     const std::string text = tok.decode(ids);
     ChatTurn turn{};
     turn.role = ChatRole::Assistant;
@@ -133,6 +136,7 @@ struct RecordRegeneration::State {
     if (open_end) {
       ojson m = sharegpt ? ojson{{"from", "gpt"}, {"value", text}} : ojson{{"role", "assistant"}, {"content", text}};
       m["aerie_response_ids"] = ids;
+      if (at_limit) m["aerie_finish_reason"] = "length";
       new_msgs.push_back(std::move(m));
       return finish();
     }
@@ -144,6 +148,7 @@ struct RecordRegeneration::State {
       for (const char* k : {"reasoning_content", "reasoning", "thinking"}) m.erase(k);  // not the target's
     }
     m["aerie_response_ids"] = ids;
+    if (at_limit) m["aerie_finish_reason"] = "length";
     new_msgs.push_back(std::move(m));
     answered = new_msgs.size();
     ++i;
@@ -417,6 +422,7 @@ RegenerateStats run_regenerate(const RegenerateOptions& opt, ParallelGroups& gro
     stats.prompt_tokens += r.prompt_tokens;
     stats.new_tokens += r.new_tokens;
     stats.truncated += r.truncated ? 1 : 0;
+    stats.at_limit += r.at_limit;
     unreported[0] += 1;
     unreported[1] += r.responses;
     unreported[2] += r.new_tokens;
@@ -528,6 +534,7 @@ RegenerateStats run_regenerate(const RegenerateOptions& opt, ParallelGroups& gro
                                 own(stats.truncated), own(stats.responses),     own(stats.prompt_tokens),
                                 own(stats.new_tokens), stopped_here ? 1 : 0};
   for (int64_t n : skip_counts) local.push_back(own(n));
+  local.push_back(own(stats.at_limit));  // last
   Tensor totals = Tensor::from_vector<int64_t>(local, {static_cast<int64_t>(local.size())});
   world.all_reduce_sum(totals);
   const int64_t* t = totals.data<int64_t>();
@@ -539,6 +546,7 @@ RegenerateStats run_regenerate(const RegenerateOptions& opt, ParallelGroups& gro
   stats.prompt_tokens = t[5];
   stats.new_tokens = t[6];
   stats.stopped = t[7] != 0;
+  stats.at_limit = t[local.size() - 1];
 
   // Rank 0: every chunk present -> the output file.
   Tensor complete = Tensor::zeros({1}, DType::I64);
@@ -564,7 +572,13 @@ RegenerateStats run_regenerate(const RegenerateOptions& opt, ParallelGroups& gro
                     << stats.responses << " responses, " << stats.new_tokens << " new tokens (" << stats.prompt_tokens
                     << " prompt tokens) in " << stats.seconds << " s ("
                     << (stats.seconds > 0 ? stats.new_tokens / stats.seconds : 0) << " new tokens/s); dropped "
-                    << stats.dropped << (why.empty() ? "" : " (" + why + ")") << ", cut short " << stats.truncated;
+                    << stats.dropped << (why.empty() ? "" : " (" + why + ")") << ", cut short " << stats.truncated
+                    << " (a turn past --max-length)";
+    if (stats.at_limit > 0)
+      AERIE_LOG(warning) << "generate: " << stats.at_limit << " of " << stats.responses << " responses ended at "
+                         << "--max-new-tokens " << opt.params.max_new_tokens << " (or --max-length) without a stop "
+                         << "token; they carry \"aerie_finish_reason\": \"length\", and prepare leaves their end of "
+                         << "turn untrained (the target never wrote it). Raise --max-new-tokens for whole answers";
     if (stats.complete) AERIE_LOG(info) << "generate: wrote " << opt.output;
   }
   return stats;

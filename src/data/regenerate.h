@@ -108,6 +108,9 @@ struct RegeneratedRecord {
   int64_t responses = 0;          // assistant turns generated
   int64_t prompt_tokens = 0, new_tokens = 0;  // summed over the responses (new: stop tokens included)
   bool truncated = false;         // a turn did not fit under max_length: the rest of the record was dropped
+  int64_t at_limit = 0;           // responses that reached their token limit without a stop token (written
+                                  // with "aerie_finish_reason": "length"; prepare leaves their end of turn
+                                  // untrained: the target never wrote it)
 };
 
 /// The regeneration of record `index` (one JSON object as text) as a state machine: pending() is the next
@@ -162,6 +165,7 @@ struct RegenerateStats {
   int64_t records = 0;           // input records considered (after max_conversations)
   int64_t chunks = 0, chunks_skipped = 0, chunks_done = 0;
   int64_t conversations = 0, dropped = 0, truncated = 0;  // by this run: written, dropped, cut short
+  int64_t at_limit = 0;          // responses that ended at --max-new-tokens (or max_length), not at a stop token
   int64_t responses = 0, prompt_tokens = 0, new_tokens = 0;
   double seconds = 0;
   bool stopped = false;          // a stop was requested: some chunks may be missing, <output> not written

@@ -283,6 +283,25 @@ TEST(ChatTemplate, ShareGPTFunctionCallBecomesToolCalls) {
             std::string::npos) << c;
 }
 
+// An answer of aerie generate that reached its token limit ("aerie_finish_reason": "length") keeps its end of
+// turn in the text but not in the loss: the target never wrote it there.
+TEST(ChatTemplate, AnswerAtTheTokenLimitLeavesItsEndOfTurnUntrained) {
+  ConfigChatTemplate chatml(ChatTemplateSpec::load(template_file("chatml")), nullptr);
+  for (const bool cut : {false, true}) {
+    SCOPED_TRACE(cut);
+    const InputRecord r = parse_json_record(
+        std::string(R"({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hel",)") +
+            R"( "aerie_response_ids": [1, 2])" + (cut ? R"(, "aerie_finish_reason": "length")" : "") + "}]}",
+        InputFormat::OpenAI, 100);
+    ASSERT_EQ(r.skip, SkipReason::None) << r.detail;
+    const auto pieces = chatml.render_pieces(r.conversation);
+    int eot_trained = -1;
+    for (const auto& p : pieces)
+      if (p.special && p.text == "<|im_end|>") eot_trained = p.trained;  // the last one: the answer's
+    EXPECT_EQ(eot_trained, cut ? 0 : 1);
+  }
+}
+
 TEST(ChatTemplate, PythonJsonAndStrip) {
   using oj = nlohmann::ordered_json;
   EXPECT_EQ(chat::python_json(oj::parse(R"({"b": [1, 2.5, 1e-7, 1e16, true, null, "a\"\n\u0001"], "a": {}})")),

@@ -77,6 +77,13 @@ mkdir -p "$work/model_copy" && cp "$model"/* "$work/model_copy/"
 edgen() { mpirun --oversubscribe -np 1 "$aerie" generate --model "$work/model_copy" --input "$work/ed.jsonl" \
   --output "$work/ed_out.jsonl" --temperature 0.8 --seed 5 --max-new-tokens 8 --max-conversations 2 "$@"; }
 edgen >"$work/ed.log" 2>&1 || { cat "$work/ed.log"; echo "FAIL: run over the copy"; exit 1; }
+# Answers cut at --max-new-tokens 8 are marked so that prepare leaves their end of turn untrained.
+python3 -c 'import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1])]
+last = [r["conversations"][-1] for r in recs]
+sys.exit(0 if all(m.get("aerie_finish_reason") == "length" for m in last) else 1)' "$work/ed_out.jsonl" ||
+  { head -c 600 "$work/ed_out.jsonl"; echo "FAIL: answers at --max-new-tokens not marked aerie_finish_reason length"; exit 1; }
+grep -q "responses ended at --max-new-tokens 8" "$work/ed.log" || { cat "$work/ed.log"; echo "FAIL: no warning"; exit 1; }
 edgen >"$work/ed.log" 2>&1 || { cat "$work/ed.log"; echo "FAIL: unchanged rerun refused"; exit 1; }
 # A run.json of an earlier aerie (without the new keys) still resumes, and gains them.
 python3 - "$work/ed_out.jsonl.parts/run.json" <<'PY'
