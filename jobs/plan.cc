@@ -193,7 +193,40 @@ int plan(const std::vector<std::string>& args) {
   const std::vector<TensorInfo> tensors = tensors_path.empty() ? read_checkpoint_tensors(model)
                                                                : read_tensor_list(tensors_path);
   const MemoryPlan p = plan_memory(config, tensors, opt, config_file);
-  if (rank == 0) print_plan(std::cout, p, opt, gpu_source);
+  if (rank == 0) {
+    print_plan(std::cout, p, opt, gpu_source);
+    // What would: the smallest larger tp (a power of two) that fits the same GPU, and the longest --max-length
+    // that fits this tp (a halving search over the activations' share).
+    if (!p.fits) {
+      for (int64_t tp = 2; tp <= 64; tp *= 2) {
+        if (tp <= opt.tp) continue;
+        PlanOptions o = opt;
+        o.tp = tp;
+        try {
+          const MemoryPlan q = plan_memory(config, tensors, o, config_file);
+          if (q.fits) {
+            std::cout << "fits at --tp " << tp << ": " << bytes_str(q.total_per_rank) << " per rank, margin "
+                      << bytes_str(q.margin) << "\n";
+            break;
+          }
+        } catch (const Error&) {  // a split the target refuses: try the next
+        }
+      }
+      if (p.blockers.empty() && opt.max_length > 1024 && opt.batch_size == 0) {
+        for (int64_t len = opt.max_length / 2; len >= 1024; len /= 2) {
+          PlanOptions o = opt;
+          o.max_length = len;
+          o.batch_tokens = std::min(o.batch_tokens, len);
+          const MemoryPlan q = plan_memory(config, tensors, o, config_file);
+          if (q.fits) {
+            std::cout << "fits at tp " << opt.tp << " with --max-length " << len << ": " << bytes_str(q.total_per_rank)
+                      << " per rank, margin " << bytes_str(q.margin) << "\n";
+            break;
+          }
+        }
+      }
+    }
+  }
   return p.fits ? 0 : 1;  // a script can branch on it (the plan is printed either way)
 }
 

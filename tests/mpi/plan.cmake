@@ -50,4 +50,10 @@ if(EXISTS "${_k25}/kimi-k2.5.tensors.expanded.jsonl.gz")
            COMMAND bash -c "out=$($0 plan --model-config $1 --tensors $2 --tp 1 --gpu-memory 80GiB); rc=$?; echo \"$out\" | tail -1; [ $rc = 1 ] && echo \"$out\" | grep -q 'does NOT fit'"
                    $<TARGET_FILE:aerie> ${_k25}/config.transformers-5.7.0-redump.json ${_k25}/kimi-k2.5.tensors.expanded.jsonl.gz)
   set_tests_properties(plan_kimi_k25_tp1_does_not_fit PROPERTIES ENVIRONMENT "${_aerie_plan_env}")
+  # What would fit: the smallest larger tp, and the longest --max-length at this tp.
+  add_test(NAME plan_kimi_k25_suggests
+           COMMAND $<TARGET_FILE:aerie> plan --model-config ${_k25}/config.transformers-5.7.0-redump.json
+                   --tensors ${_k25}/kimi-k2.5.tensors.expanded.jsonl.gz --tp 8 --gpu-memory 96GB --max-length 131072)
+  set_tests_properties(plan_kimi_k25_suggests PROPERTIES ENVIRONMENT "${_aerie_plan_env}" WILL_FAIL FALSE
+    PASS_REGULAR_EXPRESSION "does NOT fit.*\nfits at --tp 16: [^\n]*\nfits at tp 8 with --max-length 65536: ")
 endif()
