@@ -265,7 +265,8 @@ int eval(const std::vector<std::string>& args) {
   if (!steps.empty()) run.steps = parse_steps(steps);
   o.output_path = follow_output_link("eval", o.output_path);
   if (!run.run_dir.empty())
-    run.table_path = vm["output"].defaulted() ? checkpoint_eval_path(run.run_dir) : o.output_path;
+    run.table_path = vm["output"].defaulted() ? follow_output_link("eval", checkpoint_eval_path(run.run_dir))
+                                              : o.output_path;
   check_eval_inputs(o, run);
   if (run.run_dir.empty()) {
     run_eval(o);

@@ -1,7 +1,7 @@
 // aerie plan: the GPU memory of a target per tensor-parallel rank, from config.json and the safetensors
 // headers alone (no tensor data is read), before an extract run commits GPUs to it.
 //   aerie plan --model DIR [--tp 8] [--max-length 8192] [--batch-tokens 2048 | --batch-size B]
-//              [--gpu-memory 96GB] [--reserve 2GiB] [--embed-split vocab|replicated]
+//              [--gpu-memory 96GB] [--reserve 2GiB] [--embed-split replicated|vocab]
 //   aerie plan --model-config config.json --tensors tensors.jsonl.gz ...   (a tensor list instead of DIR)
 // --tp defaults to the world size (mpirun -np 8 aerie plan ... plans tp 8); --gpu-memory to this GPU's
 // memory, else 80 GiB. Rank 0 prints. The rules and the arithmetic: docs/memory-plan.md; the planning
@@ -126,8 +126,9 @@ int plan(const std::vector<std::string>& args) {
       "gpu-memory", po::value<std::string>()->default_value(""),
       "memory per GPU, e.g. 96GB, 80GiB (default: this GPU's, else 80GiB)")(
       "reserve", po::value<std::string>()->default_value("2GiB"), "CUDA context, NCCL and cuBLAS workspaces per GPU")(
-      "embed-split", po::value<std::string>()->default_value("vocab"),
-      "embed_tokens and lm_head: vocab (rows split over tp, as vLLM/SGLang) or replicated")(
+      "embed-split", po::value<std::string>()->default_value("replicated"),
+      "embed_tokens and lm_head: replicated (whole on every rank, as aerie's jobs load them) or vocab (rows "
+      "split over tp, as vLLM/SGLang and deepseek-v3.md section 7's arithmetic)")(
       "expert-parallel", po::bool_switch(),
       "routed experts split over tp by expert, as extract/eval/generate --expert-parallel (the MoE "
       "activations counted for the worst case: every pair on one rank's experts)")(
@@ -198,6 +199,7 @@ int plan(const std::vector<std::string>& args) {
     // What would: the smallest larger tp (a power of two) that fits the same GPU, and the longest --max-length
     // that fits this tp (a halving search over the activations' share).
     if (!p.fits) {
+      bool suggested = false;
       for (int64_t tp = 2; tp <= 64; tp *= 2) {
         if (tp <= opt.tp) continue;
         PlanOptions o = opt;
@@ -207,6 +209,7 @@ int plan(const std::vector<std::string>& args) {
           if (q.fits) {
             std::cout << "fits at --tp " << tp << ": " << bytes_str(q.total_per_rank) << " per rank, margin "
                       << bytes_str(q.margin) << "\n";
+            suggested = true;
             break;
           }
         } catch (const Error&) {  // a split the target refuses: try the next
@@ -219,12 +222,17 @@ int plan(const std::vector<std::string>& args) {
           o.batch_tokens = std::min(o.batch_tokens, len);
           const MemoryPlan q = plan_memory(config, tensors, o, config_file);
           if (q.fits) {
-            std::cout << "fits at tp " << opt.tp << " with --max-length " << len << ": " << bytes_str(q.total_per_rank)
-                      << " per rank, margin " << bytes_str(q.margin) << "\n";
+            std::cout << "fits at tp " << opt.tp << " with --max-length " << len
+                      << (o.batch_tokens != opt.batch_tokens ? " --batch-tokens " + std::to_string(o.batch_tokens) : "")
+                      << ": " << bytes_str(q.total_per_rank) << " per rank, margin " << bytes_str(q.margin) << "\n";
+            suggested = true;
             break;
           }
         }
       }
+      if (!suggested)
+        std::cout << "nothing up to tp 64 (or --max-length 1024 at tp " << opt.tp << ") fits "
+                  << bytes_str(p.gpu_memory) << "\n";
     }
   }
   return p.fits ? 0 : 1;  // a script can branch on it (the plan is printed either way)

@@ -343,6 +343,9 @@ std::vector<TemplatePiece> ConfigChatTemplate::render_pieces(const Conversation&
       if (first_user < 0) first_user = i;
       last_user = i;
     }
+  int last_assistant = -1;
+  for (int i = 0; i < n; ++i)
+    if (loop[i].role == ChatRole::Assistant) last_assistant = i;
   int last_answer = -1;  // Kimi-K2-Thinking: the last assistant message without tool calls
   for (int i = n - 1; i >= 0 && last_answer < 0; --i)
     if (loop[i].role == ChatRole::Assistant && loop[i].tool_calls.empty()) last_answer = i;
@@ -355,8 +358,9 @@ std::vector<TemplatePiece> ConfigChatTemplate::render_pieces(const Conversation&
   }
 
   bool first_tool_result = true;
-  std::vector<std::string> call_ids;  // the ids of the last message of calls (default_id), for their results
-  int call_count = 0, tool_k = 0;     // calls so far; a tool result's position in its group
+  std::vector<std::string> call_ids;  // the ids of the last assistant message's calls (default_id), for their
+  std::vector<bool> call_answered;    // results; and which a result has answered
+  int call_count = 0;                 // calls so far in the conversation
   for (int i = 0; i < n; ++i) {
     const ChatTurn& t = loop[i];
     const ChatRole prev = i > 0 ? loop[i - 1].role : ChatRole::System;
@@ -388,9 +392,14 @@ std::vector<TemplatePiece> ConfigChatTemplate::render_pieces(const Conversation&
         const bool group_start = i == 0 || prev != ChatRole::Tool;
         const bool group_end = i + 1 == n || loop[i + 1].role != ChatRole::Tool;
         if (group_start) out.tpl(s.tool_group_prefix);
-        tool_k = group_start ? 0 : tool_k + 1;
-        std::string id = t.tool_call_id;  // without one: the id of the call it answers (default_id)
-        if (id.empty() && !s.call_default_id.empty() && tool_k < static_cast<int>(call_ids.size())) id = call_ids[tool_k];
+        // Without a tool_call_id (default_id set): the id of the first call of the assistant turn before it
+        // that no result answers yet (calls that a result of the group names were set aside at that turn).
+        std::string id = t.tool_call_id;
+        for (size_t k = 0; k < call_ids.size() && id.empty(); ++k)
+          if (!call_answered[k]) {
+            id = call_ids[k];
+            call_answered[k] = true;
+          }
         std::string prefix = first_tool_result && !s.tool_first_prefix.empty() ? s.tool_first_prefix : s.tool.prefix;
         prefix = replace_all(replace_all(prefix, "$id", id), "$name", t.name.empty() ? "tool" : t.name);
         out.tpl(prefix);
@@ -406,6 +415,8 @@ std::vector<TemplatePiece> ConfigChatTemplate::render_pieces(const Conversation&
         break;
       }
       case ChatRole::Assistant: {
+        call_ids.clear();  // results after this turn answer its calls, not an earlier turn's
+        call_answered.clear();
         out.tpl(prev == ChatRole::Tool && i > 0 && !s.assistant_prefix_after_tool.empty() ? s.assistant_prefix_after_tool
                                                                                            : s.assistant.prefix);
         std::string content = t.text;
@@ -437,17 +448,23 @@ std::vector<TemplatePiece> ConfigChatTemplate::render_pieces(const Conversation&
           // reasoning_content, else a think block the content starts with (aerie generate's answers keep it in
           // the content, and their ids, which are then the whole turn as the target wrote it, think block and
           // all, or no think block where the target wrote none).
+          // An inline block (after leading whitespace) is parsed out of the content; reasoning_content, when
+          // not empty, wins over it (one think block either way).
           std::string reasoning = t.reasoning;
-          if (!t.has_reasoning && starts_with(content, s.think_begin)) {
-            const size_t close = content.find(s.think_end, s.think_begin.size());
+          const size_t lead = content.find_first_not_of(" \t\r\n");
+          if (lead != std::string::npos && content.compare(lead, s.think_begin.size(), s.think_begin) == 0) {
+            const size_t close = content.find(s.think_end, lead + s.think_begin.size());
             if (close != std::string::npos) {
-              reasoning = content.substr(s.think_begin.size(), close - s.think_begin.size());
+              if (reasoning.empty())
+                reasoning = content.substr(lead + s.think_begin.size(), close - lead - s.think_begin.size());
               content = content.substr(close + s.think_end.size());
             }
           }
-          const bool final_answer = i == last_answer && i > last_user;
-          kimi_own_ids = final_answer && !t.ids.empty() && t.tool_calls.empty() && s.assistant_content_prefix.empty() &&
-                         role_text(s.assistant, t.text) == t.text;
+          // The final answer: no user turn and no other assistant turn after it (a tool-call turn after it was
+          // generated with the answer's history form in its prompt).
+          const bool final_answer = i == last_answer && i > last_user && i == last_assistant;
+          kimi_own_ids = final_answer && !t.ids.empty() && t.tool_calls.empty() && t.reasoning.empty() &&
+                         s.assistant_content_prefix.empty() && role_text(s.assistant, t.text) == t.text;
           if (kimi_own_ids) {
             out.ids(t.text, t.ids, true);
             content.clear();
@@ -479,7 +496,6 @@ std::vector<TemplatePiece> ConfigChatTemplate::render_pieces(const Conversation&
         if (!calls.empty()) {
           if (!content.empty()) out.tpl(s.call_after_content, true);
           out.tpl(s.call_begin, true);
-          call_ids.clear();
           for (size_t k = 0; k < calls.size(); ++k) {
             const ToolCall& c = calls[k];
             std::string args = c.arguments;
@@ -496,6 +512,11 @@ std::vector<TemplatePiece> ConfigChatTemplate::render_pieces(const Conversation&
               if (id.empty()) id = dflt;
               // what a result answering it names: the id the call is written with ($id), else the default's
               call_ids.push_back(s.call_format.find("$id") != std::string::npos ? id : dflt);
+              // a call that a result after this turn names explicitly is that result's, not a nameless one's
+              bool named = false;
+              for (int j = i + 1; j < n && loop[j].role == ChatRole::Tool && !named; ++j)
+                named = !loop[j].tool_call_id.empty() && loop[j].tool_call_id == call_ids.back();
+              call_answered.push_back(named);
             }
             ++call_count;
             std::string one = replace_all(s.call_format, "$name", c.name);

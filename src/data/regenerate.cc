@@ -148,6 +148,7 @@ struct RecordRegeneration::State {
       for (const char* k : {"reasoning_content", "reasoning", "thinking"}) m.erase(k);  // not the target's
     }
     m["aerie_response_ids"] = ids;
+    m.erase("aerie_finish_reason");  // an earlier regeneration's, of another answer
     if (at_limit) m["aerie_finish_reason"] = "length";
     new_msgs.push_back(std::move(m));
     answered = new_msgs.size();
@@ -578,7 +579,8 @@ RegenerateStats run_regenerate(const RegenerateOptions& opt, ParallelGroups& gro
       AERIE_LOG(warning) << "generate: " << stats.at_limit << " of " << stats.responses << " responses ended at "
                          << "--max-new-tokens " << opt.params.max_new_tokens << " (or --max-length) without a stop "
                          << "token; they carry \"aerie_finish_reason\": \"length\", and prepare leaves their end of "
-                         << "turn untrained (the target never wrote it). Raise --max-new-tokens for whole answers";
+                         << "turn untrained (the target never wrote it). Raise --max-new-tokens (or --max-length) for "
+                         << "whole answers";
     if (stats.complete) AERIE_LOG(info) << "generate: wrote " << opt.output;
   }
   return stats;

@@ -105,6 +105,43 @@ TEST(KimiTemplate, ThinkingFinalAnswerKeepsItsReasoning) {
   EXPECT_EQ(t2.find("<think></think>"), std::string::npos) << t2;
 }
 
+// A review's edge cases: an inline block with an empty (or another) reasoning_content gives one think block;
+// an answer followed by a tool-call turn is history (its empty block); results pair with the calls they name
+// first, and a result after a text turn answers no earlier call.
+TEST(KimiTemplate, ThinkingEdgeCases) {
+  ConfigChatTemplate tmpl(ChatTemplateSpec::load(find_chat_template("kimi-k2-thinking")), nullptr);
+  auto render = [&](const std::string& record, InputFormat f = InputFormat::OpenAI) {
+    const InputRecord r = parse_json_record(record, f, 1 << 20);
+    EXPECT_EQ(r.skip, SkipReason::None) << r.detail;
+    return pieces_text(tmpl.render_pieces(r.conversation));
+  };
+  std::string t = render(R"({"messages": [{"role": "user", "content": "Q"},
+      {"role": "assistant", "reasoning_content": "", "content": "<think>RI</think>A0"}]})");
+  EXPECT_NE(t.find("<|im_middle|><think>RI</think>A0<|im_end|>"), std::string::npos) << t;
+  t = render(R"({"messages": [{"role": "user", "content": "Q"},
+      {"role": "assistant", "reasoning_content": "RC", "content": "\n<think>RI</think>A0"}]})");
+  EXPECT_NE(t.find("<|im_middle|><think>RC</think>A0<|im_end|>"), std::string::npos) << t;
+  t = render(R"({"messages": [{"role": "user", "content": "Q"},
+      {"role": "assistant", "reasoning_content": "R0", "content": "A0"},
+      {"role": "assistant", "reasoning_content": "RT", "content": "", "tool_calls": [{"id": "c1", "type": "function",
+       "function": {"name": "f", "arguments": "{}"}}]},
+      {"role": "tool", "tool_call_id": "c1", "content": "ok"}]})");
+  EXPECT_NE(t.find("<|im_middle|><think></think>A0<|im_end|>"), std::string::npos) << t;
+  EXPECT_NE(t.find("<think>RT</think><|tool_calls_section_begin|>"), std::string::npos) << t;
+  t = render(R"({"messages": [{"role": "user", "content": "Q"},
+      {"role": "assistant", "content": "", "tool_calls": [{"id": "call_X", "type": "function",
+       "function": {"name": "a", "arguments": "{}"}}, {"type": "function", "function": {"name": "b", "arguments": "{}"}}]},
+      {"role": "tool", "content": "for b"}, {"role": "tool", "tool_call_id": "call_X", "content": "for a"}]})");
+  EXPECT_NE(t.find("## Return of functions.b:1\nfor b"), std::string::npos) << t;
+  EXPECT_NE(t.find("## Return of call_X\nfor a"), std::string::npos) << t;
+  t = render(R"({"conversations": [{"from": "human", "value": "Q"},
+      {"from": "function_call", "value": "{\"name\": \"a\", \"arguments\": {}}"},
+      {"from": "observation", "value": "r1"}, {"from": "gpt", "value": "text"}, {"from": "observation", "value": "r2"}]})",
+             InputFormat::Auto);
+  EXPECT_NE(t.find("## Return of functions.a:0\nr1"), std::string::npos) << t;
+  EXPECT_NE(t.find("## Return of \nr2"), std::string::npos) << t;  // answers no call: as the Jinja, no id
+}
+
 // An answer of aerie generate (aerie_response_ids: what the target wrote after the generation prompt) is
 // trained as those ids and nothing else: no empty think block in front of the target's own one (the bug:
 // <think></think><think>because</think>Answer.), nor in front of an answer the target wrote without one.

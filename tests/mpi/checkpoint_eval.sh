@@ -153,4 +153,12 @@ refused export_gone_foreign "is no longer in $r.*no checkpoint the table evaluat
 mv "$work/step10_away" "$r/checkpoints/step-00000010"
 refused export_table_alone "aerie export: --eval-table needs --best" 1 \
   export --checkpoint "$r" --eval-table "$table" --model "$model" --output "$work/e5"
+# The table as a symbolic link into another folder (its target not there yet): eval --run writes the link's
+# target and keeps the link (it used to replace the link by a regular file).
+mkdir -p "$work/tables"
+mv "$table" "$work/old_table.json"
+ln -s ../tables/table.json "$table"
+run eval_run_link 1 "${eval_args[@]}" --max-new-tokens 16 --run "$r" --steps 10 || fail "eval --run through a link"
+[ -L "$table" ] || fail "eval --run replaced the symbolic link to its table"
+[ "$(steps_of "$work/tables/table.json")" = "10" ] || fail "the link's target is not the new table"
 echo "checkpoint_eval: ok"

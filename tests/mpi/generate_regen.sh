@@ -84,6 +84,13 @@ last = [r["conversations"][-1] for r in recs]
 sys.exit(0 if all(m.get("aerie_finish_reason") == "length" for m in last) else 1)' "$work/ed_out.jsonl" ||
   { head -c 600 "$work/ed_out.jsonl"; echo "FAIL: answers at --max-new-tokens not marked aerie_finish_reason length"; exit 1; }
 grep -q "responses ended at --max-new-tokens 8" "$work/ed.log" || { cat "$work/ed.log"; echo "FAIL: no warning"; exit 1; }
+# Regenerated again with room to stop: only the answers that reached the limit again keep the mark (a review
+# found the first run's mark kept on every answer).
+mpirun --oversubscribe -np 1 "$aerie" generate --model "$model" --input "$work/ed_out.jsonl" --output "$work/ed_re.jsonl" \
+  --temperature 0.8 --seed 5 --max-new-tokens 300 >"$work/ed_re.log" 2>&1 || { cat "$work/ed_re.log"; echo "FAIL: regenerate"; exit 1; }
+marked=$(grep -o '"aerie_finish_reason":"length"' "$work/ed_re.jsonl" | wc -l)
+warned=$(grep -o "warning generate: [0-9]* of" "$work/ed_re.log" | grep -o "[0-9]*" | head -1)
+[ "$marked" = "${warned:-0}" ] || { cat "$work/ed_re.log"; echo "FAIL: $marked answers marked, ${warned:-0} at the limit"; exit 1; }
 edgen >"$work/ed.log" 2>&1 || { cat "$work/ed.log"; echo "FAIL: unchanged rerun refused"; exit 1; }
 # A run.json of an earlier aerie (without the new keys) still resumes, and gains them.
 python3 - "$work/ed_out.jsonl.parts/run.json" <<'PY'
