@@ -442,7 +442,7 @@ std::vector<TemplatePiece> ConfigChatTemplate::render_pieces(const Conversation&
         if (s.reasoning == "kimi") {
           // The Jinja keeps reasoning_content only in the turns after the last answer (a tool-call chain under
           // way) and renders every earlier turn, the final answer included, with an empty think block: the
-          // history a served model is given. The conversation's final answer (the last assistant turn without
+          // history a served model is given. The conversation's final answer (the last assistant turn, without
           // tool calls, no user turn after it) is instead trained as the model writes it after the generation
           // prompt: <think>REASONING</think>ANSWER (as Qwen3's Jinja does for its last turn). The reasoning is
           // reasoning_content, else a think block the content starts with (aerie generate's answers keep it in
