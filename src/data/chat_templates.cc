@@ -438,18 +438,14 @@ std::vector<TemplatePiece> ConfigChatTemplate::render_pieces(const Conversation&
             content = chat::strip_chars(content, "\n", true, false);
           }
         }
-        bool kimi_own_ids = false;  // the whole turn is the target's own ids (think block included)
         if (s.reasoning == "kimi") {
           // The Jinja keeps reasoning_content only in the turns after the last answer (a tool-call chain under
           // way) and renders every earlier turn, the final answer included, with an empty think block: the
-          // history a served model is given. The conversation's final answer (the last assistant turn, without
-          // tool calls, no user turn after it) is instead trained as the model writes it after the generation
-          // prompt: <think>REASONING</think>ANSWER (as Qwen3's Jinja does for its last turn). The reasoning is
-          // reasoning_content, else a think block the content starts with (aerie generate's answers keep it in
-          // the content, and their ids, which are then the whole turn as the target wrote it, think block and
-          // all, or no think block where the target wrote none).
-          // An inline block (after leading whitespace) is parsed out of the content; reasoning_content, when
-          // not empty, wins over it (one think block either way).
+          // history a served model is given. The conversation's final answer is instead trained as the model
+          // writes it after the generation prompt: <think>REASONING</think>ANSWER (as Qwen3's Jinja does for its
+          // last turn), and an answer of aerie generate as its ids alone (the whole turn as the target wrote it,
+          // think block and all, or none where it wrote none). A think block the content starts with (after
+          // whitespace) is parsed out of it; a non-empty reasoning_content wins over it (one block either way).
           std::string reasoning = t.reasoning;
           const size_t lead = content.find_first_not_of(" \t\r\n");
           if (lead != std::string::npos && content.compare(lead, s.think_begin.size(), s.think_begin) == 0) {
@@ -463,14 +459,10 @@ std::vector<TemplatePiece> ConfigChatTemplate::render_pieces(const Conversation&
           // The final answer: no user turn and no other assistant turn after it (a tool-call turn after it was
           // generated with the answer's history form in its prompt).
           const bool final_answer = i == last_answer && i > last_user && i == last_assistant;
-          kimi_own_ids = final_answer && !t.ids.empty() && t.tool_calls.empty() && t.reasoning.empty() &&
-                         s.assistant_content_prefix.empty() && role_text(s.assistant, t.text) == t.text;
-          if (kimi_own_ids) {
-            out.ids(t.text, t.ids, true);
-            content.clear();
-          } else {
+          if (final_answer && !t.ids.empty() && t.reasoning.empty())
+            content = t.text;  // no think block of the template's: the own-ids branch below renders the ids
+          else
             out.tpl(s.think_begin + (i > last_answer || final_answer ? reasoning : std::string()) + s.think_end, true);
-          }
         }
         content = role_text(s.assistant, content);
         std::vector<ToolCall> calls = s.call_format.empty() ? std::vector<ToolCall>{} : t.tool_calls;
@@ -486,13 +478,8 @@ std::vector<TemplatePiece> ConfigChatTemplate::render_pieces(const Conversation&
                                      << s.call_max << ")");
         // A regenerated response's own ids replace its text where the template renders the text unchanged.
         const bool own_ids = !t.ids.empty() && calls.empty() && s.assistant_content_prefix.empty() && content == t.text;
-        if (kimi_own_ids) {
-          // rendered above
-        } else if (own_ids) {
-          out.ids(content, t.ids, true);
-        } else if (!content.empty() || calls.empty()) {
-          out.text(s.assistant_content_prefix + content, true);
-        }
+        if (own_ids) out.ids(content, t.ids, true);
+        else if (!content.empty() || calls.empty()) out.text(s.assistant_content_prefix + content, true);
         if (!calls.empty()) {
           if (!content.empty()) out.tpl(s.call_after_content, true);
           out.tpl(s.call_begin, true);

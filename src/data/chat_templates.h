@@ -73,8 +73,8 @@ struct ChatTemplateSpec {
   std::string call_default_id;          // default_id: the id of a call that has none (ShareGPT function_call
                                         // turns), with $name, $index and $count (the calls before it in the
                                         // conversation); a tool result without tool_call_id then gets the id
-                                        // of the call it answers (the k-th result after a message of calls
-                                        // answers its k-th call). Empty: ids stay as given
+                                        // of the first call of the turn before it that no result answers (nor
+                                        // names). Empty: ids stay as given
   // [tools] (tool definitions, the record's "tools")
   std::string tools_placement = "none";  // placement: none | system | first_user | before_last_user | start
                                          // (a block of its own first, after bos: Kimi-K2's tool_declare)

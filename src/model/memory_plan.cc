@@ -163,7 +163,7 @@ Role classify(const std::string& name, const ModelShape& s) {
   const std::string rest = dot == std::string::npos ? "" : rel.substr(dot + 1);
   if (r.layer >= s.layers) {
     r.skip = prefix + "layers." + std::to_string(r.layer) + ".* (MTP layer: num_nextn_predict_layers)";
-    if (r.layer >= s.layers + s.nextn) r.category = WeightCategory::Other, r.foreign_layer = true;
+    r.foreign_layer = r.layer >= s.layers + s.nextn;
     return r;
   }
   if (ends_with(rest, "rotary_emb.inv_freq")) {

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "io/safetensors.h"
 #include "model/memory_plan.h"
@@ -19,6 +20,13 @@ using testing::error_of;
 constexpr double GiB = 1024.0 * 1024.0 * 1024.0;
 
 std::string configs() { return data_dir() + "/kimi-deepseek-configs"; }
+
+// DeepSeek-V3's real config.json, or nothing when ../shared/data lacks it (the caller skips).
+std::optional<json> deepseek_v3_config() {
+  const std::string path = configs() + "/config-deepseek-v3/config.json";
+  if (!std::filesystem::exists(path)) return std::nullopt;
+  return read_model_config(path);
+}
 
 const CategoryBytes& cat(const MemoryPlan& p, WeightCategory c) { return p.weights[static_cast<int>(c)]; }
 
@@ -176,9 +184,9 @@ std::vector<TensorInfo> deepseek_v3_tensors(const json& c) {
 
 // deepseek-v3.md section 7: DeepSeek-V3 FP8 is about 673 GB, about 84 GB per GPU at tp 8.
 TEST(MemoryPlan, DeepSeekV3Tp8) {
-  const std::string cfg_path = configs() + "/config-deepseek-v3/config.json";
-  if (!std::filesystem::exists(cfg_path)) GTEST_SKIP() << "no " << cfg_path;
-  const json cfg = read_model_config(cfg_path);
+  const std::optional<json> config = deepseek_v3_config();
+  if (!config) GTEST_SKIP() << "no DeepSeek-V3 config in " << configs();
+  const json& cfg = *config;
   PlanOptions opt;
   opt.tp = 8;
   opt.gpu_memory = parse_memory_size("96GB");
@@ -217,9 +225,9 @@ TEST(MemoryPlan, DeepSeekV3Tp8) {
 // got "fits") is refused, naming the first tensor that disagrees: more routed experts, another vocabulary,
 // decoder layers past num_hidden_layers + num_nextn_predict_layers.
 TEST(MemoryPlan, TensorListOfAnotherModelIsRefused) {
-  const std::string cfg_path = configs() + "/config-deepseek-v3/config.json";
-  if (!std::filesystem::exists(cfg_path)) GTEST_SKIP() << "no " << cfg_path;
-  const json cfg = read_model_config(cfg_path);
+  const std::optional<json> config = deepseek_v3_config();
+  if (!config) GTEST_SKIP() << "no DeepSeek-V3 config in " << configs();
+  const json& cfg = *config;
   PlanOptions opt;
   opt.tp = 8;
   json more = cfg;
