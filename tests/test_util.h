@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <string>
@@ -74,6 +75,32 @@ inline std::string error_of(const std::function<void()>& f) {
   }
   return "";
 }
+}  // namespace aerie::testing
+
+namespace aerie::testing {
+/// Sets an environment variable for the enclosing scope (a test that turns on an opt-in path such as
+/// AERIE_BATCHED_DECODE); the previous value, or its absence, comes back at the end of the scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* old = std::getenv(name);
+    had_ = old != nullptr;
+    if (had_) old_ = old;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had_)
+      setenv(name_.c_str(), old_.c_str(), 1);
+    else
+      unsetenv(name_.c_str());
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::string name_, old_;
+  bool had_ = false;
+};
 }  // namespace aerie::testing
 
 #include "core/device.h"

@@ -2,10 +2,12 @@
 // copies, runs the fp32 reference of cpu/attention.cc and rounds the results back.
 #include "kernels/attention.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "kernels/cpu/cpu_kernels.h"
 #include "kernels/dispatch.h"
+#include "kernels/tensor_ops.h"
 #ifdef AERIE_WITH_CUDA
 #include "kernels/cuda/attention.h"
 #endif
@@ -117,6 +119,74 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, int64_
   cpu::attention_forward(qf.data<float>(), kf.data<float>(), vf.data<float>(), a, o.data(),
                          lse ? lse->data<float>() : nullptr);
   o.commit();
+}
+
+void attention_decode_batch(const Tensor& q, const std::vector<int64_t>& rows, const std::vector<const Tensor*>& k,
+                            const std::vector<const Tensor*>& v, const std::vector<int64_t>& lengths, float scale,
+                            Tensor& out, int64_t window) {
+  constexpr const char* op = "attention_decode_batch";
+  const size_t B = rows.size();
+  AERIE_CHECK(k.size() == B && v.size() == B && lengths.size() == B,
+              op << ": " << B << " rows, " << k.size() << " key caches, " << v.size() << " value caches and "
+                 << lengths.size() << " lengths (one each per sequence)");
+  AERIE_CHECK(window >= 0, op << ": sliding window " << window << " must be >= 0 (0: none)");
+  AERIE_CHECK(q.ndim() == 3, op << ": q must be [N, n_heads, d], got " << shape_str(q.shape()));
+  AERIE_CHECK(q.dtype() == DType::F32 || q.dtype() == DType::BF16,
+              op << ": q must be F32 or BF16, got " << dtype_name(q.dtype()));
+  AERIE_CHECK(out.ndim() == 3 && out.dim(0) == q.dim(0) && out.dim(1) == q.dim(1) && out.dim(2) >= 1 &&
+                  out.dim(2) <= q.dim(2),
+              op << ": out must be [" << q.dim(0) << ", " << q.dim(1) << ", dv] with 1 <= dv <= " << q.dim(2)
+                 << ", got " << shape_str(out.shape()));
+  out.check_dtype(q.dtype(), what(op, "out (q's dtype)"));
+  const int64_t N = q.dim(0), nh = q.dim(1), d = q.dim(2), dv = out.dim(2);
+  std::vector<Named> devs{{"q", &q}, {"out", &out}};
+  std::vector<int64_t> seen(rows);
+  std::sort(seen.begin(), seen.end());
+  AERIE_CHECK(std::adjacent_find(seen.begin(), seen.end()) == seen.end(), op << ": a query row is given twice");
+  for (size_t i = 0; i < B; ++i) {
+    AERIE_CHECK(k[i] && v[i], op << ": sequence " << i << " has no key or value cache");
+    AERIE_CHECK(rows[i] >= 0 && rows[i] < N, op << ": sequence " << i << "'s row " << rows[i] << " outside q's " << N
+                                                << " rows");
+    const Tensor& ki = *k[i];
+    const Tensor& vi = *v[i];
+    AERIE_CHECK(ki.ndim() == 3 && ki.dim(2) == d && ki.dim(1) >= 1 && nh % ki.dim(1) == 0,
+                op << ": sequence " << i << "'s keys must be [L, n_kv, " << d << "] with n_kv dividing n_heads "
+                   << nh << ", got " << shape_str(ki.shape()));
+    AERIE_CHECK(vi.ndim() == 3 && vi.dim(0) == ki.dim(0) && vi.dim(1) == ki.dim(1) && vi.dim(2) >= dv,
+                op << ": sequence " << i << "'s values must be [" << ki.dim(0) << ", " << ki.dim(1) << ", >= " << dv
+                   << "], got " << shape_str(vi.shape()));
+    AERIE_CHECK(ki.dim(1) == k[0]->dim(1) && vi.dim(2) == v[0]->dim(2),
+                op << ": sequence " << i << "'s caches " << shape_str(ki.shape()) << " / " << shape_str(vi.shape())
+                   << " differ in heads or value width from sequence 0's");
+    AERIE_CHECK(lengths[i] >= 1 && lengths[i] <= ki.dim(0), op << ": sequence " << i << "'s length " << lengths[i]
+                                                                << " outside [1, " << ki.dim(0) << "] (its cache rows)");
+    ki.check_dtype(q.dtype(), what(op, "k (q's dtype)"));
+    vi.check_dtype(q.dtype(), what(op, "v (q's dtype)"));
+    devs.push_back({"k", k[i]});
+    devs.push_back({"v", v[i]});
+  }
+  const Device dev = kernels::common_device(op, devs);
+  if (B == 0) return;
+  if (dev == Device::CUDA) {
+#ifdef AERIE_WITH_CUDA
+    cuda::attention_decode_batch(q, rows, k, v, lengths, scale, out, window);
+    return;
+#else
+    kernels::throw_no_backend(op, dev);
+#endif
+  }
+  if (dev != Device::CPU) kernels::throw_no_backend(op, dev);
+  for (size_t i = 0; i < B; ++i) {
+    const int64_t L = lengths[i], r = rows[i];
+    Tensor vals = v[i]->slice(0, L);
+    if (vals.dim(2) > dv) {  // the first dv values of each head (MLA: the latent's kv_lora columns)
+      Tensor c = Tensor::empty({L * vals.dim(1), dv}, vals.dtype(), Device::CPU);
+      copy_columns(vals.reshape({L * vals.dim(1), vals.dim(2)}), 0, c, 0, dv);
+      vals = c.reshape({L, vals.dim(1), dv});
+    }
+    Tensor o = out.slice(r, r + 1);
+    attention_forward(q.slice(r, r + 1), k[i]->slice(0, L), vals, L - 1, scale, o, nullptr, window);
+  }
 }
 
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,

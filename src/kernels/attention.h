@@ -27,6 +27,24 @@ namespace aerie {
 void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, int64_t q_offset, float scale,
                        Tensor& out, Tensor* lse, int64_t window = 0);
 
+/// Batched decoding against per-sequence KV caches (generate's continuous batching: a per-sequence
+/// attention_forward costs a launch or two per sequence and layer, which bounds a decoding step of many
+/// short sequences). q: [N, n_heads, d]; for each sequence i, query row rows[i] (distinct, < N) attends keys
+/// j < lengths[i] of its own cache k[i] ([>= lengths[i], n_kv, d]) and v[i] ([>= lengths[i], n_kv, dvv] with
+/// dvv >= dv, of which the first dv values of each value head are read: MLA's latent cache [L, 1, kv_lora +
+/// rope] serves as both, dv = kv_lora), with a window W > 0 only keys j >= lengths[i] - W. The row sits at
+/// position lengths[i] - 1, its own key already in the cache, so for dvv == dv this is
+///   attention_forward(q row, k[i].slice(0, L), v[i].slice(0, L), L - 1, scale, out row, nullptr, W),  L = lengths[i].
+/// out: [N, n_heads, dv] in q's dtype; rows[i] of it are written, every other row is left unchanged.
+/// q, every k[i], v[i] and out all F32 or all BF16, on one device. CPU: exactly the call above per sequence
+/// (for dvv > dv on a copy of the value columns). CUDA (kernels/cuda/attention_decode.cu): one launch per 64
+/// sequences, one block per (sequence, head), fp32 softmax and accumulation (summation order differs from
+/// attention_forward's). Throws aerie::Error on mismatched shapes/dtypes/devices, a row out of range or
+/// repeated, a length outside [1, the cache's rows], a negative window, or n_heads not a multiple of n_kv.
+void attention_decode_batch(const Tensor& q, const std::vector<int64_t>& rows, const std::vector<const Tensor*>& k,
+                            const std::vector<const Tensor*>& v, const std::vector<int64_t>& lengths, float scale,
+                            Tensor& out, int64_t window = 0);
+
 /// Backward of the causal part given the FINAL output `out` and FINAL `lse` of each row (which may
 /// merge further keys, as the TTT diagonal does): with P_ij = exp(scale q_i.k_j - lse_i),
 /// D_i = dout_i . out_i, dS_ij = P_ij (dout_i . v_j - D_i):

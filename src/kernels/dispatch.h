@@ -3,6 +3,7 @@
 #pragma once
 #include <initializer_list>
 #include <utility>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -12,6 +13,17 @@ namespace aerie::kernels {
 /// device differs from the first one's.
 inline Device common_device(const char* op, std::initializer_list<std::pair<const char*, const Tensor*>> ts) {
   const auto& first = *ts.begin();
+  const Device d = first.second->device();
+  for (const auto& [name, t] : ts)
+    AERIE_CHECK(t->device() == d, op << ": tensor " << name << " is on " << device_name(t->device()) << ", "
+                                     << first.first << " on " << device_name(d));
+  return d;
+}
+
+/// The same for a list built at run time (ops over a variable number of tensors).
+inline Device common_device(const char* op, const std::vector<std::pair<const char*, const Tensor*>>& ts) {
+  AERIE_CHECK(!ts.empty(), op << ": no tensors");
+  const auto& first = ts.front();
   const Device d = first.second->device();
   for (const auto& [name, t] : ts)
     AERIE_CHECK(t->device() == d, op << ": tensor " << name << " is on " << device_name(t->device()) << ", "

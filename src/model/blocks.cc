@@ -2,6 +2,8 @@
 #include "model/blocks.h"
 
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -11,6 +13,12 @@
 #include "kernels/tensor_ops.h"
 
 namespace aerie {
+
+bool batched_decoding(Device device) {
+  if (device == Device::CPU) return true;
+  const char* v = std::getenv("AERIE_BATCHED_DECODE");
+  return v && std::strcmp(v, "1") == 0;
+}
 
 Tensor ForwardContext::buffer(const std::string& name, const Shape& shape, DType dt) {
   auto it = buffers_.find(name);

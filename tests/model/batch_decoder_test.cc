@@ -192,5 +192,16 @@ TEST_F(BatchDecoderTest, CudaMatchesCpu) {
   EXPECT_GE(same, static_cast<int>(seqs.size()) - 2) << "bf16 batch 4 vs batch 1: only " << same << " equal";
 }
 
+// The same with the batched decoding attention (opt-in on CUDA: AERIE_BATCHED_DECODE=1): F32 greedy tokens
+// of batch 4 equal the CPU's, sampled ones those of batch 1.
+TEST_F(BatchDecoderTest, CudaBatchedDecodingMatchesCpu) {
+  AERIE_REQUIRE_CUDA();
+  testing::ScopedEnv on("AERIE_BATCHED_DECODE", "1");
+  TargetModel gpu(testing::model_dir(), *self, {Device::CUDA, DType::F32});
+  const std::vector<int32_t> stop = {1, 2};
+  EXPECT_EQ(decode(gpu, 4, {0.0, 1.0}, stop), decode(*model, 4, {0.0, 1.0}, stop));
+  EXPECT_EQ(decode(gpu, 4, {1.0, 0.9}, stop), decode(gpu, 1, {1.0, 0.9}, stop));
+}
+
 }  // namespace
 }  // namespace aerie

@@ -88,6 +88,65 @@ TEST(DeepseekV3, BatchedEqualsAlone) {
   }
 }
 
+/// Three cached sequences continued in one forward_batch: a mixed step (one by two rows, two by one), then
+/// three decoding steps of one row each; every row against forward() of the whole sequence. On a GPU the
+/// one-row sequences take the batched absorbed form (MlaAttention::absorbed_batch), the two-row one its own.
+void check_batched_decoding(TargetModel& m, float tol, const std::string& what) {
+  const std::vector<int32_t> a = {1, 5, 9, 33, 60, 2, 17, 41, 8, 63}, c = {2, 17, 41, 8, 63, 12, 7},
+                             d = {8, 63, 12, 200, 7, 7, 3, 90};
+  KVCache ca = m.make_cache(10), cc = m.make_cache(7), cd = m.make_cache(8);
+  m.forward(std::vector<int32_t>(a.begin(), a.begin() + 5), &ca, {}, false);
+  m.forward(std::vector<int32_t>(c.begin(), c.begin() + 3), &cc, {}, false);
+  m.forward(std::vector<int32_t>(d.begin(), d.begin() + 4), &cd, {}, false);
+  TargetOutput fa = m.forward(a, nullptr, {}, true), fc = m.forward(c, nullptr, {}, true),
+               fd = m.forward(d, nullptr, {}, true);
+  auto expect_row = [&](const Tensor& got, int64_t row, const Tensor& want, int64_t wrow, const std::string& w) {
+    testing::expect_close_scaled(got.slice(row, row + 1).to_float_vector(),
+                                 want.slice(wrow, wrow + 1).to_float_vector(), tol, what + " " + w);
+  };
+  TargetOutput mixed = m.forward_batch({{a[5], a[6]}, {c[3]}, {d[4]}}, {&ca, &cc, &cd}, {}, TargetModel::Logits::All);
+  ASSERT_EQ(mixed.logits.dim(0), 4);
+  expect_row(mixed.logits, 0, fa.logits, 5, "mixed step, two-row sequence, row 0");
+  expect_row(mixed.logits, 1, fa.logits, 6, "mixed step, two-row sequence, row 1");
+  expect_row(mixed.logits, 2, fc.logits, 3, "mixed step, one-row sequence 1");
+  expect_row(mixed.logits, 3, fd.logits, 4, "mixed step, one-row sequence 2");
+  for (int64_t t = 0; t < 3; ++t) {
+    TargetOutput step = m.forward_batch({{a[7 + t]}, {c[4 + t]}, {d[5 + t]}}, {&ca, &cc, &cd}, {},
+                                        TargetModel::Logits::Last);
+    const std::string w = "decoding step " + std::to_string(t);
+    ASSERT_EQ(step.logits.dim(0), 3) << w;
+    expect_row(step.logits, 0, fa.logits, 7 + t, w + " sequence 0");
+    expect_row(step.logits, 1, fc.logits, 4 + t, w + " sequence 1");
+    expect_row(step.logits, 2, fd.logits, 5 + t, w + " sequence 2");
+  }
+  EXPECT_EQ(ca.length(), 10);
+  EXPECT_EQ(cc.length(), 7);
+  EXPECT_EQ(cd.length(), 8);
+}
+
+/// The fixture's config with the real models' MLA widths (qk_nope 128, qk_rope 64, v 128) and the given
+/// kv_lora_rank (Kimi-K2.5 / DeepSeek-V3: 512), written to a scratch folder.
+TargetConfig real_heads_config(int64_t kv_lora, const std::string& name) {
+  nlohmann::json j;
+  std::ifstream(fixture("deepseek_v3") + "/config.json") >> j;
+  j["qk_nope_head_dim"] = 128;
+  j["qk_rope_head_dim"] = 64;
+  j["v_head_dim"] = 128;
+  j["kv_lora_rank"] = kv_lora;
+  j["num_nextn_predict_layers"] = 0;
+  const std::string dir = testing::scratch_dir(name);
+  std::ofstream(dir + "/config.json") << j.dump();
+  return load_target_config(dir);
+}
+
+TEST(DeepseekV3, BatchedDecodingEqualsWholeForward) {
+  auto self = self_comm();
+  TargetModel model(fixture("deepseek_v3"), *self);
+  // The absorbed decoding against the expanded prefill of forward(): 1e-5 of the tensor's scale, as
+  // BatchedEqualsAlone.
+  check_batched_decoding(model, 1e-5f, "cpu");
+}
+
 TEST(DeepseekV3, MlaCacheHoldsTheLatent) {
   auto self = self_comm();
   TargetModel model(fixture("deepseek_v3"), *self);
@@ -172,16 +231,7 @@ TEST(DeepseekV3Cuda, RealHeadDimsRandomModelEqualsCpu) {
   // The real models' MLA head (qk_nope 128 + qk_rope 64 = 192 for queries and keys, v 128) on a small
   // random model: CUDA F32 equals the CPU (the forward's DP = 256 attention path).
   AERIE_REQUIRE_CUDA();
-  nlohmann::json j;
-  std::ifstream(fixture("deepseek_v3") + "/config.json") >> j;
-  j["qk_nope_head_dim"] = 128;
-  j["qk_rope_head_dim"] = 64;
-  j["v_head_dim"] = 128;
-  j["kv_lora_rank"] = 64;
-  j["num_nextn_predict_layers"] = 0;
-  const std::string dir = testing::scratch_dir("deepseek_real_heads");
-  std::ofstream(dir + "/config.json") << j.dump();
-  const TargetConfig cfg = load_target_config(dir);
+  const TargetConfig cfg = real_heads_config(64, "deepseek_real_heads");
   auto self = self_comm();
   TargetModel cpu = TargetModel::random(cfg, *self, {Device::CPU, DType::F32}, 3);
   TargetModel gpu = TargetModel::random(cfg, *self, {Device::CUDA, DType::F32}, 3);
@@ -194,6 +244,19 @@ TEST(DeepseekV3Cuda, RealHeadDimsRandomModelEqualsCpu) {
   TargetOutput c = gpu.forward(std::vector<int32_t>(ids.begin() + 10, ids.end()), &cache, {}, true);
   testing::expect_close_scaled(c.logits.to_float_vector(), a.logits.slice(10, a.logits.dim(0)).to_float_vector(), 1e-5f,
                                "chunked logits");
+}
+
+TEST(DeepseekV3Cuda, BatchedDecodingEqualsWholeForward) {
+  // The batched absorbed form (scatter_rows + attention_decode_batch) in decoding and mixed steps: the
+  // fixture (latent 32 + 8) and a random model with the real latent (512 + 64: the kernel's widest case).
+  AERIE_REQUIRE_CUDA();
+  testing::ScopedEnv on("AERIE_BATCHED_DECODE", "1");  // opt-in on CUDA (model/blocks.h batched_decoding)
+  auto self = self_comm();
+  TargetModel gpu(fixture("deepseek_v3"), *self, {Device::CUDA, DType::F32});
+  check_batched_decoding(gpu, 1e-5f, "cuda f32 fixture");
+  TargetModel real = TargetModel::random(real_heads_config(512, "deepseek_real_latent"), *self,
+                                         {Device::CUDA, DType::F32}, 5);
+  check_batched_decoding(real, 1e-5f, "cuda f32 latent 512 + 64");
 }
 
 }  // namespace

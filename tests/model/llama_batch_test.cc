@@ -181,5 +181,19 @@ TEST(LlamaBatchCuda, Bf16EqualsSingleForwards) {
   }
 }
 
+TEST(LlamaBatchCuda, BatchedDecodingEqualsSingleForwards) {
+  // check_caches' decoding steps (two cached sequences, one row each) through the batched decoding attention
+  // (scatter_rows + attention_decode_batch), opt-in on CUDA (model/blocks.h batched_decoding).
+  AERIE_REQUIRE_CUDA();
+  testing::ScopedEnv on("AERIE_BATCHED_DECODE", "1");
+  auto self = self_comm();
+  for (const auto& name : kFamilies) {
+    TargetModel f32(hf_fixture(name), *self, {Device::CUDA, DType::F32});
+    check_caches(f32, false, name + " cuda f32 batched decoding");
+    TargetModel b16(hf_fixture(name), *self, {Device::CUDA, DType::BF16});
+    check_caches(b16, true, name + " cuda bf16 batched decoding");
+  }
+}
+
 }  // namespace
 }  // namespace aerie

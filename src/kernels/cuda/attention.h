@@ -18,6 +18,11 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, int64_
 /// Packed samples (cu_seqlens [B+1] I32 on the device): block -> (sample, query tile).
 void attention_forward_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens,
                               float scale, Tensor& out, Tensor* lse);
+/// Batched decoding (one row per sequence, each against its own cache): one block of four warps per
+/// (sequence, head), one launch per 64 sequences; head dims up to 576 (MLA's latent).
+void attention_decode_batch(const Tensor& q, const std::vector<int64_t>& rows, const std::vector<const Tensor*>& k,
+                            const std::vector<const Tensor*>& v, const std::vector<int64_t>& lengths, float scale,
+                            Tensor& out, int64_t window);
 /// FlashAttention-2 backward: D = rowsum(dout * out), then dk/dv per key tile (loop over query tiles)
 /// and dq per query tile (loop over key tiles), both recomputing P from lse; no atomics.
 void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
