@@ -53,6 +53,7 @@ struct LocalSamples {
   std::vector<uint8_t> truncated;
   std::vector<uint8_t> record_skip;   // SkipReason of each record read (None: became a sample)
   std::vector<std::pair<int64_t, std::string>> examples;  // (record index, "file:line: reason (detail)")
+  int64_t noted = 0;  // records kept with a note (InputRecord::note), the first few logged by this rank
 
   int64_t records() const { return static_cast<int64_t>(record_skip.size()); }
   std::array<int64_t, static_cast<size_t>(SkipReason::Count_)> skipped_by() const {
@@ -136,6 +137,15 @@ bool is_text_input(const PrepareOptions& opt) {
   return fs::path(opt.input).extension() == ".txt";
 }
 
+// Notes of kept records (InputRecord::note) that each rank logs with their file:line; the rest are counted.
+constexpr int64_t kNotesLogged = 5;
+
+void log_more_notes(const LocalSamples& out) {
+  if (out.noted > kNotesLogged)
+    AERIE_LOG(warning) << "prepare: ... and " << out.noted - kNotesLogged
+                       << " more record(s) of this rank's part with such a warning (kept as said)";
+}
+
 // Tokenizes one parsed record and appends it to `out`, or counts it as skipped (`where`: "file:line").
 void add_record(InputRecord r, const std::function<std::string()>& where, const PrepareOptions& opt,
               const Tokenizer& tok, const ChatTemplate& tmpl, LocalSamples& out) {
@@ -174,6 +184,8 @@ void add_record(InputRecord r, const std::function<std::string()>& where, const 
     }
   }
   out.record_skip.push_back(static_cast<uint8_t>(r.skip));
+  if (r.skip == SkipReason::None && !r.note.empty() && out.noted++ < kNotesLogged)
+    AERIE_LOG(warning) << "prepare: " << where() << ": " << r.note;
   if (r.skip != SkipReason::None) {
     if (static_cast<int>(out.examples.size()) < opt.max_reported) {
       std::ostringstream os;
@@ -203,6 +215,7 @@ LocalSamples read_local(const PrepareOptions& opt, const Tokenizer& tok, const C
       add_record(std::move(r), [&] { return file_name + "[" + std::to_string(index) + "]"; }, opt, tok, tmpl, out);
     });
     progress.finish();
+    log_more_notes(out);
     return out;
   }
   InputRange range = input_range(opt.input, text, rank, size);
@@ -217,6 +230,7 @@ LocalSamples read_local(const PrepareOptions& opt, const Tokenizer& tok, const C
     add_record(std::move(r), [&] { return file_name + ":" + std::to_string(line0 + line + 1); }, opt, tok, tmpl, out);
   });
   progress.finish();
+  log_more_notes(out);
   return out;
 }
 

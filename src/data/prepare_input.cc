@@ -95,14 +95,14 @@ bool read_tools(const json& j, Conversation& c, std::string& why) {
 }
 
 // ShareGPT "function_call" value {"name", "arguments"|"parameters"} (or an array of them) -> tool_calls;
-// anything else stays plain assistant text.
-void read_function_call(ChatTurn& turn) {
+// anything else stays plain assistant text, and false is returned (the caller notes it).
+bool read_function_call(ChatTurn& turn) {
   json v = json::parse(turn.text, nullptr, /*allow_exceptions=*/false);
   if (v.is_object()) v = json::array({v});
-  if (!v.is_array() || v.empty()) return;
+  if (!v.is_array() || v.empty()) return false;
   std::vector<ToolCall> calls;
   for (const json& f : v) {
-    if (!f.is_object() || !f.contains("name") || !f["name"].is_string()) return;
+    if (!f.is_object() || !f.contains("name") || !f["name"].is_string()) return false;
     ToolCall call;
     call.name = f["name"].get<std::string>();
     const json args = f.contains("arguments") ? f["arguments"] : f.contains("parameters") ? f["parameters"] : json::object();
@@ -116,6 +116,7 @@ void read_function_call(ChatTurn& turn) {
   }
   turn.tool_calls = std::move(calls);
   turn.text_is_tool_calls = true;
+  return true;
 }
 
 // An assistant message's "aerie_response_ids" (written by aerie generate) into turn.ids: false when the
@@ -138,7 +139,7 @@ InputRecord parse_sharegpt(const json& j) {
   const json& conv = j.at("conversations");
   if (!conv.is_array()) return skip(SkipReason::WrongTypes, "'conversations' is not an array");
   Conversation c;
-  std::string why;
+  std::string why, note;
   if (!read_tools(j, c, why)) return skip(SkipReason::WrongTypes, why);
   if (j.contains("system")) {
     if (!j["system"].is_string()) return skip(SkipReason::WrongTypes, "'system' is not a string");
@@ -157,12 +158,16 @@ InputRecord parse_sharegpt(const json& j) {
     else if (from == "observation" || from == "tool") role = ChatRole::Tool;
     else return skip(SkipReason::WrongTypes, "turn " + std::to_string(i) + ": unknown role '" + from + "'");
     ChatTurn turn{role, t["value"].get<std::string>()};
-    if (from == "function_call") read_function_call(turn);
+    if (from == "function_call" && !read_function_call(turn) && note.empty())
+      note = "turn " + std::to_string(i) + ": a function_call value that is no JSON {\"name\", \"arguments\"} object "
+             "(or array of them) is trained as plain assistant text";
     if (role == ChatRole::Assistant && !read_response_ids(t, turn))
       return skip(SkipReason::WrongTypes, "turn " + std::to_string(i) + ": 'aerie_response_ids' is not a list of ids");
     c.turns.push_back(std::move(turn));
   }
-  return conversation_record(std::move(c));
+  InputRecord r = conversation_record(std::move(c));
+  if (r.skip == SkipReason::None) r.note = std::move(note);
+  return r;
 }
 
 InputRecord parse_openai(const json& j) {

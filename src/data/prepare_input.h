@@ -82,13 +82,15 @@ struct InputRecord {
   Conversation conversation;       // if !tokenized
   std::vector<int32_t> input_ids;  // if tokenized
   std::vector<uint8_t> loss_mask;  // if tokenized
+  std::string note;                // kept, but worth a warning naming the record (e.g. a function_call turn that
+                                   // holds no JSON call: trained as plain assistant text)
 };
 
 /// Parses one JSONL line of `format` (Auto detects per line; Text is not a JSONL format).
 /// ShareGPT: {"conversations": [{"from": "human"|"user"|"gpt"|"assistant"|"system"|"function_call"|
 /// "observation"|"tool", "value": str}], optional top-level "system": str}. "function_call" is model output
 /// (an assistant turn; a value that is a JSON {"name", "arguments"} object, or an array of them, also gives
-/// its tool_calls, as LLaMA-Factory writes them)
+/// its tool_calls, as LLaMA-Factory writes them; any other value stays assistant text, with a `note`)
 /// (assistant); "observation"/"tool" are tool results (never trained on).
 /// OpenAI: {"messages": [{"role": "system"|"developer"|"user"|"assistant"|"tool", "content": str or
 /// [{"type": "text", "text": str}, ...] or null}], optional "tools": [...]}. Assistant messages may have

@@ -272,7 +272,12 @@ TEST(ChatTemplate, ShareGPTFunctionCallBecomesToolCalls) {
   EXPECT_EQ(call.tool_calls[0].name, "get_weather");
   EXPECT_EQ(call.tool_calls[0].arguments, R"({"city": "Oslo"})");
   EXPECT_TRUE(call.text_is_tool_calls);
-  EXPECT_TRUE(r.conversation.turns[4].tool_calls.empty());  // not JSON: plain assistant text
+  EXPECT_TRUE(r.conversation.turns[4].tool_calls.empty());  // not JSON: plain assistant text, with a note
+  EXPECT_NE(r.note.find("turn 4: a function_call value that is no JSON"), std::string::npos) << r.note;
+  const InputRecord ok = parse_json_record(
+      R"({"conversations": [{"from": "human", "value": "Hi"}, {"from": "function_call", "value": "{\"name\": \"f\"}"}]})",
+      InputFormat::Auto, 100);
+  EXPECT_EQ(ok.note, "");
   ConfigChatTemplate qwen(ChatTemplateSpec::load(template_file("qwen2.5")), nullptr);
   const std::string q = pieces_text(qwen.render_pieces(r.conversation));
   EXPECT_NE(q.find("<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call><|im_end|>"),
