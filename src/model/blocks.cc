@@ -14,10 +14,11 @@
 
 namespace aerie {
 
-bool batched_decoding(Device device) {
-  if (device == Device::CPU) return true;
+bool batched_decoding(Device device, bool cpu_default) {
   const char* v = std::getenv("AERIE_BATCHED_DECODE");
-  return v && std::strcmp(v, "1") == 0;
+  if (v && std::strcmp(v, "1") == 0) return true;
+  if (v && std::strcmp(v, "0") == 0) return false;
+  return device == Device::CPU && cpu_default;
 }
 
 Tensor ForwardContext::buffer(const std::string& name, const Shape& shape, DType dt) {

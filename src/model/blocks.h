@@ -152,10 +152,12 @@ constexpr int64_t kMlaAbsorbedMaxRows = 16;
 
 /// Whether a forward step of two or more cached sequences with one new row each (generate's decoding)
 /// attends in one batched call per layer (scatter_rows + attention_decode_batch; MLA: absorbed_batch)
-/// instead of one call or more per sequence. CPU: always (the batched call is the per-sequence one
-/// there, bitwise); CUDA: only with AERIE_BATCHED_DECODE=1 in the environment, until the kernel has been
-/// run on a GPU (written 2026-12-05 without one; kernels/cuda/attention_decode.cu). Read at each call.
-bool batched_decoding(Device device);
+/// instead of one call or more per sequence. AERIE_BATCHED_DECODE in the environment decides when set to
+/// 1 (on) or 0 (off); otherwise: on the CPU `cpu_default` (GQA: on, the batched call being the per-sequence
+/// arithmetic there, bitwise; MLA: off, its batched form rounds differently from forward()'s), on CUDA off
+/// until the kernel has been run on a GPU (written 2026-12-05 without one; kernels/cuda/attention_decode.cu).
+/// Read at each call.
+bool batched_decoding(Device device, bool cpu_default);
 
 struct MlaSpec {
   int64_t hidden = 0, heads = 0, q_lora_rank = 0, kv_lora_rank = 0, qk_nope = 0, qk_rope = 0, v_head = 0;

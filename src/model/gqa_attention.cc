@@ -129,7 +129,7 @@ class GqaAttention final : public AttentionBlock {
     std::vector<Tensor*> dk, dv;
     std::vector<const Tensor*> ck, cv;
     std::vector<char> batched(static_cast<size_t>(b.B), 0);
-    if (!b.direct_cache && b.tree_parent.empty() && b.B >= 2 && batched_decoding(ctx.device)) {
+    if (!b.direct_cache && b.tree_parent.empty() && b.B >= 2 && batched_decoding(ctx.device, true)) {
       for (int64_t i = 0; i < b.B; ++i)
         if (b.cache[i] && b.start[i + 1] - b.start[i] == 1) {
           drows.push_back(b.start[i]);

@@ -2,8 +2,8 @@
 // deepseek-v3.md section 2): prefill in the expanded form (keys and values from kv_b, flash attention
 // with a value head (v) narrower than the query/key head (dk)), decoding (a sequence with a cache and at most
 // kMlaAbsorbedMaxRows new rows: eval's and generate's steps) in the absorbed form against the latent
-// cache (absorbed() below; on a GPU with AERIE_BATCHED_DECODE=1, two or more one-row sequences of a step
-// together: absorbed_batch()). Buffers per forward (this rank's nh heads,
+// cache (absorbed() below; with AERIE_BATCHED_DECODE=1, two or more one-row sequences of a step together:
+// absorbed_batch()). Buffers per forward (this rank's nh heads,
 // dk = nope + rope, L = the keys a sequence attends):
 //   qa, qan [n, q_lora]   q [n, nh, dk]   ckv [n, kv_lora + rope]   latent [n | L, kv_lora + rope]
 //   kv [L, nh, nope + v]   K [L, nh, dk], V [L, nh, v]
@@ -91,14 +91,13 @@ class MlaAttention final : public AttentionBlock {
       rope_apply_interleaved(kpe, b.positions, s_.inv_freq, s_.rope_scale);
       copy_columns(pe, 0, latent, lora, rope);
     });
-    // On a GPU (batched_decoding: AERIE_BATCHED_DECODE=1 for now), sequences with a cache and one new row
-    // (generate's decoding steps, two or more of them): one cache
-    // append and one absorbed attention for all of them (absorbed_batch), not ~7 launches each.
-    // The CPU keeps the per-sequence form, so that a batch's rows stay bitwise forward()'s there.
+    // Sequences with a cache and one new row (generate's decoding steps, two or more of them): one cache
+    // append and one absorbed attention for all of them (absorbed_batch), not ~7 launches each
+    // (batched_decoding: opt-in, AERIE_BATCHED_DECODE=1, on the CPU too; latents up to 576 wide).
     std::vector<int64_t> drows, dpos, dlen;
     std::vector<Tensor*> dcache;
     std::vector<char> batched(static_cast<size_t>(b.B), 0);
-    if (ctx.device != Device::CPU && b.B >= 2 && batched_decoding(ctx.device)) {
+    if (b.B >= 2 && lat <= 576 && batched_decoding(ctx.device, false)) {
       for (int64_t i = 0; i < b.B; ++i)
         if (b.cache[i] && b.start[i + 1] - b.start[i] == 1) {
           drows.push_back(b.start[i]);
@@ -143,7 +142,7 @@ class MlaAttention final : public AttentionBlock {
     Tensor kv_b_w;  // kv_b's [nh (nope + v), lora] in the compute dtype, for the absorbed form
     if (!drows.empty()) {
       kv_b_w = kv_b_weight(ctx);
-      absorbed_batch(ctx, q, drows, dcache, dlen, kv_b_w, static_cast<int64_t>(drows.size()) < b.B, o_in);
+      absorbed_batch(ctx, q, drows, dcache, dlen, kv_b_w, o_in);
     }
     for (int64_t i = 0; i < b.B && any_cache; ++i) {
       if (batched[i]) continue;
@@ -211,39 +210,47 @@ class MlaAttention final : public AttentionBlock {
   }
 
   /// absorbed() for many sequences of one new row each (rows[i] of q, latent caches caches[i] [>= len, lora +
-  /// rope] holding lengths[i] positions, this row's included): q_lat and the value projection for all n rows
-  /// of the batch in one strided-batched GEMM each, the attention in one attention_decode_batch (the latent as
-  /// keys [L, 1, lora + rope] and, its first lora columns, values; p stays fp32 where absorbed() rounds it to
-  /// the compute dtype). Writes o_in's rows[i]; with `others` (sequences not in the list share the batch) the
-  /// other rows get the projection of zeros, which their own paths then overwrite.
+  /// rope] holding lengths[i] positions, this row's included), gathered into m = rows.size() rows: q_lat
+  /// and the value projection as one strided-batched GEMM each over the m rows, the attention as one
+  /// attention_decode_batch (the latent as keys [L, 1, lora + rope] and, its first lora columns, values; p
+  /// stays fp32 where absorbed() rounds it to the compute dtype), the results scattered to o_in's rows[i].
   void absorbed_batch(ForwardContext& ctx, const Tensor& q, const std::vector<int64_t>& rows,
                       const std::vector<Tensor*>& caches, const std::vector<int64_t>& lengths, const Tensor& w,
-                      bool others, Tensor& o_in) {
-    const int64_t n = q.dim(0), nope = s_.qk_nope, rope = s_.qk_rope, lora = s_.kv_lora_rank;
-    const int64_t vd = s_.v_head, la = lora + rope, hs = (nope + vd) * lora;
+                      Tensor& o_in) {
+    const int64_t m = static_cast<int64_t>(rows.size()), nope = s_.qk_nope, rope = s_.qk_rope;
+    const int64_t lora = s_.kv_lora_rank, vd = s_.v_head, la = lora + rope, hs = (nope + vd) * lora;
     const DType ct = ctx.dtype;
-    Tensor ql = ctx.buffer("mla.q_lat_batch", {n, nh_, la}, ct);
+    std::vector<int64_t> own(static_cast<size_t>(m));  // row i of the gathered tensors
+    for (int64_t i = 0; i < m; ++i) own[static_cast<size_t>(i)] = i;
+    Tensor qg = ctx.buffer("mla.q_batch", {m, nh_, dk_}, ct);
+    ctx.prof.time(OpKind::Other, ctx.device, [&] {
+      scatter_rows(q, rows, std::vector<Tensor*>(static_cast<size_t>(m), &qg), own);
+    });
+    Tensor ql = ctx.buffer("mla.q_lat_batch", {m, nh_, la}, ct);
     ctx.prof.time(OpKind::Gemm, ctx.device, [&] {
-      matmul_strided_batched({&q, 0, nh_ * dk_, dk_}, {&w, 0, lora, hs}, {&ql, 0, nh_ * la, la}, n, lora, nope, nh_,
+      matmul_strided_batched({&qg, 0, nh_ * dk_, dk_}, {&w, 0, lora, hs}, {&ql, 0, nh_ * la, la}, m, lora, nope, nh_,
                              false);
     });
     ctx.prof.time(OpKind::Other, ctx.device, [&] {
-      Tensor r = ql.reshape({n * nh_, la});
-      copy_columns(q.reshape({n * nh_, dk_}), nope, r, lora, rope);
+      Tensor r = ql.reshape({m * nh_, la});
+      copy_columns(qg.reshape({m * nh_, dk_}), nope, r, lora, rope);
     });
-    Tensor o = ctx.buffer("mla.o_lat_batch", {n, nh_, lora}, ct);
+    Tensor o = ctx.buffer("mla.o_lat_batch", {m, nh_, lora}, ct);
     std::vector<Tensor> lat;
     lat.reserve(caches.size());
     for (Tensor* c : caches) lat.push_back(c->reshape({c->dim(0), 1, la}));
     std::vector<const Tensor*> kv;
     for (const Tensor& t : lat) kv.push_back(&t);
-    ctx.prof.time(OpKind::Attention, ctx.device, [&] {
-      if (others) o.fill_zero();
-      attention_decode_batch(ql, rows, kv, kv, lengths, s_.softmax_scale, o);
-    });
+    ctx.prof.time(OpKind::Attention, ctx.device,
+                  [&] { attention_decode_batch(ql, own, kv, kv, lengths, s_.softmax_scale, o); });
+    Tensor og = ctx.buffer("mla.o_in_batch", {m, nh_ * vd}, ct);
     ctx.prof.time(OpKind::Gemm, ctx.device, [&] {
-      matmul_strided_batched({&o, 0, nh_ * lora, lora}, {&w, nope * lora, lora, hs}, {&o_in, 0, nh_ * vd, vd}, n, vd,
+      matmul_strided_batched({&o, 0, nh_ * lora, lora}, {&w, nope * lora, lora, hs}, {&og, 0, nh_ * vd, vd}, m, vd,
                              lora, nh_, true);
+    });
+    ctx.prof.time(OpKind::Other, ctx.device, [&] {
+      std::vector<Tensor*> dst(static_cast<size_t>(m), &o_in);
+      scatter_rows(og, own, dst, rows);
     });
   }
 

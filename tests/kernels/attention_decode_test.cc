@@ -1,7 +1,8 @@
 // Batched decoding attention (kernels/attention.h attention_decode_batch) and the cache append beside it
 // (kernels/tensor_ops.h scatter_rows). CPU: attention_decode_batch is attention_forward per sequence
 // (bitwise), with the value columns cut for MLA's latent layout; scatter_rows copies rows. CUDA: both
-// against the CPU on the same inputs (F32 and BF16; GQA head dims 8, 64 and 128, MLA's latent 576 / 512,
+// against the CPU on the same inputs (F32 and BF16; GQA head dims 8, 64 and 128, 192 with values of 128 read
+// from rows of 192 per kv head, MLA's latent 576 / 512,
 // windows, more sequences than one launch takes), and the rows no sequence names stay as they were.
 #include <algorithm>
 #include <cmath>
@@ -81,7 +82,8 @@ TEST(AttentionDecodeBatch, CpuIsAttentionForwardPerSequence) {
   // GQA (group 3), a window, MLA's layout (one latent head as keys and, its first dv columns, values).
   for (const DecodeCase& c : {DecodeCase{9, 6, 2, 16, 16, 16, 5, 40, 0, DType::F32},
                               DecodeCase{9, 6, 2, 16, 16, 16, 5, 40, 7, DType::BF16},
-                              DecodeCase{6, 4, 1, 24, 16, 24, 4, 30, 0, DType::F32}}) {
+                              DecodeCase{6, 4, 1, 24, 16, 24, 4, 30, 0, DType::F32},
+                              DecodeCase{7, 6, 2, 12, 8, 12, 5, 30, 0, DType::F32}}) {
     DecodeData x = make_case(c, 3);
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
     Tensor ref = reference(c, x, scale);
@@ -175,13 +177,14 @@ Tensor to_gpu(const Tensor& t) { return t.to_device(Device::CUDA); }
 
 TEST(AttentionDecodeBatchCuda, MatchesCpu) {
   AERIE_REQUIRE_CUDA();
-  // head dims 8 / 64 / 128 (SmolLM2, Llama), MLA's latent 576 with values its first 512; 70 sequences take
-  // two launches; windows.
+  // head dims 8 / 64 / 128 (SmolLM2, Llama), 192 / 128 with two kv heads, MLA's latent 576 with values its
+  // first 512; 70 sequences take two launches; windows.
   for (DType dt : {DType::F32, DType::BF16})
     for (const DecodeCase& c0 : {DecodeCase{80, 9, 3, 64, 64, 64, 70, 300, 0, dt},
                                  DecodeCase{80, 9, 3, 64, 64, 64, 70, 300, 50, dt},
                                  DecodeCase{20, 32, 8, 128, 128, 128, 12, 700, 0, dt},
                                  DecodeCase{10, 4, 2, 8, 8, 8, 6, 40, 0, dt},
+                                 DecodeCase{10, 8, 2, 192, 128, 192, 7, 300, 0, dt},
                                  DecodeCase{12, 8, 1, 576, 512, 576, 9, 400, 0, dt}}) {
       const DecodeCase c = c0;
       DecodeData x = make_case(c, 21);

@@ -143,8 +143,10 @@ TEST(DeepseekV3, BatchedDecodingEqualsWholeForward) {
   auto self = self_comm();
   TargetModel model(fixture("deepseek_v3"), *self);
   // The absorbed decoding against the expanded prefill of forward(): 1e-5 of the tensor's scale, as
-  // BatchedEqualsAlone.
+  // BatchedEqualsAlone; per sequence (the CPU's default) and batched (absorbed_batch, opt-in).
   check_batched_decoding(model, 1e-5f, "cpu");
+  testing::ScopedEnv on("AERIE_BATCHED_DECODE", "1");
+  check_batched_decoding(model, 1e-5f, "cpu batched");
 }
 
 TEST(DeepseekV3, MlaCacheHoldsTheLatent) {
