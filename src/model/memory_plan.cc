@@ -32,6 +32,8 @@ struct ModelShape {
   int64_t q_lora = 0, kv_lora = 0, qk_nope = 0, qk_rope = 0, v_head = 0;  // MLA
   int64_t experts = 0, top_k = 0, moe_intermediate = 0, shared = 0, first_dense = 0, moe_freq = 1;
   int64_t pack_factor = 8;  // values per int32 of a compressed-tensors weight_packed (32 / num_bits)
+  std::string quant_method;  // quantization_config.quant_method ("fp8", "compressed-tensors"; "": none)
+  std::string quant_format;  // its "format" (compressed-tensors: "pack-quantized" for INT4 weight_packed)
   int64_t vocab = 0, nextn = 0;  // vocab_size (0: not given); num_nextn_predict_layers (DeepSeek's MTP)
   bool is_moe_layer(int64_t l) const { return experts > 0 && l >= first_dense && l % moe_freq == 0; }
 };
@@ -89,6 +91,8 @@ ModelShape parse_shape(const json& top, const std::string& source) {
   // compressed-tensors: num_bits of the first weight group (top level or text_config).
   for (const json* q : {&c, &top}) {
     if (!q->contains("quantization_config") || !(*q)["quantization_config"].is_object()) continue;
+    s.quant_method = (*q)["quantization_config"].value("quant_method", std::string("unknown"));
+    s.quant_format = (*q)["quantization_config"].value("format", std::string());
     const json& groups = (*q)["quantization_config"].value("config_groups", json::object());
     for (const auto& [name, g] : groups.items())
       if (g.is_object() && g.contains("weights") && g["weights"].is_object() &&
@@ -354,6 +358,7 @@ MemoryPlan plan_memory(const json& config, const std::vector<TensorInfo>& tensor
   int64_t others = 0;
   std::string other_example;
   std::set<int64_t> layers_seen;  // decoder layers [0, num_hidden_layers) with any tensor
+  std::string fp8_example, int4_example;  // the first F8 weight and the first weight_packed of the list
   for (const TensorInfo& t : tensors) {
     const int64_t esize = safetensors_dtype_bytes(t.dtype);
     AERIE_CHECK(esize > 0, source << " / tensor list: tensor '" << t.name << "' has unknown dtype '" << t.dtype << "'");
@@ -408,6 +413,8 @@ MemoryPlan plan_memory(const json& config, const std::vector<TensorInfo>& tensor
     c.checkpoint += numel * esize;
     const bool is_fp8 = starts_with(t.dtype, "F8") || starts_with(t.dtype, "f8");
     const bool is_int4 = ends_with(t.name, ".weight_packed");
+    if (is_fp8 && fp8_example.empty()) fp8_example = t.name;
+    if (is_int4 && int4_example.empty()) int4_example = t.name;
     // --fp8-gemm: a dense Linear weight is quantized at load into block FP8 (Linear::use_fp8_gemm).
     const bool linear_category = r.category == WeightCategory::Attention || r.category == WeightCategory::DenseMlp ||
                                  r.category == WeightCategory::SharedExperts ||
@@ -446,6 +453,24 @@ MemoryPlan plan_memory(const json& config, const std::vector<TensorInfo>& tensor
   }
   AERIE_CHECK(plan.weight_tensors > 0, source << ": the tensor list holds no language-model weight (of "
                                               << tensors.size() << " tensors)");
+  // The config's quantization against the list's tensors (a list of the same architecture in another
+  // format has the same shapes: Kimi-K2.5's INT4 config with K2-Instruct's FP8 list planned 2x its weights).
+  {
+    const bool want_fp8 = s.quant_method == "fp8";
+    const bool want_int4 = s.quant_method == "compressed-tensors" && s.quant_format == "pack-quantized";
+    std::string why;
+    if (want_int4 && int4_example.empty())
+      why = "says compressed-tensors (INT4 weight_packed), but the list has no weight_packed tensor" +
+            (fp8_example.empty() ? std::string() : " and FP8 ones (" + fp8_example + ")");
+    else if (want_fp8 && fp8_example.empty())
+      why = "says block fp8, but the list has no F8 tensor" +
+            (int4_example.empty() ? std::string() : " and INT4 ones (" + int4_example + ")");
+    else if (s.quant_method.empty() && (!fp8_example.empty() || !int4_example.empty()))
+      why = "has no quantization_config, but the list holds quantized weights (" +
+            (fp8_example.empty() ? int4_example : fp8_example) + ")";
+    AERIE_CHECK(why.empty(), source << " / tensor list: the config's quantization_config " << why
+                                    << ": is the tensor list of another checkpoint of this model?");
+  }
   std::vector<std::string> quant;
   if (std::count(int4.begin(), int4.end(), true))
     quant.push_back("int4 pack-quantized, " + std::to_string(s.pack_factor) + " per int32 (" + category_list(int4) + ")");

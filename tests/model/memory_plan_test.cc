@@ -247,6 +247,44 @@ TEST(MemoryPlan, TensorListOfAnotherModelIsRefused) {
   EXPECT_NO_THROW(plan_memory(cfg, deepseek_v3_tensors(cfg), opt, "ds/config.json"));
 }
 
+// A list of the same architecture in another quantization has the same shapes (Kimi-K2.5's INT4 config with
+// K2-Instruct's FP8 list planned as if it fit): the config's quantization_config and the list's tensors
+// must agree.
+TEST(MemoryPlan, TensorListOfAnotherQuantizationIsRefused) {
+  const std::optional<json> config = deepseek_v3_config();
+  if (!config) GTEST_SKIP() << "no DeepSeek-V3 config in " << configs();
+  PlanOptions opt;
+  opt.tp = 8;
+  const std::vector<TensorInfo> fp8 = deepseek_v3_tensors(*config);
+  json int4 = *config;
+  int4["quantization_config"] = {{"quant_method", "compressed-tensors"}, {"format", "pack-quantized"}};
+  std::string e = error_of([&] { plan_memory(int4, fp8, opt, "k25/config.json"); });
+  EXPECT_NE(e.find("k25/config.json / tensor list: the config's quantization_config says compressed-tensors (INT4 "
+                   "weight_packed), but the list has no weight_packed tensor and FP8 ones (model.layers.0."),
+            std::string::npos) << e;
+  json none = *config;
+  none.erase("quantization_config");
+  e = error_of([&] { plan_memory(none, fp8, opt, "bf16/config.json"); });
+  EXPECT_NE(e.find("has no quantization_config, but the list holds quantized weights"), std::string::npos) << e;
+  std::vector<TensorInfo> bf16;
+  for (TensorInfo t : fp8) {
+    if (t.name.find("scale_inv") != std::string::npos) continue;
+    t.dtype = "BF16";
+    bf16.push_back(t);
+  }
+  e = error_of([&] { plan_memory(*config, bf16, opt, "ds/config.json"); });
+  EXPECT_NE(e.find("says block fp8, but the list has no F8 tensor"), std::string::npos) << e;
+  EXPECT_NO_THROW(plan_memory(none, bf16, opt, "bf16/config.json"));  // a bf16 conversion with its own config
+  // The real pair of the helper's report: Kimi-K2.5's INT4 config with Kimi-K2-Instruct's FP8 list.
+  const std::string k25 = configs() + "/config-kimi-k25", k2 = configs() + "/config-kimi-k2-instruct";
+  if (!std::filesystem::exists(k25) || !std::filesystem::exists(k2)) return;
+  e = error_of([&] {
+    plan_memory(read_model_config(k25 + "/config.transformers-5.7.0-redump.json"),
+                read_tensor_list(k2 + "/kimi-k2-instruct.tensors.expanded.jsonl.gz"), opt, "k25");
+  });
+  EXPECT_NE(e.find("no weight_packed tensor and FP8 ones"), std::string::npos) << e;
+}
+
 // The stories260K checkpoint the build converts, from its real header: at tp 1 the plan's weights are the
 // file's tensors, byte for byte.
 TEST(MemoryPlan, Stories260KHeadersSumToTheFile) {
