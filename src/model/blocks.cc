@@ -21,6 +21,22 @@ bool batched_decoding(Device device, bool cpu_default) {
   return device == Device::CPU && cpu_default;
 }
 
+DecodeRows decode_rows(const ForwardBatch& b, bool on) {
+  DecodeRows d;
+  d.taken.assign(static_cast<size_t>(b.B), 0);
+  if (!on || b.B < 2 || b.direct_cache || !b.tree_parent.empty()) return d;
+  for (int64_t i = 0; i < b.B; ++i)
+    if (b.cache[i] && b.start[i + 1] - b.start[i] == 1) {
+      d.seq.push_back(i);
+      d.rows.push_back(b.start[i]);
+      d.positions.push_back(b.p0[i]);
+      d.lengths.push_back(b.p0[i] + 1);
+    }
+  if (d.seq.size() < 2) return DecodeRows{{}, {}, {}, {}, std::vector<char>(static_cast<size_t>(b.B), 0)};
+  for (int64_t i : d.seq) d.taken[static_cast<size_t>(i)] = 1;
+  return d;
+}
+
 Tensor ForwardContext::buffer(const std::string& name, const Shape& shape, DType dt) {
   auto it = buffers_.find(name);
   if (it != buffers_.end() && it->second.shape() == shape && it->second.dtype() == dt) return it->second;

@@ -159,6 +159,18 @@ constexpr int64_t kMlaAbsorbedMaxRows = 16;
 /// Read at each call.
 bool batched_decoding(Device device, bool cpu_default);
 
+/// The sequences of `b` that batched decoding takes: every one with a cache and exactly one new row, in
+/// batch order, when `on`, no token tree and no direct cache write, and two or more of them (else none).
+struct DecodeRows {
+  std::vector<int64_t> seq;        // index of each taken sequence in the batch
+  std::vector<int64_t> rows;       // its row of the step's packed rows
+  std::vector<int64_t> positions;  // its cache position, where the new key goes (p0)
+  std::vector<int64_t> lengths;    // the keys it attends, its own included (p0 + 1)
+  std::vector<char> taken;         // [B]: 1 for a taken sequence
+  bool empty() const { return seq.empty(); }
+};
+DecodeRows decode_rows(const ForwardBatch& b, bool on);
+
 struct MlaSpec {
   int64_t hidden = 0, heads = 0, q_lora_rank = 0, kv_lora_rank = 0, qk_nope = 0, qk_rope = 0, v_head = 0;
   std::vector<float> inv_freq;  // [qk_rope / 2]

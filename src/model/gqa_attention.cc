@@ -123,37 +123,25 @@ class GqaAttention final : public AttentionBlock {
     });
     // Sequences with a cache and one new row (a decoding step of generate's continuous batching): their
     // cache appends and their attention go in one call each for all of them, not one or two per sequence
-    // (batched_decoding: always on the CPU, where it is the same arithmetic; on CUDA behind
+    // (batched_decoding: on the CPU by default, the same arithmetic there; on CUDA behind
     // AERIE_BATCHED_DECODE=1 until the kernel has run on a GPU).
-    std::vector<int64_t> drows, dpos, dlen;
+    const DecodeRows dr = decode_rows(b, batched_decoding(ctx.device, true));
     std::vector<Tensor*> dk, dv;
     std::vector<const Tensor*> ck, cv;
-    std::vector<char> batched(static_cast<size_t>(b.B), 0);
-    if (!b.direct_cache && b.tree_parent.empty() && b.B >= 2 && batched_decoding(ctx.device, true)) {
-      for (int64_t i = 0; i < b.B; ++i)
-        if (b.cache[i] && b.start[i + 1] - b.start[i] == 1) {
-          drows.push_back(b.start[i]);
-          dpos.push_back(b.p0[i]);
-          dlen.push_back(b.p0[i] + 1);
-          dk.push_back(&b.cache[i]->k[l]);
-          dv.push_back(&b.cache[i]->v[l]);
-          ck.push_back(&b.cache[i]->k[l]);
-          cv.push_back(&b.cache[i]->v[l]);
-          batched[i] = 1;
-        }
-      if (drows.size() < 2) {  // a single sequence: the per-sequence path, as forward() takes it
-        drows.clear();
-        std::fill(batched.begin(), batched.end(), 0);
-      }
+    for (int64_t i : dr.seq) {
+      dk.push_back(&b.cache[i]->k[l]);
+      dv.push_back(&b.cache[i]->v[l]);
+      ck.push_back(dk.back());
+      cv.push_back(dv.back());
     }
     if (!b.direct_cache) {
       ctx.prof.time(OpKind::Other, ctx.device, [&] {
-        if (!drows.empty()) {
-          scatter_rows(k, drows, dk, dpos);
-          scatter_rows(v, drows, dv, dpos);
+        if (!dr.empty()) {
+          scatter_rows(k, dr.rows, dk, dr.positions);
+          scatter_rows(v, dr.rows, dv, dr.positions);
         }
         for (int64_t i = 0; i < b.B; ++i) {
-          if (!b.cache[i] || batched[i]) continue;
+          if (!b.cache[i] || dr.taken[i]) continue;
           const int64_t s = b.start[i], e = b.start[i + 1];
           b.cache[i]->k[l].slice(b.p0[i], b.p0[i] + e - s).copy_from(k.slice(s, e));
           b.cache[i]->v[l].slice(b.p0[i], b.p0[i] + e - s).copy_from(v.slice(s, e));
@@ -174,9 +162,9 @@ class GqaAttention final : public AttentionBlock {
         attention_forward_varlen(q, k, v, b.cu_seqlens, scale, attn, nullptr);
         return;
       }
-      if (!drows.empty()) attention_decode_batch(q, drows, ck, cv, dlen, scale, attn, std::max<int64_t>(window, 0));
+      if (!dr.empty()) attention_decode_batch(q, dr.rows, ck, cv, dr.lengths, scale, attn, std::max<int64_t>(window, 0));
       for (int64_t i = 0; i < b.B; ++i) {
-        if (batched[i]) continue;
+        if (dr.taken[i]) continue;
         const int64_t s = b.start[i], e = b.start[i + 1];
         Tensor k_all = k.slice(s, e), v_all = v.slice(s, e), out_b = attn.slice(s, e);
         if (b.cache[i]) {

@@ -94,27 +94,13 @@ class MlaAttention final : public AttentionBlock {
     // Sequences with a cache and one new row (generate's decoding steps, two or more of them): one cache
     // append and one absorbed attention for all of them (absorbed_batch), not ~7 launches each
     // (batched_decoding: opt-in, AERIE_BATCHED_DECODE=1, on the CPU too; latents up to 576 wide).
-    std::vector<int64_t> drows, dpos, dlen;
+    const DecodeRows dr = decode_rows(b, lat <= 576 && batched_decoding(ctx.device, false));
     std::vector<Tensor*> dcache;
-    std::vector<char> batched(static_cast<size_t>(b.B), 0);
-    if (b.B >= 2 && lat <= 576 && batched_decoding(ctx.device, false)) {
-      for (int64_t i = 0; i < b.B; ++i)
-        if (b.cache[i] && b.start[i + 1] - b.start[i] == 1) {
-          drows.push_back(b.start[i]);
-          dpos.push_back(b.p0[i]);
-          dlen.push_back(b.p0[i] + 1);
-          dcache.push_back(&b.cache[i]->k[layer]);
-          batched[i] = 1;
-        }
-      if (drows.size() < 2) {
-        drows.clear();
-        std::fill(batched.begin(), batched.end(), 0);
-      }
-    }
-    if (!drows.empty())
-      ctx.prof.time(OpKind::Other, ctx.device, [&] { scatter_rows(latent, drows, dcache, dpos); });
+    for (int64_t i : dr.seq) dcache.push_back(&b.cache[i]->k[layer]);
+    if (!dr.empty())
+      ctx.prof.time(OpKind::Other, ctx.device, [&] { scatter_rows(latent, dr.rows, dcache, dr.positions); });
     for (int64_t i = 0; i < b.B; ++i) {
-      if (!b.cache[i] || batched[i]) continue;
+      if (!b.cache[i] || dr.taken[i]) continue;
       const int64_t s = b.start[i], e = b.start[i + 1];
       ctx.prof.time(OpKind::Other, ctx.device,
                     [&] { b.cache[i]->k[layer].slice(b.p0[i], b.p0[i] + e - s).copy_from(latent.slice(s, e)); });
@@ -140,12 +126,12 @@ class MlaAttention final : public AttentionBlock {
       });
     }
     Tensor kv_b_w;  // kv_b's [nh (nope + v), lora] in the compute dtype, for the absorbed form
-    if (!drows.empty()) {
+    if (!dr.empty()) {
       kv_b_w = kv_b_weight(ctx);
-      absorbed_batch(ctx, q, drows, dcache, dlen, kv_b_w, o_in);
+      absorbed_batch(ctx, q, dr.rows, dcache, dr.lengths, kv_b_w, o_in);
     }
     for (int64_t i = 0; i < b.B && any_cache; ++i) {
-      if (batched[i]) continue;
+      if (dr.taken[i]) continue;
       const int64_t s = b.start[i], e = b.start[i + 1];
       if (b.cache[i] && e - s <= kMlaAbsorbedMaxRows) {
         // Decoding: the absorbed form against the latent cache, straight into o_in's rows.
