@@ -53,7 +53,8 @@ struct LocalSamples {
   std::vector<uint8_t> truncated;
   std::vector<uint8_t> record_skip;   // SkipReason of each record read (None: became a sample)
   std::vector<std::pair<int64_t, std::string>> examples;  // (record index, "file:line: reason (detail)")
-  int64_t noted = 0;  // records kept with a note (InputRecord::note), the first few logged by this rank
+  // Records kept with a note (InputRecord::note): (record index, "file:line: note"), the text for the first few.
+  std::vector<std::pair<int64_t, std::string>> notes;
 
   int64_t records() const { return static_cast<int64_t>(record_skip.size()); }
   std::array<int64_t, static_cast<size_t>(SkipReason::Count_)> skipped_by() const {
@@ -75,6 +76,7 @@ struct LocalSamples {
       if (record_skip[static_cast<size_t>(r)] == 0 && ++kept == n) last = r;
     record_skip.resize(static_cast<size_t>(last + 1));
     std::erase_if(examples, [&](const auto& e) { return e.first > last; });
+    std::erase_if(notes, [&](const auto& e) { return e.first > last; });
   }
 };
 
@@ -137,12 +139,14 @@ bool is_text_input(const PrepareOptions& opt) {
   return fs::path(opt.input).extension() == ".txt";
 }
 
-// Notes of kept records (InputRecord::note) that each rank logs with their file:line; the rest are counted.
-constexpr int64_t kNotesLogged = 5;
+// Notes of kept records (InputRecord::note) that each rank logs with their file:line, after the --max-samples
+// cut (a record it drops gets none); the rest are counted.
+constexpr size_t kNotesLogged = 5;
 
-void log_more_notes(const LocalSamples& out) {
-  if (out.noted > kNotesLogged)
-    AERIE_LOG(warning) << "prepare: ... and " << out.noted - kNotesLogged
+void log_notes(const LocalSamples& out) {
+  for (size_t i = 0; i < out.notes.size() && i < kNotesLogged; ++i) AERIE_LOG(warning) << "prepare: " << out.notes[i].second;
+  if (out.notes.size() > kNotesLogged)
+    AERIE_LOG(warning) << "prepare: ... and " << out.notes.size() - kNotesLogged
                        << " more record(s) of this rank's part with such a warning (kept as said)";
 }
 
@@ -184,8 +188,8 @@ void add_record(InputRecord r, const std::function<std::string()>& where, const 
     }
   }
   out.record_skip.push_back(static_cast<uint8_t>(r.skip));
-  if (r.skip == SkipReason::None && !r.note.empty() && out.noted++ < kNotesLogged)
-    AERIE_LOG(warning) << "prepare: " << where() << ": " << r.note;
+  if (r.skip == SkipReason::None && !r.note.empty())
+    out.notes.emplace_back(out.records() - 1, out.notes.size() < kNotesLogged ? where() + ": " + r.note : std::string());
   if (r.skip != SkipReason::None) {
     if (static_cast<int>(out.examples.size()) < opt.max_reported) {
       std::ostringstream os;
@@ -215,7 +219,6 @@ LocalSamples read_local(const PrepareOptions& opt, const Tokenizer& tok, const C
       add_record(std::move(r), [&] { return file_name + "[" + std::to_string(index) + "]"; }, opt, tok, tmpl, out);
     });
     progress.finish();
-    log_more_notes(out);
     return out;
   }
   InputRange range = input_range(opt.input, text, rank, size);
@@ -230,7 +233,6 @@ LocalSamples read_local(const PrepareOptions& opt, const Tokenizer& tok, const C
     add_record(std::move(r), [&] { return file_name + ":" + std::to_string(line0 + line + 1); }, opt, tok, tmpl, out);
   });
   progress.finish();
-  log_more_notes(out);
   return out;
 }
 
@@ -437,6 +439,7 @@ PrepareStats run_prepare(const PrepareOptions& opt, MPI_Comm comm) {
   int64_t sample_off = exscan(n_local, comm);  // before the --max-samples cut
   if (opt.max_samples >= 0 && sample_off + n_local >= opt.max_samples)
     local.keep_first(std::clamp<int64_t>(opt.max_samples - sample_off, 0, n_local));
+  log_notes(local);
   n_local = static_cast<int64_t>(local.lengths.size());
   sample_off = exscan(n_local, comm);  // after the cut
   int64_t tok_local = static_cast<int64_t>(local.ids.size());

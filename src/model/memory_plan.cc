@@ -4,6 +4,7 @@
 #include "model/memory_plan.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 #include <map>
 #include <set>
@@ -34,6 +35,7 @@ struct ModelShape {
   int64_t pack_factor = 8;  // values per int32 of a compressed-tensors weight_packed (32 / num_bits)
   std::string quant_method;  // quantization_config.quant_method ("fp8", "compressed-tensors"; "": none)
   std::string quant_format;  // its "format" (compressed-tensors: "pack-quantized" for INT4 weight_packed)
+  std::string quant_group;   // compressed-tensors' first weight group: "int4", "fp8" or "" (another kind)
   int64_t vocab = 0, nextn = 0;  // vocab_size (0: not given); num_nextn_predict_layers (DeepSeek's MTP)
   bool is_moe_layer(int64_t l) const { return experts > 0 && l >= first_dense && l % moe_freq == 0; }
 };
@@ -91,13 +93,24 @@ ModelShape parse_shape(const json& top, const std::string& source) {
   // compressed-tensors: num_bits of the first weight group (top level or text_config).
   for (const json* q : {&c, &top}) {
     if (!q->contains("quantization_config") || !(*q)["quantization_config"].is_object()) continue;
-    s.quant_method = (*q)["quantization_config"].value("quant_method", std::string("unknown"));
-    s.quant_format = (*q)["quantization_config"].value("format", std::string());
+    const json& qc = (*q)["quantization_config"];
+    for (const char* key : {"quant_method", "format"})
+      AERIE_CHECK(!qc.contains(key) || qc[key].is_string(),
+                  source << ": quantization_config." << key << " is not a string: " << qc[key].dump());
+    s.quant_method = qc.value("quant_method", std::string("unknown"));
+    std::transform(s.quant_method.begin(), s.quant_method.end(), s.quant_method.begin(),
+                   [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+    s.quant_format = qc.value("format", std::string());
     const json& groups = (*q)["quantization_config"].value("config_groups", json::object());
     for (const auto& [name, g] : groups.items())
       if (g.is_object() && g.contains("weights") && g["weights"].is_object() &&
-          g["weights"].value("num_bits", 0) > 0) {
-        s.pack_factor = 32 / g["weights"]["num_bits"].get<int64_t>();
+          g["weights"].contains("num_bits") && g["weights"]["num_bits"].is_number_integer() &&
+          g["weights"]["num_bits"].get<int64_t>() > 0) {
+        const json& w = g["weights"];
+        s.pack_factor = 32 / w["num_bits"].get<int64_t>();
+        s.quant_group = w.value("num_bits", 0) == 4 && w.contains("type") && w["type"] == "int"     ? "int4"
+                        : w.value("num_bits", 0) == 8 && w.contains("type") && w["type"] == "float" ? "fp8"
+                                                                                                    : "";
         break;
       }
     break;
@@ -453,23 +466,31 @@ MemoryPlan plan_memory(const json& config, const std::vector<TensorInfo>& tensor
   }
   AERIE_CHECK(plan.weight_tensors > 0, source << ": the tensor list holds no language-model weight (of "
                                               << tensors.size() << " tensors)");
-  // The config's quantization against the list's tensors (a list of the same architecture in another
-  // format has the same shapes: Kimi-K2.5's INT4 config with K2-Instruct's FP8 list planned 2x its weights).
+  // The config's quantization against the tensors (a list of the same architecture in another format has the
+  // same shapes: Kimi-K2.5's INT4 config with K2-Instruct's FP8 list planned 2x its weights). A
+  // compressed-tensors config expects INT4 weight_packed tensors when its format is pack-quantized or its
+  // weights are 4-bit ints, F8 ones when float-quantized or 8-bit floats; mixed or other kinds are not checked.
   {
-    const bool want_fp8 = s.quant_method == "fp8";
-    const bool want_int4 = s.quant_method == "compressed-tensors" && s.quant_format == "pack-quantized";
+    const bool ct = s.quant_method == "compressed-tensors";
+    const bool want_int4 = ct && (s.quant_format == "pack-quantized" || (s.quant_format.empty() && s.quant_group == "int4"));
+    const bool want_fp8 = s.quant_method == "fp8" ||
+                          (ct && (s.quant_format == "float-quantized" || (s.quant_format.empty() && s.quant_group == "fp8")));
     std::string why;
     if (want_int4 && int4_example.empty())
-      why = "says compressed-tensors (INT4 weight_packed), but the list has no weight_packed tensor" +
-            (fp8_example.empty() ? std::string() : " and FP8 ones (" + fp8_example + ")");
+      why = "the config's quantization_config is compressed-tensors INT4 (weight_packed tensors), but the tensors "
+            "have no weight_packed" + (fp8_example.empty() ? std::string() : "; they are FP8 (" + fp8_example + ")");
     else if (want_fp8 && fp8_example.empty())
-      why = "says block fp8, but the list has no F8 tensor" +
-            (int4_example.empty() ? std::string() : " and INT4 ones (" + int4_example + ")");
+      why = "the config's quantization_config is FP8, but the tensors have no F8 weight" +
+            (int4_example.empty() ? std::string() : "; they are INT4 (" + int4_example + ")");
+    else if (want_fp8 && !int4_example.empty())
+      why = "the config's quantization_config is FP8, but the tensors include INT4 ones (" + int4_example + ")";
+    else if (want_int4 && !fp8_example.empty())
+      why = "the config's quantization_config is compressed-tensors INT4, but the tensors include FP8 ones (" +
+            fp8_example + ")";
     else if (s.quant_method.empty() && (!fp8_example.empty() || !int4_example.empty()))
-      why = "has no quantization_config, but the list holds quantized weights (" +
+      why = "the config has no quantization_config, but the tensors are quantized (" +
             (fp8_example.empty() ? int4_example : fp8_example) + ")";
-    AERIE_CHECK(why.empty(), source << " / tensor list: the config's quantization_config " << why
-                                    << ": is the tensor list of another checkpoint of this model?");
+    AERIE_CHECK(why.empty(), source << ": " << why << ": are the config and the tensors of the same checkpoint?");
   }
   std::vector<std::string> quant;
   if (std::count(int4.begin(), int4.end(), true))

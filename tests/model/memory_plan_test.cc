@@ -259,13 +259,24 @@ TEST(MemoryPlan, TensorListOfAnotherQuantizationIsRefused) {
   json int4 = *config;
   int4["quantization_config"] = {{"quant_method", "compressed-tensors"}, {"format", "pack-quantized"}};
   std::string e = error_of([&] { plan_memory(int4, fp8, opt, "k25/config.json"); });
-  EXPECT_NE(e.find("k25/config.json / tensor list: the config's quantization_config says compressed-tensors (INT4 "
-                   "weight_packed), but the list has no weight_packed tensor and FP8 ones (model.layers.0."),
+  EXPECT_NE(e.find("k25/config.json: the config's quantization_config is compressed-tensors INT4 (weight_packed "
+                   "tensors), but the tensors have no weight_packed; they are FP8 (model.layers.0."),
             std::string::npos) << e;
+  EXPECT_NE(e.find("are the config and the tensors of the same checkpoint?"), std::string::npos) << e;
+  // The kind read from the weight group when the format is not given; quant_method in capitals.
+  json int4_group = *config;
+  int4_group["quantization_config"] = {{"quant_method", "Compressed-Tensors"},
+                                       {"config_groups", {{"g", {{"weights", {{"num_bits", 4}, {"type", "int"}}}}}}}};
+  e = error_of([&] { plan_memory(int4_group, fp8, opt, "k25/config.json"); });
+  EXPECT_NE(e.find("is compressed-tensors INT4"), std::string::npos) << e;
+  json bad = *config;
+  bad["quantization_config"] = {{"quant_method", 8}};
+  e = error_of([&] { plan_memory(bad, fp8, opt, "x/config.json"); });
+  EXPECT_NE(e.find("x/config.json: quantization_config.quant_method is not a string: 8"), std::string::npos) << e;
   json none = *config;
   none.erase("quantization_config");
   e = error_of([&] { plan_memory(none, fp8, opt, "bf16/config.json"); });
-  EXPECT_NE(e.find("has no quantization_config, but the list holds quantized weights"), std::string::npos) << e;
+  EXPECT_NE(e.find("the config has no quantization_config, but the tensors are quantized"), std::string::npos) << e;
   std::vector<TensorInfo> bf16;
   for (TensorInfo t : fp8) {
     if (t.name.find("scale_inv") != std::string::npos) continue;
@@ -273,7 +284,7 @@ TEST(MemoryPlan, TensorListOfAnotherQuantizationIsRefused) {
     bf16.push_back(t);
   }
   e = error_of([&] { plan_memory(*config, bf16, opt, "ds/config.json"); });
-  EXPECT_NE(e.find("says block fp8, but the list has no F8 tensor"), std::string::npos) << e;
+  EXPECT_NE(e.find("is FP8, but the tensors have no F8 weight"), std::string::npos) << e;
   EXPECT_NO_THROW(plan_memory(none, bf16, opt, "bf16/config.json"));  // a bf16 conversion with its own config
   // The real pair of the helper's report: Kimi-K2.5's INT4 config with Kimi-K2-Instruct's FP8 list.
   const std::string k25 = configs() + "/config-kimi-k25", k2 = configs() + "/config-kimi-k2-instruct";
@@ -282,7 +293,7 @@ TEST(MemoryPlan, TensorListOfAnotherQuantizationIsRefused) {
     plan_memory(read_model_config(k25 + "/config.transformers-5.7.0-redump.json"),
                 read_tensor_list(k2 + "/kimi-k2-instruct.tensors.expanded.jsonl.gz"), opt, "k25");
   });
-  EXPECT_NE(e.find("no weight_packed tensor and FP8 ones"), std::string::npos) << e;
+  EXPECT_NE(e.find("have no weight_packed; they are FP8"), std::string::npos) << e;
 }
 
 // The stories260K checkpoint the build converts, from its real header: at tp 1 the plan's weights are the
