@@ -1,5 +1,6 @@
-// Small layout ops on 2-D tensors that the draft's TTT pass needs on any device: copying a block of
-// columns between two row-major matrices (the concat of [e, hn] and its split in the backward).
+// Small layout ops on any device: copying a block of columns between two row-major matrices (the draft's TTT
+// pass: the concat of [e, hn] and its split in the backward), and copying rows between tensors (the KV-cache
+// appends and row gathers of a batched decoding step).
 #pragma once
 #include <vector>
 
