@@ -287,9 +287,13 @@ int generate(const std::vector<std::string>& args) {
                    "--top-p acts only with --temperature > 0 (greedy decoding draws nothing), as in eval");
   check_sampling_params(sp);
   if (vm.count("input")) check_regenerate_inputs(vm);
-  // Regeneration writes OUTPUT and OUTPUT.parts/: locked (OUTPUT.lock) before the target loads.
-  const OutputLock lock = vm.count("input") ? lock_output(vm, "generate", vm["output"].as<std::string>(), LockTarget::File)
-                                            : OutputLock();
+  // Regeneration writes OUTPUT and OUTPUT.parts/: locked (OUTPUT.lock) before the target loads; OUTPUT a
+  // symbolic link's target, where the job writes (no LINK.lock beside the link).
+  const OutputLock lock =
+      vm.count("input") ? lock_output(vm, "generate",
+                                      follow_output_link("aerie generate", vm["output"].as<std::string>(), false),
+                                      LockTarget::File)
+                        : OutputLock();
 
   ParallelGroups groups = ParallelGroups::create(vm["tp"].as<int>());
   TargetDevice target = resolve_target_device(vm, groups, "generate");

@@ -18,6 +18,10 @@ bool batched_decoding(Device device, bool cpu_default) {
   const char* v = std::getenv("AERIE_BATCHED_DECODE");
   if (v && std::strcmp(v, "1") == 0) return true;
   if (v && std::strcmp(v, "0") == 0) return false;
+  static std::atomic<bool> warned{false};
+  if (v && !warned.exchange(true))
+    AERIE_LOG(warning) << "AERIE_BATCHED_DECODE='" << v << "' is neither 1 nor 0: the default (batched decoding "
+                       << (device == Device::CPU && cpu_default ? "on" : "off") << " here)";
   return device == Device::CPU && cpu_default;
 }
 

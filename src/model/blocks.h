@@ -156,7 +156,7 @@ constexpr int64_t kMlaAbsorbedMaxRows = 16;
 /// 1 (on) or 0 (off); otherwise: on the CPU `cpu_default` (GQA: on, the batched call being the per-sequence
 /// arithmetic there, bitwise; MLA: off, its batched form rounds differently from forward()'s), on CUDA off
 /// until the kernel has been run on a GPU (written 2026-12-05 without one; kernels/cuda/attention_decode.cu).
-/// Read at each call.
+/// Read at each call; another value gives the default, with one warning per process.
 bool batched_decoding(Device device, bool cpu_default);
 
 /// The sequences of `b` that batched decoding takes: every one with a cache and exactly one new row, in
