@@ -90,8 +90,9 @@ ModelShape parse_shape(const json& top, const std::string& source) {
       s.moe_freq = std::max<int64_t>(1, field(c, "moe_layer_freq", source, 1));
     }
   }
-  // compressed-tensors: num_bits of the first weight group (top level or text_config).
-  for (const json* q : {&c, &top}) {
+  // The quantization: the top level's quantization_config, else text_config's (vLLM's order,
+  // weight_utils.get_quant_config); compressed-tensors: num_bits of the first weight group.
+  for (const json* q : {&top, &c}) {
     if (!q->contains("quantization_config") || !(*q)["quantization_config"].is_object()) continue;
     const json& qc = (*q)["quantization_config"];
     for (const char* key : {"quant_method", "format"})

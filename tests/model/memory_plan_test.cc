@@ -286,6 +286,15 @@ TEST(MemoryPlan, TensorListOfAnotherQuantizationIsRefused) {
   e = error_of([&] { plan_memory(*config, bf16, opt, "ds/config.json"); });
   EXPECT_NE(e.find("is FP8, but the tensors have no F8 weight"), std::string::npos) << e;
   EXPECT_NO_THROW(plan_memory(none, bf16, opt, "bf16/config.json"));  // a bf16 conversion with its own config
+  // A wrapper with a quantization_config at the top level and another in text_config: the top level's is
+  // the checkpoint's (vLLM's weight_utils.get_quant_config), text_config's only without one.
+  json wrapped = {{"model_type", "kimi_k25"}, {"text_config", *config}};
+  wrapped["quantization_config"] = (*config)["quantization_config"];
+  wrapped["text_config"]["quantization_config"] = int4["quantization_config"];
+  EXPECT_NO_THROW(plan_memory(wrapped, fp8, opt, "w/config.json"));
+  wrapped.erase("quantization_config");
+  e = error_of([&] { plan_memory(wrapped, fp8, opt, "w/config.json"); });
+  EXPECT_NE(e.find("is compressed-tensors INT4"), std::string::npos) << e;
   // The real pair of the helper's report: Kimi-K2.5's INT4 config with Kimi-K2-Instruct's FP8 list.
   const std::string k25 = configs() + "/config-kimi-k25", k2 = configs() + "/config-kimi-k2-instruct";
   if (!std::filesystem::exists(k25) || !std::filesystem::exists(k2)) return;

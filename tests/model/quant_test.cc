@@ -320,11 +320,20 @@ TEST(QuantErrors, BadQuantizationConfigsNameTheField) {
        "quantization_config.weight_block_size"},
       {fp8, [](nlohmann::json& c) { c["quantization_config"]["modules_to_not_convert"] = {"x"}; },
        "quantization_config.modules_to_not_convert"},
-      {int4, [](nlohmann::json& c) { c["text_config"]["quantization_config"]["config_groups"]["group_0"]["weights"]["group_size"] = 128; },
+      // Kimi-K2.5's wrapper carries one at the top level (what vLLM reads) and one in text_config.
+      {int4, [](nlohmann::json& c) { c["quantization_config"]["config_groups"]["group_0"]["weights"]["group_size"] = 128; },
        "weights.group_size"},
-      {int4, [](nlohmann::json& c) { c["text_config"]["quantization_config"]["config_groups"]["group_0"]["weights"]["num_bits"] = 8; },
+      {int4, [](nlohmann::json& c) { c["quantization_config"]["config_groups"]["group_0"]["weights"]["num_bits"] = 8; },
        "weights.num_bits"},
-      {int4, [](nlohmann::json& c) { c["text_config"]["quantization_config"]["format"] = "int-quantized"; },
+      {int4, [](nlohmann::json& c) { c["quantization_config"]["format"] = "int-quantized"; },
+       "quantization_config.format"},
+      // Without a top-level one, text_config's is read (vLLM: "some vision model may keep
+      // quantization_config in their text_config").
+      {int4,
+       [](nlohmann::json& c) {
+         c.erase("quantization_config");
+         c["text_config"]["quantization_config"]["format"] = "int-quantized";
+       },
        "quantization_config.format"},
   };
   int i = 0;
@@ -334,6 +343,24 @@ TEST(QuantErrors, BadQuantizationConfigsNameTheField) {
     EXPECT_NE(err.find("config.json"), std::string::npos) << err;
     EXPECT_NE(err.find(k.want), std::string::npos) << "want \"" << k.want << "\" in: " << err;
   }
+}
+
+TEST(QuantConfigTest, TheTopLevelQuantizationConfigWinsOverTextConfigs) {
+  // vLLM (model_executor/model_loader/weight_utils.py, get_quant_config) reads hf_config.quantization_config
+  // and falls back to text_config's only when the top level has none; the loader and the memory plan alike.
+  auto none = [](std::map<std::string, Tensor>&) {};
+  const nlohmann::json fp8 = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"weight_block_size", {128, 128}}};
+  std::string dir = edited_copy("kimi_k25_int4", "top_wins", none,
+                                [&](nlohmann::json& c) { c["text_config"]["quantization_config"] = fp8; });
+  EXPECT_EQ(load_target_config(dir).quant.method, QuantConfig::Method::Int4Group);
+  EXPECT_EQ(load_error(dir), "");  // INT4 tensors, as the top level says
+  dir = edited_copy("kimi_k25_int4", "text_fallback", none, [&](nlohmann::json& c) {
+    c.erase("quantization_config");
+    c["text_config"]["quantization_config"] = fp8;
+  });
+  EXPECT_EQ(load_target_config(dir).quant.method, QuantConfig::Method::Fp8Block);
+  dir = edited_copy("kimi_k25_int4", "null_top", none, [&](nlohmann::json& c) { c["quantization_config"] = nullptr; });
+  EXPECT_EQ(load_target_config(dir).quant.method, QuantConfig::Method::Int4Group) << "a null top level: text_config's";
 }
 
 TEST(QuantErrors, TensorsOfAnUnexpectedFormatAreNamed) {
@@ -373,7 +400,7 @@ TEST(QuantErrors, TensorsOfAnUnexpectedFormatAreNamed) {
   EXPECT_EQ(load_error(dir), "");
   // INT4 tensors in a checkpoint that announces FP8.
   dir = edited_copy("kimi_k25_int4", "int4_as_fp8", [](auto&) {}, [](nlohmann::json& c) {
-    c["text_config"]["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"weight_block_size", {128, 128}}};
+    c["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"weight_block_size", {128, 128}}};
   });
   err = load_error(dir);
   EXPECT_NE(err.find("weight_packed\" is INT4 pack-quantized"), std::string::npos) << err;
