@@ -23,6 +23,8 @@
 #include <cmath>
 #include <filesystem>
 #include <sstream>
+#include <stdexcept>
+#include <string>
 
 #include "comm/communicator.h"
 #include "core/error.h"
@@ -98,7 +100,7 @@ void check_train_inputs(const TrainOptions& o) {
     TRAIN_REQUIRE(t.mla.enabled(), "--draft-attention mla: --model " << o.model_dir << " ("
                                        << "model_type " << t.model_type << ") has no multi-head latent attention (no kv_lora_rank in its "
                                           "config.json); use --draft-attention llama");
-    TRAIN_REQUIRE(o.draft_sliding_window == 0,
+    TRAIN_REQUIRE(o.draft_sliding_window == 0 && !o.draft_sliding_window_auto,
                   "--draft-sliding-window goes with the Llama draft only: vLLM's Eagle3DeepseekV2ForCausalLM, which "
                   "serves the MLA draft, reads no sliding window");
     // vLLM's Eagle3DeepseekV2ForCausalLM (deepseek_eagle3.py), the layer the MLA draft exports to, has
@@ -163,7 +165,7 @@ void check_train_inputs(const TrainOptions& o) {
 int train(const std::vector<std::string>& args) {
   po::options_description desc("aerie train: train the EAGLE-3 draft with training-time test");
   TrainOptions o;
-  std::string target_model, aux_layers, target_dtype;
+  std::string target_model, aux_layers, target_dtype, sliding_window = "0";
   int target_ranks = 1, tp = 0;
   int64_t batch_tokens = 2048;
   desc.add_options()("model", po::value<std::string>(&o.model_dir)->default_value(""),
@@ -264,11 +266,13 @@ int train(const std::vector<std::string>& args) {
       "over each of the three aux hidden states before fc (exported as config.fc_norm and fc_norm.{0,1,2}.weight, "
       "which SpecForge and speculators read; not with --draft-norm-before-fc; a resume option: give it again when "
       "resuming; default: the original EAGLE-3 fc(f))")(
-      "draft-sliding-window", po::value<int64_t>(&o.draft_sliding_window)->default_value(0),
+      "draft-sliding-window", po::value<std::string>(&sliding_window)->default_value("0"),
       "a sliding window for the draft's attention, in keys: each position sees the last N step-0 keys and "
       "its own TTT keys (speculators trains with 2048; exported as config.layer_types [\"sliding_attention\"] "
       "and config.sliding_window, which vLLM reads; SGLang does not; below the target's max_position_embeddings; "
-      "0: none, the original EAGLE-3 layer; a resume option: give it again when resuming)")(
+      "auto: the power of two at or above the 90th percentile of the training samples' lengths, for serving "
+      "prompts longer than them; 0: none, the original EAGLE-3 layer; a resume option: give it again when "
+      "resuming)")(
       "allow-missing-shards", po::bool_switch(&o.allow_missing_shards),
       "train on a shard folder that lacks some chunks of its extraction (default: refused)")(
       "allow-other-target", po::bool_switch(&o.allow_other_target),
@@ -300,6 +304,20 @@ int train(const std::vector<std::string>& args) {
                             "fp8-gemm", "stream-queue"})
       TRAIN_REQUIRE(vm[opt].defaulted(), "--" << opt << " applies to streaming only (with --prepared); this run "
                                               << "reads --shards");
+  }
+  if (sliding_window == "auto") {
+    o.draft_sliding_window_auto = true;
+  } else {
+    size_t used = 0;
+    int64_t w = -1;
+    try {
+      w = std::stoll(sliding_window, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    TRAIN_REQUIRE(used > 0 && used == sliding_window.size(),
+                  "--draft-sliding-window '" << sliding_window << "' is not a number of keys or auto");
+    o.draft_sliding_window = w;
   }
   o.draft_norm_before_residual_given = !vm["draft-norm-before-residual"].defaulted();
   o.adam_beta2_given = !vm["adam-beta2"].defaulted();

@@ -33,6 +33,7 @@ nlohmann::json TrainOptions::to_json() const {
           {"draft_intermediate", draft_intermediate}, {"draft_attention", draft_attention}, {"draft_norm_before_residual", draft_norm_before_residual},
           {"draft_norm_output", draft_norm_output}, {"draft_norm_before_fc", draft_norm_before_fc},
           {"draft_fc_norm", draft_fc_norm}, {"draft_sliding_window", draft_sliding_window},
+          {"draft_sliding_window_auto", draft_sliding_window_auto},
           {"allow_missing_shards", allow_missing_shards},
           {"allow_other_target", allow_other_target}};
 }
@@ -71,6 +72,27 @@ DraftConfig TrainOptions::apply_draft_shape(DraftConfig cfg) const {
                                          << cfg.num_attention_heads << " heads (--draft-heads)");
   AERIE_CHECK(cfg.head_dim % 2 == 0, "train: --draft-head-dim " << cfg.head_dim << " must be even (RoPE pairs)");
   return cfg;
+}
+
+AutoWindow auto_sliding_window(const std::vector<int64_t>& lengths, int64_t max_position_embeddings) {
+  AERIE_CHECK(!lengths.empty(), "train: --draft-sliding-window auto: no training sample to take a window from");
+  std::vector<int64_t> sorted = lengths;
+  std::sort(sorted.begin(), sorted.end());
+  AERIE_CHECK(sorted.front() >= 1, "train: --draft-sliding-window auto: a training sample of "
+                                       << sorted.front() << " tokens");
+  AutoWindow w;
+  w.count = static_cast<int64_t>(sorted.size());
+  // Nearest rank: the ceil(0.9 n)-th smallest, in integers (no rounding of 0.9 n).
+  const int64_t rank = (9 * w.count + 9) / 10;
+  w.p90 = sorted[static_cast<size_t>(rank - 1)];
+  w.longest = sorted.back();
+  double sum = 0;
+  for (int64_t v : sorted) sum += static_cast<double>(v);
+  w.mean = sum / static_cast<double>(w.count);
+  int64_t window = 1;
+  while (window < w.p90) window *= 2;
+  w.window = max_position_embeddings > 0 && window >= max_position_embeddings ? 0 : window;
+  return w;
 }
 
 std::vector<std::string> TrainOptions::adopt_checkpoint_defaults(const nlohmann::json& c) {
@@ -131,8 +153,18 @@ void TrainOptions::check_resumable(const nlohmann::json& c) const {
   // The draft shape and window (checkpoints older than these options have none: the target's shape, all 0;
   // no window).
   for (const char* key :
-       {"draft_heads", "draft_kv_heads", "draft_head_dim", "draft_intermediate", "draft_sliding_window"})
+       {"draft_heads", "draft_kv_heads", "draft_head_dim", "draft_intermediate"})
     differs(key, c.contains(key) ? c[key] : nlohmann::json(0));
+  {  // The window, as given or as auto picked it (the same samples pick the same window).
+    const nlohmann::json theirs = c.contains("draft_sliding_window") ? c["draft_sliding_window"] : nlohmann::json(0);
+    const auto window = [](const nlohmann::json& w, bool automatic) {
+      return automatic ? "auto (" + w.dump() + " keys)" : w.dump();
+    };
+    if (theirs != mine["draft_sliding_window"])
+      diffs.push_back("--draft-sliding-window is " + window(mine["draft_sliding_window"], draft_sliding_window_auto) +
+                      " but the checkpoint was trained with " +
+                      window(theirs, c.value("draft_sliding_window_auto", false)));
+  }
   {  // The draft's attention (older checkpoints have none: the Llama draft).
     const std::string theirs = c.value("draft_attention", std::string("llama"));
     if (theirs != draft_attention)

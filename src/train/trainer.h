@@ -107,6 +107,10 @@ struct TrainOptions {
   /// config.layer_types ["sliding_attention"] and config.sliding_window, which vLLM reads); 0: none. A
   /// resume option.
   int64_t draft_sliding_window = 0;
+  /// `--draft-sliding-window auto`: run_training sets draft_sliding_window from the training samples'
+  /// lengths (auto_sliding_window) before the draft is made or a checkpoint compared; recorded in the
+  /// checkpoints' options beside the window it picked.
+  bool draft_sliding_window_auto = false;
   /// Train on a shard folder that lacks some chunks of its extraction (a warning instead of a refusal).
   bool allow_missing_shards = false;
   /// Train (or resume) with a --model whose fingerprint differs from the shards' (or the checkpoint's)
@@ -130,6 +134,24 @@ struct TrainOptions {
   /// option that differs from `checkpoint_options` (a checkpoint's config.json "train").
   void check_resumable(const nlohmann::json& checkpoint_options) const;
 };
+
+/// The window `train --draft-sliding-window auto` picks, and the statistics it came from.
+struct AutoWindow {
+  int64_t window = 0;       // keys; 0: no window (the pick reached max_position_embeddings)
+  int64_t p90 = 0;          // the 90th percentile (nearest rank) of the lengths, tokens
+  int64_t longest = 0;      // tokens
+  double mean = 0;          // tokens
+  int64_t count = 0;        // samples
+};
+
+/// The sliding window for `--draft-sliding-window auto`: the smallest power of two at or above the 90th
+/// percentile (nearest rank: the ceil(0.9 n)-th smallest) of `lengths`, the training samples' token counts,
+/// so that the draft never attends further back than distances that nine training samples in ten reach
+/// (docs/design.md, "The sliding window": on the demo, whose 90th percentile is 137 tokens, a window of 256
+/// kept acceptance +21.5 to +24.7% higher on prompts four times the mean sample and lost nothing on short
+/// ones). A pick at or above `max_position_embeddings` (> 0; <= 0: unknown) would never apply: window 0.
+/// Throws aerie::Error when `lengths` is empty or holds a length below 1.
+AutoWindow auto_sliding_window(const std::vector<int64_t>& lengths, int64_t max_position_embeddings);
 
 /// AdamW moments and the number of updates made.
 struct AdamState {

@@ -164,6 +164,7 @@ std::string join(const std::vector<double>& v, int precision) {
 struct ShardSet {
   std::vector<std::string> paths;
   std::vector<int64_t> sizes;
+  std::vector<int64_t> lengths;  // every sample's token count, by global sample id (--draft-sliding-window auto)
   std::vector<int> aux_layers;
   int64_t hidden_size = 0, num_hidden_layers = 0;
   ShardInfo provenance;      // of the first shard that records it (has_provenance() false: none does)
@@ -231,6 +232,7 @@ ShardSet scan_shards(const std::string& dir, const TargetConfig& target, const T
     chunks.push_back(info.chunk);
     s.paths.push_back(fs::absolute(p).lexically_normal().string());
     s.sizes.push_back(info.num_samples);
+    for (int64_t i = 0; i < info.num_samples; ++i) s.lengths.push_back(r.sample_length(i));
   }
   AERIE_CHECK(!s.paths.empty(), "train: no shard-*.h5 files in " << dir);
   // The storage (extract --storage): one per folder as extract writes it; a mix (shards copied between
@@ -313,6 +315,8 @@ ShardSet streamed_set(const StreamClient& stream, const TargetConfig& target, co
   ShardSet s;
   s.paths = {fs::absolute(stream.prepared_path()).lexically_normal().string()};
   s.sizes = {stream.num_samples()};
+  const std::vector<int64_t>& offsets = stream.prepared().sample_offsets();
+  for (size_t i = 0; i + 1 < offsets.size(); ++i) s.lengths.push_back(offsets[i + 1] - offsets[i]);
   s.aux_layers = stream.aux_layers();
   s.hidden_size = target.hidden_size;
   s.num_hidden_layers = target.num_hidden_layers;
@@ -555,6 +559,31 @@ TrainResult run_training(const TrainOptions& given_opts, Communicator& dp, Strea
                                      << opts.shards_dir << " hold aux layers "
                                      << nlohmann::json(shards.aux_layers).dump()
                                      << " (extract --aux-layers): extract again or drop --aux-layers");
+  if (opts.draft_sliding_window_auto) {
+    // From the training samples (the split's held-out ones left out); every rank picks the same window,
+    // a resumed run the one its checkpoint picked (check_resumable compares them).
+    AERIE_CHECK(opts.draft_attention != "mla", "train: --draft-sliding-window auto goes with the Llama draft only: "
+                                               "vLLM's Eagle3DeepseekV2ForCausalLM, which serves the MLA draft, "
+                                               "reads no sliding window");
+    const DataSplit split = make_data_split(shards.paths, shards.sizes, opts.eval_fraction);
+    std::vector<int64_t> lengths;
+    lengths.reserve(split.train.size());
+    for (int64_t g : split.train) lengths.push_back(shards.lengths.at(static_cast<size_t>(g)));
+    const AutoWindow w = auto_sliding_window(lengths, target.max_position_embeddings);
+    opts.draft_sliding_window = w.window;
+    if (rank == 0) {
+      std::ostringstream stats;
+      stats << "the 90th percentile (" << w.p90 << " tokens) of the " << w.count
+            << " training samples' lengths (mean " << std::llround(w.mean) << ", longest " << w.longest << ")";
+      if (w.window > 0)
+        AERIE_LOG(info) << "train: --draft-sliding-window auto: " << w.window << " keys, the power of two at or "
+                        << "above " << stats.str();
+      else
+        AERIE_LOG(warning) << "train: --draft-sliding-window auto: no window: the power of two at or above "
+                           << stats.str() << " reaches the target's max_position_embeddings "
+                           << target.max_position_embeddings << ", so it would never apply";
+    }
+  }
   // The target's head after the cheap checks of the shards (GiBs for a large vocabulary).
   TargetHead head = load_target_head(opts.model_dir, target);
   if (dev != Device::CPU) {  // frozen, uploaded once (a tied lm_head stays one tensor)

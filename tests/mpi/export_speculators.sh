@@ -193,7 +193,28 @@ refused huge_win "--draft-sliding-window 512 is not below --model" \
   --steps 4 --draft-sliding-window 512
 grep -q "MPI_ABORT" "$last" && fail "the window beyond the positions was refused through MPI_Abort"
 [ ! -e "$work/x" ] || fail "a refused train wrote files"
-echo "sliding window: trained, exported (both formats), refused for SGLang, evaluated losslessly, resume refused"
+# --draft-sliding-window auto: the power of two at or above the training samples' 90th percentile (prepare's
+# --max-length 64 caps them), in the log and the export; a resume without the option is refused naming it.
+run train_auto 1 train --model "$model" --shards "$work/shards" --vocab "$work/vocab.safetensors" \
+  --output "$work/run_auto" --steps 4 --batch-size 4 --checkpoint-every 4 --log-every 4 --draft-sliding-window auto \
+  || fail "train --draft-sliding-window auto"
+picked=$(sed -n 's/.*--draft-sliding-window auto: \([0-9]*\) keys, the power of two at or above the 90th percentile.*/\1/p' "$last")
+[ -n "$picked" ] && [ "$picked" -ge 32 ] && [ "$picked" -le 64 ] && [ $((picked & (picked - 1))) -eq 0 ] ||
+  fail "auto picked '$picked' (a power of two from 32 to 64 for samples cut to 64 tokens)"
+run export_auto 1 export --checkpoint "$work/run_auto" --model "$model" --output "$work/auto_eagle3" || fail "export (auto)"
+grep -q "\"sliding_window\": $picked" "$work/auto_eagle3/config.json" || fail "the export lacks sliding_window $picked"
+run resume_auto 1 train --model "$model" --shards "$work/shards" --vocab "$work/vocab.safetensors" \
+  --output "$work/run_auto" --steps 4 --batch-size 4 --checkpoint-every 4 --log-every 4 --draft-sliding-window auto \
+  || fail "a resume with --draft-sliding-window auto was refused"
+refused resume_auto_lost "--draft-sliding-window is 0 but the checkpoint was trained with auto \\($picked keys\\)" \
+  1 train --model "$model" --shards "$work/shards" --vocab "$work/vocab.safetensors" --output "$work/run_auto" \
+  --steps 4 --batch-size 4 --checkpoint-every 4 --log-every 4
+refused bad_win "--draft-sliding-window 'wide' is not a number of keys or auto" \
+  1 train --model "$model" --shards "$work/shards" --vocab "$work/vocab.safetensors" --output "$work/x" \
+  --steps 4 --draft-sliding-window wide
+[ ! -e "$work/x" ] || fail "a refused train wrote files"
+echo "sliding window: trained, exported (both formats), refused for SGLang, evaluated losslessly, resume refused;" \
+  "auto picked $picked keys"
 
 refused format "aerie export: --format 'gguf' is not eagle3 or speculators" \
   1 export --checkpoint "$work/run" --model "$model" --output "$work/x" --format gguf

@@ -276,5 +276,48 @@ TEST(TrainRecipeTest, RecipeIsAResumeOption) {
   EXPECT_NE(testing::error_of([&] { o.check_resumable(ck); }).find("--loss-normalization"), std::string::npos);
 }
 
+
+TEST(AutoSlidingWindowTest, PowerOfTwoAtOrAboveTheNinetiethPercentile) {
+  // 10 samples: the nearest-rank 90th percentile is the 9th smallest (ceil(0.9 * 10) = 9), here 137.
+  std::vector<int64_t> lengths = {93, 20, 470, 137, 50, 60, 70, 80, 90, 100};
+  AutoWindow w = auto_sliding_window(lengths, 2048);
+  EXPECT_EQ(w.p90, 137);
+  EXPECT_EQ(w.window, 256);
+  EXPECT_EQ(w.longest, 470);
+  EXPECT_EQ(w.count, 10);
+  EXPECT_NEAR(w.mean, 117.0, 1e-12);
+  // A percentile that is a power of two is its own window; 11 samples: the 10th smallest (ceil(9.9) = 10).
+  EXPECT_EQ(auto_sliding_window({128, 1, 1, 1, 1, 1, 1, 1, 1, 1}, 0).window, 1);
+  EXPECT_EQ(auto_sliding_window({128, 128, 1, 1, 1, 1, 1, 1, 1, 1}, 0).window, 128);
+  EXPECT_EQ(auto_sliding_window({129, 128, 1, 1, 1, 1, 1, 1, 1, 1, 1}, 0).p90, 128);
+  EXPECT_EQ(auto_sliding_window({7}, 0).window, 8);
+  // A window that reaches the target's positions would never apply: none.
+  EXPECT_EQ(auto_sliding_window({300}, 512).window, 0);
+  EXPECT_EQ(auto_sliding_window({300}, 513).window, 512);
+  EXPECT_NE(testing::error_of([] { auto_sliding_window({}, 0); }).find("no training sample"), std::string::npos);
+  EXPECT_NE(testing::error_of([] { auto_sliding_window({5, 0}, 0); }).find("a training sample of 0 tokens"),
+            std::string::npos);
+}
+
+TEST(AutoSlidingWindowTest, ResumeComparesThePickedWindow) {
+  TrainOptions o;
+  o.draft_sliding_window_auto = true;
+  o.draft_sliding_window = 256;  // as run_training resolves it
+  const nlohmann::json ck = o.to_json();
+  EXPECT_EQ(ck["draft_sliding_window_auto"], true);
+  o.check_resumable(ck);  // the same samples pick the same window
+  TrainOptions given;     // the window given as a number: the same draft
+  given.draft_sliding_window = 256;
+  given.check_resumable(ck);
+  TrainOptions none;  // a requeued job that lost the option
+  EXPECT_NE(testing::error_of([&] { none.check_resumable(ck); })
+                .find("--draft-sliding-window is 0 but the checkpoint was trained with auto (256 keys)"),
+            std::string::npos);
+  o.draft_sliding_window = 128;  // other samples
+  EXPECT_NE(testing::error_of([&] { o.check_resumable(ck); })
+                .find("--draft-sliding-window is auto (128 keys) but the checkpoint was trained with auto (256 keys)"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace aerie

@@ -15,7 +15,8 @@
 #   norm_before_fc_beta2 and fc_norm_beta2 (each option alone on the plain layer), window128 and
 #   default_window128 (--draft-sliding-window 128, a little above the mean training sample of 93 tokens, on
 #   the plain and the default layer), window256 and default_window256 (256: the power of two above the 90th
-#   percentile of the training samples, 137 tokens).
+#   percentile of the training samples, 137 tokens), default_window_auto (--draft-sliding-window auto, which
+#   picks that 256 from the shards).
 # LONG_PROMPTS=1: each draft is also evaluated on 32 prompts of 5 consecutive held-out TinyStories
 #   paragraphs (the 160 before the demo's 64 evaluation paragraphs, which prepare's 3000 samples never reach),
 #   cut to 400 tokens (--max-prompt-tokens; the training samples: 93 tokens on average), same eval settings
@@ -57,6 +58,7 @@ options() {
     default_window128) echo "--draft-sliding-window 128" ;;
     window256) echo "--draft-norm-before-residual=false --draft-sliding-window 256" ;;
     default_window256) echo "--draft-sliding-window 256" ;;
+    default_window_auto) echo "--draft-sliding-window auto" ;;
     *) echo "draft_variants: unknown variant '$1'" >&2; exit 2 ;;
   esac
 }
