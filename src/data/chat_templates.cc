@@ -208,7 +208,7 @@ std::string mistral_tool_result(const ChatTurn& t, bool mistral_common) {
   const std::string& c = t.text;
   ojson content = c;
   if (mistral_common) {
-    ojson parsed = ojson::parse(c, nullptr, /*allow_exceptions=*/false);
+    ojson parsed = chat::parse_json_exact(c);
     if (!parsed.is_discarded()) content = parsed;
     o["content"] = content;
     o["call_id"] = t.tool_call_id;
@@ -218,8 +218,8 @@ std::string mistral_tool_result(const ChatTurn& t, bool mistral_common) {
   const std::string digits = !c.empty() && c[0] == '-' ? c.substr(1) : c;
   const bool is_int = !digits.empty() && digits.find_first_not_of("0123456789") == std::string::npos &&
                       (digits == "0" ? c == "0" : digits[0] != '0');
-  if (is_int && c.size() < 19) {
-    content = std::stoll(c);
+  if (is_int) {
+    content = chat::exact_integer(c);  // Python's int: any size
   } else if (!c.empty() && c.find_first_not_of("-+.0123456789eE") == std::string::npos) {
     char* end = nullptr;
     const double v = std::strtod(c.c_str(), &end);
@@ -297,9 +297,9 @@ std::vector<TemplatePiece> ConfigChatTemplate::render_pieces(const Conversation&
   // Tool definitions.
   std::string tools;
   if (!conversation.tools_json.empty() && s.tools_placement != "none") {
-    ojson defs = ojson::parse(conversation.tools_json, nullptr, /*allow_exceptions=*/false);
+    ojson defs = chat::parse_json_exact(conversation.tools_json);
     if (s.tools_sort_keys && !defs.is_discarded())  // nlohmann::json keeps keys in std::map (sorted) order
-      defs = ojson::parse(nlohmann::json::parse(conversation.tools_json).dump());
+      defs = ojson(nlohmann::json(defs));
     AERIE_CHECK(defs.is_array(), "chat template " << s.name << ": the conversation's tools are not a JSON array");
     if (!defs.empty()) {
       tools = s.tools_prefix;
@@ -488,7 +488,7 @@ std::vector<TemplatePiece> ConfigChatTemplate::render_pieces(const Conversation&
             std::string args = c.arguments;
             if (s.call_arguments == "json" && c.arguments_is_string) args = chat::python_json(ojson(args));
             if (s.call_arguments == "normalized" && c.arguments_is_string) {
-              const ojson parsed = ojson::parse(args, nullptr, /*allow_exceptions=*/false);
+              const ojson parsed = chat::parse_json_exact(args);
               if (!parsed.is_discarded()) args = chat::python_json(parsed);
             }
             if (args.empty()) args = "{}";

@@ -5,6 +5,9 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
+#include <utility>
+#include <vector>
 
 #include "core/error.h"
 
@@ -117,6 +120,13 @@ void put(std::string& out, const nlohmann::ordered_json& v, int indent, int leve
     case nlohmann::ordered_json::value_t::number_integer: out += std::to_string(v.get<int64_t>()); return;
     case nlohmann::ordered_json::value_t::number_unsigned: out += std::to_string(v.get<uint64_t>()); return;
     case nlohmann::ordered_json::value_t::number_float: out += py_float(v.get<double>()); return;
+    case nlohmann::ordered_json::value_t::binary: {
+      const auto& b = v.get_binary();
+      AERIE_CHECK(b.has_subtype() && b.subtype() == kExactIntegerSubtype,
+                  "python_json: a binary value that is no exact integer (parse_json_exact)");
+      out.append(b.begin(), b.end());
+      return;
+    }
     default: out += "null"; return;
   }
 }
@@ -136,7 +146,96 @@ size_t space_at(const std::string& s, size_t i) {
   return 0;
 }
 
+using ojson = nlohmann::ordered_json;
+
+// nlohmann's DOM builder, but an integer token beyond 64 bits (which the lexer hands on as a float with
+// its text) becomes an exact integer. sax_parse calls the handler through its static type, so hiding
+// number_float is enough.
+struct ExactIntegers : nlohmann::detail::json_sax_dom_parser<ojson> {
+  using Base = nlohmann::detail::json_sax_dom_parser<ojson>;
+  using Base::Base;
+  bool number_float(double v, const std::string& token) {
+    if (token.find_first_of(".eE") != std::string::npos) return Base::number_float(v, token);
+    ojson::binary_t digits(std::vector<std::uint8_t>(token.begin(), token.end()), kExactIntegerSubtype);
+    return Base::binary(digits);
+  }
+};
+
+template <typename Input>
+ojson parse_exact(Input&& in) {
+  ojson result;
+  ExactIntegers sax(result, /*allow_exceptions=*/false);
+  const bool ok = ojson::sax_parse(std::forward<Input>(in), &sax);
+  if (!ok || sax.is_errored()) return ojson(ojson::value_t::discarded);
+  return result;
+}
+
+bool is_exact_integer(const ojson& v) {
+  return v.is_binary() && v.get_binary().has_subtype() && v.get_binary().subtype() == kExactIntegerSubtype;
+}
+
+// Every exact integer of `v` replaced by the string marker + digits; false if a string of `v` already
+// starts with the marker.
+bool mark_exact(ojson& v, const std::string& marker) {
+  if (is_exact_integer(v)) {
+    const auto& b = v.get_binary();
+    v = marker + std::string(b.begin(), b.end());
+    return true;
+  }
+  if (v.is_string()) return v.get_ref<const std::string&>().rfind(marker, 0) != 0;
+  if (v.is_object())
+    for (auto it = v.begin(); it != v.end(); ++it)
+      if (it.key().rfind(marker, 0) == 0 || !mark_exact(it.value(), marker)) return false;
+  if (v.is_array())
+    for (auto& x : v)
+      if (!mark_exact(x, marker)) return false;
+  return true;
+}
+
 }  // namespace
+
+ojson parse_json_exact(const std::string& text) { return parse_exact(text); }
+ojson parse_json_exact(std::istream& in) { return parse_exact(in); }
+
+ojson exact_integer(const std::string& digits) {
+  const size_t start = !digits.empty() && digits[0] == '-' ? 1 : 0;
+  AERIE_CHECK(digits.size() > start && digits.find_first_not_of("0123456789", start) == std::string::npos,
+              "exact_integer: '" << digits << "' is no integer");
+  const ojson parsed = parse_exact(digits);
+  AERIE_CHECK(!parsed.is_discarded(), "exact_integer: '" << digits << "' is no JSON integer (a leading zero?)");
+  return parsed;
+}
+
+std::string dump_exact(const ojson& value) {
+  const auto dump = [](const ojson& v) { return v.dump(-1, ' ', false, ojson::error_handler_t::replace); };
+  bool any = false;
+  const std::function<void(const ojson&)> scan = [&](const ojson& v) {
+    if (is_exact_integer(v)) any = true;
+    if (v.is_object() || v.is_array())
+      for (const auto& x : v) scan(x);
+  };
+  scan(value);
+  if (!any) return dump(value);
+  // Each exact integer as a marked string, dumped, then the quoted markers replaced by the digits. The
+  // marker starts with U+0001 (dumped as \u0001) and is one that no string of the value starts with.
+  for (int k = 0;; ++k) {
+    const std::string marker = "\x01" "aerie-exact-integer-" + std::to_string(k) + ":";
+    ojson marked = value;
+    if (!mark_exact(marked, marker)) continue;
+    const std::string text = dump(marked);
+    const std::string quoted = "\"\\u0001aerie-exact-integer-" + std::to_string(k) + ":";
+    std::string out;
+    size_t at = 0;
+    for (size_t p = text.find(quoted); p != std::string::npos; p = text.find(quoted, at)) {
+      out.append(text, at, p - at);
+      const size_t digits = p + quoted.size(), end = text.find('"', digits);
+      out.append(text, digits, end - digits);
+      at = end + 1;
+    }
+    out.append(text, at, std::string::npos);
+    return out;
+  }
+}
 
 std::string python_json(const nlohmann::ordered_json& value, int indent) {
   std::string out;

@@ -84,7 +84,7 @@ bool read_tools(const json& j, Conversation& c, std::string& why) {
   json tools = j["tools"];
   if (tools.is_string()) {
     if (tools.get<std::string>().empty()) return true;
-    tools = json::parse(tools.get<std::string>(), nullptr, /*allow_exceptions=*/false);
+    tools = chat::parse_json_exact(tools.get<std::string>());
   }
   if (!tools.is_array()) {
     why = "'tools' is not an array (or a string holding one)";
@@ -97,7 +97,7 @@ bool read_tools(const json& j, Conversation& c, std::string& why) {
 // ShareGPT "function_call" value {"name", "arguments"|"parameters"} (or an array of them) -> tool_calls;
 // anything else stays plain assistant text, and false is returned (the caller notes it).
 bool read_function_call(ChatTurn& turn) {
-  json v = json::parse(turn.text, nullptr, /*allow_exceptions=*/false);
+  json v = chat::parse_json_exact(turn.text);
   if (v.is_object()) v = json::array({v});
   if (!v.is_array() || v.empty()) return false;
   std::vector<ToolCall> calls;
@@ -317,7 +317,7 @@ InputRecord parse_json_value(const json& j, InputFormat format, int64_t vocab_si
 
 InputRecord parse_json_record(const std::string& line, InputFormat format, int64_t vocab_size) {
   if (is_blank(line)) return skip(SkipReason::Empty, "blank line");
-  json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+  json j = chat::parse_json_exact(line);
   if (j.is_discarded()) return skip(SkipReason::BadJson, "not valid JSON");
   return parse_json_value(j, format, vocab_size);
 }
@@ -337,7 +337,7 @@ int64_t for_each_array_record(const std::string& path, InputFormat format, int64
                               const std::function<void(InputRecord&&, int64_t)>& fn) {
   std::ifstream in(path, std::ios::binary);
   AERIE_CHECK(in, "prepare: cannot open input " << path);
-  json all = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  json all = chat::parse_json_exact(in);
   AERIE_CHECK(!all.is_discarded() && all.is_array(), "prepare: " << path << " starts with '[' but is not one valid "
                                                                  << "JSON array (use JSONL: one record per line)");
   const int64_t n = static_cast<int64_t>(all.size());

@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "data/chat_templates_json.h"
 #include "io/h5.h"
 
 namespace aerie {
@@ -29,7 +30,7 @@ bool is_blank(const std::string& s) {
   return std::all_of(s.begin(), s.end(), [](char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; });
 }
 
-std::string dump(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
+std::string dump(const ojson& j) { return chat::dump_exact(j); }
 
 // A conversation record (ShareGPT or OpenAI): its turns, read by prepare's reader with an empty assistant
 // turn appended, so that prompt-only records (ending with a user turn) parse too.
@@ -133,7 +134,7 @@ PromptRecord parse_prompt_record(const std::string& record, InputFormat format) 
     return r;
   }
   if (is_blank(record)) return skipped(SkipReason::Empty, "blank line");
-  ojson j = ojson::parse(record, nullptr, /*allow_exceptions=*/false);
+  ojson j = chat::parse_json_exact(record);
   if (j.is_discarded()) return skipped(SkipReason::BadJson, "not valid JSON");
   if (!j.is_object()) return skipped(SkipReason::BadJson, "not a JSON object");
   if (format == InputFormat::Auto) {
@@ -170,7 +171,7 @@ PromptFile::PromptFile(const std::string& path, InputFormat format) : path_(path
   if (!text && is_json_array_file(path)) {
     std::ifstream in(path, std::ios::binary);
     array_ = std::make_unique<Array>();
-    array_->elements = ojson::parse(in, nullptr, /*allow_exceptions=*/false);
+    array_->elements = chat::parse_json_exact(in);
     AERIE_CHECK(!array_->elements.is_discarded() && array_->elements.is_array(),
                 "prompt set " << path << " starts with '[' but is not one valid JSON array (use JSONL: one record "
                               << "per line)");

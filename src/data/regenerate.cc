@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "data/chat_templates_json.h"
 #include "data/chunk_dispatcher.h"
 #include "data/prompt_input.h"
 #include "io/output_lock.h"
@@ -166,7 +167,7 @@ struct RecordRegeneration::State {
       return;
     }
     j[key] = std::move(new_msgs);
-    out.json = j.dump(-1, ' ', false, ojson::error_handler_t::replace);  // a response cut mid-character: U+FFFD
+    out.json = chat::dump_exact(j);  // a response cut mid-character: U+FFFD; integers beyond 64 bits kept
     out.ok = true;
   }
 };
@@ -180,7 +181,7 @@ void RecordRegeneration::State::start(const std::string& record, InputFormat f) 
                                         << "(use auto, sharegpt, openai or text)");
   PromptRecord rec = parse_prompt_record(record, f);
   if (rec.skip != SkipReason::None) return drop(rec.skip, rec.detail);
-  j = ojson::parse(rec.json);
+  j = chat::parse_json_exact(rec.json);
   format = rec.format;
   key = format == InputFormat::ShareGPT ? "conversations" : "messages";
   turns = std::move(rec.conversation.turns);

@@ -319,6 +319,58 @@ TEST(ChatTemplate, PythonJsonAndStrip) {
   EXPECT_EQ(chat::py_strip("é"), "é");
 }
 
+// Integers beyond 64 bits (an id in a tool call, say) as Python's json.loads / json.dumps keep them: digits,
+// where nlohmann alone reads a double ("1.2345678901234568e+23"). The expected strings are what CPython 3
+// prints for json.dumps(json.loads(text)).
+TEST(ChatTemplate, IntegersBeyond64BitsAsPythonWritesThem) {
+  using oj = nlohmann::ordered_json;
+  EXPECT_EQ(chat::python_json(chat::parse_json_exact(
+                R"({"id": 123456789012345678901234, "neg": -98765432109876543210, "u": 18446744073709551615,)"
+                R"( "f": 1.5e300, "h": -0, "s": "12345678901234567890123"})")),
+            R"({"id": 123456789012345678901234, "neg": -98765432109876543210, "u": 18446744073709551615,)"
+            R"( "f": 1.5e+300, "h": 0, "s": "12345678901234567890123"})");
+  EXPECT_TRUE(chat::parse_json_exact("{\"a\": 1,}").is_discarded());
+  std::istringstream in("[1, 98765432109876543210]");
+  EXPECT_EQ(chat::python_json(chat::parse_json_exact(in)), "[1, 98765432109876543210]");
+  EXPECT_EQ(chat::exact_integer("42"), oj(42));
+  EXPECT_EQ(chat::python_json(chat::exact_integer("-123456789012345678901")), "-123456789012345678901");
+  EXPECT_NE(testing::error_of([] { chat::exact_integer("4x2"); }).find("'4x2' is no integer"), std::string::npos);
+  EXPECT_NE(testing::error_of([] { chat::exact_integer("007"); }).find("leading zero"), std::string::npos);
+  // A record written back (generate) keeps them; a string that starts like the marker stays that string.
+  const std::string rec = R"({"x":"\u0001aerie-exact-integer-0:5","n":[123456789012345678901234,1],"k":"é"})";
+  EXPECT_EQ(chat::dump_exact(chat::parse_json_exact(rec)), rec);
+  EXPECT_EQ(chat::dump_exact(oj::parse(R"({"a":"é","b":1.5})")), R"({"a":"é","b":1.5})");
+  // The templates: arguments given as an object and as a JSON string (`arguments = normalized`), the tools
+  // sorted or not, and Mistral's tool result (a number as Python's int() reads it, of any size).
+  ConfigChatTemplate qwen(ChatTemplateSpec::load(template_file("qwen2.5")), nullptr);
+  const auto text = [](const ConfigChatTemplate& t, const Conversation& c) {
+    std::string all;
+    for (const auto& p : t.render_pieces(c)) all += p.text;
+    return all;
+  };
+  for (const char* args : {R"({"id": 123456789012345678901234})", R"("{\"id\":123456789012345678901234}")"}) {
+    SCOPED_TRACE(args);
+    const std::string rendered = text(qwen, conversation_of(
+        std::string(R"({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"maximum": 99999999999999999999999}}}],)"
+                    R"( "messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "",)"
+                    R"( "tool_calls": [{"function": {"name": "f", "arguments": )") + args + "}}]}]}"));
+    EXPECT_NE(rendered.find(R"("arguments": {"id": 123456789012345678901234}})"), std::string::npos) << rendered;
+    EXPECT_NE(rendered.find(R"("maximum": 99999999999999999999999)"), std::string::npos) << rendered;
+  }
+  ConfigChatTemplate kimi(ChatTemplateSpec::load(template_file("kimi-k2")), nullptr);  // tools.sort_keys
+  const std::string sorted = text(kimi, conversation_of(
+      R"({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"z": 1, "maximum": 99999999999999999999999}}}],)"
+      R"( "messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]})"));
+  EXPECT_NE(sorted.find(R"({"maximum": 99999999999999999999999, "z": 1})"), std::string::npos) << sorted;
+  ChatTemplateSpec spec = ChatTemplateSpec::load(template_file("mistral-v3"));
+  spec.tool_content = "mistral";
+  const std::string mistral = text(ConfigChatTemplate(spec, nullptr), conversation_of(
+      R"({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "",)"
+      R"( "tool_calls": [{"id": "abcdefghi", "function": {"name": "f", "arguments": {}}}]},)"
+      R"( {"role": "tool", "tool_call_id": "abcdefghi", "content": "1234567890123456789012"}]})"));
+  EXPECT_NE(mistral.find(R"({"content": 1234567890123456789012, "call_id": "abcdefghi"})"), std::string::npos) << mistral;
+}
+
 TEST(ChatTemplate, RegistryAndErrors) {
   // Every name the issue asks for exists and loads.
   for (const char* n : kTemplates) EXPECT_NO_THROW(ChatTemplateSpec::load(find_chat_template(n))) << n;

@@ -16,12 +16,13 @@ if(TARGET test_data)
 endif()
 
 # The jobs end to end on the real data: prepare (2 ranks) -> vocab; vocab refuses to overwrite without --force.
+# prepare --overwrite: a build folder's earlier file would be refused once the input is newer (a refreshed copy).
 if(TARGET stories260K_model AND EXISTS "${AERIE_SHARED_DATA}/tinystories/tinystories_val.txt")
   set(_d "${CMAKE_BINARY_DIR}/test-scratch/jobs_prepare_vocab")
   add_test(NAME jobs_prepare_np2
            COMMAND ${MPIEXEC_EXECUTABLE} --oversubscribe -np 2 $<TARGET_FILE:aerie> prepare
                    --input "${AERIE_SHARED_DATA}/tinystories/tinystories_val.txt" --tokenizer "${AERIE_MODEL_DIR}"
-                   --output "${_d}/prepared.h5" --max-length 256 --overlong drop)
+                   --output "${_d}/prepared.h5" --max-length 256 --overlong drop --overwrite)
   add_test(NAME jobs_vocab
            COMMAND $<TARGET_FILE:aerie> vocab --prepared "${_d}/prepared.h5" --model "${AERIE_MODEL_DIR}"
                    --draft-vocab-size 128 --output "${_d}/draft_vocab.safetensors" --force)
