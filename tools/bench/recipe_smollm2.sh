@@ -14,6 +14,8 @@
 #   nbr      --draft-norm-before-residual (today's default)   nout    --draft-norm-output
 #   both     nbr + nout                                        nbfc    --draft-norm-before-fc
 #   win512   --draft-sliding-window 512                        nbrwin  nbr + win512
+#   dauto    default + --draft-sliding-window auto (the power of two at or above the training samples'
+#            90th percentile length; compare with default on LONG_PROMPTS=1)
 # and today's default with one more change each (issue 15 item 4, after the default's row):
 #   dfcnorm  default + --draft-fc-norm                         dlmrand default + --lm-head-init random
 #   dboth    default + both
@@ -51,7 +53,7 @@ declare -A opt=([base]="$plain" [beta2]="--draft-norm-before-residual=false --ad
   [nbr]="--draft-norm-before-residual $b95" [nout]="$plain --draft-norm-output"
   [both]="--draft-norm-before-residual --draft-norm-output $b95" [nbfc]="$plain --draft-norm-before-fc"
   [win512]="$plain --draft-sliding-window 512" [nbrwin]="--draft-norm-before-residual --draft-sliding-window 512 $b95"
-  [dfcnorm]="--draft-fc-norm" [dlmrand]="--lm-head-init random" [dboth]="--draft-fc-norm --lm-head-init random")
+  [dauto]="--draft-sliding-window auto" [dfcnorm]="--draft-fc-norm" [dlmrand]="--lm-head-init random" [dboth]="--draft-fc-norm --lm-head-init random")
 long="$W/long_prompts.jsonl"
 [ "${LONG_PROMPTS:-0}" = 0 ] || [ -f "$long" ] || python3 "$root/tools/bench/long_prompts.py" \
   "$D/spec-bench/question.jsonl" "$long" || exit 1
