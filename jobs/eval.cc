@@ -172,16 +172,10 @@ std::vector<int64_t> parse_steps(const std::string& text) {
   std::vector<int64_t> steps;
   std::stringstream in(text);
   for (std::string item; std::getline(in, item, ',');) {
-    size_t used = 0;
-    int64_t v = -1;
-    try {
-      v = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    EVAL_REQUIRE(used > 0 && used == item.size() && v > 0,
+    const std::optional<int64_t> v = parse_int64(item);
+    EVAL_REQUIRE(v && *v > 0,
                  "--steps " << text << ": '" << item << "' is not a positive step number (e.g. --steps 200,600,1000)");
-    steps.push_back(v);
+    steps.push_back(*v);
   }
   EVAL_REQUIRE(!steps.empty(), "--steps is empty (e.g. --steps 200,600,1000)");
   return steps;

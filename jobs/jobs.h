@@ -4,6 +4,7 @@
 #include <boost/program_options.hpp>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -65,6 +66,10 @@ std::string follow_output_link(const std::string& job, const std::string& path, 
 /// is called only for an existing regular file; an exception from it counts as false.
 void check_output_replaceable(const std::string& job, const std::string& path, const std::string& what,
                               const std::function<bool(const std::string&)>& is_own);
+
+/// `text` as a whole a decimal integer, blanks around it ignored ("12", " -3"; not "", "+12", "12a", "1 2"
+/// or one beyond int64): the value, else nullopt.
+std::optional<int64_t> parse_int64(const std::string& text);
 
 /// --aux-layers "2,5,8" -> {2, 5, 8}; empty -> default_aux_layers(num_layers) (eagle3.md section 1). Throws
 /// aerie::Error prefixed with `job` unless it names 3 ascending integers in [0, num_layers].

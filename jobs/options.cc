@@ -1,10 +1,12 @@
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -300,20 +302,26 @@ TargetConfig load_model_option(const std::string& job, const std::string& option
   }
 }
 
+std::optional<int64_t> parse_int64(const std::string& text) {
+  const size_t b = text.find_first_not_of(" \t"), e = text.find_last_not_of(" \t");
+  if (b == std::string::npos) return std::nullopt;
+  int64_t v = 0;
+  const char* end = text.data() + e + 1;
+  const auto r = std::from_chars(text.data() + b, end, v);
+  if (r.ec != std::errc() || r.ptr != end) return std::nullopt;
+  return v;
+}
+
 std::vector<int> parse_aux_layers(const std::string& s, int64_t num_layers, const std::string& job) {
   if (s.empty()) return default_aux_layers(num_layers);
   std::vector<int> out;
   std::stringstream in(s);
   std::string item;
   while (std::getline(in, item, ',')) {
-    try {
-      size_t pos = 0;
-      int v = std::stoi(item, &pos);
-      AERIE_CHECK(pos == item.size(), "");
-      out.push_back(v);
-    } catch (const std::exception&) {
-      AERIE_THROW(job << ": --aux-layers '" << s << "': '" << item << "' is not an integer");
-    }
+    const std::optional<int64_t> v = parse_int64(item);
+    AERIE_CHECK(v && *v >= INT32_MIN && *v <= INT32_MAX,
+                job << ": --aux-layers '" << s << "': '" << item << "' is not an integer");
+    out.push_back(static_cast<int>(*v));
   }
   AERIE_CHECK(out.size() == 3, job << ": --aux-layers '" << s << "' must name 3 layers, got " << out.size());
   for (size_t i = 0; i < out.size(); ++i) {

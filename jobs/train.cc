@@ -20,10 +20,10 @@
 // step's hidden states to the other ranks, which train as above; the data order, checkpoints, resume and
 // the result are those of extract + train on the same prepared file. The two sides may share GPUs.
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <filesystem>
 #include <sstream>
-#include <stdexcept>
 #include <string>
 
 #include "comm/communicator.h"
@@ -305,19 +305,17 @@ int train(const std::vector<std::string>& args) {
       TRAIN_REQUIRE(vm[opt].defaulted(), "--" << opt << " applies to streaming only (with --prepared); this run "
                                               << "reads --shards");
   }
-  if (sliding_window == "auto") {
+  std::string window_word = sliding_window;
+  window_word.erase(0, window_word.find_first_not_of(" \t"));
+  window_word.erase(window_word.find_last_not_of(" \t") + 1);
+  std::transform(window_word.begin(), window_word.end(), window_word.begin(),
+                 [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  if (window_word == "auto") {
     o.draft_sliding_window_auto = true;
   } else {
-    size_t used = 0;
-    int64_t w = -1;
-    try {
-      w = std::stoll(sliding_window, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    TRAIN_REQUIRE(used > 0 && used == sliding_window.size(),
-                  "--draft-sliding-window '" << sliding_window << "' is not a number of keys or auto");
-    o.draft_sliding_window = w;
+    const std::optional<int64_t> w = parse_int64(sliding_window);
+    TRAIN_REQUIRE(w.has_value(), "--draft-sliding-window '" << sliding_window << "' is not a number of keys or auto");
+    o.draft_sliding_window = *w;
   }
   o.draft_norm_before_residual_given = !vm["draft-norm-before-residual"].defaulted();
   o.adam_beta2_given = !vm["adam-beta2"].defaulted();

@@ -12,6 +12,7 @@
 
 #include "core/error.h"
 #include "model/blocks.h"
+#include "model/quant_config.h"
 
 namespace aerie {
 
@@ -32,10 +33,8 @@ struct ModelShape {
   int64_t hidden = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0, intermediate = 0;
   int64_t q_lora = 0, kv_lora = 0, qk_nope = 0, qk_rope = 0, v_head = 0;  // MLA
   int64_t experts = 0, top_k = 0, moe_intermediate = 0, shared = 0, first_dense = 0, moe_freq = 1;
-  int64_t pack_factor = 8;  // values per int32 of a compressed-tensors weight_packed (32 / num_bits)
-  std::string quant_method;  // quantization_config.quant_method ("fp8", "compressed-tensors"; "": none)
-  std::string quant_format;  // its "format" (compressed-tensors: "pack-quantized" for INT4 weight_packed)
-  std::string quant_group;   // compressed-tensors' first weight group: "int4", "fp8" or "" (another kind)
+  int64_t pack_factor = 8;  // values per int32 of a compressed-tensors weight_packed (32 / 4 bits)
+  QuantConfig quant;         // as the loader reads it (read_quant_config)
   int64_t vocab = 0, nextn = 0;  // vocab_size (0: not given); num_nextn_predict_layers (DeepSeek's MTP)
   bool is_moe_layer(int64_t l) const { return experts > 0 && l >= first_dense && l % moe_freq == 0; }
 };
@@ -90,32 +89,10 @@ ModelShape parse_shape(const json& top, const std::string& source) {
       s.moe_freq = std::max<int64_t>(1, field(c, "moe_layer_freq", source, 1));
     }
   }
-  // The quantization: the top level's quantization_config, else text_config's (vLLM's order,
-  // weight_utils.get_quant_config); compressed-tensors: num_bits of the first weight group.
-  for (const json* q : {&top, &c}) {
-    if (!q->contains("quantization_config") || !(*q)["quantization_config"].is_object()) continue;
-    const json& qc = (*q)["quantization_config"];
-    for (const char* key : {"quant_method", "format"})
-      AERIE_CHECK(!qc.contains(key) || qc[key].is_string(),
-                  source << ": quantization_config." << key << " is not a string: " << qc[key].dump());
-    s.quant_method = qc.value("quant_method", std::string("unknown"));
-    std::transform(s.quant_method.begin(), s.quant_method.end(), s.quant_method.begin(),
-                   [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
-    s.quant_format = qc.value("format", std::string());
-    const json& groups = (*q)["quantization_config"].value("config_groups", json::object());
-    for (const auto& [name, g] : groups.items())
-      if (g.is_object() && g.contains("weights") && g["weights"].is_object() &&
-          g["weights"].contains("num_bits") && g["weights"]["num_bits"].is_number_integer() &&
-          g["weights"]["num_bits"].get<int64_t>() > 0) {
-        const json& w = g["weights"];
-        s.pack_factor = 32 / w["num_bits"].get<int64_t>();
-        s.quant_group = w.value("num_bits", 0) == 4 && w.contains("type") && w["type"] == "int"     ? "int4"
-                        : w.value("num_bits", 0) == 8 && w.contains("type") && w["type"] == "float" ? "fp8"
-                                                                                                    : "";
-        break;
-      }
-    break;
-  }
+  // The quantization as the loader reads it: the top level's quantization_config, else text_config's, else
+  // compression_config (vLLM's order), in a format aerie dequantizes (refused by name otherwise), so that a
+  // plan that fits is a model extract loads.
+  s.quant = read_quant_config(top, source);
   return s;
 }
 
@@ -468,27 +445,27 @@ MemoryPlan plan_memory(const json& config, const std::vector<TensorInfo>& tensor
   AERIE_CHECK(plan.weight_tensors > 0, source << ": the tensor list holds no language-model weight (of "
                                               << tensors.size() << " tensors)");
   // The config's quantization against the tensors (a list of the same architecture in another format has the
-  // same shapes: Kimi-K2.5's INT4 config with K2-Instruct's FP8 list planned 2x its weights). A
-  // compressed-tensors config expects INT4 weight_packed tensors when its format is pack-quantized or its
-  // weights are 4-bit ints, F8 ones when float-quantized or 8-bit floats; mixed or other kinds are not checked.
+  // same shapes: Kimi-K2.5's INT4 config with K2-Instruct's FP8 list planned 2x its weights): INT4
+  // weight_packed tensors for compressed-tensors, F8 ones for fp8, neither without a quantization_config.
   {
-    const bool ct = s.quant_method == "compressed-tensors";
-    const bool want_int4 = ct && (s.quant_format == "pack-quantized" || (s.quant_format.empty() && s.quant_group == "int4"));
-    const bool want_fp8 = s.quant_method == "fp8" ||
-                          (ct && (s.quant_format == "float-quantized" || (s.quant_format.empty() && s.quant_group == "fp8")));
+    const bool want_int4 = s.quant.method == QuantConfig::Method::Int4Group;
+    const bool want_fp8 = s.quant.method == QuantConfig::Method::Fp8Block;
+    const std::string config = "the config's " + s.quant.where +
+                               (s.quant.shadows ? " (the top level's, read before text_config's other one, as vLLM "
+                                                  "reads them)"
+                                                : "");
     std::string why;
     if (want_int4 && int4_example.empty())
-      why = "the config's quantization_config is compressed-tensors INT4 (weight_packed tensors), but the tensors "
-            "have no weight_packed" + (fp8_example.empty() ? std::string() : "; they are FP8 (" + fp8_example + ")");
+      why = config + " is compressed-tensors INT4 (weight_packed tensors), but the tensors have no weight_packed" +
+            (fp8_example.empty() ? std::string() : "; they are FP8 (" + fp8_example + ")");
     else if (want_fp8 && fp8_example.empty())
-      why = "the config's quantization_config is FP8, but the tensors have no F8 weight" +
+      why = config + " is FP8, but the tensors have no F8 weight" +
             (int4_example.empty() ? std::string() : "; they are INT4 (" + int4_example + ")");
     else if (want_fp8 && !int4_example.empty())
-      why = "the config's quantization_config is FP8, but the tensors include INT4 ones (" + int4_example + ")";
+      why = config + " is FP8, but the tensors include INT4 ones (" + int4_example + ")";
     else if (want_int4 && !fp8_example.empty())
-      why = "the config's quantization_config is compressed-tensors INT4, but the tensors include FP8 ones (" +
-            fp8_example + ")";
-    else if (s.quant_method.empty() && (!fp8_example.empty() || !int4_example.empty()))
+      why = config + " is compressed-tensors INT4, but the tensors include FP8 ones (" + fp8_example + ")";
+    else if (s.quant.method == QuantConfig::Method::None && (!fp8_example.empty() || !int4_example.empty()))
       why = "the config has no quantization_config, but the tensors are quantized (" +
             (fp8_example.empty() ? int4_example : fp8_example) + ")";
     AERIE_CHECK(why.empty(), source << ": " << why << ": are the config and the tensors of the same checkpoint?");

@@ -111,6 +111,18 @@ QuantPart int4_part(HfCheckpoint& ck, const LinearTensor& t, TpSplit split, int 
 
 }  // namespace
 
+namespace {
+
+// What the config announces, for a tensor that contradicts it: "<file> has no quantization_config" or
+// "<file>'s text_config.quantization_config is block FP8 (quant_method fp8)".
+std::string announced(const QuantConfig& quant) {
+  if (quant.method == QuantConfig::Method::None) return quant.path + " has no quantization_config";
+  return quant.path + "'s " + quant.where + " is " + describe(quant.method) +
+         (quant.shadows ? " (the top level's, read before text_config's other one, as vLLM reads them)" : "");
+}
+
+}  // namespace
+
 WeightFormat stored_format(const HfCheckpoint& ck, const QuantConfig& quant, const std::string& base) {
   const std::string w = base + ".weight", packed = base + ".weight_packed";
   const bool has_w = ck.contains(w), has_p = ck.contains(packed);
@@ -118,14 +130,14 @@ WeightFormat stored_format(const HfCheckpoint& ck, const QuantConfig& quant, con
   AERIE_CHECK(!(has_w && has_p), ck.file_of(w) << ": both \"" << w << "\" and \"" << packed << "\" exist");
   if (has_p) {
     AERIE_CHECK(quant.method == QuantConfig::Method::Int4Group,
-                ck.file_of(packed) << ": tensor \"" << packed << "\" is INT4 pack-quantized, but " << quant.path
-                                   << " has no quantization_config with quant_method \"compressed-tensors\"");
+                ck.file_of(packed) << ": tensor \"" << packed << "\" is INT4 pack-quantized, but " << announced(quant)
+                                   << " (INT4 weights need quant_method \"compressed-tensors\")");
     return WeightFormat::Int4Group;
   }
   if (ck.dtype_of(w) == DType::F8E4M3) {
     AERIE_CHECK(quant.method == QuantConfig::Method::Fp8Block,
-                ck.file_of(w) << ": tensor \"" << w << "\" is F8_E4M3, but " << quant.path
-                              << " has no quantization_config with quant_method \"fp8\"");
+                ck.file_of(w) << ": tensor \"" << w << "\" is F8_E4M3, but " << announced(quant)
+                              << " (F8_E4M3 weights need quant_method \"fp8\")");
     return WeightFormat::BlockFp8;
   }
   AERIE_CHECK(!ck.contains(base + ".weight_scale_inv"),

@@ -172,14 +172,14 @@ TargetConfig load_target_config(const std::string& dir) {
                                     << "), not a target model's: give the target's folder here (a draft export "
                                        "goes to eval's --draft)");
   }
+  const nlohmann::json file_object = c.raw;  // before a wrapper's text_config is merged in
   if (!c.raw.contains("hidden_size") && c.raw.contains("text_config") && c.raw["text_config"].is_object()) {
     // A multimodal wrapper (Llava, Mistral3, ...): the language model's fields are its text_config.
     nlohmann::json merged = c.raw, text = c.raw["text_config"];
     merged.erase("text_config");
     merged.erase("model_type");  // the wrapper's ("llava"): the text model's type or none
     for (auto& [k, v] : text.items()) merged[k] = v;
-    // The quantization_config of the top level wins over text_config's, as vLLM reads it
-    // (weight_utils.get_quant_config: hf_config's, then text_config's for vision models that keep it there).
+    // The quantization_config c.quant reads (below), the top level's before text_config's, as vLLM reads it.
     if (c.raw.contains("quantization_config") && !c.raw["quantization_config"].is_null())
       merged["quantization_config"] = c.raw["quantization_config"];
     c.raw = std::move(merged);
@@ -236,7 +236,8 @@ TargetConfig load_target_config(const std::string& dir) {
   c.eos_token_id = token_id(j, "eos_token_id", path);
 
   c.rope = rope_params_from_config(j, c.max_position_embeddings, path);
-  c.quant = read_quant_config(j, path);
+  // The quantization as vLLM picks it from the file's own object (a wrapper's top level first).
+  c.quant = read_quant_config(file_object, path);
   return c;
 }
 

@@ -104,6 +104,11 @@ std::vector<std::string> TrainOptions::adopt_checkpoint_defaults(const nlohmann:
                         " as the checkpoint was trained (--draft-norm-before-residual not given)");
     draft_norm_before_residual = theirs;
   }
+  // A resume given the number an auto run picked is the same draft: its checkpoints keep saying where the
+  // window came from.
+  if (!draft_sliding_window_auto && c.value("draft_sliding_window_auto", false) && c.contains("draft_sliding_window") &&
+      c["draft_sliding_window"] == nlohmann::json(draft_sliding_window))
+    draft_sliding_window_auto = true;
   if (!adam_beta2_given) {
     const double theirs =
         c.contains("adam_beta2") && c["adam_beta2"].is_number() ? c["adam_beta2"].get<double>() : kAdamBeta2Unrecorded;
@@ -157,13 +162,18 @@ void TrainOptions::check_resumable(const nlohmann::json& c) const {
     differs(key, c.contains(key) ? c[key] : nlohmann::json(0));
   {  // The window, as given or as auto picked it (the same samples pick the same window).
     const nlohmann::json theirs = c.contains("draft_sliding_window") ? c["draft_sliding_window"] : nlohmann::json(0);
+    const bool their_auto = c.value("draft_sliding_window_auto", false);
     const auto window = [](const nlohmann::json& w, bool automatic) {
-      return automatic ? "auto (" + w.dump() + " keys)" : w.dump();
+      if (!automatic) return w.dump();
+      return w == nlohmann::json(0) ? std::string("auto (no window)") : "auto (" + w.dump() + " keys)";
     };
     if (theirs != mine["draft_sliding_window"])
       diffs.push_back("--draft-sliding-window is " + window(mine["draft_sliding_window"], draft_sliding_window_auto) +
-                      " but the checkpoint was trained with " +
-                      window(theirs, c.value("draft_sliding_window_auto", false)));
+                      " but the checkpoint was trained with " + window(theirs, their_auto) +
+                      (draft_sliding_window_auto && their_auto
+                           ? " (auto picks from the training samples: these are not the samples it was trained on, "
+                             "or another --eval-fraction holds out others)"
+                           : ""));
   }
   {  // The draft's attention (older checkpoints have none: the Llama draft).
     const std::string theirs = c.value("draft_attention", std::string("llama"));

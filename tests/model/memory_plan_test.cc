@@ -256,23 +256,40 @@ TEST(MemoryPlan, TensorListOfAnotherQuantizationIsRefused) {
   PlanOptions opt;
   opt.tp = 8;
   const std::vector<TensorInfo> fp8 = deepseek_v3_tensors(*config);
+  // Kimi-K2.5's INT4 quantization_config (the fixture's, as the real file writes it).
+  json k25_fixture;
+  std::ifstream(std::string(AERIE_SOURCE_DIR) + "/tests/model/fixtures/hf/kimi_k25_int4/config.json") >> k25_fixture;
   json int4 = *config;
-  int4["quantization_config"] = {{"quant_method", "compressed-tensors"}, {"format", "pack-quantized"}};
+  int4["quantization_config"] = k25_fixture["quantization_config"];
   std::string e = error_of([&] { plan_memory(int4, fp8, opt, "k25/config.json"); });
   EXPECT_NE(e.find("k25/config.json: the config's quantization_config is compressed-tensors INT4 (weight_packed "
                    "tensors), but the tensors have no weight_packed; they are FP8 (model.layers.0."),
             std::string::npos) << e;
   EXPECT_NE(e.find("are the config and the tensors of the same checkpoint?"), std::string::npos) << e;
-  // The kind read from the weight group when the format is not given; quant_method in capitals.
-  json int4_group = *config;
-  int4_group["quantization_config"] = {{"quant_method", "Compressed-Tensors"},
-                                       {"config_groups", {{"g", {{"weights", {{"num_bits", 4}, {"type", "int"}}}}}}}};
-  e = error_of([&] { plan_memory(int4_group, fp8, opt, "k25/config.json"); });
+  // quant_method in capitals (vLLM lowercases it).
+  json int4_caps = int4;
+  int4_caps["quantization_config"]["quant_method"] = "Compressed-Tensors";
+  e = error_of([&] { plan_memory(int4_caps, fp8, opt, "k25/config.json"); });
   EXPECT_NE(e.find("is compressed-tensors INT4"), std::string::npos) << e;
-  json bad = *config;
-  bad["quantization_config"] = {{"quant_method", 8}};
-  e = error_of([&] { plan_memory(bad, fp8, opt, "x/config.json"); });
-  EXPECT_NE(e.find("x/config.json: quantization_config.quant_method is not a string: 8"), std::string::npos) << e;
+  // What the loader refuses, plan refuses with the loader's words (a plan that fits is a model extract loads).
+  const std::vector<std::pair<json, std::string>> refused = {
+      {{{"quant_method", 8}}, "x/config.json: quantization_config.quant_method is missing or not a string: 8"},
+      {json::object(), "x/config.json: quantization_config.quant_method is missing or not a string"},
+      {{{"quant_method", "awq"}, {"bits", 4}}, "quantization_config.quant_method \"awq\" is not supported"},
+      {"compressed-tensors", "x/config.json: quantization_config is not an object: \"compressed-tensors\""},
+      {false, "quantization_config is not an object: false"},
+  };
+  for (const auto& [qc, want] : refused) {
+    json bad = *config;
+    bad["quantization_config"] = qc;
+    e = error_of([&] { plan_memory(bad, fp8, opt, "x/config.json"); });
+    EXPECT_NE(e.find(want), std::string::npos) << qc.dump() << ": " << e;
+  }
+  json bits8 = int4;
+  bits8["quantization_config"]["config_groups"]["group_0"]["weights"]["num_bits"] = 8;
+  e = error_of([&] { plan_memory(bits8, fp8, opt, "x/config.json"); });
+  EXPECT_NE(e.find("quantization_config.config_groups.group_0.weights.num_bits is 8, aerie supports 4 only"),
+            std::string::npos) << e;
   json none = *config;
   none.erase("quantization_config");
   e = error_of([&] { plan_memory(none, fp8, opt, "bf16/config.json"); });
@@ -292,9 +309,18 @@ TEST(MemoryPlan, TensorListOfAnotherQuantizationIsRefused) {
   wrapped["quantization_config"] = (*config)["quantization_config"];
   wrapped["text_config"]["quantization_config"] = int4["quantization_config"];
   EXPECT_NO_THROW(plan_memory(wrapped, fp8, opt, "w/config.json"));
-  wrapped.erase("quantization_config");
+  e = error_of([&] { plan_memory(wrapped, bf16, opt, "w/config.json"); });
+  EXPECT_NE(e.find("the config's quantization_config (the top level's, read before text_config's other one, as "
+                   "vLLM reads them) is FP8, but the tensors have no F8 weight"),
+            std::string::npos) << e;
+  wrapped["quantization_config"] = nullptr;  // null: text_config's
   e = error_of([&] { plan_memory(wrapped, fp8, opt, "w/config.json"); });
-  EXPECT_NE(e.find("is compressed-tensors INT4"), std::string::npos) << e;
+  EXPECT_NE(e.find("the config's text_config.quantization_config is compressed-tensors INT4"), std::string::npos) << e;
+  wrapped["quantization_config"] = "int4";  // not null: the top level's, refused as the loader refuses it
+  e = error_of([&] { plan_memory(wrapped, fp8, opt, "w/config.json"); });
+  EXPECT_NE(e.find("w/config.json (its top-level quantization_config, read before text_config's other one, as vLLM "
+                   "reads them): quantization_config is not an object: \"int4\""),
+            std::string::npos) << e;
   // The real pair of the helper's report: Kimi-K2.5's INT4 config with Kimi-K2-Instruct's FP8 list.
   const std::string k25 = configs() + "/config-kimi-k25", k2 = configs() + "/config-kimi-k2-instruct";
   if (!std::filesystem::exists(k25) || !std::filesystem::exists(k2)) return;

@@ -361,6 +361,33 @@ TEST(QuantConfigTest, TheTopLevelQuantizationConfigWinsOverTextConfigs) {
   EXPECT_EQ(load_target_config(dir).quant.method, QuantConfig::Method::Fp8Block);
   dir = edited_copy("kimi_k25_int4", "null_top", none, [&](nlohmann::json& c) { c["quantization_config"] = nullptr; });
   EXPECT_EQ(load_target_config(dir).quant.method, QuantConfig::Method::Int4Group) << "a null top level: text_config's";
+  // Older compressed-tensors checkpoints: compression_config when neither has a quantization_config.
+  dir = edited_copy("kimi_k25_int4", "compression_config", none, [&](nlohmann::json& c) {
+    c["compression_config"] = c["quantization_config"];
+    c.erase("quantization_config");
+    c["text_config"].erase("quantization_config");
+  });
+  EXPECT_EQ(load_target_config(dir).quant.method, QuantConfig::Method::Int4Group);
+  // The messages say which one was read.
+  dir = edited_copy("kimi_k25_int4", "fp8_over_int4", none, [&](nlohmann::json& c) { c["quantization_config"] = fp8; });
+  std::string e = load_error(dir);
+  EXPECT_NE(e.find("is INT4 pack-quantized, but " + dir + "/config.json's quantization_config is block FP8 (quant_method "
+                   "fp8) (the top level's, read before text_config's other one, as vLLM reads them)"),
+            std::string::npos) << e;
+  dir = edited_copy("kimi_k25_int4", "text_string", none, [&](nlohmann::json& c) {
+    c.erase("quantization_config");
+    c["text_config"]["quantization_config"] = "int4";
+  });
+  e = testing::error_of([&] { load_target_config(dir); });
+  EXPECT_NE(e.find("config.json: text_config.quantization_config is not an object: \"int4\""), std::string::npos) << e;
+  dir = edited_copy("kimi_k25_int4", "shadowed_bad", none, [&](nlohmann::json& c) {
+    c["quantization_config"]["format"] = "int-quantized";
+    c["text_config"]["quantization_config"] = fp8;
+  });
+  e = testing::error_of([&] { load_target_config(dir); });
+  EXPECT_NE(e.find("config.json (its top-level quantization_config, read before text_config's other one, as vLLM "
+                   "reads them): quantization_config.format is \"int-quantized\""),
+            std::string::npos) << e;
 }
 
 TEST(QuantErrors, TensorsOfAnUnexpectedFormatAreNamed) {

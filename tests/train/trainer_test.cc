@@ -306,17 +306,26 @@ TEST(AutoSlidingWindowTest, ResumeComparesThePickedWindow) {
   const nlohmann::json ck = o.to_json();
   EXPECT_EQ(ck["draft_sliding_window_auto"], true);
   o.check_resumable(ck);  // the same samples pick the same window
-  TrainOptions given;     // the window given as a number: the same draft
+  TrainOptions given;     // the window given as a number: the same draft, still recorded as auto's
   given.draft_sliding_window = 256;
   given.check_resumable(ck);
+  EXPECT_TRUE(given.adopt_checkpoint_defaults(ck).empty());
+  EXPECT_TRUE(given.draft_sliding_window_auto);
+  TrainOptions other;  // another number stays that number, and is refused
+  other.draft_sliding_window = 128;
+  other.adopt_checkpoint_defaults(ck);
+  EXPECT_FALSE(other.draft_sliding_window_auto);
   TrainOptions none;  // a requeued job that lost the option
   EXPECT_NE(testing::error_of([&] { none.check_resumable(ck); })
                 .find("--draft-sliding-window is 0 but the checkpoint was trained with auto (256 keys)"),
             std::string::npos);
   o.draft_sliding_window = 128;  // other samples
   EXPECT_NE(testing::error_of([&] { o.check_resumable(ck); })
-                .find("--draft-sliding-window is auto (128 keys) but the checkpoint was trained with auto (256 keys)"),
+                .find("--draft-sliding-window is auto (128 keys) but the checkpoint was trained with auto (256 keys) "
+                      "(auto picks from the training samples: these are not the samples it was trained on"),
             std::string::npos);
+  o.draft_sliding_window = 0;  // a pick that reached the target's positions
+  EXPECT_NE(testing::error_of([&] { o.check_resumable(ck); }).find("is auto (no window) but"), std::string::npos);
 }
 
 }  // namespace
