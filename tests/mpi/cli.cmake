@@ -87,3 +87,14 @@ set_tests_properties(cli_version PROPERTIES ENVIRONMENT "${_aerie_cli_env}"
 add_test(NAME cli_help_job COMMAND $<TARGET_FILE:aerie> help vocab)
 set_tests_properties(cli_help_job PROPERTIES ENVIRONMENT "${_aerie_cli_env}"
   PASS_REGULAR_EXPRESSION "aerie vocab")
+# Every shipped per-job config (configs/runs/RUN/JOB.ini) parses for its job: no unknown key, no bad value
+# (`aerie JOB --config FILE --help` reads the file before it prints the help).
+file(GLOB _aerie_run_configs CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/configs/runs/*/*.ini)
+foreach(_f ${_aerie_run_configs})
+  get_filename_component(_job ${_f} NAME_WE)
+  get_filename_component(_run ${_f} DIRECTORY)
+  get_filename_component(_run ${_run} NAME)
+  add_test(NAME cli_run_config_${_run}_${_job} COMMAND $<TARGET_FILE:aerie> ${_job} --config ${_f} --help)
+  set_tests_properties(cli_run_config_${_run}_${_job} PROPERTIES ENVIRONMENT "${_aerie_cli_env}"
+    PASS_REGULAR_EXPRESSION "usage: aerie ${_job} \\[options\\]")
+endforeach()

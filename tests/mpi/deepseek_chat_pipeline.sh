@@ -48,18 +48,27 @@ for c in "deepseek_v3_fp8 deepseek-v3 129280 deepseek-v3 <｜User｜>" \
          "kimi_k25_int4 kimi-k2 163840 kimi-k2 <|im_user|>user<|im_middle|>"; do
   read -r m tokdir V tmpl marker <<<"$c"
   out="$work/$m" model="$work/$m/model"
+  # Kimi-K2.5 runs with the shipped settings for the real model (configs/runs/kimi-k25: every key must parse
+  # and work), the fixture's sizes given on the command line, which overrides them (tp, lengths, steps,
+  # vocabulary, f32 for the exact lossless check); its fp8 shards are extracted, trained on and evaluated.
+  kc() { [ "$m" = kimi_k25_int4 ] && printf -- '--config\n%s\n' "$src/configs/runs/kimi-k25/$1.ini"; return 0; }
+  mapfile -t c_prepare < <(kc prepare); mapfile -t c_extract < <(kc extract); mapfile -t c_vocab < <(kc vocab)
+  mapfile -t c_train < <(kc train); mapfile -t c_eval < <(kc eval)
   run "$widen" "$src/tests/model/fixtures/hf/$m" "$data/tokenizers/$tokdir" "$V" "$model"
   run mpirun --oversubscribe -np 2 "$aerie" generate --model "$model" --device cpu \
       --input "$data/sharegpt-fastchat/dummy_conversation.json" --format sharegpt --template "$tmpl" \
       --max-conversations 16 --max-new-tokens 16 --output "$out/regen.jsonl"
-  run mpirun --oversubscribe -np 2 "$aerie" prepare --input "$out/regen.jsonl" --tokenizer "$model" \
+  run mpirun --oversubscribe -np 2 "$aerie" prepare "${c_prepare[@]}" --input "$out/regen.jsonl" --tokenizer "$model" \
       --template "$tmpl" --max-length 256 --output "$out/prepared.h5"
-  run mpirun --oversubscribe -np 2 "$aerie" extract --model "$model" --device cpu --prepared "$out/prepared.h5" \
-      --output "$out/shards" --aux-layers 0,1,3 --samples-per-shard 8
-  run mpirun --oversubscribe -np 1 "$aerie" vocab --model "$model" --prepared "$out/prepared.h5" \
+  run mpirun --oversubscribe -np 2 "$aerie" extract "${c_extract[@]}" --model "$model" --device cpu \
+      --prepared "$out/prepared.h5" --output "$out/shards" --aux-layers 0,1,3 --samples-per-shard 8 --tp 1
+  run mpirun --oversubscribe -np 1 "$aerie" vocab "${c_vocab[@]}" --model "$model" --prepared "$out/prepared.h5" \
       --output "$out/vocab.safetensors" --draft-vocab-size 256
-  run mpirun --oversubscribe -np 2 "$aerie" train --model "$model" --device cpu --shards "$out/shards" \
+  run mpirun --oversubscribe -np 2 "$aerie" train "${c_train[@]}" --model "$model" --device cpu --shards "$out/shards" \
       --vocab "$out/vocab.safetensors" --output "$out/run" --steps 40 --batch-size 4 --lr 1e-2 --eval-fraction 0
+  if [ "$m" = kimi_k25_int4 ]; then
+    grep -q "hidden states stored as fp8" "$work/last.log" || { cat "$work/last.log"; fail "$m: not fp8 shards (extract.ini)"; }
+  fi
   run mpirun --oversubscribe -np 1 "$aerie" export --model "$model" --checkpoint "$out/run" --output "$out/export"
   grep -q "\"vocab_size\": *$V" "$out/export/config.json" || fail "$m: the export's vocab_size is not $V"
   # tp 1 with the untrained draft too (eval's "lossless" then covers both); tp 2 the trained one only,
@@ -67,7 +76,8 @@ for c in "deepseek_v3_fp8 deepseek-v3 129280 deepseek-v3 <｜User｜>" \
   for tp in 1 2 ep2; do
     untrained=() && [ $tp = 1 ] && untrained=(--untrained)
     split=(--tp "${tp#ep}") && [ $tp = ep2 ] && split+=(--expert-parallel)
-    run mpirun --oversubscribe -np 2 "$aerie" eval --model "$model" --draft "$out/export" --device cpu "${split[@]}" \
+    run mpirun --oversubscribe -np 2 "$aerie" eval "${c_eval[@]}" --model "$model" --draft "$out/export" --device cpu \
+        --dtype f32 "${split[@]}" \
         --chat-template "$tmpl" --prompts "$out/regen.jsonl" --num-prompts 8 --max-new-tokens 16 \
         --num-draft-tokens 3 "${untrained[@]}" --output "$out/eval_tp$tp.json"
     j="$out/eval_tp$tp.json"
@@ -92,7 +102,7 @@ for c in "deepseek_v3_fp8 deepseek-v3 129280 deepseek-v3 <｜User｜>" \
        "acceptance length $acc (untrained $acc_u), $(num tokens_generated "$j") tokens (${SECONDS}s)"
   # The MLA draft (--draft-attention mla, issue 15): the same shards and recipe, exported in the layout of
   # vLLM's Eagle3DeepseekV2ForCausalLM, and eval lossless with it and with its untrained twin.
-  run mpirun --oversubscribe -np 2 "$aerie" train --model "$model" --device cpu --shards "$out/shards" \
+  run mpirun --oversubscribe -np 2 "$aerie" train "${c_train[@]}" --model "$model" --device cpu --shards "$out/shards" \
       --vocab "$out/vocab.safetensors" --output "$out/run_mla" --steps 40 --batch-size 4 --lr 1e-2 --eval-fraction 0 \
       --draft-attention mla
   grep -q "draft layer: MLA" "$work/last.log" || { cat "$work/last.log"; fail "$m: train did not log the MLA draft"; }
@@ -100,7 +110,8 @@ for c in "deepseek_v3_fp8 deepseek-v3 129280 deepseek-v3 <｜User｜>" \
   for kv in '"Eagle3DeepseekV2ForCausalLM"' '"kv_lora_rank": *32' '"qk_rope_head_dim": *8'; do
     grep -q "$kv" "$out/export_mla/config.json" || { cat "$out/export_mla/config.json"; fail "$m: MLA export has no $kv"; }
   done
-  run mpirun --oversubscribe -np 1 "$aerie" eval --model "$model" --draft "$out/export_mla" --device cpu \
+  run mpirun --oversubscribe -np 1 "$aerie" eval "${c_eval[@]}" --model "$model" --draft "$out/export_mla" --device cpu \
+      --dtype f32 --tp 1 \
       --chat-template "$tmpl" --prompts "$out/regen.jsonl" --num-prompts 8 --max-new-tokens 16 \
       --num-draft-tokens 3 --untrained --output "$out/eval_mla.json"
   j="$out/eval_mla.json"
