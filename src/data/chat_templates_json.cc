@@ -174,18 +174,18 @@ bool is_exact_integer(const ojson& v) {
   return v.is_binary() && v.get_binary().has_subtype() && v.get_binary().subtype() == kExactIntegerSubtype;
 }
 
-// Every exact integer of `v` replaced by the string marker + digits; false if a string of `v` already
-// starts with the marker.
+// Every exact integer of `v` replaced by the string marker + digits; false if a string or key of `v`
+// already holds the marker.
 bool mark_exact(ojson& v, const std::string& marker) {
   if (is_exact_integer(v)) {
     const auto& b = v.get_binary();
     v = marker + std::string(b.begin(), b.end());
     return true;
   }
-  if (v.is_string()) return v.get_ref<const std::string&>().rfind(marker, 0) != 0;
+  if (v.is_string()) return v.get_ref<const std::string&>().find(marker) == std::string::npos;
   if (v.is_object())
     for (auto it = v.begin(); it != v.end(); ++it)
-      if (it.key().rfind(marker, 0) == 0 || !mark_exact(it.value(), marker)) return false;
+      if (it.key().find(marker) != std::string::npos || !mark_exact(it.value(), marker)) return false;
   if (v.is_array())
     for (auto& x : v)
       if (!mark_exact(x, marker)) return false;
@@ -217,7 +217,7 @@ std::string dump_exact(const ojson& value) {
   scan(value);
   if (!any) return dump(value);
   // Each exact integer as a marked string, dumped, then the quoted markers replaced by the digits. The
-  // marker starts with U+0001 (dumped as \u0001) and is one that no string of the value starts with.
+  // marker starts with U+0001 (dumped as \u0001) and is one that no string or key of the value holds.
   for (int k = 0;; ++k) {
     const std::string marker = "\x01" "aerie-exact-integer-" + std::to_string(k) + ":";
     ojson marked = value;

@@ -337,7 +337,8 @@ TEST(ChatTemplate, IntegersBeyond64BitsAsPythonWritesThem) {
   EXPECT_NE(testing::error_of([] { chat::exact_integer("4x2"); }).find("'4x2' is no integer"), std::string::npos);
   EXPECT_NE(testing::error_of([] { chat::exact_integer("007"); }).find("leading zero"), std::string::npos);
   // A record written back (generate) keeps them; a string that starts like the marker stays that string.
-  const std::string rec = R"({"x":"\u0001aerie-exact-integer-0:5","n":[123456789012345678901234,1],"k":"é"})";
+  const std::string rec =
+      R"({"x":"\u0001aerie-exact-integer-0:5","y":"a\"\u0001aerie-exact-integer-1:6","n":[123456789012345678901234,1],"k":"é"})";
   EXPECT_EQ(chat::dump_exact(chat::parse_json_exact(rec)), rec);
   EXPECT_EQ(chat::dump_exact(oj::parse(R"({"a":"é","b":1.5})")), R"({"a":"é","b":1.5})");
   // The templates: arguments given as an object and as a JSON string (`arguments = normalized`), the tools
