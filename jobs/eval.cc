@@ -185,7 +185,7 @@ std::vector<int64_t> parse_steps(const std::string& text) {
 
 int eval(const std::vector<std::string>& args) {
   EvalOptions o;
-  po::options_description desc(
+  po::options_description desc = job_options(
       "aerie eval: acceptance length of a draft (--draft), or of every checkpoint of a training run (--run: the "
       "checkpoint table that export --best chooses from)");
   CheckpointEvalOptions run;

@@ -109,7 +109,7 @@ std::string best_checkpoint_of_run(const std::string& run_dir, const std::string
 }  // namespace
 
 int export_draft(const std::vector<std::string>& args) {
-  po::options_description desc(
+  po::options_description desc = job_options(
       "aerie export: write the draft as a directory vLLM and SGLang load (--best: the checkpoint of the highest "
       "acceptance length in the run's checkpoint table, aerie eval --run)");
   desc.add_options()("checkpoint", po::value<std::string>()->required(),

@@ -64,7 +64,7 @@ void warn_other_tokenizer(const std::string& prepared, const std::string& model_
 
 
 int extract(const std::vector<std::string>& args) {
-  po::options_description desc("aerie extract: target hidden states to HDF5 shards");
+  po::options_description desc = job_options("aerie extract: target hidden states to HDF5 shards");
   desc.add_options()("model", po::value<std::string>()->required(), "target model directory (config.json, model.safetensors)")(
       "prepared", po::value<std::string>()->required(), "prepared.h5 written by aerie prepare")(
       "output", po::value<std::string>()->required(), "shard folder (shard-%05d.h5; created)")(

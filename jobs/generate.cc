@@ -234,7 +234,7 @@ void check_regenerate_inputs(const po::variables_map& vm) {
 }  // namespace
 
 int generate(const std::vector<std::string>& args) {
-  po::options_description desc("aerie generate: generation with the target (one prompt, or regeneration of a "
+  po::options_description desc = job_options("aerie generate: generation with the target (one prompt, or regeneration of a "
                                "conversation set / answers to a prompt set with --input)");
   desc.add_options()("model", po::value<std::string>()->required(),
                      "Hugging Face model directory (config.json, model.safetensors, tokenizer.json)")(

@@ -67,6 +67,10 @@ std::string follow_output_link(const std::string& job, const std::string& path, 
 void check_output_replaceable(const std::string& job, const std::string& path, const std::string& what,
                               const std::function<bool(const std::string&)>& is_own);
 
+/// A job's option list for --help, 110 columns wide (Boost's 80 cut long option names such as
+/// --draft-norm-before-residual=false inside descriptions in two).
+po::options_description job_options(const std::string& caption);
+
 /// `text` as a whole a decimal integer, blanks around it ignored ("12", " -3"; not "", "+12", "12a", "1 2"
 /// or one beyond int64): the value, else nullopt.
 std::optional<int64_t> parse_int64(const std::string& text);

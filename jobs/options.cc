@@ -107,11 +107,11 @@ std::string closest_name(const std::string& given, const std::vector<std::string
 
 bool parse_options(const std::string& job, const std::vector<std::string>& args, po::options_description& desc,
                    po::variables_map& vm) {
-  po::options_description common("Common options");
+  po::options_description common = job_options("Common options");
   common.add_options()("help,h", "show this help")(
       "config", po::value<std::string>(), "INI file with options of this job (command line overrides it)")(
       "log-level", po::value<std::string>()->default_value("info"), "trace, debug, info, warning, error");
-  po::options_description all;
+  po::options_description all(110, 55);
   all.add(desc).add(common);
   try {
     // No prefix guessing (Boost's default style allows it): "--step 10" would be taken as --steps, and a
@@ -301,6 +301,8 @@ TargetConfig load_model_option(const std::string& job, const std::string& option
     throw Error(job + ": --" + option + " " + dir + ": " + e.what());  // e.what() ends with its source location
   }
 }
+
+po::options_description job_options(const std::string& caption) { return po::options_description(caption, 110, 55); }
 
 std::optional<int64_t> parse_int64(const std::string& text) {
   const size_t b = text.find_first_not_of(" \t"), e = text.find_last_not_of(" \t");

@@ -111,7 +111,7 @@ void print_plan(std::ostream& os, const MemoryPlan& p, const PlanOptions& opt, c
 }  // namespace
 
 int plan(const std::vector<std::string>& args) {
-  po::options_description desc("aerie plan: GPU memory per tp rank from config.json and safetensors headers");
+  po::options_description desc = job_options("aerie plan: GPU memory per tp rank from config.json and safetensors headers");
   desc.add_options()("model", po::value<std::string>()->default_value(""),
                      "target model directory (config.json, model.safetensors or model.safetensors.index.json; "
                      "only the headers are read)")(

@@ -18,7 +18,7 @@
 namespace aerie::jobs {
 
 int prepare(const std::vector<std::string>& args) {
-  po::options_description desc("aerie prepare: conversations -> tokens + loss masks (one HDF5 file)");
+  po::options_description desc = job_options("aerie prepare: conversations -> tokens + loss masks (one HDF5 file)");
   desc.add_options()("input", po::value<std::string>()->required(),
                      "input: JSONL (ShareGPT, OpenAI messages or pre-tokenized), a JSON array of such records, or plain text (.txt)")(
       "format", po::value<std::string>()->default_value("auto"),

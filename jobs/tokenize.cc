@@ -17,7 +17,7 @@
 namespace aerie::jobs {
 
 int tokenize(const std::vector<std::string>& args) {
-  po::options_description desc("aerie tokenize: text on stdin -> token ids on stdout");
+  po::options_description desc = job_options("aerie tokenize: text on stdin -> token ids on stdout");
   desc.add_options()("tokenizer", po::value<std::string>()->required(), "directory with tokenizer.json or tiktoken.model (or the file)")(
       "offsets", po::bool_switch(), "also print the byte offsets of every token (a second line)")(
       "bos", po::bool_switch(), "put the tokenizer's BOS first (encode() itself never adds it)");

@@ -163,7 +163,7 @@ void check_train_inputs(const TrainOptions& o) {
 }  // namespace
 
 int train(const std::vector<std::string>& args) {
-  po::options_description desc("aerie train: train the EAGLE-3 draft with training-time test");
+  po::options_description desc = job_options("aerie train: train the EAGLE-3 draft with training-time test");
   TrainOptions o;
   std::string target_model, aux_layers, target_dtype, sliding_window = "0";
   int target_ranks = 1, tp = 0;

@@ -22,7 +22,7 @@
 namespace aerie::jobs {
 
 int vocab(const std::vector<std::string>& args) {
-  po::options_description desc("aerie vocab: draft vocabulary (d2t/t2d) from the loss-masked token counts");
+  po::options_description desc = job_options("aerie vocab: draft vocabulary (d2t/t2d) from the loss-masked token counts");
   desc.add_options()("prepared", po::value<std::string>()->required(), "prepared.h5 written by aerie prepare")(
       "output", po::value<std::string>()->required(), "output draft_vocab.safetensors")(
       "draft-vocab-size", po::value<int64_t>()->default_value(32000), "K (K = V when V is smaller)")(

@@ -728,6 +728,12 @@ TrainResult run_training(const TrainOptions& given_opts, Communicator& dp, Strea
                     << ", AdamW betas " << opts.adam_beta1 << " / " << opts.adam_beta2 << ", lm_head init "
                     << opts.lm_head_init << ", loss over " << (opts.loss_normalization == "all" ? "all" : "trained")
                     << " rows";
+    if (opts.batch_size < dp.size())
+      AERIE_LOG(warning) << "train: --batch-size " << opts.batch_size << " is below the " << dp.size()
+                         << " dp ranks: " << dp.size() - opts.batch_size
+                         << (dp.size() - opts.batch_size == 1 ? " of them gets no sample and idles" : " of them get no sample and idle")
+                         << " each step (a resumed run keeps its batch size; start a run with a batch of at least the "
+                         << "most ranks it will train on)";
   }
   TrainResult result;
   result.total_steps = total;
