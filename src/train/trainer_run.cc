@@ -343,7 +343,7 @@ nlohmann::json make_provenance(const TrainOptions& opts, const TargetFingerprint
     shards["num_chunks"] = s.provenance.num_chunks;
   }
   return {{"target",
-           {{"model", opts.model_dir},
+           {{"model", fs::absolute(opts.model_dir).lexically_normal().string()},  // absolute, as shards.dir
             {"config_sha256", model.config_sha256},
             {"weights_sha256", model.weights_sha256},
             {"num_hidden_layers", target.num_hidden_layers}}},
