@@ -179,9 +179,6 @@ TargetConfig load_target_config(const std::string& dir) {
     merged.erase("text_config");
     merged.erase("model_type");  // the wrapper's ("llava"): the text model's type or none
     for (auto& [k, v] : text.items()) merged[k] = v;
-    // The quantization_config c.quant reads (below), the top level's before text_config's, as vLLM reads it.
-    if (c.raw.contains("quantization_config") && !c.raw["quantization_config"].is_null())
-      merged["quantization_config"] = c.raw["quantization_config"];
     c.raw = std::move(merged);
   }
   const auto& j = c.raw;
