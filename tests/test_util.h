@@ -79,14 +79,18 @@ inline std::string error_of(const std::function<void()>& f) {
 
 namespace aerie::testing {
 /// Sets an environment variable for the enclosing scope (a test that turns on an opt-in path such as
-/// AERIE_BATCHED_DECODE); the previous value, or its absence, comes back at the end of the scope.
+/// AERIE_BATCHED_DECODE), or unsets it (value nullptr); the previous value, or its absence, comes back at
+/// the end of the scope.
 class ScopedEnv {
  public:
   ScopedEnv(const char* name, const char* value) : name_(name) {
     const char* old = std::getenv(name);
     had_ = old != nullptr;
     if (had_) old_ = old;
-    setenv(name, value, 1);
+    if (value)
+      setenv(name, value, 1);
+    else
+      unsetenv(name);
   }
   ~ScopedEnv() {
     if (had_)

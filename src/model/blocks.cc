@@ -14,15 +14,16 @@
 
 namespace aerie {
 
-bool batched_decoding(Device device, bool cpu_default) {
+bool batched_decoding(Device device, bool cpu_default, bool cuda_default) {
   const char* v = std::getenv("AERIE_BATCHED_DECODE");
   if (v && std::strcmp(v, "1") == 0) return true;
   if (v && std::strcmp(v, "0") == 0) return false;
   static std::atomic<bool> warned{false};
+  const bool on = device == Device::CPU ? cpu_default : cuda_default;
   if (v && !warned.exchange(true))
     AERIE_LOG(warning) << "AERIE_BATCHED_DECODE='" << v << "' is neither 1 nor 0: the default (batched decoding "
-                       << (device == Device::CPU && cpu_default ? "on" : "off") << " here)";
-  return device == Device::CPU && cpu_default;
+                       << (on ? "on" : "off") << " here)";
+  return on;
 }
 
 DecodeRows decode_rows(const ForwardBatch& b, bool on) {

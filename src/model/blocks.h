@@ -153,11 +153,13 @@ constexpr int64_t kMlaAbsorbedMaxRows = 16;
 /// Whether a forward step of two or more cached sequences with one new row each (generate's decoding)
 /// attends in one batched call per layer (scatter_rows + attention_decode_batch; MLA: absorbed_batch)
 /// instead of one call or more per sequence. AERIE_BATCHED_DECODE in the environment decides when set to
-/// 1 (on) or 0 (off); otherwise: on the CPU `cpu_default` (GQA: on, the batched call being the per-sequence
-/// arithmetic there, bitwise; MLA: off, its batched form rounds differently from forward()'s), on CUDA off
-/// until the kernel has been run on a GPU (written 2026-12-05 without one; kernels/cuda/attention_decode.cu).
+/// 1 (on) or 0 (off); otherwise `cpu_default` on the CPU (GQA: on, the batched call being the per-sequence
+/// arithmetic there, bitwise; MLA: off, its batched form rounds differently from forward()'s) and
+/// `cuda_default` on CUDA (on for both since 2026-12-05, after kernels/cuda/attention_decode.cu's tests passed
+/// on an H100 and generate ran 1.9x faster with it: docs/performance.md; CUDA's per-sequence path was not
+/// batch-invariant bitwise either, its GEMMs' rounding depending on the step's row count).
 /// Read at each call; another value gives the default, with one warning per process.
-bool batched_decoding(Device device, bool cpu_default);
+bool batched_decoding(Device device, bool cpu_default, bool cuda_default);
 
 /// The sequences of `b` that batched decoding takes: every one with a cache and exactly one new row, in
 /// batch order, when `on`, no token tree and no direct cache write, and two or more of them (else none).

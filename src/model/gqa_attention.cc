@@ -125,7 +125,7 @@ class GqaAttention final : public AttentionBlock {
     // cache appends and their attention go in one call each for all of them, not one or two per sequence
     // (batched_decoding: on the CPU by default, the same arithmetic there; on CUDA behind
     // AERIE_BATCHED_DECODE=1 until the kernel has run on a GPU).
-    const DecodeRows dr = decode_rows(b, batched_decoding(ctx.device, true));
+    const DecodeRows dr = decode_rows(b, batched_decoding(ctx.device, true, true));
     std::vector<Tensor*> dk, dv;
     std::vector<const Tensor*> ck, cv;
     for (int64_t i : dr.seq) {

@@ -93,8 +93,8 @@ class MlaAttention final : public AttentionBlock {
     });
     // Sequences with a cache and one new row (generate's decoding steps, two or more of them): one cache
     // append and one absorbed attention for all of them (absorbed_batch), not ~7 launches each
-    // (batched_decoding: opt-in, AERIE_BATCHED_DECODE=1, on the CPU too; latents up to 576 wide).
-    const DecodeRows dr = decode_rows(b, lat <= 576 && batched_decoding(ctx.device, false));
+    // (batched_decoding: on CUDA by default, opt-in on the CPU with AERIE_BATCHED_DECODE=1; latents up to 576 wide).
+    const DecodeRows dr = decode_rows(b, lat <= 576 && batched_decoding(ctx.device, false, true));
     std::vector<Tensor*> dcache;
     for (int64_t i : dr.seq) dcache.push_back(&b.cache[i]->k[layer]);
     if (!dr.empty())

@@ -168,12 +168,14 @@ TEST_F(BatchDecoderTest, RejectsBadInput) {
 
 // ---- CUDA (skipped without a GPU) ----
 
-// On the GPU: F32 greedy decoding in batches equals the CPU's tokens (the CUDA forward equals the CPU's to
+// On the GPU, the per-sequence decoding attention (AERIE_BATCHED_DECODE=0; the batched one is CUDA's default,
+// below): F32 greedy decoding in batches equals the CPU's tokens (the CUDA forward equals the CPU's to
 // fp32 rounding, LlamaCuda.GreedyGenerateEqualsCpu; stories260K has no near ties on these prompts), and
 // sampling (host draws, several threads) is the same for batch 1 and 4. BF16: every sequence ends by the
 // rules, and batch 4 agrees with batch 1 on most sequences (batched bf16 GEMMs may round differently).
 TEST_F(BatchDecoderTest, CudaMatchesCpu) {
   AERIE_REQUIRE_CUDA();
+  testing::ScopedEnv off("AERIE_BATCHED_DECODE", "0");
   TargetModel gpu(testing::model_dir(), *self, {Device::CUDA, DType::F32});
   const std::vector<int32_t> stop = {1, 2};
   EXPECT_EQ(decode(gpu, 4, {0.0, 1.0}, stop), decode(*model, 4, {0.0, 1.0}, stop));
@@ -192,8 +194,9 @@ TEST_F(BatchDecoderTest, CudaMatchesCpu) {
   EXPECT_GE(same, static_cast<int>(seqs.size()) - 2) << "bf16 batch 4 vs batch 1: only " << same << " equal";
 }
 
-// The same with the batched decoding attention (opt-in on CUDA: AERIE_BATCHED_DECODE=1): F32 greedy tokens
-// of batch 4 equal the CPU's, sampled ones those of batch 1.
+// The same with the batched decoding attention (CUDA's default since 2026-12-05; set here so that the test
+// keeps testing it whatever the default): F32 greedy tokens of batch 4 equal the CPU's, sampled ones those
+// of batch 1.
 TEST_F(BatchDecoderTest, CudaBatchedDecodingMatchesCpu) {
   AERIE_REQUIRE_CUDA();
   testing::ScopedEnv on("AERIE_BATCHED_DECODE", "1");

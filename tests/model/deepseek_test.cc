@@ -252,9 +252,14 @@ TEST(DeepseekV3Cuda, BatchedDecodingEqualsWholeForward) {
   // The batched absorbed form (scatter_rows + attention_decode_batch) in decoding and mixed steps: the
   // fixture (latent 32 + 8) and a random model with the real latent (512 + 64: the kernel's widest case).
   AERIE_REQUIRE_CUDA();
-  testing::ScopedEnv on("AERIE_BATCHED_DECODE", "1");  // opt-in on CUDA (model/blocks.h batched_decoding)
   auto self = self_comm();
   TargetModel gpu(fixture("deepseek_v3"), *self, {Device::CUDA, DType::F32});
+  {
+    testing::ScopedEnv off("AERIE_BATCHED_DECODE", "0");  // the per-sequence absorbed form
+    check_batched_decoding(gpu, 1e-5f, "cuda f32 fixture, per sequence");
+  }
+  // CUDA's default (model/blocks.h batched_decoding), set so that the test keeps it whatever the default
+  testing::ScopedEnv on("AERIE_BATCHED_DECODE", "1");
   check_batched_decoding(gpu, 1e-5f, "cuda f32 fixture");
   TargetModel real = TargetModel::random(real_heads_config(512, "deepseek_real_latent"), *self,
                                          {Device::CUDA, DType::F32}, 5);

@@ -14,6 +14,7 @@
 
 #include "comm/communicator.h"
 #include "core/device.h"
+#include "model/blocks.h"
 #include "model/target.h"
 #include "model_testing.h"
 #include "test_util.h"
@@ -161,8 +162,11 @@ TEST(LlamaBatch, RejectsMisuse) {
   EXPECT_EQ(c.length(), 0);  // checks run before anything is written
 }
 
+// The two CUDA tests below run the per-sequence decoding attention (AERIE_BATCHED_DECODE=0); the batched
+// one, CUDA's default, is BatchedDecodingEqualsSingleForwards.
 TEST(LlamaBatchCuda, F32EqualsSingleForwards) {
   AERIE_REQUIRE_CUDA();
+  testing::ScopedEnv off("AERIE_BATCHED_DECODE", "0");
   auto self = self_comm();
   for (const auto& name : kFamilies) {
     TargetModel m(hf_fixture(name), *self, {Device::CUDA, DType::F32});
@@ -173,6 +177,7 @@ TEST(LlamaBatchCuda, F32EqualsSingleForwards) {
 
 TEST(LlamaBatchCuda, Bf16EqualsSingleForwards) {
   AERIE_REQUIRE_CUDA();
+  testing::ScopedEnv off("AERIE_BATCHED_DECODE", "0");
   auto self = self_comm();
   for (const auto& name : kFamilies) {
     TargetModel m(hf_fixture(name), *self, {Device::CUDA, DType::BF16});
@@ -183,7 +188,8 @@ TEST(LlamaBatchCuda, Bf16EqualsSingleForwards) {
 
 TEST(LlamaBatchCuda, BatchedDecodingEqualsSingleForwards) {
   // check_caches' decoding steps (two cached sequences, one row each) through the batched decoding attention
-  // (scatter_rows + attention_decode_batch), opt-in on CUDA (model/blocks.h batched_decoding).
+  // (scatter_rows + attention_decode_batch), CUDA's default (model/blocks.h batched_decoding), set here so that
+  // the test keeps testing it whatever the default.
   AERIE_REQUIRE_CUDA();
   testing::ScopedEnv on("AERIE_BATCHED_DECODE", "1");
   auto self = self_comm();
@@ -193,6 +199,32 @@ TEST(LlamaBatchCuda, BatchedDecodingEqualsSingleForwards) {
     TargetModel b16(hf_fixture(name), *self, {Device::CUDA, DType::BF16});
     check_caches(b16, true, name + " cuda bf16 batched decoding");
   }
+}
+
+// The defaults of the batched decoding attention and the variable that overrides them (model/blocks.h):
+// unset, the CPU takes cpu_default (GQA on, MLA off) and CUDA cuda_default (on); 1 and 0 decide everywhere;
+// another value gives the default.
+TEST(BatchedDecoding, DefaultsAndTheVariable) {
+  {
+    testing::ScopedEnv unset("AERIE_BATCHED_DECODE", nullptr);
+    EXPECT_TRUE(batched_decoding(Device::CPU, true, true));
+    EXPECT_FALSE(batched_decoding(Device::CPU, false, true));
+    EXPECT_TRUE(batched_decoding(Device::CUDA, false, true));
+    EXPECT_FALSE(batched_decoding(Device::CUDA, true, false));
+  }
+  {
+    testing::ScopedEnv on("AERIE_BATCHED_DECODE", "1");
+    EXPECT_TRUE(batched_decoding(Device::CPU, false, false));
+    EXPECT_TRUE(batched_decoding(Device::CUDA, false, false));
+  }
+  {
+    testing::ScopedEnv off("AERIE_BATCHED_DECODE", "0");
+    EXPECT_FALSE(batched_decoding(Device::CPU, true, true));
+    EXPECT_FALSE(batched_decoding(Device::CUDA, true, true));
+  }
+  testing::ScopedEnv odd("AERIE_BATCHED_DECODE", "yes");
+  EXPECT_TRUE(batched_decoding(Device::CUDA, false, true));
+  EXPECT_FALSE(batched_decoding(Device::CPU, false, true));
 }
 
 }  // namespace
