@@ -123,8 +123,7 @@ class GqaAttention final : public AttentionBlock {
     });
     // Sequences with a cache and one new row (a decoding step of generate's continuous batching): their
     // cache appends and their attention go in one call each for all of them, not one or two per sequence
-    // (batched_decoding: on the CPU by default, the same arithmetic there; on CUDA behind
-    // AERIE_BATCHED_DECODE=1 until the kernel has run on a GPU).
+    // (batched_decoding: on by default, the same arithmetic on the CPU; AERIE_BATCHED_DECODE=0 turns it off).
     const DecodeRows dr = decode_rows(b, batched_decoding(ctx.device, true, true));
     std::vector<Tensor*> dk, dv;
     std::vector<const Tensor*> ck, cv;

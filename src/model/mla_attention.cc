@@ -2,8 +2,8 @@
 // deepseek-v3.md section 2): prefill in the expanded form (keys and values from kv_b, flash attention
 // with a value head (v) narrower than the query/key head (dk)), decoding (a sequence with a cache and at most
 // kMlaAbsorbedMaxRows new rows: eval's and generate's steps) in the absorbed form against the latent
-// cache (absorbed() below; with AERIE_BATCHED_DECODE=1, two or more one-row sequences of a step together:
-// absorbed_batch()). Buffers per forward (this rank's nh heads,
+// cache (absorbed() below; two or more one-row sequences of a step together, on CUDA by default, on the
+// CPU with AERIE_BATCHED_DECODE=1: absorbed_batch()). Buffers per forward (this rank's nh heads,
 // dk = nope + rope, L = the keys a sequence attends):
 //   qa, qan [n, q_lora]   q [n, nh, dk]   ckv [n, kv_lora + rope]   latent [n | L, kv_lora + rope]
 //   kv [L, nh, nope + v]   K [L, nh, dk], V [L, nh, v]
