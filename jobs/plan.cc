@@ -1,6 +1,7 @@
 // aerie plan: the GPU memory of a target per tensor-parallel rank, from config.json and the safetensors
-// headers alone (no tensor data is read), before an extract run commits GPUs to it.
-//   aerie plan --model DIR [--tp 8] [--max-length 8192] [--batch-tokens 2048 | --batch-size B]
+// headers alone (no tensor data is read), before an extract (or, --job generate, a generate) run commits
+// GPUs to it.
+//   aerie plan --model DIR [--job extract|generate] [--tp 8] [--max-length 8192] [--batch-tokens 2048 | --batch-size B]
 //              [--gpu-memory 96GB] [--reserve 2GiB] [--embed-split replicated|vocab]
 //   aerie plan --model-config config.json --tensors tensors.jsonl.gz ...   (a tensor list instead of DIR)
 // --tp defaults to the world size (mpirun -np 8 aerie plan ... plans tp 8); --gpu-memory to this GPU's
@@ -56,15 +57,20 @@ void row(std::ostream& os, const std::string& label, const std::string& tensors,
 }
 
 void print_plan(std::ostream& os, const MemoryPlan& p, const PlanOptions& opt, const std::string& gpu_source) {
-  os << "aerie plan: " << p.model << "\n"
+  const bool generate = opt.job == PlanJob::Generate;
+  os << "aerie plan" << (generate ? " (aerie generate)" : "") << ": " << p.model << "\n"
      << "  " << p.architecture << "\n"
      << "  quantized: " << p.quantization << "\n"
-     << "  tp " << p.tp << (p.expert_parallel ? " (routed experts split by expert: --expert-parallel)" : "") << ", "
-     << p.tokens_per_forward << " tokens per forward ("
-     << (opt.batch_size > 0 ? "--batch-size " + std::to_string(opt.batch_size) + " x --max-length "
-                            : "max(--batch-tokens " + std::to_string(opt.batch_tokens) + ", --max-length ")
-     << opt.max_length << (opt.batch_size > 0 ? ")" : "))") << ", GPU " << bytes_str(p.gpu_memory) << " = "
-     << gb_str(p.gpu_memory) << " (" << gpu_source << ")\n\n";
+     << "  tp " << p.tp << (p.expert_parallel ? " (routed experts split by expert: --expert-parallel)" : "") << ", ";
+  if (generate)
+    os << opt.sequences << " sequences of up to " << opt.max_length << " tokens (--batch-size, --max-length), up to "
+       << p.tokens_per_forward << " rows per step (max(" << kGenerateStepRows << ", --max-length))";
+  else
+    os << p.tokens_per_forward << " tokens per forward ("
+       << (opt.batch_size > 0 ? "--batch-size " + std::to_string(opt.batch_size) + " x --max-length "
+                              : "max(--batch-tokens " + std::to_string(opt.batch_tokens) + ", --max-length ")
+       << opt.max_length << (opt.batch_size > 0 ? ")" : "))");
+  os << ", GPU " << bytes_str(p.gpu_memory) << " = " << gb_str(p.gpu_memory) << " (" << gpu_source << ")\n\n";
   os << "per rank of tp " << p.tp << ":\n";
   row(os, "weights", "tensors", "checkpoint", "per rank");
   for (int c = 0; c < kWeightCategories; ++c) {
@@ -88,6 +94,7 @@ void print_plan(std::ostream& os, const MemoryPlan& p, const PlanOptions& opt, c
       p.scratch_layer.empty() ? "none (no quantized weights, or only routed experts read as stored)" : p.scratch_layer);
   row(os, "activations (one forward)", "", "", bytes_str(p.activations_per_rank));
   for (const ActivationItem& a : p.activations) row(os, "  " + a.what, "", "", bytes_str(a.bytes), a.detail);
+  if (generate) row(os, "KV caches (bf16)", "", "", bytes_str(p.kv_cache_per_rank), p.kv_cache_detail);
   row(os, "reserve (CUDA, NCCL, cuBLAS)", "", "", bytes_str(p.reserve), "--reserve");
   row(os, "total", "", "", bytes_str(p.total_per_rank), gb_str(p.total_per_rank));
   for (const std::string& n : p.notes) os << "note: " << n << "\n";
@@ -101,7 +108,7 @@ void print_plan(std::ostream& os, const MemoryPlan& p, const PlanOptions& opt, c
     // extract needs today gets its own verdict line (a Kimi user's trial read the first as aerie's margin).
     const int64_t total = p.total_per_rank + p.replicated_embedding_delta, margin = p.gpu_memory - total;
     os << ", with embed_tokens / lm_head split by vocabulary (vLLM's layout)\n"
-       << "aerie extract today (embed_tokens / lm_head replicated, --embed-split replicated): " << bytes_str(total)
+       << "aerie " << (generate ? "generate" : "extract") << " today (embed_tokens / lm_head replicated, --embed-split replicated): " << bytes_str(total)
        << " per rank, margin " << bytes_str(margin) << " (" << gb_str(margin) << "): "
        << (margin >= 0 ? "fits" : "does NOT fit");
   }
@@ -112,7 +119,10 @@ void print_plan(std::ostream& os, const MemoryPlan& p, const PlanOptions& opt, c
 
 int plan(const std::vector<std::string>& args) {
   po::options_description desc = job_options("aerie plan: GPU memory per tp rank from config.json and safetensors headers");
-  desc.add_options()("model", po::value<std::string>()->default_value(""),
+  desc.add_options()("job", po::value<std::string>()->default_value("extract"),
+                     "the job planned: extract (one forward and the aux captures), or generate (--batch-size "
+                     "KV caches of --max-length tokens, the decoding steps' rows and logits)")(
+      "model", po::value<std::string>()->default_value(""),
                      "target model directory (config.json, model.safetensors or model.safetensors.index.json; "
                      "only the headers are read)")(
       "model-config", po::value<std::string>()->default_value(""), "config.json to use instead of --model's")(
@@ -122,7 +132,9 @@ int plan(const std::vector<std::string>& args) {
       "max-length", po::value<int64_t>()->default_value(8192), "tokens of the longest sample")(
       "batch-tokens", po::value<int64_t>()->default_value(2048),
       "as extract --batch-tokens: a forward holds max(batch-tokens, max-length) tokens")(
-      "batch-size", po::value<int64_t>()->default_value(0), "> 0: batch-size x max-length tokens per forward instead")(
+      "batch-size", po::value<int64_t>()->default_value(0),
+      "extract: > 0: batch-size x max-length tokens per forward instead; generate: sequences decoded at once "
+      "(generate --batch-size; 0: its default, 16)")(
       "gpu-memory", po::value<std::string>()->default_value(""),
       "memory per GPU, e.g. 96GB, 80GiB (default: this GPU's, else 80GiB)")(
       "reserve", po::value<std::string>()->default_value("2GiB"), "CUDA context, NCCL and cuBLAS workspaces per GPU")(
@@ -143,6 +155,9 @@ int plan(const std::vector<std::string>& args) {
                     "aerie plan: give --model DIR, or --model-config FILE and --tensors FILE");
   AERIE_USAGE_CHECK(embed == "vocab" || embed == "replicated",
                     "aerie plan: --embed-split '" << embed << "' is not vocab or replicated");
+  const std::string job = vm["job"].as<std::string>();
+  AERIE_USAGE_CHECK(job == "extract" || job == "generate",
+                    "aerie plan: --job '" << job << "' is not extract or generate (train and eval are not planned yet)");
   int world = 1, rank = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -154,6 +169,15 @@ int plan(const std::vector<std::string>& args) {
   opt.batch_size = vm["batch-size"].as<int64_t>();
   AERIE_USAGE_CHECK(opt.max_length >= 1 && opt.batch_tokens >= 0 && opt.batch_size >= 0,
                     "aerie plan: --max-length must be >= 1, --batch-tokens and --batch-size >= 0");
+  if (job == "generate") {
+    // generate's --batch-size is its sequences at once; its steps are BatchDecoder's, not --batch-tokens
+    opt.job = PlanJob::Generate;
+    opt.sequences = opt.batch_size > 0 ? opt.batch_size : 16;
+    opt.batch_size = 0;
+    AERIE_USAGE_CHECK(vm["batch-tokens"].defaulted(),
+                      "aerie plan: --batch-tokens is extract's; generate's steps hold up to max(" << kGenerateStepRows
+                                                                                          << ", --max-length) rows");
+  }
   opt.vocab_parallel_embeddings = embed == "vocab";
   opt.expert_parallel = vm["expert-parallel"].as<bool>();
   opt.fp8_gemm = vm["fp8-gemm"].as<bool>();
@@ -215,7 +239,20 @@ int plan(const std::vector<std::string>& args) {
         } catch (const Error&) {  // a split the target refuses: try the next
         }
       }
-      if (p.blockers.empty() && opt.max_length > 1024 && opt.batch_size == 0) {
+      if (p.blockers.empty() && opt.job == PlanJob::Generate) {
+        // generate: fewer sequences at once (each holds a KV cache of --max-length positions)
+        for (int64_t b = opt.sequences / 2; b >= 1; b /= 2) {
+          PlanOptions o = opt;
+          o.sequences = b;
+          const MemoryPlan q = plan_memory(config, tensors, o, config_file);
+          if (q.fits) {
+            std::cout << "fits at tp " << opt.tp << " with --batch-size " << b << ": " << bytes_str(q.total_per_rank)
+                      << " per rank, margin " << bytes_str(q.margin) << "\n";
+            suggested = true;
+            break;
+          }
+        }
+      } else if (p.blockers.empty() && opt.max_length > 1024 && opt.batch_size == 0) {
         for (int64_t len = opt.max_length / 2; len >= 1024; len /= 2) {
           PlanOptions o = opt;
           o.max_length = len;
@@ -231,8 +268,8 @@ int plan(const std::vector<std::string>& args) {
         }
       }
       if (!suggested)
-        std::cout << "nothing up to tp 64 (or --max-length 1024 at tp " << opt.tp << ") fits "
-                  << bytes_str(p.gpu_memory) << "\n";
+        std::cout << "nothing up to tp 64 (or " << (opt.job == PlanJob::Generate ? "--batch-size 1" : "--max-length 1024")
+                  << " at tp " << opt.tp << ") fits " << bytes_str(p.gpu_memory) << "\n";
     }
   }
   return p.fits ? 0 : 1;  // a script can branch on it (the plan is printed either way)

@@ -269,9 +269,30 @@ void plan_activations(const ModelShape& s, const PlanOptions& opt, MemoryPlan& p
     add("MLP: gate/up intermediate", Ts + " x 2 x " + std::to_string(ceil_div(s.intermediate, tp)) + " x " + as,
         dense);
   }
+  if (opt.job == PlanJob::Generate) {
+    const int64_t rows = std::min(opt.sequences, T);
+    add("logits (fp32): one row per sequence", std::to_string(rows) + " x " + std::to_string(s.vocab) + " x 4",
+        rows * s.vocab * 4);
+    return;
+  }
   add("captured: " + std::to_string(opt.aux_layers) + " aux + final hidden states",
       std::to_string(opt.aux_layers + 1) + " x " + Ts + " x " + std::to_string(H) + " x " + as,
       (opt.aux_layers + 1) * T * H * a);
+}
+
+// Generate's KV caches: one per sequence, max_length positions (model/target.cc make_cache: GQA keys and
+// values of this rank's kv heads; MLA the latent row of kv_lora_rank + qk_rope_head_dim, whole on each rank).
+void plan_kv_caches(const ModelShape& s, const PlanOptions& opt, MemoryPlan& plan) {
+  if (opt.job != PlanJob::Generate) return;
+  const int64_t a = opt.activation_bytes;
+  const int64_t row = s.mla ? s.kv_lora + s.qk_rope : 2 * ceil_div(s.kv_heads, opt.tp) * s.head_dim;
+  plan.kv_cache_per_rank = opt.sequences * opt.max_length * s.layers * row * a;
+  plan.kv_cache_detail = std::to_string(opt.sequences) + " sequences x " + std::to_string(opt.max_length) +
+                         " positions x " + std::to_string(s.layers) + " layers x " +
+                         (s.mla ? "(" + std::to_string(s.kv_lora) + " + " + std::to_string(s.qk_rope) + ") latent"
+                                : "2 x " + std::to_string(ceil_div(s.kv_heads, opt.tp)) + " kv heads x " +
+                                      std::to_string(s.head_dim)) +
+                         " x " + std::to_string(a);
 }
 
 // The per-rank bytes of a tensor split as `split` over tp (the split dimension rounded up); a split of a
@@ -306,7 +327,7 @@ MemoryPlan plan_memory(const json& config, const std::vector<TensorInfo>& tensor
   AERIE_CHECK(opt.max_length >= 1 && opt.batch_tokens >= 0 && opt.batch_size >= 0,
               "memory plan: max length " << opt.max_length << ", batch tokens " << opt.batch_tokens
                                          << ", batch size " << opt.batch_size << ": need max length >= 1, others >= 0");
-  const ModelShape s = parse_shape(config, source);
+  ModelShape s = parse_shape(config, source);  // vocab filled from embed_tokens when the config lacks it
   MemoryPlan plan;
   plan.tp = opt.tp;
   plan.expert_parallel = opt.expert_parallel && opt.tp > 1 && s.experts > 0;
@@ -368,6 +389,8 @@ MemoryPlan plan_memory(const json& config, const std::vector<TensorInfo>& tensor
                 source << " / tensor list: tensor '" << t.name << "' is " << shape_string(t.shape)
                        << ", the config's vocab_size x hidden_size is [" << s.vocab << ", " << s.hidden
                        << "]: is the tensor list of another model?");
+    if (s.vocab == 0 && r.category == WeightCategory::EmbedLmHead && t.shape.size() == 2)
+      s.vocab = t.shape[0];  // a config without vocab_size: generate's logits rows are as wide as embed_tokens
     AERIE_CHECK(r.category != WeightCategory::RoutedExperts || r.expert < s.experts,
                 source << " / tensor list: tensor '" << t.name << "' is of routed expert " << r.expert
                        << ", but the config has " << s.experts << " (n_routed_experts): is the tensor list of "
@@ -518,12 +541,17 @@ MemoryPlan plan_memory(const json& config, const std::vector<TensorInfo>& tensor
                             " has no tensor): the target refuses to load");
   }
 
-  plan.tokens_per_forward =
-      opt.batch_size > 0 ? opt.batch_size * opt.max_length : std::max(opt.batch_tokens, opt.max_length);
+  AERIE_CHECK(opt.job != PlanJob::Generate || opt.sequences >= 1,
+              "plan: generate's sequences must be >= 1, got " << opt.sequences);
+  plan.tokens_per_forward = opt.job == PlanJob::Generate ? std::max(kGenerateStepRows, opt.max_length)
+                            : opt.batch_size > 0        ? opt.batch_size * opt.max_length
+                                                        : std::max(opt.batch_tokens, opt.max_length);
   plan_activations(s, opt, plan);
+  plan_kv_caches(s, opt, plan);
   plan.reserve = opt.reserve;
   plan.gpu_memory = opt.gpu_memory;
-  plan.total_per_rank = plan.weights_per_rank + plan.scratch_per_rank + plan.activations_per_rank + plan.reserve;
+  plan.total_per_rank = plan.weights_per_rank + plan.scratch_per_rank + plan.activations_per_rank +
+                        plan.kv_cache_per_rank + plan.reserve;
   plan.margin = plan.gpu_memory - plan.total_per_rank;
   plan.fits = plan.margin >= 0 && plan.blockers.empty();
   return plan;

@@ -40,7 +40,18 @@ constexpr int kWeightCategories = 8;
 /// "attention", "dense MLP", ... (the plan's row labels).
 const char* category_name(WeightCategory c);
 
+/// The job a plan is for. Extract: one forward of tokens_per_forward rows and the aux captures. Generate
+/// (`aerie generate`, continuous batching, model/sampling.h BatchDecoder): `sequences` KV caches of
+/// max_length positions each (a turn's prompt + response), a step of up to max(kGenerateStepRows,
+/// max_length) rows (the decoder admits no further prompt past kGenerateStepRows rows), no captures, F32
+/// logits of one row per sequence over the whole vocabulary.
+enum class PlanJob { Extract, Generate };
+/// BatchDecoder's max_step_rows as `aerie generate` builds it (model/sampling.h).
+constexpr int64_t kGenerateStepRows = 8192;
+
 struct PlanOptions {
+  PlanJob job = PlanJob::Extract;
+  int64_t sequences = 16;         // Generate: sequences decoded at once (generate --batch-size)
   int tp = 1;                     // tensor-parallel ranks per target replica
   int64_t max_length = 8192;      // tokens of the longest sample
   int64_t batch_tokens = 2048;    // extract --batch-tokens: samples share a forward up to this many tokens
@@ -94,8 +105,13 @@ struct MemoryPlan {
   int64_t tokens_per_forward = 0;
   std::vector<ActivationItem> activations;
   int64_t activations_per_rank = 0;
+  // Generate: the KV caches of PlanOptions::sequences sequences of max_length positions in the activation
+  // dtype (GQA: layers x 2 x this rank's kv heads x head_dim; MLA: layers x (kv_lora_rank + qk_rope_head_dim),
+  // the latent, whole on every rank); 0 for extract
+  int64_t kv_cache_per_rank = 0;
+  std::string kv_cache_detail;  // the arithmetic
   int64_t reserve = 0, gpu_memory = 0;
-  int64_t total_per_rank = 0;  // weights + scratch + activations + reserve
+  int64_t total_per_rank = 0;  // weights + scratch + activations + KV caches + reserve
   int64_t margin = 0;          // gpu_memory - total_per_rank (negative: does not fit)
   bool fits = false;            // margin >= 0 and nothing in `blockers`
   /// Why aerie cannot run this layout at all, whatever the memory (tp not dividing the attention heads or

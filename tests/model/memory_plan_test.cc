@@ -8,6 +8,8 @@
 
 #include "io/safetensors.h"
 #include "model/memory_plan.h"
+#include "model/target.h"
+#include "model_testing.h"
 #include "test_util.h"
 
 namespace aerie {
@@ -418,6 +420,59 @@ TEST(MemoryPlan, Qwen2FixtureTp2SplitsByHead) {
             std::string::npos)
       << m.blockers.back();
   EXPECT_FALSE(m.fits);
+}
+
+// --job generate (PlanJob::Generate): the KV caches counted are those the target makes (model/target.cc
+// make_cache), here for a GQA and an MLA fixture at tp 1: `sequences` caches of max_length positions, two
+// bytes an element (bf16, generate's default on a GPU); the step holds max(8192, max_length) rows and one
+// F32 logits row per sequence; the total adds the caches; extract's plan of the same target has none.
+TEST(MemoryPlan, GenerateCountsTheKvCachesTheTargetMakes) {
+  auto self = testing::self_comm();
+  for (const std::string name : {"qwen2", "deepseek_v3"}) {
+    const std::string dir = std::string(AERIE_SOURCE_DIR) + "/tests/model/fixtures/hf/" + name;
+    const nlohmann::json config = read_model_config(dir);
+    const std::vector<TensorInfo> tensors = read_checkpoint_tensors(dir);
+    PlanOptions opt;
+    opt.job = PlanJob::Generate;
+    opt.sequences = 3;
+    opt.max_length = 40;
+    const MemoryPlan p = plan_memory(config, tensors, opt);
+    TargetModel model(dir, *self);
+    const KVCache cache = model.make_cache(opt.max_length);
+    int64_t elements = 0;
+    for (const Tensor& t : cache.k) elements += t.numel();
+    for (const Tensor& t : cache.v)
+      if (t.defined()) elements += t.numel();
+    EXPECT_EQ(p.kv_cache_per_rank, 3 * elements * 2) << name << ": " << p.kv_cache_detail;
+    EXPECT_EQ(p.tokens_per_forward, kGenerateStepRows) << name;
+    ASSERT_FALSE(p.activations.empty());
+    EXPECT_EQ(p.activations.back().bytes, 3 * config["vocab_size"].get<int64_t>() * 4) << p.activations.back().what;
+    EXPECT_EQ(p.total_per_rank,
+              p.weights_per_rank + p.scratch_per_rank + p.activations_per_rank + p.kv_cache_per_rank + p.reserve);
+    opt.sequences = 6;  // twice the sequences, twice the caches
+    EXPECT_EQ(plan_memory(config, tensors, opt).kv_cache_per_rank, 2 * p.kv_cache_per_rank) << name;
+    opt.job = PlanJob::Extract;
+    const MemoryPlan e = plan_memory(config, tensors, opt);
+    EXPECT_EQ(e.kv_cache_per_rank, 0) << name;
+    EXPECT_NE(e.activations.back().what.find("captured"), std::string::npos) << name;
+  }
+  // Kimi-K2.5 at tp 8 (the latent cache whole on every rank): 64 sequences of 4096 tokens hold
+  // 64 x 4096 x 61 x 576 x 2 bytes = 17.16 GiB a rank, beyond the 96 GB card's margin; 32 fit.
+  const std::string kimi = configs() + "/config-kimi-k25";
+  if (!std::filesystem::exists(kimi)) GTEST_SKIP() << "no " << kimi;
+  const nlohmann::json kc = read_model_config(kimi + "/config.transformers-5.7.0-redump.json");
+  const std::vector<TensorInfo> kt = read_tensor_list(kimi + "/kimi-k2.5.tensors.expanded.jsonl.gz");
+  PlanOptions k;
+  k.job = PlanJob::Generate;
+  k.tp = 8;
+  k.sequences = 64;
+  k.max_length = 4096;
+  k.gpu_memory = parse_memory_size("96GB");
+  const MemoryPlan kp = plan_memory(kc, kt, k);
+  EXPECT_EQ(kp.kv_cache_per_rank, int64_t{64} * 4096 * 61 * 576 * 2);
+  EXPECT_FALSE(kp.fits) << kp.margin / GiB;
+  k.sequences = 32;
+  EXPECT_TRUE(plan_memory(kc, kt, k).fits);
 }
 
 // A sharded checkpoint (model.safetensors.index.json): every shard's header is read.
