@@ -74,6 +74,8 @@ void check_train_inputs(const TrainOptions& o) {
           "--eval-fraction must lie in [0, 1), got " << o.eval_fraction);
   TRAIN_REQUIRE(o.adam_beta1 >= 0 && o.adam_beta1 < 1 && o.adam_beta2 >= 0 && o.adam_beta2 < 1,
                 "--adam-beta1 and --adam-beta2 must lie in [0, 1), got " << o.adam_beta1 << " and " << o.adam_beta2);
+  TRAIN_REQUIRE(std::isfinite(o.weight_decay) && o.weight_decay >= 0,
+                "--weight-decay must be finite and >= 0, got " << o.weight_decay);
   TRAIN_REQUIRE(o.draft_attention == "llama" || o.draft_attention == "mla",
                 "--draft-attention '" << o.draft_attention << "' is not llama or mla");
   TRAIN_REQUIRE(o.lm_head_init == "target" || o.lm_head_init == "random",
@@ -198,6 +200,8 @@ int train(const std::vector<std::string>& args) {
       "adam-beta2", po::value<double>(&o.adam_beta2)->default_value(0.999, "0.999"),
       "AdamW beta2 (torch's default and SpecForge's; 0.95 before 2026-12-03, docs/design.md). Not given, a "
       "resumed run takes its checkpoint's beta2; given and different from it, the resume is refused)")(
+      "weight-decay", po::value<double>(&o.weight_decay)->default_value(0.0, "0"),
+      "AdamW's decoupled weight decay of every trained weight (torch's AdamW; 0 as in EAGLE and SpecForge)")(
       "lm-head-init", po::value<std::string>(&o.lm_head_init)->default_value("target"),
       "the draft's lm_head at step 0: target (the target's rows of the draft vocabulary) or random (nn.Linear's "
       "init, as SpecForge)")(

@@ -18,7 +18,7 @@ namespace aerie {
 nlohmann::json TrainOptions::to_json() const {
   return {{"model", model_dir},       {"shards", shards_dir},
           {"prepared", prepared_path},
-          {"adam_beta1", adam_beta1}, {"adam_beta2", adam_beta2},
+          {"adam_beta1", adam_beta1}, {"adam_beta2", adam_beta2}, {"weight_decay", weight_decay},
           {"lm_head_init", lm_head_init}, {"loss_normalization", loss_normalization},
           {"vocab", vocab_path},      {"output", output_dir},
           {"steps", steps},           {"epochs", epochs},
@@ -152,6 +152,7 @@ void TrainOptions::check_resumable(const nlohmann::json& c) const {
   // The recipe (checkpoints older than these options have none: aerie's defaults then, beta2 0.95).
   const nlohmann::json recipe_defaults = {{"adam_beta1", 0.9},
                                           {"adam_beta2", kAdamBeta2Unrecorded},
+                                          {"weight_decay", 0.0},
                                           {"lm_head_init", "target"},
                                           {"loss_normalization", "valid"}};
   for (const auto& [key, dflt] : recipe_defaults.items()) differs(key, c.contains(key) ? c[key] : dflt);
@@ -378,10 +379,11 @@ StepMetrics train_step(const DraftConfig& cfg, DraftWeights& w, AdamState& opt, 
 
   // 3. Clipping and AdamW in one call (the grads are scaled as they are read, not in place).
   StepMetrics m;
-  AdamWParams p;  // eps 1e-8, weight decay 0
+  AdamWParams p;  // eps 1e-8
   p.lr = static_cast<float>(lr);
   p.beta1 = static_cast<float>(recipe.adam_beta1);
   p.beta2 = static_cast<float>(recipe.adam_beta2);
+  p.weight_decay = static_cast<float>(recipe.weight_decay);
   opt.step += 1;
   auto ws = w.named();
   auto ms = opt.m.named();

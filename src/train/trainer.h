@@ -40,7 +40,9 @@ struct TrainOptions {
   /// rows of the draft vocabulary) or "random" (nn.Linear's init, SpecForge's); loss_normalization
   /// "valid" (each TTT step's loss over its trained rows, eagle3.md section 4) or "all" (over all rows of
   /// the global batch, sum of the sample lengths: SpecForge's mean over the [B, T] positions).
-  double adam_beta1 = 0.9, adam_beta2 = 0.999;
+  /// weight_decay: AdamW's decoupled decay of every trained weight (torch's AdamW: p *= 1 - lr * wd before
+  /// the update; kernels/optim.h), 0 by default as in eagle3.md, the EAGLE code and SpecForge.
+  double adam_beta1 = 0.9, adam_beta2 = 0.999, weight_decay = 0.0;
   /// The beta2 of a checkpoint without the key (the default before 2026-12-03).
   static constexpr double kAdamBeta2Unrecorded = 0.95;
   bool adam_beta2_given = false;  // set on the command line or in a config (jobs/train.cc)
@@ -169,9 +171,10 @@ Device resolve_train_device(const std::string& name);
 /// F32 on the CPU. Throws aerie::Error on any other name.
 DType resolve_compute_dtype(const std::string& precision, Device device);
 
-/// The parts of a step's recipe that train_step takes (TrainOptions' adam_beta1/2, loss_normalization).
+/// The parts of a step's recipe that train_step takes (TrainOptions' adam_beta1/2, weight_decay,
+/// loss_normalization).
 struct StepRecipe {
-  double adam_beta1 = 0.9, adam_beta2 = 0.999;
+  double adam_beta1 = 0.9, adam_beta2 = 0.999, weight_decay = 0.0;
   /// The beta2 of a checkpoint without the key (the default before 2026-12-03).
   static constexpr double kAdamBeta2Unrecorded = 0.95;
   bool normalize_by_all_rows = false;  // loss_normalization "all"

@@ -693,6 +693,8 @@ TrainResult run_training(const TrainOptions& given_opts, Communicator& dp, Strea
         AERIE_LOG(info) << "train: dropped " << dropped << " TensorBoard event(s) past step " << st.step
                         << " from the event files of the killed run";
     }
+    std::ostringstream weight_decay_text;
+    if (opts.weight_decay != 0) weight_decay_text << ", weight decay " << opts.weight_decay;
     AERIE_LOG(info) << "train: " << st.split.train.size() << " training samples (" << st.split.eval.size()
                     << " held out) "
                     << (stream != nullptr ? "of " + opts.prepared_path + ", streamed from the target's ranks"
@@ -725,7 +727,9 @@ TrainResult run_training(const TrainOptions& given_opts, Communicator& dp, Strea
                             ? ", sliding window " + std::to_string(ck.config.sliding_window) +
                                   (ck.config.sliding_window == 1 ? " key" : " keys")
                             : std::string())
-                    << ", AdamW betas " << opts.adam_beta1 << " / " << opts.adam_beta2 << ", lm_head init "
+                    << ", AdamW betas " << opts.adam_beta1 << " / " << opts.adam_beta2
+                    << weight_decay_text.str()
+                    << ", lm_head init "
                     << opts.lm_head_init << ", loss over " << (opts.loss_normalization == "all" ? "all" : "trained")
                     << " rows";
     if (opts.batch_size < dp.size())
@@ -795,6 +799,7 @@ TrainResult run_training(const TrainOptions& given_opts, Communicator& dp, Strea
   StepRecipe recipe;
   recipe.adam_beta1 = opts.adam_beta1;
   recipe.adam_beta2 = opts.adam_beta2;
+  recipe.weight_decay = opts.weight_decay;
   recipe.normalize_by_all_rows = opts.loss_normalization == "all";
   // Shard readers: the held-out scoring's (this thread) and the training steps' (read one step ahead).
   std::unique_ptr<ShardReaders> heldout_readers;

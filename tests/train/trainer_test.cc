@@ -214,6 +214,36 @@ TEST(TrainRecipeTest, Beta2AndAllRowsChangeTheStep) {
   EXPECT_TRUE(std::isfinite(mc.grad_norm) && mc.grad_norm > 0);
 }
 
+// --weight-decay: AdamW's decoupled decay (kernels/optim.h). A step with decay wd moves every weight w by
+// -lr wd w more than the same step without it (to fp32 rounding: the update term is the same, as decay does
+// not change the gradient or the moments), and the moments are bitwise those of the step without decay.
+TEST(TrainRecipeTest, WeightDecayShrinksEveryWeightByLrTimesDecay) {
+  auto s = testing::make_tiny_setup(rank_scratch("train_recipe_wd"));
+  SoloTraining a(s), b(s);
+  const std::vector<float> w0 = a.w.lm_head.to_float_vector();
+  const double lr = 1e-2, wd = 0.1;
+  train_step(s.cfg, a.w, a.opt, s.embed, a.batch, s.vocab, 3, lr, 0.5, *a.self, a.scratch);
+  StepRecipe decay;
+  decay.weight_decay = wd;
+  train_step(s.cfg, b.w, b.opt, s.embed, b.batch, s.vocab, 3, lr, 0.5, *b.self, b.scratch, nullptr, decay);
+  EXPECT_EQ(testing::count_bit_differences(a.opt.m, b.opt.m), 0) << "decay changed the gradient";
+  EXPECT_EQ(testing::count_bit_differences(a.opt.v, b.opt.v), 0);
+  const std::vector<float> wa = a.w.lm_head.to_float_vector(), wb = b.w.lm_head.to_float_vector();
+  double worst = 0, scale = 0;
+  size_t moved = 0;
+  for (size_t i = 0; i < w0.size(); ++i) {
+    // torch: p *= 1 - lr wd, then p -= lr m_hat / (sqrt(v_hat) + eps): wb = w0 (1 - lr wd) - u, wa = w0 - u
+    worst = std::max(worst, std::fabs((wb[i] - wa[i]) - (-lr * wd * w0[i])));
+    scale = std::max(scale, std::fabs(lr * wd * w0[i]));
+    moved += wb[i] != wa[i];
+  }
+  EXPECT_GT(moved, w0.size() / 2) << "decay left most lm_head weights where the plain step put them";
+  EXPECT_LT(worst, 1e-3 * scale + 1e-7) << "the difference is not -lr wd w";
+  TrainOptions o;
+  EXPECT_EQ(o.weight_decay, 0.0) << "EAGLE's and SpecForge's default";
+  EXPECT_EQ(StepRecipe{}.weight_decay, o.weight_decay);
+}
+
 TEST(TrainRecipeTest, RandomLmHeadKeepsTheOtherDraws) {
   auto s = testing::make_tiny_setup(rank_scratch("train_recipe_init"));
   const std::vector<int64_t> sel = s.vocab.selected();
@@ -274,6 +304,14 @@ TEST(TrainRecipeTest, RecipeIsAResumeOption) {
   o.lm_head_init = "target";
   o.loss_normalization = "all";
   EXPECT_NE(testing::error_of([&] { o.check_resumable(ck); }).find("--loss-normalization"), std::string::npos);
+  o.loss_normalization = "valid";
+  // weight decay: a checkpoint without the key was trained without decay
+  o.weight_decay = 0.01;
+  EXPECT_NE(testing::error_of([&] { o.check_resumable(ck); }).find("--weight-decay is 0.01 but the checkpoint was trained with 0.0"),
+            std::string::npos)
+      << testing::error_of([&] { o.check_resumable(ck); });
+  o.weight_decay = 0;
+  o.check_resumable(ck);
 }
 
 

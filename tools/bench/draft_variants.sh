@@ -16,7 +16,8 @@
 #   default_window128 (--draft-sliding-window 128, a little above the mean training sample of 93 tokens, on
 #   the plain and the default layer), window256 and default_window256 (256: the power of two above the 90th
 #   percentile of the training samples, 137 tokens), default_window_auto (--draft-sliding-window auto, which
-#   picks that 256 from the shards).
+#   picks that 256 from the shards), default_wd (--weight-decay 0.1: the demo's lr 3e-3 over 1000 cosine steps
+#   shrinks an untrained weight by exp(-0.1 x 1.5) = 0.86).
 # LONG_PROMPTS=1: each draft is also evaluated on 32 prompts of 5 consecutive held-out TinyStories
 #   paragraphs (the 160 before the demo's 64 evaluation paragraphs, which prepare's 3000 samples never reach),
 #   cut to 400 tokens (--max-prompt-tokens; the training samples: 93 tokens on average), same eval settings
@@ -59,6 +60,7 @@ options() {
     window256) echo "--draft-norm-before-residual=false --draft-sliding-window 256" ;;
     default_window256) echo "--draft-sliding-window 256" ;;
     default_window_auto) echo "--draft-sliding-window auto" ;;
+    default_wd) echo "--weight-decay 0.1" ;;
     *) echo "draft_variants: unknown variant '$1'" >&2; exit 2 ;;
   esac
 }

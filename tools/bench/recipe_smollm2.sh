@@ -19,7 +19,8 @@
 # and today's default with one more change each (issue 15 item 4, after the default's row):
 #   dfcnorm  default + --draft-fc-norm                         dlmrand default + --lm-head-init random
 #   dboth    default + both                                    dnbfc   default + --draft-norm-before-fc
-#   dnout    default + --draft-norm-output
+#   dnout    default + --draft-norm-output                    dwd     default + --weight-decay 1 (lr 5e-4 over 400
+#            cosine steps sums to 0.1: 0.1 would shrink a weight by 1%, 1 by 10%)
 # and SpecForge's own trainer on the same shards (issue 15 item 4; torch and the specforge 0.2.0 wheel must
 # import, see tools/bench/specforge_train.py):
 #   specforge  tools/bench/specforge_train.py with train.ini's hyperparameters (400 steps of 16, lr 5e-4,
@@ -55,7 +56,8 @@ declare -A opt=([base]="$plain" [beta2]="--draft-norm-before-residual=false --ad
   [both]="--draft-norm-before-residual --draft-norm-output $b95" [nbfc]="$plain --draft-norm-before-fc"
   [win512]="$plain --draft-sliding-window 512" [nbrwin]="--draft-norm-before-residual --draft-sliding-window 512 $b95"
   [dauto]="--draft-sliding-window auto" [dfcnorm]="--draft-fc-norm" [dlmrand]="--lm-head-init random" [dboth]="--draft-fc-norm --lm-head-init random"
-  [dnbfc]="--draft-norm-before-fc" [dnout]="--draft-norm-output")
+  [dnbfc]="--draft-norm-before-fc" [dnout]="--draft-norm-output"
+  [dwd]="--weight-decay 1")
 long="$W/long_prompts.jsonl"
 [ "${LONG_PROMPTS:-0}" = 0 ] || [ -f "$long" ] || python3 "$root/tools/bench/long_prompts.py" \
   "$D/spec-bench/question.jsonl" "$long" || exit 1
