@@ -13,7 +13,10 @@
 #include <cctype>
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "core/error.h"
 #include "jobs/jobs.h"
@@ -63,7 +66,8 @@ void print_plan(std::ostream& os, const MemoryPlan& p, const PlanOptions& opt, c
      << "  quantized: " << p.quantization << "\n"
      << "  tp " << p.tp << (p.expert_parallel ? " (routed experts split by expert: --expert-parallel)" : "") << ", ";
   if (generate)
-    os << opt.sequences << " sequences of up to " << opt.max_length << " tokens (--batch-size, --max-length), up to "
+    os << opt.sequences << (opt.sequences == 1 ? " sequence" : " sequences") << " of up to " << opt.max_length
+       << " tokens (--batch-size, --max-length), up to "
        << p.tokens_per_forward << " rows per step (max(" << kGenerateStepRows << ", --max-length))";
   else
     os << p.tokens_per_forward << " tokens per forward ("
@@ -167,8 +171,12 @@ int plan(const std::vector<std::string>& args) {
   opt.max_length = vm["max-length"].as<int64_t>();
   opt.batch_tokens = vm["batch-tokens"].as<int64_t>();
   opt.batch_size = vm["batch-size"].as<int64_t>();
-  AERIE_USAGE_CHECK(opt.max_length >= 1 && opt.batch_tokens >= 0 && opt.batch_size >= 0,
-                    "aerie plan: --max-length must be >= 1, --batch-tokens and --batch-size >= 0");
+  AERIE_USAGE_CHECK(opt.max_length >= 1, "aerie plan: --max-length " << opt.max_length << " must be >= 1");
+  AERIE_USAGE_CHECK(opt.batch_tokens >= 0, "aerie plan: --batch-tokens " << opt.batch_tokens << " is negative");
+  AERIE_USAGE_CHECK(opt.batch_size >= 0, "aerie plan: --batch-size " << opt.batch_size << " is negative");
+  AERIE_USAGE_CHECK(opt.max_length <= kMaxPlanLength && opt.batch_tokens <= kMaxPlanLength && opt.batch_size <= kMaxPlanBatch,
+                    "aerie plan: --max-length and --batch-tokens up to " << kMaxPlanLength << ", --batch-size up to "
+                                                                         << kMaxPlanBatch << " (beyond any model)");
   if (job == "generate") {
     // generate's --batch-size is its sequences at once; its steps are BatchDecoder's, not --batch-tokens
     opt.job = PlanJob::Generate;
@@ -217,59 +225,105 @@ int plan(const std::vector<std::string>& args) {
                                       << "), not a target model's: plan the target the draft is trained for");
   const std::vector<TensorInfo> tensors = tensors_path.empty() ? read_checkpoint_tensors(model)
                                                                : read_tensor_list(tensors_path);
-  const MemoryPlan p = plan_memory(config, tensors, opt, config_file);
+  MemoryPlan p = plan_memory(config, tensors, opt, config_file);
+  if (opt.job == PlanJob::Generate && vm["max-length"].defaulted())
+    p.notes.push_back("--max-length " + std::to_string(opt.max_length) + " is the plan's default; aerie generate's own is "
+                      "the model's max_position_embeddings, and each sequence's KV cache holds its prompt + --max-new "
+                      "tokens (at most --max-length): plan with the --max-length given to generate, or the longest "
+                      "prompt + --max-new");
   if (rank == 0) {
     print_plan(std::cout, p, opt, gpu_source);
-    // What would: the smallest larger tp (a power of two) that fits the same GPU, and the longest --max-length
-    // that fits this tp (a halving search over the activations' share).
+    // What would: the smallest larger tp (a power of two) that fits the same GPU (a target that does not run
+    // at this tp: the largest smaller one that runs and fits); then generate: the most sequences at once that
+    // fit at this tp, or at the smallest larger tp where some do (MLA's latent cache does not shrink with tp);
+    // extract: the longest --max-length that fits this tp (a halving search over the activations' share).
     if (!p.fits) {
+      const auto fits = [&](const PlanOptions& o) -> std::optional<MemoryPlan> {
+        try {
+          MemoryPlan q = plan_memory(config, tensors, o, config_file);
+          if (q.fits) return q;
+        } catch (const Error&) {  // a split the target refuses
+        }
+        return std::nullopt;
+      };
+      // The most sequences in [1, below) that fit at `tp` (memory grows with them: a bisection), or 0.
+      const auto most_sequences = [&](int64_t tp, int64_t below) -> std::pair<int64_t, std::optional<MemoryPlan>> {
+        PlanOptions o = opt;
+        o.tp = static_cast<int>(tp);
+        o.sequences = 1;
+        std::optional<MemoryPlan> best = fits(o);
+        if (!best) return {0, std::nullopt};
+        int64_t lo = 1, hi = below - 1;
+        while (lo < hi) {
+          o.sequences = lo + (hi - lo + 1) / 2;
+          if (std::optional<MemoryPlan> q = fits(o)) {
+            lo = o.sequences;
+            best = q;
+          } else {
+            hi = o.sequences - 1;
+          }
+        }
+        return {lo, best};
+      };
       bool suggested = false;
-      for (int64_t tp = 2; tp <= 64; tp *= 2) {
+      for (int64_t tp = 2; tp <= 64 && !suggested; tp *= 2) {
         if (tp <= opt.tp) continue;
         PlanOptions o = opt;
-        o.tp = tp;
-        try {
-          const MemoryPlan q = plan_memory(config, tensors, o, config_file);
-          if (q.fits) {
-            std::cout << "fits at --tp " << tp << ": " << bytes_str(q.total_per_rank) << " per rank, margin "
-                      << bytes_str(q.margin) << "\n";
-            suggested = true;
-            break;
-          }
-        } catch (const Error&) {  // a split the target refuses: try the next
+        o.tp = static_cast<int>(tp);
+        if (std::optional<MemoryPlan> q = fits(o)) {
+          std::cout << "fits at --tp " << tp << ": " << bytes_str(q->total_per_rank) << " per rank, margin "
+                    << bytes_str(q->margin) << "\n";
+          suggested = true;
         }
       }
-      if (p.blockers.empty() && opt.job == PlanJob::Generate) {
-        // generate: fewer sequences at once (each holds a KV cache of --max-length positions)
-        for (int64_t b = opt.sequences / 2; b >= 1; b /= 2) {
+      if (!suggested && !p.blockers.empty()) {
+        for (int64_t tp = 32; tp >= 1 && !suggested; tp /= 2) {
+          if (tp >= opt.tp) continue;
           PlanOptions o = opt;
-          o.sequences = b;
-          const MemoryPlan q = plan_memory(config, tensors, o, config_file);
-          if (q.fits) {
-            std::cout << "fits at tp " << opt.tp << " with --batch-size " << b << ": " << bytes_str(q.total_per_rank)
-                      << " per rank, margin " << bytes_str(q.margin) << "\n";
+          o.tp = static_cast<int>(tp);
+          if (std::optional<MemoryPlan> q = fits(o)) {
+            std::cout << "runs and fits at --tp " << tp << ": " << bytes_str(q->total_per_rank) << " per rank, margin "
+                      << bytes_str(q->margin) << "\n";
+            suggested = true;
+          }
+        }
+      }
+      const bool length_blocked = p.beyond_context;
+      if (opt.job == PlanJob::Generate && opt.sequences > 1 && !length_blocked) {
+        std::vector<int64_t> tps = {opt.tp};
+        for (int64_t tp = 2; tp <= 64; tp *= 2)
+          if (tp > opt.tp) tps.push_back(tp);
+        for (const int64_t tp : tps) {
+          const auto [b, q] = most_sequences(tp, opt.sequences);
+          if (b > 0) {
+            std::cout << "fits at " << (tp == opt.tp ? "tp " : "--tp ") << tp << " with --batch-size " << b << " (the most "
+                      << "that fit): " << bytes_str(q->total_per_rank) << " per rank, margin " << bytes_str(q->margin) << "\n";
             suggested = true;
             break;
           }
         }
-      } else if (p.blockers.empty() && opt.max_length > 1024 && opt.batch_size == 0) {
+      } else if (opt.job == PlanJob::Extract && p.blockers.empty() && opt.max_length > 1024 && opt.batch_size == 0) {
         for (int64_t len = opt.max_length / 2; len >= 1024; len /= 2) {
           PlanOptions o = opt;
           o.max_length = len;
           o.batch_tokens = std::min(o.batch_tokens, len);
-          const MemoryPlan q = plan_memory(config, tensors, o, config_file);
-          if (q.fits) {
+          if (std::optional<MemoryPlan> q = fits(o)) {
             std::cout << "fits at tp " << opt.tp << " with --max-length " << len
                       << (o.batch_tokens != opt.batch_tokens ? " --batch-tokens " + std::to_string(o.batch_tokens) : "")
-                      << ": " << bytes_str(q.total_per_rank) << " per rank, margin " << bytes_str(q.margin) << "\n";
+                      << ": " << bytes_str(q->total_per_rank) << " per rank, margin " << bytes_str(q->margin) << "\n";
             suggested = true;
             break;
           }
         }
       }
       if (!suggested)
-        std::cout << "nothing up to tp 64 (or " << (opt.job == PlanJob::Generate ? "--batch-size 1" : "--max-length 1024")
-                  << " at tp " << opt.tp << ") fits " << bytes_str(p.gpu_memory) << "\n";
+        std::cout << (length_blocked ? "no suggestion: --max-length must stay within max_position_embeddings"
+                      : !p.blockers.empty()
+                          ? "no tp from 1 to 64 runs this target within " + bytes_str(p.gpu_memory)
+                          : "nothing up to tp 64 (or " +
+                                std::string(opt.job == PlanJob::Generate ? "--batch-size 1" : "--max-length 1024") +
+                                " at tp " + std::to_string(opt.tp) + ") fits " + bytes_str(p.gpu_memory))
+                  << "\n";
     }
   }
   return p.fits ? 0 : 1;  // a script can branch on it (the plan is printed either way)

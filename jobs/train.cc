@@ -76,6 +76,10 @@ void check_train_inputs(const TrainOptions& o) {
                 "--adam-beta1 and --adam-beta2 must lie in [0, 1), got " << o.adam_beta1 << " and " << o.adam_beta2);
   TRAIN_REQUIRE(std::isfinite(o.weight_decay) && o.weight_decay >= 0,
                 "--weight-decay must be finite and >= 0, got " << o.weight_decay);
+  // A step multiplies every weight by 1 - lr wd: at lr wd >= 1 the peak step zeroes or flips them.
+  TRAIN_REQUIRE(o.lr * o.weight_decay < 1, "--weight-decay " << o.weight_decay << " at --lr " << o.lr
+                                                             << ": the peak step would multiply every weight by 1 - lr x wd = "
+                                                             << 1 - o.lr * o.weight_decay << " (lr x wd must stay below 1)");
   TRAIN_REQUIRE(o.draft_attention == "llama" || o.draft_attention == "mla",
                 "--draft-attention '" << o.draft_attention << "' is not llama or mla");
   TRAIN_REQUIRE(o.lm_head_init == "target" || o.lm_head_init == "random",
@@ -201,7 +205,8 @@ int train(const std::vector<std::string>& args) {
       "AdamW beta2 (torch's default and SpecForge's; 0.95 before 2026-12-03, docs/design.md). Not given, a "
       "resumed run takes its checkpoint's beta2; given and different from it, the resume is refused)")(
       "weight-decay", po::value<double>(&o.weight_decay)->default_value(0.0, "0"),
-      "AdamW's decoupled weight decay of every trained weight (torch's AdamW; 0 as in EAGLE and SpecForge)")(
+      "AdamW's decoupled weight decay of every trained weight, norms included (torch's AdamW with one parameter "
+      "group; 0 as in EAGLE and SpecForge). A resumed run must be given its checkpoint's value (refused otherwise)")(
       "lm-head-init", po::value<std::string>(&o.lm_head_init)->default_value("target"),
       "the draft's lm_head at step 0: target (the target's rows of the draft vocabulary) or random (nn.Linear's "
       "init, as SpecForge)")(
@@ -323,6 +328,7 @@ int train(const std::vector<std::string>& args) {
   }
   o.draft_norm_before_residual_given = !vm["draft-norm-before-residual"].defaulted();
   o.adam_beta2_given = !vm["adam-beta2"].defaulted();
+  o.weight_decay += 0.0;  // -0 is recorded as 0 (-0 + 0 is +0)
   check_train_inputs(o);
   auto world = MpiCommunicator::world();
   if (!streaming) {

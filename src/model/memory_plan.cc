@@ -36,6 +36,7 @@ struct ModelShape {
   int64_t pack_factor = 8;  // values per int32 of a compressed-tensors weight_packed (32 / 4 bits)
   QuantConfig quant;         // as the loader reads it (read_quant_config)
   int64_t vocab = 0, nextn = 0;  // vocab_size (0: not given); num_nextn_predict_layers (DeepSeek's MTP)
+  int64_t max_positions = 0;     // max_position_embeddings (0: not given)
   bool is_moe_layer(int64_t l) const { return experts > 0 && l >= first_dense && l % moe_freq == 0; }
 };
 
@@ -74,6 +75,7 @@ ModelShape parse_shape(const json& top, const std::string& source) {
   s.intermediate = field(c, "intermediate_size", source);
   s.vocab = field(c, "vocab_size", source, 0);
   s.nextn = field(c, "num_nextn_predict_layers", source, 0);
+  s.max_positions = field(c, "max_position_embeddings", source, 0);
   if (s.mla) {
     s.q_lora = field(c, "q_lora_rank", source, 0);  // 0: q_proj straight from the hidden state (V2-Lite)
     s.kv_lora = field(c, "kv_lora_rank", source);
@@ -286,6 +288,10 @@ void plan_kv_caches(const ModelShape& s, const PlanOptions& opt, MemoryPlan& pla
   if (opt.job != PlanJob::Generate) return;
   const int64_t a = opt.activation_bytes;
   const int64_t row = s.mla ? s.kv_lora + s.qk_rope : 2 * ceil_div(s.kv_heads, opt.tp) * s.head_dim;
+  const long double bytes = static_cast<long double>(opt.sequences) * static_cast<long double>(opt.max_length) *
+                            static_cast<long double>(s.layers) * static_cast<long double>(row) * a;
+  AERIE_CHECK(bytes < 0x1p62L, "memory plan: the KV caches of " << opt.sequences << " sequences of " << opt.max_length
+                                                              << " positions would take more than 4 EiB a rank");
   plan.kv_cache_per_rank = opt.sequences * opt.max_length * s.layers * row * a;
   plan.kv_cache_detail = std::to_string(opt.sequences) + " sequences x " + std::to_string(opt.max_length) +
                          " positions x " + std::to_string(s.layers) + " layers x " +
@@ -541,11 +547,26 @@ MemoryPlan plan_memory(const json& config, const std::vector<TensorInfo>& tensor
                             " has no tensor): the target refuses to load");
   }
 
-  AERIE_CHECK(opt.job != PlanJob::Generate || opt.sequences >= 1,
-              "plan: generate's sequences must be >= 1, got " << opt.sequences);
-  plan.tokens_per_forward = opt.job == PlanJob::Generate ? std::max(kGenerateStepRows, opt.max_length)
-                            : opt.batch_size > 0        ? opt.batch_size * opt.max_length
-                                                        : std::max(opt.batch_tokens, opt.max_length);
+  // Bounds that keep every product below 2^63 (a plan of 2^63 bytes would wrap and say it fits).
+  AERIE_CHECK(opt.job != PlanJob::Generate || (opt.sequences >= 1 && opt.sequences <= kMaxPlanBatch),
+              "memory plan: generate's sequences at once must lie in [1, " << kMaxPlanBatch << "], got " << opt.sequences);
+  AERIE_CHECK(opt.max_length <= kMaxPlanLength && opt.batch_size <= kMaxPlanBatch && opt.batch_tokens <= kMaxPlanLength,
+              "memory plan: max length " << opt.max_length << ", batch size " << opt.batch_size << ", batch tokens "
+                                         << opt.batch_tokens << ": beyond any model's context (lengths up to "
+                                         << kMaxPlanLength << ", batches up to " << kMaxPlanBatch << ")");
+  // generate: a step's rows are the running sequences' new rows plus the prompts started in it, no more
+  // prompts past kGenerateStepRows (one always may start), at most every sequence's whole turn.
+  plan.tokens_per_forward =
+      opt.job == PlanJob::Generate
+          ? std::min(std::max(kGenerateStepRows, opt.max_length), opt.sequences * opt.max_length)
+      : opt.batch_size > 0 ? opt.batch_size * opt.max_length
+                           : std::max(opt.batch_tokens, opt.max_length);
+  AERIE_CHECK(plan.tokens_per_forward <= (int64_t{1} << 31),
+              "memory plan: " << plan.tokens_per_forward << " tokens in one forward: beyond any GPU (at most 2^31)");
+  plan.beyond_context = opt.job == PlanJob::Generate && s.max_positions > 0 && opt.max_length > s.max_positions;
+  if (plan.beyond_context)
+    plan.blockers.push_back("--max-length " + std::to_string(opt.max_length) + " exceeds the model's max_position_embeddings " +
+                            std::to_string(s.max_positions) + ": aerie generate refuses it");
   plan_activations(s, opt, plan);
   plan_kv_caches(s, opt, plan);
   plan.reserve = opt.reserve;

@@ -44,10 +44,14 @@ const char* category_name(WeightCategory c);
 /// (`aerie generate`, continuous batching, model/sampling.h BatchDecoder): `sequences` KV caches of
 /// max_length positions each (a turn's prompt + response), a step of up to max(kGenerateStepRows,
 /// max_length) rows (the decoder admits no further prompt past kGenerateStepRows rows), no captures, F32
-/// logits of one row per sequence over the whole vocabulary.
+/// logits of one row per sequence over the whole vocabulary. A max_length past the config's
+/// max_position_embeddings is a blocker for Generate (generate refuses it).
 enum class PlanJob { Extract, Generate };
 /// BatchDecoder's max_step_rows as `aerie generate` builds it (model/sampling.h).
 constexpr int64_t kGenerateStepRows = 8192;
+/// The largest lengths (max_length, batch_tokens) and batches (batch_size, sequences) plan_memory takes: far
+/// beyond any model, small enough that no product of the plan wraps around int64.
+constexpr int64_t kMaxPlanLength = int64_t{1} << 24, kMaxPlanBatch = int64_t{1} << 20;
 
 struct PlanOptions {
   PlanJob job = PlanJob::Extract;
@@ -118,6 +122,7 @@ struct MemoryPlan {
   /// the dense MLP's intermediate size, which aerie splits whole: gqa_attention.cc, mla_attention.cc,
   /// dense_ffn.cc refuse it at load). Empty: it runs.
   std::vector<std::string> blockers;
+  bool beyond_context = false;  // Generate: max_length past max_position_embeddings (one of the blockers)
   std::vector<std::string> notes;  // tp not dividing a dimension, unknown tensors: the plan is approximate
 };
 
@@ -125,7 +130,8 @@ struct MemoryPlan {
 /// model) and its tensor list. Architectures: MLA + MoE (model_type deepseek_v2, deepseek_v3, kimi_k2)
 /// and GQA (llama, mistral, qwen2, qwen3). `source` names the config in messages. Throws aerie::Error
 /// naming `source` and the field on a missing or bad config field, an unsupported model_type, tp < 1, an
-/// unknown dtype (naming the tensor), or a tensor list without language-model weights.
+/// unknown dtype (naming the tensor), a tensor list without language-model weights, or lengths and batches
+/// past kMaxPlanLength / kMaxPlanBatch.
 MemoryPlan plan_memory(const nlohmann::json& config, const std::vector<TensorInfo>& tensors,
                        const PlanOptions& opt, const std::string& source = "config.json");
 

@@ -424,8 +424,10 @@ TEST(MemoryPlan, Qwen2FixtureTp2SplitsByHead) {
 
 // --job generate (PlanJob::Generate): the KV caches counted are those the target makes (model/target.cc
 // make_cache), here for a GQA and an MLA fixture at tp 1: `sequences` caches of max_length positions, two
-// bytes an element (bf16, generate's default on a GPU); the step holds max(8192, max_length) rows and one
-// F32 logits row per sequence; the total adds the caches; extract's plan of the same target has none.
+// bytes an element (bf16, generate's default on a GPU); a step holds max(8192, max_length) rows, and no more
+// than all sequences' whole turns; one F32 logits row per sequence; the total adds the caches; extract's
+// plan of the same target has none. A max_length past max_position_embeddings does not run (generate
+// refuses it), and lengths or batches whose bytes would wrap around int64 are refused.
 TEST(MemoryPlan, GenerateCountsTheKvCachesTheTargetMakes) {
   auto self = testing::self_comm();
   for (const std::string name : {"qwen2", "deepseek_v3"}) {
@@ -444,16 +446,35 @@ TEST(MemoryPlan, GenerateCountsTheKvCachesTheTargetMakes) {
     for (const Tensor& t : cache.v)
       if (t.defined()) elements += t.numel();
     EXPECT_EQ(p.kv_cache_per_rank, 3 * elements * 2) << name << ": " << p.kv_cache_detail;
-    EXPECT_EQ(p.tokens_per_forward, kGenerateStepRows) << name;
+    EXPECT_EQ(p.tokens_per_forward, 3 * 40) << name << ": three whole turns, below the 8192 rows of a step";
+    EXPECT_TRUE(p.blockers.empty()) << p.blockers.front();
+    EXPECT_TRUE(p.fits);
     ASSERT_FALSE(p.activations.empty());
     EXPECT_EQ(p.activations.back().bytes, 3 * config["vocab_size"].get<int64_t>() * 4) << p.activations.back().what;
     EXPECT_EQ(p.total_per_rank,
               p.weights_per_rank + p.scratch_per_rank + p.activations_per_rank + p.kv_cache_per_rank + p.reserve);
     opt.sequences = 6;  // twice the sequences, twice the caches
     EXPECT_EQ(plan_memory(config, tensors, opt).kv_cache_per_rank, 2 * p.kv_cache_per_rank) << name;
+    opt.sequences = 1000;
+    EXPECT_EQ(plan_memory(config, tensors, opt).tokens_per_forward, kGenerateStepRows) << name;
+    const int64_t context = config["max_position_embeddings"].get<int64_t>();
+    opt.max_length = context + 1;
+    const MemoryPlan beyond = plan_memory(config, tensors, opt);
+    EXPECT_TRUE(beyond.beyond_context);
+    ASSERT_FALSE(beyond.blockers.empty());
+    EXPECT_NE(beyond.blockers.back().find("exceeds the model's max_position_embeddings " + std::to_string(context)),
+              std::string::npos) << beyond.blockers.back();
+    EXPECT_FALSE(beyond.fits);
+    opt.max_length = kMaxPlanLength + 1;
+    EXPECT_NE(error_of([&] { plan_memory(config, tensors, opt); }).find("beyond any model's context"), std::string::npos);
+    opt.max_length = 40;
+    opt.sequences = kMaxPlanBatch + 1;
+    EXPECT_NE(error_of([&] { plan_memory(config, tensors, opt); }).find("sequences at once must lie in"), std::string::npos);
+    opt.sequences = 6;
     opt.job = PlanJob::Extract;
     const MemoryPlan e = plan_memory(config, tensors, opt);
     EXPECT_EQ(e.kv_cache_per_rank, 0) << name;
+    EXPECT_FALSE(e.beyond_context) << "extract plans lengths past the context (long samples are cut)";
     EXPECT_NE(e.activations.back().what.find("captured"), std::string::npos) << name;
   }
   // Kimi-K2.5 at tp 8 (the latent cache whole on every rank): 64 sequences of 4096 tokens hold
