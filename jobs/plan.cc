@@ -67,8 +67,11 @@ void print_plan(std::ostream& os, const MemoryPlan& p, const PlanOptions& opt, c
      << "  tp " << p.tp << (p.expert_parallel ? " (routed experts split by expert: --expert-parallel)" : "") << ", ";
   if (generate)
     os << opt.sequences << (opt.sequences == 1 ? " sequence" : " sequences") << " of up to " << opt.max_length
-       << " tokens (--batch-size, --max-length), up to "
-       << p.tokens_per_forward << " rows per step (max(" << kGenerateStepRows << ", --max-length))";
+       << " tokens (--batch-size, --max-length), up to " << p.tokens_per_forward << " rows per step ("
+       << (p.tokens_per_forward < std::max(kGenerateStepRows, opt.max_length)
+               ? "every sequence's whole turn, --batch-size x --max-length"
+               : "max(" + std::to_string(kGenerateStepRows) + ", --max-length)")
+       << ")";
   else
     os << p.tokens_per_forward << " tokens per forward ("
        << (opt.batch_size > 0 ? "--batch-size " + std::to_string(opt.batch_size) + " x --max-length "
@@ -238,7 +241,10 @@ int plan(const std::vector<std::string>& args) {
     // fit at this tp, or at the smallest larger tp where some do (MLA's latent cache does not shrink with tp);
     // extract: the longest --max-length that fits this tp (a halving search over the activations' share).
     if (!p.fits) {
-      const auto fits = [&](const PlanOptions& o) -> std::optional<MemoryPlan> {
+      // Suggestions are for aerie's own runs: embed_tokens and lm_head replicated, whatever --embed-split says.
+      const std::string layout = opt.vocab_parallel_embeddings ? " (embed_tokens / lm_head replicated, as aerie loads them)" : "";
+      const auto fits = [&](PlanOptions o) -> std::optional<MemoryPlan> {
+        o.vocab_parallel_embeddings = false;
         try {
           MemoryPlan q = plan_memory(config, tensors, o, config_file);
           if (q.fits) return q;
@@ -271,7 +277,7 @@ int plan(const std::vector<std::string>& args) {
         PlanOptions o = opt;
         o.tp = static_cast<int>(tp);
         if (std::optional<MemoryPlan> q = fits(o)) {
-          std::cout << "fits at --tp " << tp << ": " << bytes_str(q->total_per_rank) << " per rank, margin "
+          std::cout << "fits at --tp " << tp << layout << ": " << bytes_str(q->total_per_rank) << " per rank, margin "
                     << bytes_str(q->margin) << "\n";
           suggested = true;
         }
@@ -282,7 +288,7 @@ int plan(const std::vector<std::string>& args) {
           PlanOptions o = opt;
           o.tp = static_cast<int>(tp);
           if (std::optional<MemoryPlan> q = fits(o)) {
-            std::cout << "runs and fits at --tp " << tp << ": " << bytes_str(q->total_per_rank) << " per rank, margin "
+            std::cout << "runs and fits at --tp " << tp << layout << ": " << bytes_str(q->total_per_rank) << " per rank, margin "
                       << bytes_str(q->margin) << "\n";
             suggested = true;
           }
@@ -297,7 +303,7 @@ int plan(const std::vector<std::string>& args) {
           const auto [b, q] = most_sequences(tp, opt.sequences);
           if (b > 0) {
             std::cout << "fits at " << (tp == opt.tp ? "tp " : "--tp ") << tp << " with --batch-size " << b << " (the most "
-                      << "that fit): " << bytes_str(q->total_per_rank) << " per rank, margin " << bytes_str(q->margin) << "\n";
+                      << "that fit)" << layout << ": " << bytes_str(q->total_per_rank) << " per rank, margin " << bytes_str(q->margin) << "\n";
             suggested = true;
             break;
           }
@@ -310,7 +316,7 @@ int plan(const std::vector<std::string>& args) {
           if (std::optional<MemoryPlan> q = fits(o)) {
             std::cout << "fits at tp " << opt.tp << " with --max-length " << len
                       << (o.batch_tokens != opt.batch_tokens ? " --batch-tokens " + std::to_string(o.batch_tokens) : "")
-                      << ": " << bytes_str(q->total_per_rank) << " per rank, margin " << bytes_str(q->margin) << "\n";
+                      << layout << ": " << bytes_str(q->total_per_rank) << " per rank, margin " << bytes_str(q->margin) << "\n";
             suggested = true;
             break;
           }

@@ -78,7 +78,7 @@ inline std::string error_of(const std::function<void()>& f) {
 }  // namespace aerie::testing
 
 namespace aerie::testing {
-/// Sets an environment variable for the enclosing scope (a test that turns on an opt-in path such as
+/// Sets an environment variable for the enclosing scope (a test that picks a path such as
 /// AERIE_BATCHED_DECODE), or unsets it (value nullptr); the previous value, or its absence, comes back at
 /// the end of the scope.
 class ScopedEnv {

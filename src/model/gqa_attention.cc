@@ -9,8 +9,8 @@
 // qkv_rope_forward does the split, q/k norm and RoPE in one kernel and, for a single cached sequence,
 // writes k and v into the cache's slots directly.
 // A step of two or more cached sequences with one new row each (generate's decoding) appends their keys with
-// one scatter_rows and attends with one attention_decode_batch (model/blocks.h batched_decoding: on CUDA
-// opt-in for now); the other sequences go one by one.
+// one scatter_rows and attends with one attention_decode_batch (model/blocks.h batched_decoding: on by
+// default; AERIE_BATCHED_DECODE=0 turns it off); the other sequences go one by one.
 #include <algorithm>
 #include <cmath>
 #include <vector>

@@ -57,4 +57,15 @@ if(EXISTS "${_k25}/kimi-k2.5.tensors.expanded.jsonl.gz")
                    --tensors ${_k25}/kimi-k2.5.tensors.expanded.jsonl.gz --tp 8 --gpu-memory 96GB --max-length 131072)
   set_tests_properties(plan_kimi_k25_suggests PROPERTIES ENVIRONMENT "${_aerie_plan_env}" WILL_FAIL FALSE
     PASS_REGULAR_EXPRESSION "does NOT fit.*\nfits at --tp 16: [^\n]*\nfits at tp 8 with --max-length 32768: ")
+  # generate (docs/memory-plan.md): 64 sequences of 4096 tokens do not fit tp 8 on 96 GB; the larger tp, and the
+  # most sequences that fit at tp 8 (the bisection: 41 fit, 42 do not), with the replicated embeddings also when
+  # the plan's headline splits them by vocabulary.
+  foreach(_split replicated vocab)
+    add_test(NAME plan_kimi_k25_generate_suggests_${_split}
+             COMMAND $<TARGET_FILE:aerie> plan --job generate --model-config ${_k25}/config.transformers-5.7.0-redump.json
+                     --tensors ${_k25}/kimi-k2.5.tensors.expanded.jsonl.gz --tp 8 --gpu-memory 96GB --batch-size 64
+                     --max-length 4096 --embed-split ${_split})
+    set_tests_properties(plan_kimi_k25_generate_suggests_${_split} PROPERTIES ENVIRONMENT "${_aerie_plan_env}"
+      PASS_REGULAR_EXPRESSION "KV caches \\(bf16\\) +17\\.16 GiB.*\nfits at --tp 16[^\n]*\nfits at tp 8 with --batch-size 41 \\(the most that fit\\)")
+  endforeach()
 endif()
