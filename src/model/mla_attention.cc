@@ -2,8 +2,8 @@
 // deepseek-v3.md section 2): prefill in the expanded form (keys and values from kv_b, flash attention
 // with a value head (v) narrower than the query/key head (dk)), decoding (a sequence with a cache and at most
 // kMlaAbsorbedMaxRows new rows: eval's and generate's steps) in the absorbed form against the latent
-// cache (absorbed() below; two or more one-row sequences of a step together, on CUDA by default, on the
-// CPU with AERIE_BATCHED_DECODE=1: absorbed_batch()). Buffers per forward (this rank's nh heads,
+// cache (absorbed() below; two or more one-row sequences of a step together with AERIE_BATCHED_DECODE=1:
+// absorbed_batch()). Buffers per forward (this rank's nh heads,
 // dk = nope + rope, L = the keys a sequence attends):
 //   qa, qan [n, q_lora]   q [n, nh, dk]   ckv [n, kv_lora + rope]   latent [n | L, kv_lora + rope]
 //   kv [L, nh, nope + v]   K [L, nh, dk], V [L, nh, v]
@@ -93,8 +93,9 @@ class MlaAttention final : public AttentionBlock {
     });
     // Sequences with a cache and one new row (generate's decoding steps, two or more of them): one cache
     // append and one absorbed attention for all of them (absorbed_batch), not ~7 launches each
-    // (batched_decoding: on CUDA by default, opt-in on the CPU with AERIE_BATCHED_DECODE=1; latents up to 576 wide).
-    const DecodeRows dr = decode_rows(b, lat <= 576 && batched_decoding(ctx.device, false, true));
+    // (batched_decoding: opt-in with AERIE_BATCHED_DECODE=1, on the CPU and on CUDA: its GPU test ran in F32 only,
+    // generate runs bf16 there, and its speed is unmeasured; latents up to 576 wide).
+    const DecodeRows dr = decode_rows(b, lat <= 576 && batched_decoding(ctx.device, false, false));
     std::vector<Tensor*> dcache;
     for (int64_t i : dr.seq) dcache.push_back(&b.cache[i]->k[layer]);
     if (!dr.empty())

@@ -258,7 +258,7 @@ TEST(DeepseekV3Cuda, BatchedDecodingEqualsWholeForward) {
     testing::ScopedEnv off("AERIE_BATCHED_DECODE", "0");  // the per-sequence absorbed form
     check_batched_decoding(gpu, 1e-5f, "cuda f32 fixture, per sequence");
   }
-  // CUDA's default (model/blocks.h batched_decoding), set so that the test keeps it whatever the default
+  // the batched form (opt-in for MLA: model/blocks.h batched_decoding)
   testing::ScopedEnv on("AERIE_BATCHED_DECODE", "1");
   check_batched_decoding(gpu, 1e-5f, "cuda f32 fixture");
   TargetModel real = TargetModel::random(real_heads_config(512, "deepseek_real_latent"), *self,

@@ -3,7 +3,7 @@
 # in one go: its CUDA tests (kernel, cache appends, GQA and MLA models, the batch decoder) with
 # AERIE_NO_SKIP=1, then generate's throughput with and without it (tools/bench/bench_generate.sh, the
 # per-sequence path, AERIE_BATCHED_DECODE=0, first). It passed on an H100 on 2026-12-05 (docs/performance.md),
-# after which the batched path became CUDA's default (model/blocks.cc batched_decoding); rerun it after
+# after which the batched path became CUDA's default for GQA targets (MLA: opt-in; model/blocks.cc batched_decoding); rerun it after
 # changing kernels/cuda/attention_decode.cu or the decoding steps.
 # usage: tools/bench/check_batched_decode.sh BUILD_DIR OUT_DIR      (BUILD_DIR: test_kernels, test_model, aerie)
 # Environment: AERIE_TEST_MODEL / AERIE_DATA as for the tests; MODEL, N, BATCH, MAX_NEW, REPEAT for the bench.
