@@ -71,6 +71,9 @@ void check_output_replaceable(const std::string& job, const std::string& path, c
 /// --draft-norm-before-residual=false inside descriptions in two).
 po::options_description job_options(const std::string& caption);
 
+/// `text` without the blanks (spaces, tabs) around it.
+std::string trim_blanks(const std::string& text);
+
 /// `text` as a whole a decimal integer, blanks around it ignored ("12", " -3"; not "", "+12", "12a", "1 2"
 /// or one beyond int64): the value, else nullopt.
 std::optional<int64_t> parse_int64(const std::string& text);

@@ -304,12 +304,17 @@ TargetConfig load_model_option(const std::string& job, const std::string& option
 
 po::options_description job_options(const std::string& caption) { return po::options_description(caption, 110, 55); }
 
-std::optional<int64_t> parse_int64(const std::string& text) {
+std::string trim_blanks(const std::string& text) {
   const size_t b = text.find_first_not_of(" \t"), e = text.find_last_not_of(" \t");
-  if (b == std::string::npos) return std::nullopt;
+  return b == std::string::npos ? std::string() : text.substr(b, e - b + 1);
+}
+
+std::optional<int64_t> parse_int64(const std::string& text) {
+  const std::string t = trim_blanks(text);
+  if (t.empty()) return std::nullopt;
   int64_t v = 0;
-  const char* end = text.data() + e + 1;
-  const auto r = std::from_chars(text.data() + b, end, v);
+  const char* end = t.data() + t.size();
+  const auto r = std::from_chars(t.data(), end, v);
   if (r.ec != std::errc() || r.ptr != end) return std::nullopt;
   return v;
 }

@@ -314,9 +314,7 @@ int train(const std::vector<std::string>& args) {
       TRAIN_REQUIRE(vm[opt].defaulted(), "--" << opt << " applies to streaming only (with --prepared); this run "
                                               << "reads --shards");
   }
-  std::string window_word = sliding_window;
-  window_word.erase(0, window_word.find_first_not_of(" \t"));
-  window_word.erase(window_word.find_last_not_of(" \t") + 1);
+  std::string window_word = trim_blanks(sliding_window);
   std::transform(window_word.begin(), window_word.end(), window_word.begin(),
                  [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
   if (window_word == "auto") {

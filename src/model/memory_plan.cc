@@ -333,6 +333,13 @@ MemoryPlan plan_memory(const json& config, const std::vector<TensorInfo>& tensor
   AERIE_CHECK(opt.max_length >= 1 && opt.batch_tokens >= 0 && opt.batch_size >= 0,
               "memory plan: max length " << opt.max_length << ", batch tokens " << opt.batch_tokens
                                          << ", batch size " << opt.batch_size << ": need max length >= 1, others >= 0");
+  // Bounds that keep every product below 2^63 (a plan of 2^63 bytes would wrap and say it fits).
+  AERIE_CHECK(opt.job != PlanJob::Generate || (opt.sequences >= 1 && opt.sequences <= kMaxPlanBatch),
+              "memory plan: generate's sequences at once must lie in [1, " << kMaxPlanBatch << "], got " << opt.sequences);
+  AERIE_CHECK(opt.max_length <= kMaxPlanLength && opt.batch_size <= kMaxPlanBatch && opt.batch_tokens <= kMaxPlanLength,
+              "memory plan: max length " << opt.max_length << ", batch size " << opt.batch_size << ", batch tokens "
+                                         << opt.batch_tokens << ": beyond any model's context (lengths up to "
+                                         << kMaxPlanLength << ", batches up to " << kMaxPlanBatch << ")");
   ModelShape s = parse_shape(config, source);  // vocab filled from embed_tokens when the config lacks it
   MemoryPlan plan;
   plan.tp = opt.tp;
@@ -547,13 +554,6 @@ MemoryPlan plan_memory(const json& config, const std::vector<TensorInfo>& tensor
                             " has no tensor): the target refuses to load");
   }
 
-  // Bounds that keep every product below 2^63 (a plan of 2^63 bytes would wrap and say it fits).
-  AERIE_CHECK(opt.job != PlanJob::Generate || (opt.sequences >= 1 && opt.sequences <= kMaxPlanBatch),
-              "memory plan: generate's sequences at once must lie in [1, " << kMaxPlanBatch << "], got " << opt.sequences);
-  AERIE_CHECK(opt.max_length <= kMaxPlanLength && opt.batch_size <= kMaxPlanBatch && opt.batch_tokens <= kMaxPlanLength,
-              "memory plan: max length " << opt.max_length << ", batch size " << opt.batch_size << ", batch tokens "
-                                         << opt.batch_tokens << ": beyond any model's context (lengths up to "
-                                         << kMaxPlanLength << ", batches up to " << kMaxPlanBatch << ")");
   // generate: a step's rows are the running sequences' new rows plus the prompts started in it, no more
   // prompts past kGenerateStepRows (one always may start), at most every sequence's whole turn.
   plan.tokens_per_forward =
