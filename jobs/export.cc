@@ -122,9 +122,12 @@ int export_draft(const std::vector<std::string>& args) {
       "eval-table", po::value<std::string>()->default_value(""),
       "with --best: the checkpoint table to choose from (default RUN_DIR/checkpoint_eval.json)")(
       "for", po::value<std::string>()->default_value("any"),
-      "serving engine: any (warns about what SGLang would read or run otherwise than trained), vllm, or sglang "
-      "(refuses it, naming every reason: aux ids SGLang would misread, norm_before_residual, which train turns "
-      "on by default, a sliding window, fc_norm; the MLA draft is written as Eagle3DeepseekV3ForCausalLM; docs/formats.md)")(
+      "serving engine and optionally its release: any (logs the first vLLM and SGLang releases that serve the "
+      "draft as trained, and warns about what SGLang would read otherwise), vllm, sglang, vllm==0.18.0, "
+      "sglang==0.5.14 (refuses a draft or target that release would refuse or misread, naming the first "
+      "release that serves it: DeepSeek/Kimi targets and the MLA draft, norm_before_residual (train's "
+      "default), norm_output, norm_before_fc, fc_norm, a sliding window, aux ids; without a release the newest "
+      "aerie checked; SGLang before 0.5.14 gets its aux-id convention; docs/formats.md \"Engine releases\")")(
       "format", po::value<std::string>()->default_value("eagle3"),
       "eagle3 (LlamaForCausalLMEagle3 with midlayer.* names: vLLM --speculative-config and SGLang) or "
       "speculators (the speculators library's layout, speculators_model_type eagle3 with layers.0.* names: "
@@ -146,15 +149,21 @@ int export_draft(const std::vector<std::string>& args) {
   auto world = MpiCommunicator::world();
   // OUT.lock beside the export (the folder itself is replaced by a rename): a second export into OUT is
   // refused while this one runs.
-  const ServingEngine engine = serving_engine_from_string(vm["for"].as<std::string>());  // before any work
+  ServingTarget engine;
+  try {
+    engine = serving_target_from_string(vm["for"].as<std::string>());  // before any work
+  } catch (const Error& e) {
+    AERIE_USAGE_CHECK(false, "aerie " << e.what());
+  }
   const std::string format_name = vm["format"].as<std::string>();
   AERIE_USAGE_CHECK(format_name == "eagle3" || format_name == "speculators",
                     "aerie export: --format '" << format_name << "' is not eagle3 or speculators");
   const ExportFormat format = export_format_from_string(format_name);
   SpeculatorsOptions spec;
   spec.speculative_tokens = vm["speculative-tokens"].as<int>();
+  spec.serving = engine;
   if (format == ExportFormat::Speculators) {
-    AERIE_USAGE_CHECK(engine != ServingEngine::Sglang,
+    AERIE_USAGE_CHECK(engine.engine != ServingEngine::Sglang,
                       "aerie export: --format speculators is read by vLLM, not SGLang: drop --for sglang "
                       "(SGLang loads the default --format eagle3)");
     AERIE_USAGE_CHECK(spec.speculative_tokens >= 1,

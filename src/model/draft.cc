@@ -238,6 +238,10 @@ DraftConfig DraftConfig::from_json(const nlohmann::json& j) {
     const auto& a = j["aerie"];
     c.aux_layers = a.value("aux_layers", std::vector<int>{});
     c.target_num_hidden_layers = a.value("target_num_hidden_layers", int64_t{0});
+  } else if (j.contains("eagle_aux_hidden_state_layer_ids") && j["eagle_aux_hidden_state_layer_ids"].is_array()) {
+    // vLLM's key (its capture list; aerie's exports write it always, in aerie's convention); eagle_config's
+    // may hold SGLang's convention of an older release (export --for sglang==X).
+    c.aux_layers = j["eagle_aux_hidden_state_layer_ids"].get<std::vector<int>>();
   } else if (j.contains("eagle_config") && j["eagle_config"].contains("eagle_aux_hidden_state_layer_ids")) {
     c.aux_layers = j["eagle_config"]["eagle_aux_hidden_state_layer_ids"].get<std::vector<int>>();
   }

@@ -177,6 +177,8 @@ TargetConfig load_target_config(const std::string& dir) {
     // A multimodal wrapper (Llava, Mistral3, ...): the language model's fields are its text_config.
     nlohmann::json merged = c.raw, text = c.raw["text_config"];
     merged.erase("text_config");
+    if (merged.contains("model_type") && merged["model_type"].is_string())
+      c.wrapper_model_type = merged["model_type"].get<std::string>();
     merged.erase("model_type");  // the wrapper's ("llava"): the text model's type or none
     for (auto& [k, v] : text.items()) merged[k] = v;
     c.raw = std::move(merged);

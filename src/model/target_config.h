@@ -14,6 +14,9 @@ namespace aerie {
 
 struct TargetConfig {
   std::string model_type = "llama";  // a built row of model/arch.h: "llama", "mistral", "qwen2", "qwen3"
+  // A multimodal wrapper's own model_type (Kimi-K2.5's "kimi_k25" around its "kimi_k2" text model), as
+  // the serving engines' EAGLE-3 target lists name the target; "" without a wrapper.
+  std::string wrapper_model_type;
   int64_t hidden_size = 0, intermediate_size = 0, num_hidden_layers = 0;
   int64_t num_attention_heads = 0, num_key_value_heads = 0, head_dim = 0;
   int64_t vocab_size = 0, max_position_embeddings = 0;

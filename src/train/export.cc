@@ -16,7 +16,7 @@ namespace aerie {
 
 namespace fs = std::filesystem;
 
-nlohmann::json export_config(const DraftConfig& cfg, const TargetConfig& target) {
+nlohmann::json export_config(const DraftConfig& cfg, const TargetConfig& target, const ServingTarget& serving) {
   AERIE_CHECK(cfg.vocab_size == target.vocab_size && cfg.target_hidden_size == target.hidden_size,
               "export: the draft (V " << cfg.vocab_size << ", target H " << cfg.target_hidden_size
                                       << ") does not fit the target (V " << target.vocab_size << ", H "
@@ -65,32 +65,19 @@ nlohmann::json export_config(const DraftConfig& cfg, const TargetConfig& target)
     j["target_hidden_size"] = cfg.target_hidden_size;
   else
     j.erase("target_hidden_size");
-  if (cfg.aux_layers != default_aux_layers(target.num_hidden_layers))
-    j["eagle_config"] = {{"eagle_aux_hidden_state_layer_ids", cfg.aux_layers}};
-  else
-    j.erase("eagle_config");
+  // The aux ids in both places the engines read, default layers too: vLLM 0.16-0.34 take the capture list
+  // from the top-level key only (an id list only in eagle_config left vLLM 0.26 capturing its default
+  // layers); SGLang reads eagle_config's only, in the convention of its release (eagle_config_aux_ids).
+  // The lists differ: SGLang adds 1 to the ids of most targets (eagle_config_aux_ids; check_serving_target
+  // refuses or warns where no list serves). vLLM 0.22-0.33's older runner falls back to eagle_config's list
+  // only without the top-level one, and sizes fc by that list's length alone.
+  j["eagle_aux_hidden_state_layer_ids"] = cfg.aux_layers;
+  std::vector<int> sglang_ids;
+  std::string why;
+  eagle_config_aux_ids(cfg.aux_layers, target, serving, sglang_ids, why);
+  j["eagle_config"] = {{"eagle_aux_hidden_state_layer_ids", sglang_ids}};
   j["aerie_version"] = aerie_version_string();  // who wrote it (ignored by vLLM and SGLang)
   return j;
-}
-
-ServingEngine serving_engine_from_string(const std::string& s) {
-  if (s == "any") return ServingEngine::Any;
-  if (s == "vllm") return ServingEngine::Vllm;
-  if (s == "sglang") return ServingEngine::Sglang;
-  AERIE_THROW("export: --for " << s << ": want any, vllm or sglang");
-}
-
-std::string aux_ids_misread(const std::vector<int>& aux, int64_t num_hidden_layers, ServingEngine engine) {
-  if (aux.empty() || aux == default_aux_layers(num_hidden_layers)) return "";  // no explicit ids written
-  if (engine == ServingEngine::Vllm || aux.front() != 1) return "";
-  std::ostringstream os;
-  os << "SGLang (since PR #25454) reads explicit aux ids whose first id is 1 as output-of-layer ids and adds 1: "
-     << "it would capture the inputs of layers [";
-  for (size_t i = 0; i < aux.size(); ++i) os << (i ? ", " : "") << aux[i] + 1;
-  os << "] instead of " << nlohmann::json(aux).dump() << " (vLLM reads them as intended); no list that starts at "
-     << "1 in aerie's input-of-layer convention can be written for it: train with aux layers whose first id "
-     << "is not 1 (e.g. 2) to serve the draft with SGLang";
-  return os.str();
 }
 
 SafetensorsFile export_tensors(const DraftConfig& cfg, const DraftWeights& weights, const DraftVocab& vocab) {
@@ -167,42 +154,55 @@ void write_export_dir(const std::string& out_dir, const nlohmann::json& config, 
   fs::remove_all(old);
 }
 
+namespace {
+
+/// "vLLM X, SGLang Y" (or "no release") for the --for any log line.
+std::string first_releases(const DraftConfig& cfg, const TargetConfig& target, const std::string& format) {
+  std::string out;
+  for (ServingEngine e : {ServingEngine::Vllm, ServingEngine::Sglang}) {
+    EngineRelease first;
+    const bool any = first_serving_release(serving_needs(cfg, target, e, format), first);
+    out += std::string(out.empty() ? "" : "; ") + (e == ServingEngine::Vllm ? "vLLM " : "SGLang ") +
+           (any ? first.str() + " on" : "none up to " + newest_checked_release(e).str());
+  }
+  return out;
+}
+
+}  // namespace
+
+void check_serving_target(const DraftConfig& cfg, const TargetConfig& target, const ServingTarget& serving,
+                          const std::string& format) {
+  const std::vector<ServingNeed> needs = serving_needs(cfg, target, serving.engine, format);
+  std::vector<std::string> unmet = unmet_serving_needs(needs, serving);
+  std::vector<int> ids;
+  std::string aux_why;
+  eagle_config_aux_ids(cfg.aux_layers, target, serving, ids, aux_why);
+  if (serving.engine == ServingEngine::Sglang && !aux_why.empty() && format == "eagle3") unmet.push_back(aux_why);
+  if (!unmet.empty()) {
+    std::string all;
+    for (size_t i = 0; i < unmet.size(); ++i) all += (i == 0 ? "" : "; and ") + unmet[i];
+    AERIE_THROW("export --for " << serving.name() << ": " << all);
+  }
+  if (serving.engine == ServingEngine::Any) {
+    // What the newest SGLang would read or run otherwise than trained, a warning each; then who serves it.
+    std::vector<std::string> sglang = unmet_serving_needs(serving_needs(cfg, target, ServingEngine::Sglang, format),
+                                                          ServingTarget(ServingEngine::Sglang));
+    if (!aux_why.empty() && format == "eagle3") sglang.push_back(aux_why);
+    for (const std::string& why : sglang)
+      AERIE_LOG(warning) << "export: " << why << " (export --for vllm to silence this)";
+    AERIE_LOG(info) << "export: served as trained by " << first_releases(cfg, target, format)
+                    << " (docs/formats.md \"Engine releases\")";
+  } else {
+    EngineRelease first;
+    if (first_serving_release(needs, first))
+      AERIE_LOG(info) << "export: for " << serving.name() << "; served as trained from "
+                      << (serving.engine == ServingEngine::Vllm ? "vLLM " : "SGLang ") << first.str() << " on";
+  }
+}
+
 void write_export(const std::string& out_dir, const DraftConfig& cfg, const DraftWeights& weights,
-                  const DraftVocab& vocab, const TargetConfig& target, ServingEngine engine,
+                  const DraftVocab& vocab, const TargetConfig& target, const ServingTarget& engine,
                   const nlohmann::json& source) {
-  // What SGLang would read or run otherwise than trained: refused --for sglang (every reason in one message),
-  // a warning each --for any.
-  std::vector<std::string> sglang_reasons;
-  auto not_for_sglang = [&](const std::string& why) { sglang_reasons.push_back(why); };
-  const std::string misread = aux_ids_misread(cfg.aux_layers, target.num_hidden_layers, engine);
-  if (!misread.empty()) not_for_sglang(misread);  // empty --for vllm
-  if (cfg.norm_before_residual) {
-    // SGLang's llama_eagle3.py keeps h as layer 0's residual: it has no norm_before_residual. Its MLA draft
-    // (srt/models/deepseek_eagle3.py at sgl-project/sglang 76066f8 and 5da6cae: `residual = hidden_states`
-    // before hidden_norm) neither.
-    const std::string cls = cfg.is_mla() ? "MLA draft (Eagle3DeepseekV3ForCausalLM)" : "LlamaForCausalLMEagle3";
-    not_for_sglang(
-        "the draft was trained with norm_before_residual (the residual is hidden_norm(h)), which SGLang's " + cls +
-        " does not run (its residual is always h): SGLang would serve another draft (train "
-        "with --draft-norm-before-residual=false for SGLang); vLLM reads config.norm_before_residual");
-  }
-  if (cfg.fc_norm) {
-    // Unlike norm_before_fc (input_norm), no fc_norm appears in the SGLang LlamaForCausalLMEagle3 aerie has
-    // read, and its load_weights drops names it has no parameter for.
-    not_for_sglang("the draft was trained with fc_norm (one norm per aux chunk, fc_norm.{0,1,2}.weight), which "
-                   "aerie has not found in SGLang's LlamaForCausalLMEagle3 (its loader drops weights it has no "
-                   "parameter for, so it would serve fc(f) without them); SpecForge and speculators read "
-                   "config.fc_norm");
-    // vLLM 0.33.0 runs it as trained: its LlamaModel builds fc_norm from the top-level config.fc_norm and its
-    // combine_hidden_states norms each chunk before fc ([V9] in tests/train/export_speculators_test.cc).
-  }
-  if (cfg.sliding_window > 0) {
-    // SGLang's LlamaAttention builds its RadixAttention without sliding_window_size (srt/models/llama.py).
-    not_for_sglang("the draft was trained with a sliding window of " + std::to_string(cfg.sliding_window) +
-                   (cfg.sliding_window == 1 ? " key" : " keys") + ", which SGLang's LlamaForCausalLMEagle3 does not apply (full causal attention): SGLang would "
-                   "serve another draft (train without --draft-sliding-window for SGLang); vLLM reads "
-                   "config.layer_types and config.sliding_window");
-  }
   if (cfg.is_mla()) {
     // vLLM's Eagle3DeepseekV2ForCausalLM has fc(f) without input_norm and hands the pre-norm hidden on.
     AERIE_CHECK(!cfg.norm_before_fc && !cfg.norm_output,
@@ -210,27 +210,11 @@ void write_export(const std::string& out_dir, const DraftConfig& cfg, const Draf
                                                           << ", which vLLM's Eagle3DeepseekV2ForCausalLM does not run "
                                                              "(no input_norm; the pre-norm hidden is handed on): it "
                                                              "would serve another draft");
-    // SGLang's MLA draft (srt/models/deepseek_eagle3.py, sgl-project/sglang 76066f8 and 5da6cae) loads vLLM's
-    // names: "midlayer." (or "layers.0."), q_a_proj and kv_a_proj_with_mqa as two tensors it concatenates
-    // into its fused_qkv_a_proj_with_mqa, the rest as vLLM. It registers Eagle3DeepseekV3ForCausalLM (76066f8:
-    // only that name; 5da6cae: also vLLM's V2 name), which --for sglang writes. A variant of that file found
-    // elsewhere (DeepseekV3ForCausalLMEagle3: residual hidden_norm(h), one fused_qkv_a_proj_with_mqa weight
-    // loaded as stored) is not in those two commits; it would not load this export's q_a_proj.
   }
-  if (engine == ServingEngine::Sglang && !sglang_reasons.empty()) {
-    std::string all;
-    for (size_t i = 0; i < sglang_reasons.size(); ++i)
-      all += (i == 0 ? "" : "; and ") + sglang_reasons[i];
-    AERIE_THROW("export --for sglang: " << all);
-  }
-  if (engine == ServingEngine::Any)
-    for (const std::string& why : sglang_reasons)
-      AERIE_LOG(warning) << "export: " << why << " (export --for vllm to silence this)";
-  nlohmann::json config = export_config(cfg, target);
-  if (cfg.is_mla() && engine == ServingEngine::Sglang) config["architectures"] = {"Eagle3DeepseekV3ForCausalLM"};
-  if (cfg.is_mla() && engine == ServingEngine::Any && sglang_reasons.empty())
-    AERIE_LOG(info) << "export: the MLA draft is written as vLLM's Eagle3DeepseekV2ForCausalLM; SGLang releases "
-                       "before the V2 alias load only Eagle3DeepseekV3ForCausalLM (export --for sglang writes that name)";
+  check_serving_target(cfg, target, engine, "eagle3");
+  // The MLA draft keeps vLLM's name for SGLang too: every SGLang release with the MLA draft (0.5.12 to
+  // 0.5.23) registers Eagle3DeepseekV2ForCausalLM only (sglang/srt/models/kimi_k25_eagle3.py).
+  nlohmann::json config = export_config(cfg, target, engine);
   SafetensorsFile f = export_tensors(cfg, weights, vocab);
   record_export_checkpoint(config, f, source);
   write_export_dir(out_dir, config, f);

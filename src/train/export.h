@@ -23,44 +23,43 @@
 #include "io/safetensors.h"
 #include "model/draft.h"
 #include "model/target_config.h"
+#include "train/serving_engines.h"
 
 namespace aerie {
 
-/// The config.json of the export for draft `cfg` of `target`. Throws aerie::Error if the draft does
-/// not fit the target (V, H, the layer count the draft was trained with when it records one, or the aux
-/// layer range differ).
-nlohmann::json export_config(const DraftConfig& cfg, const TargetConfig& target);
-
-/// The serving engine an export is written for (`aerie export --for`; docs/formats.md "Aux layer ids").
-///  - Any: the ids in aerie's convention (input of decoder layer k, vLLM's), with a warning when an engine
-///    would read them otherwise;
-///  - Vllm: vLLM reads explicit ids as inputs of layer k (id N: the last layer's output);
-///  - Sglang: SGLang since PR #25454 (2026-05-16) reads a list whose first id is 1 as output-of-layer ids
-///    and adds 1 to every id, any other list as input-of-layer ids; before it, it added 1 to every list.
-enum class ServingEngine { Any, Vllm, Sglang };
-/// Parses "any", "vllm", "sglang". Throws aerie::Error naming the value otherwise.
-ServingEngine serving_engine_from_string(const std::string& s);
-
-/// How `engine` reads the aux layers `aux` (aerie's input-of-layer ids) of an export of a target of
-/// `num_hidden_layers` layers: "" when as intended (or when the export writes no ids: the default
-/// (2, N/2, N-3), which vLLM and SGLang both take as inputs of those layers), else a sentence saying
-/// what the engine would capture instead.
-std::string aux_ids_misread(const std::vector<int>& aux, int64_t num_hidden_layers, ServingEngine engine);
+/// The config.json of the export for draft `cfg` of `target`, served by `serving`: the aux ids (aerie's,
+/// vLLM's input-of-layer-k convention) always at the top level (eagle_aux_hidden_state_layer_ids, where
+/// vLLM takes its capture list) and in eagle_config (where SGLang reads them, in the convention of the
+/// release: eagle_config_aux_ids). Throws aerie::Error if the draft does not fit the target (V, H, the layer
+/// count the draft was trained with when it records one, or the aux layer range differ) or when no list
+/// makes `serving` capture the aux layers.
+nlohmann::json export_config(const DraftConfig& cfg, const TargetConfig& target, const ServingTarget& serving = {});
 
 /// Writes the export directory `out_dir`: into "<out_dir>.tmp" first (a stale one is removed), then
 /// renamed to out_dir (an existing out_dir is replaced). An existing out_dir, .tmp or .old that holds
 /// anything but config.json / model.safetensors is an aerie::Error naming the file (nothing is removed). Weights are rounded to bf16 (nearest even).
 /// Throws aerie::Error on inconsistent shapes or I/O failure.
-/// `engine`: Any logs a warning when an engine would misread the aux ids; Vllm or Sglang throws
-/// aerie::Error when that engine would (nothing is written then).
+/// `engine`: Any logs a warning for each thing SGLang would read or run otherwise than trained and the first
+/// vLLM and SGLang releases that serve the export; Vllm or Sglang (with a release, or the newest checked)
+/// throws aerie::Error naming every need that release does not meet (serving_needs: the target family, the
+/// MLA draft, the EAGLE-3.1 norms, the window, the aux ids), with the first release that does (nothing is
+/// written then). The MLA draft for SGLang is named Eagle3DeepseekV2ForCausalLM, as its releases register it.
 /// `source`: the checkpoint exported, an object {"checkpoint": its folder, "step", "selected_by": "given"
 /// (a step folder), "newest" (a run's newest) or "best_acceptance_length" (export --best, with
 /// "acceptance_length" and "eval_table": the checkpoint table it was chosen from)}; written as config.json's
 /// "aerie_checkpoint" (a key section 5 does not have; vLLM and SGLang ignore it) and as the
 /// model.safetensors metadata "checkpoint_step" and "checkpoint_selected_by". null: neither is written.
 void write_export(const std::string& out_dir, const DraftConfig& cfg, const DraftWeights& weights,
-                  const DraftVocab& vocab, const TargetConfig& target, ServingEngine engine = ServingEngine::Any,
+                  const DraftVocab& vocab, const TargetConfig& target, const ServingTarget& engine = {},
                   const nlohmann::json& source = nullptr);
+
+/// Refuses an export of draft `cfg` for `target` in `format` ("eagle3", "speculators") that `serving`
+/// (an engine and its release, or the newest checked) would not serve as trained: throws aerie::Error naming
+/// every unmet need (serving_needs) with the first release that meets it, and for SGLang 0.5.14 on aux ids
+/// it would misread. ServingEngine::Any: logs a warning for each thing SGLang would read otherwise and the
+/// first vLLM and SGLang releases that serve the export. Otherwise logs the first release that serves it.
+void check_serving_target(const DraftConfig& cfg, const TargetConfig& target, const ServingTarget& serving,
+                          const std::string& format);
 
 /// The tensors of an export: every DraftWeights::named() tensor rounded to BF16 (nearest even) under its
 /// name (fc.weight, midlayer.*, norm.weight, lm_head.weight, and input_norm.weight [3 H_t] under
@@ -96,6 +95,8 @@ struct SpeculatorsOptions {
   std::string verifier;
   /// speculators_config.proposal_methods[0].speculative_tokens: vLLM's num_speculative_tokens (>= 1).
   int speculative_tokens = 3;
+  /// `export --for`: the vLLM release (or any) whose serving of the export is checked (check_serving_target).
+  ServingTarget serving;
 };
 
 /// The config.json of a speculators export of draft `cfg` for `target` (the keys vLLM's speculators

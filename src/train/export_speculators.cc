@@ -19,7 +19,8 @@ namespace {
 bool is_layer_key(const std::string& k) {
   return k != "architectures" && k != "draft_vocab_size" && k != "target_hidden_size" && k != "eagle_config" &&
          k != "aerie_version" && k != "norm_before_residual" && k != "norm_output" &&
-         k != "norm_before_fc" && k != "fc_norm";  // top-level keys of the speculators config
+         k != "norm_before_fc" && k != "fc_norm" &&
+         k != "eagle_aux_hidden_state_layer_ids";  // top-level keys of the speculators config
 }
 
 }  // namespace
@@ -69,6 +70,7 @@ nlohmann::json speculators_export_config(const DraftConfig& cfg, const TargetCon
   // Always written: the config then names the target depths without aerie's private block, and vLLM
   // reads explicit ids as inputs of layer k, aerie's convention (its default (2, N/2, N-3) reads the same).
   j["eagle_aux_hidden_state_layer_ids"] = cfg.aux_layers;
+  j["eagle_config"] = eagle3["eagle_config"];  // the same ids, where EAGLE-3 configs also keep them
   j["speculators_config"] = {
       {"algorithm", "eagle3"},
       {"proposal_methods",
@@ -87,6 +89,7 @@ nlohmann::json speculators_export_config(const DraftConfig& cfg, const TargetCon
 void write_speculators_export(const std::string& out_dir, const DraftConfig& cfg, const DraftWeights& weights,
                               const DraftVocab& vocab, const TargetConfig& target, const SpeculatorsOptions& opts,
                               const nlohmann::json& source) {
+  check_serving_target(cfg, target, opts.serving, "speculators");
   nlohmann::json config = speculators_export_config(cfg, target, opts);
   SafetensorsFile eagle3 = export_tensors(cfg, weights, vocab);
   SafetensorsFile f;
@@ -117,8 +120,10 @@ nlohmann::json eagle3_config_from_speculators(const nlohmann::json& s) {
   if (s.contains("draft_vocab_size")) j["draft_vocab_size"] = s["draft_vocab_size"];
   if (s.contains("target_hidden_size") && !s["target_hidden_size"].is_null())
     j["target_hidden_size"] = s["target_hidden_size"];
-  if (s.contains("eagle_aux_hidden_state_layer_ids") && s["eagle_aux_hidden_state_layer_ids"].is_array())
+  if (s.contains("eagle_aux_hidden_state_layer_ids") && s["eagle_aux_hidden_state_layer_ids"].is_array()) {
+    j["eagle_aux_hidden_state_layer_ids"] = s["eagle_aux_hidden_state_layer_ids"];
     j["eagle_config"] = {{"eagle_aux_hidden_state_layer_ids", s["eagle_aux_hidden_state_layer_ids"]}};
+  }
   return j;
 }
 

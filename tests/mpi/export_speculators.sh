@@ -44,6 +44,36 @@ grep -q "speculators format; serve with: vllm serve $work/spec" "$last" || fail 
 run export_spec2 1 export --checkpoint "$work/run" --model "$model" --output "$work/spec2" --format speculators \
   --verifier org/target-model --speculative-tokens 5 --for vllm || fail "export --format speculators --verifier"
 
+# Engine releases (issue 41): the aux ids at the top level (vLLM's capture list, aerie's ids) and in eagle_config
+# (SGLang's: it adds 1 to every id of a Llama target, so minus 1), default layers too. A release that would
+# not serve the draft as trained is refused, naming the first that does.
+run export_sglang 1 export --checkpoint "$work/run" --model "$model" --output "$work/sglang" --for sglang \
+  || fail "export --for sglang"
+grep -q "served as trained from SGLang 0.4.9 on" "$last" || fail "--for sglang does not name the first release serving it"
+python3 - "$work" <<'PY' || fail "the aux ids per engine"
+import json, sys
+w = sys.argv[1]
+for d in ("sglang", "eagle3", "spec"):
+    c = json.load(open(w + "/%s/config.json" % d))
+    assert c["eagle_aux_hidden_state_layer_ids"] == [2, 3, 4], (d, c)
+    assert c["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 2, 3], (d, c["eagle_config"])
+PY
+refused export_sglang_048 "SGLang 0.4.8 does not serve aux layers other than the default .*: the first release that does is 0.4.9" \
+  1 export --checkpoint "$work/run" --model "$model" --output "$work/sglang_048" --for sglang==0.4.8
+refused export_vllm_0100 "vLLM 0.10.0 does not serve norm_before_residual .*: the first release that does is 0.10.1" \
+  1 export --checkpoint "$work/run_default" --model "$model" --output "$work/vllm_0100" --for vllm==0.10.0
+[ ! -e "$work/vllm_0100" ] || fail "a refused export left $work/vllm_0100"
+grep -q "the architecture LlamaForCausalLMEagle3: the first release that does is 0.10.2" "$last" \
+  || fail "--for vllm==0.10.0 does not name the architecture's first release"
+grep -q "aux layers other than the default (2, N/2, N-3): the first release that does is 0.11.1" "$last" \
+  || fail "--for vllm==0.10.0 does not name the aux ids' first release"
+run export_vllm_0111 1 export --checkpoint "$work/run_default" --model "$model" --output "$work/vllm_0111" \
+  --for vllm==0.11.1 || fail "export --for vllm==0.11.1"
+refused export_sglang_nbr "no SGLang release aerie checked \(up to [0-9.]+\) serves norm_before_residual" \
+  1 export --checkpoint "$work/run_default" --model "$model" --output "$work/sglang_nbr" --for sglang==0.5.23
+refused export_for_bad "aerie export: --for vllm==latest: engine release 'latest' is not a release number" \
+  1 export --checkpoint "$work/run" --model "$model" --output "$work/bad" --for vllm==latest
+
 python3 - "$work" "$model" <<'PY' || fail "the speculators export"
 import json, os, struct, sys
 work, model = sys.argv[1], os.path.normpath(os.path.abspath(sys.argv[2]))  # the job's absolute --model
@@ -146,7 +176,7 @@ eagle31_option nbr --draft-norm-before-residual norm_before_residual  # residual
 eagle31_option nout --draft-norm-output norm_output                    # norm(o) handed to the next step
 eagle31_option nbf --draft-norm-before-fc norm_before_fc                # fc(input_norm(f)), a trained weight
 eagle31_option fcn --draft-fc-norm fc_norm                              # fc(concat_k fc_norm.k(f_k)), three
-refused export_fcn_sglang "which aerie has not found in SGLang's LlamaForCausalLMEagle3" \
+refused export_fcn_sglang "no SGLang release aerie checked \\(up to [0-9.]+\\) serves fc_norm" \
   1 export --checkpoint "$work/run_fcn" --model "$model" --output "$work/x" --for sglang
 # The boolean draft options take a value as --draft-norm-before-residual does: =false is off (so the resume of
 # the fc_norm run is refused by name, not by an unparsed argument).
@@ -167,7 +197,7 @@ run train_win 1 train --model "$model" --shards "$work/shards" --vocab "$work/vo
 run export_win 1 export --checkpoint "$work/run_win" --model "$model" --output "$work/win_eagle3" || fail "export (win)"
 run export_win_spec 1 export --checkpoint "$work/run_win" --model "$model" --output "$work/win_spec" \
   --format speculators || fail "export --format speculators (win)"
-refused export_win_sglang "which SGLang's LlamaForCausalLMEagle3 does not apply" \
+refused export_win_sglang "no SGLang release aerie checked \\(up to [0-9.]+\\) serves a sliding window" \
   1 export --checkpoint "$work/run_win" --model "$model" --output "$work/x" --for sglang
 python3 - "$work" <<'PY' || fail "the sliding-window exports"
 import json, sys

@@ -38,8 +38,13 @@ TEST(ExportTest, ConfigIsSection5WithTheTargetsRopeAndPositions) {
                                          "num_key_value_heads", "head_dim", "intermediate_size", "num_hidden_layers",
                                          "rms_norm_eps", "vocab_size", "draft_vocab_size", "max_position_embeddings",
                                          "rope_theta", "rope_scaling", "tie_word_embeddings", "torch_dtype",
-                                         "hidden_act", "aerie_version"}));
+                                         "hidden_act", "eagle_aux_hidden_state_layer_ids", "eagle_config",
+                                         "aerie_version"}));
   EXPECT_EQ(j["aerie_version"], aerie_version_string());
+  // The default aux layers named too, in both places: vLLM's capture list as aerie's ids, SGLang's
+  // eagle_config list minus 1 (SGLang adds 1 to every id of a Llama-family target).
+  EXPECT_EQ(j["eagle_aux_hidden_state_layer_ids"], nlohmann::json(default_aux_layers(6)));
+  EXPECT_EQ(j["eagle_config"], nlohmann::json({{"eagle_aux_hidden_state_layer_ids", {1, 2, 2}}}));
   EXPECT_EQ(j["architectures"], nlohmann::json::array({"LlamaForCausalLMEagle3"}));
   EXPECT_EQ(j["model_type"], "llama");
   EXPECT_EQ(j["hidden_size"], 8);
@@ -61,7 +66,8 @@ TEST(ExportTest, ConfigIsSection5WithTheTargetsRopeAndPositions) {
   // Non-default aux layers are named (aerie's input-of-layer-k ids).
   auto other = testing::make_tiny_setup(dir, {1, 3, 5});
   nlohmann::json jo = export_config(other.cfg, other.target);
-  EXPECT_EQ(jo["eagle_config"]["eagle_aux_hidden_state_layer_ids"], nlohmann::json::array({1, 3, 5}));
+  EXPECT_EQ(jo["eagle_config"]["eagle_aux_hidden_state_layer_ids"], nlohmann::json::array({0, 2, 4}));
+  EXPECT_EQ(jo["eagle_aux_hidden_state_layer_ids"], nlohmann::json::array({1, 3, 5}));
   EXPECT_FALSE(jo.contains("target_hidden_size"));  // equal to hidden_size
   EXPECT_FALSE(jo.contains("aerie"));
   // A draft of another target is refused.
@@ -91,31 +97,87 @@ TEST(ExportTest, RefusesATargetOfAnotherLayerCount) {
   EXPECT_NO_THROW(export_config(old, deeper));
 }
 
-// Issue 17, case 7: aux ids whose first id is 1 are read by vLLM as intended but shifted by SGLang (since
-// PR #25454 a list starting at 1 is taken as output-of-layer ids, +1); the default ids are not written and
-// read alike by both; other explicit lists are read alike. --for sglang refuses the ambiguous list.
-TEST(ExportTest, AuxIdsThatAnEngineWouldMisreadAreNamed) {
-  EXPECT_EQ(aux_ids_misread({1, 3, 5}, 6, ServingEngine::Vllm), "");
-  const std::string m = aux_ids_misread({1, 3, 5}, 6, ServingEngine::Sglang);
-  EXPECT_NE(m.find("capture the inputs of layers [2, 4, 6] instead of [1,3,5]"), std::string::npos) << m;
-  EXPECT_EQ(aux_ids_misread({1, 3, 5}, 6, ServingEngine::Any), m);
-  EXPECT_EQ(aux_ids_misread({2, 3, 4}, 5, ServingEngine::Sglang), "");
-  EXPECT_EQ(aux_ids_misread({2, 16, 29}, 32, ServingEngine::Sglang), "");  // the default: no ids written
-  EXPECT_EQ(aux_ids_misread({0, 2, 4}, 6, ServingEngine::Sglang), "");
+// Issue 41 (the released wheels' code, src/train/serving_engines.cc): vLLM reads the top-level list as
+// written; SGLang reads eagle_config's only and adds 1 to every id of a Llama-family target (so it gets
+// aux - 1, which cannot name aux layer 0), and of a DeepSeek/Kimi target before 0.5.13; from 0.5.13 such a
+// target adds 1 only when the first id is 1 (aux - 1 for a list starting at 2, else aux, none for 1).
+TEST(ExportTest, AuxIdsAreWrittenAsEachEngineReadsThem) {
   EXPECT_EQ(serving_engine_from_string("sglang"), ServingEngine::Sglang);
   EXPECT_THROW(serving_engine_from_string("trtllm"), Error);
   const std::string dir = testing::scratch_dir("train_export_engine");
   auto s = testing::make_tiny_setup(dir, {1, 3, 5});
-  DraftWeights w = DraftWeights::zeros(s.cfg);
-  try {
-    write_export(dir + "/export_sglang", s.cfg, w, s.vocab, s.target, ServingEngine::Sglang);
-    FAIL() << "export --for sglang wrote ids SGLang misreads";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("export --for sglang: SGLang"), std::string::npos) << e.what();
-  }
-  EXPECT_FALSE(fs::exists(dir + "/export_sglang"));
-  write_export(dir + "/export_vllm", s.cfg, w, s.vocab, s.target, ServingEngine::Vllm);
-  EXPECT_TRUE(fs::exists(dir + "/export_vllm/config.json"));
+  write_export(dir + "/sglang", s.cfg, s.w, s.vocab, s.target, ServingEngine::Sglang);
+  const nlohmann::json c = nlohmann::json::parse(read_file(dir + "/sglang/config.json"));
+  EXPECT_EQ(c["eagle_config"]["eagle_aux_hidden_state_layer_ids"], nlohmann::json::array({0, 2, 4}));
+  EXPECT_EQ(c["eagle_aux_hidden_state_layer_ids"], nlohmann::json::array({1, 3, 5}));
+  EXPECT_EQ(load_export(dir + "/sglang", 6).config.aux_layers, (std::vector<int>{1, 3, 5}));
+  // The embedding output (aux layer 0) has no SGLang id for a Llama target: refused for SGLang, a warning
+  // otherwise (vLLM reads it).
+  auto zero = testing::make_tiny_setup(dir, {0, 2, 4});
+  const std::string no_zero = testing::error_of(
+      [&] { write_export(dir + "/zero", zero.cfg, zero.w, zero.vocab, zero.target, ServingEngine::Sglang); });
+  EXPECT_NE(no_zero.find("the embedding output (aux layer 0) cannot be named to it"), std::string::npos) << no_zero;
+  EXPECT_FALSE(fs::exists(dir + "/zero"));
+  write_export(dir + "/zero", zero.cfg, zero.w, zero.vocab, zero.target, ServingEngine::Vllm);
+  // A DeepSeek-V3 target: before 0.5.13 every id + 1; from 0.5.13 the first-id rule.
+  const TargetConfig ds = load_target_config(std::string(AERIE_SOURCE_DIR) + "/tests/model/fixtures/hf/deepseek_v3");
+  std::vector<int> ids;
+  std::string why;
+  const ServingTarget old = serving_target_from_string("sglang==0.5.12"), now = serving_target_from_string("sglang==0.5.13");
+  EXPECT_TRUE(eagle_config_aux_ids({1, 2, 3}, ds, old, ids, why));
+  EXPECT_EQ(ids, (std::vector<int>{0, 1, 2}));
+  EXPECT_TRUE(eagle_config_aux_ids({2, 3, 4}, ds, now, ids, why));  // [1, 2, 3]: +1 as the first id is 1
+  EXPECT_EQ(ids, (std::vector<int>{1, 2, 3}));
+  EXPECT_TRUE(eagle_config_aux_ids({0, 1, 3}, ds, now, ids, why));  // as written
+  EXPECT_EQ(ids, (std::vector<int>{0, 1, 3}));
+  EXPECT_FALSE(eagle_config_aux_ids({0, 1, 3}, ds, old, ids, why));
+  EXPECT_FALSE(eagle_config_aux_ids({1, 2, 3}, ds, now, ids, why));
+  EXPECT_NE(why.find("would capture the inputs of layers [2,3,4]"), std::string::npos) << why;
+  // vLLM and any: SGLang's newest convention in eagle_config, aerie's ids at the top level.
+  EXPECT_TRUE(eagle_config_aux_ids({1, 3, 5}, s.target, ServingEngine::Vllm, ids, why));
+  EXPECT_EQ(ids, (std::vector<int>{0, 2, 4}));
+}
+
+// --for ENGINE==RELEASE: parsed leniently (a missing patch, a suffix), refused when it names no release, and
+// each need is checked against that release with the first one that meets it named.
+TEST(ExportTest, ForAnEngineReleaseRefusesWhatThatReleaseDoesNotServe) {
+  const ServingTarget v = serving_target_from_string("VLLM==0.18");
+  EXPECT_EQ(v.engine, ServingEngine::Vllm);
+  EXPECT_EQ(v.release, (EngineRelease{0, 18, 0}));
+  EXPECT_EQ(serving_target_from_string("sglang==0.5.14.post1").release, (EngineRelease{0, 5, 14}));
+  EXPECT_EQ(serving_target_from_string("vllm==0.10.1rc1").release, (EngineRelease{0, 10, 1}));
+  EXPECT_FALSE(serving_target_from_string("vllm").has_release);
+  for (const char* bad : {"any==0.1.0", "vllm==", "vllm==x", "vllm==0", "vllm=0.18.0", "vllm==0.18.0-1"})
+    EXPECT_THROW(serving_target_from_string(bad), Error) << bad;
+  EXPECT_TRUE((EngineRelease{0, 9, 2} < EngineRelease{0, 10, 0}));
+  const std::string dir = testing::scratch_dir("train_export_release");
+  auto s = testing::make_tiny_setup(dir, default_aux_layers(6));
+  s.cfg.norm_before_residual = true;
+  const std::string r =
+      testing::error_of([&] { write_export(dir + "/e", s.cfg, s.w, s.vocab, s.target, serving_target_from_string("vllm==0.10.0")); });
+  EXPECT_NE(r.find("export --for vLLM 0.10.0: vLLM 0.10.0 does not serve norm_before_residual (EAGLE-3.1; train's "
+                   "default): the first release that does is 0.10.1"),
+            std::string::npos)
+      << r;
+  EXPECT_FALSE(fs::exists(dir + "/e"));
+  EXPECT_NE(r.find("the architecture LlamaForCausalLMEagle3: the first release that does is 0.10.2"), std::string::npos)
+      << r;
+  write_export(dir + "/e", s.cfg, s.w, s.vocab, s.target, serving_target_from_string("vllm==0.10.2"));
+  EngineRelease first;
+  ASSERT_TRUE(first_serving_release(serving_needs(s.cfg, s.target, ServingEngine::Vllm), first));
+  EXPECT_EQ(first, (EngineRelease{0, 10, 2}));
+  // The speculators format from 0.10.1; other aux layers than the default from 0.11.1 (the top-level key).
+  ASSERT_TRUE(first_serving_release(serving_needs(s.cfg, s.target, ServingEngine::Vllm, "speculators"), first));
+  EXPECT_EQ(first, (EngineRelease{0, 10, 1}));
+  DraftConfig other = s.cfg;
+  other.aux_layers = {2, 3, 4};
+  ASSERT_TRUE(first_serving_release(serving_needs(other, s.target, ServingEngine::Vllm, "speculators"), first));
+  EXPECT_EQ(first, (EngineRelease{0, 11, 1}));
+  EXPECT_EQ(EngineRelease::parse("0.4.4.post2").str(), "0.4.4.post2");
+  EXPECT_TRUE((EngineRelease::parse("0.4.4.post1") < EngineRelease::parse("0.4.4.post2")));
+  EXPECT_FALSE(first_serving_release(serving_needs(s.cfg, s.target, ServingEngine::Sglang), first));
+  s.cfg.norm_before_residual = false;
+  ASSERT_TRUE(first_serving_release(serving_needs(s.cfg, s.target, ServingEngine::Sglang), first));
 }
 
 // An --output that holds anything but an export (a run folder given by mistake) is refused and left as
@@ -309,10 +371,16 @@ TEST(ExportTest, TensorsAndLoadExportRoundTrip) {
     EXPECT_EQ(bad, 0) << got[i].first;
   }
 
-  // Default aux layers: not named in the config; restored from the target's depth when it is given.
+  // Default aux layers: named too, and read back with or without the target's depth; an export of an
+  // older aerie (or another trainer) without any list gets the target's default.
   auto def = testing::make_tiny_setup(dir, default_aux_layers(6));
   write_export(out, def.cfg, def.w, def.vocab, def.target);
-  EXPECT_FALSE(nlohmann::json::parse(read_file(out + "/config.json")).contains("eagle_config"));
+  EXPECT_EQ(load_export(out, 6).config.aux_layers, default_aux_layers(6));
+  EXPECT_EQ(load_export(out).config.aux_layers, default_aux_layers(6));
+  nlohmann::json bare = nlohmann::json::parse(read_file(out + "/config.json"));
+  bare.erase("eagle_config");
+  bare.erase("eagle_aux_hidden_state_layer_ids");
+  write_file_atomic(out + "/config.json", bare.dump());
   EXPECT_EQ(load_export(out, 6).config.aux_layers, default_aux_layers(6));
   EXPECT_TRUE(load_export(out).config.aux_layers.empty());
 }
@@ -381,17 +449,32 @@ TEST(ExportTest, MlaDraftHasTheNamesAndShapesOfVllmsLoader) {
   // its midlayer keeps `residual = hidden_states` (h) before hidden_norm, so a draft trained with
   // norm_before_residual is refused --for sglang; its load_weights takes vLLM's names (q_a_proj and
   // kv_a_proj_with_mqa cached and concatenated into fused_qkv_a_proj_with_mqa, gate/up into gate_up_proj,
-  // "model." prefixed, d2t read, t2d skipped); 76066f8 registers only Eagle3DeepseekV3ForCausalLM.
+  // "model." prefixed, d2t read, t2d skipped). Every release with it (sglang 0.5.12 to 0.5.23,
+  // srt/models/kimi_k25_eagle3.py) registers it as Eagle3DeepseekV2ForCausalLM, vLLM's name, only.
   DraftConfig nbr = cfg;
   nbr.norm_before_residual = true;
   const std::string refused =
       testing::error_of([&] { write_export(out, nbr, w, vocab, target, ServingEngine::Sglang); });
   EXPECT_NE(refused.find("norm_before_residual"), std::string::npos) << refused;
-  EXPECT_NE(refused.find("Eagle3DeepseekV3ForCausalLM"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("export --for SGLang 0.5.23"), std::string::npos) << refused;
   EXPECT_FALSE(fs::exists(out));
   write_export(dir + "/export_sglang", cfg, w, vocab, target, ServingEngine::Sglang);
   const nlohmann::json cs = nlohmann::json::parse(read_file(dir + "/export_sglang/config.json"));
-  EXPECT_EQ(cs["architectures"], nlohmann::json::array({"Eagle3DeepseekV3ForCausalLM"}));
+  EXPECT_EQ(cs["architectures"], nlohmann::json::array({"Eagle3DeepseekV2ForCausalLM"}));
+  EXPECT_EQ(cs["eagle_config"]["eagle_aux_hidden_state_layer_ids"], nlohmann::json::array({0, 1, 3}));
+  EXPECT_EQ(cs["eagle_aux_hidden_state_layer_ids"], nlohmann::json::array({0, 1, 3}));
+  // sglang 0.5.11 has no MLA draft; vLLM 0.16 serves no deepseek_v3 target with EAGLE-3.
+  ServingTarget sglang_0511 = serving_target_from_string("sglang==0.5.11");
+  const std::string old_sglang = testing::error_of([&] { write_export(out, cfg, w, vocab, target, sglang_0511); });
+  EXPECT_NE(old_sglang.find("the first release that does is 0.5.12"), std::string::npos) << old_sglang;
+  const std::string old_vllm =
+      testing::error_of([&] { write_export(out, cfg, w, vocab, target, serving_target_from_string("vllm==0.16.0")); });
+  EXPECT_NE(old_vllm.find("EAGLE-3 for a deepseek_v3 target: the first release that does is 0.18.0"), std::string::npos)
+      << old_vllm;
+  EXPECT_NE(old_vllm.find("the MLA draft (Eagle3DeepseekV2ForCausalLM): the first release that does is 0.18.0"),
+            std::string::npos)
+      << old_vllm;
+  EXPECT_FALSE(fs::exists(out));
   std::map<std::string, Shape> got_sglang;
   const nlohmann::json hs = safetensors_header(dir + "/export_sglang/model.safetensors");
   for (auto& [k, v] : hs.items())
