@@ -147,6 +147,18 @@ void check_eval_inputs(const EvalOptions& o, const CheckpointEvalOptions& run) {
                 "eval: --shards " << o.shards_dir
                                   << (fs::is_directory(o.shards_dir) ? " holds no shard-*.h5 files" : ": no such folder")
                                   << " (the --output folder of aerie extract)");
+  if (!o.prompts_out.empty()) {
+    EVAL_REQUIRE(run.run_dir.empty(), "--write-prompts goes with --draft (the prompts are the same for every "
+                                      "checkpoint of --run: write them with one of them)");
+    EVAL_REQUIRE(o.temperature == 0 && o.tree_topk == 1,
+                 "--write-prompts records greedy answers for an engine's greedy chains: drop --temperature and "
+                 "--tree-topk");
+    const fs::path dir = fs::path(o.prompts_out).parent_path();
+    AERIE_CHECK(!fs::is_directory(o.prompts_out) && (dir.empty() || fs::is_directory(dir)),
+                "eval: --write-prompts " << o.prompts_out
+                                         << (fs::is_directory(o.prompts_out) ? " is a folder (a .jsonl file is written)"
+                                                                             : ": its folder does not exist"));
+  }
   const std::string out = run.run_dir.empty() ? o.output_path : run.table_path;
   AERIE_CHECK(!fs::is_directory(out), "eval: --output " << out << " is a folder (a .json file is written)");
   // A file of another kind (a prepared file, a model's weights) is refused, not replaced when the job ends;
@@ -252,7 +264,10 @@ int eval(const std::vector<std::string>& args) {
       "compute dtype of the target: f32 (the reference: greedy equality is exact), bf16, or auto (bf16 on "
       "cuda, f32 on cpu, as extract); the draft computes in f32")(
       "output", po::value<std::string>(&o.output_path)->default_value("eval.json"),
-      "eval.json path; with --run the checkpoint table's (default RUN/checkpoint_eval.json)");
+      "eval.json path; with --run the checkpoint table's (default RUN/checkpoint_eval.json)")(
+      "write-prompts", po::value<std::string>(&o.prompts_out)->default_value(""),
+      "also write FILE.jsonl: each evaluated prompt's token ids, stop ids and greedy answer, what "
+      "tools/engine_eval feeds vLLM or SGLang to measure the same prompts there (docs/formats.md)");
   add_lock_options(desc);
   po::variables_map vm;
   if (!parse_options("eval", args, desc, vm)) return 0;

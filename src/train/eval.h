@@ -153,6 +153,9 @@ struct TeacherForced {
 /// Options of `aerie eval` (jobs/eval.cc).
 struct EvalOptions {
   std::string model_dir, draft_path, prompts_path, output_path;
+  // --write-prompts: a JSONL of every evaluated prompt's ids, stop ids and greedy answer (EvalSession::
+  // write_prompt_records), what tools/engine_eval feeds a serving engine; "" writes none.
+  std::string prompts_out;
   int64_t num_prompts = 16, max_new_tokens = 64, max_prompt_tokens = 0;  // 0: whole prompts
   int num_draft_tokens = 7;
   bool untrained = false;
@@ -226,6 +229,15 @@ class EvalSession {
   /// The target's compute dtype as resolved from opts.dtype: "f32" or "bf16". Local.
   std::string dtype_name() const;
   int world_rank() const;
+  /// Writes `path` (world rank 0, atomically): one JSON object per evaluated prompt, in the order of
+  /// --prompts: {"index": its index in --prompts, "category": string or null, "prompt_ids": [I32] (the ids
+  /// the target was fed: chat template and generation prompt included), "stop_ids": [I32] (the ids that
+  /// end an answer), "greedy_ids": [I32] (the plain greedy answer's new tokens, a stop id included where
+  /// one ended it)} (docs/formats.md "Prompt ids"). What
+  /// tools/engine_eval feeds vLLM or SGLang so that the engine decodes the same token ids. Collective over
+  /// the world (the replicas' prompts are gathered). Throws aerie::Error naming the path when it cannot be
+  /// written.
+  void write_prompt_records(const std::string& path) const;
 
  private:
   struct Impl;

@@ -685,8 +685,57 @@ nlohmann::json EvalSession::evaluate(const LoadedDraft& draft, const std::string
   return j;
 }
 
+void EvalSession::write_prompt_records(const std::string& path) const {
+  const Impl& s = *impl_;
+  // This replica's records as JSONL text, gathered over the replicas (every tp rank of a replica holds
+  // the same prompts): lengths first, then the bytes padded to the longest, one byte per I32.
+  std::string mine;
+  for (size_t i = 0; i < s.prompts.size(); ++i) {
+    const std::string& c = s.prompt_category.empty() ? std::string() : s.prompt_category[s.prompt_index[i]];
+    nlohmann::json r = {{"index", s.prompt_index[i]},
+                        {"category", c.empty() || c == "(none)" ? nlohmann::json() : nlohmann::json(c)},
+                        {"prompt_ids", s.prompts[i]},
+                        {"stop_ids", s.stop},
+                        {"greedy_ids", std::vector<int32_t>(s.greedy[i].begin() + static_cast<int64_t>(s.prompts[i].size()),
+                                                            s.greedy[i].end())}};
+    mine += r.dump() + "\n";
+  }
+  Communicator& dp = *s.groups.dp;
+  Tensor len = Tensor::from_vector(std::vector<int64_t>{static_cast<int64_t>(mine.size())}, {1});
+  Tensor lens = Tensor::zeros({static_cast<int64_t>(dp.size())}, DType::I64);
+  dp.all_gather(len, lens);
+  int64_t longest = 0;
+  for (int r = 0; r < dp.size(); ++r) longest = std::max(longest, lens.data<int64_t>()[r]);
+  std::vector<int32_t> bytes(static_cast<size_t>(std::max<int64_t>(longest, 1)), 0);
+  for (size_t i = 0; i < mine.size(); ++i) bytes[i] = static_cast<unsigned char>(mine[i]);
+  Tensor in = Tensor::from_vector(bytes, {static_cast<int64_t>(bytes.size())});
+  Tensor all = Tensor::zeros({static_cast<int64_t>(dp.size()) * static_cast<int64_t>(bytes.size())}, DType::I32);
+  dp.all_gather(in, all);
+  if (s.groups.map.world_rank != 0) return;
+  std::vector<std::pair<int64_t, std::string>> lines;  // (index in --prompts, line), sorted below
+  for (int r = 0; r < dp.size(); ++r) {
+    const int32_t* b = all.data<int32_t>() + static_cast<int64_t>(r) * static_cast<int64_t>(bytes.size());
+    std::string text(static_cast<size_t>(lens.data<int64_t>()[r]), '\0');
+    for (size_t i = 0; i < text.size(); ++i) text[i] = static_cast<char>(b[i]);
+    std::istringstream in_lines(text);
+    for (std::string line; std::getline(in_lines, line);)
+      lines.emplace_back(nlohmann::json::parse(line)["index"].get<int64_t>(), line);
+  }
+  std::sort(lines.begin(), lines.end());
+  std::string out;
+  for (const auto& l : lines) out += l.second + "\n";
+  try {
+    write_file_atomic(path, out);
+  } catch (const Error& e) {
+    AERIE_THROW("eval: --write-prompts " << path << ": " << e.what());
+  }
+  AERIE_LOG(info) << "eval: the " << lines.size() << " prompts' ids, stop ids and greedy answers -> " << path
+                  << " (tools/engine_eval --prompt-ids reads it)";
+}
+
 nlohmann::json run_eval(const EvalOptions& o) {
   EvalSession session(o);
+  if (!o.prompts_out.empty()) session.write_prompt_records(o.prompts_out);
   const LoadedDraft draft = session.load(o.draft_path);
   nlohmann::json j = session.context();
   j["draft"] = o.draft_path;

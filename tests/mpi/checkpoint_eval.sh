@@ -161,4 +161,26 @@ ln -s ../tables/table.json "$table"
 run eval_run_link 1 "${eval_args[@]}" --max-new-tokens 16 --run "$r" --steps 10 || fail "eval --run through a link"
 [ -L "$table" ] || fail "eval --run replaced the symbolic link to its table"
 [ "$(steps_of "$work/tables/table.json")" = "10" ] || fail "the link's target is not the new table"
+
+# eval --write-prompts (tools/engine_eval's input): the prompts of both replicas gathered in --prompts order,
+# the same file on 1 and 2 ranks; refused with --run.
+w_args=(eval --model "$model" --prompts "$text" --num-prompts 5 --num-draft-tokens 3 --max-new-tokens 12 --device cpu
+        --dtype f32 --draft "$r")
+run write_prompts_np2 2 "${w_args[@]}" --output "$work/w2.json" --write-prompts "$work/p2.jsonl" || fail "--write-prompts"
+grep -q "the 5 prompts' ids, stop ids and greedy answers -> $work/p2.jsonl" "$last" || fail "no --write-prompts line"
+run write_prompts_np1 1 "${w_args[@]}" --output "$work/w1.json" --write-prompts "$work/p1.jsonl" || fail "--write-prompts"
+cmp "$work/p1.jsonl" "$work/p2.jsonl" || fail "--write-prompts differs between 1 and 2 ranks"
+python3 - "$work/p2.jsonl" "$work/w2.json" <<'EOF' || fail "--write-prompts content"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+ev = json.load(open(sys.argv[2]))
+assert [r["index"] for r in rows] == [0, 1, 2, 3, 4], [r["index"] for r in rows]
+for r in rows:
+    assert r["prompt_ids"] and r["prompt_ids"][0] == 1, r  # BOS of stories260K
+    assert 1 <= len(r["greedy_ids"]) <= 12 and r["stop_ids"], r
+    assert r["category"] is None, r
+assert sum(len(r["greedy_ids"]) for r in rows) == ev["greedy_tokens"], (ev["greedy_tokens"], rows)
+EOF
+refused write_prompts_run "aerie eval: --write-prompts goes with --draft" 1 \
+  "${eval_args[@]}" --run "$r" --write-prompts "$work/p3.jsonl"
 echo "checkpoint_eval: ok"
