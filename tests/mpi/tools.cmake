@@ -1,0 +1,7 @@
+# tools/engine_eval (the serving check: an export in the user's own vLLM or SGLang against aerie eval's
+# --write-prompts), its pure parts and the whole script through its fake engine; standard library only, so it
+# runs where no engine is installed.
+add_test(NAME engine_eval_tool
+         COMMAND python3 -m unittest ${CMAKE_SOURCE_DIR}/tests/tools/test_engine_eval.py -v
+         WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+set_tests_properties(engine_eval_tool PROPERTIES TIMEOUT 120)
