@@ -5,7 +5,7 @@
 # and the default export's tensors byte for byte under the speculators names (midlayer. -> layers.0.), and the
 # default export's checkpoint record (aerie_checkpoint, checkpoint_step / checkpoint_selected_by); the
 # options are refused where they do not apply; a draft trained with EAGLE-3.1's norm_before_residual, norm_output,
-# norm_before_fc or fc_norm exports (fc_norm: refused for SGLang and beside norm_before_fc),
+# norm_before_fc or fc_norm exports (fc_norm: refused for SGLang before 0.5.12 and beside norm_before_fc),
 # evaluates and refuses a mismatched resume. The names and fields are checked against the loaders' source in
 # tests/train/export_speculators_test.cc.
 # usage: export_speculators.sh AERIE MODEL_DIR STORIES_TXT WORK_DIR   (exit 77: no converted model)
@@ -176,8 +176,8 @@ eagle31_option nbr --draft-norm-before-residual norm_before_residual  # residual
 eagle31_option nout --draft-norm-output norm_output                    # norm(o) handed to the next step
 eagle31_option nbf --draft-norm-before-fc norm_before_fc                # fc(input_norm(f)), a trained weight
 eagle31_option fcn --draft-fc-norm fc_norm                              # fc(concat_k fc_norm.k(f_k)), three
-refused export_fcn_sglang "no SGLang release aerie checked \\(up to [0-9.]+\\) serves fc_norm" \
-  1 export --checkpoint "$work/run_fcn" --model "$model" --output "$work/x" --for sglang
+refused export_fcn_sglang "SGLang 0.5.11 does not serve fc_norm: the first release that does is 0.5.12" \
+  1 export --checkpoint "$work/run_fcn" --model "$model" --output "$work/x" --for sglang==0.5.11
 # The boolean draft options take a value as --draft-norm-before-residual does: =false is off (so the resume of
 # the fc_norm run is refused by name, not by an unparsed argument).
 refused fcn_resume_false "--draft-fc-norm is off but the checkpoint was trained with it on" \

@@ -445,7 +445,7 @@ TEST(ExportTest, MlaDraftHasTheNamesAndShapesOfVllmsLoader) {
   Tensor lm = Tensor::zeros({target.vocab_size, target.hidden_size}, DType::F32);
   const DraftWeights w = init_draft_weights(cfg, lm, selected, 5, true);
   const std::string out = dir + "/export";
-  // SGLang's MLA draft (python/sglang/srt/models/deepseek_eagle3.py, sgl-project/sglang 76066f8 and 5da6cae):
+  // SGLang's MLA draft (sglang==0.5.12 to 0.5.23 sglang/srt/models/kimi_k25_eagle3.py):
   // its midlayer keeps `residual = hidden_states` (h) before hidden_norm, so a draft trained with
   // norm_before_residual is refused --for sglang; its load_weights takes vLLM's names (q_a_proj and
   // kv_a_proj_with_mqa cached and concatenated into fused_qkv_a_proj_with_mqa, gate/up into gate_up_proj,
