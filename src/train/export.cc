@@ -184,10 +184,14 @@ void check_serving_target(const DraftConfig& cfg, const TargetConfig& target, co
     AERIE_THROW("export --for " << serving.name() << ": " << all);
   }
   if (serving.engine == ServingEngine::Any) {
-    // What the newest SGLang would read or run otherwise than trained, a warning each; then who serves it.
-    std::vector<std::string> sglang = unmet_serving_needs(serving_needs(cfg, target, ServingEngine::Sglang, format),
-                                                          ServingTarget(ServingEngine::Sglang));
-    if (!aux_why.empty() && format == "eagle3") sglang.push_back(aux_why);
+    // What the newest SGLang would read or run otherwise than trained, a warning each (the speculators format
+    // is vLLM's alone: no warning); then who serves it.
+    std::vector<std::string> sglang;
+    if (format == "eagle3") {
+      sglang = unmet_serving_needs(serving_needs(cfg, target, ServingEngine::Sglang, format),
+                                   ServingTarget(ServingEngine::Sglang));
+      if (!aux_why.empty()) sglang.push_back(aux_why);
+    }
     for (const std::string& why : sglang)
       AERIE_LOG(warning) << "export: " << why << " (export --for vllm to silence this)";
     AERIE_LOG(info) << "export: served as trained by " << first_releases(cfg, target, format)

@@ -148,8 +148,10 @@ std::vector<ServingNeed> sglang_needs(const DraftConfig& cfg, const TargetConfig
   if (cfg.norm_before_fc)
     n.push_back(need("norm_before_fc", EngineRelease{0, 5, 17}, "sglang==0.5.17 sglang/srt/models/llama_eagle3.py:165"));
   if (cfg.sliding_window > 0)
-    n.push_back(never("a sliding window", "sglang==0.5.23 sglang/srt/models/llama.py (the draft config's "
-                                          "sliding_window and layer_types are not read)"));
+    n.push_back(never("a sliding window of " + std::to_string(cfg.sliding_window) +
+                          " keys (train without --draft-sliding-window for SGLang)",
+                      "sglang==0.5.23 sglang/srt/models/llama.py (the draft config's sliding_window and layer_types "
+                      "are not read)"));
   return n;
 }
 

@@ -127,11 +127,13 @@ std::set<std::string> keys_of(const nlohmann::json& j) {
 
 // The top-level keys: [S1] Eagle3SpeculatorConfig's fields that vLLM [V2, V3] reads, speculators_config
 // [S2], tie_word_embeddings and torch_dtype (PretrainedConfig's, as the converter's config carries them),
-// aerie_version (who wrote it; speculators keeps extra keys, vLLM ignores them). No model_type [S2, V1].
+// aerie_version (who wrote it; speculators keeps extra keys, vLLM ignores them), eagle_config (the aux ids
+// where SGLang and EAGLE-3 configs keep them, as in the default format; vLLM 0.26.0 served such an export:
+// docs/performance.md). No model_type [S2, V1].
 const std::set<std::string> kTopKeys = {"speculators_model_type", "architectures", "transformer_layer_config",
                                         "draft_vocab_size", "target_hidden_size", "norm_before_residual",
                                         "norm_before_fc", "fc_norm", "norm_output",
-                                        "eagle_aux_hidden_state_layer_ids", "speculators_config",
+                                        "eagle_aux_hidden_state_layer_ids", "eagle_config", "speculators_config",
                                         "tie_word_embeddings", "torch_dtype", "aerie_version"};
 // transformer_layer_config: the LlamaConfig keys of [S4] that the draft layer [V4] reads.
 const std::set<std::string> kLayerKeys = {"model_type", "hidden_size", "num_attention_heads",
@@ -531,9 +533,11 @@ TEST(ExportSpeculatorsTest, FcNormExportsThreeNorms) {
   write_file_atomic(dir + "/speculators/config.json", off.dump());
   EXPECT_NE(testing::error_of([&] { load_export(dir + "/speculators"); }).find("holds fc_norm.0.weight"),
             std::string::npos);
-  const std::string err =
-      testing::error_of([&] { write_export(dir + "/sglang", cfg, w, s.vocab, s.target, ServingEngine::Sglang); });
-  EXPECT_NE(err.find("fc_norm"), std::string::npos) << err;
+  // SGLang reads fc_norm from 0.5.12 on (sglang==0.5.12 srt/models/llama_eagle3.py); an earlier release is refused.
+  const std::string err = testing::error_of(
+      [&] { write_export(dir + "/sglang", cfg, w, s.vocab, s.target, serving_target_from_string("sglang==0.5.11")); });
+  EXPECT_NE(err.find("SGLang 0.5.11 does not serve fc_norm: the first release that does is 0.5.12"), std::string::npos)
+      << err;
   EXPECT_FALSE(fs::exists(dir + "/sglang/model.safetensors"));
   EXPECT_NE(testing::error_of([&] { export_tensors(cfg, s.w, s.vocab); }).find("fc_norm"), std::string::npos);
 }

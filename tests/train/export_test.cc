@@ -144,7 +144,7 @@ TEST(ExportTest, ForAnEngineReleaseRefusesWhatThatReleaseDoesNotServe) {
   const ServingTarget v = serving_target_from_string("VLLM==0.18");
   EXPECT_EQ(v.engine, ServingEngine::Vllm);
   EXPECT_EQ(v.release, (EngineRelease{0, 18, 0}));
-  EXPECT_EQ(serving_target_from_string("sglang==0.5.14.post1").release, (EngineRelease{0, 5, 14}));
+  EXPECT_EQ(serving_target_from_string("sglang==0.5.14.post1").release, (EngineRelease{0, 5, 14, 1}));
   EXPECT_EQ(serving_target_from_string("vllm==0.10.1rc1").release, (EngineRelease{0, 10, 1}));
   EXPECT_FALSE(serving_target_from_string("vllm").has_release);
   for (const char* bad : {"any==0.1.0", "vllm==", "vllm==x", "vllm==0", "vllm=0.18.0", "vllm==0.18.0-1"})
@@ -155,8 +155,8 @@ TEST(ExportTest, ForAnEngineReleaseRefusesWhatThatReleaseDoesNotServe) {
   s.cfg.norm_before_residual = true;
   const std::string r =
       testing::error_of([&] { write_export(dir + "/e", s.cfg, s.w, s.vocab, s.target, serving_target_from_string("vllm==0.10.0")); });
-  EXPECT_NE(r.find("export --for vLLM 0.10.0: vLLM 0.10.0 does not serve norm_before_residual (EAGLE-3.1; train's "
-                   "default): the first release that does is 0.10.1"),
+  EXPECT_NE(r.find("; and vLLM 0.10.0 does not serve norm_before_residual (EAGLE-3.1; train's default): the first "
+                   "release that does is 0.10.1"),
             std::string::npos)
       << r;
   EXPECT_FALSE(fs::exists(dir + "/e"));
