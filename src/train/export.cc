@@ -74,7 +74,8 @@ nlohmann::json export_config(const DraftConfig& cfg, const TargetConfig& target,
   j["eagle_aux_hidden_state_layer_ids"] = cfg.aux_layers;
   std::vector<int> sglang_ids;
   std::string why;
-  eagle_config_aux_ids(cfg.aux_layers, target, serving, sglang_ids, why);
+  if (!eagle_config_aux_ids(cfg.aux_layers, target, serving, sglang_ids, why))
+    sglang_ids = cfg.aux_layers;  // no list serves SGLang (refused for it, warned otherwise): aerie's ids
   j["eagle_config"] = {{"eagle_aux_hidden_state_layer_ids", sglang_ids}};
   j["aerie_version"] = aerie_version_string();  // who wrote it (ignored by vLLM and SGLang)
   return j;

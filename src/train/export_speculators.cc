@@ -70,7 +70,10 @@ nlohmann::json speculators_export_config(const DraftConfig& cfg, const TargetCon
   // Always written: the config then names the target depths without aerie's private block, and vLLM
   // reads explicit ids as inputs of layer k, aerie's convention (its default (2, N/2, N-3) reads the same).
   j["eagle_aux_hidden_state_layer_ids"] = cfg.aux_layers;
-  j["eagle_config"] = eagle3["eagle_config"];  // the same ids, where EAGLE-3 configs also keep them
+  // The ids where EAGLE-3 configs also keep them (as the default format writes them); vLLM does not read it
+  // here (vllm==0.26.0 vllm/transformers_utils/configs/speculators/base.py:60 builds the draft's config from
+  // transformer_layer_config and the algorithm's fields).
+  j["eagle_config"] = eagle3["eagle_config"];
   j["speculators_config"] = {
       {"algorithm", "eagle3"},
       {"proposal_methods",

@@ -45,6 +45,13 @@ std::string target_family(const TargetConfig& t) {
 bool has_default_aux(const DraftConfig& cfg, const TargetConfig& t) {
   return cfg.aux_layers == default_aux_layers(t.num_hidden_layers);
 }
+bool has_repeated_aux(const DraftConfig& cfg) {
+  for (size_t i = 1; i < cfg.aux_layers.size(); ++i)
+    if (std::find(cfg.aux_layers.begin(), cfg.aux_layers.begin() + static_cast<int64_t>(i), cfg.aux_layers[i]) !=
+        cfg.aux_layers.begin() + static_cast<int64_t>(i))
+      return true;
+  return false;
+}
 bool aux_has_last_output(const DraftConfig& cfg, const TargetConfig& t) {
   return std::find(cfg.aux_layers.begin(), cfg.aux_layers.end(), static_cast<int>(t.num_hidden_layers)) !=
          cfg.aux_layers.end();
@@ -56,15 +63,28 @@ void vllm_target_needs(const TargetConfig& target, std::vector<ServingNeed>& n) 
   // deepseek_v2/v3, kimi_k2, kimi_k25); from 0.22.0 no list: the target class must be SupportsEagle3, which
   // MistralForCausalLM inherits from LlamaForCausalLM (vllm==0.22.0 vllm/model_executor/models/mistral.py).
   const std::string family = target_family(target);
-  if (family == "qwen2" || family == "qwen3")
-    n.push_back(need("EAGLE-3 for a " + family + " target", EngineRelease{0, 10, 1},
+  if (family == "qwen3")
+    n.push_back(need("EAGLE-3 for a qwen3 target", EngineRelease{0, 10, 1},
                      "vllm==0.10.1 vllm/config/__init__.py:2347 (eagle3 target types)"));
+  else if (family == "qwen2")  // 0.10.1 lists "qwen" but its Qwen2ForCausalLM is not SupportsEagle3 yet
+    n.push_back(need("EAGLE-3 for a qwen2 target", EngineRelease{0, 10, 2},
+                     "vllm==0.10.2 vllm/model_executor/models/qwen2.py (SupportsEagle3)"));
   else if (family == "deepseek_v3" || family == "kimi_k2" || family == "kimi_k25")
     n.push_back(need("EAGLE-3 for a " + family + " target", EngineRelease{0, 18, 0},
                      "vllm==0.18.0 vllm/config/speculative.py:780 (eagle3 target types)"));
   else if (family == "mistral")
     n.push_back(need("EAGLE-3 for a mistral target", EngineRelease{0, 22, 0},
-                     "vllm==0.22.0 vllm/v1/worker/gpu_model_runner.py:5210 (no target list; SupportsEagle3)"));
+                     "vllm==0.22.0 vllm/v1/worker/gpu_model_runner.py:5208 (no target list; SupportsEagle3)"));
+  // A multimodal wrapper around the text model: its own class must be SupportsEagle3.
+  const std::string& w = target.wrapper_model_type;
+  if (w == "llava")
+    n.push_back(need("EAGLE-3 for a llava wrapper target", EngineRelease{0, 15, 0},
+                     "vllm==0.15.0 vllm/model_executor/models/llava.py (SupportsEagle3)"));
+  else if (w == "mistral3")
+    n.push_back(need("EAGLE-3 for a mistral3 wrapper target", EngineRelease{0, 16, 0},
+                     "vllm==0.16.0 vllm/model_executor/models/mistral3.py (SupportsEagle3)"));
+  else if (!w.empty() && w != "kimi_k25")
+    n.push_back(never("EAGLE-3 for a " + w + " wrapper target", "not checked in vLLM's released code"));
 }
 
 std::vector<ServingNeed> vllm_needs(const DraftConfig& cfg, const TargetConfig& target, const std::string& format) {
@@ -84,9 +104,21 @@ std::vector<ServingNeed> vllm_needs(const DraftConfig& cfg, const TargetConfig& 
     n.push_back(need("aux layers other than the default (2, N/2, N-3)", EngineRelease{0, 11, 1},
                      spec ? "vllm==0.11.1 vllm/transformers_utils/configs/speculators/algos.py:35"
                           : "vllm==0.11.1 vllm/v1/worker/gpu_model_runner.py:3410 (the top-level key)"));
+  const bool deepseek = is_deepseek_family(target);
   if (aux_has_last_output(cfg, target))
-    n.push_back(need("aux layer N (the last layer's output)", EngineRelease{0, 18, 0},
-                     "vllm==0.18.0 vllm/model_executor/models/llama.py:426"));
+    n.push_back(deepseek ? need("aux layer N (the last layer's output) of a DeepSeek/Kimi target", EngineRelease{0, 25, 0},
+                                "vllm==0.25.0 vllm/model_executor/models/deepseek_v2.py (end_layer capture)")
+                         : need("aux layer N (the last layer's output)", EngineRelease{0, 18, 0},
+                                "vllm==0.18.0 vllm/model_executor/models/llama.py:426"));
+  if (!cfg.aux_layers.empty() && cfg.aux_layers.front() == 0)  // hidden_states + residual with no residual yet
+    n.push_back(deepseek ? never("aux layer 0 (the embedding output) of a DeepSeek/Kimi target",
+                                 "vllm==0.34.0 vllm/model_executor/models/deepseek_v2.py:1561 (residual None)")
+                         : need("aux layer 0 (the embedding output)", EngineRelease{0, 18, 0},
+                                "vllm==0.18.0 vllm/model_executor/models/interfaces.py:1290 (residual None)"));
+  if (has_repeated_aux(cfg))
+    n.push_back(never("a repeated aux layer (each layer is captured once)",
+                      "vllm==0.34.0 vllm/model_executor/models/interfaces.py (_maybe_add_hidden_state: layer_idx in "
+                      "aux_hidden_state_layers)"));
   if (cfg.norm_before_residual)
     n.push_back(need("norm_before_residual (EAGLE-3.1; train's default)", EngineRelease{0, 10, 1},
                      "vllm==0.10.1 vllm/model_executor/models/llama_eagle3.py:54"));
@@ -134,17 +166,26 @@ std::vector<ServingNeed> sglang_needs(const DraftConfig& cfg, const TargetConfig
   else if (family == "kimi_k25")
     n.push_back(need("EAGLE-3 for a kimi_k25 target", EngineRelease{0, 5, 10},
                      "sglang==0.5.10rc0 sglang/srt/models/kimi_k25.py"));
+  const std::string& w = target.wrapper_model_type;
+  if (!w.empty() && w != "kimi_k25")
+    n.push_back(never("EAGLE-3 for a " + w + " wrapper target (no set_eagle3_layers_to_capture)",
+                      "sglang==0.5.23 sglang/srt/model_executor/attention_backend_setup.py:54"));
   if (!has_default_aux(cfg, target))
     n.push_back(need("aux layers other than the default (2, N/2, N-3)", EngineRelease{0, 4, 9},
                      "sglang==0.4.9 sglang/srt/model_executor/model_runner.py:331 (eagle_config's list)"));
+  if (aux_has_last_output(cfg, target))
+    n.push_back(never("aux layer N (the last layer's output: captured only before a layer)",
+                      "sglang==0.5.23 sglang/srt/models/llama.py:486-492, deepseek_v2.py:3176"));
+  if (has_repeated_aux(cfg))
+    n.push_back(never("a repeated aux layer (each layer is captured once)",
+                      "sglang==0.5.23 sglang/srt/models/llama.py:492 (i in layers_to_capture)"));
   const std::string file = cfg.is_mla() ? "sglang/srt/models/kimi_k25_eagle3.py" : "sglang/srt/models/llama_eagle3.py";
   if (cfg.norm_before_residual)
     n.push_back(never("norm_before_residual (EAGLE-3.1; train's default: train with --draft-norm-before-residual=false)",
                       "sglang==0.5.23 " + file + " (residual = hidden_states)"));
-  if (cfg.norm_output)
-    n.push_back(need("norm_output", EngineRelease{0, 5, 12}, "sglang==0.5.12 sglang/srt/models/llama_eagle3.py"));
-  if (cfg.fc_norm)
-    n.push_back(need("fc_norm", EngineRelease{0, 5, 12}, "sglang==0.5.12 sglang/srt/models/llama_eagle3.py"));
+  const EngineRelease norms = cfg.is_mla() ? EngineRelease{0, 5, 13} : EngineRelease{0, 5, 12};
+  if (cfg.norm_output) n.push_back(need("norm_output", norms, "sglang==" + norms.str() + " " + file));
+  if (cfg.fc_norm) n.push_back(need("fc_norm", norms, "sglang==" + norms.str() + " " + file));
   if (cfg.norm_before_fc)
     n.push_back(need("norm_before_fc", EngineRelease{0, 5, 17}, "sglang==0.5.17 sglang/srt/models/llama_eagle3.py:165"));
   if (cfg.sliding_window > 0)
@@ -287,11 +328,17 @@ bool eagle_config_aux_ids(const std::vector<int>& aux, const TargetConfig& targe
   if (!aux.empty() && aux.front() == 2) return true;  // [1, ...]: +1 as the first id is 1
   ids = aux;
   if (aux.empty() || aux.front() != 1) return true;   // as written
+  // [1, b, c]: only the first id is tested and the layers are captured in layer order, so [b, 1, c] captures
+  // layers 1, b, c as trained.
+  const auto other = std::find_if(ids.begin(), ids.end(), [](int a) { return a != 1; });
+  if (other != ids.end()) {
+    std::iter_swap(ids.begin(), other);
+    return true;
+  }
   std::vector<int> plus(aux);
   for (int& a : plus) ++a;
   why = "SGLang " + release.str() + " reads a " + target_family(target) + " target's aux ids whose first id is 1 "
-        "as output-of-layer ids (+1): " + list(aux) + " would capture the inputs of layers " + list(plus) +
-        ", and no list names aux layer 1 beside others: train with aux layers whose first id is not 1 (e.g. 2)";
+        "as output-of-layer ids (+1): " + list(aux) + " would capture the inputs of layers " + list(plus);
   return false;
 }
 

@@ -131,8 +131,11 @@ TEST(ExportTest, AuxIdsAreWrittenAsEachEngineReadsThem) {
   EXPECT_TRUE(eagle_config_aux_ids({0, 1, 3}, ds, now, ids, why));  // as written
   EXPECT_EQ(ids, (std::vector<int>{0, 1, 3}));
   EXPECT_FALSE(eagle_config_aux_ids({0, 1, 3}, ds, old, ids, why));
-  EXPECT_FALSE(eagle_config_aux_ids({1, 2, 3}, ds, now, ids, why));
-  EXPECT_NE(why.find("would capture the inputs of layers [2,3,4]"), std::string::npos) << why;
+  // [1, 2, 3]: only the first id is tested and layers are captured in layer order, so [2, 1, 3] serves.
+  EXPECT_TRUE(eagle_config_aux_ids({1, 2, 3}, ds, now, ids, why));
+  EXPECT_EQ(ids, (std::vector<int>{2, 1, 3}));
+  EXPECT_FALSE(eagle_config_aux_ids({1, 1, 1}, ds, now, ids, why));
+  EXPECT_NE(why.find("would capture the inputs of layers [2,2,2]"), std::string::npos) << why;
   // vLLM and any: SGLang's newest convention in eagle_config, aerie's ids at the top level.
   EXPECT_TRUE(eagle_config_aux_ids({1, 3, 5}, s.target, ServingEngine::Vllm, ids, why));
   EXPECT_EQ(ids, (std::vector<int>{0, 2, 4}));
@@ -151,7 +154,7 @@ TEST(ExportTest, ForAnEngineReleaseRefusesWhatThatReleaseDoesNotServe) {
     EXPECT_THROW(serving_target_from_string(bad), Error) << bad;
   EXPECT_TRUE((EngineRelease{0, 9, 2} < EngineRelease{0, 10, 0}));
   const std::string dir = testing::scratch_dir("train_export_release");
-  auto s = testing::make_tiny_setup(dir, default_aux_layers(6));
+  auto s = testing::make_tiny_setup(dir, {2, 3, 4});
   s.cfg.norm_before_residual = true;
   const std::string r =
       testing::error_of([&] { write_export(dir + "/e", s.cfg, s.w, s.vocab, s.target, serving_target_from_string("vllm==0.10.0")); });
@@ -162,17 +165,32 @@ TEST(ExportTest, ForAnEngineReleaseRefusesWhatThatReleaseDoesNotServe) {
   EXPECT_FALSE(fs::exists(dir + "/e"));
   EXPECT_NE(r.find("the architecture LlamaForCausalLMEagle3: the first release that does is 0.10.2"), std::string::npos)
       << r;
-  write_export(dir + "/e", s.cfg, s.w, s.vocab, s.target, serving_target_from_string("vllm==0.10.2"));
+  EXPECT_NE(r.find("aux layers other than the default (2, N/2, N-3): the first release that does is 0.11.1"),
+            std::string::npos)
+      << r;
+  write_export(dir + "/e", s.cfg, s.w, s.vocab, s.target, serving_target_from_string("vllm==0.11.1"));
   EngineRelease first;
   ASSERT_TRUE(first_serving_release(serving_needs(s.cfg, s.target, ServingEngine::Vllm), first));
-  EXPECT_EQ(first, (EngineRelease{0, 10, 2}));
-  // The speculators format from 0.10.1; other aux layers than the default from 0.11.1 (the top-level key).
-  ASSERT_TRUE(first_serving_release(serving_needs(s.cfg, s.target, ServingEngine::Vllm, "speculators"), first));
-  EXPECT_EQ(first, (EngineRelease{0, 10, 1}));
-  DraftConfig other = s.cfg;
-  other.aux_layers = {2, 3, 4};
-  ASSERT_TRUE(first_serving_release(serving_needs(other, s.target, ServingEngine::Vllm, "speculators"), first));
   EXPECT_EQ(first, (EngineRelease{0, 11, 1}));
+  // The default aux layers of an 8-layer target, (2, 4, 5): the format's 0.10.2; the speculators format 0.10.1.
+  DraftConfig def = s.cfg;
+  s.target.num_hidden_layers = 8;
+  def.aux_layers = default_aux_layers(8);
+  ASSERT_TRUE(first_serving_release(serving_needs(def, s.target, ServingEngine::Vllm), first));
+  EXPECT_EQ(first, (EngineRelease{0, 10, 2}));
+  ASSERT_TRUE(first_serving_release(serving_needs(def, s.target, ServingEngine::Vllm, "speculators"), first));
+  EXPECT_EQ(first, (EngineRelease{0, 10, 1}));
+  // Aux layer 0 (no residual yet at layer 0: 0.18.0); N (after the last layer: 0.18.0); a repeated layer is
+  // captured once by every release of both engines.
+  def.aux_layers = {0, 4, 8};
+  ASSERT_TRUE(first_serving_release(serving_needs(def, s.target, ServingEngine::Vllm), first));
+  EXPECT_EQ(first, (EngineRelease{0, 18, 0}));
+  def.aux_layers = {2, 4, 4};
+  EXPECT_FALSE(first_serving_release(serving_needs(def, s.target, ServingEngine::Vllm), first));
+  EXPECT_FALSE(first_serving_release(serving_needs(def, s.target, ServingEngine::Sglang), first));
+  def.aux_layers = {2, 4, 8};
+  def.norm_before_residual = false;
+  EXPECT_FALSE(first_serving_release(serving_needs(def, s.target, ServingEngine::Sglang), first));  // N: never
   EXPECT_EQ(EngineRelease::parse("0.4.4.post2").str(), "0.4.4.post2");
   EXPECT_TRUE((EngineRelease::parse("0.4.4.post1") < EngineRelease::parse("0.4.4.post2")));
   EXPECT_FALSE(first_serving_release(serving_needs(s.cfg, s.target, ServingEngine::Sglang), first));
@@ -429,8 +447,12 @@ std::map<std::string, Shape> vllm_deepseek_eagle3_tensors(const nlohmann::json& 
 
 TEST(ExportTest, MlaDraftHasTheNamesAndShapesOfVllmsLoader) {
   const std::string dir = testing::scratch_dir("train_export_mla");
-  const TargetConfig target =
+  TargetConfig target =
       load_target_config(std::string(AERIE_SOURCE_DIR) + "/tests/model/fixtures/hf/deepseek_v3");
+  // As a 5-layer target: the fixture's 3 layers leave no three distinct aux layers other than the embedding
+  // output (vLLM's DeepSeek capture has no residual there) and the last layer's (SGLang captures before a layer
+  // only).
+  target.num_hidden_layers = 5;
   ASSERT_TRUE(target.mla.enabled());
   std::vector<int64_t> selected;
   DraftVocab vocab;
@@ -440,7 +462,7 @@ TEST(ExportTest, MlaDraftHasTheNamesAndShapesOfVllmsLoader) {
     vocab.d2t.push_back(selected[i] - static_cast<int64_t>(i));
     vocab.t2d[static_cast<size_t>(selected[i])] = 1;
   }
-  const DraftConfig cfg = DraftConfig::from_target(target, 40, {0, 1, 3}, true);
+  const DraftConfig cfg = DraftConfig::from_target(target, 40, {1, 2, 3}, true);
   ASSERT_TRUE(cfg.is_mla());
   Tensor lm = Tensor::zeros({target.vocab_size, target.hidden_size}, DType::F32);
   const DraftWeights w = init_draft_weights(cfg, lm, selected, 5, true);
@@ -461,8 +483,10 @@ TEST(ExportTest, MlaDraftHasTheNamesAndShapesOfVllmsLoader) {
   write_export(dir + "/export_sglang", cfg, w, vocab, target, ServingEngine::Sglang);
   const nlohmann::json cs = nlohmann::json::parse(read_file(dir + "/export_sglang/config.json"));
   EXPECT_EQ(cs["architectures"], nlohmann::json::array({"Eagle3DeepseekV2ForCausalLM"}));
-  EXPECT_EQ(cs["eagle_config"]["eagle_aux_hidden_state_layer_ids"], nlohmann::json::array({0, 1, 3}));
-  EXPECT_EQ(cs["eagle_aux_hidden_state_layer_ids"], nlohmann::json::array({0, 1, 3}));
+  // SGLang 0.5.13 on: a DeepSeek target's list whose first id is 1 gets + 1, so 1 goes second (captured in
+  // layer order); vLLM's list as trained.
+  EXPECT_EQ(cs["eagle_config"]["eagle_aux_hidden_state_layer_ids"], nlohmann::json::array({2, 1, 3}));
+  EXPECT_EQ(cs["eagle_aux_hidden_state_layer_ids"], nlohmann::json::array({1, 2, 3}));
   // sglang 0.5.11 has no MLA draft; vLLM 0.16 serves no deepseek_v3 target with EAGLE-3.
   ServingTarget sglang_0511 = serving_target_from_string("sglang==0.5.11");
   const std::string old_sglang = testing::error_of([&] { write_export(out, cfg, w, vocab, target, sglang_0511); });
@@ -486,7 +510,8 @@ TEST(ExportTest, MlaDraftHasTheNamesAndShapesOfVllmsLoader) {
   EXPECT_EQ(c["architectures"], nlohmann::json::array({"Eagle3DeepseekV2ForCausalLM"}));
   EXPECT_EQ(c["num_hidden_layers"], 1);
   EXPECT_EQ(c["rope_scaling"], target.raw["rope_scaling"]);  // vLLM turns it into deepseek_yarn
-  EXPECT_EQ(c["eagle_config"]["eagle_aux_hidden_state_layer_ids"], nlohmann::json::array({0, 1, 3}));
+  EXPECT_EQ(c["eagle_config"]["eagle_aux_hidden_state_layer_ids"], nlohmann::json::array({2, 1, 3}));
+  EXPECT_EQ(load_export(out, target.num_hidden_layers).config.aux_layers, (std::vector<int>{1, 2, 3}));
   const nlohmann::json h = safetensors_header(out + "/model.safetensors");
   std::map<std::string, Shape> got;
   for (auto& [k, v] : h.items())
