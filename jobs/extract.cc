@@ -177,7 +177,9 @@ int extract(const std::vector<std::string>& args) {
                                ? " (the default 2, N/2, N-3 of a " + std::to_string(cfg.num_hidden_layers) +
                                      "-layer target)"
                                : std::string())
-                       << ": the draft gets the same hidden state twice; --aux-layers picks distinct ones";
+                       << ": the draft gets the same hidden state twice, and neither vLLM nor SGLang can serve it "
+                          "(both capture a layer once: docs/formats.md \"Engine releases\"); --aux-layers picks "
+                          "distinct ones";
   }
   TargetForward forward = [&](const std::vector<int32_t>& ids, Tensor& aux, Tensor& fin) {
     TargetOutput out = model.forward(ids, nullptr, aux_layers, false);
