@@ -57,6 +57,38 @@ namespace fs = std::filesystem;
 /// decodes every prompt: option values (UsageError, exit 2), then the files (aerie::Error naming the
 /// option and path): --prompts readable with a prompt, --draft an export or a checkpoint, --chat-template
 /// found, --data-split a file, --shards a folder with shards, --output not a folder.
+/// --write-prompts (a symbolic link already followed): a .jsonl file in an existing folder that is none of the
+/// job's other files, and if it exists an earlier --write-prompts file (its first line an object with
+/// "prompt_ids"), never a device, a folder or another kind of file. Throws aerie::Error naming the path.
+void check_prompts_out(const EvalOptions& o) {
+  const std::string& p = o.prompts_out;
+  const fs::path dir = fs::path(p).parent_path();
+  AERIE_CHECK(dir.empty() || fs::is_directory(dir),
+              "eval: --write-prompts " << p << ": the folder " << dir.string() << " does not exist");
+  auto same = [&](const std::string& other) {
+    std::error_code ec;
+    return !other.empty() && fs::exists(other) && fs::exists(p) && fs::equivalent(p, other, ec);
+  };
+  auto spelled_same = [&](const std::string& other) {
+    return !other.empty() && fs::absolute(other).lexically_normal() == fs::absolute(p).lexically_normal();
+  };
+  for (const auto& [name, other] : {std::pair<const char*, std::string>{"--output", o.output_path},
+                                    {"--prompts", o.prompts_path}, {"--data-split", o.data_split_path}})
+    AERIE_CHECK(!same(other) && !spelled_same(other),
+                "eval: --write-prompts " << p << " is also " << name << ": give it a file of its own");
+  if (!fs::exists(p)) return;
+  AERIE_CHECK(fs::is_regular_file(p), "eval: --write-prompts " << p << " exists and is not a regular file ("
+                                                               << (fs::is_directory(p) ? "a folder" : "a device or socket")
+                                                               << "): give a .jsonl path");
+  std::ifstream in(p);
+  std::string first;
+  std::getline(in, first);
+  const nlohmann::json j = nlohmann::json::parse(first, nullptr, false);
+  AERIE_CHECK(fs::file_size(p) == 0 || (j.is_object() && j.contains("prompt_ids")),
+              "eval: --write-prompts " << p << " exists and is not a prompt-ids file of aerie eval: refusing to "
+                                       << "replace it; give another path");
+}
+
 void check_eval_inputs(const EvalOptions& o, const CheckpointEvalOptions& run) {
   EVAL_REQUIRE(o.num_prompts >= 0, "--num-prompts " << o.num_prompts << " is negative (0: all)");
   EVAL_REQUIRE(o.max_new_tokens >= 1, "--max-new-tokens must be >= 1, got " << o.max_new_tokens);
@@ -153,11 +185,7 @@ void check_eval_inputs(const EvalOptions& o, const CheckpointEvalOptions& run) {
     EVAL_REQUIRE(o.temperature == 0 && o.tree_topk == 1,
                  "--write-prompts records greedy answers for an engine's greedy chains: drop --temperature and "
                  "--tree-topk");
-    const fs::path dir = fs::path(o.prompts_out).parent_path();
-    AERIE_CHECK(!fs::is_directory(o.prompts_out) && (dir.empty() || fs::is_directory(dir)),
-                "eval: --write-prompts " << o.prompts_out
-                                         << (fs::is_directory(o.prompts_out) ? " is a folder (a .jsonl file is written)"
-                                                                             : ": its folder does not exist"));
+    check_prompts_out(o);
   }
   const std::string out = run.run_dir.empty() ? o.output_path : run.table_path;
   AERIE_CHECK(!fs::is_directory(out), "eval: --output " << out << " is a folder (a .json file is written)");
@@ -273,6 +301,7 @@ int eval(const std::vector<std::string>& args) {
   if (!parse_options("eval", args, desc, vm)) return 0;
   if (!steps.empty()) run.steps = parse_steps(steps);
   o.output_path = follow_output_link("eval", o.output_path);
+  if (!o.prompts_out.empty()) o.prompts_out = follow_output_link("eval", o.prompts_out, /*log=*/false);
   if (!run.run_dir.empty())
     run.table_path = vm["output"].defaulted() ? follow_output_link("eval", checkpoint_eval_path(run.run_dir))
                                               : o.output_path;

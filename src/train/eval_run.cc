@@ -735,8 +735,8 @@ void EvalSession::write_prompt_records(const std::string& path) const {
 
 nlohmann::json run_eval(const EvalOptions& o) {
   EvalSession session(o);
+  const LoadedDraft draft = session.load(o.draft_path);  // a draft that does not fit is refused first
   if (!o.prompts_out.empty()) session.write_prompt_records(o.prompts_out);
-  const LoadedDraft draft = session.load(o.draft_path);
   nlohmann::json j = session.context();
   j["draft"] = o.draft_path;
   j["draft_variant"] = draft_variant(draft.cfg);  // the layer as the log line names it

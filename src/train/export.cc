@@ -184,9 +184,22 @@ void check_serving_target(const DraftConfig& cfg, const TargetConfig& target, co
     for (size_t i = 0; i < unmet.size(); ++i) all += (i == 0 ? "" : "; and ") + unmet[i];
     AERIE_THROW("export --for " << serving.name() << ": " << all);
   }
+  if (serving.has_release && newest_checked_release(serving.engine) < serving.release)
+    AERIE_LOG(warning) << "export: " << serving.name() << " is newer than the newest release aerie checked ("
+                       << newest_checked_release(serving.engine).str() << "): checked as that one";
   if (serving.engine == ServingEngine::Any) {
-    // What the newest SGLang would read or run otherwise than trained, a warning each (the speculators format
-    // is vLLM's alone: no warning); then who serves it.
+    // Who serves it: a warning when no vLLM release does (the speculators format is vLLM's alone; --for vllm
+    // refuses); then what the newest SGLang would read or run otherwise than trained.
+    const std::vector<std::string> vllm = unmet_serving_needs(serving_needs(cfg, target, ServingEngine::Vllm, format),
+                                                              ServingTarget(ServingEngine::Vllm));
+    EngineRelease first;
+    const bool vllm_serves = first_serving_release(serving_needs(cfg, target, ServingEngine::Vllm, format), first);
+    if (!vllm_serves) {
+      std::string all;
+      for (size_t i = 0; i < vllm.size(); ++i) all += (i == 0 ? "" : "; and ") + vllm[i];
+      AERIE_LOG(warning) << "export: " << (format == "speculators" ? "--format speculators is read by vLLM alone, and " : "")
+                         << all;
+    }
     std::vector<std::string> sglang;
     if (format == "eagle3") {
       sglang = unmet_serving_needs(serving_needs(cfg, target, ServingEngine::Sglang, format),
@@ -194,7 +207,7 @@ void check_serving_target(const DraftConfig& cfg, const TargetConfig& target, co
       if (!aux_why.empty()) sglang.push_back(aux_why);
     }
     for (const std::string& why : sglang)
-      AERIE_LOG(warning) << "export: " << why << " (export --for vllm to silence this)";
+      AERIE_LOG(warning) << "export: " << why << (vllm_serves ? " (export --for vllm to silence this)" : "");
     AERIE_LOG(info) << "export: served as trained by " << first_releases(cfg, target, format)
                     << " (docs/formats.md \"Engine releases\")";
   } else {

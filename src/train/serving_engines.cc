@@ -116,7 +116,7 @@ std::vector<ServingNeed> vllm_needs(const DraftConfig& cfg, const TargetConfig& 
                          : need("aux layer 0 (the embedding output)", EngineRelease{0, 18, 0},
                                 "vllm==0.18.0 vllm/model_executor/models/interfaces.py:1290 (residual None)"));
   if (has_repeated_aux(cfg))
-    n.push_back(never("a repeated aux layer (each layer is captured once)",
+    n.push_back(never("a repeated aux layer (each layer is captured once: extract with distinct --aux-layers)",
                       "vllm==0.34.0 vllm/model_executor/models/interfaces.py (_maybe_add_hidden_state: layer_idx in "
                       "aux_hidden_state_layers)"));
   if (cfg.norm_before_residual)
@@ -151,7 +151,7 @@ std::vector<ServingNeed> sglang_needs(const DraftConfig& cfg, const TargetConfig
     n.push_back(need("the MLA draft (Eagle3DeepseekV2ForCausalLM)", EngineRelease{0, 5, 12},
                      "sglang==0.5.12 sglang/srt/models/kimi_k25_eagle3.py"));
   else
-    n.push_back(need("LlamaForCausalLMEagle3 with a draft vocabulary (d2t)", EngineRelease{0, 4, 4, 2},
+    n.push_back(need("LlamaForCausalLMEagle3 with a draft vocabulary (d2t)", EngineRelease{0, 4, 4, 0, 2},
                      "sglang==0.4.4.post2 sglang/srt/models/llama_eagle3.py (hot_token_id from d2t)"));
   // Targets with EAGLE-3 capture (set_eagle3_layers_to_capture); MistralForCausalLM subclasses
   // LlamaForCausalLM in every release (sglang/srt/models/mistral.py).
@@ -161,7 +161,7 @@ std::vector<ServingNeed> sglang_needs(const DraftConfig& cfg, const TargetConfig
   else if (family == "qwen2")
     n.push_back(need("EAGLE-3 for a qwen2 target", EngineRelease{0, 5, 2}, "sglang==0.5.2rc0 sglang/srt/models/qwen2.py:630"));
   else if (family == "deepseek_v3" || family == "kimi_k2")
-    n.push_back(need("EAGLE-3 for a " + family + " target", EngineRelease{0, 5, 4, 2},
+    n.push_back(need("EAGLE-3 for a " + family + " target", EngineRelease{0, 5, 4, 0, 2},
                      "sglang==0.5.4.post2 sglang/srt/models/deepseek_v2.py"));
   else if (family == "kimi_k25")
     n.push_back(need("EAGLE-3 for a kimi_k25 target", EngineRelease{0, 5, 10},
@@ -174,10 +174,11 @@ std::vector<ServingNeed> sglang_needs(const DraftConfig& cfg, const TargetConfig
     n.push_back(need("aux layers other than the default (2, N/2, N-3)", EngineRelease{0, 4, 9},
                      "sglang==0.4.9 sglang/srt/model_executor/model_runner.py:331 (eagle_config's list)"));
   if (aux_has_last_output(cfg, target))
-    n.push_back(never("aux layer N (the last layer's output: captured only before a layer)",
+    n.push_back(never("aux layer N (the last layer's output: captured only before a layer; extract with "
+                      "--aux-layers below N for SGLang)",
                       "sglang==0.5.23 sglang/srt/models/llama.py:486-492, deepseek_v2.py:3176"));
   if (has_repeated_aux(cfg))
-    n.push_back(never("a repeated aux layer (each layer is captured once)",
+    n.push_back(never("a repeated aux layer (each layer is captured once: extract with distinct --aux-layers)",
                       "sglang==0.5.23 sglang/srt/models/llama.py:492 (i in layers_to_capture)"));
   const std::string file = cfg.is_mla() ? "sglang/srt/models/kimi_k25_eagle3.py" : "sglang/srt/models/llama_eagle3.py";
   if (cfg.norm_before_residual)
@@ -200,7 +201,7 @@ std::vector<ServingNeed> sglang_needs(const DraftConfig& cfg, const TargetConfig
 
 EngineRelease EngineRelease::parse(const std::string& s) {
   EngineRelease r;
-  int* parts[3] = {&r.major, &r.minor, &r.patch};
+  int* parts[4] = {&r.major, &r.minor, &r.patch, &r.extra};
   size_t i = 0;
   auto number = [&](int& v) {
     v = 0;
@@ -211,25 +212,31 @@ EngineRelease EngineRelease::parse(const std::string& s) {
     }
     return i > start;
   };
+  auto digit_at = [&](size_t k) { return k < s.size() && std::isdigit(static_cast<unsigned char>(s[k])); };
   int k = 0;
-  while (k < 3 && number(*parts[k])) {
+  while (k < 4 && number(*parts[k])) {
     ++k;
-    if (k < 3 && i + 1 < s.size() && s[i] == '.' && std::isdigit(static_cast<unsigned char>(s[i + 1])))
-      ++i;
-    else
-      break;
+    if (k < 4 && s[i] == '.' && digit_at(i + 1)) ++i;
+    else break;
   }
   bool ok = k >= 2;
-  if (ok && s.compare(i, 5, ".post") == 0) {
-    i += 5;
-    ok = number(r.post);
+  // PEP 440's suffixes: a pre-release ("rc1", "a2", "b3") and a development release (".dev0") count as their
+  // release (flagged: the log says so), ".postN" after it; a local version ("+cu130") is ignored.
+  auto word = [&](const char* w) {
+    const size_t n = std::char_traits<char>::length(w);
+    if (s.compare(i, n, w) != 0 || !digit_at(i + n)) return false;
+    i += n;
+    return true;
+  };
+  int ignored = 0;
+  if (ok && (word("rc") || word("a") || word("b") || word("c"))) {
+    r.prerelease = true;
+    number(ignored);
   }
-  // A pre-release ("rc1", "a2", "b3", "dev0") counts as its release; a local version ("+cu130") is ignored.
-  if (ok && i < s.size() && s[i] != '+') {
-    const size_t start = i;
-    while (i < s.size() && std::isalpha(static_cast<unsigned char>(s[i]))) ++i;
-    int ignored = 0;
-    ok = i > start && number(ignored);
+  if (ok && word(".post")) number(r.post);
+  if (ok && (word(".dev") || word("dev"))) {
+    r.prerelease = true;
+    number(ignored);
   }
   ok = ok && (i == s.size() || s[i] == '+');
   AERIE_CHECK(ok, "engine release '" << s << "' is not a release number such as 0.18.0");
@@ -238,7 +245,7 @@ EngineRelease EngineRelease::parse(const std::string& s) {
 
 std::string EngineRelease::str() const {
   return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch) +
-         (post > 0 ? ".post" + std::to_string(post) : "");
+         (extra > 0 ? "." + std::to_string(extra) : "") + (post > 0 ? ".post" + std::to_string(post) : "");
 }
 
 EngineRelease newest_checked_release(ServingEngine engine) {
@@ -252,10 +259,15 @@ EngineRelease ServingTarget::effective_release() const {
 std::string ServingTarget::name() const {
   if (engine == ServingEngine::Any) return "any engine";
   const std::string e = engine == ServingEngine::Vllm ? "vLLM " : "SGLang ";
-  return e + effective_release().str() + (has_release ? "" : " (the newest release aerie checked)");
+  if (!has_release) return e + effective_release().str() + " (the newest release aerie checked)";
+  return e + given + (given != release.str() ? " (taken as " + release.str() + ")" : "");
 }
 
-ServingTarget serving_target_from_string(const std::string& s) {
+ServingTarget serving_target_from_string(const std::string& value) {
+  // Blanks around the value and around "==" (a quoted "vllm == 0.18.0") are not part of it.
+  std::string s;
+  for (char c : value)
+    if (!std::isspace(static_cast<unsigned char>(c))) s += c;
   const size_t eq = s.find("==");
   const std::string engine = lower(s.substr(0, eq));
   ServingTarget t;
@@ -267,7 +279,8 @@ ServingTarget serving_target_from_string(const std::string& s) {
     AERIE_CHECK(t.engine != ServingEngine::Any, "export: --for " << s << ": 'any' has no release (--for vllm==X or "
                                                                  "sglang==Y)");
     try {
-      t.release = EngineRelease::parse(s.substr(eq + 2));
+      t.given = s.substr(eq + 2);
+      t.release = EngineRelease::parse(t.given);
     } catch (const Error& e) {
       AERIE_THROW("export: --for " << s << ": " << e.what());
     }
@@ -322,7 +335,8 @@ bool eagle_config_aux_ids(const std::vector<int>& aux, const TargetConfig& targe
   if (!first_id_rule) {  // every id + 1: the output-of-layer convention (SpecForge's)
     if (std::find(aux.begin(), aux.end(), 0) == aux.end()) return true;
     why = "SGLang " + release.str() + " adds 1 to every aux id of a " + target_family(target) +
-          " target, so the embedding output (aux layer 0) cannot be named to it: train with aux layers >= 1";
+          " target, so the embedding output (aux layer 0) cannot be named to it: extract with --aux-layers >= 1 "
+          "and train on those shards";
     return false;
   }
   if (!aux.empty() && aux.front() == 2) return true;  // [1, ...]: +1 as the first id is 1

@@ -18,19 +18,25 @@ namespace aerie {
 ///    Kimi target adds 1 only when the first id is 1 (eagle_config_aux_ids writes the list accordingly).
 enum class ServingEngine { Any, Vllm, Sglang };
 
-/// A release number "MAJOR.MINOR[.PATCH][.postN]" (a missing PATCH is 0; a pre-release suffix such as
-/// "rc1" or a local "+cu130" is ignored: 0.5.2rc0 counts as 0.5.2). Compared numerically, post last.
+/// A release number as PEP 440 writes it, "MAJOR.MINOR[.PATCH[.N]][{a|b|rc}N][.postN][.devN][+local]" (a
+/// missing PATCH is 0). A pre-release or development release counts as its release (0.5.2rc0 as 0.5.2;
+/// `prerelease` says it was one); the local part is ignored. Compared numerically, post last.
 struct EngineRelease {
-  int major = 0, minor = 0, patch = 0, post = 0;
-  /// Parses "0.18.0", "0.18", "0.5.14.post1", "0.10.1rc1". Throws aerie::Error naming `s` otherwise.
+  int major = 0, minor = 0, patch = 0, extra = 0, post = 0;
+  bool prerelease = false;  // not compared
+  /// Parses "0.18.0", "0.18", "0.10.1.1", "0.5.14.post1", "0.10.1rc1", "0.18.0.dev3+cu130". Throws
+  /// aerie::Error naming `s` otherwise.
   static EngineRelease parse(const std::string& s);
-  std::string str() const;  // "0.18.0", "0.4.4.post2"
+  std::string str() const;  // "0.18.0", "0.10.1.1", "0.4.4.post2"
   friend bool operator<(const EngineRelease& a, const EngineRelease& b) {
     if (a.major != b.major) return a.major < b.major;
     if (a.minor != b.minor) return a.minor < b.minor;
-    return a.patch != b.patch ? a.patch < b.patch : a.post < b.post;
+    if (a.patch != b.patch) return a.patch < b.patch;
+    return a.extra != b.extra ? a.extra < b.extra : a.post < b.post;
   }
-  friend bool operator==(const EngineRelease& a, const EngineRelease& b) = default;
+  friend bool operator==(const EngineRelease& a, const EngineRelease& b) {
+    return !(a < b) && !(b < a);
+  }
 };
 
 /// The newest release of each engine whose code aerie's export was checked against (what `--for vllm`
@@ -42,14 +48,17 @@ struct ServingTarget {
   ServingEngine engine = ServingEngine::Any;
   bool has_release = false;  // false: the newest checked release (newest_checked_release)
   EngineRelease release;
+  std::string given;  // the release as --for spelled it ("0.18.0rc1"); "" without one
   ServingTarget(ServingEngine e = ServingEngine::Any) : engine(e) {}  // NOLINT: an engine is a target
   /// The release the export is checked against: the given one, else newest_checked_release(engine).
   EngineRelease effective_release() const;
-  /// "vLLM 0.16.0", "SGLang 0.5.23 (the newest checked)", "any engine".
+  /// "vLLM 0.16.0", "vLLM 0.18.0rc1 (taken as 0.18.0)", "SGLang 0.5.23 (the newest release aerie checked)",
+  /// "any engine".
   std::string name() const;
 };
 
-/// Parses "any", "vllm", "sglang", "vllm==0.18.0", "sglang==0.5.14" (case-insensitive engine name).
+/// Parses "any", "vllm", "sglang", "vllm==0.18.0", "sglang==0.5.14" (case-insensitive engine name; blanks
+/// ignored).
 /// Throws aerie::Error naming the value otherwise (also for "any==X": any has no release).
 ServingTarget serving_target_from_string(const std::string& s);
 /// The engine of serving_target_from_string(s).

@@ -181,6 +181,16 @@ for r in rows:
     assert r["category"] is None, r
 assert sum(len(r["greedy_ids"]) for r in rows) == ev["greedy_tokens"], (ev["greedy_tokens"], rows)
 EOF
+# Never over another file of the job, or a file of another kind; a symbolic link is written through.
+refused write_prompts_same "eval: --write-prompts $work/w1.json is also --output" 1 \
+  "${w_args[@]}" --output "$work/w1.json" --write-prompts "$work/w1.json"
+refused write_prompts_foreign "eval: --write-prompts $work/w2.json exists and is not a prompt-ids file of aerie eval" 1 \
+  "${w_args[@]}" --output "$work/w3.json" --write-prompts "$work/w2.json"
+grep -q '"acceptance_length"' "$work/w2.json" || fail "a refused --write-prompts changed $work/w2.json"
+ln -s p1.jsonl "$work/plink.jsonl"
+run write_prompts_link 1 "${w_args[@]}" --output "$work/w4.json" --write-prompts "$work/plink.jsonl" \
+  || fail "--write-prompts through a link"
+[ -L "$work/plink.jsonl" ] || fail "--write-prompts replaced its symbolic link"
 refused write_prompts_run "aerie eval: --write-prompts goes with --draft" 1 \
   "${eval_args[@]}" --run "$r" --write-prompts "$work/p3.jsonl"
 echo "checkpoint_eval: ok"

@@ -316,6 +316,24 @@ class Script(TempDir):
         self.assertEqual(r.returncode, 2)
         self.assertIn("torn.json:2: not JSON", r.stderr)
         self.assertFalse(os.path.exists(self.output))
+        # The files written are checked before any engine runs; a file that is not a plain cache is kept.
+        r = self.run_tool("--plain-cache", self.eval_json)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("is not a plain-engine cache of this tool", r.stderr)
+        with open(self.eval_json) as f:
+            self.assertIn("acceptance_length", json.load(f))
+        r = self.run_tool("--plain-cache", os.path.join(self.dir, "no", "plain.json"))
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("does not exist", r.stderr)
+        self.assertNotIn("plain engine", r.stderr)
+        r = self.run_tool("--aerie-eval", self.eval_json, "--plain-cache", self.output)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("is also --output", r.stderr)
+        with open(os.path.join(self.dir, "bin.jsonl"), "wb") as f:
+            f.write(b"\xff\xfe{}\n")
+        r = self.run_tool(prompts=os.path.join(self.dir, "bin.jsonl"))
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("not UTF-8 text", r.stderr)
 
 
 if __name__ == "__main__":

@@ -147,10 +147,18 @@ TEST(ExportTest, ForAnEngineReleaseRefusesWhatThatReleaseDoesNotServe) {
   const ServingTarget v = serving_target_from_string("VLLM==0.18");
   EXPECT_EQ(v.engine, ServingEngine::Vllm);
   EXPECT_EQ(v.release, (EngineRelease{0, 18, 0}));
-  EXPECT_EQ(serving_target_from_string("sglang==0.5.14.post1").release, (EngineRelease{0, 5, 14, 1}));
+  EXPECT_EQ(serving_target_from_string("sglang==0.5.14.post1").release, (EngineRelease{0, 5, 14, 0, 1}));
   EXPECT_EQ(serving_target_from_string("vllm==0.10.1rc1").release, (EngineRelease{0, 10, 1}));
   EXPECT_FALSE(serving_target_from_string("vllm").has_release);
-  for (const char* bad : {"any==0.1.0", "vllm==", "vllm==x", "vllm==0", "vllm=0.18.0", "vllm==0.18.0-1"})
+  // PEP 440's forms: a fourth number (vLLM 0.10.1.1), pre- and development releases (taken as their release, the
+  // name says so), blanks.
+  EXPECT_EQ(serving_target_from_string(" vllm == 0.10.1.1 ").release, (EngineRelease{0, 10, 1, 1}));
+  EXPECT_TRUE((EngineRelease{0, 10, 1} < EngineRelease{0, 10, 1, 1}));
+  EXPECT_TRUE(EngineRelease::parse("0.18.0.dev0").prerelease);
+  EXPECT_EQ(EngineRelease::parse("0.18.0.post1.dev3"), (EngineRelease{0, 18, 0, 0, 1}));
+  EXPECT_EQ(serving_target_from_string("vllm==0.18.0rc1").name(), "vLLM 0.18.0rc1 (taken as 0.18.0)");
+  for (const char* bad : {"any==0.1.0", "vllm==", "vllm==x", "vllm==0", "vllm=0.18.0", "vllm==0.18.0-1",
+                          "vllm==0.18.0rc", "vllm==1e3"})
     EXPECT_THROW(serving_target_from_string(bad), Error) << bad;
   EXPECT_TRUE((EngineRelease{0, 9, 2} < EngineRelease{0, 10, 0}));
   const std::string dir = testing::scratch_dir("train_export_release");
@@ -191,6 +199,18 @@ TEST(ExportTest, ForAnEngineReleaseRefusesWhatThatReleaseDoesNotServe) {
   def.aux_layers = {2, 4, 8};
   def.norm_before_residual = false;
   EXPECT_FALSE(first_serving_release(serving_needs(def, s.target, ServingEngine::Sglang), first));  // N: never
+  // A draft no vLLM release serves (a repeated aux layer): --for vllm refuses it in either format (--for any
+  // warns).
+  DraftConfig repeated = s.cfg;
+  repeated.aux_layers = {2, 3, 3};
+  SpeculatorsOptions so;
+  so.verifier = "org/target";
+  so.serving = ServingEngine::Vllm;
+  const std::string no_vllm =
+      testing::error_of([&] { write_speculators_export(dir + "/spec", repeated, s.w, s.vocab, s.target, so); });
+  EXPECT_NE(no_vllm.find("no vLLM release aerie checked (up to 0.34.0) serves a repeated aux layer"), std::string::npos)
+      << no_vllm;
+  EXPECT_FALSE(fs::exists(dir + "/spec"));
   EXPECT_EQ(EngineRelease::parse("0.4.4.post2").str(), "0.4.4.post2");
   EXPECT_TRUE((EngineRelease::parse("0.4.4.post1") < EngineRelease::parse("0.4.4.post2")));
   EXPECT_FALSE(first_serving_release(serving_needs(s.cfg, s.target, ServingEngine::Sglang), first));
