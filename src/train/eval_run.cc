@@ -19,6 +19,7 @@
 #include "data/extract.h"
 #include "data/shard.h"
 #include "io/fingerprint.h"
+#include "io/output_lock.h"
 #include "tokenizer/tokenizer.h"
 #include "train/checkpoint.h"
 #include "train/data_order.h"
@@ -726,7 +727,7 @@ nlohmann::json run_eval(const EvalOptions& o) {
     }
     if (!o.output_path.empty()) {
       j["aerie_version"] = aerie_version_string();
-      write_file_atomic(o.output_path, j.dump(2) + "\n");
+      write_file_atomic(o.output_path, j.dump(2) + "\n", unique_tmp_path(o.output_path));
     }
   }
   return j;
