@@ -35,7 +35,10 @@ int prepare(const std::vector<std::string>& args) {
       "max-samples", po::value<int64_t>()->default_value(-1), "keep the first N usable samples (-1: all)")(
       "overwrite", po::bool_switch(),
       "replace an --output prepared with other settings or from older files (refused otherwise: shards extracted "
-      "from it would no longer match it); an up-to-date --output is kept either way");
+      "from it would no longer match it); an up-to-date --output is kept either way")(
+      "no-space-check", po::bool_switch(),
+      "start even when the --output's file system reports less free space than the file needs (refused "
+      "otherwise, before the file is created)");
   add_lock_options(desc);
   po::variables_map vm;
   if (!parse_options("prepare", args, desc, vm)) return 0;
@@ -49,6 +52,7 @@ int prepare(const std::vector<std::string>& args) {
   opt.max_length = vm["max-length"].as<int64_t>();
   opt.overlong = overlong_from_name(vm["overlong"].as<std::string>());
   opt.max_samples = vm["max-samples"].as<int64_t>();
+  opt.space_check = !vm["no-space-check"].as<bool>();
   AERIE_USAGE_CHECK(opt.max_samples == -1 || opt.max_samples >= 1,
                     "aerie prepare: --max-samples " << opt.max_samples << " keeps no sample (-1: all, N >= 1: the first N)");
   // The target's context (issue 17, point 12): when the tokenizer folder is the model's (config.json

@@ -4,7 +4,9 @@
 //               [--model DIR | --vocab-size V] [--force]
 // V (the length of t2d) is the target model's vocab_size (config.json of --model), else --vocab-size, else
 // the tokenizer's vocabulary recorded in the prepared file. The mapping belongs to the draft: an existing
-// output is never overwritten without --force. Rank 0 does the work; the other ranks wait.
+// output is never overwritten without --force. OUTPUT.lock is held while the job runs (a second vocab into
+// OUTPUT is refused, naming the first), and the file is written through a temporary file of this job's
+// own (io/output_lock.h). Rank 0 does the work; the other ranks wait.
 #include <mpi.h>
 
 #include <algorithm>
@@ -30,6 +32,7 @@ int vocab(const std::vector<std::string>& args) {
       "vocab-size", po::value<int64_t>(), "V, when no --model is given")(
       "tokenizer-vocab-size", po::value<int64_t>(), "same as --vocab-size")(
       "force", po::bool_switch(), "overwrite an existing output (the mapping belongs to the draft trained with it)");
+  add_lock_options(desc);
   po::variables_map vm;
   if (!parse_options("vocab", args, desc, vm)) return 0;
   // Option values first, on every rank (exit 2, no abort), before the prepared file is counted.
@@ -49,9 +52,12 @@ int vocab(const std::vector<std::string>& args) {
                      "--model: give one of them");
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const std::string output = follow_output_link("vocab", vm["output"].as<std::string>());
+  // OUTPUT.lock before the prepared file is read: a second vocab into OUTPUT is refused at start (issue 46:
+  // two of them shared OUTPUT.tmp, and one reporting success left the other's file).
+  const OutputLock lock = lock_output(vm, "vocab", output, LockTarget::File);
   if (rank == 0) {
     const std::string prepared = vm["prepared"].as<std::string>();
-    const std::string output = follow_output_link("vocab", vm["output"].as<std::string>());
     AERIE_CHECK(!std::filesystem::is_directory(output),
                 "vocab: --output " << output << " is a folder; give the file to write, e.g. " << output
                                    << "/draft_vocab.safetensors");
@@ -119,7 +125,7 @@ int vocab(const std::vector<std::string>& args) {
     }
     std::filesystem::path parent = std::filesystem::path(output).parent_path();
     if (!parent.empty()) std::filesystem::create_directories(parent);
-    save_draft_vocab(output, dv, counts);
+    save_draft_vocab(output, dv, counts, unique_tmp_path(output));
     AERIE_LOG(info) << "vocab: wrote " << output << ": K = " << K << " of V = " << V << " (from " << source << "), "
                     << total << " loss-masked tokens, " << distinct << " distinct ids, the draft vocabulary covers "
                     << (total ? 100.0 * static_cast<double>(covered) / static_cast<double>(total) : 100.0) << "% of them";

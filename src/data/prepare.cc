@@ -7,11 +7,13 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <iomanip>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "comm/communicator.h"
+#include "core/agree.h"
 #include "data/chat_templates.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -386,6 +388,114 @@ PreparedFileState prepared_file_state(const PrepareOptions& o) {
   return {PreparedFileState::UpToDate, ""};
 }
 
+namespace {
+
+// Where this rank's samples go in the prepared file, and what the file records about the run.
+struct PreparedLayout {
+  int64_t tok_off = 0, sample_off = 0;  // this rank's first token and first sample
+  std::string settings;                 // the settings attribute (prepare_settings)
+  bool text = false;                    // plain-text input
+};
+
+// Writes the prepared file `tmp` collectively over comm: every rank its samples (`local`) at its offsets,
+// the totals and attributes of `st`. A failure on any rank (a full disk) throws aerie::CollectiveError on
+// every rank (io/h5.h).
+void write_prepared_tmp(const std::string& tmp, const PrepareOptions& opt, const LocalSamples& local,
+                        const PrepareStats& st, const PreparedLayout& at, const Tokenizer& tok,
+                        const ChatTemplate& tmpl, MPI_Comm comm) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  const int64_t n_local = static_cast<int64_t>(local.lengths.size());
+  const int64_t tok_local = static_cast<int64_t>(local.ids.size());
+  const int64_t tok_off = at.tok_off, sample_off = at.sample_off;
+  h5::File f = h5::File::create(tmp, comm);
+  std::vector<int64_t> offsets(static_cast<size_t>(n_local));
+  int64_t acc = tok_off;
+  for (int64_t i = 0; i < n_local; ++i) {
+    offsets[static_cast<size_t>(i)] = acc;
+    acc += local.lengths[static_cast<size_t>(i)];
+  }
+  if (rank == size - 1) offsets.push_back(st.tokens);  // off[N] = N_tok
+  {
+    // Every element gets written: no fill pass; no object times, so equal runs give equal bytes.
+    const h5::DatasetOptions o{.track_times = false, .fill = false};
+    h5::Dataset ids = f.create_dataset("input_ids", DType::I32, {st.tokens}, o);
+    // Tensor::wrap takes a mutable pointer; the writes only read it.
+    ids.write_rows(tok_off, Tensor::wrap(const_cast<int32_t*>(local.ids.data()), {tok_local}, DType::I32));
+    h5::Dataset mask = f.create_dataset("loss_mask", DType::U8, {st.tokens}, o);
+    mask.write_rows(tok_off, Tensor::wrap(const_cast<uint8_t*>(local.mask.data()), {tok_local}, DType::U8));
+    h5::Dataset off = f.create_dataset("sample_offsets", DType::I64, {st.samples + 1}, o);
+    off.write_rows(sample_off, Tensor::wrap(offsets.data(), {static_cast<int64_t>(offsets.size())}, DType::I64));
+  }
+  f.set_string_attr("format", kPreparedFormat);
+  f.set_int_attr("format_version", kPreparedVersion);
+  f.set_string_attr("aerie_version", aerie_version_string());
+  f.set_string_attr("tokenizer", opt.tokenizer);
+  f.set_string_attr("tokenizer_probe", tokenizer_probe(tok));
+  f.set_string_attr("template", tmpl.name());
+  f.set_int_attr("max_length", opt.max_length);
+  f.set_string_attr("overlong", overlong_name(opt.overlong));
+  f.set_int_attr("num_samples", st.samples);
+  f.set_int_attr("num_tokens", st.tokens);
+  f.set_int_attr("num_loss_tokens", st.loss_tokens);
+  f.set_string_attr("source", opt.input);
+  f.set_string_attr("input_format", at.text ? "text" : input_format_name(opt.format));
+  f.set_int_attr("bos_id", tok.bos_id());
+  f.set_int_attr("eos_id", tok.eos_id());
+  f.set_int_attr("vocab_size", tok.vocab_size());
+  f.set_int_attr("num_skipped", st.skipped);
+  f.set_int_attr("num_truncated", st.truncated);
+  f.set_string_attr("settings", at.settings);
+  f.close();
+}
+
+// The bytes of the prepared file of `st`: 4 (input_ids) + 1 (loss_mask) a token, 8 a sample offset, and 64 KiB
+// for HDF5's metadata and the attributes (a settings string of a few KiB).
+int64_t prepared_file_bytes(const PrepareStats& st) { return 5 * st.tokens + 8 * (st.samples + 1) + (int64_t{64} << 10); }
+
+// Why `output` cannot be written, or "": its file system has less free space than the file needs (checked
+// before the file is created: a full disk under a collective write is caught too, but space is known now).
+std::string space_refusal(const std::string& output, const PrepareStats& st) {
+  std::error_code ec;
+  fs::path where = fs::absolute(output, ec).parent_path();
+  while (!where.empty() && !fs::exists(where, ec) && where != where.parent_path()) where = where.parent_path();
+  const fs::space_info si = fs::space(where, ec);
+  const int64_t need = prepared_file_bytes(st);
+  if (ec || static_cast<int64_t>(si.available) >= need) return "";
+  auto mib = [](int64_t b) {
+    std::ostringstream os;
+    os << std::fixed << std::setprecision(2) << static_cast<double>(b) / (1024.0 * 1024.0) << " MiB";
+    return os.str();
+  };
+  std::ostringstream os;
+  os << "prepare: --output " << output << " needs about " << mib(need) << " (" << st.tokens << " tokens x 5 bytes, "
+     << st.samples << " samples) but " << where.string() << " has " << mib(static_cast<int64_t>(si.available))
+     << " free: free space there, choose another --output, keep fewer samples (--max-samples), or pass "
+     << "--no-space-check to start anyway";
+  return os.str();
+}
+
+// The error of a prepared file that could not be written: its path, the --output, the free space of its
+// file system (on the rank that removes the partial file), the failure, and what to do.
+std::string write_failure_message(const std::string& tmp, const std::string& output, const std::string& what,
+                                  bool remove) {
+  std::ostringstream os;
+  os << "prepare: cannot write " << tmp << " (the --output " << output << " while it is written)";
+  if (remove) {
+    std::error_code ec;
+    const fs::path parent = fs::path(tmp).parent_path();
+    const fs::space_info sp = fs::space(parent.empty() ? fs::path(".") : parent, ec);
+    if (!ec) os << ", " << sp.available / (1024 * 1024) << " MiB free on its file system";
+    fs::remove(tmp, ec);
+  }
+  os << ": " << what << ". The partial file is removed; make room there (a full disk?) or choose another "
+     << "--output, and run prepare again";
+  return os.str();
+}
+
+}  // namespace
+
 PrepareStats run_prepare(const PrepareOptions& opt, MPI_Comm comm) {
   int rank = 0, size = 1;
   MPI_Comm_rank(comm, &rank);
@@ -510,46 +620,16 @@ PrepareStats run_prepare(const PrepareOptions& opt, MPI_Comm comm) {
     fs::path parent = fs::path(opt.output).parent_path();
     if (!parent.empty()) fs::create_directories(parent);
   }
-  MPI_Barrier(comm);
-  {
-    h5::File f = h5::File::create(tmp, comm);
-    std::vector<int64_t> offsets(static_cast<size_t>(n_local));
-    int64_t acc = tok_off;
-    for (int64_t i = 0; i < n_local; ++i) {
-      offsets[static_cast<size_t>(i)] = acc;
-      acc += local.lengths[static_cast<size_t>(i)];
-    }
-    if (rank == size - 1) offsets.push_back(st.tokens);  // off[N] = N_tok
-    {
-      // Every element gets written: no fill pass; no object times, so equal runs give equal bytes.
-      const h5::DatasetOptions o{.track_times = false, .fill = false};
-      h5::Dataset ids = f.create_dataset("input_ids", DType::I32, {st.tokens}, o);
-      ids.write_rows(tok_off, Tensor::wrap(local.ids.data(), {tok_local}, DType::I32));
-      h5::Dataset mask = f.create_dataset("loss_mask", DType::U8, {st.tokens}, o);
-      mask.write_rows(tok_off, Tensor::wrap(local.mask.data(), {tok_local}, DType::U8));
-      h5::Dataset off = f.create_dataset("sample_offsets", DType::I64, {st.samples + 1}, o);
-      off.write_rows(sample_off, Tensor::wrap(offsets.data(), {static_cast<int64_t>(offsets.size())}, DType::I64));
-    }
-    f.set_string_attr("format", kPreparedFormat);
-    f.set_int_attr("format_version", kPreparedVersion);
-    f.set_string_attr("aerie_version", aerie_version_string());
-    f.set_string_attr("tokenizer", opt.tokenizer);
-    f.set_string_attr("tokenizer_probe", tokenizer_probe(*tok));
-    f.set_string_attr("template", tmpl->name());
-    f.set_int_attr("max_length", opt.max_length);
-    f.set_string_attr("overlong", overlong_name(opt.overlong));
-    f.set_int_attr("num_samples", st.samples);
-    f.set_int_attr("num_tokens", st.tokens);
-    f.set_int_attr("num_loss_tokens", st.loss_tokens);
-    f.set_string_attr("source", opt.input);
-    f.set_string_attr("input_format", text ? "text" : input_format_name(opt.format));
-    f.set_int_attr("bos_id", tok->bos_id());
-    f.set_int_attr("eos_id", tok->eos_id());
-    f.set_int_attr("vocab_size", tok->vocab_size());
-    f.set_int_attr("num_skipped", st.skipped);
-    f.set_int_attr("num_truncated", st.truncated);
-    f.set_string_attr("settings", settings);
-    f.close();
+  // Rank 0 checks the free space; every rank learns its refusal (no file is created then). The all-reduce
+  // also keeps the other ranks from creating the file before rank 0 made its folder.
+  agree_on_failure(comm, rank == 0 && opt.space_check ? space_refusal(opt.output, st) : std::string());
+  try {
+    write_prepared_tmp(tmp, opt, local, st, {tok_off, sample_off, settings, text}, *tok, *tmpl, comm);
+  } catch (const CollectiveError& e) {
+    // Every rank failed together (io/h5.h: the ranks agree on each collective write), so none waits in
+    // a collective: the message names the file, rank 0 removes it (a full disk gets its space back when the
+    // job ends) and every rank ends the job.
+    throw CollectiveError(write_failure_message(tmp, opt.output, e.what(), rank == 0));
   }
   MPI_Barrier(comm);
   int ok = 1;
@@ -570,7 +650,8 @@ PrepareStats run_prepare(const PrepareOptions& opt, MPI_Comm comm) {
     if (ok) sync_path(parent.empty() ? "." : parent.string());
   }
   check_mpi(MPI_Bcast(&ok, 1, MPI_INT, 0, comm), "MPI_Bcast");
-  AERIE_CHECK(ok, "prepare: cannot rename " << tmp << " to " << opt.output << (err.empty() ? "" : ": " + err));
+  if (!ok)  // known on every rank: a clean end of the job, not an abort
+    throw CollectiveError("prepare: cannot rename " + tmp + " to " + opt.output + (err.empty() ? "" : ": " + err));
   if (rank == 0) {
     AERIE_LOG(info) << "prepare: wrote " << opt.output << ": " << st.samples << " samples, " << st.tokens
                     << " tokens (mean " << st.tokens / std::max<int64_t>(1, st.samples) << " per sample), "

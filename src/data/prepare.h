@@ -45,6 +45,7 @@ struct PrepareOptions {
   Overlong overlong = Overlong::Truncate;
   int64_t max_samples = -1;              // keep the first N usable samples (< 0: all)
   int max_reported = 10;                 // skipped records reported with file:line in the log
+  bool space_check = true;               // refuse an output whose file system lacks the space for it
 };
 
 /// What a prepare run did (totals over all ranks; identical on every rank).

@@ -254,8 +254,9 @@ std::string chunk_name(int64_t c) {
   return buf;
 }
 
-void write_file(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
+// `text` into `path` through `tmp` ("<path>.tmp" when empty), renamed when complete.
+void write_file(const std::string& path, const std::string& text, const std::string& tmp_path = "") {
+  const std::string tmp = tmp_path.empty() ? path + ".tmp" : tmp_path;
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     AERIE_CHECK(out, "generate: cannot write " << tmp);
@@ -558,7 +559,7 @@ RegenerateStats run_regenerate(const RegenerateOptions& opt, ParallelGroups& gro
     if (all) {
       std::string text;
       for (int64_t c = 0; c < stats.chunks; ++c) text += read_file(chunk_path(c));
-      write_file(opt.output, text);
+      write_file(opt.output, text, unique_tmp_path(opt.output));  // a temporary file of this job's own
       complete.data<int64_t>()[0] = 1;
     }
   }

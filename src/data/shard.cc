@@ -31,14 +31,24 @@ std::string shard_file_name(int64_t chunk) {
   return buf;
 }
 
+namespace {
+// The chunk a shard file name stands for: c when `name` is shard_file_name(c), else -1.
+int64_t chunk_of_name(const std::string& name) {
+  if (name.rfind("shard-", 0) != 0 || name.size() < 14 || name.compare(name.size() - 3, 3, ".h5") != 0) return -1;
+  const std::string digits = name.substr(6, name.size() - 9);
+  if (digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return -1;
+  const int64_t c = std::stoll(digits);
+  return shard_file_name(c) == name ? c : -1;
+}
+}  // namespace
+
 std::vector<std::string> list_shards(const std::string& dir) {
   AERIE_CHECK(fs::is_directory(dir), "list_shards: " << dir << " is not a directory");
   std::vector<std::string> out;
   for (const auto& e : fs::directory_iterator(dir)) {
     if (!e.is_regular_file()) continue;
-    std::string name = e.path().filename().string();
-    if (name.rfind("shard-", 0) == 0 && name.size() > 9 && name.substr(name.size() - 3) == ".h5")
-      out.push_back(e.path().string());
+    if (chunk_of_name(e.path().filename().string()) >= 0) out.push_back(e.path().string());
   }
   // Chunk order, not string order: shard-100000.h5 comes after shard-99999.h5 (the names are zero-padded
   // to five digits only), so shorter file names first, then the names.
@@ -47,6 +57,37 @@ std::vector<std::string> list_shards(const std::string& dir) {
     return fa.size() != fb.size() ? fa.size() < fb.size() : fa < fb;
   });
   return out;
+}
+
+ShardFolder read_shard_folder(const std::string& dir) {
+  ShardFolder folder;
+  for (const std::string& p : list_shards(dir)) {
+    const int64_t named = chunk_of_name(fs::path(p).filename().string());
+    int64_t recorded = -1;
+    try {
+      const h5::File f = h5::File::open(p);
+      if (f.has_attr("chunk")) recorded = f.int_attr("chunk");
+    } catch (const Error&) {
+      // Not readable: kept, so that ShardReader names the problem.
+    }
+    if (recorded >= 0 && recorded != named) {
+      folder.skipped.push_back({p, "it records chunk " + std::to_string(recorded) + " (a copy of " +
+                                       shard_file_name(recorded) + "?), not chunk " + std::to_string(named) +
+                                       " of its name"});
+      continue;
+    }
+    folder.shards.push_back(p);
+  }
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (e.is_regular_file() && name.size() > 3 && name.compare(name.size() - 3, 3, ".h5") == 0 &&
+        chunk_of_name(name) < 0)
+      folder.skipped.push_back({e.path().string(), "its name is not a shard's (shard-NNNNN.h5, as extract writes "
+                                                   "them): a copy or a renamed file?"});
+  }
+  std::sort(folder.skipped.begin(), folder.skipped.end(),
+            [](const SkippedShardFile& a, const SkippedShardFile& b) { return a.path < b.path; });
+  return folder;
 }
 
 // ---------------------------------------------------------------------------------------------- writer

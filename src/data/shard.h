@@ -98,10 +98,28 @@ class ShardReader {
   ShardInfo info_;
 };
 
-/// Complete shard files "shard-*.h5" in `dir` (full paths), in chunk order (shorter names first, then by
-/// name: shard-100000.h5 after shard-99999.h5); "*.tmp" files are
-/// ignored. Throws aerie::Error if `dir` is not a directory.
+/// Complete shard files of `dir` (full paths), in chunk order (shard-100000.h5 after shard-99999.h5): the
+/// files named shard_file_name(c) for a chunk c, as extract writes them; other names ("shard-00003 (copy).h5",
+/// "shard-00003-old.h5") and "*.tmp" files are not listed. Throws aerie::Error if `dir` is not a directory.
 std::vector<std::string> list_shards(const std::string& dir);
+
+/// A file of a shard folder that is not read as a shard, and why (for a warning).
+struct SkippedShardFile {
+  std::string path;
+  std::string why;
+};
+
+/// The shards of a shard folder by what they record (issue 46: a copy of shard-00003.h5 was trained twice):
+/// `shards` are the files of list_shards whose recorded chunk (the "chunk" attribute) is their name's, one per
+/// chunk, in chunk order; `skipped` every other "*.h5" file of the folder: a name that is not a shard's (a
+/// copy), or a shard file whose recorded chunk differs from its name's (a copy renamed "shard-99999.h5").
+/// A file whose attributes cannot be read stays in `shards`: ShardReader then names what is wrong with it.
+/// Throws aerie::Error if `dir` is not a directory.
+struct ShardFolder {
+  std::vector<std::string> shards;
+  std::vector<SkippedShardFile> skipped;
+};
+ShardFolder read_shard_folder(const std::string& dir);
 
 /// The shard file name of chunk c: "shard-%05d.h5".
 std::string shard_file_name(int64_t chunk);

@@ -50,7 +50,8 @@ DraftVocab build_draft_vocab(const std::vector<int64_t>& counts, int64_t K) {
   return v;
 }
 
-void save_draft_vocab(const std::string& path, const DraftVocab& vocab, const std::vector<int64_t>& counts) {
+void save_draft_vocab(const std::string& path, const DraftVocab& vocab, const std::vector<int64_t>& counts,
+                      const std::string& tmp) {
   const int64_t K = vocab.draft_vocab_size(), V = vocab.vocab_size();
   AERIE_CHECK(K > 0 && V > 0, "draft vocab " << path << ": empty mapping (K " << K << ", V " << V << ")");
   AERIE_CHECK(static_cast<int64_t>(counts.size()) == V, "draft vocab " << path << ": " << counts.size()
@@ -64,7 +65,7 @@ void save_draft_vocab(const std::string& path, const DraftVocab& vocab, const st
   f.metadata["aerie_version"] = aerie_version_string();
   f.metadata["draft_vocab_size"] = std::to_string(K);
   f.metadata["vocab_size"] = std::to_string(V);
-  save_safetensors(path, f, {"t2d"});
+  save_safetensors(path, f, {"t2d"}, tmp);
 }
 
 DraftVocab load_draft_vocab(const std::string& path) {

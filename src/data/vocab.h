@@ -23,10 +23,11 @@ struct DraftVocab {
 /// ids are sorted ascending. Throws aerie::Error if counts is empty, K <= 0 or a count is negative.
 DraftVocab build_draft_vocab(const std::vector<int64_t>& counts, int64_t K);
 
-/// Writes a safetensors file (atomically): d2t I64 [K], t2d BOOL [V], token_counts I64 [V], metadata
-/// {"format": "aerie.draft_vocab", "format_version": "1", "draft_vocab_size": K, "vocab_size": V}.
-/// Throws aerie::Error on inconsistent sizes or I/O failure.
-void save_draft_vocab(const std::string& path, const DraftVocab& vocab, const std::vector<int64_t>& counts);
+/// Writes a safetensors file (atomically, through the temporary file `tmp`: see save_safetensors): d2t I64
+/// [K], t2d BOOL [V], token_counts I64 [V], metadata {"format": "aerie.draft_vocab", "format_version": "1",
+/// "draft_vocab_size": K, "vocab_size": V}. Throws aerie::Error on inconsistent sizes or I/O failure.
+void save_draft_vocab(const std::string& path, const DraftVocab& vocab, const std::vector<int64_t>& counts,
+                      const std::string& tmp = "");
 
 /// Reads a file written by save_draft_vocab. Throws aerie::Error naming the file if the format or version
 /// differs, a tensor is missing or has a wrong dtype/shape, or d2t/t2d disagree (the ids i + d2t[i] must be

@@ -1,10 +1,14 @@
 #include "io/h5.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <exception>
+#include <functional>
 #include <mutex>
 #include <sstream>
 
+#include "core/agree.h"
 #include "core/error.h"
 
 namespace aerie::h5 {
@@ -77,6 +81,31 @@ std::string join(const std::string& base, const std::string& path) {
 
 constexpr int64_t kMaxRoundBytes = int64_t{1} << 30;  // per rank and collective write call
 
+// A collective operation of a parallel file (comm != MPI_COMM_NULL): run on every rank of the file, then
+// agreed on (core/agree.h), so that a rank that failed never unwinds into a collective close while the others
+// go on to the next collective operation (issue 46: a full disk hung prepare on 2 ranks). A serial file's
+// operation just runs.
+void collective_op(MPI_Comm comm, const std::function<void()>& op) {
+  if (comm == MPI_COMM_NULL) {
+    op();
+    return;
+  }
+  agree_on_step(comm, op);
+}
+
+// The test hook of a failed collective write (a full disk on one rank): AERIE_TEST_FAIL_H5_WRITE=R makes
+// every collective raw-data write of rank R of a parallel file fail after HDF5 wrote it, as H5Dwrite does
+// when the aggregator's write hits ENOSPC. For the tests only (tests/mpi/prepare_write_failure.sh).
+void injected_write_failure(MPI_Comm comm, const std::string& where) {
+  static const char* rank_env = std::getenv("AERIE_TEST_FAIL_H5_WRITE");
+  if (rank_env == nullptr || *rank_env == '\0') return;
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  if (std::atoi(rank_env) == rank)
+    AERIE_THROW("HDF5: cannot write " << where << " (HDF5: injected write failure, AERIE_TEST_FAIL_H5_WRITE="
+                                      << rank_env << ")");
+}
+
 }  // namespace
 
 void init() {
@@ -91,10 +120,12 @@ void init() {
 // Object
 
 Object::Object(hid_t id, std::string file, std::string name, herr_t (*closer)(hid_t), MPI_Comm comm)
-    : id_(id), file_(std::move(file)), name_(std::move(name)), closer_(closer), comm_(comm) {}
+    : id_(id), file_(std::move(file)), name_(std::move(name)), closer_(closer), comm_(comm),
+      uncaught_at_open_(std::uncaught_exceptions()) {}
 
 Object::Object(Object&& o) noexcept
-    : id_(o.id_), file_(std::move(o.file_)), name_(std::move(o.name_)), closer_(o.closer_), comm_(o.comm_) {
+    : id_(o.id_), file_(std::move(o.file_)), name_(std::move(o.name_)), closer_(o.closer_), comm_(o.comm_),
+      uncaught_at_open_(o.uncaught_at_open_) {
   o.id_ = -1;
   o.comm_ = MPI_COMM_NULL;
 }
@@ -107,6 +138,7 @@ Object& Object::operator=(Object&& o) noexcept {
     name_ = std::move(o.name_);
     closer_ = o.closer_;
     comm_ = o.comm_;
+    uncaught_at_open_ = o.uncaught_at_open_;
     o.id_ = -1;
     o.comm_ = MPI_COMM_NULL;
   }
@@ -114,10 +146,18 @@ Object& Object::operator=(Object&& o) noexcept {
 }
 
 Object::~Object() {
-  if (id_ >= 0 && closer_) {
+  if (id_ >= 0 && closer_ && !skip_collective_close()) {
     closer_(id_);
     H5Eclear2(H5E_DEFAULT);
   }
+}
+
+bool Object::skip_collective_close() const {
+  // While an exception unwinds the stack, a parallel file's close (collective: H5Fclose flushes and meets
+  // the other ranks at a barrier) would wait for ranks that may be in another collective, or that have not
+  // failed. The handle is left to HDF5's shutdown at MPI_Finalize (every rank, after an agreed failure) or
+  // to MPI_Abort (main(), after a failure of one rank).
+  return comm_ != MPI_COMM_NULL && std::uncaught_exceptions() > uncaught_at_open_;
 }
 
 void Object::close_handle() {
@@ -138,14 +178,19 @@ bool Object::has_attr(const std::string& attr) const {
 
 namespace {
 // Deletes an existing attribute, then creates `attr` with `type` and `space` and writes `buf`.
-void write_attr(const Object& o, const std::string& attr, hid_t type, hid_t space, hid_t mtype, const void* buf) {
-  AERIE_CHECK(o.valid(), "HDF5: attribute '" << attr << "' of a closed object");
-  htri_t ex = H5Aexists(o.id(), attr.c_str());
-  H5_CHECK(ex, "HDF5: cannot look up attribute '" << attr << "' of " << o.where());
-  if (ex > 0) H5_CHECK(H5Adelete(o.id(), attr.c_str()), "HDF5: cannot replace attribute '" << attr << "' of " << o.where());
-  Id a(H5Acreate2(o.id(), attr.c_str(), type, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  H5_CHECK(a.id, "HDF5: cannot create attribute '" << attr << "' of " << o.where());
-  H5_CHECK(H5Awrite(a, mtype, buf), "HDF5: cannot write attribute '" << attr << "' of " << o.where());
+// Collective in a parallel file (agreed on by its ranks).
+void write_attr(const Object& o, MPI_Comm comm, const std::string& attr, hid_t type, hid_t space, hid_t mtype,
+                const void* buf) {
+  collective_op(comm, [&] {
+    AERIE_CHECK(o.valid(), "HDF5: attribute '" << attr << "' of a closed object");
+    htri_t ex = H5Aexists(o.id(), attr.c_str());
+    H5_CHECK(ex, "HDF5: cannot look up attribute '" << attr << "' of " << o.where());
+    if (ex > 0)
+      H5_CHECK(H5Adelete(o.id(), attr.c_str()), "HDF5: cannot replace attribute '" << attr << "' of " << o.where());
+    Id a(H5Acreate2(o.id(), attr.c_str(), type, space, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+    H5_CHECK(a.id, "HDF5: cannot create attribute '" << attr << "' of " << o.where());
+    H5_CHECK(H5Awrite(a, mtype, buf), "HDF5: cannot write attribute '" << attr << "' of " << o.where());
+  });
 }
 Id open_attr(const Object& o, const std::string& attr) {
   AERIE_CHECK(o.valid(), "HDF5: attribute '" << attr << "' of a closed object");
@@ -172,24 +217,24 @@ void Object::set_string_attr(const std::string& attr, const std::string& value) 
   H5_CHECK(H5Tset_strpad(type, H5T_STR_NULLTERM), "HDF5: string type");
   H5_CHECK(H5Tset_cset(type, H5T_CSET_UTF8), "HDF5: string type");
   Id space(H5Screate(H5S_SCALAR), H5Sclose);
-  write_attr(*this, attr, type, space, type, value.c_str());
+  write_attr(*this, comm_, attr, type, space, type, value.c_str());
 }
 
 void Object::set_int_attr(const std::string& attr, int64_t value) {
   Id space(H5Screate(H5S_SCALAR), H5Sclose);
-  write_attr(*this, attr, H5T_STD_I64LE, space, H5T_NATIVE_INT64, &value);
+  write_attr(*this, comm_, attr, H5T_STD_I64LE, space, H5T_NATIVE_INT64, &value);
 }
 
 void Object::set_double_attr(const std::string& attr, double value) {
   Id space(H5Screate(H5S_SCALAR), H5Sclose);
-  write_attr(*this, attr, H5T_IEEE_F64LE, space, H5T_NATIVE_DOUBLE, &value);
+  write_attr(*this, comm_, attr, H5T_IEEE_F64LE, space, H5T_NATIVE_DOUBLE, &value);
 }
 
 void Object::set_ints_attr(const std::string& attr, const std::vector<int64_t>& values) {
   hsize_t n = values.size();
   Id space(n == 0 ? H5Screate(H5S_NULL) : H5Screate_simple(1, &n, nullptr), H5Sclose);
   int64_t dummy = 0;
-  write_attr(*this, attr, H5T_STD_I64LE, space, H5T_NATIVE_INT64, n ? values.data() : &dummy);
+  write_attr(*this, comm_, attr, H5T_STD_I64LE, space, H5T_NATIVE_INT64, n ? values.data() : &dummy);
 }
 
 std::string Object::string_attr(const std::string& attr) const {
@@ -289,10 +334,13 @@ std::vector<std::string> Location::members() const {
 }
 
 Group Location::create_group(const std::string& path) {
-  Id lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
-  H5Pset_create_intermediate_group(lcpl, 1);
-  hid_t g = H5Gcreate2(id_, path.c_str(), lcpl, H5P_DEFAULT, H5P_DEFAULT);
-  H5_CHECK(g, "HDF5: cannot create group '" << path << "' in " << where());
+  hid_t g = -1;
+  collective_op(comm_, [&] {
+    Id lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
+    H5Pset_create_intermediate_group(lcpl, 1);
+    g = H5Gcreate2(id_, path.c_str(), lcpl, H5P_DEFAULT, H5P_DEFAULT);
+    H5_CHECK(g, "HDF5: cannot create group '" << path << "' in " << where());
+  });
   return Group(g, file_, join(name_, path), comm_);
 }
 
@@ -305,7 +353,16 @@ Group Location::open_group(const std::string& path) const {
 
 Dataset Location::create_dataset(const std::string& path, DType dtype, const Shape& shape,
                                  const DatasetOptions& options) {
-  std::string full = join(name_, path);
+  const std::string full = join(name_, path);
+  hid_t d = -1;
+  collective_op(comm_, [&] { d = create_dataset_id(path, full, dtype, shape, options); });
+  Dataset ds(d, file_, full, comm_);
+  if (dtype == DType::BF16) ds.set_string_attr("dtype", "bfloat16");
+  return ds;
+}
+
+hid_t Location::create_dataset_id(const std::string& path, const std::string& full, DType dtype, const Shape& shape,
+                                  const DatasetOptions& options) {
   AERIE_CHECK(!shape.empty(), "HDF5: dataset " << file_ << ":" << full << " needs a rank >= 1 shape");
   AERIE_CHECK(!exists(path), "HDF5: dataset " << file_ << ":" << full << " exists already");
   std::vector<hsize_t> dims(shape.begin(), shape.end()), maxdims = dims;
@@ -331,9 +388,7 @@ Dataset Location::create_dataset(const std::string& path, DType dtype, const Sha
   H5Pset_create_intermediate_group(lcpl, 1);
   hid_t d = H5Dcreate2(id_, path.c_str(), file_type(dtype), space, lcpl, dcpl, H5P_DEFAULT);
   H5_CHECK(d, "HDF5: cannot create dataset " << file_ << ":" << full);
-  Dataset ds(d, file_, full, comm_);
-  if (dtype == DType::BF16) ds.set_string_attr("dtype", "bfloat16");
-  return ds;
+  return d;
 }
 
 Dataset Location::open_dataset(const std::string& path) const {
@@ -367,9 +422,11 @@ File& File::operator=(File&& o) noexcept {
 
 File::~File() {
   if (id_ >= 0) {
-    H5Fclose(id_);
-    H5Eclear2(H5E_DEFAULT);
-    id_ = -1;
+    if (!skip_collective_close()) {
+      H5Fclose(id_);
+      H5Eclear2(H5E_DEFAULT);
+    }
+    id_ = -1;  // closed, or left to HDF5's shutdown (Object's destructor must not close it either)
   }
   if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
@@ -403,11 +460,24 @@ File File::create(const std::string& path, MPI_Comm comm) {
   MPI_Comm dup;
   Id fapl = make_fapl(comm, path, &dup);
   hid_t f = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+  std::string error;
   if (f < 0) {
     std::string msg = hdf5_message();
-    if (dup != MPI_COMM_NULL) MPI_Comm_free(&dup);
-    AERIE_THROW("HDF5: cannot create " << path << msg << lock_hint(msg));
+    std::ostringstream os;
+    os << "HDF5: cannot create " << path << msg << lock_hint(msg);
+    error = os.str();
   }
+  if (dup != MPI_COMM_NULL) {
+    // Collective: where one rank could not create the file, none goes on (a rank that did leaves its handle
+    // to HDF5's shutdown: closing it is collective).
+    try {
+      agree_on_failure(dup, error);
+    } catch (...) {
+      MPI_Comm_free(&dup);
+      throw;
+    }
+  }
+  AERIE_CHECK(f >= 0, error);
   return File(f, path, dup);
 }
 
@@ -425,11 +495,18 @@ File File::open(const std::string& path, Access access, MPI_Comm comm) {
 }
 
 void File::flush() {
-  AERIE_CHECK(valid(), "HDF5: flush of a closed file " << file_);
-  H5_CHECK(H5Fflush(id_, H5F_SCOPE_GLOBAL), "HDF5: cannot flush " << file_);
+  collective_op(comm_, [&] {
+    AERIE_CHECK(valid(), "HDF5: flush of a closed file " << file_);
+    H5_CHECK(H5Fflush(id_, H5F_SCOPE_GLOBAL), "HDF5: cannot flush " << file_);
+  });
 }
 
 void File::close() {
+  collective_op(comm_, [&] { close_file(); });
+  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+}
+
+void File::close_file() {
   if (id_ >= 0) {
     ssize_t open = H5Fget_obj_count(id_, H5F_OBJ_DATASET | H5F_OBJ_GROUP | H5F_OBJ_DATATYPE | H5F_OBJ_ATTR);
     if (open > 0) {
@@ -445,7 +522,6 @@ void File::close() {
     }
     close_handle();
   }
-  if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -480,25 +556,39 @@ Shape Dataset::shape() const {
 }
 
 // Moves rows [row_begin, row_begin + nrows) between the file and memory: writes from t (t != nullptr)
-// or reads into `out`. In a parallel file a collective transfer is split into rounds agreed by all ranks.
+// or reads into `out`. In a parallel file a collective transfer is split into rounds agreed by all ranks,
+// and the ranks agree on the outcome of its checks and of each round (collective_op): a rank whose rows are
+// wrong, or whose write failed (a full disk), makes every rank throw before the next collective call.
 void Dataset::transfer(int64_t row_begin, int64_t nrows, const Tensor* t, void* out, DType mdt,
                        Transfer mode) const {
-  Shape s = shape();
-  AERIE_CHECK(row_begin >= 0 && nrows >= 0 && row_begin + nrows <= s[0],
-              "HDF5: rows [" << row_begin << ", " << row_begin + nrows << ") outside " << where() << " of shape "
-                             << shape_str(s));
-  DType fdt = dtype();
-  AERIE_CHECK((mdt == DType::BF16) == (fdt == DType::BF16),
-              "HDF5: " << where() << " is " << dtype_name(fdt) << ", memory is " << dtype_name(mdt)
-                       << " (bf16 converts only to bf16)");
+  const bool writing = t != nullptr;
+  const bool collective = comm_ != MPI_COMM_NULL && writing && mode == Transfer::Collective;
+  const MPI_Comm agree = collective ? comm_ : MPI_COMM_NULL;
+  Shape s;
+  collective_op(agree, [&] {
+    s = shape();
+    if (writing && nrows > 0) {
+      AERIE_CHECK(t->device() == Device::CPU,
+                  "HDF5: writing a " << device_name(t->device()) << " tensor to " << where());
+      AERIE_CHECK(t->ndim() == static_cast<int64_t>(s.size()) &&
+                      std::equal(s.begin() + 1, s.end(), t->shape().begin() + 1),
+                  "HDF5: writing rows of shape " << shape_str(t->shape()) << " into " << where() << " of shape "
+                                                 << shape_str(s));
+    }
+    AERIE_CHECK(row_begin >= 0 && nrows >= 0 && row_begin + nrows <= s[0],
+                "HDF5: rows [" << row_begin << ", " << row_begin + nrows << ") outside " << where() << " of shape "
+                               << shape_str(s));
+    DType fdt = dtype();
+    AERIE_CHECK((mdt == DType::BF16) == (fdt == DType::BF16),
+                "HDF5: " << where() << " is " << dtype_name(fdt) << ", memory is " << dtype_name(mdt)
+                         << " (bf16 converts only to bf16)");
+  });
   int64_t row_elems = 1;
   for (size_t i = 1; i < s.size(); ++i) row_elems *= s[i];
   int64_t row_bytes = std::max<int64_t>(1, row_elems * static_cast<int64_t>(dtype_size(mdt)));
-  bool writing = t != nullptr;
   // An empty dataset has no storage (HDF5 reports an address overflow on any write); every rank sees
   // the same shape, so skipping keeps collective calls matched.
   if (s[0] == 0 || row_elems == 0) return;
-  bool collective = comm_ != MPI_COMM_NULL && writing && mode == Transfer::Collective;
 
   int64_t rows_per_round = std::max<int64_t>(1, kMaxRoundBytes / row_bytes);
   int64_t rounds = (nrows + rows_per_round - 1) / rows_per_round;
@@ -514,30 +604,33 @@ void Dataset::transfer(int64_t row_begin, int64_t nrows, const Tensor* t, void* 
     int64_t b = std::min(nrows, r * rows_per_round), e = std::min(nrows, b + rows_per_round);
     int64_t n = e - b;
     if (n == 0 && !collective) continue;
-    std::vector<hsize_t> start(s.size(), 0), count(s.begin(), s.end());
-    start[0] = static_cast<hsize_t>(row_begin + b);
-    count[0] = static_cast<hsize_t>(n);
-    std::vector<hsize_t> mcount = count;
-    if (n == 0) mcount[0] = 1;
-    for (auto& c : mcount) c = std::max<hsize_t>(c, 1);
-    Id mspace(H5Screate_simple(static_cast<int>(mcount.size()), mcount.data(), nullptr), H5Sclose);
-    if (n == 0) {
-      H5Sselect_none(fspace);
-      H5Sselect_none(mspace);
-    } else {
-      H5_CHECK(H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr),
-               "HDF5: bad row selection in " << where());
-      if (row_elems == 0) H5Sselect_none(mspace);
-    }
-    static char dummy[8];
-    const char* ptr = (n == 0 || row_elems == 0) ? dummy : base + b * row_elems * dtype_size(mdt);
-    if (writing) {
-      H5_CHECK(H5Dwrite(id_, mem_type(mdt), mspace, fspace, dxpl, ptr),
-               "HDF5: cannot write rows [" << row_begin + b << ", " << row_begin + e << ") of " << where());
-    } else {
-      H5_CHECK(H5Dread(id_, mem_type(mdt), mspace, fspace, dxpl, const_cast<char*>(ptr)),
-               "HDF5: cannot read rows [" << row_begin + b << ", " << row_begin + e << ") of " << where());
-    }
+    collective_op(agree, [&] {
+      std::vector<hsize_t> start(s.size(), 0), count(s.begin(), s.end());
+      start[0] = static_cast<hsize_t>(row_begin + b);
+      count[0] = static_cast<hsize_t>(n);
+      std::vector<hsize_t> mcount = count;
+      if (n == 0) mcount[0] = 1;
+      for (auto& c : mcount) c = std::max<hsize_t>(c, 1);
+      Id mspace(H5Screate_simple(static_cast<int>(mcount.size()), mcount.data(), nullptr), H5Sclose);
+      if (n == 0) {
+        H5Sselect_none(fspace);
+        H5Sselect_none(mspace);
+      } else {
+        H5_CHECK(H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr),
+                 "HDF5: bad row selection in " << where());
+        if (row_elems == 0) H5Sselect_none(mspace);
+      }
+      static char dummy[8];
+      const char* ptr = (n == 0 || row_elems == 0) ? dummy : base + b * row_elems * dtype_size(mdt);
+      if (writing) {
+        H5_CHECK(H5Dwrite(id_, mem_type(mdt), mspace, fspace, dxpl, ptr),
+                 "HDF5: cannot write rows [" << row_begin + b << ", " << row_begin + e << ") of " << where());
+        if (collective) injected_write_failure(comm_, where());
+      } else {
+        H5_CHECK(H5Dread(id_, mem_type(mdt), mspace, fspace, dxpl, const_cast<char*>(ptr)),
+                 "HDF5: cannot read rows [" << row_begin + b << ", " << row_begin + e << ") of " << where());
+      }
+    });
   }
 }
 
@@ -545,26 +638,22 @@ void Dataset::write(const Tensor& t) {
   AERIE_CHECK(valid(), "HDF5: write to a closed dataset");
   int rank = 0;
   if (comm_ != MPI_COMM_NULL) MPI_Comm_rank(comm_, &rank);
-  if (rank == 0) {
-    AERIE_CHECK(t.shape() == shape(), "HDF5: writing " << shape_str(t.shape()) << " into " << where() << " of shape "
-                                                       << shape_str(shape()));
-    write_rows(0, t);
-  } else {
-    write_rows(0, Tensor());
-  }
+  // Rank 0's tensor against the shape, agreed on by the ranks of a parallel file before the collective write.
+  collective_op(comm_, [&] {
+    if (rank == 0)
+      AERIE_CHECK(t.shape() == shape(), "HDF5: writing " << shape_str(t.shape()) << " into " << where()
+                                                         << " of shape " << shape_str(shape()));
+  });
+  write_rows(0, rank == 0 ? t : Tensor());
 }
 
 void Dataset::write_rows(int64_t row_begin, const Tensor& t, Transfer mode) {
   AERIE_CHECK(valid(), "HDF5: write to a closed dataset");
+  // The tensor's device and shape are checked in transfer(), agreed on by the ranks of a collective write.
   if (!t.defined() || (t.numel() == 0 && (t.ndim() == 0 || t.dim(0) == 0))) {
     transfer(0, 0, &t, nullptr, t.defined() ? t.dtype() : dtype(), mode);
     return;
   }
-  AERIE_CHECK(t.device() == Device::CPU, "HDF5: writing a " << device_name(t.device()) << " tensor to " << where());
-  Shape s = shape();
-  AERIE_CHECK(t.ndim() == static_cast<int64_t>(s.size()) && std::equal(s.begin() + 1, s.end(), t.shape().begin() + 1),
-              "HDF5: writing rows of shape " << shape_str(t.shape()) << " into " << where() << " of shape "
-                                             << shape_str(s));
   transfer(row_begin, t.dim(0), &t, nullptr, t.dtype(), mode);
 }
 
@@ -595,11 +684,13 @@ void Dataset::read_rows_into(int64_t begin, Tensor& out) const {
 }
 
 void Dataset::extend(int64_t rows) {
-  Shape s = shape();
-  std::vector<hsize_t> dims(s.begin(), s.end());
-  dims[0] = static_cast<hsize_t>(rows);
-  H5_CHECK(H5Dset_extent(id_, dims.data()), "HDF5: cannot resize " << where() << " to " << rows
-                                                                    << " rows (created extendable?)");
+  collective_op(comm_, [&] {
+    Shape s = shape();
+    std::vector<hsize_t> dims(s.begin(), s.end());
+    dims[0] = static_cast<hsize_t>(rows);
+    H5_CHECK(H5Dset_extent(id_, dims.data()), "HDF5: cannot resize " << where() << " to " << rows
+                                                                      << " rows (created extendable?)");
+  });
 }
 
 }  // namespace aerie::h5

@@ -13,6 +13,13 @@
 // write_rows the same number of times, with 0 rows where it has nothing. Reads are independent.
 // Close every Dataset and Group before File::close (the MPI-IO driver refuses to close a file with open
 // objects; File::close names them).
+// Failures in parallel files (issue 46): the ranks agree on the outcome of every collective operation before
+// the next one (core/agree.h: one all-reduce of a failure flag), so when it failed on any rank (a full disk
+// under one rank's write, rows outside a dataset) every rank throws aerie::CollectiveError with that rank's
+// message together, and none is left waiting in another collective. While an exception unwinds, a parallel
+// file's objects are not closed (the close is collective): HDF5 closes them at MPI_Finalize, on every rank.
+// Test hook: AERIE_TEST_FAIL_H5_WRITE=R fails every collective raw-data write of rank R of a parallel file
+// (after HDF5 wrote it), as a full disk under that rank's write would.
 #pragma once
 #include <hdf5.h>
 #include <mpi.h>
@@ -65,11 +72,15 @@ class Object {
   Object(hid_t id, std::string file, std::string name, herr_t (*closer)(hid_t), MPI_Comm comm);
   /// Closes the handle; throws aerie::Error if HDF5 reports a failure.
   void close_handle();
+  /// Whether the destructor leaves the handle open: an object of a parallel file destroyed while an
+  /// exception unwinds the stack (its close is collective, and the other ranks may be elsewhere).
+  bool skip_collective_close() const;
 
   hid_t id_ = -1;
   std::string file_, name_;
   herr_t (*closer_)(hid_t) = nullptr;
   MPI_Comm comm_ = MPI_COMM_NULL;  // the file's communicator (MPI_COMM_NULL: serial file)
+  int uncaught_at_open_ = 0;        // std::uncaught_exceptions() when the handle was made
 };
 
 /// Layout options of a new dataset.
@@ -110,6 +121,11 @@ class Location : public Object {
  protected:
   Location(hid_t id, std::string file, std::string name, herr_t (*closer)(hid_t), MPI_Comm comm)
       : Object(id, std::move(file), std::move(name), closer, comm) {}
+
+ private:
+  /// create_dataset's HDF5 part on one rank: the new dataset's id. Throws aerie::Error.
+  hid_t create_dataset_id(const std::string& path, const std::string& full, DType dtype, const Shape& shape,
+                          const DatasetOptions& options);
 };
 
 class Group : public Location {
@@ -146,6 +162,8 @@ class File : public Location {
 
  private:
   File(hid_t id, std::string path, MPI_Comm comm) : Location(id, std::move(path), "/", H5Fclose, comm) {}
+  /// close()'s part on one rank: refuses while objects are open, then closes the handle.
+  void close_file();
 };
 
 /// An n-dimensional dataset; dim 0 is "rows" for partial I/O.

@@ -131,6 +131,10 @@ std::string stale_reason(const LockHolder& h, const LockHolder& me) {
 
 // ------------------------------------------------------------------------------------------ LockHolder
 
+std::string unique_tmp_path(const std::string& path) {
+  return path + "." + host_name() + "." + std::to_string(::getpid()) + ".tmp";
+}
+
 LockHolder LockHolder::self(const std::string& job) {
   LockHolder h;
   h.job = job;

@@ -105,6 +105,13 @@ class OutputLock {
   std::string created_dir_;  // the Folder target when acquire created it, else ""
 };
 
+/// A temporary file name for `path` that no other writer uses: "<path>.<host>.<pid>.tmp". A job writes its
+/// output there and renames it over `path`, so that two writers of one output (jobs on a file system
+/// without flock, or one that took over a lock with --force-unlock) never share a temporary file, and one's
+/// rename never publishes the other's half-written bytes (issue 46: two vocab jobs shared OUTPUT.tmp). A
+/// writer killed before its rename leaves its file behind, named by its host and pid.
+std::string unique_tmp_path(const std::string& path);
+
 /// acquire() on rank 0 of `comm` only (the rank that coordinates the writers of an MPI job; the other
 /// ranks get an empty OutputLock), collective over `comm`: every rank learns the outcome, and on a
 /// refusal every rank throws aerie::CollectiveError with rank 0's message (main() then ends the job with

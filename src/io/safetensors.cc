@@ -194,7 +194,7 @@ SafetensorsFile load_safetensors(const std::string& path) {
 }
 
 void save_safetensors(const std::string& path, const SafetensorsFile& file,
-                      const std::vector<std::string>& bool_tensors) {
+                      const std::vector<std::string>& bool_tensors, const std::string& tmp_path) {
   const std::set<std::string> bools(bool_tensors.begin(), bool_tensors.end());
   for (const auto& b : bools) {
     auto it = file.tensors.find(b);
@@ -220,7 +220,7 @@ void save_safetensors(const std::string& path, const SafetensorsFile& file,
   unsigned char b8[8];
   for (int i = 0; i < 8; ++i) b8[i] = static_cast<unsigned char>((uint64_t{header.size()} >> (8 * i)) & 0xFF);
 
-  const std::string tmp = path + ".tmp";
+  const std::string tmp = tmp_path.empty() ? path + ".tmp" : tmp_path;
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   AERIE_CHECK(fd >= 0, "cannot create " << tmp << ": " << std::strerror(errno));
   try {

@@ -52,9 +52,10 @@ class SafetensorsReader {
   std::map<std::string, std::string> metadata_;
 };
 
-/// Writes `file` atomically: to "<path>.tmp", fsync, then rename. BOOL is written for tensors named
-/// in `bool_tensors` (U8 data), e.g. t2d. Throws aerie::Error on I/O failure.
+/// Writes `file` atomically: to `tmp` ("<path>.tmp" when empty; a job's --output: unique_tmp_path(path),
+/// io/output_lock.h), fsync, then rename. BOOL is written for tensors named in `bool_tensors` (U8 data),
+/// e.g. t2d. Throws aerie::Error on I/O failure.
 void save_safetensors(const std::string& path, const SafetensorsFile& file,
-                      const std::vector<std::string>& bool_tensors = {});
+                      const std::vector<std::string>& bool_tensors = {}, const std::string& tmp = "");
 
 }  // namespace aerie

@@ -374,6 +374,27 @@ void DraftWeights::refresh_compute_copy(DraftWeights& compute) const {
   }
 }
 
+double DraftConfig::num_parameters() const {
+  const double H = static_cast<double>(hidden_size), Ht = static_cast<double>(target_hidden_size),
+               nh = static_cast<double>(num_attention_heads), I = static_cast<double>(intermediate_size),
+               K = static_cast<double>(draft_vocab_size);
+  double n = H * 3 * Ht + 4 * H + K * H + 3 * H * I;  // fc, the four norms, lm_head, the MLP
+  if (is_mla()) {
+    const double dq = static_cast<double>(attn_qk_dim()), lora = static_cast<double>(kv_lora_rank),
+                 ql = static_cast<double>(q_lora_rank);
+    n += ql > 0 ? ql * 2 * H + ql + nh * dq * ql : nh * dq * 2 * H;
+    n += (lora + static_cast<double>(qk_rope_head_dim)) * 2 * H + lora +
+         nh * static_cast<double>(qk_nope_head_dim + v_head_dim) * lora;
+    n += H * nh * static_cast<double>(v_head_dim);  // o_proj
+  } else {
+    const double d = static_cast<double>(head_dim), kv = static_cast<double>(num_key_value_heads);
+    n += (nh + 2 * kv) * d * 2 * H + H * nh * d;  // q, k, v, o
+  }
+  if (norm_before_fc) n += 3 * Ht;
+  if (fc_norm) n += 3 * Ht;
+  return n;
+}
+
 DraftWeights DraftWeights::zeros(const DraftConfig& c, Device device) {
   const int64_t H = c.hidden_size, Ht = c.target_hidden_size,
                 qd = c.num_attention_heads * (c.is_mla() ? c.attn_v_dim() : c.head_dim),

@@ -72,6 +72,9 @@ struct DraftConfig {
   int64_t attn_kv_heads() const { return is_mla() ? num_attention_heads : num_key_value_heads; }
   int64_t attn_qk_dim() const { return is_mla() ? qk_nope_head_dim + qk_rope_head_dim : head_dim; }
   int64_t attn_v_dim() const { return is_mla() ? v_head_dim : head_dim; }
+  /// The number of trainable parameters DraftWeights::zeros allocates for this config, as a double (an
+  /// absurd size, --draft-heads 1000000, must not overflow before it is refused).
+  double num_parameters() const;
   /// The attention's softmax scale: 1/sqrt(head_dim), or for MLA (qk_nope + qk_rope)^-0.5 times
   /// yarn mscale(factor, mscale_all_dim)^2 under a scaled rope with mscale_all_dim (DeepseekV3Attention).
   float softmax_scale() const;

@@ -14,6 +14,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "core/memory.h"
 #include "model/arch.h"
 #include "model/config_json.h"
 #include "model/rope_config.h"
@@ -41,6 +42,20 @@ int64_t token_id(const nlohmann::json& j, const char* key, const std::string& pa
   AERIE_THROW(path << ": field \"" << key << "\" is neither an integer nor a list of integers");
 }
 
+
+/// A size field of `path` against the memory it makes aerie allocate before any weight is read (issue 46: a
+/// config.json of 10^12 layers ended extract and plan in std::bad_alloc naming nothing): `value` items of
+/// `bytes_each` bytes (`what`) must fit the memory this machine has available. Throws aerie::Error naming the
+/// field and the file, also for a value below 1.
+void check_size_field(const std::string& path, const char* field, int64_t value, double bytes_each, const char* what) {
+  AERIE_CHECK(value >= 1, path << ": " << field << " must be at least 1, got " << value);
+  const int64_t have = host_memory_bytes();
+  const double need = static_cast<double>(value) * bytes_each;
+  AERIE_CHECK(have <= 0 || need <= static_cast<double>(have),
+              path << ": " << field << " " << value << " needs " << gib_text(need) << " for " << what << ", more than the "
+                   << gib_text(static_cast<double>(have)) << " of memory this machine has available: is " << field
+                   << " right?");
+}
 
 /// sliding_window and sliding_layers as transformers 5 reads them (Mistral-, Qwen2- and Qwen3Config).
 void read_sliding_window(const nlohmann::json& j, TargetConfig& c, const std::string& path) {
@@ -194,6 +209,13 @@ TargetConfig load_target_config(const std::string& dir) {
   c.num_hidden_layers = required_int(j, "num_hidden_layers", path);
   c.num_attention_heads = required_int(j, "num_attention_heads", path);
   c.vocab_size = required_int(j, "vocab_size", path);
+  // Before the per-layer tables below (and the model's layers, the plan's rows) are allocated: aerie keeps a
+  // few KiB a layer besides its weights, and 8 bytes a token id (token counts, the draft's t2d).
+  check_size_field(path, "num_hidden_layers", c.num_hidden_layers, 4096, "aerie's per-layer state (4 KiB a layer)");
+  check_size_field(path, "vocab_size", c.vocab_size, 64, "the tables of token ids (64 bytes an id)");
+  check_size_field(path, "hidden_size", c.hidden_size, 1, "the hidden states");
+  check_size_field(path, "intermediate_size", c.intermediate_size, 1, "the MLP");
+  check_size_field(path, "num_attention_heads", c.num_attention_heads, 1, "the attention heads");
   c.num_key_value_heads = optional_int(j, "num_key_value_heads", c.num_attention_heads, path);
   AERIE_CHECK(c.num_key_value_heads > 0 && c.num_attention_heads % c.num_key_value_heads == 0,
               path << ": num_attention_heads " << c.num_attention_heads

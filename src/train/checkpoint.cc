@@ -111,8 +111,8 @@ std::string checkpoint_dir(const std::string& run_dir, int64_t step) {
   return (fs::path(run_dir) / "checkpoints" / name).string();
 }
 
-void write_file_atomic(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
+void write_file_atomic(const std::string& path, const std::string& text, const std::string& tmp_path) {
+  const std::string tmp = tmp_path.empty() ? path + ".tmp" : tmp_path;
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     AERIE_CHECK(out, "cannot create " << tmp);

@@ -92,8 +92,9 @@ std::string resolve_checkpoint(const std::string& path);
 /// whose optimizer state was deleted to save space still serves; adam_m / adam_v are then left empty.
 Checkpoint load_checkpoint(const std::string& dir, bool optimizer_state = true);
 
-/// Writes `text` to `path` atomically (path.tmp, fsync, rename). Throws aerie::Error on failure.
-void write_file_atomic(const std::string& path, const std::string& text);
+/// Writes `text` to `path` atomically (to `tmp`, "<path>.tmp" when empty, a job's --output:
+/// unique_tmp_path(path) of io/output_lock.h; fsync, rename). Throws aerie::Error on failure.
+void write_file_atomic(const std::string& path, const std::string& text, const std::string& tmp = "");
 /// The whole file as a string. Throws aerie::Error naming the file.
 std::string read_file(const std::string& path);
 

@@ -17,6 +17,7 @@
 #include "core/log.h"
 #include "core/version.h"
 #include "io/fingerprint.h"
+#include "io/output_lock.h"
 #include "train/checkpoint.h"
 
 namespace aerie {
@@ -311,7 +312,7 @@ CheckpointEvalTable run_checkpoint_eval(const EvalOptions& eval, const Checkpoin
     });
     table.settings = settings;
     auto save = [&] {
-      if (rank == 0) write_file_atomic(path, table.to_json().dump(2) + "\n");
+      if (rank == 0) write_file_atomic(path, table.to_json().dump(2) + "\n", unique_tmp_path(path));
     };
     const auto t0 = std::chrono::steady_clock::now();
     for (size_t i = 0; i < todo.size(); ++i) {

@@ -19,6 +19,7 @@
 #include "data/extract.h"
 #include "data/shard.h"
 #include "io/fingerprint.h"
+#include "io/output_lock.h"
 #include "tokenizer/tokenizer.h"
 #include "train/checkpoint.h"
 #include "train/data_order.h"
@@ -428,7 +429,11 @@ EvalSession::EvalSession(const EvalOptions& o) : impl_(std::make_unique<Impl>(ch
                                         "shard stores them)"
                                       : o.shards_dir.empty() ? std::string() : " read from " + o.shards_dir);
     } else {
-      for (const std::string& path : list_shards(o.shards_dir)) {
+      const ShardFolder folder = read_shard_folder(o.shards_dir);  // a copy of a shard is not read twice
+      if (groups.map.world_rank == 0)
+        for (const SkippedShardFile& f : folder.skipped)
+          AERIE_LOG(warning) << "eval: --shards " << o.shards_dir << ": skipping " << f.path << ": " << f.why;
+      for (const std::string& path : folder.shards) {
         ShardReader rd(path);
         for (int64_t i = 0; i < rd.num_samples(); ++i) s.tf_refs.emplace_back(path, i);
       }
@@ -775,7 +780,7 @@ nlohmann::json run_eval(const EvalOptions& o) {
     }
     if (!o.output_path.empty()) {
       j["aerie_version"] = aerie_version_string();
-      write_file_atomic(o.output_path, j.dump(2) + "\n");
+      write_file_atomic(o.output_path, j.dump(2) + "\n", unique_tmp_path(o.output_path));
     }
   }
   return j;

@@ -10,6 +10,7 @@
 
 #include "comm/nccl_communicator.h"
 #include "core/device.h"
+#include "core/memory.h"
 #include "kernels/optim.h"
 #include "train/schedule.h"
 
@@ -71,7 +72,29 @@ DraftConfig TrainOptions::apply_draft_shape(DraftConfig cfg) const {
               "train: --draft-kv-heads " << cfg.num_key_value_heads << " does not divide the draft's "
                                          << cfg.num_attention_heads << " heads (--draft-heads)");
   AERIE_CHECK(cfg.head_dim % 2 == 0, "train: --draft-head-dim " << cfg.head_dim << " must be even (RoPE pairs)");
+  check_draft_fits_memory(cfg);
   return cfg;
+}
+
+void TrainOptions::check_draft_fits_memory(const DraftConfig& cfg) const {
+  // 16 bytes a parameter: the fp32 weights, their gradients and the two AdamW moments (a bf16 compute copy
+  // and the activations come on top), checked before any of them is allocated.
+  const double params = cfg.num_parameters(), need = 16 * params;
+  const int64_t have = host_memory_bytes();
+  if (have <= 0 || need <= static_cast<double>(have)) return;
+  auto given = [](int64_t option, const char* name) {
+    return option > 0 ? std::string(" (") + name + ")" : std::string(" (the target's)");
+  };
+  std::ostringstream shape;
+  shape << cfg.num_attention_heads << " heads" << given(draft_heads, "--draft-heads") << ", "
+        << cfg.num_key_value_heads << " kv heads" << given(draft_kv_heads, "--draft-kv-heads") << ", head dim "
+        << cfg.head_dim << given(draft_head_dim, "--draft-head-dim") << ", intermediate " << cfg.intermediate_size
+        << given(draft_intermediate, "--draft-intermediate") << ", hidden " << cfg.hidden_size << ", draft vocab "
+        << cfg.draft_vocab_size;
+  AERIE_THROW("train: the draft of " << shape.str() << " has " << params << " parameters: training it needs "
+                                     << gib_text(need) << " (16 bytes a parameter: fp32 weights, gradients and two "
+                                     << "AdamW moments), more than the " << gib_text(static_cast<double>(have))
+                                     << " of memory this machine has available; give the draft smaller sizes");
 }
 
 AutoWindow auto_sliding_window(const std::vector<int64_t>& lengths, int64_t max_position_embeddings) {

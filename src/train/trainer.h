@@ -129,8 +129,12 @@ struct TrainOptions {
   /// draft_intermediate: its heads are the target's latent attention), and norm_before_residual /
   /// norm_output / norm_before_fc / fc_norm / sliding_window from draft_norm_before_residual /
   /// draft_norm_output / draft_norm_before_fc / draft_fc_norm / draft_sliding_window. Throws aerie::Error naming
-  /// the option when kv heads do not divide the heads or the head dim is odd.
+  /// the option when kv heads do not divide the heads or the head dim is odd, or when the draft does not fit
+  /// the machine's memory (check_draft_fits_memory).
   DraftConfig apply_draft_shape(DraftConfig cfg) const;
+  /// Throws aerie::Error naming the draft's sizes and the options that set them when training the draft of
+  /// `cfg` needs more memory than this machine has (16 bytes a parameter), before anything is allocated.
+  void check_draft_fits_memory(const DraftConfig& cfg) const;
   /// The options that decide the weights (steps, epochs, batch size, lr, warmup, clipping, TTT steps,
   /// seed, eval fraction): a resumed run must give the same ones. Throws aerie::Error naming the first
   /// option that differs from `checkpoint_options` (a checkpoint's config.json "train").

@@ -182,13 +182,21 @@ std::string chunk_list(const std::vector<int64_t>& v) {
 
 // Reads every shard's attributes and checks that the folder is one complete extraction: the same aux
 // layers, hidden size and provenance everywhere (issue 17, case 3: a folder mixed by an extract rerun with
-// another model), and no chunk missing (case 4) unless opts.allow_missing_shards. Logs on rank 0.
+// another model), and no chunk missing (case 4) unless opts.allow_missing_shards. The shards are those the
+// folder's files record (read_shard_folder, issue 46: a copy of a shard was trained twice): other .h5 files
+// are skipped with a warning naming each. Logs on rank 0.
 ShardSet scan_shards(const std::string& dir, const TargetConfig& target, const TrainOptions& opts, int rank) {
   ShardSet s;
   std::string first_recorded;
   std::vector<int64_t> chunks;
   int64_t num_chunks = -1, fp8_shards = 0, bf16_shards = 0;
-  for (const std::string& p : list_shards(dir)) {
+  const ShardFolder folder = read_shard_folder(dir);
+  if (rank == 0)
+    for (const SkippedShardFile& f : folder.skipped)
+      AERIE_LOG(warning) << "train: --shards " << dir << ": skipping " << f.path << ": " << f.why
+                         << " (each chunk is trained once, from its shard-NNNNN.h5; move the file "
+                         << "out of the folder to silence this)";
+  for (const std::string& p : folder.shards) {
     ShardReader r(p);
     const ShardInfo& info = r.info();
     if (s.paths.empty()) {

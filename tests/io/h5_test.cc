@@ -1,5 +1,5 @@
 // HDF5 wrappers: round trips of every dtype and attribute kind, partial row I/O, errors that name file and
-// dataset, and collective parallel writes (H5Test.ParallelRows also runs with 2 ranks, tests/mpi/data.cmake).
+// dataset, and collective parallel writes (H5Test.Parallel* also run with 2 ranks, tests/mpi/data.cmake).
 #include <mpi.h>
 
 #include <chrono>
@@ -236,6 +236,50 @@ TEST(H5Test, ParallelRows) {
     }
     EXPECT_EQ(file.open_dataset("whole").read_vector<float>(), (std::vector<float>{1.f, 2.f, 3.f}));
   }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// A collective write that fails on one rank (issue 46: a full disk under one rank's write hung prepare on 2
+// ranks) fails on every rank together, as aerie::CollectiveError with that rank's message, and the ranks
+// go on in step: the file still closes collectively. Here the last rank's rows lie outside the dataset,
+// then rank 0's whole-dataset tensor has the wrong shape. Runs with 1 rank here and with 2 under mpirun.
+TEST(H5Test, ParallelFailureAgreed) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  std::string dir = std::string(AERIE_BINARY_DIR) + "/test-scratch/h5_parallel_fail_np" + std::to_string(size);
+  if (rank == 0) dir = testing::scratch_dir("h5_parallel_fail_np" + std::to_string(size));
+  MPI_Barrier(MPI_COMM_WORLD);
+  const std::string path = dir + "/p.h5";
+  h5::File file = h5::File::create(path, MPI_COMM_WORLD);
+  h5::Dataset d = file.create_dataset("x", DType::I64, {2 * static_cast<int64_t>(size)});
+  const int64_t begin = rank == size - 1 ? 2 * size : 2 * rank;  // the last rank: past the end
+  const std::string outside = "rows [" + std::to_string(2 * size) + ", " + std::to_string(2 * size + 2) +
+                              ") outside " + path + ":/x";
+  try {
+    d.write_rows(begin, Tensor::from_vector(std::vector<int64_t>{1, 2}, {2}));
+    ADD_FAILURE() << "rank " << rank << ": the write of rows outside the dataset did not throw";
+  } catch (const CollectiveError& e) {
+    EXPECT_NE(std::string(e.what()).find(outside), std::string::npos) << e.what();
+    if (size > 1)
+      EXPECT_NE(std::string(e.what()).find("(on rank " + std::to_string(size - 1) + " of " + std::to_string(size) + ")"),
+                std::string::npos)
+          << e.what();
+  }
+  h5::Dataset w = file.create_dataset("whole", DType::F32, {3});
+  try {
+    w.write(Tensor::from_vector(std::vector<float>{1.f, 2.f}, {2}));  // rank 0's tensor decides
+    ADD_FAILURE() << "rank " << rank << ": the write of a [2] tensor into [3] did not throw";
+  } catch (const CollectiveError& e) {
+    EXPECT_NE(std::string(e.what()).find("into " + path + ":/whole of shape [3]"), std::string::npos) << e.what();
+  }
+  w.write(Tensor::from_vector(std::vector<float>{1.f, 2.f, 3.f}, {3}));
+  w = h5::Dataset();
+  d = h5::Dataset();
+  file.close();  // collective: every rank is here
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == 0)
+    EXPECT_EQ(h5::File::open(path).open_dataset("whole").read_vector<float>(), (std::vector<float>{1.f, 2.f, 3.f}));
   MPI_Barrier(MPI_COMM_WORLD);
 }
 

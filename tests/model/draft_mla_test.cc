@@ -204,6 +204,32 @@ TEST(DraftMla, GradientMatchesFiniteDifferences) {
   }
 }
 
+// DraftConfig::num_parameters (train's memory check before allocating, issue 46) counts what
+// DraftWeights::zeros allocates, for the MLA draft with and without a query LoRA and for the Llama draft
+// with either EAGLE-3.1 input norm.
+TEST(DraftMla, NumParametersCountsTheWeights) {
+  auto count = [](const DraftConfig& c) {
+    DraftWeights w = DraftWeights::zeros(c);
+    double n = 0;
+    for (auto& [name, t] : w.named()) n += static_cast<double>(t->numel());
+    return n;
+  };
+  for (int q_lora : {0, 6}) {
+    const DraftConfig c = testing::make_tiny_mla_draft(53, q_lora).cfg;
+    EXPECT_EQ(c.num_parameters(), count(c)) << "q_lora " << q_lora;
+  }
+  DraftConfig l = testing::make_tiny_mla_draft(54, 0).cfg;
+  l.kv_lora_rank = l.q_lora_rank = 0;  // the Llama draft of the same widths
+  l.num_key_value_heads = 1;
+  l.head_dim = 4;
+  EXPECT_EQ(l.num_parameters(), count(l));
+  l.norm_before_fc = true;
+  EXPECT_EQ(l.num_parameters(), count(l));
+  l.norm_before_fc = false;
+  l.fc_norm = true;
+  EXPECT_EQ(l.num_parameters(), count(l));
+}
+
 TEST(DraftMla, ConfigRoundTripsAndReadsAsVllmDoes) {
   auto m = testing::make_tiny_mla_draft(51, 6);
   m.cfg.aux_layers = {1, 2, 3};

@@ -2,7 +2,7 @@
 set(_aerie_mpi_env "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
 if(TARGET test_io)
   add_test(NAME io_h5_parallel_np2
-           COMMAND ${MPIEXEC_EXECUTABLE} --oversubscribe -np 2 $<TARGET_FILE:test_io> --gtest_filter=H5Test.ParallelRows)
+           COMMAND ${MPIEXEC_EXECUTABLE} --oversubscribe -np 2 $<TARGET_FILE:test_io> --gtest_filter=H5Test.Parallel*)
   set_tests_properties(io_h5_parallel_np2 PROPERTIES ENVIRONMENT "${_aerie_mpi_env}" LABELS mpi TIMEOUT 120)
 endif()
 if(TARGET test_data)
