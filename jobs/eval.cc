@@ -310,6 +310,9 @@ int eval(const std::vector<std::string>& args) {
     // OUTPUT.lock: a second eval into the same eval.json is refused while this one runs (issue 46).
     const OutputLock lock =
         o.output_path.empty() ? OutputLock() : lock_output(vm, "eval", o.output_path, LockTarget::File);
+    // PROMPTS.lock likewise for --write-prompts (two evals with other --output into one prompt-ids file).
+    const OutputLock prompts_lock =
+        o.prompts_out.empty() ? OutputLock() : lock_output(vm, "eval", o.prompts_out, LockTarget::File);
     run_eval(o);
     return 0;
   }
