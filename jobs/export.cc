@@ -201,6 +201,13 @@ int export_draft(const std::vector<std::string>& args) {
     }
     const TargetConfig target = load_model_option("export", "model", vm["model"].as<std::string>());
     Checkpoint ck = load_checkpoint(dir, /*optimizer_state=*/false);  // the weights alone
+    // A NaN or an infinity in the draft (a diverged run) is refused, not exported for an engine to serve.
+    for (auto& [name, t] : ck.weights.named()) {
+      const std::string bad = t->defined() ? first_nonfinite(*t) : std::string();
+      AERIE_CHECK(bad.empty(), "export: --checkpoint " << dir << ": the draft's weight " << name << " is not finite at "
+                                                       << bad << " (a diverged run?): export an earlier checkpoint of "
+                                                       << "the run (--checkpoint RUN/checkpoints/step-N)");
+    }
     // The checkpoint's target fingerprint (a warning only: a draft trained on one copy of a model is
     // served with another, e.g. a quantized one; the layer count and widths are checked by write_export).
     if (ck.provenance.is_object() && ck.provenance.contains("target")) {

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <sstream>
+#include <vector>
 
 namespace aerie {
 
@@ -48,6 +50,26 @@ DType dtype_from_name(const std::string& n) {
 }
 
 const char* device_name(Device d) { return d == Device::CPU ? "cpu" : "cuda"; }
+
+std::string first_nonfinite(const Tensor& t) {
+  AERIE_CHECK(t.dtype() == DType::F32 && t.device() == Device::CPU,
+              "first_nonfinite: needs an F32 host tensor, got " << dtype_name(t.dtype()) << " on " << device_name(t.device()));
+  const float* p = t.data<float>();
+  for (int64_t i = 0, n = t.numel(); i < n; ++i) {
+    if (std::isfinite(p[i])) continue;
+    std::vector<int64_t> at(static_cast<size_t>(t.ndim()));
+    for (int64_t d = t.ndim() - 1, r = i; d >= 0; --d) {
+      at[static_cast<size_t>(d)] = r % t.dim(d);
+      r /= t.dim(d);
+    }
+    std::ostringstream os;
+    os << "[";
+    for (size_t d = 0; d < at.size(); ++d) os << (d ? ", " : "") << at[d];
+    os << "] = " << p[i];
+    return os.str();
+  }
+  return "";
+}
 
 std::string shape_str(const Shape& s) {
   std::string out = "[";

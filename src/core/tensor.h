@@ -118,4 +118,9 @@ Tensor Tensor::from_vector(const std::vector<T>& values, const Shape& shape) {
   return t;
 }
 
+/// Where the F32 host tensor `t` first holds a NaN or an infinity, for messages: "[row, column] = nan"
+/// (an index per dimension), or "" when every element is finite. Throws aerie::Error for another dtype
+/// or device.
+std::string first_nonfinite(const Tensor& t);
+
 }  // namespace aerie

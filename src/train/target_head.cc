@@ -16,6 +16,16 @@ TargetHead load_target_head(const std::string& dir, const TargetConfig& cfg) {
                                                 << ": no tensor \"lm_head.weight\" and tie_word_embeddings is false");
     h.lm_head = ck.get(ck.lm_head_name(), shape);
   }
+  // A NaN or an infinity in the target's embedding or lm_head (a broken weight) would end training with a
+  // non-finite gradient norm whose advice (lower --lr) is beside the point (issue 46): named here instead.
+  auto check_finite = [&](const std::string& name, const Tensor& t) {
+    const std::string bad = first_nonfinite(t);
+    AERIE_CHECK(bad.empty(), ck.file_of(name) << ": the target's weight " << name << " is not finite at " << bad
+                                              << " (row = token id): the model's weights are broken; convert or "
+                                              << "download " << dir << " again");
+  };
+  check_finite(ck.decoder_prefix() + "embed_tokens.weight", h.embed_tokens);
+  if (!cfg.tie_word_embeddings) check_finite(ck.lm_head_name(), h.lm_head);
   return h;
 }
 

@@ -18,7 +18,7 @@ struct TargetHead {
 /// model.safetensors or the shards of model.safetensors.index.json, converted to F32 from F32, BF16 or
 /// F16; P is "model." or a multimodal wrapper's prefix (HfCheckpoint in model/hf_checkpoint.h), and
 /// only these two tensors are read. Throws aerie::Error naming the file and tensor if one is missing
-/// or not [V, H].
+/// or not [V, H], or holds a NaN or an infinity (naming the element).
 TargetHead load_target_head(const std::string& dir, const TargetConfig& cfg);
 
 }  // namespace aerie
