@@ -307,7 +307,7 @@ int eval(const std::vector<std::string>& args) {
                                               : o.output_path;
   check_eval_inputs(o, run);
   if (run.run_dir.empty()) {
-    // OUTPUT.lock: a second eval into the same eval.json is refused while this one runs (issue 46).
+    // OUTPUT.lock: a second eval into the same eval.json is refused while this one runs.
     const OutputLock lock =
         o.output_path.empty() ? OutputLock() : lock_output(vm, "eval", o.output_path, LockTarget::File);
     // PROMPTS.lock likewise for --write-prompts (two evals with other --output into one prompt-ids file).

@@ -1,4 +1,4 @@
-// Agreement on failure across the ranks of a collective step (issue 46): a rank whose part of a collective
+// Agreement on failure across the ranks of a collective step: a rank whose part of a collective
 // operation failed must not unwind into the next collective (a destructor's H5Fclose) while its peers go on
 // to another one (the next write's MPI_Allreduce): both would wait forever. Each collective step is followed
 // by one all-reduce of a failure flag, and on a failure every rank throws aerie::CollectiveError together,

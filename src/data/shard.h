@@ -109,7 +109,7 @@ struct SkippedShardFile {
   std::string why;
 };
 
-/// The shards of a shard folder by what they record (issue 46: a copy of shard-00003.h5 was trained twice):
+/// The shards of a shard folder by what they record (a copy of shard-00003.h5 was trained twice):
 /// `shards` are the files of list_shards whose recorded chunk (the "chunk" attribute) is their name's, one per
 /// chunk, in chunk order; `skipped` every other "*.h5" file of the folder: a name that is not a shard's (a
 /// copy), or a shard file whose recorded chunk differs from its name's (a copy renamed "shard-99999.h5").

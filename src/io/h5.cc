@@ -83,7 +83,7 @@ constexpr int64_t kMaxRoundBytes = int64_t{1} << 30;  // per rank and collective
 
 // A collective operation of a parallel file (comm != MPI_COMM_NULL): run on every rank of the file, then
 // agreed on (core/agree.h), so that a rank that failed never unwinds into a collective close while the others
-// go on to the next collective operation (issue 46: a full disk hung prepare on 2 ranks). A serial file's
+// go on to the next collective operation (a full disk hung prepare on 2 ranks). A serial file's
 // operation just runs.
 void collective_op(MPI_Comm comm, const std::function<void()>& op) {
   if (comm == MPI_COMM_NULL) {

@@ -13,7 +13,7 @@
 // write_rows the same number of times, with 0 rows where it has nothing. Reads are independent.
 // Close every Dataset and Group before File::close (the MPI-IO driver refuses to close a file with open
 // objects; File::close names them).
-// Failures in parallel files (issue 46): the ranks agree on the outcome of every collective operation before
+// Failures in parallel files: the ranks agree on the outcome of every collective operation before
 // the next one (core/agree.h: one all-reduce of a failure flag), so when it failed on any rank (a full disk
 // under one rank's write, rows outside a dataset) every rank throws aerie::CollectiveError with that rank's
 // message together, and none is left waiting in another collective. While an exception unwinds, a parallel

@@ -1,5 +1,5 @@
 // A lock on a job's output (a folder or a file), so that two jobs never write into the same output at once
-// (issue 17: two `extract` runs into one folder left a corrupt shard under its final name; two `train` runs
+// (two `extract` runs into one folder left a corrupt shard under its final name; two `train` runs
 // into one folder interleaved their checkpoints and metrics).
 //
 // Mechanism: flock(2) on a lock file, which the kernel releases when the holding process dies (kill -9
@@ -108,7 +108,7 @@ class OutputLock {
 /// A temporary file name for `path` that no other writer uses: "<path>.<host>.<pid>.tmp". A job writes its
 /// output there and renames it over `path`, so that two writers of one output (jobs on a file system
 /// without flock, or one that took over a lock with --force-unlock) never share a temporary file, and one's
-/// rename never publishes the other's half-written bytes (issue 46: two vocab jobs shared OUTPUT.tmp). A
+/// rename never publishes the other's half-written bytes (two vocab jobs shared OUTPUT.tmp). A
 /// writer killed before its rename leaves its file behind, named by its host and pid.
 std::string unique_tmp_path(const std::string& path);
 

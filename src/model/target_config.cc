@@ -43,7 +43,7 @@ int64_t token_id(const nlohmann::json& j, const char* key, const std::string& pa
 }
 
 
-/// A size field of `path` against the memory it makes aerie allocate before any weight is read (issue 46: a
+/// A size field of `path` against the memory it makes aerie allocate before any weight is read (a
 /// config.json of 10^12 layers ended extract and plan in std::bad_alloc naming nothing): `value` items of
 /// `bytes_each` bytes (`what`) must fit the memory this machine has available. Throws aerie::Error naming the
 /// field and the file, also for a value below 1.

@@ -17,7 +17,7 @@ TargetHead load_target_head(const std::string& dir, const TargetConfig& cfg) {
     h.lm_head = ck.get(ck.lm_head_name(), shape);
   }
   // A NaN or an infinity in the target's embedding or lm_head (a broken weight) would end training with a
-  // non-finite gradient norm whose advice (lower --lr) is beside the point (issue 46): named here instead.
+  // non-finite gradient norm whose advice (lower --lr) is beside the point: named here instead.
   auto check_finite = [&](const std::string& name, const Tensor& t) {
     const std::string bad = first_nonfinite(t);
     AERIE_CHECK(bad.empty(), ck.file_of(name) << ": the target's weight " << name << " is not finite at " << bad

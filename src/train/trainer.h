@@ -33,7 +33,7 @@ struct TrainOptions {
   /// Streaming: steps the target may compute ahead of the step being trained (StreamPlan::queue, >= 0);
   /// more hides the target's jitter, each step ahead holds one batch of hidden states in messages.
   int64_t stream_queue = 2;
-  /// The recipe (issue 15 item 4: where aerie's and SpecForge's differ; resume options). AdamW's betas
+  /// The recipe (where aerie's and SpecForge's differ; resume options). AdamW's betas
   /// (0.9 / 0.999, torch's default and SpecForge's, since 2026-12-03: measured in docs/design.md; before,
   /// 0.9 / 0.95, which a checkpoint without the key was trained with; a resumed run takes its checkpoint's
   /// beta2 unless adam_beta2_given, as adopt_checkpoint_defaults says); lm_head_init "target" (the target's
@@ -274,7 +274,7 @@ struct TrainResult {
 /// Non-finite data: a sample whose hidden states hold a NaN or infinity is skipped with a warning naming its
 /// shard and sample, and counted (TrainResult::skipped_nonfinite, skipped_nonfinite in metrics.jsonl); a
 /// step with no finite sample throws. A non-finite gradient norm from finite samples throws naming them.
-/// Provenance (issue 17): the shards must be one complete extraction (the same recorded target and
+/// Provenance: the shards must be one complete extraction (the same recorded target and
 /// prepared file in every shard, no chunk missing unless opts.allow_missing_shards) of the target in
 /// opts.model_dir (TargetFingerprint: config.json and weights; unless opts.allow_other_target; shards of
 /// extract --random-weights are compared by config.json); a resume also checks --model and --shards

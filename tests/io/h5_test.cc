@@ -239,7 +239,7 @@ TEST(H5Test, ParallelRows) {
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
-// A collective write that fails on one rank (issue 46: a full disk under one rank's write hung prepare on 2
+// A collective write that fails on one rank (a full disk under one rank's write hung prepare on 2
 // ranks) fails on every rank together, as aerie::CollectiveError with that rank's message, and the ranks
 // go on in step: the file still closes collectively. Here the last rank's rows lie outside the dataset,
 // then rank 0's whole-dataset tensor has the wrong shape. Runs with 1 rank here and with 2 under mpirun.

@@ -204,7 +204,7 @@ TEST(DraftMla, GradientMatchesFiniteDifferences) {
   }
 }
 
-// DraftConfig::num_parameters (train's memory check before allocating, issue 46) counts what
+// DraftConfig::num_parameters (train's memory check before allocating) counts what
 // DraftWeights::zeros allocates, for the MLA draft with and without a query LoRA and for the Llama draft
 // with either EAGLE-3.1 input norm.
 TEST(DraftMla, NumParametersCountsTheWeights) {

@@ -1,4 +1,4 @@
-# Absurd sizes refused before allocating (tests/mpi/absurd_sizes.sh, issue 46): train --draft-heads 10^8,
+# Absurd sizes refused before allocating (tests/mpi/absurd_sizes.sh): train --draft-heads 10^8,
 # a config.json of 10^12 layers under plan and extract.
 if(TARGET stories260K_model AND EXISTS "${AERIE_SHARED_DATA}/tinystories/tinystories_val.txt")
   add_test(NAME absurd_sizes

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sizes checked against the memory they need before anything is allocated (issue 46: train --draft-heads
+# Sizes checked against the memory they need before anything is allocated (train --draft-heads
 # 1000000 grew to 24 GB before the OOM killer; a config.json of num_hidden_layers 10**12 ended extract and plan
 # in std::bad_alloc naming nothing):
 #  1. train --draft-heads 100000000 (2 TiB of training state) is refused naming --draft-heads and the memory;

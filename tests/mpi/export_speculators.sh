@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `aerie export --format speculators` end to end on stories260K (issue 13 item 4): a short run is exported
+# `aerie export --format speculators` end to end on stories260K: a short run is exported
 # in both layouts; the speculators one has the config vLLM's `vllm serve DRAFT_DIR` reads (speculators_model_type,
 # transformer_layer_config, speculators_config.verifier = the --model folder or --verifier, speculative_tokens)
 # and the default export's tensors byte for byte under the speculators names (midlayer. -> layers.0.), and the
@@ -44,7 +44,7 @@ grep -q "speculators format; serve with: vllm serve $work/spec" "$last" || fail 
 run export_spec2 1 export --checkpoint "$work/run" --model "$model" --output "$work/spec2" --format speculators \
   --verifier org/target-model --speculative-tokens 5 --for vllm || fail "export --format speculators --verifier"
 
-# Engine releases (issue 41): the aux ids at the top level (vLLM's capture list, aerie's ids) and in eagle_config
+# Engine releases: the aux ids at the top level (vLLM's capture list, aerie's ids) and in eagle_config
 # (SGLang's: it adds 1 to every id of a Llama target, so minus 1), default layers too. A release that would
 # not serve the draft as trained is refused, naming the first that does.
 run export_sglang 1 export --checkpoint "$work/run" --model "$model" --output "$work/sglang" --for sglang \

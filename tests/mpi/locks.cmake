@@ -4,7 +4,7 @@
 #   output and another host's record without --force-unlock;
 # - tests/mpi/output_kinds.sh: prepare, generate and eval refuse an --output of another kind (a model's
 #   weights, a prepared file) or a folder, before any work, leaving the file as it was.
-# - tests/mpi/locked_outputs.sh (issue 46): vocab and eval refuse an output whose lock another job holds,
+# - tests/mpi/locked_outputs.sh: vocab and eval refuse an output whose lock another job holds,
 #   naming the lock; vocab and generate write through temporary files of their own.
 if(TARGET stories260K_model)
   set(_aerie_locks_env "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1;OPENBLAS_NUM_THREADS=1")

@@ -1,4 +1,4 @@
-# Broken weights named, not passed on (tests/mpi/nonfinite_weights.sh, issue 46): export refuses a draft with a
+# Broken weights named, not passed on (tests/mpi/nonfinite_weights.sh): export refuses a draft with a
 # NaN weight, train a target whose embedding holds a NaN, each naming the tensor and the element.
 if(TARGET stories260K_model AND EXISTS "${AERIE_SHARED_DATA}/tinystories/tinystories_val.txt")
   add_test(NAME nonfinite_weights

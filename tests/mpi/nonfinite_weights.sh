@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Broken weights are named, not passed on (issue 46):
+# Broken weights are named, not passed on:
 #  1. export of a checkpoint whose draft holds a NaN (midlayer.mlp.down_proj.weight[1, 2]) is refused, naming
 #     the weight and the element; nothing is written;
 #  2. train with a target whose embedding row 388 is NaN is refused at start naming model.embed_tokens.weight

@@ -1,4 +1,4 @@
-# A shard folder with copies of a shard (tests/mpi/shard_copies.sh, issue 46): train names each copy in a
+# A shard folder with copies of a shard (tests/mpi/shard_copies.sh): train names each copy in a
 # warning, skips it, and reads every chunk once.
 if(TARGET stories260K_model AND EXISTS "${AERIE_SHARED_DATA}/tinystories/tinystories_val.txt")
   add_test(NAME shard_copies

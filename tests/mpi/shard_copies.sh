@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A shard folder is read by what its shards record, not by a glob (issue 46: `cp shard-00003.h5
+# A shard folder is read by what its shards record, not by a glob (`cp shard-00003.h5
 # "shard-00003 (copy).h5"` made train report 14 shards and train chunk 3 twice): copies of shard-00003.h5
 # named "shard-00003 (copy).h5", shard-00003-old.h5 and shard-99999.h5 (a shard name, but it records chunk 3)
 # are each named in a warning and skipped; train reads the extraction's 12 shards, each once.

@@ -1,4 +1,4 @@
-# A write that fails under a collective job ends it (tests/mpi/write_failure.sh, issue 46): prepare on 2 ranks
+# A write that fails under a collective job ends it (tests/mpi/write_failure.sh): prepare on 2 ranks
 # with a write failing on one rank (the test hook, and a full tmpfs where the test may mount one) ends within
 # a minute, non-zero, naming the file.
 if(TARGET stories260K_model AND EXISTS "${AERIE_SHARED_DATA}/tinystories/tinystories_val.txt")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A write that fails under a collective job (issue 46): prepare on 2 ranks whose write fails on one rank
+# A write that fails under a collective job: prepare on 2 ranks whose write fails on one rank
 # (a full disk) used to hang forever, one rank in H5Fclose's barrier, the other in the next write's
 # MPI_Allreduce. Each run here must end within its timeout with a non-zero status and an error naming the file:
 #  1. AERIE_TEST_FAIL_H5_WRITE=R (io/h5.h's test hook) fails the collective writes of rank 0, then of rank 1:

@@ -1,4 +1,4 @@
-// `aerie export --format speculators` (issue 13 item 4): the config keys and the tensor names, shapes and
+// `aerie export --format speculators`: the config keys and the tensor names, shapes and
 // dtypes are lists written here from the loaders' source, the values are the default export's.
 //
 // Sources read (the commit is the stored version that was read):

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# aerie's drafts served by a real engine (issue 41 item 3): SmolLM2-135M-Instruct drafts trained by aerie, the
+# aerie's drafts served by a real engine: SmolLM2-135M-Instruct drafts trained by aerie, the
 # default (EAGLE-3.1 norm_before_residual) and a --draft-norm-before-residual=false one, exported in both
 # formats, then `aerie eval` and `tools/engine_eval` (vLLM or SGLang) on the same prompt ids, target precision,
 # draft tokens and lengths: acceptance length per benchmark, per position, lossless, tokens/s.
