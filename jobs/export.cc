@@ -106,6 +106,27 @@ std::string best_checkpoint_of_run(const std::string& run_dir, const std::string
   return it->second;
 }
 
+/// A NaN or an infinity in the draft of checkpoint `dir` (a diverged run) is refused, not exported for an
+/// engine to serve: throws aerie::Error naming the weight and the element.
+void check_finite_weights(const std::string& dir, const DraftWeights& weights) {
+  for (auto& [name, t] : weights.named()) {
+    const std::string bad = t->defined() ? first_nonfinite(*t) : std::string();
+    AERIE_CHECK(bad.empty(), "export: --checkpoint " << dir << ": the draft's weight " << name << " is not finite at "
+                                                     << bad << " (a diverged run?): export an earlier checkpoint of "
+                                                     << "the run (--checkpoint RUN/checkpoints/step-N)");
+  }
+}
+
+/// --for's value (serving_target_from_string); a bad one is a usage error.
+ServingTarget parse_for_option(const std::string& value) {
+  try {
+    return serving_target_from_string(value);
+  } catch (const Error& e) {
+    AERIE_USAGE_CHECK(false, "aerie " << e.what());
+  }
+  return {};
+}
+
 }  // namespace
 
 int export_draft(const std::vector<std::string>& args) {
@@ -127,7 +148,8 @@ int export_draft(const std::vector<std::string>& args) {
       "sglang==0.5.14 (refuses a draft or target that release would refuse or misread, naming the first "
       "release that serves it: DeepSeek/Kimi targets and the MLA draft, norm_before_residual (train's "
       "default), norm_output, norm_before_fc, fc_norm, a sliding window, aux ids; without a release the newest "
-      "aerie checked; SGLang before 0.5.14 gets its aux-id convention; docs/formats.md \"Engine releases\")")(
+      "aerie checked; eagle_config's aux ids in SGLang's convention for the target and release; docs/formats.md "
+      "\"Engine releases\")")(
       "format", po::value<std::string>()->default_value("eagle3"),
       "eagle3 (LlamaForCausalLMEagle3 with midlayer.* names: vLLM --speculative-config and SGLang) or "
       "speculators (the speculators library's layout, speculators_model_type eagle3 with layers.0.* names: "
@@ -149,12 +171,7 @@ int export_draft(const std::vector<std::string>& args) {
   auto world = MpiCommunicator::world();
   // OUT.lock beside the export (the folder itself is replaced by a rename): a second export into OUT is
   // refused while this one runs.
-  ServingTarget engine;
-  try {
-    engine = serving_target_from_string(vm["for"].as<std::string>());  // before any work
-  } catch (const Error& e) {
-    AERIE_USAGE_CHECK(false, "aerie " << e.what());
-  }
+  const ServingTarget engine = parse_for_option(vm["for"].as<std::string>());  // before any work
   const std::string format_name = vm["format"].as<std::string>();
   AERIE_USAGE_CHECK(format_name == "eagle3" || format_name == "speculators",
                     "aerie export: --format '" << format_name << "' is not eagle3 or speculators");
@@ -201,13 +218,7 @@ int export_draft(const std::vector<std::string>& args) {
     }
     const TargetConfig target = load_model_option("export", "model", vm["model"].as<std::string>());
     Checkpoint ck = load_checkpoint(dir, /*optimizer_state=*/false);  // the weights alone
-    // A NaN or an infinity in the draft (a diverged run) is refused, not exported for an engine to serve.
-    for (auto& [name, t] : ck.weights.named()) {
-      const std::string bad = t->defined() ? first_nonfinite(*t) : std::string();
-      AERIE_CHECK(bad.empty(), "export: --checkpoint " << dir << ": the draft's weight " << name << " is not finite at "
-                                                       << bad << " (a diverged run?): export an earlier checkpoint of "
-                                                       << "the run (--checkpoint RUN/checkpoints/step-N)");
-    }
+    check_finite_weights(dir, ck.weights);
     // The checkpoint's target fingerprint (a warning only: a draft trained on one copy of a model is
     // served with another, e.g. a quantized one; the layer count and widths are checked by write_export).
     if (ck.provenance.is_object() && ck.provenance.contains("target")) {
