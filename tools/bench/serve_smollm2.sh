@@ -15,6 +15,8 @@
 #   DTYPE           the target's dtype in both (default bf16: what the engine serves)
 #   PARALLEL        evaluations run at once on the one GPU (default 4; acceptance does not depend on it, tokens/s
 #                   does: the first engine run, alone, times the plain engine and one draft)
+#   EVAL_NP         ranks of each `aerie eval` (default 1): its prompts split data-parallel, all ranks on the one GPU
+#   DRAFTS          the drafts to export, evaluate and serve (default "default nonbr")
 #   STEP            all (default), train (pipeline + the second draft + exports), eval (aerie eval),
 #                   engine (the engine runs), summary
 # Every stage skips what exists, so a rerun continues. OUT/summary.md holds the table.
@@ -24,7 +26,8 @@ out="${1:?usage: serve_smollm2.sh OUT}"
 mkdir -p "$out"; out="$(cd "$out" && pwd)"
 aerie="${AERIE_BIN:-$root/build/aerie}"; case "$aerie" in /*) ;; *) aerie="$PWD/$aerie" ;; esac
 engine="${ENGINE:-vllm}" ks="${KS:-3 5}" per_bench="${PER_BENCH:-20}" max_new="${MAX_NEW:-256}"
-dtype="${DTYPE:-bf16}" parallel="${PARALLEL:-4}" step="${STEP:-all}"
+dtype="${DTYPE:-bf16}" parallel="${PARALLEL:-4}" step="${STEP:-all}" eval_np="${EVAL_NP:-1}"
+draft_list="${DRAFTS:-default nonbr}"
 data="${AERIE_DATA:-$root/../shared/data}"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 p="$out/pipeline"
@@ -35,10 +38,12 @@ want() { [ "$step" = all ] || [ "$step" = "$1" ]; }
 if want train; then
   AERIE_BIN="$aerie" AERIE_PIPELINE_SIZE=full SMOLLM2_CONVERSATIONS="${CONVERSATIONS:-300}" \
     SMOLLM2_TRAIN_STEPS="${TRAIN_STEPS:-400}" SMOLLM2_EVAL_PROMPTS=20 "$root/tools/smollm2_pipeline" "$p"
-  mpirun -np 1 "$aerie" train --config "$root/configs/runs/smollm2/train.ini" --model "$model" --shards "$p/shards" \
-    --vocab "$p/draft_vocab.safetensors" --output "$p/train_nonbr" --steps "${TRAIN_STEPS:-400}" \
-    --draft-norm-before-residual=false --device cuda
-  for d in default nonbr; do
+  if [[ " $draft_list " == *" nonbr "* ]] && [ ! -f "$out/export_nonbr_eagle3/config.json" ]; then
+    mpirun -np 1 "$aerie" train --config "$root/configs/runs/smollm2/train.ini" --model "$model" --shards "$p/shards" \
+      --vocab "$p/draft_vocab.safetensors" --output "$p/train_nonbr" --steps "${TRAIN_STEPS:-400}" \
+      --draft-norm-before-residual=false --device cuda
+  fi
+  for d in $draft_list; do
     run="$p/train"; [ "$d" = nonbr ] && run="$p/train_nonbr"
     for fmt in eagle3 speculators; do
       [ -f "$out/export_${d}_$fmt/config.json" ] && continue
@@ -67,12 +72,12 @@ fi
 nprompts=$(wc -l < "$bench")
 
 # --- aerie eval: each draft and K, the prompt ids and greedy answers written for the engine ----------------
-drafts=(); for d in default nonbr; do [ -f "$out/export_${d}_eagle3/config.json" ] && drafts+=("$d"); done
+drafts=(); for d in $draft_list; do [ -f "$out/export_${d}_eagle3/config.json" ] && drafts+=("$d"); done
 if want eval; then
   jobs_run=0
   for d in "${drafts[@]}"; do for k in $ks; do
     [ -f "$out/eval_${d}_k$k.json" ] && continue
-    mpirun -np 1 "$aerie" eval --model "$model" --draft "$out/export_${d}_eagle3" --prompts "$bench" \
+    mpirun -np "$eval_np" "$aerie" eval --model "$model" --draft "$out/export_${d}_eagle3" --prompts "$bench" \
       --num-prompts 0 --chat-template smollm2 --num-draft-tokens "$k" --max-new-tokens "$max_new" --dtype "$dtype" \
       --device cuda --output "$out/eval_${d}_k$k.json" --write-prompts "$out/prompts_${d}_k$k.jsonl" \
       > "$out/eval_${d}_k$k.log" 2>&1 &
