@@ -55,81 +55,9 @@ if want train; then
   done
 fi
 
-# --- the prompts: MT-Bench's 80 first turns and PER_BENCH of each other EAGLE evaluation set, by benchmark --
-bench="$out/bench.jsonl"
-if [ ! -f "$bench" ]; then
-  python3 - "$data/eagle-eval-questions" "$bench" "$per_bench" <<'PY'
-import json, os, sys
-src, dst, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
-with open(dst + ".tmp", "w", encoding="utf-8") as f:
-    for name in ["mt_bench", "gsm8k", "humaneval", "alpaca", "qa", "sum"]:
-        rows = [json.loads(l) for l in open(os.path.join(src, name, "question.jsonl"), encoding="utf-8") if l.strip()]
-        for r in rows[: (80 if name == "mt_bench" else n)]:
-            f.write(json.dumps({"turns": r["turns"][:1], "category": name}, ensure_ascii=False) + "\n")
-os.replace(dst + ".tmp", dst)
-PY
-fi
-nprompts=$(wc -l < "$bench")
-
-# --- aerie eval: each draft and K, the prompt ids and greedy answers written for the engine ----------------
-drafts=(); for d in $draft_list; do [ -f "$out/export_${d}_eagle3/config.json" ] && drafts+=("$d"); done
-if want eval; then
-  jobs_run=0
-  for d in "${drafts[@]}"; do for k in $ks; do
-    [ -f "$out/eval_${d}_k$k.json" ] && continue
-    mpirun -np "$eval_np" "$aerie" eval --model "$model" --draft "$out/export_${d}_eagle3" --prompts "$bench" \
-      --num-prompts 0 --chat-template smollm2 --num-draft-tokens "$k" --max-new-tokens "$max_new" --dtype "$dtype" \
-      --device cuda --output "$out/eval_${d}_k$k.json" --write-prompts "$out/prompts_${d}_k$k.jsonl" \
-      > "$out/eval_${d}_k$k.log" 2>&1 &
-    jobs_run=$((jobs_run + 1)); [ $((jobs_run % parallel)) -eq 0 ] && wait
-  done; done
-  wait
-fi
-
-# --- the engine: the same prompt ids, K and lengths -----------------------------------------------------------
-edtype=bfloat16; [ "$dtype" = f32 ] && edtype=float32
-if want engine; then
-  # The plain engine once (the first run writes --plain-cache, the others reuse it), then the drafts PARALLEL at a
-  # time, started 20 s apart (vLLM measures the GPU's free memory while it starts).
-  runs=()
-  for d in "${drafts[@]}"; do for fmt in eagle3 speculators; do for k in $ks; do
-    [ -f "$out/${engine}_${d}_${fmt}_k$k.json" ] || [ ! -f "$out/export_${d}_$fmt/config.json" ] || runs+=("$d $fmt $k")
-  done; done; done
-  i=0
-  for r in "${runs[@]}"; do
-    read -r d fmt k <<< "$r"
-    o="$out/${engine}_${d}_${fmt}_k$k.json"
-    python3 "$root/tools/engine_eval" --engine "$engine" --model "$model" --draft "$out/export_${d}_$fmt" \
-      --prompt-ids "$out/prompts_${d}_k$k.jsonl" --num-draft-tokens "$k" --max-new-tokens "$max_new" \
-      --dtype "$edtype" --aerie-eval "$out/eval_${d}_k$k.json" --gpu-memory-utilization "${GPU_FRACTION:-0.12}" \
-      --plain-cache "$out/${engine}_plain.json" --output "$o" > "${o%.json}.log" 2>&1 &
-    i=$((i + 1))
-    if [ "$i" -eq 1 ] || [ $((i % parallel)) -eq 0 ]; then wait; else sleep 20; fi
-  done
-  wait
-fi
-
-# --- summary ----------------------------------------------------------------------------------------------------
-python3 - "$out" "$engine" "$nprompts" <<'PY'
-import glob, json, os, sys
-out, engine, n = sys.argv[1], sys.argv[2], sys.argv[3]
-lines = [f"# aerie eval vs {engine} on SmolLM2-135M-Instruct ({n} prompts)", "",
-         "| draft | format | K | benchmark | prompts | aerie | engine | diff | engine lossless |",
-         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-for path in sorted(glob.glob(os.path.join(out, engine + "_*_k*.json"))):
-    name = os.path.basename(path)[len(engine) + 1:-5]
-    d, fmt, k = name.rsplit("_", 2)
-    e = json.load(open(path))
-    a = e.get("aerie", {})
-    rows = [("all", e.get("num_prompts"), a.get("acceptance_length"), e.get("acceptance_length"))]
-    for c, v in sorted((e.get("per_category") or {}).items()):
-        rows.append((c, v.get("num_prompts"), (a.get("per_category") or {}).get(c, {}).get("acceptance_length"),
-                     v.get("acceptance_length")))
-    for c, np_, al, el in rows:
-        diff = f"{(el / al - 1) * 100:+.2f}%" if al and el else "-"
-        f = lambda x: f"{x:.4f}" if isinstance(x, (int, float)) else "-"
-        lines.append(f"| {d} | {fmt} | {k[1:]} | {c} | {np_} | {f(al)} | {f(el)} | {diff} | "
-                     f"{e.get('lossless')} ({e.get('lossless_mismatches', '?')} differ) |")
-open(os.path.join(out, "summary.md"), "w").write("\n".join(lines) + "\n")
-print("\n".join(lines))
-PY
+. "$root/tools/bench/serve_lib.sh"
+template=smollm2 title=SmolLM2-135M-Instruct
+serve_prompts
+if want eval; then serve_aerie_eval; fi
+if want engine; then serve_engine; fi
+serve_summary
