@@ -4,8 +4,10 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -257,14 +259,25 @@ std::string chunk_name(int64_t c) {
 // `text` into `path` through `tmp` ("<path>.tmp" when empty), renamed when complete.
 void write_file(const std::string& path, const std::string& text, const std::string& tmp_path = "") {
   const std::string tmp = tmp_path.empty() ? path + ".tmp" : tmp_path;
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    AERIE_CHECK(out, "generate: cannot write " << tmp);
+  errno = 0;
+  std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+  if (out) {
     out << text;
     out.flush();
-    AERIE_CHECK(out, "generate: write error on " << tmp);
   }
-  fs::rename(tmp, path);
+  if (!out) {  // a full disk: the partial file is removed (its space back), the chunks already written stay
+    const int err = errno;
+    out.close();
+    std::error_code ec;
+    fs::remove(tmp, ec);
+    AERIE_THROW("generate: cannot write " << tmp << (err ? std::string(": ") + std::strerror(err) : std::string())
+                                          << "; the partial file is removed, the chunks written before are kept: "
+                                          << "make room and rerun the same command to finish");
+  }
+  out.close();
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  AERIE_CHECK(!ec, "generate: cannot rename " << tmp << " to " << path << ": " << ec.message());
 }
 
 std::string read_file(const std::string& path) {
