@@ -193,6 +193,7 @@ void check_regenerate_inputs(const po::variables_map& vm) {
   GENERATE_REQUIRE(max_length >= 0, "--max-length " << max_length << " is negative (0: the model's maximum)");
   const int64_t max_conv = vm["max-conversations"].as<int64_t>();
   GENERATE_REQUIRE(max_conv >= -1, "--max-conversations " << max_conv << " is negative (-1: all)");
+  GENERATE_REQUIRE(max_conv != 0, "--max-conversations 0 leaves no record to generate (-1: all records)");
   const std::string format = vm["format"].as<std::string>();
   GENERATE_REQUIRE(format == "auto" || format == "sharegpt" || format == "openai" || format == "text",
                    "--format '" << format << "' is not auto, sharegpt, openai or text");
@@ -200,6 +201,7 @@ void check_regenerate_inputs(const po::variables_map& vm) {
   const std::string output = follow_output_link("aerie generate", vm["output"].as<std::string>(), false);
   AERIE_CHECK(fs::is_regular_file(input),
               "aerie generate: --input " << input << (fs::exists(input) ? " is not a file" : ": no such file"));
+  AERIE_CHECK(fs::file_size(input) > 0, "aerie generate: --input " << input << " is empty: no record to generate");
   AERIE_CHECK(!fs::is_directory(output),
               "aerie generate: --output " << output << " is a folder (a JSONL file is written)");
   AERIE_CHECK(!fs::exists(output) || !fs::equivalent(input, output),

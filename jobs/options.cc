@@ -21,11 +21,31 @@
 namespace aerie::jobs {
 namespace {
 
+/// The lines of an INI file as Boost's parser is to read them: a leading UTF-8 byte order mark (Windows
+/// editors write one) removed, and `;` comment lines (INI's other comment mark; Boost knows only `#`) made
+/// blank, so that line numbers stay those of the file. UsageError when the file cannot be read.
+std::string config_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw UsageError("cannot open config file " + path);
+  std::ostringstream all;
+  all << in.rdbuf();
+  std::string text = all.str();
+  if (text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);
+  std::istringstream lines(text);
+  std::string out, line;
+  while (std::getline(lines, line)) {
+    const size_t a = line.find_first_not_of(" \t");
+    if (a != std::string::npos && line[a] == ';') line.clear();
+    out += line + "\n";
+  }
+  return out;
+}
+
 /// The INI mistakes Boost's parser takes silently or reports without a line: a value in quotes (kept with
 /// its quotes, so `output = "runs/x"` would write to a folder named `"runs`), a key written as an option
 /// (`--steps = 5`) and a [section] header (its name would prefix every key). UsageError naming FILE:LINE.
 void check_config_lines(const std::string& path) {
-  std::ifstream in(path);
+  std::istringstream in(config_text(path));
   std::string line;
   for (int n = 1; std::getline(in, line); ++n) {
     const auto trim = [](std::string t) {
@@ -54,7 +74,7 @@ void check_config_lines(const std::string& path) {
 /// none is found.
 std::string config_line_of(const std::string& path, std::string key) {
   key.erase(0, key.find_first_not_of('-'));  // Boost may name it as an option ("--steps")
-  std::ifstream in(path);
+  std::istringstream in(config_text(path));
   std::string line;
   for (int n = 1; std::getline(in, line); ++n) {
     const size_t a = line.find_first_not_of(" \t"), eq = line.find('=');
@@ -131,8 +151,7 @@ bool parse_options(const std::string& job, const std::vector<std::string>& args,
     po::store(parsed, vm);
     if (vm.count("config")) {
       std::string path = vm["config"].as<std::string>();
-      std::ifstream in(path);
-      if (!in) throw UsageError("cannot open config file " + path);
+      std::istringstream in(config_text(path));
       check_config_lines(path);
       try {
         // allow_unregistered = false: a typo in a config file is an error, not a silent default.

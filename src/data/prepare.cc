@@ -152,6 +152,16 @@ void log_notes(const LocalSamples& out) {
                        << " more record(s) of this rank's part with such a warning (kept as said)";
 }
 
+// True when no assistant turn of `c` holds anything to train but its end of turn: empty (or blank) text, no
+// ids, no tool calls, no reasoning text.
+bool every_answer_empty(const Conversation& c) {
+  const auto blank = [](const std::string& t) { return t.find_first_not_of(" \t\r\n") == std::string::npos; };
+  for (const ChatTurn& t : c.turns)
+    if (t.role == ChatRole::Assistant && (!blank(t.text) || !t.ids.empty() || !t.tool_calls.empty() || !blank(t.reasoning)))
+      return false;
+  return true;
+}
+
 // Tokenizes one parsed record and appends it to `out`, or counts it as skipped (`where`: "file:line").
 void add_record(InputRecord r, const std::function<std::string()>& where, const PrepareOptions& opt,
               const Tokenizer& tok, const ChatTemplate& tmpl, LocalSamples& out) {
@@ -159,6 +169,10 @@ void add_record(InputRecord r, const std::function<std::string()>& where, const 
   if (opt.max_samples >= 0 && static_cast<int64_t>(out.lengths.size()) >= opt.max_samples) return;
   TokenizedSample s;
   bool truncated = false;
+  if (r.skip == SkipReason::None && !r.tokenized && every_answer_empty(r.conversation)) {
+    r.skip = SkipReason::EmptyAnswer;
+    r.detail = "every assistant turn is empty: only its end of turn would be trained";
+  }
   if (r.skip == SkipReason::None) {
     if (r.tokenized) {
       s.input_ids = std::move(r.input_ids);
@@ -611,8 +625,13 @@ PrepareStats run_prepare(const PrepareOptions& opt, MPI_Comm comm) {
     if (st.skipped - expected > warned)
       AERIE_LOG(warning) << "prepare: ... and " << st.skipped - expected - warned << " more skipped records";
   }
-  AERIE_CHECK(st.samples > 0, "prepare: no usable sample in " << opt.input << " (" << st.records << " records, "
-                                                              << st.skipped << " skipped; see the log)");
+  // st.samples is a world sum, the same on every rank: every rank ends the job together, no MPI_Abort.
+  if (st.samples == 0) {
+    std::ostringstream os;
+    os << "prepare: no usable sample in " << opt.input << " (" << st.records << " records, " << st.skipped
+       << " skipped; see the log)";
+    throw CollectiveError(os.str());
+  }
 
   // Write "<output>.tmp" collectively, then rename it on rank 0.
   std::string tmp = opt.output + ".tmp";

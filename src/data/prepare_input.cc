@@ -54,6 +54,7 @@ const char* skip_name(SkipReason s) {
     case SkipReason::NoRest: return "single sentence";
     case SkipReason::ZeroLoss: return "no loss tokens";
     case SkipReason::Overlong: return "overlong (dropped)";
+    case SkipReason::EmptyAnswer: return "empty answer";
     case SkipReason::Count_: break;
   }
   return "?";

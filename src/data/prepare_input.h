@@ -70,6 +70,7 @@ enum class SkipReason : uint8_t {
   NoRest,         // text form: the story is a single sentence (no answer after the prompt)
   ZeroLoss,       // no loss-masked token after tokenization/truncation (e.g. empty assistant turns)
   Overlong,       // longer than max_length under --overlong drop
+  EmptyAnswer,    // every assistant turn is empty: only the end-of-turn token (e.g. [BOS, EOS]) would be trained
   Count_
 };
 const char* skip_name(SkipReason s);

@@ -123,6 +123,10 @@ PromptRecord parse_prompt_record(const std::string& record, InputFormat format) 
                   format == InputFormat::Text,
               "prompt set: format " << input_format_name(format) << " has no prompts or conversations (use auto, "
                                     << "sharegpt, openai or text)");
+  // A NUL byte (a damaged line in a text file) makes the record unusable, not the file: named with its column.
+  if (const size_t nul = record.find('\0'); nul != std::string::npos)
+    return skipped(SkipReason::BadJson, "a NUL byte at column " + std::to_string(nul + 1) +
+                                           (format == InputFormat::Text ? " of the story" : ": not valid JSON"));
   if (format == InputFormat::Text) {
     InputRecord story = parse_story(record);
     if (story.skip != SkipReason::None) return skipped(story.skip, story.detail);
@@ -161,9 +165,12 @@ PromptFile::PromptFile(const std::string& path, InputFormat format) : path_(path
     AERIE_CHECK(h.rfind(h5::kSignature, 0) != 0,
                 "prompt set " << path << " is an HDF5 file (a prepared file or a shard?): prompts are a text file "
                               << "(.txt, paragraphs), JSONL or a JSON array of prompts or conversations");
-    AERIE_CHECK(h.find('\0') == std::string::npos,
-                "prompt set " << path << " is a binary file: prompts are a text file (.txt, paragraphs), JSONL or a "
-                              << "JSON array of prompts or conversations");
+    // Binary formats (safetensors' 8-byte header size, zip, pickles) hold many NUL bytes at their start; one
+    // NUL in a text file is a damaged record (parse_prompt_record names it), not a binary file.
+    const size_t nul = h.find('\0');
+    AERIE_CHECK(std::count(h.begin(), h.end(), '\0') < 2,
+                "prompt set " << path << " is a binary file (NUL bytes from byte offset " << nul << " on): prompts "
+                              << "are a text file (.txt, paragraphs), JSONL or a JSON array of prompts or conversations");
   }
   const bool text = format == InputFormat::Text ||
                     (format == InputFormat::Auto && path.size() >= 4 && path.compare(path.size() - 4, 4, ".txt") == 0);

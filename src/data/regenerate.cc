@@ -4,8 +4,10 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -257,14 +259,25 @@ std::string chunk_name(int64_t c) {
 // `text` into `path` through `tmp` ("<path>.tmp" when empty), renamed when complete.
 void write_file(const std::string& path, const std::string& text, const std::string& tmp_path = "") {
   const std::string tmp = tmp_path.empty() ? path + ".tmp" : tmp_path;
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    AERIE_CHECK(out, "generate: cannot write " << tmp);
+  errno = 0;
+  std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+  if (out) {
     out << text;
     out.flush();
-    AERIE_CHECK(out, "generate: write error on " << tmp);
   }
-  fs::rename(tmp, path);
+  if (!out) {  // a full disk: the partial file is removed (its space back), the chunks already written stay
+    const int err = errno;
+    out.close();
+    std::error_code ec;
+    fs::remove(tmp, ec);
+    AERIE_THROW("generate: cannot write " << tmp << (err ? std::string(": ") + std::strerror(err) : std::string())
+                                          << "; the partial file is removed, the chunks written before are kept: "
+                                          << "make room and rerun the same command to finish");
+  }
+  out.close();
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  AERIE_CHECK(!ec, "generate: cannot rename " << tmp << " to " << path << ": " << ec.message());
 }
 
 std::string read_file(const std::string& path) {
@@ -364,6 +377,10 @@ RegenerateStats run_regenerate(const RegenerateOptions& opt, ParallelGroups& gro
   RegenerateStats stats;
   stats.records = opt.max_conversations >= 0 ? std::min(opt.max_conversations, input.size()) : input.size();
   stats.chunks = (stats.records + S - 1) / S;
+  // Every rank indexed the same file: all refuse together, before an empty output is written.
+  if (stats.records == 0)
+    throw CollectiveError("generate: --input " + opt.input + " holds no record" +
+                          (opt.max_conversations == 0 ? " (--max-conversations 0)" : " (an empty JSON array?)"));
   const std::string parts = opt.output + ".parts";
   // OUTPUT.lock on rank 0, unless the job holds it already: open_parts removes stale .tmp files only under it.
   const OutputLock lock = acquire_output_lock(world.handle(), opt.output, LockTarget::File, "generate");
@@ -410,6 +427,8 @@ RegenerateStats run_regenerate(const RegenerateOptions& opt, ParallelGroups& gro
   std::map<int64_t, int64_t> chunk_of;  // record index -> chunk
   int64_t in_flight = 0;                // responses submitted, not returned
   int64_t skip_counts[static_cast<int>(SkipReason::Count_)] = {};
+  constexpr int64_t kDropsNamed = 5;  // dropped records named in a warning, per group
+  int64_t named_drops = 0;
   // Work finished since the last report to rank 0 (records, responses, new tokens), the last chunk written.
   std::vector<int64_t> unreported(3, 0);
   int64_t last_written = -1;
@@ -434,9 +453,13 @@ RegenerateStats run_regenerate(const RegenerateOptions& opt, ParallelGroups& gro
     } else {
       ++stats.dropped;
       ++skip_counts[static_cast<int>(r.skip)];
+      // The first few of each group named as a warning (file:line and why), the others at debug level;
+      // blank lines are not worth a line.
       if (leader && r.skip != SkipReason::Empty)
-        AERIE_LOG(debug) << "generate: " << opt.input << " record " << index << " dropped: " << skip_name(r.skip)
-                         << (r.detail.empty() ? "" : " (" + r.detail + ")");
+        BOOST_LOG_SEV(boost::log::trivial::logger::get(),
+                      ++named_drops <= kDropsNamed ? boost::log::trivial::warning : boost::log::trivial::debug)
+            << "generate: dropped " << input.where(index) << ": " << skip_name(r.skip)
+            << (r.detail.empty() ? "" : " (" + r.detail + ")");
     }
     if (--oc.waiting > 0) return;
     if (leader) {
@@ -575,7 +598,8 @@ RegenerateStats run_regenerate(const RegenerateOptions& opt, ParallelGroups& gro
                     << stats.responses << " responses, " << stats.new_tokens << " new tokens (" << stats.prompt_tokens
                     << " prompt tokens) in " << stats.seconds << " s ("
                     << (stats.seconds > 0 ? stats.new_tokens / stats.seconds : 0) << " new tokens/s); dropped "
-                    << stats.dropped << (why.empty() ? "" : " (" + why + ")") << ", cut short " << stats.truncated
+                    << stats.dropped << (why.empty() ? "" : " (" + why + "; the first of each group named above)")
+                    << ", cut short " << stats.truncated
                     << " (a turn past --max-length)";
     if (stats.at_limit > 0)
       AERIE_LOG(warning) << "generate: " << stats.at_limit << " of " << stats.responses << " responses ended at "

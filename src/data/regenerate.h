@@ -175,7 +175,8 @@ struct RegenerateStats {
 /// Regenerates every missing chunk and, when all exist, writes <output>. Collective over groups.world;
 /// `engine` is collective over groups.tp. World rank 0 holds <output>'s lock (<output>.lock,
 /// io/output_lock.h) unless this process holds it already (the job), and removes stale .tmp files of the
-/// parts folder only under it. Throws aerie::Error on an unreadable input, a non-conversation format, a
+/// parts folder only under it. Throws aerie::CollectiveError (every rank, before anything is written) when the
+/// input holds no record (an empty JSON array; max_conversations 0), aerie::Error on an unreadable input, a non-conversation format, a
 /// parts folder of another run, or I/O failure (the caller aborts: peers may be waiting), and
 /// aerie::CollectiveError (every rank) when another job holds the lock.
 RegenerateStats run_regenerate(const RegenerateOptions& options, ParallelGroups& groups, const ChatTemplate& tmpl,

@@ -21,11 +21,23 @@ herr_t walk_cb(unsigned n, const H5E_error2_t* err, void* data) {
   if (n == 0 && err->desc) *out = err->desc;  // walked upward: entry 0 is the innermost
   return 0;
 }
+// HDF5's sec2 driver writes a failed write(2) as "file write failed: time = ..., filename = ..., errno = 28,
+// error message = 'No space left on device', buf = 0x..., ..." over two lines: only the first words and the
+// system's message are kept ("file write failed: No space left on device"); the caller names the file.
+std::string short_hdf5_message(const std::string& msg) {
+  const std::string key = "error message = '";
+  const size_t colon = msg.find(": time = "), at = msg.find(key);
+  if (colon == std::string::npos || at == std::string::npos) return msg;
+  const size_t end = msg.find('\'', at + key.size());
+  if (end == std::string::npos) return msg;
+  return msg.substr(0, colon) + ": " + msg.substr(at + key.size(), end - at - key.size());
+}
+
 std::string hdf5_message() {
   std::string msg;
   H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, walk_cb, &msg);
   H5Eclear2(H5E_DEFAULT);
-  return msg.empty() ? std::string() : " (HDF5: " + msg + ")";
+  return msg.empty() ? std::string() : " (HDF5: " + short_hdf5_message(msg) + ")";
 }
 
 #define H5_CHECK(expr, msg)                                           \

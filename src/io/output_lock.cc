@@ -290,6 +290,12 @@ OutputLock OutputLock::acquire(const std::string& target, LockTarget kind, const
       ::close(fd);
       AERIE_THROW(what << ": the lock file " << path << " holds no aerie lock record; remove it if no job uses "
                        << target);
+    } else if (!text.empty()) {
+      // Its flock is free, so no job holds it; but what wrote it is unknown (a damaged record, a file
+      // copied over it): said once, then replaced by this job's record.
+      AERIE_LOG(warning) << job << ": taking over the lock " << path << ", which holds no readable aerie lock record ("
+                         << text.size() << " bytes" << (text.size() > (1 << 16) ? " or more" : "")
+                         << ") and is not flocked by any process";
     }
     const std::string mine = me.to_json();
     if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, mine.data(), mine.size(), 0) != static_cast<ssize_t>(mine.size()) ||

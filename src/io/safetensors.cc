@@ -106,7 +106,9 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
     for (const auto& d : v["shape"]) {
       AERIE_CHECK(d.is_number_unsigned(), path << ": tensor '" << name << "': bad dimension " << d.dump());
       const uint64_t n = d.get<uint64_t>();
-      AERIE_CHECK(n == 0 || numel <= (uint64_t{1} << 62) / n, path << ": tensor '" << name << "': shape overflows");
+      // Bytes, not elements, bounded: numel x dtype_size must not wrap (a [2^31, 2^31] F32 tensor is 2^64 bytes).
+      AERIE_CHECK(n == 0 || numel <= (uint64_t{1} << 62) / n / dtype_size(e.dtype),
+                  path << ": tensor '" << name << "': shape overflows (more than 2^62 bytes)");
       numel *= n;
       e.shape.push_back(static_cast<int64_t>(n));
     }

@@ -4,8 +4,8 @@
 // forward, and whether that fits a GPU. The sharding rules and the arithmetic: docs/memory-plan.md
 // (shared/docs/deepseek-v3.md, sections 3 and 7).
 //
-// Only the header fields are read (8-byte length + JSON of each shard): a checkpoint of 600 GB plans in
-// a second, and the tensor data need not be present. All sizes are bytes.
+// Only the header fields are read (8-byte length + JSON of each shard; the file's size is checked against
+// them as the loader does): a checkpoint of 600 GB plans in a second. All sizes are bytes.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -140,10 +140,12 @@ MemoryPlan plan_memory(const nlohmann::json& config, const std::vector<TensorInf
 nlohmann::json read_model_config(const std::string& path);
 
 /// The tensors of a checkpoint directory from its safetensors headers only: <dir>/model.safetensors, or
-/// every shard of <dir>/model.safetensors.index.json's weight_map. The data is not read and need not be
-/// present (a header-only copy plans the same). Throws aerie::Error naming the file on a missing
-/// checkpoint or shard, a truncated header, a header that is not JSON or lacks dtype/shape, an unknown
-/// dtype, or an index entry whose shard lacks the tensor.
+/// every shard of <dir>/model.safetensors.index.json's weight_map. The data is not read, but each header is
+/// checked as the loader checks it (io/safetensors.h's SafetensorsReader), so a checkpoint the loader would
+/// refuse is refused here. Throws aerie::Error naming the file (and the tensor) on a missing checkpoint or
+/// shard, a truncated file or header, a header that is not JSON or lacks dtype/shape/data_offsets, a dtype
+/// the loader does not read (I8, F64, ...), data_offsets outside the data buffer, or an index entry whose
+/// shard lacks the tensor. A tensor list without data: read_tensor_list.
 std::vector<TensorInfo> read_checkpoint_tensors(const std::string& dir);
 
 /// A tensor list of one JSON object per line, {"name", "shape", "dtype"} (the shared data's

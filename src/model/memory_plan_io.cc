@@ -1,5 +1,5 @@
 // The inputs of a memory plan (memory_plan.h): config.json, the tensor list of a checkpoint's safetensors
-// headers (header only: the 8-byte length and the JSON, never the data), a name/shape/dtype list
+// headers (checked as the loader checks them; the data is never read), a name/shape/dtype list
 // (.jsonl, gzip or plain), and memory sizes such as "96GB".
 #include <zlib.h>
 
@@ -13,6 +13,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "io/safetensors.h"
 #include "model/memory_plan.h"
 
 namespace aerie {
@@ -22,9 +23,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-constexpr uint64_t kMaxHeader = 100u << 20;  // the safetensors reference refuses larger headers
-
-// One header entry -> TensorInfo; `where` names the file for messages.
+// One entry of a tensor list (--tensors) -> TensorInfo; `where` names the file and line for messages.
 TensorInfo tensor_of(const std::string& name, const json& v, const std::string& where) {
   AERIE_CHECK(v.is_object() && v.contains("dtype") && v["dtype"].is_string() && v.contains("shape") &&
                   v["shape"].is_array(),
@@ -44,30 +43,14 @@ TensorInfo tensor_of(const std::string& name, const json& v, const std::string& 
   return t;
 }
 
-// The tensors of one safetensors file's header; the data after it is not read (nor required).
+// The tensors of one safetensors file's header, checked as the loader checks it (io/safetensors.h's
+// SafetensorsReader: dtypes it reads, data_offsets inside the data buffer, a file as long as the header says),
+// so that the plan refuses what extract would refuse, naming the file and the tensor. The data is not read.
 std::vector<TensorInfo> header_tensors(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  AERIE_CHECK(f, "cannot open safetensors file " << path << ": " << std::strerror(errno));
-  unsigned char b8[8];
-  f.read(reinterpret_cast<char*>(b8), 8);
-  AERIE_CHECK(f.gcount() == 8, path << ": truncated safetensors file (no 8-byte header size)");
-  uint64_t len = 0;
-  for (int i = 7; i >= 0; --i) len = (len << 8) | b8[i];
-  AERIE_CHECK(len <= kMaxHeader, path << ": header size " << len << " exceeds the 100 MB limit (not safetensors?)");
-  std::string header(len, '\0');
-  f.read(header.data(), static_cast<std::streamsize>(len));
-  AERIE_CHECK(static_cast<uint64_t>(f.gcount()) == len,
-              path << ": truncated safetensors header (" << f.gcount() << " of " << len << " bytes)");
-  json j;
-  try {
-    j = json::parse(header);
-  } catch (const json::exception& e) {
-    AERIE_THROW(path << ": the safetensors header is not JSON: " << e.what());
-  }
-  AERIE_CHECK(j.is_object(), path << ": the safetensors header is not a JSON object");
+  const SafetensorsReader reader(path);
   std::vector<TensorInfo> out;
-  for (const auto& [name, v] : j.items())
-    if (name != "__metadata__") out.push_back(tensor_of(name, v, path));
+  for (const auto& [name, e] : reader.entries())
+    out.push_back({name, dtype_name(e.dtype), e.shape});
   return out;
 }
 

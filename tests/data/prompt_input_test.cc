@@ -136,9 +136,24 @@ TEST(PromptFileTest, JsonlLinesArrayElementsAndStories) {
   write(dir + "/p.h5", std::string("\x89HDF\r\n\x1a\n\0\0\0", 11));
   EXPECT_NE(testing::error_of([&] { PromptFile f(dir + "/p.h5", InputFormat::Auto); }).find("is an HDF5 file"),
             std::string::npos);
-  write(dir + "/w.bin", std::string("abc\0def", 7));
-  EXPECT_NE(testing::error_of([&] { PromptFile f(dir + "/w.bin", InputFormat::Auto); }).find("is a binary file"),
+  write(dir + "/w.bin", std::string("abc\0\0def", 8));
+  EXPECT_NE(testing::error_of([&] { PromptFile f(dir + "/w.bin", InputFormat::Auto); })
+                .find("is a binary file (NUL bytes from byte offset 3 on)"),
             std::string::npos);
+  // One NUL byte in a line of a text file is that record's damage, not a binary file: the record is
+  // skipped naming the column (eval --prompts names its file:line, generate drops it naming file:line).
+  write(dir + "/nul.jsonl", std::string("{\"prompt\": \"a\"}\n{\"prompt\": \"b\0c\"}\n{\"prompt\": \"d\"}\n", 50));
+  PromptFile nul(dir + "/nul.jsonl", InputFormat::Auto);
+  ASSERT_EQ(nul.size(), 3);
+  const std::vector<std::string> recs = nul.read(0, 3);
+  EXPECT_EQ(parse_prompt_record(recs[0], InputFormat::Auto).skip, SkipReason::None);
+  const PromptRecord bad = parse_prompt_record(recs[1], InputFormat::Auto);
+  EXPECT_EQ(bad.skip, SkipReason::BadJson);
+  EXPECT_EQ(bad.detail, "a NUL byte at column 14: not valid JSON");
+  EXPECT_EQ(nul.where(1), dir + "/nul.jsonl:2");
+  EXPECT_EQ(parse_prompt_record(recs[2], InputFormat::Auto).skip, SkipReason::None);
+  EXPECT_EQ(parse_prompt_record(std::string("One.\0 Two.", 11), InputFormat::Text).detail,
+            "a NUL byte at column 5 of the story");
 
   write(dir + "/s.txt", "\nOne. Two\nthree.\n\n\n  \nFour! Five.\nSix.\n\nSeven only.\n");
   PromptFile st(dir + "/s.txt", InputFormat::Auto);
