@@ -3,10 +3,8 @@
 #include "kernels/activation.h"
 
 #include "kernels/cpu/cpu_kernels.h"
-#include "kernels/dispatch.h"
-#ifdef AERIE_WITH_CUDA
 #include "kernels/cuda/activation.h"
-#endif
+#include "kernels/dispatch.h"
 
 namespace aerie {
 
@@ -24,14 +22,7 @@ void swiglu_forward(const Tensor& gate, const Tensor& up, Tensor& out) {
     check_float(*t, op, name);
   }
   const Device dev = kernels::common_device(op, {{"gate", &gate}, {"up", &up}, {"out", &out}});
-  if (dev == Device::CUDA) {
-#ifdef AERIE_WITH_CUDA
-    cuda::swiglu_forward(gate, up, out);
-    return;
-#else
-    kernels::throw_no_backend(op, dev);
-#endif
-  }
+  AERIE_CUDA_DISPATCH(op, dev, cuda::swiglu_forward(gate, up, out));
   const Tensor gf = as_f32(gate), uf = as_f32(up);
   Tensor of = f32_out(out);
   cpu::swiglu_forward(gf.data<float>(), uf.data<float>(), of.data<float>(), gate.numel());
@@ -48,14 +39,7 @@ void swiglu_backward(const Tensor& dout, const Tensor& gate, const Tensor& up, T
   }
   const Device dev = kernels::common_device(
       op, {{"dout", &dout}, {"gate", &gate}, {"up", &up}, {"dgate", &dgate}, {"dup", &dup}});
-  if (dev == Device::CUDA) {
-#ifdef AERIE_WITH_CUDA
-    cuda::swiglu_backward(dout, gate, up, dgate, dup);
-    return;
-#else
-    kernels::throw_no_backend(op, dev);
-#endif
-  }
+  AERIE_CUDA_DISPATCH(op, dev, cuda::swiglu_backward(dout, gate, up, dgate, dup));
   const Tensor df = as_f32(dout), gf = as_f32(gate), uf = as_f32(up);
   Tensor dgf = f32_out(dgate), duf = f32_out(dup);
   cpu::swiglu_backward(df.data<float>(), gf.data<float>(), uf.data<float>(), dgf.data<float>(), duf.data<float>(),

@@ -6,11 +6,9 @@
 #include <utility>
 
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cuda/attention.h"
 #include "kernels/dispatch.h"
 #include "kernels/tensor_ops.h"
-#ifdef AERIE_WITH_CUDA
-#include "kernels/cuda/attention.h"
-#endif
 
 namespace aerie {
 
@@ -105,15 +103,7 @@ void attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, int64_
   const cpu::AttentionDims a = check_qkv(op, q, k, v, q_offset, scale, window, true);
   check_out_lse(op, q, out, lse, a);
   const Device dev = kernels::common_device(op, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}});
-  if (dev == Device::CUDA) {
-#ifdef AERIE_WITH_CUDA
-    cuda::attention_forward(q, k, v, q_offset, scale, out, lse, window);
-    return;
-#else
-    kernels::throw_no_backend(op, dev);
-#endif
-  }
-  if (dev != Device::CPU) kernels::throw_no_backend(op, dev);
+  AERIE_CUDA_DISPATCH(op, dev, cuda::attention_forward(q, k, v, q_offset, scale, out, lse, window));
   const Tensor qf = f32_in(q), kf = f32_in(k), vf = f32_in(v);
   F32Out o(out, false);
   cpu::attention_forward(qf.data<float>(), kf.data<float>(), vf.data<float>(), a, o.data(),
@@ -167,15 +157,7 @@ void attention_decode_batch(const Tensor& q, const std::vector<int64_t>& rows, c
   }
   const Device dev = kernels::common_device(op, devs);
   if (B == 0) return;
-  if (dev == Device::CUDA) {
-#ifdef AERIE_WITH_CUDA
-    cuda::attention_decode_batch(q, rows, k, v, lengths, scale, out, window);
-    return;
-#else
-    kernels::throw_no_backend(op, dev);
-#endif
-  }
-  if (dev != Device::CPU) kernels::throw_no_backend(op, dev);
+  AERIE_CUDA_DISPATCH(op, dev, cuda::attention_decode_batch(q, rows, k, v, lengths, scale, out, window));
   for (size_t i = 0; i < B; ++i) {
     const int64_t L = lengths[i], r = rows[i];
     Tensor vals = v[i]->slice(0, L);
@@ -207,15 +189,7 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   dv.check_dtype(dk.dtype(), what(op, "dv (dk's dtype)"));
   const Device dev = kernels::common_device(op, {{"dout", &dout}, {"q", &q}, {"k", &k}, {"v", &v}, {"out", &out},
                                                  {"lse", &lse}, {"dq", &dq}, {"dk", &dk}, {"dv", &dv}});
-  if (dev == Device::CUDA) {
-#ifdef AERIE_WITH_CUDA
-    cuda::attention_backward(dout, q, k, v, out, lse, q_offset, scale, dq, dk, dv, window);
-    return;
-#else
-    kernels::throw_no_backend(op, dev);
-#endif
-  }
-  if (dev != Device::CPU) kernels::throw_no_backend(op, dev);
+  AERIE_CUDA_DISPATCH(op, dev, cuda::attention_backward(dout, q, k, v, out, lse, q_offset, scale, dq, dk, dv, window));
   const Tensor dof = f32_in(dout), qf = f32_in(q), kf = f32_in(k), vf = f32_in(v), of = f32_in(out);
   F32Out gq(dq, false), gk(dk, true), gv(dv, true);
   cpu::attention_backward(dof.data<float>(), qf.data<float>(), kf.data<float>(), vf.data<float>(), of.data<float>(),
@@ -236,15 +210,7 @@ void attention_forward_varlen(const Tensor& q, const Tensor& k, const Tensor& v,
   check_out_lse(op, q, out, lse, a);
   const Device dev = kernels::common_device(
       op, {{"q", &q}, {"k", &k}, {"v", &v}, {"cu_seqlens", &cu_seqlens}, {"out", &out}});
-  if (dev == Device::CUDA) {
-#ifdef AERIE_WITH_CUDA
-    cuda::attention_forward_varlen(q, k, v, cu_seqlens, scale, out, lse);
-    return;
-#else
-    kernels::throw_no_backend(op, dev);
-#endif
-  }
-  if (dev != Device::CPU) kernels::throw_no_backend(op, dev);
+  AERIE_CUDA_DISPATCH(op, dev, cuda::attention_forward_varlen(q, k, v, cu_seqlens, scale, out, lse));
   const int32_t* cu = cu_seqlens.data<int32_t>();
   const int64_t nseq = cu_seqlens.dim(0) - 1;
   AERIE_CHECK(cu[0] == 0 && cu[nseq] == a.tq,
@@ -278,15 +244,7 @@ void attention_merge_diagonal_forward(const Tensor& q, const std::vector<const T
   lse.check_dtype(DType::F32, what(op, "lse"));
   const Device dev = kernels::common_device(op, {{"q", &q}, {"out", &out}, {"lse", &lse}});
   if (diag_k.empty()) return;
-  if (dev == Device::CUDA) {
-#ifdef AERIE_WITH_CUDA
-    cuda::attention_merge_diagonal_forward(q, diag_k, diag_v, scale, out, lse);
-    return;
-#else
-    kernels::throw_no_backend(op, dev);
-#endif
-  }
-  if (dev != Device::CPU) kernels::throw_no_backend(op, dev);
+  AERIE_CUDA_DISPATCH(op, dev, cuda::attention_merge_diagonal_forward(q, diag_k, diag_v, scale, out, lse));
   const cpu::AttentionDims a{q.dim(0), q.dim(0), q.dim(1), nkv, q.dim(2), 0, scale};
   const Tensor qf = f32_in(q);
   std::vector<Tensor> keep;  // widened diagonal copies (BF16 inputs)
@@ -335,15 +293,8 @@ void attention_merge_diagonal_backward(const Tensor& dout, const Tensor& q, cons
   const Device dev = kernels::common_device(
       op, {{"dout", &dout}, {"q", &q}, {"out", &out}, {"lse", &lse}, {"dq", &dq}});
   if (diag_k.empty()) return;
-  if (dev == Device::CUDA) {
-#ifdef AERIE_WITH_CUDA
-    cuda::attention_merge_diagonal_backward(dout, q, diag_k, diag_v, out, lse, scale, dq, ddiag_k, ddiag_v);
-    return;
-#else
-    kernels::throw_no_backend(op, dev);
-#endif
-  }
-  if (dev != Device::CPU) kernels::throw_no_backend(op, dev);
+  AERIE_CUDA_DISPATCH(
+      op, dev, cuda::attention_merge_diagonal_backward(dout, q, diag_k, diag_v, out, lse, scale, dq, ddiag_k, ddiag_v));
   const cpu::AttentionDims a{q.dim(0), q.dim(0), q.dim(1), nkv, q.dim(2), 0, scale};
   const Tensor dof = f32_in(dout), qf = f32_in(q), of = f32_in(out);
   std::vector<Tensor> keep;

@@ -1,10 +1,8 @@
 // convert: checks and device dispatch (see convert.h).
 #include "kernels/convert.h"
 
-#include "kernels/dispatch.h"
-#ifdef AERIE_WITH_CUDA
 #include "kernels/cuda/convert.h"
-#endif
+#include "kernels/dispatch.h"
 
 namespace aerie {
 namespace cpu {
@@ -26,14 +24,7 @@ void convert(const Tensor& src, Tensor& dst) {
     dst.copy_from(src);
     return;
   }
-  if (dev == Device::CUDA) {
-#ifdef AERIE_WITH_CUDA
-    cuda::convert(src.raw(), s, dst.raw(), d, src.numel());
-    return;
-#else
-    kernels::throw_no_backend(op, dev);
-#endif
-  }
+  AERIE_CUDA_DISPATCH(op, dev, cuda::convert(src.raw(), s, dst.raw(), d, src.numel()));
   cpu::convert(src.raw(), s, dst.raw(), d, src.numel());
 }
 

@@ -36,6 +36,33 @@ inline Device common_device(const char* op, const std::vector<std::pair<const ch
   AERIE_THROW(op << ": the " << device_name(d) << " backend is not built (CPU only)");
 }
 
+/// Throws (throw_no_backend) when this build has no backend for `d`: for the ops whose GPU path is more than the
+/// one call of AERIE_CUDA_DISPATCH.
+inline void check_backend(const char* op, Device d) {
+#ifndef AERIE_WITH_CUDA
+  if (d != Device::CPU) throw_no_backend(op, d);
+#else
+  (void)op;
+  (void)d;
+#endif
+}
+
+/// The CUDA branch of an op's dispatch, written once (as CTranslate2 writes its device dispatch once): on a CUDA
+/// device it evaluates `call` (an expression: the family's cuda:: function) and returns its value from the op (a
+/// void op returns the void call); in a build without the CUDA backend it throws naming the op, and `call` is not
+/// compiled, so an op's .cc holds no #ifdef. Usage: AERIE_CUDA_DISPATCH(op, dev, cuda::swiglu_forward(g, u, out));
+#ifdef AERIE_WITH_CUDA
+#define AERIE_CUDA_DISPATCH(op, dev, ...)                   \
+  do {                                                      \
+    if ((dev) == ::aerie::Device::CUDA) return __VA_ARGS__; \
+  } while (0)
+#else
+#define AERIE_CUDA_DISPATCH(op, dev, ...)                                            \
+  do {                                                                               \
+    if ((dev) == ::aerie::Device::CUDA) ::aerie::kernels::throw_no_backend(op, dev); \
+  } while (0)
+#endif
+
 /// "op: name" for Tensor::check_shape / check_dtype messages.
 inline std::string what(const char* op, const char* name) { return std::string(op) + ": " + name; }
 

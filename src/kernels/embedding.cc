@@ -2,10 +2,8 @@
 #include "kernels/embedding.h"
 
 #include "kernels/cpu/cpu_kernels.h"
-#include "kernels/dispatch.h"
-#ifdef AERIE_WITH_CUDA
 #include "kernels/cuda/embedding.h"
-#endif
+#include "kernels/dispatch.h"
 
 namespace aerie {
 
@@ -36,16 +34,9 @@ void embedding_forward_impl(const char* op, const Tensor& ids, const Tensor& tab
   out.check_shape({n, h}, what(op, "out"));
   check_float(out, op, "out");
   const Device dev = kernels::common_device(op, {{"ids", &ids}, {"table", &table}, {"out", &out}});
-  if (dev == Device::CUDA) {
-#ifdef AERIE_WITH_CUDA
-    if (check_on_cuda) check_ids(op, ids, v, row_offset);
-    cuda::embedding_forward(ids, table, out, row_offset);
-    return;
-#else
-    kernels::throw_no_backend(op, dev);
-#endif
-  }
-  check_ids(op, ids, v, row_offset);
+  kernels::check_backend(op, dev);  // before check_ids reads the ids
+  if (dev == Device::CPU || check_on_cuda) check_ids(op, ids, v, row_offset);
+  AERIE_CUDA_DISPATCH(op, dev, cuda::embedding_forward(ids, table, out, row_offset));
   const int32_t* id = ids.data<int32_t>();
   Tensor of = out.dtype() == DType::F32 ? out : Tensor::empty({n, h}, DType::F32);
   if (table.dtype() == DType::F32)
@@ -79,16 +70,9 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, Tensor& dtable, i
   dout.check_shape({n, h}, what(op, "dout"));
   check_float(dout, op, "dout");
   const Device dev = kernels::common_device(op, {{"ids", &ids}, {"dout", &dout}, {"dtable", &dtable}});
-  if (dev == Device::CUDA) {
-#ifdef AERIE_WITH_CUDA
-    check_ids(op, ids, v, row_offset);
-    cuda::embedding_backward(ids, dout, dtable, row_offset);
-    return;
-#else
-    kernels::throw_no_backend(op, dev);
-#endif
-  }
+  kernels::check_backend(op, dev);  // before check_ids reads the ids
   check_ids(op, ids, v, row_offset);
+  AERIE_CUDA_DISPATCH(op, dev, cuda::embedding_backward(ids, dout, dtable, row_offset));
   const Tensor df = dout.dtype() == DType::F32 ? dout : dout.to(DType::F32);
   cpu::embedding_backward(ids.data<int32_t>(), df.data<float>(), dtable.data<float>(), n, h, row_offset);
 }

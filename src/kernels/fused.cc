@@ -3,10 +3,8 @@
 #include "kernels/fused.h"
 
 #include "kernels/cpu/fused.h"
-#include "kernels/dispatch.h"
-#ifdef AERIE_WITH_CUDA
 #include "kernels/cuda/fused.h"
-#endif
+#include "kernels/dispatch.h"
 
 namespace aerie {
 
@@ -43,14 +41,7 @@ void qkv_rope_forward(const Tensor& qkv, const Tensor& positions, const std::vec
   }
   const Device dev =
       kernels::common_device(op, {{"qkv", &qkv}, {"positions", &positions}, {"q", &q}, {"k", &k}, {"v", &v}});
-  if (dev == Device::CUDA) {
-#ifdef AERIE_WITH_CUDA
-    cuda::qkv_rope_forward(qkv, positions, inv_freq, q_norm, k_norm, eps, q, k, v);
-    return;
-#else
-    kernels::throw_no_backend(op, dev);
-#endif
-  }
+  AERIE_CUDA_DISPATCH(op, dev, cuda::qkv_rope_forward(qkv, positions, inv_freq, q_norm, k_norm, eps, q, k, v));
   const Tensor xf = as_f32(qkv);
   Tensor qn, kn;
   if (q_norm.defined()) qn = as_f32(q_norm), kn = as_f32(k_norm);
@@ -70,14 +61,7 @@ void swiglu_packed_forward(const Tensor& gu, Tensor& out) {
   check_float(gu, op, "gu");
   check_float(out, op, "out");
   const Device dev = kernels::common_device(op, {{"gu", &gu}, {"out", &out}});
-  if (dev == Device::CUDA) {
-#ifdef AERIE_WITH_CUDA
-    cuda::swiglu_packed_forward(gu, out);
-    return;
-#else
-    kernels::throw_no_backend(op, dev);
-#endif
-  }
+  AERIE_CUDA_DISPATCH(op, dev, cuda::swiglu_packed_forward(gu, out));
   const Tensor gf = as_f32(gu);
   Tensor of = f32_out(out);
   cpu::swiglu_packed_forward(gf.data<float>(), out.dim(0), out.dim(1), of.data<float>());
@@ -96,14 +80,7 @@ void add_rmsnorm_forward(Tensor& r, const Tensor& x, const Tensor& w, float eps,
   check_float(y, op, "y");
   AERIE_CHECK(r.numel() == 0 || (y.raw() != r.raw() && y.raw() != x.raw()), op << ": y must not alias r or x");
   const Device dev = kernels::common_device(op, {{"r", &r}, {"x", &x}, {"w", &w}, {"y", &y}});
-  if (dev == Device::CUDA) {
-#ifdef AERIE_WITH_CUDA
-    cuda::add_rmsnorm_forward(r, x, w, eps, y);
-    return;
-#else
-    kernels::throw_no_backend(op, dev);
-#endif
-  }
+  AERIE_CUDA_DISPATCH(op, dev, cuda::add_rmsnorm_forward(r, x, w, eps, y));
   const Tensor xf = as_f32(x), wf = as_f32(w);
   Tensor yf = f32_out(y);
   cpu::add_rmsnorm_forward(r.data<float>(), xf.data<float>(), wf.data<float>(), eps, r.dim(0), r.dim(1),

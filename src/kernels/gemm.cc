@@ -7,10 +7,8 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_kernels.h"
-#include "kernels/dispatch.h"
-#ifdef AERIE_WITH_CUDA
 #include "kernels/cuda/gemm.h"
-#endif
+#include "kernels/dispatch.h"
 
 namespace aerie {
 
@@ -32,14 +30,7 @@ void matmul(const Tensor& a, const Tensor& b, Tensor& c, bool trans_a, bool tran
   AERIE_CHECK(c.dtype() == DType::F32 || c.dtype() == DType::BF16,
               op << ": c must be F32 or BF16, got " << dtype_name(c.dtype()));
   const Device dev = kernels::common_device(op, {{"a", &a}, {"b", &b}, {"c", &c}});
-  if (dev == Device::CUDA) {
-#ifdef AERIE_WITH_CUDA
-    cuda::matmul(a, b, c, m, n, k, trans_a, trans_b, alpha, beta);
-    return;
-#else
-    kernels::throw_no_backend(op, dev);
-#endif
-  }
+  AERIE_CUDA_DISPATCH(op, dev, cuda::matmul(a, b, c, m, n, k, trans_a, trans_b, alpha, beta));
   if (c.dtype() == DType::BF16) {  // fp32 result, rounded to bf16 once (bf16 a, b checked above)
     bf16* cb = c.data<bf16>();
     std::vector<float> cf(static_cast<size_t>(m * n));
@@ -96,14 +87,7 @@ void matmul_grouped(const Tensor& a, const std::vector<Tensor>& w, const std::ve
     groups.push_back(g);
   }
   if (groups.empty() || N == 0) return;
-  if (dev == Device::CUDA) {
-#ifdef AERIE_WITH_CUDA
-    cuda::matmul_grouped(a, w, offsets, groups, c);
-    return;
-#else
-    kernels::throw_no_backend(op, dev);
-#endif
-  }
+  AERIE_CUDA_DISPATCH(op, dev, cuda::matmul_grouped(a, w, offsets, groups, c));
   for (const int64_t g : groups) {
     const Tensor ag = a.slice(offsets[g], offsets[g + 1]);
     Tensor cg = c.slice(offsets[g], offsets[g + 1]);
@@ -250,17 +234,12 @@ void matmul_grouped_quant(const Tensor& a, GroupedWeightFormat format, const std
     groups.push_back(g);
   }
   if (groups.empty() || N == 0) return;
-  if (dev == Device::CUDA) {
-#ifdef AERIE_WITH_CUDA
-    if (grouped_quant_fused_unsupported(a, format, w, offsets, c).empty()) {
-      cuda::matmul_grouped_quant(a, static_cast<int>(format), w, offsets, groups, c,
-                                 a_rows ? a_rows->data<int32_t>() : nullptr, static_cast<int>(row_div));
-      return;
-    }
-#else
-    kernels::throw_no_backend(op, dev);
-#endif
-  }
+  // On the GPU the fused kernel where it takes the formats and shapes, else the reference below (on the GPU too).
+  if (dev != Device::CUDA || grouped_quant_fused_unsupported(a, format, w, offsets, c).empty())
+    AERIE_CUDA_DISPATCH(
+        op, dev,
+        cuda::matmul_grouped_quant(a, static_cast<int>(format), w, offsets, groups, c,
+                                   a_rows ? a_rows->data<int32_t>() : nullptr, static_cast<int>(row_div)));
   Tensor ga;  // a_rows: the gathered rows (the reference; the fused kernel reads them in place)
   if (a_rows) {
     const Tensor idx = a_rows->device() == Device::CPU ? *a_rows : a_rows->to_device(Device::CPU);
@@ -354,15 +333,10 @@ bool matmul_fp8_block(const Tensor& xq, const Tensor& xs, const Tensor& wq, cons
               op << ": y " << shape_str(y.shape()) << " has no columns [" << c0 << ", " << c0 + n << ") for " << m
                  << " rows");
   const Device dev = kernels::common_device(op, {{"xq", &xq}, {"xs", &xs}, {"wq", &wq}, {"ws", &ws}, {"y", &y}});
-  if (dev == Device::CUDA) {
-#ifdef AERIE_WITH_CUDA
-    char* y0 = static_cast<char*>(y.raw()) + c0 * static_cast<int64_t>(dtype_size(y.dtype()));
-    return cuda::matmul_fp8_block(xq.raw(), xs.data<float>(), wq.raw(), ws.data<float>(), m, n, k, y0, y.dtype(),
-                                  y.dim(1), beta, why);
-#else
-    kernels::throw_no_backend(op, dev);
-#endif
-  }
+  [[maybe_unused]] char* y0 = static_cast<char*>(y.raw()) + c0 * static_cast<int64_t>(dtype_size(y.dtype()));  // col c0
+  AERIE_CUDA_DISPATCH(op, dev,
+                      cuda::matmul_fp8_block(xq.raw(), xs.data<float>(), wq.raw(), ws.data<float>(), m, n, k, y0,
+                                             y.dtype(), y.dim(1), beta, why));
   cpu::matmul_fp8_block(static_cast<const uint8_t*>(xq.raw()), xs.data<float>(), static_cast<const uint8_t*>(wq.raw()),
                         ws.data<float>(), ws.dim(1), m, n, k, y.raw(), y.dtype(), y.dim(1), c0, beta);
   return true;

@@ -6,11 +6,9 @@
 
 #include "kernels/convert.h"
 #include "kernels/cpu/cpu_kernels.h"
+#include "kernels/cuda/loss.h"
 #include "kernels/dispatch.h"
 #include "kernels/gemm.h"
-#ifdef AERIE_WITH_CUDA
-#include "kernels/cuda/loss.h"
-#endif
 
 namespace aerie {
 
@@ -39,13 +37,9 @@ double soft_cross_entropy(const Tensor& logits, const Tensor& target, const Tens
       kernels::common_device(op, {{"logits", &logits}, {"target", &target}, {"weight", &weight}});
   if (dlogits) kernels::common_device(op, {{"logits", &logits}, {"dlogits", dlogits}});
   if (argmax) argmax->assign(static_cast<size_t>(n), 0);
-  if (dev == Device::CUDA) {
-#ifdef AERIE_WITH_CUDA
-    return cuda::soft_cross_entropy(logits, target, weight, dlogits, grad_scale, argmax ? argmax->data() : nullptr);
-#else
-    kernels::throw_no_backend(op, dev);
-#endif
-  }
+  AERIE_CUDA_DISPATCH(
+      op, dev,
+      cuda::soft_cross_entropy(logits, target, weight, dlogits, grad_scale, argmax ? argmax->data() : nullptr));
   // The reference: the steps one by one, in fp32 (a BF16 logits widened once).
   const Tensor z = as_f32(logits);
   if (argmax && n > 0) cpu::argmax_rows(z.data<float>(), n, k, argmax->data());
@@ -70,14 +64,7 @@ void softmax_rows(const Tensor& x, Tensor& y) {
   y.check_shape(x.shape(), what(op, "y"));
   y.check_dtype(x.dtype(), what(op, "y"));
   const Device dev = kernels::common_device(op, {{"x", &x}, {"y", &y}});
-  if (dev == Device::CUDA) {
-#ifdef AERIE_WITH_CUDA
-    cuda::softmax_rows(x, y);
-    return;
-#else
-    kernels::throw_no_backend(op, dev);
-#endif
-  }
+  AERIE_CUDA_DISPATCH(op, dev, cuda::softmax_rows(x, y));
   if (x.dtype() == DType::F32) {
     cpu::softmax_rows(x.data<float>(), y.data<float>(), x.dim(0), x.dim(1));
     return;
@@ -92,14 +79,7 @@ std::vector<int64_t> argmax_rows(const Tensor& x) {
   AERIE_CHECK(x.ndim() == 2 && x.dim(1) > 0, op << ": x must be [N, K] with K > 0, got " << shape_str(x.shape()));
   check_float(x, op, "x");
   std::vector<int64_t> out(static_cast<size_t>(x.dim(0)));
-  if (x.device() == Device::CUDA) {
-#ifdef AERIE_WITH_CUDA
-    cuda::argmax_rows(x, out.data());
-    return out;
-#else
-    kernels::throw_no_backend(op, x.device());
-#endif
-  }
+  AERIE_CUDA_DISPATCH(op, x.device(), (cuda::argmax_rows(x, out.data()), out));
   const Tensor f = as_f32(x);
   cpu::argmax_rows(f.data<float>(), x.dim(0), x.dim(1), out.data());
   return out;
@@ -134,9 +114,7 @@ void target_distribution(const Tensor& final_hidden, const Tensor& lm_head, cons
       AERIE_CHECK(sel[i] >= 0 && sel[i] < V && (i == 0 || sel[i] > sel[i - 1]),
                   op << ": selected ids must ascend inside [0, " << V << "), bad at " << i << " (" << sel[i] << ")");
   }
-#ifndef AERIE_WITH_CUDA
-  if (dev != Device::CPU) kernels::throw_no_backend(op, dev);
-#endif
+  kernels::check_backend(op, dev);
   if (T == 0) return;
   // CPU: both widened to fp32 once (a BF16 matmul would widen lm_head again for every chunk).
   // CUDA: the GEMM runs in lm_head's dtype; final_hidden ([T, H], small) is converted if it differs.

@@ -7,10 +7,8 @@
 
 #include "core/bf16.h"
 #include "kernels/cpu/cpu_kernels.h"
-#include "kernels/dispatch.h"
-#ifdef AERIE_WITH_CUDA
 #include "kernels/cuda/mla.h"
-#endif
+#include "kernels/dispatch.h"
 
 namespace aerie {
 namespace {
@@ -49,18 +47,12 @@ void matmul_strided_batched(const MatrixView& a, const MatrixView& b, const Matr
   AERIE_CHECK(cd == DType::F32 || cd == ab, op << ": c is " << dtype_name(cd) << " for " << dtype_name(ab) << " inputs");
   const Device dev = kernels::common_device(op, {{"a", a.t}, {"b", b.t}, {"c", c.t}});
   if (m == 0 || n == 0 || batch == 0) return;
-  const size_t ea = dtype_size(ab), ec = dtype_size(cd);
-  if (dev == Device::CUDA) {
-#ifdef AERIE_WITH_CUDA
-    cuda::matmul_strided_batched(static_cast<const char*>(a.t->raw()) + a.offset * ea, a.ld, a.stride,
-                                 static_cast<const char*>(b.t->raw()) + b.offset * ea, b.ld, b.stride,
-                                 static_cast<char*>(const_cast<void*>(c.t->raw())) + c.offset * ec, c.ld, c.stride,
-                                 ab, cd, m, n, k, batch, trans_b);
-    return;
-#else
-    kernels::throw_no_backend(op, dev);
-#endif
-  }
+  [[maybe_unused]] const size_t ea = dtype_size(ab), ec = dtype_size(cd);  // the GPU call's byte offsets
+  AERIE_CUDA_DISPATCH(op, dev,
+                      cuda::matmul_strided_batched(static_cast<const char*>(a.t->raw()) + a.offset * ea, a.ld, a.stride,
+                                                   static_cast<const char*>(b.t->raw()) + b.offset * ea, b.ld, b.stride,
+                                                   static_cast<char*>(const_cast<void*>(c.t->raw())) + c.offset * ec,
+                                                   c.ld, c.stride, ab, cd, m, n, k, batch, trans_b));
   const int64_t br = trans_b ? n : k, bc = trans_b ? k : n;
   std::vector<float> af(static_cast<size_t>(m * k)), bf(static_cast<size_t>(br * bc)), cf(static_cast<size_t>(m * n));
   Tensor& ct = const_cast<Tensor&>(*c.t);
@@ -93,14 +85,8 @@ void causal_softmax_rows(const Tensor& scores, float scale, int64_t group, int64
                  << " do not fit " << L << " keys");
   const Device dev = kernels::common_device(op, {{"scores", &scores}, {"p", &p}});
   if (R == 0 || L == 0) return;
-  if (dev == Device::CUDA) {
-#ifdef AERIE_WITH_CUDA
-    cuda::causal_softmax_rows(scores.data<float>(), R, L, scale, group, first_pos, p.raw(), p.dtype());
-    return;
-#else
-    kernels::throw_no_backend(op, dev);
-#endif
-  }
+  AERIE_CUDA_DISPATCH(
+      op, dev, cuda::causal_softmax_rows(scores.data<float>(), R, L, scale, group, first_pos, p.raw(), p.dtype()));
   const float* s = scores.data<float>();
   for (int64_t r = 0; r < R; ++r) {
     const int64_t keys = first_pos + r / group + 1;
@@ -134,14 +120,8 @@ void mla_expand_kv(const Tensor& kv, const Tensor& lat, int64_t nope, int64_t vd
   const Device dev = kernels::common_device(op, {{"kv", &kv}, {"lat", &lat}, {"K", &K}, {"V", &V}});
   const int es = static_cast<int>(dtype_size(kv.dtype()));
   if (L == 0 || nh == 0) return;
-  if (dev == Device::CUDA) {
-#ifdef AERIE_WITH_CUDA
-    cuda::mla_expand_kv(kv.raw(), lat.raw(), L, nh, nope, vd, lora, rope, dv, K.raw(), V.raw(), es);
-    return;
-#else
-    kernels::throw_no_backend(op, dev);
-#endif
-  }
+  AERIE_CUDA_DISPATCH(op, dev,
+                      cuda::mla_expand_kv(kv.raw(), lat.raw(), L, nh, nope, vd, lora, rope, dv, K.raw(), V.raw(), es));
   const auto* kp = static_cast<const char*>(kv.raw());
   const auto* lp = static_cast<const char*>(lat.raw());
   auto* Kp = static_cast<char*>(K.raw());

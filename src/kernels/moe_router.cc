@@ -5,11 +5,8 @@
 #include <vector>
 
 #include "core/bf16.h"
-
-#include "kernels/dispatch.h"
-#ifdef AERIE_WITH_CUDA
 #include "kernels/cuda/moe_router.h"
-#endif
+#include "kernels/dispatch.h"
 
 namespace aerie {
 namespace cpu {
@@ -49,15 +46,9 @@ void moe_router_noaux_tc(const Tensor& logits, const Tensor& bias, const MoeRout
   const Device dev = kernels::common_device(
       op, {{"logits", &logits}, {"e_score_correction_bias", &bias}, {"indices", &indices}, {"weights", &weights}});
   if (t == 0) return;
-  if (dev == Device::CUDA) {
-#ifdef AERIE_WITH_CUDA
-    cuda::moe_router_noaux_tc(logits.data<float>(), bias.data<float>(), t, e, cfg, indices.data<int32_t>(),
-                              weights.data<float>());
-    return;
-#else
-    kernels::throw_no_backend(op, dev);
-#endif
-  }
+  AERIE_CUDA_DISPATCH(op, dev,
+                      cuda::moe_router_noaux_tc(logits.data<float>(), bias.data<float>(), t, e, cfg,
+                                                indices.data<int32_t>(), weights.data<float>()));
   cpu::moe_router_noaux_tc(logits.data<float>(), bias.data<float>(), t, e, cfg, indices.data<int32_t>(),
                            weights.data<float>());
 }
@@ -77,15 +68,9 @@ void moe_sort_by_expert(const Tensor& indices, int64_t num_experts, Tensor& coun
   perm.check_dtype(DType::I32, what(op, "perm"));
   const Device dev = kernels::common_device(
       op, {{"indices", &indices}, {"counts", &counts}, {"offsets", &offsets}, {"perm", &perm}});
-  if (dev == Device::CUDA) {
-#ifdef AERIE_WITH_CUDA
-    cuda::moe_sort_by_expert(indices.data<int32_t>(), pairs, num_experts, counts.data<int32_t>(),
-                             offsets.data<int32_t>(), perm.data<int32_t>());
-    return;
-#else
-    kernels::throw_no_backend(op, dev);
-#endif
-  }
+  AERIE_CUDA_DISPATCH(op, dev,
+                      cuda::moe_sort_by_expert(indices.data<int32_t>(), pairs, num_experts, counts.data<int32_t>(),
+                                               offsets.data<int32_t>(), perm.data<int32_t>()));
   cpu::moe_sort_by_expert(indices.data<int32_t>(), pairs, num_experts, counts.data<int32_t>(),
                           offsets.data<int32_t>(), perm.data<int32_t>());
 }
@@ -101,14 +86,7 @@ void moe_combine(const Tensor& y, const Tensor& weights, Tensor& out) {
   for (const Tensor* x : {&y, &weights, static_cast<const Tensor*>(&out)}) x->check_dtype(DType::F32, what(op, "y, weights and out"));
   const Device dev = kernels::common_device(op, {{"y", &y}, {"weights", &weights}, {"out", &out}});
   if (t == 0 || h == 0) return;
-  if (dev == Device::CUDA) {
-#ifdef AERIE_WITH_CUDA
-    cuda::moe_combine(y.data<float>(), weights.data<float>(), t, k, h, out.data<float>());
-    return;
-#else
-    kernels::throw_no_backend(op, dev);
-#endif
-  }
+  AERIE_CUDA_DISPATCH(op, dev, cuda::moe_combine(y.data<float>(), weights.data<float>(), t, k, h, out.data<float>()));
   cpu::moe_combine(y.data<float>(), weights.data<float>(), t, k, h, out.data<float>());
 }
 
@@ -170,15 +148,9 @@ void moe_gather_pairs(const Tensor& h, const Tensor& perm, int64_t k, Tensor& xs
   const Device dev = kernels::common_device(op, {{"h", &h}, {"perm", &perm}, {"row_of", &row_of}});
   if (gather) kernels::common_device(op, {{"h", &h}, {"xs", &xs}});
   if (pairs == 0) return;
-  if (dev == Device::CUDA) {
-#ifdef AERIE_WITH_CUDA
-    cuda::moe_gather_pairs(h.raw(), h.dtype(), perm.data<int32_t>(), pairs, k, hd, gather ? xs.raw() : nullptr,
-                           row_of.data<int32_t>());
-    return;
-#else
-    kernels::throw_no_backend(op, dev);
-#endif
-  }
+  AERIE_CUDA_DISPATCH(op, dev,
+                      cuda::moe_gather_pairs(h.raw(), h.dtype(), perm.data<int32_t>(), pairs, k, hd,
+                                             gather ? xs.raw() : nullptr, row_of.data<int32_t>()));
   if (h.dtype() == DType::F32)
     gather_pairs_cpu(h.data<float>(), perm.data<int32_t>(), pairs, k, hd, gather ? xs.data<float>() : nullptr,
                      row_of.data<int32_t>());
@@ -203,15 +175,9 @@ void moe_combine_rows(const Tensor& ys, const Tensor& row_of, const Tensor& weig
   const Device dev =
       kernels::common_device(op, {{"ys", &ys}, {"row_of", &row_of}, {"weights", &weights}, {"out", &out}});
   if (t == 0 || hd == 0) return;
-  if (dev == Device::CUDA) {
-#ifdef AERIE_WITH_CUDA
-    cuda::moe_combine_rows(ys.raw(), ys.dtype(), row_of.data<int32_t>(), weights.data<float>(), t, k, hd,
-                           out.data<float>());
-    return;
-#else
-    kernels::throw_no_backend(op, dev);
-#endif
-  }
+  AERIE_CUDA_DISPATCH(op, dev,
+                      cuda::moe_combine_rows(ys.raw(), ys.dtype(), row_of.data<int32_t>(), weights.data<float>(), t, k,
+                                             hd, out.data<float>()));
   if (ys.dtype() == DType::F32)
     combine_rows_cpu(ys.data<float>(), ys.dim(0), row_of.data<int32_t>(), weights.data<float>(), t, k, hd,
                      out.data<float>());
@@ -228,14 +194,7 @@ void moe_local_rows(Tensor& row_of, int64_t r0, int64_t r1) {
   AERIE_CHECK(0 <= r0 && r0 <= r1 && r1 <= pairs,
               op << ": rows [" << r0 << ", " << r1 << ") are not a range of the " << pairs << " pairs");
   if (pairs == 0) return;
-  if (row_of.device() == Device::CUDA) {
-#ifdef AERIE_WITH_CUDA
-    cuda::moe_local_rows(row_of.data<int32_t>(), pairs, r0, r1);
-    return;
-#else
-    kernels::throw_no_backend(op, row_of.device());
-#endif
-  }
+  AERIE_CUDA_DISPATCH(op, row_of.device(), cuda::moe_local_rows(row_of.data<int32_t>(), pairs, r0, r1));
   int32_t* r = row_of.data<int32_t>();
   for (int64_t p = 0; p < pairs; ++p) r[p] = r[p] >= r0 && r[p] < r1 ? static_cast<int32_t>(r[p] - r0) : -1;
 }

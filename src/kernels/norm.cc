@@ -3,10 +3,8 @@
 #include "kernels/norm.h"
 
 #include "kernels/cpu/cpu_kernels.h"
-#include "kernels/dispatch.h"
-#ifdef AERIE_WITH_CUDA
 #include "kernels/cuda/norm.h"
-#endif
+#include "kernels/dispatch.h"
 
 namespace aerie {
 
@@ -32,14 +30,7 @@ void rmsnorm_forward(const Tensor& x, const Tensor& w, float eps, Tensor& y, Ten
   }
   const Device dev = kernels::common_device(op, {{"x", &x}, {"w", &w}, {"y", &y}});
   if (want_rstd) kernels::common_device(op, {{"x", &x}, {"rstd", rstd}});
-  if (dev == Device::CUDA) {
-#ifdef AERIE_WITH_CUDA
-    cuda::rmsnorm_forward(x, w, eps, y, want_rstd ? rstd : nullptr);
-    return;
-#else
-    kernels::throw_no_backend(op, dev);
-#endif
-  }
+  AERIE_CUDA_DISPATCH(op, dev, cuda::rmsnorm_forward(x, w, eps, y, want_rstd ? rstd : nullptr));
   const Tensor xf = as_f32(x), wf = as_f32(w);
   Tensor yf = f32_out(y);
   cpu::rmsnorm_forward(xf.data<float>(), wf.data<float>(), eps, n, h, yf.data<float>(),
@@ -67,14 +58,7 @@ void rmsnorm_backward(const Tensor& dy, const Tensor& x, const Tensor& w, const 
   const Device dev =
       kernels::common_device(op, {{"dy", &dy}, {"x", &x}, {"w", &w}, {"rstd", &rstd}, {"dx", &dx}});
   if (dw) kernels::common_device(op, {{"x", &x}, {"dw", dw}});
-  if (dev == Device::CUDA) {
-#ifdef AERIE_WITH_CUDA
-    cuda::rmsnorm_backward(dy, x, w, rstd, dx, dw);
-    return;
-#else
-    kernels::throw_no_backend(op, dev);
-#endif
-  }
+  AERIE_CUDA_DISPATCH(op, dev, cuda::rmsnorm_backward(dy, x, w, rstd, dx, dw));
   const Tensor dyf = as_f32(dy), xf = as_f32(x), wf = as_f32(w);
   Tensor dxf = f32_out(dx);
   cpu::rmsnorm_backward(dyf.data<float>(), xf.data<float>(), wf.data<float>(), rstd.data<float>(), n, h,

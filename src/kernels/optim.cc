@@ -6,10 +6,8 @@
 #include <string>
 
 #include "kernels/cpu/cpu_kernels.h"
-#include "kernels/dispatch.h"
-#ifdef AERIE_WITH_CUDA
 #include "kernels/cuda/optim.h"
-#endif
+#include "kernels/dispatch.h"
 
 namespace aerie {
 
@@ -26,14 +24,7 @@ void adamw_step(Tensor& param, const Tensor& grad, Tensor& m, Tensor& v, const A
     t->check_dtype(DType::F32, what(op, name));
   }
   const Device dev = kernels::common_device(op, {{"param", &param}, {"grad", &grad}, {"m", &m}, {"v", &v}});
-  if (dev == Device::CUDA) {
-#ifdef AERIE_WITH_CUDA
-    cuda::adamw_step(param, grad, m, v, p, step);
-    return;
-#else
-    kernels::throw_no_backend(op, dev);
-#endif
-  }
+  AERIE_CUDA_DISPATCH(op, dev, cuda::adamw_step(param, grad, m, v, p, step));
   cpu::adamw_step(param.data<float>(), grad.data<float>(), m.data<float>(), v.data<float>(), param.numel(), p,
                   step);
 }
@@ -60,13 +51,7 @@ double adamw_step_clipped(const std::vector<Tensor*>& params, const std::vector<
                                          << ", params[0] on " << device_name(dev));
     }
   }
-  if (dev == Device::CUDA) {
-#ifdef AERIE_WITH_CUDA
-    return cuda::adamw_step_clipped(params, grads, m, v, p, step, max_grad_norm);
-#else
-    kernels::throw_no_backend(op, dev);
-#endif
-  }
+  AERIE_CUDA_DISPATCH(op, dev, cuda::adamw_step_clipped(params, grads, m, v, p, step, max_grad_norm));
   // The composition of train/schedule.cc's clip_grad_norm and adamw_step, bit for bit (the scaled
   // gradient g * float(coef) is formed as it is read instead of stored).
   double ss = 0;
@@ -85,27 +70,14 @@ double adamw_step_clipped(const std::vector<Tensor*>& params, const std::vector<
 
 double sum_squares(const Tensor& x) {
   check_float(x, "sum_squares", "x");
-  if (x.device() == Device::CUDA) {
-#ifdef AERIE_WITH_CUDA
-    return cuda::sum_squares(x);
-#else
-    kernels::throw_no_backend("sum_squares", x.device());
-#endif
-  }
+  AERIE_CUDA_DISPATCH("sum_squares", x.device(), cuda::sum_squares(x));
   const Tensor xf = as_f32(x);
   return cpu::sum_squares(xf.data<float>(), x.numel());
 }
 
 void scale_inplace(Tensor& x, float s) {
   check_float(x, "scale_inplace", "x");
-  if (x.device() == Device::CUDA) {
-#ifdef AERIE_WITH_CUDA
-    cuda::scale_inplace(x, s);
-    return;
-#else
-    kernels::throw_no_backend("scale_inplace", x.device());
-#endif
-  }
+  AERIE_CUDA_DISPATCH("scale_inplace", x.device(), cuda::scale_inplace(x, s));
   if (x.dtype() == DType::F32) {
     cpu::scale_inplace(x.data<float>(), x.numel(), s);
     return;
@@ -122,14 +94,7 @@ void add_inplace(Tensor& y, const Tensor& x) {
   AERIE_CHECK(x.numel() == y.numel(), op << ": x " << shape_str(x.shape()) << " and y " << shape_str(y.shape())
                                          << " differ in numel");
   const Device dev = kernels::common_device(op, {{"y", &y}, {"x", &x}});
-  if (dev == Device::CUDA) {
-#ifdef AERIE_WITH_CUDA
-    cuda::add_inplace(y, x);
-    return;
-#else
-    kernels::throw_no_backend(op, dev);
-#endif
-  }
+  AERIE_CUDA_DISPATCH(op, dev, cuda::add_inplace(y, x));
   const Tensor xf = as_f32(x);
   if (y.dtype() == DType::F32) {
     cpu::add_inplace(y.data<float>(), xf.data<float>(), x.numel());

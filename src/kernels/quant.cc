@@ -1,10 +1,8 @@
 // Weight dequantization: checks and device dispatch (see quant.h).
 #include "kernels/quant.h"
 
-#include "kernels/dispatch.h"
-#ifdef AERIE_WITH_CUDA
 #include "kernels/cuda/quant.h"
-#endif
+#include "kernels/dispatch.h"
 
 namespace aerie {
 namespace cpu {
@@ -63,15 +61,9 @@ void dequant_fp8_block(const Tensor& weight, const Tensor& scale_inv, int64_t n0
   const Device dev = check_fp8(weight, scale_inv, n0, n1, out, name);
   const int64_t k = weight.dim(1);
   if (out.numel() == 0) return;
-  if (dev == Device::CUDA) {
-#ifdef AERIE_WITH_CUDA
-    cuda::dequant_fp8_block(static_cast<const uint8_t*>(weight.raw()), scale_inv.data<float>(), n0, n1, k,
-                            out.raw(), out.dtype());
-    return;
-#else
-    kernels::throw_no_backend(op, dev);
-#endif
-  }
+  AERIE_CUDA_DISPATCH(op, dev,
+                      cuda::dequant_fp8_block(static_cast<const uint8_t*>(weight.raw()), scale_inv.data<float>(), n0,
+                                              n1, k, out.raw(), out.dtype()));
   cpu::dequant_fp8_block(static_cast<const uint8_t*>(weight.raw()), scale_inv.data<float>(), n0, n1, k, out.raw(),
                          out.dtype());
 }
@@ -130,15 +122,9 @@ void dequant_int4_packed(const Tensor& weight_packed, const Tensor& weight_scale
   [[maybe_unused]] constexpr const char* op = "dequant_int4_packed";
   const Device dev = check_int4(weight_packed, weight_scale, k, group_size, n0, n1, out, name);
   if (out.numel() == 0) return;
-  if (dev == Device::CUDA) {
-#ifdef AERIE_WITH_CUDA
-    cuda::dequant_int4_packed(weight_packed.data<int32_t>(), weight_scale.raw(), weight_scale.dtype(), k, group_size,
-                              n0, n1, out.raw(), out.dtype());
-    return;
-#else
-    kernels::throw_no_backend(op, dev);
-#endif
-  }
+  AERIE_CUDA_DISPATCH(op, dev,
+                      cuda::dequant_int4_packed(weight_packed.data<int32_t>(), weight_scale.raw(), weight_scale.dtype(),
+                                                k, group_size, n0, n1, out.raw(), out.dtype()));
   cpu::dequant_int4_packed(weight_packed.data<int32_t>(), weight_scale.raw(), weight_scale.dtype(), k, group_size,
                            n0, n1, out.raw(), out.dtype());
 }
@@ -150,6 +136,32 @@ void dequant_int4_packed(const Tensor& weight_packed, const Tensor& weight_scale
   dequant_int4_packed(weight_packed, weight_scale, k, group_size, 0, weight_packed.dim(0), out, name);
 }
 
+namespace {
+
+/// The GPU's descriptions of the non-empty items (raw pointers into their tensors), for cuda::dequant_batch.
+[[maybe_unused]] std::vector<cuda::DequantDesc> dequant_descs(const std::vector<DequantItem>& items,
+                                                              int64_t group_size) {
+  std::vector<cuda::DequantDesc> descs;
+  for (const DequantItem& it : items) {
+    if (it.out.numel() == 0) continue;
+    cuda::DequantDesc d;
+    d.weight = it.weight.raw();
+    d.scale = it.scale.raw();
+    d.out = const_cast<void*>(it.out.raw());  // out is a view: writing through it is the point
+    d.n0 = it.n0;
+    d.rows = it.n1 - it.n0;
+    d.k = it.int4 ? it.k : it.weight.dim(1);
+    d.group = group_size;
+    d.int4 = it.int4;
+    d.scale_f32 = it.scale.dtype() == DType::F32;
+    d.out_f32 = it.out.dtype() == DType::F32;
+    descs.push_back(d);
+  }
+  return descs;
+}
+
+}  // namespace
+
 void dequant_batch(const std::vector<DequantItem>& items, int64_t group_size) {
   constexpr const char* op = "dequant_batch";
   if (items.empty()) return;
@@ -159,30 +171,7 @@ void dequant_batch(const std::vector<DequantItem>& items, int64_t group_size) {
                            : check_fp8(it.weight, it.scale, it.n0, it.n1, it.out, it.name));
   for (const Device d : devs)
     AERIE_CHECK(d == devs[0], op << ": the items are on different devices (" << items.front().name << ", ...)");
-  if (devs[0] == Device::CUDA) {
-#ifdef AERIE_WITH_CUDA
-    std::vector<cuda::DequantDesc> descs;
-    for (const DequantItem& it : items) {
-      if (it.out.numel() == 0) continue;
-      cuda::DequantDesc d;
-      d.weight = it.weight.raw();
-      d.scale = it.scale.raw();
-      d.out = const_cast<void*>(it.out.raw());  // out is a view: writing through it is the point
-      d.n0 = it.n0;
-      d.rows = it.n1 - it.n0;
-      d.k = it.int4 ? it.k : it.weight.dim(1);
-      d.group = group_size;
-      d.int4 = it.int4;
-      d.scale_f32 = it.scale.dtype() == DType::F32;
-      d.out_f32 = it.out.dtype() == DType::F32;
-      descs.push_back(d);
-    }
-    cuda::dequant_batch(descs);
-    return;
-#else
-    kernels::throw_no_backend(op, devs[0]);
-#endif
-  }
+  AERIE_CUDA_DISPATCH(op, devs[0], cuda::dequant_batch(dequant_descs(items, group_size)));
   for (const DequantItem& it : items) {
     Tensor out = it.out;
     if (it.int4)
@@ -226,7 +215,7 @@ void quantize_on_device(const char* op, const Tensor& src, Tensor& q, Tensor& sc
   if (src.numel() == 0) return;
   QuantizeFn fn = cpu_fn;
   if (dev == Device::CUDA) {
-    if (cuda_fn == nullptr) kernels::throw_no_backend(op, dev);
+    kernels::check_backend(op, dev);
     fn = cuda_fn;
   }
   fn(src.raw(), src.dtype(), src.dim(0), src.dim(1), static_cast<uint8_t*>(q.raw()), scale.data<float>());

@@ -1,13 +1,11 @@
 // RoPE: checks and device dispatch (see rope.h).
-#include <cmath>
-
 #include "kernels/rope.h"
 
+#include <cmath>
+
 #include "kernels/cpu/cpu_kernels.h"
-#include "kernels/dispatch.h"
-#ifdef AERIE_WITH_CUDA
 #include "kernels/cuda/rope.h"
-#endif
+#include "kernels/dispatch.h"
 
 namespace aerie {
 
@@ -54,29 +52,24 @@ double rope_attention_factor(const RopeParams& p) {
 
 namespace {
 
-/// The checks and dispatch shared by the two rotations: `cuda_fn(x)` on the GPU; on the CPU
-/// `cpu_fn(float* x, t, nh, d)` on x, or on an fp32 copy of a BF16 x that is rounded back.
-template <typename Cpu, typename Cuda>
-void rotate(const char* op, Tensor& x, const Tensor& positions, const std::vector<float>& inv_freq, Cpu&& cpu_fn,
-            Cuda&& cuda_fn) {
+/// The checks shared by the two rotations of x [T, n_heads, head_dim] (F32 or BF16) at positions [T] (I32) with
+/// inv_freq [head_dim / 2]; the device of x and positions. Throws aerie::Error naming op.
+Device check_rotation(const char* op, const Tensor& x, const Tensor& positions, const std::vector<float>& inv_freq) {
   AERIE_CHECK(x.ndim() == 3, op << ": x must be [T, n_heads, head_dim], got " << shape_str(x.shape()));
-  const int64_t t = x.dim(0), nh = x.dim(1), d = x.dim(2);
+  const int64_t t = x.dim(0), d = x.dim(2);
   AERIE_CHECK(x.dtype() == DType::F32 || x.dtype() == DType::BF16,
               op << ": x must be F32 or BF16, got " << dtype_name(x.dtype()));
   positions.check_shape({t}, what(op, "positions"));
   positions.check_dtype(DType::I32, what(op, "positions"));
   AERIE_CHECK(static_cast<int64_t>(inv_freq.size()) * 2 == d,
               op << ": inv_freq has " << inv_freq.size() << " entries, head_dim " << d << " needs " << d / 2);
-  const Device dev = kernels::common_device(op, {{"x", &x}, {"positions", &positions}});
-  if (dev == Device::CUDA) {
-#ifdef AERIE_WITH_CUDA
-    cuda_fn(x);
-    return;
-#else
-    (void)cuda_fn;
-    kernels::throw_no_backend(op, dev);
-#endif
-  }
+  return kernels::common_device(op, {{"x", &x}, {"positions", &positions}});
+}
+
+/// The CPU rotation: cpu_fn(float* x, t, nh, d) on x, or on an fp32 copy of a BF16 x that is rounded back.
+template <typename Cpu>
+void rotate_on_cpu(Tensor& x, Cpu&& cpu_fn) {
+  const int64_t t = x.dim(0), nh = x.dim(1), d = x.dim(2);
   if (x.dtype() == DType::F32) {
     cpu_fn(x.data<float>(), t, nh, d);
     return;
@@ -89,33 +82,21 @@ void rotate(const char* op, Tensor& x, const Tensor& positions, const std::vecto
 }  // namespace
 
 void rope_apply_interleaved(Tensor& x, const Tensor& positions, const std::vector<float>& inv_freq, float scale) {
-  rotate(
-      "rope_apply_interleaved", x, positions, inv_freq,
-      [&](float* xs, int64_t t, int64_t nh, int64_t d) {
-        cpu::rope_apply_interleaved(xs, positions.data<int32_t>(), inv_freq.data(), t, nh, d, scale);
-      },
-      [&](Tensor& xc) {
-#ifdef AERIE_WITH_CUDA
-        cuda::rope_apply_interleaved(xc, positions, inv_freq, scale);
-#else
-        (void)xc;
-#endif
-      });
+  constexpr const char* op = "rope_apply_interleaved";
+  const Device dev = check_rotation(op, x, positions, inv_freq);
+  AERIE_CUDA_DISPATCH(op, dev, cuda::rope_apply_interleaved(x, positions, inv_freq, scale));
+  rotate_on_cpu(x, [&](float* xs, int64_t t, int64_t nh, int64_t d) {
+    cpu::rope_apply_interleaved(xs, positions.data<int32_t>(), inv_freq.data(), t, nh, d, scale);
+  });
 }
 
 void rope_apply(Tensor& x, const Tensor& positions, const std::vector<float>& inv_freq, bool inverse) {
-  rotate(
-      "rope_apply", x, positions, inv_freq,
-      [&](float* xs, int64_t t, int64_t nh, int64_t d) {
-        cpu::rope_apply(xs, positions.data<int32_t>(), inv_freq.data(), t, nh, d, inverse);
-      },
-      [&](Tensor& xc) {
-#ifdef AERIE_WITH_CUDA
-        cuda::rope_apply(xc, positions, inv_freq, inverse);
-#else
-        (void)xc;
-#endif
-      });
+  constexpr const char* op = "rope_apply";
+  const Device dev = check_rotation(op, x, positions, inv_freq);
+  AERIE_CUDA_DISPATCH(op, dev, cuda::rope_apply(x, positions, inv_freq, inverse));
+  rotate_on_cpu(x, [&](float* xs, int64_t t, int64_t nh, int64_t d) {
+    cpu::rope_apply(xs, positions.data<int32_t>(), inv_freq.data(), t, nh, d, inverse);
+  });
 }
 
 }  // namespace aerie

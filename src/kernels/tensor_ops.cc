@@ -4,10 +4,8 @@
 #include <cstring>
 #include <utility>
 
-#include "kernels/dispatch.h"
-#ifdef AERIE_WITH_CUDA
 #include "kernels/cuda/tensor_ops.h"
-#endif
+#include "kernels/dispatch.h"
 
 namespace aerie {
 
@@ -35,14 +33,7 @@ void copy_columns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_c
   if (rows == 0 || ncols == 0) return;
   const char* s = static_cast<const char*>(src.raw()) + src_col * es;
   char* d = static_cast<char*>(dst.raw()) + dst_col * es;
-  if (dev == Device::CUDA) {
-#ifdef AERIE_WITH_CUDA
-    cuda::copy_columns(s, src.dim(1) * es, d, dst.dim(1) * es, rows, ncols * es);
-    return;
-#else
-    kernels::throw_no_backend(op, dev);
-#endif
-  }
+  AERIE_CUDA_DISPATCH(op, dev, cuda::copy_columns(s, src.dim(1) * es, d, dst.dim(1) * es, rows, ncols * es));
   cpu::copy_columns(s, src.dim(1) * es, d, dst.dim(1) * es, rows, ncols * es);
 }
 
@@ -76,14 +67,7 @@ void scatter_rows(const Tensor& src, const std::vector<int64_t>& src_rows, const
   }
   const Device dev = kernels::common_device(op, devs);
   if (dst.empty() || width == 0) return;
-  if (dev == Device::CUDA) {
-#ifdef AERIE_WITH_CUDA
-    cuda::scatter_rows(from, to, width * es);
-    return;
-#else
-    kernels::throw_no_backend(op, dev);
-#endif
-  }
+  AERIE_CUDA_DISPATCH(op, dev, cuda::scatter_rows(from, to, width * es));
   for (size_t i = 0; i < dst.size(); ++i) std::memcpy(to[i], from[i], static_cast<size_t>(width * es));
 }
 
