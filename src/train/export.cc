@@ -110,7 +110,11 @@ SafetensorsFile export_tensors(const DraftConfig& cfg, const DraftWeights& weigh
     have[i].second->check_shape(want[i].second->shape(), "export: " + have[i].first);
     f.tensors[have[i].first] = have[i].second->to(DType::BF16);
   }
-  f.tensors["d2t"] = Tensor::from_vector(vocab.d2t, {cfg.draft_vocab_size});
+  // A draft vocabulary of every target id (K == V) maps each draft id to itself: d2t is all zeros and is left out.
+  // vLLM 0.30.0 on has no draft_id_to_target_id parameter then and refuses a d2t by a ValueError (vllm==0.30.0
+  // model_executor/models/llama_eagle3.py:339 and deepseek_eagle3.py); without it vLLM 0.9.1 on and SGLang map
+  // draft ids to the same target ids, as the zeros would.
+  if (cfg.draft_vocab_size != cfg.vocab_size) f.tensors["d2t"] = Tensor::from_vector(vocab.d2t, {cfg.draft_vocab_size});
   f.tensors["t2d"] = Tensor::from_vector(vocab.t2d, {cfg.vocab_size});
   return f;
 }
@@ -300,12 +304,19 @@ ExportedDraft load_export(const std::string& dir, int64_t target_num_hidden_laye
   const int64_t K = d.config.draft_vocab_size, V = d.config.vocab_size;
   auto d2t = f.tensors.find("d2t");
   auto t2d = f.tensors.find("t2d");
-  AERIE_CHECK(d2t != f.tensors.end() && t2d != f.tensors.end(), st_path << ": d2t or t2d missing");
-  d2t->second.check_dtype(DType::I64, st_path + ": d2t");
-  d2t->second.check_shape({K}, st_path + ": d2t");
+  AERIE_CHECK(t2d != f.tensors.end(), st_path << ": t2d missing");
+  AERIE_CHECK(d2t != f.tensors.end() || K == V, st_path << ": d2t missing (an export leaves it out only when the draft "
+                                                             "vocabulary is the target's, here "
+                                                          << K << " of " << V << " ids)");
   t2d->second.check_dtype(DType::U8, st_path + ": t2d");
   t2d->second.check_shape({V}, st_path + ": t2d");
-  d.vocab.d2t.assign(d2t->second.data<int64_t>(), d2t->second.data<int64_t>() + K);
+  if (d2t == f.tensors.end()) {
+    d.vocab.d2t.assign(static_cast<size_t>(K), 0);  // every target id, each its own draft id
+  } else {
+    d2t->second.check_dtype(DType::I64, st_path + ": d2t");
+    d2t->second.check_shape({K}, st_path + ": d2t");
+    d.vocab.d2t.assign(d2t->second.data<int64_t>(), d2t->second.data<int64_t>() + K);
+  }
   d.vocab.t2d.assign(t2d->second.data<uint8_t>(), t2d->second.data<uint8_t>() + V);
   // d2t and t2d must describe the same ascending id set.
   std::vector<uint8_t> from_d2t(static_cast<size_t>(V), 0);

@@ -577,6 +577,39 @@ TEST(ExportTest, MlaDraftConfigForKimiK25MatchesTorchSpecs) {
   EXPECT_EQ(c["rope_scaling"]["factor"], ts["rope_scaling"]["factor"]);
 }
 
+// A draft vocabulary of all V target ids: no d2t in the export (vLLM 0.30 on refuses one then), and load_export
+// reads the identity back; without d2t a smaller vocabulary is refused.
+TEST(ExportTest, FullDraftVocabularyHasNoD2t) {
+  const std::string dir = testing::scratch_dir("train_export_full_vocab");
+  auto s = testing::make_tiny_setup(dir);
+  std::vector<int64_t> all(16);
+  for (int64_t i = 0; i < 16; ++i) all[static_cast<size_t>(i)] = i;
+  s.vocab.d2t.assign(16, 0);
+  s.vocab.t2d.assign(16, 1);
+  s.cfg = DraftConfig::from_target(s.target, 16, {2, 3, 3});
+  s.w = init_draft_weights(s.cfg, s.lm_head, all, 5);
+  const std::string out = dir + "/export";
+  write_export(out, s.cfg, s.w, s.vocab, s.target);
+  nlohmann::json h = safetensors_header(out + "/model.safetensors");
+  EXPECT_FALSE(h.contains("d2t"));
+  EXPECT_EQ(h["t2d"]["shape"], nlohmann::json::array({16}));
+  ExportedDraft d = load_export(out, 6);
+  EXPECT_EQ(d.vocab.d2t, std::vector<int64_t>(16, 0));
+  EXPECT_EQ(d.vocab.t2d, std::vector<uint8_t>(16, 1));
+
+  auto small = testing::make_tiny_setup(testing::scratch_dir("train_export_full_vocab_small"));
+  write_export(out, small.cfg, small.w, small.vocab, small.target);
+  SafetensorsFile f = load_safetensors(out + "/model.safetensors");
+  f.tensors.erase("d2t");
+  save_safetensors(out + "/model.safetensors", f, {"t2d"});
+  try {
+    load_export(out, 6);
+    ADD_FAILURE() << "an export of 10 of 16 ids without d2t was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("d2t missing"), std::string::npos) << e.what();
+  }
+}
+
 TEST(ExportTest, LoadExportRejectsInconsistentVocab) {
   const std::string dir = testing::scratch_dir("train_export_bad");
   auto s = testing::make_tiny_setup(dir);
