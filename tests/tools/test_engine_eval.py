@@ -300,6 +300,20 @@ class Script(TempDir):
         self.assertIn("made with other settings or prompts", r.stderr)
         self.assertIn("fake, plain engine", r.stderr)
 
+    def test_ids_outside_the_targets_vocabulary_are_refused(self):
+        with open(os.path.join(self.dir, "target", "config.json"), "w") as f:
+            json.dump({"model_type": "kimi_k25", "text_config": {"vocab_size": 11}}, f)
+        r = self.run_tool()
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn(f"{self.prompts}:1: \"prompt_ids\" holds id 11, outside the target's vocabulary [0, 11)",
+                      r.stderr)
+        self.assertFalse(os.path.exists(self.output))
+        with open(os.path.join(self.dir, "target", "config.json"), "w") as f:
+            json.dump({"vocab_size": 100000}, f)
+        r = self.run_tool()
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("stand-in", r.stderr)
+
     def test_refusals_exit_2(self):
         bad = self.write("bad.jsonl", json.dumps(self.records[0]) + "\n[1,\n")
         r = self.run_tool(prompts=bad)
