@@ -9,6 +9,7 @@ real tokenizer's vocabulary, so that one checkpoint is read by `aerie` and by vL
 
     python3 tools/bench/make_random_deepseek.py OUT_DIR --tokenizer ../shared/data/tokenizers/deepseek-v3
         [--layers 8] [--hidden 1024] [--heads 8] [--experts 16] [--seed 0]
+    python3 tools/bench/make_random_deepseek.py OUT_DIR --format kimi-k25-int4 --tokenizer ../shared/data/tokenizers/kimi-k2
 
 OUT_DIR gets config.json (DeepSeek-V3's layout: quantization_config fp8 e4m3, weight_block_size [128, 128],
 rope_scaling {"type": "yarn", ...}), model.safetensors and the tokenizer's tokenizer.json / tokenizer_config.json.
@@ -17,6 +18,16 @@ the dense MLP, the routed and the shared experts is F8_E4M3 [N, K] with weight_s
 ceil(K/128)] (the dequantized weight is fp8 * scale_inv, per block); embed_tokens, lm_head, the norms and the router
 (gate.weight BF16, e_score_correction_bias F32) are not quantized. Layer 0 is dense (first_k_dense_replace 1), the
 others MoE (noaux_tc: n_group 4, topk_group 2, sigmoid scores, routed_scaling_factor 2.5).
+
+--format kimi-k25-int4 writes Kimi-K2.5 instead: the multimodal wrapper's config.json (model_type kimi_k25, the text
+model in text_config with Kimi-K2.5's routing (n_group 1, routed_scaling_factor 2.827), YaRN factor 64 and rope_theta
+5e4, Kimi-K2.5's vision_config, which engines read even when they serve the text alone) and the text model's tensors
+under language_model.*, with only the routed experts quantized, as compressed-tensors pack-quantized INT4
+(weight_packed I32 [N, K/8]: 8 signed 4-bit values per word, value j of a row in bits 4(j%8).. as q + 8;
+weight_scale BF16 [N, K/32]; weight_shape I32 [2]; symmetric, group 32, dequantized as q * scale), everything else
+BF16 (Kimi-K2.5's quantization_config ignores attention, dense MLPs and shared experts). No vision tower tensors:
+aerie skips them and an engine serving the text alone does not build the tower. The tokenizer folder's
+tiktoken.model and tokenizer_config.json are copied.
 
 Weights: normal(0, 0.02) (initializer_range) with numpy's PCG64 from --seed, norms 1, the correction bias 0; the
 lm_head's standard deviation is --lm-head-std (default 0.1): a random model's logits are otherwise so flat that
@@ -84,6 +95,23 @@ def quantize_blocks(w):
     return codes, scale
 
 
+def quantize_int4_groups(w, group=32):
+    """w [N, K] float32 -> (weight_packed int32 [N, K/8], weight_scale bf16 bits [N, K/group]): symmetric int4 per
+    group of `group` columns, scale = amax / 7 (no value clips), q = round(w / scale) in [-8, 7], stored as q + 8."""
+    n, k = w.shape
+    g = w.reshape(n, k // group, group)
+    scale = np.abs(g).max(axis=2) / 7.0
+    scale = np.where(scale > 0, scale, 1.0).astype(np.float32)
+    scale_bf16 = to_bf16(scale)
+    scale_used = (scale_bf16.astype(np.uint32) << 16).view(np.float32)  # the rounded scale the reader multiplies
+    q = np.clip(np.rint(g / scale_used[:, :, None]), -8, 7).astype(np.int64).reshape(n, k) + 8
+    nib = q.reshape(n, k // 8, 8).astype(np.uint64)
+    words = np.zeros((n, k // 8), np.uint64)
+    for j in range(8):
+        words |= nib[:, :, j] << np.uint64(4 * j)
+    return words.astype(np.uint32).view(np.int32), scale_bf16
+
+
 class Writer:
     """Collects tensors (name -> (dtype string, shape, bytes)) and writes one safetensors file."""
 
@@ -93,9 +121,14 @@ class Writer:
     def add(self, name, dtype, array):
         self.tensors[name] = (dtype, list(array.shape), np.ascontiguousarray(array).tobytes())
 
-    def linear(self, name, n, k, rng, std, fp8):
+    def linear(self, name, n, k, rng, std, fp8, int4=False):
         w = rng.normal(0.0, std, size=(n, k)).astype(np.float32)
-        if fp8:
+        if int4:
+            packed, scale = quantize_int4_groups(w)
+            self.add(name + ".weight_packed", "I32", packed)
+            self.add(name + ".weight_scale", "BF16", scale)
+            self.add(name + ".weight_shape", "I32", np.array([n, k], np.int32))
+        elif fp8:
             codes, scale = quantize_blocks(w)
             self.add(name + ".weight", "F8_E4M3", codes)
             self.add(name + ".weight_scale_inv", "F32", scale)
@@ -144,11 +177,49 @@ def make_config(a, vocab, bos, eos):
     }
 
 
+KIMI_INT4 = {"config_groups": {"group_0": {
+    "input_activations": None, "output_activations": None, "targets": ["Linear"],
+    "weights": {"actorder": None, "block_structure": None, "dynamic": False, "group_size": 32, "num_bits": 4,
+                "observer": "minmax", "observer_kwargs": {}, "strategy": "group", "symmetric": True, "type": "int"}}},
+    "format": "pack-quantized",
+    "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"],
+    "kv_cache_scheme": None, "quant_method": "compressed-tensors", "quantization_status": "compressed"}
+KIMI_VISION = {"init_pos_emb_height": 64, "init_pos_emb_time": 4, "init_pos_emb_width": 64, "merge_kernel_size": [2, 2],
+               "merge_type": "sd2_tpool", "mm_hidden_size": 1152, "mm_projector_type": "patchmerger", "model_type": "",
+               "patch_size": 14, "pos_emb_type": "divided_fixed", "projector_hidden_act": "gelu",
+               "projector_ln_eps": 1e-05, "video_attn_type": "spatial_temporal", "vt_hidden_size": 1152,
+               "vt_intermediate_size": 4304, "vt_num_attention_heads": 16, "vt_num_hidden_layers": 27}
+
+
+def make_kimi_config(a, vocab, bos, eos, pad):
+    """Kimi-K2.5's wrapper config (../shared/data/kimi-deepseek-configs/config-kimi-k25) at this checkpoint's sizes."""
+    t = make_config(a, vocab, bos, eos)
+    del t["quantization_config"]
+    t.update(n_group=1, topk_group=1, routed_scaling_factor=2.827, rms_norm_eps=1e-5, rope_theta=50000,
+             max_position_embeddings=262144, pad_token_id=pad, quantization_config=KIMI_INT4,
+             rope_scaling={"beta_fast": 32, "beta_slow": 1, "factor": 64, "mscale": 1.0, "mscale_all_dim": 1.0,
+                           "original_max_position_embeddings": 4096, "type": "yarn"})
+    return {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25", "bos_token_id": bos,
+            "eos_token_id": eos, "pad_token_id": pad, "ignore_index": -100, "media_placeholder_token_id": 163605,
+            "quantization_config": KIMI_INT4, "text_config": t, "tie_word_embeddings": False,
+            "torch_dtype": "bfloat16", "use_unified_vision_chunk": True,
+            "video_placeholder": "<|kimi_k25_video_placeholder|>",
+            "vision_config": dict(KIMI_VISION, text_hidden_size=a.hidden)}
+
+
 def tokenizer_facts(tok_dir):
-    """(number of token ids, bos id, eos id) from tokenizer.json / tokenizer_config.json."""
+    """(number of token ids, bos id, eos id, pad id or None) from tokenizer.json / tokenizer_config.json, or for a
+    tiktoken folder (Kimi) from tokenizer_config.json's added_tokens_decoder."""
+    tc = json.load(open(os.path.join(tok_dir, "tokenizer_config.json"), encoding="utf-8"))
+    if not os.path.isfile(os.path.join(tok_dir, "tokenizer.json")):
+        inv = {v["content"]: int(k) for k, v in tc.get("added_tokens_decoder", {}).items()}
+        tok = lambda key: inv.get(tc.get(key) if not isinstance(tc.get(key), dict) else tc[key].get("content"))
+        if tok("bos_token") is None or tok("eos_token") is None:
+            sys.exit(f"make_random_deepseek: {tok_dir}/tokenizer_config.json: no bos_token / eos_token among its "
+                     "added tokens")
+        return max(inv.values()) + 1, tok("bos_token"), tok("eos_token"), tok("pad_token")
     tj = json.load(open(os.path.join(tok_dir, "tokenizer.json"), encoding="utf-8"))
     ids = list(tj["model"]["vocab"].values()) + [t["id"] for t in tj.get("added_tokens", [])]
-    tc = json.load(open(os.path.join(tok_dir, "tokenizer_config.json"), encoding="utf-8"))
     inv = {t["content"]: t["id"] for t in tj.get("added_tokens", [])}
 
     def token_id(key):
@@ -157,14 +228,17 @@ def tokenizer_facts(tok_dir):
         if v not in inv:
             sys.exit(f"make_random_deepseek: {tok_dir}/tokenizer_config.json: {key} {v!r} is no added token")
         return inv[v]
-    return max(ids) + 1, token_id("bos_token"), token_id("eos_token")
+    return max(ids) + 1, token_id("bos_token"), token_id("eos_token"), None
 
 
 def main(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("out")
     p.add_argument("--tokenizer", required=True, help="a folder with tokenizer.json and tokenizer_config.json")
-    p.add_argument("--vocab-size", type=int, default=129280, help="DeepSeek-V3's (default); at least the tokenizer's")
+    p.add_argument("--format", choices=["fp8", "kimi-k25-int4"], default="fp8",
+                   help="fp8: DeepSeek-V3, block FP8; kimi-k25-int4: Kimi-K2.5's wrapper, INT4 routed experts")
+    p.add_argument("--vocab-size", type=int, help="default DeepSeek-V3's 129280 / Kimi-K2.5's 163840; at least the "
+                   "tokenizer's")
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--heads", type=int, default=8)
@@ -181,48 +255,53 @@ def main(argv):
             p.error(f"--{name.replace('_', '-')} {getattr(a, name)} is not a multiple of {BLOCK} (the FP8 block)")
     if a.experts % 4 or a.experts_per_token > a.experts // 2:
         p.error("--experts must be a multiple of n_group 4 and --experts-per-token at most the 2 kept groups' experts")
-    n_ids, bos, eos = tokenizer_facts(a.tokenizer)
+    kimi = a.format == "kimi-k25-int4"
+    a.vocab_size = a.vocab_size or (163840 if kimi else 129280)
+    n_ids, bos, eos, pad = tokenizer_facts(a.tokenizer)
     if a.vocab_size < n_ids:
         p.error(f"--vocab-size {a.vocab_size} is below the {n_ids} ids of {a.tokenizer}")
     vocab = a.vocab_size
     os.makedirs(a.out, exist_ok=True)
     rng = np.random.Generator(np.random.PCG64(a.seed))
     w, h, nh = Writer(), a.hidden, a.heads
-    w.add("model.embed_tokens.weight", "BF16", to_bf16(rng.normal(0, 0.02, (vocab, h)).astype(np.float32)))
+    fp8 = not kimi  # Kimi-K2.5: attention, dense MLP and shared experts BF16, the routed experts INT4
+    top = "language_model." if kimi else ""
+    w.add(top + "model.embed_tokens.weight", "BF16", to_bf16(rng.normal(0, 0.02, (vocab, h)).astype(np.float32)))
     for l in range(a.layers):
-        pre = f"model.layers.{l}."
+        pre = f"{top}model.layers.{l}."
         w.norm(pre + "input_layernorm", h)
         w.norm(pre + "post_attention_layernorm", h)
         at = pre + "self_attn."
-        w.linear(at + "q_a_proj", a.q_lora_rank, h, rng, 0.02, True)
+        w.linear(at + "q_a_proj", a.q_lora_rank, h, rng, 0.02, fp8)
         w.norm(at + "q_a_layernorm", a.q_lora_rank)
-        w.linear(at + "q_b_proj", nh * (128 + 64), a.q_lora_rank, rng, 0.02, True)
-        w.linear(at + "kv_a_proj_with_mqa", 512 + 64, h, rng, 0.02, True)
+        w.linear(at + "q_b_proj", nh * (128 + 64), a.q_lora_rank, rng, 0.02, fp8)
+        w.linear(at + "kv_a_proj_with_mqa", 512 + 64, h, rng, 0.02, fp8)
         w.norm(at + "kv_a_layernorm", 512)
-        w.linear(at + "kv_b_proj", nh * (128 + 128), 512, rng, 0.02, True)
-        w.linear(at + "o_proj", h, nh * 128, rng, 0.02, True)
+        w.linear(at + "kv_b_proj", nh * (128 + 128), 512, rng, 0.02, fp8)
+        w.linear(at + "o_proj", h, nh * 128, rng, 0.02, fp8)
         mlp = pre + "mlp."
         if l == 0:
             for n, k, name in ((a.intermediate, h, "gate_proj"), (a.intermediate, h, "up_proj"),
                                (h, a.intermediate, "down_proj")):
-                w.linear(mlp + name, n, k, rng, 0.02, True)
+                w.linear(mlp + name, n, k, rng, 0.02, fp8)
             continue
         w.add(mlp + "gate.weight", "BF16", to_bf16(rng.normal(0, 0.02, (a.experts, h)).astype(np.float32)))
         w.add(mlp + "gate.e_score_correction_bias", "F32", np.zeros(a.experts, np.float32))
         for e in [f"experts.{i}." for i in range(a.experts)] + ["shared_experts."]:
-            m = a.moe_intermediate
-            w.linear(mlp + e + "gate_proj", m, h, rng, 0.02, True)
-            w.linear(mlp + e + "up_proj", m, h, rng, 0.02, True)
-            w.linear(mlp + e + "down_proj", h, m, rng, 0.02, True)
-    w.norm("model.norm", h)
-    w.add("lm_head.weight", "BF16", to_bf16(rng.normal(0, a.lm_head_std, (vocab, h)).astype(np.float32)))
+            m, int4 = a.moe_intermediate, kimi and e != "shared_experts."
+            w.linear(mlp + e + "gate_proj", m, h, rng, 0.02, fp8, int4)
+            w.linear(mlp + e + "up_proj", m, h, rng, 0.02, fp8, int4)
+            w.linear(mlp + e + "down_proj", h, m, rng, 0.02, fp8, int4)
+    w.norm(top + "model.norm", h)
+    w.add(top + "lm_head.weight", "BF16", to_bf16(rng.normal(0, a.lm_head_std, (vocab, h)).astype(np.float32)))
     w.write(os.path.join(a.out, "model.safetensors"))
     with open(os.path.join(a.out, "config.json"), "w", encoding="utf-8") as f:
-        json.dump(make_config(a, vocab, bos, eos), f, indent=2)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copyfile(os.path.join(a.tokenizer, name), os.path.join(a.out, name))
+        json.dump(make_kimi_config(a, vocab, bos, eos, pad) if kimi else make_config(a, vocab, bos, eos), f, indent=2)
+    for name in ("tokenizer.json", "tokenizer_config.json", "tiktoken.model"):
+        if os.path.isfile(os.path.join(a.tokenizer, name)):
+            shutil.copyfile(os.path.join(a.tokenizer, name), os.path.join(a.out, name))
     n_params = sum(int(np.prod(s)) for _, s, _ in w.tensors.values())
-    print(f"make_random_deepseek: {a.out}: DeepSeek-V3 block-FP8, {a.layers} layers, hidden {h}, {nh} heads, "
+    print(f"make_random_deepseek: {a.out}: {'Kimi-K2.5 INT4' if kimi else 'DeepSeek-V3 block-FP8'}, {a.layers} layers, hidden {h}, {nh} heads, "
           f"{a.experts} experts (top {a.experts_per_token}), vocab {vocab}, {n_params / 1e6:.1f}M values")
 
 
