@@ -653,7 +653,8 @@ RegenerateStats run_regenerate(const RegenerateOptions& opt, ParallelGroups& gro
   // Rank 0: every chunk present -> the output file.
   stats.complete = write_output_if_complete(opt, stats.chunks, parts, world);
   stats.seconds = now_s() - t0;
-  if (dispatcher) log_regenerate_totals(stats, t, opt);  // (no Progress::finish: other groups' last work is not reported to rank 0)
+  // (no Progress::finish: other groups' last work is not reported to rank 0)
+  if (dispatcher) log_regenerate_totals(stats, t, opt);
   return stats;
 }
 

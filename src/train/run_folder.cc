@@ -43,7 +43,8 @@ RunFolder::RunFolder(const std::string& dir, Communicator& dp) : dir_(dir), rank
   // Stale .tmp files are replaced only under the lock.
   if (rank_ == 0) {
     fs::create_directories(dir_);
-    if (!OutputLock::held_here(dir_, LockTarget::Folder)) lock_ = OutputLock::acquire(dir_, LockTarget::Folder, "train");
+    if (!OutputLock::held_here(dir_, LockTarget::Folder))
+      lock_ = OutputLock::acquire(dir_, LockTarget::Folder, "train");
   }
   dp.barrier();
 }

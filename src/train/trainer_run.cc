@@ -471,12 +471,9 @@ TrainResult run_training(const TrainOptions& given_opts, Communicator& dp, Strea
   if (start.latest) result.checkpoint = *start.latest;
   folder.open_events();  // a new event file per run or resume, beside metrics.jsonl
   StopSignals stop_signals;
-  const std::unique_ptr<SampleSource> source =
-      stream != nullptr ? stream_source(*stream, rank, dp.size())
-                        : shard_source(
-                              st.split,
-                              [&order, rank, &dp](int64_t s) { return BatchOrder::rank_share(order.batch(s), rank, dp.size()); },
-                              total);
+  auto share_of = [&order, rank, &dp](int64_t s) { return BatchOrder::rank_share(order.batch(s), rank, dp.size()); };
+  const std::unique_ptr<SampleSource> source = stream != nullptr ? stream_source(*stream, rank, dp.size())
+                                                                 : shard_source(st.split, share_of, total);
   StepLoop loop(opts, dp, dev, stream, head, start, order, sched, total, num_heldout, folder, *source, result);
   loop.run();
   return result;
