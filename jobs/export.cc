@@ -127,6 +127,65 @@ ServingTarget parse_for_option(const std::string& value) {
   return {};
 }
 
+// The checkpoint's target fingerprint against --model `model` (a warning only: a draft trained on one copy of a
+// model is served with another, e.g. a quantized one; the layer count and widths are checked by write_export).
+void warn_other_target(const Checkpoint& ck, const std::string& dir, const std::string& model) {
+  if (!ck.provenance.is_object() || !ck.provenance.contains("target")) return;
+  const nlohmann::json& t = ck.provenance["target"];
+  TargetFingerprint trained, given = TargetFingerprint::of_model(model);
+  trained.config_sha256 = t.value("config_sha256", "");
+  trained.weights_sha256 = t.value("weights_sha256", "");
+  const std::string diff = trained.difference(given);
+  if (!diff.empty())
+    AERIE_LOG(warning) << "export: --model " << model << " is not the target " << dir
+                       << " was trained with (" << t.value("model", std::string("?")) << "): " << diff;
+}
+
+// An --output `out` holding another run's export is not replaced without `force` (it may be all that is left
+// of that run); the same run's (a newer or better step than checkpoint `dir`) is. A model's own folder is never
+// replaced. Throws aerie::Error naming what --output holds.
+void check_output_replaceable(const std::string& out, const std::string& dir, bool force) {
+  const fs::path prev_config = fs::path(out) / "config.json";
+  const nlohmann::json prev = fs::exists(prev_config)
+                                  ? nlohmann::json::parse(read_file(prev_config.string()), nullptr, false)
+                                  : nlohmann::json();
+  if (fs::exists(prev_config)) {
+    // A model's own folder (config.json + model.safetensors, no tokenizer) is never replaced, --force or not:
+    // only a draft export is (an EAGLE architecture, a speculators config, or aerie's record).
+    bool draft = prev.is_object() && (prev.contains("aerie_checkpoint") || prev.contains("speculators_model_type"));
+    if (prev.is_object() && prev.contains("architectures") && prev["architectures"].is_array())
+      for (const auto& a : prev["architectures"])
+        draft = draft || (a.is_string() && a.get<std::string>().find("Eagle") != std::string::npos);
+    AERIE_CHECK(draft, "export: --output " << out << " holds config.json of "
+                                           << (prev.is_object() && prev.contains("architectures")
+                                                   ? prev["architectures"].dump()
+                                                   : std::string("no draft architecture"))
+                                           << ", not a draft export: refusing to replace it (even with --force); "
+                                           << "choose another --output");
+  }
+  if (fs::exists(prev_config) && !force) {
+    // Paths compared resolved (symlinks, "..", a trailing slash from tab completion).
+    auto run_of = [](const fs::path& p) {
+      std::error_code ec;
+      fs::path ck = fs::weakly_canonical(p, ec);
+      if (ec) ck = fs::absolute(p).lexically_normal();
+      if (ck.filename().empty()) ck = ck.parent_path();
+      return ck.parent_path().filename() == "checkpoints" ? ck.parent_path().parent_path() : ck;
+    };
+    const std::string prev_ck = prev.is_object() && prev.contains("aerie_checkpoint") &&
+                                        prev["aerie_checkpoint"].is_object()
+                                    ? prev["aerie_checkpoint"].value("checkpoint", std::string())
+                                    : std::string();
+    const fs::path this_run = run_of(fs::path(dir));
+    AERIE_CHECK(!prev_ck.empty() && run_of(fs::path(prev_ck)) == this_run,
+                "export: --output " << out << " holds the export of "
+                                    << (prev_ck.empty() ? std::string("another draft (its config.json names no aerie checkpoint)")
+                                                        : "another run (" + prev_ck + ")")
+                                    << ", not of " << this_run.string()
+                                    << ": pass --force to replace it, or choose another --output");
+  }
+}
+
 }  // namespace
 
 int export_draft(const std::vector<std::string>& args) {
@@ -219,59 +278,8 @@ int export_draft(const std::vector<std::string>& args) {
     const TargetConfig target = load_model_option("export", "model", vm["model"].as<std::string>());
     Checkpoint ck = load_checkpoint(dir, /*optimizer_state=*/false);  // the weights alone
     check_finite_weights(dir, ck.weights);
-    // The checkpoint's target fingerprint (a warning only: a draft trained on one copy of a model is
-    // served with another, e.g. a quantized one; the layer count and widths are checked by write_export).
-    if (ck.provenance.is_object() && ck.provenance.contains("target")) {
-      const nlohmann::json& t = ck.provenance["target"];
-      TargetFingerprint trained, given = TargetFingerprint::of_model(vm["model"].as<std::string>());
-      trained.config_sha256 = t.value("config_sha256", "");
-      trained.weights_sha256 = t.value("weights_sha256", "");
-      const std::string diff = trained.difference(given);
-      if (!diff.empty())
-        AERIE_LOG(warning) << "export: --model " << vm["model"].as<std::string>() << " is not the target " << dir
-                           << " was trained with (" << t.value("model", std::string("?")) << "): " << diff;
-    }
-    // An --output holding another run's export is not replaced without --force (it may be all that is left
-    // of that run); the same run's (a newer or better step) is.
-    const fs::path prev_config = fs::path(out) / "config.json";
-    const nlohmann::json prev = fs::exists(prev_config)
-                                    ? nlohmann::json::parse(read_file(prev_config.string()), nullptr, false)
-                                    : nlohmann::json();
-    if (fs::exists(prev_config)) {
-      // A model's own folder (config.json + model.safetensors, no tokenizer) is never replaced, --force or not:
-      // only a draft export is (an EAGLE architecture, a speculators config, or aerie's record).
-      bool draft = prev.is_object() && (prev.contains("aerie_checkpoint") || prev.contains("speculators_model_type"));
-      if (prev.is_object() && prev.contains("architectures") && prev["architectures"].is_array())
-        for (const auto& a : prev["architectures"])
-          draft = draft || (a.is_string() && a.get<std::string>().find("Eagle") != std::string::npos);
-      AERIE_CHECK(draft, "export: --output " << out << " holds config.json of "
-                                             << (prev.is_object() && prev.contains("architectures")
-                                                     ? prev["architectures"].dump()
-                                                     : std::string("no draft architecture"))
-                                             << ", not a draft export: refusing to replace it (even with --force); "
-                                             << "choose another --output");
-    }
-    if (fs::exists(prev_config) && !vm["force"].as<bool>()) {
-      // Paths compared resolved (symlinks, "..", a trailing slash from tab completion).
-      auto run_of = [](const fs::path& p) {
-        std::error_code ec;
-        fs::path ck = fs::weakly_canonical(p, ec);
-        if (ec) ck = fs::absolute(p).lexically_normal();
-        if (ck.filename().empty()) ck = ck.parent_path();
-        return ck.parent_path().filename() == "checkpoints" ? ck.parent_path().parent_path() : ck;
-      };
-      const std::string prev_ck = prev.is_object() && prev.contains("aerie_checkpoint") &&
-                                          prev["aerie_checkpoint"].is_object()
-                                      ? prev["aerie_checkpoint"].value("checkpoint", std::string())
-                                      : std::string();
-      const fs::path this_run = run_of(fs::path(dir));
-      AERIE_CHECK(!prev_ck.empty() && run_of(fs::path(prev_ck)) == this_run,
-                  "export: --output " << out << " holds the export of "
-                                      << (prev_ck.empty() ? std::string("another draft (its config.json names no aerie checkpoint)")
-                                                          : "another run (" + prev_ck + ")")
-                                      << ", not of " << this_run.string()
-                                      << ": pass --force to replace it, or choose another --output");
-    }
+    warn_other_target(ck, dir, vm["model"].as<std::string>());
+    check_output_replaceable(out, dir, vm["force"].as<bool>());
     if (!best) source = {{"selected_by", dir == given ? "given" : "newest"}};
     {  // meaningful wherever the export goes; no trailing slash (tab completion), so that runs compare
       fs::path ck = fs::absolute(dir).lexically_normal();

@@ -122,6 +122,104 @@ void print_plan(std::ostream& os, const MemoryPlan& p, const PlanOptions& opt, c
   os << "\n";
 }
 
+// What would fit when plan `p` does not (printed to stdout): the smallest larger tp (a power of two) that fits
+// the same GPU (a target that does not run at this tp: the largest smaller one that runs and fits); then
+// generate: the most sequences at once that fit at this tp, or at the smallest larger tp where some do (MLA's
+// latent cache does not shrink with tp); extract: the longest --max-length that fits this tp (a halving
+// search over the activations' share). `config`, `tensors`, `config_file` and `opt`: as plan_memory took them.
+void print_suggestions(const MemoryPlan& p, const PlanOptions& opt, const nlohmann::json& config,
+                       const std::vector<TensorInfo>& tensors, const std::string& config_file) {
+  // Suggestions are for aerie's own runs: embed_tokens and lm_head replicated, whatever --embed-split says.
+  const std::string layout = opt.vocab_parallel_embeddings ? " (embed_tokens / lm_head replicated, as aerie loads them)" : "";
+  const auto fits = [&](PlanOptions o) -> std::optional<MemoryPlan> {
+    o.vocab_parallel_embeddings = false;
+    try {
+      MemoryPlan q = plan_memory(config, tensors, o, config_file);
+      if (q.fits) return q;
+    } catch (const Error&) {  // a split the target refuses
+    }
+    return std::nullopt;
+  };
+  // The most sequences in [1, below) that fit at `tp` (memory grows with them: a bisection), or 0.
+  const auto most_sequences = [&](int64_t tp, int64_t below) -> std::pair<int64_t, std::optional<MemoryPlan>> {
+    PlanOptions o = opt;
+    o.tp = static_cast<int>(tp);
+    o.sequences = 1;
+    std::optional<MemoryPlan> best = fits(o);
+    if (!best) return {0, std::nullopt};
+    int64_t lo = 1, hi = below - 1;
+    while (lo < hi) {
+      o.sequences = lo + (hi - lo + 1) / 2;
+      if (std::optional<MemoryPlan> q = fits(o)) {
+        lo = o.sequences;
+        best = q;
+      } else {
+        hi = o.sequences - 1;
+      }
+    }
+    return {lo, best};
+  };
+  bool suggested = false;
+  for (int64_t tp = 2; tp <= 64 && !suggested; tp *= 2) {
+    if (tp <= opt.tp) continue;
+    PlanOptions o = opt;
+    o.tp = static_cast<int>(tp);
+    if (std::optional<MemoryPlan> q = fits(o)) {
+      std::cout << "fits at --tp " << tp << layout << ": " << bytes_str(q->total_per_rank) << " per rank, margin "
+                << bytes_str(q->margin) << "\n";
+      suggested = true;
+    }
+  }
+  if (!suggested && !p.blockers.empty()) {
+    for (int64_t tp = 32; tp >= 1 && !suggested; tp /= 2) {
+      if (tp >= opt.tp) continue;
+      PlanOptions o = opt;
+      o.tp = static_cast<int>(tp);
+      if (std::optional<MemoryPlan> q = fits(o)) {
+        std::cout << "runs and fits at --tp " << tp << layout << ": " << bytes_str(q->total_per_rank) << " per rank, margin "
+                  << bytes_str(q->margin) << "\n";
+        suggested = true;
+      }
+    }
+  }
+  const bool length_blocked = p.beyond_context;
+  if (opt.job == PlanJob::Generate && opt.sequences > 1 && !length_blocked) {
+    std::vector<int64_t> tps = {opt.tp};
+    for (int64_t tp = 2; tp <= 64; tp *= 2)
+      if (tp > opt.tp) tps.push_back(tp);
+    for (const int64_t tp : tps) {
+      const auto [b, q] = most_sequences(tp, opt.sequences);
+      if (b > 0) {
+        std::cout << "fits at " << (tp == opt.tp ? "tp " : "--tp ") << tp << " with --batch-size " << b << " (the most "
+                  << "that fit)" << layout << ": " << bytes_str(q->total_per_rank) << " per rank, margin " << bytes_str(q->margin) << "\n";
+        suggested = true;
+        break;
+      }
+    }
+  } else if (opt.job == PlanJob::Extract && p.blockers.empty() && opt.max_length > 1024 && opt.batch_size == 0) {
+    for (int64_t len = opt.max_length / 2; len >= 1024; len /= 2) {
+      PlanOptions o = opt;
+      o.max_length = len;
+      o.batch_tokens = std::min(o.batch_tokens, len);
+      if (std::optional<MemoryPlan> q = fits(o)) {
+        std::cout << "fits at tp " << opt.tp << " with --max-length " << len
+                  << (o.batch_tokens != opt.batch_tokens ? " --batch-tokens " + std::to_string(o.batch_tokens) : "")
+                  << layout << ": " << bytes_str(q->total_per_rank) << " per rank, margin " << bytes_str(q->margin) << "\n";
+        suggested = true;
+        break;
+      }
+    }
+  }
+  if (!suggested)
+    std::cout << (length_blocked ? "no suggestion: --max-length must stay within max_position_embeddings"
+                  : !p.blockers.empty()
+                      ? "no tp from 1 to 64 runs this target within " + bytes_str(p.gpu_memory)
+                      : "nothing up to tp 64 (or " +
+                            std::string(opt.job == PlanJob::Generate ? "--batch-size 1" : "--max-length 1024") +
+                            " at tp " + std::to_string(opt.tp) + ") fits " + bytes_str(p.gpu_memory))
+              << "\n";
+}
+
 }  // namespace
 
 int plan(const std::vector<std::string>& args) {
@@ -236,101 +334,7 @@ int plan(const std::vector<std::string>& args) {
                       "prompt + --max-new");
   if (rank == 0) {
     print_plan(std::cout, p, opt, gpu_source);
-    // What would: the smallest larger tp (a power of two) that fits the same GPU (a target that does not run
-    // at this tp: the largest smaller one that runs and fits); then generate: the most sequences at once that
-    // fit at this tp, or at the smallest larger tp where some do (MLA's latent cache does not shrink with tp);
-    // extract: the longest --max-length that fits this tp (a halving search over the activations' share).
-    if (!p.fits) {
-      // Suggestions are for aerie's own runs: embed_tokens and lm_head replicated, whatever --embed-split says.
-      const std::string layout = opt.vocab_parallel_embeddings ? " (embed_tokens / lm_head replicated, as aerie loads them)" : "";
-      const auto fits = [&](PlanOptions o) -> std::optional<MemoryPlan> {
-        o.vocab_parallel_embeddings = false;
-        try {
-          MemoryPlan q = plan_memory(config, tensors, o, config_file);
-          if (q.fits) return q;
-        } catch (const Error&) {  // a split the target refuses
-        }
-        return std::nullopt;
-      };
-      // The most sequences in [1, below) that fit at `tp` (memory grows with them: a bisection), or 0.
-      const auto most_sequences = [&](int64_t tp, int64_t below) -> std::pair<int64_t, std::optional<MemoryPlan>> {
-        PlanOptions o = opt;
-        o.tp = static_cast<int>(tp);
-        o.sequences = 1;
-        std::optional<MemoryPlan> best = fits(o);
-        if (!best) return {0, std::nullopt};
-        int64_t lo = 1, hi = below - 1;
-        while (lo < hi) {
-          o.sequences = lo + (hi - lo + 1) / 2;
-          if (std::optional<MemoryPlan> q = fits(o)) {
-            lo = o.sequences;
-            best = q;
-          } else {
-            hi = o.sequences - 1;
-          }
-        }
-        return {lo, best};
-      };
-      bool suggested = false;
-      for (int64_t tp = 2; tp <= 64 && !suggested; tp *= 2) {
-        if (tp <= opt.tp) continue;
-        PlanOptions o = opt;
-        o.tp = static_cast<int>(tp);
-        if (std::optional<MemoryPlan> q = fits(o)) {
-          std::cout << "fits at --tp " << tp << layout << ": " << bytes_str(q->total_per_rank) << " per rank, margin "
-                    << bytes_str(q->margin) << "\n";
-          suggested = true;
-        }
-      }
-      if (!suggested && !p.blockers.empty()) {
-        for (int64_t tp = 32; tp >= 1 && !suggested; tp /= 2) {
-          if (tp >= opt.tp) continue;
-          PlanOptions o = opt;
-          o.tp = static_cast<int>(tp);
-          if (std::optional<MemoryPlan> q = fits(o)) {
-            std::cout << "runs and fits at --tp " << tp << layout << ": " << bytes_str(q->total_per_rank) << " per rank, margin "
-                      << bytes_str(q->margin) << "\n";
-            suggested = true;
-          }
-        }
-      }
-      const bool length_blocked = p.beyond_context;
-      if (opt.job == PlanJob::Generate && opt.sequences > 1 && !length_blocked) {
-        std::vector<int64_t> tps = {opt.tp};
-        for (int64_t tp = 2; tp <= 64; tp *= 2)
-          if (tp > opt.tp) tps.push_back(tp);
-        for (const int64_t tp : tps) {
-          const auto [b, q] = most_sequences(tp, opt.sequences);
-          if (b > 0) {
-            std::cout << "fits at " << (tp == opt.tp ? "tp " : "--tp ") << tp << " with --batch-size " << b << " (the most "
-                      << "that fit)" << layout << ": " << bytes_str(q->total_per_rank) << " per rank, margin " << bytes_str(q->margin) << "\n";
-            suggested = true;
-            break;
-          }
-        }
-      } else if (opt.job == PlanJob::Extract && p.blockers.empty() && opt.max_length > 1024 && opt.batch_size == 0) {
-        for (int64_t len = opt.max_length / 2; len >= 1024; len /= 2) {
-          PlanOptions o = opt;
-          o.max_length = len;
-          o.batch_tokens = std::min(o.batch_tokens, len);
-          if (std::optional<MemoryPlan> q = fits(o)) {
-            std::cout << "fits at tp " << opt.tp << " with --max-length " << len
-                      << (o.batch_tokens != opt.batch_tokens ? " --batch-tokens " + std::to_string(o.batch_tokens) : "")
-                      << layout << ": " << bytes_str(q->total_per_rank) << " per rank, margin " << bytes_str(q->margin) << "\n";
-            suggested = true;
-            break;
-          }
-        }
-      }
-      if (!suggested)
-        std::cout << (length_blocked ? "no suggestion: --max-length must stay within max_position_embeddings"
-                      : !p.blockers.empty()
-                          ? "no tp from 1 to 64 runs this target within " + bytes_str(p.gpu_memory)
-                          : "nothing up to tp 64 (or " +
-                                std::string(opt.job == PlanJob::Generate ? "--batch-size 1" : "--max-length 1024") +
-                                " at tp " + std::to_string(opt.tp) + ") fits " + bytes_str(p.gpu_memory))
-                  << "\n";
-    }
+    if (!p.fits) print_suggestions(p, opt, config, tensors, config_file);
   }
   return p.fits ? 0 : 1;  // a script can branch on it (the plan is printed either way)
 }

@@ -38,6 +38,7 @@
 #include "jobs/target_device.h"
 #include "model/target.h"
 #include "train/stream.h"
+#include "train/stream_target.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
 
@@ -166,14 +167,21 @@ void check_train_inputs(const TrainOptions& o) {
   load_model_option("train", "model", o.model_dir);
 }
 
-}  // namespace
 
-int train(const std::vector<std::string>& args) {
-  po::options_description desc = job_options("aerie train: train the EAGLE-3 draft with training-time test");
+// The command line of `aerie train`: TrainOptions and the values that are not its own.
+struct TrainArgs {
   TrainOptions o;
   std::string target_model, aux_layers, target_dtype, sliding_window = "0";
   int target_ranks = 1, tp = 0;
   int64_t batch_tokens = 2048;
+};
+
+// The options of the inputs, the streaming target and the recipe's AdamW and loss (--help lists them first).
+void add_input_options(po::options_description& desc, TrainArgs& a) {
+  TrainOptions& o = a.o;
+  std::string &target_model = a.target_model, &aux_layers = a.aux_layers, &target_dtype = a.target_dtype;
+  int &target_ranks = a.target_ranks, &tp = a.tp;
+  int64_t& batch_tokens = a.batch_tokens;
   desc.add_options()("model", po::value<std::string>(&o.model_dir)->default_value(""),
                      "target model directory (config.json, model.safetensors): the draft's embedding and lm_head "
                      "(default with --prepared: --target-model)")(
@@ -212,7 +220,14 @@ int train(const std::vector<std::string>& args) {
       "init, as SpecForge)")(
       "loss-normalization", po::value<std::string>(&o.loss_normalization)->default_value("valid"),
       "each TTT step's loss divided by its trained rows (valid, eagle3.md) or by all rows of the global batch "
-      "(all, SpecForge's mean over positions)")(
+      "(all, SpecForge's mean over positions)");
+}
+
+// The options of the run (steps, schedule, checkpoints, warm start, device) and of the draft's shape.
+void add_run_options(po::options_description& desc, TrainArgs& a) {
+  TrainOptions& o = a.o;
+  std::string& sliding_window = a.sliding_window;
+  desc.add_options()(
       "stream-queue", po::value<int64_t>(&o.stream_queue)->default_value(2),
       "streaming: steps the target may compute ahead of the step being trained (bounds the messages in flight)")(
       "vocab", po::value<std::string>(&o.vocab_path)->default_value(""),
@@ -287,10 +302,15 @@ int train(const std::vector<std::string>& args) {
       "allow-other-target", po::bool_switch(&o.allow_other_target),
       "train on shards (or resume a checkpoint) whose recorded target fingerprint differs from --model's "
       "(default: refused)");
-  add_lock_options(desc);
-  po::variables_map vm;
-  if (!parse_options("train", args, desc, vm)) return 0;
-  const bool streaming = !o.prepared_path.empty();
+}
+
+// The options of the mode: streaming (--prepared: --target-model, --tp, ...) or offline (--shards, none of
+// the streaming ones). Usage errors (exit 2); a --target-model without config.json: aerie::Error.
+void check_mode_options(TrainArgs& a, const po::variables_map& vm, bool streaming) {
+  TrainOptions& o = a.o;
+  std::string &target_model = a.target_model, &target_dtype = a.target_dtype;
+  const int tp = a.tp;
+  const int64_t batch_tokens = a.batch_tokens;
   if (streaming) {
     TRAIN_REQUIRE(o.shards_dir.empty(), "--shards and --prepared exclude each other (--prepared streams the hidden "
                                         "states from the target instead of reading shards)");
@@ -314,6 +334,12 @@ int train(const std::vector<std::string>& args) {
       TRAIN_REQUIRE(vm[opt].defaulted(), "--" << opt << " applies to streaming only (with --prepared); this run "
                                               << "reads --shards");
   }
+}
+
+// --draft-sliding-window: a number of keys, or auto (from the training samples' lengths).
+void parse_sliding_window(TrainArgs& a) {
+  TrainOptions& o = a.o;
+  const std::string& sliding_window = a.sliding_window;
   std::string window_word = trim_blanks(sliding_window);
   std::transform(window_word.begin(), window_word.end(), window_word.begin(),
                  [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
@@ -324,118 +350,98 @@ int train(const std::vector<std::string>& args) {
     TRAIN_REQUIRE(w.has_value(), "--draft-sliding-window '" << sliding_window << "' is not a number of keys or auto");
     o.draft_sliding_window = *w;
   }
-  o.draft_norm_before_residual_given = !vm["draft-norm-before-residual"].defaulted();
-  o.adam_beta2_given = !vm["adam-beta2"].defaulted();
-  o.weight_decay += 0.0;  // -0 is recorded as 0 (-0 + 0 is +0)
-  check_train_inputs(o);
-  auto world = MpiCommunicator::world();
-  if (!streaming) {
-    // Checked against the shards' (1000 layers: any 3 ascending ids parse; the shards name the real ones).
-    if (!aux_layers.empty()) o.aux_layers = parse_aux_layers(aux_layers, 1000, "train");
-    // Before the target's head loads: a second train into this run folder is refused at once (rank 0,
-    // which writes the checkpoints and metrics, holds the lock until the job ends).
-    const OutputLock lock = lock_output(vm, "train", o.output_dir, LockTarget::Folder);
-    const TrainResult r = run_training(o, *world);
-    if (r.stop_signal != 0) return kPreemptedExitCode;
-    if (world->rank() == 0) AERIE_LOG(info) << "train: done, final checkpoint " << r.checkpoint;
-    return 0;
-  }
-  // Streaming: world ranks 0 .. target_ranks-1 run the target, the others train (train/stream.h).
+}
+
+// Offline: every rank trains on the shards.
+int train_offline(TrainArgs& a, const po::variables_map& vm, MpiCommunicator& world) {
+  TrainOptions& o = a.o;
+  const std::string& aux_layers = a.aux_layers;
+  // Checked against the shards' (1000 layers: any 3 ascending ids parse; the shards name the real ones).
+  if (!aux_layers.empty()) o.aux_layers = parse_aux_layers(aux_layers, 1000, "train");
+  // Before the target's head loads: a second train into this run folder is refused at once (rank 0,
+  // which writes the checkpoints and metrics, holds the lock until the job ends).
+  const OutputLock lock = lock_output(vm, "train", o.output_dir, LockTarget::Folder);
+  const TrainResult r = run_training(o, world);
+  if (r.stop_signal != 0) return kPreemptedExitCode;
+  if (world.rank() == 0) AERIE_LOG(info) << "train: done, final checkpoint " << r.checkpoint;
+  return 0;
+}
+
+// Streaming, a target rank: the prepared file checked, the target loaded, the trainers served.
+int serve_target(const TrainArgs& a, const po::variables_map& vm, MpiCommunicator& world, const StreamLayout& layout,
+                 MpiCommunicator& side, const TargetConfig& tcfg, const std::vector<int>& aux) {
+  StreamTargetJob job;
+  job.prepared_path = a.o.prepared_path;
+  job.target_model = a.target_model;
+  job.aux_layers = aux;
+  job.aux_layers_default = a.aux_layers.empty();
+  job.batch_tokens = a.batch_tokens;
+  check_stream_prepared(job, tcfg, world.rank() == 0);
+  ParallelGroups groups = ParallelGroups::create(layout.tp, side);
+  TargetDevice td = resolve_target_device(a.o.device, a.target_dtype, vm["expert-parallel"].as<bool>(), groups,
+                                          "train (target)", node_size(side));
+  td.options.fp8_gemm = vm["fp8-gemm"].as<bool>();  // the trainer ranks record it: o.stream_target_gemm
+  TargetModel model(a.target_model, *td.tp, td.options);
+  const StreamTargetStats st = serve_stream_target(world, layout, *groups.tp, model, td.options, tcfg, job);
+  if (td.options.device == Device::CUDA) log_gpu_memory("train (target)", world.rank());
+  return st.stop_signal != 0 ? kPreemptedExitCode : 0;
+}
+
+// Streaming: world ranks 0 .. --target-ranks - 1 run the target, the others train (train/stream.h).
+int train_streaming(TrainArgs& a, const po::variables_map& vm, MpiCommunicator& world) {
+  TrainOptions& o = a.o;
+  const std::string &target_model = a.target_model, &aux_layers = a.aux_layers;
+  const int target_ranks = a.target_ranks, tp = a.tp;
   // Every rank checks the same layout: a bad one is a usage error on all of them (exit 2, no MPI_Abort).
   const StreamLayout layout = [&] {
     try {
-      return StreamLayout(world->size(), target_ranks, tp > 0 ? tp : target_ranks);
+      return StreamLayout(world.size(), target_ranks, tp > 0 ? tp : target_ranks);
     } catch (const UsageError&) {
       throw;
     } catch (const Error& e) {
       throw UsageError(std::string("aerie ") + e.what());
     }
   }();
-  const bool is_target = layout.is_target(world->rank());
+  const bool is_target = layout.is_target(world.rank());
   if (vm["fp8-gemm"].as<bool>()) o.stream_target_gemm = fp8_gemm_tag(layout.tp);
   local_rank();  // collective over the world on first use: every rank makes it here, before the sides part
   const TargetConfig tcfg = load_model_option("train", "target-model", target_model);
   const std::vector<int> aux = parse_aux_layers(aux_layers, tcfg.num_hidden_layers, "train");
   // The first training rank writes the run folder, so it holds the lock (a refusal reaches every rank).
-  auto trainer_first = world->split(0, is_target ? world->rank() + world->size() : world->rank() - target_ranks);
+  auto trainer_first = world.split(0, is_target ? world.rank() + world.size() : world.rank() - target_ranks);
   LockOptions lock_opts;
   lock_opts.force_unlock = vm["force-unlock"].as<bool>();
   const OutputLock lock = acquire_output_lock(trainer_first->handle(), o.output_dir, LockTarget::Folder, "train", lock_opts);
-  auto side = world->split(is_target ? 0 : 1, world->rank());
-  if (is_target) {
-    const PreparedFile prepared(o.prepared_path);
-    if (tcfg.max_position_embeddings > 0) {  // as extract: no positions the model was not made for
-      const auto& off = prepared.sample_offsets();
-      for (size_t i = 0; i + 1 < off.size(); ++i)
-        AERIE_CHECK(off[i + 1] - off[i] <= tcfg.max_position_embeddings,
-                    "train: sample " << i << " of " << o.prepared_path << " has " << off[i + 1] - off[i]
-                                     << " tokens, past the target's max_position_embeddings "
-                                     << tcfg.max_position_embeddings << " (" << target_model
-                                     << "/config.json): prepare again with --max-length "
-                                     << tcfg.max_position_embeddings);
-    }
-    if (world->rank() == 0) {
-      // Every id in the target's vocabulary, before the model loads (a bad id would otherwise stop the run
-      // only when its sample comes, perhaps before the first checkpoint: each rerun would repeat the steps).
-      constexpr int64_t kChunk = 4096;
-      std::vector<int32_t> ids;
-      std::vector<uint8_t> mask;
-      for (int64_t b = 0; b < prepared.num_samples(); b += kChunk) {
-        const int64_t e = std::min(prepared.num_samples(), b + kChunk);
-        prepared.read_tokens(b, e, ids, mask);
-        for (size_t t = 0; t < ids.size(); ++t) {
-          if (ids[t] >= 0 && ids[t] < tcfg.vocab_size) continue;
-          const auto& off = prepared.sample_offsets();
-          const int64_t at = off[static_cast<size_t>(b)] + static_cast<int64_t>(t);
-          const int64_t g = std::upper_bound(off.begin(), off.end(), at) - off.begin() - 1;
-          AERIE_THROW("train: prepared sample " << g << " of " << o.prepared_path << " has id " << ids[t]
-                                                << " at position " << at - off[static_cast<size_t>(g)]
-                                                << ", outside the target's vocabulary [0, " << tcfg.vocab_size
-                                                << ") of " << target_model << " (prepared with another tokenizer?)");
-        }
-      }
-      if (aux[0] == aux[1] || aux[1] == aux[2])
-        AERIE_LOG(warning) << "train: aux layers " << aux[0] << "," << aux[1] << "," << aux[2]
-                           << " name one layer more than once"
-                           << (aux_layers.empty() ? " (the default 2, N/2, N-3 of a " +
-                                                        std::to_string(tcfg.num_hidden_layers) + "-layer target)"
-                                                  : std::string())
-                           << ": the draft gets the same hidden state twice; --aux-layers picks distinct ones";
-    }
-    ParallelGroups groups = ParallelGroups::create(layout.tp, *side);
-    TargetDevice td = resolve_target_device(o.device, target_dtype, vm["expert-parallel"].as<bool>(), groups,
-                                            "train (target)", node_size(*side));
-    td.options.fp8_gemm = vm["fp8-gemm"].as<bool>();  // the trainer ranks record it: o.stream_target_gemm
-    TargetModel model(target_model, *td.tp, td.options);
-    if (world->rank() == 0)
-      AERIE_LOG(info) << "train (target): " << target_model << " on ranks 0-" << target_ranks - 1 << " ("
-                      << layout.replicas() << " replica(s) of tp " << layout.tp << "), "
-                      << device_name(td.options.device) << " " << dtype_name(td.options.dtype) << ", aux layers "
-                      << aux[0] << "," << aux[1] << "," << aux[2] << "; training on ranks " << target_ranks << "-"
-                      << world->size() - 1;
-    TargetForward forward = [&](const std::vector<int32_t>& ids, Tensor& a, Tensor& f) {
-      TargetOutput out = model.forward(ids, nullptr, aux, false);
-      a = out.aux_hidden;
-      f = out.final_hidden;
-    };
-    TargetForwardBatch forward_batch;
-    if (td.options.device == Device::CUDA && batch_tokens > 0) {
-      forward_batch = [&](const std::vector<std::vector<int32_t>>& ids, Tensor& a, Tensor& f) {
-        TargetOutput out = model.forward_batch(ids, {}, aux, TargetModel::Logits::None);
-        a = out.aux_hidden;
-        f = out.final_hidden;
-      };
-    }
-    const StreamTargetStats st = run_stream_target(*world, layout, *groups.tp, o.prepared_path, tcfg.vocab_size,
-                                                   forward, forward_batch, batch_tokens);
-    if (td.options.device == Device::CUDA) log_gpu_memory("train (target)", world->rank());
-    return st.stop_signal != 0 ? kPreemptedExitCode : 0;
-  }
-  StreamClient client(*world, layout, o.prepared_path, aux);
+  auto side = world.split(is_target ? 0 : 1, world.rank());
+  if (is_target) return serve_target(a, vm, world, layout, *side, tcfg, aux);
+
+  StreamClient client(world, layout, o.prepared_path, aux);
   const TrainResult r = run_training(o, *side, &client);
   if (r.stop_signal != 0) return kPreemptedExitCode;  // stopped early, checkpoint written (logged): not a completed run
   if (side->rank() == 0) AERIE_LOG(info) << "train: done, final checkpoint " << r.checkpoint;
   return 0;
+}
+
+}  // namespace
+
+int train(const std::vector<std::string>& args) {
+  po::options_description desc = job_options("aerie train: train the EAGLE-3 draft with training-time test");
+  TrainArgs a;
+  add_input_options(desc, a);
+  add_run_options(desc, a);
+  add_lock_options(desc);
+  po::variables_map vm;
+  if (!parse_options("train", args, desc, vm)) return 0;
+  TrainOptions& o = a.o;
+  const bool streaming = !o.prepared_path.empty();
+  check_mode_options(a, vm, streaming);
+  parse_sliding_window(a);
+  o.draft_norm_before_residual_given = !vm["draft-norm-before-residual"].defaulted();
+  o.adam_beta2_given = !vm["adam-beta2"].defaulted();
+  o.weight_decay += 0.0;  // -0 is recorded as 0 (-0 + 0 is +0)
+  check_train_inputs(o);
+  auto world = MpiCommunicator::world();
+  return streaming ? train_streaming(a, vm, *world) : train_offline(a, vm, *world);
 }
 
 }  // namespace aerie::jobs

@@ -244,13 +244,77 @@ ConfigChatTemplate::ConfigChatTemplate(ChatTemplateSpec spec, const Tokenizer* t
   }
 }
 
-std::vector<TemplatePiece> ConfigChatTemplate::render_pieces(const Conversation& conversation,
-                                                             bool generation_prompt) const {
-  const ChatTemplateSpec& s = spec_;
-  Out out{s.special_tokens, {}};
-  auto role_text = [](const ChatTemplateSpec::Role& r, const std::string& t) { return r.trim ? chat::py_strip(t) : t; };
+namespace {
 
-  // Messages: consecutive user / assistant messages merged where the template does (Mistral).
+// One conversation rendered by a ConfigChatTemplate's spec (ConfigChatTemplate::render_pieces): the
+// messages merged, the system prompt and the tool definitions placed, then each message by its role, as the
+// model's Jinja template renders them.
+struct SpecRenderer {
+  explicit SpecRenderer(const ChatTemplateSpec& spec) : s(spec), out{spec.special_tokens, {}} {}
+  std::vector<TemplatePiece> render(const Conversation& conversation, bool generation_prompt);
+
+  static std::string role_text(const ChatTemplateSpec::Role& r, const std::string& t) {
+    return r.trim ? chat::py_strip(t) : t;
+  }
+  std::vector<ChatTurn> merged_turns(const Conversation& conversation) const;
+  void split_system(const std::vector<ChatTurn>& turns);
+  void make_tools(const Conversation& conversation);
+  void render_start();
+  void find_indices();
+  void render_system(const ChatTurn& t);
+  void render_user(const ChatTurn& t, int i);
+  void render_tool(const ChatTurn& t, int i, ChatRole prev);
+  void render_assistant(const ChatTurn& t, int i, ChatRole prev);
+  std::string qwen3_reasoning(const ChatTurn& t, int i, std::string content);
+  std::string kimi_reasoning(const ChatTurn& t, int i, std::string content);
+  void render_calls(const std::vector<ToolCall>& calls, const std::string& content, int i);
+
+  const ChatTemplateSpec& s;
+  Out out;
+  std::string system;  // the system prompt (has_system: there is one)
+  bool has_system = false;
+  std::vector<ChatTurn> loop;  // the messages rendered in turn (the system prompt's taken out by its mode)
+  std::string tools;           // the tool definitions' text (prefix + JSON + suffix; empty: none)
+  bool has_tools = false;
+  // Indices the rules need.
+  int n = 0, first_user = -1, last_user = -1, last_query = -1, last_assistant = -1;
+  int last_answer = -1;  // Kimi-K2-Thinking: the last assistant message without tool calls
+  bool first_tool_result = true;
+  std::vector<std::string> call_ids;  // the ids of the last assistant message's calls (default_id), for their
+  std::vector<bool> call_answered;    // results; and which a result has answered
+  int call_count = 0;                 // calls so far in the conversation
+};
+
+std::vector<TemplatePiece> SpecRenderer::render(const Conversation& conversation, bool generation_prompt) {
+  split_system(merged_turns(conversation));
+  make_tools(conversation);
+  render_start();
+  find_indices();
+  for (int i = 0; i < n; ++i) {
+    const ChatTurn& t = loop[i];
+    const ChatRole prev = i > 0 ? loop[i - 1].role : ChatRole::System;
+    switch (t.role) {
+      case ChatRole::System:
+        render_system(t);
+        break;
+      case ChatRole::User:
+        render_user(t, i);
+        break;
+      case ChatRole::Tool:
+        render_tool(t, i, prev);
+        break;
+      case ChatRole::Assistant:
+        render_assistant(t, i, prev);
+        break;
+    }
+  }
+  if (generation_prompt && !(s.no_generation_prompt_after_tool && n > 0 && loop[n - 1].role == ChatRole::Tool))
+    out.tpl(s.generation_prompt);
+  return out.pieces;
+}
+
+// Messages: consecutive user / assistant messages merged where the template does (Mistral).
+std::vector<ChatTurn> SpecRenderer::merged_turns(const Conversation& conversation) const {
   std::vector<ChatTurn> turns;
   for (const ChatTurn& t : conversation.turns) {
     AERIE_CHECK(s.roles.empty() || std::find(s.roles.begin(), s.roles.end(), role_name(t.role)) != s.roles.end(),
@@ -267,11 +331,11 @@ std::vector<TemplatePiece> ConfigChatTemplate::render_pieces(const Conversation&
     }
     turns.push_back(t);
   }
+  return turns;
+}
 
-  // The system prompt.
-  std::string system;
-  bool has_system = false;
-  std::vector<ChatTurn> loop;
+// The system prompt.
+void SpecRenderer::split_system(const std::vector<ChatTurn>& turns) {
   if (s.system_mode == "all") {
     for (const ChatTurn& t : turns) {
       if (t.role != ChatRole::System) {
@@ -293,9 +357,10 @@ std::vector<TemplatePiece> ConfigChatTemplate::render_pieces(const Conversation&
     has_system = true;
   }
   if (has_system && s.system.trim) system = chat::py_strip(system);
+}
 
-  // Tool definitions.
-  std::string tools;
+// Tool definitions.
+void SpecRenderer::make_tools(const Conversation& conversation) {
   if (!conversation.tools_json.empty() && s.tools_placement != "none") {
     ojson defs = chat::parse_json_exact(conversation.tools_json);
     if (s.tools_sort_keys && !defs.is_discarded())  // nlohmann::json keeps keys in std::map (sorted) order
@@ -311,8 +376,11 @@ std::vector<TemplatePiece> ConfigChatTemplate::render_pieces(const Conversation&
       tools += s.tools_suffix;
     }
   }
-  const bool has_tools = !tools.empty();
+  has_tools = !tools.empty();
+}
 
+// The conversation's start: BOS, tool definitions placed at the start, and the system turn.
+void SpecRenderer::render_start() {
   if (!s.bos.empty()) out.special(s.bos, false);
   if (has_tools && s.tools_placement == "start") {  // tools = prefix + JSON + suffix: the JSON is text
     out.tpl(s.tools_prefix);
@@ -334,19 +402,19 @@ std::vector<TemplatePiece> ConfigChatTemplate::render_pieces(const Conversation&
       out.text(system, false);
     }
   }
+}
 
-  // Indices the rules need.
-  const int n = static_cast<int>(loop.size());
-  int first_user = -1, last_user = -1, last_query = n - 1;
+// Indices the rules need.
+void SpecRenderer::find_indices() {
+  n = static_cast<int>(loop.size());
+  last_query = n - 1;
   for (int i = 0; i < n; ++i)
     if (loop[i].role == ChatRole::User) {
       if (first_user < 0) first_user = i;
       last_user = i;
     }
-  int last_assistant = -1;
   for (int i = 0; i < n; ++i)
     if (loop[i].role == ChatRole::Assistant) last_assistant = i;
-  int last_answer = -1;  // Kimi-K2-Thinking: the last assistant message without tool calls
   for (int i = n - 1; i >= 0 && last_answer < 0; --i)
     if (loop[i].role == ChatRole::Assistant && loop[i].tool_calls.empty()) last_answer = i;
   for (int i = n - 1; i >= 0; --i) {  // Qwen3: the last user message that is not a wrapped tool response
@@ -356,174 +424,179 @@ std::vector<TemplatePiece> ConfigChatTemplate::render_pieces(const Conversation&
       break;
     }
   }
+}
 
-  bool first_tool_result = true;
-  std::vector<std::string> call_ids;  // the ids of the last assistant message's calls (default_id), for their
-  std::vector<bool> call_answered;    // results; and which a result has answered
-  int call_count = 0;                 // calls so far in the conversation
-  for (int i = 0; i < n; ++i) {
-    const ChatTurn& t = loop[i];
-    const ChatRole prev = i > 0 ? loop[i - 1].role : ChatRole::System;
-    switch (t.role) {
-      case ChatRole::System: {
-        out.tpl(s.system.prefix);
-        out.text(role_text(s.system, t.text), false);
-        out.tpl(s.system.suffix);
-        break;
-      }
-      case ChatRole::User: {
-        std::string text = role_text(s.user, t.text);
-        if (has_system && ((s.system_placement == "first_user" && i == first_user) ||
-                           (s.system_placement == "last_user" && i == last_user)) && !system.empty())
-          text = system + s.system_fold + text;
-        if (has_tools && s.tools_placement == "first_user" && i == first_user) text = tools + text;
-        if (has_tools && s.tools_placement == "before_last_user" && i == last_user) {
-          // tools = prefix + JSON + suffix: the JSON is text, prefix/suffix template text
-          out.tpl(s.tools_prefix);
-          out.text(tools.substr(s.tools_prefix.size(), tools.size() - s.tools_prefix.size() - s.tools_suffix.size()), false);
-          out.tpl(s.tools_suffix);
-        }
-        out.tpl(s.user.prefix);
-        out.text(text, false);
-        out.tpl(s.user.suffix);
-        break;
-      }
-      case ChatRole::Tool: {
-        const bool group_start = i == 0 || prev != ChatRole::Tool;
-        const bool group_end = i + 1 == n || loop[i + 1].role != ChatRole::Tool;
-        if (group_start) out.tpl(s.tool_group_prefix);
-        // Without a tool_call_id (default_id set): the id of the first call of the assistant turn before it
-        // that no result answers yet (calls that a result of the group names were set aside at that turn).
-        std::string id = t.tool_call_id;
-        for (size_t k = 0; k < call_ids.size() && id.empty(); ++k)
-          if (!call_answered[k]) {
-            id = call_ids[k];
-            call_answered[k] = true;
-          }
-        std::string prefix = first_tool_result && !s.tool_first_prefix.empty() ? s.tool_first_prefix : s.tool.prefix;
-        prefix = replace_all(replace_all(prefix, "$id", id), "$name", t.name.empty() ? "tool" : t.name);
-        out.tpl(prefix);
-        first_tool_result = false;
-        std::string text = role_text(s.tool, t.text);
-        if (s.tool_content == "json") text = chat::python_json(ojson(text));
-        else if (s.tool_content == "mistral" || s.tool_content == "mistral_common")
-          text = mistral_tool_result(t, s.tool_content == "mistral_common");
-        out.text(text, false);
-        out.tpl(s.tool.suffix);
-        if (group_end) out.tpl(s.tool_group_suffix);
-        if (i + 1 == n) out.tpl(s.tool_conversation_end);
-        break;
-      }
-      case ChatRole::Assistant: {
-        call_ids.clear();  // results after this turn answer its calls, not an earlier turn's
-        call_answered.clear();
-        out.tpl(prev == ChatRole::Tool && i > 0 && !s.assistant_prefix_after_tool.empty() ? s.assistant_prefix_after_tool
-                                                                                           : s.assistant.prefix);
-        std::string content = t.text;
-        if (s.reasoning == "qwen3") {
-          std::string reasoning = t.reasoning;
-          if (!t.has_reasoning) {
-            const size_t close = content.rfind("</think>");
-            if (close != std::string::npos) {
-              std::string before = chat::strip_chars(content.substr(0, content.find("</think>")), "\n", false, true);
-              const size_t open = before.rfind("<think>");
-              if (open != std::string::npos) before = before.substr(open + 7);
-              reasoning = chat::strip_chars(before, "\n", true, false);
-              content = chat::strip_chars(content.substr(close + 8), "\n", true, false);
-            }
-          }
-          if (i > last_query && (i + 1 == n || !reasoning.empty())) {
-            const std::string r = chat::strip_chars(reasoning, "\n", true, true);
-            out.tpl(s.think_begin + r + s.think_end, !r.empty() || s.empty_think_trained);
-            content = chat::strip_chars(content, "\n", true, false);
-          }
-        }
-        if (s.reasoning == "kimi") {
-          // The Jinja keeps reasoning_content only in the turns after the last answer (a tool-call chain under
-          // way) and renders every earlier turn, the final answer included, with an empty think block: the
-          // history a served model is given. The conversation's final answer is instead trained as the model
-          // writes it after the generation prompt: <think>REASONING</think>ANSWER (as Qwen3's Jinja does for its
-          // last turn), and an answer of aerie generate as its ids alone (the whole turn as the target wrote it,
-          // think block and all, or none where it wrote none). A think block the content starts with (after
-          // whitespace) is parsed out of it; a non-empty reasoning_content wins over it (one block either way).
-          std::string reasoning = t.reasoning;
-          const size_t lead = content.find_first_not_of(" \t\r\n");
-          if (lead != std::string::npos && content.compare(lead, s.think_begin.size(), s.think_begin) == 0) {
-            const size_t close = content.find(s.think_end, lead + s.think_begin.size());
-            if (close != std::string::npos) {
-              if (reasoning.empty())
-                reasoning = content.substr(lead + s.think_begin.size(), close - lead - s.think_begin.size());
-              content = content.substr(close + s.think_end.size());
-            }
-          }
-          // The final answer: no user turn and no other assistant turn after it (a tool-call turn after it was
-          // generated with the answer's history form in its prompt).
-          const bool final_answer = i == last_answer && i > last_user && i == last_assistant;
-          if (final_answer && !t.ids.empty() && t.reasoning.empty())
-            content = t.text;  // no think block of the template's: the own-ids branch below renders the ids
-          else
-            out.tpl(s.think_begin + (i > last_answer || final_answer ? reasoning : std::string()) + s.think_end, true);
-        }
-        content = role_text(s.assistant, content);
-        std::vector<ToolCall> calls = s.call_format.empty() ? std::vector<ToolCall>{} : t.tool_calls;
-        if (t.text_is_tool_calls && !calls.empty()) content.clear();  // the calls in the template's syntax
-        if (!calls.empty() && !content.empty()) {
-          if (s.call_with_content == "drop_content") content.clear();
-          else if (s.call_with_content == "drop_calls") calls.clear();
-          else if (s.call_with_content == "error")
-            AERIE_THROW("chat template " << s.name << ": an assistant message has both content and tool calls");
-        }
-        AERIE_CHECK(s.call_max <= 0 || static_cast<int>(calls.size()) <= s.call_max,
-                    "chat template " << s.name << ": " << calls.size() << " tool calls in one message (at most "
-                                     << s.call_max << ")");
-        // A regenerated response's own ids replace its text where the template renders the text unchanged.
-        const bool own_ids = !t.ids.empty() && calls.empty() && s.assistant_content_prefix.empty() && content == t.text;
-        if (own_ids) out.ids(content, t.ids, true);
-        else if (!content.empty() || calls.empty()) out.text(s.assistant_content_prefix + content, true);
-        if (!calls.empty()) {
-          if (!content.empty()) out.tpl(s.call_after_content, true);
-          out.tpl(s.call_begin, true);
-          for (size_t k = 0; k < calls.size(); ++k) {
-            const ToolCall& c = calls[k];
-            std::string args = c.arguments;
-            if (s.call_arguments == "json" && c.arguments_is_string) args = chat::python_json(ojson(args));
-            if (s.call_arguments == "normalized" && c.arguments_is_string) {
-              const ojson parsed = chat::parse_json_exact(args);
-              if (!parsed.is_discarded()) args = chat::python_json(parsed);
-            }
-            if (args.empty()) args = "{}";
-            std::string id = c.id;
-            if (!s.call_default_id.empty()) {
-              const std::string dflt = replace_all(replace_all(replace_all(s.call_default_id, "$name", c.name), "$index",
-                                                               std::to_string(k)), "$count", std::to_string(call_count));
-              if (id.empty()) id = dflt;
-              // what a result answering it names: the id the call is written with ($id), else the default's
-              call_ids.push_back(s.call_format.find("$id") != std::string::npos ? id : dflt);
-              // a call that a result after this turn names explicitly is that result's, not a nameless one's
-              bool named = false;
-              for (int j = i + 1; j < n && loop[j].role == ChatRole::Tool && !named; ++j)
-                named = !loop[j].tool_call_id.empty() && loop[j].tool_call_id == call_ids.back();
-              call_answered.push_back(named);
-            }
-            ++call_count;
-            std::string one = replace_all(s.call_format, "$name", c.name);
-            one = replace_all(one, "$id", id);
-            one = replace_all(one, "$index", std::to_string(k));
-            one = replace_all(one, "$arguments", args);  // last: the arguments may hold "$name"
-            if (k > 0) out.tpl(s.call_separator, true);
-            out.tpl(one, true);
-          }
-          out.tpl(s.call_end, true);
-        }
-        out.special(s.eot, !t.unfinished);
-        out.tpl(s.assistant.suffix);
-        break;
-      }
+void SpecRenderer::render_system(const ChatTurn& t) {
+  out.tpl(s.system.prefix);
+  out.text(role_text(s.system, t.text), false);
+  out.tpl(s.system.suffix);
+}
+
+void SpecRenderer::render_user(const ChatTurn& t, int i) {
+  std::string text = role_text(s.user, t.text);
+  if (has_system && ((s.system_placement == "first_user" && i == first_user) ||
+                     (s.system_placement == "last_user" && i == last_user)) && !system.empty())
+    text = system + s.system_fold + text;
+  if (has_tools && s.tools_placement == "first_user" && i == first_user) text = tools + text;
+  if (has_tools && s.tools_placement == "before_last_user" && i == last_user) {
+    // tools = prefix + JSON + suffix: the JSON is text, prefix/suffix template text
+    out.tpl(s.tools_prefix);
+    out.text(tools.substr(s.tools_prefix.size(), tools.size() - s.tools_prefix.size() - s.tools_suffix.size()), false);
+    out.tpl(s.tools_suffix);
+  }
+  out.tpl(s.user.prefix);
+  out.text(text, false);
+  out.tpl(s.user.suffix);
+}
+
+void SpecRenderer::render_tool(const ChatTurn& t, int i, ChatRole prev) {
+  const bool group_start = i == 0 || prev != ChatRole::Tool;
+  const bool group_end = i + 1 == n || loop[i + 1].role != ChatRole::Tool;
+  if (group_start) out.tpl(s.tool_group_prefix);
+  // Without a tool_call_id (default_id set): the id of the first call of the assistant turn before it
+  // that no result answers yet (calls that a result of the group names were set aside at that turn).
+  std::string id = t.tool_call_id;
+  for (size_t k = 0; k < call_ids.size() && id.empty(); ++k)
+    if (!call_answered[k]) {
+      id = call_ids[k];
+      call_answered[k] = true;
+    }
+  std::string prefix = first_tool_result && !s.tool_first_prefix.empty() ? s.tool_first_prefix : s.tool.prefix;
+  prefix = replace_all(replace_all(prefix, "$id", id), "$name", t.name.empty() ? "tool" : t.name);
+  out.tpl(prefix);
+  first_tool_result = false;
+  std::string text = role_text(s.tool, t.text);
+  if (s.tool_content == "json") text = chat::python_json(ojson(text));
+  else if (s.tool_content == "mistral" || s.tool_content == "mistral_common")
+    text = mistral_tool_result(t, s.tool_content == "mistral_common");
+  out.text(text, false);
+  out.tpl(s.tool.suffix);
+  if (group_end) out.tpl(s.tool_group_suffix);
+  if (i + 1 == n) out.tpl(s.tool_conversation_end);
+}
+
+void SpecRenderer::render_assistant(const ChatTurn& t, int i, ChatRole prev) {
+  call_ids.clear();  // results after this turn answer its calls, not an earlier turn's
+  call_answered.clear();
+  out.tpl(prev == ChatRole::Tool && i > 0 && !s.assistant_prefix_after_tool.empty() ? s.assistant_prefix_after_tool
+                                                                                     : s.assistant.prefix);
+  std::string content = t.text;
+  if (s.reasoning == "qwen3") content = qwen3_reasoning(t, i, std::move(content));
+  if (s.reasoning == "kimi") content = kimi_reasoning(t, i, std::move(content));
+  content = role_text(s.assistant, content);
+  std::vector<ToolCall> calls = s.call_format.empty() ? std::vector<ToolCall>{} : t.tool_calls;
+  if (t.text_is_tool_calls && !calls.empty()) content.clear();  // the calls in the template's syntax
+  if (!calls.empty() && !content.empty()) {
+    if (s.call_with_content == "drop_content") content.clear();
+    else if (s.call_with_content == "drop_calls") calls.clear();
+    else if (s.call_with_content == "error")
+      AERIE_THROW("chat template " << s.name << ": an assistant message has both content and tool calls");
+  }
+  AERIE_CHECK(s.call_max <= 0 || static_cast<int>(calls.size()) <= s.call_max,
+              "chat template " << s.name << ": " << calls.size() << " tool calls in one message (at most "
+                               << s.call_max << ")");
+  // A regenerated response's own ids replace its text where the template renders the text unchanged.
+  const bool own_ids = !t.ids.empty() && calls.empty() && s.assistant_content_prefix.empty() && content == t.text;
+  if (own_ids) out.ids(content, t.ids, true);
+  else if (!content.empty() || calls.empty()) out.text(s.assistant_content_prefix + content, true);
+  if (!calls.empty()) render_calls(calls, content, i);
+  out.special(s.eot, !t.unfinished);
+  out.tpl(s.assistant.suffix);
+}
+
+// Qwen3: the reasoning (reasoning_content, or a think block parsed out of the content) rendered as a think
+// block for the turns after the last query; returns the content.
+std::string SpecRenderer::qwen3_reasoning(const ChatTurn& t, int i, std::string content) {
+  std::string reasoning = t.reasoning;
+  if (!t.has_reasoning) {
+    const size_t close = content.rfind("</think>");
+    if (close != std::string::npos) {
+      std::string before = chat::strip_chars(content.substr(0, content.find("</think>")), "\n", false, true);
+      const size_t open = before.rfind("<think>");
+      if (open != std::string::npos) before = before.substr(open + 7);
+      reasoning = chat::strip_chars(before, "\n", true, false);
+      content = chat::strip_chars(content.substr(close + 8), "\n", true, false);
     }
   }
-  if (generation_prompt && !(s.no_generation_prompt_after_tool && n > 0 && loop[n - 1].role == ChatRole::Tool))
-    out.tpl(s.generation_prompt);
-  return out.pieces;
+  if (i > last_query && (i + 1 == n || !reasoning.empty())) {
+    const std::string r = chat::strip_chars(reasoning, "\n", true, true);
+    out.tpl(s.think_begin + r + s.think_end, !r.empty() || s.empty_think_trained);
+    content = chat::strip_chars(content, "\n", true, false);
+  }
+  return content;
+}
+
+// Kimi-K2-Thinking: the think block of each assistant turn (below); returns the content.
+std::string SpecRenderer::kimi_reasoning(const ChatTurn& t, int i, std::string content) {
+  // The Jinja keeps reasoning_content only in the turns after the last answer (a tool-call chain under
+  // way) and renders every earlier turn, the final answer included, with an empty think block: the
+  // history a served model is given. The conversation's final answer is instead trained as the model
+  // writes it after the generation prompt: <think>REASONING</think>ANSWER (as Qwen3's Jinja does for its
+  // last turn), and an answer of aerie generate as its ids alone (the whole turn as the target wrote it,
+  // think block and all, or none where it wrote none). A think block the content starts with (after
+  // whitespace) is parsed out of it; a non-empty reasoning_content wins over it (one block either way).
+  std::string reasoning = t.reasoning;
+  const size_t lead = content.find_first_not_of(" \t\r\n");
+  if (lead != std::string::npos && content.compare(lead, s.think_begin.size(), s.think_begin) == 0) {
+    const size_t close = content.find(s.think_end, lead + s.think_begin.size());
+    if (close != std::string::npos) {
+      if (reasoning.empty())
+        reasoning = content.substr(lead + s.think_begin.size(), close - lead - s.think_begin.size());
+      content = content.substr(close + s.think_end.size());
+    }
+  }
+  // The final answer: no user turn and no other assistant turn after it (a tool-call turn after it was
+  // generated with the answer's history form in its prompt).
+  const bool final_answer = i == last_answer && i > last_user && i == last_assistant;
+  if (final_answer && !t.ids.empty() && t.reasoning.empty())
+    content = t.text;  // no think block of the template's: the own-ids branch below renders the ids
+  else
+    out.tpl(s.think_begin + (i > last_answer || final_answer ? reasoning : std::string()) + s.think_end, true);
+  return content;
+}
+
+// The tool calls of assistant turn i in the template's syntax (after its `content`, if any).
+void SpecRenderer::render_calls(const std::vector<ToolCall>& calls, const std::string& content, int i) {
+  if (!content.empty()) out.tpl(s.call_after_content, true);
+  out.tpl(s.call_begin, true);
+  for (size_t k = 0; k < calls.size(); ++k) {
+    const ToolCall& c = calls[k];
+    std::string args = c.arguments;
+    if (s.call_arguments == "json" && c.arguments_is_string) args = chat::python_json(ojson(args));
+    if (s.call_arguments == "normalized" && c.arguments_is_string) {
+      const ojson parsed = chat::parse_json_exact(args);
+      if (!parsed.is_discarded()) args = chat::python_json(parsed);
+    }
+    if (args.empty()) args = "{}";
+    std::string id = c.id;
+    if (!s.call_default_id.empty()) {
+      const std::string dflt = replace_all(replace_all(replace_all(s.call_default_id, "$name", c.name), "$index",
+                                                       std::to_string(k)), "$count", std::to_string(call_count));
+      if (id.empty()) id = dflt;
+      // what a result answering it names: the id the call is written with ($id), else the default's
+      call_ids.push_back(s.call_format.find("$id") != std::string::npos ? id : dflt);
+      // a call that a result after this turn names explicitly is that result's, not a nameless one's
+      bool named = false;
+      for (int j = i + 1; j < n && loop[j].role == ChatRole::Tool && !named; ++j)
+        named = !loop[j].tool_call_id.empty() && loop[j].tool_call_id == call_ids.back();
+      call_answered.push_back(named);
+    }
+    ++call_count;
+    std::string one = replace_all(s.call_format, "$name", c.name);
+    one = replace_all(one, "$id", id);
+    one = replace_all(one, "$index", std::to_string(k));
+    one = replace_all(one, "$arguments", args);  // last: the arguments may hold "$name"
+    if (k > 0) out.tpl(s.call_separator, true);
+    out.tpl(one, true);
+  }
+  out.tpl(s.call_end, true);
+}
+
+}  // namespace
+
+std::vector<TemplatePiece> ConfigChatTemplate::render_pieces(const Conversation& conversation,
+                                                             bool generation_prompt) const {
+  return SpecRenderer(spec_).render(conversation, generation_prompt);
 }
 
 std::vector<TemplateSegment> ConfigChatTemplate::to_segments(const std::vector<TemplatePiece>& pieces) const {

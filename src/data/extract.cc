@@ -239,6 +239,111 @@ std::vector<bool> existing_chunks(const ExtractOptions& opt, const PreparedFile&
   return done;
 }
 
+// Rank 0 of a run: removes the stale .tmp shards of a killed run, finds the chunks still to do (the
+// complete ones counted in stats) and returns the dispatcher that hands them to the tp groups.
+std::unique_ptr<ChunkDispatcher> dispatch_chunks(const ExtractOptions& opt, const PreparedFile& prepared,
+                                                 const ShardMeta& meta, ParallelGroups& groups, ExtractStats& stats) {
+  MpiCommunicator& world = *groups.world;
+  const int num_groups = groups.map.dp;
+  const auto& off = prepared.sample_offsets();
+  const int64_t N = prepared.num_samples(), S = opt.samples_per_shard;
+  auto chunk_range = [&](int64_t c) { return std::pair<int64_t, int64_t>{c * S, std::min(N, (c + 1) * S)}; };
+  std::unique_ptr<ChunkDispatcher> dispatcher;
+  fs::create_directories(opt.output);
+  for (const auto& e : fs::directory_iterator(opt.output)) {
+    std::string name = e.path().filename().string();
+    if (name.rfind("shard-", 0) == 0 && name.size() > 4 && name.substr(name.size() - 4) == ".tmp") {
+      AERIE_LOG(info) << "extract: removing stale " << e.path().string();
+      fs::remove(e.path());
+    }
+  }
+  std::deque<int64_t> todo;
+  double samples = 0, tokens = 0;
+  const std::vector<bool> done = existing_chunks(opt, prepared, meta, &stats.skipped_nonfinite_before);
+  for (int64_t c = 0; c < stats.chunks; ++c) {
+    auto [b, e] = chunk_range(c);
+    if (done[static_cast<size_t>(c)]) {
+      ++stats.chunks_skipped;
+      continue;
+    }
+    todo.push_back(c);
+    samples += static_cast<double>(e - b);
+    tokens += static_cast<double>(off[e] - off[b]);
+  }
+  AERIE_LOG(info) << "extract: " << N << " samples in " << stats.chunks << " chunks of " << S << "; "
+                  << stats.chunks_skipped << " already done, " << todo.size() << " to do by " << num_groups
+                  << " group(s) of " << groups.map.tp << " rank(s)";
+  dispatcher = std::make_unique<ChunkDispatcher>(
+      world, num_groups, std::move(todo), "extract",
+      std::vector<ChunkDispatcher::Counter>{{"samples", samples}, {"tokens", tokens}}, kExtractRequestTag,
+      kExtractReplyTag);
+  return dispatcher;
+}
+
+// The token counts of samples [b, e) of `prepared` (offsets `off`), whose ids (from sample b on) are `ids`:
+// every sample non-empty and, with opt.vocab_size > 0, every id in the target's vocabulary (aerie::Error
+// naming the sample otherwise).
+std::vector<int64_t> chunk_lengths(const ExtractOptions& opt, const std::vector<int64_t>& off, int64_t b, int64_t e,
+                                   const std::vector<int32_t>& ids) {
+  std::vector<int64_t> lengths;
+  for (int64_t i = b; i < e; ++i) {
+    lengths.push_back(off[i + 1] - off[i]);
+    AERIE_CHECK(lengths.back() > 0, "prepared file " << opt.prepared << ": sample " << i << " is empty");
+    if (opt.vocab_size <= 0) continue;
+    for (int64_t t = off[i] - off[b]; t < off[i + 1] - off[b]; ++t) {
+      const int32_t id = ids[static_cast<size_t>(t)];
+      AERIE_CHECK(id >= 0 && id < opt.vocab_size,
+                  "extract: prepared file " << opt.prepared << ": sample " << i << " holds token id " << id
+                                            << " at position " << t - (off[i] - off[b])
+                                            << ", outside the target's vocabulary [0, " << opt.vocab_size
+                                            << ") (a prepared file of another tokenizer than --model's?)");
+    }
+  }
+  return lengths;
+}
+
+// Rank 0's group: what its shard writer did, to tell a run bounded by the disk from one bounded by the
+// forward (issue 16: two H200 calls wrote at 0.8-1 GB/s, which capped the extraction). `run_s`: the run so far.
+void log_shard_writer(const ShardPipeline& pipeline, const ExtractOptions& opt, double run_s) {
+  const double gb = static_cast<double>(pipeline.hidden_bytes()) / 1e9, ws = pipeline.write_seconds(),
+               wait = pipeline.caller_wait_seconds();
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(2) << "extract: group 0's shard writer took " << gb << std::setprecision(1)
+     << " GB of hidden states in " << ws << " s of writes (" << std::setprecision(2) << (ws > 0 ? gb / ws : 0.0)
+     << " GB/s); its forwards waited " << std::setprecision(1) << wait << " s for the writer ("
+     << (run_s > 0 ? 100.0 * wait / run_s : 0.0) << "% of the run)";
+  if (run_s > 0 && wait > 0.1 * run_s)
+    os << ": the shard writes (the disk or the page cache) bound this extraction, not the target's forward"
+       << (opt.meta.fp8 ? "" : "; --storage fp8 halves the bytes");
+  AERIE_LOG(info) << os.str();
+}
+
+// Rank 0: the run's totals, and the samples left out for non-finite hidden states (this run's and those of
+// the shards complete at start) of the N prepared samples.
+void log_extract_totals(const ExtractStats& stats, const ExtractOptions& opt, int64_t N) {
+  AERIE_LOG(info) << "extract: wrote " << stats.chunks_done << " shard(s), " << stats.samples << " samples, "
+                  << stats.tokens << " tokens in " << stats.seconds << " s ("
+                  << (stats.seconds > 0 ? stats.samples / stats.seconds : 0) << " samples/s, "
+                  << (stats.seconds > 0 ? stats.tokens / stats.seconds : 0) << " tokens/s) to " << opt.output;
+  if (stats.skipped_nonfinite > 0 || stats.skipped_nonfinite_before > 0) {
+    std::ostringstream os;
+    os << "extract: ";
+    if (stats.skipped_nonfinite > 0)
+      os << "skipped " << stats.skipped_nonfinite << " prepared sample(s) (" << stats.skipped_nonfinite_tokens
+         << " tokens) whose hidden states hold a NaN or an infinity (--skip-nonfinite; each named in a warning "
+            "above by the rank that saw it)"
+         << (stats.skipped_nonfinite_before > 0 ? ", and " : "");
+    if (stats.skipped_nonfinite_before > 0)
+      os << "the " << stats.chunks_skipped << " shard(s) already done left out " << stats.skipped_nonfinite_before
+         << (stats.skipped_nonfinite > 0 ? " more" : " prepared sample(s) with non-finite hidden states (an "
+                                                      "earlier run with --skip-nonfinite)");
+    os << ": " << stats.skipped_nonfinite + stats.skipped_nonfinite_before << " of " << N
+       << " prepared samples are not in " << opt.output
+       << " (each shard lists its own in the attribute skipped_nonfinite)";
+    AERIE_LOG(warning) << os.str();
+  }
+}
+
 }  // namespace
 
 int64_t check_existing_shards(const ExtractOptions& opt) {
@@ -311,7 +416,6 @@ ExtractStats run_extract(const ExtractOptions& opt, ParallelGroups& groups, cons
   const OutputLock lock = acquire_output_lock(world.handle(), opt.output, LockTarget::Folder, "extract");
   MpiCommunicator& tp = *groups.tp;
   const bool leader = tp.rank() == 0;
-  const int num_groups = groups.map.dp;
 
   PreparedFile prepared(opt.prepared);
   const auto& off = prepared.sample_offsets();
@@ -326,36 +430,7 @@ ExtractStats run_extract(const ExtractOptions& opt, ParallelGroups& groups, cons
 
   // Rank 0: clean up after a killed run and find the chunks still to do.
   std::unique_ptr<ChunkDispatcher> dispatcher;
-  if (world.rank() == 0) {
-    fs::create_directories(opt.output);
-    for (const auto& e : fs::directory_iterator(opt.output)) {
-      std::string name = e.path().filename().string();
-      if (name.rfind("shard-", 0) == 0 && name.size() > 4 && name.substr(name.size() - 4) == ".tmp") {
-        AERIE_LOG(info) << "extract: removing stale " << e.path().string();
-        fs::remove(e.path());
-      }
-    }
-    std::deque<int64_t> todo;
-    double samples = 0, tokens = 0;
-    const std::vector<bool> done = existing_chunks(opt, prepared, meta, &stats.skipped_nonfinite_before);
-    for (int64_t c = 0; c < stats.chunks; ++c) {
-      auto [b, e] = chunk_range(c);
-      if (done[static_cast<size_t>(c)]) {
-        ++stats.chunks_skipped;
-        continue;
-      }
-      todo.push_back(c);
-      samples += static_cast<double>(e - b);
-      tokens += static_cast<double>(off[e] - off[b]);
-    }
-    AERIE_LOG(info) << "extract: " << N << " samples in " << stats.chunks << " chunks of " << S << "; "
-                    << stats.chunks_skipped << " already done, " << todo.size() << " to do by " << num_groups
-                    << " group(s) of " << groups.map.tp << " rank(s)";
-    dispatcher = std::make_unique<ChunkDispatcher>(
-        world, num_groups, std::move(todo), "extract",
-        std::vector<ChunkDispatcher::Counter>{{"samples", samples}, {"tokens", tokens}}, kExtractRequestTag,
-        kExtractReplyTag);
-  }
+  if (world.rank() == 0) dispatcher = dispatch_chunks(opt, prepared, meta, groups, stats);
 
   // The leader's shard writes run on a background thread, overlapping the next forward (shard_pipeline.h).
   std::unique_ptr<ShardPipeline> pipeline;
@@ -372,20 +447,7 @@ ExtractStats run_extract(const ExtractOptions& opt, ParallelGroups& groups, cons
       std::lock_guard<std::mutex> h5(hdf5_mutex());  // the writer thread may be writing the last shard
       prepared.read_tokens(b, e, ids, mask);
     }
-    std::vector<int64_t> lengths;
-    for (int64_t i = b; i < e; ++i) {
-      lengths.push_back(off[i + 1] - off[i]);
-      AERIE_CHECK(lengths.back() > 0, "prepared file " << opt.prepared << ": sample " << i << " is empty");
-      if (opt.vocab_size <= 0) continue;
-      for (int64_t t = off[i] - off[b]; t < off[i + 1] - off[b]; ++t) {
-        const int32_t id = ids[static_cast<size_t>(t)];
-        AERIE_CHECK(id >= 0 && id < opt.vocab_size,
-                    "extract: prepared file " << opt.prepared << ": sample " << i << " holds token id " << id
-                                              << " at position " << t - (off[i] - off[b])
-                                              << ", outside the target's vocabulary [0, " << opt.vocab_size
-                                              << ") (a prepared file of another tokenizer than --model's?)");
-      }
-    }
+    const std::vector<int64_t> lengths = chunk_lengths(opt, off, b, e, ids);
     if (leader) {
       ShardMeta m = meta;
       m.chunk = c;
@@ -455,21 +517,7 @@ ExtractStats run_extract(const ExtractOptions& opt, ParallelGroups& groups, cons
   }
   if (pipeline) {
     pipeline->finish();  // every shard of this group renamed (or its error thrown)
-    if (dispatcher && pipeline->hidden_bytes() > 0) {
-      // Rank 0's group: what its shard writer did, to tell a run bounded by the disk from one bounded by the
-      // forward (issue 16: two H200 calls wrote at 0.8-1 GB/s, which capped the extraction).
-      const double gb = static_cast<double>(pipeline->hidden_bytes()) / 1e9, ws = pipeline->write_seconds(),
-                   wait = pipeline->caller_wait_seconds(), run_s = now_s() - t0;
-      std::ostringstream os;
-      os << std::fixed << std::setprecision(2) << "extract: group 0's shard writer took " << gb << std::setprecision(1)
-         << " GB of hidden states in " << ws << " s of writes (" << std::setprecision(2) << (ws > 0 ? gb / ws : 0.0)
-         << " GB/s); its forwards waited " << std::setprecision(1) << wait << " s for the writer ("
-         << (run_s > 0 ? 100.0 * wait / run_s : 0.0) << "% of the run)";
-      if (run_s > 0 && wait > 0.1 * run_s)
-        os << ": the shard writes (the disk or the page cache) bound this extraction, not the target's forward"
-           << (opt.meta.fp8 ? "" : "; --storage fp8 halves the bytes");
-      AERIE_LOG(info) << os.str();
-    }
+    if (dispatcher && pipeline->hidden_bytes() > 0) log_shard_writer(*pipeline, opt, now_s() - t0);
     // Samples left out (skip_nonfinite; each named in a warning of this rank): not written.
     stats.skipped_nonfinite = pipeline->skipped_samples();
     stats.skipped_nonfinite_tokens = pipeline->skipped_tokens();
@@ -497,27 +545,7 @@ ExtractStats run_extract(const ExtractOptions& opt, ParallelGroups& groups, cons
   stats.seconds = now_s() - t0;
   if (dispatcher) {
     dispatcher->finish();
-    AERIE_LOG(info) << "extract: wrote " << stats.chunks_done << " shard(s), " << stats.samples << " samples, "
-                    << stats.tokens << " tokens in " << stats.seconds << " s ("
-                    << (stats.seconds > 0 ? stats.samples / stats.seconds : 0) << " samples/s, "
-                    << (stats.seconds > 0 ? stats.tokens / stats.seconds : 0) << " tokens/s) to " << opt.output;
-    if (stats.skipped_nonfinite > 0 || stats.skipped_nonfinite_before > 0) {
-      std::ostringstream os;
-      os << "extract: ";
-      if (stats.skipped_nonfinite > 0)
-        os << "skipped " << stats.skipped_nonfinite << " prepared sample(s) (" << stats.skipped_nonfinite_tokens
-           << " tokens) whose hidden states hold a NaN or an infinity (--skip-nonfinite; each named in a warning "
-              "above by the rank that saw it)"
-           << (stats.skipped_nonfinite_before > 0 ? ", and " : "");
-      if (stats.skipped_nonfinite_before > 0)
-        os << "the " << stats.chunks_skipped << " shard(s) already done left out " << stats.skipped_nonfinite_before
-           << (stats.skipped_nonfinite > 0 ? " more" : " prepared sample(s) with non-finite hidden states (an "
-                                                        "earlier run with --skip-nonfinite)");
-      os << ": " << stats.skipped_nonfinite + stats.skipped_nonfinite_before << " of " << N
-         << " prepared samples are not in " << opt.output
-         << " (each shard lists its own in the attribute skipped_nonfinite)";
-      AERIE_LOG(warning) << os.str();
-    }
+    log_extract_totals(stats, opt, N);
   }
   return stats;
 }

@@ -510,6 +510,80 @@ std::string write_failure_message(const std::string& tmp, const std::string& out
 
 }  // namespace
 
+namespace {
+
+// Rank 0's first lines: the input, tokenizer, template and limits; a warning for each think marker of a
+// thinking template that is no token of the tokenizer.
+void log_prepare_start(const PrepareOptions& opt, bool text, int size, const Tokenizer& tok,
+                       const ChatTemplate& tmpl) {
+  AERIE_LOG(info) << "prepare: input " << opt.input << " (format "
+                  << (text ? "text" : input_format_name(opt.format)) << ", " << fs::file_size(opt.input)
+                  << " bytes, " << size << " rank(s)), tokenizer " << opt.tokenizer << " (vocab "
+                  << tok.vocab_size() << ", bos " << tok.bos_id() << ", eos " << tok.eos_id()
+                  << "), template " << tmpl.name() << ", max_length " << opt.max_length << ", overlong "
+                  << overlong_name(opt.overlong)
+                  << (opt.overlong == Overlong::Truncate ? " (keep the first max_length tokens)"
+                                                         : " (drop longer samples)")
+                  << (opt.max_samples >= 0 ? ", max_samples " + std::to_string(opt.max_samples) : "");
+  // A thinking template's think markers are tokens of its model's tokenizer (K2-Thinking / K2.5: <think> is
+  // 163606); with another model's tokenizer (K2-Instruct's has no such token) they become several text
+  // tokens, a sequence the target never writes.
+  if (const auto* ct = dynamic_cast<const ConfigChatTemplate*>(&tmpl); ct && ct->spec().reasoning != "none") {
+    for (const std::string& marker : {ct->spec().think_begin, ct->spec().think_end}) {
+      const size_t b = marker.find_first_not_of(" \n"), e = marker.find_last_not_of(" \n");
+      const std::string m = b == std::string::npos ? marker : marker.substr(b, e - b + 1);
+      if (!m.empty() && tok.token_to_id(m) < 0)
+        AERIE_LOG(warning) << "prepare: " << m << " of template " << tmpl.name() << " is no token of "
+                           << opt.tokenizer << " (it becomes " << tok.encode(m).size() << " text tokens): "
+                           << "is this the tokenizer of the model you train for (K2-Thinking and K2.5 have "
+                           << "<think> / </think> as tokens, K2-Instruct has not)?";
+    }
+  }
+}
+
+// Rank 0: keeps the first opt.max_reported skipped records' `examples` (each led by its SkipReason's
+// digit) in st.examples and logs the counts and the skips (text input's single-sentence paragraphs, the
+// normal case, in one info line; every other skip a warning).
+void report_skips(PrepareStats& st, std::vector<std::string> examples, const PrepareOptions& opt, bool text) {
+  if (static_cast<int>(examples.size()) > opt.max_reported) examples.resize(static_cast<size_t>(opt.max_reported));
+  std::vector<SkipReason> reasons;
+  for (auto& e : examples) {
+    reasons.push_back(static_cast<SkipReason>(e[0] - '0'));
+    e.erase(0, 1);
+  }
+  st.examples = examples;
+  std::ostringstream why;
+  for (size_t i = 1; i < st.skipped_by.size(); ++i)
+    if (st.skipped_by[i]) why << (why.tellp() > 0 ? ", " : "") << skip_name(static_cast<SkipReason>(i)) << " " << st.skipped_by[i];
+  AERIE_LOG(info) << "prepare: " << st.records << " records read, " << st.samples << " samples kept, "
+                  << st.skipped << " skipped" << (st.skipped ? " (" + why.str() + ")" : "") << ", " << st.truncated
+                  << " truncated to " << opt.max_length << " tokens";
+  // Text input: a paragraph of one sentence is the prompt with nothing to answer; skipping it is the
+  // normal case (about one TinyStories paragraph in ten), so those skips get one info line. Every other
+  // skip stays a warning with its file:line.
+  const int64_t expected = text ? st.skipped_by[static_cast<size_t>(SkipReason::NoRest)] : 0;
+  std::string where_expected;
+  int64_t warned = 0, listed = 0;
+  for (size_t i = 0; i < st.examples.size(); ++i) {
+    if (text && reasons[i] == SkipReason::NoRest) {
+      const std::string& e = st.examples[i];  // "file:line: single sentence (...)"
+      const std::string where = e.substr(0, e.rfind(std::string(": ") + skip_name(SkipReason::NoRest)));
+      if (listed++ < 3) where_expected += (where_expected.empty() ? "" : ", ") + where;
+    } else {
+      AERIE_LOG(warning) << "prepare: skipped " << st.examples[i];
+      ++warned;
+    }
+  }
+  if (expected > 0)
+    AERIE_LOG(info) << "prepare: " << expected << " single-sentence paragraph(s) skipped, as expected for text "
+                    << "input (the first sentence is the prompt, nothing is left to answer)"
+                    << (where_expected.empty() ? "" : "; e.g. " + where_expected);
+  if (st.skipped - expected > warned)
+    AERIE_LOG(warning) << "prepare: ... and " << st.skipped - expected - warned << " more skipped records";
+}
+
+}  // namespace
+
 PrepareStats run_prepare(const PrepareOptions& opt, MPI_Comm comm) {
   int rank = 0, size = 1;
   MPI_Comm_rank(comm, &rank);
@@ -529,31 +603,7 @@ PrepareStats run_prepare(const PrepareOptions& opt, MPI_Comm comm) {
   AERIE_CHECK(!(text && opt.format == InputFormat::Tokenized), "prepare: tokenized input must be JSONL");
   std::unique_ptr<Tokenizer> tok = Tokenizer::load(opt.tokenizer);
   std::unique_ptr<ChatTemplate> tmpl = make_chat_template(opt.chat_template, *tok);
-  if (rank == 0) {
-    AERIE_LOG(info) << "prepare: input " << opt.input << " (format "
-                    << (text ? "text" : input_format_name(opt.format)) << ", " << fs::file_size(opt.input)
-                    << " bytes, " << size << " rank(s)), tokenizer " << opt.tokenizer << " (vocab "
-                    << tok->vocab_size() << ", bos " << tok->bos_id() << ", eos " << tok->eos_id()
-                    << "), template " << tmpl->name() << ", max_length " << opt.max_length << ", overlong "
-                    << overlong_name(opt.overlong)
-                    << (opt.overlong == Overlong::Truncate ? " (keep the first max_length tokens)"
-                                                           : " (drop longer samples)")
-                    << (opt.max_samples >= 0 ? ", max_samples " + std::to_string(opt.max_samples) : "");
-    // A thinking template's think markers are tokens of its model's tokenizer (K2-Thinking / K2.5: <think> is
-    // 163606); with another model's tokenizer (K2-Instruct's has no such token) they become several text
-    // tokens, a sequence the target never writes.
-    if (const auto* ct = dynamic_cast<const ConfigChatTemplate*>(tmpl.get()); ct && ct->spec().reasoning != "none") {
-      for (const std::string& marker : {ct->spec().think_begin, ct->spec().think_end}) {
-        const size_t b = marker.find_first_not_of(" \n"), e = marker.find_last_not_of(" \n");
-        const std::string m = b == std::string::npos ? marker : marker.substr(b, e - b + 1);
-        if (!m.empty() && tok->token_to_id(m) < 0)
-          AERIE_LOG(warning) << "prepare: " << m << " of template " << tmpl->name() << " is no token of "
-                             << opt.tokenizer << " (it becomes " << tok->encode(m).size() << " text tokens): "
-                             << "is this the tokenizer of the model you train for (K2-Thinking and K2.5 have "
-                             << "<think> / </think> as tokens, K2-Instruct has not)?";
-      }
-    }
-  }
+  if (rank == 0) log_prepare_start(opt, text, size, *tok, *tmpl);
 
   const bool array = !text && is_json_array_file(opt.input);
   LocalSamples local = read_local(opt, *tok, *tmpl, text, array, rank, size, comm);
@@ -588,43 +638,7 @@ PrepareStats run_prepare(const PrepareOptions& opt, MPI_Comm comm) {
   for (const auto& e : local.examples)
     mine.push_back(static_cast<char>('0' + local.record_skip[static_cast<size_t>(e.first)]) + e.second);
   std::vector<std::string> examples = gather_strings(mine, comm);
-  if (rank == 0) {
-    if (static_cast<int>(examples.size()) > opt.max_reported) examples.resize(static_cast<size_t>(opt.max_reported));
-    std::vector<SkipReason> reasons;
-    for (auto& e : examples) {
-      reasons.push_back(static_cast<SkipReason>(e[0] - '0'));
-      e.erase(0, 1);
-    }
-    st.examples = examples;
-    std::ostringstream why;
-    for (size_t i = 1; i < st.skipped_by.size(); ++i)
-      if (st.skipped_by[i]) why << (why.tellp() > 0 ? ", " : "") << skip_name(static_cast<SkipReason>(i)) << " " << st.skipped_by[i];
-    AERIE_LOG(info) << "prepare: " << st.records << " records read, " << st.samples << " samples kept, "
-                    << st.skipped << " skipped" << (st.skipped ? " (" + why.str() + ")" : "") << ", " << st.truncated
-                    << " truncated to " << opt.max_length << " tokens";
-    // Text input: a paragraph of one sentence is the prompt with nothing to answer; skipping it is the
-    // normal case (about one TinyStories paragraph in ten), so those skips get one info line. Every other
-    // skip stays a warning with its file:line.
-    const int64_t expected = text ? st.skipped_by[static_cast<size_t>(SkipReason::NoRest)] : 0;
-    std::string where_expected;
-    int64_t warned = 0, listed = 0;
-    for (size_t i = 0; i < st.examples.size(); ++i) {
-      if (text && reasons[i] == SkipReason::NoRest) {
-        const std::string& e = st.examples[i];  // "file:line: single sentence (...)"
-        const std::string where = e.substr(0, e.rfind(std::string(": ") + skip_name(SkipReason::NoRest)));
-        if (listed++ < 3) where_expected += (where_expected.empty() ? "" : ", ") + where;
-      } else {
-        AERIE_LOG(warning) << "prepare: skipped " << st.examples[i];
-        ++warned;
-      }
-    }
-    if (expected > 0)
-      AERIE_LOG(info) << "prepare: " << expected << " single-sentence paragraph(s) skipped, as expected for text "
-                      << "input (the first sentence is the prompt, nothing is left to answer)"
-                      << (where_expected.empty() ? "" : "; e.g. " + where_expected);
-    if (st.skipped - expected > warned)
-      AERIE_LOG(warning) << "prepare: ... and " << st.skipped - expected - warned << " more skipped records";
-  }
+  if (rank == 0) report_skips(st, std::move(examples), opt, text);
   // st.samples is a world sum, the same on every rank: every rank ends the job together, no MPI_Abort.
   if (st.samples == 0) {
     std::ostringstream os;

@@ -359,6 +359,159 @@ struct OpenChunk {
   int64_t waiting = 0;           // records not done
 };
 
+// World rank 0: the parts folder opened for this run (its run record checked or written), the chunks still to
+// do (the complete ones counted in stats) and the dispatcher that hands them to the tp groups.
+std::unique_ptr<ChunkDispatcher> dispatch_regenerate_chunks(const RegenerateOptions& opt, ParallelGroups& groups,
+                                                            RegenerateStats& stats, int64_t batch_size,
+                                                            const std::string& parts) {
+  MpiCommunicator& world = *groups.world;
+  const int64_t S = opt.conversations_per_chunk;
+  auto chunk_path = [&](int64_t c) { return (fs::path(parts) / chunk_name(c)).string(); };
+  std::unique_ptr<ChunkDispatcher> dispatcher;
+  ojson sig = ojson::parse(opt.run_signature, nullptr, false);
+  AERIE_CHECK(!sig.is_discarded(), "generate: run signature is not JSON: " << opt.run_signature);
+  ojson run = {{"format", "aerie.regenerate"},
+               {"format_version", 1},
+               {"input", fs::weakly_canonical(opt.input).string()},
+               {"input_format", input_format_name(opt.format)},
+               {"records", stats.records},
+               {"conversations_per_chunk", S},
+               {"max_new_tokens", opt.params.max_new_tokens},
+               {"max_length", opt.params.max_length},
+               {"stop_ids", opt.params.stop_ids},
+               {"run", sig}};
+  open_parts(parts, run);
+  std::deque<int64_t> todo;
+  double todo_records = 0;
+  for (int64_t c = 0; c < stats.chunks; ++c) {
+    if (fs::exists(chunk_path(c))) {
+      ++stats.chunks_skipped;
+    } else {
+      todo.push_back(c);
+      todo_records += static_cast<double>(std::min(stats.records, (c + 1) * S) - c * S);
+    }
+  }
+  AERIE_LOG(info) << "generate: " << stats.records << " records in " << stats.chunks << " chunks of " << S << "; "
+                  << stats.chunks_skipped << " already done, " << todo.size() << " to do by " << groups.map.dp
+                  << " group(s) of " << groups.map.tp << " rank(s), " << batch_size
+                  << " sequence(s) decoded at once per group";
+  dispatcher = std::make_unique<ChunkDispatcher>(
+      world, groups.map.dp, std::move(todo), "generate",
+      std::vector<ChunkDispatcher::Counter>{{"conversations", todo_records}, {"responses", 0}, {"new tokens", 0}},
+      kRegenerateRequestTag, kRegenerateReplyTag);
+  return dispatcher;
+}
+
+// World totals of `stats` (leaders count their group's work; `stopped_here`: this rank saw a stop) written
+// back into it; the all-reduce also waits for every group's files. Returns the totals: stats' counters,
+// stopped, then the drops per SkipReason (index 8 + reason), then at_limit.
+std::vector<int64_t> sum_regenerate_stats(RegenerateStats& stats, const int64_t* skip_counts, bool leader,
+                                          bool stopped_here, MpiCommunicator& world) {
+  auto own = [&](int64_t v) { return leader ? v : 0; };
+  std::vector<int64_t> local = {own(stats.chunks_done), own(stats.conversations), own(stats.dropped),
+                                own(stats.truncated), own(stats.responses),     own(stats.prompt_tokens),
+                                own(stats.new_tokens), stopped_here ? 1 : 0};
+  for (int i = 0; i < static_cast<int>(SkipReason::Count_); ++i) local.push_back(own(skip_counts[i]));
+  local.push_back(own(stats.at_limit));  // last
+  Tensor totals = Tensor::from_vector<int64_t>(local, {static_cast<int64_t>(local.size())});
+  world.all_reduce_sum(totals);
+  const int64_t* t = totals.data<int64_t>();
+  stats.chunks_done = t[0];
+  stats.conversations = t[1];
+  stats.dropped = t[2];
+  stats.truncated = t[3];
+  stats.responses = t[4];
+  stats.prompt_tokens = t[5];
+  stats.new_tokens = t[6];
+  stats.stopped = t[7] != 0;
+  stats.at_limit = t[local.size() - 1];
+  return std::vector<int64_t>(t, t + local.size());
+}
+
+// World rank 0: the run's totals (`t`: sum_regenerate_stats's, for the drops per reason), a warning for the
+// responses cut at --max-new-tokens, and the output written.
+void log_regenerate_totals(const RegenerateStats& stats, const int64_t* t, const RegenerateOptions& opt) {
+  std::string why;
+  for (int s = 1; s < static_cast<int>(SkipReason::Count_); ++s)
+    if (t[8 + s] > 0) why += std::string(why.empty() ? "" : ", ") + skip_name(static_cast<SkipReason>(s)) + " " +
+                             std::to_string(t[8 + s]);
+  AERIE_LOG(info) << "generate: " << stats.chunks_done << " chunk(s), " << stats.conversations << " conversations, "
+                  << stats.responses << " responses, " << stats.new_tokens << " new tokens (" << stats.prompt_tokens
+                  << " prompt tokens) in " << stats.seconds << " s ("
+                  << (stats.seconds > 0 ? stats.new_tokens / stats.seconds : 0) << " new tokens/s); dropped "
+                  << stats.dropped << (why.empty() ? "" : " (" + why + "; the first of each group named above)")
+                  << ", cut short " << stats.truncated
+                  << " (a turn past --max-length)";
+  if (stats.at_limit > 0)
+    AERIE_LOG(warning) << "generate: " << stats.at_limit << " of " << stats.responses << " responses ended at "
+                       << "--max-new-tokens " << opt.params.max_new_tokens << " (or --max-length) without a stop "
+                       << "token; they carry \"aerie_finish_reason\": \"length\", and prepare leaves their end of "
+                       << "turn untrained (the target never wrote it). Raise --max-new-tokens (or --max-length) for "
+                       << "whole answers";
+  if (stats.complete) AERIE_LOG(info) << "generate: wrote " << opt.output;
+}
+
+// A complete chunk's file: the JSON line of each of its records that was not dropped, in input order.
+void write_chunk(const OpenChunk& oc, const std::string& path) {
+  std::string text;
+  for (const RecordRegeneration& rec : oc.records) {
+    if (!rec.result().ok) continue;
+    text += rec.result().json;
+    text += '\n';
+  }
+  write_file(path, text);
+}
+
+// A finished record `r` (input record `index` of `input`) counted in `stats`, in `unreported` (records,
+// responses, new tokens) and, when dropped, in `skip_counts` by reason; the group leader names the first
+// kDropsNamed drops of its group (`named_drops` so far) as warnings, the others at debug level.
+void count_record(const RegeneratedRecord& r, int64_t index, const PromptFile& input, bool leader,
+                  RegenerateStats& stats, std::vector<int64_t>& unreported, int64_t* skip_counts,
+                  int64_t& named_drops) {
+  constexpr int64_t kDropsNamed = 5;  // dropped records named in a warning, per group
+  stats.responses += r.responses;
+  stats.prompt_tokens += r.prompt_tokens;
+  stats.new_tokens += r.new_tokens;
+  stats.truncated += r.truncated ? 1 : 0;
+  stats.at_limit += r.at_limit;
+  unreported[0] += 1;
+  unreported[1] += r.responses;
+  unreported[2] += r.new_tokens;
+  if (r.ok) {
+    ++stats.conversations;
+  } else {
+    ++stats.dropped;
+    ++skip_counts[static_cast<int>(r.skip)];
+    // The first few of each group named as a warning (file:line and why), the others at debug level;
+    // blank lines are not worth a line.
+    if (leader && r.skip != SkipReason::Empty)
+      BOOST_LOG_SEV(boost::log::trivial::logger::get(),
+                    ++named_drops <= kDropsNamed ? boost::log::trivial::warning : boost::log::trivial::debug)
+          << "generate: dropped " << input.where(index) << ": " << skip_name(r.skip)
+          << (r.detail.empty() ? "" : " (" + r.detail + ")");
+  }
+}
+
+// Rank 0: every chunk of the parts folder present -> the output file (written through a temporary file of
+// this job's own). Collective over `world`: returns whether the output was written.
+bool write_output_if_complete(const RegenerateOptions& opt, int64_t chunks, const std::string& parts,
+                              MpiCommunicator& world) {
+  auto chunk_path = [&](int64_t c) { return (fs::path(parts) / chunk_name(c)).string(); };
+  Tensor complete = Tensor::zeros({1}, DType::I64);
+  if (world.rank() == 0) {
+    bool all = true;
+    for (int64_t c = 0; c < chunks && all; ++c) all = fs::exists(chunk_path(c));
+    if (all) {
+      std::string text;
+      for (int64_t c = 0; c < chunks; ++c) text += read_file(chunk_path(c));
+      write_file(opt.output, text, unique_tmp_path(opt.output));  // a temporary file of this job's own
+      complete.data<int64_t>()[0] = 1;
+    }
+  }
+  world.all_reduce_sum(complete);
+  return complete.data<int64_t>()[0] != 0;
+}
+
 }  // namespace
 
 RegenerateStats run_regenerate(const RegenerateOptions& opt, ParallelGroups& groups, const ChatTemplate& tmpl,
@@ -387,39 +540,7 @@ RegenerateStats run_regenerate(const RegenerateOptions& opt, ParallelGroups& gro
   auto chunk_path = [&](int64_t c) { return (fs::path(parts) / chunk_name(c)).string(); };
 
   std::unique_ptr<ChunkDispatcher> dispatcher;
-  if (world.rank() == 0) {
-    ojson sig = ojson::parse(opt.run_signature, nullptr, false);
-    AERIE_CHECK(!sig.is_discarded(), "generate: run signature is not JSON: " << opt.run_signature);
-    ojson run = {{"format", "aerie.regenerate"},
-                 {"format_version", 1},
-                 {"input", fs::weakly_canonical(opt.input).string()},
-                 {"input_format", input_format_name(opt.format)},
-                 {"records", stats.records},
-                 {"conversations_per_chunk", S},
-                 {"max_new_tokens", opt.params.max_new_tokens},
-                 {"max_length", opt.params.max_length},
-                 {"stop_ids", opt.params.stop_ids},
-                 {"run", sig}};
-    open_parts(parts, run);
-    std::deque<int64_t> todo;
-    double todo_records = 0;
-    for (int64_t c = 0; c < stats.chunks; ++c) {
-      if (fs::exists(chunk_path(c))) {
-        ++stats.chunks_skipped;
-      } else {
-        todo.push_back(c);
-        todo_records += static_cast<double>(std::min(stats.records, (c + 1) * S) - c * S);
-      }
-    }
-    AERIE_LOG(info) << "generate: " << stats.records << " records in " << stats.chunks << " chunks of " << S << "; "
-                    << stats.chunks_skipped << " already done, " << todo.size() << " to do by " << groups.map.dp
-                    << " group(s) of " << groups.map.tp << " rank(s), " << engine.batch_size
-                    << " sequence(s) decoded at once per group";
-    dispatcher = std::make_unique<ChunkDispatcher>(
-        world, groups.map.dp, std::move(todo), "generate",
-        std::vector<ChunkDispatcher::Counter>{{"conversations", todo_records}, {"responses", 0}, {"new tokens", 0}},
-        kRegenerateRequestTag, kRegenerateReplyTag);
-  }
+  if (world.rank() == 0) dispatcher = dispatch_regenerate_chunks(opt, groups, stats, engine.batch_size, parts);
 
   // This group's work: the chunks it holds (by chunk index) and the record of each submitted response (its
   // key is the record's input index: a record waits for one response at a time).
@@ -427,8 +548,7 @@ RegenerateStats run_regenerate(const RegenerateOptions& opt, ParallelGroups& gro
   std::map<int64_t, int64_t> chunk_of;  // record index -> chunk
   int64_t in_flight = 0;                // responses submitted, not returned
   int64_t skip_counts[static_cast<int>(SkipReason::Count_)] = {};
-  constexpr int64_t kDropsNamed = 5;  // dropped records named in a warning, per group
-  int64_t named_drops = 0;
+  int64_t named_drops = 0;  // dropped records named so far (count_record)
   // Work finished since the last report to rank 0 (records, responses, new tokens), the last chunk written.
   std::vector<int64_t> unreported(3, 0);
   int64_t last_written = -1;
@@ -439,38 +559,10 @@ RegenerateStats run_regenerate(const RegenerateOptions& opt, ParallelGroups& gro
   };
   // A record is done: count it; its chunk complete -> the leader writes it.
   auto record_done = [&](OpenChunk& oc, int64_t index) {
-    const RegeneratedRecord& r = oc.records[index - oc.first].result();
-    stats.responses += r.responses;
-    stats.prompt_tokens += r.prompt_tokens;
-    stats.new_tokens += r.new_tokens;
-    stats.truncated += r.truncated ? 1 : 0;
-    stats.at_limit += r.at_limit;
-    unreported[0] += 1;
-    unreported[1] += r.responses;
-    unreported[2] += r.new_tokens;
-    if (r.ok) {
-      ++stats.conversations;
-    } else {
-      ++stats.dropped;
-      ++skip_counts[static_cast<int>(r.skip)];
-      // The first few of each group named as a warning (file:line and why), the others at debug level;
-      // blank lines are not worth a line.
-      if (leader && r.skip != SkipReason::Empty)
-        BOOST_LOG_SEV(boost::log::trivial::logger::get(),
-                      ++named_drops <= kDropsNamed ? boost::log::trivial::warning : boost::log::trivial::debug)
-            << "generate: dropped " << input.where(index) << ": " << skip_name(r.skip)
-            << (r.detail.empty() ? "" : " (" + r.detail + ")");
-    }
+    count_record(oc.records[index - oc.first].result(), index, input, leader, stats, unreported, skip_counts,
+                 named_drops);
     if (--oc.waiting > 0) return;
-    if (leader) {
-      std::string text;
-      for (const RecordRegeneration& rec : oc.records) {
-        if (!rec.result().ok) continue;
-        text += rec.result().json;
-        text += '\n';
-      }
-      write_file(chunk_path(oc.chunk), text);
-    }
+    if (leader) write_chunk(oc, chunk_path(oc.chunk));
     ++stats.chunks_done;
     last_written = oc.chunk;
     open.erase(oc.chunk);
@@ -554,61 +646,15 @@ RegenerateStats run_regenerate(const RegenerateOptions& opt, ParallelGroups& gro
   if (dispatcher) dispatcher->drain();
 
   // World totals (leaders count their group's work); the all-reduce also waits for every group's files.
-  auto own = [&](int64_t v) { return leader ? v : 0; };
   const bool stopped_here = stop_seen || (dispatcher && dispatcher->stopped_any());
-  std::vector<int64_t> local = {own(stats.chunks_done), own(stats.conversations), own(stats.dropped),
-                                own(stats.truncated), own(stats.responses),     own(stats.prompt_tokens),
-                                own(stats.new_tokens), stopped_here ? 1 : 0};
-  for (int64_t n : skip_counts) local.push_back(own(n));
-  local.push_back(own(stats.at_limit));  // last
-  Tensor totals = Tensor::from_vector<int64_t>(local, {static_cast<int64_t>(local.size())});
-  world.all_reduce_sum(totals);
-  const int64_t* t = totals.data<int64_t>();
-  stats.chunks_done = t[0];
-  stats.conversations = t[1];
-  stats.dropped = t[2];
-  stats.truncated = t[3];
-  stats.responses = t[4];
-  stats.prompt_tokens = t[5];
-  stats.new_tokens = t[6];
-  stats.stopped = t[7] != 0;
-  stats.at_limit = t[local.size() - 1];
+  const std::vector<int64_t> totals = sum_regenerate_stats(stats, skip_counts, leader, stopped_here, world);
+  const int64_t* t = totals.data();
 
   // Rank 0: every chunk present -> the output file.
-  Tensor complete = Tensor::zeros({1}, DType::I64);
-  if (world.rank() == 0) {
-    bool all = true;
-    for (int64_t c = 0; c < stats.chunks && all; ++c) all = fs::exists(chunk_path(c));
-    if (all) {
-      std::string text;
-      for (int64_t c = 0; c < stats.chunks; ++c) text += read_file(chunk_path(c));
-      write_file(opt.output, text, unique_tmp_path(opt.output));  // a temporary file of this job's own
-      complete.data<int64_t>()[0] = 1;
-    }
-  }
-  world.all_reduce_sum(complete);
-  stats.complete = complete.data<int64_t>()[0] != 0;
+  stats.complete = write_output_if_complete(opt, stats.chunks, parts, world);
   stats.seconds = now_s() - t0;
-  if (dispatcher) {  // (no Progress::finish: other groups' last work is not reported to rank 0)
-    std::string why;
-    for (int s = 1; s < static_cast<int>(SkipReason::Count_); ++s)
-      if (t[8 + s] > 0) why += std::string(why.empty() ? "" : ", ") + skip_name(static_cast<SkipReason>(s)) + " " +
-                               std::to_string(t[8 + s]);
-    AERIE_LOG(info) << "generate: " << stats.chunks_done << " chunk(s), " << stats.conversations << " conversations, "
-                    << stats.responses << " responses, " << stats.new_tokens << " new tokens (" << stats.prompt_tokens
-                    << " prompt tokens) in " << stats.seconds << " s ("
-                    << (stats.seconds > 0 ? stats.new_tokens / stats.seconds : 0) << " new tokens/s); dropped "
-                    << stats.dropped << (why.empty() ? "" : " (" + why + "; the first of each group named above)")
-                    << ", cut short " << stats.truncated
-                    << " (a turn past --max-length)";
-    if (stats.at_limit > 0)
-      AERIE_LOG(warning) << "generate: " << stats.at_limit << " of " << stats.responses << " responses ended at "
-                         << "--max-new-tokens " << opt.params.max_new_tokens << " (or --max-length) without a stop "
-                         << "token; they carry \"aerie_finish_reason\": \"length\", and prepare leaves their end of "
-                         << "turn untrained (the target never wrote it). Raise --max-new-tokens (or --max-length) for "
-                         << "whole answers";
-    if (stats.complete) AERIE_LOG(info) << "generate: wrote " << opt.output;
-  }
+  // (no Progress::finish: other groups' last work is not reported to rank 0)
+  if (dispatcher) log_regenerate_totals(stats, t, opt);
   return stats;
 }
 

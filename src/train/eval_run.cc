@@ -251,6 +251,13 @@ struct EvalSession::Impl {
   bool tf_from_target = false;
 
   explicit Impl(const EvalOptions& opts) : o(opts), groups(ParallelGroups::create(opts.tp)) {}
+  // The set-up of the constructor, in its order.
+  void load_target(const EvalOptions& o);
+  std::vector<std::string> read_prompt_texts(const EvalOptions& o);
+  void decode_references(const EvalOptions& o, const std::vector<std::string>& texts);
+  void sum_references(const EvalOptions& o);
+  void choose_teacher_forced_samples(const EvalOptions& o);
+  void warn_about_tf_shards(const EvalOptions& o);
 };
 
 namespace {
@@ -275,8 +282,10 @@ const EvalOptions& checked(const EvalOptions& o) {
 }
 }  // namespace
 
-EvalSession::EvalSession(const EvalOptions& o) : impl_(std::make_unique<Impl>(checked(o))) {
-  Impl& s = *impl_;
+// The target on the device and in the dtype of --device / --dtype (auto: as `aerie extract` picks them),
+// its tokenizer.
+void EvalSession::Impl::load_target(const EvalOptions& o) {
+  Impl& s = *this;
   ParallelGroups& groups = s.groups;
   // The device as `aerie extract` picks it: auto is CUDA when every rank of the node has a GPU of its own.
   bool use_cuda = o.device == "cuda";
@@ -301,14 +310,14 @@ EvalSession::EvalSession(const EvalOptions& o) : impl_(std::make_unique<Impl>(ch
   }
   Communicator& model_tp = s.nccl ? static_cast<Communicator&>(*s.nccl) : *groups.tp;
   s.model = std::make_unique<TargetModel>(o.model_dir, model_tp, mopt);
-  TargetModel& model = *s.model;
   s.tok = Tokenizer::load(o.model_dir);
-  const Tokenizer& tok = *s.tok;
-  const int dp = groups.map.dp, dp_rank = groups.map.dp_rank;
+}
 
-  // Prompts: one user turn through the chat template of training data with its generation prompt (the
-  // assistant header the served model answers after; plain: BOS + text). Their greedy answers do not
-  // depend on the draft: decoded once, the reference of every draft's lossless check.
+// --prompts (at most --num-prompts) and their categories (sorted; "(none)" for prompts without one when
+// others have one).
+std::vector<std::string> EvalSession::Impl::read_prompt_texts(const EvalOptions& o) {
+  Impl& s = *this;
+  ParallelGroups& groups = s.groups;
   std::vector<std::string> texts = read_prompts(o.prompts_path, o.num_prompts, &s.prompt_category);
   if (o.num_prompts > 0 && static_cast<int64_t>(texts.size()) < o.num_prompts && groups.map.world_rank == 0)
     AERIE_LOG(warning) << "eval: --num-prompts " << o.num_prompts << " but " << o.prompts_path << " holds "
@@ -324,6 +333,17 @@ EvalSession::EvalSession(const EvalOptions& o) : impl_(std::make_unique<Impl>(ch
       std::find(s.categories.begin(), s.categories.end(), "(none)") == s.categories.end())
     s.categories.push_back("(none)");  // (a category named "(none)" shares the entry)
   s.category_greedy_seconds.assign(s.categories.size(), 0.0);
+  return texts;
+}
+
+// This replica's prompts (each replica takes every dp-th) as ids, and their greedy answers, timed: the
+// reference of every draft's lossless check and the speed-up's baseline.
+void EvalSession::Impl::decode_references(const EvalOptions& o, const std::vector<std::string>& texts) {
+  Impl& s = *this;
+  ParallelGroups& groups = s.groups;
+  TargetModel& model = *s.model;
+  const Tokenizer& tok = *s.tok;
+  const int dp = groups.map.dp, dp_rank = groups.map.dp_rank;
   auto category_of = [&](size_t prompt) {
     return static_cast<size_t>(std::find(s.categories.begin(), s.categories.end(), s.prompt_category[prompt]) -
                                s.categories.begin());
@@ -375,27 +395,35 @@ EvalSession::EvalSession(const EvalOptions& o) : impl_(std::make_unique<Impl>(ch
     s.greedy.push_back(std::move(greedy));
     greedy_progress.add(1);
   }
-  {
-    Tensor t = Tensor::from_vector(std::vector<int64_t>{s.too_long, s.greedy_tokens}, {2});
-    groups.dp->all_reduce_sum(t);
-    s.too_long = t.data<int64_t>()[0];
-    s.greedy_tokens = t.data<int64_t>()[1];
-    if (s.too_long > 0 && groups.map.world_rank == 0)
-      AERIE_LOG(warning) << "eval: " << s.too_long << " chat prompt(s) of " << o.prompts_path << " longer than "
-                         << "--max-prompt-tokens " << o.max_prompt_tokens << " skipped (cut, a chat prompt would "
-                         << "lose its assistant header); the figures cover the others (prompts_too_long in eval.json)";
-    Tensor g = Tensor::from_vector(std::vector<float>{static_cast<float>(s.greedy_seconds)}, {1});
-    groups.dp->all_reduce_sum(g);
-    s.greedy_seconds = g.data<float>()[0];
-    if (!s.categories.empty()) {
-      std::vector<float> c(s.category_greedy_seconds.begin(), s.category_greedy_seconds.end());
-      Tensor ct = Tensor::from_vector(c, {static_cast<int64_t>(c.size())});
-      groups.dp->all_reduce_sum(ct);
-      for (size_t k = 0; k < c.size(); ++k) s.category_greedy_seconds[k] = ct.data<float>()[k];
-    }
-  }
+}
 
-  // The teacher-forced samples: --data-split's held-out ones, all of --shards, or (neither) the greedy answers.
+// The references' counts and times summed over the replicas (dp).
+void EvalSession::Impl::sum_references(const EvalOptions& o) {
+  Impl& s = *this;
+  ParallelGroups& groups = s.groups;
+  Tensor t = Tensor::from_vector(std::vector<int64_t>{s.too_long, s.greedy_tokens}, {2});
+  groups.dp->all_reduce_sum(t);
+  s.too_long = t.data<int64_t>()[0];
+  s.greedy_tokens = t.data<int64_t>()[1];
+  if (s.too_long > 0 && groups.map.world_rank == 0)
+    AERIE_LOG(warning) << "eval: " << s.too_long << " chat prompt(s) of " << o.prompts_path << " longer than "
+                       << "--max-prompt-tokens " << o.max_prompt_tokens << " skipped (cut, a chat prompt would "
+                       << "lose its assistant header); the figures cover the others (prompts_too_long in eval.json)";
+  Tensor g = Tensor::from_vector(std::vector<float>{static_cast<float>(s.greedy_seconds)}, {1});
+  groups.dp->all_reduce_sum(g);
+  s.greedy_seconds = g.data<float>()[0];
+  if (!s.categories.empty()) {
+    std::vector<float> c(s.category_greedy_seconds.begin(), s.category_greedy_seconds.end());
+    Tensor ct = Tensor::from_vector(c, {static_cast<int64_t>(c.size())});
+    groups.dp->all_reduce_sum(ct);
+    for (size_t k = 0; k < c.size(); ++k) s.category_greedy_seconds[k] = ct.data<float>()[k];
+  }
+}
+
+// The teacher-forced samples: --data-split's held-out ones, all of --shards, or (neither) the greedy answers.
+void EvalSession::Impl::choose_teacher_forced_samples(const EvalOptions& o) {
+  Impl& s = *this;
+  ParallelGroups& groups = s.groups;
   if (!o.shards_dir.empty() || !o.data_split_path.empty()) {
     s.tf_on_shards = true;
     if (!o.data_split_path.empty()) {
@@ -451,30 +479,47 @@ EvalSession::EvalSession(const EvalOptions& o) : impl_(std::make_unique<Impl>(ch
       AERIE_LOG(info) << "eval: teacher-forced figures over " << s.tf_refs.size() << " samples of --shards "
                       << o.shards_dir << ", the training samples among them (--data-split RUN/data_split.json "
                       << "takes only the held-out ones)";
-    // Shards of another target than --model: train refuses them; here a warning, as for a draft trained on
-    // another target (a quantized copy of the model is a fair case), since tau_sim then scores the draft on
-    // that target's hidden states.
-    if (!s.tf_from_target && groups.map.world_rank == 0) {
-      const ShardInfo info = ShardReader(s.tf_refs.front().first).info();
-      if (info.has_provenance() && !info.target.random()) {
-        const std::string diff = info.target.difference(TargetFingerprint::of_model(o.model_dir));
-        if (!diff.empty())
-          AERIE_LOG(warning) << "eval: the shards of the teacher-forced figures (" << s.tf_refs.front().first
-                             << ") were extracted from another target (" << info.target_model << ") than --model "
-                             << o.model_dir << ": " << diff << "; tau_sim and acc_k score the draft on that "
-                             << "target's hidden states";
-      }
-      // W8A8 shards with a plain verifying target, or the reverse: the two halves of eval.json disagree.
-      if (info.target_gemm.empty() == o.fp8_gemm)
-        AERIE_LOG(warning) << "eval: the shards of the teacher-forced figures (" << s.tf_refs.front().first
-                           << ") hold hidden states of "
-                           << (info.target_gemm.empty() ? std::string("the target's own GEMMs") : info.target_gemm)
-                           << ", the verifying target runs " << (o.fp8_gemm ? "W8A8 (--fp8-gemm)" : "without --fp8-gemm")
-                           << ": tau_sim and acc_k come from the shards' kind, the acceptance length from this one";
-    }
+    s.warn_about_tf_shards(o);
   } else {
     s.tf_source = "greedy continuations of the prompts (loss mask on generated tokens)";
   }
+}
+
+void EvalSession::Impl::warn_about_tf_shards(const EvalOptions& o) {
+  Impl& s = *this;
+  ParallelGroups& groups = s.groups;
+  // Shards of another target than --model: train refuses them; here a warning, as for a draft trained on
+  // another target (a quantized copy of the model is a fair case), since tau_sim then scores the draft on
+  // that target's hidden states.
+  if (!s.tf_from_target && groups.map.world_rank == 0) {
+    const ShardInfo info = ShardReader(s.tf_refs.front().first).info();
+    if (info.has_provenance() && !info.target.random()) {
+      const std::string diff = info.target.difference(TargetFingerprint::of_model(o.model_dir));
+      if (!diff.empty())
+        AERIE_LOG(warning) << "eval: the shards of the teacher-forced figures (" << s.tf_refs.front().first
+                           << ") were extracted from another target (" << info.target_model << ") than --model "
+                           << o.model_dir << ": " << diff << "; tau_sim and acc_k score the draft on that "
+                           << "target's hidden states";
+    }
+    // W8A8 shards with a plain verifying target, or the reverse: the two halves of eval.json disagree.
+    if (info.target_gemm.empty() == o.fp8_gemm)
+      AERIE_LOG(warning) << "eval: the shards of the teacher-forced figures (" << s.tf_refs.front().first
+                         << ") hold hidden states of "
+                         << (info.target_gemm.empty() ? std::string("the target's own GEMMs") : info.target_gemm)
+                         << ", the verifying target runs " << (o.fp8_gemm ? "W8A8 (--fp8-gemm)" : "without --fp8-gemm")
+                         << ": tau_sim and acc_k come from the shards' kind, the acceptance length from this one";
+  }
+}
+
+EvalSession::EvalSession(const EvalOptions& o) : impl_(std::make_unique<Impl>(checked(o))) {
+  Impl& s = *impl_;
+  s.load_target(o);
+  // Prompts: one user turn through the chat template of training data with its generation prompt (the
+  // assistant header the served model answers after; plain: BOS + text). Their greedy answers do not
+  // depend on the draft: decoded once, the reference of every draft's lossless check.
+  s.decode_references(o, s.read_prompt_texts(o));
+  s.sum_references(o);
+  s.choose_teacher_forced_samples(o);
 }
 
 EvalSession::~EvalSession() = default;

@@ -219,6 +219,27 @@ SpecDecodeResult speculative_generate(TargetModel& target, Proposer& prop, const
   return speculative_generate(target, prop, aux, prompt, o);
 }
 
+namespace {
+
+// The rows of a verified draft tree that the target accepts: the longest path of the target's argmaxes,
+// from the root (row 0), each row the child (parent[c]: its parent row) whose token in[c] is y of its
+// parent. Returns the rows from the root on (at least {0}).
+std::vector<int64_t> accepted_tree_path(const std::vector<int32_t>& in, const std::vector<int32_t>& parent,
+                                        const std::vector<int32_t>& y) {
+  std::vector<int64_t> rows{0};
+  for (bool more = true; more;) {
+    more = false;
+    for (size_t c = 1; c < in.size() && !more; ++c)
+      if (parent[c] == rows.back() && in[c] == y[rows.back()]) {
+        rows.push_back(static_cast<int64_t>(c));
+        more = true;
+      }
+  }
+  return rows;
+}
+
+}  // namespace
+
 SpecDecodeResult speculative_generate(TargetModel& target, Proposer& prop, const std::vector<int>& aux,
                                       const std::vector<int32_t>& prompt, const SpecDecodeOptions& o) {
   const TargetConfig& tc = target.config();
@@ -290,16 +311,7 @@ SpecDecodeResult speculative_generate(TargetModel& target, Proposer& prop, const
       TargetOutput v = target.forward_tree(in, parent, &cache, aux, true);  // rows at positions L + depth
       std::vector<int64_t> am = argmax_rows(v.logits);
       std::vector<int32_t> y = broadcast_tokens(tp, target.device(), std::vector<int32_t>(am.begin(), am.end()));
-      // The longest path of the target's argmaxes: from the root, the child whose token is y of its parent.
-      std::vector<int64_t> rows{0};
-      for (bool more = true; more;) {
-        more = false;
-        for (size_t c = 1; c < in.size() && !more; ++c)
-          if (parent[c] == rows.back() && in[c] == y[rows.back()]) {
-            rows.push_back(static_cast<int64_t>(c));
-            more = true;
-          }
-      }
+      const std::vector<int64_t> rows = accepted_tree_path(in, parent, y);
       const int a = static_cast<int>(rows.size()) - 1;
       ++r.verify_passes;
       for (int i = 0; i <= a && !done; ++i) {
