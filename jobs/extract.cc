@@ -8,7 +8,7 @@
 // SIGTERM/SIGINT/SIGUSR1 (Slurm preemption) stop the run after the shards in hand are closed; the exit
 // status is then 3 (as for train), and a rerun does the rest. A second signal kills as usual.
 // A sample whose hidden states hold a NaN or an infinity stops the job with an error naming it; with
-// --skip-nonfinite it is left out of its shard, named in a warning and counted (issue 17, case 5).
+// --skip-nonfinite it is left out of its shard, named in a warning and counted.
 // The work and the dispatch protocol: src/data/extract.h. The shard format: src/data/shard.h,
 // docs/formats.md.
 #include <signal.h>
@@ -128,7 +128,7 @@ int extract(const std::vector<std::string>& args) {
     opt.vocab_size = c.vocab_size;
     opt.meta.target = fingerprint_target(model_dir, random_seed);
     on_rank0([&] {
-      // The target's context (issue 17, point 12): a sample past max_position_embeddings is refused here,
+      // The target's context: a sample past max_position_embeddings is refused here,
       // before the weights load, not run with positions the model was not made for.
       if (c.max_position_embeddings > 0) {
         const PreparedFile prepared(opt.prepared);
@@ -145,7 +145,7 @@ int extract(const std::vector<std::string>& args) {
       }
       warn_other_tokenizer(opt.prepared, model_dir);
       check_existing_shards(opt);
-      // The disk estimate before the weights load (issue 17, case 8).
+      // The disk estimate before the weights load.
       const ShardSpace sp = estimate_shard_space(opt, c.hidden_size);
       AERIE_LOG(info) << "extract: the shards take about " << std::fixed << std::setprecision(2)
                       << static_cast<double>(sp.bytes_total) / (1 << 30) << " GiB (" << sp.tokens << " tokens x "

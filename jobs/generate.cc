@@ -320,7 +320,7 @@ int generate(const std::vector<std::string>& args) {
   if (bos >= 0) prompt.push_back(bos);
   for (int32_t id : tok->encode(vm["prompt"].as<std::string>())) prompt.push_back(id);
   AERIE_CHECK(!prompt.empty(), "aerie generate: empty prompt and the tokenizer has no BOS");
-  // The target's context (issue 17, point 12): prompt + new tokens stay within max_position_embeddings.
+  // The target's context: prompt + new tokens stay within max_position_embeddings.
   const int64_t positions = model.config().max_position_embeddings;
   int64_t max_new_here = max_new;
   if (positions > 0) {

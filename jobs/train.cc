@@ -13,7 +13,7 @@
 // GPUs): weights, AdamW moments, activations and the TTT forward/backward there, gradients summed over
 // NCCL; checkpoints are the same files as on the CPU (a run may resume on the other device).
 //
-// Streaming (issue 14; no shards, the protocol in src/train/stream.h):
+// Streaming (no shards, the protocol in src/train/stream.h):
 //   mpirun -np 3 aerie train --target-model TARGET_DIR --prepared prepared.h5 --target-ranks 1 --vocab ...
 //       --output RUN_DIR
 // World ranks 0 .. --target-ranks-1 run the target (replicas of --tp ranks, as extract) and send each
@@ -210,8 +210,8 @@ void add_input_options(po::options_description& desc, TrainArgs& a) {
       "streaming: the target's linears as W8A8 block-FP8 GEMMs (as extract --fp8-gemm)")(
       "adam-beta1", po::value<double>(&o.adam_beta1)->default_value(0.9, "0.9"), "AdamW beta1")(
       "adam-beta2", po::value<double>(&o.adam_beta2)->default_value(0.999, "0.999"),
-      "AdamW beta2 (torch's default and SpecForge's; 0.95 before 2026-12-03, docs/design.md). Not given, a "
-      "resumed run takes its checkpoint's beta2; given and different from it, the resume is refused)")(
+      "AdamW beta2 (torch's default and SpecForge's; docs/design.md). Not given, a "
+      "resumed run takes its checkpoint's beta2; given and different from it, the resume is refused")(
       "weight-decay", po::value<double>(&o.weight_decay)->default_value(0.0, "0"),
       "AdamW's decoupled weight decay of every trained weight, norms included (torch's AdamW with one parameter "
       "group; 0 as in EAGLE and SpecForge). A resumed run must be given its checkpoint's value (refused otherwise)")(

@@ -53,8 +53,8 @@ int vocab(const std::vector<std::string>& args) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   const std::string output = follow_output_link("vocab", vm["output"].as<std::string>());
-  // OUTPUT.lock before the prepared file is read: a second vocab into OUTPUT is refused at start (issue 46:
-  // two of them shared OUTPUT.tmp, and one reporting success left the other's file).
+  // OUTPUT.lock before the prepared file is read: a second vocab into OUTPUT is refused at start (two
+  // of them shared OUTPUT.tmp, and one reporting success left the other's file).
   const OutputLock lock = lock_output(vm, "vocab", output, LockTarget::File);
   if (rank == 0) {
     const std::string prepared = vm["prepared"].as<std::string>();

@@ -1,5 +1,5 @@
-// The machine's memory, for checking a size against the memory it needs before allocating it (issue 46:
-// an absurd --draft-heads grew to 24 GB before the OOM killer, a config.json of 10^12 layers ended in
+// The machine's memory, for checking a size against the memory it needs before allocating it (an
+// absurd --draft-heads grew to 24 GB before the OOM killer, a config.json of 10^12 layers ended in
 // std::bad_alloc naming nothing).
 #pragma once
 #include <cstdint>

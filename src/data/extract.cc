@@ -303,7 +303,7 @@ std::vector<int64_t> chunk_lengths(const ExtractOptions& opt, const std::vector<
 }
 
 // Rank 0's group: what its shard writer did, to tell a run bounded by the disk from one bounded by the
-// forward (issue 16: two H200 calls wrote at 0.8-1 GB/s, which capped the extraction). `run_s`: the run so far.
+// forward (two H200 calls wrote at 0.8-1 GB/s, which capped the extraction). `run_s`: the run so far.
 void log_shard_writer(const ShardPipeline& pipeline, const ExtractOptions& opt, double run_s) {
   const double gb = static_cast<double>(pipeline.hidden_bytes()) / 1e9, ws = pipeline.write_seconds(),
                wait = pipeline.caller_wait_seconds();

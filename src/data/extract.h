@@ -132,7 +132,7 @@ struct ExtractStats {
 /// loading the target (minutes for a large checkpoint). Throws aerie::Error naming the option or file.
 void check_extract_inputs(const ExtractOptions& options);
 
-/// The disk space extraction needs (issue 17, case 8): bytes per token of a shard, 2 x 4 H (bf16 aux and
+/// The disk space extraction needs: bytes per token of a shard, 2 x 4 H (bf16 aux and
 /// final hidden states: 3 H + H values) + 4 (input_ids) + 1 (loss_mask), times the prepared file's
 /// tokens, plus 16 bytes per sample (offsets, index) and 64 KiB of HDF5 overhead per shard.
 struct ShardSpace {

@@ -390,7 +390,7 @@ PreparedFileState prepared_file_state(const PrepareOptions& o) {
       {"max_length", "--max-length"},
       {"overlong", "--overlong"},
       {"max_samples", "--max-samples"}};
-  // Settings written before the contents hashes (2026-12-04, earlier the same day) fall back to the times.
+  // Settings written by an aerie before the contents hashes fall back to the times.
   const bool hashed = theirs.contains("input_sha256");
   for (const auto& [key, name] : option) {
     if (!hashed && (key == "input_sha256" || key == "template_sha256")) continue;

@@ -1,5 +1,5 @@
 // Prompt sets: the records `aerie generate --input` and `aerie eval --prompts` read, with one reader for
-// both jobs (issue 17, point 12). A record is a conversation or a plain prompt, and every record is read as
+// both jobs. A record is a conversation or a plain prompt, and every record is read as
 // a conversation:
 //   - a conversation: ShareGPT ("conversations") or OpenAI ("messages"), prepare's formats
 //     (data/prepare_input.h); it may end with a user turn (prompt-only sets such as ShareGPT first turns);

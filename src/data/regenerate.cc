@@ -134,7 +134,7 @@ struct RecordRegeneration::State {
     turn.text = text;
     so_far.turns.push_back(std::move(turn));
     const bool sharegpt = format == InputFormat::ShareGPT;
-    // The target's own ids beside the text (issue 17, point 11): prepare trains on them instead of
+    // The target's own ids beside the text: prepare trains on them instead of
     // encoding the decoded text alone again, which would not give them back.
     if (open_end) {
       ojson m = sharegpt ? ojson{{"from", "gpt"}, {"value", text}} : ojson{{"role", "assistant"}, {"content", text}};
@@ -309,7 +309,7 @@ void open_parts(const std::string& parts, const ojson& run) {
             if (!mine.contains(key)) compare(ojson(), value, path == "run" || path.empty() ? key : path + "." + key);
         } else if (theirs.is_null() && (path == "target_config_sha256" || path == "target_weights_sha256" ||
                                         path == "dtype" || path == "input_sha256")) {
-          // Recorded since 2026-12-04: a run.json of an earlier aerie lacks them; not a difference.
+          // A run.json of an earlier aerie lacks them: not a difference.
         } else if (mine != theirs) {
           // The settings named as the options that set them (run.json's keys otherwise).
           static const std::map<std::string, std::string> option = {

@@ -154,7 +154,7 @@ struct RegenerateOptions {
   /// Whatever else must match for a rerun to reuse existing chunks (model, template, sampling, seed; the
   /// job adds the target's fingerprint, the dtype and the input's sha256), as a JSON object; stored in
   /// run.json (read on world rank 0 only). Keys target_config_sha256, target_weights_sha256, dtype and
-  /// input_sha256 missing from an earlier run.json (an aerie before 2026-12-04) are not a difference.
+  /// input_sha256 missing from an earlier run.json (an earlier aerie's) are not a difference.
   std::string run_signature = "{}";
   /// Preemption, polled by every group leader before it takes a chunk (as ExtractOptions::stop_requested).
   std::function<bool()> stop_requested;

@@ -211,7 +211,7 @@ int64_t first_nonfinite_row(const Tensor& t) {
   // exponent bits 0x7F80 are all set, i.e. when (x & 0x7F80) ^ 0x7F80 is 0; a zero 16-bit lane of v is
   // found by (v - 0x0001...) & ~v & 0x8000... (bit 15 of v is always clear, so a lane's borrow can only
   // mark the lane above a zero one, and "any" stays exact). GCC -O2 does not vectorize the plain per-value
-  // loop: the writer thread spent ~11 ms per 2048 x 16384 sample in it (perf, 2026-12-04), ~3x this.
+  // loop: the writer thread spent ~11 ms per 2048 x 16384 sample in it (perf), ~3x this.
   constexpr uint64_t kExp = 0x7F807F807F807F80ull, kOne = 0x0001000100010001ull, kTop = 0x8000800080008000ull;
   for (int64_t r = 0; r < rows; ++r) {
     const uint16_t* q = p + r * cols;

@@ -6,8 +6,8 @@
 // dtype="float8_e4m3fn") and aux_hidden_scales [T_total, 3] / final_hidden_scales [T_total, 1] F32, one
 // scale per H-wide vector: value = code's value x scale;
 //   input_ids [T_total] I32, loss_mask [T_total] U8, sample_offsets [n+1] I64, sample_index [n] I64
-// plus file attributes (format, format_version, target_model, aux_layers, hidden_size, ...) and, since
-// issue 17, the provenance (target_config_sha256, target_weights_sha256, prepared_sha256,
+// plus file attributes (format, format_version, target_model, aux_layers, hidden_size, ...) and the
+// provenance (target_config_sha256, target_weights_sha256, prepared_sha256,
 // prepared_num_samples, samples_per_shard, num_chunks; readers accept shards without them) and, only in a
 // shard that left samples out (extract --skip-nonfinite), skipped_nonfinite: the prepared sample indices of
 // the chunk that are not in it (their hidden states held a NaN or an infinity).
@@ -53,7 +53,7 @@ struct ShardInfo {
   std::vector<int64_t> skipped_nonfinite;
   bool fp8 = false;              // version 2: fp8 hidden states with per-vector scales (else bf16)
   std::string target_gemm;       // ShardMeta::target_gemm ("" when the attribute is absent)
-  std::string target_dtype;      // ShardMeta::target_dtype ("" in shards before 2026-12-04)
+  std::string target_dtype;      // ShardMeta::target_dtype ("" in shards of an earlier aerie)
   bool has_provenance() const { return !target.config_sha256.empty(); }
 };
 
@@ -151,7 +151,7 @@ struct ShardMeta {
 /// of two tp sizes differ unless every slice is a whole number of 128-blocks.
 std::string fp8_gemm_tag(int tp);
 
-/// What a ShardWriter does with a sample whose hidden states hold a NaN or an infinity (issue 17, case 5).
+/// What a ShardWriter does with a sample whose hidden states hold a NaN or an infinity.
 enum class NonFinite : uint8_t {
   Error,  // add() throws, naming the shard, the prepared sample, the token and its id
   Skip,   // add() leaves the sample out, with a warning naming it (extract --skip-nonfinite)
@@ -181,7 +181,7 @@ class ShardWriter {
   /// infinity in its hidden states; logged as a warning naming the shard, the prepared sample, the token
   /// and its id). Throws aerie::Error on mismatched lengths, shapes or dtypes, too many samples, or
   /// (NonFinite::Error) a NaN / infinity in the hidden states (naming the shard, the prepared sample, the
-  /// token and its id, and --skip-nonfinite: issue 17, case 5).
+  /// token and its id, and --skip-nonfinite).
   bool add(int64_t sample_index, const std::vector<int32_t>& ids, const std::vector<uint8_t>& loss_mask,
            const Tensor& aux_hidden, const Tensor& final_hidden);
   /// Writes the index datasets, closes the file and renames it to `path`. Throws aerie::Error if fewer

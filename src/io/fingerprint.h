@@ -1,6 +1,6 @@
 // Provenance fingerprints: cheap SHA-256 digests that tell whether two runs used the same target model (and,
 // in data/extract.h, the same prepared file), so that shards of another model never mix into a shard folder
-// and train never trains on shards of another target than its --model (issue 17, cases 3 and 4).
+// and train never trains on shards of another target than its --model.
 //
 // A target's fingerprint has two parts, compared separately so that a refusal can say what differs:
 //   - config: SHA-256 of config.json parsed and dumped canonically (keys sorted, no whitespace), without

@@ -155,8 +155,8 @@ constexpr int64_t kMlaAbsorbedMaxRows = 16;
 /// instead of one call or more per sequence. AERIE_BATCHED_DECODE in the environment decides when set to
 /// 1 (on) or 0 (off); otherwise `cpu_default` on the CPU (GQA: on, the batched call being the per-sequence
 /// arithmetic there, bitwise; MLA: off, its batched form rounds differently from forward()'s) and
-/// `cuda_default` on CUDA (GQA: on since 2026-12-05, after kernels/cuda/attention_decode.cu's tests passed on
-/// an H100 and generate ran 1.9x faster with it: docs/performance.md; CUDA's per-sequence path was not
+/// `cuda_default` on CUDA (GQA: on, kernels/cuda/attention_decode.cu being tested on the GPU and faster for
+/// generate: docs/performance.md; CUDA's per-sequence path was not
 /// batch-invariant bitwise either, its GEMMs' rounding depending on the step's row count; MLA: off, its GPU
 /// test ran in F32 only while generate runs bf16, and its speed is unmeasured).
 /// Read at each call; another value gives the default, with one warning per process.

@@ -57,7 +57,7 @@ struct DraftConfig {
   /// create_combined_mask_mod); the decoder's row of position p the cached keys p - sliding_window < j <= p.
   /// 0: none (full causal attention, the original EAGLE-3 layer).
   int64_t sliding_window = 0;
-  /// The MLA draft (issue 15; vLLM's Eagle3DeepseekV2ForCausalLM, TorchSpec's and Model-Optimizer's
+  /// The MLA draft (vLLM's Eagle3DeepseekV2ForCausalLM, TorchSpec's and Model-Optimizer's
   /// Kimi-K2 drafts): the layer's attention is DeepSeek-V2/V3 multi-head latent attention reading the
   /// 2H input (q_a_proj -> q_a_layernorm -> q_b_proj, or q_proj when q_lora_rank is 0;
   /// kv_a_proj_with_mqa -> kv_a_layernorm -> kv_b_proj; one interleaved rope key of qk_rope_head_dim

@@ -1,4 +1,4 @@
-// Checkpoint choice (issue 13, item 2): the acceptance length of every checkpoint of a training run, and
+// Checkpoint choice: the acceptance length of every checkpoint of a training run, and
 // the checkpoint to export. Loss keeps falling after acceptance length peaks, so the last checkpoint is
 // not always the best draft.
 //

@@ -21,7 +21,7 @@ nlohmann::json export_config(const DraftConfig& cfg, const TargetConfig& target,
               "export: the draft (V " << cfg.vocab_size << ", target H " << cfg.target_hidden_size
                                       << ") does not fit the target (V " << target.vocab_size << ", H "
                                       << target.hidden_size << ")");
-  // Another layer count (issue 17, case 6): the aux layers would read other depths of another model, and
+  // Another layer count: the aux layers would read other depths of another model, and
   // whether they are the default ones (written to eagle_config or not) would change.
   AERIE_CHECK(cfg.target_num_hidden_layers <= 0 || cfg.target_num_hidden_layers == target.num_hidden_layers,
               "export: the target has " << target.num_hidden_layers << " layers, the draft was trained on hidden "

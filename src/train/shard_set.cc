@@ -24,9 +24,9 @@ std::string chunk_list(const std::vector<int64_t>& v) {
 }  // namespace
 
 // Reads every shard's attributes and checks that the folder is one complete extraction: the same aux
-// layers, hidden size and provenance everywhere (issue 17, case 3: a folder mixed by an extract rerun with
+// layers, hidden size and provenance everywhere (a folder mixed by an extract rerun with
 // another model), and no chunk missing (case 4) unless opts.allow_missing_shards. The shards are those the
-// folder's files record (read_shard_folder, issue 46: a copy of a shard was trained twice): other .h5 files
+// folder's files record (read_shard_folder: a copy of a shard was trained twice): other .h5 files
 // are skipped with a warning naming each. Logs on rank 0.
 ShardSet scan_shards(const std::string& dir, const TargetConfig& target, const TrainOptions& opts, int rank) {
   ShardSet s;
@@ -126,7 +126,7 @@ ShardSet scan_shards(const std::string& dir, const TargetConfig& target, const T
   return s;
 }
 
-// The shards' target against --model (issue 17, case 3): refuses another target unless
+// The shards' target against --model: refuses another target unless
 // opts.allow_other_target. Shards of extract --random-weights are compared by config.json only.
 void check_shards_target(const ShardSet& s, const TargetFingerprint& model, const TrainOptions& opts, int rank) {
   if (!s.provenance.has_provenance()) return;
@@ -212,7 +212,7 @@ TargetFingerprint recorded_target(const nlohmann::json& provenance) {
   return f;
 }
 
-// A resumed run's --model and --shards against its checkpoint's provenance (issue 17, case 3).
+// A resumed run's --model and --shards against its checkpoint's provenance.
 void check_resume_provenance(const nlohmann::json& was, const std::string& checkpoint, const TrainOptions& opts,
                              const TargetFingerprint& model, const ShardSet& s, int rank) {
   if (was.is_null()) {

@@ -1,4 +1,4 @@
-// Streaming training (issue 14, item 2): `aerie train --target-model DIR --prepared prepared.h5` runs the
+// Streaming training: `aerie train --target-model DIR --prepared prepared.h5` runs the
 // target and the draft's training in one MPI job and stores no shards. For DeepSeek-V3 and Kimi (H = 7168) a
 // token's hidden states take 56 KiB in bf16, so a large regenerated set does not fit on any disk; here they
 // live only in the messages from the target's ranks to the training ranks.

@@ -34,8 +34,8 @@ struct TrainOptions {
   /// more hides the target's jitter, each step ahead holds one batch of hidden states in messages.
   int64_t stream_queue = 2;
   /// The recipe (where aerie's and SpecForge's differ; resume options). AdamW's betas
-  /// (0.9 / 0.999, torch's default and SpecForge's, since 2026-12-03: measured in docs/design.md; before,
-  /// 0.9 / 0.95, which a checkpoint without the key was trained with; a resumed run takes its checkpoint's
+  /// (0.9 / 0.999, torch's default and SpecForge's: measured in docs/design.md; a checkpoint without the key
+  /// was trained with 0.9 / 0.95, an earlier default; a resumed run takes its checkpoint's
   /// beta2 unless adam_beta2_given, as adopt_checkpoint_defaults says); lm_head_init "target" (the target's
   /// rows of the draft vocabulary) or "random" (nn.Linear's init, SpecForge's); loss_normalization
   /// "valid" (each TTT step's loss over its trained rows, eagle3.md section 4) or "all" (over all rows of
@@ -43,7 +43,7 @@ struct TrainOptions {
   /// weight_decay: AdamW's decoupled decay of every trained weight (torch's AdamW: p *= 1 - lr * wd before
   /// the update; kernels/optim.h), 0 by default as in eagle3.md, the EAGLE code and SpecForge.
   double adam_beta1 = 0.9, adam_beta2 = 0.999, weight_decay = 0.0;
-  /// The beta2 of a checkpoint without the key (the default before 2026-12-03).
+  /// The beta2 of a checkpoint without the key (an earlier aerie's default).
   static constexpr double kAdamBeta2Unrecorded = 0.95;
   bool adam_beta2_given = false;  // set on the command line or in a config (jobs/train.cc)
   std::string lm_head_init = "target", loss_normalization = "valid";
@@ -179,7 +179,7 @@ DType resolve_compute_dtype(const std::string& precision, Device device);
 /// loss_normalization).
 struct StepRecipe {
   double adam_beta1 = 0.9, adam_beta2 = 0.999, weight_decay = 0.0;
-  /// The beta2 of a checkpoint without the key (the default before 2026-12-03).
+  /// The beta2 of a checkpoint without the key (an earlier aerie's default).
   static constexpr double kAdamBeta2Unrecorded = 0.95;
   bool normalize_by_all_rows = false;  // loss_normalization "all"
 };

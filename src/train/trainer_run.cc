@@ -233,7 +233,7 @@ std::vector<TTTSample> StepLoop::load_samples(int64_t step, const std::vector<in
                             << " at position " << t << ", outside the target's vocabulary [0, " << V
                             << ") of --model (a damaged shard, or shards of another model's prepared file?)");
     // A sample with a NaN or infinity in its hidden states would make the whole step's gradient
-    // non-finite: it is skipped, named and counted (issue 17, case 5).
+    // non-finite: it is skipped, named and counted.
     if (!bad.empty()) {
       const std::string what = st_.split.shards[static_cast<size_t>(ref.shard)] + " sample " +
                                std::to_string(ref.index) + " (prepared sample " + std::to_string(hs.sample_index) +
