@@ -7,14 +7,9 @@
 # usage: absurd_sizes.sh AERIE MODEL_DIR STORIES_TXT WORK_DIR   (exit 77: no converted model)
 set -euo pipefail
 aerie=$1 model=$2 text=$3 work=$4
-source "$(dirname "$0")/aerie_script_lib.sh"  # run, refused, fail; the empty work folder
+source "$(dirname "$0")/aerie_script_lib.sh"  # run, refused, fail, small_shards; the empty work folder
 
-run prepare 1 prepare --input "$text" --tokenizer "$model" --output "$work/prepared.h5" --max-length 64 \
-  --max-samples 16 || fail prepare
-run vocab 1 vocab --prepared "$work/prepared.h5" --model "$model" --draft-vocab-size 64 \
-  --output "$work/vocab.safetensors" || fail vocab
-run extract 2 extract --model "$model" --prepared "$work/prepared.h5" --samples-per-shard 8 --aux-layers 1,2,4 \
-  --output "$work/s" || fail extract
+small_shards 16 8
 refused train_heads "train: the draft of 100000000 heads \(--draft-heads\).* parameters: training it needs .* GiB.* more than the .* GiB of memory this machine has available" \
   2 train --model "$model" --shards "$work/s" --vocab "$work/vocab.safetensors" --output "$work/run" --steps 2 \
   --draft-heads 100000000

@@ -7,7 +7,7 @@
 # usage: nonfinite_weights.sh AERIE MODEL_DIR STORIES_TXT WORK_DIR   (exit 77: no converted model)
 set -euo pipefail
 aerie=$1 model=$2 text=$3 work=$4
-source "$(dirname "$0")/aerie_script_lib.sh"  # run, refused, fail; the empty work folder
+source "$(dirname "$0")/aerie_script_lib.sh"  # run, refused, fail, small_shards; the empty work folder
 
 # set_nan FILE TENSOR INDEX: element INDEX (flat) of the F32 tensor TENSOR of the safetensors FILE set to NaN.
 set_nan() {
@@ -24,12 +24,7 @@ open(path, "wb").write(bytes(data))
 PY
 }
 
-run prepare 1 prepare --input "$text" --tokenizer "$model" --output "$work/prepared.h5" --max-length 64 \
-  --max-samples 16 || fail prepare
-run vocab 1 vocab --prepared "$work/prepared.h5" --model "$model" --draft-vocab-size 64 \
-  --output "$work/vocab.safetensors" || fail vocab
-run extract 2 extract --model "$model" --prepared "$work/prepared.h5" --samples-per-shard 8 --aux-layers 1,2,4 \
-  --output "$work/s" || fail extract
+small_shards 16 8
 run train 2 train --model "$model" --shards "$work/s" --vocab "$work/vocab.safetensors" --output "$work/run" \
   --steps 2 --batch-size 4 --checkpoint-every 2 || fail train
 

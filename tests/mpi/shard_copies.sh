@@ -6,14 +6,9 @@
 # usage: shard_copies.sh AERIE MODEL_DIR STORIES_TXT WORK_DIR   (exit 77: no converted model)
 set -euo pipefail
 aerie=$1 model=$2 text=$3 work=$4
-source "$(dirname "$0")/aerie_script_lib.sh"  # run, fail; the empty work folder
+source "$(dirname "$0")/aerie_script_lib.sh"  # run, fail, small_shards; the empty work folder
 
-run prepare 1 prepare --input "$text" --tokenizer "$model" --output "$work/prepared.h5" --max-length 64 \
-  --max-samples 48 || fail prepare
-run vocab 1 vocab --prepared "$work/prepared.h5" --model "$model" --draft-vocab-size 64 \
-  --output "$work/vocab.safetensors" || fail vocab
-run extract 2 extract --model "$model" --prepared "$work/prepared.h5" --samples-per-shard 4 --aux-layers 1,2,4 \
-  --output "$work/s" || fail extract
+small_shards 48 4
 [ "$(ls "$work/s" | grep -c '^shard-.*\.h5$')" -eq 12 ] || fail "extract did not write 12 shards"
 cp "$work/s/shard-00003.h5" "$work/s/shard-00003 (copy).h5"
 cp "$work/s/shard-00003.h5" "$work/s/shard-00003-old.h5"
