@@ -170,17 +170,24 @@ TargetConfig load_target_config(const std::string& dir) {
   }
   std::ifstream in(p);
   AERIE_CHECK(in, "cannot open " << path << " (a model folder holds the Hugging Face config.json)");
-  TargetConfig c;
+  nlohmann::json raw;
   try {
-    c.raw = nlohmann::json::parse(in);
+    raw = nlohmann::json::parse(in);
   } catch (const nlohmann::json::exception& e) {
     AERIE_THROW(path << ": bad JSON: " << e.what());
   }
-  AERIE_CHECK(c.raw.is_object(), path << ": not a JSON object");
-  AERIE_CHECK(!(c.raw.contains("draft") && c.raw.contains("train")),
+  AERIE_CHECK(raw.is_object(), path << ": not a JSON object");
+  AERIE_CHECK(!(raw.contains("draft") && raw.contains("train")),
               dir << " is a training checkpoint of aerie train (its config.json holds the draft's and the run's "
                      "settings), not a target model: give the model's Hugging Face folder (config.json, "
                      "model.safetensors, tokenizer)");
+  return target_config_from_json(raw, path);
+}
+
+TargetConfig target_config_from_json(const nlohmann::json& config, const std::string& path) {
+  TargetConfig c;
+  c.raw = config;
+  AERIE_CHECK(c.raw.is_object(), path << ": not a JSON object");
   {  // An EAGLE draft (aerie's export, SpecForge's or speculators' checkpoint) given where the target belongs.
     const std::string draft = eagle_draft_marker(c.raw);
     AERIE_CHECK(draft.empty(), path << ": an EAGLE draft's config (" << draft

@@ -73,6 +73,10 @@ std::string eagle_draft_marker(const nlohmann::json& config);
 /// on a quantization_config aerie does not dequantize (read_quant_config, model/quant_config.h).
 TargetConfig load_target_config(const std::string& dir);
 
+/// load_target_config's parsing of a config.json object already read (`path` names it in messages): the
+/// same fields, defaults and errors, for callers that hold the JSON (the memory plan).
+TargetConfig target_config_from_json(const nlohmann::json& config, const std::string& path);
+
 /// The default aux layers of eagle3.md section 1: (2, N/2, N-3), vLLM's "input to layer k" convention,
 /// verbatim (N = 5 gives (2, 2, 2); below N = 6 the ids are not ascending). Throws aerie::Error if N < 3.
 std::vector<int> default_aux_layers(int64_t num_hidden_layers);
