@@ -13,6 +13,8 @@ namespace cpu {
 // cpu/moe_router.cc; arguments already checked.
 void moe_router_noaux_tc(const float* logits /* (T, E) */, const float* bias /* (E) */, int64_t t, int64_t e,
                          const MoeRouterConfig& cfg, int32_t* indices /* (T, k) */, float* weights /* (T, k) */);
+void moe_router_softmax_topk(const float* logits /* (T, E) */, int64_t t, int64_t e, const MoeRouterConfig& cfg,
+                             int32_t* indices /* (T, k) */, float* weights /* (T, k) */);
 // Throws naming the first index outside [0, E).
 void moe_sort_by_expert(const int32_t* indices /* (T k) */, int64_t pairs, int64_t e, int32_t* counts /* (E) */,
                         int32_t* offsets /* (E + 1) */, int32_t* perm /* (T k) */);
@@ -51,6 +53,34 @@ void moe_router_noaux_tc(const Tensor& logits, const Tensor& bias, const MoeRout
                                                 indices.data<int32_t>(), weights.data<float>()));
   cpu::moe_router_noaux_tc(logits.data<float>(), bias.data<float>(), t, e, cfg, indices.data<int32_t>(),
                            weights.data<float>());
+}
+
+void moe_router_softmax_topk(const Tensor& logits, const MoeRouterConfig& cfg, Tensor& indices, Tensor& weights) {
+  constexpr const char* op = "moe_router_softmax_topk";
+  AERIE_CHECK(logits.ndim() == 2, op << ": logits must be [T, E], got " << shape_str(logits.shape()));
+  logits.check_dtype(DType::F32, what(op, "logits"));
+  const int64_t t = logits.dim(0), e = logits.dim(1);
+  AERIE_CHECK(cfg.n_group == 1 && cfg.topk_group == 1,
+              op << ": n_group " << cfg.n_group << " / topk_group " << cfg.topk_group
+                 << ": the softmax router has no expert groups (both must be 1)");
+  AERIE_CHECK(cfg.top_k >= 1 && cfg.top_k <= e, op << ": top_k " << cfg.top_k << " must be in [1, " << e << "]");
+  indices.check_shape({t, cfg.top_k}, what(op, "indices"));
+  indices.check_dtype(DType::I32, what(op, "indices"));
+  weights.check_shape({t, cfg.top_k}, what(op, "weights"));
+  weights.check_dtype(DType::F32, what(op, "weights"));
+  const Device dev =
+      kernels::common_device(op, {{"logits", &logits}, {"indices", &indices}, {"weights", &weights}});
+  if (t == 0) return;
+  AERIE_CUDA_DISPATCH(op, dev,
+                      cuda::moe_router_softmax_topk(logits.data<float>(), t, e, cfg, indices.data<int32_t>(),
+                                                    weights.data<float>()));
+  cpu::moe_router_softmax_topk(logits.data<float>(), t, e, cfg, indices.data<int32_t>(), weights.data<float>());
+}
+
+void moe_router(MoeRouterKind kind, const Tensor& logits, const Tensor& bias, const MoeRouterConfig& cfg,
+                Tensor& indices, Tensor& weights) {
+  if (kind == MoeRouterKind::SoftmaxTopK) return moe_router_softmax_topk(logits, cfg, indices, weights);
+  moe_router_noaux_tc(logits, bias, cfg, indices, weights);
 }
 
 void moe_sort_by_expert(const Tensor& indices, int64_t num_experts, Tensor& counts, Tensor& offsets, Tensor& perm) {

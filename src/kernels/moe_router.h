@@ -1,4 +1,5 @@
-// The MoE router of DeepSeek-V3 / Kimi-K2 (topk_method "noaux_tc", scoring_func "sigmoid") and the sort of
+// The MoE routers (DeepSeek-V3 / Kimi-K2's sigmoid noaux_tc below; the softmax top-k of Qwen3-MoE and Mixtral:
+// moe_router_softmax_topk) and the sort of
 // (token, slot) pairs by expert that a grouped expert GEMM wants. The router follows transformers 5.x
 // DeepseekV3TopkRouter.forward (models/deepseek_v3/modeling_deepseek_v3.py), all in fp32:
 //   scores = sigmoid(logits)                          logits = the gate GEMM x W_g^T, computed in fp32
@@ -36,6 +37,27 @@ struct MoeRouterConfig {
 /// Throws aerie::Error naming the tensor or field on a shape, dtype, device or config mismatch.
 void moe_router_noaux_tc(const Tensor& logits, const Tensor& bias, const MoeRouterConfig& cfg, Tensor& indices,
                          Tensor& weights);
+
+/// The softmax top-k router of Qwen3-MoE (norm_topk_prob as configured) and Mixtral (always renormalized):
+/// transformers 5.17 Qwen3MoeTopKRouter / MixtralTopKRouter, and vLLM's fused_topk with renormalize, in fp32:
+///   p = softmax(logits)  (max subtracted, then exp, summed in expert order, divided)
+///   indices = the top_k experts by p (decreasing, equal p lower index first: aerie's rule, as the router above)
+///   weights = p[indices], / sum(p[indices]) when cfg.norm_topk_prob (no epsilon: the sum is > 0),
+///             * cfg.routed_scaling_factor (1 for both families)
+/// cfg.n_group / topk_group must be 1 (no groups). logits: [T, E] F32 -> indices [T, top_k] I32, weights
+/// [T, top_k] F32; 1 <= top_k <= E. Non-finite logits give unspecified (but in-range) experts. On CUDA one warp
+/// per token (lane 0 sums in expert order, so CPU and CUDA differ only where their expf differ). Throws
+/// aerie::Error naming the tensor or field on a shape, dtype, device or config mismatch.
+void moe_router_softmax_topk(const Tensor& logits, const MoeRouterConfig& cfg, Tensor& indices, Tensor& weights);
+
+/// Which router an MoE layer runs (MoeSpec::router): DeepSeek-V3's sigmoid + grouped noaux_tc selection with
+/// e_score_correction_bias, or softmax top-k (Qwen3-MoE, Mixtral).
+enum class MoeRouterKind { SigmoidNoauxTc, SoftmaxTopK };
+
+/// The router of `kind`: moe_router_noaux_tc (bias: [E] F32) or moe_router_softmax_topk (bias unused, may be
+/// undefined). Same shapes and errors as those.
+void moe_router(MoeRouterKind kind, const Tensor& logits, const Tensor& bias, const MoeRouterConfig& cfg,
+                Tensor& indices, Tensor& weights);
 
 /// The (token, slot) pairs of indices [T, k] I32 grouped by expert, for a grouped GEMM:
 ///   counts [E] I32: pairs routed to each expert; offsets [E + 1] I32: exclusive prefix sums of counts

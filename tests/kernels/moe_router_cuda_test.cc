@@ -1,6 +1,7 @@
 // MoE router and expert sort on CUDA against the CPU reference (kernels/cpu/moe_router.cc): the goldens'
 // logits (ties included: the same rule on both) and random logits at DeepSeek-V3 (256 experts, 8 groups,
-// keep 4, top 8) and Kimi-K2 (384, 1 group, top 8) sizes. Indices exactly, weights to a few ulp (CUDA's
+// keep 4, top 8) and Kimi-K2 (384, 1 group, top 8) sizes; the softmax top-k router likewise (Qwen3-MoE and
+// Mixtral sizes). Indices exactly, weights to a few ulp (CUDA's
 // expf and glibc's differ in the last ulp); the sort bitwise. Skipped without a GPU.
 #include "cuda_test_util.h"
 #include "kernels/moe_router.h"
@@ -53,6 +54,33 @@ TEST(MoeRouterCuda, MatchesCpu) {
     EXPECT_EQ(cg.to_float_vector(), counts.to_float_vector()) << c.name;
     EXPECT_EQ(og.to_float_vector(), offsets.to_float_vector()) << c.name;
     EXPECT_EQ(pg.to_float_vector(), perm.to_float_vector()) << c.name;
+  }
+}
+
+TEST(MoeRouterSoftmaxCuda, MatchesCpu) {
+  // The goldens' logits (near ties included) and random logits at Qwen3-MoE (128 experts, top 8) and
+  // Mixtral (8, top 2) sizes, renormalized and not.
+  AERIE_REQUIRE_CUDA();
+  std::vector<std::pair<Tensor, MoeRouterConfig>> runs;
+  for (const std::string c : {"qwen3", "mixtral"}) {
+    const Tensor& l = testing::softmax_router_golden(c + ".logits");
+    runs.push_back({l, {1, 1, testing::softmax_router_golden(c + ".indices").dim(1), true, 1.0f}});
+  }
+  runs.push_back({testing::random_tensor({300, 128}, 31, -4.0f, 4.0f), {1, 1, 8, true, 1.0f}});
+  runs.push_back({testing::random_tensor({300, 128}, 32, -4.0f, 4.0f), {1, 1, 8, false, 1.0f}});
+  runs.push_back({testing::random_tensor({77, 8}, 33, -4.0f, 4.0f), {1, 1, 2, true, 1.0f}});
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const Tensor& logits = runs[i].first;
+    const MoeRouterConfig& cfg = runs[i].second;
+    const int64_t t = logits.dim(0), k = cfg.top_k;
+    Tensor idx = Tensor::empty({t, k}, DType::I32), w = Tensor::empty({t, k}, DType::F32);
+    moe_router_softmax_topk(logits, cfg, idx, w);
+    Tensor ig = Tensor::empty({t, k}, DType::I32, Device::CUDA), wg = Tensor::empty({t, k}, DType::F32, Device::CUDA);
+    moe_router_softmax_topk(gpu(logits), cfg, ig, wg);
+    const Tensor ih = ig.to_device(Device::CPU);
+    const std::string what = "case " + std::to_string(i);
+    EXPECT_TRUE(std::equal(idx.data<int32_t>(), idx.data<int32_t>() + t * k, ih.data<int32_t>())) << what;
+    testing::expect_close(wg.to_float_vector(), w.to_float_vector(), 0.0f, 1e-6f, what + " weights");
   }
 }
 

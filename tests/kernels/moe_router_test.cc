@@ -2,7 +2,8 @@
 // (tools/reference/quant_router_golden.py: E 16, n_group 4, topk_group 2, top-k 4; random rows and
 // constructed exact ties, a near tie at the cut, tied groups, a masked best expert, all-equal logits; a
 // negative bias, and norm_topk_prob off). Indices exactly; weights to 2 ulp (HF sums the k weights in
-// another order). The expert sort: counts, offsets and the stable permutation; the error messages.
+// another order). The softmax top-k router (Qwen3-MoE, Mixtral) against transformers' own routers
+// (tools/reference/softmax_router_golden.py). The expert sort: counts, offsets and the stable permutation; the error messages.
 #include "kernel_test_util.h"
 #include "kernels/embedding.h"
 #include "kernels/moe_router.h"
@@ -92,6 +93,59 @@ TEST(MoeRouter, RejectsBadConfigsAndShapes) {
                "e_score_correction_bias");
   expect_error([&] { moe_router_noaux_tc(logits.to(DType::BF16), bias, {4, 2, 4, true, 1.0f}, idx, w); }, "logits");
   expect_error([&] { moe_router_noaux_tc(logits, bias, {4, 2, 4, true, 1.0f}, w, w); }, "indices");
+}
+
+/// The softmax router's config of a golden case (tools/reference/softmax_router_golden.py).
+MoeRouterConfig softmax_config(const std::string& c) {
+  MoeRouterConfig cfg;
+  cfg.top_k = testing::softmax_router_golden(c + ".indices").dim(1);
+  cfg.norm_topk_prob = c != "qwen3_nonorm";
+  return cfg;
+}
+
+TEST(MoeRouterSoftmax, MatchesTransformersQwen3MoeAndMixtralRouters) {
+  // Random rows and near ties (4e-6 apart in the logits) at and inside the cut; indices exactly (the
+  // golden's are torch.topk's, probabilities descending), weights to 2 ulp (HF's softmax sums in another order).
+  for (const std::string c : {"qwen3", "qwen3_nonorm", "mixtral"}) {
+    const Tensor& logits = testing::softmax_router_golden(c + ".logits");
+    const MoeRouterConfig cfg = softmax_config(c);
+    const int64_t t = logits.dim(0), k = cfg.top_k;
+    Tensor idx = Tensor::empty({t, k}, DType::I32), w = Tensor::empty({t, k}, DType::F32);
+    moe_router_softmax_topk(logits, cfg, idx, w);
+    const Tensor& hf = testing::softmax_router_golden(c + ".indices");
+    const float* hw = testing::softmax_router_golden(c + ".weights").data<float>();
+    for (int64_t r = 0; r < t; ++r) {
+      const std::string what = c + " row " + std::to_string(r);
+      EXPECT_EQ(row(idx, r), row(hf, r)) << what;
+      for (int64_t i = 0; i < k; ++i)
+        EXPECT_NEAR(w.data<float>()[r * k + i], hw[r * k + i], 2.5e-7f * std::fabs(hw[r * k + i])) << what;
+    }
+  }
+}
+
+TEST(MoeRouterSoftmax, WeightsAreTheProbabilitiesRenormalizedOrNot) {
+  // p = softmax(2, 1, 0, -1); top 2 = experts 0, 1. Renormalized: p0 / (p0 + p1); not: p0. moe_router picks by kind.
+  Tensor logits = Tensor::from_vector<float>({1.0f, 2.0f, -1.0f, 0.0f}, {1, 4});
+  MoeRouterConfig cfg;
+  cfg.top_k = 2;
+  Tensor idx = Tensor::empty({1, 2}, DType::I32), w = Tensor::empty({1, 2}, DType::F32);
+  moe_router(MoeRouterKind::SoftmaxTopK, logits, Tensor(), cfg, idx, w);
+  EXPECT_EQ(row(idx, 0), (std::vector<int32_t>{1, 0}));
+  const double z = std::exp(1.0) + std::exp(2.0) + std::exp(-1.0) + 1.0;
+  EXPECT_NEAR(w.data<float>()[0], std::exp(2.0) / (std::exp(2.0) + std::exp(1.0)), 1e-6);
+  cfg.norm_topk_prob = false;
+  moe_router(MoeRouterKind::SoftmaxTopK, logits, Tensor(), cfg, idx, w);
+  EXPECT_NEAR(w.data<float>()[0], std::exp(2.0) / z, 1e-6);
+  EXPECT_NEAR(w.data<float>()[1], std::exp(1.0) / z, 1e-6);
+}
+
+TEST(MoeRouterSoftmax, RejectsGroupsAndBadTopK) {
+  Tensor logits = Tensor::zeros({3, 8}, DType::F32);
+  Tensor idx = Tensor::empty({3, 2}, DType::I32), w = Tensor::empty({3, 2}, DType::F32);
+  expect_error([&] { moe_router_softmax_topk(logits, {2, 1, 2, true, 1.0f}, idx, w); }, "no expert groups");
+  Tensor idx9 = Tensor::empty({3, 9}, DType::I32), w9 = Tensor::empty({3, 9}, DType::F32);
+  expect_error([&] { moe_router_softmax_topk(logits, {1, 1, 9, true, 1.0f}, idx9, w9); }, "top_k 9");
+  expect_error([&] { moe_router_softmax_topk(logits, {1, 1, 2, true, 1.0f}, w, w); }, "indices");
 }
 
 TEST(MoeSort, CountsOffsetsAndStablePermutation) {

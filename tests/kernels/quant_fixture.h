@@ -28,6 +28,16 @@ inline const Tensor& real_golden(const std::string& name) {
   return it->second;
 }
 
+/// The goldens of tools/reference/softmax_router_golden.py (transformers' Qwen3-MoE and Mixtral routers;
+/// tests/kernels/fixtures/softmax_router_golden.safetensors).
+inline const Tensor& softmax_router_golden(const std::string& name) {
+  static const SafetensorsFile file =
+      load_safetensors(std::string(AERIE_SOURCE_DIR) + "/tests/kernels/fixtures/softmax_router_golden.safetensors");
+  auto it = file.tensors.find(name);
+  AERIE_CHECK(it != file.tensors.end(), "softmax_router_golden.safetensors has no tensor " << name);
+  return it->second;
+}
+
 /// The raw 16-bit patterns of a BF16 tensor (any device), for bitwise comparisons.
 inline std::vector<uint16_t> bf16_bits(const Tensor& t) {
   const Tensor c = t.device() == Device::CPU ? t : t.to_device(Device::CPU);

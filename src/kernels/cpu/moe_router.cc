@@ -1,4 +1,4 @@
-// CPU MoE router (noaux_tc, fp32) and expert sort (kernels/moe_router.h): the naive reference, one token
+// CPU MoE routers (noaux_tc; softmax top-k; fp32) and expert sort (kernels/moe_router.h): the naive reference, one token
 // at a time, selections by repeated scans in ascending index (a strictly larger value wins, so equal
 // values keep the lower index). cuda/moe_router.cu does the same float operations in the same order.
 #include <cmath>
@@ -54,6 +54,42 @@ void moe_router_noaux_tc(const float* logits, const float* bias, int64_t t, int6
     for (int64_t i = 0; i < k; ++i) {
       float w = weights[r * k + i];
       if (cfg.norm_topk_prob) w /= den;
+      weights[r * k + i] = w * cfg.routed_scaling_factor;
+    }
+  }
+}
+
+void moe_router_softmax_topk(const float* logits, int64_t t, int64_t e, const MoeRouterConfig& cfg, int32_t* indices,
+                             float* weights) {
+  const int64_t k = cfg.top_k;
+  std::vector<float> p(e);
+  std::vector<char> taken(e);
+  for (int64_t r = 0; r < t; ++r) {
+    const float* l = logits + r * e;
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < e; ++j) mx = l[j] > mx ? l[j] : mx;
+    float sum = 0.0f;
+    for (int64_t j = 0; j < e; ++j) {
+      p[j] = std::exp(l[j] - mx);
+      sum += p[j];
+    }
+    for (int64_t j = 0; j < e; ++j) {
+      p[j] /= sum;
+      taken[j] = 0;
+    }
+    float picked = 0.0f;
+    for (int64_t i = 0; i < k; ++i) {
+      int64_t best = -1;
+      for (int64_t j = 0; j < e; ++j)
+        if (!taken[j] && (best < 0 || p[j] > p[best])) best = j;
+      taken[best] = 1;
+      indices[r * k + i] = static_cast<int32_t>(best);
+      weights[r * k + i] = p[best];
+      picked += p[best];
+    }
+    for (int64_t i = 0; i < k; ++i) {
+      float w = weights[r * k + i];
+      if (cfg.norm_topk_prob) w /= picked;
       weights[r * k + i] = w * cfg.routed_scaling_factor;
     }
   }

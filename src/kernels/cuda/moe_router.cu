@@ -1,4 +1,4 @@
-// CUDA MoE router (noaux_tc, fp32) and expert sort (kernels/moe_router.h). The router: one warp per token,
+// CUDA MoE routers (noaux_tc; softmax top-k; fp32) and expert sort (kernels/moe_router.h). The router: one warp per token,
 // scores and choices in shared memory; group scores and the group selection done serially in the order of
 // cpu/moe_router.cc; each of the top_k picks a warp argmax under the same rule (larger value, then lower
 // index). The weights are summed by lane 0 in slot order, as the CPU. The expert sort: CUB's stable radix
@@ -94,6 +94,60 @@ __global__ void router_kernel(const float* __restrict__ logits, const float* __r
   }
 }
 
+// grid (T), block (32); shared: p (E floats), taken (E bytes). The softmax top-k router of cpu/moe_router.cc:
+// the max by warp reduction (order-free), the exponentials per lane, their sum and the weights by lane 0 in
+// expert / slot order as the CPU, each pick a warp argmax under the same rule.
+__global__ void softmax_router_kernel(const float* __restrict__ logits, int e, int k, bool norm, float scaling,
+                                      int32_t* __restrict__ indices, float* __restrict__ weights) {
+  extern __shared__ float smem[];
+  float* p = smem;
+  char* taken = reinterpret_cast<char*>(p + e);
+  __shared__ float total;
+  const int lane = threadIdx.x;
+  const int64_t r = blockIdx.x;
+  const float* l = logits + r * e;
+  float mx = -INFINITY;
+  for (int j = lane; j < e; j += 32) mx = fmaxf(mx, l[j]);
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  for (int j = lane; j < e; j += 32) {
+    p[j] = expf(l[j] - mx);
+    taken[j] = 0;
+  }
+  __syncwarp();
+  if (lane == 0) {
+    float sum = 0.0f;
+    for (int j = 0; j < e; ++j) sum += p[j];
+    total = sum;
+  }
+  __syncwarp();
+  const float sum = total;
+  for (int j = lane; j < e; j += 32) p[j] /= sum;
+  __syncwarp();
+  for (int i = 0; i < k; ++i) {
+    Pick q{0.0f, -1};
+    for (int j = lane; j < e; j += 32)
+      if (!taken[j]) q = better(q, Pick{p[j], j});
+    for (int o = 16; o > 0; o >>= 1) {
+      Pick x{__shfl_xor_sync(0xffffffffu, q.v, o), __shfl_xor_sync(0xffffffffu, q.idx, o)};
+      q = better(q, x);
+    }
+    if (lane == 0) {
+      taken[q.idx] = 1;
+      indices[r * k + i] = q.idx;
+    }
+    __syncwarp();
+  }
+  if (lane == 0) {
+    float picked = 0.0f;
+    for (int i = 0; i < k; ++i) picked += p[indices[r * k + i]];
+    for (int i = 0; i < k; ++i) {
+      float w = p[indices[r * k + i]];
+      if (norm) w /= picked;
+      weights[r * k + i] = w * scaling;
+    }
+  }
+}
+
 __global__ void fill_tail_kernel(const int32_t* __restrict__ offsets, int e, int64_t pairs, int32_t* __restrict__ perm) {
   for (int64_t p = offsets[e] + blockIdx.x * int64_t{blockDim.x} + threadIdx.x; p < pairs;
        p += int64_t{gridDim.x} * blockDim.x)
@@ -112,6 +166,18 @@ void moe_router_noaux_tc(const float* logits, const float* bias, int64_t t, int6
       logits, bias, static_cast<int>(e), static_cast<int>(cfg.n_group), static_cast<int>(cfg.topk_group),
       static_cast<int>(cfg.top_k), cfg.norm_topk_prob, cfg.routed_scaling_factor, indices, weights);
   AERIE_CUDA_LAUNCHED("moe_router_kernel");
+}
+
+void moe_router_softmax_topk(const float* logits, int64_t t, int64_t e, const MoeRouterConfig& cfg, int32_t* indices,
+                             float* weights) {
+  const size_t smem = static_cast<size_t>(e) * (sizeof(float) + 1);
+  AERIE_CHECK(smem <= 40 * 1024, "moe_router_softmax_topk: " << e << " experts need " << smem
+                                                             << " bytes of shared memory, more than 40 KiB");
+  AERIE_CHECK(t <= INT32_MAX, "moe_router_softmax_topk: " << t << " tokens exceed the grid");
+  softmax_router_kernel<<<static_cast<unsigned>(t), 32, smem, stream()>>>(
+      logits, static_cast<int>(e), static_cast<int>(cfg.top_k), cfg.norm_topk_prob, cfg.routed_scaling_factor,
+      indices, weights);
+  AERIE_CUDA_LAUNCHED("softmax_router_kernel");
 }
 
 namespace {

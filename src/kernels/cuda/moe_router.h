@@ -12,6 +12,10 @@ namespace aerie::cuda {
 /// of cpu/moe_router.cc in the same order (expf aside). Queued on the current stream.
 void moe_router_noaux_tc(const float* logits, const float* bias, int64_t t, int64_t e, const MoeRouterConfig& cfg,
                          int32_t* indices, float* weights);
+/// The softmax top-k router (kernels/moe_router.h), one warp per token; lane 0 sums the exponentials and the
+/// picked probabilities in the CPU's order. Queued on the current stream.
+void moe_router_softmax_topk(const float* logits, int64_t t, int64_t e, const MoeRouterConfig& cfg, int32_t* indices,
+                             float* weights);
 /// Counts (one block per expert, no atomics), offsets (one thread), then the stable scatter (one block
 /// per expert, block-wide prefix sums over chunks of pairs). Out-of-range indices are dropped; perm's
 /// unused tail is -1. Queued on the current stream.
