@@ -7,18 +7,19 @@
 
 namespace aerie {
 
+// The rows, each defined beside its family's config reader and layer builder.
+Architecture llama_architecture();        // arch_llama.cc
+Architecture mistral_architecture();      // arch_llama.cc
+Architecture qwen2_architecture();        // arch_llama.cc
+Architecture qwen3_architecture();        // arch_llama.cc
+Architecture deepseek_v3_architecture();  // arch_deepseek.cc
+Architecture kimi_k2_architecture();      // arch_deepseek.cc
+Architecture qwen3_moe_architecture();    // arch_qwen3_moe.cc
+
 const std::vector<Architecture>& architectures() {
-  // DeepSeek-V3 and the Kimi targets: DeepseekV3ForCausalLM; Kimi-K2.5 wraps it as text_config, whose
-  // model_type is deepseek_v3 (or kimi_k2 in other copies). ../shared/docs/deepseek-v3.md.
   static const std::vector<Architecture> table = {
-      {"llama", "Llama 2/3.x", "GQA", "dense SwiGLU", build_llama_layer},
-      {"mistral", "Mistral", "GQA (sliding window)", "dense SwiGLU", build_llama_layer},
-      {"qwen2", "Qwen2/2.5", "GQA (q/k/v biases)", "dense SwiGLU", build_llama_layer},
-      {"qwen3", "Qwen3", "GQA (q/k norms)", "dense SwiGLU", build_llama_layer},
-      {"deepseek_v3", "DeepSeek-V3/R1, Kimi-K2.5's language model", "MLA",
-       "MoE (sigmoid router, shared experts; dense below first_k_dense_replace)", build_deepseek_layer},
-      {"kimi_k2", "Kimi-K2", "MLA", "MoE (sigmoid router, shared experts; dense below first_k_dense_replace)",
-       build_deepseek_layer},
+      llama_architecture(),       mistral_architecture(),  qwen2_architecture(), qwen3_architecture(),
+      deepseek_v3_architecture(), kimi_k2_architecture(),  qwen3_moe_architecture(),
   };
   return table;
 }

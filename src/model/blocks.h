@@ -10,6 +10,7 @@
 
 #include "comm/communicator.h"
 #include "core/tensor.h"
+#include "kernels/moe_router.h"
 #include "model/linear.h"
 #include "model/op_profile.h"
 #include "model/target.h"
@@ -203,13 +204,17 @@ constexpr int64_t kMoeScratchBytes = int64_t{4} << 30;
 
 struct MoeSpec {
   int64_t hidden = 0, experts = 0, shared_experts = 0, moe_intermediate = 0;
+  MoeRouterKind router = MoeRouterKind::SigmoidNoauxTc;
   int64_t n_group = 1, topk_group = 1, top_k = 1;
   bool norm_topk_prob = true;
   float routed_scaling_factor = 1.0f;
+  // The routed experts' projection names under experts.{e}. (Mixtral's checkpoints: w1, w3, w2).
+  std::string gate_proj = "gate_proj", up_proj = "up_proj", down_proj = "down_proj";
 };
-/// Loads `prefix` gate.weight [E, H] (F32), gate.e_score_correction_bias [E] (F32),
-/// experts.{e}.{gate,up,down}_proj.weight and shared_experts.{gate,up,down}_proj.weight. Throws
-/// aerie::Error when tp does not divide moe_intermediate_size or a tensor is missing or misshapen.
+/// Loads `prefix` gate.weight [E, H] (F32), gate.e_score_correction_bias [E] (F32; the noaux_tc router only),
+/// experts.{e}.{gate_proj,up_proj,down_proj}.weight (the spec's names) and, with shared_experts > 0,
+/// shared_experts.{gate,up,down}_proj.weight. Routes with kernels/moe_router.h moe_router of spec.router.
+/// Throws aerie::Error when tp does not divide moe_intermediate_size or a tensor is missing or misshapen.
 std::unique_ptr<FfnBlock> make_moe_ffn(WeightSource& src, const MoeSpec& spec, const std::string& prefix);
 
 }  // namespace aerie

@@ -1,4 +1,5 @@
-// DeepSeek-V3's MoE FFN block (model/blocks.h MoeSpec; transformers' DeepseekV3MoE). Per forward
+// The MoE FFN block (model/blocks.h MoeSpec; transformers' DeepseekV3MoE, Qwen3MoeSparseMoeBlock,
+// MixtralSparseMoeBlock: the router of MoeSpec::router, routed experts, optional shared experts). Per forward
 // (n rows, k = top_k, P = n k pairs, I = this rank's slice of moe_intermediate_size, ct = compute dtype):
 //   h32 [n, H] F32 (h in fp32 for the router)   logits [n, E] F32   idx [n, k] I32, w [n, k] F32
 //   counts [E], offsets [E + 1] (read on the host), perm [P] (pairs sorted by expert)
@@ -61,18 +62,19 @@ class MoeFfn final : public FfnBlock {
     }
     gate_ = src.load(p + "gate.weight", {E, H}, TpSplit::None, ParamRole::Router);
     if (src.device() == Device::CUDA && src.dtype() == DType::BF16) split_router();
-    bias_ = src.load(p + "gate.e_score_correction_bias", {E}, TpSplit::None, ParamRole::RouterBias);
+    if (s.router == MoeRouterKind::SigmoidNoauxTc)
+      bias_ = src.load(p + "gate.e_score_correction_bias", {E}, TpSplit::None, ParamRole::RouterBias);
     const TpSplit rows = ep_ ? TpSplit::None : TpSplit::Rows, cols = ep_ ? TpSplit::None : TpSplit::Cols;
     for (int64_t e = 0; e < E; ++e) {
       const std::string x = p + "experts." + std::to_string(e) + ".";
       if (e < ex0_ || e >= ex1_) {  // another rank's expert (expert parallelism): nothing read
-        src.skip_linear({{x + "gate_proj", {I, H}}, {x + "up_proj", {I, H}}});
-        src.skip_linear({{x + "down_proj", {H, I}}});
+        src.skip_linear({{x + s.gate_proj, {I, H}}, {x + s.up_proj, {I, H}}});
+        src.skip_linear({{x + s.down_proj, {H, I}}});
         continue;
       }
       Expert ex;
-      ex.gate_up = src.load_linear({{x + "gate_proj", {I, H}}, {x + "up_proj", {I, H}}}, rows);
-      ex.down = src.load_linear(x + "down_proj", {H, I}, cols);
+      ex.gate_up = src.load_linear({{x + s.gate_proj, {I, H}}, {x + s.up_proj, {I, H}}}, rows);
+      ex.down = src.load_linear(x + s.down_proj, {H, I}, cols);
       experts_.push_back(std::move(ex));
     }
     if (s.shared_experts > 0)
@@ -129,7 +131,7 @@ class MoeFfn final : public FfnBlock {
     Tensor perm = ctx.buffer("moe.perm", {P}, DType::I32);
     ctx.prof.time(OpKind::Other, dev, [&] {
       MoeRouterConfig rc{s_.n_group, s_.topk_group, k, s_.norm_topk_prob, s_.routed_scaling_factor};
-      moe_router_noaux_tc(logits, bias_, rc, idx, w);
+      moe_router(s_.router, logits, bias_, rc, idx, w);
       moe_sort_by_expert(idx, E, counts, offsets, perm);
     });
     // The host needs only the expert offsets (to size the GEMMs).

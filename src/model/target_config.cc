@@ -1,14 +1,9 @@
-// TargetConfig from a Hugging Face config.json. Field names and defaults follow transformers'
-// LlamaConfig (configuration_llama.py): head_dim = hidden_size / num_attention_heads,
-// num_key_value_heads = num_attention_heads, rms_norm_eps = 1e-6, rope_theta = 10000,
-// max_position_embeddings = the model_type config class's default (below), tie_word_embeddings = false. RoPE parameters are read from
-// rope_theta + rope_scaling (transformers 4.x) or from rope_parameters (transformers 5.x).
-// Per family (transformers' modeling_{llama,mistral,qwen2,qwen3}.py):
-//   llama    attention_bias -> q/k/v/o biases, mlp_bias -> gate/up/down biases
-//   mistral  no biases; sliding_window (null = none) on every layer
-//   qwen2    q/k/v biases always, no o bias; sliding window on the layers of layer_types (or, without
-//            it, layers >= max_window_layers when use_sliding_window)
-//   qwen3    attention_bias -> q/k/v/o biases; q_norm/k_norm; sliding window as qwen2
+// TargetConfig from a Hugging Face config.json: the fields every family has, here, with transformers'
+// LlamaConfig defaults (configuration_llama.py): head_dim = hidden_size / num_attention_heads,
+// num_key_value_heads = num_attention_heads, rms_norm_eps = 1e-6, rope_theta = 10000, tie_word_embeddings =
+// false; max_position_embeddings defaults per family. RoPE parameters are read from rope_theta + rope_scaling
+// (transformers 4.x) or from rope_parameters (transformers 5.x). Each family's own fields (biases, q/k norms,
+// sliding windows, MLA, MoE) are read by its row of the architecture table (model/arch_*.cc).
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -55,84 +50,6 @@ void check_size_field(const std::string& path, const char* field, int64_t value,
               path << ": " << field << " " << value << " needs " << gib_text(need) << " for " << what << ", more than the "
                    << gib_text(static_cast<double>(have)) << " of memory this machine has available: is " << field
                    << " right?");
-}
-
-/// sliding_window and sliding_layers as transformers 5 reads them (Mistral-, Qwen2- and Qwen3Config).
-void read_sliding_window(const nlohmann::json& j, TargetConfig& c, const std::string& path) {
-  const int64_t N = c.num_hidden_layers;
-  c.sliding_layers.assign(static_cast<size_t>(N), false);
-  if (c.model_type == "llama") return;  // TargetConfig has no sliding window
-  int64_t w = optional_int(j, "sliding_window", 0, path);
-  AERIE_CHECK(w >= 0, path << ": sliding_window must be positive or null, got " << w);
-  if (c.model_type == "mistral") {  // every layer; MistralConfig ignores layer_types
-    if (w > 0) c.sliding_layers.assign(static_cast<size_t>(N), true);
-  } else {
-    if (!optional_bool(j, "use_sliding_window", false, path)) w = 0;  // Qwen: sliding_window is then None
-    if (w == 0) return;
-    if (j.contains("layer_types") && j["layer_types"].is_array()) {
-      const auto& lt = j["layer_types"];
-      AERIE_CHECK(static_cast<int64_t>(lt.size()) == N,
-                  path << ": layer_types has " << lt.size() << " entries for " << N << " layers");
-      for (int64_t l = 0; l < N; ++l) {
-        AERIE_CHECK(lt[l].is_string(), path << ": layer_types[" << l << "] is not a string");
-        const std::string t = lt[l].get<std::string>();
-        AERIE_CHECK(t == "full_attention" || t == "sliding_attention",
-                    path << ": layer_types[" << l << "] \"" << t << "\" is not supported");
-        c.sliding_layers[l] = t == "sliding_attention";
-      }
-    } else {
-      const int64_t first = optional_int(j, "max_window_layers", 28, path);
-      for (int64_t l = std::max<int64_t>(first, 0); l < N; ++l) c.sliding_layers[l] = true;
-    }
-  }
-  for (bool b : c.sliding_layers)
-    if (b) c.sliding_window = w;
-}
-
-/// The MLA and MoE fields of DeepseekV3Config (configuration_deepseek_v3.py), with its checks: the
-/// sigmoid noaux_tc router, no attention bias.
-void read_deepseek(const nlohmann::json& j, TargetConfig& c, const std::string& path) {
-  AERIE_CHECK(!optional_bool(j, "attention_bias", false, path),
-              path << ": attention_bias true is not supported for " << c.model_type << " (MLA without biases)");
-  c.qkv_bias = c.o_bias = c.mlp_bias = false;
-  auto& a = c.mla;
-  a.q_lora_rank = optional_int(j, "q_lora_rank", 0, path);  // null: plain q_proj
-  AERIE_CHECK(a.q_lora_rank >= 0, path << ": q_lora_rank must be positive or null");
-  a.kv_lora_rank = required_int(j, "kv_lora_rank", path);
-  a.qk_nope_head_dim = required_int(j, "qk_nope_head_dim", path);
-  a.qk_rope_head_dim = required_int(j, "qk_rope_head_dim", path);
-  a.v_head_dim = required_int(j, "v_head_dim", path);
-  AERIE_CHECK(a.qk_rope_head_dim % 2 == 0, path << ": qk_rope_head_dim " << a.qk_rope_head_dim << " must be even");
-  AERIE_CHECK(a.v_head_dim <= a.qk_nope_head_dim + a.qk_rope_head_dim,
-              path << ": v_head_dim " << a.v_head_dim << " larger than the query/key head dim is not supported");
-  c.head_dim = a.qk_rope_head_dim;  // DeepseekV3Config.head_dim: the rotary dimension
-  c.num_key_value_heads = c.num_attention_heads;
-  auto& m = c.moe;
-  m.n_routed_experts = optional_int(j, "n_routed_experts", 0, path);
-  if (m.n_routed_experts > 0) {
-    m.n_shared_experts = optional_int(j, "n_shared_experts", 0, path);
-    m.num_experts_per_tok = required_int(j, "num_experts_per_tok", path);
-    m.moe_intermediate_size = required_int(j, "moe_intermediate_size", path);
-    m.first_k_dense_replace = optional_int(j, "first_k_dense_replace", 0, path);
-    m.moe_layer_freq = optional_int(j, "moe_layer_freq", 1, path);
-    m.n_group = optional_int(j, "n_group", 1, path);
-    m.topk_group = optional_int(j, "topk_group", 1, path);
-    m.norm_topk_prob = optional_bool(j, "norm_topk_prob", true, path);
-    m.routed_scaling_factor = optional_double(j, "routed_scaling_factor", 1.0, path);
-    AERIE_CHECK(m.moe_layer_freq >= 1 && m.first_k_dense_replace >= 0 && m.n_shared_experts >= 0,
-                path << ": moe_layer_freq must be >= 1, first_k_dense_replace and n_shared_experts >= 0");
-    AERIE_CHECK(m.n_group >= 1 && m.n_routed_experts % m.n_group == 0 && m.topk_group >= 1 &&
-                    m.topk_group <= m.n_group &&
-                    m.num_experts_per_tok <= m.topk_group * (m.n_routed_experts / m.n_group),
-                path << ": n_routed_experts " << m.n_routed_experts << ", n_group " << m.n_group << ", topk_group "
-                     << m.topk_group << ", num_experts_per_tok " << m.num_experts_per_tok << " do not form a router");
-    const std::string scoring = config_json::optional_string(j, "scoring_func", "sigmoid", path);
-    const std::string method = config_json::optional_string(j, "topk_method", "noaux_tc", path);
-    AERIE_CHECK(scoring == "sigmoid" && method == "noaux_tc",
-                path << ": scoring_func \"" << scoring << "\" / topk_method \"" << method
-                     << "\" is not supported (DeepSeek-V3's sigmoid / noaux_tc router)");
-  }
-  c.num_nextn_predict_layers = optional_int(j, "num_nextn_predict_layers", 0, path);
 }
 
 }  // namespace
@@ -210,7 +127,8 @@ TargetConfig target_config_from_json(const nlohmann::json& config, const std::st
     AERIE_CHECK(j["model_type"].is_string(), path << ": field \"model_type\" is not a string");
     c.model_type = j["model_type"].get<std::string>();
   }
-  find_architecture(c.model_type, path);  // throws for an unknown or not yet built architecture
+  // Throws for an unknown or not yet built architecture.
+  const Architecture& arch = find_architecture(c.model_type, path);
   c.hidden_size = required_int(j, "hidden_size", path);
   c.intermediate_size = required_int(j, "intermediate_size", path);
   c.num_hidden_layers = required_int(j, "num_hidden_layers", path);
@@ -235,14 +153,8 @@ TargetConfig target_config_from_json(const nlohmann::json& config, const std::st
     c.head_dim = c.hidden_size / c.num_attention_heads;
   }
   AERIE_CHECK(c.head_dim > 0 && c.head_dim % 2 == 0, path << ": head_dim " << c.head_dim << " must be even");
-  // Absent: transformers' default of the model_type's config class (5.24: LlamaConfig 2048,
-  // MistralConfig 131072, Qwen2Config / Qwen3Config 32768, DeepseekV3Config 4096), which is what a
-  // serving engine reading the same config.json assumes.
-  const int64_t default_positions = c.model_type == "mistral"                              ? 131072
-                                    : c.model_type == "qwen2" || c.model_type == "qwen3" ? 32768
-                                    : c.model_type == "deepseek_v3" || c.model_type == "kimi_k2" ? 4096
-                                                                                          : 2048;
-  c.max_position_embeddings = optional_int(j, "max_position_embeddings", default_positions, path);
+  // Absent: transformers' default of the model_type's config class (Architecture::default_max_positions).
+  c.max_position_embeddings = optional_int(j, "max_position_embeddings", arch.default_max_positions, path);
   c.rms_norm_eps = optional_double(j, "rms_norm_eps", 1e-6, path);
   c.tie_word_embeddings = j.contains("tie_word_embeddings") && j["tie_word_embeddings"].is_boolean()
                               ? j["tie_word_embeddings"].get<bool>()
@@ -251,15 +163,8 @@ TargetConfig target_config_from_json(const nlohmann::json& config, const std::st
     AERIE_CHECK(j["hidden_act"] == "silu", path << ": hidden_act " << j["hidden_act"].dump()
                                                 << " is not supported (the MLP is SwiGLU: silu)");
   }
-  if (c.model_type == "qwen2") {
-    c.qkv_bias = true;  // hard-wired in Qwen2Attention
-  } else if (c.model_type == "llama" || c.model_type == "qwen3") {
-    c.qkv_bias = c.o_bias = optional_bool(j, "attention_bias", false, path);
-  }
-  c.mlp_bias = c.model_type == "llama" && optional_bool(j, "mlp_bias", false, path);
-  c.qk_norm = c.model_type == "qwen3";
-  read_sliding_window(j, c, path);
-  if (c.model_type == "deepseek_v3" || c.model_type == "kimi_k2") read_deepseek(j, c, path);
+  c.sliding_layers.assign(static_cast<size_t>(c.num_hidden_layers), false);
+  arch.read_config(j, c, path);  // the family's own fields (model/arch_*.cc)
   c.bos_token_id = token_id(j, "bos_token_id", path);
   c.eos_token_id = token_id(j, "eos_token_id", path);
 

@@ -7,13 +7,14 @@
 #include <string>
 #include <vector>
 
+#include "kernels/moe_router.h"
 #include "kernels/rope.h"
 #include "model/quant_config.h"
 
 namespace aerie {
 
 struct TargetConfig {
-  std::string model_type = "llama";  // a built row of model/arch.h: "llama", "mistral", "qwen2", "qwen3"
+  std::string model_type = "llama";  // a built row of model/arch.h (its model_type)
   // A multimodal wrapper's own model_type (Kimi-K2.5's "kimi_k25" around its "kimi_k2" text model), as
   // the serving engines' EAGLE-3 target lists name the target; "" without a wrapper.
   std::string wrapper_model_type;
@@ -39,16 +40,19 @@ struct TargetConfig {
     int64_t kv_lora_rank = 0, qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
     bool enabled() const { return kv_lora_rank > 0; }
   } mla;
-  // DeepSeek-V3's MoE FFN: layer l is MoE iff n_routed_experts > 0, l >= first_k_dense_replace and
-  // l % moe_layer_freq == 0 (vLLM's rule); the others use the dense MLP of intermediate_size.
+  // Routed experts (the family's reader fills them; n_routed_experts 0: a dense model). Layer l's FFN is the MoE
+  // block iff layers[l] (DeepSeek-V3: l >= first_k_dense_replace and l % moe_layer_freq == 0, vLLM's rule;
+  // Qwen3-MoE: not in mlp_only_layers and (l + 1) % decoder_sparse_step == 0; Mixtral: every layer); the others
+  // use the dense MLP of intermediate_size. router: DeepSeek's sigmoid noaux_tc (groups, e_score_correction_bias,
+  // routed_scaling_factor) or softmax top-k (Qwen3-MoE, Mixtral: n_group = topk_group = 1, scaling 1).
   struct Moe {
+    MoeRouterKind router = MoeRouterKind::SigmoidNoauxTc;
     int64_t n_routed_experts = 0, n_shared_experts = 0, num_experts_per_tok = 0, moe_intermediate_size = 0;
-    int64_t first_k_dense_replace = 0, moe_layer_freq = 1, n_group = 1, topk_group = 1;
+    int64_t first_k_dense_replace = 0, moe_layer_freq = 1, n_group = 1, topk_group = 1;  // DeepSeek's fields
     bool norm_topk_prob = true;
     double routed_scaling_factor = 1.0;
-    bool is_moe_layer(int64_t l) const {
-      return n_routed_experts > 0 && l >= first_k_dense_replace && l % moe_layer_freq == 0;
-    }
+    std::vector<bool> layers;  // [num_hidden_layers]; empty: no MoE layer
+    bool is_moe_layer(int64_t l) const { return l >= 0 && l < static_cast<int64_t>(layers.size()) && layers[l]; }
   } moe;
   // Multi-token-prediction layers stored after the decoder's (DeepSeek-V3's model.layers.61.*): not
   // part of the target's forward; their tensors are skipped on load.
