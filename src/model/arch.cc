@@ -15,11 +15,12 @@ Architecture qwen3_architecture();        // arch_llama.cc
 Architecture deepseek_v3_architecture();  // arch_deepseek.cc
 Architecture kimi_k2_architecture();      // arch_deepseek.cc
 Architecture qwen3_moe_architecture();    // arch_qwen3_moe.cc
+Architecture mixtral_architecture();      // arch_mixtral.cc
 
 const std::vector<Architecture>& architectures() {
   static const std::vector<Architecture> table = {
       llama_architecture(),       mistral_architecture(),  qwen2_architecture(), qwen3_architecture(),
-      deepseek_v3_architecture(), kimi_k2_architecture(),  qwen3_moe_architecture(),
+      deepseek_v3_architecture(), kimi_k2_architecture(),  qwen3_moe_architecture(), mixtral_architecture(),
   };
   return table;
 }

@@ -3,6 +3,8 @@
 // reference, at the Llama families' tolerance (hf_reference.h; fp32 against float64):
 //   hf/qwen3_moe  Qwen3-MoE: q/k norms, layer 0 dense (mlp_only_layers), layers 1-2 MoE (8 experts, top 2,
 //                 norm_topk_prob true)
+//   hf/mixtral    Mixtral: sliding_window 8 < T, every layer MoE (4 experts, top 2), the checkpoints'
+//                 block_sparse_moe.experts.{e}.w1/w2/w3 names
 // Also: each family's config fields, the routers on the reference's own gate logits, and bad configs named.
 // The routers' smallest margin in these fixtures (the K-th probability minus the next) is in the reference's
 // metadata (3e-6 for qwen3_moe): far above fp32's rounding of probabilities of O(0.1).
@@ -100,10 +102,38 @@ TEST(Qwen3Moe, BadConfigsAreNamed) {
             std::string::npos);
 }
 
+TEST(Mixtral, ConfigFields) {
+  const TargetConfig c = load_target_config(fixture("mixtral"));
+  EXPECT_EQ(c.moe.router, MoeRouterKind::SoftmaxTopK);
+  EXPECT_EQ(c.moe.n_routed_experts, 4);
+  EXPECT_EQ(c.moe.num_experts_per_tok, 2);
+  EXPECT_EQ(c.moe.moe_intermediate_size, 48);
+  EXPECT_TRUE(c.moe.norm_topk_prob);
+  EXPECT_EQ(c.moe.layers, (std::vector<bool>{true, true}));
+  EXPECT_EQ(c.sliding_window, 8);
+  EXPECT_EQ(c.sliding_layers, (std::vector<bool>{true, true}));
+  const TargetConfig d = moe_config_with("mixtral", {});  // MixtralConfig's defaults: 8 experts, top 2
+  EXPECT_EQ(d.moe.n_routed_experts, 8);
+  EXPECT_EQ(d.moe.num_experts_per_tok, 2);
+  EXPECT_EQ(d.max_position_embeddings, 131072);
+  EXPECT_NE(testing::error_of([&] { moe_config_with("mixtral", {{"num_experts_per_tok", 9}}); })
+                .find("num_experts_per_tok 9"),
+            std::string::npos);
+}
+
+TEST(Mixtral, RoutersMatchTransformers) { check_routers("mixtral", load_target_config(fixture("mixtral"))); }
+
+TEST(Mixtral, MatchesTransformers) {
+  auto self = self_comm();
+  TargetModel model(fixture("mixtral"), *self);
+  compare_with_reference(model, fixture("mixtral") + "/reference.safetensors");
+  compare_with_reference(model, fixture("mixtral") + "/reference.safetensors", 13);  // a split past the window
+}
+
 TEST(MoeFamiliesCuda, F32MatchesTransformers) {
   AERIE_REQUIRE_CUDA();
   auto self = self_comm();
-  for (const std::string name : {"qwen3_moe"}) {
+  for (const std::string name : {"qwen3_moe", "mixtral"}) {
     SCOPED_TRACE(name);
     TargetModel model(fixture(name), *self, {Device::CUDA, DType::F32});
     ASSERT_EQ(model.device(), Device::CUDA);
