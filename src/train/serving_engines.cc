@@ -43,7 +43,7 @@ std::string target_family(const TargetConfig& t) {
   return t.wrapper_model_type == "kimi_k25" ? t.wrapper_model_type : t.model_type;
 }
 bool has_default_aux(const DraftConfig& cfg, const TargetConfig& t) {
-  return cfg.aux_layers == default_aux_layers(t.num_hidden_layers);
+  return t.num_hidden_layers >= 3 && cfg.aux_layers == default_aux_layers(t.num_hidden_layers);  // none below 3 layers
 }
 bool has_repeated_aux(const DraftConfig& cfg) {
   for (size_t i = 1; i < cfg.aux_layers.size(); ++i)

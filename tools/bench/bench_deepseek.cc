@@ -126,7 +126,7 @@ void bench_blocks(const Args& a, const TargetConfig& cfg, Communicator& comm) {
   auto src = random_weights(1, 0, a.rank_of, Device::CUDA, DType::BF16, 0.02f, cfg.quant);
   src->set_expert_parallel(a.expert_parallel);
   const int64_t layer = cfg.moe.first_k_dense_replace;  // the first MoE layer
-  DecoderLayer L = build_deepseek_layer(*src, cfg, layer);
+  DecoderLayer L = find_architecture(cfg.model_type, "bench_deepseek").build_layer(*src, cfg, layer);
   src->finish("bench");
   const int64_t H = cfg.hidden_size;
   for (const int64_t T : a.tokens) {
