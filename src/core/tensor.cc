@@ -122,6 +122,8 @@ Tensor Tensor::wrap(void* data, const Shape& shape, DType dtype, Device device) 
   return t;
 }
 
+Tensor Tensor::shape_only(const Shape& shape, DType dtype, Device device) { return wrap(nullptr, shape, dtype, device); }
+
 int64_t Tensor::dim(int64_t i) const {
   int64_t n = ndim();
   if (i < 0) i += n;
@@ -138,7 +140,7 @@ Tensor Tensor::slice(int64_t begin, int64_t end) const {
   Tensor t = *this;
   int64_t row = numel() / std::max<int64_t>(1, shape_[0]);
   if (shape_[0] == 0) row = 0;
-  t.data_ = static_cast<char*>(data_) + static_cast<size_t>(begin * row) * dtype_size(dtype_);
+  if (data_ != nullptr) t.data_ = static_cast<char*>(data_) + static_cast<size_t>(begin * row) * dtype_size(dtype_);
   t.shape_[0] = end - begin;
   return t;
 }

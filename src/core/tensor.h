@@ -51,6 +51,12 @@ class Tensor {
   static Tensor from_vector(const std::vector<T>& values, const Shape& shape);
   /// Non-owning view of memory the caller keeps alive.
   static Tensor wrap(void* data, const Shape& shape, DType dtype, Device device = Device::CPU);
+  /// A tensor of `shape` and `dtype` with no storage: what the memory plan builds the target's layers
+  /// from (model/plan_source.h), so that a model of 600 GB is planned without allocating it. shape,
+  /// dtype, numel, slice and reshape work; raw() is null, and reading or writing its values is a bug.
+  static Tensor shape_only(const Shape& shape, DType dtype, Device device = Device::CPU);
+  /// Whether this is a shape_only tensor (elements but no storage).
+  bool is_shape_only() const { return data_ == nullptr && !shape_.empty() && numel() > 0; }
 
   bool defined() const { return data_ != nullptr || !shape_.empty(); }
   const Shape& shape() const { return shape_; }

@@ -128,9 +128,22 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
   }
 }
 
+SafetensorsReader SafetensorsReader::listing(const std::string& label, std::map<std::string, SafetensorsEntry> entries) {
+  SafetensorsReader r;
+  r.path_ = label;
+  r.listing_ = true;
+  r.entries_ = std::move(entries);
+  return r;
+}
+
+void SafetensorsReader::check_data(const std::string& name) const {
+  AERIE_CHECK(!listing_, path_ << ": tensor '" << name << "': a tensor list holds no data to read");
+}
+
 Tensor SafetensorsReader::read(const std::string& name) const {
   auto it = entries_.find(name);
   AERIE_CHECK(it != entries_.end(), path_ << ": no tensor '" << name << "'");
+  check_data(name);
   if (it->second.shape.empty()) {  // a scalar: no dim 0 to slice
     Tensor t = Tensor::empty({}, it->second.dtype);
     std::ifstream f(path_, std::ios::binary);
@@ -149,6 +162,7 @@ Tensor SafetensorsReader::read_rows(const std::string& name, int64_t begin, int6
   AERIE_CHECK(!e.shape.empty() && 0 <= begin && begin <= end && end <= e.shape[0],
               path_ << ": tensor '" << name << "' " << shape_str(e.shape) << ": rows [" << begin << ", " << end
                     << ") out of range");
+  check_data(name);
   Shape shape = e.shape;
   shape[0] = end - begin;
   Tensor t = Tensor::empty(shape, e.dtype);
@@ -170,6 +184,7 @@ Tensor SafetensorsReader::read_cols(const std::string& name, int64_t begin, int6
   AERIE_CHECK(e.shape.size() == 2 && 0 <= begin && begin <= end && end <= e.shape[1],
               path_ << ": tensor '" << name << "' " << shape_str(e.shape) << ": columns [" << begin << ", " << end
                     << ") of a 2-D tensor out of range");
+  check_data(name);
   const int64_t R = e.shape[0], C = e.shape[1];
   Tensor t = Tensor::empty({R, end - begin}, e.dtype);
   if (t.nbytes() == 0) return t;

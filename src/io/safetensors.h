@@ -33,6 +33,11 @@ struct SafetensorsEntry {
 class SafetensorsReader {
  public:
   explicit SafetensorsReader(const std::string& path);
+  /// A reader of `entries` without a file (a tensor list: names, dtypes and shapes only; the memory
+  /// plan's checkpoint, model/plan_source.h). `label` names it in messages; reading a tensor throws.
+  static SafetensorsReader listing(const std::string& label, std::map<std::string, SafetensorsEntry> entries);
+  /// False for a listing().
+  bool has_data() const { return !listing_; }
   const std::string& path() const { return path_; }
   const std::map<std::string, SafetensorsEntry>& entries() const { return entries_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
@@ -47,7 +52,11 @@ class SafetensorsReader {
   Tensor read_cols(const std::string& name, int64_t begin, int64_t end) const;
 
  private:
+  SafetensorsReader() = default;
+  /// Throws for a listing (no data to read `name` from).
+  void check_data(const std::string& name) const;
   std::string path_;
+  bool listing_ = false;
   std::map<std::string, SafetensorsEntry> entries_;
   std::map<std::string, std::string> metadata_;
 };

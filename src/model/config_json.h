@@ -8,10 +8,10 @@
 
 namespace aerie::config_json {
 
-/// A positive integer field; throws when missing, not an integer or <= 0.
+/// A positive integer field; throws when missing (or null), not an integer or <= 0.
 inline int64_t required_int(const nlohmann::json& j, const char* key, const std::string& path) {
-  AERIE_CHECK(j.contains(key) && j[key].is_number_integer(),
-              path << ": field \"" << key << "\" is missing or not an integer");
+  AERIE_CHECK(j.contains(key) && !j[key].is_null(), path << ": config lacks \"" << key << "\"");
+  AERIE_CHECK(j[key].is_number_integer(), path << ": field \"" << key << "\" is not an integer: " << j[key].dump());
   int64_t v = j[key].get<int64_t>();
   AERIE_CHECK(v > 0, path << ": field \"" << key << "\" must be positive, got " << v);
   return v;

@@ -49,6 +49,9 @@ class DenseFfn final : public FfnBlock {
 }  // namespace
 
 std::unique_ptr<FfnBlock> make_dense_ffn(WeightSource& src, const DenseFfnSpec& spec, const std::string& prefix) {
+  // A dense FFN built inside an MoE block is its shared experts.
+  const bool shared = src.context().block == WeightCategory::RoutedExperts;
+  WeightSource::Scope scope(src, shared ? WeightCategory::SharedExperts : WeightCategory::DenseMlp);
   return std::make_unique<DenseFfn>(src, spec, prefix);
 }
 

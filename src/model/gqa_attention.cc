@@ -70,9 +70,9 @@ class GqaAttention final : public AttentionBlock {
  public:
   GqaAttention(WeightSource& src, const GqaSpec& s, const std::string& p) : spec_(s) {
     const int tp = src.tp_size();
-    AERIE_CHECK(s.heads % tp == 0, "tp " << tp << " does not divide num_attention_heads " << s.heads);
-    AERIE_CHECK(s.kv_heads % tp == 0, "tp " << tp << " does not divide num_key_value_heads " << s.kv_heads
-                                            << " (aerie does not replicate kv heads)");
+    AERIE_CHECK(s.heads % tp == 0 && s.kv_heads % tp == 0,
+                "tp " << tp << " does not divide num_attention_heads " << s.heads << " / num_key_value_heads "
+                      << s.kv_heads << ": aerie's attention splits whole heads (it does not replicate kv heads)");
     nh_ = s.heads / tp;
     nkv_ = s.kv_heads / tp;
     const int64_t H = s.hidden, d = s.head_dim;
@@ -190,6 +190,7 @@ class GqaAttention final : public AttentionBlock {
 }  // namespace
 
 std::unique_ptr<AttentionBlock> make_gqa_attention(WeightSource& src, const GqaSpec& spec, const std::string& prefix) {
+  WeightSource::Scope scope(src, WeightCategory::Attention);
   return std::make_unique<GqaAttention>(src, spec, prefix);
 }
 

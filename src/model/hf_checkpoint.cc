@@ -63,6 +63,16 @@ HfCheckpoint::HfCheckpoint(const std::string& dir) : dir_(dir) {
   } else {
     AERIE_THROW("no model.safetensors or model.safetensors.index.json in " << dir);
   }
+  find_decoder();
+}
+
+HfCheckpoint::HfCheckpoint(const std::string& label, std::map<std::string, SafetensorsEntry> entries) : dir_(label) {
+  files_.push_back(std::make_unique<SafetensorsReader>(SafetensorsReader::listing(label, std::move(entries))));
+  for (const auto& [name, e] : files_.back()->entries()) where_[name] = files_.back().get();
+  find_decoder();
+}
+
+void HfCheckpoint::find_decoder() {
   for (const char* p : {"model.", "model.language_model.", "language_model.model."}) {
     if (contains(std::string(p) + "embed_tokens.weight")) {
       prefix_ = p;
@@ -78,7 +88,8 @@ HfCheckpoint::HfCheckpoint(const std::string& dir) : dir_(dir) {
       break;
     }
   }
-  if (prefix_ != "model.") AERIE_LOG(info) << dir << ": language model found under \"" << prefix_ << "\"";
+  if (prefix_ != "model." && files_.front()->has_data())
+    AERIE_LOG(info) << dir_ << ": language model found under \"" << prefix_ << "\"";
 }
 
 std::string HfCheckpoint::file_of(const std::string& name) const {
@@ -110,6 +121,11 @@ Tensor HfCheckpoint::read_raw(const std::string& name, int dim, int64_t begin, i
                 r.path() << ": tensor \"" << name << "\" " << shape_str(shape) << ": no range [" << begin << ", "
                          << end << ") of dim " << dim);
   read_.insert(name);
+  if (!r.has_data()) {
+    Shape s = shape;
+    if (dim >= 0) s[dim] = end - begin;
+    return Tensor::shape_only(s, r.entries().at(name).dtype);
+  }
   return dim < 0 ? r.read(name) : dim == 0 ? r.read_rows(name, begin, end) : r.read_cols(name, begin, end);
 }
 
@@ -130,6 +146,11 @@ const SafetensorsReader& HfCheckpoint::checked(const std::string& name, const Sh
 Tensor HfCheckpoint::get(const std::string& name, const Shape& shape, int64_t begin, int64_t end) {
   const SafetensorsReader& r = checked(name, shape);
   read_.insert(name);
+  if (!r.has_data()) {
+    Shape s = shape;
+    if (end >= 0 && !s.empty()) s[0] = end - begin;
+    return Tensor::shape_only(s, DType::F32);
+  }
   Tensor t = end >= 0 ? r.read_rows(name, begin, end) : r.read(name);
   return t.dtype() == DType::F32 ? t : t.to(DType::F32);
 }
@@ -142,15 +163,20 @@ Tensor HfCheckpoint::read_slice(const std::string& name, const Shape& shape, TpS
   const int dim = split == TpSplit::Rows ? 0 : split == TpSplit::Cols ? 1 : -1;
   Tensor t;
   if (dim < 0 || tp_size == 1) {
-    t = r.read(name);
+    t = r.has_data() ? r.read(name) : Tensor::shape_only(shape, dtype);
   } else {
     AERIE_CHECK(static_cast<int64_t>(shape.size()) > dim && shape[dim] % tp_size == 0,
                 r.path() << ": tensor \"" << name << "\" " << shape_str(shape) << ": dim " << dim
                          << " does not split over tp " << tp_size);
     const int64_t part = shape[dim] / tp_size, b = tp_rank * part;
-    t = dim == 0 ? r.read_rows(name, b, b + part) : r.read_cols(name, b, b + part);
+    Shape s = shape;
+    s[dim] = part;
+    t = !r.has_data() ? Tensor::shape_only(s, dtype)
+        : dim == 0    ? r.read_rows(name, b, b + part)
+                      : r.read_cols(name, b, b + part);
   }
   read_.insert(name);
+  if (t.is_shape_only()) return Tensor::shape_only(t.shape(), dtype);
   return t.dtype() == dtype ? t : t.to(dtype);
 }
 
@@ -165,6 +191,12 @@ int64_t HfCheckpoint::skip_prefix(const std::string& prefix) {
        ++it, ++n)
     read_.insert(it->first);
   return n;
+}
+
+void HfCheckpoint::check_all_read(const std::string& what) const {
+  for (const auto& name : unread_language_model_tensors())
+    AERIE_THROW(file_of(name) << ": tensor \"" << name << "\" " << shape_str(shape_of(name)) << " is not part of "
+                              << what << " (another architecture, or a config field missing?)");
 }
 
 std::map<std::string, int64_t> HfCheckpoint::other_tensors() const {

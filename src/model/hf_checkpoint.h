@@ -30,6 +30,11 @@ class HfCheckpoint {
   /// that does not exist, a tensor the index puts in a shard that lacks it, a tensor in two shards) or
   /// when no embed_tokens.weight is found under any known prefix.
   explicit HfCheckpoint(const std::string& dir);
+  /// A checkpoint of names, dtypes and shapes only (a tensor list; the memory plan's, model/plan_source.h):
+  /// every check of the constructor and the accessors is the same, `label` stands for the file in
+  /// messages, and the reads (get, read_slice, read_raw) return Tensor::shape_only tensors of the shape
+  /// and dtype a read would give, after the same checks, marking the tensor read.
+  HfCheckpoint(const std::string& label, std::map<std::string, SafetensorsEntry> entries);
   const std::string& dir() const { return dir_; }
   /// "model.", "model.language_model." or "language_model.model.": the prefix of embed_tokens.weight,
   /// layers.{i}.* and norm.weight.
@@ -62,6 +67,9 @@ class HfCheckpoint {
   /// Tensors of the language model (under the decoder prefix, and the lm_head) that were neither read
   /// nor skipped; other tensors of a multimodal wrapper (vision tower, projector) are not listed.
   std::vector<std::string> unread_language_model_tensors() const;
+  /// Throws aerie::Error naming the first of unread_language_model_tensors(), as not part of `what`
+  /// (another architecture, or a config field missing): computing without it would be silently wrong.
+  void check_all_read(const std::string& what) const;
   Shape shape_of(const std::string& name) const;
   /// The stored dtype of `name` (any: F8E4M3 and I32 for the quantized formats). Throws aerie::Error
   /// naming the file(s) when the checkpoint lacks it.
@@ -73,6 +81,8 @@ class HfCheckpoint {
   Tensor read_raw(const std::string& name, int dim = -1, int64_t begin = 0, int64_t end = 0);
 
  private:
+  /// Finds the decoder prefix and the lm_head among the tensors (the constructors' last step).
+  void find_decoder();
   /// The reader holding `name` after checking its full shape against `shape` (throws as get()).
   const SafetensorsReader& checked(const std::string& name, const Shape& shape) const;
   std::string dir_, prefix_, lm_head_, index_path_;

@@ -14,6 +14,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model/weight_source.h"  // WeightCategory
+
 namespace aerie {
 
 /// One tensor as a safetensors header lists it. dtype is the header's string ("BF16", "F8_E4M3", "I32";
@@ -23,22 +25,6 @@ struct TensorInfo {
   std::string dtype;
   std::vector<int64_t> shape;
 };
-
-/// What a weight belongs to. Each category has one sharding rule per tensor (docs/memory-plan.md).
-enum class WeightCategory {
-  Attention,      // MLA: q_a/kv_a replicated, q_b/kv_b by head, o by input; GQA: q/k/v by head, o by input
-  DenseMlp,       // gate/up by intermediate (rows), down by intermediate (columns)
-  SharedExperts,  // as the dense MLP
-  RoutedExperts,  // tp within each expert: every rank holds all experts, 1/tp of each intermediate
-                  // (expert_parallel: 1/tp of the experts, whole)
-  Router,         // mlp.gate.weight and e_score_correction_bias: replicated
-  EmbedLmHead,    // vocab-parallel rows, or replicated (PlanOptions::vocab_parallel_embeddings)
-  Norms,          // replicated
-  Other,          // a language-model tensor of no known role: replicated, named in MemoryPlan::notes
-};
-constexpr int kWeightCategories = 8;
-/// "attention", "dense MLP", ... (the plan's row labels).
-const char* category_name(WeightCategory c);
 
 /// The job a plan is for. Extract: one forward of tokens_per_forward rows and the aux captures. Generate
 /// (`aerie generate`, continuous batching, model/sampling.h BatchDecoder): `sequences` KV caches of
@@ -126,12 +112,18 @@ struct MemoryPlan {
   std::vector<std::string> notes;  // tp not dividing a dimension, unknown tensors: the plan is approximate
 };
 
-/// The plan of a model from its config.json object (a multimodal wrapper's "text_config" is the language
-/// model) and its tensor list. Architectures: MLA + MoE (model_type deepseek_v2, deepseek_v3, kimi_k2)
-/// and GQA (llama, mistral, qwen2, qwen3). `source` names the config in messages. Throws aerie::Error
-/// naming `source` and the field on a missing or bad config field, an unsupported model_type, tp < 1, an
-/// unknown dtype (naming the tensor), a tensor list without language-model weights, or lengths and batches
-/// past kMaxPlanLength / kMaxPlanBatch.
+/// The plan of a model from its config.json object (read by target_config_from_json, as the loader reads
+/// it) and its tensor list, for tensor-parallel rank 0 of opt.tp: the layers are built by the loader's
+/// own code (build_target_weights over a PlanningSource, model/plan_source.h) from the tensors' names,
+/// dtypes and shapes, so every architecture of the table (model/arch.h) is planned as it loads.
+/// `source` names the config in messages. What the loader would refuse for this layout alone (a tp that
+/// does not divide the heads or an intermediate size, a tensor the list lacks) is a blocker of the plan;
+/// what makes the list another model's or a broken checkpoint throws. Throws aerie::Error naming `source`
+/// (and the field or tensor) on a config the loader refuses, a model_type aerie does not build, tp < 1, an
+/// unknown dtype, a tensor list of another model (decoder layers or routed experts past the config's, an
+/// embedding of another shape) or quantization, a tensor the loader refuses (misshapen, another dtype, a
+/// language-model tensor no block reads), --expert-parallel with a tp that does not divide the experts,
+/// or lengths and batches past kMaxPlanLength / kMaxPlanBatch.
 MemoryPlan plan_memory(const nlohmann::json& config, const std::vector<TensorInfo>& tensors,
                        const PlanOptions& opt, const std::string& source = "config.json");
 

@@ -263,6 +263,7 @@ class MlaAttention final : public AttentionBlock {
 }  // namespace
 
 std::unique_ptr<AttentionBlock> make_mla_attention(WeightSource& src, const MlaSpec& spec, const std::string& prefix) {
+  WeightSource::Scope scope(src, WeightCategory::Attention);
   return std::make_unique<MlaAttention>(src, spec, prefix);
 }
 

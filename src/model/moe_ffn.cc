@@ -267,6 +267,7 @@ class MoeFfn final : public FfnBlock {
 }  // namespace
 
 std::unique_ptr<FfnBlock> make_moe_ffn(WeightSource& src, const MoeSpec& spec, const std::string& prefix) {
+  WeightSource::Scope scope(src, WeightCategory::RoutedExperts);
   return std::make_unique<MoeFfn>(src, spec, prefix);
 }
 

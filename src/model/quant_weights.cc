@@ -72,8 +72,13 @@ QuantPart int4_part(HfCheckpoint& ck, const LinearTensor& t, TpSplit split, int 
   AERIE_CHECK((shape_t.dtype() == DType::I32 || shape_t.dtype() == DType::I64) && shape_t.numel() == 2,
               ck.file_of(hn) << ": tensor \"" << hn << "\" is " << shape_str(shape_t.shape()) << " "
                              << dtype_name(shape_t.dtype()) << ", not [2] I32 or I64");
-  const int64_t n = shape_t.dtype() == DType::I32 ? shape_t.data<int32_t>()[0] : shape_t.data<int64_t>()[0];
-  const int64_t k = shape_t.dtype() == DType::I32 ? shape_t.data<int32_t>()[1] : shape_t.data<int64_t>()[1];
+  // Its values (N, K); a tensor list (the memory plan's checkpoint) has none to compare: the shapes below
+  // still are.
+  int64_t n = N, k = K;
+  if (!shape_t.is_shape_only()) {
+    n = shape_t.dtype() == DType::I32 ? shape_t.data<int32_t>()[0] : shape_t.data<int64_t>()[0];
+    k = shape_t.dtype() == DType::I32 ? shape_t.data<int32_t>()[1] : shape_t.data<int64_t>()[1];
+  }
   AERIE_CHECK(n == N && k == K, ck.file_of(hn) << ": tensor \"" << hn << "\" says (" << n << ", " << k
                                                << "), expected the Linear's " << shape_str(t.full));
   AERIE_CHECK(K % G == 0, ck.file_of(pn) << ": tensor \"" << pn << "\": in_features " << K
@@ -144,6 +149,18 @@ WeightFormat stored_format(const HfCheckpoint& ck, const QuantConfig& quant, con
               ck.file_of(w) << ": tensor \"" << w << "\" is " << dtype_name(ck.dtype_of(w)) << " but has a \""
                             << base << ".weight_scale_inv\" (block FP8 weights are F8_E4M3)");
   return WeightFormat::Dense;
+}
+
+WeightFormat stored_format(const HfCheckpoint& ck, const QuantConfig& quant, const std::vector<LinearTensor>& parts) {
+  AERIE_CHECK(!parts.empty(), "load_linear: no parts");
+  const WeightFormat f = stored_format(ck, quant, parts[0].name);
+  for (const LinearTensor& t : parts) {
+    const WeightFormat g = stored_format(ck, quant, t.name);
+    AERIE_CHECK(g == f, ck.file_of(t.name + ".weight") << ": \"" << t.name << "\" is " << weight_format_name(g)
+                                                       << " but \"" << parts[0].name << "\", packed with it into one "
+                                                       << "Linear, is " << weight_format_name(f));
+  }
+  return f;
 }
 
 Linear load_quantized_linear(HfCheckpoint& ck, WeightFormat format, const std::vector<LinearTensor>& parts,

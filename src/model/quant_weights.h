@@ -15,6 +15,10 @@ namespace aerie {
 /// quantized weight's format is not the one config.json's quantization_config (`quant`) announces.
 WeightFormat stored_format(const HfCheckpoint& ck, const QuantConfig& quant, const std::string& base);
 
+/// The one format of the Linear packed from `parts` (stored_format of each). Throws aerie::Error as
+/// stored_format, and naming both when two parts are stored in different formats.
+WeightFormat stored_format(const HfCheckpoint& ck, const QuantConfig& quant, const std::vector<LinearTensor>& parts);
+
 /// This rank's slices of the quantized `parts` (all of `format`, BlockFp8 or Int4Group) as one Linear
 /// on `device` (weights and scales as stored: F8E4M3 + F32, I32 + BF16), as WeightSource::load_linear
 /// describes. Throws aerie::Error naming the tensor and file on a missing scale or weight_shape, a

@@ -74,39 +74,51 @@ TargetModel TargetModel::random(const TargetConfig& cfg, Communicator& tp, const
   return m;
 }
 
+TargetWeights build_target_weights(WeightSource& src, const TargetConfig& cfg) {
+  const Architecture& arch = find_architecture(cfg.model_type, "TargetModel");
+  TargetWeights w;
+  const std::string& P = src.decoder_prefix();
+  const int64_t H = cfg.hidden_size, V = cfg.vocab_size;
+  w.embed_tokens = src.load(P + "embed_tokens.weight", {V, H}, TpSplit::None, ParamRole::Embedding);
+  w.norm = src.load(P + "norm.weight", {H}, TpSplit::None, ParamRole::Norm);
+  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+    WeightSource::Scope layer(src, l);
+    w.layers.push_back(arch.build_layer(src, cfg, l));
+  }
+  // DeepSeek-V3's multi-token-prediction layers follow the decoder's (model.layers.61.*): not part of
+  // the forward, skipped.
+  for (int64_t l = 0; l < cfg.num_nextn_predict_layers; ++l) {
+    const std::string mtp = P + "layers." + std::to_string(cfg.num_hidden_layers + l) + ".";
+    w.mtp_skipped.emplace_back(mtp, src.skip_prefix(mtp, "MTP layer: num_nextn_predict_layers"));
+  }
+  // Some tied checkpoints still carry an lm_head copy; transformers ignores it, and so does aerie.
+  const std::string lm_head = src.has("lm_head.weight") || !src.has("language_model.lm_head.weight")
+                                  ? "lm_head.weight"
+                                  : "language_model.lm_head.weight";
+  if (cfg.tie_word_embeddings) {
+    w.lm_head = w.embed_tokens;
+    if (src.has(lm_head)) src.skip(lm_head, {V, H});
+  } else {
+    AERIE_CHECK(src.has(lm_head), "no tensor \"lm_head.weight\" in the checkpoint and tie_word_embeddings is false");
+    w.lm_head = src.load(lm_head, {V, H}, TpSplit::None, ParamRole::Embedding);
+  }
+  return w;
+}
+
 void TargetModel::build(WeightSource& src, Communicator& tp, const TargetModelOptions& options) {
-  const Architecture& arch = find_architecture(cfg_.model_type, "TargetModel");
   Impl& m = *impl_;
   src.set_expert_parallel(options.expert_parallel);
   src.set_fp8_gemm(options.fp8_gemm);
   m.tp = &tp;
   m.device = options.device;
   m.dtype = options.dtype;
-  const std::string& P = src.decoder_prefix();
-  const int64_t H = cfg_.hidden_size, V = cfg_.vocab_size;
-  // The order of the requests fixes the random weights' draws: embedding, final norm, the layers in
-  // order, lm_head.
-  m.embed_tokens = src.load(P + "embed_tokens.weight", {V, H}, TpSplit::None, ParamRole::Embedding);
-  m.norm = src.load(P + "norm.weight", {H}, TpSplit::None, ParamRole::Norm);
-  for (int64_t l = 0; l < cfg_.num_hidden_layers; ++l) m.layers.push_back(arch.build_layer(src, cfg_, l));
-  // DeepSeek-V3's multi-token-prediction layers follow the decoder's (model.layers.61.*): not part of
-  // the forward, skipped and said so.
-  for (int64_t l = 0; l < cfg_.num_nextn_predict_layers; ++l) {
-    const std::string mtp = P + "layers." + std::to_string(cfg_.num_hidden_layers + l) + ".";
-    const int64_t skipped = src.skip_prefix(mtp);
+  TargetWeights w = build_target_weights(src, cfg_);
+  m.embed_tokens = std::move(w.embed_tokens);
+  m.norm = std::move(w.norm);
+  m.layers = std::move(w.layers);
+  m.lm_head = std::move(w.lm_head);
+  for (const auto& [mtp, skipped] : w.mtp_skipped)
     if (skipped > 0) AERIE_LOG(info) << "skipped the " << skipped << " tensors of the MTP layer " << mtp << "*";
-  }
-  // Some tied checkpoints still carry an lm_head copy; transformers ignores it, and so does aerie.
-  const std::string lm_head = src.has("lm_head.weight") || !src.has("language_model.lm_head.weight")
-                                  ? "lm_head.weight"
-                                  : "language_model.lm_head.weight";
-  if (cfg_.tie_word_embeddings) {
-    m.lm_head = m.embed_tokens;
-    if (src.has(lm_head)) src.skip(lm_head, {V, H});
-  } else {
-    AERIE_CHECK(src.has(lm_head), "no tensor \"lm_head.weight\" in the checkpoint and tie_word_embeddings is false");
-    m.lm_head = src.load(lm_head, {V, H}, TpSplit::None, ParamRole::Embedding);
-  }
   if (options.fp8_gemm && log_rank() == 0) {  // say what --fp8-gemm did, and what it left as it was
     const WeightSource::Fp8GemmCounts& c = src.fp8_gemm_counts();
     std::ostringstream os;

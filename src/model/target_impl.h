@@ -1,6 +1,8 @@
 // Internal to the model layer: the state behind TargetModel (target.cc builds it, decoder.cc runs the
 // decoder-layer scaffold over it).
 #pragma once
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -9,6 +11,26 @@
 #include "model/target.h"
 
 namespace aerie {
+
+/// A target's weights as its layers are built from a WeightSource: what TargetModel holds, and what the
+/// memory plan (model/memory_plan.h) counts over a source of shapes only.
+struct TargetWeights {
+  Tensor embed_tokens;               // [V, H]
+  Tensor norm;                       // [H] F32: final_norm
+  std::vector<DecoderLayer> layers;  // [num_hidden_layers]
+  Tensor lm_head;                    // [V, H]; embed_tokens itself when tied
+  // The multi-token-prediction layers' prefixes ("model.layers.61.") and how many tensors each held.
+  std::vector<std::pair<std::string, int64_t>> mtp_skipped;
+};
+
+/// Builds the target of `cfg` from `src` in the loader's order, which fixes the random weights' draws:
+/// embed_tokens, the final norm, the decoder layers by the architecture table (each under a
+/// WeightSource::Scope of its index), the MTP layers skipped (skip_prefix), lm_head (or, tied, the
+/// embedding, skipping a checkpoint's lm_head copy). The caller sets the source's expert parallelism and
+/// FP8 GEMMs first and calls src.finish() after. Throws aerie::Error from the source (a missing or
+/// misshapen tensor), the blocks (a tp that does not divide their heads or intermediate sizes) or the
+/// table (an unbuilt architecture), and when an untied checkpoint has no lm_head.
+TargetWeights build_target_weights(WeightSource& src, const TargetConfig& cfg);
 
 struct TargetModel::Impl {
   Communicator* tp = nullptr;

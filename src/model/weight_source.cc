@@ -23,6 +23,12 @@ WeightSource::WeightSource(int tp_rank, int tp_size, Device device, DType dtype)
               "the target's compute dtype must be F32 or BF16, got " << dtype_name(dtype));
 }
 
+const char* category_name(WeightCategory c) {
+  static const char* names[kWeightCategories] = {"attention", "dense MLP", "shared experts", "routed experts",
+                                                 "router",    "embedding + lm_head", "norms", "other"};
+  return names[static_cast<int>(c)];
+}
+
 Shape WeightSource::slice_shape(const Shape& full, TpSplit split) const {
   Shape s = full;
   const size_t dim = split == TpSplit::Rows ? 0 : 1;
@@ -79,7 +85,7 @@ Linear WeightSource::load_linear_parts(const std::vector<LinearTensor>& parts, T
 }
 
 void WeightSource::skip_linear(const std::vector<LinearTensor>& parts) {
-  for (const LinearTensor& t : parts) skip_prefix(t.name + ".");
+  for (const LinearTensor& t : parts) skip_prefix(t.name + ".", "another rank's expert");
 }
 
 namespace {
@@ -93,21 +99,15 @@ class CheckpointSource final : public WeightSource {
   using WeightSource::load_linear;
   Linear load_linear_parts(const std::vector<LinearTensor>& parts, TpSplit split) override {
     AERIE_CHECK(!parts.empty(), "load_linear: no parts");
-    const WeightFormat f = stored_format(ck_, quant_, parts[0].name);
-    for (const LinearTensor& t : parts) {
-      slice_shape(t.full, split);  // throws when tp does not divide the split dimension
-      const WeightFormat g = stored_format(ck_, quant_, t.name);
-      AERIE_CHECK(g == f, ck_.file_of(t.name + ".weight") << ": \"" << t.name << "\" is " << weight_format_name(g)
-                                                          << " but \"" << parts[0].name << "\", packed with it into one "
-                                                          << "Linear, is " << weight_format_name(f));
-    }
+    for (const LinearTensor& t : parts) slice_shape(t.full, split);  // throws when tp does not divide it
+    const WeightFormat f = stored_format(ck_, quant_, parts);
     if (f == WeightFormat::Dense) return WeightSource::load_linear_parts(parts, split);
     return load_quantized_linear(ck_, f, parts, split, tp_rank_, tp_size_, device_);
   }
   std::string decoder_prefix() const override { return ck_.decoder_prefix(); }
   bool has(const std::string& name) const override { return ck_.contains(name); }
   void skip(const std::string& name, const Shape& full) override { ck_.skip(name, full); }
-  int64_t skip_prefix(const std::string& prefix) override { return ck_.skip_prefix(prefix); }
+  int64_t skip_prefix(const std::string& prefix, const std::string&) override { return ck_.skip_prefix(prefix); }
   void load_into(const std::string& name, const Shape& full, TpSplit split, ParamRole role, Tensor dst) override {
     Tensor host = ck_.read_slice(name, full, split, tp_rank_, tp_size_, dtype_of(role));
     AERIE_CHECK(host.shape() == dst.shape() && host.dtype() == dst.dtype(),
@@ -118,11 +118,8 @@ class CheckpointSource final : public WeightSource {
   }
   void finish(const std::string& what) override {
     // A language-model tensor this implementation does not read (a bias or q_norm the config does not
-    // announce, extra layers) means another architecture: computing without it would be silently wrong.
-    for (const auto& name : ck_.unread_language_model_tensors())
-      AERIE_THROW(ck_.file_of(name) << ": tensor \"" << name << "\" " << shape_str(ck_.shape_of(name))
-                                    << " is not part of " << what
-                                    << " (another architecture, or a config field missing?)");
+    // announce, extra layers) means another architecture.
+    ck_.check_all_read(what);
     std::ostringstream others;
     for (const auto& [group, count] : ck_.other_tensors())
       others << (others.tellp() > 0 ? ", " : "") << group << ".* (" << count << ")";
@@ -200,7 +197,7 @@ class RandomSource final : public WeightSource {
   }
   bool has(const std::string&) const override { return true; }
   void skip(const std::string&, const Shape&) override {}
-  int64_t skip_prefix(const std::string&) override { return 0; }
+  int64_t skip_prefix(const std::string&, const std::string&) override { return 0; }
   /// The draws load_linear would make: one window offset per part, and the byte pool at its first use
   /// (quantized parts), so a skipped expert leaves the stream where loading it would.
   void skip_linear(const std::vector<LinearTensor>& parts) override {

@@ -19,6 +19,24 @@ namespace aerie {
 /// Bias and RouterBias 0). Router: an MoE gate weight, kept F32 because the router runs in fp32.
 enum class ParamRole { Linear, Embedding, Norm, Bias, Router, RouterBias };
 
+/// What a weight belongs to: the memory plan's categories (model/memory_plan.h; each has one sharding
+/// rule per tensor, docs/memory-plan.md). A WeightSource knows it from the ParamRole of a request
+/// (Embedding, Norm, Router, RouterBias) and, for Linears and biases, from the block asking (Scope).
+enum class WeightCategory {
+  Attention,      // MLA: q_a/kv_a replicated, q_b/kv_b by head, o by input; GQA: q/k/v by head, o by input
+  DenseMlp,       // gate/up by intermediate (rows), down by intermediate (columns)
+  SharedExperts,  // as the dense MLP
+  RoutedExperts,  // tp within each expert: every rank holds all experts, 1/tp of each intermediate
+                  // (expert_parallel: 1/tp of the experts, whole)
+  Router,         // the MoE gate weight and its e_score_correction_bias: replicated
+  EmbedLmHead,    // vocab-parallel rows, or replicated (PlanOptions::vocab_parallel_embeddings)
+  Norms,          // replicated
+  Other,          // a Linear or bias asked for outside any block: replicated
+};
+constexpr int kWeightCategories = 8;
+/// "attention", "dense MLP", ... (the plan's row labels).
+const char* category_name(WeightCategory c);
+
 /// One projection of a Linear: its Hugging Face base name (without ".weight", e.g.
 /// "model.layers.0.self_attn.q_proj") and the full [N, K] of its weight.
 struct LinearTensor {
@@ -42,12 +60,36 @@ class WeightSource {
   DType dtype() const { return dtype_; }
   /// The Hugging Face name prefix of the decoder ("model." or a multimodal wrapper's).
   virtual std::string decoder_prefix() const = 0;
+
+  /// What the tensors asked for next belong to: the decoder layer (-1: none) and the block (Other:
+  /// none). The layer loop (build_target_weights) and the block factories (make_gqa_attention, ...)
+  /// set it through Scope; the memory plan's source (model/plan_source.h) files each tensor under it,
+  /// the loaders ignore it.
+  struct Context {
+    int64_t layer = -1;
+    WeightCategory block = WeightCategory::Other;
+  };
+  const Context& context() const { return context_; }
+  /// Sets the context's block (or layer) while it lives, and restores the previous context after.
+  class Scope {
+   public:
+    Scope(WeightSource& src, WeightCategory block) : src_(src), saved_(src.context_) { src.context_.block = block; }
+    Scope(WeightSource& src, int64_t layer) : src_(src), saved_(src.context_) { src.context_.layer = layer; }
+    ~Scope() { src_.context_ = saved_; }
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    WeightSource& src_;
+    Context saved_;
+  };
   /// Writes this rank's slice of `name` (full shape `full`, split `split`) into `dst`, whose shape is
   /// the slice's (a view of a packed tensor is fine: q/k/v rows of one qkv weight), dtype the role's,
   /// on device(). Throws aerie::Error naming the tensor (and file) when it is missing or misshapen.
   virtual void load_into(const std::string& name, const Shape& full, TpSplit split, ParamRole role, Tensor dst) = 0;
-  /// A new tensor holding this rank's slice of `name` (load_into into a fresh tensor).
-  Tensor load(const std::string& name, const Shape& full, TpSplit split, ParamRole role);
+  /// A new tensor holding this rank's slice of `name` (load_into into a fresh tensor; the memory plan's
+  /// source returns a Tensor::shape_only one instead, allocating nothing).
+  virtual Tensor load(const std::string& name, const Shape& full, TpSplit split, ParamRole role);
   /// This rank's slice of the Linear `name` (a base name, full weight [N, K], split None, Rows or
   /// Cols) in the format the source holds it in (load_linear of one part).
   Linear load_linear(const std::string& name, const Shape& full, TpSplit split);
@@ -94,8 +136,9 @@ class WeightSource {
     return f32 ? DType::F32 : dtype_;
   }
   /// Marks every tensor whose name starts with `prefix` as accounted for without reading it (the MTP
-  /// layers after the decoder's); returns how many there were (0 for random weights).
-  virtual int64_t skip_prefix(const std::string& prefix) = 0;
+  /// layers after the decoder's); returns how many there were (0 for random weights). `why` says what
+  /// they are ("MTP layer: num_nextn_predict_layers"), for the memory plan's list of skipped tensors.
+  virtual int64_t skip_prefix(const std::string& prefix, const std::string& why) = 0;
 
  protected:
   /// load_linear without the FP8 switch: what each source overrides.
@@ -107,6 +150,7 @@ class WeightSource {
   Fp8GemmCounts fp8_counts_;
   Device device_;
   DType dtype_;
+  Context context_;
 };
 
 /// The tensors of a Hugging Face directory (HfCheckpoint), each read alone as this rank's slice,

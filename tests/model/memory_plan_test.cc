@@ -422,6 +422,41 @@ TEST(MemoryPlan, Qwen2FixtureTp2SplitsByHead) {
   EXPECT_FALSE(m.fits);
 }
 
+// The plan asks for the tensors the loader asks for (build_target_weights over a PlanningSource): a tensor
+// the list lacks is a blocker in the loader's words, a language-model tensor no block reads is refused as
+// the loader refuses it, a misshapen one too, and each tensor is counted under the block that asked for it.
+TEST(MemoryPlan, AsksForTheTensorsTheLoaderAsksFor) {
+  const std::string dir = std::string(AERIE_SOURCE_DIR) + "/tests/model/fixtures/hf/qwen2";
+  const nlohmann::json config = read_model_config(dir);
+  const std::vector<TensorInfo> tensors = read_checkpoint_tensors(dir);
+  const MemoryPlan p = plan_memory(config, tensors, PlanOptions{}, "q/config.json");
+  EXPECT_TRUE(p.blockers.empty()) << p.blockers.front();
+  int64_t attention = 0;  // q/k/v/o weights and q/k/v biases of every layer
+  for (const TensorInfo& t : tensors) attention += t.name.find(".self_attn.") != std::string::npos;
+  EXPECT_EQ(cat(p, WeightCategory::Attention).tensors, attention);
+  EXPECT_EQ(cat(p, WeightCategory::Other).tensors, 0);
+
+  std::vector<TensorInfo> less;
+  for (const TensorInfo& t : tensors)
+    if (t.name != "model.layers.1.mlp.down_proj.weight") less.push_back(t);
+  const MemoryPlan m = plan_memory(config, less, PlanOptions{}, "q/config.json");
+  ASSERT_EQ(m.blockers.size(), 1u);
+  EXPECT_NE(m.blockers[0].find("no tensor \"model.layers.1.mlp.down_proj.weight\""), std::string::npos) << m.blockers[0];
+  EXPECT_FALSE(m.fits);
+
+  std::vector<TensorInfo> more = tensors;
+  more.push_back({"model.layers.0.self_attn.o_proj.bias", "BF16", {config["hidden_size"].get<int64_t>()}});
+  std::string e = error_of([&] { plan_memory(config, more, PlanOptions{}, "q/config.json"); });
+  EXPECT_NE(e.find("tensor \"model.layers.0.self_attn.o_proj.bias\""), std::string::npos) << e;
+  EXPECT_NE(e.find("is not part of a qwen2 decoder"), std::string::npos) << e;
+
+  std::vector<TensorInfo> misshapen = tensors;
+  for (TensorInfo& t : misshapen)
+    if (t.name == "model.layers.0.post_attention_layernorm.weight") t.shape[0] += 1;
+  e = error_of([&] { plan_memory(config, misshapen, PlanOptions{}, "q/config.json"); });
+  EXPECT_NE(e.find("post_attention_layernorm.weight\": expected shape"), std::string::npos) << e;
+}
+
 // --job generate (PlanJob::Generate): the KV caches counted are those the target makes (model/target.cc
 // make_cache), here for a GQA and an MLA fixture at tp 1: `sequences` caches of max_length positions, two
 // bytes an element (bf16, generate's default on a GPU); a step holds max(8192, max_length) rows, and no more
