@@ -86,6 +86,36 @@ const char* weight_format_name(WeightFormat f) {
   return "?";
 }
 
+Linear stack_linear_rows(Linear a, Linear b) {
+  AERIE_CHECK(a.format == b.format && a.in == b.in && a.bias.defined() == b.bias.defined() &&
+                  a.fp8_gemm.empty() == b.fp8_gemm.empty(),
+              "stack_linear_rows: a " << weight_format_name(a.format) << " [" << a.out << ", " << a.in << "] and a "
+                                      << weight_format_name(b.format) << " [" << b.out << ", " << b.in
+                                      << "] (bias, W8A8) do not stack");
+  auto stack = [](const Tensor& x, const Tensor& y) {
+    Shape s = x.shape();
+    s[0] += y.dim(0);
+    if (x.is_shape_only()) return Tensor::shape_only(s, x.dtype());
+    Tensor t = Tensor::empty(s, x.dtype(), x.device());
+    t.slice(0, x.dim(0)).copy_from(x);
+    t.slice(x.dim(0), s[0]).copy_from(y);
+    return t;
+  };
+  Linear L = a;
+  if (a.format == WeightFormat::Dense && a.weight.defined()) L.weight = stack(a.weight, b.weight);
+  for (QuantPart q : b.parts) {
+    q.row0 += a.out;
+    L.parts.push_back(std::move(q));
+  }
+  for (Linear::Fp8GemmPart f : b.fp8_gemm) {
+    f.row0 += a.out;
+    L.fp8_gemm.push_back(std::move(f));
+  }
+  if (a.bias.defined()) L.bias = stack(a.bias, b.bias);
+  L.out = a.out + b.out;
+  return L;
+}
+
 int64_t Linear::weight_bytes() const {
   size_t b = weight.defined() ? weight.nbytes() : 0;
   for (const QuantPart& p : parts) b += p.weight.nbytes() + p.scale.nbytes();

@@ -70,27 +70,43 @@ class GqaAttention final : public AttentionBlock {
  public:
   GqaAttention(WeightSource& src, const GqaSpec& s, const std::string& p) : spec_(s) {
     const int tp = src.tp_size();
-    AERIE_CHECK(s.heads % tp == 0 && s.kv_heads % tp == 0,
+    // Fewer kv heads than ranks (Qwen3-235B-A22B's 4 at tp 8): each kv head is replicated over tp / kv_heads
+    // ranks, and rank r holds kv head r / (tp / kv_heads), the one its query heads read (vLLM's
+    // QKVParallelLinear with num_kv_head_replicas).
+    const bool replicated = s.kv_heads < tp && tp % s.kv_heads == 0;
+    AERIE_CHECK(s.heads % tp == 0 && (replicated || s.kv_heads % tp == 0),
                 "tp " << tp << " does not divide num_attention_heads " << s.heads << " / num_key_value_heads "
-                      << s.kv_heads << ": aerie's attention splits whole heads (it does not replicate kv heads)");
+                      << s.kv_heads << " (nor is it a multiple of num_key_value_heads, whose heads would then be "
+                                       "replicated): aerie's attention splits whole heads");
     nh_ = s.heads / tp;
-    nkv_ = s.kv_heads / tp;
+    nkv_ = replicated ? 1 : s.kv_heads / tp;
     const int64_t H = s.hidden, d = s.head_dim;
-    const int64_t rows = (nh_ + 2 * nkv_) * d;  // this rank's q, k, v rows, packed: one GEMM
-    const struct {
-      const char* name;
-      int64_t heads, begin;
-    } parts[] = {{"q_proj", s.heads, 0}, {"k_proj", s.kv_heads, nh_ * d}, {"v_proj", s.kv_heads, (nh_ + nkv_) * d}};
-    std::vector<LinearTensor> qkv;
-    for (const auto& part : parts) qkv.push_back({p + part.name, {part.heads * d, H}});
-    qkv_ = src.load_linear(qkv, TpSplit::Rows);
+    const std::vector<LinearTensor> q = {{p + "q_proj", {s.heads * d, H}}};
+    const std::vector<LinearTensor> kv = {{p + "k_proj", {s.kv_heads * d, H}}, {p + "v_proj", {s.kv_heads * d, H}}};
+    auto load_kv = [&](auto&& load) {  // k and v split by kv head, under the replication's split if any
+      if (!replicated) return load();
+      WeightSource::SplitAs as(src, src.tp_rank() / (tp / static_cast<int>(s.kv_heads)), static_cast<int>(s.kv_heads));
+      return load();
+    };
+    if (!replicated) {
+      std::vector<LinearTensor> qkv = q;
+      qkv.insert(qkv.end(), kv.begin(), kv.end());
+      qkv_ = src.load_linear(qkv, TpSplit::Rows);  // this rank's q, k, v rows, packed: one GEMM
+    } else {
+      qkv_ = stack_linear_rows(src.load_linear(q, TpSplit::Rows),
+                               load_kv([&] { return src.load_linear(kv, TpSplit::Rows); }));
+    }
     if (s.qkv_bias) {
-      qkv_.bias = Tensor::empty({rows}, src.dtype(), src.device());
-      for (const auto& part : parts) {
-        const int64_t r = part.heads / tp * d;
-        src.load_into(p + part.name + ".bias", {part.heads * d}, TpSplit::Rows, ParamRole::Bias,
-                      qkv_.bias.slice(part.begin, part.begin + r));
-      }
+      qkv_.bias = Tensor::empty({(nh_ + 2 * nkv_) * d}, src.dtype(), src.device());
+      src.load_into(p + "q_proj.bias", {s.heads * d}, TpSplit::Rows, ParamRole::Bias, qkv_.bias.slice(0, nh_ * d));
+      load_kv([&] {
+        for (int i = 0; i < 2; ++i) {
+          const int64_t b0 = (nh_ + i * nkv_) * d;
+          src.load_into(kv[i].name + ".bias", {s.kv_heads * d}, TpSplit::Rows, ParamRole::Bias,
+                        qkv_.bias.slice(b0, b0 + nkv_ * d));
+        }
+        return 0;
+      });
     }
     o_ = src.load_linear(p + "o_proj", {H, s.heads * d}, TpSplit::Cols);
     if (s.o_bias) o_.bias = src.load(p + "o_proj.bias", {H}, TpSplit::None, ParamRole::Bias);

@@ -93,4 +93,9 @@ struct Linear {
   }
 };
 
+/// a's rows over b's, as one Linear (q over a separately split k/v, for one GEMM): W = [W_a; W_b], b's
+/// quantized parts and W8A8 parts moved down by a.out rows, biases stacked likewise (both or neither).
+/// Throws aerie::Error when the two differ in format, input width, bias presence or W8A8 switch.
+Linear stack_linear_rows(Linear a, Linear b);
+
 }  // namespace aerie

@@ -56,7 +56,7 @@ std::string linear_name(const std::vector<LinearTensor>& parts) {
 PlanningSource::PlanningSource(const std::vector<TensorInfo>& tensors, const std::string& label, int tp_size,
                                int plan_tp, const QuantConfig& quant)
     : WeightSource(0, tp_size, Device::CPU, DType::BF16), ck_(label, entries_of(tensors, label)), quant_(quant),
-      plan_tp_(plan_tp) {}
+      plan_tp_(plan_tp), build_tp_(tp_size) {}
 
 WeightCategory PlanningSource::category_of(ParamRole role) const {
   switch (role) {
@@ -71,7 +71,7 @@ WeightCategory PlanningSource::category_of(ParamRole role) const {
 int64_t PlanningSource::rank_elements(const Shape& stored, TpSplit split, const Shape& slice, bool& undivided) const {
   undivided = false;
   int64_t n = 1;
-  if (plan_tp_ == tp_size()) {
+  if (plan_tp_ == build_tp_) {
     for (int64_t d : slice) n *= d;
     return n;
   }
@@ -219,7 +219,7 @@ Linear PlanningSource::load_linear_parts(const std::vector<LinearTensor>& parts,
   p.format = f;
   p.out = L.out;
   p.in = L.in;
-  if (plan_tp_ != tp_size()) {  // rank 0's share at plan_tp_, rounded up
+  if (plan_tp_ != build_tp_) {  // rank 0's share at plan_tp_, rounded up
     p.out = 0;
     for (const LinearTensor& t : parts) p.out += split == TpSplit::Rows ? ceil_div(t.full[0], plan_tp_) : t.full[0];
     p.in = split == TpSplit::Cols ? ceil_div(parts[0].full[1], plan_tp_) : parts[0].full[1];

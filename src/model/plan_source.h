@@ -91,6 +91,7 @@ class PlanningSource final : public WeightSource {
   HfCheckpoint ck_;
   QuantConfig quant_;
   int plan_tp_;
+  int build_tp_;  // the tp the layers are built at (tp_size() but inside a WeightSource::SplitAs)
   std::vector<PlannedTensor> tensors_;
   std::vector<PlannedLinear> linears_;
   std::unordered_set<std::string> asked_;

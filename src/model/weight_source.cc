@@ -29,6 +29,13 @@ const char* category_name(WeightCategory c) {
   return names[static_cast<int>(c)];
 }
 
+WeightSource::SplitAs::SplitAs(WeightSource& src, int rank, int size)
+    : src_(src), rank_(src.tp_rank_), size_(src.tp_size_) {
+  AERIE_CHECK(size >= 1 && rank >= 0 && rank < size, "WeightSource::SplitAs: rank " << rank << " of " << size);
+  src.tp_rank_ = rank;
+  src.tp_size_ = size;
+}
+
 Shape WeightSource::slice_shape(const Shape& full, TpSplit split) const {
   Shape s = full;
   const size_t dim = split == TpSplit::Rows ? 0 : 1;

@@ -70,6 +70,21 @@ class WeightSource {
     WeightCategory block = WeightCategory::Other;
   };
   const Context& context() const { return context_; }
+  /// Within its lifetime the source splits tensors as if tp had `size` ranks and this were rank `rank`
+  /// (tp_rank() and tp_size() say so meanwhile): the key/value heads of a GQA layer with fewer kv heads than
+  /// tp ranks, replicated over tp / kv_heads ranks, are split over kv_heads "ranks" of rank tp_rank /
+  /// (tp / kv_heads) (vLLM's QKVParallelLinear does the same). Throws aerie::Error unless 0 <= rank < size.
+  class SplitAs {
+   public:
+    SplitAs(WeightSource& src, int rank, int size);
+    ~SplitAs() { src_.tp_rank_ = rank_, src_.tp_size_ = size_; }
+    SplitAs(const SplitAs&) = delete;
+    SplitAs& operator=(const SplitAs&) = delete;
+
+   private:
+    WeightSource& src_;
+    int rank_, size_;
+  };
   /// Sets the context's block (or layer) while it lives, and restores the previous context after.
   class Scope {
    public:

@@ -335,6 +335,19 @@ TEST(TpTest, HfFamiliesMatchTransformers) {
   }
 }
 
+// Fewer kv heads than ranks: at tp 4 the fixtures' 2 kv heads are each replicated over 2 ranks (rank r
+// holds kv head r / 2), q/k/v biases (llama2_linear, qwen2), q/k norms (qwen3) and MoE layers (qwen3_moe)
+// included; run with 4 ranks by tests/mpi/model.cmake (model_tp4_replicated_kv).
+TEST(TpTest, ReplicatedKvHeadsMatchTransformers) {
+  auto world = MpiCommunicator::world();
+  if (world->size() != 4) GTEST_SKIP() << "needs mpirun -np 4";
+  for (const char* name : {"llama2_linear", "mistral_swa", "qwen2", "qwen3", "qwen3_moe"}) {
+    SCOPED_TRACE(name);
+    TargetModel model(fixture(name), *world);
+    compare_with_reference(model, fixture(name) + "/reference.safetensors");
+  }
+}
+
 // ------------------------------------------------------------------------------------------ on the GPU
 // The same fixtures and references with the model on CUDA (TargetModelOptions), skipped without a GPU.
 //  - F32 mode: every GEMM is true fp32 on cuBLASLt (CUBLAS_COMPUTE_32F, no TF32) and the kernels

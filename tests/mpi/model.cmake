@@ -4,6 +4,11 @@ if(TARGET test_model)
   add_test(NAME model_tp2
            COMMAND ${MPIEXEC_EXECUTABLE} --oversubscribe -np 2 $<TARGET_FILE:test_model> --gtest_filter=TpTest.*)
   set_tests_properties(model_tp2 PROPERTIES ENVIRONMENT "${_aerie_model_env}" LABELS mpi)
+  # tp 4 on fixtures of 2 kv heads: each kv head replicated over 2 ranks.
+  add_test(NAME model_tp4_replicated_kv
+           COMMAND ${MPIEXEC_EXECUTABLE} --oversubscribe -np 4 $<TARGET_FILE:test_model>
+                   --gtest_filter=TpTest.ReplicatedKvHeadsMatchTransformers)
+  set_tests_properties(model_tp4_replicated_kv PROPERTIES ENVIRONMENT "${_aerie_model_env}" LABELS mpi)
 endif()
 # The aerie generate job on stories260K, tp = 1 and tp = 2: from BOS, 256 greedy tokens end with the
 # last sentence of llama2.c's greedy sample (stories260K.md; the whole text is checked by
