@@ -69,3 +69,19 @@ if(EXISTS "${_k25}/kimi-k2.5.tensors.expanded.jsonl.gz")
       PASS_REGULAR_EXPRESSION "KV caches \\(bf16\\) +17\\.16 GiB.*\nfits at --tp 16[^\n]*\nfits at tp 8 with --batch-size 41 \\(the most that fit\\)")
   endforeach()
 endif()
+# Qwen3-235B-A22B at tp 8 on 96 GB GPUs: its released config.json (tests/model/fixtures/configs) and the tensor
+# list of its layout written by tools/reference/moe_tensor_list.py (the tool's names and shapes are those of
+# the checkpoints transformers saves: moe_tensor_list_matches_fixtures). 94 MoE layers, 128 experts; the 4 kv
+# heads replicated over 2 ranks each; 56.94 GiB of weights per rank, and it fits.
+find_package(Python3 COMPONENTS Interpreter QUIET)
+if(Python3_Interpreter_FOUND)
+  add_test(NAME moe_tensor_list_matches_fixtures
+           COMMAND sh -c "${Python3_EXECUTABLE} ${CMAKE_SOURCE_DIR}/tools/reference/moe_tensor_list.py --check ${CMAKE_SOURCE_DIR}/tests/model/fixtures/hf/qwen3_moe && ${Python3_EXECUTABLE} ${CMAKE_SOURCE_DIR}/tools/reference/moe_tensor_list.py --check ${CMAKE_SOURCE_DIR}/tests/model/fixtures/hf/mixtral")
+  set_tests_properties(moe_tensor_list_matches_fixtures PROPERTIES
+    PASS_REGULAR_EXPRESSION "qwen3_moe: 80 tensors, names and shapes as the checkpoint's\n.*mixtral: 41 tensors")
+  set(_q235 "${CMAKE_BINARY_DIR}/test-scratch/plan/qwen3-235b-a22b.tensors.jsonl.gz")
+  add_test(NAME plan_qwen3_235b_tp8
+           COMMAND sh -c "mkdir -p ${CMAKE_BINARY_DIR}/test-scratch/plan && ${Python3_EXECUTABLE} ${CMAKE_SOURCE_DIR}/tools/reference/moe_tensor_list.py ${CMAKE_SOURCE_DIR}/tests/model/fixtures/configs/qwen3-235b-a22b.config.json ${_q235} && $<TARGET_FILE:aerie> plan --model-config ${CMAKE_SOURCE_DIR}/tests/model/fixtures/configs/qwen3-235b-a22b.config.json --tensors ${_q235} --tp 8 --gpu-memory 96GB")
+  set_tests_properties(plan_qwen3_235b_tp8 PROPERTIES ENVIRONMENT "${_aerie_plan_env}"
+    PASS_REGULAR_EXPRESSION "94 layers \\(0 dense, 94 MoE\\), 128 routed experts top-8.*total +36945 +437\\.90 GiB +56\\.94 GiB.*\nfits: 59\\.96 GiB per rank of 89\\.41 GiB")
+endif()
