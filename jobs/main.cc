@@ -6,6 +6,7 @@
 #include <iostream>
 #include <map>
 
+#include "core/device.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "core/version.h"
@@ -43,11 +44,7 @@ void usage(std::ostream& os) {
 void version(std::ostream& os) {
   os << "aerie " << aerie::aerie_version_string() << "   (version " << aerie::aerie_version() << ", git "
      << aerie::aerie_git_commit() << "; the aerie_version every output records)\n"
-#ifdef AERIE_WITH_CUDA
-     << "backends: CPU, CUDA\n";
-#else
-     << "backends: CPU\n";
-#endif
+     << "backends: " << (aerie::cuda::built() ? "CPU, CUDA" : "CPU") << "\n";
 }
 
 }  // namespace

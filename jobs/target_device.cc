@@ -2,12 +2,9 @@
 #include "jobs/target_device.h"
 
 #include "core/device.h"
+#include "core/device_memory.h"
 #include "core/error.h"
 #include "core/log.h"
-
-#ifdef AERIE_WITH_CUDA
-#include <cuda_runtime.h>
-#endif
 
 namespace aerie::jobs {
 
@@ -67,33 +64,24 @@ TargetDevice resolve_target_device(const std::string& device, const std::string&
 }
 
 int64_t gpu_total_memory() {
-#ifdef AERIE_WITH_CUDA
-  size_t free_b = 0, total_b = 0;
-  if (cuda::available() && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) return static_cast<int64_t>(total_b);
-#endif
-  return 0;
+  if (!cuda::available()) return 0;
+  const auto mem = cuda::device_memory();
+  return mem ? mem->total_bytes : 0;
 }
 
 void log_gpu_memory(const std::string& job, int world_rank) {
-#ifdef AERIE_WITH_CUDA
-  size_t free_b = 0, total_b = 0;
-  cudaMemPool_t pool = nullptr;
-  unsigned long long high = 0;  // NOLINT(runtime/int): the CUDA API's type
-  if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess ||
-      cudaDeviceGetDefaultMemPool(&pool, cuda::current_device()) != cudaSuccess ||
-      cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high) != cudaSuccess) {
+  if (!cuda::built()) return;
+  const auto mem = cuda::device_memory();
+  const auto high = mem ? cuda::pool_high_water_bytes() : std::nullopt;
+  if (!mem || !high) {
     AERIE_LOG(warning) << job << ": could not query GPU memory";
     return;
   }
   const double gib = 1024.0 * 1024.0 * 1024.0;
   AERIE_LOG(info) << job << ": rank " << world_rank << " GPU " << cuda::current_device() << " peak memory "
-                  << static_cast<double>(high) / gib << " GiB (pool high-water), "
-                  << static_cast<double>(total_b - free_b) / gib << " of " << static_cast<double>(total_b) / gib
-                  << " GiB in use (cudaMemGetInfo)";
-#else
-  (void)job;
-  (void)world_rank;
-#endif
+                  << static_cast<double>(*high) / gib << " GiB (pool high-water), "
+                  << static_cast<double>(mem->total_bytes - mem->free_bytes) / gib << " of "
+                  << static_cast<double>(mem->total_bytes) / gib << " GiB in use (cudaMemGetInfo)";
 }
 
 }  // namespace aerie::jobs

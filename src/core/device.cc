@@ -1,20 +1,14 @@
 #include "core/device.h"
 
-#include "core/error.h"
 #include "core/log.h"
 
-#ifdef AERIE_WITH_CUDA
-#include <cuda_runtime.h>
-
-#define AERIE_CUDART(call, what)                                                                    \
-  do {                                                                                              \
-    cudaError_t err_ = (call);                                                                      \
-    AERIE_CHECK(err_ == cudaSuccess, what << ": " << cudaGetErrorName(err_) << " ("                 \
-                                          << cudaGetErrorString(err_) << ")");                      \
-  } while (0)
-#endif
+#include "core/cuda_check.h"
 
 namespace aerie::cuda {
+
+void detail::no_backend(const char* what) {
+  AERIE_THROW(what << ": aerie was built without the CUDA backend (configure with -DAERIE_CUDA=ON where nvcc exists)");
+}
 
 #ifdef AERIE_WITH_CUDA
 namespace {
@@ -79,6 +73,7 @@ void select_device(int local_rank) {
                   << prop.major << "." << prop.minor << ", " << (prop.totalGlobalMem >> 30) << " GiB";
 }
 int current_device() { return g_device; }
+void set_thread_device(int device) { AERIE_CUDART(cudaSetDevice(device), "cudaSetDevice(" << device << ")"); }
 
 Stream current_stream() { return t_stream_set ? t_stream : thread_default_stream(); }
 Stream create_stream() {
@@ -130,17 +125,14 @@ void check_last_error(const char* what) { AERIE_CUDART(cudaGetLastError(), what)
 
 #else  // CPU-only build
 
-namespace {
-[[noreturn]] void no_backend(const char* f) {
-  AERIE_THROW(f << ": aerie was built without the CUDA backend (configure with -DAERIE_CUDA=ON where nvcc exists)");
-}
-}  // namespace
+using detail::no_backend;
 bool built() { return false; }
 int device_count() { return 0; }
 bool available() { return false; }
 std::string unavailable_reason() { return "aerie was built without the CUDA backend"; }
 void select_device(int) { no_backend("select_device"); }
 int current_device() { return 0; }
+void set_thread_device(int) { no_backend("set_thread_device"); }
 Stream current_stream() { no_backend("current_stream"); }
 Stream create_stream() { no_backend("create_stream"); }
 void destroy_stream(Stream) {}

@@ -1,32 +1,22 @@
 #include "data/shard_pipeline.h"
 
 #include "core/device.h"
+#include "core/device_event.h"
 #include "core/error.h"
+#include "core/pinned_memory.h"
 
 #include <algorithm>
 #include <chrono>
 
-#ifdef AERIE_WITH_CUDA
-#include <cuda_runtime.h>
-#endif
-
 namespace aerie {
 
-#ifdef AERIE_WITH_CUDA
 namespace {
 
-void check_cuda(cudaError_t e, const char* what) {
-  AERIE_CHECK(e == cudaSuccess, "ShardPipeline: " << what << ": " << cudaGetErrorString(e));
-}
-
-/// Page-locked host buffers, reused. Shared with the buffers' deleters so that a buffer held by a
-/// queued task returns here whenever the task is dropped.
+/// Page-locked host buffers, reused. Shared with the buffers' owners so that a buffer held by a queued
+/// task returns here whenever the task is dropped.
 struct PinnedPool {
   std::mutex mu;
-  std::vector<std::pair<void*, size_t>> free;
-  ~PinnedPool() {
-    for (auto& b : free) cudaFreeHost(b.first);
-  }
+  std::vector<cuda::PinnedBuffer> free;
 };
 
 /// A host tensor of `shape`/`dtype` on a pinned buffer of `pool`; `owner` returns the buffer to the pool
@@ -36,63 +26,54 @@ Tensor pinned_tensor(const std::shared_ptr<PinnedPool>& pool, const Shape& shape
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   const size_t bytes = std::max<size_t>(1, static_cast<size_t>(n) * dtype_size(dtype));
-  std::pair<void*, size_t> buf{nullptr, 0};
+  cuda::PinnedBuffer buf;
   {
     std::lock_guard<std::mutex> lk(pool->mu);
     // Best fit: the smallest free buffer that holds `bytes`, so that a small final-hidden-state copy
     // does not take a large aux buffer and make the next aux copy allocate (cudaHostAlloc is slow).
     size_t best = pool->free.size();
-    for (size_t i = 0; i < pool->free.size(); ++i)
-      if (pool->free[i].second >= bytes && (best == pool->free.size() || pool->free[i].second < pool->free[best].second))
-        best = i;
+    for (size_t i = 0; i < pool->free.size(); ++i) {
+      const size_t size = pool->free[i].size();
+      if (size >= bytes && (best == pool->free.size() || size < pool->free[best].size())) best = i;
+    }
     if (best < pool->free.size()) {
-      buf = pool->free[best];
+      buf = std::move(pool->free[best]);
       pool->free.erase(pool->free.begin() + static_cast<std::ptrdiff_t>(best));
     }
   }
-  if (!buf.first) {
-    check_cuda(cudaHostAlloc(&buf.first, bytes, cudaHostAllocPortable), "cudaHostAlloc");
-    buf.second = bytes;
-  }
-  owner = std::shared_ptr<void>(buf.first, [pool, size = buf.second](void* p) {
-    std::lock_guard<std::mutex> lk(pool->mu);
-    pool->free.emplace_back(p, size);
+  if (!buf.data()) buf = cuda::PinnedBuffer(bytes);
+  void* data = buf.data();
+  owner = std::shared_ptr<cuda::PinnedBuffer>(new cuda::PinnedBuffer(std::move(buf)), [pool](cuda::PinnedBuffer* b) {
+    {
+      std::lock_guard<std::mutex> lk(pool->mu);
+      pool->free.push_back(std::move(*b));
+    }
+    delete b;
   });
-  return Tensor::wrap(buf.first, shape, dtype);
+  return Tensor::wrap(data, shape, dtype);
 }
 
 }  // namespace
 
 struct ShardPipeline::DeviceCopies {
   struct InFlight {
-    std::shared_ptr<CUevent_st> done;  // recorded on `stream` after the sample's copies
-    Tensor aux, fin;                   // the device tensors, alive until their copy is done
+    std::shared_ptr<cuda::Event> done;  // recorded on `stream` after the sample's copies
+    Tensor aux, fin;                    // the device tensors, alive until their copy is done
   };
-  int device = 0;
-  cudaStream_t stream = nullptr;
-  std::shared_ptr<PinnedPool> pool = std::make_shared<PinnedPool>();
+  int device = cuda::current_device();
   std::deque<InFlight> in_flight;
+  std::shared_ptr<PinnedPool> pool = std::make_shared<PinnedPool>();
+  // Declared last, so destroyed first: its destructor waits for the copies before `in_flight` drops the
+  // device tensors they read.
+  cuda::OwnedStream stream;
 
-  DeviceCopies() {
-    device = cuda::current_device();
-    check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-  }
-  ~DeviceCopies() {
-    cudaStreamSynchronize(stream);
-    in_flight.clear();
-    cudaStreamDestroy(stream);
-  }
-  /// Drops the device tensors whose copy is done (all of them when `wait`).
+  /// Drops the device tensors whose copy is done (all of them when `wait`; stops at a copy the runtime
+  /// reports an error for, which the writer thread's wait reports).
   void release(bool wait) {
-    while (!in_flight.empty() &&
-           (wait ? cudaEventSynchronize(in_flight.front().done.get()) : cudaEventQuery(in_flight.front().done.get())) ==
-               cudaSuccess)
+    while (!in_flight.empty() && (wait ? in_flight.front().done->wait() : in_flight.front().done->query()))
       in_flight.pop_front();
   }
 };
-#else
-struct ShardPipeline::DeviceCopies {};
-#endif
 
 std::mutex& hdf5_mutex() {
   static std::mutex m;
@@ -169,36 +150,29 @@ void ShardPipeline::open(const std::string& path, const ShardMeta& meta, const s
 void ShardPipeline::add(int64_t sample_index, std::vector<int32_t> ids, std::vector<uint8_t> loss_mask,
                         const Tensor& aux_hidden, const Tensor& final_hidden) {
   hidden_bytes_ += static_cast<int64_t>(aux_hidden.nbytes() + final_hidden.nbytes());
-#ifdef AERIE_WITH_CUDA
   if (aux_hidden.device() == Device::CUDA && final_hidden.device() == Device::CUDA) {
     if (!dev_) dev_ = std::make_unique<DeviceCopies>();
     DeviceCopies& d = *dev_;
     d.release(false);
-    cudaEvent_t ready = nullptr, done = nullptr;
-    check_cuda(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");
-    check_cuda(cudaEventRecord(ready, static_cast<cudaStream_t>(cuda::current_stream())), "cudaEventRecord");
-    check_cuda(cudaStreamWaitEvent(d.stream, ready, 0), "cudaStreamWaitEvent");
-    cudaEventDestroy(ready);  // released once it has completed
-    check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
-    std::shared_ptr<CUevent_st> done_p(done, [](cudaEvent_t e) { cudaEventDestroy(e); });
+    d.stream.wait_for(cuda::current_stream());  // the copies start after the work that wrote the tensors
+    auto done = std::make_shared<cuda::Event>();
     // Pinned host buffers (from the pool) and their owners.
     auto host_copy = [&](const Tensor& src, std::shared_ptr<void>& owner) {
       Tensor h = pinned_tensor(d.pool, src.shape(), src.dtype(), owner);
-      check_cuda(cudaMemcpyAsync(h.raw(), src.raw(), src.nbytes(), cudaMemcpyDeviceToHost, d.stream),
-                 "cudaMemcpyAsync (device to host)");
+      cuda::copy_to_host_async(h.raw(), src.raw(), src.nbytes(), d.stream.get());
       return h;
     };
     std::shared_ptr<void> aux_owner, fin_owner;
     Tensor aux = host_copy(aux_hidden, aux_owner), fin = host_copy(final_hidden, fin_owner);
-    check_cuda(cudaEventRecord(done, d.stream), "cudaEventRecord");
-    d.in_flight.push_back({done_p, aux_hidden, final_hidden});
+    done->record(d.stream.get());
+    d.in_flight.push_back({done, aux_hidden, final_hidden});
     const int device = d.device;
     push(
         [this, sample_index, ids = std::move(ids), mask = std::move(loss_mask), aux, fin, aux_owner, fin_owner,
-         done_p, device] {
+         done, device] {
           AERIE_CHECK(writer_, "ShardPipeline: add without an open shard");
-          check_cuda(cudaSetDevice(device), "cudaSetDevice");  // no context on GPU 0 for this thread
-          check_cuda(cudaEventSynchronize(done_p.get()), "device-to-host copy of the hidden states");
+          cuda::set_thread_device(device);  // no context on GPU 0 for this thread
+          done->synchronize("ShardPipeline: device-to-host copy of the hidden states");
           const auto t0 = std::chrono::steady_clock::now();
           writer_->add(sample_index, ids, mask, aux, fin);
           write_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -206,7 +180,6 @@ void ShardPipeline::add(int64_t sample_index, std::vector<int32_t> ids, std::vec
         true);
     return;
   }
-#endif
   Tensor aux = aux_hidden.device() == Device::CPU ? aux_hidden : aux_hidden.to_device(Device::CPU);
   Tensor fin = final_hidden.device() == Device::CPU ? final_hidden : final_hidden.to_device(Device::CPU);
   push(
@@ -234,9 +207,7 @@ void ShardPipeline::close() {
 void ShardPipeline::finish() {
   std::unique_lock<std::mutex> lk(mu_);
   cv_.wait(lk, [&] { return tasks_.empty() && !busy_; });
-#ifdef AERIE_WITH_CUDA
   if (dev_) dev_->release(true);  // every copy is done: free the device tensors
-#endif
   if (error_) std::rethrow_exception(error_);
 }
 

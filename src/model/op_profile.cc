@@ -7,11 +7,8 @@
 #include <sstream>
 
 #include "core/device.h"
+#include "core/device_event.h"
 #include "core/error.h"
-
-#ifdef AERIE_WITH_CUDA
-#include <cuda_runtime.h>
-#endif
 
 namespace aerie {
 
@@ -23,12 +20,6 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-#ifdef AERIE_WITH_CUDA
-void cuda_ok(cudaError_t e, const char* what) {
-  AERIE_CHECK(e == cudaSuccess, "OpProfile: " << what << ": " << cudaGetErrorString(e));
-}
-#endif
-
 }  // namespace
 
 bool OpProfile::enabled_by_env() {
@@ -39,31 +30,20 @@ bool OpProfile::enabled_by_env() {
   return on;
 }
 
-OpProfile::~OpProfile() {
-#ifdef AERIE_WITH_CUDA
-  if (ev0_) cudaEventDestroy(static_cast<cudaEvent_t>(ev0_));
-  if (ev1_) cudaEventDestroy(static_cast<cudaEvent_t>(ev1_));
-#endif
-}
+OpProfile::OpProfile() = default;
+OpProfile::~OpProfile() = default;
 
 void OpProfile::begin(Device device) {
   if (device == Device::CPU) {
     t0_ = now_s();
     return;
   }
-#ifdef AERIE_WITH_CUDA
+  AERIE_CHECK(cuda::built(), "OpProfile: a " << device_name(device) << " op in a build without the CUDA backend");
   if (!ev0_) {
-    cudaEvent_t a, b;
-    cuda_ok(cudaEventCreate(&a), "cudaEventCreate");
-    cuda_ok(cudaEventCreate(&b), "cudaEventCreate");
-    ev0_ = a;
-    ev1_ = b;
+    ev0_ = std::make_unique<cuda::Event>(true);
+    ev1_ = std::make_unique<cuda::Event>(true);
   }
-  cuda_ok(cudaEventRecord(static_cast<cudaEvent_t>(ev0_), static_cast<cudaStream_t>(cuda::current_stream())),
-          "cudaEventRecord");
-#else
-  AERIE_THROW("OpProfile: a " << device_name(device) << " op in a build without the CUDA backend");
-#endif
+  ev0_->record(cuda::current_stream());
 }
 
 void OpProfile::end(OpKind kind, Device device) {
@@ -71,14 +51,9 @@ void OpProfile::end(OpKind kind, Device device) {
   if (device == Device::CPU) {
     ms = (now_s() - t0_) * 1e3;
   } else {
-#ifdef AERIE_WITH_CUDA
-    auto e1 = static_cast<cudaEvent_t>(ev1_);
-    cuda_ok(cudaEventRecord(e1, static_cast<cudaStream_t>(cuda::current_stream())), "cudaEventRecord");
-    cuda_ok(cudaEventSynchronize(e1), "cudaEventSynchronize");
-    float f = 0;
-    cuda_ok(cudaEventElapsedTime(&f, static_cast<cudaEvent_t>(ev0_), e1), "cudaEventElapsedTime");
-    ms = f;
-#endif
+    ev1_->record(cuda::current_stream());
+    ev1_->synchronize();
+    ms = cuda::elapsed_ms(*ev0_, *ev1_);
   }
   ms_[static_cast<int>(kind)] += ms;
 }

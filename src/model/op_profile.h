@@ -7,11 +7,16 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "core/tensor.h"
 
 namespace aerie {
+
+namespace cuda {
+class Event;
+}  // namespace cuda
 
 enum class OpKind { Gemm, Attention, Norm, Rope, Activation, Other, AllReduce };
 inline constexpr int kOpKinds = 7;
@@ -20,7 +25,7 @@ class OpProfile {
  public:
   /// True when the environment variable AERIE_PROFILE is "1" (read once per process).
   static bool enabled_by_env();
-  OpProfile() = default;
+  OpProfile();
   ~OpProfile();
   OpProfile(const OpProfile&) = delete;
   OpProfile& operator=(const OpProfile&) = delete;
@@ -53,8 +58,7 @@ class OpProfile {
   std::array<double, kOpKinds> ms_{};
   int64_t forwards_ = 0, rows_ = 0;
   double t0_ = 0;                              // CPU: steady_clock seconds at begin()
-  void* ev0_ = nullptr;                        // CUDA: cudaEvent_t pair, made on first use
-  void* ev1_ = nullptr;
+  std::unique_ptr<cuda::Event> ev0_, ev1_;     // CUDA: timing events before / after the op, made on first use
 };
 
 }  // namespace aerie
