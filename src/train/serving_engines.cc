@@ -72,6 +72,13 @@ void vllm_target_needs(const TargetConfig& target, std::vector<ServingNeed>& n) 
   else if (family == "deepseek_v3" || family == "kimi_k2" || family == "kimi_k25")
     n.push_back(need("EAGLE-3 for a " + family + " target", EngineRelease{0, 18, 0},
                      "vllm==0.18.0 vllm/config/speculative.py:780 (eagle3 target types)"));
+  else if (family == "qwen3_moe")  // "qwen" in the list; the class SupportsEagle3 from 0.11.1
+    n.push_back(need("EAGLE-3 for a qwen3_moe target", EngineRelease{0, 11, 1},
+                     "vllm==0.11.1 vllm/model_executor/models/qwen3_moe.py (SupportsEagle3)"));
+  else if (family == "mixtral")
+    n.push_back(never("EAGLE-3 for a mixtral target",
+                      "no released vLLM (0.8.0 to 0.34.0): MixtralForCausalLM is not SupportsEagle3 "
+                      "(vllm/model_executor/models/mixtral.py)"));
   else if (family == "mistral")
     n.push_back(need("EAGLE-3 for a mistral target", EngineRelease{0, 22, 0},
                      "vllm==0.22.0 vllm/v1/worker/gpu_model_runner.py:5208 (no target list; SupportsEagle3)"));
@@ -163,6 +170,13 @@ std::vector<ServingNeed> sglang_needs(const DraftConfig& cfg, const TargetConfig
   else if (family == "deepseek_v3" || family == "kimi_k2")
     n.push_back(need("EAGLE-3 for a " + family + " target", EngineRelease{0, 5, 4, 0, 2},
                      "sglang==0.5.4.post2 sglang/srt/models/deepseek_v2.py"));
+  else if (family == "qwen3_moe")
+    n.push_back(need("EAGLE-3 for a qwen3_moe target", EngineRelease{0, 4, 9},
+                     "sglang==0.4.9 sglang/srt/models/qwen3_moe.py (set_eagle3_layers_to_capture)"));
+  else if (family == "mixtral")
+    n.push_back(never("EAGLE-3 for a mixtral target",
+                      "no released SGLang (0.4.3 to 0.5.23): sglang/srt/models/mixtral.py has no "
+                      "set_eagle3_layers_to_capture"));
   else if (family == "kimi_k25")
     n.push_back(need("EAGLE-3 for a kimi_k25 target", EngineRelease{0, 5, 10},
                      "sglang==0.5.10rc0 sglang/srt/models/kimi_k25.py"));
