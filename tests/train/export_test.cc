@@ -199,6 +199,17 @@ TEST(ExportTest, ForAnEngineReleaseRefusesWhatThatReleaseDoesNotServe) {
   def.aux_layers = {2, 4, 8};
   def.norm_before_residual = false;
   EXPECT_FALSE(first_serving_release(serving_needs(def, s.target, ServingEngine::Sglang), first));  // N: never
+  // The softmax-router MoE targets: Qwen3-MoE from vLLM 0.11.1 / SGLang 0.4.9 (default aux layers of 8
+  // layers: the format's 0.10.2 is below); Mixtral by no release of either.
+  def.aux_layers = default_aux_layers(8);
+  def.norm_before_residual = true;
+  s.target.model_type = "qwen3_moe";
+  ASSERT_TRUE(first_serving_release(serving_needs(def, s.target, ServingEngine::Vllm), first));
+  EXPECT_EQ(first, (EngineRelease{0, 11, 1}));
+  s.target.model_type = "mixtral";
+  EXPECT_FALSE(first_serving_release(serving_needs(def, s.target, ServingEngine::Vllm), first));
+  EXPECT_FALSE(first_serving_release(serving_needs(def, s.target, ServingEngine::Sglang), first));
+  s.target.model_type = "llama";
   // A draft no vLLM release serves (a repeated aux layer): --for vllm refuses it in either format (--for any
   // warns).
   DraftConfig repeated = s.cfg;
