@@ -42,7 +42,7 @@ const Architecture& find_architecture(const std::string& model_type, const std::
 /// A pre-norm layer's two RMSNorm weights, `prefix` {input,post_attention}_layernorm.weight [hidden] F32.
 DecoderLayer layer_with_norms(WeightSource& src, const std::string& prefix, int64_t hidden);
 
-// Pieces the arch files share (arch_llama.cc).
+// Pieces the arch files share (gqa_spec, moe_spec: arch.cc; the two readers: arch_llama.cc).
 
 /// The GQA attention spec of decoder layer `layer` from the config's fields (heads, head_dim, biases, q/k
 /// norms, the layer's sliding window, RoPE).

@@ -5,7 +5,9 @@
 //   qwen2    q/k/v biases always, no o bias; sliding window on the layers of layer_types (or, without it,
 //            layers >= max_window_layers) when use_sliding_window
 //   qwen3    attention_bias -> q/k/v/o biases; q_norm/k_norm; sliding window as qwen2
-// Also the pieces other arch files share: gqa_spec, the Mistral and Qwen3 attention readers, moe_spec.
+// Also the Mistral and Qwen3 attention readers, which the MoE families of those attentions reuse.
+#include <algorithm>
+
 #include "model/arch.h"
 #include "model/config_json.h"
 
@@ -75,37 +77,6 @@ void read_qwen3_config(const nlohmann::json& j, TargetConfig& c, const std::stri
   c.qkv_bias = c.o_bias = optional_bool(j, "attention_bias", false, path);
   c.qk_norm = true;
   read_qwen_sliding_window(j, c, path);
-}
-
-GqaSpec gqa_spec(const TargetConfig& cfg, int64_t layer) {
-  GqaSpec a;
-  a.hidden = cfg.hidden_size;
-  a.heads = cfg.num_attention_heads;
-  a.kv_heads = cfg.num_key_value_heads;
-  a.head_dim = cfg.head_dim;
-  a.qkv_bias = cfg.qkv_bias;
-  a.o_bias = cfg.o_bias;
-  a.qk_norm = cfg.qk_norm;
-  a.window = cfg.sliding_layers[layer] ? cfg.sliding_window : 0;
-  a.inv_freq = rope_inv_freq(cfg.rope, cfg.head_dim);
-  a.eps = static_cast<float>(cfg.rms_norm_eps);
-  return a;
-}
-
-MoeSpec moe_spec(const TargetConfig& cfg) {
-  const auto& m = cfg.moe;
-  MoeSpec s;
-  s.hidden = cfg.hidden_size;
-  s.router = m.router;
-  s.experts = m.n_routed_experts;
-  s.shared_experts = m.n_shared_experts;
-  s.moe_intermediate = m.moe_intermediate_size;
-  s.n_group = m.n_group;
-  s.topk_group = m.topk_group;
-  s.top_k = m.num_experts_per_tok;
-  s.norm_topk_prob = m.norm_topk_prob;
-  s.routed_scaling_factor = static_cast<float>(m.routed_scaling_factor);
-  return s;
 }
 
 Architecture llama_architecture() {

@@ -4,7 +4,6 @@
 // false; max_position_embeddings defaults per family. RoPE parameters are read from rope_theta + rope_scaling
 // (transformers 4.x) or from rope_parameters (transformers 5.x). Each family's own fields (biases, q/k norms,
 // sliding windows, MLA, MoE) are read by its row of the architecture table (model/arch_*.cc).
-#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -18,7 +17,6 @@
 namespace aerie {
 namespace {
 
-using config_json::optional_bool;
 using config_json::optional_double;
 using config_json::optional_int;
 using config_json::required_int;

@@ -1,7 +1,7 @@
-// The target model's configuration, read from a Hugging Face config.json: LlamaForCausalLM (Llama 2,
-// 3.x), MistralForCausalLM, Qwen2ForCausalLM (Qwen2, Qwen2.5) and Qwen3ForCausalLM, also as the
-// text_config of a multimodal wrapper. The four differ only in the fields below; model_type picks the
-// row of the architecture table (model/arch.h) whose blocks the layers are built from.
+// The target model's configuration, read from a Hugging Face config.json (also as the text_config of a
+// multimodal wrapper): the fields every family has, and neutral fields (biases, q/k norms, sliding windows,
+// MLA, MoE layers and router) that each family's row of the architecture table (model/arch.h, arch_*.cc)
+// fills from its own config fields; model_type picks that row.
 #pragma once
 #include <nlohmann/json.hpp>
 #include <string>
