@@ -20,17 +20,17 @@ void read_qwen3_moe_config(const nlohmann::json& j, TargetConfig& c, const std::
   auto& m = c.moe;
   m.router = MoeRouterKind::SoftmaxTopK;
   // The released checkpoints say num_experts; transformers 5 writes it as num_local_experts (its attribute_map).
-  m.n_routed_experts = j.contains("num_experts") || !j.contains("num_local_experts")
-                           ? required_int(j, "num_experts", path)
-                           : required_int(j, "num_local_experts", path);
-  AERIE_CHECK(m.n_routed_experts >= 0, path << ": num_experts must be >= 0, got " << m.n_routed_experts);
+  const char* experts_key = j.contains("num_experts") || !j.contains("num_local_experts") ? "num_experts"
+                                                                                            : "num_local_experts";
+  m.n_routed_experts = required_int(j, experts_key, path);
+  AERIE_CHECK(m.n_routed_experts >= 0, path << ": " << experts_key << " must be >= 0, got " << m.n_routed_experts);
   m.layers.assign(static_cast<size_t>(c.num_hidden_layers), false);
   if (m.n_routed_experts == 0) return;  // Qwen3MoeDecoderLayer: every layer dense
   m.num_experts_per_tok = required_int(j, "num_experts_per_tok", path);
   m.moe_intermediate_size = required_int(j, "moe_intermediate_size", path);
   m.norm_topk_prob = optional_bool(j, "norm_topk_prob", false, path);
   AERIE_CHECK(m.num_experts_per_tok >= 1 && m.num_experts_per_tok <= m.n_routed_experts,
-              path << ": num_experts_per_tok " << m.num_experts_per_tok << " must be in [1, num_experts = "
+              path << ": num_experts_per_tok " << m.num_experts_per_tok << " must be in [1, " << experts_key << " = "
                    << m.n_routed_experts << "]");
   AERIE_CHECK(m.moe_intermediate_size >= 1, path << ": moe_intermediate_size must be >= 1");
   const int64_t step = optional_int(j, "decoder_sparse_step", 1, path);

@@ -14,9 +14,12 @@
 # Exits 77 (CTest: skipped) when SHARED_DATA lacks the tokenizers or the conversations.
 set -euo pipefail
 aerie=$1 widen=$2 src=$3 data=$4 build=$5 work=$6
-for f in "$data/tokenizers/qwen3/tokenizer.json" "$build/models/tokenizers/mistral_v1/tokenizer.json" \
-         "$data/sharegpt-fastchat/dummy_conversation.json"; do
+for f in "$data/tokenizers/qwen3/tokenizer.json" "$data/sharegpt-fastchat/dummy_conversation.json"; do
   [ -f "$f" ] || { echo "no $f: skipped"; exit 77; }
+done
+# Built with the tests (tools/test builds every target; the demo builds aerie alone).
+for f in "$widen" "$build/models/tokenizers/mistral_v1/tokenizer.json"; do
+  [ -e "$f" ] || { echo "FAIL: no $f: build every target first (tools/test, or cmake --build BUILD_DIR)"; exit 1; }
 done
 export OPENBLAS_NUM_THREADS=1
 rm -rf "$work" && mkdir -p "$work"

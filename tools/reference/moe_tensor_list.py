@@ -87,9 +87,11 @@ def main():
     with open(a[0]) as f:
         c = json.load(f)
     opener = gzip.open if a[1].endswith(".gz") else open
+    listed = tensors(c)
     with opener(a[1], "wt") as f:
-        for name, shape in tensors(c):
+        for name, shape in listed:
             f.write(json.dumps({"name": name, "shape": shape, "dtype": dtype}) + "\n")
+    print(f"{a[1]}: {len(listed)} tensors of a {c['model_type']} checkpoint ({dtype})")
 
 
 if __name__ == "__main__":
