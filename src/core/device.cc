@@ -1,5 +1,8 @@
 #include "core/device.h"
 
+#include <cstdlib>
+
+#include "core/gpu_limits.h"
 #include "core/log.h"
 
 #include "core/cuda_check.h"
@@ -71,6 +74,10 @@ void select_device(int local_rank) {
   AERIE_CUDART(cudaGetDeviceProperties(&prop, g_device), "cudaGetDeviceProperties");
   AERIE_LOG(info) << "GPU " << g_device << " of " << n << ": " << prop.name << ", compute capability "
                   << prop.major << "." << prop.minor << ", " << (prop.totalGlobalMem >> 30) << " GiB";
+  if (const GpuLimits l = gpu_limits(); !l.emulated.empty())
+    AERIE_LOG(info) << kEmulateEnv << "=" << l.emulated << ": the kernels plan as on " << l.emulated << " ("
+                    << l.smem_per_block / 1024 << " KiB of shared memory per block, "
+                    << (l.wgmma ? "wgmma" : "no wgmma: the mma.sync kernels") << ")";
 }
 int current_device() { return g_device; }
 void set_thread_device(int device) { AERIE_CUDART(cudaSetDevice(device), "cudaSetDevice(" << device << ")"); }
@@ -123,6 +130,24 @@ void memset_zero(void* p, size_t bytes) {
 }
 void check_last_error(const char* what) { AERIE_CUDART(cudaGetLastError(), what); }
 
+GpuLimits gpu_limits() {
+  thread_local int dev = -1;
+  thread_local GpuLimits real;
+  int d = 0;
+  AERIE_CUDART(cudaGetDevice(&d), "cudaGetDevice");
+  if (d != dev) {
+    int smem = 0;
+    AERIE_CUDART(cudaDeviceGetAttribute(&real.major, cudaDevAttrComputeCapabilityMajor, d), "compute capability");
+    AERIE_CUDART(cudaDeviceGetAttribute(&real.minor, cudaDevAttrComputeCapabilityMinor, d), "compute capability");
+    AERIE_CUDART(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, d),
+                 "cudaDevAttrMaxSharedMemoryPerBlockOptin");
+    real.smem_per_block = smem;
+    real.wgmma = real.major == 9 && real.minor == 0;
+    dev = d;
+  }
+  return apply_emulation(real, emulated_gpu_limits(std::getenv(kEmulateEnv)));
+}
+
 #else  // CPU-only build
 
 using detail::no_backend;
@@ -144,6 +169,7 @@ void free(void*, Stream) {}
 void memcpy(void*, const void*, size_t) { no_backend("memcpy"); }
 void memset_zero(void*, size_t) { no_backend("memset_zero"); }
 void check_last_error(const char*) {}
+GpuLimits gpu_limits() { no_backend("gpu_limits"); }
 
 #endif
 

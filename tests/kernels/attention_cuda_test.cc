@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,7 @@ struct Case {
   DType dt;
   DType grad_dt;       // dk/dv dtype in the backward
   int64_t window = 0;  // sliding window (0: none)
+  const char* emulate = nullptr;  // AERIE_CUDA_EMULATE for the case (core/gpu_limits.h): "sm_120" plans for 99 KiB
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
@@ -54,10 +56,19 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
                   dtype_name(c.dt);
   if (c.grad_dt != c.dt) s += std::string("_grad") + dtype_name(c.grad_dt);
   if (c.window > 0) s += "_win" + std::to_string(c.window);
+  if (c.emulate) s += std::string("_as_") + c.emulate;
   return s;
 }
 
-class AttentionCudaTest : public ::testing::TestWithParam<Case> {};
+class AttentionCudaTest : public ::testing::TestWithParam<Case> {
+ protected:
+  // A case with `emulate` runs as on that GPU (no wgmma, its shared memory per block); the others as the suite's
+  // environment says (tools/bench/gpu_paths.sh runs the whole suite under AERIE_CUDA_EMULATE=sm_120 too).
+  void SetUp() override {
+    if (GetParam().emulate) env_.emplace("AERIE_CUDA_EMULATE", GetParam().emulate);
+  }
+  std::optional<testing::ScopedEnv> env_;
+};
 
 TEST_P(AttentionCudaTest, ForwardMatchesCpu) {
   AERIE_REQUIRE_CUDA();
@@ -179,7 +190,15 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{1, 1000, 8, 2, 128, 999, BF16, F32, 300},  // decoding, key split
                       Case{37, 500, 8, 2, 128, 463, F32, F32, 64},    // chunked after a cache
                       Case{37, 500, 8, 2, 128, 463, BF16, BF16, 64},
-                      Case{70, 70, 6, 3, 40, 0, F32, F32, 2000}),      // window beyond the sequence: causal
+                      Case{70, 70, 6, 3, 40, 0, F32, F32, 2000},       // window beyond the sequence: causal
+                      // As on an RTX PRO 6000 (sm_120: mma.sync, 99 KiB per block): at d 192 the single-buffered
+                      // tensor-core forward and backward, and the SIMT backward's blocks of 4 keys / rows (F32).
+                      Case{150, 150, 4, 4, 192, 0, F32, F32, 0, "sm_120"},
+                      Case{150, 150, 4, 4, 192, 0, BF16, BF16, 0, "sm_120"},
+                      Case{700, 700, 8, 2, 192, 0, BF16, F32, 0, "sm_120"},
+                      Case{20, 170, 4, 4, 192, 150, BF16, BF16, 0, "sm_120"},
+                      Case{150, 150, 4, 4, 192, 0, BF16, F32, 33, "sm_120"},
+                      Case{700, 700, 16, 2, 128, 0, BF16, F32, 200, "sm_120"}),
     case_name);
 
 // ------------------------------------------------------------------------------------------------
@@ -451,10 +470,14 @@ TEST(AttentionCudaValueHead, MlaShapesMatchCpu) {
     const Tensor v = rounded(random_tensor({c.tk, c.nh, dv}, 3), c.dt);
     Tensor out = Tensor::empty({c.tq, c.nh, dv}, DType::F32), lse = Tensor::empty({c.tq, c.nh}, DType::F32);
     attention_forward(q, k, v, c.off, scale, out, &lse);
-    // The automatic choice (mma.sync below 2560 keys at this head dim), then the wgmma kernel forced.
-    for (const char* kernel : {"", "wgmma"}) {
+    // The automatic choice (mma.sync below 2560 keys at this head dim), the wgmma kernel forced, and the
+    // automatic choice as on an sm_120 GPU (mma.sync, K and V single-buffered in 99 KiB).
+    for (const char* kernel : {"", "wgmma", "sm_120"}) {
       SCOPED_TRACE(*kernel ? kernel : "auto");
-      if (*kernel) setenv("AERIE_ATTENTION_FORWARD_KERNEL", kernel, 1);
+      const bool as120 = std::string(kernel) == "sm_120";
+      std::optional<testing::ScopedEnv> emulate;
+      if (as120) emulate.emplace("AERIE_CUDA_EMULATE", "sm_120");
+      if (*kernel && !as120) setenv("AERIE_ATTENTION_FORWARD_KERNEL", kernel, 1);
       Tensor gout = Tensor::empty({c.tq, c.nh, dv}, c.dt, Device::CUDA);
       Tensor glse = Tensor::empty({c.tq, c.nh}, DType::F32, Device::CUDA);
       attention_forward(on_gpu(q, c.dt), on_gpu(k, c.dt), on_gpu(v, c.dt), c.off, scale, gout, &glse);

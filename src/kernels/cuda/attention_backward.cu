@@ -145,11 +145,11 @@ __global__ void __launch_bounds__(kThreads) attn_bwd_dq_kernel(BwdParams p) {
   }
 }
 
-/// dk_j += scale sum_i dS_ij q_i, dv_j += sum_i P_ij dout_i for kWarps * kKpw keys of one kv head,
+/// dk_j += scale sum_i dS_ij q_i, dv_j += sum_i P_ij dout_i for kWarps * KPW keys of one kv head,
 /// looping over the tiles of packed query rows that attend them.
-template <int DP, typename T, typename G>
+template <int DP, typename T, typename G, int KPW>
 __global__ void __launch_bounds__(kThreads) attn_bwd_dkdv_kernel(BwdParams p) {
-  constexpr int BK = kWarps * kKpw, NC = (DP + 31) / 32;
+  constexpr int BK = kWarps * KPW, NC = (DP + 31) / 32;
   constexpr int QS = padded<DP>();
   extern __shared__ float4 smem4[];
   float* Ks = reinterpret_cast<float*>(smem4);  // [BK][DP]
@@ -172,9 +172,9 @@ __global__ void __launch_bounds__(kThreads) attn_bwd_dkdv_kernel(BwdParams p) {
     Ks[idx] = ok ? to_f32(k[off]) : 0.0f;
     Vs[idx] = ok ? to_f32(v[off]) : 0.0f;
   }
-  float dk[kKpw][NC], dv[kKpw][NC];
+  float dk[KPW][NC], dv[KPW][NC];
 #pragma unroll
-  for (int kk = 0; kk < kKpw; ++kk)
+  for (int kk = 0; kk < KPW; ++kk)
 #pragma unroll
     for (int t = 0; t < NC; ++t) dk[kk][t] = dv[kk][t] = 0.0f;
 
@@ -200,24 +200,24 @@ __global__ void __launch_bounds__(kThreads) attn_bwd_dkdv_kernel(BwdParams p) {
     const int64_t klim = row_ok ? i + p.q_offset : -1;
     const float lse = row_ok ? p.lse[i * p.nh + h] : 0.0f;
     const float Dr = row_ok ? p.D[i * p.nh + h] : 0.0f;
-    float pk[kKpw], ds[kKpw];
+    float pk[KPW], ds[KPW];
 #pragma unroll
-    for (int kk = 0; kk < kKpw; ++kk) pk[kk] = ds[kk] = 0.0f;
+    for (int kk = 0; kk < KPW; ++kk) pk[kk] = ds[kk] = 0.0f;
     const float* qr = Qs + lane * QS;
     const float* dor = dOs + lane * QS;
-    const float* kw = Ks + warp * kKpw * DP;
-    const float* vw = Vs + warp * kKpw * DP;
+    const float* kw = Ks + warp * KPW * DP;
+    const float* vw = Vs + warp * KPW * DP;
 #pragma unroll 2
     for (int c = 0; c < DP; c += 4) {
 #pragma unroll
-      for (int kk = 0; kk < kKpw; ++kk) {
+      for (int kk = 0; kk < KPW; ++kk) {
         pk[kk] += dot4(qr + c, kw + kk * DP + c);   // the score, for now
         ds[kk] += dot4(dor + c, vw + kk * DP + c);  // dout . v, for now
       }
     }
 #pragma unroll
-    for (int kk = 0; kk < kKpw; ++kk) {
-      const int64_t j = j0 + warp * kKpw + kk;
+    for (int kk = 0; kk < KPW; ++kk) {
+      const int64_t j = j0 + warp * KPW + kk;
       const bool ok = j < p.tk && attends(j, klim, p.window);
       const float pij = ok ? expf(pk[kk] * p.scale - lse) : 0.0f;
       ds[kk] = pij * (ds[kk] - Dr);
@@ -233,7 +233,7 @@ __global__ void __launch_bounds__(kThreads) attn_bwd_dkdv_kernel(BwdParams p) {
         doc[t] = c < DP ? dOs[r * QS + c] : 0.0f;
       }
 #pragma unroll
-      for (int kk = 0; kk < kKpw; ++kk) {
+      for (int kk = 0; kk < KPW; ++kk) {
         const float pr = __shfl_sync(0xffffffffu, pk[kk], r);
         const float dsr = __shfl_sync(0xffffffffu, ds[kk], r);
 #pragma unroll
@@ -248,8 +248,8 @@ __global__ void __launch_bounds__(kThreads) attn_bwd_dkdv_kernel(BwdParams p) {
   G* gk = static_cast<G*>(p.dk);
   G* gv = static_cast<G*>(p.dv);
 #pragma unroll
-  for (int kk = 0; kk < kKpw; ++kk) {
-    const int64_t j = j0 + warp * kKpw + kk;
+  for (int kk = 0; kk < KPW; ++kk) {
+    const int64_t j = j0 + warp * KPW + kk;
     if (j >= p.tk) continue;
 #pragma unroll
     for (int t = 0; t < NC; ++t) {
@@ -285,26 +285,49 @@ struct Backward {
         return;
       }
     }
-    if (p.tk > 0) {
-      constexpr int BK = kWarps * kKpw;
-      const size_t smem = sizeof(float) * (2 * BK * DP + 2 * kTile * padded<DP>());
-      auto kernel = attn_bwd_dkdv_kernel<DP, T, G>;
-      allow_smem(kernel, smem);
-      const int64_t blocks = (p.tk + BK - 1) / BK;
-      check_grid(op, blocks, p.nkv, 1);
-      kernel<<<dim3(static_cast<unsigned>(blocks), p.nkv), kThreads, smem, stream()>>>(p);
-      AERIE_CUDA_LAUNCHED("attn_bwd_dkdv_kernel");
+    // At DP 256 blocks of 8 keys or rows per warp take 129 KiB of shared memory: on a GPU of 99 KiB per block
+    // (sm_86, sm_89, sm_120) they hold 4.
+    if constexpr (DP == 256) {
+      if (!smem_fits(simt_smem<DP>(kWarps * kKpw))) {
+        simt<DP, kKpw / 2, 4>();
+        return;
+      }
     }
+    simt<DP, kKpw, 8>();
+  }
+
+  /// The SIMT passes: dk/dv with KPW keys per warp, dq with RPW rows per warp (1 for few rows).
+  template <int DP, int KPW, int RPW>
+  void simt() {
+    if (p.tk > 0) dkdv<DP, KPW>();
     if (few_rows(p.tq * p.group))
       dq<DP, 1>();
     else
-      dq<DP, 8>();
+      dq<DP, RPW>();
+  }
+
+  /// Shared memory of both SIMT passes: a block's `rows` rows (or keys) of two tensors and two streamed tiles.
+  template <int DP>
+  static constexpr size_t simt_smem(int rows) {
+    return sizeof(float) * (2 * rows * DP + 2 * kTile * padded<DP>());
+  }
+
+  template <int DP, int KPW>
+  void dkdv() {
+    constexpr int BK = kWarps * KPW;
+    const size_t smem = simt_smem<DP>(BK);
+    auto kernel = attn_bwd_dkdv_kernel<DP, T, G, KPW>;
+    allow_smem(kernel, smem);
+    const int64_t blocks = (p.tk + BK - 1) / BK;
+    check_grid(op, blocks, p.nkv, 1);
+    kernel<<<dim3(static_cast<unsigned>(blocks), p.nkv), kThreads, smem, stream()>>>(p);
+    AERIE_CUDA_LAUNCHED("attn_bwd_dkdv_kernel");
   }
 
   template <int DP, int RPW>
   void dq() {
     constexpr int BR = kWarps * RPW;
-    const size_t smem = sizeof(float) * (2 * BR * DP + 2 * kTile * padded<DP>());
+    const size_t smem = simt_smem<DP>(BR);
     auto kernel = attn_bwd_dq_kernel<DP, RPW, T>;
     allow_smem(kernel, smem);
     const int64_t blocks = (p.tq * p.group + BR - 1) / BR;

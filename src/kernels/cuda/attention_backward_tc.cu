@@ -9,7 +9,8 @@
 // dq pass: 4 warps x 16 packed query rows; Q and dout stay in shared memory, 64-key tiles of K and V
 // stream through a double buffer (cp.async). dk/dv pass: 4 warps x 16 keys of one kv head; K and V stay
 // in shared memory, 64-row tiles of packed query rows (Q, dout, their lse and D) stream through a
-// double buffer. Register layouts and shared-memory swizzle: attention_mma.cuh.
+// double buffer. At head dim 192 on a GPU of 99 KiB per block (sm_86, sm_89, sm_120) the streamed tiles are
+// single-buffered instead (96 KiB in place of 144). Register layouts and shared-memory swizzle: attention_mma.cuh.
 #include "kernels/cuda/attention_mma.cuh"
 
 namespace aerie::cuda::attn {
@@ -88,13 +89,43 @@ __device__ __forceinline__ void frags_times_tile(float (&acc)[DP / 8][4], const 
   }
 }
 
-template <int DP>
+/// Shared memory of the dq pass (Q, dout, K[NBUF], V[NBUF]) and of the dk/dv pass (K, V, Q[NBUF], dout[NBUF],
+/// and per streamed row its lse, D and last key).
+template <int DP, int NBUF>
+constexpr size_t dq_smem() {
+  return (2 + 2 * NBUF) * tile_bytes<DP>();
+}
+template <int DP, int NBUF>
+constexpr size_t dkdv_smem() {
+  return (2 + 2 * NBUF) * tile_bytes<DP>() + NBUF * kBlk * (2 * sizeof(float) + sizeof(int));
+}
+
+/// The streamed tile t's buffer, loading it first where there is one buffer (the previous iteration's last
+/// sync freed it), or tile t + 1 into the other buffer where there are two; then waits for tile t and syncs.
+template <int NBUF, typename Load>
+__device__ __forceinline__ int next_tile(int t, int ntiles, Load&& load) {
+  const int buf = NBUF == 2 ? t & 1 : 0;
+  if constexpr (NBUF == 2) {
+    if (t + 1 < ntiles) load(t + 1, buf ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+  } else {
+    if (t > 0) load(t, 0);
+    cp_async_commit();
+    cp_async_wait<0>();
+  }
+  __syncthreads();
+  return buf;
+}
+
+template <int DP, int NBUF>
 __global__ void __launch_bounds__(kThreads, 2) attn_bwd_dq_mma_kernel(BwdParams p) {
   static_assert(DP == 64 || DP == 128 || DP == 192);
+  static_assert(NBUF == 1 || NBUF == 2);
   constexpr int NB = kBlk / 8, ND = DP / 8;
   extern __shared__ __align__(128) unsigned char bwd_smem[];
   const uint32_t sQ = static_cast<uint32_t>(__cvta_generic_to_shared(bwd_smem));
-  const uint32_t sO = sQ + tile_bytes<DP>(), sK = sO + tile_bytes<DP>(), sV = sK + 2 * tile_bytes<DP>();
+  const uint32_t sO = sQ + tile_bytes<DP>(), sK = sO + tile_bytes<DP>(), sV = sK + NBUF * tile_bytes<DP>();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, quad = lane >> 2, tq4 = lane & 3;
   const int g = blockIdx.y;
   const int64_t r0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kBlk;  // longest rows first
@@ -108,10 +139,11 @@ __global__ void __launch_bounds__(kThreads, 2) attn_bwd_dq_mma_kernel(BwdParams 
   // Key tiles t0 .. : under a window, from the tile of the block's first row's first key.
   const int t0 = static_cast<int>(first_key(r0 / p.group + p.q_offset, p.window) / kBlk);
   const int ntiles = max(0, static_cast<int>((kend + kBlk - 1) / kBlk) - t0);
-  if (ntiles > 0) {
-    load_keys<DP>(sK, k, p, g, static_cast<int64_t>(t0) * kBlk);
-    load_keys<DP>(sV, v, p, g, static_cast<int64_t>(t0) * kBlk);
-  }
+  auto load_kv = [&](int t, int buf) {
+    load_keys<DP>(sK + buf * tile_bytes<DP>(), k, p, g, static_cast<int64_t>(t0 + t) * kBlk);
+    load_keys<DP>(sV + buf * tile_bytes<DP>(), v, p, g, static_cast<int64_t>(t0 + t) * kBlk);
+  };
+  if (ntiles > 0) load_kv(0, 0);
   cp_async_commit();
 
   int64_t klim[2];  // key j is attended iff j <= klim (and j < kend)
@@ -131,14 +163,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_bwd_dq_mma_kernel(BwdParams 
   for (int nd = 0; nd < ND; ++nd) acc[nd][0] = acc[nd][1] = acc[nd][2] = acc[nd][3] = 0.0f;
 
   for (int t = 0; t < ntiles; ++t) {
-    const int buf = t & 1;
-    if (t + 1 < ntiles) {
-      load_keys<DP>(sK + (buf ^ 1) * tile_bytes<DP>(), k, p, g, static_cast<int64_t>(t0 + t + 1) * kBlk);
-      load_keys<DP>(sV + (buf ^ 1) * tile_bytes<DP>(), v, p, g, static_cast<int64_t>(t0 + t + 1) * kBlk);
-    }
-    cp_async_commit();
-    cp_async_wait<1>();
-    __syncthreads();
+    const int buf = next_tile<NBUF>(t, ntiles, load_kv);
     const uint32_t kb = sK + buf * tile_bytes<DP>(), vb = sV + buf * tile_bytes<DP>();
     const int64_t j0 = static_cast<int64_t>(t0 + t) * kBlk;
     float s[NB][4], dp[NB][4];
@@ -177,16 +202,17 @@ __global__ void __launch_bounds__(kThreads, 2) attn_bwd_dq_mma_kernel(BwdParams 
   }
 }
 
-template <int DP, typename G>
+template <int DP, typename G, int NBUF>
 __global__ void __launch_bounds__(kThreads, 1) attn_bwd_dkdv_mma_kernel(BwdParams p) {
   static_assert(DP == 64 || DP == 128 || DP == 192);
+  static_assert(NBUF == 1 || NBUF == 2);
   constexpr int NB = kBlk / 8, ND = DP / 8;
   extern __shared__ __align__(128) unsigned char bwd_smem[];
   const uint32_t sK = static_cast<uint32_t>(__cvta_generic_to_shared(bwd_smem));
-  const uint32_t sV = sK + tile_bytes<DP>(), sQ = sV + tile_bytes<DP>(), sO = sQ + 2 * tile_bytes<DP>();
-  float* lse2s = reinterpret_cast<float*>(bwd_smem + 6 * tile_bytes<DP>());  // [2][64]
-  float* Ds = lse2s + 2 * kBlk;                                               // [2][64]
-  int* ilims = reinterpret_cast<int*>(Ds + 2 * kBlk);                         // [2][64]
+  const uint32_t sV = sK + tile_bytes<DP>(), sQ = sV + tile_bytes<DP>(), sO = sQ + NBUF * tile_bytes<DP>();
+  float* lse2s = reinterpret_cast<float*>(bwd_smem + (2 + 2 * NBUF) * tile_bytes<DP>());  // [NBUF][64]
+  float* Ds = lse2s + NBUF * kBlk;                                                         // [NBUF][64]
+  int* ilims = reinterpret_cast<int*>(Ds + NBUF * kBlk);                                   // [NBUF][64]
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, quad = lane >> 2, tq4 = lane & 3;
   const int g = blockIdx.y;
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kBlk;
@@ -228,11 +254,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_dkdv_mma_kernel(BwdParam
     for (int e = 0; e < 4; ++e) dk[nd][e] = dv[nd][e] = 0.0f;
 
   for (int t = 0; t < ntiles; ++t) {
-    const int buf = t & 1;
-    if (t + 1 < ntiles) load_tile(t + 1, buf ^ 1);
-    cp_async_commit();
-    cp_async_wait<1>();
-    __syncthreads();
+    const int buf = next_tile<NBUF>(t, ntiles, load_tile);
     const uint32_t qb = sQ + buf * tile_bytes<DP>(), ob = sO + buf * tile_bytes<DP>();
     const float* lt = lse2s + buf * kBlk;
     const float* dt = Ds + buf * kBlk;
@@ -290,10 +312,12 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_dkdv_mma_kernel(BwdParam
 
 }  // namespace
 
-template <int DP>
-void launch_bwd_dq_tc(const BwdParams& p) {
-  const size_t smem = 6 * tile_bytes<DP>();  // Q, dout, K[2], V[2]
-  auto kernel = attn_bwd_dq_mma_kernel<DP>;
+namespace {
+
+template <int DP, int NBUF>
+void launch_dq(const BwdParams& p) {
+  constexpr size_t smem = dq_smem<DP, NBUF>();
+  auto kernel = attn_bwd_dq_mma_kernel<DP, NBUF>;
   allow_smem(kernel, smem);
   const int64_t blocks = (p.tq * p.group + kBlk - 1) / kBlk;
   check_grid("attention_backward (CUDA) dq", blocks, p.nkv, 1);
@@ -301,15 +325,41 @@ void launch_bwd_dq_tc(const BwdParams& p) {
   AERIE_CUDA_LAUNCHED("attn_bwd_dq_mma_kernel");
 }
 
-template <int DP, typename G>
-void launch_bwd_dkdv_tc(const BwdParams& p) {
-  const size_t smem = 6 * tile_bytes<DP>() + 2 * kBlk * (2 * sizeof(float) + sizeof(int));  // K, V, Q[2], dout[2]
-  auto kernel = attn_bwd_dkdv_mma_kernel<DP, G>;
+template <int DP, typename G, int NBUF>
+void launch_dkdv(const BwdParams& p) {
+  constexpr size_t smem = dkdv_smem<DP, NBUF>();
+  auto kernel = attn_bwd_dkdv_mma_kernel<DP, G, NBUF>;
   allow_smem(kernel, smem);
   const int64_t blocks = (p.tk + kBlk - 1) / kBlk;
   check_grid("attention_backward (CUDA) dk/dv", blocks, p.nkv, 1);
   kernel<<<dim3(static_cast<unsigned>(blocks), p.nkv), kThreads, smem, stream()>>>(p);
   AERIE_CUDA_LAUNCHED("attn_bwd_dkdv_mma_kernel");
+}
+
+}  // namespace
+
+// Double-buffered where that fits one block (smem_fits); at head dim 192 (the others take at most 98 KiB) the
+// single-buffered kernels where it does not.
+template <int DP>
+void launch_bwd_dq_tc(const BwdParams& p) {
+  if constexpr (DP == 192) {
+    if (!smem_fits(dq_smem<DP, 2>())) {
+      launch_dq<DP, 1>(p);
+      return;
+    }
+  }
+  launch_dq<DP, 2>(p);
+}
+
+template <int DP, typename G>
+void launch_bwd_dkdv_tc(const BwdParams& p) {
+  if constexpr (DP == 192) {
+    if (!smem_fits(dkdv_smem<DP, 2>())) {
+      launch_dkdv<DP, G, 1>(p);
+      return;
+    }
+  }
+  launch_dkdv<DP, G, 2>(p);
 }
 
 template void launch_bwd_dq_tc<64>(const BwdParams& p);

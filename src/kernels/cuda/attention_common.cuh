@@ -50,9 +50,11 @@ inline int sm_count() {
   return n;
 }
 
-/// Allows `bytes` of dynamic shared memory for `kernel` (needed above the default 48 KiB).
+/// Allows `bytes` of dynamic shared memory for `kernel` (needed above the default 48 KiB); throws aerie::Error
+/// when the GPU, or the one AERIE_CUDA_EMULATE names, has less (check_smem).
 template <typename Kernel>
 void allow_smem(Kernel kernel, size_t bytes) {
+  check_smem("attention", bytes);
   if (bytes > 48 * 1024)
     AERIE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
                      "attention: cudaFuncSetAttribute(MaxDynamicSharedMemorySize, " << bytes << ")");

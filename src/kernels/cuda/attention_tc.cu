@@ -14,7 +14,9 @@
 // row), P rounded to bf16 and reused as the A operand of O += P V (V by ldmatrix.trans), O in fp32
 // registers rescaled by exp2(m_old - m_new). The row sum l adds the fp32 probabilities (as
 // FlashAttention does). Shared-memory rows are XOR-swizzled in 16-byte chunks (chunk ^ row % 8) so
-// that ldmatrix's 8 row reads hit 8 distinct bank groups.
+// that ldmatrix's 8 row reads hit 8 distinct bank groups. Where the double buffer does not fit one block (head
+// dim 192 on a GPU of 99 KiB per block: sm_86, sm_89, sm_120), the K and V tiles are single-buffered (64 KiB at
+// 192 / 128, 72 KiB at 192 / 192): each tile loads after the last one is used.
 #include "kernels/cuda/attention_mma.cuh"
 
 namespace aerie::cuda::attn {
@@ -24,16 +26,16 @@ constexpr int kKeys = 64;  // keys per tile
 constexpr int kRowsPerWarp = 16;
 static_assert(kTcBlockRows == kWarps * kRowsPerWarp);
 
-template <int DP, int DV>
+template <int DP, int DV, int NBUF>
 struct MmaSmem {
   static constexpr size_t q_bytes = sizeof(bf16_t) * kTcBlockRows * DP;
   static constexpr size_t k_bytes = sizeof(bf16_t) * kKeys * DP;  // one K tile
   static constexpr size_t v_bytes = sizeof(bf16_t) * kKeys * DV;  // one V tile
-  static constexpr size_t bytes = q_bytes + 2 * k_bytes + 2 * v_bytes;  // Q, K[2], V[2]
+  static constexpr size_t bytes = q_bytes + NBUF * (k_bytes + v_bytes);  // Q, K[NBUF], V[NBUF]
 };
 
-// DP: the query/key head dim; DV: the value/output head dim (DP, or MLA's 128 against 192).
-template <int DP, int DV>
+// DP: the query/key head dim; DV: the value/output head dim (DP, or MLA's 128 against 192); NBUF: K/V buffers.
+template <int DP, int DV, int NBUF>
 __global__ void __launch_bounds__(kThreads, 2) attn_fwd_mma_kernel(FwdParams p) {
   static_assert(DP == 64 || DP == 128 || DP == 192);
   static_assert(DV == DP || (DP == 192 && DV == 128));
@@ -43,10 +45,11 @@ __global__ void __launch_bounds__(kThreads, 2) attn_fwd_mma_kernel(FwdParams p) 
   constexpr int NB = kKeys / 8;    // n8 score blocks per tile
   constexpr int KK = kKeys / 16;   // k16 steps of P V over the keys
   constexpr int ND = DV / 8;       // n8 output blocks
-  using L = MmaSmem<DP, DV>;
+  static_assert(NBUF == 1 || NBUF == 2);
+  using L = MmaSmem<DP, DV, NBUF>;
   extern __shared__ __align__(128) unsigned char mma_smem[];
   const uint32_t sQ = static_cast<uint32_t>(__cvta_generic_to_shared(mma_smem));
-  const uint32_t sK = sQ + L::q_bytes, sV = sK + 2 * L::k_bytes;
+  const uint32_t sK = sQ + L::q_bytes, sV = sK + NBUF * L::k_bytes;
 
   Seq s;
   if (!find_seq<kTcBlockRows>(p, s, blockIdx.x)) return;
@@ -116,10 +119,16 @@ __global__ void __launch_bounds__(kThreads, 2) attn_fwd_mma_kernel(FwdParams p) 
             qf[kd][3]);
 
   for (int t = 0; t < ntiles; ++t) {
-    const int buf = t & 1;
-    if (t + 1 < ntiles) load_kv(t + 1, buf ^ 1);  // the buffer tile t-1 used: freed by the sync below
-    cp_async_commit();
-    cp_async_wait<1>();  // tile t has landed
+    const int buf = NBUF == 2 ? t & 1 : 0;
+    if constexpr (NBUF == 2) {
+      if (t + 1 < ntiles) load_kv(t + 1, buf ^ 1);  // the buffer tile t-1 used: freed by the sync below
+      cp_async_commit();
+      cp_async_wait<1>();  // tile t has landed
+    } else {
+      if (t > 0) load_kv(t, 0);  // the one buffer, freed by the previous iteration's last sync
+      cp_async_commit();
+      cp_async_wait<0>();
+    }
     __syncthreads();
     const uint32_t kb = sK + buf * L::k_bytes, vb = sV + buf * L::v_bytes;
     const int64_t j0 = kbeg + static_cast<int64_t>(t) * kKeys;
@@ -229,13 +238,26 @@ __global__ void __launch_bounds__(kThreads, 2) attn_fwd_mma_kernel(FwdParams p) 
   }
 }
 
-template <int DP, int DV>
-void launch_mma(const FwdParams& p, int64_t tiles, int64_t splits) {
-  constexpr size_t smem = MmaSmem<DP, DV>::bytes;
-  auto kernel = attn_fwd_mma_kernel<DP, DV>;
+template <int DP, int DV, int NBUF>
+void launch_mma_nbuf(const FwdParams& p, int64_t tiles, int64_t splits) {
+  constexpr size_t smem = MmaSmem<DP, DV, NBUF>::bytes;
+  auto kernel = attn_fwd_mma_kernel<DP, DV, NBUF>;
   allow_smem(kernel, smem);
   kernel<<<dim3(static_cast<unsigned>(tiles), p.nkv, static_cast<unsigned>(splits)), kThreads, smem, stream()>>>(p);
   AERIE_CUDA_LAUNCHED("attn_fwd_mma_kernel");
+}
+
+/// The double-buffered kernel where it fits one block (smem_fits), else (head dim 192 only: 64 and 128 take at
+/// most 80 KiB) the single-buffered one.
+template <int DP, int DV>
+void launch_mma(const FwdParams& p, int64_t tiles, int64_t splits) {
+  if constexpr (DP == 192) {
+    if (!smem_fits(MmaSmem<DP, DV, 2>::bytes)) {
+      launch_mma_nbuf<DP, DV, 1>(p, tiles, splits);
+      return;
+    }
+  }
+  launch_mma_nbuf<DP, DV, 2>(p, tiles, splits);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 
 #include "core/device.h"
 #include "core/error.h"
+#include "core/gpu_limits.h"
 
 /// Throws aerie::Error naming `what` when a CUDA runtime call fails.
 #define AERIE_CUDA_CHECK(call, what)                                                                 \
@@ -23,6 +24,20 @@ namespace aerie::cuda {
 
 inline cudaStream_t stream() { return static_cast<cudaStream_t>(current_stream()); }
 inline unsigned blocks_for(int64_t n, int threads) { return static_cast<unsigned>((n + threads - 1) / threads); }
+
+/// Whether `bytes` of dynamic shared memory fit one block on the current GPU, or on the GPU that
+/// AERIE_CUDA_EMULATE names (core/gpu_limits.h): kernels with several tile configurations pick by it.
+inline bool smem_fits(size_t bytes) { return static_cast<int64_t>(bytes) <= gpu_limits().smem_per_block; }
+
+/// Before a launch with `bytes` of dynamic shared memory: throws aerie::Error naming `kernel` when they do not fit
+/// (smem_fits), so that a configuration the GPU (or the emulated one) cannot hold fails loudly, never silently.
+inline void check_smem(const char* kernel, size_t bytes) {
+  if (smem_fits(bytes)) return;
+  const GpuLimits l = gpu_limits();
+  AERIE_THROW(kernel << ": needs " << bytes << " bytes of shared memory per block; "
+                     << (l.emulated.empty() ? "this GPU" : l.emulated + " (" + kEmulateEnv + ")") << " allows "
+                     << l.smem_per_block);
+}
 
 __device__ __forceinline__ float to_f32(float x) { return x; }
 __device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }

@@ -691,6 +691,7 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 /// Lets `kernel` (a __global__ function) take `bytes` of dynamic shared memory on the current device,
 /// once per kernel and device (cudaFuncSetAttribute).
 void allow_smem(const void* kernel, int bytes) {
+  check_smem("matmul_grouped_quant", static_cast<size_t>(bytes));
   static thread_local std::vector<std::pair<const void*, int>> configured;
   const int dev = current_device();
   for (const auto& [k, d] : configured)
@@ -986,35 +987,14 @@ void launch(const __nv_bfloat16* a, const int32_t* a_rows, int row_div, __nv_bfl
 
 
 
-/// The current GPU's shared memory per block with the opt-in (cudaDevAttrMaxSharedMemoryPerBlockOptin).
-int max_smem_optin() {
-  thread_local int dev = -1, bytes = 0;
-  const int d = current_device();
-  if (d != dev) {
-    AERIE_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, d),
-                     "cudaDeviceGetAttribute");
-    dev = d;
-  }
-  return bytes;
-}
-
 }  // namespace
 
 bool wgmma_device() {
 #ifndef AERIE_CUDA_SM90A
   return false;
+#else
+  return gpu_limits().wgmma;
 #endif
-  thread_local int dev = -1;
-  thread_local bool yes = false;
-  const int d = current_device();
-  if (d != dev) {
-    int major = 0, minor = 0;
-    AERIE_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, d), "cudaDeviceGetAttribute");
-    AERIE_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, d), "cudaDeviceGetAttribute");
-    dev = d;
-    yes = major == 9 && minor == 0;
-  }
-  return yes;
 }
 
 void matmul_grouped_quant(const Tensor& a, int format, const std::vector<GroupedWeight>& w,
@@ -1066,7 +1046,7 @@ void matmul_grouped_quant(const Tensor& a, int format, const std::vector<Grouped
     const int need = format == kFp8    ? Layout<kFp8, 128, 3>::bytes
                      : format == kInt4 ? Layout<kInt4, 128, 3>::bytes
                                        : Layout<kDense, 128, 3>::bytes;
-    if (need + 1024 > max_smem_optin()) mode = "64";
+    if (!smem_fits(need + 1024)) mode = "64";
   }
   gd.reserve(groups.size());
   for (int64_t g : groups) {

@@ -20,7 +20,8 @@
 namespace aerie::cuda {
 
 /// Whether the current GPU runs the wgmma kernels: a build with sm_90a code (AERIE_CUDA_ARCH 90a, the
-/// default: AERIE_CUDA_SM90A) on a GPU of compute capability 9.0 (H100, H200). Cached per thread and device.
+/// default: AERIE_CUDA_SM90A) on a GPU of compute capability 9.0 (H100, H200), unless AERIE_CUDA_EMULATE names a
+/// GPU without wgmma (core/gpu_limits.h: sm_120, sm_100, ...), which then runs the mma.sync kernels.
 bool wgmma_device();
 
 #ifndef AERIE_NO_WGMMA

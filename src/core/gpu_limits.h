@@ -1,0 +1,40 @@
+// What the CUDA kernels may plan for on a GPU (its compute capability, the shared memory one block may take,
+// whether it runs wgmma), and AERIE_CUDA_EMULATE, which makes an H100 / H200 plan as another GPU does: the
+// kernel paths and tile configurations of a user's card (an RTX PRO 6000's sm_120, a B200's sm_100) run and are
+// tested on the Hopper GPUs we have. The table holds what CUDA reports for each card
+// (cudaDevAttrMaxSharedMemoryPerBlockOptin; CUDA C++ Programming Guide, "Technical Specifications per Compute
+// Capability"). CPU-only code: it compiles and is tested without the CUDA backend.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace aerie::cuda {
+
+struct GpuLimits {
+  int major = 0, minor = 0;     // compute capability
+  int64_t smem_per_block = 0;   // bytes of shared memory one block may take (with the opt-in)
+  bool wgmma = false;           // runs the sm_90a wgmma kernels (compute capability 9.0 exactly)
+  std::string emulated;         // "sm_120" when AERIE_CUDA_EMULATE made these limits, else ""
+};
+
+/// The name of the setting: AERIE_CUDA_EMULATE=sm_80 | sm_86 | sm_89 | sm_100 | sm_120.
+inline constexpr const char* kEmulateEnv = "AERIE_CUDA_EMULATE";
+
+/// The limits of the GPU family `name` names ("sm_120", "120" or "12.0" alike; sm_100 also as "sm_100a"),
+/// or nullopt when `name` is null or empty. sm_80: 163 KiB per block; sm_86, sm_89, sm_120: 99 KiB; sm_90,
+/// sm_100: 227 KiB; wgmma on sm_90 only (sm_100 has tcgen05 instead, sm_120 neither).
+/// Throws aerie::Error naming AERIE_CUDA_EMULATE and the names it takes for any other value.
+std::optional<GpuLimits> emulated_gpu_limits(const char* name);
+
+/// What a kernel may plan for on a GPU with limits `real` when `emulated` is set: the emulated family's
+/// compute capability, wgmma only where both have it, and the smaller shared memory of the two (an H100
+/// cannot lend more than it has). `real` unchanged without `emulated`.
+GpuLimits apply_emulation(const GpuLimits& real, const std::optional<GpuLimits>& emulated);
+
+/// The current device's limits with AERIE_CUDA_EMULATE applied (read at every call, so that a test may set it;
+/// the device's own attributes are queried once per device and thread). Throws aerie::Error in a build without
+/// the CUDA backend or on a CUDA error.
+GpuLimits gpu_limits();
+
+}  // namespace aerie::cuda

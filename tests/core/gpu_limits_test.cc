@@ -1,0 +1,66 @@
+// The limits the CUDA kernels plan for (core/gpu_limits.h): the table of GPU families that AERIE_CUDA_EMULATE
+// names and how an emulated family caps the real GPU. CPU-only; the kernels under the setting are tested by the
+// CUDA suites run with AERIE_CUDA_EMULATE=sm_120 (tools/bench/gpu_paths.sh).
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "core/error.h"
+#include "core/gpu_limits.h"
+#include "test_util.h"
+
+namespace aerie::cuda {
+namespace {
+
+TEST(GpuLimits, UnsetMeansTheRealGpu) {
+  EXPECT_FALSE(emulated_gpu_limits(nullptr));
+  EXPECT_FALSE(emulated_gpu_limits(""));
+  const GpuLimits h100{9, 0, 227 * 1024, true, ""};
+  const GpuLimits l = apply_emulation(h100, std::nullopt);
+  EXPECT_EQ(l.smem_per_block, 227 * 1024);
+  EXPECT_TRUE(l.wgmma);
+  EXPECT_EQ(l.emulated, "");
+}
+
+TEST(GpuLimits, FamiliesAsCudaReportsThem) {
+  for (const char* name : {"sm_120", "120", "12.0"}) {
+    const auto l = emulated_gpu_limits(name);
+    ASSERT_TRUE(l) << name;
+    EXPECT_EQ(l->major, 12);
+    EXPECT_EQ(l->smem_per_block, 101376) << "RTX PRO 6000 / RTX 5090: 99 KiB per block";
+    EXPECT_FALSE(l->wgmma);
+    EXPECT_EQ(l->emulated, "sm_120");
+  }
+  const auto b200 = emulated_gpu_limits("sm_100a");
+  ASSERT_TRUE(b200);
+  EXPECT_EQ(b200->major, 10);
+  EXPECT_EQ(b200->smem_per_block, 232448);
+  EXPECT_FALSE(b200->wgmma) << "sm_100 has tcgen05, not wgmma";
+  EXPECT_EQ(emulated_gpu_limits("sm_80")->smem_per_block, 166912);
+  EXPECT_EQ(emulated_gpu_limits("sm_89")->smem_per_block, 101376);
+  EXPECT_TRUE(emulated_gpu_limits("sm_90a")->wgmma);
+}
+
+TEST(GpuLimits, EmulationCapsTheRealGpu) {
+  const GpuLimits h100{9, 0, 232448, true, ""};
+  const GpuLimits as120 = apply_emulation(h100, emulated_gpu_limits("sm_120"));
+  EXPECT_EQ(as120.smem_per_block, 101376);
+  EXPECT_FALSE(as120.wgmma);
+  EXPECT_EQ(as120.major, 12);
+  EXPECT_EQ(as120.emulated, "sm_120");
+  // An A100 cannot lend an sm_90's shared memory or its wgmma.
+  const GpuLimits a100{8, 0, 166912, false, ""};
+  const GpuLimits as90 = apply_emulation(a100, emulated_gpu_limits("sm_90"));
+  EXPECT_EQ(as90.smem_per_block, 166912);
+  EXPECT_FALSE(as90.wgmma);
+}
+
+TEST(GpuLimits, UnknownFamilyNamesTheSetting) {
+  EXPECT_NE(testing::error_of([] { emulated_gpu_limits("sm_75"); }).find("AERIE_CUDA_EMULATE"), std::string::npos);
+  const std::string e = testing::error_of([] { emulated_gpu_limits("rtx6000"); });
+  EXPECT_NE(e.find("sm_120"), std::string::npos) << e;
+  EXPECT_NE(e.find("'rtx6000'"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace aerie::cuda

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The CUDA suites, and with BENCH=1 the benchmarks, on one GPU twice in one call: as the GPU is (an H100 / H200:
+# the wgmma kernels, 227 KiB of shared memory per block) and as the GPUs our users own plan
+# (AERIE_CUDA_EMULATE=sm_120, core/gpu_limits.h: no wgmma, so the mma.sync kernels, and the tile configurations
+# that fit 99 KiB per block, as on an RTX PRO 6000; sm_100 for a B200's mma.sync path). AERIE_NO_SKIP=1: a test
+# that cannot run on the GPU fails instead of skipping (the multi-rank ones need two GPUs and still skip).
+#
+# usage: tools/bench/gpu_paths.sh [BUILD_DIR] [OUT_DIR]       (BUILD_DIR default build; OUT_DIR default /tmp/gpu-paths)
+# Environment:
+#   PATHS     the settings, "native" or an AERIE_CUDA_EMULATE value (default "native sm_120")
+#   SUITES    the test binaries and their gtest arguments, one per line (default: test_kernels, test_model,
+#             test_train, test_core's DeviceSync.*, test_data's *Cuda*)
+#   TOGETHER  1 (default): each setting's suites run side by side on the GPU; 0: one after another
+#   BENCH     1: then tools/bench/bench_deepseek.sh (SKIP_HF=1) and bench_train.sh (SKIP_HF=1 SKIP_SPECFORGE=1)
+#             under each setting (default 0)
+# Writes OUT_DIR/<setting>/<suite>.txt, the benchmarks' JSON lines in OUT_DIR/<setting>/bench_*.txt, and
+# OUT_DIR/summary.txt: per setting and suite the exit status, tests passed / failed and seconds. Exit status 1
+# when any suite failed.
+set -uo pipefail
+case "${1:-}" in -h | --help)
+  sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+  exit 0 ;;
+esac
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+build="$(cd "${1:-build}" && pwd)" || exit 2
+out="${2:-/tmp/gpu-paths}"
+mkdir -p "$out"
+paths="${PATHS:-native sm_120}"
+default_suites="test_kernels
+test_model
+test_train
+test_core --gtest_filter=DeviceSync.*
+test_data --gtest_filter=*Cuda*"
+suites="${SUITES:-$default_suites}"
+export AERIE_NO_SKIP=1
+: > "$out/summary.txt"
+
+# One suite under one setting: its output, then a summary line.
+run_suite() {
+  local setting=$1 line=$2 name s rc counts
+  read -r name _ <<< "$line"
+  [ -x "$build/$name" ] || { echo "$setting $name missing ($build/$name)" >> "$out/summary.txt"; return 1; }
+  s=$(date +%s)
+  if [ "$setting" = native ]; then
+    (cd "$build" && set -f && env -u AERIE_CUDA_EMULATE ./$line) > "$out/$setting/$name.txt" 2>&1
+  else
+    (cd "$build" && set -f && AERIE_CUDA_EMULATE=$setting ./$line) > "$out/$setting/$name.txt" 2>&1
+  fi
+  rc=$?
+  counts=$(grep -aoE "^\[  PASSED  \] [0-9]+|^\[  FAILED  \] [0-9]+ test" "$out/$setting/$name.txt" |
+           grep -oE "[0-9]+" | paste -sd/ -)
+  echo "$setting $name rc=$rc passed/failed=${counts:-?} $(( $(date +%s) - s )) s" >> "$out/summary.txt"
+}
+
+status=0
+for setting in $paths; do
+  mkdir -p "$out/$setting"
+  echo "gpu_paths: $(date +%T) $setting: the CUDA suites"
+  while IFS= read -r line; do
+    [ -n "$line" ] || continue
+    if [ "${TOGETHER:-1}" = 1 ]; then run_suite "$setting" "$line" & else run_suite "$setting" "$line"; fi
+  done <<< "$suites"
+  wait
+  if [ "${BENCH:-0}" = 1 ]; then
+    emu=(); [ "$setting" = native ] || emu=(AERIE_CUDA_EMULATE="$setting")
+    echo "gpu_paths: $(date +%T) $setting: the benchmarks"
+    env "${emu[@]}" SKIP_HF=1 "$root/tools/bench/bench_deepseek.sh" "$build" > "$out/$setting/bench_deepseek.txt" 2>&1
+    env "${emu[@]}" SKIP_HF=1 SKIP_SPECFORGE=1 "$root/tools/bench/bench_train.sh" "$build" \
+      > "$out/$setting/bench_train.txt" 2>&1
+  fi
+done
+grep -q "rc=[1-9]\|missing" "$out/summary.txt" && status=1
+for setting in $paths; do
+  for f in "$out/$setting"/test_*.txt; do
+    [ -f "$f" ] && grep -a "^\[  FAILED  \] [A-Za-z]" "$f" | sed "s|^|$setting $(basename "$f" .txt): |"
+  done
+done >> "$out/summary.txt"
+cat "$out/summary.txt"
+exit $status
