@@ -91,5 +91,6 @@ int eval(const std::vector<std::string>& args);
 int generate(const std::vector<std::string>& args);
 int tokenize(const std::vector<std::string>& args);
 int plan(const std::vector<std::string>& args);
+int calibrate(const std::vector<std::string>& args);
 
 }  // namespace aerie::jobs

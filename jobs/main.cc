@@ -28,6 +28,8 @@ subcommands() {
           {"eval", {eval, "acceptance length: teacher-forced and real speculative decoding (--run: every checkpoint)"}},
           {"generate", {generate, "target generation (greedy or sampled): regenerate a conversation set"}},
           {"plan", {plan, "GPU memory per tp rank from config.json and the safetensors headers (no data read)"}},
+          {"calibrate", {calibrate, "measure this node (forward by layer kind, draft step, disk, all-reduce) for "
+                                    "aerie plan --calibration"}},
           {"tokenize", {tokenize, "text on stdin -> token ids (and byte offsets) of a tokenizer.json or tiktoken.model"}},
       };
   return m;

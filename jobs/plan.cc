@@ -20,6 +20,7 @@
 
 #include "core/error.h"
 #include "jobs/jobs.h"
+#include "jobs/plan_time.h"
 #include "jobs/target_device.h"
 #include "model/memory_plan.h"
 #include "model/target_config.h"
@@ -252,6 +253,7 @@ int plan(const std::vector<std::string>& args) {
       "fp8-gemm", po::bool_switch(),
       "as extract/eval/generate/streaming train --fp8-gemm: the Linears' weights held as block FP8 (a BF16 target's quantized "
       "at load: half their bytes), no dequantization buffer for FP8 Linears outside the routed experts");
+  add_time_plan_options(desc);
   po::variables_map vm;
   if (!parse_options("plan", args, desc, vm)) return 0;
   const std::string model = vm["model"].as<std::string>(), config_path = vm["model-config"].as<std::string>(),
@@ -335,7 +337,9 @@ int plan(const std::vector<std::string>& args) {
   if (rank == 0) {
     print_plan(std::cout, p, opt, gpu_source);
     if (!p.fits) print_suggestions(p, opt, config, tensors, config_file);
+    std::cout.flush();
   }
+  print_time_plan(vm, opt.tp, world, opt.batch_tokens, rank == 0);
   return p.fits ? 0 : 1;  // a script can branch on it (the plan is printed either way)
 }
 

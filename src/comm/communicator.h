@@ -65,6 +65,19 @@ class MpiCommunicator : public Communicator {
   int rank_ = 0, size_ = 1;
 };
 
+/// A group of one rank (no MPI): every collective leaves its tensors as they are (all_gather copies). For work
+/// a rank does alone: benchmarks, and aerie calibrate's draft step (one rank's share of a data-parallel step).
+class SelfCommunicator : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  void all_reduce_sum(Tensor&) override {}
+  void all_reduce_max(Tensor&) override {}
+  void all_gather(const Tensor& in, Tensor& out) override { out.copy_from(in); }
+  void broadcast(Tensor&, int) override {}
+  void barrier() override {}
+};
+
 /// Throws aerie::Error with the MPI error string when `rc` != MPI_SUCCESS.
 void check_mpi(int rc, const char* what);
 

@@ -80,6 +80,11 @@ void select_device(int local_rank) {
                     << (l.wgmma ? "wgmma" : "no wgmma: the mma.sync kernels") << ")";
 }
 int current_device() { return g_device; }
+std::string current_device_name() {
+  cudaDeviceProp prop{};
+  AERIE_CUDART(cudaGetDeviceProperties(&prop, g_device), "cudaGetDeviceProperties");
+  return prop.name;
+}
 void set_thread_device(int device) { AERIE_CUDART(cudaSetDevice(device), "cudaSetDevice(" << device << ")"); }
 
 Stream current_stream() { return t_stream_set ? t_stream : thread_default_stream(); }
@@ -157,6 +162,7 @@ bool available() { return false; }
 std::string unavailable_reason() { return "aerie was built without the CUDA backend"; }
 void select_device(int) { no_backend("select_device"); }
 int current_device() { return 0; }
+std::string current_device_name() { no_backend("current_device_name"); }
 void set_thread_device(int) { no_backend("set_thread_device"); }
 Stream current_stream() { no_backend("current_stream"); }
 Stream create_stream() { no_backend("create_stream"); }

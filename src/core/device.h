@@ -29,6 +29,8 @@ std::string unavailable_reason();
 void select_device(int local_rank);
 /// The selected device's ordinal (0 until select_device is called).
 int current_device();
+/// The current device's name as CUDA reports it ("NVIDIA H100 80GB HBM3"). Throws aerie::Error without the backend.
+std::string current_device_name();
 /// Makes `device` the CUDA runtime's current device for the calling host thread (cudaSetDevice): a
 /// thread other than the one that called select_device starts on device 0, where its first runtime call
 /// would create a context. Throws aerie::Error on a CUDA error or in a build without the backend.

@@ -13,16 +13,7 @@
 namespace aerie::bench {
 
 /// A communicator of one rank (no MPI needed): every collective is the identity.
-class SoloComm : public Communicator {
- public:
-  int rank() const override { return 0; }
-  int size() const override { return 1; }
-  void all_reduce_sum(Tensor&) override {}
-  void all_reduce_max(Tensor&) override {}
-  void all_gather(const Tensor& in, Tensor& out) override { out.copy_from(in); }
-  void broadcast(Tensor&, int) override {}
-  void barrier() override {}
-};
+using SoloComm = SelfCommunicator;
 
 /// GiB of the stream-ordered pool's high-water mark (every aerie tensor comes from it); -1 if unknown.
 inline double pool_high_gib() {

@@ -1,0 +1,389 @@
+// aerie calibrate: measures, on this node's own ranks and devices, what the time plan (aerie plan --calibration,
+// train/time_plan.h) needs, and writes it to calibration.json:
+//   - the target's forward by layer kind: config.json's model truncated to one and two layers of its first kind and
+//     to one of each kind (dense, MoE), random weights in the checkpoint's formats, timed at --tokens on the tp
+//     group of --tp ranks (its all-reduces included); base and per-layer seconds follow from the differences;
+//   - the draft's training step (TTT, random weights and hidden states) over one sample of each --train-tokens
+//     length, on every rank at once (one rank's share of a data-parallel step; the gradient all-reduce is left out);
+//   - the shard writer: every tp group's leader writes --disk-mib of random hidden states as a shard into --work
+//     at the same time (the node's aggregate write rate), then deletes it;
+//   - the tp group's all-reduce of [T, H] bf16 (its bus bandwidth, nccl-tests' convention).
+//   aerie calibrate --model DIR --output calibration.json [--tp N] [--device auto|cpu|cuda] [--tokens 512,2048,8192]
+// Rank 0 writes the file and prints a summary. docs/time-plan.md: what is measured and how the plan uses it.
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include <unistd.h>
+
+#include "core/device.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "data/shard.h"
+#include "data/vocab.h"
+#include "jobs/jobs.h"
+#include "jobs/target_device.h"
+#include "model/draft.h"
+#include "model/target.h"
+#include "model/target_config.h"
+#include "train/time_plan.h"
+#include "train/trainer.h"
+
+namespace aerie::jobs {
+
+namespace {
+
+struct CalibrateOptions {
+  std::vector<int64_t> tokens, train_tokens;
+  int iters = 3, ttt_steps = 7;
+  double min_seconds = 0.3;
+  int64_t disk_bytes = 0;
+  std::string work;
+};
+
+std::vector<int64_t> parse_counts(const std::string& s, const char* option) {
+  std::vector<int64_t> v;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    int64_t x = 0;
+    size_t used = 0;
+    try {
+      x = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    AERIE_USAGE_CHECK(used == item.size() && x > 0 && (v.empty() || x > v.back()),
+                      "aerie calibrate: --" << option << " '" << s << "' is not ascending positive token counts (e.g. 512,2048)");
+    v.push_back(x);
+  }
+  AERIE_USAGE_CHECK(!v.empty(), "aerie calibrate: --" << option << " is empty");
+  return v;
+}
+
+/// Seconds of one call of f on every rank of `c` (the slowest rank's: one all-reduce max), the device synchronised
+/// around the timed calls: after one untimed call, enough calls for about `min_seconds` (at least `iters`; the ranks
+/// agree on the count, so that collectives inside f pair up), and the median of three such runs (a laptop's noise).
+template <typename F>
+double timed(Communicator& c, Device device, int iters, double min_seconds, F&& f) {
+  auto sync = [&] {
+    if (device == Device::CUDA) cuda::synchronize();
+  };
+  auto clock = [] { return std::chrono::steady_clock::now(); };
+  auto agreed = [&](double x) {
+    Tensor t = Tensor::from_vector<float>({static_cast<float>(x)}, {1});
+    c.all_reduce_max(t);
+    return static_cast<double>(t.to_float_vector()[0]);
+  };
+  sync();
+  auto t0 = clock();
+  f();
+  sync();
+  const double once = agreed(std::chrono::duration<double>(clock() - t0).count());
+  const int n = static_cast<int>(std::clamp(min_seconds / std::max(once, 1e-6), static_cast<double>(iters), 1000.0));
+  double runs[3];
+  for (double& r : runs) {
+    c.barrier();
+    t0 = clock();
+    for (int i = 0; i < n; ++i) f();
+    sync();
+    r = agreed(std::chrono::duration<double>(clock() - t0).count() / n);
+  }
+  std::sort(runs, runs + 3);
+  return runs[1];
+}
+
+std::vector<int32_t> random_ids(int64_t n, int64_t vocab, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (auto& x : ids) x = static_cast<int32_t>(gen() % static_cast<uint32_t>(vocab));
+  return ids;
+}
+
+/// `cfg` cut to the layers `moe` says (true: an MoE layer), the rest of the model as it is.
+TargetConfig truncated(const TargetConfig& cfg, const std::vector<bool>& moe) {
+  TargetConfig t = cfg;
+  t.num_hidden_layers = static_cast<int64_t>(moe.size());
+  t.moe.layers = cfg.moe.n_routed_experts > 0 ? moe : std::vector<bool>{};
+  return t;
+}
+
+/// The forward by layer kind: base and per-layer seconds at each of opt.tokens (see the file comment).
+void measure_forward(const TargetConfig& cfg, TargetDevice& dev, const CalibrateOptions& opt, Calibration& cal) {
+  int64_t n_moe = 0;
+  for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) n_moe += cfg.moe.is_moe_layer(l) ? 1 : 0;
+  const bool first_moe = cfg.moe.is_moe_layer(0);
+  const int64_t n_first = first_moe ? n_moe : cfg.num_hidden_layers - n_moe;
+  const bool two_kinds = n_moe > 0 && n_moe < cfg.num_hidden_layers;
+  std::vector<std::vector<bool>> shapes = {{first_moe}, {first_moe, first_moe}};
+  if (two_kinds) shapes.push_back({first_moe, !first_moe});
+  std::vector<std::vector<double>> t(shapes.size());  // t[shape][token count]
+  for (size_t s = 0; s < shapes.size(); ++s) {
+    TargetModel model = TargetModel::random(truncated(cfg, shapes[s]), *dev.tp, dev.options, 17);
+    const int n = static_cast<int>(shapes[s].size());
+    const std::vector<int> aux = {0, n / 2, n - 1};  // three captures, as extract's
+    for (const int64_t T : opt.tokens) {
+      const std::vector<int32_t> ids = random_ids(T, cfg.vocab_size, static_cast<uint32_t>(T));
+      t[s].push_back(timed(*dev.tp, dev.options.device, opt.iters, opt.min_seconds, [&] { model.forward(ids, nullptr, aux, false); }));
+    }
+  }
+  LayerKindTimes first{first_moe ? "moe" : "dense", n_first, {opt.tokens, {}}};
+  LayerKindTimes second{first_moe ? "dense" : "moe", cfg.num_hidden_layers - n_first, {opt.tokens, {}}};
+  cal.base = {opt.tokens, {}};
+  for (size_t i = 0; i < opt.tokens.size(); ++i) {
+    const double per_layer = std::max(0.0, t[1][i] - t[0][i]);
+    first.curve.seconds.push_back(per_layer);
+    cal.base.seconds.push_back(std::max(0.0, t[0][i] - per_layer));
+    if (two_kinds) second.curve.seconds.push_back(std::max(0.0, t[2][i] - t[0][i]));
+  }
+  cal.layers = {first};
+  if (two_kinds) cal.layers.push_back(second);
+}
+
+/// The draft's step over one sample of each opt.train_tokens length, every rank alone (SelfCommunicator).
+void measure_train(const TargetConfig& cfg, const TargetDevice& dev, const CalibrateOptions& opt, Calibration& cal) {
+  const Device device = dev.options.device;
+  const int64_t V = cfg.vocab_size, K = std::min<int64_t>(32000, V), H = cfg.hidden_size;
+  const DraftConfig dc = DraftConfig::from_target(cfg, K, default_aux_layers(cfg.num_hidden_layers));
+  DraftVocab vocab;
+  vocab.t2d.assign(static_cast<size_t>(V), 0);
+  std::vector<int64_t> selected;
+  for (int64_t i = 0; i < K; ++i) {
+    const int64_t id = i * V / K;
+    selected.push_back(id);
+    vocab.d2t.push_back(id - i);
+    vocab.t2d[static_cast<size_t>(id)] = 1;
+  }
+  const DType hidden_dtype = device == Device::CUDA ? DType::BF16 : DType::F32;
+  auto random = [&](Shape shape, float scale, uint32_t seed) {
+    std::mt19937 gen(seed);
+    std::uniform_real_distribution<float> u(-scale, scale);
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    std::vector<float> v(static_cast<size_t>(n));
+    for (auto& x : v) x = u(gen);
+    return Tensor::from_vector(v, shape).to(hidden_dtype).to_device(device);
+  };
+  const Tensor target_lm = random({V, H}, 0.035f, 1), embed = random({V, H}, 0.035f, 2);
+  DraftWeights w = init_draft_weights(dc, target_lm.to_device(Device::CPU).to(DType::F32), selected, 3).to_device(device);
+  AdamState adam = AdamState::zeros(dc, device);
+  StepScratch scratch = StepScratch::zeros(dc, device, device == Device::CUDA ? DType::BF16 : DType::F32);
+  SelfCommunicator self;
+  cal.ttt_steps = opt.ttt_steps;
+  cal.train_sample = {opt.train_tokens, {}};
+  for (const int64_t T : opt.train_tokens) {
+    const std::vector<int32_t> ids = random_ids(T, V, static_cast<uint32_t>(T) + 5);
+    const Tensor aux = random({T, 3 * H}, 1.7f, 6), z = random({T, H}, 1.7f, 7);
+    std::vector<TTTSample> local{make_ttt_sample(ids, std::vector<uint8_t>(static_cast<size_t>(T), 1), aux, z, target_lm,
+                                                 selected)};
+    // The sample's target distribution is made per step as train makes it per sample drawn.
+    MpiCommunicator world(MPI_COMM_WORLD, false);
+    cal.train_sample.seconds.push_back(timed(world, device, opt.iters, opt.min_seconds, [&] {
+      local[0] = make_ttt_sample(ids, std::vector<uint8_t>(static_cast<size_t>(T), 1), aux, z, target_lm, selected);
+      train_step(dc, w, adam, embed, local, vocab, opt.ttt_steps, 1e-5, 0.5, self, scratch);
+    }));
+  }
+}
+
+/// Random hidden states of T tokens, aux [T, 3H] and final [T, H], in `dtype` on the host, with ids and a mask.
+struct RandomSample {
+  Tensor aux, fin;
+  std::vector<int32_t> ids;
+  std::vector<uint8_t> mask;
+  RandomSample(int64_t T, int64_t H, int64_t vocab, DType dtype) : ids(random_ids(T, vocab, 12)), mask(T, 1) {
+    std::mt19937 gen(11);
+    std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+    auto random = [&](int64_t cols) {
+      std::vector<float> v(static_cast<size_t>(T * cols));
+      for (auto& x : v) x = u(gen);
+      return Tensor::from_vector(v, {T, cols}).to(dtype);
+    };
+    aux = random(3 * H);
+    fin = random(H);
+  }
+};
+
+ShardMeta test_meta(const TargetConfig& cfg) {
+  ShardMeta meta;
+  meta.target_model = "calibrate";
+  meta.aux_layers = {0, 1, 2};
+  meta.hidden_size = cfg.hidden_size;
+  meta.num_hidden_layers = cfg.num_hidden_layers;
+  return meta;
+}
+
+/// Every tp group's leader writes opt.disk_bytes of bf16 hidden states as one shard into opt.work at once, synced
+/// to the disk: the node's aggregate write rate.
+void measure_disk(const TargetConfig& cfg, ParallelGroups& groups, const CalibrateOptions& opt, Calibration& cal) {
+  const int64_t H = cfg.hidden_size, T = 2048;
+  const int64_t per_sample = shard_bytes(T, H, false);
+  const int64_t samples = std::max<int64_t>(1, opt.disk_bytes / per_sample);
+  const bool leader = groups.map.tp_rank == 0;
+  const std::string path = opt.work + "/calibrate-disk-" + std::to_string(groups.map.dp_rank) + ".h5";
+  const RandomSample x(T, H, cfg.vocab_size, DType::BF16);
+  groups.world->barrier();
+  const auto t0 = std::chrono::steady_clock::now();
+  if (leader) {
+    ShardWriter writer(path, test_meta(cfg), std::vector<int64_t>(static_cast<size_t>(samples), T));
+    for (int64_t s = 0; s < samples; ++s) writer.add(s, x.ids, x.mask, x.aux, x.fin);
+    writer.close();
+    // What a job's shard must survive: on the disk, not in the page cache only.
+    if (std::FILE* f = std::fopen(path.c_str(), "rb+")) {
+      fsync(fileno(f));
+      std::fclose(f);
+    }
+  }
+  Tensor s = Tensor::from_vector<float>(
+      {static_cast<float>(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count())}, {1});
+  groups.world->all_reduce_max(s);
+  if (leader) std::filesystem::remove(path);
+  cal.disk_test_bytes = samples * per_sample * groups.map.dp;
+  cal.disk_write_bytes_per_s = static_cast<double>(cal.disk_test_bytes) / std::max(1e-9, double(s.to_float_vector()[0]));
+}
+
+/// The shard writer's work per sample (the rounding to bf16, the finite check, the HDF5 calls; into the page cache)
+/// at 64 and 2048 tokens, with the hidden states as the forward hands them over (F32 on the CPU, BF16 from a GPU).
+void measure_writer(const TargetConfig& cfg, ParallelGroups& groups, const TargetDevice& dev, const CalibrateOptions& opt,
+                    Calibration& cal) {
+  const DType dtype = dev.options.device == Device::CUDA ? DType::BF16 : DType::F32;
+  cal.writer_sample = {{64, 2048}, {}};
+  for (const int64_t T : cal.writer_sample.tokens) {
+    const RandomSample x(T, cfg.hidden_size, cfg.vocab_size, dtype);
+    const int64_t samples = T == 64 ? 256 : 16;
+    const std::string path = opt.work + "/calibrate-writer-" + std::to_string(groups.map.world_rank) + ".h5";
+    ShardWriter writer(path, test_meta(cfg), std::vector<int64_t>(static_cast<size_t>(samples), T));
+    groups.world->barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < samples; ++i) writer.add(i, x.ids, x.mask, x.aux, x.fin);
+    Tensor s = Tensor::from_vector<float>(
+        {static_cast<float>(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / samples)}, {1});
+    groups.world->all_reduce_max(s);
+    writer.close();
+    std::filesystem::remove(path);
+    cal.writer_sample.seconds.push_back(s.to_float_vector()[0]);
+  }
+}
+
+/// The tp group's all-reduce of [T, H] bf16 at the largest --tokens: its bus bandwidth (2 (n-1)/n bytes / s).
+void measure_allreduce(const TargetConfig& cfg, TargetDevice& dev, const CalibrateOptions& opt, Calibration& cal) {
+  const int n = dev.tp->size();
+  if (n == 1) return;
+  const int64_t T = opt.tokens.back(), H = cfg.hidden_size;
+  Tensor x = Tensor::zeros({T, H}, dev.options.dtype, dev.options.device);
+  const double s = timed(*dev.tp, dev.options.device, opt.iters, opt.min_seconds, [&] { dev.tp->all_reduce_sum(x); });
+  const double bytes = static_cast<double>(T * H) * (dev.options.dtype == DType::BF16 ? 2 : 4);
+  cal.allreduce_bus_bytes_per_s = 2.0 * (n - 1) / n * bytes / std::max(1e-9, s);
+}
+
+void print_calibration(const Calibration& c) {
+  std::printf("aerie calibrate: %s on %s, tp %d of %d ranks\n", c.model.c_str(), c.device.c_str(), c.tp, c.world);
+  std::printf("  forward of the whole target (%zu layer kinds):\n", c.layers.size());
+  for (size_t i = 0; i < c.base.tokens.size(); ++i) {
+    const double T = static_cast<double>(c.base.tokens[i]);
+    std::printf("    %6lld tokens: %.4f s (%.0f tokens/s per tp group; base %.4f s", static_cast<long long>(T),
+                c.forward_seconds(T), T / std::max(1e-12, c.forward_seconds(T)), c.base.seconds[i]);
+    for (const LayerKindTimes& l : c.layers)
+      std::printf(", %lld x %s %.5f s", static_cast<long long>(l.count), l.kind.c_str(), l.curve.seconds[i]);
+    std::printf(")\n");
+  }
+  std::printf("  draft step, one sample, %d TTT steps:", c.ttt_steps);
+  for (size_t i = 0; i < c.train_sample.tokens.size(); ++i)
+    std::printf(" %lld tokens %.4f s;", static_cast<long long>(c.train_sample.tokens[i]), c.train_sample.seconds[i]);
+  std::printf("\n  shards written: %.1f MB/s (%.1f MB by every tp group at once); the writer's work per sample: %.2f ms "
+              "at 64 tokens, %.2f ms at 2048\n",
+              c.disk_write_bytes_per_s / 1e6, static_cast<double>(c.disk_test_bytes) / 1e6,
+              c.writer_sample.seconds.at(0) * 1e3, c.writer_sample.seconds.at(1) * 1e3);
+  if (c.tp > 1) std::printf("  tp all-reduce: %.2f GB/s bus bandwidth\n", c.allreduce_bus_bytes_per_s / 1e9);
+}
+
+}  // namespace
+
+int calibrate(const std::vector<std::string>& args) {
+  po::options_description desc = job_options("aerie calibrate: measure this node for aerie plan --calibration");
+  desc.add_options()("model", po::value<std::string>()->required(),
+                     "target model directory (config.json only: the weights are random, in its formats)")(
+      "output", po::value<std::string>()->required(), "calibration.json to write")(
+      "tp", po::value<int>()->default_value(0), "tensor-parallel ranks of the target's forward (0: the world size)")(
+      "tokens", po::value<std::string>()->default_value(""),
+      "token counts of the forward (default 512,2048,8192 on a GPU, 128,512 on the CPU)")(
+      "train-tokens", po::value<std::string>()->default_value(""),
+      "sample lengths of the draft's step (default 512,2048,4096 on a GPU, 128,512 on the CPU)")(
+      "ttt-steps", po::value<int>()->default_value(7), "TTT steps of the draft's step (train --ttt-steps)")(
+      "iters", po::value<int>()->default_value(3), "timed repetitions of each measurement at least (after one untimed)")(
+      "min-time", po::value<double>()->default_value(0.3),
+      "seconds each measurement repeats for at least (the median of three such runs is kept)")(
+      "disk-mib", po::value<int64_t>()->default_value(256), "MiB each tp group's leader writes as a test shard")(
+      "work", po::value<std::string>()->default_value(""),
+      "folder for the test shards: the disk the shards will go to (default: --output's folder)");
+  add_target_device_options(desc);
+  po::variables_map vm;
+  if (!parse_options("calibrate", args, desc, vm)) return 0;
+  int world = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  const int tp = vm["tp"].as<int>() > 0 ? vm["tp"].as<int>() : world;
+  AERIE_USAGE_CHECK(vm["tp"].as<int>() >= 0 && world % tp == 0,
+                    "aerie calibrate: " << world << " ranks do not split into tp groups of " << tp);
+  const std::string model_dir = vm["model"].as<std::string>(), output = vm["output"].as<std::string>();
+  CalibrateOptions opt;
+  opt.iters = vm["iters"].as<int>();
+  opt.ttt_steps = vm["ttt-steps"].as<int>();
+  opt.min_seconds = vm["min-time"].as<double>();
+  AERIE_USAGE_CHECK(opt.min_seconds >= 0, "aerie calibrate: --min-time must be >= 0");
+  AERIE_USAGE_CHECK(opt.iters >= 1 && opt.ttt_steps >= 1, "aerie calibrate: --iters and --ttt-steps must be >= 1");
+  AERIE_USAGE_CHECK(vm["disk-mib"].as<int64_t>() >= 1, "aerie calibrate: --disk-mib must be >= 1");
+  opt.disk_bytes = vm["disk-mib"].as<int64_t>() << 20;
+  const std::filesystem::path out_dir = std::filesystem::absolute(output).parent_path();
+  opt.work = vm["work"].as<std::string>().empty() ? out_dir.string() : vm["work"].as<std::string>();
+  AERIE_USAGE_CHECK(std::filesystem::is_directory(opt.work),
+                    "aerie calibrate: " << opt.work << " (--work, or --output's folder) is not a folder");
+  const TargetConfig cfg = load_model_option("calibrate", "model", model_dir);
+
+  ParallelGroups groups = ParallelGroups::create(tp);
+  TargetDevice dev = resolve_target_device(vm, groups, "calibrate");
+  const bool gpu = dev.options.device == Device::CUDA;
+  opt.tokens = parse_counts(vm["tokens"].as<std::string>().empty() ? (gpu ? "512,2048,8192" : "128,512")
+                                                                   : vm["tokens"].as<std::string>(), "tokens");
+  opt.train_tokens = parse_counts(vm["train-tokens"].as<std::string>().empty() ? (gpu ? "512,2048,4096" : "128,512")
+                                                                               : vm["train-tokens"].as<std::string>(),
+                                  "train-tokens");
+  Calibration cal;
+  cal.device = gpu ? cuda::current_device_name() : "cpu";
+  cal.model = model_dir + "/config.json";
+  cal.world = world;
+  cal.tp = tp;
+  cal.hidden_size = cfg.hidden_size;
+  const bool rank0 = groups.map.world_rank == 0;
+  auto step = [&](const char* what, auto&& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    if (rank0)
+      AERIE_LOG(info) << "calibrate: " << what << " measured in "
+                      << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() << " s";
+  };
+  step("the forward by layer kind", [&] { measure_forward(cfg, dev, opt, cal); });
+  step("the draft's step", [&] { measure_train(cfg, dev, opt, cal); });
+  step("the disk", [&] { measure_disk(cfg, groups, opt, cal); });
+  step("the shard writer", [&] { measure_writer(cfg, groups, dev, opt, cal); });
+  step("the tp all-reduce", [&] { measure_allreduce(cfg, dev, opt, cal); });
+  if (rank0) {
+    const std::string tmp = output + ".tmp";
+    {
+      std::ofstream f(tmp);
+      f << to_json(cal).dump(2) << "\n";
+      AERIE_CHECK(f.good(), "calibrate: cannot write " << tmp);
+    }
+    std::filesystem::rename(tmp, output);
+    print_calibration(cal);
+    std::printf("wrote %s (aerie plan --calibration %s ...)\n", output.c_str(), output.c_str());
+  }
+  return 0;
+}
+
+}  // namespace aerie::jobs

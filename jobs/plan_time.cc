@@ -1,0 +1,108 @@
+// aerie plan --calibration: the hours and bytes of extract and train for a dataset, from what aerie calibrate
+// measured on the node (train/time_plan.h). Printed after the memory plan.
+#include "jobs/plan_time.h"
+
+#include <cstdio>
+#include <fstream>
+
+#include "core/error.h"
+#include "data/extract.h"
+#include "train/time_plan.h"
+
+namespace aerie::jobs {
+
+namespace {
+
+std::string hours(double s) {
+  char buf[64];
+  if (s < 120)
+    std::snprintf(buf, sizeof buf, "%.1f s", s);
+  else if (s < 7200)
+    std::snprintf(buf, sizeof buf, "%.1f min", s / 60);
+  else
+    std::snprintf(buf, sizeof buf, "%.2f h", s / 3600);
+  return buf;
+}
+
+}  // namespace
+
+void add_time_plan_options(po::options_description& desc) {
+  desc.add_options()("calibration", po::value<std::string>()->default_value(""),
+                     "calibration.json of aerie calibrate on this node: also print the time and disk of extract and "
+                     "train for --samples samples of --mean-tokens tokens")(
+      "samples", po::value<int64_t>()->default_value(0), "with --calibration: the dataset's samples")(
+      "prepared", po::value<std::string>()->default_value(""),
+      "with --calibration: the dataset as aerie prepare wrote it (each sample costed at its length; instead of "
+      "--samples and --mean-tokens)")(
+      "mean-tokens", po::value<double>()->default_value(0), "with --calibration: tokens per sample (prompt + answer)")(
+      "epochs", po::value<int>()->default_value(1), "with --calibration: train's passes over the samples")(
+      "train-steps", po::value<int64_t>()->default_value(0),
+      "with --calibration: train --steps (0: --epochs), each of --train-batch-size samples")(
+      "train-batch-size", po::value<int64_t>()->default_value(8), "with --calibration: train --batch-size")(
+      "world", po::value<int>()->default_value(0),
+      "with --calibration: the job's ranks (0: the world size); dp = world / tp")(
+      "storage", po::value<std::string>()->default_value("bf16"), "with --calibration: extract --storage (bf16, fp8)")(
+      "gpu-hour-cost", po::value<double>()->default_value(0), "with --calibration: price of one GPU-hour (0: none)");
+}
+
+void print_time_plan(const po::variables_map& vm, int tp, int world, int64_t batch_tokens, bool print) {
+  const std::string path = vm["calibration"].as<std::string>();
+  if (path.empty()) return;
+  std::ifstream f(path);
+  AERIE_USAGE_CHECK(f.good(), "aerie plan: --calibration " << path << " cannot be read");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(f);
+  } catch (const nlohmann::json::exception& e) {
+    throw UsageError("aerie plan: --calibration " + path + ": " + e.what());
+  }
+  const Calibration c = calibration_from_json(j, path);
+  Workload w;
+  if (const std::string prepared = vm["prepared"].as<std::string>(); !prepared.empty()) {
+    AERIE_USAGE_CHECK(vm["samples"].defaulted() && vm["mean-tokens"].defaulted(),
+                      "aerie plan: --prepared gives the samples and their lengths: drop --samples / --mean-tokens");
+    const PreparedFile p(prepared);
+    const std::vector<int64_t>& off = p.sample_offsets();
+    for (size_t i = 0; i + 1 < off.size(); ++i) w.lengths.push_back(off[i + 1] - off[i]);
+    AERIE_USAGE_CHECK(!w.lengths.empty(), "aerie plan: --prepared " << prepared << " holds no samples");
+    w.samples = static_cast<int64_t>(w.lengths.size());
+    w.mean_tokens = static_cast<double>(off.back() - off.front()) / static_cast<double>(w.samples);
+  } else {
+    w.samples = vm["samples"].as<int64_t>();
+    w.mean_tokens = vm["mean-tokens"].as<double>();
+    AERIE_USAGE_CHECK(w.samples > 0 && w.mean_tokens >= 1,
+                      "aerie plan: --calibration needs the dataset: --prepared FILE, or --samples and --mean-tokens");
+  }
+  w.epochs = vm["epochs"].as<int>();
+  w.train_samples = vm["train-steps"].as<int64_t>() * vm["train-batch-size"].as<int64_t>();
+  AERIE_USAGE_CHECK(w.epochs >= 1 && vm["train-steps"].as<int64_t>() >= 0 && vm["train-batch-size"].as<int64_t>() >= 1,
+                    "aerie plan: --epochs and --train-batch-size must be >= 1, --train-steps >= 0");
+  w.world = vm["world"].as<int>() > 0 ? vm["world"].as<int>() : world;
+  w.tp = tp;
+  w.batch_tokens = c.device == "cpu" ? 0 : batch_tokens;  // the CPU backend runs one sample per forward
+  const std::string storage = vm["storage"].as<std::string>();
+  AERIE_USAGE_CHECK(storage == "bf16" || storage == "fp8", "aerie plan: --storage '" << storage << "' is not bf16 or fp8");
+  w.fp8_storage = storage == "fp8";
+  const std::vector<JobTime> jobs = plan_time(c, w);
+  if (!print) return;
+  const double cost = vm["gpu-hour-cost"].as<double>();
+  std::printf("\ntime and disk (calibration %s: %s, tp %d): %lld samples x %.0f tokens, %d ranks (dp %d)%s\n",
+              path.c_str(), c.device.c_str(), c.tp, static_cast<long long>(w.samples), w.mean_tokens, w.world,
+              w.world / w.tp,
+              w.train_samples > 0 ? (", train " + std::to_string(w.train_samples) + " samples drawn").c_str()
+              : w.epochs > 1     ? (", " + std::to_string(w.epochs) + " epochs").c_str()
+                                 : "");
+  double total = 0;
+  for (const JobTime& t : jobs) {
+    total += t.seconds;
+    std::printf("  %-8s %10s  (compute %s, disk %s: %s-bound)", t.job.c_str(), hours(t.seconds).c_str(),
+                hours(t.compute_seconds).c_str(), hours(t.disk_seconds).c_str(), t.bound.c_str());
+    if (t.bytes > 0) std::printf("  shards %.2f GB (%s)", static_cast<double>(t.bytes) / 1e9, storage.c_str());
+    if (cost > 0) std::printf("  %.2f for %d GPUs", t.seconds / 3600 * w.world * cost, w.world);
+    std::printf("\n");
+  }
+  std::printf("  total    %10s%s\n", hours(total).c_str(),
+              "  (model loading, prepare and vocab not counted; docs/time-plan.md)");
+}
+
+}  // namespace aerie::jobs

@@ -1,0 +1,89 @@
+// The hours and bytes of aerie's jobs, predicted from a calibration: what `aerie calibrate` measured on the user's
+// own node (the target's forward by layer kind with random weights, the draft's training step, the shard writer's
+// disk throughput, the tp group's all-reduce), and a dataset's description. The arithmetic and its assumptions:
+// docs/time-plan.md. Pure functions: tested on the CPU without a device.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace aerie {
+
+/// One measured curve: seconds at each token count (ascending, >= 1 point).
+struct TimeCurve {
+  std::vector<int64_t> tokens;
+  std::vector<double> seconds;
+  /// Seconds at `t` tokens: linear between the measured points; beyond them along the nearest segment (one
+  /// point: proportional to t), never below 0. Throws aerie::Error when the curve is empty or t < 0.
+  double at(double t) const;
+};
+
+/// The seconds of one layer kind of the target ("dense", "moe") per forward, and how many the target has.
+struct LayerKindTimes {
+  std::string kind;
+  int64_t count = 0;
+  TimeCurve curve;
+};
+
+/// What `aerie calibrate` measured, as stored in calibration.json ("aerie.calibration" v1, docs/time-plan.md).
+struct Calibration {
+  std::string device;  // "cpu", or the GPU's name
+  std::string model;   // the target's config.json
+  int world = 1;       // ranks of the calibration run
+  int tp = 1;          // ranks of the tp group that ran the forward
+  int64_t hidden_size = 0;
+  TimeCurve base;                     // a forward's cost outside the layers (embedding, final norm, captures)
+  std::vector<LayerKindTimes> layers; // each kind's seconds per layer per forward
+  TimeCurve train_sample;             // the draft's training step over one sample of the given length (TTT steps)
+  int ttt_steps = 0;
+  TimeCurve writer_sample;            // the shard writer's work per sample (rounding, checks, HDF5) by its length
+  double disk_write_bytes_per_s = 0;  // shards written by every tp group at once (the node's aggregate)
+  int64_t disk_test_bytes = 0;
+  double allreduce_bus_bytes_per_s = 0;  // the tp group's all-reduce of [T, H] bf16 (0 at tp 1)
+
+  /// A forward of the whole target over `t` tokens, per tp group: base + sum of count x layer seconds.
+  double forward_seconds(double t) const;
+};
+
+/// calibration.json's content, and back. calibration_from_json throws aerie::Error naming `path` and the field when
+/// the format, version or a field is wrong.
+nlohmann::json to_json(const Calibration& c);
+Calibration calibration_from_json(const nlohmann::json& j, const std::string& path);
+
+/// The dataset and layout a prediction is for.
+struct Workload {
+  int64_t samples = 0;
+  double mean_tokens = 0;      // tokens per sample (prompt + answer)
+  /// Each sample's tokens (a prepared file's), when known: the forward's and the step's costs grow faster than
+  /// linearly with a sample's length, so a spread of lengths costs more than `samples` of the mean.
+  std::vector<int64_t> lengths;
+  int64_t batch_tokens = 2048; // extract --batch-tokens: samples packed into forwards of about this many (0: one each)
+  int world = 1, tp = 1;       // the job's ranks and tp group size (dp = world / tp)
+  int epochs = 1;              // train: passes over the samples ...
+  int64_t train_samples = 0;   // ... or, > 0, the samples its steps draw (train --steps x --batch-size)
+  bool fp8_storage = false;    // extract --storage fp8: shards of e4m3 codes and per-vector scales
+};
+
+/// One job's prediction.
+struct JobTime {
+  std::string job;       // "extract", "train"
+  double seconds = 0;    // wall time
+  double compute_seconds = 0, disk_seconds = 0;
+  int64_t bytes = 0;     // what it writes (shards)
+  std::string bound;     // "compute" or "disk"
+};
+
+/// extract and train (offline, over extract's shards) for `w` from `c`. With `w.lengths` each sample is costed at
+/// its own length (a forward of one sample where batch_tokens is 0, else forwards of batch_tokens costed per
+/// token), else every sample at the mean. Throws aerie::Error when the workload is empty, its tp differs from the
+/// calibration's (the forward was measured at that tp), or world % tp != 0.
+std::vector<JobTime> plan_time(const Calibration& c, const Workload& w);
+
+/// The shards' bytes of `tokens` tokens of hidden size `h`: aux [3H] and final [H] values, bf16 (2 bytes) or fp8
+/// (1 byte and an fp32 scale per H-wide vector), plus input_ids (4 bytes) and loss_mask (1) per token
+/// (docs/formats.md, the shard format; the per-sample index is negligible).
+int64_t shard_bytes(int64_t tokens, int64_t h, bool fp8);
+
+}  // namespace aerie

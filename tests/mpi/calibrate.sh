@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# aerie calibrate and aerie plan --calibration under mpirun -np 2 on the CPU backend: the calibration of a dense
+# target (Qwen2's fixture) and of one with two layer kinds (Qwen3-MoE's: a dense layer 0 and MoE layers) holds each
+# kind's per-layer times and the other measurements; the plan prints extract's and train's hours and the shards'
+# bytes as time_plan.h computes them from that file; a plan at another tp, a file that is not a calibration and a
+# dataset left out are refused by name. No timing is asserted (docs/time-plan.md has the checks against real runs).
+# usage: calibrate.sh AERIE SOURCE_DIR SCRATCH
+set -euo pipefail
+aerie="$1" src="$2" out="$3"
+rm -rf "$out" && mkdir -p "$out"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 OPENBLAS_NUM_THREADS=1
+fail() { echo "calibrate.sh: FAIL: $*" >&2; exit 1; }
+fast=(--device cpu --tokens 16,48 --train-tokens 16,48 --disk-mib 1 --iters 1 --min-time 0.01)
+for m in qwen2 qwen3_moe; do
+  mpirun -np 2 "$aerie" calibrate --model "$src/tests/model/fixtures/hf/$m" --output "$out/$m.json" --tp 1 "${fast[@]}" \
+    > "$out/$m.log" 2>&1 || { cat "$out/$m.log"; fail "calibrate $m"; }
+  grep -q "wrote $out/$m.json" "$out/$m.log" || fail "calibrate $m: no 'wrote' line"
+done
+python3 - "$out" <<'PY'
+import json, sys
+out = sys.argv[1]
+for m, kinds in [("qwen2", {"dense": 3}), ("qwen3_moe", {"dense": 1, "moe": 2})]:
+    c = json.load(open(f"{out}/{m}.json"))
+    assert c["format"] == "aerie.calibration" and c["version"] == 1, c
+    assert c["world"] == 2 and c["tp"] == 1 and c["device"] == "cpu", c
+    got = {l["kind"]: l["count"] for l in c["forward"]["layers"]}
+    assert got == kinds, (m, got)
+    for l in c["forward"]["layers"]:
+        assert l["per_layer"]["tokens"] == [16, 48] and all(s >= 0 for s in l["per_layer"]["seconds"]), l
+    assert c["train"]["per_sample"]["tokens"] == [16, 48] and all(s > 0 for s in c["train"]["per_sample"]["seconds"])
+    assert c["disk"]["write_bytes_per_s"] > 0 and c["disk"]["writer_per_sample"]["tokens"] == [64, 2048]
+print("calibrate.sh: both calibrations hold their layer kinds")
+PY
+plan() { mpirun -np 2 "$aerie" plan --model "$src/tests/model/fixtures/hf/qwen3_moe" --gpu-memory 80GiB "$@"; }
+plan --tp 1 --calibration "$out/qwen3_moe.json" --samples 1000 --mean-tokens 40 --train-steps 10 --train-batch-size 4 \
+  > "$out/plan.log" 2>&1 || { cat "$out/plan.log"; fail "plan --calibration"; }
+grep -q "time and disk (calibration $out/qwen3_moe.json: cpu, tp 1): 1000 samples x 40 tokens, 2 ranks (dp 2), train 40 samples drawn" \
+  "$out/plan.log" || { cat "$out/plan.log"; fail "plan: no time-plan header"; }
+[ "$(grep -c '^  extract ' "$out/plan.log")" = 1 ] || fail "plan: extract printed other than once"
+# 40 000 tokens of hidden size 64 in bf16: 40000 x (8 x 64 + 5) bytes = 0.02 GB
+grep -qE "^  extract .*shards 0\.02 GB \(bf16\)" "$out/plan.log" || { cat "$out/plan.log"; fail "plan: shard bytes"; }
+grep -qE "^  train .*compute-bound" "$out/plan.log" || fail "plan: no train line"
+err() { grep -q "$1" "$out/err.log" || { cat "$out/err.log"; fail "$2"; }; }
+plan --calibration "$out/qwen3_moe.json" --samples 10 --mean-tokens 40 --tp 2 > "$out/err.log" 2>&1 && fail "tp 2 accepted"
+err "the calibration measured the forward at tp 1, the plan asks tp 2: calibrate with --tp 2" "tp mismatch"
+echo '{"format": "aerie.prepared"}' > "$out/other.json"
+plan --tp 1 --calibration "$out/other.json" --samples 10 --mean-tokens 40 > "$out/err.log" 2>&1 && fail "a non-calibration accepted"
+err "$out/other.json: not an aerie calibration" "not a calibration"
+plan --tp 1 --calibration "$out/qwen3_moe.json" > "$out/err.log" 2>&1 && fail "no dataset accepted"
+err "needs the dataset: --prepared FILE, or --samples and --mean-tokens" "no dataset"
+echo "calibrate.sh: ok"
