@@ -152,15 +152,8 @@ void measure_train(const TargetConfig& cfg, const TargetDevice& dev, const Calib
   const Device device = dev.options.device;
   const int64_t V = cfg.vocab_size, K = std::min<int64_t>(32000, V), H = cfg.hidden_size;
   const DraftConfig dc = DraftConfig::from_target(cfg, K, default_aux_layers(cfg.num_hidden_layers));
-  DraftVocab vocab;
-  vocab.t2d.assign(static_cast<size_t>(V), 0);
-  std::vector<int64_t> selected;
-  for (int64_t i = 0; i < K; ++i) {
-    const int64_t id = i * V / K;
-    selected.push_back(id);
-    vocab.d2t.push_back(id - i);
-    vocab.t2d[static_cast<size_t>(id)] = 1;
-  }
+  const DraftVocab vocab = spread_draft_vocab(V, K);
+  const std::vector<int64_t> selected = vocab.selected();
   const DType hidden_dtype = device == Device::CUDA ? DType::BF16 : DType::F32;
   auto random = [&](Shape shape, float scale, uint32_t seed) {
     std::mt19937 gen(seed);
@@ -178,13 +171,13 @@ void measure_train(const TargetConfig& cfg, const TargetDevice& dev, const Calib
   SelfCommunicator self;
   cal.ttt_steps = opt.ttt_steps;
   cal.train_sample = {opt.train_tokens, {}};
+  MpiCommunicator world(MPI_COMM_WORLD, false);  // the ranks' times: the slowest counts
   for (const int64_t T : opt.train_tokens) {
     const std::vector<int32_t> ids = random_ids(T, V, static_cast<uint32_t>(T) + 5);
     const Tensor aux = random({T, 3 * H}, 1.7f, 6), z = random({T, H}, 1.7f, 7);
     std::vector<TTTSample> local{make_ttt_sample(ids, std::vector<uint8_t>(static_cast<size_t>(T), 1), aux, z, target_lm,
                                                  selected)};
     // The sample's target distribution is made per step as train makes it per sample drawn.
-    MpiCommunicator world(MPI_COMM_WORLD, false);
     cal.train_sample.seconds.push_back(timed(world, device, opt.iters, opt.min_seconds, [&] {
       local[0] = make_ttt_sample(ids, std::vector<uint8_t>(static_cast<size_t>(T), 1), aux, z, target_lm, selected);
       train_step(dc, w, adam, embed, local, vocab, opt.ttt_steps, 1e-5, 0.5, self, scratch);

@@ -21,6 +21,18 @@ std::vector<int64_t> DraftVocab::selected() const {
   return s;
 }
 
+DraftVocab spread_draft_vocab(int64_t V, int64_t K) {
+  AERIE_CHECK(K > 0 && K <= V, "spread_draft_vocab: draft vocabulary " << K << " of " << V << " ids");
+  DraftVocab vocab;
+  vocab.t2d.assign(static_cast<size_t>(V), 0);
+  for (int64_t i = 0; i < K; ++i) {
+    const int64_t id = i * V / K;
+    vocab.d2t.push_back(id - i);
+    vocab.t2d[static_cast<size_t>(id)] = 1;
+  }
+  return vocab;
+}
+
 DraftVocab build_draft_vocab(const std::vector<int64_t>& counts, int64_t K) {
   const int64_t V = static_cast<int64_t>(counts.size());
   AERIE_CHECK(V > 0, "draft vocab: empty token counts (vocabulary size 0)");

@@ -23,6 +23,10 @@ struct DraftVocab {
 /// ids are sorted ascending. Throws aerie::Error if counts is empty, K <= 0 or a count is negative.
 DraftVocab build_draft_vocab(const std::vector<int64_t>& counts, int64_t K);
 
+/// A draft vocabulary of K ids spread evenly over V (id i * V / K for i < K), for benchmarks and aerie calibrate,
+/// where no counts exist; a real one comes from build_draft_vocab. Throws aerie::Error unless 0 < K <= V.
+DraftVocab spread_draft_vocab(int64_t V, int64_t K);
+
 /// Writes a safetensors file (atomically, through the temporary file `tmp`: see save_safetensors): d2t I64
 /// [K], t2d BOOL [V], token_counts I64 [V], metadata {"format": "aerie.draft_vocab", "format_version": "1",
 /// "draft_vocab_size": K, "vocab_size": V}. Throws aerie::Error on inconsistent sizes or I/O failure.

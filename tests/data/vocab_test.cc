@@ -129,5 +129,14 @@ TEST(DraftVocabTest, CountLossTokensOfPreparedFile) {
   EXPECT_NE(e.find("not an aerie.prepared"), std::string::npos) << e;
 }
 
+TEST(DraftVocab, SpreadEvenlyForBenchmarks) {
+  const DraftVocab v = spread_draft_vocab(10, 4);  // ids 0, 2, 5, 7
+  EXPECT_EQ(v.selected(), (std::vector<int64_t>{0, 2, 5, 7}));
+  EXPECT_EQ(v.d2t, (std::vector<int64_t>{0, 1, 3, 4}));
+  EXPECT_EQ(v.vocab_size(), 10);
+  EXPECT_EQ(spread_draft_vocab(5, 5).selected(), (std::vector<int64_t>{0, 1, 2, 3, 4}));
+  EXPECT_THROW(spread_draft_vocab(4, 5), Error);
+}
+
 }  // namespace
 }  // namespace aerie

@@ -171,15 +171,8 @@ int run(const Args& a) {
   }
 
   // The draft vocabulary: K ids spread over V.
-  DraftVocab vocab;
-  vocab.t2d.assign(static_cast<size_t>(kVocab), 0);
-  std::vector<int64_t> selected;
-  for (int64_t i = 0; i < K; ++i) {
-    const int64_t id = i * kVocab / K;
-    selected.push_back(id);
-    vocab.d2t.push_back(id - i);
-    vocab.t2d[static_cast<size_t>(id)] = 1;
-  }
+  const DraftVocab vocab = spread_draft_vocab(kVocab, K);
+  const std::vector<int64_t> selected = vocab.selected();
 
   RandomFill rnd;
   DraftWeights w = DraftWeights::zeros(cfg, Device::CUDA);
