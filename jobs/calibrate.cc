@@ -1,7 +1,7 @@
 // aerie calibrate: measures, on this node's own ranks and devices, what the time plan (aerie plan --calibration,
 // train/time_plan.h) needs, and writes it to calibration.json:
-//   - the target's forward by layer kind: config.json's model truncated to one and two layers of its first kind and
-//     to one of each kind (dense, MoE), random weights in the checkpoint's formats, timed at --tokens on the tp
+//   - the target's forward by layer kind: config.json's model truncated to one and three layers of its first kind
+//     and to one of it and two of the other kind (dense, MoE), random weights in the checkpoint's formats, timed at --tokens on the tp
 //     group of --tp ranks (its all-reduces included); base and per-layer seconds follow from the differences;
 //   - the draft's training step (TTT, random weights and hidden states) over one sample of each --train-tokens
 //     length, on every rank at once (one rank's share of a data-parallel step; the gradient all-reduce is left out);
@@ -122,8 +122,10 @@ void measure_forward(const TargetConfig& cfg, TargetDevice& dev, const Calibrate
   const bool first_moe = cfg.moe.is_moe_layer(0);
   const int64_t n_first = first_moe ? n_moe : cfg.num_hidden_layers - n_moe;
   const bool two_kinds = n_moe > 0 && n_moe < cfg.num_hidden_layers;
-  std::vector<std::vector<bool>> shapes = {{first_moe}, {first_moe, first_moe}};
-  if (two_kinds) shapes.push_back({first_moe, !first_moe});
+  // One and three layers of the first kind, and one of it followed by two of the other: the differences span two
+  // layers each (a small model's per-layer time is near its forwards' noise).
+  std::vector<std::vector<bool>> shapes = {{first_moe}, {first_moe, first_moe, first_moe}};
+  if (two_kinds) shapes.push_back({first_moe, !first_moe, !first_moe});
   std::vector<std::vector<double>> t(shapes.size());  // t[shape][token count]
   for (size_t s = 0; s < shapes.size(); ++s) {
     TargetModel model = TargetModel::random(truncated(cfg, shapes[s]), *dev.tp, dev.options, 17);
@@ -138,10 +140,10 @@ void measure_forward(const TargetConfig& cfg, TargetDevice& dev, const Calibrate
   LayerKindTimes second{first_moe ? "dense" : "moe", cfg.num_hidden_layers - n_first, {opt.tokens, {}}};
   cal.base = {opt.tokens, {}};
   for (size_t i = 0; i < opt.tokens.size(); ++i) {
-    const double per_layer = std::max(0.0, t[1][i] - t[0][i]);
+    const double per_layer = std::max(0.0, (t[1][i] - t[0][i]) / 2);
     first.curve.seconds.push_back(per_layer);
     cal.base.seconds.push_back(std::max(0.0, t[0][i] - per_layer));
-    if (two_kinds) second.curve.seconds.push_back(std::max(0.0, t[2][i] - t[0][i]));
+    if (two_kinds) second.curve.seconds.push_back(std::max(0.0, (t[2][i] - t[0][i]) / 2));
   }
   cal.layers = {first};
   if (two_kinds) cal.layers.push_back(second);
