@@ -153,7 +153,8 @@ void measure_forward(const TargetConfig& cfg, TargetDevice& dev, const Calibrate
 void measure_train(const TargetConfig& cfg, const TargetDevice& dev, const CalibrateOptions& opt, Calibration& cal) {
   const Device device = dev.options.device;
   const int64_t V = cfg.vocab_size, K = std::min<int64_t>(32000, V), H = cfg.hidden_size;
-  const DraftConfig dc = DraftConfig::from_target(cfg, K, default_aux_layers(cfg.num_hidden_layers));
+  const int N = static_cast<int>(cfg.num_hidden_layers);  // a target of fewer than 3 layers has no default aux layers
+  const DraftConfig dc = DraftConfig::from_target(cfg, K, N >= 3 ? default_aux_layers(N) : std::vector<int>{0, N / 2, N});
   const DraftVocab vocab = spread_draft_vocab(V, K);
   const std::vector<int64_t> selected = vocab.selected();
   const DType hidden_dtype = device == Device::CUDA ? DType::BF16 : DType::F32;
@@ -221,7 +222,7 @@ void measure_disk(const TargetConfig& cfg, ParallelGroups& groups, const Calibra
   const int64_t per_sample = shard_bytes(T, H, false);
   const int64_t samples = std::max<int64_t>(1, opt.disk_bytes / per_sample);
   const bool leader = groups.map.tp_rank == 0;
-  const std::string path = opt.work + "/calibrate-disk-" + std::to_string(groups.map.dp_rank) + ".h5";
+  const std::string path = opt.work + "/calibrate-disk-" + std::to_string(getpid()) + "-" + std::to_string(groups.map.dp_rank) + ".h5";
   const RandomSample x(T, H, cfg.vocab_size, DType::BF16);
   groups.world->barrier();
   const auto t0 = std::chrono::steady_clock::now();
@@ -252,7 +253,7 @@ void measure_writer(const TargetConfig& cfg, ParallelGroups& groups, const Targe
   for (const int64_t T : cal.writer_sample.tokens) {
     const RandomSample x(T, cfg.hidden_size, cfg.vocab_size, dtype);
     const int64_t samples = T == 64 ? 256 : 16;
-    const std::string path = opt.work + "/calibrate-writer-" + std::to_string(groups.map.world_rank) + ".h5";
+    const std::string path = opt.work + "/calibrate-writer-" + std::to_string(getpid()) + "-" + std::to_string(T) + ".h5";
     ShardWriter writer(path, test_meta(cfg), std::vector<int64_t>(static_cast<size_t>(samples), T));
     groups.world->barrier();
     const auto t0 = std::chrono::steady_clock::now();
@@ -323,8 +324,8 @@ int calibrate(const std::vector<std::string>& args) {
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   const int tp = vm["tp"].as<int>() > 0 ? vm["tp"].as<int>() : world;
-  AERIE_USAGE_CHECK(vm["tp"].as<int>() >= 0 && world % tp == 0,
-                    "aerie calibrate: " << world << " ranks do not split into tp groups of " << tp);
+  AERIE_USAGE_CHECK(vm["tp"].as<int>() >= 0, "aerie calibrate: --tp " << vm["tp"].as<int>() << " is negative");
+  AERIE_USAGE_CHECK(world % tp == 0, "aerie calibrate: " << world << " ranks do not split into tp groups of " << tp);
   const std::string model_dir = vm["model"].as<std::string>(), output = vm["output"].as<std::string>();
   CalibrateOptions opt;
   opt.iters = vm["iters"].as<int>();
@@ -332,12 +333,26 @@ int calibrate(const std::vector<std::string>& args) {
   opt.min_seconds = vm["min-time"].as<double>();
   AERIE_USAGE_CHECK(opt.min_seconds >= 0, "aerie calibrate: --min-time must be >= 0");
   AERIE_USAGE_CHECK(opt.iters >= 1 && opt.ttt_steps >= 1, "aerie calibrate: --iters and --ttt-steps must be >= 1");
-  AERIE_USAGE_CHECK(vm["disk-mib"].as<int64_t>() >= 1, "aerie calibrate: --disk-mib must be >= 1");
+  AERIE_USAGE_CHECK(vm["disk-mib"].as<int64_t>() >= 1 && vm["disk-mib"].as<int64_t>() <= 65536,
+                    "aerie calibrate: --disk-mib " << vm["disk-mib"].as<int64_t>() << " is not 1 to 65536 (MiB per group)");
   opt.disk_bytes = vm["disk-mib"].as<int64_t>() << 20;
+  // The output and the test shards' folder, checked before minutes of measuring.
+  AERIE_USAGE_CHECK(!output.empty() && !std::filesystem::is_directory(output),
+                    "aerie calibrate: --output '" << output << "' must name a file (calibration.json), not a folder");
   const std::filesystem::path out_dir = std::filesystem::absolute(output).parent_path();
+  AERIE_USAGE_CHECK(std::filesystem::is_directory(out_dir),
+                    "aerie calibrate: --output " << output << ": its folder " << out_dir.string() << " does not exist");
   opt.work = vm["work"].as<std::string>().empty() ? out_dir.string() : vm["work"].as<std::string>();
   AERIE_USAGE_CHECK(std::filesystem::is_directory(opt.work),
                     "aerie calibrate: " << opt.work << " (--work, or --output's folder) is not a folder");
+  for (const std::string& dir : {out_dir.string(), opt.work}) {
+    const std::string probe = dir + "/.aerie-calibrate-" + std::to_string(getpid());
+    std::ofstream f(probe);
+    AERIE_USAGE_CHECK(f.good(), "aerie calibrate: cannot write into " << dir << " ("
+                                    << (dir == opt.work ? "--work, the test shards' folder" : "--output's folder") << ")");
+    f.close();
+    std::filesystem::remove(probe);
+  }
   const TargetConfig cfg = load_model_option("calibrate", "model", model_dir);
 
   ParallelGroups groups = ParallelGroups::create(tp);
@@ -366,7 +381,7 @@ int calibrate(const std::vector<std::string>& args) {
   step("the draft's step", [&] { measure_train(cfg, dev, opt, cal); });
   step("the disk", [&] { measure_disk(cfg, groups, opt, cal); });
   step("the shard writer", [&] { measure_writer(cfg, groups, dev, opt, cal); });
-  step("the tp all-reduce", [&] { measure_allreduce(cfg, dev, opt, cal); });
+  if (tp > 1) step("the tp all-reduce", [&] { measure_allreduce(cfg, dev, opt, cal); });
   if (rank0) {
     const std::string tmp = output + ".tmp";
     {

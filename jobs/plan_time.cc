@@ -2,6 +2,7 @@
 // measured on the node (train/time_plan.h). Printed after the memory plan.
 #include "jobs/plan_time.h"
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 
@@ -45,7 +46,8 @@ void add_time_plan_options(po::options_description& desc) {
       "gpu-hour-cost", po::value<double>()->default_value(0), "with --calibration: price of one GPU-hour (0: none)");
 }
 
-void print_time_plan(const po::variables_map& vm, int tp, int world, int64_t batch_tokens, bool print) {
+void print_time_plan(const po::variables_map& vm, const TargetConfig& target, int tp, int world, int64_t batch_tokens,
+                     bool print) {
   const std::string path = vm["calibration"].as<std::string>();
   if (path.empty()) return;
   std::ifstream f(path);
@@ -57,6 +59,16 @@ void print_time_plan(const po::variables_map& vm, int tp, int world, int64_t bat
     throw UsageError("aerie plan: --calibration " + path + ": " + e.what());
   }
   const Calibration c = calibration_from_json(j, path);
+  // The calibration must be of this target: its hidden size and its layers of each kind (the shards' bytes and the
+  // forward's).
+  int64_t moe = 0, cal_dense = 0, cal_moe = 0;
+  for (int64_t l = 0; l < target.num_hidden_layers; ++l) moe += target.moe.is_moe_layer(l) ? 1 : 0;
+  for (const LayerKindTimes& l : c.layers) (l.kind == "moe" ? cal_moe : cal_dense) += l.count;
+  AERIE_USAGE_CHECK(c.hidden_size == target.hidden_size && cal_moe == moe && cal_dense == target.num_hidden_layers - moe,
+                    "aerie plan: --calibration " << path << " measured " << c.model << " (hidden " << c.hidden_size << ", "
+                                                 << cal_dense << " dense and " << cal_moe
+                                                 << " MoE layers), not this target (hidden " << target.hidden_size << ", "
+                                                 << target.num_hidden_layers - moe << " dense and " << moe << " MoE layers)");
   Workload w;
   if (const std::string prepared = vm["prepared"].as<std::string>(); !prepared.empty()) {
     AERIE_USAGE_CHECK(vm["samples"].defaulted() && vm["mean-tokens"].defaulted(),
@@ -70,14 +82,23 @@ void print_time_plan(const po::variables_map& vm, int tp, int world, int64_t bat
   } else {
     w.samples = vm["samples"].as<int64_t>();
     w.mean_tokens = vm["mean-tokens"].as<double>();
-    AERIE_USAGE_CHECK(w.samples > 0 && w.mean_tokens >= 1,
+    AERIE_USAGE_CHECK(!vm["samples"].defaulted() && !vm["mean-tokens"].defaulted(),
                       "aerie plan: --calibration needs the dataset: --prepared FILE, or --samples and --mean-tokens");
+    AERIE_USAGE_CHECK(w.samples >= 1 && w.samples <= 1000000000000 && w.mean_tokens >= 1 && w.mean_tokens <= 1e7,
+                      "aerie plan: --samples " << w.samples << " (1 to 10^12) or --mean-tokens " << w.mean_tokens
+                                               << " (1 to 10^7) is out of range");
   }
   w.epochs = vm["epochs"].as<int>();
+  AERIE_USAGE_CHECK(w.epochs >= 1 && vm["train-steps"].as<int64_t>() >= 0 && vm["train-steps"].as<int64_t>() <= 1000000000 &&
+                        vm["train-batch-size"].as<int64_t>() >= 1 && vm["train-batch-size"].as<int64_t>() <= 1000000,
+                    "aerie plan: --epochs and --train-batch-size (up to 10^6) must be >= 1, --train-steps 0 to 10^9");
   w.train_samples = vm["train-steps"].as<int64_t>() * vm["train-batch-size"].as<int64_t>();
-  AERIE_USAGE_CHECK(w.epochs >= 1 && vm["train-steps"].as<int64_t>() >= 0 && vm["train-batch-size"].as<int64_t>() >= 1,
-                    "aerie plan: --epochs and --train-batch-size must be >= 1, --train-steps >= 0");
+  AERIE_USAGE_CHECK(vm["world"].as<int>() >= 0, "aerie plan: --world " << vm["world"].as<int>() << " is negative");
   w.world = vm["world"].as<int>() > 0 ? vm["world"].as<int>() : world;
+  AERIE_USAGE_CHECK(w.world % tp == 0, "aerie plan: " << w.world << " ranks do not split into tp groups of " << tp
+                                                      << " (--world N plans N ranks without running on them)");
+  const double cost_check = vm["gpu-hour-cost"].as<double>();
+  AERIE_USAGE_CHECK(cost_check >= 0 && std::isfinite(cost_check), "aerie plan: --gpu-hour-cost " << cost_check << " is not a price");
   w.tp = tp;
   w.batch_tokens = c.device == "cpu" ? 0 : batch_tokens;  // the CPU backend runs one sample per forward
   const std::string storage = vm["storage"].as<std::string>();

@@ -73,10 +73,11 @@ nlohmann::json to_json(const Calibration& c) {
 }
 
 Calibration calibration_from_json(const nlohmann::json& j, const std::string& path) {
-  AERIE_CHECK(j.is_object() && j.value("format", "") == kFormat,
+  AERIE_CHECK(j.is_object() && j.contains("format") && j["format"].is_string() && j["format"] == kFormat,
               path << ": not an aerie calibration (format '" << kFormat << "'; `aerie calibrate` writes one)");
-  AERIE_CHECK(j.value("version", 0) == kVersion,
-              path << ": calibration version " << j.value("version", 0) << ", this aerie reads " << kVersion);
+  AERIE_CHECK(j.contains("version") && j["version"].is_number_integer() && j["version"] == kVersion,
+              path << ": calibration version " << j.value("version", nlohmann::json()).dump() << ", this aerie reads "
+                   << kVersion);
   Calibration c;
   try {
     c.device = j.at("device").get<std::string>();
@@ -105,6 +106,18 @@ Calibration calibration_from_json(const nlohmann::json& j, const std::string& pa
   AERIE_CHECK(c.tp >= 1 && c.world >= c.tp && c.hidden_size > 0 && !c.layers.empty(),
               path << ": tp " << c.tp << ", world " << c.world << ", hidden_size " << c.hidden_size << ", "
                    << c.layers.size() << " layer kinds: not a calibration of a target");
+  auto check_curve = [&](const TimeCurve& t, const std::string& field) {
+    for (double x : t.seconds) AERIE_CHECK(x >= 0, path << ": " << field << ".seconds holds " << x << " (negative)");
+  };
+  check_curve(c.base, "forward.base");
+  for (const LayerKindTimes& l : c.layers) {
+    AERIE_CHECK(l.count >= 0, path << ": forward.layers[" << l.kind << "].count is " << l.count);
+    check_curve(l.curve, "forward.layers[" + l.kind + "].per_layer");
+  }
+  check_curve(c.train_sample, "train.per_sample");
+  check_curve(c.writer_sample, "disk.writer_per_sample");
+  AERIE_CHECK(c.disk_write_bytes_per_s > 0 && std::isfinite(c.disk_write_bytes_per_s),
+              path << ": disk.write_bytes_per_s is " << c.disk_write_bytes_per_s << " (a rate above 0)");
   return c;
 }
 
@@ -122,8 +135,10 @@ std::vector<JobTime> plan_time(const Calibration& c, const Workload& w_in) {
     for (int64_t l : w.lengths) sum += static_cast<double>(l);
     w.mean_tokens = sum / static_cast<double>(w.samples);
   }
-  AERIE_CHECK(w.samples > 0 && w.mean_tokens >= 1, "plan: the workload needs samples (" << w.samples
-                                                       << ") and their mean length (" << w.mean_tokens << " tokens)");
+  // Beyond any dataset: 10^12 samples, 10^7 tokens each (and so no int64 overflow in the bytes).
+  AERIE_CHECK(w.samples > 0 && w.samples <= 1000000000000 && w.mean_tokens >= 1 && w.mean_tokens <= 1e7,
+              "plan: the workload needs 1 to 10^12 samples (got " << w.samples << ") of 1 to 10^7 tokens on average (got "
+                                                                 << w.mean_tokens << ")");
   AERIE_CHECK(w.tp >= 1 && w.world >= w.tp && w.world % w.tp == 0,
               "plan: " << w.world << " ranks do not split into tp groups of " << w.tp);
   AERIE_CHECK(w.tp == c.tp, "plan: the calibration measured the forward at tp " << c.tp << ", the plan asks tp " << w.tp

@@ -11,7 +11,7 @@ rm -rf "$out" && mkdir -p "$out"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 OPENBLAS_NUM_THREADS=1
 fail() { echo "calibrate.sh: FAIL: $*" >&2; exit 1; }
 fast=(--device cpu --tokens 16,48 --train-tokens 16,48 --disk-mib 1 --iters 1 --min-time 0.01)
-for m in qwen2 qwen3_moe; do
+for m in qwen2 qwen3_moe mixtral; do  # mixtral's fixture: 2 layers, below the default aux layers
   mpirun -np 2 "$aerie" calibrate --model "$src/tests/model/fixtures/hf/$m" --output "$out/$m.json" --tp 1 "${fast[@]}" \
     > "$out/$m.log" 2>&1 || { cat "$out/$m.log"; fail "calibrate $m"; }
   grep -q "wrote $out/$m.json" "$out/$m.log" || fail "calibrate $m: no 'wrote' line"
@@ -43,6 +43,11 @@ grep -qE "^  train .*compute-bound" "$out/plan.log" || fail "plan: no train line
 err() { grep -q "$1" "$out/err.log" || { cat "$out/err.log"; fail "$2"; }; }
 plan --calibration "$out/qwen3_moe.json" --samples 10 --mean-tokens 40 --tp 2 > "$out/err.log" 2>&1 && fail "tp 2 accepted"
 err "the calibration measured the forward at tp 1, the plan asks tp 2: calibrate with --tp 2" "tp mismatch"
+mpirun -np 2 "$aerie" plan --model "$src/tests/model/fixtures/hf/qwen2" --gpu-memory 80GiB --tp 1 \
+  --calibration "$out/qwen3_moe.json" --samples 10 --mean-tokens 40 > "$out/err.log" 2>&1 && fail "another target's calibration accepted"
+err "measured .*qwen3_moe/config.json (hidden 64, 1 dense and 2 MoE layers), not this target (hidden 64, 3 dense and 0 MoE layers)" "another target"
+plan --tp 1 --calibration "$out/qwen3_moe.json" --samples 10 --mean-tokens inf > "$out/err.log" 2>&1 && fail "inf tokens accepted"
+err "out of range" "mean tokens inf"
 echo '{"format": "aerie.prepared"}' > "$out/other.json"
 plan --tp 1 --calibration "$out/other.json" --samples 10 --mean-tokens 40 > "$out/err.log" 2>&1 && fail "a non-calibration accepted"
 err "$out/other.json: not an aerie calibration" "not a calibration"

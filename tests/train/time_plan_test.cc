@@ -74,6 +74,18 @@ TEST(TimePlan, MalformedCalibrationIsNamed) {
   EXPECT_NE(testing::error_of([&] { calibration_from_json(j, "x/cal.json"); }).find("x/cal.json"), std::string::npos);
   EXPECT_NE(testing::error_of([] { calibration_from_json({{"format", "other"}}, "y.json"); }).find("aerie calibrate"),
             std::string::npos);
+  j = to_json(example());
+  j["forward"]["layers"][0]["count"] = -5;
+  EXPECT_NE(testing::error_of([&] { calibration_from_json(j, "x/cal.json"); }).find("forward.layers[dense].count is -5"),
+            std::string::npos);
+  j = to_json(example());
+  j["disk"]["write_bytes_per_s"] = 0;
+  EXPECT_NE(testing::error_of([&] { calibration_from_json(j, "x/cal.json"); }).find("disk.write_bytes_per_s is 0"),
+            std::string::npos);
+  j = to_json(example());
+  j["version"] = "1";
+  EXPECT_NE(testing::error_of([&] { calibration_from_json(j, "x/cal.json"); }).find("x/cal.json: calibration version \"1\""),
+            std::string::npos);
 }
 
 TEST(TimePlan, ShardBytesAsExtractEstimatesThem) {
