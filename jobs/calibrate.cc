@@ -128,7 +128,9 @@ void measure_forward(const TargetConfig& cfg, TargetDevice& dev, const Calibrate
   if (two_kinds) shapes.push_back({first_moe, !first_moe, !first_moe});
   std::vector<std::vector<double>> t(shapes.size());  // t[shape][token count]
   for (size_t s = 0; s < shapes.size(); ++s) {
-    TargetModel model = TargetModel::random(truncated(cfg, shapes[s]), *dev.tp, dev.options, 17);
+    TargetModelOptions o = dev.options;  // a cut without MoE layers has nothing to split by expert
+    o.expert_parallel = o.expert_parallel && std::find(shapes[s].begin(), shapes[s].end(), true) != shapes[s].end();
+    TargetModel model = TargetModel::random(truncated(cfg, shapes[s]), *dev.tp, o, 17);
     const int n = static_cast<int>(shapes[s].size());
     const std::vector<int> aux = {0, n / 2, n - 1};  // three captures, as extract's
     for (const int64_t T : opt.tokens) {
@@ -363,6 +365,11 @@ int calibrate(const std::vector<std::string>& args) {
   opt.train_tokens = parse_counts(vm["train-tokens"].as<std::string>().empty() ? (gpu ? "512,2048,4096" : "128,512")
                                                                                : vm["train-tokens"].as<std::string>(),
                                   "train-tokens");
+  const int64_t longest = std::max(opt.tokens.back(), opt.train_tokens.back());
+  AERIE_USAGE_CHECK(cfg.max_position_embeddings <= 0 || longest <= cfg.max_position_embeddings,
+                    "aerie calibrate: --tokens / --train-tokens up to " << longest << " tokens, past " << model_dir
+                                                                       << "'s max_position_embeddings "
+                                                                       << cfg.max_position_embeddings);
   Calibration cal;
   cal.device = gpu ? cuda::current_device_name() : "cpu";
   cal.model = model_dir + "/config.json";

@@ -122,8 +122,9 @@ void print_time_plan(const po::variables_map& vm, const TargetConfig& target, in
     if (cost > 0) std::printf("  %.2f for %d GPUs", t.seconds / 3600 * w.world * cost, w.world);
     std::printf("\n");
   }
-  std::printf("  total    %10s%s\n", hours(total).c_str(),
-              "  (model loading, prepare and vocab not counted; docs/time-plan.md)");
+  std::printf("  total    %10s", hours(total).c_str());
+  if (cost > 0) std::printf("  %.2f for %d GPUs", total / 3600 * w.world * cost, w.world);
+  std::printf("  (model loading, prepare and vocab not counted; docs/time-plan.md)\n");
 }
 
 }  // namespace aerie::jobs

@@ -142,7 +142,7 @@ std::vector<JobTime> plan_time(const Calibration& c, const Workload& w_in) {
   AERIE_CHECK(w.tp >= 1 && w.world >= w.tp && w.world % w.tp == 0,
               "plan: " << w.world << " ranks do not split into tp groups of " << w.tp);
   AERIE_CHECK(w.tp == c.tp, "plan: the calibration measured the forward at tp " << c.tp << ", the plan asks tp " << w.tp
-                                                                                << ": calibrate with --tp " << w.tp);
+                                                                                << ": calibrate with --tp " << w.tp << ", or plan with --tp " << c.tp);
   const double tokens = static_cast<double>(w.samples) * w.mean_tokens;
   const int64_t bytes = shard_bytes(static_cast<int64_t>(std::llround(tokens)), c.hidden_size, w.fp8_storage);
   const int groups = w.world / w.tp;
