@@ -315,7 +315,7 @@ int calibrate(const std::vector<std::string>& args) {
       "sample lengths of the draft's step (default 512,2048,4096 on a GPU, 128,512 on the CPU)")(
       "ttt-steps", po::value<int>()->default_value(7), "TTT steps of the draft's step (train --ttt-steps)")(
       "iters", po::value<int>()->default_value(3), "timed repetitions of each measurement at least (after one untimed)")(
-      "min-time", po::value<double>()->default_value(0.3),
+      "min-time", po::value<double>()->default_value(0.3, "0.3"),
       "seconds each measurement repeats for at least (the median of three such runs is kept)")(
       "disk-mib", po::value<int64_t>()->default_value(256), "MiB each tp group's leader writes as a test shard")(
       "work", po::value<std::string>()->default_value(""),
