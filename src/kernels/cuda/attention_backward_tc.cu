@@ -100,24 +100,6 @@ constexpr size_t dkdv_smem() {
   return (2 + 2 * NBUF) * tile_bytes<DP>() + NBUF * kBlk * (2 * sizeof(float) + sizeof(int));
 }
 
-/// The streamed tile t's buffer, loading it first where there is one buffer (the previous iteration's last
-/// sync freed it), or tile t + 1 into the other buffer where there are two; then waits for tile t and syncs.
-template <int NBUF, typename Load>
-__device__ __forceinline__ int next_tile(int t, int ntiles, Load&& load) {
-  const int buf = NBUF == 2 ? t & 1 : 0;
-  if constexpr (NBUF == 2) {
-    if (t + 1 < ntiles) load(t + 1, buf ^ 1);
-    cp_async_commit();
-    cp_async_wait<1>();
-  } else {
-    if (t > 0) load(t, 0);
-    cp_async_commit();
-    cp_async_wait<0>();
-  }
-  __syncthreads();
-  return buf;
-}
-
 template <int DP, int NBUF>
 __global__ void __launch_bounds__(kThreads, 2) attn_bwd_dq_mma_kernel(BwdParams p) {
   static_assert(DP == 64 || DP == 128 || DP == 192);

@@ -71,4 +71,23 @@ __device__ __forceinline__ float quad_sum(float v) {
   return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
+/// The kernels that stream K/V (or Q/dout) tiles through NBUF shared buffers (2: double-buffered; 1: where two do
+/// not fit the block's shared memory): the streamed tile t's buffer, loading it first where there is one buffer (the previous iteration's last
+/// sync freed it), or tile t + 1 into the other buffer where there are two; then waits for tile t and syncs.
+template <int NBUF, typename Load>
+__device__ __forceinline__ int next_tile(int t, int ntiles, Load&& load) {
+  const int buf = NBUF == 2 ? t & 1 : 0;
+  if constexpr (NBUF == 2) {
+    if (t + 1 < ntiles) load(t + 1, buf ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+  } else {
+    if (t > 0) load(t, 0);
+    cp_async_commit();
+    cp_async_wait<0>();
+  }
+  __syncthreads();
+  return buf;
+}
+
 }  // namespace aerie::cuda::attn

@@ -34,6 +34,76 @@ struct MmaSmem {
   static constexpr size_t bytes = q_bytes + NBUF * (k_bytes + v_bytes);  // Q, K[NBUF], V[NBUF]
 };
 
+/// The online softmax's update for one key tile (FlashAttention-2, Algorithm 1): the rows' new maxima (mx: this
+/// lane's maxima of the masked, scaled scores sc, reduced over the quad here), P = exp2(sc - m) rounded to bf16 into
+/// pf (the A fragments of P V), and l and O rescaled by exp2(m_old - m_new).
+template <int ND>
+__device__ __forceinline__ void softmax_update(const float (&sc)[kKeys / 8][4], float (&mx)[2], float (&m)[2],
+                                               float (&l)[2], float (&o)[ND][4], uint32_t (&pf)[kKeys / 16][4]) {
+  float base[2], corr[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    mx[r] = quad_max(mx[r]);
+    corr[r] = m[r] == -INFINITY ? 0.0f : exp2f(m[r] - mx[r]);  // O and l are 0 while m is -inf
+    m[r] = mx[r];
+    base[r] = mx[r] == -INFINITY ? 0.0f : mx[r];  // a row without keys yet: every p is exp2(-inf) = 0
+  }
+  float rs[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int nb = 0; nb < kKeys / 8; ++nb) {
+    const float p0 = exp2f(sc[nb][0] - base[0]), p1 = exp2f(sc[nb][1] - base[0]);
+    const float p2 = exp2f(sc[nb][2] - base[1]), p3 = exp2f(sc[nb][3] - base[1]);
+    rs[0] += p0 + p1;
+    rs[1] += p2 + p3;
+    // The accumulator of n8 block nb is half of the A fragment of k16 step nb / 2.
+    pf[nb >> 1][(nb & 1) * 2 + 0] = pack_bf16(p0, p1);
+    pf[nb >> 1][(nb & 1) * 2 + 1] = pack_bf16(p2, p3);
+  }
+  l[0] = l[0] * corr[0] + rs[0];
+  l[1] = l[1] * corr[1] + rs[1];
+#pragma unroll
+  for (int nd = 0; nd < ND; ++nd) {
+    o[nd][0] *= corr[0];
+    o[nd][1] *= corr[0];
+    o[nd][2] *= corr[1];
+    o[nd][3] *= corr[1];
+  }
+}
+
+/// The kernel's end for one lane: its two rows (packed rows row0 and row0 + 8 of the sequence `s`) of O = o / l and
+/// lse = m + log2(l) (in nats) to out / lse, or to the key split's part_out / part_lse.
+template <int DV>
+__device__ __forceinline__ void store_rows(const FwdParams& p, const Seq& s, const float (&o)[DV / 8][4],
+                                           const float (&m)[2], const float (&l)[2], int64_t row0, int g, int split,
+                                           int tq4) {
+  constexpr int ND = DV / 8;
+  bf16_t* out = static_cast<bf16_t*>(p.out);
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const float lsum = quad_sum(l[e]);
+    const int64_t R = row0 + 8 * e, i = R / p.group;
+    if (i >= s.tq) continue;
+    const int h = g * p.group + static_cast<int>(R % p.group);
+    const int64_t row = (s.row0 + i) * p.nh + h;
+    const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
+    const float lse = lsum > 0.0f ? (m[e] + log2f(lsum)) * 0.6931471805599453f : -INFINITY;
+    if (p.part_out) {
+      const int64_t prow = split * p.tq * p.nh + row;
+#pragma unroll
+      for (int nd = 0; nd < ND; ++nd)
+        *reinterpret_cast<float2*>(p.part_out + prow * DV + nd * 8 + 2 * tq4) =
+            make_float2(o[nd][2 * e] * inv, o[nd][2 * e + 1] * inv);
+      if (tq4 == 0) p.part_lse[prow] = lse;
+    } else {
+#pragma unroll
+      for (int nd = 0; nd < ND; ++nd)
+        *reinterpret_cast<uint32_t*>(out + row * DV + nd * 8 + 2 * tq4) =
+            pack_bf16(o[nd][2 * e] * inv, o[nd][2 * e + 1] * inv);
+      if (tq4 == 0 && p.lse) p.lse[row] = lse;
+    }
+  }
+}
+
 // DP: the query/key head dim; DV: the value/output head dim (DP, or MLA's 128 against 192); NBUF: K/V buffers.
 template <int DP, int DV, int NBUF>
 __global__ void __launch_bounds__(kThreads, 2) attn_fwd_mma_kernel(FwdParams p) {
@@ -119,17 +189,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_fwd_mma_kernel(FwdParams p) 
             qf[kd][3]);
 
   for (int t = 0; t < ntiles; ++t) {
-    const int buf = NBUF == 2 ? t & 1 : 0;
-    if constexpr (NBUF == 2) {
-      if (t + 1 < ntiles) load_kv(t + 1, buf ^ 1);  // the buffer tile t-1 used: freed by the sync below
-      cp_async_commit();
-      cp_async_wait<1>();  // tile t has landed
-    } else {
-      if (t > 0) load_kv(t, 0);  // the one buffer, freed by the previous iteration's last sync
-      cp_async_commit();
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+    const int buf = next_tile<NBUF>(t, ntiles, load_kv);  // tile t has landed
     const uint32_t kb = sK + buf * L::k_bytes, vb = sV + buf * L::v_bytes;
     const int64_t j0 = kbeg + static_cast<int64_t>(t) * kKeys;
 
@@ -165,35 +225,8 @@ __global__ void __launch_bounds__(kThreads, 2) attn_fwd_mma_kernel(FwdParams p) 
         mx[e >> 1] = fmaxf(mx[e >> 1], x);
       }
     }
-    float base[2], corr[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = quad_max(mx[r]);
-      corr[r] = m[r] == -INFINITY ? 0.0f : exp2f(m[r] - mx[r]);  // O and l are 0 while m is -inf
-      m[r] = mx[r];
-      base[r] = mx[r] == -INFINITY ? 0.0f : mx[r];  // a row without keys yet: every p is exp2(-inf) = 0
-    }
-    float rs[2] = {0.0f, 0.0f};
     uint32_t pf[KK][4];
-#pragma unroll
-    for (int nb = 0; nb < NB; ++nb) {
-      const float p0 = exp2f(sc[nb][0] - base[0]), p1 = exp2f(sc[nb][1] - base[0]);
-      const float p2 = exp2f(sc[nb][2] - base[1]), p3 = exp2f(sc[nb][3] - base[1]);
-      rs[0] += p0 + p1;
-      rs[1] += p2 + p3;
-      // The accumulator of n8 block nb is half of the A fragment of k16 step nb / 2.
-      pf[nb >> 1][(nb & 1) * 2 + 0] = pack_bf16(p0, p1);
-      pf[nb >> 1][(nb & 1) * 2 + 1] = pack_bf16(p2, p3);
-    }
-    l[0] = l[0] * corr[0] + rs[0];
-    l[1] = l[1] * corr[1] + rs[1];
-#pragma unroll
-    for (int nd = 0; nd < ND; ++nd) {
-      o[nd][0] *= corr[0];
-      o[nd][1] *= corr[0];
-      o[nd][2] *= corr[1];
-      o[nd][3] *= corr[1];
-    }
+    softmax_update(sc, mx, m, l, o, pf);
 
     // O [16][DP] += P [16][64] V [64][DP]. x4.trans matrices: keys +0 / +8 of the k16 step, d chunks nd / nd+1.
 #pragma unroll
@@ -211,31 +244,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_fwd_mma_kernel(FwdParams p) 
   }
   cp_async_wait<0>();
 
-  bf16_t* out = static_cast<bf16_t*>(p.out);
-#pragma unroll
-  for (int e = 0; e < 2; ++e) {
-    const float lsum = quad_sum(l[e]);
-    const int64_t R = r0 + warp * kRowsPerWarp + quad + 8 * e, i = R / p.group;
-    if (i >= s.tq) continue;
-    const int h = g * p.group + static_cast<int>(R % p.group);
-    const int64_t row = (s.row0 + i) * p.nh + h;
-    const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
-    const float lse = lsum > 0.0f ? (m[e] + log2f(lsum)) * 0.6931471805599453f : -INFINITY;
-    if (p.part_out) {
-      const int64_t prow = split * p.tq * p.nh + row;
-#pragma unroll
-      for (int nd = 0; nd < ND; ++nd)
-        *reinterpret_cast<float2*>(p.part_out + prow * DV + nd * 8 + 2 * tq4) =
-            make_float2(o[nd][2 * e] * inv, o[nd][2 * e + 1] * inv);
-      if (tq4 == 0) p.part_lse[prow] = lse;
-    } else {
-#pragma unroll
-      for (int nd = 0; nd < ND; ++nd)
-        *reinterpret_cast<uint32_t*>(out + row * DV + nd * 8 + 2 * tq4) =
-            pack_bf16(o[nd][2 * e] * inv, o[nd][2 * e + 1] * inv);
-      if (tq4 == 0 && p.lse) p.lse[row] = lse;
-    }
-  }
+  store_rows<DV>(p, s, o, m, l, r0 + warp * kRowsPerWarp + quad, g, split, tq4);
 }
 
 template <int DP, int DV, int NBUF>
