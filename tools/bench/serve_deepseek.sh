@@ -8,7 +8,8 @@
 #
 # usage: tools/bench/serve_deepseek.sh OUT        (a GPU machine with the engine importable, numpy)
 # Environment (besides serve_smollm2.sh's AERIE_BIN, ENGINE, KS (default "3"), PER_BENCH (default 0: MT-Bench's
-# 80), MAX_NEW (default 128), DTYPE, PARALLEL (default 2), EVAL_NP (default 4), DRAFTS (default "llama mla"), STEP):
+# 80), MAX_NEW (default 128), DTYPE, PARALLEL (default 2), EVAL_NP (default 4), DRAFTS (default "llama mla"), STEP,
+# FORMATS (the exports the engine serves, default "eagle3 speculators")):
 #   TARGET          deepseek-v3-fp8 (default) or kimi-k25-int4 (Kimi-K2.5's wrapper, INT4 routed experts, the Kimi
 #                   tokenizer and kimi-k2 template)
 #   CONVERSATIONS   sharegpt-fastchat conversations answered by the target (default 200)

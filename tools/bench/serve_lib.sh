@@ -44,7 +44,7 @@ serve_aerie_eval() {
 serve_engine() {
   local edtype=bfloat16 runs=() i=0 d fmt k r o
   [ "$dtype" = f32 ] && edtype=float32
-  for d in "${drafts[@]}"; do for fmt in eagle3 speculators; do for k in $ks; do
+  for d in "${drafts[@]}"; do for fmt in ${FORMATS:-eagle3 speculators}; do for k in $ks; do
     [ -f "$out/${engine}_${d}_${fmt}_k$k.json" ] || [ ! -f "$out/export_${d}_$fmt/config.json" ] || runs+=("$d $fmt $k")
   done; done; done
   for r in "${runs[@]}"; do
