@@ -87,17 +87,23 @@ float DraftConfig::softmax_scale() const {
 nlohmann::json DraftConfig::to_json() const {
   nlohmann::json j;
   if (is_mla()) {
-    // vLLM's Eagle3DeepseekV2ForCausalLM reads a DeepseekV3Config (its loader: deepseek_eagle3.py); the
-    // decoder layer always uses the dense MLP of intermediate_size, never MoE.
+    // vLLM's Eagle3DeepseekV2ForCausalLM (model_executor/models/deepseek_eagle3.py) takes a DeepseekV2Config or
+    // a DeepseekV3Config; the decoder layer always uses the dense MLP of intermediate_size, never MoE. The
+    // model_type is deepseek_v2: every vLLM release 0.18.0 to 0.34.0 turns a draft of model_type deepseek_v3
+    // into DeepSeek's MTP module (config/speculative.py, hf_config_override: "Eagle3DeepSeekMTPModel ... not
+    // supported", seen with vLLM 0.26.0 on an H100), and transformers' DeepseekV2Config has every MLA field.
     j["architectures"] = {"Eagle3DeepseekV2ForCausalLM"};
-    j["model_type"] = "deepseek_v3";
+    j["model_type"] = "deepseek_v2";
     j["q_lora_rank"] = q_lora_rank > 0 ? nlohmann::json(q_lora_rank) : nlohmann::json();
     j["kv_lora_rank"] = kv_lora_rank;
     j["qk_nope_head_dim"] = qk_nope_head_dim;
     j["qk_rope_head_dim"] = qk_rope_head_dim;
     j["v_head_dim"] = v_head_dim;
     j["rope_interleave"] = true;  // transformers' DeepseekV3Config: the interleaved rope of the checkpoints
-    j["n_routed_experts"] = nullptr;  // no MoE in the draft (vLLM builds DeepseekV2MLP regardless)
+    // No MoE in the draft: 0 routed experts. Both engines build the dense DeepseekV2MLP regardless (vLLM 0.26.0
+    // model_executor/models/deepseek_eagle3.py, SGLang 0.5.21 srt/models/kimi_k25_eagle3.py); null is refused by
+    // transformers 5's DeepseekV3Config (a strict dataclass, n_routed_experts: int), which vLLM parses it with.
+    j["n_routed_experts"] = 0;
     j["first_k_dense_replace"] = 1;
   } else {
     j["architectures"] = {"LlamaForCausalLMEagle3"};

@@ -236,10 +236,13 @@ TEST(DraftMla, ConfigRoundTripsAndReadsAsVllmDoes) {
   m.cfg.target_num_hidden_layers = 4;
   const nlohmann::json j = m.cfg.to_json();
   EXPECT_EQ(j["architectures"][0], "Eagle3DeepseekV2ForCausalLM");
-  EXPECT_EQ(j["model_type"], "deepseek_v3");
+  EXPECT_EQ(j["model_type"], "deepseek_v2");  // vLLM turns a deepseek_v3 draft into its MTP module
   EXPECT_EQ(j["kv_lora_rank"], 4);
   EXPECT_EQ(j["q_lora_rank"], 6);
   EXPECT_EQ(j["v_head_dim"], 3);
+  // An int (transformers 5's DeepseekV3Config refuses null, and vLLM 0.26 parses the draft's config with it).
+  EXPECT_TRUE(j["n_routed_experts"].is_number_integer()) << j["n_routed_experts"];
+  EXPECT_EQ(j["n_routed_experts"], 0);
   const DraftConfig back = DraftConfig::from_json(j);
   EXPECT_TRUE(back.is_mla());
   EXPECT_EQ(back.to_json(), j);

@@ -112,7 +112,7 @@ ds="$src/tests/model/fixtures/hf/deepseek_v3"
 run mpirun --oversubscribe -np 2 "$aerie" train --model "$ds" --shards "$work/deepseek_v3/shards" \
     --vocab "$work/deepseek_v3/vocab.safetensors" --output "$out/run" --steps 4 --batch-size 2 --draft-attention mla
 run mpirun --oversubscribe -np 1 "$aerie" export --model "$ds" --checkpoint "$out/run" --output "$out/export"
-for kv in '"Eagle3DeepseekV2ForCausalLM"' '"q_lora_rank": *32' '"kv_lora_rank": *32' '"v_head_dim": *16' '"yarn"'; do
+for kv in '"Eagle3DeepseekV2ForCausalLM"' '"model_type": *"deepseek_v2"' '"n_routed_experts": *0,' '"q_lora_rank": *32' '"kv_lora_rank": *32' '"v_head_dim": *16' '"yarn"'; do
   grep -q "$kv" "$out/export/config.json" || { cat "$out/export/config.json"; echo "FAIL: MLA export: no $kv"; exit 1; }
 done
 refused() {  # refused NEEDLE CMD...: the command must fail and name NEEDLE

@@ -565,7 +565,8 @@ TEST(ExportTest, MlaDraftHasTheNamesAndShapesOfVllmsLoader) {
 // Kimi-K2.5's real config: the MLA draft's config carries the fields of TorchSpec's published MLA draft
 // config (configs/draft_models/kimi_k25_eagle3_mla.json) that vLLM's loader reads, with their values. Not
 // compared: model_type (TorchSpec's "kimi_k2" needs the model's remote code; aerie writes transformers'
-// own "deepseek_v3", whose config class has every field), rope_scaling (copied from the target; TorchSpec's
+// own "deepseek_v2", whose config class has every MLA field; vLLM serves a "deepseek_v3" draft as DeepSeek's MTP
+// module), rope_scaling (copied from the target; TorchSpec's
 // training-init file changed beta_fast), eagle_config (other aux layers), draft_vocab_size (TorchSpec keeps
 // the full 163840).
 TEST(ExportTest, MlaDraftConfigForKimiK25MatchesTorchSpecs) {
@@ -583,7 +584,8 @@ TEST(ExportTest, MlaDraftConfigForKimiK25MatchesTorchSpecs) {
                         "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "hidden_act", "rms_norm_eps",
                         "vocab_size", "draft_vocab_size", "torch_dtype", "rope_theta"})
     EXPECT_EQ(c[k], ts[k]) << k;
-  EXPECT_EQ(c["model_type"], "deepseek_v3");
+  EXPECT_EQ(c["model_type"], "deepseek_v2");
+  EXPECT_EQ(c["n_routed_experts"], 0);
   EXPECT_EQ(c["rope_scaling"]["type"], ts["rope_scaling"]["type"]);
   EXPECT_EQ(c["rope_scaling"]["factor"], ts["rope_scaling"]["factor"]);
 }
