@@ -3,8 +3,11 @@
 // CUDA suites run with AERIE_CUDA_EMULATE=sm_120 (tools/bench/gpu_paths.sh).
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <cstdio>
 #include <string>
 
+#include "core/device.h"
 #include "core/error.h"
 #include "core/gpu_limits.h"
 #include "test_util.h"
@@ -60,6 +63,26 @@ TEST(GpuLimits, UnknownFamilyNamesTheSetting) {
   const std::string e = testing::error_of([] { emulated_gpu_limits("rtx6000"); });
   EXPECT_NE(e.find("sm_120"), std::string::npos) << e;
   EXPECT_NE(e.find("'rtx6000'"), std::string::npos) << e;
+}
+
+// On a GPU: the limits the kernels plan for are the device's, or, under AERIE_CUDA_EMULATE (as
+// tools/bench/gpu_paths.sh runs every suite), the emulated family's, so that a run of the suites "as sm_120"
+// shows in its own output that the setting reached the kernels' planning.
+TEST(GpuLimitsCuda, TheKernelsPlanForTheDeviceOrItsEmulation) {
+  AERIE_REQUIRE_CUDA();
+  const GpuLimits l = gpu_limits();
+  std::printf("[ gpu limits ] %s: sm_%d%d, %d bytes of shared memory per block, wgmma %s, emulated '%s'\n",
+              current_device_name().c_str(), l.major, l.minor, l.smem_per_block, l.wgmma ? "yes" : "no",
+              l.emulated.c_str());
+  const auto want = emulated_gpu_limits(std::getenv("AERIE_CUDA_EMULATE"));
+  if (!want) {
+    EXPECT_EQ(l.emulated, "");
+    EXPECT_GE(l.smem_per_block, 48 * 1024);
+    return;
+  }
+  EXPECT_EQ(l.emulated, want->emulated);
+  EXPECT_LE(l.smem_per_block, want->smem_per_block);
+  if (!want->wgmma) EXPECT_FALSE(l.wgmma);
 }
 
 }  // namespace

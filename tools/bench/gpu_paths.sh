@@ -5,11 +5,16 @@
 # that fit 99 KiB per block, as on an RTX PRO 6000; sm_100 for a B200's mma.sync path). AERIE_NO_SKIP=1: a test
 # that cannot run on the GPU fails instead of skipping (the multi-rank ones need two GPUs and still skip).
 #
+# The suites read their fixtures from the source tree they were built from (AERIE_SOURCE_DIR, compiled in): on
+# the GPU machine the checkout is copied afresh at every device call, so run this within one call (a run left
+# going in the background across calls lost test_model's fixtures while the next call's copy arrived).
+#
 # usage: tools/bench/gpu_paths.sh [BUILD_DIR] [OUT_DIR]       (BUILD_DIR default build; OUT_DIR default /tmp/gpu-paths)
 # Environment:
 #   PATHS     the settings, "native" or an AERIE_CUDA_EMULATE value (default "native sm_120")
 #   SUITES    the test binaries and their gtest arguments, one per line (default: test_kernels, test_model,
-#             test_train, test_core's DeviceSync.*, test_data's *Cuda*)
+#             test_train, test_core's DeviceSync.* and GpuLimitsCuda.* (it prints the limits the kernels planned
+#             for: the setting's effect), test_data's *Cuda*)
 #   TOGETHER  1 (default): each setting's suites run side by side on the GPU; 0: one after another
 #   BENCH     1: then tools/bench/bench_deepseek.sh (SKIP_HF=1) and bench_train.sh (SKIP_HF=1 SKIP_SPECFORGE=1)
 #             under each setting (default 0)
@@ -29,7 +34,7 @@ paths="${PATHS:-native sm_120}"
 default_suites="test_kernels
 test_model
 test_train
-test_core --gtest_filter=DeviceSync.*
+test_core --gtest_filter=DeviceSync.*:GpuLimitsCuda.*
 test_data --gtest_filter=*Cuda*"
 suites="${SUITES:-$default_suites}"
 export AERIE_NO_SKIP=1

@@ -17,6 +17,9 @@
 #   TRAIN_STEPS     steps of each draft (default 400)
 #   FIXTURE_ARGS    more arguments of make_random_deepseek.py (sizes, --seed)
 #   DEVICE          cuda (default) or cpu (a check of the aerie side: no engine stage)
+#   PROMPTS         bench (default: MT-Bench and the EAGLE sets) or train: the first user turns of the CONVERSATIONS
+#                   conversations the drafts were trained on (category "train"), where a random-weight target's
+#                   draft accepts tokens at all (on MT-Bench it accepts about 1%: a weak check of the engine)
 # Every stage skips what exists, so a rerun continues. OUT/summary.md holds the table.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -69,6 +72,18 @@ if want train; then
 fi
 
 . "$root/tools/bench/serve_lib.sh"
+if [ "${PROMPTS:-bench}" = train ] && [ ! -f "$out/bench.jsonl" ]; then
+  python3 - "$data/sharegpt-fastchat/dummy_conversation.json" "$out/bench.jsonl" "${CONVERSATIONS:-200}" <<'PY'
+import json, os, sys
+src, dst, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+with open(dst + ".tmp", "w", encoding="utf-8") as f:
+    for c in json.load(open(src, encoding="utf-8"))[:n]:
+        first = next((t["value"] for t in c["conversations"] if t["from"] == "human"), None)
+        if first:
+            f.write(json.dumps({"turns": [first], "category": "train"}, ensure_ascii=False) + "\n")
+os.replace(dst + ".tmp", dst)
+PY
+fi
 serve_prompts
 if want eval; then log "aerie eval"; serve_aerie_eval; fi
 if [ "$device" = cuda ] && want engine; then log "$engine"; serve_engine; fi
