@@ -4,10 +4,12 @@
 //     and to one of it and two of the other kind (dense, MoE), random weights in the checkpoint's formats, timed at --tokens on the tp
 //     group of --tp ranks (its all-reduces included); base and per-layer seconds follow from the differences;
 //   - the draft's training step (TTT, random weights and hidden states) over one sample of each --train-tokens
-//     length, on every rank at once (one rank's share of a data-parallel step; the gradient all-reduce is left out);
+//     length, on every rank at once (one rank's share of a data-parallel step; the gradient all-reduce is left out),
+//     and on one rank while the others idle (a streaming run's trainers);
 //   - the shard writer: every tp group's leader writes --disk-mib of random hidden states as a shard into --work
 //     at the same time (the node's aggregate write rate), then deletes it;
-//   - the tp group's all-reduce of [T, H] bf16 (its bus bandwidth, nccl-tests' convention).
+//   - the tp group's all-reduce of [T, H] bf16 (its bus bandwidth, nccl-tests' convention);
+//   - the streaming train's messages: one sample's hidden states from world rank 0 to the last rank (MPI).
 //   aerie calibrate --model DIR --output calibration.json [--tp N] [--device auto|cpu|cuda] [--tokens 512,2048,8192]
 // Rank 0 writes the file and prints a summary. docs/time-plan.md: what is measured and how the plan uses it.
 #include <mpi.h>
@@ -42,6 +44,7 @@ namespace {
 
 struct CalibrateOptions {
   std::vector<int64_t> tokens, train_tokens;
+  int64_t draft_vocab = 32000;  // K of the planned run (vocab --draft-vocab-size), at most the target's V
   int iters = 3, ttt_steps = 7;
   double min_seconds = 0.3;
   int64_t disk_bytes = 0;
@@ -151,10 +154,11 @@ void measure_forward(const TargetConfig& cfg, TargetDevice& dev, const Calibrate
   if (two_kinds) cal.layers.push_back(second);
 }
 
-/// The draft's step over one sample of each opt.train_tokens length, every rank alone (SelfCommunicator).
+/// The draft's step over one sample of each opt.train_tokens length, on every rank at once, each its own
+/// data-parallel group (SelfCommunicator); with more than one rank also on rank 0 alone.
 void measure_train(const TargetConfig& cfg, const TargetDevice& dev, const CalibrateOptions& opt, Calibration& cal) {
   const Device device = dev.options.device;
-  const int64_t V = cfg.vocab_size, K = std::min<int64_t>(32000, V), H = cfg.hidden_size;
+  const int64_t V = cfg.vocab_size, K = std::min<int64_t>(opt.draft_vocab, V), H = cfg.hidden_size;
   const int N = static_cast<int>(cfg.num_hidden_layers);  // a target of fewer than 3 layers has no default aux layers
   const DraftConfig dc = DraftConfig::from_target(cfg, K, N >= 3 ? default_aux_layers(N) : std::vector<int>{0, N / 2, N});
   const DraftVocab vocab = spread_draft_vocab(V, K);
@@ -175,6 +179,7 @@ void measure_train(const TargetConfig& cfg, const TargetDevice& dev, const Calib
   StepScratch scratch = StepScratch::zeros(dc, device, device == Device::CUDA ? DType::BF16 : DType::F32);
   SelfCommunicator self;
   cal.ttt_steps = opt.ttt_steps;
+  cal.draft_vocab_size = K;
   cal.train_sample = {opt.train_tokens, {}};
   MpiCommunicator world(MPI_COMM_WORLD, false);  // the ranks' times: the slowest counts
   for (const int64_t T : opt.train_tokens) {
@@ -183,10 +188,30 @@ void measure_train(const TargetConfig& cfg, const TargetDevice& dev, const Calib
     std::vector<TTTSample> local{make_ttt_sample(ids, std::vector<uint8_t>(static_cast<size_t>(T), 1), aux, z, target_lm,
                                                  selected)};
     // The sample's target distribution is made per step as train makes it per sample drawn.
-    cal.train_sample.seconds.push_back(timed(world, device, opt.iters, opt.min_seconds, [&] {
+    auto step = [&] {
       local[0] = make_ttt_sample(ids, std::vector<uint8_t>(static_cast<size_t>(T), 1), aux, z, target_lm, selected);
       train_step(dc, w, adam, embed, local, vocab, opt.ttt_steps, 1e-5, 0.5, self, scratch);
-    }));
+    };
+    cal.train_sample.seconds.push_back(timed(world, device, opt.iters, opt.min_seconds, step));
+    // Rank 0 alone, the others idle: a streaming run's trainers while its target ranks wait (ranks that share a
+    // node's cores or memory bandwidth step faster alone).
+    if (world.size() > 1) {
+      if (cal.train_sample_alone.tokens.empty()) cal.train_sample_alone = {opt.train_tokens, {}};
+      cal.train_sample_alone.seconds.push_back(timed(world, device, opt.iters, opt.min_seconds, [&] {
+        if (world.rank() == 0) step();
+      }));
+    }
+    // A step's own cost (AdamW's update, the gradient's bookkeeping), paid once per step whatever its samples: a
+    // step of two samples at the shortest length against one, 2 t1 - t2.
+    if (T == opt.train_tokens.front()) {
+      std::vector<TTTSample> two{local[0], local[0]};
+      const double t2 = timed(world, device, opt.iters, opt.min_seconds, [&] {
+        two[0] = make_ttt_sample(ids, std::vector<uint8_t>(static_cast<size_t>(T), 1), aux, z, target_lm, selected);
+        two[1] = make_ttt_sample(ids, std::vector<uint8_t>(static_cast<size_t>(T), 1), aux, z, target_lm, selected);
+        train_step(dc, w, adam, embed, two, vocab, opt.ttt_steps, 1e-5, 0.5, self, scratch);
+      });
+      cal.train_step_seconds = std::max(0.0, 2 * cal.train_sample.seconds.back() - t2);
+    }
   }
 }
 
@@ -280,6 +305,25 @@ void measure_allreduce(const TargetConfig& cfg, TargetDevice& dev, const Calibra
   cal.allreduce_bus_bytes_per_s = 2.0 * (n - 1) / n * bytes / std::max(1e-9, s);
 }
 
+/// The streaming train's messages: world rank 0 sends one sample's hidden states (aux [T, 3H] and final [T, H] in
+/// bf16, T the longest --train-tokens, at most 256 MiB) to the last world rank over MPI, as a replica leader sends
+/// them to a trainer (host buffers). Needs 2 ranks; the others wait.
+void measure_stream(const TargetConfig& cfg, Communicator& world, Device device, const CalibrateOptions& opt,
+                    Calibration& cal) {
+  const int n = world.size(), rank = world.rank();
+  if (n < 2) return;
+  const int64_t bytes = std::min<int64_t>(opt.train_tokens.back() * 8 * cfg.hidden_size, int64_t{256} << 20);
+  std::vector<char> buf(static_cast<size_t>(bytes), 1);
+  const double s = timed(world, device, opt.iters, opt.min_seconds, [&] {
+    if (rank == 0)
+      check_mpi(MPI_Send(buf.data(), static_cast<int>(bytes), MPI_BYTE, n - 1, 7290, MPI_COMM_WORLD), "MPI_Send");
+    else if (rank == n - 1)
+      check_mpi(MPI_Recv(buf.data(), static_cast<int>(bytes), MPI_BYTE, 0, 7290, MPI_COMM_WORLD, MPI_STATUS_IGNORE),
+                "MPI_Recv");
+  });
+  cal.stream_bytes_per_s = static_cast<double>(bytes) / std::max(1e-9, s);
+}
+
 void print_calibration(const Calibration& c) {
   std::printf("aerie calibrate: %s on %s, tp %d of %d ranks\n", c.model.c_str(), c.device.c_str(), c.tp, c.world);
   std::printf("  forward of the whole target (%zu layer kinds):\n", c.layers.size());
@@ -291,7 +335,8 @@ void print_calibration(const Calibration& c) {
       std::printf(", %lld x %s %.5f s", static_cast<long long>(l.count), l.kind.c_str(), l.curve.seconds[i]);
     std::printf(")\n");
   }
-  std::printf("  draft step, one sample, %d TTT steps:", c.ttt_steps);
+  std::printf("  draft step, one sample, %d TTT steps, draft vocabulary %lld:", c.ttt_steps,
+              static_cast<long long>(c.draft_vocab_size));
   for (size_t i = 0; i < c.train_sample.tokens.size(); ++i)
     std::printf(" %lld tokens %.4f s;", static_cast<long long>(c.train_sample.tokens[i]), c.train_sample.seconds[i]);
   std::printf("\n  shards written: %.1f MB/s (%.1f MB by every tp group at once); the writer's work per sample: %.2f ms "
@@ -299,6 +344,16 @@ void print_calibration(const Calibration& c) {
               c.disk_write_bytes_per_s / 1e6, static_cast<double>(c.disk_test_bytes) / 1e6,
               c.writer_sample.seconds.at(0) * 1e3, c.writer_sample.seconds.at(1) * 1e3);
   if (c.tp > 1) std::printf("  tp all-reduce: %.2f GB/s bus bandwidth\n", c.allreduce_bus_bytes_per_s / 1e9);
+  std::printf("  a draft step's own cost (once per step, whatever its samples): %.4f s\n", c.train_step_seconds);
+  if (!c.train_sample_alone.tokens.empty()) {
+    std::printf("  draft step on one rank alone:");
+    for (size_t i = 0; i < c.train_sample_alone.tokens.size(); ++i)
+      std::printf(" %lld tokens %.4f s;", static_cast<long long>(c.train_sample_alone.tokens[i]),
+                  c.train_sample_alone.seconds[i]);
+    std::printf("\n");
+  }
+  if (c.stream_bytes_per_s > 0)
+    std::printf("  streaming messages, rank 0 to rank %d: %.2f GB/s\n", c.world - 1, c.stream_bytes_per_s / 1e9);
 }
 
 }  // namespace
@@ -314,6 +369,9 @@ int calibrate(const std::vector<std::string>& args) {
       "train-tokens", po::value<std::string>()->default_value(""),
       "sample lengths of the draft's step (default 512,2048,4096 on a GPU, 128,512 on the CPU)")(
       "ttt-steps", po::value<int>()->default_value(7), "TTT steps of the draft's step (train --ttt-steps)")(
+      "draft-vocab-size", po::value<int64_t>()->default_value(32000),
+      "the draft vocabulary of the draft's step (vocab --draft-vocab-size; at most the target's vocabulary): its "
+      "lm_head and loss are a large share of the step")(
       "iters", po::value<int>()->default_value(3), "timed repetitions of each measurement at least (after one untimed)")(
       "min-time", po::value<double>()->default_value(0.3, "0.3"),
       "seconds each measurement repeats for at least (the median of three such runs is kept)")(
@@ -332,6 +390,8 @@ int calibrate(const std::vector<std::string>& args) {
   CalibrateOptions opt;
   opt.iters = vm["iters"].as<int>();
   opt.ttt_steps = vm["ttt-steps"].as<int>();
+  opt.draft_vocab = vm["draft-vocab-size"].as<int64_t>();
+  AERIE_USAGE_CHECK(opt.draft_vocab >= 2, "aerie calibrate: --draft-vocab-size must be >= 2 (vocab's own limit)");
   opt.min_seconds = vm["min-time"].as<double>();
   AERIE_USAGE_CHECK(opt.min_seconds >= 0, "aerie calibrate: --min-time must be >= 0");
   AERIE_USAGE_CHECK(opt.iters >= 1 && opt.ttt_steps >= 1, "aerie calibrate: --iters and --ttt-steps must be >= 1");
@@ -389,6 +449,7 @@ int calibrate(const std::vector<std::string>& args) {
   step("the disk", [&] { measure_disk(cfg, groups, opt, cal); });
   step("the shard writer", [&] { measure_writer(cfg, groups, dev, opt, cal); });
   if (tp > 1) step("the tp all-reduce", [&] { measure_allreduce(cfg, dev, opt, cal); });
+  if (world > 1) step("the streaming messages", [&] { measure_stream(cfg, *groups.world, dev.options.device, opt, cal); });
   if (rank0) {
     const std::string tmp = output + ".tmp";
     {

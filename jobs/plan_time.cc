@@ -14,15 +14,34 @@ namespace aerie::jobs {
 
 namespace {
 
+std::string bytes_text(double b) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, b < 1e9 ? "%.1f MB" : "%.2f GB", b < 1e9 ? b / 1e6 : b / 1e9);
+  return buf;
+}
+
 std::string hours(double s) {
   char buf[64];
-  if (s < 120)
+  if (s < 600)
     std::snprintf(buf, sizeof buf, "%.1f s", s);
   else if (s < 7200)
     std::snprintf(buf, sizeof buf, "%.1f min", s / 60);
   else
     std::snprintf(buf, sizeof buf, "%.2f h", s / 3600);
   return buf;
+}
+
+// The streaming train's line: instead of extract + train, no shards.
+void print_stream_line(const JobTime& t, const Calibration& c, const Workload& w, double cost) {
+  std::printf("  streamed instead (train --prepared --target-ranks %d: %d target replica(s), %d trainer rank(s)%s):\n"
+              "  train    %10s  (target %s, draft %s, messages %s: %s-bound)  no shards; %s of hidden states queued "
+              "per replica leader",
+              w.stream_target_ranks, w.stream_target_ranks / w.tp, w.world - w.stream_target_ranks,
+              w.stream_colocated ? ", sharing devices" : "", hours(t.seconds).c_str(), hours(t.target_seconds).c_str(),
+              hours(t.draft_seconds).c_str(), c.stream_bytes_per_s > 0 ? hours(t.message_seconds).c_str() : "not measured",
+              t.bound.c_str(), bytes_text(static_cast<double>(t.queue_bytes)).c_str());
+  if (cost > 0) std::printf("  %.2f for %d GPUs", t.seconds / 3600 * w.world * cost, w.world);
+  std::printf("\n");
 }
 
 }  // namespace
@@ -43,7 +62,13 @@ void add_time_plan_options(po::options_description& desc) {
       "world", po::value<int>()->default_value(0),
       "with --calibration: the job's ranks (0: the world size); dp = world / tp")(
       "storage", po::value<std::string>()->default_value("bf16"), "with --calibration: extract --storage (bf16, fp8)")(
-      "gpu-hour-cost", po::value<double>()->default_value(0), "with --calibration: price of one GPU-hour (0: none)");
+      "gpu-hour-cost", po::value<double>()->default_value(0), "with --calibration: price of one GPU-hour (0: none)")(
+      "stream-target-ranks", po::value<int>()->default_value(0),
+      "with --calibration: also plan the streaming train (train --prepared --target-ranks N): N of the ranks run "
+      "the target, the rest train")(
+      "stream-colocated", po::bool_switch(),
+      "with --stream-target-ranks: the target's and the trainers' ranks share devices (one GPU for both), so "
+      "their compute adds up");
 }
 
 void print_time_plan(const po::variables_map& vm, const TargetConfig& target, int tp, int world, int64_t batch_tokens,
@@ -93,6 +118,12 @@ void print_time_plan(const po::variables_map& vm, const TargetConfig& target, in
                         vm["train-batch-size"].as<int64_t>() >= 1 && vm["train-batch-size"].as<int64_t>() <= 1000000,
                     "aerie plan: --epochs and --train-batch-size (up to 10^6) must be >= 1, --train-steps 0 to 10^9");
   w.train_samples = vm["train-steps"].as<int64_t>() * vm["train-batch-size"].as<int64_t>();
+  w.train_batch_size = vm["train-batch-size"].as<int64_t>();
+  w.stream_target_ranks = vm["stream-target-ranks"].as<int>();
+  w.stream_colocated = vm["stream-colocated"].as<bool>();
+  AERIE_USAGE_CHECK(w.stream_target_ranks >= 0, "aerie plan: --stream-target-ranks " << w.stream_target_ranks << " is negative");
+  AERIE_USAGE_CHECK(!w.stream_colocated || w.stream_target_ranks > 0,
+                    "aerie plan: --stream-colocated describes the streaming train: give --stream-target-ranks too");
   AERIE_USAGE_CHECK(vm["world"].as<int>() >= 0, "aerie plan: --world " << vm["world"].as<int>() << " is negative");
   w.world = vm["world"].as<int>() > 0 ? vm["world"].as<int>() : world;
   AERIE_USAGE_CHECK(w.world % tp == 0, "aerie plan: " << w.world << " ranks do not split into tp groups of " << tp
@@ -104,6 +135,9 @@ void print_time_plan(const po::variables_map& vm, const TargetConfig& target, in
   const std::string storage = vm["storage"].as<std::string>();
   AERIE_USAGE_CHECK(storage == "bf16" || storage == "fp8", "aerie plan: --storage '" << storage << "' is not bf16 or fp8");
   w.fp8_storage = storage == "fp8";
+  AERIE_USAGE_CHECK(w.stream_target_ranks % tp == 0 && w.stream_target_ranks < w.world,
+                    "aerie plan: --stream-target-ranks " << w.stream_target_ranks << " must be a multiple of tp " << tp
+                                                         << " and leave trainer ranks among the " << w.world << " (--world)");
   const std::vector<JobTime> jobs = plan_time(c, w);
   if (!print) return;
   const double cost = vm["gpu-hour-cost"].as<double>();
@@ -115,16 +149,19 @@ void print_time_plan(const po::variables_map& vm, const TargetConfig& target, in
                                  : "");
   double total = 0;
   for (const JobTime& t : jobs) {
+    if (t.job == "train --prepared") continue;  // after the total
     total += t.seconds;
     std::printf("  %-8s %10s  (compute %s, disk %s: %s-bound)", t.job.c_str(), hours(t.seconds).c_str(),
                 hours(t.compute_seconds).c_str(), hours(t.disk_seconds).c_str(), t.bound.c_str());
-    if (t.bytes > 0) std::printf("  shards %.2f GB (%s)", static_cast<double>(t.bytes) / 1e9, storage.c_str());
+    if (t.bytes > 0) std::printf("  shards %s (%s)", bytes_text(static_cast<double>(t.bytes)).c_str(), storage.c_str());
     if (cost > 0) std::printf("  %.2f for %d GPUs", t.seconds / 3600 * w.world * cost, w.world);
     std::printf("\n");
   }
   std::printf("  total    %10s", hours(total).c_str());
   if (cost > 0) std::printf("  %.2f for %d GPUs", total / 3600 * w.world * cost, w.world);
-  std::printf("  (model loading, prepare and vocab not counted; docs/time-plan.md)\n");
+  std::printf("  (extract + train; model loading, prepare and vocab not counted; docs/time-plan.md)\n");
+  for (const JobTime& t : jobs)
+    if (t.job == "train --prepared") print_stream_line(t, c, w, cost);
 }
 
 }  // namespace aerie::jobs

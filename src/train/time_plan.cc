@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <random>
 
 #include "core/error.h"
 
@@ -36,6 +37,13 @@ TimeCurve curve_from(const nlohmann::json& j, const std::string& path, const std
   return c;
 }
 
+nlohmann::json train_json(const Calibration& c) {
+  nlohmann::json j = {{"ttt_steps", c.ttt_steps}, {"draft_vocab_size", c.draft_vocab_size},
+                      {"per_sample", curve_json(c.train_sample)}, {"step_seconds", c.train_step_seconds}};
+  if (!c.train_sample_alone.tokens.empty()) j["per_sample_alone"] = curve_json(c.train_sample_alone);
+  return j;
+}
+
 }  // namespace
 
 double TimeCurve::at(double t) const {
@@ -45,8 +53,12 @@ double TimeCurve::at(double t) const {
   size_t i = 1;  // the segment [i-1, i] that holds t, or the nearest one
   while (i + 1 < tokens.size() && t > static_cast<double>(tokens[i])) ++i;
   const double t0 = static_cast<double>(tokens[i - 1]), t1 = static_cast<double>(tokens[i]);
-  const double s = seconds[i - 1] + (seconds[i] - seconds[i - 1]) * (t - t0) / (t1 - t0);
-  return std::max(0.0, s);
+  const double s0 = seconds[i - 1], s1 = seconds[i];
+  // A power law through the two points (a straight line in log-log: the attention's share makes the cost grow
+  // faster than the tokens, and a chord between two points of a convex curve overestimates the middle), where both
+  // times are positive and grow; else the straight line.
+  if (s0 > 0 && s1 > s0 && t > 0) return s0 * std::pow(t / t0, std::log(s1 / s0) / std::log(t1 / t0));
+  return std::max(0.0, s0 + (s1 - s0) * (t - t0) / (t1 - t0));
 }
 
 double Calibration::forward_seconds(double t) const {
@@ -66,10 +78,11 @@ nlohmann::json to_json(const Calibration& c) {
           {"tp", c.tp},
           {"hidden_size", c.hidden_size},
           {"forward", {{"base", curve_json(c.base)}, {"layers", layers}}},
-          {"train", {{"ttt_steps", c.ttt_steps}, {"per_sample", curve_json(c.train_sample)}}},
+          {"train", train_json(c)},
           {"disk", {{"write_bytes_per_s", c.disk_write_bytes_per_s}, {"test_bytes", c.disk_test_bytes},
                     {"writer_per_sample", curve_json(c.writer_sample)}}},
-          {"allreduce", {{"bus_bytes_per_s", c.allreduce_bus_bytes_per_s}}}};
+          {"allreduce", {{"bus_bytes_per_s", c.allreduce_bus_bytes_per_s}}},
+          {"stream", {{"bytes_per_s", c.stream_bytes_per_s}}}};
 }
 
 Calibration calibration_from_json(const nlohmann::json& j, const std::string& path) {
@@ -96,10 +109,15 @@ Calibration calibration_from_json(const nlohmann::json& j, const std::string& pa
     }
     c.ttt_steps = j.at("train").at("ttt_steps").get<int>();
     c.train_sample = curve_from(j.at("train").at("per_sample"), path, "train.per_sample");
+    c.train_step_seconds = j.at("train").value("step_seconds", 0.0);  // optional in v1 (an older aerie's: 0)
+    c.draft_vocab_size = j.at("train").value("draft_vocab_size", int64_t{0});
+    if (j.at("train").contains("per_sample_alone"))  // optional in v1: a calibration of more than one rank
+      c.train_sample_alone = curve_from(j.at("train").at("per_sample_alone"), path, "train.per_sample_alone");
     c.disk_write_bytes_per_s = j.at("disk").at("write_bytes_per_s").get<double>();
     c.disk_test_bytes = j.at("disk").at("test_bytes").get<int64_t>();
     c.writer_sample = curve_from(j.at("disk").at("writer_per_sample"), path, "disk.writer_per_sample");
     c.allreduce_bus_bytes_per_s = j.at("allreduce").at("bus_bytes_per_s").get<double>();
+    if (j.contains("stream")) c.stream_bytes_per_s = j.at("stream").at("bytes_per_s").get<double>();  // optional in v1
   } catch (const nlohmann::json::exception& e) {
     AERIE_THROW(path << ": " << e.what());
   }
@@ -115,9 +133,14 @@ Calibration calibration_from_json(const nlohmann::json& j, const std::string& pa
     check_curve(l.curve, "forward.layers[" + l.kind + "].per_layer");
   }
   check_curve(c.train_sample, "train.per_sample");
+  check_curve(c.train_sample_alone, "train.per_sample_alone");
+  AERIE_CHECK(c.train_step_seconds >= 0 && std::isfinite(c.train_step_seconds),
+              path << ": train.step_seconds is " << c.train_step_seconds << " (seconds, >= 0)");
   check_curve(c.writer_sample, "disk.writer_per_sample");
   AERIE_CHECK(c.disk_write_bytes_per_s > 0 && std::isfinite(c.disk_write_bytes_per_s),
               path << ": disk.write_bytes_per_s is " << c.disk_write_bytes_per_s << " (a rate above 0)");
+  AERIE_CHECK(c.stream_bytes_per_s >= 0 && std::isfinite(c.stream_bytes_per_s),
+              path << ": stream.bytes_per_s is " << c.stream_bytes_per_s << " (a rate, 0 when not measured)");
   return c;
 }
 
@@ -126,6 +149,88 @@ int64_t shard_bytes(int64_t tokens, int64_t h, bool fp8) {
   const int64_t per_token = fp8 ? values + 4 * 4 : 2 * values;
   return tokens * (per_token + 4 + 1);
 }
+
+namespace {
+
+// The summed cost of f(length) over the samples: each at its own length where known, else all at the mean.
+double over_samples(const Workload& w, const std::function<double(double)>& f) {
+  if (w.lengths.empty()) return static_cast<double>(w.samples) * f(w.mean_tokens);
+  double s = 0;
+  for (int64_t l : w.lengths) s += f(static_cast<double>(l));
+  return s;
+}
+
+// The target's forwards over every sample once, on one tp group: forwards of about batch_tokens tokens costed per
+// token, or one per sample (batch_tokens 0).
+double forwards_once(const Calibration& c, const Workload& w) {
+  if (w.batch_tokens <= 0) return over_samples(w, [&](double l) { return c.forward_seconds(l); });
+  const double per_forward = std::max(static_cast<double>(w.batch_tokens), w.mean_tokens);
+  return static_cast<double>(w.samples) * w.mean_tokens / per_forward * c.forward_seconds(per_forward);
+}
+
+// The draft's training over `drawn` samples on `ranks` data-parallel ranks, a sample of length l costing
+// `per_sample(l)` (measured as a step of one sample, so it holds the step's own cost once). Each step pays its own
+// cost once and waits for its slowest rank: with the dataset's lengths known, steps of train_batch_size samples drawn
+// at random (a fixed seed) are dealt to the ranks as the trainer deals them (position i to rank i % ranks), and the
+// mean of the slowest rank's sum is the step's time; with the mean length alone every rank's share costs the same.
+double draft_seconds(const Calibration& c, const Workload& w, double drawn, const std::function<double(double)>& per_sample,
+                     int ranks) {
+  const int64_t batch = std::max<int64_t>(1, w.train_batch_size);
+  const double steps = std::ceil(drawn / static_cast<double>(batch));
+  const double step_cost = std::min(c.train_step_seconds, per_sample(w.mean_tokens));
+  auto net = [&](double l) { return std::max(0.0, per_sample(l) - step_cost); };
+  if (w.lengths.empty() || ranks == 1)
+    return steps * step_cost + drawn / ranks * over_samples(w, net) / static_cast<double>(w.samples);
+  std::mt19937_64 gen(1234);
+  std::uniform_int_distribution<size_t> pick(0, w.lengths.size() - 1);
+  const int trials = static_cast<int>(std::min<double>(steps, 1000));
+  std::vector<double> share(static_cast<size_t>(ranks));
+  double slowest = 0;
+  for (int s = 0; s < trials; ++s) {
+    std::fill(share.begin(), share.end(), 0.0);
+    for (int64_t i = 0; i < batch; ++i) share[static_cast<size_t>(i % ranks)] += net(static_cast<double>(w.lengths[pick(gen)]));
+    slowest += *std::max_element(share.begin(), share.end());
+  }
+  return steps * (step_cost + slowest / trials);
+}
+
+// train --prepared: the target replicas compute the samples drawn while the trainers train on them.
+JobTime plan_stream(const Calibration& c, const Workload& w, double drawn) {
+  AERIE_CHECK(w.stream_target_ranks % w.tp == 0 && w.stream_target_ranks < w.world,
+              "plan: --stream-target-ranks " << w.stream_target_ranks << " must be a multiple of tp " << w.tp
+                                             << " and leave trainer ranks among the " << w.world);
+  const int replicas = w.stream_target_ranks / w.tp, trainers = w.world - w.stream_target_ranks;
+  const double per_pass = drawn / static_cast<double>(w.samples);  // passes over the dataset the draws make
+  JobTime st;
+  st.job = "train --prepared";
+  st.target_seconds = per_pass * forwards_once(c, w) / replicas;
+  // The trainers step at the rate measured with every rank busy, or faster where the calibration measured one
+  // rank alone and the target ranks idle part of the time: between the two, by the ranks busy on average (the
+  // trainers, and the target ranks for the share of the time they compute).
+  std::function<double(double)> per_sample = [&c](double l) { return c.train_sample.at(l); };
+  if (!c.train_sample_alone.tokens.empty() && c.world > 1 && !w.stream_colocated) {
+    auto alone = [&](double l) { return c.train_sample_alone.at(l); };
+    const double share = std::min(1.0, st.target_seconds / std::max(1e-12, draft_seconds(c, w, drawn, alone, trainers)));
+    const double busy = trainers + w.stream_target_ranks * share;
+    const double f = std::clamp((busy - 1) / static_cast<double>(w.world - 1), 0.0, 1.0);
+    per_sample = [&c, f](double l) { return c.train_sample_alone.at(l) + (c.train_sample.at(l) - c.train_sample_alone.at(l)) * f; };
+  }
+  st.draft_seconds = draft_seconds(c, w, drawn, per_sample, trainers);
+  const double bytes = drawn * w.mean_tokens * 8.0 * static_cast<double>(c.hidden_size);  // aux [3H] + final [H], bf16
+  st.message_seconds = c.stream_bytes_per_s > 0 ? bytes / (c.stream_bytes_per_s * std::min(replicas, trainers)) : 0;
+  // The queue: a leader runs up to stream-queue + 1 = 3 steps ahead; a step is batch / replicas of its samples.
+  const double batch = static_cast<double>(std::max<int64_t>(1, w.train_batch_size));
+  st.queue_bytes = static_cast<int64_t>(3 * std::ceil(batch / replicas) * w.mean_tokens * 8.0 * static_cast<double>(c.hidden_size));
+  st.compute_seconds = w.stream_colocated ? st.target_seconds + st.draft_seconds : std::max(st.target_seconds, st.draft_seconds);
+  st.seconds = w.stream_colocated ? st.compute_seconds + st.message_seconds
+                                  : std::max(st.target_seconds, st.draft_seconds + st.message_seconds);
+  st.bound = st.target_seconds >= st.draft_seconds && st.target_seconds >= st.message_seconds ? "target"
+             : st.draft_seconds >= st.message_seconds                                        ? "draft"
+                                                                                              : "messages";
+  return st;
+}
+
+}  // namespace
 
 std::vector<JobTime> plan_time(const Calibration& c, const Workload& w_in) {
   Workload w = w_in;
@@ -146,27 +251,15 @@ std::vector<JobTime> plan_time(const Calibration& c, const Workload& w_in) {
   const double tokens = static_cast<double>(w.samples) * w.mean_tokens;
   const int64_t bytes = shard_bytes(static_cast<int64_t>(std::llround(tokens)), c.hidden_size, w.fp8_storage);
   const int groups = w.world / w.tp;
-  // Sum of f(length) over the samples: each at its own length where known, else all at the mean.
-  auto over_samples = [&](const std::function<double(double)>& f) {
-    if (w.lengths.empty()) return static_cast<double>(w.samples) * f(w.mean_tokens);
-    double s = 0;
-    for (int64_t l : w.lengths) s += f(static_cast<double>(l));
-    return s;
-  };
   std::vector<JobTime> out;
 
-  // extract: forwards of about batch_tokens tokens (costed per token) spread over the tp groups, or of one sample
-  // each. A GPU's writer thread works while the next forward runs (the longer of the two counts); on the CPU backend
-  // the ranks take the cores and the writer's work adds to the forward's.
+  // extract: the forwards spread over the tp groups (chunks are handed out dynamically). A GPU's writer thread works
+  // while the next forward runs (the longer of the two counts); on the CPU backend the ranks take the cores and the
+  // writer's work adds to the forward's.
   JobTime ex;
   ex.job = "extract";
-  const double writer = c.writer_sample.tokens.empty() ? 0 : over_samples([&](double l) { return c.writer_sample.at(l); });
-  if (w.batch_tokens > 0) {
-    const double per_forward = std::max(static_cast<double>(w.batch_tokens), w.mean_tokens);
-    ex.compute_seconds = std::max(tokens / per_forward * c.forward_seconds(per_forward), writer) / groups;
-  } else {
-    ex.compute_seconds = (over_samples([&](double l) { return c.forward_seconds(l); }) + writer) / groups;
-  }
+  const double writer = c.writer_sample.tokens.empty() ? 0 : over_samples(w, [&](double l) { return c.writer_sample.at(l); });
+  ex.compute_seconds = (w.batch_tokens > 0 ? std::max(forwards_once(c, w), writer) : forwards_once(c, w) + writer) / groups;
   ex.disk_seconds = c.disk_write_bytes_per_s > 0 ? static_cast<double>(bytes) / c.disk_write_bytes_per_s : 0;
   ex.seconds = std::max(ex.compute_seconds, ex.disk_seconds);
   ex.bound = ex.disk_seconds > ex.compute_seconds ? "disk" : "compute";
@@ -179,11 +272,11 @@ std::vector<JobTime> plan_time(const Calibration& c, const Workload& w_in) {
   tr.job = "train";
   const double drawn = w.train_samples > 0 ? static_cast<double>(w.train_samples)
                                            : static_cast<double>(w.epochs) * static_cast<double>(w.samples);
-  const double per_sample = over_samples([&](double l) { return c.train_sample.at(l); }) / static_cast<double>(w.samples);
-  tr.compute_seconds = drawn * per_sample / static_cast<double>(w.world);
+  tr.compute_seconds = draft_seconds(c, w, drawn, [&c](double l) { return c.train_sample.at(l); }, w.world);
   tr.seconds = tr.compute_seconds;
   tr.bound = "compute";
   out.push_back(tr);
+  if (w.stream_target_ranks > 0) out.push_back(plan_stream(c, w, drawn));
   return out;
 }
 

@@ -15,8 +15,9 @@ namespace aerie {
 struct TimeCurve {
   std::vector<int64_t> tokens;
   std::vector<double> seconds;
-  /// Seconds at `t` tokens: linear between the measured points; beyond them along the nearest segment (one
-  /// point: proportional to t), never below 0. Throws aerie::Error when the curve is empty or t < 0.
+  /// Seconds at `t` tokens: between two measured points the power law through them (where both are positive and
+  /// the later larger; else the straight line); beyond them along the nearest segment's (one point: proportional to
+  /// t), never below 0. Throws aerie::Error when the curve is empty or t < 0.
   double at(double t) const;
 };
 
@@ -37,11 +38,17 @@ struct Calibration {
   TimeCurve base;                     // a forward's cost outside the layers (embedding, final norm, captures)
   std::vector<LayerKindTimes> layers; // each kind's seconds per layer per forward
   TimeCurve train_sample;             // the draft's training step over one sample of the given length (TTT steps)
+  TimeCurve train_sample_alone;       // the same on one rank while the others idle (empty: one rank, or not measured)
+  double train_step_seconds = 0;      // of train_sample, what a step pays once whatever its samples (AdamW, ...)
   int ttt_steps = 0;
+  int64_t draft_vocab_size = 0;       // the draft vocabulary of the measured step (0: an older aerie's, not recorded)
   TimeCurve writer_sample;            // the shard writer's work per sample (rounding, checks, HDF5) by its length
   double disk_write_bytes_per_s = 0;  // shards written by every tp group at once (the node's aggregate)
   int64_t disk_test_bytes = 0;
   double allreduce_bus_bytes_per_s = 0;  // the tp group's all-reduce of [T, H] bf16 (0 at tp 1)
+  /// One rank's MPI messages to another, as the streaming train sends a sample's hidden states (bytes/s; 0: not
+  /// measured, a calibration of one rank or of an older aerie).
+  double stream_bytes_per_s = 0;
 
   /// A forward of the whole target over `t` tokens, per tp group: base + sum of count x layer seconds.
   double forward_seconds(double t) const;
@@ -63,22 +70,37 @@ struct Workload {
   int world = 1, tp = 1;       // the job's ranks and tp group size (dp = world / tp)
   int epochs = 1;              // train: passes over the samples ...
   int64_t train_samples = 0;   // ... or, > 0, the samples its steps draw (train --steps x --batch-size)
+  int64_t train_batch_size = 8; // train --batch-size (a step's samples: the streaming queue's unit)
   bool fp8_storage = false;    // extract --storage fp8: shards of e4m3 codes and per-vector scales
+  /// > 0: also the streaming train (train --prepared --target-ranks N): world ranks 0 .. N-1 run the target in N / tp
+  /// replicas, the other world - N ranks train the draft.
+  int stream_target_ranks = 0;
+  /// The streaming train's target and trainer ranks share devices (one GPU for both, or more ranks than cores):
+  /// their compute adds up instead of overlapping.
+  bool stream_colocated = false;
 };
 
 /// One job's prediction.
 struct JobTime {
-  std::string job;       // "extract", "train"
+  std::string job;       // "extract", "train", "train --prepared" (streaming)
   double seconds = 0;    // wall time
   double compute_seconds = 0, disk_seconds = 0;
   int64_t bytes = 0;     // what it writes (shards)
-  std::string bound;     // "compute" or "disk"
+  std::string bound;     // "compute" or "disk"; streaming: "target", "draft" or "messages"
+  /// Streaming only: the target replicas' forwards, the trainers' steps and the messages' transfer (seconds
+  /// each, per side), and the hidden states one replica leader holds queued (bytes, train --stream-queue 2).
+  double target_seconds = 0, draft_seconds = 0, message_seconds = 0;
+  int64_t queue_bytes = 0;
 };
 
-/// extract and train (offline, over extract's shards) for `w` from `c`. With `w.lengths` each sample is costed at
+/// extract and train (offline, over extract's shards) for `w` from `c`, and with `w.stream_target_ranks` the
+/// streaming train (its target side costed as extract's forwards of the samples drawn, its messages 8 H bytes per
+/// token at the calibration's stream rate, one link per replica-trainer pair; its wall time the longest side, or the
+/// target's and the draft's sum where they share devices). With `w.lengths` each sample is costed at
 /// its own length (a forward of one sample where batch_tokens is 0, else forwards of batch_tokens costed per
 /// token), else every sample at the mean. Throws aerie::Error when the workload is empty, its tp differs from the
-/// calibration's (the forward was measured at that tp), or world % tp != 0.
+/// calibration's (the forward was measured at that tp), world % tp != 0, or the streaming split leaves no trainer
+/// or is not a multiple of tp.
 std::vector<JobTime> plan_time(const Calibration& c, const Workload& w);
 
 /// The shards' bytes of `tokens` tokens of hidden size `h`: aux [3H] and final [H] values, bf16 (2 bytes) or fp8

@@ -2,7 +2,8 @@
 # aerie calibrate and aerie plan --calibration under mpirun -np 2 on the CPU backend: the calibration of a dense
 # target (Qwen2's fixture) and of one with two layer kinds (Qwen3-MoE's: a dense layer 0 and MoE layers) holds each
 # kind's per-layer times and the other measurements; the plan prints extract's and train's hours and the shards'
-# bytes as time_plan.h computes them from that file; a plan at another tp, a file that is not a calibration and a
+# bytes as time_plan.h computes them from that file, and with --stream-target-ranks the streaming train; a plan at
+# another tp, a streaming split without trainers, a file that is not a calibration and a
 # dataset left out are refused by name. No timing is asserted (docs/time-plan.md has the checks against real runs).
 # usage: calibrate.sh AERIE SOURCE_DIR SCRATCH
 set -euo pipefail
@@ -37,10 +38,25 @@ plan --tp 1 --calibration "$out/qwen3_moe.json" --samples 1000 --mean-tokens 40 
 grep -q "time and disk (calibration $out/qwen3_moe.json: cpu, tp 1): 1000 samples x 40 tokens, 2 ranks (dp 2), train 40 samples drawn" \
   "$out/plan.log" || { cat "$out/plan.log"; fail "plan: no time-plan header"; }
 [ "$(grep -c '^  extract ' "$out/plan.log")" = 1 ] || fail "plan: extract printed other than once"
-# 40 000 tokens of hidden size 64 in bf16: 40000 x (8 x 64 + 5) bytes = 0.02 GB
-grep -qE "^  extract .*shards 0\.02 GB \(bf16\)" "$out/plan.log" || { cat "$out/plan.log"; fail "plan: shard bytes"; }
+# 40 000 tokens of hidden size 64 in bf16: 40000 x (8 x 64 + 5) bytes = 20.7 MB
+grep -qE "^  extract .*shards 20\.7 MB \(bf16\)" "$out/plan.log" || { cat "$out/plan.log"; fail "plan: shard bytes"; }
 grep -qE "^  train .*compute-bound" "$out/plan.log" || fail "plan: no train line"
+# The streaming train: 1 target rank, 1 trainer; the 2-rank calibration measured the messages and the step alone.
+plan --tp 1 --calibration "$out/qwen3_moe.json" --samples 1000 --mean-tokens 40 --train-steps 10 --train-batch-size 4 \
+  --stream-target-ranks 1 > "$out/stream.log" 2>&1 || { cat "$out/stream.log"; fail "plan --stream-target-ranks"; }
+grep -q "streamed instead (train --prepared --target-ranks 1: 1 target replica(s), 1 trainer rank(s))" "$out/stream.log" &&
+  grep -qE "^  train .*(target|draft|messages)-bound\)  no shards" "$out/stream.log" || { cat "$out/stream.log"; fail "plan: no streaming line"; }
+python3 - "$out/qwen3_moe.json" <<'PY' || fail "calibration: the streaming fields"
+import json, sys
+c = json.load(open(sys.argv[1]))
+assert c["stream"]["bytes_per_s"] > 0, c["stream"]
+assert c["train"]["per_sample_alone"]["tokens"] == [16, 48] and c["train"]["step_seconds"] >= 0, c["train"]
+assert 2 <= c["train"]["draft_vocab_size"] <= 32000, c["train"]  # min(32000, V)
+PY
 err() { grep -q "$1" "$out/err.log" || { cat "$out/err.log"; fail "$2"; }; }
+plan --tp 1 --calibration "$out/qwen3_moe.json" --samples 10 --mean-tokens 40 --stream-target-ranks 2 > "$out/err.log" 2>&1 &&
+  fail "a streaming split without trainers accepted"
+err "must be a multiple of tp 1 and leave trainer ranks among the 2" "streaming split"
 plan --calibration "$out/qwen3_moe.json" --samples 10 --mean-tokens 40 --tp 2 > "$out/err.log" 2>&1 && fail "tp 2 accepted"
 err "the calibration measured the forward at tp 1, the plan asks tp 2: calibrate with --tp 2" "tp mismatch"
 mpirun -np 2 "$aerie" plan --model "$src/tests/model/fixtures/hf/qwen2" --gpu-memory 80GiB --tp 1 \

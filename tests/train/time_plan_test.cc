@@ -3,6 +3,8 @@
 // calibration whose numbers make the expected hours easy to state.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "test_util.h"
@@ -36,9 +38,12 @@ TEST(TimePlan, CurvesInterpolateAndExtrapolate) {
   EXPECT_DOUBLE_EQ(c.at(0), 0.0);      // before: the first segment, never below 0
   const TimeCurve one{{512}, {2.0}};
   EXPECT_DOUBLE_EQ(one.at(1024), 4.0);
-  const TimeCurve three{{1, 2, 4}, {1.0, 2.0, 8.0}};
-  EXPECT_DOUBLE_EQ(three.at(3), 5.0);
-  EXPECT_DOUBLE_EQ(three.at(5), 11.0);
+  const TimeCurve three{{1, 2, 4}, {1.0, 2.0, 8.0}};  // t, then t^2: the power law through each pair
+  EXPECT_NEAR(three.at(3), 2.0 * 1.5 * 1.5, 1e-12);
+  EXPECT_NEAR(three.at(5), 8.0 * 1.25 * 1.25, 1e-12);
+  EXPECT_NEAR(three.at(1.5), 1.5, 1e-12);
+  const TimeCurve flat{{1, 2}, {0.0, 2.0}};  // a zero: the straight line
+  EXPECT_DOUBLE_EQ(flat.at(1.5), 1.0);
   EXPECT_THROW(TimeCurve{}.at(1), Error);
 }
 
@@ -117,6 +122,13 @@ TEST(TimePlan, ExtractAndTrain) {
   EXPECT_NEAR(plan_time(c, w)[1].seconds, 3 * 250.0, 1e-9);
   w.train_samples = 100;  // train --steps 25 --batch-size 4
   EXPECT_NEAR(plan_time(c, w)[1].seconds, 100 * 0.5 / 2, 1e-9);
+  // A step's own cost (0.1 s of the 0.5 s measured for a step of one sample) is paid once per step: 25 steps of 4
+  // samples, each rank 50 samples.
+  Calibration stepped = c;
+  stepped.train_step_seconds = 0.1;
+  w.train_batch_size = 4;
+  EXPECT_NEAR(plan_time(stepped, w)[1].seconds, 25 * 0.1 + 50 * (0.5 - 0.1), 1e-9);
+  EXPECT_DOUBLE_EQ(calibration_from_json(to_json(stepped), "c.json").train_step_seconds, 0.1);
   w.train_samples = 0;
   // One sample per forward (batch_tokens 0, the CPU backend), and a slow disk that bounds extract.
   w.batch_tokens = 0;
@@ -148,11 +160,100 @@ TEST(TimePlan, EachSampleAtItsLength) {
   w.batch_tokens = 0;
   w.world = 1;
   EXPECT_NEAR(plan_time(c, w)[0].compute_seconds, 8.0, 1e-9);
-  w.lengths = {100, 100, 100, 300};  // mean 150 again; 300 tokens: 5 s along the last segment
-  EXPECT_NEAR(plan_time(c, w)[0].compute_seconds, 1 + 1 + 1 + 5, 1e-9);
-  EXPECT_NEAR(plan_time(c, w)[1].seconds, 8.0, 1e-9);
+  w.lengths = {100, 100, 100, 300};  // mean 150 again; 300 tokens: along the last segment's power law
+  const double at300 = 3.0 * std::pow(1.5, std::log(3.0) / std::log(2.0));
+  EXPECT_NEAR(plan_time(c, w)[0].compute_seconds, 1 + 1 + 1 + at300, 1e-9);
+  EXPECT_NEAR(plan_time(c, w)[1].seconds, 3 + at300, 1e-9);
   w.train_samples = 2;  // two draws: the mean step of the dataset
-  EXPECT_NEAR(plan_time(c, w)[1].seconds, 4.0, 1e-9);
+  EXPECT_NEAR(plan_time(c, w)[1].seconds, 2 * (3 + at300) / 4, 1e-9);
+}
+
+// train --prepared: the target replicas' forwards of the samples drawn, the trainers' steps and the messages; the
+// longest side bounds it, or the target's and the draft's compute add up where they share devices.
+TEST(TimePlan, StreamingTrain) {
+  Calibration c = example();
+  c.stream_bytes_per_s = 64 * 8 * 500 * 1000.0 / 10;  // 1000 samples' messages (8 H bytes per token) in 10 s
+  Workload w;
+  w.samples = 1000;
+  w.mean_tokens = 500;
+  w.batch_tokens = 0;  // one forward per sample (the CPU backend)
+  w.world = 2;
+  w.tp = 1;
+  w.stream_target_ranks = 1;
+  w.train_batch_size = 4;
+  const std::vector<JobTime> t = plan_time(c, w);
+  ASSERT_EQ(t.size(), 3u);
+  const JobTime& st = t[2];
+  EXPECT_EQ(st.job, "train --prepared");
+  EXPECT_NEAR(st.target_seconds, 1000 * c.forward_seconds(500), 1e-9);  // one replica, every sample once
+  EXPECT_NEAR(st.draft_seconds, 1000 * 0.5, 1e-9);                       // one trainer
+  EXPECT_NEAR(st.message_seconds, 10.0, 1e-9);
+  EXPECT_NEAR(st.seconds, std::max(st.target_seconds, st.draft_seconds + 10.0), 1e-9);
+  EXPECT_EQ(st.bound, "target");
+  EXPECT_EQ(st.queue_bytes, int64_t{3} * 4 * 500 * 8 * 64);  // 3 steps of 4 samples
+  EXPECT_EQ(st.bytes, 0);
+  // Sharing devices: the two sides' compute adds up, the messages after it.
+  w.stream_colocated = true;
+  EXPECT_NEAR(plan_time(c, w)[2].seconds, st.target_seconds + st.draft_seconds + 10.0, 1e-9);
+  w.stream_colocated = false;
+  // 3 epochs' draws over 4 ranks: 2 replicas and 2 trainers split both sides; messages over 2 links.
+  w.world = 4;
+  w.stream_target_ranks = 2;
+  w.epochs = 3;
+  const JobTime s4 = plan_time(c, w)[2];
+  EXPECT_NEAR(s4.target_seconds, 3 * 1000 * c.forward_seconds(500) / 2, 1e-9);
+  EXPECT_NEAR(s4.draft_seconds, 3 * 1000 * 0.5 / 2, 1e-9);
+  EXPECT_NEAR(s4.message_seconds, 3 * 10.0 / 2, 1e-9);
+  // The draft step measured on one rank alone as well (0.3 s at 500 tokens against 0.5 s with every rank busy):
+  // 2 trainers and 2 target ranks busy for a share of 3 x 1000 x 1.7 / 2 over 3 x 1000 x 0.3 / 2 (capped at 1):
+  // all 4 busy, the all-busy rate; with 1 target rank of 3 busy 60% of the time the rate lies between.
+  Calibration a = c;
+  a.train_sample_alone = {{100, 1000}, {0.06, 0.6}};
+  EXPECT_NEAR(plan_time(a, w)[2].draft_seconds, 3 * 1000 * 0.5 / 2, 1e-9);
+  a.layers = {{"dense", 1, {{100, 1000}, {0.0, 0.0}}}};
+  a.base = {{100, 1000}, {0.009, 0.09}};  // 0.045 s per forward of 500 tokens
+  w.world = 3;
+  w.stream_target_ranks = 1;
+  const double target = 3 * 1000 * 0.045, alone = 3 * 1000 * 0.3 / 2, share = target / alone;
+  const double f = (2 + share - 1) / 2;
+  EXPECT_NEAR(plan_time(a, w)[2].draft_seconds, 3 * 1000 * (0.3 + (0.5 - 0.3) * f) / 2, 1e-9);
+  EXPECT_NEAR(calibration_from_json(to_json(a), "c.json").train_sample_alone.at(500), 0.3, 1e-12);
+  w.world = 4;
+  w.stream_target_ranks = 2;
+  // Not measured (a calibration of one rank): no message time; no trainer left: refused.
+  c.stream_bytes_per_s = 0;
+  EXPECT_DOUBLE_EQ(plan_time(c, w)[2].message_seconds, 0.0);
+  w.stream_target_ranks = 4;
+  EXPECT_NE(testing::error_of([&] { plan_time(c, w); }).find("leave trainer ranks"), std::string::npos);
+  // calibration.json carries the rate; a file without it (an older aerie) reads as not measured.
+  c.stream_bytes_per_s = 2.5e9;
+  EXPECT_DOUBLE_EQ(calibration_from_json(to_json(c), "c.json").stream_bytes_per_s, 2.5e9);
+  nlohmann::json j = to_json(c);
+  j.erase("stream");
+  EXPECT_DOUBLE_EQ(calibration_from_json(j, "c.json").stream_bytes_per_s, 0.0);
+  j["stream"] = {{"bytes_per_s", -1}};
+  EXPECT_NE(testing::error_of([&] { calibration_from_json(j, "c.json"); }).find("stream.bytes_per_s"), std::string::npos);
+}
+
+// Data parallel: a step waits for its slowest rank. Samples of 100 and 1000 tokens (0.1 and 1.0 s) dealt one to
+// each of 2 ranks: the step takes 1.0 s unless both drew 100 tokens (a quarter of the steps), 0.775 s on average,
+// where the mean alone gives 0.55 s.
+TEST(TimePlan, DataParallelStepsWaitForTheSlowestRank) {
+  const Calibration c = example();
+  Workload w;
+  w.lengths = {100, 1000};
+  w.batch_tokens = 0;
+  w.world = 2;
+  w.train_batch_size = 2;
+  w.train_samples = 2000;  // 1000 steps
+  EXPECT_NEAR(plan_time(c, w)[1].seconds / 1000, 0.775, 0.03);
+  w.world = 1;  // one rank: every step the sum of its samples, 1.1 s on average
+  EXPECT_NEAR(plan_time(c, w)[1].seconds / 1000, 1.1, 1e-9);
+  w.world = 2;
+  w.lengths.clear();  // the mean length alone: no spread to wait for
+  w.samples = 2;
+  w.mean_tokens = 550;
+  EXPECT_NEAR(plan_time(c, w)[1].seconds / 1000, 0.55, 1e-9);
 }
 
 TEST(TimePlan, RefusesWhatTheCalibrationDidNotMeasure) {
