@@ -3,6 +3,8 @@
 //   - the target's forward by layer kind: config.json's model truncated to one and three layers of its first kind
 //     and to one of it and two of the other kind (dense, MoE), random weights in the checkpoint's formats, timed at --tokens on the tp
 //     group of --tp ranks (its all-reduces included); base and per-layer seconds follow from the differences;
+//     on the same cuts, generate's decoding (BatchDecoder: --gen-batch-size sequences of --gen-prompt-tokens
+//     decoding --gen-new-tokens each), summed to the whole target the same way;
 //   - the draft's training step (TTT, random weights and hidden states) over one sample of each --train-tokens
 //     length, on every rank at once (one rank's share of a data-parallel step; the gradient all-reduce is left out),
 //     and on one rank while the others idle (a streaming run's trainers);
@@ -33,6 +35,7 @@
 #include "jobs/jobs.h"
 #include "jobs/target_device.h"
 #include "model/draft.h"
+#include "model/sampling.h"
 #include "model/target.h"
 #include "model/target_config.h"
 #include "train/time_plan.h"
@@ -45,6 +48,7 @@ namespace {
 struct CalibrateOptions {
   std::vector<int64_t> tokens, train_tokens;
   int64_t draft_vocab = 32000;  // K of the planned run (vocab --draft-vocab-size), at most the target's V
+  int64_t gen_batch = 16, gen_prompt = 0, gen_new = 0;  // generate's batch, prompt and new tokens (0: by device)
   int iters = 3, ttt_steps = 7;
   double min_seconds = 0.3;
   int64_t disk_bytes = 0;
@@ -118,6 +122,20 @@ TargetConfig truncated(const TargetConfig& cfg, const std::vector<bool>& moe) {
   return t;
 }
 
+/// aerie generate's decoding on `model`: opt.gen_batch sequences of opt.gen_prompt random prompt ids, each decoding
+/// opt.gen_new tokens greedily with no stop id, through model/sampling.h's BatchDecoder (the job's engine, continuous
+/// batching); the seconds of the whole run, prefills included.
+double time_generation(TargetModel& model, const TargetConfig& cfg, Communicator& tp, Device device,
+                       const CalibrateOptions& opt) {
+  return timed(tp, device, 1, opt.min_seconds, [&] {
+    BatchDecoder decoder(model, opt.gen_batch, {}, SamplingParams{});
+    for (int64_t i = 0; i < opt.gen_batch; ++i)
+      decoder.submit(i, random_ids(opt.gen_prompt, cfg.vocab_size, static_cast<uint32_t>(100 + i)), opt.gen_new,
+                     SampleRng(static_cast<uint64_t>(i)));
+    while (!decoder.idle()) decoder.step();
+  });
+}
+
 /// The forward by layer kind: base and per-layer seconds at each of opt.tokens (see the file comment).
 void measure_forward(const TargetConfig& cfg, TargetDevice& dev, const CalibrateOptions& opt, Calibration& cal) {
   int64_t n_moe = 0;
@@ -130,6 +148,7 @@ void measure_forward(const TargetConfig& cfg, TargetDevice& dev, const Calibrate
   std::vector<std::vector<bool>> shapes = {{first_moe}, {first_moe, first_moe, first_moe}};
   if (two_kinds) shapes.push_back({first_moe, !first_moe, !first_moe});
   std::vector<std::vector<double>> t(shapes.size());  // t[shape][token count]
+  std::vector<double> gen(shapes.size());              // gen[shape]: the generation's seconds
   for (size_t s = 0; s < shapes.size(); ++s) {
     TargetModelOptions o = dev.options;  // a cut without MoE layers has nothing to split by expert
     o.expert_parallel = o.expert_parallel && std::find(shapes[s].begin(), shapes[s].end(), true) != shapes[s].end();
@@ -140,6 +159,7 @@ void measure_forward(const TargetConfig& cfg, TargetDevice& dev, const Calibrate
       const std::vector<int32_t> ids = random_ids(T, cfg.vocab_size, static_cast<uint32_t>(T));
       t[s].push_back(timed(*dev.tp, dev.options.device, opt.iters, opt.min_seconds, [&] { model.forward(ids, nullptr, aux, false); }));
     }
+    gen[s] = time_generation(model, cfg, *dev.tp, dev.options.device, opt);
   }
   LayerKindTimes first{first_moe ? "moe" : "dense", n_first, {opt.tokens, {}}};
   LayerKindTimes second{first_moe ? "dense" : "moe", cfg.num_hidden_layers - n_first, {opt.tokens, {}}};
@@ -152,6 +172,11 @@ void measure_forward(const TargetConfig& cfg, TargetDevice& dev, const Calibrate
   }
   cal.layers = {first};
   if (two_kinds) cal.layers.push_back(second);
+  // The generation of the whole target: the cut's base and per-layer seconds, as the forward's.
+  const double g_layer = std::max(0.0, (gen[1] - gen[0]) / 2);
+  double g = std::max(0.0, gen[0] - g_layer) + static_cast<double>(n_first) * g_layer;
+  if (two_kinds) g += static_cast<double>(cfg.num_hidden_layers - n_first) * std::max(0.0, (gen[2] - gen[0]) / 2);
+  cal.generate = {opt.gen_batch, opt.gen_prompt, opt.gen_new, g};
 }
 
 /// The draft's step over one sample of each opt.train_tokens length, on every rank at once, each its own
@@ -344,6 +369,10 @@ void print_calibration(const Calibration& c) {
               c.disk_write_bytes_per_s / 1e6, static_cast<double>(c.disk_test_bytes) / 1e6,
               c.writer_sample.seconds.at(0) * 1e3, c.writer_sample.seconds.at(1) * 1e3);
   if (c.tp > 1) std::printf("  tp all-reduce: %.2f GB/s bus bandwidth\n", c.allreduce_bus_bytes_per_s / 1e9);
+  std::printf("  generate: %lld sequences of %lld prompt + %lld new tokens in %.3f s (%.0f new tokens/s per tp group)\n",
+              static_cast<long long>(c.generate.batch), static_cast<long long>(c.generate.prompt_tokens),
+              static_cast<long long>(c.generate.new_tokens), c.generate.seconds,
+              static_cast<double>(c.generate.batch * c.generate.new_tokens) / std::max(1e-12, c.generate.seconds));
   std::printf("  a draft step's own cost (once per step, whatever its samples): %.4f s\n", c.train_step_seconds);
   if (!c.train_sample_alone.tokens.empty()) {
     std::printf("  draft step on one rank alone:");
@@ -369,6 +398,11 @@ int calibrate(const std::vector<std::string>& args) {
       "train-tokens", po::value<std::string>()->default_value(""),
       "sample lengths of the draft's step (default 512,2048,4096 on a GPU, 128,512 on the CPU)")(
       "ttt-steps", po::value<int>()->default_value(7), "TTT steps of the draft's step (train --ttt-steps)")(
+      "gen-batch-size", po::value<int64_t>()->default_value(16), "generate --batch-size of the generation measured")(
+      "gen-prompt-tokens", po::value<int64_t>()->default_value(0),
+      "prompt tokens of each generated sequence (default 512 on a GPU, 64 on the CPU)")(
+      "gen-new-tokens", po::value<int64_t>()->default_value(0),
+      "new tokens each sequence decodes (default 256 on a GPU, 32 on the CPU)")(
       "draft-vocab-size", po::value<int64_t>()->default_value(32000),
       "the draft vocabulary of the draft's step (vocab --draft-vocab-size; at most the target's vocabulary): its "
       "lm_head and loss are a large share of the step")(
@@ -391,6 +425,9 @@ int calibrate(const std::vector<std::string>& args) {
   opt.iters = vm["iters"].as<int>();
   opt.ttt_steps = vm["ttt-steps"].as<int>();
   opt.draft_vocab = vm["draft-vocab-size"].as<int64_t>();
+  opt.gen_batch = vm["gen-batch-size"].as<int64_t>();
+  AERIE_USAGE_CHECK(opt.gen_batch >= 1 && vm["gen-prompt-tokens"].as<int64_t>() >= 0 && vm["gen-new-tokens"].as<int64_t>() >= 0,
+                    "aerie calibrate: --gen-batch-size must be >= 1, --gen-prompt-tokens and --gen-new-tokens >= 0");
   AERIE_USAGE_CHECK(opt.draft_vocab >= 2, "aerie calibrate: --draft-vocab-size must be >= 2 (vocab's own limit)");
   opt.min_seconds = vm["min-time"].as<double>();
   AERIE_USAGE_CHECK(opt.min_seconds >= 0, "aerie calibrate: --min-time must be >= 0");
@@ -425,7 +462,9 @@ int calibrate(const std::vector<std::string>& args) {
   opt.train_tokens = parse_counts(vm["train-tokens"].as<std::string>().empty() ? (gpu ? "512,2048,4096" : "128,512")
                                                                                : vm["train-tokens"].as<std::string>(),
                                   "train-tokens");
-  const int64_t longest = std::max(opt.tokens.back(), opt.train_tokens.back());
+  opt.gen_prompt = vm["gen-prompt-tokens"].as<int64_t>() > 0 ? vm["gen-prompt-tokens"].as<int64_t>() : (gpu ? 512 : 64);
+  opt.gen_new = vm["gen-new-tokens"].as<int64_t>() > 0 ? vm["gen-new-tokens"].as<int64_t>() : (gpu ? 256 : 32);
+  const int64_t longest = std::max({opt.tokens.back(), opt.train_tokens.back(), opt.gen_prompt + opt.gen_new});
   AERIE_USAGE_CHECK(cfg.max_position_embeddings <= 0 || longest <= cfg.max_position_embeddings,
                     "aerie calibrate: --tokens / --train-tokens up to " << longest << " tokens, past " << model_dir
                                                                        << "'s max_position_embeddings "

@@ -63,6 +63,12 @@ void add_time_plan_options(po::options_description& desc) {
       "with --calibration: the job's ranks (0: the world size); dp = world / tp")(
       "storage", po::value<std::string>()->default_value("bf16"), "with --calibration: extract --storage (bf16, fp8)")(
       "gpu-hour-cost", po::value<double>()->default_value(0), "with --calibration: price of one GPU-hour (0: none)")(
+      "generate-responses", po::value<int64_t>()->default_value(0),
+      "with --calibration: also plan generate (regenerating the answers): this many responses (0: none)")(
+      "generate-prompt-tokens", po::value<double>()->default_value(0),
+      "with --generate-responses: the mean prompt tokens of a response (the conversation so far)")(
+      "generate-new-tokens", po::value<double>()->default_value(0),
+      "with --generate-responses: the mean new tokens of a response (at most generate --max-new-tokens)")(
       "stream-target-ranks", po::value<int>()->default_value(0),
       "with --calibration: also plan the streaming train (train --prepared --target-ranks N): N of the ranks run "
       "the target, the rest train")(
@@ -122,6 +128,18 @@ void print_time_plan(const po::variables_map& vm, const TargetConfig& target, in
   w.stream_target_ranks = vm["stream-target-ranks"].as<int>();
   w.stream_colocated = vm["stream-colocated"].as<bool>();
   AERIE_USAGE_CHECK(w.stream_target_ranks >= 0, "aerie plan: --stream-target-ranks " << w.stream_target_ranks << " is negative");
+  w.gen_responses = vm["generate-responses"].as<int64_t>();
+  w.gen_prompt_tokens = vm["generate-prompt-tokens"].as<double>();
+  w.gen_new_tokens = vm["generate-new-tokens"].as<double>();
+  AERIE_USAGE_CHECK(w.gen_responses >= 0 && w.gen_responses <= 1000000000000,
+                    "aerie plan: --generate-responses " << w.gen_responses << " is not 0 to 10^12");
+  AERIE_USAGE_CHECK(w.gen_responses == 0 || (w.gen_prompt_tokens >= 1 && w.gen_prompt_tokens <= 1e7 &&
+                                             w.gen_new_tokens >= 1 && w.gen_new_tokens <= 1e7),
+                    "aerie plan: --generate-responses needs --generate-prompt-tokens and --generate-new-tokens (1 to 10^7)");
+  AERIE_USAGE_CHECK(w.gen_responses > 0 || (vm["generate-prompt-tokens"].defaulted() && vm["generate-new-tokens"].defaulted()),
+                    "aerie plan: --generate-prompt-tokens / --generate-new-tokens describe generate: give --generate-responses too");
+  AERIE_USAGE_CHECK(w.gen_responses == 0 || c.generate.seconds > 0,
+                    "aerie plan: --calibration " << path << " holds no generate measurement (an older aerie's): calibrate again");
   AERIE_USAGE_CHECK(!w.stream_colocated || w.stream_target_ranks > 0,
                     "aerie plan: --stream-colocated describes the streaming train: give --stream-target-ranks too");
   AERIE_USAGE_CHECK(vm["world"].as<int>() >= 0, "aerie plan: --world " << vm["world"].as<int>() << " is negative");
@@ -159,7 +177,8 @@ void print_time_plan(const po::variables_map& vm, const TargetConfig& target, in
   }
   std::printf("  total    %10s", hours(total).c_str());
   if (cost > 0) std::printf("  %.2f for %d GPUs", total / 3600 * w.world * cost, w.world);
-  std::printf("  (extract + train; model loading, prepare and vocab not counted; docs/time-plan.md)\n");
+  std::printf("  (%sextract + train; model loading, prepare and vocab not counted; docs/time-plan.md)\n",
+              w.gen_responses > 0 ? "generate + " : "");
   for (const JobTime& t : jobs)
     if (t.job == "train --prepared") print_stream_line(t, c, w, cost);
 }

@@ -82,7 +82,9 @@ nlohmann::json to_json(const Calibration& c) {
           {"disk", {{"write_bytes_per_s", c.disk_write_bytes_per_s}, {"test_bytes", c.disk_test_bytes},
                     {"writer_per_sample", curve_json(c.writer_sample)}}},
           {"allreduce", {{"bus_bytes_per_s", c.allreduce_bus_bytes_per_s}}},
-          {"stream", {{"bytes_per_s", c.stream_bytes_per_s}}}};
+          {"stream", {{"bytes_per_s", c.stream_bytes_per_s}}},
+          {"generate", {{"batch", c.generate.batch}, {"prompt_tokens", c.generate.prompt_tokens},
+                        {"new_tokens", c.generate.new_tokens}, {"seconds", c.generate.seconds}}}};
 }
 
 Calibration calibration_from_json(const nlohmann::json& j, const std::string& path) {
@@ -117,6 +119,11 @@ Calibration calibration_from_json(const nlohmann::json& j, const std::string& pa
     c.disk_test_bytes = j.at("disk").at("test_bytes").get<int64_t>();
     c.writer_sample = curve_from(j.at("disk").at("writer_per_sample"), path, "disk.writer_per_sample");
     c.allreduce_bus_bytes_per_s = j.at("allreduce").at("bus_bytes_per_s").get<double>();
+    if (j.contains("generate")) {  // optional in v1 (an older aerie's: not measured)
+      const auto& g = j.at("generate");
+      c.generate = {g.at("batch").get<int64_t>(), g.at("prompt_tokens").get<int64_t>(), g.at("new_tokens").get<int64_t>(),
+                    g.at("seconds").get<double>()};
+    }
     if (j.contains("stream")) c.stream_bytes_per_s = j.at("stream").at("bytes_per_s").get<double>();  // optional in v1
   } catch (const nlohmann::json::exception& e) {
     AERIE_THROW(path << ": " << e.what());
@@ -139,6 +146,9 @@ Calibration calibration_from_json(const nlohmann::json& j, const std::string& pa
   check_curve(c.writer_sample, "disk.writer_per_sample");
   AERIE_CHECK(c.disk_write_bytes_per_s > 0 && std::isfinite(c.disk_write_bytes_per_s),
               path << ": disk.write_bytes_per_s is " << c.disk_write_bytes_per_s << " (a rate above 0)");
+  AERIE_CHECK(c.generate.seconds >= 0 && std::isfinite(c.generate.seconds) && c.generate.batch >= 0 &&
+                  c.generate.prompt_tokens >= 0 && c.generate.new_tokens >= 0,
+              path << ": generate holds a negative or non-finite value");
   AERIE_CHECK(c.stream_bytes_per_s >= 0 && std::isfinite(c.stream_bytes_per_s),
               path << ": stream.bytes_per_s is " << c.stream_bytes_per_s << " (a rate, 0 when not measured)");
   return c;
@@ -230,6 +240,27 @@ JobTime plan_stream(const Calibration& c, const Workload& w, double drawn) {
   return st;
 }
 
+// generate: each response's prompt is prefilled (a forward of its tokens) and its new tokens decoded gen_batch at a
+// time; a new token costs what the measured run's did beyond its prefills (c.generate), per tp group.
+JobTime plan_generate(const Calibration& c, const Workload& w) {
+  const Calibration::Generation& g = c.generate;
+  AERIE_CHECK(g.seconds > 0 && g.batch > 0 && g.new_tokens > 0,
+              "plan: the calibration holds no generate measurement (calibrate with this aerie)");
+  AERIE_CHECK(w.gen_prompt_tokens >= 1 && w.gen_new_tokens >= 1 && w.gen_prompt_tokens <= 1e7 && w.gen_new_tokens <= 1e7,
+              "plan: generate needs 1 to 10^7 prompt and new tokens per response (got " << w.gen_prompt_tokens << ", "
+                                                                                         << w.gen_new_tokens << ")");
+  const double measured_prefill = static_cast<double>(g.batch) * c.forward_seconds(static_cast<double>(g.prompt_tokens));
+  const double per_new_token = std::max(0.0, g.seconds - measured_prefill) / static_cast<double>(g.batch * g.new_tokens);
+  const double responses = static_cast<double>(w.gen_responses);
+  JobTime j;
+  j.job = "generate";
+  j.compute_seconds = (responses * c.forward_seconds(w.gen_prompt_tokens) + responses * w.gen_new_tokens * per_new_token) /
+                      (w.world / w.tp);
+  j.seconds = j.compute_seconds;
+  j.bound = "compute";
+  return j;
+}
+
 }  // namespace
 
 std::vector<JobTime> plan_time(const Calibration& c, const Workload& w_in) {
@@ -252,6 +283,7 @@ std::vector<JobTime> plan_time(const Calibration& c, const Workload& w_in) {
   const int64_t bytes = shard_bytes(static_cast<int64_t>(std::llround(tokens)), c.hidden_size, w.fp8_storage);
   const int groups = w.world / w.tp;
   std::vector<JobTime> out;
+  if (w.gen_responses > 0) out.push_back(plan_generate(c, w));
 
   // extract: the forwards spread over the tp groups (chunks are handed out dynamically). A GPU's writer thread works
   // while the next forward runs (the longer of the two counts); on the CPU backend the ranks take the cores and the

@@ -46,6 +46,12 @@ struct Calibration {
   double disk_write_bytes_per_s = 0;  // shards written by every tp group at once (the node's aggregate)
   int64_t disk_test_bytes = 0;
   double allreduce_bus_bytes_per_s = 0;  // the tp group's all-reduce of [T, H] bf16 (0 at tp 1)
+  /// aerie generate's decoding of the whole target on one tp group: `batch` sequences of `prompt_tokens` random
+  /// ids decoding `new_tokens` each (BatchDecoder, prefills included), in `seconds` (0: not measured).
+  struct Generation {
+    int64_t batch = 0, prompt_tokens = 0, new_tokens = 0;
+    double seconds = 0;
+  } generate;
   /// One rank's MPI messages to another, as the streaming train sends a sample's hidden states (bytes/s; 0: not
   /// measured, a calibration of one rank or of an older aerie).
   double stream_bytes_per_s = 0;
@@ -78,11 +84,15 @@ struct Workload {
   /// The streaming train's target and trainer ranks share devices (one GPU for both, or more ranks than cores):
   /// their compute adds up instead of overlapping.
   bool stream_colocated = false;
+  /// > 0: also generate (regenerating the answers): this many responses of gen_new_tokens new tokens each after
+  /// prompts of gen_prompt_tokens (means), decoded gen_batch at a time (generate --batch-size) per tp group.
+  int64_t gen_responses = 0;
+  double gen_prompt_tokens = 0, gen_new_tokens = 0;
 };
 
 /// One job's prediction.
 struct JobTime {
-  std::string job;       // "extract", "train", "train --prepared" (streaming)
+  std::string job;       // "generate", "extract", "train", "train --prepared" (streaming)
   double seconds = 0;    // wall time
   double compute_seconds = 0, disk_seconds = 0;
   int64_t bytes = 0;     // what it writes (shards)
@@ -93,7 +103,8 @@ struct JobTime {
   int64_t queue_bytes = 0;
 };
 
-/// extract and train (offline, over extract's shards) for `w` from `c`, and with `w.stream_target_ranks` the
+/// generate (with `w.gen_responses`: the prefills as forwards of the prompts, the decoding at the measured run's
+/// seconds per new token), extract and train (offline, over extract's shards) for `w` from `c`, and with `w.stream_target_ranks` the
 /// streaming train (its target side costed as extract's forwards of the samples drawn, its messages 8 H bytes per
 /// token at the calibration's stream rate, one link per replica-trainer pair; its wall time the longest side, or the
 /// target's and the draft's sum where they share devices). With `w.lengths` each sample is costed at

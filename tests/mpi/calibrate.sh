@@ -2,7 +2,8 @@
 # aerie calibrate and aerie plan --calibration under mpirun -np 2 on the CPU backend: the calibration of a dense
 # target (Qwen2's fixture) and of one with two layer kinds (Qwen3-MoE's: a dense layer 0 and MoE layers) holds each
 # kind's per-layer times and the other measurements; the plan prints extract's and train's hours and the shards'
-# bytes as time_plan.h computes them from that file, and with --stream-target-ranks the streaming train; a plan at
+# bytes as time_plan.h computes them from that file, with --generate-responses generate and with
+# --stream-target-ranks the streaming train; a plan at
 # another tp, a streaming split without trainers, a file that is not a calibration and a
 # dataset left out are refused by name. No timing is asserted (docs/time-plan.md has the checks against real runs).
 # usage: calibrate.sh AERIE SOURCE_DIR SCRATCH
@@ -11,7 +12,7 @@ aerie="$1" src="$2" out="$3"
 rm -rf "$out" && mkdir -p "$out"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 OPENBLAS_NUM_THREADS=1
 fail() { echo "calibrate.sh: FAIL: $*" >&2; exit 1; }
-fast=(--device cpu --tokens 16,48 --train-tokens 16,48 --disk-mib 1 --iters 1 --min-time 0.01)
+fast=(--device cpu --tokens 16,48 --train-tokens 16,48 --gen-prompt-tokens 8 --gen-new-tokens 4 --disk-mib 1 --iters 1 --min-time 0.01)
 for m in qwen2 qwen3_moe mixtral; do  # mixtral's fixture: 2 layers, below the default aux layers
   mpirun -np 2 "$aerie" calibrate --model "$src/tests/model/fixtures/hf/$m" --output "$out/$m.json" --tp 1 "${fast[@]}" \
     > "$out/$m.log" 2>&1 || { cat "$out/$m.log"; fail "calibrate $m"; }
@@ -53,7 +54,17 @@ assert c["stream"]["bytes_per_s"] > 0, c["stream"]
 assert c["train"]["per_sample_alone"]["tokens"] == [16, 48] and c["train"]["step_seconds"] >= 0, c["train"]
 assert 2 <= c["train"]["draft_vocab_size"] <= 32000, c["train"]  # min(32000, V)
 PY
+# generate: its line before extract's, counted in the total.
+plan --tp 1 --calibration "$out/qwen3_moe.json" --samples 100 --mean-tokens 40 --generate-responses 100 \
+  --generate-prompt-tokens 20 --generate-new-tokens 20 > "$out/gen.log" 2>&1 || { cat "$out/gen.log"; fail "plan --generate-responses"; }
+grep -qE "^  generate .*compute-bound" "$out/gen.log" && grep -q "(generate + extract + train;" "$out/gen.log" ||
+  { cat "$out/gen.log"; fail "plan: no generate line"; }
+python3 -c "import json,sys; g=json.load(open(sys.argv[1]))['generate']; assert g['seconds'] > 0 and g['batch'] == 16, g" \
+  "$out/qwen3_moe.json" || fail "calibration: no generate measurement"
 err() { grep -q "$1" "$out/err.log" || { cat "$out/err.log"; fail "$2"; }; }
+plan --tp 1 --calibration "$out/qwen3_moe.json" --samples 10 --mean-tokens 40 --generate-new-tokens 20 > "$out/err.log" 2>&1 &&
+  fail "generate tokens without responses accepted"
+err "give --generate-responses too" "generate options"
 plan --tp 1 --calibration "$out/qwen3_moe.json" --samples 10 --mean-tokens 40 --stream-target-ranks 2 > "$out/err.log" 2>&1 &&
   fail "a streaming split without trainers accepted"
 err "must be a multiple of tp 1 and leave trainer ranks among the 2" "streaming split"

@@ -256,6 +256,31 @@ TEST(TimePlan, DataParallelStepsWaitForTheSlowestRank) {
   EXPECT_NEAR(plan_time(c, w)[1].seconds / 1000, 0.55, 1e-9);
 }
 
+// generate: the prompts' prefills as forwards, each new token at the measured run's cost beyond its prefills.
+TEST(TimePlan, Generate) {
+  Calibration c = example();
+  // 10 sequences of 100 prompt tokens decoding 50 each in 3.7 s: 10 prefills of 0.1 + 3 x 0.02 + 2 x 0.05 = 0.17 s,
+  // so 2.0 s for 500 new tokens: 4 ms a token.
+  c.generate = {10, 100, 50, 3.7};
+  Workload w;
+  w.samples = 1000;
+  w.mean_tokens = 500;
+  w.world = 2;
+  w.gen_responses = 1000;
+  w.gen_prompt_tokens = 1000;  // forward 1.7 s each
+  w.gen_new_tokens = 200;
+  const std::vector<JobTime> t = plan_time(c, w);
+  ASSERT_EQ(t.size(), 3u);
+  EXPECT_EQ(t[0].job, "generate");
+  EXPECT_NEAR(t[0].seconds, (1000 * 1.7 + 1000 * 200 * 0.004) / 2, 1e-6);
+  EXPECT_EQ(t[1].job, "extract");
+  const Calibration d = calibration_from_json(to_json(c), "c.json");
+  EXPECT_EQ(d.generate.batch, 10);
+  EXPECT_DOUBLE_EQ(d.generate.seconds, 3.7);
+  c.generate = {};
+  EXPECT_NE(testing::error_of([&] { plan_time(c, w); }).find("no generate measurement"), std::string::npos);
+}
+
 TEST(TimePlan, RefusesWhatTheCalibrationDidNotMeasure) {
   Workload w;
   w.samples = 10;
