@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/settings.h"
 #include "core/error.h"
 
 namespace aerie::testing {
@@ -80,7 +81,8 @@ inline std::string error_of(const std::function<void()>& f) {
 namespace aerie::testing {
 /// Sets an environment variable for the enclosing scope (a test that picks a path such as
 /// AERIE_BATCHED_DECODE), or unsets it (value nullptr); the previous value, or its absence, comes back at
-/// the end of the scope.
+/// the end of the scope. The library's settings snapshot is reloaded each time. Throws what reload_settings()
+/// throws for a value the library does not take (then the variable stays set: use it for valid values).
 class ScopedEnv {
  public:
   ScopedEnv(const char* name, const char* value) : name_(name) {
@@ -91,12 +93,14 @@ class ScopedEnv {
       setenv(name, value, 1);
     else
       unsetenv(name);
+    ::aerie::reload_settings();  // the library reads its switches from a snapshot (core/settings.h)
   }
   ~ScopedEnv() {
     if (had_)
       setenv(name_.c_str(), old_.c_str(), 1);
     else
       unsetenv(name_.c_str());
+    ::aerie::reload_settings();
   }
   ScopedEnv(const ScopedEnv&) = delete;
   ScopedEnv& operator=(const ScopedEnv&) = delete;

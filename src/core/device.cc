@@ -4,6 +4,7 @@
 
 #include "core/gpu_limits.h"
 #include "core/log.h"
+#include "core/settings.h"
 
 #include "core/cuda_check.h"
 
@@ -150,7 +151,8 @@ GpuLimits gpu_limits() {
     real.wgmma = real.major == 9 && real.minor == 0;
     dev = d;
   }
-  return apply_emulation(real, emulated_gpu_limits(std::getenv(kEmulateEnv)));
+  const std::string& emulate = settings().cuda_emulate;
+  return apply_emulation(real, emulated_gpu_limits(emulate.empty() ? nullptr : emulate.c_str()));
 }
 
 #else  // CPU-only build

@@ -1,4 +1,5 @@
 #include "data/chat_templates.h"
+#include "core/settings.h"
 
 #include <unistd.h>
 
@@ -130,7 +131,7 @@ std::string find_chat_template(const std::string& name) {
       fs::is_regular_file(name, ec))
     return name;
   std::vector<std::string> dirs;
-  if (const char* env = std::getenv("AERIE_TEMPLATE_DIR")) dirs.push_back(env);
+  if (!settings().template_dir.empty()) dirs.push_back(settings().template_dir);
 #ifdef AERIE_TEMPLATE_DIR
   dirs.push_back(AERIE_TEMPLATE_DIR);
 #endif

@@ -1,4 +1,5 @@
 #include "io/h5.h"
+#include "core/settings.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -109,13 +110,13 @@ void collective_op(MPI_Comm comm, const std::function<void()>& op) {
 // every collective raw-data write of rank R of a parallel file fail after HDF5 wrote it, as H5Dwrite does
 // when the aggregator's write hits ENOSPC. For the tests only (tests/mpi/prepare_write_failure.sh).
 void injected_write_failure(MPI_Comm comm, const std::string& where) {
-  static const char* rank_env = std::getenv("AERIE_TEST_FAIL_H5_WRITE");
-  if (rank_env == nullptr || *rank_env == '\0') return;
+  const int failing = settings().test_fail_h5_write;
+  if (failing < 0) return;
   int rank = 0;
   MPI_Comm_rank(comm, &rank);
-  if (std::atoi(rank_env) == rank)
+  if (failing == rank)
     AERIE_THROW("HDF5: cannot write " << where << " (HDF5: injected write failure, AERIE_TEST_FAIL_H5_WRITE="
-                                      << rank_env << ")");
+                                      << failing << ")");
 }
 
 }  // namespace

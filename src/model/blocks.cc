@@ -1,5 +1,6 @@
 // ForwardContext and Linear (model/blocks.h).
 #include "model/blocks.h"
+#include "core/settings.h"
 
 #include <atomic>
 #include <cstdlib>
@@ -15,14 +16,13 @@
 namespace aerie {
 
 bool batched_decoding(Device device, bool cpu_default, bool cuda_default) {
-  const char* v = std::getenv("AERIE_BATCHED_DECODE");
-  if (v && std::strcmp(v, "1") == 0) return true;
-  if (v && std::strcmp(v, "0") == 0) return false;
+  const Settings& s = settings();
+  if (s.batched_decode >= 0) return s.batched_decode == 1;
   static std::atomic<bool> warned{false};
   const bool on = device == Device::CPU ? cpu_default : cuda_default;
-  if (v && !warned.exchange(true))
-    AERIE_LOG(warning) << "AERIE_BATCHED_DECODE='" << v << "' is neither 1 nor 0: the default (batched decoding "
-                       << (on ? "on" : "off") << " here)";
+  if (!s.batched_decode_raw.empty() && !warned.exchange(true))
+    AERIE_LOG(warning) << "AERIE_BATCHED_DECODE='" << s.batched_decode_raw
+                       << "' is neither 1 nor 0: the default (batched decoding " << (on ? "on" : "off") << " here)";
   return on;
 }
 

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "core/bf16.h"
+#include "core/settings.h"
 #include "core/error.h"
 #include "kernels/convert.h"
 #include "kernels/fused.h"
@@ -152,13 +153,13 @@ class MoeFfn final : public FfnBlock {
     Tensor ys = ctx.buffer("moe.ys", {PL, H}, ctx.dtype), row_of = ctx.buffer("moe.row_of", {P}, DType::I32);
     Tensor gu = ctx.buffer("moe.gu", {PL, I2}, ctx.dtype), act = ctx.buffer("moe.act", {PL, inter_}, ctx.dtype);
     // AERIE_MOE_GEMM (benchmarks, tests): "cublas" never takes the fused kernel, "fused" must take it.
-    const char* mode = std::getenv("AERIE_MOE_GEMM");
+    const std::string& mode = settings().moe_gemm;
     std::string why = gate_up_w_.empty() ? "an FP8 expert slice not on a block boundary"
                                          : grouped_quant_fused_unsupported(hx, format_, gate_up_w_, off, gu);
     if (why.empty()) why = grouped_quant_fused_unsupported(act, format_, down_w_, off, ys);
-    AERIE_CHECK(!(mode && std::strcmp(mode, "fused") == 0 && !why.empty()),
+    AERIE_CHECK(!(mode == "fused" && !why.empty()),
                 "MoE: AERIE_MOE_GEMM=fused, but the fused grouped GEMM cannot take these experts: " << why);
-    const bool fused = why.empty() && !(mode && std::strcmp(mode, "cublas") == 0);
+    const bool fused = why.empty() && mode != "cublas";
     // Where each pair's output lands (row_of; with expert parallelism -1 for another rank's pairs); the
     // other path also gathers the pairs' rows in expert order (xs), which the fused kernel reads from h
     // through perm itself.

@@ -1,5 +1,6 @@
 // OpProfile (see op_profile.h).
 #include "model/op_profile.h"
+#include "core/settings.h"
 
 #include <chrono>
 #include <cstdlib>
@@ -23,11 +24,7 @@ double now_s() {
 }  // namespace
 
 bool OpProfile::enabled_by_env() {
-  static const bool on = [] {
-    const char* v = std::getenv("AERIE_PROFILE");
-    return v != nullptr && std::string(v) == "1";
-  }();
-  return on;
+  return settings().profile;
 }
 
 OpProfile::OpProfile() = default;

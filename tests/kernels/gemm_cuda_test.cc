@@ -8,6 +8,7 @@
 #include <sstream>
 #include <utility>
 
+#include "core/settings.h"
 #include "cuda_test_util.h"
 #include "grouped_quant_util.h"
 #include "kernel_test_util.h"
@@ -255,11 +256,15 @@ class ScopedKernel {
  public:
   ScopedKernel(const char* kernel, const char* bm) {
     setenv("AERIE_GROUPED_GEMM_KERNEL", kernel, 1);
+    aerie::reload_settings();
     setenv("AERIE_GROUPED_GEMM_BM", bm, 1);
+    aerie::reload_settings();
   }
   ~ScopedKernel() {
     unsetenv("AERIE_GROUPED_GEMM_KERNEL");
+    aerie::reload_settings();
     unsetenv("AERIE_GROUPED_GEMM_BM");
+    aerie::reload_settings();
   }
 };
 // ws (warp-specialized, 256-column tiles) takes groups whose parts are multiples of 256 rows; other

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/settings.h"
 #include "hf_reference.h"
 #include "model/target.h"
 #include "model/target_config.h"
@@ -108,10 +109,13 @@ TEST(QuantCuda, FusedMoeEqualsTheDequantizedPath) {
     std::vector<int32_t> ids(300);
     for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>((i * 37 + 5) % cfg.vocab_size);
     setenv("AERIE_MOE_GEMM", "fused", 1);
+    aerie::reload_settings();
     const TargetOutput fused = m.forward(ids, nullptr, {0, 2, 3}, true);
     setenv("AERIE_MOE_GEMM", "cublas", 1);
+    aerie::reload_settings();
     const TargetOutput ref = m.forward(ids, nullptr, {0, 2, 3}, true);
     unsetenv("AERIE_MOE_GEMM");
+    aerie::reload_settings();
     const double d = testing::rel_l2(fused.aux_hidden.to_float_vector(), ref.aux_hidden.to_float_vector());
     EXPECT_LE(d, 2e-2);
     double sq = 0;

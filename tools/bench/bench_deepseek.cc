@@ -31,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "core/settings.h"
 #include "bench_common.h"
 #include "comm/communicator.h"
 #include "core/device.h"
@@ -159,8 +160,10 @@ void bench_blocks(const Args& a, const TargetConfig& cfg, Communicator& comm) {
     if (mode != "cublas") {
       const std::vector<float> got = out.to_device(Device::CPU).to_float_vector();
       setenv("AERIE_MOE_GEMM", "cublas", 1);
+      aerie::reload_settings();
       L.ffn->forward(ctx, h, out);
       if (mode_env) setenv("AERIE_MOE_GEMM", mode.c_str(), 1); else unsetenv("AERIE_MOE_GEMM");
+      aerie::reload_settings();
       const std::vector<float> ref = out.to_device(Device::CPU).to_float_vector();
       double num = 0, den = 0;
       for (size_t i = 0; i < ref.size(); ++i) {

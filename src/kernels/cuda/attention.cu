@@ -200,9 +200,9 @@ struct Forward {
       // 4.99 against 1.97 ms; shorter samples not measured).
       constexpr int WDV = TD == 192 ? 128 : TD;
       const bool wgmma_pays =
-          TD != 192 || p.dv == 192 || p.tk >= 2560 || wgmma_forced("AERIE_ATTENTION_FORWARD_KERNEL");
+          TD != 192 || p.dv == 192 || p.tk >= 2560 || wgmma_forced(settings().attention_forward_kernel);
       if (ok && (p.dv == WDV || p.dv == TD) && wgmma_pays && (p.tq * p.group) / (2 * kTcBlockRows) + p.nseq < 65535 &&
-          wgmma_chosen("AERIE_ATTENTION_FORWARD_KERNEL")) {
+          wgmma_chosen(settings().attention_forward_kernel)) {
         plan_and_launch(2 * kTcBlockRows, [&](int64_t tiles, int64_t splits) {
           if (p.dv == WDV)
             launch_fwd_wgmma<TD, WDV>(p, tiles, splits);

@@ -276,7 +276,7 @@ struct Backward {
       auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
       if (p.d == TD && !few_rows(p.tq * p.group) && aligned(p.q) && aligned(p.k) && aligned(p.v) &&
           aligned(p.dout) && aligned(p.dq) && aligned(p.dk) && aligned(p.dv)) {
-        if (wgmma_chosen("AERIE_ATTENTION_BACKWARD_KERNEL")) {  // at 192: the MLA draft's padded heads
+        if (wgmma_chosen(settings().attention_backward_kernel)) {  // at 192: the MLA draft's padded heads
           launch_bwd_wgmma<TD, G>(p);
           return;
         }

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "kernels/cuda/common.cuh"
+#include "core/settings.h"
 #include "kernels/cuda/wgmma.cuh"
 
 namespace aerie::cuda::attn {
@@ -26,22 +27,13 @@ __device__ __forceinline__ float dot4(const float* a, const float* b) {
   return x.x * y.x + x.y * y.y + x.z * y.z + x.w * y.w;
 }
 
-/// Whether an attention op takes its wgmma kernel (attention_wgmma.cu): an sm_90a GPU, unless the
-/// environment variable `env` says "mma" ("wgmma" or unset: auto). Read at every call (tests switch it).
-/// Throws aerie::Error naming `env` for any other value.
-inline bool wgmma_chosen(const char* env) {
-  const char* v = std::getenv(env);
-  const std::string k = v ? v : "";
-  AERIE_CHECK(k.empty() || k == "wgmma" || k == "mma", env << " must be wgmma or mma, got '" << k << "'");
-  return k != "mma" && wgmma_device();
-}
+/// Whether an attention op takes its wgmma kernel (attention_wgmma.cu): an sm_90a GPU, unless its setting
+/// (core/settings.h: AERIE_ATTENTION_FORWARD_KERNEL / _BACKWARD_KERNEL) says "mma" ("wgmma" or "": auto).
+inline bool wgmma_chosen(const std::string& setting) { return setting != "mma" && wgmma_device(); }
 
-/// Whether `env` says "wgmma" explicitly: the wgmma kernel also where the automatic choice would not take it
-/// (the forward at head dim 192 / 128 with few keys), for tests and benchmarks.
-inline bool wgmma_forced(const char* env) {
-  const char* v = std::getenv(env);
-  return v != nullptr && std::string(v) == "wgmma";
-}
+/// Whether the setting says "wgmma" explicitly: the wgmma kernel also where the automatic choice would not take
+/// it (the forward at head dim 192 / 128 with few keys), for tests and benchmarks.
+inline bool wgmma_forced(const std::string& setting) { return setting == "wgmma"; }
 
 inline int sm_count() {
   int dev = 0, n = 0;

@@ -21,6 +21,7 @@
 // All of it is kept for the life of the process on purpose (destroying cuBLASLt handles from
 // thread_local destructors at exit races the CUDA runtime's own teardown).
 #include "kernels/cuda/gemm.h"
+#include "core/settings.h"
 
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -355,13 +356,8 @@ std::atomic<int> g_search_override{-1};
 bool gemm_search_mode() {
   const int o = g_search_override.load();
   if (o >= 0) return o == 1;
-  static const bool on = [] {
-    const char* e = std::getenv("AERIE_GEMM_SEARCH");
-    const std::string v = e ? e : (kSearchDefault ? "1" : "0");
-    AERIE_CHECK(v == "0" || v == "1", "AERIE_GEMM_SEARCH must be 0 or 1, got '" << v << "'");
-    return v == "1";
-  }();
-  return on;
+  const int s = settings().gemm_search;  // AERIE_GEMM_SEARCH
+  return s < 0 ? kSearchDefault : s == 1;
 }
 
 void set_gemm_search_mode(bool on) { g_search_override.store(on ? 1 : 0); }

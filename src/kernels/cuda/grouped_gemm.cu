@@ -27,6 +27,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/attention_mma.cuh"
+#include "core/settings.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/wgmma.cuh"
@@ -1003,16 +1004,11 @@ void matmul_grouped_quant(const Tensor& a, int format, const std::vector<Grouped
   const int K = static_cast<int>(a.dim(1)), N = static_cast<int>(c.dim(1));
   // Row tiles. "mixed" (the default): 128-row tiles, and a group's last rows, when 64 or fewer, in a
   // 64-row tile of a second launch. "64" / "128" (AERIE_GROUPED_GEMM_BM, for benchmarks): one height.
-  const char* e = std::getenv("AERIE_GROUPED_GEMM_BM");
-  std::string mode = e ? e : "mixed";
-  AERIE_CHECK(mode == "mixed" || mode == "64" || mode == "128",
-              "AERIE_GROUPED_GEMM_BM must be 64, 128 or mixed, got '" << mode << "'");
+  const Settings& env = settings();
+  std::string mode = env.grouped_gemm_bm;
   std::vector<GroupDesc> gd;
   std::vector<TileDesc> t128, t64;
-  const char* kern = std::getenv("AERIE_GROUPED_GEMM_KERNEL");
-  const std::string kname = kern ? kern : "auto";
-  AERIE_CHECK(kname == "auto" || kname == "ws" || kname == "wgmma" || kname == "mma" || kname == "rs",
-              "AERIE_GROUPED_GEMM_KERNEL must be auto, ws, wgmma, mma or rs, got '" << kname << "'");
+  const std::string& kname = env.grouped_gemm_kernel;
   const bool wg = kname != "mma" && wgmma_device();
   // Variant 4 (register-sourced, swapped operands) for quantized weights: the default ("auto", measured on
   // the H200 at 1.49x / 1.59x variant 2 for Kimi-K2.5's INT4 experts and 1.39x / 1.31x for DeepSeek-V3's
@@ -1022,11 +1018,7 @@ void matmul_grouped_quant(const Tensor& a, int format, const std::vector<Grouped
   // Its tiles of up to 128 rows: a kernel for those with two CTAs per SM (AERIE_GROUPED_GEMM_RS_SMALL=2,
   // the default; 128 registers, a few spilled), one CTA (1), or the 256-row kernel (0).
   const bool rs = wg && (kname == "rs" || kname == "auto") && format != kDense;
-  const char* rsm = std::getenv("AERIE_GROUPED_GEMM_RS_SMALL");
-  const std::string rs_small_s = rsm ? rsm : "2";
-  AERIE_CHECK(rs_small_s == "0" || rs_small_s == "1" || rs_small_s == "2",
-              "AERIE_GROUPED_GEMM_RS_SMALL must be 0, 1 or 2, got '" << rs_small_s << "'");
-  const int rs_small = rs_small_s[0] - '0';
+  const int rs_small = env.grouped_gemm_rs_small;
   // The warp-specialized kernel (variant 3, 256-column tiles) where c's columns and every part's rows
   // are multiples of 256: by default ("auto") for BF16 weights only, where it measured 1.12-1.19x
   // variant 2 on the H200 (DeepSeek-V3's experts, docs/performance.md); its producer's dequantization
@@ -1036,10 +1028,8 @@ void matmul_grouped_quant(const Tensor& a, int format, const std::vector<Grouped
   bool ws = wg && (kname == "ws" || (kname == "auto" && format == kDense)) && N % kWsBN == 0;
   for (size_t i = 0; ws && i < groups.size(); ++i)
     for (const auto& part : w[groups[i]]) ws = ws && part.weight.dim(0) % kWsBN == 0;
-  const char* tail = std::getenv("AERIE_GROUPED_GEMM_TAIL");
-  const bool ws64 = ws && !(tail && std::strcmp(tail, "wgmma") == 0);
-  const char* st = std::getenv("AERIE_GROUPED_GEMM_STAGES");
-  const bool four = st && std::strcmp(st, "4") == 0;
+  const bool ws64 = ws && !env.grouped_gemm_tail_wgmma;
+  const bool four = env.grouped_gemm_four_stages;
   // 128-row tiles need more shared memory than 64-row ones (the mma.sync FP8 kernel: 105 KiB, above the
   // 99 KiB per block of sm_86/89/120): where the GPU has less, every tile has 64 rows.
   if (mode != "64") {
