@@ -60,6 +60,7 @@ Settings parse_settings(const char* (*get)(const char*)) {
   s.grouped_gemm_rs_small = one_of(get, "AERIE_GROUPED_GEMM_RS_SMALL", {"0", "1", "2"}, "2")[0] - '0';
   s.grouped_gemm_tail_wgmma = one_of(get, "AERIE_GROUPED_GEMM_TAIL", {}) == "wgmma";
   s.grouped_gemm_four_stages = one_of(get, "AERIE_GROUPED_GEMM_STAGES", {}) == "4";
+  s.fp8_gemm_kernel = one_of(get, "AERIE_FP8_GEMM_KERNEL", {"cublas", "mma"});
   s.cuda_emulate = one_of(get, "AERIE_CUDA_EMULATE", {});  // its families: core/gpu_limits.h checks them
   s.template_dir = one_of(get, "AERIE_TEMPLATE_DIR", {});
   const std::string fail = one_of(get, "AERIE_TEST_FAIL_H5_WRITE", {});

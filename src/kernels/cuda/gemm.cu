@@ -570,11 +570,28 @@ Fp8Plan& fp8_plan_for(Context& ctx, const Fp8Key& key, const float* xs, const fl
 bool matmul_fp8_block(const void* xq, const float* xs, const void* wq, const float* ws, int64_t m, int64_t n, int64_t k,
                       void* y, DType y_dtype, int64_t ldy, float beta, std::string* why) {
   if (m == 0 || n == 0) return true;
+  // cuBLASLt's block-scaled FP8 where the GPU family has it (Hopper, data-center Blackwell), else, or where it
+  // refuses the operands, the mma.sync e4m3 kernel (sm_89 on); AERIE_FP8_GEMM_KERNEL=cublas / mma picks one.
+  const std::string& choice = settings().fp8_gemm_kernel;
+  const GpuLimits l = gpu_limits();
+  const bool mma = fp8_mma_ok(xq, wq, k);
+  if (choice == "mma" || (choice.empty() && l.major != 9 && l.major != 10 && mma)) {
+    if (!mma) {
+      if (why) *why = "AERIE_FP8_GEMM_KERNEL=mma, but the mma.sync e4m3 kernel needs sm_89 or later and K % 16 == 0";
+      return false;
+    }
+    matmul_fp8_block_mma(xq, xs, wq, ws, m, n, k, y, y_dtype, ldy, beta);
+    return true;
+  }
   Context& ctx = context();
   const Fp8Key key{m, n, k, ldy, y_dtype, beta != 0.0f, alignment_of(xq), alignment_of(wq), alignment_of(y)};
   std::string refusal;
   Fp8Plan& p = fp8_plan_for(ctx, key, xs, ws, refusal);
   if (!p.found) {
+    if (choice.empty() && mma) {
+      matmul_fp8_block_mma(xq, xs, wq, ws, m, n, k, y, y_dtype, ldy, beta);
+      return true;
+    }
     if (why) *why = refusal.empty() ? fp8_name(key) + ": cuBLASLt has no algorithm (refused before)" : refusal;
     return false;
   }

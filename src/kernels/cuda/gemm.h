@@ -81,4 +81,14 @@ namespace aerie::cuda {
 bool matmul_fp8_block(const void* xq, const float* xs, const void* wq, const float* ws, int64_t m, int64_t n, int64_t k,
                       void* y, DType y_dtype, int64_t ldy, float beta, std::string* why = nullptr);
 
+/// Whether matmul_fp8_block_mma takes these operands: a GPU of sm_89 or later (as gpu_limits() reports it, so
+/// AERIE_CUDA_EMULATE counts), K a multiple of 16, xq and wq 16-byte aligned.
+bool fp8_mma_ok(const void* xq, const void* wq, int64_t k);
+
+/// matmul_fp8_block's math on mma.sync e4m3 (gemm_fp8_mma.cu), the same arguments: the path of GPUs where
+/// cuBLASLt has no block-scaled FP8 kernel (sm_89, sm_120). Queued on the current stream. Throws aerie::Error
+/// unless fp8_mma_ok, or on a launch failure.
+void matmul_fp8_block_mma(const void* xq, const float* xs, const void* wq, const float* ws, int64_t m, int64_t n,
+                          int64_t k, void* y, DType y_dtype, int64_t ldy, float beta);
+
 }  // namespace aerie::cuda

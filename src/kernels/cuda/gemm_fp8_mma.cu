@@ -1,0 +1,161 @@
+// matmul_fp8_block (kernels/gemm.h) on mma.sync e4m3 (PTX `mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32`,
+// sm_89 and later): the W8A8 block-FP8 GEMM where cuBLASLt has no block-scaled FP8 kernel (its VEC128 /
+// BLK128x128 scale modes exist for Hopper and data-center Blackwell; an RTX PRO 6000 is sm_120), and where wgmma's
+// FP8 does not exist. The math is the CPU reference's (kernels/cpu/quant.cc): per 128-wide block b of K the
+// products of the e4m3 codes summed in fp32, times xs[b, m] ws[n / 128, b], summed over the blocks.
+//
+// Tiles: a CTA computes 64 x 64 of y with 4 warps of 32 x 32 (2 x 4 tiles of m16n8); K advances a whole scale
+// block (128) per stage, both operands k-contiguous in shared memory (x's rows, w's rows: the "row.col" layout
+// mma wants), double-buffered by cp.async: 2 x (64 + 64) x 144 bytes = 36 KiB (rows padded by 16 bytes, so the
+// fragments' 32-bit loads of 8 rows x 4 words hit 32 banks). Each block's partial sums are scaled into the fp32
+// accumulators once per block.
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/gemm.h"
+
+namespace aerie::cuda {
+namespace {
+
+constexpr int kBM = 64, kBN = 64, kBK = 128, kPad = 16, kRow = kBK + kPad, kThreads = 128;
+constexpr int kStageBytes = (kBM + kBN) * kRow;
+
+__device__ __forceinline__ void cp16(uint32_t dst, const void* src, bool valid) {
+  const int n = valid ? 16 : 0;  // 0: sixteen zero bytes, nothing read
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
+
+__device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  __trap();  // the host never launches it below sm_89 (fp8_mma_ok)
+#endif
+}
+
+// One stage: x rows [m0, m0 + 64) and w rows [n0, n0 + 64), K columns [k0, k0 + 128), into shared memory at
+// `stage` (x first). Rows past M / N and columns past K read as zero (K is a multiple of 16: whole chunks).
+__device__ __forceinline__ void load_stage(uint32_t stage, const uint8_t* x, const uint8_t* w, int64_t m, int64_t n,
+                                           int64_t k, int64_t m0, int64_t n0, int64_t k0) {
+  constexpr int kChunks = kBK / 16;  // 8 chunks of 16 bytes per row
+  for (int i = threadIdx.x; i < (kBM + kBN) * kChunks; i += kThreads) {
+    const int row = i / kChunks, chunk = i % kChunks;
+    const int64_t col = k0 + chunk * 16;
+    const bool is_x = row < kBM;
+    const int64_t r = is_x ? m0 + row : n0 + (row - kBM);
+    const bool valid = (is_x ? r < m : r < n) && col < k;
+    const uint8_t* src = is_x ? x : w;
+    if (valid) src += r * k + col;
+    cp16(stage + static_cast<uint32_t>(row * kRow + chunk * 16), src, valid);
+  }
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+
+template <typename TY>
+__global__ void __launch_bounds__(kThreads) fp8_block_mma_kernel(const uint8_t* __restrict__ x, const float* __restrict__ xs,
+                                                                  const uint8_t* __restrict__ w, const float* __restrict__ ws,
+                                                                  int64_t m, int64_t n, int64_t k, int64_t ws_ld, TY* y,
+                                                                  int64_t ldy, float beta) {
+  __shared__ __align__(16) uint8_t smem[2 * kStageBytes];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, group = lane / 4, tig = lane % 4;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kBM, n0 = static_cast<int64_t>(blockIdx.x) * kBN;
+  const int wm = (warp / 2) * 32, wn = (warp % 2) * 32;  // the warp's 32 x 32 within the tile
+  const int64_t blocks = (k + kBK - 1) / kBK;
+  const float* ws_row = ws + (n0 / 128) * ws_ld;  // one weight scale per K block for the whole tile (64 | 128)
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  float acc[2][4][4] = {};
+  load_stage(base, x, w, m, n, k, m0, n0, 0);
+  for (int64_t b = 0; b < blocks; ++b) {
+    if (b + 1 < blocks) {
+      load_stage(base + static_cast<uint32_t>(((b + 1) & 1) * kStageBytes), x, w, m, n, k, m0, n0, (b + 1) * kBK);
+      asm volatile("cp.async.wait_group 1;\n" ::);
+    } else {
+      asm volatile("cp.async.wait_group 0;\n" ::);
+    }
+    __syncthreads();
+    const uint8_t* sx = smem + (b & 1) * kStageBytes;
+    const uint8_t* sw = sx + kBM * kRow;
+    float part[2][4][4] = {};
+    for (int kk = 0; kk < kBK; kk += 32) {
+      uint32_t a[2][4], bf[4][2];
+      for (int i = 0; i < 2; ++i) {
+        const uint8_t* r0 = sx + (wm + i * 16 + group) * kRow + kk + tig * 4;
+        const uint8_t* r8 = r0 + 8 * kRow;
+        a[i][0] = *reinterpret_cast<const uint32_t*>(r0);
+        a[i][1] = *reinterpret_cast<const uint32_t*>(r8);
+        a[i][2] = *reinterpret_cast<const uint32_t*>(r0 + 16);
+        a[i][3] = *reinterpret_cast<const uint32_t*>(r8 + 16);
+      }
+      for (int j = 0; j < 4; ++j) {
+        const uint8_t* c = sw + (wn + j * 8 + group) * kRow + kk + tig * 4;
+        bf[j][0] = *reinterpret_cast<const uint32_t*>(c);
+        bf[j][1] = *reinterpret_cast<const uint32_t*>(c + 16);
+      }
+      for (int i = 0; i < 2; ++i)
+        for (int j = 0; j < 4; ++j) mma_e4m3(part[i][j], a[i], bf[j][0], bf[j][1]);
+    }
+    // This block's sums, scaled: xs[b, row] for each of the thread's 4 rows, ws[n0 / 128, b] for the tile.
+    const float wsc = ws_row[b];
+    for (int i = 0; i < 2; ++i) {
+      const int64_t r0 = m0 + wm + i * 16 + group, r8 = r0 + 8;
+      const float s0 = r0 < m ? xs[b * m + r0] * wsc : 0.0f, s8 = r8 < m ? xs[b * m + r8] * wsc : 0.0f;
+      for (int j = 0; j < 4; ++j) {
+        acc[i][j][0] += part[i][j][0] * s0;
+        acc[i][j][1] += part[i][j][1] * s0;
+        acc[i][j][2] += part[i][j][2] * s8;
+        acc[i][j][3] += part[i][j][3] * s8;
+      }
+    }
+    __syncthreads();  // the next iteration's load overwrites this stage
+  }
+  // c0, c1: row group, columns 2 tig + {0, 1}; c2, c3: row group + 8.
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 4; ++j)
+      for (int h = 0; h < 2; ++h) {
+        const int64_t r = m0 + wm + i * 16 + group + h * 8;
+        if (r >= m) continue;
+        for (int e = 0; e < 2; ++e) {
+          const int64_t c = n0 + wn + j * 8 + tig * 2 + e;
+          if (c >= n) continue;
+          TY* p = y + r * ldy + c;
+          const float v = acc[i][j][h * 2 + e];
+          *p = from_f32<TY>(beta != 0.0f ? v + beta * to_f32(*p) : v);
+        }
+      }
+}
+
+}  // namespace
+
+bool fp8_mma_ok(const void* xq, const void* wq, int64_t k) {
+  const GpuLimits l = gpu_limits();
+  return l.major * 10 + l.minor >= 89 && k % 16 == 0 && reinterpret_cast<uintptr_t>(xq) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(wq) % 16 == 0;
+}
+
+void matmul_fp8_block_mma(const void* xq, const float* xs, const void* wq, const float* ws, int64_t m, int64_t n,
+                          int64_t k, void* y, DType y_dtype, int64_t ldy, float beta) {
+  AERIE_CHECK(fp8_mma_ok(xq, wq, k), "matmul_fp8_block (mma.sync e4m3): needs sm_89 or later, K a multiple of 16 "
+                                     "and 16-byte aligned operands (K " << k << ")");
+  if (m == 0 || n == 0) return;
+  const int64_t ws_ld = ((k + 127) / 128 + 3) / 4 * 4;  // fp8_weight_scale_ld
+  const dim3 grid(static_cast<unsigned>((n + kBN - 1) / kBN), static_cast<unsigned>((m + kBM - 1) / kBM));
+  const auto* x8 = static_cast<const uint8_t*>(xq);
+  const auto* w8 = static_cast<const uint8_t*>(wq);
+  if (y_dtype == DType::F32) {
+    fp8_block_mma_kernel<float><<<grid, kThreads, 0, stream()>>>(x8, xs, w8, ws, m, n, k, ws_ld,
+                                                                  static_cast<float*>(y), ldy, beta);
+  } else {
+    AERIE_CHECK(y_dtype == DType::BF16, "matmul_fp8_block (mma.sync e4m3): y must be F32 or BF16");
+    fp8_block_mma_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream()>>>(x8, xs, w8, ws, m, n, k, ws_ld,
+                                                                          static_cast<__nv_bfloat16*>(y), ldy, beta);
+  }
+  AERIE_CUDA_LAUNCHED("fp8_block_mma_kernel");
+}
+
+}  // namespace aerie::cuda
