@@ -123,14 +123,14 @@ TargetConfig truncated(const TargetConfig& cfg, const std::vector<bool>& moe) {
 }
 
 /// aerie generate's decoding on `model`: opt.gen_batch sequences of opt.gen_prompt random prompt ids, each decoding
-/// opt.gen_new tokens greedily with no stop id, through model/sampling.h's BatchDecoder (the job's engine, continuous
+/// `new_tokens` greedily with no stop id, through model/sampling.h's BatchDecoder (the job's engine, continuous
 /// batching); the seconds of the whole run, prefills included.
 double time_generation(TargetModel& model, const TargetConfig& cfg, Communicator& tp, Device device,
-                       const CalibrateOptions& opt) {
+                       const CalibrateOptions& opt, int64_t new_tokens) {
   return timed(tp, device, 1, opt.min_seconds, [&] {
     BatchDecoder decoder(model, opt.gen_batch, {}, SamplingParams{});
     for (int64_t i = 0; i < opt.gen_batch; ++i)
-      decoder.submit(i, random_ids(opt.gen_prompt, cfg.vocab_size, static_cast<uint32_t>(100 + i)), opt.gen_new,
+      decoder.submit(i, random_ids(opt.gen_prompt, cfg.vocab_size, static_cast<uint32_t>(100 + i)), new_tokens,
                      SampleRng(static_cast<uint64_t>(i)));
     while (!decoder.idle()) decoder.step();
   });
@@ -148,7 +148,7 @@ void measure_forward(const TargetConfig& cfg, TargetDevice& dev, const Calibrate
   std::vector<std::vector<bool>> shapes = {{first_moe}, {first_moe, first_moe, first_moe}};
   if (two_kinds) shapes.push_back({first_moe, !first_moe, !first_moe});
   std::vector<std::vector<double>> t(shapes.size());  // t[shape][token count]
-  std::vector<double> gen(shapes.size());              // gen[shape]: the generation's seconds
+  std::vector<double> gen(shapes.size()), gen1(shapes.size());  // the generation's seconds; of one new token
   for (size_t s = 0; s < shapes.size(); ++s) {
     TargetModelOptions o = dev.options;  // a cut without MoE layers has nothing to split by expert
     o.expert_parallel = o.expert_parallel && std::find(shapes[s].begin(), shapes[s].end(), true) != shapes[s].end();
@@ -159,7 +159,8 @@ void measure_forward(const TargetConfig& cfg, TargetDevice& dev, const Calibrate
       const std::vector<int32_t> ids = random_ids(T, cfg.vocab_size, static_cast<uint32_t>(T));
       t[s].push_back(timed(*dev.tp, dev.options.device, opt.iters, opt.min_seconds, [&] { model.forward(ids, nullptr, aux, false); }));
     }
-    gen[s] = time_generation(model, cfg, *dev.tp, dev.options.device, opt);
+    gen[s] = time_generation(model, cfg, *dev.tp, dev.options.device, opt, opt.gen_new);
+    gen1[s] = time_generation(model, cfg, *dev.tp, dev.options.device, opt, 1);  // the prefills and one step
   }
   LayerKindTimes first{first_moe ? "moe" : "dense", n_first, {opt.tokens, {}}};
   LayerKindTimes second{first_moe ? "dense" : "moe", cfg.num_hidden_layers - n_first, {opt.tokens, {}}};
@@ -173,10 +174,13 @@ void measure_forward(const TargetConfig& cfg, TargetDevice& dev, const Calibrate
   cal.layers = {first};
   if (two_kinds) cal.layers.push_back(second);
   // The generation of the whole target: the cut's base and per-layer seconds, as the forward's.
-  const double g_layer = std::max(0.0, (gen[1] - gen[0]) / 2);
-  double g = std::max(0.0, gen[0] - g_layer) + static_cast<double>(n_first) * g_layer;
-  if (two_kinds) g += static_cast<double>(cfg.num_hidden_layers - n_first) * std::max(0.0, (gen[2] - gen[0]) / 2);
-  cal.generate = {opt.gen_batch, opt.gen_prompt, opt.gen_new, g};
+  auto whole = [&](const std::vector<double>& t) {
+    const double per_layer = std::max(0.0, (t[1] - t[0]) / 2);
+    double s = std::max(0.0, t[0] - per_layer) + static_cast<double>(n_first) * per_layer;
+    if (two_kinds) s += static_cast<double>(cfg.num_hidden_layers - n_first) * std::max(0.0, (t[2] - t[0]) / 2);
+    return s;
+  };
+  cal.generate = {opt.gen_batch, opt.gen_prompt, opt.gen_new, whole(gen), std::min(whole(gen1), whole(gen))};
 }
 
 /// The draft's step over one sample of each opt.train_tokens length, on every rank at once, each its own
@@ -426,8 +430,10 @@ int calibrate(const std::vector<std::string>& args) {
   opt.ttt_steps = vm["ttt-steps"].as<int>();
   opt.draft_vocab = vm["draft-vocab-size"].as<int64_t>();
   opt.gen_batch = vm["gen-batch-size"].as<int64_t>();
-  AERIE_USAGE_CHECK(opt.gen_batch >= 1 && vm["gen-prompt-tokens"].as<int64_t>() >= 0 && vm["gen-new-tokens"].as<int64_t>() >= 0,
-                    "aerie calibrate: --gen-batch-size must be >= 1, --gen-prompt-tokens and --gen-new-tokens >= 0");
+  AERIE_USAGE_CHECK(opt.gen_batch >= 1 && opt.gen_batch <= 4096 && vm["gen-prompt-tokens"].as<int64_t>() >= 0 &&
+                        vm["gen-new-tokens"].as<int64_t>() >= 0 && vm["gen-new-tokens"].as<int64_t>() != 1,
+                    "aerie calibrate: --gen-batch-size must be 1 to 4096, --gen-prompt-tokens >= 0 and --gen-new-tokens "
+                    "0 (the default) or >= 2 (a run of one new token is timed beside it)");
   AERIE_USAGE_CHECK(opt.draft_vocab >= 2, "aerie calibrate: --draft-vocab-size must be >= 2 (vocab's own limit)");
   opt.min_seconds = vm["min-time"].as<double>();
   AERIE_USAGE_CHECK(opt.min_seconds >= 0, "aerie calibrate: --min-time must be >= 0");
@@ -466,7 +472,8 @@ int calibrate(const std::vector<std::string>& args) {
   opt.gen_new = vm["gen-new-tokens"].as<int64_t>() > 0 ? vm["gen-new-tokens"].as<int64_t>() : (gpu ? 256 : 32);
   const int64_t longest = std::max({opt.tokens.back(), opt.train_tokens.back(), opt.gen_prompt + opt.gen_new});
   AERIE_USAGE_CHECK(cfg.max_position_embeddings <= 0 || longest <= cfg.max_position_embeddings,
-                    "aerie calibrate: --tokens / --train-tokens up to " << longest << " tokens, past " << model_dir
+                    "aerie calibrate: --tokens / --train-tokens / --gen-prompt-tokens + --gen-new-tokens up to "
+                        << longest << " tokens, past " << model_dir
                                                                        << "'s max_position_embeddings "
                                                                        << cfg.max_position_embeddings);
   Calibration cal;

@@ -138,6 +138,11 @@ void print_time_plan(const po::variables_map& vm, const TargetConfig& target, in
                     "aerie plan: --generate-responses needs --generate-prompt-tokens and --generate-new-tokens (1 to 10^7)");
   AERIE_USAGE_CHECK(w.gen_responses > 0 || (vm["generate-prompt-tokens"].defaulted() && vm["generate-new-tokens"].defaulted()),
                     "aerie plan: --generate-prompt-tokens / --generate-new-tokens describe generate: give --generate-responses too");
+  AERIE_USAGE_CHECK(w.gen_responses == 0 || target.max_position_embeddings <= 0 ||
+                        w.gen_prompt_tokens + w.gen_new_tokens <= static_cast<double>(target.max_position_embeddings),
+                    "aerie plan: --generate-prompt-tokens + --generate-new-tokens is "
+                        << w.gen_prompt_tokens + w.gen_new_tokens << " tokens, past the model's max_position_embeddings "
+                        << target.max_position_embeddings);
   AERIE_USAGE_CHECK(w.gen_responses == 0 || c.generate.seconds > 0,
                     "aerie plan: --calibration " << path << " holds no generate measurement (an older aerie's): calibrate again");
   AERIE_USAGE_CHECK(!w.stream_colocated || w.stream_target_ranks > 0,
@@ -165,6 +170,10 @@ void print_time_plan(const po::variables_map& vm, const TargetConfig& target, in
               w.train_samples > 0 ? (", train " + std::to_string(w.train_samples) + " samples drawn").c_str()
               : w.epochs > 1     ? (", " + std::to_string(w.epochs) + " epochs").c_str()
                                  : "");
+  if (c.world != w.world)
+    std::printf("  (the calibration ran %d ranks at once, the plan has %d: where ranks share a node's cores, memory "
+                "bandwidth or links, calibrate with the job's own rank count)\n",
+                c.world, w.world);
   double total = 0;
   for (const JobTime& t : jobs) {
     if (t.job == "train --prepared") continue;  // after the total

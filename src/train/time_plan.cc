@@ -4,6 +4,7 @@
 #include <cmath>
 #include <functional>
 #include <random>
+#include <type_traits>
 
 #include "core/error.h"
 
@@ -35,6 +36,41 @@ TimeCurve curve_from(const nlohmann::json& j, const std::string& path, const std
     AERIE_CHECK(std::isfinite(c.seconds[i]), path << ": " << field << ".seconds[" << i << "] is not finite");
   }
   return c;
+}
+
+// `j`[a][b] (absent: `absent`), named `a.b` in the error when it is not a `T`.
+template <typename T>
+T optional_field(const nlohmann::json& j, const char* a, const char* b, T absent, const std::string& path) {
+  if (!j.contains(a) || !j[a].is_object() || !j[a].contains(b)) return absent;
+  const nlohmann::json& v = j[a][b];
+  const bool ok = std::is_integral_v<T> ? v.is_number_integer() : v.is_number();
+  AERIE_CHECK(ok, path << ": " << a << "." << b << " must be " << (std::is_integral_v<T> ? "an integer" : "a number")
+                       << ", got " << v.dump());
+  return v.get<T>();
+}
+
+// The fields version 1 gained later (an older aerie's file reads without them), each checked by name.
+void read_optional_fields(const nlohmann::json& j, const std::string& path, Calibration& c) {
+  c.train_step_seconds = optional_field(j, "train", "step_seconds", 0.0, path);
+  c.draft_vocab_size = optional_field(j, "train", "draft_vocab_size", int64_t{0}, path);
+  c.stream_bytes_per_s = optional_field(j, "stream", "bytes_per_s", 0.0, path);
+  Calibration::Generation& g = c.generate;
+  g.batch = optional_field(j, "generate", "batch", int64_t{0}, path);
+  g.prompt_tokens = optional_field(j, "generate", "prompt_tokens", int64_t{0}, path);
+  g.new_tokens = optional_field(j, "generate", "new_tokens", int64_t{0}, path);
+  g.seconds = optional_field(j, "generate", "seconds", 0.0, path);
+  g.first_seconds = optional_field(j, "generate", "first_seconds", 0.0, path);
+  AERIE_CHECK(c.draft_vocab_size >= 0 && c.draft_vocab_size <= 100000000,
+              path << ": train.draft_vocab_size is " << c.draft_vocab_size << " (0 to 10^8)");
+  if (g.seconds == 0) return;  // not measured
+  AERIE_CHECK(g.batch >= 1 && g.batch <= 1000000 && g.prompt_tokens >= 1 && g.prompt_tokens <= 10000000 &&
+                  g.new_tokens >= 2 && g.new_tokens <= 10000000,
+              path << ": generate.batch " << g.batch << ", prompt_tokens " << g.prompt_tokens << ", new_tokens "
+                   << g.new_tokens << " (1 to 10^6 sequences, 1 to 10^7 prompt and 2 to 10^7 new tokens)");
+  AERIE_CHECK(std::isfinite(g.seconds) && g.seconds > 0 && std::isfinite(g.first_seconds) && g.first_seconds >= 0 &&
+                  g.first_seconds < g.seconds,
+              path << ": generate.seconds " << g.seconds << " and first_seconds " << g.first_seconds
+                   << " (finite; the run of one new token shorter than the whole run)");
 }
 
 nlohmann::json train_json(const Calibration& c) {
@@ -84,7 +120,8 @@ nlohmann::json to_json(const Calibration& c) {
           {"allreduce", {{"bus_bytes_per_s", c.allreduce_bus_bytes_per_s}}},
           {"stream", {{"bytes_per_s", c.stream_bytes_per_s}}},
           {"generate", {{"batch", c.generate.batch}, {"prompt_tokens", c.generate.prompt_tokens},
-                        {"new_tokens", c.generate.new_tokens}, {"seconds", c.generate.seconds}}}};
+                        {"new_tokens", c.generate.new_tokens}, {"seconds", c.generate.seconds},
+                        {"first_seconds", c.generate.first_seconds}}}};
 }
 
 Calibration calibration_from_json(const nlohmann::json& j, const std::string& path) {
@@ -111,23 +148,16 @@ Calibration calibration_from_json(const nlohmann::json& j, const std::string& pa
     }
     c.ttt_steps = j.at("train").at("ttt_steps").get<int>();
     c.train_sample = curve_from(j.at("train").at("per_sample"), path, "train.per_sample");
-    c.train_step_seconds = j.at("train").value("step_seconds", 0.0);  // optional in v1 (an older aerie's: 0)
-    c.draft_vocab_size = j.at("train").value("draft_vocab_size", int64_t{0});
     if (j.at("train").contains("per_sample_alone"))  // optional in v1: a calibration of more than one rank
       c.train_sample_alone = curve_from(j.at("train").at("per_sample_alone"), path, "train.per_sample_alone");
     c.disk_write_bytes_per_s = j.at("disk").at("write_bytes_per_s").get<double>();
     c.disk_test_bytes = j.at("disk").at("test_bytes").get<int64_t>();
     c.writer_sample = curve_from(j.at("disk").at("writer_per_sample"), path, "disk.writer_per_sample");
     c.allreduce_bus_bytes_per_s = j.at("allreduce").at("bus_bytes_per_s").get<double>();
-    if (j.contains("generate")) {  // optional in v1 (an older aerie's: not measured)
-      const auto& g = j.at("generate");
-      c.generate = {g.at("batch").get<int64_t>(), g.at("prompt_tokens").get<int64_t>(), g.at("new_tokens").get<int64_t>(),
-                    g.at("seconds").get<double>()};
-    }
-    if (j.contains("stream")) c.stream_bytes_per_s = j.at("stream").at("bytes_per_s").get<double>();  // optional in v1
   } catch (const nlohmann::json::exception& e) {
     AERIE_THROW(path << ": " << e.what());
   }
+  read_optional_fields(j, path, c);
   AERIE_CHECK(c.tp >= 1 && c.world >= c.tp && c.hidden_size > 0 && !c.layers.empty(),
               path << ": tp " << c.tp << ", world " << c.world << ", hidden_size " << c.hidden_size << ", "
                    << c.layers.size() << " layer kinds: not a calibration of a target");
@@ -141,14 +171,13 @@ Calibration calibration_from_json(const nlohmann::json& j, const std::string& pa
   }
   check_curve(c.train_sample, "train.per_sample");
   check_curve(c.train_sample_alone, "train.per_sample_alone");
-  AERIE_CHECK(c.train_step_seconds >= 0 && std::isfinite(c.train_step_seconds),
-              path << ": train.step_seconds is " << c.train_step_seconds << " (seconds, >= 0)");
+  AERIE_CHECK(c.train_step_seconds >= 0 && std::isfinite(c.train_step_seconds) &&
+                  c.train_step_seconds <= c.train_sample.seconds.front(),
+              path << ": train.step_seconds is " << c.train_step_seconds << " (seconds, >= 0, and part of a step of one "
+                   << "sample: at most train.per_sample's first time " << c.train_sample.seconds.front() << ")");
   check_curve(c.writer_sample, "disk.writer_per_sample");
   AERIE_CHECK(c.disk_write_bytes_per_s > 0 && std::isfinite(c.disk_write_bytes_per_s),
               path << ": disk.write_bytes_per_s is " << c.disk_write_bytes_per_s << " (a rate above 0)");
-  AERIE_CHECK(c.generate.seconds >= 0 && std::isfinite(c.generate.seconds) && c.generate.batch >= 0 &&
-                  c.generate.prompt_tokens >= 0 && c.generate.new_tokens >= 0,
-              path << ": generate holds a negative or non-finite value");
   AERIE_CHECK(c.stream_bytes_per_s >= 0 && std::isfinite(c.stream_bytes_per_s),
               path << ": stream.bytes_per_s is " << c.stream_bytes_per_s << " (a rate, 0 when not measured)");
   return c;
@@ -240,22 +269,29 @@ JobTime plan_stream(const Calibration& c, const Workload& w, double drawn) {
   return st;
 }
 
-// generate: each response's prompt is prefilled (a forward of its tokens) and its new tokens decoded gen_batch at a
-// time; a new token costs what the measured run's did beyond its prefills (c.generate), per tp group.
+// generate: each response's prompt is prefilled and its new tokens decoded, gen_batch at a time per tp group. From
+// the calibration's two runs: the run of one new token is the prefills (and one step), scaled to the plan's prompt
+// length along the forward's curve; the rest of the whole run, per new token, is the decoding.
 JobTime plan_generate(const Calibration& c, const Workload& w) {
   const Calibration::Generation& g = c.generate;
-  AERIE_CHECK(g.seconds > 0 && g.batch > 0 && g.new_tokens > 0,
-              "plan: the calibration holds no generate measurement (calibrate with this aerie)");
+  AERIE_CHECK(g.seconds > 0, "plan: the calibration holds no generate measurement (an older aerie's): calibrate again");
   AERIE_CHECK(w.gen_prompt_tokens >= 1 && w.gen_new_tokens >= 1 && w.gen_prompt_tokens <= 1e7 && w.gen_new_tokens <= 1e7,
               "plan: generate needs 1 to 10^7 prompt and new tokens per response (got " << w.gen_prompt_tokens << ", "
                                                                                          << w.gen_new_tokens << ")");
-  const double measured_prefill = static_cast<double>(g.batch) * c.forward_seconds(static_cast<double>(g.prompt_tokens));
-  const double per_new_token = std::max(0.0, g.seconds - measured_prefill) / static_cast<double>(g.batch * g.new_tokens);
+  // An older file has no first_seconds: its prefills estimated from the forward's curve.
+  const double prefills = g.first_seconds > 0 ? g.first_seconds
+                                              : static_cast<double>(g.batch) * c.forward_seconds(static_cast<double>(g.prompt_tokens));
+  const double per_new_token = (g.seconds - prefills) / static_cast<double>(g.batch * (g.new_tokens - (g.first_seconds > 0)));
+  AERIE_CHECK(per_new_token > 0, "plan: the calibration's generate run of " << g.new_tokens << " new tokens took "
+                                     << g.seconds << " s, no longer than its prefills (" << prefills
+                                     << " s): too short to time; calibrate with more --gen-new-tokens or --min-time");
+  const double fwd_cal = c.forward_seconds(static_cast<double>(g.prompt_tokens));
+  const double prefill = prefills / static_cast<double>(g.batch) *
+                         (fwd_cal > 0 ? c.forward_seconds(w.gen_prompt_tokens) / fwd_cal : w.gen_prompt_tokens / g.prompt_tokens);
   const double responses = static_cast<double>(w.gen_responses);
   JobTime j;
   j.job = "generate";
-  j.compute_seconds = (responses * c.forward_seconds(w.gen_prompt_tokens) + responses * w.gen_new_tokens * per_new_token) /
-                      (w.world / w.tp);
+  j.compute_seconds = responses * (prefill + w.gen_new_tokens * per_new_token) / (w.world / w.tp);
   j.seconds = j.compute_seconds;
   j.bound = "compute";
   return j;

@@ -47,10 +47,11 @@ struct Calibration {
   int64_t disk_test_bytes = 0;
   double allreduce_bus_bytes_per_s = 0;  // the tp group's all-reduce of [T, H] bf16 (0 at tp 1)
   /// aerie generate's decoding of the whole target on one tp group: `batch` sequences of `prompt_tokens` random
-  /// ids decoding `new_tokens` each (BatchDecoder, prefills included), in `seconds` (0: not measured).
+  /// ids decoding `new_tokens` each (BatchDecoder, prefills included), in `seconds` (0: not measured), and the same
+  /// sequences decoding one token each in `first_seconds` (their prefills; 0 in an older file).
   struct Generation {
     int64_t batch = 0, prompt_tokens = 0, new_tokens = 0;
-    double seconds = 0;
+    double seconds = 0, first_seconds = 0;
   } generate;
   /// One rank's MPI messages to another, as the streaming train sends a sample's hidden states (bytes/s; 0: not
   /// measured, a calibration of one rank or of an older aerie).

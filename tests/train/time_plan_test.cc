@@ -277,8 +277,44 @@ TEST(TimePlan, Generate) {
   const Calibration d = calibration_from_json(to_json(c), "c.json");
   EXPECT_EQ(d.generate.batch, 10);
   EXPECT_DOUBLE_EQ(d.generate.seconds, 3.7);
+  // With the run of one new token measured (its prefills and one step, 1.7 s), the other 50 steps of the 51 are
+  // the decoding: the same 4 ms a token.
+  c.generate = {10, 100, 51, 3.7, 1.7};
+  EXPECT_NEAR(plan_time(c, w)[0].seconds, (1000 * 1.7 + 1000 * 200 * 0.004) / 2, 1e-6);
+  EXPECT_DOUBLE_EQ(calibration_from_json(to_json(c), "c.json").generate.first_seconds, 1.7);
+  // A run no longer than its prefills cannot be timed per token: refused, not planned at 0 s a token.
+  c.generate = {10, 100, 50, 1.0};
+  EXPECT_NE(testing::error_of([&] { plan_time(c, w); }).find("too short to time"), std::string::npos);
   c.generate = {};
   EXPECT_NE(testing::error_of([&] { plan_time(c, w); }).find("no generate measurement"), std::string::npos);
+}
+
+// The fields version 1 gained later: named when mistyped or out of range.
+TEST(TimePlan, LaterFieldsAreCheckedByName) {
+  Calibration c = example();
+  c.generate = {10, 100, 51, 3.7, 1.7};
+  auto refused = [](nlohmann::json j, const std::string& want) {
+    const std::string e = testing::error_of([&] { calibration_from_json(j, "x/c.json"); });
+    EXPECT_NE(e.find(want), std::string::npos) << e;
+  };
+  nlohmann::json j = to_json(c);
+  j["generate"]["batch"] = "ten";
+  refused(j, "x/c.json: generate.batch must be an integer");
+  j = to_json(c);
+  j["stream"]["bytes_per_s"] = nullptr;
+  refused(j, "stream.bytes_per_s must be a number");
+  j = to_json(c);
+  j["generate"]["prompt_tokens"] = 0;
+  refused(j, "generate.batch 10, prompt_tokens 0");
+  j = to_json(c);
+  j["generate"]["first_seconds"] = 5.0;
+  refused(j, "the run of one new token shorter");
+  j = to_json(c);
+  j["train"]["draft_vocab_size"] = -1;
+  refused(j, "train.draft_vocab_size is -1");
+  j = to_json(c);
+  j["train"]["step_seconds"] = 0.5;  // above the step of one sample at the shortest length (0.1 s)
+  refused(j, "train.step_seconds is 0.5");
 }
 
 TEST(TimePlan, RefusesWhatTheCalibrationDidNotMeasure) {
