@@ -19,6 +19,7 @@ os.replace(dst + ".tmp", dst)
 PY
   fi
   nprompts=$(wc -l < "$bench")
+  [ "${NUM_PROMPTS:-0}" -gt 0 ] && [ "$NUM_PROMPTS" -lt "$nprompts" ] && nprompts=$NUM_PROMPTS  # eval's --num-prompts
   drafts=(); for d in $draft_list; do [ -f "$out/export_${d}_eagle3/config.json" ] && drafts+=("$d"); done
   return 0
 }
