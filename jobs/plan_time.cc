@@ -44,6 +44,19 @@ void print_stream_line(const JobTime& t, const Calibration& c, const Workload& w
   std::printf("\n");
 }
 
+/// f(), an aerie::Error it throws reworded as a UsageError naming `option`: a file the user gave that cannot be
+/// read is the user's input, as a bad option is (exit status 2; 1 stays "does not fit").
+template <typename F>
+auto as_usage(const char* option, F&& f) {
+  try {
+    return f();
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    throw UsageError(std::string("aerie plan: ") + option + " " + e.what());
+  }
+}
+
 }  // namespace
 
 void add_time_plan_options(po::options_description& desc) {
@@ -89,16 +102,7 @@ void print_time_plan(const po::variables_map& vm, const TargetConfig& target, in
   } catch (const nlohmann::json::exception& e) {
     throw UsageError("aerie plan: --calibration " + path + ": " + e.what());
   }
-  // A file that is not a calibration is the user's input, as a bad option is: exit status 2 (1 stays "does not fit").
-  const Calibration c = [&] {
-    try {
-      return calibration_from_json(j, path);
-    } catch (const UsageError&) {
-      throw;
-    } catch (const Error& e) {
-      throw UsageError(std::string("aerie plan: --calibration ") + e.what());
-    }
-  }();
+  const Calibration c = as_usage("--calibration", [&] { return calibration_from_json(j, path); });
   // The calibration must be of this target: its hidden size and its layers of each kind (the shards' bytes and the
   // forward's).
   int64_t moe = 0, cal_dense = 0, cal_moe = 0;
@@ -113,15 +117,7 @@ void print_time_plan(const po::variables_map& vm, const TargetConfig& target, in
   if (const std::string prepared = vm["prepared"].as<std::string>(); !prepared.empty()) {
     AERIE_USAGE_CHECK(vm["samples"].defaulted() && vm["mean-tokens"].defaulted(),
                       "aerie plan: --prepared gives the samples and their lengths: drop --samples / --mean-tokens");
-    const PreparedFile p = [&] {
-      try {
-        return PreparedFile(prepared);
-      } catch (const UsageError&) {
-        throw;
-      } catch (const Error& e) {
-        throw UsageError(std::string("aerie plan: --prepared ") + e.what());
-      }
-    }();
+    const PreparedFile p = as_usage("--prepared", [&] { return PreparedFile(prepared); });
     const std::vector<int64_t>& off = p.sample_offsets();
     for (size_t i = 0; i + 1 < off.size(); ++i) w.lengths.push_back(off[i + 1] - off[i]);
     AERIE_USAGE_CHECK(!w.lengths.empty(), "aerie plan: --prepared " << prepared << " holds no samples");

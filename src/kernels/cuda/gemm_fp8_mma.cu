@@ -13,6 +13,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/attention_mma.cuh"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemm.h"
 
@@ -22,10 +23,9 @@ namespace {
 constexpr int kBM = 64, kBN = 64, kBK = 128, kPad = 16, kRow = kBK + kPad, kThreads = 128;
 constexpr int kStageBytes = (kBM + kBN) * kRow;
 
-__device__ __forceinline__ void cp16(uint32_t dst, const void* src, bool valid) {
-  const int n = valid ? 16 : 0;  // 0: sixteen zero bytes, nothing read
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
-}
+using attn::cp_async16;  // the attention kernels' cp.async wrappers (attention_mma.cuh)
+using attn::cp_async_commit;
+using attn::cp_async_wait;
 
 __device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
@@ -52,9 +52,9 @@ __device__ __forceinline__ void load_stage(uint32_t stage, const uint8_t* x, con
     const bool valid = (is_x ? r < m : r < n) && col < k;
     const uint8_t* src = is_x ? x : w;
     if (valid) src += r * k + col;
-    cp16(stage + static_cast<uint32_t>(row * kRow + chunk * 16), src, valid);
+    cp_async16(stage + static_cast<uint32_t>(row * kRow + chunk * 16), src, valid);
   }
-  asm volatile("cp.async.commit_group;\n" ::);
+  cp_async_commit();
 }
 
 template <typename TY>
@@ -74,9 +74,9 @@ __global__ void __launch_bounds__(kThreads) fp8_block_mma_kernel(const uint8_t* 
   for (int64_t b = 0; b < blocks; ++b) {
     if (b + 1 < blocks) {
       load_stage(base + static_cast<uint32_t>(((b + 1) & 1) * kStageBytes), x, w, m, n, k, m0, n0, (b + 1) * kBK);
-      asm volatile("cp.async.wait_group 1;\n" ::);
+      cp_async_wait<1>();
     } else {
-      asm volatile("cp.async.wait_group 0;\n" ::);
+      cp_async_wait<0>();
     }
     __syncthreads();
     const uint8_t* sx = smem + (b & 1) * kStageBytes;
