@@ -12,7 +12,7 @@ aerie="$1" src="$2" out="$3"
 rm -rf "$out" && mkdir -p "$out"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 OPENBLAS_NUM_THREADS=1
 fail() { echo "calibrate.sh: FAIL: $*" >&2; exit 1; }
-fast=(--device cpu --tokens 16,48 --train-tokens 16,48 --gen-prompt-tokens 8 --gen-new-tokens 4 --disk-mib 1 --iters 1 --min-time 0.01)
+fast=(--device cpu --tokens 16,48 --train-tokens 16,48 --gen-prompt-tokens 8 --gen-new-tokens 32 --disk-mib 1 --iters 1 --min-time 0.01)
 for m in qwen2 qwen3_moe mixtral; do  # mixtral's fixture: 2 layers, below the default aux layers
   mpirun -np 2 "$aerie" calibrate --model "$src/tests/model/fixtures/hf/$m" --output "$out/$m.json" --tp 1 "${fast[@]}" \
     > "$out/$m.log" 2>&1 || { cat "$out/$m.log"; fail "calibrate $m"; }
