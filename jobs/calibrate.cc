@@ -78,8 +78,10 @@ std::vector<int64_t> parse_counts(const std::string& s, const char* option) {
 /// Seconds of one call of f on every rank of `c` (the slowest rank's: one all-reduce max), the device synchronised
 /// around the timed calls: after one untimed call, enough calls for about `min_seconds` (at least `iters`; the ranks
 /// agree on the count, so that collectives inside f pair up), and the median of three such runs (a laptop's noise).
+/// `c` is an MPI communicator (host buffers) over the ranks that run f, also where f's own collectives go through
+/// NCCL: the agreement is a host float, which an NcclCommunicator refuses.
 template <typename F>
-double timed(Communicator& c, Device device, int iters, double min_seconds, F&& f) {
+double timed(MpiCommunicator& c, Device device, int iters, double min_seconds, F&& f) {
   auto sync = [&] {
     if (device == Device::CUDA) cuda::synchronize();
   };
@@ -125,7 +127,7 @@ TargetConfig truncated(const TargetConfig& cfg, const std::vector<bool>& moe) {
 /// aerie generate's decoding on `model`: opt.gen_batch sequences of opt.gen_prompt random prompt ids, each decoding
 /// `new_tokens` greedily with no stop id, through model/sampling.h's BatchDecoder (the job's engine, continuous
 /// batching); the seconds of the whole run, prefills included.
-double time_generation(TargetModel& model, const TargetConfig& cfg, Communicator& tp, Device device,
+double time_generation(TargetModel& model, const TargetConfig& cfg, MpiCommunicator& tp, Device device,
                        const CalibrateOptions& opt, int64_t new_tokens) {
   return timed(tp, device, 1, opt.min_seconds, [&] {
     BatchDecoder decoder(model, opt.gen_batch, {}, SamplingParams{});
@@ -137,7 +139,8 @@ double time_generation(TargetModel& model, const TargetConfig& cfg, Communicator
 }
 
 /// The forward by layer kind: base and per-layer seconds at each of opt.tokens (see the file comment).
-void measure_forward(const TargetConfig& cfg, TargetDevice& dev, const CalibrateOptions& opt, Calibration& cal) {
+void measure_forward(const TargetConfig& cfg, ParallelGroups& groups, TargetDevice& dev, const CalibrateOptions& opt,
+                     Calibration& cal) {
   int64_t n_moe = 0;
   for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) n_moe += cfg.moe.is_moe_layer(l) ? 1 : 0;
   const bool first_moe = cfg.moe.is_moe_layer(0);
@@ -157,10 +160,11 @@ void measure_forward(const TargetConfig& cfg, TargetDevice& dev, const Calibrate
     const std::vector<int> aux = {0, n / 2, n - 1};  // three captures, as extract's
     for (const int64_t T : opt.tokens) {
       const std::vector<int32_t> ids = random_ids(T, cfg.vocab_size, static_cast<uint32_t>(T));
-      t[s].push_back(timed(*dev.tp, dev.options.device, opt.iters, opt.min_seconds, [&] { model.forward(ids, nullptr, aux, false); }));
+      t[s].push_back(timed(*groups.tp, dev.options.device, opt.iters, opt.min_seconds,
+                           [&] { model.forward(ids, nullptr, aux, false); }));
     }
-    gen[s] = time_generation(model, cfg, *dev.tp, dev.options.device, opt, opt.gen_new);
-    gen1[s] = time_generation(model, cfg, *dev.tp, dev.options.device, opt, 1);  // the prefills and one step
+    gen[s] = time_generation(model, cfg, *groups.tp, dev.options.device, opt, opt.gen_new);
+    gen1[s] = time_generation(model, cfg, *groups.tp, dev.options.device, opt, 1);  // the prefills and one step
   }
   LayerKindTimes first{first_moe ? "moe" : "dense", n_first, {opt.tokens, {}}};
   LayerKindTimes second{first_moe ? "dense" : "moe", cfg.num_hidden_layers - n_first, {opt.tokens, {}}};
@@ -324,12 +328,13 @@ void measure_writer(const TargetConfig& cfg, ParallelGroups& groups, const Targe
 }
 
 /// The tp group's all-reduce of [T, H] bf16 at the largest --tokens: its bus bandwidth (2 (n-1)/n bytes / s).
-void measure_allreduce(const TargetConfig& cfg, TargetDevice& dev, const CalibrateOptions& opt, Calibration& cal) {
+void measure_allreduce(const TargetConfig& cfg, ParallelGroups& groups, TargetDevice& dev, const CalibrateOptions& opt,
+                       Calibration& cal) {
   const int n = dev.tp->size();
   if (n == 1) return;
   const int64_t T = opt.tokens.back(), H = cfg.hidden_size;
   Tensor x = Tensor::zeros({T, H}, dev.options.dtype, dev.options.device);
-  const double s = timed(*dev.tp, dev.options.device, opt.iters, opt.min_seconds, [&] { dev.tp->all_reduce_sum(x); });
+  const double s = timed(*groups.tp, dev.options.device, opt.iters, opt.min_seconds, [&] { dev.tp->all_reduce_sum(x); });
   const double bytes = static_cast<double>(T * H) * (dev.options.dtype == DType::BF16 ? 2 : 4);
   cal.allreduce_bus_bytes_per_s = 2.0 * (n - 1) / n * bytes / std::max(1e-9, s);
 }
@@ -337,7 +342,7 @@ void measure_allreduce(const TargetConfig& cfg, TargetDevice& dev, const Calibra
 /// The streaming train's messages: world rank 0 sends one sample's hidden states (aux [T, 3H] and final [T, H] in
 /// bf16, T the longest --train-tokens, at most 256 MiB) to the last world rank over MPI, as a replica leader sends
 /// them to a trainer (host buffers). Needs 2 ranks; the others wait.
-void measure_stream(const TargetConfig& cfg, Communicator& world, Device device, const CalibrateOptions& opt,
+void measure_stream(const TargetConfig& cfg, MpiCommunicator& world, Device device, const CalibrateOptions& opt,
                     Calibration& cal) {
   const int n = world.size(), rank = world.rank();
   if (n < 2) return;
@@ -490,11 +495,11 @@ int calibrate(const std::vector<std::string>& args) {
       AERIE_LOG(info) << "calibrate: " << what << " measured in "
                       << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() << " s";
   };
-  step("the forward by layer kind", [&] { measure_forward(cfg, dev, opt, cal); });
+  step("the forward by layer kind", [&] { measure_forward(cfg, groups, dev, opt, cal); });
   step("the draft's step", [&] { measure_train(cfg, dev, opt, cal); });
   step("the disk", [&] { measure_disk(cfg, groups, opt, cal); });
   step("the shard writer", [&] { measure_writer(cfg, groups, dev, opt, cal); });
-  if (tp > 1) step("the tp all-reduce", [&] { measure_allreduce(cfg, dev, opt, cal); });
+  if (tp > 1) step("the tp all-reduce", [&] { measure_allreduce(cfg, groups, dev, opt, cal); });
   if (world > 1) step("the streaming messages", [&] { measure_stream(cfg, *groups.world, dev.options.device, opt, cal); });
   if (rank0) {
     const std::string tmp = output + ".tmp";

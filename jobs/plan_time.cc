@@ -22,7 +22,9 @@ std::string bytes_text(double b) {
 
 std::string hours(double s) {
   char buf[64];
-  if (s < 600)
+  if (s < 10)  // a check run's jobs: two decimals to compare with the jobs' own times
+    std::snprintf(buf, sizeof buf, "%.2f s", s);
+  else if (s < 600)
     std::snprintf(buf, sizeof buf, "%.1f s", s);
   else if (s < 7200)
     std::snprintf(buf, sizeof buf, "%.1f min", s / 60);

@@ -31,8 +31,10 @@ tiktoken.model and tokenizer_config.json are copied.
 
 Weights: normal(0, 0.02) (initializer_range) with numpy's PCG64 from --seed, norms 1, the correction bias 0; the
 lm_head's standard deviation is --lm-head-std (default 0.1): a random model's logits are otherwise so flat that
-bf16 roundings of two engines pick different argmaxes at most steps, and their greedy outputs part at once. The
-weights are random: what a draft learns of this target measures whether an engine serves the draft as trained,
+bf16 roundings of two engines pick different argmaxes at most steps, and their greedy outputs part at once; the
+routers' is --router-std (default 0.02), at which the top-k experts of a token flip between two engines' roundings
+often enough that their greedy outputs part within a few dozen tokens (a draft trained on one engine's answers then
+meets other continuations in the other). The weights are random: what a draft learns of this target measures whether an engine serves the draft as trained,
 not a draft's quality. Needs numpy only (the safetensors file and the e4m3 rounding are written here).
 """
 import argparse
@@ -248,6 +250,8 @@ def main(argv):
     p.add_argument("--experts", type=int, default=16)
     p.add_argument("--experts-per-token", type=int, default=4)
     p.add_argument("--lm-head-std", type=float, default=0.1)
+    p.add_argument("--router-std", type=float, default=0.02,
+                   help="standard deviation of the routers' gate.weight: larger keeps the top-k choice away from ties")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
     for name in ("hidden", "q_lora_rank", "intermediate", "moe_intermediate"):
@@ -285,7 +289,7 @@ def main(argv):
                                (h, a.intermediate, "down_proj")):
                 w.linear(mlp + name, n, k, rng, 0.02, fp8)
             continue
-        w.add(mlp + "gate.weight", "BF16", to_bf16(rng.normal(0, 0.02, (a.experts, h)).astype(np.float32)))
+        w.add(mlp + "gate.weight", "BF16", to_bf16(rng.normal(0, a.router_std, (a.experts, h)).astype(np.float32)))
         w.add(mlp + "gate.e_score_correction_bias", "F32", np.zeros(a.experts, np.float32))
         for e in [f"experts.{i}." for i in range(a.experts)] + ["shared_experts."]:
             m, int4 = a.moe_intermediate, kimi and e != "shared_experts."
