@@ -180,7 +180,8 @@ RunStart start_or_resume(TrainOptions& opts, Communicator& dp, bool streamed, co
       ck.config = opts.apply_draft_shape(DraftConfig::from_target(target, ck.vocab.draft_vocab_size(), shards.aux_layers,
                                                                    opts.draft_attention == "mla"));
       // Initialised on the host (the checkpoint's copy); the device copy is made below.
-      const Tensor lm_host = head.lm_head.device() == Device::CPU ? head.lm_head : head.lm_head.to_device(Device::CPU);
+      const Tensor lm_host = (head.lm_head.device() == Device::CPU ? head.lm_head : head.lm_head.to_device(Device::CPU))
+                                 .to(DType::F32);  // a BF16 head on a GPU: its stored values, widened exactly
       if (opts.init_draft.empty()) {
         ck.weights =
             init_draft_weights(ck.config, lm_host, ck.vocab.selected(), opts.seed, opts.lm_head_init == "random");

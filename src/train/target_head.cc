@@ -11,10 +11,12 @@ TargetHead load_target_head(const std::string& dir, const TargetConfig& cfg) {
   h.embed_tokens = ck.get(ck.decoder_prefix() + "embed_tokens.weight", shape);
   if (cfg.tie_word_embeddings) {
     h.lm_head = h.embed_tokens;
+    h.lm_head_stored = ck.dtype_of(ck.decoder_prefix() + "embed_tokens.weight");
   } else {
     AERIE_CHECK(!ck.lm_head_name().empty(), ck.file_of("lm_head.weight")
                                                 << ": no tensor \"lm_head.weight\" and tie_word_embeddings is false");
     h.lm_head = ck.get(ck.lm_head_name(), shape);
+    h.lm_head_stored = ck.dtype_of(ck.lm_head_name());
   }
   // A NaN or an infinity in the target's embedding or lm_head (a broken weight) would end training with a
   // non-finite gradient norm whose advice (lower --lr) is beside the point: named here instead.

@@ -12,6 +12,7 @@ namespace aerie {
 struct TargetHead {
   Tensor embed_tokens;  // [V, H] F32: model.embed_tokens.weight
   Tensor lm_head;       // [V, H] F32: lm_head.weight, or the same storage as embed_tokens when tied
+  DType lm_head_stored = DType::F32;  // the checkpoint's dtype of W_lm (of embed_tokens when tied)
 };
 
 /// Reads <P>embed_tokens.weight and the lm_head (unless cfg.tie_word_embeddings) from `dir`'s

@@ -59,13 +59,19 @@ ShardSet training_shards(const TrainOptions& opts, const TargetConfig& target, c
   return shards;
 }
 
-// The target's embedding and lm_head, frozen, on `dev` (uploaded once; a tied lm_head stays one tensor).
+// The target's embedding and lm_head, frozen, on `dev` (uploaded once). On a GPU an lm_head stored in BF16 is held
+// in BF16 (a tied one as a copy beside the F32 embedding): the targets' [T, H] x [H, V] GEMM (make_ttt_sample) runs
+// in lm_head's dtype, and in FP32 it took as long as the draft's whole step (Kimi-K2.5's V 163840); the BF16 values
+// are the stored ones and the shards' z is BF16, so only the order of the fp32 sums changes. Otherwise a tied
+// lm_head stays one tensor with the embedding.
 TargetHead load_head(const std::string& model_dir, const TargetConfig& target, Device dev) {
   TargetHead head = load_target_head(model_dir, target);
   if (dev != Device::CPU) {
     const bool tied = head.lm_head.raw() == head.embed_tokens.raw();
+    const bool bf16 = head.lm_head_stored == DType::BF16;
+    if (bf16) head.lm_head = head.lm_head.to(DType::BF16).to_device(dev);
     head.embed_tokens = head.embed_tokens.to_device(dev);
-    head.lm_head = tied ? head.embed_tokens : head.lm_head.to_device(dev);
+    if (!bf16) head.lm_head = tied ? head.embed_tokens : head.lm_head.to_device(dev);
   }
   return head;
 }
@@ -143,6 +149,10 @@ class StepLoop {
   int64_t steps_run_ = 0, empty_steps_ = 0;  // empty: no TTT row of step 0 in the whole global batch
   int64_t skipped_local_ = 0;                // non-finite samples skipped (this rank)
   double total_data_wait_ = 0;               // seconds this rank's loop waited for shard reads (rank 0's is logged)
+  // Where the loop's time went on this rank: the samples made ready (read, targets made, sent to the device) and
+  // train_step (forward, backward, all-reduce, update; both end on a host read, so the device is done).
+  double load_seconds_ = 0, step_seconds_ = 0;
+  double take_seconds_ = 0, targets_seconds_ = 0, to_device_seconds_ = 0;  // parts of load_seconds_
   std::chrono::steady_clock::time_point loop_start_;
 };
 
@@ -196,10 +206,15 @@ void StepLoop::run() {
   while (st_.step < total_) {
     const int64_t step = st_.step;
     const std::vector<int64_t> mine = BatchOrder::rank_share(order_.batch(step), rank_, dp_.size());
+    const auto t_load = std::chrono::steady_clock::now();
     const std::vector<TTTSample> local = load_samples(step, mine);
     const double lr = sched_.at(step);
+    const auto t_step = std::chrono::steady_clock::now();
     const StepMetrics m = train_step(ck_.config, w_, opt_, head_.embed_tokens, local, ck_.vocab, opts_.ttt_steps, lr,
                                      opts_.max_grad_norm, dp_, scratch_, nccl_.get(), recipe_);
+    const auto t_done = std::chrono::steady_clock::now();
+    load_seconds_ += std::chrono::duration<double>(t_step - t_load).count();
+    step_seconds_ += std::chrono::duration<double>(t_done - t_step).count();
     check_grad_norm(m, step, mine);
     ++steps_run_;
     count_empty_step(m, step, mine);
@@ -218,7 +233,11 @@ void StepLoop::run() {
 std::vector<TTTSample> StepLoop::load_samples(int64_t step, const std::vector<int64_t>& mine) {
   std::vector<TTTSample> local;
   std::string skipped_here;  // this rank's non-finite samples of the step, for the message
+  auto now = [] { return std::chrono::steady_clock::now(); };
+  auto since = [&](std::chrono::steady_clock::time_point t) { return std::chrono::duration<double>(now() - t).count(); };
+  auto t = now();
   std::vector<LoadedSample> loaded = source_.take(step, mine);
+  take_seconds_ += since(t);
   for (size_t j = 0; j < mine.size(); ++j) {
     const SampleRef ref = st_.split.locate(mine[j]);
     HiddenSample hs = std::move(loaded[j].hs);
@@ -244,9 +263,13 @@ std::vector<TTTSample> StepLoop::load_samples(int64_t step, const std::vector<in
       continue;
     }
     // The targets are made where W_lm lives (final_hidden goes there); f goes to the device once.
+    t = now();
     local.push_back(make_ttt_sample(std::move(hs.ids), std::move(hs.loss_mask), std::move(hs.aux_hidden),
                                     hs.final_hidden, head_.lm_head, selected_));
+    targets_seconds_ += since(t);
+    t = now();
     if (dev_ != Device::CPU) local.back().aux_hidden = local.back().aux_hidden.to_device(dev_);
+    to_device_seconds_ += since(t);
   }
   // Every rank's count of kept and skipped samples: a step none of whose samples is finite stops the run.
   Tensor kept = Tensor::from_vector<int64_t>({static_cast<int64_t>(local.size()), skipped_local_}, {2});
@@ -410,6 +433,15 @@ void StepLoop::finish() {
     AERIE_LOG(info) << "train: the steps waited " << std::fixed << std::setprecision(1) << total_data_wait_
                     << " s for shard reads (" << (loop_s > 0 ? 100.0 * total_data_wait_ / loop_s : 0.0)
                     << "% of " << loop_s << " s; read one step ahead)";
+  }
+  if (rank_ == 0 && steps_run_ > 0) {
+    const double loop_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - loop_start_).count();
+    AERIE_LOG(info) << "train: rank 0's loop: " << std::fixed << std::setprecision(1) << load_seconds_
+                    << " s making the samples ready (taken " << take_seconds_ << " s, the target's distributions "
+                    << targets_seconds_ << " s, to the device " << to_device_seconds_ << " s), " << step_seconds_
+                    << " s in the steps (forward, backward, gradients, update), "
+                    << std::max(0.0, loop_s - load_seconds_ - step_seconds_) << " s the rest (logs, checkpoints, "
+                    << "held-out scoring) of " << loop_s << " s";
   }
   AERIE_CHECK(steps_run_ == 0 || empty_steps_ < steps_run_,
               "train: none of the " << steps_run_ << " steps had a trainable row (loss 0, nothing learned): the "

@@ -29,6 +29,20 @@ TEST(TargetHeadHf, ShardedF16) {
   EXPECT_EQ(h.embed_tokens.to_float_vector(), stored(dir, "model.embed_tokens.weight"));
   EXPECT_EQ(h.lm_head.to_float_vector(), stored(dir, "lm_head.weight"));
   EXPECT_NE(h.lm_head.raw(), h.embed_tokens.raw());
+  EXPECT_EQ(h.lm_head_stored, DType::F16);  // what the train job keeps on a GPU in BF16 only when it is BF16
+}
+
+TEST(TargetHeadHf, RecordsTheStoredDtypeOfWlm) {
+  SafetensorsFile f = load_safetensors(fixture("qwen2") + "/model.safetensors");
+  f.tensors.at("lm_head.weight") = f.tensors.at("lm_head.weight").to(DType::BF16);
+  const std::string dir = testing::scratch_dir("target_head_bf16");
+  save_safetensors(dir + "/model.safetensors", f);
+  std::filesystem::copy_file(fixture("qwen2") + "/config.json", dir + "/config.json",
+                             std::filesystem::copy_options::overwrite_existing);
+  TargetHead h = load_target_head(dir, load_target_config(dir));
+  EXPECT_EQ(h.lm_head_stored, DType::BF16);
+  EXPECT_EQ(h.lm_head.dtype(), DType::F32);  // widened on the host, exactly
+  EXPECT_EQ(h.lm_head.to_float_vector(), f.tensors.at("lm_head.weight").to_float_vector());
 }
 
 TEST(TargetHeadHf, TiedSharesStorage) {
