@@ -164,6 +164,12 @@ class Comparisons(unittest.TestCase):
         self.assertEqual(ee.lossless_check(rs, plain, spec, limit=1)[1][0]["index"], 1)
         self.assertEqual(ee.lossless_check(rs, plain, plain), (0, []))
 
+    def test_first_difference(self):
+        self.assertEqual(ee.first_difference([1, 2, 3], [1, 2, 4]), 2)
+        self.assertEqual(ee.first_difference([1, 2], [1, 2, 3]), 2)  # one extends the other
+        self.assertEqual(ee.first_difference([5], [6]), 0)
+        self.assertIsNone(ee.first_difference([5], [5]))
+
     def test_stopped_outside_stop_ids(self):
         rs = [record(0, [1], stop_ids=[2]), record(1, [1], stop_ids=[2]), record(2, [1], stop_ids=[2])]
         self.assertEqual(ee.stopped_outside(rs, [[5, 2], [5, 6, 7], [5, 6]], 3), 1)  # only [5, 6]
@@ -255,6 +261,9 @@ class Script(TempDir):
         self.assertEqual(per["writing"]["lossless"], False)
         self.assertEqual(per["coding"]["lossless"], True)
         self.assertEqual(j["matches_aerie_greedy"], 1)
+        d = j["aerie_greedy_first_difference"]  # the other 3 part from aerie's greedy somewhere
+        self.assertLessEqual(d["min"], d["median"])
+        self.assertLessEqual(d["median"], d["max"])
         self.assertEqual(j["tokens_generated"], 4 * self.N)
         self.assertGreater(j["tokens_per_second_plain"], 0)
         self.assertAlmostEqual(j["speedup"], j["tokens_per_second_spec"] / j["tokens_per_second_plain"])

@@ -69,8 +69,8 @@ serve_summary() {
 import glob, json, os, sys
 out, engine, n, title = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 lines = [f"# aerie eval vs {engine} on {title} ({n} prompts)", "",
-         "| draft | format | K | benchmark | prompts | aerie | engine | diff | engine lossless |",
-         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+         "| draft | format | K | benchmark | prompts | aerie | engine | diff | engine lossless | engine plain = aerie greedy |",
+         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
 for path in sorted(glob.glob(os.path.join(out, engine + "_*_k*.json"))):
     name = os.path.basename(path)[len(engine) + 1:-5]
     d, fmt, k = name.rsplit("_", 2)
@@ -83,8 +83,11 @@ for path in sorted(glob.glob(os.path.join(out, engine + "_*_k*.json"))):
     for c, np_, al, el in rows:
         diff = f"{(el / al - 1) * 100:+.2f}%" if al and el else "-"
         f = lambda x: f"{x:.4f}" if isinstance(x, (int, float)) else "-"
+        part = e.get("aerie_greedy_first_difference")
+        same = f"{e.get('matches_aerie_greedy', '?')} / {e.get('num_prompts')}" + (
+            f" (others part at token {part['median']} in the median)" if part else "") if c == "all" else ""
         lines.append(f"| {d} | {fmt} | {k[1:]} | {c} | {np_} | {f(al)} | {f(el)} | {diff} | "
-                     f"{e.get('lossless')} ({e.get('lossless_mismatches', '?')} differ) |")
+                     f"{e.get('lossless')} ({e.get('lossless_mismatches', '?')} differ) | {same} |")
 open(os.path.join(out, "summary.md"), "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 PY
