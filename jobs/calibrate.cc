@@ -217,12 +217,19 @@ void measure_train(const TargetConfig& cfg, const TargetDevice& dev, const Calib
   MpiCommunicator world(MPI_COMM_WORLD, false);  // the ranks' times: the slowest counts
   for (const int64_t T : opt.train_tokens) {
     const std::vector<int32_t> ids = random_ids(T, V, static_cast<uint32_t>(T) + 5);
-    const Tensor aux = random({T, 3 * H}, 1.7f, 6), z = random({T, H}, 1.7f, 7);
-    std::vector<TTTSample> local{make_ttt_sample(ids, std::vector<uint8_t>(static_cast<size_t>(T), 1), aux, z, target_lm,
-                                                 selected)};
-    // The sample's target distribution is made per step as train makes it per sample drawn.
+    // The hidden states as the shard reader hands them to the step loop: F32 on the host.
+    const Tensor aux = random({T, 3 * H}, 1.7f, 6).to_device(Device::CPU).to(DType::F32),
+                 z = random({T, H}, 1.7f, 7).to_device(Device::CPU).to(DType::F32);
+    // A sample made ready as the step loop makes each sample drawn (train/trainer_run.cc load_samples): its target
+    // distribution where W_lm lives (BF16 on a GPU, as a BF16 checkpoint's), its aux hidden states to the device.
+    auto ready = [&] {
+      TTTSample t = make_ttt_sample(ids, std::vector<uint8_t>(static_cast<size_t>(T), 1), aux, z, target_lm, selected);
+      if (device != Device::CPU) t.aux_hidden = t.aux_hidden.to_device(device);
+      return t;
+    };
+    std::vector<TTTSample> local{ready()};
     auto step = [&] {
-      local[0] = make_ttt_sample(ids, std::vector<uint8_t>(static_cast<size_t>(T), 1), aux, z, target_lm, selected);
+      local[0] = ready();
       train_step(dc, w, adam, embed, local, vocab, opt.ttt_steps, 1e-5, 0.5, self, scratch);
     };
     cal.train_sample.seconds.push_back(timed(world, device, opt.iters, opt.min_seconds, step));
@@ -239,8 +246,8 @@ void measure_train(const TargetConfig& cfg, const TargetDevice& dev, const Calib
     if (T == opt.train_tokens.front()) {
       std::vector<TTTSample> two{local[0], local[0]};
       const double t2 = timed(world, device, opt.iters, opt.min_seconds, [&] {
-        two[0] = make_ttt_sample(ids, std::vector<uint8_t>(static_cast<size_t>(T), 1), aux, z, target_lm, selected);
-        two[1] = make_ttt_sample(ids, std::vector<uint8_t>(static_cast<size_t>(T), 1), aux, z, target_lm, selected);
+        two[0] = ready();
+        two[1] = ready();
         train_step(dc, w, adam, embed, two, vocab, opt.ttt_steps, 1e-5, 0.5, self, scratch);
       });
       cal.train_step_seconds = std::max(0.0, 2 * cal.train_sample.seconds.back() - t2);
