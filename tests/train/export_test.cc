@@ -1,5 +1,7 @@
 // The export directory (eagle3.md section 5): config keys and values copied from the target, tensor names,
 // dtypes and shapes, no embed_tokens, BOOL t2d, and load_export's round trip (bf16 rounding).
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +13,7 @@
 #include "io/safetensors.h"
 #include "train/checkpoint.h"
 #include "train/export.h"
+#include "train/target_head.h"
 #include "train/train_testing.h"
 
 namespace aerie {
@@ -635,6 +638,46 @@ TEST(ExportTest, LoadExportRejectsInconsistentVocab) {
   f.tensors.erase("t2d");
   save_safetensors(out + "/model.safetensors", f);
   EXPECT_THROW(load_export(out), Error);
+}
+
+// The MLA draft as vLLM 0.26.0 reads and computes it: tests/train/fixtures/vllm_mla_draft is an `export --for vllm`
+// of a `train --draft-attention mla` run on the deepseek_v3 fixture (YaRN factor 40 past its 64 original positions),
+// its tensors redrawn, with the step-0 logits that tools/reference/vllm_mla_draft_golden.py computes from vLLM's
+// released code (deepseek_eagle3.py, DeepseekV2MLAAttention, the deepseek_yarn rope) in float64. aerie's draft
+// loaded from the same directory gives the same logits: the config keys and tensors mean to aerie what they mean to
+// the engine. Row t: token ids[t] and aux hidden states aux[t] at position t (aerie's step-0 row t reads x_{t+1}).
+TEST(ExportTest, MlaDraftComputesWhatVllmsLayerComputes) {
+  const std::string src = std::string(AERIE_SOURCE_DIR), dir = src + "/tests/train/fixtures/vllm_mla_draft";
+  const std::string target_dir = src + "/tests/model/fixtures/hf/deepseek_v3";
+  const TargetConfig target = load_target_config(target_dir);
+  ExportedDraft d = load_export(dir, target.num_hidden_layers);
+  ASSERT_TRUE(d.config.is_mla());
+  SafetensorsFile g = load_safetensors(dir + "/golden.safetensors");
+  const Tensor& ids = g.tensors.at("ids");
+  const Tensor& aux = g.tensors.at("aux");
+  const Tensor& want = g.tensors.at("logits");
+  const int64_t T = ids.numel(), A = aux.dim(1), K = want.dim(1);
+  ASSERT_EQ(K, d.vocab.draft_vocab_size());
+  TTTSample s;
+  s.ids.push_back(0);  // x_0: step-0 row t reads x_{t+1}
+  for (int64_t t = 0; t < T; ++t) s.ids.push_back(ids.data<int32_t>()[t]);
+  s.loss_mask.assign(static_cast<size_t>(T + 1), 1);
+  s.aux_hidden = Tensor::zeros({T + 1, A}, DType::F32);
+  std::memcpy(s.aux_hidden.data<float>(), aux.data<float>(), sizeof(float) * static_cast<size_t>(T * A));
+  s.target_probs = Tensor::from_vector(std::vector<float>(static_cast<size_t>((T + 1) * K), 1.0f / static_cast<float>(K)),
+                                       {T + 1, K});
+  s.target_argmax.assign(static_cast<size_t>(T + 1), d.vocab.selected()[0]);
+  const Tensor embed = load_target_head(target_dir, target).embed_tokens;
+  std::vector<Tensor> logits;
+  ttt_forward_backward(d.config, d.weights, embed, s, d.vocab.d2t, d.vocab.t2d, 1, {1.0}, nullptr, &logits);
+  ASSERT_EQ(logits[0].shape(), want.shape());
+  double worst = 0, mag = 0;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    worst = std::max(worst, std::fabs(static_cast<double>(logits[0].data<float>()[i]) - want.data<float>()[i]));
+    mag = std::max(mag, std::fabs(static_cast<double>(want.data<float>()[i])));
+  }
+  EXPECT_GT(mag, 0.5);  // logits of some size: a draft that outputs ~0 everywhere would pass a loose bound
+  EXPECT_LT(worst, 2e-4 * (1 + mag)) << "largest logit " << mag;
 }
 
 }  // namespace
