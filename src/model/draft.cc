@@ -121,6 +121,15 @@ nlohmann::json DraftConfig::to_json() const {
   j["max_position_embeddings"] = max_position_embeddings;
   j["rope_theta"] = rope.theta;
   j["rope_scaling"] = rope_scaling;
+  if (is_mla() && rope.type == "default") {
+    // vLLM 0.18.0-0.27.1 (model_executor/models/deepseek_eagle3.py) turn any truthy rope_scaling of an MLA draft
+    // into "deepseek_yarn", and transformers 5 (vLLM 0.26.0 needs >= 5.5.3) fills an absent one with
+    // {"rope_type": "default", ...}: the engine then reads a YaRN factor that is not there. A YaRN of factor 1 is
+    // the plain rope in every reader (the interpolated and extrapolated frequencies agree, mscale 1).
+    j["rope_scaling"] = {{"type", "yarn"},     {"factor", 1.0}, {"original_max_position_embeddings", max_position_embeddings},
+                         {"beta_fast", 32},    {"beta_slow", 1}, {"mscale", 1.0},
+                         {"mscale_all_dim", 1.0}};
+  }
   j["tie_word_embeddings"] = false;
   j["torch_dtype"] = "bfloat16";
   j["hidden_act"] = "silu";

@@ -100,6 +100,9 @@ std::vector<ServingNeed> vllm_needs(const DraftConfig& cfg, const TargetConfig& 
   if (cfg.is_mla())
     n.push_back(need("the MLA draft (Eagle3DeepseekV2ForCausalLM)", EngineRelease{0, 18, 0},
                      "vllm==0.18.0 vllm/model_executor/models/registry.py:558"));
+  if (cfg.is_mla() && cfg.rope.type != "default" && cfg.rope.type != "yarn")  // the plain rope is written as YaRN 1
+    n.push_back(need("an MLA draft with " + cfg.rope.type + " rope scaling (0.18.0-0.27.1 read any as DeepSeek's YaRN)",
+                     EngineRelease{0, 28, 0}, "vllm==0.27.1 vllm/model_executor/models/deepseek_eagle3.py:74"));
   else if (spec)
     n.push_back(need("the speculators format", EngineRelease{0, 10, 1},
                      "vllm==0.10.1 vllm/transformers_utils/configs/speculators/algos.py:16"));

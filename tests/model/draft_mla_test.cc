@@ -280,6 +280,26 @@ TEST(DraftMla, ConfigRoundTripsAndReadsAsVllmDoes) {
             std::string::npos);
 }
 
+// An MLA draft of a target without YaRN: vLLM 0.18.0-0.27.1 read any rope_scaling of the draft as DeepSeek's YaRN
+// (and transformers 5 fills an absent one), so the export writes a YaRN of factor 1, which is the plain rope: the
+// config read back gives the same frequencies and softmax scale, and round-trips.
+TEST(DraftMla, ThePlainRopeIsWrittenAsYarnOfFactorOne) {
+  auto m = testing::make_tiny_mla_draft(55, 6);
+  m.cfg.rope = RopeParams{};
+  m.cfg.rope.theta = 10000.0;
+  m.cfg.rope_scaling = nlohmann::json();
+  const nlohmann::json j = m.cfg.to_json();
+  ASSERT_TRUE(j["rope_scaling"].is_object()) << j.dump();
+  EXPECT_EQ(j["rope_scaling"]["type"], "yarn");
+  EXPECT_EQ(j["rope_scaling"]["factor"], 1.0);
+  const DraftConfig back = DraftConfig::from_json(j);
+  EXPECT_EQ(back.rope.type, "yarn");
+  EXPECT_EQ(rope_inv_freq(back.rope, back.qk_rope_head_dim), rope_inv_freq(m.cfg.rope, m.cfg.qk_rope_head_dim));
+  EXPECT_EQ(back.softmax_scale(), m.cfg.softmax_scale());
+  EXPECT_EQ(rope_attention_factor(back.rope), 1.0);
+  EXPECT_EQ(back.to_json(), j);
+}
+
 // Every parameter is reported final once, lm_head first and fc last (the order the data-parallel
 // all-reduces follow), with the MLA attention's weights where the Llama draft has q/k/v_proj.
 TEST(DraftMla, GradientReadyOrderCoversEveryParameterOnce) {
