@@ -680,5 +680,25 @@ TEST(ExportTest, MlaDraftComputesWhatVllmsLayerComputes) {
   EXPECT_LT(worst, 2e-4 * (1 + mag)) << "largest logit " << mag;
 }
 
+// An MLA draft without a query LoRA (a target such as DeepSeek-V2-Lite, q_proj): no engine release loads it (vLLM
+// stacks kv_a_proj_with_mqa into fused_qkv_a_proj, built only with q_lora_rank; SGLang raises), so no release is
+// named as serving it; with the query LoRA vLLM 0.18.0 and SGLang 0.5.12 are.
+TEST(ExportTest, MlaDraftWithoutQueryLoraHasNoServingRelease) {
+  TargetConfig ds = load_target_config(std::string(AERIE_SOURCE_DIR) + "/tests/model/fixtures/hf/deepseek_v3");
+  ds.num_hidden_layers = 8;  // aux layers both engines capture: inputs of layers 2, 4 and 5
+  ds.moe.layers.resize(8, true);
+  DraftConfig cfg = DraftConfig::from_target(ds, 64, {2, 4, 5}, true);
+  ASSERT_GT(cfg.q_lora_rank, 0);
+  EngineRelease first;
+  ASSERT_TRUE(first_serving_release(serving_needs(cfg, ds, ServingEngine::Vllm), first));
+  EXPECT_EQ(first, (EngineRelease{0, 18, 0}));
+  cfg.norm_before_residual = false;  // SGLang reads no norm_before_residual
+  ASSERT_TRUE(first_serving_release(serving_needs(cfg, ds, ServingEngine::Sglang), first));
+  EXPECT_EQ(first, (EngineRelease{0, 5, 12}));
+  cfg.q_lora_rank = 0;
+  EXPECT_FALSE(first_serving_release(serving_needs(cfg, ds, ServingEngine::Vllm), first));
+  EXPECT_FALSE(first_serving_release(serving_needs(cfg, ds, ServingEngine::Sglang), first));
+}
+
 }  // namespace
 }  // namespace aerie
