@@ -56,7 +56,9 @@ DraftConfig DraftConfig::from_target(const TargetConfig& t, int64_t K, std::vect
   if (mla) {
     AERIE_CHECK(t.mla.enabled(), "the MLA draft needs a target with MLA attention (DeepSeek-V3 / Kimi-K2: "
                                  "kv_lora_rank in its config.json); this target has none: use the Llama draft");
-    c.q_lora_rank = t.mla.q_lora_rank;
+    // A target without a query LoRA (DeepSeek-V2-Lite: q_proj) still gets a draft with one, of kv_lora_rank: no
+    // engine release loads an MLA draft without it (src/train/serving_engines.cc), and the draft is trained anew.
+    c.q_lora_rank = t.mla.q_lora_rank > 0 ? t.mla.q_lora_rank : t.mla.kv_lora_rank;
     c.kv_lora_rank = t.mla.kv_lora_rank;
     c.qk_nope_head_dim = t.mla.qk_nope_head_dim;
     c.qk_rope_head_dim = t.mla.qk_rope_head_dim;

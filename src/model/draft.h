@@ -81,7 +81,8 @@ struct DraftConfig {
 
   /// Copies width, heads, MLP width, eps, RoPE and max positions from the target (eagle3.md 3).
   /// mla: the MLA draft, with the target's q/kv LoRA ranks and head dims (the target must be an MLA
-  /// model, DeepSeek-V3 / Kimi-K2). Throws aerie::Error unless 0 < draft_vocab_size <= V, aux_layers
+  /// model, DeepSeek-V3 / Kimi-K2; one without a query LoRA gives a draft with one of kv_lora_rank, the
+  /// layout the engines load). Throws aerie::Error unless 0 < draft_vocab_size <= V, aux_layers
   /// has 3 ids in [0, N], and (mla) the target has MLA attention.
   static DraftConfig from_target(const TargetConfig& target, int64_t draft_vocab_size, std::vector<int> aux_layers,
                                  bool mla = false);

@@ -698,6 +698,10 @@ TEST(ExportTest, MlaDraftWithoutQueryLoraHasNoServingRelease) {
   cfg.q_lora_rank = 0;
   EXPECT_FALSE(first_serving_release(serving_needs(cfg, ds, ServingEngine::Vllm), first));
   EXPECT_FALSE(first_serving_release(serving_needs(cfg, ds, ServingEngine::Sglang), first));
+  // So train gives the draft of such a target a query LoRA of its own (kv_lora_rank wide).
+  TargetConfig lite = ds;
+  lite.mla.q_lora_rank = 0;
+  EXPECT_EQ(DraftConfig::from_target(lite, 64, {2, 4, 5}, true).q_lora_rank, lite.mla.kv_lora_rank);
 }
 
 }  // namespace
