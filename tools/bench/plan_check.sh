@@ -16,66 +16,99 @@
 #   GEN_BATCH      generate --batch-size and calibrate --gen-batch-size (default 64 on cuda, 16 on cpu)
 #   MAX_LENGTH     prepare --max-length (2048)                   DRAFT_VOCAB  vocab --draft-vocab-size (8192)
 #   TRAIN_STEPS    train --steps (200)                           BATCH        train --batch-size (16)
-#   CAL_ARGS       more calibrate arguments (e.g. --tokens 512,2048 --train-tokens 128,512,2048)
-# Every stage skips what exists, except the plan and the summary; delete a stage's output to time it again.
+#   CAL_ARGS       more calibrate arguments (e.g. --tokens 512,2048 --train-tokens 128,512,2048); one of the script's
+#                  own (--gen-batch-size, --gen-prompt-tokens, --gen-new-tokens, --draft-vocab-size) given here
+#                  replaces it
+# A stage is done when it succeeded with the same command line (OUT/STAGE.done holds it); a rerun skips done
+# stages and runs the rest, and every stage after one that ran, from scratch (its output removed first: a job's time
+# is a whole run's, not a resumed one's). Delete OUT/STAGE.done to time a stage again.
 set -euo pipefail
+usage() { echo "usage: tools/bench/plan_check.sh MODEL OUT   (environment: see the header)" >&2; exit 2; }
+[ $# -eq 2 ] || usage
 root="$(cd "$(dirname "$0")/../.." && pwd)"
-model="${1:?usage: plan_check.sh MODEL OUT}" out="${2:?usage: plan_check.sh MODEL OUT}"
-mkdir -p "$out"; out="$(cd "$out" && pwd)"; model="$(cd "$model" && pwd)"
+model="$1" out="$2"
+[ -f "$model/config.json" ] || { echo "plan_check: $model/config.json: no such file (MODEL is a model folder)" >&2; exit 2; }
 aerie="${AERIE_BIN:-$root/build/aerie}"; case "$aerie" in /*) ;; *) aerie="$PWD/$aerie" ;; esac
+[ -x "$aerie" ] || { echo "plan_check: $aerie is not an executable (AERIE_BIN)" >&2; exit 2; }
 data="${AERIE_DATA:-$root/../shared/data}"
 device="${DEVICE:-cuda}" np="${NP:-1}" tp="${TP:-1}" steps="${TRAIN_STEPS:-200}" batch="${BATCH:-16}"
 input="${INPUT:-$data/sharegpt-fastchat/dummy_conversation.json}" format="${FORMAT:-auto}"
-template="${TEMPLATE:-}"
+template="${TEMPLATE:-}" gen_tokens="${GEN_TOKENS:-128}"
 gen_batch="${GEN_BATCH:-$([ "$device" = cuda ] && echo 64 || echo 16)}"
 case "$device" in cuda|cpu) ;; *) echo "plan_check: DEVICE '$device' is not cuda or cpu" >&2; exit 2 ;; esac
+int() { [[ "$2" =~ ^[0-9]+$ ]] && [ "$2" -ge "$3" ] || { echo "plan_check: $1 '$2' is not an integer >= $3" >&2; exit 2; }; }
+int NP "$np" 1; int TP "$tp" 1; int GEN_TOKENS "$gen_tokens" 2; int TRAIN_STEPS "$steps" 1; int BATCH "$batch" 1
+[ $((np % tp)) -eq 0 ] || { echo "plan_check: TP $tp does not divide NP $np" >&2; exit 2; }
+mkdir -p "$out"; out="$(cd "$out" && pwd)"; model="$(cd "$model" && pwd)"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}"
 tmpl=(); [ -n "$template" ] && tmpl=(--template "$template")
 log() { echo "plan_check: $(date +%T) $*"; }
-# run NAME CMD...: the command's output into OUT/NAME.log, its wall seconds into OUT/NAME.wall
-run() {
-  local name=$1; shift
+ran=0  # a stage ran: every later one runs again
+# stage NAME OUTPUT CMD...: skipped when OUT/NAME.done holds this command line and OUTPUT exists (and no earlier
+# stage ran); else OUTPUT (and generate's .parts) removed, the command run, its output into OUT/NAME.log, its wall
+# seconds into OUT/NAME.wall, and OUT/NAME.done written once it succeeded. A failure exits with the job's status.
+stage() {
+  local name=$1 output=$2; shift 2
+  local line; line="$(printf '%q ' "$@")"
+  if [ "$ran" = 0 ] && [ -e "$output" ] && [ "$(cat "$out/$name.done" 2>/dev/null)" = "$line" ]; then
+    log "$name: done before, skipped"; return 0
+  fi
+  ran=1
+  rm -rf "$out/$name.done" "$out/$name.wall" "$output" "$output.parts"
   log "$name"
-  local t0; t0=$(date +%s.%N)
-  "$@" > "$out/$name.log" 2>&1 || { tail -20 "$out/$name.log" >&2; echo "plan_check: $name failed ($out/$name.log)" >&2; exit 1; }
+  local t0 rc=0; t0=$(date +%s.%N)
+  "$@" > "$out/$name.log" 2>&1 || rc=$?
+  if [ "$rc" != 0 ]; then
+    tail -20 "$out/$name.log" >&2; echo "plan_check: $name failed with status $rc ($out/$name.log)" >&2; exit "$rc"
+  fi
   python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.2f}')" "$t0" "$(date +%s.%N)" > "$out/$name.wall"
+  printf '%s' "$line" > "$out/$name.done"
 }
 job=(mpirun -np "$np" "$aerie")
 
-[ -f "$out/regen.jsonl" ] || run generate "${job[@]}" generate --model "$model" --device "$device" --input "$input" \
-  --format "$format" "${tmpl[@]}" --tp "$tp" --max-conversations "${CONVERSATIONS:-200}" --max-new-tokens "${GEN_TOKENS:-128}" \
+stage generate "$out/regen.jsonl" "${job[@]}" generate --model "$model" --device "$device" --input "$input" \
+  --format "$format" "${tmpl[@]}" --tp "$tp" --max-conversations "${CONVERSATIONS:-200}" --max-new-tokens "$gen_tokens" \
   --batch-size "$gen_batch" --output "$out/regen.jsonl"
 # generate's own line: "N responses, A new tokens (P prompt tokens) in S s"
-read -r responses new_tokens prompt_tokens < <(python3 - "$out/generate.log" <<'PY'
+read -r responses gen_prompt gen_new < <(python3 - "$out/generate.log" <<'PY'
 import re, sys
 m = re.search(r"(\d+) responses, (\d+) new tokens \((\d+) prompt tokens\) in ([0-9.e+-]+) s", open(sys.argv[1]).read())
-if not m: sys.exit("plan_check: no responses line in " + sys.argv[1])
-print(m.group(1), m.group(2), m.group(3))
+if not m or int(m.group(1)) == 0:
+    sys.exit("plan_check: generate answered nothing (" + sys.argv[1] + ")")
+n = int(m.group(1))
+print(n, round(int(m.group(3)) / n, 2), round(int(m.group(2)) / n, 2))
 PY
 )
-gen_prompt=$(python3 -c "print(round($prompt_tokens / $responses, 2))")
-gen_new=$(python3 -c "print(round($new_tokens / $responses, 2))")
-[ -f "$out/prepared.h5" ] || run prepare "${job[@]}" prepare --input "$out/regen.jsonl" --tokenizer "$model" "${tmpl[@]}" \
+stage prepare "$out/prepared.h5" "${job[@]}" prepare --input "$out/regen.jsonl" --tokenizer "$model" "${tmpl[@]}" \
   --max-length "${MAX_LENGTH:-2048}" --output "$out/prepared.h5"
-# The calibration decodes at generate's batch and at the dataset's mean lengths (docs/time-plan.md, generate).
-# shellcheck disable=SC2086
-[ -f "$out/calibration.json" ] || run calibrate "${job[@]}" calibrate --model "$model" --device "$device" --tp "$tp" \
-  --output "$out/calibration.json" --gen-batch-size "$gen_batch" --gen-prompt-tokens "${gen_prompt%.*}" \
-  --gen-new-tokens "${gen_new%.*}" --draft-vocab-size "${DRAFT_VOCAB:-8192}" --work "$out" ${CAL_ARGS:-}
+# The calibration decodes at generate's batch and at the dataset's mean lengths (docs/time-plan.md, generate), each
+# unless CAL_ARGS sets it.
+cal=(--gen-batch-size "$gen_batch" --gen-prompt-tokens "$(python3 -c "print(max(1, round($gen_prompt)))")"
+     --gen-new-tokens "$(python3 -c "print(max(2, round($gen_new)))")" --draft-vocab-size "${DRAFT_VOCAB:-8192}")
+read -r -a extra <<< "${CAL_ARGS:-}"
+for ((i = 0; i < ${#cal[@]}; i += 2)); do
+  for a in "${extra[@]}"; do [ "$a" = "${cal[i]}" ] && cal[i]="" && cal[i + 1]=""; done
+done
+read -r -a cal <<< "${cal[*]}"
+stage calibrate "$out/calibration.json" "${job[@]}" calibrate --model "$model" --device "$device" --tp "$tp" \
+  --output "$out/calibration.json" --work "$out" "${cal[@]}" "${extra[@]}"
 stream=(); [ "$np" -gt "$tp" ] && stream=(--stream-target-ranks "$tp")
-run plan "${job[@]}" plan --model "$model" --tp "$tp" --calibration "$out/calibration.json" --prepared "$out/prepared.h5" \
-  --train-steps "$steps" --train-batch-size "$batch" --generate-responses "$responses" \
-  --generate-prompt-tokens "$gen_prompt" --generate-new-tokens "$gen_new" "${stream[@]}"
-[ -d "$out/shards" ] || run extract "${job[@]}" extract --model "$model" --device "$device" --tp "$tp" --prepared "$out/prepared.h5" \
-  --output "$out/shards"
-[ -f "$out/vocab.safetensors" ] || run vocab "${job[@]}" vocab --model "$model" --prepared "$out/prepared.h5" \
+before=$ran ran=1  # the plan always runs (it reads every earlier stage), and reruns nothing after it
+stage plan "$out/.plan" "${job[@]}" plan --model "$model" --tp "$tp" --calibration "$out/calibration.json" \
+  --prepared "$out/prepared.h5" --max-length "${MAX_LENGTH:-2048}" --train-steps "$steps" --train-batch-size "$batch" \
+  --generate-responses "$responses" --generate-prompt-tokens "$gen_prompt" --generate-new-tokens "$gen_new" "${stream[@]}"
+ran=$before
+stage extract "$out/shards" "${job[@]}" extract --model "$model" --device "$device" --tp "$tp" \
+  --prepared "$out/prepared.h5" --output "$out/shards"
+stage vocab "$out/vocab.safetensors" "${job[@]}" vocab --model "$model" --prepared "$out/prepared.h5" \
   --output "$out/vocab.safetensors" --draft-vocab-size "${DRAFT_VOCAB:-8192}"
 train=(train --model "$model" --device "$device" --vocab "$out/vocab.safetensors" --steps "$steps" --batch-size "$batch"
        --checkpoint-every "$steps")
-[ -d "$out/train" ] || run train "${job[@]}" "${train[@]}" --shards "$out/shards" --output "$out/train"
-if [ "$np" -gt "$tp" ] && [ ! -d "$out/train_stream" ]; then
-  run train_stream "${job[@]}" "${train[@]}" --prepared "$out/prepared.h5" --target-ranks "$tp" --tp "$tp" --output "$out/train_stream"
+stage train "$out/train" "${job[@]}" "${train[@]}" --shards "$out/shards" --output "$out/train"
+if [ "$np" -gt "$tp" ]; then
+  stage train_stream "$out/train_stream" "${job[@]}" "${train[@]}" --prepared "$out/prepared.h5" --target-ranks "$tp" \
+    --tp "$tp" --output "$out/train_stream"
 fi
 
 python3 - "$out" "$np" "$device" <<'PY'
@@ -103,7 +136,8 @@ for job in ["generate", "extract", "train", "train_stream"]:
         continue
     own = float(m.group(1))
     wall = text(job + ".wall").strip() or "?"
-    rows.append(f"| {job} | {predicted[job]:.2f} s | {own:.2f} s | {100 * (predicted[job] / own - 1):+.0f}% | {wall} s |")
+    diff = f"{100 * (predicted[job] / own - 1):+.0f}%" if own > 0 else "- (too short to time)"
+    rows.append(f"| {job} | {predicted[job]:.2f} s | {own:.2f} s | {diff} | {wall} s |")
 header = [l for l in plan.splitlines() if l.startswith("time and disk")]
 summary = "\n".join([f"# plan_check: {device}, mpirun -np {np_}", "", *(header[:1]), "", *rows, ""])
 open(os.path.join(out, "summary.md"), "w").write(summary)
