@@ -2,6 +2,7 @@
 // measured on the node (train/time_plan.h). Printed after the memory plan.
 #include "jobs/plan_time.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -31,6 +32,25 @@ std::string hours(double s) {
   else
     std::snprintf(buf, sizeof buf, "%.2f h", s / 3600);
   return buf;
+}
+
+// A note for each length the plan reads past the calibration's largest point (along the last segment's power law,
+// which a small calibration's launch-bound points can make far too flat): the longest sample against the draft
+// step's and (on the CPU, one forward per sample) the forward's curve, and generate's prompt + new tokens.
+void print_extrapolation_notes(const Calibration& c, const Workload& w) {
+  const double longest =
+      w.lengths.empty() ? w.mean_tokens : static_cast<double>(*std::max_element(w.lengths.begin(), w.lengths.end()));
+  auto note = [](const char* what, double want, int64_t have, const char* option) {
+    if (want > static_cast<double>(have))
+      std::printf("  (%s reach %.0f tokens, the calibration's %lld: read past it along its last segment; calibrate "
+                  "with %s up to %.0f for a measured curve)\n",
+                  what, want, static_cast<long long>(have), option, want);
+  };
+  note("the samples", longest, c.train_sample.tokens.back(), "--train-tokens");
+  if (w.batch_tokens == 0) note("the samples' forwards", longest, c.base.tokens.back(), "--tokens");
+  else note("extract's forwards", static_cast<double>(std::max<int64_t>(w.batch_tokens, static_cast<int64_t>(longest))),
+            c.base.tokens.back(), "--tokens");
+  if (w.gen_responses > 0) note("generate's prompts", w.gen_prompt_tokens, c.base.tokens.back(), "--tokens");
 }
 
 // The streaming train's line: instead of extract + train, no shards.
@@ -189,6 +209,7 @@ void print_time_plan(const po::variables_map& vm, const TargetConfig& target, in
     std::printf("  (the calibration ran %d ranks at once, the plan has %d: where ranks share a node's cores, memory "
                 "bandwidth or links, calibrate with the job's own rank count)\n",
                 c.world, w.world);
+  print_extrapolation_notes(c, w);
   double total = 0;
   for (const JobTime& t : jobs) {
     if (t.job == "train --prepared") continue;  // after the total

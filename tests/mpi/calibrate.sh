@@ -42,6 +42,12 @@ grep -q "time and disk (calibration $out/qwen3_moe.json: cpu, tp 1): 1000 sample
 # 40 000 tokens of hidden size 64 in bf16: 40000 x (8 x 64 + 5) bytes = 20.7 MB
 grep -qE "^  extract .*shards 20\.7 MB \(bf16\)" "$out/plan.log" || { cat "$out/plan.log"; fail "plan: shard bytes"; }
 grep -qE "^  train .*compute-bound" "$out/plan.log" || fail "plan: no train line"
+grep -q "the calibration's" "$out/plan.log" && { cat "$out/plan.log"; fail "plan: an extrapolation note within the calibration"; }
+# Samples past the calibration's largest length (48 tokens): read along its last segment, and said so.
+plan --tp 1 --calibration "$out/qwen3_moe.json" --samples 100 --mean-tokens 100 > "$out/far.log" 2>&1 ||
+  { cat "$out/far.log"; fail "plan past the calibration"; }
+grep -q "(the samples reach 100 tokens, the calibration's 48: read past it along its last segment; calibrate with --train-tokens up to 100" \
+  "$out/far.log" || { cat "$out/far.log"; fail "plan: no extrapolation note"; }
 # The streaming train: 1 target rank, 1 trainer; the 2-rank calibration measured the messages and the step alone.
 plan --tp 1 --calibration "$out/qwen3_moe.json" --samples 1000 --mean-tokens 40 --train-steps 10 --train-batch-size 4 \
   --stream-target-ranks 1 > "$out/stream.log" 2>&1 || { cat "$out/stream.log"; fail "plan --stream-target-ranks"; }
