@@ -100,6 +100,12 @@ std::vector<ServingNeed> vllm_needs(const DraftConfig& cfg, const TargetConfig& 
   if (cfg.is_mla())
     n.push_back(need("the MLA draft (Eagle3DeepseekV2ForCausalLM)", EngineRelease{0, 18, 0},
                      "vllm==0.18.0 vllm/model_executor/models/registry.py:558"));
+  else if (spec)
+    n.push_back(need("the speculators format", EngineRelease{0, 10, 1},
+                     "vllm==0.10.1 vllm/transformers_utils/configs/speculators/algos.py:16"));
+  else  // 0.10.1 has the registry entry commented out; 0.10.0 renames it Eagle3LlamaForCausalLMEagle3
+    n.push_back(need("the architecture LlamaForCausalLMEagle3", EngineRelease{0, 10, 2},
+                     "vllm==0.10.2 vllm/model_executor/models/registry.py:283"));
   // Without a query LoRA (q_proj, DeepSeek-V2-Lite's layout) the loader still stacks kv_a_proj_with_mqa into
   // fused_qkv_a_proj, which DeepseekV2MLAAttention builds only with q_lora_rank: no release loads it.
   if (cfg.is_mla() && cfg.q_lora_rank == 0)
@@ -109,12 +115,6 @@ std::vector<ServingNeed> vllm_needs(const DraftConfig& cfg, const TargetConfig& 
   if (cfg.is_mla() && cfg.rope.type != "default" && cfg.rope.type != "yarn")  // the plain rope is written as YaRN 1
     n.push_back(need("an MLA draft with " + cfg.rope.type + " rope scaling (0.18.0-0.27.1 read any as DeepSeek's YaRN)",
                      EngineRelease{0, 28, 0}, "vllm==0.27.1 vllm/model_executor/models/deepseek_eagle3.py:74"));
-  else if (spec)
-    n.push_back(need("the speculators format", EngineRelease{0, 10, 1},
-                     "vllm==0.10.1 vllm/transformers_utils/configs/speculators/algos.py:16"));
-  else  // 0.10.1 has the registry entry commented out; 0.10.0 renames it Eagle3LlamaForCausalLMEagle3
-    n.push_back(need("the architecture LlamaForCausalLMEagle3", EngineRelease{0, 10, 2},
-                     "vllm==0.10.2 vllm/model_executor/models/registry.py:283"));
   vllm_target_needs(target, n);
   if (!has_default_aux(cfg, target))
     n.push_back(need("aux layers other than the default (2, N/2, N-3)", EngineRelease{0, 11, 1},
@@ -166,13 +166,13 @@ std::vector<ServingNeed> sglang_needs(const DraftConfig& cfg, const TargetConfig
   if (cfg.is_mla())
     n.push_back(need("the MLA draft (Eagle3DeepseekV2ForCausalLM)", EngineRelease{0, 5, 12},
                      "sglang==0.5.12 sglang/srt/models/kimi_k25_eagle3.py"));
+  else
+    n.push_back(need("LlamaForCausalLMEagle3 with a draft vocabulary (d2t)", EngineRelease{0, 4, 4, 0, 2},
+                     "sglang==0.4.4.post2 sglang/srt/models/llama_eagle3.py (hot_token_id from d2t)"));
   if (cfg.is_mla() && cfg.q_lora_rank == 0)
     n.push_back(never("an MLA draft without a query LoRA (q_lora_rank null, as its target)",
                       "sglang==0.5.23 sglang/srt/models/kimi_k25_eagle3.py:114 (\"Eagle3 MLA layer requires "
                       "q_lora_rank\"; 0.5.12 on)"));
-  if (!cfg.is_mla())
-    n.push_back(need("LlamaForCausalLMEagle3 with a draft vocabulary (d2t)", EngineRelease{0, 4, 4, 0, 2},
-                     "sglang==0.4.4.post2 sglang/srt/models/llama_eagle3.py (hot_token_id from d2t)"));
   // Targets with EAGLE-3 capture (set_eagle3_layers_to_capture); MistralForCausalLM subclasses
   // LlamaForCausalLM in every release (sglang/srt/models/mistral.py).
   const std::string family = target_family(target);

@@ -690,8 +690,11 @@ TEST(ExportTest, MlaDraftWithoutQueryLoraHasNoServingRelease) {
   DraftConfig cfg = DraftConfig::from_target(ds, 64, {2, 4, 5}, true);
   ASSERT_GT(cfg.q_lora_rank, 0);
   EngineRelease first;
-  ASSERT_TRUE(first_serving_release(serving_needs(cfg, ds, ServingEngine::Vllm), first));
+  const std::vector<ServingNeed> needs = serving_needs(cfg, ds, ServingEngine::Vllm);
+  ASSERT_TRUE(first_serving_release(needs, first));
   EXPECT_EQ(first, (EngineRelease{0, 18, 0}));
+  for (const ServingNeed& n : needs)  // the MLA draft's architecture, not the Llama draft's
+    EXPECT_EQ(n.what.find("LlamaForCausalLMEagle3"), std::string::npos) << n.what;
   cfg.norm_before_residual = false;  // SGLang reads no norm_before_residual
   ASSERT_TRUE(first_serving_release(serving_needs(cfg, ds, ServingEngine::Sglang), first));
   EXPECT_EQ(first, (EngineRelease{0, 5, 12}));
