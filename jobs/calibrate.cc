@@ -197,14 +197,16 @@ void measure_train(const TargetConfig& cfg, const TargetDevice& dev, const Calib
   const DraftVocab vocab = spread_draft_vocab(V, K);
   const std::vector<int64_t> selected = vocab.selected();
   const DType hidden_dtype = device == Device::CUDA ? DType::BF16 : DType::F32;
-  auto random = [&](Shape shape, float scale, uint32_t seed) {
+  // Uniform values in the hidden states' dtype: on the host (widened to F32 where host_f32), else on the device.
+  auto random = [&](Shape shape, float scale, uint32_t seed, bool host_f32 = false) {
     std::mt19937 gen(seed);
     std::uniform_real_distribution<float> u(-scale, scale);
     int64_t n = 1;
     for (int64_t d : shape) n *= d;
     std::vector<float> v(static_cast<size_t>(n));
     for (auto& x : v) x = u(gen);
-    return Tensor::from_vector(v, shape).to(hidden_dtype).to_device(device);
+    const Tensor t = Tensor::from_vector(v, shape).to(hidden_dtype);
+    return host_f32 ? t.to(DType::F32) : t.to_device(device);
   };
   const Tensor target_lm = random({V, H}, 0.035f, 1), embed = random({V, H}, 0.035f, 2);
   DraftWeights w = init_draft_weights(dc, target_lm.to_device(Device::CPU).to(DType::F32), selected, 3).to_device(device);
@@ -218,8 +220,7 @@ void measure_train(const TargetConfig& cfg, const TargetDevice& dev, const Calib
   for (const int64_t T : opt.train_tokens) {
     const std::vector<int32_t> ids = random_ids(T, V, static_cast<uint32_t>(T) + 5);
     // The hidden states as the shard reader hands them to the step loop: F32 on the host.
-    const Tensor aux = random({T, 3 * H}, 1.7f, 6).to_device(Device::CPU).to(DType::F32),
-                 z = random({T, H}, 1.7f, 7).to_device(Device::CPU).to(DType::F32);
+    const Tensor aux = random({T, 3 * H}, 1.7f, 6, true), z = random({T, H}, 1.7f, 7, true);
     // A sample made ready as the step loop makes each sample drawn (train/trainer_run.cc load_samples): its target
     // distribution where W_lm lives (BF16 on a GPU, as a BF16 checkpoint's), its aux hidden states to the device.
     auto ready = [&] {
