@@ -73,7 +73,8 @@ void check_prompts_out(const EvalOptions& o) {
     return !other.empty() && fs::absolute(other).lexically_normal() == fs::absolute(p).lexically_normal();
   };
   for (const auto& [name, other] : {std::pair<const char*, std::string>{"--output", o.output_path},
-                                    {"--prompts", o.prompts_path}, {"--data-split", o.data_split_path}})
+                                    {"--prompts", o.prompts_path}, {"--follow", o.follow_path},
+                                    {"--data-split", o.data_split_path}})
     AERIE_CHECK(!same(other) && !spelled_same(other),
                 "eval: --write-prompts " << p << " is also " << name << ": give it a file of its own");
   if (!fs::exists(p)) return;
@@ -123,12 +124,30 @@ void check_eval_inputs(const EvalOptions& o, const CheckpointEvalOptions& run) {
                "--device '" << o.device << "' is not auto, cpu or cuda");
   EVAL_REQUIRE(o.dtype == "auto" || o.dtype == "f32" || o.dtype == "bf16",
                "--dtype '" << o.dtype << "' is not auto, f32 or bf16");
-  AERIE_CHECK(fs::is_regular_file(o.prompts_path),
-              "eval: --prompts " << o.prompts_path << (fs::exists(o.prompts_path) ? " is not a file" : ": no such file"));
-  try {
-    read_prompts(o.prompts_path, o.num_prompts);  // names the line of a bad JSONL line, or no prompt at all
-  } catch (const Error& e) {
-    AERIE_THROW("eval: --prompts " << o.prompts_path << ": " << e.what());
+  EVAL_REQUIRE(o.prompts_path.empty() != o.follow_path.empty(),
+               (o.prompts_path.empty() ? "give --prompts (prompts to decode), or --follow (a prompt-ids file with "
+                                         "the answers to follow)"
+                                       : "--prompts and --follow exclude each other (--follow's file holds its prompts)"));
+  const std::string& input = o.follow_path.empty() ? o.prompts_path : o.follow_path;
+  AERIE_CHECK(fs::is_regular_file(input), "eval: " << (o.follow_path.empty() ? "--prompts " : "--follow ") << input
+                                                   << (fs::exists(input) ? " is not a file" : ": no such file"));
+  if (!o.follow_path.empty()) {
+    EVAL_REQUIRE(run.run_dir.empty(), "--follow goes with --draft (one draft), not --run");
+    EVAL_REQUIRE(o.temperature == 0 && o.tree_topk == 1,
+                 "--follow measures greedy chains along the given answers: drop --temperature and --tree-topk");
+    EVAL_REQUIRE(o.chat_template == "plain" && o.max_prompt_tokens == 0,
+                 "--follow takes the prompts' ids as the file gives them: drop --chat-template and --max-prompt-tokens");
+    try {
+      read_prompt_ids_file(o.follow_path, o.num_prompts);  // names the line and field of a bad record
+    } catch (const Error& e) {
+      AERIE_THROW("eval: --follow " << e.what());
+    }
+  } else {
+    try {
+      read_prompts(o.prompts_path, o.num_prompts);  // names the line of a bad JSONL line, or no prompt at all
+    } catch (const Error& e) {
+      AERIE_THROW("eval: --prompts " << o.prompts_path << ": " << e.what());
+    }
   }
   EVAL_REQUIRE(o.draft_path.empty() != run.run_dir.empty(),
                (o.draft_path.empty() ? "give --draft (one draft) or --run (every checkpoint of a training run)"
@@ -242,7 +261,7 @@ int eval(const std::vector<std::string>& args) {
       "with --run: only the checkpoints whose step is a multiple of N, and the newest (0: all)")(
       "steps", po::value<std::string>(&steps)->default_value(""),
       "with --run: only these checkpoint steps, e.g. 200,600,1000")(
-      "prompts", po::value<std::string>(&o.prompts_path)->required(),
+      "prompts", po::value<std::string>(&o.prompts_path)->default_value(""),
       "prompts, the files generate --input takes: a .txt file of blank-line separated stories (the first "
       "sentence of each), or JSONL / a JSON array of plain prompts (MT-Bench \"turns\"[0], \"prompt\", \"text\", "
       "\"question\", \"instruction\") or ShareGPT / OpenAI conversations (the first user turn)")(
@@ -295,7 +314,13 @@ int eval(const std::vector<std::string>& args) {
       "eval.json path; with --run the checkpoint table's (default RUN/checkpoint_eval.json)")(
       "write-prompts", po::value<std::string>(&o.prompts_out)->default_value(""),
       "also write FILE.jsonl: each evaluated prompt's token ids, stop ids and greedy answer, what "
-      "tools/engine_eval feeds vLLM or SGLang to measure the same prompts there (docs/formats.md)");
+      "tools/engine_eval feeds vLLM or SGLang to measure the same prompts there (docs/formats.md)")(
+      "follow", po::value<std::string>(&o.follow_path)->default_value(""),
+      "instead of --prompts: a prompt-ids file (--write-prompts's format; tools/engine_eval --write-answers "
+      "writes one with an engine's answers): its prompts, each speculative run following the record's "
+      "greedy_ids instead of this target's argmaxes, so that the acceptance length is measured along the "
+      "engine's text where its target parts from this one (no lossless check or speed-up; eval.json's "
+      "own_greedy_agreement and own_first_difference say where this target parts)");
   add_lock_options(desc);
   po::variables_map vm;
   if (!parse_options("eval", args, desc, vm)) return 0;

@@ -47,6 +47,9 @@ struct SpecDecodeResult {
   // stop token counts only the guesses before the cut), so 1 + sum_i accepted_at[i] / verify_passes equals
   // verify_tokens / verify_passes except for a last pass cut inside its guesses (it lacks its target token).
   std::vector<int64_t> accepted_at;  // [n], or [tree depth] for a tree (SpecDecodeOptions::tree_topk > 1)
+  // With SpecDecodeOptions::follow: the first new token (0-based) where the target's own argmax is not the
+  // followed token; -1 where they agree throughout.
+  int64_t own_first_difference = -1;
 };
 
 /// Greedy chain speculative decoding (eagle3.md section 6). Prefill: the target's forward of the prompt
@@ -126,6 +129,12 @@ struct SpecDecodeOptions {
   /// that accepted a node at depth i + 1. 1: the chain.
   int tree_topk = 1;
   int tree_depth = 0;
+  /// Non-empty (greedy chains only): a continuation to follow instead of the target's argmaxes, e.g. another
+  /// engine's greedy answer where its target parts from this one. Each pass accepts the guesses equal to the
+  /// followed tokens and emits the next followed token, so the run's output is prompt + follow (cut at
+  /// max_new or a stop id) and its acceptance is the draft's along that text, as an engine whose target
+  /// wrote it measures it; SpecDecodeResult::own_first_difference says where the target itself would part.
+  std::vector<int32_t> follow;
 };
 
 /// The same loop with any proposer; aux_layers: the target layers whose inputs the proposer reads.
@@ -156,6 +165,11 @@ struct EvalOptions {
   // --write-prompts: a JSONL of every evaluated prompt's ids, stop ids and greedy answer (EvalSession::
   // write_prompt_records), what tools/engine_eval feeds a serving engine; "" writes none.
   std::string prompts_out;
+  // --follow: a prompt-ids JSONL (read_prompt_ids_file) whose prompts are evaluated instead of --prompts', each
+  // speculative run following the record's greedy_ids (SpecDecodeOptions::follow) instead of this target's
+  // argmaxes: the acceptance length along another engine's answers (tools/engine_eval --write-answers). No
+  // greedy decoding, lossless check or speed-up then; eval.json's "follow" says where this target parts.
+  std::string follow_path;
   int64_t num_prompts = 16, max_new_tokens = 64, max_prompt_tokens = 0;  // 0: whole prompts
   int num_draft_tokens = 7;
   bool untrained = false;
@@ -188,6 +202,21 @@ struct EvalOptions {
 /// categories (optional): each prompt's string "category" (MT-Bench, Spec-Bench), "" where it has none.
 std::vector<std::string> read_prompts(const std::string& path, int64_t max_prompts,
                                       std::vector<std::string>* categories = nullptr);
+
+/// One line of a prompt-ids file (EvalSession::write_prompt_records; docs/formats.md "Prompt ids").
+struct PromptIdsRecord {
+  int64_t index = 0;
+  std::string category;  // "" for null or none
+  std::vector<int32_t> prompt_ids, stop_ids, greedy_ids;
+};
+
+/// Reads a prompt-ids JSONL (what `aerie eval --write-prompts` writes, or tools/engine_eval --write-answers
+/// with an engine's answers as greedy_ids): at most max_records records (0: all), blank lines skipped. Each
+/// record needs "index" (an integer), "prompt_ids" (non-empty), "stop_ids" and "greedy_ids" (non-empty),
+/// lists of ids in [0, vocab_size) (vocab_size 0: not checked), and may carry "category" (a string or null).
+/// Throws aerie::Error naming the file and line (and the field) of the first bad record, or the file when it
+/// cannot be read or holds no record.
+std::vector<PromptIdsRecord> read_prompt_ids_file(const std::string& path, int64_t max_records, int64_t vocab_size = 0);
 
 /// The ids of an eval prompt: one user turn `text` rendered by tmpl.render_prompt, i.e. with the template's
 /// generation prompt (the assistant header, e.g. ChatML's "<|im_start|>assistant\n"), so that the target

@@ -103,6 +103,49 @@ std::vector<std::string> read_prompts(const std::string& path, int64_t max_promp
   return out;
 }
 
+std::vector<PromptIdsRecord> read_prompt_ids_file(const std::string& path, int64_t max_records, int64_t vocab_size) {
+  std::ifstream in(path);
+  AERIE_CHECK(in && !std::filesystem::is_directory(path), "cannot read " << path);
+  std::vector<PromptIdsRecord> out;
+  int64_t line_no = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++line_no;
+    if (max_records > 0 && static_cast<int64_t>(out.size()) >= max_records) break;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = path + ":" + std::to_string(line_no);
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    AERIE_CHECK(!j.is_discarded(), where << ": not JSON");
+    AERIE_CHECK(j.is_object(), where << ": a JSON object was expected (a line of aerie eval --write-prompts)");
+    PromptIdsRecord r;
+    AERIE_CHECK(j.contains("index") && j["index"].is_number_integer(), where << ": no integer \"index\"");
+    r.index = j["index"].get<int64_t>();
+    if (j.contains("category") && !j["category"].is_null()) {
+      AERIE_CHECK(j["category"].is_string(), where << ": \"category\" is not a string or null");
+      r.category = j["category"].get<std::string>();
+    }
+    auto ids = [&](const char* key, bool non_empty) {
+      AERIE_CHECK(j.contains(key) && j[key].is_array(), where << ": no list \"" << key << "\"");
+      std::vector<int32_t> v;
+      for (const nlohmann::json& x : j[key]) {
+        AERIE_CHECK(x.is_number_integer(), where << ": \"" << key << "\" holds " << x.dump() << ", not a token id");
+        const int64_t t = x.get<int64_t>();
+        AERIE_CHECK(t >= 0 && (vocab_size <= 0 || t < vocab_size),
+                    where << ": \"" << key << "\" holds token id " << t << ", outside the target's vocabulary [0, "
+                          << vocab_size << ")");
+        v.push_back(static_cast<int32_t>(t));
+      }
+      AERIE_CHECK(!non_empty || !v.empty(), where << ": \"" << key << "\" is empty");
+      return v;
+    };
+    r.prompt_ids = ids("prompt_ids", true);
+    r.stop_ids = ids("stop_ids", false);
+    r.greedy_ids = ids("greedy_ids", true);
+    out.push_back(std::move(r));
+  }
+  AERIE_CHECK(!out.empty(), path << " holds no record (a prompt-ids file of aerie eval --write-prompts)");
+  return out;
+}
+
 std::vector<int32_t> eval_prompt_ids(const ChatTemplate& tmpl, const std::string& text, const Tokenizer& tok) {
   Conversation conv;
   conv.turns.push_back({ChatRole::User, text});
@@ -232,7 +275,9 @@ struct EvalSession::Impl {
   std::unique_ptr<Tokenizer> tok;
   // This replica's prompts (ids as decoded) and their plain greedy answers (prompt + new tokens).
   std::vector<std::vector<int32_t>> prompts, greedy;
-  std::vector<size_t> prompt_index;  // their index in --prompts
+  std::vector<size_t> prompt_index;  // their index in --prompts (--follow: the line order of its records)
+  std::vector<int64_t> record_index;  // --follow: each of this replica's records' "index"
+  int64_t total_prompts = 0;          // --follow: the records of all replicas
   // Every prompt's "category" (all replicas; "" for none) and the categories in sorted order (empty when
   // no prompt has one); greedy_seconds per category (all replicas), as the speed-up's baseline.
   std::vector<std::string> prompt_category, categories;
@@ -254,10 +299,14 @@ struct EvalSession::Impl {
   // The set-up of the constructor, in its order.
   void load_target(const EvalOptions& o);
   std::vector<std::string> read_prompt_texts(const EvalOptions& o);
+  void sort_categories();
+  void read_followed(const EvalOptions& o);
   void decode_references(const EvalOptions& o, const std::vector<std::string>& texts);
   void sum_references(const EvalOptions& o);
   void choose_teacher_forced_samples(const EvalOptions& o);
   void warn_about_tf_shards(const EvalOptions& o);
+  void follow_figures(nlohmann::json& j, std::vector<int64_t> own_difference) const;
+  TeacherForced teacher_forced(const LoadedDraft& draft);
 };
 
 namespace {
@@ -322,6 +371,13 @@ std::vector<std::string> EvalSession::Impl::read_prompt_texts(const EvalOptions&
   if (o.num_prompts > 0 && static_cast<int64_t>(texts.size()) < o.num_prompts && groups.map.world_rank == 0)
     AERIE_LOG(warning) << "eval: --num-prompts " << o.num_prompts << " but " << o.prompts_path << " holds "
                        << texts.size() << " prompt(s): evaluating those (the figures rest on fewer prompts)";
+  s.sort_categories();
+  return texts;
+}
+
+// The sorted categories of prompt_category ("(none)" for prompts without one when others have one).
+void EvalSession::Impl::sort_categories() {
+  Impl& s = *this;
   for (const std::string& c : s.prompt_category)
     if (!c.empty() && std::find(s.categories.begin(), s.categories.end(), c) == s.categories.end())
       s.categories.push_back(c);
@@ -333,7 +389,45 @@ std::vector<std::string> EvalSession::Impl::read_prompt_texts(const EvalOptions&
       std::find(s.categories.begin(), s.categories.end(), "(none)") == s.categories.end())
     s.categories.push_back("(none)");  // (a category named "(none)" shares the entry)
   s.category_greedy_seconds.assign(s.categories.size(), 0.0);
-  return texts;
+}
+
+// --follow: this replica's records (every dp-th) as prompts, their greedy_ids (cut at --max-new-tokens) as
+// the continuations to follow; stop ids from the records (one list for all).
+void EvalSession::Impl::read_followed(const EvalOptions& o) {
+  Impl& s = *this;
+  const TargetConfig& tc = s.model->config();
+  std::vector<PromptIdsRecord> recs;
+  try {
+    recs = read_prompt_ids_file(o.follow_path, o.num_prompts, tc.vocab_size);
+  } catch (const Error& e) {
+    AERIE_THROW("eval: --follow " << e.what());
+  }
+  s.total_prompts = static_cast<int64_t>(recs.size());
+  s.stop = recs.front().stop_ids;
+  const int dp = s.groups.map.dp, dp_rank = s.groups.map.dp_rank;
+  for (size_t i = 0; i < recs.size(); ++i) {
+    PromptIdsRecord& r = recs[i];
+    AERIE_CHECK(r.stop_ids == s.stop, "eval: --follow " << o.follow_path << ": record " << i + 1 << " (index "
+                                                        << r.index << ") has other stop_ids than the first record");
+    s.prompt_category.push_back(r.category);
+    if (static_cast<int64_t>(r.greedy_ids.size()) > o.max_new_tokens) r.greedy_ids.resize(o.max_new_tokens);
+    const int64_t max_pos = tc.max_position_embeddings,
+                  need = static_cast<int64_t>(r.prompt_ids.size() + r.greedy_ids.size()) + o.num_draft_tokens + 1;
+    AERIE_CHECK(max_pos <= 0 || need <= max_pos,
+                "eval: --follow " << o.follow_path << ": record " << i + 1 << " (index " << r.index << ") has "
+                                  << r.prompt_ids.size() << " prompt and " << r.greedy_ids.size() << " answer tokens; with "
+                                  << o.num_draft_tokens + 1 << " verification positions that exceeds the target's "
+                                  << "max_position_embeddings " << max_pos);
+    if (static_cast<int>(i % dp) != dp_rank) continue;
+    s.greedy_tokens += static_cast<int64_t>(r.greedy_ids.size());  // summed over the replicas after
+    std::vector<int32_t> all = r.prompt_ids;
+    all.insert(all.end(), r.greedy_ids.begin(), r.greedy_ids.end());
+    s.prompt_index.push_back(i);
+    s.record_index.push_back(r.index);
+    s.prompts.push_back(std::move(r.prompt_ids));
+    s.greedy.push_back(std::move(all));
+  }
+  s.sort_categories();
 }
 
 // This replica's prompts (each replica takes every dp-th) as ids, and their greedy answers, timed: the
@@ -511,13 +605,40 @@ void EvalSession::Impl::warn_about_tf_shards(const EvalOptions& o) {
   }
 }
 
+// --follow's eval.json: no lossless check or speed-up (the output is the followed text by construction, and
+// nothing was decoded greedily here); own_greedy_agreement (records where this target's argmax is the followed
+// token at every position it was fed the followed text) and own_first_difference {median, min, max} (the new
+// token where it first is not, over the other records). own_difference: evaluate's slots, summed here.
+void EvalSession::Impl::follow_figures(nlohmann::json& j, std::vector<int64_t> own_difference) const {
+  Tensor t = Tensor::from_vector(own_difference, {static_cast<int64_t>(own_difference.size())});
+  groups.dp->all_reduce_sum(t);
+  std::vector<int64_t> parts;
+  int64_t agree = 0;
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const int64_t v = t.data<int64_t>()[i] - 2;
+    if (v < 0)
+      ++agree;
+    else
+      parts.push_back(v);
+  }
+  for (const char* key : {"lossless", "lossless_failures", "speedup"}) j.erase(key);
+  j["own_greedy_agreement"] = agree;
+  if (!parts.empty()) {
+    std::sort(parts.begin(), parts.end());
+    j["own_first_difference"] = {{"median", parts[parts.size() / 2]}, {"min", parts.front()}, {"max", parts.back()}};
+  }
+}
+
 EvalSession::EvalSession(const EvalOptions& o) : impl_(std::make_unique<Impl>(checked(o))) {
   Impl& s = *impl_;
   s.load_target(o);
   // Prompts: one user turn through the chat template of training data with its generation prompt (the
   // assistant header the served model answers after; plain: BOS + text). Their greedy answers do not
   // depend on the draft: decoded once, the reference of every draft's lossless check.
-  s.decode_references(o, s.read_prompt_texts(o));
+  if (o.follow_path.empty())
+    s.decode_references(o, s.read_prompt_texts(o));
+  else
+    s.read_followed(o);  // another engine's answers: no greedy decoding here
   s.sum_references(o);
   s.choose_teacher_forced_samples(o);
 }
@@ -570,7 +691,8 @@ nlohmann::json EvalSession::context() const {
   const Impl& s = *impl_;
   nlohmann::json j;
   j["model"] = s.o.model_dir;
-  j["prompts"] = s.o.prompts_path;
+  j["prompts"] = s.o.follow_path.empty() ? s.o.prompts_path : s.o.follow_path;
+  if (!s.o.follow_path.empty()) j["follow"] = s.o.follow_path;
   j["chat_template"] = s.o.chat_template;
   j["device"] = device_name(s.dev);
   j["dtype"] = dtype_name();
@@ -590,60 +712,13 @@ nlohmann::json EvalSession::context() const {
 
 std::string EvalSession::dtype_name() const { return impl_->dtype == DType::BF16 ? "bf16" : "f32"; }
 
-nlohmann::json EvalSession::evaluate(const LoadedDraft& draft, const std::string& name) {
-  Impl& s = *impl_;
+// The teacher-forced sums of acc_k / tau_sim (eagle3.md section 4): ttt_forward_backward without gradients over
+// the samples choose_teacher_forced_samples picked, summed over the replicas.
+TeacherForced EvalSession::Impl::teacher_forced(const LoadedDraft& draft) {
+  Impl& s = *this;
   TargetModel& model = *s.model;
   const TargetConfig& tc = model.config();
-  const int n = s.o.num_draft_tokens;
   const int dp = s.groups.map.dp, dp_rank = s.groups.map.dp_rank;
-  const bool sampled = s.o.temperature > 0;
-  AERIE_CHECK(s.o.tree_topk <= draft.vocab.draft_vocab_size(),
-              "eval: --tree-topk " << s.o.tree_topk << " exceeds the draft vocabulary of "
-                                   << (name.empty() ? std::string("the draft") : name) << " (K = "
-                                   << draft.vocab.draft_vocab_size() << "): a node has at most K children");
-  SpecSums sums;
-  std::vector<SpecSums> by_category(s.categories.size());  // the same sums per prompt category
-  Progress progress("eval: speculative decoding" + (name.empty() ? std::string() : " (" + name + ")"),
-                    "prompts of replica 0", static_cast<double>(s.prompts.size()), s.groups.map.world_rank, 10.0);
-  for (size_t i = 0; i < s.prompts.size(); ++i) {
-    SpecDecodeOptions so;
-    so.num_draft_tokens = n;
-    so.max_new = s.o.max_new_tokens;
-    so.stop_ids = s.stop;
-    so.sampling = SamplingParams{s.o.temperature, s.o.top_p};
-    so.seed = sequence_seed(s.o.sample_seed, s.prompt_index[i]);
-    so.tree_topk = s.o.tree_topk;
-    so.tree_depth = s.o.tree_depth;
-    if (i == 0) {  // untimed warm-up of this draft's kernels and buffers, not in spec_seconds
-      SpecDecodeOptions warm = so;
-      warm.max_new = std::min<int64_t>(so.max_new, 2 * (n + 1));
-      (void)speculative_generate(model, draft, s.prompts[i], warm);
-    }
-    const auto t0 = Clock::now();
-    SpecDecodeResult r = speculative_generate(model, draft, s.prompts[i], so);
-    const double secs = seconds_since(t0);
-    const bool same = sampled || r.tokens == s.greedy[i];  // a sampled output is not greedy decoding's
-    if (!same)
-      AERIE_LOG(warning) << "eval: prompt " << s.prompt_index[i] << (name.empty() ? "" : " (" + name + ")")
-                         << ": speculative output differs from greedy decoding"
-                         << (s.dev == Device::CPU && s.dtype == DType::BF16
-                                 ? " (BF16 on the CPU: OpenBLAS's GEMMs round a row differently with the number of "
-                                   "rows in the pass, so a near-tie can flip between a verification pass and greedy "
-                                   "decoding's one row; check with --dtype f32)"
-                                 : "");
-    sums.add(r, same, secs);
-    if (!s.categories.empty()) {
-      const std::string& c = s.prompt_category[s.prompt_index[i]];
-      by_category[std::find(s.categories.begin(), s.categories.end(), c) - s.categories.begin()].add(r, same, secs);
-    }
-    progress.add(1);
-  }
-  // Positions a pass can accept: the chain's n, a tree's depth.
-  const int positions = s.o.tree_topk > 1 && s.o.tree_depth > 0 ? std::min(s.o.tree_depth, n) : n;
-  sums.all_reduce(*s.groups.dp, positions);
-  for (SpecSums& c : by_category) c.all_reduce(*s.groups.dp, positions);  // every rank knows every category
-
-  // Teacher-forced acc_k / tau_sim (eagle3.md section 4) with ttt_forward_backward, no gradients.
   const int S = s.o.ttt_steps;
   const std::vector<double> ones(S, 1.0);
   TeacherForced tf;
@@ -700,11 +775,74 @@ nlohmann::json EvalSession::evaluate(const LoadedDraft& draft, const std::string
     }
   }
   tf.all_reduce(*s.groups.dp, S);
+  return tf;
+}
+
+nlohmann::json EvalSession::evaluate(const LoadedDraft& draft, const std::string& name) {
+  Impl& s = *impl_;
+  TargetModel& model = *s.model;
+  const int n = s.o.num_draft_tokens;
+  const bool sampled = s.o.temperature > 0, following = !s.o.follow_path.empty();
+  // --follow: where the target's own argmax first parts from each record's answer (-1: never), slot i of
+  // record i as value + 2 (0: another replica's), summed over the replicas below.
+  std::vector<int64_t> own_difference(static_cast<size_t>(s.total_prompts), 0);
+  AERIE_CHECK(s.o.tree_topk <= draft.vocab.draft_vocab_size(),
+              "eval: --tree-topk " << s.o.tree_topk << " exceeds the draft vocabulary of "
+                                   << (name.empty() ? std::string("the draft") : name) << " (K = "
+                                   << draft.vocab.draft_vocab_size() << "): a node has at most K children");
+  SpecSums sums;
+  std::vector<SpecSums> by_category(s.categories.size());  // the same sums per prompt category
+  Progress progress("eval: speculative decoding" + (name.empty() ? std::string() : " (" + name + ")"),
+                    "prompts of replica 0", static_cast<double>(s.prompts.size()), s.groups.map.world_rank, 10.0);
+  for (size_t i = 0; i < s.prompts.size(); ++i) {
+    SpecDecodeOptions so;
+    so.num_draft_tokens = n;
+    so.max_new = s.o.max_new_tokens;
+    so.stop_ids = s.stop;
+    so.sampling = SamplingParams{s.o.temperature, s.o.top_p};
+    so.seed = sequence_seed(s.o.sample_seed, s.prompt_index[i]);
+    so.tree_topk = s.o.tree_topk;
+    so.tree_depth = s.o.tree_depth;
+    if (following)
+      so.follow.assign(s.greedy[i].begin() + static_cast<int64_t>(s.prompts[i].size()), s.greedy[i].end());
+    if (i == 0) {  // untimed warm-up of this draft's kernels and buffers, not in spec_seconds
+      SpecDecodeOptions warm = so;
+      warm.max_new = std::min<int64_t>(so.max_new, 2 * (n + 1));
+      (void)speculative_generate(model, draft, s.prompts[i], warm);
+    }
+    const auto t0 = Clock::now();
+    SpecDecodeResult r = speculative_generate(model, draft, s.prompts[i], so);
+    const double secs = seconds_since(t0);
+    if (following) own_difference[s.prompt_index[i]] = r.own_first_difference + 2;
+    const bool same = sampled || r.tokens == s.greedy[i];  // a sampled output is not greedy decoding's
+    if (!same)
+      AERIE_LOG(warning) << "eval: prompt " << s.prompt_index[i] << (name.empty() ? "" : " (" + name + ")")
+                         << ": speculative output differs from greedy decoding"
+                         << (s.dev == Device::CPU && s.dtype == DType::BF16
+                                 ? " (BF16 on the CPU: OpenBLAS's GEMMs round a row differently with the number of "
+                                   "rows in the pass, so a near-tie can flip between a verification pass and greedy "
+                                   "decoding's one row; check with --dtype f32)"
+                                 : "");
+    sums.add(r, same, secs);
+    if (!s.categories.empty()) {
+      const std::string& c = s.prompt_category[s.prompt_index[i]];
+      by_category[std::find(s.categories.begin(), s.categories.end(), c) - s.categories.begin()].add(r, same, secs);
+    }
+    progress.add(1);
+  }
+  // Positions a pass can accept: the chain's n, a tree's depth.
+  const int positions = s.o.tree_topk > 1 && s.o.tree_depth > 0 ? std::min(s.o.tree_depth, n) : n;
+  sums.all_reduce(*s.groups.dp, positions);
+  for (SpecSums& c : by_category) c.all_reduce(*s.groups.dp, positions);  // every rank knows every category
+
+  // Teacher-forced acc_k / tau_sim (eagle3.md section 4) with ttt_forward_backward, no gradients.
+  const TeacherForced tf = s.teacher_forced(draft);
 
   nlohmann::json j;
   j["num_prompts"] = sums.prompts;
   sums.to_json(j, "");
   j["speedup"] = sums.spec_seconds > 0 ? s.greedy_seconds / sums.spec_seconds : 0.0;
+  if (following) s.follow_figures(j, std::move(own_difference));
   if (!s.categories.empty()) {  // the prompts' "category" (MT-Bench, Spec-Bench): one entry each
     nlohmann::json per = nlohmann::json::object();
     for (size_t k = 0; k < s.categories.size(); ++k) {
@@ -712,10 +850,11 @@ nlohmann::json EvalSession::evaluate(const LoadedDraft& draft, const std::string
       c["num_prompts"] = by_category[k].prompts;
       by_category[k].to_json(c, "");
       c["speedup"] = by_category[k].spec_seconds > 0 ? s.category_greedy_seconds[k] / by_category[k].spec_seconds : 0.0;
-      if (sampled) {
+      if (sampled || following) {
         c.erase("lossless");
         c.erase("lossless_failures");
       }
+      if (following) c.erase("speedup");
       per[s.categories[k]] = c;
     }
     j["per_category"] = per;
@@ -742,7 +881,7 @@ void EvalSession::write_prompt_records(const std::string& path) const {
   std::string mine;
   for (size_t i = 0; i < s.prompts.size(); ++i) {
     const std::string& c = s.prompt_category.empty() ? std::string() : s.prompt_category[s.prompt_index[i]];
-    nlohmann::json r = {{"index", s.prompt_index[i]},
+    nlohmann::json r = {{"index", s.record_index.empty() ? static_cast<int64_t>(s.prompt_index[i]) : s.record_index[i]},
                         {"category", c.empty() || c == "(none)" ? nlohmann::json() : nlohmann::json(c)},
                         {"prompt_ids", s.prompts[i]},
                         {"stop_ids", s.stop},
@@ -804,8 +943,11 @@ nlohmann::json run_eval(const EvalOptions& o) {
     };
     AERIE_LOG(info) << "eval: acceptance length " << f4(j["acceptance_length"]) << " over " << j["verify_passes"]
                     << " verification passes, "
-                    << (j.contains("lossless") ? "lossless " + j["lossless"].dump()
-                                               : "sampled at temperature " + std::to_string(o.temperature))
+                    << (j.contains("lossless")         ? "lossless " + j["lossless"].dump()
+                        : !o.follow_path.empty() ? "following " + o.follow_path + " (this target's own argmaxes agree "
+                                                       "throughout in " + j["own_greedy_agreement"].dump() + " of " +
+                                                       j["num_prompts"].dump() + " prompts)"
+                                                 : "sampled at temperature " + std::to_string(o.temperature))
                     << ", tau_sim " << f4(j["tau_sim"]) << "; draft " << o.draft_path << " (" << draft_variant(draft.cfg)
                     << ")";
     if (o.untrained)
@@ -819,7 +961,8 @@ nlohmann::json run_eval(const EvalOptions& o) {
         if (c["num_prompts"].get<int64_t>() == 0)
           t << "no prompts (skipped)";
         else
-          t << c["num_prompts"] << ", " << f4(c["acceptance_length"]) << ", " << f4(c["speedup"]);
+          t << c["num_prompts"] << ", " << f4(c["acceptance_length"]) << ", "
+            << (c.contains("speedup") ? f4(c["speedup"]) : std::string("-"));
       }
       AERIE_LOG(info) << t.str();
     }

@@ -238,16 +238,62 @@ std::vector<int64_t> accepted_tree_path(const std::vector<int32_t>& in, const st
   return rows;
 }
 
+// One pass of tree verification (SpecDecodeOptions::tree_topk > 1) at L = r.tokens.size() - 1: the proposer's
+// tree verified in one forward_tree, the longest accepted path and the target's next token appended to r (cut at
+// a stop id or max_new), the caches kept to that path. Returns true when the run is done.
+bool tree_pass(TargetModel& target, Proposer& prop, const std::vector<int>& aux, const SpecDecodeOptions& o,
+               int tree_depth, KVCache& cache, SpecDecodeResult& r, const std::function<bool(int32_t)>& is_stop,
+               int64_t max_new) {
+  Communicator& tp = target.tp();
+  const int n = o.num_draft_tokens;
+  const int64_t L = static_cast<int64_t>(r.tokens.size()) - 1;
+  DraftTree t = prop.propose_tree(n, o.tree_topk, tree_depth);
+  AERIE_CHECK(!t.tokens.empty() && static_cast<int>(t.tokens.size()) <= n && t.parent.size() == t.tokens.size(),
+              "speculative_generate: proposer gave a tree of " << t.tokens.size() << " nodes (budget " << n << ")");
+  std::vector<int32_t> size = broadcast_tokens(tp, target.device(), {static_cast<int32_t>(t.tokens.size())});
+  t.tokens.resize(size[0]);
+  t.parent.resize(size[0]);
+  t.tokens = broadcast_tokens(tp, target.device(), t.tokens);
+  t.parent = broadcast_tokens(tp, target.device(), t.parent);
+  std::vector<int32_t> in{r.tokens.back()}, parent{-1};  // row 0: the root, x_L
+  for (size_t i = 0; i < t.tokens.size(); ++i) {
+    in.push_back(t.tokens[i]);
+    parent.push_back(t.parent[i] + 1);
+  }
+  TargetOutput v = target.forward_tree(in, parent, &cache, aux, true);  // rows at positions L + depth
+  std::vector<int64_t> am = argmax_rows(v.logits);
+  std::vector<int32_t> y = broadcast_tokens(tp, target.device(), std::vector<int32_t>(am.begin(), am.end()));
+  const std::vector<int64_t> rows = accepted_tree_path(in, parent, y);
+  const int a = static_cast<int>(rows.size()) - 1;
+  ++r.verify_passes;
+  bool done = false;
+  for (int i = 0; i <= a && !done; ++i) {
+    const int32_t tk = i < a ? in[rows[i + 1]] : y[rows[a]];
+    if (i < a) ++r.accepted_at[i];
+    r.tokens.push_back(tk);
+    ++r.generated;
+    ++r.verify_tokens;
+    done = is_stop(tk) || r.generated >= max_new;
+  }
+  if (done) return true;
+  cache.keep_rows(L, rows);  // x_L and the accepted path, as positions L .. L + a
+  Tensor f = Tensor::empty({a + 1, v.aux_hidden.dim(1)}, v.aux_hidden.dtype(), v.aux_hidden.device());
+  for (int i = 0; i <= a; ++i) f.slice(i, i + 1).copy_from(v.aux_hidden.slice(rows[i], rows[i] + 1));
+  prop.append_verified(f, std::vector<int32_t>(r.tokens.begin() + L + 1, r.tokens.begin() + L + a + 2));
+  return false;
+}
+
 }  // namespace
 
 SpecDecodeResult speculative_generate(TargetModel& target, Proposer& prop, const std::vector<int>& aux,
                                       const std::vector<int32_t>& prompt, const SpecDecodeOptions& o) {
   const TargetConfig& tc = target.config();
   const int n = o.num_draft_tokens;
-  const int64_t max_new = o.max_new;
   AERIE_CHECK(!prompt.empty(), "speculative_generate: empty prompt");
   AERIE_CHECK(n >= 1, "speculative_generate: num_draft_tokens " << n << " must be >= 1");
   check_sampling_params(o.sampling);
+  const bool follow = !o.follow.empty();
+  const int64_t max_new = follow ? std::min<int64_t>(o.max_new, static_cast<int64_t>(o.follow.size())) : o.max_new;
   const int64_t P = static_cast<int64_t>(prompt.size()), capacity = P + max_new + n + 1;
   AERIE_CHECK(tc.max_position_embeddings <= 0 || capacity <= tc.max_position_embeddings,
               "speculative_generate: prompt " << P << " + max_new " << max_new << " + " << n + 1
@@ -260,6 +306,8 @@ SpecDecodeResult speculative_generate(TargetModel& target, Proposer& prop, const
                                                                                           << o.tree_depth);
   AERIE_CHECK(!(tree && sampled), "speculative_generate: draft trees verify greedily (temperature 0) for now; "
                                   "sampled speculation takes chains (tree topk 1)");
+  AERIE_CHECK(!follow || (!tree && !sampled), "speculative_generate: a followed continuation goes with greedy chains "
+                                              "(temperature 0, tree topk 1)");
   SampleRng rng(o.seed);
   const AcceptRule accept = o.accept ? o.accept : AcceptRule(accept_speculative_sampling);
   auto is_stop = [&](int32_t t) { return std::find(o.stop_ids.begin(), o.stop_ids.end(), t) != o.stop_ids.end(); };
@@ -278,8 +326,19 @@ SpecDecodeResult speculative_generate(TargetModel& target, Proposer& prop, const
   KVCache cache = target.make_cache(capacity);
   TargetOutput pre = target.forward(prompt, &cache, aux, true);
   int32_t first = 0;
+  // With o.follow, the target's choice for new token g is the followed token (-1 past its end: no guess
+  // equals it, and the run stops before emitting it); its own argmax there is only compared (a row whose
+  // input holds the followed text so far).
+  auto followed = [&](int64_t g) { return g < static_cast<int64_t>(o.follow.size()) ? o.follow[g] : -1; };
+  auto note_own = [&](int64_t g, int32_t own) {
+    if (followed(g) >= 0 && own != followed(g) && r.own_first_difference < 0) r.own_first_difference = g;
+  };
   if (!sampled) {
     first = static_cast<int32_t>(argmax_rows(pre.logits.slice(P - 1, P))[0]);
+    if (follow) {
+      note_own(0, first);
+      first = followed(0);
+    }
   } else if (root) {
     const std::vector<float> l = host_logits(pre.logits, P - 1, P);
     first = sample_token(l.data(), static_cast<int64_t>(l.size()), o.sampling, rng);
@@ -295,38 +354,7 @@ SpecDecodeResult speculative_generate(TargetModel& target, Proposer& prop, const
     // Invariant: the target cache and the draft hold positions 0 .. L-1, L = tokens.size() - 1.
     const int64_t L = static_cast<int64_t>(r.tokens.size()) - 1;
     if (tree) {  // one pass of tree verification
-      DraftTree t = prop.propose_tree(n, o.tree_topk, tree_depth);
-      AERIE_CHECK(!t.tokens.empty() && static_cast<int>(t.tokens.size()) <= n && t.parent.size() == t.tokens.size(),
-                  "speculative_generate: proposer gave a tree of " << t.tokens.size() << " nodes (budget " << n << ")");
-      std::vector<int32_t> size = broadcast_tokens(tp, target.device(), {static_cast<int32_t>(t.tokens.size())});
-      t.tokens.resize(size[0]);
-      t.parent.resize(size[0]);
-      t.tokens = broadcast_tokens(tp, target.device(), t.tokens);
-      t.parent = broadcast_tokens(tp, target.device(), t.parent);
-      std::vector<int32_t> in{r.tokens.back()}, parent{-1};  // row 0: the root, x_L
-      for (size_t i = 0; i < t.tokens.size(); ++i) {
-        in.push_back(t.tokens[i]);
-        parent.push_back(t.parent[i] + 1);
-      }
-      TargetOutput v = target.forward_tree(in, parent, &cache, aux, true);  // rows at positions L + depth
-      std::vector<int64_t> am = argmax_rows(v.logits);
-      std::vector<int32_t> y = broadcast_tokens(tp, target.device(), std::vector<int32_t>(am.begin(), am.end()));
-      const std::vector<int64_t> rows = accepted_tree_path(in, parent, y);
-      const int a = static_cast<int>(rows.size()) - 1;
-      ++r.verify_passes;
-      for (int i = 0; i <= a && !done; ++i) {
-        const int32_t tk = i < a ? in[rows[i + 1]] : y[rows[a]];
-        if (i < a) ++r.accepted_at[i];
-        r.tokens.push_back(tk);
-        ++r.generated;
-        ++r.verify_tokens;
-        done = is_stop(tk) || r.generated >= max_new;
-      }
-      if (done) break;
-      cache.keep_rows(L, rows);  // x_L and the accepted path, as positions L .. L + a
-      Tensor f = Tensor::empty({a + 1, v.aux_hidden.dim(1)}, v.aux_hidden.dtype(), v.aux_hidden.device());
-      for (int i = 0; i <= a; ++i) f.slice(i, i + 1).copy_from(v.aux_hidden.slice(rows[i], rows[i] + 1));
-      prop.append_verified(f, std::vector<int32_t>(r.tokens.begin() + L + 1, r.tokens.begin() + L + a + 2));
+      if (tree_pass(target, prop, aux, o, tree_depth, cache, r, is_stop, max_new)) break;
       continue;
     }
     std::vector<DraftDist> q;
@@ -342,8 +370,13 @@ SpecDecodeResult speculative_generate(TargetModel& target, Proposer& prop, const
     if (!sampled) {
       std::vector<int64_t> am = argmax_rows(v.logits);
       std::vector<int32_t> y = broadcast_tokens(tp, target.device(), std::vector<int32_t>(am.begin(), am.end()));
+      const std::vector<int32_t> own = y;
+      if (follow)
+        for (int i = 0; i <= n; ++i) y[i] = followed(r.generated + i);  // row i: new token generated + i
       int a = 0;
       while (a < n && guess[a] == y[a]) ++a;
+      if (follow)
+        for (int i = 0; i <= a; ++i) note_own(r.generated + i, own[i]);  // rows fed the followed text
       emitted.assign(guess.begin(), guess.begin() + a);
       emitted.push_back(y[a]);
     } else {

@@ -193,4 +193,43 @@ run write_prompts_link 1 "${w_args[@]}" --output "$work/w4.json" --write-prompts
 [ -L "$work/plink.jsonl" ] || fail "--write-prompts replaced its symbolic link"
 refused write_prompts_run "aerie eval: --write-prompts goes with --draft" 1 \
   "${eval_args[@]}" --run "$r" --write-prompts "$work/p3.jsonl"
+
+# eval --follow (the acceptance along another engine's answers): following the target's own greedy answers is the
+# plain run, on 1 and 2 ranks; an answer that parts at its 3rd token is followed and named; bad records refused.
+f_args=(eval --model "$model" --num-draft-tokens 3 --max-new-tokens 12 --device cpu --dtype f32 --draft "$r")
+run follow_np2 2 "${f_args[@]}" --follow "$work/p1.jsonl" --output "$work/f2.json" || fail "--follow on 2 ranks"
+grep -q "following $work/p1.jsonl (this target's own argmaxes agree throughout in 5 of 5 prompts)" "$last" \
+  || fail "no --follow line"
+run follow_np1 1 "${f_args[@]}" --follow "$work/p1.jsonl" --output "$work/f1.json" || fail "--follow on 1 rank"
+python3 - "$work/p1.jsonl" "$work/parted.jsonl" "$work/bad.jsonl" <<'EOF2' || fail "--follow files"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+r = next(r for r in rows if len(r["greedy_ids"]) >= 4)
+t = (r["greedy_ids"][2] + 7) % 512
+while t in r["stop_ids"]:  # a stop id there would end the answer
+    t = (t + 1) % 512
+r["greedy_ids"][2] = t
+with open(sys.argv[2], "w") as f:
+    f.write("".join(json.dumps(x) + "\n" for x in rows))
+rows[1]["greedy_ids"] = [5, 99999]
+with open(sys.argv[3], "w") as f:
+    f.write("".join(json.dumps(x) + "\n" for x in rows))
+EOF2
+run follow_parted 1 "${f_args[@]}" --follow "$work/parted.jsonl" --output "$work/f3.json" || fail "--follow parted"
+python3 - "$work/w1.json" "$work/f1.json" "$work/f2.json" "$work/f3.json" <<'EOF2' || fail "--follow eval.json"
+import json, sys
+w, f1, f2, f3 = (json.load(open(p)) for p in sys.argv[1:])
+for f in (f1, f2):
+    assert f["verify_passes"] == w["verify_passes"] and f["acceptance_length"] == w["acceptance_length"], (f, w)
+    assert f["own_greedy_agreement"] == 5 and "own_first_difference" not in f, f
+    assert "lossless" not in f and "speedup" not in f and f["follow"].endswith("p1.jsonl"), f
+assert f3["own_greedy_agreement"] == 4 and f3["own_first_difference"] == {"median": 2, "min": 2, "max": 2}, f3
+assert f3["tokens_generated"] == w["tokens_generated"], (f3["tokens_generated"], w["tokens_generated"])
+EOF2
+refused follow_bad "eval: --follow $work/bad.jsonl:2: \"greedy_ids\" holds token id 99999, outside the target's" 1 \
+  "${f_args[@]}" --follow "$work/bad.jsonl" --output "$work/f4.json"
+refused follow_and_prompts "aerie eval: --prompts and --follow exclude each other" 1 "${f_args[@]}" \
+  --follow "$work/p1.jsonl" --prompts "$text"
+refused follow_sampled "aerie eval: --follow measures greedy chains" 1 "${f_args[@]}" --follow "$work/p1.jsonl" \
+  --temperature 0.5
 echo "checkpoint_eval: ok"

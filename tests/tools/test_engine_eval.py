@@ -277,6 +277,26 @@ class Script(TempDir):
         self.assertIn("-20.00%", r.stdout)
         self.assertIn("1 speculative output(s) differ", r.stderr)
 
+    def test_write_answers_holds_the_speculative_outputs(self):
+        answers = os.path.join(self.dir, "answers.jsonl")
+        r = self.run_tool("--write-answers", answers, env={"ENGINE_EVAL_FAKE_DIFFER": "2"})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        rows = ee.read_prompt_ids(answers)  # what aerie eval --follow reads: the prompt-ids format
+        self.assertEqual([x["index"] for x in rows], [0, 1, 2, 4])
+        for x, rec in zip(rows, self.records):
+            self.assertEqual((x["prompt_ids"], x["stop_ids"], x["category"]),
+                             (rec["prompt_ids"], rec["stop_ids"], rec["category"]))
+            self.assertEqual(len(x["greedy_ids"]), self.N)
+        # The engine's own text, not the records' greedy_ids (prompt 1's holds aerie's [1, 2, 3]); prompt 2's is
+        # the speculative output, which the fake makes differ from the plain one at position 1.
+        self.assertEqual(rows[1]["greedy_ids"], fake_answer([7, 5], [99999], self.N))
+        plain2 = fake_answer([1, 2], [99999], self.N)
+        self.assertEqual(rows[2]["greedy_ids"], plain2[:1] + [plain2[1] + 1] + plain2[2:])
+        r = self.run_tool("--write-answers", self.prompts)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--write-answers", r.stderr)
+        self.assertIn("is also --prompt-ids", r.stderr)
+
     def test_no_categories_num_prompts_and_stops(self):
         rows = [dict(record(i, [4 + i, 3]), category=None) for i in range(3)]
         rows[1]["stop_ids"] = [fake_answer([5, 3], [], 3)[2]]  # ends after 3 tokens

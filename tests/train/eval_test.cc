@@ -133,6 +133,54 @@ TEST_F(EvalTest, AcceptanceBookkeepingWithOracleDrafts) {
     }
 }
 
+// SpecDecodeOptions::follow: the run emits the followed text, not the target's greedy one, accepts the guesses
+// that equal it, and says where the target's own argmax parts from it; following the target's own greedy
+// answer is the plain run.
+TEST_F(EvalTest, FollowsAGivenContinuation) {
+  auto p = prompt("Once upon a time");
+  const std::vector<int> aux = default_aux_layers(model_->config().num_hidden_layers);
+  const std::vector<int32_t> greedy = greedy_generate(*model_, p, 40, std::vector<int32_t>{});
+  // Another engine's answer: the target's for 10 tokens, then another token, then the target's from there.
+  std::vector<int32_t> parted(greedy.begin(), greedy.begin() + static_cast<int64_t>(p.size()) + 10);
+  parted.push_back((greedy[p.size() + 10] + 1) % 512);
+  parted = greedy_generate(*model_, parted, 40 - 11, std::vector<int32_t>{});
+  ASSERT_EQ(parted.size(), greedy.size());
+  const std::vector<int32_t> follow(parted.begin() + static_cast<int64_t>(p.size()), parted.end());
+  for (int n : {1, 3, 5}) {
+    SpecDecodeOptions so;
+    so.num_draft_tokens = n;
+    so.max_new = 64;  // the followed text is shorter: the run ends with it
+    so.follow = follow;
+    // An oracle of the followed text accepts every guess: passes of n + 1 tokens but a last cut one.
+    OracleProposer oracle(parted, -1);
+    SpecDecodeResult r = speculative_generate(*model_, oracle, aux, p, so);
+    EXPECT_EQ(r.tokens, parted) << "n " << n;
+    EXPECT_EQ(r.own_first_difference, 10) << "n " << n;
+    EXPECT_EQ(r.verify_passes, (40 - 1 + n) / (n + 1)) << "n " << n;
+    // An untrained draft: the same text, and its acceptance measured along it.
+    LoadedDraft d = full_vocab_draft(*model_, 3);
+    SpecDecodeResult u = speculative_generate(*model_, d, p, so);
+    EXPECT_EQ(u.tokens, parted) << "n " << n;
+    EXPECT_EQ(u.own_first_difference, 10) << "n " << n;
+    // Following the target's own answer is the plain greedy chain, pass by pass.
+    so.follow.assign(greedy.begin() + static_cast<int64_t>(p.size()), greedy.end());
+    so.max_new = 40;
+    SpecDecodeResult own = speculative_generate(*model_, d, p, so);
+    SpecDecodeResult plain = speculative_generate(*model_, d, p, n, 40, {});
+    EXPECT_EQ(own.tokens, plain.tokens);
+    EXPECT_EQ(own.accepted_at, plain.accepted_at) << "n " << n;
+    EXPECT_EQ(own.verify_passes, plain.verify_passes);
+    EXPECT_EQ(own.own_first_difference, -1);
+    EXPECT_EQ(plain.own_first_difference, -1);
+  }
+  SpecDecodeOptions tree;
+  tree.follow = follow;
+  tree.tree_topk = 2;
+  EXPECT_NE(testing::error_of([&] { speculative_generate(*model_, full_vocab_draft(*model_, 3), p, tree); })
+                .find("greedy chains"),
+            std::string::npos);
+}
+
 TEST_F(EvalTest, StopsLikeGreedy) {
   LoadedDraft d = untrained_draft(*model_, 1);
   const std::vector<int32_t> p{tok_->bos_id()};  // llama2.c's greedy sample: a story that ends with BOS

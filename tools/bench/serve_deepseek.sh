@@ -87,4 +87,5 @@ fi
 serve_prompts
 if want eval; then log "aerie eval"; serve_aerie_eval; fi
 if [ "$device" = cuda ] && want engine; then log "$engine"; serve_engine; fi
+if [ "$device" = cuda ] && want follow; then log "aerie eval --follow the engine's answers"; serve_follow; fi
 serve_summary

@@ -1,6 +1,6 @@
 # The stages that tools/bench/serve_*.sh share (sourced, not run): the benchmark prompts, `aerie eval` of each
 # draft and K with the prompt ids written for the engine, the engine's runs through tools/engine_eval on the same
-# ids, and the summary table. The caller sets: root out data aerie engine ks per_bench max_new dtype parallel
+# ids, aerie eval along the engine's own answers (--follow), and the summary table. The caller sets: root out data aerie engine ks per_bench max_new dtype parallel
 # eval_np model template draft_list title, and want() (which stages run). Every stage skips what exists.
 
 # MT-Bench's 80 first turns and PER_BENCH of each other EAGLE evaluation set, by benchmark -> $out/bench.jsonl
@@ -55,9 +55,27 @@ serve_engine() {
       --prompt-ids "$out/prompts_${d}_k$k.jsonl" --num-draft-tokens "$k" --max-new-tokens "$max_new" \
       --dtype "$edtype" --aerie-eval "$out/eval_${d}_k$k.json" --gpu-memory-utilization "${GPU_FRACTION:-0.12}" \
       ${MAX_MODEL_LEN:+--max-model-len "$MAX_MODEL_LEN"} \
-      --plain-cache "$out/${engine}_plain.json" --output "$o" > "${o%.json}.log" 2>&1 &
+      --plain-cache "$out/${engine}_plain.json" --write-answers "$out/answers_${engine}_${d}_${fmt}_k$k.jsonl" \
+      --output "$o" > "${o%.json}.log" 2>&1 &
     i=$((i + 1))
     if [ "$i" -eq 1 ] || [ $((i % parallel)) -eq 0 ]; then wait; else sleep 20; fi
+  done
+  wait
+}
+
+# aerie eval along the engine's own answers (--follow): where the two targets part, the draft's acceptance on the
+# text the engine verified, EVAL_NP ranks each, PARALLEL at a time -> $out/follow_ENGINE_DRAFT_FORMAT_kK.json.
+serve_follow() {
+  local jobs_run=0 a name d k
+  for a in "$out"/answers_"${engine}"_*_k*.jsonl; do
+    [ -f "$a" ] || continue
+    name=$(basename "$a" .jsonl); name=${name#answers_"${engine}"_}
+    d=${name%_*}; d=${d%_*}; k=${name##*_k}
+    [ -f "$out/follow_${engine}_$name.json" ] && continue
+    mpirun -np "$eval_np" "$aerie" eval --model "$model" --draft "$out/export_${d}_eagle3" --follow "$a" \
+      --num-prompts 0 --num-draft-tokens "$k" --max-new-tokens "$max_new" --dtype "$dtype" --device "${device:-cuda}" \
+      --output "$out/follow_${engine}_$name.json" > "$out/follow_${engine}_$name.log" 2>&1 &
+    jobs_run=$((jobs_run + 1)); [ $((jobs_run % parallel)) -eq 0 ] && wait
   done
   wait
 }
@@ -69,25 +87,30 @@ serve_summary() {
 import glob, json, os, sys
 out, engine, n, title = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 lines = [f"# aerie eval vs {engine} on {title} ({n} prompts)", "",
-         "| draft | format | K | benchmark | prompts | aerie | engine | diff | engine lossless | engine plain = aerie greedy |",
-         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+         "| draft | format | K | benchmark | prompts | aerie | engine | diff | engine lossless | engine plain = aerie greedy "
+         "| aerie along the engine's answers | diff |",
+         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
 for path in sorted(glob.glob(os.path.join(out, engine + "_*_k*.json"))):
     name = os.path.basename(path)[len(engine) + 1:-5]
     d, fmt, k = name.rsplit("_", 2)
     e = json.load(open(path))
     a = e.get("aerie", {})
-    rows = [("all", e.get("num_prompts"), a.get("acceptance_length"), e.get("acceptance_length"))]
+    fp = os.path.join(out, f"follow_{engine}_{name}.json")
+    fo = json.load(open(fp)) if os.path.isfile(fp) else {}
+    rows = [("all", e.get("num_prompts"), a.get("acceptance_length"), e.get("acceptance_length"),
+             fo.get("acceptance_length"))]
     for c, v in sorted((e.get("per_category") or {}).items()):
         rows.append((c, v.get("num_prompts"), (a.get("per_category") or {}).get(c, {}).get("acceptance_length"),
-                     v.get("acceptance_length")))
-    for c, np_, al, el in rows:
+                     v.get("acceptance_length"), (fo.get("per_category") or {}).get(c, {}).get("acceptance_length")))
+    for c, np_, al, el, fl in rows:
         diff = f"{(el / al - 1) * 100:+.2f}%" if al and el else "-"
+        fdiff = f"{(el / fl - 1) * 100:+.2f}%" if fl and el else "-"
         f = lambda x: f"{x:.4f}" if isinstance(x, (int, float)) else "-"
         part = e.get("aerie_greedy_first_difference")
         same = f"{e.get('matches_aerie_greedy', '?')} / {e.get('num_prompts')}" + (
             f" (others part at token {part['median']} in the median)" if part else "") if c == "all" else ""
         lines.append(f"| {d} | {fmt} | {k[1:]} | {c} | {np_} | {f(al)} | {f(el)} | {diff} | "
-                     f"{e.get('lossless')} ({e.get('lossless_mismatches', '?')} differ) | {same} |")
+                     f"{e.get('lossless')} ({e.get('lossless_mismatches', '?')} differ) | {same} | {f(fl)} | {fdiff} |")
 open(os.path.join(out, "summary.md"), "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 PY

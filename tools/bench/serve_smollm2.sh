@@ -18,7 +18,8 @@
 #   EVAL_NP         ranks of each `aerie eval` (default 1): its prompts split data-parallel, all ranks on the one GPU
 #   DRAFTS          the drafts to export, evaluate and serve (default "default nonbr")
 #   STEP            all (default), train (pipeline + the second draft + exports), eval (aerie eval),
-#                   engine (the engine runs), summary
+#                   engine (the engine runs), follow (aerie eval along each engine run's own answers: `eval
+#                   --follow`, where the engine's target parts from aerie's), summary
 # Every stage skips what exists, so a rerun continues. OUT/summary.md holds the table.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -60,4 +61,5 @@ template=smollm2 title=SmolLM2-135M-Instruct
 serve_prompts
 if want eval; then serve_aerie_eval; fi
 if want engine; then serve_engine; fi
+if want follow; then serve_follow; fi
 serve_summary
