@@ -295,6 +295,17 @@ void measure_disk(const TargetConfig& cfg, ParallelGroups& groups, const Calibra
   const bool leader = groups.map.tp_rank == 0;
   const std::string path = opt.work + "/calibrate-disk-" + std::to_string(getpid()) + "-" + std::to_string(groups.map.dp_rank) + ".h5";
   const RandomSample x(T, H, cfg.vocab_size, DType::BF16);
+  // The test shard goes whatever happens (a full disk throws from the writer): nothing of it is left in --work.
+  struct Remove {
+    std::string path;
+    bool on;
+    ~Remove() {
+      if (!on) return;
+      std::error_code ec;
+      std::filesystem::remove(path, ec);
+      std::filesystem::remove(path + ".tmp", ec);
+    }
+  } remove_test_shard{path, leader};
   groups.world->barrier();
   const auto t0 = std::chrono::steady_clock::now();
   if (leader) {
@@ -310,7 +321,6 @@ void measure_disk(const TargetConfig& cfg, ParallelGroups& groups, const Calibra
   Tensor s = Tensor::from_vector<float>(
       {static_cast<float>(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count())}, {1});
   groups.world->all_reduce_max(s);
-  if (leader) std::filesystem::remove(path);
   cal.disk_test_bytes = samples * per_sample * groups.map.dp;
   cal.disk_write_bytes_per_s = static_cast<double>(cal.disk_test_bytes) / std::max(1e-9, double(s.to_float_vector()[0]));
 }
@@ -452,7 +462,9 @@ int calibrate(const std::vector<std::string>& args) {
                     "0 (the default) or >= 2 (a run of one new token is timed beside it)");
   AERIE_USAGE_CHECK(opt.draft_vocab >= 2, "aerie calibrate: --draft-vocab-size must be >= 2 (vocab's own limit)");
   opt.min_seconds = vm["min-time"].as<double>();
-  AERIE_USAGE_CHECK(opt.min_seconds >= 0, "aerie calibrate: --min-time must be >= 0");
+  AERIE_USAGE_CHECK(std::isfinite(opt.min_seconds) && opt.min_seconds >= 0 && opt.min_seconds <= 60,
+                    "aerie calibrate: --min-time must be a number of seconds in [0, 60] (each measurement repeats "
+                    "its call for about this long), got " << opt.min_seconds);
   AERIE_USAGE_CHECK(opt.iters >= 1 && opt.ttt_steps >= 1, "aerie calibrate: --iters and --ttt-steps must be >= 1");
   AERIE_USAGE_CHECK(vm["disk-mib"].as<int64_t>() >= 1 && vm["disk-mib"].as<int64_t>() <= 65536,
                     "aerie calibrate: --disk-mib " << vm["disk-mib"].as<int64_t>() << " is not 1 to 65536 (MiB per group)");

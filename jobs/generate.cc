@@ -280,7 +280,7 @@ int generate(const std::vector<std::string>& args) {
   AERIE_CHECK(!(vm.count("max-new-tokens") && !vm["max-new"].defaulted()),
               "aerie generate: give --max-new or --max-new-tokens, not both");
   const int64_t max_new = vm.count("max-new-tokens") ? vm["max-new-tokens"].as<int64_t>() : vm["max-new"].as<int64_t>();
-  AERIE_CHECK(max_new >= 0, "aerie generate: --max-new must be >= 0, got " << max_new);
+  GENERATE_REQUIRE(max_new >= 1, "--max-new must be >= 1 (new tokens per answer), got " << max_new);
   SamplingParams sp{vm["temperature"].as<double>(), vm["top-p"].as<double>()};
   GENERATE_REQUIRE(std::isfinite(sp.temperature) && sp.temperature >= 0,
                    "--temperature must be >= 0 (0: greedy), got " << sp.temperature);

@@ -339,7 +339,7 @@ int plan(const std::vector<std::string>& args) {
     if (!p.fits) print_suggestions(p, opt, config, tensors, config_file);
     std::cout.flush();
   }
-  if (!vm["calibration"].as<std::string>().empty())
+  if (!vm["calibration"].defaulted() || !vm["calibration"].as<std::string>().empty())
     print_time_plan(vm, target_config_from_json(config, config_file), opt.tp, world, opt.batch_tokens, rank == 0);
   return p.fits ? 0 : 1;  // a script can branch on it (the plan is printed either way)
 }

@@ -115,6 +115,8 @@ void add_time_plan_options(po::options_description& desc) {
 void print_time_plan(const po::variables_map& vm, const TargetConfig& target, int tp, int world, int64_t batch_tokens,
                      bool print) {
   const std::string path = vm["calibration"].as<std::string>();
+  AERIE_USAGE_CHECK(!path.empty() || vm["calibration"].defaulted(),
+                    "aerie plan: --calibration is empty (give the calibration.json of aerie calibrate)");
   if (path.empty()) return;
   std::ifstream f(path);
   AERIE_USAGE_CHECK(f.good(), "aerie plan: --calibration " << path << " cannot be read");

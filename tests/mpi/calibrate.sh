@@ -86,4 +86,11 @@ plan --tp 1 --calibration "$out/other.json" --samples 10 --mean-tokens 40 > "$ou
 err "$out/other.json: not an aerie calibration" "not a calibration"
 plan --tp 1 --calibration "$out/qwen3_moe.json" > "$out/err.log" 2>&1 && fail "no dataset accepted"
 err "needs the dataset: --prepared FILE, or --samples and --mean-tokens" "no dataset"
+plan --tp 1 --calibration "" --samples 10 --mean-tokens 40 > "$out/err.log" 2>&1 && fail "an empty --calibration accepted"
+err "aerie plan: --calibration is empty" "empty --calibration"
+mpirun -np 1 "$aerie" calibrate --model "$src/tests/model/fixtures/hf/qwen3_moe" --output "$out/inf.json" --tp 1 \
+  "${fast[@]:0:${#fast[@]}-2}" --min-time inf \
+  > "$out/err.log" 2>&1 && fail "--min-time inf accepted"
+err "aerie calibrate: --min-time must be a number of seconds in \[0, 60\]" "--min-time inf"
+[ -e "$out/inf.json" ] && fail "a refused calibrate wrote its output"
 echo "calibrate.sh: ok"

@@ -26,8 +26,11 @@ refused gen_no_record "generate: --input $work/none.json holds no record" 2 \
 printf '{"conversations": [{"from": "human", "value": "Tom had a red ball."}]}\n' >"$work/one.jsonl"
 refused gen_max0 "aerie generate: --max-conversations 0 leaves no record to generate" 2 \
   generate --model "$model" --input "$work/one.jsonl" --output "$work/g.jsonl" --max-conversations 0
+refused gen_new0 "aerie generate: --max-new must be >= 1" 2 \
+  generate --model "$model" --input "$work/one.jsonl" --output "$work/g.jsonl" --max-new-tokens 0
+no_abort gen_new0
 [ ! -e "$work/g.jsonl" ] || fail "generate wrote $work/g.jsonl although it failed"
-echo "1. generate: an empty --input, an empty array and --max-conversations 0 fail naming the file / option"
+echo "1. generate: an empty --input, an empty array, --max-conversations 0 and --max-new-tokens 0 fail naming the file / option"
 
 # 2. + 3. dropped records named; a NUL byte drops its record only
 {
