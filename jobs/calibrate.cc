@@ -38,6 +38,7 @@
 #include "model/sampling.h"
 #include "model/target.h"
 #include "model/target_config.h"
+#include "train/target_head.h"
 #include "train/time_plan.h"
 #include "train/trainer.h"
 
@@ -219,18 +220,28 @@ void measure_train(const TargetConfig& cfg, const TargetDevice& dev, const Calib
   MpiCommunicator world(MPI_COMM_WORLD, false);  // the ranks' times: the slowest counts
   for (const int64_t T : opt.train_tokens) {
     const std::vector<int32_t> ids = random_ids(T, V, static_cast<uint32_t>(T) + 5);
-    // The hidden states as the shard reader hands them to the step loop: F32 on the host.
-    const Tensor aux = random({T, 3 * H}, 1.7f, 6, true), z = random({T, H}, 1.7f, 7, true);
-    // A sample made ready as the step loop makes each sample drawn (train/trainer_run.cc load_samples): its target
-    // distribution where W_lm lives (BF16 on a GPU, as a BF16 checkpoint's), its aux hidden states to the device.
-    auto ready = [&] {
-      TTTSample t = make_ttt_sample(ids, std::vector<uint8_t>(static_cast<size_t>(T), 1), aux, z, target_lm, selected);
-      if (device != Device::CPU) t.aux_hidden = t.aux_hidden.to_device(device);
-      return t;
+    // The hidden states as the shard reader hands them to the step loop: on the host, F32 on the CPU, BF16 as a
+    // shard stores them for a GPU run (train/trainer_run.cc).
+    Tensor aux = random({T, 3 * H}, 1.7f, 6, true), z = random({T, H}, 1.7f, 7, true);
+    if (device != Device::CPU) {
+      aux = aux.to(hidden_dtype);
+      z = z.to(hidden_dtype);
+    }
+    // A step's samples made ready as the step loop makes them (train/target_head.h make_step_samples): their target
+    // distribution where W_lm lives (BF16 on a GPU, as a BF16 checkpoint's), their aux hidden states to the device.
+    auto ready = [&](size_t n) {
+      std::vector<HiddenSample> hs(n);
+      for (HiddenSample& h : hs) {
+        h.ids = ids;
+        h.loss_mask.assign(static_cast<size_t>(T), 1);
+        h.aux_hidden = aux;
+        h.final_hidden = z;
+      }
+      return make_step_samples(std::move(hs), target_lm, selected, device);
     };
-    std::vector<TTTSample> local{ready()};
+    std::vector<TTTSample> local = ready(1);
     auto step = [&] {
-      local[0] = ready();
+      local = ready(1);
       train_step(dc, w, adam, embed, local, vocab, opt.ttt_steps, 1e-5, 0.5, self, scratch);
     };
     cal.train_sample.seconds.push_back(timed(world, device, opt.iters, opt.min_seconds, step));
@@ -245,10 +256,9 @@ void measure_train(const TargetConfig& cfg, const TargetDevice& dev, const Calib
     // A step's own cost (AdamW's update, the gradient's bookkeeping), paid once per step whatever its samples: a
     // step of two samples at the shortest length against one, 2 t1 - t2.
     if (T == opt.train_tokens.front()) {
-      std::vector<TTTSample> two{local[0], local[0]};
+      std::vector<TTTSample> two;
       const double t2 = timed(world, device, opt.iters, opt.min_seconds, [&] {
-        two[0] = ready();
-        two[1] = ready();
+        two = ready(2);
         train_step(dc, w, adam, embed, two, vocab, opt.ttt_steps, 1e-5, 0.5, self, scratch);
       });
       // Within [0, t1]: on a busy machine the step of two can time below one step of one (the reader refuses a

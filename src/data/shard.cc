@@ -523,7 +523,9 @@ const std::vector<int32_t>& ShardReader::input_ids() const { return impl_->ids; 
 const std::vector<uint8_t>& ShardReader::loss_mask() const { return impl_->mask; }
 const std::vector<int64_t>& ShardReader::sample_indices() const { return impl_->sample_index; }
 
-HiddenSample ShardReader::read(int64_t i) const {
+HiddenSample ShardReader::read(int64_t i, DType hidden) const {
+  AERIE_CHECK(hidden == DType::F32 || hidden == DType::BF16,
+              "ShardReader::read: hidden states are read as F32 or BF16, not " << dtype_name(hidden));
   const int64_t T = sample_length(i);
   const Impl& m = *impl_;
   // A shard truncated or replaced while open (a copy or cleanup beside a running train) would read as zeros
@@ -545,8 +547,12 @@ HiddenSample ShardReader::read(int64_t i) const {
       s.aux_hidden = dequantize_fp8(m.aux.read_rows(b, b + T), m.aux_s.read_rows(b, b + T), H);
       s.final_hidden = dequantize_fp8(m.fin.read_rows(b, b + T), m.fin_s.read_rows(b, b + T), H);
     } else {
-      s.aux_hidden = m.aux.read_rows(b, b + T).to(DType::F32);
-      s.final_hidden = m.fin.read_rows(b, b + T).to(DType::F32);
+      s.aux_hidden = m.aux.read_rows(b, b + T);
+      s.final_hidden = m.fin.read_rows(b, b + T);
+      if (hidden == DType::F32) {
+        s.aux_hidden = s.aux_hidden.to(DType::F32);
+        s.final_hidden = s.final_hidden.to(DType::F32);
+      }
     }
   } catch (const Error& e) {
     AERIE_THROW("shard " << info_.path << " sample " << i << ": " << e.what());

@@ -62,8 +62,8 @@ struct HiddenSample {
   int64_t sample_index = -1;      // index of the sample in prepared.h5
   std::vector<int32_t> ids;       // [T] x_t
   std::vector<uint8_t> loss_mask; // [T] m_t (0/1)
-  Tensor aux_hidden;              // [T, 3H] F32 (from bf16): f_t = concat(r^{a1}, r^{a2}, r^{a3})
-  Tensor final_hidden;            // [T, H] F32 (from bf16): z_t = final_norm(r^N_t)
+  Tensor aux_hidden;              // [T, 3H] F32 (from bf16), or BF16 as stored: f_t = concat(r^{a1}, r^{a2}, r^{a3})
+  Tensor final_hidden;            // [T, H] F32 (from bf16), or BF16 as stored: z_t = final_norm(r^N_t)
 };
 
 /// Reads one shard file. Opening reads the attributes and the small index datasets (ids, masks,
@@ -88,9 +88,10 @@ class ShardReader {
   const std::vector<uint8_t>& loss_mask() const;
   /// sample_index [n]: the prepared sample each of the shard's samples comes from (read at opening).
   const std::vector<int64_t>& sample_indices() const;
-  /// Sample i (0 <= i < num_samples). Throws aerie::Error naming the file and the sample on a bad
-  /// index or a read failure.
-  HiddenSample read(int64_t i) const;
+  /// Sample i (0 <= i < num_samples), its hidden states F32, or with `hidden` BF16 as a bf16 shard stores them
+  /// (the same values in half the memory and the bytes a device copy moves; an fp8 shard's are dequantized to
+  /// F32 either way). Throws aerie::Error naming the file and the sample on a bad index or a read failure.
+  HiddenSample read(int64_t i, DType hidden = DType::F32) const;
 
  private:
   struct Impl;

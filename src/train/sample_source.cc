@@ -7,11 +7,18 @@
 #include <map>
 #include <mutex>
 
+#include "core/bf16.h"
 #include "data/shard_pipeline.h"
 
 namespace aerie {
 
 bool all_finite(const Tensor& t) {
+  if (t.dtype() == DType::BF16) {  // an exponent of all ones: an infinity or a NaN
+    const bf16* p = t.data<bf16>();
+    for (int64_t i = 0, n = t.numel(); i < n; ++i)
+      if ((p[i].bits & 0x7f80u) == 0x7f80u) return false;
+    return true;
+  }
   const float* p = t.data<float>();
   for (int64_t i = 0, n = t.numel(); i < n; ++i)
     if (!std::isfinite(p[i])) return false;
@@ -27,7 +34,7 @@ namespace {
 // may be used by two threads (HDF5 as Debian builds it is not thread-safe).
 class ShardReaders {
  public:
-  explicit ShardReaders(const DataSplit& split) : split_(split) {}
+  ShardReaders(const DataSplit& split, DType hidden) : split_(split), hidden_(hidden) {}
   ~ShardReaders() {
     std::lock_guard<std::mutex> h5(hdf5_mutex());
     open_.clear();
@@ -35,7 +42,8 @@ class ShardReaders {
   ShardReaders(const ShardReaders&) = delete;
   ShardReaders& operator=(const ShardReaders&) = delete;
 
-  /// Global sample g of the split, hidden states F32 (ShardReader::read; its errors name the shard).
+  /// Global sample g of the split, hidden states in the reader's dtype (ShardReader::read; its errors name the
+  /// shard).
   HiddenSample read(int64_t g) {
     const SampleRef ref = split_.locate(g);
     std::lock_guard<std::mutex> h5(hdf5_mutex());
@@ -51,12 +59,13 @@ class ShardReaders {
       it = open_.emplace(ref.shard, std::make_pair(std::move(r), int64_t{0})).first;
     }
     it->second.second = ++uses_;
-    return it->second.first->read(ref.index);
+    return it->second.first->read(ref.index, hidden_);
   }
 
  private:
   static constexpr size_t kMaxOpen = 32;
   const DataSplit& split_;
+  DType hidden_;
   std::map<int64_t, std::pair<std::unique_ptr<ShardReader>, int64_t>> open_;  // shard -> (reader, last use)
   int64_t uses_ = 0;
 };
@@ -69,7 +78,7 @@ class ShardReaders {
 // step that needs the sample takes it, naming the shard and the sample as before.
 class StepPrefetcher {
  public:
-  explicit StepPrefetcher(const DataSplit& split) : readers_(split) {}
+  StepPrefetcher(const DataSplit& split, DType hidden) : readers_(split, hidden) {}
   ~StepPrefetcher() {
     if (next_.valid()) next_.wait();  // the task uses readers_
   }
@@ -119,8 +128,9 @@ class StepPrefetcher {
 
 class ShardSource final : public SampleSource {
  public:
-  ShardSource(const DataSplit& split, std::function<std::vector<int64_t>(int64_t)> share_of, int64_t total_steps)
-      : heldout_readers_(split), prefetch_(split), share_of_(std::move(share_of)), total_steps_(total_steps) {}
+  ShardSource(const DataSplit& split, std::function<std::vector<int64_t>(int64_t)> share_of, int64_t total_steps,
+              DType hidden)
+      : heldout_readers_(split, hidden), prefetch_(split, hidden), share_of_(std::move(share_of)), total_steps_(total_steps) {}
   std::vector<LoadedSample> take(int64_t step, const std::vector<int64_t>& mine) override {
     std::vector<LoadedSample> loaded = prefetch_.take(step, mine);
     if (step + 1 < total_steps_) prefetch_.start(step + 1, share_of_(step + 1));
@@ -164,8 +174,8 @@ class StreamSource final : public SampleSource {
 
 std::unique_ptr<SampleSource> shard_source(const DataSplit& split,
                                            std::function<std::vector<int64_t>(int64_t)> share_of,
-                                           int64_t total_steps) {
-  return std::make_unique<ShardSource>(split, std::move(share_of), total_steps);
+                                           int64_t total_steps, DType hidden) {
+  return std::make_unique<ShardSource>(split, std::move(share_of), total_steps, hidden);
 }
 
 std::unique_ptr<SampleSource> stream_source(StreamClient& stream, int dp_rank, int dp_size) {

@@ -14,10 +14,10 @@
 
 namespace aerie {
 
-/// True when every element of `t` (F32, on the host) is finite.
+/// True when every element of `t` (F32 or BF16, on the host) is finite.
 bool all_finite(const Tensor& t);
 
-/// A training sample's hidden states (F32 on the host), with the name of its first non-finite dataset
+/// A training sample's hidden states (F32, or BF16 as shard_source read them, on the host), with the name of its first non-finite dataset
 /// ("aux_hidden_states" or "final_hidden_states"; "" when finite).
 struct LoadedSample {
   HiddenSample hs;
@@ -46,9 +46,11 @@ class SampleSource {
 /// `total_steps`, so the HDF5 reads and the bf16 / fp8 -> f32 conversion leave the step's critical path;
 /// the samples are those read in line (training is bitwise unchanged) at the cost of one more step's
 /// samples in host memory. Held-out samples are read on the calling thread. `split` must outlive the source.
+/// hidden: the dtype of the samples' hidden states (ShardReader::read: BF16 keeps a bf16 shard's values as
+/// stored, half the host memory and device copy of F32). Throws aerie::Error on another dtype.
 std::unique_ptr<SampleSource> shard_source(const DataSplit& split,
                                            std::function<std::vector<int64_t>(int64_t)> share_of,
-                                           int64_t total_steps);
+                                           int64_t total_steps, DType hidden = DType::F32);
 
 /// The samples the target's ranks send to this trainer (`stream`, which must outlive the source): the
 /// j-th sample of this rank's share has batch position dp_rank + j dp_size.

@@ -152,7 +152,7 @@ class StepLoop {
   // Where the loop's time went on this rank: the samples made ready (read, targets made, sent to the device) and
   // train_step (forward, backward, all-reduce, update; both end on a host read, so the device is done).
   double load_seconds_ = 0, step_seconds_ = 0;
-  double take_seconds_ = 0, targets_seconds_ = 0, to_device_seconds_ = 0;  // parts of load_seconds_
+  double take_seconds_ = 0, targets_seconds_ = 0;  // parts of load_seconds_ (targets: and the copies to the device)
   std::chrono::steady_clock::time_point loop_start_;
 };
 
@@ -232,6 +232,7 @@ void StepLoop::run() {
 // a step none of whose samples (on any rank) is finite throws.
 std::vector<TTTSample> StepLoop::load_samples(int64_t step, const std::vector<int64_t>& mine) {
   std::vector<TTTSample> local;
+  std::vector<HiddenSample> kept;  // the finite ones
   std::string skipped_here;  // this rank's non-finite samples of the step, for the message
   auto now = [] { return std::chrono::steady_clock::now(); };
   auto since = [&](std::chrono::steady_clock::time_point t) { return std::chrono::duration<double>(now() - t).count(); };
@@ -262,22 +263,20 @@ std::vector<TTTSample> StepLoop::load_samples(int64_t step, const std::vector<in
       ++skipped_local_;
       continue;
     }
-    // The targets are made where W_lm lives (final_hidden goes there); f goes to the device once.
-    t = now();
-    local.push_back(make_ttt_sample(std::move(hs.ids), std::move(hs.loss_mask), std::move(hs.aux_hidden),
-                                    hs.final_hidden, head_.lm_head, selected_));
-    targets_seconds_ += since(t);
-    t = now();
-    if (dev_ != Device::CPU) local.back().aux_hidden = local.back().aux_hidden.to_device(dev_);
-    to_device_seconds_ += since(t);
+    kept.push_back(std::move(hs));
   }
+  // The targets are made where W_lm lives (final_hidden goes there), f goes to the device: on a GPU the step's
+  // samples at once (one copy each way and one wait).
+  t = now();
+  local = make_step_samples(std::move(kept), head_.lm_head, selected_, dev_);
+  targets_seconds_ += since(t);
   // Every rank's count of kept and skipped samples: a step none of whose samples is finite stops the run.
-  Tensor kept = Tensor::from_vector<int64_t>({static_cast<int64_t>(local.size()), skipped_local_}, {2});
-  dp_.all_reduce_sum(kept);
+  Tensor counts = Tensor::from_vector<int64_t>({static_cast<int64_t>(local.size()), skipped_local_}, {2});
+  dp_.all_reduce_sum(counts);
   skipped_local_ = 0;
-  result_.skipped_nonfinite += kept.data<int64_t>()[1];
-  interval_skipped_ += kept.data<int64_t>()[1];
-  AERIE_CHECK(kept.data<int64_t>()[0] > 0,
+  result_.skipped_nonfinite += counts.data<int64_t>()[1];
+  interval_skipped_ += counts.data<int64_t>()[1];
+  AERIE_CHECK(counts.data<int64_t>()[0] > 0,
               "train: every sample of step " << step + 1 << " has non-finite hidden states"
                                              << (skipped_here.empty() ? "" : " (this rank's: " + skipped_here + ")")
                                              << (stream_ != nullptr ? ": the target's forward overflowed (--target-dtype?)"
@@ -438,7 +437,7 @@ void StepLoop::finish() {
     const double loop_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - loop_start_).count();
     AERIE_LOG(info) << "train: rank 0's loop: " << std::fixed << std::setprecision(1) << load_seconds_
                     << " s making the samples ready (taken " << take_seconds_ << " s, the target's distributions "
-                    << targets_seconds_ << " s, to the device " << to_device_seconds_ << " s), " << step_seconds_
+                    << "and the copies to the device " << targets_seconds_ << " s), " << step_seconds_
                     << " s in the steps (forward, backward, gradients, update), "
                     << std::max(0.0, loop_s - load_seconds_ - step_seconds_) << " s the rest (logs, checkpoints, "
                     << "held-out scoring) of " << loop_s << " s";
@@ -505,7 +504,8 @@ TrainResult run_training(const TrainOptions& given_opts, Communicator& dp, Strea
   StopSignals stop_signals;
   auto share_of = [&order, rank, &dp](int64_t s) { return BatchOrder::rank_share(order.batch(s), rank, dp.size()); };
   const std::unique_ptr<SampleSource> source = stream != nullptr ? stream_source(*stream, rank, dp.size())
-                                                                 : shard_source(st.split, share_of, total);
+                                                                 : shard_source(st.split, share_of, total,
+                                                                                dev == Device::CPU ? DType::F32 : DType::BF16);
   StepLoop loop(opts, dp, dev, stream, head, start, order, sched, total, num_heldout, folder, *source, result);
   loop.run();
   return result;

@@ -130,6 +130,16 @@ TEST(Shard, RoundTripRoundsToBf16) {
   }
   EXPECT_THROW(r.read(3), Error);
   EXPECT_THROW(r.read(-1), Error);
+  // Read as BF16 (a GPU run's samples): the stored values, half the bytes, the same numbers as the F32 read.
+  for (int64_t i = 0; i < 3; ++i) {
+    HiddenSample f = r.read(i), b = r.read(i, DType::BF16);
+    ASSERT_EQ(b.aux_hidden.dtype(), DType::BF16);
+    ASSERT_EQ(b.final_hidden.dtype(), DType::BF16);
+    EXPECT_EQ(b.aux_hidden.to_float_vector(), f.aux_hidden.to_float_vector()) << "sample " << i;
+    EXPECT_EQ(b.final_hidden.to_float_vector(), f.final_hidden.to_float_vector()) << "sample " << i;
+    EXPECT_EQ(b.ids, f.ids);
+  }
+  EXPECT_THROW(r.read(0, DType::F16), Error);
 }
 
 TEST(Shard, Bf16InputStoredAsIs) {

@@ -3,6 +3,10 @@
 #include <filesystem>
 #include <fstream>
 
+#include <random>
+
+#include "core/bf16.h"
+#include "core/device.h"
 #include "io/safetensors.h"
 #include "test_util.h"
 #include "train/target_head.h"
@@ -19,6 +23,67 @@ std::vector<float> stored(const std::string& dir, const std::string& name) {
   nlohmann::json j;
   std::ifstream(dir + "/model.safetensors.index.json") >> j;
   return load_safetensors(dir + "/" + j["weight_map"][name].get<std::string>()).tensors.at(name).to_float_vector();
+}
+
+// make_step_samples: a step's samples made ready at once (on a GPU: one copy each way) are those make_ttt_sample
+// makes one by one; hidden states read as BF16 give the same samples as F32.
+TEST(StepSamples, MatchOneByOne) {
+  const int64_t V = 97, H = 16;
+  std::mt19937 gen(5);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  auto rnd = [&](Shape shape) {
+    Tensor t = Tensor::empty(shape, DType::F32);
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = round_bf16(u(gen));  // bf16-exact, as a shard's
+    return t;
+  };
+  const Tensor lm = rnd({V, H});
+  const std::vector<int64_t> selected{1, 4, 9, 30, 31, 60, 96};
+  std::vector<HiddenSample> hs;
+  for (int64_t T : {5, 1, 9}) {
+    HiddenSample h;
+    for (int64_t t = 0; t < T; ++t) {
+      h.ids.push_back(static_cast<int32_t>((7 * t + T) % V));
+      h.loss_mask.push_back(static_cast<uint8_t>(t % 2));
+    }
+    h.aux_hidden = rnd({T, 3 * H});
+    h.final_hidden = rnd({T, H});
+    hs.push_back(h);
+  }
+  std::vector<Device> devices{Device::CPU};
+  if (cuda::available()) devices.push_back(Device::CUDA);
+  for (Device dev : devices)
+    for (DType hidden : {DType::F32, DType::BF16}) {
+      const Tensor head = dev == Device::CPU ? lm : lm.to(DType::BF16).to_device(dev);
+      std::vector<HiddenSample> in = hs;
+      for (HiddenSample& h : in) {
+        h.aux_hidden = h.aux_hidden.to(hidden);
+        h.final_hidden = h.final_hidden.to(hidden);
+      }
+      const std::vector<TTTSample> step = make_step_samples(in, head, selected, dev);
+      ASSERT_EQ(step.size(), hs.size());
+      for (size_t j = 0; j < hs.size(); ++j) {
+        const TTTSample one = make_ttt_sample(hs[j].ids, hs[j].loss_mask, hs[j].aux_hidden, hs[j].final_hidden, head, selected);
+        const std::string what = std::string(dev == Device::CPU ? "cpu" : "cuda") + " " + dtype_name(hidden) +
+                                 " sample " + std::to_string(j);
+        EXPECT_EQ(step[j].ids, hs[j].ids) << what;
+        EXPECT_EQ(step[j].loss_mask, hs[j].loss_mask) << what;
+        EXPECT_EQ(step[j].aux_hidden.device(), dev) << what;
+        EXPECT_EQ(step[j].aux_hidden.to_float_vector(), hs[j].aux_hidden.to_float_vector()) << what;
+        EXPECT_EQ(step[j].target_argmax, one.target_argmax) << what;
+        const std::vector<float> a = step[j].target_probs.to_float_vector(), b = one.target_probs.to_float_vector();
+        ASSERT_EQ(a.size(), b.size()) << what;
+        for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5f) << what << " prob " << i;
+      }
+    }
+  // One dtype and width per step.
+  std::vector<HiddenSample> mixed = hs;
+  mixed[1].aux_hidden = mixed[1].aux_hidden.to(DType::BF16);
+  if (cuda::available()) {
+    EXPECT_NE(testing::error_of([&] { make_step_samples(mixed, lm.to(DType::BF16).to_device(Device::CUDA), selected,
+                                                        Device::CUDA); })
+                  .find("make_step_samples"),
+              std::string::npos);
+  }
 }
 
 TEST(TargetHeadHf, ShardedF16) {
