@@ -144,15 +144,15 @@ int extract(const std::vector<std::string>& args) {
                                        << c.max_position_embeddings << " (--overlong truncate or drop)");
       }
       warn_other_tokenizer(opt.prepared, model_dir);
-      check_existing_shards(opt);
+      const int64_t complete = check_existing_shards(opt);
       // The disk estimate before the weights load.
       const ShardSpace sp = estimate_shard_space(opt, c.hidden_size);
-      AERIE_LOG(info) << "extract: the shards take about " << std::fixed << std::setprecision(2)
-                      << static_cast<double>(sp.bytes_total) / (1 << 30) << " GiB (" << sp.tokens << " tokens x "
-                      << sp.bytes_per_token << " bytes, " << (opt.meta.fp8 ? "fp8" : "bf16") << "), "
-                      << static_cast<double>(sp.bytes_needed) / (1 << 30) << " GiB still to write; "
-                      << (sp.bytes_available >= 0 ? std::to_string(sp.bytes_available >> 20) + " MiB free at " + sp.where
-                                                  : "free space unknown");
+      AERIE_LOG(info) << "extract: the shards take about " << format_bytes(static_cast<double>(sp.bytes_total)) << " ("
+                      << sp.tokens << " tokens x " << sp.bytes_per_token << " bytes, " << (opt.meta.fp8 ? "fp8" : "bf16")
+                      << "), " << (complete < sp.shards && sp.bytes_needed > 0 ? format_bytes(static_cast<double>(sp.bytes_needed)) + " still to write"
+                                                       : std::string("all written already"))
+                      << "; " << (sp.bytes_available >= 0 ? format_bytes(static_cast<double>(sp.bytes_available)) + " free at " + sp.where
+                                                          : "free space unknown");
       if (!vm["no-space-check"].as<bool>()) check_shard_space(sp);
     });
   }

@@ -51,4 +51,16 @@ std::string format_fixed(double v, int digits) {
   return buf;
 }
 
+std::string format_bytes(double bytes) {
+  static const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
+  if (!(bytes >= 1024)) return format_fixed(bytes, 0) + " bytes";
+  int u = 0;
+  bytes /= 1024;
+  while (bytes >= 1024 && u < 3) {
+    bytes /= 1024;
+    ++u;
+  }
+  return format_fixed(bytes, 2) + " " + units[u];
+}
+
 }  // namespace aerie

@@ -321,10 +321,17 @@ void log_shard_writer(const ShardPipeline& pipeline, const ExtractOptions& opt, 
 // Rank 0: the run's totals, and the samples left out for non-finite hidden states (this run's and those of
 // the shards complete at start) of the N prepared samples.
 void log_extract_totals(const ExtractStats& stats, const ExtractOptions& opt, int64_t N) {
-  AERIE_LOG(info) << "extract: wrote " << stats.chunks_done << " shard(s), " << stats.samples << " samples, "
-                  << stats.tokens << " tokens in " << stats.seconds << " s ("
-                  << (stats.seconds > 0 ? stats.samples / stats.seconds : 0) << " samples/s, "
-                  << (stats.seconds > 0 ? stats.tokens / stats.seconds : 0) << " tokens/s) to " << opt.output;
+  if (stats.chunks_done == 0 && stats.chunks_skipped > 0)
+    AERIE_LOG(info) << "extract: nothing left to write: the " << stats.chunks_skipped << " shard(s) in " << opt.output
+                    << " were complete already (a rerun of a finished extraction keeps them)";
+  else
+    AERIE_LOG(info) << "extract: wrote " << stats.chunks_done << " shard(s), " << stats.samples << " samples, "
+                    << stats.tokens << " tokens in " << stats.seconds << " s ("
+                    << (stats.seconds > 0 ? stats.samples / stats.seconds : 0) << " samples/s, "
+                    << (stats.seconds > 0 ? stats.tokens / stats.seconds : 0) << " tokens/s) to " << opt.output
+                    << (stats.chunks_skipped > 0 ? " (" + std::to_string(stats.chunks_skipped) +
+                                                       " shard(s) complete already were kept)"
+                                                 : std::string());
   if (stats.skipped_nonfinite > 0 || stats.skipped_nonfinite_before > 0) {
     std::ostringstream os;
     os << "extract: ";

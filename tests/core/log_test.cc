@@ -1,0 +1,26 @@
+// The log lines' number formats (core/log.h): fixed decimals and byte counts in binary units.
+#include <gtest/gtest.h>
+
+#include "core/log.h"
+
+namespace aerie {
+namespace {
+
+TEST(LogFormat, FixedDecimals) {
+  EXPECT_EQ(format_fixed(2.14017, 3), "2.140");
+  EXPECT_EQ(format_fixed(0.5, 0), "0");  // round half to even, as printf
+}
+
+TEST(LogFormat, BytesInTheLargestUnitAtLeastOne) {
+  EXPECT_EQ(format_bytes(0), "0 bytes");
+  EXPECT_EQ(format_bytes(1023), "1023 bytes");
+  EXPECT_EQ(format_bytes(1024), "1.00 KiB");
+  EXPECT_EQ(format_bytes(1536), "1.50 KiB");
+  EXPECT_EQ(format_bytes(20.7e6), "19.74 MiB");
+  EXPECT_EQ(format_bytes(3.0 * (1 << 30)), "3.00 GiB");
+  EXPECT_EQ(format_bytes(43.0e12), "39.11 TiB");
+  EXPECT_EQ(format_bytes(5.0 * 1024 * 1024 * 1024 * 1024 * 1024), "5120.00 TiB");  // TiB is the largest unit
+}
+
+}  // namespace
+}  // namespace aerie
