@@ -248,7 +248,9 @@ class EvalSession {
   /// lossless_failures (at temperature > 0 instead: sampling {temperature, top_p, sample_seed}),
   /// verify_passes, tokens_generated, spec_seconds, speedup, acc_k ([ttt_steps]), tau_sim,
   /// teacher_forced_samples; when prompts carry a "category": per_category {name: the speculative figures
-  /// and speedup of its prompts} (prompts without one under "(none)"). `name` labels the draft in warnings ("" for none). Throws
+  /// and speedup of its prompts} (prompts without one under "(none)"); with EvalOptions::follow_path, instead of
+  /// lossless, lossless_failures and speedup, own_greedy_agreement and own_first_difference {median, min, max}
+  /// (docs/formats.md). `name` labels the draft in warnings ("" for none). Throws
   /// aerie::Error when a shard of the teacher-forced samples was not extracted with the draft's aux layers.
   nlohmann::json evaluate(const LoadedDraft& draft, const std::string& name = "");
   /// The eval.json keys that do not depend on the draft: model, prompts, chat_template, device, dtype,
