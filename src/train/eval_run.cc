@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "comm/nccl_communicator.h"
@@ -107,6 +108,7 @@ std::vector<PromptIdsRecord> read_prompt_ids_file(const std::string& path, int64
   std::ifstream in(path);
   AERIE_CHECK(in && !std::filesystem::is_directory(path), "cannot read " << path);
   std::vector<PromptIdsRecord> out;
+  std::map<int64_t, int64_t> seen;  // index -> its line
   int64_t line_no = 0;
   for (std::string line; std::getline(in, line);) {
     ++line_no;
@@ -117,8 +119,13 @@ std::vector<PromptIdsRecord> read_prompt_ids_file(const std::string& path, int64
     AERIE_CHECK(!j.is_discarded(), where << ": not JSON");
     AERIE_CHECK(j.is_object(), where << ": a JSON object was expected (a line of aerie eval --write-prompts)");
     PromptIdsRecord r;
-    AERIE_CHECK(j.contains("index") && j["index"].is_number_integer(), where << ": no integer \"index\"");
+    AERIE_CHECK(j.contains("index") && j["index"].is_number_integer() &&
+                    (j["index"].is_number_unsigned() || j["index"].get<int64_t>() >= 0) &&
+                    j["index"].get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX),
+                where << ": no \"index\" >= 0 (the prompt's index in the prompts eval read)");
     r.index = j["index"].get<int64_t>();
+    AERIE_CHECK(seen.emplace(r.index, line_no).second,
+                where << ": index " << r.index << " again (first on line " << seen[r.index] << ")");
     if (j.contains("category") && !j["category"].is_null()) {
       AERIE_CHECK(j["category"].is_string(), where << ": \"category\" is not a string or null");
       r.category = j["category"].get<std::string>();
@@ -128,11 +135,14 @@ std::vector<PromptIdsRecord> read_prompt_ids_file(const std::string& path, int64
       std::vector<int32_t> v;
       for (const nlohmann::json& x : j[key]) {
         AERIE_CHECK(x.is_number_integer(), where << ": \"" << key << "\" holds " << x.dump() << ", not a token id");
-        const int64_t t = x.get<int64_t>();
-        AERIE_CHECK(t >= 0 && (vocab_size <= 0 || t < vocab_size),
-                    where << ": \"" << key << "\" holds token id " << t << ", outside the target's vocabulary [0, "
-                          << vocab_size << ")");
-        v.push_back(static_cast<int32_t>(t));
+        const bool negative = !x.is_number_unsigned() && x.get<int64_t>() < 0;
+        const bool too_big = x.is_number_unsigned() && x.get<uint64_t>() > static_cast<uint64_t>(INT32_MAX);
+        AERIE_CHECK(!negative && !too_big && (vocab_size <= 0 || x.get<int64_t>() < vocab_size),
+                    where << ": \"" << key << "\" holds token id " << x.dump() << ", "
+                          << (negative                        ? std::string("a negative id")
+                              : vocab_size > 0                ? "outside the target's vocabulary [0, " + std::to_string(vocab_size) + ")"
+                                                              : std::string("past any vocabulary")));
+        v.push_back(static_cast<int32_t>(x.get<int64_t>()));
       }
       AERIE_CHECK(!non_empty || !v.empty(), where << ": \"" << key << "\" is empty");
       return v;
@@ -140,6 +150,10 @@ std::vector<PromptIdsRecord> read_prompt_ids_file(const std::string& path, int64
     r.prompt_ids = ids("prompt_ids", true);
     r.stop_ids = ids("stop_ids", false);
     r.greedy_ids = ids("greedy_ids", true);
+    for (size_t t = 0; t + 1 < r.greedy_ids.size(); ++t)
+      AERIE_CHECK(std::find(r.stop_ids.begin(), r.stop_ids.end(), r.greedy_ids[t]) == r.stop_ids.end(),
+                  where << ": \"greedy_ids\" holds stop id " << r.greedy_ids[t] << " at position " << t << " of "
+                        << r.greedy_ids.size() << ": an answer ends at its stop id");
     out.push_back(std::move(r));
   }
   AERIE_CHECK(!out.empty(), path << " holds no record (a prompt-ids file of aerie eval --write-prompts)");
@@ -193,7 +207,10 @@ std::vector<int32_t> default_stop_ids(const TargetConfig& cfg, const Tokenizer& 
   // A BOS inside a text starts a new document (llama2.c); the same rule as `aerie generate`.
   int32_t bos = tok.bos_id() >= 0 ? tok.bos_id() : static_cast<int32_t>(cfg.bos_token_id);
   if (bos >= 0) stop.push_back(bos);
-  return stop;
+  std::vector<int32_t> unique;  // each id once, in the order found (EOS named by config and tokenizer alike)
+  for (int32_t t : stop)
+    if (std::find(unique.begin(), unique.end(), t) == unique.end()) unique.push_back(t);
+  return unique;
 }
 
 /// Sums of the speculative decoding runs of one draft.
@@ -407,8 +424,14 @@ void EvalSession::Impl::read_followed(const EvalOptions& o) {
   const int dp = s.groups.map.dp, dp_rank = s.groups.map.dp_rank;
   for (size_t i = 0; i < recs.size(); ++i) {
     PromptIdsRecord& r = recs[i];
-    AERIE_CHECK(r.stop_ids == s.stop, "eval: --follow " << o.follow_path << ": record " << i + 1 << " (index "
-                                                        << r.index << ") has other stop_ids than the first record");
+    auto as_set = [](std::vector<int32_t> v) {
+      std::sort(v.begin(), v.end());
+      v.erase(std::unique(v.begin(), v.end()), v.end());
+      return v;
+    };
+    AERIE_CHECK(as_set(r.stop_ids) == as_set(s.stop), "eval: --follow " << o.follow_path << ": record " << i + 1
+                                                                      << " (index " << r.index
+                                                                      << ") has other stop_ids than the first record");
     s.prompt_category.push_back(r.category);
     if (static_cast<int64_t>(r.greedy_ids.size()) > o.max_new_tokens) r.greedy_ids.resize(o.max_new_tokens);
     const int64_t max_pos = tc.max_position_embeddings,
@@ -693,7 +716,7 @@ nlohmann::json EvalSession::context() const {
   j["model"] = s.o.model_dir;
   j["prompts"] = s.o.follow_path.empty() ? s.o.prompts_path : s.o.follow_path;
   if (!s.o.follow_path.empty()) j["follow"] = s.o.follow_path;
-  j["chat_template"] = s.o.chat_template;
+  if (s.o.follow_path.empty()) j["chat_template"] = s.o.chat_template;  // --follow: the file's ids as given
   j["device"] = device_name(s.dev);
   j["dtype"] = dtype_name();
   j["tp"] = s.o.tp;
@@ -702,7 +725,7 @@ nlohmann::json EvalSession::context() const {
   j["prompts_too_long"] = s.too_long;
   j["num_draft_tokens"] = s.o.num_draft_tokens;
   j["max_new_tokens"] = s.o.max_new_tokens;
-  j["greedy_seconds"] = s.greedy_seconds;
+  if (s.o.follow_path.empty()) j["greedy_seconds"] = s.greedy_seconds;  // --follow decodes nothing greedily
   j["greedy_tokens"] = s.greedy_tokens;
   j["teacher_forced_source"] = s.tf_source;
   j["ttt_steps"] = s.o.ttt_steps;
@@ -816,8 +839,11 @@ nlohmann::json EvalSession::evaluate(const LoadedDraft& draft, const std::string
     if (following) own_difference[s.prompt_index[i]] = r.own_first_difference + 2;
     const bool same = sampled || r.tokens == s.greedy[i];  // a sampled output is not greedy decoding's
     if (!same)
-      AERIE_LOG(warning) << "eval: prompt " << s.prompt_index[i] << (name.empty() ? "" : " (" + name + ")")
-                         << ": speculative output differs from greedy decoding"
+      AERIE_LOG(warning) << "eval: prompt "
+                         << (s.record_index.empty() ? static_cast<int64_t>(s.prompt_index[i]) : s.record_index[i])
+                         << (name.empty() ? "" : " (" + name + ")")
+                         << (following ? ": speculative output differs from the followed answer"
+                                       : ": speculative output differs from greedy decoding")
                          << (s.dev == Device::CPU && s.dtype == DType::BF16
                                  ? " (BF16 on the CPU: OpenBLAS's GEMMs round a row differently with the number of "
                                    "rows in the pass, so a near-tie can flip between a verification pass and greedy "

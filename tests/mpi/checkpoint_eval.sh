@@ -214,6 +214,10 @@ with open(sys.argv[2], "w") as f:
 rows[1]["greedy_ids"] = [5, 99999]
 with open(sys.argv[3], "w") as f:
     f.write("".join(json.dumps(x) + "\n" for x in rows))
+rows[1]["greedy_ids"] = [5, 6]
+rows[2]["index"] = rows[0]["index"]
+with open(sys.argv[3] + ".dup", "w") as f:
+    f.write("".join(json.dumps(x) + "\n" for x in rows))
 EOF2
 run follow_parted 1 "${f_args[@]}" --follow "$work/parted.jsonl" --output "$work/f3.json" || fail "--follow parted"
 python3 - "$work/w1.json" "$work/f1.json" "$work/f2.json" "$work/f3.json" <<'EOF2' || fail "--follow eval.json"
@@ -228,6 +232,8 @@ assert f3["tokens_generated"] == w["tokens_generated"], (f3["tokens_generated"],
 EOF2
 refused follow_bad "eval: --follow $work/bad.jsonl:2: \"greedy_ids\" holds token id 99999, outside the target's" 1 \
   "${f_args[@]}" --follow "$work/bad.jsonl" --output "$work/f4.json"
+refused follow_dup "eval: --follow $work/bad.jsonl.dup:3: index 0 again \\(first on line 1\\)" 1 \
+  "${f_args[@]}" --follow "$work/bad.jsonl.dup" --output "$work/f4.json"
 refused follow_and_prompts "aerie eval: --prompts and --follow exclude each other" 1 "${f_args[@]}" \
   --follow "$work/p1.jsonl" --prompts "$text"
 refused follow_sampled "aerie eval: --follow measures greedy chains" 1 "${f_args[@]}" --follow "$work/p1.jsonl" \
