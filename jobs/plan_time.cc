@@ -156,6 +156,9 @@ void print_time_plan(const po::variables_map& vm, const TargetConfig& target, in
                       "aerie plan: --samples " << w.samples << " (1 to 10^12) or --mean-tokens " << w.mean_tokens
                                                << " (1 to 10^7) is out of range");
   }
+  AERIE_USAGE_CHECK(target.max_position_embeddings <= 0 || w.mean_tokens <= static_cast<double>(target.max_position_embeddings),
+                    "aerie plan: --mean-tokens " << w.mean_tokens << " is past the model's max_position_embeddings "
+                                                 << target.max_position_embeddings << " (a sample's tokens)");
   w.epochs = vm["epochs"].as<int>();
   AERIE_USAGE_CHECK(w.epochs >= 1 && vm["train-steps"].as<int64_t>() >= 0 && vm["train-steps"].as<int64_t>() <= 1000000000 &&
                         vm["train-batch-size"].as<int64_t>() >= 1 && vm["train-batch-size"].as<int64_t>() <= 1000000,

@@ -86,6 +86,8 @@ plan --tp 1 --calibration "$out/other.json" --samples 10 --mean-tokens 40 > "$ou
 err "$out/other.json: not an aerie calibration" "not a calibration"
 plan --tp 1 --calibration "$out/qwen3_moe.json" > "$out/err.log" 2>&1 && fail "no dataset accepted"
 err "needs the dataset: --prepared FILE, or --samples and --mean-tokens" "no dataset"
+plan --tp 1 --calibration "$out/qwen3_moe.json" --samples 10 --mean-tokens 1e6 > "$out/err.log" 2>&1 && fail "1e6 tokens accepted"
+err "aerie plan: --mean-tokens 1e+06 is past the model's max_position_embeddings" "--mean-tokens past the context"
 plan --tp 1 --calibration "" --samples 10 --mean-tokens 40 > "$out/err.log" 2>&1 && fail "an empty --calibration accepted"
 err "aerie plan: --calibration is empty" "empty --calibration"
 mpirun -np 1 "$aerie" calibrate --model "$src/tests/model/fixtures/hf/qwen3_moe" --output "$out/inf.json" --tp 1 \
