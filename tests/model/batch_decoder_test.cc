@@ -170,7 +170,7 @@ TEST_F(BatchDecoderTest, RejectsBadInput) {
 
 // On the GPU, the per-sequence decoding attention (AERIE_BATCHED_DECODE=0; the batched one is CUDA's default,
 // below): F32 greedy decoding in batches equals the CPU's tokens (the CUDA forward equals the CPU's to
-// fp32 rounding, LlamaCuda.GreedyGenerateEqualsCpu; stories260K has no near ties on these prompts), and
+// fp32 rounding, TargetCuda.GreedyGenerateEqualsCpu; stories260K has no near ties on these prompts), and
 // sampling (host draws, several threads) is the same for batch 1 and 4. BF16: every sequence ends by the
 // rules, and batch 4 agrees with batch 1 on most sequences (batched bf16 GEMMs may round differently).
 TEST_F(BatchDecoderTest, CudaMatchesCpu) {

@@ -11,7 +11,7 @@
 namespace aerie::testing {
 
 /// aerie in fp32 against transformers in float64 (or fp32 for the DeepSeek fixtures): see the tolerance
-/// note in llama_hf_families_test.cc.
+/// note in target_hf_families_test.cc.
 constexpr float kAtol = 1e-4f, kRtol = 2e-5f;
 
 inline std::string fixture(const std::string& name) {

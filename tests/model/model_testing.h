@@ -1,5 +1,5 @@
-// Small helpers shared by the target-model tests (llama_batch_test.cc, llama_cuda_test.cc,
-// llama_hf_families_test.cc): a one-rank communicator, the HF fixture folders, random ids, relative L2.
+// Small helpers shared by the target-model tests (target_batch_test.cc, target_cuda_test.cc,
+// target_hf_families_test.cc): a one-rank communicator, the HF fixture folders, random ids, relative L2.
 #pragma once
 #include <algorithm>
 #include <cmath>

@@ -1,7 +1,7 @@
 // The quantized targets on CUDA (skipped without a GPU): weights stay F8E4M3 / I32 in device memory,
 // and the CUDA forward of deepseek_v3_fp8 and kimi_k25_int4 matches the CPU forward (F32: atol 1e-4 /
-// rtol 1e-4, summation order only, as llama_cuda_test.cc; BF16: relative L2 2e-2, a flipped bf16
-// rounding propagated, as llama_cuda_test.cc's kBf16DeviceRelL2).
+// rtol 1e-4, summation order only, as target_cuda_test.cc; BF16: relative L2 2e-2, a flipped bf16
+// rounding propagated, as target_cuda_test.cc's kBf16DeviceRelL2).
 #include <cstdlib>
 #include <fstream>
 

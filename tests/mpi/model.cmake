@@ -1,4 +1,4 @@
-# Tensor parallelism of the target (tests/model/llama_tp_test.cc): tp = 2 must give what tp = 1 gives.
+# Tensor parallelism of the target (tests/model/target_tp_test.cc): tp = 2 must give what tp = 1 gives.
 set(_aerie_model_env "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1")
 if(TARGET test_model)
   add_test(NAME model_tp2
@@ -12,7 +12,7 @@ if(TARGET test_model)
 endif()
 # The aerie generate job on stories260K, tp = 1 and tp = 2: from BOS, 256 greedy tokens end with the
 # last sentence of llama2.c's greedy sample (stories260K.md; the whole text is checked by
-# LlamaGenerate.MatchesLlama2cGreedySample).
+# TargetGenerate.MatchesLlama2cGreedySample).
 if(TARGET stories260K_model)
   foreach(tp 1 2)
     add_test(NAME generate_stories260K_tp${tp}

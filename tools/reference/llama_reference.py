@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Golden values of the target forward from Hugging Face transformers (LlamaForCausalLM, eager
-attention, float64), for tests/model/llama_hf_test.cc.
+attention, float64), for tests/model/target_hf_test.cc.
 
     python3 tools/reference/llama_reference.py MODEL_DIR OUT.safetensors [ids...]
     python3 tools/reference/llama_reference.py --make-tiny MODEL_DIR OUT.safetensors

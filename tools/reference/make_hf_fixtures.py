@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Parity fixtures of the target forward for tests/model/llama_hf_families_test.cc: small RANDOM-weight
+"""Parity fixtures of the target forward for tests/model/target_hf_families_test.cc: small RANDOM-weight
 models of each supported family, written by Hugging Face transformers itself (save_pretrained), and
 the float64 forward of transformers on fixed ids.
 

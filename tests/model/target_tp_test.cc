@@ -7,7 +7,7 @@
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "model/target.h"
-#include "model/llama_testing.h"
+#include "model/target_testing.h"
 #include "test_util.h"
 
 namespace aerie {

@@ -36,7 +36,7 @@ std::string greedy_sample_text() {
 // to 256 generated tokens (the first one's leading space stripped), then "\n", which is the newline
 // before the closing fence (removed by greedy_sample_text). Generating 256 new tokens here and
 // decoding them therefore determines the whole block: the comparison is exact, on the full text.
-TEST(LlamaGenerate, MatchesLlama2cGreedySample) {
+TEST(TargetGenerate, MatchesLlama2cGreedySample) {
   if (!testing::have_model()) GTEST_SKIP() << "no converted stories260K at " << testing::model_dir();
   const std::string expected = greedy_sample_text();
   ASSERT_GT(expected.size(), 500u) << "greedy sample not found in stories260K.md";
@@ -57,7 +57,7 @@ TEST(LlamaGenerate, MatchesLlama2cGreedySample) {
 }
 
 // greedy_generate stops right after stop_id, and respects max_new.
-TEST(LlamaGenerate, StopsAtStopIdAndMaxNew) {
+TEST(TargetGenerate, StopsAtStopIdAndMaxNew) {
   if (!testing::have_model()) GTEST_SKIP() << "no converted stories260K at " << testing::model_dir();
   auto world = MpiCommunicator::world();
   auto self = world->split(world->rank(), 0);

@@ -62,12 +62,12 @@ void compare_with_hf(const std::string& model_dir, const std::string& golden, fl
   }
 }
 
-TEST(LlamaHf, Stories260KMatchesTransformers) {
+TEST(TargetHf, Stories260KMatchesTransformers) {
   if (!testing::have_model()) GTEST_SKIP() << "no converted stories260K at " << testing::model_dir();
   compare_with_hf(testing::model_dir(), fixture("stories260K_hf.safetensors"), 1e-4f, 2e-5f);
 }
 
-TEST(LlamaHf, TinyLlama3RopeBf16MatchesTransformers) {
+TEST(TargetHf, TinyLlama3RopeBf16MatchesTransformers) {
   const std::string dir = fixture("tiny_llama3");
   TargetConfig cfg = load_target_config(dir);
   ASSERT_EQ(cfg.rope.type, "llama3");  // read from transformers 5's rope_parameters

@@ -8,7 +8,7 @@
 // more rows, the packed attention another loop order): atol 1e-4 / rtol 1e-4 as the other F32 model
 // tests (values O(1..10); measured differences ~1e-6). BF16 batch vs BF16 single (CUDA): the same bf16
 // rounding points, different fp32 summation orders, so an element can differ by a flipped bf16 rounding
-// that propagates: relative L2 below 2e-2, as tests/model/llama_cuda_test.cc's BF16 CUDA vs CPU bound.
+// that propagates: relative L2 below 2e-2, as tests/model/target_cuda_test.cc's BF16 CUDA vs CPU bound.
 #include <cmath>
 #include <random>
 
@@ -110,7 +110,7 @@ void check_caches(TargetModel& m, bool bf16, const std::string& what) {
   EXPECT_EQ(cc.length(), 5);
 }
 
-TEST(LlamaBatch, PrefillEqualsSingleForwardsCpu) {
+TEST(TargetBatch, PrefillEqualsSingleForwardsCpu) {
   auto self = self_comm();
   for (const auto& name : kFamilies) {
     TargetModel m(hf_fixture(name), *self);
@@ -118,7 +118,7 @@ TEST(LlamaBatch, PrefillEqualsSingleForwardsCpu) {
   }
 }
 
-TEST(LlamaBatch, CachesEqualSingleForwardsCpu) {
+TEST(TargetBatch, CachesEqualSingleForwardsCpu) {
   auto self = self_comm();
   for (const auto& name : kFamilies) {
     TargetModel m(hf_fixture(name), *self);
@@ -126,7 +126,7 @@ TEST(LlamaBatch, CachesEqualSingleForwardsCpu) {
   }
 }
 
-TEST(LlamaBatch, PrefillWithFreshCachesFillsThem) {
+TEST(TargetBatch, PrefillWithFreshCachesFillsThem) {
   // Every sequence at position 0 with a cache: the packed attention runs and the caches are filled, so
   // that a decoding step afterwards matches forward() of the whole sequence.
   auto self = self_comm();
@@ -141,7 +141,7 @@ TEST(LlamaBatch, PrefillWithFreshCachesFillsThem) {
   expect_rows(step.logits, 1, m.forward(b, nullptr, {}, true).logits.slice(3, 4), false, "qwen3 seq 1");
 }
 
-TEST(LlamaBatch, RejectsMisuse) {
+TEST(TargetBatch, RejectsMisuse) {
   auto self = self_comm();
   TargetModel m(hf_fixture("llama3_tied"), *self);
   KVCache c = m.make_cache(4), small = m.make_cache(1);
@@ -164,7 +164,7 @@ TEST(LlamaBatch, RejectsMisuse) {
 
 // The two CUDA tests below run the per-sequence decoding attention (AERIE_BATCHED_DECODE=0); the batched
 // one, CUDA's default, is BatchedDecodingEqualsSingleForwards.
-TEST(LlamaBatchCuda, F32EqualsSingleForwards) {
+TEST(TargetBatchCuda, F32EqualsSingleForwards) {
   AERIE_REQUIRE_CUDA();
   testing::ScopedEnv off("AERIE_BATCHED_DECODE", "0");
   auto self = self_comm();
@@ -175,7 +175,7 @@ TEST(LlamaBatchCuda, F32EqualsSingleForwards) {
   }
 }
 
-TEST(LlamaBatchCuda, Bf16EqualsSingleForwards) {
+TEST(TargetBatchCuda, Bf16EqualsSingleForwards) {
   AERIE_REQUIRE_CUDA();
   testing::ScopedEnv off("AERIE_BATCHED_DECODE", "0");
   auto self = self_comm();
@@ -186,7 +186,7 @@ TEST(LlamaBatchCuda, Bf16EqualsSingleForwards) {
   }
 }
 
-TEST(LlamaBatchCuda, BatchedDecodingEqualsSingleForwards) {
+TEST(TargetBatchCuda, BatchedDecodingEqualsSingleForwards) {
   // check_caches' decoding steps (two cached sequences, one row each) through the batched decoding attention
   // (scatter_rows + attention_decode_batch), CUDA's default (model/blocks.h batched_decoding), set here so that
   // the test keeps testing it whatever the default.

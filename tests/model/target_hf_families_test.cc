@@ -12,7 +12,7 @@
 // Tolerance: aerie computes in fp32 what transformers computes in float64 from the same stored weights,
 // so the difference is fp32 rounding only: values are O(1..10) and each is a sum of O(100) products,
 // giving absolute errors of ~1e-6 to 1e-5. Measured worst over the five fixtures (OpenBLAS, x86-64):
-// 9.8e-6 on the logits, 1.9e-5 on r^k. atol 1e-4 + rtol 2e-5, as tests/model/llama_hf_test.cc, leaves
+// 9.8e-6 on the logits, 1.9e-5 on r^k. atol 1e-4 + rtol 2e-5, as tests/model/target_hf_test.cc, leaves
 // 5x room for other BLAS builds and summation orders, and is far below what a wrong bias, norm, RoPE
 // scaling or window changes (O(1) on these random weights).
 #include <algorithm>
@@ -46,7 +46,7 @@ void compare_fixture(const std::string& name) {
   compare_with_reference(model, fixture(name) + "/reference.safetensors");
 }
 
-TEST(LlamaHfFamilies, Llama3TiedF32) {
+TEST(TargetHfFamilies, Llama3TiedF32) {
   TargetConfig c = load_target_config(fixture("llama3_tied"));
   EXPECT_EQ(c.rope.type, "llama3");
   EXPECT_TRUE(c.tie_word_embeddings);
@@ -55,7 +55,7 @@ TEST(LlamaHfFamilies, Llama3TiedF32) {
   compare_fixture("llama3_tied");
 }
 
-TEST(LlamaHfFamilies, Llama2LinearRopeF16ShardedWithBiases) {
+TEST(TargetHfFamilies, Llama2LinearRopeF16ShardedWithBiases) {
   TargetConfig c = load_target_config(fixture("llama2_linear"));
   EXPECT_EQ(c.rope.type, "linear");  // from the transformers 4.x "rope_scaling": {"type": "linear"}
   EXPECT_DOUBLE_EQ(c.rope.factor, 2.0);
@@ -64,7 +64,7 @@ TEST(LlamaHfFamilies, Llama2LinearRopeF16ShardedWithBiases) {
   compare_fixture("llama2_linear");
 }
 
-TEST(LlamaHfFamilies, MistralSlidingWindow) {
+TEST(TargetHfFamilies, MistralSlidingWindow) {
   TargetConfig c = load_target_config(fixture("mistral_swa"));
   EXPECT_EQ(c.sliding_window, 8);
   EXPECT_EQ(c.sliding_layers, std::vector<bool>(2, true));
@@ -75,7 +75,7 @@ TEST(LlamaHfFamilies, MistralSlidingWindow) {
   compare_with_reference(model, fixture("mistral_swa") + "/reference.safetensors", 13);
 }
 
-TEST(LlamaHfFamilies, Qwen2AttentionBiases) {
+TEST(TargetHfFamilies, Qwen2AttentionBiases) {
   TargetConfig c = load_target_config(fixture("qwen2"));
   EXPECT_TRUE(c.qkv_bias);
   EXPECT_FALSE(c.o_bias || c.mlp_bias || c.qk_norm);
@@ -83,7 +83,7 @@ TEST(LlamaHfFamilies, Qwen2AttentionBiases) {
   compare_fixture("qwen2");
 }
 
-TEST(LlamaHfFamilies, Qwen3QkNorm) {
+TEST(TargetHfFamilies, Qwen3QkNorm) {
   TargetConfig c = load_target_config(fixture("qwen3"));
   EXPECT_TRUE(c.qk_norm);
   EXPECT_EQ(c.head_dim, 32);
@@ -101,7 +101,7 @@ TargetConfig config_with(const nlohmann::json& extra) {
   return load_target_config(dir);
 }
 
-TEST(LlamaHfFamilies, MaxPositionEmbeddingsDefaultsPerFamily) {
+TEST(TargetHfFamilies, MaxPositionEmbeddingsDefaultsPerFamily) {
   // Without the field: transformers' config class default (5.24), not Llama's 2048 for every family.
   EXPECT_EQ(config_with({{"model_type", "llama"}}).max_position_embeddings, 2048);
   EXPECT_EQ(config_with({{"model_type", "mistral"}}).max_position_embeddings, 131072);
@@ -110,7 +110,7 @@ TEST(LlamaHfFamilies, MaxPositionEmbeddingsDefaultsPerFamily) {
   EXPECT_EQ(config_with({{"model_type", "qwen3"}, {"max_position_embeddings", 40960}}).max_position_embeddings, 40960);
 }
 
-TEST(LlamaHfFamilies, ConfigFieldsPerFamily) {
+TEST(TargetHfFamilies, ConfigFieldsPerFamily) {
   // Qwen2 as transformers 4.x wrote it: a sliding_window that use_sliding_window false switches off.
   TargetConfig c = config_with({{"model_type", "qwen2"}, {"sliding_window", 4096}, {"use_sliding_window", false},
                                {"max_window_layers", 2}});
@@ -174,7 +174,7 @@ void write_wrapped_qwen2(const std::string& dir, const std::string& prefix, cons
   std::ofstream(dir + "/config.json") << wrapper.dump(2);
 }
 
-TEST(LlamaHfFamilies, MultimodalWrapperPrefixes) {
+TEST(TargetHfFamilies, MultimodalWrapperPrefixes) {
   const std::vector<std::pair<std::string, std::string>> layouts = {
       {"model.language_model.", "lm_head.weight"},                 // transformers 5
       {"language_model.model.", "language_model.lm_head.weight"}};  // transformers 4
@@ -221,7 +221,7 @@ std::string shard_of(const std::string& dir, const std::string& name) {
   return j["weight_map"][name].get<std::string>();
 }
 
-TEST(LlamaHfFamilies, LoaderErrorsNameTensorAndFile) {
+TEST(TargetHfFamilies, LoaderErrorsNameTensorAndFile) {
   // A tensor the index lists but its shard lacks.
   std::string dir = copy_fixture("llama2_linear", "hf_err_missing_sharded");
   std::string name = "model.layers.1.self_attn.v_proj.bias", shard = shard_of(dir, name);
@@ -298,7 +298,7 @@ TEST(LlamaHfFamilies, LoaderErrorsNameTensorAndFile) {
   EXPECT_NE(e.find("gemma"), std::string::npos) << e;
 }
 
-TEST(LlamaHfFamilies, F16Conversion) {
+TEST(TargetHfFamilies, F16Conversion) {
   // Exact binary16 values, a tie that rounds to even, overflow to inf, subnormals.
   const std::vector<float> in = {1.0f, -2.5f, 65504.0f, 1.0f + 0x1.0p-11f, 1.0f + 3 * 0x1.0p-11f, 65520.0f,
                                  0x1.0p-24f, 3 * 0x1.0p-25f, 0x1.0p-14f, -0.0f};
@@ -360,7 +360,7 @@ TEST(TpTest, ReplicatedKvHeadsMatchTransformers) {
 //    2-4 layer models. Measured with the CPU's BF16 mode against these references (Bf16CpuNearTransformers):
 //    z and logits 0.7e-2 (qwen3) to 2.1e-2 (qwen2), r^k below that. Elementwise bounds would fail on
 //    elements near zero, whose relative error is unbounded, so each output is bounded in relative L2 norm,
-//    ||got - ref|| / ||ref|| <= kBf16RelL2 = 4e-2 (the bound of tests/model/llama_cuda_test.cc: 2x the
+//    ||got - ref|| / ||ref|| <= kBf16RelL2 = 4e-2 (the bound of tests/model/target_cuda_test.cc: 2x the
 //    worst measured, for the GPU's other fp32 summation orders); a wrong bias, norm, rope or window is O(1).
 
 constexpr double kBf16RelL2 = 4e-2;
@@ -410,7 +410,7 @@ const std::vector<std::string> kCudaFamilies = {"llama3_tied", "llama2_linear", 
 
 // The BF16 mode on the CPU (widened kernels, the same rounding points as on CUDA) against transformers:
 // runs without a GPU, so the bound and the helper are checked here too.
-TEST(LlamaHfFamilies, Bf16CpuNearTransformers) {
+TEST(TargetHfFamilies, Bf16CpuNearTransformers) {
   auto self = self_comm();
   for (const std::string& name : kCudaFamilies) {
     SCOPED_TRACE(name);
@@ -419,7 +419,7 @@ TEST(LlamaHfFamilies, Bf16CpuNearTransformers) {
   }
 }
 
-TEST(LlamaHfFamiliesCuda, F32MatchesTransformers) {
+TEST(TargetHfFamiliesCuda, F32MatchesTransformers) {
   AERIE_REQUIRE_CUDA();
   auto self = self_comm();
   for (const std::string& name : kCudaFamilies) {
@@ -432,7 +432,7 @@ TEST(LlamaHfFamiliesCuda, F32MatchesTransformers) {
   }
 }
 
-TEST(LlamaHfFamiliesCuda, Bf16NearTransformers) {
+TEST(TargetHfFamiliesCuda, Bf16NearTransformers) {
   AERIE_REQUIRE_CUDA();
   auto self = self_comm();
   for (const std::string& name : kCudaFamilies) {

@@ -6,7 +6,7 @@
 // Tolerances:
 //  - F32 CUDA vs F32 CPU: both compute in fp32 (cuBLASLt with CUBLAS_COMPUTE_32F, no TF32); they differ
 //    by summation order only: ~1e-6 relative per op, grown through the layers to a few 1e-6 of the
-//    values' scale. atol 1e-4 / rtol 1e-4 (the bound tests/model/llama_hf_families_test.cc uses against
+//    values' scale. atol 1e-4 / rtol 1e-4 (the bound tests/model/target_hf_families_test.cc uses against
 //    transformers, which differs from aerie in the same way) leaves a wide margin.
 //  - BF16 vs F32: the bf16 mode rounds 7 GEMM inputs per layer (h, q, k, v, attention out, g*u, and h
 //    again) to 8 significant bits, unit roundoff u = 2^-9 = 2e-3. Rounding errors of independent
@@ -103,7 +103,7 @@ const std::vector<std::string> kFamilies = {"llama3_tied", "llama2_linear", "mis
 
 // ---- CPU: the BF16 mode and the random weights (run everywhere) ----
 
-TEST(LlamaBf16, CpuBf16ModeNearF32OnStories260K) {
+TEST(TargetBf16, CpuBf16ModeNearF32OnStories260K) {
   if (!testing::have_model()) {
     if (testing::no_skip()) FAIL() << "no converted stories260K at " << testing::model_dir() << " (AERIE_NO_SKIP=1)";
     GTEST_SKIP() << "no converted stories260K at " << testing::model_dir();
@@ -123,7 +123,7 @@ TEST(LlamaBf16, CpuBf16ModeNearF32OnStories260K) {
   EXPECT_GT(worst, 0.0);  // the mode really rounds
 }
 
-TEST(LlamaBf16, CpuBf16ModeNearF32OnHfFamilies) {
+TEST(TargetBf16, CpuBf16ModeNearF32OnHfFamilies) {
   auto self = self_comm();
   for (const auto& name : kFamilies) {
     TargetModel f32(hf_fixture(name), *self);
@@ -134,7 +134,7 @@ TEST(LlamaBf16, CpuBf16ModeNearF32OnHfFamilies) {
   }
 }
 
-TEST(LlamaBf16, CpuBf16KvCacheMatchesPrefill) {
+TEST(TargetBf16, CpuBf16KvCacheMatchesPrefill) {
   auto self = self_comm();
   TargetModel m(hf_fixture("qwen3"), *self, {Device::CPU, DType::BF16});
   // Same rounding points in both paths (the cache holds the same bf16 k/v); only fp32 summation order
@@ -142,7 +142,7 @@ TEST(LlamaBf16, CpuBf16KvCacheMatchesPrefill) {
   expect_cache_matches_prefill(m, some_ids(20, m.config().vocab_size, 9), 7, 3e-2f, 2e-2f, "qwen3 bf16 (cpu)");
 }
 
-TEST(LlamaRandom, SeededShapesAndDeterminism) {
+TEST(TargetRandom, SeededShapesAndDeterminism) {
   auto self = self_comm();
   TargetConfig cfg = load_target_config(hf_fixture("qwen2"));  // q/k/v biases
   TargetModel a = TargetModel::random(cfg, *self, {Device::CPU, DType::F32}, 11);
@@ -166,7 +166,7 @@ TEST(LlamaRandom, SeededShapesAndDeterminism) {
   expect_rel_l2(run_all(bf, ids), oa, kBf16RelL2, "random qwen2 bf16 vs f32");
 }
 
-TEST(LlamaRandom, TpShardsAreSlicesOfTheTp1Model) {
+TEST(TargetRandom, TpShardsAreSlicesOfTheTp1Model) {
   // Random weights do not depend on the tp size: rank r of tp 2 holds rows (q/k/v/gate/up) or columns
   // (o/down) r of the tensors tp 1 makes from the same seed, asked for in the same order, so tp runs of
   // --random-weights compare.
@@ -200,7 +200,7 @@ TEST(LlamaRandom, TpShardsAreSlicesOfTheTp1Model) {
 
 // ---- CUDA (skipped without a GPU) ----
 
-TEST(LlamaCuda, F32EqualsCpuOnStories260K) {
+TEST(TargetCuda, F32EqualsCpuOnStories260K) {
   AERIE_REQUIRE_CUDA();
   if (!testing::have_model()) {
     if (testing::no_skip()) FAIL() << "no converted stories260K at " << testing::model_dir() << " (AERIE_NO_SKIP=1)";
@@ -219,7 +219,7 @@ TEST(LlamaCuda, F32EqualsCpuOnStories260K) {
   }
 }
 
-TEST(LlamaCuda, F32EqualsCpuOnHfFamilies) {
+TEST(TargetCuda, F32EqualsCpuOnHfFamilies) {
   AERIE_REQUIRE_CUDA();
   auto self = self_comm();
   for (const auto& name : kFamilies) {
@@ -230,7 +230,7 @@ TEST(LlamaCuda, F32EqualsCpuOnHfFamilies) {
   }
 }
 
-TEST(LlamaCuda, Bf16NearCpu) {
+TEST(TargetCuda, Bf16NearCpu) {
   AERIE_REQUIRE_CUDA();
   auto self = self_comm();
   std::vector<std::string> dirs;
@@ -250,7 +250,7 @@ TEST(LlamaCuda, Bf16NearCpu) {
   }
 }
 
-TEST(LlamaCuda, KvCacheDecodingEqualsPrefill) {
+TEST(TargetCuda, KvCacheDecodingEqualsPrefill) {
   AERIE_REQUIRE_CUDA();
   auto self = self_comm();
   for (const auto& name : {std::string("llama3_tied"), std::string("qwen3"), std::string("mistral_swa")}) {
@@ -262,7 +262,7 @@ TEST(LlamaCuda, KvCacheDecodingEqualsPrefill) {
   }
 }
 
-TEST(LlamaCuda, GreedyGenerateEqualsCpu) {
+TEST(TargetCuda, GreedyGenerateEqualsCpu) {
   AERIE_REQUIRE_CUDA();
   if (!testing::have_model()) {
     if (testing::no_skip()) FAIL() << "no converted stories260K at " << testing::model_dir() << " (AERIE_NO_SKIP=1)";
@@ -275,7 +275,7 @@ TEST(LlamaCuda, GreedyGenerateEqualsCpu) {
   EXPECT_EQ(greedy_generate(gpu, prompt, 20, -1), greedy_generate(cpu, prompt, 20, -1));
 }
 
-TEST(LlamaCuda, RandomWeightsEqualCpu) {
+TEST(TargetCuda, RandomWeightsEqualCpu) {
   AERIE_REQUIRE_CUDA();
   auto self = self_comm();
   TargetConfig cfg = load_target_config(hf_fixture("qwen3"));
@@ -290,11 +290,11 @@ TEST(LlamaCuda, RandomWeightsEqualCpu) {
   expect_rel_l2(run_all(gpu_b16, ids), run_all(cpu_b16, ids), kBf16DeviceRelL2, "random qwen3 cuda bf16");
 }
 
-// Tensor parallelism on GPUs: `mpirun -np 2 test_model --gtest_filter=LlamaCudaTp.*` on a machine with
+// Tensor parallelism on GPUs: `mpirun -np 2 test_model --gtest_filter=TargetCudaTp.*` on a machine with
 // two GPUs. The tp = 2 model (NCCL all-reduce of o_proj / down_proj partial sums) equals the tp = 1 model
 // on each rank's GPU: F32 within the fp32 tolerance, BF16 within kBf16DeviceRelL2 (the partial sums are
 // F32, so the only difference is the split of the fp32 sums).
-TEST(LlamaCudaTp, Tp2EqualsTp1) {
+TEST(TargetCudaTp, Tp2EqualsTp1) {
   AERIE_REQUIRE_CUDA();
   auto world = MpiCommunicator::world();
   if (world->size() != 2) GTEST_SKIP() << "needs mpirun -np 2 (got " << world->size() << " rank(s))";

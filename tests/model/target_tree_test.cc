@@ -3,7 +3,7 @@
 // biases, Qwen3 q/k norm; Mistral's sliding window within and past its 8 positions), and
 // KVCache::keep_rows: a cache kept to one accepted path continues as the path's own cache. CPU always;
 // CUDA F32 after AERIE_REQUIRE_CUDA(). Tolerances: F32 against F32 with other summation orders (the
-// prefix and the path keys merged by log-sum-exp): atol 1e-4 / rtol 1e-4, as tests/model/llama_batch_test.cc.
+// prefix and the path keys merged by log-sum-exp): atol 1e-4 / rtol 1e-4, as tests/model/target_batch_test.cc.
 #include <string>
 #include <vector>
 
@@ -63,7 +63,7 @@ void check_tree(TargetModel& m, int64_t P, const std::string& what) {
                         what + " after keep_rows");
 }
 
-TEST(LlamaTree, RowsEqualTheirPathsCpu) {
+TEST(TargetTree, RowsEqualTheirPathsCpu) {
   auto self = self_comm();
   for (const std::string name : {"llama3_tied", "llama2_linear", "qwen2", "qwen3"}) {
     TargetModel m(hf_fixture(name), *self);
@@ -78,7 +78,7 @@ TEST(LlamaTree, RowsEqualTheirPathsCpu) {
             std::string::npos);
 }
 
-TEST(LlamaTree, RejectsMalformedTrees) {
+TEST(TargetTree, RejectsMalformedTrees) {
   auto self = self_comm();
   TargetModel m(hf_fixture("llama3_tied"), *self);
   KVCache c = m.make_cache(16), empty = m.make_cache(16);
@@ -99,7 +99,7 @@ TEST(LlamaTree, RejectsMalformedTrees) {
   EXPECT_NE(testing::error_of([&] { c.keep_rows(1, {0, 5}); }).find("past the cache"), std::string::npos);
 }
 
-TEST(LlamaTreeCuda, F32RowsEqualTheirPaths) {
+TEST(TargetTreeCuda, F32RowsEqualTheirPaths) {
   AERIE_REQUIRE_CUDA();
   auto self = self_comm();
   for (const std::string name : {"llama3_tied", "qwen3"}) {

@@ -1,5 +1,5 @@
 // TargetConfig and TargetModel on one rank: config parsing, the forward against a naive double-precision
-// reference (llama_testing.h), the captures of eagle3.md section 1, and the KV cache.
+// reference (target_testing.h), the captures of eagle3.md section 1, and the KV cache.
 #include <filesystem>
 #include <fstream>
 
@@ -7,7 +7,7 @@
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "model/target.h"
-#include "model/llama_testing.h"
+#include "model/target_testing.h"
 #include "test_util.h"
 
 namespace aerie {
@@ -200,7 +200,7 @@ TEST(TargetModel, RejectsForeignTensorsAndBadShapes) {
   EXPECT_THROW(TargetModel(dir, *self), Error);
 }
 
-class LlamaStories : public ::testing::Test {
+class TargetStories : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!testing::have_model()) GTEST_SKIP() << "no converted stories260K at " << testing::model_dir();
@@ -212,7 +212,7 @@ class LlamaStories : public ::testing::Test {
   std::unique_ptr<TargetModel> model_;
 };
 
-TEST_F(LlamaStories, Config) {
+TEST_F(TargetStories, Config) {
   const TargetConfig& c = model_->config();
   EXPECT_EQ(c.hidden_size, 64);
   EXPECT_EQ(c.num_hidden_layers, 5);
@@ -225,7 +225,7 @@ TEST_F(LlamaStories, Config) {
 }
 
 // Captures (eagle3.md section 1): shapes, r^0 = embeddings, z = final_norm(r^N), logits = z W_lm^T.
-TEST_F(LlamaStories, Captures) {
+TEST_F(TargetStories, Captures) {
   const int64_t H = 64, N = 5, V = 512, n = 9;
   std::vector<int32_t> ids = some_ids(n, V, 5);
   std::vector<int> aux = default_aux_layers(N);
@@ -268,7 +268,7 @@ TEST_F(LlamaStories, Captures) {
 
 // A prefill of T tokens equals token-by-token decoding with the KV cache, and a chunked prefill
 // (cache positions continue from the cache length). Same fp32 math in a different grouping: 2e-5.
-TEST_F(LlamaStories, PrefillEqualsCachedDecoding) {
+TEST_F(TargetStories, PrefillEqualsCachedDecoding) {
   const int64_t T = 24, V = 512;
   std::vector<int32_t> ids = some_ids(T, V, 11);
   TargetOutput full = model_->forward(ids, nullptr, {1, 3, 5}, true);
@@ -292,7 +292,7 @@ TEST_F(LlamaStories, PrefillEqualsCachedDecoding) {
 
 // Rejected draft tokens: truncate() drops them, and decoding other tokens gives what a fresh prefill of
 // the accepted prefix + the other tokens gives.
-TEST_F(LlamaStories, TruncateDropsRejectedTokens) {
+TEST_F(TargetStories, TruncateDropsRejectedTokens) {
   std::vector<int32_t> prefix = some_ids(12, 512, 21), a = {40, 41, 42, 43}, b = {300, 301, 302};
   KVCache cache = model_->make_cache(20);
   model_->forward(prefix, &cache, {}, false);
