@@ -30,6 +30,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -330,7 +331,18 @@ int eval(const std::vector<std::string>& args) {
   if (!run.run_dir.empty())
     run.table_path = vm["output"].defaulted() ? follow_output_link("eval", checkpoint_eval_path(run.run_dir))
                                               : o.output_path;
-  check_eval_inputs(o, run);
+  // A refused input ends every rank with its message once (not each rank's line and MPI_Abort's banner); a usage
+  // error (exit 2) stays one: every rank parsed the same arguments and fails alike.
+  std::optional<UsageError> usage;
+  MpiCommunicator world(MPI_COMM_WORLD, false);
+  agree_on_refusal(world, "eval", [&] {
+    try {
+      check_eval_inputs(o, run);
+    } catch (const UsageError& e) {
+      usage = e;
+    }
+  });
+  if (usage) throw *usage;
   if (run.run_dir.empty()) {
     // OUTPUT.lock: a second eval into the same eval.json is refused while this one runs.
     const OutputLock lock =
