@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "jobs/jobs.h"
 #include "jobs/plan_time.h"
 #include "jobs/target_device.h"
@@ -29,19 +30,10 @@ namespace aerie::jobs {
 
 namespace {
 
-// 71.02 GiB, 3.5 MiB, 812 B: binary units, chosen per value.
+// 71.02 GiB, 3.50 MiB, 812 B: binary units, chosen per value (core/log.h's format_bytes), signed.
 std::string bytes_str(int64_t b) {
-  const double a = static_cast<double>(b < 0 ? -b : b);
-  const char* unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  double v = a;
-  while (v >= 1024.0 && u < 4) v /= 1024.0, ++u;
-  char buf[48];
-  if (u == 0)
-    std::snprintf(buf, sizeof buf, "%s%lld B", b < 0 ? "-" : "", static_cast<long long>(a));
-  else
-    std::snprintf(buf, sizeof buf, "%s%.2f %s", b < 0 ? "-" : "", v, unit[u]);
-  return buf;
+  const int64_t a = b < 0 ? -b : b;
+  return (b < 0 ? "-" : "") + (a < 1024 ? std::to_string(a) + " B" : format_bytes(static_cast<double>(a)));
 }
 
 std::string gb_str(int64_t b) {

@@ -238,6 +238,24 @@ std::vector<int64_t> accepted_tree_path(const std::vector<int32_t>& in, const st
   return rows;
 }
 
+// Appends a pass's emitted tokens (the accepted guesses, then the target's token) to r, counting the accepted
+// positions, and cuts after a stop id or at max_new: a guess cut off is not part of the output, nor accepted.
+// Returns true when the run is done.
+bool append_emitted(SpecDecodeResult& r, const std::vector<int32_t>& emitted,
+                    const std::function<bool(int32_t)>& is_stop, int64_t max_new) {
+  const int a = static_cast<int>(emitted.size()) - 1;
+  ++r.verify_passes;
+  bool done = false;
+  for (int i = 0; i <= a && !done; ++i) {
+    if (i < a) ++r.accepted_at[i];
+    r.tokens.push_back(emitted[i]);
+    ++r.generated;
+    ++r.verify_tokens;
+    done = is_stop(emitted[i]) || r.generated >= max_new;
+  }
+  return done;
+}
+
 // One pass of tree verification (SpecDecodeOptions::tree_topk > 1) at L = r.tokens.size() - 1: the proposer's
 // tree verified in one forward_tree, the longest accepted path and the target's next token appended to r (cut at
 // a stop id or max_new), the caches kept to that path. Returns true when the run is done.
@@ -265,17 +283,10 @@ bool tree_pass(TargetModel& target, Proposer& prop, const std::vector<int>& aux,
   std::vector<int32_t> y = broadcast_tokens(tp, target.device(), std::vector<int32_t>(am.begin(), am.end()));
   const std::vector<int64_t> rows = accepted_tree_path(in, parent, y);
   const int a = static_cast<int>(rows.size()) - 1;
-  ++r.verify_passes;
-  bool done = false;
-  for (int i = 0; i <= a && !done; ++i) {
-    const int32_t tk = i < a ? in[rows[i + 1]] : y[rows[a]];
-    if (i < a) ++r.accepted_at[i];
-    r.tokens.push_back(tk);
-    ++r.generated;
-    ++r.verify_tokens;
-    done = is_stop(tk) || r.generated >= max_new;
-  }
-  if (done) return true;
+  std::vector<int32_t> emitted;
+  for (int i = 0; i < a; ++i) emitted.push_back(in[rows[i + 1]]);
+  emitted.push_back(y[rows[a]]);
+  if (append_emitted(r, emitted, is_stop, max_new)) return true;
   cache.keep_rows(L, rows);  // x_L and the accepted path, as positions L .. L + a
   Tensor f = Tensor::empty({a + 1, v.aux_hidden.dim(1)}, v.aux_hidden.dtype(), v.aux_hidden.device());
   for (int i = 0; i <= a; ++i) f.slice(i, i + 1).copy_from(v.aux_hidden.slice(rows[i], rows[i] + 1));
@@ -399,17 +410,7 @@ SpecDecodeResult speculative_generate(TargetModel& target, Proposer& prop, const
         if (t >= 0) emitted.push_back(t);
     }
     const int a = static_cast<int>(emitted.size()) - 1;
-    ++r.verify_passes;
-    // The new tokens g_1..g_a and the target's, cut after a stop token or at max_new. Only the guesses
-    // that are emitted count as accepted (a guess cut off at max_new is not part of the output).
-    for (int i = 0; i <= a && !done; ++i) {
-      const int32_t t = emitted[i];
-      if (i < a) ++r.accepted_at[i];
-      r.tokens.push_back(t);
-      ++r.generated;
-      ++r.verify_tokens;
-      done = is_stop(t) || r.generated >= max_new;
-    }
+    done = append_emitted(r, emitted, is_stop, max_new);
     if (done) break;
     cache.truncate(L + a + 1);  // x_L and the accepted guesses are verified; the last token is the next input
     prop.append_verified(v.aux_hidden.slice(0, a + 1),

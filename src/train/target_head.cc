@@ -86,8 +86,6 @@ std::vector<TTTSample> make_step_samples(std::vector<HiddenSample> samples, cons
   }
   const int64_t rows = start.back(), V = lm_head.dim(0), K = static_cast<int64_t>(selected.size());
   lm_head.check_shape({V, fins.front()->dim(1)}, "make_step_samples: the target's lm_head");
-  for (int64_t sid : selected)
-    AERIE_CHECK(sid >= 0 && sid < V, "make_step_samples: selected id " << sid << " outside [0, " << V << ")");
   const Tensor z = stack_rows(fins).to_device(head_dev);
   Tensor probs = Tensor::empty({rows, K}, DType::F32, head_dev);
   Tensor argmax = Tensor::empty({rows}, DType::I64, head_dev);
