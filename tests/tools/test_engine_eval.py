@@ -343,6 +343,16 @@ class Script(TempDir):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("stand-in", r.stderr)
 
+    def test_attention_backend_is_sglangs_and_recorded(self):
+        r = self.run_tool("--attention-backend", "triton")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(self.output) as f:
+            self.assertEqual(json.load(f)["attention_backend"], "triton")
+        base = ["--model", os.path.join(self.dir, "target"), "--draft", os.path.join(self.dir, "draft"),
+                "--prompt-ids", self.prompts, "--num-draft-tokens", "3", "--max-new-tokens", "9", "--output", self.output]
+        with self.assertRaisesRegex(ee.InputError, "--attention-backend is SGLang's option"):
+            ee.parse_args(["--engine", "vllm", "--attention-backend", "triton", *base])
+
     def test_refusals_exit_2(self):
         bad = self.write("bad.jsonl", json.dumps(self.records[0]) + "\n[1,\n")
         r = self.run_tool(prompts=bad)

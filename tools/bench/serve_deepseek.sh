@@ -17,6 +17,7 @@
 #   TRAIN_STEPS     steps of each draft (default 400)
 #   FIXTURE_ARGS    more arguments of make_random_deepseek.py (sizes, --seed)
 #   DEVICE          cuda (default) or cpu (a check of the aerie side: no engine stage)
+#   ATTENTION_BACKEND  SGLang's attention backend (triton for a tools/bench/sglang_bundle.sh NO_FA3=1 tree)
 #   PROMPTS         bench (default: MT-Bench and the EAGLE sets) or train: the first user turns of the CONVERSATIONS
 #                   conversations the drafts were trained on (category "train"), where a random-weight target's
 #                   draft accepts tokens at all (on MT-Bench it accepts about 1%: a weak check of the engine)
@@ -61,6 +62,8 @@ if want train; then
   for d in $draft_list; do
     [ -f "$out/export_${d}_eagle3/config.json" ] && continue
     extra=(); [ "$d" = mla ] && extra=(--draft-attention mla)
+    # No SGLang release reads norm_before_residual (export --for sglang refuses such a draft): train without it.
+    [ "$engine" = sglang ] && extra+=(--draft-norm-before-residual=false)
     log "train $d"
     mpirun -np 1 "$aerie" train --model "$model" --device "$device" --shards "$p/shards" \
       --vocab "$p/vocab.safetensors" --output "$p/train_$d" --steps "$steps" --batch-size 16 --lr 5e-4 \

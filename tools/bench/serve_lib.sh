@@ -54,7 +54,7 @@ serve_engine() {
     python3 "$root/tools/engine_eval" --engine "$engine" --model "$model" --draft "$out/export_${d}_$fmt" \
       --prompt-ids "$out/prompts_${d}_k$k.jsonl" --num-draft-tokens "$k" --max-new-tokens "$max_new" \
       --dtype "$edtype" --aerie-eval "$out/eval_${d}_k$k.json" --gpu-memory-utilization "${GPU_FRACTION:-0.12}" \
-      ${MAX_MODEL_LEN:+--max-model-len "$MAX_MODEL_LEN"} \
+      ${MAX_MODEL_LEN:+--max-model-len "$MAX_MODEL_LEN"} ${ATTENTION_BACKEND:+--attention-backend "$ATTENTION_BACKEND"} \
       --plain-cache "$out/${engine}_plain.json" --write-answers "$out/answers_${engine}_${d}_${fmt}_k$k.jsonl" \
       --output "$o" > "${o%.json}.log" 2>&1 &
     i=$((i + 1))

@@ -13,13 +13,16 @@
 #      (bin/ninja is kept: SGLang's JIT kernels call `ninja`)
 #   4. zero the GPU code for other architectures (sm80/86/100/103/120 cubins) in sgl_kernel's CUDA libraries,
 #      FA3's flash_ops above all (986 MiB of cubins, 473 MiB of them sm_90). FA3_BF16_ONLY=1 also zeroes the
-#      sm_90 FA3 kernels for fp16 and fp8 inputs (then only bf16 attention through FA3 works; needs zstd here)
+#      sm_90 FA3 kernels for fp16 and fp8 inputs (then only bf16 attention through FA3 works; needs zstd here).
+#      NO_FA3=1 leaves FA3 out altogether (sgl_kernel loads flash_ops only when the fa3 attention backend runs):
+#      the tree then serves with attention_backend="triton" (engine_eval --attention-backend triton), and packs
+#      into about a third of the bytes
 #   5. add IPython.display as a stub that is used only when the GPU machine has no IPython (sglang/utils.py
 #      imports it at `import sglang`): site/sitecustomize.py appends site/_fallback to the end of sys.path
 #   6. tar | xz into BUILD/sglang.tar.xz and print how to cut it into parts and unpack it on the GPU machine
 # The tree's size and parts: docs/performance.md ("Served by vLLM", SGLang).
 # usage: tools/bench/sglang_bundle.sh
-# env:   WHL=/tmp/sglang-whl  BUILD=/tmp/sglang-bundle  FA3_BF16_ONLY=0  XZ_OPT="-6 -T1"  PART_MB=50
+# env:   WHL=/tmp/sglang-whl  BUILD=/tmp/sglang-bundle  FA3_BF16_ONLY=0  NO_FA3=0  XZ_OPT="-6 -T1"  PART_MB=50
 #        EXTRA="name==ver ..." (more wheels, e.g. one that turns out missing on the GPU machine)
 # On the GPU machine, after unpacking into /tmp/site:
 #   export PYTHONPATH=/tmp/site PATH=/tmp/site/bin:$PATH CUDA_HOME=/usr/local/cuda HF_HUB_OFFLINE=1
@@ -27,7 +30,7 @@
 # nvcc (CUDA_HOME), a host c++ compiler and ninja there; set TVM_FFI_CACHE_DIR to reuse the builds.
 set -euo pipefail
 WHL="${WHL:-/tmp/sglang-whl}"; BUILD="${BUILD:-/tmp/sglang-bundle}"
-FA3_BF16_ONLY="${FA3_BF16_ONLY:-0}"; XZ_OPT="${XZ_OPT:--6 -T1}"; PART_MB="${PART_MB:-50}"
+FA3_BF16_ONLY="${FA3_BF16_ONLY:-0}"; NO_FA3="${NO_FA3:-0}"; XZ_OPT="${XZ_OPT:--6 -T1}"; PART_MB="${PART_MB:-50}"
 PLAT=(--python-version 3.12 --implementation cp --only-binary=:all:)
 for n in 34 28 27 26 24 17 5; do PLAT+=(--platform "manylinux_2_${n}_x86_64"); done
 PLAT+=(--platform manylinux2014_x86_64 --platform manylinux1_x86_64)
@@ -96,13 +99,15 @@ find bin -mindepth 1 ! -name ninja -exec rm -rf {} +
 rm -rf sglang/multimodal_gen sglang/srt/server/_core.*.so sglang/srt/grpc/_core.*.so \
   sglang/srt/multimodal/_core.*.so sgl_kernel/infllm_ops.*.so sgl_kernel/sm100 xgrammar/lib/libxgrammar.a \
   flashinfer/data/cutlass/{examples,test,python,docs,media} flashinfer/data/cccl/{python,benchmarks,docs,ci,test}
+[ "$NO_FA3" = 1 ] && rm -f sgl_kernel/flash_ops.abi3.so
 find . -name __pycache__ -prune -exec rm -rf {} +
 find . -name '*.so' -type f | while read -r so; do
   if readelf -S -W "$so" 2>/dev/null | grep -q ' \.debug_info '; then strip --strip-debug "$so"; fi
 done
 
 # --- zero GPU code an sm_90 GPU never loads (payload bytes only: ELF layout and fatbin headers unchanged) ---
-python3 - "$FA3_BF16_ONLY" sgl_kernel/flash_ops.abi3.so sgl_kernel/flashmla_ops.abi3.so \
+fa3=(); [ -f sgl_kernel/flash_ops.abi3.so ] && fa3=(sgl_kernel/flash_ops.abi3.so)
+python3 - "$FA3_BF16_ONLY" "${fa3[@]}" sgl_kernel/flashmla_ops.abi3.so \
   sgl_kernel/sm90/common_ops.abi3.so sgl_kernel/spatial_ops.abi3.so <<'PY' >&2
 import struct, subprocess, sys
 MAGIC, MAJOR = 0xBA55ED50, 9
