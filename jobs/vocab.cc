@@ -117,7 +117,7 @@ int vocab(const std::vector<std::string>& args) {
     if (distinct < K) {
       std::ostringstream msg;
       msg << "vocab: " << distinct << " distinct loss-masked ids for K = " << K << ": all of them are in the draft "
-          << "vocabulary, the other " << K - distinct << " slots get the smallest unused ids (SpecForge #76)";
+          << "vocabulary, the other " << K - distinct << " slots get the smallest unused ids (as SpecForge fills them)";
       if (2 * distinct < K)
         AERIE_LOG(warning) << msg.str() << "; fewer than half of K: is the data this small?";
       else

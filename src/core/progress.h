@@ -6,6 +6,11 @@
 
 namespace aerie {
 
+/// An amount of a progress line's unit as text: whole numbers as they are ("12", "4096"), fractions with
+/// three significant figures up to 100 ("0.00", "0.37", "2.50", "12.5") and none above ("1235"); so a small
+/// job's "0.37 MiB" does not print as "0 MiB". Negative and non-finite values print as %g does.
+std::string format_amount(double x);
+
 class Progress {
  public:
   /// `what` names the work ("extract"), `unit` the counted thing ("tokens"). Only the process with

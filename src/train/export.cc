@@ -161,14 +161,14 @@ void write_export_dir(const std::string& out_dir, const nlohmann::json& config, 
 
 namespace {
 
-/// "vLLM X, SGLang Y" (or "no release") for the --for any log line.
+/// "vLLM X and later, SGLang in no release up to Y" for the --for any log line.
 std::string first_releases(const DraftConfig& cfg, const TargetConfig& target, const std::string& format) {
   std::string out;
   for (ServingEngine e : {ServingEngine::Vllm, ServingEngine::Sglang}) {
     EngineRelease first;
     const bool any = first_serving_release(serving_needs(cfg, target, e, format), first);
-    out += std::string(out.empty() ? "" : "; ") + (e == ServingEngine::Vllm ? "vLLM " : "SGLang ") +
-           (any ? first.str() + " on" : "none up to " + newest_checked_release(e).str());
+    out += std::string(out.empty() ? "" : ", ") + (e == ServingEngine::Vllm ? "vLLM " : "SGLang ") +
+           (any ? first.str() + " and later" : "in no release up to " + newest_checked_release(e).str());
   }
   return out;
 }
@@ -211,14 +211,14 @@ void check_serving_target(const DraftConfig& cfg, const TargetConfig& target, co
       if (!aux_why.empty()) sglang.push_back(aux_why);
     }
     for (const std::string& why : sglang)
-      AERIE_LOG(warning) << "export: " << why << (vllm_serves ? " (export --for vllm to silence this)" : "");
+      AERIE_LOG(warning) << "export: " << why << (vllm_serves ? "; export --for vllm silences this warning" : "");
     AERIE_LOG(info) << "export: served as trained by " << first_releases(cfg, target, format)
-                    << " (docs/formats.md \"Engine releases\")";
+                    << "; docs/formats.md \"Engine releases\" has the table";
   } else {
     EngineRelease first;
     if (first_serving_release(needs, first))
       AERIE_LOG(info) << "export: for " << serving.name() << "; served as trained from "
-                      << (serving.engine == ServingEngine::Vllm ? "vLLM " : "SGLang ") << first.str() << " on";
+                      << (serving.engine == ServingEngine::Vllm ? "vLLM " : "SGLang ") << first.str() << " and later";
   }
 }
 

@@ -343,9 +343,9 @@ std::vector<std::string> unmet_serving_needs(const std::vector<ServingNeed>& nee
     if (n.first_release_known && !(r < n.first_release)) continue;
     out.push_back(n.first_release_known
                       ? engine + " " + r.str() + " does not serve " + n.what + ": the first release that does is " +
-                            n.first_release.str() + " (" + n.source + ")"
+                            n.first_release.str() + "; read in " + n.source
                       : "no " + engine + " release aerie checked (up to " + newest_checked_release(target.engine).str() +
-                            ") serves " + n.what + " (" + n.source + ")");
+                            ") serves " + n.what + "; read in " + n.source);
   }
   return out;
 }

@@ -128,6 +128,7 @@ class StepLoop {
   BatchOrder& order_;
   const LrSchedule& sched_;
   const int64_t total_, num_heldout_;
+  bool heldout_logged_ = false;  // the first held-out line explains its figures
   RunFolder& folder_;
   SampleSource& source_;
   TrainResult& result_;
@@ -406,8 +407,16 @@ void StepLoop::score_held_out() {
   }
   tf.all_reduce(dp_, S);
   if (rank_ != 0) return;
-  AERIE_LOG(info) << "train: step " << st_.step << " held out (" << tf.samples << " samples): tau_sim "
-                  << tf.tau_sim() << " | acc_k " << join(tf.acc_k(), 3);
+  // The first line says what the figures are, and why fewer samples than --heldout-samples were scored.
+  std::ostringstream what;
+  if (!heldout_logged_ && num_heldout_ < opts_.heldout_samples)
+    what << "; the held-out split (--eval-fraction) has " << num_heldout_ << " of the --heldout-samples "
+         << opts_.heldout_samples;
+  AERIE_LOG(info) << "train: step " << st_.step << " held out (" << tf.samples << " samples" << what.str()
+                  << "): tau_sim " << tf.tau_sim() << (heldout_logged_ ? "" : " (teacher-forced acceptance length)")
+                  << " | acc_k " << join(tf.acc_k(), 3)
+                  << (heldout_logged_ ? "" : " (the acceptance of each TTT step k along the data)");
+  heldout_logged_ = true;
   const nlohmann::json j = {{"step", st_.step}, {"tau_sim", tf.tau_sim()}, {"acc_k", tf.acc_k()}, {"samples", tf.samples}};
   Scalars s = {{"heldout/tau_sim", tf.tau_sim()}};
   const std::vector<double> acc = tf.acc_k();

@@ -1,7 +1,9 @@
-// The log lines' number formats (core/log.h): fixed decimals and byte counts in binary units.
+// The log lines' number formats (core/log.h, core/progress.h): fixed decimals, byte counts in binary units,
+// progress amounts.
 #include <gtest/gtest.h>
 
 #include "core/log.h"
+#include "core/progress.h"
 
 namespace aerie {
 namespace {
@@ -9,6 +11,15 @@ namespace {
 TEST(LogFormat, FixedDecimals) {
   EXPECT_EQ(format_fixed(2.14017, 3), "2.140");
   EXPECT_EQ(format_fixed(0.5, 0), "0");  // round half to even, as printf
+}
+
+TEST(LogFormat, ProgressAmountsKeepSmallFractions) {
+  EXPECT_EQ(format_amount(0), "0");
+  EXPECT_EQ(format_amount(4096), "4096");
+  EXPECT_EQ(format_amount(0.37), "0.37");  // a small job's MiB: was "0 MiB"
+  EXPECT_EQ(format_amount(2.5), "2.50");
+  EXPECT_EQ(format_amount(12.54), "12.5");
+  EXPECT_EQ(format_amount(1234.6), "1235");
 }
 
 TEST(LogFormat, BytesInTheLargestUnitAtLeastOne) {

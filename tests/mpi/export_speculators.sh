@@ -49,7 +49,7 @@ run export_spec2 1 export --checkpoint "$work/run" --model "$model" --output "$w
 # not serve the draft as trained is refused, naming the first that does.
 run export_sglang 1 export --checkpoint "$work/run" --model "$model" --output "$work/sglang" --for sglang \
   || fail "export --for sglang"
-grep -q "served as trained from SGLang 0.4.9 on" "$last" || fail "--for sglang does not name the first release serving it"
+grep -q "served as trained from SGLang 0.4.9 and later" "$last" || fail "--for sglang does not name the first release serving it"
 python3 - "$work" <<'PY' || fail "the aux ids per engine"
 import json, sys
 w = sys.argv[1]
