@@ -28,6 +28,54 @@
 
 namespace aerie {
 
+namespace {
+
+// A token tree's rows (one sequence after a cached prefix): checks the parents (row 0 the root, -1; every other
+// row's parent before it; rows in breadth-first order) and sets batch.tree_parent and tree_depth.
+void set_tree(ForwardBatch& batch, const std::vector<int32_t>& parent, const char* who) {
+  const int64_t n = batch.n;
+  AERIE_CHECK(batch.B == 1 && batch.cache[0] && batch.p0[0] >= 1,
+              who << ": a token tree follows a cached prefix of at least one position");
+  AERIE_CHECK(static_cast<int64_t>(parent.size()) == n, who << ": " << parent.size() << " parents for " << n << " tree rows");
+  batch.tree_parent = parent;
+  batch.tree_depth.assign(n, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t pa = batch.tree_parent[i];
+    AERIE_CHECK(i == 0 ? pa == -1 : pa >= 0 && pa < i,
+                who << ": row " << i << "'s parent " << pa << " (row 0 is the root, -1; others before themselves)");
+    if (i > 0) batch.tree_depth[i] = batch.tree_depth[pa] + 1;
+    AERIE_CHECK(i == 0 || batch.tree_depth[i] >= batch.tree_depth[i - 1],
+                who << ": row " << i << " is shallower than row " << i - 1 << " (rows in breadth-first order)");
+  }
+}
+
+// The tree's rows grouped by depth into batch.tree_groups, and the cache slots of each group's paths (for group g
+// of m rows at depth d: slots[g.offset + j * m + i] is the slot of row i's ancestor at depth j, j = 0 .. d).
+std::vector<int32_t> tree_groups(ForwardBatch& batch) {
+  std::vector<int32_t> slots;
+  for (int64_t s = 0; s < batch.n;) {
+    ForwardBatch::TreeGroup g;
+    g.begin = s;
+    g.depth = batch.tree_depth[s];
+    g.offset = static_cast<int64_t>(slots.size());
+    while (s < batch.n && batch.tree_depth[s] == g.depth) ++s;
+    g.end = s;
+    const int64_t m = g.end - g.begin;
+    slots.resize(slots.size() + m * (g.depth + 1));
+    for (int64_t i = 0; i < m; ++i) {
+      int32_t r = static_cast<int32_t>(g.begin + i);
+      for (int32_t j = g.depth; j >= 0; --j) {
+        slots[g.offset + j * m + i] = static_cast<int32_t>(batch.p0[0]) + r;
+        r = batch.tree_parent[r];
+      }
+    }
+    batch.tree_groups.push_back(g);
+  }
+  return slots;
+}
+
+}  // namespace
+
 TargetOutput TargetModel::forward(const std::vector<int32_t>& ids, KVCache* cache,
                                   const std::vector<int>& aux_layers, bool want_logits) {
   return run({ids}, {cache}, aux_layers, want_logits ? Logits::All : Logits::None, "TargetModel::forward");
@@ -89,22 +137,7 @@ TargetOutput TargetModel::run(const std::vector<std::vector<int32_t>>& ids, cons
     if (batch.p0[b] > 0) all_at_zero = false;
   }
   const int64_t n = batch.n = batch.start[B];
-  if (tree_parent) {
-    AERIE_CHECK(B == 1 && batch.cache[0] && batch.p0[0] >= 1,
-                who << ": a token tree follows a cached prefix of at least one position");
-    AERIE_CHECK(static_cast<int64_t>(tree_parent->size()) == n,
-                who << ": " << tree_parent->size() << " parents for " << n << " tree rows");
-    batch.tree_parent = *tree_parent;
-    batch.tree_depth.assign(n, 0);
-    for (int64_t i = 0; i < n; ++i) {
-      const int32_t pa = batch.tree_parent[i];
-      AERIE_CHECK(i == 0 ? pa == -1 : pa >= 0 && pa < i,
-                  who << ": row " << i << "'s parent " << pa << " (row 0 is the root, -1; others before themselves)");
-      if (i > 0) batch.tree_depth[i] = batch.tree_depth[pa] + 1;
-      AERIE_CHECK(i == 0 || batch.tree_depth[i] >= batch.tree_depth[i - 1],
-                  who << ": row " << i << " is shallower than row " << i - 1 << " (rows in breadth-first order)");
-    }
-  }
+  if (tree_parent) set_tree(batch, *tree_parent, who);
 
   const Device dev = m.device;
   const DType ct = m.dtype;  // compute dtype: GEMM inputs, KV cache, captured outputs
@@ -120,25 +153,7 @@ TargetOutput TargetModel::run(const std::vector<std::vector<int32_t>>& ids, cons
   Tensor ids_t = on_device(Tensor::from_vector(all_ids, {n}));
   batch.positions = on_device(Tensor::from_vector(pos, {n}));
   if (!batch.tree_depth.empty()) {  // the ancestor slots of every depth's rows, uploaded once (tree_attend)
-    std::vector<int32_t> slots;
-    for (int64_t s = 0; s < n;) {
-      ForwardBatch::TreeGroup g;
-      g.begin = s;
-      g.depth = batch.tree_depth[s];
-      g.offset = static_cast<int64_t>(slots.size());
-      while (s < n && batch.tree_depth[s] == g.depth) ++s;
-      g.end = s;
-      const int64_t m = g.end - g.begin;
-      slots.resize(slots.size() + m * (g.depth + 1));
-      for (int64_t i = 0; i < m; ++i) {
-        int32_t r = static_cast<int32_t>(g.begin + i);
-        for (int32_t j = g.depth; j >= 0; --j) {
-          slots[g.offset + j * m + i] = static_cast<int32_t>(batch.p0[0]) + r;
-          r = batch.tree_parent[r];
-        }
-      }
-      batch.tree_groups.push_back(g);
-    }
+    const std::vector<int32_t> slots = tree_groups(batch);
     batch.tree_path_slots = on_device(Tensor::from_vector(slots, {static_cast<int64_t>(slots.size())}));
   }
   // Packed prefill: every sequence at position 0 and more than one of them -> one varlen attention
