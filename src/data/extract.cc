@@ -110,7 +110,7 @@ double now_s() {
 
 std::string join_ints(const std::vector<int>& v) {
   std::string out;
-  for (size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + std::to_string(v[i]);
+  for (size_t i = 0; i < v.size(); ++i) out += std::string(i ? "," : "") + std::to_string(v[i]);
   return out;
 }
 

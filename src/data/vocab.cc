@@ -136,7 +136,9 @@ std::vector<int64_t> count_loss_tokens(const std::string& prepared_path, int64_t
   h5::File f = h5::File::open(prepared_path);
   AERIE_CHECK(f.has_attr("format") && f.string_attr("format") == "aerie.prepared",
               "prepared file " << prepared_path << ": not an aerie.prepared file (attribute format "
-                               << (f.has_attr("format") ? "'" + f.string_attr("format") + "'" : "missing") << ")");
+                               << (f.has_attr("format") ? "'" : "")
+                               << (f.has_attr("format") ? f.string_attr("format") : std::string("missing"))
+                               << (f.has_attr("format") ? "'" : "") << ")");
   int64_t version = f.int_attr("format_version");
   AERIE_CHECK(version == 1, "prepared file " << prepared_path << ": format_version " << version << ", this build reads 1");
   h5::Dataset ids = f.open_dataset("input_ids");

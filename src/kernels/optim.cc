@@ -40,7 +40,9 @@ double adamw_step_clipped(const std::vector<Tensor*>& params, const std::vector<
   if (params.empty()) return 0.0;
   const Device dev = params[0] ? params[0]->device() : Device::CPU;
   for (size_t i = 0; i < params.size(); ++i) {
-    const std::string idx = "[" + std::to_string(i) + "]";
+    std::string idx = "[";  // appended, not "[" + to_string(i): GCC 12 warns falsely (-Wrestrict) on that
+    idx += std::to_string(i);
+    idx += "]";
     AERIE_CHECK(params[i] && grads[i] && m[i] && v[i], op << ": null tensor at index " << i);
     for (auto [name, t] : {std::pair<const char*, const Tensor*>{"params", params[i]}, {"grads", grads[i]},
                            {"m", m[i]}, {"v", v[i]}}) {

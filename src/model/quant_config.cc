@@ -112,7 +112,11 @@ QuantConfig read_quant_config(const json& top, const std::string& path) {
   if (c.contains("ignore")) AERIE_CHECK(c["ignore"].is_array(), at << ": " << w << ".ignore is not a list");
   AERIE_CHECK(c.contains("config_groups") && c["config_groups"].is_object() && c["config_groups"].size() == 1,
               at << ": " << w << ".config_groups must hold exactly one group");
-  const auto& [gname, g] = *c["config_groups"].items().begin();
+  // The one group's name and value, read off an iterator that outlives them (a structured binding to
+  // *items().begin() refers into a temporary iterator).
+  const auto group = c["config_groups"].begin();
+  const std::string gname = group.key();
+  const nlohmann::json& g = group.value();
   const std::string gw = w + ".config_groups." + gname;
   AERIE_CHECK(g.is_object(), at << ": " << gw << " is not an object");
   only_fields(g, gw, {"targets", "weights", "input_activations", "output_activations", "format"}, at);

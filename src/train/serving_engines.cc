@@ -272,7 +272,8 @@ EngineRelease EngineRelease::parse(const std::string& s) {
 
 std::string EngineRelease::str() const {
   return std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch) +
-         (extra > 0 ? "." + std::to_string(extra) : "") + (post > 0 ? ".post" + std::to_string(post) : "");
+         (extra > 0 ? std::string(".") + std::to_string(extra) : "") +
+         (post > 0 ? std::string(".post") + std::to_string(post) : "");
 }
 
 EngineRelease newest_checked_release(ServingEngine engine) {
