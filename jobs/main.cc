@@ -27,7 +27,8 @@ subcommands() {
                                     "for vllm serve DIR; --best: by acceptance length)"}},
           {"eval", {eval, "acceptance length: teacher-forced and real speculative decoding (--run: every checkpoint)"}},
           {"generate", {generate, "target generation (greedy or sampled): regenerate a conversation set"}},
-          {"plan", {plan, "GPU memory per tp rank from config.json and the safetensors headers (no data read)"}},
+          {"plan", {plan, "GPU memory per tp rank from config.json and the safetensors headers; with --calibration the "
+                         "hours and disk of the jobs for a dataset"}},
           {"calibrate", {calibrate, "measure this node (forward by layer kind, draft step, disk, all-reduce) for "
                                     "aerie plan --calibration"}},
           {"tokenize", {tokenize, "text on stdin -> token ids (and byte offsets) of a tokenizer.json or tiktoken.model"}},

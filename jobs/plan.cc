@@ -1,10 +1,11 @@
 // aerie plan: the GPU memory of a target per tensor-parallel rank, from config.json and the safetensors
 // headers alone (no tensor data is read), before an extract (or, --job generate, a generate) run commits
-// GPUs to it.
+// GPUs to it; with --calibration (aerie calibrate's file) also the hours and disk of the jobs for a dataset
+// (jobs/plan_time.cc).
 //   aerie plan --model DIR [--job extract|generate] [--tp 8] [--max-length 8192] [--batch-tokens 2048 | --batch-size B]
 //              [--gpu-memory 96GB] [--reserve 2GiB] [--embed-split replicated|vocab]
 //   aerie plan --model-config config.json --tensors tensors.jsonl.gz ...   (a tensor list instead of DIR)
-// --tp defaults to the world size (mpirun -np 8 aerie plan ... plans tp 8); --gpu-memory to this GPU's
+// --tp defaults to the calibration's, else the world size (mpirun -np 8 aerie plan ... plans tp 8); --gpu-memory to this GPU's
 // memory, else 80 GiB. Rank 0 prints. The rules and the arithmetic: docs/memory-plan.md; the planning
 // itself: src/model/memory_plan.h. Exit status 0 when the plan fits the GPU memory, 1 when it does not.
 #include <mpi.h>
@@ -216,7 +217,9 @@ void print_suggestions(const MemoryPlan& p, const PlanOptions& opt, const nlohma
 }  // namespace
 
 int plan(const std::vector<std::string>& args) {
-  po::options_description desc = job_options("aerie plan: GPU memory per tp rank from config.json and safetensors headers");
+  po::options_description desc = job_options(
+      "aerie plan: GPU memory per tp rank from config.json and safetensors headers; with --calibration also the "
+      "hours and disk of generate, extract and train for a dataset");
   desc.add_options()("job", po::value<std::string>()->default_value("extract"),
                      "the job planned: extract (one forward and the aux captures), or generate (--batch-size "
                      "KV caches of --max-length tokens, the decoding steps' rows and logits)")(
@@ -226,8 +229,9 @@ int plan(const std::vector<std::string>& args) {
       "model-config", po::value<std::string>()->default_value(""), "config.json to use instead of --model's")(
       "tensors", po::value<std::string>()->default_value(""),
       "a tensor list instead of --model's headers: one {\"name\", \"shape\", \"dtype\"} per line (.jsonl or .jsonl.gz)")(
-      "tp", po::value<int>()->default_value(0), "tensor-parallel ranks (0: the world size)")(
-      "max-length", po::value<int64_t>()->default_value(8192), "tokens of the longest sample")(
+      "tp", po::value<int>()->default_value(0), "tensor-parallel ranks (0: the --calibration's, else the world size)")(
+      "max-length", po::value<int64_t>()->default_value(8192),
+      "tokens of the longest sample (default 8192, or the model's max_position_embeddings when smaller)")(
       "batch-tokens", po::value<int64_t>()->default_value(2048),
       "as extract --batch-tokens: a forward holds max(batch-tokens, max-length) tokens")(
       "batch-size", po::value<int64_t>()->default_value(0),
@@ -261,8 +265,10 @@ int plan(const std::vector<std::string>& args) {
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   PlanOptions opt;
-  opt.tp = vm["tp"].as<int>() > 0 ? vm["tp"].as<int>() : world;
   AERIE_USAGE_CHECK(vm["tp"].as<int>() >= 0, "aerie plan: --tp " << vm["tp"].as<int>() << " is negative");
+  // No --tp: the calibration's (its forward was measured there), else the world size.
+  const int cal_tp = vm["tp"].as<int>() > 0 ? 0 : calibration_tp(vm);
+  opt.tp = vm["tp"].as<int>() > 0 ? vm["tp"].as<int>() : cal_tp > 0 ? cal_tp : world;
   opt.max_length = vm["max-length"].as<int64_t>();
   opt.batch_tokens = vm["batch-tokens"].as<int64_t>();
   opt.batch_size = vm["batch-size"].as<int64_t>();
@@ -320,9 +326,20 @@ int plan(const std::vector<std::string>& args) {
                                       << "), not a target model's: plan the target the draft is trained for");
   const std::vector<TensorInfo> tensors = tensors_path.empty() ? read_checkpoint_tensors(model)
                                                                : read_tensor_list(tensors_path);
+  // The default --max-length stays within the model's context (a small model's 512 would block the plan).
+  const auto mpe = config.find("max_position_embeddings");
+  const int64_t context = mpe != config.end() && mpe->is_number_integer() ? mpe->get<int64_t>() : 0;
+  if (vm["max-length"].defaulted() && context > 0) opt.max_length = std::min(opt.max_length, context);
+  // The time plan's inputs are checked before anything is printed (a bad calibration ends the job at once).
+  const TimePlan time_plan =
+      vm["calibration"].defaulted() ? TimePlan{}
+                                    : read_time_plan(vm, target_config_from_json(config, config_file), opt.tp, world,
+                                                     opt.batch_tokens);
   MemoryPlan p = plan_memory(config, tensors, opt, config_file);
+  if (cal_tp > 0) p.notes.push_back("tp " + std::to_string(opt.tp) + ": the calibration's (no --tp given)");
   if (opt.job == PlanJob::Generate && vm["max-length"].defaulted())
-    p.notes.push_back("--max-length " + std::to_string(opt.max_length) + " is the plan's default; aerie generate's own is "
+    p.notes.push_back("--max-length " + std::to_string(opt.max_length) + " is the plan's default (8192, or the model's "
+                      "max_position_embeddings when smaller); aerie generate's own is "
                       "the model's max_position_embeddings, and each sequence's KV cache holds its prompt + --max-new "
                       "tokens (at most --max-length): plan with the --max-length given to generate, or the longest "
                       "prompt + --max-new");
@@ -331,8 +348,10 @@ int plan(const std::vector<std::string>& args) {
     if (!p.fits) print_suggestions(p, opt, config, tensors, config_file);
     std::cout.flush();
   }
-  if (!vm["calibration"].defaulted() || !vm["calibration"].as<std::string>().empty())
-    print_time_plan(vm, target_config_from_json(config, config_file), opt.tp, world, opt.batch_tokens, rank == 0);
+  if (rank == 0) {
+    print_time_plan(time_plan);
+    std::fflush(stdout);
+  }
   return p.fits ? 0 : 1;  // a script can branch on it (the plan is printed either way)
 }
 

@@ -8,6 +8,8 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "core/log.h"
+#include "core/progress.h"
 #include "data/extract.h"
 #include "train/time_plan.h"
 
@@ -15,11 +17,8 @@ namespace aerie::jobs {
 
 namespace {
 
-std::string bytes_text(double b) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, b < 1e9 ? "%.1f MB" : "%.2f GB", b < 1e9 ? b / 1e6 : b / 1e9);
-  return buf;
-}
+// Binary units, as extract's log and du -h give them (core/log.h).
+std::string bytes_text(double b) { return format_bytes(b); }
 
 std::string hours(double s) {
   char buf[64];
@@ -29,8 +28,12 @@ std::string hours(double s) {
     std::snprintf(buf, sizeof buf, "%.1f s", s);
   else if (s < 7200)
     std::snprintf(buf, sizeof buf, "%.1f min", s / 60);
-  else
+  else if (s < 7 * 86400)
     std::snprintf(buf, sizeof buf, "%.2f h", s / 3600);
+  else if (s < 730 * 86400)
+    std::snprintf(buf, sizeof buf, "%.1f days", s / 86400);
+  else
+    std::snprintf(buf, sizeof buf, "%.1f years", s / (365.25 * 86400));
   return buf;
 }
 
@@ -51,10 +54,24 @@ void print_extrapolation_notes(const Calibration& c, const Workload& w) {
   else note("extract's forwards", static_cast<double>(std::max<int64_t>(w.batch_tokens, static_cast<int64_t>(longest))),
             c.base.tokens.back(), "--tokens");
   if (w.gen_responses > 0) note("generate's prompts", w.gen_prompt_tokens, c.base.tokens.back(), "--tokens");
+  // generate's decoding is costed per new token from one run of the calibration's lengths: an answer or prompt much
+  // longer or shorter than it reads the KV caches of other lengths (a new user's plan at 273 new tokens from a
+  // calibration of 32 came out 44% short).
+  const Calibration::Generation& g = c.generate;
+  if (w.gen_responses > 0 && g.new_tokens > 0 && g.prompt_tokens > 0) {
+    const double pr = w.gen_prompt_tokens / static_cast<double>(g.prompt_tokens),
+                 nr = w.gen_new_tokens / static_cast<double>(g.new_tokens);
+    if (pr > 2 || pr < 0.5 || nr > 2 || nr < 0.5)
+      std::printf("  (generate: %s prompt + %s new tokens a response, the calibration decoded %lld + %lld: calibrate "
+                  "with --gen-prompt-tokens %.0f --gen-new-tokens %.0f for a measured decode)\n",
+                  format_amount(w.gen_prompt_tokens).c_str(), format_amount(w.gen_new_tokens).c_str(),
+                  static_cast<long long>(g.prompt_tokens), static_cast<long long>(g.new_tokens),
+                  std::ceil(w.gen_prompt_tokens), std::ceil(w.gen_new_tokens));
+  }
 }
 
 // The streaming train's line: instead of extract + train, no shards.
-void print_stream_line(const JobTime& t, const Calibration& c, const Workload& w, double cost) {
+void print_stream_line(const JobTime& t, const Calibration& c, const Workload& w, double cost, const std::string& devices) {
   std::printf("  streamed instead (train --prepared --target-ranks %d: %d target replica(s), %d trainer rank(s)%s):\n"
               "  train    %10s  (target %s, draft %s, messages %s: %s-bound)  no shards; %s of hidden states queued "
               "per replica leader",
@@ -62,7 +79,8 @@ void print_stream_line(const JobTime& t, const Calibration& c, const Workload& w
               w.stream_colocated ? ", sharing devices" : "", hours(t.seconds).c_str(), hours(t.target_seconds).c_str(),
               hours(t.draft_seconds).c_str(), c.stream_bytes_per_s > 0 ? hours(t.message_seconds).c_str() : "not measured",
               t.bound.c_str(), bytes_text(static_cast<double>(t.queue_bytes)).c_str());
-  if (cost > 0) std::printf("  %.2f for %d GPUs", t.seconds / 3600 * w.world * cost, w.world);
+  if (cost > 0) std::printf("  cost %.2f (%d %s at --gpu-hour-cost %g)", t.seconds / 3600 * w.world * cost, w.world,
+                            devices.c_str(), cost);
   std::printf("\n");
 }
 
@@ -112,12 +130,10 @@ void add_time_plan_options(po::options_description& desc) {
       "their compute adds up");
 }
 
-void print_time_plan(const po::variables_map& vm, const TargetConfig& target, int tp, int world, int64_t batch_tokens,
-                     bool print) {
-  const std::string path = vm["calibration"].as<std::string>();
-  AERIE_USAGE_CHECK(!path.empty() || vm["calibration"].defaulted(),
-                    "aerie plan: --calibration is empty (give the calibration.json of aerie calibrate)");
-  if (path.empty()) return;
+namespace {
+
+// --calibration's file, checked as the user's input (exit status 2 on any fault).
+Calibration read_calibration_file(const std::string& path) {
   std::ifstream f(path);
   AERIE_USAGE_CHECK(f.good(), "aerie plan: --calibration " << path << " cannot be read");
   nlohmann::json j;
@@ -126,18 +142,11 @@ void print_time_plan(const po::variables_map& vm, const TargetConfig& target, in
   } catch (const nlohmann::json::exception& e) {
     throw UsageError("aerie plan: --calibration " + path + ": " + e.what());
   }
-  const Calibration c = as_usage("--calibration", [&] { return calibration_from_json(j, path); });
-  // The calibration must be of this target: its hidden size and its layers of each kind (the shards' bytes and the
-  // forward's).
-  int64_t moe = 0, cal_dense = 0, cal_moe = 0;
-  for (int64_t l = 0; l < target.num_hidden_layers; ++l) moe += target.moe.is_moe_layer(l) ? 1 : 0;
-  for (const LayerKindTimes& l : c.layers) (l.kind == "moe" ? cal_moe : cal_dense) += l.count;
-  AERIE_USAGE_CHECK(c.hidden_size == target.hidden_size && cal_moe == moe && cal_dense == target.num_hidden_layers - moe,
-                    "aerie plan: --calibration " << path << " measured " << c.model << " (hidden " << c.hidden_size << ", "
-                                                 << cal_dense << " dense and " << cal_moe
-                                                 << " MoE layers), not this target (hidden " << target.hidden_size << ", "
-                                                 << target.num_hidden_layers - moe << " dense and " << moe << " MoE layers)");
-  Workload w;
+  return as_usage("--calibration", [&] { return calibration_from_json(j, path); });
+}
+
+// The dataset: --prepared's samples and lengths, or --samples x --mean-tokens.
+void read_dataset(const po::variables_map& vm, const TargetConfig& target, Workload& w) {
   if (const std::string prepared = vm["prepared"].as<std::string>(); !prepared.empty()) {
     AERIE_USAGE_CHECK(vm["samples"].defaulted() && vm["mean-tokens"].defaulted(),
                       "aerie plan: --prepared gives the samples and their lengths: drop --samples / --mean-tokens");
@@ -152,61 +161,119 @@ void print_time_plan(const po::variables_map& vm, const TargetConfig& target, in
     w.mean_tokens = vm["mean-tokens"].as<double>();
     AERIE_USAGE_CHECK(!vm["samples"].defaulted() && !vm["mean-tokens"].defaulted(),
                       "aerie plan: --calibration needs the dataset: --prepared FILE, or --samples and --mean-tokens");
-    AERIE_USAGE_CHECK(w.samples >= 1 && w.samples <= 1000000000000 && w.mean_tokens >= 1 && w.mean_tokens <= 1e7,
-                      "aerie plan: --samples " << w.samples << " (1 to 10^12) or --mean-tokens " << w.mean_tokens
-                                               << " (1 to 10^7) is out of range");
+    AERIE_USAGE_CHECK(w.samples >= 1 && w.samples <= 1000000000000,
+                      "aerie plan: --samples " << w.samples << " is not 1 to 10^12");
+    AERIE_USAGE_CHECK(w.mean_tokens >= 1 && w.mean_tokens <= 1e7,
+                      "aerie plan: --mean-tokens " << w.mean_tokens << " is not 1 to 10^7");
   }
   AERIE_USAGE_CHECK(target.max_position_embeddings <= 0 || w.mean_tokens <= static_cast<double>(target.max_position_embeddings),
                     "aerie plan: --mean-tokens " << w.mean_tokens << " is past the model's max_position_embeddings "
                                                  << target.max_position_embeddings << " (a sample's tokens)");
+}
+
+// train (--epochs or --train-steps x --train-batch-size), generate (--generate-*) and the streamed train (--stream-*).
+void read_jobs(const po::variables_map& vm, const TargetConfig& target, const Calibration& c, const std::string& path,
+               Workload& w) {
   w.epochs = vm["epochs"].as<int>();
-  AERIE_USAGE_CHECK(w.epochs >= 1 && vm["train-steps"].as<int64_t>() >= 0 && vm["train-steps"].as<int64_t>() <= 1000000000 &&
-                        vm["train-batch-size"].as<int64_t>() >= 1 && vm["train-batch-size"].as<int64_t>() <= 1000000,
-                    "aerie plan: --epochs and --train-batch-size (up to 10^6) must be >= 1, --train-steps 0 to 10^9");
-  w.train_samples = vm["train-steps"].as<int64_t>() * vm["train-batch-size"].as<int64_t>();
-  w.train_batch_size = vm["train-batch-size"].as<int64_t>();
+  const int64_t steps = vm["train-steps"].as<int64_t>(), batch = vm["train-batch-size"].as<int64_t>();
+  AERIE_USAGE_CHECK(w.epochs >= 1, "aerie plan: --epochs " << w.epochs << " must be >= 1");
+  AERIE_USAGE_CHECK(steps >= 0 && steps <= 1000000000, "aerie plan: --train-steps " << steps << " is not 0 to 10^9");
+  AERIE_USAGE_CHECK(batch >= 1 && batch <= 1000000, "aerie plan: --train-batch-size " << batch << " is not 1 to 10^6");
+  w.train_samples = steps * batch;
+  w.train_batch_size = batch;
   w.stream_target_ranks = vm["stream-target-ranks"].as<int>();
   w.stream_colocated = vm["stream-colocated"].as<bool>();
   AERIE_USAGE_CHECK(w.stream_target_ranks >= 0, "aerie plan: --stream-target-ranks " << w.stream_target_ranks << " is negative");
+  AERIE_USAGE_CHECK(!w.stream_colocated || w.stream_target_ranks > 0,
+                    "aerie plan: --stream-colocated describes the streaming train: give --stream-target-ranks too");
   w.gen_responses = vm["generate-responses"].as<int64_t>();
   w.gen_prompt_tokens = vm["generate-prompt-tokens"].as<double>();
   w.gen_new_tokens = vm["generate-new-tokens"].as<double>();
   AERIE_USAGE_CHECK(w.gen_responses >= 0 && w.gen_responses <= 1000000000000,
                     "aerie plan: --generate-responses " << w.gen_responses << " is not 0 to 10^12");
-  AERIE_USAGE_CHECK(w.gen_responses == 0 || (w.gen_prompt_tokens >= 1 && w.gen_prompt_tokens <= 1e7 &&
-                                             w.gen_new_tokens >= 1 && w.gen_new_tokens <= 1e7),
-                    "aerie plan: --generate-responses needs --generate-prompt-tokens and --generate-new-tokens (1 to 10^7)");
   AERIE_USAGE_CHECK(w.gen_responses > 0 || (vm["generate-prompt-tokens"].defaulted() && vm["generate-new-tokens"].defaulted()),
                     "aerie plan: --generate-prompt-tokens / --generate-new-tokens describe generate: give --generate-responses too");
-  AERIE_USAGE_CHECK(w.gen_responses == 0 || target.max_position_embeddings <= 0 ||
+  if (w.gen_responses == 0) return;
+  AERIE_USAGE_CHECK(w.gen_prompt_tokens >= 1 && w.gen_prompt_tokens <= 1e7,
+                    "aerie plan: --generate-responses needs --generate-prompt-tokens, 1 to 10^7 (got " << w.gen_prompt_tokens << ")");
+  AERIE_USAGE_CHECK(w.gen_new_tokens >= 1 && w.gen_new_tokens <= 1e7,
+                    "aerie plan: --generate-responses needs --generate-new-tokens, 1 to 10^7 (got " << w.gen_new_tokens << ")");
+  AERIE_USAGE_CHECK(target.max_position_embeddings <= 0 ||
                         w.gen_prompt_tokens + w.gen_new_tokens <= static_cast<double>(target.max_position_embeddings),
                     "aerie plan: --generate-prompt-tokens + --generate-new-tokens is "
                         << w.gen_prompt_tokens + w.gen_new_tokens << " tokens, past the model's max_position_embeddings "
                         << target.max_position_embeddings);
-  AERIE_USAGE_CHECK(w.gen_responses == 0 || c.generate.seconds > 0,
+  AERIE_USAGE_CHECK(c.generate.seconds > 0,
                     "aerie plan: --calibration " << path << " holds no generate measurement (an older aerie's): calibrate again");
-  AERIE_USAGE_CHECK(!w.stream_colocated || w.stream_target_ranks > 0,
-                    "aerie plan: --stream-colocated describes the streaming train: give --stream-target-ranks too");
+}
+
+}  // namespace
+
+int calibration_tp(const po::variables_map& vm) {
+  const std::string path = vm["calibration"].as<std::string>();
+  if (path.empty()) return 0;
+  try {
+    return read_calibration_file(path).tp;
+  } catch (const Error&) {
+    return 0;  // read_time_plan names the fault
+  }
+}
+
+TimePlan read_time_plan(const po::variables_map& vm, const TargetConfig& target, int tp, int world,
+                        int64_t batch_tokens) {
+  TimePlan plan;
+  plan.path = vm["calibration"].as<std::string>();
+  AERIE_USAGE_CHECK(!plan.path.empty() || vm["calibration"].defaulted(),
+                    "aerie plan: --calibration is empty (give the calibration.json of aerie calibrate)");
+  if (plan.path.empty()) return plan;
+  plan.wanted = true;
+  const Calibration& c = plan.calibration = read_calibration_file(plan.path);
+  const std::string& path = plan.path;
+  // The calibration must be of this target: its hidden size and its layers of each kind (the shards' bytes and the
+  // forward's), at this tp.
+  int64_t moe = 0, cal_dense = 0, cal_moe = 0;
+  for (int64_t l = 0; l < target.num_hidden_layers; ++l) moe += target.moe.is_moe_layer(l) ? 1 : 0;
+  for (const LayerKindTimes& l : c.layers) (l.kind == "moe" ? cal_moe : cal_dense) += l.count;
+  AERIE_USAGE_CHECK(c.hidden_size == target.hidden_size && cal_moe == moe && cal_dense == target.num_hidden_layers - moe,
+                    "aerie plan: --calibration " << path << " measured " << c.model << " (hidden " << c.hidden_size << ", "
+                                                 << cal_dense << " dense and " << cal_moe
+                                                 << " MoE layers), not this target (hidden " << target.hidden_size << ", "
+                                                 << target.num_hidden_layers - moe << " dense and " << moe << " MoE layers)");
+  AERIE_USAGE_CHECK(c.tp == tp, "aerie plan: --calibration " << path << " measured the forward at tp " << c.tp
+                                                             << ", the plan is for tp " << tp << ": plan with --tp " << c.tp
+                                                             << ", or calibrate with --tp " << tp);
+  Workload& w = plan.workload;
+  read_dataset(vm, target, w);
+  read_jobs(vm, target, c, path, w);
   AERIE_USAGE_CHECK(vm["world"].as<int>() >= 0, "aerie plan: --world " << vm["world"].as<int>() << " is negative");
   w.world = vm["world"].as<int>() > 0 ? vm["world"].as<int>() : world;
   AERIE_USAGE_CHECK(w.world % tp == 0, "aerie plan: " << w.world << " ranks do not split into tp groups of " << tp
                                                       << " (--world N plans N ranks without running on them)");
-  const double cost_check = vm["gpu-hour-cost"].as<double>();
-  AERIE_USAGE_CHECK(cost_check >= 0 && std::isfinite(cost_check), "aerie plan: --gpu-hour-cost " << cost_check << " is not a price");
+  plan.gpu_hour_cost = vm["gpu-hour-cost"].as<double>();
+  AERIE_USAGE_CHECK(plan.gpu_hour_cost >= 0 && std::isfinite(plan.gpu_hour_cost),
+                    "aerie plan: --gpu-hour-cost " << plan.gpu_hour_cost << " is not a price");
   w.tp = tp;
   w.batch_tokens = c.device == "cpu" ? 0 : batch_tokens;  // the CPU backend runs one sample per forward
-  const std::string storage = vm["storage"].as<std::string>();
-  AERIE_USAGE_CHECK(storage == "bf16" || storage == "fp8", "aerie plan: --storage '" << storage << "' is not bf16 or fp8");
-  w.fp8_storage = storage == "fp8";
+  plan.storage = vm["storage"].as<std::string>();
+  AERIE_USAGE_CHECK(plan.storage == "bf16" || plan.storage == "fp8",
+                    "aerie plan: --storage '" << plan.storage << "' is not bf16 or fp8");
+  w.fp8_storage = plan.storage == "fp8";
   AERIE_USAGE_CHECK(w.stream_target_ranks % tp == 0 && w.stream_target_ranks < w.world,
                     "aerie plan: --stream-target-ranks " << w.stream_target_ranks << " must be a multiple of tp " << tp
                                                          << " and leave trainer ranks among the " << w.world << " (--world)");
-  const std::vector<JobTime> jobs = plan_time(c, w);
-  if (!print) return;
-  const double cost = vm["gpu-hour-cost"].as<double>();
-  std::printf("\ntime and disk (calibration %s: %s, tp %d): %lld samples x %.0f tokens, %d ranks (dp %d)%s\n",
-              path.c_str(), c.device.c_str(), c.tp, static_cast<long long>(w.samples), w.mean_tokens, w.world,
-              w.world / w.tp,
+  plan.jobs = as_usage("--calibration", [&] { return plan_time(c, w); });
+  return plan;
+}
+
+void print_time_plan(const TimePlan& plan) {
+  if (!plan.wanted) return;
+  const Calibration& c = plan.calibration;
+  const Workload& w = plan.workload;
+  const double cost = plan.gpu_hour_cost;
+  std::printf("\ntime and disk (calibration %s: %s, tp %d; the draft's step at vocabulary %lld, %d TTT steps): %lld "
+              "samples x %s tokens, %d rank(s) (generate and extract in %d tp group(s), train data parallel over all %d)%s\n",
+              plan.path.c_str(), c.device.c_str(), c.tp, static_cast<long long>(c.draft_vocab_size), c.ttt_steps,
+              static_cast<long long>(w.samples), format_amount(w.mean_tokens).c_str(), w.world, w.world / w.tp, w.world,
               w.train_samples > 0 ? (", train " + std::to_string(w.train_samples) + " samples drawn").c_str()
               : w.epochs > 1     ? (", " + std::to_string(w.epochs) + " epochs").c_str()
                                  : "");
@@ -215,22 +282,27 @@ void print_time_plan(const po::variables_map& vm, const TargetConfig& target, in
                 "bandwidth or links, calibrate with the job's own rank count)\n",
                 c.world, w.world);
   print_extrapolation_notes(c, w);
+  const std::string devices = c.device == "cpu" ? "ranks" : "GPUs";
+  auto price = [&](double seconds) {
+    if (cost > 0) std::printf("  cost %.2f (%d %s at --gpu-hour-cost %g)", seconds / 3600 * w.world * cost, w.world,
+                              devices.c_str(), cost);
+  };
   double total = 0;
-  for (const JobTime& t : jobs) {
+  for (const JobTime& t : plan.jobs) {
     if (t.job == "train --prepared") continue;  // after the total
     total += t.seconds;
     std::printf("  %-8s %10s  (compute %s, disk %s: %s-bound)", t.job.c_str(), hours(t.seconds).c_str(),
                 hours(t.compute_seconds).c_str(), hours(t.disk_seconds).c_str(), t.bound.c_str());
-    if (t.bytes > 0) std::printf("  shards %s (%s)", bytes_text(static_cast<double>(t.bytes)).c_str(), storage.c_str());
-    if (cost > 0) std::printf("  %.2f for %d GPUs", t.seconds / 3600 * w.world * cost, w.world);
+    if (t.bytes > 0) std::printf("  shards %s (%s)", bytes_text(static_cast<double>(t.bytes)).c_str(), plan.storage.c_str());
+    price(t.seconds);
     std::printf("\n");
   }
   std::printf("  total    %10s", hours(total).c_str());
-  if (cost > 0) std::printf("  %.2f for %d GPUs", total / 3600 * w.world * cost, w.world);
+  price(total);
   std::printf("  (%sextract + train; model loading, prepare and vocab not counted; docs/time-plan.md)\n",
               w.gen_responses > 0 ? "generate + " : "");
-  for (const JobTime& t : jobs)
-    if (t.job == "train --prepared") print_stream_line(t, c, w, cost);
+  for (const JobTime& t : plan.jobs)
+    if (t.job == "train --prepared") print_stream_line(t, c, w, cost, devices);
 }
 
 }  // namespace aerie::jobs

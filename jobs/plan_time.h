@@ -1,22 +1,44 @@
 // aerie plan's time and disk plan from a calibration (jobs/plan_time.cc).
 #pragma once
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "jobs/jobs.h"
 #include "model/target_config.h"
+#include "train/time_plan.h"
 
 namespace aerie::jobs {
 
 /// Adds --calibration, --samples, --mean-tokens, --epochs, --world, --storage and --gpu-hour-cost to `desc`.
 void add_time_plan_options(po::options_description& desc);
 
-/// With --calibration: prints (when `print`; every rank calls it and checks the same inputs) the predicted wall time of extract and train and the shards' bytes
-/// for the dataset of --samples x --mean-tokens at tensor parallelism `tp` over `world` ranks (--world overrides),
-/// extract's forwards of `batch_tokens` (plan --batch-tokens). Nothing without --calibration. Throws
-/// aerie::UsageError naming the option on a missing or unreadable file or dataset, aerie::Error naming the file on
-/// a malformed calibration or one measured at another tp; aerie::UsageError when the calibration is of a target of
-/// another hidden size or layer count than `target` (plan's --model).
-void print_time_plan(const po::variables_map& vm, const TargetConfig& target, int tp, int world, int64_t batch_tokens,
-                     bool print);
+/// The calibration's tensor parallelism when --calibration names a readable calibration.json of aerie calibrate,
+/// else 0 (plan's default --tp when none is given: the tp the forward was measured at).
+int calibration_tp(const po::variables_map& vm);
+
+/// What --calibration and the dataset options describe, read and checked before anything is printed.
+struct TimePlan {
+  bool wanted = false;  // --calibration given
+  std::string path;     // the calibration.json
+  Calibration calibration;
+  Workload workload;
+  std::string storage;  // extract --storage: bf16 or fp8
+  double gpu_hour_cost = 0;
+  std::vector<JobTime> jobs;  // plan_time's prediction
+};
+
+/// Reads --calibration (nothing without it: wanted false) and the dataset (--prepared, or --samples and
+/// --mean-tokens; --epochs, --train-steps, --generate-*, --stream-*) for tensor parallelism `tp` over `world` ranks
+/// (--world overrides) and extract's forwards of `batch_tokens` (plan --batch-tokens), and predicts the jobs. Every
+/// rank calls it and checks the same inputs. Throws aerie::UsageError naming the option on a missing, unreadable or
+/// malformed file, a calibration of another target (hidden size, layers of each kind) or tp than `target` and
+/// `tp`, and an option out of range.
+TimePlan read_time_plan(const po::variables_map& vm, const TargetConfig& target, int tp, int world,
+                        int64_t batch_tokens);
+
+/// Prints the predicted wall time of generate, extract and train (and the streamed train) and the shards' bytes
+/// (docs/time-plan.md); nothing when !plan.wanted.
+void print_time_plan(const TimePlan& plan);
 
 }  // namespace aerie::jobs

@@ -52,11 +52,11 @@ std::string format_fixed(double v, int digits) {
 }
 
 std::string format_bytes(double bytes) {
-  static const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
+  static const char* units[] = {"KiB", "MiB", "GiB", "TiB", "PiB"};
   if (!(bytes >= 1024)) return format_fixed(bytes, 0) + " bytes";
   int u = 0;
   bytes /= 1024;
-  while (bytes >= 1024 && u < 3) {
+  while (bytes >= 1024 && u < 4) {
     bytes /= 1024;
     ++u;
   }

@@ -19,7 +19,7 @@ int log_rank();
 /// `v` with exactly `digits` decimals ("%.*f"), for log lines: format_fixed(2.14017, 3) == "2.140".
 std::string format_fixed(double v, int digits);
 /// A byte count for log lines in the largest binary unit that keeps it >= 1, with 2 decimals past bytes:
-/// format_bytes(0) == "0 bytes", format_bytes(1536) == "1.50 KiB", format_bytes(3 << 30) == "3.00 GiB" (up to TiB).
+/// format_bytes(0) == "0 bytes", format_bytes(1536) == "1.50 KiB", format_bytes(3 << 30) == "3.00 GiB" (up to PiB).
 std::string format_bytes(double bytes);
 
 }  // namespace aerie

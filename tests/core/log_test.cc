@@ -30,7 +30,8 @@ TEST(LogFormat, BytesInTheLargestUnitAtLeastOne) {
   EXPECT_EQ(format_bytes(20.7e6), "19.74 MiB");
   EXPECT_EQ(format_bytes(3.0 * (1 << 30)), "3.00 GiB");
   EXPECT_EQ(format_bytes(43.0e12), "39.11 TiB");
-  EXPECT_EQ(format_bytes(5.0 * 1024 * 1024 * 1024 * 1024 * 1024), "5120.00 TiB");  // TiB is the largest unit
+  EXPECT_EQ(format_bytes(5.0 * 1024 * 1024 * 1024 * 1024 * 1024), "5.00 PiB");
+  EXPECT_EQ(format_bytes(5.0 * 1024 * 1024 * 1024 * 1024 * 1024 * 1024), "5120.00 PiB");  // PiB is the largest unit
 }
 
 }  // namespace

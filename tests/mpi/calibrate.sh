@@ -36,11 +36,11 @@ PY
 plan() { mpirun -np 2 "$aerie" plan --model "$src/tests/model/fixtures/hf/qwen3_moe" --gpu-memory 80GiB "$@"; }
 plan --tp 1 --calibration "$out/qwen3_moe.json" --samples 1000 --mean-tokens 40 --train-steps 10 --train-batch-size 4 \
   > "$out/plan.log" 2>&1 || { cat "$out/plan.log"; fail "plan --calibration"; }
-grep -q "time and disk (calibration $out/qwen3_moe.json: cpu, tp 1): 1000 samples x 40 tokens, 2 ranks (dp 2), train 40 samples drawn" \
+grep -q "time and disk (calibration $out/qwen3_moe.json: cpu, tp 1; the draft's step at vocabulary [0-9]*, 7 TTT steps): 1000 samples x 40 tokens, 2 rank(s) (generate and extract in 2 tp group(s), train data parallel over all 2), train 40 samples drawn" \
   "$out/plan.log" || { cat "$out/plan.log"; fail "plan: no time-plan header"; }
 [ "$(grep -c '^  extract ' "$out/plan.log")" = 1 ] || fail "plan: extract printed other than once"
-# 40 000 tokens of hidden size 64 in bf16: 40000 x (8 x 64 + 5) bytes = 20.7 MB
-grep -qE "^  extract .*shards 20\.7 MB \(bf16\)" "$out/plan.log" || { cat "$out/plan.log"; fail "plan: shard bytes"; }
+# 40 000 tokens of hidden size 64 in bf16: 40000 x (8 x 64 + 5) bytes = 20,680,000 bytes = 19.72 MiB
+grep -qE "^  extract .*shards 19\.72 MiB \(bf16\)" "$out/plan.log" || { cat "$out/plan.log"; fail "plan: shard bytes"; }
 grep -qE "^  train .*compute-bound" "$out/plan.log" || fail "plan: no train line"
 grep -q "the calibration's" "$out/plan.log" && { cat "$out/plan.log"; fail "plan: an extrapolation note within the calibration"; }
 # Samples past the calibration's largest length (48 tokens): read along its last segment, and said so.
@@ -67,7 +67,7 @@ grep -qE "^  generate .*compute-bound" "$out/gen.log" && grep -q "(generate + ex
   { cat "$out/gen.log"; fail "plan: no generate line"; }
 python3 -c "import json,sys; g=json.load(open(sys.argv[1]))['generate']; assert g['seconds'] > 0 and g['batch'] == 16, g" \
   "$out/qwen3_moe.json" || fail "calibration: no generate measurement"
-err() { grep -q "$1" "$out/err.log" || { cat "$out/err.log"; fail "$2"; }; }
+err() { grep -q -e "$1" "$out/err.log" || { cat "$out/err.log"; fail "$2"; }; }
 plan --tp 1 --calibration "$out/qwen3_moe.json" --samples 10 --mean-tokens 40 --generate-new-tokens 20 > "$out/err.log" 2>&1 &&
   fail "generate tokens without responses accepted"
 err "give --generate-responses too" "generate options"
@@ -75,12 +75,17 @@ plan --tp 1 --calibration "$out/qwen3_moe.json" --samples 10 --mean-tokens 40 --
   fail "a streaming split without trainers accepted"
 err "must be a multiple of tp 1 and leave trainer ranks among the 2" "streaming split"
 plan --calibration "$out/qwen3_moe.json" --samples 10 --mean-tokens 40 --tp 2 > "$out/err.log" 2>&1 && fail "tp 2 accepted"
-err "the calibration measured the forward at tp 1, the plan asks tp 2: calibrate with --tp 2" "tp mismatch"
+err "measured the forward at tp 1, the plan is for tp 2: plan with --tp 1, or calibrate with --tp 2" "tp mismatch"
+grep -q "^aerie plan: qwen" "$out/err.log" && { cat "$out/err.log"; fail "the memory plan printed before a refused calibration"; }
+# No --tp: the calibration's tp 1 on 2 ranks (not the world size, which its forward was not measured at).
+plan --calibration "$out/qwen3_moe.json" --samples 10 --mean-tokens 40 > "$out/notp.log" 2>&1 ||
+  { cat "$out/notp.log"; fail "plan without --tp"; }
+grep -q "note: tp 1: the calibration's (no --tp given)" "$out/notp.log" || { cat "$out/notp.log"; fail "plan: the calibration's tp"; }
 mpirun -np 2 "$aerie" plan --model "$src/tests/model/fixtures/hf/qwen2" --gpu-memory 80GiB --tp 1 \
   --calibration "$out/qwen3_moe.json" --samples 10 --mean-tokens 40 > "$out/err.log" 2>&1 && fail "another target's calibration accepted"
 err "measured .*qwen3_moe/config.json (hidden 64, 1 dense and 2 MoE layers), not this target (hidden 64, 3 dense and 0 MoE layers)" "another target"
 plan --tp 1 --calibration "$out/qwen3_moe.json" --samples 10 --mean-tokens inf > "$out/err.log" 2>&1 && fail "inf tokens accepted"
-err "out of range" "mean tokens inf"
+err "--mean-tokens inf is not 1 to 10^7" "mean tokens inf"
 echo '{"format": "aerie.prepared"}' > "$out/other.json"
 plan --tp 1 --calibration "$out/other.json" --samples 10 --mean-tokens 40 > "$out/err.log" 2>&1 && fail "a non-calibration accepted"
 err "$out/other.json: not an aerie calibration" "not a calibration"
