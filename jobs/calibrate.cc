@@ -466,10 +466,14 @@ int calibrate(const std::vector<std::string>& args) {
   opt.ttt_steps = vm["ttt-steps"].as<int>();
   opt.draft_vocab = vm["draft-vocab-size"].as<int64_t>();
   opt.gen_batch = vm["gen-batch-size"].as<int64_t>();
-  AERIE_USAGE_CHECK(opt.gen_batch >= 1 && opt.gen_batch <= 4096 && vm["gen-prompt-tokens"].as<int64_t>() >= 0 &&
-                        vm["gen-new-tokens"].as<int64_t>() >= 0 && vm["gen-new-tokens"].as<int64_t>() != 1,
-                    "aerie calibrate: --gen-batch-size must be 1 to 4096, --gen-prompt-tokens >= 0 and --gen-new-tokens "
-                    "0 (the default) or >= 2 (a run of one new token is timed beside it)");
+  AERIE_USAGE_CHECK(opt.gen_batch >= 1 && opt.gen_batch <= 4096,
+                    "aerie calibrate: --gen-batch-size " << opt.gen_batch << " is not 1 to 4096");
+  AERIE_USAGE_CHECK(vm["gen-prompt-tokens"].as<int64_t>() >= 0,
+                    "aerie calibrate: --gen-prompt-tokens " << vm["gen-prompt-tokens"].as<int64_t>() << " is negative");
+  AERIE_USAGE_CHECK(vm["gen-new-tokens"].as<int64_t>() >= 0 && vm["gen-new-tokens"].as<int64_t>() != 1,
+                    "aerie calibrate: --gen-new-tokens " << vm["gen-new-tokens"].as<int64_t>()
+                                                         << " must be 0 (the default) or >= 2 (a run of one new token is "
+                                                            "timed beside it)");
   AERIE_USAGE_CHECK(opt.draft_vocab >= 2, "aerie calibrate: --draft-vocab-size must be >= 2 (vocab's own limit)");
   opt.min_seconds = vm["min-time"].as<double>();
   AERIE_USAGE_CHECK(std::isfinite(opt.min_seconds) && opt.min_seconds >= 0 && opt.min_seconds <= 60,
@@ -492,10 +496,24 @@ int calibrate(const std::vector<std::string>& args) {
     const std::string probe = dir + "/.aerie-calibrate-" + std::to_string(getpid());
     std::ofstream f(probe);
     AERIE_USAGE_CHECK(f.good(), "aerie calibrate: cannot write into " << dir << " ("
-                                    << (dir == opt.work ? "--work, the test shards' folder" : "--output's folder") << ")");
+                                    << (dir != opt.work                ? "--output's folder"
+                                        : vm["work"].as<std::string>().empty() ? "--output's folder, where the test shards go "
+                                                                                 "too without --work"
+                                                                               : "--work, the test shards' folder")
+                                    << ")");
     f.close();
     std::filesystem::remove(probe);
   }
+  // Every tp group's leader writes --disk-mib there at once: room for them, checked before minutes of measuring
+  // (a full disk failed only at the disk measurement, the last).
+  std::error_code space_ec;
+  const std::filesystem::space_info room = std::filesystem::space(opt.work, space_ec);
+  const uintmax_t need = static_cast<uintmax_t>(opt.disk_bytes) * static_cast<uintmax_t>(world / tp) * 11 / 10;
+  AERIE_USAGE_CHECK(space_ec || room.available >= need,
+                    "aerie calibrate: " << opt.work << " has " << format_bytes(static_cast<double>(room.available))
+                                        << " free, the disk measurement writes " << world / tp << " x --disk-mib "
+                                        << vm["disk-mib"].as<int64_t>() << " MiB there: pass a smaller --disk-mib, or "
+                                        << "--work on the disk the shards will go to");
   const TargetConfig cfg = load_model_option("calibrate", "model", model_dir);
 
   ParallelGroups groups = ParallelGroups::create(tp);
