@@ -282,6 +282,14 @@ void print_time_plan(const TimePlan& plan) {
                 "bandwidth or links, calibrate with the job's own rank count)\n",
                 c.world, w.world);
   print_extrapolation_notes(c, w);
+  const int trainers = w.world - w.stream_target_ranks;
+  if (w.train_batch_size < w.world)
+    std::printf("  (--train-batch-size %lld is below the %d ranks that train: %d of them get no sample each step and "
+                "idle, as train warns; the plan costs the step of the busiest)\n",
+                static_cast<long long>(w.train_batch_size), w.world, w.world - static_cast<int>(w.train_batch_size));
+  else if (w.stream_target_ranks > 0 && w.train_batch_size < trainers)
+    std::printf("  (--train-batch-size %lld is below the streamed train's %d trainer ranks: some idle each step)\n",
+                static_cast<long long>(w.train_batch_size), trainers);
   const std::string devices = c.device == "cpu" ? "ranks" : "GPUs";
   auto price = [&](double seconds) {
     if (cost > 0) std::printf("  cost %.2f (%d %s at --gpu-hour-cost %g)", seconds / 3600 * w.world * cost, w.world,

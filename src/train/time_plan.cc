@@ -220,8 +220,12 @@ double draft_seconds(const Calibration& c, const Workload& w, double drawn, cons
   const double steps = std::ceil(drawn / static_cast<double>(batch));
   const double step_cost = std::min(c.train_step_seconds, per_sample(w.mean_tokens));
   auto net = [&](double l) { return std::max(0.0, per_sample(l) - step_cost); };
+  // The busiest rank takes ceil(batch / ranks) of a full step's samples (ranks beyond the batch idle), and
+  // ceil(rest / ranks) of the last step's rest.
+  const double full = std::floor(drawn / static_cast<double>(batch)), rest = drawn - full * static_cast<double>(batch);
+  const double busiest = full * std::ceil(static_cast<double>(batch) / ranks) + std::ceil(rest / ranks);
   if (w.lengths.empty() || ranks == 1)
-    return steps * step_cost + drawn / ranks * over_samples(w, net) / static_cast<double>(w.samples);
+    return steps * step_cost + busiest * over_samples(w, net) / static_cast<double>(w.samples);
   std::mt19937_64 gen(1234);
   std::uniform_int_distribution<size_t> pick(0, w.lengths.size() - 1);
   const int trials = static_cast<int>(std::min<double>(steps, 1000));

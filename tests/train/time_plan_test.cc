@@ -133,6 +133,11 @@ TEST(TimePlan, ExtractAndTrain) {
   w.train_batch_size = 4;
   EXPECT_NEAR(plan_time(stepped, w)[1].seconds, 25 * 0.1 + 50 * (0.5 - 0.1), 1e-9);
   EXPECT_DOUBLE_EQ(calibration_from_json(to_json(stepped), "c.json").train_step_seconds, 0.1);
+  // Fewer samples a step than ranks: the busiest rank steps one sample of each of the 25 steps (12 ranks idle),
+  // not 100 / 16 of them.
+  w.world = 16;
+  EXPECT_NEAR(plan_time(c, w)[1].seconds, 25 * 0.5, 1e-9);
+  w.world = 2;
   w.train_samples = 0;
   // One sample per forward (batch_tokens 0, the CPU backend), and a slow disk that bounds extract.
   w.batch_tokens = 0;
