@@ -539,6 +539,9 @@ int calibrate(const std::vector<std::string>& args) {
   cal.tp = tp;
   cal.hidden_size = cfg.hidden_size;
   const bool rank0 = groups.map.world_rank == 0;
+  if (rank0 && vm["tp"].as<int>() == 0 && tp > 1)
+    AERIE_LOG(info) << "calibrate: the forward at tp " << tp << " (the world size; extract and generate default to "
+                    << "--tp 1): plan the jobs at the --tp they will run, and calibrate at that tp";
   auto step = [&](const char* what, auto&& f) {
     const auto t0 = std::chrono::steady_clock::now();
     f();
