@@ -18,7 +18,8 @@
 #      the tree then serves with attention_backend="triton" (engine_eval --attention-backend triton), and packs
 #      into about a third of the bytes
 #   5. add IPython.display as a stub that is used only when the GPU machine has no IPython (sglang/utils.py
-#      imports it at `import sglang`): site/sitecustomize.py appends site/_fallback to the end of sys.path
+#      imports it at `import sglang`): site/sitecustomize.py appends site/_fallback to the end of sys.path; the
+#      same file lets SGLang's config registrations replace transformers 5.17's (see there)
 #   6. tar | xz into BUILD/sglang.tar.xz and print how to cut it into parts and unpack it on the GPU machine
 # The tree's size and parts: docs/performance.md ("Served by vLLM", SGLang).
 # usage: tools/bench/sglang_bundle.sh
@@ -203,9 +204,27 @@ def display(*objs, **kwargs):
 EOF
 cat > sitecustomize.py <<'EOF'
 # From tools/bench/sglang_bundle.sh: puts <this folder>/_fallback last on sys.path (modules used only when the
-# machine lacks them), then runs the next sitecustomize on sys.path, if any.
+# machine lacks them), lets a transformers newer than SGLang's pin take SGLang's config registrations, then runs
+# the next sitecustomize on sys.path, if any.
 import os as _os
 import sys as _sys
+
+# SGLang 0.5.17 registers configs of its own under names transformers 5.17 already has ('qwen3_asr' is already
+# used by a Transformers config: `import sglang.srt.entrypoints.engine` fails), and transformers 5.12.1 (its pin)
+# refuses the GPU machine's tokenizers 0.23.2. Here a re-registration replaces the entry instead (SGLang's class for
+# that model_type, as under its pin). Done in every process, SGLang's spawned schedulers too; skipped when
+# transformers is absent.
+try:
+    from transformers.models.auto import configuration_auto as _ca
+
+    _register = _ca._LazyConfigMapping.register
+
+    def _replace(self, key, value, exist_ok=False):
+        return _register(self, key, value, exist_ok=True)
+
+    _ca._LazyConfigMapping.register = _replace
+except Exception:
+    pass
 
 _here = _os.path.dirname(_os.path.abspath(__file__))
 _fb = _os.path.join(_here, "_fallback")
