@@ -5,3 +5,9 @@ add_test(NAME engine_eval_tool
          COMMAND python3 -m unittest ${CMAKE_SOURCE_DIR}/tests/tools/test_engine_eval.py -v
          WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
 set_tests_properties(engine_eval_tool PROPERTIES TIMEOUT 120)
+# tools/bench/sglang_bundle.sh's sitecustomize.py (what lets SGLang 0.5.17 start under a newer transformers), with
+# stub packages: no SGLang or transformers needed.
+add_test(NAME sglang_bundle_sitecustomize
+         COMMAND python3 -m unittest ${CMAKE_SOURCE_DIR}/tests/tools/test_sglang_bundle.py -v
+         WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+set_tests_properties(sglang_bundle_sitecustomize PROPERTIES TIMEOUT 60)
