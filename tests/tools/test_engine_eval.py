@@ -353,6 +353,11 @@ class Script(TempDir):
         with self.assertRaisesRegex(ee.InputError, "--attention-backend is SGLang's option"):
             ee.parse_args(["--engine", "vllm", "--attention-backend", "triton", *base])
 
+    def test_engine_start_hint(self):
+        self.assertIn("sglang_bundle.sh", ee.engine_start_hint(
+            "'qwen3_asr' is already used by a Transformers config, pick another name."))
+        self.assertEqual(ee.engine_start_hint("CUDA out of memory"), "")
+
     def test_refusals_exit_2(self):
         bad = self.write("bad.jsonl", json.dumps(self.records[0]) + "\n[1,\n")
         r = self.run_tool(prompts=bad)
