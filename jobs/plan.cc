@@ -267,7 +267,8 @@ int plan(const std::vector<std::string>& args) {
   PlanOptions opt;
   AERIE_USAGE_CHECK(vm["tp"].as<int>() >= 0, "aerie plan: --tp " << vm["tp"].as<int>() << " is negative");
   // No --tp: the calibration's (its forward was measured there), else the world size.
-  const int cal_tp = vm["tp"].as<int>() > 0 ? 0 : calibration_tp(vm);
+  const std::optional<Calibration> calibration = read_calibration_option(vm);
+  const int cal_tp = vm["tp"].as<int>() == 0 && calibration ? calibration->tp : 0;
   opt.tp = vm["tp"].as<int>() > 0 ? vm["tp"].as<int>() : cal_tp > 0 ? cal_tp : world;
   opt.max_length = vm["max-length"].as<int64_t>();
   opt.batch_tokens = vm["batch-tokens"].as<int64_t>();
@@ -331,10 +332,9 @@ int plan(const std::vector<std::string>& args) {
   const int64_t context = mpe != config.end() && mpe->is_number_integer() ? mpe->get<int64_t>() : 0;
   if (vm["max-length"].defaulted() && context > 0) opt.max_length = std::min(opt.max_length, context);
   // The time plan's inputs are checked before anything is printed (a bad calibration ends the job at once).
-  const TimePlan time_plan =
-      vm["calibration"].defaulted() ? TimePlan{}
-                                    : read_time_plan(vm, target_config_from_json(config, config_file), opt.tp, world,
-                                                     opt.batch_tokens);
+  const TimePlan time_plan = calibration ? read_time_plan(vm, *calibration, target_config_from_json(config, config_file),
+                                                          opt.tp, world, opt.batch_tokens)
+                                         : TimePlan{};
   MemoryPlan p = plan_memory(config, tensors, opt, config_file);
   if (cal_tp > 0) p.notes.push_back("tp " + std::to_string(opt.tp) + ": the calibration's (no --tp given)");
   if (opt.job == PlanJob::Generate && vm["max-length"].defaulted())

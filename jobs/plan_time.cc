@@ -17,9 +17,6 @@ namespace aerie::jobs {
 
 namespace {
 
-// Binary units, as extract's log and du -h give them (core/log.h).
-std::string bytes_text(double b) { return format_bytes(b); }
-
 std::string hours(double s) {
   char buf[64];
   if (s < 10)  // a check run's jobs: two decimals to compare with the jobs' own times
@@ -78,7 +75,7 @@ void print_stream_line(const JobTime& t, const Calibration& c, const Workload& w
               w.stream_target_ranks, w.stream_target_ranks / w.tp, w.world - w.stream_target_ranks,
               w.stream_colocated ? ", sharing devices" : "", hours(t.seconds).c_str(), hours(t.target_seconds).c_str(),
               hours(t.draft_seconds).c_str(), c.stream_bytes_per_s > 0 ? hours(t.message_seconds).c_str() : "not measured",
-              t.bound.c_str(), bytes_text(static_cast<double>(t.queue_bytes)).c_str());
+              t.bound.c_str(), format_bytes(static_cast<double>(t.queue_bytes)).c_str());
   if (cost > 0) std::printf("  cost %.2f (%d %s at --gpu-hour-cost %g)", t.seconds / 3600 * w.world * cost, w.world,
                             devices.c_str(), cost);
   std::printf("\n");
@@ -209,25 +206,20 @@ void read_jobs(const po::variables_map& vm, const TargetConfig& target, const Ca
 
 }  // namespace
 
-int calibration_tp(const po::variables_map& vm) {
+std::optional<Calibration> read_calibration_option(const po::variables_map& vm) {
   const std::string path = vm["calibration"].as<std::string>();
-  if (path.empty()) return 0;
-  try {
-    return read_calibration_file(path).tp;
-  } catch (const Error&) {
-    return 0;  // read_time_plan names the fault
-  }
+  AERIE_USAGE_CHECK(!path.empty() || vm["calibration"].defaulted(),
+                    "aerie plan: --calibration is empty (give the calibration.json of aerie calibrate)");
+  if (path.empty()) return std::nullopt;
+  return read_calibration_file(path);
 }
 
-TimePlan read_time_plan(const po::variables_map& vm, const TargetConfig& target, int tp, int world,
-                        int64_t batch_tokens) {
+TimePlan read_time_plan(const po::variables_map& vm, const Calibration& calibration, const TargetConfig& target, int tp,
+                        int world, int64_t batch_tokens) {
   TimePlan plan;
   plan.path = vm["calibration"].as<std::string>();
-  AERIE_USAGE_CHECK(!plan.path.empty() || vm["calibration"].defaulted(),
-                    "aerie plan: --calibration is empty (give the calibration.json of aerie calibrate)");
-  if (plan.path.empty()) return plan;
   plan.wanted = true;
-  const Calibration& c = plan.calibration = read_calibration_file(plan.path);
+  const Calibration& c = plan.calibration = calibration;
   const std::string& path = plan.path;
   // The calibration must be of this target: its hidden size and its layers of each kind (the shards' bytes and the
   // forward's), at this tp.
@@ -301,7 +293,7 @@ void print_time_plan(const TimePlan& plan) {
     total += t.seconds;
     std::printf("  %-8s %10s  (compute %s, disk %s: %s-bound)", t.job.c_str(), hours(t.seconds).c_str(),
                 hours(t.compute_seconds).c_str(), hours(t.disk_seconds).c_str(), t.bound.c_str());
-    if (t.bytes > 0) std::printf("  shards %s (%s)", bytes_text(static_cast<double>(t.bytes)).c_str(), plan.storage.c_str());
+    if (t.bytes > 0) std::printf("  shards %s (%s)", format_bytes(static_cast<double>(t.bytes)).c_str(), plan.storage.c_str());
     price(t.seconds);
     std::printf("\n");
   }

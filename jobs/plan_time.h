@@ -1,6 +1,7 @@
 // aerie plan's time and disk plan from a calibration (jobs/plan_time.cc).
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,13 +14,13 @@ namespace aerie::jobs {
 /// Adds --calibration, --samples, --mean-tokens, --epochs, --world, --storage and --gpu-hour-cost to `desc`.
 void add_time_plan_options(po::options_description& desc);
 
-/// The calibration's tensor parallelism when --calibration names a readable calibration.json of aerie calibrate,
-/// else 0 (plan's default --tp when none is given: the tp the forward was measured at).
-int calibration_tp(const po::variables_map& vm);
+/// --calibration's calibration.json of aerie calibrate, or nullopt without --calibration. Throws aerie::UsageError
+/// naming the option on an empty path and on a missing, unreadable or malformed file.
+std::optional<Calibration> read_calibration_option(const po::variables_map& vm);
 
 /// What --calibration and the dataset options describe, read and checked before anything is printed.
 struct TimePlan {
-  bool wanted = false;  // --calibration given
+  bool wanted = false;  // a calibration was given (TimePlan{}: none, nothing printed)
   std::string path;     // the calibration.json
   Calibration calibration;
   Workload workload;
@@ -28,14 +29,14 @@ struct TimePlan {
   std::vector<JobTime> jobs;  // plan_time's prediction
 };
 
-/// Reads --calibration (nothing without it: wanted false) and the dataset (--prepared, or --samples and
-/// --mean-tokens; --epochs, --train-steps, --generate-*, --stream-*) for tensor parallelism `tp` over `world` ranks
-/// (--world overrides) and extract's forwards of `batch_tokens` (plan --batch-tokens), and predicts the jobs. Every
-/// rank calls it and checks the same inputs. Throws aerie::UsageError naming the option on a missing, unreadable or
-/// malformed file, a calibration of another target (hidden size, layers of each kind) or tp than `target` and
-/// `tp`, and an option out of range.
-TimePlan read_time_plan(const po::variables_map& vm, const TargetConfig& target, int tp, int world,
-                        int64_t batch_tokens);
+/// The plan of `calibration` (read_calibration_option's) for the dataset (--prepared, or --samples and
+/// --mean-tokens; --epochs, --train-steps, --generate-*, --stream-*) at tensor parallelism `tp` over `world` ranks
+/// (--world overrides) and extract's forwards of `batch_tokens` (plan --batch-tokens), with plan_time's prediction.
+/// Every rank calls it and checks the same inputs. Throws aerie::UsageError naming the option on a calibration of
+/// another target (hidden size, layers of each kind) or tp than `target` and `tp`, a missing or malformed
+/// --prepared, and an option out of range.
+TimePlan read_time_plan(const po::variables_map& vm, const Calibration& calibration, const TargetConfig& target, int tp,
+                        int world, int64_t batch_tokens);
 
 /// Prints the predicted wall time of generate, extract and train (and the streamed train) and the shards' bytes
 /// (docs/time-plan.md); nothing when !plan.wanted.
