@@ -208,6 +208,46 @@ class Comparisons(unittest.TestCase):
             ee.check_settings({"num_draft_tokens": 5}, "eval.json", 5, 256)
 
 
+class EngineArguments(unittest.TestCase):
+    """What each engine class passes its engine (stub vllm / sglang modules that record the keyword arguments)."""
+
+    def job(self, **kw):
+        return dict({"engine": "x", "model": "/m", "draft": "/d", "num_draft_tokens": 3, "max_new_tokens": 8,
+                     "dtype": "bfloat16", "gpu_memory_utilization": 0.2, "cuda_graph": False,
+                     "tensor_parallel_size": 1, "max_model_len": 4096, "multimodal_wrapper": False,
+                     "attention_backend": None}, **kw)
+
+    def stub(self, name, **attrs):
+        mod = SimpleNamespace(__version__="0", **attrs)
+        old = sys.modules.get(name)
+        sys.modules[name] = mod
+        self.addCleanup(lambda: sys.modules.__setitem__(name, old) if old else sys.modules.pop(name, None))
+
+    def sglang_kwargs(self, **job):
+        seen = {}
+        self.stub("sglang", Engine=lambda **kw: seen.update(kw))
+        ee.SglangEngine(self.job(**job))
+        return seen
+
+    def test_sglang_text_model_of_a_multimodal_wrapper(self):
+        kw = self.sglang_kwargs(multimodal_wrapper=True, attention_backend="triton")
+        self.assertEqual((kw["enable_multimodal"], kw["skip_tokenizer_init"], kw["attention_backend"]),
+                         (False, True, "triton"))
+        self.assertEqual((kw["speculative_algorithm"], kw["speculative_num_steps"], kw["speculative_eagle_topk"],
+                          kw["speculative_num_draft_tokens"]), ("EAGLE3", 3, 1, 4))
+        kw = self.sglang_kwargs(draft=None)
+        self.assertNotIn("enable_multimodal", kw)
+        self.assertNotIn("speculative_algorithm", kw)
+
+    def test_vllm_text_model_of_a_multimodal_wrapper(self):
+        seen = {}
+        self.stub("vllm", LLM=lambda **kw: seen.update(kw))
+        ee.VllmEngine(self.job(multimodal_wrapper=True))
+        self.assertEqual((seen["language_model_only"], seen["skip_tokenizer_init"]), (True, True))
+        self.assertEqual(seen["speculative_config"],
+                         {"method": "eagle3", "model": "/d", "num_speculative_tokens": 3})
+
+
 class Script(TempDir):
     """The whole script in subprocesses, with the fake engine (K 3, N 9: each prompt's 8 tokens after the prefill's
     fill whole passes of a + 1 tokens, a = prompt_ids[0] % 4)."""
