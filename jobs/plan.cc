@@ -348,8 +348,13 @@ int plan(const std::vector<std::string>& args) {
     if (!p.fits) print_suggestions(p, opt, config, tensors, config_file);
     std::cout.flush();
   }
-  if (rank == 0) {
-    print_time_plan(time_plan);
+  if (rank == 0 && time_plan.wanted) {
+    // A time for a layout that does not run would read as a plan (a new user's trial took it for one).
+    if (p.fits)
+      print_time_plan(time_plan);
+    else
+      std::printf("\ntime and disk: not planned, as this layout does not %s (above): plan one that does, with the "
+                  "same --calibration\n", p.blockers.empty() ? "fit" : "run");
     std::fflush(stdout);
   }
   return p.fits ? 0 : 1;  // a script can branch on it (the plan is printed either way)

@@ -67,6 +67,11 @@ grep -qE "^  generate .*compute-bound" "$out/gen.log" && grep -q "(generate + ex
   { cat "$out/gen.log"; fail "plan: no generate line"; }
 python3 -c "import json,sys; g=json.load(open(sys.argv[1]))['generate']; assert g['seconds'] > 0 and g['batch'] == 16, g" \
   "$out/qwen3_moe.json" || fail "calibration: no generate measurement"
+# A layout that does not fit gets no time plan (a new user read one as the plan of a run that cannot start).
+mpirun -np 2 "$aerie" plan --model "$src/tests/model/fixtures/hf/qwen3_moe" --gpu-memory 1GiB --reserve 2GiB --tp 1 \
+  --calibration "$out/qwen3_moe.json" --samples 100 --mean-tokens 40 > "$out/nofit.log" 2>&1 && fail "1 GiB less a 2 GiB reserve fits"
+grep -q "time and disk: not planned, as this layout does not fit (above)" "$out/nofit.log" &&
+  ! grep -q "^  extract " "$out/nofit.log" || { cat "$out/nofit.log"; fail "plan: a time plan for a layout that does not fit"; }
 err() { grep -q -e "$1" "$out/err.log" || { cat "$out/err.log"; fail "$2"; }; }
 plan --tp 1 --calibration "$out/qwen3_moe.json" --samples 10 --mean-tokens 40 --generate-new-tokens 20 > "$out/err.log" 2>&1 &&
   fail "generate tokens without responses accepted"
