@@ -67,6 +67,37 @@ void MpiCommunicator::all_reduce_sum(Tensor& t) {
             "MPI_Allreduce(sum)");
 }
 
+namespace {
+struct DonePending final : PendingCollective {
+  void wait() override {}
+};
+
+// An MPI_Request of a started collective; the destructor completes one never waited for.
+struct MpiPending final : PendingCollective {
+  MPI_Request req = MPI_REQUEST_NULL;
+  ~MpiPending() override {
+    if (req != MPI_REQUEST_NULL) MPI_Wait(&req, MPI_STATUS_IGNORE);
+  }
+  void wait() override { check_mpi(MPI_Wait(&req, MPI_STATUS_IGNORE), "MPI_Wait(MPI_Iallreduce sum)"); }
+};
+}  // namespace
+
+std::unique_ptr<PendingCollective> Communicator::start_all_reduce_sum(Tensor& t) {
+  all_reduce_sum(t);
+  return std::make_unique<DonePending>();
+}
+
+std::unique_ptr<PendingCollective> MpiCommunicator::start_all_reduce_sum(Tensor& t) {
+  check_host(t, "start_all_reduce_sum");
+  if (t.dtype() != DType::F32 && t.dtype() != DType::I32 && t.dtype() != DType::I64)
+    return Communicator::start_all_reduce_sum(t);  // BF16 (a converted copy) and the refusals
+  auto p = std::make_unique<MpiPending>();
+  check_mpi(MPI_Iallreduce(MPI_IN_PLACE, t.raw(), static_cast<int>(t.numel()), mpi_type(t.dtype()), MPI_SUM, comm_,
+                           &p->req),
+            "MPI_Iallreduce(sum)");
+  return p;
+}
+
 void MpiCommunicator::all_reduce_max(Tensor& t) {
   check_host(t, "all_reduce_max");
   AERIE_CHECK(t.dtype() == DType::F32 || t.dtype() == DType::I32 || t.dtype() == DType::I64,

@@ -13,6 +13,16 @@
 
 namespace aerie {
 
+/// A started collective (Communicator::start_all_reduce_sum). wait() returns once the result is in the
+/// tensor for the caller's later work (on a GPU: for work queued on the current stream after the call);
+/// it must be called exactly once, before the tensor is read or written again. Destroying a handle that
+/// was not waited for waits (errors are then dropped).
+class PendingCollective {
+ public:
+  virtual ~PendingCollective() = default;
+  virtual void wait() = 0;
+};
+
 /// Collective operations over a group of ranks. Every rank of the group must call the same
 /// collectives in the same order. Errors of the transport throw aerie::Error naming the call.
 class Communicator {
@@ -22,6 +32,14 @@ class Communicator {
   virtual int size() const = 0;
   /// In-place sum over the group. F32, BF16 (summed in fp32, rounded once), I32, I64.
   virtual void all_reduce_sum(Tensor& t) = 0;
+  /// all_reduce_sum(t), started: the caller computes something else and then calls wait() on the handle
+  /// (the tensor-parallel forward's overlap of one micro-batch's all-reduce with the other's compute).
+  /// Same dtypes and result as all_reduce_sum. t must stay alive and untouched until wait(). Started
+  /// collectives complete in the order they were started; every rank starts the same ones in the same
+  /// order, and issues no blocking collective of this communicator while one is started and not waited
+  /// for (NCCL's would run on another stream, in an order the ranks need not share). This default runs
+  /// all_reduce_sum at once (no overlap) and returns a finished handle.
+  virtual std::unique_ptr<PendingCollective> start_all_reduce_sum(Tensor& t);
   /// In-place max over the group (F32, I32, I64).
   virtual void all_reduce_max(Tensor& t) = 0;
   /// out[r * in.numel() + i] = in_r[i]: the inputs of all ranks concatenated along dim 0 in rank
@@ -50,6 +68,9 @@ class MpiCommunicator : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   void all_reduce_sum(Tensor& t) override;
+  /// MPI_Iallreduce for F32, I32 and I64 (its progress is the MPI library's: Open MPI moves a started
+  /// collective on inside later MPI calls and in the wait); BF16 through F32 at once, as all_reduce_sum.
+  std::unique_ptr<PendingCollective> start_all_reduce_sum(Tensor& t) override;
   void all_reduce_max(Tensor& t) override;
   void all_gather(const Tensor& in, Tensor& out) override;
   void broadcast(Tensor& t, int root) override;

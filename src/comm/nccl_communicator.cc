@@ -49,6 +49,7 @@ int node_size(const MpiCommunicator& c) {
 
 struct NcclCommunicator::Impl {
   ncclComm_t comm = nullptr;
+  cudaStream_t side = nullptr;  // start_all_reduce_sum's stream, made at its first use
 };
 
 /// Throws aerie::Error naming `what` with NCCL's error strings when `call` fails.
@@ -95,6 +96,10 @@ NcclCommunicator::NcclCommunicator(const MpiCommunicator& mpi)
 }
 
 NcclCommunicator::~NcclCommunicator() {
+  if (impl_ && impl_->side) {
+    cudaStreamSynchronize(impl_->side);
+    cudaStreamDestroy(impl_->side);
+  }
   if (!impl_ || !impl_->comm) return;
   ncclResult_t r = ncclCommFinalize(impl_->comm);
   if (r == ncclSuccess) r = ncclCommDestroy(impl_->comm);
@@ -168,6 +173,41 @@ void NcclCommunicator::all_reduce_sum_async(Tensor& t, cuda::Stream s) {
                    what);
 }
 
+namespace {
+// The event recorded on the side stream after a started all-reduce; wait() makes the current stream wait on it.
+struct NcclPending final : PendingCollective {
+  cudaEvent_t done = nullptr;
+  std::string what;
+  ~NcclPending() override {
+    if (!done) return;
+    cudaStreamWaitEvent(current(), done, 0);
+    cudaEventDestroy(done);
+  }
+  void wait() override {
+    if (!done) return;
+    cudaError_t e = cudaStreamWaitEvent(current(), done, 0);
+    cudaEventDestroy(done);  // released once the recorded work is done
+    done = nullptr;
+    AERIE_CHECK(e == cudaSuccess, what << ": the wait on its side stream: " << cudaGetErrorString(e));
+  }
+};
+}  // namespace
+
+std::unique_ptr<PendingCollective> NcclCommunicator::start_all_reduce_sum(Tensor& t) {
+  auto p = std::make_unique<NcclPending>();
+  p->what = describe("start_all_reduce_sum", t, rank_, size_);
+  if (t.numel() == 0) return p;
+  if (!impl_->side) {
+    const cudaError_t e = cudaStreamCreateWithFlags(&impl_->side, cudaStreamNonBlocking);
+    AERIE_CHECK(e == cudaSuccess, p->what << ": creating its side stream: " << cudaGetErrorString(e));
+  }
+  all_reduce_sum_async(t, impl_->side);  // ordered after the current stream's work so far (t's producer)
+  cudaError_t e = cudaEventCreateWithFlags(&p->done, cudaEventDisableTiming);
+  if (e == cudaSuccess) e = cudaEventRecord(p->done, impl_->side);
+  AERIE_CHECK(e == cudaSuccess, p->what << ": recording its end on the side stream: " << cudaGetErrorString(e));
+  return p;
+}
+
 #else  // CPU-only build: the interface exists, nothing can build one.
 
 struct NcclCommunicator::Impl {};
@@ -186,6 +226,9 @@ void NcclCommunicator::all_gather(const Tensor&, Tensor&) { no_nccl("all_gather"
 void NcclCommunicator::broadcast(Tensor&, int) { no_nccl("broadcast"); }
 void NcclCommunicator::barrier() { no_nccl("barrier"); }
 void NcclCommunicator::all_reduce_sum_async(Tensor&, cuda::Stream) { no_nccl("all_reduce_sum_async"); }
+std::unique_ptr<PendingCollective> NcclCommunicator::start_all_reduce_sum(Tensor&) {
+  no_nccl("start_all_reduce_sum");
+}
 
 #endif
 

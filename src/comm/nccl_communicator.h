@@ -49,6 +49,11 @@ class NcclCommunicator : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   void all_reduce_sum(Tensor& t) override;
+  /// The sum queued on a side stream of this communicator (made at the first call) after the current
+  /// stream's work so far; wait() makes the current stream wait for it, so that the current stream's work
+  /// queued in between runs beside the reduction. Every start goes to the one side stream, so started
+  /// sums run in the order started (no blocking collective in between: Communicator's rule).
+  std::unique_ptr<PendingCollective> start_all_reduce_sum(Tensor& t) override;
   void all_reduce_max(Tensor& t) override;
   void all_gather(const Tensor& in, Tensor& out) override;
   void broadcast(Tensor& t, int root) override;

@@ -73,8 +73,25 @@ void ForwardContext::add_bias(Tensor& y, const Tensor& b) {
   });
 }
 
-void ForwardContext::all_reduce(Tensor& y) {
+void ForwardContext::all_reduce(Tensor& y, const Tensor& bias) {
+  AERIE_CHECK(!pending_, "ForwardContext::all_reduce: the previous reduction was not finished");
+  if (tp.size() > 1 && defer_reduction) {
+    prof.time(OpKind::AllReduce, device, [&] { pending_ = tp.start_all_reduce_sum(y); });
+    pending_y_ = y;
+    pending_bias_ = bias;
+    return;
+  }
   if (tp.size() > 1) prof.time(OpKind::AllReduce, device, [&] { tp.all_reduce_sum(y); });
+  add_bias(y, bias);
+}
+
+void ForwardContext::finish_reduction() {
+  if (!pending_) return;
+  prof.time(OpKind::AllReduce, device, [&] { pending_->wait(); });
+  pending_.reset();
+  add_bias(pending_y_, pending_bias_);
+  pending_y_ = Tensor();
+  pending_bias_ = Tensor();
 }
 
 const char* weight_format_name(WeightFormat f) {

@@ -68,10 +68,21 @@ class ForwardContext {
   /// y += b broadcast over rows (y [n, M], b [M]; nothing when b is undefined), timed as Other: a K = 1
   /// GEMM with beta 1 against a ones column (one fp32 rounding per element, as a direct add).
   void add_bias(Tensor& y, const Tensor& b);
-  /// Sums y over the tp group (nothing at tp 1), timed as AllReduce.
-  void all_reduce(Tensor& y);
+  /// Sums y over the tp group (nothing at tp 1), timed as AllReduce, then adds `bias` (the summed output's
+  /// bias, added once; undefined: none). With defer_reduction set (and tp > 1) the sum is only started
+  /// (Communicator::start_all_reduce_sum) and the bias waits: finish_reduction() completes both, and y must
+  /// not be touched before it. One reduction at a time per context.
+  void all_reduce(Tensor& y, const Tensor& bias = Tensor());
+  /// Completes the reduction all_reduce started under defer_reduction (its wait timed as AllReduce) and adds
+  /// its bias; nothing when none is pending.
+  void finish_reduction();
+  /// Whether all_reduce only starts its sum: TargetModel's two micro-batches, each with its own context,
+  /// whose blocks' all-reduces run while the other micro-batch computes.
+  bool defer_reduction = false;
 
  private:
+  std::unique_ptr<PendingCollective> pending_;
+  Tensor pending_y_, pending_bias_;
   std::map<std::string, Tensor> buffers_;
   Tensor ones_;  // [n, 1] of 1 in the compute dtype, made at the first bias
 };

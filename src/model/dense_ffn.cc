@@ -36,8 +36,7 @@ class DenseFfn final : public FfnBlock {
     ctx.prof.time(OpKind::Activation, ctx.device, [&] { swiglu_packed_forward(gu, act); });
     down_.matmul(ctx, act, out, accumulate_ ? 1.0f : 0.0f);  // [n, H], partial sum over tp ranks
     if (!reduce_) return;  // a partial sum that the caller reduces (with its bias: none for shared experts)
-    ctx.all_reduce(out);
-    down_.add_bias(ctx, out);
+    ctx.all_reduce(out, down_.bias);  // the bias once, after the reduction
   }
 
  private:

@@ -192,8 +192,7 @@ class GqaAttention final : public AttentionBlock {
       }
     });
     o_.matmul(ctx, attn.reshape({n, nh_ * d}), out);  // [n, H], partial sum over tp ranks
-    ctx.all_reduce(out);
-    o_.add_bias(ctx, out);  // once, after the reduction
+    ctx.all_reduce(out, o_.bias);  // the bias once, after the reduction
   }
 
  private:

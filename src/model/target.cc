@@ -112,6 +112,7 @@ void TargetModel::build(WeightSource& src, Communicator& tp, const TargetModelOp
   m.tp = &tp;
   m.device = options.device;
   m.dtype = options.dtype;
+  m.tp_overlap = options.tp_overlap;
   TargetWeights w = build_target_weights(src, cfg_);
   m.embed_tokens = std::move(w.embed_tokens);
   m.norm = std::move(w.norm);

@@ -73,6 +73,13 @@ struct TargetModelOptions {
   /// W8A8 block-FP8 GEMMs for every Linear (Linear::use_fp8_gemm; --fp8-gemm): a BF16/F32 weight is
   /// quantized to 128 x 128 block FP8 at load, a block-FP8 checkpoint's weight is used as stored.
   bool fp8_gemm = false;
+  /// Two micro-batches in a packed prefill on a tp group of two or more ranks (--tp-overlap): the batch's
+  /// sequences split at the boundary nearest half its rows, and each block's all-reduce of one micro-batch
+  /// runs while the other computes (Communicator::start_all_reduce_sum: NCCL on a side stream, MPI's
+  /// MPI_Iallreduce), as SGLang's two-batch overlap does for DeepSeek's expert-parallel all-to-all. Each
+  /// row's values are as without it where the blocks' kernels compute a row the same at half the rows (the
+  /// tests' tolerance). Forwards with a KV cache, a token tree or one sequence run as one batch.
+  bool tp_overlap = false;
 };
 
 class TargetModel {

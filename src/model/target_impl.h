@@ -32,6 +32,13 @@ struct TargetWeights {
 /// table (an unbuilt architecture), and when an untied checkpoint has no lm_head.
 TargetWeights build_target_weights(WeightSource& src, const TargetConfig& cfg);
 
+/// Where TargetModelOptions::tp_overlap splits a forward of the sequences `ids`: the sequence boundary nearest
+/// half the rows (the first of two equally near), so that micro-batch 0 is ids[0, split) and 1 ids[split, B);
+/// 0 (one batch) unless it is a packed prefill of two or more sequences without KV caches (`caches` empty or
+/// all null) and without a token `tree` on a tp group of `tp` >= 2 ranks.
+int64_t overlap_split(const std::vector<std::vector<int32_t>>& ids, const std::vector<KVCache*>& caches, bool tree,
+                      int tp);
+
 struct TargetModel::Impl {
   Communicator* tp = nullptr;
   Device device = Device::CPU;
@@ -41,6 +48,7 @@ struct TargetModel::Impl {
   Tensor norm;               // [H] F32: final_norm
   std::vector<DecoderLayer> layers;
   OpProfile profile;  // on with AERIE_PROFILE=1 (op_profile.h)
+  bool tp_overlap = false;  // TargetModelOptions::tp_overlap
 };
 
 }  // namespace aerie

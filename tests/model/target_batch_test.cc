@@ -16,6 +16,7 @@
 #include "core/device.h"
 #include "model/blocks.h"
 #include "model/target.h"
+#include "model/target_impl.h"
 #include "model_testing.h"
 #include "test_util.h"
 
@@ -139,6 +140,21 @@ TEST(TargetBatch, PrefillWithFreshCachesFillsThem) {
   TargetOutput step = m.forward_batch({{a.back()}, {b.back()}}, {&ca, &cb}, {}, TargetModel::Logits::Last);
   expect_rows(step.logits, 0, m.forward(a, nullptr, {}, true).logits.slice(7, 8), false, "qwen3 seq 0");
   expect_rows(step.logits, 1, m.forward(b, nullptr, {}, true).logits.slice(3, 4), false, "qwen3 seq 1");
+}
+
+// Where the tp overlap splits a forward: the sequence boundary nearest half the rows (the first when two are
+// as near), and no split without two sequences, on one rank, with a cache or a token tree.
+TEST(TargetBatch, OverlapSplitsAtTheMiddleBoundary) {
+  const std::vector<std::vector<int32_t>> ids = {{1, 2, 3, 4, 5}, {1, 2}, {1, 2, 3, 4, 5, 6, 7}, {1, 2, 3}};  // 17 rows
+  EXPECT_EQ(overlap_split(ids, {}, false, 2), 2);   // 7 rows | 10 (after 5: 5 | 12, after 14: 14 | 3)
+  EXPECT_EQ(overlap_split({{1}, {1, 2, 3, 4, 5, 6}}, {}, false, 8), 1);  // the one boundary, however uneven
+  EXPECT_EQ(overlap_split({{1, 2}, {1, 2}, {1, 2}}, {}, false, 2), 1);  // 2 | 4 and 4 | 2 as near: the first
+  EXPECT_EQ(overlap_split(ids, {}, false, 1), 0);
+  EXPECT_EQ(overlap_split({{1, 2, 3}}, {}, false, 2), 0);
+  EXPECT_EQ(overlap_split(ids, {nullptr, nullptr, nullptr, nullptr}, false, 2), 2);
+  KVCache cache({{1}}, {{1}}, 8);
+  EXPECT_EQ(overlap_split(ids, {nullptr, &cache, nullptr, nullptr}, false, 2), 0);
+  EXPECT_EQ(overlap_split(ids, {}, true, 2), 0);
 }
 
 TEST(TargetBatch, RejectsMisuse) {
