@@ -71,8 +71,8 @@ int extract(const std::vector<std::string>& args) {
       "tp", po::value<int>()->default_value(1), "tensor-parallel ranks per target replica")(
       "samples-per-shard", po::value<int64_t>()->default_value(64), "prepared samples per shard (chunk size)")(
       "batch-tokens", po::value<int64_t>()->default_value(2048),
-      "GPU: consecutive samples share one forward up to this many tokens (a longer sample goes alone); 0: "
-      "one sample per forward")(
+      "GPU (or --tp-overlap): consecutive samples share one forward up to this many tokens (a longer sample "
+      "goes alone); 0: one sample per forward")(
       "aux-layers", po::value<std::string>()->default_value(""),
       "3 ascending layer ids k, 'input of decoder layer k' (vLLM's convention); default 2,N/2,N-3")(
       "skip-nonfinite", po::bool_switch(),
@@ -88,6 +88,7 @@ int extract(const std::vector<std::string>& args) {
       "benchmarks: random N(0, 0.02^2) weights from this seed (>= 0) instead of the checkpoint; --model "
       "then needs only config.json");
   add_target_device_options(desc);
+  add_tp_overlap_option(desc);
   add_lock_options(desc);
   po::variables_map vm;
   if (!parse_options("extract", args, desc, vm)) return 0;
@@ -166,7 +167,11 @@ int extract(const std::vector<std::string>& args) {
                     << cfg.hidden_size << "), aux layers " << opt.meta.aux_layers[0] << ","
                     << opt.meta.aux_layers[1] << "," << opt.meta.aux_layers[2] << ", on " << device_name(mopt.device)
                     << " in " << aerie::dtype_name(mopt.dtype) << (mopt.fp8_gemm ? " with W8A8 block-FP8 GEMMs" : "")
-                    << (random_seed >= 0 ? ", random weights" : "");
+                    << (random_seed >= 0 ? ", random weights" : "")
+                    << (mopt.tp_overlap ? ", tp all-reduces overlapped with compute (two micro-batches)" : "");
+    if (mopt.tp_overlap && (model_tp.size() < 2 || batch_tokens == 0))
+      AERIE_LOG(warning) << "extract: --tp-overlap does nothing "
+                         << (model_tp.size() < 2 ? "at tp 1 (no all-reduce)" : "with --batch-tokens 0 (one sample per forward)");
   }
 
   const std::vector<int> aux_layers = opt.meta.aux_layers;
@@ -186,8 +191,9 @@ int extract(const std::vector<std::string>& args) {
     aux = out.aux_hidden;
     fin = out.final_hidden;
   };
-  // On a GPU consecutive samples share a forward (up to opt.batch_tokens rows): larger GEMMs.
-  if (mopt.device == Device::CUDA && opt.batch_tokens > 0) {
+  // On a GPU consecutive samples share a forward (up to opt.batch_tokens rows): larger GEMMs; with --tp-overlap
+  // on the CPU too (its two micro-batches are sequences of one forward).
+  if ((mopt.device == Device::CUDA || (mopt.tp_overlap && model_tp.size() > 1)) && opt.batch_tokens > 0) {
     opt.forward_batch = [&](const std::vector<std::vector<int32_t>>& ids, Tensor& aux, Tensor& fin) {
       TargetOutput out = model.forward_batch(ids, {}, aux_layers, TargetModel::Logits::None);
       aux = out.aux_hidden;

@@ -27,10 +27,20 @@ void add_target_device_options(po::options_description& desc) {
       "(docs/quantization.md)");
 }
 
+void add_tp_overlap_option(po::options_description& desc) {
+  desc.add_options()("tp-overlap", po::bool_switch(),
+                     "at --tp 2 or more: split each forward of several samples into two micro-batches and run "
+                     "one's tensor-parallel all-reduces while the other computes (NCCL on a second stream; MPI's "
+                     "MPI_Iallreduce on the CPU): the same hidden states up to the order of fp32 sums; pays where "
+                     "the all-reduces are a large share of the forward (PCIe GPUs) and the micro-batches stay "
+                     "large enough to keep the GPU busy");
+}
+
 TargetDevice resolve_target_device(const po::variables_map& vm, ParallelGroups& groups, const std::string& job) {
   TargetDevice t = resolve_target_device(vm["device"].as<std::string>(), vm["dtype"].as<std::string>(),
                                          vm["expert-parallel"].as<bool>(), groups, job);
   t.options.fp8_gemm = vm["fp8-gemm"].as<bool>();
+  t.options.tp_overlap = vm.count("tp-overlap") > 0 && vm["tp-overlap"].as<bool>();
   return t;
 }
 

@@ -14,6 +14,9 @@ namespace aerie::jobs {
 
 /// Adds --device (default "auto") and --dtype (default "auto") to `desc`.
 void add_target_device_options(po::options_description& desc);
+/// Adds --tp-overlap (TargetModelOptions::tp_overlap) to `desc`: for the jobs whose forwards are packed
+/// prefills without KV caches (extract, calibrate); resolve_target_device reads it where it was added.
+void add_tp_overlap_option(po::options_description& desc);
 
 /// The resolved options: where and in which precision the target runs, and the communicator its tensor
 /// parallel collectives use (groups.tp on the CPU, an NcclCommunicator over it on CUDA).

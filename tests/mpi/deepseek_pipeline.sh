@@ -2,8 +2,8 @@
 # The pipeline after prepare on the tiny DeepSeek-V3-architecture fixtures (tests/model/fixtures/hf:
 # deepseek_v3 bf16, deepseek_v3_fp8 block-FP8, kimi_k25_int4 Kimi-K2.5 wrapper with INT4 experts): a
 # pre-tokenized prepared file (ids < 256, the fixtures' vocabulary; prepare borrows stories260K's
-# tokenizer), then extract at tp 1, tp 2 and tp 2 with --expert-parallel (the same shards; their values
-# are TpTest's), vocab, 4 train
+# tokenizer), then extract at tp 1, tp 2, tp 2 with --expert-parallel and tp 2 with --tp-overlap (the same
+# shards; their values are TpTest's), vocab, 4 train
 # steps on 2 ranks, export; the export's config
 # must carry the draft shape of an MLA target (head_dim = v_head_dim) and the target's YaRN rope.
 # No template and no eval here (the fixtures' vocabulary is no tokenizer's): tests/mpi/deepseek_chat_pipeline.sh
@@ -42,6 +42,14 @@ for m in deepseek_v3 deepseek_v3_fp8 kimi_k25_int4; do
       --output "$out/shards_ep2" --aux-layers 0,1,3 --tp 2 --expert-parallel
   [ "$(ls "$out/shards" | grep -c '^shard-')" = "$(ls "$out/shards_ep2" | grep -c '^shard-')" ] ||
     { echo "FAIL: $m: ep 2 wrote another number of shards"; exit 1; }
+  # The all-reduces overlapped with compute (two micro-batches of up to 128 tokens' worth of samples; values:
+  # TpTest.MicroBatchOverlapMatchesOneBatch).
+  run mpirun --oversubscribe -np 2 "$aerie" extract --model "$model" --prepared "$work/prepared.h5" \
+      --output "$out/shards_overlap" --aux-layers 0,1,3 --tp 2 --tp-overlap --batch-tokens 128
+  grep -q "tp all-reduces overlapped with compute (two micro-batches)" "$work/last.log" ||
+    { cat "$work/last.log"; echo "FAIL: $m: extract --tp-overlap did not say so"; exit 1; }
+  [ "$(ls "$out/shards" | grep -c '^shard-')" = "$(ls "$out/shards_overlap" | grep -c '^shard-')" ] ||
+    { echo "FAIL: $m: --tp-overlap wrote another number of shards"; exit 1; }
   run mpirun --oversubscribe -np 1 "$aerie" vocab --model "$model" --prepared "$work/prepared.h5" \
       --output "$out/vocab.safetensors" --draft-vocab-size 64
   run mpirun --oversubscribe -np 2 "$aerie" train --model "$model" --shards "$out/shards" \
