@@ -2,7 +2,8 @@
 // train/time_plan.h) needs, and writes it to calibration.json:
 //   - the target's forward by layer kind: config.json's model truncated to one and three layers of its first kind
 //     and to one of it and two of the other kind (dense, MoE), random weights in the checkpoint's formats, timed at --tokens on the tp
-//     group of --tp ranks (its all-reduces included); base and per-layer seconds follow from the differences;
+//     group of --tp ranks (its all-reduces included; with --tp-overlap as two sequences of T/2, extract's two
+//     micro-batches); base and per-layer seconds follow from the differences;
 //     on the same cuts, generate's decoding (BatchDecoder: --gen-batch-size sequences of --gen-prompt-tokens
 //     decoding --gen-new-tokens each), summed to the whole target the same way;
 //   - the draft's training step (TTT, random weights and hidden states) over one sample of each --train-tokens
@@ -161,8 +162,14 @@ void measure_forward(const TargetConfig& cfg, ParallelGroups& groups, TargetDevi
     const std::vector<int> aux = {0, n / 2, n - 1};  // three captures, as extract's
     for (const int64_t T : opt.tokens) {
       const std::vector<int32_t> ids = random_ids(T, cfg.vocab_size, static_cast<uint32_t>(T));
-      t[s].push_back(timed(*groups.tp, dev.options.device, opt.iters, opt.min_seconds,
-                           [&] { model.forward(ids, nullptr, aux, false); }));
+      // With --tp-overlap the forward is two sequences of T/2 (its two micro-batches), as extract packs samples.
+      const std::vector<std::vector<int32_t>> halves = {{ids.begin(), ids.begin() + T / 2}, {ids.begin() + T / 2, ids.end()}};
+      t[s].push_back(timed(*groups.tp, dev.options.device, opt.iters, opt.min_seconds, [&] {
+        if (cal.tp_overlap)
+          model.forward_batch(halves, {}, aux, TargetModel::Logits::None);
+        else
+          model.forward(ids, nullptr, aux, false);
+      }));
     }
     gen[s] = time_generation(model, cfg, *groups.tp, dev.options.device, opt, opt.gen_new);
     gen1[s] = time_generation(model, cfg, *groups.tp, dev.options.device, opt, 1);  // the prefills and one step
@@ -391,7 +398,8 @@ void measure_stream(const TargetConfig& cfg, MpiCommunicator& world, Device devi
 
 void print_calibration(const Calibration& c) {
   std::printf("aerie calibrate: %s on %s, tp %d of %d ranks\n", c.model.c_str(), c.device.c_str(), c.tp, c.world);
-  std::printf("  forward of the whole target (%zu layer kinds):\n", c.layers.size());
+  std::printf("  forward of the whole target (%zu layer kinds%s):\n", c.layers.size(),
+              c.tp_overlap ? "; --tp-overlap: two micro-batches of T/2" : "");
   for (size_t i = 0; i < c.base.tokens.size(); ++i) {
     const double T = static_cast<double>(c.base.tokens[i]);
     std::printf("    %6lld tokens: %.4f s (%.0f tokens/s per tp group; base %.4f s", static_cast<long long>(T),
@@ -453,6 +461,7 @@ int calibrate(const std::vector<std::string>& args) {
       "work", po::value<std::string>()->default_value(""),
       "folder for the test shards: the disk the shards will go to (default: --output's folder)");
   add_target_device_options(desc);
+  add_tp_overlap_option(desc);
   po::variables_map vm;
   if (!parse_options("calibrate", args, desc, vm)) return 0;
   int world = 1;
@@ -538,7 +547,10 @@ int calibrate(const std::vector<std::string>& args) {
   cal.world = world;
   cal.tp = tp;
   cal.hidden_size = cfg.hidden_size;
+  cal.tp_overlap = dev.options.tp_overlap && tp > 1 && opt.tokens.front() >= 2;
   const bool rank0 = groups.map.world_rank == 0;
+  if (rank0 && dev.options.tp_overlap && !cal.tp_overlap)
+    AERIE_LOG(warning) << "calibrate: --tp-overlap does nothing at tp 1 or with a --tokens count below 2";
   if (rank0 && vm["tp"].as<int>() == 0 && tp > 1)
     AERIE_LOG(info) << "calibrate: the forward at tp " << tp << " (the world size; extract and generate default to "
                     << "--tp 1): plan the jobs at the --tp they will run, and calibrate at that tp";

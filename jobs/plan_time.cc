@@ -262,9 +262,10 @@ void print_time_plan(const TimePlan& plan) {
   const Calibration& c = plan.calibration;
   const Workload& w = plan.workload;
   const double cost = plan.gpu_hour_cost;
-  std::printf("\ntime and disk (calibration %s: %s, tp %d; the draft's step at vocabulary %lld, %d TTT steps): %lld "
+  std::printf("\ntime and disk (calibration %s: %s, tp %d%s; the draft's step at vocabulary %lld, %d TTT steps): %lld "
               "samples x %s tokens, %d rank(s) (generate and extract in %d tp group(s), train data parallel over all %d)%s\n",
-              plan.path.c_str(), c.device.c_str(), c.tp, static_cast<long long>(c.draft_vocab_size), c.ttt_steps,
+              plan.path.c_str(), c.device.c_str(), c.tp, c.tp_overlap ? " with --tp-overlap" : "",
+              static_cast<long long>(c.draft_vocab_size), c.ttt_steps,
               static_cast<long long>(w.samples), format_amount(w.mean_tokens).c_str(), w.world, w.world / w.tp, w.world,
               w.train_samples > 0 ? (", train " + std::to_string(w.train_samples) + " samples drawn").c_str()
               : w.epochs > 1     ? (", " + std::to_string(w.epochs) + " epochs").c_str()

@@ -43,14 +43,17 @@ template <typename T>
 T optional_field(const nlohmann::json& j, const char* a, const char* b, T absent, const std::string& path) {
   if (!j.contains(a) || !j[a].is_object() || !j[a].contains(b)) return absent;
   const nlohmann::json& v = j[a][b];
-  const bool ok = std::is_integral_v<T> ? v.is_number_integer() : v.is_number();
-  AERIE_CHECK(ok, path << ": " << a << "." << b << " must be " << (std::is_integral_v<T> ? "an integer" : "a number")
-                       << ", got " << v.dump());
+  constexpr bool is_bool = std::is_same_v<T, bool>;
+  const bool ok = is_bool ? v.is_boolean() : std::is_integral_v<T> ? v.is_number_integer() : v.is_number();
+  AERIE_CHECK(ok, path << ": " << a << "." << b << " must be "
+                       << (is_bool ? "true or false" : std::is_integral_v<T> ? "an integer" : "a number") << ", got "
+                       << v.dump());
   return v.get<T>();
 }
 
 // The fields version 1 gained later (an older aerie's file reads without them), each checked by name.
 void read_optional_fields(const nlohmann::json& j, const std::string& path, Calibration& c) {
+  c.tp_overlap = optional_field(j, "forward", "tp_overlap", false, path);
   c.train_step_seconds = optional_field(j, "train", "step_seconds", 0.0, path);
   c.draft_vocab_size = optional_field(j, "train", "draft_vocab_size", int64_t{0}, path);
   c.stream_bytes_per_s = optional_field(j, "stream", "bytes_per_s", 0.0, path);
@@ -114,7 +117,7 @@ nlohmann::json to_json(const Calibration& c) {
           {"world", c.world},
           {"tp", c.tp},
           {"hidden_size", c.hidden_size},
-          {"forward", {{"base", curve_json(c.base)}, {"layers", layers}}},
+          {"forward", {{"base", curve_json(c.base)}, {"layers", layers}, {"tp_overlap", c.tp_overlap}}},
           {"train", train_json(c)},
           {"disk", {{"write_bytes_per_s", c.disk_write_bytes_per_s}, {"test_bytes", c.disk_test_bytes},
                     {"writer_per_sample", curve_json(c.writer_sample)}}},

@@ -35,6 +35,7 @@ struct Calibration {
   int world = 1;       // ranks of the calibration run
   int tp = 1;          // ranks of the tp group that ran the forward
   int64_t hidden_size = 0;
+  bool tp_overlap = false;            // the forward ran with --tp-overlap: two micro-batches of T/2 (false in an older file)
   TimeCurve base;                     // a forward's cost outside the layers (embedding, final norm, captures)
   std::vector<LayerKindTimes> layers; // each kind's seconds per layer per forward
   TimeCurve train_sample;             // the draft's training step over one sample of the given length (TTT steps)

@@ -67,6 +67,15 @@ grep -qE "^  generate .*compute-bound" "$out/gen.log" && grep -q "(generate + ex
   { cat "$out/gen.log"; fail "plan: no generate line"; }
 python3 -c "import json,sys; g=json.load(open(sys.argv[1]))['generate']; assert g['seconds'] > 0 and g['batch'] == 16, g" \
   "$out/qwen3_moe.json" || fail "calibration: no generate measurement"
+# --tp-overlap: the forward measured as two micro-batches at tp 2, recorded, and named in the plan's header.
+mpirun -np 2 "$aerie" calibrate --model "$src/tests/model/fixtures/hf/qwen3_moe" --output "$out/overlap.json" --tp 2 \
+  --tp-overlap "${fast[@]}" > "$out/overlap.log" 2>&1 || { cat "$out/overlap.log"; fail "calibrate --tp-overlap"; }
+python3 -c "import json,sys; assert json.load(open(sys.argv[1]))['forward']['tp_overlap'] is True" "$out/overlap.json" ||
+  fail "calibrate --tp-overlap: forward.tp_overlap is not true"
+grep -q "layer kinds; --tp-overlap: two micro-batches of T/2" "$out/overlap.log" || { cat "$out/overlap.log"; fail "calibrate: no overlap in its summary"; }
+plan --tp 2 --calibration "$out/overlap.json" --samples 100 --mean-tokens 40 > "$out/overlap_plan.log" 2>&1 ||
+  { cat "$out/overlap_plan.log"; fail "plan of the overlap calibration"; }
+grep -q "cpu, tp 2 with --tp-overlap;" "$out/overlap_plan.log" || { cat "$out/overlap_plan.log"; fail "plan: the overlap not named"; }
 # A layout that does not fit gets no time plan (a new user read one as the plan of a run that cannot start).
 mpirun -np 2 "$aerie" plan --model "$src/tests/model/fixtures/hf/qwen3_moe" --gpu-memory 1GiB --reserve 2GiB --tp 1 \
   --calibration "$out/qwen3_moe.json" --samples 100 --mean-tokens 40 > "$out/nofit.log" 2>&1 && fail "1 GiB less a 2 GiB reserve fits"

@@ -244,6 +244,21 @@ TEST(TimePlan, StreamingTrain) {
   EXPECT_NE(testing::error_of([&] { calibration_from_json(j, "c.json"); }).find("stream.bytes_per_s"), std::string::npos);
 }
 
+// forward.tp_overlap (calibrate --tp-overlap) round-trips; an older file without it reads as false; another type
+// is refused naming the field.
+TEST(TimePlan, CalibrationRecordsTheTpOverlap) {
+  Calibration c = example();
+  EXPECT_FALSE(calibration_from_json(to_json(c), "c.json").tp_overlap);
+  c.tp_overlap = true;
+  nlohmann::json j = to_json(c);
+  EXPECT_TRUE(calibration_from_json(j, "c.json").tp_overlap);
+  j["forward"].erase("tp_overlap");
+  EXPECT_FALSE(calibration_from_json(j, "c.json").tp_overlap);
+  j["forward"]["tp_overlap"] = 1;
+  EXPECT_NE(testing::error_of([&] { calibration_from_json(j, "c.json"); }).find("forward.tp_overlap must be true or false"),
+            std::string::npos);
+}
+
 // Data parallel: a step waits for its slowest rank. Samples of 100 and 1000 tokens (0.1 and 1.0 s) dealt one to
 // each of 2 ranks: the step takes 1.0 s unless both drew 100 tokens (a quarter of the steps), 0.775 s on average,
 // where the mean alone gives 0.55 s.
