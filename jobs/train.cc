@@ -208,6 +208,8 @@ void add_input_options(po::options_description& desc, TrainArgs& a) {
       "streaming, MoE targets: split the routed experts over the --tp ranks by expert (as extract's)")(
       "fp8-gemm", po::bool_switch(),
       "streaming: the target's linears as W8A8 block-FP8 GEMMs (as extract --fp8-gemm)")(
+      "tp-overlap", po::bool_switch(),
+      "streaming, --tp 2 or more: the target's all-reduces overlapped with compute (as extract --tp-overlap)")(
       "adam-beta1", po::value<double>(&o.adam_beta1)->default_value(0.9, "0.9"), "AdamW beta1")(
       "adam-beta2", po::value<double>(&o.adam_beta2)->default_value(0.999, "0.999"),
       "AdamW beta2 (torch's default and SpecForge's; docs/design.md). Not given, a "
@@ -330,7 +332,7 @@ void check_mode_options(TrainArgs& a, const po::variables_map& vm, bool streamin
     TRAIN_REQUIRE(!o.model_dir.empty(), "--model is required");
     TRAIN_REQUIRE(!o.shards_dir.empty(), "--shards (the folder of aerie extract) or --prepared (streaming) is required");
     for (const char* opt : {"target-model", "target-ranks", "tp", "batch-tokens", "target-dtype", "expert-parallel",
-                            "fp8-gemm", "stream-queue"})
+                            "fp8-gemm", "tp-overlap", "stream-queue"})
       TRAIN_REQUIRE(vm[opt].defaulted(), "--" << opt << " applies to streaming only (with --prepared); this run "
                                               << "reads --shards");
   }
@@ -381,6 +383,7 @@ int serve_target(const TrainArgs& a, const po::variables_map& vm, MpiCommunicato
   TargetDevice td = resolve_target_device(a.o.device, a.target_dtype, vm["expert-parallel"].as<bool>(), groups,
                                           "train (target)", node_size(side));
   td.options.fp8_gemm = vm["fp8-gemm"].as<bool>();  // the trainer ranks record it: o.stream_target_gemm
+  td.options.tp_overlap = vm["tp-overlap"].as<bool>();
   TargetModel model(a.target_model, *td.tp, td.options);
   const StreamTargetStats st = serve_stream_target(world, layout, *groups.tp, model, td.options, tcfg, job);
   if (td.options.device == Device::CUDA) log_gpu_memory("train (target)", world.rank());

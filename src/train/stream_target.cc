@@ -58,15 +58,16 @@ StreamTargetStats serve_stream_target(MpiCommunicator& world, const StreamLayout
     AERIE_LOG(info) << "train (target): " << job.target_model << " on ranks 0-" << layout.target_ranks - 1 << " ("
                     << layout.replicas() << " replica(s) of tp " << layout.tp << "), "
                     << device_name(options.device) << " " << dtype_name(options.dtype) << ", aux layers "
-                    << aux[0] << "," << aux[1] << "," << aux[2] << "; training on ranks " << layout.target_ranks << "-"
-                    << world.size() - 1;
+                    << aux[0] << "," << aux[1] << "," << aux[2]
+                    << (options.tp_overlap && tp.size() > 1 ? ", tp all-reduces overlapped with compute" : "")
+                    << "; training on ranks " << layout.target_ranks << "-" << world.size() - 1;
   TargetForward forward = [&](const std::vector<int32_t>& ids, Tensor& a, Tensor& f) {
     TargetOutput out = model.forward(ids, nullptr, aux, false);
     a = out.aux_hidden;
     f = out.final_hidden;
   };
   TargetForwardBatch forward_batch;
-  if (options.device == Device::CUDA && job.batch_tokens > 0) {
+  if ((options.device == Device::CUDA || (options.tp_overlap && tp.size() > 1)) && job.batch_tokens > 0) {
     forward_batch = [&](const std::vector<std::vector<int32_t>>& ids, Tensor& a, Tensor& f) {
       TargetOutput out = model.forward_batch(ids, {}, aux, TargetModel::Logits::None);
       a = out.aux_hidden;

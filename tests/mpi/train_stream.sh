@@ -8,7 +8,7 @@
 #      samples' hidden states; acc_k and tau_sim equal the offline run's on its shards;
 #   C. 2 target replicas (--target-ranks 2 --tp 1) + 2 trainers: bitwise equal to A;
 #   D. one replica of tp 2 + 2 trainers: the target's sums split over 2 ranks, so equal to A within the
-#      bf16 rounding of the hidden states only: final loss within 2%;
+#      bf16 rounding of the hidden states only: final loss within 2%; the same with --tp-overlap;
 #   E. streaming killed (SIGKILL) at a random moment after its first checkpoint, rerun: bitwise equal to A;
 #   F. streaming stopped by SIGTERM (Slurm preemption): a checkpoint, the target's ranks end after the
 #      trainers' last credit, and the rerun bitwise equal to A (mpirun itself exits 1 after forwarding a
@@ -77,16 +77,24 @@ EOF2
 run c 4 $(stream_args "$work/c") --target-ranks 2 --tp 1 || fail "streaming train (2 replicas)"
 same_as_a "$work/c" "C (2 target replicas)"
 
-# D: one replica of tp 2: the final loss within 2% of A's.
-# shellcheck disable=SC2046
-run d 4 $(stream_args "$work/d") --target-ranks 2 || fail "streaming train (tp 2)"
-python3 - "$work/a/metrics.jsonl" "$work/d/metrics.jsonl" <<'EOF' || fail "D: the tp 2 run's loss is not the offline run's"
+# D: one replica of tp 2: the final loss within 2% of A's; D2 the same with the all-reduces overlapped (the
+# target then forwards a step's samples in batches of two micro-batches).
+loss_as_a() {  # RUN_DIR WHAT
+  python3 - "$work/a/metrics.jsonl" "$1/metrics.jsonl" <<'EOF' || fail "$2: the run's loss is not the offline run's"
 import json, sys
 a, d = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
 assert [x["step"] for x in a] == [x["step"] for x in d], "other steps logged"
 for x, y in zip(a, d):
     assert abs(x["loss"] - y["loss"]) <= 0.02 * abs(x["loss"]), (x["step"], x["loss"], y["loss"])
 EOF
+}
+# shellcheck disable=SC2046
+run d 4 $(stream_args "$work/d") --target-ranks 2 || fail "streaming train (tp 2)"
+loss_as_a "$work/d" "D (tp 2)"
+# shellcheck disable=SC2046
+run d2 4 $(stream_args "$work/d2") --target-ranks 2 --tp-overlap || fail "streaming train (tp 2, --tp-overlap)"
+grep -q "tp all-reduces overlapped with compute" "$work/d2.log" || fail "D2: the target did not say it overlaps"
+loss_as_a "$work/d2" "D2 (tp 2, --tp-overlap)"
 
 # E, F: stopped at a random moment after the first checkpoint, rerun with the same command.
 stream_and_stop() {  # HOW OUTPUT MAX_DELAY_MS: 0 if the stop landed before the end
