@@ -60,10 +60,8 @@ void warn_other_tokenizer(const std::string& prepared, const std::string& model_
                        << "): its ids may be other tokens to this target; prepare again with --tokenizer " << model_dir;
 }
 
-}  // namespace
-
-
-int extract(const std::vector<std::string>& args) {
+// extract's options (its --help).
+po::options_description extract_options() {
   po::options_description desc = job_options("aerie extract: target hidden states to HDF5 shards");
   desc.add_options()("model", po::value<std::string>()->required(), "target model directory (config.json, model.safetensors)")(
       "prepared", po::value<std::string>()->required(), "prepared.h5 written by aerie prepare")(
@@ -90,6 +88,13 @@ int extract(const std::vector<std::string>& args) {
   add_target_device_options(desc);
   add_tp_overlap_option(desc);
   add_lock_options(desc);
+  return desc;
+}
+
+}  // namespace
+
+int extract(const std::vector<std::string>& args) {
+  po::options_description desc = extract_options();
   po::variables_map vm;
   if (!parse_options("extract", args, desc, vm)) return 0;
   // Bad input is reported before the target loads (minutes for a large checkpoint).
