@@ -84,6 +84,23 @@ std::vector<int> ttt_gradient_ready_order(const DraftConfig& cfg) {
   return order;
 }
 
+namespace {
+// Step k's acc_k and valid-row counts into st from its rows' draft argmaxes `am` (draft ids; row t's target is
+// target_probs[t+k+1]): row t is valid iff t+k+2 <= T-1, m_{t+k+2} = 1 and argmax l_{t+k+1} is selected
+// (loss_w[t+k+1]); acc rows: t+k+2 <= T-1 and m_{t+k+2} = 1, correct when am[t] + d2t[am[t]] is the argmax.
+void count_step_metrics(const TTTSample& s, int k, const std::vector<int64_t>& am, const std::vector<int64_t>& d2t,
+                        const std::vector<float>& loss_w, TTTStats& st) {
+  const int64_t T = static_cast<int64_t>(s.ids.size()), n = static_cast<int64_t>(am.size());
+  for (int64_t t = 0; t < n; ++t) {
+    if (t + k + 2 > T - 1 || !s.loss_mask[t + k + 2]) continue;
+    const int64_t want = s.target_argmax[t + k + 1];
+    ++st.acc_rows[k];
+    if (am[t] + d2t[am[t]] == want) ++st.correct[k];
+    if (loss_w[t + k + 1] != 0.0f) ++st.valid[k];
+  }
+}
+}  // namespace
+
 TTTStats ttt_forward_backward(const DraftConfig& cfg, const DraftWeights& w, const Tensor& embed_tokens,
                               const TTTSample& s, const std::vector<int64_t>& d2t, const std::vector<uint8_t>& t2d,
                               int num_steps, const std::vector<double>& step_weight, DraftWeights* grads,
@@ -175,15 +192,7 @@ TTTStats ttt_forward_backward(const DraftConfig& cfg, const DraftWeights& w, con
     std::vector<int64_t> am;
     st.loss_sum[k] = soft_cross_entropy(a.logits, target, weight, grads ? &dlogits : nullptr,
                                         static_cast<float>(step_weight[k]), &am);
-    // Metrics. Row t: target q = target_probs[t+k+1]; valid iff t+k+2 <= T-1, m_{t+k+2} = 1 and argmax
-    // l_{t+k+1} is selected; acc rows: t+k+2 <= T-1 and m_{t+k+2} = 1.
-    for (int64_t t = 0; t < n; ++t) {
-      if (t + k + 2 > T - 1 || !s.loss_mask[t + k + 2]) continue;
-      const int64_t want = s.target_argmax[t + k + 1];
-      ++st.acc_rows[k];
-      if (am[t] + d2t[am[t]] == want) ++st.correct[k];
-      if (loss_w[t + k + 1] != 0.0f) ++st.valid[k];
-    }
+    count_step_metrics(s, k, am, d2t, loss_w, st);
     if (step_logits) (*step_logits)[k] = a.logits;
     a.logits = Tensor();  // [n, K]: dropped as soon as possible
     if (grads) {
