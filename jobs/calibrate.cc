@@ -461,7 +461,10 @@ int calibrate(const std::vector<std::string>& args) {
       "work", po::value<std::string>()->default_value(""),
       "folder for the test shards: the disk the shards will go to (default: --output's folder)");
   add_target_device_options(desc);
-  add_tp_overlap_option(desc);
+  desc.add_options()("tp-overlap", po::bool_switch(),
+                     "at --tp 2 or more: measure the forward as extract --tp-overlap runs it, each --tokens count as "
+                     "two sequences of T/2 whose all-reduces run while the other computes (recorded; the plan then "
+                     "reads it for jobs run with --tp-overlap)");
   po::variables_map vm;
   if (!parse_options("calibrate", args, desc, vm)) return 0;
   int world = 1;
@@ -550,7 +553,8 @@ int calibrate(const std::vector<std::string>& args) {
   cal.tp_overlap = dev.options.tp_overlap && tp > 1 && opt.tokens.front() >= 2;
   const bool rank0 = groups.map.world_rank == 0;
   if (rank0 && dev.options.tp_overlap && !cal.tp_overlap)
-    AERIE_LOG(warning) << "calibrate: --tp-overlap does nothing at tp 1 or with a --tokens count below 2";
+    AERIE_LOG(warning) << "calibrate: --tp-overlap does nothing at tp 1 or with a --tokens count below 2: the "
+                       << "forward is measured without it";
   if (rank0 && vm["tp"].as<int>() == 0 && tp > 1)
     AERIE_LOG(info) << "calibrate: the forward at tp " << tp << " (the world size; extract and generate default to "
                     << "--tp 1): plan the jobs at the --tp they will run, and calibrate at that tp";

@@ -69,8 +69,9 @@ po::options_description extract_options() {
       "tp", po::value<int>()->default_value(1), "tensor-parallel ranks per target replica")(
       "samples-per-shard", po::value<int64_t>()->default_value(64), "prepared samples per shard (chunk size)")(
       "batch-tokens", po::value<int64_t>()->default_value(2048),
-      "GPU (or --tp-overlap): consecutive samples share one forward up to this many tokens (a longer sample "
-      "goes alone); 0: one sample per forward")(
+      "GPU (or --tp-overlap at --tp 2 or more): consecutive samples share one forward up to this many tokens (a "
+      "longer sample goes alone; --tp-overlap splits only forwards of two or more samples); 0: one sample per "
+      "forward")(
       "aux-layers", po::value<std::string>()->default_value(""),
       "3 ascending layer ids k, 'input of decoder layer k' (vLLM's convention); default 2,N/2,N-3")(
       "skip-nonfinite", po::bool_switch(),
@@ -173,7 +174,8 @@ int extract(const std::vector<std::string>& args) {
                     << opt.meta.aux_layers[1] << "," << opt.meta.aux_layers[2] << ", on " << device_name(mopt.device)
                     << " in " << aerie::dtype_name(mopt.dtype) << (mopt.fp8_gemm ? " with W8A8 block-FP8 GEMMs" : "")
                     << (random_seed >= 0 ? ", random weights" : "")
-                    << (mopt.tp_overlap ? ", tp all-reduces overlapped with compute (two micro-batches)" : "");
+                    << (mopt.tp_overlap && model_tp.size() > 1 && batch_tokens > 0
+                            ? ", tp all-reduces overlapped with compute (two micro-batches)" : "");
     if (mopt.tp_overlap && (model_tp.size() < 2 || batch_tokens == 0))
       AERIE_LOG(warning) << "extract: --tp-overlap does nothing "
                          << (model_tp.size() < 2 ? "at tp 1 (no all-reduce)" : "with --batch-tokens 0 (one sample per forward)");

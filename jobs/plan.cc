@@ -205,7 +205,10 @@ void print_suggestions(const MemoryPlan& p, const PlanOptions& opt, const nlohma
     }
   }
   if (!suggested)
-    std::cout << (length_blocked ? "no suggestion: --max-length must stay within max_position_embeddings"
+    std::cout << (p.reserve >= p.gpu_memory
+                      ? "nothing fits: --reserve " + bytes_str(p.reserve) + " (CUDA, NCCL and cuBLAS's own memory) alone is "
+                            "the GPU's " + bytes_str(p.gpu_memory) + " or more"
+                  : length_blocked ? "no suggestion: --max-length must stay within max_position_embeddings"
                   : !p.blockers.empty()
                       ? "no tp from 1 to 64 runs this target within " + bytes_str(p.gpu_memory)
                       : "nothing up to tp 64 (or " +

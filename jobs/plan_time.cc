@@ -36,7 +36,7 @@ std::string hours(double s) {
 
 // A note for each length the plan reads past the calibration's largest point (along the last segment's power law,
 // which a small calibration's launch-bound points can make far too flat): the longest sample against the draft
-// step's and (on the CPU, one forward per sample) the forward's curve, and generate's prompt + new tokens.
+// step's and (on the CPU without --tp-overlap, one forward per sample) the forward's curve, and generate's prompt + new tokens.
 void print_extrapolation_notes(const Calibration& c, const Workload& w) {
   const double longest =
       w.lengths.empty() ? w.mean_tokens : static_cast<double>(*std::max_element(w.lengths.begin(), w.lengths.end()));
@@ -245,7 +245,8 @@ TimePlan read_time_plan(const po::variables_map& vm, const Calibration& calibrat
   AERIE_USAGE_CHECK(plan.gpu_hour_cost >= 0 && std::isfinite(plan.gpu_hour_cost),
                     "aerie plan: --gpu-hour-cost " << plan.gpu_hour_cost << " is not a price");
   w.tp = tp;
-  w.batch_tokens = c.device == "cpu" ? 0 : batch_tokens;  // the CPU backend runs one sample per forward
+  // The CPU backend runs one sample per forward, unless --tp-overlap (its micro-batches are a forward's samples).
+  w.batch_tokens = c.device == "cpu" && !(c.tp_overlap && c.tp > 1) ? 0 : batch_tokens;
   plan.storage = vm["storage"].as<std::string>();
   AERIE_USAGE_CHECK(plan.storage == "bf16" || plan.storage == "fp8",
                     "aerie plan: --storage '" << plan.storage << "' is not bf16 or fp8");

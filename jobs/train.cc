@@ -200,8 +200,8 @@ void add_input_options(po::options_description& desc, TrainArgs& a) {
       "3 ascending layer ids k, 'input of decoder layer k', as extract's; streaming: the ones the target computes "
       "(default 2,N/2,N-3); offline: the shards must hold these (default: any)")(
       "batch-tokens", po::value<int64_t>(&batch_tokens)->default_value(2048),
-      "streaming, target on a GPU: consecutive samples of a step share one forward up to this many tokens "
-      "(0: one sample per forward)")(
+      "streaming, target on a GPU (or --tp-overlap at --tp 2 or more): consecutive samples of a step share one "
+      "forward up to this many tokens (0: one sample per forward)")(
       "target-dtype", po::value<std::string>(&target_dtype)->default_value("auto"),
       "streaming: the target's compute dtype: auto (bf16 on cuda, f32 on cpu), f32 or bf16")(
       "expert-parallel", po::bool_switch(),

@@ -59,8 +59,12 @@ StreamTargetStats serve_stream_target(MpiCommunicator& world, const StreamLayout
                     << layout.replicas() << " replica(s) of tp " << layout.tp << "), "
                     << device_name(options.device) << " " << dtype_name(options.dtype) << ", aux layers "
                     << aux[0] << "," << aux[1] << "," << aux[2]
-                    << (options.tp_overlap && tp.size() > 1 ? ", tp all-reduces overlapped with compute" : "")
+                    << (options.tp_overlap && tp.size() > 1 && job.batch_tokens > 0
+                            ? ", tp all-reduces overlapped with compute" : "")
                     << "; training on ranks " << layout.target_ranks << "-" << world.size() - 1;
+  if (world.rank() == 0 && options.tp_overlap && (tp.size() < 2 || job.batch_tokens == 0))
+    AERIE_LOG(warning) << "train: --tp-overlap does nothing "
+                       << (tp.size() < 2 ? "at tp 1 (no all-reduce)" : "with --batch-tokens 0 (one sample per forward)");
   TargetForward forward = [&](const std::vector<int32_t>& ids, Tensor& a, Tensor& f) {
     TargetOutput out = model.forward(ids, nullptr, aux, false);
     a = out.aux_hidden;

@@ -162,6 +162,8 @@ Calibration calibration_from_json(const nlohmann::json& j, const std::string& pa
     AERIE_THROW(path << ": " << e.what());
   }
   read_optional_fields(j, path, c);
+  AERIE_CHECK(!c.tp_overlap || c.tp >= 2, path << ": forward.tp_overlap is true at tp " << c.tp
+                                                << " (calibrate records it at tp 2 or more only)");
   AERIE_CHECK(!c.device.empty(), path << ": device is empty (\"cpu\", or the GPU's name as calibrate records it)");
   AERIE_CHECK(c.tp >= 1 && c.world >= c.tp && c.hidden_size > 0 && !c.layers.empty(),
               path << ": tp " << c.tp << ", world " << c.world << ", hidden_size " << c.hidden_size << ", "

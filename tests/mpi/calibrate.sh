@@ -76,9 +76,13 @@ grep -q "layer kinds; --tp-overlap: two micro-batches of T/2" "$out/overlap.log"
 plan --tp 2 --calibration "$out/overlap.json" --samples 100 --mean-tokens 40 > "$out/overlap_plan.log" 2>&1 ||
   { cat "$out/overlap_plan.log"; fail "plan of the overlap calibration"; }
 grep -q "cpu, tp 2 with --tp-overlap;" "$out/overlap_plan.log" || { cat "$out/overlap_plan.log"; fail "plan: the overlap not named"; }
+# On the CPU extract --tp-overlap batches samples up to --batch-tokens (2048) as a GPU does: the plan reads those forwards.
+grep -q "(extract's forwards reach 2048 tokens" "$out/overlap_plan.log" || { cat "$out/overlap_plan.log"; fail "plan: CPU overlap forwards"; }
 # A layout that does not fit gets no time plan (a new user read one as the plan of a run that cannot start).
 mpirun -np 2 "$aerie" plan --model "$src/tests/model/fixtures/hf/qwen3_moe" --gpu-memory 1GiB --reserve 2GiB --tp 1 \
   --calibration "$out/qwen3_moe.json" --samples 100 --mean-tokens 40 > "$out/nofit.log" 2>&1 && fail "1 GiB less a 2 GiB reserve fits"
+grep -q "nothing fits: --reserve 2.00 GiB (CUDA, NCCL and cuBLAS's own memory) alone is the GPU's 1.00 GiB or more" \
+  "$out/nofit.log" || { cat "$out/nofit.log"; fail "plan: the reserve past the GPU's memory not named"; }
 grep -q "time and disk: not planned, as this layout does not fit (above)" "$out/nofit.log" &&
   ! grep -q "^  extract " "$out/nofit.log" || { cat "$out/nofit.log"; fail "plan: a time plan for a layout that does not fit"; }
 err() { grep -q -e "$1" "$out/err.log" || { cat "$out/err.log"; fail "$2"; }; }

@@ -244,12 +244,15 @@ TEST(TimePlan, StreamingTrain) {
   EXPECT_NE(testing::error_of([&] { calibration_from_json(j, "c.json"); }).find("stream.bytes_per_s"), std::string::npos);
 }
 
-// forward.tp_overlap (calibrate --tp-overlap) round-trips; an older file without it reads as false; another type
-// is refused naming the field.
+// forward.tp_overlap (calibrate --tp-overlap) round-trips; an older file without it reads as false; another type,
+// or true at tp 1, is refused naming the field.
 TEST(TimePlan, CalibrationRecordsTheTpOverlap) {
   Calibration c = example();
   EXPECT_FALSE(calibration_from_json(to_json(c), "c.json").tp_overlap);
   c.tp_overlap = true;
+  EXPECT_NE(testing::error_of([&] { calibration_from_json(to_json(c), "c.json"); }).find("forward.tp_overlap is true at tp 1"),
+            std::string::npos);
+  c.tp = 2;
   nlohmann::json j = to_json(c);
   EXPECT_TRUE(calibration_from_json(j, "c.json").tp_overlap);
   j["forward"].erase("tp_overlap");
