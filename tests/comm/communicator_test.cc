@@ -19,6 +19,35 @@ TEST(Communicator, AllReduceSumIsExact) {
   EXPECT_EQ(b.to_float_vector()[0], float(n));
 }
 
+// Started sums (the tp overlap's two micro-batches): two in flight at once, completed by wait() in the order
+// started, each the sum all_reduce_sum gives; I64 through MPI_Iallreduce, BF16 through the blocking path; a
+// handle dropped without wait() completes its sum; SelfCommunicator's default leaves the tensor as it is.
+TEST(Communicator, StartedSumsEqualBlockingOnes) {
+  auto world = MpiCommunicator::world();
+  const int n = world->size(), r = world->rank();
+  Tensor a = Tensor::from_vector<float>({float(r), float(r + 1), 2.0f}, {3});
+  Tensor b = Tensor::from_vector<int64_t>({int64_t{r} << 40, 7}, {2});
+  Tensor c = Tensor::from_vector<float>({1.0f}, {1}).to(DType::BF16);
+  auto pa = world->start_all_reduce_sum(a);
+  auto pb = world->start_all_reduce_sum(b);
+  auto pc = world->start_all_reduce_sum(c);
+  pa->wait();
+  pb->wait();
+  pc->wait();
+  const float s = n * (n - 1) / 2.0f;
+  EXPECT_EQ(a.to_float_vector(), (std::vector<float>{s, s + n, 2.0f * n}));
+  EXPECT_EQ(b.data<int64_t>()[0], (int64_t{n} * (n - 1) / 2) << 40);
+  EXPECT_EQ(b.data<int64_t>()[1], 7 * n);
+  EXPECT_EQ(c.to_float_vector()[0], float(n));
+  Tensor d = Tensor::from_vector<float>({1.0f}, {1});
+  world->start_all_reduce_sum(d).reset();  // not waited for: the handle's destruction completes it
+  EXPECT_EQ(d.to_float_vector()[0], float(n));
+  SelfCommunicator self;
+  Tensor e = Tensor::from_vector<float>({3.0f}, {1});
+  self.start_all_reduce_sum(e)->wait();
+  EXPECT_EQ(e.to_float_vector()[0], 3.0f);
+}
+
 TEST(Communicator, AllGatherConcatenatesInRankOrder) {
   auto world = MpiCommunicator::world();
   int n = world->size(), r = world->rank();

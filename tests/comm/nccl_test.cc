@@ -164,6 +164,37 @@ TEST_F(NcclCommunicatorTest, AsyncAllReduceRunsAfterTheProducerOnAnotherStream) 
   cuda::destroy_stream(side);
 }
 
+TEST_F(NcclCommunicatorTest, StartedSumsRunBesideTheCurrentStreamAndWaitOrdersThem) {
+  // The tp overlap's pattern: micro-batch A's output produced on the current stream (a queued copy) and its
+  // sum started, then B's; unrelated work queued on the current stream in between; after each wait() the
+  // current stream's next work (a copy of the sum) must see the sum.
+  const int64_t len = int64_t{1} << 22;  // 16 MiB of F32: a copy long enough to lose a race
+  auto produced = [&](float x) {
+    Tensor t = Tensor::zeros({len}, DType::F32, Device::CUDA);
+    t.copy_from(on_gpu(std::vector<float>(static_cast<size_t>(len), x)));  // device to device: queued
+    return t;
+  };
+  Tensor a = produced(float(r_));
+  auto pa = comm_->start_all_reduce_sum(a);
+  Tensor b = produced(float(r_ + 1));
+  auto pb = comm_->start_all_reduce_sum(b);
+  Tensor busy = produced(5.0f);  // the other micro-batch's compute, queued while the sums run
+  pa->wait();
+  Tensor ca = Tensor::zeros({len}, DType::F32, Device::CUDA);
+  ca.copy_from(a);
+  pb->wait();
+  Tensor cb = Tensor::zeros({len}, DType::F32, Device::CUDA);
+  cb.copy_from(b);
+  const float sa = float(n_ * (n_ - 1) / 2), sb = sa + float(n_);
+  for (auto [t, want] : {std::pair<Tensor*, float>{&ca, sa}, {&cb, sb}}) {
+    const auto h = host_values<float>(*t);
+    int bad = 0;
+    for (float x : h) bad += x != want;
+    EXPECT_EQ(bad, 0) << "want " << want << ", e.g. got " << h.front() << " / " << h.back();
+  }
+  EXPECT_EQ(host_values<float>(busy).front(), 5.0f);
+}
+
 TEST_F(NcclCommunicatorTest, BarrierAndErrors) {
   comm_->barrier();
   Tensor host = Tensor::zeros({2}, DType::F32);
