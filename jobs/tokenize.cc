@@ -34,12 +34,13 @@ int tokenize(const std::vector<std::string>& args) {
     enc.offsets.insert(enc.offsets.begin(), {0, 0});
   }
   std::string line;
-  for (size_t k = 0; k < enc.ids.size(); ++k) line += (k ? " " : "") + std::to_string(enc.ids[k]);
+  for (size_t k = 0; k < enc.ids.size(); ++k) line.append(k ? " " : "").append(std::to_string(enc.ids[k]));
   std::cout << line << "\n";
   if (vm["offsets"].as<bool>()) {
     line.clear();
     for (size_t k = 0; k < enc.offsets.size(); ++k)
-      line += (k ? " " : "") + std::to_string(enc.offsets[k].first) + ":" + std::to_string(enc.offsets[k].second);
+      line.append(k ? " " : "").append(std::to_string(enc.offsets[k].first)).append(":").append(
+          std::to_string(enc.offsets[k].second));
     std::cout << line << "\n";
   }
   std::cout.flush();

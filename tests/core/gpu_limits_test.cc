@@ -71,8 +71,8 @@ TEST(GpuLimits, UnknownFamilyNamesTheSetting) {
 TEST(GpuLimitsCuda, TheKernelsPlanForTheDeviceOrItsEmulation) {
   AERIE_REQUIRE_CUDA();
   const GpuLimits l = gpu_limits();
-  std::printf("[ gpu limits ] %s: sm_%d%d, %d bytes of shared memory per block, wgmma %s, emulated '%s'\n",
-              current_device_name().c_str(), l.major, l.minor, l.smem_per_block, l.wgmma ? "yes" : "no",
+  std::printf("[ gpu limits ] %s: sm_%d%d, %ld bytes of shared memory per block, wgmma %s, emulated '%s'\n",
+              current_device_name().c_str(), l.major, l.minor, static_cast<long>(l.smem_per_block), l.wgmma ? "yes" : "no",
               l.emulated.c_str());
   const auto want = emulated_gpu_limits(std::getenv("AERIE_CUDA_EMULATE"));
   if (!want) {
@@ -82,7 +82,9 @@ TEST(GpuLimitsCuda, TheKernelsPlanForTheDeviceOrItsEmulation) {
   }
   EXPECT_EQ(l.emulated, want->emulated);
   EXPECT_LE(l.smem_per_block, want->smem_per_block);
-  if (!want->wgmma) EXPECT_FALSE(l.wgmma);
+  if (!want->wgmma) {
+    EXPECT_FALSE(l.wgmma);
+  }
 }
 
 }  // namespace

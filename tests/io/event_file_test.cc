@@ -40,7 +40,7 @@ TEST(EventFile, WritesScalarsThatReadBack) {
   EXPECT_EQ(fs::path(path).parent_path().string(), dir);
   EXPECT_EQ(name.rfind("events.out.tfevents.", 0), 0u) << name;
   EXPECT_EQ(name.size(), std::string("events.out.tfevents.").size() + 10 + 1 + std::string(host).size()) << name;
-  EXPECT_TRUE(name.ends_with("." + std::string(host))) << name;
+  EXPECT_TRUE(name.ends_with(std::string(".").append(host))) << name;
 
   // Framing and CRCs: every record whole and checked.
   const TFRecords raw = read_tfrecords(path);

@@ -261,10 +261,11 @@ TEST(H5Test, ParallelFailureAgreed) {
     ADD_FAILURE() << "rank " << rank << ": the write of rows outside the dataset did not throw";
   } catch (const CollectiveError& e) {
     EXPECT_NE(std::string(e.what()).find(outside), std::string::npos) << e.what();
-    if (size > 1)
+    if (size > 1) {
       EXPECT_NE(std::string(e.what()).find("(on rank " + std::to_string(size - 1) + " of " + std::to_string(size) + ")"),
                 std::string::npos)
           << e.what();
+    }
   }
   h5::Dataset w = file.create_dataset("whole", DType::F32, {3});
   try {
@@ -278,8 +279,9 @@ TEST(H5Test, ParallelFailureAgreed) {
   d = h5::Dataset();
   file.close();  // collective: every rank is here
   MPI_Barrier(MPI_COMM_WORLD);
-  if (rank == 0)
+  if (rank == 0) {
     EXPECT_EQ(h5::File::open(path).open_dataset("whole").read_vector<float>(), (std::vector<float>{1.f, 2.f, 3.f}));
+  }
   MPI_Barrier(MPI_COMM_WORLD);
 }
 

@@ -91,9 +91,13 @@ TEST(Fp8Quantize, RowsFollowTheDefinition) {
           scale_of[r * k + j] = want;
           const uint8_t c = static_cast<const uint8_t*>(q.raw())[r * k + j];
           if (amax > 0 && std::fabs(xv[r * k + j]) == amax) has_max |= (c & 0x7F) == 0x7E;
-          if (amax == 0) EXPECT_EQ(c & 0x7F, 0);
+          if (amax == 0) {
+            EXPECT_EQ(c & 0x7F, 0);
+          }
         }
-        if (amax > 0) EXPECT_TRUE(has_max) << "row " << r << " block " << b << ": the largest value is not +-448";
+        if (amax > 0) {
+          EXPECT_TRUE(has_max) << "row " << r << " block " << b << ": the largest value is not +-448";
+        }
       }
     expect_quantized_within_half_ulp(xv, dequant_rows(q, s), scale_of, std::string("rows ") + dtype_name(dt));
   }

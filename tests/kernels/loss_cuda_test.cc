@@ -162,7 +162,9 @@ TEST(LossCuda, ArgmaxRowsMatchesCpuWithTies) {
         const Tensor xd = in_dtype(x, dt);
         const auto want = argmax_rows(xd);
         EXPECT_EQ(argmax_rows(gpu(xd)), want);
-        if (n > 1) EXPECT_EQ(want[1], 0);
+        if (n > 1) {
+          EXPECT_EQ(want[1], 0);
+        }
       }
 }
 

@@ -32,8 +32,12 @@ void expect_ramp(const RopeParams& p, int low, int high, const std::string& what
     const double ramp = std::clamp((i - double(low)) / (double(high) - double(low)), 0.0, 1.0);
     const double want = interp * ramp + extra * (1.0 - ramp);
     EXPECT_NEAR(inv[i], want, 2e-6 * want) << what << " pair " << i;
-    if (i <= low) EXPECT_NEAR(inv[i], extra, 2e-6 * extra) << what << " pair " << i << " keeps the base frequency";
-    if (i >= high) EXPECT_NEAR(inv[i], interp, 2e-6 * interp) << what << " pair " << i << " is divided by the factor";
+    if (i <= low) {
+      EXPECT_NEAR(inv[i], extra, 2e-6 * extra) << what << " pair " << i << " keeps the base frequency";
+    }
+    if (i >= high) {
+      EXPECT_NEAR(inv[i], interp, 2e-6 * interp) << what << " pair " << i << " is divided by the factor";
+    }
   }
 }
 

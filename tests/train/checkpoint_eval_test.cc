@@ -27,7 +27,7 @@ CheckpointEvalTable table_of(const std::vector<std::pair<int64_t, double>>& rows
     CheckpointEvalRow r;
     r.step = step;
     r.checkpoint = checkpoint_dir(t.run_dir, step);
-    r.fingerprint = "f" + std::to_string(step);
+    r.fingerprint = std::string("f").append(std::to_string(step));
     r.figures = {{"acceptance_length", a}, {"tau_sim", a - 0.5}, {"lossless", true}};
     t.put(r);
   }

@@ -280,7 +280,7 @@ TEST(ExportTest, SlidingWindowIsExportedAsVllmReadsIt) {
   EXPECT_EQ(j["sliding_window"], 2048);
   EXPECT_EQ(j["num_hidden_layers"], 1) << "layer_types lists num_hidden_layers kinds";
   EXPECT_EQ(load_export(dir + "/e").config.sliding_window, 2048);
-  write_speculators_export(dir + "/spec", s.cfg, s.w, s.vocab, s.target, SpeculatorsOptions{"org/target", 3});
+  write_speculators_export(dir + "/spec", s.cfg, s.w, s.vocab, s.target, SpeculatorsOptions{"org/target", 3, {}});
   const nlohmann::json sj = nlohmann::json::parse(read_file(dir + "/spec/config.json"));
   EXPECT_EQ(sj["transformer_layer_config"]["layer_types"], nlohmann::json({"sliding_attention"}));
   EXPECT_EQ(sj["transformer_layer_config"]["sliding_window"], 2048);
