@@ -163,7 +163,8 @@ void measure_forward(const TargetConfig& cfg, ParallelGroups& groups, TargetDevi
     for (const int64_t T : opt.tokens) {
       const std::vector<int32_t> ids = random_ids(T, cfg.vocab_size, static_cast<uint32_t>(T));
       // With --tp-overlap the forward is two sequences of T/2 (its two micro-batches), as extract packs samples.
-      const std::vector<std::vector<int32_t>> halves = {{ids.begin(), ids.begin() + T / 2}, {ids.begin() + T / 2, ids.end()}};
+      std::vector<std::vector<int32_t>> halves;
+      if (cal.tp_overlap) halves = {{ids.begin(), ids.begin() + T / 2}, {ids.begin() + T / 2, ids.end()}};
       t[s].push_back(timed(*groups.tp, dev.options.device, opt.iters, opt.min_seconds, [&] {
         if (cal.tp_overlap)
           model.forward_batch(halves, {}, aux, TargetModel::Logits::None);

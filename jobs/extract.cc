@@ -167,6 +167,7 @@ int extract(const std::vector<std::string>& args) {
                          ? TargetModel::random(load_target_config(model_dir), model_tp, mopt, static_cast<uint64_t>(random_seed))
                          : TargetModel(model_dir, model_tp, mopt);
   const TargetConfig& cfg = model.config();
+  const bool overlap = mopt.tp_overlap && tp_overlap_unused(model_tp.size(), batch_tokens).empty();
 
   if (groups.map.world_rank == 0) {
     AERIE_LOG(info) << "extract: target " << model_dir << " (" << cfg.num_hidden_layers << " layers, hidden "
@@ -174,11 +175,9 @@ int extract(const std::vector<std::string>& args) {
                     << opt.meta.aux_layers[1] << "," << opt.meta.aux_layers[2] << ", on " << device_name(mopt.device)
                     << " in " << aerie::dtype_name(mopt.dtype) << (mopt.fp8_gemm ? " with W8A8 block-FP8 GEMMs" : "")
                     << (random_seed >= 0 ? ", random weights" : "")
-                    << (mopt.tp_overlap && model_tp.size() > 1 && batch_tokens > 0
-                            ? ", tp all-reduces overlapped with compute (two micro-batches)" : "");
-    if (mopt.tp_overlap && (model_tp.size() < 2 || batch_tokens == 0))
-      AERIE_LOG(warning) << "extract: --tp-overlap does nothing "
-                         << (model_tp.size() < 2 ? "at tp 1 (no all-reduce)" : "with --batch-tokens 0 (one sample per forward)");
+                    << (overlap ? ", tp all-reduces overlapped with compute (two micro-batches)" : "");
+    if (mopt.tp_overlap && !overlap)
+      AERIE_LOG(warning) << "extract: --tp-overlap does nothing " << tp_overlap_unused(model_tp.size(), batch_tokens);
   }
 
   const std::vector<int> aux_layers = opt.meta.aux_layers;
@@ -200,7 +199,7 @@ int extract(const std::vector<std::string>& args) {
   };
   // On a GPU consecutive samples share a forward (up to opt.batch_tokens rows): larger GEMMs; with --tp-overlap
   // on the CPU too (its two micro-batches are sequences of one forward).
-  if ((mopt.device == Device::CUDA || (mopt.tp_overlap && model_tp.size() > 1)) && opt.batch_tokens > 0) {
+  if ((mopt.device == Device::CUDA || overlap) && opt.batch_tokens > 0) {
     opt.forward_batch = [&](const std::vector<std::vector<int32_t>>& ids, Tensor& aux, Tensor& fin) {
       TargetOutput out = model.forward_batch(ids, {}, aux_layers, TargetModel::Logits::None);
       aux = out.aux_hidden;

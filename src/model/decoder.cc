@@ -160,6 +160,10 @@ ForwardBatch make_batch(const std::vector<DecoderLayer>& layers, Device device, 
 
 }  // namespace
 
+std::string tp_overlap_unused(int tp_size, int64_t batch_tokens) {
+  return tp_size < 2 ? "at tp 1 (no all-reduce)" : batch_tokens == 0 ? "with --batch-tokens 0 (one sample per forward)" : "";
+}
+
 int64_t overlap_split(const std::vector<std::vector<int32_t>>& ids, const std::vector<KVCache*>& caches, bool tree,
                       int tp) {
   const int64_t B = static_cast<int64_t>(ids.size());

@@ -82,6 +82,11 @@ struct TargetModelOptions {
   bool tp_overlap = false;
 };
 
+/// Why TargetModelOptions::tp_overlap can split no forward of a job that runs the target at tp `tp_size` with
+/// forwards of up to `batch_tokens` tokens of samples (0: one sample per forward): "at tp 1 (no all-reduce)", "with
+/// --batch-tokens 0 (one sample per forward)", or "" when it can. For the jobs' log lines and warnings.
+std::string tp_overlap_unused(int tp_size, int64_t batch_tokens);
+
 class TargetModel {
  public:
   /// Loads <dir>/config.json and <dir>/model.safetensors or the shards of model.safetensors.index.json

@@ -54,24 +54,23 @@ StreamTargetStats serve_stream_target(MpiCommunicator& world, const StreamLayout
                                       TargetModel& model, const TargetModelOptions& options,
                                       const TargetConfig& tcfg, const StreamTargetJob& job) {
   const std::vector<int>& aux = job.aux_layers;
+  const bool overlap = options.tp_overlap && tp_overlap_unused(tp.size(), job.batch_tokens).empty();
   if (world.rank() == 0)
     AERIE_LOG(info) << "train (target): " << job.target_model << " on ranks 0-" << layout.target_ranks - 1 << " ("
                     << layout.replicas() << " replica(s) of tp " << layout.tp << "), "
                     << device_name(options.device) << " " << dtype_name(options.dtype) << ", aux layers "
                     << aux[0] << "," << aux[1] << "," << aux[2]
-                    << (options.tp_overlap && tp.size() > 1 && job.batch_tokens > 0
-                            ? ", tp all-reduces overlapped with compute" : "")
-                    << "; training on ranks " << layout.target_ranks << "-" << world.size() - 1;
-  if (world.rank() == 0 && options.tp_overlap && (tp.size() < 2 || job.batch_tokens == 0))
-    AERIE_LOG(warning) << "train: --tp-overlap does nothing "
-                       << (tp.size() < 2 ? "at tp 1 (no all-reduce)" : "with --batch-tokens 0 (one sample per forward)");
+                    << (overlap ? ", tp all-reduces overlapped with compute" : "") << "; training on ranks "
+                    << layout.target_ranks << "-" << world.size() - 1;
+  if (world.rank() == 0 && options.tp_overlap && !overlap)
+    AERIE_LOG(warning) << "train: --tp-overlap does nothing " << tp_overlap_unused(tp.size(), job.batch_tokens);
   TargetForward forward = [&](const std::vector<int32_t>& ids, Tensor& a, Tensor& f) {
     TargetOutput out = model.forward(ids, nullptr, aux, false);
     a = out.aux_hidden;
     f = out.final_hidden;
   };
   TargetForwardBatch forward_batch;
-  if ((options.device == Device::CUDA || (options.tp_overlap && tp.size() > 1)) && job.batch_tokens > 0) {
+  if ((options.device == Device::CUDA || overlap) && job.batch_tokens > 0) {
     forward_batch = [&](const std::vector<std::vector<int32_t>>& ids, Tensor& a, Tensor& f) {
       TargetOutput out = model.forward_batch(ids, {}, aux, TargetModel::Logits::None);
       a = out.aux_hidden;

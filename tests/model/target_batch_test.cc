@@ -157,6 +157,13 @@ TEST(TargetBatch, OverlapSplitsAtTheMiddleBoundary) {
   EXPECT_EQ(overlap_split(ids, {}, true, 2), 0);
 }
 
+// Why the overlap can split nothing: tp 1 first, then one sample per forward.
+TEST(TargetBatch, OverlapUnusedSaysWhy) {
+  EXPECT_EQ(tp_overlap_unused(1, 2048), "at tp 1 (no all-reduce)");
+  EXPECT_EQ(tp_overlap_unused(2, 0), "with --batch-tokens 0 (one sample per forward)");
+  EXPECT_EQ(tp_overlap_unused(2, 2048), "");
+}
+
 TEST(TargetBatch, RejectsMisuse) {
   auto self = self_comm();
   TargetModel m(hf_fixture("llama3_tied"), *self);
