@@ -51,7 +51,7 @@ Tensor ForwardContext::buffer(const std::string& name, const Shape& shape, DType
 }
 
 Tensor ForwardContext::scratch(const std::string& name, int64_t numel, DType dt) {
-  Tensor& t = buffers_["scratch:" + name];
+  Tensor& t = (*scratch_)[name];
   if (!t.defined() || t.dtype() != dt || t.numel() < numel) t = Tensor::empty({numel}, dt, device);
   return t.slice(0, numel);
 }

@@ -47,8 +47,13 @@ struct ForwardBatch {
 /// of one target have one shape).
 class ForwardContext {
  public:
-  ForwardContext(Device device, DType dtype, Communicator& tp, OpProfile& prof, const ForwardBatch& batch)
-      : device(device), dtype(dtype), tp(tp), prof(prof), batch(batch) {}
+  /// The scratch pool is the context's own, or `shared_scratch` when given: the micro-batches of one
+  /// forward (TargetModel's --tp-overlap) share one, so a dequantized weight is held once, not per
+  /// micro-batch (a scratch lives within one call on the compute stream; the memory plan counts one).
+  ForwardContext(Device device, DType dtype, Communicator& tp, OpProfile& prof, const ForwardBatch& batch,
+                 std::map<std::string, Tensor>* shared_scratch = nullptr)
+      : device(device), dtype(dtype), tp(tp), prof(prof), batch(batch),
+        scratch_(shared_scratch ? shared_scratch : &own_scratch_) {}
   const Device device;
   const DType dtype;  // compute dtype: GEMM inputs, KV cache, captured outputs
   Communicator& tp;
@@ -84,6 +89,8 @@ class ForwardContext {
   std::unique_ptr<PendingCollective> pending_;
   Tensor pending_y_, pending_bias_;
   std::map<std::string, Tensor> buffers_;
+  std::map<std::string, Tensor> own_scratch_;
+  std::map<std::string, Tensor>* scratch_;  // own_scratch_ or the forward's shared pool
   Tensor ones_;  // [n, 1] of 1 in the compute dtype, made at the first bias
 };
 

@@ -213,9 +213,10 @@ TargetOutput TargetModel::run(const std::vector<std::vector<int32_t>>& ids, cons
   for (const auto& s : ids) all_ids.insert(all_ids.end(), s.begin(), s.end());
   Tensor ids_t = Tensor::from_vector(all_ids, {n});
   if (dev != Device::CPU) ids_t = ids_t.to_device(dev);
+  std::map<std::string, Tensor> scratch;  // the micro-batches' one pool of dequantized weights
   std::vector<std::unique_ptr<ForwardContext>> ctx;
   for (size_t g = 0; g < G; ++g) {
-    ctx.push_back(std::make_unique<ForwardContext>(dev, ct, *m.tp, prof, batches[g]));
+    ctx.push_back(std::make_unique<ForwardContext>(dev, ct, *m.tp, prof, batches[g], &scratch));
     ctx.back()->defer_reduction = G > 1;
   }
 
