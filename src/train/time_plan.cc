@@ -38,17 +38,50 @@ TimeCurve curve_from(const nlohmann::json& j, const std::string& path, const std
   return c;
 }
 
+// What a field of type T must be, as an error says it; whether `v` is one.
+template <typename T>
+bool is_a(const nlohmann::json& v, const char** what) {
+  if constexpr (std::is_same_v<T, bool>) {
+    *what = "true or false";
+    return v.is_boolean();
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    *what = "a string";
+    return v.is_string();
+  } else if constexpr (std::is_integral_v<T>) {
+    *what = "an integer";
+    return v.is_number_integer();
+  } else {
+    *what = "a number";
+    return v.is_number();
+  }
+}
+
+// The field at the dotted `name` of `j` ("train.ttt_steps"), named in the error when it is missing.
+const nlohmann::json& field(const nlohmann::json& j, const std::string& name, const std::string& path) {
+  const nlohmann::json* cur = &j;
+  for (size_t b = 0, e; b <= name.size(); b = e + 1) {
+    e = std::min(name.find('.', b), name.size());
+    const std::string key = name.substr(b, e - b);
+    AERIE_CHECK(cur->is_object() && cur->contains(key), path << ": " << name << " is missing");
+    cur = &(*cur)[key];
+  }
+  return *cur;
+}
+
+// The `T` at the dotted `name` of `j`, named in the error when it is missing or not a `T`.
+template <typename T>
+T required(const nlohmann::json& j, const std::string& name, const std::string& path) {
+  const nlohmann::json& v = field(j, name, path);
+  const char* what = nullptr;
+  AERIE_CHECK(is_a<T>(v, &what), path << ": " << name << " must be " << what << ", got " << v.dump());
+  return v.get<T>();
+}
+
 // `j`[a][b] (absent: `absent`), named `a.b` in the error when it is not a `T`.
 template <typename T>
 T optional_field(const nlohmann::json& j, const char* a, const char* b, T absent, const std::string& path) {
   if (!j.contains(a) || !j[a].is_object() || !j[a].contains(b)) return absent;
-  const nlohmann::json& v = j[a][b];
-  constexpr bool is_bool = std::is_same_v<T, bool>;
-  const bool ok = is_bool ? v.is_boolean() : std::is_integral_v<T> ? v.is_number_integer() : v.is_number();
-  AERIE_CHECK(ok, path << ": " << a << "." << b << " must be "
-                       << (is_bool ? "true or false" : std::is_integral_v<T> ? "an integer" : "a number") << ", got "
-                       << v.dump());
-  return v.get<T>();
+  return required<T>(j, std::string(a) + "." + b, path);
 }
 
 // The fields version 1 gained later (an older aerie's file reads without them), each checked by name.
@@ -135,32 +168,30 @@ Calibration calibration_from_json(const nlohmann::json& j, const std::string& pa
               path << ": calibration version " << j.value("version", nlohmann::json()).dump() << ", this aerie reads "
                    << kVersion);
   Calibration c;
-  try {
-    c.device = j.at("device").get<std::string>();
-    c.model = j.at("model").get<std::string>();
-    c.world = j.at("world").get<int>();
-    c.tp = j.at("tp").get<int>();
-    c.hidden_size = j.at("hidden_size").get<int64_t>();
-    const auto& fwd = j.at("forward");
-    c.base = curve_from(fwd.at("base"), path, "forward.base");
-    for (const auto& l : fwd.at("layers")) {
-      LayerKindTimes k;
-      k.kind = l.at("kind").get<std::string>();
-      k.count = l.at("count").get<int64_t>();
-      k.curve = curve_from(l.at("per_layer"), path, "forward.layers[" + k.kind + "]");
-      c.layers.push_back(std::move(k));
-    }
-    c.ttt_steps = j.at("train").at("ttt_steps").get<int>();
-    c.train_sample = curve_from(j.at("train").at("per_sample"), path, "train.per_sample");
-    if (j.at("train").contains("per_sample_alone"))  // optional in v1: a calibration of more than one rank
-      c.train_sample_alone = curve_from(j.at("train").at("per_sample_alone"), path, "train.per_sample_alone");
-    c.disk_write_bytes_per_s = j.at("disk").at("write_bytes_per_s").get<double>();
-    c.disk_test_bytes = j.at("disk").at("test_bytes").get<int64_t>();
-    c.writer_sample = curve_from(j.at("disk").at("writer_per_sample"), path, "disk.writer_per_sample");
-    c.allreduce_bus_bytes_per_s = j.at("allreduce").at("bus_bytes_per_s").get<double>();
-  } catch (const nlohmann::json::exception& e) {
-    AERIE_THROW(path << ": " << e.what());
+  c.device = required<std::string>(j, "device", path);
+  c.model = required<std::string>(j, "model", path);
+  c.world = required<int>(j, "world", path);
+  c.tp = required<int>(j, "tp", path);
+  c.hidden_size = required<int64_t>(j, "hidden_size", path);
+  c.base = curve_from(field(j, "forward.base", path), path, "forward.base");
+  const nlohmann::json& layers = field(j, "forward.layers", path);
+  AERIE_CHECK(layers.is_array(), path << ": forward.layers must be an array, got " << layers.dump());
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const std::string at = "forward.layers[" + std::to_string(i) + "]";
+    LayerKindTimes k;
+    k.kind = required<std::string>(layers[i], "kind", path + ": " + at);
+    k.count = required<int64_t>(layers[i], "count", path + ": " + at);
+    k.curve = curve_from(field(layers[i], "per_layer", path + ": " + at), path, "forward.layers[" + k.kind + "]");
+    c.layers.push_back(std::move(k));
   }
+  c.ttt_steps = required<int>(j, "train.ttt_steps", path);
+  c.train_sample = curve_from(field(j, "train.per_sample", path), path, "train.per_sample");
+  if (j["train"].contains("per_sample_alone"))  // optional in v1: a calibration of more than one rank
+    c.train_sample_alone = curve_from(j["train"]["per_sample_alone"], path, "train.per_sample_alone");
+  c.disk_write_bytes_per_s = required<double>(j, "disk.write_bytes_per_s", path);
+  c.disk_test_bytes = required<int64_t>(j, "disk.test_bytes", path);
+  c.writer_sample = curve_from(field(j, "disk.writer_per_sample", path), path, "disk.writer_per_sample");
+  c.allreduce_bus_bytes_per_s = required<double>(j, "allreduce.bus_bytes_per_s", path);
   read_optional_fields(j, path, c);
   AERIE_CHECK(!c.tp_overlap || c.tp >= 2, path << ": forward.tp_overlap is true at tp " << c.tp
                                                 << " (calibrate records it at tp 2 or more only)");

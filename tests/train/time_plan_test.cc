@@ -76,7 +76,20 @@ TEST(TimePlan, MalformedCalibrationIsNamed) {
   EXPECT_NE(e.find("forward.base.tokens must be positive and ascending"), std::string::npos) << e;
   j = to_json(example());
   j["train"].erase("per_sample");
-  EXPECT_NE(testing::error_of([&] { calibration_from_json(j, "x/cal.json"); }).find("x/cal.json"), std::string::npos);
+  EXPECT_NE(testing::error_of([&] { calibration_from_json(j, "x/cal.json"); }).find("x/cal.json: train.per_sample is missing"),
+            std::string::npos);
+  j = to_json(example());
+  j["tp"] = "2";
+  EXPECT_NE(testing::error_of([&] { calibration_from_json(j, "x/cal.json"); }).find("x/cal.json: tp must be an integer, got \"2\""),
+            std::string::npos);
+  j = to_json(example());
+  j["forward"] = 3;
+  EXPECT_NE(testing::error_of([&] { calibration_from_json(j, "x/cal.json"); }).find("x/cal.json: forward.base is missing"),
+            std::string::npos);
+  j = to_json(example());
+  j["forward"]["layers"][0].erase("kind");
+  EXPECT_NE(testing::error_of([&] { calibration_from_json(j, "x/cal.json"); }).find("forward.layers[0]: kind is missing"),
+            std::string::npos);
   EXPECT_NE(testing::error_of([] { calibration_from_json({{"format", "other"}}, "y.json"); }).find("aerie calibrate"),
             std::string::npos);
   j = to_json(example());
