@@ -31,6 +31,7 @@
 #include "core/device.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "data/extract.h"
 #include "data/shard.h"
 #include "data/vocab.h"
 #include "jobs/jobs.h"
@@ -366,6 +367,90 @@ void measure_writer(const TargetConfig& cfg, ParallelGroups& groups, const Targe
   }
 }
 
+/// extract's own work beside its forwards and its writer (Calibration::extract_run_seconds, extract_sample_seconds):
+/// run_extract, extract's loop, of the one-layer cut (random weights) over random prepared files of 8 and 40 samples
+/// of the shortest --tokens count per tp group (one shard each), three times each into --work, packed as extract
+/// packs them on this device; what each run took beyond extract_compute_seconds for the cut (its forwards and
+/// writer from this calibration) gives seconds per run (the intercept) and per sample (the slope), the medians.
+void measure_extract(const TargetConfig& cfg, ParallelGroups& groups, TargetDevice& dev, const CalibrateOptions& opt,
+                     Calibration& cal) {
+  const bool first_moe = cfg.moe.is_moe_layer(0);
+  TargetModelOptions o = dev.options;
+  o.expert_parallel = o.expert_parallel && first_moe;
+  TargetModel model = TargetModel::random(truncated(cfg, {first_moe}), *dev.tp, o, 17);
+  const std::vector<int> aux = {0, 0, 0};
+  const TargetForward forward = [&](const std::vector<int32_t>& ids, Tensor& a, Tensor& fin) {
+    TargetOutput out = model.forward(ids, nullptr, aux, false);
+    a = out.aux_hidden;
+    fin = out.final_hidden;
+  };
+  ExtractOptions eo;
+  int pid = static_cast<int>(getpid());  // rank 0's names the test folder on every rank
+  MPI_Bcast(&pid, 1, MPI_INT, 0, groups.world->handle());
+  const std::string dir = opt.work + "/calibrate-extract-" + std::to_string(pid);
+  eo.prepared = dir + "/prepared.h5";
+  eo.output = dir + "/shards";
+  eo.meta = test_meta(cfg);
+  eo.vocab_size = cfg.vocab_size;
+  if (dev.options.device == Device::CUDA || cal.tp_overlap) {  // as extract packs samples (jobs/extract.cc)
+    eo.forward_batch = [&](const std::vector<std::vector<int32_t>>& ids, Tensor& a, Tensor& fin) {
+      TargetOutput out = model.forward_batch(ids, {}, aux, TargetModel::Logits::None);
+      a = out.aux_hidden;
+      fin = out.final_hidden;
+    };
+  }
+  Calibration cut = cal;  // the one-layer cut's forwards, no overhead yet
+  cut.layers = {LayerKindTimes{cal.layers.front().kind, 1, cal.layers.front().curve}};
+  cut.extract_run_seconds = cut.extract_sample_seconds = 0;
+  const bool rank0 = groups.map.world_rank == 0;
+  struct Remove {  // the test files go whatever happens
+    std::string dir;
+    bool on;
+    ~Remove() {
+      std::error_code ec;
+      if (on) std::filesystem::remove_all(dir, ec);
+    }
+  } remove_dir{dir, rank0};
+  const int64_t T = opt.tokens.front(), dp = groups.map.dp;
+  // What one run of per_group samples per tp group took beyond the arithmetic.
+  auto residual = [&](int64_t per_group, int rep) {
+    const int64_t n = per_group * dp;
+    if (rank0) {
+      std::filesystem::remove_all(dir);
+      std::filesystem::create_directories(dir);
+      std::vector<std::vector<int32_t>> ids;
+      for (int64_t i = 0; i < n; ++i) ids.push_back(random_ids(T, cfg.vocab_size, static_cast<uint32_t>(1000 * rep + i)));
+      write_prepared_file(eo.prepared, ids);
+    }
+    groups.world->barrier();
+    eo.samples_per_shard = per_group;
+    ExtractStats stats;
+    {
+      ScopedLogLevel quiet("warning");  // extract's own lines, a dozen per run, are not calibrate's
+      stats = run_extract(eo, groups, forward);
+    }
+    groups.world->barrier();  // every group's shard closed before rank 0 removes the folder
+    Workload w;
+    w.samples = n;
+    w.mean_tokens = static_cast<double>(T);
+    w.lengths.assign(static_cast<size_t>(n), T);
+    w.world = groups.map.world_size, w.tp = groups.map.tp;
+    w.batch_tokens = eo.forward_batch ? eo.batch_tokens : 0;
+    return stats.seconds - extract_compute_seconds(cut, w);
+  };
+  constexpr int64_t kFew = 8, kMany = 40;
+  std::vector<double> slope, intercept;
+  for (int rep = 0; rep < 3; ++rep) {
+    const double few = residual(kFew, rep), many = residual(kMany, rep);
+    slope.push_back((many - few) / static_cast<double>(kMany - kFew));
+    intercept.push_back(few - slope.back() * kFew);
+  }
+  std::sort(slope.begin(), slope.end());
+  std::sort(intercept.begin(), intercept.end());
+  cal.extract_sample_seconds = std::max(0.0, slope[1]);
+  cal.extract_run_seconds = std::max(0.0, intercept[1]);
+}
+
 /// The tp group's all-reduce of [T, H] bf16 at the largest --tokens: its bus bandwidth (2 (n-1)/n bytes / s).
 void measure_allreduce(const TargetConfig& cfg, ParallelGroups& groups, TargetDevice& dev, const CalibrateOptions& opt,
                        Calibration& cal) {
@@ -417,6 +502,8 @@ void print_calibration(const Calibration& c) {
               "at 64 tokens, %.2f ms at 2048\n",
               c.disk_write_bytes_per_s / 1e6, static_cast<double>(c.disk_test_bytes) / 1e6,
               c.writer_sample.seconds.at(0) * 1e3, c.writer_sample.seconds.at(1) * 1e3);
+  std::printf("  extract's own work beside its forwards and writer: %.3f s a run, %.3f ms a sample (one tp group's)\n",
+              c.extract_run_seconds, c.extract_sample_seconds * 1e3);
   if (c.tp > 1) std::printf("  tp all-reduce: %.2f GB/s bus bandwidth\n", c.allreduce_bus_bytes_per_s / 1e9);
   std::printf("  generate: %lld sequences of %lld prompt + %lld new tokens in %.3f s (%.0f new tokens/s per tp group)\n",
               static_cast<long long>(c.generate.batch), static_cast<long long>(c.generate.prompt_tokens),
@@ -570,6 +657,7 @@ int calibrate(const std::vector<std::string>& args) {
   step("the draft's step", [&] { measure_train(cfg, dev, opt, cal); });
   step("the disk", [&] { measure_disk(cfg, groups, opt, cal); });
   step("the shard writer", [&] { measure_writer(cfg, groups, dev, opt, cal); });
+  step("extract's own work", [&] { measure_extract(cfg, groups, dev, opt, cal); });
   if (tp > 1) step("the tp all-reduce", [&] { measure_allreduce(cfg, groups, dev, opt, cal); });
   if (world > 1) step("the streaming messages", [&] { measure_stream(cfg, *groups.world, dev.options.device, opt, cal); });
   if (rank0) {

@@ -112,6 +112,9 @@ void add_time_plan_options(po::options_description& desc) {
       "world", po::value<int>()->default_value(0),
       "with --calibration: the job's ranks (0: the world size); dp = world / tp")(
       "storage", po::value<std::string>()->default_value("bf16"), "with --calibration: extract --storage (bf16, fp8)")(
+      "samples-per-shard", po::value<int64_t>()->default_value(64),
+      "with --calibration: extract --samples-per-shard (the chunk a tp group takes at a time: few chunks split "
+      "unevenly over the groups)")(
       "gpu-hour-cost", po::value<double>()->default_value(0), "with --calibration: price of one GPU-hour (0: none)")(
       "generate-responses", po::value<int64_t>()->default_value(0),
       "with --calibration: also plan generate (regenerating the answers): this many responses (0: none)")(
@@ -178,6 +181,8 @@ void read_jobs(const po::variables_map& vm, const TargetConfig& target, const Ca
   AERIE_USAGE_CHECK(batch >= 1 && batch <= 1000000, "aerie plan: --train-batch-size " << batch << " is not 1 to 10^6");
   w.train_samples = steps * batch;
   w.train_batch_size = batch;
+  w.samples_per_shard = vm["samples-per-shard"].as<int64_t>();
+  AERIE_USAGE_CHECK(w.samples_per_shard >= 1, "aerie plan: --samples-per-shard " << w.samples_per_shard << " must be >= 1");
   w.stream_target_ranks = vm["stream-target-ranks"].as<int>();
   w.stream_colocated = vm["stream-colocated"].as<bool>();
   AERIE_USAGE_CHECK(w.stream_target_ranks >= 0, "aerie plan: --stream-target-ranks " << w.stream_target_ranks << " is negative");

@@ -6,6 +6,7 @@
 #include <boost/log/support/date_time.hpp>
 #include <boost/log/utility/setup/common_attributes.hpp>
 #include <boost/log/utility/setup/console.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 
@@ -16,17 +17,35 @@ namespace aerie {
 namespace {
 int g_rank = 0;
 bool g_sink = false;
+int g_level = boost::log::trivial::info;  // the threshold init_logging or a ScopedLogLevel set
+
+boost::log::trivial::severity_level parse_level(const std::string& name) {
+  boost::log::trivial::severity_level level;
+  AERIE_CHECK(boost::log::trivial::from_string(name.c_str(), name.size(), level),
+              "unknown log level '" << name << "' (trace, debug, info, warning, error)");
+  return level;
+}
+
+void set_threshold(int level) {
+  g_level = level;
+  boost::log::core::get()->set_filter(boost::log::trivial::severity >=
+                                      static_cast<boost::log::trivial::severity_level>(level));
+}
 }  // namespace
 
 int log_rank() { return g_rank; }
+
+ScopedLogLevel::ScopedLogLevel(const std::string& min_level) : previous_(g_level) {
+  set_threshold(std::max(g_level, static_cast<int>(parse_level(min_level))));
+}
+
+ScopedLogLevel::~ScopedLogLevel() { set_threshold(previous_); }
 
 void init_logging(int rank, const std::string& min_level) {
   namespace logging = boost::log;
   namespace expr = boost::log::expressions;
   g_rank = rank;
-  logging::trivial::severity_level level;
-  AERIE_CHECK(logging::trivial::from_string(min_level.c_str(), min_level.size(), level),
-              "unknown log level '" << min_level << "' (trace, debug, info, warning, error)");
+  const logging::trivial::severity_level level = parse_level(min_level);
   auto core = logging::core::get();
   // A mutable constant: a second call (tests) changes the rank without re-adding the attribute.
   static logging::attributes::mutable_constant<int> rank_attr(rank);
@@ -42,7 +61,7 @@ void init_logging(int rank, const std::string& min_level) {
                           << " " << expr::smessage));
     g_sink = true;
   }
-  core->set_filter(logging::trivial::severity >= level);
+  set_threshold(level);
 }
 
 std::string format_fixed(double v, int digits) {

@@ -16,6 +16,20 @@ void init_logging(int rank, const std::string& min_level = "info");
 /// The world rank logged with each record (0 before init_logging).
 int log_rank();
 
+/// Drops records below `min_level` while alive, where that raises the threshold (it never lowers it), and
+/// puts the threshold back at its end: a job that runs another job's loop as a measurement (calibrate's
+/// short extract) without that loop's log lines. Throws aerie::Error on an unknown level name.
+class ScopedLogLevel {
+ public:
+  explicit ScopedLogLevel(const std::string& min_level);
+  ~ScopedLogLevel();
+  ScopedLogLevel(const ScopedLogLevel&) = delete;
+  ScopedLogLevel& operator=(const ScopedLogLevel&) = delete;
+
+ private:
+  int previous_;
+};
+
 /// `v` with exactly `digits` decimals ("%.*f"), for log lines: format_fixed(2.14017, 3) == "2.140".
 std::string format_fixed(double v, int digits);
 /// A byte count for log lines in the largest binary unit that keeps it >= 1, with 2 decimals past bytes:

@@ -51,6 +51,23 @@ PreparedFile::PreparedFile(const std::string& path) : impl_(std::make_unique<Imp
                                << "] (the last sample offset)");
 }
 
+void write_prepared_file(const std::string& path, const std::vector<std::vector<int32_t>>& ids) {
+  std::vector<int32_t> all;
+  std::vector<int64_t> offsets{0};
+  for (const auto& s : ids) {
+    all.insert(all.end(), s.begin(), s.end());
+    offsets.push_back(static_cast<int64_t>(all.size()));
+  }
+  const int64_t T = static_cast<int64_t>(all.size()), N = static_cast<int64_t>(ids.size());
+  h5::File f = h5::File::create(path);
+  f.write_dataset("input_ids", Tensor::from_vector(all, {T}));
+  f.write_dataset("loss_mask", Tensor::from_vector(std::vector<uint8_t>(static_cast<size_t>(T), 1), {T}));
+  f.write_dataset("sample_offsets", Tensor::from_vector(offsets, {N + 1}));
+  f.set_string_attr("format", "aerie.prepared");
+  f.set_int_attr("format_version", 1);
+  f.close();
+}
+
 PreparedFile::~PreparedFile() = default;
 PreparedFile::PreparedFile(PreparedFile&&) noexcept = default;
 

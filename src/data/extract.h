@@ -85,6 +85,11 @@ class PreparedFile {
   std::vector<int64_t> offsets_;
 };
 
+/// Writes `path` as a prepared file ("aerie.prepared" v1: input_ids, loss_mask, sample_offsets) of the samples
+/// `ids`, every token in the loss, without the prepare job's provenance attributes: the random samples of a
+/// measurement (calibrate's short extract). Serial HDF5; throws aerie::Error naming the file on a write error.
+void write_prepared_file(const std::string& path, const std::vector<std::vector<int32_t>>& ids);
+
 struct ExtractOptions {
   std::string prepared;          // prepared.h5
   std::string output;            // shard folder (created)

@@ -96,6 +96,12 @@ void read_optional_fields(const nlohmann::json& j, const std::string& path, Cali
   g.new_tokens = optional_field(j, "generate", "new_tokens", int64_t{0}, path);
   g.seconds = optional_field(j, "generate", "seconds", 0.0, path);
   g.first_seconds = optional_field(j, "generate", "first_seconds", 0.0, path);
+  c.extract_run_seconds = optional_field(j, "extract", "run_seconds", 0.0, path);
+  c.extract_sample_seconds = optional_field(j, "extract", "per_sample_seconds", 0.0, path);
+  AERIE_CHECK(std::isfinite(c.extract_run_seconds) && c.extract_run_seconds >= 0 &&
+                  std::isfinite(c.extract_sample_seconds) && c.extract_sample_seconds >= 0,
+              path << ": extract.run_seconds " << c.extract_run_seconds << " and per_sample_seconds "
+                   << c.extract_sample_seconds << " (seconds, finite, >= 0)");
   AERIE_CHECK(c.draft_vocab_size >= 0 && c.draft_vocab_size <= 100000000,
               path << ": train.draft_vocab_size is " << c.draft_vocab_size << " (0 to 10^8)");
   if (g.seconds == 0) return;  // not measured
@@ -156,6 +162,7 @@ nlohmann::json to_json(const Calibration& c) {
                     {"writer_per_sample", curve_json(c.writer_sample)}}},
           {"allreduce", {{"bus_bytes_per_s", c.allreduce_bus_bytes_per_s}}},
           {"stream", {{"bytes_per_s", c.stream_bytes_per_s}}},
+          {"extract", {{"run_seconds", c.extract_run_seconds}, {"per_sample_seconds", c.extract_sample_seconds}}},
           {"generate", {{"batch", c.generate.batch}, {"prompt_tokens", c.generate.prompt_tokens},
                         {"new_tokens", c.generate.new_tokens}, {"seconds", c.generate.seconds},
                         {"first_seconds", c.generate.first_seconds}}}};
@@ -243,6 +250,36 @@ double forwards_once(const Calibration& c, const Workload& w) {
   if (w.batch_tokens <= 0) return over_samples(w, [&](double l) { return c.forward_seconds(l); });
   const double per_forward = std::max(static_cast<double>(w.batch_tokens), w.mean_tokens);
   return static_cast<double>(w.samples) * w.mean_tokens / per_forward * c.forward_seconds(per_forward);
+}
+
+// The busiest tp group of a job whose chunks of w.samples_per_shard samples rank 0 hands out in order, each to the
+// group that is free first (data/chunk_dispatcher.h): its share of the summed work and its samples, a sample of
+// length l weighing weight(l) (every sample at the mean where the lengths are unknown). Past 10^6 chunks the
+// groups' shares are equal to well within the plan's accuracy: 1 / groups.
+struct BusiestGroup {
+  double share = 1, samples = 0;
+};
+BusiestGroup busiest_group(const Workload& w, const std::function<double(double)>& weight, int groups) {
+  const int64_t per_chunk = std::max<int64_t>(1, w.samples_per_shard);
+  const int64_t chunks = (w.samples + per_chunk - 1) / per_chunk;
+  if (groups <= 1) return {1.0, static_cast<double>(w.samples)};
+  if (chunks > 1000000) return {1.0 / groups, static_cast<double>(w.samples) / groups};
+  std::vector<double> cost(static_cast<size_t>(chunks), 0.0), count(static_cast<size_t>(chunks), 0.0);
+  for (int64_t i = 0; i < w.samples; ++i) {
+    const double l = w.lengths.empty() ? w.mean_tokens : static_cast<double>(w.lengths[static_cast<size_t>(i)]);
+    cost[static_cast<size_t>(i / per_chunk)] += weight(l);
+    count[static_cast<size_t>(i / per_chunk)] += 1;
+  }
+  double sum = 0;
+  for (double x : cost) sum += x;
+  std::vector<double> busy(static_cast<size_t>(groups), 0.0), taken(static_cast<size_t>(groups), 0.0);
+  for (size_t k = 0; k < cost.size(); ++k) {
+    const size_t g = static_cast<size_t>(std::min_element(busy.begin(), busy.end()) - busy.begin());
+    busy[g] += cost[k];
+    taken[g] += count[k];
+  }
+  const size_t g = static_cast<size_t>(std::max_element(busy.begin(), busy.end()) - busy.begin());
+  return {sum > 0 ? busy[g] / sum : 1.0 / groups, taken[g]};
 }
 
 // The draft's training over `drawn` samples on `ranks` data-parallel ranks, a sample of length l costing
@@ -341,6 +378,19 @@ JobTime plan_generate(const Calibration& c, const Workload& w) {
 
 }  // namespace
 
+double extract_compute_seconds(const Calibration& c, const Workload& w) {
+  const int groups = w.world / w.tp;
+  auto writer_at = [&](double l) { return c.writer_sample.tokens.empty() ? 0.0 : c.writer_sample.at(l); };
+  const double writer = over_samples(w, writer_at);
+  const double fwd = forwards_once(c, w);
+  const double total = w.batch_tokens > 0 ? std::max(fwd, writer) : fwd + writer;
+  // A sample's share of the work: its tokens where forwards pack samples, else its own forward and writer's work.
+  std::function<double(double)> weight = [](double l) { return l; };
+  if (w.batch_tokens <= 0) weight = [&](double l) { return c.forward_seconds(l) + writer_at(l); };
+  const BusiestGroup b = busiest_group(w, weight, groups);
+  return total * b.share + c.extract_run_seconds + c.extract_sample_seconds * b.samples;
+}
+
 std::vector<JobTime> plan_time(const Calibration& c, const Workload& w_in) {
   Workload w = w_in;
   if (!w.lengths.empty()) {
@@ -359,7 +409,6 @@ std::vector<JobTime> plan_time(const Calibration& c, const Workload& w_in) {
                                                                                 << ": calibrate with --tp " << w.tp << ", or plan with --tp " << c.tp);
   const double tokens = static_cast<double>(w.samples) * w.mean_tokens;
   const int64_t bytes = shard_bytes(static_cast<int64_t>(std::llround(tokens)), c.hidden_size, w.fp8_storage);
-  const int groups = w.world / w.tp;
   std::vector<JobTime> out;
   if (w.gen_responses > 0) out.push_back(plan_generate(c, w));
 
@@ -368,8 +417,7 @@ std::vector<JobTime> plan_time(const Calibration& c, const Workload& w_in) {
   // writer's work adds to the forward's.
   JobTime ex;
   ex.job = "extract";
-  const double writer = c.writer_sample.tokens.empty() ? 0 : over_samples(w, [&](double l) { return c.writer_sample.at(l); });
-  ex.compute_seconds = (w.batch_tokens > 0 ? std::max(forwards_once(c, w), writer) : forwards_once(c, w) + writer) / groups;
+  ex.compute_seconds = extract_compute_seconds(c, w);
   ex.disk_seconds = c.disk_write_bytes_per_s > 0 ? static_cast<double>(bytes) / c.disk_write_bytes_per_s : 0;
   ex.seconds = std::max(ex.compute_seconds, ex.disk_seconds);
   ex.bound = ex.disk_seconds > ex.compute_seconds ? "disk" : "compute";

@@ -47,6 +47,10 @@ struct Calibration {
   double disk_write_bytes_per_s = 0;  // shards written by every tp group at once (the node's aggregate)
   int64_t disk_test_bytes = 0;
   double allreduce_bus_bytes_per_s = 0;  // the tp group's all-reduce of [T, H] bf16 (0 at tp 1)
+  /// extract's own work beside its forwards and its writer (the chunk hand-out, reading the prepared file, the
+  /// outputs' copies and checks, opening and closing the shard), per run and per sample of one tp group: what two
+  /// short runs of extract's loop took beyond extract_compute_seconds' arithmetic (0 in an older file).
+  double extract_run_seconds = 0, extract_sample_seconds = 0;
   /// aerie generate's decoding of the whole target on one tp group: `batch` sequences of `prompt_tokens` random
   /// ids decoding `new_tokens` each (BatchDecoder, prefills included), in `seconds` (0: not measured), and the same
   /// sequences decoding one token each in `first_seconds` (their prefills; 0 in an older file).
@@ -75,6 +79,7 @@ struct Workload {
   /// linearly with a sample's length, so a spread of lengths costs more than `samples` of the mean.
   std::vector<int64_t> lengths;
   int64_t batch_tokens = 2048; // extract --batch-tokens: samples packed into forwards of about this many (0: one each)
+  int64_t samples_per_shard = 64;  // extract --samples-per-shard: the chunk rank 0 hands a tp group at a time
   int world = 1, tp = 1;       // the job's ranks and tp group size (dp = world / tp)
   int epochs = 1;              // train: passes over the samples ...
   int64_t train_samples = 0;   // ... or, > 0, the samples its steps draw (train --steps x --batch-size)
@@ -116,6 +121,13 @@ struct JobTime {
 /// or is not a multiple of tp.
 std::vector<JobTime> plan_time(const Calibration& c, const Workload& w);
 
+/// extract's compute on `w.world / w.tp` tp groups: the target's forwards of every sample (forwards of about
+/// w.batch_tokens tokens costed per token, or one per sample at 0) and the shard writer's work per sample, the
+/// longer of the two where the writer's thread runs beside the forwards (batch_tokens > 0, a GPU's), else their
+/// sum; the busiest group's share of it, chunks of samples_per_shard samples handed out in order to the group free
+/// first, each costing its samples' share; plus c's extract_run_seconds and extract_sample_seconds per sample of
+/// that group.
+double extract_compute_seconds(const Calibration& c, const Workload& w);
 /// The shards' bytes of `tokens` tokens of hidden size `h`: aux [3H] and final [H] values, bf16 (2 bytes) or fp8
 /// (1 byte and an fp32 scale per H-wide vector), plus input_ids (4 bytes) and loss_mask (1) per token
 /// (docs/formats.md, the shard format; the per-sample index is negligible).

@@ -17,6 +17,9 @@ for m in qwen2 qwen3_moe mixtral; do  # mixtral's fixture: 2 layers, below the d
   mpirun -np 2 "$aerie" calibrate --model "$src/tests/model/fixtures/hf/$m" --output "$out/$m.json" --tp 1 "${fast[@]}" \
     > "$out/$m.log" 2>&1 || { cat "$out/$m.log"; fail "calibrate $m"; }
   grep -q "wrote $out/$m.json" "$out/$m.log" || fail "calibrate $m: no 'wrote' line"
+  grep -q "extract's own work beside its forwards and writer" "$out/$m.log" || fail "calibrate $m: no extract line"
+  grep -q "extract: done" "$out/$m.log" && fail "calibrate $m: its short extract runs logged their lines"
+  ls "$out" | grep -q "^calibrate-" && fail "calibrate $m left its test files in --work: $(ls "$out")"
 done
 python3 - "$out" <<'PY'
 import json, sys
@@ -31,6 +34,8 @@ for m, kinds in [("qwen2", {"dense": 3}), ("qwen3_moe", {"dense": 1, "moe": 2})]
         assert l["per_layer"]["tokens"] == [16, 48] and all(s >= 0 for s in l["per_layer"]["seconds"]), l
     assert c["train"]["per_sample"]["tokens"] == [16, 48] and all(s > 0 for s in c["train"]["per_sample"]["seconds"])
     assert c["disk"]["write_bytes_per_s"] > 0 and c["disk"]["writer_per_sample"]["tokens"] == [64, 2048]
+    e = c["extract"]  # the short extract runs: what extract's loop costs beside its forwards and writer
+    assert e["run_seconds"] >= 0 and e["per_sample_seconds"] >= 0 and e["run_seconds"] + e["per_sample_seconds"] < 10, e
 print("calibrate.sh: both calibrations hold their layer kinds")
 PY
 plan() { mpirun -np 2 "$aerie" plan --model "$src/tests/model/fixtures/hf/qwen3_moe" --gpu-memory 80GiB "$@"; }

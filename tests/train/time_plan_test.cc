@@ -121,6 +121,7 @@ TEST(TimePlan, ExtractAndTrain) {
   w.samples = 1000;
   w.mean_tokens = 500;
   w.batch_tokens = 1000;  // two samples per forward
+  w.samples_per_shard = 100;  // 10 chunks, 5 to each group
   w.world = 2;
   w.tp = 1;
   const std::vector<JobTime> t = plan_time(c, w);
@@ -170,6 +171,33 @@ TEST(TimePlan, ExtractAndTrain) {
   w.batch_tokens = 0;
   EXPECT_EQ(e.bound, "disk");
   EXPECT_DOUBLE_EQ(e.seconds, e.disk_seconds);
+}
+
+// extract's chunks go to the group free first: with 3 chunks for 2 groups one group does two of them; and what
+// calibrate measured of extract's own work (per run, per sample of the busiest group) adds to the forwards.
+TEST(TimePlan, ExtractWaitsForItsBusiestGroup) {
+  Calibration c = example();
+  Workload w;
+  w.samples = 300;
+  w.mean_tokens = 500;
+  w.batch_tokens = 0;
+  w.samples_per_shard = 100;
+  w.world = 2;
+  const double per_sample = c.forward_seconds(500);
+  EXPECT_NEAR(plan_time(c, w)[0].compute_seconds, 200 * per_sample, 1e-9);
+  w.samples_per_shard = 1;  // 300 chunks: an even split
+  EXPECT_NEAR(plan_time(c, w)[0].compute_seconds, 150 * per_sample, 1e-9);
+  // Known lengths: chunk 0 holds the long samples, so it is the busiest group's alone.
+  w.lengths = {1000, 1000, 100, 100};
+  w.samples_per_shard = 2;
+  EXPECT_NEAR(plan_time(c, w)[0].compute_seconds, 2 * c.forward_seconds(1000), 1e-9);
+  w.lengths.clear();
+  c.extract_run_seconds = 2.0, c.extract_sample_seconds = 0.01;
+  w.samples_per_shard = 100;
+  EXPECT_NEAR(plan_time(c, w)[0].compute_seconds, 200 * per_sample + 2.0 + 200 * 0.01, 1e-9);
+  const Calibration d = calibration_from_json(to_json(c), "c.json");
+  EXPECT_DOUBLE_EQ(d.extract_run_seconds, 2.0);
+  EXPECT_DOUBLE_EQ(d.extract_sample_seconds, 0.01);
 }
 
 TEST(TimePlan, EachSampleAtItsLength) {
