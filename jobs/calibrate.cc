@@ -11,6 +11,7 @@
 //     and on one rank while the others idle (a streaming run's trainers);
 //   - the shard writer: every tp group's leader writes --disk-mib of random hidden states as a shard into --work
 //     at the same time (the node's aggregate write rate), then deletes it;
+//   - extract's own loop beside its forwards and writer: short runs of run_extract on the one-layer cut;
 //   - the tp group's all-reduce of [T, H] bf16 (its bus bandwidth, nccl-tests' convention);
 //   - the streaming train's messages: one sample's hidden states from world rank 0 to the last rank (MPI).
 //   aerie calibrate --model DIR --output calibration.json [--tp N] [--device auto|cpu|cuda] [--tokens 512,2048,8192]
