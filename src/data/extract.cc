@@ -68,6 +68,26 @@ void write_prepared_file(const std::string& path, const std::vector<std::vector<
   f.close();
 }
 
+int64_t packed_forward_end(const std::vector<int64_t>& off, int64_t i, int64_t e, int64_t batch_tokens) {
+  int64_t j = i + 1;
+  while (j < e && off[j + 1] - off[i] <= batch_tokens) ++j;
+  return j;
+}
+
+double multi_sample_share(const std::vector<int64_t>& off, int64_t samples_per_shard, int64_t batch_tokens) {
+  const int64_t N = static_cast<int64_t>(off.size()) - 1;
+  if (N <= 0 || off.back() <= off.front()) return 0;
+  int64_t packed = 0;
+  for (int64_t b = 0; b < N; b += samples_per_shard) {
+    const int64_t e = std::min(N, b + samples_per_shard);
+    for (int64_t i = b, j; i < e; i = j) {
+      j = packed_forward_end(off, i, e, batch_tokens);
+      if (j - i >= 2) packed += off[j] - off[i];
+    }
+  }
+  return static_cast<double>(packed) / static_cast<double>(off.back() - off.front());
+}
+
 PreparedFile::~PreparedFile() = default;
 PreparedFile::PreparedFile(PreparedFile&&) noexcept = default;
 
@@ -480,9 +500,7 @@ ExtractStats run_extract(const ExtractOptions& opt, ParallelGroups& groups, cons
     // Samples i .. j-1 in one forward: one sample, or with opt.forward_batch as many consecutive samples
     // as fit in opt.batch_tokens rows (at least one); the outputs are split back per sample.
     for (int64_t i = b, j; i < e; i = j) {
-      j = i + 1;
-      if (opt.forward_batch)
-        while (j < e && off[j + 1] - off[i] <= opt.batch_tokens) ++j;
+      j = opt.forward_batch ? packed_forward_end(off, i, e, opt.batch_tokens) : i + 1;
       std::vector<std::vector<int32_t>> xs;
       for (int64_t k = i; k < j; ++k)
         xs.emplace_back(ids.begin() + (off[k] - off[b]), ids.begin() + (off[k + 1] - off[b]));

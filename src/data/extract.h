@@ -90,6 +90,16 @@ class PreparedFile {
 /// measurement (calibrate's short extract). Serial HDF5; throws aerie::Error naming the file on a write error.
 void write_prepared_file(const std::string& path, const std::vector<std::vector<int32_t>>& ids);
 
+/// The end of the forward that starts at sample i of a chunk ending at sample e (offsets `off`, [N+1]) when
+/// consecutive samples share forwards of at most batch_tokens tokens: the first sample past the last one that
+/// fits, at least i + 1 (a longer sample goes alone). run_extract's grouping with forward_batch.
+int64_t packed_forward_end(const std::vector<int64_t>& off, int64_t i, int64_t e, int64_t batch_tokens);
+
+/// The share (0 to 1) of a prepared file's tokens (offsets `off`) that run_extract with forward_batch puts in
+/// forwards of two or more samples (chunks of samples_per_shard, grouped by packed_forward_end): the forwards that
+/// --tp-overlap can split into two micro-batches. 0 for an empty file.
+double multi_sample_share(const std::vector<int64_t>& off, int64_t samples_per_shard, int64_t batch_tokens);
+
 struct ExtractOptions {
   std::string prepared;          // prepared.h5
   std::string output;            // shard folder (created)

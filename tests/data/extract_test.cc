@@ -820,3 +820,33 @@ TEST(ExtractMpi, Tp2MatchesTp1) {
 
 }  // namespace
 }  // namespace aerie
+
+namespace aerie {
+namespace {
+
+// What --tp-overlap can split: forwards of two or more samples, grouped as run_extract groups them.
+TEST(Extract, MultiSampleShareFollowsThePacking) {
+  const std::vector<int64_t> off = {0, 3, 6, 16, 19};  // lengths 3, 3, 10, 3
+  EXPECT_EQ(packed_forward_end(off, 0, 4, 6), 2);
+  EXPECT_EQ(packed_forward_end(off, 2, 4, 6), 3);  // 10 tokens: alone
+  EXPECT_DOUBLE_EQ(multi_sample_share(off, 64, 6), 6.0 / 19);
+  EXPECT_DOUBLE_EQ(multi_sample_share(off, 64, 16), 16.0 / 19);  // 3+3+10, then 3 alone
+  EXPECT_DOUBLE_EQ(multi_sample_share(off, 1, 1000), 0.0);        // a chunk of one sample: never two
+  EXPECT_DOUBLE_EQ(multi_sample_share({0}, 64, 6), 0.0);
+}
+
+// calibrate's random prepared files: read back as extract reads a prepared file.
+TEST(Extract, WritePreparedFileReadsBack) {
+  const std::string dir = testing::scratch_dir("extract_write_prepared");
+  write_prepared_file(dir + "/p.h5", {{5, 6, 7}, {8}});
+  const PreparedFile p(dir + "/p.h5");
+  EXPECT_EQ(p.sample_offsets(), (std::vector<int64_t>{0, 3, 4}));
+  std::vector<int32_t> ids;
+  std::vector<uint8_t> mask;
+  p.read_tokens(0, 2, ids, mask);
+  EXPECT_EQ(ids, (std::vector<int32_t>{5, 6, 7, 8}));
+  EXPECT_EQ(mask, (std::vector<uint8_t>{1, 1, 1, 1}));
+}
+
+}  // namespace
+}  // namespace aerie
