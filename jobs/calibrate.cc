@@ -380,11 +380,7 @@ void measure_extract(const TargetConfig& cfg, ParallelGroups& groups, TargetDevi
   o.expert_parallel = o.expert_parallel && first_moe;
   TargetModel model = TargetModel::random(truncated(cfg, {first_moe}), *dev.tp, o, 17);
   const std::vector<int> aux = {0, 0, 0};
-  const TargetForward forward = [&](const std::vector<int32_t>& ids, Tensor& a, Tensor& fin) {
-    TargetOutput out = model.forward(ids, nullptr, aux, false);
-    a = out.aux_hidden;
-    fin = out.final_hidden;
-  };
+  const TargetForward forward = model.hidden_states_forward(aux);
   ExtractOptions eo;
   int pid = static_cast<int>(getpid());  // rank 0's names the test folder on every rank
   MPI_Bcast(&pid, 1, MPI_INT, 0, groups.world->handle());
@@ -393,13 +389,8 @@ void measure_extract(const TargetConfig& cfg, ParallelGroups& groups, TargetDevi
   eo.output = dir + "/shards";
   eo.meta = test_meta(cfg);
   eo.vocab_size = cfg.vocab_size;
-  if (dev.options.device == Device::CUDA || cal.tp_overlap) {  // as extract packs samples (jobs/extract.cc)
-    eo.forward_batch = [&](const std::vector<std::vector<int32_t>>& ids, Tensor& a, Tensor& fin) {
-      TargetOutput out = model.forward_batch(ids, {}, aux, TargetModel::Logits::None);
-      a = out.aux_hidden;
-      fin = out.final_hidden;
-    };
-  }
+  if (dev.options.device == Device::CUDA || cal.tp_overlap)  // as extract packs samples (jobs/extract.cc)
+    eo.forward_batch = model.hidden_states_forward_batch(aux);
   Calibration cut = cal;  // the one-layer cut's forwards, no overhead yet
   cut.layers = {LayerKindTimes{cal.layers.front().kind, 1, cal.layers.front().curve}};
   cut.extract_run_seconds = cut.extract_sample_seconds = 0;

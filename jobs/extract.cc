@@ -197,20 +197,11 @@ int extract(const std::vector<std::string>& args) {
                           "(both capture a layer once: docs/formats.md \"Engine releases\"); --aux-layers picks "
                           "distinct ones";
   }
-  TargetForward forward = [&](const std::vector<int32_t>& ids, Tensor& aux, Tensor& fin) {
-    TargetOutput out = model.forward(ids, nullptr, aux_layers, false);
-    aux = out.aux_hidden;
-    fin = out.final_hidden;
-  };
+  const TargetForward forward = model.hidden_states_forward(aux_layers);
   // On a GPU consecutive samples share a forward (up to opt.batch_tokens rows): larger GEMMs; with --tp-overlap
   // on the CPU too (its two micro-batches are sequences of one forward).
-  if ((mopt.device == Device::CUDA || overlap) && opt.batch_tokens > 0) {
-    opt.forward_batch = [&](const std::vector<std::vector<int32_t>>& ids, Tensor& aux, Tensor& fin) {
-      TargetOutput out = model.forward_batch(ids, {}, aux_layers, TargetModel::Logits::None);
-      aux = out.aux_hidden;
-      fin = out.final_hidden;
-    };
-  }
+  if ((mopt.device == Device::CUDA || overlap) && opt.batch_tokens > 0)
+    opt.forward_batch = model.hidden_states_forward_batch(aux_layers);
   StopSignals stop_signals;
   opt.stop_requested = [] { return StopSignals::received() != 0; };
   ExtractStats stats = run_extract(opt, groups, forward);

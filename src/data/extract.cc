@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "data/chunk_dispatcher.h"
+#include "data/prepare.h"
 #include "data/shard_pipeline.h"
 #include "io/fingerprint.h"
 #include "io/h5.h"
@@ -63,8 +64,8 @@ void write_prepared_file(const std::string& path, const std::vector<std::vector<
   f.write_dataset("input_ids", Tensor::from_vector(all, {T}));
   f.write_dataset("loss_mask", Tensor::from_vector(std::vector<uint8_t>(static_cast<size_t>(T), 1), {T}));
   f.write_dataset("sample_offsets", Tensor::from_vector(offsets, {N + 1}));
-  f.set_string_attr("format", "aerie.prepared");
-  f.set_int_attr("format_version", 1);
+  f.set_string_attr("format", kPreparedFormat);
+  f.set_int_attr("format_version", kPreparedVersion);
   f.close();
 }
 

@@ -205,4 +205,22 @@ std::vector<int32_t> greedy_generate(TargetModel& model, const std::vector<int32
   return out;
 }
 
+std::function<void(const std::vector<int32_t>&, Tensor&, Tensor&)> TargetModel::hidden_states_forward(
+    std::vector<int> aux_layers) {
+  return [this, aux = std::move(aux_layers)](const std::vector<int32_t>& ids, Tensor& a, Tensor& fin) {
+    TargetOutput out = forward(ids, nullptr, aux, false);
+    a = out.aux_hidden;
+    fin = out.final_hidden;
+  };
+}
+
+std::function<void(const std::vector<std::vector<int32_t>>&, Tensor&, Tensor&)> TargetModel::hidden_states_forward_batch(
+    std::vector<int> aux_layers) {
+  return [this, aux = std::move(aux_layers)](const std::vector<std::vector<int32_t>>& ids, Tensor& a, Tensor& fin) {
+    TargetOutput out = forward_batch(ids, {}, aux, Logits::None);
+    a = out.aux_hidden;
+    fin = out.final_hidden;
+  };
+}
+
 }  // namespace aerie

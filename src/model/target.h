@@ -6,6 +6,7 @@
 // the ranks of a tp group (Megatron-LM column/row parallel linears, one all-reduce per block).
 // Reference: transformers' modeling_{llama,mistral,qwen2,qwen3}.py.
 #pragma once
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -139,6 +140,13 @@ class TargetModel {
   /// that cannot hold its new rows.
   TargetOutput forward_batch(const std::vector<std::vector<int32_t>>& ids, const std::vector<KVCache*>& caches,
                              const std::vector<int>& aux_layers, Logits logits);
+
+  /// The hidden-state forwards extract and the streaming target run (data/extract.h's TargetForward and
+  /// TargetForwardBatch): forward() / forward_batch() without caches or logits, capturing `aux_layers`, handing
+  /// over aux_hidden [T, 3H] and final_hidden [T, H]. The model must outlive them.
+  std::function<void(const std::vector<int32_t>&, Tensor&, Tensor&)> hidden_states_forward(std::vector<int> aux_layers);
+  std::function<void(const std::vector<std::vector<int32_t>>&, Tensor&, Tensor&)> hidden_states_forward_batch(
+      std::vector<int> aux_layers);
 
   /// The full embedding table [V, H] and lm_head [V, H] (tied: the same tensor), in the compute dtype
   /// on the model's device (F32 on the CPU for the default constructor).

@@ -64,19 +64,10 @@ StreamTargetStats serve_stream_target(MpiCommunicator& world, const StreamLayout
                     << layout.target_ranks << "-" << world.size() - 1;
   if (world.rank() == 0 && options.tp_overlap && !overlap)
     AERIE_LOG(warning) << "train: --tp-overlap does nothing " << tp_overlap_unused(tp.size(), job.batch_tokens);
-  TargetForward forward = [&](const std::vector<int32_t>& ids, Tensor& a, Tensor& f) {
-    TargetOutput out = model.forward(ids, nullptr, aux, false);
-    a = out.aux_hidden;
-    f = out.final_hidden;
-  };
+  const TargetForward forward = model.hidden_states_forward(aux);
   TargetForwardBatch forward_batch;
-  if ((options.device == Device::CUDA || overlap) && job.batch_tokens > 0) {
-    forward_batch = [&](const std::vector<std::vector<int32_t>>& ids, Tensor& a, Tensor& f) {
-      TargetOutput out = model.forward_batch(ids, {}, aux, TargetModel::Logits::None);
-      a = out.aux_hidden;
-      f = out.final_hidden;
-    };
-  }
+  if ((options.device == Device::CUDA || overlap) && job.batch_tokens > 0)
+    forward_batch = model.hidden_states_forward_batch(aux);
   return run_stream_target(world, layout, tp, job.prepared_path, tcfg.vocab_size, forward, forward_batch,
                            job.batch_tokens);
 }

@@ -264,11 +264,10 @@ BusiestGroup busiest_group(const Workload& w, const std::function<double(double)
   const int64_t chunks = (w.samples + per_chunk - 1) / per_chunk;
   if (groups <= 1) return {1.0, static_cast<double>(w.samples)};
   if (chunks > 1000000) return {1.0 / groups, static_cast<double>(w.samples) / groups};
-  std::vector<double> cost(static_cast<size_t>(chunks), 0.0), count(static_cast<size_t>(chunks), 0.0);
+  std::vector<double> cost(static_cast<size_t>(chunks), 0.0);
   for (int64_t i = 0; i < w.samples; ++i) {
     const double l = w.lengths.empty() ? w.mean_tokens : static_cast<double>(w.lengths[static_cast<size_t>(i)]);
     cost[static_cast<size_t>(i / per_chunk)] += weight(l);
-    count[static_cast<size_t>(i / per_chunk)] += 1;
   }
   double sum = 0;
   for (double x : cost) sum += x;
@@ -276,7 +275,7 @@ BusiestGroup busiest_group(const Workload& w, const std::function<double(double)
   for (size_t k = 0; k < cost.size(); ++k) {
     const size_t g = static_cast<size_t>(std::min_element(busy.begin(), busy.end()) - busy.begin());
     busy[g] += cost[k];
-    taken[g] += count[k];
+    taken[g] += static_cast<double>(std::min(per_chunk, w.samples - static_cast<int64_t>(k) * per_chunk));
   }
   const size_t g = static_cast<size_t>(std::max_element(busy.begin(), busy.end()) - busy.begin());
   return {sum > 0 ? busy[g] / sum : 1.0 / groups, taken[g]};
