@@ -178,11 +178,11 @@ int extract(const std::vector<std::string>& args) {
                     << (overlap ? ", tp all-reduces overlapped with compute (two micro-batches)" : "");
     if (mopt.tp_overlap && !overlap)
       AERIE_LOG(warning) << "extract: --tp-overlap does nothing " << tp_overlap_unused(model_tp.size(), batch_tokens);
-    if (const double share = overlap ? multi_sample_share(PreparedFile(opt.prepared).sample_offsets(),
-                                                          opt.samples_per_shard, batch_tokens) : 1.0; share < 0.5)
-      AERIE_LOG(warning) << "extract: --tp-overlap splits forwards of two or more samples only, and "
-                         << format_fixed(100 * share, 0) << "% of the tokens are in such forwards at --batch-tokens "
-                         << batch_tokens << ": raise --batch-tokens (the samples' lengths: " << opt.prepared << ")";
+    if (overlap)
+      if (const std::string w = tp_overlap_packing_warning("extract", opt.prepared,
+                                                           PreparedFile(opt.prepared).sample_offsets(),
+                                                           opt.samples_per_shard, batch_tokens); !w.empty())
+        AERIE_LOG(warning) << w;
   }
 
   const std::vector<int> aux_layers = opt.meta.aux_layers;

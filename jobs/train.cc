@@ -378,6 +378,7 @@ int serve_target(const TrainArgs& a, const po::variables_map& vm, MpiCommunicato
   job.aux_layers = aux;
   job.aux_layers_default = a.aux_layers.empty();
   job.batch_tokens = a.batch_tokens;
+  job.batch_size = a.o.batch_size;
   check_stream_prepared(job, tcfg, world.rank() == 0);
   ParallelGroups groups = ParallelGroups::create(layout.tp, side);
   TargetDevice td = resolve_target_device(a.o.device, a.target_dtype, vm["expert-parallel"].as<bool>(), groups,

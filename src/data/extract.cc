@@ -89,6 +89,18 @@ double multi_sample_share(const std::vector<int64_t>& off, int64_t samples_per_s
   return static_cast<double>(packed) / static_cast<double>(off.back() - off.front());
 }
 
+std::string tp_overlap_packing_warning(const std::string& job, const std::string& prepared,
+                                       const std::vector<int64_t>& off, int64_t samples_per_call,
+                                       int64_t batch_tokens) {
+  const double share = multi_sample_share(off, samples_per_call, batch_tokens);
+  if (share >= 0.5) return {};
+  std::ostringstream m;
+  m << job << ": --tp-overlap splits forwards of two or more samples only, and " << format_fixed(100 * share, 0)
+    << "% of the tokens are in such forwards at --batch-tokens " << batch_tokens
+    << ": raise --batch-tokens (the samples' lengths: " << prepared << ")";
+  return m.str();
+}
+
 PreparedFile::~PreparedFile() = default;
 PreparedFile::PreparedFile(PreparedFile&&) noexcept = default;
 

@@ -100,6 +100,14 @@ int64_t packed_forward_end(const std::vector<int64_t>& off, int64_t i, int64_t e
 /// --tp-overlap can split into two micro-batches. 0 for an empty file.
 double multi_sample_share(const std::vector<int64_t>& off, int64_t samples_per_shard, int64_t batch_tokens);
 
+/// What `job` ("extract", "train") warns when --tp-overlap would split few of its forwards: under half of the
+/// tokens of prepared file `prepared` (offsets `off`) in forwards of two or more samples (multi_sample_share with
+/// `samples_per_call` samples per packing call: extract's --samples-per-shard, a streaming step's samples per
+/// target replica, taken in file order where streaming shuffles them) at `batch_tokens`. Empty when half or more are.
+std::string tp_overlap_packing_warning(const std::string& job, const std::string& prepared,
+                                       const std::vector<int64_t>& off, int64_t samples_per_call,
+                                       int64_t batch_tokens);
+
 struct ExtractOptions {
   std::string prepared;          // prepared.h5
   std::string output;            // shard folder (created)

@@ -64,6 +64,13 @@ StreamTargetStats serve_stream_target(MpiCommunicator& world, const StreamLayout
                     << layout.target_ranks << "-" << world.size() - 1;
   if (world.rank() == 0 && options.tp_overlap && !overlap)
     AERIE_LOG(warning) << "train: --tp-overlap does nothing " << tp_overlap_unused(tp.size(), job.batch_tokens);
+  if (world.rank() == 0 && overlap) {
+    const int64_t per_call = (job.batch_size + layout.replicas() - 1) / layout.replicas();
+    if (const std::string w = tp_overlap_packing_warning("train", job.prepared_path,
+                                                         PreparedFile(job.prepared_path).sample_offsets(), per_call,
+                                                         job.batch_tokens); !w.empty())
+      AERIE_LOG(warning) << w;
+  }
   const TargetForward forward = model.hidden_states_forward(aux);
   TargetForwardBatch forward_batch;
   if ((options.device == Device::CUDA || overlap) && job.batch_tokens > 0)

@@ -20,6 +20,7 @@ struct StreamTargetJob {
   std::vector<int> aux_layers;
   bool aux_layers_default = false;
   int64_t batch_tokens = 0;
+  int64_t batch_size = 1;  // samples per step, over all target replicas (--batch-size)
 };
 
 /// The checks of the prepared file before the target loads (every target rank): every sample within the

@@ -835,6 +835,16 @@ TEST(Extract, MultiSampleShareFollowsThePacking) {
   EXPECT_DOUBLE_EQ(multi_sample_share({0}, 64, 6), 0.0);
 }
 
+// extract's and streaming train's --tp-overlap warning: under half the tokens in multi-sample forwards.
+TEST(Extract, TpOverlapPackingWarningBelowHalf) {
+  const std::vector<int64_t> off = {0, 3, 6, 16, 19};  // lengths 3, 3, 10, 3
+  EXPECT_EQ(tp_overlap_packing_warning("train", "p.h5", off, 64, 16), "");  // 84%
+  EXPECT_EQ(tp_overlap_packing_warning("train", "p.h5", off, 64, 6),
+            "train: --tp-overlap splits forwards of two or more samples only, and 32% of the tokens are in such "
+            "forwards at --batch-tokens 6: raise --batch-tokens (the samples' lengths: p.h5)");
+  EXPECT_NE(tp_overlap_packing_warning("extract", "p.h5", off, 1, 1000), "");  // one sample per call: never two
+}
+
 // calibrate's random prepared files: read back as extract reads a prepared file.
 TEST(Extract, WritePreparedFileReadsBack) {
   const std::string dir = testing::scratch_dir("extract_write_prepared");

@@ -94,6 +94,8 @@ loss_as_a "$work/d" "D (tp 2)"
 # shellcheck disable=SC2046
 run d2 4 $(stream_args "$work/d2") --target-ranks 2 --tp-overlap || fail "streaming train (tp 2, --tp-overlap)"
 grep -q "tp all-reduces overlapped with compute" "$work/d2.log" || fail "D2: the target did not say it overlaps"
+# 4 samples of up to 64 tokens a step, --batch-tokens 2048: every forward packs the step, no packing warning.
+! grep -q "splits forwards of two or more samples only" "$work/d2.log" || fail "D2: a packing warning at 2048 tokens"
 loss_as_a "$work/d2" "D2 (tp 2, --tp-overlap)"
 
 # E, F: stopped at a random moment after the first checkpoint, rerun with the same command.
