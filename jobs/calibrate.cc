@@ -310,7 +310,7 @@ ShardMeta test_meta(const TargetConfig& cfg) {
 /// to the disk: the node's aggregate write rate.
 void measure_disk(const TargetConfig& cfg, ParallelGroups& groups, const CalibrateOptions& opt, Calibration& cal) {
   const int64_t H = cfg.hidden_size, T = 2048;
-  const int64_t per_sample = shard_bytes(T, H, false);
+  const int64_t per_sample = T * shard_bytes_per_token(H, false);
   const int64_t samples = std::max<int64_t>(1, opt.disk_bytes / per_sample);
   const bool leader = groups.map.tp_rank == 0;
   const std::string path = opt.work + "/calibrate-disk-" + std::to_string(getpid()) + "-" + std::to_string(groups.map.dp_rank) + ".h5";

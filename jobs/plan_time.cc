@@ -36,21 +36,30 @@ std::string hours(double s) {
 
 // A note for each length the plan reads past the calibration's largest point (along the last segment's power law,
 // which a small calibration's launch-bound points can make far too flat): the longest sample against the draft
-// step's and (on the CPU without --tp-overlap, one forward per sample) the forward's curve, and generate's prompt + new tokens.
-void print_extrapolation_notes(const Calibration& c, const Workload& w) {
+// step's and the forward's curve, extract's packed forwards against the forward's fit, and generate's prompt + new
+// tokens. A suggestion to calibrate further stops at the target's max_position_embeddings (`max_position`, 0: none),
+// which calibrate's --tokens cannot pass.
+void print_extrapolation_notes(const Calibration& c, const Workload& w, int64_t max_position) {
   const double longest =
       w.lengths.empty() ? w.mean_tokens : static_cast<double>(*std::max_element(w.lengths.begin(), w.lengths.end()));
-  auto note = [](const char* what, double want, int64_t have, const char* option) {
-    if (want > static_cast<double>(have))
-      std::printf("  (%s reach %.0f tokens, the calibration's %lld: read past it along its last segment; calibrate "
-                  "with %s up to %.0f for a measured curve)\n",
-                  what, want, static_cast<long long>(have), option, want);
+  auto note = [&](const char* what, double want, int64_t have, const char* option, const char* how) {
+    if (want <= static_cast<double>(have)) return;
+    const double reach = max_position > 0 ? std::min(want, static_cast<double>(max_position)) : want;
+    std::printf("  (%s reach %.0f tokens, the calibration's %lld: read past it %s", what, want,
+                static_cast<long long>(have), how);
+    if (reach > static_cast<double>(have))
+      std::printf("; calibrate with %s up to %.0f for a measured curve)\n", option, reach);
+    else
+      std::printf("; the target's max_position_embeddings %lld bounds calibrate's %s)\n",
+                  static_cast<long long>(max_position), option);
   };
-  note("the samples", longest, c.train_sample.tokens.back(), "--train-tokens");
-  if (w.batch_tokens == 0) note("the samples' forwards", longest, c.base.tokens.back(), "--tokens");
-  else note("extract's forwards", static_cast<double>(std::max<int64_t>(w.batch_tokens, static_cast<int64_t>(longest))),
-            c.base.tokens.back(), "--tokens");
-  if (w.gen_responses > 0) note("generate's prompts", w.gen_prompt_tokens, c.base.tokens.back(), "--tokens");
+  const char* segment = "along its last segment";
+  note("the samples", longest, c.train_sample.tokens.back(), "--train-tokens", segment);
+  note("the samples' forwards", longest, c.base.tokens.back(), "--tokens", segment);
+  if (w.batch_tokens > 0)
+    note("the packed forwards", static_cast<double>(w.batch_tokens), c.base.tokens.back(), "--tokens",
+         "by the fit of its points (a fixed, a per-token and an attention term; the attention per sample)");
+  if (w.gen_responses > 0) note("generate's prompts", w.gen_prompt_tokens, c.base.tokens.back(), "--tokens", segment);
   // generate's decoding is costed per new token from one run of the calibration's lengths: an answer or prompt much
   // longer or shorter than it reads the KV caches of other lengths (a new user's plan at 273 new tokens from a
   // calibration of 32 came out 44% short).
@@ -67,12 +76,13 @@ void print_extrapolation_notes(const Calibration& c, const Workload& w) {
   }
 }
 
-// The streaming train's line: instead of extract + train, no shards.
-void print_stream_line(const JobTime& t, const Calibration& c, const Workload& w, double cost, const std::string& devices) {
-  std::printf("  streamed instead (train --prepared --target-ranks %d: %d target replica(s), %d trainer rank(s)%s):\n"
+// The streaming train's line: instead of extract + train (`alone`: the only job planned), no shards.
+void print_stream_line(const JobTime& t, const Calibration& c, const Workload& w, double cost, const std::string& devices,
+                       bool alone) {
+  std::printf("  streamed%s (train --prepared --target-ranks %d: %d target replica(s), %d trainer rank(s)%s):\n"
               "  train    %10s  (target %s, draft %s, messages %s: %s-bound)  no shards; %s of hidden states queued "
               "per replica leader",
-              w.stream_target_ranks, w.stream_target_ranks / w.tp, w.world - w.stream_target_ranks,
+              alone ? "" : " instead", w.stream_target_ranks, w.stream_target_ranks / w.tp, w.world - w.stream_target_ranks,
               w.stream_colocated ? ", sharing devices" : "", hours(t.seconds).c_str(), hours(t.target_seconds).c_str(),
               hours(t.draft_seconds).c_str(), c.stream_bytes_per_s > 0 ? hours(t.message_seconds).c_str() : "not measured",
               t.bound.c_str(), format_bytes(static_cast<double>(t.queue_bytes)).c_str());
@@ -244,8 +254,11 @@ TimePlan read_time_plan(const po::variables_map& vm, const Calibration& calibrat
   read_jobs(vm, target, c, path, w);
   AERIE_USAGE_CHECK(vm["world"].as<int>() >= 0, "aerie plan: --world " << vm["world"].as<int>() << " is negative");
   w.world = vm["world"].as<int>() > 0 ? vm["world"].as<int>() : world;
-  AERIE_USAGE_CHECK(w.world % tp == 0, "aerie plan: " << w.world << " ranks do not split into tp groups of " << tp
-                                                      << " (--world N plans N ranks without running on them)");
+  // A streamed train's trainers need not fill a tp group (train -np 3 --target-ranks 2 --tp 2): only it is planned.
+  AERIE_USAGE_CHECK(w.world % tp == 0 || w.stream_target_ranks > 0,
+                    "aerie plan: " << w.world << " ranks do not split into tp groups of " << tp
+                                   << " (--world N plans N ranks without running on them; a streamed train's "
+                                      "--stream-target-ranks alone must)");
   plan.gpu_hour_cost = vm["gpu-hour-cost"].as<double>();
   AERIE_USAGE_CHECK(plan.gpu_hour_cost >= 0 && std::isfinite(plan.gpu_hour_cost),
                     "aerie plan: --gpu-hour-cost " << plan.gpu_hour_cost << " is not a price");
@@ -260,6 +273,17 @@ TimePlan read_time_plan(const po::variables_map& vm, const Calibration& calibrat
                     "aerie plan: --stream-target-ranks " << w.stream_target_ranks << " must be a multiple of tp " << tp
                                                          << " and leave trainer ranks among the " << w.world << " (--world)");
   plan.jobs = as_usage("--calibration", [&] { return plan_time(c, w); });
+  plan.max_position = target.max_position_embeddings;
+  // A --tp-overlap calibration timed every forward split in two; the jobs split only forwards of several samples.
+  if (c.tp_overlap && c.tp > 1 && w.batch_tokens > 0 && !w.lengths.empty()) {
+    std::vector<int64_t> off(w.lengths.size() + 1, 0);
+    for (size_t i = 0; i < w.lengths.size(); ++i) off[i + 1] = off[i] + w.lengths[i];
+    const std::string warning =
+        tp_overlap_packing_warning("extract", vm["prepared"].as<std::string>(), off, w.samples_per_shard, w.batch_tokens);
+    if (!warning.empty())
+      plan.packing_note = warning + "; the plan costs every forward as the calibration's overlapped ones, so the "
+                                    "forwards of one sample come out short";
+  }
   return plan;
 }
 
@@ -268,11 +292,16 @@ void print_time_plan(const TimePlan& plan) {
   const Calibration& c = plan.calibration;
   const Workload& w = plan.workload;
   const double cost = plan.gpu_hour_cost;
+  const bool offline = w.world % w.tp == 0;  // else the streamed train alone (read_time_plan)
+  const std::string layout =
+      offline ? std::string(w.gen_responses > 0 ? "generate and " : "") + "extract in " + std::to_string(w.world / w.tp) +
+                    " tp group(s), train data parallel over all " + std::to_string(w.world)
+              : "not tp groups of " + std::to_string(w.tp) + ": the streamed train alone";
   std::printf("\ntime and disk (calibration %s: %s, tp %d%s; the draft's step at vocabulary %lld, %d TTT steps): %lld "
-              "samples x %s tokens, %d rank(s) (generate and extract in %d tp group(s), train data parallel over all %d)%s\n",
+              "samples x %s tokens, %d rank(s) (%s)%s\n",
               plan.path.c_str(), c.device.c_str(), c.tp, c.tp_overlap ? " with --tp-overlap" : "",
               static_cast<long long>(c.draft_vocab_size), c.ttt_steps,
-              static_cast<long long>(w.samples), format_amount(w.mean_tokens).c_str(), w.world, w.world / w.tp, w.world,
+              static_cast<long long>(w.samples), format_amount(w.mean_tokens).c_str(), w.world, layout.c_str(),
               w.train_samples > 0 ? (", train " + std::to_string(w.train_samples) + " samples drawn").c_str()
               : w.epochs > 1     ? (", " + std::to_string(w.epochs) + " epochs").c_str()
                                  : "");
@@ -280,9 +309,10 @@ void print_time_plan(const TimePlan& plan) {
     std::printf("  (the calibration ran %d ranks at once, the plan has %d: where ranks share a node's cores, memory "
                 "bandwidth or links, calibrate with the job's own rank count)\n",
                 c.world, w.world);
-  print_extrapolation_notes(c, w);
+  print_extrapolation_notes(c, w, plan.max_position);
+  if (!plan.packing_note.empty()) std::printf("  (%s)\n", plan.packing_note.c_str());
   const int trainers = w.world - w.stream_target_ranks;
-  if (w.train_batch_size < w.world)
+  if (offline && w.train_batch_size < w.world)
     std::printf("  (--train-batch-size %lld is below the %d ranks that train: %d of them get no sample each step and "
                 "idle, as train warns; the plan costs the step of the busiest)\n",
                 static_cast<long long>(w.train_batch_size), w.world, w.world - static_cast<int>(w.train_batch_size));
@@ -304,12 +334,14 @@ void print_time_plan(const TimePlan& plan) {
     price(t.seconds);
     std::printf("\n");
   }
-  std::printf("  total    %10s", hours(total).c_str());
-  price(total);
-  std::printf("  (%sextract + train; model loading, prepare and vocab not counted; docs/time-plan.md)\n",
-              w.gen_responses > 0 ? "generate + " : "");
+  if (offline) {
+    std::printf("  total    %10s", hours(total).c_str());
+    price(total);
+    std::printf("  (%sextract + train; model loading, prepare and vocab not counted; docs/time-plan.md)\n",
+                w.gen_responses > 0 ? "generate + " : "");
+  }
   for (const JobTime& t : plan.jobs)
-    if (t.job == "train --prepared") print_stream_line(t, c, w, cost, devices);
+    if (t.job == "train --prepared") print_stream_line(t, c, w, cost, devices, !offline);
 }
 
 }  // namespace aerie::jobs

@@ -425,14 +425,20 @@ void check_extract_inputs(const ExtractOptions& opt) {
   PreparedFile prepared(opt.prepared);  // throws naming the file when it is missing or not a prepared file
 }
 
+int64_t shard_bytes_per_token(int64_t hidden, bool fp8) { return fp8 ? 4 * hidden + 16 + 5 : 8 * hidden + 5; }
+
+int64_t shard_bytes(int64_t tokens, int64_t samples, int64_t shards, int64_t hidden, bool fp8) {
+  return tokens * shard_bytes_per_token(hidden, fp8) + 16 * samples + (int64_t{64} << 10) * shards;
+}
+
 ShardSpace estimate_shard_space(const ExtractOptions& opt, int64_t hidden) {
   PreparedFile prepared(opt.prepared);
   ShardSpace s;
   s.samples = prepared.num_samples();
   s.tokens = prepared.sample_offsets().back();
   s.shards = opt.samples_per_shard > 0 ? (s.samples + opt.samples_per_shard - 1) / opt.samples_per_shard : 0;
-  s.bytes_per_token = opt.meta.fp8 ? 4 * hidden + 21 : 8 * hidden + 5;  // fp8: codes + 4 fp32 scales
-  s.bytes_total = s.tokens * s.bytes_per_token + 16 * s.samples + (int64_t{64} << 10) * s.shards;
+  s.bytes_per_token = shard_bytes_per_token(hidden, opt.meta.fp8);
+  s.bytes_total = shard_bytes(s.tokens, s.samples, s.shards, hidden, opt.meta.fp8);
   std::error_code ec;
   if (fs::is_directory(opt.output, ec))
     for (const auto& e : fs::directory_iterator(opt.output, ec)) {

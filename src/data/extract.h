@@ -155,9 +155,17 @@ struct ExtractStats {
 /// loading the target (minutes for a large checkpoint). Throws aerie::Error naming the option or file.
 void check_extract_inputs(const ExtractOptions& options);
 
-/// The disk space extraction needs: bytes per token of a shard, 2 x 4 H (bf16 aux and
-/// final hidden states: 3 H + H values) + 4 (input_ids) + 1 (loss_mask), times the prepared file's
-/// tokens, plus 16 bytes per sample (offsets, index) and 64 KiB of HDF5 overhead per shard.
+/// A shard's bytes per token of a target of hidden size `hidden`: the aux [3H] and final [H] hidden states in bf16
+/// (8 H), or in fp8 (4 H e4m3 codes and an fp32 scale per H-wide vector: 4 H + 16), plus input_ids (4) and
+/// loss_mask (1). docs/formats.md, the shard format.
+int64_t shard_bytes_per_token(int64_t hidden, bool fp8);
+
+/// The bytes of the shards of `samples` samples of `tokens` tokens in all, in `shards` files: per token
+/// (shard_bytes_per_token), plus 16 bytes per sample (offsets, index) and 64 KiB of HDF5 overhead per shard.
+/// What extract logs before it starts and `aerie plan` prints.
+int64_t shard_bytes(int64_t tokens, int64_t samples, int64_t shards, int64_t hidden, bool fp8);
+
+/// The disk space extraction needs (shard_bytes of the prepared file's samples).
 struct ShardSpace {
   int64_t tokens = 0, samples = 0, shards = 0;
   int64_t bytes_per_token = 0;  // bf16: 8 H + 5 (four H-wide vectors, the id and the mask); fp8: 4 H + 21

@@ -1,12 +1,15 @@
 #include "train/time_plan.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <random>
 #include <type_traits>
 
 #include "core/error.h"
+#include "data/extract.h"
 
 namespace aerie {
 
@@ -140,6 +143,91 @@ double TimeCurve::at(double t) const {
   return std::max(0.0, s0 + (s1 - s0) * (t - t0) / (t1 - t0));
 }
 
+TimeCurve::Fit TimeCurve::fit() const {
+  AERIE_CHECK(!tokens.empty() && tokens.size() == seconds.size(), "TimeCurve: no measured points");
+  const size_t n = tokens.size();
+  const double top = *std::max_element(seconds.begin(), seconds.end());
+  if (top <= 0) return {};
+  // Relative errors (points of 100x different times weigh alike), a point at or below 0 weighed as 0.1% of the
+  // largest; tokens scaled to the largest count so that the normal equations stay well conditioned.
+  const double t_max = static_cast<double>(tokens.back());
+  std::vector<std::array<double, 3>> x(n);
+  std::vector<double> weight(n);
+  for (size_t j = 0; j < n; ++j) {
+    const double u = static_cast<double>(tokens[j]) / t_max;
+    x[j] = {1.0, u, u * u};
+    weight[j] = 1.0 / std::max(seconds[j], 1e-3 * top);
+  }
+  // Every subset of the three terms, no more terms than points, in the order a tie prefers; the feasible one
+  // (coefficients >= 0) of the least error.
+  static constexpr std::array<std::array<bool, 3>, 7> kSubsets = {
+      {{true, true, true}, {true, true, false}, {false, true, true}, {true, false, true}, {false, true, false},
+       {true, false, false}, {false, false, true}}};
+  std::array<double, 3> best{};
+  double best_err = std::numeric_limits<double>::infinity();
+  for (const auto& use : kSubsets) {
+    std::vector<int> terms;
+    for (int k = 0; k < 3; ++k)
+      if (use[k]) terms.push_back(k);
+    const size_t m = terms.size();
+    if (m > n) continue;
+    // The weighted normal equations over the subset's terms, solved by Gaussian elimination with pivoting.
+    double a[3][4] = {};
+    for (size_t j = 0; j < n; ++j) {
+      const double w2 = weight[j] * weight[j];
+      for (size_t r = 0; r < m; ++r) {
+        for (size_t q = 0; q < m; ++q) a[r][q] += w2 * x[j][terms[r]] * x[j][terms[q]];
+        a[r][m] += w2 * x[j][terms[r]] * seconds[j];
+      }
+    }
+    bool singular = false;
+    for (size_t r = 0; r < m && !singular; ++r) {
+      size_t p = r;
+      for (size_t q = r + 1; q < m; ++q)
+        if (std::abs(a[q][r]) > std::abs(a[p][r])) p = q;
+      if (std::abs(a[p][r]) < 1e-300) singular = true;
+      for (size_t q = 0; q <= m && !singular; ++q) std::swap(a[r][q], a[p][q]);
+      for (size_t q = 0; q < m && !singular; ++q) {
+        if (q == r) continue;
+        const double f = a[q][r] / a[r][r];
+        for (size_t k = r; k <= m; ++k) a[q][k] -= f * a[r][k];
+      }
+    }
+    if (singular) continue;
+    std::array<double, 3> coef{};
+    bool feasible = true;
+    for (size_t r = 0; r < m; ++r) {
+      coef[terms[r]] = a[r][m] / a[r][r];
+      if (coef[terms[r]] < -1e-12 * top) feasible = false;
+      coef[terms[r]] = std::max(0.0, coef[terms[r]]);
+    }
+    if (!feasible) continue;
+    double err = 0;
+    for (size_t j = 0; j < n; ++j) {
+      const double e = weight[j] * (coef[0] * x[j][0] + coef[1] * x[j][1] + coef[2] * x[j][2] - seconds[j]);
+      err += e * e;
+    }
+    if (err < best_err * (1 - 1e-9) - 1e-24) {
+      best_err = err;
+      best = coef;
+    }
+  }
+  return {best[0], best[1] / t_max, best[2] / (t_max * t_max)};
+}
+
+TimeCurve::Fit Calibration::packed_forward_fit() const {
+  TimeCurve::Fit s = base.fit();
+  for (const LayerKindTimes& l : layers) {
+    const TimeCurve::Fit f = l.curve.fit();
+    const double k = static_cast<double>(l.count);
+    s.fixed += k * f.fixed;
+    s.linear += k * f.linear;
+    s.quadratic += k * f.quadratic;
+  }
+  if (tp_overlap) s.quadratic *= 2;
+  return s;
+}
+
 double Calibration::forward_seconds(double t) const {
   double s = base.at(t);
   for (const LayerKindTimes& l : layers) s += static_cast<double>(l.count) * l.curve.at(t);
@@ -228,12 +316,6 @@ Calibration calibration_from_json(const nlohmann::json& j, const std::string& pa
   return c;
 }
 
-int64_t shard_bytes(int64_t tokens, int64_t h, bool fp8) {
-  const int64_t values = 4 * h;  // aux 3H + final H
-  const int64_t per_token = fp8 ? values + 4 * 4 : 2 * values;
-  return tokens * (per_token + 4 + 1);
-}
-
 namespace {
 
 // The summed cost of f(length) over the samples: each at its own length where known, else all at the mean.
@@ -244,12 +326,40 @@ double over_samples(const Workload& w, const std::function<double(double)>& f) {
   return s;
 }
 
-// The target's forwards over every sample once, on one tp group: forwards of about batch_tokens tokens costed per
-// token, or one per sample (batch_tokens 0).
-double forwards_once(const Calibration& c, const Workload& w) {
+// The target's forwards over every sample once, on one tp group: one per sample (batch_tokens 0), else each chunk of
+// `chunk` consecutive samples packed into forwards of up to batch_tokens tokens as extract and the streaming target
+// pack them (data/extract.h's packed_forward_end), a forward of one sample costed along the forward's curve, one of
+// several by Calibration::packed_forward_fit (attention within each sample). Where the lengths are unknown, forwards
+// of as many samples of the mean length as fit.
+double forwards_once(const Calibration& c, const Workload& w, int64_t chunk) {
   if (w.batch_tokens <= 0) return over_samples(w, [&](double l) { return c.forward_seconds(l); });
-  const double per_forward = std::max(static_cast<double>(w.batch_tokens), w.mean_tokens);
-  return static_cast<double>(w.samples) * w.mean_tokens / per_forward * c.forward_seconds(per_forward);
+  const TimeCurve::Fit packed = c.packed_forward_fit();
+  const double B = static_cast<double>(w.batch_tokens);
+  chunk = std::max<int64_t>(1, chunk);
+  if (w.lengths.empty()) {
+    const double m = w.mean_tokens;
+    const double k = std::min(static_cast<double>(chunk), std::max(1.0, std::floor(B / m)));
+    const double forwards = static_cast<double>(w.samples) / k;
+    return k == 1 ? forwards * c.forward_seconds(m) : forwards * packed.packed(k * m, k * m * m);
+  }
+  std::vector<int64_t> off(w.lengths.size() + 1, 0);
+  for (size_t i = 0; i < w.lengths.size(); ++i) off[i + 1] = off[i] + w.lengths[i];
+  const int64_t N = static_cast<int64_t>(w.lengths.size());
+  double s = 0;
+  for (int64_t b = 0; b < N; b += chunk) {
+    const int64_t e = std::min(N, b + chunk);
+    for (int64_t i = b, j; i < e; i = j) {
+      j = packed_forward_end(off, i, e, w.batch_tokens);
+      if (j - i == 1) {
+        s += c.forward_seconds(static_cast<double>(w.lengths[i]));
+        continue;
+      }
+      double sum_sq = 0;
+      for (int64_t k = i; k < j; ++k) sum_sq += static_cast<double>(w.lengths[k]) * static_cast<double>(w.lengths[k]);
+      s += packed.packed(static_cast<double>(off[j] - off[i]), sum_sq);
+    }
+  }
+  return s;
 }
 
 // The busiest tp group of a job whose chunks of w.samples_per_shard samples rank 0 hands out in order, each to the
@@ -320,7 +430,10 @@ JobTime plan_stream(const Calibration& c, const Workload& w, double drawn) {
   const double per_pass = drawn / static_cast<double>(w.samples);  // passes over the dataset the draws make
   JobTime st;
   st.job = "train --prepared";
-  st.target_seconds = per_pass * forwards_once(c, w) / replicas;
+  // A step's samples are packed per replica: ceil(batch / replicas) at a time (in file order here; the steps
+  // shuffle them, which packs alike unless the file is sorted by length).
+  const int64_t per_call = (w.train_batch_size + replicas - 1) / replicas;
+  st.target_seconds = per_pass * forwards_once(c, w, per_call) / replicas;
   // The trainers step at the rate measured with every rank busy, or faster where the calibration measured one
   // rank alone and the target ranks idle part of the time: between the two, by the ranks busy on average (the
   // trainers, and the target ranks for the share of the time they compute).
@@ -381,8 +494,9 @@ double extract_compute_seconds(const Calibration& c, const Workload& w) {
   const int groups = w.world / w.tp;
   auto writer_at = [&](double l) { return c.writer_sample.tokens.empty() ? 0.0 : c.writer_sample.at(l); };
   const double writer = over_samples(w, writer_at);
-  const double fwd = forwards_once(c, w);
-  const double total = w.batch_tokens > 0 ? std::max(fwd, writer) : fwd + writer;
+  const double fwd = forwards_once(c, w, w.samples_per_shard);
+  // A GPU's writer thread works beside the forwards; on the CPU backend it takes a core the ranks compute on.
+  const double total = w.batch_tokens > 0 && c.device != "cpu" ? std::max(fwd, writer) : fwd + writer;
   // A sample's share of the work: its tokens where forwards pack samples, else its own forward and writer's work.
   std::function<double(double)> weight = [](double l) { return l; };
   if (w.batch_tokens <= 0) weight = [&](double l) { return c.forward_seconds(l) + writer_at(l); };
@@ -402,13 +516,21 @@ std::vector<JobTime> plan_time(const Calibration& c, const Workload& w_in) {
   AERIE_CHECK(w.samples > 0 && w.samples <= 1000000000000 && w.mean_tokens >= 1 && w.mean_tokens <= 1e7,
               "plan: the workload needs 1 to 10^12 samples (got " << w.samples << ") of 1 to 10^7 tokens on average (got "
                                                                  << w.mean_tokens << ")");
-  AERIE_CHECK(w.tp >= 1 && w.world >= w.tp && w.world % w.tp == 0,
+  // A streamed train's ranks need not split into tp groups, only its target's: such a world plans it alone.
+  const bool offline = w.world % std::max(1, w.tp) == 0;
+  AERIE_CHECK(w.tp >= 1 && w.world >= w.tp && (offline || w.stream_target_ranks > 0),
               "plan: " << w.world << " ranks do not split into tp groups of " << w.tp);
   AERIE_CHECK(w.tp == c.tp, "plan: the calibration measured the forward at tp " << c.tp << ", the plan asks tp " << w.tp
                                                                                 << ": calibrate with --tp " << w.tp << ", or plan with --tp " << c.tp);
   const double tokens = static_cast<double>(w.samples) * w.mean_tokens;
-  const int64_t bytes = shard_bytes(static_cast<int64_t>(std::llround(tokens)), c.hidden_size, w.fp8_storage);
+  // As extract logs it (data/extract.h): its shards of samples_per_shard samples.
+  const int64_t shards = (w.samples + w.samples_per_shard - 1) / std::max<int64_t>(1, w.samples_per_shard);
+  const int64_t bytes = shard_bytes(static_cast<int64_t>(std::llround(tokens)), w.samples, shards, c.hidden_size,
+                                    w.fp8_storage);
+  const double drawn = w.train_samples > 0 ? static_cast<double>(w.train_samples)
+                                           : static_cast<double>(w.epochs) * static_cast<double>(w.samples);
   std::vector<JobTime> out;
+  if (!offline) return {plan_stream(c, w, drawn)};
   if (w.gen_responses > 0) out.push_back(plan_generate(c, w));
 
   // extract: the forwards spread over the tp groups (chunks are handed out dynamically). A GPU's writer thread works
@@ -427,8 +549,6 @@ std::vector<JobTime> plan_time(const Calibration& c, const Workload& w_in) {
   // each; the draws follow the dataset's lengths.
   JobTime tr;
   tr.job = "train";
-  const double drawn = w.train_samples > 0 ? static_cast<double>(w.train_samples)
-                                           : static_cast<double>(w.epochs) * static_cast<double>(w.samples);
   tr.compute_seconds = draft_seconds(c, w, drawn, [&c](double l) { return c.train_sample.at(l); }, w.world);
   tr.seconds = tr.compute_seconds;
   tr.bound = "compute";

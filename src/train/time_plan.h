@@ -19,6 +19,19 @@ struct TimeCurve {
   /// the later larger; else the straight line); beyond them along the nearest segment's (one point: proportional to
   /// t), never below 0. Throws aerie::Error when the curve is empty or t < 0.
   double at(double t) const;
+
+  /// seconds ~ fixed + linear x t + quadratic x t^2: a forward's fixed cost (launches, set-up), its work per token,
+  /// and attention's growth with the sequence's length.
+  struct Fit {
+    double fixed = 0, linear = 0, quadratic = 0;
+    /// A forward of samples packed into `rows` tokens whose squared lengths sum to `sum_sq` (each sample attends
+    /// within itself): fixed + linear x rows + quadratic x sum_sq seconds.
+    double packed(double rows, double sum_sq) const { return fixed + linear * rows + quadratic * sum_sq; }
+  };
+  /// The least-squares fit of the points by relative error, every coefficient >= 0, with at most as many terms as
+  /// points (two points: fixed + linear where the growth is at most linear, else linear + quadratic; one point:
+  /// linear). Throws aerie::Error when the curve is empty.
+  Fit fit() const;
 };
 
 /// The seconds of one layer kind of the target ("dense", "moe") per forward, and how many the target has.
@@ -64,6 +77,11 @@ struct Calibration {
 
   /// A forward of the whole target over `t` tokens, per tp group: base + sum of count x layer seconds.
   double forward_seconds(double t) const;
+  /// The whole target's forward of several packed samples (extract's and the streaming target's forwards, each
+  /// sample attending within itself; Fit::packed), per tp group: base's fit + sum of count x each layer kind's fit
+  /// (TimeCurve::fit). With tp_overlap the curves are of two sequences of T/2, whose attention term is half a
+  /// sequence of T's: the quadratic term doubled.
+  TimeCurve::Fit packed_forward_fit() const;
 };
 
 /// calibration.json's content, and back. calibration_from_json throws aerie::Error naming `path` and the field when
@@ -115,22 +133,19 @@ struct JobTime {
 /// streaming train (its target side costed as extract's forwards of the samples drawn, its messages 8 H bytes per
 /// token at the calibration's stream rate, one link per replica-trainer pair; its wall time the longest side, or the
 /// target's and the draft's sum where they share devices). With `w.lengths` each sample is costed at
-/// its own length (a forward of one sample where batch_tokens is 0, else forwards of batch_tokens costed per
-/// token), else every sample at the mean. Throws aerie::Error when the workload is empty, its tp differs from the
-/// calibration's (the forward was measured at that tp), world % tp != 0, or the streaming split leaves no trainer
-/// or is not a multiple of tp.
+/// its own length (a forward of one sample where batch_tokens is 0, else the samples packed into forwards of up to
+/// batch_tokens as the jobs pack them, Calibration::packed_forward_fit), else every sample at the mean. Where world % tp != 0 only the streamed train (whose target ranks alone
+/// form tp groups). Throws aerie::Error when the workload is empty, its tp differs from the calibration's (the
+/// forward was measured at that tp), world % tp != 0 without a streamed train, or the streaming split leaves no
+/// trainer or is not a multiple of tp.
 std::vector<JobTime> plan_time(const Calibration& c, const Workload& w);
 
-/// extract's compute on `w.world / w.tp` tp groups: the target's forwards of every sample (forwards of about
-/// w.batch_tokens tokens costed per token, or one per sample at 0) and the shard writer's work per sample, the
-/// longer of the two where the writer's thread runs beside the forwards (batch_tokens > 0, a GPU's), else their
+/// extract's compute on `w.world / w.tp` tp groups: the target's forwards of every sample (each chunk of
+/// samples_per_shard packed into forwards of up to w.batch_tokens, or one per sample at 0) and the shard writer's work per sample, the
+/// longer of the two where the writer's thread runs beside the forwards (batch_tokens > 0 on a GPU), else their
 /// sum; the busiest group's share of it, chunks of samples_per_shard samples handed out in order to the group free
 /// first, each costing its samples' share; plus c's extract_run_seconds and extract_sample_seconds per sample of
 /// that group.
 double extract_compute_seconds(const Calibration& c, const Workload& w);
-/// The shards' bytes of `tokens` tokens of hidden size `h`: aux [3H] and final [H] values, bf16 (2 bytes) or fp8
-/// (1 byte and an fp32 scale per H-wide vector), plus input_ids (4 bytes) and loss_mask (1) per token
-/// (docs/formats.md, the shard format; the per-sample index is negligible).
-int64_t shard_bytes(int64_t tokens, int64_t h, bool fp8);
 
 }  // namespace aerie

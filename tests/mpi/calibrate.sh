@@ -41,11 +41,12 @@ PY
 plan() { mpirun -np 2 "$aerie" plan --model "$src/tests/model/fixtures/hf/qwen3_moe" --gpu-memory 80GiB "$@"; }
 plan --tp 1 --calibration "$out/qwen3_moe.json" --samples 1000 --mean-tokens 40 --train-steps 10 --train-batch-size 4 \
   > "$out/plan.log" 2>&1 || { cat "$out/plan.log"; fail "plan --calibration"; }
-grep -q "time and disk (calibration $out/qwen3_moe.json: cpu, tp 1; the draft's step at vocabulary [0-9]*, 7 TTT steps): 1000 samples x 40 tokens, 2 rank(s) (generate and extract in 2 tp group(s), train data parallel over all 2), train 40 samples drawn" \
+grep -q "time and disk (calibration $out/qwen3_moe.json: cpu, tp 1; the draft's step at vocabulary [0-9]*, 7 TTT steps): 1000 samples x 40 tokens, 2 rank(s) (extract in 2 tp group(s), train data parallel over all 2), train 40 samples drawn" \
   "$out/plan.log" || { cat "$out/plan.log"; fail "plan: no time-plan header"; }
 [ "$(grep -c '^  extract ' "$out/plan.log")" = 1 ] || fail "plan: extract printed other than once"
-# 40 000 tokens of hidden size 64 in bf16: 40000 x (8 x 64 + 5) bytes = 20,680,000 bytes = 19.72 MiB
-grep -qE "^  extract .*shards 19\.72 MiB \(bf16\)" "$out/plan.log" || { cat "$out/plan.log"; fail "plan: shard bytes"; }
+# 40 000 tokens of hidden size 64 in bf16, as extract logs them: 40000 x (8 x 64 + 5) bytes, 16 a sample and 64 KiB a
+# shard (16 of 64 samples) = 21,744,576 bytes = 20.74 MiB
+grep -qE "^  extract .*shards 20\.74 MiB \(bf16\)" "$out/plan.log" || { cat "$out/plan.log"; fail "plan: shard bytes"; }
 grep -qE "^  train .*compute-bound" "$out/plan.log" || fail "plan: no train line"
 grep -q "the calibration's" "$out/plan.log" && { cat "$out/plan.log"; fail "plan: an extrapolation note within the calibration"; }
 # Samples past the calibration's largest length (48 tokens): read along its last segment, and said so.
@@ -68,7 +69,8 @@ PY
 # generate: its line before extract's, counted in the total.
 plan --tp 1 --calibration "$out/qwen3_moe.json" --samples 100 --mean-tokens 40 --generate-responses 100 \
   --generate-prompt-tokens 20 --generate-new-tokens 20 > "$out/gen.log" 2>&1 || { cat "$out/gen.log"; fail "plan --generate-responses"; }
-grep -qE "^  generate .*compute-bound" "$out/gen.log" && grep -q "(generate + extract + train;" "$out/gen.log" ||
+grep -qE "^  generate .*compute-bound" "$out/gen.log" && grep -q "(generate + extract + train;" "$out/gen.log" &&
+  grep -q "(generate and extract in 2 tp group(s)" "$out/gen.log" ||
   { cat "$out/gen.log"; fail "plan: no generate line"; }
 python3 -c "import json,sys; g=json.load(open(sys.argv[1]))['generate']; assert g['seconds'] > 0 and g['batch'] == 16, g" \
   "$out/qwen3_moe.json" || fail "calibration: no generate measurement"
@@ -82,7 +84,13 @@ plan --tp 2 --calibration "$out/overlap.json" --samples 100 --mean-tokens 40 > "
   { cat "$out/overlap_plan.log"; fail "plan of the overlap calibration"; }
 grep -q "cpu, tp 2 with --tp-overlap;" "$out/overlap_plan.log" || { cat "$out/overlap_plan.log"; fail "plan: the overlap not named"; }
 # On the CPU extract --tp-overlap batches samples up to --batch-tokens (2048) as a GPU does: the plan reads those forwards.
-grep -q "(extract's forwards reach 2048 tokens" "$out/overlap_plan.log" || { cat "$out/overlap_plan.log"; fail "plan: CPU overlap forwards"; }
+grep -q "(the packed forwards reach 2048 tokens" "$out/overlap_plan.log" || { cat "$out/overlap_plan.log"; fail "plan: CPU overlap forwards"; }
+# 3 ranks, a target replica of tp 2 and one trainer: train runs it, so the plan plans it (the streamed train alone).
+plan --tp 2 --calibration "$out/overlap.json" --samples 100 --mean-tokens 40 --world 3 --stream-target-ranks 2 \
+  > "$out/stream3.log" 2>&1 || { cat "$out/stream3.log"; fail "plan of a streamed train on 3 ranks at tp 2"; }
+grep -q "3 rank(s) (not tp groups of 2: the streamed train alone)" "$out/stream3.log" &&
+  grep -qE "^  streamed \(train --prepared --target-ranks 2" "$out/stream3.log" && ! grep -q "^  extract " "$out/stream3.log" ||
+  { cat "$out/stream3.log"; fail "plan: the streamed train alone"; }
 # A layout that does not fit gets no time plan (a new user read one as the plan of a run that cannot start).
 mpirun -np 2 "$aerie" plan --model "$src/tests/model/fixtures/hf/qwen3_moe" --gpu-memory 1GiB --reserve 2GiB --tp 1 \
   --calibration "$out/qwen3_moe.json" --samples 100 --mean-tokens 40 > "$out/nofit.log" 2>&1 && fail "1 GiB less a 2 GiB reserve fits"

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <string>
 
+#include "data/extract.h"
 #include "test_util.h"
 #include "train/time_plan.h"
 
@@ -45,6 +46,65 @@ TEST(TimePlan, CurvesInterpolateAndExtrapolate) {
   const TimeCurve flat{{1, 2}, {0.0, 2.0}};  // a zero: the straight line
   EXPECT_DOUBLE_EQ(flat.at(1.5), 1.0);
   EXPECT_THROW(TimeCurve{}.at(1), Error);
+}
+
+// The fixed + linear + quadratic fit of a curve (coefficients >= 0, no more terms than points).
+TEST(TimePlan, CurvesFitFixedLinearAndQuadraticTerms) {
+  auto f = [](double t) { return 0.1 + 0.01 * t + 1e-4 * t * t; };
+  const TimeCurve three{{100, 1000, 4000}, {f(100), f(1000), f(4000)}};
+  const TimeCurve::Fit q = three.fit();
+  EXPECT_NEAR(q.fixed, 0.1, 1e-9);
+  EXPECT_NEAR(q.linear, 0.01, 1e-12);
+  EXPECT_NEAR(q.quadratic, 1e-4, 1e-15);
+  EXPECT_NEAR(q.packed(1000, 2 * 500.0 * 500.0), 0.1 + 10 + 1e-4 * 5e5, 1e-9);  // two samples of 500
+  // Two points growing less than linearly: fixed + linear; faster: linear + quadratic.
+  const TimeCurve::Fit sub = TimeCurve{{128, 512}, {1.0, 2.0}}.fit();
+  EXPECT_NEAR(sub.fixed, 2.0 / 3, 1e-12);
+  EXPECT_NEAR(sub.linear, 1.0 / 384, 1e-15);
+  EXPECT_EQ(sub.quadratic, 0.0);
+  const TimeCurve::Fit super = TimeCurve{{128, 512}, {1.0, 5.0}}.fit();
+  EXPECT_EQ(super.fixed, 0.0);
+  EXPECT_NEAR(super.linear * 128 + super.quadratic * 128 * 128, 1.0, 1e-12);
+  EXPECT_NEAR(super.linear * 512 + super.quadratic * 512 * 512, 5.0, 1e-12);
+  EXPECT_GT(super.quadratic, 0.0);
+  // One point: proportional, as TimeCurve::at reads it. A curve of zeros: zero.
+  const TimeCurve::Fit one = TimeCurve{{512}, {2.0}}.fit();
+  EXPECT_EQ(one.fixed, 0.0);
+  EXPECT_NEAR(one.linear, 2.0 / 512, 1e-15);
+  const TimeCurve::Fit zero = TimeCurve{{1, 2}, {0.0, 0.0}}.fit();
+  EXPECT_EQ(zero.packed(100, 1e4), 0.0);
+  // Points that no non-negative fit passes through: still no negative term.
+  const TimeCurve::Fit noisy = TimeCurve{{100, 200, 400}, {3.0, 1.0, 2.0}}.fit();
+  EXPECT_GE(noisy.fixed, 0.0);
+  EXPECT_GE(noisy.linear, 0.0);
+  EXPECT_GE(noisy.quadratic, 0.0);
+  EXPECT_THROW(TimeCurve{}.fit(), Error);
+}
+
+// extract's forwards pack the samples of a chunk up to --batch-tokens, each attending within itself: a packed
+// forward costs the fit's fixed and per-token terms once and its attention term per sample, not a sequence of all.
+TEST(TimePlan, PackedForwardsCostAttentionPerSample) {
+  Calibration c = example();
+  auto f = [](double t) { return 0.01 + 1e-3 * t + 1e-6 * t * t; };
+  c.base = {{100, 1000, 4000}, {0.0, 0.0, 0.0}};
+  c.layers = {{"dense", 2, {{100, 1000, 4000}, {f(100), f(1000), f(4000)}}}};
+  Workload w;
+  w.lengths = {100, 100, 100, 400, 100};
+  w.batch_tokens = 300;  // chunk 1: [100 100 100] [400] [100]
+  w.samples_per_shard = 4;
+  w.world = 1;
+  const double packed = 2 * (0.01 + 1e-3 * 300 + 1e-6 * 3 * 100 * 100);
+  EXPECT_NEAR(plan_time(c, w)[0].compute_seconds, packed + c.forward_seconds(400) + c.forward_seconds(100), 1e-9);
+  EXPECT_LT(packed, c.forward_seconds(300));  // one sequence of 300 attends over all 300
+  // The lengths unknown: forwards of as many samples of the mean as fit (2 of 150 in 300).
+  Workload m = w;
+  m.lengths.clear();
+  m.samples = 4;
+  m.mean_tokens = 150;
+  EXPECT_NEAR(plan_time(c, m)[0].compute_seconds, 2 * 2 * (0.01 + 1e-3 * 300 + 1e-6 * 2 * 150 * 150), 1e-9);
+  // --tp-overlap's curves are of two sequences of T/2: their attention term is half a sequence of T's.
+  c.tp_overlap = true;
+  EXPECT_NEAR(c.packed_forward_fit().quadratic, 2 * 2 * 1e-6, 1e-15);
 }
 
 TEST(TimePlan, ForwardIsBasePlusLayers) {
@@ -111,8 +171,10 @@ TEST(TimePlan, MalformedCalibrationIsNamed) {
 }
 
 TEST(TimePlan, ShardBytesAsExtractEstimatesThem) {
-  EXPECT_EQ(shard_bytes(10, 64, false), 10 * (8 * 64 + 5));  // extract --storage bf16: 8 H + 5 per token
-  EXPECT_EQ(shard_bytes(10, 64, true), 10 * (4 * 64 + 21));  // fp8: codes, 4 fp32 scales, ids, mask
+  EXPECT_EQ(shard_bytes_per_token(64, false), 8 * 64 + 5);  // extract --storage bf16: 8 H + 5 per token
+  EXPECT_EQ(shard_bytes_per_token(64, true), 4 * 64 + 21);   // fp8: codes, 4 fp32 scales, ids, mask
+  // 3 samples in 2 shards: 16 bytes a sample and 64 KiB a shard besides the tokens'.
+  EXPECT_EQ(shard_bytes(10, 3, 2, 64, false), 10 * (8 * 64 + 5) + 3 * 16 + 2 * 65536);
 }
 
 TEST(TimePlan, ExtractAndTrain) {
@@ -129,7 +191,7 @@ TEST(TimePlan, ExtractAndTrain) {
   // 500 forwards of 1000 tokens (1.7 s each) over 2 groups.
   EXPECT_EQ(t[0].job, "extract");
   EXPECT_NEAR(t[0].compute_seconds, 500 * 1.7 / 2, 1e-9);
-  EXPECT_EQ(t[0].bytes, shard_bytes(500000, 64, false));
+  EXPECT_EQ(t[0].bytes, shard_bytes(500000, 1000, 10, 64, false));
   EXPECT_NEAR(t[0].disk_seconds, static_cast<double>(t[0].bytes) / 1e9, 1e-12);
   EXPECT_EQ(t[0].bound, "compute");
   EXPECT_DOUBLE_EQ(t[0].seconds, t[0].compute_seconds);
