@@ -635,6 +635,10 @@ int calibrate(const std::vector<std::string>& args) {
   if (rank0 && dev.options.tp_overlap && !cal.tp_overlap)
     AERIE_LOG(warning) << "calibrate: --tp-overlap does nothing at tp 1 or with a --tokens count below 2: the "
                        << "forward is measured without it";
+  if (rank0 && opt.draft_vocab > cfg.vocab_size)
+    AERIE_LOG(warning) << "calibrate: --draft-vocab-size " << opt.draft_vocab << " is past the target's vocabulary of "
+                       << cfg.vocab_size << ": the draft's step is measured at " << cfg.vocab_size
+                       << " (vocab caps it alike)";
   if (rank0 && vm["tp"].as<int>() == 0 && tp > 1)
     AERIE_LOG(info) << "calibrate: the forward at tp " << tp << " (the world size; extract and generate default to "
                     << "--tp 1): plan the jobs at the --tp they will run, and calibrate at that tp";

@@ -57,7 +57,7 @@ inline void expect_close_scaled(const std::vector<float>& got, const std::vector
 namespace aerie::testing {
 /// The converted stories260K model (config.json, model.safetensors, tokenizer.json): $AERIE_TEST_MODEL (a
 /// staged copy, e.g. on a GPU machine that ran no build), else the one the build makes from ../shared/data
-/// in models/stories260K; tests that need it GTEST_SKIP when it is absent.
+/// in models/stories260K; tests that need it start with AERIE_REQUIRE_MODEL().
 inline std::string model_dir() {
   const char* env = std::getenv("AERIE_TEST_MODEL");
   return env && *env ? env : AERIE_MODEL_DIR;
@@ -132,4 +132,16 @@ inline bool no_skip() {
         FAIL() << "CUDA test cannot run (AERIE_NO_SKIP=1): " << ::aerie::cuda::unavailable_reason(); \
       GTEST_SKIP() << "CUDA test skipped: " << ::aerie::cuda::unavailable_reason();                \
     }                                                                                              \
+  } while (0)
+
+/// Skips the current test when the converted stories260K model (testing::model_dir()) is absent; with
+/// AERIE_NO_SKIP=1 (a GPU run, where the build's models/ folder must travel or AERIE_TEST_MODEL name a copy)
+/// it fails instead.
+#define AERIE_REQUIRE_MODEL()                                                                          \
+  do {                                                                                                 \
+    if (!::aerie::testing::have_model()) {                                                             \
+      if (::aerie::testing::no_skip())                                                                 \
+        FAIL() << "no converted stories260K at " << ::aerie::testing::model_dir() << " (AERIE_NO_SKIP=1)"; \
+      GTEST_SKIP() << "no converted stories260K at " << ::aerie::testing::model_dir();                 \
+    }                                                                                                  \
   } while (0)

@@ -55,13 +55,18 @@ StreamTargetStats serve_stream_target(MpiCommunicator& world, const StreamLayout
                                       const TargetConfig& tcfg, const StreamTargetJob& job) {
   const std::vector<int>& aux = job.aux_layers;
   const bool overlap = options.tp_overlap && tp_overlap_unused(tp.size(), job.batch_tokens).empty();
+  // "ranks 0-1", "rank 2": a range only where it holds two or more.
+  auto ranks = [](int first, int last) {
+    return first == last ? "rank " + std::to_string(first)
+                         : "ranks " + std::to_string(first) + "-" + std::to_string(last);
+  };
   if (world.rank() == 0)
-    AERIE_LOG(info) << "train (target): " << job.target_model << " on ranks 0-" << layout.target_ranks - 1 << " ("
+    AERIE_LOG(info) << "train (target): " << job.target_model << " on " << ranks(0, layout.target_ranks - 1) << " ("
                     << layout.replicas() << " replica(s) of tp " << layout.tp << "), "
                     << device_name(options.device) << " " << dtype_name(options.dtype) << ", aux layers "
                     << aux[0] << "," << aux[1] << "," << aux[2]
-                    << (overlap ? ", tp all-reduces overlapped with compute" : "") << "; training on ranks "
-                    << layout.target_ranks << "-" << world.size() - 1;
+                    << (overlap ? ", tp all-reduces overlapped with compute" : "") << "; training on "
+                    << ranks(layout.target_ranks, world.size() - 1);
   if (world.rank() == 0 && options.tp_overlap && !overlap)
     AERIE_LOG(warning) << "train: --tp-overlap does nothing " << tp_overlap_unused(tp.size(), job.batch_tokens);
   if (world.rank() == 0 && overlap) {

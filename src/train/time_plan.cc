@@ -23,13 +23,19 @@ nlohmann::json curve_json(const TimeCurve& c) { return {{"tokens", c.tokens}, {"
 TimeCurve curve_from(const nlohmann::json& j, const std::string& path, const std::string& field) {
   AERIE_CHECK(j.is_object() && j.contains("tokens") && j.contains("seconds"),
               path << ": " << field << " must be an object with tokens and seconds");
-  TimeCurve c;
-  try {
-    c.tokens = j.at("tokens").get<std::vector<int64_t>>();
-    c.seconds = j.at("seconds").get<std::vector<double>>();
-  } catch (const nlohmann::json::exception& e) {
-    AERIE_THROW(path << ": " << field << ": " << e.what());
+  // Arrays of integers and of numbers, checked by element so that the error names the field and what it holds.
+  for (const char* key : {"tokens", "seconds"}) {
+    const nlohmann::json& v = j.at(key);
+    const bool integers = std::string(key) == "tokens";
+    bool ok = v.is_array();
+    if (ok)
+      for (const nlohmann::json& x : v) ok = ok && (integers ? x.is_number_integer() : x.is_number());
+    AERIE_CHECK(ok, path << ": " << field << "." << key << " must be an array of " << (integers ? "integers" : "numbers")
+                         << ", not " << v.dump().substr(0, 60));
   }
+  TimeCurve c;
+  c.tokens = j.at("tokens").get<std::vector<int64_t>>();
+  c.seconds = j.at("seconds").get<std::vector<double>>();
   AERIE_CHECK(!c.tokens.empty() && c.tokens.size() == c.seconds.size(),
               path << ": " << field << " has " << c.tokens.size() << " token counts and " << c.seconds.size()
                    << " times (one each, at least one)");
@@ -258,7 +264,9 @@ nlohmann::json to_json(const Calibration& c) {
 
 Calibration calibration_from_json(const nlohmann::json& j, const std::string& path) {
   AERIE_CHECK(j.is_object() && j.contains("format") && j["format"].is_string() && j["format"] == kFormat,
-              path << ": not an aerie calibration (format '" << kFormat << "'; `aerie calibrate` writes one)");
+              path << ": not an aerie calibration (its format is "
+                   << (j.is_object() && j.contains("format") ? j["format"].dump() : std::string("missing"))
+                   << ", a calibration's '" << kFormat << "'; `aerie calibrate` writes one)");
   AERIE_CHECK(j.contains("version") && j["version"].is_number_integer() && j["version"] == kVersion,
               path << ": calibration version " << j.value("version", nlohmann::json()).dump() << ", this aerie reads "
                    << kVersion);
@@ -276,7 +284,7 @@ Calibration calibration_from_json(const nlohmann::json& j, const std::string& pa
     LayerKindTimes k;
     k.kind = required<std::string>(layers[i], "kind", path + ": " + at);
     k.count = required<int64_t>(layers[i], "count", path + ": " + at);
-    k.curve = curve_from(field(layers[i], "per_layer", path + ": " + at), path, "forward.layers[" + k.kind + "]");
+    k.curve = curve_from(field(layers[i], "per_layer", path + ": " + at), path, "forward.layers[" + k.kind + "].per_layer");
     c.layers.push_back(std::move(k));
   }
   c.ttt_steps = required<int>(j, "train.ttt_steps", path);

@@ -399,7 +399,7 @@ TEST(ChatTemplate, RegistryAndErrors) {
 
 // A template's special token missing from the tokenizer is an error naming the file and the token.
 TEST(ChatTemplate, MissingSpecialTokenIsAnError) {
-  if (!testing::have_model()) GTEST_SKIP() << "stories260K model not built";
+  AERIE_REQUIRE_MODEL();
   auto tok = Tokenizer::load(testing::model_dir());
   const std::string err = testing::error_of([&] { make_chat_template("llama3", *tok); });
   EXPECT_NE(err.find("llama3.ini"), std::string::npos) << err;

@@ -522,7 +522,7 @@ TEST(Extract, BadPreparedFileNamesIt) {
 
 // The real target: what the shards hold is TargetModel::forward of each sample, rounded to bf16.
 TEST(Extract, Stories260KMatchesForward) {
-  if (!testing::have_model()) GTEST_SKIP() << "no converted stories260K at " << testing::model_dir();
+  AERIE_REQUIRE_MODEL();
   const std::string dir = testing::scratch_dir("extract_stories");
   ParallelGroups g = ParallelGroups::create(1);
   if (g.map.world_size != 1) GTEST_SKIP() << "single-rank test";
@@ -752,7 +752,7 @@ TEST(ExtractMpi, GroupsShareTheChunks) {
 // stories260K split over a tp group of 2 against the same target on one rank.
 TEST(ExtractMpi, Tp2MatchesTp1) {
   if (world_size() != 2) GTEST_SKIP() << "run under mpirun -np 2 (tests/mpi/extract.cmake)";
-  if (!testing::have_model()) GTEST_SKIP() << "no converted stories260K at " << testing::model_dir();
+  AERIE_REQUIRE_MODEL();
   const std::string dir = shared_scratch("extract_mpi_tp");
   std::unique_ptr<TargetModel> one;  // rank 0's single-rank reference
   MpiCommunicator self(MPI_COMM_SELF, false);

@@ -61,7 +61,7 @@ void write_file(const std::string& path, const std::string& text) {
 class PrepareTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!testing::have_model()) GTEST_SKIP() << "stories260K model not built (target stories260K_model)";
+    AERIE_REQUIRE_MODEL();
     tok_ = Tokenizer::load(testing::model_dir());
     dir_ = testing::scratch_dir(std::string("prepare_") + ::testing::UnitTest::GetInstance()->current_test_info()->name());
   }
@@ -450,7 +450,7 @@ TEST_F(PrepareTest, TinyStoriesText) {
 // The ranks of MPI_COMM_WORLD together must write exactly what one rank writes: same tokens, masks,
 // offsets and counts, for JSONL with bad lines and for text. With 1 rank this compares a run with itself.
 TEST(PrepareParallelTest, WorldEqualsOneRank) {
-  if (!testing::have_model()) GTEST_SKIP() << "stories260K model not built";
+  AERIE_REQUIRE_MODEL();
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);

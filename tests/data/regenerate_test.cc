@@ -70,7 +70,7 @@ std::vector<int32_t> concat(std::initializer_list<std::vector<int32_t>> parts) {
 class RegenerateRecord : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!testing::have_model()) GTEST_SKIP() << "no converted stories260K at " << testing::model_dir();
+    AERIE_REQUIRE_MODEL();
     tok = Tokenizer::load(testing::model_dir());
     plain = make_chat_template("plain", *tok);
     params.max_new_tokens = 20;
@@ -335,7 +335,7 @@ struct Target {
 };
 
 TEST(RegenerateRun, ChunksResumeAndRefuseAnotherRun) {
-  if (!testing::have_model()) GTEST_SKIP() << "no converted stories260K at " << testing::model_dir();
+  AERIE_REQUIRE_MODEL();
   ParallelGroups g = ParallelGroups::create(1);
   if (g.map.world_size != 1) GTEST_SKIP() << "single-rank test";
   const std::string dir = testing::scratch_dir("regenerate_run");
@@ -407,7 +407,7 @@ TEST(RegenerateRun, ChunksResumeAndRefuseAnotherRun) {
 }
 
 TEST(RegenerateRun, JsonArrayInput) {
-  if (!testing::have_model()) GTEST_SKIP() << "no converted stories260K at " << testing::model_dir();
+  AERIE_REQUIRE_MODEL();
   ParallelGroups g = ParallelGroups::create(1);
   if (g.map.world_size != 1) GTEST_SKIP() << "single-rank test";
   const std::string dir = testing::scratch_dir("regenerate_array");
@@ -430,7 +430,7 @@ TEST(RegenerateRun, JsonArrayInput) {
 // turns, two answers each) and TinyStories stories (a .txt file: the first sentence of each answered), in
 // the form prepare reads (OpenAI "messages"), equal to the records regenerated one by one.
 TEST(RegenerateRun, MtBenchAndStoryPromptSets) {
-  if (!testing::have_model()) GTEST_SKIP() << "no converted stories260K at " << testing::model_dir();
+  AERIE_REQUIRE_MODEL();
   ParallelGroups g = ParallelGroups::create(1);
   if (g.map.world_size != 1) GTEST_SKIP() << "single-rank test";
   const std::string mt = testing::data_dir() + "/mt-bench/question.jsonl";
@@ -477,7 +477,7 @@ TEST(RegenerateRun, MtBenchAndStoryPromptSets) {
 // The output does not depend on the batch size nor on which responses share a batch: batch 1 and 4, greedy
 // and sampled, equal the responses generated one at a time (sample_generate).
 TEST(RegenerateRun, BatchSizeDoesNotChangeTheOutput) {
-  if (!testing::have_model()) GTEST_SKIP() << "no converted stories260K at " << testing::model_dir();
+  AERIE_REQUIRE_MODEL();
   ParallelGroups g = ParallelGroups::create(1);
   if (g.map.world_size != 1) GTEST_SKIP() << "single-rank test";
   Target t(*g.tp);
@@ -500,7 +500,7 @@ TEST(RegenerateRun, BatchSizeDoesNotChangeTheOutput) {
 
 // Under mpirun -np 2: two data-parallel groups write the file that one rank computes record by record.
 TEST(RegenerateMpi, TwoGroupsEqualOneRank) {
-  if (!testing::have_model()) GTEST_SKIP() << "no converted stories260K at " << testing::model_dir();
+  AERIE_REQUIRE_MODEL();
   int size = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   if (size < 2) GTEST_SKIP() << "run under mpirun -np 2 (tests/mpi/generate.cmake)";

@@ -92,7 +92,7 @@ TEST(SamplingNucleus, PartialSortEqualsFullSort) {
 class BatchDecoderTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!testing::have_model()) GTEST_SKIP() << "no converted stories260K at " << testing::model_dir();
+    AERIE_REQUIRE_MODEL();
     world = MpiCommunicator::world();
     self = world->split(world->rank(), 0);
     model = std::make_unique<TargetModel>(testing::model_dir(), *self);

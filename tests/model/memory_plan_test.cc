@@ -336,7 +336,7 @@ TEST(MemoryPlan, TensorListOfAnotherQuantizationIsRefused) {
 // The stories260K checkpoint the build converts, from its real header: at tp 1 the plan's weights are the
 // file's tensors, byte for byte.
 TEST(MemoryPlan, Stories260KHeadersSumToTheFile) {
-  if (!testing::have_model()) GTEST_SKIP() << "no converted stories260K at " << testing::model_dir();
+  AERIE_REQUIRE_MODEL();
   const std::string dir = testing::model_dir();
   const MemoryPlan p = plan_memory(read_model_config(dir), read_checkpoint_tensors(dir), PlanOptions{});
   int64_t sum = 0;

@@ -507,7 +507,7 @@ namespace {
 // order 1); the question that matters, the acceptance of a draft trained on W8A8 shards, is
 // tools/bench/w8a8_demo.sh's.
 TEST(QuantFp8, W8A8OnATrainedTarget) {
-  if (!testing::have_model()) GTEST_SKIP() << "no converted stories260K model";
+  AERIE_REQUIRE_MODEL();
   auto self = self_comm();
   TargetModelOptions o{Device::CPU, DType::F32};
   TargetModel plain(testing::model_dir(), *self, o);

@@ -107,7 +107,7 @@ TEST(Sampling, RejectsInvalidParams) {
 }
 
 TEST(Sampling, GenerateGreedyEqualsGreedyGenerateAndSamplingIsSeeded) {
-  if (!testing::have_model()) GTEST_SKIP() << "no converted stories260K at " << testing::model_dir();
+  AERIE_REQUIRE_MODEL();
   auto world = MpiCommunicator::world();
   auto self = world->split(world->rank(), 0);
   TargetModel model(testing::model_dir(), *self);

@@ -104,10 +104,7 @@ const std::vector<std::string> kFamilies = {"llama3_tied", "llama2_linear", "mis
 // ---- CPU: the BF16 mode and the random weights (run everywhere) ----
 
 TEST(TargetBf16, CpuBf16ModeNearF32OnStories260K) {
-  if (!testing::have_model()) {
-    if (testing::no_skip()) FAIL() << "no converted stories260K at " << testing::model_dir() << " (AERIE_NO_SKIP=1)";
-    GTEST_SKIP() << "no converted stories260K at " << testing::model_dir();
-  }
+  AERIE_REQUIRE_MODEL();
   auto self = self_comm();
   TargetModel f32(testing::model_dir(), *self);
   TargetModel b16(testing::model_dir(), *self, {Device::CPU, DType::BF16});
@@ -202,10 +199,7 @@ TEST(TargetRandom, TpShardsAreSlicesOfTheTp1Model) {
 
 TEST(TargetCuda, F32EqualsCpuOnStories260K) {
   AERIE_REQUIRE_CUDA();
-  if (!testing::have_model()) {
-    if (testing::no_skip()) FAIL() << "no converted stories260K at " << testing::model_dir() << " (AERIE_NO_SKIP=1)";
-    GTEST_SKIP() << "no converted stories260K at " << testing::model_dir();
-  }
+  AERIE_REQUIRE_MODEL();
   auto self = self_comm();
   TargetModel cpu(testing::model_dir(), *self);
   TargetModel gpu(testing::model_dir(), *self, {Device::CUDA, DType::F32});
@@ -264,10 +258,7 @@ TEST(TargetCuda, KvCacheDecodingEqualsPrefill) {
 
 TEST(TargetCuda, GreedyGenerateEqualsCpu) {
   AERIE_REQUIRE_CUDA();
-  if (!testing::have_model()) {
-    if (testing::no_skip()) FAIL() << "no converted stories260K at " << testing::model_dir() << " (AERIE_NO_SKIP=1)";
-    GTEST_SKIP() << "no converted stories260K at " << testing::model_dir();
-  }
+  AERIE_REQUIRE_MODEL();
   auto self = self_comm();
   TargetModel cpu(testing::model_dir(), *self);
   TargetModel gpu(testing::model_dir(), *self, {Device::CUDA, DType::F32});

@@ -37,7 +37,7 @@ std::string greedy_sample_text() {
 // before the closing fence (removed by greedy_sample_text). Generating 256 new tokens here and
 // decoding them therefore determines the whole block: the comparison is exact, on the full text.
 TEST(TargetGenerate, MatchesLlama2cGreedySample) {
-  if (!testing::have_model()) GTEST_SKIP() << "no converted stories260K at " << testing::model_dir();
+  AERIE_REQUIRE_MODEL();
   const std::string expected = greedy_sample_text();
   ASSERT_GT(expected.size(), 500u) << "greedy sample not found in stories260K.md";
   auto world = MpiCommunicator::world();
@@ -58,7 +58,7 @@ TEST(TargetGenerate, MatchesLlama2cGreedySample) {
 
 // greedy_generate stops right after stop_id, and respects max_new.
 TEST(TargetGenerate, StopsAtStopIdAndMaxNew) {
-  if (!testing::have_model()) GTEST_SKIP() << "no converted stories260K at " << testing::model_dir();
+  AERIE_REQUIRE_MODEL();
   auto world = MpiCommunicator::world();
   auto self = world->split(world->rank(), 0);
   TargetModel model(testing::model_dir(), *self);

@@ -63,7 +63,7 @@ void compare_with_hf(const std::string& model_dir, const std::string& golden, fl
 }
 
 TEST(TargetHf, Stories260KMatchesTransformers) {
-  if (!testing::have_model()) GTEST_SKIP() << "no converted stories260K at " << testing::model_dir();
+  AERIE_REQUIRE_MODEL();
   compare_with_hf(testing::model_dir(), fixture("stories260K_hf.safetensors"), 1e-4f, 2e-5f);
 }
 

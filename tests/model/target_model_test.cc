@@ -203,7 +203,7 @@ TEST(TargetModel, RejectsForeignTensorsAndBadShapes) {
 class TargetStories : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!testing::have_model()) GTEST_SKIP() << "no converted stories260K at " << testing::model_dir();
+    AERIE_REQUIRE_MODEL();
     world_ = MpiCommunicator::world();
     self_ = world_->split(world_->rank(), 0);
     model_ = std::make_unique<TargetModel>(testing::model_dir(), *self_);

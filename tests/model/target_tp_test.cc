@@ -55,7 +55,7 @@ void compare_tp(const std::string& dir, MpiCommunicator& world, const std::vecto
 TEST(TpTest, Stories260KMatchesUnsplit) {
   auto world = MpiCommunicator::world();
   if (world->size() < 2) GTEST_SKIP() << "needs mpirun -np 2 (or more)";
-  if (!testing::have_model()) GTEST_SKIP() << "no converted stories260K at " << testing::model_dir();
+  AERIE_REQUIRE_MODEL();
   if (8 % world->size() != 0 || 4 % world->size() != 0 || 172 % world->size() != 0)
     GTEST_SKIP() << "stories260K does not split over " << world->size() << " ranks";
   compare_tp(testing::model_dir(), *world, {1, 403, 407, 261, 378, 410, 261, 285, 374, 264, 275, 401, 353, 46});

@@ -13,7 +13,7 @@ std::unique_ptr<Tokenizer> tok512() { return Tokenizer::load(testing::model_dir(
 }  // namespace
 
 TEST(Tok512, LoadsWithSpecialIds) {
-  if (!testing::have_model()) GTEST_SKIP() << "no converted model in " << testing::model_dir();
+  AERIE_REQUIRE_MODEL();
   auto t = tok512();
   EXPECT_EQ(t->vocab_size(), 512);
   EXPECT_EQ(t->bos_id(), 1);
@@ -25,7 +25,7 @@ TEST(Tok512, LoadsWithSpecialIds) {
 }
 
 TEST(Tok512, EncodeDecodeBasics) {
-  if (!testing::have_model()) GTEST_SKIP() << "no converted model in " << testing::model_dir();
+  AERIE_REQUIRE_MODEL();
   auto t = tok512();
   EXPECT_TRUE(t->encode("").empty());
   // " the" is one piece (id 265): the dummy prefix space makes "the" at the start "\u2581the".
@@ -46,7 +46,7 @@ TEST(Tok512, EncodeDecodeBasics) {
 }
 
 TEST(Tok512, InvalidUtf8GoesThroughByteFallback) {
-  if (!testing::have_model()) GTEST_SKIP() << "no converted model in " << testing::model_dir();
+  AERIE_REQUIRE_MODEL();
   auto t = tok512();
   // A stray continuation byte and a truncated 3-byte sequence: each byte becomes its <0xNN> piece
   // (id = 3 + byte); decode turns the invalid run into U+FFFD per byte, as tokenizers' ByteFallback.

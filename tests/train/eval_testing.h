@@ -30,7 +30,7 @@ inline LoadedDraft full_vocab_draft(const TargetModel& model, uint64_t seed) {
 class StoriesTargetTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!have_model()) GTEST_SKIP() << "no converted stories260K at " << model_dir();
+    AERIE_REQUIRE_MODEL();
     world_ = MpiCommunicator::world();
     self_ = world_->split(world_->rank(), 0);
     model_ = std::make_unique<TargetModel>(model_dir(), *self_);

@@ -216,7 +216,7 @@ TEST(ExportSpeculatorsTest, FormatNamesAndTensorNames) {
 // shapes [S5, V4], dtypes [S5]: long d2t, bool t2d; BF16 weights as the default export), their bytes are
 // the default export's, and load_export reads both exports alike.
 TEST(ExportSpeculatorsTest, DemoModelExportIsTheListAndTheDefaultExportsValues) {
-  if (!testing::have_model()) GTEST_SKIP() << "no converted stories260K at " << testing::model_dir();
+  AERIE_REQUIRE_MODEL();
   const std::string dir = testing::scratch_dir("train_export_speculators_demo");
   const TargetConfig target = load_target_config(testing::model_dir());
   const int64_t V = target.vocab_size, H = target.hidden_size, K = 128;

@@ -150,7 +150,19 @@ TEST(TimePlan, MalformedCalibrationIsNamed) {
   j["forward"]["layers"][0].erase("kind");
   EXPECT_NE(testing::error_of([&] { calibration_from_json(j, "x/cal.json"); }).find("forward.layers[0]: kind is missing"),
             std::string::npos);
-  EXPECT_NE(testing::error_of([] { calibration_from_json({{"format", "other"}}, "y.json"); }).find("aerie calibrate"),
+  EXPECT_NE(testing::error_of([] { calibration_from_json({{"format", "other"}}, "y.json"); })
+                .find("y.json: not an aerie calibration (its format is \"other\""),
+            std::string::npos);
+  j = to_json(example());
+  j["forward"]["layers"][0]["per_layer"]["seconds"] = "fast";
+  EXPECT_NE(testing::error_of([&] { calibration_from_json(j, "x/cal.json"); })
+                .find("x/cal.json: forward.layers[dense].per_layer.seconds must be an array of numbers, not \"fast\""),
+            std::string::npos)
+      << testing::error_of([&] { calibration_from_json(j, "x/cal.json"); });
+  j = to_json(example());
+  j["forward"]["base"]["tokens"] = {100.5, 1000};
+  EXPECT_NE(testing::error_of([&] { calibration_from_json(j, "x/cal.json"); })
+                .find("forward.base.tokens must be an array of integers, not [100.5,1000]"),
             std::string::npos);
   j = to_json(example());
   j["forward"]["layers"][0]["count"] = -5;

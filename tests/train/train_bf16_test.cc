@@ -149,7 +149,7 @@ double mean(const std::vector<double>& v, size_t from, size_t to) {
 }
 
 void stories_bf16_close_to_fp32(Device device, int steps) {
-  if (!testing::have_model()) GTEST_SKIP() << "no converted stories260K at " << testing::model_dir();
+  AERIE_REQUIRE_MODEL();
   StoriesData d = stories_data(24);
   ASSERT_GE(d.samples.size(), 8u);
   const std::vector<double> f = train_losses(d, device, DType::F32, steps);

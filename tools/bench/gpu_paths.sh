@@ -9,6 +9,9 @@
 # the GPU machine the checkout is copied afresh at every device call, so run this within one call (a run left
 # going in the background across calls lost test_model's fixtures while the next call's copy arrived).
 #
+# The tests that read the converted stories260K (the build's models/stories260K, compiled in, or $AERIE_TEST_MODEL)
+# fail under AERIE_NO_SKIP=1 without it: carry the build's models/ folder (1.1 MB) with the binaries.
+#
 # usage: tools/bench/gpu_paths.sh [BUILD_DIR] [OUT_DIR]       (BUILD_DIR default build; OUT_DIR default /tmp/gpu-paths)
 # Environment:
 #   PATHS     the settings, "native" or an AERIE_CUDA_EMULATE value (default "native sm_120")
