@@ -170,19 +170,22 @@ int extract(const std::vector<std::string>& args) {
   const bool overlap = mopt.tp_overlap && tp_overlap_unused(model_tp.size(), batch_tokens).empty();
 
   if (groups.map.world_rank == 0) {
+    // Few forwards of several samples (the only ones --tp-overlap splits): the layout line says so, a warning why.
+    const std::string packing = overlap ? tp_overlap_packing_warning("extract", opt.prepared,
+                                                                     PreparedFile(opt.prepared).sample_offsets(),
+                                                                     opt.samples_per_shard, batch_tokens)
+                                        : std::string();
     AERIE_LOG(info) << "extract: target " << model_dir << " (" << cfg.num_hidden_layers << " layers, hidden "
                     << cfg.hidden_size << "), aux layers " << opt.meta.aux_layers[0] << ","
                     << opt.meta.aux_layers[1] << "," << opt.meta.aux_layers[2] << ", on " << device_name(mopt.device)
                     << " in " << aerie::dtype_name(mopt.dtype) << (mopt.fp8_gemm ? " with W8A8 block-FP8 GEMMs" : "")
                     << (random_seed >= 0 ? ", random weights" : "")
-                    << (overlap ? ", tp all-reduces overlapped with compute (two micro-batches)" : "");
+                    << (overlap && packing.empty() ? ", tp all-reduces overlapped with compute (two micro-batches)"
+                        : overlap ? ", --tp-overlap on the forwards of several samples only (below)"
+                                  : "");
     if (mopt.tp_overlap && !overlap)
       AERIE_LOG(warning) << "extract: --tp-overlap does nothing " << tp_overlap_unused(model_tp.size(), batch_tokens);
-    if (overlap)
-      if (const std::string w = tp_overlap_packing_warning("extract", opt.prepared,
-                                                           PreparedFile(opt.prepared).sample_offsets(),
-                                                           opt.samples_per_shard, batch_tokens); !w.empty())
-        AERIE_LOG(warning) << w;
+    if (!packing.empty()) AERIE_LOG(warning) << packing;
   }
 
   const std::vector<int> aux_layers = opt.meta.aux_layers;
