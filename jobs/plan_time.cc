@@ -54,6 +54,16 @@ void print_extrapolation_notes(const Calibration& c, const Workload& w, int64_t 
                   static_cast<long long>(max_position), option);
   };
   const char* segment = "along its last segment";
+  // Most samples shorter than the smallest point: read below it (a GPU's launch-bound short steps make that
+  // reading the plan's least sure).
+  auto below = [&](const char* what, const TimeCurve& curve, const char* option) {
+    if (w.mean_tokens < 0.75 * static_cast<double>(curve.tokens.front()))
+      std::printf("  (%s: %s tokens on average, the calibration's smallest %lld: read below it along its first "
+                  "segment; calibrate with %s from %.0f for a measured curve)\n",
+                  what, format_amount(w.mean_tokens).c_str(), static_cast<long long>(curve.tokens.front()), option,
+                  std::floor(w.mean_tokens));
+  };
+  below("the samples", c.train_sample, "--train-tokens");
   note("the samples", longest, c.train_sample.tokens.back(), "--train-tokens", segment);
   note("the samples' forwards", longest, c.base.tokens.back(), "--tokens", segment);
   if (w.batch_tokens > 0)

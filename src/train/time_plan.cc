@@ -142,6 +142,9 @@ double TimeCurve::at(double t) const {
   while (i + 1 < tokens.size() && t > static_cast<double>(tokens[i])) ++i;
   const double t0 = static_cast<double>(tokens[i - 1]), t1 = static_cast<double>(tokens[i]);
   const double s0 = seconds[i - 1], s1 = seconds[i];
+  // Below the first point, where the cost grows no faster than the tokens (a GPU's launch-bound short forwards and
+  // steps): the straight line, whose intercept is the fixed cost that the power law would take to 0.
+  if (t < t0 && s1 * t0 <= s0 * t1) return std::max(0.0, s0 + (s1 - s0) * (t - t0) / (t1 - t0));
   // A power law through the two points (a straight line in log-log: the attention's share makes the cost grow
   // faster than the tokens, and a chord between two points of a convex curve overestimates the middle), where both
   // times are positive and grow; else the straight line.

@@ -17,7 +17,8 @@ struct TimeCurve {
   std::vector<double> seconds;
   /// Seconds at `t` tokens: between two measured points the power law through them (where both are positive and
   /// the later larger; else the straight line); beyond them along the nearest segment's (one point: proportional to
-  /// t), never below 0. Throws aerie::Error when the curve is empty or t < 0.
+  /// t), except below the first point where the first segment grows no faster than the tokens: its straight line
+  /// (a fixed cost stays); never below 0. Throws aerie::Error when the curve is empty or t < 0.
   double at(double t) const;
 
   /// seconds ~ fixed + linear x t + quadratic x t^2: a forward's fixed cost (launches, set-up), its work per token,

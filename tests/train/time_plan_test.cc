@@ -43,6 +43,11 @@ TEST(TimePlan, CurvesInterpolateAndExtrapolate) {
   EXPECT_NEAR(three.at(3), 2.0 * 1.5 * 1.5, 1e-12);
   EXPECT_NEAR(three.at(5), 8.0 * 1.25 * 1.25, 1e-12);
   EXPECT_NEAR(three.at(1.5), 1.5, 1e-12);
+  // Below the first point of a curve growing slower than the tokens (a GPU's launch-bound short steps): its straight
+  // line, the fixed cost kept (the power law through the segment would give 6 x 0.5^0.65 = 3.8).
+  const TimeCurve launch_bound{{512, 2048}, {6.0, 15.0}};
+  EXPECT_NEAR(launch_bound.at(256), 6.0 - 256 * 9.0 / 1536, 1e-12);
+  EXPECT_NEAR(launch_bound.at(1024), 6.0 * std::pow(2.0, std::log(2.5) / std::log(4.0)), 1e-12);  // between: power law
   const TimeCurve flat{{1, 2}, {0.0, 2.0}};  // a zero: the straight line
   EXPECT_DOUBLE_EQ(flat.at(1.5), 1.0);
   EXPECT_THROW(TimeCurve{}.at(1), Error);

@@ -86,6 +86,11 @@ stage prepare "$out/prepared.h5" "${job[@]}" prepare --input "$out/regen.jsonl" 
 # unless CAL_ARGS sets it.
 cal=(--gen-batch-size "$gen_batch" --gen-prompt-tokens "$(python3 -c "print(max(1, round($gen_prompt)))")"
      --gen-new-tokens "$(python3 -c "print(max(2, round($gen_new)))")" --draft-vocab-size "${DRAFT_VOCAB:-8192}")
+# The draft's step measured at the dataset's mean sample (prompt + answer) too where that is below calibrate's smallest
+# default length (a GPU's short steps are launch-bound: the curve read below its first point is the least sure).
+mean_len=$(python3 -c "print(max(2, round($gen_prompt + $gen_new)))")
+train_tokens=$([ "$device" = cuda ] && echo 512,2048,4096 || echo 128,512)
+[ "$mean_len" -lt "${train_tokens%%,*}" ] && cal+=(--train-tokens "$mean_len,$train_tokens")
 read -r -a extra <<< "${CAL_ARGS:-}"
 for ((i = 0; i < ${#cal[@]}; i += 2)); do
   for a in "${extra[@]}"; do [ "$a" = "${cal[i]}" ] && cal[i]="" && cal[i + 1]=""; done
