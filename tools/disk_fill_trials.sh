@@ -26,8 +26,19 @@ if ! mount -t tmpfs -o "size=$size" tmpfs "$mnt" 2>/dev/null; then
   exit 77
 fi
 filler=""
+# Stops the filler: its subshell first (so that no dd starts after), then a dd already writing (reparented when
+# the subshell died), and waits for the last writer of the fill to exit (its space is freed only then: a rerun that
+# started while an orphaned dd still held the deleted fill found the disk full).
+stop_filler() {
+  [ -n "$filler" ] || return 0
+  kill "$filler" 2>/dev/null
+  pkill -f "of=$mnt/fill" 2>/dev/null
+  wait "$filler" 2>/dev/null
+  while pgrep -f "of=$mnt/fill" >/dev/null; do sleep 0.01; done
+  filler=""
+}
 cleanup() {
-  [ -n "$filler" ] && { pkill -P "$filler"; kill "$filler"; } 2>/dev/null
+  stop_filler
   umount "$mnt" 2>/dev/null || umount -l "$mnt" 2>/dev/null || true
 }
 trap cleanup EXIT
@@ -93,7 +104,7 @@ for j in prepare extract train generate; do
     # shellcheck disable=SC2046
     np2 $(job_args $j) >"$log" 2>&1 || rc=$?
     secs=$(printf '%.1f' "$(echo "$(date +%s.%N) - $t0" | bc)")
-    pkill -P "$filler" 2>/dev/null; kill "$filler" 2>/dev/null; wait "$filler" 2>/dev/null; filler=""
+    stop_filler
     names="-"
     verdict=ok
     if [ "$rc" -eq 137 ] || [ "$rc" -eq 124 ]; then verdict="HUNG"; fi
