@@ -9,8 +9,9 @@
 # the GPU machine the checkout is copied afresh at every device call, so run this within one call (a run left
 # going in the background across calls lost test_model's fixtures while the next call's copy arrived).
 #
-# The tests that read the converted stories260K (the build's models/stories260K, compiled in, or $AERIE_TEST_MODEL)
-# fail under AERIE_NO_SKIP=1 without it: carry the build's models/ folder (1.1 MB) with the binaries.
+# The tests that read the converted stories260K (the build's models/stories260K, compiled in, or $AERIE_TEST_MODEL,
+# which BUILD_DIR/models/stories260K sets when present) fail under AERIE_NO_SKIP=1 without it: stage the build's
+# models/ folder (1.1 MB) with the binaries.
 #
 # usage: tools/bench/gpu_paths.sh [BUILD_DIR] [OUT_DIR]       (BUILD_DIR default build; OUT_DIR default /tmp/gpu-paths)
 # Environment:
@@ -41,6 +42,10 @@ test_core --gtest_filter=DeviceSync.*:GpuLimitsCuda.*
 test_data --gtest_filter=*Cuda*"
 suites="${SUITES:-$default_suites}"
 export AERIE_NO_SKIP=1
+# A staged build folder with the converted model beside the binaries (BUILD_DIR/models/stories260K): the tests read it.
+if [ -z "${AERIE_TEST_MODEL:-}" ] && [ -f "$build/models/stories260K/config.json" ]; then
+  export AERIE_TEST_MODEL="$build/models/stories260K"
+fi
 : > "$out/summary.txt"
 
 # One suite under one setting: its output, then a summary line.
