@@ -515,6 +515,41 @@ void print_calibration(const Calibration& c) {
 
 }  // namespace
 
+/// --output's folder and the test shards' (--work, default that folder; sets opt.work): each exists and takes a
+/// file, and the work folder has room for `groups` test shards of opt.disk_bytes, all checked before minutes of
+/// measuring (a full disk failed only at the disk measurement, the last). Throws aerie::UsageError naming the option.
+void check_output_folders(const po::variables_map& vm, const std::string& output, int groups, CalibrateOptions& opt) {
+  AERIE_USAGE_CHECK(!output.empty() && !std::filesystem::is_directory(output),
+                    "aerie calibrate: --output '" << output << "' must name a file (calibration.json), not a folder");
+  const std::filesystem::path out_dir = std::filesystem::absolute(output).parent_path();
+  AERIE_USAGE_CHECK(std::filesystem::is_directory(out_dir),
+                    "aerie calibrate: --output " << output << ": its folder " << out_dir.string() << " does not exist");
+  opt.work = vm["work"].as<std::string>().empty() ? out_dir.string() : vm["work"].as<std::string>();
+  AERIE_USAGE_CHECK(std::filesystem::is_directory(opt.work),
+                    "aerie calibrate: " << opt.work << " (--work, or --output's folder) is not a folder");
+  for (const std::string& dir : {out_dir.string(), opt.work}) {
+    const std::string probe = dir + "/.aerie-calibrate-" + std::to_string(getpid());
+    std::ofstream f(probe);
+    AERIE_USAGE_CHECK(f.good(), "aerie calibrate: cannot write into " << dir << " ("
+                                    << (dir != opt.work                ? "--output's folder"
+                                        : vm["work"].as<std::string>().empty() ? "--output's folder, where the test shards go "
+                                                                                 "too without --work"
+                                                                               : "--work, the test shards' folder")
+                                    << ")");
+    f.close();
+    std::filesystem::remove(probe);
+  }
+  // Every tp group's leader writes --disk-mib there at once.
+  std::error_code space_ec;
+  const std::filesystem::space_info room = std::filesystem::space(opt.work, space_ec);
+  const uintmax_t need = static_cast<uintmax_t>(opt.disk_bytes) * static_cast<uintmax_t>(groups) * 11 / 10;
+  AERIE_USAGE_CHECK(space_ec || room.available >= need,
+                    "aerie calibrate: " << opt.work << " has " << format_bytes(static_cast<double>(room.available))
+                                        << " free, the disk measurement writes " << groups << " x --disk-mib "
+                                        << vm["disk-mib"].as<int64_t>() << " MiB there: pass a smaller --disk-mib, or "
+                                        << "--work on the disk the shards will go to");
+}
+
 int calibrate(const std::vector<std::string>& args) {
   po::options_description desc = job_options("aerie calibrate: measure this node for aerie plan --calibration");
   desc.add_options()("model", po::value<std::string>()->required(),
@@ -575,37 +610,7 @@ int calibrate(const std::vector<std::string>& args) {
   AERIE_USAGE_CHECK(vm["disk-mib"].as<int64_t>() >= 1 && vm["disk-mib"].as<int64_t>() <= 65536,
                     "aerie calibrate: --disk-mib " << vm["disk-mib"].as<int64_t>() << " is not 1 to 65536 (MiB per group)");
   opt.disk_bytes = vm["disk-mib"].as<int64_t>() << 20;
-  // The output and the test shards' folder, checked before minutes of measuring.
-  AERIE_USAGE_CHECK(!output.empty() && !std::filesystem::is_directory(output),
-                    "aerie calibrate: --output '" << output << "' must name a file (calibration.json), not a folder");
-  const std::filesystem::path out_dir = std::filesystem::absolute(output).parent_path();
-  AERIE_USAGE_CHECK(std::filesystem::is_directory(out_dir),
-                    "aerie calibrate: --output " << output << ": its folder " << out_dir.string() << " does not exist");
-  opt.work = vm["work"].as<std::string>().empty() ? out_dir.string() : vm["work"].as<std::string>();
-  AERIE_USAGE_CHECK(std::filesystem::is_directory(opt.work),
-                    "aerie calibrate: " << opt.work << " (--work, or --output's folder) is not a folder");
-  for (const std::string& dir : {out_dir.string(), opt.work}) {
-    const std::string probe = dir + "/.aerie-calibrate-" + std::to_string(getpid());
-    std::ofstream f(probe);
-    AERIE_USAGE_CHECK(f.good(), "aerie calibrate: cannot write into " << dir << " ("
-                                    << (dir != opt.work                ? "--output's folder"
-                                        : vm["work"].as<std::string>().empty() ? "--output's folder, where the test shards go "
-                                                                                 "too without --work"
-                                                                               : "--work, the test shards' folder")
-                                    << ")");
-    f.close();
-    std::filesystem::remove(probe);
-  }
-  // Every tp group's leader writes --disk-mib there at once: room for them, checked before minutes of measuring
-  // (a full disk failed only at the disk measurement, the last).
-  std::error_code space_ec;
-  const std::filesystem::space_info room = std::filesystem::space(opt.work, space_ec);
-  const uintmax_t need = static_cast<uintmax_t>(opt.disk_bytes) * static_cast<uintmax_t>(world / tp) * 11 / 10;
-  AERIE_USAGE_CHECK(space_ec || room.available >= need,
-                    "aerie calibrate: " << opt.work << " has " << format_bytes(static_cast<double>(room.available))
-                                        << " free, the disk measurement writes " << world / tp << " x --disk-mib "
-                                        << vm["disk-mib"].as<int64_t>() << " MiB there: pass a smaller --disk-mib, or "
-                                        << "--work on the disk the shards will go to");
+  check_output_folders(vm, output, world / tp, opt);
   const TargetConfig cfg = load_model_option("calibrate", "model", model_dir);
 
   ParallelGroups groups = ParallelGroups::create(tp);
