@@ -156,7 +156,8 @@ int extract(const std::vector<std::string>& args) {
       const ShardSpace sp = estimate_shard_space(opt, c.hidden_size);
       AERIE_LOG(info) << "extract: the shards take about " << format_bytes(static_cast<double>(sp.bytes_total)) << " ("
                       << sp.tokens << " tokens x " << sp.bytes_per_token << " bytes, " << (opt.meta.fp8 ? "fp8" : "bf16")
-                      << ", and per sample 16 bytes and per shard 64 KiB of index), " << (complete < sp.shards && sp.bytes_needed > 0 ? format_bytes(static_cast<double>(sp.bytes_needed)) + " still to write"
+                      << ", and per sample 16 bytes and per shard 64 KiB of index), "
+                      << (complete < sp.shards && sp.bytes_needed > 0 ? format_bytes(static_cast<double>(sp.bytes_needed)) + " still to write"
                                                        : std::string("all written already"))
                       << "; " << (sp.bytes_available >= 0 ? format_bytes(static_cast<double>(sp.bytes_available)) + " free at " + sp.where
                                                           : "free space unknown");

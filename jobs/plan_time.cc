@@ -286,10 +286,8 @@ TimePlan read_time_plan(const po::variables_map& vm, const Calibration& calibrat
   plan.max_position = target.max_position_embeddings;
   // A --tp-overlap calibration timed every forward split in two; the jobs split only forwards of several samples.
   if (c.tp_overlap && c.tp > 1 && w.batch_tokens > 0 && !w.lengths.empty()) {
-    std::vector<int64_t> off(w.lengths.size() + 1, 0);
-    for (size_t i = 0; i < w.lengths.size(); ++i) off[i + 1] = off[i] + w.lengths[i];
-    const std::string warning =
-        tp_overlap_packing_warning("extract", vm["prepared"].as<std::string>(), off, w.samples_per_shard, w.batch_tokens);
+    const std::string warning = tp_overlap_packing_warning("extract", vm["prepared"].as<std::string>(), w.offsets(),
+                                                           w.samples_per_shard, w.batch_tokens);
     if (!warning.empty())
       plan.packing_note = warning + "; the plan costs every forward as the calibration's overlapped ones, so the "
                                     "forwards of one sample come out short";

@@ -237,6 +237,12 @@ TimeCurve::Fit Calibration::packed_forward_fit() const {
   return s;
 }
 
+std::vector<int64_t> Workload::offsets() const {
+  std::vector<int64_t> off(lengths.size() + 1, 0);
+  for (size_t i = 0; i < lengths.size(); ++i) off[i + 1] = off[i] + lengths[i];
+  return off;
+}
+
 double Calibration::forward_seconds(double t) const {
   double s = base.at(t);
   for (const LayerKindTimes& l : layers) s += static_cast<double>(l.count) * l.curve.at(t);
@@ -353,8 +359,7 @@ double forwards_once(const Calibration& c, const Workload& w, int64_t chunk) {
     const double forwards = static_cast<double>(w.samples) / k;
     return k == 1 ? forwards * c.forward_seconds(m) : forwards * packed.packed(k * m, k * m * m);
   }
-  std::vector<int64_t> off(w.lengths.size() + 1, 0);
-  for (size_t i = 0; i < w.lengths.size(); ++i) off[i + 1] = off[i] + w.lengths[i];
+  const std::vector<int64_t> off = w.offsets();
   const int64_t N = static_cast<int64_t>(w.lengths.size());
   double s = 0;
   for (int64_t b = 0; b < N; b += chunk) {

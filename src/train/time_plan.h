@@ -97,6 +97,9 @@ struct Workload {
   /// Each sample's tokens (a prepared file's), when known: the forward's and the step's costs grow faster than
   /// linearly with a sample's length, so a spread of lengths costs more than `samples` of the mean.
   std::vector<int64_t> lengths;
+  /// `lengths` as a prepared file's sample offsets [N + 1] (0, then their running sums): what the jobs' packing
+  /// (data/extract.h's packed_forward_end) reads.
+  std::vector<int64_t> offsets() const;
   int64_t batch_tokens = 2048; // extract --batch-tokens: samples packed into forwards of about this many (0: one each)
   int64_t samples_per_shard = 64;  // extract --samples-per-shard: the chunk rank 0 hands a tp group at a time
   int world = 1, tp = 1;       // the job's ranks and tp group size (dp = world / tp)
@@ -130,23 +133,23 @@ struct JobTime {
 };
 
 /// generate (with `w.gen_responses`: the prefills as forwards of the prompts, the decoding at the measured run's
-/// seconds per new token), extract and train (offline, over extract's shards) for `w` from `c`, and with `w.stream_target_ranks` the
-/// streaming train (its target side costed as extract's forwards of the samples drawn, its messages 8 H bytes per
-/// token at the calibration's stream rate, one link per replica-trainer pair; its wall time the longest side, or the
-/// target's and the draft's sum where they share devices). With `w.lengths` each sample is costed at
-/// its own length (a forward of one sample where batch_tokens is 0, else the samples packed into forwards of up to
-/// batch_tokens as the jobs pack them, Calibration::packed_forward_fit), else every sample at the mean. Where world % tp != 0 only the streamed train (whose target ranks alone
-/// form tp groups). Throws aerie::Error when the workload is empty, its tp differs from the calibration's (the
-/// forward was measured at that tp), world % tp != 0 without a streamed train, or the streaming split leaves no
-/// trainer or is not a multiple of tp.
+/// seconds per new token), extract and train (offline, over extract's shards) for `w` from `c`, and with
+/// `w.stream_target_ranks` the streaming train (its target side costed as extract's forwards of the samples drawn,
+/// its messages 8 H bytes per token at the calibration's stream rate, one link per replica-trainer pair; its wall
+/// time the longest side, or the target's and the draft's sum where they share devices). With `w.lengths` each sample
+/// is costed at its own length (a forward of one sample where batch_tokens is 0, else the samples packed into
+/// forwards of up to batch_tokens as the jobs pack them, Calibration::packed_forward_fit), else every sample at the
+/// mean. Where world % tp != 0 only the streamed train (whose target ranks alone form tp groups). Throws aerie::Error
+/// when the workload is empty, its tp differs from the calibration's (the forward was measured at that tp), world %
+/// tp != 0 without a streamed train, or the streaming split leaves no trainer or is not a multiple of tp.
 std::vector<JobTime> plan_time(const Calibration& c, const Workload& w);
 
 /// extract's compute on `w.world / w.tp` tp groups: the target's forwards of every sample (each chunk of
-/// samples_per_shard packed into forwards of up to w.batch_tokens, or one per sample at 0) and the shard writer's work per sample, the
-/// longer of the two where the writer's thread runs beside the forwards (batch_tokens > 0 on a GPU), else their
-/// sum; the busiest group's share of it, chunks of samples_per_shard samples handed out in order to the group free
-/// first, each costing its samples' share; plus c's extract_run_seconds and extract_sample_seconds per sample of
-/// that group.
+/// samples_per_shard packed into forwards of up to w.batch_tokens, or one per sample at 0) and the shard writer's
+/// work per sample, the longer of the two where the writer's thread runs beside the forwards (batch_tokens > 0 on a
+/// GPU), else their sum; the busiest group's share of it, chunks of samples_per_shard samples handed out in order to
+/// the group free first, each costing its samples' share; plus c's extract_run_seconds and extract_sample_seconds per
+/// sample of that group.
 double extract_compute_seconds(const Calibration& c, const Workload& w);
 
 }  // namespace aerie
