@@ -32,6 +32,7 @@
 #include "core/device.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/memory.h"
 #include "data/extract.h"
 #include "data/shard.h"
 #include "data/vocab.h"
@@ -511,6 +512,7 @@ void print_calibration(const Calibration& c) {
   }
   if (c.stream_bytes_per_s > 0)
     std::printf("  streaming messages, rank 0 to rank %d: %.2f GB/s\n", c.world - 1, c.stream_bytes_per_s / 1e9);
+  std::printf("  CPU cores per rank: %d (the fewest any rank could run on)\n", c.cpu_cores);
 }
 
 }  // namespace
@@ -635,6 +637,8 @@ int calibrate(const std::vector<std::string>& args) {
   cal.world = world;
   cal.tp = tp;
   cal.hidden_size = cfg.hidden_size;
+  cal.cpu_cores = cpu_cores_allowed();
+  MPI_Allreduce(MPI_IN_PLACE, &cal.cpu_cores, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   cal.tp_overlap = dev.options.tp_overlap && tp > 1 && opt.tokens.front() >= 2;
   const bool rank0 = groups.map.world_rank == 0;
   if (rank0 && dev.options.tp_overlap && !cal.tp_overlap)

@@ -317,6 +317,10 @@ void print_time_plan(const TimePlan& plan) {
     std::printf("  (the calibration ran %d ranks at once, the plan has %d: where ranks share a node's cores, memory "
                 "bandwidth or links, calibrate with the job's own rank count)\n",
                 c.world, w.world);
+  if (c.cpu_cores == 1 && c.device != "cpu")
+    std::printf("  (the calibration's ranks ran on 1 CPU core each: bound so, extract's writer and train's shard reader "
+                "take turns with the thread that launches the GPU's kernels, a cost the calibration does not see; run "
+                "the jobs, and calibrate, with several cores per rank: mpirun --bind-to none, Slurm --cpus-per-task)\n");
   print_extrapolation_notes(c, w, plan.max_position);
   if (!plan.packing_note.empty()) std::printf("  (%s)\n", plan.packing_note.c_str());
   const int trainers = w.world - w.stream_target_ranks;

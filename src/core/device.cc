@@ -3,6 +3,7 @@
 #include <cstdlib>
 
 #include "core/gpu_limits.h"
+#include "core/memory.h"
 #include "core/log.h"
 #include "core/settings.h"
 
@@ -73,8 +74,11 @@ void select_device(int local_rank) {
                "cudaMemPoolSetAttribute");
   cudaDeviceProp prop{};
   AERIE_CUDART(cudaGetDeviceProperties(&prop, g_device), "cudaGetDeviceProperties");
+  const int cores = cpu_cores_allowed();
   AERIE_LOG(info) << "GPU " << g_device << " of " << n << ": " << prop.name << ", compute capability "
-                  << prop.major << "." << prop.minor << ", " << (prop.totalGlobalMem >> 30) << " GiB";
+                  << prop.major << "." << prop.minor << ", " << (prop.totalGlobalMem >> 30) << " GiB; " << cores
+                  << " CPU core" << (cores == 1 ? "" : "s") << " for this rank";
+  if (const std::string w = single_core_warning(cores, cpu_cores_online()); !w.empty()) AERIE_LOG(warning) << w;
   if (const GpuLimits l = gpu_limits(); !l.emulated.empty())
     AERIE_LOG(info) << kEmulateEnv << "=" << l.emulated << ": the kernels plan as on " << l.emulated << " ("
                     << l.smem_per_block / 1024 << " KiB of shared memory per block, "

@@ -99,6 +99,8 @@ void read_optional_fields(const nlohmann::json& j, const std::string& path, Cali
   c.train_step_seconds = optional_field(j, "train", "step_seconds", 0.0, path);
   c.draft_vocab_size = optional_field(j, "train", "draft_vocab_size", int64_t{0}, path);
   c.stream_bytes_per_s = optional_field(j, "stream", "bytes_per_s", 0.0, path);
+  c.cpu_cores = optional_field(j, "host", "cpu_cores", 0, path);
+  AERIE_CHECK(c.cpu_cores >= 0, path << ": host.cpu_cores is " << c.cpu_cores << " (a count, 0 when not recorded)");
   Calibration::Generation& g = c.generate;
   g.batch = optional_field(j, "generate", "batch", int64_t{0}, path);
   g.prompt_tokens = optional_field(j, "generate", "prompt_tokens", int64_t{0}, path);
@@ -265,6 +267,7 @@ nlohmann::json to_json(const Calibration& c) {
                     {"writer_per_sample", curve_json(c.writer_sample)}}},
           {"allreduce", {{"bus_bytes_per_s", c.allreduce_bus_bytes_per_s}}},
           {"stream", {{"bytes_per_s", c.stream_bytes_per_s}}},
+          {"host", {{"cpu_cores", c.cpu_cores}}},
           {"extract", {{"run_seconds", c.extract_run_seconds}, {"per_sample_seconds", c.extract_sample_seconds}}},
           {"generate", {{"batch", c.generate.batch}, {"prompt_tokens", c.generate.prompt_tokens},
                         {"new_tokens", c.generate.new_tokens}, {"seconds", c.generate.seconds},

@@ -48,6 +48,7 @@ struct Calibration {
   std::string model;   // the target's config.json
   int world = 1;       // ranks of the calibration run
   int tp = 1;          // ranks of the tp group that ran the forward
+  int cpu_cores = 0;   // the fewest CPU cores a rank of the calibration could run on (its affinity; 0 in an older file)
   int64_t hidden_size = 0;
   bool tp_overlap = false;            // the forward ran with --tp-overlap: two micro-batches of T/2 (false in an older file)
   TimeCurve base;                     // a forward's cost outside the layers (embedding, final norm, captures)

@@ -364,6 +364,21 @@ TEST(TimePlan, StreamingTrain) {
   EXPECT_NE(testing::error_of([&] { calibration_from_json(j, "c.json"); }).find("stream.bytes_per_s"), std::string::npos);
 }
 
+// host.cpu_cores (the fewest cores a calibration rank could run on) round-trips; an older file reads 0; a negative
+// count or another type is refused naming the field.
+TEST(TimePlan, CalibrationRecordsTheCpuCores) {
+  Calibration c = example();
+  c.cpu_cores = 1;
+  EXPECT_EQ(calibration_from_json(to_json(c), "c.json").cpu_cores, 1);
+  nlohmann::json j = to_json(c);
+  j.erase("host");
+  EXPECT_EQ(calibration_from_json(j, "c.json").cpu_cores, 0);
+  j["host"] = {{"cpu_cores", -2}};
+  EXPECT_NE(testing::error_of([&] { calibration_from_json(j, "c.json"); }).find("host.cpu_cores"), std::string::npos);
+  j["host"] = {{"cpu_cores", "four"}};
+  EXPECT_NE(testing::error_of([&] { calibration_from_json(j, "c.json"); }).find("host.cpu_cores"), std::string::npos);
+}
+
 // forward.tp_overlap (calibrate --tp-overlap) round-trips; an older file without it reads as false; another type,
 // or true at tp 1, is refused naming the field.
 TEST(TimePlan, CalibrationRecordsTheTpOverlap) {
