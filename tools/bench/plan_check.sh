@@ -16,6 +16,9 @@
 #   GEN_BATCH      generate --batch-size and calibrate --gen-batch-size (default 64 on cuda, 16 on cpu)
 #   MAX_LENGTH     prepare --max-length (2048)                   DRAFT_VOCAB  vocab --draft-vocab-size (8192)
 #   TRAIN_STEPS    train --steps (200)                           BATCH        train --batch-size (16)
+#   MPIRUN_ARGS    mpirun options of every job (default "--bind-to none" on cuda: mpirun binds each of -np 1 or 2
+#                  ranks to one core, where a GPU rank's shard reader and writer threads take turns with its kernel
+#                  launches; empty on cpu)
 #   CAL_ARGS       more calibrate arguments (e.g. --tokens 512,2048 --train-tokens 128,512,2048); one of the script's
 #                  own (--gen-batch-size, --gen-prompt-tokens, --gen-new-tokens, --draft-vocab-size) given here
 #                  replaces it
@@ -65,7 +68,8 @@ stage() {
   python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.2f}')" "$t0" "$(date +%s.%N)" > "$out/$name.wall"
   printf '%s' "$line" > "$out/$name.done"
 }
-job=(mpirun -np "$np" "$aerie")
+read -r -a mpirun_args <<< "${MPIRUN_ARGS-$([ "$device" = cuda ] && echo --bind-to none)}"
+job=(mpirun "${mpirun_args[@]}" -np "$np" "$aerie")
 
 stage generate "$out/regen.jsonl" "${job[@]}" generate --model "$model" --device "$device" --input "$input" \
   --format "$format" "${tmpl[@]}" --tp "$tp" --max-conversations "${CONVERSATIONS:-200}" --max-new-tokens "$gen_tokens" \
