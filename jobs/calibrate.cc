@@ -55,6 +55,7 @@ struct CalibrateOptions {
   int64_t draft_vocab = 32000;  // K of the planned run (vocab --draft-vocab-size), at most the target's V
   int64_t gen_batch = 16, gen_prompt = 0, gen_new = 0;  // generate's batch, prompt and new tokens (0: by device)
   int iters = 3, ttt_steps = 7;
+  int64_t train_batch = 8;  // samples of the draft's measured step (train --batch-size)
   double min_seconds = 0.3;
   int64_t disk_bytes = 0;
   std::string work;
@@ -199,8 +200,9 @@ void measure_forward(const TargetConfig& cfg, ParallelGroups& groups, TargetDevi
   cal.generate = {opt.gen_batch, opt.gen_prompt, opt.gen_new, whole(gen), std::min(whole(gen1), whole(gen))};
 }
 
-/// The draft's step over one sample of each opt.train_tokens length, on every rank at once, each its own
-/// data-parallel group (SelfCommunicator); with more than one rank also on rank 0 alone.
+/// The draft's step over opt.train_batch samples of each opt.train_tokens length (at least 2: a step of one sample
+/// at the shortest length beside it gives the step's own cost), made ready as the job makes them, on every rank at
+/// once, each its own data-parallel group (SelfCommunicator); with more than one rank also on rank 0 alone.
 void measure_train(const TargetConfig& cfg, const TargetDevice& dev, const CalibrateOptions& opt, Calibration& cal) {
   const Device device = dev.options.device;
   const int64_t V = cfg.vocab_size, K = std::min<int64_t>(opt.draft_vocab, V), H = cfg.hidden_size;
@@ -228,6 +230,8 @@ void measure_train(const TargetConfig& cfg, const TargetDevice& dev, const Calib
   cal.ttt_steps = opt.ttt_steps;
   cal.draft_vocab_size = K;
   cal.train_sample = {opt.train_tokens, {}};
+  const size_t batch = static_cast<size_t>(std::max<int64_t>(2, opt.train_batch));
+  cal.train_batch = static_cast<int64_t>(batch);
   MpiCommunicator world(MPI_COMM_WORLD, false);  // the ranks' times: the slowest counts
   for (const int64_t T : opt.train_tokens) {
     const std::vector<int32_t> ids = random_ids(T, V, static_cast<uint32_t>(T) + 5);
@@ -250,32 +254,32 @@ void measure_train(const TargetConfig& cfg, const TargetDevice& dev, const Calib
       }
       return make_step_samples(std::move(hs), target_lm, selected, device);
     };
-    std::vector<TTTSample> local = ready(1);
-    auto step = [&] {
-      local = ready(1);
+    // A step of n samples as the job runs it (n > 1: make_step_samples' batched path, one target-distribution call).
+    std::vector<TTTSample> local;
+    auto step = [&](size_t n) {
+      local = ready(n);
       train_step(dc, w, adam, embed, local, vocab, opt.ttt_steps, 1e-5, 0.5, self, scratch);
     };
-    cal.train_sample.seconds.push_back(timed(world, device, opt.iters, opt.min_seconds, step));
+    const double B = static_cast<double>(batch);
+    const double tb = timed(world, device, opt.iters, opt.min_seconds, [&] { step(batch); });
+    // A step's own cost s (AdamW's update, the gradient's bookkeeping), paid once per step whatever its samples: with
+    // t1 a step of one sample and tb one of B at the shortest length, tb = s + B p and t1 = s + p. Within [0, t1]:
+    // on a busy machine the step of B can time below B steps of one.
+    if (T == opt.train_tokens.front()) {
+      const double t1 = timed(world, device, opt.iters, opt.min_seconds, [&] { step(1); });
+      cal.train_step_seconds = std::clamp((B * t1 - tb) / (B - 1), 0.0, t1);
+    }
+    // Stored as a step of one sample costs (the plan's reading): the step's own cost and one B-th of the rest.
+    const double s = cal.train_step_seconds;
+    cal.train_sample.seconds.push_back(s + std::max(0.0, tb - s) / B);
     // Rank 0 alone, the others idle: a streaming run's trainers while its target ranks wait (ranks that share a
     // node's cores or memory bandwidth step faster alone).
     if (world.size() > 1) {
       if (cal.train_sample_alone.tokens.empty()) cal.train_sample_alone = {opt.train_tokens, {}};
-      cal.train_sample_alone.seconds.push_back(timed(world, device, opt.iters, opt.min_seconds, [&] {
-        if (world.rank() == 0) step();
-      }));
-    }
-    // A step's own cost (AdamW's update, the gradient's bookkeeping), paid once per step whatever its samples: a
-    // step of two samples at the shortest length against one, 2 t1 - t2.
-    if (T == opt.train_tokens.front()) {
-      std::vector<TTTSample> two;
-      const double t2 = timed(world, device, opt.iters, opt.min_seconds, [&] {
-        two = ready(2);
-        train_step(dc, w, adam, embed, two, vocab, opt.ttt_steps, 1e-5, 0.5, self, scratch);
+      const double alone = timed(world, device, opt.iters, opt.min_seconds, [&] {
+        if (world.rank() == 0) step(batch);
       });
-      // Within [0, t1]: on a busy machine the step of two can time below one step of one (the reader refuses a
-      // step's own cost above a whole one-sample step's).
-      const double t1 = cal.train_sample.seconds.back();
-      cal.train_step_seconds = std::clamp(2 * t1 - t2, 0.0, t1);
+      cal.train_sample_alone.seconds.push_back(s + std::max(0.0, alone - s) / B);
     }
   }
 }
@@ -487,8 +491,8 @@ void print_calibration(const Calibration& c) {
       std::printf(", %lld x %s %.5f s", static_cast<long long>(l.count), l.kind.c_str(), l.curve.seconds[i]);
     std::printf(")\n");
   }
-  std::printf("  draft step, one sample, %d TTT steps, draft vocabulary %lld:", c.ttt_steps,
-              static_cast<long long>(c.draft_vocab_size));
+  std::printf("  draft step per sample (steps of %lld), %d TTT steps, draft vocabulary %lld:",
+              static_cast<long long>(c.train_batch), c.ttt_steps, static_cast<long long>(c.draft_vocab_size));
   for (size_t i = 0; i < c.train_sample.tokens.size(); ++i)
     std::printf(" %lld tokens %.4f s;", static_cast<long long>(c.train_sample.tokens[i]), c.train_sample.seconds[i]);
   std::printf("\n  shards written: %.1f MB/s (%.1f MB by every tp group at once); the writer's work per sample: %.2f ms "
@@ -563,6 +567,8 @@ int calibrate(const std::vector<std::string>& args) {
       "train-tokens", po::value<std::string>()->default_value(""),
       "sample lengths of the draft's step (default 512,2048,4096 on a GPU, 128,512 on the CPU)")(
       "ttt-steps", po::value<int>()->default_value(7), "TTT steps of the draft's step (train --ttt-steps)")(
+      "train-batch-size", po::value<int64_t>()->default_value(8),
+      "samples of the draft's measured step, made ready at once as train makes them (train --batch-size; at least 2)")(
       "gen-batch-size", po::value<int64_t>()->default_value(16), "generate --batch-size of the generation measured")(
       "gen-prompt-tokens", po::value<int64_t>()->default_value(0),
       "prompt tokens of each generated sequence (default 512 on a GPU, 64 on the CPU)")(
@@ -593,6 +599,9 @@ int calibrate(const std::vector<std::string>& args) {
   CalibrateOptions opt;
   opt.iters = vm["iters"].as<int>();
   opt.ttt_steps = vm["ttt-steps"].as<int>();
+  opt.train_batch = vm["train-batch-size"].as<int64_t>();
+  AERIE_USAGE_CHECK(opt.train_batch >= 1 && opt.train_batch <= 4096,
+                    "aerie calibrate: --train-batch-size " << opt.train_batch << " is not 1 to 4096");
   opt.draft_vocab = vm["draft-vocab-size"].as<int64_t>();
   opt.gen_batch = vm["gen-batch-size"].as<int64_t>();
   AERIE_USAGE_CHECK(opt.gen_batch >= 1 && opt.gen_batch <= 4096,

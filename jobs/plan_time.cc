@@ -305,10 +305,11 @@ void print_time_plan(const TimePlan& plan) {
       offline ? std::string(w.gen_responses > 0 ? "generate and " : "") + "extract in " + std::to_string(w.world / w.tp) +
                     " tp group(s), train data parallel over all " + std::to_string(w.world)
               : "not tp groups of " + std::to_string(w.tp) + ": the streamed train alone";
-  std::printf("\ntime and disk (calibration %s: %s, tp %d%s; the draft's step at vocabulary %lld, %d TTT steps): %lld "
-              "samples x %s tokens, %d rank(s) (%s)%s\n",
+  const std::string measured_batch = c.train_batch > 0 ? ", measured in steps of " + std::to_string(c.train_batch) : "";
+  std::printf("\ntime and disk (calibration %s: %s, tp %d%s; the draft's step at vocabulary %lld, %d TTT steps%s): "
+              "%lld samples x %s tokens, %d rank(s) (%s)%s\n",
               plan.path.c_str(), c.device.c_str(), c.tp, c.tp_overlap ? " with --tp-overlap" : "",
-              static_cast<long long>(c.draft_vocab_size), c.ttt_steps,
+              static_cast<long long>(c.draft_vocab_size), c.ttt_steps, measured_batch.c_str(),
               static_cast<long long>(w.samples), format_amount(w.mean_tokens).c_str(), w.world, layout.c_str(),
               w.train_samples > 0 ? (", train " + std::to_string(w.train_samples) + " samples drawn").c_str()
               : w.epochs > 1     ? (", " + std::to_string(w.epochs) + " epochs").c_str()

@@ -98,6 +98,8 @@ void read_optional_fields(const nlohmann::json& j, const std::string& path, Cali
   c.tp_overlap = optional_field(j, "forward", "tp_overlap", false, path);
   c.train_step_seconds = optional_field(j, "train", "step_seconds", 0.0, path);
   c.draft_vocab_size = optional_field(j, "train", "draft_vocab_size", int64_t{0}, path);
+  c.train_batch = optional_field(j, "train", "batch_size", int64_t{0}, path);
+  AERIE_CHECK(c.train_batch >= 0, path << ": train.batch_size is " << c.train_batch << " (samples, 0 when not recorded)");
   c.stream_bytes_per_s = optional_field(j, "stream", "bytes_per_s", 0.0, path);
   c.cpu_cores = optional_field(j, "host", "cpu_cores", 0, path);
   AERIE_CHECK(c.cpu_cores >= 0, path << ": host.cpu_cores is " << c.cpu_cores << " (a count, 0 when not recorded)");
@@ -129,7 +131,8 @@ void read_optional_fields(const nlohmann::json& j, const std::string& path, Cali
 
 nlohmann::json train_json(const Calibration& c) {
   nlohmann::json j = {{"ttt_steps", c.ttt_steps}, {"draft_vocab_size", c.draft_vocab_size},
-                      {"per_sample", curve_json(c.train_sample)}, {"step_seconds", c.train_step_seconds}};
+                      {"per_sample", curve_json(c.train_sample)}, {"step_seconds", c.train_step_seconds},
+                      {"batch_size", c.train_batch}};
   if (!c.train_sample_alone.tokens.empty()) j["per_sample_alone"] = curve_json(c.train_sample_alone);
   return j;
 }

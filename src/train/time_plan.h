@@ -56,6 +56,8 @@ struct Calibration {
   TimeCurve train_sample;             // the draft's training step over one sample of the given length (TTT steps)
   TimeCurve train_sample_alone;       // the same on one rank while the others idle (empty: one rank, or not measured)
   double train_step_seconds = 0;      // of train_sample, what a step pays once whatever its samples (AdamW, ...)
+  int64_t train_batch = 0;            // samples of the measured steps (train_sample: its step's own cost + one B-th
+                                      // of the rest; 0 in an older file: steps of one sample)
   int ttt_steps = 0;
   int64_t draft_vocab_size = 0;       // the draft vocabulary of the measured step (0: an older aerie's, not recorded)
   TimeCurve writer_sample;            // the shard writer's work per sample (rounding, checks, HDF5) by its length

@@ -41,7 +41,7 @@ PY
 plan() { mpirun -np 2 "$aerie" plan --model "$src/tests/model/fixtures/hf/qwen3_moe" --gpu-memory 80GiB "$@"; }
 plan --tp 1 --calibration "$out/qwen3_moe.json" --samples 1000 --mean-tokens 40 --train-steps 10 --train-batch-size 4 \
   > "$out/plan.log" 2>&1 || { cat "$out/plan.log"; fail "plan --calibration"; }
-grep -q "time and disk (calibration $out/qwen3_moe.json: cpu, tp 1; the draft's step at vocabulary [0-9]*, 7 TTT steps): 1000 samples x 40 tokens, 2 rank(s) (extract in 2 tp group(s), train data parallel over all 2), train 40 samples drawn" \
+grep -q "time and disk (calibration $out/qwen3_moe.json: cpu, tp 1; the draft's step at vocabulary [0-9]*, 7 TTT steps, measured in steps of [0-9]*): 1000 samples x 40 tokens, 2 rank(s) (extract in 2 tp group(s), train data parallel over all 2), train 40 samples drawn" \
   "$out/plan.log" || { cat "$out/plan.log"; fail "plan: no time-plan header"; }
 [ "$(grep -c '^  extract ' "$out/plan.log")" = 1 ] || fail "plan: extract printed other than once"
 # 40 000 tokens of hidden size 64 in bf16, as extract logs them: 40000 x (8 x 64 + 5) bytes, 16 a sample and 64 KiB a
@@ -65,6 +65,8 @@ c = json.load(open(sys.argv[1]))
 assert c["stream"]["bytes_per_s"] > 0, c["stream"]
 assert c["train"]["per_sample_alone"]["tokens"] == [16, 48] and c["train"]["step_seconds"] >= 0, c["train"]
 assert 2 <= c["train"]["draft_vocab_size"] <= 32000, c["train"]  # min(32000, V)
+assert c["train"]["batch_size"] == 8, c["train"]  # calibrate --train-batch-size's default, train --batch-size's
+assert c["host"]["cpu_cores"] >= 1, c  # the fewest cores a rank could run on (mpirun -np 2 binds each to one)
 PY
 # generate: its line before extract's, counted in the total.
 plan --tp 1 --calibration "$out/qwen3_moe.json" --samples 100 --mean-tokens 40 --generate-responses 100 \

@@ -20,7 +20,8 @@
 #                  ranks to one core, where a GPU rank's shard reader and writer threads take turns with its kernel
 #                  launches; empty on cpu)
 #   CAL_ARGS       more calibrate arguments (e.g. --tokens 512,2048 --train-tokens 128,512,2048); one of the script's
-#                  own (--gen-batch-size, --gen-prompt-tokens, --gen-new-tokens, --draft-vocab-size) given here
+#                  own (--gen-batch-size, --gen-prompt-tokens, --gen-new-tokens, --draft-vocab-size,
+#                  --train-batch-size) given here
 #                  replaces it
 # A stage is done when it succeeded with the same command line (OUT/STAGE.done holds it); a rerun skips done
 # stages and runs the rest, and every stage after one that ran, from scratch (its output removed first: a job's time
@@ -86,10 +87,11 @@ PY
 )
 stage prepare "$out/prepared.h5" "${job[@]}" prepare --input "$out/regen.jsonl" --tokenizer "$model" "${tmpl[@]}" \
   --max-length "${MAX_LENGTH:-2048}" --output "$out/prepared.h5"
-# The calibration decodes at generate's batch and at the dataset's mean lengths (docs/time-plan.md, generate), each
-# unless CAL_ARGS sets it.
+# The calibration decodes at generate's batch and at the dataset's mean lengths (docs/time-plan.md, generate), and
+# steps the draft over train's batch, each unless CAL_ARGS sets it.
 cal=(--gen-batch-size "$gen_batch" --gen-prompt-tokens "$(python3 -c "print(max(1, round($gen_prompt)))")"
-     --gen-new-tokens "$(python3 -c "print(max(2, round($gen_new)))")" --draft-vocab-size "${DRAFT_VOCAB:-8192}")
+     --gen-new-tokens "$(python3 -c "print(max(2, round($gen_new)))")" --draft-vocab-size "${DRAFT_VOCAB:-8192}"
+     --train-batch-size "$batch")
 # The draft's step measured at the dataset's mean sample (prompt + answer) too where that is below calibrate's smallest
 # default length (a GPU's short steps are launch-bound: the curve read below its first point is the least sure).
 mean_len=$(python3 -c "print(max(2, round($gen_prompt + $gen_new)))")
