@@ -1,5 +1,6 @@
 #include "core/device.h"
 
+#include <atomic>
 #include <cstdlib>
 
 #include "core/gpu_limits.h"
@@ -72,6 +73,9 @@ void select_device(int local_rank) {
   uint64_t threshold = UINT64_MAX;
   AERIE_CUDART(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold),
                "cudaMemPoolSetAttribute");
+  // Said once per process (select_device is called again by NCCL's set-up and the jobs' later stages).
+  static std::atomic<bool> announced{false};
+  if (announced.exchange(true)) return;
   cudaDeviceProp prop{};
   AERIE_CUDART(cudaGetDeviceProperties(&prop, g_device), "cudaGetDeviceProperties");
   const int cores = cpu_cores_allowed();
