@@ -11,7 +11,9 @@
 #
 # The tests that read the converted stories260K (the build's models/stories260K, compiled in, or $AERIE_TEST_MODEL,
 # which BUILD_DIR/models/stories260K sets when present) fail under AERIE_NO_SKIP=1 without it: stage the build's
-# models/ folder (1.1 MB) with the binaries.
+# models/ folder (1.1 MB) with the binaries. Tests of the suites read ../shared/data too (TinyStories prompts, the
+# tokenizers, the Kimi/DeepSeek configs): set AERIE_DATA to a staged copy of the whole folder (tar | xz -6: 9.8 MB),
+# not a subset (a subset fails the eval tests under AERIE_NO_SKIP=1 for want of tinystories_val.txt).
 #
 # usage: tools/bench/gpu_paths.sh [BUILD_DIR] [OUT_DIR]       (BUILD_DIR default build; OUT_DIR default /tmp/gpu-paths)
 # Environment:
