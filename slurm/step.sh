@@ -27,7 +27,11 @@ aerie_step() {
   echo "aerie_step: $(date -u +%FT%TZ) job ${SLURM_JOB_ID:-?} ($job) start $((${SLURM_RESTART_COUNT:-0} + 1))," \
        "${SLURM_NTASKS:-?} task(s) on ${SLURM_JOB_NODELIST:-?}: aerie $job $*"
   local rc=0
-  srun --mpi=pmix --distribution=block --kill-on-bad-exit=0 "$bin" "$job" "$@" || rc=$?
+  # The job's --cpus-per-task, passed on: srun of Slurm 22.05 and later does not inherit it from sbatch, and a rank
+  # held to one core runs its shard reader / writer threads on the core that launches its kernels.
+  local cpus=()
+  [ -n "${SLURM_CPUS_PER_TASK:-}" ] && cpus=(--cpus-per-task="$SLURM_CPUS_PER_TASK")
+  srun --mpi=pmix --distribution=block --kill-on-bad-exit=0 "${cpus[@]}" "$bin" "$job" "$@" || rc=$?
   if [ "$rc" -eq "$preempted" ]; then
     echo "aerie_step: $(date -u +%FT%TZ) aerie $job stopped by a signal (status $rc), state saved; requeueing" \
          "job $SLURM_JOB_ID"
