@@ -200,8 +200,8 @@ void measure_forward(const TargetConfig& cfg, ParallelGroups& groups, TargetDevi
   cal.generate = {opt.gen_batch, opt.gen_prompt, opt.gen_new, whole(gen), std::min(whole(gen1), whole(gen))};
 }
 
-/// The draft's step over opt.train_batch samples of each opt.train_tokens length (at least 2: a step of one sample
-/// at the shortest length beside it gives the step's own cost), made ready as the job makes them, on every rank at
+/// The draft's step over opt.train_batch (>= 2) samples of each opt.train_tokens length (a step of one sample at the
+/// shortest length beside it gives the step's own cost), made ready as the job makes them, on every rank at
 /// once, each its own data-parallel group (SelfCommunicator); with more than one rank also on rank 0 alone.
 void measure_train(const TargetConfig& cfg, const TargetDevice& dev, const CalibrateOptions& opt, Calibration& cal) {
   const Device device = dev.options.device;
@@ -230,7 +230,7 @@ void measure_train(const TargetConfig& cfg, const TargetDevice& dev, const Calib
   cal.ttt_steps = opt.ttt_steps;
   cal.draft_vocab_size = K;
   cal.train_sample = {opt.train_tokens, {}};
-  const size_t batch = static_cast<size_t>(std::max<int64_t>(2, opt.train_batch));
+  const size_t batch = static_cast<size_t>(opt.train_batch);  // >= 2 (calibrate's check)
   cal.train_batch = static_cast<int64_t>(batch);
   MpiCommunicator world(MPI_COMM_WORLD, false);  // the ranks' times: the slowest counts
   for (const int64_t T : opt.train_tokens) {
@@ -491,7 +491,8 @@ void print_calibration(const Calibration& c) {
       std::printf(", %lld x %s %.5f s", static_cast<long long>(l.count), l.kind.c_str(), l.curve.seconds[i]);
     std::printf(")\n");
   }
-  std::printf("  draft step per sample (steps of %lld), %d TTT steps, draft vocabulary %lld:",
+  std::printf("  draft step, as a step of one sample costs (measured in steps of %lld), %d TTT steps, draft vocabulary "
+              "%lld:",
               static_cast<long long>(c.train_batch), c.ttt_steps, static_cast<long long>(c.draft_vocab_size));
   for (size_t i = 0; i < c.train_sample.tokens.size(); ++i)
     std::printf(" %lld tokens %.4f s;", static_cast<long long>(c.train_sample.tokens[i]), c.train_sample.seconds[i]);
@@ -568,7 +569,7 @@ int calibrate(const std::vector<std::string>& args) {
       "sample lengths of the draft's step (default 512,2048,4096 on a GPU, 128,512 on the CPU)")(
       "ttt-steps", po::value<int>()->default_value(7), "TTT steps of the draft's step (train --ttt-steps)")(
       "train-batch-size", po::value<int64_t>()->default_value(8),
-      "samples of the draft's measured step, made ready at once as train makes them (train --batch-size; at least 2)")(
+      "samples of the draft's measured step, made ready at once as train makes them (train --batch-size; 2 or more)")(
       "gen-batch-size", po::value<int64_t>()->default_value(16), "generate --batch-size of the generation measured")(
       "gen-prompt-tokens", po::value<int64_t>()->default_value(0),
       "prompt tokens of each generated sequence (default 512 on a GPU, 64 on the CPU)")(
@@ -600,8 +601,9 @@ int calibrate(const std::vector<std::string>& args) {
   opt.iters = vm["iters"].as<int>();
   opt.ttt_steps = vm["ttt-steps"].as<int>();
   opt.train_batch = vm["train-batch-size"].as<int64_t>();
-  AERIE_USAGE_CHECK(opt.train_batch >= 1 && opt.train_batch <= 4096,
-                    "aerie calibrate: --train-batch-size " << opt.train_batch << " is not 1 to 4096");
+  AERIE_USAGE_CHECK(opt.train_batch >= 2 && opt.train_batch <= 4096,
+                    "aerie calibrate: --train-batch-size " << opt.train_batch << " is not 2 to 4096 (a step of one "
+                                                           << "sample is timed beside it for the step's own cost)");
   opt.draft_vocab = vm["draft-vocab-size"].as<int64_t>();
   opt.gen_batch = vm["gen-batch-size"].as<int64_t>();
   AERIE_USAGE_CHECK(opt.gen_batch >= 1 && opt.gen_batch <= 4096,

@@ -318,6 +318,11 @@ void print_time_plan(const TimePlan& plan) {
     std::printf("  (the calibration ran %d ranks at once, the plan has %d: where ranks share a node's cores, memory "
                 "bandwidth or links, calibrate with the job's own rank count)\n",
                 c.world, w.world);
+  if (c.train_batch > 0 && w.train_batch_size != c.train_batch)
+    std::printf("  (the draft's step measured in steps of %lld, this plan's train in steps of %lld: calibrate "
+                "--train-batch-size %lld for its own)\n",
+                static_cast<long long>(c.train_batch), static_cast<long long>(w.train_batch_size),
+                static_cast<long long>(std::max<int64_t>(2, w.train_batch_size)));
   if (c.cpu_cores == 1 && c.device != "cpu")
     std::printf("  (the calibration's ranks ran on 1 CPU core each: bound so, extract's writer and train's shard reader "
                 "take turns with the thread that launches the GPU's kernels, a cost the calibration does not see; run "

@@ -91,7 +91,7 @@ stage prepare "$out/prepared.h5" "${job[@]}" prepare --input "$out/regen.jsonl" 
 # steps the draft over train's batch, each unless CAL_ARGS sets it.
 cal=(--gen-batch-size "$gen_batch" --gen-prompt-tokens "$(python3 -c "print(max(1, round($gen_prompt)))")"
      --gen-new-tokens "$(python3 -c "print(max(2, round($gen_new)))")" --draft-vocab-size "${DRAFT_VOCAB:-8192}"
-     --train-batch-size "$batch")
+     --train-batch-size "$((batch < 2 ? 2 : batch))")
 # The draft's step measured at the dataset's mean sample (prompt + answer) too where that is below calibrate's smallest
 # default length (a GPU's short steps are launch-bound: the curve read below its first point is the least sure).
 mean_len=$(python3 -c "print(max(2, round($gen_prompt + $gen_new)))")
