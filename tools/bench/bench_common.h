@@ -1,14 +1,20 @@
-// What the CUDA benchmarks of tools/bench (bench_train.cc, bench_deepseek.cc) share: a one-rank
-// communicator, the device's memory figures, a synchronised timer and JSON string escaping.
+// What the CUDA benchmarks of tools/bench (bench_train.cc, bench_deepseek.cc, bench_attention.cc) share: a one-rank
+// communicator, the device's memory figures, a synchronised timer, random GPU tensors and JSON string escaping.
 #pragma once
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "core/device.h"
 #include "core/error.h"
+#include "core/tensor.h"
+#include "kernels/convert.h"
+#include "kernels/optim.h"
 
 namespace aerie::bench {
 
@@ -48,6 +54,45 @@ double timed(int warmup, int iters, F&& f) {
   sync();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
 }
+
+/// Random values on the GPU, fast: a pool of 4M U(-1, 1) values (splitmix64) uploaded once per dtype and
+/// tiled into each tensor from a varying offset by device-to-device copies, then scaled.
+class RandomFill {
+ public:
+  RandomFill() {
+    std::vector<float> host(kPool);
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (float& v : host) {
+      x += 0x9e3779b97f4a7c15ull;
+      uint64_t z = x;
+      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+      z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+      z ^= z >> 31;
+      v = static_cast<float>(static_cast<double>(z >> 11) * 0x1.0p-53 * 2.0 - 1.0);
+    }
+    f32_ = Tensor::from_vector(host, {kPool}).to_device(Device::CUDA);
+    bf16_ = Tensor::empty({kPool}, DType::BF16, Device::CUDA);
+    convert(f32_, bf16_);
+  }
+  /// t (F32 or BF16, on the GPU) = U(-scale, scale)-like values.
+  void fill(Tensor& t, float scale) {
+    const Tensor& pool = t.dtype() == DType::BF16 ? bf16_ : f32_;
+    Tensor flat = t.reshape({t.numel()});
+    int64_t src = (offset_ += 7919) % (kPool / 2);
+    for (int64_t i = 0; i < t.numel();) {
+      const int64_t n = std::min(t.numel() - i, kPool - src);
+      flat.slice(i, i + n).copy_from(pool.slice(src, src + n));
+      i += n;
+      src = 0;
+    }
+    scale_inplace(t, scale);
+  }
+
+ private:
+  static constexpr int64_t kPool = int64_t{1} << 22;
+  Tensor f32_, bf16_;
+  int64_t offset_ = 0;
+};
 
 /// s with '"' and '\' escaped and newlines as \n, for a JSON string.
 inline std::string json_escape(const std::string& s) {

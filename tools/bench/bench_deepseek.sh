@@ -13,7 +13,8 @@
 #   3. runs transformers' DeepseekV3 (tools/bench/hf_deepseek.py, bf16 weights) on the same shapes when
 #      torch and transformers import: DeepSeek-V3's whole model and blocks, Kimi-K2.5's blocks.
 # Prints JSON lines. Environment: TOKENS (2048,8192), LAYERS (4), ITERS (5), WORK (scratch folder), FP8 (0), TP8_RANK (1), EP8_RANK (1),
-#   SKIP_HF (1: no transformers run), PEAK_TFLOPS (989: H100/H200 SXM dense bf16).
+#   SKIP_HF (1: no transformers run), PEAK_TFLOPS (989: H100/H200 SXM dense bf16), CONFIGS ("kimi_k25_int4
+#   deepseek_v3": which of the two to run), BLOCKS_ONLY (1: the blocks, not the whole forward).
 # Usage: tools/bench/bench_deepseek.sh [BUILD_DIR]
 set -euo pipefail
 case "${1:-}" in -h | --help)
@@ -25,6 +26,7 @@ TOKENS=${TOKENS:-2048,8192}
 LAYERS=${LAYERS:-4}
 ITERS=${ITERS:-5}
 PEAK_TFLOPS=${PEAK_TFLOPS:-989}
+CONFIGS=${CONFIGS:-kimi_k25_int4 deepseek_v3}
 WORK=${WORK:-$(mktemp -d /tmp/aerie-bench-deepseek.XXXXXX)}
 BENCH=$BUILD/bench_deepseek
 [ -x "$BENCH" ] || { echo "bench_deepseek: no $BENCH (a CUDA build makes it)" >&2; exit 2; }
@@ -75,17 +77,25 @@ run_aerie() {  # NAME [more bench_deepseek options]
   local name=$1; shift
   "$BENCH" --config "$WORK/$name" --tokens "$TOKENS" --iters "$ITERS" --peak-tflops "$PEAK_TFLOPS" --label "$name" "$@"
 }
-run_aerie kimi_k25_int4
-run_aerie deepseek_v3
+blocks=(); [ "${BLOCKS_ONLY:-0}" = 1 ] && blocks=(--no-forward)
+wants() { case " $CONFIGS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+if wants kimi_k25_int4; then run_aerie kimi_k25_int4 "${blocks[@]}"; fi
+if wants deepseek_v3; then run_aerie deepseek_v3 "${blocks[@]}"; fi
 [ "${FP8:-0}" = 1 ] && run_aerie deepseek_v3_fp8 --no-forward
-[ "${TP8_RANK:-1}" = 1 ] && run_aerie kimi_k25_int4_tp8_rank
+[ "${TP8_RANK:-1}" = 1 ] && run_aerie kimi_k25_int4_tp8_rank "${blocks[@]}"
 # One rank of tp 8 with the experts split by expert (48 whole experts, ~1/8 of the pairs) against the
 # line above (every expert's 1/8): the blocks only (EP8_RANK=0 leaves it out).
 [ "${EP8_RANK:-1}" = 1 ] && run_aerie kimi_k25_int4 --no-forward --rank-of 8 --expert-parallel --label kimi_k25_int4_ep8_rank
 
 if [ "${SKIP_HF:-0}" != 1 ] && python3 -c "import torch, transformers" 2>/dev/null; then
   hf=$(dirname "$0")/hf_deepseek.py
-  python3 "$hf" "$WORK/deepseek_v3" --tokens "$TOKENS" --iters "$ITERS" --label deepseek_v3 --peak-tflops "$PEAK_TFLOPS"
-  python3 "$hf" "$WORK/kimi_k25_int4" --tokens "$TOKENS" --iters "$ITERS" --label kimi_k25_bf16 --blocks-only \
-    --peak-tflops "$PEAK_TFLOPS"
+  hf_blocks=(); [ "${BLOCKS_ONLY:-0}" = 1 ] && hf_blocks=(--blocks-only)
+  if wants deepseek_v3; then
+    python3 "$hf" "$WORK/deepseek_v3" --tokens "$TOKENS" --iters "$ITERS" --label deepseek_v3 \
+      --peak-tflops "$PEAK_TFLOPS" "${hf_blocks[@]}"
+  fi
+  if wants kimi_k25_int4; then
+    python3 "$hf" "$WORK/kimi_k25_int4" --tokens "$TOKENS" --iters "$ITERS" --label kimi_k25_bf16 --blocks-only \
+      --peak-tflops "$PEAK_TFLOPS"
+  fi
 fi

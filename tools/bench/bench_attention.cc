@@ -1,0 +1,127 @@
+// bench_attention: aerie's causal GQA attention forward and backward (kernels/attention.h) on one GPU, bf16, at
+// the shapes tools/bench/bench_attention.sh gives torch's FlashAttention-2 backend in the same call.
+//
+// For each --head-dims d and --tokens T: q [T, heads, d], k and v [T, kv-heads, d] (uniform in [-1, 1]), one
+// sequence, scale 1/sqrt(d); the forward writes out and lse, the backward dq (bf16) and adds into bf16 dk / dv, as
+// the draft's training step calls them. Which kernel runs is aerie's own choice on this GPU, so run it under
+// AERIE_CUDA_EMULATE=sm_120 for the path an RTX PRO 6000 takes (mma.sync, 99 KiB of shared memory per block), or
+// AERIE_ATTENTION_FORWARD_KERNEL / AERIE_ATTENTION_BACKWARD_KERNEL to force one (core/settings.h).
+//
+// Prints one JSON line per shape: {"bench": "attention", "impl": "aerie", "path": AERIE_CUDA_EMULATE or
+// "native", "gpu", "d", "tokens", "heads", "kv_heads", "fwd_ms", "bwd_ms", "fwd_tflops", "bwd_tflops"}.
+// FLOPs count the causal half, as FlashAttention's benchmarks do: forward 4 T^2 / 2 heads d, backward 2.5 times
+// that (its five products against the forward's two).
+//
+// Usage: bench_attention [--head-dims 64,128] [--tokens 2048,8192] [--heads 32] [--kv-heads 8] [--iters 20]
+//                        [--warmup 3]
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "bench_common.h"
+#include "core/device.h"
+#include "core/error.h"
+#include "kernels/attention.h"
+
+namespace aerie {
+namespace {
+
+using bench::RandomFill;
+using bench::timed;
+
+struct Args {
+  std::vector<int64_t> head_dims{64, 128};
+  std::vector<int64_t> tokens{2048, 8192};
+  int64_t heads = 32, kv_heads = 8;
+  int iters = 20, warmup = 3;
+};
+
+std::vector<int64_t> int_list(const std::string& s) {
+  std::vector<int64_t> v;
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    const size_t comma = s.find(',', pos);
+    const std::string item = s.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    AERIE_CHECK(!item.empty(), "bench_attention: empty item in the list '" << s << "'");
+    v.push_back(std::stoll(item));
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return v;
+}
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    auto next = [&]() -> std::string {
+      AERIE_CHECK(i + 1 < argc, "bench_attention: " << k << " needs a value");
+      return argv[++i];
+    };
+    if (k == "--head-dims") a.head_dims = int_list(next());
+    else if (k == "--tokens") a.tokens = int_list(next());
+    else if (k == "--heads") a.heads = std::stoll(next());
+    else if (k == "--kv-heads") a.kv_heads = std::stoll(next());
+    else if (k == "--iters") a.iters = std::stoi(next());
+    else if (k == "--warmup") a.warmup = std::stoi(next());
+    else AERIE_THROW("bench_attention: unknown option " << k << " (see the header of tools/bench/bench_attention.cc)");
+  }
+  AERIE_CHECK(a.heads > 0 && a.kv_heads > 0 && a.heads % a.kv_heads == 0,
+              "bench_attention: --heads must be a positive multiple of --kv-heads");
+  AERIE_CHECK(a.iters > 0 && a.warmup >= 0, "bench_attention: --iters must be positive, --warmup not negative");
+  return a;
+}
+
+int run(int argc, char** argv) {
+  const Args a = parse(argc, argv);
+  cudaDeviceProp prop{};
+  AERIE_CHECK(cudaGetDeviceProperties(&prop, 0) == cudaSuccess, "bench_attention: no CUDA device");
+  const char* emu = std::getenv("AERIE_CUDA_EMULATE");
+  const std::string path = emu && *emu ? emu : "native";
+  RandomFill rnd;
+  for (const int64_t d : a.head_dims) {
+    for (const int64_t t : a.tokens) {
+      Tensor q = Tensor::empty({t, a.heads, d}, DType::BF16, Device::CUDA);
+      Tensor k = Tensor::empty({t, a.kv_heads, d}, DType::BF16, Device::CUDA);
+      Tensor v = Tensor::empty({t, a.kv_heads, d}, DType::BF16, Device::CUDA);
+      Tensor dout = Tensor::empty({t, a.heads, d}, DType::BF16, Device::CUDA);
+      for (Tensor* x : {&q, &k, &v, &dout}) rnd.fill(*x, 1.0f);
+      Tensor out = Tensor::empty({t, a.heads, d}, DType::BF16, Device::CUDA);
+      Tensor lse = Tensor::empty({t, a.heads}, DType::F32, Device::CUDA);
+      Tensor dq = Tensor::empty({t, a.heads, d}, DType::BF16, Device::CUDA);
+      Tensor dk = Tensor::zeros({t, a.kv_heads, d}, DType::BF16, Device::CUDA);
+      Tensor dv = Tensor::zeros({t, a.kv_heads, d}, DType::BF16, Device::CUDA);
+      const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+      const double fwd_s = timed(a.warmup, a.iters, [&] { attention_forward(q, k, v, 0, scale, out, &lse); });
+      const double bwd_s = timed(a.warmup, a.iters, [&] {
+        attention_backward(dout, q, k, v, out, lse, 0, scale, dq, dk, dv);
+      });
+      const double flop = 4.0 * static_cast<double>(t) * static_cast<double>(t) / 2.0 *
+                          static_cast<double>(a.heads) * static_cast<double>(d);
+      std::printf("{\"bench\": \"attention\", \"impl\": \"aerie\", \"path\": \"%s\", \"gpu\": \"%s\", \"d\": %lld, "
+                  "\"tokens\": %lld, \"heads\": %lld, \"kv_heads\": %lld, \"fwd_ms\": %.4f, \"bwd_ms\": %.4f, "
+                  "\"fwd_tflops\": %.1f, \"bwd_tflops\": %.1f}\n",
+                  bench::json_escape(path).c_str(), bench::json_escape(prop.name).c_str(), static_cast<long long>(d),
+                  static_cast<long long>(t), static_cast<long long>(a.heads), static_cast<long long>(a.kv_heads),
+                  fwd_s * 1e3, bwd_s * 1e3, flop / fwd_s * 1e-12, 2.5 * flop / bwd_s * 1e-12);
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace aerie
+
+int main(int argc, char** argv) {
+  try {
+    return aerie::run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_attention: %s\n", e.what());
+    return 1;
+  }
+}
