@@ -20,9 +20,15 @@ inline std::string data_dir() {
   const char* env = std::getenv("AERIE_DATA");
   return env ? std::string(env) : std::string(AERIE_SHARED_DATA);
 }
-/// A fresh, empty folder under the build folder for one test.
+/// Where the tests write: the build folder's test-scratch, or $AERIE_TEST_SCRATCH when set (two runs of one build
+/// at once, as tools/bench/gpu_paths.sh makes them, each need their own).
+inline std::string scratch_root() {
+  const char* env = std::getenv("AERIE_TEST_SCRATCH");
+  return env && *env ? std::string(env) : std::string(AERIE_BINARY_DIR) + "/test-scratch";
+}
+/// A fresh, empty folder under scratch_root() for one test.
 inline std::string scratch_dir(const std::string& name) {
-  auto p = std::filesystem::path(AERIE_BINARY_DIR) / "test-scratch" / name;
+  auto p = std::filesystem::path(scratch_root()) / name;
   std::filesystem::remove_all(p);
   std::filesystem::create_directories(p);
   return p.string();

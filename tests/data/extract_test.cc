@@ -672,7 +672,7 @@ TEST(ExtractFixture, WritePrepared) {
 // A scratch folder made once by rank 0 and then used by every rank.
 std::string shared_scratch(const std::string& name) {
   auto world = MpiCommunicator::world();
-  std::string dir = std::string(AERIE_BINARY_DIR) + "/test-scratch/" + name;
+  std::string dir = testing::scratch_root() + "/" + name;
   if (world->rank() == 0) testing::scratch_dir(name);
   world->barrier();
   return dir;

@@ -455,7 +455,7 @@ TEST(PrepareParallelTest, WorldEqualsOneRank) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   std::string name = "prepare_parallel_np" + std::to_string(size);
-  std::string dir = std::string(AERIE_BINARY_DIR) + "/test-scratch/" + name;
+  std::string dir = testing::scratch_root() + "/" + name;
   if (rank == 0) {
     dir = testing::scratch_dir(name);
     // JSONL: 23 lines of varying length with bad lines mixed in, so rank ranges split inside.

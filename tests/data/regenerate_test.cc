@@ -505,7 +505,7 @@ TEST(RegenerateMpi, TwoGroupsEqualOneRank) {
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   if (size < 2) GTEST_SKIP() << "run under mpirun -np 2 (tests/mpi/generate.cmake)";
   ParallelGroups g = ParallelGroups::create(1);
-  const std::string dir = (fs::path(AERIE_BINARY_DIR) / "test-scratch" / "regenerate_mpi").string();
+  const std::string dir = (fs::path(testing::scratch_root()) / "regenerate_mpi").string();
   if (g.map.world_rank == 0) {
     testing::scratch_dir("regenerate_mpi");
     write_input(dir + "/in.jsonl", 13);

@@ -192,7 +192,7 @@ TEST(H5Test, ParallelRows) {
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
-  std::string dir = std::string(AERIE_BINARY_DIR) + "/test-scratch/h5_parallel_np" + std::to_string(size);
+  std::string dir = testing::scratch_root() + "/h5_parallel_np" + std::to_string(size);
   if (rank == 0) dir = testing::scratch_dir("h5_parallel_np" + std::to_string(size));
   MPI_Barrier(MPI_COMM_WORLD);
   std::string path = dir + "/p.h5";
@@ -247,7 +247,7 @@ TEST(H5Test, ParallelFailureAgreed) {
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
-  std::string dir = std::string(AERIE_BINARY_DIR) + "/test-scratch/h5_parallel_fail_np" + std::to_string(size);
+  std::string dir = testing::scratch_root() + "/h5_parallel_fail_np" + std::to_string(size);
   if (rank == 0) dir = testing::scratch_dir("h5_parallel_fail_np" + std::to_string(size));
   MPI_Barrier(MPI_COMM_WORLD);
   const std::string path = dir + "/p.h5";

@@ -17,7 +17,7 @@ using testing::expect_close_scaled;
 
 /// A scratch folder shared by all ranks: rank 0 empties it, the others wait.
 std::string shared_scratch(Communicator& world, const std::string& name) {
-  std::string dir = (std::filesystem::path(AERIE_BINARY_DIR) / "test-scratch" / name).string();
+  std::string dir = (std::filesystem::path(testing::scratch_root()) / name).string();
   if (world.rank() == 0) testing::scratch_dir(name);
   world.barrier();
   return dir;

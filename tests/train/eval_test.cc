@@ -242,7 +242,7 @@ TEST_F(EvalTest, ExportRoundTripAndEvalJson) {
 // Under mpirun -np 2 (tests/mpi/eval.cmake): tp = 2 and dp = 2 give the single-rank eval.json figures.
 TEST_F(EvalTest, ParallelMatchesSingleRank) {
   if (world_->size() != 2) GTEST_SKIP() << "needs 2 ranks";
-  const std::string dir = std::string(AERIE_BINARY_DIR) + "/test-scratch/eval_mpi";
+  const std::string dir = testing::scratch_root() + "/eval_mpi";
   if (world_->rank() == 0) {  // one writer; the other rank waits at the barrier
     testing::scratch_dir("eval_mpi");
     LoadedDraft d = full_vocab_draft(*model_, 5);

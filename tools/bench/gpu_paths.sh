@@ -21,7 +21,9 @@
 #   SUITES    the test binaries and their gtest arguments, one per line (default: test_kernels, test_model,
 #             test_train, test_core's DeviceSync.* and GpuLimitsCuda.* (it prints the limits the kernels planned
 #             for: the setting's effect), test_data's *Cuda*)
-#   TOGETHER  1 (default): each setting's suites run side by side on the GPU; 0: one after another
+#   TOGETHER  1 (default): each setting's suites run side by side on the GPU; 0: one after another; 2: every
+#             setting's suites at once (each setting writes its tests' files under OUT_DIR/<setting>/scratch,
+#             AERIE_TEST_SCRATCH, so that two runs of one test do not share a folder)
 #   BENCH     1: then tools/bench/bench_deepseek.sh (SKIP_HF=1) and bench_train.sh (SKIP_HF=1 SKIP_SPECFORGE=1)
 #             under each setting (default 0)
 # Writes OUT_DIR/<setting>/<suite>.txt, the benchmarks' JSON lines in OUT_DIR/<setting>/bench_*.txt, and
@@ -57,9 +59,11 @@ run_suite() {
   [ -x "$build/$name" ] || { echo "$setting $name missing ($build/$name)" >> "$out/summary.txt"; return 1; }
   s=$(date +%s)
   if [ "$setting" = native ]; then
-    (cd "$build" && set -f && env -u AERIE_CUDA_EMULATE ./$line) > "$out/$setting/$name.txt" 2>&1
+    (cd "$build" && set -f && env -u AERIE_CUDA_EMULATE AERIE_TEST_SCRATCH="$out/$setting/scratch" ./$line) \
+      > "$out/$setting/$name.txt" 2>&1
   else
-    (cd "$build" && set -f && AERIE_CUDA_EMULATE=$setting ./$line) > "$out/$setting/$name.txt" 2>&1
+    (cd "$build" && set -f && AERIE_CUDA_EMULATE=$setting AERIE_TEST_SCRATCH="$out/$setting/scratch" ./$line) \
+      > "$out/$setting/$name.txt" 2>&1
   fi
   rc=$?
   counts=$(grep -aoE "^\[  PASSED  \] [0-9]+|^\[  FAILED  \] [0-9]+ test" "$out/$setting/$name.txt" |
@@ -68,14 +72,25 @@ run_suite() {
 }
 
 status=0
+together=${TOGETHER:-1}
+if [ "$together" = 2 ]; then  # every setting's suites at once, then the benchmarks below one setting at a time
+  for setting in $paths; do
+    mkdir -p "$out/$setting"
+    echo "gpu_paths: $(date +%T) $setting: the CUDA suites"
+    while IFS= read -r line; do [ -n "$line" ] && run_suite "$setting" "$line" & done <<< "$suites"
+  done
+  wait
+fi
 for setting in $paths; do
   mkdir -p "$out/$setting"
-  echo "gpu_paths: $(date +%T) $setting: the CUDA suites"
-  while IFS= read -r line; do
-    [ -n "$line" ] || continue
-    if [ "${TOGETHER:-1}" = 1 ]; then run_suite "$setting" "$line" & else run_suite "$setting" "$line"; fi
-  done <<< "$suites"
-  wait
+  if [ "$together" != 2 ]; then
+    echo "gpu_paths: $(date +%T) $setting: the CUDA suites"
+    while IFS= read -r line; do
+      [ -n "$line" ] || continue
+      if [ "$together" = 1 ]; then run_suite "$setting" "$line" & else run_suite "$setting" "$line"; fi
+    done <<< "$suites"
+    wait
+  fi
   if [ "${BENCH:-0}" = 1 ]; then
     emu=(); [ "$setting" = native ] || emu=(AERIE_CUDA_EMULATE="$setting")
     echo "gpu_paths: $(date +%T) $setting: the benchmarks"
