@@ -85,7 +85,8 @@ void select_device(int local_rank) {
   if (const std::string w = single_core_warning(cores, cpu_cores_online()); !w.empty()) AERIE_LOG(warning) << w;
   if (const GpuLimits l = gpu_limits(); !l.emulated.empty())
     AERIE_LOG(info) << kEmulateEnv << "=" << l.emulated << ": the kernels plan as on " << l.emulated << " ("
-                    << l.smem_per_block / 1024 << " KiB of shared memory per block, "
+                    << l.smem_per_block / 1024 << " KiB of shared memory per block and " << l.smem_per_sm / 1024
+                    << " KiB per SM, "
                     << (l.wgmma ? "wgmma" : "no wgmma: the mma.sync kernels") << ")";
 }
 int current_device() { return g_device; }
@@ -156,6 +157,9 @@ GpuLimits gpu_limits() {
     AERIE_CUDART(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, d),
                  "cudaDevAttrMaxSharedMemoryPerBlockOptin");
     real.smem_per_block = smem;
+    AERIE_CUDART(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, d),
+                 "cudaDevAttrMaxSharedMemoryPerMultiprocessor");
+    real.smem_per_sm = smem;
     real.wgmma = real.major == 9 && real.minor == 0;
     dev = d;
   }

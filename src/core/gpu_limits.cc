@@ -18,9 +18,12 @@ std::optional<GpuLimits> emulated_gpu_limits(const char* name) {
     GpuLimits limits;
   };
   static const Row rows[] = {
-      {"80", "8.0", {8, 0, 163 * kKiB, false, ""}},  {"86", "8.6", {8, 6, 99 * kKiB, false, ""}},
-      {"89", "8.9", {8, 9, 99 * kKiB, false, ""}},   {"90", "9.0", {9, 0, 227 * kKiB, true, ""}},
-      {"100", "10.0", {10, 0, 227 * kKiB, false, ""}}, {"120", "12.0", {12, 0, 99 * kKiB, false, ""}},
+      {"80", "8.0", {8, 0, 163 * kKiB, false, "", 164 * kKiB}},
+      {"86", "8.6", {8, 6, 99 * kKiB, false, "", 100 * kKiB}},
+      {"89", "8.9", {8, 9, 99 * kKiB, false, "", 100 * kKiB}},
+      {"90", "9.0", {9, 0, 227 * kKiB, true, "", 228 * kKiB}},
+      {"100", "10.0", {10, 0, 227 * kKiB, false, "", 228 * kKiB}},
+      {"120", "12.0", {12, 0, 99 * kKiB, false, "", 100 * kKiB}},
   };
   for (const Row& r : rows)
     if (n == r.cc || n == r.dotted) {
@@ -37,6 +40,10 @@ GpuLimits apply_emulation(const GpuLimits& real, const std::optional<GpuLimits>&
   GpuLimits l = *emulated;
   l.wgmma = real.wgmma && emulated->wgmma;
   l.smem_per_block = std::min(real.smem_per_block, emulated->smem_per_block);
+  l.smem_per_sm = real.smem_per_sm > 0 ? std::min(real.smem_per_sm, emulated->smem_per_sm) : emulated->smem_per_sm;
+  l.carveout_percent = -1;
+  if (real.smem_per_sm > emulated->smem_per_sm)
+    l.carveout_percent = static_cast<int>((100 * emulated->smem_per_sm + real.smem_per_sm - 1) / real.smem_per_sm);
   return l;
 }
 

@@ -58,6 +58,25 @@ TEST(GpuLimits, EmulationCapsTheRealGpu) {
   EXPECT_FALSE(as90.wgmma);
 }
 
+// The SM's shared memory: an H100's 228 KiB capped at an RTX PRO 6000's 100 KiB by a carveout of 44% (100.4 KiB:
+// the driver rounds to a configuration that holds it), so that one 96 KiB block runs per SM as there, not two.
+TEST(GpuLimits, EmulationCapsTheSmAsWellAsTheBlock) {
+  const GpuLimits h100{9, 0, 232448, true, "", 233472};
+  EXPECT_EQ(apply_emulation(h100, std::nullopt).carveout_percent, -1) << "nothing emulated: the driver's default";
+  const GpuLimits as120 = apply_emulation(h100, emulated_gpu_limits("sm_120"));
+  EXPECT_EQ(as120.smem_per_sm, 102400);
+  EXPECT_EQ(as120.carveout_percent, 44);
+  EXPECT_GE(as120.carveout_percent * h100.smem_per_sm, 100 * as120.smem_per_sm) << "rounded up, never below";
+  const GpuLimits as80 = apply_emulation(h100, emulated_gpu_limits("sm_80"));
+  EXPECT_EQ(as80.smem_per_sm, 164 * 1024);
+  EXPECT_EQ(as80.carveout_percent, 72);
+  // An sm_100's SM is as large as the H100's: no carveout; nor where the real SM's size is unknown.
+  EXPECT_EQ(apply_emulation(h100, emulated_gpu_limits("sm_100")).carveout_percent, -1);
+  const GpuLimits unknown{9, 0, 232448, true, ""};
+  EXPECT_EQ(apply_emulation(unknown, emulated_gpu_limits("sm_120")).carveout_percent, -1);
+  EXPECT_EQ(apply_emulation(unknown, emulated_gpu_limits("sm_120")).smem_per_sm, 102400);
+}
+
 TEST(GpuLimits, UnknownFamilyNamesTheSetting) {
   EXPECT_NE(testing::error_of([] { emulated_gpu_limits("sm_75"); }).find("AERIE_CUDA_EMULATE"), std::string::npos);
   const std::string e = testing::error_of([] { emulated_gpu_limits("rtx6000"); });

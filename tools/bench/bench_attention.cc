@@ -8,7 +8,7 @@
 // AERIE_ATTENTION_FORWARD_KERNEL / AERIE_ATTENTION_BACKWARD_KERNEL to force one (core/settings.h).
 //
 // Prints one JSON line per shape: {"bench": "attention", "impl": "aerie", "path": AERIE_CUDA_EMULATE or
-// "native", "gpu", "d", "tokens", "heads", "kv_heads", "fwd_ms", "bwd_ms", "fwd_tflops", "bwd_tflops"}.
+// "native", then "+" and the kernel settings where set (e.g. "sm_120+mma64"), "gpu", "d", "tokens", "heads", "kv_heads", "fwd_ms", "bwd_ms", "fwd_tflops", "bwd_tflops"}.
 // FLOPs count the causal half, as FlashAttention's benchmarks do: forward 4 T^2 / 2 heads d, backward 2.5 times
 // that (its five products against the forward's two).
 //
@@ -25,6 +25,7 @@
 #include "bench_common.h"
 #include "core/device.h"
 #include "core/error.h"
+#include "core/settings.h"
 #include "kernels/attention.h"
 
 namespace aerie {
@@ -81,7 +82,12 @@ int run(int argc, char** argv) {
   cudaDeviceProp prop{};
   AERIE_CHECK(cudaGetDeviceProperties(&prop, 0) == cudaSuccess, "bench_attention: no CUDA device");
   const char* emu = std::getenv("AERIE_CUDA_EMULATE");
-  const std::string path = emu && *emu ? emu : "native";
+  std::string path = emu && *emu ? emu : "native";
+  const Settings& set = settings();
+  if (!set.attention_forward_kernel.empty() || !set.attention_backward_kernel.empty())
+    path += "+" + set.attention_forward_kernel + (set.attention_backward_kernel == set.attention_forward_kernel
+                                                      ? ""
+                                                      : "/" + set.attention_backward_kernel);
   RandomFill rnd;
   for (const int64_t d : a.head_dims) {
     for (const int64_t t : a.tokens) {

@@ -8,7 +8,8 @@
 # Prints the JSON lines of both ("impl": "aerie" with its "path", "impl": "torch_flash"), then one line per shape and
 # path with aerie's time over torch's ("ratio_fwd", "ratio_bwd": above 1, aerie is faster).
 # Environment: HEAD_DIMS (64,128), TOKENS (2048,8192), HEADS (32), KV_HEADS (8), ITERS (20), PATHS ("native sm_120":
-#   "native" or AERIE_CUDA_EMULATE values), SKIP_TORCH (0).
+#   "native" or an AERIE_CUDA_EMULATE value, each optionally "+KERNEL" for AERIE_ATTENTION_FORWARD_KERNEL and
+#   _BACKWARD_KERNEL, e.g. "sm_120+mma64"), SKIP_TORCH (0).
 # Usage: tools/bench/bench_attention.sh [BUILD_DIR]
 set -euo pipefail
 case "${1:-}" in -h | --help)
@@ -27,13 +28,12 @@ lines=$(mktemp)
 trap 'rm -f "$lines"' EXIT
 
 for path in ${PATHS:-native sm_120}; do
-  if [ "$path" = native ]; then
-    env -u AERIE_CUDA_EMULATE "$BENCH" --head-dims "$HEAD_DIMS" --tokens "$TOKENS" --heads "$HEADS" \
-      --kv-heads "$KV_HEADS" --iters "$ITERS"
-  else
-    AERIE_CUDA_EMULATE=$path "$BENCH" --head-dims "$HEAD_DIMS" --tokens "$TOKENS" --heads "$HEADS" \
-      --kv-heads "$KV_HEADS" --iters "$ITERS"
-  fi
+  setting=${path%%+*} kernel=
+  [ "$setting" = "$path" ] || kernel=${path#*+}
+  envs=(AERIE_ATTENTION_FORWARD_KERNEL="$kernel" AERIE_ATTENTION_BACKWARD_KERNEL="$kernel")
+  if [ "$setting" = native ]; then envs+=(AERIE_CUDA_EMULATE=); else envs+=(AERIE_CUDA_EMULATE="$setting"); fi
+  env "${envs[@]}" "$BENCH" --head-dims "$HEAD_DIMS" --tokens "$TOKENS" --heads "$HEADS" --kv-heads "$KV_HEADS" \
+    --iters "$ITERS"
 done | tee -a "$lines"
 
 if [ "${SKIP_TORCH:-0}" != 1 ]; then

@@ -6,30 +6,34 @@
 // dS = P (dP - D); dq = scale dS K, dk += scale dS^T Q, dv += P^T dout. P and dS are rounded to bf16 as
 // the A operands of the second products (as FlashAttention-2 does); everything else is fp32.
 //
-// dq pass: 4 warps x 16 packed query rows; Q and dout stay in shared memory, 64-key tiles of K and V
-// stream through a double buffer (cp.async). dk/dv pass: 4 warps x 16 keys of one kv head; K and V stay
-// in shared memory, 64-row tiles of packed query rows (Q, dout, their lse and D) stream through a
-// double buffer. At head dim 192 on a GPU of 99 KiB per block (sm_86, sm_89, sm_120) the streamed tiles are
-// single-buffered instead (96 KiB in place of 144). Register layouts and shared-memory swizzle: attention_mma.cuh.
+// dq pass: W warps x 16 packed query rows; Q and dout stay in shared memory, TB-key tiles of K and V
+// stream through a double buffer (cp.async). dk/dv pass: W warps x 16 keys of one kv head; K and V stay
+// in shared memory, TB-row tiles of packed query rows (Q, dout, their lse and D) stream through a
+// double buffer. The shapes (Config below): 4 warps and 64-wide tiles, two blocks per SM where an SM holds two
+// (an H100's 228 KiB); at head dims up to 128 on a GPU whose SM holds one such block of ~97 KiB (sm_86, sm_89,
+// sm_120: 100 KiB per SM), 8 warps and 32-wide tiles in the same shared memory, so that 8 warps share the SM, not
+// 4 (FlashAttention-2 also runs 8 warps there). At head dim 192 on a GPU of 99 KiB per block the streamed tiles
+// are single-buffered instead (96 KiB in place of 144). Register layouts and shared-memory swizzle:
+// attention_mma.cuh.
 #include "kernels/cuda/attention_mma.cuh"
 
 namespace aerie::cuda::attn {
 namespace {
 
-constexpr int kBlk = 64;  // rows (dq) or keys (dk/dv) per block, keys or rows per streamed tile
 constexpr float kLog2e = 1.4426950408889634f;
 
-template <int DP>
+/// Bytes of a [ROWS][DP] bf16 tile.
+template <int DP, int ROWS>
 constexpr size_t tile_bytes() {
-  return sizeof(bf16_t) * kBlk * DP;
+  return sizeof(bf16_t) * ROWS * DP;
 }
 
-/// Loads a [64][DP] tile of packed query rows R0 .. R0+63 (row R = i * group + head in group of kv head
-/// g) of a [tq, nh, DP] tensor into swizzled shared memory; rows past tq are zeros.
-template <int DP>
+/// Loads a [ROWS][DP] tile of packed query rows R0 .. R0+ROWS-1 (row R = i * group + head in group of kv head
+/// g) of a [tq, nh, DP] tensor into swizzled shared memory; rows past tq are zeros. All threads of the block.
+template <int DP, int ROWS>
 __device__ __forceinline__ void load_rows(uint32_t dst, const bf16_t* src, const BwdParams& p, int g, int64_t R0) {
   constexpr int NC = DP / 8;
-  for (int idx = threadIdx.x; idx < kBlk * NC; idx += kThreads) {
+  for (int idx = threadIdx.x; idx < ROWS * NC; idx += blockDim.x) {
     const int r = idx / NC, c = idx % NC;
     const int64_t R = R0 + r, i = R / p.group;
     const int h = g * p.group + static_cast<int>(R % p.group);
@@ -38,11 +42,11 @@ __device__ __forceinline__ void load_rows(uint32_t dst, const bf16_t* src, const
   }
 }
 
-/// Loads keys j0 .. j0+63 of kv head g of a [tk, nkv, DP] tensor; keys past tk are zeros.
-template <int DP>
+/// Loads keys j0 .. j0+ROWS-1 of kv head g of a [tk, nkv, DP] tensor; keys past tk are zeros.
+template <int DP, int ROWS>
 __device__ __forceinline__ void load_keys(uint32_t dst, const bf16_t* src, const BwdParams& p, int g, int64_t j0) {
   constexpr int NC = DP / 8;
-  for (int idx = threadIdx.x; idx < kBlk * NC; idx += kThreads) {
+  for (int idx = threadIdx.x; idx < ROWS * NC; idx += blockDim.x) {
     const int jj = idx / NC, c = idx % NC;
     const int64_t j = j0 + jj;
     const bool ok = j < p.tk;
@@ -50,19 +54,19 @@ __device__ __forceinline__ void load_keys(uint32_t dst, const bf16_t* src, const
   }
 }
 
-/// acc[nb] (16 rows x 64 columns, n8 blocks) = A B^T over the head dim: A rows a_row0 .. +15 of the tile
-/// at `a`, B = the 64 rows of the tile at `b` (both swizzled [64][DP]).
-template <int DP>
-__device__ __forceinline__ void rows_dot_rows(float (&acc)[kBlk / 8][4], uint32_t a, int a_row0, uint32_t b) {
+/// acc[nb] (16 rows x TB columns, n8 blocks) = A B^T over the head dim: A rows a_row0 .. +15 of the tile
+/// at `a`, B = the TB rows of the tile at `b` (both swizzled [rows][DP]).
+template <int DP, int TB>
+__device__ __forceinline__ void rows_dot_rows(float (&acc)[TB / 8][4], uint32_t a, int a_row0, uint32_t b) {
   const int lane = threadIdx.x & 31, mi = lane >> 3;
 #pragma unroll
-  for (int nb = 0; nb < kBlk / 8; ++nb) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.0f;
+  for (int nb = 0; nb < TB / 8; ++nb) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.0f;
 #pragma unroll
   for (int kd = 0; kd < DP / 16; ++kd) {
     uint32_t af[4];
     ldsm_x4(a + swz<DP>(a_row0 + (lane & 15), kd * 2 + (lane >> 4)), af[0], af[1], af[2], af[3]);
 #pragma unroll
-    for (int nb = 0; nb < kBlk / 8; nb += 2) {
+    for (int nb = 0; nb < TB / 8; nb += 2) {
       uint32_t b0, b1, b2, b3;
       ldsm_x4(b + swz<DP>(nb * 8 + (mi >> 1) * 8 + (lane & 7), kd * 2 + (mi & 1)), b0, b1, b2, b3);
       mma16816(acc[nb], af, b0, b1);
@@ -71,14 +75,14 @@ __device__ __forceinline__ void rows_dot_rows(float (&acc)[kBlk / 8][4], uint32_
   }
 }
 
-/// acc[nd] (16 x DP) += A [16][64] (bf16 fragments, k = the tile's 64 rows) times the tile at `b`
-/// ([64][DP], read transposed).
-template <int DP>
-__device__ __forceinline__ void frags_times_tile(float (&acc)[DP / 8][4], const uint32_t (&af)[kBlk / 16][4],
+/// acc[nd] (16 x DP) += A [16][TB] (bf16 fragments, k = the tile's TB rows) times the tile at `b`
+/// ([TB][DP], read transposed).
+template <int DP, int TB>
+__device__ __forceinline__ void frags_times_tile(float (&acc)[DP / 8][4], const uint32_t (&af)[TB / 16][4],
                                                  uint32_t b) {
   const int lane = threadIdx.x & 31, mi = lane >> 3;
 #pragma unroll
-  for (int kk = 0; kk < kBlk / 16; ++kk) {
+  for (int kk = 0; kk < TB / 16; ++kk) {
 #pragma unroll
     for (int nd = 0; nd < DP / 8; nd += 2) {
       uint32_t b0, b1, b2, b3;
@@ -89,41 +93,54 @@ __device__ __forceinline__ void frags_times_tile(float (&acc)[DP / 8][4], const 
   }
 }
 
+/// A pass's shape: W warps of 16 resident rows (dq) or keys (dk/dv) each, TB keys or rows per streamed tile,
+/// NBUF streamed buffers.
+template <int W, int TB, int NBUF>
+struct Config {
+  static_assert(W == 4 || W == 8);
+  static_assert(TB == 32 || TB == 64);
+  static_assert(NBUF == 1 || NBUF == 2);
+  static constexpr int kWarpsPerBlock = W, kThreadsPerBlock = 32 * W, kResident = 16 * W, kTile = TB, kBufs = NBUF;
+};
+
 /// Shared memory of the dq pass (Q, dout, K[NBUF], V[NBUF]) and of the dk/dv pass (K, V, Q[NBUF], dout[NBUF],
 /// and per streamed row its lse, D and last key).
-template <int DP, int NBUF>
+template <int DP, typename C>
 constexpr size_t dq_smem() {
-  return (2 + 2 * NBUF) * tile_bytes<DP>();
+  return 2 * tile_bytes<DP, C::kResident>() + 2 * C::kBufs * tile_bytes<DP, C::kTile>();
 }
-template <int DP, int NBUF>
+template <int DP, typename C>
 constexpr size_t dkdv_smem() {
-  return (2 + 2 * NBUF) * tile_bytes<DP>() + NBUF * kBlk * (2 * sizeof(float) + sizeof(int));
+  return 2 * tile_bytes<DP, C::kResident>() + 2 * C::kBufs * tile_bytes<DP, C::kTile>() +
+         C::kBufs * C::kTile * (2 * sizeof(float) + sizeof(int));
 }
 
-template <int DP, int NBUF>
-__global__ void __launch_bounds__(kThreads, 2) attn_bwd_dq_mma_kernel(BwdParams p) {
+template <int DP, typename C>
+__global__ void __launch_bounds__(C::kThreadsPerBlock, C::kWarpsPerBlock == 4 ? 2 : 1)
+    attn_bwd_dq_mma_kernel(BwdParams p) {
   static_assert(DP == 64 || DP == 128 || DP == 192);
-  static_assert(NBUF == 1 || NBUF == 2);
-  constexpr int NB = kBlk / 8, ND = DP / 8;
+  constexpr int TB = C::kTile, RB = C::kResident, NBUF = C::kBufs;
+  constexpr int NB = TB / 8, ND = DP / 8;
   extern __shared__ __align__(128) unsigned char bwd_smem[];
   const uint32_t sQ = static_cast<uint32_t>(__cvta_generic_to_shared(bwd_smem));
-  const uint32_t sO = sQ + tile_bytes<DP>(), sK = sO + tile_bytes<DP>(), sV = sK + NBUF * tile_bytes<DP>();
+  const uint32_t sO = sQ + tile_bytes<DP, RB>(), sK = sO + tile_bytes<DP, RB>();
+  const uint32_t sV = sK + NBUF * tile_bytes<DP, TB>();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, quad = lane >> 2, tq4 = lane & 3;
   const int g = blockIdx.y;
-  const int64_t r0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kBlk;  // longest rows first
+  const int64_t r0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * RB;  // longest rows first
   const bf16_t* k = static_cast<const bf16_t*>(p.k);
   const bf16_t* v = static_cast<const bf16_t*>(p.v);
 
-  load_rows<DP>(sQ, static_cast<const bf16_t*>(p.q), p, g, r0);
-  load_rows<DP>(sO, static_cast<const bf16_t*>(p.dout), p, g, r0);
-  const int64_t i_last = min(p.tq - 1, (r0 + kBlk - 1) / p.group);
+  load_rows<DP, RB>(sQ, static_cast<const bf16_t*>(p.q), p, g, r0);
+  load_rows<DP, RB>(sO, static_cast<const bf16_t*>(p.dout), p, g, r0);
+  const int64_t i_last = min(p.tq - 1, (r0 + RB - 1) / p.group);
   const int64_t kend = max(int64_t{0}, min(p.tk, i_last + p.q_offset + 1));
   // Key tiles t0 .. : under a window, from the tile of the block's first row's first key.
-  const int t0 = static_cast<int>(first_key(r0 / p.group + p.q_offset, p.window) / kBlk);
-  const int ntiles = max(0, static_cast<int>((kend + kBlk - 1) / kBlk) - t0);
+  const int t0 = static_cast<int>(first_key(r0 / p.group + p.q_offset, p.window) / TB);
+  const int ntiles = max(0, static_cast<int>((kend + TB - 1) / TB) - t0);
   auto load_kv = [&](int t, int buf) {
-    load_keys<DP>(sK + buf * tile_bytes<DP>(), k, p, g, static_cast<int64_t>(t0 + t) * kBlk);
-    load_keys<DP>(sV + buf * tile_bytes<DP>(), v, p, g, static_cast<int64_t>(t0 + t) * kBlk);
+    load_keys<DP, TB>(sK + buf * tile_bytes<DP, TB>(), k, p, g, static_cast<int64_t>(t0 + t) * TB);
+    load_keys<DP, TB>(sV + buf * tile_bytes<DP, TB>(), v, p, g, static_cast<int64_t>(t0 + t) * TB);
   };
   if (ntiles > 0) load_kv(0, 0);
   cp_async_commit();
@@ -146,12 +163,12 @@ __global__ void __launch_bounds__(kThreads, 2) attn_bwd_dq_mma_kernel(BwdParams 
 
   for (int t = 0; t < ntiles; ++t) {
     const int buf = next_tile<NBUF>(t, ntiles, load_kv);
-    const uint32_t kb = sK + buf * tile_bytes<DP>(), vb = sV + buf * tile_bytes<DP>();
-    const int64_t j0 = static_cast<int64_t>(t0 + t) * kBlk;
+    const uint32_t kb = sK + buf * tile_bytes<DP, TB>(), vb = sV + buf * tile_bytes<DP, TB>();
+    const int64_t j0 = static_cast<int64_t>(t0 + t) * TB;
     float s[NB][4], dp[NB][4];
-    rows_dot_rows<DP>(s, sQ, warp * 16, kb);   // q . k
-    rows_dot_rows<DP>(dp, sO, warp * 16, vb);  // dout . v
-    uint32_t dsf[kBlk / 16][4];
+    rows_dot_rows<DP, TB>(s, sQ, warp * 16, kb);   // q . k
+    rows_dot_rows<DP, TB>(dp, sO, warp * 16, vb);  // dout . v
+    uint32_t dsf[TB / 16][4];
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) {
       float ds[4];
@@ -165,7 +182,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_bwd_dq_mma_kernel(BwdParams 
       dsf[nb >> 1][(nb & 1) * 2 + 0] = pack_bf16(ds[0], ds[1]);
       dsf[nb >> 1][(nb & 1) * 2 + 1] = pack_bf16(ds[2], ds[3]);
     }
-    frags_times_tile<DP>(acc, dsf, kb);  // dS K
+    frags_times_tile<DP, TB>(acc, dsf, kb);  // dS K
     __syncthreads();
   }
   cp_async_wait<0>();
@@ -184,42 +201,43 @@ __global__ void __launch_bounds__(kThreads, 2) attn_bwd_dq_mma_kernel(BwdParams 
   }
 }
 
-template <int DP, typename G, int NBUF>
-__global__ void __launch_bounds__(kThreads, 1) attn_bwd_dkdv_mma_kernel(BwdParams p) {
+template <int DP, typename G, typename C>
+__global__ void __launch_bounds__(C::kThreadsPerBlock, 1) attn_bwd_dkdv_mma_kernel(BwdParams p) {
   static_assert(DP == 64 || DP == 128 || DP == 192);
-  static_assert(NBUF == 1 || NBUF == 2);
-  constexpr int NB = kBlk / 8, ND = DP / 8;
+  constexpr int TB = C::kTile, RB = C::kResident, NBUF = C::kBufs;
+  constexpr int NB = TB / 8, ND = DP / 8;
   extern __shared__ __align__(128) unsigned char bwd_smem[];
   const uint32_t sK = static_cast<uint32_t>(__cvta_generic_to_shared(bwd_smem));
-  const uint32_t sV = sK + tile_bytes<DP>(), sQ = sV + tile_bytes<DP>(), sO = sQ + NBUF * tile_bytes<DP>();
-  float* lse2s = reinterpret_cast<float*>(bwd_smem + (2 + 2 * NBUF) * tile_bytes<DP>());  // [NBUF][64]
-  float* Ds = lse2s + NBUF * kBlk;                                                         // [NBUF][64]
-  int* ilims = reinterpret_cast<int*>(Ds + NBUF * kBlk);                                   // [NBUF][64]
+  const uint32_t sV = sK + tile_bytes<DP, RB>(), sQ = sV + tile_bytes<DP, RB>();
+  const uint32_t sO = sQ + NBUF * tile_bytes<DP, TB>();
+  float* lse2s = reinterpret_cast<float*>(bwd_smem + 2 * tile_bytes<DP, RB>() + 2 * NBUF * tile_bytes<DP, TB>());
+  float* Ds = lse2s + NBUF * TB;                          // [NBUF][TB], as lse2s
+  int* ilims = reinterpret_cast<int*>(Ds + NBUF * TB);    // [NBUF][TB]
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, quad = lane >> 2, tq4 = lane & 3;
   const int g = blockIdx.y;
-  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kBlk;
+  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * RB;
   const bf16_t* q = static_cast<const bf16_t*>(p.q);
   const bf16_t* dout = static_cast<const bf16_t*>(p.dout);
 
-  load_keys<DP>(sK, static_cast<const bf16_t*>(p.k), p, g, j0);
-  load_keys<DP>(sV, static_cast<const bf16_t*>(p.v), p, g, j0);
+  load_keys<DP, RB>(sK, static_cast<const bf16_t*>(p.k), p, g, j0);
+  load_keys<DP, RB>(sV, static_cast<const bf16_t*>(p.v), p, g, j0);
   // Query row i attends key j iff j <= i + q_offset: the first row that sees any key of the block.
   const int64_t R0 = max(int64_t{0}, j0 - p.q_offset) * p.group;
   // ... and under a window the rows end where the block's last key leaves it.
-  const int64_t rows = rows_end(min(p.tk - 1, j0 + kBlk - 1), p.q_offset, p.window, p.tq) * p.group;
-  const int ntiles = R0 < rows ? static_cast<int>((rows - R0 + kBlk - 1) / kBlk) : 0;
+  const int64_t rows = rows_end(min(p.tk - 1, j0 + RB - 1), p.q_offset, p.window, p.tq) * p.group;
+  const int ntiles = R0 < rows ? static_cast<int>((rows - R0 + TB - 1) / TB) : 0;
   auto load_tile = [&](int t, int buf) {
-    const int64_t Rt = R0 + static_cast<int64_t>(t) * kBlk;
-    load_rows<DP>(sQ + buf * tile_bytes<DP>(), q, p, g, Rt);
-    load_rows<DP>(sO + buf * tile_bytes<DP>(), dout, p, g, Rt);
-    if (threadIdx.x < kBlk) {
+    const int64_t Rt = R0 + static_cast<int64_t>(t) * TB;
+    load_rows<DP, TB>(sQ + buf * tile_bytes<DP, TB>(), q, p, g, Rt);
+    load_rows<DP, TB>(sO + buf * tile_bytes<DP, TB>(), dout, p, g, Rt);
+    if (threadIdx.x < TB) {
       const int64_t R = Rt + threadIdx.x, i = R / p.group;
       const int h = g * p.group + static_cast<int>(R % p.group);
       const float lse = i < p.tq ? p.lse[i * p.nh + h] : -INFINITY;
       const bool ok = i < p.tq && lse != -INFINITY;  // a row without keys has no gradient
-      lse2s[buf * kBlk + threadIdx.x] = ok ? lse * kLog2e : 0.0f;
-      Ds[buf * kBlk + threadIdx.x] = ok ? p.D[i * p.nh + h] : 0.0f;
-      ilims[buf * kBlk + threadIdx.x] = ok ? static_cast<int>(i + p.q_offset) : -1;
+      lse2s[buf * TB + threadIdx.x] = ok ? lse * kLog2e : 0.0f;
+      Ds[buf * TB + threadIdx.x] = ok ? p.D[i * p.nh + h] : 0.0f;
+      ilims[buf * TB + threadIdx.x] = ok ? static_cast<int>(i + p.q_offset) : -1;
     }
   };
   if (ntiles > 0) load_tile(0, 0);
@@ -237,14 +255,14 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_dkdv_mma_kernel(BwdParam
 
   for (int t = 0; t < ntiles; ++t) {
     const int buf = next_tile<NBUF>(t, ntiles, load_tile);
-    const uint32_t qb = sQ + buf * tile_bytes<DP>(), ob = sO + buf * tile_bytes<DP>();
-    const float* lt = lse2s + buf * kBlk;
-    const float* dt = Ds + buf * kBlk;
-    const int* it = ilims + buf * kBlk;
-    // P^T [16 keys][64 rows] and dV += P^T dout.
+    const uint32_t qb = sQ + buf * tile_bytes<DP, TB>(), ob = sO + buf * tile_bytes<DP, TB>();
+    const float* lt = lse2s + buf * TB;
+    const float* dt = Ds + buf * TB;
+    const int* it = ilims + buf * TB;
+    // P^T [16 keys][TB rows] and dV += P^T dout.
     float pt[NB][4];
-    rows_dot_rows<DP>(pt, sK, warp * 16, qb);  // k . q
-    uint32_t af[kBlk / 16][4];
+    rows_dot_rows<DP, TB>(pt, sK, warp * 16, qb);  // k . q
+    uint32_t af[TB / 16][4];
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) {
 #pragma unroll
@@ -256,10 +274,10 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_dkdv_mma_kernel(BwdParam
       af[nb >> 1][(nb & 1) * 2 + 0] = pack_bf16(pt[nb][0], pt[nb][1]);
       af[nb >> 1][(nb & 1) * 2 + 1] = pack_bf16(pt[nb][2], pt[nb][3]);
     }
-    frags_times_tile<DP>(dv, af, ob);
+    frags_times_tile<DP, TB>(dv, af, ob);
     // dS^T = P^T (dP^T - D) and dK += dS^T Q.
     float dpt[NB][4];
-    rows_dot_rows<DP>(dpt, sV, warp * 16, ob);  // v . dout
+    rows_dot_rows<DP, TB>(dpt, sV, warp * 16, ob);  // v . dout
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) {
       float ds[4];
@@ -268,7 +286,7 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_dkdv_mma_kernel(BwdParam
       af[nb >> 1][(nb & 1) * 2 + 0] = pack_bf16(ds[0], ds[1]);
       af[nb >> 1][(nb & 1) * 2 + 1] = pack_bf16(ds[2], ds[3]);
     }
-    frags_times_tile<DP>(dk, af, qb);
+    frags_times_tile<DP, TB>(dk, af, qb);
     __syncthreads();
   }
   cp_async_wait<0>();
@@ -296,52 +314,75 @@ __global__ void __launch_bounds__(kThreads, 1) attn_bwd_dkdv_mma_kernel(BwdParam
 
 namespace {
 
-template <int DP, int NBUF>
+template <int DP, typename C>
 void launch_dq(const BwdParams& p) {
-  constexpr size_t smem = dq_smem<DP, NBUF>();
-  auto kernel = attn_bwd_dq_mma_kernel<DP, NBUF>;
+  constexpr size_t smem = dq_smem<DP, C>();
+  auto kernel = attn_bwd_dq_mma_kernel<DP, C>;
   allow_smem(kernel, smem);
-  const int64_t blocks = (p.tq * p.group + kBlk - 1) / kBlk;
+  const int64_t blocks = (p.tq * p.group + C::kResident - 1) / C::kResident;
   check_grid("attention_backward (CUDA) dq", blocks, p.nkv, 1);
-  kernel<<<dim3(static_cast<unsigned>(blocks), p.nkv), kThreads, smem, stream()>>>(p);
+  kernel<<<dim3(static_cast<unsigned>(blocks), p.nkv), C::kThreadsPerBlock, smem, stream()>>>(p);
   AERIE_CUDA_LAUNCHED("attn_bwd_dq_mma_kernel");
 }
 
-template <int DP, typename G, int NBUF>
+template <int DP, typename G, typename C>
 void launch_dkdv(const BwdParams& p) {
-  constexpr size_t smem = dkdv_smem<DP, NBUF>();
-  auto kernel = attn_bwd_dkdv_mma_kernel<DP, G, NBUF>;
+  constexpr size_t smem = dkdv_smem<DP, C>();
+  auto kernel = attn_bwd_dkdv_mma_kernel<DP, G, C>;
   allow_smem(kernel, smem);
-  const int64_t blocks = (p.tk + kBlk - 1) / kBlk;
+  const int64_t blocks = (p.tk + C::kResident - 1) / C::kResident;
   check_grid("attention_backward (CUDA) dk/dv", blocks, p.nkv, 1);
-  kernel<<<dim3(static_cast<unsigned>(blocks), p.nkv), kThreads, smem, stream()>>>(p);
+  kernel<<<dim3(static_cast<unsigned>(blocks), p.nkv), C::kThreadsPerBlock, smem, stream()>>>(p);
   AERIE_CUDA_LAUNCHED("attn_bwd_dkdv_mma_kernel");
+}
+
+using Wide = Config<4, 64, 2>;    // 4 warps, 64-wide double-buffered tiles: two blocks per SM of 228 KiB
+using Single = Config<4, 64, 1>;  // head dim 192 where the double buffer does not fit one block
+using Eight = Config<8, 32, 2>;   // 8 warps, 32-wide double-buffered tiles: an SM of 100 KiB
+
+/// Whether an SM holds only one block of `bytes` of shared memory (1 KiB of each block is the system's), and
+/// `eight` bytes fit one block: the 8-warp shape then puts 8 warps on the SM instead of 4. Not under
+/// AERIE_ATTENTION_BACKWARD_KERNEL=mma64.
+inline bool eight_warps_pay(size_t bytes, size_t eight) {
+  const int64_t per_sm = gpu_limits().smem_per_sm;
+  return !mma64_forced(settings().attention_backward_kernel) && per_sm > 0 && 2 * (static_cast<int64_t>(bytes) + 1024) > per_sm && smem_fits(eight);
 }
 
 }  // namespace
 
-// Double-buffered where that fits one block (smem_fits); at head dim 192 (the others take at most 98 KiB) the
-// single-buffered kernels where it does not.
+// Head dims 64 and 128: 4 warps and 64-wide tiles, or 8 warps and 32-wide ones where an SM holds only one block of
+// the first (eight_warps_pay). Head dim 192: 4 warps, double-buffered where that fits one block (smem_fits), else
+// single-buffered.
 template <int DP>
 void launch_bwd_dq_tc(const BwdParams& p) {
   if constexpr (DP == 192) {
-    if (!smem_fits(dq_smem<DP, 2>())) {
-      launch_dq<DP, 1>(p);
+    if (!smem_fits(dq_smem<DP, Wide>())) {
+      launch_dq<DP, Single>(p);
+      return;
+    }
+  } else {
+    if (eight_warps_pay(dq_smem<DP, Wide>(), dq_smem<DP, Eight>())) {
+      launch_dq<DP, Eight>(p);
       return;
     }
   }
-  launch_dq<DP, 2>(p);
+  launch_dq<DP, Wide>(p);
 }
 
 template <int DP, typename G>
 void launch_bwd_dkdv_tc(const BwdParams& p) {
   if constexpr (DP == 192) {
-    if (!smem_fits(dkdv_smem<DP, 2>())) {
-      launch_dkdv<DP, G, 1>(p);
+    if (!smem_fits(dkdv_smem<DP, Wide>())) {
+      launch_dkdv<DP, G, Single>(p);
+      return;
+    }
+  } else {
+    if (eight_warps_pay(dkdv_smem<DP, Wide>(), dkdv_smem<DP, Eight>())) {
+      launch_dkdv<DP, G, Eight>(p);
       return;
     }
   }
-  launch_dkdv<DP, G, 2>(p);
+  launch_dkdv<DP, G, Wide>(p);
 }
 
 template void launch_bwd_dq_tc<64>(const BwdParams& p);

@@ -28,8 +28,14 @@ __device__ __forceinline__ float dot4(const float* a, const float* b) {
 }
 
 /// Whether an attention op takes its wgmma kernel (attention_wgmma.cu): an sm_90a GPU, unless its setting
-/// (core/settings.h: AERIE_ATTENTION_FORWARD_KERNEL / _BACKWARD_KERNEL) says "mma" ("wgmma" or "": auto).
-inline bool wgmma_chosen(const std::string& setting) { return setting != "mma" && wgmma_device(); }
+/// (core/settings.h: AERIE_ATTENTION_FORWARD_KERNEL / _BACKWARD_KERNEL) says "mma" or "mma64" ("wgmma" or "": auto).
+inline bool wgmma_chosen(const std::string& setting) {
+  return setting != "mma" && setting != "mma64" && wgmma_device();
+}
+
+/// Whether the setting says "mma64": the mma.sync kernels' 4-warp, 64-wide shape also where the SM's size would
+/// take the 8-warp or 32-key one.
+inline bool mma64_forced(const std::string& setting) { return setting == "mma64"; }
 
 /// Whether the setting says "wgmma" explicitly: the wgmma kernel also where the automatic choice would not take
 /// it (the forward at head dim 192 / 128 with few keys), for tests and benchmarks.
@@ -43,10 +49,12 @@ inline int sm_count() {
 }
 
 /// Allows `bytes` of dynamic shared memory for `kernel` (needed above the default 48 KiB); throws aerie::Error
-/// when the GPU, or the one AERIE_CUDA_EMULATE names, has less (check_smem).
+/// when the GPU, or the one AERIE_CUDA_EMULATE names, has less (check_smem). Under emulation the SM's shared
+/// memory is capped at the emulated GPU's too (plan_occupancy).
 template <typename Kernel>
 void allow_smem(Kernel kernel, size_t bytes) {
   check_smem("attention", bytes);
+  plan_occupancy(kernel);
   if (bytes > 48 * 1024)
     AERIE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
                      "attention: cudaFuncSetAttribute(MaxDynamicSharedMemorySize, " << bytes << ")");

@@ -22,24 +22,24 @@
 namespace aerie::cuda::attn {
 namespace {
 
-constexpr int kKeys = 64;  // keys per tile
 constexpr int kRowsPerWarp = 16;
 static_assert(kTcBlockRows == kWarps * kRowsPerWarp);
 
-template <int DP, int DV, int NBUF>
+// KEYS: keys per streamed tile (64, or 32 where an SM holds only one block of 64).
+template <int DP, int DV, int NBUF, int KEYS>
 struct MmaSmem {
   static constexpr size_t q_bytes = sizeof(bf16_t) * kTcBlockRows * DP;
-  static constexpr size_t k_bytes = sizeof(bf16_t) * kKeys * DP;  // one K tile
-  static constexpr size_t v_bytes = sizeof(bf16_t) * kKeys * DV;  // one V tile
+  static constexpr size_t k_bytes = sizeof(bf16_t) * KEYS * DP;  // one K tile
+  static constexpr size_t v_bytes = sizeof(bf16_t) * KEYS * DV;  // one V tile
   static constexpr size_t bytes = q_bytes + NBUF * (k_bytes + v_bytes);  // Q, K[NBUF], V[NBUF]
 };
 
 /// The online softmax's update for one key tile (FlashAttention-2, Algorithm 1): the rows' new maxima (mx: this
 /// lane's maxima of the masked, scaled scores sc, reduced over the quad here), P = exp2(sc - m) rounded to bf16 into
 /// pf (the A fragments of P V), and l and O rescaled by exp2(m_old - m_new).
-template <int ND>
-__device__ __forceinline__ void softmax_update(const float (&sc)[kKeys / 8][4], float (&mx)[2], float (&m)[2],
-                                               float (&l)[2], float (&o)[ND][4], uint32_t (&pf)[kKeys / 16][4]) {
+template <int ND, int KEYS>
+__device__ __forceinline__ void softmax_update(const float (&sc)[KEYS / 8][4], float (&mx)[2], float (&m)[2],
+                                               float (&l)[2], float (&o)[ND][4], uint32_t (&pf)[KEYS / 16][4]) {
   float base[2], corr[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -50,7 +50,7 @@ __device__ __forceinline__ void softmax_update(const float (&sc)[kKeys / 8][4], 
   }
   float rs[2] = {0.0f, 0.0f};
 #pragma unroll
-  for (int nb = 0; nb < kKeys / 8; ++nb) {
+  for (int nb = 0; nb < KEYS / 8; ++nb) {
     const float p0 = exp2f(sc[nb][0] - base[0]), p1 = exp2f(sc[nb][1] - base[0]);
     const float p2 = exp2f(sc[nb][2] - base[1]), p3 = exp2f(sc[nb][3] - base[1]);
     rs[0] += p0 + p1;
@@ -104,19 +104,21 @@ __device__ __forceinline__ void store_rows(const FwdParams& p, const Seq& s, con
   }
 }
 
-// DP: the query/key head dim; DV: the value/output head dim (DP, or MLA's 128 against 192); NBUF: K/V buffers.
-template <int DP, int DV, int NBUF>
+// DP: the query/key head dim; DV: the value/output head dim (DP, or MLA's 128 against 192); NBUF: K/V buffers;
+// KEYS: keys per K/V tile.
+template <int DP, int DV, int NBUF, int KEYS>
 __global__ void __launch_bounds__(kThreads, 2) attn_fwd_mma_kernel(FwdParams p) {
   static_assert(DP == 64 || DP == 128 || DP == 192);
   static_assert(DV == DP || (DP == 192 && DV == 128));
   constexpr int NC = DP / 8;       // 16-byte chunks per row of Q, K
   constexpr int NCV = DV / 8;      // of V
   constexpr int KD = DP / 16;      // k16 steps of Q K^T over the head dim
-  constexpr int NB = kKeys / 8;    // n8 score blocks per tile
-  constexpr int KK = kKeys / 16;   // k16 steps of P V over the keys
+  constexpr int NB = KEYS / 8;     // n8 score blocks per tile
+  constexpr int KK = KEYS / 16;    // k16 steps of P V over the keys
   constexpr int ND = DV / 8;       // n8 output blocks
   static_assert(NBUF == 1 || NBUF == 2);
-  using L = MmaSmem<DP, DV, NBUF>;
+  static_assert(KEYS == 32 || KEYS == 64);
+  using L = MmaSmem<DP, DV, NBUF, KEYS>;
   extern __shared__ __align__(128) unsigned char mma_smem[];
   const uint32_t sQ = static_cast<uint32_t>(__cvta_generic_to_shared(mma_smem));
   const uint32_t sK = sQ + L::q_bytes, sV = sK + NBUF * L::k_bytes;
@@ -148,14 +150,14 @@ __global__ void __launch_bounds__(kThreads, 2) attn_fwd_mma_kernel(FwdParams p) 
   // The split's keys, from the first key of the block's first row (the window's lower bound).
   const int64_t kbeg = max(split * p.split_len, first_key(i_first + s.q_offset, p.window));
   const int64_t kend = min(kend_block, split * p.split_len + p.split_len);
-  const int ntiles = kend > kbeg ? static_cast<int>((kend - kbeg + kKeys - 1) / kKeys) : 0;
+  const int ntiles = kend > kbeg ? static_cast<int>((kend - kbeg + KEYS - 1) / KEYS) : 0;
   const int64_t klim_min = i_first + s.q_offset;  // every row of the block attends keys <= klim_min
   // ... and, under a window, keys >= kfirst_max (the first key of the block's last row).
   const int64_t kfirst_max = first_key(i_last + s.q_offset, p.window);
 
   auto load_kv = [&](int t, int buf) {
-    const int64_t j0 = kbeg + static_cast<int64_t>(t) * kKeys;
-    for (int idx = threadIdx.x; idx < kKeys * NC; idx += kThreads) {
+    const int64_t j0 = kbeg + static_cast<int64_t>(t) * KEYS;
+    for (int idx = threadIdx.x; idx < KEYS * NC; idx += kThreads) {
       const int jj = idx / NC, c = idx % NC;
       const int64_t j = j0 + jj;
       const bool ok = j < kend;
@@ -191,9 +193,9 @@ __global__ void __launch_bounds__(kThreads, 2) attn_fwd_mma_kernel(FwdParams p) 
   for (int t = 0; t < ntiles; ++t) {
     const int buf = next_tile<NBUF>(t, ntiles, load_kv);  // tile t has landed
     const uint32_t kb = sK + buf * L::k_bytes, vb = sV + buf * L::v_bytes;
-    const int64_t j0 = kbeg + static_cast<int64_t>(t) * kKeys;
+    const int64_t j0 = kbeg + static_cast<int64_t>(t) * KEYS;
 
-    // S [16 rows][64 keys] = Q K^T. x4 matrices: keys +0 / +8 of the pair of n8 blocks, d chunks 2kd / 2kd+1.
+    // S [16 rows][KEYS keys] = Q K^T. x4 matrices: keys +0 / +8 of the pair of n8 blocks, d chunks 2kd / 2kd+1.
     float sc[NB][4];
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) sc[nb][0] = sc[nb][1] = sc[nb][2] = sc[nb][3] = 0.0f;
@@ -210,7 +212,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_fwd_mma_kernel(FwdParams p) 
     }
 
     // Online softmax. Element e of block nb: row quad + 8 (e >> 1), key j0 + nb * 8 + 2 tq4 + (e & 1).
-    const bool masked = j0 + kKeys > kend || j0 + kKeys - 1 > klim_min || j0 < kfirst_max;
+    const bool masked = j0 + KEYS > kend || j0 + KEYS - 1 > klim_min || j0 < kfirst_max;
     float mx[2] = {m[0], m[1]};
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) {
@@ -226,9 +228,9 @@ __global__ void __launch_bounds__(kThreads, 2) attn_fwd_mma_kernel(FwdParams p) 
       }
     }
     uint32_t pf[KK][4];
-    softmax_update(sc, mx, m, l, o, pf);
+    softmax_update<ND, KEYS>(sc, mx, m, l, o, pf);
 
-    // O [16][DP] += P [16][64] V [64][DP]. x4.trans matrices: keys +0 / +8 of the k16 step, d chunks nd / nd+1.
+    // O [16][DP] += P [16][KEYS] V [KEYS][DP]. x4.trans matrices: keys +0 / +8 of the k16 step, d chunks nd / nd+1.
 #pragma unroll
     for (int kk = 0; kk < KK; ++kk) {
 #pragma unroll
@@ -247,22 +249,37 @@ __global__ void __launch_bounds__(kThreads, 2) attn_fwd_mma_kernel(FwdParams p) 
   store_rows<DV>(p, s, o, m, l, r0 + warp * kRowsPerWarp + quad, g, split, tq4);
 }
 
-template <int DP, int DV, int NBUF>
+template <int DP, int DV, int NBUF, int KEYS = 64>
 void launch_mma_nbuf(const FwdParams& p, int64_t tiles, int64_t splits) {
-  constexpr size_t smem = MmaSmem<DP, DV, NBUF>::bytes;
-  auto kernel = attn_fwd_mma_kernel<DP, DV, NBUF>;
+  constexpr size_t smem = MmaSmem<DP, DV, NBUF, KEYS>::bytes;
+  auto kernel = attn_fwd_mma_kernel<DP, DV, NBUF, KEYS>;
   allow_smem(kernel, smem);
   kernel<<<dim3(static_cast<unsigned>(tiles), p.nkv, static_cast<unsigned>(splits)), kThreads, smem, stream()>>>(p);
   AERIE_CUDA_LAUNCHED("attn_fwd_mma_kernel");
 }
 
+/// Whether an SM holds only one block of `bytes` of shared memory (1 KiB of each block is the system's) but two of
+/// `smaller`.
+inline bool two_blocks_need(size_t bytes, size_t smaller) {
+  const int64_t per_sm = gpu_limits().smem_per_sm;
+  return per_sm > 0 && 2 * (static_cast<int64_t>(bytes) + 1024) > per_sm &&
+         2 * (static_cast<int64_t>(smaller) + 1024) <= per_sm;
+}
+
 /// The double-buffered kernel where it fits one block (smem_fits), else (head dim 192 only: 64 and 128 take at
-/// most 80 KiB) the single-buffered one.
+/// most 80 KiB) the single-buffered one; at head dims 64 and 128 32-key tiles where only they let two blocks share
+/// an SM (two_blocks_need).
 template <int DP, int DV>
 void launch_mma(const FwdParams& p, int64_t tiles, int64_t splits) {
   if constexpr (DP == 192) {
-    if (!smem_fits(MmaSmem<DP, DV, 2>::bytes)) {
+    if (!smem_fits(MmaSmem<DP, DV, 2, 64>::bytes)) {
       launch_mma_nbuf<DP, DV, 1>(p, tiles, splits);
+      return;
+    }
+  } else {
+    if (two_blocks_need(MmaSmem<DP, DV, 2, 64>::bytes, MmaSmem<DP, DV, 2, 32>::bytes) &&
+        !mma64_forced(settings().attention_forward_kernel)) {
+      launch_mma_nbuf<DP, DV, 2, 32>(p, tiles, splits);
       return;
     }
   }

@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 
 #include "core/device.h"
@@ -37,6 +38,25 @@ inline void check_smem(const char* kernel, size_t bytes) {
   AERIE_THROW(kernel << ": needs " << bytes << " bytes of shared memory per block; "
                      << (l.emulated.empty() ? "this GPU" : l.emulated + " (" + kEmulateEnv + ")") << " allows "
                      << l.smem_per_block);
+}
+
+/// Whether plan_occupancy has set a carveout in this process (then it resets kernels to the default when the
+/// emulation is off again, as tests turn it on and off).
+inline std::atomic<bool> g_carveout_set{false};
+
+/// Before a launch of `kernel`: under AERIE_CUDA_EMULATE, caps the shared memory of the SM it runs on at the
+/// emulated GPU's (GpuLimits::carveout_percent, cudaFuncAttributePreferredSharedMemoryCarveout), so that the blocks
+/// that share an SM are as many as on that GPU, not as on the larger SM of the H100 / H200 running it. The driver
+/// takes the carveout as a hint (it picks the nearest configuration that can run the kernel). Without emulation
+/// nothing is set, unless an earlier call set a carveout: then the kernel gets the driver's default back.
+template <typename Kernel>
+void plan_occupancy(Kernel kernel) {
+  const int pct = gpu_limits().carveout_percent;
+  if (pct < 0 && !g_carveout_set.load(std::memory_order_relaxed)) return;
+  if (pct >= 0) g_carveout_set.store(true, std::memory_order_relaxed);
+  AERIE_CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                        cudaFuncAttributePreferredSharedMemoryCarveout, pct),
+                   "cudaFuncSetAttribute(PreferredSharedMemoryCarveout, " << pct << ")");
 }
 
 __device__ __forceinline__ float to_f32(float x) { return x; }

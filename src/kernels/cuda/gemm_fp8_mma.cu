@@ -148,10 +148,12 @@ void matmul_fp8_block_mma(const void* xq, const float* xs, const void* wq, const
   const auto* x8 = static_cast<const uint8_t*>(xq);
   const auto* w8 = static_cast<const uint8_t*>(wq);
   if (y_dtype == DType::F32) {
+    plan_occupancy(fp8_block_mma_kernel<float>);
     fp8_block_mma_kernel<float><<<grid, kThreads, 0, stream()>>>(x8, xs, w8, ws, m, n, k, ws_ld,
                                                                   static_cast<float*>(y), ldy, beta);
   } else {
     AERIE_CHECK(y_dtype == DType::BF16, "matmul_fp8_block (mma.sync e4m3): y must be F32 or BF16");
+    plan_occupancy(fp8_block_mma_kernel<__nv_bfloat16>);
     fp8_block_mma_kernel<__nv_bfloat16><<<grid, kThreads, 0, stream()>>>(x8, xs, w8, ws, m, n, k, ws_ld,
                                                                           static_cast<__nv_bfloat16*>(y), ldy, beta);
   }

@@ -690,9 +690,10 @@ __global__ void __launch_bounds__(kWsThreads, 1)
 }
 
 /// Lets `kernel` (a __global__ function) take `bytes` of dynamic shared memory on the current device,
-/// once per kernel and device (cudaFuncSetAttribute).
+/// once per kernel and device (cudaFuncSetAttribute); under emulation also the emulated SM's size (plan_occupancy).
 void allow_smem(const void* kernel, int bytes) {
   check_smem("matmul_grouped_quant", static_cast<size_t>(bytes));
+  plan_occupancy(kernel);
   static thread_local std::vector<std::pair<const void*, int>> configured;
   const int dev = current_device();
   for (const auto& [k, d] : configured)
