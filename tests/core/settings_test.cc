@@ -60,6 +60,9 @@ TEST(Settings, ValuesAsSet) {
   g_env = {{"AERIE_BATCHED_DECODE", "yes"}};
   EXPECT_EQ(parse_settings(fake_env).batched_decode, -1);
   EXPECT_EQ(parse_settings(fake_env).batched_decode_raw, "yes");
+  // mma64: the mma.sync attention kernels' 4-warp, 64-wide shapes (for comparing them on an SM of 100 KiB).
+  g_env = {{"AERIE_ATTENTION_BACKWARD_KERNEL", "mma64"}};
+  EXPECT_EQ(parse_settings(fake_env).attention_backward_kernel, "mma64");
 }
 
 TEST(Settings, UnknownValuesNameTheVariable) {
