@@ -8,7 +8,8 @@
 // AERIE_ATTENTION_FORWARD_KERNEL / AERIE_ATTENTION_BACKWARD_KERNEL to force one (core/settings.h).
 //
 // Prints one JSON line per shape: {"bench": "attention", "impl": "aerie", "path": AERIE_CUDA_EMULATE or
-// "native", then "+" and the kernel settings where set (e.g. "sm_120+mma64"), "gpu", "d", "tokens", "heads", "kv_heads", "fwd_ms", "bwd_ms", "fwd_tflops", "bwd_tflops"}.
+// "native", then "+" and the kernel settings where set (e.g. "sm_120+mma64"), "gpu", "d", "tokens", "heads",
+// "kv_heads", "fwd_ms", "bwd_ms", "fwd_tflops", "bwd_tflops"}.
 // FLOPs count the causal half, as FlashAttention's benchmarks do: forward 4 T^2 / 2 heads d, backward 2.5 times
 // that (its five products against the forward's two).
 //

@@ -37,9 +37,11 @@ for path in ${PATHS:-native sm_120}; do
 done | tee -a "$lines"
 
 if [ "${SKIP_TORCH:-0}" != 1 ]; then
-  python3 - "$HEAD_DIMS" "$TOKENS" "$HEADS" "$KV_HEADS" "$ITERS" <<'PY' | tee -a "$lines"
+  PYTHONPATH="$(dirname "$0")${PYTHONPATH:+:$PYTHONPATH}" \
+    python3 - "$HEAD_DIMS" "$TOKENS" "$HEADS" "$KV_HEADS" "$ITERS" <<'PY' | tee -a "$lines"
 import json, sys
 import torch
+from hf_reference import timed  # tools/bench/hf_reference.py
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -47,19 +49,6 @@ dims = [int(x) for x in sys.argv[1].split(",")]
 tokens = [int(x) for x in sys.argv[2].split(",")]
 heads, kv_heads, iters = int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 dev = torch.device("cuda")
-
-
-def timed_ms(fn, warmup=3):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters
 
 
 for d in dims:
@@ -85,9 +74,10 @@ for d in dims:
         k.requires_grad_(True)
         v.requires_grad_(True)
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            fwd = timed_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, **extra).detach())
+            fwd = 1e3 * timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, **extra).detach(),
+                              3, iters)
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, **extra)
-            bwd = timed_ms(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
+            bwd = 1e3 * timed(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True), 3, iters)
         flop = 4.0 * t * t / 2.0 * heads * d
         print(json.dumps({"bench": "attention", "impl": "torch_flash", "torch": torch.__version__, "gqa": gqa,
                           "gpu": torch.cuda.get_device_name(), "d": d, "tokens": t, "heads": heads,

@@ -32,6 +32,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from hf_reference import timed  # tools/bench/hf_reference.py, beside this script
+
 
 def load_bundle(folder):
     torch.ops.load_library(os.path.join(folder, "_moe_C_stable_libtorch.abi3.so"))
@@ -66,19 +68,6 @@ def marlin_gemm(x, out, w, scales, ws, sorted_ids, expert_ids, post_pad, topk_w,
     return torch.ops._moe_C.moe_wna16_marlin_gemm(
         x, out, w, None, scales, None, None, None, None, None, ws, sorted_ids, expert_ids, post_pad, topk_w,
         block, top_k, mul_w, qtype, m, n, k, True, False, True, False, -1, -1, -1)
-
-
-def timed_ms(fn, iters, warmup=3):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters
 
 
 def main():
@@ -136,9 +125,9 @@ def main():
 
         out = experts()
         assert torch.isfinite(out).all(), "Marlin MoE gave non-finite outputs"
-        experts_ms = timed_ms(experts, a.iters)
-        gemm_ms = timed_ms(lambda: experts(activation=False), a.iters)
-        block_ms = timed_ms(block_fn, a.iters)
+        experts_ms = timed(experts, 3, a.iters) * 1e3
+        gemm_ms = timed(lambda: experts(activation=False), 3, a.iters) * 1e3
+        block_ms = timed(block_fn, 3, a.iters) * 1e3
         flops = 2.0 * ((K + a.shared) * 3.0 * H * I + H * E) * T
         routed_flops = 2.0 * K * 3.0 * H * I * T
         print(json.dumps({
