@@ -24,7 +24,7 @@ struct GpuLimits {
   int carveout_percent = -1;
 };
 
-/// The name of the setting: AERIE_CUDA_EMULATE=sm_80 | sm_86 | sm_89 | sm_100 | sm_120.
+/// The name of the setting: AERIE_CUDA_EMULATE=sm_80 | sm_86 | sm_89 | sm_90 | sm_100 | sm_120.
 inline constexpr const char* kEmulateEnv = "AERIE_CUDA_EMULATE";
 
 /// The limits of the GPU family `name` names ("sm_120", "120" or "12.0" alike; sm_100 also as "sm_100a"),

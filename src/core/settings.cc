@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/gpu_limits.h"
 
 namespace aerie {
 
@@ -61,7 +62,8 @@ Settings parse_settings(const char* (*get)(const char*)) {
   s.grouped_gemm_tail_wgmma = one_of(get, "AERIE_GROUPED_GEMM_TAIL", {}) == "wgmma";
   s.grouped_gemm_four_stages = one_of(get, "AERIE_GROUPED_GEMM_STAGES", {}) == "4";
   s.fp8_gemm_kernel = one_of(get, "AERIE_FP8_GEMM_KERNEL", {"cublas", "mma"});
-  s.cuda_emulate = one_of(get, "AERIE_CUDA_EMULATE", {});  // its families: core/gpu_limits.h checks them
+  s.cuda_emulate = one_of(get, "AERIE_CUDA_EMULATE", {});
+  cuda::emulated_gpu_limits(s.cuda_emulate.c_str());  // an unknown family is refused here, also in a CPU-only build
   s.template_dir = one_of(get, "AERIE_TEMPLATE_DIR", {});
   const std::string fail = one_of(get, "AERIE_TEST_FAIL_H5_WRITE", {});
   s.test_fail_h5_write = fail.empty() ? -1 : std::atoi(fail.c_str());

@@ -65,6 +65,15 @@ TEST(Settings, ValuesAsSet) {
   EXPECT_EQ(parse_settings(fake_env).attention_backward_kernel, "mma64");
 }
 
+// An emulated GPU family is checked when the settings are read, also in a build without the CUDA backend (which never
+// asks for the GPU's limits), not at the first kernel launch.
+TEST(Settings, UnknownGpuFamilyIsRefusedAtOnce) {
+  g_env = {{"AERIE_CUDA_EMULATE", "sm_999"}};
+  const std::string e = testing::error_of([] { parse_settings(fake_env); });
+  EXPECT_NE(e.find("AERIE_CUDA_EMULATE must name a GPU family"), std::string::npos) << e;
+  EXPECT_NE(e.find("'sm_999'"), std::string::npos) << e;
+}
+
 TEST(Settings, UnknownValuesNameTheVariable) {
   for (const auto& [name, value] : std::map<std::string, std::string>{{"AERIE_MOE_GEMM", "cutlass"},
                                                                       {"AERIE_GEMM_SEARCH", "yes"},

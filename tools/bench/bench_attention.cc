@@ -4,7 +4,8 @@
 // For each --head-dims d and --tokens T: q [T, heads, d], k and v [T, kv-heads, d] (uniform in [-1, 1]), one
 // sequence, scale 1/sqrt(d); the forward writes out and lse, the backward dq (bf16) and adds into bf16 dk / dv, as
 // the draft's training step calls them. Which kernel runs is aerie's own choice on this GPU, so run it under
-// AERIE_CUDA_EMULATE=sm_120 for the path an RTX PRO 6000 takes (mma.sync, 99 KiB of shared memory per block), or
+// AERIE_CUDA_EMULATE=sm_120 for the path an RTX PRO 6000 takes (mma.sync, 99 KiB of shared memory per block, as many
+// blocks per SM as its 100 KiB hold), or
 // AERIE_ATTENTION_FORWARD_KERNEL / AERIE_ATTENTION_BACKWARD_KERNEL to force one (core/settings.h).
 //
 // Prints one JSON line per shape: {"bench": "attention", "impl": "aerie", "path": AERIE_CUDA_EMULATE or
@@ -20,6 +21,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,46 +44,70 @@ struct Args {
   int iters = 20, warmup = 3;
 };
 
-std::vector<int64_t> int_list(const std::string& s) {
+/// `text` as an integer of at least `min`, the whole of it; throws aerie::Error naming `what`.
+int64_t integer(const std::string& text, const std::string& what, int64_t min = 1) {
+  size_t used = 0;
+  int64_t v = 0;
+  try {
+    v = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  AERIE_CHECK(used == text.size() && !text.empty() && v >= min,
+              what << " must be an integer of at least " << min << ", got '" << text << "'");
+  return v;
+}
+
+std::vector<int64_t> int_list(const std::string& s, const std::string& what) {
   std::vector<int64_t> v;
   size_t pos = 0;
   while (pos <= s.size()) {
     const size_t comma = s.find(',', pos);
     const std::string item = s.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-    AERIE_CHECK(!item.empty(), "bench_attention: empty item in the list '" << s << "'");
-    v.push_back(std::stoll(item));
+    AERIE_CHECK(!item.empty(), what << ": empty item in the list '" << s << "'");
+    v.push_back(integer(item, what));
     if (comma == std::string::npos) break;
     pos = comma + 1;
   }
   return v;
 }
 
-Args parse(int argc, char** argv) {
+constexpr const char* kUsage =
+    "usage: bench_attention [--head-dims 64,128] [--tokens 2048,8192] [--heads 32] [--kv-heads 8] [--iters 20] "
+    "[--warmup 3]; tools/bench/bench_attention.cc's header says what it prints";
+
+/// The options; nullopt for --help.
+std::optional<Args> parse(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
+    if (k == "-h" || k == "--help") return std::nullopt;
     auto next = [&]() -> std::string {
-      AERIE_CHECK(i + 1 < argc, "bench_attention: " << k << " needs a value");
+      AERIE_CHECK(i + 1 < argc, k << " needs a value");
       return argv[++i];
     };
-    if (k == "--head-dims") a.head_dims = int_list(next());
-    else if (k == "--tokens") a.tokens = int_list(next());
-    else if (k == "--heads") a.heads = std::stoll(next());
-    else if (k == "--kv-heads") a.kv_heads = std::stoll(next());
-    else if (k == "--iters") a.iters = std::stoi(next());
-    else if (k == "--warmup") a.warmup = std::stoi(next());
-    else AERIE_THROW("bench_attention: unknown option " << k << " (see the header of tools/bench/bench_attention.cc)");
+    if (k == "--head-dims") a.head_dims = int_list(next(), k);
+    else if (k == "--tokens") a.tokens = int_list(next(), k);
+    else if (k == "--heads") a.heads = integer(next(), k);
+    else if (k == "--kv-heads") a.kv_heads = integer(next(), k);
+    else if (k == "--iters") a.iters = static_cast<int>(integer(next(), k));
+    else if (k == "--warmup") a.warmup = static_cast<int>(integer(next(), k, 0));
+    else AERIE_THROW("unknown option " << k << " (" << kUsage << ")");
   }
-  AERIE_CHECK(a.heads > 0 && a.kv_heads > 0 && a.heads % a.kv_heads == 0,
-              "bench_attention: --heads must be a positive multiple of --kv-heads");
-  AERIE_CHECK(a.iters > 0 && a.warmup >= 0, "bench_attention: --iters must be positive, --warmup not negative");
+  AERIE_CHECK(a.heads % a.kv_heads == 0, "--heads must be a multiple of --kv-heads");
   return a;
 }
 
 int run(int argc, char** argv) {
-  const Args a = parse(argc, argv);
+  const std::optional<Args> parsed = parse(argc, argv);
+  if (!parsed) {
+    std::printf("%s\n", kUsage);
+    return 0;
+  }
+  const Args& a = *parsed;
   cudaDeviceProp prop{};
-  AERIE_CHECK(cudaGetDeviceProperties(&prop, 0) == cudaSuccess, "bench_attention: no CUDA device");
+  const cudaError_t e = cudaGetDeviceProperties(&prop, 0);
+  AERIE_CHECK(e == cudaSuccess, "no usable GPU: " << cudaGetErrorString(e));
   const char* emu = std::getenv("AERIE_CUDA_EMULATE");
   std::string path = emu && *emu ? emu : "native";
   const Settings& set = settings();

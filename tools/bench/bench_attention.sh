@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Causal GQA attention, forward and backward, bf16, on one GPU in one call: aerie's kernels (BUILD_DIR/bench_attention)
 # as the GPU is and as an RTX PRO 6000 plans (AERIE_CUDA_EMULATE=sm_120: the mma.sync kernels within 99 KiB of shared
-# memory per block), beside torch's FlashAttention-2 backend (F.scaled_dot_product_attention under
+# memory per block and as many blocks per SM as its 100 KiB hold), beside torch's FlashAttention-2 backend (F.scaled_dot_product_attention under
 # sdpa_kernel(SDPBackend.FLASH_ATTENTION), is_causal) on the same shapes: 32 query / 8 kv heads, one sequence of T
 # tokens, head dims 64 and 128, T 2048 and 8192. FLOPs count the causal half (forward 4 T^2 / 2 heads d, backward
 # 2.5 times that) on both sides.
@@ -37,6 +37,8 @@ for path in ${PATHS:-native sm_120}; do
 done | tee -a "$lines"
 
 if [ "${SKIP_TORCH:-0}" != 1 ]; then
+  python3 -c "import torch" 2>/dev/null ||
+    { echo "bench_attention: torch does not import here; SKIP_TORCH=1 runs aerie's side alone" >&2; exit 2; }
   PYTHONPATH="$(dirname "$0")${PYTHONPATH:+:$PYTHONPATH}" \
     python3 - "$HEAD_DIMS" "$TOKENS" "$HEADS" "$KV_HEADS" "$ITERS" <<'PY' | tee -a "$lines"
 import json, sys

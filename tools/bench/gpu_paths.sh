@@ -36,8 +36,8 @@ case "${1:-}" in -h | --help)
 esac
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 build="$(cd "${1:-build}" && pwd)" || exit 2
-out="${2:-/tmp/gpu-paths}"
-mkdir -p "$out"
+out="$(mkdir -p "${2:-/tmp/gpu-paths}" && cd "${2:-/tmp/gpu-paths}" && pwd)" || exit 2
+case "${TOGETHER:-1}" in 0 | 1 | 2) ;; *) echo "gpu_paths: TOGETHER must be 0, 1 or 2, got '$TOGETHER'" >&2; exit 2 ;; esac
 paths="${PATHS:-native sm_120}"
 default_suites="test_kernels
 test_model

@@ -13,6 +13,7 @@ case "${1:-}" in -h | --help | "")
   [ -n "${1:-}" ]; exit $? ;;
 esac
 root="$(cd "$(dirname "$0")/../.." && pwd)"
+if [ -n "${WHEEL:-}" ] && [ ! -f "$WHEEL" ]; then echo "marlin_bundle: WHEEL=$WHEEL: no such file" >&2; exit 2; fi
 out="$(mkdir -p "$1" && cd "$1" && pwd)"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -22,11 +23,19 @@ if [ -z "$wheel" ]; then
     -d "$work/whl" vllm==0.26.0 >&2
   wheel=$(ls "$work"/whl/vllm-0.26.0-*.whl)
 fi
-python3 - "$wheel" "$work/b" <<'PY'
+[ -f "$wheel" ] || { echo "marlin_bundle: WHEEL=$wheel: no such file" >&2; exit 2; }
+python3 - "$wheel" "$work/b" <<'PY' || exit 2
 import os, sys, zipfile
-z = zipfile.ZipFile(sys.argv[1])
+try:
+    z = zipfile.ZipFile(sys.argv[1])
+    names = ["vllm/_moe_C_stable_libtorch.abi3.so", "vllm/scalar_type.py"]
+    missing = [n for n in names if n not in z.namelist()]
+except zipfile.BadZipFile:
+    sys.exit(f"marlin_bundle: {sys.argv[1]} is not a wheel (zip)")
+if missing or "vllm-0.26.0" not in os.path.basename(sys.argv[1]):
+    sys.exit(f"marlin_bundle: {sys.argv[1]} is not vllm 0.26.0's wheel (missing: {', '.join(missing) or 'none'})")
 os.makedirs(sys.argv[2], exist_ok=True)
-for name in ["vllm/_moe_C_stable_libtorch.abi3.so", "vllm/scalar_type.py"]:
+for name in names:
     with open(os.path.join(sys.argv[2], os.path.basename(name)), "wb") as f:
         f.write(z.read(name))
 PY

@@ -29,10 +29,16 @@ import json
 import os
 import sys
 
-import torch
-import torch.nn.functional as F
 
-from hf_reference import timed  # tools/bench/hf_reference.py, beside this script
+
+def int_list(text):
+    try:
+        v = [int(t) for t in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a comma-separated list of token counts, got '{text}'")
+    if not v or min(v) < 1:
+        raise argparse.ArgumentTypeError(f"token counts must be positive, got '{text}'")
+    return v
 
 
 def load_bundle(folder):
@@ -71,9 +77,9 @@ def marlin_gemm(x, out, w, scales, ws, sorted_ids, expert_ids, post_pad, topk_w,
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("bundle")
-    ap.add_argument("--tokens", default="2048,8192")
+    ap = argparse.ArgumentParser(description="vLLM 0.26.0's Marlin MoE on Kimi-K2.5's MoE shape (this file's header)")
+    ap.add_argument("bundle", help="the folder tools/bench/marlin_bundle.sh's archive unpacks into")
+    ap.add_argument("--tokens", type=int_list, default=[2048, 8192])
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--experts", type=int, default=384)
     ap.add_argument("--top-k", type=int, default=8)
@@ -82,6 +88,11 @@ def main():
     ap.add_argument("--group", type=int, default=32)
     ap.add_argument("--shared", type=int, default=1)
     a = ap.parse_args()
+    global torch, F, timed  # imported after the options, so that --help and a bad option need no torch
+    import torch
+    import torch.nn.functional as F
+
+    from hf_reference import timed  # tools/bench/hf_reference.py, beside this script
     qtype = load_bundle(a.bundle)
     dev = torch.device("cuda")
     E, H, I, K, G = a.experts, a.hidden, a.intermediate, a.top_k, a.group
@@ -95,7 +106,7 @@ def main():
     shared_d = (torch.rand(H, I * a.shared, device=dev, generator=gen) * 2 - 1).mul_(I ** -0.5).to(torch.bfloat16)
     ws = torch.zeros(torch.cuda.get_device_properties(dev).multi_processor_count * 4, dtype=torch.int32, device=dev)
 
-    for T in [int(t) for t in a.tokens.split(",")]:
+    for T in a.tokens:
         x = (torch.rand(T, H, device=dev, generator=gen) * 2 - 1).to(torch.bfloat16)
         topk_ids = torch.rand(T, E, device=dev, generator=gen).topk(K, dim=1).indices.to(torch.int32)
         topk_w = torch.softmax(torch.rand(T, K, device=dev, generator=gen), dim=1)
