@@ -47,4 +47,10 @@ GpuLimits apply_emulation(const GpuLimits& real, const std::optional<GpuLimits>&
   return l;
 }
 
+bool fp8_gemm_runs_mma(const GpuLimits& l, const std::string& setting) {
+  if (setting == "mma") return true;
+  if (!setting.empty()) return false;
+  return l.major != 9 && l.major != 10 && l.major * 10 + l.minor >= 89;
+}
+
 }  // namespace aerie::cuda

@@ -5,7 +5,9 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/gpu_limits.h"
 #include "core/log.h"
+#include "core/settings.h"
 #include "model/target.h"
 #include "model/arch.h"
 #include "model/target_impl.h"
@@ -131,6 +133,10 @@ void TargetModel::build(WeightSource& src, Communicator& tp, const TargetModelOp
       os << "; " << c.misaligned << " block-FP8 linears whose tp " << tp.size()
          << " slice starts inside a 128-block keep the dequantizing path";
     AERIE_LOG(info) << os.str();
+    if (options.device == Device::CUDA && cuda::fp8_gemm_runs_mma(cuda::gpu_limits(), settings().fp8_gemm_kernel))
+      AERIE_LOG(warning) << "--fp8-gemm on this GPU runs aerie's mma.sync e4m3 GEMM (its cuBLASLt has no block-scaled "
+                            "FP8): measured 3x slower than BF16 GEMMs (docs/performance.md); it saves the weights' "
+                            "memory, not time. Leave --fp8-gemm out where the BF16 target fits.";
   }
   m.profile.enable(OpProfile::enabled_by_env());
   if (options.expert_parallel && tp.rank() == 0) {  // say what --expert-parallel did (or that it did nothing)

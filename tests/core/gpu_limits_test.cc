@@ -77,6 +77,20 @@ TEST(GpuLimits, EmulationCapsTheSmAsWellAsTheBlock) {
   EXPECT_EQ(apply_emulation(unknown, emulated_gpu_limits("sm_120")).smem_per_sm, 102400);
 }
 
+// Which W8A8 GEMM --fp8-gemm takes: cuBLASLt's block-scaled FP8 on sm_90 / sm_100 (and as emulated there), aerie's
+// mma.sync e4m3 kernel on sm_89 and sm_120 (and under AERIE_FP8_GEMM_KERNEL=mma), neither below sm_89.
+TEST(GpuLimits, Fp8GemmKernelByFamily) {
+  EXPECT_FALSE(fp8_gemm_runs_mma(*emulated_gpu_limits("sm_90"), ""));
+  EXPECT_FALSE(fp8_gemm_runs_mma(*emulated_gpu_limits("sm_100"), ""));
+  EXPECT_TRUE(fp8_gemm_runs_mma(*emulated_gpu_limits("sm_120"), ""));
+  EXPECT_TRUE(fp8_gemm_runs_mma(*emulated_gpu_limits("sm_89"), ""));
+  EXPECT_FALSE(fp8_gemm_runs_mma(*emulated_gpu_limits("sm_86"), "")) << "no e4m3 mma.sync before sm_89";
+  EXPECT_TRUE(fp8_gemm_runs_mma(*emulated_gpu_limits("sm_90"), "mma"));
+  EXPECT_FALSE(fp8_gemm_runs_mma(*emulated_gpu_limits("sm_120"), "cublas"));
+  const GpuLimits h100{9, 0, 232448, true, "", 233472};
+  EXPECT_TRUE(fp8_gemm_runs_mma(apply_emulation(h100, emulated_gpu_limits("sm_120")), ""));
+}
+
 TEST(GpuLimits, UnknownFamilyNamesTheSetting) {
   EXPECT_NE(testing::error_of([] { emulated_gpu_limits("sm_75"); }).find("AERIE_CUDA_EMULATE"), std::string::npos);
   const std::string e = testing::error_of([] { emulated_gpu_limits("rtx6000"); });

@@ -575,7 +575,7 @@ bool matmul_fp8_block(const void* xq, const float* xs, const void* wq, const flo
   const std::string& choice = settings().fp8_gemm_kernel;
   const GpuLimits l = gpu_limits();
   const bool mma = fp8_mma_ok(xq, wq, k);
-  if (choice == "mma" || (choice.empty() && l.major != 9 && l.major != 10 && mma)) {
+  if (choice == "mma" || (fp8_gemm_runs_mma(l, choice) && mma)) {
     if (!mma) {
       if (why) *why = "AERIE_FP8_GEMM_KERNEL=mma, but the mma.sync e4m3 kernel needs sm_89 or later and K % 16 == 0";
       return false;
