@@ -11,3 +11,9 @@ add_test(NAME sglang_bundle_sitecustomize
          COMMAND python3 -m unittest ${CMAKE_SOURCE_DIR}/tests/tools/test_sglang_bundle.py -v
          WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
 set_tests_properties(sglang_bundle_sitecustomize PROPERTIES TIMEOUT 60)
+# tools/bench/gpu_paths.sh over fake suites (each setting's own scratch in every TOGETHER mode, a failing suite named,
+# a bad TOGETHER refused) and tools/bench/marlin_bundle.sh's refusals of a bad WHEEL: no GPU, no vLLM.
+add_test(NAME gpu_tools
+         COMMAND python3 -m unittest ${CMAKE_SOURCE_DIR}/tests/tools/test_gpu_tools.py -v
+         WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+set_tests_properties(gpu_tools PROPERTIES TIMEOUT 120)
