@@ -43,8 +43,8 @@ GpuLimits apply_emulation(const GpuLimits& real, const std::optional<GpuLimits>&
 /// Whether a W8A8 block-FP8 GEMM (--fp8-gemm) on a GPU of limits `l` takes aerie's mma.sync e4m3 kernel
 /// (kernels/cuda/gemm_fp8_mma.cu) rather than cuBLASLt's block-scaled FP8: AERIE_FP8_GEMM_KERNEL (`setting`) "mma",
 /// or unset on a family whose cuBLASLt has no block-scaled FP8 (not sm_90 or sm_100; sm_89 and later have e4m3
-/// mma.sync). On an H100 as sm_120 that kernel made extraction 3.6x slower than cuBLASLt's FP8 and 3x slower than
-/// BF16 GEMMs (docs/performance.md), so the target says so when it loads.
+/// mma.sync). That kernel is slower than BF16 GEMMs today (docs/performance.md), so the target says so when it
+/// loads.
 bool fp8_gemm_runs_mma(const GpuLimits& l, const std::string& setting);
 
 /// The current device's limits with AERIE_CUDA_EMULATE applied (read at every call, so that a test may set it;

@@ -340,12 +340,10 @@ using Wide = Config<4, 64, 2>;    // 4 warps, 64-wide double-buffered tiles: two
 using Single = Config<4, 64, 1>;  // head dim 192 where the double buffer does not fit one block
 using Eight = Config<8, 32, 2>;   // 8 warps, 32-wide double-buffered tiles: an SM of 100 KiB
 
-/// Whether an SM holds only one block of `bytes` of shared memory (1 KiB of each block is the system's), and
-/// `eight` bytes fit one block: the 8-warp shape then puts 8 warps on the SM instead of 4. Not under
-/// AERIE_ATTENTION_BACKWARD_KERNEL=mma64.
-inline bool eight_warps_pay(size_t bytes, size_t eight) {
-  const int64_t per_sm = gpu_limits().smem_per_sm;
-  return !mma64_forced(settings().attention_backward_kernel) && per_sm > 0 && 2 * (static_cast<int64_t>(bytes) + 1024) > per_sm && smem_fits(eight);
+/// Whether the 8-warp shape runs: an SM holds only one block of the 4-warp one (one_block_per_sm) and the 8-warp
+/// one fits a block, unless AERIE_ATTENTION_BACKWARD_KERNEL=mma64.
+inline bool eight_warps_pay(size_t wide, size_t eight) {
+  return !mma64_forced(settings().attention_backward_kernel) && one_block_per_sm(wide) && smem_fits(eight);
 }
 
 }  // namespace

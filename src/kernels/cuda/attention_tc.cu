@@ -258,17 +258,9 @@ void launch_mma_nbuf(const FwdParams& p, int64_t tiles, int64_t splits) {
   AERIE_CUDA_LAUNCHED("attn_fwd_mma_kernel");
 }
 
-/// Whether an SM holds only one block of `bytes` of shared memory (1 KiB of each block is the system's) but two of
-/// `smaller`.
-inline bool two_blocks_need(size_t bytes, size_t smaller) {
-  const int64_t per_sm = gpu_limits().smem_per_sm;
-  return per_sm > 0 && 2 * (static_cast<int64_t>(bytes) + 1024) > per_sm &&
-         2 * (static_cast<int64_t>(smaller) + 1024) <= per_sm;
-}
-
 /// The double-buffered kernel where it fits one block (smem_fits), else (head dim 192 only: 64 and 128 take at
 /// most 80 KiB) the single-buffered one; at head dims 64 and 128 32-key tiles where only they let two blocks share
-/// an SM (two_blocks_need).
+/// an SM (one_block_per_sm), unless AERIE_ATTENTION_FORWARD_KERNEL=mma64.
 template <int DP, int DV>
 void launch_mma(const FwdParams& p, int64_t tiles, int64_t splits) {
   if constexpr (DP == 192) {
@@ -277,7 +269,7 @@ void launch_mma(const FwdParams& p, int64_t tiles, int64_t splits) {
       return;
     }
   } else {
-    if (two_blocks_need(MmaSmem<DP, DV, 2, 64>::bytes, MmaSmem<DP, DV, 2, 32>::bytes) &&
+    if (one_block_per_sm(MmaSmem<DP, DV, 2, 64>::bytes) && !one_block_per_sm(MmaSmem<DP, DV, 2, 32>::bytes) &&
         !mma64_forced(settings().attention_forward_kernel)) {
       launch_mma_nbuf<DP, DV, 2, 32>(p, tiles, splits);
       return;

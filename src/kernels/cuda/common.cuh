@@ -30,6 +30,14 @@ inline unsigned blocks_for(int64_t n, int threads) { return static_cast<unsigned
 /// AERIE_CUDA_EMULATE names (core/gpu_limits.h): kernels with several tile configurations pick by it.
 inline bool smem_fits(size_t bytes) { return static_cast<int64_t>(bytes) <= gpu_limits().smem_per_block; }
 
+/// Whether an SM of the current GPU (or of the emulated one) holds only one block of `bytes` of shared memory
+/// (1 KiB of each block is the system's); false where the SM's size is unknown. Kernels with a shape for such SMs
+/// (more warps or smaller tiles in the same memory) pick by it.
+inline bool one_block_per_sm(size_t bytes) {
+  const int64_t per_sm = gpu_limits().smem_per_sm;
+  return per_sm > 0 && 2 * (static_cast<int64_t>(bytes) + 1024) > per_sm;
+}
+
 /// Before a launch with `bytes` of dynamic shared memory: throws aerie::Error naming `kernel` when they do not fit
 /// (smem_fits), so that a configuration the GPU (or the emulated one) cannot hold fails loudly, never silently.
 inline void check_smem(const char* kernel, size_t bytes) {
