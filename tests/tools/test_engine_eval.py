@@ -156,13 +156,19 @@ class Comparisons(unittest.TestCase):
         rs = [record(i, [1], "c") for i in range(4)]
         plain = [[1, 2, 3], [4, 5], [6, 7, 8], [9]]
         spec = [[1, 2, 3], [4, 5, 6], [6, 0, 8], [9]]
-        failures, shown = ee.lossless_check(rs, plain, spec)
+        failures, shown, where = ee.lossless_check(rs, plain, spec)
         self.assertEqual(failures, 2)
+        self.assertEqual(where, {"median": 2, "min": 1, "max": 2})  # the differing outputs part at 2 and 1
         self.assertEqual(shown[0], {"index": 1, "category": "c", "position": 2, "plain_token": None, "spec_token": 6,
                                     "plain_length": 2, "spec_length": 3})
         self.assertEqual((shown[1]["position"], shown[1]["plain_token"], shown[1]["spec_token"]), (1, 7, 0))
         self.assertEqual(ee.lossless_check(rs, plain, spec, limit=1)[1][0]["index"], 1)
-        self.assertEqual(ee.lossless_check(rs, plain, plain), (0, []))
+        self.assertEqual(ee.lossless_check(rs, plain, plain), (0, [], None))
+
+    def test_spread(self):
+        self.assertEqual(ee.spread([7, 1, 4]), {"median": 4, "min": 1, "max": 7})
+        self.assertEqual(ee.spread(iter([3, 9])), {"median": 9, "min": 3, "max": 9})  # the upper median
+        self.assertIsNone(ee.spread([]))
 
     def test_first_difference(self):
         self.assertEqual(ee.first_difference([1, 2, 3], [1, 2, 4]), 2)
@@ -298,6 +304,8 @@ class Script(TempDir):
         self.assertEqual((j["lossless"], j["lossless_mismatches"]), (False, 1))
         self.assertEqual(j["first_mismatches"][0]["index"], 2)
         self.assertEqual(j["first_mismatches"][0]["position"], 1)
+        self.assertEqual(j["lossless_first_difference"], {"median": 1, "min": 1, "max": 1})
+        self.assertIsNone(per["coding"]["lossless_first_difference"])
         self.assertEqual(per["writing"]["lossless"], False)
         self.assertEqual(per["coding"]["lossless"], True)
         self.assertEqual(j["matches_aerie_greedy"], 1)

@@ -109,8 +109,12 @@ for path in sorted(glob.glob(os.path.join(out, engine + "_*_k*.json"))):
         part = e.get("aerie_greedy_first_difference")
         same = f"{e.get('matches_aerie_greedy', '?')} / {e.get('num_prompts')}" + (
             f" (others part at token {part['median']} in the median)" if part else "") if c == "all" else ""
+        v = e if c == "all" else (e.get("per_category") or {}).get(c, {})  # this row's own lossless figures
+        at = v.get("lossless_first_difference")
+        lossless = f"{v.get('lossless')} ({v.get('lossless_mismatches', '?')} differ" + (
+            f", first at token {at['median']} in the median" if at else "") + ")"
         lines.append(f"| {d} | {fmt} | {k[1:]} | {c} | {np_} | {f(al)} | {f(el)} | {diff} | "
-                     f"{e.get('lossless')} ({e.get('lossless_mismatches', '?')} differ) | {same} | {f(fl)} | {fdiff} |")
+                     f"{lossless} | {same} | {f(fl)} | {fdiff} |")
 open(os.path.join(out, "summary.md"), "w").write("\n".join(lines) + "\n")
 print("\n".join(lines))
 PY
