@@ -115,6 +115,21 @@ double timed(MpiCommunicator& c, Device device, int iters, double min_seconds, F
   return runs[1];
 }
 
+/// timed(c, ...) of f, plus, where `tp` is a ModeledCommunicator (calibrate --model-tp: the tp group's collectives
+/// move no data), the modeled seconds of the collectives f issued, per call.
+template <typename F>
+double timed_with_links(const Communicator& tp, MpiCommunicator& c, Device device, int iters, double min_seconds,
+                        F&& f) {
+  const auto* modeled = dynamic_cast<const ModeledCommunicator*>(&tp);
+  const double before = modeled ? modeled->seconds() : 0.0;
+  int64_t calls = 0;
+  const double s = timed(c, device, iters, min_seconds, [&] {
+    ++calls;
+    f();
+  });
+  return modeled ? s + (modeled->seconds() - before) / static_cast<double>(calls) : s;
+}
+
 std::vector<int32_t> random_ids(int64_t n, int64_t vocab, uint32_t seed) {
   std::mt19937 gen(seed);
   std::vector<int32_t> ids(static_cast<size_t>(n));
@@ -132,10 +147,11 @@ TargetConfig truncated(const TargetConfig& cfg, const std::vector<bool>& moe) {
 
 /// aerie generate's decoding on `model`: opt.gen_batch sequences of opt.gen_prompt random prompt ids, each decoding
 /// `new_tokens` greedily with no stop id, through model/sampling.h's BatchDecoder (the job's engine, continuous
-/// batching); the seconds of the whole run, prefills included.
-double time_generation(TargetModel& model, const TargetConfig& cfg, MpiCommunicator& tp, Device device,
-                       const CalibrateOptions& opt, int64_t new_tokens) {
-  return timed(tp, device, 1, opt.min_seconds, [&] {
+/// batching); the seconds of the whole run, prefills included (`links`: the model's tp communicator, whose modeled
+/// collectives count; timed_with_links).
+double time_generation(TargetModel& model, const TargetConfig& cfg, const Communicator& links, MpiCommunicator& tp,
+                       Device device, const CalibrateOptions& opt, int64_t new_tokens) {
+  return timed_with_links(links, tp, device, 1, opt.min_seconds, [&] {
     BatchDecoder decoder(model, opt.gen_batch, {}, SamplingParams{});
     for (int64_t i = 0; i < opt.gen_batch; ++i)
       decoder.submit(i, random_ids(opt.gen_prompt, cfg.vocab_size, static_cast<uint32_t>(100 + i)), new_tokens,
@@ -169,15 +185,15 @@ void measure_forward(const TargetConfig& cfg, ParallelGroups& groups, TargetDevi
       // With --tp-overlap the forward is two sequences of T/2 (its two micro-batches), as extract packs samples.
       std::vector<std::vector<int32_t>> halves;
       if (cal.tp_overlap) halves = {{ids.begin(), ids.begin() + T / 2}, {ids.begin() + T / 2, ids.end()}};
-      t[s].push_back(timed(*groups.tp, dev.options.device, opt.iters, opt.min_seconds, [&] {
+      t[s].push_back(timed_with_links(*dev.tp, *groups.tp, dev.options.device, opt.iters, opt.min_seconds, [&] {
         if (cal.tp_overlap)
           model.forward_batch(halves, {}, aux, TargetModel::Logits::None);
         else
           model.forward(ids, nullptr, aux, false);
       }));
     }
-    gen[s] = time_generation(model, cfg, *groups.tp, dev.options.device, opt, opt.gen_new);
-    gen1[s] = time_generation(model, cfg, *groups.tp, dev.options.device, opt, 1);  // the prefills and one step
+    gen[s] = time_generation(model, cfg, *dev.tp, *groups.tp, dev.options.device, opt, opt.gen_new);
+    gen1[s] = time_generation(model, cfg, *dev.tp, *groups.tp, dev.options.device, opt, 1);  // the prefills, one step
   }
   LayerKindTimes first{first_moe ? "moe" : "dense", n_first, {opt.tokens, {}}};
   LayerKindTimes second{first_moe ? "dense" : "moe", cfg.num_hidden_layers - n_first, {opt.tokens, {}}};
@@ -480,7 +496,8 @@ void measure_stream(const TargetConfig& cfg, MpiCommunicator& world, Device devi
 }
 
 void print_calibration(const Calibration& c) {
-  std::printf("aerie calibrate: %s on %s, tp %d of %d ranks\n", c.model.c_str(), c.device.c_str(), c.tp, c.world);
+  std::printf("aerie calibrate: %s on %s, tp %d%s, %d rank(s)\n", c.model.c_str(), c.device.c_str(), c.tp,
+              c.tp_modeled ? " (one rank of each group ran here, --model-tp)" : "", c.world);
   std::printf("  forward of the whole target (%zu layer kinds%s):\n", c.layers.size(),
               c.tp_overlap ? "; --tp-overlap: two micro-batches of T/2" : "");
   for (size_t i = 0; i < c.base.tokens.size(); ++i) {
@@ -502,7 +519,12 @@ void print_calibration(const Calibration& c) {
               c.writer_sample.seconds.at(0) * 1e3, c.writer_sample.seconds.at(1) * 1e3);
   std::printf("  extract's own work beside its forwards and writer: %.3f s a run, %.3f ms a sample (one tp group's)\n",
               c.extract_run_seconds, c.extract_sample_seconds * 1e3);
-  if (c.tp > 1) std::printf("  tp all-reduce: %.2f GB/s bus bandwidth\n", c.allreduce_bus_bytes_per_s / 1e9);
+  if (c.tp_modeled)
+    std::printf("  tp all-reduce: modeled, not measured (--model-tp %d: one rank of the group ran here): %.2f GB/s bus "
+                "bandwidth, %.1f us each, in the forward and generate times above\n",
+                c.tp, c.allreduce_bus_bytes_per_s / 1e9, c.allreduce_latency_s * 1e6);
+  else if (c.tp > 1)
+    std::printf("  tp all-reduce: %.2f GB/s bus bandwidth\n", c.allreduce_bus_bytes_per_s / 1e9);
   std::printf("  generate: %lld sequences of %lld prompt + %lld new tokens in %.3f s (%.0f new tokens/s per tp group)\n",
               static_cast<long long>(c.generate.batch), static_cast<long long>(c.generate.prompt_tokens),
               static_cast<long long>(c.generate.new_tokens), c.generate.seconds,
@@ -557,6 +579,50 @@ void check_output_folders(const po::variables_map& vm, const std::string& output
                                         << "--work on the disk the shards will go to");
 }
 
+/// calibrate --model-tp: the tp group that the forward is planned for, played by one rank, its collectives modeled.
+struct ModeledLinks {
+  int ranks = 0;               // 0: off (the tp group's collectives run and are measured)
+  double bus_bytes_per_s = 0;  // an all-reduce's bus bandwidth (nccl-tests' busbw) on the planned node
+  double latency_s = 0;        // each collective's fixed cost there
+};
+
+void add_model_tp_options(po::options_description& desc) {
+  desc.add_options()(
+      "model-tp", po::value<int>()->default_value(0),
+      "for a node this one is not: each rank runs rank 0 of a tp group of N ranks (its share of the target) and the "
+      "group's all-reduces are modeled, not run, at --model-tp-bus-gbps and --model-tp-latency-us (2 to 64; --tp 1)")(
+      "model-tp-bus-gbps", po::value<double>()->default_value(0),
+      "with --model-tp: the planned node's all-reduce bus bandwidth, GB/s (nccl-tests' busbw of all_reduce_perf at "
+      "the forward's sizes)")(
+      "model-tp-latency-us", po::value<double>()->default_value(-1),
+      "with --model-tp: the planned node's cost of one small all-reduce, microseconds (nccl-tests' time at 8 KB): "
+      "a decoding step's all-reduces are this");
+}
+
+/// The --model-tp options of `vm`, checked; tp_option is --tp's value (0: the world size). Throws aerie::UsageError.
+ModeledLinks modeled_links(const po::variables_map& vm, int tp_option) {
+  ModeledLinks m;
+  m.ranks = vm["model-tp"].as<int>();
+  const double gbps = vm["model-tp-bus-gbps"].as<double>(), us = vm["model-tp-latency-us"].as<double>();
+  if (m.ranks == 0) {
+    AERIE_USAGE_CHECK(gbps == 0 && us == -1, "aerie calibrate: --model-tp-bus-gbps and --model-tp-latency-us go with "
+                                             "--model-tp N (the tp group whose all-reduces they model)");
+    return m;
+  }
+  AERIE_USAGE_CHECK(m.ranks >= 2 && m.ranks <= 64, "aerie calibrate: --model-tp " << m.ranks << " is not 2 to 64");
+  AERIE_USAGE_CHECK(tp_option <= 1, "aerie calibrate: --model-tp runs one rank of each tp group; it takes --tp 1 "
+                                    "(or no --tp), not --tp " << tp_option);
+  AERIE_USAGE_CHECK(!vm["tp-overlap"].as<bool>(), "aerie calibrate: --tp-overlap with --model-tp: a modeled group's "
+                                                  "all-reduces cannot overlap compute (calibrate on the node itself)");
+  AERIE_USAGE_CHECK(std::isfinite(gbps) && gbps > 0 && std::isfinite(us) && us >= 0,
+                    "aerie calibrate: --model-tp needs --model-tp-bus-gbps (> 0, GB/s) and --model-tp-latency-us "
+                    "(>= 0, microseconds): the planned node's all-reduce, as nccl-tests' all_reduce_perf reports it "
+                    "there (docs/time-plan.md has typical values)");
+  m.bus_bytes_per_s = gbps * 1e9;
+  m.latency_s = us * 1e-6;
+  return m;
+}
+
 int calibrate(const std::vector<std::string>& args) {
   po::options_description desc = job_options("aerie calibrate: measure this node for aerie plan --calibration");
   desc.add_options()("model", po::value<std::string>()->required(),
@@ -585,6 +651,7 @@ int calibrate(const std::vector<std::string>& args) {
       "work", po::value<std::string>()->default_value(""),
       "folder for the test shards: the disk the shards will go to (default: --output's folder)");
   add_target_device_options(desc);
+  add_model_tp_options(desc);
   desc.add_options()("tp-overlap", po::bool_switch(),
                      "at --tp 2 or more: measure the forward as extract --tp-overlap runs it, each --tokens count as "
                      "two sequences of T/2 whose all-reduces run while the other computes (recorded; the plan then "
@@ -593,8 +660,9 @@ int calibrate(const std::vector<std::string>& args) {
   if (!parse_options("calibrate", args, desc, vm)) return 0;
   int world = 1;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  const int tp = vm["tp"].as<int>() > 0 ? vm["tp"].as<int>() : world;
   AERIE_USAGE_CHECK(vm["tp"].as<int>() >= 0, "aerie calibrate: --tp " << vm["tp"].as<int>() << " is negative");
+  const ModeledLinks links = modeled_links(vm, vm["tp"].as<int>());
+  const int tp = links.ranks > 0 ? 1 : vm["tp"].as<int>() > 0 ? vm["tp"].as<int>() : world;
   AERIE_USAGE_CHECK(world % tp == 0, "aerie calibrate: " << world << " ranks do not split into tp groups of " << tp);
   const std::string model_dir = vm["model"].as<std::string>(), output = vm["output"].as<std::string>();
   CalibrateOptions opt;
@@ -628,6 +696,11 @@ int calibrate(const std::vector<std::string>& args) {
 
   ParallelGroups groups = ParallelGroups::create(tp);
   TargetDevice dev = resolve_target_device(vm, groups, "calibrate");
+  std::unique_ptr<ModeledCommunicator> modeled;  // --model-tp: the target's tp communicator
+  if (links.ranks > 0) {
+    modeled = std::make_unique<ModeledCommunicator>(links.ranks, 0, links.bus_bytes_per_s, links.latency_s);
+    dev.tp = modeled.get();
+  }
   const bool gpu = dev.options.device == Device::CUDA;
   opt.tokens = parse_counts(vm["tokens"].as<std::string>().empty() ? (gpu ? "512,2048,8192" : "128,512")
                                                                    : vm["tokens"].as<std::string>(), "tokens");
@@ -646,7 +719,12 @@ int calibrate(const std::vector<std::string>& args) {
   cal.device = gpu ? cuda::current_device_name() : "cpu";
   cal.model = model_dir + "/config.json";
   cal.world = world;
-  cal.tp = tp;
+  cal.tp = links.ranks > 0 ? links.ranks : tp;
+  cal.tp_modeled = links.ranks > 0;
+  if (cal.tp_modeled) {
+    cal.allreduce_bus_bytes_per_s = links.bus_bytes_per_s;
+    cal.allreduce_latency_s = links.latency_s;
+  }
   cal.hidden_size = cfg.hidden_size;
   cal.cpu_cores = cpu_cores_allowed();
   MPI_Allreduce(MPI_IN_PLACE, &cal.cpu_cores, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);

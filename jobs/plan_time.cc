@@ -314,7 +314,12 @@ void print_time_plan(const TimePlan& plan) {
               w.train_samples > 0 ? (", train " + std::to_string(w.train_samples) + " samples drawn").c_str()
               : w.epochs > 1     ? (", " + std::to_string(w.epochs) + " epochs").c_str()
                                  : "");
-  if (c.world != w.world)
+  if (c.tp_modeled)
+    std::printf("  (the calibration ran one rank of each tp group of %d on %s and modeled the group's all-reduces at "
+                "%.1f GB/s bus bandwidth and %.1f us each (calibrate --model-tp): the other ranks' compute is taken to "
+                "be this one's, and their links the given ones; calibrate on the node itself to measure both)\n",
+                c.tp, c.device.c_str(), c.allreduce_bus_bytes_per_s / 1e9, c.allreduce_latency_s * 1e6);
+  else if (c.world != w.world)
     std::printf("  (the calibration ran %d ranks at once, the plan has %d: where ranks share a node's cores, memory "
                 "bandwidth or links, calibrate with the job's own rank count)\n",
                 c.world, w.world);

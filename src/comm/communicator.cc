@@ -1,5 +1,6 @@
 #include "comm/communicator.h"
 
+#include <cmath>
 #include <string>
 
 namespace aerie {
@@ -85,6 +86,37 @@ struct MpiPending final : PendingCollective {
 std::unique_ptr<PendingCollective> Communicator::start_all_reduce_sum(Tensor& t) {
   all_reduce_sum(t);
   return std::make_unique<DonePending>();
+}
+
+ModeledCommunicator::ModeledCommunicator(int size, int rank, double bus_bytes_per_s, double latency_s)
+    : size_(size), rank_(rank), bus_bytes_per_s_(bus_bytes_per_s), latency_s_(latency_s) {
+  AERIE_CHECK(size >= 2 && rank >= 0 && rank < size,
+              "ModeledCommunicator: rank " << rank << " of " << size << " ranks (a modeled group has 2 or more)");
+  AERIE_CHECK(std::isfinite(bus_bytes_per_s) && bus_bytes_per_s > 0 && std::isfinite(latency_s) && latency_s >= 0,
+              "ModeledCommunicator: bus bandwidth " << bus_bytes_per_s << " B/s and latency " << latency_s
+                                                    << " s must be positive and not negative");
+}
+
+void ModeledCommunicator::add(double bus_bytes) {
+  seconds_ += latency_s_ + bus_bytes / bus_bytes_per_s_;
+  ++collectives_;
+}
+
+void ModeledCommunicator::all_reduce_sum(Tensor& t) {
+  add(2.0 * (size_ - 1) / size_ * static_cast<double>(t.nbytes()));
+}
+
+void ModeledCommunicator::all_gather(const Tensor& in, Tensor& out) {
+  AERIE_CHECK(out.numel() == in.numel() * size_ && out.dtype() == in.dtype(),
+              "ModeledCommunicator::all_gather: out has " << out.numel() << " elements, not " << size_ << " x "
+                                                          << in.numel() << " of in's dtype");
+  const Tensor rows = out.reshape({size_, in.numel()});
+  const Tensor one = in.reshape({1, in.numel()});
+  for (int r = 0; r < size_; ++r) {
+    Tensor slot = rows.slice(r, r + 1);
+    slot.copy_from(one);
+  }
+  add(static_cast<double>(size_ - 1) / size_ * static_cast<double>(out.nbytes()));
 }
 
 std::unique_ptr<PendingCollective> MpiCommunicator::start_all_reduce_sum(Tensor& t) {

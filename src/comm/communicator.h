@@ -99,6 +99,36 @@ class SelfCommunicator : public Communicator {
   void barrier() override {}
 };
 
+/// Rank `rank` of a tensor-parallel group of `size` ranks that are not there: one device runs one rank's share of
+/// the target while the collectives are modeled, not run (aerie calibrate --model-tp, for a node this machine is
+/// not). No data moves: all_reduce_sum / all_reduce_max leave the tensor as it is, all_gather writes `in` into every
+/// rank's slice of `out`, broadcast and barrier do nothing; so the results are not the group's (timings with random
+/// weights only). Each all_reduce_sum (started or not) and all_gather adds its modeled time to seconds():
+/// latency_s + bytes on the bus / bus_bytes_per_s, with nccl-tests' bus conventions (all-reduce: 2 (n - 1) / n of
+/// the tensor's bytes; all-gather: (n - 1) / n of the output's), the way calibrate reports a measured all-reduce.
+class ModeledCommunicator : public Communicator {
+ public:
+  /// Throws aerie::Error unless size >= 2, 0 <= rank < size, bus_bytes_per_s > 0 and latency_s >= 0 (finite).
+  ModeledCommunicator(int size, int rank, double bus_bytes_per_s, double latency_s);
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void all_reduce_sum(Tensor& t) override;
+  void all_reduce_max(Tensor&) override {}
+  void all_gather(const Tensor& in, Tensor& out) override;
+  void broadcast(Tensor&, int) override {}
+  void barrier() override {}
+  /// The modeled seconds of every collective so far, and their count.
+  double seconds() const { return seconds_; }
+  int64_t collectives() const { return collectives_; }
+
+ private:
+  void add(double bus_bytes);
+  int size_, rank_;
+  double bus_bytes_per_s_, latency_s_;
+  double seconds_ = 0;
+  int64_t collectives_ = 0;
+};
+
 /// Throws aerie::Error with the MPI error string when `rc` != MPI_SUCCESS.
 void check_mpi(int rc, const char* what);
 

@@ -101,6 +101,13 @@ void read_optional_fields(const nlohmann::json& j, const std::string& path, Cali
   c.train_batch = optional_field(j, "train", "batch_size", int64_t{0}, path);
   AERIE_CHECK(c.train_batch >= 0, path << ": train.batch_size is " << c.train_batch << " (samples, 0 when not recorded)");
   c.stream_bytes_per_s = optional_field(j, "stream", "bytes_per_s", 0.0, path);
+  c.tp_modeled = optional_field(j, "allreduce", "modeled", false, path);
+  c.allreduce_latency_s = optional_field(j, "allreduce", "latency_s", 0.0, path);
+  AERIE_CHECK(std::isfinite(c.allreduce_latency_s) && c.allreduce_latency_s >= 0,
+              path << ": allreduce.latency_s is " << c.allreduce_latency_s << " (seconds, 0 when not modeled)");
+  AERIE_CHECK(!c.tp_modeled || (c.tp >= 2 && c.allreduce_bus_bytes_per_s > 0),
+              path << ": allreduce.modeled at tp " << c.tp << " and bus bandwidth " << c.allreduce_bus_bytes_per_s
+                   << " B/s (calibrate --model-tp records tp >= 2 and a bandwidth > 0)");
   c.cpu_cores = optional_field(j, "host", "cpu_cores", 0, path);
   AERIE_CHECK(c.cpu_cores >= 0, path << ": host.cpu_cores is " << c.cpu_cores << " (a count, 0 when not recorded)");
   Calibration::Generation& g = c.generate;
@@ -268,7 +275,8 @@ nlohmann::json to_json(const Calibration& c) {
           {"train", train_json(c)},
           {"disk", {{"write_bytes_per_s", c.disk_write_bytes_per_s}, {"test_bytes", c.disk_test_bytes},
                     {"writer_per_sample", curve_json(c.writer_sample)}}},
-          {"allreduce", {{"bus_bytes_per_s", c.allreduce_bus_bytes_per_s}}},
+          {"allreduce", {{"bus_bytes_per_s", c.allreduce_bus_bytes_per_s}, {"modeled", c.tp_modeled},
+                         {"latency_s", c.allreduce_latency_s}}},
           {"stream", {{"bytes_per_s", c.stream_bytes_per_s}}},
           {"host", {{"cpu_cores", c.cpu_cores}}},
           {"extract", {{"run_seconds", c.extract_run_seconds}, {"per_sample_seconds", c.extract_sample_seconds}}},
@@ -314,7 +322,7 @@ Calibration calibration_from_json(const nlohmann::json& j, const std::string& pa
   AERIE_CHECK(!c.tp_overlap || c.tp >= 2, path << ": forward.tp_overlap is true at tp " << c.tp
                                                 << " (calibrate records it at tp 2 or more only)");
   AERIE_CHECK(!c.device.empty(), path << ": device is empty (\"cpu\", or the GPU's name as calibrate records it)");
-  AERIE_CHECK(c.tp >= 1 && c.world >= c.tp && c.hidden_size > 0 && !c.layers.empty(),
+  AERIE_CHECK(c.tp >= 1 && (c.world >= c.tp || c.tp_modeled) && c.hidden_size > 0 && !c.layers.empty(),
               path << ": tp " << c.tp << ", world " << c.world << ", hidden_size " << c.hidden_size << ", "
                    << c.layers.size() << " layer kinds: not a calibration of a target");
   auto check_curve = [&](const TimeCurve& t, const std::string& field) {

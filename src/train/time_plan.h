@@ -64,6 +64,11 @@ struct Calibration {
   double disk_write_bytes_per_s = 0;  // shards written by every tp group at once (the node's aggregate)
   int64_t disk_test_bytes = 0;
   double allreduce_bus_bytes_per_s = 0;  // the tp group's all-reduce of [T, H] bf16 (0 at tp 1)
+  /// calibrate --model-tp: one rank of the tp group ran the forward and generate here, their all-reduces modeled
+  /// (ModeledCommunicator) at allreduce_bus_bytes_per_s and allreduce_latency_s each, as the user gave them for
+  /// the planned node (false and 0 in an older file: measured).
+  bool tp_modeled = false;
+  double allreduce_latency_s = 0;
   /// extract's own work beside its forwards and its writer (the chunk hand-out, reading the prepared file, the
   /// outputs' copies and checks, opening and closing the shard), per run and per sample of one tp group: what two
   /// short runs of extract's loop took beyond extract_compute_seconds' arithmetic (0 in an older file).

@@ -48,6 +48,35 @@ TEST(Communicator, StartedSumsEqualBlockingOnes) {
   EXPECT_EQ(e.to_float_vector()[0], 3.0f);
 }
 
+// A modeled group (calibrate --model-tp): no data moves, and each all-reduce / all-gather adds latency + its bus bytes
+// over the bandwidth, with nccl-tests' conventions: all-reduce 2 (n - 1) / n of the tensor, all-gather (n - 1) / n of
+// the output.
+TEST(Communicator, ModeledGroupAddsEachCollectivesTime) {
+  ModeledCommunicator m(4, 0, 1e6, 1e-3);  // 1 MB/s, 1 ms
+  EXPECT_EQ(m.size(), 4);
+  EXPECT_EQ(m.rank(), 0);
+  Tensor t = Tensor::from_vector<float>(std::vector<float>(250, 2.0f), {250});  // 1000 bytes
+  m.all_reduce_sum(t);
+  EXPECT_EQ(t.to_float_vector(), std::vector<float>(250, 2.0f));  // untouched
+  EXPECT_NEAR(m.seconds(), 1e-3 + 1.5 * 1000 / 1e6, 1e-12);
+  m.start_all_reduce_sum(t)->wait();  // started ones count alike
+  EXPECT_NEAR(m.seconds(), 2 * (1e-3 + 1.5e-3), 1e-12);
+  Tensor in = Tensor::from_vector<int32_t>({5, 6}, {2}), out = Tensor::empty({8}, DType::I32);
+  m.all_gather(in, out);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(out.data<int32_t>()[2 * r], 5);
+    EXPECT_EQ(out.data<int32_t>()[2 * r + 1], 6);
+  }
+  EXPECT_NEAR(m.seconds(), 2 * (1e-3 + 1.5e-3) + 1e-3 + 0.75 * 32 / 1e6, 1e-12);
+  EXPECT_EQ(m.collectives(), 3);
+  Tensor bad = Tensor::empty({7}, DType::I32);
+  EXPECT_THROW(m.all_gather(in, bad), Error);
+  EXPECT_THROW(ModeledCommunicator(1, 0, 1e9, 0), Error);   // a group of one is not modeled
+  EXPECT_THROW(ModeledCommunicator(8, 8, 1e9, 0), Error);   // rank past the group
+  EXPECT_THROW(ModeledCommunicator(8, 0, 0, 0), Error);     // no bandwidth
+  EXPECT_THROW(ModeledCommunicator(8, 0, 1e9, -1), Error);  // negative latency
+}
+
 TEST(Communicator, AllGatherConcatenatesInRankOrder) {
   auto world = MpiCommunicator::world();
   int n = world->size(), r = world->rank();

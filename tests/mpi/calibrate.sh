@@ -5,7 +5,9 @@
 # bytes as time_plan.h computes them from that file, with --generate-responses generate and with
 # --stream-target-ranks the streaming train; a plan at
 # another tp, a streaming split without trainers, a file that is not a calibration and a
-# dataset left out are refused by name. No timing is asserted (docs/time-plan.md has the checks against real runs).
+# dataset left out are refused by name; --model-tp (one rank of a tp group whose all-reduces are modeled) adds its
+# modeled all-reduces to the forward and generate and says so in the file, its summary and the plan. No measured
+# timing is asserted (docs/time-plan.md has the checks against real runs).
 # usage: calibrate.sh AERIE SOURCE_DIR SCRATCH
 set -euo pipefail
 aerie="$1" src="$2" out="$3"
@@ -133,4 +135,38 @@ mpirun -np 1 "$aerie" calibrate --model "$src/tests/model/fixtures/hf/qwen3_moe"
   > "$out/err.log" 2>&1 && fail "--min-time inf accepted"
 err "aerie calibrate: --min-time must be a number of seconds in \[0, 60\]" "--min-time inf"
 [ -e "$out/inf.json" ] && fail "a refused calibrate wrote its output"
+# --model-tp: one rank plays rank 0 of a tp group of 2 whose all-reduces are modeled (10 ms each here, so that the
+# forward's layers, two all-reduces each, cost at least 20 ms whatever this machine's speed); the file says tp 2 of
+# world 1, modeled; the plan at --world 2 says so; the options refused out of place.
+mpirun -np 1 "$aerie" calibrate --model "$src/tests/model/fixtures/hf/qwen3_moe" --output "$out/modeled.json" \
+  --model-tp 2 --model-tp-bus-gbps 40 --model-tp-latency-us 10000 "${fast[@]}" > "$out/modeled.log" 2>&1 ||
+  { cat "$out/modeled.log"; fail "calibrate --model-tp"; }
+grep -q "tp all-reduce: modeled, not measured (--model-tp 2: one rank of the group ran here): 40.00 GB/s bus bandwidth, 10000.0 us each" \
+  "$out/modeled.log" || { cat "$out/modeled.log"; fail "calibrate --model-tp: no modeled line"; }
+python3 - "$out/modeled.json" <<'PY' || fail "calibrate --model-tp: the file"
+import json, sys
+c = json.load(open(sys.argv[1]))
+assert c["tp"] == 2 and c["world"] == 1, c
+a = c["allreduce"]
+assert a["modeled"] is True and a["bus_bytes_per_s"] == 40e9 and abs(a["latency_s"] - 0.01) < 1e-12, a
+for l in c["forward"]["layers"]:
+    assert all(s >= 0.019 for s in l["per_layer"]["seconds"]), l  # two modeled all-reduces of 10 ms a layer, less noise
+g = c["generate"]  # each decoding step of 3 layers pays 6 modeled all-reduces
+assert g["seconds"] >= g["new_tokens"] * 3 * 2 * 0.01 * 0.9, g
+PY
+plan --calibration "$out/modeled.json" --world 2 --samples 100 --mean-tokens 40 > "$out/modeled_plan.log" 2>&1 ||
+  { cat "$out/modeled_plan.log"; fail "plan of a --model-tp calibration"; }
+grep -q "(the calibration ran one rank of each tp group of 2 on cpu and modeled the group's all-reduces at 40.0 GB/s" \
+  "$out/modeled_plan.log" && grep -q "^  extract " "$out/modeled_plan.log" ||
+  { cat "$out/modeled_plan.log"; fail "plan: the modeled tp not said"; }
+mpirun -np 1 "$aerie" calibrate --model "$src/tests/model/fixtures/hf/qwen3_moe" --output "$out/m2.json" --model-tp 2 \
+  "${fast[@]}" > "$out/err.log" 2>&1 && fail "--model-tp without the link accepted"
+err "aerie calibrate: --model-tp needs --model-tp-bus-gbps (> 0, GB/s) and --model-tp-latency-us" "--model-tp alone"
+mpirun -np 1 "$aerie" calibrate --model "$src/tests/model/fixtures/hf/qwen3_moe" --output "$out/m2.json" \
+  --model-tp-bus-gbps 40 "${fast[@]}" > "$out/err.log" 2>&1 && fail "--model-tp-bus-gbps without --model-tp accepted"
+err "go with --model-tp N" "link without --model-tp"
+mpirun -np 2 "$aerie" calibrate --model "$src/tests/model/fixtures/hf/qwen3_moe" --output "$out/m2.json" --tp 2 \
+  --model-tp 4 --model-tp-bus-gbps 40 --model-tp-latency-us 20 "${fast[@]}" > "$out/err.log" 2>&1 && fail "--model-tp at --tp 2 accepted"
+err "it takes --tp 1 (or no --tp), not --tp 2" "--model-tp with --tp 2"
+[ -e "$out/m2.json" ] && fail "a refused calibrate --model-tp wrote its output"
 echo "calibrate.sh: ok"

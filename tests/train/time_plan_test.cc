@@ -130,6 +130,34 @@ TEST(TimePlan, CalibrationJsonRoundTrips) {
   EXPECT_DOUBLE_EQ(d.disk_write_bytes_per_s, 1e9);
 }
 
+// calibrate --model-tp: a group of 8 of which one rank ran (world 1 < tp 8), its all-reduce modeled; read back as such,
+// and refused where the file says modeled at tp 1 or without a bandwidth.
+TEST(TimePlan, ModeledTpCalibrationRoundTrips) {
+  Calibration c = example();
+  c.world = 1;
+  c.tp = 8;
+  c.tp_modeled = true;
+  c.allreduce_bus_bytes_per_s = 40e9;
+  c.allreduce_latency_s = 30e-6;
+  const Calibration d = calibration_from_json(to_json(c), "cal.json");
+  EXPECT_TRUE(d.tp_modeled);
+  EXPECT_EQ(d.tp, 8);
+  EXPECT_DOUBLE_EQ(d.allreduce_latency_s, 30e-6);
+  EXPECT_FALSE(calibration_from_json(to_json(example()), "cal.json").tp_modeled);  // measured, as an older file
+  nlohmann::json j = to_json(c);
+  j["allreduce"]["bus_bytes_per_s"] = 0.0;
+  EXPECT_NE(testing::error_of([&] { calibration_from_json(j, "x/cal.json"); })
+                .find("x/cal.json: allreduce.modeled at tp 8 and bus bandwidth 0 B/s"),
+            std::string::npos);
+  j = to_json(c);
+  j["allreduce"]["modeled"] = false;  // world 1 < tp 8 is a modeled group's only
+  EXPECT_NE(testing::error_of([&] { calibration_from_json(j, "x/cal.json"); }).find("tp 8, world 1"), std::string::npos);
+  j = to_json(c);
+  j["allreduce"]["latency_s"] = -1.0;
+  EXPECT_NE(testing::error_of([&] { calibration_from_json(j, "x/cal.json"); }).find("allreduce.latency_s is -1"),
+            std::string::npos);
+}
+
 TEST(TimePlan, MalformedCalibrationIsNamed) {
   nlohmann::json j = to_json(example());
   j["version"] = 9;
