@@ -733,7 +733,8 @@ int calibrate(const std::vector<std::string>& args) {
   if (rank0 && dev.options.tp_overlap && !cal.tp_overlap)
     AERIE_LOG(warning) << "calibrate: --tp-overlap does nothing at tp 1 or with a --tokens count below 2: the "
                        << "forward is measured without it";
-  if (rank0 && opt.draft_vocab > cfg.vocab_size)
+  // The default past a small target's vocabulary is capped as vocab caps its own default: said of a given value only.
+  if (rank0 && opt.draft_vocab > cfg.vocab_size && !vm["draft-vocab-size"].defaulted())
     AERIE_LOG(warning) << "calibrate: --draft-vocab-size " << opt.draft_vocab << " is past the target's vocabulary of "
                        << cfg.vocab_size << ": the draft's step is measured at " << cfg.vocab_size
                        << " (vocab caps it alike)";

@@ -22,6 +22,7 @@ for m in qwen2 qwen3_moe mixtral; do  # mixtral's fixture: 2 layers, below the d
   grep -q "extract's own work beside its forwards and writer" "$out/$m.log" || fail "calibrate $m: no extract line"
   grep -q "extract: done" "$out/$m.log" && fail "calibrate $m: its short extract runs logged their lines"
   ls "$out" | grep -q "^calibrate-" && fail "calibrate $m left its test files in --work: $(ls "$out")"
+  grep -q "is past the target's vocabulary" "$out/$m.log" && fail "calibrate $m: warned of the default --draft-vocab-size"
 done
 python3 - "$out" <<'PY'
 import json, sys
@@ -139,8 +140,10 @@ err "aerie calibrate: --min-time must be a number of seconds in \[0, 60\]" "--mi
 # forward's layers, two all-reduces each, cost at least 20 ms whatever this machine's speed); the file says tp 2 of
 # world 1, modeled; the plan at --world 2 says so; the options refused out of place.
 mpirun -np 1 "$aerie" calibrate --model "$src/tests/model/fixtures/hf/qwen3_moe" --output "$out/modeled.json" \
-  --model-tp 2 --model-tp-bus-gbps 40 --model-tp-latency-us 10000 "${fast[@]}" > "$out/modeled.log" 2>&1 ||
-  { cat "$out/modeled.log"; fail "calibrate --model-tp"; }
+  --model-tp 2 --model-tp-bus-gbps 40 --model-tp-latency-us 10000 --draft-vocab-size 99999 "${fast[@]}" \
+  > "$out/modeled.log" 2>&1 || { cat "$out/modeled.log"; fail "calibrate --model-tp"; }
+grep -q "calibrate: --draft-vocab-size 99999 is past the target's vocabulary" "$out/modeled.log" ||
+  { cat "$out/modeled.log"; fail "calibrate: a given --draft-vocab-size past the vocabulary not warned of"; }
 grep -q "tp all-reduce: modeled, not measured (--model-tp 2: one rank of the group ran here): 40.00 GB/s bus bandwidth, 10000.0 us each" \
   "$out/modeled.log" || { cat "$out/modeled.log"; fail "calibrate --model-tp: no modeled line"; }
 python3 - "$out/modeled.json" <<'PY' || fail "calibrate --model-tp: the file"
