@@ -17,3 +17,8 @@ add_test(NAME gpu_tools
          COMMAND python3 -m unittest ${CMAKE_SOURCE_DIR}/tests/tools/test_gpu_tools.py -v
          WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
 set_tests_properties(gpu_tools PROPERTIES TIMEOUT 120)
+# slurm/submit's refusals of a bad count or switch, by key, before anything is submitted (no Slurm needed).
+add_test(NAME slurm_submit_refusals
+         COMMAND python3 -m unittest ${CMAKE_SOURCE_DIR}/tests/tools/test_slurm_submit.py -v
+         WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+set_tests_properties(slurm_submit_refusals PROPERTIES TIMEOUT 60)
