@@ -115,19 +115,24 @@ double timed(MpiCommunicator& c, Device device, int iters, double min_seconds, F
   return runs[1];
 }
 
-/// timed(c, ...) of f, plus, where `tp` is a ModeledCommunicator (calibrate --model-tp: the tp group's collectives
-/// move no data), the modeled seconds of the collectives f issued, per call.
+/// The modeled seconds of the collectives `tp` issued so far where it is a ModeledCommunicator (calibrate --model-tp:
+/// the tp group's collectives move no data and take no time here), else 0.
+double modeled_seconds(const Communicator& tp) {
+  const auto* modeled = dynamic_cast<const ModeledCommunicator*>(&tp);
+  return modeled ? modeled->seconds() : 0.0;
+}
+
+/// timed(c, ...) of f plus the modeled seconds of the collectives f issued on `tp`, per call (modeled_seconds).
 template <typename F>
 double timed_with_links(const Communicator& tp, MpiCommunicator& c, Device device, int iters, double min_seconds,
                         F&& f) {
-  const auto* modeled = dynamic_cast<const ModeledCommunicator*>(&tp);
-  const double before = modeled ? modeled->seconds() : 0.0;
+  const double before = modeled_seconds(tp);
   int64_t calls = 0;
   const double s = timed(c, device, iters, min_seconds, [&] {
     ++calls;
     f();
   });
-  return modeled ? s + (modeled->seconds() - before) / static_cast<double>(calls) : s;
+  return s + (modeled_seconds(tp) - before) / static_cast<double>(calls);
 }
 
 std::vector<int32_t> random_ids(int64_t n, int64_t vocab, uint32_t seed) {
@@ -214,6 +219,23 @@ void measure_forward(const TargetConfig& cfg, ParallelGroups& groups, TargetDevi
     return s;
   };
   cal.generate = {opt.gen_batch, opt.gen_prompt, opt.gen_new, whole(gen), std::min(whole(gen1), whole(gen))};
+}
+
+/// measure_forward, where the tp group is modeled (--model-tp) with the model's refusal of a tp its shapes do not
+/// divide named as --model-tp's (the same error without it: --tp's was checked by the job's ranks).
+void measure_forward_named(const TargetConfig& cfg, ParallelGroups& groups, TargetDevice& dev,
+                           const CalibrateOptions& opt, Calibration& cal) {
+  try {
+    measure_forward(cfg, groups, dev, opt, cal);
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    if (!cal.tp_modeled) throw;
+    AERIE_USAGE_CHECK(false, "aerie calibrate --model-tp " << cal.tp << ": " << e.what() << " (one rank of a tp group of "
+                                                           << cal.tp << " takes that share of every layer: a tp the "
+                                                           << "attention heads and the experts' widths divide; "
+                                                           << "--expert-parallel keeps the experts whole)");
+  }
 }
 
 /// The draft's step over opt.train_batch (>= 2) samples of each opt.train_tokens length (a step of one sample at the
@@ -438,10 +460,12 @@ void measure_extract(const TargetConfig& cfg, ParallelGroups& groups, TargetDevi
     groups.world->barrier();
     eo.samples_per_shard = per_group;
     ExtractStats stats;
+    const double links = modeled_seconds(*dev.tp);
     {
       ScopedLogLevel quiet("warning");  // extract's own lines, a dozen per run, are not calibrate's
       stats = run_extract(eo, groups, forward);
     }
+    stats.seconds += modeled_seconds(*dev.tp) - links;  // as the forward's curve counts them
     groups.world->barrier();  // every group's shard closed before rank 0 removes the folder
     Workload w;
     w.samples = n;
@@ -496,8 +520,9 @@ void measure_stream(const TargetConfig& cfg, MpiCommunicator& world, Device devi
 }
 
 void print_calibration(const Calibration& c) {
-  std::printf("aerie calibrate: %s on %s, tp %d%s, %d rank(s)\n", c.model.c_str(), c.device.c_str(), c.tp,
-              c.tp_modeled ? " (one rank of each group ran here, --model-tp)" : "", c.world);
+  std::printf("aerie calibrate: %s on %s, tp %d%s%s, %d rank(s)\n", c.model.c_str(), c.device.c_str(), c.tp,
+              c.tp_modeled ? " (one rank of each group ran here, --model-tp)" : "",
+              c.expert_parallel == 1 ? ", --expert-parallel" : "", c.world);
   std::printf("  forward of the whole target (%zu layer kinds%s):\n", c.layers.size(),
               c.tp_overlap ? "; --tp-overlap: two micro-batches of T/2" : "");
   for (size_t i = 0; i < c.base.tokens.size(); ++i) {
@@ -614,10 +639,18 @@ ModeledLinks modeled_links(const po::variables_map& vm, int tp_option) {
                                     "(or no --tp), not --tp " << tp_option);
   AERIE_USAGE_CHECK(!vm["tp-overlap"].as<bool>(), "aerie calibrate: --tp-overlap with --model-tp: a modeled group's "
                                                   "all-reduces cannot overlap compute (calibrate on the node itself)");
-  AERIE_USAGE_CHECK(std::isfinite(gbps) && gbps > 0 && std::isfinite(us) && us >= 0,
+  AERIE_USAGE_CHECK(!vm["model-tp-bus-gbps"].defaulted() && !vm["model-tp-latency-us"].defaulted(),
                     "aerie calibrate: --model-tp needs --model-tp-bus-gbps (> 0, GB/s) and --model-tp-latency-us "
                     "(>= 0, microseconds): the planned node's all-reduce, as nccl-tests' all_reduce_perf reports it "
                     "there (docs/time-plan.md has typical values)");
+  // Ranges that catch a unit slip (bytes/s for GB/s, seconds for microseconds): no link moves 10 TB/s, and one
+  // all-reduce that takes 0.1 s is a network's failure, not its latency.
+  AERIE_USAGE_CHECK(std::isfinite(gbps) && gbps > 0 && gbps <= 10000,
+                    "aerie calibrate: --model-tp-bus-gbps " << gbps << " is not a bus bandwidth in GB/s (above 0, at "
+                                                            "most 10000: PCIe Gen5 nodes 35-45, NVLink ones 450-800)");
+  AERIE_USAGE_CHECK(std::isfinite(us) && us >= 0 && us <= 100000,
+                    "aerie calibrate: --model-tp-latency-us " << us << " is not a latency in microseconds (0 to "
+                                                              "100000; an all-reduce of a few KB takes 10-50)");
   m.bus_bytes_per_s = gbps * 1e9;
   m.latency_s = us * 1e-6;
   return m;
@@ -729,6 +762,7 @@ int calibrate(const std::vector<std::string>& args) {
   cal.cpu_cores = cpu_cores_allowed();
   MPI_Allreduce(MPI_IN_PLACE, &cal.cpu_cores, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   cal.tp_overlap = dev.options.tp_overlap && tp > 1 && opt.tokens.front() >= 2;
+  cal.expert_parallel = dev.options.expert_parallel ? 1 : 0;
   const bool rank0 = groups.map.world_rank == 0;
   if (rank0 && dev.options.tp_overlap && !cal.tp_overlap)
     AERIE_LOG(warning) << "calibrate: --tp-overlap does nothing at tp 1 or with a --tokens count below 2: the "
@@ -748,7 +782,7 @@ int calibrate(const std::vector<std::string>& args) {
       AERIE_LOG(info) << "calibrate: " << what << " measured in "
                       << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() << " s";
   };
-  step("the forward by layer kind", [&] { measure_forward(cfg, groups, dev, opt, cal); });
+  step("the forward by layer kind", [&] { measure_forward_named(cfg, groups, dev, opt, cal); });
   step("the draft's step", [&] { measure_train(cfg, dev, opt, cal); });
   step("the disk", [&] { measure_disk(cfg, groups, opt, cal); });
   step("the shard writer", [&] { measure_writer(cfg, groups, dev, opt, cal); });

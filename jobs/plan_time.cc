@@ -130,7 +130,8 @@ void add_time_plan_options(po::options_description& desc) {
       "with --calibration: train --steps (0: --epochs), each of --train-batch-size samples")(
       "train-batch-size", po::value<int64_t>()->default_value(8), "with --calibration: train --batch-size")(
       "world", po::value<int>()->default_value(0),
-      "with --calibration: the job's ranks (0: the world size); dp = world / tp")(
+      "with --calibration: the job's ranks (0: the world size, or a --model-tp calibration's tp where that is "
+      "larger); dp = world / tp")(
       "storage", po::value<std::string>()->default_value("bf16"), "with --calibration: extract --storage (bf16, fp8)")(
       "samples-per-shard", po::value<int64_t>()->default_value(64),
       "with --calibration: extract --samples-per-shard (the chunk a tp group takes at a time: few chunks split "
@@ -256,14 +257,22 @@ TimePlan read_time_plan(const po::variables_map& vm, const Calibration& calibrat
                                                  << cal_dense << " dense and " << cal_moe
                                                  << " MoE layers), not this target (hidden " << target.hidden_size << ", "
                                                  << target.num_hidden_layers - moe << " dense and " << moe << " MoE layers)");
-  AERIE_USAGE_CHECK(c.tp == tp, "aerie plan: --calibration " << path << " measured the forward at tp " << c.tp
-                                                             << ", the plan is for tp " << tp << ": plan with --tp " << c.tp
-                                                             << ", or calibrate with --tp " << tp);
+  AERIE_USAGE_CHECK(c.tp == tp, "aerie plan: --calibration " << path << (c.tp_modeled ? " modeled" : " measured")
+                                                             << " the forward at tp " << c.tp << ", the plan is for tp "
+                                                             << tp << ": plan with --tp " << c.tp << ", or calibrate with "
+                                                             << (c.tp_modeled ? "--model-tp " : "--tp ") << tp);
+  const bool ep = vm.count("expert-parallel") > 0 && vm["expert-parallel"].as<bool>();
+  if (target.moe.n_routed_experts > 0 && tp > 1 && c.expert_parallel >= 0 && (c.expert_parallel == 1) != ep)
+    plan.layout_note = std::string("the calibration's forward ran ") + (ep ? "without" : "with") +
+                       " --expert-parallel, this plan is for a run " + (ep ? "with" : "without") +
+                       " it: its MoE layers' times are the other split's; calibrate as the jobs will run";
   Workload& w = plan.workload;
   read_dataset(vm, target, w);
   read_jobs(vm, target, c, path, w);
   AERIE_USAGE_CHECK(vm["world"].as<int>() >= 0, "aerie plan: --world " << vm["world"].as<int>() << " is negative");
-  w.world = vm["world"].as<int>() > 0 ? vm["world"].as<int>() : world;
+  // No --world: the ranks plan runs on, or, for a calibration of one rank of a modeled group (--model-tp, made on
+  // fewer GPUs than the node it models), at least that group.
+  w.world = vm["world"].as<int>() > 0 ? vm["world"].as<int>() : c.tp_modeled ? std::max(world, c.tp) : world;
   // A streamed train's trainers need not fill a tp group (train -np 3 --target-ranks 2 --tp 2): only it is planned.
   AERIE_USAGE_CHECK(w.world % tp == 0 || w.stream_target_ranks > 0,
                     "aerie plan: " << w.world << " ranks do not split into tp groups of " << tp
@@ -334,6 +343,7 @@ void print_time_plan(const TimePlan& plan) {
                 "the jobs, and calibrate, with several cores per rank: mpirun --bind-to none, Slurm --cpus-per-task)\n");
   print_extrapolation_notes(c, w, plan.max_position);
   if (!plan.packing_note.empty()) std::printf("  (%s)\n", plan.packing_note.c_str());
+  if (!plan.layout_note.empty()) std::printf("  (%s)\n", plan.layout_note.c_str());
   const int trainers = w.world - w.stream_target_ranks;
   if (offline && w.train_batch_size < w.world)
     std::printf("  (--train-batch-size %lld is below the %d ranks that train: %d of them get no sample each step and "

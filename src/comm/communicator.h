@@ -103,9 +103,10 @@ class SelfCommunicator : public Communicator {
 /// the target while the collectives are modeled, not run (aerie calibrate --model-tp, for a node this machine is
 /// not). No data moves: all_reduce_sum / all_reduce_max leave the tensor as it is, all_gather writes `in` into every
 /// rank's slice of `out`, broadcast and barrier do nothing; so the results are not the group's (timings with random
-/// weights only). Each all_reduce_sum (started or not) and all_gather adds its modeled time to seconds():
-/// latency_s + bytes on the bus / bus_bytes_per_s, with nccl-tests' bus conventions (all-reduce: 2 (n - 1) / n of
-/// the tensor's bytes; all-gather: (n - 1) / n of the output's), the way calibrate reports a measured all-reduce.
+/// weights only). Each collective but barrier adds its modeled time to seconds(): latency_s + bytes on the bus /
+/// bus_bytes_per_s, with nccl-tests' bus conventions (all-reduce, sum (started or not) or max: 2 (n - 1) / n of the
+/// tensor's bytes; all-gather: (n - 1) / n of the output's; broadcast: the tensor's bytes), the way calibrate
+/// reports a measured all-reduce.
 class ModeledCommunicator : public Communicator {
  public:
   /// Throws aerie::Error unless size >= 2, 0 <= rank < size, bus_bytes_per_s > 0 and latency_s >= 0 (finite).
@@ -113,9 +114,9 @@ class ModeledCommunicator : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   void all_reduce_sum(Tensor& t) override;
-  void all_reduce_max(Tensor&) override {}
+  void all_reduce_max(Tensor& t) override { all_reduce_sum(t); }  // the same bytes; the tensor left as it is
   void all_gather(const Tensor& in, Tensor& out) override;
-  void broadcast(Tensor&, int) override {}
+  void broadcast(Tensor& t, int) override { add(static_cast<double>(t.nbytes())); }
   void barrier() override {}
   /// The modeled seconds of every collective so far, and their count.
   double seconds() const { return seconds_; }

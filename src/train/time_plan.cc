@@ -96,6 +96,9 @@ T optional_field(const nlohmann::json& j, const char* a, const char* b, T absent
 // The fields version 1 gained later (an older aerie's file reads without them), each checked by name.
 void read_optional_fields(const nlohmann::json& j, const std::string& path, Calibration& c) {
   c.tp_overlap = optional_field(j, "forward", "tp_overlap", false, path);
+  c.expert_parallel = optional_field(j, "forward", "expert_parallel", -1, path);
+  AERIE_CHECK(c.expert_parallel >= -1 && c.expert_parallel <= 1,
+              path << ": forward.expert_parallel is " << c.expert_parallel << " (1, 0, or -1 when not recorded)");
   c.train_step_seconds = optional_field(j, "train", "step_seconds", 0.0, path);
   c.draft_vocab_size = optional_field(j, "train", "draft_vocab_size", int64_t{0}, path);
   c.train_batch = optional_field(j, "train", "batch_size", int64_t{0}, path);
@@ -271,7 +274,8 @@ nlohmann::json to_json(const Calibration& c) {
           {"world", c.world},
           {"tp", c.tp},
           {"hidden_size", c.hidden_size},
-          {"forward", {{"base", curve_json(c.base)}, {"layers", layers}, {"tp_overlap", c.tp_overlap}}},
+          {"forward", {{"base", curve_json(c.base)}, {"layers", layers}, {"tp_overlap", c.tp_overlap},
+                       {"expert_parallel", c.expert_parallel}}},
           {"train", train_json(c)},
           {"disk", {{"write_bytes_per_s", c.disk_write_bytes_per_s}, {"test_bytes", c.disk_test_bytes},
                     {"writer_per_sample", curve_json(c.writer_sample)}}},

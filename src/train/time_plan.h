@@ -51,6 +51,7 @@ struct Calibration {
   int cpu_cores = 0;   // the fewest CPU cores a rank of the calibration could run on (its affinity; 0 in an older file)
   int64_t hidden_size = 0;
   bool tp_overlap = false;            // the forward ran with --tp-overlap: two micro-batches of T/2 (false in an older file)
+  int expert_parallel = -1;           // 1 / 0: the forward ran with / without --expert-parallel; -1: not recorded
   TimeCurve base;                     // a forward's cost outside the layers (embedding, final norm, captures)
   std::vector<LayerKindTimes> layers; // each kind's seconds per layer per forward
   TimeCurve train_sample;             // the draft's training step over one sample of the given length (TTT steps)

@@ -48,9 +48,9 @@ TEST(Communicator, StartedSumsEqualBlockingOnes) {
   EXPECT_EQ(e.to_float_vector()[0], 3.0f);
 }
 
-// A modeled group (calibrate --model-tp): no data moves, and each all-reduce / all-gather adds latency + its bus bytes
+// A modeled group (calibrate --model-tp): no data moves, and each collective but barrier adds latency + its bus bytes
 // over the bandwidth, with nccl-tests' conventions: all-reduce 2 (n - 1) / n of the tensor, all-gather (n - 1) / n of
-// the output.
+// the output, broadcast the tensor.
 TEST(Communicator, ModeledGroupAddsEachCollectivesTime) {
   ModeledCommunicator m(4, 0, 1e6, 1e-3);  // 1 MB/s, 1 ms
   EXPECT_EQ(m.size(), 4);
@@ -69,6 +69,14 @@ TEST(Communicator, ModeledGroupAddsEachCollectivesTime) {
   }
   EXPECT_NEAR(m.seconds(), 2 * (1e-3 + 1.5e-3) + 1e-3 + 0.75 * 32 / 1e6, 1e-12);
   EXPECT_EQ(m.collectives(), 3);
+  const double before = m.seconds();
+  m.broadcast(t, 0);  // a decoding step's token choice: the tensor's bytes
+  EXPECT_NEAR(m.seconds() - before, 1e-3 + 1000 / 1e6, 1e-12);
+  m.all_reduce_max(t);
+  EXPECT_NEAR(m.seconds() - before, 2e-3 + 1000 / 1e6 + 1.5e-3, 1e-12);
+  EXPECT_EQ(t.to_float_vector(), std::vector<float>(250, 2.0f));
+  m.barrier();
+  EXPECT_EQ(m.collectives(), 5);
   Tensor bad = Tensor::empty({7}, DType::I32);
   EXPECT_THROW(m.all_gather(in, bad), Error);
   EXPECT_THROW(ModeledCommunicator(1, 0, 1e9, 0), Error);   // a group of one is not modeled

@@ -162,6 +162,21 @@ plan --calibration "$out/modeled.json" --world 2 --samples 100 --mean-tokens 40 
 grep -q "(the calibration ran one rank of each tp group of 2 on cpu and modeled the group's all-reduces at 40.0 GB/s" \
   "$out/modeled_plan.log" && grep -q "^  extract " "$out/modeled_plan.log" ||
   { cat "$out/modeled_plan.log"; fail "plan: the modeled tp not said"; }
+# No --world: the modeled group's 2 ranks (plan runs on 1); a plan with --expert-parallel of this calibration without it
+# says so; a plan at another tp names --model-tp.
+mpirun -np 1 "$aerie" plan --model "$src/tests/model/fixtures/hf/qwen3_moe" --gpu-memory 80GiB --calibration "$out/modeled.json" \
+  --samples 100 --mean-tokens 40 --expert-parallel > "$out/modeled_plan1.log" 2>&1 || { cat "$out/modeled_plan1.log"; fail "plan -np 1"; }
+grep -q "2 rank(s) (extract in 1 tp group(s)" "$out/modeled_plan1.log" &&
+  grep -q "(the calibration's forward ran without --expert-parallel, this plan is for a run with it" "$out/modeled_plan1.log" ||
+  { cat "$out/modeled_plan1.log"; fail "plan of a modeled calibration: world or expert-parallel note"; }
+plan --calibration "$out/modeled.json" --tp 1 --samples 100 --mean-tokens 40 > "$out/err.log" 2>&1 && fail "tp 1 of a tp-2 model accepted"
+err "modeled the forward at tp 2, the plan is for tp 1: plan with --tp 2, or calibrate with --model-tp 1" "modeled tp mismatch"
+mpirun -np 1 "$aerie" calibrate --model "$src/tests/model/fixtures/hf/qwen3_moe" --output "$out/m2.json" --model-tp 3 \
+  --model-tp-bus-gbps 40 --model-tp-latency-us 30 "${fast[@]}" > "$out/err.log" 2>&1 && fail "--model-tp 3 of 4 heads accepted"
+err "aerie calibrate --model-tp 3: tp 3 does not divide num_attention_heads" "--model-tp the heads do not divide"
+mpirun -np 1 "$aerie" calibrate --model "$src/tests/model/fixtures/hf/qwen3_moe" --output "$out/m2.json" --model-tp 2 \
+  --model-tp-bus-gbps 40e9 --model-tp-latency-us 30 "${fast[@]}" > "$out/err.log" 2>&1 && fail "40e9 GB/s accepted"
+err "aerie calibrate: --model-tp-bus-gbps 4e+10 is not a bus bandwidth in GB/s" "a unit slip"
 mpirun -np 1 "$aerie" calibrate --model "$src/tests/model/fixtures/hf/qwen3_moe" --output "$out/m2.json" --model-tp 2 \
   "${fast[@]}" > "$out/err.log" 2>&1 && fail "--model-tp without the link accepted"
 err "aerie calibrate: --model-tp needs --model-tp-bus-gbps (> 0, GB/s) and --model-tp-latency-us" "--model-tp alone"
