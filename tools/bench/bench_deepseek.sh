@@ -81,11 +81,13 @@ blocks=(); [ "${BLOCKS_ONLY:-0}" = 1 ] && blocks=(--no-forward)
 wants() { case " $CONFIGS " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 if wants kimi_k25_int4; then run_aerie kimi_k25_int4 "${blocks[@]}"; fi
 if wants deepseek_v3; then run_aerie deepseek_v3 "${blocks[@]}"; fi
-[ "${FP8:-0}" = 1 ] && run_aerie deepseek_v3_fp8 --no-forward
-[ "${TP8_RANK:-1}" = 1 ] && run_aerie kimi_k25_int4_tp8_rank "${blocks[@]}"
+if [ "${FP8:-0}" = 1 ]; then run_aerie deepseek_v3_fp8 --no-forward; fi
+if [ "${TP8_RANK:-1}" = 1 ]; then run_aerie kimi_k25_int4_tp8_rank "${blocks[@]}"; fi
 # One rank of tp 8 with the experts split by expert (48 whole experts, ~1/8 of the pairs) against the
 # line above (every expert's 1/8): the blocks only (EP8_RANK=0 leaves it out).
-[ "${EP8_RANK:-1}" = 1 ] && run_aerie kimi_k25_int4 --no-forward --rank-of 8 --expert-parallel --label kimi_k25_int4_ep8_rank
+if [ "${EP8_RANK:-1}" = 1 ]; then
+  run_aerie kimi_k25_int4 --no-forward --rank-of 8 --expert-parallel --label kimi_k25_int4_ep8_rank
+fi
 
 if [ "${SKIP_HF:-0}" != 1 ] && python3 -c "import torch, transformers" 2>/dev/null; then
   hf=$(dirname "$0")/hf_deepseek.py
