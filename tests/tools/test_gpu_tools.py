@@ -20,6 +20,7 @@ def fake_build(folder, failing=()):
         with open(path, "w") as f:
             f.write("#!/bin/sh\n")
             f.write('echo "emulate=$AERIE_CUDA_EMULATE scratch=$AERIE_TEST_SCRATCH noskip=$AERIE_NO_SKIP args=$*"\n')
+            f.write('echo "kernels=$AERIE_ATTENTION_FORWARD_KERNEL/$AERIE_ATTENTION_BACKWARD_KERNEL"\n')
             if name in failing:
                 f.write('echo "[  FAILED  ] 1 test, listed below:"\necho "[  FAILED  ] Fake.Fails"\nexit 1\n')
             else:
@@ -28,8 +29,8 @@ def fake_build(folder, failing=()):
 
 
 class GpuPaths(unittest.TestCase):
-    def run_paths(self, build, out, together, cwd=None):
-        env = dict(os.environ, TOGETHER=together, PATHS="native sm_120")
+    def run_paths(self, build, out, together, cwd=None, paths="native sm_120"):
+        env = dict(os.environ, TOGETHER=together, PATHS=paths)
         return subprocess.run(["bash", GPU_PATHS, build, out], env=env, cwd=cwd, capture_output=True, text=True,
                               timeout=60)
 
@@ -49,6 +50,20 @@ class GpuPaths(unittest.TestCase):
                     text = open(os.path.join(out, setting, "test_core.txt")).read()
                     self.assertIn(f"emulate={emulate} scratch={out}/{setting}/scratch noskip=1", text)
                     self.assertIn("args=--gtest_filter=DeviceSync.*:GpuLimitsCuda.*", text)
+
+    def test_a_kernel_setting_sets_both_attention_kernels(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            fake_build(tmp)
+            out = os.path.join(tmp, "out")
+            r = self.run_paths(tmp, out, "2", paths="native+mma sm_120+mma64")
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            text = open(os.path.join(out, "sm_120-mma64", "test_kernels.txt")).read()  # no "+" in the folder
+            self.assertIn(f"emulate=sm_120 scratch={out}/sm_120-mma64/scratch", text)
+            self.assertIn("kernels=mma64/mma64", text)
+            text = open(os.path.join(out, "native-mma", "test_kernels.txt")).read()
+            self.assertIn("emulate= ", text)
+            self.assertIn("kernels=mma/mma", text)
+            self.assertIn("sm_120+mma64 test_kernels rc=0", open(os.path.join(out, "summary.txt")).read())
 
     def test_a_failing_suite_fails_the_run_and_is_named(self):
         with tempfile.TemporaryDirectory() as tmp:

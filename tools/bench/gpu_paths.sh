@@ -17,7 +17,9 @@
 #
 # usage: tools/bench/gpu_paths.sh [BUILD_DIR] [OUT_DIR]       (BUILD_DIR default build; OUT_DIR default /tmp/gpu-paths)
 # Environment:
-#   PATHS     the settings, "native" or an AERIE_CUDA_EMULATE value (default "native sm_120")
+#   PATHS     the settings, "native" or an AERIE_CUDA_EMULATE value, each optionally "+KERNEL" for
+#             AERIE_ATTENTION_FORWARD_KERNEL and _BACKWARD_KERNEL (e.g. "sm_120+mma64", as bench_attention.sh takes
+#             them; its files go to OUT_DIR/sm_120-mma64) (default "native sm_120")
 #   SUITES    the test binaries and their gtest arguments, one per line (default: test_kernels, test_model,
 #             test_train, test_core's DeviceSync.* and GpuLimitsCuda.* (it prints the limits the kernels planned
 #             for: the setting's effect), test_data's *Cuda*)
@@ -52,21 +54,26 @@ if [ -z "${AERIE_TEST_MODEL:-}" ] && [ -f "$build/models/stories260K/config.json
 fi
 : > "$out/summary.txt"
 
+# A setting's environment (into the array `envs`: env's arguments) and its folder name under OUT_DIR.
+setting_env() {
+  local setting=${1%%+*} kernel=
+  [ "$setting" = "$1" ] || kernel=${1#*+}
+  if [ "$setting" = native ]; then envs=(-u AERIE_CUDA_EMULATE); else envs=(AERIE_CUDA_EMULATE="$setting"); fi
+  [ -z "$kernel" ] || envs+=(AERIE_ATTENTION_FORWARD_KERNEL="$kernel" AERIE_ATTENTION_BACKWARD_KERNEL="$kernel")
+}
+dir_of() { echo "${1//+/-}"; }  # "+" is not a name the device tool brings back
+
 # One suite under one setting: its output, then a summary line.
 run_suite() {
-  local setting=$1 line=$2 name s rc counts
+  local setting=$1 line=$2 name s rc counts envs dir
   read -r name _ <<< "$line"
   [ -x "$build/$name" ] || { echo "$setting $name missing ($build/$name)" >> "$out/summary.txt"; return 1; }
   s=$(date +%s)
-  if [ "$setting" = native ]; then
-    (cd "$build" && set -f && env -u AERIE_CUDA_EMULATE AERIE_TEST_SCRATCH="$out/$setting/scratch" ./$line) \
-      > "$out/$setting/$name.txt" 2>&1
-  else
-    (cd "$build" && set -f && AERIE_CUDA_EMULATE=$setting AERIE_TEST_SCRATCH="$out/$setting/scratch" ./$line) \
-      > "$out/$setting/$name.txt" 2>&1
-  fi
+  setting_env "$setting"
+  dir="$out/$(dir_of "$setting")"
+  (cd "$build" && set -f && env "${envs[@]}" AERIE_TEST_SCRATCH="$dir/scratch" ./$line) > "$dir/$name.txt" 2>&1
   rc=$?
-  counts=$(grep -aoE "^\[  PASSED  \] [0-9]+|^\[  FAILED  \] [0-9]+ test" "$out/$setting/$name.txt" |
+  counts=$(grep -aoE "^\[  PASSED  \] [0-9]+|^\[  FAILED  \] [0-9]+ test" "$dir/$name.txt" |
            grep -oE "[0-9]+" | paste -sd/ -)
   echo "$setting $name rc=$rc passed/failed=${counts:-?} $(( $(date +%s) - s )) s" >> "$out/summary.txt"
 }
@@ -75,14 +82,15 @@ status=0
 together=${TOGETHER:-1}
 if [ "$together" = 2 ]; then  # every setting's suites at once, then the benchmarks below one setting at a time
   for setting in $paths; do
-    mkdir -p "$out/$setting"
+    mkdir -p "$out/$(dir_of "$setting")"
     echo "gpu_paths: $(date +%T) $setting: the CUDA suites"
     while IFS= read -r line; do [ -n "$line" ] && run_suite "$setting" "$line" & done <<< "$suites"
   done
   wait
 fi
 for setting in $paths; do
-  mkdir -p "$out/$setting"
+  dir="$out/$(dir_of "$setting")"
+  mkdir -p "$dir"
   if [ "$together" != 2 ]; then
     echo "gpu_paths: $(date +%T) $setting: the CUDA suites"
     while IFS= read -r line; do
@@ -92,16 +100,15 @@ for setting in $paths; do
     wait
   fi
   if [ "${BENCH:-0}" = 1 ]; then
-    emu=(); [ "$setting" = native ] || emu=(AERIE_CUDA_EMULATE="$setting")
+    setting_env "$setting"
     echo "gpu_paths: $(date +%T) $setting: the benchmarks"
-    env "${emu[@]}" SKIP_HF=1 "$root/tools/bench/bench_deepseek.sh" "$build" > "$out/$setting/bench_deepseek.txt" 2>&1
-    env "${emu[@]}" SKIP_HF=1 SKIP_SPECFORGE=1 "$root/tools/bench/bench_train.sh" "$build" \
-      > "$out/$setting/bench_train.txt" 2>&1
+    env "${envs[@]}" SKIP_HF=1 "$root/tools/bench/bench_deepseek.sh" "$build" > "$dir/bench_deepseek.txt" 2>&1
+    env "${envs[@]}" SKIP_HF=1 SKIP_SPECFORGE=1 "$root/tools/bench/bench_train.sh" "$build" > "$dir/bench_train.txt" 2>&1
   fi
 done
 grep -q "rc=[1-9]\|missing" "$out/summary.txt" && status=1
 for setting in $paths; do
-  for f in "$out/$setting"/test_*.txt; do
+  for f in "$out/$(dir_of "$setting")"/test_*.txt; do
     [ -f "$f" ] && grep -a "^\[  FAILED  \] [A-Za-z]" "$f" | sed "s|^|$setting $(basename "$f" .txt): |"
   done
 done >> "$out/summary.txt"
