@@ -221,20 +221,24 @@ void measure_forward(const TargetConfig& cfg, ParallelGroups& groups, TargetDevi
   cal.generate = {opt.gen_batch, opt.gen_prompt, opt.gen_new, whole(gen), std::min(whole(gen1), whole(gen))};
 }
 
-/// measure_forward, where the tp group is modeled (--model-tp) with the model's refusal of a tp its shapes do not
-/// divide named as --model-tp's (the same error without it: --tp's was checked by the job's ranks).
+/// measure_forward; where the tp group is modeled (--model-tp), an aerie::Error of the model (a tp its shapes do not
+/// divide, above all) comes back as an aerie::Error naming --model-tp beside its own message. Only the message
+/// changes: the error stays a plain Error (main() ends every rank), as it may be this rank's alone (memory, the GPU);
+/// UsageError and CollectiveError pass unchanged.
 void measure_forward_named(const TargetConfig& cfg, ParallelGroups& groups, TargetDevice& dev,
                            const CalibrateOptions& opt, Calibration& cal) {
   try {
     measure_forward(cfg, groups, dev, opt, cal);
   } catch (const UsageError&) {
     throw;
+  } catch (const CollectiveError&) {
+    throw;
   } catch (const Error& e) {
     if (!cal.tp_modeled) throw;
-    AERIE_USAGE_CHECK(false, "aerie calibrate --model-tp " << cal.tp << ": " << e.what() << " (one rank of a tp group of "
-                                                           << cal.tp << " takes that share of every layer: a tp the "
-                                                           << "attention heads and the experts' widths divide; "
-                                                           << "--expert-parallel keeps the experts whole)");
+    AERIE_THROW("aerie calibrate --model-tp " << cal.tp << ": " << e.what() << " (one rank of a tp group of " << cal.tp
+                                              << " takes that share of every layer: where the message is of a tp the "
+                                              << "shapes do not divide, a --model-tp the attention heads and the "
+                                              << "experts' widths divide; --expert-parallel keeps the experts whole)");
   }
 }
 
@@ -604,6 +608,8 @@ void check_output_folders(const po::variables_map& vm, const std::string& output
                                         << "--work on the disk the shards will go to");
 }
 
+namespace {
+
 /// calibrate --model-tp: the tp group that the forward is planned for, played by one rank, its collectives modeled.
 struct ModeledLinks {
   int ranks = 0;               // 0: off (the tp group's collectives run and are measured)
@@ -611,6 +617,7 @@ struct ModeledLinks {
   double latency_s = 0;        // each collective's fixed cost there
 };
 
+/// Adds --model-tp, --model-tp-bus-gbps (GB/s) and --model-tp-latency-us (microseconds) to `desc`.
 void add_model_tp_options(po::options_description& desc) {
   desc.add_options()(
       "model-tp", po::value<int>()->default_value(0),
@@ -655,6 +662,8 @@ ModeledLinks modeled_links(const po::variables_map& vm, int tp_option) {
   m.latency_s = us * 1e-6;
   return m;
 }
+
+}  // namespace
 
 int calibrate(const std::vector<std::string>& args) {
   po::options_description desc = job_options("aerie calibrate: measure this node for aerie plan --calibration");

@@ -328,7 +328,7 @@ void print_time_plan(const TimePlan& plan) {
                 "%.1f GB/s bus bandwidth and %.1f us each (calibrate --model-tp): the other ranks' compute is taken to "
                 "be this one's, and their links the given ones; calibrate on the node itself to measure both)\n",
                 c.tp, c.device.c_str(), c.allreduce_bus_bytes_per_s / 1e9, c.allreduce_latency_s * 1e6);
-  else if (c.world != w.world)
+  if (c.world != w.world)
     std::printf("  (the calibration ran %d ranks at once, the plan has %d: where ranks share a node's cores, memory "
                 "bandwidth or links, calibrate with the job's own rank count)\n",
                 c.world, w.world);

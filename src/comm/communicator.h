@@ -115,6 +115,7 @@ class ModeledCommunicator : public Communicator {
   int size() const override { return size_; }
   void all_reduce_sum(Tensor& t) override;
   void all_reduce_max(Tensor& t) override { all_reduce_sum(t); }  // the same bytes; the tensor left as it is
+  /// Throws aerie::Error unless `out` has size() x in.numel() elements of in's dtype.
   void all_gather(const Tensor& in, Tensor& out) override;
   void broadcast(Tensor& t, int) override { add(static_cast<double>(t.nbytes())); }
   void barrier() override {}

@@ -91,8 +91,7 @@ TEST_P(AttentionCudaTest, ForwardMatchesCpu) {
   // elsewhere the same as "mma") and the mma.sync one.
   for (const char* kernel : {"wgmma", "mma"}) {
     SCOPED_TRACE(kernel);
-    setenv("AERIE_ATTENTION_FORWARD_KERNEL", kernel, 1);
-    aerie::reload_settings();
+    testing::ScopedEnv choice("AERIE_ATTENTION_FORWARD_KERNEL", kernel);  // the caller's own comes back after
     Tensor gout = Tensor::empty(q.shape(), c.dt, Device::CUDA);
     Tensor glse = Tensor::empty({c.tq, c.nh}, DType::F32, Device::CUDA);
     attention_forward(gq, gk, gv, c.q_offset, scale, gout, &glse, c.window);
@@ -101,8 +100,6 @@ TEST_P(AttentionCudaTest, ForwardMatchesCpu) {
     testing::expect_close(finite(glse.to_float_vector()), finite(lse.to_float_vector()), kF32Atol, kF32Rtol, "lse");
     Tensor gout2 = Tensor::empty(q.shape(), c.dt, Device::CUDA);
     attention_forward(gq, gk, gv, c.q_offset, scale, gout2, nullptr, c.window);  // no lse wanted: the same out
-    unsetenv("AERIE_ATTENTION_FORWARD_KERNEL");
-    aerie::reload_settings();
     EXPECT_EQ(gout2.to_float_vector(), gout.to_float_vector());
   }
 }
@@ -135,13 +132,10 @@ TEST_P(AttentionCudaTest, BackwardMatchesCpu) {
   // H200; elsewhere, and at other head dims, the same as "mma") and the mma.sync ones.
   for (const char* kernel : {"wgmma", "mma"}) {
     SCOPED_TRACE(kernel);
-    setenv("AERIE_ATTENTION_BACKWARD_KERNEL", kernel, 1);
-    aerie::reload_settings();
+    testing::ScopedEnv choice("AERIE_ATTENTION_BACKWARD_KERNEL", kernel);  // the caller's own comes back after
     Tensor gdq = on_gpu(random_tensor(q.shape(), 11), c.dt), gdk = on_gpu(dk0, c.grad_dt), gdv = on_gpu(dv0, c.grad_dt);
     attention_backward(on_gpu(dout, c.dt), on_gpu(q, c.dt), on_gpu(k, c.dt), on_gpu(v, c.dt), on_gpu(out, c.dt),
                        lse.to_device(Device::CUDA), c.q_offset, scale, gdq, gdk, gdv, c.window);
-    unsetenv("AERIE_ATTENTION_BACKWARD_KERNEL");
-    aerie::reload_settings();
     testing::expect_close(gdq.to_float_vector(), rounded(dq, c.dt).to_float_vector(), atol_of(c.dt, true),
                           rtol_of(c.dt, true), "dq");
     // F32 dk/dv of BF16 inputs get the bf16 tolerance: the tensor-core backward rounds P and dS to bf16 as
@@ -369,18 +363,16 @@ TEST(AttentionCudaPerf, ReportsThroughput) {
     const double flop = 2.0 * 2.0 * double(t) * double(t) / 2.0 * double(nh) * double(d);  // causal QK^T and PV
     double fwd[2], bwd[2];
     for (int i = 1; i >= 0; --i) {  // mma first: the backward below gets the default (wgmma) forward's out and lse
-      setenv("AERIE_ATTENTION_FORWARD_KERNEL", i == 0 ? "wgmma" : "mma", 1);
-      aerie::reload_settings();
-      fwd[i] = time_ms([&] { attention_forward(q, k, v, 0, scale, out, &lse); });
-      unsetenv("AERIE_ATTENTION_FORWARD_KERNEL");
-      aerie::reload_settings();
+      {
+        testing::ScopedEnv choice("AERIE_ATTENTION_FORWARD_KERNEL", i == 0 ? "wgmma" : "mma");
+        fwd[i] = time_ms([&] { attention_forward(q, k, v, 0, scale, out, &lse); });
+      }
     }
     for (int i = 0; i < 2; ++i) {
-      setenv("AERIE_ATTENTION_BACKWARD_KERNEL", i == 0 ? "wgmma" : "mma", 1);
-      aerie::reload_settings();
-      bwd[i] = time_ms([&] { attention_backward(dout, q, k, v, out, lse, 0, scale, dq, dk, dv); });
-      unsetenv("AERIE_ATTENTION_BACKWARD_KERNEL");
-      aerie::reload_settings();
+      {
+        testing::ScopedEnv choice("AERIE_ATTENTION_BACKWARD_KERNEL", i == 0 ? "wgmma" : "mma");
+        bwd[i] = time_ms([&] { attention_backward(dout, q, k, v, out, lse, 0, scale, dq, dk, dv); });
+      }
     }
     const Tensor q1 = gpu_rand({1, nh, d}, 5);
     Tensor out1 = Tensor::empty({1, nh, d}, DType::BF16, Device::CUDA);
@@ -420,11 +412,10 @@ TEST(AttentionCudaPerf, ReportsHeadDims) {
                      Tensor::empty({t, c.nh}, DType::F32, Device::CUDA)};
     double ms[2];
     for (int i = 0; i < 2; ++i) {
-      setenv("AERIE_ATTENTION_FORWARD_KERNEL", i == 0 ? "wgmma" : "mma", 1);
-      aerie::reload_settings();
-      ms[i] = time_ms([&] { attention_forward(q, k, v, 0, scale, out[i], &lse[i]); });
-      unsetenv("AERIE_ATTENTION_FORWARD_KERNEL");
-      aerie::reload_settings();
+      {
+        testing::ScopedEnv choice("AERIE_ATTENTION_FORWARD_KERNEL", i == 0 ? "wgmma" : "mma");
+        ms[i] = time_ms([&] { attention_forward(q, k, v, 0, scale, out[i], &lse[i]); });
+      }
     }
     const double flop = 2.0 * double(t) * double(t) / 2.0 * double(c.nh) * double(c.d + c.dv);
     std::printf("[ perf ] attention forward T=%lld nh=%lld nkv=%lld d=%lld dv=%lld bf16: wgmma %.3f ms (%.1f "
@@ -441,11 +432,10 @@ TEST(AttentionCudaPerf, ReportsHeadDims) {
       dq[i] = Tensor::empty({t, c.nh, c.d}, DType::BF16, Device::CUDA);
       dk[i] = Tensor::zeros({t, c.nkv, c.d}, DType::F32, Device::CUDA);
       dv[i] = Tensor::zeros({t, c.nkv, c.d}, DType::F32, Device::CUDA);
-      setenv("AERIE_ATTENTION_BACKWARD_KERNEL", i == 0 ? "wgmma" : "mma", 1);
-      aerie::reload_settings();
-      ms[i] = time_ms([&] { attention_backward(dout, q, k, v, out[0], lse[0], 0, scale, dq[i], dk[i], dv[i]); });
-      unsetenv("AERIE_ATTENTION_BACKWARD_KERNEL");
-      aerie::reload_settings();
+      {
+        testing::ScopedEnv choice("AERIE_ATTENTION_BACKWARD_KERNEL", i == 0 ? "wgmma" : "mma");
+        ms[i] = time_ms([&] { attention_backward(dout, q, k, v, out[0], lse[0], 0, scale, dq[i], dk[i], dv[i]); });
+      }
     }
     std::printf("[ perf ] attention backward T=%lld nh=%lld nkv=%lld d=%lld bf16: wgmma %.3f ms (%.1f TFLOP/s), "
                 "mma %.3f ms (%.1f TFLOP/s)\n",
@@ -490,13 +480,11 @@ TEST(AttentionCudaValueHead, MlaShapesMatchCpu) {
       const bool as120 = std::string(kernel) == "sm_120";
       std::optional<testing::ScopedEnv> emulate;
       if (as120) emulate.emplace("AERIE_CUDA_EMULATE", "sm_120");
-      if (*kernel && !as120) setenv("AERIE_ATTENTION_FORWARD_KERNEL", kernel, 1);
-      aerie::reload_settings();
+      std::optional<testing::ScopedEnv> choice;  // "" and sm_120: the automatic choice, whatever the caller set
+      choice.emplace("AERIE_ATTENTION_FORWARD_KERNEL", *kernel && !as120 ? kernel : nullptr);
       Tensor gout = Tensor::empty({c.tq, c.nh, dv}, c.dt, Device::CUDA);
       Tensor glse = Tensor::empty({c.tq, c.nh}, DType::F32, Device::CUDA);
       attention_forward(on_gpu(q, c.dt), on_gpu(k, c.dt), on_gpu(v, c.dt), c.off, scale, gout, &glse);
-      unsetenv("AERIE_ATTENTION_FORWARD_KERNEL");
-      aerie::reload_settings();
       testing::expect_close(gout.to_float_vector(), rounded(out, c.dt).to_float_vector(), atol_of(c.dt, false),
                             rtol_of(c.dt, false), "out");
       testing::expect_close(finite(glse.to_float_vector()), finite(lse.to_float_vector()), kF32Atol, kF32Rtol, "lse");

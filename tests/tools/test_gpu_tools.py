@@ -30,7 +30,8 @@ def fake_build(folder, failing=()):
 
 class GpuPaths(unittest.TestCase):
     def run_paths(self, build, out, together, cwd=None, paths="native sm_120"):
-        env = dict(os.environ, TOGETHER=together, PATHS=paths)
+        # a kernel choice in the caller's environment reaches no setting that does not name one
+        env = dict(os.environ, TOGETHER=together, PATHS=paths, AERIE_ATTENTION_FORWARD_KERNEL="inherited")
         return subprocess.run(["bash", GPU_PATHS, build, out], env=env, cwd=cwd, capture_output=True, text=True,
                               timeout=60)
 
@@ -50,6 +51,7 @@ class GpuPaths(unittest.TestCase):
                     text = open(os.path.join(out, setting, "test_core.txt")).read()
                     self.assertIn(f"emulate={emulate} scratch={out}/{setting}/scratch noskip=1", text)
                     self.assertIn("args=--gtest_filter=DeviceSync.*:GpuLimitsCuda.*", text)
+                    self.assertIn("kernels=/", text)
 
     def test_a_kernel_setting_sets_both_attention_kernels(self):
         with tempfile.TemporaryDirectory() as tmp:

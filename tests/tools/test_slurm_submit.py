@@ -24,23 +24,33 @@ class Refusals(unittest.TestCase):
         self.tmp.cleanup()
 
     def submit(self, *kv):
-        env = dict(os.environ, PATH="/usr/bin:/bin")  # no sbatch: a check that passed would fail at sbatch
+        # A fake sbatch first on PATH (exit 99): nothing reaches a real Slurm, and a run that passed every check shows.
+        bindir = os.path.join(self.tmp.name, "bin")
+        os.makedirs(bindir, exist_ok=True)
+        with open(os.path.join(bindir, "sbatch"), "w") as f:
+            f.write("#!/bin/sh\necho fake sbatch >&2\nexit 99\n")
+        os.chmod(os.path.join(bindir, "sbatch"), 0o755)
+        env = dict(os.environ, PATH=bindir + ":/usr/bin:/bin")
         return subprocess.run(["bash", SUBMIT, self.cfg, *kv], capture_output=True, text=True, env=env)
 
     def test_bad_counts_are_named(self):
-        for kv, msg in [("cpus-per-task=0", "cpus-per-task=0 is not a whole number >= 1"),
-                        ("cpus-per-task=four", "cpus-per-task=four is not a whole number >= 1"),
-                        ("gpus-per-node=-1", "gpus-per-node=-1 is not a whole number >= 0"),
-                        ("tp=0", "tp=0 is not a whole number >= 1"),
-                        ("nodes=1.5", "nodes=1.5 is not a whole number >= 1"),
+        for kv, msg in [("cpus-per-task=0", "cpus-per-task=0 is not a whole number from 1 to 999999"),
+                        ("cpus-per-task=four", "cpus-per-task=four is not a whole number from 1"),
+                        ("gpus-per-node=-1", "gpus-per-node=-1 is not a whole number from 0"),
+                        ("gpus-per-node=", "gpus-per-node= is not a whole number from 0"),  # replaces the default
+                        ("tp=0", "tp=0 is not a whole number from 1"),
+                        ("tp=", "tp= is not a whole number from 1"),
+                        ("nodes=1.5", "nodes=1.5 is not a whole number from 1"),
+                        ("nodes=99999999999999999999", "nodes=99999999999999999999 is not a whole number from 1"),
                         ("tasks-per-node=", None),  # empty: the default, not an error here
-                        ("signal-secs=5m", "signal-secs=5m is not a whole number >= 0"),
-                        ("target-ranks=0", "target-ranks=0 is not a whole number >= 1"),
+                        ("signal-secs=5m", "signal-secs=5m is not a whole number from 0"),
+                        ("target-ranks=0", "target-ranks=0 is not a whole number from 1"),
                         ("stream=yes", "stream=yes is not 0 or 1")]:
             r = self.submit(kv)
             self.assertNotEqual(r.returncode, 0, kv)
             if msg is None:
                 self.assertNotIn("is not a whole number", r.stderr, kv)
+                self.assertIn("fake sbatch", r.stderr, kv)  # every check passed: submitted (to the fake)
             else:
                 self.assertIn("slurm/submit: " + msg, r.stderr, kv)
                 self.assertEqual(r.returncode, 2, kv)

@@ -143,8 +143,21 @@ TEST(TimePlan, ModeledTpCalibrationRoundTrips) {
   EXPECT_TRUE(d.tp_modeled);
   EXPECT_EQ(d.tp, 8);
   EXPECT_DOUBLE_EQ(d.allreduce_latency_s, 30e-6);
-  EXPECT_FALSE(calibration_from_json(to_json(example()), "cal.json").tp_modeled);  // measured, as an older file
+  nlohmann::json old = to_json(example());  // an older aerie's file: none of the fields below
+  old["allreduce"].erase("modeled");
+  old["allreduce"].erase("latency_s");
+  old["forward"].erase("expert_parallel");
+  const Calibration o = calibration_from_json(old, "old.json");
+  EXPECT_FALSE(o.tp_modeled);
+  EXPECT_EQ(o.allreduce_latency_s, 0.0);
+  EXPECT_EQ(o.expert_parallel, -1);  // not recorded
+  c.expert_parallel = 1;
+  EXPECT_EQ(calibration_from_json(to_json(c), "cal.json").expert_parallel, 1);
   nlohmann::json j = to_json(c);
+  j["forward"]["expert_parallel"] = 2;
+  EXPECT_NE(testing::error_of([&] { calibration_from_json(j, "x/cal.json"); }).find("forward.expert_parallel is 2"),
+            std::string::npos);
+  j = to_json(c);
   j["allreduce"]["bus_bytes_per_s"] = 0.0;
   EXPECT_NE(testing::error_of([&] { calibration_from_json(j, "x/cal.json"); })
                 .find("x/cal.json: allreduce.modeled at tp 8 and bus bandwidth 0 B/s"),

@@ -58,8 +58,11 @@ fi
 setting_env() {
   local setting=${1%%+*} kernel=
   [ "$setting" = "$1" ] || kernel=${1#*+}
-  if [ "$setting" = native ]; then envs=(-u AERIE_CUDA_EMULATE); else envs=(AERIE_CUDA_EMULATE="$setting"); fi
-  [ -z "$kernel" ] || envs+=(AERIE_ATTENTION_FORWARD_KERNEL="$kernel" AERIE_ATTENTION_BACKWARD_KERNEL="$kernel")
+  local unset=() sets=()  # env takes its -u options before the assignments
+  if [ "$setting" = native ]; then unset+=(-u AERIE_CUDA_EMULATE); else sets+=(AERIE_CUDA_EMULATE="$setting"); fi
+  if [ -n "$kernel" ]; then sets+=(AERIE_ATTENTION_FORWARD_KERNEL="$kernel" AERIE_ATTENTION_BACKWARD_KERNEL="$kernel")
+  else unset+=(-u AERIE_ATTENTION_FORWARD_KERNEL -u AERIE_ATTENTION_BACKWARD_KERNEL); fi  # none inherited
+  envs=("${unset[@]}" "${sets[@]}")
 }
 dir_of() { echo "${1//+/-}"; }  # "+" is not a name the device tool brings back
 
