@@ -1,10 +1,13 @@
 // aerie: trains EAGLE-3 draft models. One MPI program with a subcommand per batch job.
 #include <mpi.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <functional>
 #include <iostream>
 #include <map>
+#include <thread>
 
 #include "core/device.h"
 #include "core/error.h"
@@ -103,11 +106,15 @@ int main(int argc, char** argv) {
     MPI_Finalize();
     return 1;
   } catch (const std::exception& e) {
-    // Log, then abort the whole job so that no peer waits forever in a collective.
-    AERIE_LOG(error) << "aerie " << args[0] << " failed: " << e.what();
-    std::cerr.flush();
+    // Log, then abort the whole job so that no peer waits forever in a collective. Ranks after 0 wait 0.2 s
+    // a rank first (at most 2 s): where several ranks fail alike (the trainers of a streamed run reading one
+    // checkpoint), the first one's abort ends the others before they print the same message again, and
+    // Open MPI is not handed several aborts at once (its "ORTE_ERROR_LOG: Data unpack" lines then).
     int size = 1;
     MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (rank > 0) std::this_thread::sleep_for(std::chrono::milliseconds(200 * std::min(rank, 10)));
+    AERIE_LOG(error) << "aerie " << args[0] << " failed: " << e.what();
+    std::cerr.flush();
     if (size == 1) {  // no peer to release: a normal exit (MPI_Abort of a lone process adds Open MPI noise)
       MPI_Finalize();
       return 1;

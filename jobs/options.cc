@@ -59,7 +59,8 @@ void check_config_lines(const std::string& path) {
       throw UsageError(where + t + ": sections are not used; write the job's options as 'key = value' lines "
                        "without a section header");
     const size_t eq = t.find('=');
-    if (eq == std::string::npos) continue;  // Boost reports it
+    if (eq == std::string::npos)
+      throw UsageError(where + "'" + t + "' is not a 'key = value' line (a switch is written 'key = true')");
     const std::string key = trim(t.substr(0, eq)), value = trim(t.substr(eq + 1));
     if (!key.empty() && key[0] == '-')
       throw UsageError(where + "write the key without dashes: '" + key.substr(key.find_first_not_of('-')) +
@@ -151,8 +152,13 @@ bool parse_options(const std::string& job, const std::vector<std::string>& args,
     po::store(parsed, vm);
     if (vm.count("config")) {
       std::string path = vm["config"].as<std::string>();
-      std::istringstream in(config_text(path));
-      check_config_lines(path);
+      std::istringstream in;
+      try {
+        in.str(config_text(path));
+        check_config_lines(path);
+      } catch (const UsageError& e) {
+        throw UsageError("aerie " + job + ": " + e.what());
+      }
       try {
         // allow_unregistered = false: a typo in a config file is an error, not a silent default.
         po::store(po::parse_config_file(in, all, false), vm);

@@ -290,7 +290,9 @@ TimePlan read_time_plan(const po::variables_map& vm, const Calibration& calibrat
   w.fp8_storage = plan.storage == "fp8";
   AERIE_USAGE_CHECK(w.stream_target_ranks % tp == 0 && w.stream_target_ranks < w.world,
                     "aerie plan: --stream-target-ranks " << w.stream_target_ranks << " must be a multiple of tp " << tp
-                                                         << " and leave trainer ranks among the " << w.world << " (--world)");
+                                                         << " and leave trainer ranks among the " << w.world
+                                                         << " (--world; e.g. --world " << w.stream_target_ranks + tp
+                                                         << " for one trainer group beside the target's ranks)");
   plan.jobs = as_usage("--calibration", [&] { return plan_time(c, w); });
   plan.max_position = target.max_position_embeddings;
   // A --tp-overlap calibration timed every forward split in two; the jobs split only forwards of several samples.

@@ -141,7 +141,13 @@ std::string find_chat_template(const std::string& name) {
                              "configs" / "templates").string());
   dirs.push_back("configs/templates");
   std::ostringstream tried;
+  std::vector<std::string> seen;  // the build's and the executable's folders are often one (listed once)
   for (const std::string& d : dirs) {
+    std::error_code cec;
+    std::string canon = fs::weakly_canonical(fs::absolute(d, cec), cec).string();
+    if (cec || canon.empty()) canon = d;
+    if (std::find(seen.begin(), seen.end(), canon) != seen.end()) continue;
+    seen.push_back(canon);
     const fs::path p = fs::path(d) / (name + ".ini");
     if (fs::is_regular_file(p, ec)) return p.string();
     tried << " " << d;

@@ -32,12 +32,14 @@ aerie_cli_config_test(cli_config_unknown_key_line unknown_key.ini "steps = 2\n\n
   "config file .*/unknown_key.ini:3: unrecognised option 'stepz' \\(did you mean steps\\?\\)")
 add_test(NAME cli_missing_config COMMAND $<TARGET_FILE:aerie> vocab --config /nonexistent/vocab.ini)
 set_tests_properties(cli_missing_config PROPERTIES ENVIRONMENT "${_aerie_cli_env}"
-  PASS_REGULAR_EXPRESSION "cannot open config file /nonexistent/vocab.ini" FAIL_REGULAR_EXPRESSION "MPI_ABORT")
+  PASS_REGULAR_EXPRESSION "aerie vocab: cannot open config file /nonexistent/vocab.ini" FAIL_REGULAR_EXPRESSION "MPI_ABORT")
 # An INI value in quotes (Boost keeps the quotes: a folder named '"runs' would be written) and a key written
 # as an option are refused naming the line.
 aerie_cli_config_test(cli_config_quoted_value quoted.ini "steps = 2\noutput = \"runs/x\"\n"
   "quoted.ini:2: the value of output is in quotes, which an INI value keeps as part of it; write 'output = runs/x'")
 aerie_cli_config_test(cli_config_dashed_key dashes.ini "--steps = 2\n" "dashes.ini:1: write the key without dashes: 'steps = 2'")
+aerie_cli_config_test(cli_config_no_equals noequals.ini "seed = 1\nsteps 400\n"
+  "aerie [a-z]+: config file [^ ]*noequals.ini:2: 'steps 400' is not a 'key = value' line")
 add_test(NAME cli_unknown_subcommand COMMAND $<TARGET_FILE:aerie> trian)
 set_tests_properties(cli_unknown_subcommand PROPERTIES ENVIRONMENT "${_aerie_cli_env}"
   PASS_REGULAR_EXPRESSION "unknown subcommand .trian. \\(did you mean train\\?\\).*extract")
@@ -73,6 +75,10 @@ add_test(NAME cli_generate_missing_input
                  --output /nonexistent/o.jsonl)
 set_tests_properties(cli_generate_missing_input PROPERTIES ENVIRONMENT "${_aerie_cli_env}"
   PASS_REGULAR_EXPRESSION "generate: --input /nonexistent/c.jsonl: no such file")
+add_test(NAME cli_prepare_missing_input
+         COMMAND $<TARGET_FILE:aerie> prepare --input /nonexistent/s.txt --tokenizer /nonexistent/t --output /nonexistent/p.h5)
+set_tests_properties(cli_prepare_missing_input PROPERTIES ENVIRONMENT "${_aerie_cli_env}"
+  PASS_REGULAR_EXPRESSION "prepare: --input /nonexistent/s.txt: no such file")
 # A missing model folder is named with the option that gave it (jobs.h load_model_option; train, extract,
 # vocab, export and eval do the same).
 add_test(NAME cli_generate_missing_model COMMAND $<TARGET_FILE:aerie> generate --model /nonexistent/m --prompt hi)
