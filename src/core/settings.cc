@@ -57,7 +57,7 @@ Settings parse_settings(const char* (*get)(const char*)) {
   s.attention_forward_kernel = one_of(get, "AERIE_ATTENTION_FORWARD_KERNEL", {"wgmma", "mma", "mma64"});
   s.attention_backward_kernel = one_of(get, "AERIE_ATTENTION_BACKWARD_KERNEL", {"wgmma", "mma", "mma64"});
   s.grouped_gemm_bm = one_of(get, "AERIE_GROUPED_GEMM_BM", {"mixed", "64", "128"}, "mixed");
-  s.grouped_gemm_kernel = one_of(get, "AERIE_GROUPED_GEMM_KERNEL", {"auto", "ws", "wgmma", "mma", "rs"}, "auto");
+  s.grouped_gemm_kernel = one_of(get, "AERIE_GROUPED_GEMM_KERNEL", {"auto", "ws", "wgmma", "mma", "rs", "rsm"}, "auto");
   s.grouped_gemm_rs_small = one_of(get, "AERIE_GROUPED_GEMM_RS_SMALL", {"0", "1", "2"}, "2")[0] - '0';
   s.grouped_gemm_tail_wgmma = one_of(get, "AERIE_GROUPED_GEMM_TAIL", {}) == "wgmma";
   s.grouped_gemm_four_stages = one_of(get, "AERIE_GROUPED_GEMM_STAGES", {}) == "4";

@@ -25,7 +25,7 @@ struct Settings {
   std::string attention_forward_kernel, attention_backward_kernel;
   /// AERIE_GROUPED_GEMM_BM: the grouped GEMM's row tiles, "mixed" (default), "64" or "128".
   std::string grouped_gemm_bm = "mixed";
-  /// AERIE_GROUPED_GEMM_KERNEL: "auto" (default), "ws", "wgmma", "mma" or "rs" (kernels/cuda/grouped_gemm.cu).
+  /// AERIE_GROUPED_GEMM_KERNEL: "auto" (default), "ws", "wgmma", "mma", "rs" or "rsm" (kernels/cuda/grouped_gemm.cu).
   std::string grouped_gemm_kernel = "auto";
   /// AERIE_GROUPED_GEMM_RS_SMALL: the register-sourced kernel's tiles of up to 128 rows, 2 CTAs per SM (2, default),
   /// 1, or the 256-row kernel (0).

@@ -250,7 +250,7 @@ TEST(MatmulGroupedCuda, MatchesCpu) {
   }
 }
 
-// matmul_grouped_quant's fused kernels: a variant (AERIE_GROUPED_GEMM_KERNEL: auto, ws, wgmma, mma.sync or rs) and
+// matmul_grouped_quant's fused kernels: a variant (AERIE_GROUPED_GEMM_KERNEL: auto, ws, wgmma, mma.sync, rs or rsm) and
 // a tile height (AERIE_GROUPED_GEMM_BM) for one scope.
 class ScopedKernel {
  public:
@@ -270,9 +270,11 @@ class ScopedKernel {
 // ws (warp-specialized, 256-column tiles) takes groups whose parts are multiples of 256 rows; other
 // shapes fall back to wgmma. auto (the default): ws for BF16 weights, rs for FP8 and INT4.
 // rs (register-sourced, quantized formats; BF16 falls back to wgmma): token tiles of up to 256, 128, 64 rows.
+// rsm (register-sourced mma.sync, quantized formats; BF16 falls back to wgmma): token tiles of up to 128, 64 rows.
 constexpr std::pair<const char*, const char*> kKernels[] = {
     {"auto", "mixed"}, {"ws", "128"}, {"ws", "64"},  {"ws", "mixed"}, {"wgmma", "128"}, {"wgmma", "64"},
-    {"mma", "128"},    {"mma", "64"}, {"rs", "mixed"}, {"rs", "128"},  {"rs", "64"}};
+    {"mma", "128"},    {"mma", "64"}, {"rs", "mixed"}, {"rs", "128"},  {"rs", "64"},
+    {"rsm", "mixed"},  {"rsm", "64"}};
 
 // The fused kernel's dequantization, bit for bit: a = the K x K identity (one group, K = 192 rows: one
 // full and one partial tile of 128, three of 64) makes c = W^T exactly (each c element is one product

@@ -61,7 +61,9 @@ namespace aerie::cuda {
 /// forces one, for benchmarks), by 128 columns of c with wgmma, all warps loading and multiplying
 /// (sm_90a; the default), or mma.sync (AERIE_GROUPED_GEMM_KERNEL=mma; also off compute capability 9.0 or
 /// without sm_90a code), or by 256 columns in a warp-specialized wgmma kernel (where N and every part's
-/// rows are multiples of 256: the default for BF16 weights, =ws for every format, =wgmma never); the tile list and the groups' part
+/// rows are multiples of 256: the default for BF16 weights, =ws for every format, =wgmma never); FP8 and INT4
+/// weights: dequantized into registers as the tensor cores' A operand, the tokens as B, with wgmma (=rs, the
+/// default on sm_90a) or mma.sync (=rsm; not yet run on a GPU); the tile list and the groups' part
 /// pointers go to the device with one small copy. Throws aerie::Error on a launch failure or more
 /// than 65535 row tiles.
 void matmul_grouped_quant(const Tensor& a, int format, const std::vector<GroupedWeight>& w,

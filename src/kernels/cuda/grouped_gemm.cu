@@ -972,6 +972,158 @@ void launch_rs(const __nv_bfloat16* a, const int32_t* a_rows, int row_div, __nv_
   AERIE_CUDA_LAUNCHED("grouped_gemm_rs_kernel");
 }
 
+// ---- Variant 5: register-sourced mma.sync (any sm_80 or later; the default for the quantized formats off
+// sm_90a, AERIE_GROUPED_GEMM_KERNEL=rsm). Variant 4's operands and data path without wgmma: c^T = W a^T,
+// the weight dequantized from its stored bytes in shared memory straight into mma.sync m16n8k16's A
+// fragments (rs_fragments: the register layout of wgmma's A is mma.sync's, one m16 per warp), so no
+// bf16 copy of W goes through shared memory (variant 1 writes one and reads it back, and its two
+// dequantized tiles leave one CTA of ~93 KiB per SM of 100 KiB on an sm_120); a's token rows are the B
+// operand, read with ldmatrix from the swizzled stages (one x4 gives one n8 tile for two k16 steps).
+// 256 threads: warp w computes W rows 32 (w % 4) .. + 31 (two m16 tiles) of the CTA's 128 columns of c by
+// token rows (w / 4) BT / 2 .. + BT / 2 - 1 (BT / 16 n8 tiles); the two warps of a row block dequantize
+// the same W rows, and each a fragment serves both m16 tiles. Token tiles as variant 4 builds them (a
+// multiple of 16, at most BTMAX: 128 by default, 64 with AERIE_GROUPED_GEMM_BM=64); S stages of a's k
+// tiles and variant 4's two W blocks; the same dequantized values and, per k16 step, the same fp32
+// products, so c equals variant 4's up to the fp32 order of the k16 steps' sums. ----
+
+/// One tile of variant 5 (the arguments as rs_tile's; rows <= BT).
+template <int F, int BT, int S>
+__device__ __forceinline__ void rsm_tile(const __nv_bfloat16* a, const int32_t* a_rows, int row_div, __nv_bfloat16* c,
+                                         const void* wp, const void* sp, int nl, int n0, int rows, int row0, int K,
+                                         int N) {
+  constexpr int KPB = rs_kpb<F>();
+  // W block b goes into slot b % 2 at iteration KPB b - (S - 1), after its barrier and before that
+  // iteration's fragments: block b - 2's last reader, k tile KPB b - KPB - 1, must be an earlier iteration.
+  static_assert(F != kDense && S >= 3 && S <= KPB + 1 && BT % 16 == 0 && BT <= 128,
+                "variant 5's formats, stages and tiles");
+  extern __shared__ __align__(1024) uint8_t smem[];
+  using L = RsLayout<F, BT, S>;
+  constexpr int NT = BT / 16;                                // n8 token tiles per warp
+  constexpr int kRows = (BT * 8 + kThreads - 1) / kThreads;  // rows of a this thread copies: (tid / 8) + 32 j
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, ch = tid & 7;
+  const int wr = (warp & 3) * 32 + (lane >> 2), tok0 = (warp >> 2) * (BT / 2);
+  int32_t src[kRows];  // a's row of each copied tile row; -1: past the group (zeros)
+#pragma unroll
+  for (int j = 0; j < kRows; ++j) {
+    const int row = (tid >> 3) + 32 * j;
+    src[j] = row < rows ? (a_rows ? a_rows[row0 + row] / row_div : row0 + row) : -1;
+  }
+  uint8_t* mem = nullptr;
+  const uint32_t base = aligned_base(smem, mem);
+  const int KT = K / kBK, scols = (K + 127) / 128;
+  auto load = [&](int s, int kt) {  // a's k tile kt into stage s, and W's block when it starts one
+    const int k0 = kt * kBK;
+    const uint32_t sa = base + L::a(s);
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      const int row = (tid >> 3) + 32 * j;
+      if (row < BT)
+        cp_async16(sa + swz(row, ch), a + static_cast<int64_t>(src[j] < 0 ? 0 : src[j]) * K + k0 + ch * 8, src[j] >= 0);
+    }
+    if (kt % KPB == 0) rs_load_w<F>(base + L::w((kt / KPB) & 1), wp, sp, nl, kt / KPB, K, tid);
+  };
+
+  float acc[2][NT][4];
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mi][nt][e] = 0.0f;
+
+#pragma unroll
+  for (int s = 0; s < S - 1; ++s) {
+    if (s < KT) load(s, s);
+    cp_async_commit();
+  }
+  for (int kt = 0; kt < KT; ++kt) {
+    cp_async_wait<S - 2>();
+    __syncthreads();  // tile kt (and its W block) landed for every thread; stage kt - 1 is free
+    {
+      const int nk = kt + S - 1;
+      if (nk < KT) load(nk % S, nk);
+      cp_async_commit();
+    }
+    float scale = 0.0f;  // FP8: one scale_inv per 128 x 128 block (nl % 128 == 0)
+    if constexpr (F == kFp8)
+      scale = __ldg(static_cast<const float*>(sp) + static_cast<int64_t>(nl / 128) * scols + (kt * kBK) / 128);
+    const uint8_t* blk = mem + L::w((kt / KPB) & 1);
+    uint32_t fa[2][4][4];
+    rs_fragments<F>(blk, kt % KPB, scale, wr, lane, fa[0]);
+    rs_fragments<F>(blk, kt % KPB, scale, wr + 16, lane, fa[1]);
+    const uint32_t sa = base + L::a(kt % S);
+#pragma unroll
+    for (int k2 = 0; k2 < 2; ++k2)  // k16 steps 2 k2 and 2 k2 + 1: chunks 4 k2 .. 4 k2 + 3 of a's rows
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        uint32_t b0, b1, b2, b3;
+        ldsm_x4(sa + swz(tok0 + nt * 8 + (lane & 7), 4 * k2 + (lane >> 3)), b0, b1, b2, b3);
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) {
+          mma16816(acc[mi][nt], fa[mi][2 * k2], b0, b1);
+          mma16816(acc[mi][nt], fa[mi][2 * k2 + 1], b2, b3);
+        }
+      }
+  }
+  cp_async_wait<0>();
+  // acc[mi][nt][2 h], [2 h + 1]: W row (= column of c) wr + 16 mi + 8 h, token rows tok0 + 8 nt + 2 (lane % 4)
+  // and + 1. Lanes 4 apart hold neighbouring columns: stored in pairs as variant 4 stores them.
+  const bool odd = (lane >> 2) & 1;
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float v0 = acc[mi][nt][2 * h], v1 = acc[mi][nt][2 * h + 1];
+        const float got = __shfl_xor_sync(0xffffffffu, odd ? v0 : v1, 4);
+        const int tok = tok0 + 8 * nt + 2 * (lane & 3) + (odd ? 1 : 0), col = wr + 16 * mi + 8 * h - (odd ? 1 : 0);
+        if (tok < rows)
+          *reinterpret_cast<uint32_t*>(c + static_cast<int64_t>(row0 + tok) * N + n0 + col) =
+              odd ? pack_bf16(got, v1) : pack_bf16(v0, got);
+      }
+}
+
+/// rsm_tile for the tile's BT = 16 n16, n16 in [N16, BTMAX / 16].
+template <int F, int BTMAX, int S, int N16 = 1>
+__device__ __forceinline__ void rsm_dispatch(int n16, const __nv_bfloat16* a, const int32_t* a_rows, int row_div,
+                                             __nv_bfloat16* c, const void* wp, const void* sp, int nl, int n0,
+                                             int rows, int row0, int K, int N) {
+  if constexpr (16 * N16 <= BTMAX) {
+    if (n16 == N16)
+      rsm_tile<F, 16 * N16, S>(a, a_rows, row_div, c, wp, sp, nl, n0, rows, row0, K, N);
+    else
+      rsm_dispatch<F, BTMAX, S, N16 + 1>(n16, a, a_rows, row_div, c, wp, sp, nl, n0, rows, row0, K, N);
+  }
+}
+
+template <int F, int BTMAX, int S>
+__global__ void __launch_bounds__(kThreads, 1)
+    grouped_gemm_rsm_kernel(const __nv_bfloat16* __restrict__ a, const int32_t* __restrict__ a_rows, int row_div,
+                            __nv_bfloat16* __restrict__ c, const GroupDesc* __restrict__ groups,
+                            const TileDesc* __restrict__ tiles, int K, int N) {
+  const TileDesc td = tiles[blockIdx.y];
+  const GroupDesc& g = groups[td.group];
+  const int n0 = blockIdx.x * kBN;
+  int pstart = 0;
+  const int part = part_of(g, n0, pstart);
+  rsm_dispatch<F, BTMAX, S>(td.bt >> 4, a, a_rows, row_div, c, g.w[part], g.s[part], n0 - pstart, n0,
+                            min(td.bt, g.rows - td.m0), g.row0 + td.m0, K, N);
+}
+
+/// Variant 5 over `tiles_n` tiles of up to BTMAX token rows: BTMAX 128 with 3 stages (INT4: 85 KiB of shared
+/// memory, within sm_120's 99 KiB a block), 64 with 4 (INT4: 69 KiB; FP8, whose W blocks span 2 k tiles: 3).
+template <int F, int BTMAX>
+void launch_rsm(const __nv_bfloat16* a, const int32_t* a_rows, int row_div, __nv_bfloat16* c, const GroupDesc* groups,
+                const TileDesc* tiles, int tiles_n, int K, int N) {
+  constexpr int S = BTMAX > 64 ? 3 : rs_kpb<F>() + 1 < 4 ? rs_kpb<F>() + 1 : 4;
+  constexpr int bytes = RsLayout<F, BTMAX, S>::bytes + 1024;  // + the alignment to 1024 bytes
+  auto* kernel = grouped_gemm_rsm_kernel<F, BTMAX, S>;
+  allow_smem(reinterpret_cast<const void*>(kernel), bytes);
+  kernel<<<dim3(N / kBN, tiles_n), kThreads, bytes, stream()>>>(a, a_rows, row_div, c, groups, tiles, K, N);
+  AERIE_CUDA_LAUNCHED("grouped_gemm_rsm_kernel");
+}
+
 template <int F, int BM, bool WG, int STAGES>
 void launch(const __nv_bfloat16* a, const int32_t* a_rows, int row_div, __nv_bfloat16* c, const GroupDesc* groups,
             const TileDesc* tiles, int tiles_n, int K, int N) {
@@ -1019,6 +1171,11 @@ void matmul_grouped_quant(const Tensor& a, int format, const std::vector<Grouped
   // Its tiles of up to 128 rows: a kernel for those with two CTAs per SM (AERIE_GROUPED_GEMM_RS_SMALL=2,
   // the default; 128 registers, a few spilled), one CTA (1), or the 256-row kernel (0).
   const bool rs = wg && (kname == "rs" || kname == "auto") && format != kDense;
+  // Variant 5 (register-sourced mma.sync) for quantized weights with AERIE_GROUPED_GEMM_KERNEL=rsm, on any
+  // GPU: variant 4's token tiles of up to 128 rows (64 with AERIE_GROUPED_GEMM_BM=64), one launch. Meant as
+  // the default where wgmma is not (an sm_120, an sm_100 until tcgen05 kernels exist, sm_80/89,
+  // AERIE_CUDA_EMULATE) once it has run on a GPU; until then those take variant 1.
+  const bool rsm = !rs && format != kDense && kname == "rsm";
   const int rs_small = env.grouped_gemm_rs_small;
   // The warp-specialized kernel (variant 3, 256-column tiles) where c's columns and every part's rows
   // are multiples of 256: by default ("auto") for BF16 weights only, where it measured 1.12-1.19x
@@ -1033,7 +1190,8 @@ void matmul_grouped_quant(const Tensor& a, int format, const std::vector<Grouped
   const bool four = env.grouped_gemm_four_stages;
   // 128-row tiles need more shared memory than 64-row ones (the mma.sync FP8 kernel: 105 KiB, above the
   // 99 KiB per block of sm_86/89/120): where the GPU has less, every tile has 64 rows.
-  if (mode != "64") {
+  if (rsm && mode != "64" && !smem_fits(RsLayout<kFp8, 128, 3>::bytes + 1024)) mode = "64";
+  if (mode != "64" && !rsm) {
     const int need = format == kFp8    ? Layout<kFp8, 128, 3>::bytes
                      : format == kInt4 ? Layout<kInt4, 128, 3>::bytes
                                        : Layout<kDense, 128, 3>::bytes;
@@ -1054,8 +1212,8 @@ void matmul_grouped_quant(const Tensor& a, int format, const std::vector<Grouped
     d.row0 = static_cast<int32_t>(offsets[g]);
     d.rows = static_cast<int32_t>(offsets[g + 1] - offsets[g]);
     const int32_t gi = static_cast<int32_t>(gd.size());
-    if (rs) {
-      const int32_t most = mode == "64" ? 64 : mode == "128" ? 128 : 256;
+    if (rs || rsm) {
+      const int32_t most = mode == "64" ? 64 : mode == "128" || rsm ? 128 : 256;
       const int32_t nt = (d.rows + most - 1) / most, per = nt > 0 ? (d.rows + nt - 1) / nt : 0;
       const int32_t bt = (per + 15) / 16 * 16;
       for (int32_t m0 = 0; m0 < d.rows; m0 += per) (bt <= 128 ? t64 : t128).push_back({gi, m0, bt});
@@ -1101,6 +1259,15 @@ void matmul_grouped_quant(const Tensor& a, int format, const std::vector<Grouped
             launch_rs<F, 256, 1>(ap, a_rows, row_div, cp, gdev, d64, n64, K, N);
         }
         if (n128 > 0) launch_rs<F, 256, 1>(ap, a_rows, row_div, cp, gdev, d128, n128, K, N);
+      }
+      return;
+    }
+    if (rsm) {  // t64: every tile (up to 128 rows)
+      if constexpr (F != kDense) {
+        if (n64 > 0 && mode == "64")
+          launch_rsm<F, 64>(ap, a_rows, row_div, cp, gdev, d64, n64, K, N);
+        else if (n64 > 0)
+          launch_rsm<F, 128>(ap, a_rows, row_div, cp, gdev, d64, n64, K, N);
       }
       return;
     }
