@@ -21,6 +21,7 @@
 // tile of a (and of W across neighbouring row tiles) run together and hit L2.
 #include <cuda_fp8.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -44,6 +45,11 @@ using attn::mma16816;
 using attn::pack_bf16;
 
 constexpr int kBN = 128, kBK = 64, kThreads = 256, kMaxParts = 4;
+#ifdef AERIE_NO_WGMMA
+constexpr bool kWgmmaBuilt = false;  // wgmma.cuh: this compilation has no sm_90a code
+#else
+constexpr bool kWgmmaBuilt = true;
+#endif
 constexpr int kDense = 0, kFp8 = 1, kInt4 = 2;  // GroupedWeightFormat's order
 
 /// One group: its rows of a and c, and its weight's parts (row ends cumulative within W).
@@ -827,6 +833,56 @@ __device__ __forceinline__ void rs_fragments(const uint8_t* blk, int j, float sc
 __device__ __forceinline__ int wr_of(int tid) { return (tid >> 7) * 64 + ((tid >> 5) & 3) * 16 + ((tid & 31) >> 2); }
 
 
+/// The token rows that variants 4 and 5 copy for one tile: a's rows row0 .. row0 + rows - 1 (through a_rows as
+/// tile_of reads them; the tile's rows past `rows` read as zeros). 256 threads: this one copies chunk tid % 8 of
+/// tile rows (tid / 8) + 32 j.
+template <int BT>
+struct RsRows {
+  static constexpr int kRows = (BT * 8 + kThreads - 1) / kThreads;
+  int32_t src[kRows];  // a's row of each copied tile row; -1: past the group (zeros)
+
+  __device__ __forceinline__ RsRows(const int32_t* a_rows, int row_div, int rows, int row0) {
+#pragma unroll
+    for (int j = 0; j < kRows; ++j) {
+      const int row = (threadIdx.x >> 3) + 32 * j;
+      src[j] = row < rows ? (a_rows ? a_rows[row0 + row] / row_div : row0 + row) : -1;
+    }
+  }
+};
+
+/// cp.async of a's k tile kt (rows `r`) into RsLayout<F, BT, S>'s stage s at `base`, and of W's block (rows
+/// nl .. nl + 127 of the part wp / sp, rs_load_w) when kt starts one.
+template <int F, int BT, int S>
+__device__ __forceinline__ void rs_load(const RsRows<BT>& r, const __nv_bfloat16* a, const void* wp, const void* sp,
+                                        int nl, int K, uint32_t base, int s, int kt, int tid) {
+  using L = RsLayout<F, BT, S>;
+  constexpr int KPB = rs_kpb<F>();
+  const int k0 = kt * kBK, ch = tid & 7;
+  const uint32_t sa = base + L::a(s);
+#pragma unroll
+  for (int j = 0; j < RsRows<BT>::kRows; ++j) {
+    const int row = (tid >> 3) + 32 * j;
+    if (row < BT)
+      cp_async16(sa + swz(row, ch), a + static_cast<int64_t>(r.src[j] < 0 ? 0 : r.src[j]) * K + k0 + ch * 8,
+                 r.src[j] >= 0);
+  }
+  if (kt % KPB == 0) rs_load_w<F>(base + L::w((kt / KPB) & 1), wp, sp, nl, kt / KPB, K, tid);
+}
+
+/// Variants 4 and 5's store of one accumulator pair: v0, v1 = c's column `col` at token rows tok and tok + 1
+/// (c^T's layout), as this lane holds them; lanes 4 apart hold neighbouring columns (lane / 4 even: col even),
+/// so the even lane stores (token tok, columns col, col + 1) and the odd one (tok + 1, columns col - 1, col),
+/// one 4-byte store each, token rows of the tile past `rows` not at all.
+__device__ __forceinline__ void rs_store_pair(__nv_bfloat16* c, int N, int n0, int row0, int rows, int tok, int col,
+                                              float v0, float v1, int lane) {
+  const bool odd = (lane >> 2) & 1;
+  const float got = __shfl_xor_sync(0xffffffffu, odd ? v0 : v1, 4);
+  const int t = tok + (odd ? 1 : 0), cc = col - (odd ? 1 : 0);
+  if (t < rows)
+    *reinterpret_cast<uint32_t*>(c + static_cast<int64_t>(row0 + t) * N + n0 + cc) =
+        odd ? pack_bf16(got, v1) : pack_bf16(v0, got);
+}
+
 /// One tile of variant 4: token rows row0 .. row0 + rows - 1 of c (rows <= BT, a multiple of 16; a's rows
 /// through a_rows as tile_of reads them) by columns n0 .. n0 + 127 (rows nl .. of the part wp / sp).
 template <int F, int BT, int S>
@@ -840,29 +896,13 @@ __device__ __forceinline__ void rs_tile(const __nv_bfloat16* a, const int32_t* a
                 "variant 4's formats, stages and tiles");
   extern __shared__ __align__(1024) uint8_t smem[];
   using L = RsLayout<F, BT, S>;
-  constexpr int R = BT / 2;                                  // accumulators per thread
-  constexpr int kRows = (BT * 8 + kThreads - 1) / kThreads;  // rows of a this thread copies: (tid / 8) + 32 j
-  const int tid = threadIdx.x, lane = tid & 31, ch = tid & 7, wr = wr_of(tid);
-  int32_t src[kRows];  // a's row of each copied tile row; -1: past the group (zeros)
-#pragma unroll
-  for (int j = 0; j < kRows; ++j) {
-    const int row = (tid >> 3) + 32 * j;
-    src[j] = row < rows ? (a_rows ? a_rows[row0 + row] / row_div : row0 + row) : -1;
-  }
+  constexpr int R = BT / 2;  // accumulators per thread
+  const int tid = threadIdx.x, lane = tid & 31, wr = wr_of(tid);
   uint8_t* mem = nullptr;
   const uint32_t base = aligned_base(smem, mem);
+  const RsRows<BT> rws(a_rows, row_div, rows, row0);
   const int KT = K / kBK, scols = (K + 127) / 128;
-  auto load = [&](int s, int kt) {  // a's k tile kt into stage s, and W's block when it starts one
-    const int k0 = kt * kBK;
-    const uint32_t sa = base + L::a(s);
-#pragma unroll
-    for (int j = 0; j < kRows; ++j) {
-      const int row = (tid >> 3) + 32 * j;
-      if (row < BT)
-        cp_async16(sa + swz(row, ch), a + static_cast<int64_t>(src[j] < 0 ? 0 : src[j]) * K + k0 + ch * 8, src[j] >= 0);
-    }
-    if (kt % KPB == 0) rs_load_w<F>(base + L::w((kt / KPB) & 1), wp, sp, nl, kt / KPB, K, tid);
-  };
+  auto load = [&](int s, int kt) { rs_load<F, BT, S>(rws, a, wp, sp, nl, K, base, s, kt, tid); };
   auto frags = [&](int kt, uint32_t(&f)[4][4]) {
     float scale = 0.0f;  // FP8: one scale_inv per 128 x 128 block (nl % 128 == 0)
     if constexpr (F == kFp8)
@@ -913,67 +953,70 @@ __device__ __forceinline__ void rs_tile(const __nv_bfloat16* a, const int32_t* a
   fence_regs(acc);
   cp_async_wait<0>();
   // acc[4 i + 2 h], acc[4 i + 2 h + 1]: W row (= column of c) wr + 8 h, token rows 8 i + 2 (lane % 4) and + 1.
-  // Lanes 4 apart hold neighbouring columns: the even one stores (its token, columns wr, wr + 1), the odd
-  // one (its token + 1, columns wr - 1, wr), one 4-byte store each.
-  const bool odd = (lane >> 2) & 1;
 #pragma unroll
-  for (int i = 0; i < BT / 8; ++i) {
+  for (int i = 0; i < BT / 8; ++i)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float v0 = acc[4 * i + 2 * h], v1 = acc[4 * i + 2 * h + 1];
-      const float got = __shfl_xor_sync(0xffffffffu, odd ? v0 : v1, 4);
-      const int tok = 8 * i + 2 * (lane & 3) + (odd ? 1 : 0), col = wr + 8 * h - (odd ? 1 : 0);
-      if (tok < rows)
-        *reinterpret_cast<uint32_t*>(c + static_cast<int64_t>(row0 + tok) * N + n0 + col) =
-            odd ? pack_bf16(got, v1) : pack_bf16(v0, got);
-    }
-  }
+    for (int h = 0; h < 2; ++h)
+      rs_store_pair(c, N, n0, row0, rows, 8 * i + 2 * (lane & 3), wr + 8 * h, acc[4 * i + 2 * h],
+                    acc[4 * i + 2 * h + 1], lane);
 }
 
-/// rs_tile for the tile's BT = 16 n16, n16 in [N16, BTMAX / 16].
-template <int F, int BTMAX, int S, int N16 = 1>
+template <int F, int BT, int S>
+__device__ __forceinline__ void rsm_tile(const __nv_bfloat16* a, const int32_t* a_rows, int row_div, __nv_bfloat16* c,
+                                         const void* wp, const void* sp, int nl, int n0, int rows, int row0, int K,
+                                         int N);  // variant 5, below
+
+/// rs_tile (MMA false: variant 4) or rsm_tile (true: variant 5) for the tile's BT = 16 n16, n16 in
+/// [N16, BTMAX / 16].
+template <bool MMA, int F, int BTMAX, int S, int N16 = 1>
 __device__ __forceinline__ void rs_dispatch(int n16, const __nv_bfloat16* a, const int32_t* a_rows, int row_div,
                                             __nv_bfloat16* c, const void* wp, const void* sp, int nl, int n0,
                                             int rows, int row0, int K, int N) {
   if constexpr (16 * N16 <= BTMAX) {
-    if (n16 == N16)
-      rs_tile<F, 16 * N16, S>(a, a_rows, row_div, c, wp, sp, nl, n0, rows, row0, K, N);
+    if (n16 != N16)
+      rs_dispatch<MMA, F, BTMAX, S, N16 + 1>(n16, a, a_rows, row_div, c, wp, sp, nl, n0, rows, row0, K, N);
+    else if constexpr (MMA)
+      rsm_tile<F, 16 * N16, S>(a, a_rows, row_div, c, wp, sp, nl, n0, rows, row0, K, N);
     else
-      rs_dispatch<F, BTMAX, S, N16 + 1>(n16, a, a_rows, row_div, c, wp, sp, nl, n0, rows, row0, K, N);
+      rs_tile<F, 16 * N16, S>(a, a_rows, row_div, c, wp, sp, nl, n0, rows, row0, K, N);
   }
 }
 
-template <int F, int BTMAX, int S, int MINB>
+/// Variant 4 (MMA false; built for sm_90a only) or 5 (true) over tiles of up to BTMAX token rows, S stages of
+/// a's k tiles, MINB CTAs per SM.
+template <bool MMA, int F, int BTMAX, int S, int MINB>
 __global__ void __launch_bounds__(kThreads, MINB)
     grouped_gemm_rs_kernel(const __nv_bfloat16* __restrict__ a, const int32_t* __restrict__ a_rows, int row_div,
                            __nv_bfloat16* __restrict__ c, const GroupDesc* __restrict__ groups,
                            const TileDesc* __restrict__ tiles, int K, int N) {
-#ifdef AERIE_NO_WGMMA
-  __trap();  // not launched: the host takes the mma.sync kernel off sm_90
-#else
-  const TileDesc td = tiles[blockIdx.y];
-  const GroupDesc& g = groups[td.group];
-  const int n0 = blockIdx.x * kBN;
-  int pstart = 0;
-  const int part = part_of(g, n0, pstart);
-  rs_dispatch<F, BTMAX, S>(td.bt >> 4, a, a_rows, row_div, c, g.w[part], g.s[part], n0 - pstart, n0,
-                           min(td.bt, g.rows - td.m0), g.row0 + td.m0, K, N);
-#endif
+  if constexpr (!MMA && !kWgmmaBuilt) {
+    __trap();  // not launched: the host takes the mma.sync kernels off sm_90
+  } else {
+    const TileDesc td = tiles[blockIdx.y];
+    const GroupDesc& g = groups[td.group];
+    const int n0 = blockIdx.x * kBN;
+    int pstart = 0;
+    const int part = part_of(g, n0, pstart);
+    rs_dispatch<MMA, F, BTMAX, S>(td.bt >> 4, a, a_rows, row_div, c, g.w[part], g.s[part], n0 - pstart, n0,
+                                  min(td.bt, g.rows - td.m0), g.row0 + td.m0, K, N);
+  }
 }
 
-template <int F, int BTMAX, int MINB>
+/// grouped_gemm_rs_kernel over `tiles_n` tiles. Variant 4: S 4. Variant 5: BTMAX 128 with 3 stages (INT4: 85
+/// KiB of shared memory, within sm_120's 99 KiB a block), 64 with 4 (INT4: 69 KiB; FP8, whose W blocks span 2 k
+/// tiles: 3).
+template <bool MMA, int F, int BTMAX, int S, int MINB>
 void launch_rs(const __nv_bfloat16* a, const int32_t* a_rows, int row_div, __nv_bfloat16* c, const GroupDesc* groups,
                const TileDesc* tiles, int tiles_n, int K, int N) {
-  constexpr int S = 4;
   constexpr int bytes = RsLayout<F, BTMAX, S>::bytes + 1024;  // + the alignment to 1024 bytes
-  auto* kernel = grouped_gemm_rs_kernel<F, BTMAX, S, MINB>;
+  auto* kernel = grouped_gemm_rs_kernel<MMA, F, BTMAX, S, MINB>;
   allow_smem(reinterpret_cast<const void*>(kernel), bytes);
   kernel<<<dim3(N / kBN, tiles_n), kThreads, bytes, stream()>>>(a, a_rows, row_div, c, groups, tiles, K, N);
   AERIE_CUDA_LAUNCHED("grouped_gemm_rs_kernel");
 }
 
-// ---- Variant 5: register-sourced mma.sync (any sm_80 or later; the default for the quantized formats off
-// sm_90a, AERIE_GROUPED_GEMM_KERNEL=rsm). Variant 4's operands and data path without wgmma: c^T = W a^T,
+// ---- Variant 5: register-sourced mma.sync (any sm_80 or later; the quantized formats with
+// AERIE_GROUPED_GEMM_KERNEL=rsm, meant as the default off sm_90a once it has run on a GPU). Variant 4's operands and data path without wgmma: c^T = W a^T,
 // the weight dequantized from its stored bytes in shared memory straight into mma.sync m16n8k16's A
 // fragments (rs_fragments: the register layout of wgmma's A is mma.sync's, one m16 per warp), so no
 // bf16 copy of W goes through shared memory (variant 1 writes one and reads it back, and its two
@@ -998,30 +1041,14 @@ __device__ __forceinline__ void rsm_tile(const __nv_bfloat16* a, const int32_t* 
                 "variant 5's formats, stages and tiles");
   extern __shared__ __align__(1024) uint8_t smem[];
   using L = RsLayout<F, BT, S>;
-  constexpr int NT = BT / 16;                                // n8 token tiles per warp
-  constexpr int kRows = (BT * 8 + kThreads - 1) / kThreads;  // rows of a this thread copies: (tid / 8) + 32 j
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, ch = tid & 7;
+  constexpr int NT = BT / 16;  // n8 token tiles per warp
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wr = (warp & 3) * 32 + (lane >> 2), tok0 = (warp >> 2) * (BT / 2);
-  int32_t src[kRows];  // a's row of each copied tile row; -1: past the group (zeros)
-#pragma unroll
-  for (int j = 0; j < kRows; ++j) {
-    const int row = (tid >> 3) + 32 * j;
-    src[j] = row < rows ? (a_rows ? a_rows[row0 + row] / row_div : row0 + row) : -1;
-  }
   uint8_t* mem = nullptr;
   const uint32_t base = aligned_base(smem, mem);
+  const RsRows<BT> rws(a_rows, row_div, rows, row0);
   const int KT = K / kBK, scols = (K + 127) / 128;
-  auto load = [&](int s, int kt) {  // a's k tile kt into stage s, and W's block when it starts one
-    const int k0 = kt * kBK;
-    const uint32_t sa = base + L::a(s);
-#pragma unroll
-    for (int j = 0; j < kRows; ++j) {
-      const int row = (tid >> 3) + 32 * j;
-      if (row < BT)
-        cp_async16(sa + swz(row, ch), a + static_cast<int64_t>(src[j] < 0 ? 0 : src[j]) * K + k0 + ch * 8, src[j] >= 0);
-    }
-    if (kt % KPB == 0) rs_load_w<F>(base + L::w((kt / KPB) & 1), wp, sp, nl, kt / KPB, K, tid);
-  };
+  auto load = [&](int s, int kt) { rs_load<F, BT, S>(rws, a, wp, sp, nl, K, base, s, kt, tid); };
 
   float acc[2][NT][4];
 #pragma unroll
@@ -1067,61 +1094,15 @@ __device__ __forceinline__ void rsm_tile(const __nv_bfloat16* a, const int32_t* 
   }
   cp_async_wait<0>();
   // acc[mi][nt][2 h], [2 h + 1]: W row (= column of c) wr + 16 mi + 8 h, token rows tok0 + 8 nt + 2 (lane % 4)
-  // and + 1. Lanes 4 apart hold neighbouring columns: stored in pairs as variant 4 stores them.
-  const bool odd = (lane >> 2) & 1;
+  // and + 1.
 #pragma unroll
   for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float v0 = acc[mi][nt][2 * h], v1 = acc[mi][nt][2 * h + 1];
-        const float got = __shfl_xor_sync(0xffffffffu, odd ? v0 : v1, 4);
-        const int tok = tok0 + 8 * nt + 2 * (lane & 3) + (odd ? 1 : 0), col = wr + 16 * mi + 8 * h - (odd ? 1 : 0);
-        if (tok < rows)
-          *reinterpret_cast<uint32_t*>(c + static_cast<int64_t>(row0 + tok) * N + n0 + col) =
-              odd ? pack_bf16(got, v1) : pack_bf16(v0, got);
-      }
-}
-
-/// rsm_tile for the tile's BT = 16 n16, n16 in [N16, BTMAX / 16].
-template <int F, int BTMAX, int S, int N16 = 1>
-__device__ __forceinline__ void rsm_dispatch(int n16, const __nv_bfloat16* a, const int32_t* a_rows, int row_div,
-                                             __nv_bfloat16* c, const void* wp, const void* sp, int nl, int n0,
-                                             int rows, int row0, int K, int N) {
-  if constexpr (16 * N16 <= BTMAX) {
-    if (n16 == N16)
-      rsm_tile<F, 16 * N16, S>(a, a_rows, row_div, c, wp, sp, nl, n0, rows, row0, K, N);
-    else
-      rsm_dispatch<F, BTMAX, S, N16 + 1>(n16, a, a_rows, row_div, c, wp, sp, nl, n0, rows, row0, K, N);
-  }
-}
-
-template <int F, int BTMAX, int S>
-__global__ void __launch_bounds__(kThreads, 1)
-    grouped_gemm_rsm_kernel(const __nv_bfloat16* __restrict__ a, const int32_t* __restrict__ a_rows, int row_div,
-                            __nv_bfloat16* __restrict__ c, const GroupDesc* __restrict__ groups,
-                            const TileDesc* __restrict__ tiles, int K, int N) {
-  const TileDesc td = tiles[blockIdx.y];
-  const GroupDesc& g = groups[td.group];
-  const int n0 = blockIdx.x * kBN;
-  int pstart = 0;
-  const int part = part_of(g, n0, pstart);
-  rsm_dispatch<F, BTMAX, S>(td.bt >> 4, a, a_rows, row_div, c, g.w[part], g.s[part], n0 - pstart, n0,
-                            min(td.bt, g.rows - td.m0), g.row0 + td.m0, K, N);
-}
-
-/// Variant 5 over `tiles_n` tiles of up to BTMAX token rows: BTMAX 128 with 3 stages (INT4: 85 KiB of shared
-/// memory, within sm_120's 99 KiB a block), 64 with 4 (INT4: 69 KiB; FP8, whose W blocks span 2 k tiles: 3).
-template <int F, int BTMAX>
-void launch_rsm(const __nv_bfloat16* a, const int32_t* a_rows, int row_div, __nv_bfloat16* c, const GroupDesc* groups,
-                const TileDesc* tiles, int tiles_n, int K, int N) {
-  constexpr int S = BTMAX > 64 ? 3 : rs_kpb<F>() + 1 < 4 ? rs_kpb<F>() + 1 : 4;
-  constexpr int bytes = RsLayout<F, BTMAX, S>::bytes + 1024;  // + the alignment to 1024 bytes
-  auto* kernel = grouped_gemm_rsm_kernel<F, BTMAX, S>;
-  allow_smem(reinterpret_cast<const void*>(kernel), bytes);
-  kernel<<<dim3(N / kBN, tiles_n), kThreads, bytes, stream()>>>(a, a_rows, row_div, c, groups, tiles, K, N);
-  AERIE_CUDA_LAUNCHED("grouped_gemm_rsm_kernel");
+      for (int h = 0; h < 2; ++h)
+        rs_store_pair(c, N, n0, row0, rows, tok0 + 8 * nt + 2 * (lane & 3), wr + 16 * mi + 8 * h, acc[mi][nt][2 * h],
+                      acc[mi][nt][2 * h + 1], lane);
 }
 
 template <int F, int BM, bool WG, int STAGES>
@@ -1252,22 +1233,22 @@ void matmul_grouped_quant(const Tensor& a, int format, const std::vector<Grouped
       if constexpr (F != kDense) {
         if (n64 > 0) {
           if (rs_small == 2)
-            launch_rs<F, 128, 2>(ap, a_rows, row_div, cp, gdev, d64, n64, K, N);
+            launch_rs<false, F, 128, 4, 2>(ap, a_rows, row_div, cp, gdev, d64, n64, K, N);
           else if (rs_small == 1)
-            launch_rs<F, 128, 1>(ap, a_rows, row_div, cp, gdev, d64, n64, K, N);
+            launch_rs<false, F, 128, 4, 1>(ap, a_rows, row_div, cp, gdev, d64, n64, K, N);
           else
-            launch_rs<F, 256, 1>(ap, a_rows, row_div, cp, gdev, d64, n64, K, N);
+            launch_rs<false, F, 256, 4, 1>(ap, a_rows, row_div, cp, gdev, d64, n64, K, N);
         }
-        if (n128 > 0) launch_rs<F, 256, 1>(ap, a_rows, row_div, cp, gdev, d128, n128, K, N);
+        if (n128 > 0) launch_rs<false, F, 256, 4, 1>(ap, a_rows, row_div, cp, gdev, d128, n128, K, N);
       }
       return;
     }
     if (rsm) {  // t64: every tile (up to 128 rows)
       if constexpr (F != kDense) {
         if (n64 > 0 && mode == "64")
-          launch_rsm<F, 64>(ap, a_rows, row_div, cp, gdev, d64, n64, K, N);
+          launch_rs<true, F, 64, std::min(4, rs_kpb<F>() + 1), 1>(ap, a_rows, row_div, cp, gdev, d64, n64, K, N);
         else if (n64 > 0)
-          launch_rsm<F, 128>(ap, a_rows, row_div, cp, gdev, d64, n64, K, N);
+          launch_rs<true, F, 128, 3, 1>(ap, a_rows, row_div, cp, gdev, d64, n64, K, N);
       }
       return;
     }
