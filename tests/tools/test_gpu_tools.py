@@ -21,6 +21,7 @@ def fake_build(folder, failing=()):
             f.write("#!/bin/sh\n")
             f.write('echo "emulate=$AERIE_CUDA_EMULATE scratch=$AERIE_TEST_SCRATCH noskip=$AERIE_NO_SKIP args=$*"\n')
             f.write('echo "kernels=$AERIE_ATTENTION_FORWARD_KERNEL/$AERIE_ATTENTION_BACKWARD_KERNEL"\n')
+            f.write('echo "grouped=$AERIE_GROUPED_GEMM_KERNEL bm=$AERIE_GROUPED_GEMM_BM"\n')
             if name in failing:
                 f.write('echo "[  FAILED  ] 1 test, listed below:"\necho "[  FAILED  ] Fake.Fails"\nexit 1\n')
             else:
@@ -66,6 +67,25 @@ class GpuPaths(unittest.TestCase):
             self.assertIn("emulate= ", text)
             self.assertIn("kernels=mma/mma", text)
             self.assertIn("sm_120+mma64 test_kernels rc=0", open(os.path.join(out, "summary.txt")).read())
+
+    def test_name_value_parts_set_the_environment(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            fake_build(tmp)
+            out = os.path.join(tmp, "out")
+            r = self.run_paths(tmp, out, "2", paths="sm_120+AERIE_GROUPED_GEMM_KERNEL=rsm+AERIE_GROUPED_GEMM_BM=64 "
+                               "native+mma64+AERIE_GROUPED_GEMM_KERNEL=rs")
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            text = open(os.path.join(out, "sm_120-AERIE_GROUPED_GEMM_KERNEL-rsm-AERIE_GROUPED_GEMM_BM-64",
+                                     "test_kernels.txt")).read()
+            self.assertIn("emulate=sm_120 ", text)
+            self.assertIn("grouped=rsm bm=64", text)
+            self.assertIn("kernels=/", text)  # no attention kernel named, none inherited
+            text = open(os.path.join(out, "native-mma64-AERIE_GROUPED_GEMM_KERNEL-rs", "test_kernels.txt")).read()
+            self.assertIn("kernels=mma64/mma64", text)
+            self.assertIn("grouped=rs bm=", text)
+            r = self.run_paths(tmp, out, "2", paths="sm_120+gemm=rsm")
+            self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+            self.assertIn("'gemm=rsm' is not NAME=VALUE", r.stderr)
 
     def test_a_failing_suite_fails_the_run_and_is_named(self):
         with tempfile.TemporaryDirectory() as tmp:

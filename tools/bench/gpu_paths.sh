@@ -17,9 +17,11 @@
 #
 # usage: tools/bench/gpu_paths.sh [BUILD_DIR] [OUT_DIR]       (BUILD_DIR default build; OUT_DIR default /tmp/gpu-paths)
 # Environment:
-#   PATHS     the settings, "native" or an AERIE_CUDA_EMULATE value, each optionally "+KERNEL" for
+#   PATHS     the settings, "native" or an AERIE_CUDA_EMULATE value, each optionally followed by "+KERNEL" for
 #             AERIE_ATTENTION_FORWARD_KERNEL and _BACKWARD_KERNEL (e.g. "sm_120+mma64", as bench_attention.sh takes
-#             them; its files go to OUT_DIR/sm_120-mma64) (default "native sm_120")
+#             them; its files go to OUT_DIR/sm_120-mma64) and by "+NAME=VALUE" parts, each an environment setting
+#             (e.g. "sm_120+AERIE_GROUPED_GEMM_KERNEL=rsm": its files go to
+#             OUT_DIR/sm_120-AERIE_GROUPED_GEMM_KERNEL-rsm) (default "native sm_120")
 #   SUITES    the test binaries and their gtest arguments, one per line (default: test_kernels, test_model,
 #             test_train, test_core's DeviceSync.* and GpuLimitsCuda.* (it prints the limits the kernels planned
 #             for: the setting's effect), test_data's *Cuda*)
@@ -56,15 +58,24 @@ fi
 
 # A setting's environment (into the array `envs`: env's arguments) and its folder name under OUT_DIR.
 setting_env() {
-  local setting=${1%%+*} kernel=
-  [ "$setting" = "$1" ] || kernel=${1#*+}
+  local setting=${1%%+*} rest= kernel= part parts=()
+  [ "$setting" = "$1" ] || rest=${1#*+}
   local unset=() sets=()  # env takes its -u options before the assignments
   if [ "$setting" = native ]; then unset+=(-u AERIE_CUDA_EMULATE); else sets+=(AERIE_CUDA_EMULATE="$setting"); fi
+  IFS=+ read -ra parts <<< "$rest"
+  for part in "${parts[@]}"; do
+    case $part in
+      [A-Z]*=*) sets+=("$part") ;;
+      *=*) echo "gpu_paths: PATHS part '$part' is not NAME=VALUE with an upper-case NAME" >&2; exit 2 ;;
+      ?*) kernel=$part ;;
+    esac
+  done
   if [ -n "$kernel" ]; then sets+=(AERIE_ATTENTION_FORWARD_KERNEL="$kernel" AERIE_ATTENTION_BACKWARD_KERNEL="$kernel")
   else unset+=(-u AERIE_ATTENTION_FORWARD_KERNEL -u AERIE_ATTENTION_BACKWARD_KERNEL); fi  # none inherited
   envs=("${unset[@]}" "${sets[@]}")
 }
-dir_of() { echo "${1//+/-}"; }  # "+" is not a name the device tool brings back
+dir_of() { local d=${1//+/-}; echo "${d//=/-}"; }  # "+" and "=" are not in names the device tool brings back
+for p in $paths; do setting_env "$p"; done  # a malformed setting is refused before anything runs
 
 # One suite under one setting: its output, then a summary line.
 run_suite() {
