@@ -1015,8 +1015,8 @@ void launch_rs(const __nv_bfloat16* a, const int32_t* a_rows, int row_div, __nv_
   AERIE_CUDA_LAUNCHED("grouped_gemm_rs_kernel");
 }
 
-// ---- Variant 5: register-sourced mma.sync (any sm_80 or later; the quantized formats with
-// AERIE_GROUPED_GEMM_KERNEL=rsm, meant as the default off sm_90a once it has run on a GPU). Variant 4's operands and data path without wgmma: c^T = W a^T,
+// ---- Variant 5: register-sourced mma.sync (any sm_80 or later; the default for INT4 weights off sm_90a,
+// AERIE_GROUPED_GEMM_KERNEL=rsm for FP8 too). Variant 4's operands and data path without wgmma: c^T = W a^T,
 // the weight dequantized from its stored bytes in shared memory straight into mma.sync m16n8k16's A
 // fragments (rs_fragments: the register layout of wgmma's A is mma.sync's, one m16 per warp), so no
 // bf16 copy of W goes through shared memory (variant 1 writes one and reads it back, and its two
@@ -1152,11 +1152,12 @@ void matmul_grouped_quant(const Tensor& a, int format, const std::vector<Grouped
   // Its tiles of up to 128 rows: a kernel for those with two CTAs per SM (AERIE_GROUPED_GEMM_RS_SMALL=2,
   // the default; 128 registers, a few spilled), one CTA (1), or the 256-row kernel (0).
   const bool rs = wg && (kname == "rs" || kname == "auto") && format != kDense;
-  // Variant 5 (register-sourced mma.sync) for quantized weights with AERIE_GROUPED_GEMM_KERNEL=rsm, on any
-  // GPU: variant 4's token tiles of up to 128 rows (64 with AERIE_GROUPED_GEMM_BM=64), one launch. Meant as
-  // the default where wgmma is not (an sm_120, an sm_100 until tcgen05 kernels exist, sm_80/89,
-  // AERIE_CUDA_EMULATE) once it has run on a GPU; until then those take variant 1.
-  const bool rsm = !rs && format != kDense && kname == "rsm";
+  // Variant 5 (register-sourced mma.sync) for INT4 weights where wgmma is not (an sm_120, an sm_100 until
+  // tcgen05 kernels exist, sm_80/89, AERIE_CUDA_EMULATE; measured on an H100 as sm_120 at 1.35x / 1.20x variant
+  // 1 for Kimi-K2.5's INT4 MoE block at T 2048 / 8192, docs/performance.md; FP8 experts keep variant 1 there
+  // until measured), or for FP8 and INT4 with AERIE_GROUPED_GEMM_KERNEL=rsm on any GPU: variant 4's token tiles
+  // of up to 128 rows (64 with AERIE_GROUPED_GEMM_BM=64), one launch.
+  const bool rsm = !rs && format != kDense && (kname == "rsm" || (kname == "auto" && !wg && format == kInt4));
   const int rs_small = env.grouped_gemm_rs_small;
   // The warp-specialized kernel (variant 3, 256-column tiles) where c's columns and every part's rows
   // are multiples of 256: by default ("auto") for BF16 weights only, where it measured 1.12-1.19x
