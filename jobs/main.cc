@@ -106,15 +106,16 @@ int main(int argc, char** argv) {
     MPI_Finalize();
     return 1;
   } catch (const std::exception& e) {
-    // Log, then abort the whole job so that no peer waits forever in a collective. Ranks after 0 wait 0.2 s
-    // a rank first (at most 2 s): where several ranks fail alike (the trainers of a streamed run reading one
-    // checkpoint), the first one's abort ends the others before they print the same message again, and
-    // Open MPI is not handed several aborts at once (its "ORTE_ERROR_LOG: Data unpack" lines then).
-    int size = 1;
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    if (rank > 0) std::this_thread::sleep_for(std::chrono::milliseconds(200 * std::min(rank, 10)));
+    // Log, then abort the whole job so that no peer waits forever in a collective. Every rank logs its own
+    // error at once (a root cause on one rank is never lost to another's abort); ranks after 0 then wait 0.1 s
+    // a rank (at most 3 s) before MPI_Abort, so that where several fail together (the trainers of a streamed run
+    // reading one checkpoint) Open MPI is handed one abort, not several at once (its "ORTE_ERROR_LOG: Data
+    // unpack" lines then).
     AERIE_LOG(error) << "aerie " << args[0] << " failed: " << e.what();
     std::cerr.flush();
+    int size = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (rank > 0) std::this_thread::sleep_for(std::chrono::milliseconds(100 * std::min(rank, 30)));
     if (size == 1) {  // no peer to release: a normal exit (MPI_Abort of a lone process adds Open MPI noise)
       MPI_Finalize();
       return 1;

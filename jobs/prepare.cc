@@ -55,11 +55,12 @@ int prepare(const std::vector<std::string>& args) {
   opt.space_check = !vm["no-space-check"].as<bool>();
   AERIE_USAGE_CHECK(opt.max_samples == -1 || opt.max_samples >= 1,
                     "aerie prepare: --max-samples " << opt.max_samples << " keeps no sample (-1: all, N >= 1: the first N)");
-  {  // A missing input is the error, before any note on the other options
+  {  // A missing input is the error, before any note on the other options. A plain Error (logged, then MPI_Abort):
+     // a rank that alone cannot see the file (a node-local path) ends the job instead of leaving the others waiting.
     std::error_code ec;
-    AERIE_USAGE_CHECK(std::filesystem::is_regular_file(opt.input, ec),
-                      "aerie prepare: --input " << opt.input << ": "
-                                                << (std::filesystem::exists(opt.input, ec) ? "not a regular file" : "no such file"));
+    AERIE_CHECK(std::filesystem::is_regular_file(opt.input, ec),
+                "aerie prepare: --input " << opt.input << ": "
+                                          << (std::filesystem::exists(opt.input, ec) ? "not a regular file" : "no such file"));
   }
   // The target's context: when the tokenizer folder is the model's (config.json
   // beside tokenizer.json), samples longer than its max_position_embeddings would be refused by extract.

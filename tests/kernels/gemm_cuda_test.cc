@@ -312,8 +312,8 @@ TEST(MatmulGroupedQuantCuda, DequantizesBitwise) {
 }
 
 // The fused kernel against the CPU reference on random data: 9 groups of 0 to 300 rows (partial tiles,
-// empty groups, a group of one row), K 512 (8 k tiles: more than the pipeline's stages) and 128 (two:
-// fewer), N 384 as parts 256 + 128 and 512 as 256 + 256, every format, every kernel and tile height (ws takes the 256 + 256 parts); the tolerance of MatchesCpu
+// empty groups, a group of one row), K 512 (8 k tiles: more than the pipeline's stages), 128 (two:
+// fewer) and 1024 (16 k tiles: INT4's W blocks of 4 k tiles in variants 4 and 5 reuse their two slots), N 384 as parts 256 + 128 and 512 as 256 + 256, every format, every kernel and tile height (ws takes the 256 + 256 parts); the tolerance of MatchesCpu
 // (fp32 summation order) plus one bf16 ulp of the result; rows outside every group untouched.
 TEST(MatmulGroupedQuantCuda, MatchesCpu) {
   AERIE_REQUIRE_CUDA();
@@ -324,7 +324,7 @@ TEST(MatmulGroupedQuantCuda, MatchesCpu) {
   const int64_t P = offsets.back() + 2, G = static_cast<int64_t>(sizes.size());
   // Parts 256 + 128 (N 384) and 256 + 256 (N 512).
   for (const std::vector<int64_t>& parts : {std::vector<int64_t>{256, 128}, std::vector<int64_t>{256, 256}})
-  for (int64_t K : {512, 128})
+  for (int64_t K : {512, 128, 1024})
     for (F f : {F::Dense, F::Fp8Block, F::Int4Group}) {
       const int64_t N = parts[0] + parts[1];
       std::vector<GroupedWeight> w, wg;

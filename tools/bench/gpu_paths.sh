@@ -65,7 +65,7 @@ setting_env() {
   IFS=+ read -ra parts <<< "$rest"
   for part in "${parts[@]}"; do
     case $part in
-      [A-Z]*=*) sets+=("$part") ;;
+      [[:upper:]]*=*) sets+=("$part") ;;
       *=*) echo "gpu_paths: PATHS part '$part' is not NAME=VALUE with an upper-case NAME" >&2; exit 2 ;;
       ?*) kernel=$part ;;
     esac

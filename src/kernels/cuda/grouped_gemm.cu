@@ -768,7 +768,7 @@ __device__ __forceinline__ void rs_load_w(uint32_t dst, const void* wp, const vo
     if (tid < kBN) {
       const uint16_t* sc = static_cast<const uint16_t*>(sp) + static_cast<int64_t>(nl + tid) * groups32 + b * KPB * 2;
       const uint32_t sd = dst + kBN * 128 + tid * 16;
-      if (nkt == KPB && groups32 % 8 == 0)
+      if (nkt == KPB && groups32 % 8 == 0 && (reinterpret_cast<uintptr_t>(sc) & 15) == 0)  // 16-byte aligned
         cp_async16(sd, sc, true);
       else
         for (int j = 0; j < nkt; ++j) cp_async4(sd + j * 4, sc + 2 * j);
@@ -1172,7 +1172,9 @@ void matmul_grouped_quant(const Tensor& a, int format, const std::vector<Grouped
   const bool four = env.grouped_gemm_four_stages;
   // 128-row tiles need more shared memory than 64-row ones (the mma.sync FP8 kernel: 105 KiB, above the
   // 99 KiB per block of sm_86/89/120): where the GPU has less, every tile has 64 rows.
-  if (rsm && mode != "64" && !smem_fits(RsLayout<kFp8, 128, 3>::bytes + 1024)) mode = "64";
+  if (rsm && mode != "64" &&
+      !smem_fits((format == kInt4 ? RsLayout<kInt4, 128, 3>::bytes : RsLayout<kFp8, 128, 3>::bytes) + 1024))
+    mode = "64";
   if (mode != "64" && !rsm) {
     const int need = format == kFp8    ? Layout<kFp8, 128, 3>::bytes
                      : format == kInt4 ? Layout<kInt4, 128, 3>::bytes
