@@ -268,7 +268,7 @@ class ScopedKernel {
   }
 };
 // ws (warp-specialized, 256-column tiles) takes groups whose parts are multiples of 256 rows; other
-// shapes fall back to wgmma. auto (the default): ws for BF16 weights, rs for FP8 and INT4 (off sm_90a: mma for FP8, rsm for INT4).
+// shapes fall back to wgmma. auto (the default): ws for BF16 weights, rs for FP8 and INT4 (off sm_90a: rsm for both).
 // rs (register-sourced, quantized formats; BF16 falls back to wgmma): token tiles of up to 256, 128, 64 rows.
 // rsm (register-sourced mma.sync, quantized formats; BF16 falls back to wgmma): token tiles of up to 128, 64 rows.
 constexpr std::pair<const char*, const char*> kKernels[] = {

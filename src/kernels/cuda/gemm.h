@@ -63,7 +63,7 @@ namespace aerie::cuda {
 /// without sm_90a code), or by 256 columns in a warp-specialized wgmma kernel (where N and every part's
 /// rows are multiples of 256: the default for BF16 weights, =ws for every format, =wgmma never); FP8 and INT4
 /// weights: dequantized into registers as the tensor cores' A operand, the tokens as B, with wgmma (=rs, the
-/// default on sm_90a) or mma.sync (=rsm, the default for INT4 elsewhere; =mma keeps variant 1); the tile list and the groups' part
+/// default on sm_90a) or mma.sync (=rsm, the default elsewhere; =mma keeps variant 1); the tile list and the groups' part
 /// pointers go to the device with one small copy. Throws aerie::Error on a launch failure or more
 /// than 65535 row tiles.
 void matmul_grouped_quant(const Tensor& a, int format, const std::vector<GroupedWeight>& w,

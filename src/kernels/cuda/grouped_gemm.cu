@@ -1152,12 +1152,12 @@ void matmul_grouped_quant(const Tensor& a, int format, const std::vector<Grouped
   // Its tiles of up to 128 rows: a kernel for those with two CTAs per SM (AERIE_GROUPED_GEMM_RS_SMALL=2,
   // the default; 128 registers, a few spilled), one CTA (1), or the 256-row kernel (0).
   const bool rs = wg && (kname == "rs" || kname == "auto") && format != kDense;
-  // Variant 5 (register-sourced mma.sync) for INT4 weights where wgmma is not (an sm_120, an sm_100 until
-  // tcgen05 kernels exist, sm_80/89, AERIE_CUDA_EMULATE; measured on an H100 as sm_120 at 1.35x / 1.20x variant
-  // 1 for Kimi-K2.5's INT4 MoE block at T 2048 / 8192, docs/performance.md; FP8 experts keep variant 1 there
-  // until measured), or for FP8 and INT4 with AERIE_GROUPED_GEMM_KERNEL=rsm on any GPU: variant 4's token tiles
-  // of up to 128 rows (64 with AERIE_GROUPED_GEMM_BM=64), one launch.
-  const bool rsm = !rs && format != kDense && (kname == "rsm" || (kname == "auto" && !wg && format == kInt4));
+  // Variant 5 (register-sourced mma.sync) for FP8 and INT4 weights where wgmma is not (an sm_120, an sm_100
+  // until tcgen05 kernels exist, sm_80/89, AERIE_CUDA_EMULATE; measured on an H100 as sm_120 at 1.35x / 1.20x
+  // variant 1 for Kimi-K2.5's INT4 MoE block and 1.42x / 1.41x for DeepSeek-V3's block-FP8 one at T 2048 / 8192,
+  // docs/performance.md), or with AERIE_GROUPED_GEMM_KERNEL=rsm on any GPU: variant 4's token tiles of up to 128
+  // rows (64 with AERIE_GROUPED_GEMM_BM=64), one launch.
+  const bool rsm = !rs && format != kDense && (kname == "rsm" || (kname == "auto" && !wg));
   const int rs_small = env.grouped_gemm_rs_small;
   // The warp-specialized kernel (variant 3, 256-column tiles) where c's columns and every part's rows
   // are multiples of 256: by default ("auto") for BF16 weights only, where it measured 1.12-1.19x
