@@ -776,29 +776,28 @@ __device__ __forceinline__ void rs_load_w(uint32_t dst, const void* wp, const vo
   }
 }
 
-/// This thread's A fragments of k tile j of a W block (4 k16 steps x 4 registers, the m16n8k16 A layout:
-/// register h = W row wr + 8 h at k 2 (lane % 4) .. + 1, register 2 + h the same 8 columns on) from the
-/// block at `blk` (RsLayout's). FP8: `scale` is the tile's scale_inv.
+/// This thread's A fragments of k16 steps 2 k2 and 2 k2 + 1 (k2 0 or 1) of k tile j of a W block (2 k16 steps x
+/// 4 registers, the m16n8k16 A layout: register h = W row wr + 8 h at k 2 (lane % 4) .. + 1, register 2 + h the
+/// same 8 columns on) from the block at `blk` (RsLayout's). FP8: `scale` is the tile's scale_inv.
 template <int F>
-__device__ __forceinline__ void rs_fragments(const uint8_t* blk, int j, float scale, int wr, int lane,
-                                             uint32_t (&af)[4][4]) {
+__device__ __forceinline__ void rs_fragments_half(const uint8_t* blk, int j, int k2, float scale, int wr, int lane,
+                                                  uint32_t (&af)[2][4]) {
   const uint32_t c = lane & 3;
   if constexpr (F == kInt4) {
-    // Words 2 ks (k 16 ks .. + 7) and 2 ks + 1 (+ 8 .. + 15) of the tile's 8 in a row: byte c of each holds
-    // this thread's k 2c, 2c + 1 (low nibble first). y = (byte c of the first, -, byte c of the second, -);
-    // its low and high nibbles per 16-bit lane, converted as int4_word_to_bf16x8 does.
+    // Chunk 2 j + k2 of a row holds the tile's words 4 k2 .. 4 k2 + 3; words 2 ks and 2 ks + 1 of it are k16 step
+    // 2 k2 + ks (k 16 ks .. + 7 and + 8 .. + 15), byte c of each this thread's k 2c, 2c + 1 (low nibble first).
+    // y = (byte c of the first, -, byte c of the second, -); its low and high nibbles per 16-bit lane, converted
+    // as int4_word_to_bf16x8 does. The chunk's scales: group k2 of the tile's two (32 k each).
     const uint32_t sel = c | (c << 4) | ((c + 4) << 8) | ((c + 4) << 12);
     const uint32_t one = 0x3F803F80u, m136 = 0xC308C308u, negzero = 0x80008000u, magic = 0x43004300u;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int rr = wr + 8 * h;
-      const uint4 lo = *reinterpret_cast<const uint4*>(blk + rr * 128 + (((2 * j) ^ (rr & 7)) << 4));
-      const uint4 hi = *reinterpret_cast<const uint4*>(blk + rr * 128 + (((2 * j + 1) ^ (rr & 7)) << 4));
-      const uint32_t sc = *reinterpret_cast<const uint32_t*>(blk + kBN * 128 + rr * 16 + j * 4);  // groups 0, 1
-      const uint32_t wd[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+      const uint4 q = *reinterpret_cast<const uint4*>(blk + rr * 128 + (((2 * j + k2) ^ (rr & 7)) << 4));
+      const uint32_t s2 = *reinterpret_cast<const uint16_t*>(blk + kBN * 128 + rr * 16 + j * 4 + k2 * 2) * 0x10001u;
+      const uint32_t wd[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
-      for (int ks = 0; ks < 4; ++ks) {
-        const uint32_t s2 = (ks < 2 ? sc & 0xFFFFu : sc >> 16) * 0x10001u;
+      for (int ks = 0; ks < 2; ++ks) {
         const uint32_t y = prmt(wd[2 * ks], wd[2 * ks + 1], sel);
         const uint32_t qlo = (y & 0x000F000Fu) | magic, qhi = ((y >> 4) & 0x000F000Fu) | magic;
         const uint32_t plo = fma_bf16x2(fma_bf16x2(qlo, one, m136), s2, negzero);  // k 2c | k 8 + 2c
@@ -808,15 +807,15 @@ __device__ __forceinline__ void rs_fragments(const uint8_t* blk, int j, float sc
       }
     }
   } else {
-    // Bytes 16 ks + 2c, + 1 and 16 ks + 8 + 2c, + 1 of the tile's 64 in a row, each fp32 product rounded
-    // once (fp8x8_to_bf16x8).
+    // Bytes 16 ks + 2c, + 1 and 16 ks + 8 + 2c, + 1 of the tile's 64 in a row (ks = 2 k2, 2 k2 + 1), each fp32
+    // product rounded once (fp8x8_to_bf16x8).
     const uint32_t sel = (2 * c) | ((2 * c + 1) << 4);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int rr = wr + 8 * h;
 #pragma unroll
-      for (int ks = 0; ks < 4; ++ks) {
-        const uint4 b = *reinterpret_cast<const uint4*>(blk + rr * 128 + (((4 * j + ks) ^ (rr & 7)) << 4));
+      for (int ks = 0; ks < 2; ++ks) {
+        const uint4 b = *reinterpret_cast<const uint4*>(blk + rr * 128 + (((4 * j + 2 * k2 + ks) ^ (rr & 7)) << 4));
 #pragma unroll
         for (int q = 0; q < 2; ++q) {
           const uint32_t pair = q == 0 ? prmt(b.x, b.y, sel) : prmt(b.z, b.w, sel);
@@ -827,6 +826,14 @@ __device__ __forceinline__ void rs_fragments(const uint8_t* blk, int j, float sc
       }
     }
   }
+}
+
+/// This thread's A fragments of the 4 k16 steps of k tile j of a W block (rs_fragments_half's, both halves).
+template <int F>
+__device__ __forceinline__ void rs_fragments(const uint8_t* blk, int j, float scale, int wr, int lane,
+                                             uint32_t (&af)[4][4]) {
+  rs_fragments_half<F>(blk, j, 0, scale, wr, lane, *reinterpret_cast<uint32_t(*)[2][4]>(&af[0]));
+  rs_fragments_half<F>(blk, j, 1, scale, wr, lane, *reinterpret_cast<uint32_t(*)[2][4]>(&af[2]));
 }
 
 /// W row (of the CTA's 128) of this thread's A fragments and accumulators: warpgroup, warp, lane / 4.
@@ -1022,12 +1029,22 @@ void launch_rs(const __nv_bfloat16* a, const int32_t* a_rows, int row_div, __nv_
 // bf16 copy of W goes through shared memory (variant 1 writes one and reads it back, and its two
 // dequantized tiles leave one CTA of ~93 KiB per SM of 100 KiB on an sm_120); a's token rows are the B
 // operand, read with ldmatrix from the swizzled stages (one x4 gives one n8 tile for two k16 steps).
-// 256 threads: warp w computes W rows 32 (w % 4) .. + 31 (two m16 tiles) of the CTA's 128 columns of c by
-// token rows (w / 4) BT / 2 .. + BT / 2 - 1 (BT / 16 n8 tiles); the two warps of a row block dequantize
-// the same W rows, and each a fragment serves both m16 tiles. Token tiles as variant 4 builds them (a
-// multiple of 16, at most BTMAX: 128 by default, 64 with AERIE_GROUPED_GEMM_BM=64); S stages of a's k
-// tiles and variant 4's two W blocks; the same dequantized values and, per k16 step, the same fp32
-// products, so c equals variant 4's up to the fp32 order of the k16 steps' sums. ----
+// 256 threads: warp w computes W rows 32 (w % 4) .. + 31 (two m16 tiles) of the CTA's 128 columns of c, and
+// each a fragment serves both m16 tiles. Token tiles of up to kRsmKSplitMaxRows rows: warp w takes k16 steps
+// 2 (w / 4), + 1 of each k tile by all the tile's rows (BT / 8 n8 tiles), so the two warps of a row block
+// dequantize half of its values each, and the second's sums meet the first's in shared memory at the end;
+// taller tiles: warp w takes every k16 step by token rows (w / 4) BT / 2 .. + BT / 2 - 1 (BT / 16 n8 tiles),
+// both warps dequantizing all of the rows' values (the k split's accumulators would not fit the registers).
+// Token tiles as variant 4 builds them (a multiple of 16, at most BTMAX: 128 by default, 64 with
+// AERIE_GROUPED_GEMM_BM=64); S stages of a's k tiles and variant 4's two W blocks; the same dequantized
+// values and, per k16 step, the same fp32 products, so c equals variant 4's up to the fp32 order of the
+// sums. ----
+
+/// Token tiles of variant 5 up to this many rows split each k tile's k16 steps between the two warps of a row block
+/// (each dequantizes half of the W rows' values, over every token row); taller ones split the token rows (each
+/// dequantizes all of them, over half the token rows), whose accumulators, twice as many, would not fit the
+/// registers of the k split.
+constexpr int kRsmKSplitMaxRows = 96;
 
 /// One tile of variant 5 (the arguments as rs_tile's; rows <= BT).
 template <int F, int BT, int S>
@@ -1041,9 +1058,10 @@ __device__ __forceinline__ void rsm_tile(const __nv_bfloat16* a, const int32_t* 
                 "variant 5's formats, stages and tiles");
   extern __shared__ __align__(1024) uint8_t smem[];
   using L = RsLayout<F, BT, S>;
-  constexpr int NT = BT / 16;  // n8 token tiles per warp
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int wr = (warp & 3) * 32 + (lane >> 2), tok0 = (warp >> 2) * (BT / 2);
+  constexpr bool KSPLIT = BT <= kRsmKSplitMaxRows;
+  constexpr int NT = KSPLIT ? BT / 8 : BT / 16;  // n8 token tiles per warp
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, half = warp >> 2;
+  const int wr = (warp & 3) * 32 + (lane >> 2), tok0 = KSPLIT ? 0 : half * (BT / 2);
   uint8_t* mem = nullptr;
   const uint32_t base = aligned_base(smem, mem);
   const RsRows<BT> rws(a_rows, row_div, rows, row0);
@@ -1057,6 +1075,19 @@ __device__ __forceinline__ void rsm_tile(const __nv_bfloat16* a, const int32_t* 
     for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[mi][nt][e] = 0.0f;
+  // The k16 steps 2 k2, 2 k2 + 1 of fragments fa (this thread's two m16 tiles) by the n8 token tiles.
+  auto mma_half = [&](uint32_t sa, int k2, const uint32_t(&fa)[2][2][4]) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      uint32_t b0, b1, b2, b3;  // chunks 4 k2 .. 4 k2 + 3 of the n8 tile's rows
+      ldsm_x4(sa + swz(tok0 + nt * 8 + (lane & 7), 4 * k2 + (lane >> 3)), b0, b1, b2, b3);
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi) {
+        mma16816(acc[mi][nt], fa[mi][0], b0, b1);
+        mma16816(acc[mi][nt], fa[mi][1], b2, b3);
+      }
+    }
+  };
 
 #pragma unroll
   for (int s = 0; s < S - 1; ++s) {
@@ -1075,24 +1106,44 @@ __device__ __forceinline__ void rsm_tile(const __nv_bfloat16* a, const int32_t* 
     if constexpr (F == kFp8)
       scale = __ldg(static_cast<const float*>(sp) + static_cast<int64_t>(nl / 128) * scols + (kt * kBK) / 128);
     const uint8_t* blk = mem + L::w((kt / KPB) & 1);
-    uint32_t fa[2][4][4];
-    rs_fragments<F>(blk, kt % KPB, scale, wr, lane, fa[0]);
-    rs_fragments<F>(blk, kt % KPB, scale, wr + 16, lane, fa[1]);
     const uint32_t sa = base + L::a(kt % S);
+    uint32_t fa[2][2][4];
+    if constexpr (KSPLIT) {  // this warp's half of the k16 steps
+      rs_fragments_half<F>(blk, kt % KPB, half, scale, wr, lane, fa[0]);
+      rs_fragments_half<F>(blk, kt % KPB, half, scale, wr + 16, lane, fa[1]);
+      mma_half(sa, half, fa);
+    } else {
 #pragma unroll
-    for (int k2 = 0; k2 < 2; ++k2)  // k16 steps 2 k2 and 2 k2 + 1: chunks 4 k2 .. 4 k2 + 3 of a's rows
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        uint32_t b0, b1, b2, b3;
-        ldsm_x4(sa + swz(tok0 + nt * 8 + (lane & 7), 4 * k2 + (lane >> 3)), b0, b1, b2, b3);
-#pragma unroll
-        for (int mi = 0; mi < 2; ++mi) {
-          mma16816(acc[mi][nt], fa[mi][2 * k2], b0, b1);
-          mma16816(acc[mi][nt], fa[mi][2 * k2 + 1], b2, b3);
-        }
+      for (int k2 = 0; k2 < 2; ++k2) {
+        rs_fragments_half<F>(blk, kt % KPB, k2, scale, wr, lane, fa[0]);
+        rs_fragments_half<F>(blk, kt % KPB, k2, scale, wr + 16, lane, fa[1]);
+        mma_half(sa, k2, fa);
       }
+    }
   }
   cp_async_wait<0>();
+  if constexpr (KSPLIT) {
+    // The second half's partial sums through shared memory (the stages and W blocks, free now: BT x 512 bytes
+    // within S BT 128 + 2 kW) into the first half's, which stores the tile.
+    __syncthreads();
+    float* red = reinterpret_cast<float*>(mem);
+    const int t = tid & 127;
+    if (half == 1)
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) red[((mi * NT + nt) * 4 + e) * 128 + t] = acc[mi][nt][e];
+    __syncthreads();
+    if (half == 1) return;
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[mi][nt][e] += red[((mi * NT + nt) * 4 + e) * 128 + t];
+  }
   // acc[mi][nt][2 h], [2 h + 1]: W row (= column of c) wr + 16 mi + 8 h, token rows tok0 + 8 nt + 2 (lane % 4)
   // and + 1.
 #pragma unroll
