@@ -93,9 +93,9 @@ class MlaAttention final : public AttentionBlock {
     });
     // Sequences with a cache and one new row (generate's decoding steps, two or more of them): one cache
     // append and one absorbed attention for all of them (absorbed_batch), not ~7 launches each
-    // (batched_decoding: opt-in with AERIE_BATCHED_DECODE=1, on the CPU and on CUDA: its GPU test ran in F32 only,
-    // generate runs bf16 there, and its speed is unmeasured; latents up to 576 wide).
-    const DecodeRows dr = decode_rows(b, lat <= 576 && batched_decoding(ctx.device, false, false));
+    // (batched_decoding: CUDA's default, tested in F32 and bf16 and 2.2-2.7x faster for Kimi-K2.5's generate
+    // (docs/performance.md); opt-in on the CPU, AERIE_BATCHED_DECODE=1; latents up to 576 wide).
+    const DecodeRows dr = decode_rows(b, lat <= 576 && batched_decoding(ctx.device, false, true));
     std::vector<Tensor*> dcache;
     for (int64_t i : dr.seq) dcache.push_back(&b.cache[i]->k[layer]);
     if (!dr.empty())

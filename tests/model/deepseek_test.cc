@@ -88,40 +88,53 @@ TEST(DeepseekV3, BatchedEqualsAlone) {
   }
 }
 
-/// Three cached sequences continued in one forward_batch: a mixed step (one by two rows, two by one), then
-/// three decoding steps of one row each; every row against forward() of the whole sequence. On a GPU the
-/// one-row sequences take the batched absorbed form (MlaAttention::absorbed_batch), the two-row one its own.
-void check_batched_decoding(TargetModel& m, float tol, const std::string& what) {
+/// Three sequences a, c, d whose first 5 / 3 / 4 ids are prefilled into their caches; then a mixed step (a by two
+/// rows, c and d by one) and decoding steps t = 0..2 of one row each.
+struct DecodingCase {
   const std::vector<int32_t> a = {1, 5, 9, 33, 60, 2, 17, 41, 8, 63}, c = {2, 17, 41, 8, 63, 12, 7},
                              d = {8, 63, 12, 200, 7, 7, 3, 90};
-  KVCache ca = m.make_cache(10), cc = m.make_cache(7), cd = m.make_cache(8);
-  m.forward(std::vector<int32_t>(a.begin(), a.begin() + 5), &ca, {}, false);
-  m.forward(std::vector<int32_t>(c.begin(), c.begin() + 3), &cc, {}, false);
-  m.forward(std::vector<int32_t>(d.begin(), d.begin() + 4), &cd, {}, false);
+  KVCache ca, cc, cd;
+  explicit DecodingCase(TargetModel& m) : ca(m.make_cache(10)), cc(m.make_cache(7)), cd(m.make_cache(8)) {
+    m.forward(std::vector<int32_t>(a.begin(), a.begin() + 5), &ca, {}, false);
+    m.forward(std::vector<int32_t>(c.begin(), c.begin() + 3), &cc, {}, false);
+    m.forward(std::vector<int32_t>(d.begin(), d.begin() + 4), &cd, {}, false);
+  }
+  TargetOutput mixed(TargetModel& m) {
+    return m.forward_batch({{a[5], a[6]}, {c[3]}, {d[4]}}, {&ca, &cc, &cd}, {}, TargetModel::Logits::All);
+  }
+  TargetOutput step(TargetModel& m, int64_t t) {
+    return m.forward_batch({{a[7 + t]}, {c[4 + t]}, {d[5 + t]}}, {&ca, &cc, &cd}, {}, TargetModel::Logits::Last);
+  }
+};
+
+/// DecodingCase's steps, every row against forward() of the whole sequence. On a GPU the one-row sequences take
+/// the batched absorbed form (MlaAttention::absorbed_batch) when it is on, the two-row one its own.
+void check_batched_decoding(TargetModel& m, float tol, const std::string& what) {
+  DecodingCase dc(m);
+  const std::vector<int32_t>&a = dc.a, &c = dc.c, &d = dc.d;
   TargetOutput fa = m.forward(a, nullptr, {}, true), fc = m.forward(c, nullptr, {}, true),
                fd = m.forward(d, nullptr, {}, true);
   auto expect_row = [&](const Tensor& got, int64_t row, const Tensor& want, int64_t wrow, const std::string& w) {
     testing::expect_close_scaled(got.slice(row, row + 1).to_float_vector(),
                                  want.slice(wrow, wrow + 1).to_float_vector(), tol, what + " " + w);
   };
-  TargetOutput mixed = m.forward_batch({{a[5], a[6]}, {c[3]}, {d[4]}}, {&ca, &cc, &cd}, {}, TargetModel::Logits::All);
+  TargetOutput mixed = dc.mixed(m);
   ASSERT_EQ(mixed.logits.dim(0), 4);
   expect_row(mixed.logits, 0, fa.logits, 5, "mixed step, two-row sequence, row 0");
   expect_row(mixed.logits, 1, fa.logits, 6, "mixed step, two-row sequence, row 1");
   expect_row(mixed.logits, 2, fc.logits, 3, "mixed step, one-row sequence 1");
   expect_row(mixed.logits, 3, fd.logits, 4, "mixed step, one-row sequence 2");
   for (int64_t t = 0; t < 3; ++t) {
-    TargetOutput step = m.forward_batch({{a[7 + t]}, {c[4 + t]}, {d[5 + t]}}, {&ca, &cc, &cd}, {},
-                                        TargetModel::Logits::Last);
+    TargetOutput step = dc.step(m, t);
     const std::string w = "decoding step " + std::to_string(t);
     ASSERT_EQ(step.logits.dim(0), 3) << w;
     expect_row(step.logits, 0, fa.logits, 7 + t, w + " sequence 0");
     expect_row(step.logits, 1, fc.logits, 4 + t, w + " sequence 1");
     expect_row(step.logits, 2, fd.logits, 5 + t, w + " sequence 2");
   }
-  EXPECT_EQ(ca.length(), 10);
-  EXPECT_EQ(cc.length(), 7);
-  EXPECT_EQ(cd.length(), 8);
+  EXPECT_EQ(dc.ca.length(), 10);
+  EXPECT_EQ(dc.cc.length(), 7);
+  EXPECT_EQ(dc.cd.length(), 8);
 }
 
 /// The fixture's config with the real models' MLA widths (qk_nope 128, qk_rope 64, v 128) and the given
@@ -143,7 +156,7 @@ TEST(DeepseekV3, BatchedDecodingEqualsWholeForward) {
   auto self = self_comm();
   TargetModel model(fixture("deepseek_v3"), *self);
   // The absorbed decoding against the expanded prefill of forward(): 1e-5 of the tensor's scale, as
-  // BatchedEqualsAlone; per sequence (the CPU's default) and batched (absorbed_batch, opt-in).
+  // BatchedEqualsAlone; per sequence (the CPU's default) and batched (absorbed_batch, opt-in on the CPU).
   check_batched_decoding(model, 1e-5f, "cpu");
   testing::ScopedEnv on("AERIE_BATCHED_DECODE", "1");
   check_batched_decoding(model, 1e-5f, "cpu batched");
@@ -248,6 +261,40 @@ TEST(DeepseekV3Cuda, RealHeadDimsRandomModelEqualsCpu) {
                                "chunked logits");
 }
 
+/// The logits of DecodingCase's four steps (the mixed one, then three of one row each) on `m`, concatenated as
+/// F32, with AERIE_BATCHED_DECODE at `batched` ("0": per sequence, "1": absorbed_batch).
+std::vector<float> decoding_logits(TargetModel& m, const char* batched) {
+  testing::ScopedEnv env("AERIE_BATCHED_DECODE", batched);
+  DecodingCase dc(m);
+  std::vector<float> out = dc.mixed(m).logits.to_float_vector();
+  for (int64_t t = 0; t < 3; ++t) {
+    const std::vector<float> step = dc.step(m, t).logits.to_float_vector();
+    out.insert(out.end(), step.begin(), step.end());
+  }
+  return out;
+}
+
+TEST(DeepseekV3Cuda, BatchedDecodingBf16) {
+  // generate's dtype: with the real latent (512 + 64), bf16 decoding steps in the batched absorbed form
+  // (absorbed_batch: p kept fp32) are no further from the F32 model's logits than the per-sequence absorbed
+  // form's (p rounded to bf16), and both within the bf16 bound of Bf16ModeWithinTheBf16Bound.
+  AERIE_REQUIRE_CUDA();
+  auto self = self_comm();
+  const TargetConfig cfg = real_heads_config(512, "deepseek_real_latent_bf16");
+  TargetModel f32 = TargetModel::random(cfg, *self, {Device::CUDA, DType::F32}, 5);
+  TargetModel b16 = TargetModel::random(cfg, *self, {Device::CUDA, DType::BF16}, 5);
+  const std::vector<float> ref = decoding_logits(f32, "0");
+  const double per = testing::rel_l2(decoding_logits(b16, "0"), ref);
+  const double batched = testing::rel_l2(decoding_logits(b16, "1"), ref);
+  const double between = testing::rel_l2(decoding_logits(b16, "1"), decoding_logits(b16, "0"));
+  std::printf("MLA bf16 decoding vs F32: relative L2 per sequence %.4g, batched %.4g; batched vs per sequence %.4g\n",
+              per, batched, between);
+  // Measured on an H100 (as the GPU is and as sm_120): 0.00729 per sequence, 0.00727 batched, 0.00387 apart.
+  EXPECT_LE(per, 0.06);
+  EXPECT_LE(batched, std::max(1.5 * per, 0.01));
+  EXPECT_LE(between, 0.06);
+}
+
 TEST(DeepseekV3Cuda, BatchedDecodingEqualsWholeForward) {
   // The batched absorbed form (scatter_rows + attention_decode_batch) in decoding and mixed steps: the
   // fixture (latent 32 + 8) and a random model with the real latent (512 + 64: the kernel's widest case).
@@ -258,7 +305,8 @@ TEST(DeepseekV3Cuda, BatchedDecodingEqualsWholeForward) {
     testing::ScopedEnv off("AERIE_BATCHED_DECODE", "0");  // the per-sequence absorbed form
     check_batched_decoding(gpu, 1e-5f, "cuda f32 fixture, per sequence");
   }
-  // the batched form (opt-in for MLA: model/blocks.h batched_decoding)
+  // the batched form (CUDA's default for MLA too: model/blocks.h batched_decoding; set here so that the test keeps
+  // testing it whatever the default)
   testing::ScopedEnv on("AERIE_BATCHED_DECODE", "1");
   check_batched_decoding(gpu, 1e-5f, "cuda f32 fixture");
   TargetModel real = TargetModel::random(real_heads_config(512, "deepseek_real_latent"), *self,
