@@ -18,6 +18,28 @@ if(EXISTS "${_k25}/kimi-k2.5.tensors.expanded.jsonl.gz")
   set_tests_properties(plan_kimi_k25_tp8 PROPERTIES ENVIRONMENT "${_aerie_plan_env}"
     PASS_REGULAR_EXPRESSION "total +208215 +553\\.40 GiB +70\\.95 GiB +76\\.18 GB.*vision_tower\\.\\* +329 .*\nfits: [^\n]*\naerie extract today [^\n]*78\\.61 GiB per rank, margin 10\\.79 GiB [^\n]*: fits")
 endif()
+# docs/time-plan.md's Kimi-K2.5 worked example: 500K samples of 1.5K tokens on 8 GPUs of 96 GB at tp 8, from the two
+# calibrations of docs/calibrations (a tp-8 rank on an H100, the node's all-reduces modeled): the hours the document
+# gives, so that a change of the plan's arithmetic changes the document too.
+if(EXISTS "${_k25}/kimi-k2.5.tensors.expanded.jsonl.gz")
+  foreach(_cal IN ITEMS "pcie-sm120;140\\.60 h;53\\.74 h;3\\.85 h;8\\.3 days"
+                        "nvlink;101\\.25 h;18\\.70 h;3\\.65 h;123\\.60 h")
+    list(GET _cal 0 _name)
+    list(GET _cal 1 _gen)
+    list(GET _cal 2 _ext)
+    list(GET _cal 3 _train)
+    list(GET _cal 4 _total)
+    add_test(NAME plan_kimi_k25_worked_example_${_name}
+             COMMAND $<TARGET_FILE:aerie> plan --model-config ${_k25}/config.transformers-5.7.0-redump.json
+                     --tensors ${_k25}/kimi-k2.5.tensors.expanded.jsonl.gz --tp 8 --gpu-memory 96GB --embed-split vocab
+                     --calibration ${CMAKE_SOURCE_DIR}/docs/calibrations/kimi-k25-tp8-${_name}.h100.json --world 8
+                     --samples 500000 --mean-tokens 1500 --train-batch-size 64 --storage fp8
+                     --generate-responses 500000 --generate-prompt-tokens 1000 --generate-new-tokens 500
+                     --gpu-hour-cost 2.5)
+    set_tests_properties(plan_kimi_k25_worked_example_${_name} PROPERTIES ENVIRONMENT "${_aerie_plan_env}"
+      PASS_REGULAR_EXPRESSION "\n  generate +${_gen} [^\n]*\n  extract +${_ext} [^\n]*shards 19\\.57 TiB \\(fp8\\)[^\n]*\n  train +${_train} [^\n]*\n  total +${_total} ")
+  endforeach()
+endif()
 add_test(NAME plan_missing_config COMMAND $<TARGET_FILE:aerie> plan --model /nonexistent)
 set_tests_properties(plan_missing_config PROPERTIES ENVIRONMENT "${_aerie_plan_env}"
   PASS_REGULAR_EXPRESSION "plan: --model /nonexistent: model folder /nonexistent does not exist")
