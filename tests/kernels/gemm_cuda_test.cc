@@ -311,14 +311,14 @@ TEST(MatmulGroupedQuantCuda, DequantizesBitwise) {
     }
 }
 
-// The fused kernel against the CPU reference on random data: 9 groups of 0 to 300 rows (partial tiles,
-// empty groups, a group of one row), K 512 (8 k tiles: more than the pipeline's stages), 128 (two:
+// The fused kernel against the CPU reference on random data: 11 groups of 0 to 300 rows (partial tiles,
+// empty groups, a group of one row; 96 and 128: variant 5's tallest k-split tile and a token-split one), K 512 (8 k tiles: more than the pipeline's stages), 128 (two:
 // fewer) and 1024 (16 k tiles: INT4's W blocks of 4 k tiles in variants 4 and 5 reuse their two slots), N 384 as parts 256 + 128 and 512 as 256 + 256, every format, every kernel and tile height (ws takes the 256 + 256 parts); the tolerance of MatchesCpu
 // (fp32 summation order) plus one bf16 ulp of the result; rows outside every group untouched.
 TEST(MatmulGroupedQuantCuda, MatchesCpu) {
   AERIE_REQUIRE_CUDA();
   using F = GroupedWeightFormat;
-  const std::vector<int64_t> sizes = {0, 1, 63, 64, 65, 130, 0, 300, 17};
+  const std::vector<int64_t> sizes = {0, 1, 63, 64, 65, 130, 0, 300, 17, 96, 128};
   std::vector<int64_t> offsets = {3};
   for (int64_t m : sizes) offsets.push_back(offsets.back() + m);
   const int64_t P = offsets.back() + 2, G = static_cast<int64_t>(sizes.size());

@@ -1204,8 +1204,8 @@ void matmul_grouped_quant(const Tensor& a, int format, const std::vector<Grouped
   // the default; 128 registers, a few spilled), one CTA (1), or the 256-row kernel (0).
   const bool rs = wg && (kname == "rs" || kname == "auto") && format != kDense;
   // Variant 5 (register-sourced mma.sync) for FP8 and INT4 weights where wgmma is not (an sm_120, an sm_100
-  // until tcgen05 kernels exist, sm_80/89, AERIE_CUDA_EMULATE; measured on an H100 as sm_120 at 1.35x / 1.20x
-  // variant 1 for Kimi-K2.5's INT4 MoE block and 1.42x / 1.41x for DeepSeek-V3's block-FP8 one at T 2048 / 8192,
+  // until tcgen05 kernels exist, sm_80/89, AERIE_CUDA_EMULATE; measured on an H100 as sm_120 at 1.56x / 1.34x
+  // variant 1 for Kimi-K2.5's INT4 MoE block and 1.55x / 1.42x for DeepSeek-V3's block-FP8 one at T 2048 / 8192,
   // docs/performance.md), or with AERIE_GROUPED_GEMM_KERNEL=rsm on any GPU: variant 4's token tiles of up to 128
   // rows (64 with AERIE_GROUPED_GEMM_BM=64), one launch.
   const bool rsm = !rs && format != kDense && (kname == "rsm" || (kname == "auto" && !wg));
