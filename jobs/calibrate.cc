@@ -33,6 +33,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/memory.h"
+#include "core/stop_signals.h"
 #include "data/extract.h"
 #include "data/shard.h"
 #include "data/vocab.h"
@@ -353,6 +354,28 @@ ShardMeta test_meta(const TargetConfig& cfg) {
   return meta;
 }
 
+/// A test shard of calibrate in --work (and its .tmp), removed whatever happens: a full disk throws from the writer,
+/// and SIGTERM / SIGINT (Ctrl-C, a Slurm time limit) are caught while it exists (StopSignals) and end the writing
+/// loops through stop_check, so that nothing of it is left there.
+struct TestShardFile {
+  std::string path;
+  bool on;
+  StopSignals signals;
+  TestShardFile(std::string p, bool o) : path(std::move(p)), on(o) {}
+  ~TestShardFile() {
+    if (!on) return;
+    std::error_code ec;
+    std::filesystem::remove(path, ec);
+    std::filesystem::remove(path + ".tmp", ec);
+  }
+  /// Throws aerie::Error when a stop signal came (the file then goes with the unwinding).
+  void stop_check() const {
+    if (const int sig = StopSignals::received())
+      throw Error("stopped by signal " + std::to_string(sig) + " while writing the test shard " + path +
+                  " (removed); nothing was written to --output");
+  }
+};
+
 /// Every tp group's leader writes opt.disk_bytes of bf16 hidden states as one shard into opt.work at once, synced
 /// to the disk: the node's aggregate write rate.
 void measure_disk(const TargetConfig& cfg, ParallelGroups& groups, const CalibrateOptions& opt, Calibration& cal) {
@@ -362,22 +385,15 @@ void measure_disk(const TargetConfig& cfg, ParallelGroups& groups, const Calibra
   const bool leader = groups.map.tp_rank == 0;
   const std::string path = opt.work + "/calibrate-disk-" + std::to_string(getpid()) + "-" + std::to_string(groups.map.dp_rank) + ".h5";
   const RandomSample x(T, H, cfg.vocab_size, DType::BF16);
-  // The test shard goes whatever happens (a full disk throws from the writer): nothing of it is left in --work.
-  struct Remove {
-    std::string path;
-    bool on;
-    ~Remove() {
-      if (!on) return;
-      std::error_code ec;
-      std::filesystem::remove(path, ec);
-      std::filesystem::remove(path + ".tmp", ec);
-    }
-  } remove_test_shard{path, leader};
+  const TestShardFile test_shard(path, leader);
   groups.world->barrier();
   const auto t0 = std::chrono::steady_clock::now();
   if (leader) {
     ShardWriter writer(path, test_meta(cfg), std::vector<int64_t>(static_cast<size_t>(samples), T));
-    for (int64_t s = 0; s < samples; ++s) writer.add(s, x.ids, x.mask, x.aux, x.fin);
+    for (int64_t s = 0; s < samples; ++s) {
+      test_shard.stop_check();
+      writer.add(s, x.ids, x.mask, x.aux, x.fin);
+    }
     writer.close();
     // What a job's shard must survive: on the disk, not in the page cache only.
     if (std::FILE* f = std::fopen(path.c_str(), "rb+")) {
@@ -402,10 +418,14 @@ void measure_writer(const TargetConfig& cfg, ParallelGroups& groups, const Targe
     const RandomSample x(T, cfg.hidden_size, cfg.vocab_size, dtype);
     const int64_t samples = T == 64 ? 256 : 16;
     const std::string path = opt.work + "/calibrate-writer-" + std::to_string(getpid()) + "-" + std::to_string(T) + ".h5";
+    const TestShardFile test_shard(path, true);
     ShardWriter writer(path, test_meta(cfg), std::vector<int64_t>(static_cast<size_t>(samples), T));
     groups.world->barrier();
     const auto t0 = std::chrono::steady_clock::now();
-    for (int64_t i = 0; i < samples; ++i) writer.add(i, x.ids, x.mask, x.aux, x.fin);
+    for (int64_t i = 0; i < samples; ++i) {
+      test_shard.stop_check();
+      writer.add(i, x.ids, x.mask, x.aux, x.fin);
+    }
     Tensor s = Tensor::from_vector<float>(
         {static_cast<float>(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / samples)}, {1});
     groups.world->all_reduce_max(s);
@@ -655,9 +675,10 @@ ModeledLinks modeled_links(const po::variables_map& vm, int tp_option) {
   AERIE_USAGE_CHECK(std::isfinite(gbps) && gbps > 0 && gbps <= 10000,
                     "aerie calibrate: --model-tp-bus-gbps " << gbps << " is not a bus bandwidth in GB/s (above 0, at "
                                                             "most 10000: PCIe Gen5 nodes 35-45, NVLink ones 450-800)");
-  AERIE_USAGE_CHECK(std::isfinite(us) && us >= 0 && us <= 100000,
-                    "aerie calibrate: --model-tp-latency-us " << us << " is not a latency in microseconds (0 to "
-                                                              "100000; an all-reduce of a few KB takes 10-50)");
+  AERIE_USAGE_CHECK(std::isfinite(us) && (us == 0 || (us >= 0.5 && us <= 100000)),
+                    "aerie calibrate: --model-tp-latency-us " << us << " is not a latency in microseconds (0, or 0.5 "
+                                                              "to 100000; an all-reduce of a few KB takes 10-50, so a "
+                                                              "value below 0.5 is likely seconds)");
   m.bus_bytes_per_s = gbps * 1e9;
   m.latency_s = us * 1e-6;
   return m;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 
 #include "core/error.h"
@@ -96,8 +97,8 @@ void print_stream_line(const JobTime& t, const Calibration& c, const Workload& w
               w.stream_colocated ? ", sharing devices" : "", hours(t.seconds).c_str(), hours(t.target_seconds).c_str(),
               hours(t.draft_seconds).c_str(), c.stream_bytes_per_s > 0 ? hours(t.message_seconds).c_str() : "not measured",
               t.bound.c_str(), format_bytes(static_cast<double>(t.queue_bytes)).c_str());
-  if (cost > 0) std::printf("  cost %.2f (%d %s at --gpu-hour-cost %g)", t.seconds / 3600 * w.world * cost, w.world,
-                            devices.c_str(), cost);
+  if (cost > 0) std::printf("  cost %.2f (%d %s at --gpu-hour-cost %g)", t.seconds / 3600 * w.devices() * cost,
+                            w.devices(), devices.c_str(), cost);
   std::printf("\n");
 }
 
@@ -119,7 +120,8 @@ auto as_usage(const char* option, F&& f) {
 void add_time_plan_options(po::options_description& desc) {
   desc.add_options()("calibration", po::value<std::string>()->default_value(""),
                      "calibration.json of aerie calibrate on this node: also print the time and disk of extract and "
-                     "train for --samples samples of --mean-tokens tokens")(
+                     "train (and generate with --generate-responses, the streamed train with --stream-target-ranks) "
+                     "for --samples samples of --mean-tokens tokens, or the samples of --prepared")(
       "samples", po::value<int64_t>()->default_value(0), "with --calibration: the dataset's samples")(
       "prepared", po::value<std::string>()->default_value(""),
       "with --calibration: the dataset as aerie prepare wrote it (each sample costed at its length; instead of "
@@ -155,12 +157,14 @@ namespace {
 
 // --calibration's file, checked as the user's input (exit status 2 on any fault).
 Calibration read_calibration_file(const std::string& path) {
+  AERIE_USAGE_CHECK(!std::filesystem::is_directory(path),
+                    "aerie plan: --calibration " << path << " is a folder, not the calibration.json of aerie calibrate");
   std::ifstream f(path);
   AERIE_USAGE_CHECK(f.good(), "aerie plan: --calibration " << path << " cannot be read");
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(f);
-  } catch (const nlohmann::json::exception& e) {
+  } catch (const std::exception& e) {  // nlohmann's parse errors, and a read that fails midway
     throw UsageError("aerie plan: --calibration " + path + ": " + e.what());
   }
   return as_usage("--calibration", [&] { return calibration_from_json(j, path); });
@@ -169,6 +173,8 @@ Calibration read_calibration_file(const std::string& path) {
 // The dataset: --prepared's samples and lengths, or --samples x --mean-tokens.
 void read_dataset(const po::variables_map& vm, const TargetConfig& target, Workload& w) {
   if (const std::string prepared = vm["prepared"].as<std::string>(); !prepared.empty()) {
+    AERIE_USAGE_CHECK(!std::filesystem::is_directory(prepared),
+                      "aerie plan: --prepared " << prepared << " is a folder, not the prepared .h5 file of aerie prepare");
     AERIE_USAGE_CHECK(vm["samples"].defaulted() && vm["mean-tokens"].defaulted(),
                       "aerie plan: --prepared gives the samples and their lengths: drop --samples / --mean-tokens");
     const PreparedFile p = as_usage("--prepared", [&] { return PreparedFile(prepared); });
@@ -257,6 +263,10 @@ TimePlan read_time_plan(const po::variables_map& vm, const Calibration& calibrat
                                                  << cal_dense << " dense and " << cal_moe
                                                  << " MoE layers), not this target (hidden " << target.hidden_size << ", "
                                                  << target.num_hidden_layers - moe << " dense and " << moe << " MoE layers)");
+  AERIE_USAGE_CHECK(c.draft_vocab_size <= target.vocab_size,
+                    "aerie plan: --calibration " << path << " measured the draft's step at a draft vocabulary of "
+                                                 << c.draft_vocab_size << ", past this target's vocabulary of "
+                                                 << target.vocab_size << ": a calibration of another model");
   AERIE_USAGE_CHECK(c.tp == tp, "aerie plan: --calibration " << path << (c.tp_modeled ? " modeled" : " measured")
                                                              << " the forward at tp " << c.tp << ", the plan is for tp "
                                                              << tp << ": plan with --tp " << c.tp << ", or calibrate with "
@@ -270,14 +280,20 @@ TimePlan read_time_plan(const po::variables_map& vm, const Calibration& calibrat
   read_dataset(vm, target, w);
   read_jobs(vm, target, c, path, w);
   AERIE_USAGE_CHECK(vm["world"].as<int>() >= 0, "aerie plan: --world " << vm["world"].as<int>() << " is negative");
-  // No --world: the ranks plan runs on, or, for a calibration of one rank of a modeled group (--model-tp, made on
-  // fewer GPUs than the node it models), at least that group.
-  w.world = vm["world"].as<int>() > 0 ? vm["world"].as<int>() : c.tp_modeled ? std::max(world, c.tp) : world;
+  // No --world: the ranks plan runs on, and at least the calibration's tp group (a calibration of one rank of a
+  // modeled group, --model-tp, is made on fewer GPUs than the node it models; a tp-2 calibration read by a plan run
+  // without mpirun).
+  w.world = vm["world"].as<int>() > 0 ? vm["world"].as<int>() : std::max(world, c.tp);
   // A streamed train's trainers need not fill a tp group (train -np 3 --target-ranks 2 --tp 2): only it is planned.
   AERIE_USAGE_CHECK(w.world % tp == 0 || w.stream_target_ranks > 0,
                     "aerie plan: " << w.world << " ranks do not split into tp groups of " << tp
-                                   << " (--world N plans N ranks without running on them; a streamed train's "
-                                      "--stream-target-ranks alone must)");
+                                   << " (--world N plans N ranks without running on them; with --stream-target-ranks "
+                                      "only the target's ranks must split so)");
+  // The shards' bytes are counted in int64 (data/extract.h shard_bytes): 8 H bytes a token and more in bf16.
+  const double shard_estimate = static_cast<double>(w.samples) * w.mean_tokens * (8.0 * static_cast<double>(c.hidden_size) + 64);
+  AERIE_USAGE_CHECK(shard_estimate < 4e18, "aerie plan: " << w.samples << " samples of " << w.mean_tokens
+                                                          << " tokens make shards of about " << shard_estimate
+                                                          << " bytes: past what a plan counts (4 x 10^18)");
   plan.gpu_hour_cost = vm["gpu-hour-cost"].as<double>();
   AERIE_USAGE_CHECK(plan.gpu_hour_cost >= 0 && std::isfinite(plan.gpu_hour_cost),
                     "aerie plan: --gpu-hour-cost " << plan.gpu_hour_cost << " is not a price");
@@ -311,11 +327,13 @@ void print_time_plan(const TimePlan& plan) {
   const Calibration& c = plan.calibration;
   const Workload& w = plan.workload;
   const double cost = plan.gpu_hour_cost;
-  const bool offline = w.world % w.tp == 0;  // else the streamed train alone (read_time_plan)
+  const int dev = w.devices();             // the ranks of generate, extract and the offline train (time_plan.h)
+  const bool offline = dev % w.tp == 0;  // else the streamed train alone (plan_time)
   const std::string layout =
-      offline ? std::string(w.gen_responses > 0 ? "generate and " : "") + "extract in " + std::to_string(w.world / w.tp) +
-                    " tp group(s), train data parallel over all " + std::to_string(w.world)
-              : "not tp groups of " + std::to_string(w.tp) + ": the streamed train alone";
+      (offline ? std::string(w.gen_responses > 0 ? "generate and " : "") + "extract in " + std::to_string(dev / w.tp) +
+                     " tp group(s), train data parallel over all " + std::to_string(dev)
+               : "not tp groups of " + std::to_string(w.tp) + ": the streamed train alone") +
+      (dev != w.world ? "; " + std::to_string(dev) + " devices, the streamed train's ranks two a device" : "");
   const std::string measured_batch = c.train_batch > 0 ? ", measured in steps of " + std::to_string(c.train_batch) : "";
   std::printf("\ntime and disk (calibration %s: %s, tp %d%s; the draft's step at vocabulary %lld, %d TTT steps%s): "
               "%lld samples x %s tokens, %d rank(s) (%s)%s\n",
@@ -330,8 +348,8 @@ void print_time_plan(const TimePlan& plan) {
                 "%.1f GB/s bus bandwidth and %.1f us each (calibrate --model-tp): the other ranks' compute is taken to "
                 "be this one's, and their links the given ones; calibrate on the node itself to measure both)\n",
                 c.tp, c.device.c_str(), c.allreduce_bus_bytes_per_s / 1e9, c.allreduce_latency_s * 1e6);
-  if (c.world != w.world)
-    std::printf("  (the calibration ran %d ranks at once, the plan has %d: where ranks share a node's cores, memory "
+  if (c.world != w.world && !c.tp_modeled)  // a modeled group's note above says what one rank leaves out
+    std::printf("  (the calibration ran %d rank(s) at once, the plan has %d: where ranks share a node's cores, memory "
                 "bandwidth or links, calibrate with the job's own rank count)\n",
                 c.world, w.world);
   if (c.train_batch > 0 && w.train_batch_size != c.train_batch)
@@ -347,17 +365,17 @@ void print_time_plan(const TimePlan& plan) {
   if (!plan.packing_note.empty()) std::printf("  (%s)\n", plan.packing_note.c_str());
   if (!plan.layout_note.empty()) std::printf("  (%s)\n", plan.layout_note.c_str());
   const int trainers = w.world - w.stream_target_ranks;
-  if (offline && w.train_batch_size < w.world)
+  if (offline && w.train_batch_size < dev)
     std::printf("  (--train-batch-size %lld is below the %d ranks that train: %d of them get no sample each step and "
                 "idle, as train warns; the plan costs the step of the busiest)\n",
-                static_cast<long long>(w.train_batch_size), w.world, w.world - static_cast<int>(w.train_batch_size));
+                static_cast<long long>(w.train_batch_size), dev, dev - static_cast<int>(w.train_batch_size));
   else if (w.stream_target_ranks > 0 && w.train_batch_size < trainers)
     std::printf("  (--train-batch-size %lld is below the streamed train's %d trainer ranks: some idle each step)\n",
                 static_cast<long long>(w.train_batch_size), trainers);
   const std::string devices = c.device == "cpu" ? "ranks" : "GPUs";
   auto price = [&](double seconds) {
-    if (cost > 0) std::printf("  cost %.2f (%d %s at --gpu-hour-cost %g)", seconds / 3600 * w.world * cost, w.world,
-                              devices.c_str(), cost);
+    if (cost > 0)
+      std::printf("  cost %.2f (%d %s at --gpu-hour-cost %g)", seconds / 3600 * dev * cost, dev, devices.c_str(), cost);
   };
   double total = 0;
   for (const JobTime& t : plan.jobs) {

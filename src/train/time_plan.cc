@@ -550,8 +550,12 @@ std::vector<JobTime> plan_time(const Calibration& c, const Workload& w_in) {
   AERIE_CHECK(w.samples > 0 && w.samples <= 1000000000000 && w.mean_tokens >= 1 && w.mean_tokens <= 1e7,
               "plan: the workload needs 1 to 10^12 samples (got " << w.samples << ") of 1 to 10^7 tokens on average (got "
                                                                  << w.mean_tokens << ")");
-  // A streamed train's ranks need not split into tp groups, only its target's: such a world plans it alone.
-  const bool offline = w.world % std::max(1, w.tp) == 0;
+  // generate, extract and the offline train run one rank a device (Workload::devices: a colocated streamed train's
+  // world counts a target and a trainer rank a GPU). A streamed train's ranks need not split into tp groups, only
+  // its target's: devices that do not split so plan it alone.
+  Workload off = w;
+  off.world = w.devices();
+  const bool offline = off.world % std::max(1, w.tp) == 0;
   AERIE_CHECK(w.tp >= 1 && w.world >= w.tp && (offline || w.stream_target_ranks > 0),
               "plan: " << w.world << " ranks do not split into tp groups of " << w.tp);
   AERIE_CHECK(w.tp == c.tp, "plan: the calibration measured the forward at tp " << c.tp << ", the plan asks tp " << w.tp
@@ -565,14 +569,14 @@ std::vector<JobTime> plan_time(const Calibration& c, const Workload& w_in) {
                                            : static_cast<double>(w.epochs) * static_cast<double>(w.samples);
   std::vector<JobTime> out;
   if (!offline) return {plan_stream(c, w, drawn)};
-  if (w.gen_responses > 0) out.push_back(plan_generate(c, w));
+  if (w.gen_responses > 0) out.push_back(plan_generate(c, off));
 
   // extract: the forwards spread over the tp groups (chunks are handed out dynamically). A GPU's writer thread works
   // while the next forward runs (the longer of the two counts); on the CPU backend the ranks take the cores and the
   // writer's work adds to the forward's.
   JobTime ex;
   ex.job = "extract";
-  ex.compute_seconds = extract_compute_seconds(c, w);
+  ex.compute_seconds = extract_compute_seconds(c, off);
   ex.disk_seconds = c.disk_write_bytes_per_s > 0 ? static_cast<double>(bytes) / c.disk_write_bytes_per_s : 0;
   ex.seconds = std::max(ex.compute_seconds, ex.disk_seconds);
   ex.bound = ex.disk_seconds > ex.compute_seconds ? "disk" : "compute";
@@ -583,7 +587,7 @@ std::vector<JobTime> plan_time(const Calibration& c, const Workload& w_in) {
   // each; the draws follow the dataset's lengths.
   JobTime tr;
   tr.job = "train";
-  tr.compute_seconds = draft_seconds(c, w, drawn, [&c](double l) { return c.train_sample.at(l); }, w.world);
+  tr.compute_seconds = draft_seconds(c, off, drawn, [&c](double l) { return c.train_sample.at(l); }, off.world);
   tr.seconds = tr.compute_seconds;
   tr.bound = "compute";
   out.push_back(tr);

@@ -3,6 +3,7 @@
 // disk throughput, the tp group's all-reduce), and a dataset's description. The arithmetic and its assumptions:
 // docs/time-plan.md. Pure functions: tested on the CPU without a device.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -122,6 +123,12 @@ struct Workload {
   /// The streaming train's target and trainer ranks share devices (one GPU for both, or more ranks than cores):
   /// their compute adds up instead of overlapping.
   bool stream_colocated = false;
+  /// The devices the ranks run on: `world`, or with stream_colocated max(stream_target_ranks, world -
+  /// stream_target_ranks) (a trainer rank beside each target rank: --world 16 --stream-target-ranks 8 is 8 GPUs).
+  /// generate, extract and the offline train run on this many ranks, one a device, and the costs count them.
+  int devices() const {
+    return stream_colocated ? std::max(stream_target_ranks, world - stream_target_ranks) : world;
+  }
   /// > 0: also generate (regenerating the answers): this many responses of gen_new_tokens new tokens each after
   /// prompts of gen_prompt_tokens (means), decoded gen_batch at a time (generate --batch-size) per tp group.
   int64_t gen_responses = 0;

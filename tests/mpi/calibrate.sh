@@ -187,4 +187,32 @@ mpirun -np 2 "$aerie" calibrate --model "$src/tests/model/fixtures/hf/qwen3_moe"
   --model-tp 4 --model-tp-bus-gbps 40 --model-tp-latency-us 20 "${fast[@]}" > "$out/err.log" 2>&1 && fail "--model-tp at --tp 2 accepted"
 err "it takes --tp 1 (or no --tp), not --tp 2" "--model-tp with --tp 2"
 [ -e "$out/m2.json" ] && fail "a refused calibrate --model-tp wrote its output"
+# A latency given in seconds (a unit slip, as the bandwidth's above) is refused.
+mpirun -np 1 "$aerie" calibrate --model "$src/tests/model/fixtures/hf/qwen3_moe" --output "$out/m2.json" --model-tp 2 \
+  --model-tp-bus-gbps 40 --model-tp-latency-us 0.00003 "${fast[@]}" > "$out/err.log" 2>&1 && fail "latency 0.00003 us accepted"
+err "aerie calibrate: --model-tp-latency-us 3e-05 is not a latency in microseconds" "a latency unit slip"
+# A folder as --calibration or --prepared is named as one; a calibration whose draft vocabulary is past this
+# target's vocabulary is another model's.
+plan --calibration "$out" --samples 10 --mean-tokens 40 > "$out/err.log" 2>&1 && fail "a folder as --calibration accepted"
+err "aerie plan: --calibration $out is a folder, not the calibration.json of aerie calibrate" "--calibration folder"
+plan --calibration "$out/qwen3_moe.json" --prepared "$out" > "$out/err.log" 2>&1 && fail "a folder as --prepared accepted"
+err "aerie plan: --prepared $out is a folder" "--prepared folder"
+python3 - "$out/qwen3_moe.json" "$out/other_vocab.json" <<'PY' || fail "other_vocab.json"
+import json, sys
+c = json.load(open(sys.argv[1])); c["train"]["draft_vocab_size"] = 10**7; json.dump(c, open(sys.argv[2], "w"))
+PY
+plan --tp 1 --calibration "$out/other_vocab.json" --samples 10 --mean-tokens 40 > "$out/err.log" 2>&1 && fail "other vocabulary accepted"
+err "measured the draft's step at a draft vocabulary of 10000000, past this target's vocabulary" "another model's vocabulary"
+# The tp-2 calibration read by a plan of one rank: the calibration's tp group is the world (no --world needed).
+mpirun -np 1 "$aerie" plan --model "$src/tests/model/fixtures/hf/qwen3_moe" --gpu-memory 80GiB --tp 2 \
+  --calibration "$out/overlap.json" --samples 100 --mean-tokens 40 > "$out/tp2_plan1.log" 2>&1 ||
+  { cat "$out/tp2_plan1.log"; fail "plan -np 1 of a tp-2 calibration"; }
+grep -q "2 rank(s) (extract in 1 tp group(s)" "$out/tp2_plan1.log" || { cat "$out/tp2_plan1.log"; fail "tp-2 plan: world"; }
+# A colocated streamed train counts its devices: --world 4 --stream-target-ranks 2 --stream-colocated is 2 devices, on
+# which generate, extract and the offline train run.
+plan --tp 1 --calibration "$out/qwen3_moe.json" --samples 100 --mean-tokens 40 --world 4 --stream-target-ranks 2 \
+  --stream-colocated --gpu-hour-cost 1 > "$out/coloc.log" 2>&1 || { cat "$out/coloc.log"; fail "colocated plan"; }
+grep -q "4 rank(s) (extract in 2 tp group(s), train data parallel over all 2; 2 devices, the streamed train's ranks two a device)" \
+  "$out/coloc.log" && grep -q "^  extract .*(2 ranks at --gpu-hour-cost 1)" "$out/coloc.log" ||
+  { cat "$out/coloc.log"; fail "colocated plan: devices"; }
 echo "calibrate.sh: ok"
