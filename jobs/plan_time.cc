@@ -204,6 +204,8 @@ void read_jobs(const po::variables_map& vm, const TargetConfig& target, const Ca
   w.epochs = vm["epochs"].as<int>();
   const int64_t steps = vm["train-steps"].as<int64_t>(), batch = vm["train-batch-size"].as<int64_t>();
   AERIE_USAGE_CHECK(w.epochs >= 1, "aerie plan: --epochs " << w.epochs << " must be >= 1");
+  AERIE_USAGE_CHECK(steps == 0 || vm["epochs"].defaulted(),
+                    "aerie plan: --epochs and --train-steps both say how much train draws: give one");
   AERIE_USAGE_CHECK(steps >= 0 && steps <= 1000000000, "aerie plan: --train-steps " << steps << " is not 0 to 10^9");
   AERIE_USAGE_CHECK(batch >= 1 && batch <= 1000000, "aerie plan: --train-batch-size " << batch << " is not 1 to 10^6");
   w.train_samples = steps * batch;
@@ -242,7 +244,16 @@ std::optional<Calibration> read_calibration_option(const po::variables_map& vm) 
   const std::string path = vm["calibration"].as<std::string>();
   AERIE_USAGE_CHECK(!path.empty() || vm["calibration"].defaulted(),
                     "aerie plan: --calibration is empty (give the calibration.json of aerie calibrate)");
-  if (path.empty()) return std::nullopt;
+  if (path.empty()) {
+    // The time plan's own options mean nothing without a calibration: refused, not ignored.
+    for (const char* o : {"samples", "prepared", "mean-tokens", "epochs", "train-steps", "train-batch-size", "world",
+                          "storage", "samples-per-shard", "gpu-hour-cost", "generate-responses", "generate-prompt-tokens",
+                          "generate-new-tokens", "stream-target-ranks", "stream-colocated"})
+      AERIE_USAGE_CHECK(!vm.count(o) || vm[o].defaulted(),
+                        "aerie plan: --" << o << " describes the time and disk plan, which needs --calibration FILE "
+                                         << "(the calibration.json of aerie calibrate on the node: docs/time-plan.md)");
+    return std::nullopt;
+  }
   return read_calibration_file(path);
 }
 
@@ -309,7 +320,7 @@ TimePlan read_time_plan(const po::variables_map& vm, const Calibration& calibrat
                                                          << " and leave trainer ranks among the " << w.world
                                                          << " (--world; e.g. --world " << w.stream_target_ranks + tp
                                                          << " for one trainer group beside the target's ranks)");
-  plan.jobs = as_usage("--calibration", [&] { return plan_time(c, w); });
+  plan.jobs = as_usage(("--calibration " + path + ":").c_str(), [&] { return plan_time(c, w); });
   plan.max_position = target.max_position_embeddings;
   // A --tp-overlap calibration timed every forward split in two; the jobs split only forwards of several samples.
   if (c.tp_overlap && c.tp > 1 && w.batch_tokens > 0 && !w.lengths.empty()) {

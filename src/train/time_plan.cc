@@ -329,14 +329,19 @@ Calibration calibration_from_json(const nlohmann::json& j, const std::string& pa
   AERIE_CHECK(c.tp >= 1 && (c.world >= c.tp || c.tp_modeled) && c.hidden_size > 0 && !c.layers.empty(),
               path << ": tp " << c.tp << ", world " << c.world << ", hidden_size " << c.hidden_size << ", "
                    << c.layers.size() << " layer kinds: not a calibration of a target");
+  // A time of a day or more for one measured forward, step or sample is no measurement (a unit slip, an edited file).
   auto check_curve = [&](const TimeCurve& t, const std::string& field) {
-    for (double x : t.seconds) AERIE_CHECK(x >= 0, path << ": " << field << ".seconds holds " << x << " (negative)");
+    for (double x : t.seconds)
+      AERIE_CHECK(x >= 0 && x < 86400, path << ": " << field << ".seconds holds " << x << " (seconds, 0 to a day)");
   };
   check_curve(c.base, "forward.base");
   for (const LayerKindTimes& l : c.layers) {
+    AERIE_CHECK(l.kind == "dense" || l.kind == "moe",
+                path << ": forward.layers[].kind is '" << l.kind << "', not dense or moe (the layer kinds calibrate measures)");
     AERIE_CHECK(l.count >= 0, path << ": forward.layers[" << l.kind << "].count is " << l.count);
     check_curve(l.curve, "forward.layers[" + l.kind + "].per_layer");
   }
+  AERIE_CHECK(c.ttt_steps >= 1, path << ": train.ttt_steps is " << c.ttt_steps << " (the draft's step has 1 or more)");
   check_curve(c.train_sample, "train.per_sample");
   check_curve(c.train_sample_alone, "train.per_sample_alone");
   AERIE_CHECK(c.train_step_seconds >= 0 && std::isfinite(c.train_step_seconds) &&

@@ -39,7 +39,21 @@ if(EXISTS "${_k25}/kimi-k2.5.tensors.expanded.jsonl.gz")
     set_tests_properties(plan_kimi_k25_worked_example_${_name} PROPERTIES ENVIRONMENT "${_aerie_plan_env}"
       PASS_REGULAR_EXPRESSION "\n  generate +${_gen} [^\n]*\n  extract +${_ext} [^\n]*shards 19\\.57 TiB \\(fp8\\)[^\n]*\n  train +${_train} [^\n]*\n  total +${_total} ")
   endforeach()
+  # --epochs and --train-steps both given: refused, not one silently ignored.
+  add_test(NAME plan_epochs_and_train_steps
+           COMMAND $<TARGET_FILE:aerie> plan --model-config ${_k25}/config.transformers-5.7.0-redump.json
+                   --tensors ${_k25}/kimi-k2.5.tensors.expanded.jsonl.gz --tp 8 --gpu-memory 96GB
+                   --calibration ${CMAKE_SOURCE_DIR}/docs/calibrations/kimi-k25-tp8-nvlink.h100.json --samples 1000
+                   --mean-tokens 1500 --epochs 3 --train-steps 100)
+  set_tests_properties(plan_epochs_and_train_steps PROPERTIES ENVIRONMENT "${_aerie_plan_env}"
+    PASS_REGULAR_EXPRESSION "aerie plan: --epochs and --train-steps both say how much train draws: give one")
 endif()
+# The time plan's options without --calibration: refused, not ignored.
+add_test(NAME plan_time_options_need_calibration
+         COMMAND $<TARGET_FILE:aerie> plan --model ${CMAKE_SOURCE_DIR}/tests/model/fixtures/hf/qwen2 --gpu-memory 80GiB
+                 --samples 100 --mean-tokens 40)
+set_tests_properties(plan_time_options_need_calibration PROPERTIES ENVIRONMENT "${_aerie_plan_env}"
+  PASS_REGULAR_EXPRESSION "aerie plan: --samples describes the time and disk plan, which needs --calibration FILE")
 add_test(NAME plan_missing_config COMMAND $<TARGET_FILE:aerie> plan --model /nonexistent)
 set_tests_properties(plan_missing_config PROPERTIES ENVIRONMENT "${_aerie_plan_env}"
   PASS_REGULAR_EXPRESSION "plan: --model /nonexistent: model folder /nonexistent does not exist")

@@ -226,6 +226,21 @@ TEST(TimePlan, MalformedCalibrationIsNamed) {
   j["device"] = "";
   EXPECT_NE(testing::error_of([&] { calibration_from_json(j, "x/cal.json"); }).find("x/cal.json: device is empty"),
             std::string::npos);
+  // A layer kind calibrate does not measure, a time of a day or more, no TTT step: an edited or corrupt file.
+  j = to_json(example());
+  j["forward"]["layers"][0]["kind"] = "banana";
+  EXPECT_NE(testing::error_of([&] { calibration_from_json(j, "x/cal.json"); })
+                .find("x/cal.json: forward.layers[].kind is 'banana', not dense or moe"),
+            std::string::npos);
+  j = to_json(example());
+  j["forward"]["layers"][0]["per_layer"]["seconds"][0] = 1e300;
+  EXPECT_NE(testing::error_of([&] { calibration_from_json(j, "x/cal.json"); })
+                .find("forward.layers[dense].per_layer.seconds holds 1e+300 (seconds, 0 to a day)"),
+            std::string::npos);
+  j = to_json(example());
+  j["train"]["ttt_steps"] = 0;
+  EXPECT_NE(testing::error_of([&] { calibration_from_json(j, "x/cal.json"); }).find("x/cal.json: train.ttt_steps is 0"),
+            std::string::npos);
 }
 
 TEST(TimePlan, ShardBytesAsExtractEstimatesThem) {
