@@ -290,6 +290,13 @@ TimePlan read_time_plan(const po::variables_map& vm, const Calibration& calibrat
   Workload& w = plan.workload;
   read_dataset(vm, target, w);
   read_jobs(vm, target, c, path, w);
+  // plan --job generate --batch-size B: the batch generate will decode (with --job extract, --batch-size is the forward's).
+  const bool generate_job = vm.count("job") && vm["job"].as<std::string>() == "generate";
+  if (const int64_t b = generate_job && vm.count("batch-size") ? vm["batch-size"].as<int64_t>() : 0;
+      w.gen_responses > 0 && b > 0 && b != c.generate.batch)
+    plan.generate_note = "generate is costed at the calibration's decoding of " + std::to_string(c.generate.batch) +
+                         " sequences at once, not --batch-size " + std::to_string(b) +
+                         "'s: calibrate --gen-batch-size " + std::to_string(b) + " for its own";
   AERIE_USAGE_CHECK(vm["world"].as<int>() >= 0, "aerie plan: --world " << vm["world"].as<int>() << " is negative");
   // No --world: the ranks plan runs on, and at least the calibration's tp group (a calibration of one rank of a
   // modeled group, --model-tp, is made on fewer GPUs than the node it models; a tp-2 calibration read by a plan run
@@ -375,6 +382,7 @@ void print_time_plan(const TimePlan& plan) {
   print_extrapolation_notes(c, w, plan.max_position);
   if (!plan.packing_note.empty()) std::printf("  (%s)\n", plan.packing_note.c_str());
   if (!plan.layout_note.empty()) std::printf("  (%s)\n", plan.layout_note.c_str());
+  if (!plan.generate_note.empty()) std::printf("  (%s)\n", plan.generate_note.c_str());
   const int trainers = w.world - w.stream_target_ranks;
   if (offline && w.train_batch_size < dev)
     std::printf("  (--train-batch-size %lld is below the %d ranks that train: %d of them get no sample each step and "

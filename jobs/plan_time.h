@@ -29,6 +29,7 @@ struct TimePlan {
   int64_t max_position = 0;   // the target's max_position_embeddings (0: none): calibrate's --tokens stop there
   std::string packing_note;   // a --tp-overlap calibration's forwards that the jobs will not split (else empty)
   std::string layout_note;    // the calibration's expert split is not the plan's (else empty)
+  std::string generate_note;  // --batch-size is not the batch the calibration's generate decoded (else empty)
   std::vector<JobTime> jobs;  // plan_time's prediction
 };
 

@@ -47,6 +47,15 @@ if(EXISTS "${_k25}/kimi-k2.5.tensors.expanded.jsonl.gz")
                    --mean-tokens 1500 --epochs 3 --train-steps 100)
   set_tests_properties(plan_epochs_and_train_steps PROPERTIES ENVIRONMENT "${_aerie_plan_env}"
     PASS_REGULAR_EXPRESSION "aerie plan: --epochs and --train-steps both say how much train draws: give one")
+  # plan --job generate --batch-size 32 with a calibration that decoded 64 at once: said, with the calibrate option.
+  add_test(NAME plan_generate_batch_not_the_calibrations
+           COMMAND $<TARGET_FILE:aerie> plan --job generate --model-config ${_k25}/config.transformers-5.7.0-redump.json
+                   --tensors ${_k25}/kimi-k2.5.tensors.expanded.jsonl.gz --tp 8 --gpu-memory 96GB --embed-split vocab
+                   --batch-size 32 --max-length 2048
+                   --calibration ${CMAKE_SOURCE_DIR}/docs/calibrations/kimi-k25-tp8-nvlink.h100.json --samples 1000
+                   --mean-tokens 1500 --generate-responses 1000 --generate-prompt-tokens 1000 --generate-new-tokens 500)
+  set_tests_properties(plan_generate_batch_not_the_calibrations PROPERTIES ENVIRONMENT "${_aerie_plan_env}"
+    PASS_REGULAR_EXPRESSION "\\(generate is costed at the calibration's decoding of 64 sequences at once, not --batch-size 32's: calibrate --gen-batch-size 32 for its own\\)")
 endif()
 # The time plan's options without --calibration: refused, not ignored.
 add_test(NAME plan_time_options_need_calibration
