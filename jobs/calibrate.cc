@@ -38,6 +38,7 @@
 #include "data/shard.h"
 #include "data/vocab.h"
 #include "jobs/jobs.h"
+#include "jobs/plan_time.h"
 #include "jobs/target_device.h"
 #include "model/draft.h"
 #include "model/sampling.h"
@@ -789,6 +790,7 @@ int calibrate(const std::vector<std::string>& args) {
     cal.allreduce_latency_s = links.latency_s;
   }
   cal.hidden_size = cfg.hidden_size;
+  cal.target = calibration_target(cfg);
   cal.cpu_cores = cpu_cores_allowed();
   MPI_Allreduce(MPI_IN_PLACE, &cal.cpu_cores, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   cal.tp_overlap = dev.options.tp_overlap && tp > 1 && opt.tokens.front() >= 2;

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -116,6 +117,21 @@ auto as_usage(const char* option, F&& f) {
 }
 
 }  // namespace
+
+std::string calibration_target(const TargetConfig& t) {
+  std::ostringstream s;
+  s << "vocab " << t.vocab_size << ", intermediate " << t.intermediate_size << ", heads " << t.num_attention_heads
+    << " / kv " << t.num_key_value_heads << " x " << t.head_dim;
+  if (t.mla.enabled()) s << ", mla " << t.mla.q_lora_rank << " / " << t.mla.kv_lora_rank;
+  if (t.moe.n_routed_experts > 0)
+    s << ", experts " << t.moe.n_routed_experts << " top " << t.moe.num_experts_per_tok << " x "
+      << t.moe.moe_intermediate_size << " (+" << t.moe.n_shared_experts << " shared)";
+  s << ", weights "
+    << (t.quant.method == QuantConfig::Method::Fp8Block   ? "block fp8"
+        : t.quant.method == QuantConfig::Method::Int4Group ? "int4"
+                                                           : "as stored");
+  return s.str();
+}
 
 void add_time_plan_options(po::options_description& desc) {
   desc.add_options()("calibration", po::value<std::string>()->default_value(""),
@@ -274,6 +290,10 @@ TimePlan read_time_plan(const po::variables_map& vm, const Calibration& calibrat
                                                  << cal_dense << " dense and " << cal_moe
                                                  << " MoE layers), not this target (hidden " << target.hidden_size << ", "
                                                  << target.num_hidden_layers - moe << " dense and " << moe << " MoE layers)");
+  AERIE_USAGE_CHECK(c.target.empty() || c.target == calibration_target(target),
+                    "aerie plan: --calibration " << path << " measured a target of " << c.target
+                                                 << "; this one is of " << calibration_target(target)
+                                                 << ": calibrate this model");
   AERIE_USAGE_CHECK(c.draft_vocab_size <= target.vocab_size,
                     "aerie plan: --calibration " << path << " measured the draft's step at a draft vocabulary of "
                                                  << c.draft_vocab_size << ", past this target's vocabulary of "

@@ -102,6 +102,7 @@ void read_optional_fields(const nlohmann::json& j, const std::string& path, Cali
   c.train_step_seconds = optional_field(j, "train", "step_seconds", 0.0, path);
   c.draft_vocab_size = optional_field(j, "train", "draft_vocab_size", int64_t{0}, path);
   c.train_batch = optional_field(j, "train", "batch_size", int64_t{0}, path);
+  c.target = optional_field(j, "target", "fingerprint", std::string(), path);
   AERIE_CHECK(c.train_batch >= 0, path << ": train.batch_size is " << c.train_batch << " (samples, 0 when not recorded)");
   c.stream_bytes_per_s = optional_field(j, "stream", "bytes_per_s", 0.0, path);
   c.tp_modeled = optional_field(j, "allreduce", "modeled", false, path);
@@ -271,6 +272,7 @@ nlohmann::json to_json(const Calibration& c) {
           {"version", kVersion},
           {"device", c.device},
           {"model", c.model},
+          {"target", {{"fingerprint", c.target}}},
           {"world", c.world},
           {"tp", c.tp},
           {"hidden_size", c.hidden_size},

@@ -47,6 +47,9 @@ struct LayerKindTimes {
 struct Calibration {
   std::string device;  // "cpu", or the GPU's name
   std::string model;   // the target's config.json
+  /// What of the target the times depend on beyond its hidden size and layer kinds (jobs/plan_time.h
+  /// calibration_target: vocabulary, widths, heads, experts, weight format), for plan to compare; "" in an older file.
+  std::string target;
   int world = 1;       // ranks of the calibration run
   int tp = 1;          // ranks of the tp group that ran the forward
   int cpu_cores = 0;   // the fewest CPU cores a rank of the calibration could run on (its affinity; 0 in an older file)

@@ -203,6 +203,15 @@ c = json.load(open(sys.argv[1])); c["train"]["draft_vocab_size"] = 10**7; json.d
 PY
 plan --tp 1 --calibration "$out/other_vocab.json" --samples 10 --mean-tokens 40 > "$out/err.log" 2>&1 && fail "other vocabulary accepted"
 err "measured the draft's step at a draft vocabulary of 10000000, past this target's vocabulary" "another model's vocabulary"
+# The calibration records what of the target its times depend on; a plan of a target that differs there is refused.
+python3 - "$out/qwen3_moe.json" "$out/other_target.json" <<'PY' || fail "other_target.json"
+import json, sys
+c = json.load(open(sys.argv[1]))
+assert c["target"]["fingerprint"].startswith("vocab "), c["target"]
+c["target"]["fingerprint"] = c["target"]["fingerprint"].replace("vocab ", "vocab 9", 1); json.dump(c, open(sys.argv[2], "w"))
+PY
+plan --tp 1 --calibration "$out/other_target.json" --samples 10 --mean-tokens 40 > "$out/err.log" 2>&1 && fail "another target accepted"
+err "other_target.json measured a target of vocab 9[0-9]*, .*; this one is of vocab [0-9]*, .*: calibrate this model" "another target's fingerprint"
 # The tp-2 calibration read by a plan of one rank: the calibration's tp group is the world (no --world needed).
 mpirun -np 1 "$aerie" plan --model "$src/tests/model/fixtures/hf/qwen3_moe" --gpu-memory 80GiB --tp 2 \
   --calibration "$out/overlap.json" --samples 100 --mean-tokens 40 > "$out/tp2_plan1.log" 2>&1 ||
