@@ -126,10 +126,7 @@ std::string calibration_target(const TargetConfig& t) {
   if (t.moe.n_routed_experts > 0)
     s << ", experts " << t.moe.n_routed_experts << " top " << t.moe.num_experts_per_tok << " x "
       << t.moe.moe_intermediate_size << " (+" << t.moe.n_shared_experts << " shared)";
-  s << ", weights "
-    << (t.quant.method == QuantConfig::Method::Fp8Block   ? "block fp8"
-        : t.quant.method == QuantConfig::Method::Int4Group ? "int4"
-                                                           : "as stored");
+  s << ", " << describe(t.quant.method);
   return s.str();
 }
 
@@ -327,8 +324,9 @@ TimePlan read_time_plan(const po::variables_map& vm, const Calibration& calibrat
                     "aerie plan: " << w.world << " ranks do not split into tp groups of " << tp
                                    << " (--world N plans N ranks without running on them; with --stream-target-ranks "
                                       "only the target's ranks must split so)");
-  // The shards' bytes are counted in int64 (data/extract.h shard_bytes): 8 H bytes a token and more in bf16.
-  const double shard_estimate = static_cast<double>(w.samples) * w.mean_tokens * (8.0 * static_cast<double>(c.hidden_size) + 64);
+  // The shards' bytes are counted in int64 (data/extract.h shard_bytes).
+  const double shard_estimate = static_cast<double>(w.samples) * w.mean_tokens *
+                                static_cast<double>(shard_bytes_per_token(c.hidden_size, false));
   AERIE_USAGE_CHECK(shard_estimate < 4e18, "aerie plan: " << w.samples << " samples of " << w.mean_tokens
                                                           << " tokens make shards of about " << shard_estimate
                                                           << " bytes: past what a plan counts (4 x 10^18)");

@@ -13,8 +13,8 @@ namespace aerie::jobs {
 
 /// What of `t` a calibration's times depend on beyond its hidden size and layers of each kind (which plan checks
 /// apart): vocabulary, MLP and expert widths, heads, the MLA ranks, experts and top-k, the weight format, as one
-/// line ("vocab 163840, intermediate 18432, heads 64 / kv 64 x 128, mla 1536 / 512, experts 384 top 8 x 2048,
-/// weights int4"). calibrate records it (Calibration::target); plan refuses a calibration whose line differs.
+/// line ("vocab 163840, intermediate 18432, heads 64 / kv 64 x 128, mla 1536 / 512, experts 384 top 8 x 2048 (+1
+/// shared), INT4 (compressed-tensors pack-quantized)"). calibrate records it (Calibration::target); plan refuses a calibration whose line differs.
 std::string calibration_target(const TargetConfig& t);
 
 /// Adds --calibration, --samples, --mean-tokens, --epochs, --world, --storage and --gpu-hour-cost to `desc`.
