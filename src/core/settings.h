@@ -21,7 +21,10 @@ struct Settings {
   int gemm_search = -1;
   /// AERIE_ATTENTION_FORWARD_KERNEL / AERIE_ATTENTION_BACKWARD_KERNEL: "" (auto), "wgmma" (also where auto would not
   /// take it), "mma" (the mma.sync kernels on an sm_90a GPU too), "mma64" (the mma.sync kernels with 4 warps and
-  /// 64-wide tiles also where an SM of 100 KiB takes 8 warps or 32-key tiles: for comparing the two).
+  /// 64-wide tiles also where an SM of 100 KiB takes 8 warps or 32-key tiles: for comparing the two), "fa2" (the
+  /// mma.sync kernels in FlashAttention-2's shapes at head dims 64 and 128 and the forward's 192 / 128: the forward
+  /// with 32 rows per warp, 128 per block; the backward in one pass, dq by atomic adds; not the default until their tests
+  /// and benchmark have run on a GPU: docs/performance.md).
   std::string attention_forward_kernel, attention_backward_kernel;
   /// AERIE_GROUPED_GEMM_BM: the grouped GEMM's row tiles, "mixed" (default), "64" or "128".
   std::string grouped_gemm_bm = "mixed";

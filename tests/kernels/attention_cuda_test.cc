@@ -87,9 +87,9 @@ TEST_P(AttentionCudaTest, ForwardMatchesCpu) {
     EXPECT_THROW(attention_forward(gq, gk, gv, c.q_offset, scale, gout, nullptr), Error);
     return;
   }
-  // Both BF16 tensor-core forwards at head dim 128: the wgmma kernel (the default on an H100 / H200;
-  // elsewhere the same as "mma") and the mma.sync one.
-  for (const char* kernel : {"wgmma", "mma"}) {
+  // Every BF16 tensor-core forward: the wgmma kernel (the default on an H100 / H200; elsewhere the same as "mma"),
+  // the mma.sync one with 16 rows per warp ("mma") and with 32 ("fa2" at head dims 64 and 128).
+  for (const char* kernel : {"wgmma", "mma", "fa2"}) {
     SCOPED_TRACE(kernel);
     testing::ScopedEnv choice("AERIE_ATTENTION_FORWARD_KERNEL", kernel);  // the caller's own comes back after
     Tensor gout = Tensor::empty(q.shape(), c.dt, Device::CUDA);
@@ -128,9 +128,10 @@ TEST_P(AttentionCudaTest, BackwardMatchesCpu) {
                  Error);
     return;
   }
-  // Both BF16 tensor-core backwards at head dims 64, 128 and 192: the wgmma passes (the default on an H100 /
-  // H200; elsewhere, and at other head dims, the same as "mma") and the mma.sync ones.
-  for (const char* kernel : {"wgmma", "mma"}) {
+  // Every BF16 tensor-core backward at head dims 64, 128 and 192: the wgmma passes (the default on an H100 /
+  // H200; elsewhere, and at other head dims, the same as "mma"), the two mma.sync passes ("mma") and the one-pass
+  // mma.sync kernel ("fa2" at 64 and 128).
+  for (const char* kernel : {"wgmma", "mma", "fa2"}) {
     SCOPED_TRACE(kernel);
     testing::ScopedEnv choice("AERIE_ATTENTION_BACKWARD_KERNEL", kernel);  // the caller's own comes back after
     Tensor gdq = on_gpu(random_tensor(q.shape(), 11), c.dt), gdk = on_gpu(dk0, c.grad_dt), gdv = on_gpu(dv0, c.grad_dt);
@@ -197,7 +198,14 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{700, 700, 8, 2, 192, 0, BF16, F32, 0, "sm_120"},
                       Case{20, 170, 4, 4, 192, 150, BF16, BF16, 0, "sm_120"},
                       Case{150, 150, 4, 4, 192, 0, BF16, F32, 33, "sm_120"},
-                      Case{700, 700, 16, 2, 128, 0, BF16, F32, 200, "sm_120"}),
+                      Case{700, 700, 16, 2, 128, 0, BF16, F32, 200, "sm_120"},
+                      // ... and at d 64 / 128 (with "fa2" above, the one-pass backward): partial tiles, group 8,
+                      // no-key rows, chunked after a cache, a window.
+                      Case{129, 129, 8, 2, 128, 0, BF16, F32, 0, "sm_120"},
+                      Case{700, 700, 16, 2, 64, 0, BF16, BF16, 0, "sm_120"},
+                      Case{100, 100, 8, 2, 128, -5, BF16, BF16, 0, "sm_120"},
+                      Case{37, 500, 8, 2, 128, 463, BF16, F32, 0, "sm_120"},
+                      Case{300, 300, 8, 2, 64, 0, BF16, F32, 45, "sm_120"}),
     case_name);
 
 // ------------------------------------------------------------------------------------------------
@@ -473,15 +481,17 @@ TEST(AttentionCudaValueHead, MlaShapesMatchCpu) {
     const Tensor v = rounded(random_tensor({c.tk, c.nh, dv}, 3), c.dt);
     Tensor out = Tensor::empty({c.tq, c.nh, dv}, DType::F32), lse = Tensor::empty({c.tq, c.nh}, DType::F32);
     attention_forward(q, k, v, c.off, scale, out, &lse);
-    // The automatic choice (mma.sync below 2560 keys at this head dim), the wgmma kernel forced, and the
-    // automatic choice as on an sm_120 GPU (mma.sync, K and V single-buffered in 99 KiB).
-    for (const char* kernel : {"", "wgmma", "sm_120"}) {
+    // The automatic choice (mma.sync below 2560 keys at this head dim), the wgmma kernel
+    // forced, and as on an sm_120 GPU (99 KiB per block) the automatic choice (mma.sync, 64 rows, K and V
+    // single-buffered) and FlashAttention-2's shape (fa2: 128 rows, 32-key tiles).
+    for (const char* kernel : {"", "wgmma", "sm_120", "sm_120+fa2"}) {
       SCOPED_TRACE(*kernel ? kernel : "auto");
-      const bool as120 = std::string(kernel) == "sm_120";
+      const bool as120 = std::string(kernel).rfind("sm_120", 0) == 0;
       std::optional<testing::ScopedEnv> emulate;
       if (as120) emulate.emplace("AERIE_CUDA_EMULATE", "sm_120");
       std::optional<testing::ScopedEnv> choice;  // "" and sm_120: the automatic choice, whatever the caller set
-      choice.emplace("AERIE_ATTENTION_FORWARD_KERNEL", *kernel && !as120 ? kernel : nullptr);
+      const char* forced = !*kernel ? nullptr : !as120 ? kernel : std::string(kernel) == "sm_120+fa2" ? "fa2" : nullptr;
+      choice.emplace("AERIE_ATTENTION_FORWARD_KERNEL", forced);
       Tensor gout = Tensor::empty({c.tq, c.nh, dv}, c.dt, Device::CUDA);
       Tensor glse = Tensor::empty({c.tq, c.nh}, DType::F32, Device::CUDA);
       attention_forward(on_gpu(q, c.dt), on_gpu(k, c.dt), on_gpu(v, c.dt), c.off, scale, gout, &glse);

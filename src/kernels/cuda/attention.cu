@@ -212,12 +212,13 @@ struct Forward {
         return;
       }
       if (ok && p.dv == TD) {
-        plan_and_launch(kTcBlockRows, [&](int64_t tiles, int64_t splits) { launch_fwd_tc<TD>(p, tiles, splits); });
+        plan_and_launch(fwd_tc_block_rows<TD>(p),
+                        [&](int64_t tiles, int64_t splits) { launch_fwd_tc<TD>(p, tiles, splits); });
         return;
       }
       if constexpr (TD == 192) {
         if (ok && p.dv == 128) {  // MLA: value head 128 of a query/key head 192
-          plan_and_launch(kTcBlockRows,
+          plan_and_launch(fwd_tc_block_rows<192, 128>(p),
                           [&](int64_t tiles, int64_t splits) { launch_fwd_tc_dv<192, 128>(p, tiles, splits); });
           return;
         }

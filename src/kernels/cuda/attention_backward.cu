@@ -3,9 +3,10 @@
 // looping over the 32-row tiles of packed query rows that attend them (lane = query row); dq per tile of
 // packed query rows, looping over 32-key tiles (lane = key), as the forward. Both recompute
 // P = exp(scale q.k - lse) from the saved lse. Row packing and head-dim padding as in attention.cu.
-// BF16 work with head dim 64, 128 or 192 (MLA) goes to the tensor-core passes of attention_backward_tc.cu, on an
-// sm_90a GPU with head dim 128 to the wgmma passes of attention_wgmma.cu
-// (AERIE_ATTENTION_BACKWARD_KERNEL=mma keeps the mma.sync ones, for comparisons).
+// BF16 work with head dim 64, 128 or 192 (MLA) goes to the tensor-core kernels: on an sm_90a GPU the wgmma passes of
+// attention_wgmma.cu; elsewhere (or with AERIE_ATTENTION_BACKWARD_KERNEL=mma) the two mma.sync passes of
+// attention_backward_tc.cu, or with =fa2 at head dims 64 and 128 the one-pass mma.sync kernel of
+// attention_backward_fused.cu.
 #include <algorithm>
 #include <type_traits>
 
@@ -279,6 +280,12 @@ struct Backward {
         if (wgmma_chosen(settings().attention_backward_kernel)) {  // at 192: the MLA draft's padded heads
           launch_bwd_wgmma<TD, G>(p);
           return;
+        }
+        if constexpr (TD != 192) {
+          if (one_pass_chosen(settings().attention_backward_kernel) && smem_fits(bwd_fused_smem<TD>())) {
+            launch_bwd_fused_tc<TD, G>(p);
+            return;
+          }
         }
         if (p.tk > 0) launch_bwd_dkdv_tc<TD, G>(p);
         launch_bwd_dq_tc<TD>(p);

@@ -1,5 +1,6 @@
-// BF16 tensor-core backward of the causal GQA attention (head dims exactly 64, 128 or 192, the last MLA's
-// query/key head with its values zero-padded to it: the MLA draft's TTT): the two passes of
+// BF16 tensor-core backward of the causal GQA attention in two passes (head dims exactly 64, 128 or 192, the last
+// MLA's query/key head with its values zero-padded to it: the MLA draft's TTT; AERIE_ATTENTION_BACKWARD_KERNEL=fa2
+// takes the one-pass kernel of attention_backward_fused.cu at 64 and 128 instead): the two passes of
 // attention_backward.cu (dq per tile of packed query rows; dk/dv per tile of keys, no atomics) with
 // mma.sync m16n8k16 (bf16 in, fp32 accumulate) instead of SIMT dot products. FlashAttention-2 (Dao
 // 2023) Algorithm 2: P = exp(scale q.k - lse) is recomputed from the saved lse, dP = dout v^T,
@@ -20,26 +21,10 @@
 namespace aerie::cuda::attn {
 namespace {
 
-constexpr float kLog2e = 1.4426950408889634f;
-
 /// Bytes of a [ROWS][DP] bf16 tile.
 template <int DP, int ROWS>
 constexpr size_t tile_bytes() {
   return sizeof(bf16_t) * ROWS * DP;
-}
-
-/// Loads a [ROWS][DP] tile of packed query rows R0 .. R0+ROWS-1 (row R = i * group + head in group of kv head
-/// g) of a [tq, nh, DP] tensor into swizzled shared memory; rows past tq are zeros. All threads of the block.
-template <int DP, int ROWS>
-__device__ __forceinline__ void load_rows(uint32_t dst, const bf16_t* src, const BwdParams& p, int g, int64_t R0) {
-  constexpr int NC = DP / 8;
-  for (int idx = threadIdx.x; idx < ROWS * NC; idx += blockDim.x) {
-    const int r = idx / NC, c = idx % NC;
-    const int64_t R = R0 + r, i = R / p.group;
-    const int h = g * p.group + static_cast<int>(R % p.group);
-    const bool ok = i < p.tq;
-    cp_async16(dst + swz<DP>(r, c), ok ? src + (i * p.nh + h) * DP + c * 8 : src, ok);
-  }
 }
 
 /// Loads keys j0 .. j0+ROWS-1 of kv head g of a [tk, nkv, DP] tensor; keys past tk are zeros.
@@ -230,15 +215,9 @@ __global__ void __launch_bounds__(C::kThreadsPerBlock, 1) attn_bwd_dkdv_mma_kern
     const int64_t Rt = R0 + static_cast<int64_t>(t) * TB;
     load_rows<DP, TB>(sQ + buf * tile_bytes<DP, TB>(), q, p, g, Rt);
     load_rows<DP, TB>(sO + buf * tile_bytes<DP, TB>(), dout, p, g, Rt);
-    if (threadIdx.x < TB) {
-      const int64_t R = Rt + threadIdx.x, i = R / p.group;
-      const int h = g * p.group + static_cast<int>(R % p.group);
-      const float lse = i < p.tq ? p.lse[i * p.nh + h] : -INFINITY;
-      const bool ok = i < p.tq && lse != -INFINITY;  // a row without keys has no gradient
-      lse2s[buf * TB + threadIdx.x] = ok ? lse * kLog2e : 0.0f;
-      Ds[buf * TB + threadIdx.x] = ok ? p.D[i * p.nh + h] : 0.0f;
-      ilims[buf * TB + threadIdx.x] = ok ? static_cast<int>(i + p.q_offset) : -1;
-    }
+    if (threadIdx.x < TB)
+      row_values(p, g, Rt + threadIdx.x, lse2s[buf * TB + threadIdx.x], Ds[buf * TB + threadIdx.x],
+                 ilims[buf * TB + threadIdx.x]);
   };
   if (ntiles > 0) load_tile(0, 0);
   cp_async_commit();

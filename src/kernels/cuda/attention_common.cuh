@@ -28,10 +28,15 @@ __device__ __forceinline__ float dot4(const float* a, const float* b) {
 }
 
 /// Whether an attention op takes its wgmma kernel (attention_wgmma.cu): an sm_90a GPU, unless its setting
-/// (core/settings.h: AERIE_ATTENTION_FORWARD_KERNEL / _BACKWARD_KERNEL) says "mma" or "mma64" ("wgmma" or "": auto).
+/// (core/settings.h: AERIE_ATTENTION_FORWARD_KERNEL / _BACKWARD_KERNEL) says "mma", "mma64" or "fa2" ("wgmma" or "":
+/// auto).
 inline bool wgmma_chosen(const std::string& setting) {
-  return setting != "mma" && setting != "mma64" && wgmma_device();
+  return setting != "mma" && setting != "mma64" && setting != "fa2" && wgmma_device();
 }
+
+/// Whether the backward takes its one-pass mma.sync kernel (attention_backward_fused.cu) instead of the two passes
+/// (attention_backward_tc.cu) at head dims 64 and 128: the setting says "fa2" (not yet the default).
+inline bool one_pass_chosen(const std::string& setting) { return setting == "fa2"; }
 
 /// Whether the setting says "mma64": the mma.sync kernels' 4-warp, 64-wide shape also where the SM's size would
 /// take the 8-warp or 32-key one.
@@ -176,6 +181,10 @@ constexpr int kTcBlockRows = 64;
 /// same row packing, key splits and outputs as the SIMT attn_fwd_kernel.
 template <int DP>
 void launch_fwd_tc(const FwdParams& p, int64_t tiles, int64_t splits);
+/// Packed query rows per block of launch_fwd_tc<DP> / launch_fwd_tc_dv<DP, DV> for these parameters and settings:
+/// kTcBlockRows, or 128 where the 128-row shape runs (head dims 64, 128 and 192 / 128).
+template <int DP, int DV = DP>
+int fwd_tc_block_rows(const FwdParams& p);
 /// The same with a value head of DV < DP columns (MLA: 192 / 128).
 template <int DP, int DV>
 void launch_fwd_tc_dv(const FwdParams& p, int64_t tiles, int64_t splits);
@@ -206,6 +215,13 @@ template <int DP>
 void launch_bwd_dq_tc(const BwdParams& p);
 template <int DP, typename G>
 void launch_bwd_dkdv_tc(const BwdParams& p);
+/// The one-pass BF16 tensor-core backward (attention_backward_fused.cu, head dim d == DP = 64 or 128, every tensor
+/// 16-byte aligned): dq overwritten (through an fp32 accumulator of tq x nh x DP it allocates), dk / dv added to;
+/// bwd_fused_smem: its shared memory per block (bytes).
+template <int DP, typename G>
+void launch_bwd_fused_tc(const BwdParams& p);
+template <int DP>
+size_t bwd_fused_smem();
 /// The forward with wgmma (attention_wgmma.cu: sm_90a, query/key head D and value head DV exactly (64, 64),
 /// (128, 128), MLA's (192, 128) or the MLA draft's padded (192, 192), bf16, 16-byte aligned; grid nkv x tiles x splits with tiles of 128 packed
 /// rows; the same contract as launch_fwd_tc).

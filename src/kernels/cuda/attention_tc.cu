@@ -25,10 +25,12 @@ namespace {
 constexpr int kRowsPerWarp = 16;
 static_assert(kTcBlockRows == kWarps * kRowsPerWarp);
 
-// KEYS: keys per streamed tile (64, or 32 where an SM holds only one block of 64).
-template <int DP, int DV, int NBUF, int KEYS>
+// KEYS: keys per streamed tile (64, or 32 where an SM holds only one block of 64); MT: m16 row tiles per warp (a
+// block of 4 warps holds 64 MT packed query rows).
+template <int DP, int DV, int NBUF, int KEYS, int MT = 1>
 struct MmaSmem {
-  static constexpr size_t q_bytes = sizeof(bf16_t) * kTcBlockRows * DP;
+  static constexpr int rows = kWarps * 16 * MT;
+  static constexpr size_t q_bytes = sizeof(bf16_t) * rows * DP;
   static constexpr size_t k_bytes = sizeof(bf16_t) * KEYS * DP;  // one K tile
   static constexpr size_t v_bytes = sizeof(bf16_t) * KEYS * DV;  // one V tile
   static constexpr size_t bytes = q_bytes + NBUF * (k_bytes + v_bytes);  // Q, K[NBUF], V[NBUF]
@@ -105,26 +107,31 @@ __device__ __forceinline__ void store_rows(const FwdParams& p, const Seq& s, con
 }
 
 // DP: the query/key head dim; DV: the value/output head dim (DP, or MLA's 128 against 192); NBUF: K/V buffers;
-// KEYS: keys per K/V tile.
-template <int DP, int DV, int NBUF, int KEYS>
-__global__ void __launch_bounds__(kThreads, 2) attn_fwd_mma_kernel(FwdParams p) {
+// KEYS: keys per K/V tile; MT: m16 tiles of 16 rows per warp. With MT = 2 each K / V fragment read from shared
+// memory feeds two mma row tiles (FlashAttention-2's 128-row blocks of 4 warps), Q's fragments are read from shared
+// memory per tile at head dim 128 and 192 (they would take 64 registers) and kept in registers at 64.
+template <int DP, int DV, int NBUF, int KEYS, int MT>
+__global__ void __launch_bounds__(kThreads, MT == 1 ? 2 : 1) attn_fwd_mma_kernel(FwdParams p) {
   static_assert(DP == 64 || DP == 128 || DP == 192);
   static_assert(DV == DP || (DP == 192 && DV == 128));
+  static_assert(MT == 1 || MT == 2);
   constexpr int NC = DP / 8;       // 16-byte chunks per row of Q, K
   constexpr int NCV = DV / 8;      // of V
   constexpr int KD = DP / 16;      // k16 steps of Q K^T over the head dim
   constexpr int NB = KEYS / 8;     // n8 score blocks per tile
   constexpr int KK = KEYS / 16;    // k16 steps of P V over the keys
   constexpr int ND = DV / 8;       // n8 output blocks
+  constexpr bool kQRegs = MT == 1 || DP == 64;  // Q's fragments in registers for the whole kernel
   static_assert(NBUF == 1 || NBUF == 2);
   static_assert(KEYS == 32 || KEYS == 64);
-  using L = MmaSmem<DP, DV, NBUF, KEYS>;
+  using L = MmaSmem<DP, DV, NBUF, KEYS, MT>;
+  constexpr int BR = L::rows, WR = 16 * MT;  // packed rows per block, per warp
   extern __shared__ __align__(128) unsigned char mma_smem[];
   const uint32_t sQ = static_cast<uint32_t>(__cvta_generic_to_shared(mma_smem));
   const uint32_t sK = sQ + L::q_bytes, sV = sK + NBUF * L::k_bytes;
 
   Seq s;
-  if (!find_seq<kTcBlockRows>(p, s, blockIdx.x)) return;
+  if (!find_seq<BR>(p, s, blockIdx.x)) return;
   // One sequence: the last query tiles have the most keys; start them first.
   if (p.cu == nullptr) s.tile = gridDim.x - 1 - blockIdx.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, quad = lane >> 2, tq4 = lane & 3;
@@ -132,10 +139,10 @@ __global__ void __launch_bounds__(kThreads, 2) attn_fwd_mma_kernel(FwdParams p) 
   const bf16_t* k = static_cast<const bf16_t*>(p.k);
   const bf16_t* v = static_cast<const bf16_t*>(p.v);
   const int g = blockIdx.y, split = blockIdx.z;
-  const int64_t r0 = s.tile * kTcBlockRows;  // first packed row of the block
+  const int64_t r0 = s.tile * BR;  // first packed row of the block
 
   // Q tile (rows past the sequence are zeros).
-  for (int idx = threadIdx.x; idx < kTcBlockRows * NC; idx += kThreads) {
+  for (int idx = threadIdx.x; idx < BR * NC; idx += kThreads) {
     const int r = idx / NC, c = idx % NC;
     const int64_t R = r0 + r, i = R / p.group;
     const int h = g * p.group + static_cast<int>(R % p.group);
@@ -145,7 +152,7 @@ __global__ void __launch_bounds__(kThreads, 2) attn_fwd_mma_kernel(FwdParams p) 
   cp_async_commit();
 
   const int64_t i_first = r0 / p.group;
-  const int64_t i_last = min(s.tq - 1, (r0 + kTcBlockRows - 1) / p.group);
+  const int64_t i_last = min(s.tq - 1, (r0 + BR - 1) / p.group);
   const int64_t kend_block = max(int64_t{0}, min(s.tk, i_last + s.q_offset + 1));
   // The split's keys, from the first key of the block's first row (the window's lower bound).
   const int64_t kbeg = max(split * p.split_len, first_key(i_first + s.q_offset, p.window));
@@ -169,68 +176,98 @@ __global__ void __launch_bounds__(kThreads, 2) attn_fwd_mma_kernel(FwdParams p) 
   if (ntiles > 0) load_kv(0, 0);
   cp_async_commit();
 
-  // This lane's two rows: quad and quad + 8 of the warp's 16.
-  int64_t klim[2];
+  // This lane's rows: quad and quad + 8 of each of the warp's MT m16 tiles.
+  int64_t klim[MT][2];
 #pragma unroll
-  for (int e = 0; e < 2; ++e) {
-    const int64_t i = (r0 + warp * kRowsPerWarp + quad + 8 * e) / p.group;
-    klim[e] = i < s.tq ? i + s.q_offset : -1;
-  }
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int64_t i = (r0 + warp * WR + mt * 16 + quad + 8 * e) / p.group;
+      klim[mt][e] = i < s.tq ? i + s.q_offset : -1;
+    }
   const float sl2 = p.scale * 1.4426950408889634f;  // scores in base-2 units
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  float o[ND][4];
+  float m[MT][2], l[MT][2];
+  float o[MT][ND][4];
 #pragma unroll
-  for (int nd = 0; nd < ND; ++nd) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.0f;
+  for (int mt = 0; mt < MT; ++mt) {
+    m[mt][0] = m[mt][1] = -INFINITY;
+    l[mt][0] = l[mt][1] = 0.0f;
+#pragma unroll
+    for (int nd = 0; nd < ND; ++nd) o[mt][nd][0] = o[mt][nd][1] = o[mt][nd][2] = o[mt][nd][3] = 0.0f;
+  }
 
   cp_async_wait<1>();  // Q has landed (the first K/V tile may still be in flight)
   __syncthreads();
-  uint32_t qf[KD][4];
+  uint32_t qf[kQRegs ? MT : 1][kQRegs ? KD : 1][4];
+  if constexpr (kQRegs) {
 #pragma unroll
-  for (int kd = 0; kd < KD; ++kd)
-    ldsm_x4(sQ + swz<DP>(warp * kRowsPerWarp + (lane & 15), kd * 2 + (lane >> 4)), qf[kd][0], qf[kd][1], qf[kd][2],
-            qf[kd][3]);
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int kd = 0; kd < KD; ++kd)
+        ldsm_x4(sQ + swz<DP>(warp * WR + mt * 16 + (lane & 15), kd * 2 + (lane >> 4)), qf[mt][kd][0], qf[mt][kd][1],
+                qf[mt][kd][2], qf[mt][kd][3]);
+  }
 
   for (int t = 0; t < ntiles; ++t) {
     const int buf = next_tile<NBUF>(t, ntiles, load_kv);  // tile t has landed
     const uint32_t kb = sK + buf * L::k_bytes, vb = sV + buf * L::v_bytes;
     const int64_t j0 = kbeg + static_cast<int64_t>(t) * KEYS;
 
-    // S [16 rows][KEYS keys] = Q K^T. x4 matrices: keys +0 / +8 of the pair of n8 blocks, d chunks 2kd / 2kd+1.
-    float sc[NB][4];
+    // S [16 MT rows][KEYS keys] = Q K^T. x4 matrices: keys +0 / +8 of the pair of n8 blocks, d chunks 2kd / 2kd+1.
+    float sc[MT][NB][4];
 #pragma unroll
-    for (int nb = 0; nb < NB; ++nb) sc[nb][0] = sc[nb][1] = sc[nb][2] = sc[nb][3] = 0.0f;
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb) sc[mt][nb][0] = sc[mt][nb][1] = sc[mt][nb][2] = sc[mt][nb][3] = 0.0f;
 #pragma unroll
     for (int kd = 0; kd < KD; ++kd) {
+      uint32_t qa[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        if constexpr (kQRegs) {
+#pragma unroll
+          for (int x = 0; x < 4; ++x) qa[mt][x] = qf[mt][kd][x];
+        } else {
+          ldsm_x4(sQ + swz<DP>(warp * WR + mt * 16 + (lane & 15), kd * 2 + (lane >> 4)), qa[mt][0], qa[mt][1],
+                  qa[mt][2], qa[mt][3]);
+        }
+      }
 #pragma unroll
       for (int nb = 0; nb < NB; nb += 2) {
         const int mi = lane >> 3;
         uint32_t b0, b1, b2, b3;
         ldsm_x4(kb + swz<DP>(nb * 8 + (mi >> 1) * 8 + (lane & 7), kd * 2 + (mi & 1)), b0, b1, b2, b3);
-        mma16816(sc[nb], qf[kd], b0, b1);
-        mma16816(sc[nb + 1], qf[kd], b2, b3);
-      }
-    }
-
-    // Online softmax. Element e of block nb: row quad + 8 (e >> 1), key j0 + nb * 8 + 2 tq4 + (e & 1).
-    const bool masked = j0 + KEYS > kend || j0 + KEYS - 1 > klim_min || j0 < kfirst_max;
-    float mx[2] = {m[0], m[1]};
 #pragma unroll
-    for (int nb = 0; nb < NB; ++nb) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = sc[nb][e] * sl2;
-        if (masked) {
-          const int64_t j = j0 + nb * 8 + 2 * tq4 + (e & 1);
-          if (j >= kend || !attends(j, klim[e >> 1], p.window)) x = -INFINITY;
+        for (int mt = 0; mt < MT; ++mt) {
+          mma16816(sc[mt][nb], qa[mt], b0, b1);
+          mma16816(sc[mt][nb + 1], qa[mt], b2, b3);
         }
-        sc[nb][e] = x;
-        mx[e >> 1] = fmaxf(mx[e >> 1], x);
       }
     }
-    uint32_t pf[KK][4];
-    softmax_update<ND, KEYS>(sc, mx, m, l, o, pf);
 
-    // O [16][DP] += P [16][KEYS] V [KEYS][DP]. x4.trans matrices: keys +0 / +8 of the k16 step, d chunks nd / nd+1.
+    // Online softmax. Element e of block nb of row tile mt: row mt*16 + quad + 8 (e >> 1), key j0 + nb*8 + 2 tq4 + (e & 1).
+    const bool masked = j0 + KEYS > kend || j0 + KEYS - 1 > klim_min || j0 < kfirst_max;
+    uint32_t pf[MT][KK][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      float mx[2] = {m[mt][0], m[mt][1]};
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float x = sc[mt][nb][e] * sl2;
+          if (masked) {
+            const int64_t j = j0 + nb * 8 + 2 * tq4 + (e & 1);
+            if (j >= kend || !attends(j, klim[mt][e >> 1], p.window)) x = -INFINITY;
+          }
+          sc[mt][nb][e] = x;
+          mx[e >> 1] = fmaxf(mx[e >> 1], x);
+        }
+      }
+      softmax_update<ND, KEYS>(sc[mt], mx, m[mt], l[mt], o[mt], pf[mt]);
+    }
+
+    // O [16 MT][DP] += P [16 MT][KEYS] V [KEYS][DP]. x4.trans matrices: keys +0 / +8 of the k16 step, d chunks nd / nd+1.
 #pragma unroll
     for (int kk = 0; kk < KK; ++kk) {
 #pragma unroll
@@ -238,37 +275,66 @@ __global__ void __launch_bounds__(kThreads, 2) attn_fwd_mma_kernel(FwdParams p) 
         const int mi = lane >> 3;
         uint32_t b0, b1, b2, b3;
         ldsm_x4_t(vb + swz<DV>(kk * 16 + (mi & 1) * 8 + (lane & 7), nd + (mi >> 1)), b0, b1, b2, b3);
-        mma16816(o[nd], pf[kk], b0, b1);
-        mma16816(o[nd + 1], pf[kk], b2, b3);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma16816(o[mt][nd], pf[mt][kk], b0, b1);
+          mma16816(o[mt][nd + 1], pf[mt][kk], b2, b3);
+        }
       }
     }
     __syncthreads();  // every warp is done with this buffer before the next iteration refills it
   }
   cp_async_wait<0>();
 
-  store_rows<DV>(p, s, o, m, l, r0 + warp * kRowsPerWarp + quad, g, split, tq4);
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) store_rows<DV>(p, s, o[mt], m[mt], l[mt], r0 + warp * WR + mt * 16 + quad, g, split, tq4);
 }
 
-template <int DP, int DV, int NBUF, int KEYS = 64>
+template <int DP, int DV, int NBUF, int KEYS = 64, int MT = 1>
 void launch_mma_nbuf(const FwdParams& p, int64_t tiles, int64_t splits) {
-  constexpr size_t smem = MmaSmem<DP, DV, NBUF, KEYS>::bytes;
-  auto kernel = attn_fwd_mma_kernel<DP, DV, NBUF, KEYS>;
+  constexpr size_t smem = MmaSmem<DP, DV, NBUF, KEYS, MT>::bytes;
+  auto kernel = attn_fwd_mma_kernel<DP, DV, NBUF, KEYS, MT>;
   allow_smem(kernel, smem);
   kernel<<<dim3(static_cast<unsigned>(tiles), p.nkv, static_cast<unsigned>(splits)), kThreads, smem, stream()>>>(p);
   AERIE_CUDA_LAUNCHED("attn_fwd_mma_kernel");
 }
 
-/// The double-buffered kernel where it fits one block (smem_fits), else (head dim 192 only: 64 and 128 take at
-/// most 80 KiB) the single-buffered one; at head dims 64 and 128 32-key tiles where only they let two blocks share
-/// an SM (one_block_per_sm), unless AERIE_ATTENTION_FORWARD_KERNEL=mma64.
+/// The 128-row shape (MT = 2): head dims 64 (64-key tiles), 128 and MLA's 192 / 128 (32-key tiles, as
+/// FlashAttention-2 takes at 128 on sm_86 / sm_89; 88 KiB at 192 / 128), unless AERIE_ATTENTION_FORWARD_KERNEL is
+/// "fa2" (not yet the default: core/settings.h).
+template <int DP, int DV = DP>
+using WideRows = MmaSmem<DP, DV, 2, DP == 64 ? 64 : 32, 2>;
+template <int DP, int DV>
+bool wide_rows(const FwdParams&) {
+  if constexpr (DP == DV ? DP <= 128 : DV == 128) {
+    const std::string& k = settings().attention_forward_kernel;
+    return k == "fa2" && smem_fits(WideRows<DP, DV>::bytes);
+  } else {
+    return false;
+  }
+}
+
+/// The 128-row shape where wide_rows says so; else the double-buffered kernel where it fits one block (smem_fits),
+/// else (head dim 192 only: 64 and 128 take at most 80 KiB) the single-buffered one; at head dims 64 and 128 32-key
+/// tiles where only they let two blocks share an SM (one_block_per_sm), unless AERIE_ATTENTION_FORWARD_KERNEL=mma64.
 template <int DP, int DV>
 void launch_mma(const FwdParams& p, int64_t tiles, int64_t splits) {
   if constexpr (DP == 192) {
+    if constexpr (DV == 128) {
+      if (wide_rows<DP, DV>(p)) {
+        launch_mma_nbuf<DP, DV, 2, 32, 2>(p, tiles, splits);
+        return;
+      }
+    }
     if (!smem_fits(MmaSmem<DP, DV, 2, 64>::bytes)) {
       launch_mma_nbuf<DP, DV, 1>(p, tiles, splits);
       return;
     }
   } else {
+    if (wide_rows<DP, DV>(p)) {
+      launch_mma_nbuf<DP, DV, 2, DP == 64 ? 64 : 32, 2>(p, tiles, splits);
+      return;
+    }
     if (one_block_per_sm(MmaSmem<DP, DV, 2, 64>::bytes) && !one_block_per_sm(MmaSmem<DP, DV, 2, 32>::bytes) &&
         !mma64_forced(settings().attention_forward_kernel)) {
       launch_mma_nbuf<DP, DV, 2, 32>(p, tiles, splits);
@@ -280,6 +346,11 @@ void launch_mma(const FwdParams& p, int64_t tiles, int64_t splits) {
 
 }  // namespace
 
+template <int DP, int DV>
+int fwd_tc_block_rows(const FwdParams& p) {
+  return wide_rows<DP, DV>(p) ? WideRows<DP, DV>::rows : kTcBlockRows;
+}
+
 template <int DP>
 void launch_fwd_tc(const FwdParams& p, int64_t tiles, int64_t splits) {
   launch_mma<DP, DP>(p, tiles, splits);
@@ -289,6 +360,10 @@ void launch_fwd_tc_dv(const FwdParams& p, int64_t tiles, int64_t splits) {
   launch_mma<DP, DV>(p, tiles, splits);
 }
 
+template int fwd_tc_block_rows<64, 64>(const FwdParams& p);
+template int fwd_tc_block_rows<128, 128>(const FwdParams& p);
+template int fwd_tc_block_rows<192, 192>(const FwdParams& p);
+template int fwd_tc_block_rows<192, 128>(const FwdParams& p);
 template void launch_fwd_tc<64>(const FwdParams& p, int64_t tiles, int64_t splits);
 template void launch_fwd_tc<128>(const FwdParams& p, int64_t tiles, int64_t splits);
 template void launch_fwd_tc<192>(const FwdParams& p, int64_t tiles, int64_t splits);

@@ -35,7 +35,6 @@ constexpr int kM = 64;               // rows (dq) or keys (dk/dv) per warpgroup
 constexpr int kN = 64;               // keys (dq) or packed rows (dk/dv) per streamed tile
 constexpr int kBlock = kWgs * kM;    // rows (dq) or keys (dk/dv) per block
 constexpr int kSlots = 3;            // shared-memory slots of the streamed tiles
-constexpr float kLog2e = 1.4426950408889634f;
 
 /// Bytes of an [R][D] bf16 tile (D / 64 column halves of [R][128 bytes]).
 template <int R, int D>

@@ -1,0 +1,331 @@
+// BF16 tensor-core backward of the causal GQA attention in ONE pass (head dims exactly 64 or 128), for the GPUs
+// without wgmma (sm_80 .. sm_89, sm_100 until tcgen05 kernels exist, sm_120), with FlashAttention-2's structure
+// (Dao 2023, Algorithm 2, and its CUDA implementation's sm8x shapes) where attention_backward_tc.cu runs two passes.
+// AERIE_ATTENTION_BACKWARD_KERNEL=fa2 takes it; it becomes the default once its tests (attention_cuda_test.cc, "fa2")
+// and benchmark (tools/bench/bench_attention.sh, PATHS="sm_120 sm_120+fa2") have run on a GPU (docs/performance.md).
+//   a block of 8 warps holds BC = 64 keys of one kv head (K, V resident in shared memory) and streams BR = 64-row
+//   tiles of the packed query rows that attend them (Q double-buffered; dout double-buffered at head dim 64,
+//   single at 128, loading while S = Q K^T is computed); per tile
+//     S = Q K^T and dP = dout V^T        (warps 2 x 4 over rows x keys: 32 x 16 each),
+//     P = exp(scale S - lse), dS = P (dP - D)  (fp32, rounded to bf16 into shared memory),
+//     dV += P^T dout and dK += dS^T Q     (warps 2 x 4 over keys x head dim: 32 x DP/4 each, fp32 registers),
+//     dQ_acc += dS K                      (warps 2 x 4 over rows x head dim, fp32 atomic adds to global memory);
+//   then dq = bf16(scale dQ_acc) for every row. Five products per tile where the two passes take seven, and each
+//   warp's 32-row (or 32-key) tiles read every shared-memory fragment for two mma row tiles.
+// The same contract as the two passes (kernels/attention.h): dq overwritten, dk / dv added to (G = float or bf16),
+// rows without keys get zero gradients, the sliding window and q_offset as there. Shared memory at head dim 128:
+// 99,840 bytes (one block of an sm_120's 100 KiB SM). The fp32 accumulator of dq takes tq x nh x DP x 4 bytes.
+// Fragment layouts and swizzle: attention_mma.cuh.
+#include "core/tensor.h"
+#include "kernels/cuda/attention_mma.cuh"
+
+namespace aerie::cuda::attn {
+namespace {
+
+constexpr int kBr = 64, kBc = 64, kFusedWarps = 8, kFusedThreads = 32 * kFusedWarps;
+
+/// The block's shared memory: K, V [BC][DP], Q [2][BR][DP], dout [NBO][BR][DP], P and dS [BR][BC] (bf16, swizzled),
+/// and per streamed row (two buffers) its lse * log2(e), D and last attended key.
+template <int DP>
+struct FusedSmem {
+  static constexpr int kDoutBufs = DP == 64 ? 2 : 1;
+  static constexpr size_t kv_tile = sizeof(bf16_t) * kBc * DP, row_tile = sizeof(bf16_t) * kBr * DP;
+  static constexpr size_t k = 0, v = k + kv_tile, q = v + kv_tile, dout = q + 2 * row_tile;
+  static constexpr size_t p = dout + kDoutBufs * row_tile, ds = p + sizeof(bf16_t) * kBr * kBc;
+  static constexpr size_t lse = ds + sizeof(bf16_t) * kBr * kBc, dd = lse + 2 * kBr * sizeof(float);
+  static constexpr size_t ilim = dd + 2 * kBr * sizeof(float);
+  static constexpr size_t bytes = ilim + 2 * kBr * sizeof(int);
+};
+
+/// acc[mt][nb] (32 rows x 16 columns: two m16 tiles, two n8 blocks) = A B^T over the head dim; A rows a_row0 .. +31
+/// of the [rows][DP] tile at `a`, B rows b_row0 .. +15 of the [rows][DP] tile at `b`.
+template <int DP>
+__device__ __forceinline__ void dot_32x16(float (&acc)[2][2][4], uint32_t a, int a_row0, uint32_t b, int b_row0) {
+  const int lane = threadIdx.x & 31, mi = lane >> 3;
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int nb = 0; nb < 2; ++nb) acc[mt][nb][0] = acc[mt][nb][1] = acc[mt][nb][2] = acc[mt][nb][3] = 0.0f;
+#pragma unroll
+  for (int kd = 0; kd < DP / 16; ++kd) {
+    uint32_t af[2][4], b0, b1, b2, b3;
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+      ldsm_x4(a + swz<DP>(a_row0 + mt * 16 + (lane & 15), kd * 2 + (lane >> 4)), af[mt][0], af[mt][1], af[mt][2],
+              af[mt][3]);
+    ldsm_x4(b + swz<DP>(b_row0 + (mi >> 1) * 8 + (lane & 7), kd * 2 + (mi & 1)), b0, b1, b2, b3);
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+      mma16816(acc[mt][0], af[mt], b0, b1);
+      mma16816(acc[mt][1], af[mt], b2, b3);
+    }
+  }
+}
+
+/// acc[mt][nd] (32 x DN*8) += A B over K16 k16 steps, B the [k][DP] tile at `b` (columns n0 .. n0 + 8 DN, read
+/// transposed). A: the [m][k] tile at `a` (row stride AW) rows a_row0 .. +31 when !A_T; when A_T, A = the
+/// transpose of the [k][m] tile at `a` (its columns a_row0 .. +31).
+template <int AW, int DP, int K16, int DN, bool A_T>
+__device__ __forceinline__ void mult_32(float (&acc)[2][DN][4], uint32_t a, int a_row0, uint32_t b, int n0) {
+  static_assert(DN % 2 == 0);
+  const int lane = threadIdx.x & 31, mi = lane >> 3;
+#pragma unroll
+  for (int kk = 0; kk < K16; ++kk) {
+    uint32_t af[2][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+      if constexpr (A_T)  // matrices (m, k): (0-7, 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15)
+        ldsm_x4_t(a + swz<AW>(kk * 16 + (mi >> 1) * 8 + (lane & 7), (a_row0 + mt * 16) / 8 + (mi & 1)), af[mt][0],
+                  af[mt][1], af[mt][2], af[mt][3]);
+      else
+        ldsm_x4(a + swz<AW>(a_row0 + mt * 16 + (lane & 15), kk * 2 + (lane >> 4)), af[mt][0], af[mt][1], af[mt][2],
+                af[mt][3]);
+    }
+#pragma unroll
+    for (int nd = 0; nd < DN; nd += 2) {
+      uint32_t b0, b1, b2, b3;
+      ldsm_x4_t(b + swz<DP>(kk * 16 + (mi & 1) * 8 + (lane & 7), n0 / 8 + nd + (mi >> 1)), b0, b1, b2, b3);
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        mma16816(acc[mt][nd], af[mt], b0, b1);
+        mma16816(acc[mt][nd + 1], af[mt], b2, b3);
+      }
+    }
+  }
+}
+
+template <int DP, typename G>
+__global__ void __launch_bounds__(kFusedThreads, 1) attn_bwd_fused_mma_kernel(BwdParams p, float* dq_acc) {
+  static_assert(DP == 64 || DP == 128);
+  using L = FusedSmem<DP>;
+  constexpr int NBO = L::kDoutBufs, DN = DP / 32;  // n8 blocks of a warp's quarter of the head dim
+  extern __shared__ __align__(128) unsigned char fused_smem[];
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(fused_smem));
+  const uint32_t sK = base + L::k, sV = base + L::v, sQ = base + L::q, sO = base + L::dout;
+  const uint32_t sP = base + L::p, sS = base + L::ds;
+  float* lse2s = reinterpret_cast<float*>(fused_smem + L::lse);
+  float* Ds = reinterpret_cast<float*>(fused_smem + L::dd);
+  int* ilims = reinterpret_cast<int*>(fused_smem + L::ilim);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, quad = lane >> 2, tq4 = lane & 3;
+  const int wm = warp >> 2, wn = warp & 3;  // S / dP: rows wm*32.., keys wn*16..; dK/dV, dQ: 32 keys / rows wm*32..,
+                                            // head-dim columns wn * DP/4 ..
+  const int g = blockIdx.y;
+  const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kBc;
+  const bf16_t* q = static_cast<const bf16_t*>(p.q);
+  const bf16_t* dout = static_cast<const bf16_t*>(p.dout);
+
+  {  // K and V of the block's keys (keys past tk are zeros)
+    const bf16_t* k = static_cast<const bf16_t*>(p.k);
+    const bf16_t* v = static_cast<const bf16_t*>(p.v);
+    constexpr int NC = DP / 8;
+    for (int idx = threadIdx.x; idx < kBc * NC; idx += kFusedThreads) {
+      const int jj = idx / NC, c = idx % NC;
+      const int64_t j = j0 + jj;
+      const bool ok = j < p.tk;
+      const int64_t off = ok ? (j * p.nkv + g) * DP + c * 8 : 0;
+      cp_async16(sK + swz<DP>(jj, c), k + off, ok);
+      cp_async16(sV + swz<DP>(jj, c), v + off, ok);
+    }
+  }
+  // Query row i attends key j iff j <= i + q_offset: the first row that sees any key of the block, and under a
+  // window the rows end where the block's last key leaves it.
+  const int64_t R0 = max(int64_t{0}, j0 - p.q_offset) * p.group;
+  const int64_t rows = rows_end(min(p.tk - 1, j0 + kBc - 1), p.q_offset, p.window, p.tq) * p.group;
+  const int ntiles = R0 < rows ? static_cast<int>((rows - R0 + kBr - 1) / kBr) : 0;
+  auto load_q = [&](int t, int buf) {  // Q and the rows' lse, D, last key
+    const int64_t Rt = R0 + static_cast<int64_t>(t) * kBr;
+    load_rows<DP, kBr>(sQ + buf * L::row_tile, q, p, g, Rt);
+    if (threadIdx.x < kBr)
+      row_values(p, g, Rt + threadIdx.x, lse2s[buf * kBr + threadIdx.x], Ds[buf * kBr + threadIdx.x],
+                 ilims[buf * kBr + threadIdx.x]);
+  };
+  auto load_o = [&](int t, int buf) {
+    load_rows<DP, kBr>(sO + buf * L::row_tile, dout, p, g, R0 + static_cast<int64_t>(t) * kBr);
+  };
+  // cp.async groups, oldest first: [K, V, Q 0 (, dout 0)], [dout 0 or nothing]; in iteration t [Q t+1 (, dout t+1)],
+  // then [dout t+1 or nothing]. So at the top of iteration t "all but the newest" is Q t, and after Q t+1 is issued
+  // "all but the newest" is dout t as well.
+  if (ntiles > 0) {
+    load_q(0, 0);
+    if (NBO == 2) load_o(0, 0);
+  }
+  cp_async_commit();
+  if (NBO == 1 && ntiles > 0) load_o(0, 0);
+  cp_async_commit();
+
+  const float sl2 = p.scale * kLog2e;
+  float dk[2][DN][4], dv[2][DN][4];
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int nd = 0; nd < DN; ++nd)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dk[mt][nd][e] = dv[mt][nd][e] = 0.0f;
+  unsigned char* sp_ptr = fused_smem + L::p;
+  unsigned char* ss_ptr = fused_smem + L::ds;
+
+  for (int t = 0; t < ntiles; ++t) {
+    const int buf = t & 1, obuf = NBO == 2 ? buf : 0;
+    cp_async_wait<1>();
+    __syncthreads();  // Q t and its rows' values are visible
+    if (t + 1 < ntiles) {
+      load_q(t + 1, buf ^ 1);
+      if (NBO == 2) load_o(t + 1, buf ^ 1);
+    }
+    cp_async_commit();
+    const uint32_t qb = sQ + buf * L::row_tile, ob = sO + obuf * L::row_tile;
+    const int64_t Rt = R0 + static_cast<int64_t>(t) * kBr;
+    const float* lt = lse2s + buf * kBr;
+    const float* dt = Ds + buf * kBr;
+    const int* it = ilims + buf * kBr;
+    // This lane's four rows (wm*32 + mt*16 + quad + 8h) and whether the tile needs no mask: every row attends
+    // every key of the block.
+    float lr[2][2], dr[2][2];
+    int ir[2][2];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = wm * 32 + mt * 16 + quad + 8 * h;
+        lr[mt][h] = lt[r];
+        dr[mt][h] = dt[r];
+        ir[mt][h] = it[r];
+      }
+    const bool full = p.window <= 0 && Rt / p.group + p.q_offset >= j0 + kBc - 1 && j0 + kBc <= p.tk &&
+                      (Rt + kBr - 1) / p.group < p.tq;
+
+    float s[2][2][4], dp[2][2][4];
+    dot_32x16<DP>(s, qb, wm * 32, sK, wn * 16);  // q . k
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int nb = 0; nb < 2; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int h = e >> 1;
+          bool on = true;
+          if (!full) {
+            const int64_t j = j0 + wn * 16 + nb * 8 + 2 * tq4 + (e & 1);
+            on = j < p.tk && attends(j, ir[mt][h], p.window);
+          }
+          s[mt][nb][e] = on ? exp2f(s[mt][nb][e] * sl2 - lr[mt][h]) : 0.0f;
+        }
+    cp_async_wait<1>();
+    __syncthreads();  // dout t is visible
+    dot_32x16<DP>(dp, ob, wm * 32, sV, wn * 16);  // dout . v
+    // P and dS = P (dP - D) to shared memory as bf16 [BR rows][BC keys].
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int nb = 0; nb < 2; ++nb)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = wm * 32 + mt * 16 + quad + 8 * h, c = wn * 16 + nb * 8 + 2 * tq4;
+          const uint32_t off = swz<kBc>(r, c >> 3) + (c & 7) * 2;
+          const float p0 = s[mt][nb][2 * h], p1 = s[mt][nb][2 * h + 1];
+          *reinterpret_cast<uint32_t*>(sp_ptr + off) = pack_bf16(p0, p1);
+          *reinterpret_cast<uint32_t*>(ss_ptr + off) =
+              pack_bf16(p0 * (dp[mt][nb][2 * h] - dr[mt][h]), p1 * (dp[mt][nb][2 * h + 1] - dr[mt][h]));
+        }
+    __syncthreads();  // P and dS are visible
+    mult_32<kBc, DP, kBr / 16, DN, true>(dv, sP, wm * 32, ob, wn * (DP / 4));  // dV += P^T dout
+    mult_32<kBc, DP, kBr / 16, DN, true>(dk, sS, wm * 32, qb, wn * (DP / 4));  // dK += dS^T Q
+    {
+      float dq[2][DN][4];
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int nd = 0; nd < DN; ++nd) dq[mt][nd][0] = dq[mt][nd][1] = dq[mt][nd][2] = dq[mt][nd][3] = 0.0f;
+      mult_32<kBc, DP, kBc / 16, DN, false>(dq, sS, wm * 32, sK, wn * (DP / 4));  // dQ = dS K
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int64_t R = Rt + wm * 32 + mt * 16 + quad + 8 * h, i = R / p.group;
+          if (i >= p.tq) continue;
+          const int hd = g * p.group + static_cast<int>(R % p.group);
+          float* row = dq_acc + (i * p.nh + hd) * DP + wn * (DP / 4) + 2 * tq4;
+#pragma unroll
+          for (int nd = 0; nd < DN; ++nd) {
+#if __CUDA_ARCH__ >= 900
+            atomicAdd(reinterpret_cast<float2*>(row + nd * 8), make_float2(dq[mt][nd][2 * h], dq[mt][nd][2 * h + 1]));
+#else
+            atomicAdd(row + nd * 8, dq[mt][nd][2 * h]);
+            atomicAdd(row + nd * 8 + 1, dq[mt][nd][2 * h + 1]);
+#endif
+          }
+        }
+    }
+    __syncthreads();  // every warp is done with P, dS, dout t (and Q t's buffer) before they are refilled
+    if (NBO == 1 && t + 1 < ntiles) load_o(t + 1, 0);
+    cp_async_commit();
+  }
+  cp_async_wait<0>();
+
+  G* gk = static_cast<G*>(p.dk);
+  G* gv = static_cast<G*>(p.dv);
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t j = j0 + wm * 32 + mt * 16 + quad + 8 * h;
+      if (j >= p.tk) continue;
+      const int64_t off0 = (j * p.nkv + g) * DP + wn * (DP / 4) + 2 * tq4;
+#pragma unroll
+      for (int nd = 0; nd < DN; ++nd)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const int64_t off = off0 + nd * 8 + c;
+          gk[off] = from_f32<G>(to_f32(gk[off]) + p.scale * dk[mt][nd][2 * h + c]);
+          gv[off] = from_f32<G>(to_f32(gv[off]) + dv[mt][nd][2 * h + c]);
+        }
+    }
+}
+
+/// dq = bf16(scale acc), n values.
+__global__ void attn_bwd_dq_convert_kernel(const float* acc, int64_t n, float scale, bf16_t* dq) {
+  const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 2;
+  if (i + 1 < n) {
+    const float2 a = *reinterpret_cast<const float2*>(acc + i);
+    *reinterpret_cast<uint32_t*>(dq + i) = pack_bf16(a.x * scale, a.y * scale);
+  } else if (i < n) {
+    dq[i] = __float2bfloat16_rn(acc[i] * scale);
+  }
+}
+
+}  // namespace
+
+template <int DP>
+size_t bwd_fused_smem() {
+  return FusedSmem<DP>::bytes;
+}
+
+template <int DP, typename G>
+void launch_bwd_fused_tc(const BwdParams& p) {
+  const int64_t n = p.tq * p.nh * DP;
+  Tensor acc = Tensor::empty({n}, DType::F32, Device::CUDA);
+  AERIE_CUDA_CHECK(cudaMemsetAsync(acc.data<float>(), 0, sizeof(float) * n, stream()),
+                   "attention_backward (CUDA): clearing dq's accumulator of " << n << " floats");
+  if (p.tk > 0) {
+    constexpr size_t smem = FusedSmem<DP>::bytes;
+    auto kernel = attn_bwd_fused_mma_kernel<DP, G>;
+    allow_smem(kernel, smem);
+    const int64_t blocks = (p.tk + kBc - 1) / kBc;
+    check_grid("attention_backward (CUDA) fused", blocks, p.nkv, 1);
+    kernel<<<dim3(static_cast<unsigned>(blocks), p.nkv), kFusedThreads, smem, stream()>>>(p, acc.data<float>());
+    AERIE_CUDA_LAUNCHED("attn_bwd_fused_mma_kernel");
+  }
+  const int64_t pairs = (n + 1) / 2;
+  attn_bwd_dq_convert_kernel<<<static_cast<unsigned>((pairs + 255) / 256), 256, 0, stream()>>>(
+      acc.data<float>(), n, p.scale, static_cast<bf16_t*>(p.dq));
+  AERIE_CUDA_LAUNCHED("attn_bwd_dq_convert_kernel");
+}
+
+template size_t bwd_fused_smem<64>();
+template size_t bwd_fused_smem<128>();
+template void launch_bwd_fused_tc<64, float>(const BwdParams& p);
+template void launch_bwd_fused_tc<128, float>(const BwdParams& p);
+template void launch_bwd_fused_tc<64, bf16_t>(const BwdParams& p);
+template void launch_bwd_fused_tc<128, bf16_t>(const BwdParams& p);
+
+}  // namespace aerie::cuda::attn
