@@ -48,7 +48,7 @@ GpuLimits apply_emulation(const GpuLimits& real, const std::optional<GpuLimits>&
 }
 
 bool fp8_gemm_runs_mma(const GpuLimits& l, const std::string& setting) {
-  if (setting == "mma") return true;
+  if (setting == "mma" || setting == "mma128") return true;
   if (!setting.empty()) return false;
   return l.major != 9 && l.major != 10 && l.major * 10 + l.minor >= 89;
 }

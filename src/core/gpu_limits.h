@@ -41,7 +41,7 @@ std::optional<GpuLimits> emulated_gpu_limits(const char* name);
 GpuLimits apply_emulation(const GpuLimits& real, const std::optional<GpuLimits>& emulated);
 
 /// Whether a W8A8 block-FP8 GEMM (--fp8-gemm) on a GPU of limits `l` takes aerie's mma.sync e4m3 kernel
-/// (kernels/cuda/gemm_fp8_mma.cu) rather than cuBLASLt's block-scaled FP8: AERIE_FP8_GEMM_KERNEL (`setting`) "mma",
+/// (kernels/cuda/gemm_fp8_mma.cu) rather than cuBLASLt's block-scaled FP8: AERIE_FP8_GEMM_KERNEL (`setting`) "mma" or "mma128",
 /// or unset on a family whose cuBLASLt has no block-scaled FP8 (not sm_90 or sm_100; sm_89 and later have e4m3
 /// mma.sync). That kernel is slower than BF16 GEMMs today (docs/performance.md), so the target says so when it
 /// loads.

@@ -61,7 +61,7 @@ Settings parse_settings(const char* (*get)(const char*)) {
   s.grouped_gemm_rs_small = one_of(get, "AERIE_GROUPED_GEMM_RS_SMALL", {"0", "1", "2"}, "2")[0] - '0';
   s.grouped_gemm_tail_wgmma = one_of(get, "AERIE_GROUPED_GEMM_TAIL", {}) == "wgmma";
   s.grouped_gemm_four_stages = one_of(get, "AERIE_GROUPED_GEMM_STAGES", {}) == "4";
-  s.fp8_gemm_kernel = one_of(get, "AERIE_FP8_GEMM_KERNEL", {"cublas", "mma"});
+  s.fp8_gemm_kernel = one_of(get, "AERIE_FP8_GEMM_KERNEL", {"cublas", "mma", "mma128"});
   s.cuda_emulate = one_of(get, "AERIE_CUDA_EMULATE", {});
   cuda::emulated_gpu_limits(s.cuda_emulate.c_str());  // an unknown family is refused here, also in a CPU-only build
   s.template_dir = one_of(get, "AERIE_TEMPLATE_DIR", {});

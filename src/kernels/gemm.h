@@ -119,7 +119,7 @@ int64_t fp8_weight_scale_ld(int64_t k);
 /// CPU: the naive reference (each block's dot product in fp32, scaled, the blocks summed in order).
 /// CUDA: on sm_90 / sm_100 one cuBLASLt matmul with VEC128_32F / BLK128x128_32F scales (cuBLAS >= 12.9; fp32
 /// accumulation per block); on other GPUs of sm_89 or later, or where cuBLASLt refuses the operands, the mma.sync
-/// e4m3 kernel (kernels/cuda/gemm_fp8_mma.cu; AERIE_FP8_GEMM_KERNEL=cublas / mma picks one); on the current
+/// e4m3 kernel (kernels/cuda/gemm_fp8_mma.cu; AERIE_FP8_GEMM_KERNEL=cublas / mma / mma128 picks one); on the current
 /// stream. Returns false and queues nothing when neither takes the operands (K % 16 != 0, odd alignments, a GPU
 /// before sm_89): the caller falls back to dequantization. Returns true when done (CPU) or queued.
 /// Throws aerie::Error on mismatched shapes, dtypes or devices, and on a cuBLASLt failure.

@@ -13,6 +13,7 @@
 // truncation, far below the quantization error itself; we bound the relative L2 error by 2e-3 (F32 out)
 // and 6e-3 (BF16 out: plus bf16's 2^-9 rounding). A wrong scale layout gives errors of order 1.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <iostream>
@@ -196,8 +197,9 @@ TEST(Fp8GemmCuda, MatchesTheCpuReference) {
   // (64, 256, 512): the plain case, which must run on an H200; the others may be refused by cuBLASLt
   // (returns false: the caller falls back), which the test prints.
   // Each case by the automatic choice and by the mma.sync e4m3 kernel (AERIE_FP8_GEMM_KERNEL=mma: the path of an
-  // sm_120 GPU, where cuBLASLt has no block-scaled FP8), which takes every case here (K a multiple of 16).
-  for (const char* kernel : {"", "mma"})
+  // sm_120 GPU, where cuBLASLt has no block-scaled FP8) in its 64 x 64 and 128 x 128 tiles (mma128), which take
+  // every case here (K a multiple of 16).
+  for (const char* kernel : {"", "mma", "mma128"})
   for (const Case c : {Case{64, 256, 512}, Case{2048, 384, 1024}, Case{37, 384, 384}, Case{1, 576, 2048},
                        Case{128, 200, 256}}) {
     testing::ScopedEnv choice("AERIE_FP8_GEMM_KERNEL", *kernel ? kernel : nullptr);
@@ -241,6 +243,37 @@ TEST(Fp8GemmCuda, MatchesTheCpuReference) {
         EXPECT_EQ(untouched_bad, 0) << what;
         EXPECT_LE(std::sqrt(num / den), out == DType::F32 ? 2e-3 : 6e-3) << what;
       }
+  }
+}
+
+// Reports (asserts nothing about speed: benchmarks live in tools/bench) the W8A8 block-FP8 GEMM of the 8B shape's
+// projections (M 4096 rows; N x K 4096 x 4096, 14336 x 4096, 4096 x 14336) by each kernel this GPU takes: cuBLASLt
+// where it has block-scaled FP8, the mma.sync e4m3 kernel's 64 x 64 and 128 x 128 tiles; TFLOP/s of 2 M N K.
+TEST(Fp8GemmCuda, ReportsThroughput) {
+  AERIE_REQUIRE_CUDA();
+  const int64_t m = 4096;
+  for (auto [n, k] : {std::pair<int64_t, int64_t>{4096, 4096}, {14336, 4096}, {4096, 14336}}) {
+    Tensor xq, xs, wq, ws;
+    quant_rows(gpu(random_as({m, k}, DType::BF16, 5, -2.0f, 2.0f)), xq, xs);
+    quant_block(gpu(random_as({n, k}, DType::BF16, 6, -0.05f, 0.05f)), wq, ws);
+    const Tensor wsp = fp8_gemm_weight_scale(ws, k);
+    Tensor y = Tensor::empty({m, n}, DType::BF16, Device::CUDA);
+    for (const char* kernel : {"cublas", "mma", "mma128"}) {
+      testing::ScopedEnv choice("AERIE_FP8_GEMM_KERNEL", kernel);
+      if (!matmul_fp8_block(xq, xs, wq, wsp, y, 0, 0.0f)) {
+        std::printf("[ perf ] fp8 gemm %lldx%lldx%lld %s: refused here\n", (long long)m, (long long)n, (long long)k,
+                    kernel);
+        continue;
+      }
+      cuda::synchronize();
+      const int reps = 10;
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < reps; ++i) matmul_fp8_block(xq, xs, wq, wsp, y, 0, 0.0f);
+      cuda::synchronize();
+      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / reps;
+      std::printf("[ perf ] fp8 gemm %lldx%lldx%lld %s: %.3f ms (%.1f TFLOP/s)\n", (long long)m, (long long)n,
+                  (long long)k, kernel, ms, 2.0 * m * n * k / ms * 1e-9);
+    }
   }
 }
 

@@ -256,8 +256,12 @@ __global__ void __launch_bounds__(kFusedThreads, 1) attn_bwd_fused_mma_kernel(Bw
           }
         }
     }
-    __syncthreads();  // every warp is done with P, dS, dout t (and Q t's buffer) before they are refilled
-    if (NBO == 1 && t + 1 < ntiles) load_o(t + 1, 0);
+    // With one dout buffer every warp must be done with dout t before it is refilled here; with two, the next
+    // iteration's first barrier orders every refill (Q, dout, P, dS, the rows' values) after this one's reads.
+    if constexpr (NBO == 1) {
+      __syncthreads();
+      if (t + 1 < ntiles) load_o(t + 1, 0);
+    }
     cp_async_commit();
   }
   cp_async_wait<0>();

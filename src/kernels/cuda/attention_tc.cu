@@ -300,7 +300,7 @@ void launch_mma_nbuf(const FwdParams& p, int64_t tiles, int64_t splits) {
 }
 
 /// The 128-row shape (MT = 2): head dims 64 (64-key tiles), 128 and MLA's 192 / 128 (32-key tiles, as
-/// FlashAttention-2 takes at 128 on sm_86 / sm_89; 88 KiB at 192 / 128), unless AERIE_ATTENTION_FORWARD_KERNEL is
+/// FlashAttention-2 takes at 128 on sm_86 / sm_89; 88 KiB at 192 / 128), where AERIE_ATTENTION_FORWARD_KERNEL is
 /// "fa2" (not yet the default: core/settings.h).
 template <int DP, int DV = DP>
 using WideRows = MmaSmem<DP, DV, 2, DP == 64 ? 64 : 32, 2>;

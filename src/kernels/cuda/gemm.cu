@@ -571,16 +571,17 @@ bool matmul_fp8_block(const void* xq, const float* xs, const void* wq, const flo
                       void* y, DType y_dtype, int64_t ldy, float beta, std::string* why) {
   if (m == 0 || n == 0) return true;
   // cuBLASLt's block-scaled FP8 where the GPU family has it (Hopper, data-center Blackwell), else, or where it
-  // refuses the operands, the mma.sync e4m3 kernel (sm_89 on); AERIE_FP8_GEMM_KERNEL=cublas / mma picks one.
+  // refuses the operands, the mma.sync e4m3 kernel (sm_89 on); AERIE_FP8_GEMM_KERNEL=cublas / mma / mma128 picks
+  // one (mma128: its 128 x 128 tiles).
   const std::string& choice = settings().fp8_gemm_kernel;
   const GpuLimits l = gpu_limits();
   const bool mma = fp8_mma_ok(xq, wq, k);
-  if (choice == "mma" || (fp8_gemm_runs_mma(l, choice) && mma)) {
+  if (choice == "mma" || choice == "mma128" || (fp8_gemm_runs_mma(l, choice) && mma)) {
     if (!mma) {
-      if (why) *why = "AERIE_FP8_GEMM_KERNEL=mma, but the mma.sync e4m3 kernel needs sm_89 or later and K % 16 == 0";
+      if (why) *why = "AERIE_FP8_GEMM_KERNEL=" + choice + ", but the mma.sync e4m3 kernel needs sm_89 or later and K % 16 == 0";
       return false;
     }
-    matmul_fp8_block_mma(xq, xs, wq, ws, m, n, k, y, y_dtype, ldy, beta);
+    matmul_fp8_block_mma(xq, xs, wq, ws, m, n, k, y, y_dtype, ldy, beta, choice == "mma128");
     return true;
   }
   Context& ctx = context();

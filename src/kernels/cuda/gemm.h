@@ -88,9 +88,10 @@ bool matmul_fp8_block(const void* xq, const float* xs, const void* wq, const flo
 bool fp8_mma_ok(const void* xq, const void* wq, int64_t k);
 
 /// matmul_fp8_block's math on mma.sync e4m3 (gemm_fp8_mma.cu), the same arguments: the path of GPUs where
-/// cuBLASLt has no block-scaled FP8 kernel (sm_89, sm_120). Queued on the current stream. Throws aerie::Error
-/// unless fp8_mma_ok, or on a launch failure.
+/// cuBLASLt has no block-scaled FP8 kernel (sm_89, sm_120). `wide`: the 128 x 128 kernel (96 KiB of shared memory,
+/// 8 warps) instead of the 64 x 64 one. Queued on the current stream. Throws aerie::Error unless fp8_mma_ok, where
+/// the GPU's shared memory per block is below 96 KiB (wide), or on a launch failure.
 void matmul_fp8_block_mma(const void* xq, const float* xs, const void* wq, const float* ws, int64_t m, int64_t n,
-                          int64_t k, void* y, DType y_dtype, int64_t ldy, float beta);
+                          int64_t k, void* y, DType y_dtype, int64_t ldy, float beta, bool wide = false);
 
 }  // namespace aerie::cuda

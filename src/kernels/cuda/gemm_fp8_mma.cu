@@ -130,6 +130,128 @@ __global__ void __launch_bounds__(kThreads) fp8_block_mma_kernel(const uint8_t* 
       }
 }
 
+// ---- The 128 x 128 kernel (AERIE_FP8_GEMM_KERNEL=mma128; not yet the default: docs/performance.md) ----
+// A CTA computes 128 x 128 of y with 8 warps of 64 x 32 (2 x 4 warps; 4 x 4 tiles of m16n8 each), K advancing a
+// whole scale block (128 bytes of each row) per stage through a 3-stage cp.async pipeline: 3 x (128 + 128) x 128
+// bytes = 96 KiB (one CTA per SM of an sm_120's 100 KiB). Rows of 128 bytes are XOR-swizzled in 16-byte chunks
+// (attention_mma.cuh swz<64>: chunk ^ row % 8), so that the fragments come by ldmatrix.x4 without bank conflicts:
+// an e4m3 m16n8k32 fragment register holds 4 consecutive k bytes of one row, as a b16 ldmatrix register holds 2
+// consecutive b16 values (A: rows 0-7 / 8-15 x k bytes 0-15 / 16-31 of the k32 step; B: w's rows n 0-7 x k bytes
+// 0-15 and 16-31 for one n8 tile, n 8-15 for the next). Against the 64 x 64 kernel: each fragment read from shared
+// memory feeds 4 mma instead of 2, and three stages in flight instead of two.
+constexpr int kWBM = 128, kWBN = 128, kWThreads = 256, kWStages = 3;
+constexpr int kWStageBytes = (kWBM + kWBN) * kBK;
+constexpr size_t kWSmem = static_cast<size_t>(kWStages) * kWStageBytes;
+
+// One stage of the 128 x 128 kernel: x rows [m0, m0 + 128) then w rows [n0, n0 + 128), K bytes [k0, k0 + 128),
+// swizzled; rows past M / N and columns past K read as zero. Commits its cp.async group only when `commit`.
+__device__ __forceinline__ void load_stage_wide(uint32_t stage, const uint8_t* x, const uint8_t* w, int64_t m,
+                                                int64_t n, int64_t k, int64_t m0, int64_t n0, int64_t k0) {
+  constexpr int kChunks = kBK / 16;
+  for (int i = threadIdx.x; i < (kWBM + kWBN) * kChunks; i += kWThreads) {
+    const int row = i / kChunks, chunk = i % kChunks;
+    const int64_t col = k0 + chunk * 16;
+    const bool is_x = row < kWBM;
+    const int64_t r = is_x ? m0 + row : n0 + (row - kWBM);
+    const bool valid = (is_x ? r < m : r < n) && col < k;
+    const uint8_t* src = is_x ? x : w;
+    if (valid) src += r * k + col;
+    cp_async16(stage + attn::swz<64>(row, chunk), src, valid);
+  }
+}
+
+template <typename TY>
+__global__ void __launch_bounds__(kWThreads, 1)
+    fp8_block_mma_wide_kernel(const uint8_t* __restrict__ x, const float* __restrict__ xs, const uint8_t* __restrict__ w,
+                              const float* __restrict__ ws, int64_t m, int64_t n, int64_t k, int64_t ws_ld, TY* y,
+                              int64_t ldy, float beta) {
+  extern __shared__ __align__(128) uint8_t wide_smem[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, group = lane / 4, tig = lane % 4, mi = lane >> 3;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kWBM, n0 = static_cast<int64_t>(blockIdx.x) * kWBN;
+  const int wm = (warp / 4) * 64, wn = (warp % 4) * 32;  // the warp's 64 x 32 within the tile
+  const int64_t blocks = (k + kBK - 1) / kBK;
+  const float* ws_row = ws + (n0 / 128) * ws_ld;  // one weight scale per K block for the whole tile
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(wide_smem));
+  float acc[4][4][4] = {};
+#pragma unroll
+  for (int s = 0; s < kWStages - 1; ++s) {
+    if (s < blocks) load_stage_wide(base + s * kWStageBytes, x, w, m, n, k, m0, n0, s * kBK);
+    cp_async_commit();
+  }
+  for (int64_t b = 0; b < blocks; ++b) {
+    cp_async_wait<kWStages - 2>();  // block b has landed
+    __syncthreads();                // ... for every thread, and every warp is done with block b - 1's stage
+    {
+      const int64_t nb = b + kWStages - 1;
+      if (nb < blocks) load_stage_wide(base + (nb % kWStages) * kWStageBytes, x, w, m, n, k, m0, n0, nb * kBK);
+      cp_async_commit();
+    }
+    const uint32_t sx = base + static_cast<uint32_t>((b % kWStages) * kWStageBytes), sw = sx + kWBM * kBK;
+    float part[4][4][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < kBK / 32; ++kk) {
+      uint32_t a[4][4], bf[4][2];
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        attn::ldsm_x4(sx + attn::swz<64>(wm + i * 16 + (lane & 15), kk * 2 + (lane >> 4)), a[i][0], a[i][1], a[i][2],
+                      a[i][3]);
+#pragma unroll
+      for (int j = 0; j < 4; j += 2)
+        attn::ldsm_x4(sw + attn::swz<64>(wn + j * 8 + (mi >> 1) * 8 + (lane & 7), kk * 2 + (mi & 1)), bf[j][0],
+                      bf[j][1], bf[j + 1][0], bf[j + 1][1]);
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) mma_e4m3(part[i][j], a[i], bf[j][0], bf[j][1]);
+    }
+    // This block's sums, scaled: xs[b, row] for each of the thread's 8 rows, ws[n0 / 128, b] for the tile.
+    const float wsc = ws_row[b];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t r0 = m0 + wm + i * 16 + group, r8 = r0 + 8;
+      const float s0 = r0 < m ? xs[b * m + r0] * wsc : 0.0f, s8 = r8 < m ? xs[b * m + r8] * wsc : 0.0f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        acc[i][j][0] += part[i][j][0] * s0;
+        acc[i][j][1] += part[i][j][1] * s0;
+        acc[i][j][2] += part[i][j][2] * s8;
+        acc[i][j][3] += part[i][j][3] * s8;
+      }
+    }
+  }
+  cp_async_wait<0>();
+  // c0, c1: row group, columns 2 tig + {0, 1}; c2, c3: row group + 8.
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t r = m0 + wm + i * 16 + group + h * 8;
+        if (r >= m) continue;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int64_t c = n0 + wn + j * 8 + tig * 2 + e;
+          if (c >= n) continue;
+          TY* p = y + r * ldy + c;
+          const float v = acc[i][j][h * 2 + e];
+          *p = from_f32<TY>(beta != 0.0f ? v + beta * to_f32(*p) : v);
+        }
+      }
+}
+
+template <typename TY>
+void launch_wide(const uint8_t* x8, const float* xs, const uint8_t* w8, const float* ws, int64_t m, int64_t n,
+                 int64_t k, int64_t ws_ld, TY* y, int64_t ldy, float beta) {
+  auto kernel = fp8_block_mma_wide_kernel<TY>;
+  check_smem("matmul_fp8_block (mma.sync e4m3, 128 x 128)", kWSmem);
+  plan_occupancy(kernel);
+  AERIE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kWSmem)),
+                   "matmul_fp8_block (mma.sync e4m3): cudaFuncSetAttribute(MaxDynamicSharedMemorySize, " << kWSmem << ")");
+  const dim3 grid(static_cast<unsigned>((n + kWBN - 1) / kWBN), static_cast<unsigned>((m + kWBM - 1) / kWBM));
+  kernel<<<grid, kWThreads, kWSmem, stream()>>>(x8, xs, w8, ws, m, n, k, ws_ld, y, ldy, beta);
+}
+
 }  // namespace
 
 bool fp8_mma_ok(const void* xq, const void* wq, int64_t k) {
@@ -139,7 +261,7 @@ bool fp8_mma_ok(const void* xq, const void* wq, int64_t k) {
 }
 
 void matmul_fp8_block_mma(const void* xq, const float* xs, const void* wq, const float* ws, int64_t m, int64_t n,
-                          int64_t k, void* y, DType y_dtype, int64_t ldy, float beta) {
+                          int64_t k, void* y, DType y_dtype, int64_t ldy, float beta, bool wide) {
   AERIE_CHECK(fp8_mma_ok(xq, wq, k), "matmul_fp8_block (mma.sync e4m3): needs sm_89 or later, K a multiple of 16 "
                                      "and 16-byte aligned operands (K " << k << ")");
   if (m == 0 || n == 0) return;
@@ -147,6 +269,15 @@ void matmul_fp8_block_mma(const void* xq, const float* xs, const void* wq, const
   const dim3 grid(static_cast<unsigned>((n + kBN - 1) / kBN), static_cast<unsigned>((m + kBM - 1) / kBM));
   const auto* x8 = static_cast<const uint8_t*>(xq);
   const auto* w8 = static_cast<const uint8_t*>(wq);
+  if (wide) {
+    AERIE_CHECK(y_dtype == DType::F32 || y_dtype == DType::BF16, "matmul_fp8_block (mma.sync e4m3): y must be F32 or BF16");
+    if (y_dtype == DType::F32)
+      launch_wide(x8, xs, w8, ws, m, n, k, ws_ld, static_cast<float*>(y), ldy, beta);
+    else
+      launch_wide(x8, xs, w8, ws, m, n, k, ws_ld, static_cast<__nv_bfloat16*>(y), ldy, beta);
+    AERIE_CUDA_LAUNCHED("fp8_block_mma_wide_kernel");
+    return;
+  }
   if (y_dtype == DType::F32) {
     plan_occupancy(fp8_block_mma_kernel<float>);
     fp8_block_mma_kernel<float><<<grid, kThreads, 0, stream()>>>(x8, xs, w8, ws, m, n, k, ws_ld,
