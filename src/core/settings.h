@@ -22,9 +22,10 @@ struct Settings {
   /// AERIE_ATTENTION_FORWARD_KERNEL / AERIE_ATTENTION_BACKWARD_KERNEL: "" (auto), "wgmma" (also where auto would not
   /// take it), "mma" (the mma.sync kernels on an sm_90a GPU too), "mma64" (the mma.sync kernels with 4 warps and
   /// 64-wide tiles also where an SM of 100 KiB takes 8 warps or 32-key tiles: for comparing the two), "fa2" (the
-  /// mma.sync kernels in FlashAttention-2's shapes at head dims 64 and 128 and the forward's 192 / 128: the forward
-  /// with 32 rows per warp, 128 per block; the backward in one pass, dq by atomic adds; not the default until their tests
-  /// and benchmark have run on a GPU: docs/performance.md).
+  /// forward's mma.sync kernel in FlashAttention-2's shape at head dims 64, 128 and 192 / 128: 32 rows per warp, 128
+  /// per block; opt-in, slower at T 2048, docs/performance.md; the backward takes it as "mma"), "mma2" (the backward's
+  /// two mma.sync passes, dq and dk/dv, where its one-pass kernel is the mma.sync default at head dims 64 and 128;
+  /// the forward takes it as "mma").
   std::string attention_forward_kernel, attention_backward_kernel;
   /// AERIE_GROUPED_GEMM_BM: the grouped GEMM's row tiles, "mixed" (default), "64" or "128".
   std::string grouped_gemm_bm = "mixed";

@@ -129,9 +129,9 @@ TEST_P(AttentionCudaTest, BackwardMatchesCpu) {
     return;
   }
   // Every BF16 tensor-core backward at head dims 64, 128 and 192: the wgmma passes (the default on an H100 /
-  // H200; elsewhere, and at other head dims, the same as "mma"), the two mma.sync passes ("mma") and the one-pass
-  // mma.sync kernel ("fa2" at 64 and 128).
-  for (const char* kernel : {"wgmma", "mma", "fa2"}) {
+  // H200; elsewhere, and at other head dims, the same as "mma"), the one-pass mma.sync kernel ("mma" at 64 and 128)
+  // and the two mma.sync passes ("mma2").
+  for (const char* kernel : {"wgmma", "mma", "mma2"}) {
     SCOPED_TRACE(kernel);
     testing::ScopedEnv choice("AERIE_ATTENTION_BACKWARD_KERNEL", kernel);  // the caller's own comes back after
     Tensor gdq = on_gpu(random_tensor(q.shape(), 11), c.dt), gdk = on_gpu(dk0, c.grad_dt), gdv = on_gpu(dv0, c.grad_dt);
@@ -199,8 +199,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{20, 170, 4, 4, 192, 150, BF16, BF16, 0, "sm_120"},
                       Case{150, 150, 4, 4, 192, 0, BF16, F32, 33, "sm_120"},
                       Case{700, 700, 16, 2, 128, 0, BF16, F32, 200, "sm_120"},
-                      // ... and at d 64 / 128 (with "fa2" above, the one-pass backward): partial tiles, group 8,
-                      // no-key rows, chunked after a cache, a window.
+                      // ... and at d 64 / 128 (the one-pass backward; "fa2" the 128-row forward): partial tiles,
+                      // group 8, no-key rows, chunked after a cache, a window.
                       Case{129, 129, 8, 2, 128, 0, BF16, F32, 0, "sm_120"},
                       Case{700, 700, 16, 2, 64, 0, BF16, BF16, 0, "sm_120"},
                       Case{100, 100, 8, 2, 128, -5, BF16, BF16, 0, "sm_120"},

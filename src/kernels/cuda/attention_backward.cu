@@ -4,9 +4,9 @@
 // packed query rows, looping over 32-key tiles (lane = key), as the forward. Both recompute
 // P = exp(scale q.k - lse) from the saved lse. Row packing and head-dim padding as in attention.cu.
 // BF16 work with head dim 64, 128 or 192 (MLA) goes to the tensor-core kernels: on an sm_90a GPU the wgmma passes of
-// attention_wgmma.cu; elsewhere (or with AERIE_ATTENTION_BACKWARD_KERNEL=mma) the two mma.sync passes of
-// attention_backward_tc.cu, or with =fa2 at head dims 64 and 128 the one-pass mma.sync kernel of
-// attention_backward_fused.cu.
+// attention_wgmma.cu; elsewhere (or with AERIE_ATTENTION_BACKWARD_KERNEL=mma) at head dims 64 and 128 the one-pass
+// mma.sync kernel of attention_backward_fused.cu, at 192 (or with =mma2 / =mma64) the two mma.sync passes of
+// attention_backward_tc.cu.
 #include <algorithm>
 #include <type_traits>
 

@@ -1,8 +1,8 @@
 // BF16 tensor-core backward of the causal GQA attention in ONE pass (head dims exactly 64 or 128), for the GPUs
 // without wgmma (sm_80 .. sm_89, sm_100 until tcgen05 kernels exist, sm_120), with FlashAttention-2's structure
 // (Dao 2023, Algorithm 2, and its CUDA implementation's sm8x shapes) where attention_backward_tc.cu runs two passes.
-// AERIE_ATTENTION_BACKWARD_KERNEL=fa2 takes it; it becomes the default once its tests (attention_cuda_test.cc, "fa2")
-// and benchmark (tools/bench/bench_attention.sh, PATHS="sm_120 sm_120+fa2") have run on a GPU (docs/performance.md).
+// The mma.sync default at these head dims (AERIE_ATTENTION_BACKWARD_KERNEL=mma2 keeps the two passes): 1.2-1.3x the
+// two passes on an H100 as sm_120 (docs/performance.md).
 //   a block of 8 warps holds BC = 64 keys of one kv head (K, V resident in shared memory) and streams BR = 64-row
 //   tiles of the packed query rows that attend them (Q double-buffered; dout double-buffered at head dim 64,
 //   single at 128, loading while S = Q K^T is computed); per tile

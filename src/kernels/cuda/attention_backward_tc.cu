@@ -1,6 +1,6 @@
 // BF16 tensor-core backward of the causal GQA attention in two passes (head dims exactly 64, 128 or 192, the last
-// MLA's query/key head with its values zero-padded to it: the MLA draft's TTT; AERIE_ATTENTION_BACKWARD_KERNEL=fa2
-// takes the one-pass kernel of attention_backward_fused.cu at 64 and 128 instead): the two passes of
+// MLA's query/key head with its values zero-padded to it: the MLA draft's TTT; at 64 and 128 the one-pass kernel of
+// attention_backward_fused.cu runs instead unless AERIE_ATTENTION_BACKWARD_KERNEL is mma2 or mma64): the two passes of
 // attention_backward.cu (dq per tile of packed query rows; dk/dv per tile of keys, no atomics) with
 // mma.sync m16n8k16 (bf16 in, fp32 accumulate) instead of SIMT dot products. FlashAttention-2 (Dao
 // 2023) Algorithm 2: P = exp(scale q.k - lse) is recomputed from the saved lse, dP = dout v^T,

@@ -28,15 +28,16 @@ __device__ __forceinline__ float dot4(const float* a, const float* b) {
 }
 
 /// Whether an attention op takes its wgmma kernel (attention_wgmma.cu): an sm_90a GPU, unless its setting
-/// (core/settings.h: AERIE_ATTENTION_FORWARD_KERNEL / _BACKWARD_KERNEL) says "mma", "mma64" or "fa2" ("wgmma" or "":
-/// auto).
+/// (core/settings.h: AERIE_ATTENTION_FORWARD_KERNEL / _BACKWARD_KERNEL) says "mma", "mma64", "fa2" or "mma2"
+/// ("wgmma" or "": auto).
 inline bool wgmma_chosen(const std::string& setting) {
-  return setting != "mma" && setting != "mma64" && setting != "fa2" && wgmma_device();
+  return setting != "mma" && setting != "mma64" && setting != "fa2" && setting != "mma2" &&
+         wgmma_device();
 }
 
-/// Whether the backward takes its one-pass mma.sync kernel (attention_backward_fused.cu) instead of the two passes
-/// (attention_backward_tc.cu) at head dims 64 and 128: the setting says "fa2" (not yet the default).
-inline bool one_pass_chosen(const std::string& setting) { return setting == "fa2"; }
+/// Whether the backward's mma.sync kernels at head dims 64 and 128 are the one-pass kernel (attention_backward_fused.cu)
+/// rather than the two passes (attention_backward_tc.cu): unless the setting says "mma2" or "mma64".
+inline bool one_pass_chosen(const std::string& setting) { return setting != "mma2" && setting != "mma64"; }
 
 /// Whether the setting says "mma64": the mma.sync kernels' 4-warp, 64-wide shape also where the SM's size would
 /// take the 8-warp or 32-key one.
