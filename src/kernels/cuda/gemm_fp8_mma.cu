@@ -39,22 +39,24 @@ __device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], 
 #endif
 }
 
-// One stage: x rows [m0, m0 + 64) and w rows [n0, n0 + 64), K columns [k0, k0 + 128), into shared memory at
-// `stage` (x first). Rows past M / N and columns past K read as zero (K is a multiple of 16: whole chunks).
+// One stage: x rows [m0, m0 + BM) and w rows [n0, n0 + BN), K columns [k0, k0 + 128), into shared memory at
+// `stage` (x first) by THREADS threads; rows padded to kRow bytes, or (SWZ) of 128 bytes with their 16-byte chunks
+// XOR-swizzled (attention_mma.cuh swz<64>). Rows past M / N and columns past K read as zero (K is a multiple of 16:
+// whole chunks). Commits nothing.
+template <int BM, int BN, int THREADS, bool SWZ>
 __device__ __forceinline__ void load_stage(uint32_t stage, const uint8_t* x, const uint8_t* w, int64_t m, int64_t n,
                                            int64_t k, int64_t m0, int64_t n0, int64_t k0) {
   constexpr int kChunks = kBK / 16;  // 8 chunks of 16 bytes per row
-  for (int i = threadIdx.x; i < (kBM + kBN) * kChunks; i += kThreads) {
+  for (int i = threadIdx.x; i < (BM + BN) * kChunks; i += THREADS) {
     const int row = i / kChunks, chunk = i % kChunks;
     const int64_t col = k0 + chunk * 16;
-    const bool is_x = row < kBM;
-    const int64_t r = is_x ? m0 + row : n0 + (row - kBM);
+    const bool is_x = row < BM;
+    const int64_t r = is_x ? m0 + row : n0 + (row - BM);
     const bool valid = (is_x ? r < m : r < n) && col < k;
     const uint8_t* src = is_x ? x : w;
     if (valid) src += r * k + col;
-    cp_async16(stage + static_cast<uint32_t>(row * kRow + chunk * 16), src, valid);
+    cp_async16(stage + (SWZ ? attn::swz<64>(row, chunk) : static_cast<uint32_t>(row * kRow + chunk * 16)), src, valid);
   }
-  cp_async_commit();
 }
 
 template <typename TY>
@@ -70,10 +72,13 @@ __global__ void __launch_bounds__(kThreads) fp8_block_mma_kernel(const uint8_t* 
   const float* ws_row = ws + (n0 / 128) * ws_ld;  // one weight scale per K block for the whole tile (64 | 128)
   const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   float acc[2][4][4] = {};
-  load_stage(base, x, w, m, n, k, m0, n0, 0);
+  load_stage<kBM, kBN, kThreads, false>(base, x, w, m, n, k, m0, n0, 0);
+  cp_async_commit();
   for (int64_t b = 0; b < blocks; ++b) {
     if (b + 1 < blocks) {
-      load_stage(base + static_cast<uint32_t>(((b + 1) & 1) * kStageBytes), x, w, m, n, k, m0, n0, (b + 1) * kBK);
+      load_stage<kBM, kBN, kThreads, false>(base + static_cast<uint32_t>(((b + 1) & 1) * kStageBytes), x, w, m, n, k,
+                                            m0, n0, (b + 1) * kBK);
+      cp_async_commit();
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
@@ -143,23 +148,6 @@ constexpr int kWBM = 128, kWBN = 128, kWThreads = 256, kWStages = 3;
 constexpr int kWStageBytes = (kWBM + kWBN) * kBK;
 constexpr size_t kWSmem = static_cast<size_t>(kWStages) * kWStageBytes;
 
-// One stage of the 128 x 128 kernel: x rows [m0, m0 + 128) then w rows [n0, n0 + 128), K bytes [k0, k0 + 128),
-// swizzled; rows past M / N and columns past K read as zero. Commits its cp.async group only when `commit`.
-__device__ __forceinline__ void load_stage_wide(uint32_t stage, const uint8_t* x, const uint8_t* w, int64_t m,
-                                                int64_t n, int64_t k, int64_t m0, int64_t n0, int64_t k0) {
-  constexpr int kChunks = kBK / 16;
-  for (int i = threadIdx.x; i < (kWBM + kWBN) * kChunks; i += kWThreads) {
-    const int row = i / kChunks, chunk = i % kChunks;
-    const int64_t col = k0 + chunk * 16;
-    const bool is_x = row < kWBM;
-    const int64_t r = is_x ? m0 + row : n0 + (row - kWBM);
-    const bool valid = (is_x ? r < m : r < n) && col < k;
-    const uint8_t* src = is_x ? x : w;
-    if (valid) src += r * k + col;
-    cp_async16(stage + attn::swz<64>(row, chunk), src, valid);
-  }
-}
-
 template <typename TY>
 __global__ void __launch_bounds__(kWThreads, 1)
     fp8_block_mma_wide_kernel(const uint8_t* __restrict__ x, const float* __restrict__ xs, const uint8_t* __restrict__ w,
@@ -175,7 +163,7 @@ __global__ void __launch_bounds__(kWThreads, 1)
   float acc[4][4][4] = {};
 #pragma unroll
   for (int s = 0; s < kWStages - 1; ++s) {
-    if (s < blocks) load_stage_wide(base + s * kWStageBytes, x, w, m, n, k, m0, n0, s * kBK);
+    if (s < blocks) load_stage<kWBM, kWBN, kWThreads, true>(base + s * kWStageBytes, x, w, m, n, k, m0, n0, s * kBK);
     cp_async_commit();
   }
   for (int64_t b = 0; b < blocks; ++b) {
@@ -183,7 +171,8 @@ __global__ void __launch_bounds__(kWThreads, 1)
     __syncthreads();                // ... for every thread, and every warp is done with block b - 1's stage
     {
       const int64_t nb = b + kWStages - 1;
-      if (nb < blocks) load_stage_wide(base + (nb % kWStages) * kWStageBytes, x, w, m, n, k, m0, n0, nb * kBK);
+      if (nb < blocks)
+        load_stage<kWBM, kWBN, kWThreads, true>(base + (nb % kWStages) * kWStageBytes, x, w, m, n, k, m0, n0, nb * kBK);
       cp_async_commit();
     }
     const uint32_t sx = base + static_cast<uint32_t>((b % kWStages) * kWStageBytes), sw = sx + kWBM * kBK;
