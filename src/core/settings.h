@@ -39,8 +39,8 @@ struct Settings {
   /// AERIE_GROUPED_GEMM_STAGES=4: four pipeline stages instead of three.
   bool grouped_gemm_four_stages = false;
   /// AERIE_FP8_GEMM_KERNEL: the W8A8 block-FP8 GEMM by "" (auto: cuBLASLt on sm_90 / sm_100, else mma.sync),
-  /// "cublas", "mma" (kernels/cuda/gemm_fp8_mma.cu) or "mma128" (its 128 x 128 kernel, not the default until its
-  /// tests and benchmark have run on a GPU: docs/performance.md).
+  /// "cublas", "mma" (kernels/cuda/gemm_fp8_mma.cu) or "mma128" (its 128 x 128 kernel: opt-in, level with the
+  /// 64 x 64 one on an H100, where mma.sync e4m3's rate bounds both; not yet measured on an sm_120: docs/performance.md).
   std::string fp8_gemm_kernel;
   /// AERIE_CUDA_EMULATE: plan the kernels as on that GPU family ("sm_120", ...; "" the GPU's own; core/gpu_limits.h).
   std::string cuda_emulate;
