@@ -87,8 +87,10 @@ __global__ void __launch_bounds__(kThreads) fp8_block_mma_kernel(const uint8_t* 
     const uint8_t* sx = smem + (b & 1) * kStageBytes;
     const uint8_t* sw = sx + kBM * kRow;
     float part[2][4][4] = {};
+#pragma unroll
     for (int kk = 0; kk < kBK; kk += 32) {
       uint32_t a[2][4], bf[4][2];
+#pragma unroll
       for (int i = 0; i < 2; ++i) {
         const uint8_t* r0 = sx + (wm + i * 16 + group) * kRow + kk + tig * 4;
         const uint8_t* r8 = r0 + 8 * kRow;
@@ -97,19 +99,24 @@ __global__ void __launch_bounds__(kThreads) fp8_block_mma_kernel(const uint8_t* 
         a[i][2] = *reinterpret_cast<const uint32_t*>(r0 + 16);
         a[i][3] = *reinterpret_cast<const uint32_t*>(r8 + 16);
       }
+#pragma unroll
       for (int j = 0; j < 4; ++j) {
         const uint8_t* c = sw + (wn + j * 8 + group) * kRow + kk + tig * 4;
         bf[j][0] = *reinterpret_cast<const uint32_t*>(c);
         bf[j][1] = *reinterpret_cast<const uint32_t*>(c + 16);
       }
+#pragma unroll
       for (int i = 0; i < 2; ++i)
+#pragma unroll
         for (int j = 0; j < 4; ++j) mma_e4m3(part[i][j], a[i], bf[j][0], bf[j][1]);
     }
     // This block's sums, scaled: xs[b, row] for each of the thread's 4 rows, ws[n0 / 128, b] for the tile.
     const float wsc = ws_row[b];
+#pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int64_t r0 = m0 + wm + i * 16 + group, r8 = r0 + 8;
       const float s0 = r0 < m ? xs[b * m + r0] * wsc : 0.0f, s8 = r8 < m ? xs[b * m + r8] * wsc : 0.0f;
+#pragma unroll
       for (int j = 0; j < 4; ++j) {
         acc[i][j][0] += part[i][j][0] * s0;
         acc[i][j][1] += part[i][j][1] * s0;
@@ -120,8 +127,11 @@ __global__ void __launch_bounds__(kThreads) fp8_block_mma_kernel(const uint8_t* 
     __syncthreads();  // the next iteration's load overwrites this stage
   }
   // c0, c1: row group, columns 2 tig + {0, 1}; c2, c3: row group + 8.
+#pragma unroll
   for (int i = 0; i < 2; ++i)
+#pragma unroll
     for (int j = 0; j < 4; ++j)
+#pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int64_t r = m0 + wm + i * 16 + group + h * 8;
         if (r >= m) continue;
