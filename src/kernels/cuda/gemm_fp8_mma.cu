@@ -59,6 +59,49 @@ __device__ __forceinline__ void load_stage(uint32_t stage, const uint8_t* x, con
   }
 }
 
+// acc += part scaled by this K block's scales: xs[b, row] for each of the thread's 2 MI rows (row0 + i * 16 + group
+// and + 8, i < MI), ws_b (the tile's weight scale of block b).
+template <int MI>
+__device__ __forceinline__ void scale_block(float (&acc)[MI][4][4], const float (&part)[MI][4][4], const float* xs,
+                                            int64_t m, int64_t b, int64_t row0, int group, float ws_b) {
+#pragma unroll
+  for (int i = 0; i < MI; ++i) {
+    const int64_t r0 = row0 + i * 16 + group, r8 = r0 + 8;
+    const float s0 = r0 < m ? xs[b * m + r0] * ws_b : 0.0f, s8 = r8 < m ? xs[b * m + r8] * ws_b : 0.0f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      acc[i][j][0] += part[i][j][0] * s0;
+      acc[i][j][1] += part[i][j][1] * s0;
+      acc[i][j][2] += part[i][j][2] * s8;
+      acc[i][j][3] += part[i][j][3] * s8;
+    }
+  }
+}
+
+// y[r, c] = acc (+ beta y) for the thread's accumulators: c0, c1 at row row0 + i * 16 + group, columns col0 + j * 8 +
+// 2 tig + {0, 1}; c2, c3 at row + 8. Rows past m and columns past n are skipped.
+template <int MI, typename TY>
+__device__ __forceinline__ void store_tile(const float (&acc)[MI][4][4], int64_t m, int64_t n, int64_t row0,
+                                           int64_t col0, int group, int tig, TY* y, int64_t ldy, float beta) {
+#pragma unroll
+  for (int i = 0; i < MI; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t r = row0 + i * 16 + group + h * 8;
+        if (r >= m) continue;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int64_t c = col0 + j * 8 + tig * 2 + e;
+          if (c >= n) continue;
+          TY* p = y + r * ldy + c;
+          const float v = acc[i][j][h * 2 + e];
+          *p = from_f32<TY>(beta != 0.0f ? v + beta * to_f32(*p) : v);
+        }
+      }
+}
+
 template <typename TY>
 __global__ void __launch_bounds__(kThreads) fp8_block_mma_kernel(const uint8_t* __restrict__ x, const float* __restrict__ xs,
                                                                   const uint8_t* __restrict__ w, const float* __restrict__ ws,
@@ -110,39 +153,11 @@ __global__ void __launch_bounds__(kThreads) fp8_block_mma_kernel(const uint8_t* 
 #pragma unroll
         for (int j = 0; j < 4; ++j) mma_e4m3(part[i][j], a[i], bf[j][0], bf[j][1]);
     }
-    // This block's sums, scaled: xs[b, row] for each of the thread's 4 rows, ws[n0 / 128, b] for the tile.
-    const float wsc = ws_row[b];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int64_t r0 = m0 + wm + i * 16 + group, r8 = r0 + 8;
-      const float s0 = r0 < m ? xs[b * m + r0] * wsc : 0.0f, s8 = r8 < m ? xs[b * m + r8] * wsc : 0.0f;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        acc[i][j][0] += part[i][j][0] * s0;
-        acc[i][j][1] += part[i][j][1] * s0;
-        acc[i][j][2] += part[i][j][2] * s8;
-        acc[i][j][3] += part[i][j][3] * s8;
-      }
-    }
+    // This block's sums, scaled by xs[b, row] and ws[n0 / 128, b].
+    scale_block(acc, part, xs, m, b, m0 + wm, group, ws_row[b]);
     __syncthreads();  // the next iteration's load overwrites this stage
   }
-  // c0, c1: row group, columns 2 tig + {0, 1}; c2, c3: row group + 8.
-#pragma unroll
-  for (int i = 0; i < 2; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int64_t r = m0 + wm + i * 16 + group + h * 8;
-        if (r >= m) continue;
-        for (int e = 0; e < 2; ++e) {
-          const int64_t c = n0 + wn + j * 8 + tig * 2 + e;
-          if (c >= n) continue;
-          TY* p = y + r * ldy + c;
-          const float v = acc[i][j][h * 2 + e];
-          *p = from_f32<TY>(beta != 0.0f ? v + beta * to_f32(*p) : v);
-        }
-      }
+  store_tile(acc, m, n, m0 + wm, n0 + wn, group, tig, y, ldy, beta);
 }
 
 // ---- The 128 x 128 kernel (AERIE_FP8_GEMM_KERNEL=mma128; not yet the default: docs/performance.md) ----
@@ -203,40 +218,11 @@ __global__ void __launch_bounds__(kWThreads, 1)
 #pragma unroll
         for (int j = 0; j < 4; ++j) mma_e4m3(part[i][j], a[i], bf[j][0], bf[j][1]);
     }
-    // This block's sums, scaled: xs[b, row] for each of the thread's 8 rows, ws[n0 / 128, b] for the tile.
-    const float wsc = ws_row[b];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int64_t r0 = m0 + wm + i * 16 + group, r8 = r0 + 8;
-      const float s0 = r0 < m ? xs[b * m + r0] * wsc : 0.0f, s8 = r8 < m ? xs[b * m + r8] * wsc : 0.0f;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        acc[i][j][0] += part[i][j][0] * s0;
-        acc[i][j][1] += part[i][j][1] * s0;
-        acc[i][j][2] += part[i][j][2] * s8;
-        acc[i][j][3] += part[i][j][3] * s8;
-      }
-    }
+    // This block's sums, scaled by xs[b, row] and ws[n0 / 128, b].
+    scale_block(acc, part, xs, m, b, m0 + wm, group, ws_row[b]);
   }
   cp_async_wait<0>();
-  // c0, c1: row group, columns 2 tig + {0, 1}; c2, c3: row group + 8.
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int64_t r = m0 + wm + i * 16 + group + h * 8;
-        if (r >= m) continue;
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int64_t c = n0 + wn + j * 8 + tig * 2 + e;
-          if (c >= n) continue;
-          TY* p = y + r * ldy + c;
-          const float v = acc[i][j][h * 2 + e];
-          *p = from_f32<TY>(beta != 0.0f ? v + beta * to_f32(*p) : v);
-        }
-      }
+  store_tile(acc, m, n, m0 + wm, n0 + wn, group, tig, y, ldy, beta);
 }
 
 template <typename TY>
