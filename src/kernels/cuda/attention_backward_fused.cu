@@ -94,6 +94,71 @@ __device__ __forceinline__ void mult_32(float (&acc)[2][DN][4], uint32_t a, int 
   }
 }
 
+/// P = exp2(s * sl2 - lse2) of the lane's 32 x 16 scores in place (rows mt*16 + quad + 8h: their lse2 `lr` and last
+/// key `ir`; element e of n8 block nb at key jl + nb * 8 + (e & 1)); 0 where the key is not attended, unless `full`
+/// (every key of the tile attended).
+__device__ __forceinline__ void probabilities(float (&s)[2][2][4], const BwdParams& p, bool full, int64_t jl,
+                                              const int (&ir)[2][2], const float (&lr)[2][2], float sl2) {
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int nb = 0; nb < 2; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e >> 1;
+        bool on = true;
+        if (!full) {
+          const int64_t j = jl + nb * 8 + (e & 1);
+          on = j < p.tk && attends(j, ir[mt][h], p.window);
+        }
+        s[mt][nb][e] = on ? exp2f(s[mt][nb][e] * sl2 - lr[mt][h]) : 0.0f;
+      }
+}
+
+/// P and dS = P (dP - D) as bf16 into the swizzled [BR rows][BC keys] tiles at sp / ss: the lane's elements at rows
+/// r0 + mt * 16 + 8h, columns c0 + nb * 8 (+1); D of its rows in dr.
+__device__ __forceinline__ void store_p_ds(unsigned char* sp, unsigned char* ss, const float (&pr)[2][2][4],
+                                           const float (&dp)[2][2][4], const float (&dr)[2][2], int r0, int c0) {
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int nb = 0; nb < 2; ++nb)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = r0 + mt * 16 + 8 * h, c = c0 + nb * 8;
+        const uint32_t off = swz<kBc>(r, c >> 3) + (c & 7) * 2;
+        const float p0 = pr[mt][nb][2 * h], p1 = pr[mt][nb][2 * h + 1];
+        *reinterpret_cast<uint32_t*>(sp + off) = pack_bf16(p0, p1);
+        *reinterpret_cast<uint32_t*>(ss + off) =
+            pack_bf16(p0 * (dp[mt][nb][2 * h] - dr[mt][h]), p1 * (dp[mt][nb][2 * h + 1] - dr[mt][h]));
+      }
+}
+
+/// dq_acc += the lane's dQ (packed rows R0 + mt * 16 + 8h of kv head g, head-dim columns col0 + nd * 8 (+1)) by fp32
+/// atomics (float2 from sm_90); rows past tq are skipped.
+template <int DP, int DN>
+__device__ __forceinline__ void add_dq(float* dq_acc, const float (&dq)[2][DN][4], const BwdParams& p, int g,
+                                       int64_t R0, int col0) {
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t R = R0 + mt * 16 + 8 * h, i = R / p.group;
+      if (i >= p.tq) continue;
+      const int hd = g * p.group + static_cast<int>(R % p.group);
+      float* row = dq_acc + (i * p.nh + hd) * DP + col0;
+#pragma unroll
+      for (int nd = 0; nd < DN; ++nd) {
+#if __CUDA_ARCH__ >= 900
+        atomicAdd(reinterpret_cast<float2*>(row + nd * 8), make_float2(dq[mt][nd][2 * h], dq[mt][nd][2 * h + 1]));
+#else
+        atomicAdd(row + nd * 8, dq[mt][nd][2 * h]);
+        atomicAdd(row + nd * 8 + 1, dq[mt][nd][2 * h + 1]);
+#endif
+      }
+    }
+}
+
 template <int DP, typename G>
 __global__ void __launch_bounds__(kFusedThreads, 1) attn_bwd_fused_mma_kernel(BwdParams p, float* dq_acc) {
   static_assert(DP == 64 || DP == 128);
@@ -196,37 +261,12 @@ __global__ void __launch_bounds__(kFusedThreads, 1) attn_bwd_fused_mma_kernel(Bw
 
     float s[2][2][4], dp[2][2][4];
     dot_32x16<DP>(s, qb, wm * 32, sK, wn * 16);  // q . k
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (int nb = 0; nb < 2; ++nb)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int h = e >> 1;
-          bool on = true;
-          if (!full) {
-            const int64_t j = j0 + wn * 16 + nb * 8 + 2 * tq4 + (e & 1);
-            on = j < p.tk && attends(j, ir[mt][h], p.window);
-          }
-          s[mt][nb][e] = on ? exp2f(s[mt][nb][e] * sl2 - lr[mt][h]) : 0.0f;
-        }
+    probabilities(s, p, full, j0 + wn * 16 + 2 * tq4, ir, lr, sl2);
     cp_async_wait<1>();
     __syncthreads();  // dout t is visible
     dot_32x16<DP>(dp, ob, wm * 32, sV, wn * 16);  // dout . v
     // P and dS = P (dP - D) to shared memory as bf16 [BR rows][BC keys].
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (int nb = 0; nb < 2; ++nb)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = wm * 32 + mt * 16 + quad + 8 * h, c = wn * 16 + nb * 8 + 2 * tq4;
-          const uint32_t off = swz<kBc>(r, c >> 3) + (c & 7) * 2;
-          const float p0 = s[mt][nb][2 * h], p1 = s[mt][nb][2 * h + 1];
-          *reinterpret_cast<uint32_t*>(sp_ptr + off) = pack_bf16(p0, p1);
-          *reinterpret_cast<uint32_t*>(ss_ptr + off) =
-              pack_bf16(p0 * (dp[mt][nb][2 * h] - dr[mt][h]), p1 * (dp[mt][nb][2 * h + 1] - dr[mt][h]));
-        }
+    store_p_ds(sp_ptr, ss_ptr, s, dp, dr, wm * 32 + quad, wn * 16 + 2 * tq4);
     __syncthreads();  // P and dS are visible
     mult_32<kBc, DP, kBr / 16, DN, true>(dv, sP, wm * 32, ob, wn * (DP / 4));  // dV += P^T dout
     mult_32<kBc, DP, kBr / 16, DN, true>(dk, sS, wm * 32, qb, wn * (DP / 4));  // dK += dS^T Q
@@ -237,24 +277,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) attn_bwd_fused_mma_kernel(Bw
 #pragma unroll
         for (int nd = 0; nd < DN; ++nd) dq[mt][nd][0] = dq[mt][nd][1] = dq[mt][nd][2] = dq[mt][nd][3] = 0.0f;
       mult_32<kBc, DP, kBc / 16, DN, false>(dq, sS, wm * 32, sK, wn * (DP / 4));  // dQ = dS K
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int64_t R = Rt + wm * 32 + mt * 16 + quad + 8 * h, i = R / p.group;
-          if (i >= p.tq) continue;
-          const int hd = g * p.group + static_cast<int>(R % p.group);
-          float* row = dq_acc + (i * p.nh + hd) * DP + wn * (DP / 4) + 2 * tq4;
-#pragma unroll
-          for (int nd = 0; nd < DN; ++nd) {
-#if __CUDA_ARCH__ >= 900
-            atomicAdd(reinterpret_cast<float2*>(row + nd * 8), make_float2(dq[mt][nd][2 * h], dq[mt][nd][2 * h + 1]));
-#else
-            atomicAdd(row + nd * 8, dq[mt][nd][2 * h]);
-            atomicAdd(row + nd * 8 + 1, dq[mt][nd][2 * h + 1]);
-#endif
-          }
-        }
+      add_dq<DP>(dq_acc, dq, p, g, Rt + wm * 32 + quad, wn * (DP / 4) + 2 * tq4);
     }
     // With one dout buffer every warp must be done with dout t before it is refilled here; with two, the next
     // iteration's first barrier orders every refill (Q, dout, P, dS, the rows' values) after this one's reads.
