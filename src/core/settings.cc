@@ -54,8 +54,8 @@ Settings parse_settings(const char* (*get)(const char*)) {
   s.profile = one_of(get, "AERIE_PROFILE", {}) == "1";
   const std::string search = one_of(get, "AERIE_GEMM_SEARCH", {"0", "1"});
   s.gemm_search = search.empty() ? -1 : search == "1";
-  s.attention_forward_kernel = one_of(get, "AERIE_ATTENTION_FORWARD_KERNEL", {"wgmma", "mma", "mma64", "fa2", "mma2"});
-  s.attention_backward_kernel = one_of(get, "AERIE_ATTENTION_BACKWARD_KERNEL", {"wgmma", "mma", "mma64", "fa2", "mma2"});
+  s.attention_forward_kernel = one_of(get, "AERIE_ATTENTION_FORWARD_KERNEL", {"wgmma", "mma", "mma64", "fa2", "mma2", "fused64"});
+  s.attention_backward_kernel = one_of(get, "AERIE_ATTENTION_BACKWARD_KERNEL", {"wgmma", "mma", "mma64", "fa2", "mma2", "fused64"});
   s.grouped_gemm_bm = one_of(get, "AERIE_GROUPED_GEMM_BM", {"mixed", "64", "128"}, "mixed");
   s.grouped_gemm_kernel = one_of(get, "AERIE_GROUPED_GEMM_KERNEL", {"auto", "ws", "wgmma", "mma", "rs", "rsm"}, "auto");
   s.grouped_gemm_rs_small = one_of(get, "AERIE_GROUPED_GEMM_RS_SMALL", {"0", "1", "2"}, "2")[0] - '0';

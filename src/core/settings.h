@@ -25,7 +25,8 @@ struct Settings {
   /// forward's mma.sync kernel in FlashAttention-2's shape at head dims 64, 128 and 192 / 128: 32 rows per warp, 128
   /// per block; opt-in, slower at T 2048, docs/performance.md; the backward takes it as "mma"), "mma2" (the backward's
   /// two mma.sync passes, dq and dk/dv, where its one-pass kernel is the mma.sync default at head dims 64 and 128;
-  /// the forward takes it as "mma").
+  /// the forward takes it as "mma"), "fused64" (the one-pass backward with blocks of 64 keys also where the GPU holds
+  /// its 128-key blocks; the forward takes it as "mma").
   std::string attention_forward_kernel, attention_backward_kernel;
   /// AERIE_GROUPED_GEMM_BM: the grouped GEMM's row tiles, "mixed" (default), "64" or "128".
   std::string grouped_gemm_bm = "mixed";

@@ -129,9 +129,9 @@ TEST_P(AttentionCudaTest, BackwardMatchesCpu) {
     return;
   }
   // Every BF16 tensor-core backward at head dims 64, 128 and 192: the wgmma passes (the default on an H100 /
-  // H200; elsewhere, and at other head dims, the same as "mma"), the one-pass mma.sync kernel ("mma" at 64 and 128)
-  // and the two mma.sync passes ("mma2").
-  for (const char* kernel : {"wgmma", "mma", "mma2"}) {
+  // H200; elsewhere, and at other head dims, the same as "mma"), the one-pass mma.sync kernel ("mma" at 64 and 128:
+  // blocks of 128 keys where they fit, "fused64" of 64) and the two mma.sync passes ("mma2").
+  for (const char* kernel : {"wgmma", "mma", "fused64", "mma2"}) {
     SCOPED_TRACE(kernel);
     testing::ScopedEnv choice("AERIE_ATTENTION_BACKWARD_KERNEL", kernel);  // the caller's own comes back after
     Tensor gdq = on_gpu(random_tensor(q.shape(), 11), c.dt), gdk = on_gpu(dk0, c.grad_dt), gdv = on_gpu(dv0, c.grad_dt);

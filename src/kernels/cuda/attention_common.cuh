@@ -28,10 +28,10 @@ __device__ __forceinline__ float dot4(const float* a, const float* b) {
 }
 
 /// Whether an attention op takes its wgmma kernel (attention_wgmma.cu): an sm_90a GPU, unless its setting
-/// (core/settings.h: AERIE_ATTENTION_FORWARD_KERNEL / _BACKWARD_KERNEL) says "mma", "mma64", "fa2" or "mma2"
-/// ("wgmma" or "": auto).
+/// (core/settings.h: AERIE_ATTENTION_FORWARD_KERNEL / _BACKWARD_KERNEL) says "mma", "mma64", "fa2", "mma2" or
+/// "fused64" ("wgmma" or "": auto).
 inline bool wgmma_chosen(const std::string& setting) {
-  return setting != "mma" && setting != "mma64" && setting != "fa2" && setting != "mma2" &&
+  return setting != "mma" && setting != "mma64" && setting != "fa2" && setting != "mma2" && setting != "fused64" &&
          wgmma_device();
 }
 
@@ -194,6 +194,33 @@ void launch_fwd_tc_dv(const FwdParams& p, int64_t tiles, int64_t splits);
 // The backward's parameters, shared by the SIMT kernels (attention_backward.cu) and the tensor-core
 // ones (attention_backward_tc.cu).
 
+/// n / d and n % d for 0 <= n < 2^31 and a divisor d >= 1 fixed at launch, by one multiply-high and a shift
+/// (Granlund & Montgomery 1994, "Division by invariant integers using multiplication", section 4; CUTLASS's
+/// FastDivmod takes the same constants): where a kernel's hot loop maps packed rows to (token, head), the int64
+/// division it replaces costs tens of instructions.
+struct FastDivmod {
+  int d = 1;
+  uint32_t mul = 0, shr = 0;
+  FastDivmod() = default;
+  /// Throws nothing: d < 1 is the caller's bug (taken as 1).
+  explicit FastDivmod(int divisor) : d(std::max(divisor, 1)) {
+    if (d == 1) return;
+    int l = 0;  // ceil(log2 d)
+    while ((1u << l) < static_cast<uint32_t>(d)) ++l;
+    const int p = 31 + l;
+    mul = static_cast<uint32_t>(((uint64_t{1} << p) + static_cast<uint64_t>(d) - 1) / static_cast<uint64_t>(d));
+    shr = static_cast<uint32_t>(p - 32);
+  }
+  __device__ __forceinline__ int div(int n) const {
+    return d == 1 ? n : static_cast<int>(__umulhi(static_cast<uint32_t>(n), mul) >> shr);
+  }
+  /// q = n / d, r = n % d.
+  __device__ __forceinline__ void divmod(int n, int& q, int& r) const {
+    q = div(n);
+    r = n - q * d;
+  }
+};
+
 struct BwdParams {
   const void* dout;  // [tq, nh, d] T
   const void* q;
@@ -208,6 +235,7 @@ struct BwdParams {
   int nh, nkv, group, d;
   float scale;
   int64_t window;  // sliding window (0: none)
+  FastDivmod group_div;  // by group: packed row R (< tq * group < 2^31) -> token R / group, head R % group
 };
 
 /// The BF16 tensor-core backward passes (attention_backward_tc.cu, head dim d == DP = 64, 128 or 192, every

@@ -74,28 +74,31 @@ __device__ __forceinline__ float quad_sum(float v) {
 constexpr float kLog2e = 1.4426950408889634f;
 
 /// Loads a [ROWS][DP] tile of packed query rows R0 .. R0+ROWS-1 (row R = i * group + head in group of kv head
-/// g) of a [tq, nh, DP] tensor into swizzled shared memory; rows past tq are zeros. All threads of the block.
+/// g; R < 2^31, as attention_backward checks) of a [tq, nh, DP] tensor into swizzled shared memory; rows past tq
+/// are zeros. All threads of the block.
 template <int DP, int ROWS>
 __device__ __forceinline__ void load_rows(uint32_t dst, const bf16_t* src, const BwdParams& p, int g, int64_t R0) {
   constexpr int NC = DP / 8;
   for (int idx = threadIdx.x; idx < ROWS * NC; idx += blockDim.x) {
     const int r = idx / NC, c = idx % NC;
-    const int64_t R = R0 + r, i = R / p.group;
-    const int h = g * p.group + static_cast<int>(R % p.group);
+    int i, hg;
+    p.group_div.divmod(static_cast<int>(R0 + r), i, hg);
     const bool ok = i < p.tq;
-    cp_async16(dst + swz<DP>(r, c), ok ? src + (i * p.nh + h) * DP + c * 8 : src, ok);
+    cp_async16(dst + swz<DP>(r, c), ok ? src + (static_cast<int64_t>(i) * p.nh + g * p.group + hg) * DP + c * 8 : src,
+               ok);
   }
 }
 
 /// The backward's values of packed query row R of kv head g: lse * log2(e), D and its last attended key i +
 /// q_offset; 0, 0 and -1 for a row past tq or without keys (lse -inf), which has no gradient.
 __device__ __forceinline__ void row_values(const BwdParams& p, int g, int64_t R, float& lse2, float& D, int& ilim) {
-  const int64_t i = R / p.group;
-  const int h = g * p.group + static_cast<int>(R % p.group);
-  const float lse = i < p.tq ? p.lse[i * p.nh + h] : -INFINITY;
+  int i, hg;
+  p.group_div.divmod(static_cast<int>(R), i, hg);
+  const int64_t at = static_cast<int64_t>(i) * p.nh + g * p.group + hg;
+  const float lse = i < p.tq ? p.lse[at] : -INFINITY;
   const bool ok = i < p.tq && lse != -INFINITY;
   lse2 = ok ? lse * kLog2e : 0.0f;
-  D = ok ? p.D[i * p.nh + h] : 0.0f;
+  D = ok ? p.D[at] : 0.0f;
   ilim = ok ? static_cast<int>(i + p.q_offset) : -1;
 }
 
