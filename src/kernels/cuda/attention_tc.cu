@@ -106,6 +106,90 @@ __device__ __forceinline__ void store_rows(const FwdParams& p, const Seq& s, con
   }
 }
 
+/// sc[mt][nb] = the warp's 16 MT rows of Q times the KEYS keys of the tile at `kb` ([KEYS][DP], swizzled) over the
+/// head dim: Q's fragments from qf where Q_REGS, else read at sq (the address of the warp's first row of the
+/// swizzled [rows][DP] Q tile). x4 matrices of K: keys +0 / +8 of a pair of n8 blocks, d chunks 2kd / 2kd+1.
+template <int DP, int KEYS, int MT, bool Q_REGS>
+__device__ __forceinline__ void tile_scores(float (&sc)[MT][KEYS / 8][4],
+                                            const uint32_t (&qf)[Q_REGS ? MT : 1][Q_REGS ? DP / 16 : 1][4],
+                                            uint32_t sq, uint32_t kb) {
+  constexpr int NB = KEYS / 8;
+  const int lane = threadIdx.x & 31, mi = lane >> 3;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nb = 0; nb < NB; ++nb) sc[mt][nb][0] = sc[mt][nb][1] = sc[mt][nb][2] = sc[mt][nb][3] = 0.0f;
+#pragma unroll
+  for (int kd = 0; kd < DP / 16; ++kd) {
+    uint32_t qa[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      if constexpr (Q_REGS) {
+#pragma unroll
+        for (int x = 0; x < 4; ++x) qa[mt][x] = qf[mt][kd][x];
+      } else {
+        // sq is row 0 of the warp (its row index a multiple of 16, so of 8: the swizzle is the row's own)
+        ldsm_x4(sq + swz<DP>(mt * 16 + (lane & 15), kd * 2 + (lane >> 4)), qa[mt][0], qa[mt][1], qa[mt][2], qa[mt][3]);
+      }
+    }
+#pragma unroll
+    for (int nb = 0; nb < NB; nb += 2) {
+      uint32_t b0, b1, b2, b3;
+      ldsm_x4(kb + swz<DP>(nb * 8 + (mi >> 1) * 8 + (lane & 7), kd * 2 + (mi & 1)), b0, b1, b2, b3);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma16816(sc[mt][nb], qa[mt], b0, b1);
+        mma16816(sc[mt][nb + 1], qa[mt], b2, b3);
+      }
+    }
+  }
+}
+
+/// One m16 tile's scores to base-2 units and the online softmax (softmax_update): element e of block nb at row
+/// quad + 8 (e >> 1) (its last attended key klim[e >> 1]) and key jl + nb * 8 + (e & 1); where `masked`, keys
+/// past kend or outside the row's causal window are -inf.
+template <int ND, int KEYS>
+__device__ __forceinline__ void masked_softmax(float (&sc)[KEYS / 8][4], bool masked, int64_t jl, int64_t kend,
+                                               const int64_t (&klim)[2], int64_t window, float sl2, float (&m)[2],
+                                               float (&l)[2], float (&o)[ND][4], uint32_t (&pf)[KEYS / 16][4]) {
+  float mx[2] = {m[0], m[1]};
+#pragma unroll
+  for (int nb = 0; nb < KEYS / 8; ++nb) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float x = sc[nb][e] * sl2;
+      if (masked) {
+        const int64_t j = jl + nb * 8 + (e & 1);
+        if (j >= kend || !attends(j, klim[e >> 1], window)) x = -INFINITY;
+      }
+      sc[nb][e] = x;
+      mx[e >> 1] = fmaxf(mx[e >> 1], x);
+    }
+  }
+  softmax_update<ND, KEYS>(sc, mx, m, l, o, pf);
+}
+
+/// o[mt] += P V: P from pf (the A fragments of each k16 step of keys), V the tile at vb ([KEYS][DV], swizzled).
+/// x4.trans matrices of V: keys +0 / +8 of the k16 step, d chunks nd / nd+1.
+template <int DV, int KEYS, int MT>
+__device__ __forceinline__ void accumulate_pv(float (&o)[MT][DV / 8][4], const uint32_t (&pf)[MT][KEYS / 16][4],
+                                              uint32_t vb) {
+  const int lane = threadIdx.x & 31, mi = lane >> 3;
+#pragma unroll
+  for (int kk = 0; kk < KEYS / 16; ++kk) {
+#pragma unroll
+    for (int nd = 0; nd < DV / 8; nd += 2) {
+      uint32_t b0, b1, b2, b3;
+      ldsm_x4_t(vb + swz<DV>(kk * 16 + (mi & 1) * 8 + (lane & 7), nd + (mi >> 1)), b0, b1, b2, b3);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma16816(o[mt][nd], pf[mt][kk], b0, b1);
+        mma16816(o[mt][nd + 1], pf[mt][kk], b2, b3);
+      }
+    }
+  }
+}
+
 // DP: the query/key head dim; DV: the value/output head dim (DP, or MLA's 128 against 192); NBUF: K/V buffers;
 // KEYS: keys per K/V tile; MT: m16 tiles of 16 rows per warp. With MT = 2 each K / V fragment read from shared
 // memory feeds two mma row tiles (FlashAttention-2's 128-row blocks of 4 warps), Q's fragments are read from shared
@@ -213,75 +297,18 @@ __global__ void __launch_bounds__(kThreads, MT == 1 ? 2 : 1) attn_fwd_mma_kernel
     const uint32_t kb = sK + buf * L::k_bytes, vb = sV + buf * L::v_bytes;
     const int64_t j0 = kbeg + static_cast<int64_t>(t) * KEYS;
 
-    // S [16 MT rows][KEYS keys] = Q K^T. x4 matrices: keys +0 / +8 of the pair of n8 blocks, d chunks 2kd / 2kd+1.
+    // S [16 MT rows][KEYS keys] = Q K^T.
     float sc[MT][NB][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int nb = 0; nb < NB; ++nb) sc[mt][nb][0] = sc[mt][nb][1] = sc[mt][nb][2] = sc[mt][nb][3] = 0.0f;
-#pragma unroll
-    for (int kd = 0; kd < KD; ++kd) {
-      uint32_t qa[MT][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        if constexpr (kQRegs) {
-#pragma unroll
-          for (int x = 0; x < 4; ++x) qa[mt][x] = qf[mt][kd][x];
-        } else {
-          ldsm_x4(sQ + swz<DP>(warp * WR + mt * 16 + (lane & 15), kd * 2 + (lane >> 4)), qa[mt][0], qa[mt][1],
-                  qa[mt][2], qa[mt][3]);
-        }
-      }
-#pragma unroll
-      for (int nb = 0; nb < NB; nb += 2) {
-        const int mi = lane >> 3;
-        uint32_t b0, b1, b2, b3;
-        ldsm_x4(kb + swz<DP>(nb * 8 + (mi >> 1) * 8 + (lane & 7), kd * 2 + (mi & 1)), b0, b1, b2, b3);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          mma16816(sc[mt][nb], qa[mt], b0, b1);
-          mma16816(sc[mt][nb + 1], qa[mt], b2, b3);
-        }
-      }
-    }
-
-    // Online softmax. Element e of block nb of row tile mt: row mt*16 + quad + 8 (e >> 1), key j0 + nb*8 + 2 tq4 + (e & 1).
+    tile_scores<DP, KEYS, MT, kQRegs>(sc, qf, sQ + swz<DP>(warp * WR, 0), kb);
+    // Online softmax; P as the A fragments of P V.
     const bool masked = j0 + KEYS > kend || j0 + KEYS - 1 > klim_min || j0 < kfirst_max;
     uint32_t pf[MT][KK][4];
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      float mx[2] = {m[mt][0], m[mt][1]};
-#pragma unroll
-      for (int nb = 0; nb < NB; ++nb) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          float x = sc[mt][nb][e] * sl2;
-          if (masked) {
-            const int64_t j = j0 + nb * 8 + 2 * tq4 + (e & 1);
-            if (j >= kend || !attends(j, klim[mt][e >> 1], p.window)) x = -INFINITY;
-          }
-          sc[mt][nb][e] = x;
-          mx[e >> 1] = fmaxf(mx[e >> 1], x);
-        }
-      }
-      softmax_update<ND, KEYS>(sc[mt], mx, m[mt], l[mt], o[mt], pf[mt]);
-    }
-
-    // O [16 MT][DP] += P [16 MT][KEYS] V [KEYS][DP]. x4.trans matrices: keys +0 / +8 of the k16 step, d chunks nd / nd+1.
-#pragma unroll
-    for (int kk = 0; kk < KK; ++kk) {
-#pragma unroll
-      for (int nd = 0; nd < ND; nd += 2) {
-        const int mi = lane >> 3;
-        uint32_t b0, b1, b2, b3;
-        ldsm_x4_t(vb + swz<DV>(kk * 16 + (mi & 1) * 8 + (lane & 7), nd + (mi >> 1)), b0, b1, b2, b3);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          mma16816(o[mt][nd], pf[mt][kk], b0, b1);
-          mma16816(o[mt][nd + 1], pf[mt][kk], b2, b3);
-        }
-      }
-    }
+    for (int mt = 0; mt < MT; ++mt)
+      masked_softmax<ND, KEYS>(sc[mt], masked, j0 + 2 * tq4, kend, klim[mt], p.window, sl2, m[mt], l[mt], o[mt],
+                               pf[mt]);
+    // O [16 MT][DV] += P [16 MT][KEYS] V [KEYS][DV].
+    accumulate_pv<DV, KEYS, MT>(o, pf, vb);
     __syncthreads();  // every warp is done with this buffer before the next iteration refills it
   }
   cp_async_wait<0>();
