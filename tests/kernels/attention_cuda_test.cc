@@ -161,6 +161,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{100, 100, 8, 2, 128, -5, BF16, BF16},   // rows 0..4 attend no key, d 128
                       Case{515, 515, 4, 1, 64, 0, BF16, BF16},     // multi-query, 9 key tiles
                       Case{700, 700, 16, 2, 64, 0, BF16, F32},     // group 8, many tiles, d 64
+                      Case{300, 300, 12, 4, 64, 0, BF16, F32},     // group 3: packed rows not a power of 2
+                      Case{300, 300, 10, 2, 128, 7, BF16, BF16},   // group 5 after a cache, d 128
                       Case{1000, 1000, 8, 2, 128, 0, F32, F32},    // long prefill
                       Case{37, 500, 8, 2, 128, 463, F32, F32},     // chunked prefill after a cache
                       Case{37, 500, 8, 2, 128, 463, BF16, BF16},
@@ -205,7 +207,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{700, 700, 16, 2, 64, 0, BF16, BF16, 0, "sm_120"},
                       Case{100, 100, 8, 2, 128, -5, BF16, BF16, 0, "sm_120"},
                       Case{37, 500, 8, 2, 128, 463, BF16, F32, 0, "sm_120"},
-                      Case{300, 300, 8, 2, 64, 0, BF16, F32, 45, "sm_120"}),
+                      Case{300, 300, 8, 2, 64, 0, BF16, F32, 45, "sm_120"},
+                      Case{200, 200, 6, 2, 128, 0, BF16, F32, 0, "sm_120"}),  // group 3
     case_name);
 
 // ------------------------------------------------------------------------------------------------
