@@ -6,7 +6,7 @@
 //   a block of 8 warps holds BC = 128 keys (64 where the GPU's shared memory does not hold that: head dim 128 on
 //   a GPU of 99 KiB per block) of one kv head (K, V resident in shared memory) and streams BR = 64-row tiles of
 //   the packed query rows that attend them (Q double-buffered; dout double-buffered, except single at head dim 128
-//   with 64 keys, loading while S = Q K^T is computed); per tile
+//   with 64 keys: the next tile's loads while dK and dQ are computed); per tile
 //     S = Q K^T and dP = dout V^T        (warps 2 x 4 over rows x keys: 32 x BC/4 each),
 //     P = exp(scale S - lse), dS = P (dP - D)  (fp32, rounded to bf16 into shared memory),
 //     dV += P^T dout and dK += dS^T Q     (warps BC/32 x 256/BC over keys x head dim: 32 keys each, fp32 registers),
@@ -37,14 +37,46 @@ struct Fused {
   /// dQ: warps 2 x 4 over rows x head dim, DNQ n8 blocks each.
   static constexpr int DNQ = DP / 32;
   // Shared memory: K, V [BC][DP], Q [2][BR][DP], dout [NBO][BR][DP], P and dS [BR][BC] (bf16, swizzled), and per
-  // streamed row (two buffers) its lse * log2(e), D and last attended key.
+  // streamed row (two buffers) its lse, D, last attended key and row of [tq * nh] (RowSlot).
   static constexpr size_t kv_tile = sizeof(bf16_t) * BC * DP, row_tile = sizeof(bf16_t) * kBr * DP;
   static constexpr size_t k = 0, v = k + kv_tile, q = v + kv_tile, dout = q + 2 * row_tile;
   static constexpr size_t p = dout + NBO * row_tile, ds = p + sizeof(bf16_t) * kBr * BC;
   static constexpr size_t lse = ds + sizeof(bf16_t) * kBr * BC, dd = lse + 2 * kBr * sizeof(float);
-  static constexpr size_t ilim = dd + 2 * kBr * sizeof(float);
-  static constexpr size_t bytes = ilim + 2 * kBr * sizeof(int);
+  static constexpr size_t ilim = dd + 2 * kBr * sizeof(float), rix = ilim + 2 * kBr * sizeof(int);
+  static constexpr size_t bytes = rix + 2 * kBr * sizeof(int);
 };
+
+/// The rows' values in shared memory (two buffers of kBr): lse (nats, as the forward wrote it), D, the last key
+/// each attends (-1: past tq) and its row i * nh + head of the [tq, nh] tensors (-1: past tq).
+struct RowSlot {
+  float* lse;
+  float* D;
+  int* ilim;
+  int* rix;
+};
+
+/// This thread's packed row of a kBr-row tile (4 threads a row: row threadIdx.x / 4; 0 <= R < 2^31) of kv head g:
+/// its row i * nh + head of the [tq, nh, ...] tensors, or -1 past tq.
+__device__ __forceinline__ int packed_row(const BwdParams& p, int g, int64_t R, int& i) {
+  int hg;
+  p.group_div.divmod(static_cast<int>(R), i, hg);
+  return i < p.tq ? i * p.nh + g * p.group + hg : -1;
+}
+
+/// Issues this thread's chunks (threadIdx.x % 4 + 4k) of row r of the swizzled [kBr][DP] tile at dst, from row
+/// `row` (-1: zeros) of the [tq * nh, DP] tensor src. Four threads read one row's 16-byte chunks side by side.
+template <int DP>
+__device__ __forceinline__ void load_row(uint32_t dst, const bf16_t* src, int row, int r) {
+  constexpr int TPR = kFusedThreads / kBr, NC = DP / 8;
+  static_assert(NC % TPR == 0);
+  const bool ok = row >= 0;
+  const bf16_t* at = ok ? src + static_cast<int64_t>(row) * DP : src;
+#pragma unroll
+  for (int k = 0; k < NC / TPR; ++k) {
+    const int c = static_cast<int>(threadIdx.x % TPR) + k * TPR;
+    cp_async16(dst + swz<DP>(r, c), at + (ok ? c * 8 : 0), ok);
+  }
+}
 
 /// acc[mt][nb] (32 rows x 8 NB columns: two m16 tiles, NB n8 blocks) = A B^T over the head dim; A rows a_row0 ..
 /// +31 of the [rows][DP] tile at `a`, B rows b_row0 .. + 8 NB - 1 of the [rows][DP] tile at `b`.
@@ -114,19 +146,24 @@ __device__ __forceinline__ void mult_32(float (&acc)[2][DN][4], uint32_t a, int 
 template <int NB>
 __device__ __forceinline__ void probabilities(float (&s)[2][NB][4], const BwdParams& p, bool full, int64_t jl,
                                               const int (&ir)[2][2], const float (&lr)[2][2], float sl2) {
+  if (full) {  // two loops, so that the mask's tests are not interleaved with the unmasked tiles' exponentials
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mt][nb][e] = ex2(s[mt][nb][e] * sl2 - lr[mt][e >> 1]);
+    return;
+  }
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int h = e >> 1;
-        bool on = true;
-        if (!full) {
-          const int64_t j = jl + nb * 8 + (e & 1);
-          on = j < p.tk && attends(j, ir[mt][h], p.window);
-        }
-        s[mt][nb][e] = on ? exp2f(s[mt][nb][e] * sl2 - lr[mt][h]) : 0.0f;
+        const int64_t j = jl + nb * 8 + (e & 1);
+        const bool on = j < p.tk && attends(j, ir[mt][e >> 1], p.window);
+        s[mt][nb][e] = on ? ex2(s[mt][nb][e] * sl2 - lr[mt][e >> 1]) : 0.0f;
       }
 }
 
@@ -150,19 +187,17 @@ __device__ __forceinline__ void store_p_ds(unsigned char* sp, unsigned char* ss,
       }
 }
 
-/// dq_acc += the lane's dQ (packed rows R0 + mt * 16 + 8h of kv head g, head-dim columns col0 + nd * 8 (+1)) by fp32
-/// atomics (float2 from sm_90); rows past tq are skipped.
+/// dq_acc += the lane's dQ (tile rows r0 + mt * 16 + 8h, their rows of [tq * nh] in rix (-1: past tq, skipped),
+/// head-dim columns col0 + nd * 8 (+1)) by fp32 atomics (float2 from sm_90).
 template <int DP, int DN>
-__device__ __forceinline__ void add_dq(float* dq_acc, const float (&dq)[2][DN][4], const BwdParams& p, int g,
-                                       int64_t R0, int col0) {
+__device__ __forceinline__ void add_dq(float* dq_acc, const float (&dq)[2][DN][4], const int* rix, int r0, int col0) {
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      int i, hg;
-      p.group_div.divmod(static_cast<int>(R0 + mt * 16 + 8 * h), i, hg);
-      if (i >= p.tq) continue;
-      float* row = dq_acc + (static_cast<int64_t>(i) * p.nh + g * p.group + hg) * DP + col0;
+      const int at = rix[r0 + mt * 16 + 8 * h];
+      if (at < 0) continue;
+      float* row = dq_acc + static_cast<int64_t>(at) * DP + col0;
 #pragma unroll
       for (int nd = 0; nd < DN; ++nd) {
 #if __CUDA_ARCH__ >= 900
@@ -208,9 +243,8 @@ __global__ void __launch_bounds__(kFusedThreads, 1) attn_bwd_fused_mma_kernel(Bw
   const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(fused_smem));
   const uint32_t sK = base + L::k, sV = base + L::v, sQ = base + L::q, sO = base + L::dout;
   const uint32_t sP = base + L::p, sS = base + L::ds;
-  float* lse2s = reinterpret_cast<float*>(fused_smem + L::lse);
-  float* Ds = reinterpret_cast<float*>(fused_smem + L::dd);
-  int* ilims = reinterpret_cast<int*>(fused_smem + L::ilim);
+  const RowSlot rs{reinterpret_cast<float*>(fused_smem + L::lse), reinterpret_cast<float*>(fused_smem + L::dd),
+                   reinterpret_cast<int*>(fused_smem + L::ilim), reinterpret_cast<int*>(fused_smem + L::rix)};
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, quad = lane >> 2, tq4 = lane & 3;
   const int wm = warp >> 2, wn = warp & 3;          // S / dP: rows wm*32.., keys wn*KW..; dQ: cols wn*DP/4..
   const int kw = warp / L::DG, dw = warp % L::DG;  // dK / dV: keys kw*32.., head-dim columns dw*DP/DG..
@@ -237,15 +271,24 @@ __global__ void __launch_bounds__(kFusedThreads, 1) attn_bwd_fused_mma_kernel(Bw
   const int64_t R0 = max(int64_t{0}, j0 - p.q_offset) * p.group;
   const int64_t rows = rows_end(min(p.tk - 1, j0 + BC - 1), p.q_offset, p.window, p.tq) * p.group;
   const int ntiles = R0 < rows ? static_cast<int>((rows - R0 + kBr - 1) / kBr) : 0;
-  auto load_q = [&](int t, int buf) {  // Q and the rows' lse, D, last key
-    const int64_t Rt = R0 + static_cast<int64_t>(t) * kBr;
-    load_rows<DP, kBr>(sQ + buf * L::row_tile, q, p, g, Rt);
-    if (threadIdx.x < kBr)
-      row_values(p, g, Rt + threadIdx.x, lse2s[buf * kBr + threadIdx.x], Ds[buf * kBr + threadIdx.x],
-                 ilims[buf * kBr + threadIdx.x]);
+  const int lr_row = threadIdx.x / (kFusedThreads / kBr);  // the tile row this thread loads
+  auto load_q = [&](int t, int buf) {  // Q (and dout where it has two buffers) and the rows' values
+    int i;
+    const int row = packed_row(p, g, R0 + static_cast<int64_t>(t) * kBr + lr_row, i);
+    load_row<DP>(sQ + buf * L::row_tile, q, row, lr_row);
+    if (NBO == 2) load_row<DP>(sO + buf * L::row_tile, dout, row, lr_row);
+    if (threadIdx.x % (kFusedThreads / kBr) == 0) {
+      const int at = buf * kBr + lr_row;
+      cp_async4(static_cast<uint32_t>(__cvta_generic_to_shared(rs.lse + at)), p.lse + max(row, 0), row >= 0);
+      cp_async4(static_cast<uint32_t>(__cvta_generic_to_shared(rs.D + at)), p.D + max(row, 0), row >= 0);
+      rs.ilim[at] = row >= 0 ? static_cast<int>(i + p.q_offset) : -1;
+      rs.rix[at] = row;
+    }
   };
   auto load_o = [&](int t, int buf) {
-    load_rows<DP, kBr>(sO + buf * L::row_tile, dout, p, g, R0 + static_cast<int64_t>(t) * kBr);
+    int i;
+    load_row<DP>(sO + buf * L::row_tile, dout, packed_row(p, g, R0 + static_cast<int64_t>(t) * kBr + lr_row, i),
+                 lr_row);
   };
   // cp.async groups, oldest first: [K, V, Q 0 (, dout 0)], [dout 0 or nothing]; in iteration t [Q t+1 (, dout t+1)],
   // then [dout t+1 or nothing]. So at the top of iteration t "all but the newest" is Q t, and after Q t+1 is issued
@@ -280,21 +323,21 @@ __global__ void __launch_bounds__(kFusedThreads, 1) attn_bwd_fused_mma_kernel(Bw
     cp_async_commit();
     const uint32_t qb = sQ + buf * L::row_tile, ob = sO + obuf * L::row_tile;
     const int64_t Rt = R0 + static_cast<int64_t>(t) * kBr;
-    const float* lt = lse2s + buf * kBr;
-    const float* dt = Ds + buf * kBr;
-    const int* it = ilims + buf * kBr;
-    // This lane's four rows (wm*32 + mt*16 + quad + 8h) and whether the tile needs no mask: every row attends
-    // every key of the block.
+    // This lane's four rows (wm*32 + mt*16 + quad + 8h): lse * log2(e), D and the last key, or 0, 0, -1 for a row
+    // past tq or without keys (lse -inf), which has no gradient; and whether the tile needs no mask: every row
+    // attends every key of the block.
     float lr[2][2], dr[2][2];
     int ir[2][2];
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int r = wm * 32 + mt * 16 + quad + 8 * h;
-        lr[mt][h] = lt[r];
-        dr[mt][h] = dt[r];
-        ir[mt][h] = it[r];
+        const int r = buf * kBr + wm * 32 + mt * 16 + quad + 8 * h;
+        const float lse = rs.lse[r];
+        const bool live = rs.ilim[r] >= 0 && lse != -INFINITY;
+        lr[mt][h] = live ? lse * kLog2e : 0.0f;
+        dr[mt][h] = live ? rs.D[r] : 0.0f;
+        ir[mt][h] = live ? rs.ilim[r] : -1;
       }
     const bool full = p.window <= 0 && p.group_div.div(static_cast<int>(Rt)) + p.q_offset >= j0 + BC - 1 &&
                       j0 + BC <= p.tk && p.group_div.div(static_cast<int>(Rt + kBr - 1)) < p.tq;
@@ -309,6 +352,14 @@ __global__ void __launch_bounds__(kFusedThreads, 1) attn_bwd_fused_mma_kernel(Bw
     store_p_ds<BC, NB>(sp_ptr, ss_ptr, s, dp, dr, wm * 32 + quad, wn * L::KW + 2 * tq4);
     __syncthreads();  // P and dS are visible
     mult_32<BC, DP, kBr / 16, DNK, true>(dv, sP, kw * 32, ob, dw * (DP / L::DG));  // dV += P^T dout
+    // dout t is read for the last time above. With one buffer every warp must be done with it before it is
+    // refilled, here, so that the load overlaps dK and dQ; with two, the next iteration's first barrier orders
+    // every refill (Q, dout, P, dS, the rows' values) after this one's reads.
+    if constexpr (NBO == 1) {
+      __syncthreads();
+      if (t + 1 < ntiles) load_o(t + 1, 0);
+    }
+    cp_async_commit();
     mult_32<BC, DP, kBr / 16, DNK, true>(dk, sS, kw * 32, qb, dw * (DP / L::DG));  // dK += dS^T Q
     {
       float dq[2][DNQ][4];
@@ -317,15 +368,8 @@ __global__ void __launch_bounds__(kFusedThreads, 1) attn_bwd_fused_mma_kernel(Bw
 #pragma unroll
         for (int nd = 0; nd < DNQ; ++nd) dq[mt][nd][0] = dq[mt][nd][1] = dq[mt][nd][2] = dq[mt][nd][3] = 0.0f;
       mult_32<BC, DP, BC / 16, DNQ, false>(dq, sS, wm * 32, sK, wn * (DP / 4));  // dQ = dS K
-      add_dq<DP>(dq_acc, dq, p, g, Rt + wm * 32 + quad, wn * (DP / 4) + 2 * tq4);
+      add_dq<DP>(dq_acc, dq, rs.rix + buf * kBr, wm * 32 + quad, wn * (DP / 4) + 2 * tq4);
     }
-    // With one dout buffer every warp must be done with dout t before it is refilled here; with two, the next
-    // iteration's first barrier orders every refill (Q, dout, P, dS, the rows' values) after this one's reads.
-    if constexpr (NBO == 1) {
-      __syncthreads();
-      if (t + 1 < ntiles) load_o(t + 1, 0);
-    }
-    cp_async_commit();
   }
   cp_async_wait<0>();
   store_dk_dv<DP, DNK, G>(p, g, j0 + kw * 32 + quad, dw * (DP / L::DG) + 2 * tq4, dk, dv);

@@ -161,7 +161,7 @@ __global__ void __launch_bounds__(C::kThreadsPerBlock, C::kWarpsPerBlock == 4 ? 
       for (int e = 0; e < 4; ++e) {
         const int64_t j = j0 + nb * 8 + 2 * tq4 + (e & 1);
         const int r = e >> 1;
-        const float pr = j < kend && attends(j, klim[r], p.window) ? exp2f(s[nb][e] * sl2 - lse2[r]) : 0.0f;
+        const float pr = j < kend && attends(j, klim[r], p.window) ? ex2(s[nb][e] * sl2 - lse2[r]) : 0.0f;
         ds[e] = pr * (dp[nb][e] - Dr[r]);
       }
       dsf[nb >> 1][(nb & 1) * 2 + 0] = pack_bf16(ds[0], ds[1]);
@@ -248,7 +248,7 @@ __global__ void __launch_bounds__(C::kThreadsPerBlock, 1) attn_bwd_dkdv_mma_kern
       for (int e = 0; e < 4; ++e) {
         const int c = nb * 8 + 2 * tq4 + (e & 1);
         const int64_t j = jk[e >> 1];
-        pt[nb][e] = j < p.tk && attends(j, it[c], p.window) ? exp2f(pt[nb][e] * sl2 - lt[c]) : 0.0f;
+        pt[nb][e] = j < p.tk && attends(j, it[c], p.window) ? ex2(pt[nb][e] * sl2 - lt[c]) : 0.0f;
       }
       af[nb >> 1][(nb & 1) * 2 + 0] = pack_bf16(pt[nb][0], pt[nb][1]);
       af[nb >> 1][(nb & 1) * 2 + 1] = pack_bf16(pt[nb][2], pt[nb][3]);

@@ -235,7 +235,7 @@ struct BwdParams {
   int nh, nkv, group, d;
   float scale;
   int64_t window;  // sliding window (0: none)
-  FastDivmod group_div;  // by group: packed row R (< tq * group < 2^31) -> token R / group, head R % group
+  FastDivmod group_div;  // by group: packed row R (< tq * group <= tq * nh < 2^31) -> token R / group, head R % group
 };
 
 /// The BF16 tensor-core backward passes (attention_backward_tc.cu, head dim d == DP = 64, 128 or 192, every

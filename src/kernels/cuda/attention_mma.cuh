@@ -30,6 +30,12 @@ __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool v
   const int n = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n));
 }
+/// 4 bytes global -> shared, asynchronously (through L1: .ca, the only form below 16 bytes); `valid` false writes
+/// 4 zero bytes.
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool valid) {
+  const int n = valid ? 4 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(n));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
@@ -72,6 +78,15 @@ __device__ __forceinline__ float quad_sum(float v) {
 }
 
 constexpr float kLog2e = 1.4426950408889634f;
+
+/// 2^x with the MUFU's approximation (ex2.approx.ftz, relative error ~2^-22: below the bf16 rounding of P
+/// that follows; -inf gives 0); exp2f without fast-math adds a denormal fix-up around it (four instructions and a
+/// branch per value in the kernels' softmax).
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
 
 /// Loads a [ROWS][DP] tile of packed query rows R0 .. R0+ROWS-1 (row R = i * group + head in group of kv head
 /// g; R < 2^31, as attention_backward checks) of a [tq, nh, DP] tensor into swizzled shared memory; rows past tq

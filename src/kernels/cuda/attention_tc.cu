@@ -46,15 +46,15 @@ __device__ __forceinline__ void softmax_update(const float (&sc)[KEYS / 8][4], f
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     mx[r] = quad_max(mx[r]);
-    corr[r] = m[r] == -INFINITY ? 0.0f : exp2f(m[r] - mx[r]);  // O and l are 0 while m is -inf
+    corr[r] = m[r] == -INFINITY ? 0.0f : ex2(m[r] - mx[r]);  // O and l are 0 while m is -inf
     m[r] = mx[r];
     base[r] = mx[r] == -INFINITY ? 0.0f : mx[r];  // a row without keys yet: every p is exp2(-inf) = 0
   }
   float rs[2] = {0.0f, 0.0f};
 #pragma unroll
   for (int nb = 0; nb < KEYS / 8; ++nb) {
-    const float p0 = exp2f(sc[nb][0] - base[0]), p1 = exp2f(sc[nb][1] - base[0]);
-    const float p2 = exp2f(sc[nb][2] - base[1]), p3 = exp2f(sc[nb][3] - base[1]);
+    const float p0 = ex2(sc[nb][0] - base[0]), p1 = ex2(sc[nb][1] - base[0]);
+    const float p2 = ex2(sc[nb][2] - base[1]), p3 = ex2(sc[nb][3] - base[1]);
     rs[0] += p0 + p1;
     rs[1] += p2 + p3;
     // The accumulator of n8 block nb is half of the A fragment of k16 step nb / 2.

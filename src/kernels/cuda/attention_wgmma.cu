@@ -160,14 +160,6 @@ __device__ __forceinline__ void load_keys_w(uint32_t dst_a, const bf16_t* a, uin
   }
 }
 
-/// 2^x with the MUFU's approximation (ex2.approx.ftz, relative error ~2^-22: below the bf16 rounding of P
-/// that follows); exp2f without fast-math adds a denormal fix-up around it.
-__device__ __forceinline__ float ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
 template <int H>
 __device__ __forceinline__ void fence_acc(float (&d)[H][32]) {
 #pragma unroll
