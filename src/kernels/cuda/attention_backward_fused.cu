@@ -88,17 +88,19 @@ __device__ __forceinline__ void dot_32(float (&acc)[2][NB][4], uint32_t a, int a
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) acc[mt][nb][0] = acc[mt][nb][1] = acc[mt][nb][2] = acc[mt][nb][3] = 0.0f;
+  // The lane's rows at chunk step 0 (a_row0, b_row0 multiples of 8: the rows' swizzle is the lane's own).
+  const uint32_t a0 = a + swz<DP>(a_row0 + (lane & 15), lane >> 4);
+  const uint32_t b00 = b + swz<DP>(b_row0 + (mi >> 1) * 8 + (lane & 7), mi & 1);
 #pragma unroll
   for (int kd = 0; kd < DP / 16; ++kd) {
     uint32_t af[2][4];
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
-      ldsm_x4(a + swz<DP>(a_row0 + mt * 16 + (lane & 15), kd * 2 + (lane >> 4)), af[mt][0], af[mt][1], af[mt][2],
-              af[mt][3]);
+      ldsm_x4(swz_step<DP>(a0, kd * 2) + mt * 16 * DP * 2, af[mt][0], af[mt][1], af[mt][2], af[mt][3]);
 #pragma unroll
     for (int np = 0; np < NB / 2; ++np) {
       uint32_t b0, b1, b2, b3;
-      ldsm_x4(b + swz<DP>(b_row0 + np * 16 + (mi >> 1) * 8 + (lane & 7), kd * 2 + (mi & 1)), b0, b1, b2, b3);
+      ldsm_x4(swz_step<DP>(b00, kd * 2) + np * 16 * DP * 2, b0, b1, b2, b3);
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt) {
         mma16816(acc[mt][2 * np], af[mt], b0, b1);
@@ -115,22 +117,29 @@ template <int AW, int DP, int K16, int DN, bool A_T>
 __device__ __forceinline__ void mult_32(float (&acc)[2][DN][4], uint32_t a, int a_row0, uint32_t b, int n0) {
   static_assert(DN % 2 == 0);
   const int lane = threadIdx.x & 31, mi = lane >> 3;
+  // The lane's addresses at k step 0 (a_row0 and n0 / 8 even, so every chunk step below is even).
+  uint32_t a0[2], bn[DN / 2];
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+    a0[mt] = A_T ? swz_step<AW>(a + swz<AW>((mi >> 1) * 8 + (lane & 7), mi & 1), (a_row0 + mt * 16) / 8)
+                 : a + swz<AW>(a_row0 + mt * 16 + (lane & 15), lane >> 4);
+#pragma unroll
+  for (int nd = 0; nd < DN; nd += 2)
+    bn[nd / 2] = swz_step<DP>(b + swz<DP>((mi & 1) * 8 + (lane & 7), mi >> 1), n0 / 8 + nd);
 #pragma unroll
   for (int kk = 0; kk < K16; ++kk) {
     uint32_t af[2][4];
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt) {
       if constexpr (A_T)  // matrices (m, k): (0-7, 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15)
-        ldsm_x4_t(a + swz<AW>(kk * 16 + (mi >> 1) * 8 + (lane & 7), (a_row0 + mt * 16) / 8 + (mi & 1)), af[mt][0],
-                  af[mt][1], af[mt][2], af[mt][3]);
+        ldsm_x4_t(a0[mt] + kk * 16 * AW * 2, af[mt][0], af[mt][1], af[mt][2], af[mt][3]);
       else
-        ldsm_x4(a + swz<AW>(a_row0 + mt * 16 + (lane & 15), kk * 2 + (lane >> 4)), af[mt][0], af[mt][1], af[mt][2],
-                af[mt][3]);
+        ldsm_x4(swz_step<AW>(a0[mt], kk * 2), af[mt][0], af[mt][1], af[mt][2], af[mt][3]);
     }
 #pragma unroll
     for (int nd = 0; nd < DN; nd += 2) {
       uint32_t b0, b1, b2, b3;
-      ldsm_x4_t(b + swz<DP>(kk * 16 + (mi & 1) * 8 + (lane & 7), n0 / 8 + nd + (mi >> 1)), b0, b1, b2, b3);
+      ldsm_x4_t(bn[nd / 2] + kk * 16 * DP * 2, b0, b1, b2, b3);
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt) {
         mma16816(acc[mt][nd], af[mt], b0, b1);

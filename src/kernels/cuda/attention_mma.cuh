@@ -25,6 +25,17 @@ __device__ __forceinline__ uint32_t swz(int row, int chunk) {
   return static_cast<uint32_t>(row * DP * 2 + ((chunk ^ (row & 7)) << 4));
 }
 
+/// swz<W>(row, c + dc) from lane_addr = tile + swz<W>(row, c), for a lane's chunk c < 2 and an even dc: the swizzle
+/// XORs only a chunk's low 3 bits and c + dc = c | dc, so the step is an XOR of dc's low 3 bits and an add of the
+/// rest (both constants where dc is). Needs tile + row * 2W with bits 4-6 clear: the tiles 128-byte aligned (every
+/// tile of the kernels is a multiple of 128 bytes from the dynamic shared memory's __align__(128) base) and W a
+/// multiple of 64.
+template <int W>
+__device__ __forceinline__ uint32_t swz_step(uint32_t lane_addr, int dc) {
+  static_assert(W % 64 == 0);
+  return (lane_addr ^ static_cast<uint32_t>((dc & 7) << 4)) + static_cast<uint32_t>((dc & ~7) << 4);
+}
+
 /// 16 bytes global -> shared, asynchronously; `valid` false writes 16 zero bytes (reads nothing).
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
   const int n = valid ? 16 : 0;
