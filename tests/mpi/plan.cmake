@@ -39,6 +39,18 @@ if(EXISTS "${_k25}/kimi-k2.5.tensors.expanded.jsonl.gz")
     set_tests_properties(plan_kimi_k25_worked_example_${_name} PROPERTIES ENVIRONMENT "${_aerie_plan_env}"
       PASS_REGULAR_EXPRESSION "\n  generate +${_gen} [^\n]*\n  extract +${_ext} [^\n]*shards 19\\.57 TiB \\(fp8\\)[^\n]*\n  train +${_train} [^\n]*\n  total +${_total} ")
   endforeach()
+  # The committed calibrations record the target they measured (its fingerprint): Kimi-K2 (block FP8, the same hidden
+  # size and layers) is refused with them, naming both targets.
+  set(_k2 "${AERIE_SHARED_DATA}/kimi-deepseek-configs/config-kimi-k2-instruct")
+  if(EXISTS "${_k2}/kimi-k2-instruct.tensors.expanded.jsonl.gz")
+    add_test(NAME plan_kimi_k2_refuses_k25_calibration
+             COMMAND $<TARGET_FILE:aerie> plan --model-config ${_k2}/config.json
+                     --tensors ${_k2}/kimi-k2-instruct.tensors.expanded.jsonl.gz --tp 8 --gpu-memory 96GB
+                     --calibration ${CMAKE_SOURCE_DIR}/docs/calibrations/kimi-k25-tp8-nvlink.h100.json --world 8
+                     --samples 500000 --mean-tokens 1500)
+    set_tests_properties(plan_kimi_k2_refuses_k25_calibration PROPERTIES ENVIRONMENT "${_aerie_plan_env}"
+      PASS_REGULAR_EXPRESSION "measured a target of [^\n]*INT4[^\n]*; this one is of [^\n]*block FP8[^\n]*: calibrate this model")
+  endif()
   # --epochs and --train-steps both given: refused, not one silently ignored.
   add_test(NAME plan_epochs_and_train_steps
            COMMAND $<TARGET_FILE:aerie> plan --model-config ${_k25}/config.transformers-5.7.0-redump.json
