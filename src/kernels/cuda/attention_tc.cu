@@ -119,6 +119,10 @@ __device__ __forceinline__ void tile_scores(float (&sc)[MT][KEYS / 8][4],
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int nb = 0; nb < NB; ++nb) sc[mt][nb][0] = sc[mt][nb][1] = sc[mt][nb][2] = sc[mt][nb][3] = 0.0f;
+  // The lane's rows at chunk step 0 (sq is row 0 of the warp, a multiple of 16 rows: the rows' swizzle is the
+  // lane's own), stepped by swz_step.
+  const uint32_t q0 = sq + swz<DP>(lane & 15, lane >> 4);
+  const uint32_t k0 = kb + swz<DP>((mi >> 1) * 8 + (lane & 7), mi & 1);
 #pragma unroll
   for (int kd = 0; kd < DP / 16; ++kd) {
     uint32_t qa[MT][4];
@@ -128,14 +132,13 @@ __device__ __forceinline__ void tile_scores(float (&sc)[MT][KEYS / 8][4],
 #pragma unroll
         for (int x = 0; x < 4; ++x) qa[mt][x] = qf[mt][kd][x];
       } else {
-        // sq is row 0 of the warp (its row index a multiple of 16, so of 8: the swizzle is the row's own)
-        ldsm_x4(sq + swz<DP>(mt * 16 + (lane & 15), kd * 2 + (lane >> 4)), qa[mt][0], qa[mt][1], qa[mt][2], qa[mt][3]);
+        ldsm_x4(swz_step<DP>(q0, kd * 2) + mt * 16 * DP * 2, qa[mt][0], qa[mt][1], qa[mt][2], qa[mt][3]);
       }
     }
 #pragma unroll
     for (int nb = 0; nb < NB; nb += 2) {
       uint32_t b0, b1, b2, b3;
-      ldsm_x4(kb + swz<DP>(nb * 8 + (mi >> 1) * 8 + (lane & 7), kd * 2 + (mi & 1)), b0, b1, b2, b3);
+      ldsm_x4(swz_step<DP>(k0, kd * 2) + nb * 8 * DP * 2, b0, b1, b2, b3);
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         mma16816(sc[mt][nb], qa[mt], b0, b1);
@@ -175,12 +178,13 @@ template <int DV, int KEYS, int MT>
 __device__ __forceinline__ void accumulate_pv(float (&o)[MT][DV / 8][4], const uint32_t (&pf)[MT][KEYS / 16][4],
                                               uint32_t vb) {
   const int lane = threadIdx.x & 31, mi = lane >> 3;
+  const uint32_t v0 = vb + swz<DV>((mi & 1) * 8 + (lane & 7), mi >> 1);  // the lane's rows at chunk step 0
 #pragma unroll
   for (int kk = 0; kk < KEYS / 16; ++kk) {
 #pragma unroll
     for (int nd = 0; nd < DV / 8; nd += 2) {
       uint32_t b0, b1, b2, b3;
-      ldsm_x4_t(vb + swz<DV>(kk * 16 + (mi & 1) * 8 + (lane & 7), nd + (mi >> 1)), b0, b1, b2, b3);
+      ldsm_x4_t(swz_step<DV>(v0, nd) + kk * 16 * DV * 2, b0, b1, b2, b3);
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         mma16816(o[mt][nd], pf[mt][kk], b0, b1);
