@@ -366,8 +366,9 @@ void attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, co
   p.nkv = static_cast<int>(k.dim(1));
   p.group = p.nh / p.nkv;
   p.group_div = FastDivmod(p.group);
-  AERIE_CHECK(p.tq * p.nh < (int64_t{1} << 31), op << ": " << p.tq << " query tokens x " << p.nh
-                                                    << " heads exceed the kernels' 2^31 rows of [tokens, heads]");
+  // (+ 64: the packed rows of a last, partial 64-row tile)
+  AERIE_CHECK(p.tq * p.nh + 64 < (int64_t{1} << 31), op << ": " << p.tq << " query tokens x " << p.nh
+                                                         << " heads exceed the kernels' 2^31 rows of [tokens, heads]");
   p.d = static_cast<int>(q.dim(2));
   p.scale = scale;
   p.window = window;

@@ -15,8 +15,9 @@
 //   warp's 32-row (or 32-key) tiles read every shared-memory fragment for two mma row tiles. 128 keys per block
 //   halve the atomics of dQ (tq x nh x DP per 128 keys of the causal triangle) and the barriers per product.
 // The same contract as the two passes (kernels/attention.h): dq overwritten, dk / dv added to (G = float or bf16),
-// rows without keys get zero gradients, the sliding window and q_offset as there. Shared memory (Fused::bytes): 99,840
-// bytes at head dim 64 / 128 keys and 128 / 64 (one block of an sm_120's 100 KiB SM), 165,376 at 128 / 128. The fp32 accumulator of dq takes tq x nh x DP x 4 bytes.
+// rows without keys get zero gradients, the sliding window and q_offset as there. Shared memory (Fused::bytes):
+// 100,352 bytes at head dim 64 / 128 keys and 128 / 64 (one block of an sm_120's 100 KiB SM), 165,888 at 128 / 128.
+// The fp32 accumulator of dq takes tq x nh x DP x 4 bytes.
 // Fragment layouts and swizzle: attention_mma.cuh.
 #include "core/tensor.h"
 #include "kernels/cuda/attention_mma.cuh"
@@ -302,10 +303,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) attn_bwd_fused_mma_kernel(Bw
   // cp.async groups, oldest first: [K, V, Q 0 (, dout 0)], [dout 0 or nothing]; in iteration t [Q t+1 (, dout t+1)],
   // then [dout t+1 or nothing]. So at the top of iteration t "all but the newest" is Q t, and after Q t+1 is issued
   // "all but the newest" is dout t as well.
-  if (ntiles > 0) {
-    load_q(0, 0);
-    if (NBO == 2) load_o(0, 0);
-  }
+  if (ntiles > 0) load_q(0, 0);
   cp_async_commit();
   if (NBO == 1 && ntiles > 0) load_o(0, 0);
   cp_async_commit();
@@ -325,10 +323,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) attn_bwd_fused_mma_kernel(Bw
     const int buf = t & 1, obuf = NBO == 2 ? buf : 0;
     cp_async_wait<1>();
     __syncthreads();  // Q t and its rows' values are visible
-    if (t + 1 < ntiles) {
-      load_q(t + 1, buf ^ 1);
-      if (NBO == 2) load_o(t + 1, buf ^ 1);
-    }
+    if (t + 1 < ntiles) load_q(t + 1, buf ^ 1);
     cp_async_commit();
     const uint32_t qb = sQ + buf * L::row_tile, ob = sO + obuf * L::row_tile;
     const int64_t Rt = R0 + static_cast<int64_t>(t) * kBr;
@@ -409,7 +404,7 @@ void launch_fused(const BwdParams& p, float* acc) {
 
 /// The block shapes, largest first: 128 keys with two dout buffers where the GPU's block holds them (at head dim
 /// 64 within 99 KiB: every GPU of 8.x and later; at 128, 162 KiB: sm_80, sm_90, sm_100), else 64 keys (two dout
-/// buffers at 64, one at 128: 99,840 bytes). FlashAttention-2 picks alike (flash_bwd_launch_template.h: 64 x 128
+/// buffers at 64, one at 128: 100,352 bytes). FlashAttention-2 picks alike (flash_bwd_launch_template.h: 64 x 128
 /// blocks where 144 KiB fit). AERIE_ATTENTION_BACKWARD_KERNEL=fused64 keeps 64 keys everywhere.
 template <int DP, typename G>
 void launch_fused_shape(const BwdParams& p, float* acc) {
