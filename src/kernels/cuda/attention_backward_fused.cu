@@ -56,8 +56,8 @@ struct RowSlot {
   int* rix;
 };
 
-/// This thread's packed row of a kBr-row tile (4 threads a row: row threadIdx.x / 4; 0 <= R < 2^31) of kv head g:
-/// its row i * nh + head of the [tq, nh, ...] tensors, or -1 past tq.
+/// Packed row R (0 <= R < 2^31) of kv head g: its token i (out) and its row i * nh + head of the [tq, nh, ...]
+/// tensors, or -1 past tq.
 __device__ __forceinline__ int packed_row(const BwdParams& p, int g, int64_t R, int& i) {
   int hg;
   p.group_div.divmod(static_cast<int>(R), i, hg);
@@ -281,14 +281,14 @@ __global__ void __launch_bounds__(kFusedThreads, 1) attn_bwd_fused_mma_kernel(Bw
   const int64_t R0 = max(int64_t{0}, j0 - p.q_offset) * p.group;
   const int64_t rows = rows_end(min(p.tk - 1, j0 + BC - 1), p.q_offset, p.window, p.tq) * p.group;
   const int ntiles = R0 < rows ? static_cast<int>((rows - R0 + kBr - 1) / kBr) : 0;
-  const int lr_row = threadIdx.x / (kFusedThreads / kBr);  // the tile row this thread loads
+  const int my_row = threadIdx.x / (kFusedThreads / kBr);  // the tile row this thread loads
   auto load_q = [&](int t, int buf) {  // Q (and dout where it has two buffers) and the rows' values
     int i;
-    const int row = packed_row(p, g, R0 + static_cast<int64_t>(t) * kBr + lr_row, i);
-    load_row<DP>(sQ + buf * L::row_tile, q, row, lr_row);
-    if (NBO == 2) load_row<DP>(sO + buf * L::row_tile, dout, row, lr_row);
+    const int row = packed_row(p, g, R0 + static_cast<int64_t>(t) * kBr + my_row, i);
+    load_row<DP>(sQ + buf * L::row_tile, q, row, my_row);
+    if (NBO == 2) load_row<DP>(sO + buf * L::row_tile, dout, row, my_row);
     if (threadIdx.x % (kFusedThreads / kBr) == 0) {
-      const int at = buf * kBr + lr_row;
+      const int at = buf * kBr + my_row;
       cp_async4(static_cast<uint32_t>(__cvta_generic_to_shared(rs.lse + at)), p.lse + max(row, 0), row >= 0);
       cp_async4(static_cast<uint32_t>(__cvta_generic_to_shared(rs.D + at)), p.D + max(row, 0), row >= 0);
       rs.ilim[at] = row >= 0 ? static_cast<int>(i + p.q_offset) : -1;
@@ -297,8 +297,8 @@ __global__ void __launch_bounds__(kFusedThreads, 1) attn_bwd_fused_mma_kernel(Bw
   };
   auto load_o = [&](int t, int buf) {
     int i;
-    load_row<DP>(sO + buf * L::row_tile, dout, packed_row(p, g, R0 + static_cast<int64_t>(t) * kBr + lr_row, i),
-                 lr_row);
+    load_row<DP>(sO + buf * L::row_tile, dout, packed_row(p, g, R0 + static_cast<int64_t>(t) * kBr + my_row, i),
+                 my_row);
   };
   // cp.async groups, oldest first: [K, V, Q 0 (, dout 0)], [dout 0 or nothing]; in iteration t [Q t+1 (, dout t+1)],
   // then [dout t+1 or nothing]. So at the top of iteration t "all but the newest" is Q t, and after Q t+1 is issued
